@@ -1,0 +1,23 @@
+//! libp2p protocol ids of agentmesh's own protocols and their size caps.
+
+use libp2p_identity::PeerId;
+
+/// Authentication: one `AuthRequest` frame, one `AuthResponse` frame.
+pub const AUTH: &str = "/agentmesh/auth/1";
+/// Service catalog: one `CatalogRequest`, one `CatalogResponse`.
+pub const CATALOG: &str = "/agentmesh/catalog/1";
+/// Calls: one `CallRequest`, one `CallResponse`, then raw bytes.
+pub const CALL: &str = "/agentmesh/call/1";
+/// Go-away: router to member, one `GoAway`, one `GoAwayAck`.
+pub const GOAWAY: &str = "/agentmesh/goaway/1";
+
+/// Largest frame any of our protocols accepts (64 KiB).
+pub const MAX_FRAME_BYTES: usize = 64 * 1024;
+
+/// Largest catalog lookup answer (many signed records).
+pub const MAX_CATALOG_FRAME_BYTES: usize = 256 * 1024;
+
+/// Parses PeerId bytes from the wire, `None` if they are not a PeerId.
+pub fn peer_id_from_bytes(bytes: &[u8]) -> Option<PeerId> {
+    PeerId::from_bytes(bytes).ok()
+}
