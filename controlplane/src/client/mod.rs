@@ -1,0 +1,483 @@
+//! The control-plane client used by routers and members, with retries bounded
+//! by time.
+//!
+//! Every call retries on `RESOURCE_EXHAUSTED`, `UNAVAILABLE` and
+//! `DEADLINE_EXCEEDED` (including a per-attempt timeout): it waits the
+//! server's `retry-after` (or an exponential backoff from 200 ms to 10 s when
+//! there is none) plus random jitter, so a fleet that was refused together
+//! does not come back together. The whole call is bounded by
+//! [`ClientConfig::retry_budget`]: the last wait is cut short to end at the
+//! budget, the attempt made there is the last one, and its refusal is returned
+//! as [`ClientError::BudgetExhausted`]. Proofs of possession are made afresh
+//! for every attempt.
+//!
+//! This module compiles without the `server` feature: no SQLite, no axum.
+
+mod retry;
+
+use std::{
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
+
+use agentmesh_proto::{
+    identity::{Keypair, PeerId},
+    pb::{
+        controlplane::{
+            CreateTokenRequest, CreateTokenResponse, EnrollRequest, EnrollResponse,
+            GetDirectoryRequest, GetDirectoryResponse, GetKeysRequest, RefreshRequest,
+            RefreshResponse, RevokeNodeRequest, RevokeNodeResponse, RotateKeyNowRequest,
+            RotateKeyNowResponse, RouterLeaseRequest, RouterLeaseResponse, RouterLoad,
+            control_plane_client::ControlPlaneClient,
+        },
+        credential::{Credential, KeySet, Label},
+    },
+    proof::{Purpose, make_proof, normalize_url},
+    unix_now,
+};
+use tonic::{
+    Request, Status,
+    metadata::MetadataValue,
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint},
+};
+
+pub use retry::{
+    INITIAL_BACKOFF, MAX_BACKOFF, RETRY_AFTER_METADATA, is_retryable, jitter_bound, retry_after,
+};
+
+use crate::clock::{SharedClock, TokioClock};
+
+/// Default for [`ClientConfig::retry_budget`]: 180 s.
+pub const DEFAULT_RETRY_BUDGET: Duration = Duration::from_secs(180);
+/// Default for [`ClientConfig::rpc_timeout`]: 10 s.
+pub const DEFAULT_RPC_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default for [`ClientConfig::url`].
+pub const DEFAULT_URL: &str = "http://127.0.0.1:7400";
+
+/// Where the control plane is and how long to keep trying.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// The control plane's gRPC URL, `http://127.0.0.1:7400` or
+    /// `https://host:7400`. It is also the endpoint string proofs sign, so it
+    /// must match the server's `--public-url`. Default `http://127.0.0.1:7400`.
+    pub url: String,
+    /// PEM CA certificate(s) to trust for `https` URLs. `None` with an `https`
+    /// URL is a configuration error. Ignored for `http`. Default `None`.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Time bound on one call including all its retries. Default 180 s.
+    pub retry_budget: Duration,
+    /// Deadline of one attempt (connect plus answer). Default 10 s.
+    pub rpc_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            url: DEFAULT_URL.to_string(),
+            ca_pem: None,
+            retry_budget: DEFAULT_RETRY_BUDGET,
+            rpc_timeout: DEFAULT_RPC_TIMEOUT,
+        }
+    }
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Non-retryable refusal (UNAUTHENTICATED, INVALID_ARGUMENT, PERMISSION_DENIED, ...).
+    #[error("control plane refused: {0}")]
+    Refused(tonic::Status),
+    /// Retry budget spent; carries the last refusal.
+    #[error(
+        "control plane retry budget spent after {attempts} attempts in {elapsed:?}; last: {last}"
+    )]
+    BudgetExhausted {
+        /// The last retryable refusal (or timeout) seen.
+        last: tonic::Status,
+        /// Attempts made.
+        attempts: u32,
+        /// Time spent, on the client's clock.
+        elapsed: Duration,
+    },
+    /// The client configuration is unusable (bad URL, https without CA, ...).
+    #[error("control plane client configuration: {0}")]
+    Config(String),
+}
+
+impl ClientError {
+    /// The gRPC status behind this error, if any.
+    pub fn status(&self) -> Option<&tonic::Status> {
+        match self {
+            Self::Refused(s) | Self::BudgetExhausted { last: s, .. } => Some(s),
+            Self::Config(_) => None,
+        }
+    }
+}
+
+/// A cheap-to-clone control-plane client. Its channel connects lazily, on the
+/// first call, and reconnects by itself.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: String,
+    endpoint: Endpoint,
+    channel: OnceLock<Channel>,
+    retry_budget: Duration,
+    rpc_timeout: Duration,
+    clock: SharedClock,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("url", &self.inner.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// A client for `cfg.url`. Does no I/O; the channel connects on first use.
+    pub fn new(cfg: ClientConfig) -> Result<Self, ClientError> {
+        Self::with_clock(cfg, TokioClock::shared())
+    }
+
+    /// Like [`Client::new`], with the clock that times backoff and the retry
+    /// budget (tests share a simulated clock with the server's limiter).
+    pub fn with_clock(cfg: ClientConfig, clock: SharedClock) -> Result<Self, ClientError> {
+        let url = normalize_url(cfg.url.trim()).to_string();
+        let mut endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|e| ClientError::Config(format!("bad url {url:?}: {e}")))?
+            .connect_timeout(cfg.rpc_timeout)
+            .timeout(cfg.rpc_timeout);
+        if url.starts_with("https://") {
+            let pem = cfg.ca_pem.as_ref().ok_or_else(|| {
+                ClientError::Config(format!("{url} is https but no CA certificate was given"))
+            })?;
+            let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| ClientError::Config(format!("tls for {url}: {e}")))?;
+        } else if !url.starts_with("http://") {
+            return Err(ClientError::Config(format!(
+                "url {url:?} must start with http:// or https://"
+            )));
+        }
+        if cfg.retry_budget.is_zero() || cfg.rpc_timeout.is_zero() {
+            return Err(ClientError::Config(
+                "retry budget and rpc timeout must be positive".into(),
+            ));
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                url,
+                endpoint,
+                channel: OnceLock::new(),
+                retry_budget: cfg.retry_budget,
+                rpc_timeout: cfg.rpc_timeout,
+                clock,
+            }),
+        })
+    }
+
+    /// The endpoint string proofs sign (the URL without a trailing slash).
+    pub fn public_url(&self) -> &str {
+        &self.inner.url
+    }
+
+    fn grpc(&self) -> ControlPlaneClient<Channel> {
+        let ch = self
+            .inner
+            .channel
+            .get_or_init(|| self.inner.endpoint.connect_lazy());
+        ControlPlaneClient::new(ch.clone())
+    }
+
+    fn request<T>(&self, msg: T) -> Request<T> {
+        let mut r = Request::new(msg);
+        r.set_timeout(self.inner.rpc_timeout);
+        r
+    }
+
+    fn admin_request<T>(
+        &self,
+        msg: T,
+        bearer: &MetadataValue<tonic::metadata::Ascii>,
+    ) -> Request<T> {
+        let mut r = self.request(msg);
+        r.metadata_mut().insert("authorization", bearer.clone());
+        r
+    }
+
+    /// Exchanges a token and a proof of possession of `key` for a credential.
+    pub async fn enroll(&self, token: &str, key: &Keypair) -> Result<EnrollResponse, ClientError> {
+        self.retrying("Enroll", || {
+            let mut c = self.grpc();
+            let req = self.request(EnrollRequest {
+                token: token.to_string(),
+                proof: Some(make_proof(
+                    Purpose::Enroll,
+                    self.public_url(),
+                    key,
+                    unix_now(),
+                )),
+            });
+            async move { c.enroll(req).await }
+        })
+        .await
+    }
+
+    /// Exchanges a current (or just-expired) credential for a new one.
+    pub async fn refresh(
+        &self,
+        cred: &Credential,
+        key: &Keypair,
+    ) -> Result<RefreshResponse, ClientError> {
+        self.retrying("Refresh", || {
+            let mut c = self.grpc();
+            let req = self.request(RefreshRequest {
+                credential: Some(cred.clone()),
+                proof: Some(make_proof(
+                    Purpose::Refresh,
+                    self.public_url(),
+                    key,
+                    unix_now(),
+                )),
+            });
+            async move { c.refresh(req).await }
+        })
+        .await
+    }
+
+    /// The control plane's current signing keys.
+    pub async fn get_keys(&self) -> Result<KeySet, ClientError> {
+        let resp = self
+            .retrying("GetKeys", || {
+                let mut c = self.grpc();
+                let req = self.request(GetKeysRequest {});
+                async move { c.get_keys(req).await }
+            })
+            .await?;
+        Ok(resp.keys.unwrap_or_default())
+    }
+
+    /// Live routers and the revocation list.
+    pub async fn get_directory(&self) -> Result<GetDirectoryResponse, ClientError> {
+        self.retrying("GetDirectory", || {
+            let mut c = self.grpc();
+            let req = self.request(GetDirectoryRequest {});
+            async move { c.get_directory(req).await }
+        })
+        .await
+    }
+
+    /// A router's heartbeat: its addresses, labels (a subset of its
+    /// credential's), load and draining flag.
+    pub async fn router_lease(
+        &self,
+        cred: &Credential,
+        key: &Keypair,
+        addrs: Vec<String>,
+        labels: Vec<Label>,
+        load: RouterLoad,
+        draining: bool,
+    ) -> Result<RouterLeaseResponse, ClientError> {
+        self.retrying("RouterLease", || {
+            let mut c = self.grpc();
+            let req = self.request(RouterLeaseRequest {
+                credential: Some(cred.clone()),
+                proof: Some(make_proof(
+                    Purpose::Lease,
+                    self.public_url(),
+                    key,
+                    unix_now(),
+                )),
+                addrs: addrs.clone(),
+                labels: labels.clone(),
+                load: Some(load),
+                draining,
+            });
+            async move { c.router_lease(req).await }
+        })
+        .await
+    }
+
+    /// Admin: mints a token; the response carries it once.
+    pub async fn create_token(
+        &self,
+        admin_token: &str,
+        req: CreateTokenRequest,
+    ) -> Result<CreateTokenResponse, ClientError> {
+        let bearer = bearer(admin_token)?;
+        self.retrying("CreateToken", || {
+            let mut c = self.grpc();
+            let r = self.admin_request(req.clone(), &bearer);
+            async move { c.create_token(r).await }
+        })
+        .await
+    }
+
+    /// Admin: revokes `peer` until its last credential expires.
+    pub async fn revoke_node(
+        &self,
+        admin_token: &str,
+        peer: &PeerId,
+        reason: &str,
+    ) -> Result<RevokeNodeResponse, ClientError> {
+        let bearer = bearer(admin_token)?;
+        self.retrying("RevokeNode", || {
+            let mut c = self.grpc();
+            let r = self.admin_request(
+                RevokeNodeRequest {
+                    peer_id: peer.to_bytes(),
+                    reason: reason.to_string(),
+                },
+                &bearer,
+            );
+            async move { c.revoke_node(r).await }
+        })
+        .await
+    }
+
+    /// Admin: starts a key rotation now (the new key is published before it signs).
+    pub async fn rotate_key_now(
+        &self,
+        admin_token: &str,
+    ) -> Result<RotateKeyNowResponse, ClientError> {
+        let bearer = bearer(admin_token)?;
+        self.retrying("RotateKeyNow", || {
+            let mut c = self.grpc();
+            let r = self.admin_request(RotateKeyNowRequest {}, &bearer);
+            async move { c.rotate_key_now(r).await }
+        })
+        .await
+    }
+
+    /// Runs `attempt` until it succeeds, is refused for good, or the budget is spent.
+    async fn retrying<T, F, Fut>(
+        &self,
+        method: &'static str,
+        mut attempt: F,
+    ) -> Result<T, ClientError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let clock = &self.inner.clock;
+        let budget = self.inner.retry_budget;
+        let start = clock.now();
+        let mut attempts: u32 = 0;
+        let mut backoff = INITIAL_BACKOFF;
+        loop {
+            attempts = attempts.saturating_add(1);
+            let status = match tokio::time::timeout(self.inner.rpc_timeout, attempt()).await {
+                Ok(Ok(resp)) => return Ok(resp.into_inner()),
+                Ok(Err(status)) if is_retryable(&status) => status,
+                Ok(Err(status)) => return Err(ClientError::Refused(status)),
+                Err(_) => Status::deadline_exceeded(format!(
+                    "{method}: no answer from {} within {:?}",
+                    self.inner.url, self.inner.rpc_timeout
+                )),
+            };
+            let base = match retry_after(&status) {
+                Some(d) => d,
+                None => {
+                    let b = backoff;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    b
+                }
+            };
+            let wait = base + retry::jitter(base);
+            let elapsed = clock.now().saturating_sub(start);
+            let remaining = budget.saturating_sub(elapsed);
+            if remaining.is_zero() {
+                tracing::debug!(method, attempts, ?elapsed, code = ?status.code(), "control plane retry budget spent");
+                return Err(ClientError::BudgetExhausted {
+                    last: status,
+                    attempts,
+                    elapsed,
+                });
+            }
+            let wait = wait.min(remaining);
+            tracing::debug!(method, attempts, ?wait, code = ?status.code(), msg = status.message(), "control plane call will retry");
+            clock.sleep(wait).await;
+        }
+    }
+}
+
+fn bearer(admin_token: &str) -> Result<MetadataValue<tonic::metadata::Ascii>, ClientError> {
+    MetadataValue::try_from(format!("Bearer {}", admin_token.trim()))
+        .map_err(|_| ClientError::Config("admin token is not printable ASCII".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_errors_are_clear() {
+        let https = ClientConfig {
+            url: "https://cp.example:7400".into(),
+            ..ClientConfig::default()
+        };
+        assert!(matches!(Client::new(https), Err(ClientError::Config(m)) if m.contains("no CA")));
+        let bad = ClientConfig {
+            url: "ftp://x".into(),
+            ..ClientConfig::default()
+        };
+        assert!(matches!(Client::new(bad), Err(ClientError::Config(_))));
+        let ok = Client::new(ClientConfig {
+            url: "http://127.0.0.1:7400/".into(),
+            ..ClientConfig::default()
+        })
+        .expect("valid config");
+        assert_eq!(ok.public_url(), "http://127.0.0.1:7400");
+    }
+
+    /// A clock for one caller: sleeping advances time at once.
+    #[derive(Debug, Default)]
+    struct SkipClock(std::sync::Mutex<Duration>);
+
+    impl crate::clock::Clock for SkipClock {
+        fn now(&self) -> Duration {
+            *self.0.lock().expect("not poisoned")
+        }
+        fn sleep(&self, dur: Duration) -> crate::clock::SleepFuture {
+            *self.0.lock().expect("not poisoned") += dur;
+            Box::pin(std::future::ready(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_spends_the_budget_then_reports_the_last_status() {
+        // Nothing listens on port 1; every attempt is UNAVAILABLE.
+        let clock = Arc::new(SkipClock::default());
+        let c = Client::with_clock(
+            ClientConfig {
+                url: "http://127.0.0.1:1".into(),
+                retry_budget: Duration::from_secs(30),
+                rpc_timeout: Duration::from_secs(10),
+                ca_pem: None,
+            },
+            clock.clone(),
+        )
+        .expect("valid config");
+        match c.get_keys().await {
+            Err(ClientError::BudgetExhausted { last, attempts, .. }) => {
+                assert!(attempts >= 3, "retried: {attempts}");
+                // The last wait was cut to end exactly at the budget.
+                assert_eq!(crate::clock::Clock::now(&*clock), Duration::from_secs(30));
+                assert!(
+                    matches!(
+                        last.code(),
+                        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+                    ),
+                    "{last:?}"
+                );
+            }
+            other => panic!("expected BudgetExhausted, got {other:?}"),
+        }
+    }
+}
