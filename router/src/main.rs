@@ -1,1 +1,143 @@
-fn main() {}
+//! `agentmesh-router`: flags map 1:1 onto `agentmesh_router::Config`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agentmesh_router::config::{self as d, Config};
+use anyhow::Context;
+use clap::Parser;
+use libp2p::Multiaddr;
+
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "agentmesh router: admits members, relays circuits, hosts the catalog"
+)]
+struct Args {
+    #[arg(long, default_value = d::DEFAULT_CONTROL_PLANE)]
+    control_plane: String,
+    #[arg(long)]
+    control_plane_ca: Option<PathBuf>,
+    /// File holding the router-role enrollment token.
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    #[arg(long, default_value = d::DEFAULT_KEY_PATH)]
+    key_path: PathBuf,
+    #[arg(long, default_value = d::DEFAULT_LISTEN)]
+    listen: Vec<Multiaddr>,
+    #[arg(long)]
+    external_addr: Vec<Multiaddr>,
+    #[arg(long = "label", value_parser = agentmesh_proto::credential::parse_label)]
+    labels: Vec<(String, String)>,
+    #[arg(long)]
+    metrics_addr: Option<SocketAddr>,
+    #[arg(long, default_value_t = d::DEFAULT_AUTH_DEADLINE_SECS)]
+    auth_deadline_secs: u64,
+    #[arg(long, default_value_t = d::DEFAULT_HIGH_WATERMARK)]
+    high_watermark: u32,
+    #[arg(long)]
+    relay_max_reservations: Option<usize>,
+    #[arg(long, default_value_t = d::DEFAULT_RELAY_MAX_CIRCUITS)]
+    relay_max_circuits: usize,
+    #[arg(long, default_value_t = d::DEFAULT_RELAY_MAX_CIRCUITS_PER_PEER)]
+    relay_max_circuits_per_peer: usize,
+    #[arg(long, default_value_t = d::DEFAULT_RELAY_CIRCUIT_DURATION_SECS)]
+    relay_circuit_duration_secs: u64,
+    #[arg(long, default_value_t = d::DEFAULT_RELAY_CIRCUIT_BYTES)]
+    relay_circuit_bytes: u64,
+    #[arg(long, default_value_t = d::DEFAULT_RELAY_RESERVATION_DURATION_SECS)]
+    relay_reservation_duration_secs: u64,
+    #[arg(long, default_value_t = d::DEFAULT_LEASE_INTERVAL_SECS)]
+    lease_interval_secs: u64,
+    #[arg(long, default_value_t = d::DEFAULT_CLOCK_SKEW_SECS)]
+    clock_skew_secs: u64,
+    #[arg(long, default_value_t = d::DEFAULT_STREAM_TIMEOUT_SECS)]
+    stream_timeout_secs: u64,
+    #[arg(long, default_value_t = d::DEFAULT_AUTH_MAX_INFLIGHT_STREAMS)]
+    auth_max_inflight_streams: usize,
+    #[arg(long, default_value_t = d::DEFAULT_CATALOG_MAX_INFLIGHT_STREAMS)]
+    catalog_max_inflight_streams: usize,
+    #[arg(long, default_value_t = d::DEFAULT_CATALOG_MAX_RECORDS)]
+    catalog_max_records: usize,
+    #[arg(long, default_value_t = d::DEFAULT_CATALOG_MAX_RESULTS)]
+    catalog_max_results: usize,
+    #[arg(long, default_value_t = d::DEFAULT_IDLE_CONNECTION_TIMEOUT_SECS)]
+    idle_connection_timeout_secs: u64,
+    #[arg(long, default_value_t = d::DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS)]
+    control_plane_retry_budget_secs: u64,
+    #[arg(long, default_value_t = d::DEFAULT_CONTROL_PLANE_RPC_TIMEOUT_SECS)]
+    control_plane_rpc_timeout_secs: u64,
+}
+
+impl Args {
+    fn into_config(self, token: String) -> Config {
+        let s = Duration::from_secs;
+        Config {
+            control_plane: self.control_plane,
+            control_plane_ca: self.control_plane_ca,
+            token,
+            key_path: self.key_path,
+            listen: self.listen,
+            external_addr: self.external_addr,
+            labels: self.labels.into_iter().collect::<BTreeMap<_, _>>(),
+            metrics_addr: self.metrics_addr,
+            auth_deadline: s(self.auth_deadline_secs),
+            high_watermark: self.high_watermark,
+            relay_max_reservations: self.relay_max_reservations,
+            relay_max_circuits: self.relay_max_circuits,
+            relay_max_circuits_per_peer: self.relay_max_circuits_per_peer,
+            relay_circuit_duration: s(self.relay_circuit_duration_secs),
+            relay_circuit_bytes: self.relay_circuit_bytes,
+            relay_reservation_duration: s(self.relay_reservation_duration_secs),
+            lease_interval: s(self.lease_interval_secs),
+            clock_skew: s(self.clock_skew_secs),
+            stream_timeout: s(self.stream_timeout_secs),
+            auth_max_inflight_streams: self.auth_max_inflight_streams,
+            catalog_max_inflight_streams: self.catalog_max_inflight_streams,
+            catalog_max_records: self.catalog_max_records,
+            catalog_max_results: self.catalog_max_results,
+            idle_connection_timeout: s(self.idle_connection_timeout_secs),
+            control_plane_retry_budget: s(self.control_plane_retry_budget_secs),
+            control_plane_rpc_timeout: s(self.control_plane_rpc_timeout_secs),
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let mut args = Args::parse();
+    let token = match args.token_file.take() {
+        Some(p) => std::fs::read_to_string(&p)
+            .with_context(|| format!("reading --token-file {}", p.display()))?
+            .trim()
+            .to_string(),
+        None => String::new(),
+    };
+    let router = agentmesh_router::spawn(args.into_config(token)).await?;
+    tracing::info!(peer_id = %router.peer_id(), metrics = ?router.metrics_addr(), "running");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    router.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_flags_give_the_default_config() {
+        let args = Args::try_parse_from(["agentmesh-router"]).expect("parse");
+        assert_eq!(args.into_config(String::new()), Config::default());
+    }
+}

@@ -1,0 +1,241 @@
+//! Who is admitted, for what, until when.
+//!
+//! One table shared by the auth task (writes after a credential verifies),
+//! the relay ACL (reads on every reservation and circuit request) and the
+//! swarm loop (drops peers on disconnect, expiry and revocation). Pure data:
+//! callers pass `now`.
+
+use std::collections::HashMap;
+
+use agentmesh_proto::credential::Trust;
+use libp2p::PeerId;
+
+/// What a peer was admitted for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Purpose {
+    /// A member attaching: counted, may reserve and publish.
+    Attach,
+    /// A member (or router) passing through: may open circuits only.
+    Transit,
+    /// A router in the router mesh.
+    Router,
+}
+
+impl Purpose {
+    /// Every purpose, to pre-create metric labels.
+    pub const ALL: [Purpose; 3] = [Purpose::Attach, Purpose::Transit, Purpose::Router];
+
+    /// A stable metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Attach => "attach",
+            Self::Transit => "transit",
+            Self::Router => "router",
+        }
+    }
+}
+
+/// One admitted peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// What it was admitted for (the latest auth wins).
+    pub purpose: Purpose,
+    /// Admission ends when the credential expires (Unix seconds).
+    pub until: i64,
+    /// The node id from its credential.
+    pub node_id: String,
+    /// Other routers the member said it is attached to (for trimming).
+    pub attached_routers: Vec<PeerId>,
+}
+
+/// Counts by purpose.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Admitted with purpose attach.
+    pub attached: u32,
+    /// Admitted with purpose transit.
+    pub transit: u32,
+    /// Admitted routers.
+    pub routers: u32,
+}
+
+/// The admitted peers.
+#[derive(Debug, Default)]
+pub struct AdmissionTable {
+    peers: HashMap<PeerId, Admission>,
+}
+
+impl AdmissionTable {
+    /// Records (or replaces) `peer`'s admission; returns the previous one.
+    pub fn admit(&mut self, peer: PeerId, admission: Admission) -> Option<Admission> {
+        self.peers.insert(peer, admission)
+    }
+
+    /// The admission of `peer`, if any.
+    pub fn get(&self, peer: &PeerId) -> Option<&Admission> {
+        self.peers.get(peer)
+    }
+
+    /// Forgets `peer`; returns what it was admitted for.
+    pub fn remove(&mut self, peer: &PeerId) -> Option<Admission> {
+        self.peers.remove(peer)
+    }
+
+    /// Whether `peer` is admitted (for anything) at `now`.
+    pub fn is_admitted(&self, peer: &PeerId, now: i64) -> bool {
+        self.peers.get(peer).is_some_and(|a| a.until >= now)
+    }
+
+    /// Whether `peer` may hold a relay reservation: admitted to attach.
+    pub fn may_reserve(&self, peer: &PeerId, now: i64) -> bool {
+        self.peers
+            .get(peer)
+            .is_some_and(|a| a.purpose == Purpose::Attach && a.until >= now)
+    }
+
+    /// Whether `peer` may open a circuit: admitted for any purpose.
+    pub fn may_open_circuit(&self, peer: &PeerId, now: i64) -> bool {
+        self.is_admitted(peer, now)
+    }
+
+    /// Whether `peer` is an admitted router.
+    pub fn is_router(&self, peer: &PeerId, now: i64) -> bool {
+        self.peers
+            .get(peer)
+            .is_some_and(|a| a.purpose == Purpose::Router && a.until >= now)
+    }
+
+    /// Removes and returns peers whose admission ended before `now - skew`.
+    pub fn expire(&mut self, now: i64, skew_secs: i64) -> Vec<PeerId> {
+        let gone: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(_, a)| a.until.saturating_add(skew_secs) < now)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in &gone {
+            self.peers.remove(p);
+        }
+        gone
+    }
+
+    /// Removes and returns admitted peers that `trust` lists as revoked.
+    pub fn revoke(&mut self, trust: &Trust, now: i64) -> Vec<PeerId> {
+        let gone: Vec<PeerId> = self
+            .peers
+            .keys()
+            .filter(|p| trust.is_revoked(p, now))
+            .copied()
+            .collect();
+        for p in &gone {
+            self.peers.remove(p);
+        }
+        gone
+    }
+
+    /// Admitted peers by purpose.
+    pub fn counts(&self) -> Counts {
+        let mut c = Counts::default();
+        for a in self.peers.values() {
+            match a.purpose {
+                Purpose::Attach => c.attached += 1,
+                Purpose::Transit => c.transit += 1,
+                Purpose::Router => c.routers += 1,
+            }
+        }
+        c
+    }
+
+    /// Admitted routers.
+    pub fn routers(&self) -> impl Iterator<Item = &PeerId> {
+        self.peers
+            .iter()
+            .filter(|(_, a)| a.purpose == Purpose::Router)
+            .map(|(p, _)| p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentmesh_proto::pb::credential::{KeySet, Revocation};
+
+    fn adm(purpose: Purpose, until: i64) -> Admission {
+        Admission {
+            purpose,
+            until,
+            node_id: "n".into(),
+            attached_routers: vec![],
+        }
+    }
+
+    #[test]
+    fn rights_follow_purpose() {
+        let mut t = AdmissionTable::default();
+        let (a, b, r, x) = (
+            PeerId::random(),
+            PeerId::random(),
+            PeerId::random(),
+            PeerId::random(),
+        );
+        t.admit(a, adm(Purpose::Attach, 100));
+        t.admit(b, adm(Purpose::Transit, 100));
+        t.admit(r, adm(Purpose::Router, 100));
+        assert!(t.may_reserve(&a, 50));
+        assert!(!t.may_reserve(&b, 50), "transit may not reserve");
+        assert!(!t.may_reserve(&r, 50));
+        assert!(!t.may_reserve(&x, 50), "unknown may not reserve");
+        assert!(t.may_open_circuit(&a, 50) && t.may_open_circuit(&b, 50));
+        assert!(!t.may_open_circuit(&x, 50));
+        assert!(
+            !t.may_reserve(&a, 101),
+            "admission ends with the credential"
+        );
+        assert!(t.is_router(&r, 50) && !t.is_router(&a, 50));
+        assert_eq!(
+            t.counts(),
+            Counts {
+                attached: 1,
+                transit: 1,
+                routers: 1
+            }
+        );
+    }
+
+    #[test]
+    fn latest_auth_wins() {
+        let mut t = AdmissionTable::default();
+        let a = PeerId::random();
+        t.admit(a, adm(Purpose::Transit, 100));
+        let prev = t.admit(a, adm(Purpose::Attach, 200));
+        assert_eq!(prev.map(|p| p.purpose), Some(Purpose::Transit));
+        assert!(t.may_reserve(&a, 150));
+    }
+
+    #[test]
+    fn expiry_honours_skew() {
+        let mut t = AdmissionTable::default();
+        let a = PeerId::random();
+        t.admit(a, adm(Purpose::Attach, 100));
+        assert!(t.expire(150, 60).is_empty());
+        assert_eq!(t.expire(161, 60), vec![a]);
+        assert!(t.get(&a).is_none());
+    }
+
+    #[test]
+    fn revocation_drops_only_revoked_peers() {
+        let mut t = AdmissionTable::default();
+        let (a, b) = (PeerId::random(), PeerId::random());
+        t.admit(a, adm(Purpose::Attach, 100));
+        t.admit(b, adm(Purpose::Attach, 100));
+        let mut trust = Trust::new(&KeySet::default());
+        trust.set_revocations(&[Revocation {
+            peer_id: a.to_bytes(),
+            until_unix_secs: 500,
+            reason: "test".into(),
+        }]);
+        assert_eq!(t.revoke(&trust, 50), vec![a]);
+        assert!(t.get(&b).is_some());
+        assert!(t.revoke(&trust, 50).is_empty());
+    }
+}

@@ -1,0 +1,257 @@
+//! Serving one catalog stream.
+//!
+//! - publish: the peer must be admitted to attach; the record must verify
+//!   and name the peer as provider.
+//! - withdraw: drops the peer's record.
+//! - lookup (any admitted peer): own members' records, then the routers the
+//!   DHT names as providers, asked with `local_lookup`; merged, verified,
+//!   capped.
+//! - local_lookup (admitted routers only): own members' records.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentmesh_proto::pb::mesh::{
+    CatalogRequest, Lookup, SignedRecord, catalog_request, catalog_response,
+};
+use agentmesh_proto::protocols::{CATALOG, MAX_CATALOG_FRAME_BYTES};
+use agentmesh_proto::record::verify_record;
+use agentmesh_proto::unix_now;
+use futures::stream::FuturesUnordered;
+use futures::{AsyncWriteExt, StreamExt};
+use libp2p::{PeerId, Stream, StreamProtocol};
+use prost::Message;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{service_key, wire};
+use crate::state::Shared;
+use crate::swarm::Command;
+
+/// Provider routers asked per lookup at most.
+const MAX_ROUTERS_PER_LOOKUP: usize = 8;
+
+/// Room left in an answer frame for framing overhead.
+const FRAME_SLACK_BYTES: usize = 1024;
+
+/// What catalog streams need besides shared state.
+#[derive(Clone)]
+pub(crate) struct CatalogCtx {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) commands: mpsc::Sender<Command>,
+    pub(crate) control: libp2p_stream::Control,
+}
+
+/// Serves one catalog stream from `peer`.
+pub(crate) async fn serve(ctx: CatalogCtx, peer: PeerId, mut stream: Stream) {
+    let shared = ctx.shared.clone();
+    let t = shared.config.stream_timeout;
+    let req = match wire::read_request(&mut stream, t).await {
+        Ok(r) => r,
+        Err(e) => {
+            if e.is_malformed() {
+                shared.metrics.catalog("publish", "malformed");
+                let _ = wire::write_error(&mut stream, format!("malformed request: {e}"), t).await;
+            }
+            tracing::debug!(%peer, error = %e, "catalog request unreadable");
+            return;
+        }
+    };
+    let now = unix_now();
+    let result = match req.op {
+        Some(catalog_request::Op::Publish(signed)) => {
+            let r = publish(&shared, peer, signed, now);
+            shared.metrics.catalog("publish", result_label(&r));
+            match r {
+                Ok(exp) => wire::write_ack(&mut stream, exp, t).await,
+                Err((_, reason)) => wire::write_error(&mut stream, reason, t).await,
+            }
+        }
+        Some(catalog_request::Op::Withdraw(_)) => {
+            if shared.catalog.lock().remove(&peer) {
+                shared.catalog_changed.notify_one();
+            }
+            shared.metrics.catalog("withdraw", "ok");
+            wire::write_ack(&mut stream, 0, t).await
+        }
+        Some(catalog_request::Op::Lookup(l)) => {
+            if !shared.admission.read().is_admitted(&peer, now) {
+                shared.metrics.catalog("lookup", "refused");
+                wire::write_error(&mut stream, "not admitted".into(), t).await
+            } else {
+                let records = lookup(&ctx, &l).await;
+                shared.metrics.catalog("lookup", "ok");
+                wire::write_records(&mut stream, records, t).await
+            }
+        }
+        Some(catalog_request::Op::LocalLookup(l)) => {
+            if !shared.admission.read().is_router(&peer, now) {
+                shared.metrics.catalog("local_lookup", "refused");
+                wire::write_error(
+                    &mut stream,
+                    "local_lookup is for admitted routers".into(),
+                    t,
+                )
+                .await
+            } else {
+                let records = local(&shared, &l, now);
+                shared.metrics.catalog("local_lookup", "ok");
+                wire::write_records(&mut stream, records, t).await
+            }
+        }
+        None => {
+            shared.metrics.catalog("publish", "malformed");
+            wire::write_error(&mut stream, "request names no operation".into(), t).await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "catalog answer not delivered");
+    }
+    let _ = tokio::time::timeout(t, stream.close()).await;
+}
+
+fn result_label(r: &Result<i64, (&'static str, String)>) -> &'static str {
+    match r {
+        Ok(_) => "ok",
+        Err((label, _)) => label,
+    }
+}
+
+fn publish(
+    shared: &Shared,
+    peer: PeerId,
+    signed: SignedRecord,
+    now: i64,
+) -> Result<i64, (&'static str, String)> {
+    if !shared.admission.read().may_reserve(&peer, now) {
+        return Err(("refused", "publish needs an admitted attach".into()));
+    }
+    let (record, provider) =
+        verify_record(&signed, now).map_err(|e| ("malformed", format!("record refused: {e}")))?;
+    if provider != peer {
+        return Err(("refused", "record names another provider".into()));
+    }
+    let exp = shared
+        .catalog
+        .lock()
+        .publish(peer, signed, &record, now)
+        .map_err(|e| ("refused", e.to_string()))?;
+    shared.catalog_changed.notify_one();
+    Ok(exp)
+}
+
+fn limit_of(shared: &Shared, l: &Lookup) -> usize {
+    let max = shared.config.catalog_max_results;
+    match l.limit {
+        0 => max,
+        n => (n as usize).min(max),
+    }
+}
+
+fn local(shared: &Shared, l: &Lookup, now: i64) -> Vec<SignedRecord> {
+    let limit = limit_of(shared, l);
+    cap_bytes(shared.catalog.lock().lookup(&l.service, now, limit))
+}
+
+/// Keeps records while the answer fits one catalog frame.
+fn cap_bytes(records: Vec<SignedRecord>) -> Vec<SignedRecord> {
+    let mut total = 0usize;
+    records
+        .into_iter()
+        .take_while(|r| {
+            total += r.encoded_len() + 8;
+            total <= MAX_CATALOG_FRAME_BYTES - FRAME_SLACK_BYTES
+        })
+        .collect()
+}
+
+async fn lookup(ctx: &CatalogCtx, l: &Lookup) -> Vec<SignedRecord> {
+    let shared = &ctx.shared;
+    let t = shared.config.stream_timeout;
+    let limit = limit_of(shared, l);
+    let now = unix_now();
+    let mut found: HashMap<PeerId, SignedRecord> = HashMap::new();
+    for r in shared.catalog.lock().lookup(&l.service, now, limit) {
+        if let Ok((_, p)) = verify_record(&r, now) {
+            found.insert(p, r);
+        }
+    }
+    if found.len() < limit {
+        let routers = providers(ctx, &l.service, t).await;
+        let mut asks: FuturesUnordered<_> = routers
+            .into_iter()
+            .filter(|p| *p != shared.peer_id)
+            .take(MAX_ROUTERS_PER_LOOKUP)
+            .map(|p| ask_router(ctx.control.clone(), p, l.service.clone(), limit, t))
+            .collect();
+        while let Some(records) = asks.next().await {
+            for r in records {
+                let Ok((rec, p)) = verify_record(&r, now) else {
+                    continue;
+                };
+                if rec.services.contains(&l.service) && found.len() < limit {
+                    found.entry(p).or_insert(r);
+                }
+            }
+        }
+    }
+    cap_bytes(found.into_values().take(limit).collect())
+}
+
+/// Routers providing `service` per the router DHT.
+async fn providers(ctx: &CatalogCtx, service: &str, t: Duration) -> Vec<PeerId> {
+    let (reply, rx) = oneshot::channel();
+    let cmd = Command::GetProviders {
+        key: service_key(service),
+        reply,
+    };
+    if ctx.commands.send_timeout(cmd, t).await.is_err() {
+        tracing::warn!("swarm command queue full or closed; lookup answers locally");
+        return Vec::new();
+    }
+    tokio::time::timeout(t, rx)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default()
+}
+
+async fn ask_router(
+    mut control: libp2p_stream::Control,
+    router: PeerId,
+    service: String,
+    limit: usize,
+    t: Duration,
+) -> Vec<SignedRecord> {
+    let protocol = StreamProtocol::new(CATALOG);
+    let mut stream = match tokio::time::timeout(t, control.open_stream(router, protocol)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!(%router, error = %e, "catalog stream to router failed");
+            return Vec::new();
+        }
+        Err(_) => return Vec::new(),
+    };
+    let req = CatalogRequest {
+        op: Some(catalog_request::Op::LocalLookup(Lookup {
+            service,
+            limit: u32::try_from(limit).unwrap_or(u32::MAX),
+        })),
+    };
+    let resp = wire::exchange(&mut stream, &req, t).await;
+    let _ = tokio::time::timeout(t, stream.close()).await;
+    match resp {
+        Ok(r) => match r.result {
+            Some(catalog_response::Result::Providers(p)) => p.records,
+            Some(catalog_response::Result::Error(e)) => {
+                tracing::debug!(%router, reason = %e.reason, "router refused local lookup");
+                Vec::new()
+            }
+            _ => Vec::new(),
+        },
+        Err(e) => {
+            tracing::debug!(%router, error = %e, "local lookup failed");
+            Vec::new()
+        }
+    }
+}

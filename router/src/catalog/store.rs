@@ -1,0 +1,201 @@
+//! The records of this router's own attached members, indexed by service.
+//! Pure data: callers pass `now`.
+
+use std::collections::{HashMap, HashSet};
+
+use agentmesh_proto::pb::mesh::{ServiceRecord, SignedRecord};
+use libp2p::PeerId;
+
+/// A record is kept at most this long past publication, whatever it claims;
+/// members refresh theirs well before.
+pub(crate) const MAX_RECORD_TTL_SECS: i64 = 3600;
+
+/// Why a record was not stored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum StoreError {
+    /// The store holds its maximum number of records.
+    #[error("catalog is full ({0} records)")]
+    Full(usize),
+}
+
+#[derive(Debug, Clone)]
+struct Stored {
+    signed: SignedRecord,
+    services: Vec<String>,
+    expires: i64,
+}
+
+/// Records by provider, and providers by service name.
+#[derive(Debug)]
+pub(crate) struct CatalogStore {
+    max_records: usize,
+    by_provider: HashMap<PeerId, Stored>,
+    by_service: HashMap<String, HashSet<PeerId>>,
+}
+
+impl CatalogStore {
+    /// An empty store holding at most `max_records` records.
+    pub(crate) fn new(max_records: usize) -> Self {
+        Self {
+            max_records,
+            by_provider: HashMap::new(),
+            by_service: HashMap::new(),
+        }
+    }
+
+    /// Stores (or replaces) `provider`'s record; returns when it expires here.
+    pub(crate) fn publish(
+        &mut self,
+        provider: PeerId,
+        signed: SignedRecord,
+        record: &ServiceRecord,
+        now: i64,
+    ) -> Result<i64, StoreError> {
+        if !self.by_provider.contains_key(&provider) && self.by_provider.len() >= self.max_records {
+            return Err(StoreError::Full(self.max_records));
+        }
+        self.remove(&provider);
+        let expires = record
+            .expires_at_unix_secs
+            .min(now.saturating_add(MAX_RECORD_TTL_SECS));
+        let mut services = record.services.clone();
+        services.sort();
+        services.dedup();
+        for s in &services {
+            self.by_service
+                .entry(s.clone())
+                .or_default()
+                .insert(provider);
+        }
+        self.by_provider.insert(
+            provider,
+            Stored {
+                signed,
+                services,
+                expires,
+            },
+        );
+        Ok(expires)
+    }
+
+    /// Drops `provider`'s record; returns whether there was one.
+    pub(crate) fn remove(&mut self, provider: &PeerId) -> bool {
+        let Some(old) = self.by_provider.remove(provider) else {
+            return false;
+        };
+        for s in &old.services {
+            if let Some(set) = self.by_service.get_mut(s) {
+                set.remove(provider);
+                if set.is_empty() {
+                    self.by_service.remove(s);
+                }
+            }
+        }
+        true
+    }
+
+    /// Drops expired records; returns how many.
+    pub(crate) fn expire(&mut self, now: i64) -> usize {
+        let gone: Vec<PeerId> = self
+            .by_provider
+            .iter()
+            .filter(|(_, r)| r.expires < now)
+            .map(|(p, _)| *p)
+            .collect();
+        for p in &gone {
+            self.remove(p);
+        }
+        gone.len()
+    }
+
+    /// Up to `limit` live records that name `service`.
+    pub(crate) fn lookup(&self, service: &str, now: i64, limit: usize) -> Vec<SignedRecord> {
+        let Some(providers) = self.by_service.get(service) else {
+            return Vec::new();
+        };
+        providers
+            .iter()
+            .filter_map(|p| self.by_provider.get(p))
+            .filter(|r| r.expires >= now)
+            .take(limit)
+            .map(|r| r.signed.clone())
+            .collect()
+    }
+
+    /// Service names held.
+    pub(crate) fn services(&self) -> impl Iterator<Item = &String> {
+        self.by_service.keys()
+    }
+
+    /// Records held.
+    pub(crate) fn len(&self) -> usize {
+        self.by_provider.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(p: &PeerId, services: &[&str], exp: i64) -> (ServiceRecord, SignedRecord) {
+        let r = ServiceRecord {
+            provider: p.to_bytes(),
+            services: services.iter().map(|s| s.to_string()).collect(),
+            routers: vec![],
+            issued_at_unix_secs: 0,
+            expires_at_unix_secs: exp,
+        };
+        let s = SignedRecord {
+            record: p.to_bytes(),
+            signature: vec![],
+        };
+        (r, s)
+    }
+
+    #[test]
+    fn publish_replace_lookup_remove() {
+        let mut st = CatalogStore::new(10);
+        let (a, b) = (PeerId::random(), PeerId::random());
+        let (ra, sa) = rec(&a, &["echo", "echo", "kv"], 100);
+        st.publish(a, sa, &ra, 0).expect("stored");
+        let (rb, sb) = rec(&b, &["echo"], 100);
+        st.publish(b, sb, &rb, 0).expect("stored");
+        assert_eq!(st.lookup("echo", 10, 10).len(), 2);
+        assert_eq!(st.lookup("echo", 10, 1).len(), 1, "limit applies");
+        assert_eq!(st.lookup("kv", 10, 10).len(), 1);
+        // Replacing a's record drops its old services.
+        let (ra2, sa2) = rec(&a, &["web"], 100);
+        st.publish(a, sa2, &ra2, 0).expect("replaced");
+        assert!(st.lookup("kv", 10, 10).is_empty());
+        assert_eq!(st.len(), 2);
+        assert!(st.remove(&b));
+        assert!(st.lookup("echo", 10, 10).is_empty());
+        let mut names: Vec<_> = st.services().cloned().collect();
+        names.sort();
+        assert_eq!(names, vec!["web".to_string()]);
+    }
+
+    #[test]
+    fn expiry_and_ttl_cap() {
+        let mut st = CatalogStore::new(10);
+        let a = PeerId::random();
+        let (r, s) = rec(&a, &["echo"], i64::MAX);
+        let exp = st.publish(a, s, &r, 1000).expect("stored");
+        assert_eq!(exp, 1000 + MAX_RECORD_TTL_SECS);
+        assert_eq!(st.expire(exp), 0);
+        assert_eq!(st.expire(exp + 1), 1);
+        assert_eq!(st.len(), 0);
+        assert_eq!(st.services().count(), 0);
+    }
+
+    #[test]
+    fn full_store_refuses_new_providers_but_accepts_updates() {
+        let mut st = CatalogStore::new(1);
+        let (a, b) = (PeerId::random(), PeerId::random());
+        let (ra, sa) = rec(&a, &["echo"], 100);
+        st.publish(a, sa.clone(), &ra, 0).expect("stored");
+        let (rb, sb) = rec(&b, &["echo"], 100);
+        assert_eq!(st.publish(b, sb, &rb, 0), Err(StoreError::Full(1)));
+        assert!(st.publish(a, sa, &ra, 0).is_ok());
+    }
+}

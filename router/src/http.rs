@@ -1,0 +1,70 @@
+//! The metrics listener: `/metrics` (Prometheus text), `/healthz` (the
+//! process runs) and `/readyz` (DESIGN.md "Readiness", with the reason).
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::state::Shared;
+
+#[derive(Clone)]
+struct HttpState {
+    registry: Arc<Registry>,
+    shared: Arc<Shared>,
+}
+
+/// Serves the metrics listener until `cancel` fires.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(HttpState { registry, shared });
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(cancel.cancelled_owned())
+        .await
+    {
+        tracing::error!(error = %e, "metrics listener failed");
+    }
+}
+
+async fn metrics(State(s): State<HttpState>) -> impl IntoResponse {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &s.registry) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        ),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            format!("encoding metrics failed: {e}\n"),
+        ),
+    }
+}
+
+async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
+    match s.shared.readiness().reason() {
+        None => (StatusCode::OK, "ready\n".to_string()),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        ),
+    }
+}

@@ -1,0 +1,238 @@
+//! The router's metrics (`agentmesh_router_*`), every label value created at
+//! startup so rates read 0 before anything happens.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::admission::Purpose;
+
+/// Two labels.
+pub(crate) type L2 = [(&'static str, &'static str); 2];
+/// One label.
+pub(crate) type L1 = [(&'static str, &'static str); 1];
+/// Three labels.
+pub(crate) type L3 = [(&'static str, &'static str); 3];
+
+/// Every auth result label value.
+pub(crate) const AUTH_RESULTS: &[&str] = &[
+    "admitted",
+    "malformed",
+    "bad_signature",
+    "unknown_key",
+    "expired",
+    "not_yet_valid",
+    "wrong_peer",
+    "revoked",
+    "wrong_role",
+    "no_keys",
+    "io",
+];
+
+/// Why the router closed a connection.
+pub(crate) const CLOSE_REASONS: &[&str] = &["auth_deadline", "revoked", "expired"];
+
+/// Connection states.
+pub(crate) const CONN_STATES: &[&str] = &["unauthenticated", "admitted"];
+/// Connection directions.
+pub(crate) const DIRECTIONS: &[&str] = &["inbound", "outbound"];
+
+/// Catalog operations.
+pub(crate) const CATALOG_OPS: &[&str] = &["publish", "withdraw", "lookup", "local_lookup"];
+/// Catalog results.
+pub(crate) const CATALOG_RESULTS: &[&str] = &["ok", "refused", "malformed", "error"];
+
+/// Results of control-plane calls.
+pub(crate) const CP_RESULTS: &[&str] = &["ok", "error"];
+
+/// Our own protocols whose streams we bound.
+pub(crate) const OWN_PROTOCOLS: &[&str] = &["auth", "catalog"];
+
+/// All router metrics; clone-cheap handles onto one registry.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Metrics {
+    pub(crate) attached_members: Gauge,
+    pub(crate) transit_connections: Gauge,
+    pub(crate) admitted_routers: Gauge,
+    pub(crate) connections: Family<L2, Gauge>,
+    pub(crate) connections_closed: Family<L1, Counter>,
+    pub(crate) auth: Family<L2, Counter>,
+    pub(crate) reservations: Gauge,
+    pub(crate) reservation_requests: Family<L1, Counter>,
+    pub(crate) circuits: Gauge,
+    pub(crate) circuit_requests: Family<L1, Counter>,
+    pub(crate) catalog_records: Gauge,
+    pub(crate) catalog_requests: Family<L2, Counter>,
+    pub(crate) lease: Family<L1, Counter>,
+    pub(crate) directory_sync: Family<L1, Counter>,
+    pub(crate) key_fetch: Family<L1, Counter>,
+    pub(crate) revocations_enforced: Counter,
+    pub(crate) refused: Family<L3, Counter>,
+    pub(crate) ready: Gauge,
+}
+
+impl Metrics {
+    /// Registers every metric in `registry` and pre-creates label values.
+    pub(crate) fn new(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let r = registry;
+        r.register(
+            "agentmesh_router_attached_members",
+            "Members admitted with purpose attach",
+            m.attached_members.clone(),
+        );
+        r.register(
+            "agentmesh_router_transit_connections",
+            "Peers admitted with purpose transit",
+            m.transit_connections.clone(),
+        );
+        r.register(
+            "agentmesh_router_admitted_routers",
+            "Routers admitted into the router mesh",
+            m.admitted_routers.clone(),
+        );
+        r.register(
+            "agentmesh_router_connections",
+            "Open connections by state and direction",
+            m.connections.clone(),
+        );
+        r.register(
+            "agentmesh_router_connections_closed",
+            "Connections the router closed, by reason",
+            m.connections_closed.clone(),
+        );
+        r.register(
+            "agentmesh_router_auth",
+            "Auth requests by purpose and result",
+            m.auth.clone(),
+        );
+        r.register(
+            "agentmesh_router_reservations",
+            "Active relay reservations",
+            m.reservations.clone(),
+        );
+        r.register(
+            "agentmesh_router_reservation_requests",
+            "Relay reservation requests by result",
+            m.reservation_requests.clone(),
+        );
+        r.register(
+            "agentmesh_router_circuits",
+            "Active relayed circuits",
+            m.circuits.clone(),
+        );
+        r.register(
+            "agentmesh_router_circuit_requests",
+            "Relay circuit requests by result",
+            m.circuit_requests.clone(),
+        );
+        r.register(
+            "agentmesh_router_catalog_records",
+            "Service records held for attached members",
+            m.catalog_records.clone(),
+        );
+        r.register(
+            "agentmesh_router_catalog_requests",
+            "Catalog requests by op and result",
+            m.catalog_requests.clone(),
+        );
+        r.register(
+            "agentmesh_router_lease",
+            "Router leases by result",
+            m.lease.clone(),
+        );
+        r.register(
+            "agentmesh_router_directory_sync",
+            "Directory fetches by result",
+            m.directory_sync.clone(),
+        );
+        r.register(
+            "agentmesh_router_key_fetch",
+            "Key-set fetches by result",
+            m.key_fetch.clone(),
+        );
+        r.register(
+            "agentmesh_router_revocations_enforced",
+            "Admitted peers dropped because they were revoked",
+            m.revocations_enforced.clone(),
+        );
+        r.register(
+            "agentmesh_router_refused",
+            "Requests refused for lack of a resource, by resource, scope and protocol",
+            m.refused.clone(),
+        );
+        r.register(
+            "agentmesh_router_ready",
+            "1 when the router is ready",
+            m.ready.clone(),
+        );
+
+        for s in CONN_STATES {
+            for d in DIRECTIONS {
+                let _ = m
+                    .connections
+                    .get_or_create(&[("state", s), ("direction", d)]);
+            }
+        }
+        for r in CLOSE_REASONS {
+            let _ = m.connections_closed.get_or_create(&[("reason", r)]);
+        }
+        for p in Purpose::ALL {
+            for res in AUTH_RESULTS {
+                let _ = m
+                    .auth
+                    .get_or_create(&[("purpose", p.as_str()), ("result", res)]);
+            }
+        }
+        for res in ["accepted", "denied"] {
+            let _ = m.reservation_requests.get_or_create(&[("result", res)]);
+            let _ = m.circuit_requests.get_or_create(&[("result", res)]);
+        }
+        for op in CATALOG_OPS {
+            for res in CATALOG_RESULTS {
+                let _ = m
+                    .catalog_requests
+                    .get_or_create(&[("op", op), ("result", res)]);
+            }
+        }
+        for res in CP_RESULTS {
+            let _ = m.lease.get_or_create(&[("result", res)]);
+            let _ = m.directory_sync.get_or_create(&[("result", res)]);
+            let _ = m.key_fetch.get_or_create(&[("result", res)]);
+        }
+        for p in OWN_PROTOCOLS {
+            let _ = m.refused.get_or_create(&[
+                ("resource", "stream"),
+                ("scope", "system"),
+                ("protocol", p),
+            ]);
+        }
+        m
+    }
+
+    /// Counts one auth result.
+    pub(crate) fn auth_result(&self, purpose: Purpose, result: &'static str) {
+        self.auth
+            .get_or_create(&[("purpose", purpose.as_str()), ("result", result)])
+            .inc();
+    }
+
+    /// Counts one catalog request.
+    pub(crate) fn catalog(&self, op: &'static str, result: &'static str) {
+        self.catalog_requests
+            .get_or_create(&[("op", op), ("result", result)])
+            .inc();
+    }
+
+    /// Counts a stream dropped because too many were in flight.
+    pub(crate) fn stream_refused(&self, protocol: &'static str) {
+        self.refused
+            .get_or_create(&[
+                ("resource", "stream"),
+                ("scope", "system"),
+                ("protocol", protocol),
+            ])
+            .inc();
+    }
+}

@@ -1,0 +1,378 @@
+//! The swarm loop: owns the swarm, never waits on anything but its inputs.
+//! Every second it enforces the auth deadline, expiry and revocations,
+//! drives the mesh and refreshes gauges.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentmesh_proto::unix_now;
+use futures::StreamExt;
+use libp2p::core::ConnectedPoint;
+use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult, RecordKey};
+use libp2p::metrics::Recorder;
+use libp2p::swarm::{ConnectionId, SwarmEvent};
+use libp2p::{Multiaddr, PeerId, Swarm, relay};
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{Behaviour, BehaviourEvent, Command};
+use crate::catalog::service_key;
+use crate::mesh::Mesh;
+use crate::state::Shared;
+
+/// How often deadlines, expiry, revocations and the mesh are checked.
+const TICK: Duration = Duration::from_secs(1);
+
+/// Provider routers collected per lookup before the query is cut short.
+const ENOUGH_PROVIDERS: usize = 16;
+
+struct ConnInfo {
+    peer: PeerId,
+    inbound: bool,
+    since: Instant,
+    closing: bool,
+}
+
+/// The loop's state.
+pub(crate) struct EventLoop {
+    swarm: Swarm<Behaviour>,
+    shared: Arc<Shared>,
+    commands: mpsc::Receiver<Command>,
+    p2p_metrics: libp2p::metrics::Metrics,
+    conns: HashMap<ConnectionId, ConnInfo>,
+    /// Remote addresses of our outbound connections (for the routing table).
+    dialed_addrs: HashMap<PeerId, Multiaddr>,
+    pending_providers: HashMap<QueryId, (HashSet<PeerId>, oneshot::Sender<Vec<PeerId>>)>,
+    providing: HashSet<RecordKey>,
+    mesh: Mesh,
+    /// Configured listen address per listener (to derive external addresses).
+    listeners: HashMap<libp2p::core::transport::ListenerId, Multiaddr>,
+}
+
+impl EventLoop {
+    /// Wraps a listening swarm.
+    pub(crate) fn new(
+        swarm: Swarm<Behaviour>,
+        shared: Arc<Shared>,
+        commands: mpsc::Receiver<Command>,
+        p2p_metrics: libp2p::metrics::Metrics,
+        control: libp2p_stream::Control,
+        listeners: HashMap<libp2p::core::transport::ListenerId, Multiaddr>,
+    ) -> Self {
+        Self {
+            swarm,
+            mesh: Mesh::new(shared.clone(), control),
+            shared,
+            commands,
+            p2p_metrics,
+            conns: HashMap::new(),
+            dialed_addrs: HashMap::new(),
+            pending_providers: HashMap::new(),
+            providing: HashSet::new(),
+            listeners,
+        }
+    }
+
+    /// Runs until `cancel` fires.
+    pub(crate) async fn run(mut self, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break,
+                ev = self.swarm.select_next_some() => self.on_event(ev),
+                Some(cmd) = self.commands.recv() => self.on_command(cmd),
+                _ = self.shared.catalog_changed.notified() => self.reconcile_providers(false),
+                _ = tick.tick() => self.on_tick(),
+            }
+        }
+    }
+
+    fn on_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::GetProviders { key, reply } => {
+                let id = self
+                    .swarm
+                    .behaviour_mut()
+                    .kad
+                    .inner_mut()
+                    .get_providers(key);
+                self.pending_providers.insert(id, (HashSet::new(), reply));
+            }
+        }
+    }
+
+    fn on_event(&mut self, ev: SwarmEvent<BehaviourEvent>) {
+        self.p2p_metrics.record(&ev);
+        match ev {
+            SwarmEvent::ConnectionEstablished {
+                peer_id,
+                connection_id,
+                endpoint,
+                ..
+            } => {
+                let inbound = endpoint.is_listener();
+                if let ConnectedPoint::Dialer { address, .. } = &endpoint {
+                    self.dialed_addrs.insert(peer_id, address.clone());
+                }
+                self.conns.insert(
+                    connection_id,
+                    ConnInfo {
+                        peer: peer_id,
+                        inbound,
+                        since: Instant::now(),
+                        closing: false,
+                    },
+                );
+            }
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                connection_id,
+                num_established,
+                ..
+            } => {
+                self.conns.remove(&connection_id);
+                if num_established == 0 {
+                    self.on_peer_gone(&peer_id);
+                }
+            }
+            SwarmEvent::NewListenAddr {
+                listener_id,
+                address,
+            } => {
+                self.shared.listen_addrs.write().push(address.clone());
+                if self.shared.config.external_addr.is_empty()
+                    && let Some(ext) = self
+                        .listeners
+                        .get(&listener_id)
+                        .and_then(|c| crate::derive_external(c, &address))
+                {
+                    self.swarm.add_external_address(ext.clone());
+                    self.shared.external_addrs.write().push(ext);
+                }
+            }
+            SwarmEvent::ExpiredListenAddr { address, .. } => {
+                self.shared.listen_addrs.write().retain(|a| *a != address);
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Relay(e)) => {
+                self.p2p_metrics.record(&e);
+                self.on_relay(e);
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Kad(e)) => {
+                self.p2p_metrics.record(&e);
+                self.on_kad(e);
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(e)) => self.p2p_metrics.record(&e),
+            SwarmEvent::Behaviour(BehaviourEvent::Ping(e)) => self.p2p_metrics.record(&e),
+            _ => {}
+        }
+    }
+
+    /// A peer's last connection closed: it is no longer admitted or listed.
+    fn on_peer_gone(&mut self, peer: &PeerId) {
+        self.shared.admission.write().remove(peer);
+        if self.shared.catalog.lock().remove(peer) {
+            self.reconcile_providers(false);
+        }
+        self.dialed_addrs.remove(peer);
+        self.mesh.on_disconnected(&mut self.swarm, peer);
+    }
+
+    #[allow(deprecated)] // the deprecated relay events still report real outcomes
+    fn on_relay(&mut self, e: relay::Event) {
+        let m = &self.shared.metrics;
+        match e {
+            relay::Event::ReservationReqAccepted { renewed, .. } => {
+                m.reservation_requests
+                    .get_or_create(&[("result", "accepted")])
+                    .inc();
+                if !renewed {
+                    m.reservations.inc();
+                }
+            }
+            relay::Event::ReservationReqDenied { src_peer_id, .. } => {
+                tracing::debug!(peer = %src_peer_id, "reservation denied");
+                m.reservation_requests
+                    .get_or_create(&[("result", "denied")])
+                    .inc();
+            }
+            relay::Event::ReservationClosed { .. } | relay::Event::ReservationTimedOut { .. } => {
+                m.reservations.dec();
+            }
+            relay::Event::CircuitReqAccepted { .. } => {
+                m.circuit_requests
+                    .get_or_create(&[("result", "accepted")])
+                    .inc();
+                m.circuits.inc();
+            }
+            relay::Event::CircuitReqDenied {
+                src_peer_id,
+                dst_peer_id,
+                ..
+            } => {
+                tracing::debug!(src = %src_peer_id, dst = %dst_peer_id, "circuit denied");
+                m.circuit_requests
+                    .get_or_create(&[("result", "denied")])
+                    .inc();
+            }
+            relay::Event::CircuitClosed { .. } => {
+                m.circuits.dec();
+            }
+            _ => {}
+        }
+    }
+
+    fn on_kad(&mut self, e: kad::Event) {
+        let kad::Event::OutboundQueryProgressed {
+            id, result, step, ..
+        } = e
+        else {
+            return;
+        };
+        let QueryResult::GetProviders(r) = result else {
+            return;
+        };
+        let Some((found, _)) = self.pending_providers.get_mut(&id) else {
+            return;
+        };
+        if let Ok(GetProvidersOk::FoundProviders { providers, .. }) = r {
+            found.extend(providers);
+        }
+        if step.last || found.len() >= ENOUGH_PROVIDERS {
+            if !step.last
+                && let Some(mut q) = self.swarm.behaviour_mut().kad.inner_mut().query_mut(&id)
+            {
+                q.finish();
+            }
+            if let Some((found, reply)) = self.pending_providers.remove(&id) {
+                let _ = reply.send(found.into_iter().collect());
+            }
+        }
+    }
+
+    /// Provides exactly the service keys the catalog holds; with `all`,
+    /// re-announces every key (a router joined).
+    fn reconcile_providers(&mut self, all: bool) {
+        let wanted: HashSet<RecordKey> = self
+            .shared
+            .catalog
+            .lock()
+            .services()
+            .map(|s| service_key(s))
+            .collect();
+        let kad = self.swarm.behaviour_mut().kad.inner_mut();
+        for k in self.providing.difference(&wanted) {
+            kad.stop_providing(k);
+        }
+        for k in &wanted {
+            if (all || !self.providing.contains(k))
+                && let Err(e) = kad.start_providing(k.clone())
+            {
+                tracing::warn!(error = %e, "cannot provide a service key");
+            }
+        }
+        self.providing = wanted;
+    }
+
+    fn on_tick(&mut self) {
+        let now = unix_now();
+        let shared = self.shared.clone();
+        let skew = i64::try_from(shared.config.clock_skew.as_secs()).unwrap_or(i64::MAX);
+
+        // Auth deadline: inbound connections whose peer is not admitted.
+        let deadline = shared.config.auth_deadline;
+        let late: Vec<ConnectionId> = {
+            let adm = shared.admission.read();
+            self.conns
+                .iter()
+                .filter(|(_, c)| {
+                    c.inbound
+                        && !c.closing
+                        && c.since.elapsed() >= deadline
+                        && !adm.is_admitted(&c.peer, now)
+                })
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        for id in late {
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.closing = true;
+                tracing::info!(peer = %c.peer, "closing connection: not admitted within the auth deadline");
+            }
+            self.swarm.close_connection(id);
+            shared
+                .metrics
+                .connections_closed
+                .get_or_create(&[("reason", "auth_deadline")])
+                .inc();
+        }
+
+        // Expired admissions and revocations.
+        let expired = shared.admission.write().expire(now, skew);
+        let revoked = {
+            let trust = shared.trust.read();
+            shared.admission.write().revoke(&trust, now)
+        };
+        for (peers, reason) in [(expired, "expired"), (revoked, "revoked")] {
+            for p in peers {
+                tracing::info!(peer = %p, reason, "dropping admitted peer");
+                if reason == "revoked" {
+                    shared.metrics.revocations_enforced.inc();
+                }
+                shared
+                    .metrics
+                    .connections_closed
+                    .get_or_create(&[("reason", reason)])
+                    .inc();
+                shared.catalog.lock().remove(&p);
+                let _ = self.swarm.disconnect_peer_id(p);
+            }
+        }
+        let dropped = shared.catalog.lock().expire(now);
+        if dropped > 0 {
+            tracing::debug!(dropped, "catalog records expired");
+        }
+        self.reconcile_providers(false);
+
+        // Mesh.
+        if self.mesh.tick(&mut self.swarm, &self.dialed_addrs) {
+            self.reconcile_providers(true);
+        }
+
+        self.update_gauges(now);
+    }
+
+    fn update_gauges(&self, now: i64) {
+        let m = &self.shared.metrics;
+        let counts = self.shared.admission.read().counts();
+        m.attached_members.set(i64::from(counts.attached));
+        m.transit_connections.set(i64::from(counts.transit));
+        m.admitted_routers.set(i64::from(counts.routers));
+        m.catalog_records
+            .set(self.shared.catalog.lock().len() as i64);
+        let mut by: HashMap<(&'static str, &'static str), i64> = HashMap::new();
+        {
+            let adm = self.shared.admission.read();
+            for c in self.conns.values() {
+                let state = if adm.is_admitted(&c.peer, now) {
+                    "admitted"
+                } else {
+                    "unauthenticated"
+                };
+                let dir = if c.inbound { "inbound" } else { "outbound" };
+                *by.entry((state, dir)).or_default() += 1;
+            }
+        }
+        for s in crate::metrics::CONN_STATES {
+            for d in crate::metrics::DIRECTIONS {
+                let v = by.get(&(*s, *d)).copied().unwrap_or(0);
+                m.connections
+                    .get_or_create(&[("state", s), ("direction", d)])
+                    .set(v);
+            }
+        }
+    }
+}

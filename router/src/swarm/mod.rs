@@ -1,0 +1,109 @@
+//! The libp2p swarm: transport (TCP + noise + yamux), the composed behaviour
+//! (relay server, our stream protocols, Kademlia among routers, identify,
+//! ping) and the event loop that owns it.
+
+pub(crate) mod event_loop;
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libp2p::kad::store::{MemoryStore, MemoryStoreConfig};
+use libp2p::swarm::NetworkBehaviour;
+use libp2p::{
+    PeerId, StreamProtocol, Swarm, SwarmBuilder, identify, kad, noise, ping, relay, tcp, yamux,
+};
+use tokio::sync::oneshot;
+
+use crate::mesh::router_only::RouterOnly;
+use crate::state::Shared;
+
+/// Kademlia protocol of the router DHT (routers only).
+pub const KAD_PROTOCOL: &str = "/agentmesh/kad/1";
+/// Identify protocol version string.
+const IDENTIFY_PROTOCOL: &str = "/agentmesh/1";
+/// Routers re-announce what they provide this often (plus at once when a
+/// router joins).
+const PROVIDER_PUBLICATION_INTERVAL: Duration = Duration::from_secs(300);
+/// Provider records of other routers live this long without renewal.
+const PROVIDER_RECORD_TTL: Duration = Duration::from_secs(900);
+/// Distinct service keys the router DHT stores at most per router.
+const MAX_PROVIDED_KEYS: usize = 65_536;
+/// Providers stored per service key at most (routers, not members).
+const MAX_PROVIDERS_PER_KEY: usize = 64;
+
+/// A request to the swarm loop from another task.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Routers that provide `key` per the router DHT (this one included).
+    GetProviders {
+        key: kad::RecordKey,
+        reply: oneshot::Sender<Vec<PeerId>>,
+    },
+}
+
+/// The router's composed behaviour.
+#[derive(NetworkBehaviour)]
+#[behaviour(prelude = "libp2p::swarm::derive_prelude")]
+pub(crate) struct Behaviour {
+    pub(crate) relay: relay::Behaviour,
+    pub(crate) stream: libp2p_stream::Behaviour,
+    pub(crate) kad: RouterOnly<kad::Behaviour<MemoryStore>>,
+    pub(crate) identify: identify::Behaviour,
+    pub(crate) ping: ping::Behaviour,
+}
+
+/// Why the swarm could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("building the libp2p swarm: {0}")]
+pub struct BuildError(String);
+
+/// Builds the swarm with `shared`'s identity and limits.
+pub(crate) fn build(shared: &Arc<Shared>) -> Result<Swarm<Behaviour>, BuildError> {
+    let keypair = shared.keypair.clone();
+    let peer_id = shared.peer_id;
+    let relay_config = crate::relay::config(shared);
+    let router_set = shared.router_set.clone();
+    let stream_timeout = shared.config.stream_timeout;
+    let idle = shared.config.idle_connection_timeout;
+    let swarm = SwarmBuilder::with_existing_identity(keypair)
+        .with_tokio()
+        .with_tcp(
+            tcp::Config::default().nodelay(true),
+            noise::Config::new,
+            yamux::Config::default,
+        )
+        .map_err(|e| BuildError(e.to_string()))?
+        .with_behaviour(|key| {
+            let mut kc = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));
+            kc.set_kbucket_inserts(kad::BucketInserts::Manual)
+                .set_query_timeout(stream_timeout)
+                .set_provider_publication_interval(Some(PROVIDER_PUBLICATION_INTERVAL))
+                .set_provider_record_ttl(Some(PROVIDER_RECORD_TTL))
+                .set_parallelism(NonZeroUsize::new(3).expect("3 > 0"));
+            let store = MemoryStore::with_config(
+                peer_id,
+                MemoryStoreConfig {
+                    max_provided_keys: MAX_PROVIDED_KEYS,
+                    max_providers_per_key: MAX_PROVIDERS_PER_KEY,
+                    ..Default::default()
+                },
+            );
+            let mut kad = kad::Behaviour::with_config(peer_id, store, kc);
+            kad.set_mode(Some(kad::Mode::Server));
+            Behaviour {
+                relay: relay::Behaviour::new(peer_id, relay_config),
+                stream: libp2p_stream::Behaviour::new(),
+                kad: RouterOnly::new(kad, router_set),
+                identify: identify::Behaviour::new(identify::Config::new(
+                    IDENTIFY_PROTOCOL.to_string(),
+                    key.public(),
+                )),
+                ping: ping::Behaviour::default(),
+            }
+        })
+        .map_err(|e| BuildError(e.to_string()))?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(idle))
+        .build();
+    Ok(swarm)
+}
