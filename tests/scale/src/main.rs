@@ -1,1 +1,72 @@
-fn main() {}
+//! `agentmesh-ladder`: the member ladder (see the library docs and issue 5).
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use agentmesh_ladder::config::{FleetConfig, LocalConfig, RemoteConfig, WorkerConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "agentmesh-ladder",
+    about = "Drive fleets of members in steps against a mesh and report"
+)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Mode,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// Start a control plane and routers, then run the ladder against them.
+    Local {
+        #[command(flatten)]
+        mesh: LocalConfig,
+        #[command(flatten)]
+        fleet: FleetConfig,
+    },
+    /// Run the fleet against an existing mesh.
+    Remote {
+        #[command(flatten)]
+        mesh: RemoteConfig,
+        #[command(flatten)]
+        fleet: FleetConfig,
+    },
+    /// Internal: host members for a coordinator (JSON lines on stdin/stdout).
+    #[command(hide = true)]
+    Worker(WorkerConfig),
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    rt.block_on(async move {
+        let (report, path) = match cli.mode {
+            Mode::Worker(cfg) => return agentmesh_ladder::worker::run(cfg).await.context("worker"),
+            Mode::Local { mesh, fleet } => {
+                let path = fleet.report.clone();
+                (agentmesh_ladder::run_local(mesh, fleet).await?, path)
+            }
+            Mode::Remote { mesh, fleet } => {
+                let path = fleet.report.clone();
+                (agentmesh_ladder::run_remote(mesh, fleet).await?, path)
+            }
+        };
+        println!("{}", report.markdown());
+        if let Some(path) = path {
+            let json = serde_json::to_string_pretty(&report).context("encoding the report")?;
+            std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("ladder: report written to {}", path.display());
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,292 @@
+//! The ladder's configuration: one clap flag per field, defaults defined once.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+/// Default members per step.
+pub const DEFAULT_STEP: u64 = 100;
+/// Default number of steps.
+pub const DEFAULT_STEPS: u32 = 3;
+/// Default joiners started per second (the control plane's default enrollment rate).
+pub const DEFAULT_JOIN_RATE: f64 = 10.0;
+/// Default routers each member attaches to (K).
+pub const DEFAULT_MEMBER_ROUTERS: usize = 2;
+/// Default provider members exposing echo.
+pub const DEFAULT_PROVIDERS: u64 = 3;
+/// Default hold after the last step, seconds.
+pub const DEFAULT_HOLD_SECS: u64 = 30;
+/// Default file descriptors charged per member when sizing workers.
+pub const DEFAULT_FDS_PER_MEMBER: u64 = 8;
+/// Default file descriptors kept free in each worker.
+pub const DEFAULT_FD_HEADROOM: u64 = 1_000;
+/// Default number of 127.0.0.x source addresses members dial from.
+pub const DEFAULT_SOURCE_IPS: u8 = 16;
+/// First source address members dial from (127.0.0.10 by default).
+pub const FIRST_SOURCE_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 10);
+/// Default deadline for a step (every joiner ready and called, or exited), seconds.
+pub const DEFAULT_STEP_DEADLINE_SECS: u64 = 600;
+/// Default timeout of one echo call, seconds.
+pub const DEFAULT_CALL_TIMEOUT_SECS: u64 = 10;
+/// Default time budget of a member's first call (with retries), seconds.
+pub const DEFAULT_CALL_BUDGET_SECS: u64 = 120;
+/// Default echo calls per second per worker during an event window.
+pub const DEFAULT_WINDOW_CALLS_PER_SEC: u32 = 5;
+/// Default number of routers in local mode.
+pub const DEFAULT_ROUTERS: usize = 4;
+/// Default deadline for a child program's `/readyz`, seconds.
+pub const DEFAULT_READY_DEADLINE_SECS: u64 = 60;
+/// Default interval between router RSS samples after teardown, seconds.
+pub const DEFAULT_AFTER_INTERVAL_SECS: u64 = 5;
+
+/// What the fleet does: steps, hold, events, burst, after. Shared by both modes.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct FleetConfig {
+    /// Members joining per step.
+    #[arg(long, default_value_t = DEFAULT_STEP)]
+    pub step: u64,
+    /// Number of steps.
+    #[arg(long, default_value_t = DEFAULT_STEPS)]
+    pub steps: u32,
+    /// Joiners started per second, across all workers (0 = all at once).
+    #[arg(long = "join-rate", default_value_t = DEFAULT_JOIN_RATE)]
+    pub join_rate_per_sec: f64,
+    /// Routers each member attaches to (the node's `--routers`, K).
+    #[arg(long, default_value_t = DEFAULT_MEMBER_ROUTERS)]
+    pub member_routers: usize,
+    /// Provider members exposing the echo service (started before step 1).
+    #[arg(long, default_value_t = DEFAULT_PROVIDERS)]
+    pub providers: u64,
+    /// Hold after the last step, seconds (readiness sampled every second).
+    #[arg(long, default_value_t = DEFAULT_HOLD_SECS)]
+    pub hold_secs: u64,
+    /// SIGKILL one router this many seconds into the hold.
+    #[arg(long = "kill-router-at")]
+    pub kill_router_at_secs: Option<u64>,
+    /// SIGTERM (drain) one router this many seconds into the hold.
+    #[arg(long = "drain-router-at")]
+    pub drain_router_at_secs: Option<u64>,
+    /// Restart the control plane this many seconds into the hold.
+    #[arg(long = "restart-control-plane-at")]
+    pub restart_control_plane_at_secs: Option<u64>,
+    /// Call RotateKeyNow this many seconds into the hold.
+    #[arg(long = "rotate-key-at")]
+    pub rotate_key_at_secs: Option<u64>,
+    /// After the hold, start this many joiners at the same instant (0 = no burst).
+    #[arg(long, default_value_t = 0)]
+    pub burst: u64,
+    /// After the fleet leaves, sample router RSS for this many seconds.
+    #[arg(long = "after-secs", default_value_t = 0)]
+    pub after_secs: u64,
+    /// Interval between router RSS samples after the fleet leaves, seconds.
+    #[arg(long, default_value_t = DEFAULT_AFTER_INTERVAL_SECS)]
+    pub after_interval_secs: u64,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Members per worker process (0 = computed from the open-files limit).
+    #[arg(long, default_value_t = 0)]
+    pub members_per_worker: u64,
+    /// File descriptors charged per member when computing members per worker.
+    #[arg(long, default_value_t = DEFAULT_FDS_PER_MEMBER)]
+    pub fds_per_member: u64,
+    /// File descriptors kept free in each worker.
+    #[arg(long, default_value_t = DEFAULT_FD_HEADROOM)]
+    pub fd_headroom: u64,
+    /// Number of 127.0.0.x source addresses members dial from (from 127.0.0.10; 0 = none).
+    #[arg(long, default_value_t = DEFAULT_SOURCE_IPS)]
+    pub source_ips: u8,
+    /// Deadline for one step (every joiner ready and called, or exited), seconds.
+    #[arg(long, default_value_t = DEFAULT_STEP_DEADLINE_SECS)]
+    pub step_deadline_secs: u64,
+    /// Timeout of one echo call, seconds.
+    #[arg(long, default_value_t = DEFAULT_CALL_TIMEOUT_SECS)]
+    pub call_timeout_secs: u64,
+    /// Time budget of a member's first call, retries included, seconds.
+    #[arg(long, default_value_t = DEFAULT_CALL_BUDGET_SECS)]
+    pub call_budget_secs: u64,
+    /// Echo calls per second per worker during an event window.
+    #[arg(long, default_value_t = DEFAULT_WINDOW_CALLS_PER_SEC)]
+    pub window_calls_per_sec: u32,
+    /// Directory for data, tokens and logs (default: a new directory under the system temp dir).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// Admin token file for RotateKeyNow in remote mode (local mode makes its own).
+    #[arg(long)]
+    pub admin_token_file: Option<PathBuf>,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        Self {
+            step: DEFAULT_STEP,
+            steps: DEFAULT_STEPS,
+            join_rate_per_sec: DEFAULT_JOIN_RATE,
+            member_routers: DEFAULT_MEMBER_ROUTERS,
+            providers: DEFAULT_PROVIDERS,
+            hold_secs: DEFAULT_HOLD_SECS,
+            kill_router_at_secs: None,
+            drain_router_at_secs: None,
+            restart_control_plane_at_secs: None,
+            rotate_key_at_secs: None,
+            burst: 0,
+            after_secs: 0,
+            after_interval_secs: DEFAULT_AFTER_INTERVAL_SECS,
+            report: None,
+            members_per_worker: 0,
+            fds_per_member: DEFAULT_FDS_PER_MEMBER,
+            fd_headroom: DEFAULT_FD_HEADROOM,
+            source_ips: DEFAULT_SOURCE_IPS,
+            step_deadline_secs: DEFAULT_STEP_DEADLINE_SECS,
+            call_timeout_secs: DEFAULT_CALL_TIMEOUT_SECS,
+            call_budget_secs: DEFAULT_CALL_BUDGET_SECS,
+            window_calls_per_sec: DEFAULT_WINDOW_CALLS_PER_SEC,
+            work_dir: None,
+            admin_token_file: None,
+        }
+    }
+}
+
+impl FleetConfig {
+    /// Every member the run will start (providers, steps, burst).
+    pub fn total_members(&self) -> u64 {
+        self.providers + self.step * u64::from(self.steps) + self.burst
+    }
+}
+
+/// Local mode: the ladder starts its own control plane and routers.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct LocalConfig {
+    /// Routers to start.
+    #[arg(long, default_value_t = DEFAULT_ROUTERS)]
+    pub routers: usize,
+    /// Extra argument for the control plane (repeatable), e.g. `--control-plane-arg=--enroll-rate-per-sec=50`.
+    #[arg(long = "control-plane-arg", allow_hyphen_values = true)]
+    pub control_plane_args: Vec<String>,
+    /// Extra argument for every router (repeatable).
+    #[arg(long = "router-arg", allow_hyphen_values = true)]
+    pub router_args: Vec<String>,
+    /// Deadline for a child program's `/readyz`, seconds.
+    #[arg(long, default_value_t = DEFAULT_READY_DEADLINE_SECS)]
+    pub ready_deadline_secs: u64,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        Self {
+            routers: DEFAULT_ROUTERS,
+            control_plane_args: Vec::new(),
+            router_args: Vec::new(),
+            ready_deadline_secs: DEFAULT_READY_DEADLINE_SECS,
+        }
+    }
+}
+
+/// Remote mode: the fleet joins an existing mesh.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct RemoteConfig {
+    /// The control plane's gRPC URL.
+    #[arg(long)]
+    pub control_plane: String,
+    /// A member token good for the whole run (ephemeral, enough uses).
+    #[arg(long)]
+    pub token_file: PathBuf,
+}
+
+/// A worker process: hosts members, driven over stdin/stdout.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct WorkerConfig {
+    /// This worker's index (names its data and logs).
+    #[arg(long, default_value_t = 0)]
+    pub index: usize,
+    /// The control plane's gRPC URL.
+    #[arg(long)]
+    pub control_plane: String,
+    /// The member token file.
+    #[arg(long)]
+    pub token_file: PathBuf,
+    /// Directory for the members' data dirs and sockets.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Routers each member attaches to (K).
+    #[arg(long, default_value_t = DEFAULT_MEMBER_ROUTERS)]
+    pub member_routers: usize,
+    /// Number of 127.0.0.x source addresses (0 = let the kernel choose).
+    #[arg(long, default_value_t = DEFAULT_SOURCE_IPS)]
+    pub source_ips: u8,
+    /// Timeout of one echo call, seconds.
+    #[arg(long, default_value_t = DEFAULT_CALL_TIMEOUT_SECS)]
+    pub call_timeout_secs: u64,
+    /// Time budget of a member's first call, seconds.
+    #[arg(long, default_value_t = DEFAULT_CALL_BUDGET_SECS)]
+    pub call_budget_secs: u64,
+    /// Echo calls per second during an event window.
+    #[arg(long, default_value_t = DEFAULT_WINDOW_CALLS_PER_SEC)]
+    pub window_calls_per_sec: u32,
+}
+
+/// The source address for member `index` (None when spreading is off).
+pub fn source_ip(index: u64, source_ips: u8) -> Option<Ipv4Addr> {
+    if source_ips == 0 {
+        return None;
+    }
+    let [a, b, c, d] = FIRST_SOURCE_IP.octets();
+    let offset = (index % u64::from(source_ips)) as u8;
+    Some(Ipv4Addr::new(a, b, c, d.saturating_add(offset)))
+}
+
+/// Members one worker may host given its open-files limit.
+pub fn members_per_worker(nofile: u64, fds_per_member: u64, headroom: u64) -> u64 {
+    (nofile.saturating_sub(headroom) / fds_per_member.max(1)).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Both {
+        #[command(flatten)]
+        fleet: FleetConfig,
+        #[command(flatten)]
+        local: LocalConfig,
+    }
+
+    #[test]
+    fn no_flags_give_the_defaults() {
+        let b = Both::parse_from(["agentmesh-ladder"]);
+        assert_eq!(b.fleet, FleetConfig::default());
+        assert_eq!(b.local, LocalConfig::default());
+    }
+
+    #[test]
+    fn flags_from_the_issue_parse() {
+        let b = Both::parse_from([
+            "agentmesh-ladder",
+            "--step",
+            "1000",
+            "--steps",
+            "10",
+            "--join-rate",
+            "20",
+            "--drain-router-at",
+            "15",
+            "--routers",
+            "4",
+            "--control-plane-arg=--enroll-rate-per-sec=50",
+        ]);
+        assert_eq!(b.fleet.step, 1000);
+        assert_eq!(b.fleet.drain_router_at_secs, Some(15));
+        assert_eq!(b.local.control_plane_args, ["--enroll-rate-per-sec=50"]);
+        assert_eq!(b.fleet.total_members(), 3 + 10_000);
+    }
+
+    #[test]
+    fn sizing_and_source_addresses() {
+        assert_eq!(members_per_worker(20_000, 8, 1_000), 2_375);
+        assert_eq!(members_per_worker(10, 8, 1_000), 1);
+        assert_eq!(source_ip(0, 16), Some(Ipv4Addr::new(127, 0, 0, 10)));
+        assert_eq!(source_ip(17, 16), Some(Ipv4Addr::new(127, 0, 0, 11)));
+        assert_eq!(source_ip(5, 0), None);
+    }
+}

@@ -1,0 +1,243 @@
+//! The hold: every member's readiness sampled each second by its worker, and
+//! the events (`--kill-router-at`, `--drain-router-at`,
+//! `--restart-control-plane-at`, `--rotate-key-at`), each observed from its
+//! instant until the next event or the end of the hold.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::FleetConfig;
+use crate::error::{LadderError, Result};
+use crate::fleet::Fleet;
+use crate::observe::RouterSnapshot;
+use crate::report::{EventRecord, Events, HoldRecord};
+use crate::stats;
+use crate::target::Target;
+use crate::wire::{Command, HoldStats, Reply, WindowStats};
+
+/// Deadline for the workers' answers to a report command.
+const REPORT_DEADLINE: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    KillRouter,
+    DrainRouter,
+    RestartControlPlane,
+    RotateKey,
+}
+
+/// Runs the hold; returns its record and the events'.
+pub async fn run(
+    fleet: &mut Fleet,
+    target: &mut Target,
+    cfg: &FleetConfig,
+) -> Result<(HoldRecord, Events)> {
+    let members = fleet.tally.alive();
+    fleet
+        .broadcast(|id| Command::HoldStart { id }, REPORT_DEADLINE)
+        .await?;
+    let start = Instant::now();
+    let end = start + Duration::from_secs(cfg.hold_secs);
+    let mut plan: Vec<(u64, Kind)> = [
+        (cfg.kill_router_at_secs, Kind::KillRouter),
+        (cfg.drain_router_at_secs, Kind::DrainRouter),
+        (cfg.restart_control_plane_at_secs, Kind::RestartControlPlane),
+        (cfg.rotate_key_at_secs, Kind::RotateKey),
+    ]
+    .into_iter()
+    .filter_map(|(at, k)| at.map(|at| (at, k)))
+    .collect();
+    plan.sort_by_key(|(at, _)| *at);
+    let mut events = Events::default();
+    for (i, (at, kind)) in plan.iter().enumerate() {
+        let at_instant = start + Duration::from_secs(*at);
+        if at_instant >= end {
+            eprintln!(
+                "\rladder: event {kind:?} at {at} s is past the hold ({} s); skipped",
+                cfg.hold_secs
+            );
+            continue;
+        }
+        fleet.pump_until(at_instant, |_| false).await;
+        let window_end = plan
+            .get(i + 1)
+            .map(|(next, _)| start + Duration::from_secs(*next))
+            .unwrap_or(end)
+            .min(end);
+        let record = event(fleet, target, *kind, *at, window_end).await?;
+        match kind {
+            Kind::KillRouter => events.kill_router = Some(record),
+            Kind::DrainRouter => events.drain_router = Some(record),
+            Kind::RestartControlPlane => events.restart_control_plane = Some(record),
+            Kind::RotateKey => events.rotate_key = Some(record),
+        }
+    }
+    fleet.pump_until(end, |_| false).await;
+    let replies = fleet
+        .broadcast(|id| Command::HoldReport { id }, REPORT_DEADLINE)
+        .await?;
+    let mut sum = HoldStats::default();
+    for r in replies {
+        if let Reply::Hold(h) = r {
+            sum.samples = sum.samples.max(h.samples);
+            sum.flaps += h.flaps;
+            sum.members_flapped += h.members_flapped;
+            sum.fewest_ready += h.fewest_ready;
+            sum.exits += h.exits;
+            sum.socket_checks += h.socket_checks;
+            sum.socket_mismatches += h.socket_mismatches;
+        }
+    }
+    let record = HoldRecord {
+        secs: cfg.hold_secs,
+        members,
+        samples: sum.samples,
+        flaps: sum.flaps,
+        members_flapped: sum.members_flapped,
+        fewest_ready: sum.fewest_ready,
+        ready_at_end: fleet.tally.ready_now(),
+        exits: sum.exits,
+        socket_checks: sum.socket_checks,
+        socket_mismatches: sum.socket_mismatches,
+    };
+    eprintln!(
+        "\rladder: hold {} s: flaps {}, fewest ready {}, exits {}",
+        record.secs, record.flaps, record.fewest_ready, record.exits
+    );
+    Ok((record, events))
+}
+
+/// Carries out one event and observes the fleet until `window_end`.
+async fn event(
+    fleet: &mut Fleet,
+    target: &mut Target,
+    kind: Kind,
+    at: u64,
+    window_end: Instant,
+) -> Result<EventRecord> {
+    let before = target.routers().await;
+    fleet
+        .broadcast(
+            |id| Command::Mark {
+                id,
+                name: format!("{kind:?}"),
+            },
+            REPORT_DEADLINE,
+        )
+        .await?;
+    let marked = Instant::now();
+    let mut record = EventRecord {
+        at_secs: at,
+        ..EventRecord::default()
+    };
+    let outcome: Result<()> = match kind {
+        Kind::KillRouter => match target.local("--kill-router-at") {
+            Ok(mesh) => match mesh.last_running_router() {
+                Some(i) => {
+                    record.target = Some(mesh.routers[i].name.clone());
+                    while_pumping(fleet, mesh.kill_router(i)).await
+                }
+                None => Err(LadderError::Process("no running router to kill".into())),
+            },
+            Err(e) => Err(e),
+        },
+        Kind::DrainRouter => match target.local("--drain-router-at") {
+            Ok(mesh) => match mesh.last_running_router() {
+                Some(i) => {
+                    record.target = Some(mesh.routers[i].name.clone());
+                    mesh.drain_router(i)
+                }
+                None => Err(LadderError::Process("no running router to drain".into())),
+            },
+            Err(e) => Err(e),
+        },
+        Kind::RestartControlPlane => match target.local("--restart-control-plane-at") {
+            Ok(mesh) => while_pumping(fleet, mesh.restart_control_plane())
+                .await
+                .map(|d| record.control_plane_ready_ms = Some(d.as_millis() as u64)),
+            Err(e) => Err(e),
+        },
+        Kind::RotateKey => while_pumping(fleet, target.rotate_key())
+            .await
+            .map(|k| record.key_id = Some(k)),
+    };
+    if let Err(e) = outcome {
+        eprintln!("\rladder: event {kind:?}: {e}");
+        record.error = Some(e.to_string());
+    }
+    fleet.pump_until(window_end, |_| false).await;
+    let after = target.routers().await;
+    let replies = fleet
+        .broadcast(|id| Command::WindowReport { id }, REPORT_DEADLINE)
+        .await?;
+    let mut w = WindowStats::default();
+    for r in replies {
+        if let Reply::Window(x) = r {
+            w.members += x.members;
+            w.lost_ready += x.lost_ready;
+            w.below_one_router += x.below_one_router;
+            w.below_k_routers += x.below_k_routers;
+            w.back_on_k_ms.extend(x.back_on_k_ms);
+            w.not_back_on_k += x.not_back_on_k;
+            w.calls_ok += x.calls_ok;
+            w.calls_failed += x.calls_failed;
+            for (k, v) in x.call_errors {
+                *w.call_errors.entry(k).or_insert(0) += v;
+            }
+        }
+    }
+    record.window_secs = marked.elapsed().as_secs_f64();
+    record.members = w.members;
+    record.lost_ready = w.lost_ready;
+    record.below_one_router = w.below_one_router;
+    record.below_k_routers = w.below_k_routers;
+    record.back_on_k_ms = stats::spread(&w.back_on_k_ms);
+    record.not_back_on_k = w.not_back_on_k;
+    record.calls_ok = w.calls_ok;
+    record.calls_failed = w.calls_failed;
+    record.call_errors = w.call_errors;
+    record.router_refusals = delta(&before, &after, |r| &r.refusals);
+    record.router_auth_failures = delta(&before, &after, |r| &r.auth_failures);
+    eprintln!(
+        "\rladder: event {kind:?} at {at} s: lost ready {}, below one router {}, below K {}, not back on K {}, calls ok/failed {}/{}",
+        record.lost_ready,
+        record.below_one_router,
+        record.below_k_routers,
+        record.not_back_on_k,
+        record.calls_ok,
+        record.calls_failed
+    );
+    Ok(record)
+}
+
+/// Runs `fut` while applying the fleet's events, so workers never wait on a full pipe.
+async fn while_pumping<T>(fleet: &mut Fleet, fut: impl Future<Output = T>) -> T {
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            out = &mut fut => return out,
+            () = fleet.pump_for(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+fn delta(
+    before: &[RouterSnapshot],
+    after: &[RouterSnapshot],
+    field: impl Fn(&RouterSnapshot) -> &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for a in after.iter().filter(|a| a.up) {
+        let b = before.iter().find(|b| b.name == a.name);
+        for (k, v) in field(a) {
+            let old = b.and_then(|b| field(b).get(k)).copied().unwrap_or(0);
+            if *v > old {
+                out.insert(format!("{}:{k}", a.name), v - old);
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,327 @@
+//! Local mode: a control plane and N routers as child processes on free
+//! loopback ports, with their tokens minted through the admin API.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agentmesh_controlplane::client::{Client, ClientConfig};
+use agentmesh_proto::pb::controlplane::CreateTokenRequest;
+use agentmesh_proto::pb::credential::{Role, TokenKind};
+use rand::RngCore;
+use tokio::process::Child;
+
+use crate::binaries::Binaries;
+use crate::children;
+use crate::config::LocalConfig;
+use crate::error::{LadderError, Result};
+use crate::ports;
+
+/// Grace for a child to exit after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+/// Token lifetime: long enough for any ladder.
+const TOKEN_TTL_SECS: u64 = 7 * 24 * 3600;
+/// Router token uses: every router start (and restart) may enroll once.
+const ROUTER_TOKEN_USES: u32 = 1_000;
+
+/// The control plane child.
+pub struct ControlPlaneProc {
+    child: Child,
+    args: Vec<String>,
+    log: PathBuf,
+    /// gRPC address.
+    pub grpc: SocketAddr,
+    /// HTTP address (`/readyz`, `/metrics`, `/info`).
+    pub http: SocketAddr,
+}
+
+/// What happened to a router.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterState {
+    /// Running.
+    Running,
+    /// SIGKILLed by the ladder.
+    Killed,
+    /// SIGTERMed (draining or gone) by the ladder.
+    Drained,
+}
+
+/// A router child.
+pub struct RouterProc {
+    /// `r0`, `r1`…
+    pub name: String,
+    child: Child,
+    /// Its `/metrics` and `/readyz` listener.
+    pub metrics: SocketAddr,
+    /// Its libp2p TCP port.
+    pub listen_port: u16,
+    /// Running, killed or drained.
+    pub state: RouterState,
+}
+
+/// A running local mesh.
+pub struct LocalMesh {
+    bins: Binaries,
+    cfg: LocalConfig,
+    /// The run's directory.
+    pub dir: PathBuf,
+    /// The control plane.
+    pub control_plane: ControlPlaneProc,
+    /// The routers, in start order.
+    pub routers: Vec<RouterProc>,
+    /// The admin bearer token.
+    pub admin_token: String,
+    /// A member token file good for `member_uses` members.
+    pub member_token_file: PathBuf,
+}
+
+impl LocalMesh {
+    /// Starts the control plane, mints tokens, starts the routers and waits until all are ready.
+    pub async fn start(
+        bins: Binaries,
+        cfg: LocalConfig,
+        dir: &Path,
+        member_uses: u64,
+    ) -> Result<Self> {
+        let admin_token = random_hex(32);
+        let admin_file = children::write_secret(&dir.join("admin.token"), &admin_token)?;
+        let grpc = ports::free_addr()?;
+        let http = ports::free_addr()?;
+        let mut args = vec![
+            "--grpc-addr".to_string(),
+            grpc.to_string(),
+            "--http-addr".to_string(),
+            http.to_string(),
+            "--public-url".to_string(),
+            format!("http://{grpc}"),
+            "--db".to_string(),
+            format!("sqlite://{}", dir.join("control-plane.db").display()),
+            "--admin-token-file".to_string(),
+            admin_file.display().to_string(),
+        ];
+        args.extend(cfg.control_plane_args.iter().cloned());
+        let log = dir.join("control-plane.log");
+        let mut child = children::spawn(&bins.control_plane, &args, &log)?;
+        let deadline = Duration::from_secs(cfg.ready_deadline_secs);
+        children::wait_ready("control plane", &mut child, http, deadline, &log).await?;
+        let control_plane = ControlPlaneProc {
+            child,
+            args,
+            log,
+            grpc,
+            http,
+        };
+        let url = format!("http://{grpc}");
+        let client = admin_client(&url)?;
+        let router_token = mint(
+            &client,
+            &admin_token,
+            TokenKind::Bootstrap,
+            Role::Router,
+            ROUTER_TOKEN_USES,
+        )
+        .await?;
+        let router_token_file = children::write_secret(&dir.join("router.token"), &router_token)?;
+        let uses = u32::try_from(member_uses)
+            .map_err(|_| LadderError::Args(format!("{member_uses} members do not fit a token")))?;
+        let member_token = mint(
+            &client,
+            &admin_token,
+            TokenKind::Ephemeral,
+            Role::Member,
+            uses,
+        )
+        .await?;
+        let member_token_file = children::write_secret(&dir.join("member.token"), &member_token)?;
+
+        let mut mesh = Self {
+            bins,
+            cfg,
+            dir: dir.to_path_buf(),
+            control_plane,
+            routers: Vec::new(),
+            admin_token,
+            member_token_file,
+        };
+        for i in 0..mesh.cfg.routers {
+            let r = mesh.start_router(i, &router_token_file).await?;
+            mesh.routers.push(r);
+        }
+        Ok(mesh)
+    }
+
+    async fn start_router(&self, i: usize, token_file: &Path) -> Result<RouterProc> {
+        let name = format!("r{i}");
+        let metrics = ports::free_addr()?;
+        let listen_port = ports::free_port()?;
+        let mut args = vec![
+            "--control-plane".to_string(),
+            self.url(),
+            "--token-file".to_string(),
+            token_file.display().to_string(),
+            "--key-path".to_string(),
+            self.dir.join(format!("{name}.key")).display().to_string(),
+            "--listen".to_string(),
+            format!("/ip4/127.0.0.1/tcp/{listen_port}"),
+            "--metrics-addr".to_string(),
+            metrics.to_string(),
+        ];
+        args.extend(self.cfg.router_args.iter().cloned());
+        let log = self.dir.join(format!("{name}.log"));
+        let mut child = children::spawn(&self.bins.router, &args, &log)?;
+        let deadline = Duration::from_secs(self.cfg.ready_deadline_secs);
+        children::wait_ready(
+            &format!("router {name}"),
+            &mut child,
+            metrics,
+            deadline,
+            &log,
+        )
+        .await?;
+        Ok(RouterProc {
+            name,
+            child,
+            metrics,
+            listen_port,
+            state: RouterState::Running,
+        })
+    }
+
+    /// The control plane's gRPC URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.control_plane.grpc)
+    }
+
+    /// The control plane's pid.
+    pub fn control_plane_pid(&self) -> Option<u32> {
+        self.control_plane.child.id()
+    }
+
+    /// A router's pid (None once it has exited).
+    pub fn router_pid(&self, i: usize) -> Option<u32> {
+        self.routers.get(i).and_then(|r| r.child.id())
+    }
+
+    /// The running router with the highest index, the one events act on.
+    pub fn last_running_router(&self) -> Option<usize> {
+        self.routers
+            .iter()
+            .rposition(|r| r.state == RouterState::Running)
+    }
+
+    /// SIGKILLs router `i`.
+    pub async fn kill_router(&mut self, i: usize) -> Result<()> {
+        let r = self.router_mut(i)?;
+        r.child
+            .start_kill()
+            .map_err(|e| LadderError::io(format!("killing {}", r.name), e))?;
+        let _ = tokio::time::timeout(STOP_GRACE, r.child.wait()).await;
+        r.state = RouterState::Killed;
+        Ok(())
+    }
+
+    /// SIGTERMs router `i` (it drains, then exits on its own).
+    pub fn drain_router(&mut self, i: usize) -> Result<()> {
+        let r = self.router_mut(i)?;
+        let pid = r
+            .child
+            .id()
+            .ok_or_else(|| LadderError::Process(format!("{} already exited", r.name)))?;
+        children::sigterm(pid)?;
+        r.state = RouterState::Drained;
+        Ok(())
+    }
+
+    fn router_mut(&mut self, i: usize) -> Result<&mut RouterProc> {
+        self.routers
+            .get_mut(i)
+            .ok_or_else(|| LadderError::Args(format!("no router {i}")))
+    }
+
+    /// Stops the control plane (SIGTERM) and starts it again on the same
+    /// ports and database; returns the time until it was ready again.
+    pub async fn restart_control_plane(&mut self) -> Result<Duration> {
+        let start = tokio::time::Instant::now();
+        children::stop(&mut self.control_plane.child, STOP_GRACE).await;
+        let cp = &mut self.control_plane;
+        cp.child = children::spawn(&self.bins.control_plane, &cp.args, &cp.log)?;
+        let deadline = Duration::from_secs(self.cfg.ready_deadline_secs);
+        children::wait_ready(
+            "control plane (restarted)",
+            &mut cp.child,
+            cp.http,
+            deadline,
+            &cp.log,
+        )
+        .await?;
+        Ok(start.elapsed())
+    }
+
+    /// Admin RotateKeyNow; returns the new key id.
+    pub async fn rotate_key(&self) -> Result<String> {
+        rotate_key(&self.url(), &self.admin_token).await
+    }
+
+    /// Stops every router and the control plane.
+    pub async fn shutdown(mut self) {
+        for r in &mut self.routers {
+            children::stop(&mut r.child, STOP_GRACE).await;
+        }
+        children::stop(&mut self.control_plane.child, STOP_GRACE).await;
+    }
+}
+
+/// Admin RotateKeyNow against `url`; returns the new key id.
+pub async fn rotate_key(url: &str, admin_token: &str) -> Result<String> {
+    let client = admin_client(url)?;
+    client
+        .rotate_key_now(admin_token)
+        .await
+        .map(|r| r.key_id)
+        .map_err(|e| LadderError::Grpc {
+            call: "RotateKeyNow",
+            status: e.to_string(),
+        })
+}
+
+fn admin_client(url: &str) -> Result<Client> {
+    Client::new(ClientConfig {
+        url: url.to_string(),
+        retry_budget: Duration::from_secs(60),
+        ..ClientConfig::default()
+    })
+    .map_err(|e| LadderError::Grpc {
+        call: "client",
+        status: e.to_string(),
+    })
+}
+
+async fn mint(
+    client: &Client,
+    admin: &str,
+    kind: TokenKind,
+    role: Role,
+    max_uses: u32,
+) -> Result<String> {
+    let req = CreateTokenRequest {
+        kind: kind as i32,
+        role: role as i32,
+        labels: Vec::new(),
+        max_uses,
+        ttl_secs: TOKEN_TTL_SECS,
+    };
+    client
+        .create_token(admin, req)
+        .await
+        .map(|r| r.token)
+        .map_err(|e| LadderError::Grpc {
+            call: "CreateToken",
+            status: e.to_string(),
+        })
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    rand::thread_rng().fill_bytes(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

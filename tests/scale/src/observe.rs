@@ -1,0 +1,191 @@
+//! Snapshots of the mesh's programs: router connections, memory, CPU and
+//! refusals; control-plane RPC latency, codes and storage rows. Read from
+//! their `/metrics` and (for local children) `/proc`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::http;
+use crate::procstat;
+use crate::prom::{self, Metrics};
+
+/// Deadline of one `/metrics` read.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Router metric names (see router/src/metrics.rs).
+mod names {
+    pub(super) const ATTACHED: &str = "agentmesh_router_attached_members";
+    pub(super) const TRANSIT: &str = "agentmesh_router_transit_connections";
+    pub(super) const CONNECTIONS: &str = "agentmesh_router_connections";
+    pub(super) const REFUSED: &str = "agentmesh_router_refused_total";
+    pub(super) const AUTH: &str = "agentmesh_router_auth_total";
+    pub(super) const CP_RPC_SECONDS: &str = "agentmesh_control_plane_rpc_duration_seconds";
+    pub(super) const CP_RPCS: &str = "agentmesh_control_plane_rpc_total";
+    pub(super) const CP_STORAGE_ROWS: &str = "agentmesh_control_plane_storage_rows";
+    pub(super) const CP_ENROLL_LIMITED: &str = "agentmesh_control_plane_enroll_rate_limited_total";
+}
+
+/// One router at one instant.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RouterSnapshot {
+    /// Router name (`r0`, `r1`…).
+    pub name: String,
+    /// Whether its `/metrics` answered.
+    pub up: bool,
+    /// Members attached (admitted with purpose attach).
+    pub attached: u64,
+    /// Transit connections.
+    pub transit: u64,
+    /// Open connections of every kind.
+    pub connections: u64,
+    /// Connections that are neither attached members nor transit (routers, unauthenticated).
+    pub other: u64,
+    /// Resident memory, bytes (local children only).
+    pub rss_bytes: Option<u64>,
+    /// CPU time used since start, seconds (local children only).
+    pub cpu_secs: Option<f64>,
+    /// Refusals so far by `resource/scope/protocol` (non-zero only).
+    pub refusals: BTreeMap<String, u64>,
+    /// Auth failures so far by `purpose/result` (non-zero, not admitted).
+    pub auth_failures: BTreeMap<String, u64>,
+}
+
+/// Reads one router: `/metrics` at `metrics`, memory and CPU from `pid`.
+pub async fn router(name: &str, metrics: SocketAddr, pid: Option<u32>) -> RouterSnapshot {
+    let mut s = RouterSnapshot {
+        name: name.to_string(),
+        rss_bytes: pid.and_then(procstat::rss_bytes),
+        cpu_secs: pid.and_then(procstat::cpu_secs),
+        ..RouterSnapshot::default()
+    };
+    let Ok(page) = http::get(metrics, "/metrics", SCRAPE_TIMEOUT).await else {
+        return s;
+    };
+    if page.status != 200 {
+        return s;
+    }
+    let m = Metrics::parse(&page.body);
+    s.up = true;
+    s.attached = m.sum(names::ATTACHED, &[]) as u64;
+    s.transit = m.sum(names::TRANSIT, &[]) as u64;
+    s.connections = m.sum(names::CONNECTIONS, &[]) as u64;
+    s.other = s.connections.saturating_sub(s.attached + s.transit);
+    for sample in m.select(names::REFUSED, &[]) {
+        if sample.value > 0.0 {
+            let key = ["resource", "scope", "protocol"]
+                .iter()
+                .map(|l| sample.labels.get(*l).map(String::as_str).unwrap_or("-"))
+                .collect::<Vec<_>>()
+                .join("/");
+            *s.refusals.entry(key).or_insert(0) += sample.value as u64;
+        }
+    }
+    for sample in m.select(names::AUTH, &[]) {
+        let result = sample
+            .labels
+            .get("result")
+            .map(String::as_str)
+            .unwrap_or("-");
+        if sample.value > 0.0 && result != "admitted" {
+            let purpose = sample
+                .labels
+                .get("purpose")
+                .map(String::as_str)
+                .unwrap_or("-");
+            *s.auth_failures
+                .entry(format!("{purpose}/{result}"))
+                .or_insert(0) += sample.value as u64;
+        }
+    }
+    s
+}
+
+/// The control plane at one instant (raw, for differences between two instants).
+#[derive(Debug, Clone, Default)]
+pub struct ControlPlaneRaw {
+    /// Whether `/metrics` answered.
+    pub up: bool,
+    /// RPC latency histogram buckets (all methods).
+    pub rpc_buckets: Vec<(f64, f64)>,
+    /// RPCs by gRPC code.
+    pub codes: BTreeMap<String, f64>,
+    /// Rows per table.
+    pub storage_rows: BTreeMap<String, f64>,
+    /// Enrollments refused by the rate limiter, so far.
+    pub enroll_limited: f64,
+    /// Resident memory, bytes.
+    pub rss_bytes: Option<u64>,
+}
+
+/// Reads the control plane's `/metrics` at `http_addr` (and `/proc` for `pid`).
+pub async fn control_plane(http_addr: SocketAddr, pid: Option<u32>) -> ControlPlaneRaw {
+    let mut raw = ControlPlaneRaw {
+        rss_bytes: pid.and_then(procstat::rss_bytes),
+        ..ControlPlaneRaw::default()
+    };
+    let Ok(page) = http::get(http_addr, "/metrics", SCRAPE_TIMEOUT).await else {
+        return raw;
+    };
+    if page.status != 200 {
+        return raw;
+    }
+    let m = Metrics::parse(&page.body);
+    raw.up = true;
+    raw.rpc_buckets = m.buckets(names::CP_RPC_SECONDS);
+    raw.codes = m.group_by(names::CP_RPCS, "code");
+    raw.storage_rows = m.group_by(names::CP_STORAGE_ROWS, "table");
+    raw.enroll_limited = if m.has(names::CP_ENROLL_LIMITED) {
+        m.sum(names::CP_ENROLL_LIMITED, &[])
+    } else {
+        m.sum(
+            names::CP_RPCS,
+            &[("method", "Enroll"), ("code", "resource_exhausted")],
+        ) + m.sum(
+            names::CP_RPCS,
+            &[("method", "Enroll"), ("code", "ResourceExhausted")],
+        )
+    };
+    raw
+}
+
+/// What the control plane did between two instants.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ControlPlaneStep {
+    /// RPC latency p99 over the interval, ms (bucket upper bound; None if no RPC or no histogram).
+    pub rpc_p99_ms: Option<f64>,
+    /// RPCs over the interval by gRPC code (non-zero only).
+    pub codes: BTreeMap<String, u64>,
+    /// Rows per table at the end.
+    pub storage_rows: BTreeMap<String, u64>,
+    /// Resident memory at the end, bytes.
+    pub rss_bytes: Option<u64>,
+}
+
+/// The interval between `before` and `after`.
+pub fn control_plane_between(
+    before: &ControlPlaneRaw,
+    after: &ControlPlaneRaw,
+) -> ControlPlaneStep {
+    let codes = after
+        .codes
+        .iter()
+        .filter_map(|(code, n)| {
+            let d = n - before.codes.get(code).copied().unwrap_or(0.0);
+            (d > 0.0).then(|| (code.clone(), d as u64))
+        })
+        .collect();
+    ControlPlaneStep {
+        rpc_p99_ms: prom::quantile_between(&before.rpc_buckets, &after.rpc_buckets, 0.99)
+            .map(|s| if s.is_finite() { s * 1000.0 } else { s }),
+        codes,
+        storage_rows: after
+            .storage_rows
+            .iter()
+            .map(|(t, n)| (t.clone(), *n as u64))
+            .collect(),
+        rss_bytes: after.rss_bytes,
+    }
+}

@@ -1,0 +1,54 @@
+//! Resident memory and CPU time of a child process, from `/proc/PID/{status,stat}`.
+
+/// A process's resident set size in bytes (`VmRSS`), if readable.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// A process's user + system CPU time in seconds, if readable.
+pub fn cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / clock_ticks_per_sec())
+}
+
+/// Open file descriptors of a process, if readable.
+pub fn open_fds(pid: u32) -> Option<usize> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()
+        .map(|d| d.count())
+}
+
+/// The soft limit on open files of this process (`Max open files` in `/proc/self/limits`).
+pub fn nofile_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+fn clock_ticks_per_sec() -> f64 {
+    // USER_HZ is 100 on every Linux ABI the ladder runs on.
+    100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_this_process() {
+        let pid = std::process::id();
+        assert!(rss_bytes(pid).expect("rss") > 0);
+        assert!(cpu_secs(pid).expect("cpu") >= 0.0);
+        assert!(open_fds(pid).expect("fds") > 0);
+        assert!(nofile_limit().expect("limit") > 0);
+    }
+}

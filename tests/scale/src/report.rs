@@ -1,0 +1,429 @@
+//! The ladder's report: the JSON document (`--report`) and the markdown tables on stdout.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::observe::{ControlPlaneStep, RouterSnapshot};
+use crate::stats::{P50P95, Spread, pair};
+
+/// The whole run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// `local` or `remote`.
+    pub mode: String,
+    /// The command line.
+    pub command: Vec<String>,
+    /// Start, Unix seconds.
+    pub started_at_unix_secs: i64,
+    /// Wall time of the run, seconds.
+    pub duration_secs: f64,
+    /// The shape of the run.
+    pub shape: Shape,
+    /// Routers before the first member joined.
+    pub pre_ladder: Vec<RouterSnapshot>,
+    /// The echo providers.
+    pub providers: PhaseRecord,
+    /// One object per step.
+    pub steps: Vec<StepRecord>,
+    /// The hold, if any.
+    pub hold: Option<HoldRecord>,
+    /// Events during the hold.
+    pub events: Events,
+    /// The enrollment burst, if any.
+    pub burst: Option<BurstRecord>,
+    /// Router memory after the fleet left, if sampled.
+    pub after: Option<AfterRecord>,
+    /// Members that exited during the whole run.
+    pub exits: u64,
+    /// Exit reasons seen (truncated), with counts.
+    pub exit_reasons: BTreeMap<String, u64>,
+    /// First-call errors seen (truncated), with counts.
+    pub first_call_errors: BTreeMap<String, u64>,
+    /// Where the run's data and logs are.
+    pub work_dir: String,
+}
+
+/// Sizes of the run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Shape {
+    /// Members per step.
+    pub step: u64,
+    /// Steps.
+    pub steps: u32,
+    /// Joiners per second.
+    pub join_rate_per_sec: f64,
+    /// Routers per member (K).
+    pub member_routers: usize,
+    /// Routers in the mesh (local mode).
+    pub routers: usize,
+    /// Provider members.
+    pub providers: u64,
+    /// Members per worker process.
+    pub members_per_worker: u64,
+    /// Worker processes used.
+    pub workers: usize,
+}
+
+/// Joining figures of a group of members.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PhaseRecord {
+    /// Members started.
+    pub joining: u64,
+    /// Members that got a credential.
+    pub enrolled: u64,
+    /// Members that became ready.
+    pub ready: u64,
+    /// First calls that came back byte-identical.
+    pub first_call_ok: u64,
+    /// First calls that failed within the budget.
+    pub first_call_failed: u64,
+    /// Call attempts per member that made its first call.
+    pub calls_per_member: f64,
+    /// Members that exited.
+    pub exits: u64,
+    /// Start → credential, ms.
+    pub enroll_ms: P50P95,
+    /// Credential → ready, ms.
+    pub ready_ms: P50P95,
+    /// Ready → first echo, ms.
+    pub first_call_ms: P50P95,
+    /// Whether every member finished before the deadline.
+    pub completed: bool,
+    /// Wall time, seconds.
+    pub duration_secs: f64,
+}
+
+/// One step.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StepRecord {
+    /// 1-based.
+    pub step: u32,
+    /// Members ready before the step (providers excluded).
+    pub resident_before: u64,
+    /// Joining figures.
+    #[serde(flatten)]
+    pub joined: PhaseRecord,
+    /// Routers at the end of the step.
+    pub routers: Vec<RouterSnapshot>,
+    /// The control plane over the step.
+    pub control_plane: Option<ControlPlaneStep>,
+}
+
+/// The hold.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct HoldRecord {
+    /// Length, seconds.
+    pub secs: u64,
+    /// Members alive at the start.
+    pub members: u64,
+    /// One-second samples per worker.
+    pub samples: u64,
+    /// Ready → not-ready transitions.
+    pub flaps: u64,
+    /// Members that flapped.
+    pub members_flapped: u64,
+    /// Fewest ready (sum of each worker's minimum, a lower bound).
+    pub fewest_ready: u64,
+    /// Members ready at the end.
+    pub ready_at_end: u64,
+    /// Members that exited during the hold.
+    pub exits: u64,
+    /// `/readyz` reads over members' Unix sockets.
+    pub socket_checks: u64,
+    /// Reads that failed or disagreed with the in-process watch.
+    pub socket_mismatches: u64,
+}
+
+/// The events of the hold.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Events {
+    /// `--kill-router-at`.
+    pub kill_router: Option<EventRecord>,
+    /// `--drain-router-at`.
+    pub drain_router: Option<EventRecord>,
+    /// `--restart-control-plane-at`.
+    pub restart_control_plane: Option<EventRecord>,
+    /// `--rotate-key-at`.
+    pub rotate_key: Option<EventRecord>,
+}
+
+/// What one event did to the fleet, from the event until the next one (or the hold's end).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EventRecord {
+    /// Seconds into the hold.
+    pub at_secs: u64,
+    /// Length of the observation window, seconds.
+    pub window_secs: f64,
+    /// The router acted on, if any.
+    pub target: Option<String>,
+    /// Error carrying out the action, if any.
+    pub error: Option<String>,
+    /// Members alive at the event.
+    pub members: u64,
+    /// Members that were not ready at some point.
+    pub lost_ready: u64,
+    /// Members that had no router at some point.
+    pub below_one_router: u64,
+    /// Members that had fewer than K routers at some point.
+    pub below_k_routers: u64,
+    /// Time from the event until back on K routers (members that dropped).
+    pub back_on_k_ms: Spread,
+    /// Members still below K at the window's end.
+    pub not_back_on_k: u64,
+    /// Echo calls during the window that succeeded.
+    pub calls_ok: u64,
+    /// Echo calls during the window that failed.
+    pub calls_failed: u64,
+    /// Failed call errors (truncated).
+    pub call_errors: BTreeMap<String, u64>,
+    /// Control plane: time until ready again (restart).
+    pub control_plane_ready_ms: Option<u64>,
+    /// New key id (rotate).
+    pub key_id: Option<String>,
+    /// Router refusals during the window by `router:resource/scope/protocol`.
+    pub router_refusals: BTreeMap<String, u64>,
+    /// Router auth failures during the window by `router:purpose/result`.
+    pub router_auth_failures: BTreeMap<String, u64>,
+}
+
+/// The enrollment burst.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BurstRecord {
+    /// Joiners started at the same instant.
+    pub joiners: u64,
+    /// Joiners that got a credential.
+    pub enrolled: u64,
+    /// Time from the burst until the last joiner enrolled, ms (None if not all did).
+    pub all_enrolled_ms: Option<u64>,
+    /// Start → credential.
+    pub enroll_ms: P50P95,
+    /// Largest start → credential, ms.
+    pub enroll_max_ms: Option<u64>,
+    /// Enrollments the control plane refused with RESOURCE_EXHAUSTED during the burst.
+    pub refusals: u64,
+    /// Control-plane RPCs during the burst by code.
+    pub codes: BTreeMap<String, u64>,
+    /// Joiners that gave up (exited).
+    pub gave_up: u64,
+}
+
+/// Router memory after the fleet left.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AfterRecord {
+    /// Sampling length, seconds.
+    pub secs: u64,
+    /// Samples: seconds after the fleet left, RSS bytes per router.
+    pub samples: Vec<AfterSample>,
+    /// RSS per router before the ladder.
+    pub pre_ladder_rss_bytes: BTreeMap<String, u64>,
+    /// Last sample ÷ pre-ladder RSS, per router.
+    pub ratio_to_pre_ladder: BTreeMap<String, f64>,
+}
+
+/// One after-teardown sample.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AfterSample {
+    /// Seconds after the fleet left.
+    pub t_secs: u64,
+    /// RSS per router.
+    pub rss_bytes: BTreeMap<String, u64>,
+}
+
+fn mib(b: Option<u64>) -> String {
+    b.map_or_else(|| "-".into(), |b| format!("{:.1}", b as f64 / 1_048_576.0))
+}
+
+fn joined(m: &BTreeMap<String, u64>) -> String {
+    if m.is_empty() {
+        return "-".into();
+    }
+    m.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl Report {
+    /// The markdown rendering printed on stdout.
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "| step | resident before | joining | enrolled | ready | first call ok | calls/member | enroll p50/p95 ms | ready p50/p95 ms | first-call p50/p95 ms | exits |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+        for st in &self.steps {
+            let j = &st.joined;
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} | {} |",
+                st.step,
+                st.resident_before,
+                j.joining,
+                j.enrolled,
+                j.ready,
+                j.first_call_ok,
+                j.calls_per_member,
+                pair(j.enroll_ms.p50, j.enroll_ms.p95),
+                pair(j.ready_ms.p50, j.ready_ms.p95),
+                pair(j.first_call_ms.p50, j.first_call_ms.p95),
+                j.exits
+            );
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "| step | router | attached | transit | other conns | RSS MiB | CPU s | refusals |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+        let pre = self.pre_ladder.iter().map(|r| ("pre", r));
+        let steps = self
+            .steps
+            .iter()
+            .flat_map(|st| st.routers.iter().map(move |r| (st.step, r)))
+            .map(|(n, r)| (n.to_string(), r));
+        for (label, r) in pre.map(|(l, r)| (l.to_string(), r)).chain(steps) {
+            let _ = writeln!(
+                s,
+                "| {label} | {} | {} | {} | {} | {} | {} | {} |",
+                r.name,
+                r.attached,
+                r.transit,
+                r.other,
+                mib(r.rss_bytes),
+                r.cpu_secs.map_or_else(|| "-".into(), |c| format!("{c:.1}")),
+                joined(&r.refusals)
+            );
+        }
+        if self.steps.iter().any(|s| s.control_plane.is_some()) {
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "| step | CP RPC p99 ms | CP codes | storage rows | CP RSS MiB |"
+            );
+            let _ = writeln!(s, "|---|---|---|---|---|");
+            for st in &self.steps {
+                if let Some(cp) = &st.control_plane {
+                    let _ = writeln!(
+                        s,
+                        "| {} | {} | {} | {} | {} |",
+                        st.step,
+                        cp.rpc_p99_ms
+                            .map_or_else(|| "-".into(), |v| format!("{v:.0}")),
+                        joined(&cp.codes),
+                        joined(&cp.storage_rows),
+                        mib(cp.rss_bytes)
+                    );
+                }
+            }
+        }
+        if let Some(h) = &self.hold {
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "Hold {} s: {} members, flaps {}, members flapped {}, fewest ready {}, ready at end {}, exits {}, socket checks {} ({} mismatched).",
+                h.secs,
+                h.members,
+                h.flaps,
+                h.members_flapped,
+                h.fewest_ready,
+                h.ready_at_end,
+                h.exits,
+                h.socket_checks,
+                h.socket_mismatches
+            );
+        }
+        let events = [
+            ("kill router", &self.events.kill_router),
+            ("drain router", &self.events.drain_router),
+            ("restart control plane", &self.events.restart_control_plane),
+            ("rotate key", &self.events.rotate_key),
+        ];
+        if events.iter().any(|(_, e)| e.is_some()) {
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "| event | at s | target | lost ready | below 1 router | below K | back on K p50/p95/max ms | not back | calls ok/failed | notes |"
+            );
+            let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+            for (name, e) in events {
+                let Some(e) = e else { continue };
+                let mut notes = Vec::new();
+                if let Some(err) = &e.error {
+                    notes.push(format!("error: {err}"));
+                }
+                if let Some(ms) = e.control_plane_ready_ms {
+                    notes.push(format!("ready again after {ms} ms"));
+                }
+                if let Some(k) = &e.key_id {
+                    notes.push(format!("key {k}"));
+                }
+                if !e.router_refusals.is_empty() {
+                    notes.push(format!("refusals {}", joined(&e.router_refusals)));
+                }
+                if !e.router_auth_failures.is_empty() {
+                    notes.push(format!("auth failures {}", joined(&e.router_auth_failures)));
+                }
+                let b = &e.back_on_k_ms;
+                let _ = writeln!(
+                    s,
+                    "| {name} | {} | {} | {} | {} | {} | {}/{} | {} | {}/{} | {} |",
+                    e.at_secs,
+                    e.target.as_deref().unwrap_or("-"),
+                    e.lost_ready,
+                    e.below_one_router,
+                    e.below_k_routers,
+                    pair(b.p50, b.p95),
+                    b.max.map_or_else(|| "-".into(), |m| m.to_string()),
+                    e.not_back_on_k,
+                    e.calls_ok,
+                    e.calls_failed,
+                    if notes.is_empty() {
+                        "-".into()
+                    } else {
+                        notes.join("; ")
+                    }
+                );
+            }
+        }
+        if let Some(b) = &self.burst {
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "Burst of {}: {} enrolled, all enrolled after {} ms, enroll p50/p95 {} ms (max {}), {} refusals, {} gave up.",
+                b.joiners,
+                b.enrolled,
+                b.all_enrolled_ms
+                    .map_or_else(|| "-".into(), |v| v.to_string()),
+                pair(b.enroll_ms.p50, b.enroll_ms.p95),
+                b.enroll_max_ms
+                    .map_or_else(|| "-".into(), |v| v.to_string()),
+                b.refusals,
+                b.gave_up
+            );
+        }
+        if let Some(a) = &self.after {
+            let _ = writeln!(s);
+            let _ = writeln!(s, "After teardown ({} s), RSS MiB per router:", a.secs);
+            for sample in &a.samples {
+                let row: Vec<String> = sample
+                    .rss_bytes
+                    .iter()
+                    .map(|(r, b)| format!("{r}={}", mib(Some(*b))))
+                    .collect();
+                let _ = writeln!(s, "- t={} s: {}", sample.t_secs, row.join(", "));
+            }
+            let ratios: Vec<String> = a
+                .ratio_to_pre_ladder
+                .iter()
+                .map(|(r, x)| format!("{r}={x:.2}"))
+                .collect();
+            let _ = writeln!(s, "- last ÷ pre-ladder: {}", ratios.join(", "));
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(s, "Exits in the whole run: {}.", self.exits);
+        s
+    }
+}

@@ -1,0 +1,339 @@
+//! The ladder run: providers, steps, hold with events, burst, teardown, after.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::binaries::Binaries;
+use crate::config::{self, FleetConfig, LocalConfig, RemoteConfig, WorkerConfig};
+use crate::error::{LadderError, Result};
+use crate::fleet::Fleet;
+use crate::hold;
+use crate::mesh::LocalMesh;
+use crate::observe;
+use crate::procstat;
+use crate::report::{
+    AfterRecord, AfterSample, BurstRecord, PhaseRecord, Report, Shape, StepRecord,
+};
+use crate::tally::{Phase, PhaseSummary};
+use crate::target::Target;
+
+/// Extra token uses beyond the planned members (restarts, retries).
+const TOKEN_SLACK: u64 = 100;
+
+/// Runs a ladder against a mesh the ladder starts.
+pub async fn run_local(local: LocalConfig, cfg: FleetConfig) -> Result<Report> {
+    validate(&cfg)?;
+    let dir = work_dir(&cfg)?;
+    let bins = Binaries::locate()?;
+    eprintln!("ladder: work dir {}", dir.display());
+    let routers = local.routers;
+    let mesh =
+        LocalMesh::start(bins.clone(), local, &dir, cfg.total_members() + TOKEN_SLACK).await?;
+    eprintln!(
+        "ladder: control plane {} and {routers} routers ready",
+        mesh.url()
+    );
+    run(Target::Local(mesh), cfg, bins.ladder, &dir, "local").await
+}
+
+/// Runs a ladder's fleet against an existing mesh.
+pub async fn run_remote(remote: RemoteConfig, cfg: FleetConfig) -> Result<Report> {
+    validate(&cfg)?;
+    for (flag, v) in [
+        ("--kill-router-at", cfg.kill_router_at_secs),
+        ("--drain-router-at", cfg.drain_router_at_secs),
+        (
+            "--restart-control-plane-at",
+            cfg.restart_control_plane_at_secs,
+        ),
+    ] {
+        if v.is_some() {
+            return Err(LadderError::Args(format!("{flag} needs local mode")));
+        }
+    }
+    let dir = work_dir(&cfg)?;
+    let ladder = std::env::current_exe()
+        .map_err(|e| LadderError::io("locating the ladder's own executable", e))?;
+    let admin_token = match &cfg.admin_token_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .map_err(|e| LadderError::io(format!("reading {}", p.display()), e))?
+                .trim()
+                .to_string(),
+        ),
+        None => None,
+    };
+    let target = Target::Remote {
+        url: remote.control_plane,
+        token_file: remote.token_file,
+        admin_token,
+    };
+    run(target, cfg, ladder, &dir, "remote").await
+}
+
+fn validate(cfg: &FleetConfig) -> Result<()> {
+    if cfg.providers == 0 && cfg.step > 0 {
+        return Err(LadderError::Args(
+            "--providers must be at least 1: every joiner calls a provider".into(),
+        ));
+    }
+    if cfg.member_routers == 0 {
+        return Err(LadderError::Args(
+            "--member-routers must be at least 1".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn work_dir(cfg: &FleetConfig) -> Result<PathBuf> {
+    let dir = match &cfg.work_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!(
+            "agentmesh-ladder-{}-{}",
+            agentmesh_proto::unix_now(),
+            std::process::id()
+        )),
+    };
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| LadderError::io(format!("creating {}", dir.display()), e))?;
+    Ok(dir)
+}
+
+fn phase_record(s: PhaseSummary, completed: bool, started: Instant) -> PhaseRecord {
+    PhaseRecord {
+        joining: s.joining,
+        enrolled: s.enrolled,
+        ready: s.ready,
+        first_call_ok: s.first_call_ok,
+        first_call_failed: s.first_call_failed,
+        calls_per_member: s.calls_per_member,
+        exits: s.exits,
+        enroll_ms: s.enroll_ms,
+        ready_ms: s.ready_ms,
+        first_call_ms: s.first_call_ms,
+        completed,
+        duration_secs: started.elapsed().as_secs_f64(),
+    }
+}
+
+async fn run(
+    mut target: Target,
+    cfg: FleetConfig,
+    ladder: PathBuf,
+    dir: &Path,
+    mode: &str,
+) -> Result<Report> {
+    let started = Instant::now();
+    let capacity = if cfg.members_per_worker > 0 {
+        cfg.members_per_worker
+    } else {
+        let nofile = procstat::nofile_limit().unwrap_or(1024);
+        config::members_per_worker(nofile, cfg.fds_per_member, cfg.fd_headroom)
+    };
+    let base = WorkerConfig {
+        index: 0,
+        control_plane: target.url(),
+        token_file: target.token_file(),
+        data_dir: dir.to_path_buf(),
+        member_routers: cfg.member_routers,
+        source_ips: cfg.source_ips,
+        call_timeout_secs: cfg.call_timeout_secs,
+        call_budget_secs: cfg.call_budget_secs,
+        window_calls_per_sec: cfg.window_calls_per_sec,
+    };
+    let mut fleet = Fleet::new(ladder, base, dir, capacity);
+    let mut report = Report {
+        mode: mode.to_string(),
+        command: std::env::args().collect(),
+        started_at_unix_secs: agentmesh_proto::unix_now(),
+        work_dir: dir.display().to_string(),
+        shape: Shape {
+            step: cfg.step,
+            steps: cfg.steps,
+            join_rate_per_sec: cfg.join_rate_per_sec,
+            member_routers: cfg.member_routers,
+            routers: target.router_count(),
+            providers: cfg.providers,
+            members_per_worker: capacity,
+            workers: 0,
+        },
+        pre_ladder: target.routers().await,
+        ..Report::default()
+    };
+    let step_deadline = Duration::from_secs(cfg.step_deadline_secs);
+
+    // Providers.
+    let t0 = Instant::now();
+    fleet.label = "providers".into();
+    fleet
+        .join(cfg.providers, cfg.join_rate_per_sec, Phase::Provider)
+        .await?;
+    let done = fleet
+        .pump_until(t0 + step_deadline, |t| t.phase_done(Phase::Provider))
+        .await;
+    report.providers = phase_record(fleet.tally.summary(Phase::Provider), done, t0);
+    eprintln!(
+        "\rladder: {} of {} providers ready",
+        report.providers.ready, cfg.providers
+    );
+
+    // Steps.
+    for n in 1..=cfg.steps {
+        let resident_before = fleet
+            .tally
+            .members
+            .values()
+            .filter(|m| matches!(m.phase, Phase::Step(p) if p < n))
+            .filter(|m| m.ready_ms.is_some() && m.exit.is_none())
+            .count() as u64;
+        let cp_before = target.control_plane().await;
+        let t0 = Instant::now();
+        fleet.label = format!("step {n}/{}", cfg.steps);
+        fleet
+            .join(cfg.step, cfg.join_rate_per_sec, Phase::Step(n))
+            .await?;
+        let done = fleet
+            .pump_until(t0 + step_deadline, |t| t.phase_done(Phase::Step(n)))
+            .await;
+        let cp_after = target.control_plane().await;
+        let record = StepRecord {
+            step: n,
+            resident_before,
+            joined: phase_record(fleet.tally.summary(Phase::Step(n)), done, t0),
+            routers: target.routers().await,
+            control_plane: match (&cp_before, &cp_after) {
+                (Some(b), Some(a)) => Some(observe::control_plane_between(b, a)),
+                _ => None,
+            },
+        };
+        let j = &record.joined;
+        eprintln!(
+            "\rladder: step {n}: {} joining, {} enrolled, {} ready, {} first call ok, {} exits in {:.0} s{}",
+            j.joining,
+            j.enrolled,
+            j.ready,
+            j.first_call_ok,
+            j.exits,
+            j.duration_secs,
+            if done { "" } else { " (deadline passed)" }
+        );
+        report.steps.push(record);
+    }
+
+    // Hold and its events.
+    if cfg.hold_secs > 0 {
+        fleet.label = "hold".into();
+        let (h, events) = hold::run(&mut fleet, &mut target, &cfg).await?;
+        report.hold = Some(h);
+        report.events = events;
+    }
+
+    // Burst.
+    if cfg.burst > 0 {
+        report.burst = Some(burst(&mut fleet, &target, &cfg).await?);
+    }
+
+    // Teardown and after.
+    fleet.label = "leaving".into();
+    report.exits = fleet.tally.exits();
+    report.exit_reasons = fleet.tally.exit_reasons.clone();
+    report.first_call_errors = fleet.tally.call_errors.clone();
+    report.shape.workers = fleet.worker_count();
+    eprintln!("\rladder: the fleet leaves");
+    if let Err(e) = fleet.leave().await {
+        eprintln!("ladder: leaving: {e}");
+    }
+    if cfg.after_secs > 0 {
+        report.after = Some(after(&target, &cfg, &report).await);
+    }
+    target.shutdown().await;
+    report.duration_secs = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+async fn burst(fleet: &mut Fleet, target: &Target, cfg: &FleetConfig) -> Result<BurstRecord> {
+    fleet.label = format!("burst {}", cfg.burst);
+    let cp_before = target.control_plane().await;
+    let t0 = Instant::now();
+    fleet.join(cfg.burst, 0.0, Phase::Burst).await?;
+    let all = fleet
+        .pump_until(t0 + Duration::from_secs(cfg.step_deadline_secs), |t| {
+            t.phase_done(Phase::Burst)
+        })
+        .await;
+    let s = fleet.tally.summary(Phase::Burst);
+    let cp_after = target.control_plane().await;
+    let (refusals, codes) = match (&cp_before, &cp_after) {
+        (Some(b), Some(a)) => (
+            (a.enroll_limited - b.enroll_limited).max(0.0) as u64,
+            observe::control_plane_between(b, a).codes,
+        ),
+        _ => (0, BTreeMap::new()),
+    };
+    let all_enrolled = all && s.enrolled == s.joining;
+    eprintln!(
+        "\rladder: burst {}: {} enrolled{}",
+        cfg.burst,
+        s.enrolled,
+        if all_enrolled { "" } else { " (not all)" }
+    );
+    Ok(BurstRecord {
+        joiners: s.joining,
+        enrolled: s.enrolled,
+        all_enrolled_ms: if all_enrolled { s.enroll_max_ms } else { None },
+        enroll_ms: s.enroll_ms,
+        enroll_max_ms: s.enroll_max_ms,
+        refusals,
+        codes,
+        gave_up: s.exits,
+    })
+}
+
+async fn after(target: &Target, cfg: &FleetConfig, report: &Report) -> AfterRecord {
+    let t0 = Instant::now();
+    let every = Duration::from_secs(cfg.after_interval_secs.max(1));
+    let mut samples = Vec::new();
+    loop {
+        let rss: BTreeMap<String, u64> = target
+            .routers()
+            .await
+            .into_iter()
+            .filter_map(|r| r.rss_bytes.map(|b| (r.name, b)))
+            .collect();
+        samples.push(AfterSample {
+            t_secs: t0.elapsed().as_secs(),
+            rss_bytes: rss,
+        });
+        if t0.elapsed() + every > Duration::from_secs(cfg.after_secs) {
+            break;
+        }
+        tokio::time::sleep(every).await;
+    }
+    let pre: BTreeMap<String, u64> = report
+        .pre_ladder
+        .iter()
+        .filter_map(|r| r.rss_bytes.map(|b| (r.name.clone(), b)))
+        .collect();
+    let ratio = samples
+        .last()
+        .map(|last| {
+            last.rss_bytes
+                .iter()
+                .filter_map(|(r, b)| {
+                    pre.get(r)
+                        .filter(|p| **p > 0)
+                        .map(|p| (r.clone(), *b as f64 / *p as f64))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    AfterRecord {
+        secs: cfg.after_secs,
+        samples,
+        pre_ladder_rss_bytes: pre,
+        ratio_to_pre_ladder: ratio,
+    }
+}

@@ -1,0 +1,214 @@
+//! The coordinator ↔ worker protocol: JSON lines, commands on the worker's
+//! stdin, events on its stdout.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// A command to a worker.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Command {
+    /// Start `count` members numbered from `first`, paced at `rate_per_sec`
+    /// (0 = all at once). Providers expose the echo service and make no first call.
+    Join {
+        /// Request id for the reply (sent once every member has been started).
+        id: u64,
+        /// Global index of the first member.
+        first: u64,
+        /// How many.
+        count: u64,
+        /// Members started per second by this worker; 0 = all at the same instant.
+        rate_per_sec: f64,
+        /// Whether these members expose the echo service.
+        provider: bool,
+    },
+    /// Start an observation window (an event is about to happen).
+    Mark {
+        /// Request id.
+        id: u64,
+        /// Window name.
+        name: String,
+    },
+    /// End the current window and report on it.
+    WindowReport {
+        /// Request id.
+        id: u64,
+    },
+    /// Report the hold counters (since the last `HoldStart`).
+    HoldReport {
+        /// Request id.
+        id: u64,
+    },
+    /// Reset the hold counters.
+    HoldStart {
+        /// Request id.
+        id: u64,
+    },
+    /// Shut every member down and exit.
+    Leave {
+        /// Request id.
+        id: u64,
+    },
+}
+
+/// An event from a worker.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "ev", rename_all = "snake_case")]
+pub enum Event {
+    /// The member holds a credential; `ms` since its start.
+    Enrolled {
+        /// Global member index.
+        member: u64,
+        /// Milliseconds from start to credential in hand.
+        ms: u64,
+    },
+    /// The member is ready; `ms` since it held a credential.
+    Ready {
+        /// Global member index.
+        member: u64,
+        /// Milliseconds from credential to ready.
+        ms: u64,
+    },
+    /// The member's first call through the mesh finished.
+    FirstCall {
+        /// Global member index.
+        member: u64,
+        /// Whether the echo came back byte-identical within the budget.
+        ok: bool,
+        /// Milliseconds from ready to the successful (or last) attempt's end.
+        ms: u64,
+        /// Attempts made.
+        attempts: u32,
+        /// The last error, if it failed.
+        error: Option<String>,
+    },
+    /// A ready member lost readiness.
+    Flap {
+        /// Global member index.
+        member: u64,
+    },
+    /// The member stopped (failed to start, gave up enrolling, or its node ended).
+    Exit {
+        /// Global member index.
+        member: u64,
+        /// Why.
+        reason: String,
+    },
+    /// Periodic counters (every second).
+    Tick(Tick),
+    /// The answer to a command.
+    Reply {
+        /// The command's id.
+        id: u64,
+        /// The answer.
+        body: Reply,
+    },
+}
+
+/// A worker's periodic counters.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Tick {
+    /// Members started and not exited.
+    pub alive: u64,
+    /// Members ready at this sample.
+    pub ready: u64,
+    /// Open file descriptors of the worker.
+    pub fds: u64,
+}
+
+/// Answers to commands.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reply {
+    /// The command was carried out.
+    Done,
+    /// The command failed.
+    Failed {
+        /// Why.
+        error: String,
+    },
+    /// A window's observations.
+    Window(WindowStats),
+    /// The hold's observations.
+    Hold(HoldStats),
+}
+
+/// What a worker saw between `Mark` and `WindowReport`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct WindowStats {
+    /// Members alive at the mark.
+    pub members: u64,
+    /// Members that were not ready at some point in the window.
+    pub lost_ready: u64,
+    /// Members that had no router at some point.
+    pub below_one_router: u64,
+    /// Members that had fewer than K routers at some point.
+    pub below_k_routers: u64,
+    /// For members that fell below K: ms from the mark until back on K.
+    pub back_on_k_ms: Vec<u64>,
+    /// Members that fell below K and were not back by the report.
+    pub not_back_on_k: u64,
+    /// Echo calls made during the window that succeeded.
+    pub calls_ok: u64,
+    /// Echo calls made during the window that failed.
+    pub calls_failed: u64,
+    /// Call failures by error text (truncated), for diagnosis.
+    pub call_errors: BTreeMap<String, u64>,
+}
+
+/// What a worker saw since `HoldStart`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct HoldStats {
+    /// Samples taken (one a second).
+    pub samples: u64,
+    /// Ready → not ready transitions.
+    pub flaps: u64,
+    /// Members with at least one flap.
+    pub members_flapped: u64,
+    /// Fewest members ready at one sample.
+    pub fewest_ready: u64,
+    /// Members alive at the last sample.
+    pub alive: u64,
+    /// Members that exited during the hold.
+    pub exits: u64,
+    /// `/readyz` reads over members' Unix sockets.
+    pub socket_checks: u64,
+    /// Reads that failed or disagreed with the watch channel.
+    pub socket_mismatches: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_round_trip() {
+        let c = Command::Join {
+            id: 1,
+            first: 10,
+            count: 5,
+            rate_per_sec: 2.5,
+            provider: false,
+        };
+        let line = serde_json::to_string(&c).expect("encode");
+        assert!(line.contains("\"cmd\":\"join\""));
+        assert_eq!(serde_json::from_str::<Command>(&line).expect("decode"), c);
+        let e = Event::Reply {
+            id: 3,
+            body: Reply::Window(WindowStats {
+                back_on_k_ms: vec![5],
+                ..Default::default()
+            }),
+        };
+        let line = serde_json::to_string(&e).expect("encode");
+        assert_eq!(serde_json::from_str::<Event>(&line).expect("decode"), e);
+        let t = Event::Tick(Tick {
+            alive: 1,
+            ready: 1,
+            fds: 9,
+        });
+        let line = serde_json::to_string(&t).expect("encode");
+        assert_eq!(serde_json::from_str::<Event>(&line).expect("decode"), t);
+    }
+}

@@ -1,0 +1,97 @@
+//! The worker's one-second loops: readiness sampled from every member's watch
+//! (plus 1% over their Unix sockets), and echo calls during event windows.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use rand::seq::SliceRandom;
+
+use super::state::Shared;
+use crate::http;
+use crate::wire::{Event, Tick};
+
+/// Sampling period.
+const PERIOD: Duration = Duration::from_secs(1);
+/// Deadline of one Unix-socket `/readyz` read.
+const SOCKET_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Samples readiness every second until the worker ends.
+pub(crate) async fn sample_forever(shared: Arc<Shared>) {
+    let mut ticker = tokio::time::interval(PERIOD);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        ticker.tick().await;
+        if shared.leaving.load(Ordering::SeqCst) {
+            return;
+        }
+        let (mut alive, mut ready, mut flaps, mut flapped) = (0u64, 0u64, 0u64, 0u64);
+        for slot in shared.slots() {
+            if slot.exited.load(Ordering::SeqCst) {
+                continue;
+            }
+            let Some(watch) = slot.watch.get() else {
+                alive += 1;
+                continue;
+            };
+            alive += 1;
+            let view = watch.view();
+            ready += u64::from(view.ready);
+            if slot.ready_seen.load(Ordering::SeqCst) {
+                let was = slot.last_ready.swap(view.ready, Ordering::SeqCst);
+                if was && !view.ready {
+                    flaps += 1;
+                    if !slot.flapped_in_hold.swap(true, Ordering::SeqCst) {
+                        flapped += 1;
+                    }
+                    shared.emit(Event::Flap { member: slot.index }).await;
+                }
+            }
+            if let Some(socket) = slot.member.get().and_then(|m| m.socket().cloned()) {
+                let shared = shared.clone();
+                let watch = watch.clone();
+                tokio::spawn(async move {
+                    let answer = http::get_unix(&socket, "/readyz", SOCKET_TIMEOUT).await;
+                    let in_process = watch.view().ready;
+                    let agreed = matches!(answer, Ok(r) if (r.status == 200) == in_process);
+                    shared.socket_check(agreed);
+                });
+            }
+        }
+        shared.hold_sample(alive, ready, flaps, flapped);
+        let fds = crate::procstat::open_fds(std::process::id()).unwrap_or(0) as u64;
+        shared.emit(Event::Tick(Tick { alive, ready, fds })).await;
+    }
+}
+
+/// While the current window is active, makes `window_calls_per_sec` echo
+/// calls a second from random ready members.
+pub(crate) async fn window_calls(shared: Arc<Shared>) {
+    let timeout = Duration::from_secs(shared.cfg.call_timeout_secs.max(1));
+    let per_tick = shared.cfg.window_calls_per_sec as usize;
+    let mut ticker = tokio::time::interval(PERIOD);
+    loop {
+        ticker.tick().await;
+        let active = shared.window.lock().map(|w| w.active).unwrap_or(false);
+        if !active || shared.leaving.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut callers: Vec<_> = shared
+            .slots()
+            .into_iter()
+            .filter(|s| !s.provider && !s.exited.load(Ordering::SeqCst))
+            .filter(|s| s.watch.get().is_some_and(|w| w.view().ready))
+            .collect();
+        callers.shuffle(&mut rand::thread_rng());
+        for slot in callers.into_iter().take(per_tick) {
+            let Some(member) = slot.member.get().cloned() else {
+                continue;
+            };
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let r = member.call_echo(timeout).await;
+                shared.window_call(r);
+            });
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! A worker's shared state: its members and what the hold and the current
+//! event window have seen of them.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::config::WorkerConfig;
+use crate::member::{Member, View, Watch};
+use crate::wire::{Event, HoldStats, WindowStats};
+
+/// Everything the worker's tasks share.
+pub(crate) struct Shared {
+    pub(crate) cfg: WorkerConfig,
+    pub(crate) token: String,
+    pub(crate) echo: SocketAddr,
+    pub(crate) out: mpsc::Sender<Event>,
+    pub(crate) slots: Mutex<Vec<Arc<Slot>>>,
+    pub(crate) window: Mutex<WindowAcc>,
+    pub(crate) hold: Mutex<HoldAcc>,
+    pub(crate) leaving: AtomicBool,
+}
+
+/// One member's place in the worker.
+pub(crate) struct Slot {
+    pub(crate) index: u64,
+    pub(crate) provider: bool,
+    pub(crate) member: OnceLock<Arc<Member>>,
+    pub(crate) watch: OnceLock<Watch>,
+    /// Became ready at least once (flaps count only after that).
+    pub(crate) ready_seen: AtomicBool,
+    /// Readiness at the last one-second sample.
+    pub(crate) last_ready: AtomicBool,
+    pub(crate) flapped_in_hold: AtomicBool,
+    pub(crate) exited: AtomicBool,
+    pub(crate) win: Mutex<SlotWindow>,
+}
+
+/// One member's view of the current window.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SlotWindow {
+    active: bool,
+    lost_ready: bool,
+    below_one: bool,
+    below_k: bool,
+    back_ms: Option<u64>,
+}
+
+/// The current event window.
+#[derive(Debug, Default)]
+pub(crate) struct WindowAcc {
+    pub(crate) active: bool,
+    pub(crate) start: Option<Instant>,
+    pub(crate) members: u64,
+    pub(crate) calls_ok: u64,
+    pub(crate) calls_failed: u64,
+    pub(crate) call_errors: BTreeMap<String, u64>,
+}
+
+/// Hold counters since `HoldStart`.
+#[derive(Debug, Default)]
+pub(crate) struct HoldAcc {
+    pub(crate) stats: HoldStats,
+    pub(crate) started: bool,
+}
+
+/// Distinct error texts kept per window.
+const MAX_ERROR_KINDS: usize = 16;
+/// Characters kept of an error text.
+const MAX_ERROR_CHARS: usize = 120;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Shared {
+    /// A snapshot of the slots.
+    pub(crate) fn slots(&self) -> Vec<Arc<Slot>> {
+        lock(&self.slots).clone()
+    }
+
+    /// Adds a slot.
+    pub(crate) fn add(&self, slot: Arc<Slot>) {
+        lock(&self.slots).push(slot);
+    }
+
+    /// Sends an event to the coordinator (waits if the pipe is full).
+    pub(crate) async fn emit(&self, ev: Event) {
+        let _ = self.out.send(ev).await;
+    }
+
+    /// Records a member's exit.
+    pub(crate) async fn exit(&self, slot: &Slot, reason: String) {
+        if slot.exited.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        {
+            let mut h = lock(&self.hold);
+            if h.started {
+                h.stats.exits += 1;
+            }
+        }
+        self.emit(Event::Exit {
+            member: slot.index,
+            reason,
+        })
+        .await;
+    }
+
+    /// Starts a window: every live member's window state is reset to its current view.
+    pub(crate) fn mark(&self) {
+        let now = Instant::now();
+        let k = self.cfg.member_routers;
+        let slots = self.slots();
+        let mut members = 0;
+        for s in &slots {
+            let mut w = lock(&s.win);
+            *w = SlotWindow::default();
+            if s.exited.load(Ordering::SeqCst) {
+                continue;
+            }
+            if let Some(watch) = s.watch.get() {
+                members += 1;
+                w.active = true;
+                w.apply(watch.view(), k, 0);
+            }
+        }
+        let mut acc = lock(&self.window);
+        *acc = WindowAcc {
+            active: true,
+            start: Some(now),
+            members,
+            ..WindowAcc::default()
+        };
+    }
+
+    /// Feeds a member's new view into the window.
+    pub(crate) fn observe(&self, slot: &Slot, view: View) {
+        let start = match lock(&self.window).start {
+            Some(s) => s,
+            None => return,
+        };
+        let ms = start.elapsed().as_millis() as u64;
+        lock(&slot.win).apply(view, self.cfg.member_routers, ms);
+    }
+
+    /// Records one window call.
+    pub(crate) fn window_call(&self, result: Result<(), String>) {
+        let mut acc = lock(&self.window);
+        if !acc.active {
+            return;
+        }
+        match result {
+            Ok(()) => acc.calls_ok += 1,
+            Err(e) => {
+                acc.calls_failed += 1;
+                let key: String = e.chars().take(MAX_ERROR_CHARS).collect();
+                if acc.call_errors.len() < MAX_ERROR_KINDS || acc.call_errors.contains_key(&key) {
+                    *acc.call_errors.entry(key).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+
+    /// Ends the window and sums it up.
+    pub(crate) fn window_report(&self) -> WindowStats {
+        let (members, calls_ok, calls_failed, call_errors) = {
+            let mut acc = lock(&self.window);
+            acc.active = false;
+            acc.start = None;
+            (
+                acc.members,
+                acc.calls_ok,
+                acc.calls_failed,
+                std::mem::take(&mut acc.call_errors),
+            )
+        };
+        let mut stats = WindowStats {
+            members,
+            calls_ok,
+            calls_failed,
+            call_errors,
+            ..WindowStats::default()
+        };
+        for s in self.slots() {
+            let mut w = lock(&s.win);
+            if !w.active {
+                continue;
+            }
+            w.active = false;
+            stats.lost_ready += u64::from(w.lost_ready);
+            stats.below_one_router += u64::from(w.below_one);
+            if w.below_k {
+                stats.below_k_routers += 1;
+                match w.back_ms {
+                    Some(ms) => stats.back_on_k_ms.push(ms),
+                    None => stats.not_back_on_k += 1,
+                }
+            }
+        }
+        stats
+    }
+
+    /// Resets the hold counters.
+    pub(crate) fn hold_start(&self) {
+        for s in self.slots() {
+            s.flapped_in_hold.store(false, Ordering::SeqCst);
+        }
+        let mut h = lock(&self.hold);
+        *h = HoldAcc {
+            started: true,
+            stats: HoldStats {
+                fewest_ready: u64::MAX,
+                ..HoldStats::default()
+            },
+        };
+    }
+
+    /// The hold counters so far.
+    pub(crate) fn hold_report(&self) -> HoldStats {
+        let mut s = lock(&self.hold).stats.clone();
+        if s.fewest_ready == u64::MAX {
+            s.fewest_ready = 0;
+        }
+        s
+    }
+
+    /// Records one one-second sample.
+    pub(crate) fn hold_sample(&self, alive: u64, ready: u64, flaps: u64, members_flapped: u64) {
+        let mut h = lock(&self.hold);
+        if !h.started {
+            return;
+        }
+        h.stats.samples += 1;
+        h.stats.alive = alive;
+        h.stats.fewest_ready = h.stats.fewest_ready.min(ready);
+        h.stats.flaps += flaps;
+        h.stats.members_flapped += members_flapped;
+    }
+
+    /// Records one Unix-socket `/readyz` check.
+    pub(crate) fn socket_check(&self, agreed: bool) {
+        let mut h = lock(&self.hold);
+        if !h.started {
+            return;
+        }
+        h.stats.socket_checks += 1;
+        if !agreed {
+            h.stats.socket_mismatches += 1;
+        }
+    }
+}
+
+impl SlotWindow {
+    fn apply(&mut self, v: View, k: usize, ms: u64) {
+        if !self.active {
+            return;
+        }
+        if !v.ready {
+            self.lost_ready = true;
+        }
+        if v.routers == 0 {
+            self.below_one = true;
+        }
+        if v.routers < k {
+            self.below_k = true;
+            self.back_ms = None;
+        } else if self.below_k && self.back_ms.is_none() {
+            self.back_ms = Some(ms);
+        }
+    }
+}
+
+impl Slot {
+    /// A new, not yet started member slot.
+    pub(crate) fn new(index: u64, provider: bool) -> Self {
+        Self {
+            index,
+            provider,
+            member: OnceLock::new(),
+            watch: OnceLock::new(),
+            ready_seen: AtomicBool::new(false),
+            last_ready: AtomicBool::new(false),
+            flapped_in_hold: AtomicBool::new(false),
+            exited: AtomicBool::new(false),
+            win: Mutex::new(SlotWindow::default()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_tracks_the_way_back_to_k() {
+        let mut w = SlotWindow {
+            active: true,
+            ..SlotWindow::default()
+        };
+        let v = |ready, routers| View {
+            enrolled: true,
+            ready,
+            routers,
+        };
+        w.apply(v(true, 2), 2, 0);
+        assert!(!w.below_k);
+        w.apply(v(true, 1), 2, 10);
+        w.apply(v(false, 0), 2, 20);
+        w.apply(v(true, 2), 2, 1500);
+        assert!(w.below_k && w.below_one && w.lost_ready);
+        assert_eq!(w.back_ms, Some(1500));
+        let mut idle = SlotWindow::default();
+        idle.apply(v(false, 0), 2, 5);
+        assert!(!idle.lost_ready);
+    }
+}

@@ -1,0 +1,140 @@
+//! CI's small ladder: the real `agentmesh-ladder` binary in local mode starts a
+//! real control plane and three real routers (child processes, SQLite in a
+//! temp dir), runs 3 steps of members (the real node, in two worker
+//! processes), holds with one router drained, and writes its JSON report.
+//! Asserts only what cannot flake: everyone ready and called, nobody exited,
+//! nobody below one router during the drain.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use serde_json::Value;
+
+/// The whole run must finish within this (it normally takes a few minutes).
+const RUN_DEADLINE: Duration = Duration::from_secs(20 * 60);
+const STEP: u64 = 20;
+const STEPS: u64 = 3;
+const PROVIDERS: u64 = 2;
+
+fn sibling(ladder: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    let path = ladder
+        .parent()
+        .context("ladder binary has no parent directory")?
+        .join(name);
+    if !path.is_file() {
+        bail!(
+            "{} is missing: build the programs in the same profile first \
+             (`cargo build -p agentmesh-controlplane -p agentmesh-router`; \
+             `cargo nextest run --workspace` builds them)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn u(v: &Value, path: &str) -> u64 {
+    v.pointer(path)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("report has no number at {path}: {v:#}"))
+}
+
+#[test]
+fn small_ladder_with_a_drain() -> anyhow::Result<()> {
+    let ladder = PathBuf::from(env!("CARGO_BIN_EXE_agentmesh-ladder"));
+    sibling(&ladder, "agentmesh-control-plane")?;
+    sibling(&ladder, "agentmesh-router")?;
+    let work = tempfile::tempdir()?;
+    let report_path = work.path().join("report.json");
+    let mut child = Command::new(&ladder)
+        .args([
+            "local",
+            "--routers",
+            "3",
+            "--member-routers",
+            "2",
+            "--providers",
+            &PROVIDERS.to_string(),
+            "--step",
+            &STEP.to_string(),
+            "--steps",
+            &STEPS.to_string(),
+            "--join-rate",
+            "10",
+            "--members-per-worker",
+            "40",
+            "--hold-secs",
+            "30",
+            "--drain-router-at",
+            "10",
+            "--step-deadline-secs",
+            "300",
+        ])
+        .arg("--work-dir")
+        .arg(work.path().join("run"))
+        .arg("--report")
+        .arg(&report_path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting agentmesh-ladder")?;
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if started.elapsed() > RUN_DEADLINE {
+            child.kill()?;
+            bail!("the ladder did not finish within {RUN_DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let mut table = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        std::io::Read::read_to_string(&mut out, &mut table)?;
+    }
+    println!("{table}");
+    ensure!(status.success(), "agentmesh-ladder failed: {status}");
+    let report: Value = serde_json::from_str(
+        &std::fs::read_to_string(&report_path).context("reading the report")?,
+    )?;
+
+    // Providers and every step: everyone enrolled, ready, and called once through the mesh.
+    assert_eq!(u(&report, "/providers/ready"), PROVIDERS, "{report:#}");
+    let steps = report["steps"].as_array().context("steps array")?;
+    assert_eq!(steps.len() as u64, STEPS);
+    for (i, step) in steps.iter().enumerate() {
+        let n = i as u64 + 1;
+        assert_eq!(u(step, "/step"), n);
+        assert_eq!(
+            u(step, "/resident_before"),
+            STEP * i as u64,
+            "step {n}: {step:#}"
+        );
+        assert_eq!(u(step, "/joining"), STEP, "step {n}: {step:#}");
+        assert_eq!(u(step, "/enrolled"), STEP, "step {n}: {step:#}");
+        assert_eq!(u(step, "/ready"), STEP, "step {n}: {step:#}");
+        assert_eq!(u(step, "/first_call_ok"), STEP, "step {n}: {step:#}");
+        assert_eq!(u(step, "/exits"), 0, "step {n}: {step:#}");
+        assert_eq!(step["routers"].as_array().map(Vec::len), Some(3));
+    }
+
+    // Hold: nobody exited, everyone ready at the end.
+    let members = PROVIDERS + STEP * STEPS;
+    assert_eq!(u(&report, "/hold/members"), members, "{report:#}");
+    assert_eq!(u(&report, "/hold/exits"), 0, "{report:#}");
+    assert_eq!(u(&report, "/hold/ready_at_end"), members, "{report:#}");
+    assert!(u(&report, "/hold/samples") > 0);
+
+    // Drain: it happened, and no member fell below one router.
+    let drain = &report["events"]["drain_router"];
+    assert!(drain.is_object(), "no drain event: {report:#}");
+    assert!(drain["error"].is_null(), "drain failed: {drain:#}");
+    assert_eq!(u(drain, "/members"), members, "{drain:#}");
+    assert_eq!(u(drain, "/below_one_router"), 0, "{drain:#}");
+
+    assert_eq!(u(&report, "/exits"), 0, "{report:#}");
+    assert!(table.contains("| step |"), "no markdown table on stdout");
+    Ok(())
+}
