@@ -1,0 +1,489 @@
+"""Policy checks over rendered manifests: what a schema cannot see.
+
+Each check takes the rendered objects of one kustomization and returns a list
+of problems (empty = fine), so tests can assert both that the real manifests
+pass and that a deliberately broken copy is caught.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+from typing import Any, Callable
+
+from model import (
+    VAR_REF,
+    Container,
+    addr_port,
+    containers,
+    find,
+    parse_quantity,
+    pod_label_sets,
+    pod_template,
+    selector_matches,
+    workloads,
+)
+
+MIB = 2**20
+
+# Flags each program accepts, spelled as in issues 2, 3 and 4. A flag used in
+# a manifest must be one of these (and, when built binaries are at hand,
+# test_binaries.py checks them against `--help`).
+KNOWN_FLAGS: dict[str, set[str]] = {
+    "agentmesh-control-plane": {
+        "--grpc-addr", "--http-addr", "--public-url", "--tls-cert", "--tls-key", "--insecure", "--db",
+        "--enroll-rate-per-sec", "--enroll-burst", "--credential-ttl-secs", "--clock-skew-secs",
+        "--refresh-grace-secs", "--key-rotation-interval-secs", "--key-publish-ahead-secs",
+        "--key-grace-secs", "--node-retention-secs", "--ephemeral-retention-secs", "--lease-ttl-secs",
+        "--admin-token-file", "--metrics-addr", "--pprof-addr",
+    },
+    "agentmesh-control-plane backup": {"--db", "--to"},
+    "agentmesh-router": {
+        "--control-plane", "--control-plane-ca", "--token-file", "--key-path", "--listen",
+        "--external-addr", "--label", "--metrics-addr", "--auth-deadline-secs",
+        "--relay-max-reservations", "--relay-max-circuits-per-peer", "--relay-circuit-duration-secs",
+        "--relay-circuit-bytes", "--lease-interval-secs", "--high-watermark", "--low-watermark",
+        "--memory-limit-bytes", "--drain-grace-secs", "--pprof-addr",
+    },
+}
+
+# Flags whose value is a file the program reads or writes.
+FILE_FLAGS = {"--tls-cert", "--tls-key", "--admin-token-file", "--token-file", "--control-plane-ca", "--key-path", "--db", "--to"}
+# Of those, the ones the program writes (their directory must be writable).
+WRITTEN_FILE_FLAGS = {"--key-path", "--db", "--to"}
+
+# Sizing model (deploy/k8s/README.md, docs/scalability.md): memory the router
+# needs beyond its members, and the charge of one admitted member.
+PROCESS_BASE_BYTES = 256 * MIB
+CONNECTION_BASE_BYTES = 1.1 * MIB
+STREAM_WINDOW_BYTES = 256 * 1024
+STREAMS_PER_MEMBER = 2
+CHARGE_PER_MEMBER_BYTES = CONNECTION_BASE_BYTES + STREAMS_PER_MEMBER * STREAM_WINDOW_BYTES
+LOW_WATERMARK_RATIO = 0.85
+# SIGTERM -> go-away fan-out -> grace -> close must fit in the pod's grace.
+DRAIN_MARGIN_SECS = 15
+# A router must lease at least three times per lease TTL.
+LEASES_PER_TTL = 3
+
+# Volume types the "restricted" Pod Security Standard allows.
+RESTRICTED_VOLUME_TYPES = {"configMap", "secret", "emptyDir", "persistentVolumeClaim", "projected", "downwardAPI", "csi", "ephemeral"}
+
+
+def sqlite_path(db: str | None) -> str | None:
+    if db and db.startswith("sqlite://"):
+        return db[len("sqlite://"):]
+    return None
+
+
+def file_of(flag: str, value: str) -> str:
+    return sqlite_path(value) or value if flag == "--db" else value
+
+
+def mount_for(c: Container, path: str) -> dict[str, Any] | None:
+    """The deepest volumeMount containing `path`."""
+    best = None
+    for m in c.mounts():
+        mp = m["mountPath"].rstrip("/")
+        if path == mp or path.startswith(mp + "/"):
+            if best is None or len(mp) > len(best["mountPath"].rstrip("/")):
+                best = m
+    return best
+
+
+def check_pod_security(objects: list[dict[str, Any]]) -> list[str]:
+    """The restricted Pod Security Standard, plus read-only roots and no API token."""
+    problems = []
+    for w in workloads(objects):
+        spec = (pod_template(w) or {}).get("spec", {})
+        where = f"{w['kind']}/{w['metadata']['name']}"
+        psc = spec.get("securityContext", {}) or {}
+        for host in ("hostNetwork", "hostPID", "hostIPC"):
+            if spec.get(host):
+                problems.append(f"{where}: {host}")
+        if spec.get("automountServiceAccountToken") is not False:
+            problems.append(f"{where}: mounts a service account token it does not need")
+        for v in spec.get("volumes", []) or []:
+            kinds = set(v) - {"name"}
+            if not kinds <= RESTRICTED_VOLUME_TYPES:
+                problems.append(f"{where}: volume {v['name']} of type {sorted(kinds)}")
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            csc = c.get("securityContext", {}) or {}
+            cw = f"{where}/{c['name']}"
+            if not (csc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True):
+                problems.append(f"{cw}: runAsNonRoot is not true")
+            if csc.get("runAsUser", psc.get("runAsUser")) == 0:
+                problems.append(f"{cw}: runs as uid 0")
+            seccomp = (csc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+            if seccomp not in ("RuntimeDefault", "Localhost"):
+                problems.append(f"{cw}: seccompProfile is {seccomp}")
+            if csc.get("allowPrivilegeEscalation") is not False:
+                problems.append(f"{cw}: allowPrivilegeEscalation is not false")
+            if csc.get("privileged"):
+                problems.append(f"{cw}: privileged")
+            caps = csc.get("capabilities", {}) or {}
+            if "ALL" not in (caps.get("drop") or []):
+                problems.append(f"{cw}: does not drop ALL capabilities")
+            if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+                problems.append(f"{cw}: adds capabilities {caps.get('add')}")
+            if csc.get("readOnlyRootFilesystem") is not True:
+                problems.append(f"{cw}: root filesystem is writable")
+            for p in c.get("ports", []) or []:
+                if p.get("hostPort"):
+                    problems.append(f"{cw}: hostPort {p['hostPort']}")
+            res = c.get("resources", {}) or {}
+            for kind, key in (("requests", "cpu"), ("requests", "memory"), ("limits", "memory")):
+                if key not in (res.get(kind) or {}):
+                    problems.append(f"{cw}: no resources.{kind}.{key}")
+    return problems
+
+
+def check_env_references(objects: list[dict[str, Any]]) -> list[str]:
+    """Every $(VAR) resolves (env order matters), every envFrom ConfigMap exists, and
+    every key of those ConfigMaps is used (a misspelt key in a patch would do nothing)."""
+    problems = []
+    for c in containers(objects):
+        defined: set[str] = set()
+        from_maps: dict[str, str] = {}
+        for src in c.spec.get("envFrom", []) or []:
+            ref = src.get("configMapRef")
+            if not ref:
+                problems.append(f"{c.where}: envFrom other than configMapRef")
+                continue
+            cm = find(objects, "ConfigMap", ref["name"])
+            if cm is None:
+                problems.append(f"{c.where}: envFrom ConfigMap {ref['name']} is not rendered")
+                continue
+            for k in (cm.get("data") or {}):
+                defined.add(k)
+                from_maps[k] = ref["name"]
+        used: set[str] = set()
+        for e in c.spec.get("env", []) or []:
+            for var in VAR_REF.findall(str(e.get("value", ""))):
+                used.add(var)
+                if var not in defined:
+                    problems.append(f"{c.where}: env {e['name']} uses $({var}) before it is defined")
+            defined.add(e["name"])
+        for arg in (c.spec.get("command") or []) + (c.spec.get("args") or []):
+            for var in VAR_REF.findall(str(arg)):
+                used.add(var)
+                if var not in defined:
+                    problems.append(f"{c.where}: argument {arg!r} uses undefined $({var})")
+        for k, cm_name in sorted(from_maps.items()):
+            if k not in used:
+                problems.append(f"{c.where}: key {k} of ConfigMap {cm_name} is used by no flag")
+    return problems
+
+
+def check_flags(objects: list[dict[str, Any]]) -> list[str]:
+    """Flags are ones the programs have; files they name are mounted (writable where written)."""
+    problems = []
+    for c in containers(objects):
+        if not c.binary:
+            continue
+        program = c.binary + (f" {c.subcommand}" if c.subcommand else "")
+        known = KNOWN_FLAGS.get(program)
+        if known is None:
+            problems.append(f"{c.where}: unknown program {program!r}")
+            continue
+        for name, values in c.flags().items():
+            if name not in known:
+                problems.append(f"{c.where}: {program} has no flag {name}")
+            if len(values) > 1 and name not in ("--listen", "--label"):
+                problems.append(f"{c.where}: {name} given {len(values)} times")
+            if name in FILE_FLAGS:
+                path = file_of(name, c.expand(values[-1]))
+                m = mount_for(c, path)
+                if m is None:
+                    problems.append(f"{c.where}: {name} {path} is on no volume")
+                    continue
+                vol = c.volume(m["name"]) or {}
+                items = (vol.get("secret") or vol.get("configMap") or {}).get("items")
+                rel = posixpath.relpath(path, m["mountPath"])
+                if items is not None and rel not in {i["path"] for i in items}:
+                    problems.append(f"{c.where}: {name} {path} is not an item of volume {m['name']}")
+                if name in WRITTEN_FILE_FLAGS and (m.get("readOnly") or not ({"persistentVolumeClaim", "emptyDir"} & set(vol))):
+                    problems.append(f"{c.where}: {name} {path} is written but its volume is not writable storage")
+    return problems
+
+
+def _single(items: list[Container], what: str, problems: list[str]) -> Container | None:
+    if len(items) != 1:
+        problems.append(f"expected exactly one {what}, found {len(items)}")
+        return None
+    return items[0]
+
+
+def _probe_problems(c: Container, listen_flag: str) -> list[str]:
+    out = []
+    port = addr_port(c.flag(listen_flag))
+    for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = (c.spec.get(probe) or {}).get("httpGet")
+        if not get:
+            out.append(f"{c.where}: no HTTP {probe}")
+            continue
+        if get.get("path") != path:
+            out.append(f"{c.where}: {probe} checks {get.get('path')}, should be {path}")
+        if c.port_number(get.get("port")) != port or port is None:
+            out.append(f"{c.where}: {probe} port {get.get('port')} is not the {listen_flag} port {port}")
+    return out
+
+
+def check_router(objects: list[dict[str, Any]]) -> list[str]:
+    """Routers: drain fits the grace period, memory limit feeds the budget and covers
+    the watermark, one Service per pod, a PDB, lease cadence, the control-plane URL."""
+    problems: list[str] = []
+    routers = [c for c in containers(objects) if c.binary == "agentmesh-router"]
+    if not routers:
+        return problems
+    c = _single(routers, "router container", problems)
+    if c is None:
+        return problems
+    sts = c.workload
+    if sts["kind"] != "StatefulSet":
+        problems.append(f"{c.where}: routers must be a StatefulSet (stable identity and address)")
+        return problems
+    name = sts["metadata"]["name"]
+    spec = sts["spec"]
+    problems += _probe_problems(c, "--metrics-addr")
+
+    res = c.spec.get("resources", {}) or {}
+    limits, requests = res.get("limits") or {}, res.get("requests") or {}
+    if "cpu" in limits:
+        problems.append(f"{c.where}: has a CPU limit (CFS throttling stalls handshakes)")
+    if "memory" not in limits:
+        problems.append(f"{c.where}: has no memory limit")
+        return problems
+    limit = parse_quantity(limits["memory"])
+    if parse_quantity(requests.get("memory", 0)) != limit:
+        problems.append(f"{c.where}: memory request differs from limit (overcommitted memory)")
+
+    mem_flag = (c.flags().get("--memory-limit-bytes") or [""])[-1]
+    var = VAR_REF.fullmatch(mem_flag)
+    env = {e["name"]: e for e in c.spec.get("env", []) or []}
+    ref = (env.get(var.group(1), {}).get("valueFrom") or {}).get("resourceFieldRef") if var else None
+    if not ref or ref.get("resource") != "limits.memory" or ref.get("containerName", c.name) != c.name \
+            or parse_quantity(ref.get("divisor", "1")) != 1:
+        problems.append(f"{c.where}: --memory-limit-bytes is not the container's memory limit in bytes")
+
+    try:
+        high = int(c.flag("--high-watermark") or "")
+        low = int(c.flag("--low-watermark") or "")
+        drain = int(c.flag("--drain-grace-secs") or "")
+    except ValueError:
+        problems.append(f"{c.where}: watermarks and drain grace must be integers")
+        return problems
+    if low != math.floor(high * LOW_WATERMARK_RATIO):
+        problems.append(f"{c.where}: low watermark {low} is not 15% below high {high}")
+    need = PROCESS_BASE_BYTES + high * CHARGE_PER_MEMBER_BYTES
+    if limit < need:
+        problems.append(f"{c.where}: memory limit {limits['memory']} < {need / MIB:.0f} MiB needed for high watermark {high}")
+
+    grace = (pod_template(sts) or {}).get("spec", {}).get("terminationGracePeriodSeconds", 30)
+    if grace < drain + DRAIN_MARGIN_SECS:
+        problems.append(f"{c.where}: terminationGracePeriodSeconds {grace} < drain grace {drain} + {DRAIN_MARGIN_SECS}")
+    if int(spec.get("minReadySeconds", 0)) < 10:
+        problems.append(f"{c.where}: minReadySeconds < 10: a rollout would not wait for members to settle")
+    if (spec.get("updateStrategy") or {}).get("type", "RollingUpdate") != "RollingUpdate":
+        problems.append(f"{c.where}: updateStrategy is not RollingUpdate")
+
+    p2p = addr_port((c.flags().get("--listen") or [""])[0])
+    if c.port_number("p2p") != p2p or addr_port(c.flag("--external-addr")) != p2p:
+        problems.append(f"{c.where}: --listen, --external-addr and port p2p disagree")
+
+    headless = find(objects, "Service", spec.get("serviceName", ""))
+    if headless is None or headless["spec"].get("clusterIP") != "None":
+        problems.append(f"{c.where}: serviceName {spec.get('serviceName')} is not a rendered headless Service")
+    replicas = int(spec.get("replicas", 1))
+    per_pod = {
+        s["spec"]["selector"]["statefulset.kubernetes.io/pod-name"]: s
+        for s in objects
+        if s["kind"] == "Service" and "statefulset.kubernetes.io/pod-name" in (s["spec"].get("selector") or {})
+    }
+    wanted = {f"{name}-{i}" for i in range(replicas)}
+    for pod in sorted(wanted - set(per_pod)):
+        problems.append(f"{c.where}: pod {pod} has no Service of its own")
+    for pod in sorted(set(per_pod) - wanted):
+        problems.append(f"Service/{per_pod[pod]['metadata']['name']}: selects {pod}, beyond {replicas} replicas")
+    for pod, svc in per_pod.items():
+        if svc["metadata"]["name"] != pod:
+            problems.append(f"Service/{svc['metadata']['name']}: should be named {pod}, like its pod")
+
+    labels = (pod_template(sts) or {}).get("metadata", {}).get("labels", {})
+    pdbs = [p for p in objects if p["kind"] == "PodDisruptionBudget" and selector_matches(p["spec"].get("selector"), labels)]
+    if not pdbs:
+        problems.append(f"{c.where}: no PodDisruptionBudget")
+    for p in pdbs:
+        if p["spec"].get("maxUnavailable") != 1:
+            problems.append(f"PodDisruptionBudget/{p['metadata']['name']}: maxUnavailable should be 1")
+
+    cps = [x for x in containers(objects) if x.binary == "agentmesh-control-plane" and not x.subcommand]
+    for cp in cps:
+        if c.flag("--control-plane") != cp.flag("--public-url"):
+            problems.append(f"{c.where}: --control-plane {c.flag('--control-plane')} != control plane --public-url "
+                            f"{cp.flag('--public-url')} (proofs sign that URL)")
+        try:
+            ttl, interval = int(cp.flag("--lease-ttl-secs") or ""), int(c.flag("--lease-interval-secs") or "")
+            if interval * LEASES_PER_TTL > ttl:
+                problems.append(f"{c.where}: lease interval {interval}s x {LEASES_PER_TTL} > lease TTL {ttl}s")
+        except ValueError:
+            problems.append(f"{c.where}: lease interval / TTL are not integers")
+    return problems
+
+
+def check_control_plane(objects: list[dict[str, Any]]) -> list[str]:
+    """Control plane: one pod over SQLite, key grace long enough, probes, backups."""
+    problems: list[str] = []
+    cps = [c for c in containers(objects) if c.binary == "agentmesh-control-plane" and not c.subcommand]
+    if not cps:
+        return problems
+    c = _single(cps, "control-plane container", problems)
+    if c is None:
+        return problems
+    w = c.workload
+    if sqlite_path(c.flag("--db")):
+        if w["kind"] != "Deployment" or w["spec"].get("replicas", 1) != 1 \
+                or (w["spec"].get("strategy") or {}).get("type") != "Recreate":
+            problems.append(f"{c.where}: SQLite needs a single-replica Deployment with strategy Recreate")
+    problems += _probe_problems(c, "--http-addr")
+    if "cpu" in ((c.spec.get("resources") or {}).get("limits") or {}):
+        problems.append(f"{c.where}: has a CPU limit")
+    try:
+        ttl, skew, grace = (int(c.flag(f) or "") for f in ("--credential-ttl-secs", "--clock-skew-secs", "--key-grace-secs"))
+        if grace < ttl + skew:
+            problems.append(f"{c.where}: --key-grace-secs {grace} < credential TTL {ttl} + skew {skew} (refuses to start)")
+    except ValueError:
+        problems.append(f"{c.where}: TTL, skew and key grace must be integers")
+
+    backups = [x for x in containers(objects) if x.binary == "agentmesh-control-plane" and x.subcommand == "backup"]
+    if not backups:
+        problems.append(f"{c.where}: no backup job")
+    db_mount = mount_for(c, sqlite_path(c.flag("--db")) or "")
+    db_claim = ((c.volume(db_mount["name"]) or {}).get("persistentVolumeClaim") or {}).get("claimName") if db_mount else None
+    for b in backups:
+        if b.flag("--db") != c.flag("--db"):
+            problems.append(f"{b.where}: backs up {b.flag('--db')}, the control plane uses {c.flag('--db')}")
+        bm = mount_for(b, sqlite_path(b.flag("--db")) or "")
+        claim = ((b.volume(bm["name"]) or {}).get("persistentVolumeClaim") or {}).get("claimName") if bm else None
+        if claim != db_claim:
+            problems.append(f"{b.where}: mounts claim {claim}, the control plane's data is {db_claim}")
+        pvc = find(objects, "PersistentVolumeClaim", db_claim or "")
+        if pvc and "ReadWriteOnce" in pvc["spec"].get("accessModes", []):
+            terms = ((b.pod_spec.get("affinity") or {}).get("podAffinity") or {}).get(
+                "requiredDuringSchedulingIgnoredDuringExecution") or []
+            if not any(selector_matches(t.get("labelSelector"), c.pod_labels)
+                       and t.get("topologyKey") == "kubernetes.io/hostname" for t in terms):
+                problems.append(f"{b.where}: ReadWriteOnce data but no required affinity to the control plane's node")
+        if b.workload["kind"] == "CronJob" and b.workload["spec"].get("concurrencyPolicy") != "Forbid":
+            problems.append(f"{b.where}: concurrencyPolicy is not Forbid")
+    return problems
+
+
+def check_selectors(objects: list[dict[str, Any]]) -> list[str]:
+    """Services, PDBs and NetworkPolicies select rendered pods; Service target ports exist."""
+    problems = []
+    pods = pod_label_sets(objects)
+    if not pods:
+        return problems
+    for o in objects:
+        kind, name = o["kind"], o["metadata"]["name"]
+        if kind == "Service":
+            sel = o["spec"].get("selector")
+            matched = [w for w, labels in pods if selector_matches(sel, labels)]
+            if not matched:
+                problems.append(f"Service/{name}: selector {sel} matches no pod")
+            for p in o["spec"].get("ports", []):
+                tp = p.get("targetPort", p.get("port"))
+                for w in matched:
+                    conts = (pod_template(w) or {}).get("spec", {}).get("containers", [])
+                    if not any(q.get("name") == tp or q.get("containerPort") == tp for cc in conts for q in cc.get("ports", []) or []):
+                        problems.append(f"Service/{name}: targetPort {tp} is no port of {w['kind']}/{w['metadata']['name']}")
+        elif kind == "PodDisruptionBudget":
+            if not any(selector_matches(o["spec"].get("selector"), labels) for _, labels in pods):
+                problems.append(f"PodDisruptionBudget/{name}: selects no pod")
+        elif kind == "NetworkPolicy":
+            if not any(selector_matches(o["spec"].get("podSelector"), labels) for _, labels in pods):
+                problems.append(f"NetworkPolicy/{name}: selects no pod")
+    return problems
+
+
+def check_network_policies(objects: list[dict[str, Any]]) -> list[str]:
+    """Metrics and HTTP admin listeners (/drain) reachable only from selected sources."""
+    problems = []
+    internal_flags = {"agentmesh-router": "--metrics-addr", "agentmesh-control-plane": "--http-addr"}
+    for c in containers(objects):
+        flag = internal_flags.get(c.binary or "")
+        if not flag or c.subcommand:
+            continue
+        port = addr_port(c.flag(flag))
+        pols = [p for p in objects if p["kind"] == "NetworkPolicy" and selector_matches(p["spec"].get("podSelector"), c.pod_labels)]
+        if not pols:
+            problems.append(f"{c.where}: no NetworkPolicy")
+            continue
+        for p in pols:
+            for rule in p["spec"].get("ingress", []) or []:
+                ports = [q.get("port") for q in rule.get("ports", []) or []]
+                opens = not ports or port in ports or any(c.port_number(q) == port for q in ports if isinstance(q, str))
+                if opens and not rule.get("from"):
+                    problems.append(f"NetworkPolicy/{p['metadata']['name']}: opens internal port {port} ({flag}) to everyone")
+    return problems
+
+
+def check_images(objects: list[dict[str, Any]]) -> list[str]:
+    """Overlays pin images: a tag or digest, never `latest`; one image for our programs."""
+    problems = []
+    ours = set()
+    for c in containers(objects):
+        image = c.spec.get("image", "")
+        last = image.rsplit("/", 1)[-1]
+        if "@" not in image and (":" not in last or last.endswith(":latest")):
+            problems.append(f"{c.where}: image {image!r} is not pinned to a tag or digest")
+        if c.binary:
+            ours.add(image)
+    if len(ours) > 1:
+        problems.append(f"programs run from different images: {sorted(ours)}")
+    return problems
+
+
+# Objects the manifests reference but do not contain: the operator creates
+# them (deploy/k8s/README.md lists each; test_docs.py checks it does).
+EXTERNAL_OBJECTS = {
+    ("Secret", "agentmesh-control-plane-tls"),
+    ("Secret", "agentmesh-admin-token"),
+    ("Secret", "agentmesh-router-token"),
+    ("ConfigMap", "agentmesh-control-plane-ca"),
+}
+
+
+def check_volumes(objects: list[dict[str, Any]]) -> list[str]:
+    """Every mount has a volume; every claim, ConfigMap and Secret is rendered or external."""
+    problems = []
+    for c in containers(objects):
+        for m in c.mounts():
+            if c.volume(m["name"]) is None:
+                problems.append(f"{c.where}: mount {m['mountPath']} names no volume {m['name']}")
+    for w in workloads(objects):
+        where = f"{w['kind']}/{w['metadata']['name']}"
+        for v in (pod_template(w) or {}).get("spec", {}).get("volumes", []) or []:
+            refs = []
+            if "persistentVolumeClaim" in v:
+                refs.append(("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]))
+            if "configMap" in v:
+                refs.append(("ConfigMap", v["configMap"]["name"]))
+            if "secret" in v:
+                refs.append(("Secret", v["secret"]["secretName"]))
+            for kind, name in refs:
+                if find(objects, kind, name) is None and (kind, name) not in EXTERNAL_OBJECTS:
+                    problems.append(f"{where}: volume {v['name']} needs {kind}/{name}, neither rendered nor documented")
+    return problems
+
+
+ALL_CHECKS: dict[str, Callable[[list[dict[str, Any]]], list[str]]] = {
+    "pod_security": check_pod_security,
+    "env_references": check_env_references,
+    "flags": check_flags,
+    "router": check_router,
+    "control_plane": check_control_plane,
+    "selectors": check_selectors,
+    "network_policies": check_network_policies,
+    "volumes": check_volumes,
+}

@@ -1,0 +1,241 @@
+"""Structural checks for the prometheus-operator objects, which have no schema
+in kubernetes-validate: PodMonitor, ServiceMonitor and PrometheusRule.
+
+Alert expressions are checked for shape (balanced brackets, durations) and for
+the metrics and labels they name: every metric must be one the programs
+export (or `up` / kube-state-metrics), with labels those metrics have.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from model import addr_port, containers, pod_label_sets, pod_template, selector_matches
+
+MONITORING_API = "monitoring.coreos.com/v1"
+MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+
+# Labels Prometheus attaches to every scraped series (operator relabeling).
+TARGET_LABELS = {"namespace", "pod", "job", "instance", "container", "service", "endpoint"}
+
+# Metrics the programs export (issues 2, 3, 4) -> their labels, and the
+# values a label may take where the issues fix them.
+METRICS: dict[str, set[str]] = {
+    "agentmesh_router_refused_total": {"resource", "scope", "protocol"},
+    "agentmesh_router_trimmed_total": {"reason"},
+    "agentmesh_router_goaway_sent_total": {"reason", "result"},
+    "agentmesh_router_ready": set(),
+    "agentmesh_runtime_stalls_total": set(),
+    "agentmesh_control_plane_storage_rows": {"table"},
+    "agentmesh_control_plane_deleted_total": {"table", "reason"},
+    "agentmesh_control_plane_next_key_rotation_timestamp_seconds": set(),
+    "up": set(),
+    "kube_statefulset_status_replicas_ready": {"statefulset"},
+    "kube_statefulset_replicas": {"statefulset"},
+}
+LABEL_VALUES: dict[tuple[str, str], set[str]] = {
+    ("agentmesh_router_refused_total", "resource"): {"connection", "stream", "memory", "reservation", "circuit"},
+    ("agentmesh_router_refused_total", "scope"): {"system", "protocol", "peer", "source"},
+    ("agentmesh_router_goaway_sent_total", "reason"): {"draining", "overloaded"},
+}
+# What the alerts must cover (the brief and issue 6).
+REQUIRED_METRICS = {
+    "agentmesh_router_refused_total",
+    "agentmesh_router_trimmed_total",
+    "agentmesh_router_goaway_sent_total",
+    "agentmesh_router_ready",
+    "agentmesh_runtime_stalls_total",
+    "agentmesh_control_plane_storage_rows",
+    "agentmesh_control_plane_next_key_rotation_timestamp_seconds",
+}
+
+PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset"}
+DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
+IDENT = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{([^}]*)\}")
+MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*')
+GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+SEVERITIES = {"info", "warning", "critical"}
+
+
+def _balanced(expr: str) -> bool:
+    pairs = {")": "(", "]": "[", "}": "{"}
+    stack: list[str] = []
+    in_str = False
+    prev = ""
+    for ch in expr:
+        if ch == '"' and prev != "\\":
+            in_str = not in_str
+        elif not in_str:
+            if ch in "([{":
+                stack.append(ch)
+            elif ch in pairs:
+                if not stack or stack.pop() != pairs[ch]:
+                    return False
+        prev = ch
+    return not stack and not in_str
+
+
+def promql_problems(expr: str) -> list[str]:
+    """Problems with one PromQL expression: shape, metric names, label names and values."""
+    if not expr.strip():
+        return ["empty expression"]
+    if not _balanced(expr):
+        return [f"unbalanced brackets or quotes in {expr!r}"]
+    problems = []
+    metrics: list[str] = []
+    for metric, body in SELECTOR.findall(expr):
+        if metric in PROMQL_KEYWORDS:
+            continue
+        rest = body
+        while rest.strip():
+            m = MATCHER.match(rest)
+            if not m:
+                problems.append(f"{metric}: cannot read label matchers {body!r}")
+                break
+            label, op, value = m.groups()
+            if metric in METRICS and label not in METRICS[metric] | TARGET_LABELS:
+                problems.append(f"{metric} has no label {label}")
+            allowed = LABEL_VALUES.get((metric, label))
+            if allowed and op in ("=", "!=") and value not in allowed:
+                problems.append(f"{metric}{{{label}}} never takes the value {value!r}")
+            rest = rest[m.end():]
+            if rest.startswith(","):
+                rest = rest[1:]
+    # Identifiers that are not functions, keywords, label names or durations.
+    stripped = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    grouping_labels = {lbl.strip() for _, lbls in GROUPING.findall(stripped) for lbl in lbls.split(",") if lbl.strip()}
+    stripped = GROUPING.sub(" ", stripped)
+    stripped = re.sub(r"\{[^}]*\}", " ", stripped)
+    stripped = re.sub(r"\[[^\]]*\]", " ", stripped)
+    for m in IDENT.finditer(stripped):
+        word = m.group(0)
+        after = stripped[m.end():].lstrip()
+        if after.startswith("(") or word in PROMQL_KEYWORDS or word in ("time", "vector"):
+            continue
+        metrics.append(word)
+    for metric in metrics:
+        if metric not in METRICS:
+            problems.append(f"unknown metric {metric!r}")
+    known_labels = set(TARGET_LABELS)
+    for metric in metrics:
+        known_labels |= METRICS.get(metric, set())
+    for label in grouping_labels - known_labels:
+        problems.append(f"groups by label {label!r} that none of {sorted(set(metrics))} has")
+    for d in re.findall(r"\[([^\]]*)\]", re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)):
+        for part in d.split(":"):
+            if part and not DURATION.match(part.strip()):
+                problems.append(f"bad duration {part!r}")
+    return problems
+
+
+def metrics_of(expr: str) -> set[str]:
+    """Metric names an expression reads (those in METRICS)."""
+    return {m for m in METRICS if re.search(rf"\b{re.escape(m)}\b", expr)}
+
+
+def check_rules(objects: list[dict[str, Any]]) -> list[str]:
+    """PrometheusRule objects: well-formed alerts that cover the required metrics."""
+    problems: list[str] = []
+    rules = [o for o in objects if o["kind"] == "PrometheusRule"]
+    if not rules:
+        return problems
+    names: set[str] = set()
+    covered: set[str] = set()
+    for r in rules:
+        where = f"PrometheusRule/{r['metadata']['name']}"
+        if r.get("apiVersion") != MONITORING_API:
+            problems.append(f"{where}: apiVersion {r.get('apiVersion')}")
+        groups = (r.get("spec") or {}).get("groups") or []
+        if not groups:
+            problems.append(f"{where}: no rule groups")
+        for g in groups:
+            if not g.get("name") or not g.get("rules"):
+                problems.append(f"{where}: group without name or rules")
+            for rule in g.get("rules") or []:
+                alert = rule.get("alert")
+                if not alert or not re.fullmatch(r"Agentmesh[A-Z][A-Za-z0-9]+", alert):
+                    problems.append(f"{where}: alert name {alert!r} is not AgentmeshCamelCase")
+                    continue
+                if alert in names:
+                    problems.append(f"{where}: alert {alert} defined twice")
+                names.add(alert)
+                extra = set(rule) - {"alert", "expr", "for", "labels", "annotations", "keep_firing_for"}
+                if extra:
+                    problems.append(f"{alert}: unknown fields {sorted(extra)}")
+                expr = str(rule.get("expr", ""))
+                problems += [f"{alert}: {p}" for p in promql_problems(expr)]
+                covered |= metrics_of(expr)
+                if "for" in rule and not DURATION.match(str(rule["for"])):
+                    problems.append(f"{alert}: bad `for` {rule['for']!r}")
+                if (rule.get("labels") or {}).get("severity") not in SEVERITIES:
+                    problems.append(f"{alert}: severity must be one of {sorted(SEVERITIES)}")
+                ann = rule.get("annotations") or {}
+                for key in ("summary", "description"):
+                    if not str(ann.get(key, "")).strip():
+                        problems.append(f"{alert}: no {key} annotation")
+    for m in sorted(REQUIRED_METRICS - covered):
+        problems.append(f"no alert reads {m}")
+    return problems
+
+
+def check_monitors(objects: list[dict[str, Any]]) -> list[str]:
+    """PodMonitor / ServiceMonitor: well-formed, and when the workloads are rendered
+    too, they scrape every program's metrics listener by a port that exists."""
+    problems: list[str] = []
+    monitors = [o for o in objects if o["kind"] in ("PodMonitor", "ServiceMonitor")]
+    for mon in monitors:
+        where = f"{mon['kind']}/{mon['metadata']['name']}"
+        if mon.get("apiVersion") != MONITORING_API:
+            problems.append(f"{where}: apiVersion {mon.get('apiVersion')}")
+        spec = mon.get("spec") or {}
+        if not (spec.get("selector") or {}).get("matchLabels"):
+            problems.append(f"{where}: no selector.matchLabels")
+        eps = spec.get("podMetricsEndpoints" if mon["kind"] == "PodMonitor" else "endpoints") or []
+        if not eps:
+            problems.append(f"{where}: no endpoints")
+        for ep in eps:
+            if not isinstance(ep.get("port"), str):
+                problems.append(f"{where}: endpoint needs a named port")
+            if ep.get("path", "/metrics") != "/metrics":
+                problems.append(f"{where}: scrapes {ep.get('path')}, programs serve /metrics")
+            for key in ("interval", "scrapeTimeout"):
+                if key in ep and not DURATION.match(str(ep[key])):
+                    problems.append(f"{where}: bad {key} {ep[key]!r}")
+
+    if not monitors or not pod_label_sets(objects):
+        return problems
+    listen_flag = {"agentmesh-router": "--metrics-addr", "agentmesh-control-plane": "--http-addr"}
+    for c in containers(objects):
+        flag = listen_flag.get(c.binary or "")
+        if not flag or c.subcommand:
+            continue
+        port = addr_port(c.flag(flag))
+        scraped = False
+        for mon in monitors:
+            spec = mon.get("spec") or {}
+            if mon["kind"] == "PodMonitor":
+                if selector_matches(spec.get("selector"), c.pod_labels):
+                    scraped |= any(c.port_number(ep.get("port")) == port for ep in spec.get("podMetricsEndpoints") or [])
+            else:
+                for svc in objects:
+                    if svc["kind"] != "Service" or not selector_matches(spec.get("selector"), svc["metadata"].get("labels", {})):
+                        continue
+                    if not selector_matches(svc["spec"].get("selector"), c.pod_labels):
+                        continue
+                    for ep in spec.get("endpoints") or []:
+                        for sp in svc["spec"].get("ports", []):
+                            if sp.get("name") == ep.get("port") and c.port_number(sp.get("targetPort")) == port:
+                                scraped = True
+        if not scraped:
+            problems.append(f"{c.where}: no monitor scrapes its metrics listener (port {port})")
+    return problems
+
+
+def is_monitoring(obj: dict[str, Any]) -> bool:
+    """Whether an object is one of the prometheus-operator kinds we ship."""
+    return obj.get("apiVersion") == MONITORING_API and obj["kind"] in MONITORING_KINDS
+
+
+__all__ = ["check_monitors", "check_rules", "promql_problems", "is_monitoring", "pod_template"]
