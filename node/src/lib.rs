@@ -1,1 +1,373 @@
-//! placeholder
+//! agentmesh member node: enrolls with the control plane, holds K routers
+//! (auth before reserve), publishes its services, calls others' services
+//! through relayed circuits, and says truthfully whether it is ready.
+//!
+//! The node is a value: [`spawn`] starts one and returns a [`NodeHandle`].
+//! Nothing is process-global (no registry, logger or listener unless the
+//! [`Config`] asks for one), so thousands of nodes can run in one process;
+//! each costs a swarm and three tasks (core, inbound calls, and optionally
+//! the socket, metrics and forward listeners).
+
+mod call;
+pub mod config;
+mod core;
+mod forward;
+mod http;
+pub mod identity;
+pub mod metrics;
+pub mod select;
+mod shared;
+mod socket;
+mod status;
+mod transport;
+pub mod wire;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use agentmesh_controlplane::client::{Client, ClientConfig, ClientError};
+use agentmesh_proto::credential::{Trust, peek_claims};
+use agentmesh_proto::protocols::CALL;
+use agentmesh_proto::unix_now;
+use libp2p::{PeerId, StreamProtocol};
+use parking_lot::{Mutex, RwLock};
+use prometheus_client::registry::Registry;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tracing::Instrument as _;
+
+pub use call::{CallError, CallRoute, CallStream};
+pub use config::{AllowMatcher, AllowRule, Config};
+pub use status::NodeStatus;
+
+/// A stored credential is reused (not re-enrolled) while it has at least
+/// this long to live.
+const MIN_REMAINING_SECS: i64 = 30;
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// The configuration is unusable.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The data dir could not be read or written.
+    #[error("identity: {0}")]
+    Identity(#[from] identity::IdentityError),
+    /// The control-plane CA file could not be read.
+    #[error("control-plane CA {path}: {source}")]
+    Ca {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// Enrollment (or the client set-up) failed.
+    #[error("enrollment: {0}")]
+    Enroll(#[from] ClientError),
+    /// The control plane answered without a credential.
+    #[error("enrollment answer carries no credential")]
+    NoCredential,
+    /// A listener could not be bound.
+    #[error("cannot listen on {what}: {source}")]
+    Bind {
+        /// Which listener and address.
+        what: String,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The swarm could not be built.
+    #[error("swarm: {0}")]
+    Swarm(String),
+}
+
+/// A running node. Dropping it aborts every task; [`NodeHandle::shutdown`]
+/// stops gracefully.
+pub struct NodeHandle {
+    shared: Arc<shared::Shared>,
+    shutdown_tx: watch::Sender<bool>,
+    core: JoinSet<()>,
+    tasks: JoinSet<()>,
+    metrics_addr: Option<SocketAddr>,
+    socket_path: Option<PathBuf>,
+    forward_addrs: Vec<SocketAddr>,
+}
+
+impl std::fmt::Debug for NodeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeHandle")
+            .field("peer_id", &self.shared.peer_id)
+            .finish()
+    }
+}
+
+impl NodeHandle {
+    /// This node's PeerId.
+    pub fn peer_id(&self) -> PeerId {
+        self.shared.peer_id
+    }
+
+    /// `true` while ready (DESIGN §9).
+    pub fn ready(&self) -> watch::Receiver<bool> {
+        self.shared.ready.subscribe()
+    }
+
+    /// The node's status as it changes.
+    pub fn status(&self) -> watch::Receiver<NodeStatus> {
+        self.shared.status.subscribe()
+    }
+
+    /// Waits until ready, up to `deadline`; returns whether it became ready.
+    pub async fn wait_ready(&self, deadline: Duration) -> bool {
+        let mut s = self.status();
+        tokio::time::timeout(deadline, s.wait_for(|s| s.ready))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Calls `service` on some provider; the stream is returned once the
+    /// provider accepted.
+    pub async fn call(&self, service: &str) -> Result<CallStream, CallError> {
+        call::outbound::call(&self.shared, service).await
+    }
+
+    /// The bound `/metrics` + `/readyz` address, if any.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The Unix socket path, if served.
+    pub fn socket_path(&self) -> Option<&std::path::Path> {
+        self.socket_path.as_deref()
+    }
+
+    /// Bound addresses of the `--forward` listeners, in config order.
+    pub fn forward_addrs(&self) -> &[SocketAddr] {
+        &self.forward_addrs
+    }
+
+    /// Graceful stop: withdraw records, refuse new calls, let calls in
+    /// flight finish within `--shutdown-grace-secs`, then stop everything.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown_tx.send(true);
+        let c = &self.shared.config;
+        let limit = Duration::from_secs(c.shutdown_grace_secs + c.call_timeout_secs + 5);
+        let _ = tokio::time::timeout(limit, async {
+            while self.core.join_next().await.is_some() {}
+        })
+        .await;
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        if let Some(p) = &self.socket_path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn validate(config: &Config) -> Result<(), SpawnError> {
+    if config.routers == 0 {
+        return Err(SpawnError::Config("--routers must be at least 1".into()));
+    }
+    let mut seen = HashSet::new();
+    for (name, _) in &config.expose {
+        if !seen.insert(name) {
+            return Err(SpawnError::Config(format!(
+                "service {name:?} exposed twice"
+            )));
+        }
+    }
+    for rule in &config.allow {
+        if !seen.contains(&rule.service) {
+            return Err(SpawnError::Config(format!(
+                "--allow names {:?}, which is not exposed",
+                rule.service
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Starts a node: loads or creates its identity, enrolls unless the data
+/// dir holds a credential that is still valid, binds the listeners the
+/// config asks for and starts attaching to routers. Returns once running;
+/// readiness follows (see [`NodeHandle::ready`]). Metrics are registered in
+/// `registry` when given (use a sub-registry with a label per node when
+/// embedding many) and are also served on `--metrics-addr` when set.
+pub async fn spawn(
+    config: Config,
+    registry: Option<&mut Registry>,
+) -> Result<NodeHandle, SpawnError> {
+    validate(&config)?;
+    let dir = config.data_dir.clone();
+    let stored = tokio::task::spawn_blocking(move || identity::load_or_create(&dir))
+        .await
+        .map_err(|e| SpawnError::Config(format!("identity task: {e}")))??;
+    let peer_id = stored.key.public().to_peer_id();
+    let span = tracing::info_span!("node", peer = %peer_id);
+
+    let ca_pem = match &config.control_plane_ca {
+        Some(p) => Some(tokio::fs::read(p).await.map_err(|source| SpawnError::Ca {
+            path: p.clone(),
+            source,
+        })?),
+        None => None,
+    };
+    let client = Client::new(ClientConfig {
+        url: config.control_plane.clone(),
+        ca_pem,
+        retry_budget: Duration::from_secs(config.retry_budget_secs),
+        rpc_timeout: Duration::from_secs(config.rpc_timeout_secs.max(1)),
+    })?;
+
+    let metrics = metrics::Metrics::new();
+    let now = unix_now();
+    let reusable = stored.credential.as_ref().filter(|c| {
+        peek_claims(c).is_ok_and(|cl| {
+            cl.expires_at_unix_secs > now + MIN_REMAINING_SECS && cl.subject == peer_id.to_bytes()
+        })
+    });
+    let (credential, keys) = if let Some(cred) = reusable {
+        tracing::info!(parent: &span, "reusing the stored credential (no re-enrollment)");
+        (cred.clone(), stored.keys.clone().unwrap_or_default())
+    } else {
+        if config.token.is_empty() {
+            return Err(SpawnError::Config(
+                "no valid credential in the data dir and no token to enroll with".into(),
+            ));
+        }
+        let resp = client
+            .enroll(&config.token, &stored.key)
+            .instrument(span.clone())
+            .await
+            .inspect_err(|_| metrics.cp("enroll", false))?;
+        metrics.cp("enroll", true);
+        let cred = resp.credential.ok_or(SpawnError::NoCredential)?;
+        let keys = resp.keys.unwrap_or_default();
+        let (dir, c, k) = (config.data_dir.clone(), cred.clone(), keys.clone());
+        tokio::task::spawn_blocking(move || {
+            identity::store_credential(&dir, &c)?;
+            identity::store_keys(&dir, &k)
+        })
+        .await
+        .map_err(|e| SpawnError::Config(format!("identity task: {e}")))??;
+        tracing::info!(parent: &span, node_id = %resp.node_id, "enrolled");
+        (cred, keys)
+    };
+
+    // Listeners the config asks for.
+    let metrics_listener = match config.metrics_addr {
+        Some(a) => {
+            Some(
+                tokio::net::TcpListener::bind(a)
+                    .await
+                    .map_err(|source| SpawnError::Bind {
+                        what: format!("--metrics-addr {a}"),
+                        source,
+                    })?,
+            )
+        }
+        None => None,
+    };
+    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let mut forward_listeners = Vec::new();
+    for (addr, name) in &config.forward {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| SpawnError::Bind {
+                what: format!("--forward {addr}={name}"),
+                source,
+            })?;
+        forward_listeners.push((l, name.clone()));
+    }
+    let forward_addrs = forward_listeners
+        .iter()
+        .filter_map(|(l, _)| l.local_addr().ok())
+        .collect();
+    let socket_path = config.effective_socket_path();
+    let socket_listener = match &socket_path {
+        Some(p) => Some(socket::bind(p).map_err(|source| SpawnError::Bind {
+            what: format!("--socket-path {}", p.display()),
+            source,
+        })?),
+        None => None,
+    };
+
+    if let Some(r) = registry {
+        metrics.register(r);
+    }
+    let own_registry = metrics_listener.as_ref().map(|_| {
+        let mut r = Registry::default();
+        metrics.register(&mut r);
+        Arc::new(r)
+    });
+
+    let swarm = transport::build_swarm(
+        &stored.key,
+        config.dial_source_ip,
+        config.connect_timeout(),
+        Duration::from_secs(config.idle_connection_secs.max(1)),
+    )
+    .map_err(|e| SpawnError::Swarm(e.to_string()))?;
+    let mut control = swarm.behaviour().stream.new_control();
+    let incoming = control
+        .accept(StreamProtocol::new(CALL))
+        .map_err(|e| SpawnError::Swarm(e.to_string()))?;
+
+    let (cmd_tx, cmd_rx) = mpsc::channel(shared::COMMAND_QUEUE);
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (status_tx, _) = watch::channel(NodeStatus::default());
+    let inbound = Arc::new(call::inbound::Inbound::new(
+        &config.expose,
+        &config.allow,
+        config.max_inbound_calls,
+        config.max_inbound_calls_per_caller,
+    ));
+    let shared = Arc::new(shared::Shared {
+        config,
+        key: stored.key,
+        peer_id,
+        client,
+        control,
+        metrics,
+        credential: RwLock::new(credential),
+        trust: RwLock::new(Arc::new(Trust::new(&keys))),
+        router_addrs: RwLock::new(Default::default()),
+        attached: RwLock::new(Default::default()),
+        transit_admitted: Mutex::new(HashSet::new()),
+        keys_fetched_at: Mutex::new(None),
+        cmd: cmd_tx,
+        shutdown: shutdown_rx,
+        status: status_tx,
+        ready: watch::channel(false).0,
+        in_flight: Arc::new(AtomicUsize::new(0)),
+    });
+
+    let mut core_set = JoinSet::new();
+    let core = core::Core::new(shared.clone(), swarm, cmd_rx, false);
+    core_set.spawn(core.run().instrument(span.clone()));
+    let mut tasks = JoinSet::new();
+    tasks.spawn(
+        call::inbound::accept_loop(shared.clone(), inbound, incoming).instrument(span.clone()),
+    );
+    if let (Some(l), Some(reg)) = (metrics_listener, own_registry) {
+        tasks.spawn(http::serve(shared.clone(), reg, l).instrument(span.clone()));
+    }
+    if let Some(l) = socket_listener {
+        tasks.spawn(socket::serve(shared.clone(), l).instrument(span.clone()));
+    }
+    for (l, name) in forward_listeners {
+        tasks.spawn(forward::serve(shared.clone(), l, name).instrument(span.clone()));
+    }
+    Ok(NodeHandle {
+        shared,
+        shutdown_tx,
+        core: core_set,
+        tasks,
+        metrics_addr,
+        socket_path,
+        forward_addrs,
+    })
+}

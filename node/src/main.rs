@@ -1,1 +1,66 @@
-fn main() {}
+//! `agentmesh-node run ...` runs a member; `agentmesh-node call NAME` pipes
+//! stdin/stdout to a service through a running node's Unix socket.
+
+mod cli;
+
+use anyhow::Context as _;
+use clap::Parser as _;
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,libp2p=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli::Cli::parse().command {
+        cli::Command::Run(args) => run(*args).await,
+        cli::Command::Call(args) => call(args).await,
+    }
+}
+
+async fn run(args: cli::RunArgs) -> anyhow::Result<()> {
+    let config = args.into_config()?;
+    let node = agentmesh_node::spawn(config, None).await?;
+    tracing::info!(peer = %node.peer_id(), "node running");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("stopping: withdrawing records, finishing calls");
+    node.shutdown().await;
+    Ok(())
+}
+
+async fn call(args: cli::CallArgs) -> anyhow::Result<()> {
+    let path = args.socket_path();
+    let conn = tokio::net::UnixStream::connect(&path)
+        .await
+        .with_context(|| format!("connect to the node's socket {}", path.display()))?;
+    let (r, mut w) = conn.into_split();
+    w.write_all(format!("CALL {}\n", args.name).as_bytes())
+        .await?;
+    let mut r = tokio::io::BufReader::new(r);
+    let mut line = String::new();
+    r.read_line(&mut line).await?;
+    if line.trim_end() != "OK" {
+        anyhow::bail!("call {} failed: {}", args.name, line.trim_end());
+    }
+    let up = async {
+        tokio::io::copy(&mut tokio::io::stdin(), &mut w).await?;
+        w.shutdown().await
+    };
+    let down = async {
+        let mut out = tokio::io::stdout();
+        tokio::io::copy(&mut r, &mut out).await?;
+        out.flush().await
+    };
+    // The answer ends the call; a closed stdin only half-closes it.
+    let (_, down) = tokio::join!(up, down);
+    down?;
+    Ok(())
+}

@@ -1,0 +1,355 @@
+//! Inbound calls: read the request, verify the caller's credential offline
+//! (expected subject = the PeerId the connection proved; revocations),
+//! apply `--allow`, the per-caller and total limits, then splice the stream
+//! to the backend. Every refusal is answered with a reason and counted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use agentmesh_proto::credential::{CredentialError, verify};
+use agentmesh_proto::framing::{read_frame, write_frame};
+use agentmesh_proto::pb::credential::Role;
+use agentmesh_proto::pb::mesh::{CallRefusal, CallRequest, CallResponse};
+use agentmesh_proto::protocols::MAX_FRAME_BYTES;
+use agentmesh_proto::unix_now;
+use futures::{AsyncWriteExt as _, StreamExt as _};
+use libp2p::{PeerId, Stream};
+use libp2p_stream::IncomingStreams;
+use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::compat::FuturesAsyncReadCompatExt as _;
+
+use crate::config::{AllowRule, is_allowed};
+use crate::metrics::DirectionLabel;
+use crate::shared::Shared;
+
+/// Streams in their request phase beyond the call limit before new ones are
+/// dropped unanswered (counted as `overflow`).
+const HANDSHAKE_SLACK: usize = 64;
+
+/// The provider side's policy and counters.
+pub(crate) struct Inbound {
+    services: HashMap<String, SocketAddr>,
+    allow: Vec<AllowRule>,
+    total: Arc<Semaphore>,
+    per_caller: Mutex<HashMap<PeerId, usize>>,
+    max_per_caller: usize,
+}
+
+/// A refusal: what the caller is told and the metric label.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Refusal {
+    pub(crate) code: CallRefusal,
+    pub(crate) detail: String,
+    pub(crate) label: &'static str,
+}
+
+fn refusal(code: CallRefusal, label: &'static str, detail: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        detail: detail.into(),
+        label,
+    }
+}
+
+/// Holds a caller's slot until dropped.
+pub(crate) struct CallerSlot<'a> {
+    inbound: &'a Inbound,
+    peer: PeerId,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for CallerSlot<'_> {
+    fn drop(&mut self) {
+        let mut m = self.inbound.per_caller.lock();
+        if let Some(n) = m.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.peer);
+            }
+        }
+    }
+}
+
+impl Inbound {
+    pub(crate) fn new(
+        services: &[(String, SocketAddr)],
+        allow: &[AllowRule],
+        max_total: usize,
+        max_per_caller: usize,
+    ) -> Self {
+        Self {
+            services: services.iter().cloned().collect(),
+            allow: allow.to_vec(),
+            total: Arc::new(Semaphore::new(max_total.max(1))),
+            per_caller: Mutex::new(HashMap::new()),
+            max_per_caller: max_per_caller.max(1),
+        }
+    }
+
+    /// Checks service, allow rule and limits for a verified caller.
+    pub(crate) fn admit(
+        &self,
+        service: &str,
+        peer: PeerId,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<(SocketAddr, CallerSlot<'_>), Refusal> {
+        let Some(backend) = self.services.get(service).copied() else {
+            return Err(refusal(
+                CallRefusal::UnknownService,
+                "unknown_service",
+                format!("this node does not expose {service:?}"),
+            ));
+        };
+        if !is_allowed(&self.allow, service, &peer, labels) {
+            return Err(refusal(
+                CallRefusal::NotAllowed,
+                "not_allowed",
+                format!("the allow rules of {service:?} do not admit this caller"),
+            ));
+        }
+        let permit = self.total.clone().try_acquire_owned().map_err(|_| {
+            refusal(
+                CallRefusal::TooManyCalls,
+                "too_many_calls",
+                "inbound call limit reached (--max-inbound-calls)",
+            )
+        })?;
+        {
+            let mut m = self.per_caller.lock();
+            let n = m.entry(peer).or_insert(0);
+            if *n >= self.max_per_caller {
+                return Err(refusal(
+                    CallRefusal::TooManyCalls,
+                    "too_many_calls",
+                    "per-caller call limit reached (--max-inbound-calls-per-caller)",
+                ));
+            }
+            *n += 1;
+        }
+        Ok((
+            backend,
+            CallerSlot {
+                inbound: self,
+                peer,
+                _permit: permit,
+            },
+        ))
+    }
+}
+
+/// Accepts call streams until the swarm stops; each call runs in its own
+/// task, bounded by the call limit plus a small handshake slack.
+pub(crate) async fn accept_loop(
+    shared: Arc<Shared>,
+    inbound: Arc<Inbound>,
+    mut incoming: IncomingStreams,
+) {
+    let mut calls = JoinSet::new();
+    let bound = shared.config.max_inbound_calls + HANDSHAKE_SLACK;
+    while let Some((peer, stream)) = incoming.next().await {
+        while calls.try_join_next().is_some() {}
+        if calls.len() >= bound {
+            shared.metrics.call("inbound", "overflow");
+            drop(stream);
+            continue;
+        }
+        let shared = shared.clone();
+        let inbound = inbound.clone();
+        calls.spawn(async move { serve(shared, inbound, peer, stream).await });
+    }
+}
+
+async fn respond(stream: &mut Stream, resp: &CallResponse) {
+    let _ = write_frame(stream, resp).await;
+}
+
+async fn refuse(shared: &Shared, stream: &mut Stream, peer: PeerId, r: Refusal) {
+    tracing::debug!(%peer, reason = r.label, detail = %r.detail, "inbound call refused");
+    shared.metrics.call("inbound", r.label);
+    respond(
+        stream,
+        &CallResponse {
+            accepted: false,
+            refusal: r.code as i32,
+            detail: r.detail,
+        },
+    )
+    .await;
+    let _ = stream.close().await;
+}
+
+/// Verifies the caller's credential, re-fetching keys once for an unknown key id.
+async fn verify_caller(
+    shared: &Shared,
+    req: &CallRequest,
+    peer: PeerId,
+) -> Result<BTreeMap<String, String>, Refusal> {
+    let Some(cred) = &req.credential else {
+        return Err(refusal(
+            CallRefusal::Malformed,
+            "malformed",
+            "no credential in the call request",
+        ));
+    };
+    let skew = shared.config.credential_skew_secs as i64;
+    let mut r = verify(cred, &shared.trust(), unix_now(), Some(&peer), skew);
+    if matches!(r, Err(CredentialError::UnknownKey(_))) && shared.refetch_keys().await {
+        r = verify(cred, &shared.trust(), unix_now(), Some(&peer), skew);
+    }
+    match r {
+        Ok(v) if v.role() == Role::Member => Ok(v.labels()),
+        Ok(_) => Err(refusal(
+            CallRefusal::BadCredential,
+            "bad_credential",
+            "credential role is not member",
+        )),
+        Err(CredentialError::Revoked) => Err(refusal(
+            CallRefusal::Revoked,
+            "revoked",
+            "caller is revoked",
+        )),
+        Err(e) => Err(refusal(
+            CallRefusal::BadCredential,
+            "bad_credential",
+            e.to_string(),
+        )),
+    }
+}
+
+async fn serve(shared: Arc<Shared>, inbound: Arc<Inbound>, peer: PeerId, mut stream: Stream) {
+    let _guard = shared.in_flight_guard();
+    let deadline = shared.config.call_timeout();
+    let req: CallRequest =
+        match tokio::time::timeout(deadline, read_frame(&mut stream, MAX_FRAME_BYTES)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                let r = refusal(
+                    CallRefusal::Malformed,
+                    "malformed",
+                    format!("bad call request: {e}"),
+                );
+                return refuse(&shared, &mut stream, peer, r).await;
+            }
+            Err(_) => {
+                let r = refusal(
+                    CallRefusal::Malformed,
+                    "malformed",
+                    "no call request in time",
+                );
+                return refuse(&shared, &mut stream, peer, r).await;
+            }
+        };
+    if shared.is_shutting_down() {
+        let r = refusal(
+            CallRefusal::ShuttingDown,
+            "shutting_down",
+            "provider is shutting down",
+        );
+        return refuse(&shared, &mut stream, peer, r).await;
+    }
+    let labels = match verify_caller(&shared, &req, peer).await {
+        Ok(l) => l,
+        Err(r) => return refuse(&shared, &mut stream, peer, r).await,
+    };
+    let (backend, _slot) = match inbound.admit(&req.service, peer, &labels) {
+        Ok(x) => x,
+        Err(r) => return refuse(&shared, &mut stream, peer, r).await,
+    };
+    let tcp = match tokio::time::timeout(
+        shared.config.connect_timeout(),
+        tokio::net::TcpStream::connect(backend),
+    )
+    .await
+    {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => {
+            let r = refusal(
+                CallRefusal::BackendUnavailable,
+                "backend_unavailable",
+                format!("backend: {e}"),
+            );
+            return refuse(&shared, &mut stream, peer, r).await;
+        }
+        Err(_) => {
+            let r = refusal(
+                CallRefusal::BackendUnavailable,
+                "backend_unavailable",
+                "backend connect timed out",
+            );
+            return refuse(&shared, &mut stream, peer, r).await;
+        }
+    };
+    let _ = tcp.set_nodelay(true);
+    shared.metrics.call("inbound", "accepted");
+    respond(
+        &mut stream,
+        &CallResponse {
+            accepted: true,
+            refusal: CallRefusal::Unspecified as i32,
+            detail: String::new(),
+        },
+    )
+    .await;
+    tracing::debug!(%peer, service = %req.service, "inbound call accepted");
+    let m = &shared.metrics;
+    m.inbound_calls_active.inc();
+    let mut remote = stream.compat();
+    let mut tcp = tcp;
+    match tokio::io::copy_bidirectional(&mut remote, &mut tcp).await {
+        Ok((from_caller, to_caller)) => {
+            m.call_bytes
+                .get_or_create(&DirectionLabel {
+                    direction: "received",
+                })
+                .inc_by(from_caller);
+            m.call_bytes
+                .get_or_create(&DirectionLabel { direction: "sent" })
+                .inc_by(to_caller);
+        }
+        Err(e) => tracing::debug!(%peer, error = %e, "inbound call ended with an error"),
+    }
+    m.inbound_calls_active.dec();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_and_rules_refuse_with_reasons() {
+        let backend: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+        let rules = vec!["db=label:team=data".parse::<AllowRule>().expect("rule")];
+        let inbound = Inbound::new(
+            &[("db".into(), backend), ("echo".into(), backend)],
+            &rules,
+            3,
+            2,
+        );
+        let a = PeerId::random();
+        let b = PeerId::random();
+        let data: BTreeMap<_, _> = [("team".to_string(), "data".to_string())].into();
+        let none = BTreeMap::new();
+
+        let e = inbound.admit("nope", a, &none).err().expect("unknown");
+        assert_eq!(e.code, CallRefusal::UnknownService);
+        let e = inbound.admit("db", a, &none).err().expect("not allowed");
+        assert_eq!(e.code, CallRefusal::NotAllowed);
+
+        // Per caller: two for a, the third refused; b still gets one (total 3).
+        let s1 = inbound.admit("db", a, &data).expect("1");
+        let _s2 = inbound.admit("echo", a, &none).expect("2");
+        let e = inbound.admit("echo", a, &none).err().expect("per caller");
+        assert!(e.detail.contains("per-caller"), "{}", e.detail);
+        let _s3 = inbound.admit("echo", b, &none).expect("3");
+        // Total: now full for everyone.
+        let e = inbound.admit("echo", b, &none).err().expect("total");
+        assert!(e.detail.contains("--max-inbound-calls)"), "{}", e.detail);
+        // A finished call frees both its slots.
+        drop(s1);
+        assert!(inbound.admit("echo", a, &none).is_ok());
+        assert_eq!(inbound.per_caller.lock().get(&a).copied(), Some(1));
+    }
+}

@@ -1,0 +1,162 @@
+//! Calls: outbound (lookup, pick a provider, connect through a router,
+//! `/agentmesh/call/1`) and inbound (verify, allow, limit, splice to the
+//! backend). A call, once accepted, is a plain byte stream both ways.
+
+pub(crate) mod inbound;
+pub(crate) mod outbound;
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use libp2p::{PeerId, Stream};
+use prometheus_client::metrics::counter::Counter;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt as _};
+
+use crate::shared::InFlight;
+
+/// Why an outbound call could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The node holds no router to look the service up through.
+    #[error("not attached to any router yet")]
+    NotReady,
+    /// The node is shutting down.
+    #[error("node is shutting down")]
+    ShuttingDown,
+    /// No router could answer the lookup.
+    #[error("lookup of {service:?} failed: {detail}")]
+    LookupFailed {
+        /// The service.
+        service: String,
+        /// The last failure.
+        detail: String,
+    },
+    /// Nobody provides the service.
+    #[error("no provider of {0:?}")]
+    NoProviders(String),
+    /// Every provider tried failed or refused; carries the last reason.
+    #[error("call to {service:?} failed after {attempts} provider(s): {last}")]
+    Failed {
+        /// The service.
+        service: String,
+        /// Providers tried.
+        attempts: usize,
+        /// The last failure or refusal.
+        last: String,
+        /// Whether the last failure was a refusal by a provider (vs connect/timeout).
+        refused: bool,
+        /// Whether the last failure was a timeout.
+        timed_out: bool,
+    },
+}
+
+impl CallError {
+    /// The `result` label counted for this failure.
+    pub fn result_label(&self) -> &'static str {
+        match self {
+            Self::NotReady => "not_ready",
+            Self::ShuttingDown => "shutting_down",
+            Self::LookupFailed { .. } => "lookup_failed",
+            Self::NoProviders(_) => "no_providers",
+            Self::Failed { refused: true, .. } => "refused",
+            Self::Failed {
+                timed_out: true, ..
+            } => "timeout",
+            Self::Failed { .. } => "connect_failed",
+        }
+    }
+}
+
+/// How a call reached its provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallRoute {
+    /// The provider.
+    pub provider: PeerId,
+    /// The router whose relay carries the circuit.
+    pub via_router: PeerId,
+    /// Whether that router is one we reached with a transit connection
+    /// (the provider shares none of our routers).
+    pub transit: bool,
+}
+
+/// An accepted call: raw bytes to and from the provider's backend, relayed
+/// and end-to-end encrypted. Implements tokio's `AsyncRead + AsyncWrite`.
+/// Shut down the write side to signal end of request.
+pub struct CallStream {
+    inner: Compat<Stream>,
+    route: CallRoute,
+    sent: Counter,
+    received: Counter,
+    _in_flight: InFlight,
+}
+
+impl std::fmt::Debug for CallStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallStream")
+            .field("route", &self.route)
+            .finish()
+    }
+}
+
+impl CallStream {
+    pub(crate) fn new(
+        stream: Stream,
+        route: CallRoute,
+        sent: Counter,
+        received: Counter,
+        in_flight: InFlight,
+    ) -> Self {
+        Self {
+            inner: stream.compat(),
+            route,
+            sent,
+            received,
+            _in_flight: in_flight,
+        }
+    }
+
+    /// How this call reached its provider.
+    pub fn route(&self) -> &CallRoute {
+        &self.route
+    }
+}
+
+impl AsyncRead for CallStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            self.received.inc_by(n as u64);
+        }
+        r
+    }
+}
+
+impl AsyncWrite for CallStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, data);
+        if let Poll::Ready(Ok(n)) = &r {
+            self.sent.inc_by(*n as u64);
+        }
+        r
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,318 @@
+//! The node's configuration: data only, one field per flag of
+//! `agentmesh-node run`, defaults defined once in [`Config::default`].
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use libp2p::PeerId;
+
+/// Default number of routers to hold (K).
+pub const DEFAULT_ROUTERS: usize = 2;
+/// Default control-plane URL (agentmesh-one's gRPC port).
+pub const DEFAULT_CONTROL_PLANE: &str = "http://127.0.0.1:7400";
+/// Default data directory.
+pub const DEFAULT_DATA_DIR: &str = "agentmesh-node-data";
+/// File name of the Unix socket inside the data dir.
+pub const SOCKET_FILE: &str = "agentmesh.sock";
+
+/// Everything `agentmesh-node run` can be told. Durations are in the unit
+/// their name says; every limit has a safe default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Control-plane gRPC URL (`--control-plane`).
+    pub control_plane: String,
+    /// PEM CA certificate for a TLS control plane (`--control-plane-ca`); `None`: system roots / plain on loopback.
+    pub control_plane_ca: Option<PathBuf>,
+    /// Enrollment token (`main` reads it from `--token-file`). Empty is fine
+    /// while the data dir holds a credential that can still be refreshed.
+    pub token: String,
+    /// Data directory: key, credential, key set, Unix socket (`--data-dir`).
+    pub data_dir: PathBuf,
+    /// Routers to hold at once, K (`--routers`, default 2).
+    pub routers: usize,
+    /// Only routers carrying all these labels (`--router-selector k=v`, repeatable).
+    pub router_selector: BTreeMap<String, String>,
+    /// Routers carrying more of these labels first (`--router-prefer k=v`, repeatable).
+    pub router_prefer: BTreeMap<String, String>,
+    /// Local TCP backends served as services (`--expose NAME=HOST:PORT`, repeatable).
+    pub expose: Vec<(String, SocketAddr)>,
+    /// Local listeners forwarded to services (`--forward LISTEN_ADDR=NAME`, repeatable).
+    pub forward: Vec<(SocketAddr, String)>,
+    /// Who may call which exposed service (`--allow NAME=label:k=v|peer:ID|any`, repeatable).
+    /// A service without rules accepts any admitted member of this mesh.
+    pub allow: Vec<AllowRule>,
+    /// HTTP listener for `/metrics` and `/readyz` (`--metrics-addr`); `None`: off.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Unix socket path (`--socket-path`); `None`: `DATA_DIR/agentmesh.sock`.
+    pub socket_path: Option<PathBuf>,
+    /// Do not serve the Unix socket at all (`--no-socket`; embedded fleets set it).
+    pub no_socket: bool,
+    /// Bind outgoing TCP connections to this local IP (`--dial-source-ip`).
+    pub dial_source_ip: Option<IpAddr>,
+    /// Deadline for one control-plane RPC (`--rpc-timeout-secs`, default 10).
+    pub rpc_timeout_secs: u64,
+    /// Time budget of retries of one control-plane operation (`--retry-budget-secs`, default 180).
+    pub retry_budget_secs: u64,
+    /// How often the key set and router directory are re-read, ±20% jitter (`--directory-interval-secs`, default 60).
+    pub directory_interval_secs: u64,
+    /// Deadline to connect to a router or a provider (`--connect-timeout-secs`, default 10).
+    pub connect_timeout_secs: u64,
+    /// Deadline for a request/response exchange: auth, catalog, call set-up (`--call-timeout-secs`, default 10).
+    pub call_timeout_secs: u64,
+    /// Providers tried per call before giving up (`--call-attempts`, default 3).
+    pub call_attempts: usize,
+    /// Inbound calls served at once, all callers (`--max-inbound-calls`, default 256).
+    pub max_inbound_calls: usize,
+    /// Inbound calls served at once per caller (`--max-inbound-calls-per-caller`, default 32).
+    pub max_inbound_calls_per_caller: usize,
+    /// Forwarded local connections open at once (`--max-forward-connections`, default 256).
+    pub max_forward_connections: usize,
+    /// Close connections (transit, finished circuits) idle this long (`--idle-connection-secs`, default 30).
+    pub idle_connection_secs: u64,
+    /// Lifetime of published service records; republished at a third of it (`--record-ttl-secs`, default 300).
+    pub record_ttl_secs: u64,
+    /// Grace for in-flight calls on shutdown (`--shutdown-grace-secs`, default 10).
+    pub shutdown_grace_secs: u64,
+    /// Clock skew tolerated when verifying callers' credentials (`--credential-skew-secs`, default 60).
+    pub credential_skew_secs: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            control_plane: DEFAULT_CONTROL_PLANE.to_string(),
+            control_plane_ca: None,
+            token: String::new(),
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            routers: DEFAULT_ROUTERS,
+            router_selector: BTreeMap::new(),
+            router_prefer: BTreeMap::new(),
+            expose: Vec::new(),
+            forward: Vec::new(),
+            allow: Vec::new(),
+            metrics_addr: None,
+            socket_path: None,
+            no_socket: false,
+            dial_source_ip: None,
+            rpc_timeout_secs: 10,
+            retry_budget_secs: 180,
+            directory_interval_secs: 60,
+            connect_timeout_secs: 10,
+            call_timeout_secs: 10,
+            call_attempts: 3,
+            max_inbound_calls: 256,
+            max_inbound_calls_per_caller: 32,
+            max_forward_connections: 256,
+            idle_connection_secs: 30,
+            record_ttl_secs: 300,
+            shutdown_grace_secs: 10,
+            credential_skew_secs: 60,
+        }
+    }
+}
+
+impl Config {
+    /// The Unix socket path in force, `None` when the socket is off.
+    pub fn effective_socket_path(&self) -> Option<PathBuf> {
+        if self.no_socket {
+            return None;
+        }
+        Some(
+            self.socket_path
+                .clone()
+                .unwrap_or_else(|| self.data_dir.join(SOCKET_FILE)),
+        )
+    }
+
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(self.connect_timeout_secs.max(1))
+    }
+
+    pub(crate) fn call_timeout(&self) -> Duration {
+        Duration::from_secs(self.call_timeout_secs.max(1))
+    }
+}
+
+/// Who may call an exposed service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowRule {
+    /// The service the rule is for.
+    pub service: String,
+    /// What the caller must have.
+    pub matcher: AllowMatcher,
+}
+
+/// One condition on a caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllowMatcher {
+    /// Any admitted member.
+    Any,
+    /// The caller's credential carries label `key=value`.
+    Label(String, String),
+    /// The caller is this peer.
+    Peer(PeerId),
+}
+
+impl AllowMatcher {
+    /// Whether a caller with `peer` and `labels` matches.
+    pub fn matches(&self, peer: &PeerId, labels: &BTreeMap<String, String>) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Label(k, v) => labels.get(k) == Some(v),
+            Self::Peer(p) => p == peer,
+        }
+    }
+}
+
+impl FromStr for AllowRule {
+    type Err = String;
+
+    /// Parses `NAME=label:k=v`, `NAME=peer:PEERID` or `NAME=any`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (service, rule) = s
+            .split_once('=')
+            .ok_or_else(|| format!("allow rule {s:?} is not NAME=RULE"))?;
+        if service.is_empty() {
+            return Err(format!("allow rule {s:?} has an empty service name"));
+        }
+        let matcher = if rule == "any" {
+            AllowMatcher::Any
+        } else if let Some(label) = rule.strip_prefix("label:") {
+            let (k, v) = agentmesh_proto::credential::parse_label(label)?;
+            AllowMatcher::Label(k, v)
+        } else if let Some(peer) = rule.strip_prefix("peer:") {
+            AllowMatcher::Peer(
+                peer.parse()
+                    .map_err(|e| format!("allow rule {s:?}: bad PeerId: {e}"))?,
+            )
+        } else {
+            return Err(format!(
+                "allow rule {s:?}: expected label:k=v, peer:PEERID or any"
+            ));
+        };
+        Ok(Self {
+            service: service.to_string(),
+            matcher,
+        })
+    }
+}
+
+/// Whether a caller may call `service` under `rules`: no rule for the
+/// service means any admitted member; otherwise any one matching rule.
+pub fn is_allowed(
+    rules: &[AllowRule],
+    service: &str,
+    peer: &PeerId,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    let mut any_rule = false;
+    for r in rules.iter().filter(|r| r.service == service) {
+        any_rule = true;
+        if r.matcher.matches(peer, labels) {
+            return true;
+        }
+    }
+    !any_rule
+}
+
+/// Parses `NAME=HOST:PORT` (an `--expose` value).
+pub fn parse_expose(s: &str) -> Result<(String, SocketAddr), String> {
+    let (name, addr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expose {s:?} is not NAME=HOST:PORT"))?;
+    if name.is_empty() {
+        return Err(format!("expose {s:?} has an empty service name"));
+    }
+    let addr = addr
+        .parse()
+        .map_err(|e| format!("expose {s:?}: bad address: {e}"))?;
+    Ok((name.to_string(), addr))
+}
+
+/// Parses `LISTEN_ADDR=NAME` (a `--forward` value).
+pub fn parse_forward(s: &str) -> Result<(SocketAddr, String), String> {
+    let (addr, name) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("forward {s:?} is not LISTEN_ADDR=NAME"))?;
+    if name.is_empty() {
+        return Err(format!("forward {s:?} has an empty service name"));
+    }
+    let addr = addr
+        .parse()
+        .map_err(|e| format!("forward {s:?}: bad address: {e}"))?;
+    Ok((addr, name.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_rules_parse_and_match() {
+        let peer = PeerId::random();
+        let other = PeerId::random();
+        let rules: Vec<AllowRule> = [
+            "db=label:team=data".to_string(),
+            format!("db=peer:{peer}"),
+            "open=any".to_string(),
+        ]
+        .iter()
+        .map(|s| s.parse().expect("valid rule"))
+        .collect();
+        let data: BTreeMap<_, _> = [("team".to_string(), "data".to_string())].into();
+        let web: BTreeMap<_, _> = [("team".to_string(), "web".to_string())].into();
+        // Label rule matches, other label does not, peer rule matches by id.
+        assert!(is_allowed(&rules, "db", &other, &data));
+        assert!(!is_allowed(&rules, "db", &other, &web));
+        assert!(is_allowed(&rules, "db", &peer, &web));
+        // Explicit any, and no rule at all, both admit everyone.
+        assert!(is_allowed(&rules, "open", &other, &BTreeMap::new()));
+        assert!(is_allowed(&rules, "echo", &other, &BTreeMap::new()));
+    }
+
+    #[test]
+    fn bad_allow_rules_say_why() {
+        for bad in [
+            "db",
+            "=any",
+            "db=label:novalue",
+            "db=peer:xyz",
+            "db=group:x",
+        ] {
+            let err = bad.parse::<AllowRule>().expect_err(bad);
+            assert!(err.contains(bad) || err.contains("key=value"), "{err}");
+        }
+    }
+
+    #[test]
+    fn expose_and_forward_parse() {
+        assert_eq!(
+            parse_expose("echo=127.0.0.1:8080"),
+            Ok(("echo".to_string(), "127.0.0.1:8080".parse().expect("addr")))
+        );
+        assert!(parse_expose("echo").is_err());
+        assert!(parse_expose("echo=nohost").is_err());
+        assert_eq!(
+            parse_forward("127.0.0.1:9000=echo"),
+            Ok(("127.0.0.1:9000".parse().expect("addr"), "echo".to_string()))
+        );
+        assert!(parse_forward("127.0.0.1:9000=").is_err());
+    }
+
+    #[test]
+    fn socket_path_defaults_into_the_data_dir() {
+        let mut c = Config {
+            data_dir: PathBuf::from("/d"),
+            ..Config::default()
+        };
+        assert_eq!(
+            c.effective_socket_path(),
+            Some(PathBuf::from("/d/agentmesh.sock"))
+        );
+        c.no_socket = true;
+        assert_eq!(c.effective_socket_path(), None);
+    }
+}

@@ -1,0 +1,441 @@
+//! The core loop: the one task that owns the swarm. It keeps K routers
+//! (dial → auth → reserve → publish), refreshes the credential, polls the
+//! directory, answers connection requests from call tasks, and drives
+//! shutdown (withdraw records, wait for calls in flight).
+//!
+//! Network exchanges run as futures inside this task (`ops`), never blocking
+//! the swarm; their results come back as [`Op`] values.
+
+mod routers;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use agentmesh_controlplane::client::ClientError;
+use agentmesh_proto::credential::peek_claims;
+use agentmesh_proto::pb::controlplane::{GetDirectoryResponse, RefreshResponse};
+use agentmesh_proto::pb::credential::KeySet;
+use agentmesh_proto::pb::mesh::CatalogResponse;
+use agentmesh_proto::unix_now;
+use futures::StreamExt as _;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use libp2p::swarm::SwarmEvent;
+use libp2p::{PeerId, Swarm};
+use rand::Rng;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::shared::{Command, Shared};
+use crate::transport::{Behaviour, BehaviourEvent};
+use crate::wire::{AuthOutcome, WireError};
+use routers::Slot;
+pub(crate) use routers::router_base;
+
+/// Most connection waiters held at once (call tasks waiting for a dial).
+const MAX_WAITERS: usize = 4096;
+/// How often timers are checked.
+const TICK: Duration = Duration::from_millis(500);
+
+/// A finished network exchange.
+pub(crate) enum Op {
+    Auth {
+        router: PeerId,
+        initial: bool,
+        result: Result<AuthOutcome, WireError>,
+    },
+    Publish {
+        router: PeerId,
+        result: Result<CatalogResponse, WireError>,
+    },
+    Withdrawn,
+    Directory(Box<Result<(GetDirectoryResponse, KeySet), ClientError>>),
+    Refresh(Box<Result<RefreshResponse, ClientError>>),
+}
+
+/// The core loop's state.
+pub(crate) struct Core {
+    shared: Arc<Shared>,
+    swarm: Swarm<Behaviour>,
+    cmd_rx: mpsc::Receiver<Command>,
+    slots: HashMap<PeerId, Slot>,
+    shunned: HashMap<PeerId, Instant>,
+    candidates: Vec<crate::select::Candidate>,
+    have_directory: bool,
+    ops: FuturesUnordered<BoxFuture<'static, Op>>,
+    waiters: HashMap<PeerId, Vec<oneshot::Sender<Result<(), String>>>>,
+    next_refresh: Instant,
+    refresh_failures: u32,
+    refresh_in_flight: bool,
+    next_directory: Instant,
+    directory_failures: u32,
+    directory_in_flight: bool,
+    records_dirty: bool,
+    last_publish: Option<Instant>,
+    withdraws_pending: usize,
+}
+
+/// A random duration in `[base, base * (1 + spread)]`.
+pub(crate) fn jittered(base: Duration, spread: f64) -> Duration {
+    let f = rand::thread_rng().gen_range(0.0..=spread.max(0.0));
+    base.mul_f64(1.0 + f)
+}
+
+/// Exponential backoff from `min` doubling per failure up to `max`, jittered by 50%.
+pub(crate) fn backoff(failures: u32, min: Duration, max: Duration) -> Duration {
+    let exp = min.saturating_mul(1u32 << failures.min(16));
+    jittered(exp.min(max), 0.5)
+}
+
+impl Core {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        swarm: Swarm<Behaviour>,
+        cmd_rx: mpsc::Receiver<Command>,
+        refresh_now: bool,
+    ) -> Self {
+        let now = Instant::now();
+        let mut core = Self {
+            shared,
+            swarm,
+            cmd_rx,
+            slots: HashMap::new(),
+            shunned: HashMap::new(),
+            candidates: Vec::new(),
+            have_directory: false,
+            ops: FuturesUnordered::new(),
+            waiters: HashMap::new(),
+            next_refresh: now,
+            refresh_failures: 0,
+            refresh_in_flight: false,
+            next_directory: now,
+            directory_failures: 0,
+            directory_in_flight: false,
+            records_dirty: false,
+            last_publish: None,
+            withdraws_pending: 0,
+        };
+        if !refresh_now {
+            core.schedule_refresh();
+        }
+        core.publish_status();
+        core
+    }
+
+    /// Runs until shutdown completes.
+    pub(crate) async fn run(mut self) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut shutdown = self.shared.shutdown.clone();
+        loop {
+            tokio::select! {
+                biased;
+                changed = shutdown.changed() => {
+                    if changed.is_err() || *shutdown.borrow() {
+                        break;
+                    }
+                }
+                event = self.swarm.select_next_some() => self.on_swarm_event(event),
+                Some(cmd) = self.cmd_rx.recv() => self.on_command(cmd),
+                Some(op) = self.ops.next(), if !self.ops.is_empty() => self.on_op(op),
+                _ = tick.tick() => self.on_tick(),
+            }
+        }
+        self.stop().await;
+    }
+
+    /// Shutdown: withdraw records, then keep the swarm running until calls
+    /// in flight finish or the grace ends.
+    async fn stop(mut self) {
+        let grace = Duration::from_secs(self.shared.config.shutdown_grace_secs);
+        let deadline = Instant::now() + grace;
+        self.shared.status.send_modify(|s| {
+            s.stopping = true;
+            s.ready = false;
+        });
+        self.shared.metrics.ready.set(0);
+        self.shared.ready.send_replace(false);
+        self.withdraw_all();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            let idle = self.shared.in_flight.load(Ordering::SeqCst) == 0;
+            let withdrawn = self.withdraws_pending == 0;
+            if (idle && withdrawn) || Instant::now() >= deadline {
+                break;
+            }
+            tokio::select! {
+                event = self.swarm.select_next_some() => self.on_swarm_event(event),
+                Some(op) = self.ops.next(), if !self.ops.is_empty() => {
+                    // Only withdrawals matter now; other results are dropped.
+                    if let Op::Withdrawn = op {
+                        self.withdraws_pending = self.withdraws_pending.saturating_sub(1);
+                    }
+                }
+                _ = tick.tick() => {}
+            }
+        }
+        let left = self.shared.in_flight.load(Ordering::SeqCst);
+        if left > 0 {
+            tracing::warn!(calls = left, "shutdown grace over with calls in flight");
+        }
+    }
+
+    fn on_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Connect { peer, addrs, reply } => {
+                if self.swarm.is_connected(&peer) {
+                    let _ = reply.send(Ok(()));
+                    return;
+                }
+                let waiting: usize = self.waiters.values().map(Vec::len).sum();
+                if waiting >= MAX_WAITERS {
+                    let _ = reply.send(Err("too many connections pending".into()));
+                    return;
+                }
+                let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
+                    .addresses(addrs)
+                    .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
+                    .build();
+                match self.swarm.dial(opts) {
+                    Ok(()) | Err(libp2p::swarm::DialError::DialPeerConditionFalse(_)) => {
+                        let w = self.waiters.entry(peer).or_default();
+                        w.retain(|s| !s.is_closed());
+                        w.push(reply);
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(format!("dial {peer}: {e}")));
+                    }
+                }
+            }
+        }
+    }
+
+    fn resolve_waiters(&mut self, peer: &PeerId, result: Result<(), String>) {
+        if let Some(ws) = self.waiters.remove(peer) {
+            for w in ws {
+                let _ = w.send(result.clone());
+            }
+        }
+    }
+
+    fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
+        match event {
+            SwarmEvent::ConnectionEstablished {
+                peer_id, endpoint, ..
+            } => {
+                self.resolve_waiters(&peer_id, Ok(()));
+                self.on_router_connected(peer_id, endpoint.get_remote_address().clone());
+            }
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                num_established: 0,
+                ..
+            } => {
+                self.shared.transit_admitted.lock().remove(&peer_id);
+                self.on_router_lost(peer_id);
+            }
+            SwarmEvent::OutgoingConnectionError {
+                peer_id: Some(peer),
+                error,
+                ..
+            } => {
+                if !self.swarm.is_connected(&peer) {
+                    self.resolve_waiters(&peer, Err(format!("connect to {peer}: {error}")));
+                }
+                self.on_router_dial_failed(peer, &error.to_string());
+            }
+            SwarmEvent::Behaviour(BehaviourEvent::Relay(
+                libp2p::relay::client::Event::ReservationReqAccepted { relay_peer_id, .. },
+            )) => self.on_reserved(relay_peer_id),
+            SwarmEvent::ListenerClosed {
+                listener_id,
+                reason,
+                ..
+            } => self.on_listener_closed(listener_id, reason.err().map(|e| e.to_string())),
+            SwarmEvent::ListenerError { listener_id, error } => {
+                tracing::debug!(?listener_id, %error, "relay listener error");
+            }
+            _ => {}
+        }
+    }
+
+    fn on_op(&mut self, op: Op) {
+        match op {
+            Op::Auth {
+                router,
+                initial,
+                result,
+            } => self.on_auth(router, initial, result),
+            Op::Publish { router, result } => self.on_published(router, result),
+            Op::Withdrawn => {}
+            Op::Directory(result) => self.on_directory(*result),
+            Op::Refresh(result) => self.on_refresh(*result),
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+        self.shunned.retain(|_, until| *until > now);
+        if !self.refresh_in_flight && now >= self.next_refresh {
+            self.start_refresh();
+        }
+        if !self.directory_in_flight && now >= self.next_directory {
+            self.start_directory();
+        }
+        self.top_up();
+        self.retry_reservations(now);
+        self.retry_represent(now);
+        let ttl = Duration::from_secs(self.shared.config.record_ttl_secs.max(3));
+        let stale = self.last_publish.is_some_and(|t| t.elapsed() >= ttl / 3);
+        if self.records_dirty || stale {
+            self.publish_records();
+        }
+    }
+
+    fn schedule_refresh(&mut self) {
+        let claims = peek_claims(&self.shared.credential()).unwrap_or_default();
+        let now = unix_now();
+        let lifetime = (claims.expires_at_unix_secs - claims.issued_at_unix_secs).max(60);
+        // Two thirds through the lifetime, minus up to 10% of it as jitter.
+        let jitter = rand::thread_rng().gen_range(0..=lifetime / 10);
+        let at = claims.issued_at_unix_secs + lifetime * 2 / 3 - jitter;
+        let wait = (at - now).max(1) as u64;
+        self.next_refresh = Instant::now() + Duration::from_secs(wait);
+        self.shared
+            .metrics
+            .credential_expires_at
+            .set(claims.expires_at_unix_secs);
+    }
+
+    fn start_refresh(&mut self) {
+        self.refresh_in_flight = true;
+        let shared = self.shared.clone();
+        self.ops.push(Box::pin(async move {
+            let cred = shared.credential();
+            let r = shared.client.refresh(&cred, &shared.key).await;
+            Op::Refresh(Box::new(r))
+        }));
+    }
+
+    fn on_refresh(&mut self, result: Result<RefreshResponse, ClientError>) {
+        self.refresh_in_flight = false;
+        let fresh = result.map_err(|e| e.to_string()).and_then(|r| {
+            let cred = r.credential.ok_or("refresh answer without credential")?;
+            Ok((cred, r.keys))
+        });
+        match fresh {
+            Ok((cred, keys)) => {
+                self.shared.metrics.cp("refresh", true);
+                self.refresh_failures = 0;
+                *self.shared.credential.write() = cred.clone();
+                if let Some(keys) = &keys {
+                    self.shared.set_keys(keys);
+                }
+                let dir = self.shared.config.data_dir.clone();
+                tokio::task::spawn_blocking(move || {
+                    if let Err(e) = crate::identity::store_credential(&dir, &cred) {
+                        tracing::warn!(error = %e, "could not store the refreshed credential");
+                    }
+                    if let Some(Err(e)) = keys.map(|k| crate::identity::store_keys(&dir, &k)) {
+                        tracing::warn!(error = %e, "could not store the key set");
+                    }
+                });
+                self.schedule_refresh();
+                self.represent_all();
+                self.publish_status();
+            }
+            Err(e) => {
+                self.shared.metrics.cp("refresh", false);
+                self.refresh_failures += 1;
+                let wait = backoff(
+                    self.refresh_failures,
+                    Duration::from_secs(5),
+                    Duration::from_secs(120),
+                );
+                tracing::warn!(error = %e, retry_in = ?wait, "credential refresh failed");
+                self.next_refresh = Instant::now() + wait;
+            }
+        }
+    }
+
+    fn start_directory(&mut self) {
+        self.directory_in_flight = true;
+        let shared = self.shared.clone();
+        self.ops.push(Box::pin(async move {
+            let r = async {
+                let dir = shared.client.get_directory().await?;
+                let keys = shared.client.get_keys().await?;
+                Ok((dir, keys))
+            }
+            .await;
+            Op::Directory(Box::new(r))
+        }));
+    }
+
+    fn on_directory(&mut self, result: Result<(GetDirectoryResponse, KeySet), ClientError>) {
+        self.directory_in_flight = false;
+        let interval = Duration::from_secs(self.shared.config.directory_interval_secs.max(1));
+        match result {
+            Ok((dir, keys)) => {
+                self.shared.metrics.cp("directory", true);
+                self.directory_failures = 0;
+                let mut trust = (*self.shared.trust()).clone();
+                trust.set_keys(&keys);
+                trust.set_revocations(&dir.revocations);
+                *self.shared.trust.write() = Arc::new(trust);
+                self.candidates = dir
+                    .routers
+                    .iter()
+                    .filter_map(crate::select::Candidate::from_info)
+                    .collect();
+                *self.shared.router_addrs.write() = self
+                    .candidates
+                    .iter()
+                    .map(|c| (c.peer, c.addrs.clone()))
+                    .collect();
+                self.have_directory = true;
+                let dir_path = self.shared.config.data_dir.clone();
+                tokio::task::spawn_blocking(move || {
+                    if let Err(e) = crate::identity::store_keys(&dir_path, &keys) {
+                        tracing::warn!(error = %e, "could not store the key set");
+                    }
+                });
+                // ±20% around the interval.
+                self.next_directory = Instant::now() + jittered(interval.mul_f64(0.8), 0.5);
+                self.top_up();
+                self.publish_status();
+            }
+            Err(e) => {
+                self.shared.metrics.cp("directory", false);
+                self.directory_failures += 1;
+                let wait = backoff(self.directory_failures, Duration::from_secs(2), interval);
+                tracing::warn!(error = %e, retry_in = ?wait, "directory fetch failed");
+                self.next_directory = Instant::now() + wait;
+            }
+        }
+    }
+
+    /// Recomputes readiness and the status watch from the slots.
+    fn publish_status(&mut self) {
+        let s = self.status_snapshot();
+        let m = &self.shared.metrics;
+        m.routers_attached.set(s.reserved.len() as i64);
+        m.routers_wanted.set(s.routers_wanted as i64);
+        m.router_candidates.set(s.candidates as i64);
+        m.ready.set(i64::from(s.ready));
+        let ready = s.ready;
+        self.shared
+            .ready
+            .send_if_modified(|r| std::mem::replace(r, ready) != ready);
+        self.shared.status.send_if_modified(|old| {
+            if *old == s {
+                false
+            } else {
+                *old = s;
+                true
+            }
+        });
+    }
+}

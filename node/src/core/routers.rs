@@ -1,0 +1,534 @@
+//! Holding K routers: dial, auth (attach) before anything else, reserve a
+//! relay slot, publish records; replace lost or refusing routers from the
+//! cached directory; re-present a refreshed credential.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use agentmesh_proto::pb::mesh::{
+    AuthRefusal, CatalogRequest, CatalogResponse, Purpose, ServiceRecord, Withdraw,
+    catalog_request, catalog_response,
+};
+use agentmesh_proto::record::sign_record;
+use agentmesh_proto::unix_now;
+use libp2p::core::multiaddr::Protocol;
+use libp2p::core::transport::ListenerId;
+use libp2p::{Multiaddr, PeerId};
+use tokio::time::Instant;
+
+use super::{Core, Op, backoff, jittered};
+use crate::status::NodeStatus;
+use crate::wire::{self, AuthOutcome, WireError};
+
+/// Where one router stands.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Phase {
+    Dialing,
+    Authing,
+    Reserving(ListenerId),
+    Reserved(ListenerId),
+    /// Admitted; the reservation is retried at the instant.
+    ReserveWait(Instant),
+}
+
+/// One of the routers we hold or are acquiring.
+#[derive(Debug, Clone)]
+pub(crate) struct Slot {
+    pub(crate) addr: Option<Multiaddr>,
+    pub(crate) phase: Phase,
+    pub(crate) reserve_failures: u32,
+    pub(crate) published: bool,
+    pub(crate) represent_failures: u32,
+    pub(crate) represent_at: Option<Instant>,
+}
+
+/// Re-presentations refused in a row before the router is given up.
+const MAX_REPRESENT_FAILURES: u32 = 5;
+
+/// `addr` without a trailing `/p2p/..`, then `/p2p/router`.
+pub(crate) fn router_base(addr: &Multiaddr, router: PeerId) -> Multiaddr {
+    let mut a = addr.clone();
+    while matches!(a.iter().last(), Some(Protocol::P2p(_))) {
+        a.pop();
+    }
+    a.with(Protocol::P2p(router))
+}
+
+impl Core {
+    fn shun(&mut self, peer: PeerId, base: Duration) {
+        self.shunned
+            .insert(peer, Instant::now() + jittered(base, 0.5));
+    }
+
+    fn reserved_peers(&self) -> Vec<PeerId> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| matches!(s.phase, Phase::Reserved(_)))
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
+    fn admitted_peers(&self) -> Vec<PeerId> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| !matches!(s.phase, Phase::Dialing | Phase::Authing))
+            .map(|(p, _)| *p)
+            .collect()
+    }
+
+    pub(super) fn status_snapshot(&self) -> NodeStatus {
+        let mut reserved = self.reserved_peers();
+        reserved.sort();
+        let mut admitted = self.admitted_peers();
+        admitted.sort();
+        let exposing = !self.shared.config.expose.is_empty();
+        let records_accepted = self
+            .slots
+            .values()
+            .any(|s| matches!(s.phase, Phase::Reserved(_)) && s.published);
+        let claims =
+            agentmesh_proto::credential::peek_claims(&self.shared.credential()).unwrap_or_default();
+        NodeStatus {
+            enrolled: !self.shared.credential().claims.is_empty(),
+            credential_expires_at_unix_secs: claims.expires_at_unix_secs,
+            routers_wanted: self.shared.config.routers,
+            ready: !reserved.is_empty()
+                && (!exposing || records_accepted)
+                && !self.shared.is_shutting_down(),
+            admitted,
+            reserved,
+            candidates: self
+                .candidates
+                .iter()
+                .filter(|c| crate::select::matches_selector(c, &self.shared.config.router_selector))
+                .count(),
+            exposing,
+            records_accepted,
+            stopping: self.shared.is_shutting_down(),
+        }
+    }
+
+    /// Dials new routers until K are held or being acquired.
+    pub(super) fn top_up(&mut self) {
+        let want = self.shared.config.routers;
+        if !self.have_directory || self.slots.len() >= want || self.shared.is_shutting_down() {
+            return;
+        }
+        let mut exclude: HashSet<PeerId> = self.slots.keys().copied().collect();
+        exclude.extend(self.shunned.keys().copied());
+        let chosen = crate::select::choose(
+            &self.candidates,
+            &self.shared.config.router_selector,
+            &self.shared.config.router_prefer,
+            &exclude,
+            want - self.slots.len(),
+            &mut rand::thread_rng(),
+        );
+        if chosen.is_empty() && self.slots.is_empty() {
+            tracing::debug!(
+                candidates = self.candidates.len(),
+                selector = ?self.shared.config.router_selector,
+                "no router to attach to"
+            );
+        }
+        for c in chosen {
+            let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(c.peer)
+                .addresses(c.addrs.clone())
+                .build();
+            let already = self.swarm.is_connected(&c.peer);
+            self.slots.insert(
+                c.peer,
+                Slot {
+                    addr: None,
+                    phase: Phase::Dialing,
+                    reserve_failures: 0,
+                    published: false,
+                    represent_failures: 0,
+                    represent_at: None,
+                },
+            );
+            if already {
+                // A transit connection to it exists: reuse it.
+                let addr = c.addrs[0].clone();
+                self.on_router_connected(c.peer, addr);
+            } else if let Err(e) = self.swarm.dial(opts) {
+                tracing::debug!(router = %c.peer, error = %e, "dial refused");
+                self.slots.remove(&c.peer);
+                self.shun(c.peer, Duration::from_secs(10));
+            }
+        }
+    }
+
+    pub(super) fn on_router_connected(&mut self, peer: PeerId, addr: Multiaddr) {
+        let Some(slot) = self.slots.get_mut(&peer) else {
+            return;
+        };
+        if slot.phase != Phase::Dialing {
+            return;
+        }
+        // A relayed address is never a router's own.
+        if addr.iter().any(|p| matches!(p, Protocol::P2pCircuit)) {
+            return;
+        }
+        slot.addr = Some(addr);
+        slot.phase = Phase::Authing;
+        self.start_auth(peer, true);
+    }
+
+    fn start_auth(&mut self, router: PeerId, initial: bool) {
+        let shared = self.shared.clone();
+        let attached: Vec<PeerId> = self
+            .admitted_peers()
+            .into_iter()
+            .filter(|p| *p != router)
+            .collect();
+        self.ops.push(Box::pin(async move {
+            let result = wire::auth(
+                shared.control.clone(),
+                router,
+                shared.credential(),
+                Purpose::Attach,
+                attached,
+                shared.config.call_timeout(),
+            )
+            .await;
+            Op::Auth {
+                router,
+                initial,
+                result,
+            }
+        }));
+    }
+
+    pub(super) fn on_auth(
+        &mut self,
+        router: PeerId,
+        initial: bool,
+        result: Result<AuthOutcome, WireError>,
+    ) {
+        let m = &self.shared.metrics;
+        let label = match &result {
+            Ok(AuthOutcome::Admitted(_)) => "admitted",
+            Ok(AuthOutcome::Refused(..)) => "refused",
+            Ok(AuthOutcome::GoAway(_)) => "go_away",
+            Err(_) => "error",
+        };
+        m.auth
+            .get_or_create(&crate::metrics::ResultLabel { result: label })
+            .inc();
+        let Some(slot) = self.slots.get_mut(&router) else {
+            return;
+        };
+        match result {
+            Ok(AuthOutcome::Admitted(until)) => {
+                tracing::debug!(%router, until, initial, "admitted");
+                slot.represent_failures = 0;
+                slot.represent_at = None;
+                if initial && slot.phase == Phase::Authing {
+                    self.reserve(router);
+                }
+            }
+            Ok(outcome) if !initial => {
+                // A fresh credential refused (the router may not have the new
+                // key yet): retry shortly, give the router up after a few.
+                slot.represent_failures += 1;
+                tracing::warn!(%router, ?outcome, failures = slot.represent_failures, "re-presentation refused");
+                if slot.represent_failures >= MAX_REPRESENT_FAILURES {
+                    self.drop_router(router, Duration::from_secs(30));
+                } else {
+                    slot.represent_at =
+                        Some(Instant::now() + jittered(Duration::from_secs(3), 0.5));
+                }
+            }
+            Ok(AuthOutcome::Refused(reason, detail)) => {
+                tracing::warn!(%router, ?reason, %detail, "router refused admission");
+                let wait = match reason {
+                    AuthRefusal::UnknownKey | AuthRefusal::NotYetValid => Duration::from_secs(3),
+                    AuthRefusal::Overloaded | AuthRefusal::Draining => Duration::from_secs(60),
+                    _ => Duration::from_secs(30),
+                };
+                self.drop_router(router, wait);
+            }
+            Ok(AuthOutcome::GoAway(g)) => {
+                tracing::info!(%router, reason = g.reason, "router sent go-away on admission");
+                let wait = u64::from(g.retry_after_secs).clamp(5, 3600);
+                self.drop_router(router, Duration::from_secs(wait));
+            }
+            Err(e) => {
+                tracing::warn!(%router, error = %e, initial, "auth exchange failed");
+                if initial {
+                    self.drop_router(router, Duration::from_secs(10));
+                } else {
+                    slot.represent_failures += 1;
+                    slot.represent_at =
+                        Some(Instant::now() + jittered(Duration::from_secs(3), 0.5));
+                }
+            }
+        }
+        self.publish_status();
+    }
+
+    /// Forgets a router, closes our connection to it and shuns it for `wait`.
+    fn drop_router(&mut self, router: PeerId, wait: Duration) {
+        if let Some(Slot {
+            phase: Phase::Reserving(l) | Phase::Reserved(l),
+            ..
+        }) = self.slots.remove(&router)
+        {
+            self.swarm.remove_listener(l);
+        }
+        self.shared.attached.write().remove(&router);
+        let _ = self.swarm.disconnect_peer_id(router);
+        self.shun(router, wait);
+        self.records_dirty = true;
+        self.publish_status();
+    }
+
+    fn reserve(&mut self, router: PeerId) {
+        let Some(slot) = self.slots.get_mut(&router) else {
+            return;
+        };
+        let Some(addr) = slot.addr.clone() else {
+            return;
+        };
+        let circuit = router_base(&addr, router).with(Protocol::P2pCircuit);
+        match self.swarm.listen_on(circuit) {
+            Ok(id) => slot.phase = Phase::Reserving(id),
+            Err(e) => {
+                tracing::warn!(%router, error = %e, "cannot request a reservation");
+                slot.reserve_failures += 1;
+                slot.phase = Phase::ReserveWait(
+                    Instant::now()
+                        + backoff(
+                            slot.reserve_failures,
+                            Duration::from_secs(1),
+                            Duration::from_secs(30),
+                        ),
+                );
+            }
+        }
+    }
+
+    pub(super) fn on_reserved(&mut self, router: PeerId) {
+        let Some(slot) = self.slots.get_mut(&router) else {
+            return;
+        };
+        if let Phase::Reserving(l) = slot.phase {
+            slot.phase = Phase::Reserved(l);
+            slot.reserve_failures = 0;
+            self.shared
+                .metrics
+                .reservations
+                .get_or_create(&crate::metrics::ResultLabel { result: "ok" })
+                .inc();
+            if let Some(addr) = slot.addr.clone() {
+                self.shared.attached.write().insert(router, addr);
+            }
+            tracing::info!(%router, "relay reservation active");
+            self.records_dirty = true;
+            if self.shared.config.expose.is_empty() {
+                self.publish_status();
+            } else {
+                self.publish_records();
+            }
+        }
+    }
+
+    pub(super) fn on_listener_closed(&mut self, listener: ListenerId, error: Option<String>) {
+        let Some((router, slot)) = self.slots.iter_mut().find(
+            |(_, s)| matches!(s.phase, Phase::Reserving(l) | Phase::Reserved(l) if l == listener),
+        ) else {
+            return;
+        };
+        let router = *router;
+        self.shared
+            .metrics
+            .reservations
+            .get_or_create(&crate::metrics::ResultLabel { result: "error" })
+            .inc();
+        slot.reserve_failures += 1;
+        slot.published = false;
+        let wait = backoff(
+            slot.reserve_failures,
+            Duration::from_secs(1),
+            Duration::from_secs(30),
+        );
+        tracing::warn!(%router, error = ?error, retry_in = ?wait, "relay reservation refused or lost");
+        slot.phase = Phase::ReserveWait(Instant::now() + wait);
+        self.shared.attached.write().remove(&router);
+        self.records_dirty = true;
+        self.publish_status();
+    }
+
+    pub(super) fn retry_reservations(&mut self, now: Instant) {
+        let due: Vec<PeerId> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| matches!(s.phase, Phase::ReserveWait(at) if at <= now))
+            .map(|(p, _)| *p)
+            .collect();
+        for router in due {
+            if self.swarm.is_connected(&router) {
+                self.reserve(router);
+            } else {
+                self.drop_router(router, Duration::from_secs(2));
+            }
+        }
+    }
+
+    pub(super) fn retry_represent(&mut self, now: Instant) {
+        let due: Vec<PeerId> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.represent_at.is_some_and(|at| at <= now))
+            .map(|(p, _)| *p)
+            .collect();
+        for router in due {
+            if let Some(s) = self.slots.get_mut(&router) {
+                s.represent_at = None;
+            }
+            self.start_auth(router, false);
+        }
+    }
+
+    /// After a refresh: show the new credential to every admitted router.
+    pub(super) fn represent_all(&mut self) {
+        for router in self.admitted_peers() {
+            self.start_auth(router, false);
+        }
+    }
+
+    pub(super) fn on_router_lost(&mut self, peer: PeerId) {
+        if self.slots.contains_key(&peer) {
+            tracing::warn!(router = %peer, "lost connection to router");
+            self.drop_router(peer, Duration::from_secs(3));
+            self.top_up();
+        }
+    }
+
+    pub(super) fn on_router_dial_failed(&mut self, peer: PeerId, error: &str) {
+        if matches!(self.slots.get(&peer), Some(s) if s.phase == Phase::Dialing)
+            && !self.swarm.is_connected(&peer)
+        {
+            tracing::warn!(router = %peer, %error, "cannot reach router");
+            self.drop_router(peer, Duration::from_secs(10));
+            self.top_up();
+        }
+    }
+
+    /// Signs our record naming the reserved routers and publishes it to each.
+    pub(super) fn publish_records(&mut self) {
+        self.records_dirty = false;
+        let services: Vec<String> = self
+            .shared
+            .config
+            .expose
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect();
+        let reserved = self.reserved_peers();
+        if services.is_empty() || reserved.is_empty() {
+            return;
+        }
+        let now = unix_now();
+        let record = ServiceRecord {
+            provider: self.shared.peer_id.to_bytes(),
+            services,
+            routers: reserved.iter().map(|p| p.to_bytes()).collect(),
+            issued_at_unix_secs: now,
+            expires_at_unix_secs: now + self.shared.config.record_ttl_secs as i64,
+        };
+        let signed = sign_record(&record, &self.shared.key);
+        self.last_publish = Some(Instant::now());
+        for router in reserved {
+            let shared = self.shared.clone();
+            let req = CatalogRequest {
+                op: Some(catalog_request::Op::Publish(signed.clone())),
+            };
+            self.ops.push(Box::pin(async move {
+                let result = wire::catalog(
+                    shared.control.clone(),
+                    router,
+                    req,
+                    shared.config.call_timeout(),
+                )
+                .await;
+                Op::Publish { router, result }
+            }));
+        }
+    }
+
+    pub(super) fn on_published(
+        &mut self,
+        router: PeerId,
+        result: Result<CatalogResponse, WireError>,
+    ) {
+        let ok = matches!(
+            &result,
+            Ok(CatalogResponse {
+                result: Some(catalog_response::Result::Ack(_))
+            })
+        );
+        let label = if ok { "ok" } else { "error" };
+        self.shared
+            .metrics
+            .publishes
+            .get_or_create(&crate::metrics::ResultLabel { result: label })
+            .inc();
+        if !ok {
+            tracing::warn!(%router, ?result, "record publication not accepted");
+        }
+        if let Some(slot) = self.slots.get_mut(&router) {
+            slot.published = ok;
+            if !ok {
+                // Try again on a later tick.
+                self.last_publish =
+                    Some(Instant::now() - Duration::from_secs(self.shared.config.record_ttl_secs));
+            }
+        }
+        self.publish_status();
+    }
+
+    /// Shutdown: withdraw our records from every reserved router.
+    pub(super) fn withdraw_all(&mut self) {
+        if self.shared.config.expose.is_empty() {
+            return;
+        }
+        for router in self.reserved_peers() {
+            let shared = self.shared.clone();
+            let req = CatalogRequest {
+                op: Some(catalog_request::Op::Withdraw(Withdraw {})),
+            };
+            self.withdraws_pending += 1;
+            self.ops.push(Box::pin(async move {
+                if let Err(e) = wire::catalog(
+                    shared.control.clone(),
+                    router,
+                    req,
+                    shared.config.call_timeout(),
+                )
+                .await
+                {
+                    tracing::debug!(%router, error = %e, "withdraw failed");
+                }
+                Op::Withdrawn
+            }));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn circuit_base_replaces_any_trailing_peer_id() {
+        let r = PeerId::random();
+        let plain: Multiaddr = "/ip4/127.0.0.1/tcp/4001".parse().expect("addr");
+        let with: Multiaddr = format!("/ip4/127.0.0.1/tcp/4001/p2p/{r}")
+            .parse()
+            .expect("addr");
+        assert_eq!(router_base(&plain, r), with);
+        assert_eq!(router_base(&with, r), with);
+    }
+}

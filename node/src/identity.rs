@@ -1,0 +1,181 @@
+//! The node's persistent identity in its data dir: the ed25519 key
+//! (`node.key`), the last credential (`credential.pb`) and the last key set
+//! (`keys.pb`), each written atomically with mode 0600.
+//!
+//! All file I/O here is blocking; callers run it under `spawn_blocking`.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use agentmesh_proto::pb::credential::{Credential, KeySet};
+use libp2p::identity::Keypair;
+use prost::Message;
+
+/// File name of the private key.
+pub const KEY_FILE: &str = "node.key";
+/// File name of the credential.
+pub const CREDENTIAL_FILE: &str = "credential.pb";
+/// File name of the control plane's key set.
+pub const KEYS_FILE: &str = "keys.pb";
+
+/// Why the identity could not be loaded or stored.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// A file exists but does not hold what it should.
+    #[error("{path}: {what}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> IdentityError + '_ {
+    move |source| IdentityError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What a data dir holds at start-up.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    /// The key (created if it was missing).
+    pub key: Keypair,
+    /// Whether the key was created just now.
+    pub created: bool,
+    /// The last credential, if any.
+    pub credential: Option<Credential>,
+    /// The last key set, if any.
+    pub keys: Option<KeySet>,
+}
+
+/// Loads the identity from `dir`, creating the dir (0700) and a new key
+/// (0600) on first run.
+pub fn load_or_create(dir: &Path) -> Result<Stored, IdentityError> {
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let key_path = dir.join(KEY_FILE);
+    let (key, created) = match fs::read(&key_path) {
+        Ok(bytes) => {
+            let key =
+                Keypair::from_protobuf_encoding(&bytes).map_err(|e| IdentityError::Corrupt {
+                    path: key_path.clone(),
+                    what: format!("not a libp2p key: {e}"),
+                })?;
+            // Tighten permissions if someone loosened them.
+            fs::set_permissions(&key_path, fs::Permissions::from_mode(0o600))
+                .map_err(io_err(&key_path))?;
+            (key, false)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key = Keypair::generate_ed25519();
+            let bytes = key
+                .to_protobuf_encoding()
+                .map_err(|e| IdentityError::Corrupt {
+                    path: key_path.clone(),
+                    what: format!("key does not encode: {e}"),
+                })?;
+            write_private(&key_path, &bytes)?;
+            (key, true)
+        }
+        Err(e) => return Err(io_err(&key_path)(e)),
+    };
+    let credential = read_message::<Credential>(&dir.join(CREDENTIAL_FILE))?;
+    let keys = read_message::<KeySet>(&dir.join(KEYS_FILE))?;
+    Ok(Stored {
+        key,
+        created,
+        credential,
+        keys,
+    })
+}
+
+/// Stores the credential (0600, atomically).
+pub fn store_credential(dir: &Path, credential: &Credential) -> Result<(), IdentityError> {
+    write_private(&dir.join(CREDENTIAL_FILE), &credential.encode_to_vec())
+}
+
+/// Stores the key set (0600, atomically).
+pub fn store_keys(dir: &Path, keys: &KeySet) -> Result<(), IdentityError> {
+    write_private(&dir.join(KEYS_FILE), &keys.encode_to_vec())
+}
+
+fn read_message<M: Message + Default>(path: &Path) -> Result<Option<M>, IdentityError> {
+    match fs::read(path) {
+        Ok(bytes) => M::decode(bytes.as_slice())
+            .map(Some)
+            .map_err(|e| IdentityError::Corrupt {
+                path: path.to_path_buf(),
+                what: format!("does not decode: {e}"),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err(path)(e)),
+    }
+}
+
+/// Writes `bytes` to a temp file with mode 0600, syncs and renames it over `path`.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), IdentityError> {
+    let tmp = path.with_extension("tmp");
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io_err(&tmp))?;
+    f.write_all(bytes).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_survives_a_restart_and_files_are_private() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = load_or_create(dir.path()).expect("first");
+        assert!(first.created);
+        assert!(first.credential.is_none());
+        let cred = Credential {
+            claims: vec![1, 2, 3],
+            signature: vec![4],
+        };
+        store_credential(dir.path(), &cred).expect("store");
+        let again = load_or_create(dir.path()).expect("again");
+        assert!(!again.created);
+        assert_eq!(
+            again.key.public().to_peer_id(),
+            first.key.public().to_peer_id()
+        );
+        assert_eq!(again.credential, Some(cred));
+        for f in [KEY_FILE, CREDENTIAL_FILE] {
+            let mode = fs::metadata(dir.path().join(f))
+                .expect("meta")
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{f}");
+        }
+    }
+
+    #[test]
+    fn a_corrupt_key_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join(KEY_FILE), b"garbage").expect("write");
+        let err = load_or_create(dir.path()).expect_err("corrupt");
+        assert!(err.to_string().contains(KEY_FILE), "{err}");
+    }
+}

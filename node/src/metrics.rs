@@ -1,0 +1,232 @@
+//! The node's metrics, prefix `agentmesh_node_`. Every label value is
+//! created at start-up so rates read 0 rather than missing.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Results of outbound calls.
+pub const OUTBOUND_RESULTS: &[&str] = &[
+    "ok",
+    "not_ready",
+    "no_providers",
+    "lookup_failed",
+    "connect_failed",
+    "refused",
+    "timeout",
+    "shutting_down",
+];
+
+/// Results of inbound calls.
+pub const INBOUND_RESULTS: &[&str] = &[
+    "accepted",
+    "malformed",
+    "unknown_service",
+    "bad_credential",
+    "revoked",
+    "not_allowed",
+    "too_many_calls",
+    "backend_unavailable",
+    "shutting_down",
+    "overflow",
+];
+
+/// Results of auth exchanges with routers.
+pub const AUTH_RESULTS: &[&str] = &["admitted", "refused", "go_away", "error"];
+/// Control-plane operations.
+pub const CP_OPS: &[&str] = &["enroll", "refresh", "directory"];
+/// Generic outcomes.
+pub const OUTCOMES: &[&str] = &["ok", "error"];
+
+/// `{direction, result}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    /// `outbound` or `inbound`.
+    pub direction: &'static str,
+    /// One of [`OUTBOUND_RESULTS`] or [`INBOUND_RESULTS`].
+    pub result: &'static str,
+}
+
+/// `{direction}` for bytes: `sent` or `received`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    /// `sent` or `received`.
+    pub direction: &'static str,
+}
+
+/// `{result}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// The outcome.
+    pub result: &'static str,
+}
+
+/// `{op, result}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    /// The control-plane operation.
+    pub op: &'static str,
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
+/// All metrics of one node. Cloning shares the underlying values.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    /// Routers with an active reservation.
+    pub routers_attached: Gauge,
+    /// Routers wanted (K).
+    pub routers_wanted: Gauge,
+    /// Routers in the directory matching the selector.
+    pub router_candidates: Gauge,
+    /// 1 while ready.
+    pub ready: Gauge,
+    /// Expiry of the current credential, Unix seconds.
+    pub credential_expires_at: Gauge,
+    /// Calls by direction and result.
+    pub calls: Family<CallLabels, Counter>,
+    /// Inbound calls being served.
+    pub inbound_calls_active: Gauge,
+    /// Call payload bytes by direction (as seen by this node).
+    pub call_bytes: Family<DirectionLabel, Counter>,
+    /// Auth exchanges with routers by result.
+    pub auth: Family<ResultLabel, Counter>,
+    /// Relay reservations by result (`ok`: accepted, `error`: refused or lost).
+    pub reservations: Family<ResultLabel, Counter>,
+    /// Record publications by result.
+    pub publishes: Family<ResultLabel, Counter>,
+    /// Control-plane operations by op and result.
+    pub control_plane: Family<OpLabels, Counter>,
+}
+
+impl Metrics {
+    /// Creates the metrics with every label value pre-created.
+    pub fn new() -> Self {
+        let m = Self::default();
+        for r in OUTBOUND_RESULTS {
+            let _ = m.calls.get_or_create(&CallLabels {
+                direction: "outbound",
+                result: r,
+            });
+        }
+        for r in INBOUND_RESULTS {
+            let _ = m.calls.get_or_create(&CallLabels {
+                direction: "inbound",
+                result: r,
+            });
+        }
+        for d in ["sent", "received"] {
+            let _ = m.call_bytes.get_or_create(&DirectionLabel { direction: d });
+        }
+        for r in AUTH_RESULTS {
+            let _ = m.auth.get_or_create(&ResultLabel { result: r });
+        }
+        for r in OUTCOMES {
+            let _ = m.reservations.get_or_create(&ResultLabel { result: r });
+            let _ = m.publishes.get_or_create(&ResultLabel { result: r });
+            for op in CP_OPS {
+                let _ = m.control_plane.get_or_create(&OpLabels { op, result: r });
+            }
+        }
+        m
+    }
+
+    /// Registers every metric in `registry` under the prefix `agentmesh_node`.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("agentmesh_node");
+        r.register(
+            "routers_attached",
+            "Routers with an active relay reservation",
+            self.routers_attached.clone(),
+        );
+        r.register(
+            "routers_wanted",
+            "Routers wanted (K)",
+            self.routers_wanted.clone(),
+        );
+        r.register(
+            "router_candidates",
+            "Routers in the directory matching the selector",
+            self.router_candidates.clone(),
+        );
+        r.register("ready", "1 while the node is ready", self.ready.clone());
+        r.register(
+            "credential_expires_at_seconds",
+            "Expiry of the current credential (Unix seconds)",
+            self.credential_expires_at.clone(),
+        );
+        r.register("calls", "Calls by direction and result", self.calls.clone());
+        r.register(
+            "inbound_calls_active",
+            "Inbound calls being served",
+            self.inbound_calls_active.clone(),
+        );
+        r.register(
+            "call_bytes",
+            "Call payload bytes by direction",
+            self.call_bytes.clone(),
+        );
+        r.register(
+            "auth",
+            "Auth exchanges with routers by result",
+            self.auth.clone(),
+        );
+        r.register(
+            "reservations",
+            "Relay reservations by result",
+            self.reservations.clone(),
+        );
+        r.register(
+            "publishes",
+            "Service record publications by result",
+            self.publishes.clone(),
+        );
+        r.register(
+            "control_plane",
+            "Control-plane operations by op and result",
+            self.control_plane.clone(),
+        );
+    }
+
+    pub(crate) fn call(&self, direction: &'static str, result: &'static str) {
+        self.calls
+            .get_or_create(&CallLabels { direction, result })
+            .inc();
+    }
+
+    pub(crate) fn cp(&self, op: &'static str, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.control_plane
+            .get_or_create(&OpLabels { op, result })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_label_is_there_from_the_start() {
+        let m = Metrics::new();
+        let mut reg = Registry::default();
+        m.register(&mut reg);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).expect("encode");
+        assert!(
+            out.contains(
+                r#"agentmesh_node_calls_total{direction="inbound",result="not_allowed"} 0"#
+            ),
+            "{out}"
+        );
+        assert!(out.contains(
+            r#"agentmesh_node_calls_total{direction="outbound",result="no_providers"} 0"#
+        ));
+        assert!(
+            out.contains(r#"agentmesh_node_control_plane_total{op="refresh",result="error"} 0"#)
+        );
+        assert!(out.contains("agentmesh_node_ready 0"));
+    }
+}

@@ -1,0 +1,140 @@
+//! The node's Unix socket (default `DATA_DIR/agentmesh.sock`, mode 0600).
+//!
+//! One request per connection, chosen by its first line (at most 1 KiB,
+//! within the call timeout):
+//! - `GET /readyz HTTP/1.1` (any HTTP/1.x GET): answered `200` when ready,
+//!   `503` otherwise, with the readiness line as body, then closed.
+//! - `CALL <name>\n`: the node calls service `<name>`; it answers
+//!   `OK\n` and from then on the connection carries the call's raw bytes
+//!   both ways (half-close is passed on), or `ERR <reason>\n` and closes.
+//!   `agentmesh-node call NAME` is a client of exactly this.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::shared::Shared;
+
+/// Longest first line accepted.
+const MAX_LINE: u64 = 1024;
+/// Longest HTTP header block read before answering.
+const MAX_HEADERS: usize = 16 * 1024;
+
+/// Binds the socket at `path` (replacing a stale one), mode 0600.
+pub(crate) fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let l = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+/// Serves the socket until the node stops.
+pub(crate) async fn serve(shared: Arc<Shared>, listener: UnixListener) {
+    let limit = Arc::new(Semaphore::new(shared.config.max_forward_connections.max(1)));
+    let mut conns = JoinSet::new();
+    let mut shutdown = shared.shutdown.clone();
+    loop {
+        let permit = tokio::select! {
+            p = limit.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
+        let conn = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((c, _)) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "unix socket accept failed");
+                    continue;
+                }
+            },
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
+        while conns.try_join_next().is_some() {}
+        let shared = shared.clone();
+        conns.spawn(async move {
+            let _permit = permit;
+            if let Err(e) = handle(&shared, conn).await {
+                tracing::debug!(error = %e, "unix socket connection failed");
+            }
+        });
+    }
+}
+
+async fn handle(shared: &Arc<Shared>, conn: UnixStream) -> std::io::Result<()> {
+    let mut reader = BufReader::new(conn);
+    let mut line = String::new();
+    let read = async { (&mut reader).take(MAX_LINE).read_line(&mut line).await };
+    match tokio::time::timeout(shared.config.call_timeout(), read).await {
+        Ok(r) => {
+            r?;
+        }
+        Err(_) => return Ok(()),
+    }
+    let line = line.trim_end();
+    if let Some(rest) = line.strip_prefix("GET ") {
+        // Drain the header block (bounded), then answer.
+        let mut total = 0;
+        loop {
+            let mut h = String::new();
+            let n = (&mut reader).take(MAX_LINE).read_line(&mut h).await?;
+            total += n;
+            if n == 0 || h.trim().is_empty() || total > MAX_HEADERS {
+                break;
+            }
+        }
+        let path = rest.split_whitespace().next().unwrap_or("");
+        let (code, body) = if path == "/readyz" {
+            let st = shared.status.borrow().clone();
+            (
+                if st.ready {
+                    "200 OK"
+                } else {
+                    "503 Service Unavailable"
+                },
+                st.readyz_line(),
+            )
+        } else {
+            ("404 Not Found", "only /readyz here\n".to_string())
+        };
+        let resp = format!(
+            "HTTP/1.1 {code}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let mut conn = reader.into_inner();
+        conn.write_all(resp.as_bytes()).await?;
+        return conn.shutdown().await;
+    }
+    if let Some(name) = line.strip_prefix("CALL ") {
+        let name = name.trim();
+        // Bytes the client sent after the line are kept in the reader's buffer.
+        let buffered = reader.buffer().to_vec();
+        let mut conn = reader.into_inner();
+        match crate::call::outbound::call(shared, name).await {
+            Ok(mut stream) => {
+                conn.write_all(b"OK\n").await?;
+                if !buffered.is_empty() {
+                    stream.write_all(&buffered).await?;
+                }
+                tokio::io::copy_bidirectional(&mut conn, &mut stream).await?;
+            }
+            Err(e) => {
+                let msg = format!("ERR {}\n", e.to_string().replace('\n', " "));
+                conn.write_all(msg.as_bytes()).await?;
+                conn.shutdown().await?;
+            }
+        }
+        return Ok(());
+    }
+    let mut conn = reader.into_inner();
+    conn.write_all(b"ERR expected `CALL <name>` or an HTTP GET\n")
+        .await?;
+    conn.shutdown().await
+}

@@ -1,0 +1,61 @@
+//! What a node reports about itself, as a watch value.
+
+use libp2p::PeerId;
+
+/// A node's state as of its last change.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// Holds a credential (enrolled now or earlier).
+    pub enrolled: bool,
+    /// Expiry of the current credential, Unix seconds.
+    pub credential_expires_at_unix_secs: i64,
+    /// Routers wanted (K).
+    pub routers_wanted: usize,
+    /// Routers that admitted us (purpose attach).
+    pub admitted: Vec<PeerId>,
+    /// Routers where our relay reservation is active.
+    pub reserved: Vec<PeerId>,
+    /// Routers in the directory matching the selector.
+    pub candidates: usize,
+    /// Whether this node exposes services.
+    pub exposing: bool,
+    /// Whether at least one reserved router accepted our current records.
+    pub records_accepted: bool,
+    /// Ready: admitted with an active reservation on ≥ 1 router and, when
+    /// exposing, records accepted (DESIGN §9).
+    pub ready: bool,
+    /// Shutdown has begun.
+    pub stopping: bool,
+}
+
+impl NodeStatus {
+    /// The `/readyz` body: one line saying why (not) ready.
+    pub fn readyz_line(&self) -> String {
+        if self.ready {
+            return format!(
+                "ready: {} of {} routers reserved{}\n",
+                self.reserved.len(),
+                self.routers_wanted,
+                if self.exposing {
+                    ", records accepted"
+                } else {
+                    ""
+                }
+            );
+        }
+        let why = if self.stopping {
+            "stopping".to_string()
+        } else if !self.enrolled {
+            "not enrolled".to_string()
+        } else if self.reserved.is_empty() {
+            format!(
+                "no router reservation yet ({} admitted, {} candidates)",
+                self.admitted.len(),
+                self.candidates
+            )
+        } else {
+            "records not yet accepted by any router".to_string()
+        };
+        format!("not ready: {why}\n")
+    }
+}

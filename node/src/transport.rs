@@ -1,0 +1,223 @@
+//! The node's libp2p swarm: a dial-only TCP transport (optionally bound to a
+//! source IP) plus the relay-client transport, noise and yamux on both; the
+//! relay client, `libp2p-stream` (our protocols) and ping as behaviours.
+//!
+//! A member never listens on TCP: everything reaches it through a relayed
+//! circuit on one of its routers, so the TCP side only dials.
+
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use libp2p::core::multiaddr::Protocol;
+use libp2p::core::transport::{DialOpts, ListenerId, TransportError, TransportEvent};
+use libp2p::core::upgrade::Version;
+use libp2p::core::{Multiaddr, Transport};
+use libp2p::identity::Keypair;
+use libp2p::swarm::NetworkBehaviour;
+use libp2p::{Swarm, noise, ping, relay, yamux};
+
+/// The node's behaviours.
+#[derive(NetworkBehaviour)]
+#[behaviour(prelude = "libp2p::swarm::derive_prelude")]
+pub(crate) struct Behaviour {
+    pub(crate) relay: relay::client::Behaviour,
+    pub(crate) stream: libp2p_stream::Behaviour,
+    pub(crate) ping: ping::Behaviour,
+}
+
+/// Builds the swarm for `key`. `idle` closes connections without streams or
+/// reservations after that long (transit connections, finished circuits).
+pub(crate) fn build_swarm(
+    key: &Keypair,
+    source_ip: Option<IpAddr>,
+    connect_timeout: Duration,
+    idle: Duration,
+) -> Result<Swarm<Behaviour>, noise::Error> {
+    let peer_id = key.public().to_peer_id();
+    let (relay_transport, relay_client) = relay::client::new(peer_id);
+    let transport = relay_transport
+        .or_transport(DialTcp { source_ip })
+        .upgrade(Version::V1Lazy)
+        .authenticate(noise::Config::new(key)?)
+        .multiplex(yamux::Config::default())
+        .timeout(connect_timeout)
+        .boxed();
+    let behaviour = Behaviour {
+        relay: relay_client,
+        stream: libp2p_stream::Behaviour::new(),
+        ping: ping::Behaviour::new(ping::Config::new()),
+    };
+    let config = libp2p::swarm::Config::with_tokio_executor().with_idle_connection_timeout(idle);
+    Ok(Swarm::new(transport, behaviour, peer_id, config))
+}
+
+/// Dial-only TCP over tokio. With `source_ip`, every outgoing socket is bound
+/// to `source_ip:0` first, so one process can hold more connections to one
+/// router than a single source address has ephemeral ports. `/dns*`
+/// addresses are resolved with the system resolver.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DialTcp {
+    pub(crate) source_ip: Option<IpAddr>,
+}
+
+/// Where a dial goes: an IP or a name to resolve, and a port.
+enum Target {
+    Ip(SocketAddr),
+    Dns(String, u16),
+}
+
+fn target_of(addr: &Multiaddr) -> Option<Target> {
+    let mut iter = addr.iter();
+    let host = iter.next()?;
+    let port = match iter.next()? {
+        Protocol::Tcp(p) => p,
+        _ => return None,
+    };
+    // Only `/p2p/ID` may follow; anything else (p2p-circuit, ws...) is not ours.
+    for rest in iter {
+        if !matches!(rest, Protocol::P2p(_)) {
+            return None;
+        }
+    }
+    if port == 0 {
+        return None;
+    }
+    match host {
+        Protocol::Ip4(ip) if !ip.is_unspecified() => {
+            Some(Target::Ip(SocketAddr::new(ip.into(), port)))
+        }
+        Protocol::Ip6(ip) if !ip.is_unspecified() => {
+            Some(Target::Ip(SocketAddr::new(ip.into(), port)))
+        }
+        Protocol::Dns(h) | Protocol::Dns4(h) | Protocol::Dns6(h) => {
+            Some(Target::Dns(h.to_string(), port))
+        }
+        _ => None,
+    }
+}
+
+async fn connect(target: Target, source_ip: Option<IpAddr>) -> io::Result<tokio::net::TcpStream> {
+    let addr = match target {
+        Target::Ip(a) => a,
+        Target::Dns(host, port) => {
+            let mut addrs = tokio::net::lookup_host((host.as_str(), port)).await?;
+            let want_v4 = source_ip.map(|ip| ip.is_ipv4());
+            addrs
+                .find(|a| want_v4.is_none_or(|v4| a.is_ipv4() == v4))
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("{host} has no usable address"),
+                    )
+                })?
+        }
+    };
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_nodelay(true)?;
+    if let Some(ip) = source_ip {
+        socket.bind(SocketAddr::new(ip, 0))?;
+    }
+    socket.connect(addr).await
+}
+
+impl Transport for DialTcp {
+    type Output = libp2p::tcp::tokio::TcpStream;
+    type Error = io::Error;
+    type ListenerUpgrade = futures::future::Pending<Result<Self::Output, io::Error>>;
+    type Dial = Pin<Box<dyn Future<Output = Result<Self::Output, io::Error>> + Send>>;
+
+    fn listen_on(
+        &mut self,
+        _id: ListenerId,
+        addr: Multiaddr,
+    ) -> Result<(), TransportError<io::Error>> {
+        Err(TransportError::MultiaddrNotSupported(addr))
+    }
+
+    fn remove_listener(&mut self, _id: ListenerId) -> bool {
+        false
+    }
+
+    fn dial(
+        &mut self,
+        addr: Multiaddr,
+        _opts: DialOpts,
+    ) -> Result<Self::Dial, TransportError<io::Error>> {
+        let Some(target) = target_of(&addr) else {
+            return Err(TransportError::MultiaddrNotSupported(addr));
+        };
+        let source_ip = self.source_ip;
+        Ok(async move {
+            let s = connect(target, source_ip).await?;
+            Ok(libp2p::tcp::tokio::TcpStream(s))
+        }
+        .boxed())
+    }
+
+    fn poll(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<TransportEvent<Self::ListenerUpgrade, io::Error>> {
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_tcp_addresses_are_ours() {
+        let ok: Multiaddr =
+            "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"
+                .parse()
+                .expect("addr");
+        assert!(target_of(&ok).is_some());
+        let dns: Multiaddr = "/dns4/router.example/tcp/4001".parse().expect("addr");
+        assert!(matches!(target_of(&dns), Some(Target::Dns(_, 4001))));
+        for bad in [
+            "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA/p2p-circuit",
+            "/ip4/0.0.0.0/tcp/4001",
+            "/ip4/127.0.0.1/tcp/0",
+            "/ip4/127.0.0.1/udp/4001/quic-v1",
+        ] {
+            let a: Multiaddr = bad.parse().expect("addr");
+            assert!(target_of(&a).is_none(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn dials_bind_to_the_source_ip() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let source: IpAddr = "127.0.0.2".parse().expect("ip");
+        let mut t = DialTcp {
+            source_ip: Some(source),
+        };
+        let addr: Multiaddr = format!("/ip4/127.0.0.1/tcp/{port}").parse().expect("addr");
+        let dial = t
+            .dial(
+                addr,
+                DialOpts {
+                    role: libp2p::core::Endpoint::Dialer,
+                    port_use: libp2p::core::transport::PortUse::New,
+                },
+            )
+            .expect("ours");
+        let (dialed, accepted) = tokio::join!(dial, listener.accept());
+        let _s = dialed.expect("connected");
+        let (_, peer) = accepted.expect("accepted");
+        assert_eq!(peer.ip(), source);
+    }
+}
