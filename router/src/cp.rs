@@ -277,7 +277,12 @@ async fn directory(shared: &Shared) {
         })
         .filter(|r| r.peer != shared.peer_id)
         .collect();
-    *shared.router_set.write() = routers.iter().map(|r| r.peer).collect();
+    let admitted_routers: Vec<PeerId> = shared.admission.read().routers().copied().collect();
+    *shared.router_set.write() = routers
+        .iter()
+        .map(|r| r.peer)
+        .chain(admitted_routers)
+        .collect();
     *shared.directory.write() = routers;
     shared.trust.write().set_revocations(&dir.revocations);
 }

@@ -46,6 +46,11 @@ pub(crate) async fn serve(shared: Arc<Shared>, peer: PeerId, mut stream: Stream)
         Ok(admission) => {
             let (until, purpose) = (admission.until, admission.purpose);
             shared.admission.write().admit(peer, admission);
+            if purpose == Purpose::Router {
+                // Its next connections get the router DHT even before the
+                // directory names it.
+                shared.router_set.write().insert(peer);
+            }
             shared.metrics.auth_result(purpose, "admitted");
             tracing::debug!(%peer, purpose = purpose.as_str(), until, "admitted");
             wire::write_admitted(&mut stream, until, t).await

@@ -9,6 +9,7 @@
 //! router again once it is known.
 
 use std::collections::{HashMap, HashSet};
+
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -32,8 +33,8 @@ pub(crate) type RouterSet = Arc<RwLock<HashSet<PeerId>>>;
 pub(crate) struct RouterOnly<B> {
     inner: B,
     routers: RouterSet,
-    /// Connections that carry the inner handler, by peer.
-    conns: HashMap<PeerId, HashSet<ConnectionId>>,
+    /// Connections that carry the inner handler, by peer, oldest first.
+    conns: HashMap<PeerId, Vec<ConnectionId>>,
 }
 
 impl<B> RouterOnly<B> {
@@ -56,7 +57,8 @@ impl<B> RouterOnly<B> {
         self.conns.get(peer).is_some_and(|c| !c.is_empty())
     }
 
-    fn is_inner(&self, peer: &PeerId, id: &ConnectionId) -> bool {
+    /// Whether connection `id` to `peer` carries the inner behaviour.
+    pub(crate) fn is_inner(&self, peer: &PeerId, id: &ConnectionId) -> bool {
         self.conns.get(peer).is_some_and(|c| c.contains(id))
     }
 
@@ -100,7 +102,7 @@ where
             local_addr,
             remote_addr,
         )?;
-        self.conns.entry(peer).or_default().insert(connection_id);
+        self.conns.entry(peer).or_default().push(connection_id);
         Ok(Either::Left(h))
     }
 
@@ -137,7 +139,7 @@ where
             role_override,
             port_use,
         )?;
-        self.conns.entry(peer).or_default().insert(connection_id);
+        self.conns.entry(peer).or_default().push(connection_id);
         Ok(Either::Left(h))
     }
 
@@ -160,7 +162,7 @@ where
                     return;
                 }
                 if let Some(c) = self.conns.get_mut(&e.peer_id) {
-                    c.remove(&e.connection_id);
+                    c.retain(|id| *id != e.connection_id);
                     if c.is_empty() {
                         self.conns.remove(&e.peer_id);
                     }
@@ -205,14 +207,15 @@ where
                 Poll::Pending => return Poll::Pending,
             };
             // Events for "any connection" of a peer must reach one that
-            // carries the inner handler.
+            // carries the inner handler: the newest, which is the one most
+            // likely to carry it on the remote side too.
             if let ToSwarm::NotifyHandler {
                 peer_id,
                 handler: NotifyHandler::Any,
                 event,
             } = ev
             {
-                match self.conns.get(&peer_id).and_then(|c| c.iter().next()) {
+                match self.conns.get(&peer_id).and_then(|c| c.last()) {
                     Some(id) => {
                         return Poll::Ready(ToSwarm::NotifyHandler {
                             peer_id,

@@ -47,6 +47,8 @@ pub(crate) struct EventLoop {
     pending_providers: HashMap<QueryId, (HashSet<PeerId>, oneshot::Sender<Vec<PeerId>>)>,
     providing: HashSet<RecordKey>,
     mesh: Mesh,
+    /// A router connection with Kademlia appeared: re-announce on the next tick.
+    reannounce: bool,
     /// Configured listen address per listener (to derive external addresses).
     listeners: HashMap<libp2p::core::transport::ListenerId, Multiaddr>,
 }
@@ -71,6 +73,7 @@ impl EventLoop {
             dialed_addrs: HashMap::new(),
             pending_providers: HashMap::new(),
             providing: HashSet::new(),
+            reannounce: false,
             listeners,
         }
     }
@@ -115,6 +118,14 @@ impl EventLoop {
                 ..
             } => {
                 let inbound = endpoint.is_listener();
+                if self
+                    .swarm
+                    .behaviour()
+                    .kad
+                    .is_inner(&peer_id, &connection_id)
+                {
+                    self.reannounce = true;
+                }
                 if let ConnectedPoint::Dialer { address, .. } = &endpoint {
                     self.dialed_addrs.insert(peer_id, address.clone());
                 }
@@ -338,11 +349,35 @@ impl EventLoop {
         self.reconcile_providers(false);
 
         // Mesh.
-        if self.mesh.tick(&mut self.swarm, &self.dialed_addrs) {
+        let added = self.mesh.tick(&mut self.swarm, &self.dialed_addrs);
+        if added || std::mem::take(&mut self.reannounce) {
             self.reconcile_providers(true);
         }
+        self.close_duplicate_router_connections();
 
         self.update_gauges(now);
+    }
+
+    /// A router connection that came in before we knew the peer was a
+    /// router has no Kademlia; once another connection to it does, close it
+    /// so neither side sends DHT requests where they cannot be answered.
+    fn close_duplicate_router_connections(&mut self) {
+        let kad = &self.swarm.behaviour().kad;
+        let stale: Vec<ConnectionId> = self
+            .conns
+            .iter()
+            .filter(|(id, c)| {
+                !c.closing && kad.has_connection(&c.peer) && !kad.is_inner(&c.peer, id)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.closing = true;
+                tracing::debug!(peer = %c.peer, "closing a router connection without Kademlia");
+            }
+            self.swarm.close_connection(id);
+        }
     }
 
     fn update_gauges(&self, now: i64) {

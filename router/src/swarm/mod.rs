@@ -24,9 +24,9 @@ pub const KAD_PROTOCOL: &str = "/agentmesh/kad/1";
 const IDENTIFY_PROTOCOL: &str = "/agentmesh/1";
 /// Routers re-announce what they provide this often (plus at once when a
 /// router joins).
-const PROVIDER_PUBLICATION_INTERVAL: Duration = Duration::from_secs(300);
+const PROVIDER_PUBLICATION_INTERVAL: Duration = Duration::from_secs(120);
 /// Provider records of other routers live this long without renewal.
-const PROVIDER_RECORD_TTL: Duration = Duration::from_secs(900);
+const PROVIDER_RECORD_TTL: Duration = Duration::from_secs(360);
 /// Distinct service keys the router DHT stores at most per router.
 const MAX_PROVIDED_KEYS: usize = 65_536;
 /// Providers stored per service key at most (routers, not members).

@@ -1,0 +1,595 @@
+//! Cross-program tests on loopback: a real control plane (SQLite in a temp
+//! dir), routers started with `spawn`, raw libp2p test peers.
+
+mod support;
+
+use std::time::Duration;
+
+use agentmesh_controlplane::client::{Client, ClientConfig};
+use agentmesh_proto::credential::{peek_claims, sign};
+use agentmesh_proto::pb::controlplane::CreateTokenRequest;
+use agentmesh_proto::pb::credential::{Credential, Role, TokenKind};
+use agentmesh_proto::pb::mesh::{
+    AuthRefusal, CatalogRequest, Lookup, Purpose, ServiceRecord, auth_response, catalog_request,
+    catalog_response,
+};
+use agentmesh_proto::record::sign_record;
+use agentmesh_proto::unix_now;
+use agentmesh_router::{Config, RouterHandle};
+use libp2p::identity::Keypair;
+use libp2p::multiaddr::Protocol;
+use libp2p::{Multiaddr, PeerId};
+use support::{Ev, TestPeer, eventually, metric};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const ADMIN: &str = "test-admin-token-0123456789abcdef";
+
+/// A control plane on loopback with its SQLite file in a temp dir.
+struct Cp {
+    handle: agentmesh_controlplane::Handle,
+    url: String,
+    client: Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_cp(credential_ttl_secs: u64) -> Cp {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = agentmesh_controlplane::Config {
+        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+        http_addr: "127.0.0.1:0".parse().expect("addr"),
+        db: format!("sqlite://{}", dir.path().join("cp.db").display()),
+        admin_token: Some(ADMIN.to_string()),
+        credential_ttl_secs,
+        key_grace_secs: credential_ttl_secs + 3600,
+        ..Default::default()
+    };
+    let handle = agentmesh_controlplane::spawn(config)
+        .await
+        .expect("control plane");
+    let url = format!("http://{}", handle.grpc_addr());
+    let client = Client::new(ClientConfig {
+        url: url.clone(),
+        ca_pem: None,
+        retry_budget: Duration::from_secs(30),
+        rpc_timeout: Duration::from_secs(10),
+    })
+    .expect("client");
+    Cp {
+        handle,
+        url,
+        client,
+        _dir: dir,
+    }
+}
+
+impl Cp {
+    async fn token(&self, role: Role) -> String {
+        self.client
+            .create_token(
+                ADMIN,
+                CreateTokenRequest {
+                    kind: TokenKind::Bootstrap as i32,
+                    role: role as i32,
+                    labels: vec![],
+                    max_uses: 100,
+                    ttl_secs: 3600,
+                },
+            )
+            .await
+            .expect("create token")
+            .token
+    }
+
+    async fn enroll(&self, token: &str, key: &Keypair) -> Credential {
+        self.client
+            .enroll(token, key)
+            .await
+            .expect("enroll")
+            .credential
+            .expect("credential")
+    }
+}
+
+struct Router {
+    handle: RouterHandle,
+    addr: Multiaddr,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_router(cp: &Cp) -> Router {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = Config {
+        control_plane: cp.url.clone(),
+        token: cp.token(Role::Router).await,
+        key_path: dir.path().join("router.key"),
+        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")],
+        metrics_addr: Some("127.0.0.1:0".parse().expect("addr")),
+        auth_deadline: Duration::from_secs(2),
+        lease_interval: Duration::from_secs(1),
+        clock_skew: Duration::ZERO,
+        control_plane_retry_budget: Duration::from_secs(10),
+        ..Default::default()
+    };
+    let handle = agentmesh_router::spawn(config).await.expect("router");
+    let mut ready = handle.ready();
+    tokio::time::timeout(support::DEADLINE, ready.wait_for(|r| *r))
+        .await
+        .expect("router ready in time")
+        .expect("ready channel");
+    let addr = handle.listen_addrs()[0].clone();
+    Router {
+        handle,
+        addr,
+        _dir: dir,
+    }
+}
+
+impl Router {
+    fn id(&self) -> PeerId {
+        self.handle.peer_id()
+    }
+    fn metric(&self, series: &str) -> f64 {
+        metric(&self.handle.metrics_text(), series)
+    }
+    fn auth_count(&self, purpose: &str, result: &str) -> f64 {
+        self.metric(&format!(
+            "agentmesh_router_auth_total{{purpose=\"{purpose}\",result=\"{result}\"}}"
+        ))
+    }
+}
+
+fn refusal(resp: &agentmesh_proto::pb::mesh::AuthResponse) -> Option<AuthRefusal> {
+    match &resp.result {
+        Some(auth_response::Result::Refused(r)) => AuthRefusal::try_from(r.reason).ok(),
+        _ => None,
+    }
+}
+
+fn admitted(resp: &agentmesh_proto::pb::mesh::AuthResponse) -> bool {
+    matches!(resp.result, Some(auth_response::Result::Admitted(_)))
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_is_ready_and_serves_metrics() {
+    let cp = start_cp(3600).await;
+    let r = start_router(&cp).await;
+    let m = r.handle.metrics_addr().expect("metrics addr");
+    let ready = http_get(m, "/readyz").await;
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    let health = http_get(m, "/healthz").await;
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let metrics = http_get(m, "/metrics").await;
+    // Label values exist before anything happened.
+    assert!(
+        metrics.contains("agentmesh_router_auth_total{purpose=\"router\",result=\"wrong_role\"} 0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("agentmesh_router_ready 1"), "{metrics}");
+    assert!(r.metric("agentmesh_router_lease_total{result=\"ok\"}") >= 1.0);
+    // The external address on loopback is the bound one.
+    assert_eq!(r.handle.external_addrs(), r.handle.listen_addrs());
+    r.handle.shutdown().await;
+    drop(cp.handle);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_and_refusals_with_reasons_and_counters() {
+    let cp = start_cp(3600).await;
+    let r = start_router(&cp).await;
+    let member_token = cp.token(Role::Member).await;
+
+    let mut a = TestPeer::new();
+    let cred_a = cp.enroll(&member_token, &a.key).await;
+    a.connect(r.id(), r.addr.clone()).await;
+
+    // Good credential: admitted, until = its expiry.
+    let resp = a.auth(r.id(), Some(cred_a.clone()), Purpose::Attach).await;
+    let Some(auth_response::Result::Admitted(adm)) = resp.result else {
+        panic!("expected admitted, got {resp:?}");
+    };
+    let claims = peek_claims(&cred_a).expect("claims");
+    assert_eq!(adm.until_unix_secs, claims.expires_at_unix_secs);
+    assert_eq!(r.auth_count("attach", "admitted"), 1.0);
+
+    // Forged: the same claims signed by another key.
+    let forged = sign(&claims, &libp2p::identity::ed25519::Keypair::generate());
+    let resp = a.auth(r.id(), Some(forged), Purpose::Attach).await;
+    assert_eq!(refusal(&resp), Some(AuthRefusal::BadSignature), "{resp:?}");
+    assert_eq!(r.auth_count("attach", "bad_signature"), 1.0);
+
+    // A member token cannot act as a router.
+    let resp = a.auth(r.id(), Some(cred_a.clone()), Purpose::Router).await;
+    assert_eq!(refusal(&resp), Some(AuthRefusal::WrongRole), "{resp:?}");
+    assert_eq!(r.auth_count("router", "wrong_role"), 1.0);
+
+    // Members never get the router DHT, admitted or not.
+    let kad = a.try_open(r.id(), agentmesh_router::KAD_PROTOCOL).await;
+    assert!(
+        kad.is_err_and(|e| e.contains("not support")),
+        "kad refused to members"
+    );
+
+    // Another peer presenting A's credential.
+    let mut b = TestPeer::new();
+    b.connect(r.id(), r.addr.clone()).await;
+    let resp = b.auth(r.id(), Some(cred_a.clone()), Purpose::Attach).await;
+    assert_eq!(refusal(&resp), Some(AuthRefusal::WrongPeer), "{resp:?}");
+    assert_eq!(r.auth_count("attach", "wrong_peer"), 1.0);
+
+    // Garbage on the auth stream: a refusal for that stream, the connection lives on.
+    let junk = b.auth_raw(r.id(), &[5, 0xff, 0xff, 0xff, 0xff, 0xff]).await;
+    assert!(!junk.is_empty(), "a malformed request gets an answer");
+    assert_eq!(r.auth_count("attach", "malformed"), 1.0);
+    assert!(b.is_connected(r.id()).await);
+    // B's own credential still works on the same connection.
+    let cred_b = cp.enroll(&member_token, &b.key).await;
+    assert!(admitted(
+        &b.auth(r.id(), Some(cred_b), Purpose::Transit).await
+    ));
+    assert_eq!(r.auth_count("transit", "admitted"), 1.0);
+
+    eventually("gauges show one attached, one transit", || async {
+        (r.metric("agentmesh_router_attached_members") == 1.0
+            && r.metric("agentmesh_router_transit_connections") == 1.0)
+            .then_some(())
+    })
+    .await;
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_connection_is_closed_at_the_auth_deadline() {
+    let cp = start_cp(3600).await;
+    let r = start_router(&cp).await;
+    let mut p = TestPeer::new();
+    p.connect(r.id(), r.addr.clone()).await;
+    let rid = r.id();
+    p.wait(
+        "router closes the connection",
+        |e| matches!(e, Ev::Closed { peer, remaining: 0 } if *peer == rid),
+    )
+    .await;
+    assert_eq!(
+        r.metric("agentmesh_router_connections_closed_total{reason=\"auth_deadline\"}"),
+        1.0
+    );
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_needs_admission_and_carries_a_mebibyte() {
+    let cp = start_cp(3600).await;
+    let r = start_router(&cp).await;
+    let member_token = cp.token(Role::Member).await;
+    let circuit: Multiaddr = r
+        .addr
+        .clone()
+        .with(Protocol::P2p(r.id()))
+        .with(Protocol::P2pCircuit);
+
+    // Not admitted: the reservation is denied and counted.
+    let mut a = TestPeer::new();
+    a.connect(r.id(), r.addr.clone()).await;
+    let c2 = circuit.clone();
+    a.with_swarm(move |s| s.listen_on(c2).expect("listen on circuit"))
+        .await;
+    a.wait("reservation refused", |e| {
+        matches!(e, Ev::ListenerClosed(_))
+    })
+    .await;
+    assert_eq!(
+        r.metric("agentmesh_router_reservation_requests_total{result=\"denied\"}"),
+        1.0
+    );
+
+    // Admitted to attach: the reservation is accepted.
+    let cred_a = cp.enroll(&member_token, &a.key).await;
+    assert!(admitted(
+        &a.auth(r.id(), Some(cred_a), Purpose::Attach).await
+    ));
+    let c2 = circuit.clone();
+    a.with_swarm(move |s| s.listen_on(c2).expect("listen on circuit"))
+        .await;
+    a.wait(
+        "reservation accepted",
+        |e| matches!(e, Ev::ListenAddr(addr) if addr.iter().any(|p| p == Protocol::P2pCircuit)),
+    )
+    .await;
+    let _echo = a.serve_echo("/test/echo/1");
+
+    // A caller admitted only for transit opens a circuit to A.
+    let mut b = TestPeer::new();
+    b.connect(r.id(), r.addr.clone()).await;
+    let cred_b = cp.enroll(&member_token, &b.key).await;
+    assert!(admitted(
+        &b.auth(r.id(), Some(cred_b), Purpose::Transit).await
+    ));
+    let to_a = circuit.clone().with(Protocol::P2p(a.peer_id));
+    b.with_swarm(move |s| s.dial(to_a).expect("dial through relay"))
+        .await;
+    let aid = a.peer_id;
+    let ev = b
+        .wait(
+            "relayed connection to A",
+            |e| matches!(e, Ev::Connected { peer, .. } if *peer == aid),
+        )
+        .await;
+    assert!(matches!(ev, Ev::Connected { relayed: true, .. }), "{ev:?}");
+    let data: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
+    let back = b.echo(a.peer_id, "/test/echo/1", &data).await;
+    assert!(back == data, "1 MiB came back byte-identical");
+    assert!(r.metric("agentmesh_router_circuit_requests_total{result=\"accepted\"}") >= 1.0);
+
+    // An unadmitted caller is denied a circuit.
+    let mut c = TestPeer::new();
+    c.connect(r.id(), r.addr.clone()).await;
+    let to_a = circuit.clone().with(Protocol::P2p(a.peer_id));
+    c.with_swarm(move |s| s.dial(to_a).expect("dial through relay"))
+        .await;
+    eventually("circuit denied", || async {
+        (r.metric("agentmesh_router_circuit_requests_total{result=\"denied\"}") >= 1.0)
+            .then_some(())
+    })
+    .await;
+    assert!(!c.is_connected(a.peer_id).await);
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_member_is_dropped_and_refused() {
+    let cp = start_cp(3600).await;
+    let r = start_router(&cp).await;
+    let member_token = cp.token(Role::Member).await;
+    let mut a = TestPeer::new();
+    let cred = cp.enroll(&member_token, &a.key).await;
+    a.connect(r.id(), r.addr.clone()).await;
+    assert!(admitted(
+        &a.auth(r.id(), Some(cred.clone()), Purpose::Attach).await
+    ));
+
+    cp.client
+        .revoke_node(ADMIN, &a.peer_id, "test")
+        .await
+        .expect("revoke");
+    let rid = r.id();
+    a.wait(
+        "router drops the revoked member",
+        |e| matches!(e, Ev::Closed { peer, remaining: 0 } if *peer == rid),
+    )
+    .await;
+    assert_eq!(r.metric("agentmesh_router_revocations_enforced_total"), 1.0);
+
+    a.connect(r.id(), r.addr.clone()).await;
+    let resp = a.auth(r.id(), Some(cred), Purpose::Attach).await;
+    assert_eq!(refusal(&resp), Some(AuthRefusal::Revoked), "{resp:?}");
+    assert_eq!(r.auth_count("attach", "revoked"), 1.0);
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_credential_is_refused() {
+    let cp = start_cp(3).await;
+    let r = start_router(&cp).await;
+    let member_token = cp.token(Role::Member).await;
+    let mut a = TestPeer::new();
+    let cred = cp.enroll(&member_token, &a.key).await;
+    let exp = peek_claims(&cred).expect("claims").expires_at_unix_secs;
+    a.connect(r.id(), r.addr.clone()).await;
+    assert!(admitted(
+        &a.auth(r.id(), Some(cred.clone()), Purpose::Attach).await
+    ));
+    // Admission ends with the credential: the router drops the member.
+    let rid = r.id();
+    a.wait(
+        "router drops the member when its credential expires",
+        |e| matches!(e, Ev::Closed { peer, remaining: 0 } if *peer == rid),
+    )
+    .await;
+    assert!(unix_now() > exp);
+    assert_eq!(
+        r.metric("agentmesh_router_connections_closed_total{reason=\"expired\"}"),
+        1.0
+    );
+    // Presenting the expired credential again is refused with the reason.
+    a.connect(r.id(), r.addr.clone()).await;
+    let resp = a.auth(r.id(), Some(cred), Purpose::Attach).await;
+    assert_eq!(refusal(&resp), Some(AuthRefusal::Expired), "{resp:?}");
+    assert_eq!(r.auth_count("attach", "expired"), 1.0);
+    r.handle.shutdown().await;
+}
+
+fn record(
+    key: &Keypair,
+    services: &[&str],
+    routers: &[PeerId],
+) -> agentmesh_proto::pb::mesh::SignedRecord {
+    let now = unix_now();
+    sign_record(
+        &ServiceRecord {
+            provider: key.public().to_peer_id().to_bytes(),
+            services: services.iter().map(|s| s.to_string()).collect(),
+            routers: routers.iter().map(|r| r.to_bytes()).collect(),
+            issued_at_unix_secs: now,
+            expires_at_unix_secs: now + 600,
+        },
+        key,
+    )
+}
+
+fn lookup(service: &str) -> CatalogRequest {
+    CatalogRequest {
+        op: Some(catalog_request::Op::Lookup(Lookup {
+            service: service.into(),
+            limit: 10,
+        })),
+    }
+}
+
+fn providers(resp: &agentmesh_proto::pb::mesh::CatalogResponse) -> Vec<PeerId> {
+    match &resp.result {
+        Some(catalog_response::Result::Providers(p)) => p
+            .records
+            .iter()
+            .filter_map(|r| agentmesh_proto::record::verify_record(r, unix_now()).ok())
+            .map(|(_, p)| p)
+            .collect(),
+        _ => vec![],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catalog_publish_needs_attach_and_records_leave_with_the_member() {
+    let cp = start_cp(3600).await;
+    let r = start_router(&cp).await;
+    let member_token = cp.token(Role::Member).await;
+    let mut a = TestPeer::new();
+    a.connect(r.id(), r.addr.clone()).await;
+    let publish = CatalogRequest {
+        op: Some(catalog_request::Op::Publish(record(
+            &a.key,
+            &["echo"],
+            &[r.id()],
+        ))),
+    };
+    let resp = a.catalog(r.id(), publish.clone()).await;
+    assert!(
+        matches!(resp.result, Some(catalog_response::Result::Error(_))),
+        "publish before admission is refused: {resp:?}"
+    );
+    let cred = cp.enroll(&member_token, &a.key).await;
+    assert!(admitted(&a.auth(r.id(), Some(cred), Purpose::Attach).await));
+    // A record signed for another provider is refused.
+    let other = Keypair::generate_ed25519();
+    let resp = a
+        .catalog(
+            r.id(),
+            CatalogRequest {
+                op: Some(catalog_request::Op::Publish(record(&other, &["echo"], &[]))),
+            },
+        )
+        .await;
+    assert!(
+        matches!(resp.result, Some(catalog_response::Result::Error(_))),
+        "{resp:?}"
+    );
+    let resp = a.catalog(r.id(), publish).await;
+    assert!(
+        matches!(resp.result, Some(catalog_response::Result::Ack(_))),
+        "{resp:?}"
+    );
+    assert_eq!(
+        providers(&a.catalog(r.id(), lookup("echo")).await),
+        vec![a.peer_id]
+    );
+    assert_eq!(
+        r.metric("agentmesh_router_catalog_requests_total{op=\"publish\",result=\"ok\"}"),
+        1.0
+    );
+
+    // The member leaves: its record goes with it.
+    let b = {
+        let mut b = TestPeer::new();
+        b.connect(r.id(), r.addr.clone()).await;
+        let cred_b = cp.enroll(&member_token, &b.key).await;
+        assert!(admitted(
+            &b.auth(r.id(), Some(cred_b), Purpose::Attach).await
+        ));
+        b
+    };
+    drop(a);
+    eventually("record dropped with its member", || async {
+        providers(&b.catalog(r.id(), lookup("echo")).await)
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_routers_mesh_and_a_lookup_on_one_finds_a_record_on_the_other() {
+    let cp = start_cp(3600).await;
+    let r1 = start_router(&cp).await;
+    let r2 = start_router(&cp).await;
+    eventually("routers admit each other", || async {
+        (r1.metric("agentmesh_router_admitted_routers") == 1.0
+            && r2.metric("agentmesh_router_admitted_routers") == 1.0)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        r1.auth_count("router", "admitted") + r2.auth_count("router", "admitted") >= 2.0,
+        true
+    );
+
+    let member_token = cp.token(Role::Member).await;
+    // A publishes on R2.
+    let mut a = TestPeer::new();
+    a.connect(r2.id(), r2.addr.clone()).await;
+    let cred_a = cp.enroll(&member_token, &a.key).await;
+    assert!(admitted(
+        &a.auth(r2.id(), Some(cred_a), Purpose::Attach).await
+    ));
+    let resp = a
+        .catalog(
+            r2.id(),
+            CatalogRequest {
+                op: Some(catalog_request::Op::Publish(record(
+                    &a.key,
+                    &["echo"],
+                    &[r2.id()],
+                ))),
+            },
+        )
+        .await;
+    assert!(
+        matches!(resp.result, Some(catalog_response::Result::Ack(_))),
+        "{resp:?}"
+    );
+
+    // B, attached to R1 only, looks it up there.
+    let mut b = TestPeer::new();
+    b.connect(r1.id(), r1.addr.clone()).await;
+    let cred_b = cp.enroll(&member_token, &b.key).await;
+    assert!(admitted(
+        &b.auth(r1.id(), Some(cred_b), Purpose::Attach).await
+    ));
+    let aid = a.peer_id;
+    eventually("lookup on R1 finds A's record on R2", || async {
+        providers(&b.catalog(r1.id(), lookup("echo")).await)
+            .contains(&aid)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        r2.metric("agentmesh_router_catalog_requests_total{op=\"local_lookup\",result=\"ok\"}")
+            >= 1.0
+    );
+    // Members cannot use the router-only local lookup.
+    let resp = b
+        .catalog(
+            r1.id(),
+            CatalogRequest {
+                op: Some(catalog_request::Op::LocalLookup(Lookup {
+                    service: "echo".into(),
+                    limit: 10,
+                })),
+            },
+        )
+        .await;
+    assert!(
+        matches!(resp.result, Some(catalog_response::Result::Error(_))),
+        "{resp:?}"
+    );
+    r1.handle.shutdown().await;
+    r2.handle.shutdown().await;
+}
