@@ -60,10 +60,10 @@ pub async fn wait_ready(
                 tail(log)
             )));
         }
-        if let Ok(r) = http::get(addr, "/readyz", READY_READ_TIMEOUT).await {
-            if r.status == 200 {
-                return Ok(start.elapsed());
-            }
+        if let Ok(r) = http::get(addr, "/readyz", READY_READ_TIMEOUT).await
+            && r.status == 200
+        {
+            return Ok(start.elapsed());
         }
         if start.elapsed() >= deadline {
             return Err(LadderError::Process(format!(

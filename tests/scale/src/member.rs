@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rand::RngCore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::watch;
+use tokio::sync::{RwLock, watch};
 
 /// Service name the providers expose.
 pub const ECHO: &str = "echo";
@@ -42,18 +42,22 @@ pub struct View {
     pub enrolled: bool,
     /// It is ready (admitted and reserved on at least one router).
     pub ready: bool,
-    /// Routers it is attached to.
+    /// Routers it holds a reservation on.
     pub routers: usize,
+    /// The node has begun stopping.
+    pub stopping: bool,
 }
 
 /// A running member.
 pub struct Member {
-    handle: agentmesh_node::NodeHandle,
+    /// `None` once shut down. Calls hold the read side; shutdown takes the handle.
+    handle: RwLock<Option<agentmesh_node::NodeHandle>>,
+    status: watch::Receiver<agentmesh_node::NodeStatus>,
     socket: Option<PathBuf>,
 }
 
 impl Member {
-    /// Starts the node.
+    /// Starts the node; returns once it holds a credential (the node enrolls inside `spawn`).
     pub async fn start(spec: MemberSpec) -> Result<Self, String> {
         let socket = spec.data_dir.join(agentmesh_node::config::SOCKET_FILE);
         let config = agentmesh_node::Config {
@@ -75,7 +79,8 @@ impl Member {
             .await
             .map_err(|e| e.to_string())?;
         Ok(Self {
-            handle,
+            status: handle.status(),
+            handle: RwLock::new(Some(handle)),
             socket: spec.socket.then_some(socket),
         })
     }
@@ -88,18 +93,18 @@ impl Member {
     /// A receiver of the member's state; `changed()` errors once the node has ended.
     pub fn watch(&self) -> Watch {
         Watch {
-            status: self.handle.status(),
+            status: self.status.clone(),
         }
     }
 
     /// One echo call through the mesh: random bytes out, the same bytes back.
     pub async fn call_echo(&self, timeout: Duration) -> Result<(), String> {
         let fut = async {
-            let mut stream = self
-                .handle
-                .call(ECHO)
-                .await
-                .map_err(|e| format!("call: {e}"))?;
+            let guard = self.handle.read().await;
+            let handle = guard
+                .as_ref()
+                .ok_or_else(|| "member shut down".to_string())?;
+            let mut stream = handle.call(ECHO).await.map_err(|e| format!("call: {e}"))?;
             let mut payload = [0u8; ECHO_PAYLOAD_BYTES];
             rand::thread_rng().fill_bytes(&mut payload);
             stream
@@ -126,7 +131,10 @@ impl Member {
 
     /// Stops the node (withdraws records, closes connections).
     pub async fn shutdown(&self) {
-        self.handle.shutdown().await;
+        let handle = self.handle.write().await.take();
+        if let Some(h) = handle {
+            h.shutdown().await;
+        }
     }
 }
 
@@ -144,6 +152,7 @@ impl Watch {
             enrolled: s.enrolled,
             ready: s.ready,
             routers: s.reserved.len(),
+            stopping: s.stopping,
         }
     }
 

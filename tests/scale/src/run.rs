@@ -36,7 +36,14 @@ pub async fn run_local(local: LocalConfig, cfg: FleetConfig) -> Result<Report> {
         "ladder: control plane {} and {routers} routers ready",
         mesh.url()
     );
-    run(Target::Local(mesh), cfg, bins.ladder, &dir, "local").await
+    run(
+        Target::Local(Box::new(mesh)),
+        cfg,
+        bins.ladder,
+        &dir,
+        "local",
+    )
+    .await
 }
 
 /// Runs a ladder's fleet against an existing mesh.

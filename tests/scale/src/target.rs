@@ -9,7 +9,7 @@ use crate::observe::{self, ControlPlaneRaw, RouterSnapshot};
 /// The mesh under test.
 pub enum Target {
     /// Started by the ladder: every event and every snapshot is available.
-    Local(LocalMesh),
+    Local(Box<LocalMesh>),
     /// An existing mesh: the fleet only (and RotateKeyNow with an admin token).
     Remote {
         /// Control-plane gRPC URL.

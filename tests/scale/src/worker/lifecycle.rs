@@ -32,7 +32,7 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
         routers: shared.cfg.member_routers,
         expose_echo: slot.provider.then_some(shared.echo),
         dial_source_ip: source_ip(slot.index, shared.cfg.source_ips).map(Into::into),
-        socket: slot.index % SOCKET_EVERY == 0,
+        socket: slot.index.is_multiple_of(SOCKET_EVERY),
         call_timeout: Duration::from_secs(shared.cfg.call_timeout_secs.max(1)),
     };
     let member = match Member::start(spec).await {
@@ -46,10 +46,8 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
     let mut watch = member.watch();
     let _ = slot.watch.set(watch.clone());
 
-    let enrolled_at = match wait_for(&mut watch, |v| v.enrolled).await {
-        Ok(()) => Instant::now(),
-        Err(why) => return gone(&shared, &slot, format!("before enrolling: {why}")).await,
-    };
+    // The node enrolls inside `spawn`: once it returns, the credential is in hand.
+    let enrolled_at = Instant::now();
     shared
         .emit(Event::Enrolled {
             member: slot.index,
@@ -74,15 +72,16 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
         first_call(&shared, &slot, &member, ready_at).await;
     }
 
-    // Watch until the node ends.
+    // Watch until the node stops or ends.
     loop {
-        shared.observe(&slot, watch.view());
-        if watch.changed().await.is_err() {
+        let view = watch.view();
+        shared.observe(&slot, view);
+        if view.stopping || watch.changed().await.is_err() {
             break;
         }
     }
     if !shared.leaving.load(Ordering::SeqCst) {
-        shared.exit(&slot, "node ended".to_string()).await;
+        shared.exit(&slot, "node stopped".to_string()).await;
     }
 }
 
@@ -95,8 +94,12 @@ async fn gone(shared: &Shared, slot: &Slot, why: String) {
 async fn wait_for(watch: &mut Watch, pred: impl Fn(View) -> bool) -> Result<(), String> {
     let deadline = Instant::now() + MEMBER_PHASE_DEADLINE;
     loop {
-        if pred(watch.view()) {
+        let view = watch.view();
+        if pred(view) {
             return Ok(());
+        }
+        if view.stopping {
+            return Err("node stopped".to_string());
         }
         match tokio::time::timeout_at(deadline, watch.changed()).await {
             Ok(Ok(())) => {}

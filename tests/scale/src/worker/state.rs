@@ -306,6 +306,7 @@ mod tests {
             enrolled: true,
             ready,
             routers,
+            stopping: false,
         };
         w.apply(v(true, 2), 2, 0);
         assert!(!w.below_k);
