@@ -25,7 +25,7 @@ mod names {
     pub(super) const CP_RPC_SECONDS: &str = "agentmesh_control_plane_rpc_duration_seconds";
     pub(super) const CP_RPCS: &str = "agentmesh_control_plane_rpc_total";
     pub(super) const CP_STORAGE_ROWS: &str = "agentmesh_control_plane_storage_rows";
-    pub(super) const CP_ENROLL_LIMITED: &str = "agentmesh_control_plane_enroll_rate_limited_total";
+    pub(super) const CP_LIMITER_REFUSALS: &str = "agentmesh_control_plane_limiter_refusals_total";
 }
 
 /// One router at one instant.
@@ -137,17 +137,7 @@ pub async fn control_plane(http_addr: SocketAddr, pid: Option<u32>) -> ControlPl
     raw.rpc_buckets = m.buckets(names::CP_RPC_SECONDS);
     raw.codes = m.group_by(names::CP_RPCS, "code");
     raw.storage_rows = m.group_by(names::CP_STORAGE_ROWS, "table");
-    raw.enroll_limited = if m.has(names::CP_ENROLL_LIMITED) {
-        m.sum(names::CP_ENROLL_LIMITED, &[])
-    } else {
-        m.sum(
-            names::CP_RPCS,
-            &[("method", "Enroll"), ("code", "resource_exhausted")],
-        ) + m.sum(
-            names::CP_RPCS,
-            &[("method", "Enroll"), ("code", "ResourceExhausted")],
-        )
-    };
+    raw.enroll_limited = m.sum(names::CP_LIMITER_REFUSALS, &[("limiter", "enroll")]);
     raw
 }
 
