@@ -64,6 +64,11 @@ LOW_WATERMARK_RATIO = 0.85
 DRAIN_MARGIN_SECS = 15
 # A router must lease at least three times per lease TTL.
 LEASES_PER_TTL = 3
+# The control-plane client's default retry budget (issue 2): a fleet cold
+# start must get through the enrollment limiter within it.
+ENROLL_RETRY_BUDGET_SECS = 180
+FLEET_ANNOTATION = "agentmesh/sized-for-members"
+K_ANNOTATION = "agentmesh/routers-per-member"
 
 # Volume types the "restricted" Pod Security Standard allows.
 RESTRICTED_VOLUME_TYPES = {"configMap", "secret", "emptyDir", "persistentVolumeClaim", "projected", "downwardAPI", "csi", "ephemeral"}
@@ -317,6 +322,7 @@ def check_router(objects: list[dict[str, Any]]) -> list[str]:
             problems.append(f"PodDisruptionBudget/{p['metadata']['name']}: maxUnavailable should be 1")
 
     cps = [x for x in containers(objects) if x.binary == "agentmesh-control-plane" and not x.subcommand]
+    problems += _fleet_problems(c, sts, low, cps)
     for cp in cps:
         if c.flag("--control-plane") != cp.flag("--public-url"):
             problems.append(f"{c.where}: --control-plane {c.flag('--control-plane')} != control plane --public-url "
@@ -327,6 +333,33 @@ def check_router(objects: list[dict[str, Any]]) -> list[str]:
                 problems.append(f"{c.where}: lease interval {interval}s x {LEASES_PER_TTL} > lease TTL {ttl}s")
         except ValueError:
             problems.append(f"{c.where}: lease interval / TTL are not integers")
+    return problems
+
+
+def _fleet_problems(c: Container, sts: dict[str, Any], low: int, cps: list[Container]) -> list[str]:
+    """The sizing rule for the fleet the StatefulSet says it is sized for."""
+    ann = sts["metadata"].get("annotations") or {}
+    try:
+        fleet, k = int(ann[FLEET_ANNOTATION]), int(ann[K_ANNOTATION])
+    except (KeyError, ValueError):
+        return [f"{c.where}: annotations {FLEET_ANNOTATION} and {K_ANNOTATION} must state the fleet it is sized for"]
+    n = int(sts["spec"].get("replicas", 1))
+    if n < 2 or k > n - 1:
+        return [f"{c.where}: {n} routers cannot keep K={k} routers per member with one router lost"]
+    problems = []
+    after_loss = math.ceil(fleet * k / (n - 1))
+    if after_loss > low:
+        problems.append(f"{c.where}: with one of {n} routers lost, {fleet} x {k} / {n - 1} = {after_loss} "
+                        f"members per router > low watermark {low}")
+    for cp in cps:
+        try:
+            rate, burst = int(cp.flag("--enroll-rate-per-sec") or ""), int(cp.flag("--enroll-burst") or "")
+        except ValueError:
+            problems.append(f"{cp.where}: enroll rate and burst must be integers")
+            continue
+        if rate * ENROLL_RETRY_BUDGET_SECS + burst < fleet:
+            problems.append(f"{cp.where}: a cold start of {fleet} members needs rate x {ENROLL_RETRY_BUDGET_SECS} s "
+                            f"+ burst >= {fleet}, have {rate} x {ENROLL_RETRY_BUDGET_SECS} + {burst}")
     return problems
 
 

@@ -152,7 +152,22 @@ def missing_secret(o):
     router_pod(o)["volumes"][0]["secret"]["secretName"] = "agentmesh-router-tokens"
 
 
+def bigger_fleet(o):
+    get(o, "StatefulSet")["metadata"]["annotations"]["agentmesh/sized-for-members"] = "3500"
+
+
+def slow_enrollment(o):
+    get(o, "ConfigMap", "agentmesh-control-plane-flags")["data"]["ENROLL_RATE_PER_SEC"] = "10"
+
+
+def unsized(o):
+    del get(o, "StatefulSet")["metadata"]["annotations"]
+
+
 MUTATIONS = [
+    (bigger_fleet, "3500 x 2 / 3 = 2334 members per router > low watermark 2125"),
+    (slow_enrollment, "a cold start of 3000 members needs"),
+    (unsized, "must state the fleet"),
     (cpu_limit, "CPU limit"),
     (short_grace, "terminationGracePeriodSeconds 61 < drain grace 60"),
     (small_memory, "memory limit 1Gi <"),
