@@ -30,14 +30,19 @@ METRICS: dict[str, set[str]] = {
     "agentmesh_control_plane_storage_rows": {"table"},
     "agentmesh_control_plane_deleted_total": {"table", "reason"},
     "agentmesh_control_plane_next_key_rotation_timestamp_seconds": set(),
+    "agentmesh_control_plane_limiter_refusals_total": {"limiter"},
     "up": set(),
     "kube_statefulset_status_replicas_ready": {"statefulset"},
     "kube_statefulset_replicas": {"statefulset"},
 }
+CONTROL_PLANE_TABLES = {"nodes", "enrollment_requests", "tokens", "router_leases", "signing_keys", "rotation_state", "revocations"}
 LABEL_VALUES: dict[tuple[str, str], set[str]] = {
     ("agentmesh_router_refused_total", "resource"): {"connection", "stream", "memory", "reservation", "circuit"},
     ("agentmesh_router_refused_total", "scope"): {"system", "protocol", "peer", "source"},
     ("agentmesh_router_goaway_sent_total", "reason"): {"draining", "overloaded"},
+    ("agentmesh_control_plane_limiter_refusals_total", "limiter"): {"enroll", "refresh", "failure_guard", "db_busy"},
+    ("agentmesh_control_plane_storage_rows", "table"): CONTROL_PLANE_TABLES,
+    ("agentmesh_control_plane_deleted_total", "table"): CONTROL_PLANE_TABLES,
 }
 # What the alerts must cover (the brief and issue 6).
 REQUIRED_METRICS = {
