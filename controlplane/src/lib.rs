@@ -4,9 +4,49 @@
 //!   with jitter). Always compiled; needs no server dependencies.
 //! - [`clock`]: the monotonic clock shared by the limiter and the client.
 //! - With the default `server` feature: the server itself, started as a value
-//!   with `spawn(Config) -> Handle`.
+//!   with [`spawn`]`(Config) -> Handle`, its storage, limiter, keys, reapers.
 
 pub mod client;
 pub mod clock;
 
 pub use client::{Client, ClientConfig, ClientError, retry_after};
+
+#[cfg(feature = "server")]
+pub mod admin;
+#[cfg(feature = "server")]
+pub mod cli;
+#[cfg(feature = "server")]
+pub mod config;
+#[cfg(feature = "server")]
+pub mod directory;
+#[cfg(feature = "server")]
+pub mod enroll;
+#[cfg(feature = "server")]
+pub mod http;
+#[cfg(feature = "server")]
+pub mod keys;
+#[cfg(feature = "server")]
+pub mod limiter;
+#[cfg(feature = "server")]
+pub mod metrics;
+#[cfg(feature = "server")]
+pub mod offline;
+#[cfg(feature = "server")]
+pub mod reaper;
+#[cfg(feature = "server")]
+pub mod server;
+#[cfg(feature = "server")]
+pub mod service;
+#[cfg(feature = "server")]
+pub mod state;
+#[cfg(feature = "server")]
+pub mod status;
+#[cfg(feature = "server")]
+pub mod store;
+#[cfg(feature = "server")]
+pub mod tokens;
+
+#[cfg(feature = "server")]
+pub use config::Config;
+#[cfg(feature = "server")]
+pub use server::{Handle, SpawnError, spawn, spawn_with_clock};

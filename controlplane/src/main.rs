@@ -1,1 +1,17 @@
-fn main() {}
+//! `agentmesh-control-plane`: serve (default), `token create`, `backup`.
+//! Flags are documented in `--help` and controlplane/README.md.
+
+use agentmesh_controlplane::cli::Cli;
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    Cli::parse().run().await?;
+    Ok(())
+}

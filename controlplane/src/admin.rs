@@ -1,0 +1,192 @@
+//! Admin RPCs: CreateToken, RevokeNode, RotateKeyNow, behind a bearer token
+//! compared in constant time.
+
+use std::collections::BTreeMap;
+
+use agentmesh_proto::{
+    identity::PeerId,
+    pb::{
+        controlplane::{
+            CreateTokenRequest, CreateTokenResponse, RevokeNodeRequest, RevokeNodeResponse,
+            RotateKeyNowResponse,
+        },
+        credential::{Role, TokenKind},
+    },
+    unix_now,
+};
+
+use crate::{state::State, status::ServiceError, store::TokenRow, tokens};
+
+/// Most labels a token may carry.
+pub const MAX_TOKEN_LABELS: usize = 32;
+/// Longest label key, bytes.
+pub const MAX_LABEL_KEY_LEN: usize = 63;
+/// Longest label value, bytes.
+pub const MAX_LABEL_VALUE_LEN: usize = 255;
+/// Most uses a token may allow.
+pub const MAX_TOKEN_USES: u32 = 1_000_000;
+/// Longest token lifetime, seconds (one year).
+pub const MAX_TOKEN_TTL_SECS: u64 = 365 * 86_400;
+/// Longest revocation reason, bytes.
+pub const MAX_REASON_LEN: usize = 256;
+
+/// What a new token allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenSpec {
+    /// Bootstrap or ephemeral.
+    pub kind: TokenKind,
+    /// Member or router.
+    pub role: Role,
+    /// Labels members of this token get.
+    pub labels: BTreeMap<String, String>,
+    /// Enrollments it allows.
+    pub max_uses: u32,
+    /// Lifetime, seconds.
+    pub ttl_secs: u64,
+}
+
+impl TokenSpec {
+    /// Checks bounds; the error names the field.
+    pub fn validate(&self) -> Result<(), ServiceError> {
+        let bad = |m: String| Err(ServiceError::Invalid(m));
+        if self.kind == TokenKind::Unspecified {
+            return bad("kind must be bootstrap or ephemeral".into());
+        }
+        if self.role == Role::Unspecified {
+            return bad("role must be member or router".into());
+        }
+        if !(1..=MAX_TOKEN_USES).contains(&self.max_uses) {
+            return bad(format!("max_uses must be 1..={MAX_TOKEN_USES}"));
+        }
+        if !(1..=MAX_TOKEN_TTL_SECS).contains(&self.ttl_secs) {
+            return bad(format!("ttl_secs must be 1..={MAX_TOKEN_TTL_SECS}"));
+        }
+        if self.labels.len() > MAX_TOKEN_LABELS {
+            return bad(format!("at most {MAX_TOKEN_LABELS} labels"));
+        }
+        for (k, v) in &self.labels {
+            if k.is_empty() || k.len() > MAX_LABEL_KEY_LEN || v.len() > MAX_LABEL_VALUE_LEN {
+                return bad(format!(
+                    "label {k:?}: key 1..={MAX_LABEL_KEY_LEN} bytes, value at most {MAX_LABEL_VALUE_LEN}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl State {
+    /// Checks `authorization: Bearer <token>`.
+    pub fn check_admin(&self, authorization: Option<&str>) -> Result<(), ServiceError> {
+        let Some(expected) = self.admin_token.as_deref() else {
+            return Err(ServiceError::denied(
+                "admin_token",
+                "admin API disabled: start the control plane with --admin-token-file",
+            ));
+        };
+        let given = authorization
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                ServiceError::unauth("admin_token", "authorization: Bearer <admin token> missing")
+            })?;
+        if tokens::ct_eq(given, expected) {
+            Ok(())
+        } else {
+            Err(ServiceError::unauth(
+                "admin_token",
+                "admin token does not match",
+            ))
+        }
+    }
+
+    /// Mints a token; returns (token, token_id, expires_at).
+    pub async fn mint_token(&self, spec: TokenSpec) -> Result<(String, String, i64), ServiceError> {
+        spec.validate()?;
+        let now = unix_now();
+        let (token, token_id) = tokens::generate();
+        let row = TokenRow {
+            token_id: token_id.clone(),
+            kind: spec.kind as i32,
+            role: spec.role as i32,
+            labels: spec.labels,
+            max_uses: spec.max_uses,
+            uses: 0,
+            created_at: now,
+            expires_at: now + spec.ttl_secs as i64,
+        };
+        let expires_at = row.expires_at;
+        let digest = tokens::digest(&token);
+        self.db.run(move |s| s.create_token(&digest, &row)).await?;
+        tracing::info!(%token_id, kind = ?spec.kind, role = ?spec.role, "token created");
+        Ok((token, token_id, expires_at))
+    }
+
+    /// `CreateToken`.
+    pub async fn create_token(
+        &self,
+        req: CreateTokenRequest,
+    ) -> Result<CreateTokenResponse, ServiceError> {
+        let mut labels = BTreeMap::new();
+        for l in &req.labels {
+            if labels.insert(l.key.clone(), l.value.clone()).is_some() {
+                return Err(ServiceError::Invalid(format!(
+                    "label {:?} given twice",
+                    l.key
+                )));
+            }
+        }
+        let spec = TokenSpec {
+            kind: TokenKind::try_from(req.kind).unwrap_or(TokenKind::Unspecified),
+            role: Role::try_from(req.role).unwrap_or(Role::Unspecified),
+            labels,
+            max_uses: req.max_uses,
+            ttl_secs: req.ttl_secs,
+        };
+        let (token, token_id, expires_at) = self.mint_token(spec).await?;
+        Ok(CreateTokenResponse {
+            token,
+            token_id,
+            expires_at_unix_secs: expires_at,
+        })
+    }
+
+    /// `RevokeNode`.
+    pub async fn revoke_node(
+        &self,
+        req: RevokeNodeRequest,
+    ) -> Result<RevokeNodeResponse, ServiceError> {
+        let peer = PeerId::from_bytes(&req.peer_id)
+            .map_err(|_| ServiceError::Invalid("peer_id is not a PeerId".into()))?;
+        if req.reason.len() > MAX_REASON_LEN {
+            return Err(ServiceError::Invalid(format!(
+                "reason is longer than {MAX_REASON_LEN} bytes"
+            )));
+        }
+        let now = unix_now();
+        let default_until =
+            now + (self.config.credential_ttl_secs + self.config.clock_skew_secs) as i64;
+        let reason = req.reason;
+        let bytes = peer.to_bytes();
+        let until = self
+            .db
+            .run(move |s| s.revoke(&bytes, &reason, now, default_until))
+            .await?;
+        self.invalidate_directory();
+        tracing::info!(%peer, until, "node revoked");
+        Ok(RevokeNodeResponse {
+            until_unix_secs: until,
+        })
+    }
+
+    /// `RotateKeyNow`.
+    pub async fn rotate_key_now(&self) -> Result<RotateKeyNowResponse, ServiceError> {
+        let (key_id, active_from) = self.keys.rotate_now(&self.db, unix_now()).await?;
+        if let Some(next) = self.keys.next_rotation_at() {
+            self.metrics.set_next_rotation(next);
+        }
+        Ok(RotateKeyNowResponse {
+            key_id,
+            active_from_unix_secs: active_from,
+        })
+    }
+}

@@ -1,0 +1,183 @@
+//! The command line of `agentmesh-control-plane`: serve (default), `token
+//! create`, `backup`. Serve flags are exactly the fields of [`Config`].
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use crate::{Config, SpawnError, admin::TokenSpec, config::DEFAULT_DB, offline, spawn};
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The server did not start.
+    #[error("starting the control plane: {0}")]
+    Spawn(#[from] SpawnError),
+    /// `token create` or `backup` failed.
+    #[error(transparent)]
+    Offline(#[from] offline::OfflineError),
+    /// A blocking task died.
+    #[error("task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// Signal handlers could not be installed.
+    #[error("signals: {0}")]
+    Signal(#[from] std::io::Error),
+}
+use agentmesh_proto::{
+    credential::parse_label,
+    pb::credential::{Role, TokenKind},
+};
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// The parsed command line.
+#[derive(Parser)]
+#[command(
+    version,
+    about = "agentmesh control plane",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    serve: Config,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Serve gRPC and HTTP (the default).
+    Serve(Config),
+    /// Token operations.
+    #[command(subcommand)]
+    Token(TokenCmd),
+    /// Consistent copy of the database while serving (VACUUM INTO).
+    Backup {
+        /// Database, sqlite://PATH.
+        #[arg(long, default_value = DEFAULT_DB)]
+        db: String,
+        /// New file to write (must not exist).
+        #[arg(long)]
+        to: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Mint a token and print it once.
+    Create {
+        /// Database, sqlite://PATH.
+        #[arg(long, default_value = DEFAULT_DB)]
+        db: String,
+        #[arg(long, value_enum)]
+        kind: Kind,
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        /// key=value, repeatable: labels members of this token get.
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+        /// Enrollments the token allows.
+        #[arg(long, default_value_t = 1)]
+        max_uses: u32,
+        /// Token lifetime, seconds.
+        #[arg(long, default_value_t = 86_400)]
+        ttl_secs: u64,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Kind {
+    Bootstrap,
+    Ephemeral,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RoleArg {
+    Member,
+    Router,
+}
+
+impl Cli {
+    /// Runs the command (serving until SIGINT/SIGTERM).
+    pub async fn run(self) -> Result<(), CliError> {
+        let cli = self;
+        match cli.cmd {
+            None => serve(cli.serve).await,
+            Some(Cmd::Serve(c)) => serve(c).await,
+            Some(Cmd::Token(TokenCmd::Create {
+                db,
+                kind,
+                role,
+                labels,
+                max_uses,
+                ttl_secs,
+            })) => {
+                let spec = TokenSpec {
+                    kind: match kind {
+                        Kind::Bootstrap => TokenKind::Bootstrap,
+                        Kind::Ephemeral => TokenKind::Ephemeral,
+                    },
+                    role: match role {
+                        RoleArg::Member => Role::Member,
+                        RoleArg::Router => Role::Router,
+                    },
+                    labels: labels.into_iter().collect::<BTreeMap<_, _>>(),
+                    max_uses,
+                    ttl_secs,
+                };
+                let t =
+                    tokio::task::spawn_blocking(move || offline::create_token(&db, spec)).await??;
+                eprintln!(
+                    "token {} expires at {} (shown once; only its SHA-256 is stored)",
+                    t.token_id, t.expires_at
+                );
+                println!("{}", t.token);
+                Ok(())
+            }
+            Some(Cmd::Backup { db, to }) => {
+                let shown = to.display().to_string();
+                tokio::task::spawn_blocking(move || offline::backup(&db, &to)).await??;
+                eprintln!("backup written to {shown}");
+                Ok(())
+            }
+        }
+    }
+}
+
+async fn serve(config: Config) -> Result<(), CliError> {
+    let handle = spawn(config).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    handle.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_flags_serves_with_the_default_config() {
+        let cli = Cli::try_parse_from(["agentmesh-control-plane"]).expect("parses");
+        assert!(cli.cmd.is_none());
+        assert_eq!(cli.serve, Config::default());
+        let cli = Cli::try_parse_from(["agentmesh-control-plane", "serve"]).expect("parses");
+        assert!(matches!(cli.cmd, Some(Cmd::Serve(c)) if c == Config::default()));
+        let cli = Cli::try_parse_from([
+            "x",
+            "token",
+            "create",
+            "--kind",
+            "bootstrap",
+            "--role",
+            "router",
+            "--label",
+            "zone=a",
+        ])
+        .expect("parses");
+        assert!(
+            matches!(cli.cmd, Some(Cmd::Token(TokenCmd::Create { labels, .. })) if labels == vec![("zone".into(), "a".into())])
+        );
+    }
+}

@@ -1,0 +1,326 @@
+//! The control plane's configuration: data only, one field per flag.
+//!
+//! Every field documents its unit and default; defaults are the `DEFAULT_*`
+//! constants below, used both by `Default` and by the clap flags, so they are
+//! defined once.
+
+use std::{net::SocketAddr, path::PathBuf};
+
+/// Default `--grpc-addr`.
+pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:7400";
+/// Default `--http-addr`.
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:7401";
+/// Default `--db`.
+pub const DEFAULT_DB: &str = "sqlite://./agentmesh-data/controlplane.db";
+/// Default `--enroll-rate-per-sec`.
+pub const DEFAULT_ENROLL_RATE_PER_SEC: u32 = 10;
+/// Default `--enroll-burst`.
+pub const DEFAULT_ENROLL_BURST: u32 = 20;
+/// Default `--refresh-rate-per-sec` (refresh has its own, higher limit).
+pub const DEFAULT_REFRESH_RATE_PER_SEC: u32 = 100;
+/// Default `--refresh-burst`.
+pub const DEFAULT_REFRESH_BURST: u32 = 200;
+/// Default `--enroll-failures-per-ip-per-min`.
+pub const DEFAULT_ENROLL_FAILURES_PER_IP_PER_MIN: u32 = 60;
+/// Default `--failure-guard-max-ips`.
+pub const DEFAULT_FAILURE_GUARD_MAX_IPS: usize = 100_000;
+/// Default `--credential-ttl-secs`.
+pub const DEFAULT_CREDENTIAL_TTL_SECS: u64 = 3600;
+/// Default `--clock-skew-secs`.
+pub const DEFAULT_CLOCK_SKEW_SECS: u64 = 60;
+/// Default `--refresh-grace-secs`.
+pub const DEFAULT_REFRESH_GRACE_SECS: u64 = 300;
+/// Default `--key-rotation-interval-secs` (one day).
+pub const DEFAULT_KEY_ROTATION_INTERVAL_SECS: u64 = 86_400;
+/// Default `--key-publish-ahead-secs`.
+pub const DEFAULT_KEY_PUBLISH_AHEAD_SECS: u64 = 600;
+/// Default `--key-grace-secs` (must be >= credential TTL + skew).
+pub const DEFAULT_KEY_GRACE_SECS: u64 = 7200;
+/// Default `--key-check-interval-secs` (at most 60: rotation is checked at least once a minute).
+pub const DEFAULT_KEY_CHECK_INTERVAL_SECS: u64 = 30;
+/// Default `--node-retention-secs` (30 days).
+pub const DEFAULT_NODE_RETENTION_SECS: u64 = 30 * 86_400;
+/// Default `--ephemeral-retention-secs`.
+pub const DEFAULT_EPHEMERAL_RETENTION_SECS: u64 = 3600;
+/// Default `--enrollment-retention-secs` (7 days).
+pub const DEFAULT_ENROLLMENT_RETENTION_SECS: u64 = 7 * 86_400;
+/// Default `--used-token-retention-secs` (one day).
+pub const DEFAULT_USED_TOKEN_RETENTION_SECS: u64 = 86_400;
+/// Default `--lease-ttl-secs`.
+pub const DEFAULT_LEASE_TTL_SECS: u64 = 30;
+/// Default `--reap-interval-secs`.
+pub const DEFAULT_REAP_INTERVAL_SECS: u64 = 60;
+/// Default `--db-max-inflight`.
+pub const DEFAULT_DB_MAX_INFLIGHT: usize = 64;
+/// Default `--db-wait-timeout-secs`.
+pub const DEFAULT_DB_WAIT_TIMEOUT_SECS: u64 = 5;
+/// Default `--directory-cache-ms`.
+pub const DEFAULT_DIRECTORY_CACHE_MS: u64 = 1000;
+/// Default `--shutdown-grace-secs`.
+pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 10;
+
+/// Configuration of one control plane.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct Config {
+    /// gRPC listen address (port 0 picks a free port). Default 127.0.0.1:7400.
+    #[arg(long, default_value = DEFAULT_GRPC_ADDR)]
+    pub grpc_addr: SocketAddr,
+    /// HTTP listen address for /info, /metrics, /healthz, /readyz. Default 127.0.0.1:7401.
+    #[arg(long, default_value = DEFAULT_HTTP_ADDR)]
+    pub http_addr: SocketAddr,
+    /// Endpoint string members sign in their proofs. Default: `http(s)://` + the bound gRPC address.
+    #[arg(long)]
+    pub public_url: Option<String>,
+    /// PEM certificate chain for gRPC TLS. Default none (plaintext).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for gRPC TLS. Default none.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Allow plaintext gRPC on a non-loopback address. Default false.
+    #[arg(long)]
+    pub insecure: bool,
+    /// Database, `sqlite://PATH`. Default sqlite://./agentmesh-data/controlplane.db.
+    #[arg(long, default_value = DEFAULT_DB)]
+    pub db: String,
+    /// Enroll limiter rate, requests per second (global). Default 10.
+    #[arg(long, default_value_t = DEFAULT_ENROLL_RATE_PER_SEC)]
+    pub enroll_rate_per_sec: u32,
+    /// Enroll limiter burst, requests. Default 20.
+    #[arg(long, default_value_t = DEFAULT_ENROLL_BURST)]
+    pub enroll_burst: u32,
+    /// Refresh and router-lease limiter rate, requests per second. Default 100.
+    #[arg(long, default_value_t = DEFAULT_REFRESH_RATE_PER_SEC)]
+    pub refresh_rate_per_sec: u32,
+    /// Refresh and router-lease limiter burst, requests. Default 200.
+    #[arg(long, default_value_t = DEFAULT_REFRESH_BURST)]
+    pub refresh_burst: u32,
+    /// Failed enrollments allowed per source IP per minute before refusing. Default 60.
+    #[arg(long, default_value_t = DEFAULT_ENROLL_FAILURES_PER_IP_PER_MIN)]
+    pub enroll_failures_per_ip_per_min: u32,
+    /// Source IPs the failure guard tracks at once (oldest dropped). Default 100000.
+    #[arg(long, default_value_t = DEFAULT_FAILURE_GUARD_MAX_IPS)]
+    pub failure_guard_max_ips: usize,
+    /// Lifetime of a credential, seconds. Default 3600.
+    #[arg(long, default_value_t = DEFAULT_CREDENTIAL_TTL_SECS)]
+    pub credential_ttl_secs: u64,
+    /// Clock skew tolerated when checking credentials, seconds. Default 60.
+    #[arg(long, default_value_t = DEFAULT_CLOCK_SKEW_SECS)]
+    pub clock_skew_secs: u64,
+    /// How long after expiry a credential is still accepted by Refresh, seconds. Default 300.
+    #[arg(long, default_value_t = DEFAULT_REFRESH_GRACE_SECS)]
+    pub refresh_grace_secs: u64,
+    /// Interval between signing-key rotations, seconds. Default 86400.
+    #[arg(long, default_value_t = DEFAULT_KEY_ROTATION_INTERVAL_SECS)]
+    pub key_rotation_interval_secs: u64,
+    /// How long a new key is published before it signs, seconds. Default 600.
+    #[arg(long, default_value_t = DEFAULT_KEY_PUBLISH_AHEAD_SECS)]
+    pub key_publish_ahead_secs: u64,
+    /// How long a replaced key still verifies, seconds; >= credential TTL + skew. Default 7200.
+    #[arg(long, default_value_t = DEFAULT_KEY_GRACE_SECS)]
+    pub key_grace_secs: u64,
+    /// How often the rotation deadline is checked, seconds (1..=60). Default 30.
+    #[arg(long, default_value_t = DEFAULT_KEY_CHECK_INTERVAL_SECS)]
+    pub key_check_interval_secs: u64,
+    /// Nodes not seen for this long are deleted, seconds. Default 2592000 (30 days).
+    #[arg(long, default_value_t = DEFAULT_NODE_RETENTION_SECS)]
+    pub node_retention_secs: u64,
+    /// Members of an ephemeral token are deleted this long after they stop refreshing, seconds. Default 3600.
+    #[arg(long, default_value_t = DEFAULT_EPHEMERAL_RETENTION_SECS)]
+    pub ephemeral_retention_secs: u64,
+    /// Enrollment request records are kept this long, seconds. Default 604800 (7 days).
+    #[arg(long, default_value_t = DEFAULT_ENROLLMENT_RETENTION_SECS)]
+    pub enrollment_retention_secs: u64,
+    /// A used-up token is kept this long after its last use (so its holders can re-enroll), seconds. Default 86400.
+    #[arg(long, default_value_t = DEFAULT_USED_TOKEN_RETENTION_SECS)]
+    pub used_token_retention_secs: u64,
+    /// Lifetime of a router lease, seconds. Default 30.
+    #[arg(long, default_value_t = DEFAULT_LEASE_TTL_SECS)]
+    pub lease_ttl_secs: u64,
+    /// How often the reapers run, seconds. Default 60.
+    #[arg(long, default_value_t = DEFAULT_REAP_INTERVAL_SECS)]
+    pub reap_interval_secs: u64,
+    /// Database operations in flight or waiting at once; more are refused with UNAVAILABLE. Default 64.
+    #[arg(long, default_value_t = DEFAULT_DB_MAX_INFLIGHT)]
+    pub db_max_inflight: usize,
+    /// Longest wait for a database slot before UNAVAILABLE, seconds. Default 5.
+    #[arg(long, default_value_t = DEFAULT_DB_WAIT_TIMEOUT_SECS)]
+    pub db_wait_timeout_secs: u64,
+    /// How long a GetDirectory answer is reused, milliseconds. Default 1000.
+    #[arg(long, default_value_t = DEFAULT_DIRECTORY_CACHE_MS)]
+    pub directory_cache_ms: u64,
+    /// Grace for in-flight RPCs on shutdown, seconds. Default 10.
+    #[arg(long, default_value_t = DEFAULT_SHUTDOWN_GRACE_SECS)]
+    pub shutdown_grace_secs: u64,
+    /// File holding the admin bearer token (admin RPCs are disabled without one). Default none.
+    #[arg(long)]
+    pub admin_token_file: Option<PathBuf>,
+    /// The admin bearer token itself (programs embedding the control plane; never a flag,
+    /// so it does not show in `ps`). Default none.
+    #[arg(skip)]
+    pub admin_token: Option<String>,
+}
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().expect("default address constants parse")
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            grpc_addr: addr(DEFAULT_GRPC_ADDR),
+            http_addr: addr(DEFAULT_HTTP_ADDR),
+            public_url: None,
+            tls_cert: None,
+            tls_key: None,
+            insecure: false,
+            db: DEFAULT_DB.to_string(),
+            enroll_rate_per_sec: DEFAULT_ENROLL_RATE_PER_SEC,
+            enroll_burst: DEFAULT_ENROLL_BURST,
+            refresh_rate_per_sec: DEFAULT_REFRESH_RATE_PER_SEC,
+            refresh_burst: DEFAULT_REFRESH_BURST,
+            enroll_failures_per_ip_per_min: DEFAULT_ENROLL_FAILURES_PER_IP_PER_MIN,
+            failure_guard_max_ips: DEFAULT_FAILURE_GUARD_MAX_IPS,
+            credential_ttl_secs: DEFAULT_CREDENTIAL_TTL_SECS,
+            clock_skew_secs: DEFAULT_CLOCK_SKEW_SECS,
+            refresh_grace_secs: DEFAULT_REFRESH_GRACE_SECS,
+            key_rotation_interval_secs: DEFAULT_KEY_ROTATION_INTERVAL_SECS,
+            key_publish_ahead_secs: DEFAULT_KEY_PUBLISH_AHEAD_SECS,
+            key_grace_secs: DEFAULT_KEY_GRACE_SECS,
+            key_check_interval_secs: DEFAULT_KEY_CHECK_INTERVAL_SECS,
+            node_retention_secs: DEFAULT_NODE_RETENTION_SECS,
+            ephemeral_retention_secs: DEFAULT_EPHEMERAL_RETENTION_SECS,
+            enrollment_retention_secs: DEFAULT_ENROLLMENT_RETENTION_SECS,
+            used_token_retention_secs: DEFAULT_USED_TOKEN_RETENTION_SECS,
+            lease_ttl_secs: DEFAULT_LEASE_TTL_SECS,
+            reap_interval_secs: DEFAULT_REAP_INTERVAL_SECS,
+            db_max_inflight: DEFAULT_DB_MAX_INFLIGHT,
+            db_wait_timeout_secs: DEFAULT_DB_WAIT_TIMEOUT_SECS,
+            directory_cache_ms: DEFAULT_DIRECTORY_CACHE_MS,
+            shutdown_grace_secs: DEFAULT_SHUTDOWN_GRACE_SECS,
+            admin_token_file: None,
+            admin_token: None,
+        }
+    }
+}
+
+impl Config {
+    /// A config for tests and embedding: both listeners on 127.0.0.1 port 0,
+    /// the database at `db_path`.
+    pub fn ephemeral(db_path: &std::path::Path) -> Self {
+        Self {
+            grpc_addr: addr("127.0.0.1:0"),
+            http_addr: addr("127.0.0.1:0"),
+            db: format!("sqlite://{}", db_path.display()),
+            ..Self::default()
+        }
+    }
+
+    /// Checks values that cannot work together; the error says which flag.
+    pub fn validate(&self) -> Result<(), String> {
+        let need = self
+            .credential_ttl_secs
+            .saturating_add(self.clock_skew_secs);
+        if self.key_grace_secs < need {
+            return Err(format!(
+                "--key-grace-secs {} must be >= --credential-ttl-secs + --clock-skew-secs ({need}), \
+                 or credentials signed just before a rotation would stop verifying",
+                self.key_grace_secs
+            ));
+        }
+        if !(1..=60).contains(&self.key_check_interval_secs) {
+            return Err("--key-check-interval-secs must be between 1 and 60".into());
+        }
+        for (name, v) in [
+            ("--enroll-rate-per-sec", u64::from(self.enroll_rate_per_sec)),
+            ("--enroll-burst", u64::from(self.enroll_burst)),
+            (
+                "--refresh-rate-per-sec",
+                u64::from(self.refresh_rate_per_sec),
+            ),
+            ("--refresh-burst", u64::from(self.refresh_burst)),
+            ("--credential-ttl-secs", self.credential_ttl_secs),
+            (
+                "--key-rotation-interval-secs",
+                self.key_rotation_interval_secs,
+            ),
+            ("--lease-ttl-secs", self.lease_ttl_secs),
+            ("--reap-interval-secs", self.reap_interval_secs),
+            ("--db-max-inflight", self.db_max_inflight as u64),
+            ("--failure-guard-max-ips", self.failure_guard_max_ips as u64),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err("--tls-cert and --tls-key go together".into());
+        }
+        if self.tls_cert.is_none() && !self.insecure && !self.grpc_addr.ip().is_loopback() {
+            return Err(format!(
+                "refusing plaintext gRPC on non-loopback {}: give --tls-cert/--tls-key or --insecure",
+                self.grpc_addr
+            ));
+        }
+        sqlite_path(&self.db)?;
+        Ok(())
+    }
+}
+
+/// The file path inside a `sqlite://PATH` URL.
+pub fn sqlite_path(db: &str) -> Result<PathBuf, String> {
+    match db.strip_prefix("sqlite://") {
+        Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
+        _ => Err(format!(
+            "--db {db:?}: only sqlite://PATH is supported (PostgreSQL is planned)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        config: Config,
+    }
+
+    #[test]
+    fn no_flags_is_the_default_config() {
+        let cli = Cli::try_parse_from(["agentmesh-control-plane"]).expect("parses");
+        assert_eq!(cli.config, Config::default());
+        assert_eq!(Config::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn incompatible_values_are_refused_with_the_flag_name() {
+        let c = Config {
+            key_grace_secs: 100,
+            ..Config::default()
+        };
+        assert!(
+            c.validate()
+                .expect_err("short grace")
+                .contains("--key-grace-secs")
+        );
+        let c = Config {
+            grpc_addr: addr("0.0.0.0:7400"),
+            ..Config::default()
+        };
+        assert!(c.validate().expect_err("plaintext").contains("--insecure"));
+        let c = Config {
+            grpc_addr: addr("0.0.0.0:7400"),
+            insecure: true,
+            ..Config::default()
+        };
+        assert_eq!(c.validate(), Ok(()));
+        let c = Config {
+            db: "postgres://x".into(),
+            ..Config::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

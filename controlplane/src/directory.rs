@@ -1,0 +1,148 @@
+//! RouterLease, GetDirectory and GetKeys: the router directory and the keys.
+
+use agentmesh_proto::{
+    credential::{labels_to_map, verify},
+    pb::{
+        controlplane::{
+            GetDirectoryResponse, RouterInfo, RouterLeaseRequest, RouterLeaseResponse, RouterLoad,
+        },
+        credential::{KeySet, Revocation, Role},
+    },
+    proof::{Purpose, verify_proof},
+    unix_now,
+};
+
+use crate::{
+    enroll::{credential_error, node_refusal},
+    state::State,
+    status::ServiceError,
+    store::LeaseRow,
+};
+
+/// Most addresses a router may publish.
+pub const MAX_LEASE_ADDRS: usize = 32;
+/// Longest address accepted, bytes.
+pub const MAX_ADDR_LEN: usize = 512;
+
+impl State {
+    /// `RouterLease`: role router, labels a subset of the credential's.
+    pub async fn router_lease(
+        &self,
+        req: RouterLeaseRequest,
+    ) -> Result<RouterLeaseResponse, ServiceError> {
+        self.admit_refresh()?;
+        let cred = req
+            .credential
+            .ok_or_else(|| ServiceError::Invalid("credential missing".into()))?;
+        let proof = req
+            .proof
+            .ok_or_else(|| ServiceError::Invalid("proof of possession missing".into()))?;
+        if req.addrs.len() > MAX_LEASE_ADDRS
+            || req
+                .addrs
+                .iter()
+                .any(|a| a.is_empty() || a.len() > MAX_ADDR_LEN)
+        {
+            return Err(ServiceError::Invalid(format!(
+                "at most {MAX_LEASE_ADDRS} non-empty addresses of at most {MAX_ADDR_LEN} bytes"
+            )));
+        }
+        let now = unix_now();
+        let (_, peer) = verify_proof(Purpose::Lease, &self.public_url, &proof, now)
+            .map_err(|e| ServiceError::unauth("bad_proof", format!("proof refused: {e}")))?;
+        let claims = verify(
+            &cred,
+            &self.keys.trust(now),
+            now,
+            Some(&peer),
+            self.config.clock_skew_secs as i64,
+        )
+        .map_err(credential_error)?;
+        if claims.role() != Role::Router {
+            return Err(ServiceError::denied(
+                "wrong_role",
+                "RouterLease needs a credential with role router",
+            ));
+        }
+        let allowed = claims.labels();
+        let asked = labels_to_map(&req.labels);
+        if let Some((k, v)) = asked.iter().find(|(k, v)| allowed.get(*k) != Some(*v)) {
+            return Err(ServiceError::denied(
+                "labels_not_allowed",
+                format!("label {k}={v} is not in the router's credential"),
+            ));
+        }
+        let load = req.load.unwrap_or_default();
+        let ttl = self.config.lease_ttl_secs as i64;
+        let lease = LeaseRow {
+            peer_id: peer.to_bytes(),
+            node_id: claims.claims.node_id.clone(),
+            addrs: req.addrs,
+            labels: asked,
+            attached: load.attached_members,
+            transit: load.transit_connections,
+            high: load.high_watermark,
+            low: load.low_watermark,
+            draining: req.draining,
+            expires_at: now + ttl,
+        };
+        self.db
+            .run(move |s| {
+                let touched = s.touch_node(&lease.peer_id, now, None)?;
+                if touched.is_ok() {
+                    s.upsert_lease(&lease)?;
+                }
+                Ok(touched)
+            })
+            .await?
+            .map_err(node_refusal)?;
+        self.invalidate_directory();
+        Ok(RouterLeaseResponse {
+            lease_expires_at_unix_secs: now + ttl,
+            lease_ttl_secs: u32::try_from(ttl).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// `GetDirectory`: live leases and active revocations (cached briefly).
+    pub async fn get_directory(&self) -> Result<GetDirectoryResponse, ServiceError> {
+        if let Some(d) = self.cached_directory() {
+            return Ok(d);
+        }
+        let now = unix_now();
+        let (leases, revs) = self.db.run(move |s| s.directory(now)).await?;
+        let d = GetDirectoryResponse {
+            routers: leases
+                .into_iter()
+                .map(|l| RouterInfo {
+                    peer_id: l.peer_id,
+                    addrs: l.addrs,
+                    labels: agentmesh_proto::credential::map_to_labels(&l.labels),
+                    load: Some(RouterLoad {
+                        attached_members: l.attached,
+                        transit_connections: l.transit,
+                        high_watermark: l.high,
+                        low_watermark: l.low,
+                    }),
+                    draining: l.draining,
+                    lease_expires_at_unix_secs: l.expires_at,
+                })
+                .collect(),
+            revocations: revs
+                .into_iter()
+                .map(|r| Revocation {
+                    peer_id: r.peer_id,
+                    until_unix_secs: r.until,
+                    reason: r.reason,
+                })
+                .collect(),
+            generated_at_unix_secs: now,
+        };
+        self.cache_directory(&d);
+        Ok(d)
+    }
+
+    /// `GetKeys`.
+    pub fn get_keys(&self) -> KeySet {
+        self.keys.key_set(unix_now())
+    }
+}

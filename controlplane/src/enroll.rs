@@ -1,0 +1,182 @@
+//! Enroll and Refresh: the two calls that issue credentials.
+//!
+//! Enroll runs the global limiter and the per-IP failure guard before it
+//! looks at the token or the proof; role and labels come from the token.
+
+use std::net::IpAddr;
+
+use agentmesh_proto::{
+    credential::{CredentialError, map_to_labels, sign, verify},
+    identity::PeerId,
+    pb::{
+        controlplane::{EnrollRequest, EnrollResponse, RefreshRequest, RefreshResponse},
+        credential::{Claims, Credential},
+    },
+    proof::{ProofError, Purpose, verify_proof},
+    unix_now,
+};
+use rand::RngCore;
+
+use crate::{
+    state::State,
+    status::ServiceError,
+    store::{EnrollRefusal, NodeRefusal, NodeRow},
+    tokens,
+};
+
+fn proof_error(e: ProofError) -> ServiceError {
+    match e {
+        ProofError::BadKey => ServiceError::Invalid("proof public key does not decode".into()),
+        other => ServiceError::unauth("bad_proof", format!("proof of possession refused: {other}")),
+    }
+}
+
+/// Maps a credential refusal onto a service error.
+pub(crate) fn credential_error(e: CredentialError) -> ServiceError {
+    match e {
+        CredentialError::Malformed(m) => ServiceError::Invalid(format!("credential: {m}")),
+        CredentialError::WrongPeer => ServiceError::unauth(
+            "wrong_peer",
+            "credential subject is not the key that signed the proof",
+        ),
+        CredentialError::Revoked => {
+            ServiceError::denied("revoked", "credential subject is revoked")
+        }
+        other => ServiceError::unauth("bad_credential", format!("credential refused: {other}")),
+    }
+}
+
+pub(crate) fn node_refusal(r: NodeRefusal) -> ServiceError {
+    match r {
+        NodeRefusal::UnknownNode => ServiceError::unauth(
+            "unknown_node",
+            "node is not enrolled (or was reaped); enroll again",
+        ),
+        NodeRefusal::Revoked => ServiceError::denied("revoked", "node is revoked"),
+    }
+}
+
+impl State {
+    /// Signs a credential for `node` (held by `peer`) issued at `now`.
+    fn issue(&self, node: &NodeRow, peer: &PeerId, now: i64) -> Result<Credential, ServiceError> {
+        let signer = self.keys.signer(now).ok_or(ServiceError::NoSigningKey)?;
+        let claims = Claims {
+            subject: peer.to_bytes(),
+            node_id: node.node_id.clone(),
+            role: node.role,
+            token_kind: node.token_kind,
+            labels: map_to_labels(&node.labels),
+            issued_at_unix_secs: now,
+            expires_at_unix_secs: now + self.config.credential_ttl_secs as i64,
+            key_id: signer.key_id,
+        };
+        Ok(sign(&claims, &signer.key))
+    }
+
+    /// `Enroll`: limiter, failure guard, then token and proof.
+    pub async fn enroll(
+        &self,
+        source: Option<IpAddr>,
+        req: EnrollRequest,
+    ) -> Result<EnrollResponse, ServiceError> {
+        self.admit_enroll()?;
+        self.check_failures(source)?;
+        let r = self.enroll_checked(source, req).await;
+        if let Err(e) = &r {
+            if matches!(
+                e,
+                ServiceError::Unauthenticated { .. }
+                    | ServiceError::Denied { .. }
+                    | ServiceError::Invalid(_)
+            ) {
+                self.record_failure(source);
+            }
+        }
+        r
+    }
+
+    async fn enroll_checked(
+        &self,
+        source: Option<IpAddr>,
+        req: EnrollRequest,
+    ) -> Result<EnrollResponse, ServiceError> {
+        let token = req.token.trim().to_string();
+        if token.is_empty() || token.len() > tokens::MAX_TOKEN_LEN {
+            return Err(ServiceError::Invalid(format!(
+                "token must be 1..={} bytes",
+                tokens::MAX_TOKEN_LEN
+            )));
+        }
+        let proof = req
+            .proof
+            .ok_or_else(|| ServiceError::Invalid("proof of possession missing".into()))?;
+        let now = unix_now();
+        let (_, peer) =
+            verify_proof(Purpose::Enroll, &self.public_url, &proof, now).map_err(proof_error)?;
+        if self.keys.signer(now).is_none() {
+            return Err(ServiceError::NoSigningKey);
+        }
+        let mut id = [0u8; 8];
+        rand::thread_rng().fill_bytes(&mut id);
+        let new_node_id = format!("n-{}", hex::encode(id));
+        let digest = tokens::digest(&token);
+        let peer_bytes = peer.to_bytes();
+        let source = source.map(|ip| ip.to_string()).unwrap_or_default();
+        let exp = now + self.config.credential_ttl_secs as i64;
+        let outcome = self
+            .db
+            .run(move |s| s.enroll(&digest, &peer_bytes, &new_node_id, &source, now, exp))
+            .await?;
+        let enrolled = outcome.map_err(|r| match r {
+            EnrollRefusal::UnknownToken => {
+                ServiceError::unauth("unknown_token", "token not recognised")
+            }
+            EnrollRefusal::TokenExpired => {
+                ServiceError::unauth("token_expired", "token has expired")
+            }
+            EnrollRefusal::TokenUsedUp => {
+                ServiceError::unauth("token_used_up", "token has no uses left")
+            }
+            EnrollRefusal::Revoked => ServiceError::denied("revoked", "this key's node is revoked"),
+        })?;
+        let credential = self.issue(&enrolled.node, &peer, now)?;
+        self.metrics.enrolled(enrolled.re_enrolled);
+        tracing::debug!(node_id = %enrolled.node.node_id, %peer, re_enrolled = enrolled.re_enrolled, "enrolled");
+        Ok(EnrollResponse {
+            credential: Some(credential),
+            keys: Some(self.keys.key_set(now)),
+            node_id: enrolled.node.node_id,
+        })
+    }
+
+    /// `Refresh`: a current (or just-expired, within the grace) credential
+    /// plus a fresh proof from the same key.
+    pub async fn refresh(&self, req: RefreshRequest) -> Result<RefreshResponse, ServiceError> {
+        self.admit_refresh()?;
+        let cred = req
+            .credential
+            .ok_or_else(|| ServiceError::Invalid("credential missing".into()))?;
+        let proof = req
+            .proof
+            .ok_or_else(|| ServiceError::Invalid("proof of possession missing".into()))?;
+        let now = unix_now();
+        let (_, peer) =
+            verify_proof(Purpose::Refresh, &self.public_url, &proof, now).map_err(proof_error)?;
+        let skew = self.config.clock_skew_secs as i64;
+        let grace = self.config.refresh_grace_secs as i64;
+        verify(&cred, &self.keys.trust(now), now, Some(&peer), skew + grace)
+            .map_err(credential_error)?;
+        let peer_bytes = peer.to_bytes();
+        let exp = now + self.config.credential_ttl_secs as i64;
+        let node = self
+            .db
+            .run(move |s| s.touch_node(&peer_bytes, now, Some(exp)))
+            .await?
+            .map_err(node_refusal)?;
+        let credential = self.issue(&node, &peer, now)?;
+        Ok(RefreshResponse {
+            credential: Some(credential),
+            keys: Some(self.keys.key_set(now)),
+        })
+    }
+}

@@ -1,0 +1,136 @@
+//! HTTP: `/info` (routers, keys, revocations as JSON), `/metrics`,
+//! `/healthz` (process up) and `/readyz` (database answers).
+
+use std::sync::Arc;
+
+use agentmesh_proto::{identity::PeerId, unix_now};
+use axum::{
+    Json, Router,
+    extract::State as AxState,
+    http::{StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use base64::{Engine, engine::general_purpose::STANDARD};
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+
+use crate::{state::State, status::to_status};
+
+/// What the HTTP handlers share.
+#[derive(Clone)]
+pub struct HttpState {
+    /// Server state.
+    pub state: Arc<State>,
+    /// The metrics registry.
+    pub registry: Arc<Registry>,
+}
+
+/// The HTTP router.
+pub fn router(s: HttpState) -> Router {
+    Router::new()
+        .route("/info", get(info))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(s)
+}
+
+fn peer_string(bytes: &[u8]) -> String {
+    PeerId::from_bytes(bytes)
+        .map(|p| p.to_string())
+        .unwrap_or_else(|_| hex::encode(bytes))
+}
+
+async fn info(AxState(s): AxState<HttpState>) -> Response {
+    let dir = match s.state.get_directory().await {
+        Ok(d) => d,
+        Err(e) => {
+            let st = to_status(&e);
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({ "error": st.message() })),
+            )
+                .into_response();
+        }
+    };
+    let keys = s.state.keys.key_set(unix_now());
+    let routers: Vec<Value> = dir
+        .routers
+        .iter()
+        .map(|r| {
+            let load = r.load.unwrap_or_default();
+            json!({
+                "peer_id": peer_string(&r.peer_id),
+                "addrs": r.addrs,
+                "labels": agentmesh_proto::credential::labels_to_map(&r.labels),
+                "load": {
+                    "attached_members": load.attached_members,
+                    "transit_connections": load.transit_connections,
+                    "high_watermark": load.high_watermark,
+                    "low_watermark": load.low_watermark,
+                },
+                "draining": r.draining,
+                "lease_expires_at_unix_secs": r.lease_expires_at_unix_secs,
+            })
+        })
+        .collect();
+    let keys: Vec<Value> = keys
+        .keys
+        .iter()
+        .map(|k| {
+            json!({
+                "key_id": k.key_id,
+                "ed25519": STANDARD.encode(&k.ed25519),
+                "active_from_unix_secs": k.active_from_unix_secs,
+                "verify_until_unix_secs": k.verify_until_unix_secs,
+            })
+        })
+        .collect();
+    let revocations: Vec<Value> = dir
+        .revocations
+        .iter()
+        .map(|r| {
+            json!({
+                "peer_id": peer_string(&r.peer_id),
+                "until_unix_secs": r.until_unix_secs,
+                "reason": r.reason,
+            })
+        })
+        .collect();
+    Json(json!({
+        "public_url": s.state.public_url,
+        "generated_at_unix_secs": dir.generated_at_unix_secs,
+        "routers": routers,
+        "keys": keys,
+        "revocations": revocations,
+        "next_key_rotation_unix_secs": s.state.keys.next_rotation_at(),
+    }))
+    .into_response()
+}
+
+async fn metrics(AxState(s): AxState<HttpState>) -> Response {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &s.registry) {
+        Ok(()) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn readyz(AxState(s): AxState<HttpState>) -> Response {
+    match s.state.db.run(|st| st.ping()).await {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: database: {e}\n"),
+        )
+            .into_response(),
+    }
+}

@@ -1,0 +1,297 @@
+//! The control plane's metrics (prefix `agentmesh_control_plane_`), with every
+//! label value created at startup so rates read 0 instead of missing.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+use crate::store::{DELETE_REASONS, TABLES};
+
+/// gRPC methods, as metric label values.
+pub const METHODS: &[&str] = &[
+    "Enroll",
+    "Refresh",
+    "GetKeys",
+    "GetDirectory",
+    "RouterLease",
+    "CreateToken",
+    "RevokeNode",
+    "RotateKeyNow",
+];
+
+/// Limiters, as metric label values.
+pub const LIMITERS: &[&str] = &["enroll", "refresh", "failure_guard", "db_busy"];
+
+/// Authentication failure reasons, as metric label values.
+pub const AUTH_REASONS: &[&str] = &[
+    "unknown_token",
+    "token_expired",
+    "token_used_up",
+    "bad_proof",
+    "bad_credential",
+    "wrong_peer",
+    "wrong_role",
+    "labels_not_allowed",
+    "revoked",
+    "unknown_node",
+    "admin_token",
+];
+
+const CODES: &[tonic::Code] = &[
+    tonic::Code::Ok,
+    tonic::Code::Cancelled,
+    tonic::Code::Unknown,
+    tonic::Code::InvalidArgument,
+    tonic::Code::DeadlineExceeded,
+    tonic::Code::NotFound,
+    tonic::Code::AlreadyExists,
+    tonic::Code::PermissionDenied,
+    tonic::Code::ResourceExhausted,
+    tonic::Code::FailedPrecondition,
+    tonic::Code::Aborted,
+    tonic::Code::OutOfRange,
+    tonic::Code::Unimplemented,
+    tonic::Code::Internal,
+    tonic::Code::Unavailable,
+    tonic::Code::DataLoss,
+    tonic::Code::Unauthenticated,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodCode {
+    method: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabel {
+    method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimiterLabel {
+    limiter: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AuthLabel {
+    method: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TableLabel {
+    table: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TableReason {
+    table: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn rpc_histogram() -> Histogram {
+    // 0.5 ms .. ~16 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// Handles to every metric.
+#[derive(Clone)]
+pub struct Metrics {
+    rpc: Family<MethodCode, Counter>,
+    rpc_duration: HistogramFamily<MethodLabel>,
+    limiter_refusals: Family<LimiterLabel, Counter>,
+    auth_failures: Family<AuthLabel, Counter>,
+    storage_rows: Family<TableLabel, Gauge>,
+    deleted: Family<TableReason, Counter>,
+    enrollments: Family<ResultLabel, Counter>,
+    next_rotation: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+fn code_name(code: tonic::Code) -> String {
+    format!("{code:?}")
+}
+
+impl Metrics {
+    /// Registers every metric in `registry` (which should carry no prefix).
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Self {
+            rpc: Family::default(),
+            rpc_duration: Family::new_with_constructor(rpc_histogram),
+            limiter_refusals: Family::default(),
+            auth_failures: Family::default(),
+            storage_rows: Family::default(),
+            deleted: Family::default(),
+            enrollments: Family::default(),
+            next_rotation: Gauge::default(),
+        };
+        let r = registry.sub_registry_with_prefix("agentmesh_control_plane");
+        r.register("rpc", "gRPC calls by method and status code", m.rpc.clone());
+        r.register(
+            "rpc_duration_seconds",
+            "gRPC call latency by method",
+            m.rpc_duration.clone(),
+        );
+        r.register(
+            "limiter_refusals",
+            "Requests refused by a limiter (enroll, refresh, failure_guard, db_busy)",
+            m.limiter_refusals.clone(),
+        );
+        r.register(
+            "auth_failures",
+            "Requests refused for authentication or authorization, by reason",
+            m.auth_failures.clone(),
+        );
+        r.register(
+            "storage_rows",
+            "Rows per table (COUNT per table at each reaper pass)",
+            m.storage_rows.clone(),
+        );
+        r.register(
+            "deleted",
+            "Rows deleted by the reapers, by table and reason",
+            m.deleted.clone(),
+        );
+        r.register(
+            "enrollments",
+            "Successful enrollments: enrolled (a token use spent) or re_enrolled (none spent)",
+            m.enrollments.clone(),
+        );
+        r.register(
+            "next_key_rotation_timestamp_seconds",
+            "Unix time of the next signing-key rotation (stored in the database)",
+            m.next_rotation.clone(),
+        );
+        for method in METHODS {
+            for code in CODES {
+                let _ = m.rpc.get_or_create(&MethodCode {
+                    method: (*method).into(),
+                    code: code_name(*code),
+                });
+            }
+            let _ = m.rpc_duration.get_or_create(&MethodLabel {
+                method: (*method).into(),
+            });
+            for reason in AUTH_REASONS {
+                let _ = m.auth_failures.get_or_create(&AuthLabel {
+                    method: (*method).into(),
+                    reason: (*reason).into(),
+                });
+            }
+        }
+        for l in LIMITERS {
+            let _ = m.limiter_refusals.get_or_create(&LimiterLabel {
+                limiter: (*l).into(),
+            });
+        }
+        for t in TABLES {
+            let _ = m
+                .storage_rows
+                .get_or_create(&TableLabel { table: (*t).into() });
+        }
+        for (t, reason) in DELETE_REASONS {
+            let _ = m.deleted.get_or_create(&TableReason {
+                table: (*t).into(),
+                reason: (*reason).into(),
+            });
+        }
+        for r in ["enrolled", "re_enrolled"] {
+            let _ = m
+                .enrollments
+                .get_or_create(&ResultLabel { result: r.into() });
+        }
+        m
+    }
+
+    /// Records one finished RPC.
+    pub fn rpc_done(&self, method: &'static str, code: tonic::Code, secs: f64) {
+        self.rpc
+            .get_or_create(&MethodCode {
+                method: method.into(),
+                code: code_name(code),
+            })
+            .inc();
+        self.rpc_duration
+            .get_or_create(&MethodLabel {
+                method: method.into(),
+            })
+            .observe(secs);
+    }
+
+    /// Counts a limiter refusal.
+    pub fn limited(&self, limiter: &'static str) {
+        self.limiter_refusals
+            .get_or_create(&LimiterLabel {
+                limiter: limiter.into(),
+            })
+            .inc();
+    }
+
+    /// Counts an authentication failure.
+    pub fn auth_failed(&self, method: &'static str, reason: &'static str) {
+        self.auth_failures
+            .get_or_create(&AuthLabel {
+                method: method.into(),
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a successful enrollment.
+    pub fn enrolled(&self, re_enrolled: bool) {
+        let result = if re_enrolled {
+            "re_enrolled"
+        } else {
+            "enrolled"
+        };
+        self.enrollments
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Sets a table's row count.
+    pub fn set_rows(&self, table: &str, rows: i64) {
+        self.storage_rows
+            .get_or_create(&TableLabel {
+                table: table.into(),
+            })
+            .set(rows);
+    }
+
+    /// Adds reaper deletions.
+    pub fn deleted(&self, table: &str, reason: &str, n: u64) {
+        self.deleted
+            .get_or_create(&TableReason {
+                table: table.into(),
+                reason: reason.into(),
+            })
+            .inc_by(n);
+    }
+
+    /// Sets the next rotation instant.
+    pub fn set_next_rotation(&self, unix_secs: i64) {
+        self.next_rotation.set(unix_secs);
+    }
+}

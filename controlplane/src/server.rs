@@ -1,0 +1,312 @@
+//! The control plane as a value: [`spawn`] binds, opens the database, starts
+//! every task and returns a [`Handle`]. Every task lives in the handle's
+//! `JoinSet`, so dropping the handle aborts them; [`Handle::shutdown`] stops
+//! them gracefully within `--shutdown-grace-secs`.
+
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+
+use agentmesh_proto::{
+    pb::{
+        FILE_DESCRIPTOR_SET,
+        controlplane::control_plane_server::ControlPlaneServer,
+        credential::{Role, TokenKind},
+    },
+    unix_now,
+};
+use prometheus_client::registry::Registry;
+use tokio::{net::TcpListener, sync::watch, task::JoinSet};
+use tonic::transport::{Identity, Server, ServerTlsConfig, server::TcpIncoming};
+
+use crate::{
+    admin::TokenSpec,
+    clock::{SharedClock, TokioClock},
+    config::{Config, sqlite_path},
+    http::{HttpState, router},
+    keys::{Keys, RotationPolicy},
+    metrics::Metrics,
+    reaper::{run_key_check, run_reaper},
+    service::Service,
+    state::State,
+    status::ServiceError,
+    store::{Db, Deleted, StoreError, open_sqlite},
+};
+
+/// Why the control plane did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// The configuration is inconsistent.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A file (TLS, admin token) could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// TLS setup failed.
+    #[error("tls: {0}")]
+    Tls(String),
+    /// The database could not be opened or initialised.
+    #[error("database: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// A running control plane.
+pub struct Handle {
+    grpc_addr: SocketAddr,
+    http_addr: SocketAddr,
+    state: Arc<State>,
+    registry: Arc<Registry>,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("grpc_addr", &self.grpc_addr)
+            .field("http_addr", &self.http_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn read_file(path: &std::path::Path) -> Result<Vec<u8>, SpawnError> {
+    tokio::fs::read(path)
+        .await
+        .map_err(|source| SpawnError::Read {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, SpawnError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| SpawnError::Bind { addr, source })
+}
+
+/// Starts a control plane with the real clock.
+pub async fn spawn(config: Config) -> Result<Handle, SpawnError> {
+    spawn_with_clock(config, TokioClock::shared()).await
+}
+
+/// Starts a control plane whose limiters read `clock` (tests share a
+/// simulated clock with their clients).
+pub async fn spawn_with_clock(config: Config, clock: SharedClock) -> Result<Handle, SpawnError> {
+    config.validate().map_err(SpawnError::Config)?;
+    let admin_token = match (&config.admin_token, &config.admin_token_file) {
+        (Some(t), _) => Some(t.trim().to_string()),
+        (None, Some(path)) => {
+            let raw = read_file(path).await?;
+            let t = String::from_utf8_lossy(&raw).trim().to_string();
+            if t.len() < 16 {
+                return Err(SpawnError::Config(format!(
+                    "--admin-token-file {}: token must be at least 16 characters",
+                    path.display()
+                )));
+            }
+            Some(t)
+        }
+        (None, None) => None,
+    };
+    let path = sqlite_path(&config.db).map_err(SpawnError::Config)?;
+    let store = tokio::task::spawn_blocking(move || open_sqlite(&path))
+        .await
+        .map_err(|e| StoreError::Task(e.to_string()))??;
+    let db = Db::new(
+        store,
+        config.db_max_inflight,
+        Duration::from_secs(config.db_wait_timeout_secs),
+    );
+    let policy = RotationPolicy {
+        interval_secs: config.key_rotation_interval_secs as i64,
+        publish_ahead_secs: config.key_publish_ahead_secs as i64,
+        grace_secs: config.key_grace_secs as i64,
+    };
+    let keys = Keys::open(&db, policy, unix_now()).await?;
+
+    let grpc_listener = bind(config.grpc_addr).await?;
+    let grpc_addr = grpc_listener
+        .local_addr()
+        .map_err(|source| SpawnError::Bind {
+            addr: config.grpc_addr,
+            source,
+        })?;
+    let http_listener = bind(config.http_addr).await?;
+    let http_addr = http_listener
+        .local_addr()
+        .map_err(|source| SpawnError::Bind {
+            addr: config.http_addr,
+            source,
+        })?;
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(c), Some(k)) => Some(Identity::from_pem(read_file(c).await?, read_file(k).await?)),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let public_url = config
+        .public_url
+        .clone()
+        .map(|u| agentmesh_proto::proof::normalize_url(&u).to_string())
+        .unwrap_or_else(|| format!("{scheme}://{grpc_addr}"));
+
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let registry = Arc::new(registry);
+    let state = State::new(
+        config.clone(),
+        public_url.clone(),
+        db,
+        keys,
+        metrics,
+        clock,
+        admin_token,
+    );
+    // A control plane restarted past the deadline rotates now, not a tick later.
+    state.check_keys_once().await?;
+    state.reap_once().await?;
+
+    let (stop, stop_rx) = watch::channel(false);
+    let mut tasks = JoinSet::new();
+
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health.set_serving::<ControlPlaneServer<Service>>().await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| SpawnError::Config(format!("reflection: {e}")))?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(|e| SpawnError::Config(format!("reflection: {e}")))?;
+    let mut builder = Server::builder();
+    if let Some(identity) = tls {
+        builder = builder
+            .tls_config(ServerTlsConfig::new().identity(identity))
+            .map_err(|e| SpawnError::Tls(e.to_string()))?;
+    }
+    let grpc = builder
+        .add_service(ControlPlaneServer::new(Service::new(state.clone())))
+        .add_service(health_svc)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha);
+    let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+    let mut grpc_stop = stop_rx.clone();
+    tasks.spawn(async move {
+        let shutdown = async move {
+            let _ = grpc_stop.changed().await;
+        };
+        if let Err(e) = grpc.serve_with_incoming_shutdown(incoming, shutdown).await {
+            tracing::error!(error = %e, "gRPC server stopped");
+        }
+    });
+
+    let app = router(HttpState {
+        state: state.clone(),
+        registry: registry.clone(),
+    });
+    let mut http_stop = stop_rx.clone();
+    tasks.spawn(async move {
+        let shutdown = async move {
+            let _ = http_stop.changed().await;
+        };
+        if let Err(e) = axum::serve(http_listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!(error = %e, "HTTP server stopped");
+        }
+    });
+    tasks.spawn(run_reaper(state.clone(), stop_rx.clone()));
+    tasks.spawn(run_key_check(state.clone(), stop_rx));
+    tracing::info!(%grpc_addr, %http_addr, %public_url, "control plane started");
+    Ok(Handle {
+        grpc_addr,
+        http_addr,
+        state,
+        registry,
+        stop,
+        tasks,
+    })
+}
+
+impl Handle {
+    /// The bound gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    /// The bound HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// The endpoint string members sign (and the URL clients should use).
+    pub fn public_url(&self) -> &str {
+        &self.state.public_url
+    }
+
+    /// The admin bearer token, if admin RPCs are enabled.
+    pub fn admin_token(&self) -> Option<&str> {
+        self.state.admin_token.as_deref()
+    }
+
+    /// The metrics registry (to serve it elsewhere or read it in tests).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Mints a token (shown once) without going through gRPC.
+    pub async fn create_token(
+        &self,
+        kind: TokenKind,
+        role: Role,
+        labels: BTreeMap<String, String>,
+        max_uses: u32,
+        ttl: Duration,
+    ) -> Result<String, ServiceError> {
+        let spec = TokenSpec {
+            kind,
+            role,
+            labels,
+            max_uses,
+            ttl_secs: ttl.as_secs(),
+        };
+        Ok(self.state.mint_token(spec).await?.0)
+    }
+
+    /// Runs one reaper pass now; returns what it deleted.
+    pub async fn reap_now(&self) -> Result<Deleted, StoreError> {
+        self.state.reap_once().await
+    }
+
+    /// Runs one key-rotation check now; returns the new key id if it rotated.
+    pub async fn check_keys_now(&self) -> Result<Option<String>, StoreError> {
+        self.state.check_keys_once().await
+    }
+
+    /// Stops serving: in-flight calls get `--shutdown-grace-secs`, then
+    /// every task is aborted.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        let grace = Duration::from_secs(self.state.config.shutdown_grace_secs);
+        let drained = tokio::time::timeout(grace, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!("control plane tasks did not stop within the grace; aborting");
+            self.tasks.abort_all();
+        }
+    }
+}

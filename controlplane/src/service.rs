@@ -1,0 +1,156 @@
+//! The gRPC service: decodes requests, calls the state, records metrics, and
+//! maps errors through [`crate::status::to_status`].
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use agentmesh_proto::pb::controlplane::{
+    CreateTokenRequest, CreateTokenResponse, EnrollRequest, EnrollResponse, GetDirectoryRequest,
+    GetDirectoryResponse, GetKeysRequest, GetKeysResponse, RefreshRequest, RefreshResponse,
+    RevokeNodeRequest, RevokeNodeResponse, RotateKeyNowRequest, RotateKeyNowResponse,
+    RouterLeaseRequest, RouterLeaseResponse, control_plane_server::ControlPlane,
+};
+use tonic::{Request, Response, Status};
+
+use crate::{
+    state::State,
+    status::{ServiceError, to_status},
+    store::StoreError,
+};
+
+/// The `ControlPlane` gRPC service.
+#[derive(Debug, Clone)]
+pub struct Service {
+    state: Arc<State>,
+}
+
+impl Service {
+    /// A service over shared state.
+    pub fn new(state: Arc<State>) -> Self {
+        Self { state }
+    }
+
+    fn finish<T>(
+        &self,
+        method: &'static str,
+        started: Instant,
+        r: Result<T, ServiceError>,
+    ) -> Result<Response<T>, Status> {
+        let m = &self.state.metrics;
+        let r = r.map(Response::new).map_err(|e| {
+            match &e {
+                ServiceError::Limited { limiter, .. } => m.limited(limiter),
+                ServiceError::Store(StoreError::Busy(_)) => m.limited("db_busy"),
+                _ => {}
+            }
+            if let Some(reason) = e.auth_reason() {
+                m.auth_failed(method, reason);
+            }
+            let status = to_status(&e);
+            tracing::debug!(method, code = ?status.code(), error = %e, "refused");
+            status
+        });
+        let code = r
+            .as_ref()
+            .map(|_| tonic::Code::Ok)
+            .unwrap_or_else(|s| s.code());
+        m.rpc_done(method, code, started.elapsed().as_secs_f64());
+        r
+    }
+
+    fn admin<T>(&self, req: &Request<T>) -> Result<(), ServiceError> {
+        let auth = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        self.state.check_admin(auth)
+    }
+}
+
+#[tonic::async_trait]
+impl ControlPlane for Service {
+    async fn enroll(
+        &self,
+        request: Request<EnrollRequest>,
+    ) -> Result<Response<EnrollResponse>, Status> {
+        let t = Instant::now();
+        let source = request.remote_addr().map(|a| a.ip());
+        let r = self.state.enroll(source, request.into_inner()).await;
+        self.finish("Enroll", t, r)
+    }
+
+    async fn refresh(
+        &self,
+        request: Request<RefreshRequest>,
+    ) -> Result<Response<RefreshResponse>, Status> {
+        let t = Instant::now();
+        let r = self.state.refresh(request.into_inner()).await;
+        self.finish("Refresh", t, r)
+    }
+
+    async fn get_keys(
+        &self,
+        _request: Request<GetKeysRequest>,
+    ) -> Result<Response<GetKeysResponse>, Status> {
+        let t = Instant::now();
+        let r = Ok(GetKeysResponse {
+            keys: Some(self.state.get_keys()),
+        });
+        self.finish("GetKeys", t, r)
+    }
+
+    async fn get_directory(
+        &self,
+        _request: Request<GetDirectoryRequest>,
+    ) -> Result<Response<GetDirectoryResponse>, Status> {
+        let t = Instant::now();
+        let r = self.state.get_directory().await;
+        self.finish("GetDirectory", t, r)
+    }
+
+    async fn router_lease(
+        &self,
+        request: Request<RouterLeaseRequest>,
+    ) -> Result<Response<RouterLeaseResponse>, Status> {
+        let t = Instant::now();
+        let r = self.state.router_lease(request.into_inner()).await;
+        self.finish("RouterLease", t, r)
+    }
+
+    async fn create_token(
+        &self,
+        request: Request<CreateTokenRequest>,
+    ) -> Result<Response<CreateTokenResponse>, Status> {
+        let t = Instant::now();
+        let r = match self.admin(&request) {
+            Ok(()) => self.state.create_token(request.into_inner()).await,
+            Err(e) => Err(e),
+        };
+        self.finish("CreateToken", t, r)
+    }
+
+    async fn revoke_node(
+        &self,
+        request: Request<RevokeNodeRequest>,
+    ) -> Result<Response<RevokeNodeResponse>, Status> {
+        let t = Instant::now();
+        let r = match self.admin(&request) {
+            Ok(()) => self.state.revoke_node(request.into_inner()).await,
+            Err(e) => Err(e),
+        };
+        self.finish("RevokeNode", t, r)
+    }
+
+    async fn rotate_key_now(
+        &self,
+        request: Request<RotateKeyNowRequest>,
+    ) -> Result<Response<RotateKeyNowResponse>, Status> {
+        let t = Instant::now();
+        let r = match self.admin(&request) {
+            Ok(()) => self.state.rotate_key_now().await,
+            Err(e) => Err(e),
+        };
+        self.finish("RotateKeyNow", t, r)
+    }
+}

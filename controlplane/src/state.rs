@@ -1,0 +1,149 @@
+//! The state every RPC handler shares.
+
+use std::{
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use agentmesh_proto::pb::controlplane::GetDirectoryResponse;
+
+use crate::{
+    clock::SharedClock,
+    config::Config,
+    keys::Keys,
+    limiter::{FailureGuard, TokenBucket},
+    metrics::Metrics,
+    status::ServiceError,
+    store::Db,
+};
+
+/// Shared server state.
+pub struct State {
+    /// The configuration started with.
+    pub config: Config,
+    /// The endpoint string proofs must sign.
+    pub public_url: String,
+    /// Storage.
+    pub db: Db,
+    /// Signing keys.
+    pub keys: Keys,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// The monotonic clock limiters read.
+    pub clock: SharedClock,
+    /// The admin bearer token, if admin RPCs are enabled.
+    pub admin_token: Option<String>,
+    enroll_bucket: Mutex<TokenBucket>,
+    refresh_bucket: Mutex<TokenBucket>,
+    failure_guard: Mutex<FailureGuard>,
+    directory_cache: Mutex<Option<(Duration, GetDirectoryResponse)>>,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State")
+            .field("public_url", &self.public_url)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl State {
+    /// Builds the shared state.
+    pub fn new(
+        config: Config,
+        public_url: String,
+        db: Db,
+        keys: Keys,
+        metrics: Metrics,
+        clock: SharedClock,
+        admin_token: Option<String>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            enroll_bucket: Mutex::new(TokenBucket::new(
+                config.enroll_rate_per_sec,
+                config.enroll_burst,
+            )),
+            refresh_bucket: Mutex::new(TokenBucket::new(
+                config.refresh_rate_per_sec,
+                config.refresh_burst,
+            )),
+            failure_guard: Mutex::new(FailureGuard::new(
+                config.enroll_failures_per_ip_per_min,
+                config.failure_guard_max_ips,
+            )),
+            directory_cache: Mutex::new(None),
+            config,
+            public_url,
+            db,
+            keys,
+            metrics,
+            clock,
+            admin_token,
+        })
+    }
+
+    /// Takes an enroll token or refuses with the wait.
+    pub fn admit_enroll(&self) -> Result<(), ServiceError> {
+        let now = self.clock.now();
+        lock(&self.enroll_bucket)
+            .try_acquire(now)
+            .map_err(|wait| ServiceError::Limited {
+                limiter: "enroll",
+                wait,
+            })
+    }
+
+    /// Takes a refresh/lease token or refuses with the wait.
+    pub fn admit_refresh(&self) -> Result<(), ServiceError> {
+        let now = self.clock.now();
+        lock(&self.refresh_bucket)
+            .try_acquire(now)
+            .map_err(|wait| ServiceError::Limited {
+                limiter: "refresh",
+                wait,
+            })
+    }
+
+    /// Refuses a source IP that has failed too often this minute.
+    pub fn check_failures(&self, ip: Option<IpAddr>) -> Result<(), ServiceError> {
+        let Some(ip) = ip else { return Ok(()) };
+        lock(&self.failure_guard)
+            .check(ip, self.clock.now())
+            .map_err(|wait| ServiceError::Limited {
+                limiter: "failure_guard",
+                wait,
+            })
+    }
+
+    /// Counts a failure from a source IP.
+    pub fn record_failure(&self, ip: Option<IpAddr>) {
+        if let Some(ip) = ip {
+            lock(&self.failure_guard).record_failure(ip, self.clock.now());
+        }
+    }
+
+    /// A cached directory answer younger than `--directory-cache-ms`.
+    pub fn cached_directory(&self) -> Option<GetDirectoryResponse> {
+        let now = self.clock.now();
+        let max_age = Duration::from_millis(self.config.directory_cache_ms);
+        lock(&self.directory_cache)
+            .as_ref()
+            .filter(|(at, _)| now.saturating_sub(*at) < max_age)
+            .map(|(_, d)| d.clone())
+    }
+
+    /// Stores a directory answer.
+    pub fn cache_directory(&self, d: &GetDirectoryResponse) {
+        *lock(&self.directory_cache) = Some((self.clock.now(), d.clone()));
+    }
+
+    /// Drops the cached directory (after a lease or revocation changed it).
+    pub fn invalidate_directory(&self) {
+        *lock(&self.directory_cache) = None;
+    }
+}

@@ -1,0 +1,123 @@
+//! Service errors and their one mapping onto gRPC statuses.
+
+use std::time::Duration;
+
+use tonic::{Code, Status, metadata::MetadataValue};
+
+use crate::{client::RETRY_AFTER_METADATA, limiter::retry_after_secs, store::StoreError};
+
+/// Why a call was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// A limiter refused; retry after `wait`.
+    #[error("{limiter} limit reached; retry in {wait:?}")]
+    Limited {
+        /// `enroll`, `refresh`, `failure_guard` or `db_busy`.
+        limiter: &'static str,
+        /// Time until a slot frees.
+        wait: Duration,
+    },
+    /// The request is malformed.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The caller did not prove who it is (token, proof, credential).
+    #[error("{msg}")]
+    Unauthenticated {
+        /// Metric label.
+        reason: &'static str,
+        /// Human message.
+        msg: String,
+    },
+    /// The caller is known but not allowed (role, labels, revoked, admin off).
+    #[error("{msg}")]
+    Denied {
+        /// Metric label.
+        reason: &'static str,
+        /// Human message.
+        msg: String,
+    },
+    /// No signing key is active (should not happen after startup).
+    #[error("no active signing key")]
+    NoSigningKey,
+    /// Storage failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ServiceError {
+    /// An `Unauthenticated` error.
+    pub fn unauth(reason: &'static str, msg: impl Into<String>) -> Self {
+        Self::Unauthenticated {
+            reason,
+            msg: msg.into(),
+        }
+    }
+
+    /// A `Denied` error.
+    pub fn denied(reason: &'static str, msg: impl Into<String>) -> Self {
+        Self::Denied {
+            reason,
+            msg: msg.into(),
+        }
+    }
+
+    /// The auth-failure reason, for metrics and the failure guard.
+    pub fn auth_reason(&self) -> Option<&'static str> {
+        match self {
+            Self::Unauthenticated { reason, .. } | Self::Denied { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
+}
+
+fn with_retry_after(mut status: Status, wait: Duration) -> Status {
+    let secs = retry_after_secs(wait).to_string();
+    if let Ok(v) = MetadataValue::try_from(secs.as_str()) {
+        status.metadata_mut().insert(RETRY_AFTER_METADATA, v);
+    }
+    status
+}
+
+/// The gRPC status for an error: the only place errors become statuses.
+pub fn to_status(err: &ServiceError) -> Status {
+    match err {
+        ServiceError::Limited { wait, .. } => {
+            with_retry_after(Status::new(Code::ResourceExhausted, err.to_string()), *wait)
+        }
+        ServiceError::Invalid(_) => Status::invalid_argument(err.to_string()),
+        ServiceError::Unauthenticated { .. } => Status::unauthenticated(err.to_string()),
+        ServiceError::Denied { .. } => Status::permission_denied(err.to_string()),
+        ServiceError::NoSigningKey => {
+            with_retry_after(Status::unavailable(err.to_string()), Duration::from_secs(1))
+        }
+        ServiceError::Store(StoreError::Busy(_)) => with_retry_after(
+            Status::unavailable("control plane database busy"),
+            Duration::from_secs(1),
+        ),
+        ServiceError::Store(e) => {
+            tracing::error!(error = %e, "storage error");
+            Status::internal("control plane storage error")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limited_carries_whole_second_retry_after() {
+        let s = to_status(&ServiceError::Limited {
+            limiter: "enroll",
+            wait: Duration::from_millis(1500),
+        });
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert_eq!(crate::client::retry_after(&s), Some(Duration::from_secs(2)));
+        let s = to_status(&ServiceError::unauth(
+            "unknown_token",
+            "token not recognised",
+        ));
+        assert_eq!(s.code(), Code::Unauthenticated);
+        assert!(s.message().contains("token not recognised"));
+    }
+}
