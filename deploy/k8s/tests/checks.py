@@ -31,24 +31,63 @@ MIB = 2**20
 # test_binaries.py checks them against `--help`).
 KNOWN_FLAGS: dict[str, set[str]] = {
     "agentmesh-control-plane": {
-        "--grpc-addr", "--http-addr", "--public-url", "--tls-cert", "--tls-key", "--insecure", "--db",
-        "--enroll-rate-per-sec", "--enroll-burst", "--credential-ttl-secs", "--clock-skew-secs",
-        "--refresh-grace-secs", "--key-rotation-interval-secs", "--key-publish-ahead-secs",
-        "--key-grace-secs", "--node-retention-secs", "--ephemeral-retention-secs", "--lease-ttl-secs",
-        "--admin-token-file", "--metrics-addr", "--pprof-addr",
+        "--grpc-addr",
+        "--http-addr",
+        "--public-url",
+        "--tls-cert",
+        "--tls-key",
+        "--insecure",
+        "--db",
+        "--enroll-rate-per-sec",
+        "--enroll-burst",
+        "--credential-ttl-secs",
+        "--clock-skew-secs",
+        "--refresh-grace-secs",
+        "--key-rotation-interval-secs",
+        "--key-publish-ahead-secs",
+        "--key-grace-secs",
+        "--node-retention-secs",
+        "--ephemeral-retention-secs",
+        "--lease-ttl-secs",
+        "--admin-token-file",
+        "--metrics-addr",
+        "--pprof-addr",
     },
     "agentmesh-control-plane backup": {"--db", "--to"},
     "agentmesh-router": {
-        "--control-plane", "--control-plane-ca", "--token-file", "--key-path", "--listen",
-        "--external-addr", "--label", "--metrics-addr", "--auth-deadline-secs",
-        "--relay-max-reservations", "--relay-max-circuits-per-peer", "--relay-circuit-duration-secs",
-        "--relay-circuit-bytes", "--lease-interval-secs", "--high-watermark", "--low-watermark",
-        "--memory-limit-bytes", "--drain-grace-secs", "--pprof-addr",
+        "--control-plane",
+        "--control-plane-ca",
+        "--token-file",
+        "--key-path",
+        "--listen",
+        "--external-addr",
+        "--label",
+        "--metrics-addr",
+        "--auth-deadline-secs",
+        "--relay-max-reservations",
+        "--relay-max-circuits-per-peer",
+        "--relay-circuit-duration-secs",
+        "--relay-circuit-bytes",
+        "--lease-interval-secs",
+        "--high-watermark",
+        "--low-watermark",
+        "--memory-limit-bytes",
+        "--drain-grace-secs",
+        "--pprof-addr",
     },
 }
 
 # Flags whose value is a file the program reads or writes.
-FILE_FLAGS = {"--tls-cert", "--tls-key", "--admin-token-file", "--token-file", "--control-plane-ca", "--key-path", "--db", "--to"}
+FILE_FLAGS = {
+    "--tls-cert",
+    "--tls-key",
+    "--admin-token-file",
+    "--token-file",
+    "--control-plane-ca",
+    "--key-path",
+    "--db",
+    "--to",
+}
 # Of those, the ones the program writes (their directory must be writable).
 WRITTEN_FILE_FLAGS = {"--key-path", "--db", "--to"}
 
@@ -71,12 +110,21 @@ FLEET_ANNOTATION = "agentmesh/sized-for-members"
 K_ANNOTATION = "agentmesh/routers-per-member"
 
 # Volume types the "restricted" Pod Security Standard allows.
-RESTRICTED_VOLUME_TYPES = {"configMap", "secret", "emptyDir", "persistentVolumeClaim", "projected", "downwardAPI", "csi", "ephemeral"}
+RESTRICTED_VOLUME_TYPES = {
+    "configMap",
+    "secret",
+    "emptyDir",
+    "persistentVolumeClaim",
+    "projected",
+    "downwardAPI",
+    "csi",
+    "ephemeral",
+}
 
 
 def sqlite_path(db: str | None) -> str | None:
     if db and db.startswith("sqlite://"):
-        return db[len("sqlite://"):]
+        return db[len("sqlite://") :]
     return None
 
 
@@ -114,7 +162,7 @@ def check_pod_security(objects: list[dict[str, Any]]) -> list[str]:
         for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
             csc = c.get("securityContext", {}) or {}
             cw = f"{where}/{c['name']}"
-            if not (csc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True):
+            if csc.get("runAsNonRoot", psc.get("runAsNonRoot")) is not True:
                 problems.append(f"{cw}: runAsNonRoot is not true")
             if csc.get("runAsUser", psc.get("runAsUser")) == 0:
                 problems.append(f"{cw}: runs as uid 0")
@@ -158,7 +206,7 @@ def check_env_references(objects: list[dict[str, Any]]) -> list[str]:
             if cm is None:
                 problems.append(f"{c.where}: envFrom ConfigMap {ref['name']} is not rendered")
                 continue
-            for k in (cm.get("data") or {}):
+            for k in cm.get("data") or {}:
                 defined.add(k)
                 from_maps[k] = ref["name"]
         used: set[str] = set()
@@ -206,7 +254,9 @@ def check_flags(objects: list[dict[str, Any]]) -> list[str]:
                 rel = posixpath.relpath(path, m["mountPath"])
                 if items is not None and rel not in {i["path"] for i in items}:
                     problems.append(f"{c.where}: {name} {path} is not an item of volume {m['name']}")
-                if name in WRITTEN_FILE_FLAGS and (m.get("readOnly") or not ({"persistentVolumeClaim", "emptyDir"} & set(vol))):
+                if name in WRITTEN_FILE_FLAGS and (
+                    m.get("readOnly") or not ({"persistentVolumeClaim", "emptyDir"} & set(vol))
+                ):
                     problems.append(f"{c.where}: {name} {path} is written but its volume is not writable storage")
     return problems
 
@@ -266,8 +316,12 @@ def check_router(objects: list[dict[str, Any]]) -> list[str]:
     var = VAR_REF.fullmatch(mem_flag)
     env = {e["name"]: e for e in c.spec.get("env", []) or []}
     ref = (env.get(var.group(1), {}).get("valueFrom") or {}).get("resourceFieldRef") if var else None
-    if not ref or ref.get("resource") != "limits.memory" or ref.get("containerName", c.name) != c.name \
-            or parse_quantity(ref.get("divisor", "1")) != 1:
+    if (
+        not ref
+        or ref.get("resource") != "limits.memory"
+        or ref.get("containerName", c.name) != c.name
+        or parse_quantity(ref.get("divisor", "1")) != 1
+    ):
         problems.append(f"{c.where}: --memory-limit-bytes is not the container's memory limit in bytes")
 
     try:
@@ -281,7 +335,9 @@ def check_router(objects: list[dict[str, Any]]) -> list[str]:
         problems.append(f"{c.where}: low watermark {low} is not 15% below high {high}")
     need = PROCESS_BASE_BYTES + high * CHARGE_PER_MEMBER_BYTES
     if limit < need:
-        problems.append(f"{c.where}: memory limit {limits['memory']} < {need / MIB:.0f} MiB needed for high watermark {high}")
+        problems.append(
+            f"{c.where}: memory limit {limits['memory']} < {need / MIB:.0f} MiB needed for high watermark {high}"
+        )
 
     grace = (pod_template(sts) or {}).get("spec", {}).get("terminationGracePeriodSeconds", 30)
     if grace < drain + DRAIN_MARGIN_SECS:
@@ -314,7 +370,9 @@ def check_router(objects: list[dict[str, Any]]) -> list[str]:
             problems.append(f"Service/{svc['metadata']['name']}: should be named {pod}, like its pod")
 
     labels = (pod_template(sts) or {}).get("metadata", {}).get("labels", {})
-    pdbs = [p for p in objects if p["kind"] == "PodDisruptionBudget" and selector_matches(p["spec"].get("selector"), labels)]
+    pdbs = [
+        p for p in objects if p["kind"] == "PodDisruptionBudget" and selector_matches(p["spec"].get("selector"), labels)
+    ]
     if not pdbs:
         problems.append(f"{c.where}: no PodDisruptionBudget")
     for p in pdbs:
@@ -325,8 +383,10 @@ def check_router(objects: list[dict[str, Any]]) -> list[str]:
     problems += _fleet_problems(c, sts, low, cps)
     for cp in cps:
         if c.flag("--control-plane") != cp.flag("--public-url"):
-            problems.append(f"{c.where}: --control-plane {c.flag('--control-plane')} != control plane --public-url "
-                            f"{cp.flag('--public-url')} (proofs sign that URL)")
+            problems.append(
+                f"{c.where}: --control-plane {c.flag('--control-plane')} != control plane --public-url "
+                f"{cp.flag('--public-url')} (proofs sign that URL)"
+            )
         try:
             ttl, interval = int(cp.flag("--lease-ttl-secs") or ""), int(c.flag("--lease-interval-secs") or "")
             if interval * LEASES_PER_TTL > ttl:
@@ -349,8 +409,10 @@ def _fleet_problems(c: Container, sts: dict[str, Any], low: int, cps: list[Conta
     problems = []
     after_loss = math.ceil(fleet * k / (n - 1))
     if after_loss > low:
-        problems.append(f"{c.where}: with one of {n} routers lost, {fleet} x {k} / {n - 1} = {after_loss} "
-                        f"members per router > low watermark {low}")
+        problems.append(
+            f"{c.where}: with one of {n} routers lost, {fleet} x {k} / {n - 1} = {after_loss} "
+            f"members per router > low watermark {low}"
+        )
     for cp in cps:
         try:
             rate, burst = int(cp.flag("--enroll-rate-per-sec") or ""), int(cp.flag("--enroll-burst") or "")
@@ -358,8 +420,10 @@ def _fleet_problems(c: Container, sts: dict[str, Any], low: int, cps: list[Conta
             problems.append(f"{cp.where}: enroll rate and burst must be integers")
             continue
         if rate * ENROLL_RETRY_BUDGET_SECS + burst < fleet:
-            problems.append(f"{cp.where}: a cold start of {fleet} members needs rate x {ENROLL_RETRY_BUDGET_SECS} s "
-                            f"+ burst >= {fleet}, have {rate} x {ENROLL_RETRY_BUDGET_SECS} + {burst}")
+            problems.append(
+                f"{cp.where}: a cold start of {fleet} members needs rate x {ENROLL_RETRY_BUDGET_SECS} s "
+                f"+ burst >= {fleet}, have {rate} x {ENROLL_RETRY_BUDGET_SECS} + {burst}"
+            )
     return problems
 
 
@@ -374,16 +438,23 @@ def check_control_plane(objects: list[dict[str, Any]]) -> list[str]:
         return problems
     w = c.workload
     if sqlite_path(c.flag("--db")):
-        if w["kind"] != "Deployment" or w["spec"].get("replicas", 1) != 1 \
-                or (w["spec"].get("strategy") or {}).get("type") != "Recreate":
+        if (
+            w["kind"] != "Deployment"
+            or w["spec"].get("replicas", 1) != 1
+            or (w["spec"].get("strategy") or {}).get("type") != "Recreate"
+        ):
             problems.append(f"{c.where}: SQLite needs a single-replica Deployment with strategy Recreate")
     problems += _probe_problems(c, "--http-addr")
     if "cpu" in ((c.spec.get("resources") or {}).get("limits") or {}):
         problems.append(f"{c.where}: has a CPU limit")
     try:
-        ttl, skew, grace = (int(c.flag(f) or "") for f in ("--credential-ttl-secs", "--clock-skew-secs", "--key-grace-secs"))
+        ttl, skew, grace = (
+            int(c.flag(f) or "") for f in ("--credential-ttl-secs", "--clock-skew-secs", "--key-grace-secs")
+        )
         if grace < ttl + skew:
-            problems.append(f"{c.where}: --key-grace-secs {grace} < credential TTL {ttl} + skew {skew} (refuses to start)")
+            problems.append(
+                f"{c.where}: --key-grace-secs {grace} < credential TTL {ttl} + skew {skew} (refuses to start)"
+            )
     except ValueError:
         problems.append(f"{c.where}: TTL, skew and key grace must be integers")
 
@@ -391,7 +462,9 @@ def check_control_plane(objects: list[dict[str, Any]]) -> list[str]:
     if not backups:
         problems.append(f"{c.where}: no backup job")
     db_mount = mount_for(c, sqlite_path(c.flag("--db")) or "")
-    db_claim = ((c.volume(db_mount["name"]) or {}).get("persistentVolumeClaim") or {}).get("claimName") if db_mount else None
+    db_claim = (
+        ((c.volume(db_mount["name"]) or {}).get("persistentVolumeClaim") or {}).get("claimName") if db_mount else None
+    )
     for b in backups:
         if b.flag("--db") != c.flag("--db"):
             problems.append(f"{b.where}: backs up {b.flag('--db')}, the control plane uses {c.flag('--db')}")
@@ -402,9 +475,13 @@ def check_control_plane(objects: list[dict[str, Any]]) -> list[str]:
         pvc = find(objects, "PersistentVolumeClaim", db_claim or "")
         if pvc and "ReadWriteOnce" in pvc["spec"].get("accessModes", []):
             terms = ((b.pod_spec.get("affinity") or {}).get("podAffinity") or {}).get(
-                "requiredDuringSchedulingIgnoredDuringExecution") or []
-            if not any(selector_matches(t.get("labelSelector"), c.pod_labels)
-                       and t.get("topologyKey") == "kubernetes.io/hostname" for t in terms):
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ) or []
+            if not any(
+                selector_matches(t.get("labelSelector"), c.pod_labels)
+                and t.get("topologyKey") == "kubernetes.io/hostname"
+                for t in terms
+            ):
                 problems.append(f"{b.where}: ReadWriteOnce data but no required affinity to the control plane's node")
         if b.workload["kind"] == "CronJob" and b.workload["spec"].get("concurrencyPolicy") != "Forbid":
             problems.append(f"{b.where}: concurrencyPolicy is not Forbid")
@@ -428,8 +505,14 @@ def check_selectors(objects: list[dict[str, Any]]) -> list[str]:
                 tp = p.get("targetPort", p.get("port"))
                 for w in matched:
                     conts = (pod_template(w) or {}).get("spec", {}).get("containers", [])
-                    if not any(q.get("name") == tp or q.get("containerPort") == tp for cc in conts for q in cc.get("ports", []) or []):
-                        problems.append(f"Service/{name}: targetPort {tp} is no port of {w['kind']}/{w['metadata']['name']}")
+                    if not any(
+                        q.get("name") == tp or q.get("containerPort") == tp
+                        for cc in conts
+                        for q in cc.get("ports", []) or []
+                    ):
+                        problems.append(
+                            f"Service/{name}: targetPort {tp} is no port of {w['kind']}/{w['metadata']['name']}"
+                        )
         elif kind == "PodDisruptionBudget":
             if not any(selector_matches(o["spec"].get("selector"), labels) for _, labels in pods):
                 problems.append(f"PodDisruptionBudget/{name}: selects no pod")
@@ -448,7 +531,11 @@ def check_network_policies(objects: list[dict[str, Any]]) -> list[str]:
         if not flag or c.subcommand:
             continue
         port = addr_port(c.flag(flag))
-        pols = [p for p in objects if p["kind"] == "NetworkPolicy" and selector_matches(p["spec"].get("podSelector"), c.pod_labels)]
+        pols = [
+            p
+            for p in objects
+            if p["kind"] == "NetworkPolicy" and selector_matches(p["spec"].get("podSelector"), c.pod_labels)
+        ]
         if not pols:
             problems.append(f"{c.where}: no NetworkPolicy")
             continue
@@ -457,7 +544,9 @@ def check_network_policies(objects: list[dict[str, Any]]) -> list[str]:
                 ports = [q.get("port") for q in rule.get("ports", []) or []]
                 opens = not ports or port in ports or any(c.port_number(q) == port for q in ports if isinstance(q, str))
                 if opens and not rule.get("from"):
-                    problems.append(f"NetworkPolicy/{p['metadata']['name']}: opens internal port {port} ({flag}) to everyone")
+                    problems.append(
+                        f"NetworkPolicy/{p['metadata']['name']}: opens internal port {port} ({flag}) to everyone"
+                    )
     return problems
 
 

@@ -26,7 +26,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(K8S_DIR))
 # by the pinned kubernetes-validate, see requirements.txt).
 KUBERNETES_VERSION = "1.33.0"
 
-OVERLAYS = sorted(os.path.relpath(p, K8S_DIR) for p in glob.glob(os.path.join(K8S_DIR, "overlays", "*")) if os.path.isdir(p))
+OVERLAYS = sorted(
+    os.path.relpath(p, K8S_DIR) for p in glob.glob(os.path.join(K8S_DIR, "overlays", "*")) if os.path.isdir(p)
+)
 TARGETS = ["base", "monitoring", *OVERLAYS]
 
 

@@ -132,7 +132,9 @@ def dockerfile_problems(text: str, repo: str, rendered: list[list[dict[str, Any]
                 continue
             if cmd not in copied:
                 problems.append(f"{c.where} runs {cmd}, which the image does not contain")
-            run_as = (c.spec.get("securityContext") or {}).get("runAsUser", (c.pod_spec.get("securityContext") or {}).get("runAsUser"))
+            run_as = (c.spec.get("securityContext") or {}).get(
+                "runAsUser", (c.pod_spec.get("securityContext") or {}).get("runAsUser")
+            )
             if str(run_as) != uid:
                 problems.append(f"{c.where} runs as {run_as}, the image's user is {uid}")
             for p in c.spec.get("ports", []) or []:

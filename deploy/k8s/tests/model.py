@@ -158,9 +158,7 @@ def resolve_env(c: Container, objects: list[dict[str, Any]]) -> dict[str, str | 
                 env[src.get("prefix", "") + k] = str(v)
     for e in c.spec.get("env", []) or []:
         if "value" in e:
-            env[e["name"]] = VAR_REF.sub(
-                lambda m: env.get(m.group(1)) or m.group(0), str(e["value"])
-            )
+            env[e["name"]] = VAR_REF.sub(lambda m: env.get(m.group(1)) or m.group(0), str(e["value"]))
         else:
             env[e["name"]] = None
     return env
@@ -170,8 +168,15 @@ def parse_quantity(q: Any) -> float:
     """A Kubernetes quantity (`512Mi`, `2Gi`, `500m`, `2`) as a number of units."""
     s = str(q).strip()
     suffixes = {
-        "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-        "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "m": 1e-3,
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "Ti": 2**40,
+        "k": 1e3,
+        "M": 1e6,
+        "G": 1e9,
+        "T": 1e12,
+        "m": 1e-3,
     }
     for suf, mult in sorted(suffixes.items(), key=lambda kv: -len(kv[0])):
         if s.endswith(suf):

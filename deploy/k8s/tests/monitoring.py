@@ -35,7 +35,15 @@ METRICS: dict[str, set[str]] = {
     "kube_statefulset_status_replicas_ready": {"statefulset"},
     "kube_statefulset_replicas": {"statefulset"},
 }
-CONTROL_PLANE_TABLES = {"nodes", "enrollment_requests", "tokens", "router_leases", "signing_keys", "rotation_state", "revocations"}
+CONTROL_PLANE_TABLES = {
+    "nodes",
+    "enrollment_requests",
+    "tokens",
+    "router_leases",
+    "signing_keys",
+    "rotation_state",
+    "revocations",
+}
 LABEL_VALUES: dict[tuple[str, str], set[str]] = {
     ("agentmesh_router_refused_total", "resource"): {"connection", "stream", "memory", "reservation", "circuit"},
     ("agentmesh_router_refused_total", "scope"): {"system", "protocol", "peer", "source"},
@@ -55,7 +63,19 @@ REQUIRED_METRICS = {
     "agentmesh_control_plane_next_key_rotation_timestamp_seconds",
 }
 
-PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset"}
+PROMQL_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+}
 DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 IDENT = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{([^}]*)\}")
@@ -105,7 +125,7 @@ def promql_problems(expr: str) -> list[str]:
             allowed = LABEL_VALUES.get((metric, label))
             if allowed and op in ("=", "!=") and value not in allowed:
                 problems.append(f"{metric}{{{label}}} never takes the value {value!r}")
-            rest = rest[m.end():]
+            rest = rest[m.end() :]
             if rest.startswith(","):
                 rest = rest[1:]
     # Identifiers that are not functions, keywords, label names or durations.
@@ -116,7 +136,7 @@ def promql_problems(expr: str) -> list[str]:
     stripped = re.sub(r"\[[^\]]*\]", " ", stripped)
     for m in IDENT.finditer(stripped):
         word = m.group(0)
-        after = stripped[m.end():].lstrip()
+        after = stripped[m.end() :].lstrip()
         if after.startswith("(") or word in PROMQL_KEYWORDS or word in ("time", "vector"):
             continue
         metrics.append(word)
@@ -222,10 +242,14 @@ def check_monitors(objects: list[dict[str, Any]]) -> list[str]:
             spec = mon.get("spec") or {}
             if mon["kind"] == "PodMonitor":
                 if selector_matches(spec.get("selector"), c.pod_labels):
-                    scraped |= any(c.port_number(ep.get("port")) == port for ep in spec.get("podMetricsEndpoints") or [])
+                    scraped |= any(
+                        c.port_number(ep.get("port")) == port for ep in spec.get("podMetricsEndpoints") or []
+                    )
             else:
                 for svc in objects:
-                    if svc["kind"] != "Service" or not selector_matches(spec.get("selector"), svc["metadata"].get("labels", {})):
+                    if svc["kind"] != "Service" or not selector_matches(
+                        spec.get("selector"), svc["metadata"].get("labels", {})
+                    ):
                         continue
                     if not selector_matches(svc["spec"].get("selector"), c.pod_labels):
                         continue

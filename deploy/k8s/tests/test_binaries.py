@@ -68,8 +68,11 @@ def test_built_program_accepts_every_manifest_flag(program):
     if binary is None:
         pytest.skip(f"{binary_name} is not built in {bin_dirs()}")
     text = help_text(binary, subcommand or None)
-    missing = sorted(f for f in manifest_flags()[program] if f"{f} " not in text and f"{f}=" not in text
-                     and f"{f}\n" not in text and f"{f}<" not in text)
+    missing = sorted(
+        f
+        for f in manifest_flags()[program]
+        if f"{f} " not in text and f"{f}=" not in text and f"{f}\n" not in text and f"{f}<" not in text
+    )
     pending = ISSUE4_PENDING_FLAGS.get(program, set())
     if missing and set(missing) <= pending:
         pytest.xfail(f"`{program}` lacks issue-4 flags {missing}: the manifests cannot start it yet")

@@ -39,7 +39,9 @@ def test_sizing_constants_match_the_checks():
     assert checks.PROCESS_BASE_BYTES == 256 * checks.MIB
 
 
-@pytest.mark.parametrize("row_name, target", [("dev", "overlays/dev"), ("base", "base"), ("production", "overlays/production")])
+@pytest.mark.parametrize(
+    "row_name, target", [("dev", "overlays/dev"), ("base", "base"), ("production", "overlays/production")]
+)
 def test_readme_sizing_table_matches_the_manifests(row_name, target):
     row = re.search(rf"^\| {row_name} \| (\d+) \| (\d+) / (\d+) \| [^|]+\| (\S+) \| (\d+) ", readme(), re.MULTILINE)
     assert row, f"no sizing row for {row_name}"

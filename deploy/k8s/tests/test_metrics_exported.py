@@ -39,7 +39,9 @@ def registered(metric, literals):
     base = metric[: -len("_total")] if metric.endswith("_total") else metric
     if base in literals:
         return True
-    return any(base.startswith(p + "_") and base[len(p) + 1:] in literals for p in literals if p.startswith("agentmesh"))
+    return any(
+        base.startswith(p + "_") and base[len(p) + 1 :] in literals for p in literals if p.startswith("agentmesh")
+    )
 
 
 def alerted_metrics():

@@ -94,5 +94,7 @@ def test_monitors_check_catches_a_selector_matching_nothing():
 def test_promtool_accepts_the_rules(tmp_path):
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump({"groups": rules(render("monitoring"))}))
-    out = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        ["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=120, check=False
+    )
     assert out.returncode == 0, out.stdout + out.stderr

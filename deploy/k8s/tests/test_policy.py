@@ -24,6 +24,7 @@ def test_base_image_is_unpinned_and_caught():
 
 # --- mutations: each breaks one rule on a copy of production -----------------
 
+
 def get(objects, kind, name=None):
     return next(o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name))
 

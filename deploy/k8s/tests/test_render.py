@@ -73,11 +73,13 @@ BASE_POD = """
 
 def test_env_patch_puts_patched_items_first_like_kustomize(tmp_path):
     """The ordering rule that makes a partial env patch break $(VAR) references."""
-    write_tree(tmp_path, {
-        "base/kustomization.yaml": "resources: [app.yaml]\n",
-        "base/app.yaml": BASE_POD,
-        "o/kustomization.yaml": "resources: [../base]\npatches:\n  - path: p.yaml\n",
-        "o/p.yaml": """
+    write_tree(
+        tmp_path,
+        {
+            "base/kustomization.yaml": "resources: [app.yaml]\n",
+            "base/app.yaml": BASE_POD,
+            "o/kustomization.yaml": "resources: [../base]\npatches:\n  - path: p.yaml\n",
+            "o/p.yaml": """
             apiVersion: apps/v1
             kind: Deployment
             metadata: {name: app}
@@ -89,7 +91,8 @@ def test_env_patch_puts_patched_items_first_like_kustomize(tmp_path):
                       env:
                         - {name: C, value: "$(B)"}
         """,
-    })
+        },
+    )
     objects = kustomize_lite.render(str(tmp_path / "o"))
     env = objects[0]["spec"]["template"]["spec"]["containers"][0]["env"]
     assert [e["name"] for e in env] == ["C", "A", "B"]
@@ -99,8 +102,10 @@ def test_env_patch_puts_patched_items_first_like_kustomize(tmp_path):
 
 
 def test_namespace_labels_and_images_transform_like_kustomize(tmp_path):
-    write_tree(tmp_path, {
-        "kustomization.yaml": """
+    write_tree(
+        tmp_path,
+        {
+            "kustomization.yaml": """
             namespace: ns1
             labels:
               - pairs: {team: mesh}
@@ -109,9 +114,10 @@ def test_namespace_labels_and_images_transform_like_kustomize(tmp_path):
               - {name: img, newName: reg.example/img, newTag: "1.2"}
             resources: [app.yaml, ns.yaml]
         """,
-        "app.yaml": BASE_POD,
-        "ns.yaml": "apiVersion: v1\nkind: Namespace\nmetadata: {name: ns1}\n",
-    })
+            "app.yaml": BASE_POD,
+            "ns.yaml": "apiVersion: v1\nkind: Namespace\nmetadata: {name: ns1}\n",
+        },
+    )
     objects = by_id(kustomize_lite.render(str(tmp_path)))
     app = objects[("apps", "Deployment", "ns1", "app")]
     assert app["metadata"]["labels"] == {"team": "mesh"}
@@ -129,18 +135,24 @@ def test_namespace_labels_and_images_transform_like_kustomize(tmp_path):
         ("resources: [app.yaml]\nnamePrefix: x-\n", "unsupported kustomization fields"),
         ("resources: [missing.yaml]\n", "does not exist"),
         ("resources: [app.yaml, app.yaml]\n", "defined twice"),
-        ("resources: [app.yaml]\npatches:\n  - path: p.yaml\n    target: {kind: Deployment}\n", "only `patches: - path"),
+        (
+            "resources: [app.yaml]\npatches:\n  - path: p.yaml\n    target: {kind: Deployment}\n",
+            "only `patches: - path",
+        ),
         ("resources: [app.yaml]\npatches:\n  - path: other.yaml\n", "matches 0 objects"),
         ("resources: [app.yaml]\nlabels:\n  - pairs: {a: b}\n    includeSelectors: true\n", "not supported"),
     ],
 )
 def test_renderer_refuses_what_it_does_not_support(tmp_path, kustomization, message):
-    write_tree(tmp_path, {
-        "kustomization.yaml": kustomization,
-        "app.yaml": BASE_POD,
-        "p.yaml": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: app}\nspec: {replicas: 2}\n",
-        "other.yaml": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: nope}\nspec: {replicas: 2}\n",
-    })
+    write_tree(
+        tmp_path,
+        {
+            "kustomization.yaml": kustomization,
+            "app.yaml": BASE_POD,
+            "p.yaml": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: app}\nspec: {replicas: 2}\n",
+            "other.yaml": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: nope}\nspec: {replicas: 2}\n",
+        },
+    )
     with pytest.raises(kustomize_lite.KustomizeError, match=message):
         kustomize_lite.render(str(tmp_path))
 

@@ -18,7 +18,10 @@ def test_every_object_validates_strictly(target):
 def run_cli(path):
     return subprocess.run(
         [sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", "-k", KUBERNETES_VERSION, str(path)],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 
