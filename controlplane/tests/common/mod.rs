@@ -1,0 +1,104 @@
+//! Helpers shared by the integration tests: start a real control plane on
+//! loopback with a real SQLite file, raw HTTP GETs, metric parsing.
+#![allow(dead_code, unreachable_pub)]
+
+use std::{collections::BTreeMap, net::SocketAddr, path::Path, time::Duration};
+
+use agentmesh_controlplane::{Client, ClientConfig, Config, Handle, spawn};
+use agentmesh_proto::pb::credential::{Role, TokenKind};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub const ADMIN: &str = "test-admin-token-0123456789";
+
+pub fn config(dir: &Path) -> Config {
+    Config {
+        admin_token: Some(ADMIN.into()),
+        ..Config::ephemeral(&dir.join("cp.db"))
+    }
+}
+
+pub async fn start(dir: &Path) -> Handle {
+    spawn(config(dir)).await.expect("control plane starts")
+}
+
+/// A client with a short budget: tests that expect refusals get them fast.
+pub fn client(h: &Handle) -> Client {
+    Client::new(ClientConfig {
+        url: h.public_url().to_string(),
+        retry_budget: Duration::from_secs(20),
+        rpc_timeout: Duration::from_secs(10),
+        ca_pem: None,
+    })
+    .expect("client config")
+}
+
+pub async fn token(
+    h: &Handle,
+    kind: TokenKind,
+    role: Role,
+    labels: &[(&str, &str)],
+    uses: u32,
+) -> String {
+    let labels: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    h.create_token(kind, role, labels, uses, Duration::from_secs(3600))
+        .await
+        .expect("token minted")
+}
+
+/// `GET path` over a raw HTTP/1.1 connection; returns (status, body).
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect http");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut buf))
+        .await
+        .expect("http answer within 30 s")
+        .expect("read");
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status line");
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The value of the sample whose name and labels start with `prefix`
+/// (e.g. `agentmesh_control_plane_deleted_total{table="nodes",reason="lapsed"}`).
+pub fn metric(body: &str, prefix: &str) -> Option<f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+pub async fn metrics(h: &Handle) -> String {
+    let (status, body) = http_get(h.http_addr(), "/metrics").await;
+    assert_eq!(status, 200);
+    body
+}
+
+/// Runs SQL against the control plane's database file (as an operator or a
+/// clock in the future would see it).
+pub fn sql(dir: &Path, stmt: &str) -> usize {
+    let c = rusqlite::Connection::open(dir.join("cp.db")).expect("open db");
+    c.busy_timeout(Duration::from_secs(10))
+        .expect("busy timeout");
+    c.execute(stmt, []).expect("sql runs")
+}
+
+pub fn sql_count(dir: &Path, stmt: &str) -> i64 {
+    let c = rusqlite::Connection::open(dir.join("cp.db")).expect("open db");
+    c.query_row(stmt, [], |r| r.get(0)).expect("count")
+}
