@@ -1,1 +1,128 @@
-fn main() {}
+//! `agentmesh-one`: control plane + N routers (+ demo members) in one process.
+
+use std::io::IsTerminal as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agentmesh_one::demo::{Demo, DemoConfig};
+use clap::Parser;
+
+/// A local mesh in one process: control plane, routers and, optionally,
+/// demo members calling each other.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Folder for the SQLite file, router keys, the member token and demo members.
+    #[arg(long, default_value = "./agentmesh-data")]
+    data_dir: PathBuf,
+    /// Number of routers.
+    #[arg(long, default_value_t = 2)]
+    routers: usize,
+    /// Demo members exposing echo and calling each other (0: none).
+    #[arg(long, default_value_t = 0)]
+    demo_members: usize,
+    /// Average pause between one demo member's calls, milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    demo_call_interval_ms: u64,
+    /// Control plane gRPC address.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    grpc_addr: SocketAddr,
+    /// Control plane HTTP address (/info, /metrics, /healthz, /readyz).
+    #[arg(long, default_value = "127.0.0.1:7401")]
+    http_addr: SocketAddr,
+    /// First router's TCP port; router i uses base + i (0: any free port).
+    #[arg(long, default_value_t = 7410)]
+    router_base_port: u16,
+    /// First router's metrics port; router i uses base + i (0: any free port).
+    #[arg(long, default_value_t = 7420)]
+    router_metrics_base_port: u16,
+    /// Stop after this many seconds (0: run until Ctrl-C).
+    #[arg(long, default_value_t = 0)]
+    run_for_secs: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,agentmesh_one=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let mesh = agentmesh_one::spawn(agentmesh_one::Config {
+        data_dir: args.data_dir.clone(),
+        routers: args.routers,
+        grpc_addr: args.grpc_addr,
+        http_addr: args.http_addr,
+        router_base_port: args.router_base_port,
+        router_metrics_base_port: args.router_metrics_base_port,
+    })
+    .await?;
+
+    println!("control plane  {} (http://{}/info)", mesh.control_plane_url, mesh.control_plane.http_addr());
+    for (i, r) in mesh.routers.iter().enumerate() {
+        let metrics = r.metrics_addr().map_or("-".into(), |a| format!("http://{a}/metrics"));
+        let addrs: Vec<String> = r.listen_addrs().iter().map(|a| a.to_string()).collect();
+        println!("router {i}       {} {} metrics {metrics}", r.peer_id(), addrs.join(","));
+    }
+    println!("member token   {}", mesh.token_file.display());
+    println!(
+        "join with      agentmesh-node run --control-plane {} --token-file {} --data-dir ./my-node --routers {}",
+        mesh.control_plane_url,
+        mesh.token_file.display(),
+        args.routers.min(2)
+    );
+
+    let demo = if args.demo_members > 0 {
+        Some(
+            Demo::start(DemoConfig {
+                members: args.demo_members,
+                control_plane: mesh.control_plane_url.clone(),
+                token: mesh.member_token.clone(),
+                data_dir: args.data_dir.join("demo"),
+                call_interval: Duration::from_millis(args.demo_call_interval_ms.max(10)),
+                routers: args.routers.min(2),
+            })
+            .await?,
+        )
+    } else {
+        None
+    };
+
+    let tty = std::io::stderr().is_terminal();
+    let deadline = (args.run_for_secs > 0)
+        .then(|| tokio::time::Instant::now() + Duration::from_secs(args.run_for_secs));
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut n: u64 = 0;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = tick.tick() => {}
+        }
+        n += 1;
+        if let Some(d) = &demo {
+            let s = d.stats();
+            if tty {
+                eprint!("\r\x1b[2K{s}");
+            } else if n % 2 == 0 {
+                eprintln!("{s}");
+            }
+        }
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            break;
+        }
+    }
+    if let Some(d) = demo {
+        let s = d.stats();
+        eprintln!("\nfinal: {s}");
+        if let Some(e) = &s.last_error {
+            eprintln!("last call error: {e}");
+        }
+        d.shutdown().await;
+    }
+    mesh.shutdown().await;
+    Ok(())
+}

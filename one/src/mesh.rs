@@ -1,0 +1,220 @@
+//! Starts the control plane, mints the tokens, starts the routers.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agentmesh_controlplane as cp;
+use agentmesh_proto::pb::credential::{Role, TokenKind};
+use agentmesh_router as router;
+
+/// How long the member token `agentmesh-one` writes stays valid.
+const MEMBER_TOKEN_TTL: Duration = Duration::from_secs(30 * 86_400);
+/// How many members may enroll with that token.
+const MEMBER_TOKEN_USES: u32 = 100_000;
+/// How long a router token stays valid (routers re-enroll with their key
+/// without spending a use, so a restart does not need a new one).
+const ROUTER_TOKEN_TTL: Duration = Duration::from_secs(30 * 86_400);
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Folder for the SQLite file, router keys and the member token.
+    pub data_dir: PathBuf,
+    /// Number of routers.
+    pub routers: usize,
+    /// Control plane gRPC address (port 0 picks one).
+    pub grpc_addr: SocketAddr,
+    /// Control plane HTTP address (port 0 picks one).
+    pub http_addr: SocketAddr,
+    /// First router's TCP port; router i listens on base + i (0: any free port).
+    pub router_base_port: u16,
+    /// First router's metrics port; router i serves on base + i (0: any free port).
+    pub router_metrics_base_port: u16,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("./agentmesh-data"),
+            routers: 2,
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 7400)),
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 7401)),
+            router_base_port: 7410,
+            router_metrics_base_port: 7420,
+        }
+    }
+}
+
+/// Why the mesh could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// The data dir or a token file could not be written.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being written.
+        what: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The control plane did not start.
+    #[error("control plane: {0}")]
+    ControlPlane(String),
+    /// A router did not start.
+    #[error("router {index}: {reason}")]
+    Router {
+        /// Which router.
+        index: usize,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The running mesh.
+pub struct OneHandle {
+    /// The control plane.
+    pub control_plane: cp::Handle,
+    /// The routers, in order.
+    pub routers: Vec<router::RouterHandle>,
+    /// URL members use to reach the control plane.
+    pub control_plane_url: String,
+    /// File holding the member bootstrap token.
+    pub token_file: PathBuf,
+    /// The member token itself.
+    pub member_token: String,
+}
+
+impl OneHandle {
+    /// Stops routers, then the control plane.
+    pub async fn shutdown(self) {
+        for r in self.routers {
+            r.shutdown().await;
+        }
+        self.control_plane.shutdown().await;
+    }
+}
+
+/// Starts the control plane and `config.routers` routers; returns once every
+/// router has bound its listeners (readiness follows, see the handles).
+pub async fn spawn(config: Config) -> Result<OneHandle, SpawnError> {
+    let data = config.data_dir.clone();
+    create_dir(&data).await?;
+    let db = data.join("controlplane.db");
+    let cp_config = cp::Config {
+        grpc_addr: config.grpc_addr,
+        http_addr: config.http_addr,
+        db: format!("sqlite://{}", db.display()),
+        ..cp::Config::default()
+    };
+    let control_plane = cp::spawn(cp_config)
+        .await
+        .map_err(|e| SpawnError::ControlPlane(e.to_string()))?;
+    let control_plane_url = format!("http://{}", control_plane.grpc_addr());
+
+    let router_token = control_plane
+        .create_token(
+            TokenKind::Bootstrap,
+            Role::Router,
+            BTreeMap::new(),
+            config.routers.max(1) as u32,
+            ROUTER_TOKEN_TTL,
+        )
+        .await
+        .map_err(|e| SpawnError::ControlPlane(format!("minting the router token: {e}")))?;
+    let member_token = control_plane
+        .create_token(
+            TokenKind::Bootstrap,
+            Role::Member,
+            BTreeMap::new(),
+            MEMBER_TOKEN_USES,
+            MEMBER_TOKEN_TTL,
+        )
+        .await
+        .map_err(|e| SpawnError::ControlPlane(format!("minting the member token: {e}")))?;
+    let token_file = data.join("token");
+    write_secret(&token_file, &member_token).await?;
+
+    let mut routers = Vec::with_capacity(config.routers);
+    for index in 0..config.routers {
+        let port = offset_port(config.router_base_port, index);
+        let metrics_port = offset_port(config.router_metrics_base_port, index);
+        let dir = data.join(format!("router-{index}"));
+        create_dir(&dir).await?;
+        let rc = router::Config {
+            control_plane: control_plane_url.clone(),
+            token: router_token.clone(),
+            key_path: dir.join("router.key"),
+            listen: vec![
+                format!("/ip4/127.0.0.1/tcp/{port}")
+                    .parse()
+                    .map_err(|e| SpawnError::Router {
+                        index,
+                        reason: format!("listen address: {e}"),
+                    })?,
+            ],
+            metrics_addr: Some(SocketAddr::from(([127, 0, 0, 1], metrics_port))),
+            ..router::Config::default()
+        };
+        let handle = router::spawn(rc).await.map_err(|e| SpawnError::Router {
+            index,
+            reason: e.to_string(),
+        })?;
+        routers.push(handle);
+    }
+    Ok(OneHandle {
+        control_plane,
+        routers,
+        control_plane_url,
+        token_file,
+        member_token,
+    })
+}
+
+fn offset_port(base: u16, index: usize) -> u16 {
+    if base == 0 {
+        0
+    } else {
+        base.saturating_add(index as u16)
+    }
+}
+
+async fn create_dir(path: &Path) -> Result<(), SpawnError> {
+    tokio::fs::create_dir_all(path)
+        .await
+        .map_err(|source| SpawnError::Io {
+            what: "creating",
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Writes a secret file readable by its owner only (0600).
+async fn write_secret(path: &Path, contents: &str) -> Result<(), SpawnError> {
+    let path_buf = path.to_path_buf();
+    let contents = format!("{contents}\n");
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path_buf)?;
+        f.write_all(contents.as_bytes())
+    })
+    .await
+    .map_err(|e| SpawnError::Io {
+        what: "writing",
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?
+    .map_err(|source| SpawnError::Io {
+        what: "writing",
+        path: path.to_path_buf(),
+        source,
+    })
+}
