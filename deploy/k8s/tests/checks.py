@@ -29,65 +29,40 @@ MIB = 2**20
 # Flags each program accepts, spelled as in issues 2, 3 and 4. A flag used in
 # a manifest must be one of these (and, when built binaries are at hand,
 # test_binaries.py checks them against `--help`).
+# fmt: off
 KNOWN_FLAGS: dict[str, set[str]] = {
     "agentmesh-control-plane": {
-        "--grpc-addr",
-        "--http-addr",
-        "--public-url",
-        "--tls-cert",
-        "--tls-key",
-        "--insecure",
-        "--db",
-        "--enroll-rate-per-sec",
-        "--enroll-burst",
-        "--credential-ttl-secs",
-        "--clock-skew-secs",
-        "--refresh-grace-secs",
-        "--key-rotation-interval-secs",
-        "--key-publish-ahead-secs",
-        "--key-grace-secs",
-        "--node-retention-secs",
-        "--ephemeral-retention-secs",
-        "--lease-ttl-secs",
-        "--admin-token-file",
-        "--metrics-addr",
-        "--pprof-addr",
+        # issue 2
+        "--grpc-addr", "--http-addr", "--public-url", "--tls-cert", "--tls-key", "--insecure", "--db",
+        "--enroll-rate-per-sec", "--enroll-burst", "--credential-ttl-secs", "--clock-skew-secs",
+        "--refresh-grace-secs", "--key-rotation-interval-secs", "--key-publish-ahead-secs",
+        "--key-grace-secs", "--node-retention-secs", "--ephemeral-retention-secs", "--lease-ttl-secs",
+        "--admin-token-file", "--pprof-addr",
+        # controlplane/src/config.rs
+        "--refresh-rate-per-sec", "--refresh-burst", "--enroll-failures-per-ip-per-min",
+        "--failure-guard-max-ips", "--key-check-interval-secs", "--enrollment-retention-secs",
+        "--used-token-retention-secs", "--reap-interval-secs", "--db-max-inflight", "--db-wait-timeout-secs",
+        "--directory-cache-ms", "--shutdown-grace-secs",
     },
     "agentmesh-control-plane backup": {"--db", "--to"},
     "agentmesh-router": {
-        "--control-plane",
-        "--control-plane-ca",
-        "--token-file",
-        "--key-path",
-        "--listen",
-        "--external-addr",
-        "--label",
-        "--metrics-addr",
-        "--auth-deadline-secs",
-        "--relay-max-reservations",
-        "--relay-max-circuits-per-peer",
-        "--relay-circuit-duration-secs",
-        "--relay-circuit-bytes",
-        "--lease-interval-secs",
-        "--high-watermark",
-        "--low-watermark",
-        "--memory-limit-bytes",
-        "--drain-grace-secs",
-        "--pprof-addr",
+        # issues 3 and 4
+        "--control-plane", "--control-plane-ca", "--token-file", "--key-path", "--listen",
+        "--external-addr", "--label", "--metrics-addr", "--auth-deadline-secs",
+        "--relay-max-reservations", "--relay-max-circuits-per-peer", "--relay-circuit-duration-secs",
+        "--relay-circuit-bytes", "--lease-interval-secs", "--high-watermark", "--low-watermark",
+        "--memory-limit-bytes", "--drain-grace-secs", "--pprof-addr",
+        # router/src/main.rs
+        "--relay-max-circuits", "--relay-reservation-duration-secs", "--clock-skew-secs",
+        "--stream-timeout-secs", "--auth-max-inflight-streams", "--catalog-max-inflight-streams",
+        "--catalog-max-records", "--catalog-max-results", "--idle-connection-timeout-secs",
+        "--control-plane-retry-budget-secs", "--control-plane-rpc-timeout-secs",
     },
 }
+# fmt: on
 
 # Flags whose value is a file the program reads or writes.
-FILE_FLAGS = {
-    "--tls-cert",
-    "--tls-key",
-    "--admin-token-file",
-    "--token-file",
-    "--control-plane-ca",
-    "--key-path",
-    "--db",
-    "--to",
-}
+FILE_FLAGS = {"--tls-cert", "--tls-key", "--admin-token-file", "--token-file", "--control-plane-ca", "--key-path", "--db", "--to"}
 # Of those, the ones the program writes (their directory must be writable).
 WRITTEN_FILE_FLAGS = {"--key-path", "--db", "--to"}
 

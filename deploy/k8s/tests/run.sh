@@ -52,7 +52,7 @@ fi
 export PYTHONDONTWRITEBYTECODE=1
 cd "$here"
 set +e
-timeout 900 "$py" -m pytest -q -rs -p no:cacheprovider "$here"
+timeout 900 "$py" -m pytest -q -rsx -p no:cacheprovider "$here"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
