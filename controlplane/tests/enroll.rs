@@ -1,0 +1,563 @@
+//! Enrollment, refresh, leases and admin calls against a real control plane
+//! on loopback with a real SQLite file.
+
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use agentmesh_controlplane::{
+    ClientError,
+    clock::{Clock, SleepFuture},
+    spawn_with_clock,
+};
+use agentmesh_proto::{
+    credential::{Trust, peek_claims, sign, verify},
+    identity::{Keypair, ed25519},
+    pb::{
+        controlplane::{
+            EnrollRequest, RefreshRequest, RouterLoad, control_plane_client::ControlPlaneClient,
+        },
+        credential::{Claims, Credential, Label, Role, TokenKind},
+    },
+    proof::{Purpose, make_proof},
+    unix_now,
+};
+use common::{ADMIN, client, metric, metrics, sql_count, start, token};
+use tonic::Code;
+
+fn code(r: Result<impl std::fmt::Debug, ClientError>) -> Code {
+    match r {
+        Err(ClientError::Refused(s)) => s.code(),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn label(k: &str, v: &str) -> Label {
+    Label {
+        key: k.into(),
+        value: v.into(),
+    }
+}
+
+#[tokio::test]
+async fn enroll_refresh_and_re_enroll_without_spending_a_use() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = start(dir.path()).await;
+    let c = client(&h);
+    let tok = token(&h, TokenKind::Bootstrap, Role::Member, &[("team", "a")], 2).await;
+
+    let a = Keypair::generate_ed25519();
+    let e = c.enroll(&tok, &a).await.expect("enrolls");
+    let trust = Trust::new(e.keys.as_ref().expect("key set"));
+    let cred = e.credential.expect("credential");
+    let v = verify(&cred, &trust, unix_now(), Some(&a.public().to_peer_id()), 0)
+        .expect("verifies offline");
+    assert_eq!(v.role(), Role::Member);
+    assert_eq!(v.token_kind(), TokenKind::Bootstrap);
+    assert_eq!(
+        v.labels().get("team").map(String::as_str),
+        Some("a"),
+        "labels come from the token"
+    );
+    assert_eq!(v.claims.node_id, e.node_id);
+    assert_eq!(sql_count(dir.path(), "SELECT uses FROM tokens"), 1);
+
+    // Refresh: same node, new credential, last_seen updated.
+    let r = c.refresh(&cred, &a).await.expect("refreshes");
+    let v2 = verify(
+        r.credential.as_ref().expect("cred"),
+        &trust,
+        unix_now(),
+        Some(&a.public().to_peer_id()),
+        0,
+    )
+    .expect("refreshed credential verifies");
+    assert_eq!(v2.claims.node_id, e.node_id);
+
+    // Re-enrolling the same key with the same token: same node, no use spent.
+    for _ in 0..3 {
+        let again = c.enroll(&tok, &a).await.expect("re-enrolls");
+        assert_eq!(again.node_id, e.node_id);
+    }
+    assert_eq!(sql_count(dir.path(), "SELECT uses FROM tokens"), 1);
+    assert_eq!(sql_count(dir.path(), "SELECT COUNT(*) FROM nodes"), 1);
+
+    // The second use, then the token is spent.
+    let b = Keypair::generate_ed25519();
+    c.enroll(&tok, &b).await.expect("second key enrolls");
+    let third = c.enroll(&tok, &Keypair::generate_ed25519()).await;
+    match third {
+        Err(ClientError::Refused(s)) => {
+            assert_eq!(s.code(), Code::Unauthenticated);
+            assert!(s.message().contains("no uses left"), "{}", s.message());
+        }
+        other => panic!("expected used-up refusal: {other:?}"),
+    }
+    assert_eq!(
+        code(c.enroll("amt_not-a-token", &b).await),
+        Code::Unauthenticated
+    );
+
+    let m = metrics(&h).await;
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_enrollments_total{result=\"enrolled\"}"
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_enrollments_total{result=\"re_enrolled\"}"
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_auth_failures_total{method=\"Enroll\",reason=\"token_used_up\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_rpc_total{method=\"Enroll\",code=\"Ok\"}"
+        ),
+        Some(5.0)
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn malformed_requests_are_invalid_argument() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = start(dir.path()).await;
+    let mut raw = ControlPlaneClient::connect(h.public_url().to_string())
+        .await
+        .expect("connect");
+    let key = Keypair::generate_ed25519();
+    let proof = make_proof(Purpose::Enroll, h.public_url(), &key, unix_now());
+    let no_token = raw
+        .enroll(EnrollRequest {
+            token: String::new(),
+            proof: Some(proof.clone()),
+        })
+        .await
+        .expect_err("empty token");
+    assert_eq!(no_token.code(), Code::InvalidArgument);
+    let no_proof = raw
+        .enroll(EnrollRequest {
+            token: "amt_x".into(),
+            proof: None,
+        })
+        .await
+        .expect_err("no proof");
+    assert_eq!(no_proof.code(), Code::InvalidArgument);
+    let mut bad_key = proof.clone();
+    bad_key.public_key = vec![1, 2, 3];
+    let r = raw
+        .enroll(EnrollRequest {
+            token: "amt_x".into(),
+            proof: Some(bad_key),
+        })
+        .await
+        .expect_err("bad key");
+    assert_eq!(r.code(), Code::InvalidArgument);
+    // A proof for another endpoint is a failed proof, not a malformed one.
+    let elsewhere = make_proof(
+        Purpose::Enroll,
+        "http://evil.example:7400",
+        &key,
+        unix_now(),
+    );
+    let r = raw
+        .enroll(EnrollRequest {
+            token: "amt_x".into(),
+            proof: Some(elsewhere),
+        })
+        .await
+        .expect_err("wrong endpoint");
+    assert_eq!(r.code(), Code::Unauthenticated);
+    let r = raw
+        .refresh(RefreshRequest {
+            credential: Some(Credential {
+                claims: vec![0xff; 10],
+                signature: vec![],
+            }),
+            proof: Some(make_proof(
+                Purpose::Refresh,
+                h.public_url(),
+                &key,
+                unix_now(),
+            )),
+        })
+        .await
+        .expect_err("garbage credential");
+    assert_eq!(r.code(), Code::InvalidArgument);
+    // The server is still fine.
+    assert!(
+        raw.get_keys(agentmesh_proto::pb::controlplane::GetKeysRequest {})
+            .await
+            .is_ok()
+    );
+    h.shutdown().await;
+}
+
+/// The server's current signing key, read from its database file.
+fn server_key(dir: &std::path::Path) -> (String, ed25519::Keypair) {
+    let c = rusqlite::Connection::open(dir.join("cp.db")).expect("open");
+    let (id, mut secret): (String, Vec<u8>) = c
+        .query_row(
+            "SELECT key_id, secret FROM signing_keys ORDER BY active_from DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("a key");
+    (
+        id,
+        ed25519::Keypair::try_from_bytes(&mut secret).expect("key bytes"),
+    )
+}
+
+#[tokio::test]
+async fn expired_forged_other_peer_and_revoked_credentials_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = start(dir.path()).await;
+    let c = client(&h);
+    let tok = token(&h, TokenKind::Bootstrap, Role::Member, &[], 5).await;
+    let a = Keypair::generate_ed25519();
+    let b = Keypair::generate_ed25519();
+    let cred_a = c
+        .enroll(&tok, &a)
+        .await
+        .expect("a")
+        .credential
+        .expect("cred");
+    c.enroll(&tok, &b).await.expect("b");
+
+    // Forged: one bit of the signature flipped.
+    let mut forged = cred_a.clone();
+    forged.signature[0] ^= 1;
+    assert_eq!(code(c.refresh(&forged, &a).await), Code::Unauthenticated);
+    // Forged by another key entirely.
+    let mut claims = peek_claims(&cred_a).expect("claims");
+    let rogue = sign(&claims, &ed25519::Keypair::generate());
+    assert_eq!(code(c.refresh(&rogue, &a).await), Code::Unauthenticated);
+    // Other peer: B presents A's credential with B's own proof.
+    assert_eq!(code(c.refresh(&cred_a, &b).await), Code::Unauthenticated);
+    // Expired beyond the refresh grace (signed with the server's real key).
+    let (key_id, key) = server_key(dir.path());
+    let now = unix_now();
+    claims.key_id = key_id;
+    claims.issued_at_unix_secs = now - 10_000;
+    claims.expires_at_unix_secs = now - 5_000;
+    let expired = sign(&claims, &key);
+    match c.refresh(&expired, &a).await {
+        Err(ClientError::Refused(s)) => {
+            assert_eq!(s.code(), Code::Unauthenticated);
+            assert!(s.message().contains("expired"), "{}", s.message());
+        }
+        other => panic!("expected expired refusal: {other:?}"),
+    }
+    // Just expired, within the grace: still refreshable.
+    claims.expires_at_unix_secs = now - 100;
+    claims.issued_at_unix_secs = now - 3700;
+    let recent = sign(&claims, &key);
+    c.refresh(&recent, &a).await.expect("within refresh grace");
+
+    // Revoked: refused, listed in the directory and /info, cannot re-enroll.
+    let peer_a = a.public().to_peer_id();
+    assert_eq!(
+        code(c.revoke_node("wrong-admin-token-xxxx", &peer_a, "x").await),
+        Code::Unauthenticated
+    );
+    let until = c
+        .revoke_node(ADMIN, &peer_a, "lost laptop")
+        .await
+        .expect("revoked")
+        .until_unix_secs;
+    assert!(
+        until >= now + 3600,
+        "until the last credential expires: {until}"
+    );
+    assert_eq!(code(c.refresh(&cred_a, &a).await), Code::PermissionDenied);
+    assert_eq!(code(c.enroll(&tok, &a).await), Code::PermissionDenied);
+    let dir_resp = c.get_directory().await.expect("directory");
+    assert!(
+        dir_resp
+            .revocations
+            .iter()
+            .any(|r| r.peer_id == peer_a.to_bytes() && r.reason == "lost laptop")
+    );
+    let (status, info) = common::http_get(h.http_addr(), "/info").await;
+    assert_eq!(status, 200);
+    assert!(info.contains(&peer_a.to_string()), "{info}");
+    // Verifiers holding the revocation list refuse it offline too.
+    let mut trust = Trust::new(&c.get_keys().await.expect("keys"));
+    trust.set_revocations(&dir_resp.revocations);
+    assert!(verify(&cred_a, &trust, unix_now(), Some(&peer_a), 0).is_err());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn router_leases_need_role_router_and_allowed_labels() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = start(dir.path()).await;
+    let c = client(&h);
+    let member_tok = token(&h, TokenKind::Bootstrap, Role::Member, &[("zone", "a")], 1).await;
+    let router_tok = token(&h, TokenKind::Bootstrap, Role::Router, &[("zone", "a")], 1).await;
+    let load = RouterLoad {
+        attached_members: 3,
+        transit_connections: 1,
+        high_watermark: 100,
+        low_watermark: 85,
+    };
+    let addrs = vec!["/ip4/127.0.0.1/udp/4001/quic-v1".to_string()];
+
+    // A member token cannot make a router.
+    let m = Keypair::generate_ed25519();
+    let mcred = c
+        .enroll(&member_tok, &m)
+        .await
+        .expect("member")
+        .credential
+        .expect("cred");
+    assert_eq!(
+        code(
+            c.router_lease(&mcred, &m, addrs.clone(), vec![], load, false)
+                .await
+        ),
+        Code::PermissionDenied
+    );
+    let r = Keypair::generate_ed25519();
+    let rcred = c
+        .enroll(&router_tok, &r)
+        .await
+        .expect("router")
+        .credential
+        .expect("cred");
+    // Labels must be a subset of the credential's.
+    assert_eq!(
+        code(
+            c.router_lease(
+                &rcred,
+                &r,
+                addrs.clone(),
+                vec![label("zone", "b")],
+                load,
+                false
+            )
+            .await
+        ),
+        Code::PermissionDenied
+    );
+    // Someone else's credential with their own proof.
+    assert_eq!(
+        code(
+            c.router_lease(&rcred, &m, addrs.clone(), vec![], load, false)
+                .await
+        ),
+        Code::Unauthenticated
+    );
+    let lease = c
+        .router_lease(
+            &rcred,
+            &r,
+            addrs.clone(),
+            vec![label("zone", "a")],
+            load,
+            true,
+        )
+        .await
+        .expect("lease");
+    assert_eq!(lease.lease_ttl_secs, 30);
+    let d = c.get_directory().await.expect("directory");
+    assert_eq!(d.routers.len(), 1);
+    let info = &d.routers[0];
+    assert_eq!(info.peer_id, r.public().to_peer_id().to_bytes());
+    assert_eq!(info.addrs, addrs);
+    assert_eq!(info.labels, vec![label("zone", "a")]);
+    assert_eq!(info.load, Some(load));
+    assert!(info.draining);
+    let m = metrics(&h).await;
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_auth_failures_total{method=\"RouterLease\",reason=\"wrong_role\"}"
+        ),
+        Some(1.0)
+    );
+    h.shutdown().await;
+}
+
+/// A clock that never moves: the limiter refills nothing, so what it
+/// admits and refuses does not depend on how fast the machine is.
+#[derive(Debug)]
+struct Frozen;
+
+impl Clock for Frozen {
+    fn now(&self) -> Duration {
+        Duration::from_secs(1000)
+    }
+    fn sleep(&self, _: Duration) -> SleepFuture {
+        Box::pin(std::future::ready(()))
+    }
+}
+
+#[tokio::test]
+async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failures_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = common::config(dir.path());
+    cfg.enroll_rate_per_sec = 1;
+    cfg.enroll_burst = 8;
+    cfg.enroll_failures_per_ip_per_min = 3;
+    let h = spawn_with_clock(cfg, Arc::new(Frozen))
+        .await
+        .expect("starts");
+    let tok = token(&h, TokenKind::Ephemeral, Role::Member, &[], 10).await;
+    let mut raw = ControlPlaneClient::connect(h.public_url().to_string())
+        .await
+        .expect("connect");
+    let enroll = |t: &str, k: &Keypair| EnrollRequest {
+        token: t.to_string(),
+        proof: Some(make_proof(Purpose::Enroll, h.public_url(), k, unix_now())),
+    };
+    // Successes are not failures: four members from one IP get in.
+    for _ in 0..4 {
+        raw.enroll(enroll(&tok, &Keypair::generate_ed25519()))
+            .await
+            .expect("enrolls");
+    }
+    // Three failures from this IP, then the guard refuses even a good token.
+    for _ in 0..3 {
+        let s = raw
+            .enroll(enroll("amt_wrong", &Keypair::generate_ed25519()))
+            .await
+            .expect_err("bad token");
+        assert_eq!(s.code(), Code::Unauthenticated);
+    }
+    let s = raw
+        .enroll(enroll(&tok, &Keypair::generate_ed25519()))
+        .await
+        .expect_err("guarded");
+    assert_eq!(s.code(), Code::ResourceExhausted);
+    assert!(s.message().contains("failure_guard"), "{}", s.message());
+    let wait = agentmesh_controlplane::retry_after(&s).expect("retry-after");
+    assert!(
+        wait >= Duration::from_secs(1) && wait <= Duration::from_secs(60),
+        "{wait:?}"
+    );
+    // The burst of 8 is spent (4 + 3 + 1): the global limiter refuses next,
+    // before looking at the token.
+    let s = raw
+        .enroll(enroll("", &Keypair::generate_ed25519()))
+        .await
+        .expect_err("limited");
+    assert_eq!(s.code(), Code::ResourceExhausted);
+    assert!(s.message().contains("enroll limit"), "{}", s.message());
+    assert_eq!(
+        agentmesh_controlplane::retry_after(&s),
+        Some(Duration::from_secs(1))
+    );
+    let m = metrics(&h).await;
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_limiter_refusals_total{limiter=\"failure_guard\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_limiter_refusals_total{limiter=\"enroll\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_limiter_refusals_total{limiter=\"refresh\"}"
+        ),
+        Some(0.0)
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn admin_calls_need_the_bearer_token_and_rotation_publishes_ahead() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = start(dir.path()).await;
+    let c = client(&h);
+    let req = agentmesh_proto::pb::controlplane::CreateTokenRequest {
+        kind: TokenKind::Bootstrap as i32,
+        role: Role::Router as i32,
+        labels: vec![label("zone", "a")],
+        max_uses: 1,
+        ttl_secs: 600,
+    };
+    assert_eq!(
+        code(c.create_token("not-the-admin-token", req.clone()).await),
+        Code::Unauthenticated
+    );
+    let mut bad = req.clone();
+    bad.role = 0;
+    assert_eq!(
+        code(c.create_token(ADMIN, bad).await),
+        Code::InvalidArgument
+    );
+    let t = c.create_token(ADMIN, req).await.expect("admin mints");
+    assert!(t.token.starts_with("amt_"));
+    let k = Keypair::generate_ed25519();
+    let cred = c
+        .enroll(&t.token, &k)
+        .await
+        .expect("router enrolls")
+        .credential
+        .expect("cred");
+    let before: Claims = peek_claims(&cred).expect("claims");
+    assert_eq!(before.role, Role::Router as i32);
+
+    let rot = c.rotate_key_now(ADMIN).await.expect("rotates");
+    let keys = c.get_keys().await.expect("keys");
+    assert_eq!(keys.keys.len(), 2, "new key published beside the old one");
+    let new = keys
+        .keys
+        .iter()
+        .find(|k| k.key_id == rot.key_id)
+        .expect("new key listed");
+    assert!(
+        new.active_from_unix_secs >= unix_now() + 590,
+        "published 600 s ahead"
+    );
+    let old = keys
+        .keys
+        .iter()
+        .find(|k| k.key_id == before.key_id)
+        .expect("old key listed");
+    assert_eq!(old.verify_until_unix_secs, new.active_from_unix_secs + 7200);
+    // Until it is active, credentials are still signed with the old key.
+    let again = c
+        .enroll(&t.token, &k)
+        .await
+        .expect("re-enroll")
+        .credential
+        .expect("cred");
+    assert_eq!(peek_claims(&again).expect("claims").key_id, before.key_id);
+
+    // Without an admin token configured, admin calls are denied (not unauthenticated).
+    let dir2 = tempfile::tempdir().expect("tempdir");
+    let h2 = agentmesh_controlplane::spawn(agentmesh_controlplane::Config::ephemeral(
+        &dir2.path().join("cp.db"),
+    ))
+    .await
+    .expect("starts");
+    assert_eq!(
+        code(client(&h2).rotate_key_now(ADMIN).await),
+        Code::PermissionDenied
+    );
+    h2.shutdown().await;
+    h.shutdown().await;
+}
