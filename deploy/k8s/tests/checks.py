@@ -62,7 +62,16 @@ KNOWN_FLAGS: dict[str, set[str]] = {
 # fmt: on
 
 # Flags whose value is a file the program reads or writes.
-FILE_FLAGS = {"--tls-cert", "--tls-key", "--admin-token-file", "--token-file", "--control-plane-ca", "--key-path", "--db", "--to"}
+FILE_FLAGS = {
+    "--tls-cert",
+    "--tls-key",
+    "--admin-token-file",
+    "--token-file",
+    "--control-plane-ca",
+    "--key-path",
+    "--db",
+    "--to",
+}
 # Of those, the ones the program writes (their directory must be writable).
 WRITTEN_FILE_FLAGS = {"--key-path", "--db", "--to"}
 
@@ -81,6 +90,9 @@ LEASES_PER_TTL = 3
 # The control-plane client's default retry budget (issue 2): a fleet cold
 # start must get through the enrollment limiter within it.
 ENROLL_RETRY_BUDGET_SECS = 180
+# The control plane's --shutdown-grace-secs default (controlplane/src/config.rs).
+CONTROL_PLANE_SHUTDOWN_GRACE_SECS = 10
+SHUTDOWN_MARGIN_SECS = 5
 FLEET_ANNOTATION = "agentmesh/sized-for-members"
 K_ANNOTATION = "agentmesh/routers-per-member"
 
@@ -420,6 +432,12 @@ def check_control_plane(objects: list[dict[str, Any]]) -> list[str]:
         ):
             problems.append(f"{c.where}: SQLite needs a single-replica Deployment with strategy Recreate")
     problems += _probe_problems(c, "--http-addr")
+    grace = (pod_template(w) or {}).get("spec", {}).get("terminationGracePeriodSeconds", 30)
+    shutdown = int(c.flag("--shutdown-grace-secs") or CONTROL_PLANE_SHUTDOWN_GRACE_SECS)
+    if grace < shutdown + SHUTDOWN_MARGIN_SECS:
+        problems.append(
+            f"{c.where}: terminationGracePeriodSeconds {grace} < shutdown grace {shutdown} + {SHUTDOWN_MARGIN_SECS}"
+        )
     if "cpu" in ((c.spec.get("resources") or {}).get("limits") or {}):
         problems.append(f"{c.where}: has a CPU limit")
     try:

@@ -176,7 +176,7 @@ def random_token() -> bytes:
 
 
 def db_path(sqlite_url: str) -> str:
-    return urllib.parse.unquote(sqlite_url[len("sqlite://"):])
+    return urllib.parse.unquote(sqlite_url[len("sqlite://") :])
 
 
 def metric_value(text: str, name: str) -> float | None:

@@ -165,7 +165,12 @@ def unsized(o):
     del get(o, "StatefulSet")["metadata"]["annotations"]
 
 
+def cp_short_grace(o):
+    get(o, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 12
+
+
 MUTATIONS = [
+    (cp_short_grace, "terminationGracePeriodSeconds 12 < shutdown grace 10 + 5"),
     (bigger_fleet, "3500 x 2 / 3 = 2334 members per router > low watermark 2125"),
     (slow_enrollment, "a cold start of 3000 members needs"),
     (unsized, "must state the fleet"),
