@@ -162,7 +162,7 @@ impl NodeHandle {
         self.tasks.abort_all();
         while self.tasks.join_next().await.is_some() {}
         if let Some(p) = &self.socket_path {
-            let _ = std::fs::remove_file(p);
+            let _ = tokio::fs::remove_file(p).await;
         }
     }
 }
@@ -288,7 +288,7 @@ pub async fn spawn(
         .collect();
     let socket_path = config.effective_socket_path();
     let socket_listener = match &socket_path {
-        Some(p) => Some(socket::bind(p).map_err(|source| SpawnError::Bind {
+        Some(p) => Some(socket::bind(p).await.map_err(|source| SpawnError::Bind {
             what: format!("--socket-path {}", p.display()),
             source,
         })?),

@@ -26,14 +26,17 @@ const MAX_LINE: u64 = 1024;
 const MAX_HEADERS: usize = 16 * 1024;
 
 /// Binds the socket at `path` (replacing a stale one), mode 0600.
-pub(crate) fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    match std::fs::remove_file(path) {
+pub(crate) async fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    match tokio::fs::remove_file(path).await {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
+    if let Some(dir) = path.parent() {
+        tokio::fs::create_dir_all(dir).await?;
+    }
     let l = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    tokio::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).await?;
     Ok(l)
 }
 

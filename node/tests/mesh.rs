@@ -408,3 +408,110 @@ async fn a_member_whose_router_dies_reattaches_elsewhere() {
     n.shutdown().await;
     alive.handle.shutdown().await;
 }
+
+/// GETs /readyz over the node's Unix socket; `None` if it cannot connect yet.
+async fn socket_readyz(path: &Path) -> Option<String> {
+    let mut u = tokio::net::UnixStream::connect(path).await.ok()?;
+    u.write_all(b"GET /readyz HTTP/1.1\r\n\r\n").await.ok()?;
+    let mut out = String::new();
+    u.read_to_string(&mut out).await.ok()?;
+    Some(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binaries_run_a_node_and_call_through_its_socket() {
+    let cp = start_cp().await;
+    let r = start_router(&cp, "r1").await;
+    let member = cp.token(Role::Member, &[]).await;
+    let backend = echo_backend().await;
+    let bdir = tempfile::tempdir().expect("tempdir");
+    let b = agentmesh_node::spawn(
+        Config {
+            expose: vec![("echo".into(), backend)],
+            ..node_config(&cp, &member, bdir.path())
+        },
+        None,
+    )
+    .await
+    .expect("spawn b");
+    ready(&b, "b").await;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("token");
+    tokio::fs::write(&token_file, format!("{member}\n"))
+        .await
+        .expect("token file");
+    let data = dir.path().join("data");
+    let exe = env!("CARGO_BIN_EXE_agentmesh-node");
+    let mut node = tokio::process::Command::new(exe)
+        .args([
+            "run",
+            "--control-plane",
+            &cp.url,
+            "--routers",
+            "1",
+            "--directory-interval-secs",
+            "1",
+        ])
+        .arg("--token-file")
+        .arg(&token_file)
+        .arg("--data-dir")
+        .arg(&data)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run the node binary");
+    let sock = data.join(agentmesh_node::config::SOCKET_FILE);
+    let end = Instant::now() + DEADLINE;
+    loop {
+        if let Some(out) = socket_readyz(&sock).await {
+            if out.starts_with("HTTP/1.1 200") {
+                break;
+            }
+        }
+        assert!(Instant::now() < end, "node binary never became ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // `agentmesh-node call echo`: stdin to the service, the answer on stdout.
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let mut call = tokio::process::Command::new(exe)
+            .args(["call", "echo", "--data-dir"])
+            .arg(&data)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run call");
+        let mut stdin = call.stdin.take().expect("stdin");
+        stdin.write_all(b"hello from stdin\n").await.expect("stdin");
+        drop(stdin);
+        let out = call.wait_with_output().await.expect("call output");
+        if out.status.success() {
+            assert_eq!(out.stdout, b"hello from stdin\n");
+            break;
+        }
+        // The routers' DHT may not know the record yet: retry until the deadline.
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(Instant::now() < end, "call never succeeded: {err}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // SIGTERM: graceful stop, exit status 0, socket removed.
+    let pid = node.id().expect("pid").to_string();
+    let killed = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(killed.success());
+    let status = tokio::time::timeout(DEADLINE, node.wait())
+        .await
+        .expect("node exits after SIGTERM")
+        .expect("wait");
+    assert!(status.success(), "{status}");
+    assert!(!sock.exists(), "socket left behind");
+
+    b.shutdown().await;
+    r.handle.shutdown().await;
+}
