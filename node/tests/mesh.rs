@@ -463,10 +463,11 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
     let sock = data.join(agentmesh_node::config::SOCKET_FILE);
     let end = Instant::now() + DEADLINE;
     loop {
-        if let Some(out) = socket_readyz(&sock).await {
-            if out.starts_with("HTTP/1.1 200") {
-                break;
-            }
+        if socket_readyz(&sock)
+            .await
+            .is_some_and(|out| out.starts_with("HTTP/1.1 200"))
+        {
+            break;
         }
         assert!(Instant::now() < end, "node binary never became ready");
         tokio::time::sleep(Duration::from_millis(200)).await;
