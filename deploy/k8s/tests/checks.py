@@ -12,6 +12,7 @@ import posixpath
 from typing import Any, Callable
 
 from model import (
+    HTTP_LISTENER_FLAG,
     VAR_REF,
     Container,
     addr_port,
@@ -286,7 +287,7 @@ def check_router(objects: list[dict[str, Any]]) -> list[str]:
         return problems
     name = sts["metadata"]["name"]
     spec = sts["spec"]
-    problems += _probe_problems(c, "--metrics-addr")
+    problems += _probe_problems(c, HTTP_LISTENER_FLAG["agentmesh-router"])
 
     res = c.spec.get("resources", {}) or {}
     limits, requests = res.get("limits") or {}, res.get("requests") or {}
@@ -431,7 +432,7 @@ def check_control_plane(objects: list[dict[str, Any]]) -> list[str]:
             or (w["spec"].get("strategy") or {}).get("type") != "Recreate"
         ):
             problems.append(f"{c.where}: SQLite needs a single-replica Deployment with strategy Recreate")
-    problems += _probe_problems(c, "--http-addr")
+    problems += _probe_problems(c, HTTP_LISTENER_FLAG["agentmesh-control-plane"])
     grace = (pod_template(w) or {}).get("spec", {}).get("terminationGracePeriodSeconds", 30)
     shutdown = int(c.flag("--shutdown-grace-secs") or CONTROL_PLANE_SHUTDOWN_GRACE_SECS)
     if grace < shutdown + SHUTDOWN_MARGIN_SECS:
@@ -518,9 +519,8 @@ def check_selectors(objects: list[dict[str, Any]]) -> list[str]:
 def check_network_policies(objects: list[dict[str, Any]]) -> list[str]:
     """Metrics and HTTP admin listeners (/drain) reachable only from selected sources."""
     problems = []
-    internal_flags = {"agentmesh-router": "--metrics-addr", "agentmesh-control-plane": "--http-addr"}
     for c in containers(objects):
-        flag = internal_flags.get(c.binary or "")
+        flag = HTTP_LISTENER_FLAG.get(c.binary or "")
         if not flag or c.subcommand:
             continue
         port = addr_port(c.flag(flag))

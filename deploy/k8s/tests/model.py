@@ -17,6 +17,10 @@ BINARIES = ("agentmesh-control-plane", "agentmesh-router", "agentmesh-node")
 
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob")
 
+# The flag naming each program's HTTP listener: /metrics, /healthz, /readyz
+# (and the router's POST /drain). Probes, monitors and NetworkPolicies use it.
+HTTP_LISTENER_FLAG = {"agentmesh-router": "--metrics-addr", "agentmesh-control-plane": "--http-addr"}
+
 
 @dataclass
 class Container:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from model import addr_port, containers, pod_label_sets, pod_template, selector_matches
+from model import HTTP_LISTENER_FLAG, addr_port, containers, pod_label_sets, selector_matches
 
 MONITORING_API = "monitoring.coreos.com/v1"
 MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
@@ -231,9 +231,8 @@ def check_monitors(objects: list[dict[str, Any]]) -> list[str]:
 
     if not monitors or not pod_label_sets(objects):
         return problems
-    listen_flag = {"agentmesh-router": "--metrics-addr", "agentmesh-control-plane": "--http-addr"}
     for c in containers(objects):
-        flag = listen_flag.get(c.binary or "")
+        flag = HTTP_LISTENER_FLAG.get(c.binary or "")
         if not flag or c.subcommand:
             continue
         port = addr_port(c.flag(flag))
@@ -265,6 +264,3 @@ def check_monitors(objects: list[dict[str, Any]]) -> list[str]:
 def is_monitoring(obj: dict[str, Any]) -> bool:
     """Whether an object is one of the prometheus-operator kinds we ship."""
     return obj.get("apiVersion") == MONITORING_API and obj["kind"] in MONITORING_KINDS
-
-
-__all__ = ["check_monitors", "check_rules", "promql_problems", "is_monitoring", "pod_template"]

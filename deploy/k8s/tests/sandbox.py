@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 import urllib.parse
-from typing import Any, Callable
+from typing import Callable
 
 from model import VAR_REF, Container, parse_quantity
 
@@ -183,6 +183,3 @@ def metric_value(text: str, name: str) -> float | None:
     """The value of an unlabelled sample `name` in Prometheus text."""
     m = re.search(rf"^{re.escape(name)}(?:\{{\}})? (\S+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else None
-
-
-__all__ = ["Any", "Sandbox", "db_path", "http_get", "make_tls", "metric_value", "random_token", "wait_until"]
