@@ -22,6 +22,7 @@ from model import (
     pod_label_sets,
     pod_template,
     selector_matches,
+    sqlite_path,
     workloads,
 )
 
@@ -110,14 +111,11 @@ RESTRICTED_VOLUME_TYPES = {
 }
 
 
-def sqlite_path(db: str | None) -> str | None:
-    if db and db.startswith("sqlite://"):
-        return db[len("sqlite://") :]
-    return None
-
-
 def file_of(flag: str, value: str) -> str:
-    return sqlite_path(value) or value if flag == "--db" else value
+    """The file a file flag names (`--db` takes a sqlite:// URL)."""
+    if flag == "--db":
+        return sqlite_path(value) or value
+    return value
 
 
 def mount_for(c: Container, path: str) -> dict[str, Any] | None:

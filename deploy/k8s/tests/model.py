@@ -215,6 +215,13 @@ def pod_label_sets(objects: list[dict[str, Any]]) -> list[tuple[dict[str, Any], 
     return out
 
 
+def sqlite_path(db: str | None) -> str | None:
+    """The file path inside a `sqlite://PATH` URL, or None for anything else."""
+    if db and db.startswith("sqlite://"):
+        return db[len("sqlite://") :]
+    return None
+
+
 def addr_port(addr: str | None) -> int | None:
     """The port of `host:port` or of a /tcp/PORT multiaddr."""
     if not addr:

@@ -15,7 +15,6 @@ import secrets
 import socket
 import subprocess
 import time
-import urllib.parse
 from typing import Callable
 
 from model import VAR_REF, Container, parse_quantity
@@ -173,10 +172,6 @@ def make_tls(root: str) -> dict[str, bytes]:
 
 def random_token() -> bytes:
     return secrets.token_urlsafe(32).encode()
-
-
-def db_path(sqlite_url: str) -> str:
-    return urllib.parse.unquote(sqlite_url[len("sqlite://") :])
 
 
 def metric_value(text: str, name: str) -> float | None:

@@ -21,8 +21,8 @@ import pytest
 
 from binaries import ISSUE4_PENDING_FLAGS, find_binary, missing_flags
 from conftest import OVERLAYS, render
-from model import addr_port, containers
-from sandbox import Sandbox, db_path, free_port, http_get, make_tls, metric_value, random_token, wait_until
+from model import addr_port, containers, sqlite_path
+from sandbox import Sandbox, free_port, http_get, make_tls, metric_value, random_token, wait_until
 
 READY_DEADLINE_SECS = 90
 EXIT_DEADLINE_SECS = 120
@@ -114,7 +114,7 @@ def test_control_plane_and_backup_run_with_the_manifest_flags(sandbox, tmp_path,
 
 
 def mint(sandbox, cp, role):
-    db = "sqlite://" + sandbox.path(db_path(cp.flag("--db") or ""))
+    db = "sqlite://" + sandbox.path(sqlite_path(cp.flag("--db")) or "")
     argv = [need("agentmesh-control-plane"), "token", "create", "--db", db, "--kind", "bootstrap"]
     argv += ["--role", role, "--max-uses", "2", "--ttl-secs", "3600"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
