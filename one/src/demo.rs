@@ -130,12 +130,10 @@ impl Demo {
                 no_socket: true,
                 ..node::Config::default()
             };
-            let handle = node::spawn(nc, None)
-                .await
-                .map_err(|e| DemoError::Member {
-                    index,
-                    reason: e.to_string(),
-                })?;
+            let handle = node::spawn(nc, None).await.map_err(|e| DemoError::Member {
+                index,
+                reason: e.to_string(),
+            })?;
             nodes.push(handle);
         }
         let nodes = Arc::new(nodes);
@@ -231,7 +229,8 @@ async fn call_loop(
             t
         };
         let started = tokio::time::Instant::now();
-        let result = tokio::time::timeout(CALL_DEADLINE, echo_call(me, &service_name(target))).await;
+        let result =
+            tokio::time::timeout(CALL_DEADLINE, echo_call(me, &service_name(target))).await;
         let mut s = shared.lock();
         match result {
             Ok(Ok(())) => {
@@ -290,7 +289,9 @@ async fn serve_echo(listener: TcpListener, cancel: CancellationToken) {
             _ = cancel.cancelled() => return,
             a = listener.accept() => a,
         };
-        let Ok((mut sock, _)) = accepted else { continue };
+        let Ok((mut sock, _)) = accepted else {
+            continue;
+        };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             // Over the bound: refuse by closing.
             continue;

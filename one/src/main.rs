@@ -62,11 +62,21 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
 
-    println!("control plane  {} (http://{}/info)", mesh.control_plane_url, mesh.control_plane.http_addr());
+    println!(
+        "control plane  {} (http://{}/info)",
+        mesh.control_plane_url,
+        mesh.control_plane.http_addr()
+    );
     for (i, r) in mesh.routers.iter().enumerate() {
-        let metrics = r.metrics_addr().map_or("-".into(), |a| format!("http://{a}/metrics"));
+        let metrics = r
+            .metrics_addr()
+            .map_or("-".into(), |a| format!("http://{a}/metrics"));
         let addrs: Vec<String> = r.listen_addrs().iter().map(|a| a.to_string()).collect();
-        println!("router {i}       {} {} metrics {metrics}", r.peer_id(), addrs.join(","));
+        println!(
+            "router {i}       {} {} metrics {metrics}",
+            r.peer_id(),
+            addrs.join(",")
+        );
     }
     println!("member token   {}", mesh.token_file.display());
     println!(

@@ -147,14 +147,12 @@ pub async fn spawn(config: Config) -> Result<OneHandle, SpawnError> {
             control_plane: control_plane_url.clone(),
             token: router_token.clone(),
             key_path: dir.join("router.key"),
-            listen: vec![
-                format!("/ip4/127.0.0.1/tcp/{port}")
-                    .parse()
-                    .map_err(|e| SpawnError::Router {
-                        index,
-                        reason: format!("listen address: {e}"),
-                    })?,
-            ],
+            listen: vec![format!("/ip4/127.0.0.1/tcp/{port}").parse().map_err(|e| {
+                SpawnError::Router {
+                    index,
+                    reason: format!("listen address: {e}"),
+                }
+            })?],
             metrics_addr: Some(SocketAddr::from(([127, 0, 0, 1], metrics_port))),
             ..router::Config::default()
         };
