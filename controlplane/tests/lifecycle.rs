@@ -1,0 +1,461 @@
+//! Restarts, key rotation, reapers, backup and the HTTP endpoints, against
+//! real control planes sharing real SQLite files.
+
+mod common;
+
+use std::time::Duration;
+
+use agentmesh_controlplane::{offline, spawn};
+use agentmesh_proto::{
+    credential::{Trust, peek_claims, verify},
+    identity::Keypair,
+    pb::{
+        controlplane::RouterLoad,
+        credential::{Role, TokenKind},
+    },
+    unix_now,
+};
+use common::{client, config, http_get, metric, metrics, sql, sql_count, start, token};
+
+#[tokio::test]
+async fn a_restart_loses_no_committed_enrollment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = start(dir.path()).await;
+    let c = client(&h);
+    let tok = token(&h, TokenKind::Bootstrap, Role::Member, &[("team", "a")], 1).await;
+    let k = Keypair::generate_ed25519();
+    let e = c.enroll(&tok, &k).await.expect("enrolls");
+    let keys_before = c.get_keys().await.expect("keys");
+    h.shutdown().await;
+
+    let h = start(dir.path()).await;
+    let c = client(&h);
+    assert_eq!(
+        c.get_keys().await.expect("keys"),
+        keys_before,
+        "keys persisted"
+    );
+    let cred = e.credential.expect("cred");
+    let r = c
+        .refresh(&cred, &k)
+        .await
+        .expect("node survived the restart");
+    let claims = peek_claims(r.credential.as_ref().expect("cred")).expect("claims");
+    assert_eq!(claims.node_id, e.node_id);
+    // The token's single use is still spent, but the same key re-enrolls.
+    assert_eq!(
+        c.enroll(&tok, &k).await.expect("re-enroll").node_id,
+        e.node_id
+    );
+    assert!(c.enroll(&tok, &Keypair::generate_ed25519()).await.is_err());
+    // A node enrolled is recorded as seen, never at the zero time.
+    assert_eq!(
+        sql_count(
+            dir.path(),
+            "SELECT COUNT(*) FROM nodes WHERE last_seen <= 0"
+        ),
+        0
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn rotation_survives_restarts_publishes_ahead_and_is_claimed_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = start(dir.path()).await;
+    let c = client(&h);
+    let tok = token(&h, TokenKind::Bootstrap, Role::Member, &[], 10).await;
+    let k = Keypair::generate_ed25519();
+    let cred = c
+        .enroll(&tok, &k)
+        .await
+        .expect("enrolls")
+        .credential
+        .expect("cred");
+    let first_key = peek_claims(&cred).expect("claims").key_id;
+    let deadline = sql_count(dir.path(), "SELECT next_rotation_at FROM rotation_state");
+    assert!(
+        (deadline - (unix_now() + 86_400)).abs() < 60,
+        "deadline a day ahead: {deadline}"
+    );
+    let m = metrics(&h).await;
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_next_key_rotation_timestamp_seconds"
+        ),
+        Some(deadline as f64)
+    );
+    h.shutdown().await;
+
+    // The deadline passes while the control plane is down (it restarts more
+    // often than the interval): the next start rotates.
+    sql(
+        dir.path(),
+        &format!(
+            "UPDATE rotation_state SET next_rotation_at = {}",
+            unix_now() - 1
+        ),
+    );
+    // Two replicas on the same file race for it.
+    let a = start(dir.path()).await;
+    let b = spawn(config(dir.path())).await.expect("second replica");
+    a.check_keys_now().await.expect("check a");
+    b.check_keys_now().await.expect("check b");
+    assert_eq!(
+        sql_count(dir.path(), "SELECT COUNT(*) FROM signing_keys"),
+        2,
+        "rotated exactly once"
+    );
+    let c = client(&a);
+    let keys = c.get_keys().await.expect("keys");
+    let new = keys
+        .keys
+        .iter()
+        .find(|k| k.key_id != first_key)
+        .expect("new key published");
+    assert!(
+        new.active_from_unix_secs >= unix_now() + 590,
+        "published ahead: {}",
+        new.active_from_unix_secs
+    );
+    let next = sql_count(dir.path(), "SELECT next_rotation_at FROM rotation_state");
+    assert!(next > unix_now() + 86_000, "next deadline moved on: {next}");
+    // Not active yet: still signing with the first key.
+    let again = c
+        .enroll(&tok, &Keypair::generate_ed25519())
+        .await
+        .expect("enrolls");
+    assert_eq!(
+        peek_claims(again.credential.as_ref().expect("cred"))
+            .expect("claims")
+            .key_id,
+        first_key
+    );
+
+    // Once its time comes, the new key signs; the old credential still verifies.
+    let now = unix_now();
+    sql(
+        dir.path(),
+        &format!(
+            "UPDATE signing_keys SET active_from = {} WHERE key_id = '{first_key}'",
+            now - 100
+        ),
+    );
+    sql(
+        dir.path(),
+        &format!(
+            "UPDATE signing_keys SET active_from = {} WHERE key_id = '{}'",
+            now - 1,
+            new.key_id
+        ),
+    );
+    a.check_keys_now().await.expect("reload");
+    let fresh = c
+        .enroll(&tok, &Keypair::generate_ed25519())
+        .await
+        .expect("enrolls");
+    assert_eq!(
+        peek_claims(fresh.credential.as_ref().expect("cred"))
+            .expect("claims")
+            .key_id,
+        new.key_id
+    );
+    let trust = Trust::new(fresh.keys.as_ref().expect("keys"));
+    verify(&cred, &trust, unix_now(), Some(&k.public().to_peer_id()), 0)
+        .expect("old key within its grace");
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn each_reaper_deletes_what_it_should_and_the_counters_show_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = start(dir.path()).await;
+    let c = client(&h);
+    let now = unix_now();
+    let boot = token(&h, TokenKind::Bootstrap, Role::Member, &[], 10).await;
+    let eph = token(&h, TokenKind::Ephemeral, Role::Member, &[], 10).await;
+    let once = token(&h, TokenKind::Bootstrap, Role::Member, &[], 1).await;
+    let _expiring = token(&h, TokenKind::Bootstrap, Role::Member, &[], 1).await;
+    let router_tok = token(&h, TokenKind::Bootstrap, Role::Router, &[], 1).await;
+
+    let lapsed = Keypair::generate_ed25519();
+    let kept = Keypair::generate_ed25519();
+    let eph_gone = Keypair::generate_ed25519();
+    let eph_kept = Keypair::generate_ed25519();
+    let router = Keypair::generate_ed25519();
+    c.enroll(&boot, &lapsed).await.expect("enroll");
+    c.enroll(&boot, &kept).await.expect("enroll");
+    c.enroll(&eph, &eph_gone).await.expect("enroll");
+    c.enroll(&eph, &eph_kept).await.expect("enroll");
+    c.enroll(&once, &Keypair::generate_ed25519())
+        .await
+        .expect("enroll");
+    let rcred = c
+        .enroll(&router_tok, &router)
+        .await
+        .expect("enroll")
+        .credential
+        .expect("cred");
+    c.router_lease(
+        &rcred,
+        &router,
+        vec!["/ip4/127.0.0.1/tcp/1".into()],
+        vec![],
+        RouterLoad::default(),
+        false,
+    )
+    .await
+    .expect("lease");
+    c.revoke_node(common::ADMIN, &kept.public().to_peer_id(), "test")
+        .await
+        .expect("revoke");
+    c.rotate_key_now(common::ADMIN).await.expect("rotate");
+
+    // Age the rows as a clock in the future would see them.
+    let pid = |k: &Keypair| hex_blob(&k.public().to_peer_id().to_bytes());
+    sql(
+        dir.path(),
+        &format!(
+            "UPDATE nodes SET last_seen = {} WHERE peer_id = {}",
+            now - 31 * 86_400,
+            pid(&lapsed)
+        ),
+    );
+    sql(
+        dir.path(),
+        &format!(
+            "UPDATE nodes SET last_seen = {} WHERE peer_id = {}",
+            now - 7200,
+            pid(&eph_gone)
+        ),
+    );
+    sql(
+        dir.path(),
+        &format!(
+            "UPDATE nodes SET last_seen = {} WHERE peer_id = {}",
+            now - 600,
+            pid(&eph_kept)
+        ),
+    );
+    sql(
+        dir.path(),
+        &format!(
+            "UPDATE enrollment_requests SET at = {} WHERE id IN (SELECT id FROM enrollment_requests LIMIT 2)",
+            now - 8 * 86_400
+        ),
+    );
+    sql(
+        dir.path(),
+        &format!(
+            "UPDATE tokens SET expires_at = {} WHERE max_uses = 1 AND uses = 0 AND role = 1",
+            now - 1
+        ),
+    );
+    sql(
+        dir.path(),
+        &format!(
+            "UPDATE tokens SET last_used_at = {} WHERE max_uses = 1 AND uses = 1 AND role = 1",
+            now - 2 * 86_400
+        ),
+    );
+    sql(
+        dir.path(),
+        &format!("UPDATE router_leases SET expires_at = {}", now - 1),
+    );
+    sql(
+        dir.path(),
+        &format!("UPDATE revocations SET until = {}", now - 1),
+    );
+    sql(
+        dir.path(),
+        &format!(
+            "UPDATE signing_keys SET verify_until = {} WHERE verify_until != 0",
+            now - 1
+        ),
+    );
+
+    let before = metrics(&h).await;
+    assert_eq!(
+        metric(
+            &before,
+            "agentmesh_control_plane_storage_rows{table=\"nodes\"}"
+        ),
+        Some(0.0),
+        "counted at start"
+    );
+    let deleted = h.reap_now().await.expect("reap");
+    let got = |t: &str, r: &str| {
+        deleted
+            .iter()
+            .find(|(a, b, _)| *a == t && *b == r)
+            .map(|x| x.2)
+    };
+    assert_eq!(got("nodes", "lapsed"), Some(1));
+    assert_eq!(got("nodes", "ephemeral_lapsed"), Some(1));
+    assert_eq!(got("enrollment_requests", "expired"), Some(2));
+    assert_eq!(got("tokens", "expired"), Some(1));
+    assert_eq!(got("tokens", "used_up"), Some(1));
+    assert_eq!(got("router_leases", "expired"), Some(1));
+    assert_eq!(got("revocations", "expired"), Some(1));
+    assert_eq!(got("signing_keys", "grace_ended"), Some(1));
+    // What should stay, stayed.
+    assert_eq!(
+        sql_count(
+            dir.path(),
+            &format!(
+                "SELECT COUNT(*) FROM nodes WHERE peer_id = {}",
+                pid(&eph_kept)
+            )
+        ),
+        1
+    );
+    assert_eq!(
+        sql_count(
+            dir.path(),
+            &format!("SELECT COUNT(*) FROM nodes WHERE peer_id = {}", pid(&kept))
+        ),
+        1
+    );
+    assert_eq!(
+        sql_count(dir.path(), "SELECT COUNT(*) FROM tokens"),
+        3,
+        "boot, eph, router tokens remain"
+    );
+    assert_eq!(
+        sql_count(dir.path(), "SELECT COUNT(*) FROM signing_keys"),
+        1
+    );
+
+    let m = metrics(&h).await;
+    for (t, r) in [
+        ("nodes", "lapsed"),
+        ("nodes", "ephemeral_lapsed"),
+        ("enrollment_requests", "expired"),
+        ("tokens", "used_up"),
+        ("router_leases", "expired"),
+        ("signing_keys", "grace_ended"),
+    ] {
+        let want = got(t, r).expect("reported") as f64;
+        let name = format!("agentmesh_control_plane_deleted_total{{table=\"{t}\",reason=\"{r}\"}}");
+        assert_eq!(metric(&m, &name), Some(want), "{name}");
+    }
+    let nodes = sql_count(dir.path(), "SELECT COUNT(*) FROM nodes") as f64;
+    assert_eq!(
+        metric(&m, "agentmesh_control_plane_storage_rows{table=\"nodes\"}"),
+        Some(nodes)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_storage_rows{table=\"router_leases\"}"
+        ),
+        Some(0.0)
+    );
+    // A second pass finds nothing more.
+    let again = h.reap_now().await.expect("reap");
+    assert!(again.iter().all(|(_, _, n)| *n == 0), "{again:?}");
+    h.shutdown().await;
+}
+
+fn hex_blob(b: &[u8]) -> String {
+    format!(
+        "X'{}'",
+        b.iter().map(|x| format!("{x:02X}")).collect::<String>()
+    )
+}
+
+#[tokio::test]
+async fn backup_while_serving_restores_to_a_working_control_plane() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = start(dir.path()).await;
+    let c = client(&h);
+    let tok = token(&h, TokenKind::Bootstrap, Role::Member, &[], 3).await;
+    let k = Keypair::generate_ed25519();
+    let e = c.enroll(&tok, &k).await.expect("enrolls");
+    let restored = tempfile::tempdir().expect("tempdir");
+    let to = restored.path().join("cp.db");
+    let db = format!("sqlite://{}", dir.path().join("cp.db").display());
+    let to2 = to.clone();
+    tokio::task::spawn_blocking(move || offline::backup(&db, &to2))
+        .await
+        .expect("join")
+        .expect("backup while serving");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&to).expect("meta").permissions().mode() & 0o777,
+        0o600
+    );
+    h.shutdown().await;
+
+    let r = start(restored.path()).await;
+    let c = client(&r);
+    let cred = e.credential.expect("cred");
+    let fresh = c
+        .refresh(&cred, &k)
+        .await
+        .expect("restored control plane knows the node");
+    let trust = Trust::new(fresh.keys.as_ref().expect("keys"));
+    verify(
+        fresh.credential.as_ref().expect("cred"),
+        &trust,
+        unix_now(),
+        Some(&k.public().to_peer_id()),
+        0,
+    )
+    .expect("verifies");
+    c.enroll(&tok, &Keypair::generate_ed25519())
+        .await
+        .expect("token still usable after restore");
+    r.shutdown().await;
+}
+
+#[tokio::test]
+async fn http_endpoints_health_and_reflection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = start(dir.path()).await;
+    assert_eq!(http_get(h.http_addr(), "/healthz").await.0, 200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if http_get(h.http_addr(), "/readyz").await.0 == 200 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "ready within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = http_get(h.http_addr(), "/info").await;
+    assert_eq!(status, 200);
+    let info: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(info["public_url"], h.public_url());
+    assert_eq!(info["keys"].as_array().map(Vec::len), Some(1));
+    assert!(info["routers"].as_array().is_some_and(Vec::is_empty));
+    let m = metrics(&h).await;
+    // Label values exist before anything happened.
+    for sample in [
+        "agentmesh_control_plane_rpc_total{method=\"Enroll\",code=\"ResourceExhausted\"} 0",
+        "agentmesh_control_plane_limiter_refusals_total{limiter=\"enroll\"} 0",
+        "agentmesh_control_plane_deleted_total{table=\"nodes\",reason=\"lapsed\"} 0",
+        "agentmesh_control_plane_rpc_duration_seconds_count{method=\"Refresh\"} 0",
+    ] {
+        assert!(m.contains(sample), "missing {sample}");
+    }
+    // gRPC health says serving.
+    let ch = tonic::transport::Endpoint::from_shared(h.public_url().to_string())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+    let s = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "agentmesh.controlplane.v1.ControlPlane".into(),
+        })
+        .await
+        .expect("health");
+    assert_eq!(
+        s.into_inner().status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+    h.shutdown().await;
+}
