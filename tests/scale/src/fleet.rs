@@ -2,7 +2,8 @@
 //! re-executed as `worker`), their command pipes, and the event pump that
 //! keeps the [`Tally`] current.
 
-use std::io::Write;
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -23,14 +24,26 @@ const LINE_QUEUE: usize = 65_536;
 const REPLY_DEADLINE: Duration = Duration::from_secs(60);
 /// Deadline for workers to shut their members down and exit.
 const LEAVE_DEADLINE: Duration = Duration::from_secs(180);
-/// Minimum interval between progress lines.
+/// Minimum interval between progress lines on a terminal (redrawn in place).
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// Minimum interval between progress lines when stderr is a file or pipe.
+const PROGRESS_EVERY_PIPED: Duration = Duration::from_secs(10);
 
 struct WorkerProc {
     child: Child,
     stdin: ChildStdin,
     hosted: u64,
     closed: bool,
+}
+
+fn reply_result(w: usize, body: Reply) -> Result<Reply> {
+    match body {
+        Reply::Failed { error } => Err(LadderError::Worker {
+            worker: w,
+            message: error,
+        }),
+        other => Ok(other),
+    }
 }
 
 /// The fleet of workers.
@@ -44,6 +57,8 @@ pub struct Fleet {
     rx: mpsc::Receiver<(usize, Option<Event>)>,
     next_id: u64,
     next_member: u64,
+    /// Replies that arrived while waiting for another one (broadcasts).
+    stashed: HashMap<u64, (usize, Reply)>,
     /// What is known about every member.
     pub tally: Tally,
     /// Label shown on the progress line.
@@ -65,6 +80,7 @@ impl Fleet {
             rx,
             next_id: 1,
             next_member: 0,
+            stashed: HashMap::new(),
             tally: Tally::default(),
             label: String::new(),
             last_progress: None,
@@ -242,6 +258,9 @@ impl Fleet {
     }
 
     async fn wait_reply(&mut self, w: usize, id: u64, deadline: Instant) -> Result<Reply> {
+        if let Some((_, body)) = self.stashed.remove(&id) {
+            return reply_result(w, body);
+        }
         loop {
             let next = tokio::time::timeout_at(deadline, self.rx.recv()).await;
             match next {
@@ -283,6 +302,10 @@ impl Fleet {
     }
 
     fn apply(&mut self, w: usize, ev: Event) {
+        if let Event::Reply { id, body } = ev {
+            self.stashed.insert(id, (w, body));
+            return;
+        }
         let tick = matches!(ev, Event::Tick(_));
         self.tally.apply(w, &ev);
         if tick {
@@ -316,7 +339,13 @@ impl Fleet {
     /// Prints the live progress line (at most once a second unless `force`).
     pub fn progress(&mut self, force: bool) {
         let now = Instant::now();
-        if !force && self.last_progress.is_some_and(|t| now - t < PROGRESS_EVERY) {
+        let tty = std::io::stderr().is_terminal();
+        let every = if tty {
+            PROGRESS_EVERY
+        } else {
+            PROGRESS_EVERY_PIPED
+        };
+        if !force && self.last_progress.is_some_and(|t| now - t < every) {
             return;
         }
         self.last_progress = Some(now);
@@ -333,7 +362,11 @@ impl Fleet {
             fds
         );
         let mut err = std::io::stderr().lock();
-        let _ = write!(err, "\r\x1b[2K{line}");
+        if tty {
+            let _ = write!(err, "\r\x1b[2K{line}");
+        } else {
+            let _ = writeln!(err, "{line}");
+        }
         let _ = err.flush();
     }
 
