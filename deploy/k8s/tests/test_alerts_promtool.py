@@ -118,6 +118,36 @@ CASES = [
         None,
     ),
     (
+        "AgentmeshRouterLeaseFailing",
+        {
+            f'agentmesh_router_lease_total{{{R0},result="ok"}}': "0+1x10 10x20",
+            f'agentmesh_router_lease_total{{{R0},result="error"}}': "0x10 0+1x20",
+        },
+        "25m",
+        {"namespace": "agentmesh", "pod": "agentmesh-router-0"},
+    ),
+    (
+        "AgentmeshRouterLeaseFailing",
+        {
+            f'agentmesh_router_lease_total{{{R0},result="ok"}}': "0+1x30",
+            f'agentmesh_router_lease_total{{{R0},result="error"}}': "0x10 0+1x20",
+        },
+        "25m",
+        None,
+    ),
+    (
+        "AgentmeshRouterAuthRefusals",
+        {f'agentmesh_router_auth_total{{{R0},purpose="attach",result="expired"}}': "0+120x40"},
+        "30m",
+        {"namespace": "agentmesh", "pod": "agentmesh-router-0", "result": "expired"},
+    ),
+    (
+        "AgentmeshRouterAuthRefusals",
+        {f'agentmesh_router_auth_total{{{R0},purpose="attach",result="admitted"}}': "0+120x40"},
+        "30m",
+        None,
+    ),
+    (
         "AgentmeshRuntimeStalls",
         {f"agentmesh_runtime_stalls_total{{{R0}}}": "0 0 0 1 1 1 1 1"},
         "5m",
