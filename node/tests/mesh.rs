@@ -314,3 +314,71 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
     b.shutdown().await;
     r.handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_refreshed_and_re_presented_before_they_expire() {
+    let cp = start_cp_with(agentmesh_controlplane::Config {
+        credential_ttl_secs: 20,
+        clock_skew_secs: 0,
+        ..Default::default()
+    })
+    .await;
+    let r = start_router(&cp, "r1").await;
+    let member = cp.token(Role::Member, &[]).await;
+    let backend = echo_backend().await;
+    let bdir = tempfile::tempdir().expect("tempdir");
+    let b = agentmesh_node::spawn(
+        Config {
+            expose: vec![("echo".into(), backend)],
+            credential_skew_secs: 0,
+            ..node_config(&cp, &member, bdir.path())
+        },
+        None,
+    )
+    .await
+    .expect("spawn b");
+    let adir = tempfile::tempdir().expect("tempdir");
+    let a = agentmesh_node::spawn(node_config(&cp, &member, adir.path()), None)
+        .await
+        .expect("spawn a");
+    ready(&b, "b").await;
+    ready(&a, "a").await;
+    let first = a.status().borrow().credential_expires_at_unix_secs;
+    assert!(first > 0);
+
+    // Both refresh well before expiry (two thirds into the lifetime).
+    for n in [&a, &b] {
+        let mut st = n.status();
+        tokio::time::timeout(
+            DEADLINE,
+            st.wait_for(|s| s.credential_expires_at_unix_secs > first),
+        )
+        .await
+        .expect("refreshed in time")
+        .expect("status");
+    }
+    // Past the first credential's expiry, both are still admitted and calls work.
+    let end = Instant::now() + DEADLINE;
+    while agentmesh_proto::unix_now() <= first + 1 {
+        assert!(Instant::now() < end);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ready(&a, "a after the first expiry").await;
+    ready(&b, "b after the first expiry").await;
+    let mut s = call_until_found(&a, "echo").await;
+    round_trip(&mut s, 4096).await;
+    drop(s);
+    let (_, m) = http_get(a.metrics_addr().expect("metrics"), "/metrics").await;
+    assert!(
+        metric(
+            &m,
+            r#"agentmesh_node_control_plane_total{op="refresh",result="ok"}"#
+        ) >= 1.0,
+        "{m}"
+    );
+    assert!(metric(&m, "agentmesh_node_credential_expires_at_seconds") > first as f64);
+
+    a.shutdown().await;
+    b.shutdown().await;
+    r.handle.shutdown().await;
+}

@@ -297,7 +297,7 @@ impl Core {
     fn schedule_refresh(&mut self) {
         let claims = peek_claims(&self.shared.credential()).unwrap_or_default();
         let now = unix_now();
-        let lifetime = (claims.expires_at_unix_secs - claims.issued_at_unix_secs).max(60);
+        let lifetime = (claims.expires_at_unix_secs - claims.issued_at_unix_secs).max(3);
         // Two thirds through the lifetime, minus up to 10% of it as jitter.
         let jitter = rand::thread_rng().gen_range(0..=lifetime / 10);
         let at = claims.issued_at_unix_secs + lifetime * 2 / 3 - jitter;

@@ -33,13 +33,18 @@ pub struct Cp {
 }
 
 pub async fn start_cp() -> Cp {
+    start_cp_with(agentmesh_controlplane::Config::default()).await
+}
+
+/// A control plane with `base`'s settings (addresses, database and admin token are the test's).
+pub async fn start_cp_with(base: agentmesh_controlplane::Config) -> Cp {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = agentmesh_controlplane::Config {
         grpc_addr: "127.0.0.1:0".parse().expect("addr"),
         http_addr: "127.0.0.1:0".parse().expect("addr"),
         db: format!("sqlite://{}", dir.path().join("cp.db").display()),
         admin_token: Some(ADMIN.to_string()),
-        ..Default::default()
+        ..base
     };
     let handle = agentmesh_controlplane::spawn(config)
         .await
@@ -105,6 +110,7 @@ pub async fn start_router_with(cp: &Cp, name: &str, lease_interval: Duration) ->
         listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")],
         labels,
         lease_interval,
+        clock_skew: Duration::ZERO,
         ..Default::default()
     };
     let handle = agentmesh_router::spawn(config).await.expect("router");
