@@ -44,7 +44,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Serve gRPC and HTTP (the default).
-    Serve(Config),
+    Serve(Box<Config>),
     /// Token operations.
     #[command(subcommand)]
     Token(TokenCmd),
@@ -100,7 +100,7 @@ impl Cli {
         let cli = self;
         match cli.cmd {
             None => serve(cli.serve).await,
-            Some(Cmd::Serve(c)) => serve(c).await,
+            Some(Cmd::Serve(c)) => serve(*c).await,
             Some(Cmd::Token(TokenCmd::Create {
                 db,
                 kind,
@@ -163,7 +163,7 @@ mod tests {
         assert!(cli.cmd.is_none());
         assert_eq!(cli.serve, Config::default());
         let cli = Cli::try_parse_from(["agentmesh-control-plane", "serve"]).expect("parses");
-        assert!(matches!(cli.cmd, Some(Cmd::Serve(c)) if c == Config::default()));
+        assert!(matches!(cli.cmd, Some(Cmd::Serve(c)) if *c == Config::default()));
         let cli = Cli::try_parse_from([
             "x",
             "token",

@@ -82,15 +82,13 @@ impl State {
         self.admit_enroll()?;
         self.check_failures(source)?;
         let r = self.enroll_checked(source, req).await;
-        if let Err(e) = &r {
-            if matches!(
-                e,
-                ServiceError::Unauthenticated { .. }
-                    | ServiceError::Denied { .. }
-                    | ServiceError::Invalid(_)
-            ) {
-                self.record_failure(source);
-            }
+        if let Err(
+            ServiceError::Unauthenticated { .. }
+            | ServiceError::Denied { .. }
+            | ServiceError::Invalid(_),
+        ) = &r
+        {
+            self.record_failure(source);
         }
         r
     }

@@ -92,15 +92,16 @@ impl FailureGuard {
     pub fn record_failure(&mut self, ip: IpAddr, now: Duration) {
         if !self.windows.contains_key(&ip) && self.windows.len() >= self.max_ips {
             self.windows.retain(|_, (start, _)| now < *start + WINDOW);
-            if self.windows.len() >= self.max_ips {
-                if let Some(oldest) = self
-                    .windows
-                    .iter()
-                    .min_by_key(|(_, (s, _))| *s)
-                    .map(|(k, _)| *k)
-                {
-                    self.windows.remove(&oldest);
-                }
+            let oldest = (self.windows.len() >= self.max_ips)
+                .then(|| {
+                    self.windows
+                        .iter()
+                        .min_by_key(|(_, (s, _))| *s)
+                        .map(|(k, _)| *k)
+                })
+                .flatten();
+            if let Some(oldest) = oldest {
+                self.windows.remove(&oldest);
             }
         }
         let e = self.windows.entry(ip).or_insert((now, 0));
