@@ -3,7 +3,12 @@
 
 use std::{collections::BTreeMap, path::PathBuf};
 
-use crate::{Config, SpawnError, admin::TokenSpec, config::DEFAULT_DB, offline, spawn};
+use crate::{
+    Config, SpawnError, admin::TokenSpec, clock::TokioClock, config::DEFAULT_DB, offline,
+    spawn_with,
+};
+use agentmesh_runtime::watchdog;
+use prometheus_client::registry::Registry;
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
@@ -142,7 +147,10 @@ impl Cli {
 }
 
 async fn serve(config: Config) -> Result<(), CliError> {
-    let handle = spawn(config).await?;
+    let mut registry = Registry::default();
+    let stalls = watchdog::StallMetrics::register(&mut registry);
+    let probe = watchdog::spawn(stalls);
+    let handle = spawn_with(config, TokioClock::shared(), registry).await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
@@ -150,6 +158,7 @@ async fn serve(config: Config) -> Result<(), CliError> {
     }
     tracing::info!("shutting down");
     handle.shutdown().await;
+    probe.abort();
     Ok(())
 }
 

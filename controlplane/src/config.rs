@@ -152,6 +152,9 @@ pub struct Config {
     /// Grace for in-flight RPCs on shutdown, seconds. Default 10.
     #[arg(long, default_value_t = DEFAULT_SHUTDOWN_GRACE_SECS)]
     pub shutdown_grace_secs: u64,
+    /// Listen address for CPU and heap profiles (binary built with `--features pprof`). Default none.
+    #[arg(long)]
+    pub pprof_addr: Option<SocketAddr>,
     /// File holding the admin bearer token (admin RPCs are disabled without one). Default none.
     #[arg(long)]
     pub admin_token_file: Option<PathBuf>,
@@ -198,6 +201,7 @@ impl Default for Config {
             db_wait_timeout_secs: DEFAULT_DB_WAIT_TIMEOUT_SECS,
             directory_cache_ms: DEFAULT_DIRECTORY_CACHE_MS,
             shutdown_grace_secs: DEFAULT_SHUTDOWN_GRACE_SECS,
+            pprof_addr: None,
             admin_token_file: None,
             admin_token: None,
         }

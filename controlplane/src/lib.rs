@@ -49,4 +49,4 @@ pub mod tokens;
 #[cfg(feature = "server")]
 pub use config::Config;
 #[cfg(feature = "server")]
-pub use server::{Handle, SpawnError, spawn, spawn_with_clock};
+pub use server::{Handle, SpawnError, spawn, spawn_with, spawn_with_clock};

@@ -4,6 +4,9 @@
 use agentmesh_controlplane::cli::Cli;
 use clap::Parser;
 
+#[global_allocator]
+static ALLOC: agentmesh_runtime::Allocator = agentmesh_runtime::Allocator;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()

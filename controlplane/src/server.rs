@@ -56,6 +56,9 @@ pub enum SpawnError {
     /// TLS setup failed.
     #[error("tls: {0}")]
     Tls(String),
+    /// The profiling listener could not start.
+    #[error("profiling: {0}")]
+    Profiling(#[from] agentmesh_runtime::profiling::ProfilingError),
     /// The database could not be opened or initialised.
     #[error("database: {0}")]
     Store(#[from] StoreError),
@@ -95,14 +98,25 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, SpawnError> {
         .map_err(|source| SpawnError::Bind { addr, source })
 }
 
-/// Starts a control plane with the real clock.
+/// Starts a control plane with the real clock and its own metrics registry.
 pub async fn spawn(config: Config) -> Result<Handle, SpawnError> {
-    spawn_with_clock(config, TokioClock::shared()).await
+    spawn_with(config, TokioClock::shared(), Registry::default()).await
 }
 
 /// Starts a control plane whose limiters read `clock` (tests share a
 /// simulated clock with their clients).
 pub async fn spawn_with_clock(config: Config, clock: SharedClock) -> Result<Handle, SpawnError> {
+    spawn_with(config, clock, Registry::default()).await
+}
+
+/// Starts a control plane with a clock and a registry that may already hold
+/// other metrics (the binary adds the runtime watchdog's); `/metrics` serves
+/// all of it.
+pub async fn spawn_with(
+    config: Config,
+    clock: SharedClock,
+    mut registry: Registry,
+) -> Result<Handle, SpawnError> {
     config.validate().map_err(SpawnError::Config)?;
     let admin_token = match (&config.admin_token, &config.admin_token_file) {
         (Some(t), _) => Some(t.trim().to_string()),
@@ -160,7 +174,6 @@ pub async fn spawn_with_clock(config: Config, clock: SharedClock) -> Result<Hand
         .map(|u| agentmesh_proto::proof::normalize_url(&u).to_string())
         .unwrap_or_else(|| format!("{scheme}://{grpc_addr}"));
 
-    let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let registry = Arc::new(registry);
     let state = State::new(
@@ -229,6 +242,10 @@ pub async fn spawn_with_clock(config: Config, clock: SharedClock) -> Result<Hand
     });
     tasks.spawn(run_reaper(state.clone(), stop_rx.clone()));
     tasks.spawn(run_key_check(state.clone(), stop_rx));
+    if let Some(addr) = config.pprof_addr {
+        let bound = agentmesh_runtime::profiling::serve(addr).await?;
+        tracing::info!(%bound, "profiling endpoint listening");
+    }
     tracing::info!(%grpc_addr, %http_addr, %public_url, "control plane started");
     Ok(Handle {
         grpc_addr,
