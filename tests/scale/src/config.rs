@@ -190,6 +190,12 @@ pub struct RemoteConfig {
     /// A member token good for the whole run (ephemeral, enough uses).
     #[arg(long)]
     pub token_file: PathBuf,
+    /// A router's `/metrics` address to scrape each step (repeatable).
+    #[arg(long = "router-metrics-addr")]
+    pub router_metrics_addrs: Vec<std::net::SocketAddr>,
+    /// The control plane's HTTP address (`/metrics`), to scrape each step.
+    #[arg(long)]
+    pub control_plane_http_addr: Option<std::net::SocketAddr>,
 }
 
 /// A worker process: hosts members, driven over stdin/stdout.

@@ -47,6 +47,8 @@ pub struct RouterSnapshot {
     pub rss_bytes: Option<u64>,
     /// CPU time used since start, seconds (local children only).
     pub cpu_secs: Option<f64>,
+    /// Open file descriptors (local children only).
+    pub open_fds: Option<usize>,
     /// Refusals so far by `resource/scope/protocol` (non-zero only).
     pub refusals: BTreeMap<String, u64>,
     /// Auth failures so far by `purpose/result` (non-zero, not admitted).
@@ -59,6 +61,7 @@ pub async fn router(name: &str, metrics: SocketAddr, pid: Option<u32>) -> Router
         name: name.to_string(),
         rss_bytes: pid.and_then(procstat::rss_bytes),
         cpu_secs: pid.and_then(procstat::cpu_secs),
+        open_fds: pid.and_then(procstat::open_fds),
         ..RouterSnapshot::default()
     };
     let Ok(page) = http::get(metrics, "/metrics", SCRAPE_TIMEOUT).await else {
@@ -177,5 +180,36 @@ pub fn control_plane_between(
             .map(|(t, n)| (t.clone(), *n as u64))
             .collect(),
         rss_bytes: after.rss_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_plane_interval_takes_differences() {
+        let before = ControlPlaneRaw {
+            up: true,
+            rpc_buckets: vec![(0.001, 10.0), (0.1, 10.0), (f64::INFINITY, 10.0)],
+            codes: [("Ok".to_string(), 10.0)].into(),
+            ..ControlPlaneRaw::default()
+        };
+        let after = ControlPlaneRaw {
+            up: true,
+            rpc_buckets: vec![(0.001, 10.0), (0.1, 110.0), (f64::INFINITY, 110.0)],
+            codes: [
+                ("Ok".to_string(), 100.0),
+                ("ResourceExhausted".to_string(), 10.0),
+            ]
+            .into(),
+            storage_rows: [("nodes".to_string(), 42.0)].into(),
+            ..ControlPlaneRaw::default()
+        };
+        let step = control_plane_between(&before, &after);
+        assert_eq!(step.rpc_p99_ms, Some(100.0));
+        assert_eq!(step.codes.get("Ok"), Some(&90));
+        assert_eq!(step.codes.get("ResourceExhausted"), Some(&10));
+        assert_eq!(step.storage_rows.get("nodes"), Some(&42));
     }
 }

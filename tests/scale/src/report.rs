@@ -427,3 +427,73 @@ impl Report {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markdown_and_json_carry_the_issue_fields() {
+        let report = Report {
+            steps: vec![StepRecord {
+                step: 1,
+                joined: PhaseRecord {
+                    joining: 10,
+                    enrolled: 10,
+                    ready: 9,
+                    first_call_ok: 9,
+                    ready_ms: P50P95 {
+                        p50: Some(400),
+                        p95: Some(900),
+                    },
+                    ..PhaseRecord::default()
+                },
+                routers: vec![RouterSnapshot {
+                    name: "r0".into(),
+                    attached: 7,
+                    rss_bytes: Some(10 * 1_048_576),
+                    ..RouterSnapshot::default()
+                }],
+                ..StepRecord::default()
+            }],
+            hold: Some(HoldRecord {
+                secs: 30,
+                ..HoldRecord::default()
+            }),
+            events: Events {
+                drain_router: Some(EventRecord {
+                    at_secs: 10,
+                    target: Some("r2".into()),
+                    ..EventRecord::default()
+                }),
+                ..Events::default()
+            },
+            ..Report::default()
+        };
+        let md = report.markdown();
+        assert!(
+            md.contains("| 1 | 0 | 10 | 10 | 9 | 9 | 0.00 | -/- | 400/900 | -/- | 0 |"),
+            "{md}"
+        );
+        assert!(md.contains("| 1 | r0 | 7 | 0 | 0 | 10.0 |"), "{md}");
+        assert!(md.contains("| drain router | 10 | r2 |"), "{md}");
+        let json = serde_json::to_value(&report).expect("json");
+        for key in [
+            "joining",
+            "enrolled",
+            "ready",
+            "first_call_ok",
+            "resident_before",
+        ] {
+            assert!(
+                json["steps"][0].get(key).is_some(),
+                "steps[0].{key} missing"
+            );
+        }
+        for key in ["flaps", "exits", "fewest_ready", "members_flapped"] {
+            assert!(json["hold"].get(key).is_some(), "hold.{key} missing");
+        }
+        assert!(json["events"]["drain_router"]["below_one_router"].is_u64());
+        assert!(json.get("burst").is_some() && json.get("after").is_some());
+    }
+}

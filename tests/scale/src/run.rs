@@ -77,6 +77,8 @@ pub async fn run_remote(remote: RemoteConfig, cfg: FleetConfig) -> Result<Report
         url: remote.control_plane,
         token_file: remote.token_file,
         admin_token,
+        router_metrics: remote.router_metrics_addrs,
+        control_plane_http: remote.control_plane_http_addr,
     };
     run(target, cfg, ladder, &dir, "remote").await
 }

@@ -1,5 +1,6 @@
 //! What the fleet runs against: a local mesh the ladder started, or a remote one.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use crate::error::{LadderError, Result};
@@ -18,6 +19,10 @@ pub enum Target {
         token_file: PathBuf,
         /// Admin token for RotateKeyNow, if given.
         admin_token: Option<String>,
+        /// Routers' `/metrics` addresses.
+        router_metrics: Vec<SocketAddr>,
+        /// The control plane's HTTP address.
+        control_plane_http: Option<SocketAddr>,
     },
 }
 
@@ -38,32 +43,45 @@ impl Target {
         }
     }
 
-    /// Routers in the mesh (local mode; 0 when unknown).
+    /// Routers in the mesh (remote mode: those whose metrics were given).
     pub fn router_count(&self) -> usize {
         match self {
             Self::Local(m) => m.routers.len(),
-            Self::Remote { .. } => 0,
+            Self::Remote { router_metrics, .. } => router_metrics.len(),
         }
     }
 
-    /// Every router, now (empty in remote mode).
+    /// Every router, now (remote mode: from their `/metrics` only).
     pub async fn routers(&self) -> Vec<RouterSnapshot> {
-        let Self::Local(m) = self else {
-            return Vec::new();
-        };
         let mut out = Vec::new();
-        for (i, r) in m.routers.iter().enumerate() {
-            out.push(observe::router(&r.name, r.metrics, m.router_pid(i)).await);
+        match self {
+            Self::Local(m) => {
+                for (i, r) in m.routers.iter().enumerate() {
+                    out.push(observe::router(&r.name, r.metrics, m.router_pid(i)).await);
+                }
+            }
+            Self::Remote { router_metrics, .. } => {
+                for (i, addr) in router_metrics.iter().enumerate() {
+                    out.push(observe::router(&format!("r{i}"), *addr, None).await);
+                }
+            }
         }
         out
     }
 
-    /// The control plane, now (None in remote mode).
+    /// The control plane, now (remote mode: only with its HTTP address).
     pub async fn control_plane(&self) -> Option<ControlPlaneRaw> {
-        let Self::Local(m) = self else {
-            return None;
-        };
-        Some(observe::control_plane(m.control_plane.http, m.control_plane_pid()).await)
+        match self {
+            Self::Local(m) => {
+                Some(observe::control_plane(m.control_plane.http, m.control_plane_pid()).await)
+            }
+            Self::Remote {
+                control_plane_http, ..
+            } => match control_plane_http {
+                Some(a) => Some(observe::control_plane(*a, None).await),
+                None => None,
+            },
+        }
     }
 
     /// The local mesh, or an error naming the option that needs one.
