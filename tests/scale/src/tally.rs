@@ -44,6 +44,8 @@ pub struct Tally {
     pub exit_reasons: BTreeMap<String, u64>,
     /// Last few first-call errors, for diagnosis.
     pub call_errors: BTreeMap<String, u64>,
+    /// Members per phase that have not finished joining (see [`Tally::phase_done`]).
+    pending: BTreeMap<Phase, u64>,
 }
 
 /// Distinct reasons kept.
@@ -79,6 +81,7 @@ pub struct PhaseSummary {
 impl Tally {
     /// Registers members about to be started.
     pub fn register(&mut self, first: u64, count: u64, phase: Phase) {
+        *self.pending.entry(phase).or_insert(0) += count;
         for i in first..first + count {
             self.members.insert(
                 i,
@@ -96,6 +99,24 @@ impl Tally {
 
     /// Applies one event from worker `w`.
     pub fn apply(&mut self, w: usize, ev: &Event) {
+        let member = match ev {
+            Event::Enrolled { member, .. }
+            | Event::Ready { member, .. }
+            | Event::FirstCall { member, .. }
+            | Event::Exit { member, .. } => Some(*member),
+            _ => None,
+        };
+        let was_done = member.and_then(|m| self.members.get(&m)).map(done);
+        self.update(w, ev);
+        if let (Some(false), Some(m)) = (was_done, member.and_then(|m| self.members.get(&m)))
+            && done(m)
+            && let Some(n) = self.pending.get_mut(&m.phase)
+        {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    fn update(&mut self, w: usize, ev: &Event) {
         match ev {
             Event::Enrolled { member, ms } => {
                 if let Some(m) = self.members.get_mut(member) {
@@ -145,10 +166,7 @@ impl Tally {
     /// Whether every member of `phase` has finished joining: called (or, for
     /// providers, ready; for the burst, enrolled) or exited.
     pub fn phase_done(&self, phase: Phase) -> bool {
-        self.members
-            .values()
-            .filter(|m| m.phase == phase)
-            .all(|m| m.exit.is_some() || finished(m))
+        self.pending.get(&phase).copied().unwrap_or(0) == 0
     }
 
     /// Members alive now (started, not exited), across all phases.
@@ -192,6 +210,10 @@ impl Tally {
     pub fn exits(&self) -> u64 {
         self.members.values().filter(|m| m.exit.is_some()).count() as u64
     }
+}
+
+fn done(m: &MemberRec) -> bool {
+    m.exit.is_some() || finished(m)
 }
 
 fn finished(m: &MemberRec) -> bool {
