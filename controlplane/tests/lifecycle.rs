@@ -459,3 +459,29 @@ async fn http_endpoints_health_and_reflection() {
     );
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_client_rides_out_a_control_plane_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = start(dir.path()).await;
+    let grpc = h.grpc_addr();
+    let c = client(&h);
+    let keys = c.get_keys().await.expect("keys");
+    h.shutdown().await;
+    // The call starts while nothing listens; it retries (UNAVAILABLE) until
+    // the control plane is back on the same address.
+    let pending = tokio::spawn({
+        let c = c.clone();
+        async move { c.get_keys().await }
+    });
+    let mut cfg = config(dir.path());
+    cfg.grpc_addr = grpc;
+    let h = spawn(cfg).await.expect("restarts on the same address");
+    let again = tokio::time::timeout(Duration::from_secs(60), pending)
+        .await
+        .expect("answered within 60 s")
+        .expect("join")
+        .expect("the retried call succeeds");
+    assert_eq!(again, keys);
+    h.shutdown().await;
+}

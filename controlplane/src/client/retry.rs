@@ -15,11 +15,17 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
 const MIN_JITTER_SPREAD: Duration = Duration::from_secs(1);
 
 /// Whether a status is worth retrying: the server is busy or not reachable.
+///
+/// Besides `RESOURCE_EXHAUSTED`, `UNAVAILABLE` and `DEADLINE_EXCEEDED`, a
+/// transport failure that tonic reports as `UNKNOWN` (a connection reset or
+/// broken pipe while a control plane restarts) is retried too.
 pub fn is_retryable(status: &Status) -> bool {
-    matches!(
-        status.code(),
-        Code::ResourceExhausted | Code::Unavailable | Code::DeadlineExceeded
-    )
+    match status.code() {
+        Code::ResourceExhausted | Code::Unavailable | Code::DeadlineExceeded => true,
+        Code::Unknown => std::error::Error::source(status)
+            .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some()),
+        _ => false,
+    }
 }
 
 /// Parses the `retry-after` metadata (whole seconds, a decimal also accepted).
