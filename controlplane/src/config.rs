@@ -140,7 +140,7 @@ pub struct Config {
     /// How often the reapers run, seconds. Default 60.
     #[arg(long, default_value_t = DEFAULT_REAP_INTERVAL_SECS)]
     pub reap_interval_secs: u64,
-    /// Database operations in flight or waiting at once; more are refused with UNAVAILABLE. Default 64.
+    /// Database operations at once; more wait up to --db-wait-timeout-secs, then UNAVAILABLE. Default 64.
     #[arg(long, default_value_t = DEFAULT_DB_MAX_INFLIGHT)]
     pub db_max_inflight: usize,
     /// Longest wait for a database slot before UNAVAILABLE, seconds. Default 5.
