@@ -97,7 +97,11 @@ def test_control_plane_and_backup_run_with_the_manifest_flags(sandbox, tmp_path,
     assert health and health[0] == 200
     metrics = http_get(sandbox.port(addr_port(cp.flag("--http-addr"))), "/metrics")
     assert metrics and metrics[0] == 200
-    for name in ("agentmesh_control_plane_storage_rows", "agentmesh_control_plane_next_key_rotation_timestamp_seconds"):
+    for name in (
+        "agentmesh_control_plane_storage_rows",
+        "agentmesh_control_plane_next_key_rotation_timestamp_seconds",
+        "agentmesh_runtime_stalls_total",
+    ):
         assert name in metrics[1], f"/metrics lacks {name}"
 
     backup = program(objects, "agentmesh-control-plane", "backup")
@@ -146,6 +150,7 @@ def test_router_becomes_ready_with_the_manifest_flags(sandbox, tmp_path, overlay
     _, cp_proc, router, proc, argv, _ = start_router(sandbox, tmp_path, render(overlay_name))
     metrics = http_get(probe_port(sandbox, router, "readinessProbe"), "/metrics")
     assert metrics and metric_value(metrics[1], "agentmesh_router_ready") == 1
+    assert "agentmesh_router_refused_total{" in metrics[1], "refusal counters are pre-created"
     assert os.path.isfile(next(a.split("=", 1)[1] for a in argv if a.startswith("--key-path=")))
     stop(sandbox, proc, "router")
     stop(sandbox, cp_proc, "control-plane")
