@@ -457,6 +457,63 @@ async fn http_endpoints_health_and_reflection() {
         s.into_inner().status,
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
+    // Reflection (v1 and v1alpha) lists the service.
+    {
+        use tonic_reflection::pb::v1::{
+            ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+            server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        };
+        let req = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut refl = ServerReflectionClient::new(ch.clone());
+        let mut stream = refl
+            .server_reflection_info(tokio_stream::once(req))
+            .await
+            .expect("reflection v1")
+            .into_inner();
+        let resp = stream
+            .message()
+            .await
+            .expect("answer")
+            .expect("one message");
+        match resp.message_response {
+            Some(MessageResponse::ListServicesResponse(l)) => assert!(
+                l.service
+                    .iter()
+                    .any(|s| s.name == "agentmesh.controlplane.v1.ControlPlane"),
+                "{l:?}"
+            ),
+            other => panic!("unexpected reflection answer: {other:?}"),
+        }
+    }
+    {
+        use tonic_reflection::pb::v1alpha::{
+            ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+            server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        };
+        let req = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut refl = ServerReflectionClient::new(ch.clone());
+        let mut stream = refl
+            .server_reflection_info(tokio_stream::once(req))
+            .await
+            .expect("reflection v1alpha")
+            .into_inner();
+        let resp = stream
+            .message()
+            .await
+            .expect("answer")
+            .expect("one message");
+        assert!(matches!(
+            resp.message_response,
+            Some(MessageResponse::ListServicesResponse(l))
+                if l.service.iter().any(|s| s.name == "agentmesh.controlplane.v1.ControlPlane")
+        ));
+    }
     h.shutdown().await;
 }
 

@@ -236,14 +236,6 @@ pub trait Store: Send + Sync + 'static {
         now: i64,
         cred_expires_at: i64,
     ) -> Result<Result<Enrolled, EnrollRefusal>, StoreError>;
-    /// Records an enrollment request that failed before reaching the token table.
-    fn record_enrollment_request(
-        &self,
-        peer_id: Option<&[u8]>,
-        source: &str,
-        outcome: &str,
-        now: i64,
-    ) -> Result<(), StoreError>;
     /// Marks a node seen and records its new credential expiry.
     fn touch_node(
         &self,

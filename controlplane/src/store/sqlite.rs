@@ -245,20 +245,6 @@ impl Store for SqliteStore {
         }))
     }
 
-    fn record_enrollment_request(
-        &self,
-        peer_id: Option<&[u8]>,
-        source: &str,
-        outcome: &str,
-        now: i64,
-    ) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT INTO enrollment_requests (peer_id, token_id, source, outcome, at) VALUES (?1, NULL, ?2, ?3, ?4)",
-            params![peer_id, source, outcome, now],
-        )?;
-        Ok(())
-    }
-
     fn touch_node(
         &self,
         peer_id: &[u8],
