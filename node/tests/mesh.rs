@@ -192,9 +192,16 @@ async fn a_member_whose_router_dies_reattaches_elsewhere() {
     let r2 = start_router(&cp, "r2").await;
     let member = cp.token(Role::Member, &[]).await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let n = agentmesh_node::spawn(node_config(&cp, &member, dir.path()), None)
-        .await
-        .expect("spawn");
+    let n = agentmesh_node::spawn(
+        Config {
+            // Outgoing TCP from another loopback address, as the ladder does.
+            dial_source_ip: Some("127.0.0.3".parse().expect("ip")),
+            ..node_config(&cp, &member, dir.path())
+        },
+        None,
+    )
+    .await
+    .expect("spawn");
     ready(&n, "n").await;
     let first = n.status().borrow().reserved[0];
     let (dead, alive) = if first == r1.handle.peer_id() {
@@ -380,5 +387,67 @@ async fn credentials_are_refreshed_and_re_presented_before_they_expire() {
 
     a.shutdown().await;
     b.shutdown().await;
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_calls_in_flight_and_withdraws_records() {
+    let cp = start_cp().await;
+    let r = start_router(&cp, "r1").await;
+    let member = cp.token(Role::Member, &[]).await;
+    let backend = echo_backend().await;
+    let bdir = tempfile::tempdir().expect("tempdir");
+    let b = agentmesh_node::spawn(
+        Config {
+            expose: vec![("echo".into(), backend)],
+            ..node_config(&cp, &member, bdir.path())
+        },
+        None,
+    )
+    .await
+    .expect("spawn b");
+    let adir = tempfile::tempdir().expect("tempdir");
+    let a = agentmesh_node::spawn(node_config(&cp, &member, adir.path()), None)
+        .await
+        .expect("spawn a");
+    ready(&b, "b").await;
+    ready(&a, "a").await;
+
+    // A call is mid-way when B starts stopping.
+    let mut s = call_until_found(&a, "echo").await;
+    s.write_all(b"first half, ").await.expect("write");
+    let mut got = vec![0u8; 12];
+    s.read_exact(&mut got).await.expect("read");
+    let mut b_status = b.status();
+    let stopping = tokio::spawn(b.shutdown());
+    tokio::time::timeout(DEADLINE, b_status.wait_for(|st| st.stopping))
+        .await
+        .expect("b stopping in time")
+        .expect("status");
+    // The call in flight still completes, byte for byte.
+    s.write_all(b"second half").await.expect("write");
+    s.shutdown().await.expect("half-close");
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).await.expect("read");
+    got.extend_from_slice(&rest);
+    assert_eq!(got, b"first half, second half");
+    drop(s);
+    tokio::time::timeout(DEADLINE, stopping)
+        .await
+        .expect("b stopped in time")
+        .expect("join");
+
+    // B withdrew its record: nobody provides echo any more.
+    let end = Instant::now() + DEADLINE;
+    loop {
+        match a.call("echo").await {
+            Err(CallError::NoProviders(_)) => break,
+            other => {
+                assert!(Instant::now() < end, "record never withdrawn: {other:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    a.shutdown().await;
     r.handle.shutdown().await;
 }

@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::compat::FuturesAsyncReadCompatExt as _;
+use tracing::Instrument as _;
 
 use crate::config::{AllowRule, is_allowed};
 use crate::metrics::DirectionLabel;
@@ -158,7 +159,7 @@ pub(crate) async fn accept_loop(
         }
         let shared = shared.clone();
         let inbound = inbound.clone();
-        calls.spawn(async move { serve(shared, inbound, peer, stream).await });
+        calls.spawn(async move { serve(shared, inbound, peer, stream).await }.in_current_span());
     }
 }
 
@@ -300,6 +301,7 @@ async fn serve(shared: Arc<Shared>, inbound: Arc<Inbound>, peer: PeerId, mut str
     let mut tcp = tcp;
     match tokio::io::copy_bidirectional(&mut remote, &mut tcp).await {
         Ok((from_caller, to_caller)) => {
+            tracing::debug!(%peer, from_caller, to_caller, "inbound call bytes");
             m.call_bytes
                 .get_or_create(&DirectionLabel {
                     direction: "received",
@@ -311,6 +313,7 @@ async fn serve(shared: Arc<Shared>, inbound: Arc<Inbound>, peer: PeerId, mut str
         }
         Err(e) => tracing::debug!(%peer, error = %e, "inbound call ended with an error"),
     }
+    tracing::debug!(%peer, "inbound call finished");
     m.inbound_calls_active.dec();
 }
 

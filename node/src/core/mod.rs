@@ -36,6 +36,8 @@ pub(crate) use routers::router_base;
 
 /// Most connection waiters held at once (call tasks waiting for a dial).
 const MAX_WAITERS: usize = 4096;
+/// Longest wait for connections to close gracefully at the end of shutdown.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// How often timers are checked.
 const TICK: Duration = Duration::from_millis(500);
 
@@ -149,6 +151,10 @@ impl Core {
     /// Shutdown: withdraw records, then keep the swarm running until calls
     /// in flight finish or the grace ends.
     async fn stop(mut self) {
+        tracing::debug!(
+            in_flight = self.shared.in_flight.load(Ordering::SeqCst),
+            "shutdown begins"
+        );
         let grace = Duration::from_secs(self.shared.config.shutdown_grace_secs);
         let deadline = Instant::now() + grace;
         self.shared.status.send_modify(|s| {
@@ -163,6 +169,7 @@ impl Core {
             let idle = self.shared.in_flight.load(Ordering::SeqCst) == 0;
             let withdrawn = self.withdraws_pending == 0;
             if (idle && withdrawn) || Instant::now() >= deadline {
+                tracing::debug!(idle, withdrawn, "shutdown: swarm stops");
                 break;
             }
             tokio::select! {
@@ -179,6 +186,19 @@ impl Core {
         let left = self.shared.in_flight.load(Ordering::SeqCst);
         if left > 0 {
             tracing::warn!(calls = left, "shutdown grace over with calls in flight");
+        }
+        // Close connections gracefully so the last bytes and stream closes
+        // written by finished calls reach their peers before the swarm goes.
+        let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
+        for p in peers {
+            let _ = self.swarm.disconnect_peer_id(p);
+        }
+        let close_by = Instant::now() + CLOSE_GRACE;
+        while self.swarm.connected_peers().next().is_some() {
+            match tokio::time::timeout_at(close_by, self.swarm.select_next_some()).await {
+                Ok(_) => {}
+                Err(_) => break,
+            }
         }
     }
 
@@ -221,6 +241,15 @@ impl Core {
     }
 
     fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
+        if let SwarmEvent::ConnectionClosed {
+            peer_id,
+            cause,
+            endpoint,
+            ..
+        } = &event
+        {
+            tracing::debug!(peer = %peer_id, ?cause, addr = %endpoint.get_remote_address(), "connection closed");
+        }
         match event {
             SwarmEvent::ConnectionEstablished {
                 peer_id, endpoint, ..
