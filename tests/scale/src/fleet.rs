@@ -87,6 +87,18 @@ impl Fleet {
         }
     }
 
+    /// The workers' resources, from their last ticks.
+    pub fn snapshot(&self) -> crate::report::FleetSnapshot {
+        let t = &self.tally.ticks;
+        crate::report::FleetSnapshot {
+            workers: self.workers.len(),
+            alive: t.iter().map(|t| t.alive).sum(),
+            rss_bytes: t.iter().map(|t| t.rss_bytes).sum(),
+            cpu_secs: t.iter().map(|t| t.cpu_secs).sum(),
+            fds: t.iter().map(|t| t.fds).sum(),
+        }
+    }
+
     /// Worker processes started so far.
     pub fn worker_count(&self) -> usize {
         self.workers.len()

@@ -109,6 +109,23 @@ pub struct StepRecord {
     pub routers: Vec<RouterSnapshot>,
     /// The control plane over the step.
     pub control_plane: Option<ControlPlaneStep>,
+    /// The worker processes hosting the members, at the end of the step.
+    pub fleet: FleetSnapshot,
+}
+
+/// The worker processes at one instant (sums of their last ticks).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FleetSnapshot {
+    /// Worker processes.
+    pub workers: usize,
+    /// Members alive.
+    pub alive: u64,
+    /// Resident memory of all workers, bytes.
+    pub rss_bytes: u64,
+    /// CPU time of all workers since they started, seconds.
+    pub cpu_secs: f64,
+    /// Open file descriptors of all workers.
+    pub fds: u64,
 }
 
 /// The hold.
@@ -270,6 +287,25 @@ impl Report {
                 pair(j.ready_ms.p50, j.ready_ms.p95),
                 pair(j.first_call_ms.p50, j.first_call_ms.p95),
                 j.exits
+            );
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "| step | workers | members alive | fleet RSS MiB | fleet CPU s | fleet fds |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|");
+        for st in &self.steps {
+            let f = &st.fleet;
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {:.1} | {} |",
+                st.step,
+                f.workers,
+                f.alive,
+                mib(Some(f.rss_bytes)),
+                f.cpu_secs,
+                f.fds
             );
         }
         let _ = writeln!(s);

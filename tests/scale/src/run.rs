@@ -213,6 +213,7 @@ async fn run(
             resident_before,
             joined: phase_record(fleet.tally.summary(Phase::Step(n)), done, t0),
             routers: target.routers().await,
+            fleet: fleet.snapshot(),
             control_plane: match (&cp_before, &cp_after) {
                 (Some(b), Some(a)) => Some(observe::control_plane_between(b, a)),
                 _ => None,

@@ -115,6 +115,12 @@ pub struct Tick {
     pub ready: u64,
     /// Open file descriptors of the worker.
     pub fds: u64,
+    /// Resident memory of the worker, bytes.
+    #[serde(default)]
+    pub rss_bytes: u64,
+    /// CPU time of the worker since it started, seconds.
+    #[serde(default)]
+    pub cpu_secs: f64,
 }
 
 /// Answers to commands.
@@ -207,6 +213,8 @@ mod tests {
             alive: 1,
             ready: 1,
             fds: 9,
+            rss_bytes: 1 << 20,
+            cpu_secs: 0.5,
         });
         let line = serde_json::to_string(&t).expect("encode");
         assert_eq!(serde_json::from_str::<Event>(&line).expect("decode"), t);

@@ -8,8 +8,8 @@ use std::time::Duration;
 use rand::seq::SliceRandom;
 
 use super::state::Shared;
-use crate::http;
 use crate::wire::{Event, Tick};
+use crate::{http, procstat};
 
 /// Sampling period.
 const PERIOD: Duration = Duration::from_secs(1);
@@ -59,8 +59,15 @@ pub(crate) async fn sample_forever(shared: Arc<Shared>) {
             }
         }
         shared.hold_sample(alive, ready, flaps, flapped);
-        let fds = crate::procstat::open_fds(std::process::id()).unwrap_or(0) as u64;
-        shared.emit(Event::Tick(Tick { alive, ready, fds })).await;
+        let pid = std::process::id();
+        let tick = Tick {
+            alive,
+            ready,
+            fds: procstat::open_fds(pid).unwrap_or(0) as u64,
+            rss_bytes: procstat::rss_bytes(pid).unwrap_or(0),
+            cpu_secs: procstat::cpu_secs(pid).unwrap_or(0.0),
+        };
+        shared.emit(Event::Tick(tick)).await;
     }
 }
 
