@@ -65,7 +65,14 @@ pub fn create_token(db: &str, spec: TokenSpec) -> Result<MintedToken, OfflineErr
 
 /// Copies the database at `db` into the new file `to` (consistent while serving). Blocking.
 pub fn backup(db: &str, to: &Path) -> Result<(), OfflineError> {
-    let store = SqliteStore::open(&sqlite_path(db).map_err(OfflineError::Invalid)?)?;
+    let path = sqlite_path(db).map_err(OfflineError::Invalid)?;
+    if !path.is_file() {
+        return Err(OfflineError::Invalid(format!(
+            "--db {db}: {} does not exist",
+            path.display()
+        )));
+    }
+    let store = SqliteStore::open(&path)?;
     store.backup_to(to)?;
     Ok(())
 }

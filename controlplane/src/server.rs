@@ -302,6 +302,12 @@ impl Handle {
         Ok(self.state.mint_token(spec).await?.0)
     }
 
+    /// Writes a consistent copy of the database to the new file `to` (`VACUUM INTO`).
+    pub async fn backup_to(&self, to: &std::path::Path) -> Result<(), StoreError> {
+        let to = to.to_path_buf();
+        self.state.db.run(move |s| s.backup_to(&to)).await
+    }
+
     /// Runs one reaper pass now; returns what it deleted.
     pub async fn reap_now(&self) -> Result<Deleted, StoreError> {
         self.state.reap_once().await

@@ -140,7 +140,20 @@ async fn token_create_then_enroll_and_backup_while_serving() {
 async fn bad_flags_fail_with_a_clear_message() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = format!("sqlite://{}", dir.path().join("cp.db").display());
-    let cases: [(&[&str], &str); 4] = [
+    let missing = dir.path().join("missing.db");
+    let missing_db = format!("sqlite://{}", missing.display());
+    let to = dir.path().join("never.db");
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &[
+                "backup",
+                "--db",
+                &missing_db,
+                "--to",
+                to.to_str().expect("utf8"),
+            ],
+            "does not exist",
+        ),
         (
             &[
                 "--db",
@@ -198,4 +211,5 @@ async fn bad_flags_fail_with_a_clear_message() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+    assert!(!missing.exists(), "a failed backup creates no database");
 }

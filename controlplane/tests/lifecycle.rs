@@ -382,6 +382,12 @@ async fn backup_while_serving_restores_to_a_working_control_plane() {
         .await
         .expect("join")
         .expect("backup while serving");
+    // The handle can do it too (agentmesh-one); it refuses to overwrite.
+    let other = restored.path().join("other.db");
+    h.backup_to(&other)
+        .await
+        .expect("backup through the handle");
+    assert!(h.backup_to(&other).await.is_err(), "refuses to overwrite");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
         std::fs::metadata(&to).expect("meta").permissions().mode() & 0o777,

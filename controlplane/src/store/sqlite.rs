@@ -68,7 +68,13 @@ impl SqliteStore {
     /// Opens (creating with mode 0600) and migrates the database at `path`.
     pub fn open(path: &Path) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+            use std::os::unix::fs::DirBuilderExt;
+            // A directory we create is private; an existing one is left alone.
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| io_err(dir, e))?;
         }
         create_private(path)?;
         let mut conn = Connection::open(path)?;
