@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use agentmesh_controlplane::client::{Client, ClientConfig, ClientError};
 use agentmesh_proto::credential::{Trust, peek_claims};
-use agentmesh_proto::protocols::CALL;
+use agentmesh_proto::protocols::{CALL, GOAWAY};
 use agentmesh_proto::unix_now;
 use libp2p::{PeerId, StreamProtocol};
 use parking_lot::{Mutex, RwLock};
@@ -315,6 +315,9 @@ pub async fn spawn(
     let incoming = control
         .accept(StreamProtocol::new(CALL))
         .map_err(|e| SpawnError::Swarm(e.to_string()))?;
+    let goaways = control
+        .accept(StreamProtocol::new(GOAWAY))
+        .map_err(|e| SpawnError::Swarm(e.to_string()))?;
 
     let (cmd_tx, cmd_rx) = mpsc::channel(shared::COMMAND_QUEUE);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -346,7 +349,7 @@ pub async fn spawn(
     });
 
     let mut core_set = JoinSet::new();
-    let core = core::Core::new(shared.clone(), swarm, cmd_rx, false);
+    let core = core::Core::new(shared.clone(), swarm, cmd_rx, goaways);
     core_set.spawn(core.run().instrument(span.clone()));
     let mut tasks = JoinSet::new();
     tasks.spawn(

@@ -37,6 +37,8 @@ pub const INBOUND_RESULTS: &[&str] = &[
 pub const AUTH_RESULTS: &[&str] = &["admitted", "refused", "go_away", "error"];
 /// Control-plane operations.
 pub const CP_OPS: &[&str] = &["enroll", "refresh", "directory"];
+/// Go-away outcomes: the reason obeyed, or why not.
+pub const GOAWAY_RESULTS: &[&str] = &["draining", "overloaded", "other", "ignored", "error"];
 /// Generic outcomes.
 pub const OUTCOMES: &[&str] = &["ok", "error"];
 
@@ -99,6 +101,8 @@ pub struct Metrics {
     pub publishes: Family<ResultLabel, Counter>,
     /// Control-plane operations by op and result.
     pub control_plane: Family<OpLabels, Counter>,
+    /// Go-aways received by result ([`GOAWAY_RESULTS`]).
+    pub goaways: Family<ResultLabel, Counter>,
 }
 
 impl Metrics {
@@ -122,6 +126,9 @@ impl Metrics {
         }
         for r in AUTH_RESULTS {
             let _ = m.auth.get_or_create(&ResultLabel { result: r });
+        }
+        for r in GOAWAY_RESULTS {
+            let _ = m.goaways.get_or_create(&ResultLabel { result: r });
         }
         for r in OUTCOMES {
             let _ = m.reservations.get_or_create(&ResultLabel { result: r });
@@ -182,6 +189,11 @@ impl Metrics {
             "publishes",
             "Service record publications by result",
             self.publishes.clone(),
+        );
+        r.register(
+            "goaways",
+            "Go-aways received by result (reason obeyed, ignored, error)",
+            self.goaways.clone(),
         );
         r.register(
             "control_plane",

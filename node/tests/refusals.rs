@@ -122,6 +122,15 @@ async fn the_provider_refuses_bad_credentials_with_reasons_and_counters() {
         .await;
     assert_eq!(back, b"still fine");
 
+    // A go-away from anyone but an attached router is ignored and counted.
+    let router_before = b.status().borrow().reserved.clone();
+    assert!(
+        !x.send_goaway(b.peer_id()).await,
+        "go-away from a member acknowledged"
+    );
+    assert_eq!(b.status().borrow().reserved, router_before);
+    assert!(b.status().borrow().ready);
+
     // Revoked: once B's directory poll carries the revocation, X is refused.
     cp.client
         .revoke_node(ADMIN, &x.peer_id, "test")
@@ -153,6 +162,11 @@ async fn the_provider_refuses_bad_credentials_with_reasons_and_counters() {
     assert_eq!(series("unknown_service"), 1.0, "{m}");
     assert_eq!(series("revoked"), 1.0, "{m}");
     assert!(series("accepted") >= 2.0, "{m}");
+    assert_eq!(
+        metric(&m, r#"agentmesh_node_goaways_total{result="ignored"}"#),
+        1.0,
+        "{m}"
+    );
 
     b.shutdown().await;
     r.handle.shutdown().await;

@@ -6,6 +6,7 @@
 //! Network exchanges run as futures inside this task (`ops`), never blocking
 //! the swarm; their results come back as [`Op`] values.
 
+mod goaway;
 mod routers;
 
 use std::collections::HashMap;
@@ -53,6 +54,10 @@ pub(crate) enum Op {
         result: Result<CatalogResponse, WireError>,
     },
     Withdrawn,
+    GoAway {
+        router: PeerId,
+        result: Result<agentmesh_proto::pb::mesh::GoAway, String>,
+    },
     Directory(Box<Result<(GetDirectoryResponse, KeySet), ClientError>>),
     Refresh(Box<Result<RefreshResponse, ClientError>>),
 }
@@ -77,6 +82,10 @@ pub(crate) struct Core {
     records_dirty: bool,
     last_publish: Option<Instant>,
     withdraws_pending: usize,
+    goaways: libp2p_stream::IncomingStreams,
+    goaways_pending: usize,
+    warned_no_router: bool,
+    publish_retry_at: Option<Instant>,
 }
 
 /// A random duration in `[base, base * (1 + spread)]`.
@@ -96,7 +105,7 @@ impl Core {
         shared: Arc<Shared>,
         swarm: Swarm<Behaviour>,
         cmd_rx: mpsc::Receiver<Command>,
-        refresh_now: bool,
+        goaways: libp2p_stream::IncomingStreams,
     ) -> Self {
         let now = Instant::now();
         let mut core = Self {
@@ -118,10 +127,12 @@ impl Core {
             records_dirty: false,
             last_publish: None,
             withdraws_pending: 0,
+            goaways,
+            goaways_pending: 0,
+            warned_no_router: false,
+            publish_retry_at: None,
         };
-        if !refresh_now {
-            core.schedule_refresh();
-        }
+        core.schedule_refresh();
         core.publish_status();
         core
     }
@@ -141,6 +152,7 @@ impl Core {
                 }
                 event = self.swarm.select_next_some() => self.on_swarm_event(event),
                 Some(cmd) = self.cmd_rx.recv() => self.on_command(cmd),
+                Some((peer, stream)) = self.goaways.next() => self.on_goaway_stream(peer, stream),
                 Some(op) = self.ops.next(), if !self.ops.is_empty() => self.on_op(op),
                 _ = tick.tick() => self.on_tick(),
             }
@@ -299,6 +311,7 @@ impl Core {
             } => self.on_auth(router, initial, result),
             Op::Publish { router, result } => self.on_published(router, result),
             Op::Withdrawn => {}
+            Op::GoAway { router, result } => self.on_goaway(router, result),
             Op::Directory(result) => self.on_directory(*result),
             Op::Refresh(result) => self.on_refresh(*result),
         }
@@ -314,10 +327,15 @@ impl Core {
             self.start_directory();
         }
         self.top_up();
+        self.release_leaving();
         self.retry_reservations(now);
         self.retry_represent(now);
         let ttl = Duration::from_secs(self.shared.config.record_ttl_secs.max(3));
         let stale = self.last_publish.is_some_and(|t| t.elapsed() >= ttl / 3);
+        if self.publish_retry_at.is_some_and(|t| t <= now) {
+            self.publish_retry_at = None;
+            self.records_dirty = true;
+        }
         if self.records_dirty || stale {
             self.publish_records();
         }
@@ -425,6 +443,7 @@ impl Core {
                     .map(|c| (c.peer, c.addrs.clone()))
                     .collect();
                 self.have_directory = true;
+                self.warned_no_router = false;
                 let dir_path = self.shared.config.data_dir.clone();
                 tokio::task::spawn_blocking(move || {
                     if let Err(e) = crate::identity::store_keys(&dir_path, &keys) {

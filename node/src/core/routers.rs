@@ -40,6 +40,8 @@ pub(crate) struct Slot {
     pub(crate) published: bool,
     pub(crate) represent_failures: u32,
     pub(crate) represent_at: Option<Instant>,
+    /// Sent go-away: replaced first, then released and shunned this long.
+    pub(crate) leaving: Option<Duration>,
 }
 
 /// Re-presentations refused in a row before the router is given up.
@@ -111,7 +113,8 @@ impl Core {
     /// Dials new routers until K are held or being acquired.
     pub(super) fn top_up(&mut self) {
         let want = self.shared.config.routers;
-        if !self.have_directory || self.slots.len() >= want || self.shared.is_shutting_down() {
+        let active = self.slots.values().filter(|s| s.leaving.is_none()).count();
+        if !self.have_directory || active >= want || self.shared.is_shutting_down() {
             return;
         }
         let mut exclude: HashSet<PeerId> = self.slots.keys().copied().collect();
@@ -121,14 +124,22 @@ impl Core {
             &self.shared.config.router_selector,
             &self.shared.config.router_prefer,
             &exclude,
-            want - self.slots.len(),
+            want - active,
             &mut rand::thread_rng(),
         );
-        if chosen.is_empty() && self.slots.is_empty() {
-            tracing::debug!(
-                candidates = self.candidates.len(),
+        if chosen.is_empty() && self.slots.is_empty() && !self.warned_no_router {
+            // Once per directory fetch: say what was there.
+            self.warned_no_router = true;
+            let seen: Vec<_> = self
+                .candidates
+                .iter()
+                .map(|c| (c.peer, &c.labels, c.draining))
+                .collect();
+            tracing::warn!(
                 selector = ?self.shared.config.router_selector,
-                "no router to attach to"
+                shunned = self.shunned.len(),
+                ?seen,
+                "no router to attach to: none matches the selector or all are shunned"
             );
         }
         for c in chosen {
@@ -145,6 +156,7 @@ impl Core {
                     published: false,
                     represent_failures: 0,
                     represent_at: None,
+                    leaving: None,
                 },
             );
             if already {
@@ -251,8 +263,9 @@ impl Core {
             }
             Ok(AuthOutcome::GoAway(g)) => {
                 tracing::info!(%router, reason = g.reason, "router sent go-away on admission");
-                let wait = u64::from(g.retry_after_secs).clamp(5, 3600);
-                self.drop_router(router, Duration::from_secs(wait));
+                self.merge_alternatives(&g.alternatives);
+                self.drop_router(router, super::goaway::shun_for(&g));
+                self.top_up();
             }
             Err(e) => {
                 tracing::warn!(%router, error = %e, initial, "auth exchange failed");
@@ -269,7 +282,7 @@ impl Core {
     }
 
     /// Forgets a router, closes our connection to it and shuns it for `wait`.
-    fn drop_router(&mut self, router: PeerId, wait: Duration) {
+    pub(super) fn drop_router(&mut self, router: PeerId, wait: Duration) {
         if let Some(Slot {
             phase: Phase::Reserving(l) | Phase::Reserved(l),
             ..
@@ -326,6 +339,7 @@ impl Core {
             }
             tracing::info!(%router, "relay reservation active");
             self.records_dirty = true;
+            self.release_leaving();
             if self.shared.config.expose.is_empty() {
                 self.publish_status();
             } else {
@@ -399,9 +413,10 @@ impl Core {
     }
 
     pub(super) fn on_router_lost(&mut self, peer: PeerId) {
-        if self.slots.contains_key(&peer) {
+        if let Some(slot) = self.slots.get(&peer) {
+            let shun = slot.leaving.unwrap_or(Duration::from_secs(3));
             tracing::warn!(router = %peer, "lost connection to router");
-            self.drop_router(peer, Duration::from_secs(3));
+            self.drop_router(peer, shun);
             self.top_up();
         }
     }
@@ -480,11 +495,12 @@ impl Core {
         }
         if let Some(slot) = self.slots.get_mut(&router) {
             slot.published = ok;
-            if !ok {
-                // Try again on a later tick.
-                self.last_publish =
-                    Some(Instant::now() - Duration::from_secs(self.shared.config.record_ttl_secs));
-            }
+        }
+        if ok {
+            self.release_leaving();
+        } else if self.publish_retry_at.is_none() {
+            // Try again shortly (all routers: the record names them all).
+            self.publish_retry_at = Some(Instant::now() + jittered(Duration::from_secs(5), 0.5));
         }
         self.publish_status();
     }

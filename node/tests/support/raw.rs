@@ -5,8 +5,10 @@ use std::time::Duration;
 
 use agentmesh_proto::framing::{read_frame, write_frame};
 use agentmesh_proto::pb::credential::Credential;
-use agentmesh_proto::pb::mesh::{AuthRequest, AuthResponse, CallRequest, CallResponse, Purpose};
-use agentmesh_proto::protocols::{AUTH, CALL, MAX_FRAME_BYTES};
+use agentmesh_proto::pb::mesh::{
+    AuthRequest, AuthResponse, CallRequest, CallResponse, GoAway, GoAwayAck, GoAwayReason, Purpose,
+};
+use agentmesh_proto::protocols::{AUTH, CALL, GOAWAY, MAX_FRAME_BYTES};
 use futures::{AsyncReadExt as _, AsyncWriteExt as _, StreamExt as _};
 use libp2p::identity::Keypair;
 use libp2p::swarm::NetworkBehaviour;
@@ -174,6 +176,31 @@ impl RawPeer {
         let mut back = Vec::new();
         s.read_to_end(&mut back).await.expect("read");
         back
+    }
+}
+
+impl RawPeer {
+    /// Sends a go-away to `peer`; returns whether it was acknowledged.
+    pub async fn send_goaway(&self, peer: PeerId) -> bool {
+        let Ok(mut s) = self
+            .control
+            .clone()
+            .open_stream(peer, StreamProtocol::new(GOAWAY))
+            .await
+        else {
+            return false;
+        };
+        let g = GoAway {
+            reason: GoAwayReason::Draining as i32,
+            retry_after_secs: 60,
+            alternatives: vec![],
+        };
+        if write_frame(&mut s, &g).await.is_err() {
+            return false;
+        }
+        read_frame::<GoAwayAck, _>(&mut s, MAX_FRAME_BYTES)
+            .await
+            .is_ok()
     }
 }
 

@@ -1,0 +1,204 @@
+//! Go-away (`/agentmesh/goaway/1`): accepted only from a router we are
+//! admitted by; make-before-break: the router is marked leaving, a
+//! replacement is attached, reserved and given our records, and only then is
+//! the old router released and shunned for its `retry_after` (≤ 1 h).
+
+use std::time::Duration;
+
+use agentmesh_proto::framing::{read_frame, write_frame};
+use agentmesh_proto::pb::mesh::{Alternative, GoAway, GoAwayAck, GoAwayReason};
+use agentmesh_proto::protocols::MAX_FRAME_BYTES;
+use futures::AsyncWriteExt as _;
+use libp2p::{Multiaddr, PeerId, Stream};
+
+use super::routers::Phase;
+use super::{Core, Op};
+use crate::metrics::ResultLabel;
+use crate::select::Candidate;
+
+/// Longest a go-away may keep us away from a router.
+pub(crate) const MAX_SHUN: Duration = Duration::from_secs(3600);
+/// Shortest shun after a go-away.
+const MIN_SHUN: Duration = Duration::from_secs(5);
+/// Go-away exchanges in progress at once; more are dropped unanswered.
+const MAX_PENDING: usize = 16;
+
+/// How long a go-away asks us to stay away.
+pub(crate) fn shun_for(g: &GoAway) -> Duration {
+    Duration::from_secs(u64::from(g.retry_after_secs)).clamp(MIN_SHUN, MAX_SHUN)
+}
+
+/// Directory-like candidates from a go-away's alternatives.
+pub(crate) fn alternatives(alts: &[Alternative]) -> Vec<Candidate> {
+    alts.iter()
+        .filter_map(|a| {
+            let peer = PeerId::from_bytes(&a.peer_id).ok()?;
+            let addrs: Vec<Multiaddr> = a.addrs.iter().filter_map(|s| s.parse().ok()).collect();
+            if addrs.is_empty() {
+                return None;
+            }
+            let load = a.load.as_ref().map_or(0.0, |l| {
+                let m = f64::from(l.attached_members);
+                if l.high_watermark > 0 {
+                    m / f64::from(l.high_watermark)
+                } else {
+                    m
+                }
+            });
+            Some(Candidate {
+                peer,
+                addrs,
+                labels: Default::default(),
+                load,
+                draining: false,
+            })
+        })
+        .collect()
+}
+
+impl Core {
+    fn count_goaway(&self, result: &'static str) {
+        self.shared
+            .metrics
+            .goaways
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// A go-away stream arrived from `peer`.
+    pub(super) fn on_goaway_stream(&mut self, peer: PeerId, mut stream: Stream) {
+        let admitted = self
+            .slots
+            .get(&peer)
+            .is_some_and(|s| !matches!(s.phase, Phase::Dialing | Phase::Authing));
+        if !admitted || self.goaways_pending >= MAX_PENDING {
+            tracing::warn!(%peer, admitted, "go-away ignored: not from a router we are attached to");
+            self.count_goaway("ignored");
+            return;
+        }
+        self.goaways_pending += 1;
+        let deadline = self.shared.config.call_timeout();
+        self.ops.push(Box::pin(async move {
+            let exchange = async {
+                let g: GoAway = read_frame(&mut stream, MAX_FRAME_BYTES)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                write_frame(&mut stream, &GoAwayAck {})
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let _ = stream.close().await;
+                Ok(g)
+            };
+            let result = tokio::time::timeout(deadline, exchange)
+                .await
+                .unwrap_or_else(|_| Err("go-away not received in time".to_string()));
+            Op::GoAway {
+                router: peer,
+                result,
+            }
+        }));
+    }
+
+    pub(super) fn on_goaway(&mut self, router: PeerId, result: Result<GoAway, String>) {
+        self.goaways_pending = self.goaways_pending.saturating_sub(1);
+        let g = match result {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(%router, error = %e, "bad go-away");
+                self.count_goaway("error");
+                return;
+            }
+        };
+        let label = match GoAwayReason::try_from(g.reason) {
+            Ok(GoAwayReason::Draining) => "draining",
+            Ok(GoAwayReason::Overloaded) => "overloaded",
+            _ => "other",
+        };
+        self.count_goaway(label);
+        let Some(slot) = self.slots.get_mut(&router) else {
+            return;
+        };
+        let shun = shun_for(&g);
+        tracing::info!(%router, reason = label, alternatives = g.alternatives.len(), ?shun, "go-away: moving (make before break)");
+        slot.leaving = Some(shun);
+        self.merge_alternatives(&g.alternatives);
+        self.top_up();
+        self.release_leaving();
+        self.publish_status();
+    }
+
+    /// Adds a go-away's alternatives to the candidates (directory entries win).
+    pub(super) fn merge_alternatives(&mut self, alts: &[Alternative]) {
+        for c in alternatives(alts) {
+            if !self.candidates.iter().any(|k| k.peer == c.peer) {
+                self.shared
+                    .router_addrs
+                    .write()
+                    .insert(c.peer, c.addrs.clone());
+                self.candidates.push(c);
+            }
+        }
+    }
+
+    /// Releases leaving routers once their replacements are reserved (and
+    /// hold our records), or once nothing better is coming.
+    pub(super) fn release_leaving(&mut self) {
+        let leaving: Vec<(PeerId, Duration)> = self
+            .slots
+            .iter()
+            .filter_map(|(p, s)| s.leaving.map(|d| (*p, d)))
+            .collect();
+        if leaving.is_empty() {
+            return;
+        }
+        let exposing = !self.shared.config.expose.is_empty();
+        let active = self.slots.values().filter(|s| s.leaving.is_none());
+        let (mut ready, mut in_progress) = (0, 0);
+        for s in active {
+            if matches!(s.phase, Phase::Reserved(_)) && (s.published || !exposing) {
+                ready += 1;
+            } else {
+                in_progress += 1;
+            }
+        }
+        let release = ready >= self.shared.config.routers || (in_progress == 0 && ready >= 1);
+        if release {
+            for (router, shun) in leaving {
+                tracing::info!(%router, "released after go-away");
+                self.drop_router(router, shun);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shun_is_bounded_and_alternatives_parse() {
+        let g = GoAway {
+            retry_after_secs: 10_000,
+            ..Default::default()
+        };
+        assert_eq!(shun_for(&g), MAX_SHUN);
+        assert_eq!(shun_for(&GoAway::default()), MIN_SHUN);
+        let p = PeerId::random();
+        let alts = vec![
+            Alternative {
+                peer_id: p.to_bytes(),
+                addrs: vec!["/ip4/127.0.0.1/tcp/4001".into(), "junk".into()],
+                load: None,
+            },
+            Alternative {
+                peer_id: vec![1, 2, 3],
+                addrs: vec!["/ip4/127.0.0.1/tcp/4002".into()],
+                load: None,
+            },
+        ];
+        let c = alternatives(&alts);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].peer, p);
+        assert_eq!(c[0].addrs.len(), 1);
+    }
+}
