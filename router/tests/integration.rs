@@ -33,6 +33,7 @@ struct Cp {
 }
 
 async fn start_cp(credential_ttl_secs: u64) -> Cp {
+    support::init_tracing();
     let dir = tempfile::tempdir().expect("tempdir");
     let config = agentmesh_controlplane::Config {
         grpc_addr: "127.0.0.1:0".parse().expect("addr"),
@@ -46,7 +47,7 @@ async fn start_cp(credential_ttl_secs: u64) -> Cp {
     let handle = agentmesh_controlplane::spawn(config)
         .await
         .expect("control plane");
-    let url = format!("http://{}", handle.grpc_addr());
+    let url = handle.public_url().to_string();
     let client = Client::new(ClientConfig {
         url: url.clone(),
         ca_pem: None,
@@ -304,6 +305,7 @@ async fn relay_needs_admission_and_carries_a_mebibyte() {
         |e| matches!(e, Ev::ListenAddr(addr) if addr.iter().any(|p| p == Protocol::P2pCircuit)),
     )
     .await;
+    tracing::info!("step: reservation accepted");
     let _echo = a.serve_echo("/test/echo/1");
 
     // A caller admitted only for transit opens a circuit to A.
@@ -324,11 +326,13 @@ async fn relay_needs_admission_and_carries_a_mebibyte() {
         )
         .await;
     assert!(matches!(ev, Ev::Connected { relayed: true, .. }), "{ev:?}");
+    tracing::info!("step: relayed connection up");
     let data: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
     let back = b.echo(a.peer_id, "/test/echo/1", &data).await;
     assert!(back == data, "1 MiB came back byte-identical");
     assert!(r.metric("agentmesh_router_circuit_requests_total{result=\"accepted\"}") >= 1.0);
 
+    tracing::info!("step: echo done");
     // An unadmitted caller is denied a circuit.
     let mut c = TestPeer::new();
     c.connect(r.id(), r.addr.clone()).await;

@@ -22,6 +22,16 @@ use tokio::time::Instant;
 /// Generous deadline for every wait in these tests.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
 
+/// Installs a test log subscriber once (`RUST_LOG` filters it).
+pub(crate) fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
 /// Polls `f` every 100 ms until it returns `Some`, panicking after [`DEADLINE`].
 pub(crate) async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
 where
@@ -282,18 +292,24 @@ impl TestPeer {
         })
     }
 
-    /// Opens a `protocol` stream to `peer`, writes `data`, reads it back.
+    /// Opens a `protocol` stream to `peer`, writes `data` while reading it
+    /// back (both at once, so flow-control windows never deadlock).
     pub(crate) async fn echo(&self, peer: PeerId, protocol: &'static str, data: &[u8]) -> Vec<u8> {
         use futures::AsyncReadExt;
-        let mut s = self
+        let s = self
             .control
             .clone()
             .open_stream(peer, StreamProtocol::new(protocol))
             .await
             .expect("open echo stream");
-        s.write_all(data).await.expect("write");
+        let (mut r, mut w) = s.split();
         let mut out = vec![0u8; data.len()];
-        s.read_exact(&mut out).await.expect("read back");
+        let write = async {
+            w.write_all(data).await.expect("write");
+            w.flush().await.expect("flush");
+        };
+        let read = async { r.read_exact(&mut out).await.expect("read back") };
+        futures::join!(write, read);
         out
     }
 }
