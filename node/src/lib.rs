@@ -339,6 +339,7 @@ pub async fn spawn(
         trust: RwLock::new(Arc::new(Trust::new(&keys))),
         router_addrs: RwLock::new(Default::default()),
         attached: RwLock::new(Default::default()),
+        held: RwLock::new(HashSet::new()),
         transit_admitted: Mutex::new(HashSet::new()),
         keys_fetched_at: Mutex::new(None),
         cmd: cmd_tx,

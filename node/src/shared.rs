@@ -50,6 +50,10 @@ pub(crate) struct Shared {
     pub(crate) router_addrs: RwLock<HashMap<PeerId, Vec<Multiaddr>>>,
     /// Routers we hold a reservation on, with the address we reached them at.
     pub(crate) attached: RwLock<HashMap<PeerId, Multiaddr>>,
+    /// Routers the core holds or is acquiring (never authed for transit:
+    /// the router keeps the latest purpose, and transit would cost us the
+    /// reservation).
+    pub(crate) held: RwLock<HashSet<PeerId>>,
     /// Routers that admitted us for transit on the current connection.
     pub(crate) transit_admitted: Mutex<HashSet<PeerId>>,
     pub(crate) keys_fetched_at: Mutex<Option<Instant>>,

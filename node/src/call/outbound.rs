@@ -184,7 +184,9 @@ async fn transit(
     addrs: Vec<Multiaddr>,
 ) -> Result<(), AttemptError> {
     shared.connect(router, addrs).await.map_err(connect_error)?;
-    if shared.transit_admitted.lock().contains(&router) {
+    // A router we hold (or are acquiring) admits us for attach; a transit
+    // auth would replace that admission and cost us the reservation.
+    if shared.transit_admitted.lock().contains(&router) || shared.held.read().contains(&router) {
         return Ok(());
     }
     let attached: Vec<PeerId> = shared.attached.read().keys().copied().collect();

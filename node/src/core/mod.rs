@@ -465,8 +465,19 @@ impl Core {
         }
     }
 
+    /// Tells call tasks which routers we hold (see `Shared::held`).
+    fn sync_held(&self) {
+        let held = &self.shared.held;
+        if held.read().len() != self.slots.len()
+            || !self.slots.keys().all(|p| held.read().contains(p))
+        {
+            *held.write() = self.slots.keys().copied().collect();
+        }
+    }
+
     /// Recomputes readiness and the status watch from the slots.
     fn publish_status(&mut self) {
+        self.sync_held();
         let s = self.status_snapshot();
         let m = &self.shared.metrics;
         m.routers_attached.set(s.reserved.len() as i64);

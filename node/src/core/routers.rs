@@ -169,6 +169,7 @@ impl Core {
                 self.shun(c.peer, Duration::from_secs(10));
             }
         }
+        self.sync_held();
     }
 
     pub(super) fn on_router_connected(&mut self, peer: PeerId, addr: Multiaddr) {
@@ -383,7 +384,12 @@ impl Core {
             .collect();
         for router in due {
             if self.swarm.is_connected(&router) {
-                self.reserve(router);
+                // Re-admit first: a refused reservation may mean the router
+                // no longer holds us as attached.
+                if let Some(slot) = self.slots.get_mut(&router) {
+                    slot.phase = Phase::Authing;
+                }
+                self.start_auth(router, true);
             } else {
                 self.drop_router(router, Duration::from_secs(2));
             }
