@@ -1,5 +1,8 @@
 //! `agentmesh-ladder`: the member ladder (see the library docs and issue 5).
 
+use std::future::Future;
+use std::pin::Pin;
+
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
@@ -36,6 +39,8 @@ enum Mode {
     Worker(WorkerConfig),
 }
 
+type Run = Pin<Box<dyn Future<Output = agentmesh_ladder::Result<agentmesh_ladder::Report>>>>;
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -50,16 +55,24 @@ fn main() -> anyhow::Result<()> {
         .build()
         .context("building the tokio runtime")?;
     rt.block_on(async move {
-        let (report, path) = match cli.mode {
+        let (run, path) = match cli.mode {
             Mode::Worker(cfg) => return agentmesh_ladder::worker::run(cfg).await.context("worker"),
             Mode::Local { mesh, fleet } => {
                 let path = fleet.report.clone();
-                (agentmesh_ladder::run_local(mesh, fleet).await?, path)
+                (Box::pin(agentmesh_ladder::run_local(mesh, fleet)) as Run, path)
             }
             Mode::Remote { mesh, fleet } => {
                 let path = fleet.report.clone();
-                (agentmesh_ladder::run_remote(mesh, fleet).await?, path)
+                (Box::pin(agentmesh_ladder::run_remote(mesh, fleet)) as Run, path)
             }
+        };
+        // On SIGINT/SIGTERM the run is dropped: every child (control plane,
+        // routers, workers) is started with kill_on_drop, so none is left behind.
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let report = tokio::select! {
+            r = run => r?,
+            _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; children stopped, no report"),
+            _ = term.recv() => anyhow::bail!("terminated; children stopped, no report"),
         };
         println!("{}", report.markdown());
         if let Some(path) = path {

@@ -43,6 +43,8 @@ pub struct Report {
     pub first_call_errors: BTreeMap<String, u64>,
     /// Where the run's data and logs are.
     pub work_dir: String,
+    /// Why the ladder stopped adding steps early, if it did.
+    pub stopped_early: Option<String>,
 }
 
 /// Sizes of the run.
@@ -266,49 +268,51 @@ impl Report {
     /// The markdown rendering printed on stdout.
     pub fn markdown(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "| step | resident before | joining | enrolled | ready | first call ok | calls/member | enroll p50/p95 ms | ready p50/p95 ms | first-call p50/p95 ms | exits |"
-        );
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
-        for st in &self.steps {
-            let j = &st.joined;
+        if !self.steps.is_empty() {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} | {} |",
-                st.step,
-                st.resident_before,
-                j.joining,
-                j.enrolled,
-                j.ready,
-                j.first_call_ok,
-                j.calls_per_member,
-                pair(j.enroll_ms.p50, j.enroll_ms.p95),
-                pair(j.ready_ms.p50, j.ready_ms.p95),
-                pair(j.first_call_ms.p50, j.first_call_ms.p95),
-                j.exits
+                "| step | resident before | joining | enrolled | ready | first call ok | calls/member | enroll p50/p95 ms | ready p50/p95 ms | first-call p50/p95 ms | exits |"
             );
-        }
-        let _ = writeln!(s);
-        let _ = writeln!(
-            s,
-            "| step | workers | members alive | fleet RSS MiB | fleet CPU s | fleet fds |"
-        );
-        let _ = writeln!(s, "|---|---|---|---|---|---|");
-        for st in &self.steps {
-            let f = &st.fleet;
+            let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+            for st in &self.steps {
+                let j = &st.joined;
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} | {} |",
+                    st.step,
+                    st.resident_before,
+                    j.joining,
+                    j.enrolled,
+                    j.ready,
+                    j.first_call_ok,
+                    j.calls_per_member,
+                    pair(j.enroll_ms.p50, j.enroll_ms.p95),
+                    pair(j.ready_ms.p50, j.ready_ms.p95),
+                    pair(j.first_call_ms.p50, j.first_call_ms.p95),
+                    j.exits
+                );
+            }
+            let _ = writeln!(s);
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {:.1} | {} |",
-                st.step,
-                f.workers,
-                f.alive,
-                mib(Some(f.rss_bytes)),
-                f.cpu_secs,
-                f.fds
+                "| step | workers | members alive | fleet RSS MiB | fleet CPU s | fleet fds |"
             );
+            let _ = writeln!(s, "|---|---|---|---|---|---|");
+            for st in &self.steps {
+                let f = &st.fleet;
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {:.1} | {} |",
+                    st.step,
+                    f.workers,
+                    f.alive,
+                    mib(Some(f.rss_bytes)),
+                    f.cpu_secs,
+                    f.fds
+                );
+            }
+            let _ = writeln!(s);
         }
-        let _ = writeln!(s);
         let _ = writeln!(
             s,
             "| step | router | attached | transit | other conns | RSS MiB | CPU s | refusals |"
@@ -459,6 +463,9 @@ impl Report {
             let _ = writeln!(s, "- last ÷ pre-ladder: {}", ratios.join(", "));
         }
         let _ = writeln!(s);
+        if let Some(why) = &self.stopped_early {
+            let _ = writeln!(s, "Stopped early: {why}.");
+        }
         let _ = writeln!(s, "Exits in the whole run: {}.", self.exits);
         s
     }

@@ -231,6 +231,15 @@ async fn run(
             if done { "" } else { " (deadline passed)" }
         );
         report.steps.push(record);
+        if !done {
+            let why = format!(
+                "step {n} did not finish within --step-deadline-secs {}; later steps skipped",
+                cfg.step_deadline_secs
+            );
+            eprintln!("ladder: {why}");
+            report.stopped_early = Some(why);
+            break;
+        }
     }
 
     // Hold and its events.
