@@ -108,6 +108,8 @@ pub struct Config {
     pub control_plane_retry_budget: Duration,
     /// Timeout of one control-plane RPC attempt. Default 10 s.
     pub control_plane_rpc_timeout: Duration,
+    /// Resource budgets and limits (issue 4; see `resource_config`).
+    pub resources: crate::resources::config::ResourceConfig,
 }
 
 impl Default for Config {
@@ -147,6 +149,7 @@ impl Default for Config {
                 DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS,
             ),
             control_plane_rpc_timeout: Duration::from_secs(DEFAULT_CONTROL_PLANE_RPC_TIMEOUT_SECS),
+            resources: Default::default(),
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod identity;
 mod mesh;
 mod metrics;
 mod relay;
+mod resources;
 mod state;
 mod streams;
 mod swarm;
@@ -42,6 +43,7 @@ pub use catalog::service_key;
 pub use config::Config;
 pub use frames::WireError;
 pub use identity::IdentityError;
+pub use resources::config as resource_config;
 pub use swarm::{BuildError, KAD_PROTOCOL};
 
 /// Commands queued to the swarm loop at most.
@@ -194,8 +196,14 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
     let p2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
-    let (shared, ready) =
-        state::Shared::new(config, keypair, metrics, cp::ControlPlane::new(client));
+    let resources = resources::start(&config, &mut registry, metrics.refused.clone()).await?;
+    let (shared, ready) = state::Shared::new(
+        config,
+        keypair,
+        metrics,
+        cp::ControlPlane::new(client),
+        resources,
+    );
     let peer_id = shared.peer_id;
     let registry = Arc::new(registry);
 

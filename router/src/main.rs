@@ -69,6 +69,8 @@ struct Args {
     control_plane_retry_budget_secs: u64,
     #[arg(long, default_value_t = d::DEFAULT_CONTROL_PLANE_RPC_TIMEOUT_SECS)]
     control_plane_rpc_timeout_secs: u64,
+    #[command(flatten)]
+    resources: agentmesh_router::resource_config::ResourceArgs,
 }
 
 impl Args {
@@ -101,6 +103,7 @@ impl Args {
             idle_connection_timeout: s(self.idle_connection_timeout_secs),
             control_plane_retry_budget: s(self.control_plane_retry_budget_secs),
             control_plane_rpc_timeout: s(self.control_plane_rpc_timeout_secs),
+            resources: self.resources.into_config(),
         }
     }
 }

@@ -86,6 +86,8 @@ pub(crate) struct Shared {
     pub(crate) router_set: RouterSet,
     pub(crate) external_addrs: RwLock<Vec<Multiaddr>>,
     pub(crate) listen_addrs: RwLock<Vec<Multiaddr>>,
+    /// Budgets and live charges (the muxer accounts every stream here).
+    pub(crate) resources: Arc<crate::resources::ResourceManager>,
     readiness: Mutex<Readiness>,
     ready_tx: watch::Sender<bool>,
 }
@@ -97,6 +99,7 @@ impl Shared {
         keypair: Keypair,
         metrics: Metrics,
         cp: ControlPlane,
+        resources: Arc<crate::resources::ResourceManager>,
     ) -> (Arc<Self>, watch::Receiver<bool>) {
         let (ready_tx, ready_rx) = watch::channel(false);
         let peer_id = keypair.public().to_peer_id();
@@ -116,9 +119,15 @@ impl Shared {
             router_set: Arc::new(RwLock::new(Default::default())),
             external_addrs: RwLock::new(Vec::new()),
             listen_addrs: RwLock::new(Vec::new()),
+            resources,
             readiness: Mutex::new(Readiness::default()),
             ready_tx,
         });
+        let weak = Arc::downgrade(&s);
+        s.resources.set_admitted(Box::new(move |peer| {
+            weak.upgrade()
+                .is_some_and(|s| s.admission.read().get(peer).is_some())
+        }));
         (s, ready_rx)
     }
 

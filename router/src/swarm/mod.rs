@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use libp2p::kad::store::{MemoryStore, MemoryStoreConfig};
 use libp2p::swarm::NetworkBehaviour;
-use libp2p::{
-    PeerId, StreamProtocol, Swarm, SwarmBuilder, identify, kad, noise, ping, relay, tcp, yamux,
-};
+use libp2p::{PeerId, StreamProtocol, Swarm, SwarmBuilder, identify, kad, ping, relay};
 use tokio::sync::oneshot;
 
 use crate::mesh::router_only::RouterOnly;
@@ -66,13 +64,14 @@ pub(crate) fn build(shared: &Arc<Shared>) -> Result<Swarm<Behaviour>, BuildError
     let router_set = shared.router_set.clone();
     let stream_timeout = shared.config.stream_timeout;
     let idle = shared.config.idle_connection_timeout;
+    let resources = shared.resources.clone();
+    let resources_config = shared.config.resources.clone();
     let swarm = SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
-        .with_tcp(
-            tcp::Config::default().nodelay(true),
-            noise::Config::new,
-            yamux::Config::default,
-        )
+        .with_other_transport(|key| {
+            crate::resources::transport::build(key, &resources_config, resources)
+                .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+        })
         .map_err(|e| BuildError(e.to_string()))?
         .with_behaviour(|key| {
             let mut kc = kad::Config::new(StreamProtocol::new(KAD_PROTOCOL));

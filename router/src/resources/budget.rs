@@ -1,0 +1,508 @@
+//! Pure budget policy: given the counts in use, may one more stream or
+//! connection open, and what does it cost? No I/O, no clocks, no locks;
+//! the manager passes counts in and applies the answer.
+
+use std::collections::BTreeMap;
+
+use agentmesh_proto::protocols;
+
+/// Memory charged for a stream that carries data (relay circuits, calls): its
+/// full yamux receive window.
+pub(crate) const DATA_STREAM_CHARGE_BYTES: u64 = 256 * 1024;
+/// Memory charged for a control stream (auth, catalog, kad, identify, ...):
+/// one maximal frame, which its handler reads promptly.
+pub(crate) const CONTROL_STREAM_CHARGE_BYTES: u64 = protocols::MAX_FRAME_BYTES as u64;
+
+/// A protocol as the resource manager sees it (a metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Proto {
+    /// `/agentmesh/auth/1`.
+    Auth,
+    /// `/agentmesh/catalog/1`.
+    Catalog,
+    /// `/agentmesh/call/1` (members only; a router never serves it).
+    Call,
+    /// `/agentmesh/goaway/1`.
+    Goaway,
+    /// Relay v2 HOP: reservations and circuits, from the source member.
+    RelayHop,
+    /// Relay v2 STOP: the circuit's leg to the destination member.
+    RelayStop,
+    /// Identify and identify push.
+    Identify,
+    /// The router DHT (`/agentmesh/kad/1`).
+    Kad,
+    /// Ping.
+    Ping,
+    /// Anything else.
+    Other,
+}
+
+impl Proto {
+    /// Number of variants.
+    pub(crate) const COUNT: usize = 10;
+    /// Every protocol, in label order.
+    pub(crate) const ALL: [Proto; Self::COUNT] = [
+        Proto::Auth,
+        Proto::Catalog,
+        Proto::Call,
+        Proto::Goaway,
+        Proto::RelayHop,
+        Proto::RelayStop,
+        Proto::Identify,
+        Proto::Kad,
+        Proto::Ping,
+        Proto::Other,
+    ];
+
+    /// The metric label (and the name used in `--stream-budget PROTOCOL=N`).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Auth => "auth",
+            Self::Catalog => "catalog",
+            Self::Call => "call",
+            Self::Goaway => "goaway",
+            Self::RelayHop => "relay_hop",
+            Self::RelayStop => "relay_stop",
+            Self::Identify => "identify",
+            Self::Kad => "kad",
+            Self::Ping => "ping",
+            Self::Other => "other",
+        }
+    }
+
+    /// The protocol named by a label, if any.
+    pub(crate) fn from_label(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
+    /// Classifies a negotiated protocol id.
+    pub(crate) fn from_protocol_id(id: &str) -> Self {
+        match id {
+            protocols::AUTH => Self::Auth,
+            protocols::CATALOG => Self::Catalog,
+            protocols::CALL => Self::Call,
+            protocols::GOAWAY => Self::Goaway,
+            "/libp2p/circuit/relay/0.2.0/hop" => Self::RelayHop,
+            "/libp2p/circuit/relay/0.2.0/stop" => Self::RelayStop,
+            "/ipfs/id/1.0.0" | "/ipfs/id/push/1.0.0" => Self::Identify,
+            crate::swarm::KAD_PROTOCOL => Self::Kad,
+            "/ipfs/ping/1.0.0" => Self::Ping,
+            _ => Self::Other,
+        }
+    }
+
+    /// Array index.
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether streams of this protocol carry bulk data (charged a full window).
+    pub(crate) fn carries_data(self) -> bool {
+        matches!(self, Self::RelayHop | Self::RelayStop | Self::Call)
+    }
+
+    /// Memory charged per live stream of this protocol.
+    pub(crate) fn charge_bytes(self) -> u64 {
+        if self.carries_data() {
+            DATA_STREAM_CHARGE_BYTES
+        } else {
+            CONTROL_STREAM_CHARGE_BYTES
+        }
+    }
+}
+
+/// What ran out (the `resource` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Resource {
+    /// A connection.
+    Connection,
+    /// A stream.
+    Stream,
+    /// The memory budget.
+    Memory,
+    /// A relay reservation.
+    Reservation,
+    /// A relay circuit.
+    Circuit,
+}
+
+impl Resource {
+    /// Every resource.
+    pub(crate) const ALL: [Resource; 5] = [
+        Self::Connection,
+        Self::Stream,
+        Self::Memory,
+        Self::Reservation,
+        Self::Circuit,
+    ];
+    /// The metric label.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Connection => "connection",
+            Self::Stream => "stream",
+            Self::Memory => "memory",
+            Self::Reservation => "reservation",
+            Self::Circuit => "circuit",
+        }
+    }
+}
+
+/// Whose budget ran out (the `scope` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Scope {
+    /// The whole router.
+    System,
+    /// One protocol across the router.
+    Protocol,
+    /// One peer (PeerId).
+    Peer,
+    /// One source IP (unauthenticated connections and failed logins only).
+    Source,
+}
+
+impl Scope {
+    /// Every scope.
+    pub(crate) const ALL: [Scope; 4] = [Self::System, Self::Protocol, Self::Peer, Self::Source];
+    /// The metric label.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::System => "system",
+            Self::Protocol => "protocol",
+            Self::Peer => "peer",
+            Self::Source => "source",
+        }
+    }
+}
+
+/// A refusal: which resource, in which scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    /// What ran out.
+    pub(crate) resource: Resource,
+    /// Whose budget.
+    pub(crate) scope: Scope,
+}
+
+impl Refusal {
+    fn new(resource: Resource, scope: Scope) -> Self {
+        Self { resource, scope }
+    }
+}
+
+/// Effective budgets (all counts are live streams or connections).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Budgets {
+    /// Memory the charges may add up to, bytes.
+    pub(crate) memory_bytes: u64,
+    /// Charge of one connection, bytes.
+    pub(crate) connection_charge_bytes: u64,
+    /// Inbound streams across the router.
+    pub(crate) system_streams: u32,
+    /// Inbound streams per protocol across the router.
+    pub(crate) protocol_streams: [u32; Proto::COUNT],
+    /// Inbound streams of one peer, all protocols.
+    pub(crate) peer_streams: u32,
+    /// Inbound streams of one peer per protocol.
+    pub(crate) peer_protocol_streams: [u32; Proto::COUNT],
+    /// Relay STOP streams (circuits) to one destination peer.
+    pub(crate) circuits_per_destination: u32,
+    /// Connections from one IP whose peer is not admitted.
+    pub(crate) unauthenticated_connections_per_ip: u32,
+    /// Failed logins from one IP per minute before its new connections are refused.
+    pub(crate) failed_logins_per_ip_per_minute: u32,
+}
+
+/// Inputs from which default budgets are derived.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Watermarks {
+    /// Admitted members the router aims to hold.
+    pub(crate) high_watermark: u32,
+    /// Relay circuits at most in total.
+    pub(crate) relay_max_circuits: u32,
+    /// Relay reservations at most.
+    pub(crate) relay_max_reservations: u32,
+}
+
+/// Default system-wide live inbound streams of `p`, from the watermarks.
+pub(crate) fn default_protocol_budget(p: Proto, w: Watermarks) -> u32 {
+    let hw = w.high_watermark.max(1);
+    match p {
+        // Every member may be (re-)authenticating or asking the catalog at once.
+        Proto::Auth | Proto::Goaway | Proto::Call => hw,
+        Proto::Catalog | Proto::Identify | Proto::Ping => hw.saturating_mul(2),
+        // Every circuit holds its HOP stream; reservations hold one briefly.
+        Proto::RelayHop => w
+            .relay_max_circuits
+            .saturating_add(w.relay_max_reservations),
+        Proto::RelayStop => hw,
+        // Routers only: 32 streams (kad's own per-connection cap) × 64 routers.
+        Proto::Kad => 32 * 64,
+        Proto::Other => 64,
+    }
+}
+
+/// Default live inbound streams of one peer per protocol.
+pub(crate) fn default_peer_budget(p: Proto) -> u32 {
+    match p {
+        Proto::Auth | Proto::Goaway | Proto::Call | Proto::RelayStop | Proto::Identify => 4,
+        Proto::Ping => 2,
+        Proto::Catalog => 16,
+        Proto::RelayHop => 256,
+        Proto::Kad => 32,
+        Proto::Other => 4,
+    }
+}
+
+/// Default overrides applied: `overrides` maps labels to counts.
+pub(crate) fn per_protocol(
+    default: impl Fn(Proto) -> u32,
+    overrides: &BTreeMap<String, u32>,
+) -> [u32; Proto::COUNT] {
+    Proto::ALL.map(|p| {
+        overrides
+            .get(p.as_str())
+            .copied()
+            .unwrap_or_else(|| default(p))
+    })
+}
+
+/// Live counts relevant to one new inbound stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct StreamUsage {
+    /// Inbound streams across the router.
+    pub(crate) system: u32,
+    /// Inbound streams of this protocol across the router.
+    pub(crate) protocol: u32,
+    /// Inbound streams of this peer.
+    pub(crate) peer: u32,
+    /// Inbound streams of this peer and protocol.
+    pub(crate) peer_protocol: u32,
+    /// Memory charged now, bytes.
+    pub(crate) memory_bytes: u64,
+}
+
+/// May one more inbound stream of `p` open? `Ok(charge)` or the refusal.
+/// Order: memory, then the narrowest scope first (peer+protocol, peer,
+/// protocol, system), so a flooding peer is told it is the peer.
+pub(crate) fn admit_inbound_stream(b: &Budgets, p: Proto, u: StreamUsage) -> Result<u64, Refusal> {
+    let charge = p.charge_bytes();
+    if u.memory_bytes.saturating_add(charge) > b.memory_bytes {
+        return Err(Refusal::new(Resource::Memory, Scope::System));
+    }
+    if u.peer_protocol >= b.peer_protocol_streams[p.index()] || u.peer >= b.peer_streams {
+        return Err(Refusal::new(Resource::Stream, Scope::Peer));
+    }
+    if u.protocol >= b.protocol_streams[p.index()] {
+        return Err(Refusal::new(Resource::Stream, Scope::Protocol));
+    }
+    if u.system >= b.system_streams {
+        return Err(Refusal::new(Resource::Stream, Scope::System));
+    }
+    Ok(charge)
+}
+
+/// May the router open one more outbound stream of `p` to a peer that has
+/// `to_peer` outbound streams of `p` open? Only circuits (STOP) are capped
+/// per destination; data streams also need memory. Control streams the
+/// router opens itself are bounded by its own logic and always allowed.
+pub(crate) fn admit_outbound_stream(
+    b: &Budgets,
+    p: Proto,
+    to_peer: u32,
+    memory_bytes: u64,
+) -> Result<u64, Refusal> {
+    let charge = p.charge_bytes();
+    if p == Proto::RelayStop && to_peer >= b.circuits_per_destination {
+        return Err(Refusal::new(Resource::Circuit, Scope::Peer));
+    }
+    if p.carries_data() && memory_bytes.saturating_add(charge) > b.memory_bytes {
+        return Err(Refusal::new(Resource::Memory, Scope::System));
+    }
+    Ok(charge)
+}
+
+/// Live counts relevant to one new inbound connection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ConnectionUsage {
+    /// Memory charged now, bytes.
+    pub(crate) memory_bytes: u64,
+    /// Whether the connecting peer is already admitted (e.g. a second connection).
+    pub(crate) peer_admitted: bool,
+    /// Connections from the same IP whose peers are not admitted.
+    pub(crate) unauthenticated_from_source: u32,
+    /// Failed logins from the same IP in the last minute.
+    pub(crate) failed_logins_from_source: u32,
+}
+
+/// May one more inbound connection open? `Ok(charge)` or the refusal.
+/// Per-IP limits never apply to a peer that is already admitted.
+pub(crate) fn admit_inbound_connection(b: &Budgets, u: ConnectionUsage) -> Result<u64, Refusal> {
+    let charge = b.connection_charge_bytes;
+    if u.memory_bytes.saturating_add(charge) > b.memory_bytes {
+        return Err(Refusal::new(Resource::Memory, Scope::System));
+    }
+    if !u.peer_admitted
+        && (u.unauthenticated_from_source >= b.unauthenticated_connections_per_ip
+            || u.failed_logins_from_source >= b.failed_logins_per_ip_per_minute)
+    {
+        return Err(Refusal::new(Resource::Connection, Scope::Source));
+    }
+    Ok(charge)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn budgets() -> Budgets {
+        let w = Watermarks {
+            high_watermark: 100,
+            relay_max_circuits: 1000,
+            relay_max_reservations: 100,
+        };
+        Budgets {
+            memory_bytes: 64 << 20,
+            connection_charge_bytes: 1 << 20,
+            system_streams: 1000,
+            protocol_streams: per_protocol(|p| default_protocol_budget(p, w), &BTreeMap::new()),
+            peer_streams: 64,
+            peer_protocol_streams: per_protocol(default_peer_budget, &BTreeMap::new()),
+            circuits_per_destination: 8,
+            unauthenticated_connections_per_ip: 4,
+            failed_logins_per_ip_per_minute: 10,
+        }
+    }
+
+    #[test]
+    fn labels_round_trip_and_protocol_ids_classify() {
+        for p in Proto::ALL {
+            assert_eq!(Proto::from_label(p.as_str()), Some(p));
+            assert_eq!(Proto::ALL[p.index()], p);
+        }
+        assert_eq!(Proto::from_protocol_id(protocols::AUTH), Proto::Auth);
+        assert_eq!(
+            Proto::from_protocol_id("/ipfs/id/push/1.0.0"),
+            Proto::Identify
+        );
+        assert_eq!(
+            Proto::from_protocol_id("/libp2p/circuit/relay/0.2.0/hop"),
+            Proto::RelayHop
+        );
+        assert_eq!(Proto::from_protocol_id("/x/y"), Proto::Other);
+    }
+
+    #[test]
+    fn overrides_replace_defaults() {
+        let mut o = BTreeMap::new();
+        o.insert("auth".to_string(), 7);
+        let a = per_protocol(default_peer_budget, &o);
+        assert_eq!(a[Proto::Auth.index()], 7);
+        assert_eq!(
+            a[Proto::Catalog.index()],
+            default_peer_budget(Proto::Catalog)
+        );
+    }
+
+    #[test]
+    fn admitted_peer_is_never_limited_by_source() {
+        let b = budgets();
+        let u = ConnectionUsage {
+            peer_admitted: true,
+            unauthenticated_from_source: 1000,
+            failed_logins_from_source: 1000,
+            ..Default::default()
+        };
+        assert!(admit_inbound_connection(&b, u).is_ok());
+        let u = ConnectionUsage {
+            peer_admitted: false,
+            ..u
+        };
+        assert_eq!(
+            admit_inbound_connection(&b, u),
+            Err(Refusal::new(Resource::Connection, Scope::Source))
+        );
+    }
+
+    #[test]
+    fn circuits_per_destination_cap() {
+        let b = budgets();
+        assert!(admit_outbound_stream(&b, Proto::RelayStop, 7, 0).is_ok());
+        assert_eq!(
+            admit_outbound_stream(&b, Proto::RelayStop, 8, 0),
+            Err(Refusal::new(Resource::Circuit, Scope::Peer))
+        );
+        assert!(admit_outbound_stream(&b, Proto::Kad, 10_000, u64::MAX).is_ok());
+    }
+
+    fn proto() -> impl Strategy<Value = Proto> {
+        (0..Proto::COUNT).prop_map(|i| Proto::ALL[i])
+    }
+
+    proptest! {
+        /// Admitting never lets any count pass its budget, and the charge is
+        /// the protocol's.
+        #[test]
+        fn admitted_streams_stay_within_every_budget(
+            p in proto(),
+            system in 0u32..2000,
+            protocol in 0u32..3000,
+            peer in 0u32..100,
+            peer_protocol in 0u32..300,
+            memory_bytes in 0u64..(80 << 20),
+        ) {
+            let b = budgets();
+            let u = StreamUsage { system, protocol, peer, peer_protocol, memory_bytes };
+            match admit_inbound_stream(&b, p, u) {
+                Ok(charge) => {
+                    prop_assert_eq!(charge, p.charge_bytes());
+                    prop_assert!(memory_bytes + charge <= b.memory_bytes);
+                    prop_assert!(system < b.system_streams);
+                    prop_assert!(protocol < b.protocol_streams[p.index()]);
+                    prop_assert!(peer < b.peer_streams);
+                    prop_assert!(peer_protocol < b.peer_protocol_streams[p.index()]);
+                }
+                Err(r) => {
+                    let over = match (r.resource, r.scope) {
+                        (Resource::Memory, Scope::System) => memory_bytes + p.charge_bytes() > b.memory_bytes,
+                        (Resource::Stream, Scope::Peer) => peer >= b.peer_streams || peer_protocol >= b.peer_protocol_streams[p.index()],
+                        (Resource::Stream, Scope::Protocol) => protocol >= b.protocol_streams[p.index()],
+                        (Resource::Stream, Scope::System) => system >= b.system_streams,
+                        _ => false,
+                    };
+                    prop_assert!(over, "refusal {:?} without its budget being spent", r);
+                }
+            }
+        }
+
+        /// Filling one peer's budget for one protocol from zero admits exactly
+        /// the budget, and other protocols still have room.
+        #[test]
+        fn a_flood_on_one_protocol_leaves_the_others(p in proto()) {
+            let b = budgets();
+            let mut live = [0u32; Proto::COUNT];
+            let mut admitted = 0;
+            for _ in 0..10_000 {
+                let u = StreamUsage {
+                    system: live.iter().sum(),
+                    protocol: live[p.index()],
+                    peer: live.iter().sum(),
+                    peer_protocol: live[p.index()],
+                    memory_bytes: 0,
+                };
+                if admit_inbound_stream(&b, p, u).is_ok() {
+                    live[p.index()] += 1;
+                    admitted += 1;
+                }
+            }
+            prop_assert_eq!(admitted, b.peer_protocol_streams[p.index()].min(b.peer_streams));
+            for q in Proto::ALL {
+                if q != p && live.iter().sum::<u32>() < b.peer_streams {
+                    let u = StreamUsage { system: live.iter().sum(), protocol: 0, peer: live.iter().sum(), peer_protocol: 0, memory_bytes: 0 };
+                    prop_assert!(admit_inbound_stream(&b, q, u).is_ok());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The resource manager's part of the router configuration: data only, one
+//! field per flag (see `main.rs`), defaults named once here. Budgets left
+//! `None` or unset default from the watermarks (`budget.rs`), never from the
+//! host's RAM.
+
+use std::collections::BTreeMap;
+
+/// Fallback memory limit when neither `--memory-limit-bytes` nor a cgroup limit is set: 1 GiB.
+pub const DEFAULT_MEMORY_DEFAULT_LIMIT_BYTES: u64 = 1 << 30;
+/// Share of the memory limit the charged buffers may use, percent.
+pub const DEFAULT_MEMORY_BUDGET_PERCENT: u8 = 75;
+/// Charge of one connection (measured: see docs/scalability.md), bytes.
+pub const DEFAULT_CONNECTION_CHARGE_BYTES: u64 = 1024 * 1024;
+/// Live inbound streams of one peer, all protocols.
+pub const DEFAULT_PEER_STREAM_BUDGET_TOTAL: u32 = 512;
+/// Circuits (relay STOP streams) to one destination member: below a member's
+/// yamux stream limit (512), so circuits alone cannot exhaust it.
+pub const DEFAULT_CIRCUITS_PER_DESTINATION: u32 = 256;
+/// Connections from one IP whose peers are not (yet) admitted.
+pub const DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP: u32 = 64;
+/// Failed logins from one IP per minute before new connections from it are refused.
+pub const DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE: u32 = 30;
+/// QUIC: concurrent streams per connection (like the yamux backstop).
+pub const DEFAULT_QUIC_MAX_CONCURRENT_STREAMS: u32 = 1024;
+/// QUIC: receive window per stream, bytes (the yamux window).
+pub const DEFAULT_QUIC_MAX_STREAM_DATA_BYTES: u32 = 256 * 1024;
+/// QUIC: receive window per connection, bytes.
+pub const DEFAULT_QUIC_MAX_CONNECTION_DATA_BYTES: u32 = 16 * 1024 * 1024;
+
+/// Resource budgets and limits. Data only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourceConfig {
+    /// Memory limit, bytes; `None` = the cgroup's `memory.max`, else
+    /// `memory_default_limit_bytes`. Default none.
+    pub memory_limit_bytes: Option<u64>,
+    /// Memory limit when no flag and no cgroup limit is set, bytes. Default 1 GiB.
+    pub memory_default_limit_bytes: u64,
+    /// Share of the memory limit that charged buffers may use, percent. Default 75.
+    pub memory_budget_percent: u8,
+    /// Memory charged per connection, bytes. Default 1 MiB (measured, see docs).
+    pub connection_charge_bytes: u64,
+    /// Live inbound streams across the router; `None` = the sum of the
+    /// per-protocol budgets. Default none.
+    pub stream_budget_system: Option<u32>,
+    /// Live inbound streams per protocol across the router (`PROTOCOL=N`);
+    /// unset protocols default from the high watermark. Default none.
+    pub stream_budgets: BTreeMap<String, u32>,
+    /// Live inbound streams of one peer, all protocols. Default 512.
+    pub peer_stream_budget_total: u32,
+    /// Live inbound streams of one peer per protocol (`PROTOCOL=N`); unset
+    /// protocols use built-in defaults. Default none.
+    pub peer_stream_budgets: BTreeMap<String, u32>,
+    /// Circuits to one destination member at once. Default 256.
+    pub circuits_per_destination: u32,
+    /// Connections from one IP whose peers are not admitted. Default 64.
+    pub unauthenticated_connections_per_ip: u32,
+    /// Failed logins per IP per minute before its new connections are refused. Default 30.
+    pub failed_logins_per_ip_per_minute: u32,
+    /// QUIC concurrent streams per connection. Default 1024.
+    pub quic_max_concurrent_streams: u32,
+    /// QUIC receive window per stream, bytes. Default 256 KiB.
+    pub quic_max_stream_data_bytes: u32,
+    /// QUIC receive window per connection, bytes. Default 16 MiB.
+    pub quic_max_connection_data_bytes: u32,
+}
+
+impl Default for ResourceConfig {
+    fn default() -> Self {
+        Self {
+            memory_limit_bytes: None,
+            memory_default_limit_bytes: DEFAULT_MEMORY_DEFAULT_LIMIT_BYTES,
+            memory_budget_percent: DEFAULT_MEMORY_BUDGET_PERCENT,
+            connection_charge_bytes: DEFAULT_CONNECTION_CHARGE_BYTES,
+            stream_budget_system: None,
+            stream_budgets: BTreeMap::new(),
+            peer_stream_budget_total: DEFAULT_PEER_STREAM_BUDGET_TOTAL,
+            peer_stream_budgets: BTreeMap::new(),
+            circuits_per_destination: DEFAULT_CIRCUITS_PER_DESTINATION,
+            unauthenticated_connections_per_ip: DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP,
+            failed_logins_per_ip_per_minute: DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE,
+            quic_max_concurrent_streams: DEFAULT_QUIC_MAX_CONCURRENT_STREAMS,
+            quic_max_stream_data_bytes: DEFAULT_QUIC_MAX_STREAM_DATA_BYTES,
+            quic_max_connection_data_bytes: DEFAULT_QUIC_MAX_CONNECTION_DATA_BYTES,
+        }
+    }
+}
+
+/// The command-line flags of [`ResourceConfig`], one per field (flattened
+/// into the router's flags by `main.rs`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ResourceArgs {
+    /// Memory limit in bytes (default: the cgroup's memory.max, else --memory-default-limit-bytes).
+    #[arg(long)]
+    pub memory_limit_bytes: Option<u64>,
+    /// Memory limit in bytes when no flag and no cgroup limit is set.
+    #[arg(long, default_value_t = DEFAULT_MEMORY_DEFAULT_LIMIT_BYTES)]
+    pub memory_default_limit_bytes: u64,
+    /// Share of the memory limit that connection and stream charges may use, percent.
+    #[arg(long, default_value_t = DEFAULT_MEMORY_BUDGET_PERCENT, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub memory_budget_percent: u8,
+    /// Memory charged per connection, bytes.
+    #[arg(long, default_value_t = DEFAULT_CONNECTION_CHARGE_BYTES)]
+    pub connection_charge_bytes: u64,
+    /// Live inbound streams across the router (default: sum of the per-protocol budgets).
+    #[arg(long)]
+    pub stream_budget_system: Option<u32>,
+    /// Live inbound streams of one protocol across the router, PROTOCOL=N (repeatable).
+    #[arg(long = "stream-budget", value_parser = parse_protocol_budget)]
+    pub stream_budgets: Vec<(String, u32)>,
+    /// Live inbound streams of one peer, all protocols.
+    #[arg(long, default_value_t = DEFAULT_PEER_STREAM_BUDGET_TOTAL)]
+    pub peer_stream_budget_total: u32,
+    /// Live inbound streams of one peer for one protocol, PROTOCOL=N (repeatable).
+    #[arg(long = "peer-stream-budget", value_parser = parse_protocol_budget)]
+    pub peer_stream_budgets: Vec<(String, u32)>,
+    /// Circuits to one destination member at once.
+    #[arg(long, default_value_t = DEFAULT_CIRCUITS_PER_DESTINATION)]
+    pub circuits_per_destination: u32,
+    /// Connections from one IP whose peers are not admitted.
+    #[arg(long, default_value_t = DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP)]
+    pub unauthenticated_connections_per_ip: u32,
+    /// Failed logins from one IP per minute before its new connections are refused.
+    #[arg(long, default_value_t = DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE)]
+    pub failed_logins_per_ip_per_minute: u32,
+    /// QUIC concurrent streams per connection.
+    #[arg(long, default_value_t = DEFAULT_QUIC_MAX_CONCURRENT_STREAMS)]
+    pub quic_max_concurrent_streams: u32,
+    /// QUIC receive window per stream, bytes.
+    #[arg(long, default_value_t = DEFAULT_QUIC_MAX_STREAM_DATA_BYTES)]
+    pub quic_max_stream_data_bytes: u32,
+    /// QUIC receive window per connection, bytes.
+    #[arg(long, default_value_t = DEFAULT_QUIC_MAX_CONNECTION_DATA_BYTES)]
+    pub quic_max_connection_data_bytes: u32,
+}
+
+impl ResourceArgs {
+    /// The configuration these flags give.
+    pub fn into_config(self) -> ResourceConfig {
+        ResourceConfig {
+            memory_limit_bytes: self.memory_limit_bytes,
+            memory_default_limit_bytes: self.memory_default_limit_bytes,
+            memory_budget_percent: self.memory_budget_percent,
+            connection_charge_bytes: self.connection_charge_bytes,
+            stream_budget_system: self.stream_budget_system,
+            stream_budgets: self.stream_budgets.into_iter().collect(),
+            peer_stream_budget_total: self.peer_stream_budget_total,
+            peer_stream_budgets: self.peer_stream_budgets.into_iter().collect(),
+            circuits_per_destination: self.circuits_per_destination,
+            unauthenticated_connections_per_ip: self.unauthenticated_connections_per_ip,
+            failed_logins_per_ip_per_minute: self.failed_logins_per_ip_per_minute,
+            quic_max_concurrent_streams: self.quic_max_concurrent_streams,
+            quic_max_stream_data_bytes: self.quic_max_stream_data_bytes,
+            quic_max_connection_data_bytes: self.quic_max_connection_data_bytes,
+        }
+    }
+}
+
+/// Parses `PROTOCOL=N` for `--stream-budget` and `--peer-stream-budget`;
+/// PROTOCOL is one of auth, catalog, call, goaway, relay_hop, relay_stop,
+/// identify, kad, ping, other.
+pub fn parse_protocol_budget(s: &str) -> Result<(String, u32), String> {
+    let (p, n) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected PROTOCOL=N, got {s:?}"))?;
+    if super::budget::Proto::from_label(p).is_none() {
+        let known: Vec<_> = super::budget::Proto::ALL
+            .iter()
+            .map(|p| p.as_str())
+            .collect();
+        return Err(format!(
+            "unknown protocol {p:?}; one of {}",
+            known.join(", ")
+        ));
+    }
+    let n = n
+        .parse::<u32>()
+        .map_err(|e| format!("budget of {p}: {e}"))?;
+    Ok((p.to_string(), n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        r: ResourceArgs,
+    }
+
+    #[test]
+    fn no_flags_give_the_default_config_and_flags_map_one_to_one() {
+        use clap::Parser;
+        let cli = Cli::try_parse_from(["x"]).expect("parse");
+        assert_eq!(cli.r.into_config(), ResourceConfig::default());
+        let cli = Cli::try_parse_from([
+            "x",
+            "--stream-budget",
+            "auth=5",
+            "--peer-stream-budget",
+            "catalog=2",
+            "--memory-limit-bytes",
+            "1000",
+        ])
+        .expect("parse");
+        let c = cli.r.into_config();
+        assert_eq!(c.stream_budgets.get("auth"), Some(&5));
+        assert_eq!(c.peer_stream_budgets.get("catalog"), Some(&2));
+        assert_eq!(c.memory_limit_bytes, Some(1000));
+        assert!(Cli::try_parse_from(["x", "--stream-budget", "bogus=1"]).is_err());
+    }
+
+    #[test]
+    fn protocol_budgets_parse_with_clear_errors() {
+        assert_eq!(parse_protocol_budget("auth=3"), Ok(("auth".into(), 3)));
+        assert!(parse_protocol_budget("auth").is_err());
+        assert!(
+            parse_protocol_budget("nope=3")
+                .expect_err("unknown protocol")
+                .contains("unknown protocol")
+        );
+        assert!(parse_protocol_budget("kad=-1").is_err());
+    }
+}

@@ -1,0 +1,108 @@
+//! Resource metrics: memory in use and budget, live streams by protocol and
+//! direction, and the refusal counter's label values (all pre-created).
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::budget::{Proto, Refusal, Resource, Scope};
+
+/// `agentmesh_router_refused_total` labels: resource, scope, protocol.
+pub(crate) type RefusedLabels = [(&'static str, &'static str); 3];
+type StreamLabels = [(&'static str, &'static str); 2];
+
+/// The protocol label of refusals that concern no protocol (connections).
+pub(crate) const NO_PROTOCOL: &str = "none";
+
+/// Directions of streams.
+pub(crate) const DIRECTIONS: [&str; 2] = ["inbound", "outbound"];
+
+/// Gauges and counters of the resource manager.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ResourceMetrics {
+    pub(crate) memory_in_use: Gauge,
+    pub(crate) memory_budget: Gauge,
+    pub(crate) streams: Family<StreamLabels, Gauge>,
+    pub(crate) connections_charged: Gauge,
+    pub(crate) refused: Family<RefusedLabels, Counter>,
+}
+
+impl ResourceMetrics {
+    /// Registers the gauges in `registry`; `refused` is the router's existing
+    /// `agentmesh_router_refused` family, whose every label combination this
+    /// pre-creates.
+    pub(crate) fn new(registry: &mut Registry, refused: Family<RefusedLabels, Counter>) -> Self {
+        let m = Self {
+            refused,
+            ..Default::default()
+        };
+        registry.register(
+            "agentmesh_router_memory_in_use_bytes",
+            "Memory charged to live connections and streams",
+            m.memory_in_use.clone(),
+        );
+        registry.register(
+            "agentmesh_router_memory_budget_bytes",
+            "Memory budget the charges may add up to",
+            m.memory_budget.clone(),
+        );
+        registry.register(
+            "agentmesh_router_streams",
+            "Live streams by protocol and direction (as seen by the muxer)",
+            m.streams.clone(),
+        );
+        registry.register(
+            "agentmesh_router_connections_charged",
+            "Live connections charged to the memory budget",
+            m.connections_charged.clone(),
+        );
+        for p in Proto::ALL {
+            for d in DIRECTIONS {
+                let _ = m
+                    .streams
+                    .get_or_create(&[("protocol", p.as_str()), ("direction", d)]);
+            }
+        }
+        for r in Resource::ALL {
+            for s in Scope::ALL {
+                let _ = m.refused.get_or_create(&[
+                    ("resource", r.as_str()),
+                    ("scope", s.as_str()),
+                    ("protocol", NO_PROTOCOL),
+                ]);
+                for p in Proto::ALL {
+                    let _ = m.refused.get_or_create(&[
+                        ("resource", r.as_str()),
+                        ("scope", s.as_str()),
+                        ("protocol", p.as_str()),
+                    ]);
+                }
+            }
+        }
+        m
+    }
+
+    /// Counts one refusal.
+    pub(crate) fn refused(&self, r: Refusal, protocol: &'static str) {
+        self.refused
+            .get_or_create(&[
+                ("resource", r.resource.as_str()),
+                ("scope", r.scope.as_str()),
+                ("protocol", protocol),
+            ])
+            .inc();
+    }
+
+    /// The live-stream gauge of `p` in direction `inbound`.
+    pub(crate) fn stream_gauge(&self, p: Proto, inbound: bool) -> Gauge {
+        let d = if inbound {
+            DIRECTIONS[0]
+        } else {
+            DIRECTIONS[1]
+        };
+        self.streams
+            .get_or_create(&[("protocol", p.as_str()), ("direction", d)])
+            .clone()
+    }
+}

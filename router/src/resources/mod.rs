@@ -1,0 +1,507 @@
+//! The router's resource manager (issue 4): budgets by scope (system, per
+//! protocol, per peer, per source IP for unauthenticated connections), a
+//! memory budget that connections and streams are charged against, and the
+//! muxer-level accounting that sees every stream open and close, built-in
+//! protocols' included.
+//!
+//! - `budget.rs`: the pure policy (counts in, decision out).
+//! - `muxer.rs`: our yamux `StreamMuxer` with bounded windows, and the
+//!   accounting wrapper around any muxer (yamux and QUIC) whose substreams
+//!   learn their protocol from multistream-select and release on drop.
+//! - `transport.rs`: TCP + noise + our yamux, and QUIC, both accounted.
+//! - `memory.rs`: where the memory limit comes from (flag, cgroup, default).
+//!
+//! Invariant: every charge taken is released exactly once, by the `Drop` of
+//! the guard that holds it (connection or stream).
+
+pub(crate) mod budget;
+pub mod config;
+pub(crate) mod memory;
+mod metrics;
+pub(crate) mod muxer;
+mod sniff;
+pub(crate) mod transport;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use libp2p::PeerId;
+use libp2p::core::ConnectedPoint;
+use libp2p::multiaddr::Protocol;
+use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+
+use budget::{Budgets, ConnectionUsage, Proto, Refusal, StreamUsage, Watermarks};
+pub(crate) use metrics::RefusedLabels;
+use metrics::{NO_PROTOCOL, ResourceMetrics};
+
+/// Refusals are logged at most this often per source.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+/// Sources remembered for log rate limiting at most.
+const MAX_LOG_SOURCES: usize = 4096;
+/// Failed logins remembered per IP at most (the window is one minute).
+const MAX_FAILED_LOGINS_PER_IP: usize = 1024;
+/// IPs with failed logins remembered at most.
+const MAX_FAILED_LOGIN_IPS: usize = 16_384;
+/// The failed-login window.
+const FAILED_LOGIN_WINDOW: Duration = Duration::from_secs(60);
+
+/// A check whether a peer is admitted (set once the router's state exists).
+pub(crate) type AdmittedFn = Box<dyn Fn(&PeerId) -> bool + Send + Sync>;
+
+#[derive(Debug, Default)]
+struct PeerUsage {
+    connections: u32,
+    inbound: u32,
+    inbound_by_proto: [u32; Proto::COUNT],
+    outbound_by_proto: [u32; Proto::COUNT],
+}
+
+#[derive(Default)]
+struct State {
+    memory: u64,
+    inbound: u32,
+    inbound_by_proto: [u32; Proto::COUNT],
+    peers: HashMap<PeerId, PeerUsage>,
+    /// Inbound connections by source IP: connection id -> peer.
+    sources: HashMap<IpAddr, HashMap<u64, PeerId>>,
+    /// Source IPs of each peer's inbound connections (for failed logins).
+    peer_ips: HashMap<PeerId, Vec<IpAddr>>,
+    failed_logins: HashMap<IpAddr, VecDeque<Instant>>,
+    last_logged: HashMap<String, Instant>,
+}
+
+/// Budgets, live counts and charges of one router.
+pub(crate) struct ResourceManager {
+    budgets: Budgets,
+    metrics: ResourceMetrics,
+    admitted: OnceLock<AdmittedFn>,
+    state: Mutex<State>,
+    next_connection: AtomicU64,
+}
+
+impl std::fmt::Debug for ResourceManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResourceManager")
+            .field("budgets", &self.budgets)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The effective budgets for `config` with `memory_budget_bytes`.
+pub(crate) fn budgets(config: &crate::Config, memory_budget_bytes: u64) -> Budgets {
+    let r = &config.resources;
+    let w = Watermarks {
+        high_watermark: config.high_watermark,
+        relay_max_circuits: u32::try_from(config.relay_max_circuits).unwrap_or(u32::MAX),
+        relay_max_reservations: u32::try_from(config.effective_max_reservations())
+            .unwrap_or(u32::MAX),
+    };
+    let protocol_streams =
+        budget::per_protocol(|p| budget::default_protocol_budget(p, w), &r.stream_budgets);
+    let system_streams = r.stream_budget_system.unwrap_or_else(|| {
+        protocol_streams
+            .iter()
+            .fold(0u32, |a, b| a.saturating_add(*b))
+    });
+    Budgets {
+        memory_bytes: memory_budget_bytes,
+        connection_charge_bytes: r.connection_charge_bytes,
+        system_streams,
+        protocol_streams,
+        peer_streams: r.peer_stream_budget_total,
+        peer_protocol_streams: budget::per_protocol(
+            budget::default_peer_budget,
+            &r.peer_stream_budgets,
+        ),
+        circuits_per_destination: r.circuits_per_destination,
+        unauthenticated_connections_per_ip: r.unauthenticated_connections_per_ip,
+        failed_logins_per_ip_per_minute: r.failed_logins_per_ip_per_minute,
+    }
+}
+
+/// Finds the memory limit (off the async runtime), derives the budgets from
+/// `config` and creates the manager.
+pub(crate) async fn start(
+    config: &crate::Config,
+    registry: &mut Registry,
+    refused: Family<RefusedLabels, Counter>,
+) -> Result<Arc<ResourceManager>, tokio::task::JoinError> {
+    let r = &config.resources;
+    let (flag, default) = (r.memory_limit_bytes, r.memory_default_limit_bytes);
+    let (limit, source) = tokio::task::spawn_blocking(move || memory::limit(flag, default)).await?;
+    let memory_budget = memory::budget(limit, r.memory_budget_percent);
+    let b = budgets(config, memory_budget);
+    tracing::info!(
+        limit_bytes = limit,
+        source = source.as_str(),
+        budget_bytes = memory_budget,
+        connection_charge_bytes = b.connection_charge_bytes,
+        "memory budget"
+    );
+    Ok(ResourceManager::new(b, registry, refused))
+}
+
+/// The IP a connection comes from (inbound TCP or QUIC), if known.
+fn source_ip(endpoint: &ConnectedPoint) -> Option<IpAddr> {
+    match endpoint {
+        ConnectedPoint::Listener { send_back_addr, .. } => {
+            send_back_addr.iter().find_map(|p| match p {
+                Protocol::Ip4(ip) => Some(IpAddr::V4(ip)),
+                Protocol::Ip6(ip) => Some(IpAddr::V6(ip)),
+                _ => None,
+            })
+        }
+        ConnectedPoint::Dialer { .. } => None,
+    }
+}
+
+impl ResourceManager {
+    /// A manager with `budgets`; registers its gauges in `registry` and
+    /// pre-creates every label of `refused`.
+    pub(crate) fn new(
+        budgets: Budgets,
+        registry: &mut Registry,
+        refused: Family<RefusedLabels, Counter>,
+    ) -> Arc<Self> {
+        let metrics = ResourceMetrics::new(registry, refused);
+        metrics
+            .memory_budget
+            .set(i64::try_from(budgets.memory_bytes).unwrap_or(i64::MAX));
+        Arc::new(Self {
+            budgets,
+            metrics,
+            admitted: OnceLock::new(),
+            state: Mutex::new(State::default()),
+            next_connection: AtomicU64::new(0),
+        })
+    }
+
+    /// Sets how to tell whether a peer is admitted (once; later calls are ignored).
+    pub(crate) fn set_admitted(&self, f: AdmittedFn) {
+        let _ = self.admitted.set(f);
+    }
+
+    /// The effective budgets.
+    #[cfg(test)]
+    pub(crate) fn budgets(&self) -> &Budgets {
+        &self.budgets
+    }
+
+    fn is_admitted(&self, peer: &PeerId) -> bool {
+        self.admitted.get().is_some_and(|f| f(peer))
+    }
+
+    /// Admits (and charges) a new connection, or refuses it (counted, logged).
+    pub(crate) fn open_connection(
+        self: &Arc<Self>,
+        peer: PeerId,
+        endpoint: &ConnectedPoint,
+    ) -> Result<Arc<ConnectionGuard>, Refusal> {
+        let ip = source_ip(endpoint);
+        let peer_admitted = self.is_admitted(&peer);
+        // Read admission for the peers from this IP before taking our lock.
+        let others: Vec<PeerId> = match ip {
+            Some(ip) if !peer_admitted => self
+                .state
+                .lock()
+                .sources
+                .get(&ip)
+                .map(|m| m.values().copied().collect())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        let unauthenticated = others.iter().filter(|p| !self.is_admitted(p)).count();
+        let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        let failed = ip
+            .and_then(|ip| st.failed_logins.get_mut(&ip))
+            .map(|q| {
+                while q.front().is_some_and(|t| now - *t > FAILED_LOGIN_WINDOW) {
+                    q.pop_front();
+                }
+                q.len()
+            })
+            .unwrap_or(0);
+        let usage = ConnectionUsage {
+            memory_bytes: st.memory,
+            peer_admitted,
+            unauthenticated_from_source: u32::try_from(unauthenticated).unwrap_or(u32::MAX),
+            failed_logins_from_source: u32::try_from(failed).unwrap_or(u32::MAX),
+        };
+        if endpoint.is_dialer() {
+            // Our own dials are charged but never refused.
+            let charge = self.budgets.connection_charge_bytes;
+            self.charge(&mut st, charge);
+            self.attach_connection(&mut st, id, peer, None);
+            return Ok(self.connection_guard(id, peer, None, charge));
+        }
+        match budget::admit_inbound_connection(&self.budgets, usage) {
+            Ok(charge) => {
+                self.charge(&mut st, charge);
+                self.attach_connection(&mut st, id, peer, ip);
+                Ok(self.connection_guard(id, peer, ip, charge))
+            }
+            Err(r) => {
+                let key = ip.map_or_else(|| peer.to_string(), |ip| ip.to_string());
+                self.refuse(&mut st, r, NO_PROTOCOL, &key, &peer);
+                Err(r)
+            }
+        }
+    }
+
+    fn connection_guard(
+        self: &Arc<Self>,
+        id: u64,
+        peer: PeerId,
+        ip: Option<IpAddr>,
+        charge: u64,
+    ) -> Arc<ConnectionGuard> {
+        self.metrics.connections_charged.inc();
+        Arc::new(ConnectionGuard {
+            mgr: self.clone(),
+            id,
+            peer,
+            ip,
+            charge,
+        })
+    }
+
+    fn attach_connection(&self, st: &mut State, id: u64, peer: PeerId, ip: Option<IpAddr>) {
+        st.peers.entry(peer).or_default().connections += 1;
+        if let Some(ip) = ip {
+            st.sources.entry(ip).or_default().insert(id, peer);
+            st.peer_ips.entry(peer).or_default().push(ip);
+        }
+    }
+
+    fn release_connection(&self, g: &ConnectionGuard) {
+        let mut st = self.state.lock();
+        self.uncharge(&mut st, g.charge);
+        self.metrics.connections_charged.dec();
+        if let Some(u) = st.peers.get_mut(&g.peer) {
+            u.connections = u.connections.saturating_sub(1);
+            if u.connections == 0 && u.inbound == 0 && u.outbound_by_proto.iter().all(|n| *n == 0) {
+                st.peers.remove(&g.peer);
+            }
+        }
+        if let Some(ip) = g.ip {
+            if let Some(m) = st.sources.get_mut(&ip) {
+                m.remove(&g.id);
+                if m.is_empty() {
+                    st.sources.remove(&ip);
+                }
+            }
+            if let Some(ips) = st.peer_ips.get_mut(&g.peer) {
+                if let Some(i) = ips.iter().position(|x| *x == ip) {
+                    ips.swap_remove(i);
+                }
+                if ips.is_empty() {
+                    st.peer_ips.remove(&g.peer);
+                }
+            }
+        }
+    }
+
+    /// Admits (and charges) a stream whose protocol just became known, or
+    /// refuses it (counted, logged).
+    pub(crate) fn open_stream(
+        self: &Arc<Self>,
+        conn: &Arc<ConnectionGuard>,
+        proto: Proto,
+        inbound: bool,
+    ) -> Result<StreamGuard, Refusal> {
+        let mut st = self.state.lock();
+        let memory = st.memory;
+        let (peer_total, peer_proto, peer_out) = st
+            .peers
+            .get(&conn.peer)
+            .map(|u| {
+                (
+                    u.inbound,
+                    u.inbound_by_proto[proto.index()],
+                    u.outbound_by_proto[proto.index()],
+                )
+            })
+            .unwrap_or_default();
+        let decision = if inbound {
+            budget::admit_inbound_stream(
+                &self.budgets,
+                proto,
+                StreamUsage {
+                    system: st.inbound,
+                    protocol: st.inbound_by_proto[proto.index()],
+                    peer: peer_total,
+                    peer_protocol: peer_proto,
+                    memory_bytes: memory,
+                },
+            )
+        } else {
+            budget::admit_outbound_stream(&self.budgets, proto, peer_out, memory)
+        };
+        match decision {
+            Ok(charge) => {
+                self.charge(&mut st, charge);
+                let u = st.peers.entry(conn.peer).or_default();
+                if inbound {
+                    u.inbound += 1;
+                    u.inbound_by_proto[proto.index()] += 1;
+                    st.inbound += 1;
+                    st.inbound_by_proto[proto.index()] += 1;
+                } else {
+                    u.outbound_by_proto[proto.index()] += 1;
+                }
+                let gauge = self.metrics.stream_gauge(proto, inbound);
+                gauge.inc();
+                Ok(StreamGuard {
+                    conn: conn.clone(),
+                    proto,
+                    inbound,
+                    charge,
+                })
+            }
+            Err(r) => {
+                let key = conn
+                    .ip
+                    .map_or_else(|| conn.peer.to_string(), |ip| ip.to_string());
+                self.refuse(&mut st, r, proto.as_str(), &key, &conn.peer);
+                Err(r)
+            }
+        }
+    }
+
+    fn release_stream(&self, g: &StreamGuard) {
+        let mut st = self.state.lock();
+        self.uncharge(&mut st, g.charge);
+        let i = g.proto.index();
+        if g.inbound {
+            st.inbound = st.inbound.saturating_sub(1);
+            st.inbound_by_proto[i] = st.inbound_by_proto[i].saturating_sub(1);
+        }
+        let peer = g.conn.peer;
+        if let Some(u) = st.peers.get_mut(&peer) {
+            if g.inbound {
+                u.inbound = u.inbound.saturating_sub(1);
+                u.inbound_by_proto[i] = u.inbound_by_proto[i].saturating_sub(1);
+            } else {
+                u.outbound_by_proto[i] = u.outbound_by_proto[i].saturating_sub(1);
+            }
+            if u.connections == 0 && u.inbound == 0 && u.outbound_by_proto.iter().all(|n| *n == 0) {
+                st.peers.remove(&peer);
+            }
+        }
+        self.metrics.stream_gauge(g.proto, g.inbound).dec();
+    }
+
+    /// Records a failed login by `peer`: counted against the source IPs of
+    /// its connections (only failed logins and unauthenticated connections
+    /// are limited per IP).
+    pub(crate) fn failed_login(&self, peer: &PeerId) {
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        let ips = st.peer_ips.get(peer).cloned().unwrap_or_default();
+        for ip in ips {
+            if !st.failed_logins.contains_key(&ip) && st.failed_logins.len() >= MAX_FAILED_LOGIN_IPS
+            {
+                st.failed_logins
+                    .retain(|_, q| q.back().is_some_and(|t| now - *t <= FAILED_LOGIN_WINDOW));
+                if st.failed_logins.len() >= MAX_FAILED_LOGIN_IPS {
+                    continue;
+                }
+            }
+            let q = st.failed_logins.entry(ip).or_default();
+            while q.front().is_some_and(|t| now - *t > FAILED_LOGIN_WINDOW) {
+                q.pop_front();
+            }
+            if q.len() < MAX_FAILED_LOGINS_PER_IP {
+                q.push_back(now);
+            }
+        }
+    }
+
+    fn charge(&self, st: &mut State, bytes: u64) {
+        st.memory = st.memory.saturating_add(bytes);
+        self.metrics
+            .memory_in_use
+            .set(i64::try_from(st.memory).unwrap_or(i64::MAX));
+    }
+
+    fn uncharge(&self, st: &mut State, bytes: u64) {
+        st.memory = st.memory.saturating_sub(bytes);
+        self.metrics
+            .memory_in_use
+            .set(i64::try_from(st.memory).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a refusal and logs it at most once a minute per source.
+    fn refuse(&self, st: &mut State, r: Refusal, protocol: &'static str, key: &str, peer: &PeerId) {
+        self.metrics.refused(r, protocol);
+        let now = Instant::now();
+        if st.last_logged.len() >= MAX_LOG_SOURCES {
+            st.last_logged.retain(|_, t| now - *t < LOG_EVERY);
+        }
+        let due = st
+            .last_logged
+            .get(key)
+            .is_none_or(|t| now - *t >= LOG_EVERY);
+        if due && st.last_logged.len() < MAX_LOG_SOURCES {
+            st.last_logged.insert(key.to_string(), now);
+            tracing::warn!(
+                source = key,
+                %peer,
+                resource = r.resource.as_str(),
+                scope = r.scope.as_str(),
+                protocol,
+                "refused for lack of a resource (logged at most once a minute per source)"
+            );
+        }
+    }
+}
+
+/// One live connection's charge; released when the last holder drops it.
+#[derive(Debug)]
+pub(crate) struct ConnectionGuard {
+    mgr: Arc<ResourceManager>,
+    id: u64,
+    peer: PeerId,
+    ip: Option<IpAddr>,
+    charge: u64,
+}
+
+impl ConnectionGuard {
+    /// The manager.
+    pub(crate) fn manager(&self) -> &Arc<ResourceManager> {
+        &self.mgr
+    }
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.mgr.clone().release_connection(self);
+    }
+}
+
+/// One live stream's charge; released on drop.
+#[derive(Debug)]
+pub(crate) struct StreamGuard {
+    conn: Arc<ConnectionGuard>,
+    proto: Proto,
+    inbound: bool,
+    charge: u64,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        self.conn.mgr.clone().release_stream(self);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,343 @@
+//! Two muxer layers:
+//!
+//! - [`Yamux`]: a `StreamMuxer` over the `yamux` crate with bounded windows
+//!   (`set_max_num_streams(n)` first, then a connection window of exactly
+//!   n × 256 KiB, so no stream's window grows past 256 KiB). It replaces
+//!   libp2p-yamux, whose default connection window is 1 GiB.
+//! - [`Accounted`]: wraps any muxer (ours, QUIC) and hands out
+//!   [`AccountedStream`]s that learn their protocol from the multistream-select
+//!   message our side writes (confirmation inbound, proposal outbound), ask
+//!   the [`ResourceManager`] before that message reaches the wire, and release
+//!   their charge on drop. A refused stream fails that write: the handler's
+//!   upgrade fails, the remote sees the negotiation fail, and the connection
+//!   and its other streams live on. `poll_inbound` never fails for a refusal.
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use futures::{AsyncRead, AsyncWrite, future, ready};
+use libp2p::core::muxing::{StreamMuxer, StreamMuxerEvent};
+use libp2p::core::upgrade::{InboundConnectionUpgrade, OutboundConnectionUpgrade, UpgradeInfo};
+
+use super::budget::{DATA_STREAM_CHARGE_BYTES, Proto};
+use super::sniff::{Seen, Sniffer};
+use super::{ConnectionGuard, StreamGuard};
+
+/// Inbound streams buffered while the swarm is not asking for them; more are
+/// dropped (the remote sees a reset), like libp2p-yamux.
+const MAX_BUFFERED_INBOUND_STREAMS: usize = 256;
+
+/// The yamux protocol id.
+const YAMUX_PROTOCOL: &str = "/yamux/1.0.0";
+
+/// The yamux upgrade with bounded windows.
+#[derive(Debug, Clone)]
+pub(crate) struct YamuxUpgrade {
+    config: yamux::Config,
+}
+
+impl YamuxUpgrade {
+    /// At most `max_streams` streams per connection (a backstop above the
+    /// budgets: exceeding it closes the connection) and a connection window
+    /// of `max_streams` × 256 KiB, so each stream keeps a 256 KiB window.
+    pub(crate) fn new(max_streams: usize) -> Self {
+        let n = max_streams.max(1);
+        let mut config = yamux::Config::default();
+        // Order matters: yamux asserts window >= streams × 256 KiB on each call.
+        config.set_max_num_streams(n);
+        config.set_max_connection_receive_window(Some(n * DATA_STREAM_CHARGE_BYTES as usize));
+        Self { config }
+    }
+}
+
+impl UpgradeInfo for YamuxUpgrade {
+    type Info = &'static str;
+    type InfoIter = std::iter::Once<Self::Info>;
+
+    fn protocol_info(&self) -> Self::InfoIter {
+        std::iter::once(YAMUX_PROTOCOL)
+    }
+}
+
+impl<C> InboundConnectionUpgrade<C> for YamuxUpgrade
+where
+    C: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    type Output = Yamux<C>;
+    type Error = io::Error;
+    type Future = future::Ready<Result<Self::Output, Self::Error>>;
+
+    fn upgrade_inbound(self, io: C, _: Self::Info) -> Self::Future {
+        future::ready(Ok(Yamux::new(yamux::Connection::new(
+            io,
+            self.config,
+            yamux::Mode::Server,
+        ))))
+    }
+}
+
+impl<C> OutboundConnectionUpgrade<C> for YamuxUpgrade
+where
+    C: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    type Output = Yamux<C>;
+    type Error = io::Error;
+    type Future = future::Ready<Result<Self::Output, Self::Error>>;
+
+    fn upgrade_outbound(self, io: C, _: Self::Info) -> Self::Future {
+        future::ready(Ok(Yamux::new(yamux::Connection::new(
+            io,
+            self.config,
+            yamux::Mode::Client,
+        ))))
+    }
+}
+
+/// A yamux connection as a libp2p `StreamMuxer`.
+#[derive(Debug)]
+pub(crate) struct Yamux<C> {
+    connection: yamux::Connection<C>,
+    inbound: VecDeque<yamux::Stream>,
+    inbound_waker: Option<Waker>,
+}
+
+impl<C> Yamux<C> {
+    fn new(connection: yamux::Connection<C>) -> Self {
+        Self {
+            connection,
+            inbound: VecDeque::new(),
+            inbound_waker: None,
+        }
+    }
+}
+
+impl<C> Yamux<C>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<yamux::Stream, io::Error>> {
+        match ready!(self.connection.poll_next_inbound(cx)) {
+            Some(Ok(s)) => Poll::Ready(Ok(s)),
+            Some(Err(e)) => Poll::Ready(Err(to_io(e))),
+            None => Poll::Ready(Err(to_io(yamux::ConnectionError::Closed))),
+        }
+    }
+}
+
+fn to_io(e: yamux::ConnectionError) -> io::Error {
+    match e {
+        yamux::ConnectionError::Io(e) => e,
+        e => io::Error::other(e),
+    }
+}
+
+impl<C> StreamMuxer for Yamux<C>
+where
+    C: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    type Substream = yamux::Stream;
+    type Error = io::Error;
+
+    fn poll_inbound(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Self::Substream, Self::Error>> {
+        if let Some(s) = self.inbound.pop_front() {
+            return Poll::Ready(Ok(s));
+        }
+        if let Poll::Ready(r) = self.poll_next(cx) {
+            return Poll::Ready(r);
+        }
+        self.inbound_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    fn poll_outbound(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Self::Substream, Self::Error>> {
+        self.connection.poll_new_outbound(cx).map_err(to_io)
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.connection.poll_close(cx).map_err(to_io)
+    }
+
+    fn poll(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<StreamMuxerEvent, Self::Error>> {
+        let this = self.get_mut();
+        let s = ready!(this.poll_next(cx))?;
+        if this.inbound.len() >= MAX_BUFFERED_INBOUND_STREAMS {
+            tracing::debug!(stream = %s, "dropping inbound stream: buffer full");
+            drop(s);
+        } else {
+            this.inbound.push_back(s);
+            if let Some(w) = this.inbound_waker.take() {
+                w.wake();
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+/// Any muxer whose streams are accounted by the resource manager.
+#[derive(Debug)]
+pub(crate) struct Accounted<M> {
+    inner: M,
+    conn: Arc<ConnectionGuard>,
+}
+
+impl<M> Accounted<M> {
+    /// Wraps `inner`; `conn` holds the connection's charge until the muxer
+    /// and all its streams are gone.
+    pub(crate) fn new(inner: M, conn: Arc<ConnectionGuard>) -> Self {
+        Self { inner, conn }
+    }
+}
+
+impl<M> StreamMuxer for Accounted<M>
+where
+    M: StreamMuxer + Unpin,
+    M::Substream: Unpin,
+{
+    type Substream = AccountedStream<M::Substream>;
+    type Error = M::Error;
+
+    fn poll_inbound(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Self::Substream, Self::Error>> {
+        let s = ready!(Pin::new(&mut self.inner).poll_inbound(cx))?;
+        Poll::Ready(Ok(AccountedStream::new(s, self.conn.clone(), true)))
+    }
+
+    fn poll_outbound(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Self::Substream, Self::Error>> {
+        let s = ready!(Pin::new(&mut self.inner).poll_outbound(cx))?;
+        Poll::Ready(Ok(AccountedStream::new(s, self.conn.clone(), false)))
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Pin::new(&mut self.inner).poll_close(cx)
+    }
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<StreamMuxerEvent, Self::Error>> {
+        Pin::new(&mut self.inner).poll(cx)
+    }
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// Protocol not known yet.
+    Sniffing(Sniffer),
+    /// Admitted and charged (an unknown protocol is charged as other); the
+    /// guard releases the charge when the stream drops.
+    Open(#[allow(dead_code)] StreamGuard),
+    /// Refused: every write fails.
+    Refused,
+}
+
+/// A substream that holds its charge until dropped.
+#[derive(Debug)]
+pub(crate) struct AccountedStream<S> {
+    inner: S,
+    conn: Arc<ConnectionGuard>,
+    inbound: bool,
+    phase: Phase,
+}
+
+impl<S> AccountedStream<S> {
+    fn new(inner: S, conn: Arc<ConnectionGuard>, inbound: bool) -> Self {
+        Self {
+            inner,
+            conn,
+            inbound,
+            phase: Phase::Sniffing(Sniffer::default()),
+        }
+    }
+
+    /// Decides on the stream once its protocol is known.
+    fn decide(&mut self, proto: Proto) -> io::Result<()> {
+        match self
+            .conn
+            .manager()
+            .clone()
+            .open_stream(&self.conn, proto, self.inbound)
+        {
+            Ok(g) => {
+                self.phase = Phase::Open(g);
+                Ok(())
+            }
+            Err(r) => {
+                self.phase = Phase::Refused;
+                Err(refused_error(proto, r))
+            }
+        }
+    }
+}
+
+fn refused_error(proto: Proto, r: super::budget::Refusal) -> io::Error {
+    io::Error::other(format!(
+        "{} stream refused: {} budget ({} scope) exhausted",
+        proto.as_str(),
+        r.resource.as_str(),
+        r.scope.as_str()
+    ))
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for AccountedStream<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for AccountedStream<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        if let Phase::Sniffing(sniffer) = &this.phase {
+            match sniffer.inspect(buf) {
+                Seen::Undecided => {}
+                Seen::Protocol(id) => this.decide(Proto::from_protocol_id(&id))?,
+                Seen::GiveUp => this.decide(Proto::Other)?,
+            }
+        }
+        if matches!(this.phase, Phase::Refused) {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "stream refused by the resource manager",
+            )));
+        }
+        let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
+        if let Phase::Sniffing(sniffer) = &mut this.phase {
+            sniffer.wrote(&buf[..n]);
+        }
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_close(cx)
+    }
+}

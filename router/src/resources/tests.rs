@@ -1,0 +1,216 @@
+//! Unit tests of the manager's bookkeeping: charges taken and released,
+//! per-source limits only for peers not admitted, failed logins.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use libp2p::core::{ConnectedPoint, Endpoint};
+use libp2p::{Multiaddr, PeerId};
+use parking_lot::RwLock;
+use prometheus_client::registry::Registry;
+
+use super::budget::{Proto, Resource, Scope};
+use super::*;
+
+fn manager(
+    f: impl FnOnce(&mut crate::Config),
+) -> (Arc<ResourceManager>, Arc<RwLock<HashSet<PeerId>>>) {
+    let mut config = crate::Config::default();
+    config.resources.unauthenticated_connections_per_ip = 2;
+    config.resources.failed_logins_per_ip_per_minute = 3;
+    f(&mut config);
+    let mut reg = Registry::default();
+    let mgr = ResourceManager::new(budgets(&config, 64 << 20), &mut reg, Family::default());
+    let admitted = Arc::new(RwLock::new(HashSet::new()));
+    let a = admitted.clone();
+    mgr.set_admitted(Box::new(move |p| a.read().contains(p)));
+    (mgr, admitted)
+}
+
+fn inbound_from(ip: &str) -> ConnectedPoint {
+    ConnectedPoint::Listener {
+        local_addr: "/ip4/127.0.0.1/tcp/4001"
+            .parse::<Multiaddr>()
+            .expect("addr"),
+        send_back_addr: format!("/ip4/{ip}/tcp/5000").parse().expect("addr"),
+    }
+}
+
+fn refused(mgr: &ResourceManager, r: Resource, s: Scope, p: &'static str) -> u64 {
+    mgr.metrics
+        .refused
+        .get_or_create(&[
+            ("resource", r.as_str()),
+            ("scope", s.as_str()),
+            ("protocol", p),
+        ])
+        .get()
+}
+
+#[test]
+fn charges_are_released_on_drop() {
+    let (mgr, _) = manager(|_| {});
+    let peer = PeerId::random();
+    let conn = mgr
+        .open_connection(peer, &inbound_from("10.0.0.1"))
+        .expect("conn");
+    let base = mgr.state.lock().memory;
+    assert_eq!(base, mgr.budgets().connection_charge_bytes);
+    let s1 = mgr.open_stream(&conn, Proto::RelayHop, true).expect("hop");
+    let s2 = mgr.open_stream(&conn, Proto::Auth, true).expect("auth");
+    assert_eq!(
+        mgr.state.lock().memory,
+        base + Proto::RelayHop.charge_bytes() + Proto::Auth.charge_bytes()
+    );
+    assert_eq!(mgr.metrics.stream_gauge(Proto::RelayHop, true).get(), 1);
+    drop(s1);
+    drop(s2);
+    assert_eq!(mgr.state.lock().memory, base);
+    assert_eq!(mgr.metrics.stream_gauge(Proto::RelayHop, true).get(), 0);
+    drop(conn);
+    let st = mgr.state.lock();
+    assert_eq!(st.memory, 0);
+    assert!(st.peers.is_empty() && st.sources.is_empty() && st.peer_ips.is_empty());
+}
+
+#[test]
+fn per_peer_protocol_budget_refuses_that_protocol_only() {
+    let (mgr, _) = manager(|c| {
+        c.resources.peer_stream_budgets.insert("catalog".into(), 2);
+    });
+    let peer = PeerId::random();
+    let conn = mgr
+        .open_connection(peer, &inbound_from("10.0.0.1"))
+        .expect("conn");
+    let _a = mgr.open_stream(&conn, Proto::Catalog, true).expect("1");
+    let _b = mgr.open_stream(&conn, Proto::Catalog, true).expect("2");
+    let err = mgr
+        .open_stream(&conn, Proto::Catalog, true)
+        .expect_err("3rd refused");
+    assert_eq!((err.resource, err.scope), (Resource::Stream, Scope::Peer));
+    assert_eq!(refused(&mgr, Resource::Stream, Scope::Peer, "catalog"), 1);
+    let _c = mgr
+        .open_stream(&conn, Proto::Auth, true)
+        .expect("auth still fine");
+    // Another peer is not affected.
+    let other = mgr
+        .open_connection(PeerId::random(), &inbound_from("10.0.0.2"))
+        .expect("conn");
+    let _d = mgr
+        .open_stream(&other, Proto::Catalog, true)
+        .expect("other peer");
+}
+
+#[test]
+fn source_limit_applies_to_unauthenticated_connections_only() {
+    let (mgr, admitted) = manager(|_| {});
+    let (p1, p2, p3) = (PeerId::random(), PeerId::random(), PeerId::random());
+    let _c1 = mgr
+        .open_connection(p1, &inbound_from("10.0.0.9"))
+        .expect("1");
+    let _c2 = mgr
+        .open_connection(p2, &inbound_from("10.0.0.9"))
+        .expect("2");
+    let err = mgr
+        .open_connection(p3, &inbound_from("10.0.0.9"))
+        .expect_err("third unauthenticated from one IP");
+    assert_eq!(
+        (err.resource, err.scope),
+        (Resource::Connection, Scope::Source)
+    );
+    assert_eq!(
+        refused(&mgr, Resource::Connection, Scope::Source, "none"),
+        1
+    );
+    // Once admitted, members behind that IP no longer count.
+    admitted.write().extend([p1, p2]);
+    let _c3 = mgr
+        .open_connection(p3, &inbound_from("10.0.0.9"))
+        .expect("3");
+    let mut more = Vec::new();
+    admitted.write().insert(p3);
+    for _ in 0..10 {
+        let p = PeerId::random();
+        admitted.write().insert(p);
+        more.push(
+            mgr.open_connection(p, &inbound_from("10.0.0.9"))
+                .expect("admitted"),
+        );
+    }
+    // Our own dials are never refused.
+    let dial = ConnectedPoint::Dialer {
+        address: "/ip4/10.0.0.9/tcp/1".parse().expect("addr"),
+        role_override: Endpoint::Dialer,
+        port_use: libp2p::core::transport::PortUse::Reuse,
+    };
+    let _d = mgr.open_connection(PeerId::random(), &dial).expect("dial");
+}
+
+#[test]
+fn failed_logins_close_the_source_to_new_unauthenticated_connections() {
+    let (mgr, admitted) = manager(|c| c.resources.unauthenticated_connections_per_ip = 100);
+    let bad = PeerId::random();
+    let _c = mgr
+        .open_connection(bad, &inbound_from("10.0.0.7"))
+        .expect("conn");
+    for _ in 0..3 {
+        mgr.failed_login(&bad);
+    }
+    assert!(
+        mgr.open_connection(PeerId::random(), &inbound_from("10.0.0.7"))
+            .is_err()
+    );
+    assert!(
+        mgr.open_connection(PeerId::random(), &inbound_from("10.0.0.8"))
+            .is_ok()
+    );
+    let good = PeerId::random();
+    admitted.write().insert(good);
+    assert!(mgr.open_connection(good, &inbound_from("10.0.0.7")).is_ok());
+}
+
+#[test]
+fn memory_budget_refuses_and_counts() {
+    let mut config = crate::Config::default();
+    config.resources.connection_charge_bytes = 1 << 20;
+    let mut reg = Registry::default();
+    // Room for two connections and one data stream.
+    let budget = (2 << 20) + Proto::RelayHop.charge_bytes();
+    let mgr = ResourceManager::new(budgets(&config, budget), &mut reg, Family::default());
+    let c1 = mgr
+        .open_connection(PeerId::random(), &inbound_from("10.0.0.1"))
+        .expect("1");
+    let _c2 = mgr
+        .open_connection(PeerId::random(), &inbound_from("10.0.0.2"))
+        .expect("2");
+    let s = mgr.open_stream(&c1, Proto::RelayHop, true).expect("fits");
+    let err = mgr
+        .open_stream(&c1, Proto::RelayHop, true)
+        .expect_err("over");
+    assert_eq!((err.resource, err.scope), (Resource::Memory, Scope::System));
+    assert!(
+        mgr.open_connection(PeerId::random(), &inbound_from("10.0.0.3"))
+            .is_err()
+    );
+    assert_eq!(
+        refused(&mgr, Resource::Memory, Scope::System, "relay_hop"),
+        1
+    );
+    assert_eq!(refused(&mgr, Resource::Memory, Scope::System, "none"), 1);
+    drop(s);
+    assert!(mgr.open_stream(&c1, Proto::RelayHop, true).is_ok());
+}
+
+#[test]
+fn circuits_per_destination_are_capped() {
+    let (mgr, _) = manager(|c| c.resources.circuits_per_destination = 2);
+    let dst = mgr
+        .open_connection(PeerId::random(), &inbound_from("10.0.0.1"))
+        .expect("conn");
+    let _a = mgr.open_stream(&dst, Proto::RelayStop, false).expect("1");
+    let _b = mgr.open_stream(&dst, Proto::RelayStop, false).expect("2");
+    let err = mgr
+        .open_stream(&dst, Proto::RelayStop, false)
+        .expect_err("3");
+    assert_eq!((err.resource, err.scope), (Resource::Circuit, Scope::Peer));
+}

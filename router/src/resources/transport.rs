@@ -1,0 +1,83 @@
+//! The router's transport: TCP + noise + our bounded yamux, or QUIC with its
+//! stream and data limits set; every connection admitted and charged by the
+//! resource manager, every stream accounted (`muxer.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future;
+use libp2p::core::muxing::StreamMuxerBox;
+use libp2p::core::transport::{Boxed, Transport};
+use libp2p::core::upgrade::Version;
+use libp2p::identity::Keypair;
+use libp2p::{PeerId, noise, quic, tcp};
+
+use super::ResourceManager;
+use super::budget::Refusal;
+use super::config::ResourceConfig;
+use super::muxer::{Accounted, YamuxUpgrade};
+
+/// Deadline of the TCP security and muxer handshakes.
+const UPGRADE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Streams per yamux connection above the budgets (the backstop margin).
+const YAMUX_BACKSTOP_MARGIN: usize = 64;
+
+/// A connection the resource manager refused.
+#[derive(Debug, thiserror::Error)]
+#[error("connection refused: {} budget ({} scope) exhausted", .0.resource.as_str(), .0.scope.as_str())]
+pub(crate) struct ConnectionRefused(pub(crate) Refusal);
+
+/// Why the transport could not be built.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TransportError {
+    /// Noise could not be configured with our key.
+    #[error("noise: {0}")]
+    Noise(#[from] noise::Error),
+}
+
+/// Yamux's per-connection stream cap: above every per-peer budget, so our
+/// budgets refuse first and the cap (which closes the connection) only backs
+/// them up.
+pub(crate) fn yamux_max_streams(r: &ResourceConfig) -> usize {
+    (r.peer_stream_budget_total as usize)
+        .saturating_add(r.circuits_per_destination as usize)
+        .saturating_add(YAMUX_BACKSTOP_MARGIN)
+}
+
+/// The QUIC configuration with the limits from `r`.
+pub(crate) fn quic_config(key: &Keypair, r: &ResourceConfig) -> quic::Config {
+    let mut c = quic::Config::new(key);
+    c.max_concurrent_stream_limit = r.quic_max_concurrent_streams;
+    c.max_stream_data = r.quic_max_stream_data_bytes;
+    c.max_connection_data = r.quic_max_connection_data_bytes;
+    c
+}
+
+/// TCP (noise, bounded yamux) or QUIC, each connection admitted by `mgr`.
+pub(crate) fn build(
+    key: &Keypair,
+    r: &ResourceConfig,
+    mgr: Arc<ResourceManager>,
+) -> Result<Boxed<(PeerId, StreamMuxerBox)>, TransportError> {
+    let yamux = YamuxUpgrade::new(yamux_max_streams(r));
+    let tcp = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
+        .upgrade(Version::V1Lazy)
+        .authenticate(noise::Config::new(key)?)
+        .multiplex(yamux)
+        .timeout(UPGRADE_TIMEOUT)
+        .map(|(peer, m), _| (peer, StreamMuxerBox::new(m)));
+    let quic = quic::tokio::Transport::new(quic_config(key, r))
+        .map(|(peer, m), _| (peer, StreamMuxerBox::new(m)));
+    let t = tcp
+        .or_transport(quic)
+        .map(|either, _| either.into_inner())
+        .and_then(move |(peer, muxer), endpoint| {
+            future::ready(
+                mgr.open_connection(peer, &endpoint)
+                    .map(|guard| (peer, StreamMuxerBox::new(Accounted::new(muxer, guard))))
+                    .map_err(ConnectionRefused),
+            )
+        })
+        .boxed();
+    Ok(t)
+}
