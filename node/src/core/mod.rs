@@ -69,6 +69,8 @@ pub(crate) struct Core {
     cmd_rx: mpsc::Receiver<Command>,
     slots: HashMap<PeerId, Slot>,
     shunned: HashMap<PeerId, Instant>,
+    /// Failures in a row per router (escalates shunning; cleared on a reservation).
+    failures: HashMap<PeerId, u32>,
     candidates: Vec<crate::select::Candidate>,
     have_directory: bool,
     ops: FuturesUnordered<BoxFuture<'static, Op>>,
@@ -114,6 +116,7 @@ impl Core {
             cmd_rx,
             slots: HashMap::new(),
             shunned: HashMap::new(),
+            failures: HashMap::new(),
             candidates: Vec::new(),
             have_directory: false,
             ops: FuturesUnordered::new(),
@@ -443,6 +446,9 @@ impl Core {
                     .map(|c| (c.peer, c.addrs.clone()))
                     .collect();
                 self.have_directory = true;
+                let known: std::collections::HashSet<PeerId> =
+                    self.candidates.iter().map(|c| c.peer).collect();
+                self.failures.retain(|p, _| known.contains(p));
                 self.warned_no_router = false;
                 let dir_path = self.shared.config.data_dir.clone();
                 tokio::task::spawn_blocking(move || {

@@ -44,6 +44,9 @@ pub(crate) struct Slot {
     pub(crate) leaving: Option<Duration>,
 }
 
+/// Doublings of a shun for a router failing again and again (2^4 = ×16).
+const MAX_SHUN_FAILURES: u32 = 4;
+
 /// Re-presentations refused in a row before the router is given up.
 const MAX_REPRESENT_FAILURES: u32 = 5;
 
@@ -57,9 +60,15 @@ pub(crate) fn router_base(addr: &Multiaddr, router: PeerId) -> Multiaddr {
 }
 
 impl Core {
+    /// Keeps `peer` out of the choice for `base`, doubled for each failure
+    /// in a row (capped at [`MAX_SHUN_FAILURES`] doublings), jittered.
     fn shun(&mut self, peer: PeerId, base: Duration) {
+        let n = self.failures.entry(peer).or_insert(0);
+        let wait = base.saturating_mul(1 << (*n).min(MAX_SHUN_FAILURES));
+        *n += 1;
+        let wait = wait.min(super::goaway::MAX_SHUN.max(base));
         self.shunned
-            .insert(peer, Instant::now() + jittered(base, 0.5));
+            .insert(peer, Instant::now() + jittered(wait, 0.5));
     }
 
     fn reserved_peers(&self) -> Vec<PeerId> {
@@ -330,6 +339,7 @@ impl Core {
         if let Phase::Reserving(l) = slot.phase {
             slot.phase = Phase::Reserved(l);
             slot.reserve_failures = 0;
+            self.failures.remove(&router);
             self.shared
                 .metrics
                 .reservations
