@@ -69,7 +69,8 @@ async fn every<F, Fut, T>(
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
-    let mut tick = tokio::time::interval(every);
+    // spawn() already ran one pass; the first tick is one period away.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
