@@ -525,6 +525,11 @@ async fn two_routers_mesh_and_a_lookup_on_one_finds_a_record_on_the_other() {
     let r1 = start_router(&cp).await;
     let r2 = start_router(&cp).await;
     eventually("routers admit each other", || async {
+        tracing::info!(
+            r1 = r1.metric("agentmesh_router_admitted_routers"),
+            r2 = r2.metric("agentmesh_router_admitted_routers"),
+            "admitted routers"
+        );
         (r1.metric("agentmesh_router_admitted_routers") == 1.0
             && r2.metric("agentmesh_router_admitted_routers") == 1.0)
             .then_some(())
@@ -566,9 +571,9 @@ async fn two_routers_mesh_and_a_lookup_on_one_finds_a_record_on_the_other() {
     ));
     let aid = a.peer_id;
     eventually("lookup on R1 finds A's record on R2", || async {
-        providers(&b.catalog(r1.id(), lookup("echo")).await)
-            .contains(&aid)
-            .then_some(())
+        let found = providers(&b.catalog(r1.id(), lookup("echo")).await);
+        tracing::info!(?found, "lookup on R1");
+        found.contains(&aid).then_some(())
     })
     .await;
     assert!(
