@@ -6,6 +6,8 @@
 //! - With the default `server` feature: the server itself, started as a value
 //!   with [`spawn`]`(Config) -> Handle`, its storage, limiter, keys, reapers.
 
+#![warn(missing_docs)]
+
 pub mod client;
 pub mod clock;
 
