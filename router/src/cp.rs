@@ -120,6 +120,14 @@ async fn enroll(shared: &Shared) -> Result<(), ClientError> {
     }
     let has_keys = shared.trust.read().key_count() > 0;
     shared.update_readiness(|r| r.keys = has_keys);
+    if let Some(claims) = resp.credential.as_ref().and_then(|c| peek_claims(c).ok()) {
+        let allowed = agentmesh_proto::credential::labels_to_map(&claims.labels);
+        for (k, v) in &shared.config.labels {
+            if allowed.get(k) != Some(v) {
+                tracing::error!(label = %format!("{k}={v}"), "the router token does not allow this label; leases will be refused");
+            }
+        }
+    }
     *shared.credential.write() = resp.credential;
     tracing::info!(node_id = %resp.node_id, "router enrolled");
     Ok(())

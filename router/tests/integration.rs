@@ -98,8 +98,12 @@ struct Router {
 }
 
 async fn start_router(cp: &Cp) -> Router {
+    start_router_with(cp, |_| {}).await
+}
+
+async fn start_router_with(cp: &Cp, adjust: impl FnOnce(&mut Config)) -> Router {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = Config {
+    let mut config = Config {
         control_plane: cp.url.clone(),
         token: cp.token(Role::Router).await,
         key_path: dir.path().join("router.key"),
@@ -111,6 +115,7 @@ async fn start_router(cp: &Cp) -> Router {
         control_plane_retry_budget: Duration::from_secs(10),
         ..Default::default()
     };
+    adjust(&mut config);
     let handle = agentmesh_router::spawn(config).await.expect("router");
     let mut ready = handle.ready();
     tokio::time::timeout(support::DEADLINE, ready.wait_for(|r| *r))
@@ -180,6 +185,34 @@ async fn router_is_ready_and_serves_metrics() {
     assert_eq!(r.handle.external_addrs(), r.handle.listen_addrs());
     r.handle.shutdown().await;
     drop(cp.handle);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_plane_outage_does_not_make_a_ready_router_unready() {
+    let cp = start_cp(3600).await;
+    let r = start_router_with(&cp, |c| {
+        c.control_plane_retry_budget = Duration::from_secs(1);
+        c.control_plane_rpc_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let member_token = cp.token(Role::Member).await;
+    let mut a = TestPeer::new();
+    let cred = cp.enroll(&member_token, &a.key).await;
+    cp.handle.shutdown().await;
+    eventually("a lease fails", || async {
+        (r.metric("agentmesh_router_lease_total{result=\"error\"}") >= 1.0).then_some(())
+    })
+    .await;
+    assert!(
+        *r.handle.ready().borrow(),
+        "still ready without the control plane"
+    );
+    let ready = http_get(r.handle.metrics_addr().expect("metrics"), "/readyz").await;
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    // Credentials still verify offline.
+    a.connect(r.id(), r.addr.clone()).await;
+    assert!(admitted(&a.auth(r.id(), Some(cred), Purpose::Attach).await));
+    r.handle.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -178,6 +178,7 @@ async fn lookup(ctx: &CatalogCtx, l: &Lookup) -> Vec<SignedRecord> {
     }
     if found.len() < limit {
         let routers = providers(ctx, &l.service, t).await;
+        tracing::debug!(service = %l.service, ?routers, local = found.len(), "lookup: provider routers");
         let mut asks: FuturesUnordered<_> = routers
             .into_iter()
             .filter(|p| *p != shared.peer_id)

@@ -26,7 +26,8 @@ pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
 pub(crate) fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn,integration=info,agentmesh_router=info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,integration=info,agentmesh_router=debug".into()),
         )
         .with_test_writer()
         .try_init();

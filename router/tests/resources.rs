@@ -1,0 +1,474 @@
+//! Resource manager tests on loopback (issue 4): a real control plane, the
+//! router started with `spawn`, raw libp2p peers over TCP and QUIC.
+//!
+//! - a stream flood on one protocol from one peer is refused for that
+//!   protocol and peer only; auth and catalog keep serving; counters move;
+//! - members behind one source IP are not limited once admitted;
+//! - a memory budget refuses connections and counts, and frees on close;
+//! - the QUIC listener admits and accounts like TCP.
+
+mod support;
+
+use std::time::Duration;
+
+use agentmesh_controlplane::client::{Client, ClientConfig};
+use agentmesh_proto::framing::{read_frame, write_frame};
+use agentmesh_proto::pb::controlplane::CreateTokenRequest;
+use agentmesh_proto::pb::credential::{Credential, Role, TokenKind};
+use agentmesh_proto::pb::mesh::{
+    AuthRequest, AuthResponse, CatalogRequest, CatalogResponse, Lookup, Purpose, auth_response,
+    catalog_request,
+};
+use agentmesh_proto::protocols::{AUTH, CATALOG, MAX_CATALOG_FRAME_BYTES, MAX_FRAME_BYTES};
+use agentmesh_router::{Config, RouterHandle};
+use futures::{AsyncWriteExt, StreamExt};
+use libp2p::identity::Keypair;
+use libp2p::multiaddr::Protocol;
+use libp2p::swarm::SwarmEvent;
+use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
+use libp2p::{Multiaddr, PeerId, Stream, StreamProtocol, Swarm, SwarmBuilder, noise, tcp, yamux};
+use support::{eventually, metric};
+use tokio::sync::{mpsc, oneshot};
+
+const ADMIN: &str = "test-admin-token-0123456789abcdef";
+
+struct Cp {
+    _handle: agentmesh_controlplane::Handle,
+    url: String,
+    client: Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_cp() -> Cp {
+    support::init_tracing();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = agentmesh_controlplane::Config {
+        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+        http_addr: "127.0.0.1:0".parse().expect("addr"),
+        db: format!("sqlite://{}", dir.path().join("cp.db").display()),
+        admin_token: Some(ADMIN.to_string()),
+        ..Default::default()
+    };
+    let handle = agentmesh_controlplane::spawn(config)
+        .await
+        .expect("control plane");
+    let url = handle.public_url().to_string();
+    let client = Client::new(ClientConfig {
+        url: url.clone(),
+        ca_pem: None,
+        retry_budget: Duration::from_secs(30),
+        rpc_timeout: Duration::from_secs(10),
+    })
+    .expect("client");
+    Cp {
+        _handle: handle,
+        url,
+        client,
+        _dir: dir,
+    }
+}
+
+impl Cp {
+    async fn token(&self, role: Role) -> String {
+        self.client
+            .create_token(
+                ADMIN,
+                CreateTokenRequest {
+                    kind: TokenKind::Bootstrap as i32,
+                    role: role as i32,
+                    labels: vec![],
+                    max_uses: 100,
+                    ttl_secs: 3600,
+                },
+            )
+            .await
+            .expect("create token")
+            .token
+    }
+
+    async fn enroll(&self, token: &str, key: &Keypair) -> Credential {
+        self.client
+            .enroll(token, key)
+            .await
+            .expect("enroll")
+            .credential
+            .expect("credential")
+    }
+}
+
+struct Router {
+    handle: RouterHandle,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_router(cp: &Cp, f: impl FnOnce(&mut Config)) -> Router {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = Config {
+        control_plane: cp.url.clone(),
+        token: cp.token(Role::Router).await,
+        key_path: dir.path().join("router.key"),
+        listen: vec![
+            "/ip4/127.0.0.1/tcp/0".parse().expect("addr"),
+            "/ip4/127.0.0.1/udp/0/quic-v1".parse().expect("addr"),
+        ],
+        auth_deadline: Duration::from_secs(60),
+        stream_timeout: Duration::from_secs(60),
+        lease_interval: Duration::from_secs(1),
+        clock_skew: Duration::ZERO,
+        control_plane_retry_budget: Duration::from_secs(10),
+        ..Default::default()
+    };
+    f(&mut config);
+    let handle = agentmesh_router::spawn(config).await.expect("router");
+    let mut ready = handle.ready();
+    tokio::time::timeout(support::DEADLINE, ready.wait_for(|r| *r))
+        .await
+        .expect("router ready in time")
+        .expect("ready channel");
+    Router { handle, _dir: dir }
+}
+
+impl Router {
+    fn id(&self) -> PeerId {
+        self.handle.peer_id()
+    }
+    fn addr(&self, quic: bool) -> Multiaddr {
+        self.handle
+            .listen_addrs()
+            .into_iter()
+            .find(|a| a.iter().any(|p| matches!(p, Protocol::QuicV1)) == quic)
+            .expect("listen address")
+    }
+    fn metric(&self, series: &str) -> f64 {
+        metric(&self.handle.metrics_text(), series)
+    }
+    fn refused(&self, resource: &str, scope: &str, protocol: &str) -> f64 {
+        self.metric(&format!(
+            "agentmesh_router_refused_total{{resource=\"{resource}\",scope=\"{scope}\",protocol=\"{protocol}\"}}"
+        ))
+    }
+}
+
+type Cmd = Box<dyn FnOnce(&mut Swarm<libp2p_stream::Behaviour>) + Send>;
+
+/// A raw peer (TCP + QUIC, streams) driven from the test.
+struct Peer {
+    key: Keypair,
+    control: libp2p_stream::Control,
+    cmd: mpsc::Sender<Cmd>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Peer {
+    fn new() -> Self {
+        let key = Keypair::generate_ed25519();
+        let mut swarm = SwarmBuilder::with_existing_identity(key.clone())
+            .with_tokio()
+            .with_tcp(
+                tcp::Config::default(),
+                noise::Config::new,
+                yamux::Config::default,
+            )
+            .expect("tcp")
+            .with_quic()
+            .with_behaviour(|_| libp2p_stream::Behaviour::new())
+            .expect("behaviour")
+            .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(300)))
+            .build();
+        let control = swarm.behaviour().new_control();
+        let (cmd, mut rx) = mpsc::channel::<Cmd>(64);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    ev = swarm.select_next_some() => {
+                        if let SwarmEvent::OutgoingConnectionError { error, .. } = ev {
+                            tracing::debug!(%error, "dial failed");
+                        }
+                    }
+                    c = rx.recv() => match c {
+                        Some(c) => c(&mut swarm),
+                        None => break,
+                    },
+                }
+            }
+        });
+        Self {
+            key,
+            control,
+            cmd,
+            task,
+        }
+    }
+
+    fn id(&self) -> PeerId {
+        self.key.public().to_peer_id()
+    }
+
+    async fn with_swarm<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Swarm<libp2p_stream::Behaviour>) -> T + Send + 'static,
+    ) -> T {
+        let (tx, rx) = oneshot::channel();
+        self.cmd
+            .send(Box::new(move |s| {
+                let _ = tx.send(f(s));
+            }))
+            .await
+            .expect("peer task alive");
+        rx.await.expect("peer task answered")
+    }
+
+    /// Dials `addr` (a new connection even if one exists).
+    async fn dial(&self, peer: PeerId, addr: Multiaddr) {
+        self.with_swarm(move |s| {
+            s.dial(
+                DialOpts::peer_id(peer)
+                    .addresses(vec![addr])
+                    .condition(PeerCondition::Always)
+                    .build(),
+            )
+            .expect("dial")
+        })
+        .await;
+    }
+
+    /// Established connections (a test peer only connects to the router).
+    async fn connections(&self, _router: PeerId) -> usize {
+        self.with_swarm(|s| s.network_info().connection_counters().num_established() as usize)
+            .await
+    }
+
+    async fn connect(&self, peer: PeerId, addr: Multiaddr) {
+        self.dial(peer, addr).await;
+        eventually("connected", || async {
+            (self.connections(peer).await > 0).then_some(())
+        })
+        .await;
+    }
+
+    async fn open(&self, peer: PeerId, protocol: &'static str) -> Result<Stream, String> {
+        self.control
+            .clone()
+            .open_stream(peer, StreamProtocol::new(protocol))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn auth(&self, router: PeerId, credential: Credential) -> AuthResponse {
+        let req = AuthRequest {
+            credential: Some(credential),
+            purpose: Purpose::Attach as i32,
+            attached_routers: vec![],
+        };
+        let mut s = self.open(router, AUTH).await.expect("open auth stream");
+        write_frame(&mut s, &req).await.expect("write auth");
+        let resp = read_frame(&mut s, MAX_FRAME_BYTES)
+            .await
+            .expect("read auth");
+        let _ = s.close().await;
+        resp
+    }
+
+    async fn lookup(&self, router: PeerId) -> CatalogResponse {
+        let req = CatalogRequest {
+            op: Some(catalog_request::Op::Lookup(Lookup {
+                service: "nothing-here".into(),
+                limit: 10,
+            })),
+        };
+        let mut s = self.open(router, CATALOG).await.expect("open catalog");
+        write_frame(&mut s, &req).await.expect("write catalog");
+        let resp = read_frame(&mut s, MAX_CATALOG_FRAME_BYTES)
+            .await
+            .expect("read catalog");
+        let _ = s.close().await;
+        resp
+    }
+}
+
+fn admitted(resp: &AuthResponse) -> bool {
+    matches!(resp.result, Some(auth_response::Result::Admitted(_)))
+}
+
+async fn admitted_peer(cp: &Cp, r: &Router, token: &str, quic: bool) -> Peer {
+    let p = Peer::new();
+    p.connect(r.id(), r.addr(quic)).await;
+    let cred = cp.enroll(token, &p.key).await;
+    assert!(admitted(&p.auth(r.id(), cred).await), "admitted");
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_flood_on_one_protocol_is_refused_for_that_peer_only() {
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| {
+        c.resources
+            .peer_stream_budgets
+            .insert("catalog".to_string(), 4);
+    })
+    .await;
+    let token = cp.token(Role::Member).await;
+    let flooder = admitted_peer(&cp, &r, &token, false).await;
+    let other = admitted_peer(&cp, &r, &token, false).await;
+
+    // The flooder holds its whole catalog budget open, then asks for more.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(flooder.open(r.id(), CATALOG).await.expect("within budget"));
+    }
+    let mut refused = 0;
+    for _ in 0..20 {
+        if flooder.open(r.id(), CATALOG).await.is_err() {
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 20, "every stream past the budget is refused");
+    assert_eq!(r.refused("stream", "peer", "catalog"), 20.0);
+    assert_eq!(r.refused("stream", "protocol", "catalog"), 0.0);
+    assert_eq!(
+        r.metric("agentmesh_router_streams{protocol=\"catalog\",direction=\"inbound\"}"),
+        4.0
+    );
+
+    // Its connection lives on; auth still serves it, and the other member
+    // gets catalog answers.
+    assert_eq!(flooder.connections(r.id()).await, 1);
+    let cred = cp.enroll(&token, &flooder.key).await;
+    assert!(admitted(&flooder.auth(r.id(), cred).await));
+    let resp = other.lookup(r.id()).await;
+    assert!(resp.result.is_some(), "catalog answered: {resp:?}");
+
+    // Closing the held streams gives the budget back.
+    for mut s in held {
+        let _ = s.close().await;
+    }
+    eventually("catalog budget released", || async {
+        (r.metric("agentmesh_router_streams{protocol=\"catalog\",direction=\"inbound\"}") == 0.0)
+            .then_some(())
+    })
+    .await;
+    let resp = flooder.lookup(r.id()).await;
+    assert!(resp.result.is_some(), "catalog answers the flooder again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_behind_one_ip_are_not_limited_once_admitted() {
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| {
+        c.resources.unauthenticated_connections_per_ip = 2;
+    })
+    .await;
+    let token = cp.token(Role::Member).await;
+
+    // Two unauthenticated connections from 127.0.0.1 use the source's budget.
+    let a = Peer::new();
+    a.connect(r.id(), r.addr(false)).await;
+    let b = Peer::new();
+    b.connect(r.id(), r.addr(false)).await;
+    let c = Peer::new();
+    c.dial(r.id(), r.addr(false)).await;
+    eventually("third unauthenticated connection refused", || async {
+        (r.refused("connection", "source", "none") >= 1.0).then_some(())
+    })
+    .await;
+    eventually("refused peer disconnected", || async {
+        (c.connections(r.id()).await == 0).then_some(())
+    })
+    .await;
+
+    // Once admitted, they no longer count: many more members behind the
+    // same IP get in, one after the other.
+    for p in [&a, &b] {
+        let cred = cp.enroll(&token, &p.key).await;
+        assert!(admitted(&p.auth(r.id(), cred).await));
+    }
+    let mut members = Vec::new();
+    for _ in 0..6 {
+        members.push(admitted_peer(&cp, &r, &token, false).await);
+    }
+    assert_eq!(r.refused("connection", "source", "none"), 1.0);
+    for m in &members {
+        assert_eq!(m.connections(r.id()).await, 1, "{} stays", m.id());
+    }
+    assert!(
+        r.metric("agentmesh_router_attached_members") >= 8.0,
+        "eight members behind one IP are attached"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_budget_refuses_and_counts() {
+    let cp = start_cp().await;
+    let charge: u64 = 1 << 20;
+    let r = start_router(&cp, |c| {
+        c.resources.connection_charge_bytes = charge;
+        c.resources.memory_budget_percent = 100;
+        // Two connections and a few control streams fit; a third connection does not.
+        c.resources.memory_limit_bytes = Some(2 * charge + 512 * 1024);
+    })
+    .await;
+    assert_eq!(
+        r.metric("agentmesh_router_memory_budget_bytes"),
+        (2 * charge + 512 * 1024) as f64
+    );
+    let token = cp.token(Role::Member).await;
+    let a = admitted_peer(&cp, &r, &token, false).await;
+    let b = admitted_peer(&cp, &r, &token, false).await;
+    assert!(r.metric("agentmesh_router_memory_in_use_bytes") >= (2 * charge) as f64);
+
+    let c = Peer::new();
+    c.dial(r.id(), r.addr(false)).await;
+    eventually("connection over the memory budget refused", || async {
+        (r.refused("memory", "system", "none") >= 1.0).then_some(())
+    })
+    .await;
+    eventually("refused peer disconnected", || async {
+        (c.connections(r.id()).await == 0).then_some(())
+    })
+    .await;
+    assert_eq!(b.connections(r.id()).await, 1, "admitted members stay");
+
+    // A member leaving frees its charge; the next connection fits.
+    drop(a);
+    eventually("charge released", || async {
+        (r.metric("agentmesh_router_memory_in_use_bytes") <= (charge + 512 * 1024) as f64)
+            .then_some(())
+    })
+    .await;
+    let d = admitted_peer(&cp, &r, &token, false).await;
+    assert_eq!(d.connections(r.id()).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quic_listener_admits_and_accounts_like_tcp() {
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| {
+        c.resources
+            .peer_stream_budgets
+            .insert("catalog".to_string(), 2);
+    })
+    .await;
+    let token = cp.token(Role::Member).await;
+    let p = admitted_peer(&cp, &r, &token, true).await;
+    assert_eq!(r.metric("agentmesh_router_connections_charged"), 1.0);
+    let mut s1 = p.open(r.id(), CATALOG).await.expect("1");
+    let _s2 = p.open(r.id(), CATALOG).await.expect("2");
+    assert!(p.open(r.id(), CATALOG).await.is_err(), "3rd refused");
+    assert_eq!(r.refused("stream", "peer", "catalog"), 1.0);
+    assert_eq!(p.connections(r.id()).await, 1, "the connection survives");
+    let _ = s1.close().await;
+    drop(s1);
+    eventually("one catalog stream released", || async {
+        (r.metric("agentmesh_router_streams{protocol=\"catalog\",direction=\"inbound\"}") == 1.0)
+            .then_some(())
+    })
+    .await;
+    let resp = p.lookup(r.id()).await;
+    assert!(resp.result.is_some(), "catalog answers over QUIC: {resp:?}");
+}
