@@ -29,7 +29,9 @@ impl Candidate {
     /// has no usable address.
     pub fn from_info(info: &RouterInfo) -> Option<Self> {
         let peer = PeerId::from_bytes(&info.peer_id).ok()?;
-        let addrs: Vec<Multiaddr> = info.addrs.iter().filter_map(|a| a.parse().ok()).collect();
+        let mut addrs: Vec<Multiaddr> = info.addrs.iter().filter_map(|a| a.parse().ok()).collect();
+        // TCP first: QUIC is the fallback (the swarm tries addresses in order).
+        addrs.sort_by_key(is_quic);
         if addrs.is_empty() {
             return None;
         }
@@ -49,6 +51,11 @@ impl Candidate {
             draining: info.draining,
         })
     }
+}
+
+fn is_quic(a: &Multiaddr) -> bool {
+    a.iter()
+        .any(|p| matches!(p, libp2p::core::multiaddr::Protocol::QuicV1))
 }
 
 /// Whether `c` carries every label of `selector` and is not draining.
@@ -186,6 +193,20 @@ mod tests {
         assert!(emptiest > fullest, "{emptiest} vs {fullest}");
         assert!(emptiest < 1000, "every member herded onto one router");
         assert_eq!(fullest, 0, "the fullest router can never win a pair");
+    }
+
+    #[test]
+    fn tcp_addresses_come_before_quic() {
+        let info = RouterInfo {
+            peer_id: PeerId::random().to_bytes(),
+            addrs: vec![
+                "/ip4/127.0.0.1/udp/4001/quic-v1".into(),
+                "/ip4/127.0.0.1/tcp/4001".into(),
+            ],
+            ..Default::default()
+        };
+        let c = Candidate::from_info(&info).expect("parses");
+        assert_eq!(c.addrs[0].to_string(), "/ip4/127.0.0.1/tcp/4001");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The node's libp2p swarm: a dial-only TCP transport (optionally bound to a
-//! source IP) plus the relay-client transport, noise and yamux on both; the
+//! source IP) plus the relay-client transport, noise and yamux on both, and
+//! QUIC as a fallback (dial only, not bound to the source IP); the
 //! relay client, `libp2p-stream` (our protocols) and ping as behaviours.
 //!
 //! A member never listens on TCP: everything reaches it through a relayed
@@ -14,6 +15,8 @@ use std::time::Duration;
 
 use futures::FutureExt as _;
 use libp2p::core::multiaddr::Protocol;
+use libp2p::core::muxing::StreamMuxerBox;
+use libp2p::core::transport::timeout::TransportTimeout;
 use libp2p::core::transport::{DialOpts, ListenerId, TransportError, TransportEvent};
 use libp2p::core::upgrade::Version;
 use libp2p::core::{Multiaddr, Transport};
@@ -40,13 +43,21 @@ pub(crate) fn build_swarm(
 ) -> Result<Swarm<Behaviour>, noise::Error> {
     let peer_id = key.public().to_peer_id();
     let (relay_transport, relay_client) = relay::client::new(peer_id);
-    let transport = relay_transport
+    let tcp = relay_transport
         .or_transport(DialTcp { source_ip })
         .upgrade(Version::V1Lazy)
         .authenticate(noise::Config::new(key)?)
         .multiplex(yamux::Config::default())
-        .timeout(connect_timeout)
-        .boxed();
+        .map(|(p, m), _| (p, StreamMuxerBox::new(m)));
+    // QUIC (dial only, from an unspecified source address): routers may
+    // announce it; `Candidate` puts TCP addresses first, so QUIC is the fallback.
+    let quic = libp2p::quic::tokio::Transport::new(libp2p::quic::Config::new(key))
+        .map(|(p, c), _| (p, StreamMuxerBox::new(c)));
+    let transport = TransportTimeout::new(
+        tcp.or_transport(quic).map(|either, _| either.into_inner()),
+        connect_timeout,
+    )
+    .boxed();
     let behaviour = Behaviour {
         relay: relay_client,
         stream: libp2p_stream::Behaviour::new(),

@@ -451,3 +451,40 @@ async fn shutdown_finishes_calls_in_flight_and_withdraws_records() {
     a.shutdown().await;
     r.handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_attach_and_call_over_quic() {
+    let cp = start_cp().await;
+    let r = start_router_on(
+        &cp,
+        "q",
+        Duration::from_secs(1),
+        "/ip4/127.0.0.1/udp/0/quic-v1",
+    )
+    .await;
+    let member = cp.token(Role::Member, &[]).await;
+    let backend = echo_backend().await;
+    let bdir = tempfile::tempdir().expect("tempdir");
+    let b = agentmesh_node::spawn(
+        Config {
+            expose: vec![("echo".into(), backend)],
+            ..node_config(&cp, &member, bdir.path())
+        },
+        None,
+    )
+    .await
+    .expect("spawn b");
+    let adir = tempfile::tempdir().expect("tempdir");
+    let a = agentmesh_node::spawn(node_config(&cp, &member, adir.path()), None)
+        .await
+        .expect("spawn a");
+    ready(&b, "b").await;
+    ready(&a, "a").await;
+    let mut s = call_until_found(&a, "echo").await;
+    assert_eq!(s.route().via_router, r.handle.peer_id());
+    round_trip(&mut s, 64 * 1024).await;
+    drop(s);
+    a.shutdown().await;
+    b.shutdown().await;
+    r.handle.shutdown().await;
+}

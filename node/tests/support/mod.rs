@@ -101,13 +101,23 @@ pub async fn start_router(cp: &Cp, name: &str) -> Router {
 
 /// A router labelled `name=NAME` leasing (and reading the directory) every `lease_interval`.
 pub async fn start_router_with(cp: &Cp, name: &str, lease_interval: Duration) -> Router {
+    start_router_on(cp, name, lease_interval, "/ip4/127.0.0.1/tcp/0").await
+}
+
+/// A router listening on `listen` only.
+pub async fn start_router_on(
+    cp: &Cp,
+    name: &str,
+    lease_interval: Duration,
+    listen: &str,
+) -> Router {
     let dir = tempfile::tempdir().expect("tempdir");
     let labels: BTreeMap<String, String> = [("name".to_string(), name.to_string())].into();
     let config = agentmesh_router::Config {
         control_plane: cp.url.clone(),
         token: cp.token(Role::Router, &[("name", name)]).await,
         key_path: dir.path().join("router.key"),
-        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")],
+        listen: vec![listen.parse().expect("addr")],
         labels,
         lease_interval,
         clock_skew: Duration::ZERO,
