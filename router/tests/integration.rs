@@ -33,9 +33,16 @@ struct Cp {
 }
 
 async fn start_cp(credential_ttl_secs: u64) -> Cp {
+    start_cp_with(credential_ttl_secs, |_| {}).await
+}
+
+async fn start_cp_with(
+    credential_ttl_secs: u64,
+    adjust: impl FnOnce(&mut agentmesh_controlplane::Config),
+) -> Cp {
     support::init_tracing();
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = agentmesh_controlplane::Config {
+    let mut config = agentmesh_controlplane::Config {
         grpc_addr: "127.0.0.1:0".parse().expect("addr"),
         http_addr: "127.0.0.1:0".parse().expect("addr"),
         db: format!("sqlite://{}", dir.path().join("cp.db").display()),
@@ -277,6 +284,33 @@ async fn admission_and_refusals_with_reasons_and_counters() {
             .then_some(())
     })
     .await;
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_signing_key_is_fetched_once_and_the_member_admitted() {
+    // New keys sign at once, and the router syncs keys only through its
+    // unknown-key path (its periodic sync is an hour away).
+    let cp = start_cp_with(3600, |c| c.key_publish_ahead_secs = 0).await;
+    let r = start_router_with(&cp, |c| c.lease_interval = Duration::from_secs(3600)).await;
+    // The start-up sync has fetched the keys once; nothing else will.
+    let fetched_before = eventually("start-up key sync", || async {
+        let n = r.metric("agentmesh_router_key_fetch_total{result=\"ok\"}");
+        (n >= 1.0).then_some(n)
+    })
+    .await;
+    cp.client.rotate_key_now(ADMIN).await.expect("rotate");
+    let member_token = cp.token(Role::Member).await;
+    let mut a = TestPeer::new();
+    let cred = cp.enroll(&member_token, &a.key).await;
+    a.connect(r.id(), r.addr.clone()).await;
+    let resp = a.auth(r.id(), Some(cred), Purpose::Attach).await;
+    assert!(admitted(&resp), "{resp:?}");
+    assert_eq!(
+        r.metric("agentmesh_router_key_fetch_total{result=\"ok\"}"),
+        fetched_before + 1.0
+    );
+    assert_eq!(r.auth_count("attach", "unknown_key"), 0.0);
     r.handle.shutdown().await;
 }
 
