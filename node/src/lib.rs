@@ -5,8 +5,11 @@
 //! The node is a value: [`spawn`] starts one and returns a [`NodeHandle`].
 //! Nothing is process-global (no registry, logger or listener unless the
 //! [`Config`] asks for one), so thousands of nodes can run in one process;
-//! each costs a swarm and three tasks (core, inbound calls, and optionally
-//! the socket, metrics and forward listeners).
+//! each costs a swarm and two tasks (the core loop and the inbound-call
+//! acceptor) plus one per listener asked for (Unix socket, metrics,
+//! forwards) and one per call in progress.
+
+#![warn(missing_docs)]
 
 mod call;
 pub mod config;

@@ -488,3 +488,43 @@ async fn members_attach_and_call_over_quic() {
     b.shutdown().await;
     r.handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_nodes_share_a_process_and_a_registry() {
+    let cp = start_cp().await;
+    let r = start_router(&cp, "r1").await;
+    let member = cp.token(Role::Member, &[]).await;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let mut dirs = Vec::new();
+    let mut nodes = Vec::new();
+    for i in 0..20 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sub = registry.sub_registry_with_label(("member".into(), i.to_string().into()));
+        let n = agentmesh_node::spawn(
+            Config {
+                no_socket: true,
+                metrics_addr: None,
+                ..node_config(&cp, &member, dir.path())
+            },
+            Some(sub),
+        )
+        .await
+        .expect("spawn");
+        nodes.push(n);
+        dirs.push(dir);
+    }
+    for n in &nodes {
+        ready(n, "one of many").await;
+    }
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let ready_series = text
+        .lines()
+        .filter(|l| l.starts_with("agentmesh_node_ready{") && l.ends_with(" 1"))
+        .count();
+    assert_eq!(ready_series, 20, "{text}");
+    for n in nodes {
+        n.shutdown().await;
+    }
+    r.handle.shutdown().await;
+}
