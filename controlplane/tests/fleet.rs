@@ -176,7 +176,18 @@ async fn fleet_through_the_limiter() {
         (capacity, capacity),
         (capacity + 80, capacity),
     ];
-    for (n, expected) in table {
+    run_table(rate, burst, budget, &table).await;
+}
+
+/// A longer budget and a bigger fleet: 300 members into 20 + 10 x 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bigger_fleet_over_a_longer_budget() {
+    let (rate, burst, budget) = (10u32, 20u32, Duration::from_secs(30));
+    run_table(rate, burst, budget, &[(300, 300), (400, 320)]).await;
+}
+
+async fn run_table(rate: u32, burst: u32, budget: Duration, table: &[(usize, usize)]) {
+    for &(n, expected) in table {
         let out = run_fleet(n, rate, burst, budget).await;
         assert_eq!(out.admitted_at.len(), expected, "N={n}: admitted");
         assert_eq!(out.exhausted.len(), n - expected, "N={n}: refused");
