@@ -528,3 +528,66 @@ async fn many_nodes_share_a_process_and_a_registry() {
     }
     r.handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transit_connection_closes_once_idle() {
+    let cp = start_cp().await;
+    let r1 = start_router(&cp, "r1").await;
+    let r2 = start_router(&cp, "r2").await;
+    let member = cp.token(Role::Member, &[]).await;
+    let backend = echo_backend().await;
+    let bdir = tempfile::tempdir().expect("tempdir");
+    let b = agentmesh_node::spawn(
+        Config {
+            router_selector: selector("r2"),
+            expose: vec![("echo".into(), backend)],
+            ..node_config(&cp, &member, bdir.path())
+        },
+        None,
+    )
+    .await
+    .expect("spawn b");
+    let adir = tempfile::tempdir().expect("tempdir");
+    let a = agentmesh_node::spawn(
+        Config {
+            router_selector: selector("r1"),
+            idle_connection_secs: 1,
+            ..node_config(&cp, &member, adir.path())
+        },
+        None,
+    )
+    .await
+    .expect("spawn a");
+    ready(&b, "b").await;
+    ready(&a, "a").await;
+    let transit = |r: &Router| {
+        metric(
+            &r.handle.metrics_text(),
+            "agentmesh_router_transit_connections",
+        )
+    };
+    let mut s = call_until_found(&a, "echo").await;
+    assert!(s.route().transit);
+    let end = Instant::now() + DEADLINE;
+    while transit(&r2) != 1.0 {
+        assert!(
+            Instant::now() < end,
+            "router never counted the transit connection"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    round_trip(&mut s, 1024).await;
+    drop(s);
+    // Nothing uses it any more: it closes (and the router forgets it).
+    let end = Instant::now() + DEADLINE;
+    while transit(&r2) != 0.0 {
+        assert!(Instant::now() < end, "transit connection never closed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A stays attached to its own router throughout.
+    assert!(a.status().borrow().ready);
+    a.shutdown().await;
+    b.shutdown().await;
+    r1.handle.shutdown().await;
+    r2.handle.shutdown().await;
+}
