@@ -59,6 +59,12 @@ KNOWN_FLAGS: dict[str, set[str]] = {
         "--stream-timeout-secs", "--auth-max-inflight-streams", "--catalog-max-inflight-streams",
         "--catalog-max-records", "--catalog-max-results", "--idle-connection-timeout-secs",
         "--control-plane-retry-budget-secs", "--control-plane-rpc-timeout-secs",
+        # router/src/resources/config.rs
+        "--memory-default-limit-bytes", "--memory-budget-percent", "--connection-charge-bytes",
+        "--stream-budget-system", "--stream-budget", "--peer-stream-budget-total", "--peer-stream-budget",
+        "--circuits-per-destination", "--unauthenticated-connections-per-ip",
+        "--failed-logins-per-ip-per-minute", "--quic-max-concurrent-streams", "--quic-max-stream-data-bytes",
+        "--quic-max-connection-data-bytes",
     },
 }
 # fmt: on
@@ -84,6 +90,9 @@ CONNECTION_BASE_BYTES = 1.1 * MIB
 STREAM_WINDOW_BYTES = 256 * 1024
 STREAMS_PER_MEMBER = 2
 CHARGE_PER_MEMBER_BYTES = CONNECTION_BASE_BYTES + STREAMS_PER_MEMBER * STREAM_WINDOW_BYTES
+# The router lets charges use this share of its memory limit (its
+# --memory-budget-percent default); the rest is for the process itself.
+MEMORY_BUDGET_PERCENT = 75
 LOW_WATERMARK_RATIO = 0.85
 # SIGTERM -> go-away fan-out -> grace -> close must fit in the pod's grace.
 DRAIN_MARGIN_SECS = 15
@@ -227,7 +236,7 @@ def check_flags(objects: list[dict[str, Any]]) -> list[str]:
         for name, values in c.flags().items():
             if name not in known:
                 problems.append(f"{c.where}: {program} has no flag {name}")
-            if len(values) > 1 and name not in ("--listen", "--label"):
+            if len(values) > 1 and name not in ("--listen", "--label", "--stream-budget", "--peer-stream-budget"):
                 problems.append(f"{c.where}: {name} given {len(values)} times")
             if name in FILE_FLAGS:
                 path = file_of(name, c.expand(values[-1]))
@@ -319,7 +328,9 @@ def check_router(objects: list[dict[str, Any]]) -> list[str]:
         return problems
     if low != math.floor(high * LOW_WATERMARK_RATIO):
         problems.append(f"{c.where}: low watermark {low} is not 15% below high {high}")
-    need = PROCESS_BASE_BYTES + high * CHARGE_PER_MEMBER_BYTES
+    percent = int(c.flag("--memory-budget-percent") or MEMORY_BUDGET_PERCENT)
+    charges = high * CHARGE_PER_MEMBER_BYTES
+    need = max(charges * 100 / percent, charges + PROCESS_BASE_BYTES)
     if limit < need:
         problems.append(
             f"{c.where}: memory limit {limits['memory']} < {need / MIB:.0f} MiB needed for high watermark {high}"
