@@ -157,14 +157,16 @@ impl Keys {
         }
     }
 
-    /// The key that signs at `now`: the newest whose `active_from` has come.
+    /// The key that signs at `now`: the latest `active_from` that has come;
+    /// on a tie, the key created last (keys are loaded in creation order and
+    /// `max_by_key` keeps the last maximum).
     pub fn signer(&self, now: i64) -> Option<Signer> {
         let loaded = self.loaded.read().unwrap_or_else(|p| p.into_inner());
         loaded
             .iter()
             .filter(|k| k.row.active_from <= now)
             .filter(|k| k.row.verify_until == 0 || k.row.verify_until > now)
-            .max_by_key(|k| (k.row.active_from, k.row.key_id.clone()))
+            .max_by_key(|k| k.row.active_from)
             .map(|k| Signer {
                 key_id: k.row.key_id.clone(),
                 key: k.key.clone(),

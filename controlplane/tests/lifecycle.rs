@@ -548,3 +548,25 @@ async fn a_client_rides_out_a_control_plane_restart() {
     assert_eq!(again, keys);
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn with_no_publish_ahead_a_rotated_key_signs_at_once_even_in_the_same_second() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(dir.path());
+    cfg.key_publish_ahead_secs = 0;
+    let h = spawn(cfg).await.expect("starts");
+    let c = client(&h);
+    let tok = token(&h, TokenKind::Bootstrap, Role::Member, &[], 5).await;
+    let k = Keypair::generate_ed25519();
+    let first = c.enroll(&tok, &k).await.expect("enrolls");
+    let rotated = c.rotate_key_now(common::ADMIN).await.expect("rotates");
+    let again = c.enroll(&tok, &k).await.expect("re-enrolls");
+    let key_of = |e: &agentmesh_proto::pb::controlplane::EnrollResponse| {
+        peek_claims(e.credential.as_ref().expect("cred"))
+            .expect("claims")
+            .key_id
+    };
+    assert_ne!(key_of(&first), rotated.key_id);
+    assert_eq!(key_of(&again), rotated.key_id);
+    h.shutdown().await;
+}

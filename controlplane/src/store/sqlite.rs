@@ -410,7 +410,7 @@ impl Store for SqliteStore {
     fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError> {
         let conn = self.conn();
         let mut st = conn.prepare_cached(
-            "SELECT key_id, secret, public, active_from, verify_until FROM signing_keys ORDER BY active_from, key_id",
+            "SELECT key_id, secret, public, active_from, verify_until FROM signing_keys ORDER BY active_from, created_at, rowid",
         )?;
         let rows = st
             .query_map([], |r| {
