@@ -9,8 +9,10 @@ use std::collections::BTreeMap;
 pub const DEFAULT_MEMORY_DEFAULT_LIMIT_BYTES: u64 = 1 << 30;
 /// Share of the memory limit the charged buffers may use, percent.
 pub const DEFAULT_MEMORY_BUDGET_PERCENT: u8 = 75;
-/// Charge of one connection (measured: see docs/scalability.md), bytes.
-pub const DEFAULT_CONNECTION_CHARGE_BYTES: u64 = 1024 * 1024;
+/// Charge of one connection, bytes: measured idle cost ~40 KiB of router RSS
+/// (`tests/connection_charge.rs`), plus noise's read and write buffers
+/// (2 × 64 KiB) and one frame in flight when busy; 256 KiB covers it.
+pub const DEFAULT_CONNECTION_CHARGE_BYTES: u64 = 256 * 1024;
 /// Live inbound streams of one peer, all protocols.
 pub const DEFAULT_PEER_STREAM_BUDGET_TOTAL: u32 = 512;
 /// Circuits (relay STOP streams) to one destination member: below a member's
@@ -37,7 +39,7 @@ pub struct ResourceConfig {
     pub memory_default_limit_bytes: u64,
     /// Share of the memory limit that charged buffers may use, percent. Default 75.
     pub memory_budget_percent: u8,
-    /// Memory charged per connection, bytes. Default 1 MiB (measured, see docs).
+    /// Memory charged per connection, bytes. Default 256 KiB (measured, see docs).
     pub connection_charge_bytes: u64,
     /// Live inbound streams across the router; `None` = the sum of the
     /// per-protocol budgets. Default none.

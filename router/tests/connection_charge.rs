@@ -1,0 +1,158 @@
+//! Measures what an idle connection costs the router: RSS of a real
+//! `agentmesh-router` child process before and after N idle (noise + yamux,
+//! unauthenticated) connections, divided by N. Asserts the default
+//! connection charge covers the measurement; prints the number (recorded
+//! in docs/scalability.md).
+
+mod support;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use futures::StreamExt;
+use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
+use libp2p::{Multiaddr, PeerId, SwarmBuilder, noise, tcp, yamux};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// Idle connections opened.
+const CONNECTIONS: usize = 200;
+
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
+type PeerSwarm = libp2p::Swarm<libp2p_stream::Behaviour>;
+
+/// Drives `swarm` while polling RSS until two readings 500 ms apart differ
+/// by less than 1% (at most 30 s).
+async fn settled_rss(swarm: &mut PeerSwarm, pid: u32) -> u64 {
+    let mut last = rss_bytes(pid);
+    for _ in 0..60 {
+        let tick = tokio::time::sleep(Duration::from_millis(500));
+        tokio::pin!(tick);
+        loop {
+            tokio::select! {
+                _ = &mut tick => break,
+                _ = swarm.select_next_some() => {}
+            }
+        }
+        let now = rss_bytes(pid);
+        if now.abs_diff(last) * 100 < last {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+/// Drives `swarm` until it has `n` established connections.
+async fn until_established(swarm: &mut PeerSwarm, n: usize) {
+    let end = tokio::time::Instant::now() + support::DEADLINE;
+    while (swarm.network_info().connection_counters().num_established() as usize) < n {
+        let _ = tokio::time::timeout_at(end, swarm.select_next_some())
+            .await
+            .expect("connections established in time");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connection_costs_less_than_its_charge() {
+    support::init_tracing();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentmesh-router"))
+        .args([
+            "--control-plane",
+            "http://127.0.0.1:9",
+            "--listen",
+            "/ip4/127.0.0.1/tcp/0",
+            "--auth-deadline-secs",
+            "600",
+            "--unauthenticated-connections-per-ip",
+            "100000",
+            "--key-path",
+        ])
+        .arg(dir.path().join("router.key"))
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("router binary");
+    let pid = child.id().expect("pid");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let (peer, addr) = tokio::time::timeout(support::DEADLINE, async {
+        while let Some(line) = lines.next_line().await.expect("read") {
+            if line.contains("router started") {
+                let id = line
+                    .split("peer_id=")
+                    .nth(1)
+                    .and_then(|s| s.split_whitespace().next());
+                let a = line
+                    .split("listen=[")
+                    .nth(1)
+                    .and_then(|s| s.split([']', ',']).next());
+                if let (Some(id), Some(a)) = (id, a) {
+                    return (
+                        id.parse::<PeerId>().expect("peer id"),
+                        a.trim().parse::<Multiaddr>().expect("addr"),
+                    );
+                }
+            }
+        }
+        panic!("router exited before listening");
+    })
+    .await
+    .expect("router listening in time");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+
+    let mut swarm: PeerSwarm = SwarmBuilder::with_new_identity()
+        .with_tokio()
+        .with_tcp(
+            tcp::Config::default(),
+            noise::Config::new,
+            yamux::Config::default,
+        )
+        .expect("tcp")
+        .with_behaviour(|_| libp2p_stream::Behaviour::new())
+        .expect("behaviour")
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(600)))
+        .build();
+    let dial = |swarm: &mut PeerSwarm| {
+        swarm
+            .dial(
+                DialOpts::peer_id(peer)
+                    .addresses(vec![addr.clone()])
+                    .condition(PeerCondition::Always)
+                    .build(),
+            )
+            .expect("dial");
+    };
+    // Warm-up connections so one-time allocations are in the baseline.
+    for _ in 0..8 {
+        dial(&mut swarm);
+    }
+    until_established(&mut swarm, 8).await;
+    let before = settled_rss(&mut swarm, pid).await;
+    for _ in 0..CONNECTIONS {
+        dial(&mut swarm);
+    }
+    until_established(&mut swarm, 8 + CONNECTIONS).await;
+    let after = settled_rss(&mut swarm, pid).await;
+    let per_connection = after.saturating_sub(before) / CONNECTIONS as u64;
+    println!(
+        "router RSS {before} -> {after} bytes over {CONNECTIONS} idle connections: {per_connection} bytes per connection"
+    );
+    assert!(after > before, "connections cost something");
+    assert!(
+        per_connection <= agentmesh_router::resource_config::DEFAULT_CONNECTION_CHARGE_BYTES,
+        "the default connection charge covers the measured {per_connection} bytes"
+    );
+    let _ = child.kill().await;
+}
