@@ -14,6 +14,7 @@
 mod call;
 pub mod config;
 mod core;
+mod enroll;
 mod forward;
 mod http;
 pub mod identity;
@@ -33,9 +34,8 @@ use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use agentmesh_controlplane::client::{Client, ClientConfig, ClientError};
-use agentmesh_proto::credential::{Trust, peek_claims};
+use agentmesh_proto::credential::Trust;
 use agentmesh_proto::protocols::{CALL, GOAWAY};
-use agentmesh_proto::unix_now;
 use libp2p::{PeerId, StreamProtocol};
 use parking_lot::{Mutex, RwLock};
 use prometheus_client::registry::Registry;
@@ -46,10 +46,6 @@ use tracing::Instrument as _;
 pub use call::{CallError, CallRoute, CallStream};
 pub use config::{AllowMatcher, AllowRule, Config};
 pub use status::NodeStatus;
-
-/// A stored credential is reused (not re-enrolled) while it has at least
-/// this long to live.
-const MIN_REMAINING_SECS: i64 = 30;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -226,39 +222,9 @@ pub async fn spawn(
     })?;
 
     let metrics = metrics::Metrics::new();
-    let now = unix_now();
-    let reusable = stored.credential.as_ref().filter(|c| {
-        peek_claims(c).is_ok_and(|cl| {
-            cl.expires_at_unix_secs > now + MIN_REMAINING_SECS && cl.subject == peer_id.to_bytes()
-        })
-    });
-    let (credential, keys) = if let Some(cred) = reusable {
-        tracing::info!(parent: &span, "reusing the stored credential (no re-enrollment)");
-        (cred.clone(), stored.keys.clone().unwrap_or_default())
-    } else {
-        if config.token.is_empty() {
-            return Err(SpawnError::Config(
-                "no valid credential in the data dir and no token to enroll with".into(),
-            ));
-        }
-        let resp = client
-            .enroll(&config.token, &stored.key)
-            .instrument(span.clone())
-            .await
-            .inspect_err(|_| metrics.cp("enroll", false))?;
-        metrics.cp("enroll", true);
-        let cred = resp.credential.ok_or(SpawnError::NoCredential)?;
-        let keys = resp.keys.unwrap_or_default();
-        let (dir, c, k) = (config.data_dir.clone(), cred.clone(), keys.clone());
-        tokio::task::spawn_blocking(move || {
-            identity::store_credential(&dir, &c)?;
-            identity::store_keys(&dir, &k)
-        })
-        .await
-        .map_err(|e| SpawnError::Config(format!("identity task: {e}")))??;
-        tracing::info!(parent: &span, node_id = %resp.node_id, "enrolled");
-        (cred, keys)
-    };
+    let (credential, keys) = enroll::obtain(&client, &config, &stored, &metrics)
+        .instrument(span.clone())
+        .await?;
 
     // Listeners the config asks for.
     let metrics_listener = match config.metrics_addr {

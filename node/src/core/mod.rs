@@ -364,7 +364,23 @@ impl Core {
         let shared = self.shared.clone();
         self.ops.push(Box::pin(async move {
             let cred = shared.credential();
-            let r = shared.client.refresh(&cred, &shared.key).await;
+            let r = match shared.client.refresh(&cred, &shared.key).await {
+                // Refused for good (unknown node, expired past the grace):
+                // enroll again if we still have a token.
+                Err(ClientError::Refused(status)) if !shared.config.token.is_empty() => {
+                    tracing::warn!(%status, "refresh refused: enrolling again with the token");
+                    let e = shared
+                        .client
+                        .enroll(&shared.config.token, &shared.key)
+                        .await;
+                    shared.metrics.cp("enroll", e.is_ok());
+                    e.map(|e| RefreshResponse {
+                        credential: e.credential,
+                        keys: e.keys,
+                    })
+                }
+                other => other,
+            };
             Op::Refresh(Box::new(r))
         }));
     }
@@ -473,11 +489,12 @@ impl Core {
 
     /// Tells call tasks which routers we hold (see `Shared::held`).
     fn sync_held(&self) {
-        let held = &self.shared.held;
-        if held.read().len() != self.slots.len()
-            || !self.slots.keys().all(|p| held.read().contains(p))
-        {
-            *held.write() = self.slots.keys().copied().collect();
+        let same = {
+            let held = self.shared.held.read();
+            held.len() == self.slots.len() && self.slots.keys().all(|p| held.contains(p))
+        };
+        if !same {
+            *self.shared.held.write() = self.slots.keys().copied().collect();
         }
     }
 
