@@ -473,3 +473,82 @@ async fn quic_listener_admits_and_accounts_like_tcp() {
     let resp = p.lookup(r.id()).await;
     assert!(resp.result.is_some(), "catalog answers over QUIC: {resp:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn circuits_per_destination_are_capped_at_the_relay() {
+    use support::{Ev, TestPeer};
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| c.resources.circuits_per_destination = 2).await;
+    let token = cp.token(Role::Member).await;
+    let relay_addr = r.addr(false);
+    let circuit = relay_addr
+        .clone()
+        .with(Protocol::P2p(r.id()))
+        .with(Protocol::P2pCircuit);
+
+    // A attaches, reserves a slot and serves echo.
+    let mut a = TestPeer::new();
+    a.connect(r.id(), relay_addr.clone()).await;
+    let cred = cp.enroll(&token, &a.key).await;
+    assert!(admitted(&a.auth(r.id(), Some(cred), Purpose::Attach).await));
+    let c = circuit.clone();
+    a.with_swarm(move |s| s.listen_on(c).expect("listen on circuit"))
+        .await;
+    a.wait(
+        "reservation accepted",
+        |e| matches!(e, Ev::ListenAddr(addr) if addr.iter().any(|p| p == Protocol::P2pCircuit)),
+    )
+    .await;
+    let _echo = a.serve_echo("/test/echo/1");
+
+    // B (transit) opens three circuits to A: two fit, the third is refused
+    // at the router's STOP stream to A.
+    let mut b = TestPeer::new();
+    b.connect(r.id(), relay_addr).await;
+    let cred = cp.enroll(&token, &b.key).await;
+    assert!(admitted(
+        &b.auth(r.id(), Some(cred), Purpose::Transit).await
+    ));
+    let aid = a.peer_id;
+    for _ in 0..2 {
+        let to_a = circuit.clone().with(Protocol::P2p(aid));
+        b.with_swarm(move |s| {
+            s.dial(
+                DialOpts::peer_id(aid)
+                    .addresses(vec![to_a])
+                    .condition(PeerCondition::Always)
+                    .build(),
+            )
+            .expect("dial through relay")
+        })
+        .await;
+        b.wait(
+            "relayed connection to A",
+            |e| matches!(e, Ev::Connected { peer, relayed: true } if *peer == aid),
+        )
+        .await;
+    }
+    let to_a = circuit.clone().with(Protocol::P2p(aid));
+    b.with_swarm(move |s| {
+        s.dial(
+            DialOpts::peer_id(aid)
+                .addresses(vec![to_a])
+                .condition(PeerCondition::Always)
+                .build(),
+        )
+        .expect("dial through relay")
+    })
+    .await;
+    eventually("third circuit refused", || async {
+        (r.refused("circuit", "peer", "relay_stop") >= 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(r.refused("circuit", "peer", "relay_stop"), 1.0);
+    assert_eq!(
+        r.metric("agentmesh_router_streams{protocol=\"relay_stop\",direction=\"outbound\"}"),
+        2.0
+    );
+    // The two circuits still carry calls.
+    let data = vec![7u8; 64 * 1024];
+    assert_eq!(b.echo(aid, "/test/echo/1", &data).await, data);
+}

@@ -19,6 +19,7 @@ pub mod config;
 pub(crate) mod memory;
 mod metrics;
 pub(crate) mod muxer;
+pub(crate) mod relay;
 mod sniff;
 pub(crate) mod transport;
 

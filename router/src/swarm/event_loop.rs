@@ -204,7 +204,11 @@ impl EventLoop {
                     m.reservations.inc();
                 }
             }
-            relay::Event::ReservationReqDenied { src_peer_id, .. } => {
+            relay::Event::ReservationReqDenied {
+                src_peer_id,
+                status,
+            } => {
+                crate::resources::relay::reservation_denied(&self.shared, &src_peer_id, &status);
                 tracing::debug!(peer = %src_peer_id, "reservation denied");
                 m.reservation_requests
                     .get_or_create(&[("result", "denied")])
@@ -222,8 +226,9 @@ impl EventLoop {
             relay::Event::CircuitReqDenied {
                 src_peer_id,
                 dst_peer_id,
-                ..
+                status,
             } => {
+                crate::resources::relay::circuit_denied(&self.shared, &src_peer_id, &status);
                 tracing::debug!(src = %src_peer_id, dst = %dst_peer_id, "circuit denied");
                 m.circuit_requests
                     .get_or_create(&[("result", "denied")])
