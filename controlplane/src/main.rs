@@ -15,6 +15,8 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
+        // A closed log pipe must not take the control plane down.
+        .log_internal_errors(false)
         .init();
     Cli::parse().run().await?;
     Ok(())

@@ -122,8 +122,19 @@ async fn token_create_then_enroll_and_backup_while_serving() {
     );
     let out = run(&["backup", "--db", &db, "--to", copy.to_str().expect("utf8")]).await;
     assert!(!out.status.success(), "refuses to overwrite");
-    child.start_kill().expect("kill");
-    let _ = child.wait().await;
+    // SIGTERM: a graceful stop with exit status 0.
+    let pid = child.id().expect("pid").to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill runs");
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("stops within 60 s of SIGTERM")
+        .expect("wait");
+    assert!(status.success(), "exit status after SIGTERM: {status:?}");
     let copy_dir = tempfile::tempdir().expect("tempdir");
     std::fs::rename(&copy, copy_dir.path().join("cp.db")).expect("move copy");
     let h = common::start(copy_dir.path()).await;
