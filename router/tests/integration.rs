@@ -51,6 +51,7 @@ async fn start_cp_with(
         key_grace_secs: credential_ttl_secs + 3600,
         ..Default::default()
     };
+    adjust(&mut config);
     let handle = agentmesh_controlplane::spawn(config)
         .await
         .expect("control plane");
@@ -291,7 +292,12 @@ async fn admission_and_refusals_with_reasons_and_counters() {
 async fn unknown_signing_key_is_fetched_once_and_the_member_admitted() {
     // New keys sign at once, and the router syncs keys only through its
     // unknown-key path (its periodic sync is an hour away).
-    let cp = start_cp_with(3600, |c| c.key_publish_ahead_secs = 0).await;
+    let cp = start_cp_with(3600, |c| {
+        c.key_publish_ahead_secs = 0;
+        c.key_check_interval_secs = 1;
+    })
+    .await;
+    let started = unix_now();
     let r = start_router_with(&cp, |c| c.lease_interval = Duration::from_secs(3600)).await;
     // The start-up sync has fetched the keys once; nothing else will.
     let fetched_before = eventually("start-up key sync", || async {
@@ -299,10 +305,20 @@ async fn unknown_signing_key_is_fetched_once_and_the_member_admitted() {
         (n >= 1.0).then_some(n)
     })
     .await;
-    cp.client.rotate_key_now(ADMIN).await.expect("rotate");
+    // A key activated in a later second than the first one signs from now on.
+    eventually("the clock moves past the first key's second", || async {
+        (unix_now() > started).then_some(())
+    })
+    .await;
+    let rotated = cp.client.rotate_key_now(ADMIN).await.expect("rotate");
     let member_token = cp.token(Role::Member).await;
     let mut a = TestPeer::new();
-    let cred = cp.enroll(&member_token, &a.key).await;
+    // The control plane signs with the new key once it has loaded it.
+    let cred = eventually("a credential signed by the new key", || async {
+        let c = cp.enroll(&member_token, &a.key).await;
+        (peek_claims(&c).expect("claims").key_id == rotated.key_id).then_some(c)
+    })
+    .await;
     a.connect(r.id(), r.addr.clone()).await;
     let resp = a.auth(r.id(), Some(cred), Purpose::Attach).await;
     assert!(admitted(&resp), "{resp:?}");
