@@ -227,10 +227,8 @@ pub fn verify(
             now,
         });
     }
-    if let Some(expected) = expected_peer {
-        if *expected != peer {
-            return Err(CredentialError::WrongPeer);
-        }
+    if expected_peer.is_some_and(|expected| *expected != peer) {
+        return Err(CredentialError::WrongPeer);
     }
     if trust.is_revoked(&peer, now) {
         return Err(CredentialError::Revoked);
