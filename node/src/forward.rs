@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
 
 use crate::shared::Shared;
 
@@ -20,7 +21,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener, service: S
     loop {
         let permit = tokio::select! {
             p = limit.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.wait_for(|s| *s) => break,
         };
         let (tcp, from) = tokio::select! {
             r = listener.accept() => match r {
@@ -30,16 +31,23 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener, service: S
                     continue;
                 }
             },
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.wait_for(|s| *s) => break,
         };
         while conns.try_join_next().is_some() {}
         let shared = shared.clone();
         let service = service.clone();
-        conns.spawn(async move {
-            let _permit = permit;
-            forward_one(&shared, tcp, from, &service).await;
-        });
+        conns.spawn(
+            async move {
+                let _permit = permit;
+                forward_one(&shared, tcp, from, &service).await;
+            }
+            .in_current_span(),
+        );
     }
+    // Stopping: accept nothing new; connections in progress finish within the grace.
+    drop(listener);
+    let grace = std::time::Duration::from_secs(shared.config.shutdown_grace_secs);
+    let _ = tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
 }
 
 async fn forward_one(

@@ -17,6 +17,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, Buf
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tracing::Instrument as _;
 
 use crate::shared::Shared;
 
@@ -48,7 +49,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: UnixListener) {
     loop {
         let permit = tokio::select! {
             p = limit.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.wait_for(|s| *s) => break,
         };
         let conn = tokio::select! {
             r = listener.accept() => match r {
@@ -58,17 +59,24 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: UnixListener) {
                     continue;
                 }
             },
-            _ = shutdown.wait_for(|s| *s) => return,
+            _ = shutdown.wait_for(|s| *s) => break,
         };
         while conns.try_join_next().is_some() {}
         let shared = shared.clone();
-        conns.spawn(async move {
-            let _permit = permit;
-            if let Err(e) = handle(&shared, conn).await {
-                tracing::debug!(error = %e, "unix socket connection failed");
+        conns.spawn(
+            async move {
+                let _permit = permit;
+                if let Err(e) = handle(&shared, conn).await {
+                    tracing::debug!(error = %e, "unix socket connection failed");
+                }
             }
-        });
+            .in_current_span(),
+        );
     }
+    // Stopping: accept nothing new; connections in progress finish within the grace.
+    drop(listener);
+    let grace = std::time::Duration::from_secs(shared.config.shutdown_grace_secs);
+    let _ = tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
 }
 
 async fn handle(shared: &Arc<Shared>, conn: UnixStream) -> std::io::Result<()> {

@@ -591,3 +591,60 @@ async fn a_transit_connection_closes_once_idle() {
     r1.handle.shutdown().await;
     r2.handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_connection_finishes_while_its_node_stops() {
+    let cp = start_cp().await;
+    let r = start_router(&cp, "r1").await;
+    let member = cp.token(Role::Member, &[]).await;
+    let backend = echo_backend().await;
+    let bdir = tempfile::tempdir().expect("tempdir");
+    let b = agentmesh_node::spawn(
+        Config {
+            expose: vec![("echo".into(), backend)],
+            ..node_config(&cp, &member, bdir.path())
+        },
+        None,
+    )
+    .await
+    .expect("spawn b");
+    let adir = tempfile::tempdir().expect("tempdir");
+    let a = agentmesh_node::spawn(
+        Config {
+            forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
+            ..node_config(&cp, &member, adir.path())
+        },
+        None,
+    )
+    .await
+    .expect("spawn a");
+    ready(&b, "b").await;
+    ready(&a, "a").await;
+    // Make sure the provider is findable before relying on the forward.
+    drop(call_until_found(&a, "echo").await);
+
+    let mut t = tokio::net::TcpStream::connect(a.forward_addrs()[0])
+        .await
+        .expect("forward");
+    t.write_all(b"before stop, ").await.expect("write");
+    let mut got = vec![0u8; 13];
+    t.read_exact(&mut got).await.expect("read");
+    let mut st = a.status();
+    let stopping = tokio::spawn(a.shutdown());
+    tokio::time::timeout(DEADLINE, st.wait_for(|s| s.stopping))
+        .await
+        .expect("stopping in time")
+        .expect("status");
+    t.write_all(b"after stop").await.expect("write");
+    t.shutdown().await.expect("half-close");
+    let mut rest = Vec::new();
+    t.read_to_end(&mut rest).await.expect("read");
+    got.extend_from_slice(&rest);
+    assert_eq!(got, b"before stop, after stop");
+    tokio::time::timeout(DEADLINE, stopping)
+        .await
+        .expect("a stopped in time")
+        .expect("join");
+    b.shutdown().await;
+    r.handle.shutdown().await;
+}
