@@ -146,6 +146,11 @@ impl AdmissionTable {
         c
     }
 
+    /// Every admitted peer with its admission.
+    pub fn iter(&self) -> impl Iterator<Item = (&PeerId, &Admission)> {
+        self.peers.iter()
+    }
+
     /// Admitted routers.
     pub fn routers(&self) -> impl Iterator<Item = &PeerId> {
         self.peers

@@ -21,6 +21,15 @@ pub const DEFAULT_LISTEN: &str = "/ip4/0.0.0.0/tcp/4001";
 pub const DEFAULT_AUTH_DEADLINE_SECS: u64 = 10;
 /// Default high watermark: admitted members the router aims to hold at most.
 pub const DEFAULT_HIGH_WATERMARK: u32 = 1000;
+/// Default grace after go-away DRAINING before the router closes, seconds
+/// (below the manifests' terminationGracePeriodSeconds).
+pub const DEFAULT_DRAIN_GRACE_SECS: u64 = 30;
+/// Default go-away streams open at once.
+pub const DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS: usize = 64;
+/// Default `retry_after` a go-away asks for, seconds.
+pub const DEFAULT_GOAWAY_RETRY_AFTER_SECS: u64 = 300;
+/// Default grace between go-away OVERLOADED and closing a trimmed member, seconds.
+pub const DEFAULT_TRIM_CLOSE_GRACE_SECS: u64 = 10;
 /// Default relay circuits per peer.
 pub const DEFAULT_RELAY_MAX_CIRCUITS_PER_PEER: usize = 1024;
 /// Default relay circuits in total.
@@ -74,8 +83,21 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
     /// Connections not admitted within this time are closed. Default 10 s.
     pub auth_deadline: Duration,
-    /// Admitted members the router aims to hold (issue 4 trims above it). Default 1000.
+    /// Admitted members the router aims to hold: above it the router trims
+    /// and answers new members with go-away. Default 1000.
     pub high_watermark: u32,
+    /// Trimming sheds down to this many members; `None` = 15% below the high
+    /// watermark. Default none.
+    pub low_watermark: Option<u32>,
+    /// After go-away DRAINING, wait at most this long for members to move
+    /// before closing. Default 30 s.
+    pub drain_grace: Duration,
+    /// Go-away streams open at once (fan-out bound). Default 64.
+    pub goaway_max_concurrent_streams: usize,
+    /// How long a go-away asks members to stay away. Default 300 s.
+    pub goaway_retry_after: Duration,
+    /// A trimmed member's connection is closed this long after its go-away. Default 10 s.
+    pub trim_close_grace: Duration,
     /// Relay reservations at most; `None` = the high watermark. Default none.
     pub relay_max_reservations: Option<usize>,
     /// Relay circuits at most in total. Default 16384.
@@ -129,6 +151,11 @@ impl Default for Config {
             metrics_addr: None,
             auth_deadline: Duration::from_secs(DEFAULT_AUTH_DEADLINE_SECS),
             high_watermark: DEFAULT_HIGH_WATERMARK,
+            low_watermark: None,
+            drain_grace: Duration::from_secs(DEFAULT_DRAIN_GRACE_SECS),
+            goaway_max_concurrent_streams: DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS,
+            goaway_retry_after: Duration::from_secs(DEFAULT_GOAWAY_RETRY_AFTER_SECS),
+            trim_close_grace: Duration::from_secs(DEFAULT_TRIM_CLOSE_GRACE_SECS),
             relay_max_reservations: None,
             relay_max_circuits: DEFAULT_RELAY_MAX_CIRCUITS,
             relay_max_circuits_per_peer: DEFAULT_RELAY_MAX_CIRCUITS_PER_PEER,
@@ -155,9 +182,14 @@ impl Default for Config {
 }
 
 impl Config {
-    /// The low watermark: 15% below the high one.
+    /// The low watermark: `low_watermark` if set (capped at the high one),
+    /// else 15% below the high one.
     pub fn low_watermark(&self) -> u32 {
-        self.high_watermark.saturating_mul(85) / 100
+        self.low_watermark
+            .unwrap_or_else(|| {
+                u32::try_from(u64::from(self.high_watermark) * 85 / 100).unwrap_or(u32::MAX)
+            })
+            .min(self.high_watermark)
     }
 
     /// Relay reservations at most, after applying the default.

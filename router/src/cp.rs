@@ -205,7 +205,8 @@ pub(crate) fn load(shared: &Shared) -> RouterLoad {
     }
 }
 
-async fn lease(shared: &Shared) {
+/// Sends one lease (with the current draining flag).
+pub(crate) async fn lease(shared: &Shared) {
     let Some(cred) = shared.credential.read().clone() else {
         return;
     };
@@ -281,6 +282,7 @@ async fn directory(shared: &Shared) {
                 peer,
                 addrs,
                 draining: r.draining,
+                load: r.load,
             })
         })
         .filter(|r| r.peer != shared.peer_id)

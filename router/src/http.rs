@@ -7,7 +7,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +31,7 @@ pub(crate) async fn serve(
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/drain", post(drain))
         .with_state(HttpState { registry, shared });
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(cancel.cancelled_owned())
@@ -57,6 +58,14 @@ async fn metrics(State(s): State<HttpState>) -> impl IntoResponse {
             format!("encoding metrics failed: {e}\n"),
         ),
     }
+}
+
+/// `POST /drain`: starts draining (see `RouterHandle::drain`); 202 Accepted.
+async fn drain(State(s): State<HttpState>) -> impl IntoResponse {
+    if s.shared.drain.request() {
+        tracing::info!("drain requested over HTTP");
+    }
+    (StatusCode::ACCEPTED, "draining\n")
 }
 
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {

@@ -12,7 +12,9 @@ mod auth;
 mod catalog;
 pub mod config;
 mod cp;
+mod drain;
 mod frames;
+mod goaway;
 mod http;
 pub mod identity;
 mod mesh;
@@ -22,6 +24,7 @@ mod resources;
 mod state;
 mod streams;
 mod swarm;
+mod trim;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -138,6 +141,22 @@ impl RouterHandle {
             tracing::warn!(error = %e, "encoding metrics failed");
         }
         out
+    }
+
+    /// Starts draining (what SIGTERM and `POST /drain` do): readiness turns
+    /// false, a last lease says so, every attached member gets go-away
+    /// DRAINING, and after `drain_grace` (or once no member is left) every
+    /// connection closes and the router stops. Returns at once; idempotent.
+    /// Watch [`RouterHandle::drained`] for the end.
+    pub fn drain(&self) {
+        if self.shared.drain.request() {
+            tracing::info!("drain requested");
+        }
+    }
+
+    /// True once a drain finished and the router closed its connections.
+    pub fn drained(&self) -> watch::Receiver<bool> {
+        self.shared.drain.finished()
     }
 
     /// Stops every task, waiting up to a short grace period.
@@ -332,6 +351,18 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         listeners,
     );
     tasks.spawn(event_loop.run(cancel.clone()));
+    tasks.spawn(goaway::overload::run(
+        shared.clone(),
+        control.clone(),
+        cmd_tx.clone(),
+        cancel.clone(),
+    ));
+    tasks.spawn(drain::run(
+        shared.clone(),
+        control.clone(),
+        cmd_tx.clone(),
+        cancel.clone(),
+    ));
     tasks.spawn(cp::run(shared.clone(), cancel.clone()));
     tasks.spawn(streams::accept_loop(
         shared.clone(),

@@ -37,6 +37,17 @@ struct Args {
     auth_deadline_secs: u64,
     #[arg(long, default_value_t = d::DEFAULT_HIGH_WATERMARK)]
     high_watermark: u32,
+    /// Trimming sheds down to this many members (default: 15% below --high-watermark).
+    #[arg(long)]
+    low_watermark: Option<u32>,
+    #[arg(long, default_value_t = d::DEFAULT_DRAIN_GRACE_SECS)]
+    drain_grace_secs: u64,
+    #[arg(long, default_value_t = d::DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS)]
+    goaway_max_concurrent_streams: usize,
+    #[arg(long, default_value_t = d::DEFAULT_GOAWAY_RETRY_AFTER_SECS)]
+    goaway_retry_after_secs: u64,
+    #[arg(long, default_value_t = d::DEFAULT_TRIM_CLOSE_GRACE_SECS)]
+    trim_close_grace_secs: u64,
     #[arg(long)]
     relay_max_reservations: Option<usize>,
     #[arg(long, default_value_t = d::DEFAULT_RELAY_MAX_CIRCUITS)]
@@ -87,6 +98,11 @@ impl Args {
             metrics_addr: self.metrics_addr,
             auth_deadline: s(self.auth_deadline_secs),
             high_watermark: self.high_watermark,
+            low_watermark: self.low_watermark,
+            drain_grace: s(self.drain_grace_secs),
+            goaway_max_concurrent_streams: self.goaway_max_concurrent_streams,
+            goaway_retry_after: s(self.goaway_retry_after_secs),
+            trim_close_grace: s(self.trim_close_grace_secs),
             relay_max_reservations: self.relay_max_reservations,
             relay_max_circuits: self.relay_max_circuits,
             relay_max_circuits_per_peer: self.relay_max_circuits_per_peer,
@@ -126,9 +142,17 @@ async fn main() -> anyhow::Result<()> {
     let router = agentmesh_router::spawn(args.into_config(token)).await?;
     tracing::info!(peer_id = %router.peer_id(), metrics = ?router.metrics_addr(), "running");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut drained = router.drained();
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => router.drain(),
+        _ = term.recv() => router.drain(),
+        _ = drained.wait_for(|d| *d) => {} // POST /drain
+    }
+    // Drain (go-away, grace, close); a second signal stops at once.
+    tokio::select! {
+        _ = drained.wait_for(|d| *d) => {}
+        _ = tokio::signal::ctrl_c() => tracing::warn!("second signal: stopping without waiting"),
+        _ = term.recv() => tracing::warn!("second signal: stopping without waiting"),
     }
     router.shutdown().await;
     Ok(())

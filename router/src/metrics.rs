@@ -28,6 +28,7 @@ pub(crate) const AUTH_RESULTS: &[&str] = &[
     "wrong_role",
     "no_keys",
     "io",
+    "go_away",
 ];
 
 /// Why the router closed a connection.
@@ -70,6 +71,9 @@ pub(crate) struct Metrics {
     pub(crate) revocations_enforced: Counter,
     pub(crate) refused: Family<L3, Counter>,
     pub(crate) ready: Gauge,
+    pub(crate) goaway_sent: Family<L2, Counter>,
+    pub(crate) trimmed: Family<L1, Counter>,
+    pub(crate) draining: Gauge,
 }
 
 impl Metrics {
@@ -167,6 +171,31 @@ impl Metrics {
             "1 when the router is ready",
             m.ready.clone(),
         );
+        r.register(
+            "agentmesh_router_goaway_sent",
+            "Go-aways sent to members, by reason and result",
+            m.goaway_sent.clone(),
+        );
+        r.register(
+            "agentmesh_router_trimmed",
+            "Connections shed above the high watermark, by reason",
+            m.trimmed.clone(),
+        );
+        r.register(
+            "agentmesh_router_draining",
+            "1 while the router drains",
+            m.draining.clone(),
+        );
+        for reason in crate::goaway::REASONS {
+            for res in crate::goaway::RESULTS {
+                let _ = m
+                    .goaway_sent
+                    .get_or_create(&[("reason", reason.as_str()), ("result", res)]);
+            }
+        }
+        for reason in crate::trim::REASONS {
+            let _ = m.trimmed.get_or_create(&[("reason", reason.as_str())]);
+        }
 
         for s in CONN_STATES {
             for d in DIRECTIONS {

@@ -24,6 +24,8 @@ pub(crate) struct DirectoryRouter {
     pub(crate) peer: PeerId,
     pub(crate) addrs: Vec<Multiaddr>,
     pub(crate) draining: bool,
+    /// The load it reported in its last lease, if any.
+    pub(crate) load: Option<agentmesh_proto::pb::controlplane::RouterLoad>,
 }
 
 /// The parts of readiness (DESIGN.md "Readiness").
@@ -88,6 +90,8 @@ pub(crate) struct Shared {
     pub(crate) listen_addrs: RwLock<Vec<Multiaddr>>,
     /// Budgets and live charges (the muxer accounts every stream here).
     pub(crate) resources: Arc<crate::resources::ResourceManager>,
+    /// Drain progress (go-away and drain, `crate::drain`).
+    pub(crate) drain: crate::drain::DrainState,
     readiness: Mutex<Readiness>,
     ready_tx: watch::Sender<bool>,
 }
@@ -120,6 +124,7 @@ impl Shared {
             external_addrs: RwLock::new(Vec::new()),
             listen_addrs: RwLock::new(Vec::new()),
             resources,
+            drain: crate::drain::DrainState::default(),
             readiness: Mutex::new(Readiness::default()),
             ready_tx,
         });

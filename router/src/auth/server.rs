@@ -46,7 +46,17 @@ pub(crate) async fn serve(shared: Arc<Shared>, peer: PeerId, mut stream: Stream)
     let written = match outcome {
         Ok(admission) => {
             let (until, purpose) = (admission.until, admission.purpose);
-            shared.admission.write().admit(peer, admission);
+            if let Some(reason) = crate::goaway::admit_or_refuse(&shared, peer, admission) {
+                shared.metrics.auth_result(purpose, "go_away");
+                crate::goaway::count(&shared, reason, "on_auth");
+                tracing::info!(%peer, reason = reason.as_str(), "go-away instead of admission");
+                let msg = crate::goaway::message(&shared, reason);
+                if let Err(e) = wire::write_go_away(&mut stream, msg, t).await {
+                    tracing::debug!(%peer, error = %e, "go-away answer not delivered");
+                }
+                let _ = tokio::time::timeout(t, stream.close()).await;
+                return;
+            }
             if purpose == Purpose::Router {
                 // Its next connections get the router DHT even before the
                 // directory names it.

@@ -50,6 +50,18 @@ pub(crate) async fn write_refused<S: AsyncWrite + Unpin>(
     frames::write(s, &resp, deadline).await
 }
 
+/// Answers with a go-away instead of an admission.
+pub(crate) async fn write_go_away<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    go_away: agentmesh_proto::pb::mesh::GoAway,
+    deadline: Duration,
+) -> Result<(), WireError> {
+    let resp = AuthResponse {
+        result: Some(auth_response::Result::GoAway(go_away)),
+    };
+    frames::write(s, &resp, deadline).await
+}
+
 /// Client side: sends `req` and reads the answer.
 pub(crate) async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,

@@ -105,7 +105,35 @@ impl EventLoop {
                     .get_providers(key);
                 self.pending_providers.insert(id, (HashSet::new(), reply));
             }
+            Command::CloseUnauthenticated { reply } => {
+                let _ = reply.send(self.close_unauthenticated());
+            }
+            Command::Disconnect { peers } => {
+                for p in peers {
+                    let _ = self.swarm.disconnect_peer_id(p);
+                }
+            }
         }
+    }
+
+    /// Closes inbound connections whose peer is not admitted; returns how many.
+    fn close_unauthenticated(&mut self) -> usize {
+        let now = unix_now();
+        let ids: Vec<ConnectionId> = {
+            let adm = self.shared.admission.read();
+            self.conns
+                .iter()
+                .filter(|(_, c)| c.inbound && !c.closing && !adm.is_admitted(&c.peer, now))
+                .map(|(id, _)| *id)
+                .collect()
+        };
+        for id in &ids {
+            if let Some(c) = self.conns.get_mut(id) {
+                c.closing = true;
+            }
+            self.swarm.close_connection(*id);
+        }
+        ids.len()
     }
 
     fn on_event(&mut self, ev: SwarmEvent<BehaviourEvent>) {

@@ -38,6 +38,11 @@ pub(crate) enum Command {
         key: kad::RecordKey,
         reply: oneshot::Sender<Vec<PeerId>>,
     },
+    /// Close every inbound connection whose peer is not admitted (trimming);
+    /// replies how many.
+    CloseUnauthenticated { reply: oneshot::Sender<usize> },
+    /// Close every connection of these peers (trimmed or drained).
+    Disconnect { peers: Vec<PeerId> },
 }
 
 /// The router's composed behaviour.

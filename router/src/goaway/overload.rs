@@ -1,0 +1,127 @@
+//! Trimming above the high watermark: every second, if more members are
+//! attached than the high watermark allows, close unauthenticated
+//! connections, send go-away OVERLOADED to the members `trim::plan` picks
+//! (bounded fan-out), wait `trim_close_grace` for them to move
+//! (make-before-break on their side) and close whoever is still here.
+//! One trim at a time; none while draining (the drain sends everyone away).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use libp2p::PeerId;
+use libp2p_stream::Control;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::{Reason, sender};
+use crate::state::Shared;
+use crate::swarm::Command;
+use crate::trim::{self, Candidate, TrimReason};
+
+/// How often the watermark is checked.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+/// Deadline of one request to the swarm loop.
+const COMMAND_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Admitted peers as trimming sees them.
+pub(crate) fn candidates(shared: &Shared) -> Vec<Candidate> {
+    let me = shared.peer_id;
+    shared
+        .admission
+        .read()
+        .iter()
+        .map(|(peer, a)| Candidate {
+            peer: *peer,
+            purpose: a.purpose,
+            other_routers: a.attached_routers.iter().filter(|r| **r != me).count(),
+        })
+        .collect()
+}
+
+/// Asks the swarm loop to disconnect `peers`, within a deadline.
+pub(crate) async fn disconnect(commands: &mpsc::Sender<Command>, peers: Vec<PeerId>) {
+    if peers.is_empty() {
+        return;
+    }
+    if tokio::time::timeout(
+        COMMAND_DEADLINE,
+        commands.send(Command::Disconnect { peers }),
+    )
+    .await
+    .is_err()
+    {
+        tracing::warn!("swarm loop busy: trimmed peers not disconnected this round");
+    }
+}
+
+/// Closes unauthenticated inbound connections; returns how many.
+async fn close_unauthenticated(commands: &mpsc::Sender<Command>) -> usize {
+    let (reply, rx) = oneshot::channel();
+    let asked = tokio::time::timeout(
+        COMMAND_DEADLINE,
+        commands.send(Command::CloseUnauthenticated { reply }),
+    )
+    .await;
+    if !matches!(asked, Ok(Ok(()))) {
+        return 0;
+    }
+    tokio::time::timeout(COMMAND_DEADLINE, rx)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(0)
+}
+
+/// Runs the trim loop until `cancel` fires.
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    control: Control,
+    commands: mpsc::Sender<Command>,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(CHECK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if shared.drain.is_requested() {
+            continue;
+        }
+        let (high, low) = (shared.config.high_watermark, shared.config.low_watermark());
+        let plan = trim::plan(&candidates(&shared), high, low);
+        if plan.is_empty() {
+            continue;
+        }
+        let closed = close_unauthenticated(&commands).await;
+        let m = &shared.metrics;
+        m.trimmed
+            .get_or_create(&[("reason", TrimReason::Unauthenticated.as_str())])
+            .inc_by(closed as u64);
+        for (_, reason) in &plan {
+            m.trimmed
+                .get_or_create(&[("reason", reason.as_str())])
+                .inc();
+        }
+        tracing::warn!(
+            high,
+            low,
+            members = plan.len(),
+            unauthenticated = closed,
+            "above the high watermark: trimming"
+        );
+        let peers: Vec<PeerId> = plan.into_iter().map(|(p, _)| p).collect();
+        sender::send_all(&shared, &control, peers.clone(), Reason::Overloaded).await;
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(shared.config.trim_close_grace) => {}
+        }
+        // Whoever has not moved yet is closed now.
+        let still: Vec<PeerId> = {
+            let adm = shared.admission.read();
+            peers.into_iter().filter(|p| adm.get(p).is_some()).collect()
+        };
+        disconnect(&commands, still).await;
+    }
+}

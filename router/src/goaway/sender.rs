@@ -1,0 +1,116 @@
+//! Sending go-away: the router opens `/agentmesh/goaway/1` to a member,
+//! writes one `GoAway` frame and reads one `GoAwayAck` frame, the whole
+//! exchange within the stream timeout; at most
+//! `goaway_max_concurrent_streams` exchanges run at once.
+
+use std::time::Duration;
+
+use agentmesh_proto::pb::mesh::{GoAway, GoAwayAck};
+use agentmesh_proto::protocols::{GOAWAY, MAX_FRAME_BYTES};
+use futures::{AsyncWriteExt as _, StreamExt as _};
+use libp2p::{PeerId, StreamProtocol};
+use libp2p_stream::{Control, OpenStreamError};
+
+use super::{Reason, count};
+use crate::frames;
+use crate::state::Shared;
+
+/// How one go-away ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The member acknowledged it.
+    Acked,
+    /// No acknowledgement within the stream timeout.
+    Timeout,
+    /// The member does not speak the protocol.
+    Unsupported,
+    /// The stream failed.
+    Error,
+}
+
+impl Outcome {
+    /// The metric label (one of [`super::RESULTS`]).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Acked => "acked",
+            Self::Timeout => "timeout",
+            Self::Unsupported => "unsupported",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// Sends `msg` to one member and waits for its ack, within `deadline`.
+pub(crate) async fn send_one(
+    mut control: Control,
+    peer: PeerId,
+    msg: &GoAway,
+    deadline: Duration,
+) -> Outcome {
+    let exchange = async {
+        let mut stream = match control.open_stream(peer, StreamProtocol::new(GOAWAY)).await {
+            Ok(s) => s,
+            Err(OpenStreamError::UnsupportedProtocol(_)) => return Outcome::Unsupported,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "go-away stream not opened");
+                return Outcome::Error;
+            }
+        };
+        if let Err(e) = frames::write(&mut stream, msg, deadline).await {
+            tracing::debug!(%peer, error = %e, "go-away not written");
+            return Outcome::Error;
+        }
+        match frames::read::<GoAwayAck, _>(&mut stream, MAX_FRAME_BYTES, deadline).await {
+            Ok(_) => {
+                let _ = stream.close().await;
+                Outcome::Acked
+            }
+            Err(frames::WireError::Timeout(_)) => Outcome::Timeout,
+            Err(e) => {
+                tracing::debug!(%peer, error = %e, "go-away not acknowledged");
+                Outcome::Error
+            }
+        }
+    };
+    tokio::time::timeout(deadline, exchange)
+        .await
+        .unwrap_or(Outcome::Timeout)
+}
+
+/// Sends go-away `reason` to every peer in `peers`, at most
+/// `goaway_max_concurrent_streams` at once, counting each result; returns
+/// each peer's outcome.
+pub(crate) async fn send_all(
+    shared: &Shared,
+    control: &Control,
+    peers: Vec<PeerId>,
+    reason: Reason,
+) -> Vec<(PeerId, Outcome)> {
+    if peers.is_empty() {
+        return Vec::new();
+    }
+    let msg = super::message(shared, reason);
+    let deadline = shared.config.stream_timeout;
+    let fanout = shared.config.goaway_max_concurrent_streams.max(1);
+    let msg = &msg;
+    let results: Vec<(PeerId, Outcome)> = futures::stream::iter(peers)
+        .map(|peer| {
+            let control = control.clone();
+            async move { (peer, send_one(control, peer, msg, deadline).await) }
+        })
+        .buffer_unordered(fanout)
+        .collect()
+        .await;
+    for (_, outcome) in &results {
+        count(shared, reason, outcome.as_str());
+    }
+    let acked = results.iter().filter(|(_, o)| *o == Outcome::Acked).count();
+    tracing::info!(
+        reason = reason.as_str(),
+        sent = results.len(),
+        acked,
+        alternatives = msg.alternatives.len(),
+        "go-away sent"
+    );
+    results
+}
