@@ -140,7 +140,10 @@ async fn main() -> anyhow::Result<()> {
         None => String::new(),
     };
     let router = agentmesh_router::spawn(args.into_config(token)).await?;
-    tracing::info!(peer_id = %router.peer_id(), metrics = ?router.metrics_addr(), "running");
+    tracing::info!(peer_id = %router.peer_id(), "running");
+    if let Some(addr) = router.metrics_addr() {
+        tracing::info!("metrics on http://{addr}");
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut drained = router.drained();
     tokio::select! {
