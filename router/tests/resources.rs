@@ -552,3 +552,47 @@ async fn circuits_per_destination_are_capped_at_the_relay() {
     let data = vec![7u8; 64 * 1024];
     assert_eq!(b.echo(aid, "/test/echo/1", &data).await, data);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_on_a_built_in_protocol_is_accounted_and_released() {
+    const HOP: &str = "/libp2p/circuit/relay/0.2.0/hop";
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| {
+        c.resources
+            .peer_stream_budgets
+            .insert("relay_hop".to_string(), 3);
+    })
+    .await;
+    let token = cp.token(Role::Member).await;
+    let flooder = admitted_peer(&cp, &r, &token, false).await;
+
+    // HOP streams held open (no request written) sit in the relay's own
+    // handler; the muxer counts them all the same.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(flooder.open(r.id(), HOP).await.expect("within budget"));
+    }
+    for _ in 0..5 {
+        assert!(flooder.open(r.id(), HOP).await.is_err(), "over budget");
+    }
+    assert_eq!(r.refused("stream", "peer", "relay_hop"), 5.0);
+    assert_eq!(
+        r.metric("agentmesh_router_streams{protocol=\"relay_hop\",direction=\"inbound\"}"),
+        3.0
+    );
+    // Auth and catalog keep serving the same peer.
+    let cred = cp.enroll(&token, &flooder.key).await;
+    assert!(admitted(&flooder.auth(r.id(), cred).await));
+    assert!(flooder.lookup(r.id()).await.result.is_some());
+
+    // When the relay's handler lets go of the streams, the budget comes back.
+    for mut s in held {
+        let _ = s.close().await;
+    }
+    eventually("relay_hop streams released", || async {
+        (r.metric("agentmesh_router_streams{protocol=\"relay_hop\",direction=\"inbound\"}") == 0.0)
+            .then_some(())
+    })
+    .await;
+    assert!(flooder.open(r.id(), HOP).await.is_ok(), "budget is back");
+}
