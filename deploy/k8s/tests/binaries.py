@@ -9,11 +9,6 @@ import subprocess
 
 from conftest import REPO_ROOT
 
-# Router flags from issue 4 (resource management, drain) that the manifests
-# already pass. Until the router has them the manifests cannot start it: that
-# is reported as xfail with the list, never silently passed.
-ISSUE4_PENDING_FLAGS = {"agentmesh-router": {"--low-watermark", "--memory-limit-bytes", "--drain-grace-secs"}}
-
 
 def bin_dirs() -> list[str]:
     """AGENTMESH_BIN_DIR, else CARGO_TARGET_DIR (or ./target) /debug and /release."""

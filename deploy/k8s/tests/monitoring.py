@@ -50,6 +50,8 @@ LABEL_VALUES: dict[tuple[str, str], set[str]] = {
     ("agentmesh_router_refused_total", "resource"): {"connection", "stream", "memory", "reservation", "circuit"},
     ("agentmesh_router_refused_total", "scope"): {"system", "protocol", "peer", "source"},
     ("agentmesh_router_goaway_sent_total", "reason"): {"draining", "overloaded"},
+    ("agentmesh_router_goaway_sent_total", "result"): {"acked", "timeout", "unsupported", "error", "on_auth"},
+    ("agentmesh_router_trimmed_total", "reason"): {"unauthenticated", "other_routers", "only_router"},
     ("agentmesh_router_lease_total", "result"): {"ok", "error"},
     ("agentmesh_router_auth_total", "result"): {
         "admitted",
@@ -139,8 +141,12 @@ def promql_problems(expr: str) -> list[str]:
             if metric in METRICS and label not in METRICS[metric] | TARGET_LABELS:
                 problems.append(f"{metric} has no label {label}")
             allowed = LABEL_VALUES.get((metric, label))
-            if allowed and op in ("=", "!=") and value not in allowed:
-                problems.append(f"{metric}{{{label}}} never takes the value {value!r}")
+            # Exact matchers, and regex matchers that are plain alternations.
+            values = [value] if op in ("=", "!=") else value.split("|")
+            if allowed and all(re.fullmatch(r"[a-z_]+", v) for v in values):
+                for v in values:
+                    if v not in allowed:
+                        problems.append(f"{metric}{{{label}}} never takes the value {v!r}")
             rest = rest[m.end() :]
             if rest.startswith(","):
                 rest = rest[1:]

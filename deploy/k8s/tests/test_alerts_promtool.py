@@ -63,13 +63,13 @@ CASES = [
     ("AgentmeshRouterTrimming", {f'agentmesh_router_trimmed_total{{{R0},reason="high_watermark"}}': "0x8"}, "6m", None),
     (
         "AgentmeshRouterOverloaded",
-        {f'agentmesh_router_goaway_sent_total{{{R0},reason="overloaded",result="ok"}}': "0+10x40"},
+        {f'agentmesh_router_goaway_sent_total{{{R0},reason="overloaded",result="acked"}}': "0+10x40"},
         "30m",
         {"namespace": "agentmesh", "pod": "agentmesh-router-0"},
     ),
     (
         "AgentmeshRouterOverloaded",
-        {f'agentmesh_router_goaway_sent_total{{{R0},reason="draining",result="ok"}}': "0+10x40"},
+        {f'agentmesh_router_goaway_sent_total{{{R0},reason="draining",result="acked"}}': "0+10x40"},
         "30m",
         None,
     ),
@@ -81,7 +81,7 @@ CASES = [
     ),
     (
         "AgentmeshRouterGoAwayFailing",
-        {f'agentmesh_router_goaway_sent_total{{{R0},reason="draining",result="ok"}}': "0+60x30"},
+        {f'agentmesh_router_goaway_sent_total{{{R0},reason="draining",result="acked"}}': "0+60x30"},
         "20m",
         None,
     ),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from binaries import ISSUE4_PENDING_FLAGS, bin_dirs, find_binary, missing_flags
+from binaries import bin_dirs, find_binary, missing_flags
 from checks import KNOWN_FLAGS
 from conftest import OVERLAYS, render
 from model import containers
@@ -37,6 +37,4 @@ def test_built_program_accepts_every_manifest_flag(program):
     if binary is None:
         pytest.skip(f"{binary_name} is not built in {bin_dirs()}")
     missing = missing_flags(binary, subcommand or None, manifest_flags()[program])
-    if missing and set(missing) <= ISSUE4_PENDING_FLAGS.get(program, set()):
-        pytest.xfail(f"`{program}` lacks issue-4 flags {missing}: the manifests cannot start it yet")
     assert not missing, f"`{program} --help` does not list {missing}: the manifests would not start it"

@@ -13,20 +13,12 @@ import sys
 import pytest
 
 from conftest import REPO_ROOT, render
+from monitoring import metrics_of
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-from monitoring import metrics_of
-
-# Metrics issue 4 (resource management, go-away, watchdog) adds; alerted on
-# already. Reported as xfail until a program registers them.
-ISSUE4_PENDING = {
-    "agentmesh_router_trimmed_total",
-    "agentmesh_router_goaway_sent_total",
-    "agentmesh_runtime_stalls_total",
-}
 
 
 def workspace_members():
@@ -69,8 +61,4 @@ def test_registration_lookup_sees_prefixed_and_counter_names():
 
 @pytest.mark.parametrize("metric", alerted_metrics())
 def test_alerted_metric_is_registered_by_a_program(metric):
-    if registered(metric, rust_literals()):
-        return
-    if metric in ISSUE4_PENDING:
-        pytest.xfail(f"{metric} comes with issue 4 and is not registered yet")
-    pytest.fail(f"no program registers {metric}: its alerts would never fire")
+    assert registered(metric, rust_literals()), f"no program registers {metric}: its alerts would never fire"

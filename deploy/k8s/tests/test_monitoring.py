@@ -37,6 +37,7 @@ def alert(objects, name):
         ("rate(agentmesh_router_refusd_total[5m]) > 0", "unknown metric 'agentmesh_router_refusd_total'"),
         ('rate(agentmesh_router_refused_total{resource="memmory"}[5m]) > 0', "never takes the value 'memmory'"),
         ('rate(agentmesh_router_refused_total{reason="x"}[5m]) > 0', "has no label reason"),
+        ('rate(agentmesh_router_goaway_sent_total{result=~"timeout|lost"}[5m]) > 0', "never takes the value 'lost'"),
         ("sum by (pood) (rate(agentmesh_router_refused_total[5m])) > 0", "groups by label 'pood'"),
         ("rate(agentmesh_router_refused_total[5m] > 0", "unbalanced"),
         ("rate(agentmesh_router_refused_total[5q]) > 0", "bad duration '5q'"),

@@ -19,7 +19,7 @@ import subprocess
 
 import pytest
 
-from binaries import ISSUE4_PENDING_FLAGS, find_binary, missing_flags
+from binaries import find_binary, missing_flags
 from conftest import OVERLAYS, render
 from model import addr_port, containers, sqlite_path
 from sandbox import Sandbox, free_port, http_get, make_tls, metric_value, random_token, wait_until
@@ -131,8 +131,7 @@ def start_router(sandbox, tmp_path, objects):
     router = program(objects, "agentmesh-router")
     router_bin = need("agentmesh-router")
     missing = missing_flags(router_bin, None, set(router.flags()))
-    if missing and set(missing) <= ISSUE4_PENDING_FLAGS["agentmesh-router"]:
-        pytest.xfail(f"agentmesh-router lacks issue-4 flags {missing}")
+    assert not missing, f"agentmesh-router lacks {missing}: the StatefulSet cannot start it"
     files = secret_files(tmp_path)
     cp, cp_proc = start_control_plane(sandbox, objects, files)
     files["agentmesh-router-token"] = {"token": mint(sandbox, cp, "router")}
