@@ -59,6 +59,7 @@ KNOWN_FLAGS: dict[str, set[str]] = {
         "--stream-timeout-secs", "--auth-max-inflight-streams", "--catalog-max-inflight-streams",
         "--catalog-max-records", "--catalog-max-results", "--idle-connection-timeout-secs",
         "--control-plane-retry-budget-secs", "--control-plane-rpc-timeout-secs",
+        "--goaway-max-concurrent-streams", "--goaway-retry-after-secs", "--trim-close-grace-secs",
         # router/src/resources/config.rs
         "--memory-default-limit-bytes", "--memory-budget-percent", "--connection-charge-bytes",
         "--stream-budget-system", "--stream-budget", "--peer-stream-budget-total", "--peer-stream-budget",
