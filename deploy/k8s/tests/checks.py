@@ -86,11 +86,19 @@ WRITTEN_FILE_FLAGS = {"--key-path", "--db", "--to"}
 
 # Sizing model (deploy/k8s/README.md, docs/scalability.md): memory the router
 # needs beyond its members, and the charge of one admitted member.
+# The router's charges (docs/scalability.md, "What a member costs a router"):
+# a connection, its two ping streams and, on average, two data streams.
 PROCESS_BASE_BYTES = 256 * MIB
-CONNECTION_BASE_BYTES = 1.1 * MIB
+CONNECTION_CHARGE_BYTES = 256 * 1024
+CONTROL_STREAM_CHARGE_BYTES = 64 * 1024
+CONTROL_STREAMS_PER_MEMBER = 2
 STREAM_WINDOW_BYTES = 256 * 1024
 STREAMS_PER_MEMBER = 2
-CHARGE_PER_MEMBER_BYTES = CONNECTION_BASE_BYTES + STREAMS_PER_MEMBER * STREAM_WINDOW_BYTES
+CHARGE_PER_MEMBER_BYTES = (
+    CONNECTION_CHARGE_BYTES
+    + CONTROL_STREAMS_PER_MEMBER * CONTROL_STREAM_CHARGE_BYTES
+    + STREAMS_PER_MEMBER * STREAM_WINDOW_BYTES
+)
 # The router lets charges use this share of its memory limit (its
 # --memory-budget-percent default); the rest is for the process itself.
 MEMORY_BUDGET_PERCENT = 75

@@ -34,8 +34,8 @@ def test_readme_says_the_image_is_not_built_here():
 
 def test_sizing_constants_match_the_checks():
     for text in (readme(), scalability()):
-        assert "256 MiB" in text and "1.1 MiB" in text and "256 KiB" in text and "1.6 MiB" in text
-    assert checks.CHARGE_PER_MEMBER_BYTES / checks.MIB == pytest.approx(1.6)
+        assert "256 MiB" in text and "256 KiB" in text and "64 KiB" in text and "896 KiB" in text
+    assert checks.CHARGE_PER_MEMBER_BYTES == 896 * 1024
     assert checks.PROCESS_BASE_BYTES == 256 * checks.MIB
 
 
