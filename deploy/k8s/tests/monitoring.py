@@ -27,6 +27,8 @@ METRICS: dict[str, set[str]] = {
     "agentmesh_router_goaway_sent_total": {"reason", "result"},
     "agentmesh_router_ready": set(),
     "agentmesh_router_lease_total": {"result"},
+    "agentmesh_router_memory_in_use_bytes": set(),
+    "agentmesh_router_memory_budget_bytes": set(),
     "agentmesh_router_auth_total": {"purpose", "result"},
     "agentmesh_runtime_stalls_total": set(),
     "agentmesh_control_plane_storage_rows": {"table"},

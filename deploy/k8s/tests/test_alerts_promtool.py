@@ -55,6 +55,24 @@ CASES = [
         None,
     ),
     (
+        "AgentmeshRouterMemoryNearBudget",
+        {
+            f"agentmesh_router_memory_in_use_bytes{{{R0}}}": "950x30",
+            f"agentmesh_router_memory_budget_bytes{{{R0}}}": "1000x30",
+        },
+        "20m",
+        {"namespace": "agentmesh", "pod": "agentmesh-router-0"},
+    ),
+    (
+        "AgentmeshRouterMemoryNearBudget",
+        {
+            f"agentmesh_router_memory_in_use_bytes{{{R0}}}": "500x30",
+            f"agentmesh_router_memory_budget_bytes{{{R0}}}": "1000x30",
+        },
+        "20m",
+        None,
+    ),
+    (
         "AgentmeshRouterTrimming",
         {f'agentmesh_router_trimmed_total{{{R0},reason="high_watermark"}}': "0 0 0 150 150 150 150 150 150"},
         "6m",
