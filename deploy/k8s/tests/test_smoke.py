@@ -155,6 +155,20 @@ def test_router_becomes_ready_with_the_manifest_flags(sandbox, tmp_path, overlay
     stop(sandbox, cp_proc, "control-plane")
 
 
+def test_post_drain_on_the_probe_port_makes_the_router_unready(sandbox, tmp_path):
+    """What a rollout relies on: draining takes the router out of readiness (so
+    Kubernetes stops sending it new members) and SIGTERM still ends it cleanly."""
+    _, cp_proc, router, proc, _, _ = start_router(sandbox, tmp_path, render("overlays/dev"))
+    port = probe_port(sandbox, router, "readinessProbe")
+    answer = http_get(port, "/drain", method="POST")
+    assert answer and answer[0] == 202, answer
+    assert wait_until(lambda: not ready(sandbox, router)(), READY_DEADLINE_SECS, proc), "still ready while draining"
+    metrics = http_get(port, "/metrics")
+    assert metrics and metric_value(metrics[1], "agentmesh_router_ready") == 0
+    stop(sandbox, proc, "router")
+    stop(sandbox, cp_proc, "control-plane")
+
+
 def test_member_gets_ready_through_the_dev_router(sandbox, tmp_path):
     """Dev announces the router at its pod IP (here 127.0.0.1): a member dials it.
     (Production announces /dns4 names: see README, Known gaps.)"""
