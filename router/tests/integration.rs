@@ -370,10 +370,12 @@ async fn relay_needs_admission_and_carries_a_mebibyte() {
         matches!(e, Ev::ListenerClosed(_))
     })
     .await;
-    assert_eq!(
-        r.metric("agentmesh_router_reservation_requests_total{result=\"denied\"}"),
-        1.0
-    );
+    // The relay reports the denial to the router's loop after answering.
+    eventually("denied reservation counted", || async {
+        (r.metric("agentmesh_router_reservation_requests_total{result=\"denied\"}") == 1.0)
+            .then_some(())
+    })
+    .await;
 
     // Admitted to attach: the reservation is accepted.
     let cred_a = cp.enroll(&member_token, &a.key).await;
@@ -413,7 +415,11 @@ async fn relay_needs_admission_and_carries_a_mebibyte() {
     let data: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
     let back = b.echo(a.peer_id, "/test/echo/1", &data).await;
     assert!(back == data, "1 MiB came back byte-identical");
-    assert!(r.metric("agentmesh_router_circuit_requests_total{result=\"accepted\"}") >= 1.0);
+    eventually("accepted circuit counted", || async {
+        (r.metric("agentmesh_router_circuit_requests_total{result=\"accepted\"}") >= 1.0)
+            .then_some(())
+    })
+    .await;
 
     tracing::info!("step: echo done");
     // An unadmitted caller is denied a circuit.
