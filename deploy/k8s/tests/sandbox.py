@@ -34,9 +34,8 @@ def http_get(port: int, path: str, timeout: float = 3.0, method: str = "GET") ->
     """(status, body) of METHOD http://127.0.0.1:port/path, or None when nothing answers."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(
-                f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
-            )
+            head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            s.sendall(head.encode())
             data = b""
             while chunk := s.recv(65536):
                 data += chunk
