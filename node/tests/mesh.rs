@@ -648,3 +648,82 @@ async fn a_forwarded_connection_finishes_while_its_node_stops() {
     b.shutdown().await;
     r.handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_away_makes_before_it_breaks() {
+    let cp = start_cp().await;
+    let routers = [
+        start_router(&cp, "r1").await,
+        start_router(&cp, "r2").await,
+        start_router(&cp, "r3").await,
+    ];
+    let member = cp.token(Role::Member, &[]).await;
+    let backend = echo_backend().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let n = agentmesh_node::spawn(
+        Config {
+            routers: 2,
+            expose: vec![("echo".into(), backend)],
+            ..node_config(&cp, &member, dir.path())
+        },
+        None,
+    )
+    .await
+    .expect("spawn");
+    let mut st = n.status();
+    tokio::time::timeout(DEADLINE, st.wait_for(|s| s.ready && s.reserved.len() == 2))
+        .await
+        .expect("on two routers in time")
+        .expect("status");
+    let before = n.status().borrow().reserved.clone();
+    let drained = routers
+        .iter()
+        .find(|r| before.contains(&r.handle.peer_id()))
+        .expect("one of ours");
+    let gone = drained.handle.peer_id();
+
+    // Watch every change from here: never below one reserved router, never unready.
+    let mut watch = n.status();
+    let watcher = tokio::spawn(async move {
+        let mut worst = usize::MAX;
+        let mut always_ready = true;
+        loop {
+            {
+                let s = watch.borrow_and_update();
+                worst = worst.min(s.reserved.len());
+                always_ready &= s.ready;
+                if s.reserved.len() == 2 && !s.reserved.contains(&gone) {
+                    return (worst, always_ready);
+                }
+            }
+            if watch.changed().await.is_err() {
+                return (worst, always_ready);
+            }
+        }
+    });
+    drained.handle.drain();
+    let (worst, always_ready) = tokio::time::timeout(DEADLINE, watcher)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "never moved off the drained router: {:?}",
+                n.status().borrow()
+            )
+        })
+        .expect("watcher");
+    assert!(
+        worst >= 1,
+        "fell to {worst} reserved routers during the move"
+    );
+    assert!(always_ready, "became unready during the move");
+    let (_, m) = http_get(n.metrics_addr().expect("metrics"), "/metrics").await;
+    assert_eq!(
+        metric(&m, r#"agentmesh_node_goaways_total{result="draining"}"#),
+        1.0,
+        "{m}"
+    );
+    n.shutdown().await;
+    for r in routers {
+        r.handle.shutdown().await;
+    }
+}
