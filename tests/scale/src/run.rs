@@ -20,6 +20,8 @@ use crate::report::{
 use crate::tally::{Phase, PhaseSummary};
 use crate::target::Target;
 
+/// Wait after a step before sampling, a little over the workers' tick period.
+const TICK_SETTLE: Duration = Duration::from_millis(1_100);
 /// Extra token uses beyond the planned members (restarts, retries).
 const TOKEN_SLACK: u64 = 100;
 
@@ -207,6 +209,8 @@ async fn run(
         let done = fleet
             .pump_until(t0 + step_deadline, |t| t.phase_done(Phase::Step(n)))
             .await;
+        // One more worker tick, so the fleet figures are from after the step.
+        fleet.pump_for(TICK_SETTLE).await;
         let cp_after = target.control_plane().await;
         let record = StepRecord {
             step: n,
