@@ -214,3 +214,35 @@ fn circuits_per_destination_are_capped() {
         .expect_err("3");
     assert_eq!((err.resource, err.scope), (Resource::Circuit, Scope::Peer));
 }
+
+#[test]
+fn every_refusal_label_is_pre_created() {
+    let mut reg = Registry::default();
+    let refused = Family::default();
+    reg.register("agentmesh_router_refused", "refusals", refused.clone());
+    let _mgr = ResourceManager::new(
+        budgets(&crate::Config::default(), 1 << 30),
+        &mut reg,
+        refused,
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &reg).expect("encode");
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("agentmesh_router_refused_total{"))
+        .count();
+    assert_eq!(
+        series,
+        Resource::ALL.len() * Scope::ALL.len() * (Proto::COUNT + 1)
+    );
+    assert!(text.contains(
+        "agentmesh_router_refused_total{resource=\"circuit\",scope=\"peer\",protocol=\"relay_stop\"} 0"
+    ));
+    assert!(text.contains("agentmesh_router_memory_budget_bytes 1073741824"));
+    for p in Proto::ALL {
+        assert!(text.contains(&format!(
+            "agentmesh_router_streams{{protocol=\"{}\",direction=\"inbound\"}} 0",
+            p.as_str()
+        )));
+    }
+}
