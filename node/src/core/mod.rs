@@ -40,7 +40,7 @@ const MAX_WAITERS: usize = 4096;
 /// Longest wait for connections to close gracefully at the end of shutdown.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// How often timers are checked.
-const TICK: Duration = Duration::from_millis(500);
+const TICK: Duration = Duration::from_secs(1);
 
 /// A finished network exchange.
 pub(crate) enum Op {
