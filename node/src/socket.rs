@@ -92,14 +92,22 @@ async fn handle(shared: &Arc<Shared>, conn: UnixStream) -> std::io::Result<()> {
     let line = line.trim_end();
     if let Some(rest) = line.strip_prefix("GET ") {
         // Drain the header block (bounded), then answer.
-        let mut total = 0;
-        loop {
-            let mut h = String::new();
-            let n = (&mut reader).take(MAX_LINE).read_line(&mut h).await?;
-            total += n;
-            if n == 0 || h.trim().is_empty() || total > MAX_HEADERS {
-                break;
+        let drain = async {
+            let mut total = 0;
+            loop {
+                let mut h = String::new();
+                let n = (&mut reader).take(MAX_LINE).read_line(&mut h).await?;
+                total += n;
+                if n == 0 || h.trim().is_empty() || total > MAX_HEADERS {
+                    return Ok::<_, std::io::Error>(());
+                }
             }
+        };
+        if tokio::time::timeout(shared.config.call_timeout(), drain)
+            .await
+            .is_err()
+        {
+            return Ok(());
         }
         let path = rest.split_whitespace().next().unwrap_or("");
         let (code, body) = if path == "/readyz" {
