@@ -89,10 +89,11 @@ async fn binary_becomes_ready_and_exits_on_sigterm() {
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
 
     loop {
-        if let Some(r) = http_get(&metrics, "/readyz").await {
-            if r.starts_with("HTTP/1.1 200") {
-                break;
-            }
+        if http_get(&metrics, "/readyz")
+            .await
+            .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+        {
+            break;
         }
         assert!(Instant::now() < end, "router binary not ready in time");
         tokio::time::sleep(Duration::from_millis(100)).await;

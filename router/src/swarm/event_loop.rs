@@ -360,6 +360,7 @@ impl EventLoop {
             let trust = shared.trust.read();
             shared.admission.write().revoke(&trust, now)
         };
+        let mut catalog_changed = false;
         for (peers, reason) in [(expired, "expired"), (revoked, "revoked")] {
             for p in peers {
                 tracing::info!(peer = %p, reason, "dropping admitted peer");
@@ -371,7 +372,7 @@ impl EventLoop {
                     .connections_closed
                     .get_or_create(&[("reason", reason)])
                     .inc();
-                shared.catalog.lock().remove(&p);
+                catalog_changed |= shared.catalog.lock().remove(&p);
                 let _ = self.swarm.disconnect_peer_id(p);
             }
         }
@@ -379,12 +380,10 @@ impl EventLoop {
         if dropped > 0 {
             tracing::debug!(dropped, "catalog records expired");
         }
-        self.reconcile_providers(false);
-
-        // Mesh.
         let added = self.mesh.tick(&mut self.swarm, &self.dialed_addrs);
-        if added || std::mem::take(&mut self.reannounce) {
-            self.reconcile_providers(true);
+        let reannounce = added || std::mem::take(&mut self.reannounce);
+        if reannounce || catalog_changed || dropped > 0 {
+            self.reconcile_providers(reannounce);
         }
         self.close_duplicate_router_connections();
 
