@@ -25,7 +25,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, peer: PeerId, mut stream: Stream)
                 .auth_result(Purpose::Attach, if malformed { "malformed" } else { "io" });
             tracing::info!(%peer, error = %e, "auth request unreadable");
             if malformed {
-                shared.resources.failed_login(&peer);
+                shared.resources.failed_login(&peer, "malformed");
                 let refusal = Refusal {
                     reason: AuthRefusal::Malformed,
                     label: "malformed",
@@ -68,7 +68,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, peer: PeerId, mut stream: Stream)
         }
         Err(refusal) => {
             shared.metrics.auth_result(label_purpose, refusal.label);
-            shared.resources.failed_login(&peer);
+            shared.resources.failed_login(&peer, refusal.label);
             tracing::info!(%peer, reason = refusal.label, detail = %refusal.detail, "auth refused");
             wire::write_refused(&mut stream, &refusal, t).await
         }

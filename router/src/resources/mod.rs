@@ -401,10 +401,14 @@ impl ResourceManager {
         self.metrics.stream_gauge(g.proto, g.inbound).dec();
     }
 
-    /// Records a failed login by `peer`: counted against the source IPs of
-    /// its connections (only failed logins and unauthenticated connections
-    /// are limited per IP).
-    pub(crate) fn failed_login(&self, peer: &PeerId) {
+    /// Records a failed login by `peer` with auth result `reason`: counted
+    /// against the source IPs of its connections (only failed logins and
+    /// unauthenticated connections are limited per IP). Refusals that are
+    /// not the peer's doing (keys not synced yet, clock, I/O) do not count.
+    pub(crate) fn failed_login(&self, peer: &PeerId, reason: &str) {
+        if !counts_as_failed_login(reason) {
+            return;
+        }
         let now = Instant::now();
         let mut st = self.state.lock();
         let ips = st.peer_ips.get(peer).cloned().unwrap_or_default();
@@ -464,6 +468,16 @@ impl ResourceManager {
             );
         }
     }
+}
+
+/// Whether an auth result is a failed login for the per-IP limit: a forged,
+/// foreign, garbled or revoked credential, not a refusal the router or the
+/// clock caused (`unknown_key`, `no_keys`, `expired`, `not_yet_valid`, `io`).
+fn counts_as_failed_login(reason: &str) -> bool {
+    matches!(
+        reason,
+        "malformed" | "bad_signature" | "wrong_peer" | "revoked" | "wrong_role"
+    )
 }
 
 /// One live connection's charge; released when the last holder drops it.

@@ -153,8 +153,16 @@ fn failed_logins_close_the_source_to_new_unauthenticated_connections() {
     let _c = mgr
         .open_connection(bad, &inbound_from("10.0.0.7"))
         .expect("conn");
+    for _ in 0..10 {
+        mgr.failed_login(&bad, "unknown_key");
+    }
+    assert!(
+        mgr.open_connection(PeerId::random(), &inbound_from("10.0.0.7"))
+            .is_ok(),
+        "refusals the router caused are not failed logins"
+    );
     for _ in 0..3 {
-        mgr.failed_login(&bad);
+        mgr.failed_login(&bad, "bad_signature");
     }
     assert!(
         mgr.open_connection(PeerId::random(), &inbound_from("10.0.0.7"))
