@@ -574,7 +574,7 @@ async fn catalog_publish_needs_attach_and_records_leave_with_the_member() {
         matches!(resp.result, Some(catalog_response::Result::Error(_))),
         "{resp:?}"
     );
-    let resp = a.catalog(r.id(), publish).await;
+    let resp = a.catalog(r.id(), publish.clone()).await;
     assert!(
         matches!(resp.result, Some(catalog_response::Result::Ack(_))),
         "{resp:?}"
@@ -586,6 +586,28 @@ async fn catalog_publish_needs_attach_and_records_leave_with_the_member() {
     assert_eq!(
         r.metric("agentmesh_router_catalog_requests_total{op=\"publish\",result=\"ok\"}"),
         1.0
+    );
+
+    // Withdraw drops it; publishing again restores it.
+    let resp = a
+        .catalog(
+            r.id(),
+            CatalogRequest {
+                op: Some(catalog_request::Op::Withdraw(
+                    agentmesh_proto::pb::mesh::Withdraw {},
+                )),
+            },
+        )
+        .await;
+    assert!(
+        matches!(resp.result, Some(catalog_response::Result::Ack(_))),
+        "{resp:?}"
+    );
+    assert!(providers(&a.catalog(r.id(), lookup("echo")).await).is_empty());
+    let resp = a.catalog(r.id(), publish.clone()).await;
+    assert!(
+        matches!(resp.result, Some(catalog_response::Result::Ack(_))),
+        "{resp:?}"
     );
 
     // The member leaves: its record goes with it.
