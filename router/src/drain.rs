@@ -3,8 +3,8 @@
 //! DRAINING instead of admission), send a last lease saying so, send
 //! go-away DRAINING to every attached member, wait up to
 //! `--drain-grace-secs` for them to move (make-before-break on their side;
-//! the wait ends early once none is left), then close every connection and
-//! stop the router.
+//! the wait ends early once none is left and no circuit runs through the
+//! router), then close every connection and stop the router.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,15 +95,19 @@ pub(crate) async fn run(
 
     sender::send_all(&shared, &control, members, Reason::Draining).await;
 
+    // Members move (make-before-break on their side); circuits in flight
+    // through this router finish. Whichever comes first: both done, or the
+    // grace is over.
     let end = tokio::time::Instant::now() + shared.config.drain_grace;
     loop {
         let left = attached(&shared).len();
-        if left == 0 {
-            tracing::info!("every member moved");
+        let circuits = shared.metrics.circuits.get();
+        if left == 0 && circuits <= 0 {
+            tracing::info!("every member moved and no circuit is left");
             break;
         }
         if tokio::time::Instant::now() >= end {
-            tracing::info!(left, "drain grace over; closing");
+            tracing::info!(left, circuits, "drain grace over; closing");
             break;
         }
         tokio::select! {

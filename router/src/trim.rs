@@ -1,4 +1,4 @@
-//! Trimming policy (pure): above the high watermark, which admitted members
+//! Trimming policy (pure): at the high watermark, which admitted members
 //! to shed so the router is back at the low watermark (about 15% of its
 //! members, never more).
 //!
@@ -57,8 +57,10 @@ pub(crate) struct Candidate {
 
 /// Members to shed, in order, with the reason of each.
 ///
-/// Sheds `attached - low` members when more than `high` are attached
-/// (`attached` counts `Attach` candidates), else none.
+/// Sheds `attached - low` members once `high` or more are attached
+/// (`attached` counts `Attach` candidates), else none: a router that reaches
+/// its high watermark (where admission turns into go-away) makes room down to
+/// the low one. `low == high` turns trimming off.
 pub(crate) fn plan(candidates: &[Candidate], high: u32, low: u32) -> Vec<(PeerId, TrimReason)> {
     let mut members: Vec<&Candidate> = candidates
         .iter()
@@ -66,7 +68,7 @@ pub(crate) fn plan(candidates: &[Candidate], high: u32, low: u32) -> Vec<(PeerId
         .collect();
     let attached = members.len();
     let (high, low) = (high as usize, (low.min(high)) as usize);
-    if attached <= high {
+    if attached < high || attached <= low {
         return Vec::new();
     }
     let excess = attached - low;
@@ -130,7 +132,9 @@ mod tests {
         let p = plan(&c, 100, 85);
         assert_eq!(p.len(), 16, "101 members down to 85");
         assert!(p.iter().all(|(_, r)| *r == TrimReason::OtherRouters));
-        assert!(plan(&c[..100], 100, 85).is_empty(), "at high: nothing");
+        assert_eq!(plan(&c[..100], 100, 85).len(), 15, "at high: down to low");
+        assert!(plan(&c[..99], 100, 85).is_empty(), "below high: nothing");
+        assert!(plan(&c, 100, 100).is_empty(), "low == high: trimming off");
     }
 
     proptest! {
@@ -144,7 +148,7 @@ mod tests {
             let p = plan(&c, high, low);
             let attached = c.iter().filter(|x| x.purpose == Purpose::Attach).count();
             // Exactly down to low when above high; nothing otherwise.
-            if attached > high as usize {
+            if attached >= high as usize && attached > low as usize {
                 prop_assert_eq!(p.len(), attached - low as usize);
             } else {
                 prop_assert!(p.is_empty());

@@ -79,6 +79,11 @@ pub(crate) fn alternatives(shared: &Shared) -> Vec<Alternative> {
             )
         })
         .collect();
+    tracing::debug!(
+        directory = dir.len(),
+        candidates = alts.len(),
+        "go-away alternatives"
+    );
     alts.sort_by(|a, b| a.0.total_cmp(&b.0));
     alts.into_iter()
         .take(MAX_ALTERNATIVES)

@@ -1,5 +1,5 @@
-//! Trimming above the high watermark: every second, if more members are
-//! attached than the high watermark allows, close unauthenticated
+//! Trimming at the high watermark: every second, if the high watermark of
+//! members is reached (and the low one is below it), close unauthenticated
 //! connections, send go-away OVERLOADED to the members `trim::plan` picks
 //! (bounded fan-out), wait `trim_close_grace` for them to move
 //! (make-before-break on their side) and close whoever is still here.
@@ -109,7 +109,7 @@ pub(crate) async fn run(
             low,
             members = plan.len(),
             unauthenticated = closed,
-            "above the high watermark: trimming"
+            "high watermark reached: trimming"
         );
         let peers: Vec<PeerId> = plan.into_iter().map(|(p, _)| p).collect();
         sender::send_all(&shared, &control, peers.clone(), Reason::Overloaded).await;
@@ -117,10 +117,15 @@ pub(crate) async fn run(
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(shared.config.trim_close_grace) => {}
         }
-        // Whoever has not moved yet is closed now.
+        // Whoever has not moved yet is closed now; it stops counting at once
+        // (the swarm loop closes its connections shortly), so the next check
+        // does not pick it again.
         let still: Vec<PeerId> = {
-            let adm = shared.admission.read();
-            peers.into_iter().filter(|p| adm.get(p).is_some()).collect()
+            let mut adm = shared.admission.write();
+            peers
+                .into_iter()
+                .filter(|p| adm.remove(p).is_some())
+                .collect()
         };
         disconnect(&commands, still).await;
     }

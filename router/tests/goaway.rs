@@ -1,0 +1,635 @@
+//! Watermarks, trimming, go-away and drain with the real programs on
+//! loopback: a real control plane (SQLite in a temp dir), routers and nodes
+//! started with `spawn`, raw libp2p test peers. Waits are on conditions with
+//! a generous deadline; nothing asserts timing.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use agentmesh_controlplane::client::{Client, ClientConfig};
+use agentmesh_node::NodeHandle;
+use agentmesh_proto::pb::controlplane::CreateTokenRequest;
+use agentmesh_proto::pb::credential::{Credential, Label, Role, TokenKind};
+use agentmesh_proto::pb::mesh::{AuthResponse, GoAwayReason, Purpose, auth_response};
+use agentmesh_router::{Config, RouterHandle};
+use libp2p::PeerId;
+use libp2p::identity::Keypair;
+use prometheus_client::registry::Registry;
+use support::{DEADLINE, TestPeer, eventually, metric};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+const ADMIN: &str = "test-admin-token-0123456789abcdef";
+/// Attempts of one call during a drain (each a fresh lookup and route).
+const CALL_ATTEMPTS: usize = 3;
+
+struct Cp {
+    _handle: agentmesh_controlplane::Handle,
+    url: String,
+    client: Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_cp() -> Cp {
+    support::init_tracing();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = agentmesh_controlplane::Config {
+        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+        http_addr: "127.0.0.1:0".parse().expect("addr"),
+        db: format!("sqlite://{}", dir.path().join("cp.db").display()),
+        admin_token: Some(ADMIN.to_string()),
+        ..Default::default()
+    };
+    let handle = agentmesh_controlplane::spawn(config)
+        .await
+        .expect("control plane");
+    let url = format!("http://{}", handle.grpc_addr());
+    let client = Client::new(ClientConfig {
+        url: url.clone(),
+        ca_pem: None,
+        retry_budget: Duration::from_secs(30),
+        rpc_timeout: Duration::from_secs(10),
+    })
+    .expect("client");
+    Cp {
+        _handle: handle,
+        url,
+        client,
+        _dir: dir,
+    }
+}
+
+impl Cp {
+    async fn token(&self, role: Role, labels: &BTreeMap<String, String>) -> String {
+        self.client
+            .create_token(
+                ADMIN,
+                CreateTokenRequest {
+                    kind: TokenKind::Bootstrap as i32,
+                    role: role as i32,
+                    labels: labels
+                        .iter()
+                        .map(|(k, v)| Label {
+                            key: k.clone(),
+                            value: v.clone(),
+                        })
+                        .collect(),
+                    max_uses: 100,
+                    ttl_secs: 3600,
+                },
+            )
+            .await
+            .expect("create token")
+            .token
+    }
+
+    async fn member_credential(&self, key: &Keypair) -> Credential {
+        let token = self.token(Role::Member, &BTreeMap::new()).await;
+        self.client
+            .enroll(&token, key)
+            .await
+            .expect("enroll")
+            .credential
+            .expect("credential")
+    }
+}
+
+struct Router {
+    handle: RouterHandle,
+    _dir: tempfile::TempDir,
+}
+
+impl Router {
+    fn id(&self) -> PeerId {
+        self.handle.peer_id()
+    }
+    fn metric(&self, series: &str) -> f64 {
+        metric(&self.handle.metrics_text(), series)
+    }
+    fn goaways(&self, reason: &str, result: &str) -> f64 {
+        self.metric(&format!(
+            "agentmesh_router_goaway_sent_total{{reason=\"{reason}\",result=\"{result}\"}}"
+        ))
+    }
+    fn trimmed(&self, reason: &str) -> f64 {
+        self.metric(&format!(
+            "agentmesh_router_trimmed_total{{reason=\"{reason}\"}}"
+        ))
+    }
+    fn attached(&self) -> f64 {
+        self.metric("agentmesh_router_attached_members")
+    }
+}
+
+/// A router labelled `name=NAME,tier=mesh`, leasing every second.
+async fn start_router(cp: &Cp, name: &str, adjust: impl FnOnce(&mut Config)) -> Router {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let labels: BTreeMap<String, String> = [
+        ("name".to_string(), name.to_string()),
+        ("tier".to_string(), "mesh".to_string()),
+    ]
+    .into();
+    let mut config = Config {
+        control_plane: cp.url.clone(),
+        token: cp.token(Role::Router, &labels).await,
+        key_path: dir.path().join("router.key"),
+        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")],
+        labels,
+        metrics_addr: Some("127.0.0.1:0".parse().expect("addr")),
+        lease_interval: Duration::from_secs(1),
+        clock_skew: Duration::ZERO,
+        ..Default::default()
+    };
+    adjust(&mut config);
+    let handle = agentmesh_router::spawn(config).await.expect("router");
+    let mut ready = handle.ready();
+    tokio::time::timeout(DEADLINE, ready.wait_for(|r| *r))
+        .await
+        .expect("router ready in time")
+        .expect("ready channel");
+    Router { handle, _dir: dir }
+}
+
+fn selector(k: &str, v: &str) -> BTreeMap<String, String> {
+    [(k.to_string(), v.to_string())].into()
+}
+
+/// A node with K = `routers`, selecting routers by `selector`, its metrics
+/// in `registry` under the label `member=NAME`.
+async fn start_node(
+    cp: &Cp,
+    dir: &Path,
+    registry: &mut Registry,
+    name: &str,
+    routers: usize,
+    selector: BTreeMap<String, String>,
+    expose: Vec<(String, SocketAddr)>,
+) -> NodeHandle {
+    let token = cp.token(Role::Member, &BTreeMap::new()).await;
+    let sub = registry.sub_registry_with_label(("member".into(), name.to_string().into()));
+    agentmesh_node::spawn(
+        agentmesh_node::Config {
+            control_plane: cp.url.clone(),
+            token,
+            data_dir: dir.to_path_buf(),
+            routers,
+            router_selector: selector,
+            expose,
+            directory_interval_secs: 1,
+            no_socket: true,
+            metrics_addr: None,
+            ..agentmesh_node::Config::default()
+        },
+        Some(sub),
+    )
+    .await
+    .expect("spawn node")
+}
+
+fn encode(registry: &Registry) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).expect("encode");
+    text
+}
+
+/// Go-aways a node counted with `result`, from the shared registry's text.
+fn node_goaways(text: &str, member: &str, result: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with("agentmesh_node_goaways_total{"))
+        .filter(|l| l.contains(&format!("result=\"{result}\"")))
+        .filter(|l| l.contains(&format!("member=\"{member}\"")))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum()
+}
+
+async fn echo_backend() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// One call to `service` echoing `payload`; the error says what failed.
+async fn call_echo(node: &NodeHandle, service: &str, payload: &[u8]) -> Result<(), String> {
+    let stream = node.call(service).await.map_err(|e| e.to_string())?;
+    let (mut r, mut w) = tokio::io::split(stream);
+    let send = async {
+        w.write_all(payload).await?;
+        w.shutdown().await
+    };
+    let recv = async {
+        let mut back = Vec::new();
+        r.read_to_end(&mut back).await.map(|_| back)
+    };
+    let deadline = Duration::from_secs(30);
+    let (sent, back) = tokio::time::timeout(deadline, async { tokio::join!(send, recv) })
+        .await
+        .map_err(|_| "echo did not finish".to_string())?;
+    sent.map_err(|e| format!("write: {e}"))?;
+    let back = back.map_err(|e| format!("read: {e}"))?;
+    if back != payload {
+        return Err(format!("echo came back different ({} bytes)", back.len()));
+    }
+    Ok(())
+}
+
+fn go_away(resp: &AuthResponse) -> Option<&agentmesh_proto::pb::mesh::GoAway> {
+    match &resp.result {
+        Some(auth_response::Result::GoAway(g)) => Some(g),
+        _ => None,
+    }
+}
+
+fn admitted(resp: &AuthResponse) -> bool {
+    matches!(resp.result, Some(auth_response::Result::Admitted(_)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_at_the_high_watermark_gets_go_away_naming_an_alternative() {
+    let cp = start_cp().await;
+    // low == high: trimming off, so only admission is tested here.
+    let a = start_router(&cp, "a", |c| {
+        c.high_watermark = 2;
+        c.low_watermark = Some(2);
+    })
+    .await;
+    let b = start_router(&cp, "b", |_| {}).await;
+    let addr = a.handle.listen_addrs()[0].clone();
+
+    let mut peers = Vec::new();
+    for _ in 0..3 {
+        let mut p = TestPeer::new();
+        let cred = cp.member_credential(&p.key).await;
+        p.connect(a.id(), addr.clone()).await;
+        peers.push((p, cred));
+    }
+    for (p, cred) in &peers[..2] {
+        let resp = p.auth(a.id(), Some(cred.clone()), Purpose::Attach).await;
+        assert!(admitted(&resp), "below high: admitted, got {resp:?}");
+    }
+
+    // The third member gets go-away OVERLOADED, naming B once A's directory lists it.
+    let (p3, cred3) = &peers[2];
+    let g = eventually("go-away naming router b", || async {
+        let resp = p3.auth(a.id(), Some(cred3.clone()), Purpose::Attach).await;
+        let g = go_away(&resp)
+            .unwrap_or_else(|| panic!("at high: go-away expected, got {resp:?}"))
+            .clone();
+        let names_b = g
+            .alternatives
+            .iter()
+            .any(|x| x.peer_id == b.id().to_bytes());
+        names_b.then_some(g)
+    })
+    .await;
+    assert_eq!(g.reason, GoAwayReason::Overloaded as i32);
+    assert!(g.retry_after_secs > 0);
+    assert!(
+        g.alternatives
+            .iter()
+            .all(|x| x.peer_id != a.id().to_bytes()),
+        "a router never names itself"
+    );
+    let alt = g
+        .alternatives
+        .iter()
+        .find(|x| x.peer_id == b.id().to_bytes())
+        .expect("b named");
+    assert!(!alt.addrs.is_empty(), "alternative carries addresses");
+
+    // A member already admitted re-presents and stays; transit is not counted.
+    let (p1, cred1) = &peers[0];
+    let resp = p1.auth(a.id(), Some(cred1.clone()), Purpose::Attach).await;
+    assert!(admitted(&resp), "re-presentation at high: {resp:?}");
+    let resp = p3.auth(a.id(), Some(cred3.clone()), Purpose::Transit).await;
+    assert!(admitted(&resp), "transit at high: {resp:?}");
+
+    eventually("attached gauge at the high watermark", || async {
+        (a.attached() == 2.0).then_some(())
+    })
+    .await;
+    assert!(a.metric("agentmesh_router_auth_total{purpose=\"attach\",result=\"go_away\"}") >= 1.0);
+    assert!(a.goaways("overloaded", "on_auth") >= 1.0);
+    assert_eq!(a.trimmed("other_routers") + a.trimmed("only_router"), 0.0);
+    a.handle.shutdown().await;
+    b.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaching_the_high_watermark_sheds_fifteen_percent_each_after_a_go_away() {
+    const MEMBERS: usize = 20;
+    const LOW: usize = 17; // 15% below 20
+    let cp = start_cp().await;
+    let a = start_router(&cp, "a", |c| {
+        c.high_watermark = MEMBERS as u32;
+        c.trim_close_grace = Duration::from_secs(2);
+        // Shed members stay away for the whole test.
+        c.goaway_retry_after = Duration::from_secs(3600);
+    })
+    .await;
+    let mut registry = Registry::default();
+    let mut dirs = Vec::new();
+    let mut nodes = Vec::new();
+    for i in 0..MEMBERS {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let n = start_node(
+            &cp,
+            dir.path(),
+            &mut registry,
+            &i.to_string(),
+            1,
+            selector("name", "a"),
+            vec![],
+        )
+        .await;
+        nodes.push(n);
+        dirs.push(dir);
+    }
+
+    // The 20th admission reaches the high watermark: 3 members are shed.
+    eventually("trimmed down to the low watermark", || async {
+        let shed = a.trimmed("other_routers") + a.trimmed("only_router");
+        (shed == (MEMBERS - LOW) as f64 && a.attached() == LOW as f64).then_some(())
+    })
+    .await;
+    assert_eq!(
+        a.goaways("overloaded", "acked"),
+        (MEMBERS - LOW) as f64,
+        "every shed member acknowledged a go-away"
+    );
+    assert_eq!(a.trimmed("only_router"), (MEMBERS - LOW) as f64);
+
+    // Member side: exactly the shed members got go-away OVERLOADED, and they
+    // are the ones no longer attached to A.
+    let shed: Vec<usize> = eventually("shed members detached", || async {
+        let text = encode(&registry);
+        let got: Vec<usize> = (0..MEMBERS)
+            .filter(|i| node_goaways(&text, &i.to_string(), "overloaded") >= 1.0)
+            .collect();
+        let detached: Vec<usize> = (0..MEMBERS)
+            .filter(|i| !nodes[*i].status().borrow().admitted.contains(&a.id()))
+            .collect();
+        (got.len() == MEMBERS - LOW && got == detached).then_some(got)
+    })
+    .await;
+    assert_eq!(shed.len(), MEMBERS - LOW);
+    assert_eq!(a.attached(), LOW as f64, "shed members do not come back");
+    for n in nodes {
+        n.shutdown().await;
+    }
+    a.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_one_of_three_routers_keeps_members_on_k_routers_and_calls_working() {
+    const K: usize = 2;
+    let cp = start_cp().await;
+    let mut routers = Vec::new();
+    for name in ["r1", "r2", "r3"] {
+        routers.push(start_router(&cp, name, |c| c.drain_grace = Duration::from_secs(30)).await);
+    }
+    let backend = echo_backend().await;
+    let mut registry = Registry::default();
+    let mut dirs = Vec::new();
+    let mut nodes = Vec::new();
+    for i in 0..6 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let expose = if i < 3 {
+            vec![(format!("echo-{i}"), backend)]
+        } else {
+            vec![]
+        };
+        let n = start_node(
+            &cp,
+            dir.path(),
+            &mut registry,
+            &i.to_string(),
+            K,
+            selector("tier", "mesh"),
+            expose,
+        )
+        .await;
+        nodes.push(n);
+        dirs.push(dir);
+    }
+    let nodes = Arc::new(nodes);
+    eventually("every node reserved on K routers", || async {
+        nodes
+            .iter()
+            .all(|n| {
+                let s = n.status().borrow().clone();
+                s.ready && s.reserved.len() >= K
+            })
+            .then_some(())
+    })
+    .await;
+
+    // Every router has read a directory listing all three (alternatives).
+    eventually("routers see each other in the directory", || async {
+        routers
+            .iter()
+            .all(|r| r.metric("agentmesh_router_directory_sync_total{result=\"ok\"}") >= 3.0)
+            .then_some(())
+    })
+    .await;
+
+    // Drain the router holding an exposing member (the busiest such one).
+    let drained_idx = (0..3)
+        .max_by_key(|i| {
+            let id = routers[*i].id();
+            let exposing = (0..3)
+                .filter(|n| nodes[*n].status().borrow().reserved.contains(&id))
+                .count();
+            (exposing, routers[*i].attached() as i64)
+        })
+        .expect("three routers");
+    let drained = routers[drained_idx].id();
+    for r in &routers {
+        tracing::info!(
+            router = %r.id(),
+            attached = r.attached(),
+            directory_ok = r.metric("agentmesh_router_directory_sync_total{result=\"ok\"}"),
+            lease_ok = r.metric("agentmesh_router_lease_total{result=\"ok\"}"),
+            "before the drain"
+        );
+    }
+    for n in nodes.iter() {
+        let s = n.status().borrow().clone();
+        tracing::info!(candidates = s.candidates, reserved = ?s.reserved, "node before the drain");
+    }
+    let targets: Vec<String> = (0..3)
+        .filter(|n| nodes[*n].status().borrow().reserved.contains(&drained))
+        .map(|n| format!("echo-{n}"))
+        .collect();
+    assert!(
+        !targets.is_empty(),
+        "some exposing member is on the drained router"
+    );
+    let members_on_drained = nodes
+        .iter()
+        .filter(|n| n.status().borrow().admitted.contains(&drained))
+        .count();
+    // Calls succeed before the drain (the DHT has the records).
+    let caller = 3;
+    for t in &targets {
+        eventually("a first call to each target", || async {
+            call_echo(&nodes[caller], t, b"hello").await.ok()
+        })
+        .await;
+    }
+
+    // Sample every node and call the targets while the router drains.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (nodes, stop) = (nodes.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (mut samples, mut bad) = (0usize, Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                for (i, n) in nodes.iter().enumerate() {
+                    let s = n.status().borrow().clone();
+                    samples += 1;
+                    if !s.ready || s.admitted.len() < K {
+                        bad.push(format!("node {i}: {s:?}"));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (samples, bad)
+        })
+    };
+    let (calls_ok, calls_failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let caller_task = {
+        let (nodes, stop, ok, failed) = (
+            nodes.clone(),
+            stop.clone(),
+            calls_ok.clone(),
+            calls_failed.clone(),
+        );
+        let targets = targets.clone();
+        tokio::spawn(async move {
+            // Each call may be retried (a fresh lookup and route) up to
+            // CALL_ATTEMPTS times; first attempts that failed are reported.
+            let (mut errors, mut retried) = (Vec::new(), Vec::new());
+            while !stop.load(Ordering::SeqCst) {
+                for t in &targets {
+                    let mut last = None;
+                    for attempt in 0..CALL_ATTEMPTS {
+                        match call_echo(&nodes[caller], t, &[7u8; 4096]).await {
+                            Ok(()) => {
+                                last = None;
+                                break;
+                            }
+                            Err(e) => {
+                                if attempt == 0 {
+                                    retried.push(format!("{t}: {e}"));
+                                }
+                                last = Some(format!("{t}: {e}"));
+                            }
+                        }
+                    }
+                    match last {
+                        None => ok.fetch_add(1, Ordering::SeqCst),
+                        Some(e) => {
+                            errors.push(e);
+                            failed.fetch_add(1, Ordering::SeqCst)
+                        }
+                    };
+                }
+            }
+            (errors, retried)
+        })
+    };
+
+    // POST /drain on the metrics listener.
+    let maddr = routers[drained_idx]
+        .handle
+        .metrics_addr()
+        .expect("metrics listener");
+    let mut s = tokio::net::TcpStream::connect(maddr)
+        .await
+        .expect("connect");
+    s.write_all(
+        b"POST /drain HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).await.expect("read");
+    assert!(resp.starts_with("HTTP/1.1 202"), "{resp}");
+
+    let mut done = routers[drained_idx].handle.drained();
+    tokio::time::timeout(DEADLINE, done.wait_for(|d| *d))
+        .await
+        .expect("drain finished in time")
+        .expect("drained channel");
+    assert!(
+        !*routers[drained_idx].handle.ready().borrow(),
+        "a draining router is not ready"
+    );
+    eventually("every node on K routers, none the drained one", || async {
+        nodes
+            .iter()
+            .all(|n| {
+                let s = n.status().borrow().clone();
+                s.ready && s.reserved.len() >= K && !s.admitted.contains(&drained)
+            })
+            .then_some(())
+    })
+    .await;
+    // A few more calls after the move.
+    let after = calls_ok.load(Ordering::SeqCst) + targets.len();
+    eventually("calls after the drain", || async {
+        (calls_ok.load(Ordering::SeqCst) >= after).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let (samples, bad) = sampler.await.expect("sampler");
+    let (errors, retried) = caller_task.await.expect("caller");
+    tracing::info!(
+        calls = calls_ok.load(Ordering::SeqCst),
+        first_attempts_failed = retried.len(),
+        ?retried,
+        "calls during the drain"
+    );
+
+    let d = &routers[drained_idx];
+    assert_eq!(
+        d.goaways("draining", "acked"),
+        members_on_drained as f64,
+        "every member of the drained router acknowledged go-away DRAINING"
+    );
+    assert!(samples > 0);
+    assert!(
+        bad.is_empty(),
+        "{} of {samples} samples had a node not ready or below K: {:?}",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
+    assert_eq!(
+        calls_failed.load(Ordering::SeqCst),
+        0,
+        "calls failed during the drain: {errors:?}"
+    );
+    let nodes = Arc::try_unwrap(nodes).unwrap_or_else(|_| panic!("nodes still shared"));
+    for n in nodes {
+        n.shutdown().await;
+    }
+    for r in routers {
+        r.handle.shutdown().await;
+    }
+}
