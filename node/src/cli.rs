@@ -83,6 +83,9 @@ pub(crate) struct RunArgs {
     shutdown_grace_secs: u64,
     #[arg(long, default_value_t = Config::default().credential_skew_secs)]
     credential_skew_secs: u64,
+    /// Serve CPU and heap profiles here (binaries built with `--features pprof`).
+    #[arg(long)]
+    pub(crate) pprof_addr: Option<std::net::SocketAddr>,
 }
 
 impl RunArgs {
@@ -122,6 +125,7 @@ impl RunArgs {
             record_ttl_secs: self.record_ttl_secs,
             shutdown_grace_secs: self.shutdown_grace_secs,
             credential_skew_secs: self.credential_skew_secs,
+            runtime_watchdog: true,
         })
     }
 }
@@ -156,7 +160,13 @@ mod tests {
         let Command::Run(args) = cli.command else {
             panic!("not run");
         };
-        assert_eq!(args.into_config().expect("config"), Config::default());
+        // The binary always runs the process's one stall watchdog; every
+        // other field is the library default.
+        let expected = Config {
+            runtime_watchdog: true,
+            ..Config::default()
+        };
+        assert_eq!(args.into_config().expect("config"), expected);
     }
 
     #[test]

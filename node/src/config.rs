@@ -78,6 +78,10 @@ pub struct Config {
     pub shutdown_grace_secs: u64,
     /// Clock skew tolerated when verifying callers' credentials (`--credential-skew-secs`, default 60).
     pub credential_skew_secs: u64,
+    /// Run the runtime stall watchdog and serve `agentmesh_runtime_stalls_total`
+    /// on `metrics_addr`. One per process: the binary sets it; embedders
+    /// running many nodes leave it off (default) and run their own.
+    pub runtime_watchdog: bool,
 }
 
 impl Default for Config {
@@ -110,6 +114,7 @@ impl Default for Config {
             record_ttl_secs: 300,
             shutdown_grace_secs: 10,
             credential_skew_secs: 60,
+            runtime_watchdog: false,
         }
     }
 }

@@ -267,9 +267,13 @@ pub async fn spawn(
     if let Some(r) = registry {
         metrics.register(r);
     }
+    let mut watchdog = None;
     let own_registry = metrics_listener.as_ref().map(|_| {
         let mut r = Registry::default();
         metrics.register(&mut r);
+        if config.runtime_watchdog {
+            watchdog = Some(agentmesh_runtime::watchdog::StallMetrics::register(&mut r));
+        }
         Arc::new(r)
     });
 
@@ -325,6 +329,15 @@ pub async fn spawn(
     tasks.spawn(
         call::inbound::accept_loop(shared.clone(), inbound, incoming).instrument(span.clone()),
     );
+    if let Some(stalls) = watchdog {
+        let probe = agentmesh_runtime::watchdog::spawn(stalls);
+        tasks.spawn(async move {
+            // The probe runs until the node stops; aborting `tasks` aborts this
+            // waiter, and the guard aborts the probe with it.
+            let _guard = AbortOnDrop(probe);
+            std::future::pending::<()>().await;
+        });
+    }
     if let (Some(l), Some(reg)) = (metrics_listener, own_registry) {
         tasks.spawn(http::serve(shared.clone(), reg, l).instrument(span.clone()));
     }
@@ -343,4 +356,13 @@ pub async fn spawn(
         socket_path,
         forward_addrs,
     })
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

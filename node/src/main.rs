@@ -3,6 +3,9 @@
 
 mod cli;
 
+#[global_allocator]
+static ALLOC: agentmesh_runtime::Allocator = agentmesh_runtime::Allocator;
+
 use anyhow::Context as _;
 use clap::Parser as _;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
@@ -15,6 +18,7 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "info,libp2p=warn".into()),
         )
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .init();
     match cli::Cli::parse().command {
         cli::Command::Run(args) => run(*args).await,
@@ -23,6 +27,10 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: cli::RunArgs) -> anyhow::Result<()> {
+    if let Some(addr) = args.pprof_addr {
+        let bound = agentmesh_runtime::profiling::serve(addr).await?;
+        tracing::info!(%bound, "profiles on /debug/pprof/profile and /debug/pprof/heap");
+    }
     let config = args.into_config()?;
     let node = agentmesh_node::spawn(config, None).await?;
     tracing::info!(peer = %node.peer_id(), "node running");
