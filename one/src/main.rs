@@ -8,6 +8,9 @@ use std::time::Duration;
 use agentmesh_one::demo::{Demo, DemoConfig};
 use clap::Parser;
 
+#[global_allocator]
+static ALLOC: agentmesh_runtime::Allocator = agentmesh_runtime::Allocator;
+
 /// A local mesh in one process: control plane, routers and, optionally,
 /// demo members calling each other.
 #[derive(Debug, Parser)]
@@ -50,6 +53,7 @@ async fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| "warn,agentmesh_one=info".into()),
         )
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .init();
     let args = Args::parse();
     let mesh = agentmesh_one::spawn(agentmesh_one::Config {
