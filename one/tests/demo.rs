@@ -1,0 +1,130 @@
+//! Runs the real `agentmesh-one` binary with demo members, as README's first
+//! command does, and waits until calls flow.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::process::Command;
+
+/// Generous: a cold, loaded CI machine starts the mesh slowly.
+const DEADLINE: Duration = Duration::from_secs(120);
+const MEMBERS: usize = 5;
+const WANTED_CALLS: u64 = 20;
+
+/// Parses `members ready R/N | calls ok K failed F | ...`.
+fn parse(line: &str) -> Option<(usize, usize, u64, u64)> {
+    let rest = line.split("members ready ").nth(1)?;
+    let (ready, rest) = rest.split_once('/')?;
+    let (total, rest) = rest.split_once(" | calls ok ")?;
+    let (ok, rest) = rest.split_once(" failed ")?;
+    let failed = rest.split_whitespace().next()?;
+    Some((
+        ready.parse().ok()?,
+        total.parse().ok()?,
+        ok.parse().ok()?,
+        failed.parse().ok()?,
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_members_call_each_other_through_the_mesh() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentmesh-one"))
+        .args([
+            "--data-dir",
+            dir.path().to_str().expect("utf-8 path"),
+            "--demo-members",
+            &MEMBERS.to_string(),
+            "--demo-call-interval-ms",
+            "200",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+            "--router-base-port",
+            "0",
+            "--router-metrics-base-port",
+            "0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start agentmesh-one");
+
+    let stdout = child.stdout.take().expect("stdout");
+    let stderr = child.stderr.take().expect("stderr");
+    // The banner names the token file and the join command.
+    let banner = tokio::spawn(async move {
+        let mut lines = BufReader::new(stdout).lines();
+        let mut seen = Vec::new();
+        while let Ok(Some(l)) = lines.next_line().await {
+            seen.push(l);
+        }
+        seen
+    });
+    let mut lines = BufReader::new(stderr).lines();
+    let outcome = tokio::time::timeout(DEADLINE, async {
+        let mut last = None;
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(s) = parse(&line) {
+                last = Some(s);
+                let (ready, total, ok, _) = s;
+                if ready == total && total == MEMBERS && ok >= WANTED_CALLS {
+                    return Ok(s);
+                }
+            }
+        }
+        Err(last)
+    })
+    .await;
+    let (ready, total, ok, failed) = match outcome {
+        Ok(Ok(s)) => s,
+        Ok(Err(last)) => panic!("agentmesh-one exited early; last status {last:?}"),
+        Err(_) => panic!("no {WANTED_CALLS} calls with every member ready within {DEADLINE:?}"),
+    };
+    assert_eq!((ready, total), (MEMBERS, MEMBERS));
+    assert!(ok >= WANTED_CALLS);
+    // Failures may happen while members join; they must stay a small minority.
+    assert!(failed * 10 <= ok, "calls failed {failed} vs ok {ok}");
+
+    // Ctrl-C stops it cleanly.
+    let pid = child.id().expect("pid") as i32;
+    let status = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .await
+        .expect("kill -INT");
+    assert!(status.success());
+    let exit = tokio::time::timeout(DEADLINE, child.wait())
+        .await
+        .expect("agentmesh-one stops after SIGINT")
+        .expect("wait");
+    assert!(exit.success(), "exit status {exit}");
+
+    let banner = banner.await.expect("banner task");
+    let token_file = dir.path().join("token");
+    assert!(
+        banner
+            .iter()
+            .any(|l| l.contains("agentmesh-node run --control-plane http://127.0.0.1:"))
+    );
+    let token = std::fs::read_to_string(&token_file).expect("token file");
+    assert!(!token.trim().is_empty());
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&token_file)
+        .expect("stat")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "token file is private");
+}
+
+#[test]
+fn status_line_parses() {
+    assert_eq!(
+        parse("members ready 3/5 | calls ok 12 failed 1 | p50 2.0 ms p95 5.0 ms"),
+        Some((3, 5, 12, 1))
+    );
+    assert_eq!(parse("something else"), None);
+}
