@@ -60,7 +60,7 @@ pub(crate) struct Candidate {
 /// Sheds `attached - low` members once `high` or more are attached
 /// (`attached` counts `Attach` candidates), else none: a router that reaches
 /// its high watermark (where admission turns into go-away) makes room down to
-/// the low one. `low == high` turns trimming off.
+/// the low one. With `low == high` nothing is shed at the high watermark.
 pub(crate) fn plan(candidates: &[Candidate], high: u32, low: u32) -> Vec<(PeerId, TrimReason)> {
     let mut members: Vec<&Candidate> = candidates
         .iter()
@@ -121,7 +121,7 @@ mod tests {
     }
 
     #[test]
-    fn sheds_fifteen_percent_from_just_above_high() {
+    fn sheds_down_to_low_from_high_and_above() {
         let c: Vec<Candidate> = (0..101)
             .map(|i| Candidate {
                 peer: PeerId::random(),
@@ -134,7 +134,10 @@ mod tests {
         assert!(p.iter().all(|(_, r)| *r == TrimReason::OtherRouters));
         assert_eq!(plan(&c[..100], 100, 85).len(), 15, "at high: down to low");
         assert!(plan(&c[..99], 100, 85).is_empty(), "below high: nothing");
-        assert!(plan(&c, 100, 100).is_empty(), "low == high: trimming off");
+        assert!(
+            plan(&c[..100], 100, 100).is_empty(),
+            "low == high: nothing shed at high"
+        );
     }
 
     proptest! {
