@@ -21,8 +21,8 @@ pub const DEFAULT_LISTEN: &str = "/ip4/0.0.0.0/tcp/4001";
 pub const DEFAULT_AUTH_DEADLINE_SECS: u64 = 10;
 /// Default high watermark: admitted members the router aims to hold at most.
 pub const DEFAULT_HIGH_WATERMARK: u32 = 1000;
-/// Default grace after go-away DRAINING before the router closes, seconds
-/// (below the manifests' terminationGracePeriodSeconds).
+/// Default time a drain may take before the router closes, seconds (below
+/// the manifests' terminationGracePeriodSeconds).
 pub const DEFAULT_DRAIN_GRACE_SECS: u64 = 30;
 /// Default go-away streams open at once.
 pub const DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS: usize = 64;
@@ -89,8 +89,9 @@ pub struct Config {
     /// Trimming sheds down to this many members; `None` = 15% below the high
     /// watermark. Default none.
     pub low_watermark: Option<u32>,
-    /// After go-away DRAINING, wait at most this long for members to move
-    /// before closing. Default 30 s.
+    /// A drain (last lease, go-away DRAINING, members moving) takes at most
+    /// this long before the router closes; keep it below the pod's
+    /// termination grace. Default 30 s.
     pub drain_grace: Duration,
     /// Go-away streams open at once (fan-out bound). Default 64.
     pub goaway_max_concurrent_streams: usize,

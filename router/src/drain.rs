@@ -81,11 +81,17 @@ pub(crate) async fn run(
     }
     let members = attached(&shared);
     tracing::info!(members = members.len(), grace = ?shared.config.drain_grace, "draining");
+    // The whole drain (lease, go-aways, moving) fits in the grace, so the
+    // process ends within `drain_grace` plus the shutdown grace.
+    let end = tokio::time::Instant::now() + shared.config.drain_grace;
     shared.update_readiness(|r| r.draining = true);
     shared.metrics.draining.set(1);
 
     // A last lease, so the directory shows this router draining.
-    let lease_deadline = shared.config.control_plane_rpc_timeout;
+    let lease_deadline = shared
+        .config
+        .control_plane_rpc_timeout
+        .min(shared.config.drain_grace / 4);
     if tokio::time::timeout(lease_deadline, crate::cp::lease(&shared))
         .await
         .is_err()
@@ -93,12 +99,14 @@ pub(crate) async fn run(
         tracing::warn!("draining lease timed out; members still get go-away");
     }
 
-    sender::send_all(&shared, &control, members, Reason::Draining).await;
+    let sending = sender::send_all(&shared, &control, members, Reason::Draining);
+    if tokio::time::timeout_at(end, sending).await.is_err() {
+        tracing::warn!("drain grace over while sending go-aways");
+    }
 
     // Members move (make-before-break on their side); circuits in flight
     // through this router finish. Whichever comes first: both done, or the
     // grace is over.
-    let end = tokio::time::Instant::now() + shared.config.drain_grace;
     loop {
         let left = attached(&shared).len();
         let circuits = shared.metrics.circuits.get();
