@@ -108,8 +108,14 @@ async fn reaching_the_high_watermark_sheds_fifteen_percent_each_after_a_go_away(
         c.trim_close_grace = Duration::from_secs(2);
         // Shed members stay away for the whole test.
         c.goaway_retry_after = Duration::from_secs(3600);
+        // The unauthenticated peer below stays until trimming closes it.
+        c.auth_deadline = Duration::from_secs(600);
     })
     .await;
+    // A connection that never authenticates: shed first.
+    let mut idle = TestPeer::new();
+    idle.connect(a.id(), a.handle.listen_addrs()[0].clone())
+        .await;
     let mut registry = Registry::default();
     let mut dirs = Vec::new();
     let mut nodes = Vec::new();
@@ -141,6 +147,13 @@ async fn reaching_the_high_watermark_sheds_fifteen_percent_each_after_a_go_away(
         "every shed member acknowledged a go-away"
     );
     assert_eq!(a.trimmed("only_router"), (MEMBERS - LOW) as f64);
+    assert_eq!(a.trimmed("unauthenticated"), 1.0);
+    let aid = a.id();
+    idle.wait(
+        "the unauthenticated connection closed",
+        |e| matches!(e, support::Ev::Closed { peer, remaining: 0 } if *peer == aid),
+    )
+    .await;
 
     // Member side: exactly the shed members got go-away OVERLOADED, and they
     // are the ones no longer attached to A.
