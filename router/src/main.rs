@@ -170,4 +170,25 @@ mod tests {
         let args = Args::try_parse_from(["agentmesh-router"]).expect("parse");
         assert_eq!(args.into_config(String::new()), Config::default());
     }
+
+    #[test]
+    fn watermark_goaway_and_drain_flags_map_one_to_one() {
+        let args = Args::try_parse_from([
+            "agentmesh-router",
+            "--high-watermark=200",
+            "--low-watermark=150",
+            "--drain-grace-secs=5",
+            "--goaway-max-concurrent-streams=8",
+            "--goaway-retry-after-secs=60",
+            "--trim-close-grace-secs=3",
+        ])
+        .expect("parse");
+        let c = args.into_config(String::new());
+        assert_eq!((c.high_watermark, c.low_watermark()), (200, 150));
+        assert_eq!(c.drain_grace, Duration::from_secs(5));
+        assert_eq!(c.goaway_max_concurrent_streams, 8);
+        assert_eq!(c.goaway_retry_after, Duration::from_secs(60));
+        assert_eq!(c.trim_close_grace, Duration::from_secs(3));
+        assert_eq!(Config::default().low_watermark(), 850, "15% below 1000");
+    }
 }
