@@ -216,6 +216,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     let metrics = metrics::Metrics::new(&mut registry);
     let p2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
     let resources = resources::start(&config, &mut registry, metrics.refused.clone()).await?;
+    goaway::check_watermarks(&config, resources.budgets());
     let (shared, ready) = state::Shared::new(
         config,
         keypair,

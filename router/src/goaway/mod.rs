@@ -129,6 +129,26 @@ pub(crate) fn message(shared: &Shared, reason: Reason) -> GoAway {
     }
 }
 
+/// Warns when the memory budget cannot hold the high watermark of members
+/// even at one idle connection each: then the memory budget, not the
+/// watermark, decides when members are refused (see docs/scalability.md).
+pub(crate) fn check_watermarks(
+    config: &crate::Config,
+    budgets: &crate::resources::budget::Budgets,
+) {
+    let fits = budgets.memory_bytes / budgets.connection_charge_bytes.max(1);
+    if u64::from(config.high_watermark) > fits {
+        tracing::warn!(
+            high_watermark = config.high_watermark,
+            low_watermark = config.low_watermark(),
+            memory_budget_bytes = budgets.memory_bytes,
+            connection_charge_bytes = budgets.connection_charge_bytes,
+            members_that_fit = fits,
+            "the memory budget holds fewer members than --high-watermark; lower it or raise the memory limit"
+        );
+    }
+}
+
 /// Counts one go-away by reason and result.
 pub(crate) fn count(shared: &Shared, reason: Reason, result: &'static str) {
     shared

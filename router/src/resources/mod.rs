@@ -190,7 +190,6 @@ impl ResourceManager {
     }
 
     /// The effective budgets.
-    #[cfg(test)]
     pub(crate) fn budgets(&self) -> &Budgets {
         &self.budgets
     }
