@@ -39,6 +39,8 @@ pub const AUTH_RESULTS: &[&str] = &["admitted", "refused", "go_away", "error"];
 pub const CP_OPS: &[&str] = &["enroll", "refresh", "directory"];
 /// Go-away outcomes: the reason obeyed, or why not.
 pub const GOAWAY_RESULTS: &[&str] = &["draining", "overloaded", "other", "ignored", "error"];
+/// Why a held router was given up for another one.
+pub const REPLACE_REASONS: &[&str] = &["reservation_refused"];
 /// Generic outcomes.
 pub const OUTCOMES: &[&str] = &["ok", "error"];
 
@@ -63,6 +65,13 @@ pub struct DirectionLabel {
 pub struct ResultLabel {
     /// The outcome.
     pub result: &'static str,
+}
+
+/// `{reason}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// One of [`REPLACE_REASONS`].
+    pub reason: &'static str,
 }
 
 /// `{op, result}`.
@@ -103,6 +112,8 @@ pub struct Metrics {
     pub control_plane: Family<OpLabels, Counter>,
     /// Go-aways received by result ([`GOAWAY_RESULTS`]).
     pub goaways: Family<ResultLabel, Counter>,
+    /// Held routers given up for another one, by reason ([`REPLACE_REASONS`]).
+    pub routers_replaced: Family<ReasonLabel, Counter>,
 }
 
 impl Metrics {
@@ -129,6 +140,9 @@ impl Metrics {
         }
         for r in GOAWAY_RESULTS {
             let _ = m.goaways.get_or_create(&ResultLabel { result: r });
+        }
+        for reason in REPLACE_REASONS {
+            let _ = m.routers_replaced.get_or_create(&ReasonLabel { reason });
         }
         for r in OUTCOMES {
             let _ = m.reservations.get_or_create(&ResultLabel { result: r });
@@ -189,6 +203,11 @@ impl Metrics {
             "publishes",
             "Service record publications by result",
             self.publishes.clone(),
+        );
+        r.register(
+            "routers_replaced",
+            "Held routers given up for another one, by reason",
+            self.routers_replaced.clone(),
         );
         r.register(
             "goaways",

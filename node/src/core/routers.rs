@@ -50,6 +50,13 @@ const MAX_SHUN_FAILURES: u32 = 4;
 /// Re-presentations refused in a row before the router is given up.
 const MAX_REPRESENT_FAILURES: u32 = 5;
 
+/// Reservations refused or lost in a row before the router is replaced by
+/// another candidate (when one is free; otherwise it is retried).
+const MAX_RESERVE_FAILURES: u32 = 2;
+
+/// How long a router that keeps refusing reservations is passed over.
+const RESERVE_REFUSED_SHUN: Duration = Duration::from_secs(30);
+
 /// `addr` without a trailing `/p2p/..`, then `/p2p/router`.
 pub(crate) fn router_base(addr: &Multiaddr, router: PeerId) -> Multiaddr {
     let mut a = addr.clone();
@@ -69,6 +76,16 @@ impl Core {
         let wait = wait.min(super::goaway::MAX_SHUN.max(base));
         self.shunned
             .insert(peer, Instant::now() + jittered(wait, 0.5));
+    }
+
+    /// Whether a router we could attach to instead is free: matches the
+    /// selector, is not held and is not shunned.
+    fn has_free_candidate(&self) -> bool {
+        self.candidates.iter().any(|c| {
+            crate::select::matches_selector(c, &self.shared.config.router_selector)
+                && !self.slots.contains_key(&c.peer)
+                && !self.shunned.contains_key(&c.peer)
+        })
     }
 
     fn reserved_peers(&self) -> Vec<PeerId> {
@@ -360,6 +377,7 @@ impl Core {
     }
 
     pub(super) fn on_listener_closed(&mut self, listener: ListenerId, error: Option<String>) {
+        let free = self.has_free_candidate();
         let Some((router, slot)) = self.slots.iter_mut().find(
             |(_, s)| matches!(s.phase, Phase::Reserving(l) | Phase::Reserved(l) if l == listener),
         ) else {
@@ -378,10 +396,26 @@ impl Core {
             Duration::from_secs(1),
             Duration::from_secs(30),
         );
-        tracing::warn!(%router, error = ?error, retry_in = ?wait, "relay reservation refused or lost");
-        slot.phase = Phase::ReserveWait(Instant::now() + wait);
+        let give_up = slot.reserve_failures >= MAX_RESERVE_FAILURES && slot.leaving.is_none();
         self.shared.attached.write().remove(&router);
         self.records_dirty = true;
+        if give_up && free {
+            // A router that keeps refusing reservations (e.g. its relay is
+            // full) would hold this slot forever: move to another router.
+            tracing::warn!(%router, error = ?error, failures = slot.reserve_failures, "relay reservation refused again: replacing the router");
+            self.shared
+                .metrics
+                .routers_replaced
+                .get_or_create(&crate::metrics::ReasonLabel {
+                    reason: "reservation_refused",
+                })
+                .inc();
+            self.drop_router(router, RESERVE_REFUSED_SHUN);
+            self.top_up();
+            return;
+        }
+        tracing::warn!(%router, error = ?error, retry_in = ?wait, "relay reservation refused or lost");
+        slot.phase = Phase::ReserveWait(Instant::now() + wait);
         self.publish_status();
     }
 

@@ -111,6 +111,17 @@ pub async fn start_router_on(
     lease_interval: Duration,
     listen: &str,
 ) -> Router {
+    start_router_tweaked(cp, name, lease_interval, listen, |_| {}).await
+}
+
+/// A router as [`start_router_on`], its config changed by `tweak` before spawning.
+pub async fn start_router_tweaked(
+    cp: &Cp,
+    name: &str,
+    lease_interval: Duration,
+    listen: &str,
+    tweak: impl FnOnce(&mut agentmesh_router::Config),
+) -> Router {
     let dir = tempfile::tempdir().expect("tempdir");
     let labels: BTreeMap<String, String> = [("name".to_string(), name.to_string())].into();
     let config = agentmesh_router::Config {
@@ -123,6 +134,8 @@ pub async fn start_router_on(
         clock_skew: Duration::ZERO,
         ..Default::default()
     };
+    let mut config = config;
+    tweak(&mut config);
     let handle = agentmesh_router::spawn(config).await.expect("router");
     let mut ready = handle.ready();
     tokio::time::timeout(DEADLINE, ready.wait_for(|r| *r))
