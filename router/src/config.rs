@@ -133,6 +133,10 @@ pub struct Config {
     pub control_plane_rpc_timeout: Duration,
     /// Resource budgets and limits (issue 4; see `resource_config`).
     pub resources: crate::resources::config::ResourceConfig,
+    /// Run the runtime stall watchdog (`agentmesh_runtime_stalls_total` on
+    /// /metrics). One per process: the binary turns it on; programs that
+    /// embed several routers run their own. Default off.
+    pub runtime_watchdog: bool,
 }
 
 impl Default for Config {
@@ -178,6 +182,7 @@ impl Default for Config {
             ),
             control_plane_rpc_timeout: Duration::from_secs(DEFAULT_CONTROL_PLANE_RPC_TIMEOUT_SECS),
             resources: Default::default(),
+            runtime_watchdog: false,
         }
     }
 }

@@ -216,6 +216,9 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     let metrics = metrics::Metrics::new(&mut registry);
     let p2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
     let resources = resources::start(&config, &mut registry, metrics.refused.clone()).await?;
+    let stall_probe = config
+        .runtime_watchdog
+        .then(|| agentmesh_runtime::watchdog::StallMetrics::register(&mut registry));
     goaway::check_watermarks(&config, resources.budgets());
     let (shared, ready) = state::Shared::new(
         config,
@@ -351,6 +354,14 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         control.clone(),
         listeners,
     );
+    if let Some(stalls) = stall_probe {
+        let probe = agentmesh_runtime::watchdog::spawn(stalls);
+        let cancel = cancel.clone();
+        tasks.spawn(async move {
+            cancel.cancelled().await;
+            probe.abort();
+        });
+    }
     tasks.spawn(event_loop.run(cancel.clone()));
     tasks.spawn(goaway::overload::run(
         shared.clone(),

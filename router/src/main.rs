@@ -10,6 +10,9 @@ use anyhow::Context;
 use clap::Parser;
 use libp2p::Multiaddr;
 
+#[global_allocator]
+static ALLOC: agentmesh_runtime::Allocator = agentmesh_runtime::Allocator;
+
 #[derive(Debug, Parser)]
 #[command(
     version,
@@ -33,6 +36,9 @@ struct Args {
     labels: Vec<(String, String)>,
     #[arg(long)]
     metrics_addr: Option<SocketAddr>,
+    /// Serve CPU and heap profiles here (binaries built with `--features pprof`).
+    #[arg(long)]
+    pprof_addr: Option<SocketAddr>,
     #[arg(long, default_value_t = d::DEFAULT_AUTH_DEADLINE_SECS)]
     auth_deadline_secs: u64,
     #[arg(long, default_value_t = d::DEFAULT_HIGH_WATERMARK)]
@@ -120,6 +126,8 @@ impl Args {
             control_plane_retry_budget: s(self.control_plane_retry_budget_secs),
             control_plane_rpc_timeout: s(self.control_plane_rpc_timeout_secs),
             resources: self.resources.into_config(),
+            // Set by `main`, not a flag: one watchdog per process.
+            runtime_watchdog: false,
         }
     }
 }
@@ -130,6 +138,8 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .init();
     let mut args = Args::parse();
     let token = match args.token_file.take() {
@@ -139,7 +149,14 @@ async fn main() -> anyhow::Result<()> {
             .to_string(),
         None => String::new(),
     };
-    let router = agentmesh_router::spawn(args.into_config(token)).await?;
+    if let Some(addr) = args.pprof_addr.take() {
+        let bound = agentmesh_runtime::profiling::serve(addr).await?;
+        tracing::info!(%bound, "profiles on /debug/pprof/profile and /debug/pprof/heap");
+    }
+    let mut config = args.into_config(token);
+    // The binary runs the process's one stall watchdog.
+    config.runtime_watchdog = true;
+    let router = agentmesh_router::spawn(config).await?;
     tracing::info!(peer_id = %router.peer_id(), "running");
     if let Some(addr) = router.metrics_addr() {
         tracing::info!("metrics on http://{addr}");
