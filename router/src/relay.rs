@@ -39,3 +39,76 @@ pub(crate) fn config(shared: &Arc<Shared>) -> relay::Config {
         })],
     }
 }
+
+/// Active relay reservations per peer, from the relay's events.
+///
+/// libp2p-relay 0.22 reports `ReservationClosed` for every closed connection
+/// it saw, whether it held a reservation or not (denied, transit, peer
+/// routers), so a gauge decremented on every close runs negative. Closes are
+/// matched here against the reservations seen accepted; a close for a peer
+/// without one is ignored. (A peer with two connections, one reserved, can
+/// end its count early; it never goes below zero.)
+#[derive(Debug, Default)]
+pub(crate) struct Reservations {
+    per_peer: std::collections::HashMap<libp2p::PeerId, usize>,
+    total: usize,
+}
+
+impl Reservations {
+    /// A reservation accepted; a renewal of one already counted adds nothing.
+    pub(crate) fn accepted(&mut self, peer: libp2p::PeerId, renewed: bool) {
+        let n = self.per_peer.entry(peer).or_insert(0);
+        if !renewed || *n == 0 {
+            *n += 1;
+            self.total += 1;
+        }
+    }
+
+    /// A reservation closed or timed out; ignored if `peer` holds none.
+    pub(crate) fn ended(&mut self, peer: &libp2p::PeerId) {
+        if let Some(n) = self.per_peer.get_mut(peer) {
+            *n = n.saturating_sub(1);
+            self.total = self.total.saturating_sub(1);
+            if *n == 0 {
+                self.per_peer.remove(peer);
+            }
+        }
+    }
+
+    /// Reservations held now.
+    pub(crate) fn total(&self) -> usize {
+        self.total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libp2p::PeerId;
+
+    #[test]
+    fn closes_without_a_reservation_and_renewals_do_not_move_the_count() {
+        let mut r = Reservations::default();
+        let (a, b, c) = (PeerId::random(), PeerId::random(), PeerId::random());
+        // Connections that never reserved (denied, transit) close.
+        r.ended(&c);
+        r.ended(&c);
+        assert_eq!(r.total(), 0);
+        r.accepted(a, false);
+        r.accepted(a, true);
+        r.accepted(a, true);
+        r.accepted(b, false);
+        assert_eq!(r.total(), 2);
+        // A renewal reported for a reservation we never saw counts once.
+        r.accepted(c, true);
+        assert_eq!(r.total(), 3);
+        r.ended(&a);
+        r.ended(&a);
+        r.ended(&c);
+        assert_eq!(r.total(), 1);
+        r.ended(&b);
+        r.ended(&b);
+        assert_eq!(r.total(), 0);
+        assert!(r.per_peer.is_empty(), "no entry left behind");
+    }
+}

@@ -437,6 +437,83 @@ async fn relay_needs_admission_and_carries_a_mebibyte() {
     r.handle.shutdown().await;
 }
 
+/// `agentmesh_router_reservations` counts reservations held: connections
+/// that close without one (a denied reservation, a transit member) must not
+/// move it (libp2p-relay reports `ReservationClosed` for every closed
+/// connection; the gauge read -529 in a ladder run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservation_gauge_counts_only_reservations_held() {
+    let cp = start_cp(3600).await;
+    let r = start_router(&cp).await;
+    let member_token = cp.token(Role::Member).await;
+    let circuit: Multiaddr = r
+        .addr
+        .clone()
+        .with(Protocol::P2p(r.id()))
+        .with(Protocol::P2pCircuit);
+    let open = |r: &Router| {
+        ["admitted", "unauthenticated"]
+            .iter()
+            .map(|s| {
+                r.metric(&format!(
+                    r#"agentmesh_router_connections{{state="{s}",direction="inbound"}}"#
+                ))
+            })
+            .sum::<f64>()
+    };
+    {
+        // Denied a reservation (not admitted), then gone.
+        let mut x = TestPeer::new();
+        x.connect(r.id(), r.addr.clone()).await;
+        let c2 = circuit.clone();
+        x.with_swarm(move |s| s.listen_on(c2).expect("listen on circuit"))
+            .await;
+        x.wait("reservation refused", |e| {
+            matches!(e, Ev::ListenerClosed(_))
+        })
+        .await;
+        // Admitted for transit only, then gone.
+        let mut t = TestPeer::new();
+        t.connect(r.id(), r.addr.clone()).await;
+        let cred = cp.enroll(&member_token, &t.key).await;
+        assert!(admitted(
+            &t.auth(r.id(), Some(cred), Purpose::Transit).await
+        ));
+        eventually("denied reservation counted", || async {
+            (r.metric("agentmesh_router_reservation_requests_total{result=\"denied\"}") == 1.0)
+                .then_some(())
+        })
+        .await;
+    }
+    eventually("both connections closed", || async {
+        (open(&r) == 0.0).then_some(())
+    })
+    .await;
+
+    // One member reserves: the gauge reads exactly one.
+    let mut a = TestPeer::new();
+    a.connect(r.id(), r.addr.clone()).await;
+    let cred = cp.enroll(&member_token, &a.key).await;
+    assert!(admitted(&a.auth(r.id(), Some(cred), Purpose::Attach).await));
+    let c2 = circuit.clone();
+    a.with_swarm(move |s| s.listen_on(c2).expect("listen on circuit"))
+        .await;
+    eventually("accepted reservation counted", || async {
+        (r.metric("agentmesh_router_reservation_requests_total{result=\"accepted\"}") == 1.0)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(r.metric("agentmesh_router_reservations"), 1.0);
+
+    // It leaves: back to zero, not below.
+    drop(a);
+    eventually("the reservation ended", || async {
+        (open(&r) == 0.0 && r.metric("agentmesh_router_reservations") == 0.0).then_some(())
+    })
+    .await;
+    r.handle.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_member_is_dropped_and_refused() {
     let cp = start_cp(3600).await;

@@ -51,6 +51,8 @@ pub(crate) struct EventLoop {
     reannounce: bool,
     /// Configured listen address per listener (to derive external addresses).
     listeners: HashMap<libp2p::core::transport::ListenerId, Multiaddr>,
+    /// Active relay reservations (behind `agentmesh_router_reservations`).
+    reservations: crate::relay::Reservations,
 }
 
 impl EventLoop {
@@ -75,6 +77,7 @@ impl EventLoop {
             providing: HashSet::new(),
             reannounce: false,
             listeners,
+            reservations: crate::relay::Reservations::default(),
         }
     }
 
@@ -224,13 +227,15 @@ impl EventLoop {
     fn on_relay(&mut self, e: relay::Event) {
         let m = &self.shared.metrics;
         match e {
-            relay::Event::ReservationReqAccepted { renewed, .. } => {
+            relay::Event::ReservationReqAccepted {
+                src_peer_id,
+                renewed,
+            } => {
                 m.reservation_requests
                     .get_or_create(&[("result", "accepted")])
                     .inc();
-                if !renewed {
-                    m.reservations.inc();
-                }
+                self.reservations.accepted(src_peer_id, renewed);
+                m.reservations.set(self.reservations.total() as i64);
             }
             relay::Event::ReservationReqDenied {
                 src_peer_id,
@@ -242,8 +247,10 @@ impl EventLoop {
                     .get_or_create(&[("result", "denied")])
                     .inc();
             }
-            relay::Event::ReservationClosed { .. } | relay::Event::ReservationTimedOut { .. } => {
-                m.reservations.dec();
+            relay::Event::ReservationClosed { src_peer_id }
+            | relay::Event::ReservationTimedOut { src_peer_id } => {
+                self.reservations.ended(&src_peer_id);
+                m.reservations.set(self.reservations.total() as i64);
             }
             relay::Event::CircuitReqAccepted { .. } => {
                 m.circuit_requests
