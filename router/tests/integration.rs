@@ -440,11 +440,12 @@ async fn relay_needs_admission_and_carries_a_mebibyte() {
 /// `agentmesh_router_reservations` counts reservations held: connections
 /// that close without one (a denied reservation, a transit member) must not
 /// move it (libp2p-relay reports `ReservationClosed` for every closed
-/// connection; the gauge read -529 in a ladder run).
+/// connection; the gauge read -529 in a ladder run). At the
+/// `--relay-max-reservations` cap an admitted member is refused and counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservation_gauge_counts_only_reservations_held() {
     let cp = start_cp(3600).await;
-    let r = start_router(&cp).await;
+    let r = start_router_with(&cp, |c| c.relay_max_reservations = Some(1)).await;
     let member_token = cp.token(Role::Member).await;
     let circuit: Multiaddr = r
         .addr
@@ -504,6 +505,27 @@ async fn reservation_gauge_counts_only_reservations_held() {
     })
     .await;
     assert_eq!(r.metric("agentmesh_router_reservations"), 1.0);
+
+    // The cap (1) is reached: another admitted member is refused, counted
+    // as a system-wide reservation refusal.
+    let mut b = TestPeer::new();
+    b.connect(r.id(), r.addr.clone()).await;
+    let cred = cp.enroll(&member_token, &b.key).await;
+    assert!(admitted(&b.auth(r.id(), Some(cred), Purpose::Attach).await));
+    let c2 = circuit.clone();
+    b.with_swarm(move |s| s.listen_on(c2).expect("listen on circuit"))
+        .await;
+    b.wait("reservation refused at the cap", |e| {
+        matches!(e, Ev::ListenerClosed(_))
+    })
+    .await;
+    let refused = r#"agentmesh_router_refused_total{resource="reservation",scope="system",protocol="relay_hop"}"#;
+    eventually("refusal at the cap counted", || async {
+        (r.metric(refused) == 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(r.metric("agentmesh_router_reservations"), 1.0);
+    drop(b);
 
     // It leaves: back to zero, not below.
     drop(a);
