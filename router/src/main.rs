@@ -132,11 +132,18 @@ impl Args {
     }
 }
 
+/// Log filter when `RUST_LOG` is unset. libp2p-kad warns "Failed to trigger
+/// bootstrap: No known peers" when a listen address appears before another
+/// router is known, normal for a mesh of one router, so its behaviour
+/// module logs errors only.
+const DEFAULT_LOG_FILTER: &str = "info,libp2p_kad::behaviour=error";
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into()),
         )
         .with_writer(std::io::stderr)
         .log_internal_errors(false)
@@ -181,6 +188,47 @@ async fn main() -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer collecting everything logged, for the filter test.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_default_filter_drops_kad_bootstrap_warnings_only() {
+        let out = Captured::default();
+        let w = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER))
+            .with_writer(move || w.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "libp2p_kad::behaviour", "Failed to trigger bootstrap: No known peers.");
+            tracing::error!(target: "libp2p_kad::behaviour", "kad error stays");
+            tracing::warn!(target: "libp2p_swarm", "swarm warning stays");
+            tracing::info!(target: "agentmesh_router", "router info stays");
+            tracing::debug!(target: "agentmesh_router", "router debug goes");
+        });
+        let text = String::from_utf8(out.0.lock().expect("lock").clone()).expect("utf-8");
+        assert!(!text.contains("Failed to trigger bootstrap"), "{text}");
+        for kept in [
+            "kad error stays",
+            "swarm warning stays",
+            "router info stays",
+        ] {
+            assert!(text.contains(kept), "{kept} missing: {text}");
+        }
+        assert!(!text.contains("router debug goes"), "{text}");
+    }
 
     #[test]
     fn no_flags_give_the_default_config() {
