@@ -1,5 +1,6 @@
 //! Measures what an idle connection costs the router: RSS of a real
-//! `agentmesh-router` child process before and after N idle (noise + yamux,
+//! `agentmesh-router` child process (its log on stderr names its address)
+//! before and after N idle (noise + yamux,
 //! unauthenticated) connections, divided by N. Asserts the default
 //! connection charge covers the measurement; prints the number (recorded
 //! in docs/scalability.md).
@@ -16,6 +17,24 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Idle connections opened.
 const CONNECTIONS: usize = 200;
+
+/// `line` without terminal colour sequences (`ESC [ ... m`).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
 
 fn rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
@@ -80,15 +99,16 @@ async fn idle_connection_costs_less_than_its_charge() {
         .arg(dir.path().join("router.key"))
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("router binary");
     let pid = child.id().expect("pid");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
     let (peer, addr) = tokio::time::timeout(support::DEADLINE, async {
         while let Some(line) = lines.next_line().await.expect("read") {
+            let line = strip_ansi(&line);
             if line.contains("router started") {
                 let id = line
                     .split("peer_id=")

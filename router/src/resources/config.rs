@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 pub const DEFAULT_MEMORY_DEFAULT_LIMIT_BYTES: u64 = 1 << 30;
 /// Share of the memory limit the charged buffers may use, percent.
 pub const DEFAULT_MEMORY_BUDGET_PERCENT: u8 = 75;
-/// Charge of one connection, bytes: measured idle cost ~40 KiB of router RSS
+/// Charge of one connection, bytes: measured idle cost ~48 KiB of router RSS
 /// (`tests/connection_charge.rs`), plus noise's read and write buffers
 /// (2 × 64 KiB) and one frame in flight when busy; 256 KiB covers it.
 pub const DEFAULT_CONNECTION_CHARGE_BYTES: u64 = 256 * 1024;
