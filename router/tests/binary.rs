@@ -68,24 +68,24 @@ async fn binary_becomes_ready_and_exits_on_sigterm() {
         .args(["--lease-interval-secs", "1"])
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("start router binary");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
     let end = Instant::now() + DEADLINE;
     let metrics = loop {
         let line = tokio::time::timeout_at(end, lines.next_line())
             .await
             .expect("metrics address logged in time")
-            .expect("read stdout")
+            .expect("read stderr")
             .expect("router exited early");
         if let Some((_, rest)) = line.split_once("metrics on http://") {
             break rest.trim().trim_end_matches("\u{1b}[0m").to_string();
         }
     };
-    // Keep draining stdout so the child never blocks on a full pipe.
+    // Keep draining the log (stderr) so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
 
     loop {

@@ -44,18 +44,18 @@ async fn start_binary(cp: &Cp, dir: &std::path::Path) -> (Child, PeerId) {
         .args(["--drain-grace-secs", "20"])
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("start router binary");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
     let end = Instant::now() + DEADLINE;
     let peer = loop {
         let line = tokio::time::timeout_at(end, lines.next_line())
             .await
             .expect("peer id logged in time")
-            .expect("read stdout")
+            .expect("read stderr")
             .expect("router exited early");
         if line.contains("router started")
             && let Some((_, rest)) = line.split_once("peer_id=")
@@ -64,7 +64,7 @@ async fn start_binary(cp: &Cp, dir: &std::path::Path) -> (Child, PeerId) {
             break id.parse::<PeerId>().expect("peer id in the log");
         }
     };
-    // Keep reading stdout so the child never blocks on a full pipe.
+    // Keep reading the log (stderr) so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     (child, peer)
 }
