@@ -100,7 +100,10 @@ mod tests {
         let p = unsigned_varint::encode::usize(1 << 20, &mut prefix).to_vec();
         let mut cur = Cursor::new(p);
         let err = block_on(read_frame::<AuthRequest, _>(&mut cur, 64 * 1024)).unwrap_err();
-        assert!(matches!(err, FrameError::TooLarge { len: 1048576, .. }), "{err}");
+        assert!(
+            matches!(err, FrameError::TooLarge { len: 1048576, .. }),
+            "{err}"
+        );
     }
 
     #[test]

@@ -49,7 +49,12 @@ pub fn normalize_url(url: &str) -> &str {
 }
 
 /// Makes a proof with `key` at `now`.
-pub fn make_proof(purpose: Purpose, public_url: &str, key: &Keypair, now: i64) -> ProofOfPossession {
+pub fn make_proof(
+    purpose: Purpose,
+    public_url: &str,
+    key: &Keypair,
+    now: i64,
+) -> ProofOfPossession {
     let peer = key.public().to_peer_id();
     let msg = proof_message(purpose, public_url, &peer, now);
     ProofOfPossession {
