@@ -121,7 +121,7 @@ async fn main() -> anyhow::Result<()> {
             let s = d.stats();
             if tty {
                 eprint!("\r\x1b[2K{s}");
-            } else if n % 2 == 0 {
+            } else if n.is_multiple_of(2) {
                 eprintln!("{s}");
             }
         }

@@ -99,7 +99,8 @@ mod tests {
         let mut prefix = unsigned_varint::encode::usize_buffer();
         let p = unsigned_varint::encode::usize(1 << 20, &mut prefix).to_vec();
         let mut cur = Cursor::new(p);
-        let err = block_on(read_frame::<AuthRequest, _>(&mut cur, 64 * 1024)).unwrap_err();
+        let err = block_on(read_frame::<AuthRequest, _>(&mut cur, 64 * 1024))
+            .expect_err("oversized frame must be refused");
         assert!(
             matches!(err, FrameError::TooLarge { len: 1048576, .. }),
             "{err}"
