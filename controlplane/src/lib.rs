@@ -10,6 +10,7 @@
 
 pub mod client;
 pub mod clock;
+pub mod tls;
 
 pub use client::{Client, ClientConfig, ClientError, retry_after};
 

@@ -204,6 +204,7 @@ pub async fn spawn_with(
         .map_err(|e| SpawnError::Config(format!("reflection: {e}")))?;
     let mut builder = Server::builder();
     if let Some(identity) = tls {
+        crate::tls::ensure_crypto_provider();
         builder = builder
             .tls_config(ServerTlsConfig::new().identity(identity))
             .map_err(|e| SpawnError::Tls(e.to_string()))?;

@@ -156,6 +156,7 @@ impl Client {
             let pem = cfg.ca_pem.as_ref().ok_or_else(|| {
                 ClientError::Config(format!("{url} is https but no CA certificate was given"))
             })?;
+            crate::tls::ensure_crypto_provider();
             let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
             endpoint = endpoint
                 .tls_config(tls)
