@@ -31,7 +31,8 @@ async fn start_binary(cp: &Cp, dir: &std::path::Path) -> (Child, PeerId) {
     ]
     .into();
     let token_file = dir.join("router.token");
-    std::fs::write(&token_file, cp.token(Role::Router, &labels).await).expect("write token");
+    std::fs::write(&token_file, cp.token_labelled(Role::Router, &labels).await)
+        .expect("write token");
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentmesh-router"))
         .args(["--control-plane", &cp.url])
         .arg("--token-file")

@@ -5,10 +5,8 @@ mod support;
 
 use std::time::Duration;
 
-use agentmesh_controlplane::client::{Client, ClientConfig};
 use agentmesh_proto::credential::{peek_claims, sign};
-use agentmesh_proto::pb::controlplane::CreateTokenRequest;
-use agentmesh_proto::pb::credential::{Credential, Role, TokenKind};
+use agentmesh_proto::pb::credential::Role;
 use agentmesh_proto::pb::mesh::{
     AuthRefusal, CatalogRequest, Lookup, Purpose, ServiceRecord, auth_response, catalog_request,
     catalog_response,
@@ -19,19 +17,11 @@ use agentmesh_router::{Config, RouterHandle};
 use libp2p::identity::Keypair;
 use libp2p::multiaddr::Protocol;
 use libp2p::{Multiaddr, PeerId};
+use support::cp::{ADMIN, Cp};
 use support::{Ev, TestPeer, eventually, metric};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const ADMIN: &str = "test-admin-token-0123456789abcdef";
-
-/// A control plane on loopback with its SQLite file in a temp dir.
-struct Cp {
-    handle: agentmesh_controlplane::Handle,
-    url: String,
-    client: Client,
-    _dir: tempfile::TempDir,
-}
-
+/// A control plane whose credentials live `credential_ttl_secs`.
 async fn start_cp(credential_ttl_secs: u64) -> Cp {
     start_cp_with(credential_ttl_secs, |_| {}).await
 }
@@ -40,63 +30,12 @@ async fn start_cp_with(
     credential_ttl_secs: u64,
     adjust: impl FnOnce(&mut agentmesh_controlplane::Config),
 ) -> Cp {
-    support::init_tracing();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = agentmesh_controlplane::Config {
-        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
-        http_addr: "127.0.0.1:0".parse().expect("addr"),
-        db: format!("sqlite://{}", dir.path().join("cp.db").display()),
-        admin_token: Some(ADMIN.to_string()),
-        credential_ttl_secs,
-        key_grace_secs: credential_ttl_secs + 3600,
-        ..Default::default()
-    };
-    adjust(&mut config);
-    let handle = agentmesh_controlplane::spawn(config)
-        .await
-        .expect("control plane");
-    let url = handle.public_url().to_string();
-    let client = Client::new(ClientConfig {
-        url: url.clone(),
-        ca_pem: None,
-        retry_budget: Duration::from_secs(30),
-        rpc_timeout: Duration::from_secs(10),
+    support::cp::start_cp_with(|c| {
+        c.credential_ttl_secs = credential_ttl_secs;
+        c.key_grace_secs = credential_ttl_secs + 3600;
+        adjust(c);
     })
-    .expect("client");
-    Cp {
-        handle,
-        url,
-        client,
-        _dir: dir,
-    }
-}
-
-impl Cp {
-    async fn token(&self, role: Role) -> String {
-        self.client
-            .create_token(
-                ADMIN,
-                CreateTokenRequest {
-                    kind: TokenKind::Bootstrap as i32,
-                    role: role as i32,
-                    labels: vec![],
-                    max_uses: 100,
-                    ttl_secs: 3600,
-                },
-            )
-            .await
-            .expect("create token")
-            .token
-    }
-
-    async fn enroll(&self, token: &str, key: &Keypair) -> Credential {
-        self.client
-            .enroll(token, key)
-            .await
-            .expect("enroll")
-            .credential
-            .expect("credential")
-    }
+    .await
 }
 
 struct Router {

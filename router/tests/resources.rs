@@ -11,10 +11,8 @@ mod support;
 
 use std::time::Duration;
 
-use agentmesh_controlplane::client::{Client, ClientConfig};
 use agentmesh_proto::framing::{read_frame, write_frame};
-use agentmesh_proto::pb::controlplane::CreateTokenRequest;
-use agentmesh_proto::pb::credential::{Credential, Role, TokenKind};
+use agentmesh_proto::pb::credential::{Credential, Role};
 use agentmesh_proto::pb::mesh::{
     AuthRequest, AuthResponse, CatalogRequest, CatalogResponse, Lookup, Purpose, auth_response,
     catalog_request,
@@ -27,74 +25,9 @@ use libp2p::multiaddr::Protocol;
 use libp2p::swarm::SwarmEvent;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::{Multiaddr, PeerId, Stream, StreamProtocol, Swarm, SwarmBuilder, noise, tcp, yamux};
+use support::cp::{Cp, start_cp};
 use support::{eventually, metric};
 use tokio::sync::{mpsc, oneshot};
-
-const ADMIN: &str = "test-admin-token-0123456789abcdef";
-
-struct Cp {
-    _handle: agentmesh_controlplane::Handle,
-    url: String,
-    client: Client,
-    _dir: tempfile::TempDir,
-}
-
-async fn start_cp() -> Cp {
-    support::init_tracing();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = agentmesh_controlplane::Config {
-        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
-        http_addr: "127.0.0.1:0".parse().expect("addr"),
-        db: format!("sqlite://{}", dir.path().join("cp.db").display()),
-        admin_token: Some(ADMIN.to_string()),
-        ..Default::default()
-    };
-    let handle = agentmesh_controlplane::spawn(config)
-        .await
-        .expect("control plane");
-    let url = handle.public_url().to_string();
-    let client = Client::new(ClientConfig {
-        url: url.clone(),
-        ca_pem: None,
-        retry_budget: Duration::from_secs(30),
-        rpc_timeout: Duration::from_secs(10),
-    })
-    .expect("client");
-    Cp {
-        _handle: handle,
-        url,
-        client,
-        _dir: dir,
-    }
-}
-
-impl Cp {
-    async fn token(&self, role: Role) -> String {
-        self.client
-            .create_token(
-                ADMIN,
-                CreateTokenRequest {
-                    kind: TokenKind::Bootstrap as i32,
-                    role: role as i32,
-                    labels: vec![],
-                    max_uses: 100,
-                    ttl_secs: 3600,
-                },
-            )
-            .await
-            .expect("create token")
-            .token
-    }
-
-    async fn enroll(&self, token: &str, key: &Keypair) -> Credential {
-        self.client
-            .enroll(token, key)
-            .await
-            .expect("enroll")
-            .credential
-            .expect("credential")
-    }
-}
 
 struct Router {
     handle: RouterHandle,

@@ -9,92 +9,18 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use agentmesh_controlplane::client::{Client, ClientConfig};
 use agentmesh_node::NodeHandle;
-use agentmesh_proto::pb::controlplane::CreateTokenRequest;
-use agentmesh_proto::pb::credential::{Credential, Label, Role, TokenKind};
+use agentmesh_proto::pb::credential::Role;
 use agentmesh_router::{Config, RouterHandle};
 use libp2p::PeerId;
-use libp2p::identity::Keypair;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::support::{self, DEADLINE, metric};
+pub(crate) use crate::support::cp::{Cp, start_cp};
+use crate::support::{DEADLINE, metric};
 
-pub(crate) const ADMIN: &str = "test-admin-token-0123456789abcdef";
 /// Attempts of one call during a drain (each a fresh lookup and route).
 pub(crate) const CALL_ATTEMPTS: usize = 3;
-
-pub(crate) struct Cp {
-    pub(crate) handle: agentmesh_controlplane::Handle,
-    pub(crate) url: String,
-    pub(crate) client: Client,
-    _dir: tempfile::TempDir,
-}
-
-pub(crate) async fn start_cp() -> Cp {
-    support::init_tracing();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = agentmesh_controlplane::Config {
-        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
-        http_addr: "127.0.0.1:0".parse().expect("addr"),
-        db: format!("sqlite://{}", dir.path().join("cp.db").display()),
-        admin_token: Some(ADMIN.to_string()),
-        ..Default::default()
-    };
-    let handle = agentmesh_controlplane::spawn(config)
-        .await
-        .expect("control plane");
-    let url = format!("http://{}", handle.grpc_addr());
-    let client = Client::new(ClientConfig {
-        url: url.clone(),
-        ca_pem: None,
-        retry_budget: Duration::from_secs(30),
-        rpc_timeout: Duration::from_secs(10),
-    })
-    .expect("client");
-    Cp {
-        handle,
-        url,
-        client,
-        _dir: dir,
-    }
-}
-
-impl Cp {
-    pub(crate) async fn token(&self, role: Role, labels: &BTreeMap<String, String>) -> String {
-        self.client
-            .create_token(
-                ADMIN,
-                CreateTokenRequest {
-                    kind: TokenKind::Bootstrap as i32,
-                    role: role as i32,
-                    labels: labels
-                        .iter()
-                        .map(|(k, v)| Label {
-                            key: k.clone(),
-                            value: v.clone(),
-                        })
-                        .collect(),
-                    max_uses: 100,
-                    ttl_secs: 3600,
-                },
-            )
-            .await
-            .expect("create token")
-            .token
-    }
-
-    pub(crate) async fn member_credential(&self, key: &Keypair) -> Credential {
-        let token = self.token(Role::Member, &BTreeMap::new()).await;
-        self.client
-            .enroll(&token, key)
-            .await
-            .expect("enroll")
-            .credential
-            .expect("credential")
-    }
-}
 
 pub(crate) struct Router {
     pub(crate) handle: RouterHandle,
@@ -133,7 +59,7 @@ pub(crate) async fn start_router(cp: &Cp, name: &str, adjust: impl FnOnce(&mut C
     .into();
     let mut config = Config {
         control_plane: cp.url.clone(),
-        token: cp.token(Role::Router, &labels).await,
+        token: cp.token_labelled(Role::Router, &labels).await,
         key_path: dir.path().join("router.key"),
         listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")],
         labels,
@@ -167,7 +93,7 @@ pub(crate) async fn start_node(
     selector: BTreeMap<String, String>,
     expose: Vec<(String, SocketAddr)>,
 ) -> NodeHandle {
-    let token = cp.token(Role::Member, &BTreeMap::new()).await;
+    let token = cp.token(Role::Member).await;
     let sub = registry.sub_registry_with_label(("member".into(), name.to_string().into()));
     agentmesh_node::spawn(
         agentmesh_node::Config {

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod cp;
+
 use std::time::Duration;
 
 use agentmesh_proto::framing::{read_frame, write_frame};
