@@ -1,6 +1,13 @@
 //! The router's transport: TCP + noise + our bounded yamux, or QUIC with its
-//! stream and data limits set; every connection admitted and charged by the
-//! resource manager, every stream accounted (`muxer.rs`).
+//! stream and data limits set, behind DNS resolution for dials; every
+//! connection admitted and charged by the resource manager, every stream
+//! accounted (`muxer.rs`).
+//!
+//! DNS: operators announce `/dns4/<service>/tcp/4001` (one Kubernetes Service
+//! per router pod), so router-to-router dials go through libp2p's DNS
+//! transport, which resolves `/dns`, `/dns4`, `/dns6` and `/dnsaddr` and
+//! hands TCP or QUIC an IP address. It wraps both below the accounting
+//! layer: resolution changes nothing about what a connection is charged.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +17,7 @@ use libp2p::core::muxing::StreamMuxerBox;
 use libp2p::core::transport::{Boxed, Transport};
 use libp2p::core::upgrade::Version;
 use libp2p::identity::Keypair;
-use libp2p::{PeerId, noise, quic, tcp};
+use libp2p::{PeerId, dns, noise, quic, tcp};
 
 use super::ResourceManager;
 use super::budget::Refusal;
@@ -35,6 +42,21 @@ pub(crate) enum TransportError {
     Noise(#[from] noise::Error),
 }
 
+/// Wraps the transport `make` builds in DNS resolution for dials: with
+/// the system's resolver configuration (`/etc/resolv.conf`), else (with a
+/// warning) hickory's defaults, which still resolve `localhost` and the
+/// hosts file. Listening is untouched.
+fn with_dns<T>(make: impl Fn() -> T) -> dns::tokio::Transport<T> {
+    dns::tokio::Transport::system(make()).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "no system DNS configuration: resolving with defaults (hosts file only)");
+        dns::tokio::Transport::custom(
+            make(),
+            dns::ResolverConfig::default(),
+            dns::ResolverOpts::default(),
+        )
+    })
+}
+
 /// Yamux's per-connection stream cap: above every per-peer budget, so our
 /// budgets refuse first and the cap (which closes the connection) only backs
 /// them up.
@@ -53,24 +75,28 @@ pub(crate) fn quic_config(key: &Keypair, r: &ResourceConfig) -> quic::Config {
     c
 }
 
-/// TCP (noise, bounded yamux) or QUIC, each connection admitted by `mgr`.
+/// TCP (noise, bounded yamux) or QUIC behind DNS resolution, each
+/// connection admitted by `mgr`.
 pub(crate) fn build(
     key: &Keypair,
     r: &ResourceConfig,
     mgr: Arc<ResourceManager>,
 ) -> Result<Boxed<(PeerId, StreamMuxerBox)>, TransportError> {
-    let yamux = YamuxUpgrade::new(yamux_max_streams(r));
-    let tcp = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
-        .upgrade(Version::V1Lazy)
-        .authenticate(noise::Config::new(key)?)
-        .multiplex(yamux)
-        .timeout(UPGRADE_TIMEOUT)
-        .map(|(peer, m), _| (peer, StreamMuxerBox::new(m)));
-    let quic = quic::tokio::Transport::new(quic_config(key, r))
-        .map(|(peer, m), _| (peer, StreamMuxerBox::new(m)));
-    let t = tcp
-        .or_transport(quic)
-        .map(|either, _| either.into_inner())
+    let noise = noise::Config::new(key)?;
+    let max_streams = yamux_max_streams(r);
+    let quic_config = quic_config(key, r);
+    let ip_transport = || {
+        let tcp = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
+            .upgrade(Version::V1Lazy)
+            .authenticate(noise.clone())
+            .multiplex(YamuxUpgrade::new(max_streams))
+            .timeout(UPGRADE_TIMEOUT)
+            .map(|(peer, m), _| (peer, StreamMuxerBox::new(m)));
+        let quic = quic::tokio::Transport::new(quic_config.clone())
+            .map(|(peer, m), _| (peer, StreamMuxerBox::new(m)));
+        tcp.or_transport(quic).map(|either, _| either.into_inner())
+    };
+    let t = with_dns(ip_transport)
         .and_then(move |(peer, muxer), endpoint| {
             future::ready(
                 mgr.open_connection(peer, &endpoint)
