@@ -35,9 +35,9 @@ pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
         .stdout(Stdio::from(file))
         .stderr(Stdio::from(err_file))
         .kill_on_drop(true);
-    if std::env::var_os("RUST_LOG").is_none() {
-        cmd.env("RUST_LOG", "info");
-    }
+    // No RUST_LOG of our own: each binary's default filter (info, minus the
+    // kad bootstrap warning a new mesh always triggers) applies unless the
+    // operator of the ladder sets one.
     tracing::debug!(bin = %bin.display(), ?args, "spawning");
     cmd.spawn()
         .map_err(|e| LadderError::io(format!("starting {}", bin.display()), e))
