@@ -113,6 +113,9 @@ impl TestPeer {
                 yamux::Config::default,
             )
             .expect("tcp")
+            // Members dial routers announced by name (`/dns4/...`).
+            .with_dns()
+            .expect("dns")
             .with_relay_client(noise::Config::new, yamux::Config::default)
             .expect("relay client")
             .with_behaviour(|_, relay| PeerBehaviour {
