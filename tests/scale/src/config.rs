@@ -168,6 +168,11 @@ pub struct LocalConfig {
     /// Deadline for a child program's `/readyz`, seconds.
     #[arg(long, default_value_t = DEFAULT_READY_DEADLINE_SECS)]
     pub ready_deadline_secs: u64,
+    /// Start a killed or drained router again (same key and port) when its
+    /// event's window ends, as Kubernetes would, so later events find the
+    /// full set of routers. Without it a router stays gone.
+    #[arg(long)]
+    pub restart_routers: bool,
 }
 
 impl Default for LocalConfig {
@@ -177,6 +182,7 @@ impl Default for LocalConfig {
             control_plane_args: Vec::new(),
             router_args: Vec::new(),
             ready_deadline_secs: DEFAULT_READY_DEADLINE_SECS,
+            restart_routers: false,
         }
     }
 }

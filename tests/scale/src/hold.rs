@@ -67,7 +67,7 @@ pub async fn run(
             .map(|(next, _)| start + Duration::from_secs(*next))
             .unwrap_or(end)
             .min(end);
-        let record = event(fleet, target, *kind, *at, window_end).await?;
+        let record = event(fleet, target, *kind, *at, window_end, end).await?;
         match kind {
             Kind::KillRouter => events.kill_router = Some(record),
             Kind::DrainRouter => events.drain_router = Some(record),
@@ -117,6 +117,7 @@ async fn event(
     kind: Kind,
     at: u64,
     window_end: Instant,
+    hold_end: Instant,
 ) -> Result<EventRecord> {
     let before = target.routers().await;
     fleet
@@ -201,6 +202,9 @@ async fn event(
     record.call_errors = w.call_errors;
     record.router_refusals = delta(&before, &after, |r| &r.refusals);
     record.router_auth_failures = delta(&before, &after, |r| &r.auth_failures);
+    if matches!(kind, Kind::KillRouter | Kind::DrainRouter) && window_end < hold_end {
+        restart_target(fleet, target, &mut record).await;
+    }
     eprintln!(
         "\rladder: event {kind:?} at {at} s: lost ready {}, below one router {}, below K {}, not back on K {}, calls ok/failed {}/{}",
         record.lost_ready,
@@ -211,6 +215,37 @@ async fn event(
         record.calls_failed
     );
     Ok(record)
+}
+
+/// With `--restart-routers`, starts the event's router again (same key and
+/// ports) as Kubernetes would, so the next event finds every router up.
+async fn restart_target(fleet: &mut Fleet, target: &mut Target, record: &mut EventRecord) {
+    let Ok(mesh) = target.local("--restart-routers") else {
+        return;
+    };
+    if !mesh.restarts_routers() {
+        return;
+    }
+    let Some(i) = record
+        .target
+        .as_ref()
+        .and_then(|name| mesh.routers.iter().position(|r| &r.name == name))
+    else {
+        return;
+    };
+    match while_pumping(fleet, mesh.restart_router(i)).await {
+        Ok(d) => {
+            record.router_restarted_ms = Some(d.as_millis() as u64);
+            eprintln!(
+                "\rladder: {} started again, ready after {d:?}",
+                mesh.routers[i].name
+            );
+        }
+        Err(e) => {
+            eprintln!("\rladder: restarting {}: {e}", mesh.routers[i].name);
+            record.error = Some(format!("restart: {e}"));
+        }
+    }
 }
 
 /// Runs `fut` while applying the fleet's events, so workers never wait on a full pipe.

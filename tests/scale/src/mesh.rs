@@ -73,6 +73,8 @@ pub struct LocalMesh {
     pub admin_token: String,
     /// A member token file good for `member_uses` members.
     pub member_token_file: PathBuf,
+    /// The routers' enrollment token file.
+    router_token_file: PathBuf,
 }
 
 impl LocalMesh {
@@ -142,23 +144,31 @@ impl LocalMesh {
             routers: Vec::new(),
             admin_token,
             member_token_file,
+            router_token_file,
         };
         for i in 0..mesh.cfg.routers {
-            let r = mesh.start_router(i, &router_token_file).await?;
+            let r = mesh
+                .start_router(i, ports::free_addr()?, ports::free_port()?)
+                .await?;
             mesh.routers.push(r);
         }
         Ok(mesh)
     }
 
-    async fn start_router(&self, i: usize, token_file: &Path) -> Result<RouterProc> {
+    /// Starts router `i` on the given ports (its key file is `r{i}.key` in
+    /// the run's directory, so a restart keeps its PeerId).
+    async fn start_router(
+        &self,
+        i: usize,
+        metrics: SocketAddr,
+        listen_port: u16,
+    ) -> Result<RouterProc> {
         let name = format!("r{i}");
-        let metrics = ports::free_addr()?;
-        let listen_port = ports::free_port()?;
         let mut args = vec![
             "--control-plane".to_string(),
             self.url(),
             "--token-file".to_string(),
-            token_file.display().to_string(),
+            self.router_token_file.display().to_string(),
             "--key-path".to_string(),
             self.dir.join(format!("{name}.key")).display().to_string(),
             "--listen".to_string(),
@@ -230,6 +240,29 @@ impl LocalMesh {
         children::sigterm(pid)?;
         r.state = RouterState::Drained;
         Ok(())
+    }
+
+    /// Whether killed or drained routers are started again (`--restart-routers`).
+    pub fn restarts_routers(&self) -> bool {
+        self.cfg.restart_routers
+    }
+
+    /// Starts a killed or drained router `i` again with the same key and
+    /// ports, once its old process is gone (a draining router is given its
+    /// grace to exit first); returns the time until it was ready again.
+    pub async fn restart_router(&mut self, i: usize) -> Result<Duration> {
+        let start = tokio::time::Instant::now();
+        let (metrics, listen_port) = {
+            let r = self.router_mut(i)?;
+            if r.state == RouterState::Running {
+                return Err(LadderError::Process(format!("{} is running", r.name)));
+            }
+            children::stop(&mut r.child, STOP_GRACE).await;
+            (r.metrics, r.listen_port)
+        };
+        let fresh = self.start_router(i, metrics, listen_port).await?;
+        self.routers[i] = fresh;
+        Ok(start.elapsed())
     }
 
     fn router_mut(&mut self, i: usize) -> Result<&mut RouterProc> {

@@ -199,6 +199,9 @@ pub struct EventRecord {
     pub call_errors: BTreeMap<String, u64>,
     /// Control plane: time until ready again (restart).
     pub control_plane_ready_ms: Option<u64>,
+    /// The killed or drained router started again at the window's end
+    /// (`--restart-routers`): time until it was ready, ms.
+    pub router_restarted_ms: Option<u64>,
     /// New key id (rotate).
     pub key_id: Option<String>,
     /// Router refusals during the window by `router:resource/scope/protocol`.
@@ -396,6 +399,9 @@ impl Report {
                 }
                 if let Some(ms) = e.control_plane_ready_ms {
                     notes.push(format!("ready again after {ms} ms"));
+                }
+                if let Some(ms) = e.router_restarted_ms {
+                    notes.push(format!("router started again, ready after {ms} ms"));
                 }
                 if let Some(k) = &e.key_id {
                     notes.push(format!("key {k}"));

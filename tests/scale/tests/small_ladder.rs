@@ -1,9 +1,10 @@
 //! CI's small ladder: the real `agentmesh-ladder` binary in local mode starts a
 //! real control plane and three real routers (child processes, SQLite in a
 //! temp dir), runs 3 steps of members (the real node, in two worker
-//! processes), holds with one router drained, and writes its JSON report.
-//! Asserts only what cannot flake: everyone ready and called, nobody exited,
-//! nobody below one router during the drain.
+//! processes), holds with one router drained (then started again) and one
+//! killed, and writes its JSON report. Asserts only what cannot flake:
+//! everyone ready and called, nobody exited, nobody below one router during
+//! the drain or the kill.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -66,9 +67,12 @@ fn small_ladder_with_a_drain() -> anyhow::Result<()> {
             "--members-per-worker",
             "40",
             "--hold-secs",
-            "30",
+            "40",
             "--drain-router-at",
             "10",
+            "--kill-router-at",
+            "25",
+            "--restart-routers",
             "--step-deadline-secs",
             "300",
         ])
@@ -134,6 +138,15 @@ fn small_ladder_with_a_drain() -> anyhow::Result<()> {
     assert!(drain["error"].is_null(), "drain failed: {drain:#}");
     assert_eq!(u(drain, "/members"), members, "{drain:#}");
     assert_eq!(u(drain, "/below_one_router"), 0, "{drain:#}");
+    // --restart-routers: the drained router came back before the kill.
+    assert!(u(drain, "/router_restarted_ms") > 0, "{drain:#}");
+
+    // Kill (SIGKILL) of a router with K=2 on three: nobody loses its last router.
+    let kill = &report["events"]["kill_router"];
+    assert!(kill.is_object(), "no kill event: {report:#}");
+    assert!(kill["error"].is_null(), "kill failed: {kill:#}");
+    assert_eq!(u(kill, "/members"), members, "{kill:#}");
+    assert_eq!(u(kill, "/below_one_router"), 0, "{kill:#}");
 
     assert_eq!(u(&report, "/exits"), 0, "{report:#}");
     assert!(table.contains("| step |"), "no markdown table on stdout");
