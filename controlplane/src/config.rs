@@ -20,6 +20,11 @@ pub const DEFAULT_ENROLL_BURST: u32 = 20;
 pub const DEFAULT_REFRESH_RATE_PER_SEC: u32 = 100;
 /// Default `--refresh-burst`.
 pub const DEFAULT_REFRESH_BURST: u32 = 200;
+/// Default `--enroll-max-retry-after-secs`: the longest `retry-after` a
+/// refused enrollment is given (600 callers' worth of slots at 10/s).
+pub const DEFAULT_ENROLL_MAX_RETRY_AFTER_SECS: u64 = 60;
+/// Default `--refresh-max-retry-after-secs`.
+pub const DEFAULT_REFRESH_MAX_RETRY_AFTER_SECS: u64 = 60;
 /// Default `--enroll-failures-per-ip-per-min`.
 pub const DEFAULT_ENROLL_FAILURES_PER_IP_PER_MIN: u32 = 60;
 /// Default `--failure-guard-max-ips`.
@@ -95,6 +100,14 @@ pub struct Config {
     /// Refresh and router-lease limiter burst, requests. Default 200.
     #[arg(long, default_value_t = DEFAULT_REFRESH_BURST)]
     pub refresh_burst: u32,
+    /// Longest `retry-after` given to a refused Enroll, seconds: refused callers are
+    /// spread over the slots in which the limiter can serve them, up to this far
+    /// ahead. Default 60.
+    #[arg(long, default_value_t = DEFAULT_ENROLL_MAX_RETRY_AFTER_SECS)]
+    pub enroll_max_retry_after_secs: u64,
+    /// Longest `retry-after` given to a refused Refresh or RouterLease, seconds. Default 60.
+    #[arg(long, default_value_t = DEFAULT_REFRESH_MAX_RETRY_AFTER_SECS)]
+    pub refresh_max_retry_after_secs: u64,
     /// Failed enrollments allowed per source IP per minute before refusing. Default 60.
     #[arg(long, default_value_t = DEFAULT_ENROLL_FAILURES_PER_IP_PER_MIN)]
     pub enroll_failures_per_ip_per_min: u32,
@@ -182,6 +195,8 @@ impl Default for Config {
             enroll_burst: DEFAULT_ENROLL_BURST,
             refresh_rate_per_sec: DEFAULT_REFRESH_RATE_PER_SEC,
             refresh_burst: DEFAULT_REFRESH_BURST,
+            enroll_max_retry_after_secs: DEFAULT_ENROLL_MAX_RETRY_AFTER_SECS,
+            refresh_max_retry_after_secs: DEFAULT_REFRESH_MAX_RETRY_AFTER_SECS,
             enroll_failures_per_ip_per_min: DEFAULT_ENROLL_FAILURES_PER_IP_PER_MIN,
             failure_guard_max_ips: DEFAULT_FAILURE_GUARD_MAX_IPS,
             credential_ttl_secs: DEFAULT_CREDENTIAL_TTL_SECS,
@@ -243,6 +258,14 @@ impl Config {
                 u64::from(self.refresh_rate_per_sec),
             ),
             ("--refresh-burst", u64::from(self.refresh_burst)),
+            (
+                "--enroll-max-retry-after-secs",
+                self.enroll_max_retry_after_secs,
+            ),
+            (
+                "--refresh-max-retry-after-secs",
+                self.refresh_max_retry_after_secs,
+            ),
             ("--credential-ttl-secs", self.credential_ttl_secs),
             (
                 "--key-rotation-interval-secs",

@@ -48,6 +48,92 @@ fn nanos(n: u128) -> Duration {
     Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX))
 }
 
+/// Why a [`SpreadingBucket`] refused, and when to come back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// How long this caller should wait: until the slot assigned to it, at
+    /// most the bucket's cap. Sent as `retry-after` (rounded up to seconds).
+    pub wait: Duration,
+    /// Refused callers already given a slot ahead of this one (the virtual
+    /// queue's depth when it was refused).
+    pub position: u64,
+    /// The queue reached the cap: this caller got the cap, not a slot.
+    pub capped: bool,
+}
+
+/// A [`TokenBucket`] that spreads the callers it refuses over the slots in
+/// which it can actually serve them, instead of telling all of them "the next
+/// token frees in 100 ms".
+///
+/// It keeps a *virtual queue*: the instant of the next unassigned slot. A
+/// refused caller is given the later of that instant and the moment the next
+/// token frees, and the queue moves one token interval on; so the k-th caller
+/// refused during a burst is told to come back after about `k ÷ rate`
+/// seconds, when the bucket will have a token for it if everyone refused
+/// before it came back in order. The estimate is bounded and decays by
+/// itself: the queue never reaches past `now + max_wait` (callers beyond that
+/// are all told `max_wait` and not queued, so a queue of callers that never
+/// came back cannot grow), and once time passes the last slot it is empty.
+///
+/// Admission is unchanged: the bucket alone decides, whoever asks; callers
+/// cannot be told apart before their token and proof are checked, so a slot
+/// is a promise about timing, not a reservation.
+#[derive(Debug, Clone)]
+pub struct SpreadingBucket {
+    bucket: TokenBucket,
+    /// Next unassigned slot, nanoseconds since the clock's origin.
+    next_slot: u128,
+    /// Longest wait handed out, nanoseconds.
+    max_wait: u128,
+}
+
+impl SpreadingBucket {
+    /// A full bucket of `burst` refilled at `rate_per_sec`, telling refused
+    /// callers to wait at most `max_wait` (at least one second).
+    pub fn new(rate_per_sec: u32, burst: u32, max_wait: Duration) -> Self {
+        Self {
+            bucket: TokenBucket::new(rate_per_sec, burst),
+            next_slot: 0,
+            max_wait: max_wait.max(Duration::from_secs(1)).as_nanos(),
+        }
+    }
+
+    /// Takes one token at `now`, or assigns the caller a slot to come back in.
+    pub fn try_acquire(&mut self, now: Duration) -> Result<(), Refusal> {
+        let free_in = match self.bucket.try_acquire(now) {
+            Ok(()) => return Ok(()),
+            Err(wait) => wait.as_nanos(),
+        };
+        let now = now.as_nanos();
+        let interval = self.bucket.interval;
+        let free_at = now + free_in;
+        let slot = self.next_slot.max(free_at);
+        let position = u64::try_from((slot - free_at) / interval).unwrap_or(u64::MAX);
+        let wait = slot - now;
+        if wait > self.max_wait {
+            return Err(Refusal {
+                wait: nanos(self.max_wait),
+                position,
+                capped: true,
+            });
+        }
+        self.next_slot = slot + interval;
+        Err(Refusal {
+            wait: nanos(wait),
+            position,
+            capped: false,
+        })
+    }
+
+    /// Refused callers holding a slot that has not come yet at `now`.
+    pub fn queued(&self, now: Duration) -> u64 {
+        // Slots sit one interval apart below `next_slot`; count those after `now`.
+        let waiting = self.next_slot.saturating_sub(now.as_nanos());
+        let slots = waiting.div_ceil(self.bucket.interval).saturating_sub(1);
+        u64::try_from(slots).unwrap_or(u64::MAX)
+    }
+}
+
 /// The `retry-after` value for a wait: whole seconds, rounded up, at least 1.
 pub fn retry_after_secs(wait: Duration) -> u64 {
     let s = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
@@ -138,7 +224,98 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::ZERO), 1);
     }
 
+    /// Callers behaving as the client does: refused, each comes back after
+    /// the whole-second `retry-after` plus up to one second of jitter.
+    /// Returns (refusals, instant the last caller got in).
+    fn burst(n: usize, rate: u32, burst: u32, max_wait_secs: u64, seed: u64) -> (u64, Duration) {
+        use rand::{Rng, SeedableRng, rngs::StdRng};
+        use std::{cmp::Reverse, collections::BinaryHeap};
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut b = SpreadingBucket::new(rate, burst, Duration::from_secs(max_wait_secs));
+        let mut due: BinaryHeap<Reverse<Duration>> =
+            (0..n).map(|_| Reverse(Duration::ZERO)).collect();
+        let (mut refusals, mut last) = (0u64, Duration::ZERO);
+        while let Some(Reverse(t)) = due.pop() {
+            match b.try_acquire(t) {
+                Ok(()) => last = t,
+                Err(r) => {
+                    refusals += 1;
+                    assert!(r.wait <= Duration::from_secs(max_wait_secs));
+                    let back = Duration::from_secs(retry_after_secs(r.wait))
+                        + Duration::from_micros(rng.gen_range(0..=1_000_000));
+                    due.push(Reverse(t + back));
+                }
+            }
+        }
+        (refusals, last)
+    }
+
+    #[test]
+    fn a_burst_is_spread_over_the_slots_that_can_serve_it() {
+        // The issue's case: 1,500 at once into 10/s (burst 20), cap 60 s. The
+        // old fixed ~1 s retry-after cost ~48 refusals per caller.
+        let (refusals, last) = burst(1500, 10, 20, 60, 7);
+        println!("1500 @ 10/s: {refusals} refusals, last in at {last:?}");
+        assert!(refusals <= 2 * 1500, "{refusals} refusals");
+        assert!(last <= Duration::from_secs(160), "last in at {last:?}");
+        // A cap of 1 s is the old behaviour: everyone back a second later.
+        let (old, _) = burst(1500, 10, 20, 1, 7);
+        println!("1500 @ 10/s, retry-after always 1 s: {old} refusals");
+        assert!(old > 20 * 1500, "{old} refusals");
+        // Within the cap nobody is refused twice.
+        let (refusals, _) = burst(500, 10, 20, 60, 8);
+        assert_eq!(refusals, 500 - 20);
+    }
+
+    #[test]
+    fn the_queue_is_capped_and_drains_by_itself() {
+        let mut b = SpreadingBucket::new(10, 1, Duration::from_secs(5));
+        let t0 = Duration::from_secs(100);
+        assert!(b.try_acquire(t0).is_ok());
+        let mut waits = Vec::new();
+        for _ in 0..100 {
+            waits.push(b.try_acquire(t0).expect_err("empty"));
+        }
+        // Slot k (0-based) is k+1 intervals away; from the 50th on the cap.
+        assert_eq!(waits[0].wait, Duration::from_millis(100));
+        assert_eq!(waits[0].position, 0);
+        assert_eq!(waits[9].wait, Duration::from_secs(1));
+        assert_eq!(waits[9].position, 9);
+        assert!(!waits[49].capped && waits[49].wait == Duration::from_secs(5));
+        assert!(
+            waits[50..]
+                .iter()
+                .all(|r| r.capped && r.wait == Duration::from_secs(5))
+        );
+        assert_eq!(b.queued(t0), 50);
+        // Nobody came back: once the last slot has passed the queue is empty
+        // and the next refusal waits only for the next token.
+        let later = t0 + Duration::from_secs(6);
+        assert_eq!(b.queued(later), 0);
+        assert!(b.try_acquire(later).is_ok());
+        let r = b.try_acquire(later).expect_err("empty again");
+        assert_eq!((r.wait, r.position), (Duration::from_millis(100), 0));
+    }
+
     proptest! {
+        /// A burst that fits in the cap's slots gets in within about
+        /// `n / rate` plus three seconds, each caller refused at most once,
+        /// when the bucket holds more than one second of tokens (burst >
+        /// rate, as by default): callers told the same whole second come
+        /// back spread over the second after their slot, and the bucket
+        /// keeps that second's tokens for them.
+        #[test]
+        fn bursts_within_the_cap_are_served_in_order(
+            rate in 1u32..40, extra in 1u32..40, fill in 1u64..60, seed in any::<u64>(),
+        ) {
+            let burst_size = rate + extra;
+            let n = (u64::from(rate) * fill) as usize;
+            let (refusals, last) = burst(n, rate, burst_size, 60, seed);
+            prop_assert!(refusals <= n as u64, "{} refusals for {}", refusals, n);
+            let bound = Duration::from_secs_f64(n as f64 / f64::from(rate) + 3.0);
+            prop_assert!(last <= bound, "last in at {:?} > {:?}", last, bound);
+        }
+
         /// However requests arrive, admissions up to `t` never exceed
         /// `burst + floor(t * rate)`, and a refusal's wait is exact: asking
         /// again after it succeeds.

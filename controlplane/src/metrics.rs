@@ -29,6 +29,10 @@ pub const METHODS: &[&str] = &[
 /// Limiters, as metric label values.
 pub const LIMITERS: &[&str] = &["enroll", "refresh", "failure_guard", "db_busy"];
 
+/// Limiters that spread refused callers over slots (see
+/// [`crate::limiter::SpreadingBucket`]), as metric label values.
+pub const SPREADING_LIMITERS: &[&str] = &["enroll", "refresh"];
+
 /// Authentication failure reasons, as metric label values.
 pub const AUTH_REASONS: &[&str] = &[
     "unknown_token",
@@ -109,12 +113,19 @@ fn rpc_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
 }
 
+fn retry_after_histogram() -> Histogram {
+    // 1 s .. 256 s: retry-after is whole seconds, capped by a flag.
+    Histogram::new(exponential_buckets(1.0, 2.0, 9))
+}
+
 /// Handles to every metric.
 #[derive(Clone)]
 pub struct Metrics {
     rpc: Family<MethodCode, Counter>,
     rpc_duration: HistogramFamily<MethodLabel>,
     limiter_refusals: Family<LimiterLabel, Counter>,
+    retry_after: HistogramFamily<LimiterLabel>,
+    retry_after_capped: Family<LimiterLabel, Counter>,
     auth_failures: Family<AuthLabel, Counter>,
     storage_rows: Family<TableLabel, Gauge>,
     deleted: Family<TableReason, Counter>,
@@ -139,6 +150,8 @@ impl Metrics {
             rpc: Family::default(),
             rpc_duration: Family::new_with_constructor(rpc_histogram),
             limiter_refusals: Family::default(),
+            retry_after: Family::new_with_constructor(retry_after_histogram),
+            retry_after_capped: Family::default(),
             auth_failures: Family::default(),
             storage_rows: Family::default(),
             deleted: Family::default(),
@@ -156,6 +169,18 @@ impl Metrics {
             "limiter_refusals",
             "Requests refused by a limiter (enroll, refresh, failure_guard, db_busy)",
             m.limiter_refusals.clone(),
+        );
+        r.register(
+            "retry_after_seconds",
+            "retry-after given to callers refused by the enroll and refresh limiters: \
+             the wait until the slot the virtual queue assigned them",
+            m.retry_after.clone(),
+        );
+        r.register(
+            "retry_after_capped",
+            "Refused callers told the cap (--enroll/--refresh-max-retry-after-secs) \
+             because the virtual queue reached it",
+            m.retry_after_capped.clone(),
         );
         r.register(
             "auth_failures",
@@ -204,6 +229,13 @@ impl Metrics {
                 limiter: (*l).into(),
             });
         }
+        for l in SPREADING_LIMITERS {
+            let label = LimiterLabel {
+                limiter: (*l).into(),
+            };
+            let _ = m.retry_after.get_or_create(&label);
+            let _ = m.retry_after_capped.get_or_create(&label);
+        }
         for t in TABLES {
             let _ = m
                 .storage_rows
@@ -245,6 +277,18 @@ impl Metrics {
                 limiter: limiter.into(),
             })
             .inc();
+    }
+
+    /// Records the `retry-after` a spreading limiter gave a refused caller.
+    pub fn retry_after(&self, limiter: &'static str, refusal: &crate::limiter::Refusal) {
+        let label = LimiterLabel {
+            limiter: limiter.into(),
+        };
+        let secs = crate::limiter::retry_after_secs(refusal.wait);
+        self.retry_after.get_or_create(&label).observe(secs as f64);
+        if refusal.capped {
+            self.retry_after_capped.get_or_create(&label).inc();
+        }
     }
 
     /// Counts an authentication failure.

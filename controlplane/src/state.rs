@@ -12,7 +12,7 @@ use crate::{
     clock::SharedClock,
     config::Config,
     keys::Keys,
-    limiter::{FailureGuard, TokenBucket},
+    limiter::{FailureGuard, Refusal, SpreadingBucket},
     metrics::Metrics,
     status::ServiceError,
     store::Db,
@@ -34,8 +34,8 @@ pub struct State {
     pub clock: SharedClock,
     /// The admin bearer token, if admin RPCs are enabled.
     pub admin_token: Option<String>,
-    enroll_bucket: Mutex<TokenBucket>,
-    refresh_bucket: Mutex<TokenBucket>,
+    enroll_bucket: Mutex<SpreadingBucket>,
+    refresh_bucket: Mutex<SpreadingBucket>,
     failure_guard: Mutex<FailureGuard>,
     directory_cache: Mutex<Option<(Duration, GetDirectoryResponse)>>,
 }
@@ -64,13 +64,15 @@ impl State {
         admin_token: Option<String>,
     ) -> Arc<Self> {
         Arc::new(Self {
-            enroll_bucket: Mutex::new(TokenBucket::new(
+            enroll_bucket: Mutex::new(SpreadingBucket::new(
                 config.enroll_rate_per_sec,
                 config.enroll_burst,
+                Duration::from_secs(config.enroll_max_retry_after_secs),
             )),
-            refresh_bucket: Mutex::new(TokenBucket::new(
+            refresh_bucket: Mutex::new(SpreadingBucket::new(
                 config.refresh_rate_per_sec,
                 config.refresh_burst,
+                Duration::from_secs(config.refresh_max_retry_after_secs),
             )),
             failure_guard: Mutex::new(FailureGuard::new(
                 config.enroll_failures_per_ip_per_min,
@@ -87,26 +89,28 @@ impl State {
         })
     }
 
-    /// Takes an enroll token or refuses with the wait.
+    /// Takes an enroll token, or refuses with the wait until the slot the
+    /// virtual queue assigns this caller (see [`SpreadingBucket`]).
     pub fn admit_enroll(&self) -> Result<(), ServiceError> {
-        let now = self.clock.now();
-        lock(&self.enroll_bucket)
-            .try_acquire(now)
-            .map_err(|wait| ServiceError::Limited {
-                limiter: "enroll",
-                wait,
-            })
+        let r = lock(&self.enroll_bucket).try_acquire(self.clock.now());
+        self.limited("enroll", r)
     }
 
-    /// Takes a refresh/lease token or refuses with the wait.
+    /// Takes a refresh/lease token, or refuses with the wait until this
+    /// caller's slot.
     pub fn admit_refresh(&self) -> Result<(), ServiceError> {
-        let now = self.clock.now();
-        lock(&self.refresh_bucket)
-            .try_acquire(now)
-            .map_err(|wait| ServiceError::Limited {
-                limiter: "refresh",
-                wait,
-            })
+        let r = lock(&self.refresh_bucket).try_acquire(self.clock.now());
+        self.limited("refresh", r)
+    }
+
+    fn limited(&self, limiter: &'static str, r: Result<(), Refusal>) -> Result<(), ServiceError> {
+        r.map_err(|refusal| {
+            self.metrics.retry_after(limiter, &refusal);
+            ServiceError::Limited {
+                limiter,
+                wait: refusal.wait,
+            }
+        })
     }
 
     /// Refuses a source IP that has failed too often this minute.

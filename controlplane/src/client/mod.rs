@@ -3,9 +3,11 @@
 //!
 //! Every call retries on `RESOURCE_EXHAUSTED`, `UNAVAILABLE` and
 //! `DEADLINE_EXCEEDED` (including a per-attempt timeout): it waits the
-//! server's `retry-after` (or an exponential backoff from 200 ms to 10 s when
-//! there is none) plus random jitter, so a fleet that was refused together
-//! does not come back together. The whole call is bounded by
+//! server's `retry-after` plus up to one second of random jitter (the server
+//! spreads a refused fleet over whole-second slots; the jitter spreads each
+//! slot's callers across its second), or, when there is no `retry-after`, an
+//! exponential backoff from 200 ms to 10 s plus up to half of it, so a fleet
+//! that was refused together does not come back together. The whole call is bounded by
 //! [`ClientConfig::retry_budget`]: the last wait is cut short to end at the
 //! budget, the attempt made there is the last one, and its refusal is returned
 //! as [`ClientError::BudgetExhausted`]. Proofs of possession are made afresh
@@ -42,7 +44,8 @@ use tonic::{
 };
 
 pub use retry::{
-    INITIAL_BACKOFF, MAX_BACKOFF, RETRY_AFTER_METADATA, is_retryable, jitter_bound, retry_after,
+    INITIAL_BACKOFF, MAX_BACKOFF, RETRY_AFTER_JITTER, RETRY_AFTER_METADATA, is_retryable,
+    jitter_bound, retry_after,
 };
 
 use crate::clock::{SharedClock, TokioClock};
@@ -382,15 +385,10 @@ impl Client {
                     self.inner.url, self.inner.rpc_timeout
                 )),
             };
-            let base = match retry_after(&status) {
-                Some(d) => d,
-                None => {
-                    let b = backoff;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    b
-                }
-            };
-            let wait = base + retry::jitter(base);
+            let (wait, from_server) = retry::next_wait(&status, backoff);
+            if !from_server {
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
             let elapsed = clock.now().saturating_sub(start);
             let remaining = budget.saturating_sub(elapsed);
             if remaining.is_zero() {

@@ -11,8 +11,14 @@ pub const RETRY_AFTER_METADATA: &str = "retry-after";
 pub const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
 /// Backoff cap when the server gave no `retry-after`: 10 s.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
-/// The jitter added to a wait is at least uniform in `[0, MIN_JITTER_SPREAD]`.
+/// The jitter added to a backoff is at least uniform in `[0, MIN_JITTER_SPREAD]`.
 const MIN_JITTER_SPREAD: Duration = Duration::from_secs(1);
+/// The jitter added to a server-assigned `retry-after`: uniform in
+/// `[0, RETRY_AFTER_JITTER]`, one second, the header's resolution. The server
+/// spreads refused callers over whole-second slots (a limiter serving `r`/s
+/// tells `r` callers the same value), so the jitter spreads a slot's callers
+/// across that second and never pushes one into slots given to later callers.
+pub const RETRY_AFTER_JITTER: Duration = Duration::from_secs(1);
 
 /// Whether a status is worth retrying: the server is busy or not reachable.
 ///
@@ -38,15 +44,27 @@ pub fn retry_after(status: &Status) -> Option<Duration> {
     Some(Duration::from_secs_f64(secs.min(86_400.0)))
 }
 
-/// The largest jitter added to a wait of `base`: half of it, at least 1 s.
+/// The largest jitter added to a backoff of `base` (no `retry-after` from
+/// the server): half of it, at least 1 s.
 pub fn jitter_bound(base: Duration) -> Duration {
     (base / 2).max(MIN_JITTER_SPREAD)
 }
 
-/// A random extra wait, uniform in `[0, jitter_bound(base)]`.
-pub(crate) fn jitter(base: Duration) -> Duration {
-    let bound = jitter_bound(base).as_micros() as u64;
+/// A random extra wait, uniform in `[0, bound]`.
+pub(crate) fn jitter(bound: Duration) -> Duration {
+    let bound = u64::try_from(bound.as_micros()).unwrap_or(u64::MAX);
     Duration::from_micros(rand::thread_rng().gen_range(0..=bound))
+}
+
+/// How long to wait after a retryable refusal: the server's `retry-after`
+/// plus up to [`RETRY_AFTER_JITTER`], or else `backoff` plus up to
+/// [`jitter_bound`]`(backoff)`. The second value says whether the server
+/// gave the wait (so the caller knows not to grow its backoff).
+pub(crate) fn next_wait(status: &Status, backoff: Duration) -> (Duration, bool) {
+    match retry_after(status) {
+        Some(d) => (d + jitter(RETRY_AFTER_JITTER), true),
+        None => (backoff + jitter(jitter_bound(backoff)), false),
+    }
 }
 
 #[cfg(test)]
@@ -72,10 +90,47 @@ mod tests {
     }
 
     #[test]
+    fn a_server_wait_gets_at_most_one_second_of_jitter_whatever_its_length() {
+        for secs in [1u64, 7, 60] {
+            let mut s = Status::resource_exhausted("busy");
+            s.metadata_mut().insert(
+                RETRY_AFTER_METADATA,
+                secs.to_string().parse().expect("ascii"),
+            );
+            let base = Duration::from_secs(secs);
+            let waits: Vec<_> = (0..200).map(|_| next_wait(&s, INITIAL_BACKOFF)).collect();
+            assert!(waits.iter().all(|(_, from_server)| *from_server));
+            assert!(
+                waits
+                    .iter()
+                    .all(|(w, _)| *w >= base && *w <= base + RETRY_AFTER_JITTER),
+                "{secs} s: waits stay in their one-second slot"
+            );
+            let mut distinct: Vec<_> = waits.iter().map(|(w, _)| *w).collect();
+            distinct.sort();
+            distinct.dedup();
+            assert!(
+                distinct.len() > 150,
+                "spread within the slot: {}",
+                distinct.len()
+            );
+        }
+        // No retry-after: the backoff plus up to half of it (at least 1 s).
+        let s = Status::unavailable("down");
+        let backoff = Duration::from_secs(8);
+        let (w, from_server) = next_wait(&s, backoff);
+        assert!(!from_server);
+        assert!(
+            w >= backoff && w <= backoff + Duration::from_secs(4),
+            "{w:?}"
+        );
+    }
+
+    #[test]
     fn jitter_stays_within_its_bound_and_spreads() {
-        let base = Duration::from_secs(1);
+        let base = jitter_bound(Duration::from_secs(1));
         let samples: Vec<_> = (0..200).map(|_| jitter(base)).collect();
-        assert!(samples.iter().all(|j| *j <= jitter_bound(base)));
+        assert!(samples.iter().all(|j| *j <= base));
         let mut distinct = samples.clone();
         distinct.sort();
         distinct.dedup();
