@@ -561,3 +561,74 @@ async fn admin_calls_need_the_bearer_token_and_rotation_publishes_ahead() {
     h2.shutdown().await;
     h.shutdown().await;
 }
+
+/// Refused callers are handed successive slots (one token interval apart,
+/// sent as whole seconds) up to the cap, on both limiters, and the metrics
+/// show what they were told and when the cap bit. The limiters run before
+/// anything else is read, so empty requests are enough.
+#[tokio::test]
+async fn refused_callers_get_successive_slots_up_to_the_cap_on_both_limiters() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = common::config(dir.path());
+    (cfg.enroll_rate_per_sec, cfg.enroll_burst) = (2, 1);
+    cfg.enroll_max_retry_after_secs = 3;
+    (cfg.refresh_rate_per_sec, cfg.refresh_burst) = (1, 1);
+    cfg.refresh_max_retry_after_secs = 2;
+    let h = spawn_with_clock(cfg, Arc::new(Frozen))
+        .await
+        .expect("starts");
+    let mut raw = ControlPlaneClient::connect(h.public_url().to_string())
+        .await
+        .expect("connect");
+    let mut told = Vec::new();
+    for _ in 0..9 {
+        match raw.enroll(EnrollRequest::default()).await {
+            Err(s) if s.code() == Code::ResourceExhausted => told.push(
+                agentmesh_controlplane::retry_after(&s)
+                    .expect("retry-after")
+                    .as_secs(),
+            ),
+            Err(s) => assert_eq!(s.code(), Code::InvalidArgument, "the one admitted: {s:?}"),
+            Ok(r) => panic!("an empty request enrolled: {r:?}"),
+        }
+    }
+    // 2/s: slots at 0.5, 1.0, 1.5, ... s, rounded up; past 3 s, the cap.
+    assert_eq!(told, [1, 1, 2, 2, 3, 3, 3, 3]);
+    let mut told = Vec::new();
+    for _ in 0..5 {
+        match raw.refresh(RefreshRequest::default()).await {
+            Err(s) if s.code() == Code::ResourceExhausted => told.push(
+                agentmesh_controlplane::retry_after(&s)
+                    .expect("retry-after")
+                    .as_secs(),
+            ),
+            Err(s) => assert_eq!(s.code(), Code::InvalidArgument, "the one admitted: {s:?}"),
+            Ok(r) => panic!("an empty request refreshed: {r:?}"),
+        }
+    }
+    assert_eq!(told, [1, 2, 2, 2]);
+    let m = metrics(&h).await;
+    for (limiter, refused, capped) in [("enroll", 8.0, 2.0), ("refresh", 4.0, 2.0)] {
+        assert_eq!(
+            metric(
+                &m,
+                &format!(
+                    "agentmesh_control_plane_retry_after_seconds_count{{limiter=\"{limiter}\"}}"
+                )
+            ),
+            Some(refused),
+            "{limiter}"
+        );
+        assert_eq!(
+            metric(
+                &m,
+                &format!(
+                    "agentmesh_control_plane_retry_after_capped_total{{limiter=\"{limiter}\"}}"
+                )
+            ),
+            Some(capped),
+            "{limiter}"
+        );
+    }
+    h.shutdown().await;
+}
