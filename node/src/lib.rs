@@ -313,6 +313,7 @@ pub async fn spawn(
         router_addrs: RwLock::new(Default::default()),
         attached: RwLock::new(Default::default()),
         held: RwLock::new(HashSet::new()),
+        leaving: RwLock::new(HashSet::new()),
         transit_admitted: Mutex::new(HashSet::new()),
         keys_fetched_at: Mutex::new(None),
         cmd: cmd_tx,

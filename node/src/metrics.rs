@@ -41,6 +41,8 @@ pub const CP_OPS: &[&str] = &["enroll", "refresh", "directory"];
 pub const GOAWAY_RESULTS: &[&str] = &["draining", "overloaded", "other", "ignored", "error"];
 /// Why a held router was given up for another one.
 pub const REPLACE_REASONS: &[&str] = &["reservation_refused"];
+/// Why an outbound call was retried on a fresh route ([`Metrics::call_retries`]).
+pub const CALL_RETRY_REASONS: &[&str] = &["connect_failed", "stream_failed"];
 /// Generic outcomes.
 pub const OUTCOMES: &[&str] = &["ok", "error"];
 
@@ -70,7 +72,7 @@ pub struct ResultLabel {
 /// `{reason}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// One of [`REPLACE_REASONS`].
+    /// One of [`REPLACE_REASONS`] or [`CALL_RETRY_REASONS`].
     pub reason: &'static str,
 }
 
@@ -114,6 +116,11 @@ pub struct Metrics {
     pub goaways: Family<ResultLabel, Counter>,
     /// Held routers given up for another one, by reason ([`REPLACE_REASONS`]).
     pub routers_replaced: Family<ReasonLabel, Counter>,
+    /// First auths whose connection failed and were retried on a fresh one.
+    pub auth_conn_retries: Counter,
+    /// Outbound calls retried once on a fresh route after a route failure,
+    /// by reason ([`CALL_RETRY_REASONS`]).
+    pub call_retries: Family<ReasonLabel, Counter>,
 }
 
 impl Metrics {
@@ -143,6 +150,9 @@ impl Metrics {
         }
         for reason in REPLACE_REASONS {
             let _ = m.routers_replaced.get_or_create(&ReasonLabel { reason });
+        }
+        for reason in CALL_RETRY_REASONS {
+            let _ = m.call_retries.get_or_create(&ReasonLabel { reason });
         }
         for r in OUTCOMES {
             let _ = m.reservations.get_or_create(&ResultLabel { result: r });
@@ -210,6 +220,16 @@ impl Metrics {
             self.routers_replaced.clone(),
         );
         r.register(
+            "auth_connection_retries",
+            "First auths with a router retried on a fresh connection because the connection failed",
+            self.auth_conn_retries.clone(),
+        );
+        r.register(
+            "call_retries",
+            "Outbound calls retried once on a fresh route after a route failure, by reason",
+            self.call_retries.clone(),
+        );
+        r.register(
             "goaways",
             "Go-aways received by result (reason obeyed, ignored, error)",
             self.goaways.clone(),
@@ -259,5 +279,10 @@ mod tests {
             out.contains(r#"agentmesh_node_control_plane_total{op="refresh",result="error"} 0"#)
         );
         assert!(out.contains("agentmesh_node_ready 0"));
+        assert!(
+            out.contains(r#"agentmesh_node_call_retries_total{reason="stream_failed"} 0"#),
+            "{out}"
+        );
+        assert!(out.contains("agentmesh_node_auth_connection_retries_total 0"));
     }
 }

@@ -29,9 +29,12 @@ pub(crate) const KEY_REFETCH_INTERVAL: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub(crate) enum Command {
     /// Be connected to `peer` (dial `addrs` unless already connected).
+    /// With `keep_via`, relayed connections to `peer` through other routers
+    /// are closed first, and the reply waits until they are gone.
     Connect {
         peer: PeerId,
         addrs: Vec<Multiaddr>,
+        keep_via: Option<Vec<PeerId>>,
         reply: oneshot::Sender<Result<(), String>>,
     },
 }
@@ -54,6 +57,9 @@ pub(crate) struct Shared {
     /// the router keeps the latest purpose, and transit would cost us the
     /// reservation).
     pub(crate) held: RwLock<HashSet<PeerId>>,
+    /// Held routers that sent go-away (being replaced): calls route around
+    /// them when they can.
+    pub(crate) leaving: RwLock<HashSet<PeerId>>,
     /// Routers that admitted us for transit on the current connection.
     pub(crate) transit_admitted: Mutex<HashSet<PeerId>>,
     pub(crate) keys_fetched_at: Mutex<Option<Instant>>,
@@ -109,13 +115,25 @@ impl Shared {
         }
     }
 
-    /// Asks the core loop to connect to `peer` and waits, up to the connect timeout.
-    pub(crate) async fn connect(&self, peer: PeerId, addrs: Vec<Multiaddr>) -> Result<(), String> {
+    /// Asks the core loop to connect to `peer` and waits, up to the connect
+    /// timeout. With `keep_via`, relayed connections to `peer` through other
+    /// routers are closed first (see [`Command::Connect`]).
+    pub(crate) async fn connect(
+        &self,
+        peer: PeerId,
+        addrs: Vec<Multiaddr>,
+        keep_via: Option<Vec<PeerId>>,
+    ) -> Result<(), String> {
         let (reply, rx) = oneshot::channel();
         let deadline = self.config.connect_timeout();
         let fut = async {
             self.cmd
-                .send(Command::Connect { peer, addrs, reply })
+                .send(Command::Connect {
+                    peer,
+                    addrs,
+                    keep_via,
+                    reply,
+                })
                 .await
                 .map_err(|_| "node is stopping".to_string())?;
             rx.await.map_err(|_| "node is stopping".to_string())?

@@ -18,9 +18,20 @@ use libp2p_stream::Control;
 /// Why an exchange failed (not a refusal: those are answers).
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
-    /// The stream could not be opened.
+    /// The stream could not be opened: the peer does not speak the protocol.
     #[error("cannot open {protocol} to {peer}: {detail}")]
     Open {
+        /// Protocol id.
+        protocol: &'static str,
+        /// Remote.
+        peer: PeerId,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The connection under the stream failed (closed, reset, not
+    /// connected): a fresh connection may succeed where this one did not.
+    #[error("cannot open {protocol} to {peer}: connection failed: {detail}")]
+    Connection {
         /// Protocol id.
         protocol: &'static str,
         /// Remote.
@@ -60,6 +71,23 @@ pub enum WireError {
     },
 }
 
+impl WireError {
+    /// Whether the connection (or the stream on it) failed rather than the
+    /// peer answering: closed, reset or other I/O before an answer. Such a
+    /// failure says nothing about the peer's will; a retry on a fresh
+    /// connection or route may succeed.
+    pub fn is_connection_failure(&self) -> bool {
+        matches!(
+            self,
+            Self::Connection { .. }
+                | Self::Frame {
+                    source: FrameError::Io(_),
+                    ..
+                }
+        )
+    }
+}
+
 /// A router's answer to an auth request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AuthOutcome {
@@ -79,10 +107,17 @@ async fn open(
     control
         .open_stream(peer, StreamProtocol::new(protocol))
         .await
-        .map_err(|e| WireError::Open {
-            protocol,
-            peer,
-            detail: e.to_string(),
+        .map_err(|e| match e {
+            libp2p_stream::OpenStreamError::Io(e) => WireError::Connection {
+                protocol,
+                peer,
+                detail: e.to_string(),
+            },
+            other => WireError::Open {
+                protocol,
+                peer,
+                detail: other.to_string(),
+            },
         })
 }
 

@@ -2,9 +2,17 @@
 //! provider sharing one of our routers (circuit through it), else open a
 //! transit connection to one of the provider's routers; connect and call
 //! timeouts; fall back to the next provider.
+//!
+//! A route can fail under a call when a router drains or a provider moves
+//! off it (circuit or connection closed, stream reset, the relayed dial's
+//! oneshot canceled, no answer at all). Such a failure, when it was the
+//! last, is retried once: a fresh lookup, routes avoiding the routers that
+//! failed, within the call's overall deadline (connect + call timeout).
+//! Never after a provider answered: an answer (accepted or refused) is final.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use agentmesh_proto::pb::mesh::{
     CallRefusal, CatalogRequest, CatalogResponse, Lookup, LookupResult, Purpose, catalog_request,
@@ -14,7 +22,9 @@ use agentmesh_proto::record::verify_record;
 use agentmesh_proto::unix_now;
 use libp2p::core::multiaddr::Protocol;
 use libp2p::{Multiaddr, PeerId};
+use rand::Rng as _;
 use rand::seq::SliceRandom as _;
+use tokio::time::Instant;
 
 use super::{CallError, CallRoute, CallStream};
 use crate::core::router_base;
@@ -25,28 +35,69 @@ use crate::wire::{self, AuthOutcome, WireError};
 /// Most provider records asked for in one lookup.
 const LOOKUP_LIMIT: u32 = 32;
 
+/// Least time left of the call's deadline for the retry to be worth it.
+const MIN_RETRY_TIME: Duration = Duration::from_secs(1);
+
+/// Pause before the retry (jittered up to ×3): lets the failed circuit or
+/// connection finish closing, so the retry does not reuse it.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// How a failure happened on the route to a provider (before it answered).
+#[derive(Debug, Clone, Copy)]
+struct RouteFailure {
+    /// A [`crate::metrics::CALL_RETRY_REASONS`] value.
+    reason: &'static str,
+    /// The router the route went through.
+    via: PeerId,
+}
+
 /// One failed attempt at one provider.
 struct AttemptError {
     detail: String,
     refused: bool,
     timed_out: bool,
+    /// Set when the route failed (not the provider, not a timeout).
+    route: Option<RouteFailure>,
 }
 
-impl From<WireError> for AttemptError {
-    fn from(e: WireError) -> Self {
+impl AttemptError {
+    /// A failure on the wire: a route failure through `via` when the
+    /// connection or stream failed (see [`WireError::is_connection_failure`])
+    /// or no answer came (a circuit that died without a reset).
+    fn wire(e: WireError, reason: &'static str, via: PeerId) -> Self {
+        let timed_out = matches!(e, WireError::Timeout { .. });
         Self {
-            timed_out: matches!(e, WireError::Timeout { .. }),
+            timed_out,
+            route: (timed_out || e.is_connection_failure()).then_some(RouteFailure { reason, via }),
             detail: e.to_string(),
             refused: false,
         }
     }
 }
 
-fn connect_error(detail: String) -> AttemptError {
+/// A failure to connect (see `Shared::connect`): a route failure through
+/// `via` unless it timed out or the node is stopping.
+fn connect_error(detail: String, via: PeerId) -> AttemptError {
+    let timed_out = detail.contains("within");
+    let route = (!timed_out && !detail.contains("node is stopping")).then_some(RouteFailure {
+        reason: "connect_failed",
+        via,
+    });
     AttemptError {
-        timed_out: detail.contains("within"),
+        timed_out,
         detail,
         refused: false,
+        route,
+    }
+}
+
+/// A failure that is not the route's: no provider could be tried, a refusal.
+fn other_error(detail: String) -> AttemptError {
+    AttemptError {
+        detail,
+        refused: false,
+        timed_out: false,
+        route: None,
     }
 }
 
@@ -69,7 +120,11 @@ async fn lookup(
     service: &str,
     attached: &[(PeerId, Multiaddr)],
 ) -> Result<LookupResult, CallError> {
+    // `attached` is in order of preference. An empty answer may be one
+    // router's stale view (a provider just moved): the next router is asked
+    // too before nobody is taken to provide the service.
     let mut last = String::from("no router answered");
+    let mut empty = None;
     for (router, _) in attached {
         let req = CatalogRequest {
             op: Some(catalog_request::Op::Lookup(Lookup {
@@ -87,6 +142,9 @@ async fn lookup(
         {
             Ok(CatalogResponse {
                 result: Some(catalog_response::Result::Providers(found)),
+            }) if found.records.is_empty() => empty = Some(found),
+            Ok(CatalogResponse {
+                result: Some(catalog_response::Result::Providers(found)),
             }) => return Ok(found),
             Ok(CatalogResponse {
                 result: Some(catalog_response::Result::Error(e)),
@@ -95,16 +153,105 @@ async fn lookup(
             Err(e) => last = e.to_string(),
         }
     }
+    if let Some(found) = empty {
+        return Ok(found);
+    }
     Err(CallError::LookupFailed {
         service: service.to_string(),
         detail: last,
     })
 }
 
+/// A failed round: the error for the caller, and the route failures of
+/// its attempts when the last attempt's failure was one (a retry may help).
+struct RoundError {
+    error: CallError,
+    routes: Vec<RouteFailure>,
+}
+
+impl From<CallError> for RoundError {
+    fn from(error: CallError) -> Self {
+        Self {
+            error,
+            routes: Vec::new(),
+        }
+    }
+}
+
 async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, CallError> {
     if shared.is_shutting_down() {
         return Err(CallError::ShuttingDown);
     }
+    let deadline = Instant::now() + shared.config.connect_timeout() + shared.config.call_timeout();
+    let first = match round(shared, service, &HashSet::new(), false).await {
+        Ok(s) => return Ok(s),
+        Err(e) => e,
+    };
+    let Some(failure) = first.routes.last().copied() else {
+        return Err(first.error);
+    };
+    if shared.is_shutting_down() || Instant::now() + MIN_RETRY_TIME > deadline {
+        return Err(first.error);
+    }
+    // The route failed before any provider answered: once more, on a
+    // fresh lookup, avoiding the routers whose routes failed.
+    shared
+        .metrics
+        .call_retries
+        .get_or_create(&crate::metrics::ReasonLabel {
+            reason: failure.reason,
+        })
+        .inc();
+    let avoid: HashSet<PeerId> = first.routes.iter().map(|r| r.via).collect();
+    tracing::debug!(service, error = %first.error, avoid = ?avoid, "route failed: retrying the call once on a fresh route");
+    let pause = RETRY_PAUSE.mul_f64(1.0 + rand::thread_rng().gen_range(0.0..=2.0));
+    let retry = async {
+        tokio::time::sleep(pause).await;
+        round(shared, service, &avoid, true).await
+    };
+    match tokio::time::timeout_at(deadline, retry).await {
+        Ok(r) => r.map_err(|e| match e.error {
+            CallError::Failed {
+                service,
+                attempts,
+                last,
+                refused,
+                timed_out,
+            } => CallError::Failed {
+                service,
+                attempts,
+                last: format!("{last} (retried on a fresh route after: {})", first.error),
+                refused,
+                timed_out,
+            },
+            other => other,
+        }),
+        Err(_) => Err(CallError::Failed {
+            service: service.to_string(),
+            attempts: 1,
+            last: format!(
+                "retry after a route failure ran out of time ({})",
+                first.error
+            ),
+            refused: false,
+            timed_out: true,
+        }),
+    }
+}
+
+/// One lookup and up to `call_attempts` providers, routes through routers
+/// in `avoid` (and routers of ours that are leaving) last. On a `retry`,
+/// relayed connections to a provider through routers it no longer lists
+/// (or in `avoid`) are closed before the new circuit.
+async fn round(
+    shared: &Arc<Shared>,
+    service: &str,
+    avoid: &HashSet<PeerId>,
+    retry: bool,
+) -> Result<CallStream, RoundError> {
+    let mut avoid = avoid.clone();
+    avoid.extend(shared.leaving.read().iter().copied());
+    let avoid = &avoid;
     let mut attached: Vec<(PeerId, Multiaddr)> = shared
         .attached
         .read()
@@ -112,9 +259,10 @@ async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, C
         .map(|(p, a)| (*p, a.clone()))
         .collect();
     if attached.is_empty() {
-        return Err(CallError::NotReady);
+        return Err(CallError::NotReady.into());
     }
     attached.shuffle(&mut rand::thread_rng());
+    attached.sort_by_key(|(r, _)| avoid.contains(r));
     let found = lookup(shared, service, &attached).await?;
 
     // Verified records naming the service, newest per provider, never us.
@@ -143,36 +291,51 @@ async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, C
     let mut providers: Vec<(PeerId, Vec<PeerId>)> =
         by_provider.into_iter().map(|(p, (_, r))| (p, r)).collect();
     if providers.is_empty() {
-        return Err(CallError::NoProviders(service.to_string()));
+        return Err(CallError::NoProviders(service.to_string()).into());
     }
     providers.shuffle(&mut rand::thread_rng());
-    // Providers sharing one of our routers first (stable: keeps the shuffle).
-    providers.sort_by_key(|(_, routers)| !routers.iter().any(|r| attached_map.contains_key(r)));
+    // Providers sharing one of our routers (not avoided) first (stable:
+    // keeps the shuffle).
+    providers.sort_by_key(|(_, routers)| {
+        !routers
+            .iter()
+            .any(|r| attached_map.contains_key(r) && !avoid.contains(r))
+    });
 
     let attempts = shared.config.call_attempts.max(1);
     let mut last = None;
+    let mut routes = Vec::new();
     let mut tried = 0;
     for (provider, routers) in providers.into_iter().take(attempts) {
         tried += 1;
-        match attempt(shared, service, provider, &routers, &attached_map).await {
+        let route = Route {
+            attached: &attached_map,
+            avoid,
+            retry,
+        };
+        match attempt(shared, service, provider, &routers, route).await {
             Ok(s) => return Ok(s),
             Err(e) => {
                 tracing::debug!(%provider, service, error = %e.detail, "provider attempt failed");
+                routes.extend(e.route);
                 last = Some(e);
             }
         }
     }
-    let last = last.unwrap_or(AttemptError {
-        detail: "no attempt made".into(),
-        refused: false,
-        timed_out: false,
-    });
-    Err(CallError::Failed {
-        service: service.to_string(),
-        attempts: tried,
-        last: last.detail,
-        refused: last.refused,
-        timed_out: last.timed_out,
+    let last = last.unwrap_or_else(|| other_error("no attempt made".into()));
+    if last.route.is_none() {
+        // The last failure was not the route's: no retry.
+        routes.clear();
+    }
+    Err(RoundError {
+        error: CallError::Failed {
+            service: service.to_string(),
+            attempts: tried,
+            last: last.detail,
+            refused: last.refused,
+            timed_out: last.timed_out,
+        },
+        routes,
     })
 }
 
@@ -183,7 +346,10 @@ async fn transit(
     router: PeerId,
     addrs: Vec<Multiaddr>,
 ) -> Result<(), AttemptError> {
-    shared.connect(router, addrs).await.map_err(connect_error)?;
+    shared
+        .connect(router, addrs, None)
+        .await
+        .map_err(|e| connect_error(e, router))?;
     // A router we hold (or are acquiring) admits us for attach; a transit
     // auth would replace that admission and cost us the reservation.
     if shared.transit_admitted.lock().contains(&router) || shared.held.read().contains(&router) {
@@ -198,16 +364,28 @@ async fn transit(
         attached,
         shared.config.call_timeout(),
     )
-    .await?
+    .await
+    .map_err(|e| AttemptError::wire(e, "connect_failed", router))?
     {
         AuthOutcome::Admitted(_) => {
             shared.transit_admitted.lock().insert(router);
             Ok(())
         }
-        other => Err(connect_error(format!(
+        other => Err(other_error(format!(
             "router {router} refused transit: {other:?}"
         ))),
     }
+}
+
+/// What an attempt needs to choose its route.
+#[derive(Clone, Copy)]
+struct Route<'a> {
+    /// Our reserved routers and their addresses.
+    attached: &'a HashMap<PeerId, Multiaddr>,
+    /// Routers to route around when another way exists.
+    avoid: &'a HashSet<PeerId>,
+    /// A retry: stale relayed connections to the provider are closed first.
+    retry: bool,
 }
 
 async fn attempt(
@@ -215,35 +393,59 @@ async fn attempt(
     service: &str,
     provider: PeerId,
     routers: &[PeerId],
-    attached: &HashMap<PeerId, Multiaddr>,
+    route: Route<'_>,
 ) -> Result<CallStream, AttemptError> {
-    let (via, addr, is_transit) = if let Some(r) = routers.iter().find(|r| attached.contains_key(r))
-    {
-        (*r, attached[r].clone(), false)
+    let Route {
+        attached,
+        avoid,
+        retry,
+    } = route;
+    let shared_with_us: Vec<PeerId> = routers
+        .iter()
+        .filter(|r| attached.contains_key(r))
+        .copied()
+        .collect();
+    let fresh = shared_with_us.iter().find(|r| !avoid.contains(r));
+    // Transit through a provider's router we do not hold, never an avoided one.
+    let known: Vec<(PeerId, Vec<Multiaddr>)> = if fresh.is_some() {
+        Vec::new()
     } else {
-        let known: Vec<(PeerId, Vec<Multiaddr>)> = {
-            let dir = shared.router_addrs.read();
-            routers
-                .iter()
-                .filter_map(|r| dir.get(r).map(|a| (*r, a.clone())))
-                .collect()
-        };
-        let Some((t, addrs)) = known.choose(&mut rand::thread_rng()).cloned() else {
-            return Err(connect_error(format!(
-                "none of provider {provider}'s {} routers is in our directory",
-                routers.len()
-            )));
-        };
+        let dir = shared.router_addrs.read();
+        routers
+            .iter()
+            .filter(|r| !avoid.contains(r) && !attached.contains_key(r))
+            .filter_map(|r| dir.get(r).map(|a| (*r, a.clone())))
+            .collect()
+    };
+    let transit_via = known.choose(&mut rand::thread_rng()).cloned();
+    let (via, addr, is_transit) = if let Some(r) = fresh {
+        (*r, attached[r].clone(), false)
+    } else if let Some((t, addrs)) = transit_via {
         transit(shared, t, addrs.clone()).await?;
         (t, addrs[0].clone(), true)
+    } else if let Some(r) = shared_with_us.first() {
+        // Only avoided routers are left: better them than nothing.
+        (*r, attached[r].clone(), false)
+    } else {
+        return Err(other_error(format!(
+            "none of provider {provider}'s {} routers is in our directory",
+            routers.len()
+        )));
     };
     let circuit = router_base(&addr, via)
         .with(Protocol::P2pCircuit)
         .with(Protocol::P2p(provider));
+    let keep_via = retry.then(|| {
+        routers
+            .iter()
+            .filter(|r| !avoid.contains(r) || **r == via)
+            .copied()
+            .collect()
+    });
     shared
-        .connect(provider, vec![circuit])
+        .connect(provider, vec![circuit], keep_via)
         .await
-        .map_err(connect_error)?;
+        .map_err(|e| connect_error(e, via))?;
     let (resp, stream) = wire::call(
         shared.control.clone(),
         provider,
@@ -251,7 +453,8 @@ async fn attempt(
         shared.credential(),
         shared.config.call_timeout(),
     )
-    .await?;
+    .await
+    .map_err(|e| AttemptError::wire(e, "stream_failed", via))?;
     if !resp.accepted {
         let refusal = CallRefusal::try_from(resp.refusal).unwrap_or(CallRefusal::Unspecified);
         return Err(AttemptError {
@@ -262,6 +465,7 @@ async fn attempt(
             ),
             refused: true,
             timed_out: false,
+            route: None,
         });
     }
     let m = &shared.metrics;

@@ -28,6 +28,11 @@ pub(crate) fn shun_for(g: &GoAway) -> Duration {
     Duration::from_secs(u64::from(g.retry_after_secs)).clamp(MIN_SHUN, MAX_SHUN)
 }
 
+/// Whether a go-away says the router is draining (leaving for good).
+pub(crate) fn is_draining(g: &GoAway) -> bool {
+    GoAwayReason::try_from(g.reason) == Ok(GoAwayReason::Draining)
+}
+
 /// Directory-like candidates from a go-away's alternatives.
 pub(crate) fn alternatives(alts: &[Alternative]) -> Vec<Candidate> {
     alts.iter()
@@ -67,10 +72,7 @@ impl Core {
 
     /// A go-away stream arrived from `peer`.
     pub(super) fn on_goaway_stream(&mut self, peer: PeerId, mut stream: Stream) {
-        let admitted = self
-            .slots
-            .get(&peer)
-            .is_some_and(|s| !matches!(s.phase, Phase::Dialing | Phase::Authing));
+        let admitted = self.slots.get(&peer).is_some_and(|s| s.phase.is_admitted());
         if !admitted || self.goaways_pending >= MAX_PENDING {
             tracing::warn!(%peer, admitted, "go-away ignored: not from a router we are attached to");
             self.count_goaway("ignored");
@@ -121,6 +123,7 @@ impl Core {
         let shun = shun_for(&g);
         tracing::info!(%router, reason = label, alternatives = g.alternatives.len(), ?shun, "go-away: moving (make before break)");
         slot.leaving = Some(shun);
+        slot.draining |= is_draining(&g);
         self.merge_alternatives(&g.alternatives);
         self.top_up();
         self.release_leaving();

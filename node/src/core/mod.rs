@@ -6,8 +6,10 @@
 //! Network exchanges run as futures inside this task (`ops`), never blocking
 //! the swarm; their results come back as [`Op`] values.
 
+mod conns;
 mod goaway;
 mod routers;
+mod shun;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -54,6 +56,8 @@ pub(crate) enum Op {
         result: Result<CatalogResponse, WireError>,
     },
     Withdrawn,
+    /// A router's connection failed under its first auth: connect afresh.
+    Redial(PeerId),
     GoAway {
         router: PeerId,
         result: Result<agentmesh_proto::pb::mesh::GoAway, String>,
@@ -62,19 +66,30 @@ pub(crate) enum Op {
     Refresh(Box<Result<RefreshResponse, ClientError>>),
 }
 
+/// A connect that waits for stale relayed connections to close first.
+struct FreshWait {
+    peer: PeerId,
+    closing: Vec<libp2p::swarm::ConnectionId>,
+    addrs: Vec<libp2p::Multiaddr>,
+    reply: oneshot::Sender<Result<(), String>>,
+}
+
 /// The core loop's state.
 pub(crate) struct Core {
     shared: Arc<Shared>,
     swarm: Swarm<Behaviour>,
     cmd_rx: mpsc::Receiver<Command>,
     slots: HashMap<PeerId, Slot>,
-    shunned: HashMap<PeerId, Instant>,
+    shunned: HashMap<PeerId, shun::Shun>,
     /// Failures in a row per router (escalates shunning; cleared on a reservation).
     failures: HashMap<PeerId, u32>,
     candidates: Vec<crate::select::Candidate>,
     have_directory: bool,
     ops: FuturesUnordered<BoxFuture<'static, Op>>,
     waiters: HashMap<PeerId, Vec<oneshot::Sender<Result<(), String>>>>,
+    /// Connects waiting for stale connections to close (at most [`MAX_WAITERS`]).
+    fresh: Vec<FreshWait>,
+    conns: conns::Conns,
     next_refresh: Instant,
     refresh_failures: u32,
     refresh_in_flight: bool,
@@ -121,6 +136,8 @@ impl Core {
             have_directory: false,
             ops: FuturesUnordered::new(),
             waiters: HashMap::new(),
+            fresh: Vec::new(),
+            conns: conns::Conns::default(),
             next_refresh: now,
             refresh_failures: 0,
             refresh_in_flight: false,
@@ -219,7 +236,47 @@ impl Core {
 
     fn on_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Connect { peer, addrs, reply } => {
+            Command::Connect {
+                peer,
+                addrs,
+                keep_via,
+                reply,
+            } => {
+                if let Some(keep) = keep_via {
+                    let stale = self.conns.stale(&peer, &keep);
+                    if !stale.is_empty() {
+                        self.fresh.retain(|w| !w.reply.is_closed());
+                        if self.fresh.len() >= MAX_WAITERS {
+                            let _ = reply.send(Err("too many connections pending".into()));
+                            return;
+                        }
+                        tracing::debug!(%peer, stale = stale.len(), "closing relayed connections through routers the peer left");
+                        for id in &stale {
+                            self.swarm.close_connection(*id);
+                        }
+                        self.fresh.push(FreshWait {
+                            peer,
+                            closing: stale,
+                            addrs,
+                            reply,
+                        });
+                        return;
+                    }
+                }
+                self.connect_now(peer, addrs, reply);
+            }
+        }
+    }
+
+    /// Replies once connected to `peer`, dialing `addrs` unless already.
+    fn connect_now(
+        &mut self,
+        peer: PeerId,
+        addrs: Vec<libp2p::Multiaddr>,
+        reply: oneshot::Sender<Result<(), String>>,
+    ) {
+        {
+            {
                 if self.swarm.is_connected(&peer) {
                     let _ = reply.send(Ok(()));
                     return;
@@ -247,6 +304,17 @@ impl Core {
         }
     }
 
+    /// After a connection to `peer` closed: connects waiting for it go on.
+    fn resume_fresh(&mut self, peer: PeerId) {
+        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fresh)
+            .into_iter()
+            .partition(|w| w.peer == peer && !self.conns.any_open(&peer, &w.closing));
+        self.fresh = waiting;
+        for w in ready {
+            self.connect_now(w.peer, w.addrs, w.reply);
+        }
+    }
+
     fn resolve_waiters(&mut self, peer: &PeerId, result: Result<(), String>) {
         if let Some(ws) = self.waiters.remove(peer) {
             for w in ws {
@@ -267,18 +335,28 @@ impl Core {
         }
         match event {
             SwarmEvent::ConnectionEstablished {
-                peer_id, endpoint, ..
+                peer_id,
+                endpoint,
+                connection_id,
+                ..
             } => {
+                self.conns
+                    .established(peer_id, connection_id, endpoint.get_remote_address());
                 self.resolve_waiters(&peer_id, Ok(()));
                 self.on_router_connected(peer_id, endpoint.get_remote_address().clone());
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
-                num_established: 0,
+                connection_id,
+                num_established,
                 ..
             } => {
-                self.shared.transit_admitted.lock().remove(&peer_id);
-                self.on_router_lost(peer_id);
+                self.conns.closed(peer_id, connection_id);
+                if num_established == 0 {
+                    self.shared.transit_admitted.lock().remove(&peer_id);
+                    self.on_router_lost(peer_id);
+                }
+                self.resume_fresh(peer_id);
             }
             SwarmEvent::OutgoingConnectionError {
                 peer_id: Some(peer),
@@ -314,6 +392,7 @@ impl Core {
             } => self.on_auth(router, initial, result),
             Op::Publish { router, result } => self.on_published(router, result),
             Op::Withdrawn => {}
+            Op::Redial(router) => self.redial(router),
             Op::GoAway { router, result } => self.on_goaway(router, result),
             Op::Directory(result) => self.on_directory(*result),
             Op::Refresh(result) => self.on_refresh(*result),
@@ -322,7 +401,7 @@ impl Core {
 
     fn on_tick(&mut self) {
         let now = Instant::now();
-        self.shunned.retain(|_, until| *until > now);
+        self.shunned.retain(|_, s| s.until > now);
         if !self.refresh_in_flight && now >= self.next_refresh {
             self.start_refresh();
         }
@@ -487,7 +566,8 @@ impl Core {
         }
     }
 
-    /// Tells call tasks which routers we hold (see `Shared::held`).
+    /// Tells call tasks which routers we hold and which of them are leaving
+    /// (see `Shared::held`, `Shared::leaving`).
     fn sync_held(&self) {
         let same = {
             let held = self.shared.held.read();
@@ -495,6 +575,23 @@ impl Core {
         };
         if !same {
             *self.shared.held.write() = self.slots.keys().copied().collect();
+        }
+        let leaving = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.leaving.is_some())
+            .map(|(p, _)| *p);
+        let same = {
+            let known = self.shared.leaving.read();
+            let mut n = 0;
+            let all = leaving.clone().all(|p| {
+                n += 1;
+                known.contains(&p)
+            });
+            all && n == known.len()
+        };
+        if !same {
+            *self.shared.leaving.write() = leaving.collect();
         }
     }
 

@@ -25,10 +25,20 @@ use crate::wire::{self, AuthOutcome, WireError};
 pub(crate) enum Phase {
     Dialing,
     Authing,
+    /// The connection failed under the first auth: a fresh connection is
+    /// made after a short jittered delay ([`Op::Redial`]).
+    Redial,
     Reserving(ListenerId),
     Reserved(ListenerId),
     /// Admitted; the reservation is retried at the instant.
     ReserveWait(Instant),
+}
+
+impl Phase {
+    /// Whether the router has admitted us (past the first auth).
+    pub(crate) fn is_admitted(&self) -> bool {
+        !matches!(self, Self::Dialing | Self::Authing | Self::Redial)
+    }
 }
 
 /// One of the routers we hold or are acquiring.
@@ -42,6 +52,26 @@ pub(crate) struct Slot {
     pub(crate) represent_at: Option<Instant>,
     /// Sent go-away: replaced first, then released and shunned this long.
     pub(crate) leaving: Option<Duration>,
+    /// The router said it is draining: once dropped, never tried early.
+    pub(crate) draining: bool,
+    /// Fresh connections made because the first auth's connection failed.
+    pub(crate) conn_retries: u32,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Self {
+            addr: None,
+            phase: Phase::Dialing,
+            reserve_failures: 0,
+            published: false,
+            represent_failures: 0,
+            represent_at: None,
+            leaving: None,
+            draining: false,
+            conn_retries: 0,
+        }
+    }
 }
 
 /// Doublings of a shun for a router failing again and again (2^4 = ×16).
@@ -53,6 +83,19 @@ const MAX_REPRESENT_FAILURES: u32 = 5;
 /// Reservations refused or lost in a row before the router is replaced by
 /// another candidate (when one is free; otherwise it is retried).
 const MAX_RESERVE_FAILURES: u32 = 2;
+
+/// Fresh connections tried when the first auth's connection fails (closed,
+/// reset) before the router is shunned: the router did not refuse us, the
+/// connection (often a closing transit one we reused) failed.
+const MAX_CONN_RETRIES: u32 = 2;
+
+/// Delay before the first such fresh connection (×4 for the next), jittered
+/// up to ×3: time for the failed connection to finish closing.
+const REDIAL_DELAY: Duration = Duration::from_millis(100);
+
+/// How long a router whose first auth failed (no answer, or the connection
+/// failed again after [`MAX_CONN_RETRIES`]) is passed over.
+const AUTH_FAILED_SHUN: Duration = Duration::from_secs(10);
 
 /// How long a router that keeps refusing reservations is passed over.
 const RESERVE_REFUSED_SHUN: Duration = Duration::from_secs(30);
@@ -68,14 +111,25 @@ pub(crate) fn router_base(addr: &Multiaddr, router: PeerId) -> Multiaddr {
 
 impl Core {
     /// Keeps `peer` out of the choice for `base`, doubled for each failure
-    /// in a row (capped at [`MAX_SHUN_FAILURES`] doublings), jittered.
-    fn shun(&mut self, peer: PeerId, base: Duration) {
+    /// in a row (capped at [`MAX_SHUN_FAILURES`] doublings), jittered. When
+    /// short of K it may be tried again after `base` alone, unless
+    /// `draining` (see [`super::shun`]).
+    fn shun(&mut self, peer: PeerId, base: Duration, draining: bool) {
         let n = self.failures.entry(peer).or_insert(0);
         let wait = base.saturating_mul(1 << (*n).min(MAX_SHUN_FAILURES));
         *n += 1;
         let wait = wait.min(super::goaway::MAX_SHUN.max(base));
-        self.shunned
-            .insert(peer, Instant::now() + jittered(wait, 0.5));
+        let now = Instant::now();
+        let until = now + jittered(wait, 0.5);
+        let early = (now + jittered(base, 0.5)).min(until);
+        self.shunned.insert(
+            peer,
+            super::shun::Shun {
+                until,
+                early,
+                draining,
+            },
+        );
     }
 
     /// Whether a router we could attach to instead is free: matches the
@@ -99,7 +153,7 @@ impl Core {
     fn admitted_peers(&self) -> Vec<PeerId> {
         self.slots
             .iter()
-            .filter(|(_, s)| !matches!(s.phase, Phase::Dialing | Phase::Authing))
+            .filter(|(_, s)| s.phase.is_admitted())
             .map(|(p, _)| *p)
             .collect()
     }
@@ -145,7 +199,7 @@ impl Core {
         }
         let mut exclude: HashSet<PeerId> = self.slots.keys().copied().collect();
         exclude.extend(self.shunned.keys().copied());
-        let chosen = crate::select::choose(
+        let mut chosen = crate::select::choose(
             &self.candidates,
             &self.shared.config.router_selector,
             &self.shared.config.router_prefer,
@@ -153,6 +207,26 @@ impl Core {
             want - active,
             &mut rand::thread_rng(),
         );
+        let short = want - active - chosen.len();
+        if short > 0 && !self.shunned.is_empty() {
+            // Fewer than K free candidates: rather than sit below K for a
+            // doubled shun, try the shunned router ending soonest again.
+            let mut held: HashSet<PeerId> = self.slots.keys().copied().collect();
+            held.extend(chosen.iter().map(|c| c.peer));
+            let extra = super::shun::fallbacks(
+                &self.candidates,
+                &self.shared.config.router_selector,
+                &held,
+                &self.shunned,
+                Instant::now(),
+                short,
+            );
+            for c in &extra {
+                tracing::debug!(router = %c.peer, "short of K routers: trying a shunned router again early");
+                self.shunned.remove(&c.peer);
+            }
+            chosen.extend(extra);
+        }
         if chosen.is_empty() && self.slots.is_empty() && !self.warned_no_router {
             // Once per directory fetch: say what was there.
             self.warned_no_router = true;
@@ -173,26 +247,22 @@ impl Core {
                 .addresses(c.addrs.clone())
                 .build();
             let already = self.swarm.is_connected(&c.peer);
-            self.slots.insert(
-                c.peer,
-                Slot {
-                    addr: None,
-                    phase: Phase::Dialing,
-                    reserve_failures: 0,
-                    published: false,
-                    represent_failures: 0,
-                    represent_at: None,
-                    leaving: None,
-                },
-            );
+            self.slots.insert(c.peer, Slot::new());
             if already {
                 // A transit connection to it exists: reuse it.
                 let addr = c.addrs[0].clone();
                 self.on_router_connected(c.peer, addr);
-            } else if let Err(e) = self.swarm.dial(opts) {
-                tracing::debug!(router = %c.peer, error = %e, "dial refused");
-                self.slots.remove(&c.peer);
-                self.shun(c.peer, Duration::from_secs(10));
+            } else {
+                match self.swarm.dial(opts) {
+                    // A dial already under way (e.g. a call's transit
+                    // connection) connects us just as well.
+                    Ok(()) | Err(libp2p::swarm::DialError::DialPeerConditionFalse(_)) => {}
+                    Err(e) => {
+                        tracing::debug!(router = %c.peer, error = %e, "dial refused");
+                        self.slots.remove(&c.peer);
+                        self.shun(c.peer, AUTH_FAILED_SHUN, false);
+                    }
+                }
             }
         }
         self.sync_held();
@@ -263,6 +333,7 @@ impl Core {
                 tracing::debug!(%router, until, initial, "admitted");
                 slot.represent_failures = 0;
                 slot.represent_at = None;
+                slot.conn_retries = 0;
                 if initial && slot.phase == Phase::Authing {
                     self.reserve(router);
                 }
@@ -281,6 +352,7 @@ impl Core {
             }
             Ok(AuthOutcome::Refused(reason, detail)) => {
                 tracing::warn!(%router, ?reason, %detail, "router refused admission");
+                slot.draining |= reason == AuthRefusal::Draining;
                 let wait = match reason {
                     AuthRefusal::UnknownKey | AuthRefusal::NotYetValid => Duration::from_secs(3),
                     AuthRefusal::Overloaded | AuthRefusal::Draining => Duration::from_secs(60),
@@ -290,15 +362,25 @@ impl Core {
             }
             Ok(AuthOutcome::GoAway(g)) => {
                 tracing::info!(%router, reason = g.reason, "router sent go-away on admission");
+                slot.draining |= super::goaway::is_draining(&g);
                 self.merge_alternatives(&g.alternatives);
                 self.drop_router(router, super::goaway::shun_for(&g));
                 self.top_up();
             }
+            Err(_) if initial && slot.phase != Phase::Authing => {
+                // A stale answer: the slot moved on (its connection failed
+                // and a fresh one is being made).
+            }
             Err(e) => {
-                tracing::warn!(%router, error = %e, initial, "auth exchange failed");
-                if initial {
-                    self.drop_router(router, Duration::from_secs(10));
+                if initial && e.is_connection_failure() && slot.conn_retries < MAX_CONN_RETRIES {
+                    // The connection failed, not the router: connect afresh.
+                    tracing::info!(%router, error = %e, retries = slot.conn_retries, "first auth: connection failed, connecting afresh");
+                    self.schedule_redial(router);
+                } else if initial {
+                    tracing::warn!(%router, error = %e, "auth exchange failed");
+                    self.drop_router(router, AUTH_FAILED_SHUN);
                 } else {
+                    tracing::warn!(%router, error = %e, "re-presentation failed");
                     slot.represent_failures += 1;
                     slot.represent_at =
                         Some(Instant::now() + jittered(Duration::from_secs(3), 0.5));
@@ -308,18 +390,82 @@ impl Core {
         self.publish_status();
     }
 
-    /// Forgets a router, closes our connection to it and shuns it for `wait`.
-    pub(super) fn drop_router(&mut self, router: PeerId, wait: Duration) {
-        if let Some(Slot {
-            phase: Phase::Reserving(l) | Phase::Reserved(l),
-            ..
-        }) = self.slots.remove(&router)
-        {
-            self.swarm.remove_listener(l);
+    /// The first auth's connection to `router` failed: after a short
+    /// jittered delay (the failing connection finishes closing meanwhile),
+    /// connect afresh and auth again ([`Self::redial`]).
+    fn schedule_redial(&mut self, router: PeerId) {
+        let Some(slot) = self.slots.get_mut(&router) else {
+            return;
+        };
+        let delay = jittered(
+            REDIAL_DELAY.saturating_mul(1 << (2 * slot.conn_retries)),
+            2.0,
+        );
+        slot.conn_retries += 1;
+        slot.phase = Phase::Redial;
+        self.shared.metrics.auth_conn_retries.inc();
+        self.ops.push(Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            Op::Redial(router)
+        }));
+    }
+
+    /// Connects afresh to a router whose first auth's connection failed:
+    /// auth on the connection left if one is (the failed one has closed by
+    /// now), else dial.
+    pub(super) fn redial(&mut self, router: PeerId) {
+        let Some(slot) = self.slots.get_mut(&router) else {
+            return;
+        };
+        if slot.phase != Phase::Redial {
+            return;
         }
+        if self.swarm.is_connected(&router) {
+            slot.phase = Phase::Authing;
+            self.start_auth(router, true);
+            return;
+        }
+        slot.phase = Phase::Dialing;
+        let addrs = self
+            .candidates
+            .iter()
+            .find(|c| c.peer == router)
+            .map(|c| c.addrs.clone())
+            .or_else(|| slot.addr.clone().map(|a| vec![a]))
+            .unwrap_or_default();
+        let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(router)
+            .addresses(addrs)
+            .build();
+        match self.swarm.dial(opts) {
+            // Connected (ConnectionEstablished starts the auth), or a dial
+            // already under way will be.
+            Ok(()) | Err(libp2p::swarm::DialError::DialPeerConditionFalse(_)) => {}
+            Err(e) => {
+                tracing::warn!(%router, error = %e, "cannot dial router afresh");
+                self.drop_router(router, AUTH_FAILED_SHUN);
+                self.top_up();
+            }
+        }
+    }
+
+    /// Forgets a router, closes our connection to it and shuns it for `wait`
+    /// (never early if it said it is draining).
+    pub(super) fn drop_router(&mut self, router: PeerId, wait: Duration) {
+        let draining = match self.slots.remove(&router) {
+            Some(Slot {
+                phase: Phase::Reserving(l) | Phase::Reserved(l),
+                draining,
+                ..
+            }) => {
+                self.swarm.remove_listener(l);
+                draining
+            }
+            Some(s) => s.draining,
+            None => false,
+        };
         self.shared.attached.write().remove(&router);
         let _ = self.swarm.disconnect_peer_id(router);
-        self.shun(router, wait);
+        self.shun(router, wait, draining);
         self.records_dirty = true;
         self.publish_status();
     }
@@ -464,6 +610,18 @@ impl Core {
 
     pub(super) fn on_router_lost(&mut self, peer: PeerId) {
         if let Some(slot) = self.slots.get(&peer) {
+            match slot.phase {
+                // A dial or a fresh connection is under way: its own result
+                // (connected, or a dial error) decides.
+                Phase::Dialing | Phase::Redial => return,
+                // The connection closed under the first auth: not a refusal.
+                Phase::Authing if slot.conn_retries < MAX_CONN_RETRIES => {
+                    tracing::info!(router = %peer, "connection closed during the first auth: connecting afresh");
+                    self.schedule_redial(peer);
+                    return;
+                }
+                _ => {}
+            }
             let shun = slot.leaving.unwrap_or(Duration::from_secs(3));
             tracing::warn!(router = %peer, "lost connection to router");
             self.drop_router(peer, shun);

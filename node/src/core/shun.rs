@@ -1,0 +1,141 @@
+//! Shunned routers: kept out of the choice for a while after they failed,
+//! refused or sent go-away. Failures in a row double the shun (up to ×16),
+//! which is right while other routers are free; but a node that is short of
+//! K routers with nothing else to pick would sit below K for minutes. So
+//! when fewer than K free candidates remain, a shunned router is tried again
+//! once its *undoubled* base has passed ([`Shun::early`]), the one whose
+//! shun ends soonest first; routers that are leaving (go-away or refusal
+//! DRAINING) never are.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use libp2p::PeerId;
+use tokio::time::Instant;
+
+use crate::select::{Candidate, matches_selector};
+
+/// Why and how long a router is kept out of the choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shun {
+    /// The shun ends (doubled for failures in a row, jittered).
+    pub(crate) until: Instant,
+    /// When the node is short of K, it may try the router again from here
+    /// (the base wait without the doubling, jittered; `until` at most).
+    pub(crate) early: Instant,
+    /// The router is leaving (it said DRAINING): never tried early.
+    pub(crate) draining: bool,
+}
+
+/// Shunned routers worth trying anyway because fewer than `n` free
+/// candidates exist: matching `selector`, not in `held`, not draining (per
+/// the directory or a go-away), past their early time; soonest-ending
+/// shun first, at most `n`.
+pub(crate) fn fallbacks(
+    candidates: &[Candidate],
+    selector: &BTreeMap<String, String>,
+    held: &HashSet<PeerId>,
+    shunned: &HashMap<PeerId, Shun>,
+    now: Instant,
+    n: usize,
+) -> Vec<Candidate> {
+    let mut eligible: Vec<(Instant, &Candidate)> = candidates
+        .iter()
+        .filter(|c| matches_selector(c, selector) && !held.contains(&c.peer))
+        .filter_map(|c| {
+            let s = shunned.get(&c.peer)?;
+            (!s.draining && s.early <= now).then_some((s.until, c))
+        })
+        .collect();
+    eligible.sort_by_key(|(until, _)| *until);
+    eligible
+        .into_iter()
+        .take(n)
+        .map(|(_, c)| c.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn cand() -> Candidate {
+        Candidate {
+            peer: PeerId::random(),
+            addrs: vec!["/ip4/127.0.0.1/tcp/1".parse().expect("addr")],
+            labels: Default::default(),
+            load: 0.0,
+            draining: false,
+        }
+    }
+
+    fn shun(now: Instant, until_s: u64, early_s: i64, draining: bool) -> Shun {
+        let early = if early_s >= 0 {
+            now + Duration::from_secs(early_s as u64)
+        } else {
+            now - Duration::from_secs((-early_s) as u64)
+        };
+        Shun {
+            until: now + Duration::from_secs(until_s),
+            early,
+            draining,
+        }
+    }
+
+    #[test]
+    fn short_of_k_tries_the_shun_ending_soonest_but_never_a_draining_router() {
+        let now = Instant::now();
+        let (a, b, c, d, e, held) = (cand(), cand(), cand(), cand(), cand(), cand());
+        let mut in_dir = cand();
+        in_dir.draining = true;
+        let shunned: HashMap<PeerId, Shun> = [
+            // Doubled to 160 s, but its base (10 s) has passed.
+            (a.peer, shun(now, 160, -1, false)),
+            // Ends soonest of the eligible ones.
+            (b.peer, shun(now, 40, -5, false)),
+            // Told us DRAINING: ends soonest of all, still never tried.
+            (c.peer, shun(now, 5, -30, true)),
+            // Base not over yet (e.g. just failed again).
+            (d.peer, shun(now, 20, 3, false)),
+            (in_dir.peer, shun(now, 1, -1, false)),
+            (held.peer, shun(now, 1, -1, false)),
+        ]
+        .into();
+        let all = vec![
+            a.clone(),
+            b.clone(),
+            c.clone(),
+            d.clone(),
+            e.clone(),
+            in_dir.clone(),
+            held.clone(),
+        ];
+        let held_set: HashSet<PeerId> = [held.peer].into();
+        let sel = BTreeMap::new();
+        let peers = |v: Vec<Candidate>| v.into_iter().map(|c| c.peer).collect::<Vec<_>>();
+        // One slot short: the soonest-ending eligible shun.
+        assert_eq!(
+            peers(fallbacks(&all, &sel, &held_set, &shunned, now, 1)),
+            vec![b.peer]
+        );
+        // More slots than eligible routers: both eligible ones, soonest first;
+        // not the draining one, not the one still in its base wait, not the
+        // directory's draining one, not a held one, not an unshunned one
+        // (those are the normal choice's business).
+        assert_eq!(
+            peers(fallbacks(&all, &sel, &held_set, &shunned, now, 5)),
+            vec![b.peer, a.peer]
+        );
+        // Once the base wait of `d` passes, it is eligible too (ends before `a`).
+        let later = now + Duration::from_secs(4);
+        assert_eq!(
+            peers(fallbacks(&all, &sel, &held_set, &shunned, later, 5)),
+            vec![d.peer, b.peer, a.peer]
+        );
+        // The selector still applies.
+        let sel: BTreeMap<String, String> = [("zone".to_string(), "x".to_string())].into();
+        assert!(fallbacks(&all, &sel, &held_set, &shunned, now, 5).is_empty());
+        let _ = e;
+    }
+}
