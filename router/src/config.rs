@@ -19,8 +19,11 @@ pub const DEFAULT_KEY_PATH: &str = "router.key";
 pub const DEFAULT_LISTEN: &str = "/ip4/0.0.0.0/tcp/4001";
 /// Connections not admitted within this many seconds are closed.
 pub const DEFAULT_AUTH_DEADLINE_SECS: u64 = 10;
-/// Default high watermark: admitted members the router aims to hold at most.
-pub const DEFAULT_HIGH_WATERMARK: u32 = 1000;
+/// Share of the memory budget that the default high watermark fills with
+/// idle members, percent; the rest is headroom for what members do besides
+/// idling (circuits and calls at 256 KiB per data stream, transit and
+/// unauthenticated connections, control streams).
+pub const DEFAULT_HIGH_WATERMARK_MEMORY_PERCENT: u8 = 50;
 /// Default time a drain may take before the router closes, seconds (below
 /// the manifests' terminationGracePeriodSeconds).
 pub const DEFAULT_DRAIN_GRACE_SECS: u64 = 30;
@@ -84,8 +87,13 @@ pub struct Config {
     /// Connections not admitted within this time are closed. Default 10 s.
     pub auth_deadline: Duration,
     /// Admitted members the router aims to hold: above it the router trims
-    /// and answers new members with go-away. Default 1000.
-    pub high_watermark: u32,
+    /// and answers new members with go-away. `None` = sized from the memory
+    /// budget (see [`Config::sizing`]). Default none.
+    pub high_watermark: Option<u32>,
+    /// Share of the memory budget the default high watermark fills with idle
+    /// members, percent (the rest is headroom for circuits, calls and
+    /// transit). Ignored when `high_watermark` is set. Default 50.
+    pub high_watermark_memory_percent: u8,
     /// Trimming sheds down to this many members; `None` = 15% below the high
     /// watermark. Default none.
     pub low_watermark: Option<u32>,
@@ -99,7 +107,7 @@ pub struct Config {
     pub goaway_retry_after: Duration,
     /// A trimmed member's connection is closed this long after its go-away. Default 10 s.
     pub trim_close_grace: Duration,
-    /// Relay reservations at most; `None` = the high watermark. Default none.
+    /// Relay reservations at most; `None` = the effective high watermark. Default none.
     pub relay_max_reservations: Option<usize>,
     /// Relay circuits at most in total. Default 16384.
     pub relay_max_circuits: usize,
@@ -155,7 +163,8 @@ impl Default for Config {
             labels: BTreeMap::new(),
             metrics_addr: None,
             auth_deadline: Duration::from_secs(DEFAULT_AUTH_DEADLINE_SECS),
-            high_watermark: DEFAULT_HIGH_WATERMARK,
+            high_watermark: None,
+            high_watermark_memory_percent: DEFAULT_HIGH_WATERMARK_MEMORY_PERCENT,
             low_watermark: None,
             drain_grace: Duration::from_secs(DEFAULT_DRAIN_GRACE_SECS),
             goaway_max_concurrent_streams: DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS,
@@ -187,21 +196,65 @@ impl Default for Config {
     }
 }
 
-impl Config {
-    /// The low watermark: `low_watermark` if set (capped at the high one),
-    /// else 15% below the high one.
-    pub fn low_watermark(&self) -> u32 {
-        self.low_watermark
-            .unwrap_or_else(|| {
-                u32::try_from(u64::from(self.high_watermark) * 85 / 100).unwrap_or(u32::MAX)
-            })
-            .min(self.high_watermark)
-    }
+/// The watermarks and relay reservation cap in effect: explicit flags win,
+/// else they are sized from the memory budget. Computed once at start,
+/// after the memory limit is known, before any budget derives from them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizing {
+    /// Admitted members before go-away and trimming.
+    pub high_watermark: u32,
+    /// Trimming sheds down to this many members.
+    pub low_watermark: u32,
+    /// Relay reservations at most.
+    pub relay_max_reservations: usize,
+    /// Memory charged for one idle attached member, bytes (its connection
+    /// and its two ping streams).
+    pub idle_member_charge_bytes: u64,
+    /// Idle members the whole memory budget holds (no headroom).
+    pub members_that_fit: u64,
+    /// Whether the high watermark was sized from the memory budget (no flag).
+    pub sized_from_memory: bool,
+}
 
-    /// Relay reservations at most, after applying the default.
-    pub fn effective_max_reservations(&self) -> usize {
-        self.relay_max_reservations
-            .unwrap_or(self.high_watermark as usize)
+/// Default high watermark for `memory_budget_bytes`: `percent` of the budget
+/// divided by the charge of one idle member, at least 1.
+pub fn high_watermark_for_budget(
+    memory_budget_bytes: u64,
+    percent: u8,
+    idle_member_charge_bytes: u64,
+) -> u32 {
+    let share = u128::from(memory_budget_bytes) * u128::from(percent.min(100)) / 100;
+    let n = share / u128::from(idle_member_charge_bytes.max(1));
+    u32::try_from(n).unwrap_or(u32::MAX).max(1)
+}
+
+impl Config {
+    /// The watermarks and reservation cap for a memory budget of
+    /// `memory_budget_bytes`: `high_watermark` if set, else
+    /// `high_watermark_memory_percent` of the budget ÷ the idle member
+    /// charge; low = `low_watermark` (capped at high) else 15% below high;
+    /// reservations = `relay_max_reservations` else the high watermark.
+    pub fn sizing(&self, memory_budget_bytes: u64) -> Sizing {
+        let idle = crate::resources::budget::idle_member_charge_bytes(&self.resources);
+        let high = self.high_watermark.unwrap_or_else(|| {
+            high_watermark_for_budget(
+                memory_budget_bytes,
+                self.high_watermark_memory_percent,
+                idle,
+            )
+        });
+        let low = self
+            .low_watermark
+            .unwrap_or_else(|| u32::try_from(u64::from(high) * 85 / 100).unwrap_or(u32::MAX))
+            .min(high);
+        Sizing {
+            high_watermark: high,
+            low_watermark: low,
+            relay_max_reservations: self.relay_max_reservations.unwrap_or(high as usize),
+            idle_member_charge_bytes: idle,
+            members_that_fit: memory_budget_bytes / idle.max(1),
+            sized_from_memory: self.high_watermark.is_none(),
+        }
     }
 
     /// Bytes per circuit for the relay (0 = unlimited becomes `u64::MAX`).
@@ -211,5 +264,76 @@ impl Config {
         } else {
             self.relay_circuit_bytes
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The memory budget the router derives from a container limit of `gib` GiB.
+    fn budget_of(gib: u64) -> u64 {
+        crate::resources::memory::budget(
+            gib << 30,
+            crate::resources::config::DEFAULT_MEMORY_BUDGET_PERCENT,
+        )
+    }
+
+    #[test]
+    fn the_default_high_watermark_is_sized_from_the_memory_budget() {
+        let c = Config::default();
+        let s = c.sizing(budget_of(2));
+        // 2 GiB × 75% × 50% ÷ (64 KiB + 2 × 4 KiB) = 10,922 members: above
+        // the 6,667 a router needs for 10,000 members × K=2 on 4 routers
+        // with one lost.
+        assert_eq!(s.idle_member_charge_bytes, 72 * 1024);
+        assert_eq!(s.high_watermark, 10_922);
+        assert!(s.high_watermark > 6_667);
+        assert_eq!(s.low_watermark, 10_922 * 85 / 100);
+        assert_eq!(s.relay_max_reservations, 10_922);
+        assert!(s.sized_from_memory);
+        assert_eq!(s.members_that_fit, 2 * 10_922 + 1);
+        // The fallback limit (1 GiB) holds half as many.
+        assert_eq!(c.sizing(budget_of(1)).high_watermark, 5_461);
+        // A tiny budget still admits one member.
+        assert_eq!(c.sizing(1).high_watermark, 1);
+    }
+
+    #[test]
+    fn flags_win_over_the_sized_watermark() {
+        let c = Config {
+            high_watermark: Some(200),
+            low_watermark: Some(300),
+            relay_max_reservations: Some(50),
+            ..Default::default()
+        };
+        let s = c.sizing(budget_of(2));
+        assert_eq!(
+            (s.high_watermark, s.low_watermark, s.relay_max_reservations),
+            (200, 200, 50),
+            "low is capped at high"
+        );
+        assert!(!s.sized_from_memory);
+        let mut c = Config {
+            high_watermark_memory_percent: 25,
+            ..Default::default()
+        };
+        assert_eq!(c.sizing(budget_of(2)).high_watermark, 5_461);
+        c.resources.connection_charge_bytes = 1 << 20;
+        assert_eq!(
+            c.sizing(budget_of(2)).idle_member_charge_bytes,
+            (1 << 20) + 8 * 1024
+        );
+    }
+
+    #[test]
+    fn sizing_never_overflows() {
+        assert_eq!(high_watermark_for_budget(u64::MAX, 100, 1), u32::MAX);
+        assert_eq!(high_watermark_for_budget(0, 50, 0), 1);
+        assert_eq!(
+            high_watermark_for_budget(1000, 200, 10),
+            100,
+            "percent capped at 100"
+        );
     }
 }

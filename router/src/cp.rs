@@ -200,8 +200,8 @@ pub(crate) fn load(shared: &Shared) -> RouterLoad {
     RouterLoad {
         attached_members: c.attached,
         transit_connections: c.transit,
-        high_watermark: shared.config.high_watermark,
-        low_watermark: shared.config.low_watermark(),
+        high_watermark: shared.sizing.high_watermark,
+        low_watermark: shared.sizing.low_watermark,
     }
 }
 

@@ -124,6 +124,12 @@ impl RouterHandle {
         self.shared.external_addrs.read().clone()
     }
 
+    /// The watermarks and relay reservation cap in effect (flags, else sized
+    /// from the memory budget at start).
+    pub fn sizing(&self) -> config::Sizing {
+        self.shared.sizing
+    }
+
     /// The bound metrics listener, if one was configured.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
@@ -215,13 +221,15 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
     let p2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
-    let resources = resources::start(&config, &mut registry, metrics.refused.clone()).await?;
+    let (resources, sizing) =
+        resources::start(&config, &mut registry, metrics.refused.clone()).await?;
     let stall_probe = config
         .runtime_watchdog
         .then(|| agentmesh_runtime::watchdog::StallMetrics::register(&mut registry));
-    goaway::check_watermarks(&config, resources.budgets());
+    goaway::check_watermarks(&sizing, resources.budgets());
     let (shared, ready) = state::Shared::new(
         config,
+        sizing,
         keypair,
         metrics,
         cp::ControlPlane::new(client),

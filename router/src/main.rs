@@ -41,8 +41,14 @@ struct Args {
     pprof_addr: Option<SocketAddr>,
     #[arg(long, default_value_t = d::DEFAULT_AUTH_DEADLINE_SECS)]
     auth_deadline_secs: u64,
-    #[arg(long, default_value_t = d::DEFAULT_HIGH_WATERMARK)]
-    high_watermark: u32,
+    /// Admitted members before go-away and trimming (default: sized from the
+    /// memory budget, see --high-watermark-memory-percent).
+    #[arg(long)]
+    high_watermark: Option<u32>,
+    /// Share of the memory budget the default high watermark fills with idle
+    /// members, percent; the rest is headroom for circuits, calls and transit.
+    #[arg(long, default_value_t = d::DEFAULT_HIGH_WATERMARK_MEMORY_PERCENT, value_parser = clap::value_parser!(u8).range(1..=100))]
+    high_watermark_memory_percent: u8,
     /// Trimming sheds down to this many members (default: 15% below --high-watermark).
     #[arg(long)]
     low_watermark: Option<u32>,
@@ -104,6 +110,7 @@ impl Args {
             metrics_addr: self.metrics_addr,
             auth_deadline: s(self.auth_deadline_secs),
             high_watermark: self.high_watermark,
+            high_watermark_memory_percent: self.high_watermark_memory_percent,
             low_watermark: self.low_watermark,
             drain_grace: s(self.drain_grace_secs),
             goaway_max_concurrent_streams: self.goaway_max_concurrent_streams,
@@ -249,11 +256,21 @@ mod tests {
         ])
         .expect("parse");
         let c = args.into_config(String::new());
-        assert_eq!((c.high_watermark, c.low_watermark()), (200, 150));
+        let s = c.sizing(1 << 30);
+        assert_eq!((s.high_watermark, s.low_watermark), (200, 150));
+        assert!(!s.sized_from_memory);
         assert_eq!(c.drain_grace, Duration::from_secs(5));
         assert_eq!(c.goaway_max_concurrent_streams, 8);
         assert_eq!(c.goaway_retry_after, Duration::from_secs(60));
         assert_eq!(c.trim_close_grace, Duration::from_secs(3));
-        assert_eq!(Config::default().low_watermark(), 850, "15% below 1000");
+        let c = Args::try_parse_from(["agentmesh-router", "--high-watermark-memory-percent=25"])
+            .expect("parse")
+            .into_config(String::new());
+        assert_eq!(c.high_watermark, None);
+        assert_eq!(c.high_watermark_memory_percent, 25);
+        assert!(
+            Args::try_parse_from(["agentmesh-router", "--high-watermark-memory-percent=0"])
+                .is_err()
+        );
     }
 }

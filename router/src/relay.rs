@@ -17,7 +17,7 @@ pub(crate) fn config(shared: &Arc<Shared>) -> relay::Config {
     let for_reservations = shared.clone();
     let for_circuits = shared.clone();
     relay::Config {
-        max_reservations: c.effective_max_reservations(),
+        max_reservations: shared.sizing.relay_max_reservations,
         // A member reserves once per router; renewals replace.
         max_reservations_per_peer: 4,
         reservation_duration: c.relay_reservation_duration,

@@ -72,6 +72,9 @@ impl Readiness {
 /// Everything the router's tasks share.
 pub(crate) struct Shared {
     pub(crate) config: Config,
+    /// Watermarks and reservation cap in effect (flags, else sized from the
+    /// memory budget at start).
+    pub(crate) sizing: crate::config::Sizing,
     pub(crate) keypair: Keypair,
     pub(crate) peer_id: PeerId,
     pub(crate) metrics: Metrics,
@@ -100,6 +103,7 @@ impl Shared {
     /// Builds the shared state.
     pub(crate) fn new(
         config: Config,
+        sizing: crate::config::Sizing,
         keypair: Keypair,
         metrics: Metrics,
         cp: ControlPlane,
@@ -110,6 +114,7 @@ impl Shared {
         let catalog = CatalogStore::new(config.catalog_max_records);
         let s = Arc::new(Self {
             config,
+            sizing,
             keypair,
             peer_id,
             metrics,

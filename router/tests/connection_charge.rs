@@ -1,9 +1,12 @@
-//! Measures what an idle connection costs the router: RSS of a real
-//! `agentmesh-router` child process (its log on stderr names its address)
-//! before and after N idle (noise + yamux,
-//! unauthenticated) connections, divided by N. Asserts the default
-//! connection charge covers the measurement; prints the number (recorded
-//! in docs/scalability.md).
+//! Measures what an idle member's connection costs the router: RSS of a
+//! real `agentmesh-router` child process (its log on stderr names its
+//! addresses) before and after N idle connections (noise + yamux, identify
+//! exchanged, a ping stream each way as a member keeps them; not
+//! authenticated, which needs a control plane), divided by N. Asserts that
+//! the default idle member charge (connection charge + two ping streams)
+//! covers the measurement and that the ping streams were there; prints the
+//! number (recorded in docs/scalability.md and at
+//! `DEFAULT_CONNECTION_CHARGE_BYTES`).
 
 mod support;
 
@@ -11,9 +14,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use futures::StreamExt;
+use libp2p::swarm::NetworkBehaviour;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
-use libp2p::{Multiaddr, PeerId, SwarmBuilder, noise, tcp, yamux};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use libp2p::{Multiaddr, PeerId, SwarmBuilder, identify, noise, ping, tcp, yamux};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 /// Idle connections opened.
 const CONNECTIONS: usize = 200;
@@ -46,7 +50,35 @@ fn rss_bytes(pid: u32) -> u64 {
         * 1024
 }
 
-type PeerSwarm = libp2p::Swarm<libp2p_stream::Behaviour>;
+/// What a member runs besides our protocols: identify and ping.
+#[derive(NetworkBehaviour)]
+#[behaviour(prelude = "libp2p::swarm::derive_prelude")]
+struct IdleMember {
+    identify: identify::Behaviour,
+    ping: ping::Behaviour,
+}
+
+type PeerSwarm = libp2p::Swarm<IdleMember>;
+
+/// `/metrics` of the router at `addr`, read while `swarm` keeps running.
+async fn scrape(swarm: &mut PeerSwarm, addr: std::net::SocketAddr) -> String {
+    let get = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("read");
+        out
+    };
+    tokio::pin!(get);
+    loop {
+        tokio::select! {
+            text = &mut get => return text,
+            _ = swarm.select_next_some() => {}
+        }
+    }
+}
 
 /// Drives `swarm` while polling RSS until two readings 500 ms apart differ
 /// by less than 1% (at most 30 s).
@@ -94,6 +126,16 @@ async fn idle_connection_costs_less_than_its_charge() {
             "600",
             "--unauthenticated-connections-per-ip",
             "100000",
+            // All connections come from one test peer: let each keep its
+            // ping stream (the per-peer budgets assume one connection).
+            "--peer-stream-budget-total",
+            "100000",
+            "--peer-stream-budget",
+            "ping=100000",
+            "--peer-stream-budget",
+            "identify=100000",
+            "--metrics-addr",
+            "127.0.0.1:0",
             "--key-path",
         ])
         .arg(dir.path().join("router.key"))
@@ -106,9 +148,16 @@ async fn idle_connection_costs_less_than_its_charge() {
         .expect("router binary");
     let pid = child.id().expect("pid");
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let (peer, addr) = tokio::time::timeout(support::DEADLINE, async {
+    let (peer, addr, metrics) = tokio::time::timeout(support::DEADLINE, async {
+        let mut started = None;
         while let Some(line) = lines.next_line().await.expect("read") {
             let line = strip_ansi(&line);
+            // "metrics on http://ADDR" follows "router started".
+            if let Some(m) = line.split("metrics on http://").nth(1) {
+                let m = m.trim().parse().expect("metrics addr");
+                let (id, a) = started.expect("router started before its metrics line");
+                return (id, a, m);
+            }
             if line.contains("router started") {
                 let id = line
                     .split("peer_id=")
@@ -119,10 +168,10 @@ async fn idle_connection_costs_less_than_its_charge() {
                     .nth(1)
                     .and_then(|s| s.split([']', ',']).next());
                 if let (Some(id), Some(a)) = (id, a) {
-                    return (
+                    started = Some((
                         id.parse::<PeerId>().expect("peer id"),
                         a.trim().parse::<Multiaddr>().expect("addr"),
-                    );
+                    ));
                 }
             }
         }
@@ -140,7 +189,13 @@ async fn idle_connection_costs_less_than_its_charge() {
             yamux::Config::default,
         )
         .expect("tcp")
-        .with_behaviour(|_| libp2p_stream::Behaviour::new())
+        .with_behaviour(|key| IdleMember {
+            identify: identify::Behaviour::new(identify::Config::new(
+                "/agentmesh/1".into(),
+                key.public(),
+            )),
+            ping: ping::Behaviour::default(),
+        })
         .expect("behaviour")
         .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(600)))
         .build();
@@ -170,9 +225,24 @@ async fn idle_connection_costs_less_than_its_charge() {
         "router RSS {before} -> {after} bytes over {CONNECTIONS} idle connections: {per_connection} bytes per connection"
     );
     assert!(after > before, "connections cost something");
+    // The measured connections held their ping streams (one each way).
+    let text = scrape(&mut swarm, metrics).await;
+    for dir in ["inbound", "outbound"] {
+        let series = format!("agentmesh_router_streams{{protocol=\"ping\",direction=\"{dir}\"}}");
+        let n = support::metric(text.split("\r\n\r\n").nth(1).unwrap_or(&text), &series);
+        println!("{series} {n}");
+        assert!(
+            n >= CONNECTIONS as f64,
+            "{series} = {n}: ping streams measured"
+        );
+    }
+    let charge = agentmesh_router::Config::default()
+        .sizing(1 << 30)
+        .idle_member_charge_bytes;
+    println!("default idle member charge: {charge} bytes");
     assert!(
-        per_connection <= agentmesh_router::resource_config::DEFAULT_CONNECTION_CHARGE_BYTES,
-        "the default connection charge covers the measured {per_connection} bytes"
+        per_connection <= charge,
+        "the default idle member charge ({charge} bytes) covers the measured {per_connection} bytes"
     );
     let _ = child.kill().await;
 }

@@ -32,7 +32,7 @@ async fn admission_at_the_high_watermark_gets_go_away_naming_an_alternative() {
     let cp = start_cp().await;
     // low == high: trimming off, so only admission is tested here.
     let a = start_router(&cp, "a", |c| {
-        c.high_watermark = 2;
+        c.high_watermark = Some(2);
         c.low_watermark = Some(2);
     })
     .await;
@@ -104,7 +104,7 @@ async fn reaching_the_high_watermark_sheds_fifteen_percent_each_after_a_go_away(
     const LOW: usize = 17; // 15% below 20
     let cp = start_cp().await;
     let a = start_router(&cp, "a", |c| {
-        c.high_watermark = MEMBERS as u32;
+        c.high_watermark = Some(MEMBERS as u32);
         c.trim_close_grace = Duration::from_secs(2);
         // Shed members stay away for the whole test.
         c.goaway_retry_after = Duration::from_secs(3600);

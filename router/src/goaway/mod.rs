@@ -111,7 +111,7 @@ pub(crate) fn admit_or_refuse(
         if shared.drain.is_requested() {
             return Some(Reason::Draining);
         }
-        if table.counts().attached >= shared.config.high_watermark {
+        if table.counts().attached >= shared.sizing.high_watermark {
             return Some(Reason::Overloaded);
         }
     }
@@ -129,24 +129,26 @@ pub(crate) fn message(shared: &Shared, reason: Reason) -> GoAway {
     }
 }
 
-/// Warns when the memory budget cannot hold the high watermark of members
-/// even at one idle connection each: then the memory budget, not the
-/// watermark, decides when members are refused (see docs/scalability.md).
+/// Warns when an explicit `--high-watermark` is more than the memory budget
+/// holds even with every member idle (connection and ping streams only):
+/// then the memory budget, not the watermark, decides when members are
+/// refused (see docs/scalability.md). A sized watermark always fits.
 pub(crate) fn check_watermarks(
-    config: &crate::Config,
+    sizing: &crate::config::Sizing,
     budgets: &crate::resources::budget::Budgets,
-) {
-    let fits = budgets.memory_bytes / budgets.connection_charge_bytes.max(1);
-    if u64::from(config.high_watermark) > fits {
+) -> bool {
+    let over = u64::from(sizing.high_watermark) > sizing.members_that_fit;
+    if over {
         tracing::warn!(
-            high_watermark = config.high_watermark,
-            low_watermark = config.low_watermark(),
+            high_watermark = sizing.high_watermark,
+            low_watermark = sizing.low_watermark,
             memory_budget_bytes = budgets.memory_bytes,
-            connection_charge_bytes = budgets.connection_charge_bytes,
-            members_that_fit = fits,
+            idle_member_charge_bytes = sizing.idle_member_charge_bytes,
+            members_that_fit = sizing.members_that_fit,
             "the memory budget holds fewer members than --high-watermark; lower it or raise the memory limit"
         );
     }
+    over
 }
 
 /// Counts one go-away by reason and result.

@@ -89,7 +89,7 @@ pub(crate) async fn run(
         if shared.drain.is_requested() {
             continue;
         }
-        let (high, low) = (shared.config.high_watermark, shared.config.low_watermark());
+        let (high, low) = (shared.sizing.high_watermark, shared.sizing.low_watermark);
         let plan = trim::plan(&candidates(&shared), high, low);
         if plan.is_empty() {
             continue;

@@ -12,6 +12,21 @@ pub(crate) const DATA_STREAM_CHARGE_BYTES: u64 = 256 * 1024;
 /// Memory charged for a control stream (auth, catalog, kad, identify, ...):
 /// one maximal frame, which its handler reads promptly.
 pub(crate) const CONTROL_STREAM_CHARGE_BYTES: u64 = protocols::MAX_FRAME_BYTES as u64;
+/// Memory charged for a ping stream: its frames are 32 bytes, read as they
+/// come, so it holds the stream's state and small buffers only. Every
+/// connection keeps two (one each way) for its whole life, so charging them
+/// a maximal frame would dwarf the connection itself. Measured together
+/// with the connection (`tests/connection_charge.rs`).
+pub(crate) const PING_STREAM_CHARGE_BYTES: u64 = 4 * 1024;
+/// Long-lived streams of an idle attached member: a ping stream each way.
+pub(crate) const IDLE_MEMBER_PING_STREAMS: u64 = 2;
+
+/// Memory charged for one idle attached member: its connection and its
+/// ping streams (what the default high watermark is sized with).
+pub(crate) fn idle_member_charge_bytes(r: &crate::resources::config::ResourceConfig) -> u64 {
+    r.connection_charge_bytes
+        .saturating_add(IDLE_MEMBER_PING_STREAMS * PING_STREAM_CHARGE_BYTES)
+}
 
 /// A protocol as the resource manager sees it (a metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -106,6 +121,8 @@ impl Proto {
     pub(crate) fn charge_bytes(self) -> u64 {
         if self.carries_data() {
             DATA_STREAM_CHARGE_BYTES
+        } else if self == Self::Ping {
+            PING_STREAM_CHARGE_BYTES
         } else {
             CONTROL_STREAM_CHARGE_BYTES
         }

@@ -9,10 +9,16 @@ use std::collections::BTreeMap;
 pub const DEFAULT_MEMORY_DEFAULT_LIMIT_BYTES: u64 = 1 << 30;
 /// Share of the memory limit the charged buffers may use, percent.
 pub const DEFAULT_MEMORY_BUDGET_PERCENT: u8 = 75;
-/// Charge of one connection, bytes: measured idle cost ~48 KiB of router RSS
-/// (`tests/connection_charge.rs`), plus noise's read and write buffers
-/// (2 × 64 KiB) and one frame in flight when busy; 256 KiB covers it.
-pub const DEFAULT_CONNECTION_CHARGE_BYTES: u64 = 256 * 1024;
+/// Charge of one connection, bytes: the measured base of an idle one.
+/// `tests/connection_charge.rs` measures ≈ 49 KiB (50,503 bytes) of router
+/// RSS per idle connection with identify exchanged and its two ping streams
+/// open (real binary, jemalloc, 200 connections); the ladder measured
+/// 50–64 KiB per attached member (admission, reservation and catalog state
+/// included). 64 KiB plus the two ping streams' 4 KiB each (72 KiB per idle
+/// member) covers both. What a busy connection buffers is charged to its
+/// streams: data streams their full 256 KiB window, control streams one
+/// maximal frame.
+pub const DEFAULT_CONNECTION_CHARGE_BYTES: u64 = 64 * 1024;
 /// Live inbound streams of one peer, all protocols.
 pub const DEFAULT_PEER_STREAM_BUDGET_TOTAL: u32 = 512;
 /// Circuits (relay STOP streams) to one destination member: below a member's
@@ -39,7 +45,8 @@ pub struct ResourceConfig {
     pub memory_default_limit_bytes: u64,
     /// Share of the memory limit that charged buffers may use, percent. Default 75.
     pub memory_budget_percent: u8,
-    /// Memory charged per connection, bytes. Default 256 KiB (measured, see docs).
+    /// Memory charged per connection, bytes. Default 64 KiB (measured, see
+    /// `DEFAULT_CONNECTION_CHARGE_BYTES`).
     pub connection_charge_bytes: u64,
     /// Live inbound streams across the router; `None` = the sum of the
     /// per-protocol budgets. Default none.

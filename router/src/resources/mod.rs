@@ -95,14 +95,19 @@ impl std::fmt::Debug for ResourceManager {
     }
 }
 
-/// The effective budgets for `config` with `memory_budget_bytes`.
-pub(crate) fn budgets(config: &crate::Config, memory_budget_bytes: u64) -> Budgets {
+/// The effective budgets for `config` with `memory_budget_bytes`, derived
+/// from the watermarks in effect (`sizing`, itself sized from the same
+/// memory budget when no watermark flag is given).
+pub(crate) fn budgets(
+    config: &crate::Config,
+    sizing: &crate::config::Sizing,
+    memory_budget_bytes: u64,
+) -> Budgets {
     let r = &config.resources;
     let w = Watermarks {
-        high_watermark: config.high_watermark,
+        high_watermark: sizing.high_watermark,
         relay_max_circuits: u32::try_from(config.relay_max_circuits).unwrap_or(u32::MAX),
-        relay_max_reservations: u32::try_from(config.effective_max_reservations())
-            .unwrap_or(u32::MAX),
+        relay_max_reservations: u32::try_from(sizing.relay_max_reservations).unwrap_or(u32::MAX),
     };
     let protocol_streams =
         budget::per_protocol(|p| budget::default_protocol_budget(p, w), &r.stream_budgets);
@@ -127,26 +132,42 @@ pub(crate) fn budgets(config: &crate::Config, memory_budget_bytes: u64) -> Budge
     }
 }
 
-/// Finds the memory limit (off the async runtime), derives the budgets from
-/// `config` and creates the manager.
+/// Finds the memory limit (off the async runtime), sizes the watermarks
+/// from it (unless flags set them), derives the budgets from those and
+/// creates the manager. Order matters: budget, then watermarks, then the
+/// stream budgets and reservation cap that default from the watermarks.
 pub(crate) async fn start(
     config: &crate::Config,
     registry: &mut Registry,
     refused: Family<RefusedLabels, Counter>,
-) -> Result<Arc<ResourceManager>, tokio::task::JoinError> {
+) -> Result<(Arc<ResourceManager>, crate::config::Sizing), tokio::task::JoinError> {
     let r = &config.resources;
     let (flag, default) = (r.memory_limit_bytes, r.memory_default_limit_bytes);
     let (limit, source) = tokio::task::spawn_blocking(move || memory::limit(flag, default)).await?;
     let memory_budget = memory::budget(limit, r.memory_budget_percent);
-    let b = budgets(config, memory_budget);
+    let sizing = config.sizing(memory_budget);
+    let b = budgets(config, &sizing, memory_budget);
     tracing::info!(
         limit_bytes = limit,
         source = source.as_str(),
         budget_bytes = memory_budget,
         connection_charge_bytes = b.connection_charge_bytes,
+        idle_member_charge_bytes = sizing.idle_member_charge_bytes,
         "memory budget"
     );
-    Ok(ResourceManager::new(b, registry, refused))
+    tracing::info!(
+        high_watermark = sizing.high_watermark,
+        low_watermark = sizing.low_watermark,
+        relay_max_reservations = sizing.relay_max_reservations,
+        from = if sizing.sized_from_memory {
+            "memory budget"
+        } else {
+            "--high-watermark"
+        },
+        high_watermark_memory_percent = config.high_watermark_memory_percent,
+        "watermarks"
+    );
+    Ok((ResourceManager::new(b, registry, refused), sizing))
 }
 
 /// The IP a connection comes from (inbound TCP or QUIC), if known.

@@ -46,9 +46,14 @@ impl YamuxUpgrade {
     pub(crate) fn new(max_streams: usize) -> Self {
         let n = max_streams.max(1);
         let mut config = yamux::Config::default();
-        // Order matters: yamux asserts window >= streams × 256 KiB on each call.
+        // Order matters: yamux asserts window >= streams × 256 KiB on each
+        // call, and its default window (1 GiB) holds only 4096 streams; so
+        // lift the window, set the streams, then bound the window.
+        config.set_max_connection_receive_window(None);
         config.set_max_num_streams(n);
-        config.set_max_connection_receive_window(Some(n * DATA_STREAM_CHARGE_BYTES as usize));
+        config.set_max_connection_receive_window(Some(
+            n.saturating_mul(DATA_STREAM_CHARGE_BYTES as usize),
+        ));
         Self { config }
     }
 }
@@ -339,5 +344,19 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AccountedStream<S> {
 
     fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_close(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_stream_cap_builds_without_panicking() {
+        // Above 4096 streams yamux's default 1 GiB window used to trip its
+        // assertion (e.g. `--peer-stream-budget-total 100000`).
+        for n in [0, 1, 512, 4096, 4097, 100_000, u32::MAX as usize * 2 + 64] {
+            let _ = YamuxUpgrade::new(n);
+        }
     }
 }

@@ -15,7 +15,7 @@ use crate::state::Shared;
 pub(crate) fn reservation_denied(shared: &Shared, src: &PeerId, status: &StatusCode) {
     let admitted = shared.admission.read().may_reserve(src, unix_now());
     let live = u64::try_from(shared.metrics.reservations.get()).unwrap_or(0);
-    let max = shared.config.effective_max_reservations() as u64;
+    let max = shared.sizing.relay_max_reservations as u64;
     count(shared, Resource::Reservation, status, admitted, live >= max);
 }
 

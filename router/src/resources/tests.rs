@@ -20,7 +20,11 @@ fn manager(
     config.resources.failed_logins_per_ip_per_minute = 3;
     f(&mut config);
     let mut reg = Registry::default();
-    let mgr = ResourceManager::new(budgets(&config, 64 << 20), &mut reg, Family::default());
+    let mgr = ResourceManager::new(
+        budgets(&config, &config.sizing(64 << 20), 64 << 20),
+        &mut reg,
+        Family::default(),
+    );
     let admitted = Arc::new(RwLock::new(HashSet::new()));
     let a = admitted.clone();
     mgr.set_admitted(Box::new(move |p| a.read().contains(p)));
@@ -184,7 +188,11 @@ fn memory_budget_refuses_and_counts() {
     let mut reg = Registry::default();
     // Room for two connections and one data stream.
     let budget = (2 << 20) + Proto::RelayHop.charge_bytes();
-    let mgr = ResourceManager::new(budgets(&config, budget), &mut reg, Family::default());
+    let mgr = ResourceManager::new(
+        budgets(&config, &config.sizing(budget), budget),
+        &mut reg,
+        Family::default(),
+    );
     let c1 = mgr
         .open_connection(PeerId::random(), &inbound_from("10.0.0.1"))
         .expect("1");
@@ -229,7 +237,10 @@ fn every_refusal_label_is_pre_created() {
     let refused = Family::default();
     reg.register("agentmesh_router_refused", "refusals", refused.clone());
     let _mgr = ResourceManager::new(
-        budgets(&crate::Config::default(), 1 << 30),
+        {
+            let c = crate::Config::default();
+            budgets(&c, &c.sizing(1 << 30), 1 << 30)
+        },
         &mut reg,
         refused,
     );
