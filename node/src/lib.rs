@@ -283,6 +283,7 @@ pub async fn spawn(
         config.connect_timeout(),
         Duration::from_secs(config.idle_connection_secs.max(1)),
     )
+    .await
     .map_err(|e| SpawnError::Swarm(e.to_string()))?;
     let mut control = swarm.behaviour().stream.new_control();
     let incoming = control

@@ -1,7 +1,7 @@
 //! The node's libp2p swarm: a dial-only TCP transport (optionally bound to a
 //! source IP) plus the relay-client transport, noise and yamux on both, and
-//! QUIC as a fallback (dial only, not bound to the source IP); the
-//! relay client, `libp2p-stream` (our protocols) and ping as behaviours.
+//! QUIC as a fallback (dial only, from the source IP too: see [`quic`]);
+//! the relay client, `libp2p-stream` (our protocols) and ping as behaviours.
 //!
 //! A member never listens on TCP: everything reaches it through a relayed
 //! circuit on one of its routers, so the TCP side only dials.
@@ -24,6 +24,8 @@ use libp2p::identity::Keypair;
 use libp2p::swarm::NetworkBehaviour;
 use libp2p::{Swarm, noise, ping, relay, yamux};
 
+mod quic;
+
 /// The node's behaviours.
 #[derive(NetworkBehaviour)]
 #[behaviour(prelude = "libp2p::swarm::derive_prelude")]
@@ -33,14 +35,25 @@ pub(crate) struct Behaviour {
     pub(crate) ping: ping::Behaviour,
 }
 
-/// Builds the swarm for `key`. `idle` closes connections without streams or
-/// reservations after that long (transit connections, finished circuits).
-pub(crate) fn build_swarm(
+/// Why the swarm could not be built.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BuildError {
+    /// The noise configuration could not be made from the key.
+    #[error("noise: {0}")]
+    Noise(#[from] noise::Error),
+    /// The task building the transport failed.
+    #[error("transport set-up task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+type Direct = libp2p::core::transport::Boxed<(libp2p::PeerId, StreamMuxerBox)>;
+
+/// TCP (with the relay client's transport) or QUIC, upgraded; and the
+/// relay client behaviour paired with it.
+fn direct(
     key: &Keypair,
     source_ip: Option<IpAddr>,
-    connect_timeout: Duration,
-    idle: Duration,
-) -> Result<Swarm<Behaviour>, noise::Error> {
+) -> Result<(Direct, relay::client::Behaviour), noise::Error> {
     let peer_id = key.public().to_peer_id();
     let (relay_transport, relay_client) = relay::client::new(peer_id);
     let tcp = relay_transport
@@ -49,15 +62,50 @@ pub(crate) fn build_swarm(
         .authenticate(noise::Config::new(key)?)
         .multiplex(yamux::Config::default())
         .map(|(p, m), _| (p, StreamMuxerBox::new(m)));
-    // QUIC (dial only, from an unspecified source address): routers may
-    // announce it; `Candidate` puts TCP addresses first, so QUIC is the fallback.
-    let quic = libp2p::quic::tokio::Transport::new(libp2p::quic::Config::new(key))
+    // QUIC (dial only, from the source IP when given): routers may announce
+    // it; `Candidate` puts TCP addresses first, so QUIC is the fallback.
+    let quic = quic::DialQuic::new(libp2p::quic::Config::new(key), source_ip)
         .map(|(p, c), _| (p, StreamMuxerBox::new(c)));
-    let transport = TransportTimeout::new(
-        tcp.or_transport(quic).map(|either, _| either.into_inner()),
-        connect_timeout,
-    )
-    .boxed();
+    let direct = tcp
+        .or_transport(quic)
+        .map(|either, _| either.into_inner())
+        .boxed();
+    Ok((direct, relay_client))
+}
+
+/// Builds the swarm for `key`. `idle` closes connections without streams or
+/// reservations after that long (transit connections, finished circuits).
+///
+/// `/dns4`, `/dns6` and `/dns` addresses (routers announcing names, e.g. a
+/// Kubernetes Service) are resolved by libp2p's DNS transport, for TCP and
+/// QUIC alike and inside the connect timeout; it reads the system's
+/// resolver configuration, so this runs on a blocking thread. Without one,
+/// the node goes on without it (TCP dials still resolve names themselves).
+pub(crate) async fn build_swarm(
+    key: &Keypair,
+    source_ip: Option<IpAddr>,
+    connect_timeout: Duration,
+    idle: Duration,
+) -> Result<Swarm<Behaviour>, BuildError> {
+    let peer_id = key.public().to_peer_id();
+    let k = key.clone();
+    let (transport, relay_client) = tokio::task::spawn_blocking(move || {
+        let (inner, relay_client) = direct(&k, source_ip)?;
+        let transport = match libp2p::dns::tokio::Transport::system(inner) {
+            Ok(dns) => TransportTimeout::new(dns, connect_timeout).boxed(),
+            Err(e) => {
+                tracing::warn!(error = %e, "no system DNS configuration: /dns addresses are dialed over TCP only");
+                // `system` consumed the first transport: make another.
+                let (inner, relay_client) = direct(&k, source_ip)?;
+                return Ok::<_, BuildError>((
+                    TransportTimeout::new(inner, connect_timeout).boxed(),
+                    relay_client,
+                ));
+            }
+        };
+        Ok((transport, relay_client))
+    })
+    .await??;
     let behaviour = Behaviour {
         relay: relay_client,
         stream: libp2p_stream::Behaviour::new(),
@@ -70,7 +118,8 @@ pub(crate) fn build_swarm(
 /// Dial-only TCP over tokio. With `source_ip`, every outgoing socket is bound
 /// to `source_ip:0` first, so one process can hold more connections to one
 /// router than a single source address has ephemeral ports. `/dns*`
-/// addresses are resolved with the system resolver.
+/// addresses are resolved with the system resolver (when the DNS transport
+/// in front has not already).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DialTcp {
     pub(crate) source_ip: Option<IpAddr>,

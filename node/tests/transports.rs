@@ -1,0 +1,140 @@
+//! How members reach routers: QUIC from a source IP, and routers that
+//! announce DNS names. A real control plane, real routers started with
+//! `spawn`, real nodes on loopback.
+
+mod support;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use agentmesh_node::Config;
+use agentmesh_proto::pb::credential::Role;
+use support::*;
+
+/// A free loopback port for `proto` ("tcp" or "udp"), from the OS.
+async fn free_port(proto: &str) -> u16 {
+    if proto == "udp" {
+        let s = tokio::net::UdpSocket::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        s.local_addr().expect("addr").port()
+    } else {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        l.local_addr().expect("addr").port()
+    }
+}
+
+/// A provider and a caller, each dialing from its own 127.0.0.x over QUIC
+/// (the router listens on QUIC only), attach and call each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_dial_quic_from_their_source_ip() {
+    let cp = start_cp().await;
+    let r = start_router_on(
+        &cp,
+        "q",
+        Duration::from_secs(1),
+        "/ip4/127.0.0.1/udp/0/quic-v1",
+    )
+    .await;
+    let member = cp.token(Role::Member, &[]).await;
+    let backend = echo_backend().await;
+    let source = |ip: &str| Some(ip.parse::<IpAddr>().expect("ip"));
+    let bdir = tempfile::tempdir().expect("tempdir");
+    let b = agentmesh_node::spawn(
+        Config {
+            expose: vec![("echo".into(), backend)],
+            dial_source_ip: source("127.0.0.2"),
+            ..node_config(&cp, &member, bdir.path())
+        },
+        None,
+    )
+    .await
+    .expect("spawn b");
+    let adir = tempfile::tempdir().expect("tempdir");
+    let a = agentmesh_node::spawn(
+        Config {
+            dial_source_ip: source("127.0.0.3"),
+            ..node_config(&cp, &member, adir.path())
+        },
+        None,
+    )
+    .await
+    .expect("spawn a");
+    ready(&b, "b").await;
+    ready(&a, "a").await;
+    let mut s = call_until_found(&a, "echo").await;
+    assert_eq!(s.route().via_router, r.handle.peer_id());
+    round_trip(&mut s, 64 * 1024).await;
+    drop(s);
+    a.shutdown().await;
+    b.shutdown().await;
+    r.handle.shutdown().await;
+}
+
+/// Routers announcing `/dns4/localhost/...` (as behind a Kubernetes
+/// Service) are reached by name, over TCP and over QUIC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_dial_routers_that_announce_dns_names() {
+    let cp = start_cp().await;
+    let tcp_port = free_port("tcp").await;
+    let udp_port = free_port("udp").await;
+    let tcp = start_router_tweaked(
+        &cp,
+        "tcp",
+        Duration::from_secs(1),
+        &format!("/ip4/127.0.0.1/tcp/{tcp_port}"),
+        |c| {
+            c.external_addr = vec![
+                format!("/dns4/localhost/tcp/{tcp_port}")
+                    .parse()
+                    .expect("addr"),
+            ]
+        },
+    )
+    .await;
+    let quic = start_router_tweaked(
+        &cp,
+        "quic",
+        Duration::from_secs(1),
+        &format!("/ip4/127.0.0.1/udp/{udp_port}/quic-v1"),
+        |c| {
+            c.external_addr = vec![
+                format!("/dns4/localhost/udp/{udp_port}/quic-v1")
+                    .parse()
+                    .expect("addr"),
+            ]
+        },
+    )
+    .await;
+    let member = cp.token(Role::Member, &[]).await;
+    for (name, router) in [("tcp", &tcp), ("quic", &quic)] {
+        let announced = router.handle.external_addrs();
+        assert!(
+            announced
+                .iter()
+                .all(|a| a.to_string().starts_with("/dns4/localhost/")),
+            "{name} router announces {announced:?}"
+        );
+        let dir = tempfile::tempdir().expect("tempdir");
+        let n = agentmesh_node::spawn(
+            Config {
+                router_selector: selector(name),
+                ..node_config(&cp, &member, dir.path())
+            },
+            None,
+        )
+        .await
+        .expect("spawn");
+        ready(&n, name).await;
+        assert_eq!(
+            n.status().borrow().reserved,
+            vec![router.handle.peer_id()],
+            "{name}"
+        );
+        n.shutdown().await;
+    }
+    tcp.handle.shutdown().await;
+    quic.handle.shutdown().await;
+}
