@@ -25,6 +25,12 @@ pub const DEFAULT_REFRESH_BURST: u32 = 200;
 pub const DEFAULT_ENROLL_MAX_RETRY_AFTER_SECS: u64 = 60;
 /// Default `--refresh-max-retry-after-secs`.
 pub const DEFAULT_REFRESH_MAX_RETRY_AFTER_SECS: u64 = 60;
+/// Default `--grpc-max-connections`: one per member and router of a 10,000
+/// member fleet, with room; the process needs a file-descriptor limit above it.
+pub const DEFAULT_GRPC_MAX_CONNECTIONS: usize = 20_000;
+/// Default `--grpc-max-concurrent-streams-per-connection`: a member or router
+/// makes a few calls at once; a proxy multiplexing many clients needs more.
+pub const DEFAULT_GRPC_MAX_CONCURRENT_STREAMS_PER_CONNECTION: usize = 100;
 /// Default `--enroll-failures-per-ip-per-min`.
 pub const DEFAULT_ENROLL_FAILURES_PER_IP_PER_MIN: u32 = 60;
 /// Default `--failure-guard-max-ips`.
@@ -85,6 +91,13 @@ pub struct Config {
     /// Allow plaintext gRPC on a non-loopback address. Default false.
     #[arg(long)]
     pub insecure: bool,
+    /// Open gRPC connections at most; more are closed at accept and counted. Default 20000.
+    #[arg(long, default_value_t = DEFAULT_GRPC_MAX_CONNECTIONS)]
+    pub grpc_max_connections: usize,
+    /// Calls in flight on one gRPC connection at most; more are refused with
+    /// RESOURCE_EXHAUSTED + retry-after and counted. Default 100.
+    #[arg(long, default_value_t = DEFAULT_GRPC_MAX_CONCURRENT_STREAMS_PER_CONNECTION)]
+    pub grpc_max_concurrent_streams_per_connection: usize,
     /// Database, `sqlite://PATH`. Default sqlite://./agentmesh-data/controlplane.db.
     #[arg(long, default_value = DEFAULT_DB)]
     pub db: String,
@@ -191,6 +204,9 @@ impl Default for Config {
             tls_key: None,
             insecure: false,
             db: DEFAULT_DB.to_string(),
+            grpc_max_connections: DEFAULT_GRPC_MAX_CONNECTIONS,
+            grpc_max_concurrent_streams_per_connection:
+                DEFAULT_GRPC_MAX_CONCURRENT_STREAMS_PER_CONNECTION,
             enroll_rate_per_sec: DEFAULT_ENROLL_RATE_PER_SEC,
             enroll_burst: DEFAULT_ENROLL_BURST,
             refresh_rate_per_sec: DEFAULT_REFRESH_RATE_PER_SEC,
@@ -274,6 +290,11 @@ impl Config {
             ("--lease-ttl-secs", self.lease_ttl_secs),
             ("--reap-interval-secs", self.reap_interval_secs),
             ("--db-max-inflight", self.db_max_inflight as u64),
+            ("--grpc-max-connections", self.grpc_max_connections as u64),
+            (
+                "--grpc-max-concurrent-streams-per-connection",
+                self.grpc_max_concurrent_streams_per_connection as u64,
+            ),
             ("--failure-guard-max-ips", self.failure_guard_max_ips as u64),
         ] {
             if v == 0 {

@@ -25,6 +25,8 @@ pub mod directory;
 #[cfg(feature = "server")]
 pub mod enroll;
 #[cfg(feature = "server")]
+pub mod grpc_limits;
+#[cfg(feature = "server")]
 pub mod http;
 #[cfg(feature = "server")]
 pub mod keys;

@@ -27,7 +27,13 @@ pub const METHODS: &[&str] = &[
 ];
 
 /// Limiters, as metric label values.
-pub const LIMITERS: &[&str] = &["enroll", "refresh", "failure_guard", "db_busy"];
+pub const LIMITERS: &[&str] = &[
+    "enroll",
+    "refresh",
+    "failure_guard",
+    "db_busy",
+    "streams_per_connection",
+];
 
 /// Limiters that spread refused callers over slots (see
 /// [`crate::limiter::SpreadingBucket`]), as metric label values.
@@ -131,6 +137,9 @@ pub struct Metrics {
     deleted: Family<TableReason, Counter>,
     enrollments: Family<ResultLabel, Counter>,
     next_rotation: Gauge,
+    grpc_connections: Gauge,
+    grpc_connections_refused: Counter,
+    grpc_accept_errors: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -157,6 +166,9 @@ impl Metrics {
             deleted: Family::default(),
             enrollments: Family::default(),
             next_rotation: Gauge::default(),
+            grpc_connections: Gauge::default(),
+            grpc_connections_refused: Counter::default(),
+            grpc_accept_errors: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("agentmesh_control_plane");
         r.register("rpc", "gRPC calls by method and status code", m.rpc.clone());
@@ -167,7 +179,8 @@ impl Metrics {
         );
         r.register(
             "limiter_refusals",
-            "Requests refused by a limiter (enroll, refresh, failure_guard, db_busy)",
+            "Requests refused by a limiter (enroll, refresh, failure_guard, db_busy, \
+             streams_per_connection)",
             m.limiter_refusals.clone(),
         );
         r.register(
@@ -206,6 +219,21 @@ impl Metrics {
             "next_key_rotation_timestamp_seconds",
             "Unix time of the next signing-key rotation (stored in the database)",
             m.next_rotation.clone(),
+        );
+        r.register(
+            "grpc_connections",
+            "Open gRPC connections (bounded by --grpc-max-connections)",
+            m.grpc_connections.clone(),
+        );
+        r.register(
+            "grpc_connections_refused",
+            "gRPC connections closed at accept because --grpc-max-connections were open",
+            m.grpc_connections_refused.clone(),
+        );
+        r.register(
+            "grpc_accept_errors",
+            "gRPC accept errors (e.g. out of file descriptors); the listener keeps serving",
+            m.grpc_accept_errors.clone(),
         );
         for method in METHODS {
             for code in CODES {
@@ -332,6 +360,26 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc_by(n);
+    }
+
+    /// A gRPC connection got a slot.
+    pub fn grpc_connection_opened(&self) {
+        self.grpc_connections.inc();
+    }
+
+    /// A gRPC connection closed.
+    pub fn grpc_connection_closed(&self) {
+        self.grpc_connections.dec();
+    }
+
+    /// A gRPC connection was closed at accept: the bound was reached.
+    pub fn grpc_connection_refused(&self) {
+        self.grpc_connections_refused.inc();
+    }
+
+    /// Accepting a gRPC connection failed.
+    pub fn grpc_accept_error(&self) {
+        self.grpc_accept_errors.inc();
     }
 
     /// Sets the next rotation instant.

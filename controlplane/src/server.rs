@@ -15,12 +15,16 @@ use agentmesh_proto::{
 };
 use prometheus_client::registry::Registry;
 use tokio::{net::TcpListener, sync::watch, task::JoinSet};
-use tonic::transport::{Identity, Server, ServerTlsConfig, server::TcpIncoming};
+use tonic::{
+    service::Routes,
+    transport::{Identity, Server, ServerTlsConfig},
+};
 
 use crate::{
     admin::TokenSpec,
     clock::{SharedClock, TokioClock},
     config::{Config, sqlite_path},
+    grpc_limits::{BoundedIncoming, StreamLimit},
     http::{HttpState, router},
     keys::{Keys, RotationPolicy},
     metrics::Metrics,
@@ -96,6 +100,33 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, SpawnError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| SpawnError::Bind { addr, source })
+}
+
+/// Descriptors kept aside for the database, the HTTP listener and the rest.
+const FD_HEADROOM: u64 = 256;
+
+/// Warns when the open-files limit cannot hold `--grpc-max-connections`:
+/// accepting then fails with `EMFILE` first (counted and survived, but
+/// clients see refused connections below the configured bound). Reads the
+/// soft limit from `/proc/self/limits` (Linux; elsewhere it says nothing).
+async fn warn_if_fd_limit_below(max_connections: usize) {
+    let Ok(limits) = tokio::fs::read_to_string("/proc/self/limits").await else {
+        return;
+    };
+    let soft: Option<u64> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse().ok());
+    let need = (max_connections as u64).saturating_add(FD_HEADROOM);
+    if let Some(soft) = soft.filter(|s| *s < need) {
+        tracing::warn!(
+            open_files_limit = soft,
+            grpc_max_connections = max_connections,
+            "the open-files limit is below --grpc-max-connections + {FD_HEADROOM}: raise it \
+             (ulimit -n) or lower the flag; accept errors show in grpc_accept_errors_total"
+        );
+    }
 }
 
 /// Starts a control plane with the real clock and its own metrics registry.
@@ -202,25 +233,37 @@ pub async fn spawn_with(
         .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .map_err(|e| SpawnError::Config(format!("reflection: {e}")))?;
-    let mut builder = Server::builder();
+    let max_streams = config.grpc_max_concurrent_streams_per_connection;
+    let mut builder = Server::builder().max_concurrent_streams(Some(
+        u32::try_from(max_streams.saturating_mul(2)).unwrap_or(u32::MAX),
+    ));
     if let Some(identity) = tls {
         crate::tls::ensure_crypto_provider();
         builder = builder
             .tls_config(ServerTlsConfig::new().identity(identity))
             .map_err(|e| SpawnError::Tls(e.to_string()))?;
     }
-    let grpc = builder
-        .add_service(ControlPlaneServer::new(Service::new(state.clone())))
+    let routes = Routes::new(ControlPlaneServer::new(Service::new(state.clone())))
         .add_service(health_svc)
         .add_service(reflection_v1)
-        .add_service(reflection_v1alpha);
-    let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+        .add_service(reflection_v1alpha)
+        .prepare();
+    let grpc = StreamLimit::new(routes, max_streams, state.metrics.clone());
+    warn_if_fd_limit_below(config.grpc_max_connections).await;
+    let incoming = BoundedIncoming::new(
+        grpc_listener,
+        config.grpc_max_connections,
+        state.metrics.clone(),
+    );
     let mut grpc_stop = stop_rx.clone();
     tasks.spawn(async move {
         let shutdown = async move {
             let _ = grpc_stop.changed().await;
         };
-        if let Err(e) = grpc.serve_with_incoming_shutdown(incoming, shutdown).await {
+        if let Err(e) = builder
+            .serve_with_incoming_shutdown(grpc, incoming, shutdown)
+            .await
+        {
             tracing::error!(error = %e, "gRPC server stopped");
         }
     });

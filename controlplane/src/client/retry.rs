@@ -24,11 +24,13 @@ pub const RETRY_AFTER_JITTER: Duration = Duration::from_secs(1);
 ///
 /// Besides `RESOURCE_EXHAUSTED`, `UNAVAILABLE` and `DEADLINE_EXCEEDED`, a
 /// transport failure that tonic reports as `UNKNOWN` (a connection reset or
-/// broken pipe while a control plane restarts) is retried too.
+/// broken pipe while a control plane restarts) or as `CANCELLED` (the
+/// connection closed under the call: a control plane at
+/// `--grpc-max-connections` closes new connections at accept) is retried too.
 pub fn is_retryable(status: &Status) -> bool {
     match status.code() {
         Code::ResourceExhausted | Code::Unavailable | Code::DeadlineExceeded => true,
-        Code::Unknown => std::error::Error::source(status)
+        Code::Unknown | Code::Cancelled => std::error::Error::source(status)
             .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some()),
         _ => false,
     }

@@ -1,0 +1,366 @@
+//! Connection-level bounds on the gRPC listener: at most
+//! `--grpc-max-connections` open connections, and at most
+//! `--grpc-max-concurrent-streams-per-connection` calls in flight on one.
+//!
+//! Every member and router keeps one HTTP/2 connection to the control plane,
+//! so connections grow with the fleet; without a bound they end at the
+//! process's file-descriptor limit, where tonic's own accept loop treats
+//! `EMFILE` as fatal and stops serving gRPC altogether. [`BoundedIncoming`]
+//! accepts, closes a connection past the bound at once (counted in
+//! `agentmesh_control_plane_grpc_connections_refused_total`; the client sees
+//! the connection close and retries with its backoff and jitter) and never
+//! hands tonic an error: accept errors are counted, logged at most once a
+//! minute, and resource errors pause accepting for 100 ms.
+//!
+//! [`StreamLimit`] counts the calls in flight per connection (a call is in
+//! flight until its response body is dropped, so a server-streaming call
+//! counts for as long as it streams) and refuses one past the bound with
+//! `RESOURCE_EXHAUSTED` + `retry-after: 1` (counted as
+//! `limiter_refusals_total{limiter="streams_per_connection"}`), rather than
+//! queueing it silently as tonic's `concurrency_limit_per_connection` would.
+//! HTTP/2's own `SETTINGS_MAX_CONCURRENT_STREAMS` is set to twice the bound,
+//! so a client cannot even open more streams than that.
+
+use std::{
+    collections::HashMap,
+    io,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use futures::Stream;
+use hyper::body::Frame;
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream},
+    sync::{OwnedSemaphorePermit, Semaphore},
+    time::{Instant, Sleep},
+};
+use tonic::{
+    Status,
+    codegen::{Body, Bytes, Service, http},
+    metadata::MetadataValue,
+    transport::server::{Connected, TcpConnectInfo, TlsConnectInfo},
+};
+
+use crate::{client::RETRY_AFTER_METADATA, metrics::Metrics};
+
+/// How long accepting pauses after a resource error (`EMFILE`, `ENFILE`, ...).
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+/// Refusals and accept errors are logged at most this often.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// The gRPC listener with a bound on open connections. Yields only accepted
+/// connections that got a slot; see the module docs.
+pub struct BoundedIncoming {
+    listener: TcpListener,
+    slots: Arc<Semaphore>,
+    max: usize,
+    metrics: Metrics,
+    pause: Option<Pin<Box<Sleep>>>,
+    last_refusal_log: Option<Instant>,
+    last_error_log: Option<Instant>,
+}
+
+impl std::fmt::Debug for BoundedIncoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoundedIncoming")
+            .field("max", &self.max)
+            .finish_non_exhaustive()
+    }
+}
+
+fn due(last: &mut Option<Instant>) -> bool {
+    let now = Instant::now();
+    if last.is_some_and(|l| now.duration_since(l) < LOG_EVERY) {
+        return false;
+    }
+    *last = Some(now);
+    true
+}
+
+/// Accept errors that mean "out of a resource", worth a pause before retrying.
+fn is_resource_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+impl BoundedIncoming {
+    /// Serves `listener`, keeping at most `max` connections open (at least 1).
+    pub fn new(listener: TcpListener, max: usize, metrics: Metrics) -> Self {
+        let max = max.max(1);
+        Self {
+            listener,
+            slots: Arc::new(Semaphore::new(max)),
+            max,
+            metrics,
+            pause: None,
+            last_refusal_log: None,
+            last_error_log: None,
+        }
+    }
+}
+
+impl Stream for BoundedIncoming {
+    type Item = io::Result<LimitedConn>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(pause) = this.pause.as_mut() {
+                if pause.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                this.pause = None;
+            }
+            match this.listener.poll_accept(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok((stream, peer))) => match this.slots.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        let _ = stream.set_nodelay(true);
+                        this.metrics.grpc_connection_opened();
+                        return Poll::Ready(Some(Ok(LimitedConn {
+                            stream,
+                            _permit: permit,
+                            metrics: this.metrics.clone(),
+                        })));
+                    }
+                    Err(_) => {
+                        this.metrics.grpc_connection_refused();
+                        if due(&mut this.last_refusal_log) {
+                            tracing::warn!(
+                                %peer,
+                                max = this.max,
+                                "gRPC connection refused: --grpc-max-connections reached \
+                                 (logged once a minute; see grpc_connections_refused_total)"
+                            );
+                        }
+                        drop(stream);
+                    }
+                },
+                Poll::Ready(Err(e)) => {
+                    this.metrics.grpc_accept_error();
+                    if due(&mut this.last_error_log) {
+                        tracing::warn!(error = %e, "gRPC accept failed (logged once a minute)");
+                    }
+                    if is_resource_error(&e) {
+                        this.pause = Some(Box::pin(tokio::time::sleep(ACCEPT_ERROR_PAUSE)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// An accepted connection holding one of the listener's slots until dropped.
+pub struct LimitedConn {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+    metrics: Metrics,
+}
+
+impl Drop for LimitedConn {
+    fn drop(&mut self) {
+        self.metrics.grpc_connection_closed();
+    }
+}
+
+impl Connected for LimitedConn {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for LimitedConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for LimitedConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+/// Calls in flight per connection, keyed by the peer's address (one TCP
+/// connection per address on one listener). An entry lives while its count
+/// is above zero, so the map holds at most one entry per open connection.
+struct InFlight {
+    max: usize,
+    calls: Mutex<HashMap<SocketAddr, usize>>,
+    metrics: Metrics,
+}
+
+/// One call's place in its connection's count; gives it back when dropped.
+struct Slot {
+    shared: Arc<InFlight>,
+    peer: SocketAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut calls = self.shared.calls.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = calls.get_mut(&self.peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                calls.remove(&self.peer);
+            }
+        }
+    }
+}
+
+impl InFlight {
+    fn take(self: &Arc<Self>, peer: SocketAddr) -> Option<Slot> {
+        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let n = calls.entry(peer).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(Slot {
+            shared: self.clone(),
+            peer,
+        })
+    }
+}
+
+/// Wraps the gRPC routes: refuses a call past the per-connection bound; see
+/// the module docs.
+#[derive(Clone)]
+pub struct StreamLimit<S> {
+    inner: S,
+    shared: Arc<InFlight>,
+}
+
+impl<S> StreamLimit<S> {
+    /// At most `max` calls in flight per connection (at least 1) in front of `inner`.
+    pub fn new(inner: S, max: usize, metrics: Metrics) -> Self {
+        Self {
+            inner,
+            shared: Arc::new(InFlight {
+                max: max.max(1),
+                calls: Mutex::new(HashMap::new()),
+                metrics,
+            }),
+        }
+    }
+}
+
+fn peer_of<B>(req: &http::Request<B>) -> Option<SocketAddr> {
+    let ext = req.extensions();
+    ext.get::<TcpConnectInfo>()
+        .and_then(TcpConnectInfo::remote_addr)
+        .or_else(|| {
+            ext.get::<TlsConnectInfo<TcpConnectInfo>>()
+                .and_then(|t| t.get_ref().remote_addr())
+        })
+}
+
+fn refusal(max: usize) -> http::Response<tonic::body::Body> {
+    let mut status = Status::resource_exhausted(format!(
+        "streams_per_connection limit reached: more than {max} calls in flight on this \
+         connection (--grpc-max-concurrent-streams-per-connection)"
+    ));
+    status
+        .metadata_mut()
+        .insert(RETRY_AFTER_METADATA, MetadataValue::from_static("1"));
+    status.into_http()
+}
+
+impl<S, B> Service<http::Request<B>> for StreamLimit<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<SlotBody>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let slot = match peer_of(&req) {
+            Some(peer) => match self.shared.take(peer) {
+                Some(slot) => Some(slot),
+                None => {
+                    self.shared.metrics.limited("streams_per_connection");
+                    let max = self.shared.max;
+                    return Box::pin(async move {
+                        Ok(refusal(max).map(|inner| SlotBody { inner, _slot: None }))
+                    });
+                }
+            },
+            None => None,
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            Ok(resp.map(|inner| SlotBody { inner, _slot: slot }))
+        })
+    }
+}
+
+/// A response body that holds its call's slot until it is dropped (sent in
+/// full, or the stream reset).
+pub struct SlotBody {
+    inner: tonic::body::Body,
+    _slot: Option<Slot>,
+}
+
+impl Body for SlotBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
