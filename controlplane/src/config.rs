@@ -118,7 +118,8 @@ pub struct Config {
     /// ahead. Default 60.
     #[arg(long, default_value_t = DEFAULT_ENROLL_MAX_RETRY_AFTER_SECS)]
     pub enroll_max_retry_after_secs: u64,
-    /// Longest `retry-after` given to a refused Refresh or RouterLease, seconds. Default 60.
+    /// Longest `retry-after` given to a refused Refresh, seconds (a refused RouterLease is
+    /// never queued: it is told the next token). Default 60.
     #[arg(long, default_value_t = DEFAULT_REFRESH_MAX_RETRY_AFTER_SECS)]
     pub refresh_max_retry_after_secs: u64,
     /// Failed enrollments allowed per source IP per minute before refusing. Default 60.

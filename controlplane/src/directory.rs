@@ -30,7 +30,7 @@ impl State {
         &self,
         req: RouterLeaseRequest,
     ) -> Result<RouterLeaseResponse, ServiceError> {
-        self.admit_refresh()?;
+        self.admit_lease()?;
         let cred = req
             .credential
             .ok_or_else(|| ServiceError::Invalid("credential missing".into()))?;

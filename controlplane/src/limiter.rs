@@ -125,6 +125,19 @@ impl SpreadingBucket {
         })
     }
 
+    /// Takes one token at `now`, or refuses with the wait for the next token
+    /// *without* taking a slot in the queue: for heartbeats (router leases)
+    /// whose deadline is shorter than the queue may be long. They compete for
+    /// each freed token with the callers already queued instead of waiting
+    /// behind them.
+    pub fn try_acquire_unqueued(&mut self, now: Duration) -> Result<(), Refusal> {
+        self.bucket.try_acquire(now).map_err(|wait| Refusal {
+            wait: wait.min(nanos(self.max_wait)),
+            position: 0,
+            capped: false,
+        })
+    }
+
     /// Refused callers holding a slot that has not come yet at `now`.
     pub fn queued(&self, now: Duration) -> u64 {
         // Slots sit one interval apart below `next_slot`; count those after `now`.
@@ -287,6 +300,10 @@ mod tests {
                 .iter()
                 .all(|r| r.capped && r.wait == Duration::from_secs(5))
         );
+        assert_eq!(b.queued(t0), 50);
+        // A heartbeat is told the next token, not the back of the queue.
+        let r = b.try_acquire_unqueued(t0).expect_err("empty");
+        assert_eq!((r.wait, r.position), (Duration::from_millis(100), 0));
         assert_eq!(b.queued(t0), 50);
         // Nobody came back: once the last slot has passed the queue is empty
         // and the next refusal waits only for the next token.

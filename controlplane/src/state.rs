@@ -103,6 +103,16 @@ impl State {
         self.limited("refresh", r)
     }
 
+    /// Takes a token for a router lease from the refresh limiter, or refuses
+    /// with the wait for the next token, not a slot at the back of the queue:
+    /// a lease lives `--lease-ttl-secs` (30 s) and the queue may reach
+    /// `--refresh-max-retry-after-secs` ahead, so a router waiting its turn
+    /// could drop out of the directory.
+    pub fn admit_lease(&self) -> Result<(), ServiceError> {
+        let r = lock(&self.refresh_bucket).try_acquire_unqueued(self.clock.now());
+        self.limited("refresh", r)
+    }
+
     fn limited(&self, limiter: &'static str, r: Result<(), Refusal>) -> Result<(), ServiceError> {
         r.map_err(|refusal| {
             self.metrics.retry_after(limiter, &refusal);

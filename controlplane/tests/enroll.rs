@@ -15,7 +15,8 @@ use agentmesh_proto::{
     identity::{Keypair, ed25519},
     pb::{
         controlplane::{
-            EnrollRequest, RefreshRequest, RouterLoad, control_plane_client::ControlPlaneClient,
+            EnrollRequest, RefreshRequest, RouterLeaseRequest, RouterLoad,
+            control_plane_client::ControlPlaneClient,
         },
         credential::{Claims, Credential, Label, Role, TokenKind},
     },
@@ -607,8 +608,20 @@ async fn refused_callers_get_successive_slots_up_to_the_cap_on_both_limiters() {
         }
     }
     assert_eq!(told, [1, 2, 2, 2]);
+    // A router lease shares the refresh limiter but is told the next token
+    // (1 s at 1/s), not the back of the queue (the 2 s cap here): its lease
+    // would expire waiting its turn.
+    let s = raw
+        .router_lease(RouterLeaseRequest::default())
+        .await
+        .expect_err("lease refused");
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert_eq!(
+        agentmesh_controlplane::retry_after(&s),
+        Some(Duration::from_secs(1))
+    );
     let m = metrics(&h).await;
-    for (limiter, refused, capped) in [("enroll", 8.0, 2.0), ("refresh", 4.0, 2.0)] {
+    for (limiter, refused, capped) in [("enroll", 8.0, 2.0), ("refresh", 5.0, 2.0)] {
         assert_eq!(
             metric(
                 &m,
