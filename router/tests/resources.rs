@@ -350,6 +350,8 @@ async fn a_memory_budget_refuses_and_counts() {
     let r = start_router(&cp, |c| {
         c.resources.connection_charge_bytes = charge;
         c.resources.memory_budget_percent = 100;
+        // The memory budget, not the watermark (sized to 1 here), refuses.
+        c.high_watermark = Some(10);
         // Two connections and a few control streams fit; a third connection does not.
         c.resources.memory_limit_bytes = Some(2 * charge + 512 * 1024);
     })

@@ -89,8 +89,13 @@ impl Mesh {
                 .get(&r.peer)
                 .is_none_or(|t| t.elapsed() >= interval);
             if (!connected || !has_kad) && may_dial && !r.addrs.is_empty() {
+                // A fresh local port: with port reuse (bound to our
+                // listen port) two routers dialling each other at once
+                // collide on one 4-tuple (EADDRINUSE, seen once dials went
+                // through the DNS transport); routers need no hole punching.
                 let opts = DialOpts::peer_id(r.peer)
                     .addresses(r.addrs.clone())
+                    .allocate_new_port()
                     .condition(if connected {
                         PeerCondition::Always
                     } else {
