@@ -228,6 +228,8 @@ pub(crate) struct Budgets {
     pub(crate) unauthenticated_connections_per_ip: u32,
     /// Failed logins from one IP per minute before its new connections are refused.
     pub(crate) failed_logins_per_ip_per_minute: u32,
+    /// Inbound connections in their handshake at once, all sources.
+    pub(crate) pending_connections_max: u32,
 }
 
 /// Inputs from which default budgets are derived.
@@ -368,6 +370,39 @@ pub(crate) fn admit_inbound_connection(b: &Budgets, u: ConnectionUsage) -> Resul
     Ok(charge)
 }
 
+/// Live counts relevant to one inbound connection before its handshake,
+/// when only its source address is known.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct HandshakeUsage {
+    /// Inbound handshakes in progress, all sources.
+    pub(crate) pending_total: u32,
+    /// Inbound handshakes in progress from the same IP.
+    pub(crate) pending_from_source: u32,
+    /// Established connections from the same IP whose peers are not admitted.
+    pub(crate) unauthenticated_from_source: u32,
+    /// Failed logins from the same IP in the last minute.
+    pub(crate) failed_logins_from_source: u32,
+}
+
+/// May an inbound connection start its handshake? Refused (cheaply, before
+/// any cryptography) when too many handshakes run at once, or when its IP
+/// already holds its share of not-yet-admitted connections (handshakes
+/// included) or failed too many logins. Admitted peers' connections are not
+/// counted, so members behind one NAT are not limited once admitted.
+pub(crate) fn admit_handshake(b: &Budgets, u: HandshakeUsage) -> Result<(), Refusal> {
+    if u.pending_total >= b.pending_connections_max {
+        return Err(Refusal::new(Resource::Connection, Scope::System));
+    }
+    if u.pending_from_source
+        .saturating_add(u.unauthenticated_from_source)
+        >= b.unauthenticated_connections_per_ip
+        || u.failed_logins_from_source >= b.failed_logins_per_ip_per_minute
+    {
+        return Err(Refusal::new(Resource::Connection, Scope::Source));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,6 +424,7 @@ mod tests {
             circuits_per_destination: 8,
             unauthenticated_connections_per_ip: 4,
             failed_logins_per_ip_per_minute: 10,
+            pending_connections_max: 16,
         }
     }
 
@@ -439,6 +475,42 @@ mod tests {
         assert_eq!(
             admit_inbound_connection(&b, u),
             Err(Refusal::new(Resource::Connection, Scope::Source))
+        );
+    }
+
+    #[test]
+    fn handshakes_are_refused_per_source_and_in_total() {
+        let b = budgets();
+        let ok = HandshakeUsage::default();
+        assert!(admit_handshake(&b, ok).is_ok());
+        let source = Err(Refusal::new(Resource::Connection, Scope::Source));
+        // 4 per IP: handshakes and unauthenticated connections together.
+        for (pending, unauth) in [(4, 0), (0, 4), (2, 2)] {
+            let u = HandshakeUsage {
+                pending_from_source: pending,
+                unauthenticated_from_source: unauth,
+                ..ok
+            };
+            assert_eq!(admit_handshake(&b, u), source);
+        }
+        let u = HandshakeUsage {
+            pending_from_source: 2,
+            unauthenticated_from_source: 1,
+            ..ok
+        };
+        assert!(admit_handshake(&b, u).is_ok());
+        let u = HandshakeUsage {
+            failed_logins_from_source: 10,
+            ..ok
+        };
+        assert_eq!(admit_handshake(&b, u), source);
+        let u = HandshakeUsage {
+            pending_total: 16,
+            ..ok
+        };
+        assert_eq!(
+            admit_handshake(&b, u),
+            Err(Refusal::new(Resource::Connection, Scope::System))
         );
     }
 

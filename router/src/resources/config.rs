@@ -24,10 +24,15 @@ pub const DEFAULT_PEER_STREAM_BUDGET_TOTAL: u32 = 512;
 /// Circuits (relay STOP streams) to one destination member: below a member's
 /// yamux stream limit (512), so circuits alone cannot exhaust it.
 pub const DEFAULT_CIRCUITS_PER_DESTINATION: u32 = 256;
-/// Connections from one IP whose peers are not (yet) admitted.
+/// Connections from one IP whose peers are not (yet) admitted, handshakes in
+/// progress included (those are refused before the handshake).
 pub const DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP: u32 = 64;
 /// Failed logins from one IP per minute before new connections from it are refused.
 pub const DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE: u32 = 30;
+/// Inbound connections in their handshake (noise + yamux, or QUIC) at once,
+/// all sources together: a handshake is cheap, but a flood from many IPs
+/// must not queue without bound (each takes at most 20 s).
+pub const DEFAULT_PENDING_CONNECTIONS_MAX: u32 = 1024;
 /// QUIC: concurrent streams per connection (like the yamux backstop).
 pub const DEFAULT_QUIC_MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// QUIC: receive window per stream, bytes (the yamux window).
@@ -65,6 +70,8 @@ pub struct ResourceConfig {
     pub unauthenticated_connections_per_ip: u32,
     /// Failed logins per IP per minute before its new connections are refused. Default 30.
     pub failed_logins_per_ip_per_minute: u32,
+    /// Inbound connections in their handshake at once, all sources. Default 1024.
+    pub pending_connections_max: u32,
     /// QUIC concurrent streams per connection. Default 1024.
     pub quic_max_concurrent_streams: u32,
     /// QUIC receive window per stream, bytes. Default 256 KiB.
@@ -87,6 +94,7 @@ impl Default for ResourceConfig {
             circuits_per_destination: DEFAULT_CIRCUITS_PER_DESTINATION,
             unauthenticated_connections_per_ip: DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP,
             failed_logins_per_ip_per_minute: DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE,
+            pending_connections_max: DEFAULT_PENDING_CONNECTIONS_MAX,
             quic_max_concurrent_streams: DEFAULT_QUIC_MAX_CONCURRENT_STREAMS,
             quic_max_stream_data_bytes: DEFAULT_QUIC_MAX_STREAM_DATA_BYTES,
             quic_max_connection_data_bytes: DEFAULT_QUIC_MAX_CONNECTION_DATA_BYTES,
@@ -131,6 +139,9 @@ pub struct ResourceArgs {
     /// Failed logins from one IP per minute before its new connections are refused.
     #[arg(long, default_value_t = DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE)]
     pub failed_logins_per_ip_per_minute: u32,
+    /// Inbound connections in their handshake at once, all sources together.
+    #[arg(long, default_value_t = DEFAULT_PENDING_CONNECTIONS_MAX)]
+    pub pending_connections_max: u32,
     /// QUIC concurrent streams per connection.
     #[arg(long, default_value_t = DEFAULT_QUIC_MAX_CONCURRENT_STREAMS)]
     pub quic_max_concurrent_streams: u32,
@@ -157,6 +168,7 @@ impl ResourceArgs {
             circuits_per_destination: self.circuits_per_destination,
             unauthenticated_connections_per_ip: self.unauthenticated_connections_per_ip,
             failed_logins_per_ip_per_minute: self.failed_logins_per_ip_per_minute,
+            pending_connections_max: self.pending_connections_max,
             quic_max_concurrent_streams: self.quic_max_concurrent_streams,
             quic_max_stream_data_bytes: self.quic_max_stream_data_bytes,
             quic_max_connection_data_bytes: self.quic_max_connection_data_bytes,

@@ -19,6 +19,7 @@ pub mod config;
 pub(crate) mod memory;
 mod metrics;
 pub(crate) mod muxer;
+pub(crate) mod pending;
 pub(crate) mod relay;
 mod sniff;
 pub(crate) mod transport;
@@ -76,6 +77,10 @@ struct State {
     peer_ips: HashMap<PeerId, Vec<IpAddr>>,
     failed_logins: HashMap<IpAddr, VecDeque<Instant>>,
     last_logged: HashMap<String, Instant>,
+    /// Inbound connections in their handshake: connection -> source IP.
+    pending: HashMap<libp2p::swarm::ConnectionId, IpAddr>,
+    /// Inbound handshakes in progress per source IP.
+    pending_by_ip: HashMap<IpAddr, u32>,
 }
 
 /// Budgets, live counts and charges of one router.
@@ -129,6 +134,7 @@ pub(crate) fn budgets(
         circuits_per_destination: r.circuits_per_destination,
         unauthenticated_connections_per_ip: r.unauthenticated_connections_per_ip,
         failed_logins_per_ip_per_minute: r.failed_logins_per_ip_per_minute,
+        pending_connections_max: r.pending_connections_max,
     }
 }
 
@@ -242,15 +248,7 @@ impl ResourceManager {
         let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let mut st = self.state.lock();
-        let failed = ip
-            .and_then(|ip| st.failed_logins.get_mut(&ip))
-            .map(|q| {
-                while q.front().is_some_and(|t| now - *t > FAILED_LOGIN_WINDOW) {
-                    q.pop_front();
-                }
-                q.len()
-            })
-            .unwrap_or(0);
+        let failed = ip.map_or(0, |ip| recent_failed_logins(&mut st, ip, now));
         let usage = ConnectionUsage {
             memory_bytes: st.memory,
             peer_admitted,
@@ -272,7 +270,7 @@ impl ResourceManager {
             }
             Err(r) => {
                 let key = ip.map_or_else(|| peer.to_string(), |ip| ip.to_string());
-                self.refuse(&mut st, r, NO_PROTOCOL, &key, &peer);
+                self.refuse(&mut st, r, NO_PROTOCOL, &key, Some(&peer));
                 Err(r)
             }
         }
@@ -392,7 +390,7 @@ impl ResourceManager {
                 let key = conn
                     .ip
                     .map_or_else(|| conn.peer.to_string(), |ip| ip.to_string());
-                self.refuse(&mut st, r, proto.as_str(), &key, &conn.peer);
+                self.refuse(&mut st, r, proto.as_str(), &key, Some(&conn.peer));
                 Err(r)
             }
         }
@@ -466,7 +464,14 @@ impl ResourceManager {
     }
 
     /// Counts a refusal and logs it at most once a minute per source.
-    fn refuse(&self, st: &mut State, r: Refusal, protocol: &'static str, key: &str, peer: &PeerId) {
+    fn refuse(
+        &self,
+        st: &mut State,
+        r: Refusal,
+        protocol: &'static str,
+        key: &str,
+        peer: Option<&PeerId>,
+    ) {
         self.metrics.refused(r, protocol);
         let now = Instant::now();
         if st.last_logged.len() >= MAX_LOG_SOURCES {
@@ -480,7 +485,7 @@ impl ResourceManager {
             st.last_logged.insert(key.to_string(), now);
             tracing::warn!(
                 source = key,
-                %peer,
+                peer = peer.map(|p| p.to_string()),
                 resource = r.resource.as_str(),
                 scope = r.scope.as_str(),
                 protocol,
@@ -488,6 +493,16 @@ impl ResourceManager {
             );
         }
     }
+}
+
+/// Failed logins from `ip` within the window (older ones are forgotten).
+fn recent_failed_logins(st: &mut State, ip: IpAddr, now: Instant) -> usize {
+    st.failed_logins.get_mut(&ip).map_or(0, |q| {
+        while q.front().is_some_and(|t| now - *t > FAILED_LOGIN_WINDOW) {
+            q.pop_front();
+        }
+        q.len()
+    })
 }
 
 /// Whether an auth result is a failed login for the per-IP limit: a forged,

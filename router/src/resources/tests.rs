@@ -265,3 +265,60 @@ fn every_refusal_label_is_pre_created() {
         )));
     }
 }
+
+#[test]
+fn handshakes_from_one_source_are_refused_before_they_start() {
+    use libp2p::swarm::ConnectionId;
+    let (mgr, admitted) = manager(|c| c.resources.pending_connections_max = 3);
+    let ip: IpAddr = "10.0.0.9".parse().expect("ip");
+    // Limit 2 per IP (see `manager`): two handshakes, the third refused.
+    let (h1, h2) = (
+        ConnectionId::new_unchecked(1),
+        ConnectionId::new_unchecked(2),
+    );
+    mgr.open_pending(h1, ip).expect("1");
+    mgr.open_pending(h2, ip).expect("2");
+    let r = mgr
+        .open_pending(ConnectionId::new_unchecked(3), ip)
+        .expect_err("3");
+    assert_eq!((r.resource, r.scope), (Resource::Connection, Scope::Source));
+    assert_eq!(
+        refused(&mgr, Resource::Connection, Scope::Source, "none"),
+        1
+    );
+    // Another IP still gets in until the total cap (3) is reached.
+    let other: IpAddr = "10.0.0.10".parse().expect("ip");
+    mgr.open_pending(ConnectionId::new_unchecked(4), other)
+        .expect("other ip");
+    let r = mgr
+        .open_pending(
+            ConnectionId::new_unchecked(5),
+            "10.0.0.11".parse().expect("ip"),
+        )
+        .expect_err("total");
+    assert_eq!((r.resource, r.scope), (Resource::Connection, Scope::System));
+    // A handshake that ends frees its place (twice is harmless).
+    mgr.close_pending(h1);
+    mgr.close_pending(h1);
+    assert_eq!(mgr.pending(), 2);
+    // An established connection from the IP whose peer is not admitted
+    // counts against it; once its peer is admitted it no longer does.
+    mgr.close_pending(h2);
+    let peer = PeerId::random();
+    let _c = mgr
+        .open_connection(peer, &inbound_from("10.0.0.9"))
+        .expect("conn");
+    mgr.open_pending(ConnectionId::new_unchecked(6), ip)
+        .expect("one unauthenticated + one handshake");
+    let r = mgr
+        .open_pending(ConnectionId::new_unchecked(7), ip)
+        .expect_err("limit");
+    assert_eq!(r.scope, Scope::Source);
+    admitted.write().insert(peer);
+    mgr.close_pending(ConnectionId::new_unchecked(6));
+    mgr.close_pending(ConnectionId::new_unchecked(4));
+    mgr.open_pending(ConnectionId::new_unchecked(8), ip)
+        .expect("admitted peers do not count");
+    mgr.open_pending(ConnectionId::new_unchecked(9), ip)
+        .expect("admitted peers do not count");
+}

@@ -49,6 +49,9 @@ pub(crate) enum Command {
 #[derive(NetworkBehaviour)]
 #[behaviour(prelude = "libp2p::swarm::derive_prelude")]
 pub(crate) struct Behaviour {
+    /// First, so floods are refused before the handshake and before any
+    /// other behaviour sees the connection.
+    pub(crate) pending: crate::resources::pending::PendingLimits,
     pub(crate) relay: relay::Behaviour,
     pub(crate) stream: libp2p_stream::Behaviour,
     pub(crate) kad: RouterOnly<kad::Behaviour<MemoryStore>>,
@@ -71,6 +74,7 @@ pub(crate) fn build(shared: &Arc<Shared>) -> Result<Swarm<Behaviour>, BuildError
     let idle = shared.config.idle_connection_timeout;
     let resources = shared.resources.clone();
     let resources_config = shared.config.resources.clone();
+    let pending = crate::resources::pending::PendingLimits::new(resources.clone());
     let swarm = SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
         .with_other_transport(|key| {
@@ -96,6 +100,7 @@ pub(crate) fn build(shared: &Arc<Shared>) -> Result<Swarm<Behaviour>, BuildError
             let mut kad = kad::Behaviour::with_config(peer_id, store, kc);
             kad.set_mode(Some(kad::Mode::Server));
             Behaviour {
+                pending,
                 relay: relay::Behaviour::new(peer_id, relay_config),
                 stream: libp2p_stream::Behaviour::new(),
                 kad: RouterOnly::new(kad, router_set),

@@ -1,0 +1,198 @@
+//! Refusing connection floods before the handshake: a small behaviour whose
+//! `handle_pending_inbound_connection` runs when a connection arrives, with
+//! only its addresses known, before noise (or QUIC's TLS) spends any CPU.
+//!
+//! It counts handshakes in progress per source IP and in total, and refuses
+//! a connection when its IP already holds `--unauthenticated-connections-per-ip`
+//! connections whose peers are not admitted (handshakes in progress
+//! included), when the IP failed too many logins, or when
+//! `--pending-connections-max` handshakes run at once. Refusals count as
+//! `refused_total{resource="connection",scope="source"|"system",protocol="none"}`.
+//! Connections of admitted peers are never counted, so members behind one
+//! NAT are not limited once admitted. A handshake stops counting when its
+//! connection is established or fails (`ListenFailure`, which the swarm
+//! also reports for a denial by any behaviour or by the transport's own
+//! admission in `ResourceManager::open_connection`).
+
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use libp2p::core::Endpoint;
+use libp2p::core::transport::PortUse;
+use libp2p::multiaddr::Protocol;
+use libp2p::swarm::{
+    ConnectionDenied, ConnectionId, FromSwarm, NetworkBehaviour, THandler, THandlerInEvent,
+    THandlerOutEvent, ToSwarm, dummy,
+};
+use libp2p::{Multiaddr, PeerId};
+use tokio::time::Instant;
+
+use super::budget::{self, HandshakeUsage, Refusal};
+use super::metrics::NO_PROTOCOL;
+use super::transport::ConnectionRefused;
+use super::{ResourceManager, recent_failed_logins};
+
+impl ResourceManager {
+    /// Admits (and counts) an inbound connection from `ip` before its
+    /// handshake, or refuses it (counted, logged).
+    pub(crate) fn open_pending(&self, id: ConnectionId, ip: IpAddr) -> Result<(), Refusal> {
+        // Read admission for the peers from this IP before taking our lock.
+        let others: Vec<PeerId> = self
+            .state
+            .lock()
+            .sources
+            .get(&ip)
+            .map(|m| m.values().copied().collect())
+            .unwrap_or_default();
+        let unauthenticated = others.iter().filter(|p| !self.is_admitted(p)).count();
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        let usage = HandshakeUsage {
+            pending_total: u32::try_from(st.pending.len()).unwrap_or(u32::MAX),
+            pending_from_source: st.pending_by_ip.get(&ip).copied().unwrap_or(0),
+            unauthenticated_from_source: u32::try_from(unauthenticated).unwrap_or(u32::MAX),
+            failed_logins_from_source: u32::try_from(recent_failed_logins(&mut st, ip, now))
+                .unwrap_or(u32::MAX),
+        };
+        match budget::admit_handshake(&self.budgets, usage) {
+            Ok(()) => {
+                st.pending.insert(id, ip);
+                *st.pending_by_ip.entry(ip).or_default() += 1;
+                Ok(())
+            }
+            Err(r) => {
+                self.refuse(&mut st, r, NO_PROTOCOL, &ip.to_string(), None);
+                Err(r)
+            }
+        }
+    }
+
+    /// The handshake of `id` ended (established or failed); idempotent.
+    pub(crate) fn close_pending(&self, id: ConnectionId) {
+        let mut st = self.state.lock();
+        if let Some(ip) = st.pending.remove(&id)
+            && let Some(n) = st.pending_by_ip.get_mut(&ip)
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                st.pending_by_ip.remove(&ip);
+            }
+        }
+    }
+
+    /// Inbound handshakes in progress (for tests).
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> usize {
+        self.state.lock().pending.len()
+    }
+}
+
+/// The source IP of an inbound connection that arrived directly (not
+/// through a relay: the router is never a relay client).
+fn direct_source(local: &Multiaddr, remote: &Multiaddr) -> Option<IpAddr> {
+    if local.iter().any(|p| matches!(p, Protocol::P2pCircuit)) {
+        return None;
+    }
+    remote.iter().find_map(|p| match p {
+        Protocol::Ip4(ip) => Some(IpAddr::V4(ip)),
+        Protocol::Ip6(ip) => Some(IpAddr::V6(ip)),
+        _ => None,
+    })
+}
+
+/// The behaviour that refuses floods before the handshake (see the module
+/// docs). Put it first in the composed behaviour so it decides first.
+#[derive(Debug)]
+pub(crate) struct PendingLimits {
+    mgr: Arc<ResourceManager>,
+}
+
+impl PendingLimits {
+    /// Limits backed by `mgr`'s budgets and counts.
+    pub(crate) fn new(mgr: Arc<ResourceManager>) -> Self {
+        Self { mgr }
+    }
+}
+
+impl NetworkBehaviour for PendingLimits {
+    type ConnectionHandler = dummy::ConnectionHandler;
+    type ToSwarm = Infallible;
+
+    fn handle_pending_inbound_connection(
+        &mut self,
+        connection_id: ConnectionId,
+        local_addr: &Multiaddr,
+        remote_addr: &Multiaddr,
+    ) -> Result<(), ConnectionDenied> {
+        let Some(ip) = direct_source(local_addr, remote_addr) else {
+            return Ok(());
+        };
+        self.mgr
+            .open_pending(connection_id, ip)
+            .map_err(|r| ConnectionDenied::new(ConnectionRefused(r)))
+    }
+
+    fn handle_established_inbound_connection(
+        &mut self,
+        connection_id: ConnectionId,
+        _peer: PeerId,
+        _local_addr: &Multiaddr,
+        _remote_addr: &Multiaddr,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        self.mgr.close_pending(connection_id);
+        Ok(dummy::ConnectionHandler)
+    }
+
+    fn handle_established_outbound_connection(
+        &mut self,
+        _connection_id: ConnectionId,
+        _peer: PeerId,
+        _addr: &Multiaddr,
+        _role_override: Endpoint,
+        _port_use: PortUse,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        Ok(dummy::ConnectionHandler)
+    }
+
+    fn on_swarm_event(&mut self, event: FromSwarm) {
+        if let FromSwarm::ListenFailure(f) = event {
+            self.mgr.close_pending(f.connection_id);
+        }
+    }
+
+    fn on_connection_handler_event(
+        &mut self,
+        _peer: PeerId,
+        _connection_id: ConnectionId,
+        event: THandlerOutEvent<Self>,
+    ) {
+        match event {}
+    }
+
+    fn poll(
+        &mut self,
+        _cx: &mut Context<'_>,
+    ) -> Poll<ToSwarm<Self::ToSwarm, THandlerInEvent<Self>>> {
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relayed_connections_and_unknown_sources_are_not_counted_here() {
+        let local: Multiaddr = "/ip4/127.0.0.1/tcp/4001".parse().expect("addr");
+        let remote: Multiaddr = "/ip4/10.1.2.3/tcp/5000".parse().expect("addr");
+        assert_eq!(
+            direct_source(&local, &remote),
+            Some("10.1.2.3".parse().expect("ip"))
+        );
+        let relayed: Multiaddr = "/ip4/127.0.0.1/tcp/4001/p2p-circuit".parse().expect("addr");
+        assert_eq!(direct_source(&relayed, &remote), None);
+        assert_eq!(direct_source(&local, &Multiaddr::empty()), None);
+    }
+}
