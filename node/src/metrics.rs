@@ -42,7 +42,7 @@ pub const GOAWAY_RESULTS: &[&str] = &["draining", "overloaded", "other", "ignore
 /// Why a held router was given up for another one.
 pub const REPLACE_REASONS: &[&str] = &["reservation_refused"];
 /// Why an outbound call was retried on a fresh route ([`Metrics::call_retries`]).
-pub const CALL_RETRY_REASONS: &[&str] = &["connect_failed", "stream_failed"];
+pub const CALL_RETRY_REASONS: &[&str] = &["connect_failed", "stream_failed", "no_providers"];
 /// Generic outcomes.
 pub const OUTCOMES: &[&str] = &["ok", "error"];
 

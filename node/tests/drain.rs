@@ -197,7 +197,7 @@ async fn calls_succeed_first_time_and_everyone_is_back_on_k_while_a_router_drain
     let mut retries = 0.0;
     for c in &callers {
         let (_, m) = http_get(c.metrics_addr().expect("metrics"), "/metrics").await;
-        for reason in ["connect_failed", "stream_failed"] {
+        for reason in ["connect_failed", "stream_failed", "no_providers"] {
             retries += metric(
                 &m,
                 &format!(r#"agentmesh_node_call_retries_total{{reason="{reason}"}}"#),

@@ -9,6 +9,8 @@
 //! last, is retried once: a fresh lookup, routes avoiding the routers that
 //! failed, within the call's overall deadline (connect + call timeout).
 //! Never after a provider answered: an answer (accepted or refused) is final.
+//! A lookup where every router asked knew no provider is asked once more
+//! too, after a short pause: mid-move that is a gap in the catalog.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -41,6 +43,10 @@ const MIN_RETRY_TIME: Duration = Duration::from_secs(1);
 /// Pause before the retry (jittered up to ×3): lets the failed circuit or
 /// connection finish closing, so the retry does not reuse it.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Pause before asking again after no router knew a provider (jittered up
+/// to ×3): time for a moving provider's record to reach its new router.
+const NO_PROVIDERS_PAUSE: Duration = Duration::from_millis(250);
 
 /// How a failure happened on the route to a provider (before it answered).
 #[derive(Debug, Clone, Copy)]
@@ -187,8 +193,13 @@ async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, C
         Ok(s) => return Ok(s),
         Err(e) => e,
     };
-    let Some(failure) = first.routes.last().copied() else {
-        return Err(first.error);
+    let (reason, pause) = match (&first.error, first.routes.last()) {
+        (_, Some(failure)) => (failure.reason, RETRY_PAUSE),
+        // Every router we asked knew no provider: mid-move (a provider
+        // between its old and new routers) that is a moment's gap in the
+        // catalog, so ask once more.
+        (CallError::NoProviders(_), None) => ("no_providers", NO_PROVIDERS_PAUSE),
+        _ => return Err(first.error),
     };
     if shared.is_shutting_down() || Instant::now() + MIN_RETRY_TIME > deadline {
         return Err(first.error);
@@ -198,13 +209,11 @@ async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, C
     shared
         .metrics
         .call_retries
-        .get_or_create(&crate::metrics::ReasonLabel {
-            reason: failure.reason,
-        })
+        .get_or_create(&crate::metrics::ReasonLabel { reason })
         .inc();
     let avoid: HashSet<PeerId> = first.routes.iter().map(|r| r.via).collect();
     tracing::debug!(service, error = %first.error, avoid = ?avoid, "route failed: retrying the call once on a fresh route");
-    let pause = RETRY_PAUSE.mul_f64(1.0 + rand::thread_rng().gen_range(0.0..=2.0));
+    let pause = pause.mul_f64(1.0 + rand::thread_rng().gen_range(0.0..=2.0));
     let retry = async {
         tokio::time::sleep(pause).await;
         round(shared, service, &avoid, true).await
