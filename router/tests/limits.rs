@@ -1,0 +1,218 @@
+//! Limits that bite before admission, on loopback with real sockets:
+//!
+//! - a source IP opening many connections is refused before the handshake
+//!   (raw TCP connections that never start noise hold their IP's share;
+//!   the next one is closed unread and counted), and admitted members from
+//!   the same IP do not count;
+//! - the high watermark sized from the memory budget (no flag) is what a
+//!   new member meets: go-away instead of admission at the watermark.
+
+mod support;
+
+use std::time::Duration;
+
+use agentmesh_proto::pb::credential::Role;
+use agentmesh_proto::pb::mesh::{Purpose, auth_response};
+use agentmesh_router::{Config, RouterHandle};
+use libp2p::Multiaddr;
+use libp2p::multiaddr::Protocol;
+use support::cp::{Cp, start_cp};
+use support::{DEADLINE, TestPeer, eventually, metric};
+use tokio::io::AsyncReadExt;
+
+struct Router {
+    handle: RouterHandle,
+    addr: Multiaddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Router {
+    fn metric(&self, series: &str) -> f64 {
+        metric(&self.handle.metrics_text(), series)
+    }
+    fn refused_connections(&self, scope: &str) -> f64 {
+        self.metric(&format!(
+            "agentmesh_router_refused_total{{resource=\"connection\",scope=\"{scope}\",protocol=\"none\"}}"
+        ))
+    }
+    fn socket_addr(&self) -> std::net::SocketAddr {
+        let mut ip = None;
+        let mut port = None;
+        for p in self.addr.iter() {
+            match p {
+                Protocol::Ip4(a) => ip = Some(a),
+                Protocol::Tcp(p) => port = Some(p),
+                _ => {}
+            }
+        }
+        (ip.expect("ip4"), port.expect("tcp")).into()
+    }
+}
+
+async fn start_router(cp: &Cp, adjust: impl FnOnce(&mut Config)) -> Router {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = Config {
+        control_plane: cp.url.clone(),
+        token: cp.token(Role::Router).await,
+        key_path: dir.path().join("router.key"),
+        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")],
+        auth_deadline: Duration::from_secs(60),
+        lease_interval: Duration::from_secs(1),
+        clock_skew: Duration::ZERO,
+        control_plane_retry_budget: Duration::from_secs(10),
+        ..Default::default()
+    };
+    adjust(&mut config);
+    let handle = agentmesh_router::spawn(config).await.expect("router");
+    let mut ready = handle.ready();
+    tokio::time::timeout(DEADLINE, ready.wait_for(|r| *r))
+        .await
+        .expect("router ready in time")
+        .expect("ready channel");
+    let addr = handle.listen_addrs()[0].clone();
+    Router {
+        handle,
+        addr,
+        _dir: dir,
+    }
+}
+
+/// A TCP connection that never starts the noise handshake.
+async fn silent(r: &Router) -> tokio::net::TcpStream {
+    tokio::net::TcpStream::connect(r.socket_addr())
+        .await
+        .expect("tcp connect")
+}
+
+/// Reads until the router closes `s` (EOF or reset), within the deadline.
+async fn closed_by_router(mut s: tokio::net::TcpStream) {
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(DEADLINE, s.read(&mut buf))
+        .await
+        .expect("the router closes the refused connection in time");
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "nothing is sent on a refused connection: {n:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_from_one_ip_is_refused_before_the_handshake() {
+    const PER_IP: u32 = 4;
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| {
+        c.resources.unauthenticated_connections_per_ip = PER_IP;
+    })
+    .await;
+    assert_eq!(r.refused_connections("source"), 0.0);
+
+    // Four silent connections hold 127.0.0.1's share of handshakes.
+    let mut held = Vec::new();
+    for _ in 0..PER_IP {
+        held.push(silent(&r).await);
+    }
+    // The fifth is closed without a byte: refused before noise began.
+    closed_by_router(silent(&r).await).await;
+    assert_eq!(r.refused_connections("source"), 1.0);
+    // So is a real libp2p dial: its handshake never starts.
+    let flood_peer = TestPeer::new();
+    let addr = r.addr.clone();
+    flood_peer
+        .with_swarm(move |s| s.dial(addr).expect("dial"))
+        .await;
+    eventually("the libp2p dial is refused too", || async {
+        (r.refused_connections("source") >= 2.0).then_some(())
+    })
+    .await;
+    assert!(!flood_peer.is_connected(r.handle.peer_id()).await);
+
+    // The flood ends: its handshakes stop counting.
+    drop(held);
+    let token = cp.token(Role::Member).await;
+    let mut members = Vec::new();
+    for _ in 0..PER_IP + 2 {
+        // Admitted members from the same IP do not count, so more of them
+        // than the per-IP share get in, one after the other.
+        let m = TestPeer::new();
+        eventually("a member connects once the flood is gone", || async {
+            let addr = r.addr.clone();
+            m.with_swarm(move |s| s.dial(addr).expect("dial")).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            m.is_connected(r.handle.peer_id()).await.then_some(())
+        })
+        .await;
+        let cred = cp.enroll(&token, &m.key).await;
+        let resp = m
+            .auth(r.handle.peer_id(), Some(cred), Purpose::Attach)
+            .await;
+        assert!(
+            matches!(resp.result, Some(auth_response::Result::Admitted(_))),
+            "{resp:?}"
+        );
+        members.push(m);
+    }
+    // With six admitted members on 127.0.0.1 the IP's share is free again.
+    let refused = r.refused_connections("source");
+    let mut held = Vec::new();
+    for _ in 0..PER_IP {
+        held.push(silent(&r).await);
+    }
+    closed_by_router(silent(&r).await).await;
+    assert_eq!(r.refused_connections("source"), refused + 1.0);
+    for m in &members {
+        assert!(m.is_connected(r.handle.peer_id()).await, "members stay");
+    }
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_high_watermark_sized_from_the_memory_budget_answers_go_away() {
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| {
+        // 8 MiB × 3% ÷ 72 KiB per idle member = 3 members; low == high so
+        // trimming does not make room while the test fills the router.
+        c.resources.memory_limit_bytes = Some(8 << 20);
+        c.resources.memory_budget_percent = 100;
+        c.high_watermark_memory_percent = 3;
+        c.low_watermark = Some(3);
+    })
+    .await;
+    let s = r.handle.sizing();
+    assert!(s.sized_from_memory);
+    assert_eq!(
+        (s.high_watermark, s.relay_max_reservations),
+        (3, 3),
+        "{s:?}"
+    );
+    let token = cp.token(Role::Member).await;
+    let mut members = Vec::new();
+    for i in 0..5 {
+        let mut m = TestPeer::new();
+        m.connect(r.handle.peer_id(), r.addr.clone()).await;
+        let cred = cp.enroll(&token, &m.key).await;
+        let resp = m
+            .auth(r.handle.peer_id(), Some(cred), Purpose::Attach)
+            .await;
+        if i < 3 {
+            assert!(
+                matches!(resp.result, Some(auth_response::Result::Admitted(_))),
+                "member {i}: {resp:?}"
+            );
+        } else {
+            assert!(
+                matches!(resp.result, Some(auth_response::Result::GoAway(_))),
+                "member {i} at the sized watermark: {resp:?}"
+            );
+        }
+        members.push(m);
+    }
+    eventually("attached gauge at the sized watermark", || async {
+        (r.metric("agentmesh_router_attached_members") == 3.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        r.metric("agentmesh_router_goaway_sent_total{reason=\"overloaded\",result=\"on_auth\"}"),
+        2.0
+    );
+    r.handle.shutdown().await;
+}
