@@ -50,7 +50,9 @@ pub struct Config {
     pub socket_path: Option<PathBuf>,
     /// Do not serve the Unix socket at all (`--no-socket`; embedded fleets set it).
     pub no_socket: bool,
-    /// Bind outgoing TCP connections to this local IP (`--dial-source-ip`).
+    /// Outgoing TCP and QUIC connections leave from this local IP
+    /// (`--dial-source-ip`, default none): one process can then hold more
+    /// connections to a router than one address has ephemeral ports.
     pub dial_source_ip: Option<IpAddr>,
     /// Deadline for one control-plane RPC (`--rpc-timeout-secs`, default 10).
     pub rpc_timeout_secs: u64,
