@@ -216,3 +216,109 @@ async fn the_high_watermark_sized_from_the_memory_budget_answers_go_away() {
     );
     r.handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn circuits_of_one_source_peer_are_capped_by_its_hop_streams() {
+    use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
+    use support::Ev;
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| {
+        c.resources
+            .peer_stream_budgets
+            .insert("relay_hop".into(), 2);
+    })
+    .await;
+    let router = r.handle.peer_id();
+    let token = cp.token(Role::Member).await;
+    let circuit = r
+        .addr
+        .clone()
+        .with(Protocol::P2p(router))
+        .with(Protocol::P2pCircuit);
+
+    // Two members attach and reserve; each serves echo.
+    let mut dsts = Vec::new();
+    for _ in 0..2 {
+        let mut d = TestPeer::new();
+        d.connect(router, r.addr.clone()).await;
+        let cred = cp.enroll(&token, &d.key).await;
+        let resp = d.auth(router, Some(cred), Purpose::Attach).await;
+        assert!(matches!(
+            resp.result,
+            Some(auth_response::Result::Admitted(_))
+        ));
+        let c = circuit.clone();
+        d.with_swarm(move |s| s.listen_on(c).expect("listen on circuit"))
+            .await;
+        d.wait(
+            "reservation accepted",
+            |e| matches!(e, Ev::ListenAddr(a) if a.iter().any(|p| p == Protocol::P2pCircuit)),
+        )
+        .await;
+        let _ = d.serve_echo("/test/echo/1");
+        dsts.push(d);
+    }
+
+    // One source (transit) opens circuits: two to A fit its HOP budget, a
+    // third, to B, is refused for that source peer, not for B.
+    let mut src = TestPeer::new();
+    src.connect(router, r.addr.clone()).await;
+    let cred = cp.enroll(&token, &src.key).await;
+    let resp = src.auth(router, Some(cred), Purpose::Transit).await;
+    assert!(matches!(
+        resp.result,
+        Some(auth_response::Result::Admitted(_))
+    ));
+    let dial = |to: libp2p::PeerId| {
+        let addr = circuit.clone().with(Protocol::P2p(to));
+        move |s: &mut libp2p::Swarm<support::PeerBehaviour>| {
+            s.dial(
+                DialOpts::peer_id(to)
+                    .addresses(vec![addr])
+                    .condition(PeerCondition::Always)
+                    .build(),
+            )
+            .expect("dial through relay")
+        }
+    };
+    let (a, b) = (dsts[0].peer_id, dsts[1].peer_id);
+    for _ in 0..2 {
+        src.with_swarm(dial(a)).await;
+        src.wait(
+            "relayed connection to A",
+            |e| matches!(e, Ev::Connected { peer, relayed: true } if *peer == a),
+        )
+        .await;
+    }
+    let refused =
+        "agentmesh_router_refused_total{resource=\"stream\",scope=\"peer\",protocol=\"relay_hop\"}";
+    assert_eq!(r.metric(refused), 0.0);
+    src.with_swarm(dial(b)).await;
+    eventually("the source's third circuit refused", || async {
+        (r.metric(refused) >= 1.0).then_some(())
+    })
+    .await;
+    assert!(
+        !src.is_connected(b).await,
+        "no circuit to B beyond the source's budget"
+    );
+    // B itself is not limited: another source reaches it.
+    let mut other = TestPeer::new();
+    other.connect(router, r.addr.clone()).await;
+    let cred = cp.enroll(&token, &other.key).await;
+    let resp = other.auth(router, Some(cred), Purpose::Transit).await;
+    assert!(matches!(
+        resp.result,
+        Some(auth_response::Result::Admitted(_))
+    ));
+    other.with_swarm(dial(b)).await;
+    other
+        .wait(
+            "relayed connection to B from another source",
+            |e| matches!(e, Ev::Connected { peer, relayed: true } if *peer == b),
+        )
+        .await;
+    let data = vec![9u8; 16 * 1024];
+    assert_eq!(other.echo(b, "/test/echo/1", &data).await, data);
+    r.handle.shutdown().await;
+}
