@@ -238,6 +238,7 @@ async fn circuits_of_one_source_peer_are_capped_by_its_hop_streams() {
 
     // Two members attach and reserve; each serves echo.
     let mut dsts = Vec::new();
+    let mut echoes = Vec::new();
     for _ in 0..2 {
         let mut d = TestPeer::new();
         d.connect(router, r.addr.clone()).await;
@@ -255,7 +256,7 @@ async fn circuits_of_one_source_peer_are_capped_by_its_hop_streams() {
             |e| matches!(e, Ev::ListenAddr(a) if a.iter().any(|p| p == Protocol::P2pCircuit)),
         )
         .await;
-        let _ = d.serve_echo("/test/echo/1");
+        echoes.push(d.serve_echo("/test/echo/1"));
         dsts.push(d);
     }
 
