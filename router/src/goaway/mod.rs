@@ -159,3 +159,31 @@ pub(crate) fn count(shared: &Shared, reason: Reason, result: &'static str) {
         .get_or_create(&[("reason", reason.as_str()), ("result", result)])
         .inc();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_watermark_above_what_the_budget_holds_warns() {
+        let budget = 768 << 20;
+        let sized = crate::Config::default();
+        let b = crate::resources::budgets(&sized, &sized.sizing(budget), budget);
+        assert!(!check_watermarks(&sized.sizing(budget), &b), "sized fits");
+        let explicit = crate::Config {
+            high_watermark: Some(20_000),
+            ..Default::default()
+        };
+        let s = explicit.sizing(budget);
+        assert_eq!(s.members_that_fit, 10_922);
+        assert!(
+            check_watermarks(&s, &b),
+            "20,000 idle members need more than 768 MiB"
+        );
+        let fits = crate::Config {
+            high_watermark: Some(10_000),
+            ..Default::default()
+        };
+        assert!(!check_watermarks(&fits.sizing(budget), &b));
+    }
+}
