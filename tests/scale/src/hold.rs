@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use crate::config::FleetConfig;
 use crate::error::{LadderError, Result};
 use crate::fleet::Fleet;
+use crate::mesh::{LocalMesh, RouterState};
 use crate::observe::RouterSnapshot;
 use crate::report::{EventRecord, Events, HoldRecord};
 use crate::stats;
@@ -136,7 +137,7 @@ async fn event(
     };
     let outcome: Result<()> = match kind {
         Kind::KillRouter => match target.local("--kill-router-at") {
-            Ok(mesh) => match mesh.last_running_router() {
+            Ok(mesh) => match busiest_running_router(mesh, &before) {
                 Some(i) => {
                     record.target = Some(mesh.routers[i].name.clone());
                     while_pumping(fleet, mesh.kill_router(i)).await
@@ -146,7 +147,7 @@ async fn event(
             Err(e) => Err(e),
         },
         Kind::DrainRouter => match target.local("--drain-router-at") {
-            Ok(mesh) => match mesh.last_running_router() {
+            Ok(mesh) => match busiest_running_router(mesh, &before) {
                 Some(i) => {
                     record.target = Some(mesh.routers[i].name.clone());
                     mesh.drain_router(i)
@@ -215,6 +216,24 @@ async fn event(
         record.calls_failed
     );
     Ok(record)
+}
+
+/// The running router with the most attached members (ties: the highest
+/// index), so an event always moves members, also after `--restart-routers`
+/// brought an empty router back.
+fn busiest_running_router(mesh: &LocalMesh, snapshot: &[RouterSnapshot]) -> Option<usize> {
+    let attached = |name: &str| {
+        snapshot
+            .iter()
+            .find(|s| s.name == name && s.up)
+            .map_or(0, |s| s.attached)
+    };
+    mesh.routers
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.state == RouterState::Running)
+        .max_by_key(|(i, r)| (attached(&r.name), *i))
+        .map(|(i, _)| i)
 }
 
 /// With `--restart-routers`, starts the event's router again (same key and

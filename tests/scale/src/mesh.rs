@@ -212,13 +212,6 @@ impl LocalMesh {
         self.routers.get(i).and_then(|r| r.child.id())
     }
 
-    /// The running router with the highest index, the one events act on.
-    pub fn last_running_router(&self) -> Option<usize> {
-        self.routers
-            .iter()
-            .rposition(|r| r.state == RouterState::Running)
-    }
-
     /// SIGKILLs router `i`.
     pub async fn kill_router(&mut self, i: usize) -> Result<()> {
         let r = self.router_mut(i)?;
