@@ -10,7 +10,8 @@
 //! failed, within the call's overall deadline (connect + call timeout).
 //! Never after a provider answered: an answer (accepted or refused) is final.
 //! A lookup where every router asked knew no provider is asked once more
-//! too, after a short pause: mid-move that is a gap in the catalog.
+//! too (once, apart from the route retry), after a short pause: mid-move
+//! that is a gap in the catalog.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -189,62 +190,85 @@ async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, C
         return Err(CallError::ShuttingDown);
     }
     let deadline = Instant::now() + shared.config.connect_timeout() + shared.config.call_timeout();
-    let first = match round(shared, service, &HashSet::new(), false).await {
-        Ok(s) => return Ok(s),
-        Err(e) => e,
-    };
-    let (reason, pause) = match (&first.error, first.routes.last()) {
-        (_, Some(failure)) => (failure.reason, RETRY_PAUSE),
-        // Every router we asked knew no provider: mid-move (a provider
-        // between its old and new routers) that is a moment's gap in the
-        // catalog, so ask once more.
-        (CallError::NoProviders(_), None) => ("no_providers", NO_PROVIDERS_PAUSE),
-        _ => return Err(first.error),
-    };
-    if shared.is_shutting_down() || Instant::now() + MIN_RETRY_TIME > deadline {
-        return Err(first.error);
+    let mut avoid: HashSet<PeerId> = HashSet::new();
+    // At most one retry of each kind: after a route failure, after an
+    // empty lookup.
+    let (mut route_retried, mut lookup_retried) = (false, false);
+    let mut earlier: Vec<String> = Vec::new();
+    loop {
+        let retry = route_retried || lookup_retried;
+        let attempt = round(shared, service, &avoid, retry);
+        // The first round has its own per-step timeouts; retries must also
+        // end by the call's deadline.
+        let result = if retry {
+            match tokio::time::timeout_at(deadline, attempt).await {
+                Ok(r) => r,
+                Err(_) => {
+                    return Err(CallError::Failed {
+                        service: service.to_string(),
+                        attempts: 1,
+                        last: format!("retry ran out of time (after: {})", earlier.join("; ")),
+                        refused: false,
+                        timed_out: true,
+                    });
+                }
+            }
+        } else {
+            attempt.await
+        };
+        let failed = match result {
+            Ok(s) => return Ok(s),
+            Err(e) => e,
+        };
+        let (reason, pause) = match (&failed.error, failed.routes.last()) {
+            (_, Some(f)) if !route_retried => {
+                route_retried = true;
+                (f.reason, RETRY_PAUSE)
+            }
+            // Every router we asked knew no provider: mid-move (a provider
+            // between its old and new routers) that is a moment's gap in
+            // the catalog, so ask once more.
+            (CallError::NoProviders(_), None) if !lookup_retried => {
+                lookup_retried = true;
+                ("no_providers", NO_PROVIDERS_PAUSE)
+            }
+            _ => return Err(with_earlier(failed.error, &earlier)),
+        };
+        if shared.is_shutting_down() || Instant::now() + MIN_RETRY_TIME > deadline {
+            return Err(with_earlier(failed.error, &earlier));
+        }
+        // No provider answered: once more, on a fresh lookup, avoiding the
+        // routers whose routes failed.
+        shared
+            .metrics
+            .call_retries
+            .get_or_create(&crate::metrics::ReasonLabel { reason })
+            .inc();
+        avoid.extend(failed.routes.iter().map(|r| r.via));
+        tracing::debug!(service, error = %failed.error, ?avoid, "retrying the call on a fresh route");
+        earlier.push(failed.error.to_string());
+        let pause = pause.mul_f64(1.0 + rand::thread_rng().gen_range(0.0..=2.0));
+        tokio::time::sleep_until((Instant::now() + pause).min(deadline)).await;
     }
-    // The route failed before any provider answered: once more, on a
-    // fresh lookup, avoiding the routers whose routes failed.
-    shared
-        .metrics
-        .call_retries
-        .get_or_create(&crate::metrics::ReasonLabel { reason })
-        .inc();
-    let avoid: HashSet<PeerId> = first.routes.iter().map(|r| r.via).collect();
-    tracing::debug!(service, error = %first.error, avoid = ?avoid, "route failed: retrying the call once on a fresh route");
-    let pause = pause.mul_f64(1.0 + rand::thread_rng().gen_range(0.0..=2.0));
-    let retry = async {
-        tokio::time::sleep(pause).await;
-        round(shared, service, &avoid, true).await
-    };
-    match tokio::time::timeout_at(deadline, retry).await {
-        Ok(r) => r.map_err(|e| match e.error {
-            CallError::Failed {
-                service,
-                attempts,
-                last,
-                refused,
-                timed_out,
-            } => CallError::Failed {
-                service,
-                attempts,
-                last: format!("{last} (retried on a fresh route after: {})", first.error),
-                refused,
-                timed_out,
-            },
-            other => other,
-        }),
-        Err(_) => Err(CallError::Failed {
-            service: service.to_string(),
-            attempts: 1,
-            last: format!(
-                "retry after a route failure ran out of time ({})",
-                first.error
-            ),
-            refused: false,
-            timed_out: true,
-        }),
+}
+
+/// `error`, naming the failures that were retried before it.
+fn with_earlier(error: CallError, earlier: &[String]) -> CallError {
+    match error {
+        CallError::Failed {
+            service,
+            attempts,
+            last,
+            refused,
+            timed_out,
+        } if !earlier.is_empty() => CallError::Failed {
+            service,
+            attempts,
+            last: format!("{last} (retried after: {})", earlier.join("; ")),
+            refused,
+            timed_out,
+        },
+        other => other,
     }
 }
 
