@@ -194,10 +194,13 @@ async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, C
     // At most one retry of each kind: after a route failure, after an
     // empty lookup.
     let (mut route_retried, mut lookup_retried) = (false, false);
+    // A stream failed on some connection to the provider: which one is not
+    // known, so the retry closes every relayed connection to it.
+    let mut close_all = false;
     let mut earlier: Vec<String> = Vec::new();
     loop {
         let retry = route_retried || lookup_retried;
-        let attempt = round(shared, service, &avoid, retry);
+        let attempt = round(shared, service, &avoid, retry, close_all);
         // The first round has its own per-step timeouts; retries must also
         // end by the call's deadline.
         let result = if retry {
@@ -223,6 +226,7 @@ async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, C
         let (reason, pause) = match (&failed.error, failed.routes.last()) {
             (_, Some(f)) if !route_retried => {
                 route_retried = true;
+                close_all = f.reason == "stream_failed";
                 (f.reason, RETRY_PAUSE)
             }
             // Every router we asked knew no provider: mid-move (a provider
@@ -281,6 +285,7 @@ async fn round(
     service: &str,
     avoid: &HashSet<PeerId>,
     retry: bool,
+    close_all: bool,
 ) -> Result<CallStream, RoundError> {
     let mut avoid = avoid.clone();
     avoid.extend(shared.leaving.read().iter().copied());
@@ -345,6 +350,7 @@ async fn round(
             attached: &attached_map,
             avoid,
             retry,
+            close_all,
         };
         match attempt(shared, service, provider, &routers, route).await {
             Ok(s) => return Ok(s),
@@ -419,6 +425,9 @@ struct Route<'a> {
     avoid: &'a HashSet<PeerId>,
     /// A retry: stale relayed connections to the provider are closed first.
     retry: bool,
+    /// A retry after a failed stream: every relayed connection to the
+    /// provider is closed first.
+    close_all: bool,
 }
 
 async fn attempt(
@@ -432,6 +441,7 @@ async fn attempt(
         attached,
         avoid,
         retry,
+        close_all,
     } = route;
     let shared_with_us: Vec<PeerId> = routers
         .iter()
@@ -471,7 +481,7 @@ async fn attempt(
     let keep_via = retry.then(|| {
         routers
             .iter()
-            .filter(|r| !avoid.contains(r) || **r == via)
+            .filter(|r| !close_all && (!avoid.contains(r) || **r == via))
             .copied()
             .collect()
     });
