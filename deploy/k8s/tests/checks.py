@@ -11,6 +11,7 @@ import math
 import posixpath
 from typing import Any, Callable
 
+from addresses import address_problems
 from model import (
     HTTP_LISTENER_FLAG,
     VAR_REF,
@@ -26,7 +27,15 @@ from model import (
     workloads,
 )
 
-MIB = 2**20
+from sizing import (
+    LOW_WATERMARK_PERCENT,
+    MIB,
+    RSS_BASE_BYTES,
+    RSS_HEADROOM,
+    RSS_PER_MEMBER_BYTES,
+    RouterSizing,
+    router_sizing,
+)
 
 # Flags each program accepts, spelled as in issues 2, 3 and 4. A flag used in
 # a manifest must be one of these (and, when built binaries are at hand,
@@ -65,7 +74,7 @@ KNOWN_FLAGS: dict[str, set[str]] = {
         "--stream-budget-system", "--stream-budget", "--peer-stream-budget-total", "--peer-stream-budget",
         "--circuits-per-destination", "--unauthenticated-connections-per-ip",
         "--failed-logins-per-ip-per-minute", "--quic-max-concurrent-streams", "--quic-max-stream-data-bytes",
-        "--quic-max-connection-data-bytes",
+        "--quic-max-connection-data-bytes", "--pending-connections-max", "--high-watermark-memory-percent",
     },
 }
 # fmt: on
@@ -84,25 +93,6 @@ FILE_FLAGS = {
 # Of those, the ones the program writes (their directory must be writable).
 WRITTEN_FILE_FLAGS = {"--key-path", "--db", "--to"}
 
-# Sizing model (deploy/k8s/README.md, docs/scalability.md): memory the router
-# needs beyond its members, and the charge of one admitted member.
-# The router's charges (docs/scalability.md, "What a member costs a router"):
-# a connection, its two ping streams and, on average, two data streams.
-PROCESS_BASE_BYTES = 256 * MIB
-CONNECTION_CHARGE_BYTES = 256 * 1024
-CONTROL_STREAM_CHARGE_BYTES = 64 * 1024
-CONTROL_STREAMS_PER_MEMBER = 2
-STREAM_WINDOW_BYTES = 256 * 1024
-STREAMS_PER_MEMBER = 2
-CHARGE_PER_MEMBER_BYTES = (
-    CONNECTION_CHARGE_BYTES
-    + CONTROL_STREAMS_PER_MEMBER * CONTROL_STREAM_CHARGE_BYTES
-    + STREAMS_PER_MEMBER * STREAM_WINDOW_BYTES
-)
-# The router lets charges use this share of its memory limit (its
-# --memory-budget-percent default); the rest is for the process itself.
-MEMORY_BUDGET_PERCENT = 75
-LOW_WATERMARK_RATIO = 0.85
 # SIGTERM -> go-away fan-out -> grace -> close must fit in the pod's grace.
 DRAIN_MARGIN_SECS = 15
 # A router must lease at least three times per lease TTL.
@@ -245,7 +235,13 @@ def check_flags(objects: list[dict[str, Any]]) -> list[str]:
         for name, values in c.flags().items():
             if name not in known:
                 problems.append(f"{c.where}: {program} has no flag {name}")
-            if len(values) > 1 and name not in ("--listen", "--label", "--stream-budget", "--peer-stream-budget"):
+            if len(values) > 1 and name not in (
+                "--listen",
+                "--external-addr",
+                "--label",
+                "--stream-budget",
+                "--peer-stream-budget",
+            ):
                 problems.append(f"{c.where}: {name} given {len(values)} times")
             if name in FILE_FLAGS:
                 path = file_of(name, c.expand(values[-1]))
@@ -329,21 +325,13 @@ def check_router(objects: list[dict[str, Any]]) -> list[str]:
         problems.append(f"{c.where}: --memory-limit-bytes is not the container's memory limit in bytes")
 
     try:
-        high = int(c.flag("--high-watermark") or "")
-        low = int(c.flag("--low-watermark") or "")
+        sz = router_sizing(int(limit), c.flag)
         drain = int(c.flag("--drain-grace-secs") or "")
     except ValueError:
-        problems.append(f"{c.where}: watermarks and drain grace must be integers")
+        problems.append(f"{c.where}: sizing flags and drain grace must be integers")
         return problems
-    if low != math.floor(high * LOW_WATERMARK_RATIO):
-        problems.append(f"{c.where}: low watermark {low} is not 15% below high {high}")
-    percent = int(c.flag("--memory-budget-percent") or MEMORY_BUDGET_PERCENT)
-    charges = high * CHARGE_PER_MEMBER_BYTES
-    need = max(charges * 100 / percent, charges + PROCESS_BASE_BYTES)
-    if limit < need:
-        problems.append(
-            f"{c.where}: memory limit {limits['memory']} < {need / MIB:.0f} MiB needed for high watermark {high}"
-        )
+    problems += _memory_problems(c, sz, limits["memory"])
+    low = sz.low
 
     grace = (pod_template(sts) or {}).get("spec", {}).get("terminationGracePeriodSeconds", 30)
     if grace < drain + DRAIN_MARGIN_SECS:
@@ -353,9 +341,7 @@ def check_router(objects: list[dict[str, Any]]) -> list[str]:
     if (spec.get("updateStrategy") or {}).get("type", "RollingUpdate") != "RollingUpdate":
         problems.append(f"{c.where}: updateStrategy is not RollingUpdate")
 
-    p2p = addr_port((c.flags().get("--listen") or [""])[0])
-    if c.port_number("p2p") != p2p or addr_port(c.flag("--external-addr")) != p2p:
-        problems.append(f"{c.where}: --listen, --external-addr and port p2p disagree")
+    problems += address_problems(c, objects)
 
     headless = find(objects, "Service", spec.get("serviceName", ""))
     if headless is None or headless["spec"].get("clusterIP") != "None":
@@ -399,6 +385,36 @@ def check_router(objects: list[dict[str, Any]]) -> list[str]:
                 problems.append(f"{c.where}: lease interval {interval}s x {LEASES_PER_TTL} > lease TTL {ttl}s")
         except ValueError:
             problems.append(f"{c.where}: lease interval / TTL are not integers")
+    return problems
+
+
+def _memory_problems(c: Container, sz: RouterSizing, limit: str) -> list[str]:
+    """The router's charges cover the measured RSS, an explicit watermark stays within
+    what the budget is sized for, and the limit holds the RSS at the high watermark."""
+    problems = []
+    if sz.idle_member_charge_bytes < RSS_PER_MEMBER_BYTES:
+        problems.append(
+            f"{c.where}: idle member charge {sz.idle_member_charge_bytes // 1024} KiB < measured RSS per member "
+            f"{RSS_PER_MEMBER_BYTES // 1024} KiB: the budget would admit more members than memory holds"
+        )
+    if sz.explicit_high and sz.high > sz.sized_high:
+        problems.append(
+            f"{c.where}: --high-watermark {sz.high} > {sz.sized_high}, what the memory budget is sized for "
+            f"(limit {limit}); raise the limit instead, or drop the flag and let the router derive it"
+        )
+    if c.flag("--low-watermark") is not None and sz.low != sz.high * LOW_WATERMARK_PERCENT // 100:
+        problems.append(f"{c.where}: low watermark {sz.low} is not 15% below high {sz.high}")
+    if sz.reservations < sz.high:
+        problems.append(
+            f"{c.where}: --relay-max-reservations {sz.reservations} < high watermark {sz.high}: "
+            "admitted members beyond it could not reserve a relay slot"
+        )
+    if sz.limit_bytes < sz.limit_needed_bytes:
+        problems.append(
+            f"{c.where}: memory limit {limit} < {sz.limit_needed_bytes / MIB:.0f} MiB, the measured RSS at high "
+            f"watermark {sz.high} ({RSS_BASE_BYTES // MIB} MiB + {RSS_PER_MEMBER_BYTES // 1024} KiB per member) "
+            f"x {RSS_HEADROOM}"
+        )
     return problems
 
 

@@ -57,17 +57,55 @@ def small_memory(o):
     router(o)["resources"]["limits"]["memory"] = router(o)["resources"]["requests"]["memory"] = "1Gi"
 
 
+def cheap_connections(o):
+    set_arg(router(o), "--connection-charge-bytes", "16384")
+
+
+def explicit_high_above_budget(o):
+    set_arg(router(o), "--high-watermark", "12000")
+
+
+def explicit_low(o):
+    set_arg(router(o), "--low-watermark", "8000")
+
+
+def few_reservations(o):
+    set_arg(router(o), "--relay-max-reservations", "1000")
+
+
 def overcommit(o):
     router(o)["resources"]["requests"]["memory"] = "1Gi"
 
 
-def low_watermark_75(o):
-    get(o, "ConfigMap", "agentmesh-router-flags")["data"]["LOW_WATERMARK"] = "1875"
-
-
 def misspelt_key(o):
     data = get(o, "ConfigMap", "agentmesh-router-flags")["data"]
-    data["HIGH_WATERMAKR"] = data.pop("HIGH_WATERMARK")
+    data["DRAIN_GRACE_SEC"] = data.pop("DRAIN_GRACE_SECS")
+
+
+def env_value(o, name, value):
+    next(e for e in router(o)["env"] if e["name"] == name)["value"] = value
+
+
+def dns_name_typo(o):
+    svc = get(o, "Service", "agentmesh-router-2")
+    svc["metadata"]["annotations"]["external-dns.alpha.kubernetes.io/hostname"] = "agentmesh-router-2.router.example.com"
+
+
+def one_name_for_all(o):
+    env_value(o, "EXTERNAL_ADDR", "/dns4/routers.example.com/tcp/4001")
+
+
+def external_port_mismatch(o):
+    env_value(o, "EXTERNAL_ADDR", "/dns4/$(POD_NAME).routers.example.com/tcp/4002")
+
+
+def cluster_ip_behind_dns(o):
+    get(o, "Service", "agentmesh-router-1")["spec"]["type"] = "ClusterIP"
+    del get(o, "Service", "agentmesh-router-1")["spec"]["externalTrafficPolicy"]
+
+
+def quic_listen_only(o):
+    router(o)["args"].append("--listen=/ip4/0.0.0.0/udp/4001/quic-v1")
 
 
 def env_out_of_order(o):
@@ -154,7 +192,7 @@ def missing_secret(o):
 
 
 def bigger_fleet(o):
-    get(o, "StatefulSet")["metadata"]["annotations"]["agentmesh/sized-for-members"] = "3500"
+    get(o, "StatefulSet")["metadata"]["annotations"]["agentmesh/sized-for-members"] = "14000"
 
 
 def slow_enrollment(o):
@@ -171,16 +209,27 @@ def cp_short_grace(o):
 
 MUTATIONS = [
     (cp_short_grace, "terminationGracePeriodSeconds 12 < shutdown grace 10 + 5"),
-    (bigger_fleet, "3500 x 2 / 3 = 2334 members per router > low watermark 2125"),
-    (slow_enrollment, "a cold start of 3000 members needs"),
+    (bigger_fleet, "14000 x 2 / 3 = 9334 members per router > low watermark 9283"),
+    (slow_enrollment, "a cold start of 10000 members needs"),
     (unsized, "must state the fleet"),
     (cpu_limit, "CPU limit"),
     (short_grace, "terminationGracePeriodSeconds 61 < drain grace 60"),
-    (small_memory, "memory limit 1Gi <"),
+    (small_memory, "10000 x 2 / 3 = 6667 members per router > low watermark 4641"),
+    (cheap_connections, "idle member charge 24 KiB < measured RSS per member 61 KiB"),
+    (cheap_connections, "memory limit 2Gi < 2955 MiB, the measured RSS at high watermark 32768"),
+    (explicit_high_above_budget, "--high-watermark 12000 > 10922"),
+    (explicit_low, "low watermark 8000 is not 15% below high 10922"),
+    (few_reservations, "--relay-max-reservations 1000 < high watermark 10922"),
     (overcommit, "memory request differs"),
-    (low_watermark_75, "not 15% below"),
-    (misspelt_key, "HIGH_WATERMAKR of ConfigMap agentmesh-router-flags is used by no flag"),
-    (misspelt_key, "undefined $(HIGH_WATERMARK)"),
+    (misspelt_key, "DRAIN_GRACE_SEC of ConfigMap agentmesh-router-flags is used by no flag"),
+    (misspelt_key, "undefined $(DRAIN_GRACE_SECS)"),
+    (dns_name_typo, "agentmesh-router-2 announces agentmesh-router-2.routers.example.com, but the Service publishes"),
+    (one_name_for_all, "announces one name for all 4 pods"),
+    (external_port_mismatch, "announces a transport and port the router does not listen on"),
+    (external_port_mismatch, "listens on tcp port 4001 but announces no --external-addr"),
+    (cluster_ip_behind_dns, "Service/agentmesh-router-1: agentmesh-router-1 announces the DNS name"),
+    (quic_listen_only, "listens on quic-v1 port 4001 but announces no --external-addr for it"),
+    (quic_listen_only, "has no UDP container port 4001"),
     (env_out_of_order, "uses $(POD_NAME) before it is defined"),
     (literal_memory_flag, "not the container's memory limit"),
     (extra_replica, "agentmesh-router-4 has no Service"),
@@ -210,3 +259,22 @@ def test_policy_catches(mutate, expected):
     mutate(objects)
     problems = [p for check in [*checks.ALL_CHECKS.values(), checks.check_images] for p in check(objects)]
     assert any(expected in p for p in problems), problems
+
+
+def test_quic_announced_and_exposed_everywhere_passes():
+    """The address check accepts QUIC done right (README, "Known gaps"): a UDP
+    listener, its /dns4 .../udp/N/quic-v1 address, a UDP container port and a
+    UDP port on every pod's Service. Without the Service ports it fails."""
+    objects = render("overlays/production")
+    c = router(objects)
+    c["args"] += [
+        "--listen=/ip4/0.0.0.0/udp/4001/quic-v1",
+        "--external-addr=/dns4/$(POD_NAME).routers.example.com/udp/4001/quic-v1",
+    ]
+    c["ports"].append({"name": "p2p-quic", "containerPort": 4001, "protocol": "UDP"})
+    problems = checks.check_router(objects)
+    assert len(problems) == 4 and all("does not expose UDP port 4001" in p for p in problems), problems
+    for i in range(4):
+        svc = get(objects, "Service", f"agentmesh-router-{i}")
+        svc["spec"]["ports"].append({"name": "p2p-quic", "port": 4001, "targetPort": "p2p-quic", "protocol": "UDP"})
+    assert checks.check_router(objects) == []

@@ -13,6 +13,7 @@ built the programs (these tests never build)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,8 @@ import pytest
 
 from binaries import find_binary, missing_flags
 from conftest import OVERLAYS, render
-from model import addr_port, containers, sqlite_path
+from model import addr_port, containers, parse_quantity, sqlite_path
+from sizing import router_sizing
 from sandbox import Sandbox, free_port, http_get, make_tls, metric_value, random_token, wait_until
 
 READY_DEADLINE_SECS = 90
@@ -151,8 +153,27 @@ def test_router_becomes_ready_with_the_manifest_flags(sandbox, tmp_path, overlay
     assert metrics and metric_value(metrics[1], "agentmesh_router_ready") == 1
     assert "agentmesh_router_refused_total{" in metrics[1], "refusal counters are pre-created"
     assert os.path.isfile(next(a.split("=", 1)[1] for a in argv if a.startswith("--key-path=")))
+    # The offline checks size routers with sizing.py's mirror of the router's
+    # rule: the real router, given this overlay's memory limit, must derive
+    # the same watermarks and reservation cap (it logs them at start).
+    limit = int(parse_quantity(router.spec["resources"]["limits"]["memory"]))
+    want = router_sizing(limit, router.flag)
+    got = logged_sizing(sandbox.log("router"))
+    assert got == (want.high, want.low, want.reservations), f"router logged {got}, the offline model says {want}"
     stop(sandbox, proc, "router")
     stop(sandbox, cp_proc, "control-plane")
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def logged_sizing(log):
+    """(high, low, reservations) from the router's `watermarks` start-up line."""
+    for line in ANSI.sub("", log).splitlines():
+        if "watermarks" in line and "high_watermark=" in line:
+            fields = dict(re.findall(r"(\w+)=(\d+)", line))
+            return tuple(int(fields[k]) for k in ("high_watermark", "low_watermark", "relay_max_reservations"))
+    return None
 
 
 def test_post_drain_on_the_probe_port_makes_the_router_unready(sandbox, tmp_path):
