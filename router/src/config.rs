@@ -142,8 +142,10 @@ pub struct Config {
     /// Resource budgets and limits (issue 4; see `resource_config`).
     pub resources: crate::resources::config::ResourceConfig,
     /// Run the runtime stall watchdog (`agentmesh_runtime_stalls_total` on
-    /// /metrics). One per process: the binary turns it on; programs that
-    /// embed several routers run their own. Default off.
+    /// /metrics) and show the allocator's bytes
+    /// (`agentmesh_runtime_allocator_*`, jemalloc). One per process: the
+    /// binary turns it on; programs that embed several routers run their
+    /// own. Default off.
     pub runtime_watchdog: bool,
 }
 

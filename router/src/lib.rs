@@ -226,7 +226,12 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     let stall_probe = config
         .runtime_watchdog
         .then(|| agentmesh_runtime::watchdog::StallMetrics::register(&mut registry));
+    if config.runtime_watchdog {
+        // Same process-wide switch: the binary's allocator is jemalloc.
+        agentmesh_runtime::allocator::register(&mut registry);
+    }
     goaway::check_watermarks(&sizing, resources.budgets());
+    metrics::register_sizing(&mut registry, &sizing);
     let (shared, ready) = state::Shared::new(
         config,
         sizing,

@@ -50,6 +50,33 @@ pub(crate) const CP_RESULTS: &[&str] = &["ok", "error"];
 /// Our own protocols whose streams we bound.
 pub(crate) const OWN_PROTOCOLS: &[&str] = &["auth", "catalog"];
 
+/// Registers the sizing the router computed at startup (watermarks and the
+/// relay reservation cap, from flags or the memory budget) as gauges, so
+/// operators see the limits the router enforces without reading its log:
+/// `agentmesh_router_watermark_members{level="high|low"}` and
+/// `agentmesh_router_relay_max_reservations`.
+pub(crate) fn register_sizing(registry: &mut Registry, sizing: &crate::config::Sizing) {
+    let watermark = Family::<L1, Gauge>::default();
+    watermark
+        .get_or_create(&[("level", "high")])
+        .set(i64::from(sizing.high_watermark));
+    watermark
+        .get_or_create(&[("level", "low")])
+        .set(i64::from(sizing.low_watermark));
+    registry.register(
+        "agentmesh_router_watermark_members",
+        "Effective watermarks, admitted members: above high the router trims down to low",
+        watermark,
+    );
+    let reservations = Gauge::<i64>::default();
+    reservations.set(i64::try_from(sizing.relay_max_reservations).unwrap_or(i64::MAX));
+    registry.register(
+        "agentmesh_router_relay_max_reservations",
+        "Effective cap on relay reservations the router holds at once",
+        reservations,
+    );
+}
+
 /// All router metrics; clone-cheap handles onto one registry.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Metrics {
