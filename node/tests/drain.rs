@@ -82,7 +82,7 @@ async fn calls_succeed_first_time_and_everyone_is_back_on_k_while_a_router_drain
         start_router(&cp, "r2").await,
         start_router(&cp, "r3").await,
     ];
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let mut dirs = Vec::new();
     let mut spawn = async |expose: bool| {

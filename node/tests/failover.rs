@@ -24,7 +24,7 @@ async fn a_router_refusing_reservations_is_replaced_once_another_is_free() {
     })
     .await;
     let ok = start_router(&cp, "ok").await;
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let n = agentmesh_node::spawn(
         Config {

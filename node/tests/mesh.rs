@@ -17,7 +17,7 @@ async fn a_on_r1_calls_b_on_r2_through_transit_and_a_relay() {
     let cp = start_cp().await;
     let r1 = start_router(&cp, "r1").await;
     let r2 = start_router(&cp, "r2").await;
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
 
     let bdir = tempfile::tempdir().expect("tempdir");
@@ -190,7 +190,7 @@ async fn a_member_whose_router_dies_reattaches_elsewhere() {
     let cp = start_cp().await;
     let r1 = start_router(&cp, "r1").await;
     let r2 = start_router(&cp, "r2").await;
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let n = agentmesh_node::spawn(
         Config {
@@ -227,7 +227,7 @@ async fn a_member_whose_router_dies_reattaches_elsewhere() {
 async fn the_binaries_run_a_node_and_call_through_its_socket() {
     let cp = start_cp().await;
     let r = start_router(&cp, "r1").await;
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let bdir = tempfile::tempdir().expect("tempdir");
     let b = agentmesh_node::spawn(
@@ -324,14 +324,13 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_are_refreshed_and_re_presented_before_they_expire() {
-    let cp = start_cp_with(agentmesh_controlplane::Config {
-        credential_ttl_secs: 20,
-        clock_skew_secs: 0,
-        ..Default::default()
+    let cp = start_cp_with(|c| {
+        c.credential_ttl_secs = 20;
+        c.clock_skew_secs = 0;
     })
     .await;
     let r = start_router(&cp, "r1").await;
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let bdir = tempfile::tempdir().expect("tempdir");
     let b = agentmesh_node::spawn(
@@ -394,7 +393,7 @@ async fn credentials_are_refreshed_and_re_presented_before_they_expire() {
 async fn shutdown_finishes_calls_in_flight_and_withdraws_records() {
     let cp = start_cp().await;
     let r = start_router(&cp, "r1").await;
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let bdir = tempfile::tempdir().expect("tempdir");
     let b = agentmesh_node::spawn(
@@ -462,7 +461,7 @@ async fn members_attach_and_call_over_quic() {
         "/ip4/127.0.0.1/udp/0/quic-v1",
     )
     .await;
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let bdir = tempfile::tempdir().expect("tempdir");
     let b = agentmesh_node::spawn(
@@ -493,7 +492,7 @@ async fn members_attach_and_call_over_quic() {
 async fn many_nodes_share_a_process_and_a_registry() {
     let cp = start_cp().await;
     let r = start_router(&cp, "r1").await;
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let mut registry = prometheus_client::registry::Registry::default();
     let mut dirs = Vec::new();
     let mut nodes = Vec::new();
@@ -534,7 +533,7 @@ async fn a_transit_connection_closes_once_idle() {
     let cp = start_cp().await;
     let r1 = start_router(&cp, "r1").await;
     let r2 = start_router(&cp, "r2").await;
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let bdir = tempfile::tempdir().expect("tempdir");
     let b = agentmesh_node::spawn(
@@ -596,7 +595,7 @@ async fn a_transit_connection_closes_once_idle() {
 async fn a_forwarded_connection_finishes_while_its_node_stops() {
     let cp = start_cp().await;
     let r = start_router(&cp, "r1").await;
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let bdir = tempfile::tempdir().expect("tempdir");
     let b = agentmesh_node::spawn(
@@ -657,7 +656,7 @@ async fn go_away_makes_before_it_breaks() {
         start_router(&cp, "r2").await,
         start_router(&cp, "r3").await,
     ];
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let n = agentmesh_node::spawn(

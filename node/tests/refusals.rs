@@ -28,7 +28,7 @@ async fn the_provider_refuses_bad_credentials_with_reasons_and_counters() {
     // The router reads revocations slowly here, so the provider sees the
     // revocation before the router drops the revoked caller.
     let r = start_router_with(&cp, "r1", Duration::from_secs(30)).await;
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let bdir = tempfile::tempdir().expect("tempdir");
     let b = agentmesh_node::spawn(
@@ -44,7 +44,7 @@ async fn the_provider_refuses_bad_credentials_with_reasons_and_counters() {
     ready(&b, "b").await;
 
     // X: enrolled, admitted for transit, connected to B through the router.
-    let x = RawPeer::new(Keypair::generate_ed25519());
+    let mut x = TestPeer::with_key(Keypair::generate_ed25519());
     let cred_x = cp
         .client
         .enroll(&member, &x.key)

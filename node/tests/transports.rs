@@ -38,7 +38,7 @@ async fn members_dial_quic_from_their_source_ip() {
         "/ip4/127.0.0.1/udp/0/quic-v1",
     )
     .await;
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let source = |ip: &str| Some(ip.parse::<IpAddr>().expect("ip"));
     let bdir = tempfile::tempdir().expect("tempdir");
@@ -108,7 +108,7 @@ async fn members_dial_routers_that_announce_dns_names() {
         },
     )
     .await;
-    let member = cp.token(Role::Member, &[]).await;
+    let member = cp.token(Role::Member).await;
     for (name, router) in [("tcp", &tcp), ("quic", &quic)] {
         let announced = router.handle.external_addrs();
         assert!(

@@ -52,13 +52,7 @@ async fn start_router(
         control_plane_retry_budget: Duration::from_secs(10),
         ..Default::default()
     };
-    let handle = agentmesh_router::spawn(config).await.expect("router");
-    let mut ready = handle.ready();
-    tokio::time::timeout(support::DEADLINE, ready.wait_for(|r| *r))
-        .await
-        .expect("router ready in time")
-        .expect("ready channel");
-    handle
+    support::spawn_ready(config).await
 }
 
 fn addr(s: &str) -> Multiaddr {

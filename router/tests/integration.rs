@@ -13,13 +13,12 @@ use agentmesh_proto::pb::mesh::{
 };
 use agentmesh_proto::record::sign_record;
 use agentmesh_proto::unix_now;
-use agentmesh_router::{Config, RouterHandle};
+use agentmesh_router::Config;
 use libp2p::identity::Keypair;
 use libp2p::multiaddr::Protocol;
 use libp2p::{Multiaddr, PeerId};
 use support::cp::{ADMIN, Cp};
-use support::{Ev, TestPeer, eventually, metric};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::{Ev, TestPeer, TestRouter, eventually};
 
 /// A control plane whose credentials live `credential_ttl_secs`.
 async fn start_cp(credential_ttl_secs: u64) -> Cp {
@@ -38,52 +37,30 @@ async fn start_cp_with(
     .await
 }
 
-struct Router {
-    handle: RouterHandle,
-    addr: Multiaddr,
-    _dir: tempfile::TempDir,
-}
+type Router = TestRouter;
 
 async fn start_router(cp: &Cp) -> Router {
     start_router_with(cp, |_| {}).await
 }
 
+/// A router with metrics on, a 2 s auth deadline and a 10 s control-plane
+/// retry budget; `adjust` changes anything else.
 async fn start_router_with(cp: &Cp, adjust: impl FnOnce(&mut Config)) -> Router {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = Config {
-        control_plane: cp.url.clone(),
-        token: cp.token(Role::Router).await,
-        key_path: dir.path().join("router.key"),
-        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")],
-        metrics_addr: Some("127.0.0.1:0".parse().expect("addr")),
-        auth_deadline: Duration::from_secs(2),
-        lease_interval: Duration::from_secs(1),
-        clock_skew: Duration::ZERO,
-        control_plane_retry_budget: Duration::from_secs(10),
-        ..Default::default()
-    };
-    adjust(&mut config);
-    let handle = agentmesh_router::spawn(config).await.expect("router");
-    let mut ready = handle.ready();
-    tokio::time::timeout(support::DEADLINE, ready.wait_for(|r| *r))
-        .await
-        .expect("router ready in time")
-        .expect("ready channel");
-    let addr = handle.listen_addrs()[0].clone();
-    Router {
-        handle,
-        addr,
-        _dir: dir,
-    }
+    TestRouter::start(cp, &[], |c| {
+        c.metrics_addr = Some("127.0.0.1:0".parse().expect("addr"));
+        c.auth_deadline = Duration::from_secs(2);
+        c.control_plane_retry_budget = Duration::from_secs(10);
+        adjust(c);
+    })
+    .await
 }
 
-impl Router {
-    fn id(&self) -> PeerId {
-        self.handle.peer_id()
-    }
-    fn metric(&self, series: &str) -> f64 {
-        metric(&self.handle.metrics_text(), series)
-    }
+/// The auth counter these tests read.
+trait AuthCount {
+    fn auth_count(&self, purpose: &str, result: &str) -> f64;
+}
+
+impl AuthCount for TestRouter {
     fn auth_count(&self, purpose: &str, result: &str) -> f64 {
         self.metric(&format!(
             "agentmesh_router_auth_total{{purpose=\"{purpose}\",result=\"{result}\"}}"
@@ -102,13 +79,9 @@ fn admitted(resp: &agentmesh_proto::pb::mesh::AuthResponse) -> bool {
     matches!(resp.result, Some(auth_response::Result::Admitted(_)))
 }
 
+/// The whole response to a GET of `path`.
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
-    out
+    support::http_get(addr, path).await.1
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,27 +13,25 @@ use std::time::Duration;
 
 use agentmesh_proto::pb::credential::Role;
 use agentmesh_proto::pb::mesh::{Purpose, auth_response};
-use agentmesh_router::{Config, RouterHandle};
-use libp2p::Multiaddr;
+use agentmesh_router::Config;
 use libp2p::multiaddr::Protocol;
 use support::cp::{Cp, start_cp};
-use support::{DEADLINE, TestPeer, eventually, metric};
+use support::{DEADLINE, TestPeer, TestRouter, eventually};
 use tokio::io::AsyncReadExt;
 
-struct Router {
-    handle: RouterHandle,
-    addr: Multiaddr,
-    _dir: tempfile::TempDir,
+type Router = TestRouter;
+
+/// What these tests read of a router.
+trait LimitsRouter {
+    /// Connections refused before the handshake, by `scope`.
+    fn refused_connections(&self, scope: &str) -> f64;
+    /// The router's TCP listen address as a socket address.
+    fn socket_addr(&self) -> std::net::SocketAddr;
 }
 
-impl Router {
-    fn metric(&self, series: &str) -> f64 {
-        metric(&self.handle.metrics_text(), series)
-    }
+impl LimitsRouter for TestRouter {
     fn refused_connections(&self, scope: &str) -> f64 {
-        self.metric(&format!(
-            "agentmesh_router_refused_total{{resource=\"connection\",scope=\"{scope}\",protocol=\"none\"}}"
-        ))
+        self.refused("connection", scope, "none")
     }
     fn socket_addr(&self) -> std::net::SocketAddr {
         let mut ip = None;
@@ -49,32 +47,15 @@ impl Router {
     }
 }
 
+/// A router with a 60 s auth deadline and a 10 s control-plane retry
+/// budget; `adjust` changes anything else.
 async fn start_router(cp: &Cp, adjust: impl FnOnce(&mut Config)) -> Router {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = Config {
-        control_plane: cp.url.clone(),
-        token: cp.token(Role::Router).await,
-        key_path: dir.path().join("router.key"),
-        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")],
-        auth_deadline: Duration::from_secs(60),
-        lease_interval: Duration::from_secs(1),
-        clock_skew: Duration::ZERO,
-        control_plane_retry_budget: Duration::from_secs(10),
-        ..Default::default()
-    };
-    adjust(&mut config);
-    let handle = agentmesh_router::spawn(config).await.expect("router");
-    let mut ready = handle.ready();
-    tokio::time::timeout(DEADLINE, ready.wait_for(|r| *r))
-        .await
-        .expect("router ready in time")
-        .expect("ready channel");
-    let addr = handle.listen_addrs()[0].clone();
-    Router {
-        handle,
-        addr,
-        _dir: dir,
-    }
+    TestRouter::start(cp, &[], |c| {
+        c.auth_deadline = Duration::from_secs(60);
+        c.control_plane_retry_budget = Duration::from_secs(10);
+        adjust(c);
+    })
+    .await
 }
 
 /// A TCP connection that never starts the noise handshake.

@@ -18,7 +18,7 @@ use agentmesh_proto::pb::mesh::{
     catalog_request,
 };
 use agentmesh_proto::protocols::{AUTH, CATALOG, MAX_CATALOG_FRAME_BYTES, MAX_FRAME_BYTES};
-use agentmesh_router::{Config, RouterHandle};
+use agentmesh_router::Config;
 use futures::{AsyncWriteExt, StreamExt};
 use libp2p::identity::Keypair;
 use libp2p::multiaddr::Protocol;
@@ -26,60 +26,34 @@ use libp2p::swarm::SwarmEvent;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::{Multiaddr, PeerId, Stream, StreamProtocol, Swarm, SwarmBuilder, noise, tcp, yamux};
 use support::cp::{Cp, start_cp};
-use support::{eventually, metric};
+use support::{TestRouter, eventually};
 use tokio::sync::{mpsc, oneshot};
 
-struct Router {
-    handle: RouterHandle,
-    _dir: tempfile::TempDir,
-}
+type Router = TestRouter;
 
+/// A router on loopback TCP and QUIC with 60 s auth and stream deadlines
+/// and a 10 s control-plane retry budget; `f` changes anything else.
 async fn start_router(cp: &Cp, f: impl FnOnce(&mut Config)) -> Router {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut config = Config {
-        control_plane: cp.url.clone(),
-        token: cp.token(Role::Router).await,
-        key_path: dir.path().join("router.key"),
-        listen: vec![
+    TestRouter::start(cp, &[], |c| {
+        c.listen = vec![
             "/ip4/127.0.0.1/tcp/0".parse().expect("addr"),
             "/ip4/127.0.0.1/udp/0/quic-v1".parse().expect("addr"),
-        ],
-        auth_deadline: Duration::from_secs(60),
-        stream_timeout: Duration::from_secs(60),
-        lease_interval: Duration::from_secs(1),
-        clock_skew: Duration::ZERO,
-        control_plane_retry_budget: Duration::from_secs(10),
-        ..Default::default()
-    };
-    f(&mut config);
-    let handle = agentmesh_router::spawn(config).await.expect("router");
-    let mut ready = handle.ready();
-    tokio::time::timeout(support::DEADLINE, ready.wait_for(|r| *r))
-        .await
-        .expect("router ready in time")
-        .expect("ready channel");
-    Router { handle, _dir: dir }
+        ];
+        c.auth_deadline = Duration::from_secs(60);
+        c.stream_timeout = Duration::from_secs(60);
+        c.control_plane_retry_budget = Duration::from_secs(10);
+        f(c);
+    })
+    .await
 }
 
-impl Router {
-    fn id(&self) -> PeerId {
-        self.handle.peer_id()
-    }
-    fn addr(&self, quic: bool) -> Multiaddr {
-        self.handle
-            .listen_addrs()
-            .into_iter()
-            .find(|a| a.iter().any(|p| matches!(p, Protocol::QuicV1)) == quic)
-            .expect("listen address")
-    }
-    fn metric(&self, series: &str) -> f64 {
-        metric(&self.handle.metrics_text(), series)
-    }
-    fn refused(&self, resource: &str, scope: &str, protocol: &str) -> f64 {
-        self.metric(&format!(
-            "agentmesh_router_refused_total{{resource=\"{resource}\",scope=\"{scope}\",protocol=\"{protocol}\"}}"
-        ))
-    }
+/// The router's listen address of one transport.
+fn listen_addr(r: &Router, quic: bool) -> Multiaddr {
+    r.handle
+        .listen_addrs()
+        .into_iter()
+        .find(|a| a.iter().any(|p| matches!(p, Protocol::QuicV1)) == quic)
+        .expect("listen address")
 }
 
 type Cmd = Box<dyn FnOnce(&mut Swarm<libp2p_stream::Behaviour>) + Send>;
@@ -231,7 +205,7 @@ fn admitted(resp: &AuthResponse) -> bool {
 
 async fn admitted_peer(cp: &Cp, r: &Router, token: &str, quic: bool) -> Peer {
     let p = Peer::new();
-    p.connect(r.id(), r.addr(quic)).await;
+    p.connect(r.id(), listen_addr(r, quic)).await;
     let cred = cp.enroll(token, &p.key).await;
     assert!(admitted(&p.auth(r.id(), cred).await), "admitted");
     p
@@ -308,11 +282,11 @@ async fn members_behind_one_ip_are_not_limited_once_admitted() {
 
     // Two unauthenticated connections from 127.0.0.1 use the source's budget.
     let a = Peer::new();
-    a.connect(r.id(), r.addr(false)).await;
+    a.connect(r.id(), listen_addr(&r, false)).await;
     let b = Peer::new();
-    b.connect(r.id(), r.addr(false)).await;
+    b.connect(r.id(), listen_addr(&r, false)).await;
     let c = Peer::new();
-    c.dial(r.id(), r.addr(false)).await;
+    c.dial(r.id(), listen_addr(&r, false)).await;
     eventually("third unauthenticated connection refused", || async {
         (r.refused("connection", "source", "none") >= 1.0).then_some(())
     })
@@ -366,7 +340,7 @@ async fn a_memory_budget_refuses_and_counts() {
     assert!(r.metric("agentmesh_router_memory_in_use_bytes") >= (2 * charge) as f64);
 
     let c = Peer::new();
-    c.dial(r.id(), r.addr(false)).await;
+    c.dial(r.id(), listen_addr(&r, false)).await;
     eventually("connection over the memory budget refused", || async {
         (r.refused("memory", "system", "none") >= 1.0).then_some(())
     })
@@ -424,7 +398,7 @@ async fn circuits_per_destination_are_capped_at_the_relay() {
     let cp = start_cp().await;
     let r = start_router(&cp, |c| c.resources.circuits_per_destination = 2).await;
     let token = cp.token(Role::Member).await;
-    let relay_addr = r.addr(false);
+    let relay_addr = listen_addr(&r, false);
     let circuit = relay_addr
         .clone()
         .with(Protocol::P2p(r.id()))

@@ -1,100 +1,26 @@
-//! Test harness: a real control plane (SQLite in a temp dir), real routers
-//! and nodes started with `spawn`, an echo backend, and a raw libp2p peer
-//! that speaks the protocols by hand (to present bad credentials).
+//! Node-test harness: nodes started with `spawn` and what only node tests
+//! need (node config, readiness, calls through a node). The shared parts (a
+//! real control plane, in-process routers, the raw libp2p [`TestPeer`] used
+//! to present bad credentials, an echo backend, metric helpers) come from
+//! `agentmesh-testkit` and are re-exported so tests reach them as `support::…`.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
-mod raw;
-#[allow(unused_imports)]
-pub use raw::RawPeer;
+pub use agentmesh_testkit::{
+    ADMIN, Cp, DEADLINE, TestPeer, TestRouter as Router, echo_backend, http_get, metric, start_cp,
+    start_cp_with,
+};
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use agentmesh_controlplane::client::{Client, ClientConfig};
 use agentmesh_node::{Config, NodeHandle};
-use agentmesh_proto::pb::controlplane::CreateTokenRequest;
-use agentmesh_proto::pb::credential::{Label, Role, TokenKind};
-use agentmesh_router::RouterHandle;
 use rand::RngCore as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 
-pub const ADMIN: &str = "test-admin-token-0123456789abcdef";
-pub const DEADLINE: Duration = Duration::from_secs(60);
-
-pub struct Cp {
-    pub handle: agentmesh_controlplane::Handle,
-    pub url: String,
-    pub client: Client,
-    _dir: tempfile::TempDir,
-}
-
-pub async fn start_cp() -> Cp {
-    start_cp_with(agentmesh_controlplane::Config::default()).await
-}
-
-/// A control plane with `base`'s settings (addresses, database and admin token are the test's).
-pub async fn start_cp_with(base: agentmesh_controlplane::Config) -> Cp {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = agentmesh_controlplane::Config {
-        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
-        http_addr: "127.0.0.1:0".parse().expect("addr"),
-        db: format!("sqlite://{}", dir.path().join("cp.db").display()),
-        admin_token: Some(ADMIN.to_string()),
-        ..base
-    };
-    let handle = agentmesh_controlplane::spawn(config)
-        .await
-        .expect("control plane");
-    let url = format!("http://{}", handle.grpc_addr());
-    let client = Client::new(ClientConfig {
-        url: url.clone(),
-        ca_pem: None,
-        retry_budget: Duration::from_secs(30),
-        rpc_timeout: Duration::from_secs(10),
-    })
-    .expect("client");
-    Cp {
-        handle,
-        url,
-        client,
-        _dir: dir,
-    }
-}
-
-impl Cp {
-    pub async fn token(&self, role: Role, labels: &[(&str, &str)]) -> String {
-        self.client
-            .create_token(
-                ADMIN,
-                CreateTokenRequest {
-                    kind: TokenKind::Bootstrap as i32,
-                    role: role as i32,
-                    labels: labels
-                        .iter()
-                        .map(|(k, v)| Label {
-                            key: k.to_string(),
-                            value: v.to_string(),
-                        })
-                        .collect(),
-                    max_uses: 100,
-                    ttl_secs: 3600,
-                },
-            )
-            .await
-            .expect("create token")
-            .token
-    }
-}
-
-pub struct Router {
-    pub handle: RouterHandle,
-    _dir: tempfile::TempDir,
-}
-
+/// A router labelled `name=NAME` on loopback TCP, leasing every second.
 pub async fn start_router(cp: &Cp, name: &str) -> Router {
     start_router_with(cp, name, Duration::from_secs(1)).await
 }
@@ -122,47 +48,16 @@ pub async fn start_router_tweaked(
     listen: &str,
     tweak: impl FnOnce(&mut agentmesh_router::Config),
 ) -> Router {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let labels: BTreeMap<String, String> = [("name".to_string(), name.to_string())].into();
-    let config = agentmesh_router::Config {
-        control_plane: cp.url.clone(),
-        token: cp.token(Role::Router, &[("name", name)]).await,
-        key_path: dir.path().join("router.key"),
-        listen: vec![listen.parse().expect("addr")],
-        labels,
-        lease_interval,
-        clock_skew: Duration::ZERO,
-        ..Default::default()
-    };
-    let mut config = config;
-    tweak(&mut config);
-    let handle = agentmesh_router::spawn(config).await.expect("router");
-    let mut ready = handle.ready();
-    tokio::time::timeout(DEADLINE, ready.wait_for(|r| *r))
-        .await
-        .expect("router ready in time")
-        .expect("ready channel");
-    Router { handle, _dir: dir }
+    Router::start(cp, &[("name", name)], |c| {
+        c.listen = vec![listen.parse().expect("addr")];
+        c.lease_interval = lease_interval;
+        tweak(c);
+    })
+    .await
 }
 
-/// A TCP echo backend on 127.0.0.1:0.
-pub async fn echo_backend() -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    addr
-}
-
+/// A node config for tests: this control plane, K = 1 router, a 1 s
+/// directory poll, metrics on loopback port 0, data in `dir`.
 pub fn node_config(cp: &Cp, token: &str, dir: &Path) -> Config {
     Config {
         control_plane: cp.url.clone(),
@@ -175,10 +70,12 @@ pub fn node_config(cp: &Cp, token: &str, dir: &Path) -> Config {
     }
 }
 
+/// A router selector matching `name=NAME`.
 pub fn selector(name: &str) -> BTreeMap<String, String> {
     [("name".to_string(), name.to_string())].into()
 }
 
+/// Waits (up to [`DEADLINE`]) until `node` is ready; the panic shows its status.
 pub async fn ready(node: &NodeHandle, what: &str) {
     assert!(
         node.wait_ready(DEADLINE).await,
@@ -202,6 +99,8 @@ pub async fn call_until_found(node: &NodeHandle, service: &str) -> agentmesh_nod
     }
 }
 
+/// Sends `len` random bytes through `stream`, half-closes, and asserts the
+/// echo came back whole and unchanged.
 pub async fn round_trip(stream: &mut agentmesh_node::CallStream, len: usize) {
     let mut payload = vec![0u8; len];
     rand::thread_rng().fill_bytes(&mut payload);
@@ -218,31 +117,6 @@ pub async fn round_trip(stream: &mut agentmesh_node::CallStream, len: usize) {
     let ((), back) = tokio::join!(send, recv);
     assert_eq!(back.len(), payload.len(), "echo length");
     assert!(back == payload, "echo came back different");
-}
-
-pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, out)
-}
-
-pub fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            (k == series).then(|| v.parse().ok()).flatten()
-        })
-        .unwrap_or(0.0)
 }
 
 /// GETs /readyz over the node's Unix socket; `None` if it cannot connect yet.

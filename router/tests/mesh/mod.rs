@@ -2,7 +2,7 @@
 //! started with `spawn` (labelled `tier=mesh`), nodes with their metrics in
 //! one registry, an echo backend and a checked echo call.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -11,71 +11,53 @@ use std::time::Duration;
 
 use agentmesh_node::NodeHandle;
 use agentmesh_proto::pb::credential::Role;
-use agentmesh_router::{Config, RouterHandle};
-use libp2p::PeerId;
+use agentmesh_router::Config;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 pub(crate) use crate::support::cp::{Cp, start_cp};
-use crate::support::{DEADLINE, metric};
+pub(crate) use agentmesh_testkit::{TestRouter, echo_backend};
 
 /// Attempts of one call during a drain (each a fresh lookup and route).
 pub(crate) const CALL_ATTEMPTS: usize = 3;
 
-pub(crate) struct Router {
-    pub(crate) handle: RouterHandle,
-    _dir: tempfile::TempDir,
+/// The routers of these tests (see [`TestRouter`]).
+pub(crate) type Router = TestRouter;
+
+/// The router metrics the go-away and drain tests read.
+pub(crate) trait MeshMetrics {
+    /// Go-aways sent with `reason` and `result`.
+    fn goaways(&self, reason: &str, result: &str) -> f64;
+    /// Members trimmed for `reason`.
+    fn trimmed(&self, reason: &str) -> f64;
+    /// Members attached now.
+    fn attached(&self) -> f64;
 }
 
-impl Router {
-    pub(crate) fn id(&self) -> PeerId {
-        self.handle.peer_id()
-    }
-    pub(crate) fn metric(&self, series: &str) -> f64 {
-        metric(&self.handle.metrics_text(), series)
-    }
-    pub(crate) fn goaways(&self, reason: &str, result: &str) -> f64 {
+impl MeshMetrics for TestRouter {
+    fn goaways(&self, reason: &str, result: &str) -> f64 {
         self.metric(&format!(
             "agentmesh_router_goaway_sent_total{{reason=\"{reason}\",result=\"{result}\"}}"
         ))
     }
-    pub(crate) fn trimmed(&self, reason: &str) -> f64 {
+    fn trimmed(&self, reason: &str) -> f64 {
         self.metric(&format!(
             "agentmesh_router_trimmed_total{{reason=\"{reason}\"}}"
         ))
     }
-    pub(crate) fn attached(&self) -> f64 {
+    fn attached(&self) -> f64 {
         self.metric("agentmesh_router_attached_members")
     }
 }
 
-/// A router labelled `name=NAME,tier=mesh`, leasing every second.
+/// A router labelled `name=NAME,tier=mesh`, leasing every second, with
+/// its metrics endpoint on.
 pub(crate) async fn start_router(cp: &Cp, name: &str, adjust: impl FnOnce(&mut Config)) -> Router {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let labels: BTreeMap<String, String> = [
-        ("name".to_string(), name.to_string()),
-        ("tier".to_string(), "mesh".to_string()),
-    ]
-    .into();
-    let mut config = Config {
-        control_plane: cp.url.clone(),
-        token: cp.token_labelled(Role::Router, &labels).await,
-        key_path: dir.path().join("router.key"),
-        listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")],
-        labels,
-        metrics_addr: Some("127.0.0.1:0".parse().expect("addr")),
-        lease_interval: Duration::from_secs(1),
-        clock_skew: Duration::ZERO,
-        ..Default::default()
-    };
-    adjust(&mut config);
-    let handle = agentmesh_router::spawn(config).await.expect("router");
-    let mut ready = handle.ready();
-    tokio::time::timeout(DEADLINE, ready.wait_for(|r| *r))
-        .await
-        .expect("router ready in time")
-        .expect("ready channel");
-    Router { handle, _dir: dir }
+    TestRouter::start(cp, &[("name", name), ("tier", "mesh")], |c| {
+        c.metrics_addr = Some("127.0.0.1:0".parse().expect("addr"));
+        adjust(c);
+    })
+    .await
 }
 
 pub(crate) fn selector(k: &str, v: &str) -> BTreeMap<String, String> {
@@ -128,23 +110,6 @@ pub(crate) fn node_goaways(text: &str, member: &str, result: &str) -> f64 {
         .filter(|l| l.contains(&format!("member=\"{member}\"")))
         .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
         .sum()
-}
-
-pub(crate) async fn echo_backend() -> SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-                let _ = w.shutdown().await;
-            });
-        }
-    });
-    addr
 }
 
 /// One call to `service` echoing `payload`; the error says what failed.

@@ -1,0 +1,103 @@
+//! The control plane every test starts: real gRPC on loopback port 0,
+//! SQLite in a temp dir, an admin token for minting bootstrap tokens.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use agentmesh_controlplane::client::{Client, ClientConfig};
+use agentmesh_proto::credential::map_to_labels;
+use agentmesh_proto::pb::controlplane::CreateTokenRequest;
+use agentmesh_proto::pb::credential::{Credential, Role, TokenKind};
+use libp2p::identity::Keypair;
+
+/// The admin bearer token of test control planes (tests revoke and mint with it).
+pub const ADMIN: &str = "test-admin-token-0123456789abcdef";
+
+/// A control plane on loopback with its SQLite file in a temp dir that is
+/// removed when this is dropped.
+pub struct Cp {
+    /// The running control plane.
+    pub handle: agentmesh_controlplane::Handle,
+    /// Its gRPC URL, as routers and nodes are configured with it.
+    pub url: String,
+    /// A client for admin calls and enrollment.
+    pub client: Client,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts a control plane with default settings.
+pub async fn start_cp() -> Cp {
+    start_cp_with(|_| {}).await
+}
+
+/// Starts a control plane after `adjust` edits its config (addresses,
+/// database and admin token are set first; `adjust` may override them).
+pub async fn start_cp_with(adjust: impl FnOnce(&mut agentmesh_controlplane::Config)) -> Cp {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = agentmesh_controlplane::Config {
+        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+        http_addr: "127.0.0.1:0".parse().expect("addr"),
+        db: format!("sqlite://{}", dir.path().join("cp.db").display()),
+        admin_token: Some(ADMIN.to_string()),
+        ..Default::default()
+    };
+    adjust(&mut config);
+    let handle = agentmesh_controlplane::spawn(config)
+        .await
+        .expect("control plane");
+    let url = handle.public_url().to_string();
+    let client = Client::new(ClientConfig {
+        url: url.clone(),
+        ca_pem: None,
+        retry_budget: Duration::from_secs(30),
+        rpc_timeout: Duration::from_secs(10),
+    })
+    .expect("client");
+    Cp {
+        handle,
+        url,
+        client,
+        _dir: dir,
+    }
+}
+
+impl Cp {
+    /// A bootstrap token of `role` without labels (100 uses, 1 h).
+    pub async fn token(&self, role: Role) -> String {
+        self.token_labelled(role, &BTreeMap::new()).await
+    }
+
+    /// A bootstrap token of `role` whose members get `labels` (100 uses, 1 h).
+    pub async fn token_labelled(&self, role: Role, labels: &BTreeMap<String, String>) -> String {
+        self.client
+            .create_token(
+                ADMIN,
+                CreateTokenRequest {
+                    kind: TokenKind::Bootstrap as i32,
+                    role: role as i32,
+                    labels: map_to_labels(labels),
+                    max_uses: 100,
+                    ttl_secs: 3600,
+                },
+            )
+            .await
+            .expect("create token")
+            .token
+    }
+
+    /// Enrolls `key` with `token` and returns its credential.
+    pub async fn enroll(&self, token: &str, key: &Keypair) -> Credential {
+        self.client
+            .enroll(token, key)
+            .await
+            .expect("enroll")
+            .credential
+            .expect("credential")
+    }
+
+    /// Enrolls `key` as a member (with a fresh member token).
+    pub async fn member_credential(&self, key: &Keypair) -> Credential {
+        let token = self.token(Role::Member).await;
+        self.enroll(&token, key).await
+    }
+}

@@ -1,0 +1,105 @@
+//! Test harness shared by the router and node integration tests: a real
+//! control plane (SQLite in a temp dir), routers started in-process, a raw
+//! libp2p peer that speaks the mesh protocols by hand, an echo backend and
+//! small helpers to read metrics and wait on conditions.
+//!
+//! Why a crate: both test suites need exactly these parts, and keeping one
+//! copy means a protocol or config change is fixed once. It is a
+//! dev-dependency only (`publish = false`); no library depends on it.
+
+mod cp;
+mod peer;
+mod router;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::time::Instant;
+
+pub use cp::{ADMIN, Cp, start_cp, start_cp_with};
+pub use peer::{Ev, PeerBehaviour, TestPeer};
+pub use router::{TestRouter, spawn_ready};
+
+/// Generous deadline for every wait in the tests: long enough for a loaded
+/// two-core machine, so a test fails on a missing event, never on speed.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Installs a test log subscriber once (`RUST_LOG` overrides
+/// `default_filter`); output goes through the test writer so it shows only
+/// for failing tests.
+pub fn init_tracing(default_filter: &str) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+/// Polls `f` every 100 ms until it returns `Some`, panicking after
+/// [`DEADLINE`]: the one way tests wait on a condition (no fixed sleeps).
+pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The value of one series (`name{labels}`, exactly as exposed) in
+/// Prometheus text, or 0 when absent: tests assert on counters by name.
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            (k == series).then(|| v.parse().ok()).flatten()
+        })
+        .unwrap_or(0.0)
+}
+
+/// A TCP echo backend on 127.0.0.1:0 (a real socket a node exposes as a
+/// service); each connection is echoed until the caller half-closes.
+pub async fn echo_backend() -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+/// A plain HTTP/1.1 GET over a real TCP connection (`connection: close`),
+/// so tests read `/metrics`, `/readyz` and `/healthz` as a scraper would.
+/// Returns the status code (0 if unparsable) and the whole response.
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    let code = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, out)
+}
