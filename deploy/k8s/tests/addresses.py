@@ -83,7 +83,9 @@ def address_problems(c: Container, objects: list[dict[str, Any]]) -> list[str]:
             continue
         announced.setdefault(t, []).append(a)
         if t not in listened:
-            problems.append(f"{c.where}: --external-addr {a} announces a transport and port the router does not listen on")
+            problems.append(
+                f"{c.where}: --external-addr {a} announces a transport and port the router does not listen on"
+            )
     for t in sorted(listened - set(announced)):
         problems.append(f"{c.where}: listens on {t[0]} port {t[1]} but announces no --external-addr for it")
 
@@ -123,5 +125,7 @@ def address_problems(c: Container, objects: list[dict[str, Any]]) -> list[str]:
                         f"{where}: {pod} announces {host}, but the Service publishes {sorted(published) or 'no name'}"
                     )
                 if svc["spec"].get("type") != "LoadBalancer":
-                    problems.append(f"{where}: {pod} announces the DNS name {host} but the Service is not a LoadBalancer")
+                    problems.append(
+                        f"{where}: {pod} announces the DNS name {host} but the Service is not a LoadBalancer"
+                    )
     return problems

@@ -8,8 +8,9 @@ import re
 import pytest
 
 import checks
+import sizing
 from conftest import K8S_DIR, REPO_ROOT, render
-from model import containers
+from model import containers, parse_quantity
 
 
 def readme():
@@ -33,24 +34,37 @@ def test_readme_says_the_image_is_not_built_here():
 
 
 def test_sizing_constants_match_the_checks():
+    """The numbers the docs give are the ones the checks (and the router) use."""
+    assert sizing.IDLE_MEMBER_CHARGE_BYTES == 72 * 1024
+    assert (sizing.MEMORY_BUDGET_PERCENT, sizing.HIGH_WATERMARK_MEMORY_PERCENT) == (75, 50)
+    assert (sizing.RSS_BASE_BYTES, sizing.RSS_PER_MEMBER_BYTES) == (18 * sizing.MIB, 61 * 1024)
     for text in (readme(), scalability()):
-        assert "256 MiB" in text and "256 KiB" in text and "64 KiB" in text and "896 KiB" in text
-    assert checks.CHARGE_PER_MEMBER_BYTES == 896 * 1024
-    assert checks.PROCESS_BASE_BYTES == 256 * checks.MIB
+        for needle in ("72 KiB", "64 KiB", "4 KiB", "18 MiB", "61 KiB", "1.5 × (18 MiB + high watermark × 61 KiB)"):
+            assert needle in text, needle
+        assert sizing.MEASURED_RUN in text
+    assert "budget × 50% ÷ 72 KiB" in readme()
+    assert "limit × 75% × 50% ÷ 72 KiB" in scalability()
 
 
 @pytest.mark.parametrize(
     "row_name, target", [("dev", "overlays/dev"), ("base", "base"), ("production", "overlays/production")]
 )
 def test_readme_sizing_table_matches_the_manifests(row_name, target):
-    row = re.search(rf"^\| {row_name} \| (\d+) \| (\d+) / (\d+) \| [^|]+\| (\S+) \| (\d+) ", readme(), re.MULTILINE)
+    row = re.search(
+        rf"^\| {row_name} \| (\d+) \| (\S+) \| (\d+) / (\d+) \| (\d+) MiB \((\d+)\) \| (\d+) ",
+        readme(),
+        re.MULTILINE,
+    )
     assert row, f"no sizing row for {row_name}"
-    n, high, low, limit, fleet = row.groups()
+    n, limit, high, low, rss, rss_headroom, fleet = row.groups()
     objects = render(target)
     router = next(c for c in containers(objects) if c.binary == "agentmesh-router")
     assert int(n) == router.workload["spec"]["replicas"]
-    assert (high, low) == (router.flag("--high-watermark"), router.flag("--low-watermark"))
     assert limit == router.spec["resources"]["limits"]["memory"]
+    sz = sizing.router_sizing(int(parse_quantity(limit)), router.flag)
+    assert (int(high), int(low)) == (sz.high, sz.low)
+    assert int(rss) == round(sz.rss_at_high_bytes / sizing.MIB)
+    assert int(rss_headroom) == round(sz.limit_needed_bytes / sizing.MIB)
     assert fleet == router.workload["metadata"]["annotations"][checks.FLEET_ANNOTATION]
 
 
@@ -61,7 +75,20 @@ def test_readme_lists_every_alert():
     assert listed == alerts
 
 
-def test_scalability_marks_what_the_ladder_must_measure():
+SOURCE = r"`results/\d{8}T\d{4}Z-[\w-]+`|router/tests/|to be measured by the ladder \(issue 5\)"
+
+
+def test_scalability_measurements_name_their_source():
+    """Every row of the measured table cites a ladder run directory or a test,
+    or says it is still to be measured; the release run is cited."""
     text = scalability()
-    assert text.count("to be measured by the ladder (issue 5)") >= 5
+    section = text[text.index("## Measured so far") :]
+    rows = [r for r in section.splitlines() if r.startswith("| ") and not r.startswith("| quantity")]
+    assert len(rows) >= 10
+    for r in rows:
+        value = r.rsplit(" | ", 1)[-1]
+        assert re.search(SOURCE, value), r
+    for run in set(re.findall(r"`results/([\w-]+)`", section)):
+        assert os.path.isdir(os.path.join(REPO_ROOT, "tests", "scale", "results", run)), run
+    assert f"`{sizing.MEASURED_RUN}`" in section
     assert "F × K / N" in text and "F × K / (N − 1)" in text

@@ -87,8 +87,8 @@ def env_value(o, name, value):
 
 
 def dns_name_typo(o):
-    svc = get(o, "Service", "agentmesh-router-2")
-    svc["metadata"]["annotations"]["external-dns.alpha.kubernetes.io/hostname"] = "agentmesh-router-2.router.example.com"
+    annotations = get(o, "Service", "agentmesh-router-2")["metadata"]["annotations"]
+    annotations["external-dns.alpha.kubernetes.io/hostname"] = "agentmesh-router-2.router.example.com"
 
 
 def one_name_for_all(o):

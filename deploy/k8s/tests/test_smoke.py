@@ -5,7 +5,8 @@ SQLite file, admin token, every ConfigMap flag) and answers /healthz and
 /readyz on the probe port; its metrics include what the alerts read; the
 backup CronJob's argv makes a SQLite copy while it serves; a router started
 from its StatefulSet's argv (with a router token the control plane mints)
-becomes ready on its probe port; both exit cleanly on SIGTERM, as in a
+becomes ready on its probe port and logs the watermarks tests/sizing.py
+predicts for its memory limit; both exit cleanly on SIGTERM, as in a
 rollout. Real processes, real TLS, real SQLite in a temp dir; waits are
 bounded by deadlines, never asserted as timings. Skipped when cargo has not
 built the programs (these tests never build)."""
@@ -192,7 +193,8 @@ def test_post_drain_on_the_probe_port_makes_the_router_unready(sandbox, tmp_path
 
 def test_member_gets_ready_through_the_dev_router(sandbox, tmp_path):
     """Dev announces the router at its pod IP (here 127.0.0.1): a member dials it.
-    (Production announces /dns4 names: see README, Known gaps.)"""
+    (Production announces /dns4 names that only its DNS resolves: checks.py
+    compares them with what each pod's Service publishes.)"""
     cp, cp_proc, _, router_proc, _, files = start_router(sandbox, tmp_path, render("overlays/dev"))
     token = tmp_path / "member-token"
     token.write_bytes(mint(sandbox, cp, "member"))
