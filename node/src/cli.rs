@@ -77,6 +77,8 @@ pub(crate) struct RunArgs {
     max_forward_connections: usize,
     #[arg(long, default_value_t = Config::default().idle_connection_secs)]
     idle_connection_secs: u64,
+    #[arg(long, default_value_t = Config::default().relayed_idle_secs)]
+    relayed_idle_secs: u64,
     #[arg(long, default_value_t = Config::default().record_ttl_secs)]
     record_ttl_secs: u64,
     #[arg(long, default_value_t = Config::default().shutdown_grace_secs)]
@@ -122,6 +124,7 @@ impl RunArgs {
             max_inbound_calls_per_caller: self.max_inbound_calls_per_caller,
             max_forward_connections: self.max_forward_connections,
             idle_connection_secs: self.idle_connection_secs,
+            relayed_idle_secs: self.relayed_idle_secs,
             record_ttl_secs: self.record_ttl_secs,
             shutdown_grace_secs: self.shutdown_grace_secs,
             credential_skew_secs: self.credential_skew_secs,

@@ -15,6 +15,9 @@ pub const DEFAULT_ROUTERS: usize = 2;
 pub const DEFAULT_CONTROL_PLANE: &str = "http://127.0.0.1:7400";
 /// Default data directory.
 pub const DEFAULT_DATA_DIR: &str = "agentmesh-node-data";
+/// Default seconds a relayed connection to a peer stays open after the
+/// last call on it (`--relayed-idle-secs`).
+pub const DEFAULT_RELAYED_IDLE_SECS: u64 = 3;
 /// File name of the Unix socket inside the data dir.
 pub const SOCKET_FILE: &str = "agentmesh.sock";
 
@@ -74,6 +77,15 @@ pub struct Config {
     pub max_forward_connections: usize,
     /// Close connections (transit, finished circuits) idle this long (`--idle-connection-secs`, default 30).
     pub idle_connection_secs: u64,
+    /// Close a relayed connection (a circuit through a router) to a peer
+    /// this long after the last call with that peer ended
+    /// (`--relayed-idle-secs`, default 3; 0: only `idle_connection_secs`
+    /// applies). Routers cap the circuits to one provider, and callers
+    /// holding idle circuits would keep a popular provider at that cap. The
+    /// calling side closes after this; the provider side after twice this
+    /// (so it rarely closes under a caller that is about to reuse it).
+    /// Counted in `agentmesh_node_relayed_idle_closed_total{direction}`.
+    pub relayed_idle_secs: u64,
     /// Lifetime of published service records; republished at a third of it (`--record-ttl-secs`, default 300).
     pub record_ttl_secs: u64,
     /// Grace for in-flight calls on shutdown (`--shutdown-grace-secs`, default 10).
@@ -113,6 +125,7 @@ impl Default for Config {
             max_inbound_calls_per_caller: 32,
             max_forward_connections: 256,
             idle_connection_secs: 30,
+            relayed_idle_secs: DEFAULT_RELAYED_IDLE_SECS,
             record_ttl_secs: 300,
             shutdown_grace_secs: 10,
             credential_skew_secs: 60,

@@ -19,6 +19,7 @@ mod forward;
 mod http;
 pub mod identity;
 pub mod metrics;
+mod peer_calls;
 pub mod select;
 mod shared;
 mod socket;
@@ -322,6 +323,7 @@ pub async fn spawn(
         status: status_tx,
         ready: watch::channel(false).0,
         in_flight: Arc::new(AtomicUsize::new(0)),
+        peer_calls: Default::default(),
     });
 
     let mut core_set = JoinSet::new();

@@ -121,6 +121,10 @@ pub struct Metrics {
     /// Outbound calls retried once on a fresh route after a route failure,
     /// by reason ([`CALL_RETRY_REASONS`]).
     pub call_retries: Family<ReasonLabel, Counter>,
+    /// Relayed connections closed because no call used them for
+    /// `--relayed-idle-secs`, by `direction` (`outbound`: we dialed the
+    /// circuit, `inbound`: a caller did).
+    pub relayed_idle_closed: Family<DirectionLabel, Counter>,
 }
 
 impl Metrics {
@@ -141,6 +145,11 @@ impl Metrics {
         }
         for d in ["sent", "received"] {
             let _ = m.call_bytes.get_or_create(&DirectionLabel { direction: d });
+        }
+        for d in ["outbound", "inbound"] {
+            let _ = m
+                .relayed_idle_closed
+                .get_or_create(&DirectionLabel { direction: d });
         }
         for r in AUTH_RESULTS {
             let _ = m.auth.get_or_create(&ResultLabel { result: r });
@@ -230,6 +239,11 @@ impl Metrics {
             self.call_retries.clone(),
         );
         r.register(
+            "relayed_idle_closed",
+            "Relayed connections closed after --relayed-idle-secs without a call, by direction",
+            self.relayed_idle_closed.clone(),
+        );
+        r.register(
             "goaways",
             "Go-aways received by result (reason obeyed, ignored, error)",
             self.goaways.clone(),
@@ -284,5 +298,9 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("agentmesh_node_auth_connection_retries_total 0"));
+        assert!(
+            out.contains(r#"agentmesh_node_relayed_idle_closed_total{direction="outbound"} 0"#),
+            "{out}"
+        );
     }
 }

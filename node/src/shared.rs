@@ -69,6 +69,8 @@ pub(crate) struct Shared {
     pub(crate) ready: watch::Sender<bool>,
     /// Calls in flight (inbound, forwarded, handed out); shutdown waits for 0.
     pub(crate) in_flight: Arc<AtomicUsize>,
+    /// Calls in flight per peer: relayed connections to idle peers close.
+    pub(crate) peer_calls: Arc<crate::peer_calls::PeerCalls>,
 }
 
 impl Shared {

@@ -222,6 +222,8 @@ async fn verify_caller(
 
 async fn serve(shared: Arc<Shared>, inbound: Arc<Inbound>, peer: PeerId, mut stream: Stream) {
     let _guard = shared.in_flight_guard();
+    // The caller's circuit stays open while its call lives.
+    let _peer_call = shared.peer_calls.begin(peer);
     let deadline = shared.config.call_timeout();
     let req: CallRequest =
         match tokio::time::timeout(deadline, read_frame(&mut stream, MAX_FRAME_BYTES)).await {

@@ -14,6 +14,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt as _};
 
+use crate::peer_calls::PeerCall;
 use crate::shared::InFlight;
 
 /// Why an outbound call could not be set up.
@@ -90,6 +91,8 @@ pub struct CallStream {
     sent: Counter,
     received: Counter,
     _in_flight: InFlight,
+    /// Keeps the relayed connection to the provider open while the call lives.
+    _peer_call: PeerCall,
 }
 
 impl std::fmt::Debug for CallStream {
@@ -107,6 +110,7 @@ impl CallStream {
         sent: Counter,
         received: Counter,
         in_flight: InFlight,
+        peer_call: PeerCall,
     ) -> Self {
         Self {
             inner: stream.compat(),
@@ -114,6 +118,7 @@ impl CallStream {
             sent,
             received,
             _in_flight: in_flight,
+            _peer_call: peer_call,
         }
     }
 

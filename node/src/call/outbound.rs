@@ -478,6 +478,9 @@ async fn attempt(
     let circuit = router_base(&addr, via)
         .with(Protocol::P2pCircuit)
         .with(Protocol::P2p(provider));
+    // From here until the call ends, the connection to the provider is in
+    // use: never closed for idleness (see `crate::peer_calls`).
+    let peer_call = shared.peer_calls.begin(provider);
     let keep_via = retry.then(|| {
         routers
             .iter()
@@ -488,7 +491,7 @@ async fn attempt(
     shared
         .connect(provider, vec![circuit], keep_via)
         .await
-        .map_err(|e| connect_error(e, via))?;
+        .map_err(|e| connect_error(explain_circuit_failure(e, via, provider), via))?;
     let (resp, stream) = wire::call(
         shared.control.clone(),
         provider,
@@ -528,5 +531,58 @@ async fn attempt(
             })
             .clone(),
         shared.in_flight_guard(),
+        peer_call,
     ))
+}
+
+/// A relayed dial's failure in words a caller can act on: libp2p reports a
+/// router's refusal of the circuit as a nested transport error; say which
+/// router refused which provider and why.
+fn explain_circuit_failure(detail: String, via: PeerId, provider: PeerId) -> String {
+    let why = if detail.contains("resource limit exceeded") {
+        "the router refused the circuit: resource limit exceeded (it carries as many circuits to \
+         this provider, or in all, as it allows; the provider is busy)"
+    } else if detail.contains("Relay failed to connect to destination") {
+        "the router could not open the circuit to the provider (refused at the provider's \
+         connection or stream limit at the router, or the provider is gone)"
+    } else if detail.contains("Relay has no reservation for destination") {
+        "the provider has no reservation on that router (it moved)"
+    } else if detail.contains("Remote denied permission") {
+        "the router denied the circuit"
+    } else {
+        return detail;
+    };
+    format!("router {via} could not carry a call to provider {provider}: {why} [{detail}]")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn circuit_refusals_name_the_router_the_provider_and_the_reason() {
+        let (via, provider) = (PeerId::random(), PeerId::random());
+        let e = explain_circuit_failure(
+            "connect to x: Failed to negotiate transport protocol(s): [(/p2p-circuit: \
+             Failed to connect to destination.: Remote reported resource limit exceeded.)]"
+                .into(),
+            via,
+            provider,
+        );
+        assert!(e.contains(&via.to_string()), "{e}");
+        assert!(e.contains(&provider.to_string()), "{e}");
+        assert!(
+            e.contains("refused the circuit: resource limit exceeded"),
+            "{e}"
+        );
+        let e = explain_circuit_failure(
+            "Relay failed to connect to destination.".into(),
+            via,
+            provider,
+        );
+        assert!(e.contains("could not open the circuit"), "{e}");
+        // Anything else is left as it was.
+        let plain = "no connection to x within 10 s".to_string();
+        assert_eq!(explain_circuit_failure(plain.clone(), via, provider), plain);
+    }
 }

@@ -3,13 +3,17 @@
 //! connections to a provider through routers it no longer lists (or whose
 //! route just failed) and to wait until they are gone: `libp2p-stream`
 //! opens a stream on any connection to the peer, so a dying one left in
-//! place could take the retry down with it.
+//! place could take the retry down with it. The core also closes relayed
+//! connections to peers without calls for `--relayed-idle-secs`
+//! ([`Conns::relayed`]).
 
 use std::collections::HashMap;
 
+use libp2p::core::ConnectedPoint;
 use libp2p::core::multiaddr::Protocol;
 use libp2p::swarm::ConnectionId;
 use libp2p::{Multiaddr, PeerId};
+use tokio::time::Instant;
 
 /// The router a relayed address goes through: the `/p2p/R` before `/p2p-circuit`.
 pub(crate) fn relay_of(addr: &Multiaddr) -> Option<PeerId> {
@@ -24,37 +28,73 @@ pub(crate) fn relay_of(addr: &Multiaddr) -> Option<PeerId> {
     None
 }
 
+/// One open connection.
+#[derive(Debug, Clone, Copy)]
+struct Conn {
+    id: ConnectionId,
+    /// The router a relayed connection goes through.
+    via: Option<PeerId>,
+    /// We dialed it.
+    outbound: bool,
+    /// When it came up.
+    since: Instant,
+}
+
+/// A relayed connection, as [`Conns::relayed`] lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Relayed {
+    pub(crate) peer: PeerId,
+    pub(crate) id: ConnectionId,
+    /// We dialed it (we are the caller).
+    pub(crate) outbound: bool,
+    /// When it came up.
+    pub(crate) since: Instant,
+}
+
 /// Open connections per peer.
 #[derive(Debug, Default)]
 pub(crate) struct Conns {
-    by_peer: HashMap<PeerId, Vec<(ConnectionId, Option<PeerId>)>>,
+    by_peer: HashMap<PeerId, Vec<Conn>>,
 }
 
 impl Conns {
-    /// A connection to `peer` at `addr` is up.
-    pub(crate) fn established(&mut self, peer: PeerId, id: ConnectionId, addr: &Multiaddr) {
-        self.by_peer
-            .entry(peer)
-            .or_default()
-            .push((id, relay_of(addr)));
+    /// A connection to `peer` is up (`endpoint`: ours, dialer or listener).
+    pub(crate) fn established(
+        &mut self,
+        peer: PeerId,
+        id: ConnectionId,
+        endpoint: &ConnectedPoint,
+        now: Instant,
+    ) {
+        let (via, outbound) = match endpoint {
+            ConnectedPoint::Dialer { address, .. } => (relay_of(address), true),
+            // An inbound circuit: our listen address is `/p2p/R/p2p-circuit`.
+            ConnectedPoint::Listener { local_addr, .. } => (relay_of(local_addr), false),
+        };
+        self.by_peer.entry(peer).or_default().push(Conn {
+            id,
+            via,
+            outbound,
+            since: now,
+        });
     }
 
     /// A connection closed.
     pub(crate) fn closed(&mut self, peer: PeerId, id: ConnectionId) {
         if let Some(v) = self.by_peer.get_mut(&peer) {
-            v.retain(|(c, _)| *c != id);
+            v.retain(|c| c.id != id);
             if v.is_empty() {
                 self.by_peer.remove(&peer);
             }
         }
     }
 
-    /// Relayed connections to `peer` through a router not in `keep`.
+    /// Relayed connections we dialed to `peer` through a router not in `keep`.
     pub(crate) fn stale(&self, peer: &PeerId, keep: &[PeerId]) -> Vec<ConnectionId> {
         self.by_peer.get(peer).map_or_else(Vec::new, |v| {
             v.iter()
-                .filter(|(_, via)| via.is_some_and(|r| !keep.contains(&r)))
-                .map(|(c, _)| *c)
+                .filter(|c| c.outbound && c.via.is_some_and(|r| !keep.contains(&r)))
+                .map(|c| c.id)
                 .collect()
         })
     }
@@ -63,7 +103,36 @@ impl Conns {
     pub(crate) fn any_open(&self, peer: &PeerId, ids: &[ConnectionId]) -> bool {
         self.by_peer
             .get(peer)
-            .is_some_and(|v| v.iter().any(|(c, _)| ids.contains(c)))
+            .is_some_and(|v| v.iter().any(|c| ids.contains(&c.id)))
+    }
+
+    /// Open connections to `peer` among `ids`.
+    pub(crate) fn open_among(
+        &self,
+        peer: &PeerId,
+        ids: &std::collections::HashSet<ConnectionId>,
+    ) -> Vec<ConnectionId> {
+        self.by_peer.get(peer).map_or_else(Vec::new, |v| {
+            v.iter()
+                .filter(|c| ids.contains(&c.id))
+                .map(|c| c.id)
+                .collect()
+        })
+    }
+
+    /// Every relayed connection, either direction.
+    pub(crate) fn relayed(&self) -> Vec<Relayed> {
+        self.by_peer
+            .iter()
+            .flat_map(|(peer, v)| {
+                v.iter().filter(|c| c.via.is_some()).map(|c| Relayed {
+                    peer: *peer,
+                    id: c.id,
+                    outbound: c.outbound,
+                    since: c.since,
+                })
+            })
+            .collect()
     }
 }
 
@@ -87,12 +156,39 @@ mod tests {
             ConnectionId::new_unchecked(2),
             ConnectionId::new_unchecked(3),
         );
+        let dialer = |address: Multiaddr| ConnectedPoint::Dialer {
+            address,
+            role_override: libp2p::core::Endpoint::Dialer,
+            port_use: libp2p::core::transport::PortUse::New,
+        };
+        let now = Instant::now();
         let mut conns = Conns::default();
-        conns.established(p, a, &via(r1));
-        conns.established(p, b, &via(r2));
-        conns.established(p, c, &direct);
-        // Direct connections are never stale; relayed ones are by router.
+        conns.established(p, a, &dialer(via(r1)), now);
+        conns.established(p, b, &dialer(via(r2)), now);
+        conns.established(p, c, &dialer(direct.clone()), now);
+        // A caller's circuit to us, through r1.
+        let (q, d) = (PeerId::random(), ConnectionId::new_unchecked(4));
+        let inbound = ConnectedPoint::Listener {
+            local_addr: format!("/ip4/127.0.0.1/tcp/1/p2p/{r1}/p2p-circuit")
+                .parse()
+                .expect("addr"),
+            send_back_addr: format!("/p2p/{q}").parse().expect("addr"),
+        };
+        conns.established(q, d, &inbound, now);
+        // Direct connections are never stale; relayed ones are by router;
+        // inbound circuits are not ours to replace.
         assert_eq!(conns.stale(&p, &[r2]), vec![a]);
+        assert!(conns.stale(&q, &[]).is_empty());
+        let mut relayed = conns.relayed();
+        relayed.sort_by_key(|r| (r.outbound, r.id));
+        assert_eq!(
+            relayed
+                .iter()
+                .map(|r| (r.peer, r.id, r.outbound))
+                .collect::<Vec<_>>(),
+            vec![(q, d, false), (p, a, true), (p, b, true)]
+        );
+        conns.closed(q, d);
         assert!(conns.any_open(&p, &[a]));
         conns.closed(p, a);
         assert!(!conns.any_open(&p, &[a]));

@@ -8,6 +8,8 @@
 
 mod conns;
 mod goaway;
+mod idle;
+mod redial;
 mod routers;
 mod shun;
 
@@ -83,6 +85,8 @@ pub(crate) struct Core {
     shunned: HashMap<PeerId, shun::Shun>,
     /// Failures in a row per router (escalates shunning; cleared on a reservation).
     failures: HashMap<PeerId, u32>,
+    /// Connection failures in a row per router (backoff; cleared on admission).
+    redials: HashMap<PeerId, redial::Redials>,
     candidates: Vec<crate::select::Candidate>,
     have_directory: bool,
     ops: FuturesUnordered<BoxFuture<'static, Op>>,
@@ -90,6 +94,8 @@ pub(crate) struct Core {
     /// Connects waiting for stale connections to close (at most [`MAX_WAITERS`]).
     fresh: Vec<FreshWait>,
     conns: conns::Conns,
+    /// Relayed connections being closed for idleness (see [`idle`]).
+    idle_closing: std::collections::HashSet<libp2p::swarm::ConnectionId>,
     next_refresh: Instant,
     refresh_failures: u32,
     refresh_in_flight: bool,
@@ -132,12 +138,14 @@ impl Core {
             slots: HashMap::new(),
             shunned: HashMap::new(),
             failures: HashMap::new(),
+            redials: HashMap::new(),
             candidates: Vec::new(),
             have_directory: false,
             ops: FuturesUnordered::new(),
             waiters: HashMap::new(),
             fresh: Vec::new(),
             conns: conns::Conns::default(),
+            idle_closing: Default::default(),
             next_refresh: now,
             refresh_failures: 0,
             refresh_in_flight: false,
@@ -242,26 +250,31 @@ impl Core {
                 keep_via,
                 reply,
             } => {
+                // Connections being closed for idleness must be gone
+                // before the call opens its stream.
+                let mut stale = self.conns.open_among(&peer, &self.idle_closing);
                 if let Some(keep) = keep_via {
-                    let stale = self.conns.stale(&peer, &keep);
-                    if !stale.is_empty() {
-                        self.fresh.retain(|w| !w.reply.is_closed());
-                        if self.fresh.len() >= MAX_WAITERS {
-                            let _ = reply.send(Err("too many connections pending".into()));
-                            return;
-                        }
-                        tracing::debug!(%peer, stale = stale.len(), "closing relayed connections through routers the peer left");
-                        for id in &stale {
-                            self.swarm.close_connection(*id);
-                        }
-                        self.fresh.push(FreshWait {
-                            peer,
-                            closing: stale,
-                            addrs,
-                            reply,
-                        });
+                    stale.extend(self.conns.stale(&peer, &keep));
+                    stale.sort();
+                    stale.dedup();
+                }
+                if !stale.is_empty() {
+                    self.fresh.retain(|w| !w.reply.is_closed());
+                    if self.fresh.len() >= MAX_WAITERS {
+                        let _ = reply.send(Err("too many connections pending".into()));
                         return;
                     }
+                    tracing::debug!(%peer, stale = stale.len(), "closing relayed connections through routers the peer left (or idle)");
+                    for id in &stale {
+                        self.swarm.close_connection(*id);
+                    }
+                    self.fresh.push(FreshWait {
+                        peer,
+                        closing: stale,
+                        addrs,
+                        reply,
+                    });
+                    return;
                 }
                 self.connect_now(peer, addrs, reply);
             }
@@ -341,7 +354,7 @@ impl Core {
                 ..
             } => {
                 self.conns
-                    .established(peer_id, connection_id, endpoint.get_remote_address());
+                    .established(peer_id, connection_id, &endpoint, Instant::now());
                 self.resolve_waiters(&peer_id, Ok(()));
                 self.on_router_connected(peer_id, endpoint.get_remote_address().clone());
             }
@@ -352,6 +365,7 @@ impl Core {
                 ..
             } => {
                 self.conns.closed(peer_id, connection_id);
+                self.idle_closing.remove(&connection_id);
                 if num_established == 0 {
                     self.shared.transit_admitted.lock().remove(&peer_id);
                     self.on_router_lost(peer_id);
@@ -412,6 +426,7 @@ impl Core {
         self.release_leaving();
         self.retry_reservations(now);
         self.retry_represent(now);
+        self.close_idle_relayed(now);
         let ttl = Duration::from_secs(self.shared.config.record_ttl_secs.max(3));
         let stale = self.last_publish.is_some_and(|t| t.elapsed() >= ttl / 3);
         if self.publish_retry_at.is_some_and(|t| t <= now) {
@@ -544,6 +559,7 @@ impl Core {
                 let known: std::collections::HashSet<PeerId> =
                     self.candidates.iter().map(|c| c.peer).collect();
                 self.failures.retain(|p, _| known.contains(p));
+                self.redials.retain(|p, _| known.contains(p));
                 self.warned_no_router = false;
                 let dir_path = self.shared.config.data_dir.clone();
                 tokio::task::spawn_blocking(move || {

@@ -25,8 +25,9 @@ use crate::wire::{self, AuthOutcome, WireError};
 pub(crate) enum Phase {
     Dialing,
     Authing,
-    /// The connection failed under the first auth: a fresh connection is
-    /// made after a short jittered delay ([`Op::Redial`]).
+    /// The connection failed (refused, closed) at the dial or under the
+    /// first auth: a fresh connection is made after a jittered backoff
+    /// ([`Op::Redial`], [`super::redial`]).
     Redial,
     Reserving(ListenerId),
     Reserved(ListenerId),
@@ -54,8 +55,6 @@ pub(crate) struct Slot {
     pub(crate) leaving: Option<Duration>,
     /// The router said it is draining: once dropped, never tried early.
     pub(crate) draining: bool,
-    /// Fresh connections made because the first auth's connection failed.
-    pub(crate) conn_retries: u32,
 }
 
 impl Slot {
@@ -69,7 +68,6 @@ impl Slot {
             represent_at: None,
             leaving: None,
             draining: false,
-            conn_retries: 0,
         }
     }
 }
@@ -84,17 +82,8 @@ const MAX_REPRESENT_FAILURES: u32 = 5;
 /// another candidate (when one is free; otherwise it is retried).
 const MAX_RESERVE_FAILURES: u32 = 2;
 
-/// Fresh connections tried when the first auth's connection fails (closed,
-/// reset) before the router is shunned: the router did not refuse us, the
-/// connection (often a closing transit one we reused) failed.
-const MAX_CONN_RETRIES: u32 = 2;
-
-/// Delay before the first such fresh connection (×4 for the next), jittered
-/// up to ×3: time for the failed connection to finish closing.
-const REDIAL_DELAY: Duration = Duration::from_millis(100);
-
 /// How long a router whose first auth failed (no answer, or the connection
-/// failed again after [`MAX_CONN_RETRIES`]) is passed over.
+/// kept failing for the [`super::redial::BUDGET`]) is passed over.
 const AUTH_FAILED_SHUN: Duration = Duration::from_secs(10);
 
 /// How long a router that keeps refusing reservations is passed over.
@@ -333,7 +322,7 @@ impl Core {
                 tracing::debug!(%router, until, initial, "admitted");
                 slot.represent_failures = 0;
                 slot.represent_at = None;
-                slot.conn_retries = 0;
+                self.redials.remove(&router);
                 if initial && slot.phase == Phase::Authing {
                     self.reserve(router);
                 }
@@ -372,10 +361,12 @@ impl Core {
                 // and a fresh one is being made).
             }
             Err(e) => {
-                if initial && e.is_connection_failure() && slot.conn_retries < MAX_CONN_RETRIES {
-                    // The connection failed, not the router: connect afresh.
-                    tracing::info!(%router, error = %e, retries = slot.conn_retries, "first auth: connection failed, connecting afresh");
-                    self.schedule_redial(router);
+                let conn_failed = e.is_connection_failure() || matches!(e, WireError::Open { .. });
+                if initial && conn_failed {
+                    // The connection (or the stream, refused by a router
+                    // short of auth streams) failed, not the router's
+                    // verdict: connect afresh after a backoff.
+                    self.conn_failed(router, &e.to_string(), false);
                 } else if initial {
                     tracing::warn!(%router, error = %e, "auth exchange failed");
                     self.drop_router(router, AUTH_FAILED_SHUN);
@@ -390,20 +381,54 @@ impl Core {
         self.publish_status();
     }
 
-    /// The first auth's connection to `router` failed: after a short
-    /// jittered delay (the failing connection finishes closing meanwhile),
-    /// connect afresh and auth again ([`Self::redial`]).
-    fn schedule_redial(&mut self, router: PeerId) {
-        let Some(slot) = self.slots.get_mut(&router) else {
+    /// The connection to `router` was refused or closed at the dial
+    /// (`dialing`) or under the first auth: not the router's verdict. Within
+    /// the [`super::redial::BUDGET`], back off (jittered, exponential): at a
+    /// failed dial with another router free, let the slot go to it and keep
+    /// this one out for the backoff only; otherwise keep the slot and
+    /// connect afresh after the backoff. Past the budget, shun it as a
+    /// failed router.
+    pub(super) fn conn_failed(&mut self, router: PeerId, error: &str, dialing: bool) {
+        if !self.slots.contains_key(&router) {
+            return;
+        }
+        let now = Instant::now();
+        let run = self
+            .redials
+            .entry(router)
+            .or_insert_with(|| super::redial::Redials::new(now));
+        if run.is_stale(now) {
+            *run = super::redial::Redials::new(now);
+        }
+        let Some(delay) = run.next_delay(now, &mut rand::thread_rng()) else {
+            tracing::warn!(%router, %error, "connection to router keeps failing: passing it over");
+            self.redials.remove(&router);
+            self.drop_router(router, AUTH_FAILED_SHUN);
+            self.top_up();
             return;
         };
-        let delay = jittered(
-            REDIAL_DELAY.saturating_mul(1 << (2 * slot.conn_retries)),
-            2.0,
-        );
-        slot.conn_retries += 1;
-        slot.phase = Phase::Redial;
+        let attempt = run.attempts();
         self.shared.metrics.auth_conn_retries.inc();
+        if dialing && self.has_free_candidate() {
+            tracing::info!(%router, %error, attempt, retry_in = ?delay, "connection to router failed: trying another router meanwhile");
+            self.slots.remove(&router);
+            self.shunned.insert(
+                router,
+                super::shun::Shun {
+                    until: now + delay,
+                    early: now + delay,
+                    draining: false,
+                },
+            );
+            self.sync_held();
+            self.top_up();
+            self.publish_status();
+            return;
+        }
+        tracing::info!(%router, %error, attempt, retry_in = ?delay, "connection to router failed: connecting afresh after a backoff");
+        if let Some(slot) = self.slots.get_mut(&router) {
+            slot.phase = Phase::Redial;
+        }
         self.ops.push(Box::pin(async move {
             tokio::time::sleep(delay).await;
             Op::Redial(router)
@@ -615,9 +640,8 @@ impl Core {
                 // (connected, or a dial error) decides.
                 Phase::Dialing | Phase::Redial => return,
                 // The connection closed under the first auth: not a refusal.
-                Phase::Authing if slot.conn_retries < MAX_CONN_RETRIES => {
-                    tracing::info!(router = %peer, "connection closed during the first auth: connecting afresh");
-                    self.schedule_redial(peer);
+                Phase::Authing => {
+                    self.conn_failed(peer, "connection closed during the first auth", false);
                     return;
                 }
                 _ => {}
@@ -633,9 +657,9 @@ impl Core {
         if matches!(self.slots.get(&peer), Some(s) if s.phase == Phase::Dialing)
             && !self.swarm.is_connected(&peer)
         {
-            tracing::warn!(router = %peer, %error, "cannot reach router");
-            self.drop_router(peer, Duration::from_secs(10));
-            self.top_up();
+            // Refused or closed before or while handshaking (a router
+            // short of room for unadmitted connections does that): back off.
+            self.conn_failed(peer, error, true);
         }
     }
 

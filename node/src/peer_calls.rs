@@ -1,0 +1,129 @@
+//! Calls in flight per peer (either direction), and since when a peer has
+//! had none. The core loop closes a relayed connection to a peer once the
+//! peer has been idle for `--relayed-idle-secs` (see
+//! [`crate::config::Config::relayed_idle_secs`]): a router caps the circuits
+//! to one destination, and a popular provider would otherwise be held at
+//! that cap by callers whose connections merely wait for the 30 s idle
+//! timeout. A caller that calls again within the window reuses the circuit.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libp2p::PeerId;
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+/// What [`PeerCalls::idle`] knows about a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Activity {
+    /// A call to or from the peer is being set up or in flight.
+    Busy,
+    /// The last call ended at this instant.
+    IdleSince(Instant),
+    /// No call seen (or forgotten).
+    Unknown,
+}
+
+#[derive(Debug)]
+struct Entry {
+    active: usize,
+    idle_since: Instant,
+}
+
+/// Calls in flight per peer.
+#[derive(Debug, Default)]
+pub(crate) struct PeerCalls {
+    by_peer: Mutex<HashMap<PeerId, Entry>>,
+}
+
+impl PeerCalls {
+    /// A call to or from `peer` begins; it counts until the guard drops.
+    pub(crate) fn begin(self: &Arc<Self>, peer: PeerId) -> PeerCall {
+        let mut m = self.by_peer.lock();
+        let e = m.entry(peer).or_insert(Entry {
+            active: 0,
+            idle_since: Instant::now(),
+        });
+        e.active += 1;
+        PeerCall {
+            calls: self.clone(),
+            peer,
+        }
+    }
+
+    /// Whether `peer` has a call in flight, or since when it has not.
+    pub(crate) fn idle(&self, peer: &PeerId) -> Activity {
+        match self.by_peer.lock().get(peer) {
+            Some(e) if e.active > 0 => Activity::Busy,
+            Some(e) => Activity::IdleSince(e.idle_since),
+            None => Activity::Unknown,
+        }
+    }
+
+    /// Forgets peers idle for longer than `older_than` (bounds the map to
+    /// peers called recently).
+    pub(crate) fn prune(&self, now: Instant, older_than: Duration) {
+        self.by_peer.lock().retain(|_, e| {
+            e.active > 0 || now.saturating_duration_since(e.idle_since) < older_than
+        });
+    }
+
+    fn end(&self, peer: &PeerId) {
+        let mut m = self.by_peer.lock();
+        if let Some(e) = m.get_mut(peer) {
+            e.active = e.active.saturating_sub(1);
+            if e.active == 0 {
+                e.idle_since = Instant::now();
+            }
+        }
+    }
+}
+
+/// One call to or from a peer, counted while alive.
+#[derive(Debug)]
+pub(crate) struct PeerCall {
+    calls: Arc<PeerCalls>,
+    peer: PeerId,
+}
+
+impl Drop for PeerCall {
+    fn drop(&mut self) {
+        self.calls.end(&self.peer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_is_busy_while_any_call_lives_and_idle_from_the_last_end() {
+        let calls = Arc::new(PeerCalls::default());
+        let (p, q) = (PeerId::random(), PeerId::random());
+        assert_eq!(calls.idle(&p), Activity::Unknown);
+        let a = calls.begin(p);
+        let b = calls.begin(p);
+        assert_eq!(calls.idle(&p), Activity::Busy);
+        drop(a);
+        assert_eq!(calls.idle(&p), Activity::Busy);
+        let before = Instant::now();
+        drop(b);
+        let Activity::IdleSince(t) = calls.idle(&p) else {
+            panic!("not idle: {:?}", calls.idle(&p));
+        };
+        assert!(t >= before);
+        assert_eq!(calls.idle(&q), Activity::Unknown);
+        // Busy peers are never forgotten; idle ones after `older_than`.
+        let c = calls.begin(q);
+        calls.prune(
+            Instant::now() + Duration::from_secs(100),
+            Duration::from_secs(10),
+        );
+        assert_eq!(calls.idle(&p), Activity::Unknown);
+        assert_eq!(calls.idle(&q), Activity::Busy);
+        drop(c);
+        calls.prune(Instant::now(), Duration::from_secs(10));
+        assert!(matches!(calls.idle(&q), Activity::IdleSince(_)));
+    }
+}
