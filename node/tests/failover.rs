@@ -25,16 +25,7 @@ async fn a_router_refusing_reservations_is_replaced_once_another_is_free() {
     .await;
     let ok = start_router(&cp, "ok").await;
     let member = cp.token(Role::Member).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let n = agentmesh_node::spawn(
-        Config {
-            routers: 2,
-            ..node_config(&cp, &member, dir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn");
+    let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config { routers: 2, ..base }).await;
     ready(&n, "n").await;
     let (full_id, ok_id) = (full.handle.peer_id(), ok.handle.peer_id());
     // Only two routers exist: the node holds both, reserved on one.

@@ -20,29 +20,19 @@ async fn a_on_r1_calls_b_on_r2_through_transit_and_a_relay() {
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
 
-    let bdir = tempfile::tempdir().expect("tempdir");
-    let b = agentmesh_node::spawn(
-        Config {
-            router_selector: selector("r2"),
-            expose: vec![("echo".into(), backend), ("secret".into(), backend)],
-            allow: vec!["secret=label:team=x".parse().expect("rule")],
-            ..node_config(&cp, &member, bdir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn b");
-    let adir = tempfile::tempdir().expect("tempdir");
-    let a = agentmesh_node::spawn(
-        Config {
-            router_selector: selector("r1"),
-            forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
-            ..node_config(&cp, &member, adir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn a");
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
+        router_selector: selector("r2"),
+        expose: vec![("echo".into(), backend), ("secret".into(), backend)],
+        allow: vec!["secret=label:team=x".parse().expect("rule")],
+        ..base
+    })
+    .await;
+    let (a, adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
+        router_selector: selector("r1"),
+        forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
+        ..base
+    })
+    .await;
     ready(&b, "b").await;
     ready(&a, "a").await;
     assert_eq!(a.status().borrow().reserved, vec![r1.handle.peer_id()]);
@@ -142,16 +132,11 @@ async fn a_on_r1_calls_b_on_r2_through_transit_and_a_relay() {
     );
 
     // A member sharing B's router calls without transit.
-    let cdir = tempfile::tempdir().expect("tempdir");
-    let c = agentmesh_node::spawn(
-        Config {
-            router_selector: selector("r2"),
-            ..node_config(&cp, &member, cdir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn c");
+    let (c, _cdir) = spawn_node(&cp, &member, "spawn c", |base| Config {
+        router_selector: selector("r2"),
+        ..base
+    })
+    .await;
     ready(&c, "c").await;
     let mut s = call_until_found(&c, "echo").await;
     assert!(!s.route().transit, "route: {:?}", s.route());
@@ -191,17 +176,12 @@ async fn a_member_whose_router_dies_reattaches_elsewhere() {
     let r1 = start_router(&cp, "r1").await;
     let r2 = start_router(&cp, "r2").await;
     let member = cp.token(Role::Member).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let n = agentmesh_node::spawn(
-        Config {
-            // Outgoing TCP from another loopback address, as the ladder does.
-            dial_source_ip: Some("127.0.0.3".parse().expect("ip")),
-            ..node_config(&cp, &member, dir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn");
+    let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config {
+        // Outgoing TCP from another loopback address, as the ladder does.
+        dial_source_ip: Some("127.0.0.3".parse().expect("ip")),
+        ..base
+    })
+    .await;
     ready(&n, "n").await;
     let first = n.status().borrow().reserved[0];
     let (dead, alive) = if first == r1.handle.peer_id() {
@@ -229,16 +209,11 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let bdir = tempfile::tempdir().expect("tempdir");
-    let b = agentmesh_node::spawn(
-        Config {
-            expose: vec![("echo".into(), backend)],
-            ..node_config(&cp, &member, bdir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn b");
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
+        expose: vec![("echo".into(), backend)],
+        ..base
+    })
+    .await;
     ready(&b, "b").await;
 
     let dir = tempfile::tempdir().expect("tempdir");
@@ -332,21 +307,13 @@ async fn credentials_are_refreshed_and_re_presented_before_they_expire() {
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let bdir = tempfile::tempdir().expect("tempdir");
-    let b = agentmesh_node::spawn(
-        Config {
-            expose: vec![("echo".into(), backend)],
-            credential_skew_secs: 0,
-            ..node_config(&cp, &member, bdir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn b");
-    let adir = tempfile::tempdir().expect("tempdir");
-    let a = agentmesh_node::spawn(node_config(&cp, &member, adir.path()), None)
-        .await
-        .expect("spawn a");
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
+        expose: vec![("echo".into(), backend)],
+        credential_skew_secs: 0,
+        ..base
+    })
+    .await;
+    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| base).await;
     ready(&b, "b").await;
     ready(&a, "a").await;
     let first = a.status().borrow().credential_expires_at_unix_secs;
@@ -395,20 +362,12 @@ async fn shutdown_finishes_calls_in_flight_and_withdraws_records() {
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let bdir = tempfile::tempdir().expect("tempdir");
-    let b = agentmesh_node::spawn(
-        Config {
-            expose: vec![("echo".into(), backend)],
-            ..node_config(&cp, &member, bdir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn b");
-    let adir = tempfile::tempdir().expect("tempdir");
-    let a = agentmesh_node::spawn(node_config(&cp, &member, adir.path()), None)
-        .await
-        .expect("spawn a");
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
+        expose: vec![("echo".into(), backend)],
+        ..base
+    })
+    .await;
+    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| base).await;
     ready(&b, "b").await;
     ready(&a, "a").await;
 
@@ -463,20 +422,12 @@ async fn members_attach_and_call_over_quic() {
     .await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let bdir = tempfile::tempdir().expect("tempdir");
-    let b = agentmesh_node::spawn(
-        Config {
-            expose: vec![("echo".into(), backend)],
-            ..node_config(&cp, &member, bdir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn b");
-    let adir = tempfile::tempdir().expect("tempdir");
-    let a = agentmesh_node::spawn(node_config(&cp, &member, adir.path()), None)
-        .await
-        .expect("spawn a");
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
+        expose: vec![("echo".into(), backend)],
+        ..base
+    })
+    .await;
+    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| base).await;
     ready(&b, "b").await;
     ready(&a, "a").await;
     let mut s = call_until_found(&a, "echo").await;
@@ -535,28 +486,18 @@ async fn a_transit_connection_closes_once_idle() {
     let r2 = start_router(&cp, "r2").await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let bdir = tempfile::tempdir().expect("tempdir");
-    let b = agentmesh_node::spawn(
-        Config {
-            router_selector: selector("r2"),
-            expose: vec![("echo".into(), backend)],
-            ..node_config(&cp, &member, bdir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn b");
-    let adir = tempfile::tempdir().expect("tempdir");
-    let a = agentmesh_node::spawn(
-        Config {
-            router_selector: selector("r1"),
-            idle_connection_secs: 1,
-            ..node_config(&cp, &member, adir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn a");
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
+        router_selector: selector("r2"),
+        expose: vec![("echo".into(), backend)],
+        ..base
+    })
+    .await;
+    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
+        router_selector: selector("r1"),
+        idle_connection_secs: 1,
+        ..base
+    })
+    .await;
     ready(&b, "b").await;
     ready(&a, "a").await;
     let transit = |r: &Router| {
@@ -597,26 +538,16 @@ async fn a_forwarded_connection_finishes_while_its_node_stops() {
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let bdir = tempfile::tempdir().expect("tempdir");
-    let b = agentmesh_node::spawn(
-        Config {
-            expose: vec![("echo".into(), backend)],
-            ..node_config(&cp, &member, bdir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn b");
-    let adir = tempfile::tempdir().expect("tempdir");
-    let a = agentmesh_node::spawn(
-        Config {
-            forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
-            ..node_config(&cp, &member, adir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn a");
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
+        expose: vec![("echo".into(), backend)],
+        ..base
+    })
+    .await;
+    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
+        forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
+        ..base
+    })
+    .await;
     ready(&b, "b").await;
     ready(&a, "a").await;
     // Make sure the provider is findable before relying on the forward.
@@ -658,17 +589,12 @@ async fn go_away_makes_before_it_breaks() {
     ];
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let n = agentmesh_node::spawn(
-        Config {
-            routers: 2,
-            expose: vec![("echo".into(), backend)],
-            ..node_config(&cp, &member, dir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn");
+    let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config {
+        routers: 2,
+        expose: vec![("echo".into(), backend)],
+        ..base
+    })
+    .await;
     let mut st = n.status();
     tokio::time::timeout(DEADLINE, st.wait_for(|s| s.ready && s.reserved.len() == 2))
         .await

@@ -30,17 +30,12 @@ async fn the_provider_refuses_bad_credentials_with_reasons_and_counters() {
     let r = start_router_with(&cp, "r1", Duration::from_secs(30)).await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let bdir = tempfile::tempdir().expect("tempdir");
-    let b = agentmesh_node::spawn(
-        agentmesh_node::Config {
-            expose: vec![("echo".into(), backend)],
-            credential_skew_secs: 0,
-            ..node_config(&cp, &member, bdir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn b");
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| agentmesh_node::Config {
+        expose: vec![("echo".into(), backend)],
+        credential_skew_secs: 0,
+        ..base
+    })
+    .await;
     ready(&b, "b").await;
 
     // X: enrolled, admitted for transit, connected to B through the router.

@@ -41,27 +41,17 @@ async fn members_dial_quic_from_their_source_ip() {
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let source = |ip: &str| Some(ip.parse::<IpAddr>().expect("ip"));
-    let bdir = tempfile::tempdir().expect("tempdir");
-    let b = agentmesh_node::spawn(
-        Config {
-            expose: vec![("echo".into(), backend)],
-            dial_source_ip: source("127.0.0.2"),
-            ..node_config(&cp, &member, bdir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn b");
-    let adir = tempfile::tempdir().expect("tempdir");
-    let a = agentmesh_node::spawn(
-        Config {
-            dial_source_ip: source("127.0.0.3"),
-            ..node_config(&cp, &member, adir.path())
-        },
-        None,
-    )
-    .await
-    .expect("spawn a");
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
+        expose: vec![("echo".into(), backend)],
+        dial_source_ip: source("127.0.0.2"),
+        ..base
+    })
+    .await;
+    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
+        dial_source_ip: source("127.0.0.3"),
+        ..base
+    })
+    .await;
     ready(&b, "b").await;
     ready(&a, "a").await;
     let mut s = call_until_found(&a, "echo").await;
@@ -117,16 +107,11 @@ async fn members_dial_routers_that_announce_dns_names() {
                 .all(|a| a.to_string().starts_with("/dns4/localhost/")),
             "{name} router announces {announced:?}"
         );
-        let dir = tempfile::tempdir().expect("tempdir");
-        let n = agentmesh_node::spawn(
-            Config {
-                router_selector: selector(name),
-                ..node_config(&cp, &member, dir.path())
-            },
-            None,
-        )
-        .await
-        .expect("spawn");
+        let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config {
+            router_selector: selector(name),
+            ..base
+        })
+        .await;
         ready(&n, name).await;
         assert_eq!(
             n.status().borrow().reserved,

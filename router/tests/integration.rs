@@ -141,9 +141,7 @@ async fn admission_and_refusals_with_reasons_and_counters() {
     let r = start_router(&cp).await;
     let member_token = cp.token(Role::Member).await;
 
-    let mut a = TestPeer::new();
-    let cred_a = cp.enroll(&member_token, &a.key).await;
-    a.connect(r.id(), r.addr.clone()).await;
+    let (a, cred_a) = TestPeer::enrolled_and_connected(&cp, &member_token, &r).await;
 
     // Good credential: admitted, until = its expiry.
     let resp = a.auth(r.id(), Some(cred_a.clone()), Purpose::Attach).await;
@@ -306,9 +304,7 @@ async fn relay_needs_admission_and_carries_a_mebibyte() {
     let _echo = a.serve_echo("/test/echo/1");
 
     // A caller admitted only for transit opens a circuit to A.
-    let mut b = TestPeer::new();
-    b.connect(r.id(), r.addr.clone()).await;
-    let cred_b = cp.enroll(&member_token, &b.key).await;
+    let (mut b, cred_b) = TestPeer::enrolled_and_connected(&cp, &member_token, &r).await;
     assert!(admitted(
         &b.auth(r.id(), Some(cred_b), Purpose::Transit).await
     ));
@@ -386,9 +382,7 @@ async fn reservation_gauge_counts_only_reservations_held() {
         })
         .await;
         // Admitted for transit only, then gone.
-        let mut t = TestPeer::new();
-        t.connect(r.id(), r.addr.clone()).await;
-        let cred = cp.enroll(&member_token, &t.key).await;
+        let (t, cred) = TestPeer::enrolled_and_connected(&cp, &member_token, &r).await;
         assert!(admitted(
             &t.auth(r.id(), Some(cred), Purpose::Transit).await
         ));
@@ -404,9 +398,7 @@ async fn reservation_gauge_counts_only_reservations_held() {
     .await;
 
     // One member reserves: the gauge reads exactly one.
-    let mut a = TestPeer::new();
-    a.connect(r.id(), r.addr.clone()).await;
-    let cred = cp.enroll(&member_token, &a.key).await;
+    let (a, cred) = TestPeer::enrolled_and_connected(&cp, &member_token, &r).await;
     assert!(admitted(&a.auth(r.id(), Some(cred), Purpose::Attach).await));
     let c2 = circuit.clone();
     a.with_swarm(move |s| s.listen_on(c2).expect("listen on circuit"))
@@ -420,9 +412,7 @@ async fn reservation_gauge_counts_only_reservations_held() {
 
     // The cap (1) is reached: another admitted member is refused, counted
     // as a system-wide reservation refusal.
-    let mut b = TestPeer::new();
-    b.connect(r.id(), r.addr.clone()).await;
-    let cred = cp.enroll(&member_token, &b.key).await;
+    let (mut b, cred) = TestPeer::enrolled_and_connected(&cp, &member_token, &r).await;
     assert!(admitted(&b.auth(r.id(), Some(cred), Purpose::Attach).await));
     let c2 = circuit.clone();
     b.with_swarm(move |s| s.listen_on(c2).expect("listen on circuit"))
@@ -453,9 +443,7 @@ async fn revoked_member_is_dropped_and_refused() {
     let cp = start_cp(3600).await;
     let r = start_router(&cp).await;
     let member_token = cp.token(Role::Member).await;
-    let mut a = TestPeer::new();
-    let cred = cp.enroll(&member_token, &a.key).await;
-    a.connect(r.id(), r.addr.clone()).await;
+    let (mut a, cred) = TestPeer::enrolled_and_connected(&cp, &member_token, &r).await;
     assert!(admitted(
         &a.auth(r.id(), Some(cred.clone()), Purpose::Attach).await
     ));
@@ -623,9 +611,7 @@ async fn catalog_publish_needs_attach_and_records_leave_with_the_member() {
 
     // The member leaves: its record goes with it.
     let b = {
-        let mut b = TestPeer::new();
-        b.connect(r.id(), r.addr.clone()).await;
-        let cred_b = cp.enroll(&member_token, &b.key).await;
+        let (b, cred_b) = TestPeer::enrolled_and_connected(&cp, &member_token, &r).await;
         assert!(admitted(
             &b.auth(r.id(), Some(cred_b), Purpose::Attach).await
         ));
@@ -661,9 +647,7 @@ async fn two_routers_mesh_and_a_lookup_on_one_finds_a_record_on_the_other() {
 
     let member_token = cp.token(Role::Member).await;
     // A publishes on R2.
-    let mut a = TestPeer::new();
-    a.connect(r2.id(), r2.addr.clone()).await;
-    let cred_a = cp.enroll(&member_token, &a.key).await;
+    let (a, cred_a) = TestPeer::enrolled_and_connected(&cp, &member_token, &r2).await;
     assert!(admitted(
         &a.auth(r2.id(), Some(cred_a), Purpose::Attach).await
     ));
@@ -685,9 +669,7 @@ async fn two_routers_mesh_and_a_lookup_on_one_finds_a_record_on_the_other() {
     );
 
     // B, attached to R1 only, looks it up there.
-    let mut b = TestPeer::new();
-    b.connect(r1.id(), r1.addr.clone()).await;
-    let cred_b = cp.enroll(&member_token, &b.key).await;
+    let (b, cred_b) = TestPeer::enrolled_and_connected(&cp, &member_token, &r1).await;
     assert!(admitted(
         &b.auth(r1.id(), Some(cred_b), Purpose::Attach).await
     ));

@@ -168,9 +168,7 @@ async fn the_high_watermark_sized_from_the_memory_budget_answers_go_away() {
     let token = cp.token(Role::Member).await;
     let mut members = Vec::new();
     for i in 0..5 {
-        let mut m = TestPeer::new();
-        m.connect(r.handle.peer_id(), r.addr.clone()).await;
-        let cred = cp.enroll(&token, &m.key).await;
+        let (m, cred) = TestPeer::enrolled_and_connected(&cp, &token, &r).await;
         let resp = m
             .auth(r.handle.peer_id(), Some(cred), Purpose::Attach)
             .await;
@@ -221,9 +219,7 @@ async fn circuits_of_one_source_peer_are_capped_by_its_hop_streams() {
     let mut dsts = Vec::new();
     let mut echoes = Vec::new();
     for _ in 0..2 {
-        let mut d = TestPeer::new();
-        d.connect(router, r.addr.clone()).await;
-        let cred = cp.enroll(&token, &d.key).await;
+        let (mut d, cred) = TestPeer::enrolled_and_connected(&cp, &token, &r).await;
         let resp = d.auth(router, Some(cred), Purpose::Attach).await;
         assert!(matches!(
             resp.result,
@@ -243,9 +239,7 @@ async fn circuits_of_one_source_peer_are_capped_by_its_hop_streams() {
 
     // One source (transit) opens circuits: two to A fit its HOP budget, a
     // third, to B, is refused for that source peer, not for B.
-    let mut src = TestPeer::new();
-    src.connect(router, r.addr.clone()).await;
-    let cred = cp.enroll(&token, &src.key).await;
+    let (mut src, cred) = TestPeer::enrolled_and_connected(&cp, &token, &r).await;
     let resp = src.auth(router, Some(cred), Purpose::Transit).await;
     assert!(matches!(
         resp.result,
@@ -285,9 +279,7 @@ async fn circuits_of_one_source_peer_are_capped_by_its_hop_streams() {
         "no circuit to B beyond the source's budget"
     );
     // B itself is not limited: another source reaches it.
-    let mut other = TestPeer::new();
-    other.connect(router, r.addr.clone()).await;
-    let cred = cp.enroll(&token, &other.key).await;
+    let (mut other, cred) = TestPeer::enrolled_and_connected(&cp, &token, &r).await;
     let resp = other.auth(router, Some(cred), Purpose::Transit).await;
     assert!(matches!(
         resp.result,

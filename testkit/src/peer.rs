@@ -21,7 +21,7 @@ use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm, SwarmBuilder, noise, rela
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::DEADLINE;
+use crate::{Cp, DEADLINE, TestRouter};
 
 /// The test peer's behaviour: a relay client (to reach members through a
 /// router's circuit) and raw streams. Public so tests can drive the swarm
@@ -152,6 +152,20 @@ impl TestPeer {
             events: ev_rx,
             task,
         }
+    }
+
+    /// A fresh peer enrolled with `token` at `cp` and then connected to
+    /// `router`, with its credential: how router tests get a member that
+    /// can present a valid credential.
+    pub async fn enrolled_and_connected(
+        cp: &Cp,
+        token: &str,
+        router: &TestRouter,
+    ) -> (Self, Credential) {
+        let mut peer = Self::new();
+        let credential = cp.enroll(token, &peer.key).await;
+        peer.connect(router.id(), router.addr.clone()).await;
+        (peer, credential)
     }
 
     /// Runs `f` on the swarm and returns its result.

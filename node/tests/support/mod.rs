@@ -70,6 +70,22 @@ pub fn node_config(cp: &Cp, token: &str, dir: &Path) -> Config {
     }
 }
 
+/// Spawns a node whose config is `adjust(node_config(..))` (`what` names
+/// it if spawning fails), its data in a fresh temp dir returned alongside:
+/// keep the dir alive as long as the node.
+pub async fn spawn_node(
+    cp: &Cp,
+    token: &str,
+    what: &str,
+    adjust: impl FnOnce(Config) -> Config,
+) -> (NodeHandle, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let node = agentmesh_node::spawn(adjust(node_config(cp, token, dir.path())), None)
+        .await
+        .expect(what);
+    (node, dir)
+}
+
 /// A router selector matching `name=NAME`.
 pub fn selector(name: &str) -> BTreeMap<String, String> {
     [("name".to_string(), name.to_string())].into()
