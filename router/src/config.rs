@@ -27,8 +27,12 @@ pub const DEFAULT_HIGH_WATERMARK_MEMORY_PERCENT: u8 = 50;
 /// Default time a drain may take before the router closes, seconds (below
 /// the manifests' terminationGracePeriodSeconds).
 pub const DEFAULT_DRAIN_GRACE_SECS: u64 = 30;
-/// Default go-away streams open at once.
-pub const DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS: usize = 64;
+/// Default go-away streams open at once. A go-away is one small frame and an
+/// ack; at 64 at once a router on a loaded 2-core machine sent ≈ 230 a
+/// second and could not drain 6,930 members within the 30 s grace (10,000-
+/// member ladder, tests/scale/RESULTS.md); 512 keeps a drain of the default
+/// watermark inside the grace while staying a bound.
+pub const DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS: usize = 512;
 /// Default `retry_after` a go-away asks for, seconds.
 pub const DEFAULT_GOAWAY_RETRY_AFTER_SECS: u64 = 300;
 /// Default grace between go-away OVERLOADED and closing a trimmed member, seconds.
@@ -101,7 +105,7 @@ pub struct Config {
     /// this long before the router closes; keep it below the pod's
     /// termination grace. Default 30 s.
     pub drain_grace: Duration,
-    /// Go-away streams open at once (fan-out bound). Default 64.
+    /// Go-away streams open at once (fan-out bound). Default 512.
     pub goaway_max_concurrent_streams: usize,
     /// How long a go-away asks members to stay away. Default 300 s.
     pub goaway_retry_after: Duration,

@@ -96,14 +96,18 @@ pub(crate) async fn send_all(
     let results: Vec<(PeerId, Outcome)> = futures::stream::iter(peers)
         .map(|peer| {
             let control = control.clone();
-            async move { (peer, send_one(control, peer, msg, deadline).await) }
+            async move {
+                let outcome = send_one(control, peer, msg, deadline).await;
+                // Counted as each exchange ends, not when all have: a drain
+                // whose grace ends mid-send drops this future, and the
+                // go-aways already sent must still show on /metrics.
+                count(shared, reason, outcome.as_str());
+                (peer, outcome)
+            }
         })
         .buffer_unordered(fanout)
         .collect()
         .await;
-    for (_, outcome) in &results {
-        count(shared, reason, outcome.as_str());
-    }
     let acked = results.iter().filter(|(_, o)| *o == Outcome::Acked).count();
     tracing::info!(
         reason = reason.as_str(),
