@@ -10,6 +10,8 @@ use std::collections::HashMap;
 use agentmesh_proto::credential::Trust;
 use libp2p::PeerId;
 
+use crate::shrink::ShrinkSparse;
+
 /// What a peer was admitted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Purpose {
@@ -78,7 +80,9 @@ impl AdmissionTable {
 
     /// Forgets `peer`; returns what it was admitted for.
     pub fn remove(&mut self, peer: &PeerId) -> Option<Admission> {
-        self.peers.remove(peer)
+        let gone = self.peers.remove(peer);
+        self.peers.shrink_sparse();
+        gone
     }
 
     /// Whether `peer` is admitted (for anything) at `now`.
@@ -131,6 +135,16 @@ impl AdmissionTable {
             self.peers.remove(p);
         }
         gone
+    }
+
+    /// Peers in the table (admitted or expired, not yet removed).
+    pub fn len(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// Whether no peer is in the table.
+    pub fn is_empty(&self) -> bool {
+        self.peers.is_empty()
     }
 
     /// Admitted peers by purpose.

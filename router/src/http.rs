@@ -1,5 +1,6 @@
 //! The metrics listener: `/metrics` (Prometheus text), `/healthz` (the
-//! process runs) and `/readyz` (DESIGN.md "Readiness", with the reason).
+//! process runs), `/readyz` (DESIGN.md "Readiness", with the reason) and,
+//! in the binary, `/debug/allocator` (jemalloc's statistics report).
 
 use std::sync::Arc;
 
@@ -32,6 +33,7 @@ pub(crate) async fn serve(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/drain", post(drain))
+        .route("/debug/allocator", get(allocator))
         .with_state(HttpState { registry, shared });
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(cancel.cancelled_owned())
@@ -56,6 +58,31 @@ async fn metrics(State(s): State<HttpState>) -> impl IntoResponse {
             StatusCode::INTERNAL_SERVER_ERROR,
             [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
             format!("encoding metrics failed: {e}\n"),
+        ),
+    }
+}
+
+/// `GET /debug/allocator`: jemalloc's full statistics (where resident bytes
+/// sit: per arena, per size class, dirty and muzzy pages). Only in the
+/// binary (the process-wide switch that also shows
+/// `agentmesh_runtime_allocator_*`); 404 in embedded routers, whose
+/// allocator may not be jemalloc.
+async fn allocator(State(s): State<HttpState>) -> impl IntoResponse {
+    if !s.shared.config.runtime_watchdog {
+        return (
+            StatusCode::NOT_FOUND,
+            "no allocator report here\n".to_string(),
+        );
+    }
+    match tokio::task::spawn_blocking(agentmesh_runtime::allocator::report).await {
+        Ok(Ok(text)) => (StatusCode::OK, text),
+        Ok(Err(e)) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("allocator report failed: {e}\n"),
+        ),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("allocator report task failed: {e}\n"),
         ),
     }
 }

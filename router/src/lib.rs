@@ -21,6 +21,7 @@ mod mesh;
 mod metrics;
 mod relay;
 mod resources;
+mod shrink;
 mod state;
 mod streams;
 mod swarm;

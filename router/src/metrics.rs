@@ -47,6 +47,23 @@ pub(crate) const CATALOG_RESULTS: &[&str] = &["ok", "refused", "malformed", "err
 /// Results of control-plane calls.
 pub(crate) const CP_RESULTS: &[&str] = &["ok", "error"];
 
+/// Per-peer and per-connection tables whose entries
+/// `agentmesh_router_table_entries{table}` shows (each must empty when the
+/// peers leave).
+pub(crate) const TABLES: &[&str] = &[
+    "admission",
+    "connections",
+    "dialed_addrs",
+    "reservations",
+    "catalog_providers",
+    "resource_peers",
+    "resource_sources",
+    "resource_peer_ips",
+    "resource_pending",
+    "failed_login_ips",
+    "log_sources",
+];
+
 /// Our own protocols whose streams we bound.
 pub(crate) const OWN_PROTOCOLS: &[&str] = &["auth", "catalog"];
 
@@ -91,6 +108,7 @@ pub(crate) struct Metrics {
     pub(crate) circuits: Gauge,
     pub(crate) circuit_requests: Family<L1, Counter>,
     pub(crate) catalog_records: Gauge,
+    pub(crate) table_entries: Family<L1, Gauge>,
     pub(crate) catalog_requests: Family<L2, Counter>,
     pub(crate) lease: Family<L1, Counter>,
     pub(crate) directory_sync: Family<L1, Counter>,
@@ -163,6 +181,15 @@ impl Metrics {
             "Service records held for attached members",
             m.catalog_records.clone(),
         );
+        r.register(
+            "agentmesh_router_table_entries",
+            "Entries in each per-peer or per-connection table (0 once every peer has left, \
+             except failed_login_ips and log_sources, which age out)",
+            m.table_entries.clone(),
+        );
+        for t in TABLES {
+            let _ = m.table_entries.get_or_create(&[("table", t)]);
+        }
         r.register(
             "agentmesh_router_catalog_requests",
             "Catalog requests by op and result",

@@ -71,8 +71,14 @@ impl Reservations {
             self.total = self.total.saturating_sub(1);
             if *n == 0 {
                 self.per_peer.remove(peer);
+                crate::shrink::ShrinkSparse::shrink_sparse(&mut self.per_peer);
             }
         }
+    }
+
+    /// Peers holding at least one reservation.
+    pub(crate) fn peers(&self) -> usize {
+        self.per_peer.len()
     }
 
     /// Reservations held now.

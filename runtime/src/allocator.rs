@@ -68,6 +68,17 @@ pub fn background_threads() -> Result<bool, AllocatorError> {
     ctl("background_thread", background_thread::read())
 }
 
+/// jemalloc's full statistics report (`malloc_stats_print`: options, merged
+/// and per-arena totals, per size class), for an operator asking where the
+/// resident bytes are. Takes the allocator's locks briefly: call it off the
+/// async runtime.
+pub fn report() -> Result<String, std::io::Error> {
+    let mut out = Vec::new();
+    let opts = tikv_jemalloc_ctl::stats_print::Options::default();
+    tikv_jemalloc_ctl::stats_print::stats_print(&mut out, opts)?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
 /// Reads [`stats`] at each scrape.
 #[derive(Debug, Default)]
 pub struct AllocatorCollector;
@@ -145,7 +156,10 @@ mod tests {
         // Compiled in by tikv-jemallocator's `background_threads` feature
         // (`--with-malloc-conf=background_thread:true`); started with the
         // first allocation.
-        assert!(background_threads().expect("read"), "background threads off");
+        assert!(
+            background_threads().expect("read"),
+            "background threads off"
+        );
     }
 
     #[test]
@@ -172,5 +186,7 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing:\n{text}");
         }
+        let r = report().expect("report");
+        assert!(r.contains("Allocated:"), "{r}");
     }
 }

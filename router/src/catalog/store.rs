@@ -6,6 +6,8 @@ use std::collections::{HashMap, HashSet};
 use agentmesh_proto::pb::mesh::{ServiceRecord, SignedRecord};
 use libp2p::PeerId;
 
+use crate::shrink::ShrinkSparse;
+
 /// A record is kept at most this long past publication, whatever it claims;
 /// members refresh theirs well before.
 pub(crate) const MAX_RECORD_TTL_SECS: i64 = 3600;
@@ -80,14 +82,18 @@ impl CatalogStore {
 
     /// Drops `provider`'s record; returns whether there was one.
     pub(crate) fn remove(&mut self, provider: &PeerId) -> bool {
-        let Some(old) = self.by_provider.remove(provider) else {
+        let removed = self.by_provider.remove(provider);
+        self.by_provider.shrink_sparse();
+        let Some(old) = removed else {
             return false;
         };
         for s in &old.services {
             if let Some(set) = self.by_service.get_mut(s) {
                 set.remove(provider);
+                set.shrink_sparse();
                 if set.is_empty() {
                     self.by_service.remove(s);
+                    self.by_service.shrink_sparse();
                 }
             }
         }

@@ -24,6 +24,7 @@ pub(crate) mod relay;
 mod sniff;
 pub(crate) mod transport;
 
+use crate::shrink::ShrinkSparse;
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -309,13 +310,16 @@ impl ResourceManager {
             u.connections = u.connections.saturating_sub(1);
             if u.connections == 0 && u.inbound == 0 && u.outbound_by_proto.iter().all(|n| *n == 0) {
                 st.peers.remove(&g.peer);
+                st.peers.shrink_sparse();
             }
         }
         if let Some(ip) = g.ip {
             if let Some(m) = st.sources.get_mut(&ip) {
                 m.remove(&g.id);
+                m.shrink_sparse();
                 if m.is_empty() {
                     st.sources.remove(&ip);
+                    st.sources.shrink_sparse();
                 }
             }
             if let Some(ips) = st.peer_ips.get_mut(&g.peer) {
@@ -324,6 +328,7 @@ impl ResourceManager {
                 }
                 if ips.is_empty() {
                     st.peer_ips.remove(&g.peer);
+                    st.peer_ips.shrink_sparse();
                 }
             }
         }
@@ -414,6 +419,7 @@ impl ResourceManager {
             }
             if u.connections == 0 && u.inbound == 0 && u.outbound_by_proto.iter().all(|n| *n == 0) {
                 st.peers.remove(&peer);
+                st.peers.shrink_sparse();
             }
         }
         self.metrics.stream_gauge(g.proto, g.inbound).dec();

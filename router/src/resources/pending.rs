@@ -33,6 +33,7 @@ use super::budget::{self, HandshakeUsage, Refusal};
 use super::metrics::NO_PROTOCOL;
 use super::transport::ConnectionRefused;
 use super::{ResourceManager, recent_failed_logins};
+use crate::shrink::ShrinkSparse;
 
 impl ResourceManager {
     /// Admits (and counts) an inbound connection from `ip` before its
@@ -78,8 +79,24 @@ impl ResourceManager {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 st.pending_by_ip.remove(&ip);
+                st.pending_by_ip.shrink_sparse();
             }
         }
+        st.pending.shrink_sparse();
+    }
+
+    /// Entries in the manager's per-peer, per-source and per-connection
+    /// tables, by `agentmesh_router_table_entries` label.
+    pub(crate) fn table_entries(&self) -> [(&'static str, usize); 6] {
+        let st = self.state.lock();
+        [
+            ("resource_peers", st.peers.len()),
+            ("resource_sources", st.sources.len()),
+            ("resource_peer_ips", st.peer_ips.len()),
+            ("resource_pending", st.pending.len()),
+            ("failed_login_ips", st.failed_logins.len()),
+            ("log_sources", st.last_logged.len()),
+        ]
     }
 
     /// Inbound handshakes in progress (for tests).

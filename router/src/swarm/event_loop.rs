@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentmesh_proto::unix_now;
+
+use crate::shrink::ShrinkSparse;
 use futures::StreamExt;
 use libp2p::core::ConnectedPoint;
 use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult, RecordKey};
@@ -177,6 +179,7 @@ impl EventLoop {
                 ..
             } => {
                 self.conns.remove(&connection_id);
+                self.conns.shrink_sparse();
                 if num_established == 0 {
                     self.on_peer_gone(&peer_id);
                 }
@@ -220,6 +223,7 @@ impl EventLoop {
             self.reconcile_providers(false);
         }
         self.dialed_addrs.remove(peer);
+        self.dialed_addrs.shrink_sparse();
         self.mesh.on_disconnected(&mut self.swarm, peer);
     }
 
@@ -425,8 +429,23 @@ impl EventLoop {
         m.attached_members.set(i64::from(counts.attached));
         m.transit_connections.set(i64::from(counts.transit));
         m.admitted_routers.set(i64::from(counts.routers));
-        m.catalog_records
-            .set(self.shared.catalog.lock().len() as i64);
+        let catalog = self.shared.catalog.lock().len();
+        m.catalog_records.set(catalog as i64);
+        let tables = [
+            ("admission", self.shared.admission.read().len()),
+            ("connections", self.conns.len()),
+            ("dialed_addrs", self.dialed_addrs.len()),
+            ("reservations", self.reservations.peers()),
+            ("catalog_providers", catalog),
+        ];
+        for (table, n) in tables
+            .into_iter()
+            .chain(self.shared.resources.table_entries())
+        {
+            m.table_entries
+                .get_or_create(&[("table", table)])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
         let mut by: HashMap<(&'static str, &'static str), i64> = HashMap::new();
         {
             let adm = self.shared.admission.read();
