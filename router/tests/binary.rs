@@ -7,11 +7,11 @@ use std::time::Duration;
 use agentmesh_controlplane::client::{Client, ClientConfig};
 use agentmesh_proto::pb::controlplane::CreateTokenRequest;
 use agentmesh_proto::pb::credential::{Role, TokenKind};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use agentmesh_testkit::DEADLINE;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 const ADMIN: &str = "binary-test-admin-token-0123456789";
-const DEADLINE: Duration = Duration::from_secs(60);
 
 async fn http_get(addr: &str, path: &str) -> Option<String> {
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -72,22 +72,13 @@ async fn binary_becomes_ready_and_exits_on_sigterm() {
         .kill_on_drop(true)
         .spawn()
         .expect("start router binary");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let end = Instant::now() + DEADLINE;
-    let metrics = loop {
-        let line = tokio::time::timeout_at(end, lines.next_line())
-            .await
-            .expect("metrics address logged in time")
-            .expect("read stderr")
-            .expect("router exited early");
-        if let Some((_, rest)) = line.split_once("metrics on http://") {
-            break rest.trim().trim_end_matches("\u{1b}[0m").to_string();
-        }
-    };
-    // Keep draining the log (stderr) so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let metrics = agentmesh_testkit::scan_stderr(&mut child, "metrics address", |line| {
+        let (_, rest) = line.split_once("metrics on http://")?;
+        Some(rest.trim().trim_end_matches("\u{1b}[0m").to_string())
+    })
+    .await;
 
+    let end = Instant::now() + DEADLINE;
     loop {
         if http_get(&metrics, "/readyz")
             .await

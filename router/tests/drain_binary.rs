@@ -15,9 +15,7 @@ use libp2p::PeerId;
 use mesh::*;
 use prometheus_client::registry::Registry;
 use support::{DEADLINE, eventually};
-use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::Child;
-use tokio::time::Instant;
 
 const K: usize = 2;
 const NODES: usize = 4;
@@ -49,24 +47,15 @@ async fn start_binary(cp: &Cp, dir: &std::path::Path) -> (Child, PeerId) {
         .kill_on_drop(true)
         .spawn()
         .expect("start router binary");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let end = Instant::now() + DEADLINE;
-    let peer = loop {
-        let line = tokio::time::timeout_at(end, lines.next_line())
-            .await
-            .expect("peer id logged in time")
-            .expect("read stderr")
-            .expect("router exited early");
-        if line.contains("router started")
-            && let Some((_, rest)) = line.split_once("peer_id=")
-        {
-            let id = rest.split_whitespace().next().unwrap_or_default();
-            break id.parse::<PeerId>().expect("peer id in the log");
+    let peer = support::scan_stderr(&mut child, "peer id", |line| {
+        if !line.contains("router started") {
+            return None;
         }
-    };
-    // Keep reading the log (stderr) so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let (_, rest) = line.split_once("peer_id=")?;
+        let id = rest.split_whitespace().next().unwrap_or_default();
+        Some(id.parse::<PeerId>().expect("peer id in the log"))
+    })
+    .await;
     (child, peer)
 }
 
@@ -115,16 +104,7 @@ async fn start_mesh() -> Mesh {
         );
         dirs.push(dir);
     }
-    eventually("every node reserved on K routers", || async {
-        nodes
-            .iter()
-            .all(|n| {
-                let s = n.status().borrow().clone();
-                s.ready && s.reserved.len() >= K
-            })
-            .then_some(())
-    })
-    .await;
+    on_k_routers(&nodes, K).await;
     Mesh {
         cp,
         routers,

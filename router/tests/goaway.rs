@@ -209,16 +209,7 @@ async fn draining_one_of_three_routers_keeps_members_on_k_routers_and_calls_work
         dirs.push(dir);
     }
     let nodes = Arc::new(nodes);
-    eventually("every node reserved on K routers", || async {
-        nodes
-            .iter()
-            .all(|n| {
-                let s = n.status().borrow().clone();
-                s.ready && s.reserved.len() >= K
-            })
-            .then_some(())
-    })
-    .await;
+    on_k_routers(&nodes, K).await;
 
     // Every router has read a directory listing all three (alternatives).
     eventually("routers see each other in the directory", || async {

@@ -86,6 +86,34 @@ pub async fn echo_backend() -> SocketAddr {
     addr
 }
 
+/// Reads a spawned program's stderr (piped) line by line until `find`
+/// returns `Some` for a line, within [`DEADLINE`] (`what` names the line in
+/// the panic); then keeps draining stderr in a task so the child never
+/// blocks on a full pipe. Tests learn a binary's addresses and peer id
+/// from its log this way.
+pub async fn scan_stderr<T>(
+    child: &mut tokio::process::Child,
+    what: &str,
+    mut find: impl FnMut(&str) -> Option<T>,
+) -> T {
+    use tokio::io::AsyncBufReadExt as _;
+    let stderr = child.stderr.take().expect("stderr piped");
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let end = Instant::now() + DEADLINE;
+    let found = loop {
+        let line = tokio::time::timeout_at(end, lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("{what} logged in time"))
+            .expect("read stderr")
+            .expect("program exited early");
+        if let Some(v) = find(&line) {
+            break v;
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    found
+}
+
 /// A plain HTTP/1.1 GET over a real TCP connection (`connection: close`),
 /// so tests read `/metrics`, `/readyz` and `/healthz` as a scraper would.
 /// Returns the status code (0 if unparsable) and the whole response.

@@ -96,6 +96,20 @@ pub(crate) async fn start_node(
     .expect("spawn node")
 }
 
+/// Waits until every node is ready and reserved on at least `k` routers.
+pub(crate) async fn on_k_routers(nodes: &[NodeHandle], k: usize) {
+    crate::support::eventually("every node reserved on K routers", || async {
+        nodes
+            .iter()
+            .all(|n| {
+                let s = n.status().borrow().clone();
+                s.ready && s.reserved.len() >= k
+            })
+            .then_some(())
+    })
+    .await;
+}
+
 pub(crate) fn encode(registry: &Registry) -> String {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, registry).expect("encode");

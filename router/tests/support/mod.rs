@@ -8,7 +8,8 @@
 pub(crate) mod cp;
 
 pub(crate) use agentmesh_testkit::{
-    DEADLINE, Ev, PeerBehaviour, TestPeer, TestRouter, eventually, http_get, metric, spawn_ready,
+    DEADLINE, Ev, PeerBehaviour, TestPeer, TestRouter, eventually, http_get, metric, scan_stderr,
+    spawn_ready,
 };
 
 /// Installs the test log subscriber once, with the router's debug logs on
