@@ -116,7 +116,8 @@ pub struct Metrics {
     pub goaways: Family<ResultLabel, Counter>,
     /// Held routers given up for another one, by reason ([`REPLACE_REASONS`]).
     pub routers_replaced: Family<ReasonLabel, Counter>,
-    /// First auths whose connection failed and were retried on a fresh one.
+    /// Connections to a router retried after a backoff because the dial or
+    /// the first auth's connection was refused or closed.
     pub auth_conn_retries: Counter,
     /// Outbound calls retried once on a fresh route after a route failure,
     /// by reason ([`CALL_RETRY_REASONS`]).
@@ -230,7 +231,7 @@ impl Metrics {
         );
         r.register(
             "auth_connection_retries",
-            "First auths with a router retried on a fresh connection because the connection failed",
+            "Connections to a router retried after a backoff because the dial or the first auth's connection failed",
             self.auth_conn_retries.clone(),
         );
         r.register(
