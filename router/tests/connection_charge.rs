@@ -6,7 +6,11 @@
 //! the default idle member charge (connection charge + two ping streams)
 //! covers the measurement and that the ping streams were there; prints the
 //! number (recorded in docs/scalability.md and at
-//! `DEFAULT_CONNECTION_CHARGE_BYTES`).
+//! `DEFAULT_CONNECTION_CHARGE_BYTES`). Then closes every connection,
+//! asserts the router's per-connection tables are empty
+//! (`agentmesh_router_table_entries`, `agentmesh_router_connections_charged`)
+//! and prints the RSS before, at the peak and after they left, with
+//! jemalloc's allocated / resident bytes.
 
 mod support;
 
@@ -80,12 +84,39 @@ async fn scrape(swarm: &mut PeerSwarm, addr: std::net::SocketAddr) -> String {
     }
 }
 
-/// Drives `swarm` while polling RSS until two readings 500 ms apart differ
-/// by less than 1% (at most 30 s).
-async fn settled_rss(swarm: &mut PeerSwarm, pid: u32) -> u64 {
+/// Scrapes `/metrics` (driving `swarm`) until `done` holds for its body;
+/// panics with `what` and the last body after the test deadline.
+async fn scrape_until(
+    swarm: &mut PeerSwarm,
+    addr: std::net::SocketAddr,
+    what: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let end = tokio::time::Instant::now() + support::DEADLINE;
+    loop {
+        let text = scrape(swarm, addr).await;
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or(&text).to_string();
+        if done(&body) {
+            return body;
+        }
+        assert!(tokio::time::Instant::now() < end, "{what}:\n{body}");
+        let tick = tokio::time::sleep(Duration::from_millis(200));
+        tokio::pin!(tick);
+        loop {
+            tokio::select! {
+                _ = &mut tick => break,
+                _ = swarm.select_next_some() => {}
+            }
+        }
+    }
+}
+
+/// Drives `swarm` while polling RSS until two readings `every` apart differ
+/// by less than 1% (at most 60 readings).
+async fn settled_rss(swarm: &mut PeerSwarm, pid: u32, every: Duration) -> u64 {
     let mut last = rss_bytes(pid);
     for _ in 0..60 {
-        let tick = tokio::time::sleep(Duration::from_millis(500));
+        let tick = tokio::time::sleep(every);
         tokio::pin!(tick);
         loop {
             tokio::select! {
@@ -214,12 +245,12 @@ async fn idle_connection_costs_less_than_its_charge() {
         dial(&mut swarm);
     }
     until_established(&mut swarm, 8).await;
-    let before = settled_rss(&mut swarm, pid).await;
+    let before = settled_rss(&mut swarm, pid, Duration::from_millis(500)).await;
     for _ in 0..CONNECTIONS {
         dial(&mut swarm);
     }
     until_established(&mut swarm, 8 + CONNECTIONS).await;
-    let after = settled_rss(&mut swarm, pid).await;
+    let after = settled_rss(&mut swarm, pid, Duration::from_millis(500)).await;
     let per_connection = after.saturating_sub(before) / CONNECTIONS as u64;
     println!(
         "router RSS {before} -> {after} bytes over {CONNECTIONS} idle connections: {per_connection} bytes per connection"
@@ -243,6 +274,66 @@ async fn idle_connection_costs_less_than_its_charge() {
     assert!(
         per_connection <= charge,
         "the default idle member charge ({charge} bytes) covers the measured {per_connection} bytes"
+    );
+
+    // Everyone leaves: every per-connection table of the router empties
+    // (an invariant, asserted), and the RSS it keeps is printed (measured,
+    // not asserted: RSS depends on the allocator and the machine).
+    let series = "agentmesh_router_table_entries{table=\"connections\"}";
+    scrape_until(
+        &mut swarm,
+        metrics,
+        "the connections table counts them",
+        |b| support::metric(b, series) >= CONNECTIONS as f64,
+    )
+    .await;
+    let peak = rss_bytes(pid);
+    let _ = swarm.disconnect_peer_id(peer);
+    let end = tokio::time::Instant::now() + support::DEADLINE;
+    while swarm.network_info().connection_counters().num_established() > 0 {
+        let _ = tokio::time::timeout_at(end, swarm.select_next_some())
+            .await
+            .expect("connections closed in time");
+    }
+    let zero = [
+        "agentmesh_router_connections_charged",
+        "agentmesh_router_table_entries{table=\"connections\"}",
+        "agentmesh_router_table_entries{table=\"resource_peers\"}",
+        "agentmesh_router_table_entries{table=\"resource_sources\"}",
+        "agentmesh_router_table_entries{table=\"resource_peer_ips\"}",
+        "agentmesh_router_table_entries{table=\"resource_pending\"}",
+        "agentmesh_router_table_entries{table=\"admission\"}",
+        "agentmesh_router_table_entries{table=\"reservations\"}",
+    ];
+    let left = |body: &str| -> Vec<(&str, f64)> {
+        zero.iter()
+            .map(|s| (*s, support::metric(body, s)))
+            .filter(|(_, n)| *n != 0.0)
+            .collect()
+    };
+    let body = scrape_until(
+        &mut swarm,
+        metrics,
+        "tables still hold entries after every connection closed",
+        |b| left(b).is_empty(),
+    )
+    .await;
+    assert!(left(&body).is_empty(), "{:?}", left(&body));
+    // jemalloc purges freed pages on a 10 s decay: compare readings 5 s apart.
+    let gone = settled_rss(&mut swarm, pid, Duration::from_secs(5)).await;
+    let text = scrape(&mut swarm, metrics).await;
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or(&text);
+    let alloc: Vec<String> = ["allocated", "active", "resident", "retained", "metadata"]
+        .iter()
+        .map(|k| {
+            let n = support::metric(body, &format!("agentmesh_runtime_allocator_{k}_bytes"));
+            format!("{k} {n}")
+        })
+        .collect();
+    println!(
+        "after all {CONNECTIONS} left: RSS {before} (before) -> {peak} (peak) -> {gone} (after) bytes, {:.2}x before; jemalloc: {}",
+        gone as f64 / before as f64,
+        alloc.join(", ")
     );
     let _ = child.kill().await;
 }
