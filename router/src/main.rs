@@ -145,8 +145,18 @@ impl Args {
 /// module logs errors only.
 const DEFAULT_LOG_FILTER: &str = "info,libp2p_kad::behaviour=error";
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // `#[tokio::main]` plus one hook: idle workers hand jemalloc's thread
+    // caches back, so memory freed after members leave can be returned.
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(agentmesh_runtime::allocator::on_thread_park)
+        .build()
+        .context("building the async runtime")?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -79,6 +79,51 @@ pub fn report() -> Result<String, std::io::Error> {
     Ok(String::from_utf8_lossy(&out).into_owned())
 }
 
+/// How often, at most, an idle worker thread hands its cache back.
+pub const THREAD_CACHE_FLUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Hands the calling thread's cache of freed blocks (jemalloc's tcache)
+/// back to the arenas, so slabs it kept partly full can empty and be
+/// purged. A thread's cache shrinks only while that thread allocates: an
+/// idle async worker kept ~40% of the bytes still "allocated" after the
+/// fleet left (600-member ladder: RSS 1.39× pre-ladder with the caches,
+/// 1.19× without). Done by turning the cache off and on again
+/// (`thread.tcache.enabled`), which flushes it.
+#[allow(unsafe_code)]
+pub fn flush_thread_cache() -> Result<(), AllocatorError> {
+    // SAFETY: the names are NUL-terminated and `thread.tcache.enabled` is a
+    // `bool` control, the type written.
+    ctl("thread.tcache.enabled", unsafe {
+        tikv_jemalloc_ctl::raw::write(b"thread.tcache.enabled\0", false)
+    })?;
+    // SAFETY: as above.
+    ctl("thread.tcache.enabled", unsafe {
+        tikv_jemalloc_ctl::raw::write(b"thread.tcache.enabled\0", true)
+    })
+}
+
+/// For the async runtime's `on_thread_park` hook: flushes this worker's
+/// cache when it goes idle, at most every [`THREAD_CACHE_FLUSH_EVERY`] (a
+/// busy worker parks thousands of times a second; the check is one clock
+/// read).
+pub fn on_thread_park() {
+    thread_local! {
+        static LAST: std::cell::Cell<Option<std::time::Instant>> =
+            const { std::cell::Cell::new(None) };
+    }
+    let now = std::time::Instant::now();
+    let due = LAST.with(|l| match l.get() {
+        Some(t) if now.duration_since(t) < THREAD_CACHE_FLUSH_EVERY => false,
+        _ => {
+            l.set(Some(now));
+            true
+        }
+    });
+    if due && let Err(e) = flush_thread_cache() {
+        tracing::debug!(error = %e, "thread cache flush failed");
+    }
+}
+
 /// Reads [`stats`] at each scrape.
 #[derive(Debug, Default)]
 pub struct AllocatorCollector;
@@ -160,6 +205,22 @@ mod tests {
             background_threads().expect("read"),
             "background threads off"
         );
+    }
+
+    #[test]
+    fn a_flushed_thread_cache_is_no_longer_allocated() {
+        // Fill this thread's cache: free many small blocks (kept by tcache).
+        let blocks: Vec<Box<[u8; 128]>> = (0..2000).map(|_| Box::new([1u8; 128])).collect();
+        drop(blocks);
+        let cached = stats().expect("stats").allocated;
+        flush_thread_cache().expect("flush");
+        let flushed = stats().expect("stats").allocated;
+        assert!(flushed < cached, "{cached} -> {flushed}");
+        // The cache works again afterwards (and the park hook never fails).
+        let again: Vec<Box<[u8; 128]>> = (0..100).map(|_| Box::new([2u8; 128])).collect();
+        assert_eq!(again.len(), 100);
+        on_thread_park();
+        on_thread_park();
     }
 
     #[test]
