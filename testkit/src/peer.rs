@@ -224,16 +224,34 @@ impl TestPeer {
             purpose: purpose as i32,
             attached_routers: vec![],
         };
-        let mut s = self
-            .control
+        self.request(router, AUTH, &req, MAX_FRAME_BYTES).await
+    }
+
+    /// Opens a `protocol` stream to `peer` (the panic names the protocol).
+    async fn open(&self, peer: PeerId, protocol: &'static str) -> libp2p::Stream {
+        self.control
             .clone()
-            .open_stream(router, StreamProtocol::new(AUTH))
+            .open_stream(peer, StreamProtocol::new(protocol))
             .await
-            .expect("open auth stream");
-        write_frame(&mut s, &req).await.expect("write auth");
-        let resp = read_frame(&mut s, MAX_FRAME_BYTES)
+            .unwrap_or_else(|e| panic!("open {protocol} stream: {e}"))
+    }
+
+    /// One framed request and its framed answer on a new `protocol`
+    /// stream, which is then closed.
+    async fn request<Q: prost::Message, A: prost::Message + Default>(
+        &self,
+        peer: PeerId,
+        protocol: &'static str,
+        req: &Q,
+        max_answer_bytes: usize,
+    ) -> A {
+        let mut s = self.open(peer, protocol).await;
+        write_frame(&mut s, req)
             .await
-            .expect("read auth");
+            .unwrap_or_else(|e| panic!("write {protocol}: {e}"));
+        let resp = read_frame(&mut s, max_answer_bytes)
+            .await
+            .unwrap_or_else(|e| panic!("read {protocol}: {e}"));
         let _ = s.close().await;
         resp
     }
@@ -250,12 +268,7 @@ impl TestPeer {
 
     /// Sends raw bytes on a new auth stream and reads whatever comes back.
     pub async fn auth_raw(&self, router: PeerId, bytes: &[u8]) -> Vec<u8> {
-        let mut s = self
-            .control
-            .clone()
-            .open_stream(router, StreamProtocol::new(AUTH))
-            .await
-            .expect("open auth stream");
+        let mut s = self.open(router, AUTH).await;
         s.write_all(bytes).await.expect("write");
         let _ = s.close().await;
         let mut out = Vec::new();
@@ -265,18 +278,8 @@ impl TestPeer {
 
     /// Sends a catalog request and returns the answer.
     pub async fn catalog(&self, router: PeerId, req: CatalogRequest) -> CatalogResponse {
-        let mut s = self
-            .control
-            .clone()
-            .open_stream(router, StreamProtocol::new(CATALOG))
+        self.request(router, CATALOG, &req, MAX_CATALOG_FRAME_BYTES)
             .await
-            .expect("open catalog stream");
-        write_frame(&mut s, &req).await.expect("write catalog");
-        let resp = read_frame(&mut s, MAX_CATALOG_FRAME_BYTES)
-            .await
-            .expect("read catalog");
-        let _ = s.close().await;
-        resp
     }
 
     /// Accepts streams of `protocol` and echoes them (for relayed calls).
@@ -299,12 +302,7 @@ impl TestPeer {
     /// Opens a `protocol` stream to `peer`, writes `data` while reading it
     /// back (both at once, so flow-control windows never deadlock).
     pub async fn echo(&self, peer: PeerId, protocol: &'static str, data: &[u8]) -> Vec<u8> {
-        let s = self
-            .control
-            .clone()
-            .open_stream(peer, StreamProtocol::new(protocol))
-            .await
-            .expect("open echo stream");
+        let s = self.open(peer, protocol).await;
         let (mut r, mut w) = s.split();
         let mut out = vec![0u8; data.len()];
         let write = async {
@@ -323,12 +321,7 @@ impl TestPeer {
         provider: PeerId,
         frame: Frame,
     ) -> (Option<CallResponse>, libp2p::Stream) {
-        let mut s = self
-            .control
-            .clone()
-            .open_stream(provider, StreamProtocol::new(CALL))
-            .await
-            .expect("open call");
+        let mut s = self.open(provider, CALL).await;
         match frame {
             Frame::Request(req) => write_frame(&mut s, &req).await.expect("write call"),
             Frame::Garbage(bytes) => {
