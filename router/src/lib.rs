@@ -20,6 +20,7 @@ pub mod identity;
 mod mesh;
 mod metrics;
 mod relay;
+mod relay_capacity;
 mod resources;
 mod shrink;
 mod state;
@@ -47,6 +48,7 @@ pub use catalog::service_key;
 pub use config::Config;
 pub use frames::WireError;
 pub use identity::IdentityError;
+pub use relay_capacity::capacity_layer as relay_capacity_layer;
 pub use resources::config as resource_config;
 pub use swarm::{BuildError, KAD_PROTOCOL};
 
@@ -230,6 +232,13 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     if config.runtime_watchdog {
         // Same process-wide switch: the binary's allocator is jemalloc.
         agentmesh_runtime::allocator::register(&mut registry);
+        relay_capacity::register(
+            &mut registry,
+            metrics
+                .refused
+                .get_or_create(&relay_capacity::RELAY_STOP_REFUSAL)
+                .clone(),
+        );
     }
     goaway::check_watermarks(&sizing, resources.budgets());
     metrics::register_sizing(&mut registry, &sizing);

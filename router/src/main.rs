@@ -157,13 +157,19 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into()),
+    use tracing_subscriber::prelude::*;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into());
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .log_internal_errors(false)
+                .with_filter(filter),
         )
-        .with_writer(std::io::stderr)
-        .log_internal_errors(false)
+        // Counts libp2p-relay's silent STOP-stream drops (its log is the
+        // only trace of them).
+        .with(agentmesh_router::relay_capacity_layer())
         .init();
     let mut args = Args::parse();
     let token = match args.token_file.take() {
