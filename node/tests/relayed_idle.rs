@@ -63,18 +63,26 @@ async fn echo(stream: &mut agentmesh_node::CallStream) {
 }
 
 /// A provider behind one router and a caller attached to it.
-async fn setup(
-    caller_idle_secs: u64,
-    provider_idle_secs: u64,
-) -> (
+type Setup = (
     Cp,
     TestRouter,
     NodeHandle,
     NodeHandle,
     Vec<tempfile::TempDir>,
-) {
+);
+
+async fn setup(caller_idle_secs: u64, provider_idle_secs: u64) -> Setup {
+    setup_with(caller_idle_secs, provider_idle_secs, |_| {}).await
+}
+
+/// As [`setup`], the router's config changed by `router` first.
+async fn setup_with(
+    caller_idle_secs: u64,
+    provider_idle_secs: u64,
+    router: impl FnOnce(&mut agentmesh_router::Config),
+) -> Setup {
     let cp = start_cp().await;
-    let r = TestRouter::start(&cp, &[("name", "r")], |_| {}).await;
+    let r = TestRouter::start(&cp, &[("name", "r")], router).await;
     let backend = echo_backend().await;
     let (p, pd) = node(&cp, |c| Config {
         expose: vec![("echo".into(), backend)],
@@ -194,5 +202,48 @@ async fn the_provider_closes_a_circuit_its_caller_keeps() {
     echo(&mut s).await;
     c.shutdown().await;
     p.shutdown().await;
+    r.handle.shutdown().await;
+}
+
+/// A router at its circuits-per-destination cap refuses a second caller's
+/// circuit: that caller gets an error naming the router, the provider and
+/// the reason. Once the first caller's call ends and its circuit closes
+/// after the relayed idle time, the second caller gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_circuit_is_a_clear_error_and_frees_up_after_the_idle_close() {
+    let (cp, r, p, a, mut dirs) = setup_with(1, 0, |c| {
+        c.resources.circuits_per_destination = 1;
+    })
+    .await;
+    let (b, bd) = node(&cp, |c| Config {
+        relayed_idle_secs: 1,
+        ..c
+    })
+    .await;
+    dirs.push(bd);
+    let mut held = call(&a).await;
+    echo(&mut held).await;
+    assert_eq!(r.metric(CIRCUITS), 1.0);
+    let err = b
+        .call("echo")
+        .await
+        .expect_err("a second circuit to the provider is over the cap");
+    let text = err.to_string();
+    eprintln!("second caller: {text}");
+    assert_eq!(err.result_label(), "connect_failed", "{text}");
+    assert!(
+        text.contains("could not carry a call to provider")
+            && text.contains(&r.id().to_string())
+            && text.contains(&p.peer_id().to_string()),
+        "unclear error: {text}"
+    );
+    drop(held);
+    // A's circuit closes after its relayed idle time; then B gets through.
+    let mut s = call(&b).await;
+    echo(&mut s).await;
+    drop(s);
+    for n in [a, b, p] {
+        n.shutdown().await;
+    }
     r.handle.shutdown().await;
 }

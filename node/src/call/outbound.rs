@@ -539,12 +539,14 @@ async fn attempt(
 /// router's refusal of the circuit as a nested transport error; say which
 /// router refused which provider and why.
 fn explain_circuit_failure(detail: String, via: PeerId, provider: PeerId) -> String {
+    // libp2p's nested dial errors span lines; a reason is one line.
+    let detail = detail.split_whitespace().collect::<Vec<_>>().join(" ");
     let why = if detail.contains("resource limit exceeded") {
-        "the router refused the circuit: resource limit exceeded (it carries as many circuits to \
-         this provider, or in all, as it allows; the provider is busy)"
+        "the router refused the circuit: resource limit exceeded (it carries as many circuits \
+         as it allows)"
     } else if detail.contains("Relay failed to connect to destination") {
-        "the router could not open the circuit to the provider (refused at the provider's \
-         connection or stream limit at the router, or the provider is gone)"
+        "the router refused or could not open the circuit to the provider (at its \
+         circuits-per-destination or stream limit for the provider, or the provider is gone)"
     } else if detail.contains("Relay has no reservation for destination") {
         "the provider has no reservation on that router (it moved)"
     } else if detail.contains("Remote denied permission") {
@@ -580,8 +582,12 @@ mod tests {
             via,
             provider,
         );
-        assert!(e.contains("could not open the circuit"), "{e}");
-        // Anything else is left as it was.
+        assert!(e.contains("circuits-per-destination"), "{e}");
+        // Anything else is left as it was, on one line.
+        assert_eq!(
+            explain_circuit_failure("a:\n   b".into(), via, provider),
+            "a: b"
+        );
         let plain = "no connection to x within 10 s".to_string();
         assert_eq!(explain_circuit_failure(plain.clone(), via, provider), plain);
     }
