@@ -55,6 +55,8 @@ pub(crate) struct EventLoop {
     listeners: HashMap<libp2p::core::transport::ListenerId, Multiaddr>,
     /// Active relay reservations (behind `agentmesh_router_reservations`).
     reservations: crate::relay::Reservations,
+    /// Live circuits (behind `agentmesh_router_circuits`).
+    circuits: crate::relay::Circuits,
 }
 
 impl EventLoop {
@@ -80,6 +82,7 @@ impl EventLoop {
             reannounce: false,
             listeners,
             reservations: crate::relay::Reservations::default(),
+            circuits: crate::relay::Circuits::default(),
         }
     }
 
@@ -256,11 +259,15 @@ impl EventLoop {
                 self.reservations.ended(&src_peer_id);
                 m.reservations.set(self.reservations.total() as i64);
             }
-            relay::Event::CircuitReqAccepted { .. } => {
+            relay::Event::CircuitReqAccepted {
+                src_peer_id,
+                dst_peer_id,
+            } => {
                 m.circuit_requests
                     .get_or_create(&[("result", "accepted")])
                     .inc();
-                m.circuits.inc();
+                self.circuits.accepted(src_peer_id, dst_peer_id);
+                m.circuits.set(self.circuits.total() as i64);
             }
             relay::Event::CircuitReqDenied {
                 src_peer_id,
@@ -273,8 +280,13 @@ impl EventLoop {
                     .get_or_create(&[("result", "denied")])
                     .inc();
             }
-            relay::Event::CircuitClosed { .. } => {
-                m.circuits.dec();
+            relay::Event::CircuitClosed {
+                src_peer_id,
+                dst_peer_id,
+                ..
+            } => {
+                self.circuits.closed(src_peer_id, dst_peer_id);
+                m.circuits.set(self.circuits.total() as i64);
             }
             _ => {}
         }
