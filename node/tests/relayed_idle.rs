@@ -5,6 +5,8 @@
 //! deadline, so only the relayed-idle close can empty the router's circuits.
 //! Waits are on conditions with a generous deadline.
 
+mod support;
+
 use std::time::Duration;
 
 use agentmesh_node::{Config, NodeHandle};
@@ -12,8 +14,6 @@ use agentmesh_proto::pb::credential::Role;
 use agentmesh_testkit::{
     Cp, DEADLINE, TestRouter, echo_backend, eventually, http_get, metric, start_cp,
 };
-use rand::RngCore as _;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const CIRCUITS: &str = "agentmesh_router_circuits";
 
@@ -43,23 +43,6 @@ async fn metrics(n: &NodeHandle) -> String {
     http_get(n.metrics_addr().expect("metrics"), "/metrics")
         .await
         .1
-}
-
-async fn echo(stream: &mut agentmesh_node::CallStream) {
-    let mut payload = vec![0u8; 4096];
-    rand::thread_rng().fill_bytes(&mut payload);
-    let (mut r, mut w) = tokio::io::split(stream);
-    let send = async {
-        w.write_all(&payload).await.expect("write");
-        w.shutdown().await.expect("half-close");
-    };
-    let recv = async {
-        let mut back = Vec::new();
-        r.read_to_end(&mut back).await.expect("read");
-        back
-    };
-    let ((), back) = tokio::join!(send, recv);
-    assert!(back == payload, "echo came back different");
 }
 
 /// A provider behind one router and a caller attached to it.
@@ -115,14 +98,14 @@ async fn the_caller_closes_its_circuit_after_the_last_call() {
     let (_cp, r, p, c, _dirs) = setup(1, 0).await;
     let accepted_before = r.metric(r#"agentmesh_router_circuit_requests_total{result="accepted"}"#);
     let mut first = call(&c).await;
-    echo(&mut first).await;
+    support::round_trip(&mut first, 4096).await;
     // Two more calls while the first is still held: same circuit.
     for _ in 0..2 {
         let mut s = c
             .call("echo")
             .await
             .expect("call while the circuit is open");
-        echo(&mut s).await;
+        support::round_trip(&mut s, 4096).await;
     }
     assert_eq!(
         r.metric(CIRCUITS),
@@ -156,7 +139,7 @@ async fn the_caller_closes_its_circuit_after_the_last_call() {
     );
     // A later call works on a new circuit, which closes again after it.
     let mut again = c.call("echo").await.expect("call after the close");
-    echo(&mut again).await;
+    support::round_trip(&mut again, 4096).await;
     drop(again);
     eventually("the second circuit closes too", || async {
         let m = metrics(&c).await;
@@ -180,7 +163,7 @@ async fn the_caller_closes_its_circuit_after_the_last_call() {
 async fn the_provider_closes_a_circuit_its_caller_keeps() {
     let (_cp, r, p, c, _dirs) = setup(0, 1).await;
     let mut s = call(&c).await;
-    echo(&mut s).await;
+    support::round_trip(&mut s, 4096).await;
     drop(s);
     eventually("the router has no circuit left", || async {
         (r.metric(CIRCUITS) == 0.0).then_some(())
@@ -199,7 +182,7 @@ async fn the_provider_closes_a_circuit_its_caller_keeps() {
     let mut s = tokio::time::timeout(Duration::from_secs(60), call(&c))
         .await
         .expect("call after the provider closed");
-    echo(&mut s).await;
+    support::round_trip(&mut s, 4096).await;
     c.shutdown().await;
     p.shutdown().await;
     r.handle.shutdown().await;
@@ -222,7 +205,7 @@ async fn a_refused_circuit_is_a_clear_error_and_frees_up_after_the_idle_close() 
     .await;
     dirs.push(bd);
     let mut held = call(&a).await;
-    echo(&mut held).await;
+    support::round_trip(&mut held, 4096).await;
     assert_eq!(r.metric(CIRCUITS), 1.0);
     let err = b
         .call("echo")
@@ -240,7 +223,7 @@ async fn a_refused_circuit_is_a_clear_error_and_frees_up_after_the_idle_close() 
     drop(held);
     // A's circuit closes after its relayed idle time; then B gets through.
     let mut s = call(&b).await;
-    echo(&mut s).await;
+    support::round_trip(&mut s, 4096).await;
     drop(s);
     for n in [a, b, p] {
         n.shutdown().await;
