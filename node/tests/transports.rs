@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use agentmesh_node::Config;
@@ -61,6 +61,81 @@ async fn members_dial_quic_from_their_source_ip() {
     a.shutdown().await;
     b.shutdown().await;
     r.handle.shutdown().await;
+}
+
+/// UDP sockets of this network namespace bound to `ip` (from
+/// `/proc/self/net/udp`; the kernel prints the address in memory order).
+fn udp_sockets_on(ip: Ipv4Addr) -> usize {
+    let want = format!("{:08X}:", u32::from_ne_bytes(ip.octets()));
+    let table = std::fs::read_to_string("/proc/self/net/udp").expect("read /proc/self/net/udp");
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|local| local.starts_with(&want))
+        })
+        .count()
+}
+
+/// A member with `--dial-source-ip` attached to a TCP-only router has
+/// opened no UDP socket; its first QUIC dial (a transit connection to the
+/// provider's QUIC-only router, for a call) opens exactly one, from its
+/// source IP, and a second call opens no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quic_socket_is_opened_by_the_first_quic_dial() {
+    let cp = start_cp().await;
+    let tcp = start_router_on(&cp, "tcp", Duration::from_secs(1), "/ip4/127.0.0.1/tcp/0").await;
+    let quic = start_router_on(
+        &cp,
+        "quic",
+        Duration::from_secs(1),
+        "/ip4/127.0.0.1/udp/0/quic-v1",
+    )
+    .await;
+    let member = cp.token(Role::Member).await;
+    let backend = echo_backend().await;
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
+        expose: vec![("echo".into(), backend)],
+        router_selector: selector("quic"),
+        ..base
+    })
+    .await;
+    // An address no other test uses: the count is of the whole namespace.
+    let source = Ipv4Addr::new(127, 0, 62, 3);
+    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
+        router_selector: selector("tcp"),
+        dial_source_ip: Some(source.into()),
+        ..base
+    })
+    .await;
+    ready(&b, "b").await;
+    ready(&a, "a").await;
+    assert_eq!(a.status().borrow().reserved, vec![tcp.handle.peer_id()]);
+    assert_eq!(
+        udp_sockets_on(source),
+        0,
+        "a member only on a TCP router opened a UDP socket"
+    );
+
+    let mut s = call_until_found(&a, "echo").await;
+    assert_eq!(s.route().via_router, quic.handle.peer_id());
+    assert!(s.route().transit, "{:?}", s.route());
+    round_trip(&mut s, 1024).await;
+    drop(s);
+    assert_eq!(udp_sockets_on(source), 1, "after the first QUIC dial");
+
+    // Later calls (and any redial of the QUIC router) keep that one socket.
+    let mut s = call_until_found(&a, "echo").await;
+    round_trip(&mut s, 1024).await;
+    drop(s);
+    assert_eq!(udp_sockets_on(source), 1, "after another QUIC call");
+
+    a.shutdown().await;
+    b.shutdown().await;
+    tcp.handle.shutdown().await;
+    quic.handle.shutdown().await;
 }
 
 /// Routers announcing `/dns4/localhost/...` (as behind a Kubernetes

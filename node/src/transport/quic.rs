@@ -8,7 +8,13 @@
 //! listens) and forces port reuse, and every QUIC dial leaves from `IP` on
 //! that one socket. Connections arriving on that socket are dropped
 //! unanswered.
+//!
+//! The socket is opened on the first QUIC dial, not at start: a fleet
+//! process hosts thousands of members, most of which only ever dial TCP
+//! routers, and each socket costs about two file descriptors and 30–50 KiB.
+//! Once open it is kept (and opened again if it ever closes).
 
+use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -22,30 +28,72 @@ type Inner = libp2p::quic::tokio::Transport;
 /// Dial-only QUIC, bound to a source IP when one is given.
 pub(crate) struct DialQuic {
     inner: Inner,
-    /// Our own listener giving dials their source address.
+    /// Where dials leave from (`--dial-source-ip`), if anywhere in particular.
+    source_ip: Option<IpAddr>,
+    /// Our own listener giving dials their source address, once the first
+    /// QUIC dial opened it.
     source: Option<ListenerId>,
 }
 
 impl DialQuic {
-    /// QUIC with `config`; with `source_ip`, dials leave from it. Must run
-    /// inside a tokio runtime (the socket's driver is spawned on it).
+    /// QUIC with `config`; with `source_ip`, dials leave from it. Opens no
+    /// socket until the first QUIC dial, which must run inside a tokio
+    /// runtime (the socket's driver is spawned on it).
     pub(crate) fn new(config: libp2p::quic::Config, source_ip: Option<IpAddr>) -> Self {
-        let mut inner = Inner::new(config);
-        let source = source_ip.and_then(|ip| {
-            let id = ListenerId::next();
-            let addr = Multiaddr::from(ip)
-                .with(Protocol::Udp(0))
-                .with(Protocol::QuicV1);
-            match inner.listen_on(id, addr) {
-                Ok(()) => Some(id),
-                Err(e) => {
-                    tracing::warn!(%ip, error = %e, "cannot bind QUIC to the source IP: QUIC dials leave from any address");
-                    None
-                }
-            }
-        });
-        Self { inner, source }
+        Self {
+            inner: Inner::new(config),
+            source_ip,
+            source: None,
+        }
     }
+
+    /// Opens the socket bound to `ip` unless it is open already. A failure
+    /// fails this dial (as a TCP dial fails when it cannot bind the source
+    /// IP); the next QUIC dial tries again.
+    fn open_source(&mut self, ip: IpAddr) -> Result<(), TransportError<libp2p::quic::Error>> {
+        if self.source.is_some() {
+            return Ok(());
+        }
+        let id = ListenerId::next();
+        let addr = Multiaddr::from(ip)
+            .with(Protocol::Udp(0))
+            .with(Protocol::QuicV1);
+        match self.inner.listen_on(id, addr) {
+            Ok(()) => {
+                tracing::debug!(%ip, "QUIC source socket opened for the first QUIC dial");
+                self.source = Some(id);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(%ip, error = %e, "cannot bind QUIC to the source IP: this dial fails");
+                Err(match e {
+                    TransportError::Other(e) => TransportError::Other(e),
+                    TransportError::MultiaddrNotSupported(a) => TransportError::Other(
+                        io::Error::other(format!("cannot listen on {a} for QUIC dials")).into(),
+                    ),
+                })
+            }
+        }
+    }
+}
+
+/// The IP a QUIC address (`/ip4|ip6/…/udp/PORT/quic-v1[/p2p/…]`) points at;
+/// `None` for anything the QUIC transport would not dial.
+fn quic_target(addr: &Multiaddr) -> Option<IpAddr> {
+    let mut iter = addr.iter();
+    let ip: IpAddr = match iter.next()? {
+        Protocol::Ip4(ip) => ip.into(),
+        Protocol::Ip6(ip) => ip.into(),
+        _ => return None,
+    };
+    if !matches!(iter.next()?, Protocol::Udp(p) if p != 0) {
+        return None;
+    }
+    if !matches!(iter.next()?, Protocol::QuicV1) {
+        return None;
+    }
+    iter.all(|rest| matches!(rest, Protocol::P2p(_)))
+        .then_some(ip)
 }
 
 impl Transport for DialQuic {
@@ -71,7 +119,10 @@ impl Transport for DialQuic {
         addr: Multiaddr,
         mut opts: DialOpts,
     ) -> Result<Self::Dial, TransportError<Self::Error>> {
-        if self.source.is_some() {
+        if let (Some(ip), Some(target)) = (self.source_ip, quic_target(&addr)) {
+            if ip.is_ipv4() == target.is_ipv4() {
+                self.open_source(ip)?;
+            }
             // Reuse: dial from our bound socket.
             opts.port_use = PortUse::Reuse;
         }
@@ -94,7 +145,7 @@ impl Transport for DialQuic {
                 TransportEvent::ListenerClosed { reason, .. } => {
                     tracing::warn!(
                         ?reason,
-                        "QUIC source socket closed: QUIC dials leave from any address now"
+                        "QUIC source socket closed: the next QUIC dial opens another"
                     );
                     self.source = None;
                 }
@@ -118,12 +169,26 @@ mod tests {
 
     use super::*;
 
-    /// A real libp2p QUIC listener (as a router runs) on 127.0.0.1 sees a
-    /// member's QUIC connection come from the source IP, handshake done.
-    #[tokio::test]
-    async fn quic_dials_leave_from_the_source_ip() {
-        let router_key = Keypair::generate_ed25519();
-        let mut router = Inner::new(libp2p::quic::Config::new(&router_key));
+    /// UDP sockets of this network namespace bound to `ip` (from
+    /// `/proc/self/net/udp`; the kernel prints the address in memory order).
+    fn udp_sockets_on(ip: std::net::Ipv4Addr) -> usize {
+        let want = format!("{:08X}:", u32::from_ne_bytes(ip.octets()));
+        let table = std::fs::read_to_string("/proc/self/net/udp").expect("read /proc/self/net/udp");
+        table
+            .lines()
+            .skip(1)
+            .filter(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .is_some_and(|local| local.starts_with(&want))
+            })
+            .count()
+    }
+
+    /// A real libp2p QUIC listener (as a router runs) on 127.0.0.1, and
+    /// the address it listens on.
+    async fn quic_router(key: &Keypair) -> (Inner, Multiaddr) {
+        let mut router = Inner::new(libp2p::quic::Config::new(key));
         router
             .listen_on(
                 ListenerId::next(),
@@ -141,19 +206,51 @@ mod tests {
         let listen_addr = tokio::time::timeout(Duration::from_secs(10), listen_addr)
             .await
             .expect("router listens");
+        (router, listen_addr)
+    }
+
+    fn dialer() -> DialOpts {
+        DialOpts {
+            role: Endpoint::Dialer,
+            port_use: PortUse::New,
+        }
+    }
+
+    /// The source socket is opened by the first QUIC dial, not before and
+    /// not by a dial the QUIC transport does not take (a TCP address), and
+    /// later dials reuse it: exactly one socket on the source IP.
+    #[tokio::test]
+    async fn source_socket_is_opened_by_the_first_quic_dial_only() {
+        let (_router, listen_addr) = quic_router(&Keypair::generate_ed25519()).await;
+        // An address no other test uses: the count is of the whole namespace.
+        let source = std::net::Ipv4Addr::new(127, 0, 61, 2);
+        let key = Keypair::generate_ed25519();
+        let mut member = DialQuic::new(libp2p::quic::Config::new(&key), Some(source.into()));
+        assert_eq!(udp_sockets_on(source), 0, "opened at start");
+        let tcp: Multiaddr = "/ip4/127.0.0.1/tcp/4001".parse().expect("addr");
+        assert!(matches!(
+            member.dial(tcp, dialer()),
+            Err(TransportError::MultiaddrNotSupported(_))
+        ));
+        assert_eq!(udp_sockets_on(source), 0, "opened by a TCP address");
+        let _first = member.dial(listen_addr.clone(), dialer()).expect("ours");
+        assert_eq!(udp_sockets_on(source), 1, "after the first QUIC dial");
+        let _second = member.dial(listen_addr, dialer()).expect("ours");
+        assert_eq!(udp_sockets_on(source), 1, "after the second QUIC dial");
+        drop(member);
+    }
+
+    /// A real libp2p QUIC listener (as a router runs) on 127.0.0.1 sees a
+    /// member's QUIC connection come from the source IP, handshake done.
+    #[tokio::test]
+    async fn quic_dials_leave_from_the_source_ip() {
+        let router_key = Keypair::generate_ed25519();
+        let (mut router, listen_addr) = quic_router(&router_key).await;
 
         let source: IpAddr = "127.0.0.2".parse().expect("ip");
         let member_key = Keypair::generate_ed25519();
         let mut member = DialQuic::new(libp2p::quic::Config::new(&member_key), Some(source));
-        let dial = member
-            .dial(
-                listen_addr,
-                DialOpts {
-                    role: Endpoint::Dialer,
-                    port_use: PortUse::New,
-                },
-            )
-            .expect("ours");
+        let dial = member.dial(listen_addr, dialer()).expect("ours");
         // Drive the member's transport (its socket's events) alongside.
         let member_poll = poll_fn(|cx| {
             let _ = Pin::new(&mut member).poll(cx);
