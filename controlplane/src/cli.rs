@@ -149,6 +149,8 @@ impl Cli {
 async fn serve(config: Config) -> Result<(), CliError> {
     let mut registry = Registry::default();
     let stalls = watchdog::StallMetrics::register(&mut registry);
+    // The binary's allocator is jemalloc: `agentmesh_runtime_allocator_*`.
+    agentmesh_runtime::allocator::register(&mut registry);
     let probe = watchdog::spawn(stalls);
     let handle = spawn_with(config, TokioClock::shared(), registry).await?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

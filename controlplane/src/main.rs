@@ -7,8 +7,16 @@ use clap::Parser;
 #[global_allocator]
 static ALLOC: agentmesh_runtime::Allocator = agentmesh_runtime::Allocator;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // The runtime all agentmesh binaries share: idle workers hand
+    // jemalloc's thread caches back.
+    agentmesh_runtime::runtime_builder()
+        .build()
+        .map_err(|e| anyhow::anyhow!("building the async runtime: {e}"))?
+        .block_on(async_main())
+}
+
+async fn async_main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),

@@ -79,18 +79,39 @@ async fn token_create_then_enroll_and_backup_while_serving() {
         .expect("serve");
     // Its log names the bound addresses.
     let stderr = child.stderr.take().expect("stderr");
-    let url = tokio::time::timeout(Duration::from_secs(60), async {
+    let (url, http_addr) = tokio::time::timeout(Duration::from_secs(60), async {
         use tokio::io::AsyncBufReadExt;
         let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let after = |line: &str, key: &str| {
+            line.split(key)
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(str::to_string)
+        };
         while let Some(line) = lines.next_line().await.expect("read log") {
-            if let Some(rest) = line.split("public_url=").nth(1) {
-                return rest.split_whitespace().next().expect("url").to_string();
+            if let (Some(url), Some(http)) =
+                (after(&line, "public_url="), after(&line, "http_addr="))
+            {
+                return (
+                    url,
+                    http.parse::<std::net::SocketAddr>().expect("http_addr"),
+                );
             }
         }
         panic!("control plane exited before logging its address");
     })
     .await
     .expect("started within 60 s");
+    // The binary's /metrics carries the process-wide gauges: jemalloc's
+    // (read at the scrape, so resident bytes are never 0) and the watchdog's.
+    let (status, body) = common::http_get(http_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        common::metric(&body, "agentmesh_runtime_allocator_resident_bytes ")
+            .is_some_and(|v| v > 0.0),
+        "{body}"
+    );
+    assert!(body.contains("agentmesh_runtime_stalls_total"), "{body}");
     let client = agentmesh_controlplane::Client::new(agentmesh_controlplane::ClientConfig {
         url: url.clone(),
         ..Default::default()

@@ -274,6 +274,9 @@ pub async fn spawn(
         metrics.register(&mut r);
         if config.runtime_watchdog {
             watchdog = Some(agentmesh_runtime::watchdog::StallMetrics::register(&mut r));
+            // Same process-wide switch (the binary, whose allocator is
+            // jemalloc): `agentmesh_runtime_allocator_*` gauges.
+            agentmesh_runtime::allocator::register(&mut r);
         }
         Arc::new(r)
     });

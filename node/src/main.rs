@@ -10,8 +10,16 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // The runtime all agentmesh binaries share: idle workers hand
+    // jemalloc's thread caches back.
+    agentmesh_runtime::runtime_builder()
+        .build()
+        .context("building the async runtime")?
+        .block_on(async_main())
+}
+
+async fn async_main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -222,6 +222,12 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
         .await
         .expect("token file");
     let data = dir.path().join("data");
+    // A free port for its /metrics (the OS's choice, released for the node).
+    let metrics_addr = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
     let exe = env!("CARGO_BIN_EXE_agentmesh-node");
     let mut node = tokio::process::Command::new(exe)
         .args([
@@ -232,6 +238,8 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
             "1",
             "--directory-interval-secs",
             "1",
+            "--metrics-addr",
+            &metrics_addr.to_string(),
         ])
         .arg("--token-file")
         .arg(&token_file)
@@ -277,6 +285,15 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
         assert!(Instant::now() < end, "call never succeeded: {err}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // The binary's /metrics carries the process-wide gauges: jemalloc's
+    // (read at the scrape, so resident bytes are never 0) and the watchdog's.
+    let (_, m) = http_get(metrics_addr, "/metrics").await;
+    assert!(
+        metric(&m, "agentmesh_runtime_allocator_resident_bytes") > 0.0,
+        "{m}"
+    );
+    assert!(m.contains("agentmesh_runtime_stalls_total"), "{m}");
 
     // SIGTERM: graceful stop, exit status 0, socket removed.
     let pid = node.id().expect("pid").to_string();

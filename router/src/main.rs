@@ -148,9 +148,7 @@ const DEFAULT_LOG_FILTER: &str = "info,libp2p_kad::behaviour=error";
 fn main() -> anyhow::Result<()> {
     // `#[tokio::main]` plus one hook: idle workers hand jemalloc's thread
     // caches back, so memory freed after members leave can be returned.
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .on_thread_park(agentmesh_runtime::allocator::on_thread_park)
+    agentmesh_runtime::runtime_builder()
         .build()
         .context("building the async runtime")?
         .block_on(run())

@@ -5,6 +5,8 @@
 //!   binary declares `#[global_allocator] static A: Allocator = Allocator;`.
 //! - [`allocator`]: jemalloc's allocated / resident / retained bytes as
 //!   `agentmesh_runtime_allocator_*` gauges, read at each scrape.
+//! - [`runtime_builder`]: the tokio runtime every binary runs on, idle
+//!   workers handing jemalloc's thread caches back.
 //! - [`watchdog`]: warns when the async runtime stalls for a second or more
 //!   and counts it in `agentmesh_runtime_stalls_total`.
 //! - [`profiling`] (cargo feature `pprof`): CPU and heap profiles over HTTP
@@ -17,8 +19,41 @@ pub mod watchdog;
 /// The allocator of the agentmesh binaries (jemalloc, background threads on).
 pub use tikv_jemallocator::Jemalloc as Allocator;
 
+/// The multi-thread tokio runtime every agentmesh binary runs on: what
+/// `#[tokio::main]` builds (all drivers on), plus one hook so idle workers
+/// hand jemalloc's thread caches back ([`allocator::on_thread_park`]) and
+/// memory freed after members leave can be returned to the OS. One place,
+/// so every binary does it the same way: `runtime_builder().build()?.block_on(..)`.
+pub fn runtime_builder() -> tokio::runtime::Builder {
+    let mut b = tokio::runtime::Builder::new_multi_thread();
+    b.enable_all().on_thread_park(allocator::on_thread_park);
+    b
+}
+
 // Unit tests read jemalloc's statistics: make it this test binary's
 // allocator too.
 #[cfg(test)]
 #[global_allocator]
 static TEST_ALLOC: Allocator = Allocator;
+
+#[cfg(test)]
+mod tests {
+    /// The runtime runs tasks with its timers and I/O drivers on, and its
+    /// idle workers' park hook (the cache flush) runs without failing.
+    #[test]
+    fn the_runtime_runs_timers_io_and_spawned_tasks() {
+        let rt = super::runtime_builder().build().expect("runtime");
+        let got = rt.block_on(async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = l.local_addr().expect("addr");
+            let accept = tokio::spawn(async move { l.accept().await.map(|(_, peer)| peer) });
+            let c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            let peer = accept.await.expect("join").expect("accept");
+            (peer, c.local_addr().expect("local"))
+        });
+        assert_eq!(got.0, got.1);
+    }
+}
