@@ -95,6 +95,12 @@ WRITTEN_FILE_FLAGS = {"--key-path", "--db", "--to"}
 
 # SIGTERM -> go-away fan-out -> grace -> close must fit in the pod's grace.
 DRAIN_MARGIN_SECS = 15
+# Members a draining router moves per second, measured: 5,829 re-attached
+# make-before-break within a 30 s grace (tests/scale/RESULTS.md,
+# results/20261129T1339Z-release-10000-storm; 2 cores shared by the whole
+# mesh, so a floor). A grace shorter than the members it holds / this cuts
+# the rest (they re-attach after the cut instead of before it).
+DRAIN_MOVES_PER_SEC = 190
 # A router must lease at least three times per lease TTL.
 LEASES_PER_TTL = 3
 # The control-plane client's default retry budget (issue 2): a fleet cold
@@ -372,7 +378,7 @@ def check_router(objects: list[dict[str, Any]]) -> list[str]:
             problems.append(f"PodDisruptionBudget/{p['metadata']['name']}: maxUnavailable should be 1")
 
     cps = [x for x in containers(objects) if x.binary == "agentmesh-control-plane" and not x.subcommand]
-    problems += _fleet_problems(c, sts, low, cps)
+    problems += _fleet_problems(c, sts, low, cps, drain)
     for cp in cps:
         if c.flag("--control-plane") != cp.flag("--public-url"):
             problems.append(
@@ -418,7 +424,7 @@ def _memory_problems(c: Container, sz: RouterSizing, limit: str) -> list[str]:
     return problems
 
 
-def _fleet_problems(c: Container, sts: dict[str, Any], low: int, cps: list[Container]) -> list[str]:
+def _fleet_problems(c: Container, sts: dict[str, Any], low: int, cps: list[Container], drain: int) -> list[str]:
     """The sizing rule for the fleet the StatefulSet says it is sized for."""
     ann = sts["metadata"].get("annotations") or {}
     try:
@@ -434,6 +440,12 @@ def _fleet_problems(c: Container, sts: dict[str, Any], low: int, cps: list[Conta
         problems.append(
             f"{c.where}: with one of {n} routers lost, {fleet} x {k} / {n - 1} = {after_loss} "
             f"members per router > low watermark {low}"
+        )
+    drain_needed = math.ceil(after_loss / DRAIN_MOVES_PER_SEC)
+    if drain < drain_needed:
+        problems.append(
+            f"{c.where}: drain grace {drain}s < {drain_needed}s, the time to move {after_loss} members "
+            f"(one router lost) at the measured {DRAIN_MOVES_PER_SEC} per second"
         )
     for cp in cps:
         try:

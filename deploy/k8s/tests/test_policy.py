@@ -53,6 +53,10 @@ def short_grace(o):
     router_pod(o)["terminationGracePeriodSeconds"] = 61
 
 
+def short_drain(o):
+    get(o, "ConfigMap", "agentmesh-router-flags")["data"]["DRAIN_GRACE_SECS"] = "30"
+
+
 def small_memory(o):
     router(o)["resources"]["limits"]["memory"] = router(o)["resources"]["requests"]["memory"] = "1Gi"
 
@@ -214,6 +218,7 @@ MUTATIONS = [
     (unsized, "must state the fleet"),
     (cpu_limit, "CPU limit"),
     (short_grace, "terminationGracePeriodSeconds 61 < drain grace 60"),
+    (short_drain, "drain grace 30s < 36s, the time to move 6667 members"),
     (small_memory, "10000 x 2 / 3 = 6667 members per router > low watermark 4641"),
     (cheap_connections, "idle member charge 24 KiB < measured RSS per member 61 KiB"),
     (cheap_connections, "memory limit 2Gi < 2955 MiB, the measured RSS at high watermark 32768"),
