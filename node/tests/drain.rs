@@ -218,3 +218,83 @@ async fn calls_succeed_first_time_and_everyone_is_back_on_k_while_a_router_drain
         r.handle.shutdown().await;
     }
 }
+
+/// A call accepted before a drain keeps its circuit through the draining
+/// router after the provider has moved off it: the provider releases the
+/// router (make-before-break) but leaves its connection up while the call
+/// runs, and the router waits for its circuits. Once the call ends,
+/// everyone lets go and the drain finishes; the next call takes the new
+/// route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_flight_through_a_draining_router_outlives_the_move() {
+    agentmesh_testkit::init_tracing("warn");
+    let cp = start_cp().await;
+    let routers = [start_router(&cp, "r1").await, start_router(&cp, "r2").await];
+    let member = cp.token(Role::Member).await;
+    let backend = echo_backend().await;
+    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
+        expose: vec![("echo".into(), backend)],
+        ..base
+    })
+    .await;
+    let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |base| base).await;
+    ready(&provider, "provider").await;
+    ready(&caller, "caller").await;
+
+    // A call, half done: its first bytes echoed, the stream still open.
+    let mut s = call_until_found(&caller, "echo").await;
+    let first = b"before the drain, ";
+    s.write_all(first).await.expect("write");
+    let mut got = vec![0u8; first.len()];
+    tokio::time::timeout(DEADLINE, s.read_exact(&mut got))
+        .await
+        .expect("first echo in time")
+        .expect("first echo");
+    let gone = s.route().via_router;
+    assert!(
+        provider.status().borrow().reserved.contains(&gone),
+        "the call goes through the provider's router"
+    );
+    let drained = routers
+        .iter()
+        .find(|r| r.handle.peer_id() == gone)
+        .expect("one of ours");
+    drained.handle.drain();
+    // The provider (and the caller, if it was there too) moved and released
+    // the draining router.
+    for (n, what) in [(&provider, "provider"), (&caller, "caller")] {
+        assert!(
+            on_k(n, 1, Some(gone)).await,
+            "{what} did not move: {:?}",
+            n.status().borrow()
+        );
+    }
+    // The call accepted before the drain goes on through the old circuit.
+    s.write_all(b"after the move")
+        .await
+        .expect("write after the move");
+    s.shutdown().await.expect("half-close");
+    let mut rest = Vec::new();
+    tokio::time::timeout(DEADLINE, s.read_to_end(&mut rest))
+        .await
+        .expect("echo after the move in time")
+        .expect("echo after the move");
+    got.extend_from_slice(&rest);
+    assert_eq!(got, b"before the drain, after the move");
+    drop(s);
+
+    let mut done = drained.handle.drained();
+    tokio::time::timeout(DEADLINE, done.wait_for(|d| *d))
+        .await
+        .expect("drain finished in time")
+        .expect("drained watch");
+    let mut s = call_until_found(&caller, "echo").await;
+    assert_ne!(s.route().via_router, gone);
+    round_trip(&mut s, 1024).await;
+    drop(s);
+    caller.shutdown().await;
+    provider.shutdown().await;
+    for r in routers {
+        r.handle.shutdown().await;
+    }
+}
