@@ -120,23 +120,6 @@ impl Conns {
         })
     }
 
-    /// Relayed connections (either direction) through `router`.
-    pub(crate) fn through(&self, router: &PeerId) -> Vec<Relayed> {
-        self.by_peer
-            .iter()
-            .flat_map(|(peer, v)| {
-                v.iter()
-                    .filter(|c| c.via == Some(*router))
-                    .map(|c| Relayed {
-                        peer: *peer,
-                        id: c.id,
-                        outbound: c.outbound,
-                        since: c.since,
-                    })
-            })
-            .collect()
-    }
-
     /// Every relayed connection, either direction.
     pub(crate) fn relayed(&self) -> Vec<Relayed> {
         self.by_peer
@@ -196,8 +179,6 @@ mod tests {
         // inbound circuits are not ours to replace.
         assert_eq!(conns.stale(&p, &[r2]), vec![a]);
         assert!(conns.stale(&q, &[]).is_empty());
-        assert_eq!(conns.through(&r2).len(), 1);
-        assert_eq!(conns.through(&r1).len(), 2);
         let mut relayed = conns.relayed();
         relayed.sort_by_key(|r| (r.outbound, r.id));
         assert_eq!(

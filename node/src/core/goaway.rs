@@ -1,8 +1,7 @@
 //! Go-away (`/agentmesh/goaway/1`): accepted only from a router we are
 //! admitted by; make-before-break: the router is marked leaving, a
 //! replacement is attached, reserved and given our records, and only then is
-//! the old router released and shunned for its `retry_after` (≤ 1 h); calls
-//! in flight through it are let finish (see `linger`).
+//! the old router released and shunned for its `retry_after` (≤ 1 h).
 
 use std::time::Duration;
 
@@ -169,7 +168,7 @@ impl Core {
         if release {
             for (router, shun) in leaving {
                 tracing::info!(%router, "released after go-away");
-                self.release_router(router, shun);
+                self.drop_router(router, shun);
             }
         }
     }

@@ -9,7 +9,6 @@
 mod conns;
 mod goaway;
 mod idle;
-mod linger;
 mod redial;
 mod routers;
 mod shun;
@@ -95,11 +94,8 @@ pub(crate) struct Core {
     /// Connects waiting for stale connections to close (at most [`MAX_WAITERS`]).
     fresh: Vec<FreshWait>,
     conns: conns::Conns,
-    /// Relayed connections being closed for idleness (see [`idle`], [`linger`]).
+    /// Relayed connections being closed for idleness (see [`idle`]).
     idle_closing: std::collections::HashSet<libp2p::swarm::ConnectionId>,
-    /// Routers released after a go-away whose connection stays while calls
-    /// through them finish, until this instant (see [`linger`]).
-    lingering: HashMap<PeerId, Instant>,
     next_refresh: Instant,
     refresh_failures: u32,
     refresh_in_flight: bool,
@@ -150,7 +146,6 @@ impl Core {
             fresh: Vec::new(),
             conns: conns::Conns::default(),
             idle_closing: Default::default(),
-            lingering: HashMap::new(),
             next_refresh: now,
             refresh_failures: 0,
             refresh_in_flight: false,
@@ -372,7 +367,6 @@ impl Core {
                 self.conns.closed(peer_id, connection_id);
                 self.idle_closing.remove(&connection_id);
                 if num_established == 0 {
-                    self.lingering.remove(&peer_id);
                     self.shared.transit_admitted.lock().remove(&peer_id);
                     self.on_router_lost(peer_id);
                 }
@@ -433,7 +427,6 @@ impl Core {
         self.retry_reservations(now);
         self.retry_represent(now);
         self.close_idle_relayed(now);
-        self.close_lingering(now);
         let ttl = Duration::from_secs(self.shared.config.record_ttl_secs.max(3));
         let stale = self.last_publish.is_some_and(|t| t.elapsed() >= ttl / 3);
         if self.publish_retry_at.is_some_and(|t| t <= now) {

@@ -476,13 +476,6 @@ impl Core {
     /// Forgets a router, closes our connection to it and shuns it for `wait`
     /// (never early if it said it is draining).
     pub(super) fn drop_router(&mut self, router: PeerId, wait: Duration) {
-        self.forget_router(router, wait);
-        let _ = self.swarm.disconnect_peer_id(router);
-    }
-
-    /// [`Self::drop_router`] without closing the connection (see
-    /// `linger::release_router`).
-    pub(super) fn forget_router(&mut self, router: PeerId, wait: Duration) {
         let draining = match self.slots.remove(&router) {
             Some(Slot {
                 phase: Phase::Reserving(l) | Phase::Reserved(l),
@@ -496,6 +489,7 @@ impl Core {
             None => false,
         };
         self.shared.attached.write().remove(&router);
+        let _ = self.swarm.disconnect_peer_id(router);
         self.shun(router, wait, draining);
         self.records_dirty = true;
         self.publish_status();
