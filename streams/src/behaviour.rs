@@ -1,0 +1,137 @@
+//! The network behaviour: creates a [`Handler`] per connection, dials peers
+//! that `open_stream` asked for, fails their requests when the dial fails,
+//! and forgets connections when they close.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use libp2p::core::Endpoint;
+use libp2p::core::transport::PortUse;
+use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
+use libp2p::swarm::{
+    ConnectionClosed, ConnectionDenied, ConnectionId, DialError, DialFailure, FromSwarm,
+    NetworkBehaviour, THandler, THandlerInEvent, THandlerOutEvent, ToSwarm,
+};
+use libp2p::{Multiaddr, PeerId};
+use prometheus_client::registry::Registry;
+
+use crate::handler::Handler;
+use crate::shared::Shared;
+use crate::{Config, Control, DebugSizes};
+
+/// Raw streams of our own protocols; see the crate doc.
+pub struct Behaviour {
+    shared: Arc<Shared>,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Behaviour {
+    /// A behaviour with the default [`Config`].
+    pub fn new() -> Self {
+        Self::with_config(Config::default())
+    }
+
+    /// A behaviour with explicit settings.
+    pub fn with_config(config: Config) -> Self {
+        Self {
+            shared: Arc::new(Shared::new(config.inbound_queue_per_protocol)),
+        }
+    }
+
+    /// A handle to open and accept streams through this behaviour.
+    pub fn new_control(&self) -> Control {
+        Control::new(self.shared.clone())
+    }
+
+    /// Registers `agentmesh_streams_inbound_dropped_total{protocol,reason}`
+    /// (inbound streams dropped after negotiation; label values exist from
+    /// the moment a protocol is accepted).
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register(
+            "agentmesh_streams_inbound_dropped",
+            "Inbound streams dropped after negotiation, by protocol and reason (queue_full: the accept loop is behind; not_accepted: nobody accepts the protocol any more)",
+            self.shared.dropped.clone(),
+        );
+    }
+
+    /// Sizes of the internal maps (see [`Control::debug_sizes`]).
+    #[doc(hidden)]
+    pub fn debug_sizes(&self) -> DebugSizes {
+        self.shared.debug_sizes()
+    }
+
+    fn handler(&self, conn: ConnectionId, peer: PeerId) -> Handler {
+        let (requests, waiting) = self.shared.connection_up(conn, peer);
+        Handler::new(conn, peer, self.shared.clone(), requests, waiting)
+    }
+}
+
+impl NetworkBehaviour for Behaviour {
+    type ConnectionHandler = Handler;
+    type ToSwarm = Infallible;
+
+    fn handle_established_inbound_connection(
+        &mut self,
+        conn: ConnectionId,
+        peer: PeerId,
+        _: &Multiaddr,
+        _: &Multiaddr,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        Ok(self.handler(conn, peer))
+    }
+
+    fn handle_established_outbound_connection(
+        &mut self,
+        conn: ConnectionId,
+        peer: PeerId,
+        _: &Multiaddr,
+        _: Endpoint,
+        _: PortUse,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        Ok(self.handler(conn, peer))
+    }
+
+    fn on_swarm_event(&mut self, event: FromSwarm) {
+        match event {
+            FromSwarm::ConnectionClosed(ConnectionClosed { connection_id, .. }) => {
+                self.shared.connection_down(connection_id);
+            }
+            // Refused only because the peer is already being dialed: that
+            // other dial's outcome settles the waiting requests.
+            FromSwarm::DialFailure(DialFailure {
+                peer_id: Some(peer),
+                error,
+                ..
+            }) if !matches!(error, DialError::DialPeerConditionFalse(_)) => {
+                self.shared.dial_failed(peer, &error.to_string());
+            }
+            _ => {}
+        }
+    }
+
+    fn on_connection_handler_event(
+        &mut self,
+        _: PeerId,
+        _: ConnectionId,
+        event: THandlerOutEvent<Self>,
+    ) {
+        match event {}
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<ToSwarm<Infallible, THandlerInEvent<Self>>> {
+        match self.shared.next_dial(cx.waker()) {
+            Some(peer) => Poll::Ready(ToSwarm::Dial {
+                opts: DialOpts::peer_id(peer)
+                    .condition(PeerCondition::DisconnectedAndNotDialing)
+                    .build(),
+            }),
+            None => Poll::Pending,
+        }
+    }
+}

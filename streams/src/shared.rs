@@ -1,0 +1,280 @@
+//! The state shared by the behaviour, its connection handlers and every
+//! [`Control`](crate::Control): registered protocols, live connections,
+//! open requests waiting for a dial, and the drop counters.
+//!
+//! Every per-connection entry is added when a handler is created and removed
+//! when that handler is dropped (or the swarm reports the connection
+//! closed, whichever comes first), so nothing outlives its connection.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::task::Waker;
+
+use libp2p::swarm::ConnectionId;
+use libp2p::{PeerId, Stream, StreamProtocol};
+use parking_lot::Mutex;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::OPEN_QUEUE_PER_CONNECTION;
+use crate::control::{AlreadyRegistered, IncomingStreams, OpenStreamError};
+
+/// Why an inbound stream was dropped after negotiation (metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// The protocol's inbound queue was full: its accept loop is behind.
+    QueueFull,
+    /// Nobody accepts the protocol any more (its `IncomingStreams` was
+    /// dropped after the stream was negotiated).
+    NotAccepted,
+}
+
+impl DropReason {
+    /// Every reason, to pre-create label values.
+    pub(crate) const ALL: [DropReason; 2] = [DropReason::QueueFull, DropReason::NotAccepted];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::QueueFull => "queue_full",
+            DropReason::NotAccepted => "not_accepted",
+        }
+    }
+}
+
+impl EncodeLabelValue for DropReason {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&self.as_str(), encoder)
+    }
+}
+
+/// Labels of `agentmesh_streams_inbound_dropped_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct DropLabels {
+    pub(crate) protocol: String,
+    pub(crate) reason: DropReason,
+}
+
+/// Sizes of every internal map and queue, for tests asserting that nothing
+/// is left behind once connections are gone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DebugSizes {
+    /// Registered inbound protocols (one per live `IncomingStreams`).
+    pub protocols: usize,
+    /// Live connections.
+    pub connections: usize,
+    /// Peers with at least one live connection.
+    pub peers: usize,
+    /// Peers with open requests waiting for a dial.
+    pub pending_dials: usize,
+    /// Dials requested but not yet handed to the swarm.
+    pub queued_dials: usize,
+}
+
+/// One `open_stream` call on its way to a connection.
+#[derive(Debug)]
+pub struct OpenRequest {
+    pub(crate) protocol: StreamProtocol,
+    pub(crate) reply: oneshot::Sender<Result<Stream, OpenStreamError>>,
+}
+
+/// Where an open request goes.
+pub(crate) enum Route {
+    /// Hand it to this connection's handler.
+    Connection(mpsc::Sender<OpenRequest>, OpenRequest),
+    /// Parked until a dial to the peer connects or fails.
+    Dialing,
+}
+
+struct Registration {
+    id: u64,
+    sender: mpsc::Sender<(PeerId, Stream)>,
+}
+
+struct Conn {
+    peer: PeerId,
+    requests: mpsc::Sender<OpenRequest>,
+}
+
+#[derive(Default)]
+struct Inner {
+    protocols: HashMap<StreamProtocol, Registration>,
+    connections: HashMap<ConnectionId, Conn>,
+    /// Live connections of each peer, oldest first.
+    peers: HashMap<PeerId, Vec<ConnectionId>>,
+    pending: HashMap<PeerId, Vec<OpenRequest>>,
+    dials: VecDeque<PeerId>,
+    dial_waker: Option<Waker>,
+    next_registration: u64,
+}
+
+/// See the module doc.
+pub(crate) struct Shared {
+    inner: Mutex<Inner>,
+    inbound_queue: usize,
+    pub(crate) dropped: Family<DropLabels, Counter>,
+}
+
+impl Shared {
+    pub(crate) fn new(inbound_queue: usize) -> Self {
+        Self {
+            inner: Mutex::new(Inner::default()),
+            inbound_queue: inbound_queue.max(1),
+            dropped: Family::default(),
+        }
+    }
+
+    pub(crate) fn debug_sizes(&self) -> DebugSizes {
+        let inner = self.inner.lock();
+        DebugSizes {
+            protocols: inner.protocols.len(),
+            connections: inner.connections.len(),
+            peers: inner.peers.len(),
+            pending_dials: inner.pending.len(),
+            queued_dials: inner.dials.len(),
+        }
+    }
+
+    /// Registers `protocol` for inbound streams.
+    pub(crate) fn accept(
+        self: &std::sync::Arc<Self>,
+        protocol: StreamProtocol,
+    ) -> Result<IncomingStreams, AlreadyRegistered> {
+        let mut inner = self.inner.lock();
+        if inner
+            .protocols
+            .get(&protocol)
+            .is_some_and(|r| !r.sender.is_closed())
+        {
+            return Err(AlreadyRegistered(protocol));
+        }
+        for reason in DropReason::ALL {
+            let _ = self.dropped.get_or_create(&DropLabels {
+                protocol: protocol.to_string(),
+                reason,
+            });
+        }
+        let (sender, receiver) = mpsc::channel(self.inbound_queue);
+        let id = inner.next_registration;
+        inner.next_registration += 1;
+        inner
+            .protocols
+            .insert(protocol.clone(), Registration { id, sender });
+        Ok(IncomingStreams::new(receiver, self.clone(), protocol, id))
+    }
+
+    /// Removes registration `id` of `protocol` (if it is still the current one).
+    pub(crate) fn unregister(&self, protocol: &StreamProtocol, id: u64) {
+        let mut inner = self.inner.lock();
+        if inner.protocols.get(protocol).is_some_and(|r| r.id == id) {
+            inner.protocols.remove(protocol);
+        }
+    }
+
+    /// The protocols we currently accept, offered on every inbound stream.
+    pub(crate) fn supported(&self) -> Vec<StreamProtocol> {
+        let mut inner = self.inner.lock();
+        inner.protocols.retain(|_, r| !r.sender.is_closed());
+        inner.protocols.keys().cloned().collect()
+    }
+
+    /// Delivers a negotiated inbound stream, or drops and counts it.
+    pub(crate) fn inbound(&self, peer: PeerId, stream: Stream, protocol: StreamProtocol) {
+        let mut inner = self.inner.lock();
+        let reason = match inner.protocols.get(&protocol) {
+            None => DropReason::NotAccepted,
+            Some(r) => match r.sender.try_send((peer, stream)) {
+                Ok(()) => return,
+                Err(mpsc::error::TrySendError::Full(_)) => DropReason::QueueFull,
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    inner.protocols.remove(&protocol);
+                    DropReason::NotAccepted
+                }
+            },
+        };
+        drop(inner);
+        tracing::debug!(%peer, %protocol, ?reason, "inbound stream dropped");
+        self.dropped
+            .get_or_create(&DropLabels {
+                protocol: protocol.to_string(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// Registers a new connection's handler; returns its request queue and
+    /// the requests that were waiting for a connection to `peer`.
+    pub(crate) fn connection_up(
+        &self,
+        conn: ConnectionId,
+        peer: PeerId,
+    ) -> (mpsc::Receiver<OpenRequest>, Vec<OpenRequest>) {
+        let (requests, receiver) = mpsc::channel(OPEN_QUEUE_PER_CONNECTION);
+        let mut inner = self.inner.lock();
+        inner.connections.insert(conn, Conn { peer, requests });
+        inner.peers.entry(peer).or_default().push(conn);
+        let waiting = inner.pending.remove(&peer).unwrap_or_default();
+        (receiver, waiting)
+    }
+
+    /// Forgets a connection (idempotent: called from the handler's drop and
+    /// on the swarm's connection-closed event).
+    pub(crate) fn connection_down(&self, conn: ConnectionId) {
+        let mut inner = self.inner.lock();
+        let Some(c) = inner.connections.remove(&conn) else {
+            return;
+        };
+        if let Some(list) = inner.peers.get_mut(&c.peer) {
+            list.retain(|id| *id != conn);
+            if list.is_empty() {
+                inner.peers.remove(&c.peer);
+            }
+        }
+    }
+
+    /// Picks the newest connection to `peer`, or parks the request and asks
+    /// for a dial.
+    pub(crate) fn route(&self, peer: PeerId, req: OpenRequest) -> Route {
+        let mut inner = self.inner.lock();
+        let conn = inner.peers.get(&peer).and_then(|l| l.last().copied());
+        if let Some(c) = conn.and_then(|id| inner.connections.get(&id)) {
+            return Route::Connection(c.requests.clone(), req);
+        }
+        let waiting = inner.pending.entry(peer).or_default();
+        // Requests whose callers gave up need not wait for the dial.
+        waiting.retain(|r| !r.reply.is_closed());
+        let first = waiting.is_empty();
+        waiting.push(req);
+        if first {
+            inner.dials.push_back(peer);
+            if let Some(w) = inner.dial_waker.take() {
+                w.wake();
+            }
+        }
+        Route::Dialing
+    }
+
+    /// Fails the requests waiting for a dial to `peer`.
+    pub(crate) fn dial_failed(&self, peer: PeerId, reason: &str) {
+        let waiting = self.inner.lock().pending.remove(&peer);
+        for r in waiting.into_iter().flatten() {
+            let e = io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!("dial to {peer} failed: {reason}"),
+            );
+            let _ = r.reply.send(Err(OpenStreamError::Io(e)));
+        }
+    }
+
+    /// The next peer to dial, or registers `waker` for when there is one.
+    pub(crate) fn next_dial(&self, waker: &Waker) -> Option<PeerId> {
+        let mut inner = self.inner.lock();
+        let next = inner.dials.pop_front();
+        if next.is_none() {
+            inner.dial_waker = Some(waker.clone());
+        }
+        next
+    }
+}

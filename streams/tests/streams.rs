@@ -1,0 +1,384 @@
+//! Real swarms (TCP on 127.0.0.1, noise, yamux) exercising the behaviour.
+
+use std::time::Duration;
+
+use agentmesh_streams::{Behaviour, Config, Control, DebugSizes, DropReason, OpenStreamError};
+use futures::{AsyncReadExt, AsyncWriteExt, FutureExt, StreamExt};
+use libp2p::swarm::{Swarm, SwarmEvent};
+use libp2p::{Multiaddr, PeerId, StreamProtocol, SwarmBuilder, noise, tcp, yamux};
+use tokio::sync::{mpsc, oneshot};
+
+/// Generous bound of every wait in these tests (never an assertion on time).
+const DEADLINE: Duration = Duration::from_secs(30);
+
+type Cmd = Box<dyn FnOnce(&mut Swarm<Behaviour>) + Send>;
+
+/// A swarm driven by its own task, poked with closures.
+struct Peer {
+    id: PeerId,
+    addr: Multiaddr,
+    control: Control,
+    cmd: mpsc::Sender<Cmd>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Peer {
+    async fn new(config: Config) -> Self {
+        let mut swarm = SwarmBuilder::with_new_identity()
+            .with_tokio()
+            .with_tcp(
+                tcp::Config::default(),
+                noise::Config::new,
+                yamux::Config::default,
+            )
+            .expect("tcp")
+            .with_behaviour(|_| Behaviour::with_config(config))
+            .expect("behaviour")
+            .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(300)))
+            .build();
+        swarm
+            .listen_on("/ip4/127.0.0.1/tcp/0".parse().expect("addr"))
+            .expect("listen");
+        let addr = loop {
+            if let SwarmEvent::NewListenAddr { address, .. } = swarm.select_next_some().await {
+                break address;
+            }
+        };
+        let id = *swarm.local_peer_id();
+        let control = swarm.behaviour().new_control();
+        let (cmd, mut rx) = mpsc::channel::<Cmd>(64);
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = swarm.select_next_some() => {}
+                    c = rx.recv() => match c {
+                        Some(c) => c(&mut swarm),
+                        None => break,
+                    },
+                }
+            }
+        });
+        Self {
+            id,
+            addr,
+            control,
+            cmd,
+            task,
+        }
+    }
+
+    async fn with_swarm<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Swarm<Behaviour>) -> T + Send + 'static,
+    ) -> T {
+        let (tx, rx) = oneshot::channel();
+        self.cmd
+            .send(Box::new(move |s| {
+                let _ = tx.send(f(s));
+            }))
+            .await
+            .expect("peer task alive");
+        rx.await.expect("peer task answered")
+    }
+
+    async fn connections(&self) -> usize {
+        self.with_swarm(|s| s.network_info().connection_counters().num_established() as usize)
+            .await
+    }
+
+    /// Waits (bounded) until `cond` holds for this peer's connection count.
+    async fn wait_connections(&self, what: &str, cond: impl Fn(usize) -> bool) {
+        let until = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let n = self.connections().await;
+            if cond(n) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < until,
+                "{what}: still {n} connections"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+async fn wait_sizes(control: &Control, want: DebugSizes) {
+    let until = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let got = control.debug_sizes();
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "sizes {got:?}, want {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn proto(s: &'static str) -> StreamProtocol {
+    StreamProtocol::new(s)
+}
+
+/// Echoes every stream of `protocol` accepted on `peer`.
+fn serve_echo(peer: &Peer, protocol: &'static str) -> tokio::task::JoinHandle<()> {
+    let mut incoming = peer
+        .control
+        .clone()
+        .accept(proto(protocol))
+        .expect("accept");
+    tokio::spawn(async move {
+        while let Some((_, mut s)) = incoming.next().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let _ = s.read_to_end(&mut buf).await;
+                let _ = s.write_all(&buf).await;
+                let _ = s.close().await;
+            });
+        }
+    })
+}
+
+async fn echo(control: &mut Control, peer: PeerId, protocol: &'static str, msg: &[u8]) -> Vec<u8> {
+    let mut s = tokio::time::timeout(DEADLINE, control.open_stream(peer, proto(protocol)))
+        .await
+        .expect("open within deadline")
+        .expect("open");
+    s.write_all(msg).await.expect("write");
+    s.close().await.expect("half-close");
+    let mut back = Vec::new();
+    tokio::time::timeout(DEADLINE, s.read_to_end(&mut back))
+        .await
+        .expect("read within deadline")
+        .expect("read");
+    back
+}
+
+#[tokio::test]
+async fn open_accept_round_trip_over_an_existing_connection_and_by_dialing() {
+    let a = Peer::new(Config::default()).await;
+    let b = Peer::new(Config::default()).await;
+    let server = serve_echo(&a, "/test/echo/1");
+    let mut control = b.control.clone();
+
+    // Not connected and no address known: the dial fails, the error says so,
+    // and nothing waits behind.
+    let err = control
+        .open_stream(a.id, proto("/test/echo/1"))
+        .await
+        .expect_err("no address to dial");
+    assert!(
+        matches!(&err, OpenStreamError::Io(e) if e.kind() == std::io::ErrorKind::NotConnected),
+        "{err}"
+    );
+    assert_eq!(control.debug_sizes().pending_dials, 0);
+
+    // A request made while the swarm is dialing the peer waits for that
+    // connection (its own dial is refused as "already dialing") and is
+    // served on it.
+    let (id, addr) = (a.id, a.addr.clone());
+    b.with_swarm(move |s| {
+        s.dial(
+            libp2p::swarm::dial_opts::DialOpts::peer_id(id)
+                .addresses(vec![addr])
+                .build(),
+        )
+    })
+    .await
+    .expect("dial");
+    assert_eq!(
+        echo(&mut control, a.id, "/test/echo/1", b"hello").await,
+        b"hello"
+    );
+    assert_eq!(b.connections().await, 1);
+    // Over the existing connection.
+    assert_eq!(
+        echo(&mut control, a.id, "/test/echo/1", b"again").await,
+        b"again"
+    );
+    assert_eq!(b.connections().await, 1);
+    let sizes = control.debug_sizes();
+    assert_eq!(
+        (sizes.connections, sizes.peers, sizes.pending_dials),
+        (1, 1, 0)
+    );
+    server.abort();
+}
+
+#[tokio::test]
+async fn unsupported_protocol_is_a_typed_error() {
+    let a = Peer::new(Config::default()).await;
+    let b = Peer::new(Config::default()).await;
+    let _server = serve_echo(&a, "/test/echo/1");
+    let (id, addr) = (a.id, a.addr.clone());
+    b.with_swarm(move |s| s.dial(addr.clone()).map(|_| id))
+        .await
+        .expect("dial");
+    b.wait_connections("connect", |n| n == 1).await;
+    let err = tokio::time::timeout(
+        DEADLINE,
+        b.control.clone().open_stream(a.id, proto("/test/nope/1")),
+    )
+    .await
+    .expect("answer within deadline")
+    .expect_err("a does not accept /test/nope/1");
+    assert!(
+        matches!(&err, OpenStreamError::UnsupportedProtocol(p) if p.as_ref() == "/test/nope/1"),
+        "{err}"
+    );
+    // The connection still serves the supported protocol.
+    let mut control = b.control.clone();
+    assert_eq!(echo(&mut control, a.id, "/test/echo/1", b"ok").await, b"ok");
+}
+
+#[tokio::test]
+async fn every_map_is_empty_after_200_connections_close() {
+    let a = Peer::new(Config::default()).await;
+    let b = Peer::new(Config::default()).await;
+    let server = serve_echo(&a, "/test/echo/1");
+    let mut control = b.control.clone();
+    const ROUNDS: usize = 10;
+    const PER_ROUND: usize = 20;
+    for round in 0..ROUNDS {
+        for _ in 0..PER_ROUND {
+            let addr = a.addr.clone();
+            b.with_swarm(move |s| s.dial(addr)).await.expect("dial");
+        }
+        b.wait_connections("connect", |n| n == PER_ROUND).await;
+        a.wait_connections("accept", |n| n == PER_ROUND).await;
+        // Both sides track every live connection (so the test can fail).
+        assert_eq!(control.debug_sizes().connections, PER_ROUND);
+        assert_eq!(a.control.debug_sizes().connections, PER_ROUND);
+        let msg = format!("round {round}");
+        assert_eq!(
+            echo(&mut control, a.id, "/test/echo/1", msg.as_bytes()).await,
+            msg.as_bytes()
+        );
+        let id = a.id;
+        b.with_swarm(move |s| s.disconnect_peer_id(id))
+            .await
+            .expect("disconnect");
+        b.wait_connections("close", |n| n == 0).await;
+        a.wait_connections("close", |n| n == 0).await;
+    }
+    let empty = DebugSizes::default();
+    wait_sizes(&control, empty).await;
+    // `a` still accepts the echo protocol: that registration is all it holds.
+    wait_sizes(
+        &a.control,
+        DebugSizes {
+            protocols: 1,
+            ..empty
+        },
+    )
+    .await;
+    server.abort();
+    let _ = server.await;
+    wait_sizes(&a.control, empty).await;
+}
+
+#[tokio::test]
+async fn inbound_streams_beyond_the_queue_are_dropped_and_counted() {
+    let a = Peer::new(Config {
+        inbound_queue_per_protocol: 2,
+    })
+    .await;
+    let b = Peer::new(Config::default()).await;
+    let p = proto("/test/slow/1");
+    let registry = a
+        .with_swarm(|s| {
+            let mut registry = prometheus_client::registry::Registry::default();
+            s.behaviour().register_metrics(&mut registry);
+            registry
+        })
+        .await;
+    // Registered but not drained.
+    let mut incoming = a.control.clone().accept(p.clone()).expect("accept");
+    assert_eq!(a.control.dropped_inbound(&p, DropReason::QueueFull), 0);
+    let addr = a.addr.clone();
+    b.with_swarm(move |s| s.dial(addr)).await.expect("dial");
+    b.wait_connections("connect", |n| n == 1).await;
+    let mut open = Vec::new();
+    for _ in 0..5 {
+        let mut s = tokio::time::timeout(DEADLINE, b.control.clone().open_stream(a.id, p.clone()))
+            .await
+            .expect("open within deadline")
+            .expect("open");
+        // Writing makes sure the listener side completes its negotiation.
+        // (A stream the listener dropped is reset, so errors are expected.)
+        let _ = s.write_all(b"x").await;
+        let _ = s.flush().await;
+        open.push(s);
+    }
+    let until = tokio::time::Instant::now() + DEADLINE;
+    while a.control.dropped_inbound(&p, DropReason::QueueFull) < 3 {
+        assert!(tokio::time::Instant::now() < until, "drops not counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(a.control.dropped_inbound(&p, DropReason::QueueFull), 3);
+    // Exactly the bound waited for the accept loop.
+    for _ in 0..2 {
+        let (peer, _) = incoming
+            .next()
+            .now_or_never()
+            .flatten()
+            .expect("queued stream");
+        assert_eq!(peer, b.id);
+    }
+    assert!(
+        incoming.next().now_or_never().is_none(),
+        "nothing beyond the bound"
+    );
+    assert_eq!(a.control.dropped_inbound(&p, DropReason::NotAccepted), 0);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    for line in [
+        "agentmesh_streams_inbound_dropped_total{protocol=\"/test/slow/1\",reason=\"queue_full\"} 3",
+        "agentmesh_streams_inbound_dropped_total{protocol=\"/test/slow/1\",reason=\"not_accepted\"} 0",
+    ] {
+        assert!(text.contains(line), "{line} missing from:\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn dropping_incoming_streams_unregisters_the_protocol() {
+    let a = Peer::new(Config::default()).await;
+    let b = Peer::new(Config::default()).await;
+    let p = proto("/test/gone/1");
+    let mut ctl = a.control.clone();
+    let first = ctl.accept(p.clone()).expect("accept");
+    assert!(
+        ctl.accept(p.clone()).is_err(),
+        "second registration refused"
+    );
+    assert_eq!(a.control.debug_sizes().protocols, 1);
+    drop(first);
+    assert_eq!(a.control.debug_sizes().protocols, 0);
+
+    let addr = a.addr.clone();
+    b.with_swarm(move |s| s.dial(addr)).await.expect("dial");
+    b.wait_connections("connect", |n| n == 1).await;
+    let err = tokio::time::timeout(DEADLINE, b.control.clone().open_stream(a.id, p.clone()))
+        .await
+        .expect("answer within deadline")
+        .expect_err("no longer accepted");
+    assert!(
+        matches!(err, OpenStreamError::UnsupportedProtocol(_)),
+        "{err}"
+    );
+
+    // Registering again works and serves.
+    let _again = ctl.accept(p.clone()).expect("accept again");
+    let s = tokio::time::timeout(DEADLINE, b.control.clone().open_stream(a.id, p))
+        .await
+        .expect("answer within deadline");
+    assert!(s.is_ok(), "accepted again: {:?}", s.err());
+}
