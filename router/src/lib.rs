@@ -251,9 +251,10 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         resources,
     );
     let peer_id = shared.peer_id;
-    let registry = Arc::new(registry);
 
     let mut swarm = swarm::build(&shared)?;
+    swarm.behaviour().stream.register_metrics(&mut registry);
+    let registry = Arc::new(registry);
     let mut control = swarm.behaviour().stream.new_control();
     let auth_in = control
         .accept(StreamProtocol::new(agentmesh_proto::protocols::AUTH))

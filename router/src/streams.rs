@@ -1,13 +1,13 @@
-//! The accept loop shared by our own protocols: drain a `libp2p_stream`
+//! The accept loop shared by our own protocols: drain an `agentmesh_streams`
 //! listener without ever waiting, serve each stream in its own task, and
 //! drop (and count) streams beyond a bound.
 
 use std::future::Future;
 use std::sync::Arc;
 
+use agentmesh_streams::IncomingStreams;
 use futures::StreamExt;
 use libp2p::{PeerId, Stream};
-use libp2p_stream::IncomingStreams;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;

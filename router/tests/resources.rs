@@ -56,12 +56,12 @@ fn listen_addr(r: &Router, quic: bool) -> Multiaddr {
         .expect("listen address")
 }
 
-type Cmd = Box<dyn FnOnce(&mut Swarm<libp2p_stream::Behaviour>) + Send>;
+type Cmd = Box<dyn FnOnce(&mut Swarm<agentmesh_streams::Behaviour>) + Send>;
 
 /// A raw peer (TCP + QUIC, streams) driven from the test.
 struct Peer {
     key: Keypair,
-    control: libp2p_stream::Control,
+    control: agentmesh_streams::Control,
     cmd: mpsc::Sender<Cmd>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -84,7 +84,7 @@ impl Peer {
             )
             .expect("tcp")
             .with_quic()
-            .with_behaviour(|_| libp2p_stream::Behaviour::new())
+            .with_behaviour(|_| agentmesh_streams::Behaviour::new())
             .expect("behaviour")
             .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(300)))
             .build();
@@ -119,7 +119,7 @@ impl Peer {
 
     async fn with_swarm<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Swarm<libp2p_stream::Behaviour>) -> T + Send + 'static,
+        f: impl FnOnce(&mut Swarm<agentmesh_streams::Behaviour>) -> T + Send + 'static,
     ) -> T {
         let (tx, rx) = oneshot::channel();
         self.cmd
@@ -225,10 +225,10 @@ async fn a_stream_flood_on_one_protocol_is_refused_for_that_peer_only() {
     let other = admitted_peer(&cp, &r, &token, false).await;
 
     // The flooder opens catalog streams and holds them. The router's catalog
-    // accept loop may drop a stream it cannot take at once (libp2p-stream's
-    // one-slot queue), which frees budget, so flood until refusals show;
-    // every refusal the flooder sees is counted, and the live count never
-    // exceeds the budget.
+    // accept loop may drop a stream it cannot take at once (the stream
+    // behaviour's bounded per-protocol queue), which frees budget, so flood
+    // until refusals show; every refusal the flooder sees is counted, and the
+    // live count never exceeds the budget.
     let live = "agentmesh_router_streams{protocol=\"catalog\",direction=\"inbound\"}";
     let mut held = Vec::new();
     let mut refused = 0u32;

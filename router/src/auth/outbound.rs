@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use agentmesh_proto::pb::mesh::{AuthRefusal, AuthRequest, Purpose, auth_response};
+use agentmesh_streams::{Control, OpenStreamError};
 use futures::AsyncWriteExt;
 use libp2p::{PeerId, StreamProtocol};
-use libp2p_stream::{Control, OpenStreamError};
 
 use super::wire;
 use crate::frames::WireError;

@@ -39,7 +39,7 @@ const FRAME_SLACK_BYTES: usize = 1024;
 pub(crate) struct CatalogCtx {
     pub(crate) shared: Arc<Shared>,
     pub(crate) commands: mpsc::Sender<Command>,
-    pub(crate) control: libp2p_stream::Control,
+    pub(crate) control: agentmesh_streams::Control,
 }
 
 /// Serves one catalog stream from `peer`.
@@ -218,7 +218,7 @@ async fn providers(ctx: &CatalogCtx, service: &str, t: Duration) -> Vec<PeerId> 
 }
 
 async fn ask_router(
-    mut control: libp2p_stream::Control,
+    mut control: agentmesh_streams::Control,
     router: PeerId,
     service: String,
     limit: usize,

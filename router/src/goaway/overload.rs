@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentmesh_streams::Control;
 use libp2p::PeerId;
-use libp2p_stream::Control;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 

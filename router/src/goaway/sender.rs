@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use agentmesh_proto::pb::mesh::{GoAway, GoAwayAck};
 use agentmesh_proto::protocols::{GOAWAY, MAX_FRAME_BYTES};
+use agentmesh_streams::{Control, OpenStreamError};
 use futures::{AsyncWriteExt as _, StreamExt as _};
 use libp2p::{PeerId, StreamProtocol};
-use libp2p_stream::{Control, OpenStreamError};
 
 use super::{Reason, count};
 use crate::frames;

@@ -35,7 +35,7 @@ enum OutAuth {
 /// Mesh state kept by the swarm loop.
 pub(crate) struct Mesh {
     shared: Arc<Shared>,
-    control: libp2p_stream::Control,
+    control: agentmesh_streams::Control,
     last_dial: HashMap<PeerId, Instant>,
     out_auth: Arc<Mutex<HashMap<PeerId, OutAuth>>>,
     auth_tasks: JoinSet<()>,
@@ -45,7 +45,7 @@ pub(crate) struct Mesh {
 
 impl Mesh {
     /// Empty mesh state.
-    pub(crate) fn new(shared: Arc<Shared>, control: libp2p_stream::Control) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, control: agentmesh_streams::Control) -> Self {
         Self {
             shared,
             control,

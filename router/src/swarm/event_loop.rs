@@ -66,7 +66,7 @@ impl EventLoop {
         shared: Arc<Shared>,
         commands: mpsc::Receiver<Command>,
         p2p_metrics: libp2p::metrics::Metrics,
-        control: libp2p_stream::Control,
+        control: agentmesh_streams::Control,
         listeners: HashMap<libp2p::core::transport::ListenerId, Multiaddr>,
     ) -> Self {
         Self {

@@ -53,7 +53,7 @@ pub(crate) struct Behaviour {
     /// other behaviour sees the connection.
     pub(crate) pending: crate::resources::pending::PendingLimits,
     pub(crate) relay: relay::Behaviour,
-    pub(crate) stream: libp2p_stream::Behaviour,
+    pub(crate) stream: agentmesh_streams::Behaviour,
     pub(crate) kad: RouterOnly<kad::Behaviour<MemoryStore>>,
     pub(crate) identify: identify::Behaviour,
     pub(crate) ping: ping::Behaviour,
@@ -102,7 +102,7 @@ pub(crate) fn build(shared: &Arc<Shared>) -> Result<Swarm<Behaviour>, BuildError
             Behaviour {
                 pending,
                 relay: relay::Behaviour::new(peer_id, relay_config),
-                stream: libp2p_stream::Behaviour::new(),
+                stream: agentmesh_streams::Behaviour::new(),
                 kad: RouterOnly::new(kad, router_set),
                 identify: identify::Behaviour::new(identify::Config::new(
                     IDENTIFY_PROTOCOL.to_string(),
