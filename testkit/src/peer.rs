@@ -30,7 +30,7 @@ use crate::{Cp, DEADLINE, TestRouter};
 #[behaviour(prelude = "libp2p::swarm::derive_prelude")]
 pub struct PeerBehaviour {
     relay: relay::client::Behaviour,
-    stream: libp2p_stream::Behaviour,
+    stream: agentmesh_streams::Behaviour,
 }
 
 /// What the test peer's swarm reported.
@@ -67,7 +67,7 @@ pub struct TestPeer {
     pub key: Keypair,
     /// Its peer id.
     pub peer_id: PeerId,
-    control: libp2p_stream::Control,
+    control: agentmesh_streams::Control,
     cmd: mpsc::Sender<Cmd>,
     events: mpsc::Receiver<Ev>,
     task: tokio::task::JoinHandle<()>,
@@ -108,7 +108,7 @@ impl TestPeer {
             .expect("relay client")
             .with_behaviour(|_, relay| PeerBehaviour {
                 relay,
-                stream: libp2p_stream::Behaviour::new(),
+                stream: agentmesh_streams::Behaviour::new(),
             })
             .expect("behaviour")
             .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(300)))
