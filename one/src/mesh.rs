@@ -154,6 +154,9 @@ pub async fn spawn(config: Config) -> Result<OneHandle, SpawnError> {
                 }
             })?],
             metrics_addr: Some(SocketAddr::from(([127, 0, 0, 1], metrics_port))),
+            // Process-wide gauges (runtime stalls, jemalloc's totals) once,
+            // on the first router's /metrics: every router here shares them.
+            runtime_watchdog: index == 0,
             ..router::Config::default()
         };
         let handle = router::spawn(rc).await.map_err(|e| SpawnError::Router {

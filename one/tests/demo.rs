@@ -4,7 +4,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::process::Command;
 
 /// Generous: a cold, loaded CI machine starts the mesh slowly.
@@ -56,10 +56,17 @@ async fn demo_members_call_each_other_through_the_mesh() {
     let stdout = child.stdout.take().expect("stdout");
     let stderr = child.stderr.take().expect("stderr");
     // The banner names the token file and the join command.
+    let (metrics_tx, metrics_rx) = tokio::sync::oneshot::channel();
     let banner = tokio::spawn(async move {
         let mut lines = BufReader::new(stdout).lines();
         let mut seen = Vec::new();
+        let mut metrics_tx = Some(metrics_tx);
         while let Ok(Some(l)) = lines.next_line().await {
+            if let Some(addr) = router0_metrics(&l)
+                && let Some(tx) = metrics_tx.take()
+            {
+                let _ = tx.send(addr);
+            }
             seen.push(l);
         }
         seen
@@ -88,6 +95,19 @@ async fn demo_members_call_each_other_through_the_mesh() {
     assert!(ok >= WANTED_CALLS);
     // Failures may happen while members join; they must stay a small minority.
     assert!(failed * 10 <= ok, "calls failed {failed} vs ok {ok}");
+
+    // The process-wide gauges (jemalloc's totals) are on router 0's /metrics.
+    let metrics_addr = tokio::time::timeout(DEADLINE, metrics_rx)
+        .await
+        .expect("banner names router 0's metrics within the deadline")
+        .expect("banner task alive");
+    let body = http_get(&metrics_addr, "/metrics").await;
+    let resident = body
+        .lines()
+        .find_map(|l| l.strip_prefix("agentmesh_runtime_allocator_resident_bytes "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no allocator gauge on router 0's /metrics"));
+    assert!(resident > 0.0, "resident bytes {resident}");
 
     // Ctrl-C stops it cleanly.
     let pid = child.id().expect("pid") as i32;
@@ -118,6 +138,51 @@ async fn demo_members_call_each_other_through_the_mesh() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600, "token file is private");
+}
+
+/// `host:port` of router 0's metrics from its banner line
+/// (`router 0       <peer> <addrs> metrics http://host:port/metrics`).
+fn router0_metrics(line: &str) -> Option<String> {
+    let rest = line.strip_prefix("router 0 ")?;
+    let url = rest.split(" metrics http://").nth(1)?;
+    Some(url.strip_suffix("/metrics")?.to_string())
+}
+
+/// A plain HTTP/1.0 GET with a deadline; returns the body.
+async fn http_get(addr: &str, path: &str) -> String {
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await
+            .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("read");
+        out
+    };
+    let resp = tokio::time::timeout(DEADLINE, fetch)
+        .await
+        .expect("GET within the deadline");
+    assert!(
+        resp.starts_with("HTTP/1.0 200") || resp.starts_with("HTTP/1.1 200"),
+        "{resp}"
+    );
+    resp.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn banner_names_router0_metrics() {
+    assert_eq!(
+        router0_metrics(
+            "router 0       12D3Koo /ip4/127.0.0.1/tcp/1 metrics http://127.0.0.1:7420/metrics"
+        ),
+        Some("127.0.0.1:7420".into())
+    );
+    assert_eq!(
+        router0_metrics("router 1       x y metrics http://127.0.0.1:7421/metrics"),
+        None
+    );
 }
 
 #[test]
