@@ -1,7 +1,7 @@
 //! The node's libp2p swarm: a dial-only TCP transport (optionally bound to a
 //! source IP) plus the relay-client transport, noise and yamux on both, and
 //! QUIC as a fallback (dial only, from the source IP too: see [`quic`]);
-//! the relay client, `libp2p-stream` (our protocols) and ping as behaviours.
+//! the relay client, `agentmesh-streams` (our protocols) and ping as behaviours.
 //!
 //! A member never listens on TCP: everything reaches it through a relayed
 //! circuit on one of its routers, so the TCP side only dials.
@@ -31,7 +31,7 @@ mod quic;
 #[behaviour(prelude = "libp2p::swarm::derive_prelude")]
 pub(crate) struct Behaviour {
     pub(crate) relay: relay::client::Behaviour,
-    pub(crate) stream: libp2p_stream::Behaviour,
+    pub(crate) stream: agentmesh_streams::Behaviour,
     pub(crate) ping: ping::Behaviour,
 }
 
@@ -108,7 +108,7 @@ pub(crate) async fn build_swarm(
     .await??;
     let behaviour = Behaviour {
         relay: relay_client,
-        stream: libp2p_stream::Behaviour::new(),
+        stream: agentmesh_streams::Behaviour::new(),
         ping: ping::Behaviour::new(ping::Config::new()),
     };
     let config = libp2p::swarm::Config::with_tokio_executor().with_idle_connection_timeout(idle);

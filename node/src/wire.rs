@@ -11,9 +11,9 @@ use agentmesh_proto::pb::mesh::{
     CatalogResponse, GoAway, Purpose, auth_response,
 };
 use agentmesh_proto::protocols::{AUTH, CALL, CATALOG, MAX_CATALOG_FRAME_BYTES, MAX_FRAME_BYTES};
+use agentmesh_streams::Control;
 use futures::AsyncWriteExt as _;
 use libp2p::{PeerId, Stream, StreamProtocol};
-use libp2p_stream::Control;
 
 /// Why an exchange failed (not a refusal: those are answers).
 #[derive(Debug, thiserror::Error)]
@@ -108,7 +108,7 @@ async fn open(
         .open_stream(peer, StreamProtocol::new(protocol))
         .await
         .map_err(|e| match e {
-            libp2p_stream::OpenStreamError::Io(e) => WireError::Connection {
+            agentmesh_streams::OpenStreamError::Io(e) => WireError::Connection {
                 protocol,
                 peer,
                 detail: e.to_string(),

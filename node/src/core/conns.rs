@@ -1,9 +1,9 @@
 //! Our connections per peer, and for a relayed one the router it goes
 //! through. A call retrying on a fresh route uses this to close relayed
 //! connections to a provider through routers it no longer lists (or whose
-//! route just failed) and to wait until they are gone: `libp2p-stream`
-//! opens a stream on any connection to the peer, so a dying one left in
-//! place could take the retry down with it. The core also closes relayed
+//! route just failed) and to wait until they are gone: `agentmesh-streams`
+//! opens a stream on the peer's newest connection, which may be a dying
+//! one, so leaving it in place could take the retry down with it. The core also closes relayed
 //! connections to peers without calls for `--relayed-idle-secs`
 //! ([`Conns::relayed`]).
 

@@ -105,7 +105,7 @@ pub(crate) struct Core {
     records_dirty: bool,
     last_publish: Option<Instant>,
     withdraws_pending: usize,
-    goaways: libp2p_stream::IncomingStreams,
+    goaways: agentmesh_streams::IncomingStreams,
     goaways_pending: usize,
     warned_no_router: bool,
     publish_retry_at: Option<Instant>,
@@ -128,7 +128,7 @@ impl Core {
         shared: Arc<Shared>,
         swarm: Swarm<Behaviour>,
         cmd_rx: mpsc::Receiver<Command>,
-        goaways: libp2p_stream::IncomingStreams,
+        goaways: agentmesh_streams::IncomingStreams,
     ) -> Self {
         let now = Instant::now();
         let mut core = Self {
