@@ -98,7 +98,8 @@ pub struct FleetConfig {
     /// Deadline for one step (every joiner ready and called, or exited), seconds.
     #[arg(long, default_value_t = DEFAULT_STEP_DEADLINE_SECS)]
     pub step_deadline_secs: u64,
-    /// Timeout of one echo call, seconds.
+    /// Members' call timeout (node `--call-timeout-secs`), seconds: also the wait for an
+    /// accepted call's echo; `call()` itself gets connect + call timeout + a 2 s grace.
     #[arg(long, default_value_t = DEFAULT_CALL_TIMEOUT_SECS)]
     pub call_timeout_secs: u64,
     /// Time budget of a member's first call, retries included, seconds.
@@ -225,7 +226,8 @@ pub struct WorkerConfig {
     /// Number of 127.0.0.x source addresses (0 = let the kernel choose).
     #[arg(long, default_value_t = DEFAULT_SOURCE_IPS)]
     pub source_ips: u8,
-    /// Timeout of one echo call, seconds.
+    /// Members' call timeout (node `--call-timeout-secs`), seconds: also the wait for an
+    /// accepted call's echo; `call()` itself gets connect + call timeout + a 2 s grace.
     #[arg(long, default_value_t = DEFAULT_CALL_TIMEOUT_SECS)]
     pub call_timeout_secs: u64,
     /// Time budget of a member's first call, seconds.

@@ -1,12 +1,14 @@
 //! One member of the fleet: the real node (`agentmesh_node::spawn`), with its
 //! own identity, swarm and credential. The only file that touches the node's API.
 
+use std::future::Future;
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use rand::RngCore;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{RwLock, watch};
 
 /// Service name the providers expose.
@@ -35,6 +37,101 @@ pub struct MemberSpec {
     pub call_timeout: Duration,
 }
 
+/// Time the node's own `call()` may take past its budget before the ladder
+/// calls it stuck: the node ends its attempts by its deadline, then returns.
+const CALL_RETURN_GRACE: Duration = Duration::from_secs(2);
+
+/// How long the ladder waits for each phase of one echo call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallDeadlines {
+    /// For `call()` to return: the node's budget (connect + call timeout,
+    /// one retry on a fresh route included) plus [`CALL_RETURN_GRACE`], so a
+    /// node that gives up in time reports its own error, not ours.
+    pub call: Duration,
+    /// For the echo once the call was accepted (the node's call timeout).
+    pub echo: Duration,
+}
+
+impl CallDeadlines {
+    /// The deadlines that match a node started with `config`.
+    pub fn of(config: &agentmesh_node::Config) -> Self {
+        let connect = Duration::from_secs(config.connect_timeout_secs.max(1));
+        let call = Duration::from_secs(config.call_timeout_secs.max(1));
+        Self {
+            call: connect + call + CALL_RETURN_GRACE,
+            echo: call,
+        }
+    }
+}
+
+/// Why one echo call failed, by phase: the reasons the report counts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallFailure {
+    /// The member was already shut down.
+    #[error("member shut down")]
+    ShutDown,
+    /// `call()` returned an error; carries the node's kind of error
+    /// (`CallError::result_label`: not_ready, lookup_failed, no_providers,
+    /// refused, timeout, connect_failed, shutting_down).
+    #[error("call: {0}")]
+    Call(&'static str),
+    /// `call()` had not returned by the deadline (still looking up,
+    /// connecting or retrying).
+    #[error("call did not return within {0:?}")]
+    CallNotReturned(Duration),
+    /// The call was accepted (stream open) but the echo did not come back in time.
+    #[error("echo not returned within {0:?}")]
+    EchoNotReturned(Duration),
+    /// An I/O error on the open stream (`op` is write, flush or read).
+    #[error("stream {op}: {kind}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The error's kind (kept coarse so reasons group).
+        kind: io::ErrorKind,
+    },
+    /// The echo came back with different bytes.
+    #[error("echo came back different")]
+    Mismatch,
+}
+
+/// One echo over the stream `call` yields, each phase under its deadline.
+/// Generic over the stream so the classification is tested on real streams.
+pub async fn echo_over<S>(
+    call: impl Future<Output = Result<S, agentmesh_node::CallError>>,
+    deadlines: CallDeadlines,
+) -> Result<(), CallFailure>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut stream = match tokio::time::timeout(deadlines.call, call).await {
+        Err(_) => return Err(CallFailure::CallNotReturned(deadlines.call)),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "echo call failed");
+            return Err(CallFailure::Call(e.result_label()));
+        }
+        Ok(Ok(s)) => s,
+    };
+    let io = |op| move |e: io::Error| CallFailure::Io { op, kind: e.kind() };
+    let echo = async {
+        let mut payload = [0u8; ECHO_PAYLOAD_BYTES];
+        rand::thread_rng().fill_bytes(&mut payload);
+        stream.write_all(&payload).await.map_err(io("write"))?;
+        stream.flush().await.map_err(io("flush"))?;
+        let mut back = [0u8; ECHO_PAYLOAD_BYTES];
+        stream.read_exact(&mut back).await.map_err(io("read"))?;
+        if back != payload {
+            return Err(CallFailure::Mismatch);
+        }
+        let _ = stream.shutdown().await;
+        Ok(())
+    };
+    match tokio::time::timeout(deadlines.echo, echo).await {
+        Ok(r) => r,
+        Err(_) => Err(CallFailure::EchoNotReturned(deadlines.echo)),
+    }
+}
+
 /// What the ladder reads of a member's state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct View {
@@ -54,6 +151,7 @@ pub struct Member {
     handle: RwLock<Option<agentmesh_node::NodeHandle>>,
     status: watch::Receiver<agentmesh_node::NodeStatus>,
     socket: Option<PathBuf>,
+    deadlines: CallDeadlines,
 }
 
 impl Member {
@@ -75,6 +173,7 @@ impl Member {
             call_timeout_secs: spec.call_timeout.as_secs().max(1),
             ..agentmesh_node::Config::default()
         };
+        let deadlines = CallDeadlines::of(&config);
         let handle = agentmesh_node::spawn(config, None)
             .await
             .map_err(|e| e.to_string())?;
@@ -82,6 +181,7 @@ impl Member {
             status: handle.status(),
             handle: RwLock::new(Some(handle)),
             socket: spec.socket.then_some(socket),
+            deadlines,
         })
     }
 
@@ -97,38 +197,18 @@ impl Member {
         }
     }
 
-    /// One echo call through the mesh: random bytes out, the same bytes back.
-    pub async fn call_echo(&self, timeout: Duration) -> Result<(), String> {
-        let fut = async {
-            let guard = self.handle.read().await;
-            let handle = guard
-                .as_ref()
-                .ok_or_else(|| "member shut down".to_string())?;
-            let mut stream = handle.call(ECHO).await.map_err(|e| format!("call: {e}"))?;
-            let mut payload = [0u8; ECHO_PAYLOAD_BYTES];
-            rand::thread_rng().fill_bytes(&mut payload);
-            stream
-                .write_all(&payload)
-                .await
-                .map_err(|e| format!("write: {e}"))?;
-            stream.flush().await.map_err(|e| format!("flush: {e}"))?;
-            let mut back = [0u8; ECHO_PAYLOAD_BYTES];
-            stream
-                .read_exact(&mut back)
-                .await
-                .map_err(|e| format!("read: {e}"))?;
-            if back != payload {
-                return Err("echo came back different".to_string());
-            }
-            let _ = stream.shutdown().await;
-            Ok(())
-        };
-        match tokio::time::timeout(timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("no echo within {timeout:?}")),
-        }
+    /// How long this member's calls may take, as the ladder waits for them.
+    pub fn deadlines(&self) -> CallDeadlines {
+        self.deadlines
     }
 
+    /// One echo call through the mesh: random bytes out, the same bytes back.
+    /// A failure says which phase failed (see [`CallFailure`]).
+    pub async fn call_echo(&self) -> Result<(), CallFailure> {
+        let guard = self.handle.read().await;
+        let handle = guard.as_ref().ok_or(CallFailure::ShutDown)?;
+        echo_over(handle.call(ECHO), self.deadlines).await
+    }
     /// Stops the node (withdraws records, closes connections).
     pub async fn shutdown(&self) {
         let handle = self.handle.write().await.take();
@@ -159,5 +239,137 @@ impl Watch {
     /// Waits for a change; `Err` when the node has ended.
     pub async fn changed(&mut self) -> Result<(), ()> {
         self.status.changed().await.map_err(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentmesh_node::CallError;
+    use tokio::io::DuplexStream;
+
+    /// Short deadlines: the waits below end on them, nothing asserts their length.
+    const SHORT: CallDeadlines = CallDeadlines {
+        call: Duration::from_millis(200),
+        echo: Duration::from_millis(200),
+    };
+
+    /// A stream pair: ours goes to `echo_over`, the far end to `peer`.
+    fn pair() -> (DuplexStream, DuplexStream) {
+        tokio::io::duplex(1024)
+    }
+
+    async fn ready(s: DuplexStream) -> Result<DuplexStream, CallError> {
+        Ok(s)
+    }
+
+    #[test]
+    fn deadlines_cover_the_nodes_call_budget() {
+        let config = agentmesh_node::Config::default();
+        let d = CallDeadlines::of(&config);
+        let budget = Duration::from_secs(config.connect_timeout_secs + config.call_timeout_secs);
+        assert!(d.call >= budget, "{d:?} < {budget:?}");
+        assert_eq!(d.echo, Duration::from_secs(config.call_timeout_secs));
+    }
+
+    #[tokio::test]
+    async fn call_errors_are_reported_by_kind() {
+        let none = echo_over(
+            async { Err::<DuplexStream, _>(CallError::NoProviders(ECHO.into())) },
+            SHORT,
+        )
+        .await;
+        assert_eq!(none, Err(CallFailure::Call("no_providers")));
+        let timed_out = echo_over(
+            async {
+                Err::<DuplexStream, _>(CallError::Failed {
+                    service: ECHO.into(),
+                    attempts: 2,
+                    last: "deadline".into(),
+                    refused: false,
+                    timed_out: true,
+                })
+            },
+            SHORT,
+        )
+        .await
+        .expect_err("failed call");
+        assert_eq!(timed_out.to_string(), "call: timeout");
+    }
+
+    #[tokio::test]
+    async fn a_call_that_never_returns_is_not_an_echo_timeout() {
+        let r = echo_over(
+            std::future::pending::<Result<DuplexStream, CallError>>(),
+            SHORT,
+        )
+        .await;
+        assert_eq!(r, Err(CallFailure::CallNotReturned(SHORT.call)));
+        assert!(
+            r.expect_err("failed")
+                .to_string()
+                .starts_with("call did not return within")
+        );
+    }
+
+    #[tokio::test]
+    async fn an_accepted_call_whose_echo_never_comes_is_an_echo_timeout() {
+        let (ours, _peer_stays_open_and_silent) = pair();
+        let r = echo_over(ready(ours), SHORT).await;
+        assert_eq!(r, Err(CallFailure::EchoNotReturned(SHORT.echo)));
+        assert!(
+            r.expect_err("failed")
+                .to_string()
+                .starts_with("echo not returned within")
+        );
+    }
+
+    #[tokio::test]
+    async fn stream_errors_name_the_operation_and_kind() {
+        let (ours, mut peer) = pair();
+        let far = tokio::spawn(async move {
+            let mut got = [0u8; ECHO_PAYLOAD_BYTES];
+            peer.read_exact(&mut got).await.expect("peer reads");
+            // Closes without answering.
+        });
+        let r = echo_over(ready(ours), SHORT).await;
+        far.await.expect("peer task");
+        assert_eq!(
+            r,
+            Err(CallFailure::Io {
+                op: "read",
+                kind: io::ErrorKind::UnexpectedEof
+            })
+        );
+        assert!(
+            r.expect_err("failed")
+                .to_string()
+                .starts_with("stream read: ")
+        );
+    }
+
+    #[tokio::test]
+    async fn echo_round_trip_and_mismatch() {
+        let (ours, mut peer) = pair();
+        let far = tokio::spawn(async move {
+            let mut got = [0u8; ECHO_PAYLOAD_BYTES];
+            peer.read_exact(&mut got).await.expect("peer reads");
+            peer.write_all(&got).await.expect("peer echoes");
+        });
+        assert_eq!(echo_over(ready(ours), SHORT).await, Ok(()));
+        far.await.expect("peer task");
+
+        let (ours, mut peer) = pair();
+        let far = tokio::spawn(async move {
+            let mut got = [0u8; ECHO_PAYLOAD_BYTES];
+            peer.read_exact(&mut got).await.expect("peer reads");
+            got[0] ^= 0xff;
+            peer.write_all(&got).await.expect("peer answers");
+        });
+        assert_eq!(
+            echo_over(ready(ours), SHORT).await,
+            Err(CallFailure::Mismatch)
+        );
+        far.await.expect("peer task");
     }
 }

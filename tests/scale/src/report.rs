@@ -295,6 +295,14 @@ impl Report {
                     j.exits
                 );
             }
+            if !self.first_call_errors.is_empty() {
+                let _ = writeln!(s);
+                let _ = writeln!(
+                    s,
+                    "First-call failures by reason (last attempt): {}.",
+                    joined(&self.first_call_errors)
+                );
+            }
             let _ = writeln!(s);
             let _ = writeln!(
                 s,
@@ -433,6 +441,15 @@ impl Report {
                     }
                 );
             }
+            for (name, e) in events {
+                if let Some(e) = e.as_ref().filter(|e| !e.call_errors.is_empty()) {
+                    let _ = writeln!(
+                        s,
+                        "- {name}: window call failures by reason: {}",
+                        joined(&e.call_errors)
+                    );
+                }
+            }
         }
         if let Some(b) = &self.burst {
             let _ = writeln!(s);
@@ -513,13 +530,32 @@ mod tests {
                 drain_router: Some(EventRecord {
                     at_secs: 10,
                     target: Some("r2".into()),
+                    calls_ok: 40,
+                    calls_failed: 2,
+                    call_errors: [
+                        ("call did not return within 22s".to_string(), 1),
+                        ("echo not returned within 10s".to_string(), 1),
+                    ]
+                    .into(),
                     ..EventRecord::default()
                 }),
                 ..Events::default()
             },
+            first_call_errors: [("call: no_providers".to_string(), 3)].into(),
             ..Report::default()
         };
         let md = report.markdown();
+        assert!(md.contains("| 40/2 |"), "{md}");
+        assert!(
+            md.contains(
+                "- drain router: window call failures by reason: call did not return within 22s=1, echo not returned within 10s=1"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("First-call failures by reason (last attempt): call: no_providers=3."),
+            "{md}"
+        );
         assert!(
             md.contains("| 1 | 0 | 10 | 10 | 9 | 9 | 0.00 | -/- | 400/900 | -/- | 0 |"),
             "{md}"

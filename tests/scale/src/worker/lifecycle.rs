@@ -111,18 +111,17 @@ async fn wait_for(watch: &mut Watch, pred: impl Fn(View) -> bool) -> Result<(), 
 
 async fn first_call(shared: &Shared, slot: &Slot, member: &Member, ready_at: Instant) {
     let budget = Duration::from_secs(shared.cfg.call_budget_secs.max(1));
-    let timeout = Duration::from_secs(shared.cfg.call_timeout_secs.max(1));
     let mut delay = CALL_RETRY_INITIAL;
     let mut attempts = 0u32;
     let (ok, error) = loop {
         attempts += 1;
-        match member.call_echo(timeout).await {
+        match member.call_echo().await {
             Ok(()) => break (true, None),
             Err(e) => {
                 let jitter = rand::thread_rng().gen_range(0..=delay.as_millis() as u64 / 2);
                 let wait = delay + Duration::from_millis(jitter);
                 if ready_at.elapsed() + wait >= budget {
-                    break (false, Some(e));
+                    break (false, Some(e.to_string()));
                 }
                 tracing::debug!(member = slot.index, attempts, error = %e, "first call failed, retrying");
                 tokio::time::sleep(wait).await;

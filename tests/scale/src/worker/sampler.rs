@@ -74,7 +74,6 @@ pub(crate) async fn sample_forever(shared: Arc<Shared>) {
 /// While the current window is active, makes `window_calls_per_sec` echo
 /// calls a second from random ready members.
 pub(crate) async fn window_calls(shared: Arc<Shared>) {
-    let timeout = Duration::from_secs(shared.cfg.call_timeout_secs.max(1));
     let per_tick = shared.cfg.window_calls_per_sec as usize;
     let mut ticker = tokio::time::interval(PERIOD);
     loop {
@@ -96,7 +95,7 @@ pub(crate) async fn window_calls(shared: Arc<Shared>) {
             };
             let shared = shared.clone();
             tokio::spawn(async move {
-                let r = member.call_echo(timeout).await;
+                let r = member.call_echo().await;
                 shared.window_call(r);
             });
         }

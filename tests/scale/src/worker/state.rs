@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::WorkerConfig;
-use crate::member::{Member, View, Watch};
+use crate::member::{CallFailure, Member, View, Watch};
 use crate::wire::{Event, HoldStats, WindowStats};
 
 /// Everything the worker's tasks share.
@@ -149,7 +149,7 @@ impl Shared {
     }
 
     /// Records one window call.
-    pub(crate) fn window_call(&self, result: Result<(), String>) {
+    pub(crate) fn window_call(&self, result: Result<(), CallFailure>) {
         let mut acc = lock(&self.window);
         if !acc.active {
             return;
@@ -158,7 +158,7 @@ impl Shared {
             Ok(()) => acc.calls_ok += 1,
             Err(e) => {
                 acc.calls_failed += 1;
-                let key: String = e.chars().take(MAX_ERROR_CHARS).collect();
+                let key: String = e.to_string().chars().take(MAX_ERROR_CHARS).collect();
                 if acc.call_errors.len() < MAX_ERROR_KINDS || acc.call_errors.contains_key(&key) {
                     *acc.call_errors.entry(key).or_insert(0) += 1;
                 }
