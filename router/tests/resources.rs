@@ -220,6 +220,15 @@ async fn a_stream_flood_on_one_protocol_is_refused_for_that_peer_only() {
             .insert("catalog".to_string(), 4);
     })
     .await;
+    // The stream behaviour's drop counter is on /metrics, its label values
+    // created with the catalog registration so rates read 0.
+    let text = r.handle.metrics_text();
+    for reason in ["queue_full", "not_accepted"] {
+        let series = format!(
+            "agentmesh_streams_inbound_dropped_total{{protocol=\"{CATALOG}\",reason=\"{reason}\"}} 0"
+        );
+        assert!(text.contains(&series), "{series} missing from /metrics");
+    }
     let token = cp.token(Role::Member).await;
     let flooder = admitted_peer(&cp, &r, &token, false).await;
     let other = admitted_peer(&cp, &r, &token, false).await;
