@@ -22,6 +22,10 @@ mod names {
     pub(super) const CONNECTIONS: &str = "agentmesh_router_connections";
     pub(super) const REFUSED: &str = "agentmesh_router_refused_total";
     pub(super) const AUTH: &str = "agentmesh_router_auth_total";
+    pub(super) const ALLOC_ALLOCATED: &str = "agentmesh_runtime_allocator_allocated_bytes";
+    pub(super) const ALLOC_ACTIVE: &str = "agentmesh_runtime_allocator_active_bytes";
+    pub(super) const ALLOC_RESIDENT: &str = "agentmesh_runtime_allocator_resident_bytes";
+    pub(super) const ALLOC_METADATA: &str = "agentmesh_runtime_allocator_metadata_bytes";
     pub(super) const CP_RPC_SECONDS: &str = "agentmesh_control_plane_rpc_duration_seconds";
     pub(super) const CP_RPCS: &str = "agentmesh_control_plane_rpc_total";
     pub(super) const CP_STORAGE_ROWS: &str = "agentmesh_control_plane_storage_rows";
@@ -53,6 +57,38 @@ pub struct RouterSnapshot {
     pub refusals: BTreeMap<String, u64>,
     /// Auth failures so far by `purpose/result` (non-zero, not admitted).
     pub auth_failures: BTreeMap<String, u64>,
+    /// What the router's allocator holds (None each for a binary without the gauges).
+    #[serde(flatten)]
+    pub allocator: AllocatorBytes,
+}
+
+/// A router's jemalloc totals from `agentmesh_runtime_allocator_*_bytes`:
+/// beside RSS they tell memory still allocated (state the router keeps)
+/// from pages the allocator holds but the router no longer uses. Each is
+/// `None` (JSON null) when the router does not serve that gauge.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct AllocatorBytes {
+    /// `agentmesh_runtime_allocator_allocated_bytes`: allocated, not freed.
+    pub allocator_allocated_bytes: Option<u64>,
+    /// `agentmesh_runtime_allocator_active_bytes`: in pages holding allocations.
+    pub allocator_active_bytes: Option<u64>,
+    /// `agentmesh_runtime_allocator_resident_bytes`: resident pages the allocator maps.
+    pub allocator_resident_bytes: Option<u64>,
+    /// `agentmesh_runtime_allocator_metadata_bytes`: the allocator's own metadata.
+    pub allocator_metadata_bytes: Option<u64>,
+}
+
+impl AllocatorBytes {
+    /// Reads the gauges from a parsed `/metrics` page.
+    pub fn from_metrics(m: &Metrics) -> Self {
+        let gauge = |name: &str| m.has(name).then(|| m.sum(name, &[]).max(0.0) as u64);
+        Self {
+            allocator_allocated_bytes: gauge(names::ALLOC_ALLOCATED),
+            allocator_active_bytes: gauge(names::ALLOC_ACTIVE),
+            allocator_resident_bytes: gauge(names::ALLOC_RESIDENT),
+            allocator_metadata_bytes: gauge(names::ALLOC_METADATA),
+        }
+    }
 }
 
 /// Reads one router: `/metrics` at `metrics`, memory and CPU from `pid`.
@@ -70,8 +106,14 @@ pub async fn router(name: &str, metrics: SocketAddr, pid: Option<u32>) -> Router
     if page.status != 200 {
         return s;
     }
-    let m = Metrics::parse(&page.body);
+    read_router_metrics(&mut s, &Metrics::parse(&page.body));
+    s
+}
+
+/// Fills `s` from a router's parsed `/metrics`.
+fn read_router_metrics(s: &mut RouterSnapshot, m: &Metrics) {
     s.up = true;
+    s.allocator = AllocatorBytes::from_metrics(m);
     s.attached = m.sum(names::ATTACHED, &[]) as u64;
     s.transit = m.sum(names::TRANSIT, &[]) as u64;
     s.connections = m.sum(names::CONNECTIONS, &[]) as u64;
@@ -103,7 +145,6 @@ pub async fn router(name: &str, metrics: SocketAddr, pid: Option<u32>) -> Router
                 .or_insert(0) += sample.value as u64;
         }
     }
-    s
 }
 
 /// The control plane at one instant (raw, for differences between two instants).
@@ -186,6 +227,56 @@ pub fn control_plane_between(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A real release router's `/metrics` after a ladder's fleet left.
+    const ROUTER_PAGE: &str = include_str!("../testdata/router-after-ladder.metrics");
+
+    #[test]
+    fn router_snapshot_reads_allocator_gauges_or_null() {
+        let mut s = RouterSnapshot::default();
+        read_router_metrics(&mut s, &Metrics::parse(ROUTER_PAGE));
+        assert!(s.up);
+        assert_eq!(s.attached, 0);
+        assert_eq!(s.auth_failures.len(), 0, "{:?}", s.auth_failures);
+        assert_eq!(
+            s.refusals.get("circuit/peer/relay_stop"),
+            Some(&10675),
+            "{:?}",
+            s.refusals
+        );
+        assert_eq!(
+            s.allocator,
+            AllocatorBytes {
+                allocator_allocated_bytes: Some(6_963_312),
+                allocator_active_bytes: Some(11_993_088),
+                allocator_resident_bytes: Some(16_478_208),
+                allocator_metadata_bytes: Some(4_093_504),
+            }
+        );
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(json["allocator_resident_bytes"], 16_478_208);
+
+        // An older router without the gauges: the snapshot still reads, values null.
+        let old: String = ROUTER_PAGE
+            .lines()
+            .filter(|l| !l.contains("agentmesh_runtime_allocator_"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let mut s = RouterSnapshot::default();
+        read_router_metrics(&mut s, &Metrics::parse(&old));
+        assert!(s.up);
+        assert_eq!(s.allocator, AllocatorBytes::default());
+        let json = serde_json::to_value(&s).expect("json");
+        for key in [
+            "allocator_allocated_bytes",
+            "allocator_active_bytes",
+            "allocator_resident_bytes",
+            "allocator_metadata_bytes",
+        ] {
+            assert!(json[key].is_null(), "{key}: {json}");
+            assert!(json.as_object().expect("object").contains_key(key));
+        }
+    }
 
     #[test]
     fn control_plane_interval_takes_differences() {

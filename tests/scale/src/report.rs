@@ -251,6 +251,61 @@ pub struct AfterSample {
     pub t_secs: u64,
     /// RSS per router.
     pub rss_bytes: BTreeMap<String, u64>,
+    /// `agentmesh_runtime_allocator_allocated_bytes` per router (null: not served).
+    pub allocator_allocated_bytes: BTreeMap<String, Option<u64>>,
+    /// `agentmesh_runtime_allocator_active_bytes` per router (null: not served).
+    pub allocator_active_bytes: BTreeMap<String, Option<u64>>,
+    /// `agentmesh_runtime_allocator_resident_bytes` per router (null: not served).
+    pub allocator_resident_bytes: BTreeMap<String, Option<u64>>,
+    /// `agentmesh_runtime_allocator_metadata_bytes` per router (null: not served).
+    pub allocator_metadata_bytes: BTreeMap<String, Option<u64>>,
+}
+
+impl AfterSample {
+    /// A sample at `t_secs` of every router (RSS: local children only;
+    /// allocator bytes null for a router that did not answer).
+    pub fn of(t_secs: u64, routers: &[RouterSnapshot]) -> Self {
+        let mut s = Self {
+            t_secs,
+            ..Self::default()
+        };
+        for r in routers {
+            if let Some(b) = r.rss_bytes {
+                s.rss_bytes.insert(r.name.clone(), b);
+            }
+            let a = &r.allocator;
+            let name = || r.name.clone();
+            s.allocator_allocated_bytes
+                .insert(name(), a.allocator_allocated_bytes);
+            s.allocator_active_bytes
+                .insert(name(), a.allocator_active_bytes);
+            s.allocator_resident_bytes
+                .insert(name(), a.allocator_resident_bytes);
+            s.allocator_metadata_bytes
+                .insert(name(), a.allocator_metadata_bytes);
+        }
+        s
+    }
+}
+
+/// `name=RSS (allocated a, allocator resident r)` in MiB, `-` where unknown.
+fn memory_line<'a>(
+    routers: impl Iterator<Item = &'a str>,
+    rss: impl Fn(&str) -> Option<u64>,
+    allocated: impl Fn(&str) -> Option<u64>,
+    resident: impl Fn(&str) -> Option<u64>,
+) -> String {
+    routers
+        .map(|r| {
+            format!(
+                "{r}={} (allocated {}, allocator resident {})",
+                mib(rss(r)),
+                mib(allocated(r)),
+                mib(resident(r))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn mib(b: Option<u64>) -> String {
@@ -469,14 +524,40 @@ impl Report {
         }
         if let Some(a) = &self.after {
             let _ = writeln!(s);
-            let _ = writeln!(s, "After teardown ({} s), RSS MiB per router:", a.secs);
+            let _ = writeln!(
+                s,
+                "After teardown ({} s), MiB per router: RSS (allocator: allocated, resident):",
+                a.secs
+            );
+            let pre = &self.pre_ladder;
+            let find = |r: &str| pre.iter().find(|p| p.name == r);
+            let _ = writeln!(
+                s,
+                "- pre-ladder: {}",
+                memory_line(
+                    pre.iter().map(|p| p.name.as_str()),
+                    |r| find(r).and_then(|p| p.rss_bytes),
+                    |r| find(r).and_then(|p| p.allocator.allocator_allocated_bytes),
+                    |r| find(r).and_then(|p| p.allocator.allocator_resident_bytes),
+                )
+            );
             for sample in &a.samples {
-                let row: Vec<String> = sample
-                    .rss_bytes
-                    .iter()
-                    .map(|(r, b)| format!("{r}={}", mib(Some(*b))))
-                    .collect();
-                let _ = writeln!(s, "- t={} s: {}", sample.t_secs, row.join(", "));
+                let mut names: Vec<&str> = sample.rss_bytes.keys().map(String::as_str).collect();
+                names.extend(sample.allocator_resident_bytes.keys().map(String::as_str));
+                names.sort_unstable();
+                names.dedup();
+                let get = |m: &BTreeMap<String, Option<u64>>, r: &str| m.get(r).copied().flatten();
+                let _ = writeln!(
+                    s,
+                    "- t={} s: {}",
+                    sample.t_secs,
+                    memory_line(
+                        names.into_iter(),
+                        |r| sample.rss_bytes.get(r).copied(),
+                        |r| get(&sample.allocator_allocated_bytes, r),
+                        |r| get(&sample.allocator_resident_bytes, r),
+                    )
+                );
             }
             let ratios: Vec<String> = a
                 .ratio_to_pre_ladder
@@ -497,6 +578,8 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::AllocatorBytes;
+    use crate::prom::Metrics;
 
     #[test]
     fn markdown_and_json_carry_the_issue_fields() {
@@ -544,7 +627,46 @@ mod tests {
             first_call_errors: [("call: no_providers".to_string(), 3)].into(),
             ..Report::default()
         };
+        // The after samples come from real scrapes: one router serving the
+        // allocator gauges, one old binary without them.
+        let page = include_str!("../testdata/router-after-ladder.metrics");
+        let mut with = RouterSnapshot {
+            name: "r0".into(),
+            up: true,
+            rss_bytes: Some(40 * 1_048_576),
+            ..RouterSnapshot::default()
+        };
+        with.allocator = AllocatorBytes::from_metrics(&Metrics::parse(page));
+        let old_page: String = page
+            .lines()
+            .filter(|l| !l.contains("agentmesh_runtime_allocator_"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let without = RouterSnapshot {
+            name: "r1".into(),
+            up: true,
+            rss_bytes: Some(30 * 1_048_576),
+            allocator: AllocatorBytes::from_metrics(&Metrics::parse(&old_page)),
+            ..RouterSnapshot::default()
+        };
+        let mut report = report;
+        report.pre_ladder = vec![with.clone(), without.clone()];
+        report.after = Some(AfterRecord {
+            secs: 60,
+            samples: vec![AfterSample::of(5, &[with, without])],
+            ..AfterRecord::default()
+        });
         let md = report.markdown();
+        assert!(
+            md.contains(
+                "- t=5 s: r0=40.0 (allocated 6.6, allocator resident 15.7), r1=30.0 (allocated -, allocator resident -)"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("- pre-ladder: r0=40.0 (allocated 6.6, allocator resident 15.7), r1=30.0"),
+            "{md}"
+        );
         assert!(md.contains("| 40/2 |"), "{md}");
         assert!(
             md.contains(
@@ -580,5 +702,25 @@ mod tests {
         }
         assert!(json["events"]["drain_router"]["below_one_router"].is_u64());
         assert!(json.get("burst").is_some() && json.get("after").is_some());
+        let sample = &json["after"]["samples"][0];
+        assert_eq!(sample["allocator_allocated_bytes"]["r0"], 6_963_312);
+        assert_eq!(sample["allocator_active_bytes"]["r0"], 11_993_088);
+        assert_eq!(sample["allocator_resident_bytes"]["r0"], 16_478_208);
+        assert_eq!(sample["allocator_metadata_bytes"]["r0"], 4_093_504);
+        assert!(
+            sample["allocator_resident_bytes"]["r1"].is_null(),
+            "{sample}"
+        );
+        assert_eq!(
+            json["pre_ladder"][0]["allocator_allocated_bytes"],
+            6_963_312
+        );
+        assert!(json["pre_ladder"][1]["allocator_allocated_bytes"].is_null());
+        assert!(
+            json["steps"][0]["routers"][0]
+                .as_object()
+                .expect("router")
+                .contains_key("allocator_resident_bytes")
+        );
     }
 }

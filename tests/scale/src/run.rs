@@ -320,16 +320,8 @@ async fn after(target: &Target, cfg: &FleetConfig, report: &Report) -> AfterReco
     let every = Duration::from_secs(cfg.after_interval_secs.max(1));
     let mut samples = Vec::new();
     loop {
-        let rss: BTreeMap<String, u64> = target
-            .routers()
-            .await
-            .into_iter()
-            .filter_map(|r| r.rss_bytes.map(|b| (r.name, b)))
-            .collect();
-        samples.push(AfterSample {
-            t_secs: t0.elapsed().as_secs(),
-            rss_bytes: rss,
-        });
+        let routers = target.routers().await;
+        samples.push(AfterSample::of(t0.elapsed().as_secs(), &routers));
         if t0.elapsed() + every > Duration::from_secs(cfg.after_secs) {
             break;
         }

@@ -73,6 +73,8 @@ fn small_ladder_with_a_drain() -> anyhow::Result<()> {
             "--kill-router-at",
             "25",
             "--restart-routers",
+            "--after-secs",
+            "1",
             "--step-deadline-secs",
             "300",
         ])
@@ -124,6 +126,21 @@ fn small_ladder_with_a_drain() -> anyhow::Result<()> {
         assert_eq!(u(step, "/exits"), 0, "step {n}: {step:#}");
         assert_eq!(step["routers"].as_array().map(Vec::len), Some(3));
     }
+
+    // The real routers serve their allocator's totals; the ladder records them.
+    for r in report["pre_ladder"].as_array().context("pre_ladder")? {
+        assert!(u(r, "/allocator_resident_bytes") > 0, "{r:#}");
+        assert!(u(r, "/allocator_allocated_bytes") > 0, "{r:#}");
+    }
+    let after = report["after"]["samples"]
+        .as_array()
+        .context("after samples")?;
+    assert!(
+        after.iter().any(|s| s["allocator_allocated_bytes"]
+            .as_object()
+            .is_some_and(|m| m.values().any(|v| v.as_u64().is_some_and(|b| b > 0)))),
+        "no allocator bytes after teardown: {after:#?}"
+    );
 
     // Hold: nobody exited, everyone ready at the end.
     let members = PROVIDERS + STEP * STEPS;
