@@ -186,6 +186,7 @@ async fn event(
             w.not_back_on_k += x.not_back_on_k;
             w.calls_ok += x.calls_ok;
             w.calls_failed += x.calls_failed;
+            w.calls_unfinished += x.calls_unfinished;
             for (k, v) in x.call_errors {
                 *w.call_errors.entry(k).or_insert(0) += v;
             }
@@ -201,19 +202,21 @@ async fn event(
     record.calls_ok = w.calls_ok;
     record.calls_failed = w.calls_failed;
     record.call_errors = w.call_errors;
+    record.calls_unfinished = w.calls_unfinished;
     record.router_refusals = delta(&before, &after, |r| &r.refusals);
     record.router_auth_failures = delta(&before, &after, |r| &r.auth_failures);
     if matches!(kind, Kind::KillRouter | Kind::DrainRouter) && window_end < hold_end {
         restart_target(fleet, target, &mut record).await;
     }
     eprintln!(
-        "\rladder: event {kind:?} at {at} s: lost ready {}, below one router {}, below K {}, not back on K {}, calls ok/failed {}/{}",
+        "\rladder: event {kind:?} at {at} s: lost ready {}, below one router {}, below K {}, not back on K {}, calls ok/failed/unfinished {}/{}/{}",
         record.lost_ready,
         record.below_one_router,
         record.below_k_routers,
         record.not_back_on_k,
         record.calls_ok,
-        record.calls_failed
+        record.calls_failed,
+        record.calls_unfinished
     );
     Ok(record)
 }

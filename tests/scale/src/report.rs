@@ -195,8 +195,13 @@ pub struct EventRecord {
     pub calls_ok: u64,
     /// Echo calls during the window that failed.
     pub calls_failed: u64,
-    /// Failed call errors (truncated).
+    /// Failed calls by reason: `call: <node error kind>`, `call did not
+    /// return within …`, `echo not returned within …`, `stream <op>: <kind>`,
+    /// `echo came back different`, `member shut down`.
     pub call_errors: BTreeMap<String, u64>,
+    /// Calls still running when the window ended (started less than a call
+    /// deadline before it), counted neither ok nor failed.
+    pub calls_unfinished: u64,
     /// Control plane: time until ready again (restart).
     pub control_plane_ready_ms: Option<u64>,
     /// The killed or drained router started again at the window's end
@@ -469,6 +474,12 @@ impl Report {
                 if let Some(k) = &e.key_id {
                     notes.push(format!("key {k}"));
                 }
+                if e.calls_unfinished > 0 {
+                    notes.push(format!(
+                        "{} calls unfinished at window end",
+                        e.calls_unfinished
+                    ));
+                }
                 if !e.router_refusals.is_empty() {
                     notes.push(format!("refusals {}", joined(&e.router_refusals)));
                 }
@@ -615,6 +626,7 @@ mod tests {
                     target: Some("r2".into()),
                     calls_ok: 40,
                     calls_failed: 2,
+                    calls_unfinished: 3,
                     call_errors: [
                         ("call did not return within 22s".to_string(), 1),
                         ("echo not returned within 10s".to_string(), 1),
@@ -667,7 +679,10 @@ mod tests {
             md.contains("- pre-ladder: r0=40.0 (allocated 6.6, allocator resident 15.7), r1=30.0"),
             "{md}"
         );
-        assert!(md.contains("| 40/2 |"), "{md}");
+        assert!(
+            md.contains("| 40/2 | 3 calls unfinished at window end |"),
+            "{md}"
+        );
         assert!(
             md.contains(
                 "- drain router: window call failures by reason: call did not return within 22s=1, echo not returned within 10s=1"

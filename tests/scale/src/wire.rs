@@ -159,8 +159,11 @@ pub struct WindowStats {
     pub calls_ok: u64,
     /// Echo calls made during the window that failed.
     pub calls_failed: u64,
-    /// Call failures by error text (truncated), for diagnosis.
+    /// Call failures by reason (see `member::CallFailure`).
     pub call_errors: BTreeMap<String, u64>,
+    /// Calls still running when the window was reported (neither ok nor failed).
+    #[serde(default)]
+    pub calls_unfinished: u64,
 }
 
 /// What a worker saw since `HoldStart`.

@@ -93,10 +93,13 @@ pub(crate) async fn window_calls(shared: Arc<Shared>) {
             let Some(member) = slot.member.get().cloned() else {
                 continue;
             };
+            let Some(generation) = shared.window_call_started() else {
+                return;
+            };
             let shared = shared.clone();
             tokio::spawn(async move {
                 let r = member.call_echo().await;
-                shared.window_call(r);
+                shared.window_call(generation, r);
             });
         }
     }

@@ -59,6 +59,10 @@ pub(crate) struct WindowAcc {
     pub(crate) calls_ok: u64,
     pub(crate) calls_failed: u64,
     pub(crate) call_errors: BTreeMap<String, u64>,
+    /// Which window this is (calls report into the window they started in).
+    pub(crate) generation: u64,
+    /// Calls started in this window that have not ended.
+    pub(crate) in_flight: u64,
 }
 
 /// Hold counters since `HoldStart`.
@@ -134,6 +138,7 @@ impl Shared {
             active: true,
             start: Some(now),
             members,
+            generation: acc.generation + 1,
             ..WindowAcc::default()
         };
     }
@@ -148,12 +153,24 @@ impl Shared {
         lock(&slot.win).apply(view, self.cfg.member_routers, ms);
     }
 
-    /// Records one window call.
-    pub(crate) fn window_call(&self, result: Result<(), CallFailure>) {
+    /// Counts a window call as started; `None` when no window is active.
+    /// The returned generation goes back with its result.
+    pub(crate) fn window_call_started(&self) -> Option<u64> {
         let mut acc = lock(&self.window);
         if !acc.active {
+            return None;
+        }
+        acc.in_flight += 1;
+        Some(acc.generation)
+    }
+
+    /// Records one window call's result (ignored once its window has ended).
+    pub(crate) fn window_call(&self, generation: u64, result: Result<(), CallFailure>) {
+        let mut acc = lock(&self.window);
+        if !acc.active || acc.generation != generation {
             return;
         }
+        acc.in_flight = acc.in_flight.saturating_sub(1);
         match result {
             Ok(()) => acc.calls_ok += 1,
             Err(e) => {
@@ -168,7 +185,7 @@ impl Shared {
 
     /// Ends the window and sums it up.
     pub(crate) fn window_report(&self) -> WindowStats {
-        let (members, calls_ok, calls_failed, call_errors) = {
+        let (members, calls_ok, calls_failed, call_errors, calls_unfinished) = {
             let mut acc = lock(&self.window);
             acc.active = false;
             acc.start = None;
@@ -177,6 +194,7 @@ impl Shared {
                 acc.calls_ok,
                 acc.calls_failed,
                 std::mem::take(&mut acc.call_errors),
+                acc.in_flight,
             )
         };
         let mut stats = WindowStats {
@@ -184,6 +202,7 @@ impl Shared {
             calls_ok,
             calls_failed,
             call_errors,
+            calls_unfinished,
             ..WindowStats::default()
         };
         for s in self.slots() {
@@ -295,6 +314,68 @@ impl Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser as _;
+    use std::time::Duration;
+
+    /// A worker's shared state with no members (window accounting only).
+    fn shared() -> Shared {
+        #[derive(clap::Parser)]
+        struct Args {
+            #[command(flatten)]
+            worker: WorkerConfig,
+        }
+        let args = Args::try_parse_from([
+            "worker",
+            "--control-plane",
+            "http://127.0.0.1:1",
+            "--token-file",
+            "token",
+            "--data-dir",
+            "data",
+        ])
+        .expect("worker flags");
+        let (out, _) = mpsc::channel(1);
+        Shared {
+            cfg: args.worker,
+            token: String::new(),
+            echo: SocketAddr::from(([127, 0, 0, 1], 1)),
+            out,
+            slots: Mutex::new(Vec::new()),
+            window: Mutex::new(WindowAcc::default()),
+            hold: Mutex::new(HoldAcc::default()),
+            leaving: AtomicBool::new(false),
+        }
+    }
+
+    #[test]
+    fn window_calls_count_by_reason_and_in_flight_ones_stay_unfinished() {
+        let s = shared();
+        assert_eq!(s.window_call_started(), None, "no window yet");
+        s.mark();
+        let g = s.window_call_started().expect("window active");
+        let _slow = s.window_call_started().expect("window active");
+        let _ = s.window_call_started().expect("window active");
+        s.window_call(g, Ok(()));
+        s.window_call(
+            g,
+            Err(CallFailure::EchoNotReturned(Duration::from_secs(10))),
+        );
+        let w = s.window_report();
+        assert_eq!((w.calls_ok, w.calls_failed, w.calls_unfinished), (1, 1, 1));
+        assert_eq!(
+            w.call_errors.get("echo not returned within 10s"),
+            Some(&1),
+            "{:?}",
+            w.call_errors
+        );
+
+        // A call of the old window that ends in the next one counts in neither.
+        s.mark();
+        s.window_call(g, Err(CallFailure::Call("timeout")));
+        let w = s.window_report();
+        assert_eq!((w.calls_ok, w.calls_failed, w.calls_unfinished), (0, 0, 0));
+        assert!(w.call_errors.is_empty());
+    }
 
     #[test]
     fn window_tracks_the_way_back_to_k() {
