@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use agentmesh_streams::{Behaviour, Config, Control, DebugSizes, DropReason, OpenStreamError};
 use futures::{AsyncReadExt, AsyncWriteExt, FutureExt, StreamExt};
+use libp2p::swarm::dial_opts::DialOpts;
 use libp2p::swarm::{Swarm, SwarmEvent};
 use libp2p::{Multiaddr, PeerId, StreamProtocol, SwarmBuilder, noise, tcp, yamux};
 use tokio::sync::{mpsc, oneshot};
@@ -56,7 +57,15 @@ impl Peer {
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
-                    _ = swarm.select_next_some() => {}
+                    ev = swarm.select_next_some() => match ev {
+                        SwarmEvent::OutgoingConnectionError { error, .. } => {
+                            eprintln!("{id}: dial failed: {error}");
+                        }
+                        SwarmEvent::IncomingConnectionError { error, .. } => {
+                            eprintln!("{id}: incoming connection failed: {error}");
+                        }
+                        _ => {}
+                    },
                     c = rx.recv() => match c {
                         Some(c) => c(&mut swarm),
                         None => break,
@@ -124,6 +133,16 @@ async fn wait_sizes(control: &Control, want: DebugSizes) {
     }
 }
 
+/// Dial options for `addr` from a fresh local port: both peers listen on
+/// 127.0.0.1, and reusing the listening port as the source fails now and
+/// then with "address already in use".
+fn new_port(addr: Multiaddr) -> DialOpts {
+    DialOpts::unknown_peer_id()
+        .address(addr)
+        .allocate_new_port()
+        .build()
+}
+
 fn proto(s: &'static str) -> StreamProtocol {
     StreamProtocol::new(s)
 }
@@ -187,8 +206,9 @@ async fn open_accept_round_trip_over_an_existing_connection_and_by_dialing() {
     let (id, addr) = (a.id, a.addr.clone());
     b.with_swarm(move |s| {
         s.dial(
-            libp2p::swarm::dial_opts::DialOpts::peer_id(id)
+            DialOpts::peer_id(id)
                 .addresses(vec![addr])
+                .allocate_new_port()
                 .build(),
         )
     })
@@ -219,7 +239,7 @@ async fn unsupported_protocol_is_a_typed_error() {
     let b = Peer::new(Config::default()).await;
     let _server = serve_echo(&a, "/test/echo/1");
     let (id, addr) = (a.id, a.addr.clone());
-    b.with_swarm(move |s| s.dial(addr.clone()).map(|_| id))
+    b.with_swarm(move |s| s.dial(new_port(addr)).map(|_| id))
         .await
         .expect("dial");
     b.wait_connections("connect", |n| n == 1).await;
@@ -250,7 +270,9 @@ async fn every_map_is_empty_after_200_connections_close() {
     for round in 0..ROUNDS {
         for _ in 0..PER_ROUND {
             let addr = a.addr.clone();
-            b.with_swarm(move |s| s.dial(addr)).await.expect("dial");
+            b.with_swarm(move |s| s.dial(new_port(addr)))
+                .await
+                .expect("dial");
         }
         b.wait_connections("connect", |n| n == PER_ROUND).await;
         a.wait_connections("accept", |n| n == PER_ROUND).await;
@@ -304,7 +326,9 @@ async fn inbound_streams_beyond_the_queue_are_dropped_and_counted() {
     let mut incoming = a.control.clone().accept(p.clone()).expect("accept");
     assert_eq!(a.control.dropped_inbound(&p, DropReason::QueueFull), 0);
     let addr = a.addr.clone();
-    b.with_swarm(move |s| s.dial(addr)).await.expect("dial");
+    b.with_swarm(move |s| s.dial(new_port(addr)))
+        .await
+        .expect("dial");
     b.wait_connections("connect", |n| n == 1).await;
     let mut open = Vec::new();
     for _ in 0..5 {
@@ -364,7 +388,9 @@ async fn dropping_incoming_streams_unregisters_the_protocol() {
     assert_eq!(a.control.debug_sizes().protocols, 0);
 
     let addr = a.addr.clone();
-    b.with_swarm(move |s| s.dial(addr)).await.expect("dial");
+    b.with_swarm(move |s| s.dial(new_port(addr)))
+        .await
+        .expect("dial");
     b.wait_connections("connect", |n| n == 1).await;
     let err = tokio::time::timeout(DEADLINE, b.control.clone().open_stream(a.id, p.clone()))
         .await
