@@ -232,6 +232,8 @@ impl Shared {
                 inner.peers.remove(&c.peer);
             }
         }
+        shrink_sparse(&mut inner.connections);
+        shrink_sparse(&mut inner.peers);
     }
 
     /// Picks the newest connection to `peer`, or parks the request and asks
@@ -258,7 +260,12 @@ impl Shared {
 
     /// Fails the requests waiting for a dial to `peer`.
     pub(crate) fn dial_failed(&self, peer: PeerId, reason: &str) {
-        let waiting = self.inner.lock().pending.remove(&peer);
+        let waiting = {
+            let mut inner = self.inner.lock();
+            let waiting = inner.pending.remove(&peer);
+            shrink_sparse(&mut inner.pending);
+            waiting
+        };
         for r in waiting.into_iter().flatten() {
             let e = io::Error::new(
                 io::ErrorKind::NotConnected,
@@ -276,5 +283,51 @@ impl Shared {
             inner.dial_waker = Some(waker.clone());
         }
         next
+    }
+}
+
+/// Tables this small keep their capacity (not worth a rehash).
+const KEEP_CAPACITY: usize = 64;
+
+/// Gives back a table's capacity once it is under a quarter full (rebuilt at
+/// twice its length; hysteresis keeps the rehash cost amortised O(1) per
+/// removal). A `HashMap` otherwise keeps its largest table: after 5,000
+/// members left a router, these two tables alone held 1.8 MiB sized for
+/// them (heap profile, tests/scale/RESULTS.md).
+fn shrink_sparse<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > KEEP_CAPACITY && map.len().saturating_mul(4) < map.capacity() {
+        map.shrink_to(map.len() * 2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_give_back_capacity_after_a_peak() {
+        let shared = Shared::new(1);
+        let peers: Vec<PeerId> = (0..2_000).map(|_| PeerId::random()).collect();
+        let mut receivers = Vec::new();
+        for (i, p) in peers.iter().enumerate() {
+            receivers.push(shared.connection_up(ConnectionId::new_unchecked(i), *p));
+        }
+        let peak = shared.inner.lock().connections.capacity();
+        assert!(peak >= 2_000);
+        for i in 0..peers.len() {
+            shared.connection_down(ConnectionId::new_unchecked(i));
+        }
+        let inner = shared.inner.lock();
+        assert!(inner.connections.is_empty() && inner.peers.is_empty());
+        assert!(
+            inner.connections.capacity() <= KEEP_CAPACITY * 2,
+            "connections kept {} slots of {peak}",
+            inner.connections.capacity()
+        );
+        assert!(
+            inner.peers.capacity() <= KEEP_CAPACITY * 2,
+            "peers kept {}",
+            inner.peers.capacity()
+        );
     }
 }
