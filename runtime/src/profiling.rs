@@ -8,7 +8,7 @@
 //!   parses the binary's debug info into a cache (≈ 140 MiB more with
 //!   debuginfo); that cache is cleared after each report.
 //! - `GET /debug/pprof/heap`: a jemalloc heap profile in pprof protobuf
-//!   (needs `MALLOC_CONF=prof:true,prof_active:true` set in the
+//!   (needs `_RJEM_MALLOC_CONF=prof:true,prof_active:true` (jemalloc here is built with the `_rjem_` prefix, so plain `MALLOC_CONF` is ignored) set in the
 //!   environment when the process starts; otherwise it answers 503 saying so).
 //!
 //! Without the feature, [`serve`] refuses to start with a clear error.
@@ -124,7 +124,7 @@ mod imp {
         if !ctl.activated() {
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
-                "start the process with MALLOC_CONF=prof:true,prof_active:true for heap profiles",
+                "start the process with _RJEM_MALLOC_CONF=prof:true,prof_active:true for heap profiles",
             )
                 .into_response();
         }
