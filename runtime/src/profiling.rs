@@ -8,8 +8,10 @@
 //!   parses the binary's debug info into a cache (≈ 140 MiB more with
 //!   debuginfo); that cache is cleared after each report.
 //! - `GET /debug/pprof/heap`: a jemalloc heap profile in pprof protobuf
-//!   (needs `_RJEM_MALLOC_CONF=prof:true,prof_active:true` (jemalloc here is built with the `_rjem_` prefix, so plain `MALLOC_CONF` is ignored) set in the
-//!   environment when the process starts; otherwise it answers 503 saying so).
+//!   (needs `_RJEM_MALLOC_CONF=prof:true,prof_active:true` in the
+//!   environment when the process starts — jemalloc here is built with the
+//!   `_rjem_` prefix, so plain `MALLOC_CONF` is ignored; otherwise it
+//!   answers 503 saying so).
 //!
 //! Without the feature, [`serve`] refuses to start with a clear error.
 
