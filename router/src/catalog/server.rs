@@ -150,7 +150,8 @@ fn limit_of(shared: &Shared, l: &Lookup) -> usize {
 
 fn local(shared: &Shared, l: &Lookup, now: i64) -> Vec<SignedRecord> {
     let limit = limit_of(shared, l);
-    cap_bytes(shared.catalog.lock().lookup(&l.service, now, limit))
+    let records = shared.catalog.lock().lookup(&l.service, now, limit);
+    cap_bytes(records.into_iter().map(|(_, r)| r).collect())
 }
 
 /// Keeps records while the answer fits one catalog frame.
@@ -171,11 +172,8 @@ async fn lookup(ctx: &CatalogCtx, l: &Lookup) -> Vec<SignedRecord> {
     let limit = limit_of(shared, l);
     let now = unix_now();
     let mut found: HashMap<PeerId, SignedRecord> = HashMap::new();
-    for r in shared.catalog.lock().lookup(&l.service, now, limit) {
-        if let Ok((_, p)) = verify_record(&r, now) {
-            found.insert(p, r);
-        }
-    }
+    // Local records were verified when published.
+    found.extend(shared.catalog.lock().lookup(&l.service, now, limit));
     if found.len() < limit {
         let routers = providers(ctx, &l.service, t).await;
         tracing::debug!(service = %l.service, ?routers, local = found.len(), "lookup: provider routers");
