@@ -67,6 +67,11 @@ pub const DEFAULT_IDLE_CONNECTION_TIMEOUT_SECS: u64 = 120;
 pub const DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS: u64 = 30;
 /// Default timeout of one control-plane RPC attempt.
 pub const DEFAULT_CONTROL_PLANE_RPC_TIMEOUT_SECS: u64 = 10;
+/// Default inbound streams per protocol waiting for an accept loop: the
+/// streams crate's own default (re-exported so the flag's default is
+/// defined once).
+pub const DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL: usize =
+    agentmesh_streams::DEFAULT_INBOUND_QUEUE_PER_PROTOCOL;
 
 /// Everything a router needs to start. Data only; see `spawn`.
 #[derive(Debug, Clone, PartialEq)]
@@ -143,6 +148,11 @@ pub struct Config {
     pub control_plane_retry_budget: Duration,
     /// Timeout of one control-plane RPC attempt. Default 10 s.
     pub control_plane_rpc_timeout: Duration,
+    /// Negotiated inbound streams of one protocol (auth, catalog, ping…)
+    /// that may wait for its accept loop; more are dropped and counted in
+    /// `agentmesh_streams_inbound_dropped_total{reason="queue_full"}`.
+    /// At least 1. Default 16.
+    pub stream_inbound_queue_per_protocol: usize,
     /// Resource budgets and limits (issue 4; see `resource_config`).
     pub resources: crate::resources::config::ResourceConfig,
     /// Run the runtime stall watchdog (`agentmesh_runtime_stalls_total` on
@@ -196,6 +206,7 @@ impl Default for Config {
                 DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS,
             ),
             control_plane_rpc_timeout: Duration::from_secs(DEFAULT_CONTROL_PLANE_RPC_TIMEOUT_SECS),
+            stream_inbound_queue_per_protocol: DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL,
             resources: Default::default(),
             runtime_watchdog: false,
         }

@@ -92,6 +92,14 @@ struct Args {
     control_plane_retry_budget_secs: u64,
     #[arg(long, default_value_t = d::DEFAULT_CONTROL_PLANE_RPC_TIMEOUT_SECS)]
     control_plane_rpc_timeout_secs: u64,
+    /// Inbound streams per protocol waiting for its accept loop (at least 1);
+    /// more are dropped and counted in agentmesh_streams_inbound_dropped_total.
+    #[arg(
+        long,
+        default_value_t = d::DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    stream_inbound_queue_per_protocol: usize,
     #[command(flatten)]
     resources: agentmesh_router::resource_config::ResourceArgs,
 }
@@ -132,6 +140,7 @@ impl Args {
             idle_connection_timeout: s(self.idle_connection_timeout_secs),
             control_plane_retry_budget: s(self.control_plane_retry_budget_secs),
             control_plane_rpc_timeout: s(self.control_plane_rpc_timeout_secs),
+            stream_inbound_queue_per_protocol: self.stream_inbound_queue_per_protocol,
             resources: self.resources.into_config(),
             // Set by `main`, not a flag: one watchdog per process.
             runtime_watchdog: false,
@@ -255,6 +264,22 @@ mod tests {
     fn no_flags_give_the_default_config() {
         let args = Args::try_parse_from(["agentmesh-router"]).expect("parse");
         assert_eq!(args.into_config(String::new()), Config::default());
+    }
+
+    #[test]
+    fn stream_inbound_queue_flag_maps_one_to_one_and_refuses_zero() {
+        let c = Args::try_parse_from(["agentmesh-router", "--stream-inbound-queue-per-protocol=3"])
+            .expect("parse")
+            .into_config(String::new());
+        assert_eq!(c.stream_inbound_queue_per_protocol, 3);
+        let err =
+            Args::try_parse_from(["agentmesh-router", "--stream-inbound-queue-per-protocol=0"])
+                .expect_err("0 is refused");
+        assert!(
+            err.to_string()
+                .contains("stream-inbound-queue-per-protocol"),
+            "{err}"
+        );
     }
 
     #[test]

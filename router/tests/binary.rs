@@ -66,6 +66,7 @@ async fn binary_becomes_ready_and_exits_on_sigterm() {
         .args(["--listen", "/ip4/127.0.0.1/tcp/0"])
         .args(["--metrics-addr", "127.0.0.1:0"])
         .args(["--lease-interval-secs", "1"])
+        .args(["--stream-inbound-queue-per-protocol", "1"])
         .env("RUST_LOG", "info")
         .env("NO_COLOR", "1")
         .stderr(Stdio::piped())
@@ -91,6 +92,16 @@ async fn binary_becomes_ready_and_exits_on_sigterm() {
     }
     let body = http_get(&metrics, "/metrics").await.expect("metrics");
     assert!(body.contains("agentmesh_router_ready 1"), "{body}");
+    // The flag's metric: the stream drop counter, label values at 0.
+    for protocol in [
+        agentmesh_proto::protocols::AUTH,
+        agentmesh_proto::protocols::CATALOG,
+    ] {
+        let series = format!(
+            "agentmesh_streams_inbound_dropped_total{{protocol=\"{protocol}\",reason=\"queue_full\"}} 0"
+        );
+        assert!(body.contains(&series), "{series} missing: {body}");
+    }
 
     let pid = child.id().expect("pid") as i32;
     let rc = send_sigterm(pid);

@@ -72,6 +72,9 @@ pub(crate) fn build(shared: &Arc<Shared>) -> Result<Swarm<Behaviour>, BuildError
     let router_set = shared.router_set.clone();
     let stream_timeout = shared.config.stream_timeout;
     let idle = shared.config.idle_connection_timeout;
+    let streams_config = agentmesh_streams::Config {
+        inbound_queue_per_protocol: shared.config.stream_inbound_queue_per_protocol,
+    };
     let resources = shared.resources.clone();
     let resources_config = shared.config.resources.clone();
     let pending = crate::resources::pending::PendingLimits::new(resources.clone());
@@ -102,7 +105,7 @@ pub(crate) fn build(shared: &Arc<Shared>) -> Result<Swarm<Behaviour>, BuildError
             Behaviour {
                 pending,
                 relay: relay::Behaviour::new(peer_id, relay_config),
-                stream: agentmesh_streams::Behaviour::new(),
+                stream: agentmesh_streams::Behaviour::with_config(streams_config),
                 kad: RouterOnly::new(kad, router_set),
                 identify: identify::Behaviour::new(identify::Config::new(
                     IDENTIFY_PROTOCOL.to_string(),
