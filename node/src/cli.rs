@@ -85,6 +85,14 @@ pub(crate) struct RunArgs {
     shutdown_grace_secs: u64,
     #[arg(long, default_value_t = Config::default().credential_skew_secs)]
     credential_skew_secs: u64,
+    /// Inbound streams per protocol waiting for the accept loop (at least 1);
+    /// more are dropped and counted in agentmesh_streams_inbound_dropped_total.
+    #[arg(
+        long,
+        default_value_t = config::DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    stream_inbound_queue_per_protocol: usize,
     /// Serve CPU and heap profiles here (binaries built with `--features pprof`).
     #[arg(long)]
     pub(crate) pprof_addr: Option<std::net::SocketAddr>,
@@ -128,6 +136,7 @@ impl RunArgs {
             record_ttl_secs: self.record_ttl_secs,
             shutdown_grace_secs: self.shutdown_grace_secs,
             credential_skew_secs: self.credential_skew_secs,
+            stream_inbound_queue_per_protocol: self.stream_inbound_queue_per_protocol,
             runtime_watchdog: true,
         })
     }
@@ -202,5 +211,27 @@ mod tests {
         assert_eq!(c.forward[0].1, "echo");
         assert!(c.dial_source_ip.is_some());
         assert!(Cli::try_parse_from(["agentmesh-node", "run", "--expose", "bad"]).is_err());
+    }
+
+    #[test]
+    fn stream_inbound_queue_flag_maps_and_refuses_zero() {
+        let parse = |v: &str| {
+            Cli::try_parse_from([
+                "agentmesh-node",
+                "run",
+                "--stream-inbound-queue-per-protocol",
+                v,
+            ])
+        };
+        let Command::Run(args) = parse("3").expect("parse").command else {
+            panic!("not run");
+        };
+        assert_eq!(
+            args.into_config()
+                .expect("config")
+                .stream_inbound_queue_per_protocol,
+            3
+        );
+        assert!(parse("0").is_err());
     }
 }

@@ -18,6 +18,11 @@ pub const DEFAULT_DATA_DIR: &str = "agentmesh-node-data";
 /// Default seconds a relayed connection to a peer stays open after the
 /// last call on it (`--relayed-idle-secs`).
 pub const DEFAULT_RELAYED_IDLE_SECS: u64 = 3;
+/// Default inbound streams per protocol waiting for the node's accept loop
+/// (`--stream-inbound-queue-per-protocol`): the streams crate's own default,
+/// re-exported so it is defined once.
+pub const DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL: usize =
+    agentmesh_streams::DEFAULT_INBOUND_QUEUE_PER_PROTOCOL;
 /// File name of the Unix socket inside the data dir.
 pub const SOCKET_FILE: &str = "agentmesh.sock";
 
@@ -92,6 +97,11 @@ pub struct Config {
     pub shutdown_grace_secs: u64,
     /// Clock skew tolerated when verifying callers' credentials (`--credential-skew-secs`, default 60).
     pub credential_skew_secs: u64,
+    /// Negotiated inbound streams of one protocol (calls, go-aways) that may
+    /// wait for the node's accept loop; more are dropped and counted in
+    /// `agentmesh_streams_inbound_dropped_total{reason="queue_full"}`
+    /// (`--stream-inbound-queue-per-protocol`, default 16; 0 acts as 1).
+    pub stream_inbound_queue_per_protocol: usize,
     /// Run the runtime stall watchdog and serve `agentmesh_runtime_stalls_total`
     /// on `metrics_addr`. One per process: the binary sets it; embedders
     /// running many nodes leave it off (default) and run their own.
@@ -129,6 +139,7 @@ impl Default for Config {
             record_ttl_secs: 300,
             shutdown_grace_secs: 10,
             credential_skew_secs: 60,
+            stream_inbound_queue_per_protocol: DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL,
             runtime_watchdog: false,
         }
     }

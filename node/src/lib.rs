@@ -265,13 +265,30 @@ pub async fn spawn(
         None => None,
     };
 
+    let swarm = transport::build_swarm(
+        &stored.key,
+        config.dial_source_ip,
+        config.connect_timeout(),
+        Duration::from_secs(config.idle_connection_secs.max(1)),
+        agentmesh_streams::Config {
+            inbound_queue_per_protocol: config.stream_inbound_queue_per_protocol,
+        },
+    )
+    .await
+    .map_err(|e| SpawnError::Swarm(e.to_string()))?;
+
+    // After the swarm: its streams behaviour owns
+    // `agentmesh_streams_inbound_dropped_total`, registered next to the
+    // node's own metrics (so per node when embedders pass sub-registries).
     if let Some(r) = registry {
         metrics.register(r);
+        swarm.behaviour().stream.register_metrics(r);
     }
     let mut watchdog = None;
     let own_registry = metrics_listener.as_ref().map(|_| {
         let mut r = Registry::default();
         metrics.register(&mut r);
+        swarm.behaviour().stream.register_metrics(&mut r);
         if config.runtime_watchdog {
             watchdog = Some(agentmesh_runtime::watchdog::StallMetrics::register(&mut r));
             // Same process-wide switch (the binary, whose allocator is
@@ -280,15 +297,6 @@ pub async fn spawn(
         }
         Arc::new(r)
     });
-
-    let swarm = transport::build_swarm(
-        &stored.key,
-        config.dial_source_ip,
-        config.connect_timeout(),
-        Duration::from_secs(config.idle_connection_secs.max(1)),
-    )
-    .await
-    .map_err(|e| SpawnError::Swarm(e.to_string()))?;
     let mut control = swarm.behaviour().stream.new_control();
     let incoming = control
         .accept(StreamProtocol::new(CALL))

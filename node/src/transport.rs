@@ -81,11 +81,13 @@ fn direct(
 /// QUIC alike and inside the connect timeout; it reads the system's
 /// resolver configuration, so this runs on a blocking thread. Without one,
 /// the node goes on without it (TCP dials still resolve names themselves).
+/// `streams` bounds the inbound queues of our own protocols.
 pub(crate) async fn build_swarm(
     key: &Keypair,
     source_ip: Option<IpAddr>,
     connect_timeout: Duration,
     idle: Duration,
+    streams: agentmesh_streams::Config,
 ) -> Result<Swarm<Behaviour>, BuildError> {
     let peer_id = key.public().to_peer_id();
     let k = key.clone();
@@ -108,7 +110,7 @@ pub(crate) async fn build_swarm(
     .await??;
     let behaviour = Behaviour {
         relay: relay_client,
-        stream: agentmesh_streams::Behaviour::new(),
+        stream: agentmesh_streams::Behaviour::with_config(streams),
         ping: ping::Behaviour::new(ping::Config::new()),
     };
     let config = libp2p::swarm::Config::with_tokio_executor().with_idle_connection_timeout(idle);

@@ -240,6 +240,8 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
             "1",
             "--metrics-addr",
             &metrics_addr.to_string(),
+            "--stream-inbound-queue-per-protocol",
+            "1",
         ])
         .arg("--token-file")
         .arg(&token_file)
@@ -294,6 +296,12 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
         "{m}"
     );
     assert!(m.contains("agentmesh_runtime_stalls_total"), "{m}");
+    // The stream drop counter (the flag's metric) is served too, at 0.
+    let series = format!(
+        "agentmesh_streams_inbound_dropped_total{{protocol=\"{}\",reason=\"queue_full\"}} 0",
+        agentmesh_proto::protocols::CALL
+    );
+    assert!(m.contains(&series), "{series} missing: {m}");
 
     // SIGTERM: graceful stop, exit status 0, socket removed.
     let pid = node.id().expect("pid").to_string();
@@ -490,6 +498,25 @@ async fn many_nodes_share_a_process_and_a_registry() {
         .filter(|l| l.starts_with("agentmesh_node_ready{") && l.ends_with(" 1"))
         .count();
     assert_eq!(ready_series, 20, "{text}");
+    // Each node's stream drop counter is on its sub-registry, label values
+    // pre-created at 0 for both protocols the node accepts.
+    for protocol in [
+        agentmesh_proto::protocols::CALL,
+        agentmesh_proto::protocols::GOAWAY,
+    ] {
+        for reason in ["queue_full", "not_accepted"] {
+            let labels = format!("protocol=\"{protocol}\",reason=\"{reason}\"");
+            let zeros = text
+                .lines()
+                .filter(|l| {
+                    l.starts_with("agentmesh_streams_inbound_dropped_total{")
+                        && l.contains(&labels)
+                        && l.ends_with(" 0")
+                })
+                .count();
+            assert_eq!(zeros, 20, "{labels}: {text}");
+        }
+    }
     for n in nodes {
         n.shutdown().await;
     }
