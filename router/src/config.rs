@@ -61,6 +61,12 @@ pub const DEFAULT_CATALOG_MAX_INFLIGHT_STREAMS: usize = 256;
 pub const DEFAULT_CATALOG_MAX_RECORDS: usize = 10_000;
 /// Default cap on providers in one lookup answer.
 pub const DEFAULT_CATALOG_MAX_RESULTS: usize = 64;
+/// Default time a member's lookup may spend asking other routers. Well
+/// below a member's own deadline for the whole lookup (its call timeout,
+/// 10 s), so the answer — local records plus whatever other routers sent in
+/// time — reaches the member before it gives up and it can still ask its
+/// next router.
+pub const DEFAULT_CATALOG_REMOTE_LOOKUP_BUDGET_MS: u64 = 3_000;
 /// Default idle connection timeout.
 pub const DEFAULT_IDLE_CONNECTION_TIMEOUT_SECS: u64 = 120;
 /// Default total time budget of one control-plane call including retries.
@@ -142,6 +148,9 @@ pub struct Config {
     pub catalog_max_records: usize,
     /// Providers in one lookup answer at most. Default 64.
     pub catalog_max_results: usize,
+    /// Time one lookup may spend finding and asking other routers; what
+    /// arrived by then is answered (counted as result "partial"). Default 3 s.
+    pub catalog_remote_lookup_budget: Duration,
     /// Connections with nothing keeping them alive close after this. Default 120 s.
     pub idle_connection_timeout: Duration,
     /// Time budget of one control-plane call, retries included. Default 30 s.
@@ -201,6 +210,9 @@ impl Default for Config {
             catalog_max_inflight_streams: DEFAULT_CATALOG_MAX_INFLIGHT_STREAMS,
             catalog_max_records: DEFAULT_CATALOG_MAX_RECORDS,
             catalog_max_results: DEFAULT_CATALOG_MAX_RESULTS,
+            catalog_remote_lookup_budget: Duration::from_millis(
+                DEFAULT_CATALOG_REMOTE_LOOKUP_BUDGET_MS,
+            ),
             idle_connection_timeout: Duration::from_secs(DEFAULT_IDLE_CONNECTION_TIMEOUT_SECS),
             control_plane_retry_budget: Duration::from_secs(
                 DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS,

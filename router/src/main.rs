@@ -86,6 +86,10 @@ struct Args {
     catalog_max_records: usize,
     #[arg(long, default_value_t = d::DEFAULT_CATALOG_MAX_RESULTS)]
     catalog_max_results: usize,
+    /// Time one member lookup may spend asking other routers, ms; the answer
+    /// carries what arrived by then.
+    #[arg(long, default_value_t = d::DEFAULT_CATALOG_REMOTE_LOOKUP_BUDGET_MS)]
+    catalog_remote_lookup_budget_ms: u64,
     #[arg(long, default_value_t = d::DEFAULT_IDLE_CONNECTION_TIMEOUT_SECS)]
     idle_connection_timeout_secs: u64,
     #[arg(long, default_value_t = d::DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS)]
@@ -137,6 +141,9 @@ impl Args {
             catalog_max_inflight_streams: self.catalog_max_inflight_streams,
             catalog_max_records: self.catalog_max_records,
             catalog_max_results: self.catalog_max_results,
+            catalog_remote_lookup_budget: Duration::from_millis(
+                self.catalog_remote_lookup_budget_ms,
+            ),
             idle_connection_timeout: s(self.idle_connection_timeout_secs),
             control_plane_retry_budget: s(self.control_plane_retry_budget_secs),
             control_plane_rpc_timeout: s(self.control_plane_rpc_timeout_secs),

@@ -42,7 +42,7 @@ pub(crate) const DIRECTIONS: &[&str] = &["inbound", "outbound"];
 /// Catalog operations.
 pub(crate) const CATALOG_OPS: &[&str] = &["publish", "withdraw", "lookup", "local_lookup"];
 /// Catalog results.
-pub(crate) const CATALOG_RESULTS: &[&str] = &["ok", "refused", "malformed", "error"];
+pub(crate) const CATALOG_RESULTS: &[&str] = &["ok", "partial", "refused", "malformed", "error"];
 
 /// Results of control-plane calls.
 pub(crate) const CP_RESULTS: &[&str] = &["ok", "error"];

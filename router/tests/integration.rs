@@ -703,3 +703,70 @@ async fn two_routers_mesh_and_a_lookup_on_one_finds_a_record_on_the_other() {
     r1.handle.shutdown().await;
     r2.handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_answers_local_records_when_the_remote_budget_runs_out() {
+    let cp = start_cp(3600).await;
+    // R1 may not spend any time on other routers: every lookup there is
+    // answered from its own records and counted as partial.
+    let r1 = start_router_with(&cp, |c| c.catalog_remote_lookup_budget = Duration::ZERO).await;
+    let r2 = start_router(&cp).await;
+    eventually("routers admit each other", || async {
+        (r1.metric("agentmesh_router_admitted_routers") == 1.0
+            && r2.metric("agentmesh_router_admitted_routers") == 1.0)
+            .then_some(())
+    })
+    .await;
+    let member_token = cp.token(Role::Member).await;
+    let publish = |p: &TestPeer, router: PeerId| CatalogRequest {
+        op: Some(catalog_request::Op::Publish(record(
+            &p.key,
+            &["echo"],
+            &[router],
+        ))),
+    };
+    // A provides echo on R2, C on R1.
+    let (a, cred_a) = TestPeer::enrolled_and_connected(&cp, &member_token, &r2).await;
+    assert!(admitted(
+        &a.auth(r2.id(), Some(cred_a), Purpose::Attach).await
+    ));
+    let resp = a.catalog(r2.id(), publish(&a, r2.id())).await;
+    assert!(
+        matches!(resp.result, Some(catalog_response::Result::Ack(_))),
+        "{resp:?}"
+    );
+    let (c, cred_c) = TestPeer::enrolled_and_connected(&cp, &member_token, &r1).await;
+    assert!(admitted(
+        &c.auth(r1.id(), Some(cred_c), Purpose::Attach).await
+    ));
+    let resp = c.catalog(r1.id(), publish(&c, r1.id())).await;
+    assert!(
+        matches!(resp.result, Some(catalog_response::Result::Ack(_))),
+        "{resp:?}"
+    );
+
+    let (b, cred_b) = TestPeer::enrolled_and_connected(&cp, &member_token, &r1).await;
+    assert!(admitted(
+        &b.auth(r1.id(), Some(cred_b), Purpose::Attach).await
+    ));
+    let found = providers(&b.catalog(r1.id(), lookup("echo")).await);
+    assert_eq!(found, vec![c.peer_id], "R1's own record only");
+    assert!(
+        r1.metric("agentmesh_router_catalog_requests_total{op=\"lookup\",result=\"partial\"}")
+            >= 1.0
+    );
+    // R2, with the default budget, finds both.
+    let aid = a.peer_id;
+    let cid = c.peer_id;
+    let (d, cred_d) = TestPeer::enrolled_and_connected(&cp, &member_token, &r2).await;
+    assert!(admitted(
+        &d.auth(r2.id(), Some(cred_d), Purpose::Attach).await
+    ));
+    eventually("a lookup on R2 finds A's and C's records", || async {
+        let found = providers(&d.catalog(r2.id(), lookup("echo")).await);
+        (found.contains(&aid) && found.contains(&cid)).then_some(())
+    })
+    .await;
+    r1.handle.shutdown().await;
+    r2.handle.shutdown().await;
+}

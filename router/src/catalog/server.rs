@@ -79,8 +79,10 @@ pub(crate) async fn serve(ctx: CatalogCtx, peer: PeerId, mut stream: Stream) {
                 shared.metrics.catalog("lookup", "refused");
                 wire::write_error(&mut stream, "not admitted".into(), t).await
             } else {
-                let records = lookup(&ctx, &l).await;
-                shared.metrics.catalog("lookup", "ok");
+                let (records, complete) = lookup(&ctx, &l).await;
+                shared
+                    .metrics
+                    .catalog("lookup", if complete { "ok" } else { "partial" });
                 wire::write_records(&mut stream, records, t).await
             }
         }
@@ -166,16 +168,30 @@ fn cap_bytes(records: Vec<SignedRecord>) -> Vec<SignedRecord> {
         .collect()
 }
 
-async fn lookup(ctx: &CatalogCtx, l: &Lookup) -> Vec<SignedRecord> {
+/// Local records, then other routers' until `limit` or the remote budget
+/// (`--catalog-remote-lookup-budget-ms`) runs out; returns the records and
+/// whether every router asked answered in time.
+async fn lookup(ctx: &CatalogCtx, l: &Lookup) -> (Vec<SignedRecord>, bool) {
     let shared = &ctx.shared;
-    let t = shared.config.stream_timeout;
+    let budget = shared.config.catalog_remote_lookup_budget;
+    // Each step is bounded by the budget too, so one slow router cannot
+    // hold a lookup past the member's own deadline.
+    let t = shared.config.stream_timeout.min(budget);
+    let deadline = tokio::time::Instant::now() + budget;
     let limit = limit_of(shared, l);
     let now = unix_now();
+    let mut complete = true;
     let mut found: HashMap<PeerId, SignedRecord> = HashMap::new();
     // Local records were verified when published.
     found.extend(shared.catalog.lock().lookup(&l.service, now, limit));
     if found.len() < limit {
-        let routers = providers(ctx, &l.service, t).await;
+        let routers = match tokio::time::timeout_at(deadline, providers(ctx, &l.service, t)).await {
+            Ok(r) => r,
+            Err(_) => {
+                complete = false;
+                Vec::new()
+            }
+        };
         tracing::debug!(service = %l.service, ?routers, local = found.len(), "lookup: provider routers");
         let mut asks: FuturesUnordered<_> = routers
             .into_iter()
@@ -183,7 +199,16 @@ async fn lookup(ctx: &CatalogCtx, l: &Lookup) -> Vec<SignedRecord> {
             .take(MAX_ROUTERS_PER_LOOKUP)
             .map(|p| ask_router(ctx.control.clone(), p, l.service.clone(), limit, t))
             .collect();
-        while let Some(records) = asks.next().await {
+        loop {
+            let records = match tokio::time::timeout_at(deadline, asks.next()).await {
+                Ok(Some(records)) => records,
+                Ok(None) => break,
+                Err(_) => {
+                    tracing::debug!(service = %l.service, left = asks.len(), "lookup: routers past the budget");
+                    complete = false;
+                    break;
+                }
+            };
             for r in records {
                 let Ok((rec, p)) = verify_record(&r, now) else {
                     continue;
@@ -194,7 +219,10 @@ async fn lookup(ctx: &CatalogCtx, l: &Lookup) -> Vec<SignedRecord> {
             }
         }
     }
-    cap_bytes(found.into_values().take(limit).collect())
+    (
+        cap_bytes(found.into_values().take(limit).collect()),
+        complete,
+    )
 }
 
 /// Routers providing `service` per the router DHT.
