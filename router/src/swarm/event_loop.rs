@@ -94,7 +94,16 @@ impl EventLoop {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => break,
-                ev = self.swarm.select_next_some() => self.on_event(ev),
+                ev = self.swarm.select_next_some() => {
+                    self.on_event(ev);
+                    // In a storm (thousands of members re-attaching at
+                    // once) the swarm always has an event ready, and
+                    // nothing else here spends tokio's cooperative budget,
+                    // so without this the loop never gave its worker back:
+                    // the watchdog saw 1.0–2.2 s stalls in the 10,000-member
+                    // ladder. Yields once the task's budget is spent.
+                    tokio::task::coop::consume_budget().await;
+                }
                 Some(cmd) = self.commands.recv() => self.on_command(cmd),
                 _ = self.shared.catalog_changed.notified() => self.reconcile_providers(false),
                 _ = tick.tick() => self.on_tick(),
