@@ -149,7 +149,8 @@ pub struct Config {
     /// Providers in one lookup answer at most. Default 64.
     pub catalog_max_results: usize,
     /// Time one lookup may spend finding and asking other routers; what
-    /// arrived by then is answered (counted as result "partial"). Default 3 s.
+    /// arrived by then is answered (counted as result "partial"); zero
+    /// answers from this router's own records only. Default 3 s.
     pub catalog_remote_lookup_budget: Duration,
     /// Connections with nothing keeping them alive close after this. Default 120 s.
     pub idle_connection_timeout: Duration,

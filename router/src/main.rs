@@ -87,7 +87,7 @@ struct Args {
     #[arg(long, default_value_t = d::DEFAULT_CATALOG_MAX_RESULTS)]
     catalog_max_results: usize,
     /// Time one member lookup may spend asking other routers, ms; the answer
-    /// carries what arrived by then.
+    /// carries what arrived by then (0: this router's own records only).
     #[arg(long, default_value_t = d::DEFAULT_CATALOG_REMOTE_LOOKUP_BUDGET_MS)]
     catalog_remote_lookup_budget_ms: u64,
     #[arg(long, default_value_t = d::DEFAULT_IDLE_CONNECTION_TIMEOUT_SECS)]

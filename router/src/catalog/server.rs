@@ -10,7 +10,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use agentmesh_proto::pb::mesh::{
     CatalogRequest, Lookup, SignedRecord, catalog_request, catalog_response,
@@ -170,38 +169,42 @@ fn cap_bytes(records: Vec<SignedRecord>) -> Vec<SignedRecord> {
 
 /// Local records, then other routers' until `limit` or the remote budget
 /// (`--catalog-remote-lookup-budget-ms`) runs out; returns the records and
-/// whether every router asked answered in time.
+/// whether every router that was to be asked answered in time.
 async fn lookup(ctx: &CatalogCtx, l: &Lookup) -> (Vec<SignedRecord>, bool) {
     let shared = &ctx.shared;
-    let budget = shared.config.catalog_remote_lookup_budget;
-    // Each step is bounded by the budget too, so one slow router cannot
-    // hold a lookup past the member's own deadline.
-    let t = shared.config.stream_timeout.min(budget);
-    let deadline = tokio::time::Instant::now() + budget;
+    // One deadline for the whole remote phase (finding provider routers and
+    // asking them), so no slow or dead router holds a lookup past the
+    // member's own deadline.
+    let deadline = tokio::time::Instant::now() + shared.config.catalog_remote_lookup_budget;
     let limit = limit_of(shared, l);
     let now = unix_now();
-    let mut complete = true;
+    // A zero budget means: answer from this router's own records only.
+    let ask_others = !shared.config.catalog_remote_lookup_budget.is_zero();
+    let mut complete = ask_others;
     let mut found: HashMap<PeerId, SignedRecord> = HashMap::new();
     // Local records were verified when published.
     found.extend(shared.catalog.lock().lookup(&l.service, now, limit));
-    if found.len() < limit {
-        let routers = match tokio::time::timeout_at(deadline, providers(ctx, &l.service, t)).await {
-            Ok(r) => r,
-            Err(_) => {
+    if ask_others && found.len() < limit {
+        let routers = providers(ctx, &l.service, deadline)
+            .await
+            .unwrap_or_else(|| {
                 complete = false;
                 Vec::new()
-            }
-        };
+            });
         tracing::debug!(service = %l.service, ?routers, local = found.len(), "lookup: provider routers");
         let mut asks: FuturesUnordered<_> = routers
             .into_iter()
             .filter(|p| *p != shared.peer_id)
             .take(MAX_ROUTERS_PER_LOOKUP)
-            .map(|p| ask_router(ctx.control.clone(), p, l.service.clone(), limit, t))
+            .map(|p| ask_router(ctx.control.clone(), p, l.service.clone(), limit, deadline))
             .collect();
         loop {
             let records = match tokio::time::timeout_at(deadline, asks.next()).await {
-                Ok(Some(records)) => records,
+                Ok(Some(Some(records))) => records,
+                Ok(Some(None)) => {
+                    complete = false;
+                    continue;
+                }
                 Ok(None) => break,
                 Err(_) => {
                     tracing::debug!(service = %l.service, left = asks.len(), "lookup: routers past the budget");
@@ -225,60 +228,69 @@ async fn lookup(ctx: &CatalogCtx, l: &Lookup) -> (Vec<SignedRecord>, bool) {
     )
 }
 
-/// Routers providing `service` per the router DHT.
-async fn providers(ctx: &CatalogCtx, service: &str, t: Duration) -> Vec<PeerId> {
+/// Routers providing `service` per the router DHT; `None` when the answer
+/// did not come by `deadline`.
+async fn providers(
+    ctx: &CatalogCtx,
+    service: &str,
+    deadline: tokio::time::Instant,
+) -> Option<Vec<PeerId>> {
     let (reply, rx) = oneshot::channel();
     let cmd = Command::GetProviders {
         key: service_key(service),
         reply,
     };
-    if ctx.commands.send_timeout(cmd, t).await.is_err() {
-        tracing::warn!("swarm command queue full or closed; lookup answers locally");
-        return Vec::new();
+    match tokio::time::timeout_at(deadline, ctx.commands.send(cmd)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => return None,
+        Err(_) => {
+            tracing::warn!("swarm command queue full; lookup answers locally");
+            return None;
+        }
     }
-    tokio::time::timeout(t, rx)
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_default()
+    tokio::time::timeout_at(deadline, rx).await.ok()?.ok()
 }
 
+/// One router's own records for `service`; `None` when it could not be
+/// asked or did not answer by `deadline`.
 async fn ask_router(
     mut control: agentmesh_streams::Control,
     router: PeerId,
     service: String,
     limit: usize,
-    t: Duration,
-) -> Vec<SignedRecord> {
+    deadline: tokio::time::Instant,
+) -> Option<Vec<SignedRecord>> {
+    let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
     let protocol = StreamProtocol::new(CATALOG);
-    let mut stream = match tokio::time::timeout(t, control.open_stream(router, protocol)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            tracing::debug!(%router, error = %e, "catalog stream to router failed");
-            return Vec::new();
-        }
-        Err(_) => return Vec::new(),
-    };
+    let mut stream =
+        match tokio::time::timeout_at(deadline, control.open_stream(router, protocol)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::debug!(%router, error = %e, "catalog stream to router failed");
+                return None;
+            }
+            Err(_) => return None,
+        };
     let req = CatalogRequest {
         op: Some(catalog_request::Op::LocalLookup(Lookup {
             service,
             limit: u32::try_from(limit).unwrap_or(u32::MAX),
         })),
     };
-    let resp = wire::exchange(&mut stream, &req, t).await;
-    let _ = tokio::time::timeout(t, stream.close()).await;
+    let resp = wire::exchange(&mut stream, &req, left()).await;
+    let _ = tokio::time::timeout(left(), stream.close()).await;
     match resp {
         Ok(r) => match r.result {
-            Some(catalog_response::Result::Providers(p)) => p.records,
+            Some(catalog_response::Result::Providers(p)) => Some(p.records),
             Some(catalog_response::Result::Error(e)) => {
                 tracing::debug!(%router, reason = %e.reason, "router refused local lookup");
-                Vec::new()
+                None
             }
-            _ => Vec::new(),
+            _ => None,
         },
         Err(e) => {
             tracing::debug!(%router, error = %e, "local lookup failed");
-            Vec::new()
+            None
         }
     }
 }
