@@ -11,12 +11,7 @@ use clap::Parser as _;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 
 fn main() -> anyhow::Result<()> {
-    // The runtime all agentmesh binaries share: idle workers hand
-    // jemalloc's thread caches back.
-    agentmesh_runtime::runtime_builder()
-        .build()
-        .context("building the async runtime")?
-        .block_on(async_main())
+    agentmesh_runtime::block_on(async_main()).context("building the async runtime")?
 }
 
 async fn async_main() -> anyhow::Result<()> {

@@ -46,12 +46,8 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    // The runtime all agentmesh binaries share: idle workers hand
-    // jemalloc's thread caches back.
-    agentmesh_runtime::runtime_builder()
-        .build()
+    agentmesh_runtime::block_on(async_main())
         .map_err(|e| anyhow::anyhow!("building the async runtime: {e}"))?
-        .block_on(async_main())
 }
 
 async fn async_main() -> anyhow::Result<()> {

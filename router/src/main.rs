@@ -162,12 +162,7 @@ impl Args {
 const DEFAULT_LOG_FILTER: &str = "info,libp2p_kad::behaviour=error";
 
 fn main() -> anyhow::Result<()> {
-    // `#[tokio::main]` plus one hook: idle workers hand jemalloc's thread
-    // caches back, so memory freed after members leave can be returned.
-    agentmesh_runtime::runtime_builder()
-        .build()
-        .context("building the async runtime")?
-        .block_on(run())
+    agentmesh_runtime::block_on(run()).context("building the async runtime")?
 }
 
 async fn run() -> anyhow::Result<()> {

@@ -22,12 +22,18 @@ pub use tikv_jemallocator::Jemalloc as Allocator;
 /// The multi-thread tokio runtime every agentmesh binary runs on: what
 /// `#[tokio::main]` builds (all drivers on), plus one hook so idle workers
 /// hand jemalloc's thread caches back ([`allocator::on_thread_park`]) and
-/// memory freed after members leave can be returned to the OS. One place,
-/// so every binary does it the same way: `runtime_builder().build()?.block_on(..)`.
+/// memory freed after members leave can be returned to the OS. Binaries
+/// run their main future with [`block_on`].
 pub fn runtime_builder() -> tokio::runtime::Builder {
     let mut b = tokio::runtime::Builder::new_multi_thread();
     b.enable_all().on_thread_park(allocator::on_thread_park);
     b
+}
+
+/// Builds the [`runtime_builder`] runtime and runs `main` on it to the end:
+/// every binary's `fn main`. Fails only if the runtime cannot be built.
+pub fn block_on<F: std::future::Future>(main: F) -> std::io::Result<F::Output> {
+    Ok(runtime_builder().build()?.block_on(main))
 }
 
 // Unit tests read jemalloc's statistics: make it this test binary's
