@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use agentmesh_node::Config;
 use agentmesh_proto::pb::credential::Role;
+use agentmesh_testkit::udp_sockets_on;
 use support::*;
 
 /// A free loopback port for `proto` ("tcp" or "udp"), from the OS.
@@ -61,22 +62,6 @@ async fn members_dial_quic_from_their_source_ip() {
     a.shutdown().await;
     b.shutdown().await;
     r.handle.shutdown().await;
-}
-
-/// UDP sockets of this network namespace bound to `ip` (from
-/// `/proc/self/net/udp`; the kernel prints the address in memory order).
-fn udp_sockets_on(ip: Ipv4Addr) -> usize {
-    let want = format!("{:08X}:", u32::from_ne_bytes(ip.octets()));
-    let table = std::fs::read_to_string("/proc/self/net/udp").expect("read /proc/self/net/udp");
-    table
-        .lines()
-        .skip(1)
-        .filter(|l| {
-            l.split_whitespace()
-                .nth(1)
-                .is_some_and(|local| local.starts_with(&want))
-        })
-        .count()
 }
 
 /// A member with `--dial-source-ip` attached to a TCP-only router has

@@ -67,6 +67,23 @@ pub fn metric(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// UDP sockets of this network namespace bound to `ip` (from
+/// `/proc/self/net/udp`; the kernel prints the address in memory order):
+/// how tests see which sockets a member opened from its source IP.
+pub fn udp_sockets_on(ip: std::net::Ipv4Addr) -> usize {
+    let want = format!("{:08X}:", u32::from_ne_bytes(ip.octets()));
+    let table = std::fs::read_to_string("/proc/self/net/udp").expect("read /proc/self/net/udp");
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|local| local.starts_with(&want))
+        })
+        .count()
+}
+
 /// A TCP echo backend on 127.0.0.1:0 (a real socket a node exposes as a
 /// service); each connection is echoed until the caller half-closes.
 pub async fn echo_backend() -> SocketAddr {

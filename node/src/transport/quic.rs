@@ -163,27 +163,12 @@ impl Transport for DialQuic {
 mod tests {
     use std::time::Duration;
 
+    use agentmesh_testkit::udp_sockets_on;
     use futures::future::poll_fn;
     use libp2p::core::Endpoint;
     use libp2p::identity::Keypair;
 
     use super::*;
-
-    /// UDP sockets of this network namespace bound to `ip` (from
-    /// `/proc/self/net/udp`; the kernel prints the address in memory order).
-    fn udp_sockets_on(ip: std::net::Ipv4Addr) -> usize {
-        let want = format!("{:08X}:", u32::from_ne_bytes(ip.octets()));
-        let table = std::fs::read_to_string("/proc/self/net/udp").expect("read /proc/self/net/udp");
-        table
-            .lines()
-            .skip(1)
-            .filter(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .is_some_and(|local| local.starts_with(&want))
-            })
-            .count()
-    }
 
     /// A real libp2p QUIC listener (as a router runs) on 127.0.0.1, and
     /// the address it listens on.
