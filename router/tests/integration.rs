@@ -632,17 +632,7 @@ async fn two_routers_mesh_and_a_lookup_on_one_finds_a_record_on_the_other() {
     let cp = start_cp(3600).await;
     let r1 = start_router(&cp).await;
     let r2 = start_router(&cp).await;
-    eventually("routers admit each other", || async {
-        tracing::info!(
-            r1 = r1.metric("agentmesh_router_admitted_routers"),
-            r2 = r2.metric("agentmesh_router_admitted_routers"),
-            "admitted routers"
-        );
-        (r1.metric("agentmesh_router_admitted_routers") == 1.0
-            && r2.metric("agentmesh_router_admitted_routers") == 1.0)
-            .then_some(())
-    })
-    .await;
+    routers_admit_each_other(&r1, &r2).await;
     assert!(r1.auth_count("router", "admitted") + r2.auth_count("router", "admitted") >= 2.0);
 
     let member_token = cp.token(Role::Member).await;
@@ -704,6 +694,46 @@ async fn two_routers_mesh_and_a_lookup_on_one_finds_a_record_on_the_other() {
     r2.handle.shutdown().await;
 }
 
+/// Waits until two routers have admitted each other.
+async fn routers_admit_each_other(r1: &Router, r2: &Router) {
+    eventually("routers admit each other", || async {
+        tracing::info!(
+            r1 = r1.metric("agentmesh_router_admitted_routers"),
+            r2 = r2.metric("agentmesh_router_admitted_routers"),
+            "admitted routers"
+        );
+        (r1.metric("agentmesh_router_admitted_routers") == 1.0
+            && r2.metric("agentmesh_router_admitted_routers") == 1.0)
+            .then_some(())
+    })
+    .await;
+}
+
+/// A member enrolled with `token` and admitted on `router` to attach.
+async fn attached_member(cp: &Cp, token: &str, router: &Router) -> TestPeer {
+    let (p, cred) = TestPeer::enrolled_and_connected(cp, token, router).await;
+    assert!(admitted(
+        &p.auth(router.id(), Some(cred), Purpose::Attach).await
+    ));
+    p
+}
+
+/// `p` publishes an echo record on `router`, which acknowledges it.
+async fn publish_echo(p: &TestPeer, router: &Router) {
+    let req = CatalogRequest {
+        op: Some(catalog_request::Op::Publish(record(
+            &p.key,
+            &["echo"],
+            &[router.id()],
+        ))),
+    };
+    let resp = p.catalog(router.id(), req).await;
+    assert!(
+        matches!(resp.result, Some(catalog_response::Result::Ack(_))),
+        "{resp:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lookup_answers_local_records_when_the_remote_budget_runs_out() {
     let cp = start_cp(3600).await;
@@ -711,44 +741,15 @@ async fn a_lookup_answers_local_records_when_the_remote_budget_runs_out() {
     // answered from its own records and counted as partial.
     let r1 = start_router_with(&cp, |c| c.catalog_remote_lookup_budget = Duration::ZERO).await;
     let r2 = start_router(&cp).await;
-    eventually("routers admit each other", || async {
-        (r1.metric("agentmesh_router_admitted_routers") == 1.0
-            && r2.metric("agentmesh_router_admitted_routers") == 1.0)
-            .then_some(())
-    })
-    .await;
+    routers_admit_each_other(&r1, &r2).await;
     let member_token = cp.token(Role::Member).await;
-    let publish = |p: &TestPeer, router: PeerId| CatalogRequest {
-        op: Some(catalog_request::Op::Publish(record(
-            &p.key,
-            &["echo"],
-            &[router],
-        ))),
-    };
     // A provides echo on R2, C on R1.
-    let (a, cred_a) = TestPeer::enrolled_and_connected(&cp, &member_token, &r2).await;
-    assert!(admitted(
-        &a.auth(r2.id(), Some(cred_a), Purpose::Attach).await
-    ));
-    let resp = a.catalog(r2.id(), publish(&a, r2.id())).await;
-    assert!(
-        matches!(resp.result, Some(catalog_response::Result::Ack(_))),
-        "{resp:?}"
-    );
-    let (c, cred_c) = TestPeer::enrolled_and_connected(&cp, &member_token, &r1).await;
-    assert!(admitted(
-        &c.auth(r1.id(), Some(cred_c), Purpose::Attach).await
-    ));
-    let resp = c.catalog(r1.id(), publish(&c, r1.id())).await;
-    assert!(
-        matches!(resp.result, Some(catalog_response::Result::Ack(_))),
-        "{resp:?}"
-    );
+    let a = attached_member(&cp, &member_token, &r2).await;
+    publish_echo(&a, &r2).await;
+    let c = attached_member(&cp, &member_token, &r1).await;
+    publish_echo(&c, &r1).await;
 
-    let (b, cred_b) = TestPeer::enrolled_and_connected(&cp, &member_token, &r1).await;
-    assert!(admitted(
-        &b.auth(r1.id(), Some(cred_b), Purpose::Attach).await
-    ));
+    let b = attached_member(&cp, &member_token, &r1).await;
     let found = providers(&b.catalog(r1.id(), lookup("echo")).await);
     assert_eq!(found, vec![c.peer_id], "R1's own record only");
     assert!(
@@ -758,10 +759,7 @@ async fn a_lookup_answers_local_records_when_the_remote_budget_runs_out() {
     // R2, with the default budget, finds both.
     let aid = a.peer_id;
     let cid = c.peer_id;
-    let (d, cred_d) = TestPeer::enrolled_and_connected(&cp, &member_token, &r2).await;
-    assert!(admitted(
-        &d.auth(r2.id(), Some(cred_d), Purpose::Attach).await
-    ));
+    let d = attached_member(&cp, &member_token, &r2).await;
     eventually("a lookup on R2 finds A's and C's records", || async {
         let found = providers(&d.catalog(r2.id(), lookup("echo")).await);
         (found.contains(&aid) && found.contains(&cid)).then_some(())
