@@ -102,11 +102,7 @@ async fn demo_members_call_each_other_through_the_mesh() {
         .expect("banner names router 0's metrics within the deadline")
         .expect("banner task alive");
     let body = http_get(&metrics_addr, "/metrics").await;
-    let resident = body
-        .lines()
-        .find_map(|l| l.strip_prefix("agentmesh_runtime_allocator_resident_bytes "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or_else(|| panic!("no allocator gauge on router 0's /metrics"));
+    let resident = agentmesh_testkit::metric(&body, "agentmesh_runtime_allocator_resident_bytes");
     assert!(resident > 0.0, "resident bytes {resident}");
 
     // Ctrl-C stops it cleanly.
