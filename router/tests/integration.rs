@@ -169,6 +169,15 @@ async fn admission_and_refusals_with_reasons_and_counters() {
         kad.is_err_and(|e| e.contains("not support")),
         "kad refused to members"
     );
+    // Nor identify: members do not speak it, and the router keeps no
+    // identify state per member.
+    for proto in ["/ipfs/id/1.0.0", "/ipfs/id/push/1.0.0"] {
+        let id = a.try_open(r.id(), proto).await;
+        assert!(
+            id.is_err_and(|e| e.contains("not support")),
+            "{proto} refused to members"
+        );
+    }
 
     // Another peer presenting A's credential.
     let mut b = TestPeer::new();

@@ -1,7 +1,9 @@
-//! A behaviour wrapper that runs the inner behaviour (Kademlia) only on
-//! connections to known routers; every other connection gets a dummy handler,
-//! so members' Kademlia streams are refused ("protocol not supported") and
-//! members never see or feed the router DHT.
+//! A behaviour wrapper that runs the inner behaviour (Kademlia, identify)
+//! only on connections to known routers; every other connection gets a dummy
+//! handler, so members' Kademlia streams are refused ("protocol not
+//! supported"), members never see or feed the router DHT, and the inner
+//! behaviour keeps no per-member state (its tables would keep the capacity
+//! of the largest fleet the router ever held).
 //!
 //! Which peers are routers is decided when a connection is established, from
 //! a shared set (the directory's routers). A router connection that came in
@@ -224,7 +226,7 @@ where
                         });
                     }
                     None => {
-                        tracing::debug!(%peer_id, "dropping kad event for a peer without a kad connection");
+                        tracing::debug!(%peer_id, "dropping an event for a router without a connection that carries the behaviour");
                         continue;
                     }
                 }

@@ -55,7 +55,13 @@ pub(crate) struct Behaviour {
     pub(crate) relay: relay::Behaviour,
     pub(crate) stream: agentmesh_streams::Behaviour,
     pub(crate) kad: RouterOnly<kad::Behaviour<MemoryStore>>,
-    pub(crate) identify: identify::Behaviour,
+    /// Among routers only: members do not speak identify, so on a member's
+    /// connection it only cost an outbound stream that fails to negotiate,
+    /// a per-connection handler and timer, and an entry in identify's
+    /// connected-peers table, which keeps the capacity of the peak for good
+    /// (1.25 MiB after 5,000 members left, heap profile in
+    /// tests/scale/results/20261129T1440Z-release-5000-memory).
+    pub(crate) identify: RouterOnly<identify::Behaviour>,
     pub(crate) ping: ping::Behaviour,
 }
 
@@ -106,11 +112,14 @@ pub(crate) fn build(shared: &Arc<Shared>) -> Result<Swarm<Behaviour>, BuildError
                 pending,
                 relay: relay::Behaviour::new(peer_id, relay_config),
                 stream: agentmesh_streams::Behaviour::with_config(streams_config),
-                kad: RouterOnly::new(kad, router_set),
-                identify: identify::Behaviour::new(identify::Config::new(
-                    IDENTIFY_PROTOCOL.to_string(),
-                    key.public(),
-                )),
+                kad: RouterOnly::new(kad, router_set.clone()),
+                identify: RouterOnly::new(
+                    identify::Behaviour::new(identify::Config::new(
+                        IDENTIFY_PROTOCOL.to_string(),
+                        key.public(),
+                    )),
+                    router_set.clone(),
+                ),
                 ping: ping::Behaviour::default(),
             }
         })
