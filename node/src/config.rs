@@ -71,8 +71,11 @@ pub struct Config {
     /// Deadline to connect to a router or a provider (`--connect-timeout-secs`, default 10).
     pub connect_timeout_secs: u64,
     /// Deadline for a request/response exchange: auth, catalog, call set-up (`--call-timeout-secs`, default 10).
+    /// An outbound call as a whole returns within connect + call timeout
+    /// ([`Config::call_budget`]).
     pub call_timeout_secs: u64,
-    /// Providers tried per call before giving up (`--call-attempts`, default 3).
+    /// Providers tried per call before giving up, within the call's budget
+    /// (`--call-attempts`, default 3).
     pub call_attempts: usize,
     /// Inbound calls served at once, all callers (`--max-inbound-calls`, default 256).
     pub max_inbound_calls: usize,
@@ -164,6 +167,14 @@ impl Config {
 
     pub(crate) fn call_timeout(&self) -> Duration {
         Duration::from_secs(self.call_timeout_secs.max(1))
+    }
+
+    /// The most one outbound call's set-up takes, from `call()` to its
+    /// stream or error: connect timeout + call timeout. The lookup, every
+    /// connect, every provider attempt and the one retry share it; each
+    /// step's own timeout is cut to what is left of it.
+    pub fn call_budget(&self) -> Duration {
+        self.connect_timeout() + self.call_timeout()
     }
 }
 

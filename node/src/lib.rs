@@ -129,7 +129,9 @@ impl NodeHandle {
     }
 
     /// Calls `service` on some provider; the stream is returned once the
-    /// provider accepted.
+    /// provider accepted. Returns, with the stream or an error, within the
+    /// call budget ([`Config::call_budget`]: connect + call timeout), which
+    /// the lookup, every provider attempt and the one retry share.
     pub async fn call(&self, service: &str) -> Result<CallStream, CallError> {
         call::outbound::call(&self.shared, service).await
     }

@@ -117,17 +117,19 @@ impl Shared {
         }
     }
 
-    /// Asks the core loop to connect to `peer` and waits, up to the connect
-    /// timeout. With `keep_via`, relayed connections to `peer` through other
+    /// Asks the core loop to connect to `peer` and waits, up to `limit`
+    /// (the connect timeout, or less: what is left of a call's budget).
+    /// With `keep_via`, relayed connections to `peer` through other
     /// routers are closed first (see [`Command::Connect`]).
     pub(crate) async fn connect(
         &self,
         peer: PeerId,
         addrs: Vec<Multiaddr>,
         keep_via: Option<Vec<PeerId>>,
+        limit: Duration,
     ) -> Result<(), String> {
         let (reply, rx) = oneshot::channel();
-        let deadline = self.config.connect_timeout();
+        let deadline = limit;
         let fut = async {
             self.cmd
                 .send(Command::Connect {
@@ -142,7 +144,7 @@ impl Shared {
         };
         tokio::time::timeout(deadline, fut)
             .await
-            .map_err(|_| format!("no connection to {peer} within {} s", deadline.as_secs()))?
+            .map_err(|_| format!("no connection to {peer} within {deadline:?}"))?
     }
 
     pub(crate) fn in_flight_guard(&self) -> InFlight {

@@ -50,14 +50,14 @@ pub enum WireError {
         source: FrameError,
     },
     /// The deadline passed.
-    #[error("{protocol} with {peer}: no answer within {secs} s")]
+    #[error("{protocol} with {peer}: no answer within {after:?}")]
     Timeout {
         /// Protocol id.
         protocol: &'static str,
         /// Remote.
         peer: PeerId,
-        /// The deadline.
-        secs: u64,
+        /// The deadline (a step's timeout, or what was left of a call's budget).
+        after: Duration,
     },
     /// The answer was well-formed but empty or unexpected.
     #[error("{protocol} with {peer}: {what}")]
@@ -132,7 +132,7 @@ async fn with_deadline<T>(
         .map_err(|_| WireError::Timeout {
             protocol,
             peer,
-            secs: deadline.as_secs(),
+            after: deadline,
         })?
 }
 

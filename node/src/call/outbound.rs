@@ -3,15 +3,26 @@
 //! transit connection to one of the provider's routers; connect and call
 //! timeouts; fall back to the next provider.
 //!
+//! A call has one deadline, set when it starts: its budget, connect +
+//! call timeout ([`crate::Config::call_budget`]). Every step (each router
+//! asked in the lookup, each transit connect and auth, each relayed
+//! connect, each call exchange, the pauses) waits at most its own timeout
+//! cut to what is left of the budget, and the whole call is bounded by the
+//! deadline too, so `call()` returns (a stream or an error) within its
+//! budget however many routers, providers and retries it goes through.
+//! Before, only the retry was held to the deadline: a first round trying
+//! `--call-attempts` providers gave each step its full timeout, one after
+//! the other, and could run for several budgets (seen as calls that had
+//! not returned after 22 s while a router drained under 10,000 members).
+//!
 //! A route can fail under a call when a router drains or a provider moves
 //! off it (circuit or connection closed, stream reset, the relayed dial's
 //! oneshot canceled, no answer at all). Such a failure, when it was the
 //! last, is retried once: a fresh lookup, routes avoiding the routers that
-//! failed, within the call's overall deadline (connect + call timeout).
-//! Never after a provider answered: an answer (accepted or refused) is final.
-//! A lookup where every router asked knew no provider is asked once more
-//! too (once, apart from the route retry), after a short pause: mid-move
-//! that is a gap in the catalog.
+//! failed, within the call's deadline. Never after a provider answered: an
+//! answer (accepted or refused) is final. A lookup where every router
+//! asked knew no provider is asked once more too (once, apart from the
+//! route retry), after a short pause: mid-move that is a gap in the catalog.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -48,6 +59,25 @@ const RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// Pause before asking again after no router knew a provider (jittered up
 /// to ×3): time for a moving provider's record to reach its new router.
 const NO_PROVIDERS_PAUSE: Duration = Duration::from_millis(250);
+
+/// The deadline of one call: every step waits at most its own timeout cut
+/// to what is left.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    deadline: Instant,
+}
+
+impl Budget {
+    /// What a step may wait: `step`, or less when less is left.
+    fn cap(&self, step: Duration) -> Duration {
+        step.min(self.deadline.saturating_duration_since(Instant::now()))
+    }
+
+    /// Whether the deadline has passed.
+    fn spent(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+}
 
 /// How a failure happened on the route to a provider (before it answered).
 #[derive(Debug, Clone, Copy)]
@@ -126,6 +156,7 @@ async fn lookup(
     shared: &Arc<Shared>,
     service: &str,
     attached: &[(PeerId, Multiaddr)],
+    budget: Budget,
 ) -> Result<LookupResult, CallError> {
     // `attached` is in order of preference. An empty answer may be one
     // router's stale view (a provider just moved): the next router is asked
@@ -133,6 +164,10 @@ async fn lookup(
     let mut last = String::from("no router answered");
     let mut empty = None;
     for (router, _) in attached {
+        if budget.spent() {
+            last = format!("{last}; the call's budget ran out before asking {router}");
+            break;
+        }
         let req = CatalogRequest {
             op: Some(catalog_request::Op::Lookup(Lookup {
                 service: service.to_string(),
@@ -143,7 +178,7 @@ async fn lookup(
             shared.control.clone(),
             *router,
             req,
-            shared.config.call_timeout(),
+            budget.cap(shared.config.call_timeout()),
         )
         .await
         {
@@ -189,7 +224,30 @@ async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, C
     if shared.is_shutting_down() {
         return Err(CallError::ShuttingDown);
     }
-    let deadline = Instant::now() + shared.config.connect_timeout() + shared.config.call_timeout();
+    let limit = shared.config.call_budget();
+    let budget = Budget {
+        deadline: Instant::now() + limit,
+    };
+    // Every step inside is cut to the deadline; this bounds what is not
+    // (the command queue to the core loop, anything added later).
+    match tokio::time::timeout_at(budget.deadline, rounds(shared, service, budget)).await {
+        Ok(r) => r,
+        Err(_) => Err(CallError::Failed {
+            service: service.to_string(),
+            attempts: 0,
+            last: format!("the call's budget of {limit:?} (connect + call timeout) ran out"),
+            refused: false,
+            timed_out: true,
+        }),
+    }
+}
+
+/// A first round and at most one retry of each kind, all by `budget`.
+async fn rounds(
+    shared: &Arc<Shared>,
+    service: &str,
+    budget: Budget,
+) -> Result<CallStream, CallError> {
     let mut avoid: HashSet<PeerId> = HashSet::new();
     // At most one retry of each kind: after a route failure, after an
     // empty lookup.
@@ -200,26 +258,7 @@ async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, C
     let mut earlier: Vec<String> = Vec::new();
     loop {
         let retry = route_retried || lookup_retried;
-        let attempt = round(shared, service, &avoid, retry, close_all);
-        // The first round has its own per-step timeouts; retries must also
-        // end by the call's deadline.
-        let result = if retry {
-            match tokio::time::timeout_at(deadline, attempt).await {
-                Ok(r) => r,
-                Err(_) => {
-                    return Err(CallError::Failed {
-                        service: service.to_string(),
-                        attempts: 1,
-                        last: format!("retry ran out of time (after: {})", earlier.join("; ")),
-                        refused: false,
-                        timed_out: true,
-                    });
-                }
-            }
-        } else {
-            attempt.await
-        };
-        let failed = match result {
+        let failed = match round(shared, service, &avoid, retry, close_all, budget).await {
             Ok(s) => return Ok(s),
             Err(e) => e,
         };
@@ -238,7 +277,7 @@ async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, C
             }
             _ => return Err(with_earlier(failed.error, &earlier)),
         };
-        if shared.is_shutting_down() || Instant::now() + MIN_RETRY_TIME > deadline {
+        if shared.is_shutting_down() || Instant::now() + MIN_RETRY_TIME > budget.deadline {
             return Err(with_earlier(failed.error, &earlier));
         }
         // No provider answered: once more, on a fresh lookup, avoiding the
@@ -252,7 +291,7 @@ async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, C
         tracing::debug!(service, error = %failed.error, ?avoid, "retrying the call on a fresh route");
         earlier.push(failed.error.to_string());
         let pause = pause.mul_f64(1.0 + rand::thread_rng().gen_range(0.0..=2.0));
-        tokio::time::sleep_until((Instant::now() + pause).min(deadline)).await;
+        tokio::time::sleep(budget.cap(pause)).await;
     }
 }
 
@@ -286,6 +325,7 @@ async fn round(
     avoid: &HashSet<PeerId>,
     retry: bool,
     close_all: bool,
+    budget: Budget,
 ) -> Result<CallStream, RoundError> {
     let mut avoid = avoid.clone();
     avoid.extend(shared.leaving.read().iter().copied());
@@ -301,7 +341,7 @@ async fn round(
     }
     attached.shuffle(&mut rand::thread_rng());
     attached.sort_by_key(|(r, _)| avoid.contains(r));
-    let found = lookup(shared, service, &attached).await?;
+    let found = lookup(shared, service, &attached, budget).await?;
 
     // Verified records naming the service, newest per provider, never us.
     let now = unix_now();
@@ -345,12 +385,16 @@ async fn round(
     let mut routes = Vec::new();
     let mut tried = 0;
     for (provider, routers) in providers.into_iter().take(attempts) {
+        if tried > 0 && budget.spent() {
+            break;
+        }
         tried += 1;
         let route = Route {
             attached: &attached_map,
             avoid,
             retry,
             close_all,
+            budget,
         };
         match attempt(shared, service, provider, &routers, route).await {
             Ok(s) => return Ok(s),
@@ -384,9 +428,15 @@ async fn transit(
     shared: &Arc<Shared>,
     router: PeerId,
     addrs: Vec<Multiaddr>,
+    budget: Budget,
 ) -> Result<(), AttemptError> {
     shared
-        .connect(router, addrs, None)
+        .connect(
+            router,
+            addrs,
+            None,
+            budget.cap(shared.config.connect_timeout()),
+        )
         .await
         .map_err(|e| connect_error(e, router))?;
     // A router we hold (or are acquiring) admits us for attach; a transit
@@ -401,7 +451,7 @@ async fn transit(
         shared.credential(),
         Purpose::Transit,
         attached,
-        shared.config.call_timeout(),
+        budget.cap(shared.config.call_timeout()),
     )
     .await
     .map_err(|e| AttemptError::wire(e, "connect_failed", router))?
@@ -428,6 +478,8 @@ struct Route<'a> {
     /// A retry after a failed stream: every relayed connection to the
     /// provider is closed first.
     close_all: bool,
+    /// The call's deadline.
+    budget: Budget,
 }
 
 async fn attempt(
@@ -442,6 +494,7 @@ async fn attempt(
         avoid,
         retry,
         close_all,
+        budget,
     } = route;
     let shared_with_us: Vec<PeerId> = routers
         .iter()
@@ -464,7 +517,7 @@ async fn attempt(
     let (via, addr, is_transit) = if let Some(r) = fresh {
         (*r, attached[r].clone(), false)
     } else if let Some((t, addrs)) = transit_via {
-        transit(shared, t, addrs.clone()).await?;
+        transit(shared, t, addrs.clone(), budget).await?;
         (t, addrs[0].clone(), true)
     } else if let Some(r) = shared_with_us.first() {
         // Only avoided routers are left: better them than nothing.
@@ -489,7 +542,12 @@ async fn attempt(
             .collect()
     });
     shared
-        .connect(provider, vec![circuit], keep_via)
+        .connect(
+            provider,
+            vec![circuit],
+            keep_via,
+            budget.cap(shared.config.connect_timeout()),
+        )
         .await
         .map_err(|e| connect_error(explain_circuit_failure(e, via, provider), via))?;
     let (resp, stream) = wire::call(
@@ -497,7 +555,7 @@ async fn attempt(
         provider,
         service,
         shared.credential(),
-        shared.config.call_timeout(),
+        budget.cap(shared.config.call_timeout()),
     )
     .await
     .map_err(|e| AttemptError::wire(e, "stream_failed", via))?;
@@ -588,7 +646,7 @@ mod tests {
             explain_circuit_failure("a:\n   b".into(), via, provider),
             "a: b"
         );
-        let plain = "no connection to x within 10 s".to_string();
+        let plain = "no connection to x within 10s".to_string();
         assert_eq!(explain_circuit_failure(plain.clone(), via, provider), plain);
     }
 }

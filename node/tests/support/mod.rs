@@ -143,3 +143,48 @@ pub async fn socket_readyz(path: &Path) -> Option<String> {
     u.read_to_string(&mut out).await.ok()?;
     Some(out)
 }
+
+/// A backend whose connects hang: a loopback listener with a backlog of one
+/// that never accepts, its queue filled, so the kernel drops every further
+/// SYN. A provider exposing it neither accepts nor refuses a call until its
+/// own connect timeout. Keep the returned value alive as long as the backend.
+pub struct HangingBackend {
+    /// The address to expose.
+    pub addr: std::net::SocketAddr,
+    _listener: tokio::net::TcpListener,
+    _queued: Vec<tokio::net::TcpStream>,
+}
+
+/// Binds a [`HangingBackend`]: connects until one connect no longer
+/// completes, twice in a row (set-up only: nothing is asserted on time).
+pub async fn hanging_backend() -> HangingBackend {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .expect("bind");
+    let listener = socket.listen(1).expect("listen");
+    let addr = listener.local_addr().expect("addr");
+    let mut queued = Vec::new();
+    let mut stalled = 0;
+    while stalled < 2 {
+        assert!(queued.len() < 64, "the backlog never filled");
+        match tokio::time::timeout(
+            Duration::from_millis(300),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            Ok(Ok(s)) => {
+                stalled = 0;
+                queued.push(s);
+            }
+            Ok(Err(e)) => panic!("connect to the hanging backend: {e}"),
+            Err(_) => stalled += 1,
+        }
+    }
+    HangingBackend {
+        addr,
+        _listener: listener,
+        _queued: queued,
+    }
+}
