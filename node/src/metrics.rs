@@ -39,6 +39,9 @@ pub const AUTH_RESULTS: &[&str] = &["admitted", "refused", "go_away", "error"];
 pub const CP_OPS: &[&str] = &["enroll", "refresh", "directory"];
 /// Go-away outcomes: the reason obeyed, or why not.
 pub const GOAWAY_RESULTS: &[&str] = &["draining", "overloaded", "other", "ignored", "error"];
+/// Why a router that sent go-away was let go: K other routers were
+/// reserved (`replaced`), or it closed our connection first (`router_closed`).
+pub const GOAWAY_RELEASE_REASONS: &[&str] = &["replaced", "router_closed"];
 /// Why a held router was given up for another one.
 pub const REPLACE_REASONS: &[&str] = &["reservation_refused"];
 /// Why an outbound call was retried on a fresh route ([`Metrics::call_retries`]).
@@ -72,7 +75,7 @@ pub struct ResultLabel {
 /// `{reason}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
-    /// One of [`REPLACE_REASONS`] or [`CALL_RETRY_REASONS`].
+    /// One of [`REPLACE_REASONS`], [`CALL_RETRY_REASONS`] or [`GOAWAY_RELEASE_REASONS`].
     pub reason: &'static str,
 }
 
@@ -114,6 +117,8 @@ pub struct Metrics {
     pub control_plane: Family<OpLabels, Counter>,
     /// Go-aways received by result ([`GOAWAY_RESULTS`]).
     pub goaways: Family<ResultLabel, Counter>,
+    /// Routers that sent go-away let go, by reason ([`GOAWAY_RELEASE_REASONS`]).
+    pub goaway_releases: Family<ReasonLabel, Counter>,
     /// Held routers given up for another one, by reason ([`REPLACE_REASONS`]).
     pub routers_replaced: Family<ReasonLabel, Counter>,
     /// Connections to a router retried after a backoff because the dial or
@@ -157,6 +162,9 @@ impl Metrics {
         }
         for r in GOAWAY_RESULTS {
             let _ = m.goaways.get_or_create(&ResultLabel { result: r });
+        }
+        for reason in GOAWAY_RELEASE_REASONS {
+            let _ = m.goaway_releases.get_or_create(&ReasonLabel { reason });
         }
         for reason in REPLACE_REASONS {
             let _ = m.routers_replaced.get_or_create(&ReasonLabel { reason });
@@ -250,6 +258,11 @@ impl Metrics {
             self.goaways.clone(),
         );
         r.register(
+            "goaway_releases",
+            "Routers that sent go-away let go, by reason (replaced: K others reserved; router_closed: it closed us first)",
+            self.goaway_releases.clone(),
+        );
+        r.register(
             "control_plane",
             "Control-plane operations by op and result",
             self.control_plane.clone(),
@@ -299,6 +312,10 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("agentmesh_node_auth_connection_retries_total 0"));
+        assert!(
+            out.contains(r#"agentmesh_node_goaway_releases_total{reason="router_closed"} 0"#),
+            "{out}"
+        );
         assert!(
             out.contains(r#"agentmesh_node_relayed_idle_closed_total{direction="outbound"} 0"#),
             "{out}"

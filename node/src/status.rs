@@ -15,6 +15,9 @@ pub struct NodeStatus {
     pub admitted: Vec<PeerId>,
     /// Routers where our relay reservation is active.
     pub reserved: Vec<PeerId>,
+    /// Held routers that sent go-away: kept until K others are reserved or
+    /// they close us (also in `admitted`/`reserved` while they last).
+    pub leaving: Vec<PeerId>,
     /// Routers in the directory matching the selector.
     pub candidates: usize,
     /// Whether this node exposes services.
@@ -26,6 +29,11 @@ pub struct NodeStatus {
     pub ready: bool,
     /// Shutdown has begun.
     pub stopping: bool,
+    /// The last thing that went wrong attaching to or holding a router
+    /// (refused, connection failed, reservation lost, go-away), naming the
+    /// router; kept until the next one, so it explains a node below K or
+    /// not ready. At most 240 characters.
+    pub last_router_error: Option<String>,
 }
 
 impl NodeStatus {
@@ -56,6 +64,9 @@ impl NodeStatus {
         } else {
             "records not yet accepted by any router".to_string()
         };
-        format!("not ready: {why}\n")
+        match &self.last_router_error {
+            Some(e) => format!("not ready: {why}; last router error: {e}\n"),
+            None => format!("not ready: {why}\n"),
+        }
     }
 }

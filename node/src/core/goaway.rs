@@ -2,6 +2,17 @@
 //! admitted by; make-before-break: the router is marked leaving, a
 //! replacement is attached, reserved and given our records, and only then is
 //! the old router released and shunned for its `retry_after` (≤ 1 h).
+//!
+//! A leaving router is released only once K routers that are not leaving
+//! are reserved (and hold our records). Short of that — the alternatives
+//! refuse us, or fewer than K others exist — it is kept: it still serves
+//! until its drain or trim grace ends and then closes us itself, while the
+//! node keeps trying to reach K elsewhere (calls route around it). So a
+//! member never lets go of a working router for nothing: before, it
+//! released the leaving router as soon as no replacement was in progress,
+//! leaving it below K (or on one router) for as long as the survivors
+//! refused it. Releases are counted by reason
+//! (`agentmesh_node_goaway_releases_total`: `replaced`, `router_closed`).
 
 use std::time::Duration;
 
@@ -117,11 +128,21 @@ impl Core {
             _ => "other",
         };
         self.count_goaway(label);
+        if !self.slots.contains_key(&router) {
+            return;
+        }
+        let shun = shun_for(&g);
+        tracing::info!(%router, reason = label, alternatives = g.alternatives.len(), ?shun, "go-away: moving (make before break)");
+        self.note_error(
+            router,
+            format!(
+                "sent go-away ({label}, {} alternatives): moving",
+                g.alternatives.len()
+            ),
+        );
         let Some(slot) = self.slots.get_mut(&router) else {
             return;
         };
-        let shun = shun_for(&g);
-        tracing::info!(%router, reason = label, alternatives = g.alternatives.len(), ?shun, "go-away: moving (make before break)");
         slot.leaving = Some(shun);
         slot.draining |= is_draining(&g);
         self.merge_alternatives(&g.alternatives);
@@ -143,8 +164,9 @@ impl Core {
         }
     }
 
-    /// Releases leaving routers once their replacements are reserved (and
-    /// hold our records), or once nothing better is coming.
+    /// Releases leaving routers once K routers that are not leaving are
+    /// reserved (and hold our records); until then they stay (see the
+    /// module docs).
     pub(super) fn release_leaving(&mut self) {
         let leaving: Vec<(PeerId, Duration)> = self
             .slots
@@ -155,22 +177,28 @@ impl Core {
             return;
         }
         let exposing = !self.shared.config.expose.is_empty();
-        let active = self.slots.values().filter(|s| s.leaving.is_none());
-        let (mut ready, mut in_progress) = (0, 0);
-        for s in active {
-            if matches!(s.phase, Phase::Reserved(_)) && (s.published || !exposing) {
-                ready += 1;
-            } else {
-                in_progress += 1;
-            }
-        }
-        let release = ready >= self.shared.config.routers || (in_progress == 0 && ready >= 1);
-        if release {
+        let ready = self
+            .slots
+            .values()
+            .filter(|s| s.leaving.is_none())
+            .filter(|s| matches!(s.phase, Phase::Reserved(_)) && (s.published || !exposing))
+            .count();
+        if ready >= self.shared.config.routers {
             for (router, shun) in leaving {
-                tracing::info!(%router, "released after go-away");
+                tracing::info!(%router, "released after go-away: replaced");
+                self.count_release("replaced");
                 self.drop_router(router, shun);
             }
         }
+    }
+
+    /// Counts a leaving router let go, by [`crate::metrics::GOAWAY_RELEASE_REASONS`].
+    pub(super) fn count_release(&self, reason: &'static str) {
+        self.shared
+            .metrics
+            .goaway_releases
+            .get_or_create(&crate::metrics::ReasonLabel { reason })
+            .inc();
     }
 }
 

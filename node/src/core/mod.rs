@@ -109,7 +109,13 @@ pub(crate) struct Core {
     goaways_pending: usize,
     warned_no_router: bool,
     publish_retry_at: Option<Instant>,
+    /// The last thing that went wrong holding routers (see
+    /// [`crate::NodeStatus::last_router_error`]).
+    last_router_error: Option<String>,
 }
+
+/// Characters kept of [`crate::NodeStatus::last_router_error`].
+const MAX_ERROR_CHARS: usize = 240;
 
 /// A random duration in `[base, base * (1 + spread)]`.
 pub(crate) fn jittered(base: Duration, spread: f64) -> Duration {
@@ -159,6 +165,7 @@ impl Core {
             goaways_pending: 0,
             warned_no_router: false,
             publish_retry_at: None,
+            last_router_error: None,
         };
         core.schedule_refresh();
         core.publish_status();
@@ -424,6 +431,7 @@ impl Core {
         }
         self.top_up();
         self.release_leaving();
+        self.expire_reservations(now);
         self.retry_reservations(now);
         self.retry_represent(now);
         self.close_idle_relayed(now);
@@ -609,6 +617,21 @@ impl Core {
         if !same {
             *self.shared.leaving.write() = leaving.collect();
         }
+    }
+
+    /// Remembers what just went wrong with `router` for the status (the
+    /// last one only, at most [`MAX_ERROR_CHARS`]); shown from the next
+    /// status change on.
+    pub(super) fn note_error(&mut self, router: PeerId, what: impl std::fmt::Display) {
+        let mut text = format!("router {router}: {what}");
+        if text.len() > MAX_ERROR_CHARS {
+            let mut end = MAX_ERROR_CHARS;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+        }
+        self.last_router_error = Some(text);
     }
 
     /// Recomputes readiness and the status watch from the slots.

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use agentmesh_proto::pb::mesh::{
-    AuthRefusal, CatalogRequest, CatalogResponse, Purpose, ServiceRecord, Withdraw,
+    AuthRefusal, CatalogRequest, CatalogResponse, GoAwayReason, Purpose, ServiceRecord, Withdraw,
     catalog_request, catalog_response,
 };
 use agentmesh_proto::record::sign_record;
@@ -55,6 +55,9 @@ pub(crate) struct Slot {
     pub(crate) leaving: Option<Duration>,
     /// The router said it is draining: once dropped, never tried early.
     pub(crate) draining: bool,
+    /// A reservation asked for must be confirmed by then (the call
+    /// timeout after asking), else it is asked for again after a backoff.
+    pub(crate) reserve_by: Option<Instant>,
 }
 
 impl Slot {
@@ -68,6 +71,7 @@ impl Slot {
             represent_at: None,
             leaving: None,
             draining: false,
+            reserve_by: None,
         }
     }
 }
@@ -152,6 +156,13 @@ impl Core {
         reserved.sort();
         let mut admitted = self.admitted_peers();
         admitted.sort();
+        let mut leaving: Vec<PeerId> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| s.leaving.is_some())
+            .map(|(p, _)| *p)
+            .collect();
+        leaving.sort();
         let exposing = !self.shared.config.expose.is_empty();
         let records_accepted = self
             .slots
@@ -168,6 +179,7 @@ impl Core {
                 && !self.shared.is_shutting_down(),
             admitted,
             reserved,
+            leaving,
             candidates: self
                 .candidates
                 .iter()
@@ -176,6 +188,7 @@ impl Core {
             exposing,
             records_accepted,
             stopping: self.shared.is_shutting_down(),
+            last_router_error: self.last_router_error.clone(),
         }
     }
 
@@ -331,8 +344,13 @@ impl Core {
                 // A fresh credential refused (the router may not have the new
                 // key yet): retry shortly, give the router up after a few.
                 slot.represent_failures += 1;
-                tracing::warn!(%router, ?outcome, failures = slot.represent_failures, "re-presentation refused");
-                if slot.represent_failures >= MAX_REPRESENT_FAILURES {
+                let failures = slot.represent_failures;
+                tracing::warn!(%router, ?outcome, failures, "re-presentation refused");
+                self.note_error(router, format!("re-presentation refused: {outcome:?}"));
+                let Some(slot) = self.slots.get_mut(&router) else {
+                    return;
+                };
+                if failures >= MAX_REPRESENT_FAILURES {
                     self.drop_router(router, Duration::from_secs(30));
                 } else {
                     slot.represent_at =
@@ -342,6 +360,7 @@ impl Core {
             Ok(AuthOutcome::Refused(reason, detail)) => {
                 tracing::warn!(%router, ?reason, %detail, "router refused admission");
                 slot.draining |= reason == AuthRefusal::Draining;
+                self.note_error(router, format!("refused admission: {reason:?} {detail}"));
                 let wait = match reason {
                     AuthRefusal::UnknownKey | AuthRefusal::NotYetValid => Duration::from_secs(3),
                     AuthRefusal::Overloaded | AuthRefusal::Draining => Duration::from_secs(60),
@@ -352,6 +371,8 @@ impl Core {
             Ok(AuthOutcome::GoAway(g)) => {
                 tracing::info!(%router, reason = g.reason, "router sent go-away on admission");
                 slot.draining |= super::goaway::is_draining(&g);
+                let why = GoAwayReason::try_from(g.reason).map_or("other", |r| r.as_str_name());
+                self.note_error(router, format!("answered admission with go-away {why}"));
                 self.merge_alternatives(&g.alternatives);
                 self.drop_router(router, super::goaway::shun_for(&g));
                 self.top_up();
@@ -369,12 +390,14 @@ impl Core {
                     self.conn_failed(router, &e.to_string(), false);
                 } else if initial {
                     tracing::warn!(%router, error = %e, "auth exchange failed");
+                    self.note_error(router, format!("auth failed: {e}"));
                     self.drop_router(router, AUTH_FAILED_SHUN);
                 } else {
                     tracing::warn!(%router, error = %e, "re-presentation failed");
                     slot.represent_failures += 1;
                     slot.represent_at =
                         Some(Instant::now() + jittered(Duration::from_secs(3), 0.5));
+                    self.note_error(router, format!("re-presentation failed: {e}"));
                 }
             }
         }
@@ -402,6 +425,13 @@ impl Core {
         }
         let Some(delay) = run.next_delay(now, &mut rand::thread_rng()) else {
             tracing::warn!(%router, %error, "connection to router keeps failing: passing it over");
+            self.note_error(
+                router,
+                format!(
+                    "connection kept failing for {:?}, passed over: {error}",
+                    super::redial::BUDGET
+                ),
+            );
             self.redials.remove(&router);
             self.drop_router(router, AUTH_FAILED_SHUN);
             self.top_up();
@@ -409,6 +439,10 @@ impl Core {
         };
         let attempt = run.attempts();
         self.shared.metrics.auth_conn_retries.inc();
+        self.note_error(
+            router,
+            format!("connection failed (retry {attempt} in {delay:?}): {error}"),
+        );
         if dialing && self.has_free_candidate() {
             tracing::info!(%router, %error, attempt, retry_in = ?delay, "connection to router failed: trying another router meanwhile");
             self.slots.remove(&router);
@@ -504,7 +538,10 @@ impl Core {
         };
         let circuit = router_base(&addr, router).with(Protocol::P2pCircuit);
         match self.swarm.listen_on(circuit) {
-            Ok(id) => slot.phase = Phase::Reserving(id),
+            Ok(id) => {
+                slot.phase = Phase::Reserving(id);
+                slot.reserve_by = Some(Instant::now() + self.shared.config.call_timeout());
+            }
             Err(e) => {
                 tracing::warn!(%router, error = %e, "cannot request a reservation");
                 slot.reserve_failures += 1;
@@ -555,6 +592,17 @@ impl Core {
             return;
         };
         let router = *router;
+        let failures = slot.reserve_failures + 1;
+        self.note_error(
+            router,
+            format!(
+                "reservation refused or lost ({failures} in a row): {}",
+                error.as_deref().unwrap_or("closed")
+            ),
+        );
+        let Some(slot) = self.slots.get_mut(&router) else {
+            return;
+        };
         self.shared
             .metrics
             .reservations
@@ -588,6 +636,34 @@ impl Core {
         tracing::warn!(%router, error = ?error, retry_in = ?wait, "relay reservation refused or lost");
         slot.phase = Phase::ReserveWait(Instant::now() + wait);
         self.publish_status();
+    }
+
+    /// Reservations asked for and not confirmed by their deadline: the
+    /// listener is closed, which counts as a refused reservation
+    /// ([`Self::on_listener_closed`]: backoff, re-admission, then again).
+    /// libp2p's relay client would otherwise wait up to a minute for a
+    /// router too busy to answer.
+    pub(super) fn expire_reservations(&mut self, now: Instant) {
+        let due: Vec<(PeerId, ListenerId)> = self
+            .slots
+            .iter_mut()
+            .filter_map(|(p, s)| match s.phase {
+                Phase::Reserving(l) if s.reserve_by.is_some_and(|at| at <= now) => {
+                    s.reserve_by = None;
+                    Some((*p, l))
+                }
+                _ => None,
+            })
+            .collect();
+        for (router, listener) in due {
+            let within = self.shared.config.call_timeout();
+            tracing::warn!(%router, ?within, "relay reservation not confirmed in time: asking again after a backoff");
+            self.note_error(
+                router,
+                format!("reservation not confirmed within {within:?}"),
+            );
+            self.swarm.remove_listener(listener);
+        }
     }
 
     pub(super) fn retry_reservations(&mut self, now: Instant) {
@@ -634,23 +710,34 @@ impl Core {
     }
 
     pub(super) fn on_router_lost(&mut self, peer: PeerId) {
-        if let Some(slot) = self.slots.get(&peer) {
-            match slot.phase {
-                // A dial or a fresh connection is under way: its own result
-                // (connected, or a dial error) decides.
-                Phase::Dialing | Phase::Redial => return,
-                // The connection closed under the first auth: not a refusal.
-                Phase::Authing => {
-                    self.conn_failed(peer, "connection closed during the first auth", false);
-                    return;
-                }
-                _ => {}
-            }
-            let shun = slot.leaving.unwrap_or(Duration::from_secs(3));
-            tracing::warn!(router = %peer, "lost connection to router");
+        let Some(slot) = self.slots.get(&peer) else {
+            return;
+        };
+        if let Some(shun) = slot.leaving {
+            // Kept after its go-away until K others were reserved; it closed
+            // us first (its grace ended): let it go, whatever its phase.
+            tracing::info!(router = %peer, "router that sent go-away closed our connection");
+            self.count_release("router_closed");
+            self.note_error(peer, "sent go-away, then closed our connection");
             self.drop_router(peer, shun);
             self.top_up();
+            return;
         }
+        match slot.phase {
+            // A dial or a fresh connection is under way: its own result
+            // (connected, or a dial error) decides.
+            Phase::Dialing | Phase::Redial => return,
+            // The connection closed under the first auth: not a refusal.
+            Phase::Authing => {
+                self.conn_failed(peer, "connection closed during the first auth", false);
+                return;
+            }
+            _ => {}
+        }
+        tracing::warn!(router = %peer, "lost connection to router");
+        self.note_error(peer, "lost the connection");
+        self.drop_router(peer, Duration::from_secs(3));
+        self.top_up();
     }
 
     pub(super) fn on_router_dial_failed(&mut self, peer: PeerId, error: &str) {
