@@ -17,7 +17,7 @@ use crate::observe::RouterSnapshot;
 use crate::report::{EventRecord, Events, HoldRecord};
 use crate::stats;
 use crate::target::Target;
-use crate::wire::{Command, HoldStats, Reply, WindowStats};
+use crate::wire::{Command, FlapRecord, HoldStats, MAX_FLAP_RECORDS, Reply, WindowStats};
 
 /// Deadline for the workers' answers to a report command.
 const REPORT_DEADLINE: Duration = Duration::from_secs(60);
@@ -90,8 +90,14 @@ pub async fn run(
             sum.exits += h.exits;
             sum.socket_checks += h.socket_checks;
             sum.socket_mismatches += h.socket_mismatches;
+            sum.flap_records.extend(h.flap_records);
         }
     }
+    let names = match target.local("router names") {
+        Ok(mesh) => mesh.router_names(),
+        Err(_) => BTreeMap::new(),
+    };
+    let flap_records = first_flaps(sum.flap_records, &names);
     let record = HoldRecord {
         secs: cfg.hold_secs,
         members,
@@ -103,12 +109,33 @@ pub async fn run(
         exits: sum.exits,
         socket_checks: sum.socket_checks,
         socket_mismatches: sum.socket_mismatches,
+        flap_records,
     };
     eprintln!(
         "\rladder: hold {} s: flaps {}, fewest ready {}, exits {}",
         record.secs, record.flaps, record.fewest_ready, record.exits
     );
     Ok((record, events))
+}
+
+/// The earliest [`MAX_FLAP_RECORDS`] of the workers' flap records, router
+/// PeerIds replaced by the names in `names` where known.
+fn first_flaps(mut all: Vec<FlapRecord>, names: &BTreeMap<String, String>) -> Vec<FlapRecord> {
+    all.sort_by(|a, b| a.at_secs.total_cmp(&b.at_secs));
+    all.truncate(MAX_FLAP_RECORDS);
+    let name = |ids: &mut Vec<String>| {
+        for id in ids {
+            if let Some(n) = names.get(id) {
+                *id = n.clone();
+            }
+        }
+    };
+    for r in &mut all {
+        name(&mut r.routers_before);
+        name(&mut r.leaving_before);
+        name(&mut r.routers_after);
+    }
+    all
 }
 
 /// Carries out one event and observes the fleet until `window_end`.
@@ -297,4 +324,39 @@ fn delta(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flap(member: u64, at_secs: f64) -> FlapRecord {
+        FlapRecord {
+            member,
+            peer_id: format!("peer{member}"),
+            at_secs,
+            routers_before: vec!["idA".into(), "idB".into()],
+            leaving_before: vec!["idB".into()],
+            routers_after: vec!["idA".into(), "unknown".into()],
+            last_router_error: None,
+        }
+    }
+
+    #[test]
+    fn the_first_flaps_of_all_workers_are_kept_with_router_names() {
+        let mut all: Vec<FlapRecord> = (0..30).rev().map(|i| flap(i, i as f64)).collect();
+        all.push(flap(99, 0.5));
+        let names: BTreeMap<String, String> = [
+            ("idA".to_string(), "r0".to_string()),
+            ("idB".to_string(), "r3".to_string()),
+        ]
+        .into();
+        let kept = first_flaps(all, &names);
+        assert_eq!(kept.len(), MAX_FLAP_RECORDS);
+        let order: Vec<u64> = kept.iter().take(3).map(|f| f.member).collect();
+        assert_eq!(order, vec![0, 99, 1]);
+        assert_eq!(kept[0].routers_before, vec!["r0", "r3"]);
+        assert_eq!(kept[0].leaving_before, vec!["r3"]);
+        assert_eq!(kept[0].routers_after, vec!["r0", "unknown"]);
+    }
 }

@@ -55,11 +55,9 @@ pub struct CallDeadlines {
 impl CallDeadlines {
     /// The deadlines that match a node started with `config`.
     pub fn of(config: &agentmesh_node::Config) -> Self {
-        let connect = Duration::from_secs(config.connect_timeout_secs.max(1));
-        let call = Duration::from_secs(config.call_timeout_secs.max(1));
         Self {
-            call: connect + call + CALL_RETURN_GRACE,
-            echo: call,
+            call: config.call_budget() + CALL_RETURN_GRACE,
+            echo: Duration::from_secs(config.call_timeout_secs.max(1)),
         }
     }
 }
@@ -145,8 +143,22 @@ pub struct View {
     pub stopping: bool,
 }
 
+/// Which routers a member holds and what last went wrong with one, as
+/// PeerId strings: what a flap record shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Routers with an active reservation.
+    pub reserved: Vec<String>,
+    /// Of the routers held, those that sent go-away.
+    pub leaving: Vec<String>,
+    /// The node's last router error (`NodeStatus::last_router_error`).
+    pub last_router_error: Option<String>,
+}
+
 /// A running member.
 pub struct Member {
+    /// The node's PeerId.
+    peer_id: String,
     /// `None` once shut down. Calls hold the read side; shutdown takes the handle.
     handle: RwLock<Option<agentmesh_node::NodeHandle>>,
     status: watch::Receiver<agentmesh_node::NodeStatus>,
@@ -178,11 +190,17 @@ impl Member {
             .await
             .map_err(|e| e.to_string())?;
         Ok(Self {
+            peer_id: handle.peer_id().to_string(),
             status: handle.status(),
             handle: RwLock::new(Some(handle)),
             socket: spec.socket.then_some(socket),
             deadlines,
         })
+    }
+
+    /// The node's PeerId.
+    pub fn peer_id(&self) -> &str {
+        &self.peer_id
     }
 
     /// The member's Unix socket, when it serves one.
@@ -233,6 +251,18 @@ impl Watch {
             ready: s.ready,
             routers: s.reserved.len(),
             stopping: s.stopping,
+        }
+    }
+
+    /// The routers held now and the last router error.
+    pub fn held(&self) -> Held {
+        let s = self.status.borrow();
+        let ids =
+            |v: &[agentmesh_proto::identity::PeerId]| v.iter().map(ToString::to_string).collect();
+        Held {
+            reserved: ids(&s.reserved),
+            leaving: ids(&s.leaving),
+            last_router_error: s.last_router_error.clone(),
         }
     }
 

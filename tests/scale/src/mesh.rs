@@ -202,6 +202,20 @@ impl LocalMesh {
         format!("http://{}", self.control_plane.grpc)
     }
 
+    /// Router names by PeerId, read from their key files (a router writes
+    /// its key on first start; one not readable yet is left out).
+    pub fn router_names(&self) -> std::collections::BTreeMap<String, String> {
+        self.routers
+            .iter()
+            .filter_map(|r| {
+                let bytes = std::fs::read(self.dir.join(format!("{}.key", r.name))).ok()?;
+                let key =
+                    agentmesh_proto::identity::Keypair::from_protobuf_encoding(&bytes).ok()?;
+                Some((key.public().to_peer_id().to_string(), r.name.clone()))
+            })
+            .collect()
+    }
+
     /// The control plane's pid.
     pub fn control_plane_pid(&self) -> Option<u32> {
         self.control_plane.child.id()

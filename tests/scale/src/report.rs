@@ -153,6 +153,10 @@ pub struct HoldRecord {
     pub socket_checks: u64,
     /// Reads that failed or disagreed with the in-process watch.
     pub socket_mismatches: u64,
+    /// The first members to lose readiness (each member's first loss,
+    /// earliest first, at most `wire::MAX_FLAP_RECORDS`): who, when, which
+    /// routers before and after, the node's last router error.
+    pub flap_records: Vec<crate::wire::FlapRecord>,
 }
 
 /// The events of the hold.
@@ -445,6 +449,18 @@ impl Report {
                 h.socket_checks,
                 h.socket_mismatches
             );
+            if !h.flap_records.is_empty() {
+                let _ = writeln!(s);
+                let _ = writeln!(
+                    s,
+                    "Members that lost readiness (first {} of {}, each member's first loss):",
+                    h.flap_records.len(),
+                    h.members_flapped
+                );
+                for f in &h.flap_records {
+                    let _ = writeln!(s, "{}", flap_line(f));
+                }
+            }
         }
         let events = [
             ("kill router", &self.events.kill_router),
@@ -586,6 +602,31 @@ impl Report {
     }
 }
 
+/// One flap record as a table line.
+fn flap_line(f: &crate::wire::FlapRecord) -> String {
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    let leaving = if f.leaving_before.is_empty() {
+        String::new()
+    } else {
+        format!(" (leaving: {})", f.leaving_before.join(", "))
+    };
+    format!(
+        "- member {} ({}) at {:.1} s: routers before {}{leaving}, after {}; last router error: {}",
+        f.member,
+        f.peer_id,
+        f.at_secs,
+        list(&f.routers_before),
+        list(&f.routers_after),
+        f.last_router_error.as_deref().unwrap_or("none")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -618,6 +659,16 @@ mod tests {
             }],
             hold: Some(HoldRecord {
                 secs: 30,
+                members_flapped: 1,
+                flap_records: vec![crate::wire::FlapRecord {
+                    member: 7,
+                    peer_id: "12D3KooWmember".into(),
+                    at_secs: 301.5,
+                    routers_before: vec!["r0".into(), "r3".into()],
+                    leaving_before: vec!["r3".into()],
+                    routers_after: Vec::new(),
+                    last_router_error: Some("router r1: connection failed".into()),
+                }],
                 ..HoldRecord::default()
             }),
             events: Events {
@@ -715,6 +766,16 @@ mod tests {
         for key in ["flaps", "exits", "fewest_ready", "members_flapped"] {
             assert!(json["hold"].get(key).is_some(), "hold.{key} missing");
         }
+        assert!(
+            md.contains(
+                "- member 7 (12D3KooWmember) at 301.5 s: routers before r0, r3 (leaving: r3), after none; last router error: router r1: connection failed"
+            ),
+            "{md}"
+        );
+        let flap = &json["hold"]["flap_records"][0];
+        assert_eq!(flap["peer_id"], "12D3KooWmember");
+        assert_eq!(flap["routers_after"].as_array().map(Vec::len), Some(0));
+        assert_eq!(flap["last_router_error"], "router r1: connection failed");
         assert!(json["events"]["drain_router"]["below_one_router"].is_u64());
         assert!(json.get("burst").is_some() && json.get("after").is_some());
         let sample = &json["after"]["samples"][0];

@@ -185,6 +185,35 @@ pub struct HoldStats {
     pub socket_checks: u64,
     /// Reads that failed or disagreed with the watch channel.
     pub socket_mismatches: u64,
+    /// The first members to lose readiness (the first loss of each), at
+    /// most [`MAX_FLAP_RECORDS`] per worker.
+    #[serde(default)]
+    pub flap_records: Vec<FlapRecord>,
+}
+
+/// Flap records kept per worker, and in the report.
+pub const MAX_FLAP_RECORDS: usize = 20;
+
+/// One member that lost readiness during the hold: who, when, which
+/// routers it held before and after, and the node's last router error.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct FlapRecord {
+    /// Global member index.
+    pub member: u64,
+    /// The member's PeerId.
+    pub peer_id: String,
+    /// Seconds into the hold when the loss was sampled.
+    pub at_secs: f64,
+    /// Routers it held (reserved) when last seen ready: PeerIds, router
+    /// names in the report where the ladder knows them.
+    pub routers_before: Vec<String>,
+    /// Of those, the ones that had sent go-away.
+    pub leaving_before: Vec<String>,
+    /// Routers it held when the loss was sampled.
+    pub routers_after: Vec<String>,
+    /// The node's last router error then (refusal, failed connection,
+    /// lost reservation, go-away), if any.
+    pub last_router_error: Option<String>,
 }
 
 #[cfg(test)]
@@ -221,5 +250,25 @@ mod tests {
         });
         let line = serde_json::to_string(&t).expect("encode");
         assert_eq!(serde_json::from_str::<Event>(&line).expect("decode"), t);
+        let h = Event::Reply {
+            id: 4,
+            body: Reply::Hold(HoldStats {
+                flaps: 1,
+                flap_records: vec![FlapRecord {
+                    member: 3,
+                    peer_id: "p".into(),
+                    at_secs: 1.5,
+                    routers_before: vec!["a".into()],
+                    last_router_error: Some("e".into()),
+                    ..FlapRecord::default()
+                }],
+                ..HoldStats::default()
+            }),
+        };
+        let line = serde_json::to_string(&h).expect("encode");
+        assert_eq!(serde_json::from_str::<Event>(&line).expect("decode"), h);
+        // A worker without flap records (an older binary) still decodes.
+        let old = r#"{"ev":"reply","id":5,"body":{"kind":"hold","samples":1,"flaps":0,"members_flapped":0,"fewest_ready":1,"alive":1,"exits":0,"socket_checks":0,"socket_mismatches":0}}"#;
+        assert!(serde_json::from_str::<Event>(old).is_ok());
     }
 }

@@ -76,6 +76,12 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
     loop {
         let view = watch.view();
         shared.observe(&slot, view);
+        if view.ready {
+            *slot
+                .last_ready_held
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = watch.held();
+        }
         if view.stopping || watch.changed().await.is_err() {
             break;
         }

@@ -43,6 +43,7 @@ pub(crate) async fn sample_forever(shared: Arc<Shared>) {
                     flaps += 1;
                     if !slot.flapped_in_hold.swap(true, Ordering::SeqCst) {
                         flapped += 1;
+                        shared.hold_flap(&slot, watch.held());
                     }
                     shared.emit(Event::Flap { member: slot.index }).await;
                 }

@@ -10,8 +10,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::config::WorkerConfig;
-use crate::member::{CallFailure, Member, View, Watch};
-use crate::wire::{Event, HoldStats, WindowStats};
+use crate::member::{CallFailure, Held, Member, View, Watch};
+use crate::wire::{Event, FlapRecord, HoldStats, MAX_FLAP_RECORDS, WindowStats};
 
 /// Everything the worker's tasks share.
 pub(crate) struct Shared {
@@ -38,6 +38,8 @@ pub(crate) struct Slot {
     pub(crate) flapped_in_hold: AtomicBool,
     pub(crate) exited: AtomicBool,
     pub(crate) win: Mutex<SlotWindow>,
+    /// What the member held when last seen ready (for its flap record).
+    pub(crate) last_ready_held: Mutex<Held>,
 }
 
 /// One member's view of the current window.
@@ -70,6 +72,8 @@ pub(crate) struct WindowAcc {
 pub(crate) struct HoldAcc {
     pub(crate) stats: HoldStats,
     pub(crate) started: bool,
+    /// When `HoldStart` arrived (flap records say seconds into the hold).
+    pub(crate) start: Option<Instant>,
 }
 
 /// Distinct error texts kept per window.
@@ -232,6 +236,7 @@ impl Shared {
         let mut h = lock(&self.hold);
         *h = HoldAcc {
             started: true,
+            start: Some(Instant::now()),
             stats: HoldStats {
                 fewest_ready: u64::MAX,
                 ..HoldStats::default()
@@ -259,6 +264,34 @@ impl Shared {
         h.stats.fewest_ready = h.stats.fewest_ready.min(ready);
         h.stats.flaps += flaps;
         h.stats.members_flapped += members_flapped;
+    }
+
+    /// Records the first readiness loss of `slot` in the hold (at most
+    /// [`MAX_FLAP_RECORDS`]): what it held when last ready, what it holds
+    /// now (`now`) and the node's last router error.
+    pub(crate) fn hold_flap(&self, slot: &Slot, now: Held) {
+        let before = lock(&slot.last_ready_held).clone();
+        let peer_id = slot
+            .member
+            .get()
+            .map(|m| m.peer_id().to_string())
+            .unwrap_or_default();
+        let mut h = lock(&self.hold);
+        let Some(start) = h.start.filter(|_| h.started) else {
+            return;
+        };
+        if h.stats.flap_records.len() >= MAX_FLAP_RECORDS {
+            return;
+        }
+        h.stats.flap_records.push(FlapRecord {
+            member: slot.index,
+            peer_id,
+            at_secs: start.elapsed().as_secs_f64(),
+            routers_before: before.reserved,
+            leaving_before: before.leaving,
+            routers_after: now.reserved,
+            last_router_error: now.last_router_error,
+        });
     }
 
     /// Records one Unix-socket `/readyz` check.
@@ -307,6 +340,7 @@ impl Slot {
             flapped_in_hold: AtomicBool::new(false),
             exited: AtomicBool::new(false),
             win: Mutex::new(SlotWindow::default()),
+            last_ready_held: Mutex::new(Held::default()),
         }
     }
 }
@@ -399,5 +433,42 @@ mod tests {
         let mut idle = SlotWindow::default();
         idle.apply(v(false, 0), 2, 5);
         assert!(!idle.lost_ready);
+    }
+
+    #[test]
+    fn flap_records_say_what_was_held_and_are_bounded() {
+        let s = shared();
+        let slot = Slot::new(4, false);
+        *lock(&slot.last_ready_held) = Held {
+            reserved: vec!["ra".into(), "rb".into()],
+            leaving: vec!["rb".into()],
+            last_router_error: None,
+        };
+        let now = Held {
+            reserved: Vec::new(),
+            leaving: Vec::new(),
+            last_router_error: Some("router ra: lost the connection".into()),
+        };
+        // Not in a hold yet: nothing kept.
+        s.hold_flap(&slot, now.clone());
+        assert!(s.hold_report().flap_records.is_empty());
+        s.hold_start();
+        for _ in 0..MAX_FLAP_RECORDS + 5 {
+            s.hold_flap(&slot, now.clone());
+        }
+        let r = s.hold_report().flap_records;
+        assert_eq!(r.len(), MAX_FLAP_RECORDS);
+        assert_eq!(r[0].member, 4);
+        assert_eq!(
+            r[0].routers_before,
+            vec!["ra".to_string(), "rb".to_string()]
+        );
+        assert_eq!(r[0].leaving_before, vec!["rb".to_string()]);
+        assert!(r[0].routers_after.is_empty());
+        assert_eq!(
+            r[0].last_router_error.as_deref(),
+            Some("router ra: lost the connection")
+        );
+        assert!(r[0].at_secs >= 0.0);
     }
 }
