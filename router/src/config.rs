@@ -67,6 +67,10 @@ pub const DEFAULT_CATALOG_MAX_RESULTS: usize = 64;
 /// time — reaches the member before it gives up and it can still ask its
 /// next router.
 pub const DEFAULT_CATALOG_REMOTE_LOOKUP_BUDGET_MS: u64 = 3_000;
+/// Default time a provider search's non-empty answer is reused: short
+/// beside the DHT's own staleness (records re-announced every 120 s, kept
+/// 360 s), long enough that a storm of lookups runs one search per service.
+pub const DEFAULT_CATALOG_PROVIDER_CACHE_MS: u64 = 5_000;
 /// Default idle connection timeout.
 pub const DEFAULT_IDLE_CONNECTION_TIMEOUT_SECS: u64 = 120;
 /// Default total time budget of one control-plane call including retries.
@@ -152,6 +156,10 @@ pub struct Config {
     /// arrived by then is answered (counted as result "partial"); zero
     /// answers from this router's own records only. Default 3 s.
     pub catalog_remote_lookup_budget: Duration,
+    /// How long a search's non-empty list of provider routers is reused by
+    /// later lookups of the same service (zero: never; lookups running at
+    /// the same time always share one search). Default 5 s.
+    pub catalog_provider_cache: Duration,
     /// Connections with nothing keeping them alive close after this. Default 120 s.
     pub idle_connection_timeout: Duration,
     /// Time budget of one control-plane call, retries included. Default 30 s.
@@ -214,6 +222,7 @@ impl Default for Config {
             catalog_remote_lookup_budget: Duration::from_millis(
                 DEFAULT_CATALOG_REMOTE_LOOKUP_BUDGET_MS,
             ),
+            catalog_provider_cache: Duration::from_millis(DEFAULT_CATALOG_PROVIDER_CACHE_MS),
             idle_connection_timeout: Duration::from_secs(DEFAULT_IDLE_CONNECTION_TIMEOUT_SECS),
             control_plane_retry_budget: Duration::from_secs(
                 DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS,

@@ -90,6 +90,10 @@ struct Args {
     /// carries what arrived by then (0: this router's own records only).
     #[arg(long, default_value_t = d::DEFAULT_CATALOG_REMOTE_LOOKUP_BUDGET_MS)]
     catalog_remote_lookup_budget_ms: u64,
+    /// How long a search's provider routers are reused by later lookups of
+    /// the same service, ms (0: never; concurrent lookups share one search).
+    #[arg(long, default_value_t = d::DEFAULT_CATALOG_PROVIDER_CACHE_MS)]
+    catalog_provider_cache_ms: u64,
     #[arg(long, default_value_t = d::DEFAULT_IDLE_CONNECTION_TIMEOUT_SECS)]
     idle_connection_timeout_secs: u64,
     #[arg(long, default_value_t = d::DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS)]
@@ -144,6 +148,7 @@ impl Args {
             catalog_remote_lookup_budget: Duration::from_millis(
                 self.catalog_remote_lookup_budget_ms,
             ),
+            catalog_provider_cache: Duration::from_millis(self.catalog_provider_cache_ms),
             idle_connection_timeout: s(self.idle_connection_timeout_secs),
             control_plane_retry_budget: s(self.control_plane_retry_budget_secs),
             control_plane_rpc_timeout: s(self.control_plane_rpc_timeout_secs),

@@ -56,6 +56,7 @@ pub(crate) const TABLES: &[&str] = &[
     "dialed_addrs",
     "reservations",
     "catalog_providers",
+    "provider_searches",
     "resource_peers",
     "resource_sources",
     "resource_peer_ips",
@@ -110,6 +111,7 @@ pub(crate) struct Metrics {
     pub(crate) catalog_records: Gauge,
     pub(crate) table_entries: Family<L1, Gauge>,
     pub(crate) catalog_requests: Family<L2, Counter>,
+    pub(crate) provider_searches: Family<L1, Counter>,
     pub(crate) lease: Family<L1, Counter>,
     pub(crate) directory_sync: Family<L1, Counter>,
     pub(crate) key_fetch: Family<L1, Counter>,
@@ -195,6 +197,18 @@ impl Metrics {
             "Catalog requests by op and result",
             m.catalog_requests.clone(),
         );
+        r.register(
+            "agentmesh_router_catalog_provider_searches",
+            "Requests for a service's provider routers by outcome: started a DHT query, \
+             joined the one running for that service, or answered from a recent one \
+             (--catalog-provider-cache-ms)",
+            m.provider_searches.clone(),
+        );
+        for o in crate::swarm::providers::Outcome::ALL {
+            let _ = m
+                .provider_searches
+                .get_or_create(&[("outcome", o.as_str())]);
+        }
         r.register(
             "agentmesh_router_lease",
             "Router leases by result",
@@ -298,6 +312,13 @@ impl Metrics {
     pub(crate) fn auth_result(&self, purpose: Purpose, result: &'static str) {
         self.auth
             .get_or_create(&[("purpose", purpose.as_str()), ("result", result)])
+            .inc();
+    }
+
+    /// Counts one request for a service's provider routers.
+    pub(crate) fn provider_search(&self, outcome: crate::swarm::providers::Outcome) {
+        self.provider_searches
+            .get_or_create(&[("outcome", outcome.as_str())])
             .inc();
     }
 

@@ -777,3 +777,46 @@ async fn a_lookup_answers_local_records_when_the_remote_budget_runs_out() {
     r1.handle.shutdown().await;
     r2.handle.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_reuse_a_recent_provider_search_instead_of_querying_the_dht_again() {
+    let cp = start_cp(3600).await;
+    // A ttl no test run outlasts, so reuse does not depend on timing.
+    let r1 = start_router_with(&cp, |c| {
+        c.catalog_provider_cache = Duration::from_secs(3600);
+    })
+    .await;
+    let r2 = start_router(&cp).await;
+    routers_admit_each_other(&r1, &r2).await;
+    let member_token = cp.token(Role::Member).await;
+    let a = attached_member(&cp, &member_token, &r2).await;
+    publish_echo(&a, &r2).await;
+    let b = attached_member(&cp, &member_token, &r1).await;
+    let aid = a.peer_id;
+    let started = "agentmesh_router_catalog_provider_searches_total{outcome=\"started\"}";
+    let cached = "agentmesh_router_catalog_provider_searches_total{outcome=\"cached\"}";
+    assert_eq!(r1.metric(cached), 0.0, "pre-created at 0");
+    // Until R2's provider record reaches the DHT the search finds nobody,
+    // and an empty answer is not remembered: each attempt searches again.
+    eventually("a lookup on R1 finds A's record on R2", || async {
+        let found = providers(&b.catalog(r1.id(), lookup("echo")).await);
+        found.contains(&aid).then_some(())
+    })
+    .await;
+    let searches = r1.metric(started);
+    assert!(searches >= 1.0, "{searches}");
+    for _ in 0..5 {
+        let found = providers(&b.catalog(r1.id(), lookup("echo")).await);
+        assert_eq!(found, vec![aid], "answered through the remembered routers");
+    }
+    assert_eq!(r1.metric(started), searches, "no new DHT search");
+    assert_eq!(r1.metric(cached), 5.0);
+    // The gauge is refreshed every second.
+    eventually("no provider search left running", || async {
+        (r1.metric("agentmesh_router_table_entries{table=\"provider_searches\"}") == 0.0)
+            .then_some(())
+    })
+    .await;
+    r1.handle.shutdown().await;
+    r2.handle.shutdown().await;
+}

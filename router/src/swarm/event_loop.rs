@@ -15,7 +15,7 @@ use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult, RecordKey};
 use libp2p::metrics::Recorder;
 use libp2p::swarm::{ConnectionId, SwarmEvent};
 use libp2p::{Multiaddr, PeerId, Swarm, relay};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -46,7 +46,8 @@ pub(crate) struct EventLoop {
     conns: HashMap<ConnectionId, ConnInfo>,
     /// Remote addresses of our outbound connections (for the routing table).
     dialed_addrs: HashMap<PeerId, Multiaddr>,
-    pending_providers: HashMap<QueryId, (HashSet<PeerId>, oneshot::Sender<Vec<PeerId>>)>,
+    /// Provider searches in the router DHT, one per service at a time.
+    searches: super::providers::Searches<QueryId>,
     providing: HashSet<RecordKey>,
     mesh: Mesh,
     /// A router connection with Kademlia appeared: re-announce on the next tick.
@@ -71,13 +72,13 @@ impl EventLoop {
     ) -> Self {
         Self {
             swarm,
+            searches: super::providers::Searches::new(shared.config.catalog_provider_cache),
             mesh: Mesh::new(shared.clone(), control),
             shared,
             commands,
             p2p_metrics,
             conns: HashMap::new(),
             dialed_addrs: HashMap::new(),
-            pending_providers: HashMap::new(),
             providing: HashSet::new(),
             reannounce: false,
             listeners,
@@ -114,13 +115,11 @@ impl EventLoop {
     fn on_command(&mut self, cmd: Command) {
         match cmd {
             Command::GetProviders { key, reply } => {
-                let id = self
-                    .swarm
-                    .behaviour_mut()
-                    .kad
-                    .inner_mut()
-                    .get_providers(key);
-                self.pending_providers.insert(id, (HashSet::new(), reply));
+                let kad = self.swarm.behaviour_mut().kad.inner_mut();
+                let outcome = self
+                    .searches
+                    .request(key, reply, Instant::now(), |k| kad.get_providers(k));
+                self.shared.metrics.provider_search(outcome);
             }
             Command::CloseUnauthenticated { reply } => {
                 let _ = reply.send(self.close_unauthenticated());
@@ -311,21 +310,20 @@ impl EventLoop {
         let QueryResult::GetProviders(r) = result else {
             return;
         };
-        let Some((found, _)) = self.pending_providers.get_mut(&id) else {
+        let providers = match r {
+            Ok(GetProvidersOk::FoundProviders { providers, .. }) => providers,
+            _ => HashSet::new(),
+        };
+        let Some(found) = self.searches.progress(&id, providers) else {
             return;
         };
-        if let Ok(GetProvidersOk::FoundProviders { providers, .. }) = r {
-            found.extend(providers);
-        }
-        if step.last || found.len() >= ENOUGH_PROVIDERS {
+        if step.last || found >= ENOUGH_PROVIDERS {
             if !step.last
                 && let Some(mut q) = self.swarm.behaviour_mut().kad.inner_mut().query_mut(&id)
             {
                 q.finish();
             }
-            if let Some((found, reply)) = self.pending_providers.remove(&id) {
-                let _ = reply.send(found.into_iter().collect());
-            }
+            self.searches.finish(&id, Instant::now());
         }
     }
 
@@ -354,6 +352,7 @@ impl EventLoop {
     }
 
     fn on_tick(&mut self) {
+        self.searches.expire(Instant::now());
         let now = unix_now();
         let shared = self.shared.clone();
         let skew = i64::try_from(shared.config.clock_skew.as_secs()).unwrap_or(i64::MAX);
@@ -458,6 +457,7 @@ impl EventLoop {
             ("dialed_addrs", self.dialed_addrs.len()),
             ("reservations", self.reservations.peers()),
             ("catalog_providers", catalog),
+            ("provider_searches", self.searches.running()),
         ];
         for (table, n) in tables
             .into_iter()

@@ -3,6 +3,7 @@
 //! ping) and the event loop that owns it.
 
 pub(crate) mod event_loop;
+pub(crate) mod providers;
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
