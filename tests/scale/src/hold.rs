@@ -17,7 +17,10 @@ use crate::observe::RouterSnapshot;
 use crate::report::{EventRecord, Events, HoldRecord};
 use crate::stats;
 use crate::target::Target;
-use crate::wire::{Command, FlapRecord, HoldStats, MAX_FLAP_RECORDS, Reply, WindowStats};
+use crate::wire::{
+    BelowKRecord, Command, FlapRecord, HoldStats, MAX_BELOW_K_RECORDS, MAX_FLAP_RECORDS, Reply,
+    WindowStats,
+};
 
 /// Deadline for the workers' answers to a report command.
 const REPORT_DEADLINE: Duration = Duration::from_secs(60);
@@ -93,11 +96,7 @@ pub async fn run(
             sum.flap_records.extend(h.flap_records);
         }
     }
-    let names = match target.local("router names") {
-        Ok(mesh) => mesh.router_names(),
-        Err(_) => BTreeMap::new(),
-    };
-    let flap_records = first_flaps(sum.flap_records, &names);
+    let flap_records = first_flaps(sum.flap_records, &router_names(target));
     let record = HoldRecord {
         secs: cfg.hold_secs,
         members,
@@ -118,22 +117,47 @@ pub async fn run(
     Ok((record, events))
 }
 
+/// Router names by PeerId (local mode; empty for a remote mesh).
+fn router_names(target: &mut Target) -> BTreeMap<String, String> {
+    match target.local("router names") {
+        Ok(mesh) => mesh.router_names(),
+        Err(_) => BTreeMap::new(),
+    }
+}
+
+/// Replaces router PeerIds in `ids` by their names where known.
+fn name_routers(ids: &mut [String], names: &BTreeMap<String, String>) {
+    for id in ids {
+        if let Some(n) = names.get(id) {
+            *id = n.clone();
+        }
+    }
+}
+
 /// The earliest [`MAX_FLAP_RECORDS`] of the workers' flap records, router
 /// PeerIds replaced by the names in `names` where known.
 fn first_flaps(mut all: Vec<FlapRecord>, names: &BTreeMap<String, String>) -> Vec<FlapRecord> {
     all.sort_by(|a, b| a.at_secs.total_cmp(&b.at_secs));
     all.truncate(MAX_FLAP_RECORDS);
-    let name = |ids: &mut Vec<String>| {
-        for id in ids {
-            if let Some(n) = names.get(id) {
-                *id = n.clone();
-            }
-        }
-    };
     for r in &mut all {
-        name(&mut r.routers_before);
-        name(&mut r.leaving_before);
-        name(&mut r.routers_after);
+        name_routers(&mut r.routers_before, names);
+        name_routers(&mut r.leaving_before, names);
+        name_routers(&mut r.routers_after, names);
+    }
+    all
+}
+
+/// The earliest [`MAX_BELOW_K_RECORDS`] of the workers' below-K records,
+/// routers named as in [`first_flaps`].
+fn first_below_k(
+    mut all: Vec<BelowKRecord>,
+    names: &BTreeMap<String, String>,
+) -> Vec<BelowKRecord> {
+    all.sort_by_key(|r| r.at_ms);
+    all.truncate(MAX_BELOW_K_RECORDS);
+    for r in &mut all {
+        name_routers(&mut r.routers_before, names);
+        name_routers(&mut r.routers_after, names);
     }
     all
 }
@@ -217,6 +241,7 @@ async fn event(
             for (k, v) in x.call_errors {
                 *w.call_errors.entry(k).or_insert(0) += v;
             }
+            w.below_k_records.extend(x.below_k_records);
         }
     }
     record.window_secs = marked.elapsed().as_secs_f64();
@@ -232,6 +257,7 @@ async fn event(
     record.calls_unfinished = w.calls_unfinished;
     record.router_refusals = delta(&before, &after, |r| &r.refusals);
     record.router_auth_failures = delta(&before, &after, |r| &r.auth_failures);
+    record.below_k_records = first_below_k(w.below_k_records, &router_names(target));
     if matches!(kind, Kind::KillRouter | Kind::DrainRouter) && window_end < hold_end {
         restart_target(fleet, target, &mut record).await;
     }

@@ -217,6 +217,10 @@ pub struct EventRecord {
     pub router_refusals: BTreeMap<String, u64>,
     /// Router auth failures during the window by `router:purpose/result`.
     pub router_auth_failures: BTreeMap<String, u64>,
+    /// The first members to fall below K in the window (earliest first, at
+    /// most `wire::MAX_BELOW_K_RECORDS`): who, when, when back, routers
+    /// before and after, the last router error while below K.
+    pub below_k_records: Vec<crate::wire::BelowKRecord>,
 }
 
 /// The enrollment burst.
@@ -532,6 +536,19 @@ impl Report {
                     );
                 }
             }
+            for (name, e) in events {
+                if let Some(e) = e.as_ref().filter(|e| !e.below_k_records.is_empty()) {
+                    let _ = writeln!(
+                        s,
+                        "- {name}: members below K (first {} of {}):",
+                        e.below_k_records.len(),
+                        e.below_k_routers
+                    );
+                    for r in &e.below_k_records {
+                        let _ = writeln!(s, "  {}", below_k_line(r));
+                    }
+                }
+            }
         }
         if let Some(b) = &self.burst {
             let _ = writeln!(s);
@@ -600,6 +617,29 @@ impl Report {
         let _ = writeln!(s, "Exits in the whole run: {}.", self.exits);
         s
     }
+}
+
+/// One below-K record as a table line.
+fn below_k_line(r: &crate::wire::BelowKRecord) -> String {
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    let back = r
+        .back_ms
+        .map_or_else(|| "not back".to_string(), |b| format!("back at {b} ms"));
+    format!(
+        "- member {} ({}) at {} ms, {back}: routers before {}, after {}; last router error: {}",
+        r.member,
+        r.peer_id,
+        r.at_ms,
+        list(&r.routers_before),
+        list(&r.routers_after),
+        r.last_router_error.as_deref().unwrap_or("none")
+    )
 }
 
 /// One flap record as a table line.
@@ -683,6 +723,16 @@ mod tests {
                         ("echo not returned within 10s".to_string(), 1),
                     ]
                     .into(),
+                    below_k_routers: 3,
+                    below_k_records: vec![crate::wire::BelowKRecord {
+                        member: 9,
+                        peer_id: "12D3KooWother".into(),
+                        at_ms: 1200,
+                        back_ms: Some(86_000),
+                        routers_before: vec!["r2".into(), "r3".into()],
+                        routers_after: vec!["r3".into()],
+                        last_router_error: Some("router r0: refused".into()),
+                    }],
                     ..EventRecord::default()
                 }),
                 ..Events::default()
@@ -771,6 +821,16 @@ mod tests {
                 "- member 7 (12D3KooWmember) at 301.5 s: routers before r0, r3 (leaving: r3), after none; last router error: router r1: connection failed"
             ),
             "{md}"
+        );
+        assert!(
+            md.contains(
+                "- drain router: members below K (first 1 of 3):\n  - member 9 (12D3KooWother) at 1200 ms, back at 86000 ms: routers before r2, r3, after r3; last router error: router r0: refused"
+            ),
+            "{md}"
+        );
+        assert_eq!(
+            json["events"]["drain_router"]["below_k_records"][0]["back_ms"],
+            86_000
         );
         let flap = &json["hold"]["flap_records"][0];
         assert_eq!(flap["peer_id"], "12D3KooWmember");

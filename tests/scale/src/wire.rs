@@ -164,6 +164,35 @@ pub struct WindowStats {
     /// Calls still running when the window was reported (neither ok nor failed).
     #[serde(default)]
     pub calls_unfinished: u64,
+    /// The first members to fall below K in the window (earliest first, at
+    /// most [`MAX_BELOW_K_RECORDS`] per worker).
+    #[serde(default)]
+    pub below_k_records: Vec<BelowKRecord>,
+}
+
+/// Below-K records kept per worker and window, and per event in the report.
+pub const MAX_BELOW_K_RECORDS: usize = 20;
+
+/// One member that fell below K routers in an event window: who, when,
+/// when back, which routers before and after, and the last router error
+/// the node showed while below K (what kept it there).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct BelowKRecord {
+    /// Global member index.
+    pub member: u64,
+    /// The member's PeerId.
+    pub peer_id: String,
+    /// Ms from the window's start when it fell below K.
+    pub at_ms: u64,
+    /// Ms from the window's start when it was back on K (none: not by the report).
+    pub back_ms: Option<u64>,
+    /// Routers it held (reserved) when last on K: PeerIds, router names in
+    /// the report where the ladder knows them.
+    pub routers_before: Vec<String>,
+    /// Routers it held when it fell below K.
+    pub routers_after: Vec<String>,
+    /// The node's last router error while below K.
+    pub last_router_error: Option<String>,
 }
 
 /// What a worker saw since `HoldStart`.

@@ -75,7 +75,7 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
     // Watch until the node stops or ends.
     loop {
         let view = watch.view();
-        shared.observe(&slot, view);
+        shared.observe(&slot, view, watch.held());
         if view.ready {
             *slot
                 .last_ready_held

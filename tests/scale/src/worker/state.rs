@@ -11,7 +11,9 @@ use tokio::time::Instant;
 
 use crate::config::WorkerConfig;
 use crate::member::{CallFailure, Held, Member, View, Watch};
-use crate::wire::{Event, FlapRecord, HoldStats, MAX_FLAP_RECORDS, WindowStats};
+use crate::wire::{
+    BelowKRecord, Event, FlapRecord, HoldStats, MAX_BELOW_K_RECORDS, MAX_FLAP_RECORDS, WindowStats,
+};
 
 /// Everything the worker's tasks share.
 pub(crate) struct Shared {
@@ -40,6 +42,10 @@ pub(crate) struct Slot {
     pub(crate) win: Mutex<SlotWindow>,
     /// What the member held when last seen ready (for its flap record).
     pub(crate) last_ready_held: Mutex<Held>,
+    /// What the member held when last seen on K (for its below-K record).
+    pub(crate) last_on_k_held: Mutex<Held>,
+    /// Its below-K record in the current window, if it fell below K.
+    pub(crate) below_k: Mutex<Option<BelowKRecord>>,
 }
 
 /// One member's view of the current window.
@@ -65,6 +71,8 @@ pub(crate) struct WindowAcc {
     pub(crate) generation: u64,
     /// Calls started in this window that have not ended.
     pub(crate) in_flight: u64,
+    /// Below-K records started in this window (at most [`MAX_BELOW_K_RECORDS`]).
+    pub(crate) below_k_recorded: usize,
 }
 
 /// Hold counters since `HoldStart`.
@@ -125,7 +133,9 @@ impl Shared {
         let k = self.cfg.member_routers;
         let slots = self.slots();
         let mut members = 0;
+        let mut below = Vec::new();
         for s in &slots {
+            *lock(&s.below_k) = None;
             let mut w = lock(&s.win);
             *w = SlotWindow::default();
             if s.exited.load(Ordering::SeqCst) {
@@ -134,27 +144,91 @@ impl Shared {
             if let Some(watch) = s.watch.get() {
                 members += 1;
                 w.active = true;
-                w.apply(watch.view(), k, 0);
+                let view = watch.view();
+                w.apply(view, k, 0);
+                if view.routers < k {
+                    below.push((s.clone(), view.routers, watch.held()));
+                }
             }
         }
-        let mut acc = lock(&self.window);
-        *acc = WindowAcc {
-            active: true,
-            start: Some(now),
-            members,
-            generation: acc.generation + 1,
-            ..WindowAcc::default()
-        };
+        {
+            let mut acc = lock(&self.window);
+            *acc = WindowAcc {
+                active: true,
+                start: Some(now),
+                members,
+                generation: acc.generation + 1,
+                ..WindowAcc::default()
+            };
+        }
+        for (s, routers, held) in below {
+            self.track_below_k(&s, routers, held, 0);
+        }
     }
 
-    /// Feeds a member's new view into the window.
-    pub(crate) fn observe(&self, slot: &Slot, view: View) {
+    /// Keeps `slot`'s below-K record up to date with a view showing
+    /// `routers` reserved and `held` (see [`BelowKRecord`]); a new record
+    /// only while fewer than [`MAX_BELOW_K_RECORDS`] were started in the
+    /// window. Takes the window lock and the slot's locks one at a time.
+    fn track_below_k(&self, slot: &Slot, routers: usize, held: Held, ms: u64) {
+        let k = self.cfg.member_routers;
+        if routers >= k {
+            if let Some(r) = lock(&slot.below_k).as_mut()
+                && r.back_ms.is_none()
+            {
+                r.back_ms = Some(ms);
+            }
+            *lock(&slot.last_on_k_held) = held;
+            return;
+        }
+        {
+            let mut rec = lock(&slot.below_k);
+            if let Some(r) = rec.as_mut() {
+                // Below K again (or still): what keeps it there now.
+                r.back_ms = None;
+                if held.last_router_error.is_some() {
+                    r.last_router_error = held.last_router_error;
+                }
+                return;
+            }
+        }
+        {
+            let mut acc = lock(&self.window);
+            if !acc.active || acc.below_k_recorded >= MAX_BELOW_K_RECORDS {
+                return;
+            }
+            acc.below_k_recorded += 1;
+        }
+        let before = lock(&slot.last_on_k_held).reserved.clone();
+        *lock(&slot.below_k) = Some(BelowKRecord {
+            member: slot.index,
+            peer_id: slot
+                .member
+                .get()
+                .map(|m| m.peer_id().to_string())
+                .unwrap_or_default(),
+            at_ms: ms,
+            back_ms: None,
+            routers_before: before,
+            routers_after: held.reserved,
+            last_router_error: held.last_router_error,
+        });
+    }
+
+    /// Feeds a member's new view (and what it holds) into the window.
+    pub(crate) fn observe(&self, slot: &Slot, view: View, held: Held) {
         let start = match lock(&self.window).start {
             Some(s) => s,
-            None => return,
+            None => {
+                if view.routers >= self.cfg.member_routers {
+                    *lock(&slot.last_on_k_held) = held;
+                }
+                return;
+            }
         };
         let ms = start.elapsed().as_millis() as u64;
         lock(&slot.win).apply(view, self.cfg.member_routers, ms);
+        self.track_below_k(slot, view.routers, held, ms);
     }
 
     /// Counts a window call as started; `None` when no window is active.
@@ -210,11 +284,13 @@ impl Shared {
             ..WindowStats::default()
         };
         for s in self.slots() {
+            let rec = lock(&s.below_k).take();
             let mut w = lock(&s.win);
             if !w.active {
                 continue;
             }
             w.active = false;
+            stats.below_k_records.extend(rec);
             stats.lost_ready += u64::from(w.lost_ready);
             stats.below_one_router += u64::from(w.below_one);
             if w.below_k {
@@ -225,6 +301,8 @@ impl Shared {
                 }
             }
         }
+        stats.below_k_records.sort_by_key(|r| r.at_ms);
+        stats.below_k_records.truncate(MAX_BELOW_K_RECORDS);
         stats
     }
 
@@ -341,6 +419,8 @@ impl Slot {
             exited: AtomicBool::new(false),
             win: Mutex::new(SlotWindow::default()),
             last_ready_held: Mutex::new(Held::default()),
+            last_on_k_held: Mutex::new(Held::default()),
+            below_k: Mutex::new(None),
         }
     }
 }
@@ -433,6 +513,52 @@ mod tests {
         let mut idle = SlotWindow::default();
         idle.apply(v(false, 0), 2, 5);
         assert!(!idle.lost_ready);
+    }
+
+    #[test]
+    fn below_k_records_say_when_why_and_when_back() {
+        let s = shared();
+        let k = s.cfg.member_routers;
+        let held = |routers: &[&str], error: Option<&str>| Held {
+            reserved: routers.iter().map(ToString::to_string).collect(),
+            leaving: Vec::new(),
+            last_router_error: error.map(Into::into),
+        };
+        let view = |routers| View {
+            enrolled: true,
+            ready: true,
+            routers,
+            stopping: false,
+        };
+        let ab: Vec<&str> = ["ra", "rb", "rc"].into_iter().take(k).collect();
+        let slot = Arc::new(Slot::new(3, false));
+        s.add(slot.clone());
+        // On K before the window: remembered as "before".
+        s.observe(&slot, view(k), held(&ab, None));
+        s.mark();
+        lock(&slot.win).active = true;
+        s.observe(&slot, view(k - 1), held(&ab[1..], Some("router ra: lost")));
+        s.observe(
+            &slot,
+            view(k - 1),
+            held(&ab[1..], Some("router rd: refused")),
+        );
+        s.observe(&slot, view(k), held(&ab, None));
+        let w = s.window_report();
+        assert_eq!(w.below_k_routers, 1);
+        let r = &w.below_k_records[0];
+        assert_eq!(r.member, 3);
+        assert_eq!(
+            r.routers_before,
+            ab.iter().map(ToString::to_string).collect::<Vec<_>>()
+        );
+        assert_eq!(r.routers_after.len(), k - 1);
+        // What kept it below K: the last error seen while there.
+        assert_eq!(r.last_router_error.as_deref(), Some("router rd: refused"));
+        assert!(r.back_ms.is_some_and(|b| b >= r.at_ms));
+        // The next window starts clean.
+        s.mark();
+        assert!(s.window_report().below_k_records.is_empty());
     }
 
     #[test]
