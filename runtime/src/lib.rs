@@ -8,7 +8,9 @@
 //! - [`runtime_builder`]: the tokio runtime every binary runs on, idle
 //!   workers handing jemalloc's thread caches back.
 //! - [`watchdog`]: warns when the async runtime stalls for a second or more
-//!   and counts it in `agentmesh_runtime_stalls_total`.
+//!   and counts it in `agentmesh_runtime_stalls_total{cause}`, the cause
+//!   read from the process's CPU time and context switches over the stall
+//!   (`busy`: on CPU, `starved`: runnable but not run, `blocked`: neither).
 //! - [`profiling`] (cargo feature `pprof`): CPU and heap profiles over HTTP
 //!   on `--pprof-addr`.
 

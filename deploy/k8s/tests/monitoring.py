@@ -30,7 +30,7 @@ METRICS: dict[str, set[str]] = {
     "agentmesh_router_memory_in_use_bytes": set(),
     "agentmesh_router_memory_budget_bytes": set(),
     "agentmesh_router_auth_total": {"purpose", "result"},
-    "agentmesh_runtime_stalls_total": set(),
+    "agentmesh_runtime_stalls_total": {"cause"},
     "agentmesh_control_plane_storage_rows": {"table"},
     "agentmesh_control_plane_deleted_total": {"table", "reason"},
     "agentmesh_control_plane_next_key_rotation_timestamp_seconds": set(),
@@ -69,6 +69,7 @@ LABEL_VALUES: dict[tuple[str, str], set[str]] = {
         "io",
     },  # fmt: skip
     ("agentmesh_control_plane_limiter_refusals_total", "limiter"): {"enroll", "refresh", "failure_guard", "db_busy"},
+    ("agentmesh_runtime_stalls_total", "cause"): {"busy", "starved", "blocked", "unknown"},
     ("agentmesh_control_plane_storage_rows", "table"): CONTROL_PLANE_TABLES,
     ("agentmesh_control_plane_deleted_total", "table"): CONTROL_PLANE_TABLES,
 }

@@ -167,11 +167,24 @@ CASES = [
     ),
     (
         "AgentmeshRuntimeStalls",
-        {f"agentmesh_runtime_stalls_total{{{R0}}}": "0 0 0 1 1 1 1 1"},
+        {
+            f'agentmesh_runtime_stalls_total{{{R0},cause="starved"}}': "0 0 0 1 1 1 1 1",
+            f'agentmesh_runtime_stalls_total{{{R0},cause="busy"}}': "0x8",
+            f'agentmesh_runtime_stalls_total{{{R0},cause="blocked"}}': "0x8",
+        },
         "5m",
-        {"namespace": "agentmesh", "pod": "agentmesh-router-0"},
+        {"namespace": "agentmesh", "pod": "agentmesh-router-0", "cause": "starved"},
     ),
-    ("AgentmeshRuntimeStalls", {f"agentmesh_runtime_stalls_total{{{R0}}}": "0x8"}, "5m", None),
+    (
+        "AgentmeshRuntimeStalls",
+        {
+            f'agentmesh_runtime_stalls_total{{{R0},cause="starved"}}': "0x8",
+            f'agentmesh_runtime_stalls_total{{{R0},cause="busy"}}': "0x8",
+            f'agentmesh_runtime_stalls_total{{{R0},cause="blocked"}}': "0x8",
+        },
+        "5m",
+        None,
+    ),
     (
         "AgentmeshKeyRotationOverdue",
         {f"agentmesh_control_plane_next_key_rotation_timestamp_seconds{{{CP}}}": "0x30"},

@@ -39,6 +39,7 @@ def alert(objects, name):
         ('rate(agentmesh_router_refused_total{reason="x"}[5m]) > 0', "has no label reason"),
         ('rate(agentmesh_router_goaway_sent_total{result=~"timeout|lost"}[5m]) > 0', "never takes the value 'lost'"),
         ("sum by (pood) (rate(agentmesh_router_refused_total[5m])) > 0", "groups by label 'pood'"),
+        ('increase(agentmesh_runtime_stalls_total{cause="slow"}[5m]) > 0', "never takes the value 'slow'"),
         ("rate(agentmesh_router_refused_total[5m] > 0", "unbalanced"),
         ("rate(agentmesh_router_refused_total[5q]) > 0", "bad duration '5q'"),
         ("", "empty expression"),
