@@ -134,6 +134,17 @@ fn name_routers(ids: &mut [String], names: &BTreeMap<String, String>) {
     }
 }
 
+/// Replaces router PeerIds in an error text by their names where known.
+fn name_in_text(text: &mut Option<String>, names: &BTreeMap<String, String>) {
+    if let Some(t) = text {
+        for (id, name) in names {
+            if t.contains(id.as_str()) {
+                *t = t.replace(id.as_str(), name);
+            }
+        }
+    }
+}
+
 /// The earliest [`MAX_FLAP_RECORDS`] of the workers' flap records, router
 /// PeerIds replaced by the names in `names` where known.
 fn first_flaps(mut all: Vec<FlapRecord>, names: &BTreeMap<String, String>) -> Vec<FlapRecord> {
@@ -143,6 +154,7 @@ fn first_flaps(mut all: Vec<FlapRecord>, names: &BTreeMap<String, String>) -> Ve
         name_routers(&mut r.routers_before, names);
         name_routers(&mut r.leaving_before, names);
         name_routers(&mut r.routers_after, names);
+        name_in_text(&mut r.last_router_error, names);
     }
     all
 }
@@ -158,6 +170,7 @@ fn first_below_k(
     for r in &mut all {
         name_routers(&mut r.routers_before, names);
         name_routers(&mut r.routers_after, names);
+        name_in_text(&mut r.last_router_error, names);
     }
     all
 }
@@ -364,7 +377,7 @@ mod tests {
             routers_before: vec!["idA".into(), "idB".into()],
             leaving_before: vec!["idB".into()],
             routers_after: vec!["idA".into(), "unknown".into()],
-            last_router_error: None,
+            last_router_error: Some("router idB: sent go-away".into()),
         }
     }
 
@@ -384,5 +397,23 @@ mod tests {
         assert_eq!(kept[0].routers_before, vec!["r0", "r3"]);
         assert_eq!(kept[0].leaving_before, vec!["r3"]);
         assert_eq!(kept[0].routers_after, vec!["r0", "unknown"]);
+        assert_eq!(
+            kept[0].last_router_error.as_deref(),
+            Some("router r3: sent go-away")
+        );
+        let below = first_below_k(
+            vec![BelowKRecord {
+                at_ms: 5,
+                routers_before: vec!["idA".into()],
+                last_router_error: Some("router idA: lost the connection".into()),
+                ..BelowKRecord::default()
+            }],
+            &names,
+        );
+        assert_eq!(below[0].routers_before, vec!["r0"]);
+        assert_eq!(
+            below[0].last_router_error.as_deref(),
+            Some("router r0: lost the connection")
+        );
     }
 }
