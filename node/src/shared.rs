@@ -30,11 +30,17 @@ pub(crate) const KEY_REFETCH_INTERVAL: Duration = Duration::from_secs(30);
 pub(crate) enum Command {
     /// Be connected to `peer` (dial `addrs` unless already connected).
     /// With `keep_via`, relayed connections to `peer` through other routers
-    /// are closed first, and the reply waits until they are gone.
+    /// are closed first, and the reply waits until they are gone. With
+    /// `listed` (the routers the peer's record names), a peer we reach only
+    /// through other routers (ones it left or is leaving) is dialed anew
+    /// and the reply waits for the new connection, which the next stream
+    /// uses (`agentmesh-streams` opens on the newest); the old ones are left
+    /// to finish their calls.
     Connect {
         peer: PeerId,
         addrs: Vec<Multiaddr>,
         keep_via: Option<Vec<PeerId>>,
+        listed: Option<Vec<PeerId>>,
         reply: oneshot::Sender<Result<(), String>>,
     },
 }
@@ -120,12 +126,14 @@ impl Shared {
     /// Asks the core loop to connect to `peer` and waits, up to `limit`
     /// (the connect timeout, or less: what is left of a call's budget).
     /// With `keep_via`, relayed connections to `peer` through other
-    /// routers are closed first (see [`Command::Connect`]).
+    /// routers are closed first; with `listed`, a peer reached only through
+    /// routers it does not list is dialed anew (see [`Command::Connect`]).
     pub(crate) async fn connect(
         &self,
         peer: PeerId,
         addrs: Vec<Multiaddr>,
         keep_via: Option<Vec<PeerId>>,
+        listed: Option<Vec<PeerId>>,
         limit: Duration,
     ) -> Result<(), String> {
         let (reply, rx) = oneshot::channel();
@@ -136,6 +144,7 @@ impl Shared {
                     peer,
                     addrs,
                     keep_via,
+                    listed,
                     reply,
                 })
                 .await

@@ -435,6 +435,7 @@ async fn transit(
             router,
             addrs,
             None,
+            None,
             budget.cap(shared.config.connect_timeout()),
         )
         .await
@@ -546,6 +547,7 @@ async fn attempt(
             provider,
             vec![circuit],
             keep_via,
+            Some(routers.to_vec()),
             budget.cap(shared.config.connect_timeout()),
         )
         .await

@@ -99,6 +99,15 @@ impl Conns {
         })
     }
 
+    /// Whether the newest connection to `peer` (the one `agentmesh-streams`
+    /// opens the next stream on) goes direct or through one of `routers`.
+    pub(crate) fn usable(&self, peer: &PeerId, routers: &[PeerId]) -> bool {
+        self.by_peer
+            .get(peer)
+            .and_then(|v| v.last())
+            .is_some_and(|c| c.via.is_none_or(|r| routers.contains(&r)))
+    }
+
     /// Whether any of `ids` is still open to `peer`.
     pub(crate) fn any_open(&self, peer: &PeerId, ids: &[ConnectionId]) -> bool {
         self.by_peer
@@ -179,6 +188,12 @@ mod tests {
         // inbound circuits are not ours to replace.
         assert_eq!(conns.stale(&p, &[r2]), vec![a]);
         assert!(conns.stale(&q, &[]).is_empty());
+        // Usable: the newest connection goes direct or through a router
+        // the peer lists.
+        assert!(conns.usable(&p, &[]));
+        assert!(conns.usable(&q, &[r1]));
+        assert!(!conns.usable(&q, &[r2]));
+        assert!(!conns.usable(&PeerId::random(), &[r1]));
         let mut relayed = conns.relayed();
         relayed.sort_by_key(|r| (r.outbound, r.id));
         assert_eq!(
@@ -194,7 +209,13 @@ mod tests {
         assert!(!conns.any_open(&p, &[a]));
         assert!(conns.stale(&p, &[r2]).is_empty());
         conns.closed(p, b);
+        // Newest now through r2.
+        let e = ConnectionId::new_unchecked(5);
+        conns.established(p, e, &dialer(via(r2)), now);
+        assert!(conns.usable(&p, &[r2]));
         conns.closed(p, c);
+        assert!(!conns.usable(&p, &[r1]));
+        conns.closed(p, e);
         assert!(conns.by_peer.is_empty());
     }
 }

@@ -145,6 +145,8 @@ impl Core {
         };
         slot.leaving = Some(shun);
         slot.draining |= is_draining(&g);
+        // The record stops naming it (see `publish_records`).
+        self.records_dirty = true;
         self.merge_alternatives(&g.alternatives);
         self.top_up();
         self.release_leaving();

@@ -255,6 +255,7 @@ impl Core {
                 peer,
                 addrs,
                 keep_via,
+                listed,
                 reply,
             } => {
                 // Connections being closed for idleness must be gone
@@ -283,21 +284,32 @@ impl Core {
                     });
                     return;
                 }
-                self.connect_now(peer, addrs, reply);
+                // Reached only through routers the peer no longer lists
+                // (it left them or is leaving them): a new connection
+                // through a listed one, the old ones left to their calls.
+                let anew = listed.as_ref().is_some_and(|routers| {
+                    self.swarm.is_connected(&peer) && !self.conns.usable(&peer, routers)
+                });
+                if anew {
+                    tracing::debug!(%peer, "connected only through routers the peer no longer lists: dialing anew");
+                }
+                self.connect_now(peer, addrs, reply, anew);
             }
         }
     }
 
-    /// Replies once connected to `peer`, dialing `addrs` unless already.
+    /// Replies once connected to `peer`, dialing `addrs` unless already
+    /// (or, `anew`, once a new connection is up).
     fn connect_now(
         &mut self,
         peer: PeerId,
         addrs: Vec<libp2p::Multiaddr>,
         reply: oneshot::Sender<Result<(), String>>,
+        anew: bool,
     ) {
         {
             {
-                if self.swarm.is_connected(&peer) {
+                if self.swarm.is_connected(&peer) && !anew {
                     let _ = reply.send(Ok(()));
                     return;
                 }
@@ -306,9 +318,14 @@ impl Core {
                     let _ = reply.send(Err("too many connections pending".into()));
                     return;
                 }
+                let condition = if anew {
+                    libp2p::swarm::dial_opts::PeerCondition::Always
+                } else {
+                    libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing
+                };
                 let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
                     .addresses(addrs)
-                    .condition(libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing)
+                    .condition(condition)
                     .build();
                 match self.swarm.dial(opts) {
                     Ok(()) | Err(libp2p::swarm::DialError::DialPeerConditionFalse(_)) => {
@@ -331,7 +348,7 @@ impl Core {
             .partition(|w| w.peer == peer && !self.conns.any_open(&peer, &w.closing));
         self.fresh = waiting;
         for w in ready {
-            self.connect_now(w.peer, w.addrs, w.reply);
+            self.connect_now(w.peer, w.addrs, w.reply, false);
         }
     }
 
@@ -384,9 +401,9 @@ impl Core {
                 error,
                 ..
             } => {
-                if !self.swarm.is_connected(&peer) {
-                    self.resolve_waiters(&peer, Err(format!("connect to {peer}: {error}")));
-                }
+                // Waiters left while connected wait for a new connection
+                // (dialed anew): that dial failed too.
+                self.resolve_waiters(&peer, Err(format!("connect to {peer}: {error}")));
                 self.on_router_dial_failed(peer, &error.to_string());
             }
             SwarmEvent::Behaviour(BehaviourEvent::Relay(

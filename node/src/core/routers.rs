@@ -750,7 +750,8 @@ impl Core {
         }
     }
 
-    /// Signs our record naming the reserved routers and publishes it to each.
+    /// Signs our record naming the reserved routers (but those leaving, when
+    /// others are reserved) and publishes it to each reserved router.
     pub(super) fn publish_records(&mut self) {
         self.records_dirty = false;
         let services: Vec<String> = self
@@ -764,11 +765,24 @@ impl Core {
         if services.is_empty() || reserved.is_empty() {
             return;
         }
+        // Routers that sent go-away are left out of the record while another
+        // one is reserved: new callers route around them (they still hold
+        // the record and carry calls already on them until they close).
+        let staying: Vec<PeerId> = reserved
+            .iter()
+            .filter(|p| self.slots.get(p).is_some_and(|s| s.leaving.is_none()))
+            .copied()
+            .collect();
+        let named = if staying.is_empty() {
+            &reserved
+        } else {
+            &staying
+        };
         let now = unix_now();
         let record = ServiceRecord {
             provider: self.shared.peer_id.to_bytes(),
             services,
-            routers: reserved.iter().map(|p| p.to_bytes()).collect(),
+            routers: named.iter().map(|p| p.to_bytes()).collect(),
             issued_at_unix_secs: now,
             expires_at_unix_secs: now + self.shared.config.record_ttl_secs as i64,
         };
