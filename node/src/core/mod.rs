@@ -318,6 +318,15 @@ impl Core {
                     let _ = reply.send(Err("too many connections pending".into()));
                     return;
                 }
+                if anew && let Some(w) = self.waiters.get_mut(&peer) {
+                    // A new connection is already being dialed for other
+                    // calls: wait for the same one.
+                    w.retain(|s| !s.is_closed());
+                    if !w.is_empty() {
+                        w.push(reply);
+                        return;
+                    }
+                }
                 let condition = if anew {
                     libp2p::swarm::dial_opts::PeerCondition::Always
                 } else {
