@@ -136,6 +136,16 @@ impl NodeHandle {
         call::outbound::call(&self.shared, service).await
     }
 
+    /// Resolves with the panic message if the node's core fails (see
+    /// [`NodeStatus::failed`]); pending while it runs or stops normally.
+    pub async fn failed(&self) -> String {
+        let mut s = self.status();
+        match s.wait_for(|s| s.failed.is_some()).await {
+            Ok(s) => s.failed.clone().unwrap_or_default(),
+            Err(_) => std::future::pending().await,
+        }
+    }
+
     /// The bound `/metrics` + `/readyz` address, if any.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
@@ -341,7 +351,7 @@ pub async fn spawn(
 
     let mut core_set = JoinSet::new();
     let core = core::Core::new(shared.clone(), swarm, cmd_rx, goaways);
-    core_set.spawn(core.run().instrument(span.clone()));
+    core_set.spawn(supervised(shared.clone(), core.run()).instrument(span.clone()));
     let mut tasks = JoinSet::new();
     tasks.spawn(
         call::inbound::accept_loop(shared.clone(), inbound, incoming).instrument(span.clone()),
@@ -375,11 +385,70 @@ pub async fn spawn(
     })
 }
 
+/// Runs the node's core; if it panics (a bug here or in libp2p), the node
+/// says so instead of looking alive: not ready, `failed` and `stopping` in
+/// its status (`/readyz` names the panic), an error in the log. Without
+/// this a member whose swarm task died kept its last status for good.
+async fn supervised(shared: Arc<shared::Shared>, core: impl std::future::Future<Output = ()>) {
+    if let Err(why) = catch_panic(core).await {
+        tracing::error!(%why, "node core panicked: no router is held any more");
+        shared.ready.send_replace(false);
+        shared.status.send_modify(|s| {
+            s.ready = false;
+            s.stopping = true;
+            s.failed = Some(why.chars().take(240).collect());
+        });
+    }
+}
+
+/// Runs `fut`; a panic comes back as its message.
+async fn catch_panic(fut: impl std::future::Future<Output = ()>) -> Result<(), String> {
+    use futures::FutureExt as _;
+    std::panic::AssertUnwindSafe(fut)
+        .catch_unwind()
+        .await
+        .map_err(|panic| {
+            panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-text panic payload".to_string())
+        })
+}
+
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::catch_panic;
+
+    #[tokio::test]
+    async fn a_panicking_core_comes_back_as_its_message() {
+        assert_eq!(catch_panic(async {}).await, Ok(()));
+        let text = catch_panic(async { panic!("Relay connection exist") }).await;
+        assert_eq!(text, Err("Relay connection exist".to_string()));
+        let n = 3;
+        let formatted = catch_panic(async move { panic!("slot {n} gone") }).await;
+        assert_eq!(formatted, Err("slot 3 gone".to_string()));
+    }
+
+    #[test]
+    fn a_failed_node_is_not_ready_and_readyz_names_the_panic() {
+        let s = super::NodeStatus {
+            failed: Some("Relay connection exist".into()),
+            stopping: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            s.readyz_line(),
+            "not ready: failed: Relay connection exist\n"
+        );
     }
 }

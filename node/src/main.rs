@@ -41,6 +41,10 @@ async fn run(args: cli::RunArgs) -> anyhow::Result<()> {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+        why = node.failed() => {
+            // Exit so the supervisor restarts a node that can no longer attach.
+            anyhow::bail!("node core failed: {why}");
+        }
     }
     tracing::info!("stopping: withdrawing records, finishing calls");
     node.shutdown().await;

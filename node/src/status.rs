@@ -34,6 +34,10 @@ pub struct NodeStatus {
     /// router; kept until the next one, so it explains a node below K or
     /// not ready. At most 240 characters.
     pub last_router_error: Option<String>,
+    /// The node's core (its swarm and routers) ended on a panic, with the
+    /// panic's message: it holds no router and serves no call any more, and
+    /// the process should be restarted (the binary exits). Never cleared.
+    pub failed: Option<String>,
 }
 
 impl NodeStatus {
@@ -51,7 +55,9 @@ impl NodeStatus {
                 }
             );
         }
-        let why = if self.stopping {
+        let why = if let Some(f) = &self.failed {
+            format!("failed: {f}")
+        } else if self.stopping {
             "stopping".to_string()
         } else if !self.enrolled {
             "not enrolled".to_string()

@@ -457,7 +457,6 @@ impl Core {
         }
         self.top_up();
         self.release_leaving();
-        self.expire_reservations(now);
         self.retry_reservations(now);
         self.retry_represent(now);
         self.close_idle_relayed(now);

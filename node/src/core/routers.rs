@@ -55,9 +55,6 @@ pub(crate) struct Slot {
     pub(crate) leaving: Option<Duration>,
     /// The router said it is draining: once dropped, never tried early.
     pub(crate) draining: bool,
-    /// A reservation asked for must be confirmed by then (the call
-    /// timeout after asking), else it is asked for again after a backoff.
-    pub(crate) reserve_by: Option<Instant>,
 }
 
 impl Slot {
@@ -71,7 +68,6 @@ impl Slot {
             represent_at: None,
             leaving: None,
             draining: false,
-            reserve_by: None,
         }
     }
 }
@@ -189,6 +185,7 @@ impl Core {
             records_accepted,
             stopping: self.shared.is_shutting_down(),
             last_router_error: self.last_router_error.clone(),
+            failed: None,
         }
     }
 
@@ -539,8 +536,14 @@ impl Core {
         let circuit = router_base(&addr, router).with(Protocol::P2pCircuit);
         match self.swarm.listen_on(circuit) {
             Ok(id) => {
+                // No deadline of ours: closing a relay listener whose
+                // reservation is still pending races libp2p-relay 0.22's
+                // client, which panics ("Relay connection exist",
+                // priv_client.rs:303) when the acceptance arrives after the
+                // close; 382 member swarms died that way in a 5,000-member
+                // ladder at load 37. Its own request timeout ends a
+                // reservation nobody answers (ListenerClosed, retried).
                 slot.phase = Phase::Reserving(id);
-                slot.reserve_by = Some(Instant::now() + self.shared.config.call_timeout());
             }
             Err(e) => {
                 tracing::warn!(%router, error = %e, "cannot request a reservation");
@@ -636,34 +639,6 @@ impl Core {
         tracing::warn!(%router, error = ?error, retry_in = ?wait, "relay reservation refused or lost");
         slot.phase = Phase::ReserveWait(Instant::now() + wait);
         self.publish_status();
-    }
-
-    /// Reservations asked for and not confirmed by their deadline: the
-    /// listener is closed, which counts as a refused reservation
-    /// ([`Self::on_listener_closed`]: backoff, re-admission, then again).
-    /// libp2p's relay client would otherwise wait up to a minute for a
-    /// router too busy to answer.
-    pub(super) fn expire_reservations(&mut self, now: Instant) {
-        let due: Vec<(PeerId, ListenerId)> = self
-            .slots
-            .iter_mut()
-            .filter_map(|(p, s)| match s.phase {
-                Phase::Reserving(l) if s.reserve_by.is_some_and(|at| at <= now) => {
-                    s.reserve_by = None;
-                    Some((*p, l))
-                }
-                _ => None,
-            })
-            .collect();
-        for (router, listener) in due {
-            let within = self.shared.config.call_timeout();
-            tracing::warn!(%router, ?within, "relay reservation not confirmed in time: asking again after a backoff");
-            self.note_error(
-                router,
-                format!("reservation not confirmed within {within:?}"),
-            );
-            self.swarm.remove_listener(listener);
-        }
     }
 
     pub(super) fn retry_reservations(&mut self, now: Instant) {

@@ -266,6 +266,11 @@ impl Watch {
         }
     }
 
+    /// The panic that ended the node's core, if it did (an exit to count).
+    pub fn failed(&self) -> Option<String> {
+        self.status.borrow().failed.clone()
+    }
+
     /// Waits for a change; `Err` when the node has ended.
     pub async fn changed(&mut self) -> Result<(), ()> {
         self.status.changed().await.map_err(|_| ())

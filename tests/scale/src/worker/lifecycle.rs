@@ -87,7 +87,16 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
         }
     }
     if !shared.leaving.load(Ordering::SeqCst) {
-        shared.exit(&slot, "node stopped".to_string()).await;
+        shared.exit(&slot, stopped_why(&watch)).await;
+    }
+}
+
+/// Why a member's node stopped: its core's panic when it died of one (a
+/// dead swarm would otherwise look like a member that just never changes).
+fn stopped_why(watch: &Watch) -> String {
+    match watch.failed() {
+        Some(panic) => format!("node core panicked: {panic}"),
+        None => "node stopped".to_string(),
     }
 }
 
@@ -105,7 +114,7 @@ async fn wait_for(watch: &mut Watch, pred: impl Fn(View) -> bool) -> Result<(), 
             return Ok(());
         }
         if view.stopping {
-            return Err("node stopped".to_string());
+            return Err(stopped_why(watch));
         }
         match tokio::time::timeout_at(deadline, watch.changed()).await {
             Ok(Ok(())) => {}
