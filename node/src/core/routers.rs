@@ -595,6 +595,36 @@ impl Core {
             return;
         };
         let router = *router;
+        let was_reserved = matches!(slot.phase, Phase::Reserved(_));
+        if reask_at_once(
+            error.as_deref(),
+            self.swarm.is_connected(&router),
+            was_reserved,
+            slot.reserve_failures,
+        ) {
+            // The relay client dropped an active reservation on its own
+            // while the router still holds us (libp2p-relay 0.22 does so
+            // when an outbound circuit request through that router times
+            // out): ask again now, no backoff and no re-admission, so the
+            // member is unreachable there for one round trip, not seconds.
+            slot.reserve_failures = 1;
+            slot.published = false;
+            self.shared.attached.write().remove(&router);
+            self.note_error(
+                router,
+                "reservation reset by the relay client: asked again at once",
+            );
+            self.shared
+                .metrics
+                .reservations
+                .get_or_create(&crate::metrics::ResultLabel { result: "error" })
+                .inc();
+            tracing::info!(%router, "relay reservation reset by the client: reserving again");
+            self.records_dirty = true;
+            self.reserve(router);
+            self.publish_status();
+            return;
+        }
         let failures = slot.reserve_failures + 1;
         self.note_error(
             router,
@@ -841,9 +871,39 @@ impl Core {
     }
 }
 
+/// Whether a closed reservation listener is asked for again at once: an
+/// active reservation (`reserved`) whose listener closed without an error
+/// while the connection to the router lives, and not right after another
+/// such reset (`failures` 0), so a router that keeps closing it falls back
+/// to the backoff and re-admission path.
+fn reask_at_once(error: Option<&str>, connected: bool, reserved: bool, failures: u32) -> bool {
+    error.is_none() && connected && reserved && failures == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_silent_reset_of_a_live_reservation_is_asked_again_at_once() {
+        assert!(reask_at_once(None, true, true, 0));
+        assert!(
+            !reask_at_once(Some("denied"), true, true, 0),
+            "a refusal backs off"
+        );
+        assert!(
+            !reask_at_once(None, false, true, 0),
+            "connection gone: reconnect"
+        );
+        assert!(
+            !reask_at_once(None, true, false, 0),
+            "never confirmed: backoff"
+        );
+        assert!(
+            !reask_at_once(None, true, true, 1),
+            "twice in a row: backoff"
+        );
+    }
 
     #[test]
     fn circuit_base_replaces_any_trailing_peer_id() {
