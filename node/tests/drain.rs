@@ -12,7 +12,6 @@ use agentmesh_node::{Config, NodeHandle};
 use agentmesh_proto::pb::credential::Role;
 use libp2p::PeerId;
 use support::*;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Plain members (no service, no calls) besides the provider and callers.
 const PLAIN_MEMBERS: usize = 6;
@@ -47,14 +46,7 @@ async fn call_once(node: &NodeHandle, n: usize) -> Result<(), Failure> {
         .await
         .map_err(|e| Failure::Call(e.to_string()))?;
     let payload = format!("call {n} through a draining mesh").into_bytes();
-    let exchange = async {
-        s.write_all(&payload).await?;
-        s.shutdown().await?;
-        let mut back = Vec::new();
-        s.read_to_end(&mut back).await?;
-        Ok::<_, std::io::Error>(back)
-    };
-    match tokio::time::timeout(DEADLINE, exchange).await {
+    match tokio::time::timeout(DEADLINE, exchange(&mut s, &payload)).await {
         Ok(Ok(back)) if back == payload => Ok(()),
         Ok(Ok(back)) => Err(Failure::Echo(format!(
             "echo came back as {} bytes",

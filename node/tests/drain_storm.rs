@@ -8,13 +8,15 @@
 //! routers without the drained one and none is ever unready. Waits are
 //! count-based with a generous deadline; times are printed, never asserted.
 
+mod support;
+
 use std::collections::HashSet;
 use std::time::Duration;
 
-use agentmesh_node::{Config, NodeHandle};
 use agentmesh_proto::pb::credential::Role;
-use agentmesh_testkit::{Cp, TestRouter, start_cp_with};
+use agentmesh_testkit::{TestRouter, start_cp_with};
 use libp2p::PeerId;
+use support::{on_k, storm_member};
 use tokio::time::Instant;
 
 const MEMBERS: usize = 80;
@@ -26,27 +28,6 @@ const DRAIN_GRACE: Duration = Duration::from_secs(60);
 const STORM_DEADLINE: Duration = Duration::from_secs(240);
 /// How often the members' states are sampled.
 const SAMPLE: Duration = Duration::from_millis(100);
-
-async fn member(cp: &Cp, token: String) -> (NodeHandle, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = Config {
-        control_plane: cp.url.clone(),
-        token,
-        data_dir: dir.path().to_path_buf(),
-        routers: 2,
-        directory_interval_secs: 1,
-        no_socket: true,
-        ..Config::default()
-    };
-    let n = agentmesh_node::spawn(config, None).await.expect("spawn");
-    (n, dir)
-}
-
-/// Reserved on K=2 routers, none of them in `gone`.
-fn on_k(n: &NodeHandle, gone: &HashSet<PeerId>) -> bool {
-    let s = n.status().borrow().clone();
-    s.reserved.len() >= 2 && !s.reserved.iter().any(|r| gone.contains(r))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_refused_while_their_router_drains_keep_it_and_get_back_on_k() {
@@ -63,7 +44,8 @@ async fn members_refused_while_their_router_drains_keep_it_and_get_back_on_k() {
     let token = cp.token(Role::Member).await;
     // With only two routers up, every member holds both: after the drain
     // each has exactly one alternative, the limited router started next.
-    let nodes = futures::future::join_all((0..MEMBERS).map(|_| member(&cp, token.clone()))).await;
+    let nodes =
+        futures::future::join_all((0..MEMBERS).map(|_| storm_member(&cp, token.clone()))).await;
     let end = Instant::now() + STORM_DEADLINE;
     while nodes.iter().any(|(n, _)| !on_k(n, &HashSet::new())) {
         assert!(Instant::now() < end, "never all on K");

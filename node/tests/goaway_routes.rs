@@ -11,7 +11,6 @@ use std::time::Duration;
 use agentmesh_node::Config;
 use agentmesh_proto::pb::credential::Role;
 use support::*;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// The drained router's grace: the provider keeps it this long (it cannot
 /// reach K elsewhere), so calls have time to start while it is leaving.
@@ -124,14 +123,7 @@ async fn calls_made_while_the_providers_router_is_leaving_avoid_it_and_outlive_i
     // Every call opened while a was leaving still carries bytes.
     for (n, s) in open.iter_mut().enumerate() {
         let payload = format!("call {n} after a closed").into_bytes();
-        let echo = async {
-            s.write_all(&payload).await?;
-            s.shutdown().await?;
-            let mut back = Vec::new();
-            s.read_to_end(&mut back).await?;
-            Ok::<_, std::io::Error>(back)
-        };
-        let back = tokio::time::timeout(DEADLINE, echo)
+        let back = tokio::time::timeout(DEADLINE, exchange(s, &payload))
             .await
             .unwrap_or_else(|_| panic!("call {n}: echo timed out"))
             .unwrap_or_else(|e| panic!("call {n} was cut when a closed: {e}"));

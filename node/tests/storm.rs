@@ -7,13 +7,16 @@
 //! for 10 s: every member ends on K=2 reserved routers again. Waits are
 //! count-based with a generous deadline; nothing is timed.
 
+mod support;
+
 use std::collections::HashSet;
 use std::time::Duration;
 
-use agentmesh_node::{Config, NodeHandle};
+use agentmesh_node::NodeHandle;
 use agentmesh_proto::pb::credential::Role;
-use agentmesh_testkit::{Cp, TestRouter, start_cp_with};
+use agentmesh_testkit::{TestRouter, start_cp_with};
 use libp2p::PeerId;
+use support::{on_k, storm_member};
 use tokio::time::Instant;
 
 const MEMBERS: usize = 100;
@@ -21,30 +24,9 @@ const PER_IP: u32 = 8;
 /// Generous: 100 nodes on a loaded 2-core machine, twice (join, failover).
 const STORM_DEADLINE: Duration = Duration::from_secs(240);
 
-async fn member(cp: &Cp, token: String) -> (NodeHandle, tempfile::TempDir) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = Config {
-        control_plane: cp.url.clone(),
-        token,
-        data_dir: dir.path().to_path_buf(),
-        routers: 2,
-        directory_interval_secs: 1,
-        no_socket: true,
-        ..Config::default()
-    };
-    let n = agentmesh_node::spawn(config, None).await.expect("spawn");
-    (n, dir)
-}
-
 /// Members not (yet) reserved on two routers outside `gone`.
 fn not_on_k(nodes: &[(NodeHandle, tempfile::TempDir)], gone: &HashSet<PeerId>) -> usize {
-    nodes
-        .iter()
-        .filter(|(n, _)| {
-            let s = n.status().borrow().clone();
-            s.reserved.len() < 2 || s.reserved.iter().any(|r| gone.contains(r))
-        })
-        .count()
+    nodes.iter().filter(|(n, _)| !on_k(n, gone)).count()
 }
 
 async fn wait_all_on_k(
@@ -83,7 +65,8 @@ async fn a_hundred_members_from_one_ip_reattach_after_a_router_is_killed() {
     let mut nodes = Vec::with_capacity(MEMBERS);
     for _ in 0..MEMBERS / 50 {
         let token = cp.token(Role::Member).await;
-        let batch = futures::future::join_all((0..50).map(|_| member(&cp, token.clone()))).await;
+        let batch =
+            futures::future::join_all((0..50).map(|_| storm_member(&cp, token.clone()))).await;
         nodes.extend(batch);
     }
     wait_all_on_k(&nodes, &HashSet::new(), "joining").await;

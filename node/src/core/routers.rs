@@ -595,37 +595,37 @@ impl Core {
             return;
         };
         let router = *router;
-        let was_reserved = matches!(slot.phase, Phase::Reserved(_));
-        if reask_at_once(
+        // The relay client dropped an active reservation on its own while
+        // the router still holds us (libp2p-relay 0.22 does so when an
+        // outbound circuit request through that router times out): ask
+        // again now, no backoff and no re-admission, so the member is
+        // unreachable there for one round trip, not seconds.
+        let at_once = reask_at_once(
             error.as_deref(),
             self.swarm.is_connected(&router),
-            was_reserved,
+            matches!(slot.phase, Phase::Reserved(_)),
             slot.reserve_failures,
-        ) {
-            // The relay client dropped an active reservation on its own
-            // while the router still holds us (libp2p-relay 0.22 does so
-            // when an outbound circuit request through that router times
-            // out): ask again now, no backoff and no re-admission, so the
-            // member is unreachable there for one round trip, not seconds.
-            slot.reserve_failures = 1;
-            slot.published = false;
-            self.shared.attached.write().remove(&router);
+        );
+        slot.reserve_failures += 1;
+        slot.published = false;
+        let failures = slot.reserve_failures;
+        self.shared.attached.write().remove(&router);
+        self.records_dirty = true;
+        self.shared
+            .metrics
+            .reservations
+            .get_or_create(&crate::metrics::ResultLabel { result: "error" })
+            .inc();
+        if at_once {
             self.note_error(
                 router,
                 "reservation reset by the relay client: asked again at once",
             );
-            self.shared
-                .metrics
-                .reservations
-                .get_or_create(&crate::metrics::ResultLabel { result: "error" })
-                .inc();
             tracing::info!(%router, "relay reservation reset by the client: reserving again");
-            self.records_dirty = true;
             self.reserve(router);
             self.publish_status();
             return;
         }
-        let failures = slot.reserve_failures + 1;
         self.note_error(
             router,
             format!(
@@ -636,21 +636,12 @@ impl Core {
         let Some(slot) = self.slots.get_mut(&router) else {
             return;
         };
-        self.shared
-            .metrics
-            .reservations
-            .get_or_create(&crate::metrics::ResultLabel { result: "error" })
-            .inc();
-        slot.reserve_failures += 1;
-        slot.published = false;
         let wait = backoff(
             slot.reserve_failures,
             Duration::from_secs(1),
             Duration::from_secs(30),
         );
         let give_up = slot.reserve_failures >= MAX_RESERVE_FAILURES && slot.leaving.is_none();
-        self.shared.attached.write().remove(&router);
-        self.records_dirty = true;
         if give_up && free {
             // A router that keeps refusing reservations (e.g. its relay is
             // full) would hold this slot forever: move to another router.

@@ -11,7 +11,7 @@ pub use agentmesh_testkit::{
     start_cp_with,
 };
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -86,6 +86,24 @@ pub async fn spawn_node(
     (node, dir)
 }
 
+/// A member of a storm test: K = 2 routers, no metrics listener, no Unix
+/// socket (many of them share one test process).
+pub async fn storm_member(cp: &Cp, token: String) -> (NodeHandle, tempfile::TempDir) {
+    spawn_node(cp, &token, "spawn", |c| Config {
+        routers: 2,
+        metrics_addr: None,
+        no_socket: true,
+        ..c
+    })
+    .await
+}
+
+/// Reserved on K = 2 routers, none of them in `gone`.
+pub fn on_k(n: &NodeHandle, gone: &HashSet<libp2p::PeerId>) -> bool {
+    let s = n.status().borrow().clone();
+    s.reserved.len() >= 2 && !s.reserved.iter().any(|r| gone.contains(r))
+}
+
 /// A router selector matching `name=NAME`.
 pub fn selector(name: &str) -> BTreeMap<String, String> {
     [("name".to_string(), name.to_string())].into()
@@ -113,6 +131,19 @@ pub async fn call_until_found(node: &NodeHandle, service: &str) -> agentmesh_nod
             }
         }
     }
+}
+
+/// Writes `payload` to `stream`, half-closes it and reads the answer to its
+/// end (an echo backend sends `payload` back); no deadline of its own.
+pub async fn exchange(
+    stream: &mut agentmesh_node::CallStream,
+    payload: &[u8],
+) -> std::io::Result<Vec<u8>> {
+    stream.write_all(payload).await?;
+    stream.shutdown().await?;
+    let mut back = Vec::new();
+    stream.read_to_end(&mut back).await?;
+    Ok(back)
 }
 
 /// Sends `len` random bytes through `stream`, half-closes, and asserts the

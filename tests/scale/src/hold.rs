@@ -138,9 +138,7 @@ fn name_routers(ids: &mut [String], names: &BTreeMap<String, String>) {
 fn name_in_text(text: &mut Option<String>, names: &BTreeMap<String, String>) {
     if let Some(t) = text {
         for (id, name) in names {
-            if t.contains(id.as_str()) {
-                *t = t.replace(id.as_str(), name);
-            }
+            *t = t.replace(id.as_str(), name);
         }
     }
 }

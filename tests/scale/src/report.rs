@@ -620,14 +620,16 @@ impl Report {
 }
 
 /// One below-K record as a table line.
+/// Routers as a comma-separated list, "none" when empty.
+fn router_list(v: &[String]) -> String {
+    if v.is_empty() {
+        "none".to_string()
+    } else {
+        v.join(", ")
+    }
+}
+
 fn below_k_line(r: &crate::wire::BelowKRecord) -> String {
-    let list = |v: &[String]| {
-        if v.is_empty() {
-            "none".to_string()
-        } else {
-            v.join(", ")
-        }
-    };
     let back = r
         .back_ms
         .map_or_else(|| "not back".to_string(), |b| format!("back at {b} ms"));
@@ -636,21 +638,14 @@ fn below_k_line(r: &crate::wire::BelowKRecord) -> String {
         r.member,
         r.peer_id,
         r.at_ms,
-        list(&r.routers_before),
-        list(&r.routers_after),
+        router_list(&r.routers_before),
+        router_list(&r.routers_after),
         r.last_router_error.as_deref().unwrap_or("none")
     )
 }
 
 /// One flap record as a table line.
 fn flap_line(f: &crate::wire::FlapRecord) -> String {
-    let list = |v: &[String]| {
-        if v.is_empty() {
-            "none".to_string()
-        } else {
-            v.join(", ")
-        }
-    };
     let leaving = if f.leaving_before.is_empty() {
         String::new()
     } else {
@@ -661,8 +656,8 @@ fn flap_line(f: &crate::wire::FlapRecord) -> String {
         f.member,
         f.peer_id,
         f.at_secs,
-        list(&f.routers_before),
-        list(&f.routers_after),
+        router_list(&f.routers_before),
+        router_list(&f.routers_after),
         f.last_router_error.as_deref().unwrap_or("none")
     )
 }

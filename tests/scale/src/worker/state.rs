@@ -202,11 +202,7 @@ impl Shared {
         let before = lock(&slot.last_on_k_held).reserved.clone();
         *lock(&slot.below_k) = Some(BelowKRecord {
             member: slot.index,
-            peer_id: slot
-                .member
-                .get()
-                .map(|m| m.peer_id().to_string())
-                .unwrap_or_default(),
+            peer_id: slot.peer_id(),
             at_ms: ms,
             back_ms: None,
             routers_before: before,
@@ -349,11 +345,6 @@ impl Shared {
     /// now (`now`) and the node's last router error.
     pub(crate) fn hold_flap(&self, slot: &Slot, now: Held) {
         let before = lock(&slot.last_ready_held).clone();
-        let peer_id = slot
-            .member
-            .get()
-            .map(|m| m.peer_id().to_string())
-            .unwrap_or_default();
         let mut h = lock(&self.hold);
         let Some(start) = h.start.filter(|_| h.started) else {
             return;
@@ -363,7 +354,7 @@ impl Shared {
         }
         h.stats.flap_records.push(FlapRecord {
             member: slot.index,
-            peer_id,
+            peer_id: slot.peer_id(),
             at_secs: start.elapsed().as_secs_f64(),
             routers_before: before.reserved,
             leaving_before: before.leaving,
@@ -406,6 +397,14 @@ impl SlotWindow {
 }
 
 impl Slot {
+    /// The member's PeerId, empty before it started.
+    fn peer_id(&self) -> String {
+        self.member
+            .get()
+            .map(|m| m.peer_id().to_string())
+            .unwrap_or_default()
+    }
+
     /// A new, not yet started member slot.
     pub(crate) fn new(index: u64, provider: bool) -> Self {
         Self {
