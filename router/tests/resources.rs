@@ -401,19 +401,19 @@ async fn quic_listener_admits_and_accounts_like_tcp() {
     assert!(p.open(r.id(), HOP).await.is_ok(), "budget is back");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn circuits_per_destination_are_capped_at_the_relay() {
+/// A, attached with a reservation at `r` and serving echo, and B, admitted
+/// for transit; with the circuit address through `r`.
+async fn destination_and_source(
+    cp: &Cp,
+    r: &Router,
+) -> (support::TestPeer, support::TestPeer, Multiaddr) {
     use support::{Ev, TestPeer};
-    let cp = start_cp().await;
-    let r = start_router(&cp, |c| c.resources.circuits_per_destination = 2).await;
     let token = cp.token(Role::Member).await;
-    let relay_addr = listen_addr(&r, false);
+    let relay_addr = listen_addr(r, false);
     let circuit = relay_addr
         .clone()
         .with(Protocol::P2p(r.id()))
         .with(Protocol::P2pCircuit);
-
-    // A attaches, reserves a slot and serves echo.
     let mut a = TestPeer::new();
     a.connect(r.id(), relay_addr.clone()).await;
     let cred = cp.enroll(&token, &a.key).await;
@@ -426,46 +426,50 @@ async fn circuits_per_destination_are_capped_at_the_relay() {
         |e| matches!(e, Ev::ListenAddr(addr) if addr.iter().any(|p| p == Protocol::P2pCircuit)),
     )
     .await;
-    let _echo = a.serve_echo("/test/echo/1");
-
-    // B (transit) opens three circuits to A: two fit, the third is refused
-    // at the router's STOP stream to A.
     let mut b = TestPeer::new();
     b.connect(r.id(), relay_addr).await;
     let cred = cp.enroll(&token, &b.key).await;
     assert!(admitted(
         &b.auth(r.id(), Some(cred), Purpose::Transit).await
     ));
-    let aid = a.peer_id;
-    for _ in 0..2 {
-        let to_a = circuit.clone().with(Protocol::P2p(aid));
-        b.with_swarm(move |s| {
-            s.dial(
-                DialOpts::peer_id(aid)
-                    .addresses(vec![to_a])
-                    .condition(PeerCondition::Always)
-                    .build(),
-            )
-            .expect("dial through relay")
-        })
-        .await;
-        b.wait(
-            "relayed connection to A",
-            |e| matches!(e, Ev::Connected { peer, relayed: true } if *peer == aid),
-        )
-        .await;
-    }
-    let to_a = circuit.clone().with(Protocol::P2p(aid));
-    b.with_swarm(move |s| {
+    (a, b, circuit)
+}
+
+/// `from` dials `to` through the relay `circuit` (a new circuit each time).
+async fn dial_through(from: &support::TestPeer, circuit: &Multiaddr, to: PeerId) {
+    let addr = circuit.clone().with(Protocol::P2p(to));
+    from.with_swarm(move |s| {
         s.dial(
-            DialOpts::peer_id(aid)
-                .addresses(vec![to_a])
+            DialOpts::peer_id(to)
+                .addresses(vec![addr])
                 .condition(PeerCondition::Always)
                 .build(),
         )
         .expect("dial through relay")
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn circuits_per_destination_are_capped_at_the_relay() {
+    use support::Ev;
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| c.resources.circuits_per_destination = 2).await;
+    let (a, mut b, circuit) = destination_and_source(&cp, &r).await;
+    let _echo = a.serve_echo("/test/echo/1");
+
+    // B opens three circuits to A: two fit, the third is refused at the
+    // router's STOP stream to A.
+    let aid = a.peer_id;
+    for _ in 0..2 {
+        dial_through(&b, &circuit, aid).await;
+        b.wait(
+            "relayed connection to A",
+            |e| matches!(e, Ev::Connected { peer, relayed: true } if *peer == aid),
+        )
+        .await;
+    }
+    dial_through(&b, &circuit, aid).await;
     eventually("third circuit refused", || async {
         (r.refused("circuit", "peer", "relay_stop") >= 1.0).then_some(())
     })
@@ -476,6 +480,71 @@ async fn circuits_per_destination_are_capped_at_the_relay() {
         2.0
     );
     // The two circuits still carry calls.
+    let data = vec![7u8; 64 * 1024];
+    assert_eq!(b.echo(aid, "/test/echo/1", &data).await, data);
+}
+
+/// libp2p-relay runs 10 STOP handshakes per connection and drops the 11th
+/// stream silently (its source times out, and its relay client drops its
+/// reservation). The router caps handshakes in flight below that: with the
+/// destination not answering (frozen), the circuit past the cap is denied
+/// to its source at once, while the ones in flight complete when the
+/// destination answers, and their places free up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_handshakes_in_flight_are_capped_per_connection_and_refused_at_once() {
+    use support::Ev;
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| c.resources.relay_stop_handshakes_per_connection = 2).await;
+    let (a, mut b, circuit) = destination_and_source(&cp, &r).await;
+    let _echo = a.serve_echo("/test/echo/1");
+    let aid = a.peer_id;
+    let in_flight = "agentmesh_router_relay_stop_handshakes";
+    assert_eq!(r.metric(in_flight), 0.0);
+
+    let frozen = a.freeze().await;
+    for _ in 0..2 {
+        dial_through(&b, &circuit, aid).await;
+    }
+    eventually("two handshakes in flight", || async {
+        (r.metric(in_flight) >= 2.0).then_some(())
+    })
+    .await;
+    dial_through(&b, &circuit, aid).await;
+    // Denied while A still answers nothing: not a timeout.
+    let failed = b
+        .wait("third circuit denied", |e| {
+            matches!(e, Ev::DialFailed { peer: Some(p), .. } if *p == aid)
+        })
+        .await;
+    tracing::info!(?failed, "denied");
+    assert_eq!(r.refused("circuit", "connection", "relay_stop"), 1.0);
+    assert_eq!(r.refused("circuit", "peer", "relay_stop"), 0.0);
+    assert_eq!(r.metric(in_flight), 2.0);
+
+    // A answers: both circuits in flight open, and their places are free.
+    drop(frozen);
+    for _ in 0..2 {
+        b.wait(
+            "relayed connection to A",
+            |e| matches!(e, Ev::Connected { peer, relayed: true } if *peer == aid),
+        )
+        .await;
+    }
+    eventually("no handshake in flight", || async {
+        (r.metric(in_flight) == 0.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        r.metric("agentmesh_router_streams{protocol=\"relay_stop\",direction=\"outbound\"}"),
+        2.0
+    );
+    dial_through(&b, &circuit, aid).await;
+    b.wait(
+        "a third circuit once places are free",
+        |e| matches!(e, Ev::Connected { peer, relayed: true } if *peer == aid),
+    )
+    .await;
+    assert_eq!(r.refused("circuit", "connection", "relay_stop"), 1.0);
     let data = vec![7u8; 64 * 1024];
     assert_eq!(b.echo(aid, "/test/echo/1", &data).await, data);
 }

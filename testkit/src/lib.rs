@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 
 pub use cp::{ADMIN, Cp, start_cp, start_cp_with};
-pub use peer::{Ev, PeerBehaviour, TestPeer};
+pub use peer::{Ev, Frozen, PeerBehaviour, TestPeer};
 pub use router::{TestRouter, spawn_ready};
 
 /// Generous deadline for every wait in the tests: long enough for a loaded

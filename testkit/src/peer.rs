@@ -54,11 +54,23 @@ pub enum Ev {
     ListenAddr(Multiaddr),
     /// A listener closed, with the reason (debug-formatted).
     ListenerClosed(String),
+    /// A dial to `peer` failed, with the error (display-formatted).
+    DialFailed {
+        /// The peer dialed, if the dial named one.
+        peer: Option<PeerId>,
+        /// What went wrong.
+        error: String,
+    },
     /// Anything else (never queued).
     Other,
 }
 
 type Cmd = Box<dyn FnOnce(&mut Swarm<PeerBehaviour>) + Send>;
+/// A freeze request: confirm on the first, resume when the second resolves.
+type FreezeReq = (oneshot::Sender<()>, oneshot::Receiver<()>);
+
+/// While held, the peer's swarm is not polled (see [`TestPeer::freeze`]).
+pub struct Frozen(#[allow(dead_code)] oneshot::Sender<()>);
 
 /// A raw libp2p peer driven from the test; its swarm runs in a task that
 /// is aborted on drop, and connection events queue (bounded) for [`Self::wait`].
@@ -69,6 +81,7 @@ pub struct TestPeer {
     pub peer_id: PeerId,
     control: agentmesh_streams::Control,
     cmd: mpsc::Sender<Cmd>,
+    freeze: mpsc::Sender<FreezeReq>,
     events: mpsc::Receiver<Ev>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -115,6 +128,7 @@ impl TestPeer {
             .build();
         let control = swarm.behaviour().stream.new_control();
         let (cmd_tx, mut cmd_rx) = mpsc::channel::<Cmd>(64);
+        let (freeze_tx, mut freeze_rx) = mpsc::channel::<FreezeReq>(1);
         let (ev_tx, ev_rx) = mpsc::channel(4096);
         let task = tokio::spawn(async move {
             loop {
@@ -131,6 +145,10 @@ impl TestPeer {
                             },
                             SwarmEvent::NewListenAddr { address, .. } => Ev::ListenAddr(address),
                             SwarmEvent::ListenerClosed { reason, .. } => Ev::ListenerClosed(format!("{reason:?}")),
+                            SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => Ev::DialFailed {
+                                peer: peer_id,
+                                error: error.to_string(),
+                            },
                             _ => Ev::Other,
                         };
                         if !matches!(ev, Ev::Other) {
@@ -140,6 +158,11 @@ impl TestPeer {
                     cmd = cmd_rx.recv() => match cmd {
                         Some(c) => c(&mut swarm),
                         None => break,
+                    },
+                    Some((frozen, until)) = freeze_rx.recv() => {
+                        let _ = frozen.send(());
+                        // Either outcome (released or dropped) resumes.
+                        let _ = until.await;
                     }
                 }
             }
@@ -149,6 +172,7 @@ impl TestPeer {
             key,
             control,
             cmd: cmd_tx,
+            freeze: freeze_tx,
             events: ev_rx,
             task,
         }
@@ -181,6 +205,21 @@ impl TestPeer {
             .await
             .expect("peer task alive");
         rx.await.expect("peer task answered")
+    }
+
+    /// Stops polling the peer's swarm until the returned guard drops: its
+    /// connections stay open but it answers nothing (a member too busy to
+    /// answer, e.g. the destination of circuits whose handshakes must stay
+    /// in flight). Returns once the swarm task is frozen.
+    pub async fn freeze(&self) -> Frozen {
+        let (frozen_tx, frozen_rx) = oneshot::channel();
+        let (resume_tx, resume_rx) = oneshot::channel();
+        self.freeze
+            .send((frozen_tx, resume_rx))
+            .await
+            .expect("peer task alive");
+        frozen_rx.await.expect("peer task froze");
+        Frozen(resume_tx)
     }
 
     /// Dials `addr` and waits until connected to `peer`.

@@ -72,7 +72,8 @@ KNOWN_FLAGS: dict[str, set[str]] = {
         # router/src/resources/config.rs
         "--memory-default-limit-bytes", "--memory-budget-percent", "--connection-charge-bytes",
         "--stream-budget-system", "--stream-budget", "--peer-stream-budget-total", "--peer-stream-budget",
-        "--circuits-per-destination", "--unauthenticated-connections-per-ip",
+        "--circuits-per-destination", "--relay-stop-handshakes-per-connection",
+        "--unauthenticated-connections-per-ip",
         "--failed-logins-per-ip-per-minute", "--quic-max-concurrent-streams", "--quic-max-stream-data-bytes",
         "--quic-max-connection-data-bytes", "--pending-connections-max", "--high-watermark-memory-percent",
     },

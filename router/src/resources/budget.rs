@@ -176,11 +176,19 @@ pub(crate) enum Scope {
     Peer,
     /// One source IP (unauthenticated connections and failed logins only).
     Source,
+    /// One connection (relay STOP handshakes in flight on it).
+    Connection,
 }
 
 impl Scope {
     /// Every scope.
-    pub(crate) const ALL: [Scope; 4] = [Self::System, Self::Protocol, Self::Peer, Self::Source];
+    pub(crate) const ALL: [Scope; 5] = [
+        Self::System,
+        Self::Protocol,
+        Self::Peer,
+        Self::Source,
+        Self::Connection,
+    ];
     /// The metric label.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
@@ -188,6 +196,7 @@ impl Scope {
             Self::Protocol => "protocol",
             Self::Peer => "peer",
             Self::Source => "source",
+            Self::Connection => "connection",
         }
     }
 }
@@ -224,6 +233,9 @@ pub(crate) struct Budgets {
     pub(crate) peer_protocol_streams: [u32; Proto::COUNT],
     /// Relay STOP streams (circuits) to one destination peer.
     pub(crate) circuits_per_destination: u32,
+    /// Relay STOP handshakes in flight on one connection (see
+    /// [`admit_outbound_stream`]).
+    pub(crate) stop_handshakes_per_connection: u32,
     /// Connections from one IP whose peer is not admitted.
     pub(crate) unauthenticated_connections_per_ip: u32,
     /// Failed logins from one IP per minute before its new connections are refused.
@@ -321,21 +333,41 @@ pub(crate) fn admit_inbound_stream(b: &Budgets, p: Proto, u: StreamUsage) -> Res
     Ok(charge)
 }
 
-/// May the router open one more outbound stream of `p` to a peer that has
-/// `to_peer` outbound streams of `p` open? Only circuits (STOP) are capped
-/// per destination; data streams also need memory. Control streams the
-/// router opens itself are bounded by its own logic and always allowed.
+/// Live counts relevant to one new outbound stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct OutboundUsage {
+    /// Outbound streams of this protocol to the peer (circuits, for STOP).
+    pub(crate) to_peer: u32,
+    /// STOP handshakes in flight on this connection.
+    pub(crate) handshakes_on_connection: u32,
+    /// Memory charged now, bytes.
+    pub(crate) memory_bytes: u64,
+}
+
+/// May the router open one more outbound stream of `p`? Only circuits (STOP)
+/// are capped: per destination peer, and per connection while their
+/// handshake is in flight. libp2p-relay runs at most 10 STOP handshakes per
+/// connection and drops the next stream with only a log line, so the
+/// circuit's source waits out its timeout (and its relay client then drops
+/// its own reservation here); a STOP stream refused by us instead fails its
+/// handshake at once and the source is denied straight away. Data streams
+/// also need memory. Control streams the router opens itself are bounded by
+/// its own logic and always allowed.
 pub(crate) fn admit_outbound_stream(
     b: &Budgets,
     p: Proto,
-    to_peer: u32,
-    memory_bytes: u64,
+    u: OutboundUsage,
 ) -> Result<u64, Refusal> {
     let charge = p.charge_bytes();
-    if p == Proto::RelayStop && to_peer >= b.circuits_per_destination {
-        return Err(Refusal::new(Resource::Circuit, Scope::Peer));
+    if p == Proto::RelayStop {
+        if u.to_peer >= b.circuits_per_destination {
+            return Err(Refusal::new(Resource::Circuit, Scope::Peer));
+        }
+        if u.handshakes_on_connection >= b.stop_handshakes_per_connection {
+            return Err(Refusal::new(Resource::Circuit, Scope::Connection));
+        }
     }
-    if p.carries_data() && memory_bytes.saturating_add(charge) > b.memory_bytes {
+    if p.carries_data() && u.memory_bytes.saturating_add(charge) > b.memory_bytes {
         return Err(Refusal::new(Resource::Memory, Scope::System));
     }
     Ok(charge)
@@ -422,6 +454,7 @@ mod tests {
             peer_streams: 64,
             peer_protocol_streams: per_protocol(default_peer_budget, &BTreeMap::new()),
             circuits_per_destination: 8,
+            stop_handshakes_per_connection: 3,
             unauthenticated_connections_per_ip: 4,
             failed_logins_per_ip_per_minute: 10,
             pending_connections_max: 16,
@@ -515,14 +548,32 @@ mod tests {
     }
 
     #[test]
-    fn circuits_per_destination_cap() {
+    fn circuits_are_capped_per_destination_and_handshakes_per_connection() {
         let b = budgets();
-        assert!(admit_outbound_stream(&b, Proto::RelayStop, 7, 0).is_ok());
+        let u = |to_peer, handshakes_on_connection, memory_bytes| OutboundUsage {
+            to_peer,
+            handshakes_on_connection,
+            memory_bytes,
+        };
+        assert!(admit_outbound_stream(&b, Proto::RelayStop, u(7, 2, 0)).is_ok());
         assert_eq!(
-            admit_outbound_stream(&b, Proto::RelayStop, 8, 0),
+            admit_outbound_stream(&b, Proto::RelayStop, u(8, 0, 0)),
             Err(Refusal::new(Resource::Circuit, Scope::Peer))
         );
-        assert!(admit_outbound_stream(&b, Proto::Kad, 10_000, u64::MAX).is_ok());
+        assert_eq!(
+            admit_outbound_stream(&b, Proto::RelayStop, u(1, 3, 0)),
+            Err(Refusal::new(Resource::Circuit, Scope::Connection))
+        );
+        // The destination's cap is named first when both bite.
+        assert_eq!(
+            admit_outbound_stream(&b, Proto::RelayStop, u(8, 3, 0)),
+            Err(Refusal::new(Resource::Circuit, Scope::Peer))
+        );
+        assert_eq!(
+            admit_outbound_stream(&b, Proto::RelayStop, u(0, 0, u64::MAX)),
+            Err(Refusal::new(Resource::Memory, Scope::System))
+        );
+        assert!(admit_outbound_stream(&b, Proto::Kad, u(10_000, 10_000, u64::MAX)).is_ok());
     }
 
     fn proto() -> impl Strategy<Value = Proto> {

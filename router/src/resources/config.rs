@@ -24,6 +24,13 @@ pub const DEFAULT_PEER_STREAM_BUDGET_TOTAL: u32 = 512;
 /// Circuits (relay STOP streams) to one destination member: below a member's
 /// yamux stream limit (512), so circuits alone cannot exhaust it.
 pub const DEFAULT_CIRCUITS_PER_DESTINATION: u32 = 256;
+/// Relay STOP handshakes in flight on one connection: below libp2p-relay's
+/// own 10 per connection (it drops the 11th STOP stream silently), with
+/// room for the two its count may run ahead of ours (a handshake whose
+/// answer we have seen but whose future the relay has not finished yet).
+pub const DEFAULT_RELAY_STOP_HANDSHAKES_PER_CONNECTION: u32 = 8;
+/// libp2p-relay 0.22's STOP handshakes per connection (MAX_CONCURRENT_STREAMS_PER_CONNECTION).
+pub const RELAY_STOP_HANDSHAKES_LIBRARY_MAX: u32 = 10;
 /// Connections from one IP whose peers are not (yet) admitted, handshakes in
 /// progress included (those are refused before the handshake).
 pub const DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP: u32 = 64;
@@ -66,6 +73,8 @@ pub struct ResourceConfig {
     pub peer_stream_budgets: BTreeMap<String, u32>,
     /// Circuits to one destination member at once. Default 256.
     pub circuits_per_destination: u32,
+    /// Relay STOP handshakes in flight on one connection (1–10). Default 8.
+    pub relay_stop_handshakes_per_connection: u32,
     /// Connections from one IP whose peers are not admitted. Default 64.
     pub unauthenticated_connections_per_ip: u32,
     /// Failed logins per IP per minute before its new connections are refused. Default 30.
@@ -92,6 +101,7 @@ impl Default for ResourceConfig {
             peer_stream_budget_total: DEFAULT_PEER_STREAM_BUDGET_TOTAL,
             peer_stream_budgets: BTreeMap::new(),
             circuits_per_destination: DEFAULT_CIRCUITS_PER_DESTINATION,
+            relay_stop_handshakes_per_connection: DEFAULT_RELAY_STOP_HANDSHAKES_PER_CONNECTION,
             unauthenticated_connections_per_ip: DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP,
             failed_logins_per_ip_per_minute: DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE,
             pending_connections_max: DEFAULT_PENDING_CONNECTIONS_MAX,
@@ -133,6 +143,12 @@ pub struct ResourceArgs {
     /// Circuits to one destination member at once.
     #[arg(long, default_value_t = DEFAULT_CIRCUITS_PER_DESTINATION)]
     pub circuits_per_destination: u32,
+    /// Relay STOP handshakes (circuits being set up) in flight on one
+    /// connection; more are refused at once, so the source is denied instead
+    /// of waiting out libp2p-relay's silent drop past 10.
+    #[arg(long, default_value_t = DEFAULT_RELAY_STOP_HANDSHAKES_PER_CONNECTION,
+          value_parser = clap::value_parser!(u32).range(1..=RELAY_STOP_HANDSHAKES_LIBRARY_MAX as i64))]
+    pub relay_stop_handshakes_per_connection: u32,
     /// Connections from one IP whose peers are not admitted.
     #[arg(long, default_value_t = DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP)]
     pub unauthenticated_connections_per_ip: u32,
@@ -166,6 +182,7 @@ impl ResourceArgs {
             peer_stream_budget_total: self.peer_stream_budget_total,
             peer_stream_budgets: self.peer_stream_budgets.into_iter().collect(),
             circuits_per_destination: self.circuits_per_destination,
+            relay_stop_handshakes_per_connection: self.relay_stop_handshakes_per_connection,
             unauthenticated_connections_per_ip: self.unauthenticated_connections_per_ip,
             failed_logins_per_ip_per_minute: self.failed_logins_per_ip_per_minute,
             pending_connections_max: self.pending_connections_max,
@@ -229,6 +246,12 @@ mod tests {
         assert_eq!(c.peer_stream_budgets.get("catalog"), Some(&2));
         assert_eq!(c.memory_limit_bytes, Some(1000));
         assert!(Cli::try_parse_from(["x", "--stream-budget", "bogus=1"]).is_err());
+        // Past libp2p-relay's own 10 the cap would never bite: refused.
+        for bad in ["0", "11"] {
+            assert!(
+                Cli::try_parse_from(["x", "--relay-stop-handshakes-per-connection", bad]).is_err()
+            );
+        }
     }
 
     #[test]

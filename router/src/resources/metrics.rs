@@ -25,6 +25,7 @@ pub(crate) struct ResourceMetrics {
     pub(crate) memory_budget: Gauge,
     pub(crate) streams: Family<StreamLabels, Gauge>,
     pub(crate) connections_charged: Gauge,
+    pub(crate) stop_handshakes: Gauge,
     pub(crate) refused: Family<RefusedLabels, Counter>,
 }
 
@@ -56,6 +57,13 @@ impl ResourceMetrics {
             "agentmesh_router_connections_charged",
             "Live connections charged to the memory budget",
             m.connections_charged.clone(),
+        );
+        registry.register(
+            "agentmesh_router_relay_stop_handshakes",
+            "Relay STOP handshakes in flight (circuits being set up towards their \
+             destination), all connections; capped per connection by \
+             --relay-stop-handshakes-per-connection",
+            m.stop_handshakes.clone(),
         );
         for p in Proto::ALL {
             for d in DIRECTIONS {

@@ -27,7 +27,7 @@ pub(crate) mod transport;
 use crate::shrink::ShrinkSparse;
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -40,7 +40,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use budget::{Budgets, ConnectionUsage, Proto, Refusal, StreamUsage, Watermarks};
+use budget::{Budgets, ConnectionUsage, OutboundUsage, Proto, Refusal, StreamUsage, Watermarks};
 pub(crate) use metrics::RefusedLabels;
 use metrics::{NO_PROTOCOL, ResourceMetrics};
 
@@ -133,6 +133,7 @@ pub(crate) fn budgets(
             &r.peer_stream_budgets,
         ),
         circuits_per_destination: r.circuits_per_destination,
+        stop_handshakes_per_connection: r.relay_stop_handshakes_per_connection,
         unauthenticated_connections_per_ip: r.unauthenticated_connections_per_ip,
         failed_logins_per_ip_per_minute: r.failed_logins_per_ip_per_minute,
         pending_connections_max: r.pending_connections_max,
@@ -291,6 +292,7 @@ impl ResourceManager {
             peer,
             ip,
             charge,
+            stop_handshakes: AtomicU32::new(0),
         })
     }
 
@@ -368,7 +370,15 @@ impl ResourceManager {
                 },
             )
         } else {
-            budget::admit_outbound_stream(&self.budgets, proto, peer_out, memory)
+            budget::admit_outbound_stream(
+                &self.budgets,
+                proto,
+                OutboundUsage {
+                    to_peer: peer_out,
+                    handshakes_on_connection: conn.stop_handshakes.load(Ordering::Relaxed),
+                    memory_bytes: memory,
+                },
+            )
         };
         match decision {
             Ok(charge) => {
@@ -384,11 +394,19 @@ impl ResourceManager {
                 }
                 let gauge = self.metrics.stream_gauge(proto, inbound);
                 gauge.inc();
+                // Counted under the lock, so two STOP streams cannot both
+                // take the last place; released without it (only lowers).
+                let in_handshake = proto == Proto::RelayStop && !inbound;
+                if in_handshake {
+                    conn.stop_handshakes.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.stop_handshakes.inc();
+                }
                 Ok(StreamGuard {
                     conn: conn.clone(),
                     proto,
                     inbound,
                     charge,
+                    in_handshake,
                 })
             }
             Err(r) => {
@@ -529,6 +547,9 @@ pub(crate) struct ConnectionGuard {
     peer: PeerId,
     ip: Option<IpAddr>,
     charge: u64,
+    /// Outbound relay STOP streams on this connection whose handshake is in
+    /// flight (libp2p-relay's own limit is per connection too).
+    stop_handshakes: AtomicU32,
 }
 
 impl ConnectionGuard {
@@ -551,10 +572,29 @@ pub(crate) struct StreamGuard {
     proto: Proto,
     inbound: bool,
     charge: u64,
+    /// An outbound STOP stream whose handshake has not been answered yet.
+    in_handshake: bool,
+}
+
+impl StreamGuard {
+    /// Whether this is an outbound STOP stream still in its handshake.
+    pub(crate) fn in_handshake(&self) -> bool {
+        self.in_handshake
+    }
+
+    /// The STOP handshake was answered (or the stream is going away): its
+    /// place among the connection's handshakes in flight is free. Once.
+    pub(crate) fn end_handshake(&mut self) {
+        if std::mem::take(&mut self.in_handshake) {
+            self.conn.stop_handshakes.fetch_sub(1, Ordering::Relaxed);
+            self.conn.mgr.metrics.stop_handshakes.dec();
+        }
+    }
 }
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
+        self.end_handshake();
         self.conn.mgr.clone().release_stream(self);
     }
 }

@@ -23,7 +23,7 @@ use libp2p::core::muxing::{StreamMuxer, StreamMuxerEvent};
 use libp2p::core::upgrade::{InboundConnectionUpgrade, OutboundConnectionUpgrade, UpgradeInfo};
 
 use super::budget::{DATA_STREAM_CHARGE_BYTES, Proto};
-use super::sniff::{Seen, Sniffer};
+use super::sniff::{Seen, Sniffer, accepted_reply_len};
 use super::{ConnectionGuard, StreamGuard};
 
 /// Inbound streams buffered while the swarm is not asking for them; more are
@@ -248,7 +248,7 @@ enum Phase {
     Sniffing(Sniffer),
     /// Admitted and charged (an unknown protocol is charged as other); the
     /// guard releases the charge when the stream drops.
-    Open(#[allow(dead_code)] StreamGuard),
+    Open(StreamGuard),
     /// Refused: every write fails.
     Refused,
 }
@@ -260,6 +260,10 @@ pub(crate) struct AccountedStream<S> {
     conn: Arc<ConnectionGuard>,
     inbound: bool,
     phase: Phase,
+    /// Outbound STOP streams: bytes of the remote's multistream-select
+    /// answer still to come; the first byte after them is the destination's
+    /// answer to the STOP request, which ends the handshake.
+    reply_left: usize,
 }
 
 impl<S> AccountedStream<S> {
@@ -269,11 +273,12 @@ impl<S> AccountedStream<S> {
             conn,
             inbound,
             phase: Phase::Sniffing(Sniffer::default()),
+            reply_left: 0,
         }
     }
 
-    /// Decides on the stream once its protocol is known.
-    fn decide(&mut self, proto: Proto) -> io::Result<()> {
+    /// Decides on the stream once its protocol (`id`, if any) is known.
+    fn decide(&mut self, proto: Proto, id: Option<&str>) -> io::Result<()> {
         match self
             .conn
             .manager()
@@ -281,6 +286,9 @@ impl<S> AccountedStream<S> {
             .open_stream(&self.conn, proto, self.inbound)
         {
             Ok(g) => {
+                if g.in_handshake() {
+                    self.reply_left = id.map_or(0, accepted_reply_len);
+                }
                 self.phase = Phase::Open(g);
                 Ok(())
             }
@@ -307,7 +315,19 @@ impl<S: AsyncRead + Unpin> AsyncRead for AccountedStream<S> {
         cx: &mut Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let this = &mut *self;
+        let n = ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        if let Phase::Open(g) = &mut this.phase
+            && g.in_handshake()
+        {
+            // EOF (n = 0) ends it too: the stream is done either way.
+            if n > this.reply_left || (n == 0 && !buf.is_empty()) {
+                g.end_handshake();
+            } else {
+                this.reply_left -= n;
+            }
+        }
+        Poll::Ready(Ok(n))
     }
 }
 
@@ -321,8 +341,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AccountedStream<S> {
         if let Phase::Sniffing(sniffer) = &this.phase {
             match sniffer.inspect(buf) {
                 Seen::Undecided => {}
-                Seen::Protocol(id) => this.decide(Proto::from_protocol_id(&id))?,
-                Seen::GiveUp => this.decide(Proto::Other)?,
+                Seen::Protocol(id) => this.decide(Proto::from_protocol_id(&id), Some(&id))?,
+                Seen::GiveUp => this.decide(Proto::Other, None)?,
             }
         }
         if matches!(this.phase, Phase::Refused) {

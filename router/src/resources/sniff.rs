@@ -48,6 +48,23 @@ impl Sniffer {
     }
 }
 
+/// Bytes of the listener's answer to a dialer that proposed `protocol` and
+/// had it accepted: the header and the protocol echoed, each a uvarint
+/// length and the line. What the remote sends after those is its first
+/// message of the protocol itself.
+pub(crate) fn accepted_reply_len(protocol: &str) -> usize {
+    fn line(len: usize) -> usize {
+        let mut n = len;
+        let mut prefix = 1;
+        while n >= 0x80 {
+            n >>= 7;
+            prefix += 1;
+        }
+        prefix + len
+    }
+    line(HEADER.len()) + line(protocol.len() + 1)
+}
+
 /// Scans length-prefixed messages from the start of `buf`.
 pub(crate) fn scan(buf: &[u8]) -> Seen {
     let mut rest = buf;
@@ -101,6 +118,19 @@ fn uvarint(buf: &[u8]) -> Option<(usize, usize)> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_accepted_reply_is_the_header_and_the_echo() {
+        let stop = "/libp2p/circuit/relay/0.2.0/stop";
+        let mut reply = msg(HEADER);
+        reply.extend(msg(format!("{stop}\n").as_bytes()));
+        assert_eq!(accepted_reply_len(stop), reply.len());
+        // A protocol name past 127 bytes takes a two-byte length.
+        let long = format!("/{}", "x".repeat(200));
+        let mut reply = msg(HEADER);
+        reply.extend(msg(format!("{long}\n").as_bytes()));
+        assert_eq!(accepted_reply_len(&long), reply.len());
+    }
 
     fn msg(m: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();

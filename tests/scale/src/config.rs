@@ -80,6 +80,12 @@ pub struct FleetConfig {
     /// Interval between router RSS samples after the fleet leaves, seconds.
     #[arg(long, default_value_t = DEFAULT_AFTER_INTERVAL_SECS)]
     pub after_interval_secs: u64,
+    /// Times a fleet of the same size joins (providers and steps) and leaves
+    /// again; rounds after the first have no hold, events or burst, and
+    /// router RSS is sampled after each (`--after-secs`): shows whether what
+    /// routers keep after the fleet left grows from round to round.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
     /// Write the JSON report here.
     #[arg(long)]
     pub report: Option<PathBuf>,
@@ -132,6 +138,7 @@ impl Default for FleetConfig {
             burst: 0,
             after_secs: 0,
             after_interval_secs: DEFAULT_AFTER_INTERVAL_SECS,
+            rounds: 1,
             report: None,
             members_per_worker: 0,
             fds_per_member: DEFAULT_FDS_PER_MEMBER,
@@ -148,9 +155,10 @@ impl Default for FleetConfig {
 }
 
 impl FleetConfig {
-    /// Every member the run will start (providers, steps, burst).
+    /// Every member the run will start (providers and steps each round, burst).
     pub fn total_members(&self) -> u64 {
-        self.providers + self.step * u64::from(self.steps) + self.burst
+        (self.providers + self.step * u64::from(self.steps)) * u64::from(self.rounds.max(1))
+            + self.burst
     }
 }
 

@@ -18,7 +18,7 @@ use crate::report::{EventRecord, Events, HoldRecord};
 use crate::stats;
 use crate::target::Target;
 use crate::wire::{
-    BelowKRecord, Command, FlapRecord, HoldStats, MAX_BELOW_K_RECORDS, MAX_FLAP_RECORDS, Reply,
+    BelowKRecord, Command, FlapRecord, HoldStats, MAX_FLAP_RECORDS, Reply, pick_below_k,
     WindowStats,
 };
 
@@ -157,14 +157,10 @@ fn first_flaps(mut all: Vec<FlapRecord>, names: &BTreeMap<String, String>) -> Ve
     all
 }
 
-/// The earliest [`MAX_BELOW_K_RECORDS`] of the workers' below-K records,
-/// routers named as in [`first_flaps`].
-fn first_below_k(
-    mut all: Vec<BelowKRecord>,
-    names: &BTreeMap<String, String>,
-) -> Vec<BelowKRecord> {
-    all.sort_by_key(|r| r.at_ms);
-    all.truncate(MAX_BELOW_K_RECORDS);
+/// The workers' below-K records as [`pick_below_k`] picks them, routers
+/// named as in [`first_flaps`].
+fn first_below_k(all: Vec<BelowKRecord>, names: &BTreeMap<String, String>) -> Vec<BelowKRecord> {
+    let mut all = pick_below_k(all);
     for r in &mut all {
         name_routers(&mut r.routers_before, names);
         name_routers(&mut r.routers_after, names);

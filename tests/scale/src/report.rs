@@ -35,6 +35,9 @@ pub struct Report {
     pub burst: Option<BurstRecord>,
     /// Router memory after the fleet left, if sampled.
     pub after: Option<AfterRecord>,
+    /// With `--rounds` above 1: every round (the first included), what
+    /// joined and what routers kept after it left.
+    pub rounds: Vec<RoundRecord>,
     /// Members that exited during the whole run.
     pub exits: u64,
     /// Exit reasons seen (truncated), with counts.
@@ -255,6 +258,25 @@ pub struct AfterRecord {
     pub pre_ladder_rss_bytes: BTreeMap<String, u64>,
     /// Last sample ÷ pre-ladder RSS, per router.
     pub ratio_to_pre_ladder: BTreeMap<String, f64>,
+}
+
+/// One round of joining and leaving (`--rounds`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RoundRecord {
+    /// 1 for the first round (the one with the steps, hold and events).
+    pub round: u32,
+    /// Members started (providers included).
+    pub joining: u64,
+    /// Members that became ready.
+    pub ready: u64,
+    /// First calls that succeeded.
+    pub first_call_ok: u64,
+    /// Members that exited.
+    pub exits: u64,
+    /// Whether every step finished within its deadline.
+    pub completed: bool,
+    /// Router memory after this round's fleet left.
+    pub after: Option<AfterRecord>,
 }
 
 /// One after-teardown sample.
@@ -538,12 +560,13 @@ impl Report {
             }
             for (name, e) in events {
                 if let Some(e) = e.as_ref().filter(|e| !e.below_k_records.is_empty()) {
-                    let _ = writeln!(
-                        s,
-                        "- {name}: members below K (first {} of {}):",
-                        e.below_k_records.len(),
-                        e.below_k_routers
-                    );
+                    let n = e.below_k_records.len() as u64;
+                    let which = if n < e.below_k_routers {
+                        format!("{n} of {}: the earliest and the longest below K", e.below_k_routers)
+                    } else {
+                        format!("all {n}")
+                    };
+                    let _ = writeln!(s, "- {name}: members below K ({which}):");
                     for r in &e.below_k_records {
                         let _ = writeln!(s, "  {}", below_k_line(r));
                     }
@@ -609,6 +632,50 @@ impl Report {
                 .map(|(r, x)| format!("{r}={x:.2}"))
                 .collect();
             let _ = writeln!(s, "- last ÷ pre-ladder: {}", ratios.join(", "));
+        }
+        if !self.rounds.is_empty() {
+            let _ = writeln!(s);
+            let _ = writeln!(
+                s,
+                "Rounds (the fleet joins and leaves again; RSS after each, MiB per router, ÷ pre-ladder):"
+            );
+            let _ = writeln!(s);
+            let _ = writeln!(s, "| round | joining | ready | first call ok | exits | RSS after | ÷ pre-ladder |");
+            let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+            for r in &self.rounds {
+                let (rss, ratio) = r.after.as_ref().map_or_else(
+                    || ("-".to_string(), "-".to_string()),
+                    |a| {
+                        let last = a.samples.last();
+                        let rss = last
+                            .map(|l| {
+                                l.rss_bytes
+                                    .iter()
+                                    .map(|(n, b)| format!("{n}={}", mib(Some(*b))))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            })
+                            .unwrap_or_default();
+                        let ratio = a
+                            .ratio_to_pre_ladder
+                            .iter()
+                            .map(|(n, x)| format!("{n}={x:.2}"))
+                            .collect::<Vec<_>>()
+                            .join(", ");
+                        (rss, ratio)
+                    },
+                );
+                let _ = writeln!(
+                    s,
+                    "| {}{} | {} | {} | {} | {} | {rss} | {ratio} |",
+                    r.round,
+                    if r.completed { "" } else { " (deadline passed)" },
+                    r.joining,
+                    r.ready,
+                    r.first_call_ok,
+                    r.exits
+                );
+            }
         }
         let _ = writeln!(s);
         if let Some(why) = &self.stopped_early {
@@ -761,10 +828,41 @@ mod tests {
         report.pre_ladder = vec![with.clone(), without.clone()];
         report.after = Some(AfterRecord {
             secs: 60,
-            samples: vec![AfterSample::of(5, &[with, without])],
+            samples: vec![AfterSample::of(5, &[with.clone(), without])],
             ..AfterRecord::default()
         });
+        report.rounds = vec![
+            RoundRecord {
+                round: 1,
+                joining: 13,
+                ready: 13,
+                first_call_ok: 10,
+                exits: 0,
+                completed: true,
+                after: report.after.clone().map(|a| AfterRecord {
+                    ratio_to_pre_ladder: [("r0".to_string(), 1.0)].into(),
+                    ..a
+                }),
+            },
+            RoundRecord {
+                round: 2,
+                joining: 13,
+                ready: 12,
+                first_call_ok: 9,
+                exits: 1,
+                completed: false,
+                after: None,
+            },
+        ];
         let md = report.markdown();
+        assert!(
+            md.contains("| 1 | 13 | 13 | 10 | 0 | r0=40.0, r1=30.0 | r0=1.00 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 2 (deadline passed) | 13 | 12 | 9 | 1 | - | - |"),
+            "{md}"
+        );
         assert!(
             md.contains(
                 "- t=5 s: r0=40.0 (allocated 6.6, allocator resident 15.7), r1=30.0 (allocated -, allocator resident -)"
@@ -819,7 +917,7 @@ mod tests {
         );
         assert!(
             md.contains(
-                "- drain router: members below K (first 1 of 3):\n  - member 9 (12D3KooWother) at 1200 ms, back at 86000 ms: routers before r2, r3, after r3; last router error: router r0: refused"
+                "- drain router: members below K (1 of 3: the earliest and the longest below K):\n  - member 9 (12D3KooWother) at 1200 ms, back at 86000 ms: routers before r2, r3, after r3; last router error: router r0: refused"
             ),
             "{md}"
         );
@@ -833,6 +931,8 @@ mod tests {
         assert_eq!(flap["last_router_error"], "router r1: connection failed");
         assert!(json["events"]["drain_router"]["below_one_router"].is_u64());
         assert!(json.get("burst").is_some() && json.get("after").is_some());
+        assert_eq!(json["rounds"][1]["ready"], 12);
+        assert!(json["rounds"][1]["after"].is_null());
         let sample = &json["after"]["samples"][0];
         assert_eq!(sample["allocator_allocated_bytes"]["r0"], 6_963_312);
         assert_eq!(sample["allocator_active_bytes"]["r0"], 11_993_088);

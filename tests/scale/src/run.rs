@@ -14,8 +14,9 @@ use crate::hold;
 use crate::mesh::LocalMesh;
 use crate::observe;
 use crate::procstat;
+use crate::observe::RouterSnapshot;
 use crate::report::{
-    AfterRecord, AfterSample, BurstRecord, PhaseRecord, Report, Shape, StepRecord,
+    AfterRecord, AfterSample, BurstRecord, PhaseRecord, Report, RoundRecord, Shape, StepRecord,
 };
 use crate::tally::{Phase, PhaseSummary};
 use crate::target::Target;
@@ -155,7 +156,7 @@ async fn run(
         call_budget_secs: cfg.call_budget_secs,
         window_calls_per_sec: cfg.window_calls_per_sec,
     };
-    let mut fleet = Fleet::new(ladder, base, dir, capacity);
+    let mut fleet = Fleet::new(ladder.clone(), base.clone(), dir, capacity);
     let mut report = Report {
         mode: mode.to_string(),
         command: std::env::args().collect(),
@@ -270,7 +271,24 @@ async fn run(
         eprintln!("ladder: leaving: {e}");
     }
     if cfg.after_secs > 0 {
-        report.after = Some(after(&target, &cfg, &report).await);
+        report.after = Some(after(&target, &cfg, &report.pre_ladder).await);
+    }
+
+    // Further rounds: a fresh fleet of the same size joins and leaves.
+    if cfg.rounds > 1 {
+        let completed = report.stopped_early.is_none();
+        report.rounds.push(round_record(
+            1,
+            &fleet,
+            cfg.steps,
+            completed,
+            report.after.clone(),
+        ));
+        for k in 2..=cfg.rounds {
+            let r = extra_round(k, &target, &cfg, &ladder, &base, dir, capacity, &report).await?;
+            report.exits += r.exits;
+            report.rounds.push(r);
+        }
     }
     target.shutdown().await;
     report.duration_secs = started.elapsed().as_secs_f64();
@@ -315,7 +333,91 @@ async fn burst(fleet: &mut Fleet, target: &Target, cfg: &FleetConfig) -> Result<
     })
 }
 
-async fn after(target: &Target, cfg: &FleetConfig, report: &Report) -> AfterRecord {
+/// What round `round` of `fleet` joined (providers and `steps` steps).
+fn round_record(
+    round: u32,
+    fleet: &Fleet,
+    steps: u32,
+    completed: bool,
+    after: Option<AfterRecord>,
+) -> RoundRecord {
+    let mut r = RoundRecord {
+        round,
+        completed,
+        after,
+        ..RoundRecord::default()
+    };
+    let phases = std::iter::once(Phase::Provider).chain((1..=steps).map(Phase::Step));
+    for p in phases {
+        let s = fleet.tally.summary(p);
+        r.joining += s.joining;
+        r.ready += s.ready;
+        r.first_call_ok += s.first_call_ok;
+        r.exits += s.exits;
+    }
+    r
+}
+
+/// Round `k` (> 1): a fresh fleet (new identities, own data directory) joins
+/// like the first round's providers and steps, then leaves; router RSS is
+/// sampled after it as after the first round.
+#[allow(clippy::too_many_arguments)]
+async fn extra_round(
+    k: u32,
+    target: &Target,
+    cfg: &FleetConfig,
+    ladder: &Path,
+    base: &WorkerConfig,
+    dir: &Path,
+    capacity: u64,
+    report: &Report,
+) -> Result<RoundRecord> {
+    let rdir = dir.join(format!("round{k}"));
+    std::fs::create_dir_all(&rdir)
+        .map_err(|e| LadderError::io(format!("creating {}", rdir.display()), e))?;
+    let base = WorkerConfig {
+        data_dir: rdir.clone(),
+        ..base.clone()
+    };
+    let mut fleet = Fleet::new(ladder.to_path_buf(), base, &rdir, capacity);
+    let deadline = Duration::from_secs(cfg.step_deadline_secs);
+    let t0 = Instant::now();
+    fleet.label = format!("round {k} providers");
+    fleet
+        .join(cfg.providers, cfg.join_rate_per_sec, Phase::Provider)
+        .await?;
+    let mut completed = fleet
+        .pump_until(t0 + deadline, |t| t.phase_done(Phase::Provider))
+        .await;
+    for n in 1..=cfg.steps {
+        if !completed {
+            break;
+        }
+        let t0 = Instant::now();
+        fleet.label = format!("round {k} step {n}/{}", cfg.steps);
+        fleet
+            .join(cfg.step, cfg.join_rate_per_sec, Phase::Step(n))
+            .await?;
+        completed = fleet
+            .pump_until(t0 + deadline, |t| t.phase_done(Phase::Step(n)))
+            .await;
+    }
+    let mut record = round_record(k, &fleet, cfg.steps, completed, None);
+    eprintln!(
+        "\rladder: round {k}: {} joining, {} ready, {} first call ok, {} exits; the fleet leaves",
+        record.joining, record.ready, record.first_call_ok, record.exits
+    );
+    fleet.label = format!("round {k} leaving");
+    if let Err(e) = fleet.leave().await {
+        eprintln!("ladder: leaving: {e}");
+    }
+    if cfg.after_secs > 0 {
+        record.after = Some(after(target, cfg, &report.pre_ladder).await);
+    }
+    Ok(record)
+}
+
+async fn after(target: &Target, cfg: &FleetConfig, pre_ladder: &[RouterSnapshot]) -> AfterRecord {
     let t0 = Instant::now();
     let every = Duration::from_secs(cfg.after_interval_secs.max(1));
     let mut samples = Vec::new();
@@ -327,8 +429,7 @@ async fn after(target: &Target, cfg: &FleetConfig, report: &Report) -> AfterReco
         }
         tokio::time::sleep(every).await;
     }
-    let pre: BTreeMap<String, u64> = report
-        .pre_ladder
+    let pre: BTreeMap<String, u64> = pre_ladder
         .iter()
         .filter_map(|r| r.rss_bytes.map(|b| (r.name.clone(), b)))
         .collect();

@@ -164,14 +164,34 @@ pub struct WindowStats {
     /// Calls still running when the window was reported (neither ok nor failed).
     #[serde(default)]
     pub calls_unfinished: u64,
-    /// The first members to fall below K in the window (earliest first, at
-    /// most [`MAX_BELOW_K_RECORDS`] per worker).
+    /// Members that fell below K in the window, as picked by
+    /// [`pick_below_k`] (at most [`MAX_BELOW_K_RECORDS`] per worker).
     #[serde(default)]
     pub below_k_records: Vec<BelowKRecord>,
 }
 
 /// Below-K records kept per worker and window, and per event in the report.
 pub const MAX_BELOW_K_RECORDS: usize = 20;
+
+/// The below-K records worth reading, at most [`MAX_BELOW_K_RECORDS`]: half
+/// the earliest (how the event started) and the rest the members that
+/// stayed below K longest (what kept them there; not back counts as
+/// longest), listed earliest first. Picking from per-worker picks gives the
+/// same as picking from all: each worker's earliest and longest are in its
+/// own pick.
+pub fn pick_below_k(mut all: Vec<BelowKRecord>) -> Vec<BelowKRecord> {
+    all.sort_by_key(|r| (r.at_ms, r.member));
+    if all.len() > MAX_BELOW_K_RECORDS {
+        let earliest = MAX_BELOW_K_RECORDS / 2;
+        let mut rest = all.split_off(earliest);
+        rest.sort_by_key(|r| {
+            std::cmp::Reverse(r.back_ms.map_or(u64::MAX, |b| b.saturating_sub(r.at_ms)))
+        });
+        all.extend(rest.into_iter().take(MAX_BELOW_K_RECORDS - earliest));
+        all.sort_by_key(|r| (r.at_ms, r.member));
+    }
+    all
+}
 
 /// One member that fell below K routers in an event window: who, when,
 /// when back, which routers before and after, and the last router error
@@ -243,6 +263,52 @@ pub struct FlapRecord {
     /// The node's last router error then (refusal, failed connection,
     /// lost reservation, go-away), if any.
     pub last_router_error: Option<String>,
+}
+
+#[cfg(test)]
+mod pick_tests {
+    use super::*;
+
+    fn rec(member: u64, at_ms: u64, back_ms: Option<u64>) -> BelowKRecord {
+        BelowKRecord {
+            member,
+            at_ms,
+            back_ms,
+            ..BelowKRecord::default()
+        }
+    }
+
+    #[test]
+    fn the_earliest_and_the_longest_below_k_are_kept() {
+        // 50 members below K 0..49 ms in, member i back 5 + i ms later,
+        // except member 25 (back after 90 s) and member 27 (never back).
+        let all: Vec<_> = (0..50)
+            .map(|i| match i {
+                25 => rec(i, i, Some(90_025)),
+                27 => rec(i, i, None),
+                _ => rec(i, i, Some(2 * i + 5)),
+            })
+            .collect();
+        let kept = pick_below_k(all.clone());
+        assert_eq!(kept.len(), MAX_BELOW_K_RECORDS);
+        let members: Vec<u64> = kept.iter().map(|r| r.member).collect();
+        assert_eq!(&members[..10], &(0..10).collect::<Vec<_>>()[..]);
+        assert!(members.contains(&25) && members.contains(&27), "{members:?}");
+        assert_eq!(&members[10..], [25, 27, 42, 43, 44, 45, 46, 47, 48, 49]);
+        assert!(kept.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
+        // Picking again from picks (the coordinator over workers) keeps them.
+        let (a, b) = all.split_at(25);
+        let again = pick_below_k(
+            pick_below_k(a.to_vec())
+                .into_iter()
+                .chain(pick_below_k(b.to_vec()))
+                .collect(),
+        );
+        assert_eq!(again, kept);
+        // Few records: all of them, earliest first.
+        let few = pick_below_k(vec![rec(2, 9, None), rec(1, 3, Some(4))]);
+        assert_eq!(few.iter().map(|r| r.member).collect::<Vec<_>>(), [1, 2]);
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! real control plane and three real routers (child processes, SQLite in a
 //! temp dir), runs 3 steps of members (the real node, in two worker
 //! processes), holds with one router drained (then started again) and one
-//! killed, and writes its JSON report. Asserts only what cannot flake:
+//! killed, then lets a second fleet of the same size join and leave
+//! (`--rounds 2`), and writes its JSON report. Asserts only what cannot flake:
 //! everyone ready and called, nobody exited, nobody below one router during
 //! the drain or the kill.
 
@@ -75,6 +76,8 @@ fn small_ladder_with_a_drain() -> anyhow::Result<()> {
             "--restart-routers",
             "--after-secs",
             "1",
+            "--rounds",
+            "2",
             "--step-deadline-secs",
             "300",
         ])
@@ -165,7 +168,25 @@ fn small_ladder_with_a_drain() -> anyhow::Result<()> {
     assert_eq!(u(kill, "/members"), members, "{kill:#}");
     assert_eq!(u(kill, "/below_one_router"), 0, "{kill:#}");
 
+    // --rounds 2: a second fleet of the same size joined, was ready and
+    // called, and left; router memory was sampled after each round.
+    let rounds = report["rounds"].as_array().context("rounds array")?;
+    assert_eq!(rounds.len(), 2, "{report:#}");
+    for (i, r) in rounds.iter().enumerate() {
+        assert_eq!(u(r, "/round"), i as u64 + 1, "{r:#}");
+        assert_eq!(u(r, "/joining"), members, "{r:#}");
+        assert_eq!(u(r, "/ready"), members, "{r:#}");
+        // Providers serve; every other member calls once.
+        assert_eq!(u(r, "/first_call_ok"), STEP * STEPS, "{r:#}");
+        assert_eq!(u(r, "/exits"), 0, "{r:#}");
+        assert!(
+            r["after"]["samples"].as_array().is_some_and(|s| !s.is_empty()),
+            "round {} has no samples after teardown: {r:#}",
+            i + 1
+        );
+    }
     assert_eq!(u(&report, "/exits"), 0, "{report:#}");
     assert!(table.contains("| step |"), "no markdown table on stdout");
+    assert!(table.contains("| round |"), "no rounds table on stdout");
     Ok(())
 }

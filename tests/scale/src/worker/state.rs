@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use crate::config::WorkerConfig;
 use crate::member::{CallFailure, Held, Member, View, Watch};
 use crate::wire::{
-    BelowKRecord, Event, FlapRecord, HoldStats, MAX_BELOW_K_RECORDS, MAX_FLAP_RECORDS, WindowStats,
+    BelowKRecord, Event, FlapRecord, HoldStats, MAX_FLAP_RECORDS, WindowStats, pick_below_k,
 };
 
 /// Everything the worker's tasks share.
@@ -71,8 +71,6 @@ pub(crate) struct WindowAcc {
     pub(crate) generation: u64,
     /// Calls started in this window that have not ended.
     pub(crate) in_flight: u64,
-    /// Below-K records started in this window (at most [`MAX_BELOW_K_RECORDS`]).
-    pub(crate) below_k_recorded: usize,
 }
 
 /// Hold counters since `HoldStart`.
@@ -167,9 +165,9 @@ impl Shared {
     }
 
     /// Keeps `slot`'s below-K record up to date with a view showing
-    /// `routers` reserved and `held` (see [`BelowKRecord`]); a new record
-    /// only while fewer than [`MAX_BELOW_K_RECORDS`] were started in the
-    /// window. Takes the window lock and the slot's locks one at a time.
+    /// `routers` reserved and `held` (see [`BelowKRecord`]); at most one
+    /// record per member and window (the report picks which to show). Takes
+    /// the window lock and the slot's locks one at a time.
     fn track_below_k(&self, slot: &Slot, routers: usize, held: Held, ms: u64) {
         let k = self.cfg.member_routers;
         if routers >= k {
@@ -193,11 +191,9 @@ impl Shared {
             }
         }
         {
-            let mut acc = lock(&self.window);
-            if !acc.active || acc.below_k_recorded >= MAX_BELOW_K_RECORDS {
+            if !lock(&self.window).active {
                 return;
             }
-            acc.below_k_recorded += 1;
         }
         let before = lock(&slot.last_on_k_held).reserved.clone();
         *lock(&slot.below_k) = Some(BelowKRecord {
@@ -297,8 +293,7 @@ impl Shared {
                 }
             }
         }
-        stats.below_k_records.sort_by_key(|r| r.at_ms);
-        stats.below_k_records.truncate(MAX_BELOW_K_RECORDS);
+        stats.below_k_records = pick_below_k(std::mem::take(&mut stats.below_k_records));
         stats
     }
 
