@@ -124,7 +124,7 @@ pub struct Metrics {
     /// Connections to a router retried after a backoff because the dial or
     /// the first auth's connection was refused or closed.
     pub auth_conn_retries: Counter,
-    /// Outbound calls retried once on a fresh route after a route failure,
+    /// Outbound call retries on a fresh route after a route failure (up to 3 per call),
     /// by reason ([`CALL_RETRY_REASONS`]).
     pub call_retries: Family<ReasonLabel, Counter>,
     /// Relayed connections closed because no call used them for
@@ -244,7 +244,7 @@ impl Metrics {
         );
         r.register(
             "call_retries",
-            "Outbound calls retried once on a fresh route after a route failure, by reason",
+            "Outbound call retries on a fresh route after a route failure (at most 3 per call, within its budget), by reason",
             self.call_retries.clone(),
         );
         r.register(

@@ -86,3 +86,78 @@ async fn a_call_through_silent_providers_returns_within_its_budget() {
     drop(providers);
     router.handle.shutdown().await;
 }
+
+/// A relay that denies every circuit to the provider at once (here
+/// `--circuits-per-destination 0`; in a storm, the router's cap on STOP
+/// handshakes in flight) makes the call retry on fresh routes, a bounded
+/// number of times (3, the node's `MAX_ROUTE_RETRIES`) with pauses, and then fail
+/// with the route's error, well inside its budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_denying_circuits_is_retried_three_times_then_the_call_fails() {
+    let cp = start_cp().await;
+    let router = start_router_tweaked(
+        &cp,
+        "r1",
+        Duration::from_secs(1),
+        "/ip4/127.0.0.1/tcp/0",
+        |c| c.resources.circuits_per_destination = 0,
+    )
+    .await;
+    let member = cp.token(Role::Member).await;
+    let backend = echo_backend().await;
+    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
+        expose: vec![("echo".into(), backend)],
+        ..base
+    })
+    .await;
+    ready(&provider, "provider").await;
+    let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |base| Config {
+        connect_timeout_secs: CONNECT_TIMEOUT_SECS,
+        call_timeout_secs: CALL_TIMEOUT_SECS,
+        ..base
+    })
+    .await;
+    ready(&caller, "caller").await;
+
+    let budget = Duration::from_secs(CONNECT_TIMEOUT_SECS + CALL_TIMEOUT_SECS);
+    // The provider's record may take a moment to reach the catalog.
+    let e = loop {
+        let r = tokio::time::timeout(budget * 3, caller.call("echo")).await;
+        match r {
+            Err(_) => panic!("the call had not returned after three budgets"),
+            Ok(Ok(s)) => panic!("a circuit the relay denies carried a call: {s:?}"),
+            Ok(Err(CallError::NoProviders(_))) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Ok(Err(e)) => break e,
+        }
+    };
+    assert!(
+        matches!(
+            e,
+            CallError::Failed {
+                refused: false,
+                timed_out: false,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(e.result_label(), "connect_failed", "{e}");
+    let (_, m) = http_get(caller.metrics_addr().expect("metrics"), "/metrics").await;
+    assert_eq!(
+        metric(
+            &m,
+            r#"agentmesh_node_call_retries_total{reason="connect_failed"}"#
+        ),
+        3.0,
+        "{m}"
+    );
+    assert!(
+        router.refused("circuit", "peer", "relay_stop") >= 4.0,
+        "every attempt reached the relay"
+    );
+    caller.shutdown().await;
+    provider.shutdown().await;
+    router.handle.shutdown().await;
+}

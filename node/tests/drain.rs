@@ -59,7 +59,7 @@ async fn call_once(node: &NodeHandle, n: usize) -> Result<(), Failure> {
 
 /// Draining the router a provider is attached to (three routers, K=2):
 /// every call made during the drain succeeds on its first `call()` (a route
-/// that fails under the move is retried once on a fresh one, inside the
+/// that fails under the move is retried on a fresh one, inside the
 /// node), and every member ends back on K routers, none of them the
 /// drained one (with only K routers left, a shunned router must not keep
 /// a member below K). A call already accepted can still lose its circuit

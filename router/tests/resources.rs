@@ -494,7 +494,10 @@ async fn circuits_per_destination_are_capped_at_the_relay() {
 async fn stop_handshakes_in_flight_are_capped_per_connection_and_refused_at_once() {
     use support::Ev;
     let cp = start_cp().await;
-    let r = start_router(&cp, |c| c.resources.relay_stop_handshakes_per_connection = 2).await;
+    let r = start_router(&cp, |c| {
+        c.resources.relay_stop_handshakes_per_connection = 2
+    })
+    .await;
     let (a, mut b, circuit) = destination_and_source(&cp, &r).await;
     let _echo = a.serve_echo("/test/echo/1");
     let aid = a.peer_id;
@@ -512,9 +515,10 @@ async fn stop_handshakes_in_flight_are_capped_per_connection_and_refused_at_once
     dial_through(&b, &circuit, aid).await;
     // Denied while A still answers nothing: not a timeout.
     let failed = b
-        .wait("third circuit denied", |e| {
-            matches!(e, Ev::DialFailed { peer: Some(p), .. } if *p == aid)
-        })
+        .wait(
+            "third circuit denied",
+            |e| matches!(e, Ev::DialFailed { peer: Some(p), .. } if *p == aid),
+        )
         .await;
     tracing::info!(?failed, "denied");
     assert_eq!(r.refused("circuit", "connection", "relay_stop"), 1.0);

@@ -17,10 +17,13 @@
 //!
 //! A route can fail under a call when a router drains or a provider moves
 //! off it (circuit or connection closed, stream reset, the relayed dial's
-//! oneshot canceled, no answer at all). Such a failure, when it was the
-//! last, is retried once: a fresh lookup, routes avoiding the routers that
-//! failed, within the call's deadline. Never after a provider answered: an
-//! answer (accepted or refused) is final. A lookup where every router
+//! oneshot canceled, no answer at all), and a relay denies a circuit at
+//! once when the provider has too many circuits being set up through it
+//! (the router's STOP handshake cap). Such a failure, when it was the
+//! last, is retried up to [`MAX_ROUTE_RETRIES`] times: a fresh lookup,
+//! routes avoiding the routers that failed, after a pause that grows and is
+//! jittered, all within the call's deadline. Never after a provider
+//! answered: an answer (accepted or refused) is final. A lookup where every router
 //! asked knew no provider is asked once more too (once, apart from the
 //! route retry), after a short pause: mid-move that is a gap in the catalog.
 
@@ -52,9 +55,15 @@ const LOOKUP_LIMIT: u32 = 32;
 /// Least time left of the call's deadline for the retry to be worth it.
 const MIN_RETRY_TIME: Duration = Duration::from_secs(1);
 
-/// Pause before the retry (jittered up to ×3): lets the failed circuit or
-/// connection finish closing, so the retry does not reuse it.
+/// Pause before the first route retry (jittered up to ×3, ×4 for each
+/// retry after it): lets the failed circuit or connection finish closing,
+/// so the retry does not reuse it, and spreads callers denied together.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Route retries of one call at most (within its deadline): 50, 200 and
+/// 800 ms base pauses, so a storm of denied circuits is not retried at once
+/// and the call still ends well inside its budget.
+const MAX_ROUTE_RETRIES: u32 = 3;
 
 /// Pause before asking again after no router knew a provider (jittered up
 /// to ×3): time for a moving provider's record to reach its new router.
@@ -242,31 +251,31 @@ async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, C
     }
 }
 
-/// A first round and at most one retry of each kind, all by `budget`.
+/// A first round, up to [`MAX_ROUTE_RETRIES`] route retries and one retry
+/// after an empty lookup, all by `budget`.
 async fn rounds(
     shared: &Arc<Shared>,
     service: &str,
     budget: Budget,
 ) -> Result<CallStream, CallError> {
     let mut avoid: HashSet<PeerId> = HashSet::new();
-    // At most one retry of each kind: after a route failure, after an
-    // empty lookup.
-    let (mut route_retried, mut lookup_retried) = (false, false);
+    let (mut route_retries, mut lookup_retried) = (0u32, false);
     // A stream failed on some connection to the provider: which one is not
     // known, so the retry closes every relayed connection to it.
     let mut close_all = false;
     let mut earlier: Vec<String> = Vec::new();
     loop {
-        let retry = route_retried || lookup_retried;
+        let retry = route_retries > 0 || lookup_retried;
         let failed = match round(shared, service, &avoid, retry, close_all, budget).await {
             Ok(s) => return Ok(s),
             Err(e) => e,
         };
         let (reason, pause) = match (&failed.error, failed.routes.last()) {
-            (_, Some(f)) if !route_retried => {
-                route_retried = true;
+            (_, Some(f)) if route_retries < MAX_ROUTE_RETRIES => {
                 close_all = f.reason == "stream_failed";
-                (f.reason, RETRY_PAUSE)
+                let pause = RETRY_PAUSE * 4u32.pow(route_retries);
+                route_retries += 1;
+                (f.reason, pause)
             }
             // Every router we asked knew no provider: mid-move (a provider
             // between its old and new routers) that is a moment's gap in

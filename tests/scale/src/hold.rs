@@ -18,8 +18,8 @@ use crate::report::{EventRecord, Events, HoldRecord};
 use crate::stats;
 use crate::target::Target;
 use crate::wire::{
-    BelowKRecord, Command, FlapRecord, HoldStats, MAX_FLAP_RECORDS, Reply, pick_below_k,
-    WindowStats,
+    BelowKRecord, Command, FlapRecord, HoldStats, MAX_FLAP_RECORDS, Reply, WindowStats,
+    pick_below_k,
 };
 
 /// Deadline for the workers' answers to a report command.
@@ -241,6 +241,7 @@ async fn event(
             w.below_one_router += x.below_one_router;
             w.below_k_routers += x.below_k_routers;
             w.back_on_k_ms.extend(x.back_on_k_ms);
+            w.below_k_ms.extend(x.below_k_ms);
             w.not_back_on_k += x.not_back_on_k;
             w.calls_ok += x.calls_ok;
             w.calls_failed += x.calls_failed;
@@ -257,6 +258,7 @@ async fn event(
     record.below_one_router = w.below_one_router;
     record.below_k_routers = w.below_k_routers;
     record.back_on_k_ms = stats::spread(&w.back_on_k_ms);
+    record.below_k_ms = stats::spread(&w.below_k_ms);
     record.not_back_on_k = w.not_back_on_k;
     record.calls_ok = w.calls_ok;
     record.calls_failed = w.calls_failed;

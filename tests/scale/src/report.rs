@@ -196,6 +196,10 @@ pub struct EventRecord {
     pub below_k_routers: u64,
     /// Time from the event until back on K routers (members that dropped).
     pub back_on_k_ms: Spread,
+    /// Time each member that dropped spent below K in the window (a member
+    /// whose relay client reset a reservation late in the window is back in
+    /// milliseconds, though its back-on-K time from the event is long).
+    pub below_k_ms: Spread,
     /// Members still below K at the window's end.
     pub not_back_on_k: u64,
     /// Echo calls during the window that succeeded.
@@ -498,9 +502,9 @@ impl Report {
             let _ = writeln!(s);
             let _ = writeln!(
                 s,
-                "| event | at s | target | lost ready | below 1 router | below K | back on K p50/p95/max ms | not back | calls ok/failed | notes |"
+                "| event | at s | target | lost ready | below 1 router | below K | back on K p50/p95/max ms | time below K p50/p95/max ms | not back | calls ok/failed | notes |"
             );
-            let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+            let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
             for (name, e) in events {
                 let Some(e) = e else { continue };
                 let mut notes = Vec::new();
@@ -529,9 +533,10 @@ impl Report {
                     notes.push(format!("auth failures {}", joined(&e.router_auth_failures)));
                 }
                 let b = &e.back_on_k_ms;
+                let t = &e.below_k_ms;
                 let _ = writeln!(
                     s,
-                    "| {name} | {} | {} | {} | {} | {} | {}/{} | {} | {}/{} | {} |",
+                    "| {name} | {} | {} | {} | {} | {} | {}/{} | {}/{} | {} | {}/{} | {} |",
                     e.at_secs,
                     e.target.as_deref().unwrap_or("-"),
                     e.lost_ready,
@@ -539,6 +544,8 @@ impl Report {
                     e.below_k_routers,
                     pair(b.p50, b.p95),
                     b.max.map_or_else(|| "-".into(), |m| m.to_string()),
+                    pair(t.p50, t.p95),
+                    t.max.map_or_else(|| "-".into(), |m| m.to_string()),
                     e.not_back_on_k,
                     e.calls_ok,
                     e.calls_failed,
@@ -562,7 +569,10 @@ impl Report {
                 if let Some(e) = e.as_ref().filter(|e| !e.below_k_records.is_empty()) {
                     let n = e.below_k_records.len() as u64;
                     let which = if n < e.below_k_routers {
-                        format!("{n} of {}: the earliest and the longest below K", e.below_k_routers)
+                        format!(
+                            "{n} of {}: the earliest and the longest below K",
+                            e.below_k_routers
+                        )
                     } else {
                         format!("all {n}")
                     };
@@ -640,7 +650,10 @@ impl Report {
                 "Rounds (the fleet joins and leaves again; RSS after each, MiB per router, ÷ pre-ladder):"
             );
             let _ = writeln!(s);
-            let _ = writeln!(s, "| round | joining | ready | first call ok | exits | RSS after | ÷ pre-ladder |");
+            let _ = writeln!(
+                s,
+                "| round | joining | ready | first call ok | exits | RSS after | ÷ pre-ladder |"
+            );
             let _ = writeln!(s, "|---|---|---|---|---|---|---|");
             for r in &self.rounds {
                 let (rss, ratio) = r.after.as_ref().map_or_else(
@@ -669,7 +682,11 @@ impl Report {
                     s,
                     "| {}{} | {} | {} | {} | {} | {rss} | {ratio} |",
                     r.round,
-                    if r.completed { "" } else { " (deadline passed)" },
+                    if r.completed {
+                        ""
+                    } else {
+                        " (deadline passed)"
+                    },
                     r.joining,
                     r.ready,
                     r.first_call_ok,

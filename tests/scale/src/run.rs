@@ -13,8 +13,8 @@ use crate::fleet::Fleet;
 use crate::hold;
 use crate::mesh::LocalMesh;
 use crate::observe;
-use crate::procstat;
 use crate::observe::RouterSnapshot;
+use crate::procstat;
 use crate::report::{
     AfterRecord, AfterSample, BurstRecord, PhaseRecord, Report, RoundRecord, Shape, StepRecord,
 };
@@ -284,6 +284,7 @@ async fn run(
             completed,
             report.after.clone(),
         ));
+        restart_stopped_routers(&mut target).await;
         for k in 2..=cfg.rounds {
             let r = extra_round(k, &target, &cfg, &ladder, &base, dir, capacity, &report).await?;
             report.exits += r.exits;
@@ -331,6 +332,30 @@ async fn burst(fleet: &mut Fleet, target: &Target, cfg: &FleetConfig) -> Result<
         codes,
         gave_up: s.exits,
     })
+}
+
+/// With `--restart-routers`, starts every router an event left stopped (an
+/// event at the end of the hold is not followed by a restart), so later
+/// rounds join the whole mesh.
+async fn restart_stopped_routers(target: &mut Target) {
+    let Ok(mesh) = target.local("--restart-routers") else {
+        return;
+    };
+    if !mesh.restarts_routers() {
+        return;
+    }
+    let stopped: Vec<usize> = (0..mesh.routers.len())
+        .filter(|i| mesh.routers[*i].state != crate::mesh::RouterState::Running)
+        .collect();
+    for i in stopped {
+        match mesh.restart_router(i).await {
+            Ok(d) => eprintln!(
+                "\rladder: {} started again for the next round, ready after {d:?}",
+                mesh.routers[i].name
+            ),
+            Err(e) => eprintln!("\rladder: restarting {}: {e}", mesh.routers[i].name),
+        }
+    }
 }
 
 /// What round `round` of `fleet` joined (providers and `steps` steps).

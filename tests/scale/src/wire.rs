@@ -153,6 +153,10 @@ pub struct WindowStats {
     pub below_k_routers: u64,
     /// For members that fell below K: ms from the mark until back on K.
     pub back_on_k_ms: Vec<u64>,
+    /// For members that fell below K: ms they spent below K in the window
+    /// (all dips added up; one still open counts until the report).
+    #[serde(default)]
+    pub below_k_ms: Vec<u64>,
     /// Members that fell below K and were not back by the report.
     pub not_back_on_k: u64,
     /// Echo calls made during the window that succeeded.
@@ -293,7 +297,10 @@ mod pick_tests {
         assert_eq!(kept.len(), MAX_BELOW_K_RECORDS);
         let members: Vec<u64> = kept.iter().map(|r| r.member).collect();
         assert_eq!(&members[..10], &(0..10).collect::<Vec<_>>()[..]);
-        assert!(members.contains(&25) && members.contains(&27), "{members:?}");
+        assert!(
+            members.contains(&25) && members.contains(&27),
+            "{members:?}"
+        );
         assert_eq!(&members[10..], [25, 27, 42, 43, 44, 45, 46, 47, 48, 49]);
         assert!(kept.windows(2).all(|w| w[0].at_ms <= w[1].at_ms));
         // Picking again from picks (the coordinator over workers) keeps them.

@@ -180,7 +180,9 @@ fn small_ladder_with_a_drain() -> anyhow::Result<()> {
         assert_eq!(u(r, "/first_call_ok"), STEP * STEPS, "{r:#}");
         assert_eq!(u(r, "/exits"), 0, "{r:#}");
         assert!(
-            r["after"]["samples"].as_array().is_some_and(|s| !s.is_empty()),
+            r["after"]["samples"]
+                .as_array()
+                .is_some_and(|s| !s.is_empty()),
             "round {} has no samples after teardown: {r:#}",
             i + 1
         );

@@ -56,6 +56,10 @@ pub(crate) struct SlotWindow {
     below_one: bool,
     below_k: bool,
     back_ms: Option<u64>,
+    /// When the current dip below K started (ms into the window).
+    below_k_since: Option<u64>,
+    /// Ms below K in earlier dips of this window.
+    below_k_total_ms: u64,
 }
 
 /// The current event window.
@@ -255,16 +259,20 @@ impl Shared {
 
     /// Ends the window and sums it up.
     pub(crate) fn window_report(&self) -> WindowStats {
-        let (members, calls_ok, calls_failed, call_errors, calls_unfinished) = {
+        let (members, calls_ok, calls_failed, call_errors, calls_unfinished, now_ms) = {
             let mut acc = lock(&self.window);
             acc.active = false;
-            acc.start = None;
+            let now_ms = acc
+                .start
+                .take()
+                .map_or(0, |s| s.elapsed().as_millis() as u64);
             (
                 acc.members,
                 acc.calls_ok,
                 acc.calls_failed,
                 std::mem::take(&mut acc.call_errors),
                 acc.in_flight,
+                now_ms,
             )
         };
         let mut stats = WindowStats {
@@ -287,6 +295,7 @@ impl Shared {
             stats.below_one_router += u64::from(w.below_one);
             if w.below_k {
                 stats.below_k_routers += 1;
+                stats.below_k_ms.push(w.below_k_ms(now_ms));
                 match w.back_ms {
                     Some(ms) => stats.back_on_k_ms.push(ms),
                     None => stats.not_back_on_k += 1,
@@ -385,9 +394,23 @@ impl SlotWindow {
         if v.routers < k {
             self.below_k = true;
             self.back_ms = None;
-        } else if self.below_k && self.back_ms.is_none() {
-            self.back_ms = Some(ms);
+            self.below_k_since.get_or_insert(ms);
+        } else {
+            if self.below_k && self.back_ms.is_none() {
+                self.back_ms = Some(ms);
+            }
+            if let Some(since) = self.below_k_since.take() {
+                self.below_k_total_ms += ms.saturating_sub(since);
+            }
         }
+    }
+
+    /// Ms below K in this window as of `now_ms` (an open dip counts to now).
+    fn below_k_ms(&self, now_ms: u64) -> u64 {
+        self.below_k_total_ms
+            + self
+                .below_k_since
+                .map_or(0, |since| now_ms.saturating_sub(since))
     }
 }
 
@@ -504,6 +527,15 @@ mod tests {
         w.apply(v(true, 2), 2, 1500);
         assert!(w.below_k && w.below_one && w.lost_ready);
         assert_eq!(w.back_ms, Some(1500));
+        assert_eq!(w.below_k_ms(1500), 1490);
+        // A second, brief dip late in the window: back on K is from the
+        // event (60,005 ms), time below K adds only the 5 ms dip.
+        w.apply(v(true, 1), 2, 60_000);
+        assert_eq!(w.back_ms, None);
+        assert_eq!(w.below_k_ms(60_002), 1492);
+        w.apply(v(true, 2), 2, 60_005);
+        assert_eq!(w.back_ms, Some(60_005));
+        assert_eq!(w.below_k_ms(90_000), 1495);
         let mut idle = SlotWindow::default();
         idle.apply(v(false, 0), 2, 5);
         assert!(!idle.lost_ready);
