@@ -198,7 +198,6 @@ async fn the_high_watermark_sized_from_the_memory_budget_answers_go_away() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn circuits_of_one_source_peer_are_capped_by_its_hop_streams() {
-    use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
     use support::Ev;
     let cp = start_cp().await;
     let r = start_router(&cp, |c| {
@@ -245,21 +244,9 @@ async fn circuits_of_one_source_peer_are_capped_by_its_hop_streams() {
         resp.result,
         Some(auth_response::Result::Admitted(_))
     ));
-    let dial = |to: libp2p::PeerId| {
-        let addr = circuit.clone().with(Protocol::P2p(to));
-        move |s: &mut libp2p::Swarm<support::PeerBehaviour>| {
-            s.dial(
-                DialOpts::peer_id(to)
-                    .addresses(vec![addr])
-                    .condition(PeerCondition::Always)
-                    .build(),
-            )
-            .expect("dial through relay")
-        }
-    };
     let (a, b) = (dsts[0].peer_id, dsts[1].peer_id);
     for _ in 0..2 {
-        src.with_swarm(dial(a)).await;
+        src.dial_through(&circuit, a).await;
         src.wait(
             "relayed connection to A",
             |e| matches!(e, Ev::Connected { peer, relayed: true } if *peer == a),
@@ -269,7 +256,7 @@ async fn circuits_of_one_source_peer_are_capped_by_its_hop_streams() {
     let refused =
         "agentmesh_router_refused_total{resource=\"stream\",scope=\"peer\",protocol=\"relay_hop\"}";
     assert_eq!(r.metric(refused), 0.0);
-    src.with_swarm(dial(b)).await;
+    src.dial_through(&circuit, b).await;
     eventually("the source's third circuit refused", || async {
         (r.metric(refused) >= 1.0).then_some(())
     })
@@ -285,7 +272,7 @@ async fn circuits_of_one_source_peer_are_capped_by_its_hop_streams() {
         resp.result,
         Some(auth_response::Result::Admitted(_))
     ));
-    other.with_swarm(dial(b)).await;
+    other.dial_through(&circuit, b).await;
     other
         .wait(
             "relayed connection to B from another source",

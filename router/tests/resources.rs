@@ -435,21 +435,6 @@ async fn destination_and_source(
     (a, b, circuit)
 }
 
-/// `from` dials `to` through the relay `circuit` (a new circuit each time).
-async fn dial_through(from: &support::TestPeer, circuit: &Multiaddr, to: PeerId) {
-    let addr = circuit.clone().with(Protocol::P2p(to));
-    from.with_swarm(move |s| {
-        s.dial(
-            DialOpts::peer_id(to)
-                .addresses(vec![addr])
-                .condition(PeerCondition::Always)
-                .build(),
-        )
-        .expect("dial through relay")
-    })
-    .await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn circuits_per_destination_are_capped_at_the_relay() {
     use support::Ev;
@@ -462,14 +447,14 @@ async fn circuits_per_destination_are_capped_at_the_relay() {
     // router's STOP stream to A.
     let aid = a.peer_id;
     for _ in 0..2 {
-        dial_through(&b, &circuit, aid).await;
+        b.dial_through(&circuit, aid).await;
         b.wait(
             "relayed connection to A",
             |e| matches!(e, Ev::Connected { peer, relayed: true } if *peer == aid),
         )
         .await;
     }
-    dial_through(&b, &circuit, aid).await;
+    b.dial_through(&circuit, aid).await;
     eventually("third circuit refused", || async {
         (r.refused("circuit", "peer", "relay_stop") >= 1.0).then_some(())
     })
@@ -506,13 +491,13 @@ async fn stop_handshakes_in_flight_are_capped_per_connection_and_refused_at_once
 
     let frozen = a.freeze().await;
     for _ in 0..2 {
-        dial_through(&b, &circuit, aid).await;
+        b.dial_through(&circuit, aid).await;
     }
     eventually("two handshakes in flight", || async {
         (r.metric(in_flight) >= 2.0).then_some(())
     })
     .await;
-    dial_through(&b, &circuit, aid).await;
+    b.dial_through(&circuit, aid).await;
     // Denied while A still answers nothing: not a timeout.
     let failed = b
         .wait(
@@ -542,7 +527,7 @@ async fn stop_handshakes_in_flight_are_capped_per_connection_and_refused_at_once
         r.metric("agentmesh_router_streams{protocol=\"relay_stop\",direction=\"outbound\"}"),
         2.0
     );
-    dial_through(&b, &circuit, aid).await;
+    b.dial_through(&circuit, aid).await;
     b.wait(
         "a third circuit once places are free",
         |e| matches!(e, Ev::Connected { peer, relayed: true } if *peer == aid),

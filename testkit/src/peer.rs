@@ -222,6 +222,22 @@ impl TestPeer {
         Frozen(resume_tx)
     }
 
+    /// Dials `to` through the relay `circuit` (`…/p2p/RELAY/p2p-circuit`):
+    /// a new circuit each time, even when one to `to` exists.
+    pub async fn dial_through(&self, circuit: &Multiaddr, to: PeerId) {
+        let addr = circuit.clone().with(libp2p::multiaddr::Protocol::P2p(to));
+        self.with_swarm(move |s| {
+            s.dial(
+                libp2p::swarm::dial_opts::DialOpts::peer_id(to)
+                    .addresses(vec![addr])
+                    .condition(libp2p::swarm::dial_opts::PeerCondition::Always)
+                    .build(),
+            )
+            .expect("dial through relay")
+        })
+        .await;
+    }
+
     /// Dials `addr` and waits until connected to `peer`.
     pub async fn connect(&mut self, peer: PeerId, addr: Multiaddr) {
         self.with_swarm(move |s| s.dial(addr).expect("dial")).await;

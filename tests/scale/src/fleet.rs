@@ -342,6 +342,21 @@ impl Fleet {
         }
     }
 
+    /// Starts `count` members of `phase` at `rate_per_sec` and applies
+    /// events until every one of them is done (see `Tally::phase_done`) or
+    /// `timeout` from now passes; returns whether they all were.
+    pub async fn join_phase(
+        &mut self,
+        count: u64,
+        rate_per_sec: f64,
+        phase: Phase,
+        timeout: Duration,
+    ) -> Result<bool> {
+        let deadline = Instant::now() + timeout;
+        self.join(count, rate_per_sec, phase).await?;
+        Ok(self.pump_until(deadline, |t| t.phase_done(phase)).await)
+    }
+
     /// Applies events for `d`.
     pub async fn pump_for(&mut self, d: Duration) {
         let deadline = Instant::now() + d;

@@ -304,12 +304,9 @@ fn busiest_running_router(mesh: &LocalMesh, snapshot: &[RouterSnapshot]) -> Opti
 /// With `--restart-routers`, starts the event's router again (same key and
 /// ports) as Kubernetes would, so the next event finds every router up.
 async fn restart_target(fleet: &mut Fleet, target: &mut Target, record: &mut EventRecord) {
-    let Ok(mesh) = target.local("--restart-routers") else {
+    let Some(mesh) = target.restarting() else {
         return;
     };
-    if !mesh.restarts_routers() {
-        return;
-    }
     let Some(i) = record
         .target
         .as_ref()

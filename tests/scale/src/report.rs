@@ -327,6 +327,14 @@ impl AfterSample {
     }
 }
 
+/// `name=ratio` per router, two decimals.
+fn ratios(m: &BTreeMap<String, f64>) -> String {
+    m.iter()
+        .map(|(r, x)| format!("{r}={x:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `name=RSS (allocated a, allocator resident r)` in MiB, `-` where unknown.
 fn memory_line<'a>(
     routers: impl Iterator<Item = &'a str>,
@@ -636,12 +644,7 @@ impl Report {
                     )
                 );
             }
-            let ratios: Vec<String> = a
-                .ratio_to_pre_ladder
-                .iter()
-                .map(|(r, x)| format!("{r}={x:.2}"))
-                .collect();
-            let _ = writeln!(s, "- last ÷ pre-ladder: {}", ratios.join(", "));
+            let _ = writeln!(s, "- last ÷ pre-ladder: {}", ratios(&a.ratio_to_pre_ladder));
         }
         if !self.rounds.is_empty() {
             let _ = writeln!(s);
@@ -669,13 +672,7 @@ impl Report {
                                     .join(", ")
                             })
                             .unwrap_or_default();
-                        let ratio = a
-                            .ratio_to_pre_ladder
-                            .iter()
-                            .map(|(n, x)| format!("{n}={x:.2}"))
-                            .collect::<Vec<_>>()
-                            .join(", ");
-                        (rss, ratio)
+                        (rss, ratios(&a.ratio_to_pre_ladder))
                     },
                 );
                 let _ = writeln!(

@@ -180,12 +180,14 @@ async fn run(
     // Providers.
     let t0 = Instant::now();
     fleet.label = "providers".into();
-    fleet
-        .join(cfg.providers, cfg.join_rate_per_sec, Phase::Provider)
-        .await?;
     let done = fleet
-        .pump_until(t0 + step_deadline, |t| t.phase_done(Phase::Provider))
-        .await;
+        .join_phase(
+            cfg.providers,
+            cfg.join_rate_per_sec,
+            Phase::Provider,
+            step_deadline,
+        )
+        .await?;
     report.providers = phase_record(fleet.tally.summary(Phase::Provider), done, t0);
     eprintln!(
         "\rladder: {} of {} providers ready",
@@ -204,12 +206,14 @@ async fn run(
         let cp_before = target.control_plane().await;
         let t0 = Instant::now();
         fleet.label = format!("step {n}/{}", cfg.steps);
-        fleet
-            .join(cfg.step, cfg.join_rate_per_sec, Phase::Step(n))
-            .await?;
         let done = fleet
-            .pump_until(t0 + step_deadline, |t| t.phase_done(Phase::Step(n)))
-            .await;
+            .join_phase(
+                cfg.step,
+                cfg.join_rate_per_sec,
+                Phase::Step(n),
+                step_deadline,
+            )
+            .await?;
         // One more worker tick, so the fleet figures are from after the step.
         fleet.pump_for(TICK_SETTLE).await;
         let cp_after = target.control_plane().await;
@@ -299,13 +303,14 @@ async fn run(
 async fn burst(fleet: &mut Fleet, target: &Target, cfg: &FleetConfig) -> Result<BurstRecord> {
     fleet.label = format!("burst {}", cfg.burst);
     let cp_before = target.control_plane().await;
-    let t0 = Instant::now();
-    fleet.join(cfg.burst, 0.0, Phase::Burst).await?;
     let all = fleet
-        .pump_until(t0 + Duration::from_secs(cfg.step_deadline_secs), |t| {
-            t.phase_done(Phase::Burst)
-        })
-        .await;
+        .join_phase(
+            cfg.burst,
+            0.0,
+            Phase::Burst,
+            Duration::from_secs(cfg.step_deadline_secs),
+        )
+        .await?;
     let s = fleet.tally.summary(Phase::Burst);
     let cp_after = target.control_plane().await;
     let (refusals, codes) = match (&cp_before, &cp_after) {
@@ -338,12 +343,9 @@ async fn burst(fleet: &mut Fleet, target: &Target, cfg: &FleetConfig) -> Result<
 /// event at the end of the hold is not followed by a restart), so later
 /// rounds join the whole mesh.
 async fn restart_stopped_routers(target: &mut Target) {
-    let Ok(mesh) = target.local("--restart-routers") else {
+    let Some(mesh) = target.restarting() else {
         return;
     };
-    if !mesh.restarts_routers() {
-        return;
-    }
     let stopped: Vec<usize> = (0..mesh.routers.len())
         .filter(|i| mesh.routers[*i].state != crate::mesh::RouterState::Running)
         .collect();
@@ -406,26 +408,23 @@ async fn extra_round(
     };
     let mut fleet = Fleet::new(ladder.to_path_buf(), base, &rdir, capacity);
     let deadline = Duration::from_secs(cfg.step_deadline_secs);
-    let t0 = Instant::now();
     fleet.label = format!("round {k} providers");
-    fleet
-        .join(cfg.providers, cfg.join_rate_per_sec, Phase::Provider)
-        .await?;
     let mut completed = fleet
-        .pump_until(t0 + deadline, |t| t.phase_done(Phase::Provider))
-        .await;
+        .join_phase(
+            cfg.providers,
+            cfg.join_rate_per_sec,
+            Phase::Provider,
+            deadline,
+        )
+        .await?;
     for n in 1..=cfg.steps {
         if !completed {
             break;
         }
-        let t0 = Instant::now();
         fleet.label = format!("round {k} step {n}/{}", cfg.steps);
-        fleet
-            .join(cfg.step, cfg.join_rate_per_sec, Phase::Step(n))
-            .await?;
         completed = fleet
-            .pump_until(t0 + deadline, |t| t.phase_done(Phase::Step(n)))
-            .await;
+            .join_phase(cfg.step, cfg.join_rate_per_sec, Phase::Step(n), deadline)
+            .await?;
     }
     let mut record = round_record(k, &fleet, cfg.steps, completed, None);
     eprintln!(

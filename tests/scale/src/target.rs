@@ -92,6 +92,15 @@ impl Target {
         }
     }
 
+    /// The local mesh when it starts stopped routers again
+    /// (`--restart-routers`), else `None`.
+    pub fn restarting(&mut self) -> Option<&mut LocalMesh> {
+        match self {
+            Self::Local(m) if m.restarts_routers() => Some(m),
+            _ => None,
+        }
+    }
+
     /// Admin RotateKeyNow; returns the new key id.
     pub async fn rotate_key(&self) -> Result<String> {
         match self {
