@@ -264,6 +264,10 @@ async fn event(
     record.calls_failed = w.calls_failed;
     record.call_errors = w.call_errors;
     record.calls_unfinished = w.calls_unfinished;
+    if let Some(t) = record.target.clone() {
+        record.target_attached_before = attached_on(&before, &t);
+        record.target_attached_after = attached_on(&after, &t);
+    }
     record.router_refusals = delta(&before, &after, |r| &r.refusals);
     record.router_auth_failures = delta(&before, &after, |r| &r.auth_failures);
     record.below_k_records = first_below_k(w.below_k_records, &router_names(target));
@@ -283,16 +287,19 @@ async fn event(
     Ok(record)
 }
 
+/// Members attached to router `name` in `snapshot`, if it answered.
+fn attached_on(snapshot: &[RouterSnapshot], name: &str) -> Option<u64> {
+    snapshot
+        .iter()
+        .find(|s| s.name == name && s.up)
+        .map(|s| s.attached)
+}
+
 /// The running router with the most attached members (ties: the highest
 /// index), so an event always moves members, also after `--restart-routers`
 /// brought an empty router back.
 fn busiest_running_router(mesh: &LocalMesh, snapshot: &[RouterSnapshot]) -> Option<usize> {
-    let attached = |name: &str| {
-        snapshot
-            .iter()
-            .find(|s| s.name == name && s.up)
-            .map_or(0, |s| s.attached)
-    };
+    let attached = |name: &str| attached_on(snapshot, name).unwrap_or(0);
     mesh.routers
         .iter()
         .enumerate()

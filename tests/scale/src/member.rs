@@ -45,7 +45,7 @@ const CALL_RETURN_GRACE: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallDeadlines {
     /// For `call()` to return: the node's budget (connect + call timeout,
-    /// one retry on a fresh route included) plus [`CALL_RETURN_GRACE`], so a
+    /// its route and lookup retries included) plus [`CALL_RETURN_GRACE`], so a
     /// node that gives up in time reports its own error, not ours.
     pub call: Duration,
     /// For the echo once the call was accepted (the node's call timeout).

@@ -184,6 +184,12 @@ pub struct EventRecord {
     pub window_secs: f64,
     /// The router acted on, if any.
     pub target: Option<String>,
+    /// Members attached to the target just before the event: an event on
+    /// an empty router would measure nothing.
+    pub target_attached_before: Option<u64>,
+    /// Members attached to the target at the window's end; None when it no
+    /// longer answered (killed, or exited at the end of its drain).
+    pub target_attached_after: Option<u64>,
     /// Error carrying out the action, if any.
     pub error: Option<String>,
     /// Members alive at the event.
@@ -359,6 +365,19 @@ fn mib(b: Option<u64>) -> String {
     b.map_or_else(|| "-".into(), |b| format!("{:.1}", b as f64 / 1_048_576.0))
 }
 
+/// An event's target with its attached members before → after the window
+/// (`r2 (5098 → -)`: it no longer answered at the end).
+fn target_cell(e: &EventRecord) -> String {
+    let Some(t) = e.target.as_deref() else {
+        return "-".into();
+    };
+    let n = |v: Option<u64>| v.map_or_else(|| "-".into(), |v| v.to_string());
+    match (e.target_attached_before, e.target_attached_after) {
+        (None, None) => t.to_string(),
+        (b, a) => format!("{t} ({} → {})", n(b), n(a)),
+    }
+}
+
 fn joined(m: &BTreeMap<String, u64>) -> String {
     if m.is_empty() {
         return "-".into();
@@ -510,7 +529,7 @@ impl Report {
             let _ = writeln!(s);
             let _ = writeln!(
                 s,
-                "| event | at s | target | lost ready | below 1 router | below K | back on K p50/p95/max ms | time below K p50/p95/max ms | not back | calls ok/failed | notes |"
+                "| event | at s | target (attached before → after) | lost ready | below 1 router | below K | back on K p50/p95/max ms | time below K p50/p95/max ms | not back | calls ok/failed | notes |"
             );
             let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
             for (name, e) in events {
@@ -546,7 +565,7 @@ impl Report {
                     s,
                     "| {name} | {} | {} | {} | {} | {} | {}/{} | {}/{} | {} | {}/{} | {} |",
                     e.at_secs,
-                    e.target.as_deref().unwrap_or("-"),
+                    target_cell(e),
                     e.lost_ready,
                     e.below_one_router,
                     e.below_k_routers,
@@ -791,6 +810,7 @@ mod tests {
                 drain_router: Some(EventRecord {
                     at_secs: 10,
                     target: Some("r2".into()),
+                    target_attached_before: Some(120),
                     calls_ok: 40,
                     calls_failed: 2,
                     calls_unfinished: 3,
@@ -906,7 +926,7 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| 1 | r0 | 7 | 0 | 0 | 10.0 |"), "{md}");
-        assert!(md.contains("| drain router | 10 | r2 |"), "{md}");
+        assert!(md.contains("| drain router | 10 | r2 (120 → -) |"), "{md}");
         let json = serde_json::to_value(&report).expect("json");
         for key in [
             "joining",

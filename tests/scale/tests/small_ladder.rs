@@ -158,6 +158,16 @@ fn small_ladder_with_a_drain() -> anyhow::Result<()> {
     assert!(drain["error"].is_null(), "drain failed: {drain:#}");
     assert_eq!(u(drain, "/members"), members, "{drain:#}");
     assert_eq!(u(drain, "/below_one_router"), 0, "{drain:#}");
+    // The drained router held members, and the drain moved them off it
+    // (it answers with fewer at the window's end, or has exited).
+    let held = u(drain, "/target_attached_before");
+    assert!(held > 0, "drained an empty router: {drain:#}");
+    assert!(
+        drain["target_attached_after"]
+            .as_u64()
+            .is_none_or(|left| left < held),
+        "the drain moved nobody: {drain:#}"
+    );
     // --restart-routers: the drained router came back before the kill.
     assert!(u(drain, "/router_restarted_ms") > 0, "{drain:#}");
 
@@ -167,6 +177,9 @@ fn small_ladder_with_a_drain() -> anyhow::Result<()> {
     assert!(kill["error"].is_null(), "kill failed: {kill:#}");
     assert_eq!(u(kill, "/members"), members, "{kill:#}");
     assert_eq!(u(kill, "/below_one_router"), 0, "{kill:#}");
+    // The killed router held members, so some fell below K and the ladder saw it.
+    assert!(u(kill, "/target_attached_before") > 0, "killed an empty router: {kill:#}");
+    assert!(u(kill, "/below_k_routers") > 0, "the kill moved nobody: {kill:#}");
 
     // --rounds 2: a second fleet of the same size joined, was ready and
     // called, and left; router memory was sampled after each round.
