@@ -1,7 +1,9 @@
 //! Admin RPCs: CreateToken, RevokeNode, RotateKeyNow, behind a bearer token
-//! compared in constant time.
+//! compared in constant time. A missing or wrong token counts against the
+//! caller's source IP in the same failure guard as failed enrollments, so
+//! the token cannot be guessed at line rate.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use agentmesh_proto::{
     identity::PeerId,
@@ -76,8 +78,23 @@ impl TokenSpec {
 }
 
 impl State {
-    /// Checks `authorization: Bearer <token>`.
-    pub fn check_admin(&self, authorization: Option<&str>) -> Result<(), ServiceError> {
+    /// Checks `authorization: Bearer <token>` from `source`: the failure
+    /// guard first (a source over its failures is refused before the
+    /// compare), and a missing or wrong token is recorded as a failure.
+    pub fn check_admin(
+        &self,
+        source: Option<IpAddr>,
+        authorization: Option<&str>,
+    ) -> Result<(), ServiceError> {
+        self.check_failures(source)?;
+        let r = self.compare_admin(authorization);
+        if let Err(ServiceError::Unauthenticated { .. }) = &r {
+            self.record_failure(source);
+        }
+        r
+    }
+
+    fn compare_admin(&self, authorization: Option<&str>) -> Result<(), ServiceError> {
         let Some(expected) = self.admin_token.as_deref() else {
             return Err(ServiceError::denied(
                 "admin_token",

@@ -31,6 +31,24 @@ pub const DEFAULT_GRPC_MAX_CONNECTIONS: usize = 20_000;
 /// Default `--grpc-max-concurrent-streams-per-connection`: a member or router
 /// makes a few calls at once; a proxy multiplexing many clients needs more.
 pub const DEFAULT_GRPC_MAX_CONCURRENT_STREAMS_PER_CONNECTION: usize = 100;
+/// Default `--grpc-keepalive-interval-secs`: an HTTP/2 PING this often finds
+/// a peer that vanished without closing (laptop lid, NAT timeout) well
+/// before the kernel would.
+pub const DEFAULT_GRPC_KEEPALIVE_INTERVAL_SECS: u64 = 60;
+/// Default `--grpc-keepalive-timeout-secs`: a PING unanswered this long
+/// closes the connection and frees its slot.
+pub const DEFAULT_GRPC_KEEPALIVE_TIMEOUT_SECS: u64 = 20;
+/// Default `--grpc-handshake-timeout-secs`: a real client sends its first
+/// call within milliseconds of connecting; a silent socket holds a
+/// `--grpc-max-connections` slot no longer than this.
+pub const DEFAULT_GRPC_HANDSHAKE_TIMEOUT_SECS: u64 = 20;
+/// Default `--grpc-max-message-bytes` (64 KiB): the largest legitimate
+/// request, a RouterLease with 32 addresses of 512 bytes, 32 labels and a
+/// credential carrying 32 labels, encodes to under 40 KiB
+/// (`tests/grpc_limits.rs` sends it).
+pub const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Shortest admin bearer token accepted, characters.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 /// Default `--enroll-failures-per-ip-per-min`.
 pub const DEFAULT_ENROLL_FAILURES_PER_IP_PER_MIN: u32 = 60;
 /// Default `--failure-guard-max-ips`.
@@ -45,7 +63,7 @@ pub const DEFAULT_REFRESH_GRACE_SECS: u64 = 300;
 pub const DEFAULT_KEY_ROTATION_INTERVAL_SECS: u64 = 86_400;
 /// Default `--key-publish-ahead-secs`.
 pub const DEFAULT_KEY_PUBLISH_AHEAD_SECS: u64 = 600;
-/// Default `--key-grace-secs` (must be >= credential TTL + skew).
+/// Default `--key-grace-secs` (must be >= credential TTL + skew + refresh grace).
 pub const DEFAULT_KEY_GRACE_SECS: u64 = 7200;
 /// Default `--key-check-interval-secs` (at most 60: rotation is checked at least once a minute).
 pub const DEFAULT_KEY_CHECK_INTERVAL_SECS: u64 = 30;
@@ -98,6 +116,22 @@ pub struct Config {
     /// RESOURCE_EXHAUSTED + retry-after and counted. Default 100.
     #[arg(long, default_value_t = DEFAULT_GRPC_MAX_CONCURRENT_STREAMS_PER_CONNECTION)]
     pub grpc_max_concurrent_streams_per_connection: usize,
+    /// Interval between HTTP/2 keepalive PINGs on an idle gRPC connection, seconds. Default 60.
+    #[arg(long, default_value_t = DEFAULT_GRPC_KEEPALIVE_INTERVAL_SECS)]
+    pub grpc_keepalive_interval_secs: u64,
+    /// How long a keepalive PING may go unanswered before the connection is
+    /// closed, seconds. Default 20.
+    #[arg(long, default_value_t = DEFAULT_GRPC_KEEPALIVE_TIMEOUT_SECS)]
+    pub grpc_keepalive_timeout_secs: u64,
+    /// How long an accepted gRPC connection may take to finish its TLS
+    /// handshake and HTTP/2 preface and send its first call, seconds; a
+    /// connection still silent then is closed and counted. Default 20.
+    #[arg(long, default_value_t = DEFAULT_GRPC_HANDSHAKE_TIMEOUT_SECS)]
+    pub grpc_handshake_timeout_secs: u64,
+    /// Largest gRPC request message accepted, bytes; a larger one is refused
+    /// with OUT_OF_RANGE before it is read. Default 65536.
+    #[arg(long, default_value_t = DEFAULT_GRPC_MAX_MESSAGE_BYTES)]
+    pub grpc_max_message_bytes: usize,
     /// Database, `sqlite://PATH`. Default sqlite://./agentmesh-data/controlplane.db.
     #[arg(long, default_value = DEFAULT_DB)]
     pub db: String,
@@ -122,7 +156,8 @@ pub struct Config {
     /// never queued: it is told the next token). Default 60.
     #[arg(long, default_value_t = DEFAULT_REFRESH_MAX_RETRY_AFTER_SECS)]
     pub refresh_max_retry_after_secs: u64,
-    /// Failed enrollments allowed per source IP per minute before refusing. Default 60.
+    /// Failed enrollments and admin logins allowed per source IP per minute before
+    /// refusing. Default 60.
     #[arg(long, default_value_t = DEFAULT_ENROLL_FAILURES_PER_IP_PER_MIN)]
     pub enroll_failures_per_ip_per_min: u32,
     /// Source IPs the failure guard tracks at once (oldest dropped). Default 100000.
@@ -143,7 +178,8 @@ pub struct Config {
     /// How long a new key is published before it signs, seconds. Default 600.
     #[arg(long, default_value_t = DEFAULT_KEY_PUBLISH_AHEAD_SECS)]
     pub key_publish_ahead_secs: u64,
-    /// How long a replaced key still verifies, seconds; >= credential TTL + skew. Default 7200.
+    /// How long a replaced key still verifies, seconds; >= credential TTL + skew + refresh
+    /// grace. Default 7200.
     #[arg(long, default_value_t = DEFAULT_KEY_GRACE_SECS)]
     pub key_grace_secs: u64,
     /// How often the rotation deadline is checked, seconds (1..=60). Default 30.
@@ -208,6 +244,10 @@ impl Default for Config {
             grpc_max_connections: DEFAULT_GRPC_MAX_CONNECTIONS,
             grpc_max_concurrent_streams_per_connection:
                 DEFAULT_GRPC_MAX_CONCURRENT_STREAMS_PER_CONNECTION,
+            grpc_keepalive_interval_secs: DEFAULT_GRPC_KEEPALIVE_INTERVAL_SECS,
+            grpc_keepalive_timeout_secs: DEFAULT_GRPC_KEEPALIVE_TIMEOUT_SECS,
+            grpc_handshake_timeout_secs: DEFAULT_GRPC_HANDSHAKE_TIMEOUT_SECS,
+            grpc_max_message_bytes: DEFAULT_GRPC_MAX_MESSAGE_BYTES,
             enroll_rate_per_sec: DEFAULT_ENROLL_RATE_PER_SEC,
             enroll_burst: DEFAULT_ENROLL_BURST,
             refresh_rate_per_sec: DEFAULT_REFRESH_RATE_PER_SEC,
@@ -254,13 +294,18 @@ impl Config {
 
     /// Checks values that cannot work together; the error says which flag.
     pub fn validate(&self) -> Result<(), String> {
+        // Refresh accepts a credential up to skew + refresh grace after it
+        // expires, so the key that signed it must verify at least that long
+        // after it stopped signing.
         let need = self
             .credential_ttl_secs
-            .saturating_add(self.clock_skew_secs);
+            .saturating_add(self.clock_skew_secs)
+            .saturating_add(self.refresh_grace_secs);
         if self.key_grace_secs < need {
             return Err(format!(
-                "--key-grace-secs {} must be >= --credential-ttl-secs + --clock-skew-secs ({need}), \
-                 or credentials signed just before a rotation would stop verifying",
+                "--key-grace-secs {} must be >= --credential-ttl-secs + --clock-skew-secs + \
+                 --refresh-grace-secs ({need}), or a credential signed just before a rotation \
+                 would stop verifying while Refresh should still accept it",
                 self.key_grace_secs
             ));
         }
@@ -297,10 +342,35 @@ impl Config {
                 self.grpc_max_concurrent_streams_per_connection as u64,
             ),
             ("--failure-guard-max-ips", self.failure_guard_max_ips as u64),
+            (
+                "--grpc-keepalive-interval-secs",
+                self.grpc_keepalive_interval_secs,
+            ),
+            (
+                "--grpc-keepalive-timeout-secs",
+                self.grpc_keepalive_timeout_secs,
+            ),
+            (
+                "--grpc-handshake-timeout-secs",
+                self.grpc_handshake_timeout_secs,
+            ),
+            (
+                "--grpc-max-message-bytes",
+                self.grpc_max_message_bytes as u64,
+            ),
         ] {
             if v == 0 {
                 return Err(format!("{name} must be positive"));
             }
+        }
+        if self
+            .admin_token
+            .as_deref()
+            .is_some_and(|t| t.trim().len() < MIN_ADMIN_TOKEN_LEN)
+        {
+            return Err(format!(
+                "the admin token must be at least {MIN_ADMIN_TOKEN_LEN} characters"
+            ));
         }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err("--tls-cert and --tls-key go together".into());
@@ -371,5 +441,92 @@ mod tests {
             ..Config::default()
         };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn key_grace_must_cover_the_refresh_grace_too() {
+        // TTL 3600 + skew 60 + refresh grace 300 = 3960.
+        let c = Config {
+            key_grace_secs: 3959,
+            ..Config::default()
+        };
+        let e = c
+            .validate()
+            .expect_err("grace shorter than TTL + skew + refresh grace");
+        assert!(
+            e.contains("--refresh-grace-secs") && e.contains("3960"),
+            "{e}"
+        );
+        // TTL + skew alone (the old rule) is no longer enough.
+        let c = Config {
+            key_grace_secs: 3660,
+            ..Config::default()
+        };
+        assert!(c.validate().is_err());
+        let c = Config {
+            key_grace_secs: 3960,
+            ..Config::default()
+        };
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn grpc_connection_limits_are_positive() {
+        for c in [
+            Config {
+                grpc_keepalive_interval_secs: 0,
+                ..Config::default()
+            },
+            Config {
+                grpc_keepalive_timeout_secs: 0,
+                ..Config::default()
+            },
+            Config {
+                grpc_handshake_timeout_secs: 0,
+                ..Config::default()
+            },
+            Config {
+                grpc_max_message_bytes: 0,
+                ..Config::default()
+            },
+        ] {
+            let e = c.validate().expect_err("zero refused");
+            assert!(e.starts_with("--grpc-") && e.contains("positive"), "{e}");
+        }
+        let cli = Cli::try_parse_from([
+            "agentmesh-control-plane",
+            "--grpc-keepalive-interval-secs",
+            "30",
+            "--grpc-keepalive-timeout-secs",
+            "5",
+            "--grpc-handshake-timeout-secs",
+            "3",
+            "--grpc-max-message-bytes",
+            "1024",
+        ])
+        .expect("parses");
+        assert_eq!(
+            (
+                cli.config.grpc_keepalive_interval_secs,
+                cli.config.grpc_keepalive_timeout_secs,
+                cli.config.grpc_handshake_timeout_secs,
+                cli.config.grpc_max_message_bytes
+            ),
+            (30, 5, 3, 1024)
+        );
+    }
+
+    #[test]
+    fn an_embedded_admin_token_needs_the_minimum_length() {
+        let c = Config {
+            admin_token: Some("  short-token   ".into()),
+            ..Config::default()
+        };
+        assert!(c.validate().expect_err("short").contains("16 characters"));
+        let c = Config {
+            admin_token: Some("0123456789abcdef".into()),
+            ..Config::default()
+        };
+        assert_eq!(c.validate(), Ok(()));
     }
 }

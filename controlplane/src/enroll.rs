@@ -1,7 +1,9 @@
 //! Enroll and Refresh: the two calls that issue credentials.
 //!
-//! Enroll runs the global limiter and the per-IP failure guard before it
-//! looks at the token or the proof; role and labels come from the token.
+//! Enroll runs the per-IP failure guard, then the global limiter, before it
+//! looks at the token or the proof; role and labels come from the token. The
+//! guard goes first so that a source it already refuses cannot spend the
+//! fleet's enrollment budget.
 
 use std::net::IpAddr;
 
@@ -73,14 +75,15 @@ impl State {
         Ok(sign(&claims, &signer.key))
     }
 
-    /// `Enroll`: limiter, failure guard, then token and proof.
+    /// `Enroll`: failure guard, limiter, then token and proof.
     pub async fn enroll(
         &self,
         source: Option<IpAddr>,
         req: EnrollRequest,
     ) -> Result<EnrollResponse, ServiceError> {
-        self.admit_enroll()?;
+        // Guard first: a refused source takes no global token.
         self.check_failures(source)?;
+        self.admit_enroll()?;
         let r = self.enroll_checked(source, req).await;
         if let Err(
             ServiceError::Unauthenticated { .. }

@@ -20,13 +20,28 @@
 //! queueing it silently as tonic's `concurrency_limit_per_connection` would.
 //! HTTP/2's own `SETTINGS_MAX_CONCURRENT_STREAMS` is set to twice the bound,
 //! so a client cannot even open more streams than that.
+//!
+//! A slot is taken at accept, before the TLS handshake and the HTTP/2
+//! preface, and neither tonic nor hyper puts a deadline on the preface, so a
+//! silent socket would hold its slot forever. Each [`LimitedConn`] therefore
+//! carries a handshake deadline (`--grpc-handshake-timeout-secs`) that ends
+//! when [`StreamLimit`] sees the connection's first call (matched through
+//! [`Handshakes`] by peer address, the same key the per-connection count
+//! uses); a connection still without a call then fails its next read, so
+//! tonic closes it, and is counted in
+//! `agentmesh_control_plane_grpc_handshake_timeouts_total`. After the first
+//! call, HTTP/2 keepalive (set in `server.rs`) closes a peer that stops
+//! answering PINGs.
 
 use std::{
     collections::HashMap,
     io,
     net::SocketAddr,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -53,12 +68,62 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 /// Refusals and accept errors are logged at most this often.
 const LOG_EVERY: Duration = Duration::from_secs(60);
 
+/// Accepted connections that have not carried a call yet, by peer address.
+///
+/// [`BoundedIncoming`] registers each connection at accept; [`StreamLimit`]
+/// marks it at its first call and drops the entry, so the map holds only
+/// connections still in their handshake (at most `--grpc-max-connections`).
+#[derive(Debug, Default)]
+pub struct Handshakes {
+    pending: Mutex<HashMap<SocketAddr, Arc<AtomicBool>>>,
+}
+
+impl Handshakes {
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Arc<AtomicBool>>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn register(&self, peer: SocketAddr) -> Arc<AtomicBool> {
+        let done = Arc::new(AtomicBool::new(false));
+        self.pending().insert(peer, done.clone());
+        done
+    }
+
+    /// Marks `peer`'s connection as past its handshake (its first call arrived).
+    fn first_call(&self, peer: SocketAddr) {
+        if let Some(done) = self.pending().remove(&peer) {
+            done.store(true, Ordering::Release);
+        }
+    }
+
+    /// Drops `peer`'s entry if it is still this connection's (an address can
+    /// be reused by a later connection once this one closed).
+    fn forget(&self, peer: SocketAddr, done: &Arc<AtomicBool>) {
+        let mut pending = self.pending();
+        if pending.get(&peer).is_some_and(|d| Arc::ptr_eq(d, done)) {
+            pending.remove(&peer);
+        }
+    }
+
+    /// Connections still waiting for their first call.
+    pub fn len(&self) -> usize {
+        self.pending().len()
+    }
+
+    /// Whether no connection is waiting for its first call.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// The gRPC listener with a bound on open connections. Yields only accepted
 /// connections that got a slot; see the module docs.
 pub struct BoundedIncoming {
     listener: TcpListener,
     slots: Arc<Semaphore>,
     max: usize,
+    handshake_timeout: Duration,
+    handshakes: Arc<Handshakes>,
     metrics: Metrics,
     pause: Option<Pin<Box<Sleep>>>,
     last_refusal_log: Option<Instant>,
@@ -91,13 +156,24 @@ fn is_resource_error(e: &io::Error) -> bool {
 }
 
 impl BoundedIncoming {
-    /// Serves `listener`, keeping at most `max` connections open (at least 1).
-    pub fn new(listener: TcpListener, max: usize, metrics: Metrics) -> Self {
+    /// Serves `listener`, keeping at most `max` connections open (at least
+    /// 1), each of which must carry its first call within
+    /// `handshake_timeout`; `handshakes` is shared with the [`StreamLimit`]
+    /// in front of the routes.
+    pub fn new(
+        listener: TcpListener,
+        max: usize,
+        handshake_timeout: Duration,
+        handshakes: Arc<Handshakes>,
+        metrics: Metrics,
+    ) -> Self {
         let max = max.max(1);
         Self {
             listener,
             slots: Arc::new(Semaphore::new(max)),
             max,
+            handshake_timeout,
+            handshakes,
             metrics,
             pause: None,
             last_refusal_log: None,
@@ -124,9 +200,17 @@ impl Stream for BoundedIncoming {
                     Ok(permit) => {
                         let _ = stream.set_nodelay(true);
                         this.metrics.grpc_connection_opened();
+                        let handshake = Handshake {
+                            done: this.handshakes.register(peer),
+                            deadline: Box::pin(tokio::time::sleep(this.handshake_timeout)),
+                            table: this.handshakes.clone(),
+                            peer,
+                        };
                         return Poll::Ready(Some(Ok(LimitedConn {
                             stream,
                             _permit: permit,
+                            handshake: Some(handshake),
+                            expired: false,
                             metrics: this.metrics.clone(),
                         })));
                     }
@@ -157,16 +241,67 @@ impl Stream for BoundedIncoming {
     }
 }
 
+/// A connection's handshake deadline, until its first call.
+struct Handshake {
+    done: Arc<AtomicBool>,
+    deadline: Pin<Box<Sleep>>,
+    table: Arc<Handshakes>,
+    peer: SocketAddr,
+}
+
+impl Drop for Handshake {
+    fn drop(&mut self) {
+        self.table.forget(self.peer, &self.done);
+    }
+}
+
 /// An accepted connection holding one of the listener's slots until dropped.
 pub struct LimitedConn {
     stream: TcpStream,
     _permit: OwnedSemaphorePermit,
+    /// `Some` until the first call arrives.
+    handshake: Option<Handshake>,
+    /// The handshake deadline passed: every read and write fails from now on.
+    expired: bool,
     metrics: Metrics,
 }
 
 impl Drop for LimitedConn {
     fn drop(&mut self) {
         self.metrics.grpc_connection_closed();
+    }
+}
+
+fn handshake_expired() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "no gRPC call within --grpc-handshake-timeout-secs of accept",
+    )
+}
+
+impl LimitedConn {
+    /// Checks the handshake deadline; `Err` once it has passed without a
+    /// call. Polling the deadline registers the waker, so a silent
+    /// connection is woken (and fails) when it passes.
+    fn check_handshake(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        if self.expired {
+            return Err(handshake_expired());
+        }
+        let Some(h) = self.handshake.as_mut() else {
+            return Ok(());
+        };
+        if h.done.load(Ordering::Acquire) {
+            self.handshake = None;
+            return Ok(());
+        }
+        if h.deadline.as_mut().poll(cx).is_ready() {
+            self.expired = true;
+            self.handshake = None;
+            self.metrics.grpc_handshake_timeout();
+            tracing::debug!("gRPC connection closed: no call within the handshake timeout");
+            return Err(handshake_expired());
+        }
+        Ok(())
     }
 }
 
@@ -184,7 +319,11 @@ impl AsyncRead for LimitedConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+        let this = self.get_mut();
+        if let Err(e) = this.check_handshake(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
     }
 }
 
@@ -194,7 +333,11 @@ impl AsyncWrite for LimitedConn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        let this = self.get_mut();
+        if this.expired {
+            return Poll::Ready(Err(handshake_expired()));
+        }
+        Pin::new(&mut this.stream).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -202,7 +345,11 @@ impl AsyncWrite for LimitedConn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        if this.expired {
+            return Poll::Ready(Err(handshake_expired()));
+        }
+        Pin::new(&mut this.stream).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -266,11 +413,14 @@ impl InFlight {
 pub struct StreamLimit<S> {
     inner: S,
     shared: Arc<InFlight>,
+    handshakes: Arc<Handshakes>,
 }
 
 impl<S> StreamLimit<S> {
-    /// At most `max` calls in flight per connection (at least 1) in front of `inner`.
-    pub fn new(inner: S, max: usize, metrics: Metrics) -> Self {
+    /// At most `max` calls in flight per connection (at least 1) in front of
+    /// `inner`; each call also ends its connection's handshake deadline in
+    /// `handshakes` (shared with the [`BoundedIncoming`] that accepted it).
+    pub fn new(inner: S, max: usize, handshakes: Arc<Handshakes>, metrics: Metrics) -> Self {
         Self {
             inner,
             shared: Arc::new(InFlight {
@@ -278,6 +428,7 @@ impl<S> StreamLimit<S> {
                 calls: Mutex::new(HashMap::new()),
                 metrics,
             }),
+            handshakes,
         }
     }
 }
@@ -317,7 +468,12 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        let slot = match peer_of(&req) {
+        let peer = peer_of(&req);
+        if let Some(peer) = peer {
+            // Even a call refused below proves a live HTTP/2 client.
+            self.handshakes.first_call(peer);
+        }
+        let slot = match peer {
             Some(peer) => match self.shared.take(peer) {
                 Some(slot) => Some(slot),
                 None => {

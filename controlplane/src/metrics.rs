@@ -140,6 +140,7 @@ pub struct Metrics {
     grpc_connections: Gauge,
     grpc_connections_refused: Counter,
     grpc_accept_errors: Counter,
+    grpc_handshake_timeouts: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -169,6 +170,7 @@ impl Metrics {
             grpc_connections: Gauge::default(),
             grpc_connections_refused: Counter::default(),
             grpc_accept_errors: Counter::default(),
+            grpc_handshake_timeouts: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("agentmesh_control_plane");
         r.register("rpc", "gRPC calls by method and status code", m.rpc.clone());
@@ -234,6 +236,12 @@ impl Metrics {
             "grpc_accept_errors",
             "gRPC accept errors (e.g. out of file descriptors); the listener keeps serving",
             m.grpc_accept_errors.clone(),
+        );
+        r.register(
+            "grpc_handshake_timeouts",
+            "gRPC connections closed because no call arrived within \
+             --grpc-handshake-timeout-secs of accept (TLS handshake, HTTP/2 preface, first call)",
+            m.grpc_handshake_timeouts.clone(),
         );
         for method in METHODS {
             for code in CODES {
@@ -380,6 +388,11 @@ impl Metrics {
     /// Accepting a gRPC connection failed.
     pub fn grpc_accept_error(&self) {
         self.grpc_accept_errors.inc();
+    }
+
+    /// A gRPC connection was closed: no call within the handshake timeout.
+    pub fn grpc_handshake_timeout(&self) {
+        self.grpc_handshake_timeouts.inc();
     }
 
     /// Sets the next rotation instant.

@@ -23,8 +23,8 @@ use tonic::{
 use crate::{
     admin::TokenSpec,
     clock::{SharedClock, TokioClock},
-    config::{Config, sqlite_path},
-    grpc_limits::{BoundedIncoming, StreamLimit},
+    config::{Config, MIN_ADMIN_TOKEN_LEN, sqlite_path},
+    grpc_limits::{BoundedIncoming, Handshakes, StreamLimit},
     http::{HttpState, router},
     keys::{Keys, RotationPolicy},
     metrics::Metrics,
@@ -102,6 +102,10 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, SpawnError> {
         .map_err(|source| SpawnError::Bind { addr, source })
 }
 
+/// Largest gRPC answer sent: tonic clients (ours among them) refuse to decode
+/// more than 4 MiB by default, so a larger answer could never be read.
+pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
 /// Descriptors kept aside for the database, the HTTP listener and the rest.
 const FD_HEADROOM: u64 = 256;
 
@@ -149,14 +153,16 @@ pub async fn spawn_with(
     mut registry: Registry,
 ) -> Result<Handle, SpawnError> {
     config.validate().map_err(SpawnError::Config)?;
+    // Both paths hold the token to MIN_ADMIN_TOKEN_LEN: the embedded one in
+    // `Config::validate` above, the file here once it is read.
     let admin_token = match (&config.admin_token, &config.admin_token_file) {
         (Some(t), _) => Some(t.trim().to_string()),
         (None, Some(path)) => {
             let raw = read_file(path).await?;
             let t = String::from_utf8_lossy(&raw).trim().to_string();
-            if t.len() < 16 {
+            if t.len() < MIN_ADMIN_TOKEN_LEN {
                 return Err(SpawnError::Config(format!(
-                    "--admin-token-file {}: token must be at least 16 characters",
+                    "--admin-token-file {}: token must be at least {MIN_ADMIN_TOKEN_LEN} characters",
                     path.display()
                 )));
             }
@@ -234,25 +240,65 @@ pub async fn spawn_with(
         .build_v1alpha()
         .map_err(|e| SpawnError::Config(format!("reflection: {e}")))?;
     let max_streams = config.grpc_max_concurrent_streams_per_connection;
-    let mut builder = Server::builder().max_concurrent_streams(Some(
-        u32::try_from(max_streams.saturating_mul(2)).unwrap_or(u32::MAX),
-    ));
+    let handshake_timeout = Duration::from_secs(config.grpc_handshake_timeout_secs);
+    // HTTP/2 keepalive closes a connection whose peer stopped answering
+    // PINGs (vanished laptop, dropped NAT mapping), freeing its slot. TCP
+    // keepalive is not set: tonic applies it only to listeners it binds
+    // itself, and the PINGs find the same dead peers sooner, through TLS.
+    let mut builder = Server::builder()
+        .max_concurrent_streams(Some(
+            u32::try_from(max_streams.saturating_mul(2)).unwrap_or(u32::MAX),
+        ))
+        .http2_keepalive_interval(Some(Duration::from_secs(
+            config.grpc_keepalive_interval_secs,
+        )))
+        .http2_keepalive_timeout(Some(Duration::from_secs(
+            config.grpc_keepalive_timeout_secs,
+        )));
     if let Some(identity) = tls {
         crate::tls::ensure_crypto_provider();
         builder = builder
-            .tls_config(ServerTlsConfig::new().identity(identity))
+            .tls_config(
+                ServerTlsConfig::new()
+                    .identity(identity)
+                    .timeout(handshake_timeout),
+            )
             .map_err(|e| SpawnError::Tls(e.to_string()))?;
     }
-    let routes = Routes::new(ControlPlaneServer::new(Service::new(state.clone())))
+    // Requests are refused past --grpc-max-message-bytes before they are
+    // read (OUT_OF_RANGE); answers are held to what tonic clients decode by
+    // default, so an oversized answer fails here with a clear status.
+    let max_request = config.grpc_max_message_bytes;
+    let control_plane = ControlPlaneServer::new(Service::new(state.clone()))
+        .max_decoding_message_size(max_request)
+        .max_encoding_message_size(MAX_RESPONSE_BYTES);
+    let health_svc = health_svc
+        .max_decoding_message_size(max_request)
+        .max_encoding_message_size(MAX_RESPONSE_BYTES);
+    let reflection_v1 = reflection_v1
+        .max_decoding_message_size(max_request)
+        .max_encoding_message_size(MAX_RESPONSE_BYTES);
+    let reflection_v1alpha = reflection_v1alpha
+        .max_decoding_message_size(max_request)
+        .max_encoding_message_size(MAX_RESPONSE_BYTES);
+    let routes = Routes::new(control_plane)
         .add_service(health_svc)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .prepare();
-    let grpc = StreamLimit::new(routes, max_streams, state.metrics.clone());
+    let handshakes = Arc::new(Handshakes::default());
+    let grpc = StreamLimit::new(
+        routes,
+        max_streams,
+        handshakes.clone(),
+        state.metrics.clone(),
+    );
     warn_if_fd_limit_below(config.grpc_max_connections).await;
     let incoming = BoundedIncoming::new(
         grpc_listener,
         config.grpc_max_connections,
+        handshake_timeout,
+        handshakes,
         state.metrics.clone(),
     );
     let mut grpc_stop = stop_rx.clone();

@@ -64,7 +64,8 @@ impl Service {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok());
-        self.state.check_admin(auth)
+        let source = req.remote_addr().map(|a| a.ip());
+        self.state.check_admin(source, auth)
     }
 }
 

@@ -15,7 +15,7 @@ use agentmesh_proto::{
     identity::{Keypair, ed25519},
     pb::{
         controlplane::{
-            EnrollRequest, RefreshRequest, RouterLeaseRequest, RouterLoad,
+            EnrollRequest, RefreshRequest, RotateKeyNowRequest, RouterLeaseRequest, RouterLoad,
             control_plane_client::ControlPlaneClient,
         },
         credential::{Claims, Credential, Label, Role, TokenKind},
@@ -439,20 +439,30 @@ async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failure
             .expect_err("bad token");
         assert_eq!(s.code(), Code::Unauthenticated);
     }
-    let s = raw
+    // The guard then refuses even a good token, however often this IP asks,
+    // and, checked before the global limiter, spends none of its tokens.
+    for _ in 0..5 {
+        let s = raw
+            .enroll(enroll(&tok, &Keypair::generate_ed25519()))
+            .await
+            .expect_err("guarded");
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert!(s.message().contains("failure_guard"), "{}", s.message());
+        let wait = agentmesh_controlplane::retry_after(&s).expect("retry-after");
+        assert!(
+            wait >= Duration::from_secs(1) && wait <= Duration::from_secs(60),
+            "{wait:?}"
+        );
+    }
+    // 4 + 3 of the burst of 8 are spent, so another source gets the 8th
+    // (the guarded IP took none); the global limiter refuses the next,
+    // before looking at the token.
+    let mut other = common::raw_client_from(&h, [127, 0, 0, 2]).await;
+    other
         .enroll(enroll(&tok, &Keypair::generate_ed25519()))
         .await
-        .expect_err("guarded");
-    assert_eq!(s.code(), Code::ResourceExhausted);
-    assert!(s.message().contains("failure_guard"), "{}", s.message());
-    let wait = agentmesh_controlplane::retry_after(&s).expect("retry-after");
-    assert!(
-        wait >= Duration::from_secs(1) && wait <= Duration::from_secs(60),
-        "{wait:?}"
-    );
-    // The burst of 8 is spent (4 + 3 + 1): the global limiter refuses next,
-    // before looking at the token.
-    let s = raw
+        .expect("the burst's last token is still there");
+    let s = other
         .enroll(enroll("", &Keypair::generate_ed25519()))
         .await
         .expect_err("limited");
@@ -468,7 +478,7 @@ async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failure
             &m,
             "agentmesh_control_plane_limiter_refusals_total{limiter=\"failure_guard\"}"
         ),
-        Some(1.0)
+        Some(5.0)
     );
     assert_eq!(
         metric(
@@ -644,4 +654,98 @@ async fn refused_callers_get_successive_slots_up_to_the_cap_on_both_limiters() {
         );
     }
     h.shutdown().await;
+}
+
+/// Wrong admin bearer tokens feed the same per-source failure guard as
+/// failed enrollments: after `--enroll-failures-per-ip-per-min` of them the
+/// source is refused even with the right token (and cannot enroll), while
+/// another source is served.
+#[tokio::test]
+async fn wrong_admin_tokens_feed_the_failure_guard() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = common::config(dir.path());
+    cfg.enroll_failures_per_ip_per_min = 3;
+    let h = spawn_with_clock(cfg, Arc::new(Frozen))
+        .await
+        .expect("starts");
+    let tok = token(&h, TokenKind::Bootstrap, Role::Member, &[], 10).await;
+    let mut raw = ControlPlaneClient::connect(h.public_url().to_string())
+        .await
+        .expect("connect");
+    let rotate = |bearer: Option<&str>| {
+        let mut r = tonic::Request::new(RotateKeyNowRequest {});
+        if let Some(b) = bearer {
+            r.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {b}").parse().expect("ascii"),
+            );
+        }
+        r
+    };
+    for bearer in [Some("wrong-admin-token-000000"), None, Some("guess")] {
+        let s = raw
+            .rotate_key_now(rotate(bearer))
+            .await
+            .expect_err("wrong admin token");
+        assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    }
+    let s = raw
+        .rotate_key_now(rotate(Some(ADMIN)))
+        .await
+        .expect_err("guarded even with the right token");
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert!(s.message().contains("failure_guard"), "{}", s.message());
+    assert!(agentmesh_controlplane::retry_after(&s).is_some());
+    let s = raw
+        .enroll(EnrollRequest {
+            token: tok.clone(),
+            proof: Some(make_proof(
+                Purpose::Enroll,
+                h.public_url(),
+                &Keypair::generate_ed25519(),
+                unix_now(),
+            )),
+        })
+        .await
+        .expect_err("the same guard refuses enrollment from that source");
+    assert!(s.message().contains("failure_guard"), "{}", s.message());
+    // Another source with the right token is served.
+    let mut other = common::raw_client_from(&h, [127, 0, 0, 3]).await;
+    other
+        .rotate_key_now(rotate(Some(ADMIN)))
+        .await
+        .expect("another source is served");
+    let m = metrics(&h).await;
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_auth_failures_total{method=\"RotateKeyNow\",reason=\"admin_token\"}"
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_limiter_refusals_total{limiter=\"failure_guard\"}"
+        ),
+        Some(2.0)
+    );
+    h.shutdown().await;
+}
+
+/// An embedded admin token is held to the same minimum length as one read
+/// from `--admin-token-file`.
+#[tokio::test]
+async fn a_short_embedded_admin_token_is_refused_at_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = agentmesh_controlplane::Config {
+        admin_token: Some("too-short".into()),
+        ..common::config(dir.path())
+    };
+    match agentmesh_controlplane::spawn(cfg).await {
+        Err(agentmesh_controlplane::SpawnError::Config(m)) => {
+            assert!(m.contains("16 characters"), "{m}")
+        }
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
 }

@@ -2,15 +2,28 @@
 //! `--grpc-max-connections` open (more are closed at accept and counted),
 //! and at most `--grpc-max-concurrent-streams-per-connection` calls in flight
 //! on one connection (more are refused with RESOURCE_EXHAUSTED + retry-after
-//! and counted), in plaintext and over TLS.
+//! and counted), in plaintext and over TLS; a connection that sends no call
+//! within `--grpc-handshake-timeout-secs` is closed; a request over
+//! `--grpc-max-message-bytes` is refused.
 
 mod common;
 
 use std::time::Duration;
 
 use agentmesh_controlplane::{Client, ClientConfig, ClientError, Config, Handle, spawn};
-use agentmesh_proto::pb::controlplane::{GetKeysRequest, control_plane_client::ControlPlaneClient};
+use agentmesh_proto::{
+    credential::sign,
+    identity::{Keypair, ed25519},
+    pb::{
+        controlplane::{
+            GetKeysRequest, ProofOfPossession, RouterLeaseRequest, RouterLoad,
+            control_plane_client::ControlPlaneClient,
+        },
+        credential::{Claims, Label},
+    },
+};
 use common::{metric, metrics};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::{
     Code,
     transport::{Certificate, Channel, ClientTlsConfig, Endpoint},
@@ -127,15 +140,7 @@ async fn streams_per_connection(tls: bool) {
         grpc_max_concurrent_streams_per_connection: 2,
         ..common::config(dir.path())
     };
-    let ca = tls.then(|| {
-        let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).expect("cert");
-        let (c, k) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
-        std::fs::write(&c, cert.cert.pem()).expect("write cert");
-        std::fs::write(&k, cert.key_pair.serialize_pem()).expect("write key");
-        cfg.tls_cert = Some(c);
-        cfg.tls_key = Some(k);
-        cert.cert.pem()
-    });
+    let ca = tls.then(|| with_tls(&mut cfg, dir.path()));
     let h = spawn(cfg).await.expect("starts");
     let refused =
         "agentmesh_control_plane_limiter_refusals_total{limiter=\"streams_per_connection\"}";
@@ -186,4 +191,203 @@ async fn calls_past_the_per_connection_bound_are_refused_with_retry_after() {
 #[tokio::test]
 async fn the_per_connection_bound_holds_over_tls() {
     streams_per_connection(true).await;
+}
+
+/// Writes a self-signed certificate for 127.0.0.1 into `dir`, sets it on
+/// `cfg` and returns its PEM (the CA clients trust).
+fn with_tls(cfg: &mut Config, dir: &std::path::Path) -> String {
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).expect("cert");
+    let (c, k) = (dir.join("tls.crt"), dir.join("tls.key"));
+    std::fs::write(&c, cert.cert.pem()).expect("write cert");
+    std::fs::write(&k, cert.key_pair.serialize_pem()).expect("write key");
+    cfg.tls_cert = Some(c);
+    cfg.tls_key = Some(k);
+    cert.cert.pem()
+}
+
+/// Reads until the server closes the connection; panics after the deadline.
+async fn closed_by_server(s: &mut tokio::net::TcpStream) {
+    let mut buf = [0u8; 4096];
+    let closed = tokio::time::timeout(DEADLINE, async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the server never closed the silent connection"
+    );
+}
+
+/// The HTTP/2 client preface and an empty SETTINGS frame: a client that
+/// finished its handshake and then never calls.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+async fn silent_connections_lose_their_slot(tls: bool) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = Config {
+        grpc_max_connections: 2,
+        grpc_handshake_timeout_secs: 1,
+        ..common::config(dir.path())
+    };
+    let ca = tls.then(|| with_tls(&mut cfg, dir.path()));
+    let h = spawn(cfg).await.expect("starts");
+    let timeouts = "agentmesh_control_plane_grpc_handshake_timeouts_total ";
+    let conns = "agentmesh_control_plane_grpc_connections ";
+    assert_eq!(sample(&h, timeouts).await, 0.0);
+
+    // A client that calls keeps its connection past the handshake timeout.
+    let served = channel(&h, ca.as_deref()).await.expect("connection");
+    get_keys(&served).await.expect("served");
+
+    // A socket that never sends a byte, and (plaintext) one that sends the
+    // HTTP/2 preface but no call, fill the other slot in turn; each is closed.
+    let mut silent = tokio::net::TcpStream::connect(h.grpc_addr())
+        .await
+        .expect("connect");
+    closed_by_server(&mut silent).await;
+    if !tls {
+        let mut preface_only = tokio::net::TcpStream::connect(h.grpc_addr())
+            .await
+            .expect("connect");
+        preface_only.write_all(PREFACE).await.expect("preface");
+        closed_by_server(&mut preface_only).await;
+        // Plaintext: both went past our deadline (over TLS tonic's own TLS
+        // handshake timeout, set to the same value, may close first).
+        wait_for("both timeouts counted", || async {
+            sample(&h, timeouts).await == 2.0
+        })
+        .await;
+    }
+    wait_for("the silent connections' slots", || async {
+        sample(&h, conns).await == 1.0
+    })
+    .await;
+    // The freed slot takes a real client; the first connection was never
+    // closed (its deadline passed before the silent ones' did).
+    let fresh = channel(&h, ca.as_deref()).await.expect("a new connection");
+    get_keys(&fresh).await.expect("served in the freed slot");
+    get_keys(&served).await.expect("still served");
+    assert_eq!(sample(&h, conns).await, 2.0);
+    if !tls {
+        assert_eq!(sample(&h, timeouts).await, 2.0, "only the silent ones");
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_connection_without_a_call_is_closed_after_the_handshake_timeout() {
+    silent_connections_lose_their_slot(false).await;
+}
+
+#[tokio::test]
+async fn a_silent_connection_is_closed_over_tls_too() {
+    silent_connections_lose_their_slot(true).await;
+}
+
+/// The largest lease the control plane accepts field by field: 32
+/// addresses of 512 bytes, 32 labels, a credential carrying 32 labels.
+fn largest_lease() -> RouterLeaseRequest {
+    let labels: Vec<Label> = (0..agentmesh_controlplane::admin::MAX_TOKEN_LABELS)
+        .map(|i| Label {
+            key: format!("{i:0>63}"),
+            value: "v".repeat(agentmesh_controlplane::admin::MAX_LABEL_VALUE_LEN),
+        })
+        .collect();
+    let member = Keypair::generate_ed25519();
+    let claims = Claims {
+        subject: member.public().to_peer_id().to_bytes(),
+        node_id: format!("n-{}", "f".repeat(16)),
+        role: i32::MAX,
+        token_kind: i32::MAX,
+        labels: labels.clone(),
+        issued_at_unix_secs: i64::MAX,
+        expires_at_unix_secs: i64::MAX,
+        key_id: "k".repeat(64),
+    };
+    RouterLeaseRequest {
+        credential: Some(sign(&claims, &ed25519::Keypair::generate())),
+        proof: Some(ProofOfPossession {
+            public_key: member.public().encode_protobuf(),
+            timestamp_unix_secs: i64::MAX,
+            signature: vec![0xff; 64],
+        }),
+        addrs: vec![
+            "a".repeat(agentmesh_controlplane::directory::MAX_ADDR_LEN);
+            agentmesh_controlplane::directory::MAX_LEASE_ADDRS
+        ],
+        labels,
+        load: Some(RouterLoad {
+            attached_members: u32::MAX,
+            transit_connections: u32::MAX,
+            high_watermark: u32::MAX,
+            low_watermark: u32::MAX,
+        }),
+        draining: true,
+    }
+}
+
+#[tokio::test]
+async fn an_oversized_request_is_refused_and_the_server_keeps_serving() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = spawn(common::config(dir.path())).await.expect("starts");
+    let ch = channel(&h, None).await.expect("connection");
+    let mut c = ControlPlaneClient::new(ch.clone());
+
+    // The largest legitimate request is read (and refused for its junk proof).
+    let s = c
+        .router_lease(largest_lease())
+        .await
+        .expect_err("junk proof");
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+
+    // One byte over the default bound is refused before it is read.
+    let big = RouterLeaseRequest {
+        addrs: vec!["a".repeat(agentmesh_controlplane::config::DEFAULT_GRPC_MAX_MESSAGE_BYTES)],
+        ..RouterLeaseRequest::default()
+    };
+    let s = c.router_lease(big).await.expect_err("oversized");
+    assert_eq!(s.code(), Code::OutOfRange, "{s:?}");
+    assert!(s.message().contains("too large"), "{s:?}");
+    // Health and reflection hold the same bound.
+    let s = HealthClient::new(ch.clone())
+        .check(HealthCheckRequest {
+            service: "x".repeat(100 * 1024),
+        })
+        .await
+        .expect_err("oversized health check");
+    assert_eq!(s.code(), Code::OutOfRange, "{s:?}");
+
+    // The same connection and the server go on serving.
+    get_keys(&ch)
+        .await
+        .expect("still served on that connection");
+    let again = channel(&h, None).await.expect("a new connection");
+    get_keys(&again).await.expect("a new connection is served");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_message_bound_is_a_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = spawn(Config {
+        grpc_max_message_bytes: 1024,
+        ..common::config(dir.path())
+    })
+    .await
+    .expect("starts");
+    let ch = channel(&h, None).await.expect("connection");
+    let mut c = ControlPlaneClient::new(ch.clone());
+    let req = RouterLeaseRequest {
+        addrs: vec!["a".repeat(2048)],
+        ..RouterLeaseRequest::default()
+    };
+    let s = c.router_lease(req).await.expect_err("over 1 KiB");
+    assert_eq!(s.code(), Code::OutOfRange, "{s:?}");
+    get_keys(&ch).await.expect("still served");
+    h.shutdown().await;
 }

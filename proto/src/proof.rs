@@ -93,7 +93,9 @@ pub fn verify_proof(
 ) -> Result<(PublicKey, PeerId), ProofError> {
     let key = PublicKey::try_decode_protobuf(&proof.public_key).map_err(|_| ProofError::BadKey)?;
     let ts = proof.timestamp_unix_secs;
-    if (now - ts).abs() > MAX_PROOF_AGE_SECS {
+    // `abs_diff` cannot overflow: `ts` is chosen by the prover, and `now - ts`
+    // with `ts = i64::MIN` would panic (debug) or wrap past the check (release).
+    if now.abs_diff(ts) > MAX_PROOF_AGE_SECS.unsigned_abs() {
         return Err(ProofError::Stale { ts, now });
     }
     let peer = key.to_peer_id();
@@ -128,5 +130,51 @@ mod tests {
             verify_proof(Purpose::Enroll, "http://127.0.0.1:7400", &p, 1000 + 301),
             Err(ProofError::Stale { .. })
         ));
+    }
+
+    /// A proof whose timestamp is any `i64` is refused as stale, never a panic
+    /// or a wrap-around that slips past the age check.
+    #[test]
+    fn extreme_timestamps_are_stale_not_a_panic() {
+        let k = Keypair::generate_ed25519();
+        for (ts, now) in [
+            (i64::MIN, 1_700_000_000),
+            (i64::MAX, 1_700_000_000),
+            (i64::MIN, i64::MAX),
+            (i64::MAX, i64::MIN),
+            (i64::MIN, 0),
+        ] {
+            let p = make_proof(Purpose::Enroll, "http://cp", &k, ts);
+            assert_eq!(
+                verify_proof(Purpose::Enroll, "http://cp", &p, now),
+                Err(ProofError::Stale { ts, now }),
+                "ts {ts}, now {now}"
+            );
+        }
+        // The boundary itself is still accepted, at both ends of the range.
+        for (ts, now) in [(i64::MIN, i64::MIN + 300), (i64::MAX, i64::MAX - 300)] {
+            let p = make_proof(Purpose::Enroll, "http://cp", &k, ts);
+            assert!(verify_proof(Purpose::Enroll, "http://cp", &p, now).is_ok());
+        }
+    }
+
+    proptest::proptest! {
+        /// Any timestamp and clock: accepted exactly when within the age
+        /// bound, and never a panic.
+        #[test]
+        fn staleness_matches_the_exact_distance(
+            now in proptest::prelude::any::<i64>(),
+            far in proptest::prelude::any::<i64>(),
+            delta in -1000i64..1000,
+            close in proptest::prelude::any::<bool>(),
+        ) {
+            // Half the cases near the boundary, half anywhere in the range.
+            let ts = if close { now.saturating_add(delta) } else { far };
+            let k = Keypair::generate_ed25519();
+            let p = make_proof(Purpose::Refresh, "http://cp", &k, ts);
+            let fresh = (i128::from(now) - i128::from(ts)).abs() <= i128::from(MAX_PROOF_AGE_SECS);
+            let r = verify_proof(Purpose::Refresh, "http://cp", &p, now);
+            proptest::prop_assert_eq!(r.is_ok(), fresh, "ts {} now {}: {:?}", ts, now, r);
+        }
     }
 }

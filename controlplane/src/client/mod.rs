@@ -1,8 +1,12 @@
 //! The control-plane client used by routers and members, with retries bounded
 //! by time.
 //!
-//! Every call retries on `RESOURCE_EXHAUSTED`, `UNAVAILABLE` and
-//! `DEADLINE_EXCEEDED` (including a per-attempt timeout): it waits the
+//! Every idempotent call retries on `RESOURCE_EXHAUSTED`, `UNAVAILABLE` and
+//! `DEADLINE_EXCEEDED` (including a per-attempt timeout). The admin calls
+//! that are not idempotent (`CreateToken`, `RotateKeyNow`) retry only when
+//! the server certainly did not act ([`is_retryable_unsent`]): a second
+//! attempt after a lost answer would mint a token nobody sees or rotate
+//! twice. A retry waits the
 //! server's `retry-after` plus up to one second of random jitter (the server
 //! spreads a refused fleet over whole-second slots; the jitter spreads each
 //! slot's callers across its second), or, when there is no `retry-after`, an
@@ -45,7 +49,7 @@ use tonic::{
 
 pub use retry::{
     INITIAL_BACKOFF, MAX_BACKOFF, RETRY_AFTER_JITTER, RETRY_AFTER_METADATA, is_retryable,
-    jitter_bound, retry_after,
+    is_retryable_unsent, jitter_bound, retry_after,
 };
 
 use crate::clock::{SharedClock, TokioClock};
@@ -84,10 +88,22 @@ impl Default for ClientConfig {
     }
 }
 
+/// Whether a call may be repeated after an ambiguous outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Idempotency {
+    /// Doing it twice is the same as once (reads, Enroll, Refresh, leases,
+    /// RevokeNode): retry whatever [`is_retryable`] allows.
+    Idempotent,
+    /// Doing it twice does more (a second token, a second key): retry only
+    /// what [`is_retryable_unsent`] allows.
+    NotIdempotent,
+}
+
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// Non-retryable refusal (UNAUTHENTICATED, INVALID_ARGUMENT, PERMISSION_DENIED, ...).
+    /// Non-retryable refusal (UNAUTHENTICATED, INVALID_ARGUMENT, PERMISSION_DENIED, ...),
+    /// or an ambiguous outcome (a deadline, a reset) of a call that is not idempotent.
     #[error("control plane refused: {0}")]
     Refused(tonic::Status),
     /// Retry budget spent; carries the last refusal.
@@ -217,7 +233,7 @@ impl Client {
 
     /// Exchanges a token and a proof of possession of `key` for a credential.
     pub async fn enroll(&self, token: &str, key: &Keypair) -> Result<EnrollResponse, ClientError> {
-        self.retrying("Enroll", || {
+        self.retrying("Enroll", Idempotency::Idempotent, || {
             let mut c = self.grpc();
             let req = self.request(EnrollRequest {
                 token: token.to_string(),
@@ -239,7 +255,7 @@ impl Client {
         cred: &Credential,
         key: &Keypair,
     ) -> Result<RefreshResponse, ClientError> {
-        self.retrying("Refresh", || {
+        self.retrying("Refresh", Idempotency::Idempotent, || {
             let mut c = self.grpc();
             let req = self.request(RefreshRequest {
                 credential: Some(cred.clone()),
@@ -258,7 +274,7 @@ impl Client {
     /// The control plane's current signing keys.
     pub async fn get_keys(&self) -> Result<KeySet, ClientError> {
         let resp = self
-            .retrying("GetKeys", || {
+            .retrying("GetKeys", Idempotency::Idempotent, || {
                 let mut c = self.grpc();
                 let req = self.request(GetKeysRequest {});
                 async move { c.get_keys(req).await }
@@ -269,7 +285,7 @@ impl Client {
 
     /// Live routers and the revocation list.
     pub async fn get_directory(&self) -> Result<GetDirectoryResponse, ClientError> {
-        self.retrying("GetDirectory", || {
+        self.retrying("GetDirectory", Idempotency::Idempotent, || {
             let mut c = self.grpc();
             let req = self.request(GetDirectoryRequest {});
             async move { c.get_directory(req).await }
@@ -288,7 +304,7 @@ impl Client {
         load: RouterLoad,
         draining: bool,
     ) -> Result<RouterLeaseResponse, ClientError> {
-        self.retrying("RouterLease", || {
+        self.retrying("RouterLease", Idempotency::Idempotent, || {
             let mut c = self.grpc();
             let req = self.request(RouterLeaseRequest {
                 credential: Some(cred.clone()),
@@ -315,7 +331,7 @@ impl Client {
         req: CreateTokenRequest,
     ) -> Result<CreateTokenResponse, ClientError> {
         let bearer = bearer(admin_token)?;
-        self.retrying("CreateToken", || {
+        self.retrying("CreateToken", Idempotency::NotIdempotent, || {
             let mut c = self.grpc();
             let r = self.admin_request(req.clone(), &bearer);
             async move { c.create_token(r).await }
@@ -331,7 +347,7 @@ impl Client {
         reason: &str,
     ) -> Result<RevokeNodeResponse, ClientError> {
         let bearer = bearer(admin_token)?;
-        self.retrying("RevokeNode", || {
+        self.retrying("RevokeNode", Idempotency::Idempotent, || {
             let mut c = self.grpc();
             let r = self.admin_request(
                 RevokeNodeRequest {
@@ -351,7 +367,7 @@ impl Client {
         admin_token: &str,
     ) -> Result<RotateKeyNowResponse, ClientError> {
         let bearer = bearer(admin_token)?;
-        self.retrying("RotateKeyNow", || {
+        self.retrying("RotateKeyNow", Idempotency::NotIdempotent, || {
             let mut c = self.grpc();
             let r = self.admin_request(RotateKeyNowRequest {}, &bearer);
             async move { c.rotate_key_now(r).await }
@@ -363,6 +379,7 @@ impl Client {
     async fn retrying<T, F, Fut>(
         &self,
         method: &'static str,
+        idempotency: Idempotency,
         mut attempt: F,
     ) -> Result<T, ClientError>
     where
@@ -374,17 +391,23 @@ impl Client {
         let start = clock.now();
         let mut attempts: u32 = 0;
         let mut backoff = INITIAL_BACKOFF;
+        let retryable = match idempotency {
+            Idempotency::Idempotent => is_retryable,
+            Idempotency::NotIdempotent => is_retryable_unsent,
+        };
         loop {
             attempts = attempts.saturating_add(1);
             let status = match tokio::time::timeout(self.inner.rpc_timeout, attempt()).await {
                 Ok(Ok(resp)) => return Ok(resp.into_inner()),
-                Ok(Err(status)) if is_retryable(&status) => status,
-                Ok(Err(status)) => return Err(ClientError::Refused(status)),
+                Ok(Err(status)) => status,
                 Err(_) => Status::deadline_exceeded(format!(
                     "{method}: no answer from {} within {:?}",
                     self.inner.url, self.inner.rpc_timeout
                 )),
             };
+            if !retryable(&status) {
+                return Err(ClientError::Refused(status));
+            }
             let (wait, from_server) = retry::next_wait(&status, backoff);
             if !from_server {
                 backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -477,6 +500,87 @@ mod tests {
                 );
             }
             other => panic!("expected BudgetExhausted, got {other:?}"),
+        }
+    }
+
+    /// A listener that accepts connections and never answers: every call
+    /// sent there has an ambiguous outcome (it may have been acted on).
+    async fn black_hole() -> (String, tokio::task::JoinHandle<()>) {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", l.local_addr().expect("addr"));
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = l.accept().await {
+                held.push(s);
+            }
+        });
+        (url, task)
+    }
+
+    fn skip_client(url: &str, budget_secs: u64) -> Client {
+        Client::with_clock(
+            ClientConfig {
+                url: url.into(),
+                retry_budget: Duration::from_secs(budget_secs),
+                rpc_timeout: Duration::from_secs(1),
+                ca_pem: None,
+            },
+            Arc::new(SkipClock::default()),
+        )
+        .expect("valid config")
+    }
+
+    #[tokio::test]
+    async fn a_create_token_without_an_answer_is_not_sent_twice() {
+        let (url, task) = black_hole().await;
+        let deadline = Duration::from_secs(60);
+        let c = skip_client(&url, 30);
+        let r = tokio::time::timeout(
+            deadline,
+            c.create_token("admin-token-0123456789", CreateTokenRequest::default()),
+        )
+        .await
+        .expect("returns within the deadline");
+        match r {
+            Err(ClientError::Refused(s)) => assert!(
+                matches!(
+                    s.code(),
+                    tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+                ),
+                "{s:?}"
+            ),
+            other => panic!("expected one attempt and its refusal, got {other:?}"),
+        }
+        let r = tokio::time::timeout(deadline, c.rotate_key_now("admin-token-0123456789"))
+            .await
+            .expect("returns within the deadline");
+        assert!(matches!(r, Err(ClientError::Refused(_))), "{r:?}");
+        // An idempotent call to the same place keeps retrying until its budget.
+        let r = tokio::time::timeout(deadline, skip_client(&url, 2).get_keys())
+            .await
+            .expect("returns within the deadline");
+        assert!(
+            matches!(r, Err(ClientError::BudgetExhausted { attempts, .. }) if attempts >= 2),
+            "{r:?}"
+        );
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_create_token_that_never_connected_is_retried() {
+        // Nothing listens on port 1: the request is never sent, so retrying is safe.
+        let c = skip_client("http://127.0.0.1:1", 5);
+        match c
+            .create_token("admin-token-0123456789", CreateTokenRequest::default())
+            .await
+        {
+            Err(ClientError::BudgetExhausted { attempts, last, .. }) => {
+                assert!(attempts >= 2, "retried: {attempts}");
+                assert_eq!(last.code(), tonic::Code::Unavailable, "{last:?}");
+            }
+            other => panic!("expected retries until the budget, got {other:?}"),
         }
     }
 }

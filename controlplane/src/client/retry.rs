@@ -36,6 +36,35 @@ pub fn is_retryable(status: &Status) -> bool {
     }
 }
 
+/// Whether a status proves the server did not act on the call, so that a
+/// call that is not idempotent (minting a token, rotating a key) may be sent
+/// again without doing its work twice.
+///
+/// Two cases qualify: a refusal from our server that carries `retry-after`
+/// (`RESOURCE_EXHAUSTED` or `UNAVAILABLE`: limiters, the failure guard and a
+/// full database queue refuse before any work is done), and a connection
+/// that never opened (tonic's [`tonic::ConnectError`] in the source chain: the
+/// request was never sent). A deadline, a reset or an `UNKNOWN` may have
+/// come after the server acted, so they are not retried.
+pub fn is_retryable_unsent(status: &Status) -> bool {
+    let refused_before_acting =
+        matches!(status.code(), Code::ResourceExhausted | Code::Unavailable)
+            && retry_after(status).is_some();
+    refused_before_acting || never_connected(status)
+}
+
+/// Whether tonic's connect error is anywhere in the status's source chain.
+fn never_connected(status: &Status) -> bool {
+    let mut cause = std::error::Error::source(status);
+    while let Some(e) = cause {
+        if e.is::<tonic::ConnectError>() {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
 /// Parses the `retry-after` metadata (whole seconds, a decimal also accepted).
 pub fn retry_after(status: &Status) -> Option<Duration> {
     let v = status.metadata().get(RETRY_AFTER_METADATA)?.to_str().ok()?;
@@ -143,5 +172,38 @@ mod tests {
         );
         assert!(is_retryable(&Status::unavailable("x")));
         assert!(!is_retryable(&Status::unauthenticated("x")));
+    }
+
+    #[test]
+    fn only_outcomes_where_the_server_did_not_act_are_retried_for_unsafe_calls() {
+        // Ambiguous: the server may have minted the token before the answer was lost.
+        for s in [
+            Status::deadline_exceeded("no answer in time"),
+            Status::unknown("connection reset"),
+            Status::cancelled("connection closed"),
+            Status::unavailable("keepalive timed out"),
+            Status::resource_exhausted("no retry-after"),
+        ] {
+            assert!(!is_retryable_unsent(&s), "{s:?}");
+        }
+        // Refused by our server before it did anything.
+        for mut s in [
+            Status::resource_exhausted("enroll limit"),
+            Status::unavailable("database busy"),
+        ] {
+            s.metadata_mut()
+                .insert(RETRY_AFTER_METADATA, "1".parse().expect("ascii"));
+            assert!(is_retryable_unsent(&s), "{s:?}");
+        }
+        // A retry-after on another code is not a promise we made.
+        let mut s = Status::internal("storage");
+        s.metadata_mut()
+            .insert(RETRY_AFTER_METADATA, "1".parse().expect("ascii"));
+        assert!(!is_retryable_unsent(&s));
+        // The connection never opened: the request was never sent.
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let s = Status::from_error(Box::new(tonic::ConnectError(Box::new(refused))));
+        assert_eq!(s.code(), Code::Unavailable);
+        assert!(is_retryable_unsent(&s));
     }
 }

@@ -21,6 +21,25 @@ pub async fn start(dir: &Path) -> Handle {
     spawn(config(dir)).await.expect("control plane starts")
 }
 
+/// A raw gRPC client whose connection comes from `ip` (any 127.x.y.z is
+/// local on loopback), to act as a second source for per-IP limits.
+pub async fn raw_client_from(
+    h: &Handle,
+    ip: [u8; 4],
+) -> agentmesh_proto::pb::controlplane::control_plane_client::ControlPlaneClient<
+    tonic::transport::Channel,
+> {
+    let ch = tonic::transport::Endpoint::from_shared(h.public_url().to_string())
+        .expect("url")
+        .local_address(Some(std::net::IpAddr::from(ip)))
+        .connect_timeout(Duration::from_secs(30))
+        .timeout(Duration::from_secs(30))
+        .connect()
+        .await
+        .expect("connect from a second loopback address");
+    agentmesh_proto::pb::controlplane::control_plane_client::ControlPlaneClient::new(ch)
+}
+
 /// A client with a short budget: tests that expect refusals get them fast.
 pub fn client(h: &Handle) -> Client {
     Client::new(ClientConfig {
