@@ -37,6 +37,10 @@ pub const DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS: usize = 512;
 pub const DEFAULT_GOAWAY_RETRY_AFTER_SECS: u64 = 300;
 /// Default grace between go-away OVERLOADED and closing a trimmed member, seconds.
 pub const DEFAULT_TRIM_CLOSE_GRACE_SECS: u64 = 10;
+/// Default relay reservations one peer may hold at once. A member reserves
+/// once per router (renewals replace it); the rest is room for a member that
+/// reconnects while its old reservation is still being torn down.
+pub const DEFAULT_RELAY_MAX_RESERVATIONS_PER_PEER: usize = 4;
 /// Default relay circuits per peer.
 pub const DEFAULT_RELAY_MAX_CIRCUITS_PER_PEER: usize = 1024;
 /// Default relay circuits in total.
@@ -128,6 +132,8 @@ pub struct Config {
     pub trim_close_grace: Duration,
     /// Relay reservations at most; `None` = the effective high watermark. Default none.
     pub relay_max_reservations: Option<usize>,
+    /// Relay reservations one peer may hold at once (at least 1). Default 4.
+    pub relay_max_reservations_per_peer: usize,
     /// Relay circuits at most in total. Default 16384.
     pub relay_max_circuits: usize,
     /// Relay circuits at most per peer. Default 1024.
@@ -205,6 +211,7 @@ impl Default for Config {
             goaway_retry_after: Duration::from_secs(DEFAULT_GOAWAY_RETRY_AFTER_SECS),
             trim_close_grace: Duration::from_secs(DEFAULT_TRIM_CLOSE_GRACE_SECS),
             relay_max_reservations: None,
+            relay_max_reservations_per_peer: DEFAULT_RELAY_MAX_RESERVATIONS_PER_PEER,
             relay_max_circuits: DEFAULT_RELAY_MAX_CIRCUITS,
             relay_max_circuits_per_peer: DEFAULT_RELAY_MAX_CIRCUITS_PER_PEER,
             relay_circuit_duration: Duration::from_secs(DEFAULT_RELAY_CIRCUIT_DURATION_SECS),

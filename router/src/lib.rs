@@ -26,6 +26,8 @@ mod shrink;
 mod state;
 mod streams;
 mod swarm;
+#[cfg(test)]
+mod test_support;
 mod trim;
 
 use std::collections::{HashMap, HashSet};

@@ -62,6 +62,13 @@ struct Args {
     trim_close_grace_secs: u64,
     #[arg(long)]
     relay_max_reservations: Option<usize>,
+    /// Relay reservations one peer may hold at once (at least 1).
+    #[arg(
+        long,
+        default_value_t = d::DEFAULT_RELAY_MAX_RESERVATIONS_PER_PEER,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    relay_max_reservations_per_peer: usize,
     #[arg(long, default_value_t = d::DEFAULT_RELAY_MAX_CIRCUITS)]
     relay_max_circuits: usize,
     #[arg(long, default_value_t = d::DEFAULT_RELAY_MAX_CIRCUITS_PER_PEER)]
@@ -133,6 +140,7 @@ impl Args {
             goaway_retry_after: s(self.goaway_retry_after_secs),
             trim_close_grace: s(self.trim_close_grace_secs),
             relay_max_reservations: self.relay_max_reservations,
+            relay_max_reservations_per_peer: self.relay_max_reservations_per_peer,
             relay_max_circuits: self.relay_max_circuits,
             relay_max_circuits_per_peer: self.relay_max_circuits_per_peer,
             relay_circuit_duration: s(self.relay_circuit_duration_secs),
@@ -285,6 +293,20 @@ mod tests {
         assert!(
             err.to_string()
                 .contains("stream-inbound-queue-per-protocol"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn relay_reservations_per_peer_flag_maps_one_to_one_and_refuses_zero() {
+        let c = Args::try_parse_from(["agentmesh-router", "--relay-max-reservations-per-peer=2"])
+            .expect("parse")
+            .into_config(String::new());
+        assert_eq!(c.relay_max_reservations_per_peer, 2);
+        let err = Args::try_parse_from(["agentmesh-router", "--relay-max-reservations-per-peer=0"])
+            .expect_err("0 is refused");
+        assert!(
+            err.to_string().contains("relay-max-reservations-per-peer"),
             "{err}"
         );
     }

@@ -29,10 +29,14 @@ pub(crate) const AUTH_RESULTS: &[&str] = &[
     "no_keys",
     "io",
     "go_away",
+    // Verified, but the peer had left meanwhile (no answer, no admission).
+    "disconnected",
 ];
 
-/// Why the router closed a connection.
-pub(crate) const CLOSE_REASONS: &[&str] = &["auth_deadline", "revoked", "expired"];
+/// Why the router closed a connection or dropped an admission:
+/// `disconnected` is an admission whose peer had no connection left (found
+/// by the swarm loop's sweep; nothing to close).
+pub(crate) const CLOSE_REASONS: &[&str] = &["auth_deadline", "revoked", "expired", "disconnected"];
 
 /// Connection states.
 pub(crate) const CONN_STATES: &[&str] = &["unauthenticated", "admitted"];
@@ -41,6 +45,9 @@ pub(crate) const DIRECTIONS: &[&str] = &["inbound", "outbound"];
 
 /// Catalog operations.
 pub(crate) const CATALOG_OPS: &[&str] = &["publish", "withdraw", "lookup", "local_lookup"];
+/// The op label of catalog requests that could not be read or name no
+/// operation (only ever with result `malformed`).
+pub(crate) const UNKNOWN_OP: &str = "unknown";
 /// Catalog results.
 pub(crate) const CATALOG_RESULTS: &[&str] = &["ok", "partial", "refused", "malformed", "error"];
 
@@ -112,6 +119,7 @@ pub(crate) struct Metrics {
     pub(crate) table_entries: Family<L1, Gauge>,
     pub(crate) catalog_requests: Family<L2, Counter>,
     pub(crate) provider_searches: Family<L1, Counter>,
+    pub(crate) provide_failures: Counter,
     pub(crate) lease: Family<L1, Counter>,
     pub(crate) directory_sync: Family<L1, Counter>,
     pub(crate) key_fetch: Family<L1, Counter>,
@@ -150,7 +158,8 @@ impl Metrics {
         );
         r.register(
             "agentmesh_router_connections_closed",
-            "Connections the router closed, by reason",
+            "Connections the router closed, by reason; disconnected counts admissions \
+             dropped because their peer had no connection left",
             m.connections_closed.clone(),
         );
         r.register(
@@ -203,6 +212,13 @@ impl Metrics {
              joined the one running for that service, or answered from a recent one \
              (--catalog-provider-cache-ms)",
             m.provider_searches.clone(),
+        );
+        r.register(
+            "agentmesh_router_catalog_provide_failures",
+            "Service keys the router DHT refused to announce (its store of distinct keys, \
+             other routers' included, was full); each is retried on the next catalog \
+             change and periodically",
+            m.provide_failures.clone(),
         );
         for o in crate::swarm::providers::Outcome::ALL {
             let _ = m
@@ -293,6 +309,9 @@ impl Metrics {
                     .get_or_create(&[("op", op), ("result", res)]);
             }
         }
+        let _ = m
+            .catalog_requests
+            .get_or_create(&[("op", UNKNOWN_OP), ("result", "malformed")]);
         for res in CP_RESULTS {
             let _ = m.lease.get_or_create(&[("result", res)]);
             let _ = m.directory_sync.get_or_create(&[("result", res)]);
@@ -338,5 +357,34 @@ impl Metrics {
                 ("protocol", protocol),
             ])
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_labels_of_ghosts_unknown_catalog_ops_and_refused_announcements_read_zero() {
+        let mut registry = Registry::default();
+        let m = Metrics::new(&mut registry);
+        let budgets = crate::resources::budgets(
+            &crate::Config::default(),
+            &crate::Config::default().sizing(64 << 20),
+            64 << 20,
+        );
+        let _resources =
+            crate::resources::ResourceManager::new(budgets, &mut registry, m.refused.clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        for series in [
+            r#"agentmesh_router_auth_total{purpose="attach",result="disconnected"} 0"#,
+            r#"agentmesh_router_connections_closed_total{reason="disconnected"} 0"#,
+            r#"agentmesh_router_catalog_requests_total{op="unknown",result="malformed"} 0"#,
+            "agentmesh_router_catalog_provide_failures_total 0",
+            r#"agentmesh_router_refused_total{resource="stream",scope="connection",protocol="none"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == series), "{series} missing");
+        }
     }
 }

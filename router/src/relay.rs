@@ -18,8 +18,7 @@ pub(crate) fn config(shared: &Arc<Shared>) -> relay::Config {
     let for_circuits = shared.clone();
     relay::Config {
         max_reservations: shared.sizing.relay_max_reservations,
-        // A member reserves once per router; renewals replace.
-        max_reservations_per_peer: 4,
+        max_reservations_per_peer: c.relay_max_reservations_per_peer,
         reservation_duration: c.relay_reservation_duration,
         reservation_rate_limiters: vec![Box::new(move |peer, _addr: &libp2p::Multiaddr, _now| {
             for_reservations
@@ -132,6 +131,17 @@ impl Circuits {
 mod tests {
     use super::*;
     use libp2p::PeerId;
+
+    #[test]
+    fn reservations_per_peer_come_from_the_config() {
+        let shared = crate::test_support::shared(|c| c.relay_max_reservations_per_peer = 2);
+        assert_eq!(config(&shared).max_reservations_per_peer, 2);
+        let shared = crate::test_support::shared(|_| {});
+        assert_eq!(
+            config(&shared).max_reservations_per_peer,
+            crate::config::DEFAULT_RELAY_MAX_RESERVATIONS_PER_PEER
+        );
+    }
 
     #[test]
     fn closes_without_a_reservation_and_renewals_do_not_move_the_count() {

@@ -11,6 +11,7 @@ use libp2p::{PeerId, Stream};
 use super::{Refusal, decide, purpose_of, wire};
 use crate::admission::Purpose;
 use crate::cp::fetch_keys_rate_limited;
+use crate::goaway::NotAdmitted;
 use crate::state::Shared;
 
 /// Serves one auth stream from `peer` (proved by the noise handshake).
@@ -46,16 +47,25 @@ pub(crate) async fn serve(shared: Arc<Shared>, peer: PeerId, mut stream: Stream)
     let written = match outcome {
         Ok(admission) => {
             let (until, purpose) = (admission.until, admission.purpose);
-            if let Some(reason) = crate::goaway::admit_or_refuse(&shared, peer, admission) {
-                shared.metrics.auth_result(purpose, "go_away");
-                crate::goaway::count(&shared, reason, "on_auth");
-                tracing::info!(%peer, reason = reason.as_str(), "go-away instead of admission");
-                let msg = crate::goaway::message(&shared, reason);
-                if let Err(e) = wire::write_go_away(&mut stream, msg, t).await {
-                    tracing::debug!(%peer, error = %e, "go-away answer not delivered");
+            match crate::goaway::admit_or_refuse(&shared, peer, admission) {
+                Ok(()) => {}
+                Err(NotAdmitted::Disconnected) => {
+                    // Nobody is left to answer.
+                    shared.metrics.auth_result(purpose, "disconnected");
+                    tracing::debug!(%peer, "verified, but the peer left meanwhile: not admitted");
+                    return;
                 }
-                let _ = tokio::time::timeout(t, stream.close()).await;
-                return;
+                Err(NotAdmitted::GoAway(reason)) => {
+                    shared.metrics.auth_result(purpose, "go_away");
+                    crate::goaway::count(&shared, reason, "on_auth");
+                    tracing::info!(%peer, reason = reason.as_str(), "go-away instead of admission");
+                    let msg = crate::goaway::message(&shared, reason);
+                    if let Err(e) = wire::write_go_away(&mut stream, msg, t).await {
+                        tracing::debug!(%peer, error = %e, "go-away answer not delivered");
+                    }
+                    let _ = tokio::time::timeout(t, stream.close()).await;
+                    return;
+                }
             }
             if purpose == Purpose::Router {
                 // Its next connections get the router DHT even before the

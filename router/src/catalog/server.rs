@@ -19,11 +19,12 @@ use agentmesh_proto::record::verify_record;
 use agentmesh_proto::unix_now;
 use futures::stream::FuturesUnordered;
 use futures::{AsyncWriteExt, StreamExt};
-use libp2p::{PeerId, Stream, StreamProtocol};
+use libp2p::{PeerId, StreamProtocol};
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{service_key, wire};
+use crate::metrics::UNKNOWN_OP;
 use crate::state::Shared;
 use crate::swarm::Command;
 
@@ -41,15 +42,18 @@ pub(crate) struct CatalogCtx {
     pub(crate) control: agentmesh_streams::Control,
 }
 
-/// Serves one catalog stream from `peer`.
-pub(crate) async fn serve(ctx: CatalogCtx, peer: PeerId, mut stream: Stream) {
+/// Serves one catalog stream from `peer` (any byte stream: tests use a pipe).
+pub(crate) async fn serve<S>(ctx: CatalogCtx, peer: PeerId, mut stream: S)
+where
+    S: futures::AsyncRead + futures::AsyncWrite + Unpin,
+{
     let shared = ctx.shared.clone();
     let t = shared.config.stream_timeout;
     let req = match wire::read_request(&mut stream, t).await {
         Ok(r) => r,
         Err(e) => {
             if e.is_malformed() {
-                shared.metrics.catalog("publish", "malformed");
+                shared.metrics.catalog(UNKNOWN_OP, "malformed");
                 let _ = wire::write_error(&mut stream, format!("malformed request: {e}"), t).await;
             }
             tracing::debug!(%peer, error = %e, "catalog request unreadable");
@@ -101,7 +105,7 @@ pub(crate) async fn serve(ctx: CatalogCtx, peer: PeerId, mut stream: Stream) {
             }
         }
         None => {
-            shared.metrics.catalog("publish", "malformed");
+            shared.metrics.catalog(UNKNOWN_OP, "malformed");
             wire::write_error(&mut stream, "request names no operation".into(), t).await
         }
     };
@@ -292,5 +296,64 @@ async fn ask_router(
             tracing::debug!(%router, error = %e, "local lookup failed");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use agentmesh_proto::pb::mesh::CatalogRequest;
+    use futures::AsyncReadExt as _;
+    use tokio_util::compat::TokioAsyncReadCompatExt as _;
+
+    use super::*;
+
+    fn count(shared: &Shared, op: &'static str) -> u64 {
+        shared
+            .metrics
+            .catalog_requests
+            .get_or_create(&[("op", op), ("result", "malformed")])
+            .get()
+    }
+
+    /// Serves `bytes` as one request; returns what the router answered.
+    async fn serve_bytes(ctx: &CatalogCtx, bytes: Vec<u8>) -> Vec<u8> {
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let served = tokio::spawn(serve(ctx.clone(), PeerId::random(), ours.compat()));
+        let mut theirs = theirs.compat();
+        futures::AsyncWriteExt::write_all(&mut theirs, &bytes)
+            .await
+            .expect("write");
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            theirs.read_to_end(&mut answer),
+        )
+        .await
+        .expect("answered in time");
+        served.await.expect("served");
+        answer
+    }
+
+    #[tokio::test]
+    async fn requests_without_an_operation_count_as_unknown_not_publish() {
+        let shared = crate::test_support::shared(|_| {});
+        let ctx = CatalogCtx {
+            shared: shared.clone(),
+            commands: mpsc::channel(1).0,
+            control: agentmesh_streams::Behaviour::new().new_control(),
+        };
+        assert_eq!(count(&shared, UNKNOWN_OP), 0, "pre-created at 0");
+        // A length prefix past the frame limit: unreadable.
+        let answer = serve_bytes(&ctx, vec![0xff, 0xff, 0xff, 0xff, 0x0f]).await;
+        assert!(!answer.is_empty(), "the peer is told why");
+        assert_eq!(count(&shared, UNKNOWN_OP), 1);
+        // A well-formed request that names no operation.
+        let mut frame = Vec::new();
+        CatalogRequest { op: None }
+            .encode_length_delimited(&mut frame)
+            .expect("encode");
+        serve_bytes(&ctx, frame).await;
+        assert_eq!(count(&shared, UNKNOWN_OP), 2);
+        assert_eq!(count(&shared, "publish"), 0, "no publish was sent");
     }
 }

@@ -143,6 +143,11 @@ impl CatalogStore {
         self.by_service.keys()
     }
 
+    /// Whether some record names `service`.
+    pub(crate) fn has_service(&self, service: &str) -> bool {
+        self.by_service.contains_key(service)
+    }
+
     /// Records held.
     pub(crate) fn len(&self) -> usize {
         self.by_provider.len()

@@ -91,17 +91,37 @@ pub(crate) fn alternatives(shared: &Shared) -> Vec<Alternative> {
         .collect()
 }
 
-/// Admits `peer` unless it is a new member while the router drains or holds
-/// at least the high watermark of members; then returns why it must go
-/// away instead (and records nothing). Re-presentations of an admitted
-/// member, transit peers and routers are always admitted. Checked and
-/// recorded under one lock, so concurrent logins cannot overshoot.
+/// Why an auth that verified did not end in an admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NotAdmitted {
+    /// The peer must go away instead (drain, high watermark).
+    GoAway(Reason),
+    /// The peer has no live connection any more: it left while its
+    /// credential was being verified (a key fetch may take up to the stream
+    /// timeout). Recording it would leave a ghost member counted against
+    /// the watermark, the lease load and the drain until its credential
+    /// expires, since the swarm already forgot the peer.
+    Disconnected,
+}
+
+/// Admits `peer` unless it is no longer connected, or it is a new member
+/// while the router drains or holds at least the high watermark of
+/// members; then returns why not (and records nothing). Re-presentations
+/// of an admitted member, transit peers and routers are always admitted
+/// while connected. Checked and recorded under one lock, so concurrent
+/// logins cannot overshoot.
 pub(crate) fn admit_or_refuse(
     shared: &Shared,
     peer: libp2p::PeerId,
     admission: crate::admission::Admission,
-) -> Option<Reason> {
+) -> Result<(), NotAdmitted> {
     use crate::admission::Purpose;
+    // Asked before the admission lock (the manager takes its own lock and
+    // reads admissions without holding it). A peer that drops right after
+    // is removed by the swarm loop (on its close, or its next sweep).
+    if !shared.resources.is_connected(&peer) {
+        return Err(NotAdmitted::Disconnected);
+    }
     let mut table = shared.admission.write();
     let new_member = admission.purpose == Purpose::Attach
         && table
@@ -109,14 +129,14 @@ pub(crate) fn admit_or_refuse(
             .is_none_or(|a| a.purpose != Purpose::Attach);
     if new_member {
         if shared.drain.is_requested() {
-            return Some(Reason::Draining);
+            return Err(NotAdmitted::GoAway(Reason::Draining));
         }
         if table.counts().attached >= shared.sizing.high_watermark {
-            return Some(Reason::Overloaded);
+            return Err(NotAdmitted::GoAway(Reason::Overloaded));
         }
     }
     table.admit(peer, admission);
-    None
+    Ok(())
 }
 
 /// The go-away message for `reason`.

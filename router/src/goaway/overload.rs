@@ -38,19 +38,29 @@ pub(crate) fn candidates(shared: &Shared) -> Vec<Candidate> {
         .collect()
 }
 
-/// Asks the swarm loop to disconnect `peers`, within a deadline.
-pub(crate) async fn disconnect(commands: &mpsc::Sender<Command>, peers: Vec<PeerId>) {
+/// Asks the swarm loop to drop the admissions of `peers` and close their
+/// connections, within a deadline; returns how many were still admitted
+/// (0 if the loop did not answer in time).
+pub(crate) async fn disconnect(commands: &mpsc::Sender<Command>, peers: Vec<PeerId>) -> usize {
     if peers.is_empty() {
-        return;
+        return 0;
     }
-    if tokio::time::timeout(
+    let (reply, rx) = oneshot::channel();
+    let asked = tokio::time::timeout(
         COMMAND_DEADLINE,
-        commands.send(Command::Disconnect { peers }),
+        commands.send(Command::Disconnect { peers, reply }),
     )
-    .await
-    .is_err()
-    {
-        tracing::warn!("swarm loop busy: trimmed peers not disconnected this round");
+    .await;
+    let answered = match asked {
+        Ok(Ok(())) => tokio::time::timeout(COMMAND_DEADLINE, rx).await.ok(),
+        _ => None,
+    };
+    match answered {
+        Some(Ok(n)) => n,
+        _ => {
+            tracing::warn!("swarm loop busy: peers not disconnected this round");
+            0
+        }
     }
 }
 
@@ -117,16 +127,10 @@ pub(crate) async fn run(
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(shared.config.trim_close_grace) => {}
         }
-        // Whoever has not moved yet is closed now; it stops counting at once
-        // (the swarm loop closes its connections shortly), so the next check
-        // does not pick it again.
-        let still: Vec<PeerId> = {
-            let mut adm = shared.admission.write();
-            peers
-                .into_iter()
-                .filter(|p| adm.remove(p).is_some())
-                .collect()
-        };
-        disconnect(&commands, still).await;
+        // Whoever has not moved yet is closed now. The swarm loop drops the
+        // admission and marks the connections closing in one step, so the
+        // peer stops counting at once (the next check does not pick it
+        // again) and is never counted as missing the auth deadline.
+        disconnect(&commands, peers).await;
     }
 }

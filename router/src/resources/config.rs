@@ -40,6 +40,13 @@ pub const DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE: u32 = 30;
 /// all sources together: a handshake is cheap, but a flood from many IPs
 /// must not queue without bound (each takes at most 20 s).
 pub const DEFAULT_PENDING_CONNECTIONS_MAX: u32 = 1024;
+/// Inbound yamux streams one connection buffers while the swarm has not
+/// taken them yet (libp2p-yamux's own bound); more are dropped (the remote
+/// sees a reset) and counted in
+/// `refused_total{resource="stream",scope="connection",protocol="none"}`.
+/// The swarm takes streams as fast as it runs, so only a peer opening
+/// streams faster than the router's loop turns fills it.
+pub const DEFAULT_YAMUX_MAX_BUFFERED_INBOUND_STREAMS: u32 = 256;
 /// QUIC: concurrent streams per connection (like the yamux backstop).
 pub const DEFAULT_QUIC_MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// QUIC: receive window per stream, bytes (the yamux window).
@@ -81,6 +88,9 @@ pub struct ResourceConfig {
     pub failed_logins_per_ip_per_minute: u32,
     /// Inbound connections in their handshake at once, all sources. Default 1024.
     pub pending_connections_max: u32,
+    /// Inbound yamux streams one connection buffers before the swarm takes
+    /// them; more are dropped and counted. At least 1. Default 256.
+    pub yamux_max_buffered_inbound_streams: u32,
     /// QUIC concurrent streams per connection. Default 1024.
     pub quic_max_concurrent_streams: u32,
     /// QUIC receive window per stream, bytes. Default 256 KiB.
@@ -105,6 +115,7 @@ impl Default for ResourceConfig {
             unauthenticated_connections_per_ip: DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP,
             failed_logins_per_ip_per_minute: DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE,
             pending_connections_max: DEFAULT_PENDING_CONNECTIONS_MAX,
+            yamux_max_buffered_inbound_streams: DEFAULT_YAMUX_MAX_BUFFERED_INBOUND_STREAMS,
             quic_max_concurrent_streams: DEFAULT_QUIC_MAX_CONCURRENT_STREAMS,
             quic_max_stream_data_bytes: DEFAULT_QUIC_MAX_STREAM_DATA_BYTES,
             quic_max_connection_data_bytes: DEFAULT_QUIC_MAX_CONNECTION_DATA_BYTES,
@@ -158,6 +169,12 @@ pub struct ResourceArgs {
     /// Inbound connections in their handshake at once, all sources together.
     #[arg(long, default_value_t = DEFAULT_PENDING_CONNECTIONS_MAX)]
     pub pending_connections_max: u32,
+    /// Inbound yamux streams one connection buffers before the router takes
+    /// them; more are dropped (reset) and counted in agentmesh_router_refused_total
+    /// {resource="stream",scope="connection",protocol="none"}.
+    #[arg(long, default_value_t = DEFAULT_YAMUX_MAX_BUFFERED_INBOUND_STREAMS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub yamux_max_buffered_inbound_streams: u32,
     /// QUIC concurrent streams per connection.
     #[arg(long, default_value_t = DEFAULT_QUIC_MAX_CONCURRENT_STREAMS)]
     pub quic_max_concurrent_streams: u32,
@@ -186,6 +203,7 @@ impl ResourceArgs {
             unauthenticated_connections_per_ip: self.unauthenticated_connections_per_ip,
             failed_logins_per_ip_per_minute: self.failed_logins_per_ip_per_minute,
             pending_connections_max: self.pending_connections_max,
+            yamux_max_buffered_inbound_streams: self.yamux_max_buffered_inbound_streams,
             quic_max_concurrent_streams: self.quic_max_concurrent_streams,
             quic_max_stream_data_bytes: self.quic_max_stream_data_bytes,
             quic_max_connection_data_bytes: self.quic_max_connection_data_bytes,
@@ -246,6 +264,15 @@ mod tests {
         assert_eq!(c.peer_stream_budgets.get("catalog"), Some(&2));
         assert_eq!(c.memory_limit_bytes, Some(1000));
         assert!(Cli::try_parse_from(["x", "--stream-budget", "bogus=1"]).is_err());
+        let c = Cli::try_parse_from(["x", "--yamux-max-buffered-inbound-streams", "8"])
+            .expect("parse")
+            .r
+            .into_config();
+        assert_eq!(c.yamux_max_buffered_inbound_streams, 8);
+        assert!(
+            Cli::try_parse_from(["x", "--yamux-max-buffered-inbound-streams", "0"]).is_err(),
+            "a buffer of 0 would drop every inbound stream"
+        );
         // Past libp2p-relay's own 10 the cap would never bite: refused.
         for bad in ["0", "11"] {
             assert!(

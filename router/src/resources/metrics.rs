@@ -15,6 +15,15 @@ type StreamLabels = [(&'static str, &'static str); 2];
 /// The protocol label of refusals that concern no protocol (connections).
 pub(crate) const NO_PROTOCOL: &str = "none";
 
+/// The refusal of an inbound stream dropped by the muxer before any
+/// protocol was negotiated, because the connection's buffer of streams not
+/// yet taken by the swarm was full.
+pub(crate) const BUFFER_FULL_REFUSAL: RefusedLabels = [
+    ("resource", "stream"),
+    ("scope", "connection"),
+    ("protocol", NO_PROTOCOL),
+];
+
 /// Directions of streams.
 pub(crate) const DIRECTIONS: [&str; 2] = ["inbound", "outbound"];
 

@@ -27,7 +27,7 @@ pub(crate) mod transport;
 use crate::shrink::ShrinkSparse;
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -60,7 +60,11 @@ pub(crate) type AdmittedFn = Box<dyn Fn(&PeerId) -> bool + Send + Sync>;
 
 #[derive(Debug, Default)]
 struct PeerUsage {
+    /// Connections still charged (a stream may outlive its connection).
     connections: u32,
+    /// Connections whose muxer is still alive: what "connected" means to
+    /// admission (see [`ResourceManager::is_connected`]).
+    live: u32,
     inbound: u32,
     inbound_by_proto: [u32; Proto::COUNT],
     outbound_by_proto: [u32; Proto::COUNT],
@@ -213,6 +217,15 @@ impl ResourceManager {
         })
     }
 
+    /// The counter of inbound streams the muxer dropped because its buffer
+    /// was full (pre-created at 0 with every other refusal label).
+    pub(crate) fn buffered_inbound_dropped(&self) -> Counter {
+        self.metrics
+            .refused
+            .get_or_create(&metrics::BUFFER_FULL_REFUSAL)
+            .clone()
+    }
+
     /// Sets how to tell whether a peer is admitted (once; later calls are ignored).
     pub(crate) fn set_admitted(&self, f: AdmittedFn) {
         let _ = self.admitted.set(f);
@@ -293,19 +306,46 @@ impl ResourceManager {
             ip,
             charge,
             stop_handshakes: AtomicU32::new(0),
+            live: AtomicBool::new(true),
         })
     }
 
     fn attach_connection(&self, st: &mut State, id: u64, peer: PeerId, ip: Option<IpAddr>) {
-        st.peers.entry(peer).or_default().connections += 1;
+        let u = st.peers.entry(peer).or_default();
+        u.connections += 1;
+        u.live += 1;
         if let Some(ip) = ip {
             st.sources.entry(ip).or_default().insert(id, peer);
             st.peer_ips.entry(peer).or_default().push(ip);
         }
     }
 
+    /// Whether `peer` has a connection whose muxer is still alive. Set when
+    /// the transport hands the connection over (before the swarm or any
+    /// stream sees it), cleared when the swarm drops the muxer (the
+    /// connection closed), even while streams of it are still held. Auth
+    /// uses it not to admit a peer that left while its credential was
+    /// being verified.
+    pub(crate) fn is_connected(&self, peer: &PeerId) -> bool {
+        self.state
+            .lock()
+            .peers
+            .get(peer)
+            .is_some_and(|u| u.live > 0)
+    }
+
+    /// The connection `g` is down (its muxer dropped); once per connection.
+    fn connection_down(&self, st: &mut State, g: &ConnectionGuard) {
+        if g.live.swap(false, Ordering::AcqRel)
+            && let Some(u) = st.peers.get_mut(&g.peer)
+        {
+            u.live = u.live.saturating_sub(1);
+        }
+    }
+
     fn release_connection(&self, g: &ConnectionGuard) {
         let mut st = self.state.lock();
+        self.connection_down(&mut st, g);
         self.uncharge(&mut st, g.charge);
         self.metrics.connections_charged.dec();
         if let Some(u) = st.peers.get_mut(&g.peer) {
@@ -550,12 +590,21 @@ pub(crate) struct ConnectionGuard {
     /// Outbound relay STOP streams on this connection whose handshake is in
     /// flight (libp2p-relay's own limit is per connection too).
     stop_handshakes: AtomicU32,
+    /// Until the muxer drops (or this guard, whichever is first).
+    live: AtomicBool,
 }
 
 impl ConnectionGuard {
     /// The manager.
     pub(crate) fn manager(&self) -> &Arc<ResourceManager> {
         &self.mgr
+    }
+
+    /// The connection's muxer was dropped: the connection is closed, though
+    /// streams of it (holding this guard) may still be dropping.
+    pub(crate) fn muxer_dropped(&self) {
+        let mut st = self.mgr.state.lock();
+        self.mgr.connection_down(&mut st, self);
     }
 }
 

@@ -11,6 +11,8 @@
 //!   their charge on drop. A refused stream fails that write: the handler's
 //!   upgrade fails, the remote sees the negotiation fail, and the connection
 //!   and its other streams live on. `poll_inbound` never fails for a refusal.
+//!   Dropping it tells the manager the connection is down (see
+//!   `ResourceManager::is_connected`), even while its streams linger.
 
 use std::collections::VecDeque;
 use std::io;
@@ -21,14 +23,11 @@ use std::task::{Context, Poll, Waker};
 use futures::{AsyncRead, AsyncWrite, future, ready};
 use libp2p::core::muxing::{StreamMuxer, StreamMuxerEvent};
 use libp2p::core::upgrade::{InboundConnectionUpgrade, OutboundConnectionUpgrade, UpgradeInfo};
+use prometheus_client::metrics::counter::Counter;
 
 use super::budget::{DATA_STREAM_CHARGE_BYTES, Proto};
 use super::sniff::{Seen, Sniffer, accepted_reply_len};
 use super::{ConnectionGuard, StreamGuard};
-
-/// Inbound streams buffered while the swarm is not asking for them; more are
-/// dropped (the remote sees a reset), like libp2p-yamux.
-const MAX_BUFFERED_INBOUND_STREAMS: usize = 256;
 
 /// The yamux protocol id.
 const YAMUX_PROTOCOL: &str = "/yamux/1.0.0";
@@ -37,13 +36,26 @@ const YAMUX_PROTOCOL: &str = "/yamux/1.0.0";
 #[derive(Debug, Clone)]
 pub(crate) struct YamuxUpgrade {
     config: yamux::Config,
+    inbound: InboundBuffer,
+}
+
+/// The bound on inbound streams a connection buffers while the swarm is not
+/// asking for them, and the counter of streams dropped past it.
+#[derive(Debug, Clone)]
+pub(crate) struct InboundBuffer {
+    /// Streams buffered at most; more are dropped (the remote sees a reset).
+    pub(crate) max: usize,
+    /// Counts every dropped stream (`refused_total{resource="stream",
+    /// scope="connection",protocol="none"}`: no protocol is negotiated yet).
+    pub(crate) dropped: Counter,
 }
 
 impl YamuxUpgrade {
     /// At most `max_streams` streams per connection (a backstop above the
     /// budgets: exceeding it closes the connection) and a connection window
-    /// of `max_streams` × 256 KiB, so each stream keeps a 256 KiB window.
-    pub(crate) fn new(max_streams: usize) -> Self {
+    /// of `max_streams` × 256 KiB, so each stream keeps a 256 KiB window;
+    /// inbound streams the swarm has not taken yet are bounded by `inbound`.
+    pub(crate) fn new(max_streams: usize, inbound: InboundBuffer) -> Self {
         let n = max_streams.max(1);
         let mut config = yamux::Config::default();
         // Order matters: yamux asserts window >= streams × 256 KiB on each
@@ -54,7 +66,7 @@ impl YamuxUpgrade {
         config.set_max_connection_receive_window(Some(
             n.saturating_mul(DATA_STREAM_CHARGE_BYTES as usize),
         ));
-        Self { config }
+        Self { config, inbound }
     }
 }
 
@@ -76,11 +88,10 @@ where
     type Future = future::Ready<Result<Self::Output, Self::Error>>;
 
     fn upgrade_inbound(self, io: C, _: Self::Info) -> Self::Future {
-        future::ready(Ok(Yamux::new(yamux::Connection::new(
-            io,
-            self.config,
-            yamux::Mode::Server,
-        ))))
+        future::ready(Ok(Yamux::new(
+            yamux::Connection::new(io, self.config, yamux::Mode::Server),
+            self.inbound,
+        )))
     }
 }
 
@@ -93,11 +104,10 @@ where
     type Future = future::Ready<Result<Self::Output, Self::Error>>;
 
     fn upgrade_outbound(self, io: C, _: Self::Info) -> Self::Future {
-        future::ready(Ok(Yamux::new(yamux::Connection::new(
-            io,
-            self.config,
-            yamux::Mode::Client,
-        ))))
+        future::ready(Ok(Yamux::new(
+            yamux::Connection::new(io, self.config, yamux::Mode::Client),
+            self.inbound,
+        )))
     }
 }
 
@@ -107,14 +117,16 @@ pub(crate) struct Yamux<C> {
     connection: yamux::Connection<C>,
     inbound: VecDeque<yamux::Stream>,
     inbound_waker: Option<Waker>,
+    buffer: InboundBuffer,
 }
 
 impl<C> Yamux<C> {
-    fn new(connection: yamux::Connection<C>) -> Self {
+    fn new(connection: yamux::Connection<C>, buffer: InboundBuffer) -> Self {
         Self {
             connection,
             inbound: VecDeque::new(),
             inbound_waker: None,
+            buffer,
         }
     }
 }
@@ -177,7 +189,8 @@ where
     ) -> Poll<Result<StreamMuxerEvent, Self::Error>> {
         let this = self.get_mut();
         let s = ready!(this.poll_next(cx))?;
-        if this.inbound.len() >= MAX_BUFFERED_INBOUND_STREAMS {
+        if this.inbound.len() >= this.buffer.max {
+            this.buffer.dropped.inc();
             tracing::debug!(stream = %s, "dropping inbound stream: buffer full");
             drop(s);
         } else {
@@ -203,6 +216,16 @@ impl<M> Accounted<M> {
     /// and all its streams are gone.
     pub(crate) fn new(inner: M, conn: Arc<ConnectionGuard>) -> Self {
         Self { inner, conn }
+    }
+}
+
+impl<M> Drop for Accounted<M> {
+    /// The swarm drops the muxer when the connection closes (around the
+    /// time it reports the close; on an error it may be just after, which
+    /// the swarm loop's sweep of admissions without a connection covers):
+    /// from then on the peer no longer counts as connected through it.
+    fn drop(&mut self) {
+        self.conn.muxer_dropped();
     }
 }
 
@@ -370,13 +393,108 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AccountedStream<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio_util::compat::TokioAsyncReadCompatExt as _;
+
+    fn buffer(max: usize) -> InboundBuffer {
+        InboundBuffer {
+            max,
+            dropped: Counter::default(),
+        }
+    }
 
     #[test]
     fn any_stream_cap_builds_without_panicking() {
         // Above 4096 streams yamux's default 1 GiB window used to trip its
         // assertion (e.g. `--peer-stream-budget-total 100000`).
         for n in [0, 1, 512, 4096, 4097, 100_000, u32::MAX as usize * 2 + 64] {
-            let _ = YamuxUpgrade::new(n);
+            let _ = YamuxUpgrade::new(n, buffer(1));
         }
+    }
+
+    #[tokio::test]
+    async fn dropping_the_accounted_muxer_marks_the_connection_down() {
+        let shared = crate::test_support::shared(|_| {});
+        let peer = libp2p::PeerId::random();
+        let endpoint = libp2p::core::ConnectedPoint::Listener {
+            local_addr: "/ip4/127.0.0.1/tcp/4001".parse().expect("addr"),
+            send_back_addr: "/ip4/127.0.0.1/tcp/5000".parse().expect("addr"),
+        };
+        let guard = shared
+            .resources
+            .open_connection(peer, &endpoint)
+            .expect("admitted");
+        let (ours, _theirs) = tokio::io::duplex(1 << 16);
+        let muxer = YamuxUpgrade::new(8, buffer(1))
+            .upgrade_inbound(ours.compat(), YAMUX_PROTOCOL)
+            .await
+            .expect("muxer");
+        let accounted = Accounted::new(muxer, guard.clone());
+        assert!(shared.resources.is_connected(&peer));
+        drop(accounted);
+        assert!(
+            !shared.resources.is_connected(&peer),
+            "down with its muxer, while the guard is still held"
+        );
+        drop(guard);
+    }
+
+    #[tokio::test]
+    async fn inbound_streams_past_the_buffer_are_dropped_and_counted() {
+        const OPENED: usize = 5;
+        const BUFFERED: usize = 2;
+        let (ours, theirs) = tokio::io::duplex(1 << 20);
+        let inbound = buffer(BUFFERED);
+        let dropped = inbound.dropped.clone();
+        let mut server = YamuxUpgrade::new(64, inbound)
+            .upgrade_inbound(ours.compat(), YAMUX_PROTOCOL)
+            .await
+            .expect("server");
+        let mut client = yamux::Connection::new(
+            theirs.compat(),
+            yamux::Config::default(),
+            yamux::Mode::Client,
+        );
+        // The remote opens streams (a stream's first byte carries its SYN)
+        // and keeps its connection running.
+        let remote = tokio::spawn(async move {
+            let mut streams = Vec::new();
+            for _ in 0..OPENED {
+                let s = future::poll_fn(|cx| client.poll_new_outbound(cx))
+                    .await
+                    .expect("open");
+                streams.push(s);
+            }
+            let write = async {
+                for s in &mut streams {
+                    futures::AsyncWriteExt::write_all(s, b"x")
+                        .await
+                        .expect("write");
+                }
+                future::pending::<()>().await
+            };
+            let drive = async {
+                while let Some(Ok(_)) = future::poll_fn(|cx| client.poll_next_inbound(cx)).await {}
+            };
+            futures::join!(write, drive);
+        });
+        // Our swarm never asks for inbound streams: the muxer buffers two
+        // and drops the rest, counting each.
+        let want = (OPENED - BUFFERED) as u64;
+        let polled = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            future::poll_fn(|cx| {
+                let _ = Pin::new(&mut server).poll(cx);
+                if dropped.get() >= want {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            }),
+        )
+        .await;
+        remote.abort();
+        assert!(polled.is_ok(), "dropped {} of {want}", dropped.get());
+        assert_eq!(dropped.get(), want);
+        assert_eq!(server.inbound.len(), BUFFERED);
     }
 }

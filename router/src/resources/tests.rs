@@ -322,3 +322,36 @@ fn handshakes_from_one_source_are_refused_before_they_start() {
     mgr.open_pending(ConnectionId::new_unchecked(9), ip)
         .expect("admitted peers do not count");
 }
+
+#[test]
+fn a_peer_is_connected_while_a_muxer_of_it_lives() {
+    let (mgr, _) = manager(|_| {});
+    let peer = PeerId::random();
+    assert!(!mgr.is_connected(&peer));
+    let first = mgr
+        .open_connection(peer, &inbound_from("10.0.0.1"))
+        .expect("first");
+    let second = mgr
+        .open_connection(peer, &inbound_from("10.0.0.1"))
+        .expect("second");
+    // A stream still held (say, the auth stream being served) keeps the
+    // charge, not the connection.
+    let auth = mgr.open_stream(&first, Proto::Auth, true).expect("auth");
+    first.muxer_dropped();
+    assert!(mgr.is_connected(&peer), "its second connection lives");
+    second.muxer_dropped();
+    second.muxer_dropped();
+    assert!(!mgr.is_connected(&peer), "both muxers gone");
+    drop(second);
+    drop(first);
+    assert!(!mgr.is_connected(&peer));
+    drop(auth);
+    assert!(mgr.state.lock().peers.is_empty());
+    // A guard dropped without its muxer ever reporting counts down too.
+    let third = mgr
+        .open_connection(peer, &inbound_from("10.0.0.1"))
+        .expect("third");
+    assert!(mgr.is_connected(&peer));
+    drop(third);
+    assert!(!mgr.is_connected(&peer));
+}

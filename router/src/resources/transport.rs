@@ -22,7 +22,7 @@ use libp2p::{PeerId, dns, noise, quic, tcp};
 use super::ResourceManager;
 use super::budget::Refusal;
 use super::config::ResourceConfig;
-use super::muxer::{Accounted, YamuxUpgrade};
+use super::muxer::{Accounted, InboundBuffer, YamuxUpgrade};
 
 /// Deadline of the TCP security and muxer handshakes.
 const UPGRADE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -84,12 +84,18 @@ pub(crate) fn build(
 ) -> Result<Boxed<(PeerId, StreamMuxerBox)>, TransportError> {
     let noise = noise::Config::new(key)?;
     let max_streams = yamux_max_streams(r);
+    let inbound = InboundBuffer {
+        max: usize::try_from(r.yamux_max_buffered_inbound_streams)
+            .unwrap_or(usize::MAX)
+            .max(1),
+        dropped: mgr.buffered_inbound_dropped(),
+    };
     let quic_config = quic_config(key, r);
     let ip_transport = || {
         let tcp = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
             .upgrade(Version::V1Lazy)
             .authenticate(noise.clone())
-            .multiplex(YamuxUpgrade::new(max_streams))
+            .multiplex(YamuxUpgrade::new(max_streams, inbound.clone()))
             .timeout(UPGRADE_TIMEOUT)
             .map(|(peer, m), _| (peer, StreamMuxerBox::new(m)));
         let quic = quic::tokio::Transport::new(quic_config.clone())

@@ -1,6 +1,7 @@
 //! The swarm loop: owns the swarm, never waits on anything but its inputs.
 //! Every second it enforces the auth deadline, expiry and revocations,
-//! drives the mesh and refreshes gauges.
+//! drops admissions whose peer has no connection left, drives the mesh and
+//! refreshes gauges.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use agentmesh_proto::unix_now;
 use crate::shrink::ShrinkSparse;
 use futures::StreamExt;
 use libp2p::core::ConnectedPoint;
-use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult, RecordKey};
+use libp2p::kad::{self, GetProvidersOk, QueryId, QueryResult};
 use libp2p::metrics::Recorder;
 use libp2p::swarm::{ConnectionId, SwarmEvent};
 use libp2p::{Multiaddr, PeerId, Swarm, relay};
@@ -20,7 +21,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{Behaviour, BehaviourEvent, Command};
-use crate::catalog::service_key;
 use crate::mesh::Mesh;
 use crate::state::Shared;
 
@@ -29,6 +29,11 @@ const TICK: Duration = Duration::from_secs(1);
 
 /// Provider routers collected per lookup before the query is cut short.
 const ENOUGH_PROVIDERS: usize = 16;
+
+/// Service keys the DHT store refused are tried again this often even
+/// without a catalog change (other routers' provider records expire and
+/// free room).
+const PROVIDE_RETRY_EVERY: Duration = Duration::from_secs(30);
 
 struct ConnInfo {
     peer: PeerId,
@@ -48,7 +53,10 @@ pub(crate) struct EventLoop {
     dialed_addrs: HashMap<PeerId, Multiaddr>,
     /// Provider searches in the router DHT, one per service at a time.
     searches: super::providers::Searches<QueryId>,
-    providing: HashSet<RecordKey>,
+    /// Service keys announced in the router DHT.
+    provided: super::provided::Provided,
+    /// When refused service keys were last retried.
+    last_provide_retry: Instant,
     mesh: Mesh,
     /// A router connection with Kademlia appeared: re-announce on the next tick.
     reannounce: bool,
@@ -79,7 +87,8 @@ impl EventLoop {
             p2p_metrics,
             conns: HashMap::new(),
             dialed_addrs: HashMap::new(),
-            providing: HashSet::new(),
+            provided: Default::default(),
+            last_provide_retry: Instant::now(),
             reannounce: false,
             listeners,
             reservations: crate::relay::Reservations::default(),
@@ -124,12 +133,64 @@ impl EventLoop {
             Command::CloseUnauthenticated { reply } => {
                 let _ = reply.send(self.close_unauthenticated());
             }
-            Command::Disconnect { peers } => {
-                for p in peers {
-                    let _ = self.swarm.disconnect_peer_id(p);
-                }
+            Command::Disconnect { peers, reply } => {
+                let still: HashSet<PeerId> = {
+                    let mut adm = self.shared.admission.write();
+                    peers
+                        .into_iter()
+                        .filter(|p| adm.remove(p).is_some())
+                        .collect()
+                };
+                let n = still.len();
+                self.close_peers(&still);
+                let _ = reply.send(n);
             }
         }
+    }
+
+    /// Closes every connection of `peers` and marks them closing, so the
+    /// auth-deadline sweep does not count them (they were admitted, and
+    /// are closed for another reason) while their close completes.
+    fn close_peers(&mut self, peers: &HashSet<PeerId>) {
+        if peers.is_empty() {
+            return;
+        }
+        for c in self.conns.values_mut() {
+            if peers.contains(&c.peer) {
+                c.closing = true;
+            }
+        }
+        for p in peers {
+            let _ = self.swarm.disconnect_peer_id(*p);
+        }
+    }
+
+    /// Drops admissions whose peer has no connection (it left while its
+    /// credential was being verified, after `on_peer_gone` ran): such a
+    /// ghost would count against the watermark, the lease load and the
+    /// drain until its credential expired. The swarm knows a connection
+    /// from before any of its streams can carry an auth request until it
+    /// reports the close, so a connected peer is never dropped here.
+    /// Returns how many were dropped.
+    fn drop_ghost_admissions(&mut self) -> usize {
+        let ghosts: Vec<PeerId> = self
+            .shared
+            .admission
+            .read()
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| !self.swarm.is_connected(p))
+            .collect();
+        for p in &ghosts {
+            tracing::info!(peer = %p, "dropping an admission without a connection");
+            self.shared
+                .metrics
+                .connections_closed
+                .get_or_create(&[("reason", "disconnected")])
+                .inc();
+            self.on_peer_gone(p);
+        }
+        ghosts.len()
     }
 
     /// Closes inbound connections whose peer is not admitted; returns how many.
@@ -328,27 +389,15 @@ impl EventLoop {
     }
 
     /// Provides exactly the service keys the catalog holds; with `all`,
-    /// re-announces every key (a router joined).
+    /// re-announces every key (a router joined). Keys the DHT store refuses
+    /// are counted and retried (see `provided.rs`).
     fn reconcile_providers(&mut self, all: bool) {
-        let wanted: HashSet<RecordKey> = self
-            .shared
-            .catalog
-            .lock()
-            .services()
-            .map(|s| service_key(s))
-            .collect();
         let kad = self.swarm.behaviour_mut().kad.inner_mut();
-        for k in self.providing.difference(&wanted) {
-            kad.stop_providing(k);
-        }
-        for k in &wanted {
-            if (all || !self.providing.contains(k))
-                && let Err(e) = kad.start_providing(k.clone())
-            {
-                tracing::warn!(error = %e, "cannot provide a service key");
-            }
-        }
-        self.providing = wanted;
+        let out = self.provided.reconcile(&self.shared.catalog, all, kad);
+        self.shared
+            .metrics
+            .provide_failures
+            .inc_by(out.failed as u64);
     }
 
     fn on_tick(&mut self) {
@@ -393,6 +442,7 @@ impl EventLoop {
         };
         let mut catalog_changed = false;
         for (peers, reason) in [(expired, "expired"), (revoked, "revoked")] {
+            let mut closing = HashSet::new();
             for p in peers {
                 tracing::info!(peer = %p, reason, "dropping admitted peer");
                 if reason == "revoked" {
@@ -404,16 +454,23 @@ impl EventLoop {
                     .get_or_create(&[("reason", reason)])
                     .inc();
                 catalog_changed |= shared.catalog.lock().remove(&p);
-                let _ = self.swarm.disconnect_peer_id(p);
+                closing.insert(p);
             }
+            self.close_peers(&closing);
         }
+        self.drop_ghost_admissions();
         let dropped = shared.catalog.lock().expire(now);
         if dropped > 0 {
             tracing::debug!(dropped, "catalog records expired");
         }
         let added = self.mesh.tick(&mut self.swarm, &self.dialed_addrs);
         let reannounce = added || std::mem::take(&mut self.reannounce);
-        if reannounce || catalog_changed || dropped > 0 {
+        let retry = self.provided.has_unannounced()
+            && self.last_provide_retry.elapsed() >= PROVIDE_RETRY_EVERY;
+        if retry {
+            self.last_provide_retry = Instant::now();
+        }
+        if reannounce || catalog_changed || dropped > 0 || retry {
             self.reconcile_providers(reannounce);
         }
         self.close_duplicate_router_connections();
@@ -490,3 +547,6 @@ impl EventLoop {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,6 +3,7 @@
 //! ping) and the event loop that owns it.
 
 pub(crate) mod event_loop;
+mod provided;
 pub(crate) mod providers;
 
 use std::num::NonZeroUsize;
@@ -42,8 +43,14 @@ pub(crate) enum Command {
     /// Close every inbound connection whose peer is not admitted (trimming);
     /// replies how many.
     CloseUnauthenticated { reply: oneshot::Sender<usize> },
-    /// Close every connection of these peers (trimmed or drained).
-    Disconnect { peers: Vec<PeerId> },
+    /// Drop the admissions of these peers and close their connections
+    /// (trimmed or drained); replies how many were still admitted. Done in
+    /// the swarm loop, so its auth-deadline sweep never sees such a
+    /// connection unadmitted but not yet closing.
+    Disconnect {
+        peers: Vec<PeerId>,
+        reply: oneshot::Sender<usize>,
+    },
 }
 
 /// The router's composed behaviour.

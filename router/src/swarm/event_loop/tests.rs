@@ -1,0 +1,105 @@
+//! The swarm loop driven by hand: a real swarm (nothing listens), fake
+//! connection entries, commands and ticks called directly.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libp2p::PeerId;
+use libp2p::swarm::ConnectionId;
+use prometheus_client::registry::Registry;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::{ConnInfo, EventLoop};
+use crate::admission::Purpose;
+use crate::state::Shared;
+use crate::test_support::{admission, shared};
+
+fn event_loop(adjust: impl FnOnce(&mut crate::Config)) -> (EventLoop, Arc<Shared>) {
+    let shared = shared(adjust);
+    let swarm = crate::swarm::build(&shared).expect("swarm");
+    let control = swarm.behaviour().stream.new_control();
+    let p2p = libp2p::metrics::Metrics::new(&mut Registry::default());
+    let (_tx, rx) = mpsc::channel(1);
+    let el = EventLoop::new(swarm, shared.clone(), rx, p2p, control, HashMap::new());
+    (el, shared)
+}
+
+fn closed(shared: &Shared, reason: &'static str) -> u64 {
+    shared
+        .metrics
+        .connections_closed
+        .get_or_create(&[("reason", reason)])
+        .get()
+}
+
+#[tokio::test]
+async fn an_admission_without_a_connection_is_dropped_and_counted() {
+    let (mut el, shared) = event_loop(|_| {});
+    // Verified while the member was leaving: recorded after the swarm
+    // reported its last connection closed.
+    let ghost = PeerId::random();
+    shared
+        .admission
+        .write()
+        .admit(ghost, admission(Purpose::Attach));
+    assert_eq!(closed(&shared, "disconnected"), 0, "pre-created at 0");
+    el.on_tick();
+    assert!(shared.admission.read().is_empty(), "the ghost is gone");
+    assert_eq!(closed(&shared, "disconnected"), 1);
+    assert_eq!(shared.metrics.attached_members.get(), 0);
+    el.on_tick();
+    assert_eq!(closed(&shared, "disconnected"), 1, "counted once");
+}
+
+#[tokio::test]
+async fn a_trimmed_member_is_not_counted_as_missing_the_auth_deadline() {
+    // Every unadmitted connection is past a zero deadline.
+    let (mut el, shared) = event_loop(|c| c.auth_deadline = Duration::ZERO);
+    let member = PeerId::random();
+    shared
+        .admission
+        .write()
+        .admit(member, admission(Purpose::Attach));
+    el.conns.insert(
+        ConnectionId::new_unchecked(1),
+        ConnInfo {
+            peer: member,
+            inbound: true,
+            since: Instant::now(),
+            closing: false,
+        },
+    );
+    // The trim loop's last step after the grace, answered by the loop.
+    let (tx, mut rx) = mpsc::channel(1);
+    let trim = crate::goaway::overload::disconnect(&tx, vec![member]);
+    let serve = async {
+        let cmd = rx.recv().await.expect("command");
+        el.on_command(cmd);
+    };
+    let (disconnected, ()) = tokio::join!(trim, serve);
+    assert_eq!(disconnected, 1);
+    assert!(shared.admission.read().get(&member).is_none());
+    // Its connection is still closing when the next tick runs.
+    el.on_tick();
+    assert_eq!(closed(&shared, "auth_deadline"), 0);
+}
+
+#[tokio::test]
+async fn an_unadmitted_connection_past_the_deadline_is_still_closed() {
+    let (mut el, shared) = event_loop(|c| c.auth_deadline = Duration::ZERO);
+    el.conns.insert(
+        ConnectionId::new_unchecked(1),
+        ConnInfo {
+            peer: PeerId::random(),
+            inbound: true,
+            since: Instant::now(),
+            closing: false,
+        },
+    );
+    el.on_tick();
+    assert_eq!(closed(&shared, "auth_deadline"), 1);
+    el.on_tick();
+    assert_eq!(closed(&shared, "auth_deadline"), 1, "closing: counted once");
+}
