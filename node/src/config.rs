@@ -81,7 +81,11 @@ pub struct Config {
     pub max_inbound_calls: usize,
     /// Inbound calls served at once per caller (`--max-inbound-calls-per-caller`, default 32).
     pub max_inbound_calls_per_caller: usize,
-    /// Forwarded local connections open at once (`--max-forward-connections`, default 256).
+    /// Forwarded local connections open at once across every `--forward`
+    /// listener together (`--max-forward-connections`, default 256); the
+    /// Unix socket has a bound of this size of its own. Connections over it
+    /// wait in the listen backlog, counted in
+    /// `agentmesh_node_local_connection_waits_total{listener}`.
     pub max_forward_connections: usize,
     /// Close connections (transit, finished circuits) idle this long (`--idle-connection-secs`, default 30).
     pub idle_connection_secs: u64,
@@ -171,7 +175,8 @@ impl Config {
 
     /// The most one outbound call's set-up takes, from `call()` to its
     /// stream or error: connect timeout + call timeout. The lookup, every
-    /// connect, every provider attempt and the one retry share it; each
+    /// connect, every provider attempt and every retry (up to 3 route
+    /// retries, plus one lookup retry after an empty lookup) share it; each
     /// step's own timeout is cut to what is left of it.
     pub fn call_budget(&self) -> Duration {
         self.connect_timeout() + self.call_timeout()

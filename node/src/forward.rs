@@ -5,49 +5,26 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
-use tracing::Instrument as _;
 
+use crate::local::Limit;
 use crate::shared::Shared;
 
 /// Accepts on `listener` until the node stops; at most
-/// `--max-forward-connections` forwarded connections at once (more wait in
-/// the listen backlog).
-pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener, service: String) {
-    let limit = Arc::new(Semaphore::new(shared.config.max_forward_connections.max(1)));
-    let mut conns = JoinSet::new();
-    let mut shutdown = shared.shutdown.clone();
-    loop {
-        let permit = tokio::select! {
-            p = limit.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-            _ = shutdown.wait_for(|s| *s) => break,
-        };
-        let (tcp, from) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "forward accept failed");
-                    continue;
-                }
-            },
-            _ = shutdown.wait_for(|s| *s) => break,
-        };
-        while conns.try_join_next().is_some() {}
-        let shared = shared.clone();
+/// `--max-forward-connections` forwarded connections at once across every
+/// `--forward` listener (`limit`, shared; see [`crate::local`]).
+pub(crate) async fn serve(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    service: String,
+    limit: Arc<Limit>,
+) {
+    let conns = shared.clone();
+    crate::local::serve(shared, "forward", listener, limit, move |(tcp, from)| {
+        let shared = conns.clone();
         let service = service.clone();
-        conns.spawn(
-            async move {
-                let _permit = permit;
-                forward_one(&shared, tcp, from, &service).await;
-            }
-            .in_current_span(),
-        );
-    }
-    // Stopping: accept nothing new; connections in progress finish within the grace.
-    drop(listener);
-    let grace = std::time::Duration::from_secs(shared.config.shutdown_grace_secs);
-    let _ = tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
+        async move { forward_one(&shared, tcp, from, &service).await }
+    })
+    .await;
 }
 
 async fn forward_one(

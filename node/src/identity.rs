@@ -6,7 +6,7 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use agentmesh_proto::pb::credential::{Credential, KeySet};
@@ -64,7 +64,7 @@ pub struct Stored {
 /// Loads the identity from `dir`, creating the dir (0700) and a new key
 /// (0600) on first run.
 pub fn load_or_create(dir: &Path) -> Result<Stored, IdentityError> {
-    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    create_private_dir(dir)?;
     let key_path = dir.join(KEY_FILE);
     let (key, created) = match fs::read(&key_path) {
         Ok(bytes) => {
@@ -124,6 +124,17 @@ fn read_message<M: Message + Default>(path: &Path) -> Result<Option<M>, Identity
     }
 }
 
+/// Creates `dir` and any missing parents with mode 0700 (only the owner
+/// may list the dir or reach the socket in it), not the umask's 0755; an
+/// existing dir is left as it is (it may be shared, e.g. a mounted volume).
+fn create_private_dir(dir: &Path) -> Result<(), IdentityError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err(dir))
+}
+
 /// Writes `bytes` to a temp file with mode 0600, syncs and renames it over `path`.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), IdentityError> {
     let tmp = path.with_extension("tmp");
@@ -169,6 +180,23 @@ mod tests {
                 .mode();
             assert_eq!(mode & 0o777, 0o600, "{f}");
         }
+    }
+
+    #[test]
+    fn the_data_dir_and_its_missing_parents_are_created_0700() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let parent = root.path().join("state");
+        let dir = parent.join("node");
+        load_or_create(&dir).expect("create");
+        for d in [&parent, &dir] {
+            let mode = fs::metadata(d).expect("meta").permissions().mode();
+            assert_eq!(mode & 0o777, 0o700, "{}", d.display());
+        }
+        // An existing dir keeps its mode.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o750)).expect("chmod");
+        load_or_create(&dir).expect("again");
+        let mode = fs::metadata(&dir).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o750);
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod enroll;
 mod forward;
 mod http;
 pub mod identity;
+mod local;
 pub mod metrics;
 mod peer_calls;
 pub mod select;
@@ -131,7 +132,9 @@ impl NodeHandle {
     /// Calls `service` on some provider; the stream is returned once the
     /// provider accepted. Returns, with the stream or an error, within the
     /// call budget ([`Config::call_budget`]: connect + call timeout), which
-    /// the lookup, every provider attempt and the one retry share.
+    /// the lookup, every provider attempt and every retry share: up to 3
+    /// route retries on a fresh lookup after a route failed, and one more
+    /// lookup after one that found no provider.
     pub async fn call(&self, service: &str) -> Result<CallStream, CallError> {
         call::outbound::call(&self.shared, service).await
     }
@@ -368,11 +371,16 @@ pub async fn spawn(
     if let (Some(l), Some(reg)) = (metrics_listener, own_registry) {
         tasks.spawn(http::serve(shared.clone(), reg, l).instrument(span.clone()));
     }
+    let max_local = shared.config.max_forward_connections;
     if let Some(l) = socket_listener {
-        tasks.spawn(socket::serve(shared.clone(), l).instrument(span.clone()));
+        let limit = local::Limit::new(max_local, "socket", &shared.metrics);
+        tasks.spawn(socket::serve(shared.clone(), l, limit).instrument(span.clone()));
     }
+    // One total for every --forward listener.
+    let forward_limit = local::Limit::new(max_local, "forward", &shared.metrics);
     for (l, name) in forward_listeners {
-        tasks.spawn(forward::serve(shared.clone(), l, name).instrument(span.clone()));
+        let limit = forward_limit.clone();
+        tasks.spawn(forward::serve(shared.clone(), l, name, limit).instrument(span.clone()));
     }
     Ok(NodeHandle {
         shared,

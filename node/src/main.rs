@@ -10,11 +10,30 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 
+/// Once `call` has its answer, how long tokio's blocking stdin read may
+/// take to end before the process exits without it: that read ends only
+/// with input or EOF, so with stdin left open it never would.
+const CALL_EXIT_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+
 fn main() -> anyhow::Result<()> {
-    agentmesh_runtime::block_on(async_main()).context("building the async runtime")?
+    let cli = cli::Cli::parse();
+    match cli.command {
+        cli::Command::Run(args) => agentmesh_runtime::block_on(async move {
+            init_logs();
+            run(*args).await
+        }),
+        cli::Command::Call(args) => agentmesh_runtime::block_on_within(
+            async move {
+                init_logs();
+                call(args).await
+            },
+            CALL_EXIT_GRACE,
+        ),
+    }
+    .context("building the async runtime")?
 }
 
-async fn async_main() -> anyhow::Result<()> {
+fn init_logs() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -23,10 +42,6 @@ async fn async_main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .log_internal_errors(false)
         .init();
-    match cli::Cli::parse().command {
-        cli::Command::Run(args) => run(*args).await,
-        cli::Command::Call(args) => call(args).await,
-    }
 }
 
 async fn run(args: cli::RunArgs) -> anyhow::Result<()> {
@@ -74,8 +89,15 @@ async fn call(args: cli::CallArgs) -> anyhow::Result<()> {
         tokio::io::copy(&mut r, &mut out).await?;
         out.flush().await
     };
-    // The answer ends the call; a closed stdin only half-closes it.
-    let (_, down) = tokio::join!(up, down);
+    // The answer ends the call: once the service has closed its side and
+    // the answer is on stdout, stop, whether or not stdin is still open
+    // (`main` then leaves the blocked stdin read behind). A closed stdin
+    // only half-closes the call.
+    tokio::pin!(up, down);
+    let down = tokio::select! {
+        d = &mut down => d,
+        _ = &mut up => down.await,
+    };
     down?;
     Ok(())
 }

@@ -37,8 +37,17 @@ pub const INBOUND_RESULTS: &[&str] = &[
 pub const AUTH_RESULTS: &[&str] = &["admitted", "refused", "go_away", "error"];
 /// Control-plane operations.
 pub const CP_OPS: &[&str] = &["enroll", "refresh", "directory"];
-/// Go-away outcomes: the reason obeyed, or why not.
-pub const GOAWAY_RESULTS: &[&str] = &["draining", "overloaded", "other", "ignored", "error"];
+/// Go-away outcomes: the reason obeyed, or why not (`ignored`: not from a
+/// router that admitted us; `overflow`: too many go-aways in progress,
+/// dropped unread; `error`: unreadable or not in time).
+pub const GOAWAY_RESULTS: &[&str] = &[
+    "draining",
+    "overloaded",
+    "other",
+    "ignored",
+    "overflow",
+    "error",
+];
 /// Why a router that sent go-away was let go: K other routers were
 /// reserved (`replaced`), or it closed our connection first (`router_closed`).
 pub const GOAWAY_RELEASE_REASONS: &[&str] = &["replaced", "router_closed"];
@@ -46,6 +55,9 @@ pub const GOAWAY_RELEASE_REASONS: &[&str] = &["replaced", "router_closed"];
 pub const REPLACE_REASONS: &[&str] = &["reservation_refused"];
 /// Why an outbound call was retried on a fresh route ([`Metrics::call_retries`]).
 pub const CALL_RETRY_REASONS: &[&str] = &["connect_failed", "stream_failed", "no_providers"];
+/// The node's local listeners ([`ListenerLabel`]): the Unix socket, and
+/// every `--forward` listener together.
+pub const LISTENERS: &[&str] = &["socket", "forward"];
 /// Generic outcomes.
 pub const OUTCOMES: &[&str] = &["ok", "error"];
 
@@ -77,6 +89,13 @@ pub struct ResultLabel {
 pub struct ReasonLabel {
     /// One of [`REPLACE_REASONS`], [`CALL_RETRY_REASONS`] or [`GOAWAY_RELEASE_REASONS`].
     pub reason: &'static str,
+}
+
+/// `{listener}`: one of [`LISTENERS`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    /// `socket` or `forward`.
+    pub listener: &'static str,
 }
 
 /// `{op, result}`.
@@ -131,6 +150,15 @@ pub struct Metrics {
     /// `--relayed-idle-secs`, by `direction` (`outbound`: we dialed the
     /// circuit, `inbound`: a caller did).
     pub relayed_idle_closed: Family<DirectionLabel, Counter>,
+    /// Failed `accept()`s of local listeners (e.g. out of file
+    /// descriptors), each followed by a growing pause, by listener.
+    pub accept_errors: Family<ListenerLabel, Counter>,
+    /// Local connections open (each holds a slot of its listener's bound),
+    /// by listener.
+    pub local_connections_active: Family<ListenerLabel, Gauge>,
+    /// Local connections that waited for a slot because their listener's
+    /// bound (`--max-forward-connections`) was reached, by listener.
+    pub local_connection_waits: Family<ListenerLabel, Counter>,
 }
 
 impl Metrics {
@@ -171,6 +199,12 @@ impl Metrics {
         }
         for reason in CALL_RETRY_REASONS {
             let _ = m.call_retries.get_or_create(&ReasonLabel { reason });
+        }
+        for listener in LISTENERS {
+            let l = ListenerLabel { listener };
+            let _ = m.accept_errors.get_or_create(&l);
+            let _ = m.local_connections_active.get_or_create(&l);
+            let _ = m.local_connection_waits.get_or_create(&l);
         }
         for r in OUTCOMES {
             let _ = m.reservations.get_or_create(&ResultLabel { result: r });
@@ -254,13 +288,28 @@ impl Metrics {
         );
         r.register(
             "goaways",
-            "Go-aways received by result (reason obeyed, ignored, error)",
+            "Go-aways received by result (reason obeyed, ignored, overflow, error)",
             self.goaways.clone(),
         );
         r.register(
             "goaway_releases",
             "Routers that sent go-away let go, by reason (replaced: K others reserved; router_closed: it closed us first)",
             self.goaway_releases.clone(),
+        );
+        r.register(
+            "accept_errors",
+            "Failed accepts of local listeners (e.g. out of file descriptors), each followed by a growing pause, by listener",
+            self.accept_errors.clone(),
+        );
+        r.register(
+            "local_connections_active",
+            "Local connections open (Unix socket, or all --forward listeners together), by listener",
+            self.local_connections_active.clone(),
+        );
+        r.register(
+            "local_connection_waits",
+            "Local connections that waited for a slot because --max-forward-connections was reached, by listener",
+            self.local_connection_waits.clone(),
         );
         r.register(
             "control_plane",
@@ -318,6 +367,19 @@ mod tests {
         );
         assert!(
             out.contains(r#"agentmesh_node_relayed_idle_closed_total{direction="outbound"} 0"#),
+            "{out}"
+        );
+        for l in LISTENERS {
+            for series in [
+                format!(r#"agentmesh_node_accept_errors_total{{listener="{l}"}} 0"#),
+                format!(r#"agentmesh_node_local_connections_active{{listener="{l}"}} 0"#),
+                format!(r#"agentmesh_node_local_connection_waits_total{{listener="{l}"}} 0"#),
+            ] {
+                assert!(out.contains(&series), "{series}: {out}");
+            }
+        }
+        assert!(
+            out.contains(r#"agentmesh_node_goaways_total{result="overflow"} 0"#),
             "{out}"
         );
     }

@@ -15,10 +15,8 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
-use tracing::Instrument as _;
 
+use crate::local::Limit;
 use crate::shared::Shared;
 
 /// Longest first line accepted.
@@ -41,42 +39,19 @@ pub(crate) async fn bind(path: &Path) -> std::io::Result<UnixListener> {
     Ok(l)
 }
 
-/// Serves the socket until the node stops.
-pub(crate) async fn serve(shared: Arc<Shared>, listener: UnixListener) {
-    let limit = Arc::new(Semaphore::new(shared.config.max_forward_connections.max(1)));
-    let mut conns = JoinSet::new();
-    let mut shutdown = shared.shutdown.clone();
-    loop {
-        let permit = tokio::select! {
-            p = limit.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
-            _ = shutdown.wait_for(|s| *s) => break,
-        };
-        let conn = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((c, _)) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "unix socket accept failed");
-                    continue;
-                }
-            },
-            _ = shutdown.wait_for(|s| *s) => break,
-        };
-        while conns.try_join_next().is_some() {}
-        let shared = shared.clone();
-        conns.spawn(
-            async move {
-                let _permit = permit;
-                if let Err(e) = handle(&shared, conn).await {
-                    tracing::debug!(error = %e, "unix socket connection failed");
-                }
+/// Serves the socket until the node stops, at most `limit` connections at
+/// once (see [`crate::local`]).
+pub(crate) async fn serve(shared: Arc<Shared>, listener: UnixListener, limit: Arc<Limit>) {
+    let conns = shared.clone();
+    crate::local::serve(shared, "socket", listener, limit, move |conn| {
+        let shared = conns.clone();
+        async move {
+            if let Err(e) = handle(&shared, conn).await {
+                tracing::debug!(error = %e, "unix socket connection failed");
             }
-            .in_current_span(),
-        );
-    }
-    // Stopping: accept nothing new; connections in progress finish within the grace.
-    drop(listener);
-    let grace = std::time::Duration::from_secs(shared.config.shutdown_grace_secs);
-    let _ = tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
+        }
+    })
+    .await;
 }
 
 async fn handle(shared: &Arc<Shared>, conn: UnixStream) -> std::io::Result<()> {

@@ -209,8 +209,9 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
+    let once = one_line_backend().await;
     let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        expose: vec![("echo".into(), backend)],
+        expose: vec![("echo".into(), backend), ("once".into(), once)],
         ..base
     })
     .await;
@@ -287,6 +288,31 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
         assert!(Instant::now() < end, "call never succeeded: {err}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // The answer ends the call: with stdin left open (a pipe never closed),
+    // `call` exits once the service has answered and closed its side.
+    let mut call = tokio::process::Command::new(exe)
+        .args(["call", "once", "--data-dir"])
+        .arg(&data)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run call");
+    let mut open_stdin = call.stdin.take().expect("stdin");
+    open_stdin.write_all(b"ping\n").await.expect("stdin");
+    let out = tokio::time::timeout(DEADLINE, call.wait_with_output())
+        .await
+        .expect("call exits with the answer while its stdin is still open")
+        .expect("call output");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"got: ping\n");
+    drop(open_stdin);
 
     // The binary's /metrics carries the process-wide gauges: jemalloc's
     // (read at the scrape, so resident bytes are never 0) and the watchdog's.
@@ -619,6 +645,81 @@ async fn a_forwarded_connection_finishes_while_its_node_stops() {
         .await
         .expect("a stopped in time")
         .expect("join");
+    b.shutdown().await;
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_listeners_share_one_connection_bound_and_count_the_waits() {
+    let cp = start_cp().await;
+    let r = start_router(&cp, "r1").await;
+    let member = cp.token(Role::Member).await;
+    let backend = echo_backend().await;
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
+        expose: vec![("echo".into(), backend)],
+        ..base
+    })
+    .await;
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("addr");
+    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
+        forward: vec![(any, "echo".into()), (any, "echo".into())],
+        max_forward_connections: 1,
+        ..base
+    })
+    .await;
+    ready(&b, "b").await;
+    ready(&a, "a").await;
+    drop(call_until_found(&a, "echo").await);
+    let metrics_addr = a.metrics_addr().expect("metrics");
+    let series = |name: &str| format!(r#"agentmesh_node_{name}{{listener="forward"}}"#);
+    let read = |name: String| async move {
+        let (_, m) = http_get(metrics_addr, "/metrics").await;
+        metric(&m, &name)
+    };
+
+    // The first listener's connection holds the one slot.
+    let mut first = tokio::net::TcpStream::connect(a.forward_addrs()[0])
+        .await
+        .expect("forward 1");
+    first.write_all(b"one").await.expect("write");
+    let mut got = [0u8; 3];
+    tokio::time::timeout(DEADLINE, first.read_exact(&mut got))
+        .await
+        .expect("echo in time")
+        .expect("read");
+    assert_eq!(&got, b"one");
+    assert_eq!(read(series("local_connections_active")).await, 1.0);
+
+    // The second listener's connection waits for it, counted.
+    let mut second = tokio::net::TcpStream::connect(a.forward_addrs()[1])
+        .await
+        .expect("forward 2");
+    second.write_all(b"two").await.expect("write");
+    let end = Instant::now() + DEADLINE;
+    while read(series("local_connection_waits_total")).await < 1.0 {
+        assert!(Instant::now() < end, "the second listener never waited");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(read(series("local_connections_active")).await, 1.0);
+
+    // Once the first ends, the second is served.
+    drop(first);
+    let mut got = [0u8; 3];
+    tokio::time::timeout(DEADLINE, second.read_exact(&mut got))
+        .await
+        .expect("served once the slot is free")
+        .expect("read");
+    assert_eq!(&got, b"two");
+    drop(second);
+    let end = Instant::now() + DEADLINE;
+    while read(series("local_connections_active")).await != 0.0 {
+        assert!(Instant::now() < end, "the slot was never freed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(read(series("local_connection_waits_total")).await, 1.0);
+    assert_eq!(read(series("accept_errors_total")).await, 0.0);
+
+    a.shutdown().await;
     b.shutdown().await;
     r.handle.shutdown().await;
 }

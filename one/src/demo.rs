@@ -284,13 +284,26 @@ fn jittered(base: Duration) -> Duration {
 
 async fn serve_echo(listener: TcpListener, cancel: CancellationToken) {
     let permits = Arc::new(tokio::sync::Semaphore::new(ECHO_MAX_CONNECTIONS));
+    let mut backoff = agentmesh_runtime::accept::AcceptBackoff::new();
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => return,
             a = listener.accept() => a,
         };
-        let Ok((mut sock, _)) = accepted else {
-            continue;
+        let mut sock = match accepted {
+            Ok((sock, _)) => {
+                backoff.succeeded();
+                sock
+            }
+            Err(e) => {
+                // E.g. out of file descriptors: pause (growing) rather than spin.
+                let pause = backoff.failed();
+                tracing::warn!(error = %e, ?pause, "demo echo backend: accept failed, pausing");
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => continue,
+                }
+            }
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             // Over the bound: refuse by closing.

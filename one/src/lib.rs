@@ -2,10 +2,11 @@
 //! optional demo members, for laptops and CI.
 //!
 //! It only composes the program crates through their `spawn` handles; the
-//! one piece of its own is the demo traffic ([`demo`]) that shows calls
-//! flowing.
+//! pieces of its own are the demo traffic ([`demo`]) that shows calls
+//! flowing and the stop signals ([`signals`]) that drain it.
 
 pub mod demo;
 mod mesh;
+pub mod signals;
 
-pub use mesh::{Config, OneHandle, SpawnError, spawn};
+pub use mesh::{Config, DRAIN_LIMIT, OneHandle, SpawnError, spawn};

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agentmesh_one::demo::{Demo, DemoConfig};
+use agentmesh_one::signals::StopSignals;
 use clap::Parser;
 
 #[global_allocator]
@@ -40,7 +41,7 @@ struct Args {
     /// First router's metrics port; router i uses base + i (0: any free port).
     #[arg(long, default_value_t = 7420)]
     router_metrics_base_port: u16,
-    /// Stop after this many seconds (0: run until Ctrl-C).
+    /// Stop after this many seconds (0: run until SIGINT or SIGTERM; either drains the routers).
     #[arg(long, default_value_t = 0)]
     run_for_secs: u64,
 }
@@ -60,6 +61,9 @@ async fn async_main() -> anyhow::Result<()> {
         .log_internal_errors(false)
         .init();
     let args = Args::parse();
+    // Registered once, first: a SIGINT or SIGTERM from here on drains the
+    // mesh (see `agentmesh_one::signals`).
+    let mut stop = StopSignals::install()?;
     let mesh = agentmesh_one::spawn(agentmesh_one::Config {
         data_dir: args.data_dir.clone(),
         routers: args.routers,
@@ -69,70 +73,34 @@ async fn async_main() -> anyhow::Result<()> {
         router_metrics_base_port: args.router_metrics_base_port,
     })
     .await?;
+    print!("{}", mesh.banner());
 
-    println!(
-        "control plane  {} (http://{}/info)",
-        mesh.control_plane_url,
-        mesh.control_plane.http_addr()
-    );
-    for (i, r) in mesh.routers.iter().enumerate() {
-        let metrics = r
-            .metrics_addr()
-            .map_or("-".into(), |a| format!("http://{a}/metrics"));
-        let addrs: Vec<String> = r.listen_addrs().iter().map(|a| a.to_string()).collect();
-        println!(
-            "router {i}       {} {} metrics {metrics}",
-            r.peer_id(),
-            addrs.join(",")
-        );
-    }
-    println!("member token   {}", mesh.token_file.display());
-    println!(
-        "join with      agentmesh-node run --control-plane {} --token-file {} --data-dir ./my-node --routers {}",
-        mesh.control_plane_url,
-        mesh.token_file.display(),
-        args.routers.min(2)
-    );
-
+    let mut why = None;
     let demo = if args.demo_members > 0 {
-        Some(
-            Demo::start(DemoConfig {
-                members: args.demo_members,
-                control_plane: mesh.control_plane_url.clone(),
-                token: mesh.member_token.clone(),
-                data_dir: args.data_dir.join("demo"),
-                call_interval: Duration::from_millis(args.demo_call_interval_ms.max(10)),
-                routers: args.routers.min(2),
-            })
-            .await?,
-        )
+        let config = DemoConfig {
+            members: args.demo_members,
+            control_plane: mesh.control_plane_url.clone(),
+            token: mesh.member_token.clone(),
+            data_dir: args.data_dir.join("demo"),
+            call_interval: Duration::from_millis(args.demo_call_interval_ms.max(10)),
+            routers: args.routers.min(2),
+        };
+        tokio::select! {
+            d = Demo::start(config) => Some(d?),
+            s = stop.recv() => { why = Some(s); None }
+        }
     } else {
         None
     };
+    let why = match why {
+        Some(s) => s,
+        None => run(&mut stop, demo.as_ref(), args.run_for_secs).await,
+    };
 
-    let tty = std::io::stderr().is_terminal();
-    let deadline = (args.run_for_secs > 0)
-        .then(|| tokio::time::Instant::now() + Duration::from_secs(args.run_for_secs));
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut n: u64 = 0;
-    loop {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = tick.tick() => {}
-        }
-        n += 1;
-        if let Some(d) = &demo {
-            let s = d.stats();
-            if tty {
-                eprint!("\r\x1b[2K{s}");
-            } else if n.is_multiple_of(2) {
-                eprintln!("{s}");
-            }
-        }
-        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            break;
-        }
-    }
+    tracing::info!(
+        why,
+        "stopping: demo members first, then draining the routers"
+    );
     if let Some(d) = demo {
         let s = d.stats();
         eprintln!("\nfinal: {s}");
@@ -141,6 +109,41 @@ async fn async_main() -> anyhow::Result<()> {
         }
         d.shutdown().await;
     }
+    tokio::select! {
+        n = mesh.drain(agentmesh_one::DRAIN_LIMIT) => {
+            tracing::info!(drained = n, routers = mesh.routers.len(), "routers drained");
+        }
+        s = stop.recv() => tracing::warn!(signal = s, "second signal: stopping without waiting for the drain"),
+    }
     mesh.shutdown().await;
+    tracing::info!("stopped");
     Ok(())
+}
+
+/// Shows the demo's progress every second until a stop signal or, with
+/// `run_for_secs` > 0, until that time is up; says which.
+async fn run(stop: &mut StopSignals, demo: Option<&Demo>, run_for_secs: u64) -> &'static str {
+    let tty = std::io::stderr().is_terminal();
+    let deadline =
+        (run_for_secs > 0).then(|| tokio::time::Instant::now() + Duration::from_secs(run_for_secs));
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut n: u64 = 0;
+    loop {
+        tokio::select! {
+            s = stop.recv() => return s,
+            _ = tick.tick() => {}
+        }
+        n += 1;
+        if let Some(d) = demo {
+            let s = d.stats();
+            if tty {
+                eprint!("\r\x1b[2K{s}");
+            } else if n.is_multiple_of(2) {
+                eprintln!("{s}");
+            }
+        }
+        if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            return "--run-for-secs elapsed";
+        }
+    }
 }

@@ -17,6 +17,11 @@ const MEMBER_TOKEN_USES: u32 = 100_000;
 /// without spending a use, so a restart does not need a new one).
 const ROUTER_TOKEN_TTL: Duration = Duration::from_secs(30 * 86_400);
 
+/// Longest wait for the routers' drain on stop: their drain grace (the
+/// default, which these routers run with) plus time to close.
+pub const DRAIN_LIMIT: Duration =
+    Duration::from_secs(router::config::DEFAULT_DRAIN_GRACE_SECS + 10);
+
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -88,6 +93,59 @@ pub struct OneHandle {
 }
 
 impl OneHandle {
+    /// Drains every router at once (go-away DRAINING to its members, a last
+    /// lease; each ends once no member is left or after its drain grace)
+    /// and waits for all of them, at most `limit`. Returns how many
+    /// finished their drain in time.
+    pub async fn drain(&self, limit: Duration) -> usize {
+        for r in &self.routers {
+            r.drain();
+        }
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut drained = 0;
+        for r in &self.routers {
+            let mut done = r.drained();
+            if let Ok(Ok(_)) = tokio::time::timeout_at(deadline, done.wait_for(|d| *d)).await {
+                drained += 1;
+            }
+        }
+        drained
+    }
+
+    /// What runs where and how to join, one line each (what the binary
+    /// prints at start).
+    pub fn banner(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "control plane  {} (http://{}/info)",
+            self.control_plane_url,
+            self.control_plane.http_addr()
+        );
+        for (i, r) in self.routers.iter().enumerate() {
+            let metrics = r
+                .metrics_addr()
+                .map_or("-".into(), |a| format!("http://{a}/metrics"));
+            let addrs: Vec<String> = r.listen_addrs().iter().map(|a| a.to_string()).collect();
+            let _ = writeln!(
+                out,
+                "router {i}       {} {} metrics {metrics}",
+                r.peer_id(),
+                addrs.join(",")
+            );
+        }
+        let _ = writeln!(out, "member token   {}", self.token_file.display());
+        let _ = writeln!(
+            out,
+            "join with      agentmesh-node run --control-plane {} --token-file {} --data-dir ./my-node --routers {}",
+            self.control_plane_url,
+            self.token_file.display(),
+            self.routers.len().min(2)
+        );
+        out
+    }
+
     /// Stops routers, then the control plane.
     pub async fn shutdown(self) {
         for r in self.routers {

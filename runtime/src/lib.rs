@@ -13,7 +13,10 @@
 //!   (`busy`: on CPU, `starved`: runnable but not run, `blocked`: neither).
 //! - [`profiling`] (cargo feature `pprof`): CPU and heap profiles over HTTP
 //!   on `--pprof-addr`.
+//! - [`accept::AcceptBackoff`]: the growing, jittered pause every accept
+//!   loop takes after a failed `accept()` (out of file descriptors).
 
+pub mod accept;
 pub mod allocator;
 pub mod profiling;
 pub mod watchdog;
@@ -36,6 +39,22 @@ pub fn runtime_builder() -> tokio::runtime::Builder {
 /// every binary's `fn main`. Fails only if the runtime cannot be built.
 pub fn block_on<F: std::future::Future>(main: F) -> std::io::Result<F::Output> {
     Ok(runtime_builder().build()?.block_on(main))
+}
+
+/// As [`block_on`], but once `main` returns, blocking tasks still running get
+/// at most `grace` before the runtime is dropped without them. For a
+/// program that must exit when its work is done though a blocking read
+/// cannot be canceled: tokio reads stdin on a blocking thread, and a plain
+/// runtime drop waits for that read, so with stdin left open the process
+/// would never exit.
+pub fn block_on_within<F: std::future::Future>(
+    main: F,
+    grace: std::time::Duration,
+) -> std::io::Result<F::Output> {
+    let rt = runtime_builder().build()?;
+    let out = rt.block_on(main);
+    rt.shutdown_timeout(grace);
+    Ok(out)
 }
 
 // Unit tests read jemalloc's statistics: make it this test binary's
@@ -63,5 +82,23 @@ mod tests {
             (peer, c.local_addr().expect("local"))
         });
         assert_eq!(got.0, got.1);
+    }
+
+    /// A blocking task that never ends does not keep `block_on_within` from
+    /// returning (a plain runtime drop would wait for it for good).
+    #[test]
+    fn block_on_within_leaves_a_stuck_blocking_task_behind() {
+        let (_keep, stuck) = std::sync::mpsc::channel::<()>();
+        let out = super::block_on_within(
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    let _ = stuck.recv();
+                });
+                7
+            },
+            std::time::Duration::from_millis(10),
+        )
+        .expect("runtime");
+        assert_eq!(out, 7);
     }
 }

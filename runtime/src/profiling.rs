@@ -13,6 +13,9 @@
 //!   `_rjem_` prefix, so plain `MALLOC_CONF` is ignored; otherwise it
 //!   answers 503 saying so).
 //!
+//! Both reports are built on tokio's blocking threads (symbolization and
+//! the heap dump's file I/O), never on a runtime worker.
+//!
 //! Without the feature, [`serve`] refuses to start with a clear error.
 
 use std::net::SocketAddr;
@@ -100,16 +103,29 @@ mod imp {
             Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
         };
         tokio::time::sleep(Duration::from_secs(secs)).await;
-        let profile = guard.report().build().and_then(|r| r.pprof());
-        // The symbol cache is only needed while the report is built; kept,
-        // it stays in RSS for the life of the process.
-        backtrace::clear_symbol_cache();
-        let profile = match profile {
-            Ok(p) => p,
-            Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-        };
-        match profile.write_to_bytes() {
-            Ok(bytes) => bytes.into_response(),
+        // Symbolizing parses the binary's debug info (CPU-bound for a while,
+        // and file reads): on a blocking thread, so no runtime worker stalls
+        // under it and the program keeps being served meanwhile.
+        let built = tokio::task::spawn_blocking(move || {
+            let profile = guard.report().build().and_then(|r| r.pprof());
+            // The symbol cache is only needed while the report is built;
+            // kept, it stays in RSS for the life of the process.
+            backtrace::clear_symbol_cache();
+            drop(guard);
+            profile
+                .map_err(|e| e.to_string())?
+                .write_to_bytes()
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        answer(built)
+    }
+
+    /// The response for a report built on a blocking thread.
+    fn answer(built: Result<Result<Vec<u8>, String>, tokio::task::JoinError>) -> Response {
+        match built {
+            Ok(Ok(bytes)) => bytes.into_response(),
+            Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, e).into_response(),
             Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
         }
     }
@@ -122,7 +138,7 @@ mod imp {
             )
                 .into_response();
         };
-        let mut ctl = ctl.lock().await;
+        let mut ctl = ctl.clone().lock_owned().await;
         if !ctl.activated() {
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -130,9 +146,10 @@ mod imp {
             )
                 .into_response();
         }
-        match ctl.dump_pprof() {
-            Ok(bytes) => bytes.into_response(),
-            Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-        }
+        // The dump writes jemalloc's profile to a temp file and parses it
+        // back: file I/O, on a blocking thread (the lock goes with it).
+        let built =
+            tokio::task::spawn_blocking(move || ctl.dump_pprof().map_err(|e| e.to_string())).await;
+        answer(built)
     }
 }

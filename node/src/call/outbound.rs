@@ -52,7 +52,7 @@ use crate::wire::{self, AuthOutcome, WireError};
 /// Most provider records asked for in one lookup.
 const LOOKUP_LIMIT: u32 = 32;
 
-/// Least time left of the call's deadline for the retry to be worth it.
+/// Least time left of the call's deadline for a retry to be worth it.
 const MIN_RETRY_TIME: Duration = Duration::from_secs(1);
 
 /// Pause before the first route retry (jittered up to ×3, ×4 for each

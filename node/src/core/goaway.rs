@@ -72,6 +72,29 @@ pub(crate) fn alternatives(alts: &[Alternative]) -> Vec<Candidate> {
         .collect()
 }
 
+/// What becomes of an arriving go-away stream.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Read and obeyed.
+    Read,
+    /// From a router that has not admitted us: counted `ignored`.
+    Ignored,
+    /// [`MAX_PENDING`] exchanges already in progress: dropped unread,
+    /// counted `overflow` (the router's grace still ends in a close, which
+    /// the node handles as a lost router).
+    Overflow,
+}
+
+fn pending_verdict(admitted: bool, pending: usize) -> Verdict {
+    if !admitted {
+        Verdict::Ignored
+    } else if pending >= MAX_PENDING {
+        Verdict::Overflow
+    } else {
+        Verdict::Read
+    }
+}
+
 impl Core {
     fn count_goaway(&self, result: &'static str) {
         self.shared
@@ -84,10 +107,22 @@ impl Core {
     /// A go-away stream arrived from `peer`.
     pub(super) fn on_goaway_stream(&mut self, peer: PeerId, mut stream: Stream) {
         let admitted = self.slots.get(&peer).is_some_and(|s| s.phase.is_admitted());
-        if !admitted || self.goaways_pending >= MAX_PENDING {
-            tracing::warn!(%peer, admitted, "go-away ignored: not from a router we are attached to");
-            self.count_goaway("ignored");
-            return;
+        match pending_verdict(admitted, self.goaways_pending) {
+            Verdict::Read => {}
+            Verdict::Ignored => {
+                tracing::warn!(%peer, "go-away ignored: not from a router we are attached to");
+                self.count_goaway("ignored");
+                return;
+            }
+            Verdict::Overflow => {
+                tracing::warn!(
+                    %peer,
+                    pending = self.goaways_pending,
+                    "go-away dropped unread: {MAX_PENDING} go-away exchanges already in progress"
+                );
+                self.count_goaway("overflow");
+                return;
+            }
         }
         self.goaways_pending += 1;
         let deadline = self.shared.config.call_timeout();
@@ -207,6 +242,16 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_queue_is_an_overflow_not_an_unknown_router() {
+        assert_eq!(pending_verdict(true, 0), Verdict::Read);
+        assert_eq!(pending_verdict(true, MAX_PENDING - 1), Verdict::Read);
+        assert_eq!(pending_verdict(true, MAX_PENDING), Verdict::Overflow);
+        assert_eq!(pending_verdict(false, 0), Verdict::Ignored);
+        assert_eq!(pending_verdict(false, MAX_PENDING), Verdict::Ignored);
+        assert!(crate::metrics::GOAWAY_RESULTS.contains(&"overflow"));
+    }
 
     #[test]
     fn shun_is_bounded_and_alternatives_parse() {

@@ -75,8 +75,36 @@ impl Slot {
 /// Doublings of a shun for a router failing again and again (2^4 = ×16).
 const MAX_SHUN_FAILURES: u32 = 4;
 
-/// Re-presentations refused in a row before the router is given up.
+/// Re-presentations that failed in a row (refused, or no answer: a
+/// timeout, a refused stream) before the router is given up.
 const MAX_REPRESENT_FAILURES: u32 = 5;
+
+/// Pause before the first re-presentation retry; it doubles for each
+/// failure in a row (jittered up to ×1.5), capped at [`REPRESENT_RETRY_MAX`].
+const REPRESENT_RETRY_MIN: Duration = Duration::from_secs(3);
+
+/// Longest pause between re-presentation retries.
+const REPRESENT_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// How long a router that kept failing re-presentations is passed over.
+const REPRESENT_FAILED_SHUN: Duration = Duration::from_secs(30);
+
+/// After `failures` (≥ 1) failed re-presentations in a row: the pause
+/// before the next one, or `None` to give the router up. The pauses grow
+/// (3, 6, 12, 24 s base), so a router slow to learn a new signing key
+/// (it re-fetches keys at most every 30 s) gets time, while a router that
+/// never answers is let go after [`MAX_REPRESENT_FAILURES`]: at most about
+/// 68 s of pauses plus the exchanges' own timeouts. Before, an exchange
+/// that failed (timeout, refused stream) was retried every 3 s for good.
+fn represent_retry(failures: u32) -> Option<Duration> {
+    (failures < MAX_REPRESENT_FAILURES).then(|| {
+        backoff(
+            failures.saturating_sub(1),
+            REPRESENT_RETRY_MIN,
+            REPRESENT_RETRY_MAX,
+        )
+    })
+}
 
 /// Reservations refused or lost in a row before the router is replaced by
 /// another candidate (when one is free; otherwise it is retried).
@@ -339,20 +367,9 @@ impl Core {
             }
             Ok(outcome) if !initial => {
                 // A fresh credential refused (the router may not have the new
-                // key yet): retry shortly, give the router up after a few.
-                slot.represent_failures += 1;
-                let failures = slot.represent_failures;
-                tracing::warn!(%router, ?outcome, failures, "re-presentation refused");
-                self.note_error(router, format!("re-presentation refused: {outcome:?}"));
-                let Some(slot) = self.slots.get_mut(&router) else {
-                    return;
-                };
-                if failures >= MAX_REPRESENT_FAILURES {
-                    self.drop_router(router, Duration::from_secs(30));
-                } else {
-                    slot.represent_at =
-                        Some(Instant::now() + jittered(Duration::from_secs(3), 0.5));
-                }
+                // key yet): retry after a growing pause, give up after a few.
+                tracing::warn!(%router, ?outcome, failures = slot.represent_failures + 1, "re-presentation refused");
+                self.represent_failed(router, format!("re-presentation refused: {outcome:?}"));
             }
             Ok(AuthOutcome::Refused(reason, detail)) => {
                 tracing::warn!(%router, ?reason, %detail, "router refused admission");
@@ -390,15 +407,30 @@ impl Core {
                     self.note_error(router, format!("auth failed: {e}"));
                     self.drop_router(router, AUTH_FAILED_SHUN);
                 } else {
-                    tracing::warn!(%router, error = %e, "re-presentation failed");
-                    slot.represent_failures += 1;
-                    slot.represent_at =
-                        Some(Instant::now() + jittered(Duration::from_secs(3), 0.5));
-                    self.note_error(router, format!("re-presentation failed: {e}"));
+                    tracing::warn!(%router, error = %e, failures = slot.represent_failures + 1, "re-presentation failed");
+                    self.represent_failed(router, format!("re-presentation failed: {e}"));
                 }
             }
         }
         self.publish_status();
+    }
+
+    /// A re-presentation to `router` was refused or got no answer: retry
+    /// after the [`represent_retry`] pause, or give the router up.
+    fn represent_failed(&mut self, router: PeerId, why: String) {
+        self.note_error(router, why);
+        let Some(slot) = self.slots.get_mut(&router) else {
+            return;
+        };
+        slot.represent_failures += 1;
+        match represent_retry(slot.represent_failures) {
+            Some(wait) => slot.represent_at = Some(Instant::now() + wait),
+            None => {
+                tracing::warn!(%router, failures = slot.represent_failures, "re-presentation keeps failing: giving the router up");
+                self.drop_router(router, REPRESENT_FAILED_SHUN);
+                self.top_up();
+            }
+        }
     }
 
     /// The connection to `router` was refused or closed at the dial
@@ -894,6 +926,26 @@ mod tests {
             !reask_at_once(None, true, true, 1),
             "twice in a row: backoff"
         );
+    }
+
+    #[test]
+    fn re_presentation_retries_grow_then_the_router_is_given_up() {
+        let mut most = Duration::ZERO;
+        for failures in 1..MAX_REPRESENT_FAILURES {
+            let base = REPRESENT_RETRY_MIN * (1 << (failures - 1));
+            for _ in 0..50 {
+                let wait = represent_retry(failures).expect("retried");
+                assert!(
+                    wait >= base && wait <= base.mul_f64(1.5),
+                    "{failures}: {wait:?}"
+                );
+            }
+            most += base.mul_f64(1.5);
+        }
+        assert_eq!(represent_retry(MAX_REPRESENT_FAILURES), None);
+        assert_eq!(represent_retry(MAX_REPRESENT_FAILURES + 10), None);
+        // The pauses before giving up are bounded (about a minute).
+        assert!(most <= Duration::from_secs(68), "{most:?}");
     }
 
     #[test]

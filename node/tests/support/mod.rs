@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use agentmesh_node::{Config, NodeHandle};
 use rand::RngCore as _;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 
 /// A router labelled `name=NAME` on loopback TCP, leasing every second.
@@ -164,6 +164,30 @@ pub async fn round_trip(stream: &mut agentmesh_node::CallStream, len: usize) {
     let ((), back) = tokio::join!(send, recv);
     assert_eq!(back.len(), payload.len(), "echo length");
     assert!(back == payload, "echo came back different");
+}
+
+/// A backend that reads one line, answers `got: LINE` and closes the
+/// connection: its answer ends a call although the caller never closes its
+/// side. Runs until the test process ends.
+pub async fn one_line_backend() -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut r = tokio::io::BufReader::new(s);
+                let mut line = String::new();
+                if r.read_line(&mut line).await.is_ok() {
+                    let mut s = r.into_inner();
+                    let _ = s.write_all(format!("got: {line}").as_bytes()).await;
+                    let _ = s.shutdown().await;
+                }
+            });
+        }
+    });
+    addr
 }
 
 /// GETs /readyz over the node's Unix socket; `None` if it cannot connect yet.
