@@ -191,6 +191,13 @@ impl Fleet {
             };
             let n = left.min(self.capacity - self.workers[w].hosted);
             self.workers[w].hosted += n;
+            if phase == Phase::Provider {
+                // Providers get worker processes of their own, as they would
+                // have hosts of their own: their answers then do not queue
+                // behind thousands of joining or re-attaching members on the
+                // same runtime.
+                self.workers[w].hosted = self.capacity;
+            }
             plan.push((w, self.next_member, n));
             self.tally.register(self.next_member, n, phase);
             self.next_member += n;
