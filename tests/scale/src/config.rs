@@ -114,7 +114,9 @@ pub struct FleetConfig {
     /// Echo calls per second per worker during an event window.
     #[arg(long, default_value_t = DEFAULT_WINDOW_CALLS_PER_SEC)]
     pub window_calls_per_sec: u32,
-    /// Directory for data, tokens and logs (default: a new directory under the system temp dir).
+    /// Directory for data, tokens and logs (default: a new directory under the
+    /// system temp dir). An earlier run's database, logs and member data there
+    /// are removed first; router keys are kept.
     #[arg(long)]
     pub work_dir: Option<PathBuf>,
     /// Admin token file for RotateKeyNow in remote mode (local mode makes its own).

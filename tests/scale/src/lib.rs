@@ -27,6 +27,7 @@ pub mod stats;
 pub mod tally;
 pub mod target;
 pub mod wire;
+pub mod workdir;
 pub mod worker;
 
 pub use error::{LadderError, Result};

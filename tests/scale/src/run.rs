@@ -30,6 +30,7 @@ const TOKEN_SLACK: u64 = 100;
 pub async fn run_local(local: LocalConfig, cfg: FleetConfig) -> Result<Report> {
     validate(&cfg)?;
     let dir = work_dir(&cfg)?;
+    crate::workdir::clear_previous_run(&dir).await?;
     let bins = Binaries::locate()?;
     eprintln!("ladder: work dir {}", dir.display());
     let routers = local.routers;
@@ -65,6 +66,7 @@ pub async fn run_remote(remote: RemoteConfig, cfg: FleetConfig) -> Result<Report
         }
     }
     let dir = work_dir(&cfg)?;
+    crate::workdir::clear_previous_run(&dir).await?;
     let ladder = std::env::current_exe()
         .map_err(|e| LadderError::io("locating the ladder's own executable", e))?;
     let admin_token = match &cfg.admin_token_file {

@@ -178,8 +178,14 @@ fn small_ladder_with_a_drain() -> anyhow::Result<()> {
     assert_eq!(u(kill, "/members"), members, "{kill:#}");
     assert_eq!(u(kill, "/below_one_router"), 0, "{kill:#}");
     // The killed router held members, so some fell below K and the ladder saw it.
-    assert!(u(kill, "/target_attached_before") > 0, "killed an empty router: {kill:#}");
-    assert!(u(kill, "/below_k_routers") > 0, "the kill moved nobody: {kill:#}");
+    assert!(
+        u(kill, "/target_attached_before") > 0,
+        "killed an empty router: {kill:#}"
+    );
+    assert!(
+        u(kill, "/below_k_routers") > 0,
+        "the kill moved nobody: {kill:#}"
+    );
 
     // --rounds 2: a second fleet of the same size joined, was ready and
     // called, and left; router memory was sampled after each round.
