@@ -84,8 +84,14 @@ struct State {
     last_logged: HashMap<String, Instant>,
     /// Inbound connections in their handshake: connection -> source IP.
     pending: HashMap<libp2p::swarm::ConnectionId, IpAddr>,
-    /// Inbound handshakes in progress per source IP.
+    /// Inbound handshakes in progress per source IP, not counting those
+    /// already upgraded (see `upgraded_by_ip`).
     pending_by_ip: HashMap<IpAddr, u32>,
+    /// Inbound connections per source IP whose upgrade finished (they count
+    /// among `sources` now) but whose pending entry the swarm has not ended
+    /// yet: without this, such a connection counted twice against its IP's
+    /// share for a moment, and a peer connecting right after it was refused.
+    upgraded_by_ip: HashMap<IpAddr, u32>,
 }
 
 /// Budgets, live counts and charges of one router.
@@ -281,6 +287,9 @@ impl ResourceManager {
             Ok(charge) => {
                 self.charge(&mut st, charge);
                 self.attach_connection(&mut st, id, peer, ip);
+                if let Some(ip) = ip {
+                    pending::upgraded(&mut st, ip);
+                }
                 Ok(self.connection_guard(id, peer, ip, charge))
             }
             Err(r) => {

@@ -14,6 +14,7 @@
 //! also reports for a denial by any behaviour or by the transport's own
 //! admission in `ResourceManager::open_connection`).
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -32,8 +33,30 @@ use tokio::time::Instant;
 use super::budget::{self, HandshakeUsage, Refusal};
 use super::metrics::NO_PROTOCOL;
 use super::transport::ConnectionRefused;
-use super::{ResourceManager, recent_failed_logins};
+use super::{ResourceManager, State, recent_failed_logins};
 use crate::shrink::ShrinkSparse;
+
+/// Takes one from `map[ip]` (dropping the entry at 0); false if there was none.
+fn decrement(map: &mut HashMap<IpAddr, u32>, ip: IpAddr) -> bool {
+    let Some(n) = map.get_mut(&ip) else {
+        return false;
+    };
+    *n = n.saturating_sub(1);
+    if *n == 0 {
+        map.remove(&ip);
+        map.shrink_sparse();
+    }
+    true
+}
+
+/// An inbound connection from `ip` finished its upgrade and now counts
+/// among the IP's established connections: one of the IP's handshakes stops
+/// counting as in progress, until the swarm ends its pending entry.
+pub(super) fn upgraded(st: &mut State, ip: IpAddr) {
+    if decrement(&mut st.pending_by_ip, ip) {
+        *st.upgraded_by_ip.entry(ip).or_default() += 1;
+    }
+}
 
 impl ResourceManager {
     /// Admits (and counts) an inbound connection from `ip` before its
@@ -73,13 +96,13 @@ impl ResourceManager {
     /// The handshake of `id` ended (established or failed); idempotent.
     pub(crate) fn close_pending(&self, id: ConnectionId) {
         let mut st = self.state.lock();
-        if let Some(ip) = st.pending.remove(&id)
-            && let Some(n) = st.pending_by_ip.get_mut(&ip)
-        {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                st.pending_by_ip.remove(&ip);
-                st.pending_by_ip.shrink_sparse();
+        if let Some(ip) = st.pending.remove(&id) {
+            // One handshake from `ip` ended: if an upgraded one is still
+            // waiting for this, it is that one (its share moved to
+            // `sources` already); otherwise one still in progress. Either
+            // way, pending_by_ip + upgraded_by_ip = pending entries of `ip`.
+            if !decrement(&mut st.upgraded_by_ip, ip) {
+                decrement(&mut st.pending_by_ip, ip);
             }
         }
         st.pending.shrink_sparse();

@@ -324,6 +324,43 @@ fn handshakes_from_one_source_are_refused_before_they_start() {
 }
 
 #[test]
+fn an_upgraded_connection_counts_once_before_the_swarm_ends_its_handshake() {
+    use libp2p::swarm::ConnectionId;
+    let (mgr, _) = manager(|_| {});
+    let ip: IpAddr = "10.0.0.9".parse().expect("ip");
+    // Limit 2 per IP (see `manager`). Connection 1's handshake starts, and
+    // its upgrade finishes (it is established at the transport) before the
+    // swarm ends its pending entry: it counts once, not twice, so a second
+    // peer from the same IP may start its handshake meanwhile.
+    let h1 = ConnectionId::new_unchecked(1);
+    mgr.open_pending(h1, ip).expect("1");
+    let _c1 = mgr
+        .open_connection(PeerId::random(), &inbound_from("10.0.0.9"))
+        .expect("conn 1");
+    let h2 = ConnectionId::new_unchecked(2);
+    mgr.open_pending(h2, ip)
+        .expect("2 while 1 is still pending at the swarm");
+    // Two not yet admitted now: the third is refused, before and after the
+    // swarm ends the first handshake.
+    let h3 = ConnectionId::new_unchecked(3);
+    assert_eq!(
+        mgr.open_pending(h3, ip).expect_err("3").scope,
+        Scope::Source
+    );
+    mgr.close_pending(h1);
+    assert_eq!(
+        mgr.open_pending(h3, ip).expect_err("3").scope,
+        Scope::Source
+    );
+    // The counts come back to zero whatever order handshakes end in.
+    mgr.close_pending(h2);
+    drop(_c1);
+    assert_eq!(mgr.pending(), 0);
+    let st = mgr.state.lock();
+    assert!(st.pending_by_ip.is_empty() && st.upgraded_by_ip.is_empty());
+}
+
+#[test]
 fn a_peer_is_connected_while_a_muxer_of_it_lives() {
     let (mgr, _) = manager(|_| {});
     let peer = PeerId::random();
