@@ -14,11 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use agentmesh_proto::credential::peek_claims;
-use agentmesh_proto::pb::credential::Role;
 use agentmesh_proto::pb::mesh::Purpose;
 use agentmesh_proto::unix_now;
-use support::cp::ADMIN;
 use support::{TestPeer, TestRouter, eventually};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
@@ -118,18 +115,8 @@ async fn a_member_gone_during_a_key_fetch_is_not_admitted() {
     })
     .await;
     // A credential signed by a key the router does not hold yet.
-    eventually("the clock moves past the first key's second", || async {
-        (unix_now() > started).then_some(())
-    })
-    .await;
-    let rotated = cp.client.rotate_key_now(ADMIN).await.expect("rotate");
-    let token = cp.token(Role::Member).await;
     let mut member = TestPeer::new();
-    let cred = eventually("a credential signed by the new key", || async {
-        let c = cp.enroll(&token, &member.key).await;
-        (peek_claims(&c).expect("claims").key_id == rotated.key_id).then_some(c)
-    })
-    .await;
+    let cred = cp.credential_from_a_new_key(&member.key, started).await;
     member.connect(r.id(), r.addr.clone()).await;
     eventually("the router counts the member's connection", || async {
         (r.metric("agentmesh_router_table_entries{table=\"connections\"}") == 1.0).then_some(())

@@ -95,6 +95,26 @@ impl Cp {
             .expect("credential")
     }
 
+    /// Rotates the signing key and enrolls `key` as a member until the
+    /// credential is signed by the new key: a credential a router that
+    /// synced its keys before the rotation does not hold the key for.
+    /// `started` is a Unix second before the first key was loaded: the new
+    /// key must activate in a later second to sign first.
+    pub async fn credential_from_a_new_key(&self, key: &Keypair, started: i64) -> Credential {
+        crate::eventually("the clock moves past the first key's second", || async {
+            (agentmesh_proto::unix_now() > started).then_some(())
+        })
+        .await;
+        let rotated = self.client.rotate_key_now(ADMIN).await.expect("rotate");
+        let token = self.token(Role::Member).await;
+        crate::eventually("a credential signed by the new key", || async {
+            let c = self.enroll(&token, key).await;
+            let claims = agentmesh_proto::credential::peek_claims(&c).expect("claims");
+            (claims.key_id == rotated.key_id).then_some(c)
+        })
+        .await
+    }
+
     /// Enrolls `key` as a member (with a fresh member token).
     pub async fn member_credential(&self, key: &Keypair) -> Credential {
         let token = self.token(Role::Member).await;
