@@ -49,6 +49,10 @@ pub struct RouterSnapshot {
     pub other: u64,
     /// Resident memory, bytes (local children only).
     pub rss_bytes: Option<u64>,
+    /// Of `rss_bytes`, anonymous pages (heap, stacks), bytes (local children only).
+    pub rss_anon_bytes: Option<u64>,
+    /// Of `rss_bytes`, file-backed and shared pages (the binary), bytes (local children only).
+    pub rss_file_bytes: Option<u64>,
     /// CPU time used since start, seconds (local children only).
     pub cpu_secs: Option<f64>,
     /// Open file descriptors (local children only).
@@ -93,9 +97,12 @@ impl AllocatorBytes {
 
 /// Reads one router: `/metrics` at `metrics`, memory and CPU from `pid`.
 pub async fn router(name: &str, metrics: SocketAddr, pid: Option<u32>) -> RouterSnapshot {
+    let split = pid.and_then(procstat::rss_split);
     let mut s = RouterSnapshot {
         name: name.to_string(),
         rss_bytes: pid.and_then(procstat::rss_bytes),
+        rss_anon_bytes: split.map(|s| s.anon),
+        rss_file_bytes: split.map(|s| s.file),
         cpu_secs: pid.and_then(procstat::cpu_secs),
         open_fds: pid.and_then(procstat::open_fds),
         ..RouterSnapshot::default()

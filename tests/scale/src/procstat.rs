@@ -2,8 +2,42 @@
 
 /// A process's resident set size in bytes (`VmRSS`), if readable.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    status_bytes(
+        &std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
+        "VmRSS:",
+    )
+}
+
+/// Resident memory split by what backs it, bytes.
+///
+/// Why: code and data pages of the binary (file-backed) are paged in by
+/// whatever ran and count in RSS, but they are shared and the kernel can
+/// drop them; memory the process holds is the anonymous part. Telling
+/// them apart says whether RSS after a peak is the heap or only pages of
+/// code the peak touched.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RssSplit {
+    /// `RssAnon`: heap, stacks and other private anonymous pages.
+    pub anon: u64,
+    /// `RssFile` + `RssShmem`: pages backed by files (the binary) or shared memory.
+    pub file: u64,
+}
+
+/// A process's [`RssSplit`] (Linux ≥ 4.5), if readable.
+pub fn rss_split(pid: u32) -> Option<RssSplit> {
+    parse_rss_split(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+}
+
+fn parse_rss_split(status: &str) -> Option<RssSplit> {
+    Some(RssSplit {
+        anon: status_bytes(status, "RssAnon:")?,
+        file: status_bytes(status, "RssFile:")? + status_bytes(status, "RssShmem:").unwrap_or(0),
+    })
+}
+
+/// A `Key:   123 kB` line of `/proc/PID/status`, in bytes.
+fn status_bytes(status: &str, key: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(key))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
@@ -50,5 +84,21 @@ mod tests {
         assert!(cpu_secs(pid).expect("cpu") >= 0.0);
         assert!(open_fds(pid).expect("fds") > 0);
         assert!(nofile_limit().expect("limit") > 0);
+        let split = rss_split(pid).expect("split");
+        assert!(split.anon > 0 && split.file > 0, "{split:?}");
+    }
+
+    #[test]
+    fn split_adds_shared_memory_to_file_pages() {
+        let status = "Name:\tx\nVmRSS:\t   30 kB\nRssAnon:\t   10 kB\nRssFile:\t   15 kB\nRssShmem:\t    5 kB\n";
+        assert_eq!(status_bytes(status, "VmRSS:"), Some(30 * 1024));
+        assert_eq!(
+            parse_rss_split(status),
+            Some(RssSplit {
+                anon: 10 * 1024,
+                file: 20 * 1024
+            })
+        );
+        assert_eq!(parse_rss_split("VmRSS:\t 1 kB\n"), None);
     }
 }

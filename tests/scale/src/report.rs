@@ -268,6 +268,10 @@ pub struct AfterRecord {
     pub pre_ladder_rss_bytes: BTreeMap<String, u64>,
     /// Last sample ÷ pre-ladder RSS, per router.
     pub ratio_to_pre_ladder: BTreeMap<String, f64>,
+    /// Anonymous RSS per router before the ladder (see [`AfterSample::rss_anon_bytes`]).
+    pub pre_ladder_rss_anon_bytes: BTreeMap<String, u64>,
+    /// Last sample ÷ pre-ladder, anonymous pages only, per router.
+    pub anon_ratio_to_pre_ladder: BTreeMap<String, f64>,
 }
 
 /// One round of joining and leaving (`--rounds`).
@@ -296,6 +300,9 @@ pub struct AfterSample {
     pub t_secs: u64,
     /// RSS per router.
     pub rss_bytes: BTreeMap<String, u64>,
+    /// Of RSS, anonymous pages per router: what the router holds, as opposed
+    /// to pages of its binary that the peak paged in.
+    pub rss_anon_bytes: BTreeMap<String, u64>,
     /// `agentmesh_runtime_allocator_allocated_bytes` per router (null: not served).
     pub allocator_allocated_bytes: BTreeMap<String, Option<u64>>,
     /// `agentmesh_runtime_allocator_active_bytes` per router (null: not served).
@@ -317,6 +324,9 @@ impl AfterSample {
         for r in routers {
             if let Some(b) = r.rss_bytes {
                 s.rss_bytes.insert(r.name.clone(), b);
+            }
+            if let Some(b) = r.rss_anon_bytes {
+                s.rss_anon_bytes.insert(r.name.clone(), b);
             }
             let a = &r.allocator;
             let name = || r.name.clone();
@@ -345,14 +355,16 @@ fn ratios(m: &BTreeMap<String, f64>) -> String {
 fn memory_line<'a>(
     routers: impl Iterator<Item = &'a str>,
     rss: impl Fn(&str) -> Option<u64>,
+    anon: impl Fn(&str) -> Option<u64>,
     allocated: impl Fn(&str) -> Option<u64>,
     resident: impl Fn(&str) -> Option<u64>,
 ) -> String {
     routers
         .map(|r| {
             format!(
-                "{r}={} (allocated {}, allocator resident {})",
+                "{r}={} (anonymous {}, allocated {}, allocator resident {})",
                 mib(rss(r)),
+                mib(anon(r)),
                 mib(allocated(r)),
                 mib(resident(r))
             )
@@ -630,7 +642,7 @@ impl Report {
             let _ = writeln!(s);
             let _ = writeln!(
                 s,
-                "After teardown ({} s), MiB per router: RSS (allocator: allocated, resident):",
+                "After teardown ({} s), MiB per router: RSS (of it anonymous; allocator: allocated, resident):",
                 a.secs
             );
             let pre = &self.pre_ladder;
@@ -641,6 +653,7 @@ impl Report {
                 memory_line(
                     pre.iter().map(|p| p.name.as_str()),
                     |r| find(r).and_then(|p| p.rss_bytes),
+                    |r| find(r).and_then(|p| p.rss_anon_bytes),
                     |r| find(r).and_then(|p| p.allocator.allocator_allocated_bytes),
                     |r| find(r).and_then(|p| p.allocator.allocator_resident_bytes),
                 )
@@ -658,12 +671,18 @@ impl Report {
                     memory_line(
                         names.into_iter(),
                         |r| sample.rss_bytes.get(r).copied(),
+                        |r| sample.rss_anon_bytes.get(r).copied(),
                         |r| get(&sample.allocator_allocated_bytes, r),
                         |r| get(&sample.allocator_resident_bytes, r),
                     )
                 );
             }
-            let _ = writeln!(s, "- last ÷ pre-ladder: {}", ratios(&a.ratio_to_pre_ladder));
+            let _ = writeln!(
+                s,
+                "- last ÷ pre-ladder: {} (anonymous pages only: {})",
+                ratios(&a.ratio_to_pre_ladder),
+                ratios(&a.anon_ratio_to_pre_ladder)
+            );
         }
         if !self.rounds.is_empty() {
             let _ = writeln!(s);
@@ -843,6 +862,7 @@ mod tests {
             name: "r0".into(),
             up: true,
             rss_bytes: Some(40 * 1_048_576),
+            rss_anon_bytes: Some(25 * 1_048_576),
             ..RouterSnapshot::default()
         };
         with.allocator = AllocatorBytes::from_metrics(&Metrics::parse(page));
@@ -899,12 +919,12 @@ mod tests {
         );
         assert!(
             md.contains(
-                "- t=5 s: r0=40.0 (allocated 6.6, allocator resident 15.7), r1=30.0 (allocated -, allocator resident -)"
+                "- t=5 s: r0=40.0 (anonymous 25.0, allocated 6.6, allocator resident 15.7), r1=30.0 (anonymous -, allocated -, allocator resident -)"
             ),
             "{md}"
         );
         assert!(
-            md.contains("- pre-ladder: r0=40.0 (allocated 6.6, allocator resident 15.7), r1=30.0"),
+            md.contains("- pre-ladder: r0=40.0 (anonymous 25.0, allocated 6.6, allocator resident 15.7), r1=30.0"),
             "{md}"
         );
         assert!(

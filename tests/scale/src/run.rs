@@ -459,23 +459,48 @@ async fn after(target: &Target, cfg: &FleetConfig, pre_ladder: &[RouterSnapshot]
         .iter()
         .filter_map(|r| r.rss_bytes.map(|b| (r.name.clone(), b)))
         .collect();
-    let ratio = samples
-        .last()
-        .map(|last| {
-            last.rss_bytes
-                .iter()
-                .filter_map(|(r, b)| {
-                    pre.get(r)
-                        .filter(|p| **p > 0)
-                        .map(|p| (r.clone(), *b as f64 / *p as f64))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let pre_anon: BTreeMap<String, u64> = pre_ladder
+        .iter()
+        .filter_map(|r| r.rss_anon_bytes.map(|b| (r.name.clone(), b)))
+        .collect();
+    let last = samples.last();
     AfterRecord {
         secs: cfg.after_secs,
+        ratio_to_pre_ladder: last
+            .map(|l| ratio_to(&l.rss_bytes, &pre))
+            .unwrap_or_default(),
+        anon_ratio_to_pre_ladder: last
+            .map(|l| ratio_to(&l.rss_anon_bytes, &pre_anon))
+            .unwrap_or_default(),
         samples,
         pre_ladder_rss_bytes: pre,
-        ratio_to_pre_ladder: ratio,
+        pre_ladder_rss_anon_bytes: pre_anon,
+    }
+}
+
+/// `now ÷ pre` per router that has both (and a non-zero `pre`).
+fn ratio_to(now: &BTreeMap<String, u64>, pre: &BTreeMap<String, u64>) -> BTreeMap<String, f64> {
+    now.iter()
+        .filter_map(|(r, b)| {
+            pre.get(r)
+                .filter(|p| **p > 0)
+                .map(|p| (r.clone(), *b as f64 / *p as f64))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_need_both_samples_and_a_non_zero_start() {
+        let now: BTreeMap<String, u64> =
+            [("r0".into(), 30), ("r1".into(), 10), ("r2".into(), 5)].into();
+        let pre: BTreeMap<String, u64> =
+            [("r0".into(), 20), ("r1".into(), 0), ("r3".into(), 7)].into();
+        let r = ratio_to(&now, &pre);
+        assert_eq!(r.len(), 1, "{r:?}");
+        assert!((r["r0"] - 1.5).abs() < 1e-9);
     }
 }
