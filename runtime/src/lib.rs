@@ -10,7 +10,9 @@
 //! - [`watchdog`]: warns when the async runtime stalls for a second or more
 //!   and counts it in `agentmesh_runtime_stalls_total{cause}`, the cause
 //!   read from the process's CPU time and context switches over the stall
-//!   (`busy`: on CPU, `starved`: runnable but not run, `blocked`: neither).
+//!   (`busy`: on CPU, `starved`: runnable but not run, `blocked`: neither),
+//!   and, from the runtime threads' stacks read while the stall lasts, what
+//!   they were running.
 //! - [`profiling`] (cargo feature `pprof`): CPU and heap profiles over HTTP
 //!   on `--pprof-addr`.
 //! - [`accept::AcceptBackoff`]: the growing, jittered pause every accept
@@ -27,11 +29,16 @@ pub use tikv_jemallocator::Jemalloc as Allocator;
 /// The multi-thread tokio runtime every agentmesh binary runs on: what
 /// `#[tokio::main]` builds (all drivers on), plus one hook so idle workers
 /// hand jemalloc's thread caches back ([`allocator::on_thread_park`]) and
-/// memory freed after members leave can be returned to the OS. Binaries
+/// memory freed after members leave can be returned to the OS, and its
+/// threads registered with the [`watchdog`], so a stall names what they
+/// ran. Binaries
 /// run their main future with [`block_on`].
 pub fn runtime_builder() -> tokio::runtime::Builder {
     let mut b = tokio::runtime::Builder::new_multi_thread();
-    b.enable_all().on_thread_park(allocator::on_thread_park);
+    b.enable_all()
+        .on_thread_park(allocator::on_thread_park)
+        .on_thread_start(watchdog::register_thread)
+        .on_thread_stop(watchdog::unregister_thread);
     b
 }
 

@@ -70,11 +70,30 @@
 //! being preempted, would read as blocked; in the measurements a timer
 //! wake-up at the lowest priority behind a spinner was never that late.
 //!
+//! # What ran
+//!
+//! While a stall lasts, the watchdog's own OS thread reads the stacks of
+//! the runtime's threads (a signal asks each for its stack; [`stacks`] and
+//! [`monitor`] say how) and, once the stall is over, logs the ones that were
+//! running something other than the runtime's idle loop, with source lines:
+//! `ran = "thread 123 (tokio-rt-worker): [in clock_nanosleep] load
+//! (controlplane/src/store/sqlite.rs:88) <- …"`.
+//! `agentmesh_runtime_stall_samples_total{result}` counts the reads. A stall
+//! that never ends is still logged (at 10 s, then every minute). The
+//! watchdog threads' own CPU time and context switches are taken out of the
+//! process counters above, so reading stacks never changes a stall's cause.
+//!
 //! In a multi-thread runtime the counters are the whole process's: a stall
 //! caused by one blocked worker while the others were busy reads as busy
 //! (the probe also waited behind their work), and the log line's alive
 //! tasks and global queue depth say how much work was waiting.
 
+mod monitor;
+mod stacks;
+
+pub(crate) use monitor::{register_thread, unregister_thread};
+
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -193,6 +212,12 @@ pub struct StallMetrics {
     pub stalls: Family<[(&'static str, &'static str); 1], Counter>,
     /// `agentmesh_runtime_stall_seconds`: length of each stall seen.
     pub stall_seconds: Histogram,
+    /// `agentmesh_runtime_stall_samples_total{result}`: reads of the
+    /// runtime threads' stacks during a stall (`named`: some thread was
+    /// running our work and the log names it; `all_idle`: none was, the
+    /// process was not run; `unavailable`: stacks cannot be read here).
+    pub stall_samples: Family<[(&'static str, &'static str); 1], Counter>,
+    last_stacks: Arc<Mutex<Option<String>>>,
 }
 
 impl StallMetrics {
@@ -201,9 +226,14 @@ impl StallMetrics {
         let m = Self {
             stalls: Family::default(),
             stall_seconds: Histogram::new([1.0, 2.0, 5.0, 10.0, 30.0]),
+            stall_samples: Family::default(),
+            last_stacks: Arc::default(),
         };
         for cause in StallCause::ALL {
             let _ = m.stalls.get_or_create(&[("cause", cause.as_str())]);
+        }
+        for result in monitor::RESULTS {
+            let _ = m.stall_samples.get_or_create(&[("result", result)]);
         }
         registry.register(
             "agentmesh_runtime_stalls",
@@ -216,7 +246,22 @@ impl StallMetrics {
             "Length of each runtime stall seen by the watchdog",
             m.stall_seconds.clone(),
         );
+        registry.register(
+            "agentmesh_runtime_stall_samples",
+            "Reads of the runtime threads' stacks while a stall lasted, by result \
+             (named: the log says what ran; all_idle: no thread ran our work; unavailable: stacks unreadable)",
+            m.stall_samples.clone(),
+        );
         m
+    }
+
+    /// What the runtime threads were running at the last stall sample
+    /// (the `ran` of the watchdog's warnings), if there was one.
+    pub fn last_stacks(&self) -> Option<String> {
+        self.last_stacks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Stalls counted with `cause` so far.
@@ -227,8 +272,16 @@ impl StallMetrics {
     }
 }
 
-/// Starts the probe on the current runtime; abort the handle to stop it.
+/// Starts the probe on the current runtime, and the OS thread that reads
+/// what ran while a stall lasts; abort the handle to stop both.
 pub fn spawn(metrics: StallMetrics) -> JoinHandle<()> {
+    let heartbeat = Arc::new(monitor::Heartbeat::default());
+    heartbeat.beat();
+    monitor::spawn(
+        &heartbeat,
+        metrics.stall_samples.clone(),
+        metrics.last_stacks.clone(),
+    );
     tokio::spawn(async move {
         let runtime = tokio::runtime::Handle::current().metrics();
         let mut last = (Instant::now(), ProcessCounters::read());
@@ -236,6 +289,7 @@ pub fn spawn(metrics: StallMetrics) -> JoinHandle<()> {
         loop {
             tokio::time::sleep_until(expected).await;
             let now = (Instant::now(), ProcessCounters::read());
+            heartbeat.beat();
             let late = now.0.saturating_duration_since(expected);
             if late >= STALL_THRESHOLD {
                 let window = match (last.1, now.1) {
@@ -302,13 +356,21 @@ impl ProcessCounters {
         if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
             return None;
         }
+        // Without the watchdog threads' own work (reading and symbolizing
+        // stacks), which is not what the runtime waited for.
+        let (own_cpu, own_involuntary, own_voluntary) = monitor::own_usage();
         Some(Self {
             cpu: Duration::new(
                 u64::try_from(ts.tv_sec).unwrap_or(0),
                 u32::try_from(ts.tv_nsec).unwrap_or(0),
-            ),
-            involuntary: u64::try_from(ru.ru_nivcsw).unwrap_or(0),
-            voluntary: u64::try_from(ru.ru_nvcsw).unwrap_or(0),
+            )
+            .saturating_sub(own_cpu),
+            involuntary: u64::try_from(ru.ru_nivcsw)
+                .unwrap_or(0)
+                .saturating_sub(own_involuntary),
+            voluntary: u64::try_from(ru.ru_nvcsw)
+                .unwrap_or(0)
+                .saturating_sub(own_voluntary),
         })
     }
 
@@ -451,6 +513,61 @@ mod tests {
         prometheus_client::encoding::text::encode(&mut text, &reg).expect("encode");
         assert!(
             text.contains("agentmesh_runtime_stall_seconds_count 2"),
+            "{text}"
+        );
+    }
+
+    /// Holds the runtime's only worker in a blocking wait until the
+    /// watchdog has read what it runs (at most 60 s). The watchdog
+    /// symbolizes once the probe runs again or after 10 s of stall, so
+    /// this ends after ≈ 10 s, with no timing to race.
+    #[inline(never)]
+    fn hold_the_worker_until_read(m: &StallMetrics) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while m.last_stacks().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_stall_names_the_function_that_held_the_worker() {
+        let rt = crate::runtime_builder()
+            .worker_threads(1)
+            .build()
+            .expect("runtime");
+        let mut reg = Registry::default();
+        let m = StallMetrics::register(&mut reg);
+        let probe = {
+            let _in = rt.enter();
+            spawn(m.clone())
+        };
+        let held = m.clone();
+        rt.block_on(async move {
+            // Let the probe beat once, then take the worker away from it.
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            tokio::spawn(async move { hold_the_worker_until_read(&held) })
+                .await
+                .expect("join");
+        });
+        probe.abort();
+        let ran = m
+            .last_stacks()
+            .expect("the watchdog read the stacks within 60 s");
+        assert!(
+            ran.starts_with("thread ")
+                && ran.contains("] hold_the_worker_until_read (runtime/src/watchdog/mod.rs:"),
+            "{ran}"
+        );
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &reg).expect("encode");
+        for line in [
+            "agentmesh_runtime_stall_samples_total{result=\"all_idle\"} 0",
+            "agentmesh_runtime_stall_samples_total{result=\"unavailable\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
+        assert!(
+            m.stall_samples.get_or_create(&[("result", "named")]).get() >= 1,
             "{text}"
         );
     }
