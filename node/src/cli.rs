@@ -93,6 +93,23 @@ pub(crate) struct RunArgs {
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
     )]
     stream_inbound_queue_per_protocol: usize,
+    /// Stream opens that may wait for a dial to one peer (at least 1); more
+    /// are refused at once and counted in
+    /// agentmesh_streams_pending_opens_refused_total{limit="per_peer"}.
+    #[arg(
+        long,
+        default_value_t = config::DEFAULT_STREAM_MAX_PENDING_OPENS_PER_PEER,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    stream_max_pending_opens_per_peer: usize,
+    /// Stream opens that may wait for dials to all peers together (at least
+    /// 1); more are refused and counted with limit="total".
+    #[arg(
+        long,
+        default_value_t = config::DEFAULT_STREAM_MAX_PENDING_OPENS_TOTAL,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    stream_max_pending_opens_total: usize,
     /// Serve CPU and heap profiles here (binaries built with `--features pprof`).
     #[arg(long)]
     pub(crate) pprof_addr: Option<std::net::SocketAddr>,
@@ -137,6 +154,8 @@ impl RunArgs {
             shutdown_grace_secs: self.shutdown_grace_secs,
             credential_skew_secs: self.credential_skew_secs,
             stream_inbound_queue_per_protocol: self.stream_inbound_queue_per_protocol,
+            stream_max_pending_opens_per_peer: self.stream_max_pending_opens_per_peer,
+            stream_max_pending_opens_total: self.stream_max_pending_opens_total,
             runtime_watchdog: true,
         })
     }
@@ -233,5 +252,22 @@ mod tests {
             3
         );
         assert!(parse("0").is_err());
+    }
+
+    #[test]
+    fn pending_open_flags_map_and_refuse_zero() {
+        let parse = |flag: &str, v: &str| Cli::try_parse_from(["agentmesh-node", "run", flag, v]);
+        let config = |flag: &str, v: &str| {
+            let Command::Run(args) = parse(flag, v).expect("parse").command else {
+                panic!("not run");
+            };
+            args.into_config().expect("config")
+        };
+        let c = config("--stream-max-pending-opens-per-peer", "5");
+        assert_eq!(c.stream_max_pending_opens_per_peer, 5);
+        let c = config("--stream-max-pending-opens-total", "7");
+        assert_eq!(c.stream_max_pending_opens_total, 7);
+        assert!(parse("--stream-max-pending-opens-per-peer", "0").is_err());
+        assert!(parse("--stream-max-pending-opens-total", "0").is_err());
     }
 }

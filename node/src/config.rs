@@ -23,6 +23,14 @@ pub const DEFAULT_RELAYED_IDLE_SECS: u64 = 3;
 /// re-exported so it is defined once.
 pub const DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL: usize =
     agentmesh_streams::DEFAULT_INBOUND_QUEUE_PER_PROTOCOL;
+/// Default opens waiting for a dial to one peer
+/// (`--stream-max-pending-opens-per-peer`): the streams crate's default.
+pub const DEFAULT_STREAM_MAX_PENDING_OPENS_PER_PEER: usize =
+    agentmesh_streams::DEFAULT_MAX_PENDING_OPENS_PER_PEER;
+/// Default opens waiting for dials to all peers together
+/// (`--stream-max-pending-opens-total`): the streams crate's default.
+pub const DEFAULT_STREAM_MAX_PENDING_OPENS_TOTAL: usize =
+    agentmesh_streams::DEFAULT_MAX_PENDING_OPENS_TOTAL;
 /// File name of the Unix socket inside the data dir.
 pub const SOCKET_FILE: &str = "agentmesh.sock";
 
@@ -109,6 +117,16 @@ pub struct Config {
     /// `agentmesh_streams_inbound_dropped_total{reason="queue_full"}`
     /// (`--stream-inbound-queue-per-protocol`, default 16; 0 acts as 1).
     pub stream_inbound_queue_per_protocol: usize,
+    /// Stream opens (auth, catalog, call, ...) that may wait for a dial to
+    /// one peer not yet connected; more are refused at once, so a loop
+    /// toward an unreachable peer cannot queue without end, and counted in
+    /// `agentmesh_streams_pending_opens_refused_total{limit="per_peer"}`
+    /// (`--stream-max-pending-opens-per-peer`, default 64; 0 acts as 1).
+    pub stream_max_pending_opens_per_peer: usize,
+    /// Stream opens that may wait for dials to all peers together; more are
+    /// refused and counted with `limit="total"`
+    /// (`--stream-max-pending-opens-total`, default 4096; 0 acts as 1).
+    pub stream_max_pending_opens_total: usize,
     /// Run the runtime stall watchdog and serve `agentmesh_runtime_stalls_total`
     /// on `metrics_addr`. One per process: the binary sets it; embedders
     /// running many nodes leave it off (default) and run their own.
@@ -147,6 +165,8 @@ impl Default for Config {
             shutdown_grace_secs: 10,
             credential_skew_secs: 60,
             stream_inbound_queue_per_protocol: DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL,
+            stream_max_pending_opens_per_peer: DEFAULT_STREAM_MAX_PENDING_OPENS_PER_PEER,
+            stream_max_pending_opens_total: DEFAULT_STREAM_MAX_PENDING_OPENS_TOTAL,
             runtime_watchdog: false,
         }
     }
@@ -167,6 +187,14 @@ impl Config {
 
     pub(crate) fn connect_timeout(&self) -> Duration {
         Duration::from_secs(self.connect_timeout_secs.max(1))
+    }
+
+    /// The streams crate's bounds of opens waiting for a dial.
+    pub(crate) fn pending_open_limits(&self) -> agentmesh_streams::PendingOpenLimits {
+        agentmesh_streams::PendingOpenLimits {
+            max_pending_opens_per_peer: self.stream_max_pending_opens_per_peer,
+            max_pending_opens_total: self.stream_max_pending_opens_total,
+        }
     }
 
     pub(crate) fn call_timeout(&self) -> Duration {

@@ -210,7 +210,9 @@ fn validate(config: &Config) -> Result<(), SpawnError> {
 /// config asks for and starts attaching to routers. Returns once running;
 /// readiness follows (see [`NodeHandle::ready`]). Metrics are registered in
 /// `registry` when given (use a sub-registry with a label per node when
-/// embedding many) and are also served on `--metrics-addr` when set.
+/// embedding many) and are also served on `--metrics-addr` when set; only
+/// the served registry adds libp2p's own metrics (`libp2p_*`), so a fleet
+/// embedded in one process does not carry those families per node.
 pub async fn spawn(
     config: Config,
     registry: Option<&mut Registry>,
@@ -288,22 +290,30 @@ pub async fn spawn(
         agentmesh_streams::Config {
             inbound_queue_per_protocol: config.stream_inbound_queue_per_protocol,
         },
+        config.pending_open_limits(),
     )
     .await
     .map_err(|e| SpawnError::Swarm(e.to_string()))?;
 
     // After the swarm: its streams behaviour owns
-    // `agentmesh_streams_inbound_dropped_total`, registered next to the
+    // `agentmesh_streams_inbound_dropped_total` and
+    // `agentmesh_streams_pending_opens_refused_total`, registered next to the
     // node's own metrics (so per node when embedders pass sub-registries).
     if let Some(r) = registry {
         metrics.register(r);
         swarm.behaviour().stream.register_metrics(r);
     }
     let mut watchdog = None;
+    let mut p2p_metrics = None;
     let own_registry = metrics_listener.as_ref().map(|_| {
         let mut r = Registry::default();
         metrics.register(&mut r);
         swarm.behaviour().stream.register_metrics(&mut r);
+        // libp2p's own families (`libp2p_swarm_*`, `libp2p_ping_*`; DESIGN
+        // "Observability"), recorded by the core loop. Only in the registry
+        // this node serves: an embedder running thousands of nodes without
+        // `--metrics-addr` (the ladder) allocates none of them per node.
+        p2p_metrics = Some(libp2p::metrics::Metrics::new(&mut r));
         if config.runtime_watchdog {
             watchdog = Some(agentmesh_runtime::watchdog::StallMetrics::register(&mut r));
             // Same process-wide switch (the binary, whose allocator is
@@ -353,7 +363,7 @@ pub async fn spawn(
     });
 
     let mut core_set = JoinSet::new();
-    let core = core::Core::new(shared.clone(), swarm, cmd_rx, goaways);
+    let core = core::Core::new(shared.clone(), swarm, cmd_rx, goaways, p2p_metrics);
     core_set.spawn(supervised(shared.clone(), core.run()).instrument(span.clone()));
     let mut tasks = JoinSet::new();
     tasks.spawn(

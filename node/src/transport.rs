@@ -81,13 +81,15 @@ fn direct(
 /// QUIC alike and inside the connect timeout; it reads the system's
 /// resolver configuration, so this runs on a blocking thread. Without one,
 /// the node goes on without it (TCP dials still resolve names themselves).
-/// `streams` bounds the inbound queues of our own protocols.
+/// `streams` bounds the inbound queues of our own protocols, `pending` the
+/// opens waiting for a dial.
 pub(crate) async fn build_swarm(
     key: &Keypair,
     source_ip: Option<IpAddr>,
     connect_timeout: Duration,
     idle: Duration,
     streams: agentmesh_streams::Config,
+    pending: agentmesh_streams::PendingOpenLimits,
 ) -> Result<Swarm<Behaviour>, BuildError> {
     let peer_id = key.public().to_peer_id();
     let k = key.clone();
@@ -110,7 +112,7 @@ pub(crate) async fn build_swarm(
     .await??;
     let behaviour = Behaviour {
         relay: relay_client,
-        stream: agentmesh_streams::Behaviour::with_config(streams),
+        stream: agentmesh_streams::Behaviour::with_limits(streams, pending),
         ping: ping::Behaviour::new(ping::Config::new()),
     };
     let config = libp2p::swarm::Config::with_tokio_executor().with_idle_connection_timeout(idle);

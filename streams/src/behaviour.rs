@@ -18,7 +18,7 @@ use prometheus_client::registry::Registry;
 
 use crate::handler::Handler;
 use crate::shared::Shared;
-use crate::{Config, Control, DebugSizes};
+use crate::{Config, Control, DebugSizes, PendingOpenLimits};
 
 /// Raw streams of our own protocols; see the crate doc.
 pub struct Behaviour {
@@ -37,10 +37,17 @@ impl Behaviour {
         Self::with_config(Config::default())
     }
 
-    /// A behaviour with explicit settings.
+    /// A behaviour with explicit settings and the default
+    /// [`PendingOpenLimits`].
     pub fn with_config(config: Config) -> Self {
+        Self::with_limits(config, PendingOpenLimits::default())
+    }
+
+    /// A behaviour with explicit settings and bounds of the opens waiting
+    /// for a dial.
+    pub fn with_limits(config: Config, pending: PendingOpenLimits) -> Self {
         Self {
-            shared: Arc::new(Shared::new(config.inbound_queue_per_protocol)),
+            shared: Arc::new(Shared::new(config.inbound_queue_per_protocol, pending)),
         }
     }
 
@@ -51,12 +58,20 @@ impl Behaviour {
 
     /// Registers `agentmesh_streams_inbound_dropped_total{protocol,reason}`
     /// (inbound streams dropped after negotiation; label values exist from
-    /// the moment a protocol is accepted).
+    /// the moment a protocol is accepted) and
+    /// `agentmesh_streams_pending_opens_refused_total{limit}` (opens refused
+    /// because too many waited for a dial; every `limit` from the start).
+    /// Both live here, so every embedder that calls this counts them.
     pub fn register_metrics(&self, registry: &mut Registry) {
         registry.register(
             "agentmesh_streams_inbound_dropped",
             "Inbound streams dropped after negotiation, by protocol and reason (queue_full: the accept loop is behind; not_accepted: nobody accepts the protocol any more)",
             self.shared.dropped.clone(),
+        );
+        registry.register(
+            "agentmesh_streams_pending_opens_refused",
+            "Stream opens refused at once because too many already waited for a dial, by limit (per_peer: to that peer; total: to all peers together)",
+            self.shared.refused.clone(),
         );
     }
 

@@ -1,5 +1,5 @@
 //! The handle our code holds: open streams, accept a protocol, read the
-//! drop counters.
+//! drop and refusal counters.
 
 use std::io;
 use std::pin::Pin;
@@ -9,7 +9,9 @@ use std::task::{Context, Poll};
 use libp2p::{PeerId, Stream, StreamProtocol};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::shared::{DebugSizes, DropLabels, DropReason, OpenRequest, Route, Shared};
+use crate::shared::{
+    DebugSizes, DropLabels, DropReason, OpenRequest, PendingLimit, RefusedLabels, Route, Shared,
+};
 
 /// Opens streams and registers inbound protocols; cheap to clone, every
 /// clone talks to the same [`Behaviour`](crate::Behaviour).
@@ -29,6 +31,22 @@ pub enum OpenStreamError {
     /// negotiation timed out.
     #[error("failed to open stream: io error: {0}")]
     Io(#[from] io::Error),
+    /// Not connected to the peer, and `max` opens already wait for a dial
+    /// (to this peer, or to all peers together, as `limit` says): refused
+    /// at once instead of queueing without bound behind a dial that may
+    /// only fail at its timeout. Counted in
+    /// `agentmesh_streams_pending_opens_refused_total{limit}`.
+    #[error(
+        "failed to open stream to {peer}: not connected, and {max} opens already wait for {limit}"
+    )]
+    TooManyPending {
+        /// The peer the stream was for.
+        peer: PeerId,
+        /// Which bound was reached.
+        limit: PendingLimit,
+        /// That bound.
+        max: usize,
+    },
 }
 
 /// A protocol is already accepted by a live [`IncomingStreams`].
@@ -45,7 +63,9 @@ impl Control {
     /// not connected, asks the swarm to dial the peer (addresses come from
     /// the other behaviours) and fails if that dial fails. The caller bounds
     /// the wait (the negotiation itself times out after the swarm's
-    /// substream timeout).
+    /// substream timeout). Refused at once with
+    /// [`OpenStreamError::TooManyPending`] when too many opens already wait
+    /// for a dial ([`PendingOpenLimits`](crate::PendingOpenLimits)).
     pub async fn open_stream(
         &mut self,
         peer: PeerId,
@@ -53,8 +73,10 @@ impl Control {
     ) -> Result<Stream, OpenStreamError> {
         let (reply, answer) = oneshot::channel();
         let req = OpenRequest { protocol, reply };
-        if let Route::Connection(conn, req) = self.shared.route(peer, req) {
-            conn.send(req).await.map_err(|_| closed(peer))?;
+        match self.shared.route(peer, req) {
+            Route::Connection(conn, req) => conn.send(req).await.map_err(|_| closed(peer))?,
+            Route::Dialing => {}
+            Route::Refused(e) => return Err(e),
         }
         answer.await.map_err(|_| closed(peer))?
     }
@@ -78,6 +100,15 @@ impl Control {
                 protocol: protocol.to_string(),
                 reason,
             })
+            .get()
+    }
+
+    /// How many opens were refused because `limit` was reached (same
+    /// numbers as `agentmesh_streams_pending_opens_refused_total`).
+    pub fn pending_opens_refused(&self, limit: PendingLimit) -> u64 {
+        self.shared
+            .refused
+            .get_or_create(&RefusedLabels { limit })
             .get()
     }
 
@@ -133,5 +164,117 @@ impl futures::Stream for IncomingStreams {
 impl Drop for IncomingStreams {
     fn drop(&mut self) {
         self.shared.unregister(&self.protocol, self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::task::Poll;
+
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+    use crate::{Behaviour, Config, PendingOpenLimits};
+
+    type Open = Pin<Box<dyn Future<Output = Result<Stream, OpenStreamError>> + Send>>;
+
+    /// An open to `peer` that owns its control, so many can wait at once.
+    fn open(control: &Control, peer: PeerId) -> Open {
+        let mut c = control.clone();
+        Box::pin(async move { c.open_stream(peer, StreamProtocol::new("/t/1")).await })
+    }
+
+    /// Polls once. No swarm drives the behaviour here, so an open that is
+    /// not refused stays parked waiting for its dial.
+    fn poll_once(f: &mut Open) -> Poll<Result<Stream, OpenStreamError>> {
+        f.as_mut()
+            .poll(&mut Context::from_waker(futures::task::noop_waker_ref()))
+    }
+
+    fn limits(per_peer: usize, total: usize) -> Control {
+        Behaviour::with_limits(
+            Config::default(),
+            PendingOpenLimits {
+                max_pending_opens_per_peer: per_peer,
+                max_pending_opens_total: total,
+            },
+        )
+        .new_control()
+    }
+
+    #[test]
+    fn opens_beyond_the_per_peer_bound_are_refused_while_another_peer_queues() {
+        let control = limits(3, 100);
+        let (a, b) = (PeerId::random(), PeerId::random());
+        let mut parked: Vec<Open> = (0..3).map(|_| open(&control, a)).collect();
+        for f in &mut parked {
+            assert!(poll_once(f).is_pending(), "the first 3 opens to a wait");
+        }
+        match poll_once(&mut open(&control, a)) {
+            Poll::Ready(Err(OpenStreamError::TooManyPending { peer, limit, max })) => {
+                assert_eq!((peer, limit, max), (a, PendingLimit::PerPeer, 3));
+            }
+            other => panic!("4th open to a not refused: {:?}", other.map(|r| r.err())),
+        }
+        let mut to_b = open(&control, b);
+        assert!(poll_once(&mut to_b).is_pending(), "b still queues");
+        assert_eq!(control.pending_opens_refused(PendingLimit::PerPeer), 1);
+        assert_eq!(control.pending_opens_refused(PendingLimit::Total), 0);
+        let sizes = control.debug_sizes();
+        assert_eq!((sizes.pending_dials, sizes.pending_opens), (2, 4));
+
+        // A caller that gave up frees its place.
+        parked.pop();
+        let mut again = open(&control, a);
+        assert!(poll_once(&mut again).is_pending());
+        assert_eq!(control.debug_sizes().pending_opens, 4);
+    }
+
+    #[test]
+    fn opens_beyond_the_total_bound_are_refused_until_a_caller_gives_up() {
+        let control = limits(10, 3);
+        let (a, b, c) = (PeerId::random(), PeerId::random(), PeerId::random());
+        let mut parked = vec![open(&control, a), open(&control, a), open(&control, b)];
+        for f in &mut parked {
+            assert!(poll_once(f).is_pending());
+        }
+        let refused = poll_once(&mut open(&control, c));
+        let Poll::Ready(Err(e @ OpenStreamError::TooManyPending { .. })) = refused else {
+            panic!("open beyond the total bound not refused");
+        };
+        assert!(
+            e.to_string()
+                .contains("3 opens already wait for dials to all peers together"),
+            "{e}"
+        );
+        assert_eq!(control.pending_opens_refused(PendingLimit::Total), 1);
+        // The refused peer left no entry behind.
+        assert_eq!(control.debug_sizes().pending_dials, 2);
+
+        drop(parked.remove(2));
+        let mut to_c = open(&control, c);
+        assert!(
+            poll_once(&mut to_c).is_pending(),
+            "b's caller gave up: c queues"
+        );
+        let sizes = control.debug_sizes();
+        assert_eq!((sizes.pending_dials, sizes.pending_opens), (2, 3));
+    }
+
+    #[test]
+    fn refusal_counters_exist_at_zero_from_the_start() {
+        let behaviour = Behaviour::new();
+        let mut registry = Registry::default();
+        behaviour.register_metrics(&mut registry);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).expect("encode");
+        for limit in PendingLimit::ALL {
+            let series = format!(
+                "agentmesh_streams_pending_opens_refused_total{{limit=\"{}\"}} 0",
+                limit.as_str()
+            );
+            assert!(out.contains(&series), "{series} missing: {out}");
+        }
     }
 }

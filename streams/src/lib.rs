@@ -8,7 +8,11 @@
 //! per-connection state lives in one place and is removed when the
 //! connection's handler goes away, and inbound streams beyond a bounded
 //! per-protocol queue are dropped and counted
-//! (`agentmesh_streams_inbound_dropped_total`).
+//! (`agentmesh_streams_inbound_dropped_total`). Open requests waiting for a
+//! dial to their peer are bounded per peer and in total
+//! ([`PendingOpenLimits`]); beyond either bound an open is refused at once
+//! with [`OpenStreamError::TooManyPending`] and counted
+//! (`agentmesh_streams_pending_opens_refused_total{limit}`).
 
 mod behaviour;
 mod control;
@@ -18,7 +22,7 @@ mod upgrade;
 
 pub use behaviour::Behaviour;
 pub use control::{AlreadyRegistered, Control, IncomingStreams, OpenStreamError};
-pub use shared::{DebugSizes, DropReason};
+pub use shared::{DebugSizes, DropReason, PendingLimit};
 
 /// Default bound of each protocol's queue of accepted-but-not-yet-taken
 /// inbound streams. Small: a healthy accept loop drains it at once, and a
@@ -28,6 +32,45 @@ pub const DEFAULT_INBOUND_QUEUE_PER_PROTOCOL: usize = 16;
 /// Bound of each connection's queue of outbound open requests not yet
 /// handed to the connection. Callers wait (backpressure) when it is full.
 pub(crate) const OPEN_QUEUE_PER_CONNECTION: usize = 32;
+
+/// Default bound of the open requests waiting for a dial to one peer
+/// ([`PendingOpenLimits::max_pending_opens_per_peer`]). Twice a connection's
+/// open queue: a burst of opens to a peer being dialed fits, while a caller
+/// looping on an unreachable peer is refused after this many instead of
+/// queueing until the dial times out.
+pub const DEFAULT_MAX_PENDING_OPENS_PER_PEER: usize = 64;
+
+/// Default bound of the open requests waiting for dials to all peers
+/// together ([`PendingOpenLimits::max_pending_opens_total`]): each holds a
+/// reply channel, so many unreachable peers cannot add up to unbounded
+/// memory either.
+pub const DEFAULT_MAX_PENDING_OPENS_TOTAL: usize = 4096;
+
+/// Bounds of the open requests parked until a dial to their peer connects
+/// or fails. Requests whose callers gave up do not count.
+///
+/// Kept apart from [`Config`] so that code building a `Config` with every
+/// field listed still compiles; [`Behaviour::with_limits`] takes both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingOpenLimits {
+    /// Opens waiting for a connection to one peer; more are refused with
+    /// [`OpenStreamError::TooManyPending`] (`limit="per_peer"`). Default
+    /// [`DEFAULT_MAX_PENDING_OPENS_PER_PEER`]; 0 acts as 1.
+    pub max_pending_opens_per_peer: usize,
+    /// Opens waiting for connections to any peer; more are refused
+    /// (`limit="total"`). Default [`DEFAULT_MAX_PENDING_OPENS_TOTAL`]; 0
+    /// acts as 1.
+    pub max_pending_opens_total: usize,
+}
+
+impl Default for PendingOpenLimits {
+    fn default() -> Self {
+        Self {
+            max_pending_opens_per_peer: DEFAULT_MAX_PENDING_OPENS_PER_PEER,
+            max_pending_opens_total: DEFAULT_MAX_PENDING_OPENS_TOTAL,
+        }
+    }
+}
 
 /// Settings of a [`Behaviour`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! The state shared by the behaviour, its connection handlers and every
 //! [`Control`](crate::Control): registered protocols, live connections,
-//! open requests waiting for a dial, and the drop counters.
+//! open requests waiting for a dial (bounded per peer and in total), and
+//! the drop and refusal counters.
 //!
 //! Every per-connection entry is added when a handler is created and removed
 //! when that handler is dropped (or the swarm reports the connection
@@ -18,8 +19,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::OPEN_QUEUE_PER_CONNECTION;
 use crate::control::{AlreadyRegistered, IncomingStreams, OpenStreamError};
+use crate::{OPEN_QUEUE_PER_CONNECTION, PendingOpenLimits};
 
 /// Why an inbound stream was dropped after negotiation (metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -50,6 +51,49 @@ impl EncodeLabelValue for DropReason {
     }
 }
 
+/// Which bound refused an open waiting for a dial (metric label `limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PendingLimit {
+    /// Too many opens already wait for a connection to this one peer.
+    PerPeer,
+    /// Too many opens already wait for connections to all peers together.
+    Total,
+}
+
+impl PendingLimit {
+    /// Every limit, to pre-create label values.
+    pub const ALL: [PendingLimit; 2] = [PendingLimit::PerPeer, PendingLimit::Total];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PendingLimit::PerPeer => "per_peer",
+            PendingLimit::Total => "total",
+        }
+    }
+}
+
+impl std::fmt::Display for PendingLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PendingLimit::PerPeer => "a dial to this peer",
+            PendingLimit::Total => "dials to all peers together",
+        })
+    }
+}
+
+impl EncodeLabelValue for PendingLimit {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&self.as_str(), encoder)
+    }
+}
+
+/// Labels of `agentmesh_streams_pending_opens_refused_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(crate) struct RefusedLabels {
+    pub(crate) limit: PendingLimit,
+}
+
 /// Labels of `agentmesh_streams_inbound_dropped_total`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct DropLabels {
@@ -69,6 +113,8 @@ pub struct DebugSizes {
     pub peers: usize,
     /// Peers with open requests waiting for a dial.
     pub pending_dials: usize,
+    /// Open requests waiting for a dial, all peers together.
+    pub pending_opens: usize,
     /// Dials requested but not yet handed to the swarm.
     pub queued_dials: usize,
 }
@@ -86,6 +132,8 @@ pub(crate) enum Route {
     Connection(mpsc::Sender<OpenRequest>, OpenRequest),
     /// Parked until a dial to the peer connects or fails.
     Dialing,
+    /// Refused: too many opens already wait for a dial.
+    Refused(OpenStreamError),
 }
 
 struct Registration {
@@ -105,6 +153,9 @@ struct Inner {
     /// Live connections of each peer, oldest first.
     peers: HashMap<PeerId, Vec<ConnectionId>>,
     pending: HashMap<PeerId, Vec<OpenRequest>>,
+    /// Requests in `pending`, all peers together (kept, not summed: a sum
+    /// would cost one step per pending peer on every open).
+    pending_total: usize,
     dials: VecDeque<PeerId>,
     dial_waker: Option<Waker>,
     next_registration: u64,
@@ -114,15 +165,25 @@ struct Inner {
 pub(crate) struct Shared {
     inner: Mutex<Inner>,
     inbound_queue: usize,
+    max_pending_per_peer: usize,
+    max_pending_total: usize,
     pub(crate) dropped: Family<DropLabels, Counter>,
+    pub(crate) refused: Family<RefusedLabels, Counter>,
 }
 
 impl Shared {
-    pub(crate) fn new(inbound_queue: usize) -> Self {
+    pub(crate) fn new(inbound_queue: usize, limits: PendingOpenLimits) -> Self {
+        let refused = Family::default();
+        for limit in PendingLimit::ALL {
+            let _ = refused.get_or_create(&RefusedLabels { limit });
+        }
         Self {
             inner: Mutex::new(Inner::default()),
             inbound_queue: inbound_queue.max(1),
+            max_pending_per_peer: limits.max_pending_opens_per_peer.max(1),
+            max_pending_total: limits.max_pending_opens_total.max(1),
             dropped: Family::default(),
+            refused,
         }
     }
 
@@ -133,6 +194,7 @@ impl Shared {
             connections: inner.connections.len(),
             peers: inner.peers.len(),
             pending_dials: inner.pending.len(),
+            pending_opens: inner.pending_total,
             queued_dials: inner.dials.len(),
         }
     }
@@ -216,6 +278,8 @@ impl Shared {
         inner.connections.insert(conn, Conn { peer, requests });
         inner.peers.entry(peer).or_default().push(conn);
         let waiting = inner.pending.remove(&peer).unwrap_or_default();
+        inner.pending_total = inner.pending_total.saturating_sub(waiting.len());
+        shrink_sparse(&mut inner.pending);
         (receiver, waiting)
     }
 
@@ -237,18 +301,46 @@ impl Shared {
     }
 
     /// Picks the newest connection to `peer`, or parks the request and asks
-    /// for a dial.
+    /// for a dial; refuses it when the peer's (or every peer's) parked
+    /// requests are at their bound, so a caller looping on an unreachable
+    /// peer cannot queue without end while each dial runs to its timeout.
     pub(crate) fn route(&self, peer: PeerId, req: OpenRequest) -> Route {
         let mut inner = self.inner.lock();
         let conn = inner.peers.get(&peer).and_then(|l| l.last().copied());
         if let Some(c) = conn.and_then(|id| inner.connections.get(&id)) {
             return Route::Connection(c.requests.clone(), req);
         }
+        let inner = &mut *inner;
+        // Requests whose callers gave up need not wait for the dial, nor
+        // count against the bounds.
+        let waiting_here = match inner.pending.get_mut(&peer) {
+            Some(waiting) => {
+                let before = waiting.len();
+                waiting.retain(|r| !r.reply.is_closed());
+                inner.pending_total = inner.pending_total.saturating_sub(before - waiting.len());
+                waiting.len()
+            }
+            None => 0,
+        };
+        let refused = if waiting_here >= self.max_pending_per_peer {
+            Some((PendingLimit::PerPeer, self.max_pending_per_peer))
+        } else if inner.pending_total >= self.max_pending_total
+            && prune_gone(inner) >= self.max_pending_total
+        {
+            Some((PendingLimit::Total, self.max_pending_total))
+        } else {
+            None
+        };
+        if let Some((limit, max)) = refused {
+            if inner.pending.get(&peer).is_some_and(Vec::is_empty) {
+                inner.pending.remove(&peer);
+            }
+            return Route::Refused(self.refuse(peer, limit, max));
+        }
         let waiting = inner.pending.entry(peer).or_default();
-        // Requests whose callers gave up need not wait for the dial.
-        waiting.retain(|r| !r.reply.is_closed());
         let first = waiting.is_empty();
         waiting.push(req);
+        inner.pending_total += 1;
         if first {
             inner.dials.push_back(peer);
             if let Some(w) = inner.dial_waker.take() {
@@ -258,11 +350,20 @@ impl Shared {
         Route::Dialing
     }
 
+    /// Counts a refused open and says why.
+    fn refuse(&self, peer: PeerId, limit: PendingLimit, max: usize) -> OpenStreamError {
+        tracing::debug!(%peer, limit = limit.as_str(), max, "open refused: too many waiting for a dial");
+        self.refused.get_or_create(&RefusedLabels { limit }).inc();
+        OpenStreamError::TooManyPending { peer, limit, max }
+    }
+
     /// Fails the requests waiting for a dial to `peer`.
     pub(crate) fn dial_failed(&self, peer: PeerId, reason: &str) {
         let waiting = {
             let mut inner = self.inner.lock();
             let waiting = inner.pending.remove(&peer);
+            let n = waiting.as_ref().map_or(0, Vec::len);
+            inner.pending_total = inner.pending_total.saturating_sub(n);
             shrink_sparse(&mut inner.pending);
             waiting
         };
@@ -286,6 +387,19 @@ impl Shared {
     }
 }
 
+/// Drops the parked requests of every peer whose callers gave up (and the
+/// peers left with none); returns how many requests remain. A full sweep,
+/// run only when the total bound is reached, so it costs at most that bound.
+fn prune_gone(inner: &mut Inner) -> usize {
+    inner.pending.retain(|_, waiting| {
+        waiting.retain(|r| !r.reply.is_closed());
+        !waiting.is_empty()
+    });
+    inner.pending_total = inner.pending.values().map(Vec::len).sum();
+    shrink_sparse(&mut inner.pending);
+    inner.pending_total
+}
+
 /// Tables this small keep their capacity (not worth a rehash).
 const KEEP_CAPACITY: usize = 64;
 
@@ -306,7 +420,7 @@ mod tests {
 
     #[test]
     fn tables_give_back_capacity_after_a_peak() {
-        let shared = Shared::new(1);
+        let shared = Shared::new(1, PendingOpenLimits::default());
         let peers: Vec<PeerId> = (0..2_000).map(|_| PeerId::random()).collect();
         let mut receivers = Vec::new();
         for (i, p) in peers.iter().enumerate() {

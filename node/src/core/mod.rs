@@ -27,6 +27,7 @@ use agentmesh_proto::unix_now;
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
+use libp2p::metrics::Recorder as _;
 use libp2p::swarm::SwarmEvent;
 use libp2p::{PeerId, Swarm};
 use rand::Rng;
@@ -112,6 +113,8 @@ pub(crate) struct Core {
     /// The last thing that went wrong holding routers (see
     /// [`crate::NodeStatus::last_router_error`]).
     last_router_error: Option<String>,
+    /// libp2p's own metrics, when this node serves `--metrics-addr`.
+    p2p_metrics: Option<libp2p::metrics::Metrics>,
 }
 
 /// Characters kept of [`crate::NodeStatus::last_router_error`].
@@ -129,12 +132,23 @@ pub(crate) fn backoff(failures: u32, min: Duration, max: Duration) -> Duration {
     jittered(exp.min(max), 0.5)
 }
 
+/// Records `event` in libp2p's metrics: every swarm event, and the events of
+/// the behaviours libp2p-metrics has a recorder for (ping; the relay
+/// recorder is for relay servers, so the client's events are not recorded).
+fn record_p2p(m: &libp2p::metrics::Metrics, event: &SwarmEvent<BehaviourEvent>) {
+    m.record(event);
+    if let SwarmEvent::Behaviour(BehaviourEvent::Ping(e)) = event {
+        m.record(e);
+    }
+}
+
 impl Core {
     pub(crate) fn new(
         shared: Arc<Shared>,
         swarm: Swarm<Behaviour>,
         cmd_rx: mpsc::Receiver<Command>,
         goaways: agentmesh_streams::IncomingStreams,
+        p2p_metrics: Option<libp2p::metrics::Metrics>,
     ) -> Self {
         let now = Instant::now();
         let mut core = Self {
@@ -166,6 +180,7 @@ impl Core {
             warned_no_router: false,
             publish_retry_at: None,
             last_router_error: None,
+            p2p_metrics,
         };
         core.schedule_refresh();
         core.publish_status();
@@ -370,6 +385,9 @@ impl Core {
     }
 
     fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
+        if let Some(m) = &self.p2p_metrics {
+            record_p2p(m, &event);
+        }
         if let SwarmEvent::ConnectionClosed {
             peer_id,
             cause,
