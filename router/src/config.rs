@@ -124,6 +124,12 @@ pub struct Config {
     /// this long before the router closes; keep it below the pod's
     /// termination grace. Default 30 s.
     pub drain_grace: Duration,
+    /// Accept `POST /drain` on the metrics listener from any address, not
+    /// only from loopback (where `kubectl port-forward` and a shell in the
+    /// pod arrive). Off by default: whatever may scrape metrics could
+    /// otherwise drain the router; turn it on only where the listener is
+    /// protected some other way. Default false.
+    pub drain_http_allow_remote: bool,
     /// Go-away streams open at once (fan-out bound). Default 512.
     pub goaway_max_concurrent_streams: usize,
     /// How long a go-away asks members to stay away. Default 300 s.
@@ -207,6 +213,7 @@ impl Default for Config {
             high_watermark_memory_percent: DEFAULT_HIGH_WATERMARK_MEMORY_PERCENT,
             low_watermark: None,
             drain_grace: Duration::from_secs(DEFAULT_DRAIN_GRACE_SECS),
+            drain_http_allow_remote: false,
             goaway_max_concurrent_streams: DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS,
             goaway_retry_after: Duration::from_secs(DEFAULT_GOAWAY_RETRY_AFTER_SECS),
             trim_close_grace: Duration::from_secs(DEFAULT_TRIM_CLOSE_GRACE_SECS),

@@ -1,24 +1,49 @@
 //! The metrics listener: `/metrics` (Prometheus text), `/healthz` (the
-//! process runs), `/readyz` (DESIGN.md "Readiness", with the reason) and,
-//! in the binary, `/debug/allocator` (jemalloc's statistics report).
+//! process runs), `/readyz` (DESIGN.md "Readiness", with the reason),
+//! `POST /drain` (loopback peers only unless `--drain-http-allow-remote`)
+//! and, in the binary, `/debug/allocator` (jemalloc's statistics report).
+//!
+//! The listener is reachable by whatever may scrape metrics (Prometheus,
+//! per the k8s NetworkPolicy), so the one endpoint that changes state,
+//! `/drain`, checks the peer address itself: `kubectl port-forward` and a
+//! shell in the pod arrive from loopback, a scraper does not.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
+use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::state::Shared;
+
+/// Refused `/drain` requests are logged at most this often (each is counted).
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(Clone)]
 struct HttpState {
     registry: Arc<Registry>,
     shared: Arc<Shared>,
+    /// When a refused `/drain` was last logged (a loop of them must not flood the log).
+    refusal_logged: Arc<Mutex<Option<Instant>>>,
+}
+
+impl HttpState {
+    fn new(registry: Arc<Registry>, shared: Arc<Shared>) -> Self {
+        Self {
+            registry,
+            shared,
+            refusal_logged: Arc::default(),
+        }
+    }
 }
 
 /// Serves the metrics listener until `cancel` fires.
@@ -34,7 +59,9 @@ pub(crate) async fn serve(
         .route("/readyz", get(readyz))
         .route("/drain", post(drain))
         .route("/debug/allocator", get(allocator))
-        .with_state(HttpState { registry, shared });
+        .with_state(HttpState::new(registry, shared));
+    // The peer address reaches handlers as `ConnectInfo` (for `/drain`).
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(cancel.cancelled_owned())
         .await
@@ -87,12 +114,74 @@ async fn allocator(State(s): State<HttpState>) -> impl IntoResponse {
     }
 }
 
-/// `POST /drain`: starts draining (see `RouterHandle::drain`); 202 Accepted.
-async fn drain(State(s): State<HttpState>) -> impl IntoResponse {
-    if s.shared.drain.request() {
-        tracing::info!("drain requested over HTTP");
+/// Why `POST /drain` was refused (the `reason` label of
+/// `agentmesh_router_http_requests_refused_total{endpoint="drain"}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DrainRefusal {
+    /// The peer is not a loopback address and `--drain-http-allow-remote` is off.
+    NotLoopback,
+}
+
+impl DrainRefusal {
+    /// The metric label.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::NotLoopback => "not_loopback",
+        }
     }
-    (StatusCode::ACCEPTED, "draining\n")
+}
+
+/// Whether a `POST /drain` from `peer` may start a drain: from a loopback
+/// address always (an IPv4-mapped `::ffff:127.0.0.1`, as a dual-stack
+/// listener sees IPv4 loopback, counts as loopback); from anywhere else
+/// only with `allow_remote` (operators who protect the listener themselves).
+pub(crate) fn drain_allowed(peer: IpAddr, allow_remote: bool) -> Result<(), DrainRefusal> {
+    if allow_remote || peer.to_canonical().is_loopback() {
+        Ok(())
+    } else {
+        Err(DrainRefusal::NotLoopback)
+    }
+}
+
+/// `POST /drain`: starts draining (see `RouterHandle::drain`), 202
+/// Accepted; 403 with the reason (counted) from a peer [`drain_allowed`]
+/// refuses.
+async fn drain(
+    State(s): State<HttpState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+) -> (StatusCode, String) {
+    if let Err(why) = drain_allowed(peer.ip(), s.shared.config.drain_http_allow_remote) {
+        s.shared.metrics.http_refused("drain", why.as_str());
+        let now = Instant::now();
+        let due = {
+            let mut last = s.refusal_logged.lock();
+            let due = last.is_none_or(|t| now - t >= REFUSAL_LOG_EVERY);
+            if due {
+                *last = Some(now);
+            }
+            due
+        };
+        if due {
+            tracing::warn!(
+                %peer,
+                reason = why.as_str(),
+                "POST /drain refused: not from loopback (logged at most once a minute)"
+            );
+        }
+        return (
+            StatusCode::FORBIDDEN,
+            format!(
+                "drain refused: POST /drain is accepted only from a loopback address \
+                 (kubectl port-forward, or a shell in the pod), and {} is not one; \
+                 start the router with --drain-http-allow-remote to accept it from anywhere\n",
+                peer.ip()
+            ),
+        );
+    }
+    if s.shared.drain.request() {
+        tracing::info!(%peer, "drain requested over HTTP");
+    }
+    (StatusCode::ACCEPTED, "draining\n".to_string())
 }
 
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
@@ -102,5 +191,82 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {why}\n"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("ip")
+    }
+
+    #[test]
+    fn drain_is_allowed_from_loopback_only_unless_remote_is_allowed() {
+        for peer in ["127.0.0.1", "127.3.2.1", "::1", "::ffff:127.0.0.1"] {
+            assert_eq!(drain_allowed(ip(peer), false), Ok(()), "{peer}");
+        }
+        for peer in [
+            "10.0.0.7",
+            "192.0.2.2",
+            "fd00::2",
+            "::ffff:10.0.0.7",
+            "0.0.0.0",
+        ] {
+            assert_eq!(
+                drain_allowed(ip(peer), false),
+                Err(DrainRefusal::NotLoopback),
+                "{peer}"
+            );
+            assert_eq!(
+                drain_allowed(ip(peer), true),
+                Ok(()),
+                "{peer} with allow_remote"
+            );
+        }
+    }
+
+    fn refusals(shared: &Shared) -> u64 {
+        shared
+            .metrics
+            .http_refused
+            .get_or_create(&[("endpoint", "drain"), ("reason", "not_loopback")])
+            .get()
+    }
+
+    async fn post_drain(shared: &Arc<Shared>, from: &str) -> (StatusCode, String) {
+        let state = HttpState::new(Arc::new(Registry::default()), shared.clone());
+        let peer = SocketAddr::new(ip(from), 40_000);
+        drain(State(state), ConnectInfo(peer)).await
+    }
+
+    #[tokio::test]
+    async fn a_remote_drain_is_refused_with_a_reason_and_counted_and_does_not_drain() {
+        let shared = crate::test_support::shared(|_| {});
+        let (status, body) = post_drain(&shared, "10.0.0.7").await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+        assert!(body.contains("only from a loopback address"), "{body}");
+        assert!(body.contains("10.0.0.7"), "{body}");
+        assert!(body.contains("--drain-http-allow-remote"), "{body}");
+        assert_eq!(refusals(&shared), 1);
+        assert!(
+            !shared.drain.is_requested(),
+            "a refused request started a drain"
+        );
+
+        let (status, body) = post_drain(&shared, "::ffff:127.0.0.1").await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        assert!(shared.drain.is_requested());
+        assert_eq!(refusals(&shared), 1, "an accepted drain is not a refusal");
+    }
+
+    #[tokio::test]
+    async fn with_remote_allowed_any_peer_drains() {
+        let shared = crate::test_support::shared(|c| c.drain_http_allow_remote = true);
+        let (status, body) = post_drain(&shared, "10.0.0.7").await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        assert!(shared.drain.is_requested());
+        assert_eq!(refusals(&shared), 0);
     }
 }

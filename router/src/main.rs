@@ -54,6 +54,11 @@ struct Args {
     low_watermark: Option<u32>,
     #[arg(long, default_value_t = d::DEFAULT_DRAIN_GRACE_SECS)]
     drain_grace_secs: u64,
+    /// Accept POST /drain on the metrics listener from any address (default:
+    /// loopback only, e.g. kubectl port-forward; others get 403). Only where
+    /// the listener is protected otherwise.
+    #[arg(long)]
+    drain_http_allow_remote: bool,
     #[arg(long, default_value_t = d::DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS)]
     goaway_max_concurrent_streams: usize,
     #[arg(long, default_value_t = d::DEFAULT_GOAWAY_RETRY_AFTER_SECS)]
@@ -136,6 +141,7 @@ impl Args {
             high_watermark_memory_percent: self.high_watermark_memory_percent,
             low_watermark: self.low_watermark,
             drain_grace: s(self.drain_grace_secs),
+            drain_http_allow_remote: self.drain_http_allow_remote,
             goaway_max_concurrent_streams: self.goaway_max_concurrent_streams,
             goaway_retry_after: s(self.goaway_retry_after_secs),
             trim_close_grace: s(self.trim_close_grace_secs),
@@ -321,6 +327,7 @@ mod tests {
             "--goaway-max-concurrent-streams=8",
             "--goaway-retry-after-secs=60",
             "--trim-close-grace-secs=3",
+            "--drain-http-allow-remote",
         ])
         .expect("parse");
         let c = args.into_config(String::new());
@@ -331,6 +338,7 @@ mod tests {
         assert_eq!(c.goaway_max_concurrent_streams, 8);
         assert_eq!(c.goaway_retry_after, Duration::from_secs(60));
         assert_eq!(c.trim_close_grace, Duration::from_secs(3));
+        assert!(c.drain_http_allow_remote);
         let c = Args::try_parse_from(["agentmesh-router", "--high-watermark-memory-percent=25"])
             .expect("parse")
             .into_config(String::new());

@@ -72,6 +72,10 @@ pub(crate) const TABLES: &[&str] = &[
     "log_sources",
 ];
 
+/// Refusals on the metrics listener, (endpoint, reason): `POST /drain`
+/// from a peer that is not loopback (see `http::drain_allowed`).
+pub(crate) const HTTP_REFUSALS: &[(&str, &str)] = &[("drain", "not_loopback")];
+
 /// Our own protocols whose streams we bound.
 pub(crate) const OWN_PROTOCOLS: &[&str] = &["auth", "catalog"];
 
@@ -129,6 +133,7 @@ pub(crate) struct Metrics {
     pub(crate) goaway_sent: Family<L2, Counter>,
     pub(crate) trimmed: Family<L1, Counter>,
     pub(crate) draining: Gauge,
+    pub(crate) http_refused: Family<L2, Counter>,
 }
 
 impl Metrics {
@@ -270,6 +275,18 @@ impl Metrics {
             "1 while the router drains",
             m.draining.clone(),
         );
+        r.register(
+            "agentmesh_router_http_requests_refused",
+            "Requests on the metrics listener refused, by endpoint and reason \
+             (not_loopback: POST /drain from an address that is not loopback, \
+             see --drain-http-allow-remote)",
+            m.http_refused.clone(),
+        );
+        for (endpoint, reason) in HTTP_REFUSALS {
+            let _ = m
+                .http_refused
+                .get_or_create(&[("endpoint", endpoint), ("reason", reason)]);
+        }
         for reason in crate::goaway::REASONS {
             for res in crate::goaway::RESULTS {
                 let _ = m
@@ -348,6 +365,13 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts one refused request on the metrics listener.
+    pub(crate) fn http_refused(&self, endpoint: &'static str, reason: &'static str) {
+        self.http_refused
+            .get_or_create(&[("endpoint", endpoint), ("reason", reason)])
+            .inc();
+    }
+
     /// Counts a stream dropped because too many were in flight.
     pub(crate) fn stream_refused(&self, protocol: &'static str) {
         self.refused
@@ -383,6 +407,7 @@ mod tests {
             r#"agentmesh_router_catalog_requests_total{op="unknown",result="malformed"} 0"#,
             "agentmesh_router_catalog_provide_failures_total 0",
             r#"agentmesh_router_refused_total{resource="stream",scope="connection",protocol="none"} 0"#,
+            r#"agentmesh_router_http_requests_refused_total{endpoint="drain",reason="not_loopback"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == series), "{series} missing");
         }

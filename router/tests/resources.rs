@@ -5,6 +5,8 @@
 //!   protocol and peer only; auth and catalog keep serving; counters move;
 //! - members behind one source IP are not limited once admitted;
 //! - a memory budget refuses connections and counts, and frees on close;
+//! - one peer's streams are refused past its share of the memory budget
+//!   while other peers are served;
 //! - the QUIC listener admits and accounts like TCP.
 
 mod support;
@@ -278,6 +280,66 @@ async fn a_stream_flood_on_one_protocol_is_refused_for_that_peer_only() {
     .await;
     let resp = flooder.lookup(r.id()).await;
     assert!(resp.result.is_some(), "catalog answers the flooder again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peers_streams_are_refused_past_its_memory_share() {
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| {
+        // 1% of 64 MiB is below the 1 MiB floor: the share is 1 MiB, 16
+        // catalog streams (64 KiB each), less what the peer holds besides.
+        c.resources.memory_limit_bytes = Some(64 << 20);
+        c.resources.memory_budget_percent = 100;
+        c.resources.memory_per_peer_max_percent = 1;
+        // The stream budgets must not bite first.
+        c.resources
+            .peer_stream_budgets
+            .insert("catalog".to_string(), 64);
+    })
+    .await;
+    assert_eq!(
+        r.metric("agentmesh_router_memory_per_peer_max_bytes"),
+        f64::from(1 << 20)
+    );
+    let token = cp.token(Role::Member).await;
+    let busy = admitted_peer(&cp, &r, &token, false).await;
+    let other = admitted_peer(&cp, &r, &token, false).await;
+
+    // The busy peer opens catalog streams and holds them (as in the flood
+    // test above, the accept loop may drop some, so open until refusals show).
+    let live = "agentmesh_router_streams{protocol=\"catalog\",direction=\"inbound\"}";
+    let mut held = Vec::new();
+    let mut refused = 0u32;
+    let end = tokio::time::Instant::now() + support::DEADLINE;
+    while refused < 10 {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "no refusals within the deadline"
+        );
+        match busy.open(r.id(), CATALOG).await {
+            Ok(s) => held.push(s),
+            Err(_) => refused += 1,
+        }
+        assert!(r.metric(live) <= 16.0, "the peer's share is never exceeded");
+    }
+    assert_eq!(r.refused("memory", "peer", "catalog"), f64::from(refused));
+    assert_eq!(r.refused("memory", "system", "catalog"), 0.0);
+    assert_eq!(r.refused("stream", "peer", "catalog"), 0.0);
+    // The other member is served; the busy one keeps its connection.
+    let resp = other.lookup(r.id()).await;
+    assert!(resp.result.is_some(), "catalog answered: {resp:?}");
+    assert_eq!(busy.connections(r.id()).await, 1);
+
+    // Closing the held streams gives the share back.
+    for mut s in held {
+        let _ = s.close().await;
+    }
+    eventually("the share released", || async {
+        (r.metric(live) == 0.0).then_some(())
+    })
+    .await;
+    let resp = busy.lookup(r.id()).await;
+    assert!(resp.result.is_some(), "catalog answers the busy peer again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

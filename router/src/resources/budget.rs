@@ -18,6 +18,18 @@ pub(crate) const CONTROL_STREAM_CHARGE_BYTES: u64 = protocols::MAX_FRAME_BYTES a
 /// a maximal frame would dwarf the connection itself. Measured together
 /// with the connection (`tests/connection_charge.rs`).
 pub(crate) const PING_STREAM_CHARGE_BYTES: u64 = 4 * 1024;
+/// The least memory one peer's inbound streams may hold whatever the
+/// per-peer share of a small budget comes to: four data streams, so every
+/// peer can still reserve and call through a router with little memory
+/// (the system budget still applies).
+pub(crate) const PEER_MEMORY_FLOOR_BYTES: u64 = 4 * DATA_STREAM_CHARGE_BYTES;
+
+/// The per-peer memory cap for a budget of `memory_budget_bytes`: `percent`
+/// of it, at least [`PEER_MEMORY_FLOOR_BYTES`].
+pub(crate) fn peer_memory_bytes(memory_budget_bytes: u64, percent: u8) -> u64 {
+    crate::resources::memory::budget(memory_budget_bytes, percent).max(PEER_MEMORY_FLOOR_BYTES)
+}
+
 /// Long-lived streams of an idle attached member: a ping stream each way.
 pub(crate) const IDLE_MEMBER_PING_STREAMS: u64 = 2;
 
@@ -223,6 +235,9 @@ pub(crate) struct Budgets {
     pub(crate) memory_bytes: u64,
     /// Charge of one connection, bytes.
     pub(crate) connection_charge_bytes: u64,
+    /// Memory the inbound streams of one peer may hold, bytes (see
+    /// [`admit_inbound_stream`]).
+    pub(crate) peer_memory_bytes: u64,
     /// Inbound streams across the router.
     pub(crate) system_streams: u32,
     /// Inbound streams per protocol across the router.
@@ -240,6 +255,8 @@ pub(crate) struct Budgets {
     pub(crate) unauthenticated_connections_per_ip: u32,
     /// Failed logins from one IP per minute before its new connections are refused.
     pub(crate) failed_logins_per_ip_per_minute: u32,
+    /// Bits of an IPv6 source that make its per-source key (see `source.rs`).
+    pub(crate) ipv6_source_prefix_len: u8,
     /// Inbound connections in their handshake at once, all sources.
     pub(crate) pending_connections_max: u32,
 }
@@ -311,15 +328,28 @@ pub(crate) struct StreamUsage {
     pub(crate) peer_protocol: u32,
     /// Memory charged now, bytes.
     pub(crate) memory_bytes: u64,
+    /// Memory charged now to this peer's inbound streams, bytes.
+    pub(crate) peer_memory_bytes: u64,
 }
 
 /// May one more inbound stream of `p` open? `Ok(charge)` or the refusal.
-/// Order: memory, then the narrowest scope first (peer+protocol, peer,
-/// protocol, system), so a flooding peer is told it is the peer.
+/// Order: the system's memory, the peer's memory, then the narrowest scope
+/// first (peer+protocol, peer, protocol, system), so a flooding peer is told
+/// it is the peer.
+///
+/// The peer's memory is what its own inbound streams hold (a caller's relay
+/// HOP streams, one window per circuit it opens): a few busy peers cannot
+/// take the whole budget. Its connections are not counted (one charge
+/// each, bounded per source before admission), nor the STOP streams of
+/// circuits towards it, which other peers open (bounded by
+/// `circuits_per_destination`).
 pub(crate) fn admit_inbound_stream(b: &Budgets, p: Proto, u: StreamUsage) -> Result<u64, Refusal> {
     let charge = p.charge_bytes();
     if u.memory_bytes.saturating_add(charge) > b.memory_bytes {
         return Err(Refusal::new(Resource::Memory, Scope::System));
+    }
+    if u.peer_memory_bytes.saturating_add(charge) > b.peer_memory_bytes {
+        return Err(Refusal::new(Resource::Memory, Scope::Peer));
     }
     if u.peer_protocol >= b.peer_protocol_streams[p.index()] || u.peer >= b.peer_streams {
         return Err(Refusal::new(Resource::Stream, Scope::Peer));
@@ -449,6 +479,7 @@ mod tests {
         Budgets {
             memory_bytes: 64 << 20,
             connection_charge_bytes: 1 << 20,
+            peer_memory_bytes: 4 << 20,
             system_streams: 1000,
             protocol_streams: per_protocol(|p| default_protocol_budget(p, w), &BTreeMap::new()),
             peer_streams: 64,
@@ -457,6 +488,7 @@ mod tests {
             stop_handshakes_per_connection: 3,
             unauthenticated_connections_per_ip: 4,
             failed_logins_per_ip_per_minute: 10,
+            ipv6_source_prefix_len: 64,
             pending_connections_max: 16,
         }
     }
@@ -591,13 +623,15 @@ mod tests {
             peer in 0u32..100,
             peer_protocol in 0u32..300,
             memory_bytes in 0u64..(80 << 20),
+            peer_memory_bytes in 0u64..(6 << 20),
         ) {
             let b = budgets();
-            let u = StreamUsage { system, protocol, peer, peer_protocol, memory_bytes };
+            let u = StreamUsage { system, protocol, peer, peer_protocol, memory_bytes, peer_memory_bytes };
             match admit_inbound_stream(&b, p, u) {
                 Ok(charge) => {
                     prop_assert_eq!(charge, p.charge_bytes());
                     prop_assert!(memory_bytes + charge <= b.memory_bytes);
+                    prop_assert!(peer_memory_bytes + charge <= b.peer_memory_bytes);
                     prop_assert!(system < b.system_streams);
                     prop_assert!(protocol < b.protocol_streams[p.index()]);
                     prop_assert!(peer < b.peer_streams);
@@ -606,6 +640,7 @@ mod tests {
                 Err(r) => {
                     let over = match (r.resource, r.scope) {
                         (Resource::Memory, Scope::System) => memory_bytes + p.charge_bytes() > b.memory_bytes,
+                        (Resource::Memory, Scope::Peer) => peer_memory_bytes + p.charge_bytes() > b.peer_memory_bytes,
                         (Resource::Stream, Scope::Peer) => peer >= b.peer_streams || peer_protocol >= b.peer_protocol_streams[p.index()],
                         (Resource::Stream, Scope::Protocol) => protocol >= b.protocol_streams[p.index()],
                         (Resource::Stream, Scope::System) => system >= b.system_streams,
@@ -630,6 +665,7 @@ mod tests {
                     peer: live.iter().sum(),
                     peer_protocol: live[p.index()],
                     memory_bytes: 0,
+                    peer_memory_bytes: 0,
                 };
                 if admit_inbound_stream(&b, p, u).is_ok() {
                     live[p.index()] += 1;
@@ -639,7 +675,7 @@ mod tests {
             prop_assert_eq!(admitted, b.peer_protocol_streams[p.index()].min(b.peer_streams));
             for q in Proto::ALL {
                 if q != p && live.iter().sum::<u32>() < b.peer_streams {
-                    let u = StreamUsage { system: live.iter().sum(), protocol: 0, peer: live.iter().sum(), peer_protocol: 0, memory_bytes: 0 };
+                    let u = StreamUsage { system: live.iter().sum(), protocol: 0, peer: live.iter().sum(), peer_protocol: 0, memory_bytes: 0, peer_memory_bytes: 0 };
                     prop_assert!(admit_inbound_stream(&b, q, u).is_ok());
                 }
             }

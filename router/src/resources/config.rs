@@ -21,6 +21,15 @@ pub const DEFAULT_MEMORY_BUDGET_PERCENT: u8 = 75;
 pub const DEFAULT_CONNECTION_CHARGE_BYTES: u64 = 64 * 1024;
 /// Live inbound streams of one peer, all protocols.
 pub const DEFAULT_PEER_STREAM_BUDGET_TOTAL: u32 = 512;
+/// Share of the memory budget the streams one peer opens may hold, percent.
+/// The per-peer stream budgets alone let one peer hold over 64 MiB (its 256
+/// relay HOP streams at 256 KiB, besides control streams): over 8% of the
+/// 1 GiB fallback's budget, a third of a 256 MiB container's, so a few busy
+/// callers could take it all. At 5%, the headroom the default high watermark leaves
+/// (half the budget) takes ten peers at their cap to fill, and a caller
+/// still holds ≈ 150 circuits through one router at the 1 GiB fallback.
+/// Never below `budget::PEER_MEMORY_FLOOR_BYTES`.
+pub const DEFAULT_MEMORY_PER_PEER_MAX_PERCENT: u8 = 5;
 /// Circuits (relay STOP streams) to one destination member: below a member's
 /// yamux stream limit (512), so circuits alone cannot exhaust it.
 pub const DEFAULT_CIRCUITS_PER_DESTINATION: u32 = 256;
@@ -36,6 +45,10 @@ pub const RELAY_STOP_HANDSHAKES_LIBRARY_MAX: u32 = 10;
 pub const DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP: u32 = 64;
 /// Failed logins from one IP per minute before new connections from it are refused.
 pub const DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE: u32 = 30;
+/// IPv6 sources are aggregated to this prefix for the per-source limits,
+/// bits: one host normally holds a whole /64, so counting per address let
+/// it spread over as many addresses as it liked (see `source.rs`).
+pub const DEFAULT_IPV6_SOURCE_PREFIX_LEN: u8 = 64;
 /// Inbound connections in their handshake (noise + yamux, or QUIC) at once,
 /// all sources together: a handshake is cheap, but a flood from many IPs
 /// must not queue without bound (each takes at most 20 s).
@@ -67,6 +80,10 @@ pub struct ResourceConfig {
     /// Memory charged per connection, bytes. Default 64 KiB (measured, see
     /// `DEFAULT_CONNECTION_CHARGE_BYTES`).
     pub connection_charge_bytes: u64,
+    /// Share of the memory budget the inbound streams of one peer may hold,
+    /// percent (1–100; 100 = only the system budget), at least 1 MiB.
+    /// Default 5.
+    pub memory_per_peer_max_percent: u8,
     /// Live inbound streams across the router; `None` = the sum of the
     /// per-protocol budgets. Default none.
     pub stream_budget_system: Option<u32>,
@@ -86,6 +103,11 @@ pub struct ResourceConfig {
     pub unauthenticated_connections_per_ip: u32,
     /// Failed logins per IP per minute before its new connections are refused. Default 30.
     pub failed_logins_per_ip_per_minute: u32,
+    /// IPv6 prefix length, bits (1–128), per-source limits aggregate IPv6
+    /// sources to (unauthenticated connections, handshakes and failed
+    /// logins per IP); 128 = per address. IPv4 (and IPv4-mapped IPv6)
+    /// sources count per address. Default 64.
+    pub ipv6_source_prefix_len: u8,
     /// Inbound connections in their handshake at once, all sources. Default 1024.
     pub pending_connections_max: u32,
     /// Inbound yamux streams one connection buffers before the swarm takes
@@ -106,6 +128,7 @@ impl Default for ResourceConfig {
             memory_default_limit_bytes: DEFAULT_MEMORY_DEFAULT_LIMIT_BYTES,
             memory_budget_percent: DEFAULT_MEMORY_BUDGET_PERCENT,
             connection_charge_bytes: DEFAULT_CONNECTION_CHARGE_BYTES,
+            memory_per_peer_max_percent: DEFAULT_MEMORY_PER_PEER_MAX_PERCENT,
             stream_budget_system: None,
             stream_budgets: BTreeMap::new(),
             peer_stream_budget_total: DEFAULT_PEER_STREAM_BUDGET_TOTAL,
@@ -114,6 +137,7 @@ impl Default for ResourceConfig {
             relay_stop_handshakes_per_connection: DEFAULT_RELAY_STOP_HANDSHAKES_PER_CONNECTION,
             unauthenticated_connections_per_ip: DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP,
             failed_logins_per_ip_per_minute: DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE,
+            ipv6_source_prefix_len: DEFAULT_IPV6_SOURCE_PREFIX_LEN,
             pending_connections_max: DEFAULT_PENDING_CONNECTIONS_MAX,
             yamux_max_buffered_inbound_streams: DEFAULT_YAMUX_MAX_BUFFERED_INBOUND_STREAMS,
             quic_max_concurrent_streams: DEFAULT_QUIC_MAX_CONCURRENT_STREAMS,
@@ -139,6 +163,11 @@ pub struct ResourceArgs {
     /// Memory charged per connection, bytes.
     #[arg(long, default_value_t = DEFAULT_CONNECTION_CHARGE_BYTES)]
     pub connection_charge_bytes: u64,
+    /// Share of the memory budget the streams one peer opens may hold,
+    /// percent (at least 1 MiB); beyond, its new streams are refused and
+    /// counted as agentmesh_router_refused_total{resource="memory",scope="peer"}.
+    #[arg(long, default_value_t = DEFAULT_MEMORY_PER_PEER_MAX_PERCENT, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub memory_per_peer_max_percent: u8,
     /// Live inbound streams across the router (default: sum of the per-protocol budgets).
     #[arg(long)]
     pub stream_budget_system: Option<u32>,
@@ -166,6 +195,12 @@ pub struct ResourceArgs {
     /// Failed logins from one IP per minute before its new connections are refused.
     #[arg(long, default_value_t = DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE)]
     pub failed_logins_per_ip_per_minute: u32,
+    /// IPv6 prefix length (bits, 1–128) the per-IP limits count IPv6 sources
+    /// under: one host with a /64 is one source (128 = per address). IPv4
+    /// and IPv4-mapped sources count per address.
+    #[arg(long, default_value_t = DEFAULT_IPV6_SOURCE_PREFIX_LEN,
+          value_parser = clap::value_parser!(u8).range(1..=128))]
+    pub ipv6_source_prefix_len: u8,
     /// Inbound connections in their handshake at once, all sources together.
     #[arg(long, default_value_t = DEFAULT_PENDING_CONNECTIONS_MAX)]
     pub pending_connections_max: u32,
@@ -194,6 +229,7 @@ impl ResourceArgs {
             memory_default_limit_bytes: self.memory_default_limit_bytes,
             memory_budget_percent: self.memory_budget_percent,
             connection_charge_bytes: self.connection_charge_bytes,
+            memory_per_peer_max_percent: self.memory_per_peer_max_percent,
             stream_budget_system: self.stream_budget_system,
             stream_budgets: self.stream_budgets.into_iter().collect(),
             peer_stream_budget_total: self.peer_stream_budget_total,
@@ -202,6 +238,7 @@ impl ResourceArgs {
             relay_stop_handshakes_per_connection: self.relay_stop_handshakes_per_connection,
             unauthenticated_connections_per_ip: self.unauthenticated_connections_per_ip,
             failed_logins_per_ip_per_minute: self.failed_logins_per_ip_per_minute,
+            ipv6_source_prefix_len: self.ipv6_source_prefix_len,
             pending_connections_max: self.pending_connections_max,
             yamux_max_buffered_inbound_streams: self.yamux_max_buffered_inbound_streams,
             quic_max_concurrent_streams: self.quic_max_concurrent_streams,
@@ -273,6 +310,29 @@ mod tests {
             Cli::try_parse_from(["x", "--yamux-max-buffered-inbound-streams", "0"]).is_err(),
             "a buffer of 0 would drop every inbound stream"
         );
+        let c = Cli::try_parse_from(["x", "--ipv6-source-prefix-len", "128"])
+            .expect("parse")
+            .r
+            .into_config();
+        assert_eq!(c.ipv6_source_prefix_len, 128);
+        let c = Cli::try_parse_from(["x", "--memory-per-peer-max-percent=20"])
+            .expect("parse")
+            .r
+            .into_config();
+        assert_eq!(c.memory_per_peer_max_percent, 20);
+        for bad in ["0", "101"] {
+            let flag = format!("--memory-per-peer-max-percent={bad}");
+            let err = Cli::try_parse_from(["x", flag.as_str()]).expect_err("outside 1..=100");
+            assert!(
+                err.to_string().contains("memory-per-peer-max-percent"),
+                "{err}"
+            );
+        }
+        for bad in ["0", "129", "-1", "64x"] {
+            let flag = format!("--ipv6-source-prefix-len={bad}");
+            let err = Cli::try_parse_from(["x", flag.as_str()]).expect_err("outside 1..=128");
+            assert!(err.to_string().contains("ipv6-source-prefix-len"), "{err}");
+        }
         // Past libp2p-relay's own 10 the cap would never bite: refused.
         for bad in ["0", "11"] {
             assert!(

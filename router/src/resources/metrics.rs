@@ -32,9 +32,11 @@ pub(crate) const DIRECTIONS: [&str; 2] = ["inbound", "outbound"];
 pub(crate) struct ResourceMetrics {
     pub(crate) memory_in_use: Gauge,
     pub(crate) memory_budget: Gauge,
+    pub(crate) memory_per_peer_max: Gauge,
     pub(crate) streams: Family<StreamLabels, Gauge>,
     pub(crate) connections_charged: Gauge,
     pub(crate) stop_handshakes: Gauge,
+    pub(crate) ipv6_source_prefix_len: Gauge,
     pub(crate) refused: Family<RefusedLabels, Counter>,
 }
 
@@ -58,6 +60,13 @@ impl ResourceMetrics {
             m.memory_budget.clone(),
         );
         registry.register(
+            "agentmesh_router_memory_per_peer_max_bytes",
+            "Memory the inbound streams of one peer may hold (--memory-per-peer-max-percent \
+             of the budget, at least 1 MiB); beyond, its new streams are refused (resource memory, \
+             scope peer)",
+            m.memory_per_peer_max.clone(),
+        );
+        registry.register(
             "agentmesh_router_streams",
             "Live streams by protocol and direction (as seen by the muxer)",
             m.streams.clone(),
@@ -73,6 +82,12 @@ impl ResourceMetrics {
              destination), all connections; capped per connection by \
              --relay-stop-handshakes-per-connection",
             m.stop_handshakes.clone(),
+        );
+        registry.register(
+            "agentmesh_router_ipv6_source_prefix_len",
+            "Bits of an IPv6 source address the per-source limits count under \
+             (--ipv6-source-prefix-len; 128 = per address; IPv4 counts per address)",
+            m.ipv6_source_prefix_len.clone(),
         );
         for p in Proto::ALL {
             for d in DIRECTIONS {

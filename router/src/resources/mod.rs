@@ -10,6 +10,7 @@
 //!   learn their protocol from multistream-select and release on drop.
 //! - `transport.rs`: TCP + noise + our yamux, and QUIC, both accounted.
 //! - `memory.rs`: where the memory limit comes from (flag, cgroup, default).
+//! - `source.rs`: the key per-source limits count under (IPv6 per prefix).
 //!
 //! Invariant: every charge taken is released exactly once, by the `Drop` of
 //! the guard that holds it (connection or stream).
@@ -22,6 +23,7 @@ pub(crate) mod muxer;
 pub(crate) mod pending;
 pub(crate) mod relay;
 mod sniff;
+pub(crate) mod source;
 pub(crate) mod transport;
 
 use crate::shrink::ShrinkSparse;
@@ -33,7 +35,6 @@ use std::time::Duration;
 
 use libp2p::PeerId;
 use libp2p::core::ConnectedPoint;
-use libp2p::multiaddr::Protocol;
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -43,14 +44,15 @@ use tokio::time::Instant;
 use budget::{Budgets, ConnectionUsage, OutboundUsage, Proto, Refusal, StreamUsage, Watermarks};
 pub(crate) use metrics::RefusedLabels;
 use metrics::{NO_PROTOCOL, ResourceMetrics};
+use source::SourceKey;
 
 /// Refusals are logged at most this often per source.
 const LOG_EVERY: Duration = Duration::from_secs(60);
 /// Sources remembered for log rate limiting at most.
 const MAX_LOG_SOURCES: usize = 4096;
-/// Failed logins remembered per IP at most (the window is one minute).
+/// Failed logins remembered per source at most (the window is one minute).
 const MAX_FAILED_LOGINS_PER_IP: usize = 1024;
-/// IPs with failed logins remembered at most.
+/// Sources with failed logins remembered at most.
 const MAX_FAILED_LOGIN_IPS: usize = 16_384;
 /// The failed-login window.
 const FAILED_LOGIN_WINDOW: Duration = Duration::from_secs(60);
@@ -68,6 +70,9 @@ struct PeerUsage {
     inbound: u32,
     inbound_by_proto: [u32; Proto::COUNT],
     outbound_by_proto: [u32; Proto::COUNT],
+    /// Memory charged to this peer's inbound streams (its share, see
+    /// `budget::admit_inbound_stream`); 0 whenever `inbound` is.
+    inbound_memory: u64,
 }
 
 #[derive(Default)]
@@ -76,22 +81,24 @@ struct State {
     inbound: u32,
     inbound_by_proto: [u32; Proto::COUNT],
     peers: HashMap<PeerId, PeerUsage>,
-    /// Inbound connections by source IP: connection id -> peer.
-    sources: HashMap<IpAddr, HashMap<u64, PeerId>>,
-    /// Source IPs of each peer's inbound connections (for failed logins).
-    peer_ips: HashMap<PeerId, Vec<IpAddr>>,
-    failed_logins: HashMap<IpAddr, VecDeque<Instant>>,
+    /// Inbound connections by source (IPv6 per prefix, see `source.rs`):
+    /// connection id -> peer.
+    sources: HashMap<SourceKey, HashMap<u64, PeerId>>,
+    /// Sources of each peer's inbound connections (for failed logins).
+    peer_ips: HashMap<PeerId, Vec<SourceKey>>,
+    failed_logins: HashMap<SourceKey, VecDeque<Instant>>,
     last_logged: HashMap<String, Instant>,
-    /// Inbound connections in their handshake: connection -> source IP.
-    pending: HashMap<libp2p::swarm::ConnectionId, IpAddr>,
-    /// Inbound handshakes in progress per source IP, not counting those
+    /// Inbound connections in their handshake: connection -> source.
+    pending: HashMap<libp2p::swarm::ConnectionId, SourceKey>,
+    /// Inbound handshakes in progress per source, not counting those
     /// already upgraded (see `upgraded_by_ip`).
-    pending_by_ip: HashMap<IpAddr, u32>,
-    /// Inbound connections per source IP whose upgrade finished (they count
+    pending_by_ip: HashMap<SourceKey, u32>,
+    /// Inbound connections per source whose upgrade finished (they count
     /// among `sources` now) but whose pending entry the swarm has not ended
-    /// yet: without this, such a connection counted twice against its IP's
-    /// share for a moment, and a peer connecting right after it was refused.
-    upgraded_by_ip: HashMap<IpAddr, u32>,
+    /// yet: without this, such a connection counted twice against its
+    /// source's share for a moment, and a peer connecting right after it
+    /// was refused.
+    upgraded_by_ip: HashMap<SourceKey, u32>,
 }
 
 /// Budgets, live counts and charges of one router.
@@ -135,6 +142,10 @@ pub(crate) fn budgets(
     Budgets {
         memory_bytes: memory_budget_bytes,
         connection_charge_bytes: r.connection_charge_bytes,
+        peer_memory_bytes: budget::peer_memory_bytes(
+            memory_budget_bytes,
+            r.memory_per_peer_max_percent,
+        ),
         system_streams,
         protocol_streams,
         peer_streams: r.peer_stream_budget_total,
@@ -146,6 +157,7 @@ pub(crate) fn budgets(
         stop_handshakes_per_connection: r.relay_stop_handshakes_per_connection,
         unauthenticated_connections_per_ip: r.unauthenticated_connections_per_ip,
         failed_logins_per_ip_per_minute: r.failed_logins_per_ip_per_minute,
+        ipv6_source_prefix_len: r.ipv6_source_prefix_len,
         pending_connections_max: r.pending_connections_max,
     }
 }
@@ -170,6 +182,7 @@ pub(crate) async fn start(
         source = source.as_str(),
         budget_bytes = memory_budget,
         connection_charge_bytes = b.connection_charge_bytes,
+        peer_memory_max_bytes = b.peer_memory_bytes,
         idle_member_charge_bytes = sizing.idle_member_charge_bytes,
         "memory budget"
     );
@@ -191,13 +204,7 @@ pub(crate) async fn start(
 /// The IP a connection comes from (inbound TCP or QUIC), if known.
 fn source_ip(endpoint: &ConnectedPoint) -> Option<IpAddr> {
     match endpoint {
-        ConnectedPoint::Listener { send_back_addr, .. } => {
-            send_back_addr.iter().find_map(|p| match p {
-                Protocol::Ip4(ip) => Some(IpAddr::V4(ip)),
-                Protocol::Ip6(ip) => Some(IpAddr::V6(ip)),
-                _ => None,
-            })
-        }
+        ConnectedPoint::Listener { send_back_addr, .. } => source::ip_of(send_back_addr),
         ConnectedPoint::Dialer { .. } => None,
     }
 }
@@ -214,6 +221,12 @@ impl ResourceManager {
         metrics
             .memory_budget
             .set(i64::try_from(budgets.memory_bytes).unwrap_or(i64::MAX));
+        metrics
+            .memory_per_peer_max
+            .set(i64::try_from(budgets.peer_memory_bytes).unwrap_or(i64::MAX));
+        metrics
+            .ipv6_source_prefix_len
+            .set(i64::from(budgets.ipv6_source_prefix_len));
         Arc::new(Self {
             budgets,
             metrics,
@@ -242,6 +255,12 @@ impl ResourceManager {
         &self.budgets
     }
 
+    /// The key `ip` counts under for per-source limits: every map keyed by
+    /// source is keyed by this (IPv6 aggregated to `--ipv6-source-prefix-len`).
+    fn source_key(&self, ip: IpAddr) -> SourceKey {
+        SourceKey::new(ip, self.budgets.ipv6_source_prefix_len)
+    }
+
     fn is_admitted(&self, peer: &PeerId) -> bool {
         self.admitted.get().is_some_and(|f| f(peer))
     }
@@ -252,7 +271,7 @@ impl ResourceManager {
         peer: PeerId,
         endpoint: &ConnectedPoint,
     ) -> Result<Arc<ConnectionGuard>, Refusal> {
-        let ip = source_ip(endpoint);
+        let ip = source_ip(endpoint).map(|ip| self.source_key(ip));
         let peer_admitted = self.is_admitted(&peer);
         // Read admission for the peers from this IP before taking our lock.
         let others: Vec<PeerId> = match ip {
@@ -304,7 +323,7 @@ impl ResourceManager {
         self: &Arc<Self>,
         id: u64,
         peer: PeerId,
-        ip: Option<IpAddr>,
+        ip: Option<SourceKey>,
         charge: u64,
     ) -> Arc<ConnectionGuard> {
         self.metrics.connections_charged.inc();
@@ -319,7 +338,7 @@ impl ResourceManager {
         })
     }
 
-    fn attach_connection(&self, st: &mut State, id: u64, peer: PeerId, ip: Option<IpAddr>) {
+    fn attach_connection(&self, st: &mut State, id: u64, peer: PeerId, ip: Option<SourceKey>) {
         let u = st.peers.entry(peer).or_default();
         u.connections += 1;
         u.live += 1;
@@ -395,7 +414,7 @@ impl ResourceManager {
     ) -> Result<StreamGuard, Refusal> {
         let mut st = self.state.lock();
         let memory = st.memory;
-        let (peer_total, peer_proto, peer_out) = st
+        let (peer_total, peer_proto, peer_out, peer_memory) = st
             .peers
             .get(&conn.peer)
             .map(|u| {
@@ -403,6 +422,7 @@ impl ResourceManager {
                     u.inbound,
                     u.inbound_by_proto[proto.index()],
                     u.outbound_by_proto[proto.index()],
+                    u.inbound_memory,
                 )
             })
             .unwrap_or_default();
@@ -416,6 +436,7 @@ impl ResourceManager {
                     peer: peer_total,
                     peer_protocol: peer_proto,
                     memory_bytes: memory,
+                    peer_memory_bytes: peer_memory,
                 },
             )
         } else {
@@ -436,6 +457,7 @@ impl ResourceManager {
                 if inbound {
                     u.inbound += 1;
                     u.inbound_by_proto[proto.index()] += 1;
+                    u.inbound_memory = u.inbound_memory.saturating_add(charge);
                     st.inbound += 1;
                     st.inbound_by_proto[proto.index()] += 1;
                 } else {
@@ -481,6 +503,7 @@ impl ResourceManager {
             if g.inbound {
                 u.inbound = u.inbound.saturating_sub(1);
                 u.inbound_by_proto[i] = u.inbound_by_proto[i].saturating_sub(1);
+                u.inbound_memory = u.inbound_memory.saturating_sub(g.charge);
             } else {
                 u.outbound_by_proto[i] = u.outbound_by_proto[i].saturating_sub(1);
             }
@@ -493,7 +516,7 @@ impl ResourceManager {
     }
 
     /// Records a failed login by `peer` with auth result `reason`: counted
-    /// against the source IPs of its connections (only failed logins and
+    /// against the sources of its connections (only failed logins and
     /// unauthenticated connections are limited per IP). Refusals that are
     /// not the peer's doing (keys not synced yet, clock, I/O) do not count.
     pub(crate) fn failed_login(&self, peer: &PeerId, reason: &str) {
@@ -569,7 +592,7 @@ impl ResourceManager {
 }
 
 /// Failed logins from `ip` within the window (older ones are forgotten).
-fn recent_failed_logins(st: &mut State, ip: IpAddr, now: Instant) -> usize {
+fn recent_failed_logins(st: &mut State, ip: SourceKey, now: Instant) -> usize {
     st.failed_logins.get_mut(&ip).map_or(0, |q| {
         while q.front().is_some_and(|t| now - *t > FAILED_LOGIN_WINDOW) {
             q.pop_front();
@@ -594,7 +617,8 @@ pub(crate) struct ConnectionGuard {
     mgr: Arc<ResourceManager>,
     id: u64,
     peer: PeerId,
-    ip: Option<IpAddr>,
+    /// The source it counts under (inbound direct connections only).
+    ip: Option<SourceKey>,
     charge: u64,
     /// Outbound relay STOP streams on this connection whose handshake is in
     /// flight (libp2p-relay's own limit is per connection too).

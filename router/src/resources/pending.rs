@@ -2,10 +2,11 @@
 //! `handle_pending_inbound_connection` runs when a connection arrives, with
 //! only its addresses known, before noise (or QUIC's TLS) spends any CPU.
 //!
-//! It counts handshakes in progress per source IP and in total, and refuses
-//! a connection when its IP already holds `--unauthenticated-connections-per-ip`
+//! It counts handshakes in progress per source (an IPv4 address or an IPv6
+//! prefix, `source.rs`) and in total, and refuses a connection when its
+//! source already holds `--unauthenticated-connections-per-ip`
 //! connections whose peers are not admitted (handshakes in progress
-//! included), when the IP failed too many logins, or when
+//! included), when the source failed too many logins, or when
 //! `--pending-connections-max` handshakes run at once. Refusals count as
 //! `refused_total{resource="connection",scope="source"|"system",protocol="none"}`.
 //! Connections of admitted peers are never counted, so members behind one
@@ -32,12 +33,13 @@ use tokio::time::Instant;
 
 use super::budget::{self, HandshakeUsage, Refusal};
 use super::metrics::NO_PROTOCOL;
+use super::source::{self, SourceKey};
 use super::transport::ConnectionRefused;
 use super::{ResourceManager, State, recent_failed_logins};
 use crate::shrink::ShrinkSparse;
 
 /// Takes one from `map[ip]` (dropping the entry at 0); false if there was none.
-fn decrement(map: &mut HashMap<IpAddr, u32>, ip: IpAddr) -> bool {
+fn decrement(map: &mut HashMap<SourceKey, u32>, ip: SourceKey) -> bool {
     let Some(n) = map.get_mut(&ip) else {
         return false;
     };
@@ -50,9 +52,10 @@ fn decrement(map: &mut HashMap<IpAddr, u32>, ip: IpAddr) -> bool {
 }
 
 /// An inbound connection from `ip` finished its upgrade and now counts
-/// among the IP's established connections: one of the IP's handshakes stops
-/// counting as in progress, until the swarm ends its pending entry.
-pub(super) fn upgraded(st: &mut State, ip: IpAddr) {
+/// among the source's established connections: one of the source's
+/// handshakes stops counting as in progress, until the swarm ends its
+/// pending entry.
+pub(super) fn upgraded(st: &mut State, ip: SourceKey) {
     if decrement(&mut st.pending_by_ip, ip) {
         *st.upgraded_by_ip.entry(ip).or_default() += 1;
     }
@@ -60,8 +63,10 @@ pub(super) fn upgraded(st: &mut State, ip: IpAddr) {
 
 impl ResourceManager {
     /// Admits (and counts) an inbound connection from `ip` before its
-    /// handshake, or refuses it (counted, logged).
+    /// handshake, or refuses it (counted, logged). `ip` counts under its
+    /// source key (IPv6 per prefix).
     pub(crate) fn open_pending(&self, id: ConnectionId, ip: IpAddr) -> Result<(), Refusal> {
+        let ip = self.source_key(ip);
         // Read admission for the peers from this IP before taking our lock.
         let others: Vec<PeerId> = self
             .state
@@ -135,11 +140,7 @@ fn direct_source(local: &Multiaddr, remote: &Multiaddr) -> Option<IpAddr> {
     if local.iter().any(|p| matches!(p, Protocol::P2pCircuit)) {
         return None;
     }
-    remote.iter().find_map(|p| match p {
-        Protocol::Ip4(ip) => Some(IpAddr::V4(ip)),
-        Protocol::Ip6(ip) => Some(IpAddr::V6(ip)),
-        _ => None,
-    })
+    source::ip_of(remote)
 }
 
 /// The behaviour that refuses floods before the handshake (see the module

@@ -31,12 +31,14 @@ fn manager(
     (mgr, admitted)
 }
 
+/// An inbound connection from `ip` (IPv4, or IPv6 when it has a colon).
 fn inbound_from(ip: &str) -> ConnectedPoint {
+    let family = if ip.contains(':') { "ip6" } else { "ip4" };
     ConnectedPoint::Listener {
         local_addr: "/ip4/127.0.0.1/tcp/4001"
             .parse::<Multiaddr>()
             .expect("addr"),
-        send_back_addr: format!("/ip4/{ip}/tcp/5000").parse().expect("addr"),
+        send_back_addr: format!("/{family}/{ip}/tcp/5000").parse().expect("addr"),
     }
 }
 
@@ -258,6 +260,12 @@ fn every_refusal_label_is_pre_created() {
         "agentmesh_router_refused_total{resource=\"circuit\",scope=\"peer\",protocol=\"relay_stop\"} 0"
     ));
     assert!(text.contains("agentmesh_router_memory_budget_bytes 1073741824"));
+    assert!(text.contains("agentmesh_router_ipv6_source_prefix_len 64"));
+    assert!(text.contains(
+        "agentmesh_router_refused_total{resource=\"memory\",scope=\"peer\",protocol=\"relay_hop\"} 0"
+    ));
+    // 5% of the 1 GiB budget.
+    assert!(text.contains("agentmesh_router_memory_per_peer_max_bytes 53687091"));
     for p in Proto::ALL {
         assert!(text.contains(&format!(
             "agentmesh_router_streams{{protocol=\"{}\",direction=\"inbound\"}} 0",
@@ -391,4 +399,189 @@ fn a_peer_is_connected_while_a_muxer_of_it_lives() {
     assert!(mgr.is_connected(&peer));
     drop(third);
     assert!(!mgr.is_connected(&peer));
+}
+
+#[test]
+fn ipv6_sources_in_one_prefix_share_one_share() {
+    // Limit 2 per source (see `manager`), default prefix /64.
+    let (mgr, _) = manager(|_| {});
+    let _c1 = mgr
+        .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::1"))
+        .expect("1");
+    let _c2 = mgr
+        .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2:ffff::9"))
+        .expect("2");
+    let err = mgr
+        .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::3"))
+        .expect_err("a third address of the same /64");
+    assert_eq!(
+        (err.resource, err.scope),
+        (Resource::Connection, Scope::Source)
+    );
+    assert_eq!(
+        refused(&mgr, Resource::Connection, Scope::Source, "none"),
+        1
+    );
+    // Handshakes from the /64 are refused too, before they start.
+    let r = mgr
+        .open_pending(
+            libp2p::swarm::ConnectionId::new_unchecked(1),
+            "2001:db8:1:2::77".parse().expect("ip"),
+        )
+        .expect_err("handshake from the same /64");
+    assert_eq!(r.scope, Scope::Source);
+    // Another /64 has its own share.
+    let _c3 = mgr
+        .open_connection(PeerId::random(), &inbound_from("2001:db8:1:3::1"))
+        .expect("another /64");
+    mgr.open_pending(
+        libp2p::swarm::ConnectionId::new_unchecked(2),
+        "2001:db8:1:3::2".parse().expect("ip"),
+    )
+    .expect("handshake from another /64");
+    assert_eq!(mgr.state.lock().sources.len(), 2, "one entry per /64");
+}
+
+#[test]
+fn failed_logins_count_against_the_whole_ipv6_prefix() {
+    // 3 failed logins per source per minute (see `manager`).
+    let (mgr, _) = manager(|_| {});
+    let liar = PeerId::random();
+    let _c = mgr
+        .open_connection(liar, &inbound_from("2001:db8:9:9::1"))
+        .expect("conn");
+    for _ in 0..3 {
+        mgr.failed_login(&liar, "bad_signature");
+    }
+    let err = mgr
+        .open_connection(PeerId::random(), &inbound_from("2001:db8:9:9::2"))
+        .expect_err("another address of the /64 after 3 failed logins");
+    assert_eq!(err.scope, Scope::Source);
+    mgr.open_connection(PeerId::random(), &inbound_from("2001:db8:9:a::1"))
+        .expect("another /64 did not fail any login");
+}
+
+#[test]
+fn prefix_128_counts_each_ipv6_address_alone() {
+    let (mgr, _) = manager(|c| c.resources.ipv6_source_prefix_len = 128);
+    let held: Vec<_> = (1..=6)
+        .map(|i| {
+            mgr.open_connection(
+                PeerId::random(),
+                &inbound_from(&format!("2001:db8:1:2::{i}")),
+            )
+            .expect("each address has its own share")
+        })
+        .collect();
+    assert_eq!(mgr.state.lock().sources.len(), held.len());
+    let _second = mgr
+        .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::1"))
+        .expect("2nd from one address");
+    mgr.open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::1"))
+        .expect_err("3rd from one address");
+}
+
+#[test]
+fn an_ipv4_mapped_source_counts_as_its_ipv4_address() {
+    let (mgr, _) = manager(|_| {});
+    let _c1 = mgr
+        .open_connection(PeerId::random(), &inbound_from("10.0.0.9"))
+        .expect("1");
+    let _c2 = mgr
+        .open_connection(PeerId::random(), &inbound_from("::ffff:10.0.0.9"))
+        .expect("2");
+    let err = mgr
+        .open_connection(PeerId::random(), &inbound_from("::ffff:10.0.0.9"))
+        .expect_err("the same IPv4 host, mapped");
+    assert_eq!(err.scope, Scope::Source);
+    // Other IPv4 hosts, mapped or not, are other sources (not one ::/64).
+    let _c3 = mgr
+        .open_connection(PeerId::random(), &inbound_from("::ffff:10.0.0.10"))
+        .expect("another IPv4 host");
+    let _c4 = mgr
+        .open_connection(PeerId::random(), &inbound_from("::ffff:10.0.0.11"))
+        .expect("and another");
+}
+
+#[test]
+fn one_peers_streams_are_refused_past_its_memory_share_and_others_still_open() {
+    // 2% of the 64 MiB budget: 1.28 MiB, five relay HOP windows.
+    let (mgr, _) = manager(|c| c.resources.memory_per_peer_max_percent = 2);
+    let share = mgr.budgets().peer_memory_bytes;
+    assert_eq!(share, (64 << 20) * 2 / 100);
+    let fit = share / Proto::RelayHop.charge_bytes();
+    assert_eq!(fit, 5);
+    let busy = mgr
+        .open_connection(PeerId::random(), &inbound_from("10.0.0.1"))
+        .expect("busy caller");
+    let mut held: Vec<_> = (0..fit)
+        .map(|_| {
+            mgr.open_stream(&busy, Proto::RelayHop, true)
+                .expect("within its share")
+        })
+        .collect();
+    let err = mgr
+        .open_stream(&busy, Proto::RelayHop, true)
+        .expect_err("past its share");
+    assert_eq!((err.resource, err.scope), (Resource::Memory, Scope::Peer));
+    assert_eq!(refused(&mgr, Resource::Memory, Scope::Peer, "relay_hop"), 1);
+    assert_eq!(
+        refused(&mgr, Resource::Memory, Scope::System, "relay_hop"),
+        0,
+        "the budget itself has room"
+    );
+    // A control stream that no longer fits is refused too.
+    let left = share - fit * Proto::RelayHop.charge_bytes();
+    assert!(left < Proto::Auth.charge_bytes());
+    assert_eq!(
+        mgr.open_stream(&busy, Proto::Auth, true)
+            .expect_err("auth")
+            .scope,
+        Scope::Peer
+    );
+    // Another caller has a share of its own.
+    let other = mgr
+        .open_connection(PeerId::random(), &inbound_from("10.0.0.2"))
+        .expect("other caller");
+    let _o = mgr
+        .open_stream(&other, Proto::RelayHop, true)
+        .expect("another peer's share");
+    // Circuits towards the busy peer (STOP streams, which others open) are
+    // not its share.
+    let _stop = mgr
+        .open_stream(&busy, Proto::RelayStop, false)
+        .expect("a circuit to it");
+    // A stream that ends frees its place.
+    held.pop();
+    let _again = mgr
+        .open_stream(&busy, Proto::RelayHop, true)
+        .expect("room again");
+    drop(held);
+    drop(_again);
+    assert_eq!(
+        mgr.state
+            .lock()
+            .peers
+            .get(&busy.peer)
+            .map(|u| u.inbound_memory),
+        Some(0)
+    );
+}
+
+#[test]
+fn a_small_budget_still_gives_each_peer_four_data_streams() {
+    let config = crate::Config::default();
+    let budget = 8 << 20;
+    let b = budgets(&config, &config.sizing(budget), budget);
+    // 5% of 8 MiB is 410 KiB: the floor wins.
+    assert_eq!(b.peer_memory_bytes, budget::PEER_MEMORY_FLOOR_BYTES);
+    assert_eq!(
+        budget::PEER_MEMORY_FLOOR_BYTES,
+        4 * Proto::RelayHop.charge_bytes()
+    );
+    let big = 1 << 30;
+    assert_eq!(
+        budgets(&config, &config.sizing(big), big).peer_memory_bytes,
+        big * 5 / 100
+    );
 }
