@@ -183,6 +183,14 @@ pub struct Config {
     /// `agentmesh_streams_inbound_dropped_total{reason="queue_full"}`.
     /// At least 1. Default 16.
     pub stream_inbound_queue_per_protocol: usize,
+    /// Stream opens (go-aways, catalog lookups to other routers…) that may
+    /// wait for a dial to one peer; more are refused at once and counted in
+    /// `agentmesh_streams_pending_opens_refused_total{limit="per_peer"}`.
+    /// At least 1. Default 64.
+    pub stream_max_pending_opens_per_peer: usize,
+    /// Stream opens that may wait for dials to all peers together; more are
+    /// refused, `limit="total"`. At least 1. Default 4096.
+    pub stream_max_pending_opens_total: usize,
     /// Resource budgets and limits (issue 4; see `resource_config`).
     pub resources: crate::resources::config::ResourceConfig,
     /// Run the runtime stall watchdog (`agentmesh_runtime_stalls_total` on
@@ -243,6 +251,9 @@ impl Default for Config {
             ),
             control_plane_rpc_timeout: Duration::from_secs(DEFAULT_CONTROL_PLANE_RPC_TIMEOUT_SECS),
             stream_inbound_queue_per_protocol: DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL,
+            stream_max_pending_opens_per_peer:
+                agentmesh_streams::DEFAULT_MAX_PENDING_OPENS_PER_PEER,
+            stream_max_pending_opens_total: agentmesh_streams::DEFAULT_MAX_PENDING_OPENS_TOTAL,
             resources: Default::default(),
             runtime_watchdog: false,
         }

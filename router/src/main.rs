@@ -120,6 +120,23 @@ struct Args {
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
     )]
     stream_inbound_queue_per_protocol: usize,
+    /// Stream opens that may wait for a dial to one peer (at least 1); more
+    /// are refused and counted in
+    /// agentmesh_streams_pending_opens_refused_total{limit="per_peer"}.
+    #[arg(
+        long,
+        default_value_t = agentmesh_streams::DEFAULT_MAX_PENDING_OPENS_PER_PEER,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    stream_max_pending_opens_per_peer: usize,
+    /// Stream opens that may wait for dials to all peers together (at least
+    /// 1); more are refused and counted with limit="total".
+    #[arg(
+        long,
+        default_value_t = agentmesh_streams::DEFAULT_MAX_PENDING_OPENS_TOTAL,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    stream_max_pending_opens_total: usize,
     #[command(flatten)]
     resources: agentmesh_router::resource_config::ResourceArgs,
 }
@@ -167,6 +184,8 @@ impl Args {
             control_plane_retry_budget: s(self.control_plane_retry_budget_secs),
             control_plane_rpc_timeout: s(self.control_plane_rpc_timeout_secs),
             stream_inbound_queue_per_protocol: self.stream_inbound_queue_per_protocol,
+            stream_max_pending_opens_per_peer: self.stream_max_pending_opens_per_peer,
+            stream_max_pending_opens_total: self.stream_max_pending_opens_total,
             resources: self.resources.into_config(),
             // Set by `main`, not a flag: one watchdog per process.
             runtime_watchdog: false,
@@ -285,6 +304,33 @@ mod tests {
     fn no_flags_give_the_default_config() {
         let args = Args::try_parse_from(["agentmesh-router"]).expect("parse");
         assert_eq!(args.into_config(String::new()), Config::default());
+    }
+
+    #[test]
+    fn pending_open_flags_map_one_to_one_and_refuse_zero() {
+        let c = Args::try_parse_from([
+            "agentmesh-router",
+            "--stream-max-pending-opens-per-peer=5",
+            "--stream-max-pending-opens-total=7",
+        ])
+        .expect("parse")
+        .into_config(String::new());
+        assert_eq!(
+            (
+                c.stream_max_pending_opens_per_peer,
+                c.stream_max_pending_opens_total
+            ),
+            (5, 7)
+        );
+        for flag in [
+            "--stream-max-pending-opens-per-peer=0",
+            "--stream-max-pending-opens-total=0",
+        ] {
+            assert!(
+                Args::try_parse_from(["agentmesh-router", flag]).is_err(),
+                "{flag}"
+            );
+        }
     }
 
     #[test]

@@ -89,6 +89,10 @@ pub(crate) fn build(shared: &Arc<Shared>) -> Result<Swarm<Behaviour>, BuildError
     let streams_config = agentmesh_streams::Config {
         inbound_queue_per_protocol: shared.config.stream_inbound_queue_per_protocol,
     };
+    let pending_opens = agentmesh_streams::PendingOpenLimits {
+        max_pending_opens_per_peer: shared.config.stream_max_pending_opens_per_peer,
+        max_pending_opens_total: shared.config.stream_max_pending_opens_total,
+    };
     let resources = shared.resources.clone();
     let resources_config = shared.config.resources.clone();
     let pending = crate::resources::pending::PendingLimits::new(resources.clone());
@@ -119,7 +123,7 @@ pub(crate) fn build(shared: &Arc<Shared>) -> Result<Swarm<Behaviour>, BuildError
             Behaviour {
                 pending,
                 relay: relay::Behaviour::new(peer_id, relay_config),
-                stream: agentmesh_streams::Behaviour::with_config(streams_config),
+                stream: agentmesh_streams::Behaviour::with_limits(streams_config, pending_opens),
                 kad: RouterOnly::new(kad, router_set.clone()),
                 identify: RouterOnly::new(
                     identify::Behaviour::new(identify::Config::new(
