@@ -79,6 +79,12 @@ pub const DEFAULT_USED_TOKEN_RETENTION_SECS: u64 = 86_400;
 pub const DEFAULT_LEASE_TTL_SECS: u64 = 30;
 /// Default `--reap-interval-secs`.
 pub const DEFAULT_REAP_INTERVAL_SECS: u64 = 60;
+/// Default `--reap-batch-rows`: deleting 1000 rows holds the writer for
+/// milliseconds, so an enrollment waits at most that behind the reaper, and a
+/// 100k-row backlog still clears in one pass of 100 transactions.
+pub const DEFAULT_REAP_BATCH_ROWS: u64 = 1000;
+/// Default `--db-read-connections`.
+pub const DEFAULT_DB_READ_CONNECTIONS: usize = crate::store::DEFAULT_READ_CONNECTIONS;
 /// Default `--db-max-inflight`.
 pub const DEFAULT_DB_MAX_INFLIGHT: usize = 64;
 /// Default `--db-wait-timeout-secs`.
@@ -203,10 +209,20 @@ pub struct Config {
     /// How often the reapers run, seconds. Default 60.
     #[arg(long, default_value_t = DEFAULT_REAP_INTERVAL_SECS)]
     pub reap_interval_secs: u64,
+    /// Rows a reaper transaction deletes at most; the writer is released between
+    /// batches so enrollment interleaves with a long backlog. Default 1000.
+    #[arg(long, default_value_t = DEFAULT_REAP_BATCH_ROWS)]
+    pub reap_batch_rows: u64,
+    /// Read-only database connections beside the one writer (WAL lets them read
+    /// while it writes), connections. Default 4.
+    #[arg(long, default_value_t = DEFAULT_DB_READ_CONNECTIONS)]
+    pub db_read_connections: usize,
     /// Database operations at once; more wait up to --db-wait-timeout-secs, then UNAVAILABLE. Default 64.
     #[arg(long, default_value_t = DEFAULT_DB_MAX_INFLIGHT)]
     pub db_max_inflight: usize,
-    /// Longest wait for a database slot before UNAVAILABLE, seconds. Default 5.
+    /// Longest wait of a database operation before it runs, seconds: for a slot, then a
+    /// connection, then SQLite's file lock, all under one deadline; past it, UNAVAILABLE +
+    /// retry-after. Default 5.
     #[arg(long, default_value_t = DEFAULT_DB_WAIT_TIMEOUT_SECS)]
     pub db_wait_timeout_secs: u64,
     /// How long a GetDirectory answer is reused, milliseconds. Default 1000.
@@ -269,6 +285,8 @@ impl Default for Config {
             used_token_retention_secs: DEFAULT_USED_TOKEN_RETENTION_SECS,
             lease_ttl_secs: DEFAULT_LEASE_TTL_SECS,
             reap_interval_secs: DEFAULT_REAP_INTERVAL_SECS,
+            reap_batch_rows: DEFAULT_REAP_BATCH_ROWS,
+            db_read_connections: DEFAULT_DB_READ_CONNECTIONS,
             db_max_inflight: DEFAULT_DB_MAX_INFLIGHT,
             db_wait_timeout_secs: DEFAULT_DB_WAIT_TIMEOUT_SECS,
             directory_cache_ms: DEFAULT_DIRECTORY_CACHE_MS,
@@ -336,6 +354,9 @@ impl Config {
             ("--lease-ttl-secs", self.lease_ttl_secs),
             ("--reap-interval-secs", self.reap_interval_secs),
             ("--db-max-inflight", self.db_max_inflight as u64),
+            ("--db-wait-timeout-secs", self.db_wait_timeout_secs),
+            ("--db-read-connections", self.db_read_connections as u64),
+            ("--reap-batch-rows", self.reap_batch_rows),
             ("--grpc-max-connections", self.grpc_max_connections as u64),
             (
                 "--grpc-max-concurrent-streams-per-connection",

@@ -9,8 +9,17 @@
 //! get it before anything is signed with it, and gives every older key a
 //! verification end of `new.active_from + grace`. Keys are stored with their
 //! secrets in the database file (mode 0600).
+//!
+//! The verification view (the [`KeySet`] served and the [`Trust`] that
+//! Refresh and RouterLease verify against) is built once per change, not per
+//! call: a reload that finds other rows drops it, and it is rebuilt when the
+//! first key in it reaches the end of its grace. A rotation made here reloads
+//! before it returns, so the next call already sees the new key.
 
-use std::sync::RwLock;
+use std::sync::{
+    Arc, RwLock, RwLockReadGuard, RwLockWriteGuard,
+    atomic::{AtomicU64, Ordering},
+};
 
 use agentmesh_proto::{
     credential::Trust,
@@ -47,11 +56,75 @@ struct LoadedKey {
     key: ed25519::Keypair,
 }
 
+/// What verifiers get at instants in `[from, until)`: the set only loses
+/// keys as time passes (at their `verify_until`), so it holds until the
+/// earliest end among its keys.
+struct Verifiers {
+    key_set: KeySet,
+    trust: Arc<Trust>,
+    from: i64,
+    until: i64,
+}
+
+impl Verifiers {
+    fn build(keys: &[LoadedKey], now: i64) -> Self {
+        let live = keys
+            .iter()
+            .filter(|k| k.row.verify_until == 0 || k.row.verify_until > now);
+        let key_set = KeySet {
+            keys: live
+                .clone()
+                .map(|k| PublicKey {
+                    key_id: k.row.key_id.clone(),
+                    ed25519: k.row.public.clone(),
+                    active_from_unix_secs: k.row.active_from,
+                    verify_until_unix_secs: k.row.verify_until,
+                })
+                .collect(),
+        };
+        let until = live
+            .filter(|k| k.row.verify_until != 0)
+            .map(|k| k.row.verify_until)
+            .min()
+            .unwrap_or(i64::MAX);
+        Self {
+            trust: Arc::new(Trust::new(&key_set)),
+            key_set,
+            from: now,
+            until,
+        }
+    }
+
+    fn covers(&self, now: i64) -> bool {
+        // `from`: a wall clock stepped back rebuilds too.
+        self.from <= now && now < self.until
+    }
+}
+
+/// What one reload installed, and the view derived from it, swapped together.
+#[derive(Default)]
+struct Loaded {
+    /// The number of the reload that installed this.
+    reload: u64,
+    keys: Vec<LoadedKey>,
+    next_rotation_at: Option<i64>,
+    verifiers: Option<Verifiers>,
+}
+
 /// The keys as last loaded from the database.
 pub struct Keys {
     policy: RotationPolicy,
-    loaded: RwLock<Vec<LoadedKey>>,
-    next_rotation_at: RwLock<Option<i64>>,
+    /// Reloads started, numbering them.
+    reloads: AtomicU64,
+    loaded: RwLock<Loaded>,
+}
+
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
 }
 
 impl std::fmt::Debug for Keys {
@@ -76,6 +149,21 @@ pub fn new_key(active_from: i64) -> SigningKeyRow {
     }
 }
 
+/// Decodes the stored keypairs.
+fn parse_keys(rows: Vec<SigningKeyRow>) -> Result<Vec<LoadedKey>, StoreError> {
+    rows.into_iter()
+        .map(|row| {
+            let mut bytes = row.secret.clone();
+            let key =
+                ed25519::Keypair::try_from_bytes(&mut bytes).map_err(|e| StoreError::Corrupt {
+                    table: "signing_keys",
+                    what: format!("key {}: {e}", row.key_id),
+                })?;
+            Ok(LoadedKey { row, key })
+        })
+        .collect()
+}
+
 impl Keys {
     /// Creates the first key if the database has none, then loads.
     pub async fn open(db: &Db, policy: RotationPolicy, now: i64) -> Result<Self, StoreError> {
@@ -84,31 +172,35 @@ impl Keys {
         db.run(move |s| s.init_keys(&first, next)).await?;
         let keys = Self {
             policy,
-            loaded: RwLock::new(Vec::new()),
-            next_rotation_at: RwLock::new(None),
+            reloads: AtomicU64::new(0),
+            loaded: RwLock::new(Loaded::default()),
         };
         keys.reload(db).await?;
         Ok(keys)
     }
 
     /// Re-reads keys and the deadline (other replicas may have rotated).
+    ///
+    /// Reloads are numbered before they read and only a higher number is
+    /// installed: one that started later read the database later, so the
+    /// periodic check can never put back the keys a rotation's own reload
+    /// replaced.
     pub async fn reload(&self, db: &Db) -> Result<(), StoreError> {
+        // AcqRel: a later number also sees every commit the earlier reload saw.
+        let reload = self.reloads.fetch_add(1, Ordering::AcqRel) + 1;
         let (rows, next) = db.run(|s| Ok((s.keys()?, s.next_rotation_at()?))).await?;
-        let mut loaded = Vec::with_capacity(rows.len());
-        for row in rows {
-            let mut bytes = row.secret.clone();
-            let key =
-                ed25519::Keypair::try_from_bytes(&mut bytes).map_err(|e| StoreError::Corrupt {
-                    table: "signing_keys",
-                    what: format!("key {}: {e}", row.key_id),
-                })?;
-            loaded.push(LoadedKey { row, key });
+        let mut loaded = write(&self.loaded);
+        if reload <= loaded.reload {
+            return Ok(());
         }
-        *self.loaded.write().unwrap_or_else(|p| p.into_inner()) = loaded;
-        *self
-            .next_rotation_at
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = next;
+        // Unchanged rows keep the view; changed ones drop it, so no call
+        // after this one sees the old keys.
+        if !loaded.keys.iter().map(|k| &k.row).eq(rows.iter()) {
+            loaded.keys = parse_keys(rows)?;
+            loaded.verifiers = None;
+        }
+        loaded.reload = reload;
+        loaded.next_rotation_at = next;
         Ok(())
     }
 
@@ -116,10 +208,7 @@ impl Keys {
     /// Returns the new key's id when it rotated.
     pub async fn check(&self, db: &Db, now: i64) -> Result<Option<String>, StoreError> {
         self.reload(db).await?;
-        let deadline = *self
-            .next_rotation_at
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
+        let deadline = read(&self.loaded).next_rotation_at;
         match deadline {
             Some(d) if now >= d => self.rotate(db, Some(d), now).await,
             Some(_) => Ok(None),
@@ -161,8 +250,9 @@ impl Keys {
     /// on a tie, the key created last (keys are loaded in creation order and
     /// `max_by_key` keeps the last maximum).
     pub fn signer(&self, now: i64) -> Option<Signer> {
-        let loaded = self.loaded.read().unwrap_or_else(|p| p.into_inner());
+        let loaded = read(&self.loaded);
         loaded
+            .keys
             .iter()
             .filter(|k| k.row.active_from <= now)
             .filter(|k| k.row.verify_until == 0 || k.row.verify_until > now)
@@ -173,33 +263,105 @@ impl Keys {
             })
     }
 
-    /// Keys verifiers should hold at `now` (published-ahead ones included).
-    pub fn key_set(&self, now: i64) -> KeySet {
-        let loaded = self.loaded.read().unwrap_or_else(|p| p.into_inner());
-        KeySet {
-            keys: loaded
-                .iter()
-                .filter(|k| k.row.verify_until == 0 || k.row.verify_until > now)
-                .map(|k| PublicKey {
-                    key_id: k.row.key_id.clone(),
-                    ed25519: k.row.public.clone(),
-                    active_from_unix_secs: k.row.active_from,
-                    verify_until_unix_secs: k.row.verify_until,
-                })
-                .collect(),
+    /// Reads the verification view at `now`: the cached one if it covers
+    /// `now`, else a new one (built once, under the write lock).
+    fn with_verifiers<R>(&self, now: i64, f: impl FnOnce(&Verifiers) -> R) -> R {
+        if let Some(v) = read(&self.loaded)
+            .verifiers
+            .as_ref()
+            .filter(|v| v.covers(now))
+        {
+            return f(v);
         }
+        let mut loaded = write(&self.loaded);
+        if let Some(v) = loaded.verifiers.as_ref().filter(|v| v.covers(now)) {
+            return f(v);
+        }
+        let v = Verifiers::build(&loaded.keys, now);
+        f(loaded.verifiers.insert(v))
     }
 
-    /// A verifier over [`Keys::key_set`].
-    pub fn trust(&self, now: i64) -> Trust {
-        Trust::new(&self.key_set(now))
+    /// Keys verifiers should hold at `now` (published-ahead ones included).
+    pub fn key_set(&self, now: i64) -> KeySet {
+        self.with_verifiers(now, |v| v.key_set.clone())
+    }
+
+    /// A verifier over [`Keys::key_set`], shared until the keys change.
+    pub fn trust(&self, now: i64) -> Arc<Trust> {
+        self.with_verifiers(now, |v| v.trust.clone())
     }
 
     /// The stored rotation deadline as last read, Unix seconds.
     pub fn next_rotation_at(&self) -> Option<i64> {
-        *self
-            .next_rotation_at
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        read(&self.loaded).next_rotation_at
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+    use crate::{metrics::Metrics, store::open_sqlite};
+
+    const GRACE: i64 = 100;
+
+    async fn keys(dir: &std::path::Path, now: i64) -> (Db, Keys) {
+        let path = dir.join("cp.db");
+        let store = tokio::task::spawn_blocking(move || open_sqlite(&path, 1))
+            .await
+            .expect("join")
+            .expect("open");
+        let metrics = Metrics::new(&mut Registry::default());
+        let db = Db::new(store, 4, Duration::from_secs(5), metrics);
+        let policy = RotationPolicy {
+            interval_secs: 86_400,
+            publish_ahead_secs: 0,
+            grace_secs: GRACE,
+        };
+        let keys = Keys::open(&db, policy, now).await.expect("open keys");
+        (db, keys)
+    }
+
+    #[tokio::test]
+    async fn the_trust_is_reused_until_a_rotation_or_the_end_of_a_grace() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let now = 1_000_000;
+        let (db, keys) = keys(dir.path(), now).await;
+        let first = keys.trust(now);
+        assert!(Arc::ptr_eq(&first, &keys.trust(now + 5)), "reused");
+        keys.reload(&db).await.expect("reload");
+        assert!(
+            Arc::ptr_eq(&first, &keys.trust(now + 5)),
+            "a reload that finds the same rows keeps it"
+        );
+
+        let (new_id, active_from) = keys.rotate_now(&db, now + 10).await.expect("rotate");
+        let rotated = keys.trust(now + 10);
+        assert!(
+            !Arc::ptr_eq(&first, &rotated),
+            "a rotation rebuilds at once"
+        );
+        assert!(rotated.has_key(&new_id));
+        assert_eq!(
+            rotated.key_count(),
+            2,
+            "the old key verifies within its grace"
+        );
+        assert_eq!(keys.key_set(now + 10).keys.len(), 2);
+
+        let end = active_from + GRACE;
+        assert!(
+            Arc::ptr_eq(&rotated, &keys.trust(end - 1)),
+            "reused to the end"
+        );
+        let after = keys.trust(end);
+        assert!(!Arc::ptr_eq(&rotated, &after), "the grace end rebuilds");
+        assert_eq!(after.key_count(), 1);
+        assert!(after.has_key(&new_id));
+        assert_eq!(keys.key_set(end).keys.len(), 1);
+        assert!(Arc::ptr_eq(&after, &keys.trust(end + 1000)));
     }
 }

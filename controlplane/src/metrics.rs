@@ -12,7 +12,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::store::{DELETE_REASONS, TABLES};
+use crate::store::{DELETE_REASONS, TABLES, Wait};
 
 /// gRPC methods, as metric label values.
 pub const METHODS: &[&str] = &[
@@ -108,6 +108,11 @@ struct TableReason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WaitLabel {
+    wait: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: String,
 }
@@ -135,6 +140,8 @@ pub struct Metrics {
     auth_failures: Family<AuthLabel, Counter>,
     storage_rows: Family<TableLabel, Gauge>,
     deleted: Family<TableReason, Counter>,
+    reap_batches: Counter,
+    db_wait_timeouts: Family<WaitLabel, Counter>,
     enrollments: Family<ResultLabel, Counter>,
     next_rotation: Gauge,
     grpc_connections: Gauge,
@@ -165,6 +172,8 @@ impl Metrics {
             auth_failures: Family::default(),
             storage_rows: Family::default(),
             deleted: Family::default(),
+            reap_batches: Counter::default(),
+            db_wait_timeouts: Family::default(),
             enrollments: Family::default(),
             next_rotation: Gauge::default(),
             grpc_connections: Gauge::default(),
@@ -211,6 +220,18 @@ impl Metrics {
             "deleted",
             "Rows deleted by the reapers, by table and reason",
             m.deleted.clone(),
+        );
+        r.register(
+            "reap_batches",
+            "Reaper transactions, each deleting at most --reap-batch-rows rows",
+            m.reap_batches.clone(),
+        );
+        r.register(
+            "db_wait_timeouts",
+            "Database operations refused because a wait passed --db-wait-timeout-secs: \
+             for a slot (--db-max-inflight), the writer connection, a read connection \
+             (--db-read-connections) or the file lock (another connection or process)",
+            m.db_wait_timeouts.clone(),
         );
         r.register(
             "enrollments",
@@ -281,6 +302,11 @@ impl Metrics {
             let _ = m.deleted.get_or_create(&TableReason {
                 table: (*t).into(),
                 reason: (*reason).into(),
+            });
+        }
+        for w in Wait::ALL {
+            let _ = m.db_wait_timeouts.get_or_create(&WaitLabel {
+                wait: w.as_str().into(),
             });
         }
         for r in ["enrolled", "re_enrolled"] {
@@ -368,6 +394,20 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc_by(n);
+    }
+
+    /// Counts one reaper transaction.
+    pub fn reap_batch(&self) {
+        self.reap_batches.inc();
+    }
+
+    /// Counts a database wait that ran out.
+    pub fn db_wait_timeout(&self, wait: Wait) {
+        self.db_wait_timeouts
+            .get_or_create(&WaitLabel {
+                wait: wait.as_str().into(),
+            })
+            .inc();
     }
 
     /// A gRPC connection got a slot.

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 
 use crate::{
     state::State,
-    store::{Deleted, ReapPolicy, StoreError},
+    store::{DELETE_REASONS, Deleted, ReapPolicy, StoreError},
 };
 
 impl State {
@@ -23,30 +23,73 @@ impl State {
         }
     }
 
-    /// One reaper pass: deletes, counts deletions, then refreshes row counts.
+    /// One reaper pass: deletes in batches, counts deletions, then
+    /// refreshes row counts.
     pub async fn reap_once(&self) -> Result<Deleted, StoreError> {
+        self.reap_pass(|_| std::future::ready(())).await
+    }
+
+    /// One reaper pass, awaiting `between(batches_done)` before each batch
+    /// after the first (tests write there: the writer is free between
+    /// batches).
+    ///
+    /// Every batch is its own [`Db::run`](crate::store::Db::run), so it
+    /// takes a slot and the writer within its own deadline and gives both
+    /// back before the next. Deletions are counted as each batch commits,
+    /// so a pass that fails half-way still counts what it deleted. The pass
+    /// ends: `now` is fixed, and rows only become stale as time passes, so
+    /// each batch but the last deletes `--reap-batch-rows` of a set that
+    /// does not grow.
+    pub(crate) async fn reap_pass<F, Fut>(&self, mut between: F) -> Result<Deleted, StoreError>
+    where
+        F: FnMut(u64) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
         let policy = self.reap_policy();
+        let max_rows = self.config.reap_batch_rows.max(1);
         let now = unix_now();
-        let (deleted, counts) = self
-            .db
-            .run(move |s| Ok((s.reap(now, &policy)?, s.counts()?)))
-            .await?;
-        for (table, reason, n) in &deleted {
-            if *n > 0 {
-                self.metrics.deleted(table, reason, *n);
-                tracing::info!(table, reason, rows = n, "reaped");
+        let mut total: Deleted = DELETE_REASONS.iter().map(|(t, r)| (*t, *r, 0)).collect();
+        let mut batches = 0;
+        loop {
+            if batches > 0 {
+                between(batches).await;
+            }
+            let batch = self
+                .db
+                .run(move |s| s.reap_batch(now, &policy, max_rows))
+                .await?;
+            batches += 1;
+            self.metrics.reap_batch();
+            let mut rows = 0;
+            for (table, reason, n) in batch {
+                rows += n;
+                if let Some(sum) = total
+                    .iter_mut()
+                    .find(|(t, r, _)| (*t, *r) == (table, reason))
+                {
+                    sum.2 += n;
+                }
+                if n > 0 {
+                    self.metrics.deleted(table, reason, n);
+                }
+            }
+            if rows < max_rows {
+                break;
             }
         }
+        for (table, reason, n) in &total {
+            if *n > 0 {
+                tracing::info!(table, reason, rows = n, batches, "reaped");
+            }
+        }
+        let counts = self.db.run(|s| s.counts()).await?;
         for (table, rows) in counts {
             self.metrics.set_rows(&table, rows);
         }
-        if deleted
-            .iter()
-            .any(|(t, _, n)| *t == "revocations" && *n > 0)
-        {
+        if total.iter().any(|(t, _, n)| *t == "revocations" && *n > 0) {
             self.invalidate_directory();
         }
-        Ok(deleted)
+        Ok(total)
     }
 
     /// One key check: rotates when the stored deadline has passed.
@@ -95,4 +138,96 @@ pub async fn run_reaper(state: Arc<State>, stop: watch::Receiver<bool>) {
 pub async fn run_key_check(state: Arc<State>, stop: watch::Receiver<bool>) {
     let period = Duration::from_secs(state.config.key_check_interval_secs);
     every("key_check", period, stop, || state.check_keys_once()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeMap, time::Duration};
+
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+    use crate::{
+        clock::TokioClock,
+        config::Config,
+        keys::{Keys, RotationPolicy},
+        metrics::Metrics,
+        store::{Db, TokenRow, open_sqlite},
+    };
+
+    async fn state(dir: &std::path::Path, batch_rows: u64) -> Arc<State> {
+        let path = dir.join("cp.db");
+        let config = Config {
+            reap_batch_rows: batch_rows,
+            ..Config::ephemeral(&path)
+        };
+        let metrics = Metrics::new(&mut Registry::default());
+        let store = tokio::task::spawn_blocking(move || open_sqlite(&path, 1))
+            .await
+            .expect("join")
+            .expect("open");
+        let db = Db::new(store, 4, Duration::from_secs(1), metrics.clone());
+        let policy = RotationPolicy {
+            interval_secs: 86_400,
+            publish_ahead_secs: 0,
+            grace_secs: 7200,
+        };
+        let keys = Keys::open(&db, policy, unix_now()).await.expect("keys");
+        let url = "http://127.0.0.1:1".to_string();
+        State::new(config, url, db, keys, metrics, TokioClock::shared(), None)
+    }
+
+    #[tokio::test]
+    async fn a_pass_deletes_the_whole_backlog_in_batches_and_frees_the_writer_between() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = state(dir.path(), 10).await;
+        let file = dir.path().join("cp.db");
+        tokio::task::spawn_blocking(move || {
+            rusqlite::Connection::open(file)
+                .expect("open")
+                .execute_batch(
+                    "WITH RECURSIVE i(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM i WHERE n < 25)
+                     INSERT INTO enrollment_requests (source, outcome, at)
+                     SELECT 'test', 'enrolled', 1 FROM i;",
+                )
+                .expect("25 stale rows")
+        })
+        .await
+        .expect("join");
+        let mut writes_between = 0;
+        let deleted = state
+            .reap_pass(|batches_done| {
+                let db = state.db.clone();
+                writes_between += 1;
+                async move {
+                    // The writer is free here: a write gets it within its deadline.
+                    let row = TokenRow {
+                        token_id: format!("between-{batches_done}"),
+                        kind: 1,
+                        role: 1,
+                        labels: BTreeMap::new(),
+                        max_uses: 1,
+                        uses: 0,
+                        created_at: unix_now(),
+                        expires_at: unix_now() + 3600,
+                    };
+                    let digest = [batches_done as u8; 32];
+                    db.run(move |s| s.create_token(&digest, &row))
+                        .await
+                        .expect("a write between batches");
+                }
+            })
+            .await
+            .expect("pass");
+        let got = deleted
+            .iter()
+            .find(|(t, r, _)| (*t, *r) == ("enrollment_requests", "expired"))
+            .map(|x| x.2);
+        assert_eq!(got, Some(25), "{deleted:?}");
+        // ceil(25 / 10) = 3 transactions, so two gaps, each with a write.
+        assert_eq!(writes_between, 2);
+        let counts = state.db.run(|s| s.counts()).await.expect("counts");
+        assert!(counts.contains(&("enrollment_requests".to_string(), 0)));
+        assert!(counts.contains(&("tokens".to_string(), 2)), "{counts:?}");
+    }
 }

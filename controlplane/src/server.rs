@@ -171,13 +171,16 @@ pub async fn spawn_with(
         (None, None) => None,
     };
     let path = sqlite_path(&config.db).map_err(SpawnError::Config)?;
-    let store = tokio::task::spawn_blocking(move || open_sqlite(&path))
+    let readers = config.db_read_connections;
+    let store = tokio::task::spawn_blocking(move || open_sqlite(&path, readers))
         .await
         .map_err(|e| StoreError::Task(e.to_string()))??;
+    let metrics = Metrics::new(&mut registry);
     let db = Db::new(
         store,
         config.db_max_inflight,
         Duration::from_secs(config.db_wait_timeout_secs),
+        metrics.clone(),
     );
     let policy = RotationPolicy {
         interval_secs: config.key_rotation_interval_secs as i64,
@@ -211,7 +214,6 @@ pub async fn spawn_with(
         .map(|u| agentmesh_proto::proof::normalize_url(&u).to_string())
         .unwrap_or_else(|| format!("{scheme}://{grpc_addr}"));
 
-    let metrics = Metrics::new(&mut registry);
     let registry = Arc::new(registry);
     let state = State::new(
         config.clone(),

@@ -90,8 +90,8 @@ pub fn to_status(err: &ServiceError) -> Status {
         ServiceError::NoSigningKey => {
             with_retry_after(Status::unavailable(err.to_string()), Duration::from_secs(1))
         }
-        ServiceError::Store(StoreError::Busy(_)) => with_retry_after(
-            Status::unavailable("control plane database busy"),
+        ServiceError::Store(StoreError::Busy(wait)) => with_retry_after(
+            Status::unavailable(format!("control plane database busy: {wait}")),
             Duration::from_secs(1),
         ),
         ServiceError::Store(e) => {

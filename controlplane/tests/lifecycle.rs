@@ -570,3 +570,62 @@ async fn with_no_publish_ahead_a_rotated_key_signs_at_once_even_in_the_same_seco
     assert_eq!(key_of(&again), rotated.key_id);
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn after_rotate_key_now_the_new_key_verifies_at_once_and_the_old_one_within_grace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = config(dir.path());
+    cfg.key_publish_ahead_secs = 0;
+    let h = spawn(cfg).await.expect("starts");
+    let c = client(&h);
+    let member_tok = token(&h, TokenKind::Bootstrap, Role::Member, &[], 1).await;
+    let router_tok = token(&h, TokenKind::Bootstrap, Role::Router, &[], 1).await;
+    let (m, r) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+    let cred = |e: Option<agentmesh_proto::pb::credential::Credential>| e.expect("credential");
+    let old_m = cred(c.enroll(&member_tok, &m).await.expect("enroll").credential);
+    let old_r = cred(c.enroll(&router_tok, &r).await.expect("enroll").credential);
+    let lease = |cr: agentmesh_proto::pb::credential::Credential| {
+        let c = &c;
+        let r = &r;
+        async move {
+            c.router_lease(
+                &cr,
+                r,
+                vec!["/ip4/127.0.0.1/tcp/1".into()],
+                vec![],
+                RouterLoad::default(),
+                false,
+            )
+            .await
+        }
+    };
+    // Both verifying calls run once, so their view of the keys is built
+    // (and cached) before the rotation.
+    c.refresh(&old_m, &m).await.expect("refresh before");
+    lease(old_r.clone()).await.expect("lease before");
+
+    let rotated = c.rotate_key_now(common::ADMIN).await.expect("rotates");
+    // The old key verifies within its grace; what comes back is signed by the new one.
+    let new_m = cred(
+        c.refresh(&old_m, &m)
+            .await
+            .expect("old key within grace")
+            .credential,
+    );
+    let new_r = cred(
+        c.refresh(&old_r, &r)
+            .await
+            .expect("old key within grace")
+            .credential,
+    );
+    for new in [&new_m, &new_r] {
+        assert_eq!(peek_claims(new).expect("claims").key_id, rotated.key_id);
+    }
+    // The new key verifies at once: no stale view.
+    c.refresh(&new_m, &m).await.expect("new key, Refresh");
+    lease(new_r).await.expect("new key, RouterLease");
+    lease(old_r)
+        .await
+        .expect("old key, RouterLease, within grace");
+    h.shutdown().await;
+}

@@ -2,21 +2,67 @@
 //!
 //! Every method is synchronous and may block: callers on the async runtime go
 //! through [`Db`], which runs them on the blocking pool with a bounded number
-//! in flight and a deadline on the wait for a slot.
+//! in flight and one deadline (`--db-wait-timeout-secs`) on the whole wait:
+//! for a slot, for a connection, and for SQLite's lock on the file.
 
 mod migrations;
+mod pool;
+mod reap;
 mod sqlite;
+#[cfg(test)]
+mod tests;
 
 use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
-pub use sqlite::SqliteStore;
+pub use sqlite::{DEFAULT_READ_CONNECTIONS, SqliteStore};
+
+use crate::metrics::Metrics;
+
+/// Which wait for the database ran out of time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// A slot among `--db-max-inflight`.
+    Slot,
+    /// The one writer connection (held by another operation).
+    Writer,
+    /// A read-only connection (all `--db-read-connections` in use).
+    Reader,
+    /// SQLite's lock on the file, held by another connection or process.
+    FileLock,
+}
+
+impl Wait {
+    /// Every wait, to pre-create metric labels.
+    pub const ALL: [Wait; 4] = [Wait::Slot, Wait::Writer, Wait::Reader, Wait::FileLock];
+
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Wait::Slot => "slot",
+            Wait::Writer => "writer",
+            Wait::Reader => "reader",
+            Wait::FileLock => "file_lock",
+        }
+    }
+}
+
+impl std::fmt::Display for Wait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Wait::Slot => "no free slot (--db-max-inflight operations in flight)",
+            Wait::Writer => "the writer connection is held by another operation",
+            Wait::Reader => "every read connection is in use",
+            Wait::FileLock => "the database file is locked by another connection",
+        })
+    }
+}
 
 /// Why storage failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database said no.
     #[error("database: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(rusqlite::Error),
     /// Opening or preparing the file failed.
     #[error("database file {path}: {source}")]
     Io {
@@ -33,12 +79,24 @@ pub enum StoreError {
         /// What did not parse.
         what: String,
     },
-    /// Too many operations in flight; the caller should retry.
-    #[error("database busy: {0} operations in flight")]
-    Busy(usize),
+    /// The wait for the database passed its deadline; the caller should retry.
+    #[error("database busy within --db-wait-timeout-secs: {0}")]
+    Busy(Wait),
     /// The blocking task died.
     #[error("database task failed: {0}")]
     Task(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    /// `SQLITE_BUSY` means the busy handler gave up, and it is given only
+    /// what is left of the deadline: that is a timeout like the others.
+    fn from(e: rusqlite::Error) -> Self {
+        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) {
+            Self::Busy(Wait::FileLock)
+        } else {
+            Self::Sqlite(e)
+        }
+    }
 }
 
 /// A token as stored (its secret is not: only its SHA-256).
@@ -206,10 +264,12 @@ pub const TABLES: &[&str] = &[
     "revocations",
 ];
 
-/// Every (table, reason) pair a reaper can report, to pre-create metric labels.
+/// Every (table, reason) pair a reaper can report, in the order a reap
+/// batch deletes them (ephemeral members before the lapsed-node rule, so they
+/// are counted as `ephemeral_lapsed`). Also pre-creates the metric labels.
 pub const DELETE_REASONS: &[(&str, &str)] = &[
-    ("nodes", "lapsed"),
     ("nodes", "ephemeral_lapsed"),
+    ("nodes", "lapsed"),
     ("enrollment_requests", "expired"),
     ("tokens", "expired"),
     ("tokens", "used_up"),
@@ -274,8 +334,16 @@ pub trait Store: Send + Sync + 'static {
         new_key: &SigningKeyRow,
         retire_until: i64,
     ) -> Result<bool, StoreError>;
-    /// One reaper pass.
-    fn reap(&self, now: i64, policy: &ReapPolicy) -> Result<Deleted, StoreError>;
+    /// One reaper batch, one transaction: deletes at most `max_rows` stale
+    /// rows, reason after reason in [`DELETE_REASONS`] order; returns a count for
+    /// every reason in that order. Fewer than `max_rows` deleted means
+    /// nothing stale is left at `now`.
+    fn reap_batch(
+        &self,
+        now: i64,
+        policy: &ReapPolicy,
+        max_rows: u64,
+    ) -> Result<Deleted, StoreError>;
     /// Row counts per table.
     fn counts(&self) -> Result<Vec<(String, i64)>, StoreError>;
     /// A consistent copy of the database at `to` while serving.
@@ -283,23 +351,31 @@ pub trait Store: Send + Sync + 'static {
 }
 
 /// Async access to a [`Store`]: blocking work on the blocking pool, at most
-/// `max_inflight` operations at once, waiting at most `wait` for a slot.
+/// `max_inflight` operations at once, and one deadline, `wait` from the
+/// call, on everything the operation waits for before it runs (a slot, a
+/// connection, the file lock). A wait that runs out is [`StoreError::Busy`],
+/// counted in `db_wait_timeouts_total{wait}`.
 #[derive(Clone)]
 pub struct Db {
     store: Arc<dyn Store>,
     slots: Arc<tokio::sync::Semaphore>,
-    max_inflight: usize,
     wait: Duration,
+    metrics: Metrics,
 }
 
 impl Db {
     /// Wraps a store.
-    pub fn new(store: Arc<dyn Store>, max_inflight: usize, wait: Duration) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        max_inflight: usize,
+        wait: Duration,
+        metrics: Metrics,
+    ) -> Self {
         Self {
             store,
             slots: Arc::new(tokio::sync::Semaphore::new(max_inflight.max(1))),
-            max_inflight,
             wait,
+            metrics,
         }
     }
 
@@ -309,21 +385,38 @@ impl Db {
         R: Send + 'static,
         F: FnOnce(&dyn Store) -> Result<R, StoreError> + Send + 'static,
     {
+        let r = self.run_inner(f).await;
+        if let Err(StoreError::Busy(wait)) = &r {
+            self.metrics.db_wait_timeout(*wait);
+        }
+        r
+    }
+
+    async fn run_inner<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Store) -> Result<R, StoreError> + Send + 'static,
+    {
+        let started = tokio::time::Instant::now();
         let permit = tokio::time::timeout(self.wait, self.slots.clone().acquire_owned())
             .await
-            .map_err(|_| StoreError::Busy(self.max_inflight))?
+            .map_err(|_| StoreError::Busy(Wait::Slot))?
             .map_err(|_| StoreError::Task("database closed".into()))?;
+        // The blocking side keeps what is left, on the clock it can wait on.
+        let left = self.wait.saturating_sub(started.elapsed());
+        let deadline = std::time::Instant::now() + left;
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            f(&*store)
+            pool::with_deadline(deadline, || f(&*store))
         })
         .await
         .map_err(|e| StoreError::Task(e.to_string()))?
     }
 }
 
-/// Opens the SQLite store at `path` (creating it 0600, WAL, migrated).
-pub fn open_sqlite(path: &Path) -> Result<Arc<dyn Store>, StoreError> {
-    Ok(Arc::new(SqliteStore::open(path)?))
+/// Opens the SQLite store at `path` (creating it 0600, WAL, migrated) with
+/// `read_connections` read-only connections beside the writer.
+pub fn open_sqlite(path: &Path, read_connections: usize) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(SqliteStore::open_with(path, read_connections)?))
 }

@@ -1,18 +1,29 @@
-//! The SQLite store: one connection in WAL mode behind a mutex (callers are
-//! on the blocking pool), the file created with mode 0600.
+//! The SQLite store, the file created with mode 0600, in WAL mode: one
+//! writer connection and a few read-only ones, so reads (the directory,
+//! keys, row counts, `/readyz`, backups) never queue behind a write; WAL
+//! lets readers run beside the one writer. Callers are on the blocking pool
+//! and wait for a connection no longer than their deadline (see [`super::pool`]).
 
-use std::{collections::BTreeMap, path::Path, sync::Mutex};
+use std::{collections::BTreeMap, path::Path};
 
-use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{
     Deleted, EnrollRefusal, Enrolled, LeaseRow, NodeRefusal, NodeRow, ReapPolicy, RevocationRow,
-    SigningKeyRow, Store, StoreError, TABLES, TokenRow, migrations,
+    SigningKeyRow, Store, StoreError, TABLES, TokenRow, Wait, migrations,
+    pool::{Pool, Pooled},
+    reap,
 };
+
+/// Default `--db-read-connections`: reads are short and few (the directory is
+/// cached, keys and counts are read every half minute), so four let
+/// `/readyz`, a directory read, a key reload and a backup run at once.
+pub const DEFAULT_READ_CONNECTIONS: usize = 4;
 
 /// SQLite storage.
 pub struct SqliteStore {
-    conn: Mutex<Connection>,
+    writer: Pool,
+    readers: Pool,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -65,8 +76,15 @@ fn finish_node((mut n, labels): (NodeRow, String)) -> Result<NodeRow, StoreError
 }
 
 impl SqliteStore {
-    /// Opens (creating with mode 0600) and migrates the database at `path`.
+    /// Opens (creating with mode 0600) and migrates the database at `path`,
+    /// with one read connection (offline commands and tests).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with(path, 1)
+    }
+
+    /// Opens (creating with mode 0600) and migrates the database at `path`,
+    /// with `read_connections` (at least one) read-only connections.
+    pub fn open_with(path: &Path, read_connections: usize) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             use std::os::unix::fs::DirBuilderExt;
             // A directory we create is private; an existing one is left alone.
@@ -78,21 +96,38 @@ impl SqliteStore {
         }
         create_private(path)?;
         let mut conn = Connection::open(path)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // Opening waits for a lock as long as a store used on its own does.
+        conn.busy_timeout(super::pool::DEFAULT_WAIT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // FULL: a committed enrollment survives power loss too (rates here are low).
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         migrations::migrate(&mut conn)?;
+        // Opened after the writer set WAL mode and migrated, so they see it.
+        let readers = (0..read_connections.max(1))
+            .map(|_| {
+                Connection::open_with_flags(
+                    path,
+                    OpenFlags::SQLITE_OPEN_READ_ONLY
+                        | OpenFlags::SQLITE_OPEN_URI
+                        | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
-            conn: Mutex::new(conn),
+            writer: Pool::new(vec![conn], Wait::Writer),
+            readers: Pool::new(readers, Wait::Reader),
         })
     }
 
-    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
-        // A panic while holding the lock leaves the connection usable: SQLite
-        // rolls back the open transaction when it is dropped.
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    /// The writer connection, within the deadline.
+    pub(super) fn writer(&self) -> Result<Pooled<'_>, StoreError> {
+        self.writer.get()
+    }
+
+    /// A read-only connection, within the deadline.
+    pub(super) fn reader(&self) -> Result<Pooled<'_>, StoreError> {
+        self.readers.get()
     }
 }
 
@@ -111,12 +146,12 @@ fn create_private(path: &Path) -> Result<(), StoreError> {
 
 impl Store for SqliteStore {
     fn ping(&self) -> Result<(), StoreError> {
-        self.conn().query_row("SELECT 1", [], |_| Ok(()))?;
+        self.reader()?.query_row("SELECT 1", [], |_| Ok(()))?;
         Ok(())
     }
 
     fn create_token(&self, digest: &[u8; 32], t: &TokenRow) -> Result<(), StoreError> {
-        self.conn().execute(
+        self.writer()?.execute(
             "INSERT INTO tokens (token_id, digest, kind, role, labels, max_uses, uses, created_at, expires_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8)",
             params![
@@ -142,7 +177,7 @@ impl Store for SqliteStore {
         now: i64,
         cred_expires_at: i64,
     ) -> Result<Result<Enrolled, EnrollRefusal>, StoreError> {
-        let mut conn = self.conn();
+        let mut conn = self.writer()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let token = tx
             .query_row(
@@ -258,7 +293,7 @@ impl Store for SqliteStore {
         now: i64,
         cred_expires_at: Option<i64>,
     ) -> Result<Result<NodeRow, NodeRefusal>, StoreError> {
-        let mut conn = self.conn();
+        let mut conn = self.writer()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let node = tx
             .query_row(
@@ -296,7 +331,7 @@ impl Store for SqliteStore {
     }
 
     fn upsert_lease(&self, l: &LeaseRow) -> Result<(), StoreError> {
-        self.conn().execute(
+        self.writer()?.execute(
             "INSERT INTO router_leases (peer_id, node_id, addrs, labels, attached, transit, high, low, draining, expires_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
              ON CONFLICT(peer_id) DO UPDATE SET node_id = excluded.node_id, addrs = excluded.addrs,
@@ -320,7 +355,7 @@ impl Store for SqliteStore {
     }
 
     fn directory(&self, now: i64) -> Result<(Vec<LeaseRow>, Vec<RevocationRow>), StoreError> {
-        let conn = self.conn();
+        let conn = self.reader()?;
         let mut st = conn.prepare_cached(
             "SELECT peer_id, node_id, addrs, labels, attached, transit, high, low, draining, expires_at
              FROM router_leases WHERE expires_at > ?1 ORDER BY node_id",
@@ -376,7 +411,7 @@ impl Store for SqliteStore {
         now: i64,
         default_until: i64,
     ) -> Result<i64, StoreError> {
-        let mut conn = self.conn();
+        let mut conn = self.writer()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let last_expiry: Option<i64> = tx
             .query_row(
@@ -409,7 +444,7 @@ impl Store for SqliteStore {
     }
 
     fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError> {
-        let conn = self.conn();
+        let conn = self.reader()?;
         let mut st = conn.prepare_cached(
             "SELECT key_id, secret, public, active_from, verify_until FROM signing_keys ORDER BY active_from, created_at, rowid",
         )?;
@@ -428,7 +463,7 @@ impl Store for SqliteStore {
     }
 
     fn init_keys(&self, first: &SigningKeyRow, next_rotation_at: i64) -> Result<bool, StoreError> {
-        let mut conn = self.conn();
+        let mut conn = self.writer()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let n: i64 = tx.query_row("SELECT COUNT(*) FROM signing_keys", [], |r| r.get(0))?;
         if n > 0 {
@@ -451,7 +486,7 @@ impl Store for SqliteStore {
 
     fn next_rotation_at(&self) -> Result<Option<i64>, StoreError> {
         Ok(self
-            .conn()
+            .reader()?
             .query_row(
                 "SELECT next_rotation_at FROM rotation_state WHERE id = 1",
                 [],
@@ -467,7 +502,7 @@ impl Store for SqliteStore {
         new_key: &SigningKeyRow,
         retire_until: i64,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.conn();
+        let mut conn = self.writer()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let claimed = match expected {
             Some(old) => tx.execute(
@@ -492,68 +527,15 @@ impl Store for SqliteStore {
         Ok(true)
     }
 
-    fn reap(&self, now: i64, p: &ReapPolicy) -> Result<Deleted, StoreError> {
-        let mut conn = self.conn();
+    fn reap_batch(
+        &self,
+        now: i64,
+        policy: &ReapPolicy,
+        max_rows: u64,
+    ) -> Result<Deleted, StoreError> {
+        let mut conn = self.writer()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut out = Deleted::new();
-        let mut del = |table: &'static str,
-                       reason: &'static str,
-                       sql: &str,
-                       p: &[&dyn rusqlite::ToSql]|
-         -> Result<(), StoreError> {
-            let n = tx.execute(sql, p)?;
-            out.push((table, reason, n as u64));
-            Ok(())
-        };
-        let ephemeral = agentmesh_proto::pb::credential::TokenKind::Ephemeral as i32;
-        del(
-            "nodes",
-            "ephemeral_lapsed",
-            "DELETE FROM nodes WHERE token_kind = ?1 AND last_seen < ?2",
-            &[&ephemeral, &(now - p.ephemeral_retention_secs)],
-        )?;
-        del(
-            "nodes",
-            "lapsed",
-            "DELETE FROM nodes WHERE last_seen < ?1",
-            &[&(now - p.node_retention_secs)],
-        )?;
-        del(
-            "enrollment_requests",
-            "expired",
-            "DELETE FROM enrollment_requests WHERE at < ?1",
-            &[&(now - p.enrollment_retention_secs)],
-        )?;
-        del(
-            "tokens",
-            "expired",
-            "DELETE FROM tokens WHERE expires_at <= ?1",
-            &[&now],
-        )?;
-        del(
-            "tokens",
-            "used_up",
-            "DELETE FROM tokens WHERE uses >= max_uses AND COALESCE(last_used_at, created_at) < ?1",
-            &[&(now - p.used_token_retention_secs)],
-        )?;
-        del(
-            "router_leases",
-            "expired",
-            "DELETE FROM router_leases WHERE expires_at <= ?1",
-            &[&now],
-        )?;
-        del(
-            "revocations",
-            "expired",
-            "DELETE FROM revocations WHERE until <= ?1",
-            &[&now],
-        )?;
-        del(
-            "signing_keys",
-            "grace_ended",
-            "DELETE FROM signing_keys WHERE verify_until != 0 AND verify_until <= ?1",
-            &[&now],
-        )?;
+        let out = reap::batch(&tx, now, policy, max_rows)?;
         tx.commit()?;
         Ok(out)
     }
@@ -564,7 +546,7 @@ impl Store for SqliteStore {
             .map(|t| format!("SELECT '{t}', COUNT(*) FROM {t}"))
             .collect::<Vec<_>>()
             .join(" UNION ALL ");
-        let conn = self.conn();
+        let conn = self.reader()?;
         let mut st = conn.prepare_cached(&sql)?;
         let rows = st
             .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
@@ -585,7 +567,7 @@ impl Store for SqliteStore {
                 std::io::Error::new(std::io::ErrorKind::InvalidInput, "path is not UTF-8"),
             )
         })?;
-        self.conn().execute("VACUUM INTO ?1", params![target])?;
+        self.reader()?.execute("VACUUM INTO ?1", params![target])?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| io_err(to, e))

@@ -1,0 +1,111 @@
+//! One reap batch for SQLite: at most `max_rows` deletions in one
+//! transaction, so the writer is held for one batch, never for a whole
+//! backlog (after a long outage a table can hold 100k stale rows; enrollment
+//! gets the writer back between batches).
+//!
+//! Bundled SQLite has no `DELETE … LIMIT`, so each rule deletes the rowids a
+//! limited `SELECT` picks; the conditions use the tables' indexes where
+//! the tables grow with the fleet (`nodes.last_seen`, `enrollment_requests.at`).
+
+use rusqlite::{Transaction, params_from_iter};
+
+use super::{DELETE_REASONS, Deleted, ReapPolicy, StoreError};
+
+/// One thing the reaper deletes: `cond` binds `?2` and on (`?1` is the limit).
+struct Rule {
+    table: &'static str,
+    reason: &'static str,
+    cond: &'static str,
+    args: Vec<i64>,
+}
+
+/// The rules at `now`, in [`DELETE_REASONS`] order.
+fn rules(now: i64, p: &ReapPolicy) -> [Rule; 8] {
+    let ephemeral = agentmesh_proto::pb::credential::TokenKind::Ephemeral as i64;
+    let rule = |table, reason, cond, args| Rule {
+        table,
+        reason,
+        cond,
+        args,
+    };
+    [
+        rule(
+            "nodes",
+            "ephemeral_lapsed",
+            "token_kind = ?2 AND last_seen < ?3",
+            vec![ephemeral, now - p.ephemeral_retention_secs],
+        ),
+        rule(
+            "nodes",
+            "lapsed",
+            "last_seen < ?2",
+            vec![now - p.node_retention_secs],
+        ),
+        rule(
+            "enrollment_requests",
+            "expired",
+            "at < ?2",
+            vec![now - p.enrollment_retention_secs],
+        ),
+        rule("tokens", "expired", "expires_at <= ?2", vec![now]),
+        rule(
+            "tokens",
+            "used_up",
+            "uses >= max_uses AND COALESCE(last_used_at, created_at) < ?2",
+            vec![now - p.used_token_retention_secs],
+        ),
+        rule("router_leases", "expired", "expires_at <= ?2", vec![now]),
+        rule("revocations", "expired", "until <= ?2", vec![now]),
+        rule(
+            "signing_keys",
+            "grace_ended",
+            "verify_until != 0 AND verify_until <= ?2",
+            vec![now],
+        ),
+    ]
+}
+
+/// Deletes at most `max_rows` rows in `tx`, rule after rule; every rule
+/// gets an entry, zero when the batch was already full.
+pub(super) fn batch(
+    tx: &Transaction<'_>,
+    now: i64,
+    policy: &ReapPolicy,
+    max_rows: u64,
+) -> Result<Deleted, StoreError> {
+    let mut left = max_rows;
+    let mut out = Deleted::with_capacity(DELETE_REASONS.len());
+    for r in rules(now, policy) {
+        let mut n = 0;
+        if left > 0 {
+            let sql = format!(
+                "DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} WHERE {c} LIMIT ?1)",
+                t = r.table,
+                c = r.cond
+            );
+            let limit = i64::try_from(left).unwrap_or(i64::MAX);
+            let args = std::iter::once(limit).chain(r.args);
+            n = tx.prepare_cached(&sql)?.execute(params_from_iter(args))? as u64;
+            left = left.saturating_sub(n);
+        }
+        out.push((r.table, r.reason, n));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_follow_the_reasons_metrics_are_created_for() {
+        let p = ReapPolicy {
+            node_retention_secs: 1,
+            ephemeral_retention_secs: 1,
+            enrollment_retention_secs: 1,
+            used_token_retention_secs: 1,
+        };
+        let got: Vec<_> = rules(0, &p).iter().map(|r| (r.table, r.reason)).collect();
+        assert_eq!(got, DELETE_REASONS);
+    }
+}
