@@ -408,8 +408,11 @@ mod tests {
         );
     }
 
+    /// Says which thread it is from inside itself, so the stack is read
+    /// while this frame is on it.
     #[inline(never)]
-    fn wait_to_be_read(done: &AtomicBool) {
+    fn wait_to_be_read(done: &AtomicBool, tid: std::sync::mpsc::Sender<i32>) {
+        tid.send(current_tid()).expect("send");
         while !done.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -422,10 +425,7 @@ mod tests {
         let done = std::sync::Arc::new(AtomicBool::new(false));
         let (tx, rx) = std::sync::mpsc::channel();
         let d = done.clone();
-        let t = std::thread::spawn(move || {
-            tx.send(current_tid()).expect("send");
-            wait_to_be_read(&d);
-        });
+        let t = std::thread::spawn(move || wait_to_be_read(&d, tx));
         let tid = rx.recv().expect("tid");
         let ips = capture(tid, Duration::from_secs(10)).expect("capture");
         done.store(true, Ordering::Release);
