@@ -88,7 +88,14 @@ pub(crate) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
     let mut enroll_backoff = Duration::from_millis(500);
     loop {
         if shared.credential.read().is_none() {
-            match enroll(&shared).await {
+            // Shutdown does not wait for an enrollment under way (its
+            // retries can take the whole control-plane retry budget when
+            // the control plane is unreachable).
+            let enrolled = tokio::select! {
+                _ = cancel.cancelled() => return,
+                r = enroll(&shared) => r,
+            };
+            match enrolled {
                 Ok(()) => enroll_backoff = Duration::from_millis(500),
                 Err(e) => {
                     tracing::warn!(error = %e, "router enrollment failed; retrying");

@@ -122,3 +122,69 @@ fn send_sigterm(pid: i32) -> i32 {
         .map(|s| s.code().unwrap_or(-1))
         .unwrap_or(-1)
 }
+
+/// A router that cannot reach its control plane is still enrolling (its
+/// calls retry within the control-plane retry budget) when SIGTERM comes:
+/// shutdown stops the enrollment instead of waiting for it until the
+/// shutdown grace runs out and the tasks are aborted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_enrollment_retries_stops_them_without_aborting() {
+    use tokio::io::AsyncBufReadExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A port nothing listens on: every enrollment attempt is refused.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", closed.local_addr().expect("addr"));
+    drop(closed);
+    let token_file = dir.path().join("router.token");
+    std::fs::write(&token_file, "never-used-token\n").expect("write token");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentmesh-router"))
+        .args(["--control-plane", &url])
+        .arg("--token-file")
+        .arg(&token_file)
+        .arg("--key-path")
+        .arg(dir.path().join("router.key"))
+        .args(["--listen", "/ip4/127.0.0.1/tcp/0"])
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .args(["--control-plane-retry-budget-secs", "600"])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start router binary");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let mut log = String::new();
+    let end = Instant::now() + DEADLINE;
+    // Listening: the enrollment task is running (and retrying).
+    while !log.contains("metrics on http://") {
+        let line = tokio::time::timeout_at(end, lines.next_line())
+            .await
+            .expect("router started in time")
+            .expect("read stderr")
+            .expect("router exited early");
+        log.push_str(&line);
+        log.push('\n');
+    }
+    assert_eq!(
+        send_sigterm(child.id().expect("pid") as i32),
+        0,
+        "signal sent"
+    );
+    while let Some(line) = tokio::time::timeout_at(end, lines.next_line())
+        .await
+        .expect("router exits after SIGTERM")
+        .expect("read stderr")
+    {
+        log.push_str(&line);
+        log.push('\n');
+    }
+    let status = tokio::time::timeout_at(end, child.wait())
+        .await
+        .expect("exit in time")
+        .expect("wait");
+    assert!(status.success(), "clean exit: {status:?}\n{log}");
+    assert!(
+        !log.contains("did not stop within the grace period"),
+        "the enrollment kept the router until it was aborted:\n{log}"
+    );
+}
