@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use agentmesh_router::{Config, RouterHandle};
 use agentmesh_testkit::{DEADLINE, metric};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const REFUSED: &str =
     r#"agentmesh_router_http_requests_refused_total{endpoint="drain",reason="not_loopback"}"#;
@@ -67,22 +66,7 @@ async fn start(ip: IpAddr, dir: &std::path::Path, allow_remote: bool) -> RouterH
 /// `POST /drain` to `ip` on the router's metrics port: (status, response).
 async fn post_drain(router: &RouterHandle, ip: IpAddr) -> (u16, String) {
     let port = router.metrics_addr().expect("metrics listener").port();
-    let mut s = tokio::net::TcpStream::connect(SocketAddr::new(ip, port))
-        .await
-        .expect("connect");
-    s.write_all(
-        b"POST /drain HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-    )
-    .await
-    .expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
-    let code = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (code, out)
+    agentmesh_testkit::http_post(SocketAddr::new(ip, port), "/drain").await
 }
 
 async fn wait_drained(router: &RouterHandle) {

@@ -14,7 +14,6 @@ use agentmesh_proto::pb::mesh::{AuthResponse, GoAwayReason, Purpose, auth_respon
 use mesh::*;
 use prometheus_client::registry::Registry;
 use support::{DEADLINE, TestPeer, eventually};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 fn go_away(resp: &AuthResponse) -> Option<&agentmesh_proto::pb::mesh::GoAway> {
     match &resp.result {
@@ -332,16 +331,7 @@ async fn draining_one_of_three_routers_keeps_members_on_k_routers_and_calls_work
         .handle
         .metrics_addr()
         .expect("metrics listener");
-    let mut s = tokio::net::TcpStream::connect(maddr)
-        .await
-        .expect("connect");
-    s.write_all(
-        b"POST /drain HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-    )
-    .await
-    .expect("write");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).await.expect("read");
+    let (_, resp) = agentmesh_testkit::http_post(maddr, "/drain").await;
     assert!(resp.starts_with("HTTP/1.1 202"), "{resp}");
 
     let mut done = routers[drained_idx].handle.drained();

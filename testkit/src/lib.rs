@@ -135,10 +135,24 @@ pub async fn scan_stderr<T>(
 /// so tests read `/metrics`, `/readyz` and `/healthz` as a scraper would.
 /// Returns the status code (0 if unparsable) and the whole response.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    http_request(addr, "GET", path).await
+}
+
+/// As [`http_get`], a `POST` with an empty body (`POST /drain`).
+pub async fn http_post(addr: SocketAddr, path: &str) -> (u16, String) {
+    http_request(addr, "POST", path).await
+}
+
+async fn http_request(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
+    s.write_all(
+        format!(
+            "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
     let mut out = String::new();
     s.read_to_string(&mut out).await.expect("read");
     let code = out

@@ -340,37 +340,16 @@ struct ProcessCounters {
 
 impl ProcessCounters {
     /// Reads the counters: two system calls, no file I/O. `None` if either fails.
-    #[allow(unsafe_code)]
     fn read() -> Option<Self> {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-        if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } != 0 {
-            return None;
-        }
-        // SAFETY: all-zero bytes are a valid `rusage` (integers and timevals).
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: `ru` is a valid, writable rusage for the call's duration.
-        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-            return None;
-        }
+        let (cpu, involuntary, voluntary) =
+            usage(libc::CLOCK_PROCESS_CPUTIME_ID, libc::RUSAGE_SELF)?;
         // Without the watchdog threads' own work (reading and symbolizing
         // stacks), which is not what the runtime waited for.
         let (own_cpu, own_involuntary, own_voluntary) = monitor::own_usage();
         Some(Self {
-            cpu: Duration::new(
-                u64::try_from(ts.tv_sec).unwrap_or(0),
-                u32::try_from(ts.tv_nsec).unwrap_or(0),
-            )
-            .saturating_sub(own_cpu),
-            involuntary: u64::try_from(ru.ru_nivcsw)
-                .unwrap_or(0)
-                .saturating_sub(own_involuntary),
-            voluntary: u64::try_from(ru.ru_nvcsw)
-                .unwrap_or(0)
-                .saturating_sub(own_voluntary),
+            cpu: cpu.saturating_sub(own_cpu),
+            involuntary: involuntary.saturating_sub(own_involuntary),
+            voluntary: voluntary.saturating_sub(own_voluntary),
         })
     }
 
@@ -383,6 +362,35 @@ impl ProcessCounters {
             voluntary_switches: self.voluntary.saturating_sub(earlier.voluntary),
         }
     }
+}
+
+/// CPU time on `clock` and (involuntary, voluntary) context switches of
+/// `who` (`RUSAGE_SELF`: the process; `RUSAGE_THREAD`: the calling thread).
+/// Two system calls, no file I/O; `None` if either fails.
+#[allow(unsafe_code)]
+pub(super) fn usage(clock: libc::clockid_t, who: libc::c_int) -> Option<(Duration, u64, u64)> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return None;
+    }
+    // SAFETY: all-zero bytes are a valid `rusage` (integers and timevals).
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage for the call's duration.
+    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
+        return None;
+    }
+    Some((
+        Duration::new(
+            u64::try_from(ts.tv_sec).unwrap_or(0),
+            u32::try_from(ts.tv_nsec).unwrap_or(0),
+        ),
+        u64::try_from(ru.ru_nivcsw).unwrap_or(0),
+        u64::try_from(ru.ru_nvcsw).unwrap_or(0),
+    ))
 }
 
 #[cfg(test)]

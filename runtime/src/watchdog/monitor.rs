@@ -91,29 +91,14 @@ pub(super) fn own_usage() -> (Duration, u64, u64) {
     )
 }
 
-/// The calling thread's CPU time and (involuntary, voluntary) switches.
-#[allow(unsafe_code)]
+/// The calling thread's CPU time (ns) and (involuntary, voluntary) switches.
 fn thread_usage() -> Option<(u64, u64, u64)> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return None;
-    }
-    // SAFETY: all-zero bytes are a valid `rusage`; it is writable for the call.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
-        return None;
-    }
-    let ns = u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000
-        + u64::try_from(ts.tv_nsec).unwrap_or(0);
+    let (cpu, involuntary, voluntary) =
+        super::usage(libc::CLOCK_THREAD_CPUTIME_ID, libc::RUSAGE_THREAD)?;
     Some((
-        ns,
-        u64::try_from(ru.ru_nivcsw).unwrap_or(0),
-        u64::try_from(ru.ru_nvcsw).unwrap_or(0),
+        u64::try_from(cpu.as_nanos()).unwrap_or(u64::MAX),
+        involuntary,
+        voluntary,
     ))
 }
 
@@ -269,6 +254,9 @@ fn summarize_all(p: &Captured) -> (&'static str, String) {
             None => idle += 1,
         }
     }
+    // The cache holds the binary's parsed debug info: kept across the
+    // sample's threads, not worth its RSS between stalls.
+    backtrace::clear_symbol_cache();
     let tail = format!("{idle} idle, {} did not answer", p.silent);
     if busy.is_empty() {
         (

@@ -180,7 +180,8 @@ pub(super) struct Frame {
 
 /// The frames at `ips` (innermost first; an inlined function gets a frame
 /// of its own, innermost first). CPU-bound: it parses the binary's debug
-/// info, so it runs on the watchdog's thread and after the stall.
+/// info (cached by `backtrace` until `clear_symbol_cache`), so it runs on
+/// the watchdog's thread and after the stall.
 pub(super) fn symbolize(ips: &[usize]) -> Vec<Frame> {
     let mut frames = Vec::with_capacity(ips.len());
     for (i, ip) in ips.iter().enumerate() {
@@ -204,9 +205,6 @@ pub(super) fn symbolize(ips: &[usize]) -> Vec<Frame> {
             });
         }
     }
-    // The cache holds the binary's parsed debug info: not worth its RSS
-    // between stalls.
-    backtrace::clear_symbol_cache();
     frames
 }
 

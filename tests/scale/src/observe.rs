@@ -97,10 +97,11 @@ impl AllocatorBytes {
 
 /// Reads one router: `/metrics` at `metrics`, memory and CPU from `pid`.
 pub async fn router(name: &str, metrics: SocketAddr, pid: Option<u32>) -> RouterSnapshot {
-    let split = pid.and_then(procstat::rss_split);
+    let rss = pid.and_then(procstat::rss_with_split);
+    let split = rss.and_then(|(_, split)| split);
     let mut s = RouterSnapshot {
         name: name.to_string(),
-        rss_bytes: pid.and_then(procstat::rss_bytes),
+        rss_bytes: rss.map(|(total, _)| total),
         rss_anon_bytes: split.map(|s| s.anon),
         rss_file_bytes: split.map(|s| s.file),
         cpu_secs: pid.and_then(procstat::cpu_secs),

@@ -23,9 +23,11 @@ pub struct RssSplit {
     pub file: u64,
 }
 
-/// A process's [`RssSplit`] (Linux ≥ 4.5), if readable.
-pub fn rss_split(pid: u32) -> Option<RssSplit> {
-    parse_rss_split(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
+/// A process's RSS in bytes and its [`RssSplit`] (Linux ≥ 4.5) from one
+/// read of `/proc/PID/status`; `None` if unreadable.
+pub fn rss_with_split(pid: u32) -> Option<(u64, Option<RssSplit>)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    Some((status_bytes(&status, "VmRSS:")?, parse_rss_split(&status)))
 }
 
 fn parse_rss_split(status: &str) -> Option<RssSplit> {
@@ -84,7 +86,9 @@ mod tests {
         assert!(cpu_secs(pid).expect("cpu") >= 0.0);
         assert!(open_fds(pid).expect("fds") > 0);
         assert!(nofile_limit().expect("limit") > 0);
-        let split = rss_split(pid).expect("split");
+        let (rss, split) = rss_with_split(pid).expect("status");
+        let split = split.expect("split");
+        assert!(rss > 0);
         assert!(split.anon > 0 && split.file > 0, "{split:?}");
     }
 
