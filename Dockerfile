@@ -8,7 +8,7 @@
 # offline test (deploy/k8s/tests/test_dockerfile.py) checks its structure.
 #
 #   docker build -t agentmesh:dev .
-#   docker build --build-arg CARGO_FEATURES=agentmesh-router/pprof -t agentmesh:dev .
+#   docker build --build-arg CARGO_FEATURES="agentmesh-router/pprof agentmesh-node/pprof agentmesh-controlplane/pprof" -t agentmesh:dev .
 
 # At least the workspace's rust-version (Cargo.toml).
 ARG RUST_VERSION=1.95

@@ -35,7 +35,8 @@ pub(crate) async fn accept_loop<F, Fut>(
             _ = cancel.cancelled() => break,
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
             next = incoming.next() => {
-                let Some((peer, stream)) = next else { break };
+                let Some((info, stream)) = next else { break };
+                let peer = info.peer;
                 match permits.clone().try_acquire_owned() {
                     Ok(permit) => {
                         let fut = serve(shared.clone(), peer, stream);

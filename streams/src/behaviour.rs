@@ -16,9 +16,11 @@ use libp2p::swarm::{
 use libp2p::{Multiaddr, PeerId};
 use prometheus_client::registry::Registry;
 
+use crate::control::Control;
 use crate::handler::Handler;
-use crate::shared::Shared;
-use crate::{Config, Control, DebugSizes, PendingOpenLimits};
+use crate::info::ConnectionInfo;
+use crate::shared::{DebugSizes, Shared};
+use crate::{Config, PendingOpenLimits};
 
 /// Raw streams of our own protocols; see the crate doc.
 pub struct Behaviour {
@@ -81,9 +83,10 @@ impl Behaviour {
         self.shared.debug_sizes()
     }
 
-    fn handler(&self, conn: ConnectionId, peer: PeerId) -> Handler {
+    fn handler(&self, conn: ConnectionId, peer: PeerId, remote_addr: &Multiaddr) -> Handler {
         let (requests, waiting) = self.shared.connection_up(conn, peer);
-        Handler::new(conn, peer, self.shared.clone(), requests, waiting)
+        let info = ConnectionInfo::new(peer, conn, remote_addr.clone());
+        Handler::new(info, self.shared.clone(), requests, waiting)
     }
 }
 
@@ -95,21 +98,21 @@ impl NetworkBehaviour for Behaviour {
         &mut self,
         conn: ConnectionId,
         peer: PeerId,
-        _: &Multiaddr,
-        _: &Multiaddr,
+        _local_addr: &Multiaddr,
+        remote_addr: &Multiaddr,
     ) -> Result<THandler<Self>, ConnectionDenied> {
-        Ok(self.handler(conn, peer))
+        Ok(self.handler(conn, peer, remote_addr))
     }
 
     fn handle_established_outbound_connection(
         &mut self,
         conn: ConnectionId,
         peer: PeerId,
-        _: &Multiaddr,
+        addr: &Multiaddr,
         _: Endpoint,
         _: PortUse,
     ) -> Result<THandler<Self>, ConnectionDenied> {
-        Ok(self.handler(conn, peer))
+        Ok(self.handler(conn, peer, addr))
     }
 
     fn on_swarm_event(&mut self, event: FromSwarm) {
@@ -147,6 +150,30 @@ impl NetworkBehaviour for Behaviour {
                     .build(),
             }),
             None => Poll::Pending,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+    use crate::labels::PendingLimit;
+
+    #[test]
+    fn refusal_counters_exist_at_zero_from_the_start() {
+        let behaviour = Behaviour::new();
+        let mut registry = Registry::default();
+        behaviour.register_metrics(&mut registry);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).expect("encode");
+        for limit in PendingLimit::ALL {
+            let series = format!(
+                "agentmesh_streams_pending_opens_refused_total{{limit=\"{}\"}} 0",
+                limit.as_str()
+            );
+            assert!(out.contains(&series), "{series} missing: {out}");
         }
     }
 }

@@ -9,50 +9,17 @@ use std::task::{Context, Poll};
 use libp2p::{PeerId, Stream, StreamProtocol};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::shared::{
-    DebugSizes, DropLabels, DropReason, OpenRequest, PendingLimit, RefusedLabels, Route, Shared,
-};
+use crate::error::{AlreadyRegistered, OpenStreamError};
+use crate::info::ConnectionInfo;
+use crate::labels::{DropLabels, DropReason, PendingLimit, RefusedLabels};
+use crate::shared::{DebugSizes, OpenRequest, Route, Shared};
 
 /// Opens streams and registers inbound protocols; cheap to clone, every
-/// clone talks to the same [`Behaviour`](crate::Behaviour).
+/// clone talks to the behaviour that made it.
 #[derive(Clone)]
 pub struct Control {
     shared: Arc<Shared>,
 }
-
-/// Why a stream could not be opened.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum OpenStreamError {
-    /// The peer does not accept this protocol (negotiation failed).
-    #[error("failed to open stream: remote peer does not support {0}")]
-    UnsupportedProtocol(StreamProtocol),
-    /// The connection (or the dial to the peer) failed, closed, or the
-    /// negotiation timed out.
-    #[error("failed to open stream: io error: {0}")]
-    Io(#[from] io::Error),
-    /// Not connected to the peer, and `max` opens already wait for a dial
-    /// (to this peer, or to all peers together, as `limit` says): refused
-    /// at once instead of queueing without bound behind a dial that may
-    /// only fail at its timeout. Counted in
-    /// `agentmesh_streams_pending_opens_refused_total{limit}`.
-    #[error(
-        "failed to open stream to {peer}: not connected, and {max} opens already wait for {limit}"
-    )]
-    TooManyPending {
-        /// The peer the stream was for.
-        peer: PeerId,
-        /// Which bound was reached.
-        limit: PendingLimit,
-        /// That bound.
-        max: usize,
-    },
-}
-
-/// A protocol is already accepted by a live [`IncomingStreams`].
-#[derive(Debug, thiserror::Error)]
-#[error("protocol {0} is already registered")]
-pub struct AlreadyRegistered(pub StreamProtocol);
 
 impl Control {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
@@ -71,6 +38,18 @@ impl Control {
         peer: PeerId,
         protocol: StreamProtocol,
     ) -> Result<Stream, OpenStreamError> {
+        self.open_stream_with_info(peer, protocol)
+            .await
+            .map(|(_, stream)| stream)
+    }
+
+    /// [`Control::open_stream`], also saying which connection carries the
+    /// stream (relayed or direct, its remote address).
+    pub async fn open_stream_with_info(
+        &mut self,
+        peer: PeerId,
+        protocol: StreamProtocol,
+    ) -> Result<(ConnectionInfo, Stream), OpenStreamError> {
         let (reply, answer) = oneshot::channel();
         let req = OpenRequest { protocol, reply };
         match self.shared.route(peer, req) {
@@ -88,7 +67,13 @@ impl Control {
         &mut self,
         protocol: StreamProtocol,
     ) -> Result<IncomingStreams, AlreadyRegistered> {
-        self.shared.accept(protocol)
+        let (receiver, id) = self.shared.accept(protocol.clone())?;
+        Ok(IncomingStreams {
+            receiver,
+            shared: self.shared.clone(),
+            protocol,
+            id,
+        })
     }
 
     /// How many inbound streams of `protocol` were dropped for `reason`
@@ -127,34 +112,19 @@ fn closed(peer: PeerId) -> OpenStreamError {
     ))
 }
 
-/// The inbound streams of one protocol, with the peer that opened each.
-/// Dropping it unregisters the protocol.
+/// The inbound streams of one protocol, each with the connection it came on
+/// (peer, connection id, remote address, relayed or not). Dropping it
+/// unregisters the protocol.
 #[must_use = "streams wait (and then get dropped) unless this is polled"]
 pub struct IncomingStreams {
-    receiver: mpsc::Receiver<(PeerId, Stream)>,
+    receiver: mpsc::Receiver<(ConnectionInfo, Stream)>,
     shared: Arc<Shared>,
     protocol: StreamProtocol,
     id: u64,
 }
 
-impl IncomingStreams {
-    pub(crate) fn new(
-        receiver: mpsc::Receiver<(PeerId, Stream)>,
-        shared: Arc<Shared>,
-        protocol: StreamProtocol,
-        id: u64,
-    ) -> Self {
-        Self {
-            receiver,
-            shared,
-            protocol,
-            id,
-        }
-    }
-}
-
 impl futures::Stream for IncomingStreams {
-    type Item = (PeerId, Stream);
+    type Item = (ConnectionInfo, Stream);
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.receiver.poll_recv(cx)
@@ -172,10 +142,8 @@ mod tests {
     use std::future::Future;
     use std::task::Poll;
 
-    use prometheus_client::registry::Registry;
-
     use super::*;
-    use crate::{Behaviour, Config, PendingOpenLimits};
+    use crate::PendingOpenLimits;
 
     type Open = Pin<Box<dyn Future<Output = Result<Stream, OpenStreamError>> + Send>>;
 
@@ -193,14 +161,11 @@ mod tests {
     }
 
     fn limits(per_peer: usize, total: usize) -> Control {
-        Behaviour::with_limits(
-            Config::default(),
-            PendingOpenLimits {
-                max_pending_opens_per_peer: per_peer,
-                max_pending_opens_total: total,
-            },
-        )
-        .new_control()
+        let limits = PendingOpenLimits {
+            max_pending_opens_per_peer: per_peer,
+            max_pending_opens_total: total,
+        };
+        Control::new(Arc::new(Shared::new(1, limits)))
     }
 
     #[test]
@@ -260,21 +225,5 @@ mod tests {
         );
         let sizes = control.debug_sizes();
         assert_eq!((sizes.pending_dials, sizes.pending_opens), (2, 3));
-    }
-
-    #[test]
-    fn refusal_counters_exist_at_zero_from_the_start() {
-        let behaviour = Behaviour::new();
-        let mut registry = Registry::default();
-        behaviour.register_metrics(&mut registry);
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &registry).expect("encode");
-        for limit in PendingLimit::ALL {
-            let series = format!(
-                "agentmesh_streams_pending_opens_refused_total{{limit=\"{}\"}} 0",
-                limit.as_str()
-            );
-            assert!(out.contains(&series), "{series} missing: {out}");
-        }
     }
 }

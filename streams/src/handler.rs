@@ -9,23 +9,23 @@ use std::io;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use libp2p::PeerId;
 use libp2p::swarm::handler::{
     ConnectionEvent, DialUpgradeError, FullyNegotiatedInbound, FullyNegotiatedOutbound,
 };
 use libp2p::swarm::{
-    ConnectionHandler, ConnectionHandlerEvent, ConnectionId, StreamUpgradeError, SubstreamProtocol,
+    ConnectionHandler, ConnectionHandlerEvent, StreamUpgradeError, SubstreamProtocol,
 };
 use tokio::sync::mpsc;
 
-use crate::control::OpenStreamError;
+use crate::error::OpenStreamError;
+use crate::info::ConnectionInfo;
 use crate::shared::{OpenRequest, Shared};
 use crate::upgrade::Protocols;
 
 /// See the module doc.
 pub struct Handler {
-    conn: ConnectionId,
-    peer: PeerId,
+    /// Handed out with every stream of this connection.
+    info: ConnectionInfo,
     shared: Arc<Shared>,
     /// Requests made while the peer was being dialed.
     waiting: VecDeque<OpenRequest>,
@@ -34,15 +34,13 @@ pub struct Handler {
 
 impl Handler {
     pub(crate) fn new(
-        conn: ConnectionId,
-        peer: PeerId,
+        info: ConnectionInfo,
         shared: Arc<Shared>,
         requests: mpsc::Receiver<OpenRequest>,
         waiting: Vec<OpenRequest>,
     ) -> Self {
         Self {
-            conn,
-            peer,
+            info,
             shared,
             waiting: waiting.into(),
             requests,
@@ -68,7 +66,7 @@ impl Handler {
 
 impl Drop for Handler {
     fn drop(&mut self) {
-        self.shared.connection_down(self.conn);
+        self.shared.connection_down(self.info.connection);
     }
 }
 
@@ -111,12 +109,12 @@ impl ConnectionHandler for Handler {
             ConnectionEvent::FullyNegotiatedInbound(FullyNegotiatedInbound {
                 protocol: (stream, protocol),
                 ..
-            }) => self.shared.inbound(self.peer, stream, protocol),
+            }) => self.shared.inbound(&self.info, stream, protocol),
             ConnectionEvent::FullyNegotiatedOutbound(FullyNegotiatedOutbound {
                 protocol: stream,
                 info: req,
             }) => {
-                let _ = req.reply.send(Ok(stream));
+                let _ = req.reply.send(Ok((self.info.clone(), stream)));
             }
             ConnectionEvent::DialUpgradeError(DialUpgradeError { info: req, error }) => {
                 let e = match error {

@@ -1,6 +1,8 @@
 //! A small libp2p behaviour for our own raw-stream protocols (auth, catalog,
 //! call, go-away): a [`Control`] opens a stream of a protocol to a peer or
-//! registers to accept a protocol's inbound streams.
+//! registers to accept a protocol's inbound streams. Every stream comes
+//! with its [`ConnectionInfo`]: the peer, the connection id, the remote
+//! address and whether a relay carries it.
 //!
 //! Written to replace `libp2p-stream` 0.5.0-alpha, which keeps a channel per
 //! connection forever (its sender map is never pruned on close) and drops
@@ -16,13 +18,19 @@
 
 mod behaviour;
 mod control;
+mod error;
 mod handler;
+mod info;
+mod labels;
 mod shared;
 mod upgrade;
 
 pub use behaviour::Behaviour;
-pub use control::{AlreadyRegistered, Control, IncomingStreams, OpenStreamError};
-pub use shared::{DebugSizes, DropReason, PendingLimit};
+pub use control::{Control, IncomingStreams};
+pub use error::{AlreadyRegistered, OpenStreamError};
+pub use info::ConnectionInfo;
+pub use labels::{DropReason, PendingLimit};
+pub use shared::DebugSizes;
 
 /// Default bound of each protocol's queue of accepted-but-not-yet-taken
 /// inbound streams. Small: a healthy accept loop drains it at once, and a

@@ -1,5 +1,5 @@
 //! The state shared by the behaviour, its connection handlers and every
-//! [`Control`](crate::Control): registered protocols, live connections,
+//! control handle: registered protocols, live connections,
 //! open requests waiting for a dial (bounded per peer and in total), and
 //! the drop and refusal counters.
 //!
@@ -14,92 +14,14 @@ use std::task::Waker;
 use libp2p::swarm::ConnectionId;
 use libp2p::{PeerId, Stream, StreamProtocol};
 use parking_lot::Mutex;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::control::{AlreadyRegistered, IncomingStreams, OpenStreamError};
+use crate::error::{AlreadyRegistered, OpenStreamError};
+use crate::info::ConnectionInfo;
+use crate::labels::{DropLabels, DropReason, PendingLimit, RefusedLabels};
 use crate::{OPEN_QUEUE_PER_CONNECTION, PendingOpenLimits};
-
-/// Why an inbound stream was dropped after negotiation (metric label).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DropReason {
-    /// The protocol's inbound queue was full: its accept loop is behind.
-    QueueFull,
-    /// Nobody accepts the protocol any more (its `IncomingStreams` was
-    /// dropped after the stream was negotiated).
-    NotAccepted,
-}
-
-impl DropReason {
-    /// Every reason, to pre-create label values.
-    pub(crate) const ALL: [DropReason; 2] = [DropReason::QueueFull, DropReason::NotAccepted];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DropReason::QueueFull => "queue_full",
-            DropReason::NotAccepted => "not_accepted",
-        }
-    }
-}
-
-impl EncodeLabelValue for DropReason {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        EncodeLabelValue::encode(&self.as_str(), encoder)
-    }
-}
-
-/// Which bound refused an open waiting for a dial (metric label `limit`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PendingLimit {
-    /// Too many opens already wait for a connection to this one peer.
-    PerPeer,
-    /// Too many opens already wait for connections to all peers together.
-    Total,
-}
-
-impl PendingLimit {
-    /// Every limit, to pre-create label values.
-    pub const ALL: [PendingLimit; 2] = [PendingLimit::PerPeer, PendingLimit::Total];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PendingLimit::PerPeer => "per_peer",
-            PendingLimit::Total => "total",
-        }
-    }
-}
-
-impl std::fmt::Display for PendingLimit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            PendingLimit::PerPeer => "a dial to this peer",
-            PendingLimit::Total => "dials to all peers together",
-        })
-    }
-}
-
-impl EncodeLabelValue for PendingLimit {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        EncodeLabelValue::encode(&self.as_str(), encoder)
-    }
-}
-
-/// Labels of `agentmesh_streams_pending_opens_refused_total`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct RefusedLabels {
-    pub(crate) limit: PendingLimit,
-}
-
-/// Labels of `agentmesh_streams_inbound_dropped_total`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(crate) struct DropLabels {
-    pub(crate) protocol: String,
-    pub(crate) reason: DropReason,
-}
 
 /// Sizes of every internal map and queue, for tests asserting that nothing
 /// is left behind once connections are gone.
@@ -123,7 +45,7 @@ pub struct DebugSizes {
 #[derive(Debug)]
 pub struct OpenRequest {
     pub(crate) protocol: StreamProtocol,
-    pub(crate) reply: oneshot::Sender<Result<Stream, OpenStreamError>>,
+    pub(crate) reply: oneshot::Sender<Result<(ConnectionInfo, Stream), OpenStreamError>>,
 }
 
 /// Where an open request goes.
@@ -138,7 +60,7 @@ pub(crate) enum Route {
 
 struct Registration {
     id: u64,
-    sender: mpsc::Sender<(PeerId, Stream)>,
+    sender: mpsc::Sender<(ConnectionInfo, Stream)>,
 }
 
 struct Conn {
@@ -199,11 +121,12 @@ impl Shared {
         }
     }
 
-    /// Registers `protocol` for inbound streams.
+    /// Registers `protocol` for inbound streams: the queue they arrive on
+    /// and the registration's id (for [`Shared::unregister`]).
     pub(crate) fn accept(
-        self: &std::sync::Arc<Self>,
+        &self,
         protocol: StreamProtocol,
-    ) -> Result<IncomingStreams, AlreadyRegistered> {
+    ) -> Result<(mpsc::Receiver<(ConnectionInfo, Stream)>, u64), AlreadyRegistered> {
         let mut inner = self.inner.lock();
         if inner
             .protocols
@@ -223,8 +146,8 @@ impl Shared {
         inner.next_registration += 1;
         inner
             .protocols
-            .insert(protocol.clone(), Registration { id, sender });
-        Ok(IncomingStreams::new(receiver, self.clone(), protocol, id))
+            .insert(protocol, Registration { id, sender });
+        Ok((receiver, id))
     }
 
     /// Removes registration `id` of `protocol` (if it is still the current one).
@@ -243,11 +166,11 @@ impl Shared {
     }
 
     /// Delivers a negotiated inbound stream, or drops and counts it.
-    pub(crate) fn inbound(&self, peer: PeerId, stream: Stream, protocol: StreamProtocol) {
+    pub(crate) fn inbound(&self, info: &ConnectionInfo, stream: Stream, protocol: StreamProtocol) {
         let mut inner = self.inner.lock();
         let reason = match inner.protocols.get(&protocol) {
             None => DropReason::NotAccepted,
-            Some(r) => match r.sender.try_send((peer, stream)) {
+            Some(r) => match r.sender.try_send((info.clone(), stream)) {
                 Ok(()) => return,
                 Err(mpsc::error::TrySendError::Full(_)) => DropReason::QueueFull,
                 Err(mpsc::error::TrySendError::Closed(_)) => {
@@ -257,7 +180,7 @@ impl Shared {
             },
         };
         drop(inner);
-        tracing::debug!(%peer, %protocol, ?reason, "inbound stream dropped");
+        tracing::debug!(peer = %info.peer, %protocol, ?reason, "inbound stream dropped");
         self.dropped
             .get_or_create(&DropLabels {
                 protocol: protocol.to_string(),

@@ -350,12 +350,12 @@ async fn inbound_streams_beyond_the_queue_are_dropped_and_counted() {
     assert_eq!(a.control.dropped_inbound(&p, DropReason::QueueFull), 3);
     // Exactly the bound waited for the accept loop.
     for _ in 0..2 {
-        let (peer, _) = incoming
+        let (info, _) = incoming
             .next()
             .now_or_never()
             .flatten()
             .expect("queued stream");
-        assert_eq!(peer, b.id);
+        assert_eq!(info.peer, b.id);
     }
     assert!(
         incoming.next().now_or_never().is_none(),
@@ -407,4 +407,60 @@ async fn dropping_incoming_streams_unregisters_the_protocol() {
         .await
         .expect("answer within deadline");
     assert!(s.is_ok(), "accepted again: {:?}", s.err());
+}
+
+#[tokio::test]
+async fn every_stream_comes_with_its_connection() {
+    let a = Peer::new(Config::default()).await;
+    let b = Peer::new(Config::default()).await;
+    let p = proto("/test/info/1");
+    let mut incoming = a.control.clone().accept(p.clone()).expect("accept");
+    let addr = a.addr.clone();
+    b.with_swarm(move |s| s.dial(new_port(addr)))
+        .await
+        .expect("dial");
+    b.wait_connections("connect", |n| n == 1).await;
+
+    let mut opened = Vec::new();
+    let mut accepted = Vec::new();
+    for _ in 0..2 {
+        let (info, mut s) = tokio::time::timeout(
+            DEADLINE,
+            b.control.clone().open_stream_with_info(a.id, p.clone()),
+        )
+        .await
+        .expect("open within deadline")
+        .expect("open");
+        s.write_all(b"x").await.expect("write");
+        s.flush().await.expect("flush");
+        opened.push((info, s));
+        let (info, s) = tokio::time::timeout(DEADLINE, incoming.next())
+            .await
+            .expect("accepted within deadline")
+            .expect("stream");
+        accepted.push((info, s));
+    }
+    for (info, _) in &opened {
+        assert_eq!(info.peer, a.id);
+        assert_eq!(
+            info.remote_addr, a.addr,
+            "the dialer sees the address it dialed"
+        );
+        assert!(!info.relayed);
+    }
+    for (info, _) in &accepted {
+        assert_eq!(info.peer, b.id);
+        assert!(!info.relayed);
+        let text = info.remote_addr.to_string();
+        assert!(
+            text.starts_with("/ip4/127.0.0.1/tcp/") && text != a.addr.to_string(),
+            "the listener sees where the dialer came from: {text}"
+        );
+    }
+    assert_eq!(
+        opened[0].0.connection, opened[1].0.connection,
+        "both streams ride the one connection"
+    );
+    assert_eq!(accepted[0].0.connection, accepted[1].0.connection);
+    assert_eq!(accepted[0].0.remote_addr, accepted[1].0.remote_addr);
 }

@@ -80,6 +80,37 @@ def workspace_bins(repo: str) -> dict[str, str]:
     return out
 
 
+def workspace_features(repo: str) -> dict[str, set[str]]:
+    """Package name -> its cargo features, for every workspace member."""
+    with open(os.path.join(repo, "Cargo.toml"), "rb") as f:
+        ws = tomllib.load(f)
+    out = {}
+    for member in ws["workspace"]["members"]:
+        with open(os.path.join(repo, member, "Cargo.toml"), "rb") as f:
+            crate = tomllib.load(f)
+        out[crate["package"]["name"]] = set(crate.get("features", {}))
+    return out
+
+
+def feature_problems(text: str, repo: str) -> list[str]:
+    """Every `CARGO_FEATURES=pkg/feature` the Dockerfile shows (the build-arg
+    examples in its comments, the ARG default) names a feature that package has."""
+    features = workspace_features(repo)
+    problems = []
+    for quoted, bare in re.findall(r'CARGO_FEATURES=(?:"([^"]*)"|(\S*))', text):
+        value = quoted or bare
+        for item in filter(None, re.split(r"[,\s]+", value)):
+            if "/" not in item:
+                problems.append(f"CARGO_FEATURES item {item!r} names no package (write package/feature)")
+                continue
+            pkg, feat = item.split("/", 1)
+            if pkg not in features:
+                problems.append(f"CARGO_FEATURES names {pkg}, which is not a workspace package")
+            elif feat not in features[pkg]:
+                problems.append(f"CARGO_FEATURES names {pkg}/{feat}, but {pkg} has no feature {feat}")
+    return problems
+
+
 def version_tuple(v: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", v)[:3])
 
@@ -106,6 +137,7 @@ def dockerfile_problems(text: str, repo: str, rendered: list[list[dict[str, Any]
     if uid in ("0", "root") or not uid.isdigit():
         problems.append(f"runtime runs as {uid!r}, not a numeric non-root uid")
 
+    problems += feature_problems(text, repo)
     runs = " ".join(builder.all("RUN"))
     if "cargo build" not in runs or "--release" not in runs or "--locked" not in runs:
         problems.append("builder does not `cargo build --release --locked`")

@@ -46,6 +46,8 @@ def test_cargo_lock_is_committed_for_locked_builds():
         ("-p agentmesh-controlplane ", "", "does not build package agentmesh-controlplane"),
         ("/usr/local/bin/agentmesh-router\n", "/usr/local/bin/agentmesh-routr\n", "copies agentmesh-routr"),
         ("EXPOSE 4001 7400 7401 9090", "EXPOSE 4001", "port 9090 is not EXPOSEd"),
+        ("agentmesh-router/pprof", "agentmesh-router/profiling", "has no feature profiling"),
+        ("agentmesh-node/pprof", "agentmesh-routr/pprof", "not a workspace package"),
     ],
 )
 def test_dockerfile_check_catches(old, new, expected):

@@ -150,7 +150,8 @@ pub(crate) async fn accept_loop(
 ) {
     let mut calls = JoinSet::new();
     let bound = shared.config.max_inbound_calls + HANDSHAKE_SLACK;
-    while let Some((peer, stream)) = incoming.next().await {
+    while let Some((info, stream)) = incoming.next().await {
+        let peer = info.peer;
         while calls.try_join_next().is_some() {}
         if calls.len() >= bound {
             shared.metrics.call("inbound", "overflow");

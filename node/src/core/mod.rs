@@ -202,7 +202,7 @@ impl Core {
                 }
                 event = self.swarm.select_next_some() => self.on_swarm_event(event),
                 Some(cmd) = self.cmd_rx.recv() => self.on_command(cmd),
-                Some((peer, stream)) = self.goaways.next() => self.on_goaway_stream(peer, stream),
+                Some((info, stream)) = self.goaways.next() => self.on_goaway_stream(info.peer, stream),
                 Some(op) = self.ops.next(), if !self.ops.is_empty() => self.on_op(op),
                 _ = tick.tick() => self.on_tick(),
             }

@@ -98,9 +98,11 @@ pub struct FleetConfig {
     /// File descriptors kept free in each worker.
     #[arg(long, default_value_t = DEFAULT_FD_HEADROOM)]
     pub fd_headroom: u64,
-    /// Number of 127.0.0.x source addresses members dial from (from 127.0.0.10; 0 = none).
-    #[arg(long, default_value_t = DEFAULT_SOURCE_IPS)]
-    pub source_ips: u8,
+    /// Number of 127.0.0.x source addresses members dial from (from 127.0.0.10;
+    /// 0 = the kernel chooses). Default: 16 in local mode; 0 in remote mode,
+    /// where members dial from the host's own addresses.
+    #[arg(long)]
+    pub source_ips: Option<u8>,
     /// Deadline for one step (every joiner ready and called, or exited), seconds.
     #[arg(long, default_value_t = DEFAULT_STEP_DEADLINE_SECS)]
     pub step_deadline_secs: u64,
@@ -145,7 +147,7 @@ impl Default for FleetConfig {
             members_per_worker: 0,
             fds_per_member: DEFAULT_FDS_PER_MEMBER,
             fd_headroom: DEFAULT_FD_HEADROOM,
-            source_ips: DEFAULT_SOURCE_IPS,
+            source_ips: None,
             step_deadline_secs: DEFAULT_STEP_DEADLINE_SECS,
             call_timeout_secs: DEFAULT_CALL_TIMEOUT_SECS,
             call_budget_secs: DEFAULT_CALL_BUDGET_SECS,
@@ -157,6 +159,14 @@ impl Default for FleetConfig {
 }
 
 impl FleetConfig {
+    /// The 127.0.0.x source addresses members dial from: as asked, else
+    /// [`DEFAULT_SOURCE_IPS`] for a local mesh (on loopback) and none for a
+    /// remote one (loopback addresses cannot reach it).
+    pub fn source_ips(&self, local: bool) -> u8 {
+        self.source_ips
+            .unwrap_or(if local { DEFAULT_SOURCE_IPS } else { 0 })
+    }
+
     /// Every member the run will start (providers and steps each round, burst).
     pub fn total_members(&self) -> u64 {
         (self.providers + self.step * u64::from(self.steps)) * u64::from(self.rounds.max(1))
@@ -184,6 +194,11 @@ pub struct LocalConfig {
     /// full set of routers. Without it a router stays gone.
     #[arg(long)]
     pub restart_routers: bool,
+    /// Serve the control plane's gRPC over TLS with a self-signed certificate
+    /// made for the run; routers and members get it as their CA (the path a
+    /// remote run against an `https://` control plane takes).
+    #[arg(long)]
+    pub control_plane_tls: bool,
 }
 
 impl Default for LocalConfig {
@@ -194,6 +209,7 @@ impl Default for LocalConfig {
             router_args: Vec::new(),
             ready_deadline_secs: DEFAULT_READY_DEADLINE_SECS,
             restart_routers: false,
+            control_plane_tls: false,
         }
     }
 }
@@ -201,9 +217,12 @@ impl Default for LocalConfig {
 /// Remote mode: the fleet joins an existing mesh.
 #[derive(Debug, Clone, PartialEq, clap::Args)]
 pub struct RemoteConfig {
-    /// The control plane's gRPC URL.
+    /// The control plane's gRPC URL (`http://` on loopback, else `https://`).
     #[arg(long)]
     pub control_plane: String,
+    /// PEM CA certificate of an `https://` control plane (default: the system roots).
+    #[arg(long)]
+    pub control_plane_ca: Option<PathBuf>,
     /// A member token good for the whole run (ephemeral, enough uses).
     #[arg(long)]
     pub token_file: PathBuf,
@@ -224,6 +243,9 @@ pub struct WorkerConfig {
     /// The control plane's gRPC URL.
     #[arg(long)]
     pub control_plane: String,
+    /// PEM CA certificate of an `https://` control plane.
+    #[arg(long)]
+    pub control_plane_ca: Option<PathBuf>,
     /// The member token file.
     #[arg(long)]
     pub token_file: PathBuf,
@@ -312,5 +334,14 @@ mod tests {
         assert_eq!(source_ip(0, 16), Some(Ipv4Addr::new(127, 0, 0, 10)));
         assert_eq!(source_ip(17, 16), Some(Ipv4Addr::new(127, 0, 0, 11)));
         assert_eq!(source_ip(5, 0), None);
+    }
+
+    #[test]
+    fn remote_members_dial_from_loopback_only_when_asked() {
+        let mut fleet = FleetConfig::default();
+        assert_eq!(fleet.source_ips(true), DEFAULT_SOURCE_IPS);
+        assert_eq!(fleet.source_ips(false), 0);
+        fleet.source_ips = Some(4);
+        assert_eq!((fleet.source_ips(true), fleet.source_ips(false)), (4, 4));
     }
 }

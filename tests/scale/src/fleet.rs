@@ -108,7 +108,7 @@ impl Fleet {
         let index = self.workers.len();
         let data_dir = self.dir.join(format!("w{index}"));
         let c = &self.base;
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "worker".into(),
             "--index".into(),
             index.to_string(),
@@ -129,6 +129,9 @@ impl Fleet {
             "--window-calls-per-sec".into(),
             c.window_calls_per_sec.to_string(),
         ];
+        if let Some(ca) = &c.control_plane_ca {
+            args.extend(["--control-plane-ca".into(), ca.display().to_string()]);
+        }
         let log = self.dir.join(format!("worker-{index}.log"));
         let log_file = std::fs::File::create(&log)
             .map_err(|e| LadderError::io(format!("creating {}", log.display()), e))?;

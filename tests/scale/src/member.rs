@@ -21,6 +21,8 @@ const ECHO_PAYLOAD_BYTES: usize = 64;
 pub struct MemberSpec {
     /// Control-plane gRPC URL.
     pub control_plane: String,
+    /// PEM CA of an `https://` control plane.
+    pub control_plane_ca: Option<PathBuf>,
     /// Enrollment token.
     pub token: String,
     /// The member's own data dir.
@@ -172,6 +174,7 @@ impl Member {
         let socket = spec.data_dir.join(agentmesh_node::config::SOCKET_FILE);
         let config = agentmesh_node::Config {
             control_plane: spec.control_plane,
+            control_plane_ca: spec.control_plane_ca,
             token: spec.token,
             data_dir: spec.data_dir,
             routers: spec.routers,

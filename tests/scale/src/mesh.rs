@@ -1,5 +1,8 @@
 //! Local mode: a control plane and N routers as child processes on free
-//! loopback ports, with their tokens minted through the admin API.
+//! loopback ports, with their tokens minted through the admin API. With
+//! `--control-plane-tls` the control plane serves gRPC over TLS with a
+//! certificate made for the run, and everything that talks to it is given
+//! that certificate as its CA.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -75,6 +78,9 @@ pub struct LocalMesh {
     pub member_token_file: PathBuf,
     /// The routers' enrollment token file.
     router_token_file: PathBuf,
+    /// The control plane's self-signed certificate (`--control-plane-tls`),
+    /// the CA of everything that talks to it.
+    ca_file: Option<PathBuf>,
 }
 
 impl LocalMesh {
@@ -89,18 +95,32 @@ impl LocalMesh {
         let admin_file = children::write_secret(&dir.join("admin.token"), &admin_token)?;
         let grpc = ports::free_addr()?;
         let http = ports::free_addr()?;
+        let tls = if cfg.control_plane_tls {
+            Some(self_signed(dir)?)
+        } else {
+            None
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let mut args = vec![
             "--grpc-addr".to_string(),
             grpc.to_string(),
             "--http-addr".to_string(),
             http.to_string(),
             "--public-url".to_string(),
-            format!("http://{grpc}"),
+            format!("{scheme}://{grpc}"),
             "--db".to_string(),
             format!("sqlite://{}", dir.join("control-plane.db").display()),
             "--admin-token-file".to_string(),
             admin_file.display().to_string(),
         ];
+        if let Some((cert, key)) = &tls {
+            args.extend([
+                "--tls-cert".to_string(),
+                cert.display().to_string(),
+                "--tls-key".to_string(),
+                key.display().to_string(),
+            ]);
+        }
         args.extend(cfg.control_plane_args.iter().cloned());
         let log = dir.join("control-plane.log");
         let mut child = children::spawn(&bins.control_plane, &args, &log)?;
@@ -113,8 +133,9 @@ impl LocalMesh {
             grpc,
             http,
         };
-        let url = format!("http://{grpc}");
-        let client = admin_client(&url)?;
+        let url = format!("{scheme}://{grpc}");
+        let ca_file = tls.map(|(cert, _)| cert);
+        let client = admin_client(&url, read_ca(ca_file.as_deref())?)?;
         let router_token = mint(
             &client,
             &admin_token,
@@ -145,6 +166,7 @@ impl LocalMesh {
             admin_token,
             member_token_file,
             router_token_file,
+            ca_file,
         };
         for i in 0..mesh.cfg.routers {
             let r = mesh
@@ -176,6 +198,9 @@ impl LocalMesh {
             "--metrics-addr".to_string(),
             metrics.to_string(),
         ];
+        if let Some(ca) = &self.ca_file {
+            args.extend(["--control-plane-ca".to_string(), ca.display().to_string()]);
+        }
         args.extend(self.cfg.router_args.iter().cloned());
         let log = self.dir.join(format!("{name}.log"));
         let mut child = children::spawn(&self.bins.router, &args, &log)?;
@@ -199,7 +224,17 @@ impl LocalMesh {
 
     /// The control plane's gRPC URL.
     pub fn url(&self) -> String {
-        format!("http://{}", self.control_plane.grpc)
+        let scheme = if self.ca_file.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}", self.control_plane.grpc)
+    }
+
+    /// The control plane's certificate, when it serves TLS.
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        self.ca_file.clone()
     }
 
     /// Router names by PeerId, read from their key files (a router writes
@@ -299,7 +334,8 @@ impl LocalMesh {
 
     /// Admin RotateKeyNow; returns the new key id.
     pub async fn rotate_key(&self) -> Result<String> {
-        rotate_key(&self.url(), &self.admin_token).await
+        let ca = read_ca(self.ca_file.as_deref())?;
+        rotate_key(&self.url(), ca, &self.admin_token).await
     }
 
     /// Stops every router and the control plane.
@@ -312,8 +348,9 @@ impl LocalMesh {
 }
 
 /// Admin RotateKeyNow against `url`; returns the new key id.
-pub async fn rotate_key(url: &str, admin_token: &str) -> Result<String> {
-    let client = admin_client(url)?;
+/// (`ca_pem`: the CA of an `https://` control plane, if not the system roots).
+pub async fn rotate_key(url: &str, ca_pem: Option<Vec<u8>>, admin_token: &str) -> Result<String> {
+    let client = admin_client(url, ca_pem)?;
     client
         .rotate_key_now(admin_token)
         .await
@@ -324,9 +361,10 @@ pub async fn rotate_key(url: &str, admin_token: &str) -> Result<String> {
         })
 }
 
-fn admin_client(url: &str) -> Result<Client> {
+fn admin_client(url: &str, ca_pem: Option<Vec<u8>>) -> Result<Client> {
     Client::new(ClientConfig {
         url: url.to_string(),
+        ca_pem,
         retry_budget: Duration::from_secs(60),
         ..ClientConfig::default()
     })
@@ -358,6 +396,29 @@ async fn mint(
             call: "CreateToken",
             status: e.to_string(),
         })
+}
+
+/// Reads a PEM CA file, if one is given.
+fn read_ca(path: Option<&Path>) -> Result<Option<Vec<u8>>> {
+    path.map(|p| {
+        std::fs::read(p).map_err(|e| LadderError::io(format!("reading {}", p.display()), e))
+    })
+    .transpose()
+}
+
+/// Writes a self-signed certificate for 127.0.0.1 and localhost and its key
+/// (0600) into `dir`; returns their paths.
+fn self_signed(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+        .map_err(|e| LadderError::Args(format!("making a TLS certificate: {e}")))?;
+    let cert_path = dir.join("control-plane-tls.crt");
+    std::fs::write(&cert_path, cert.cert.pem())
+        .map_err(|e| LadderError::io(format!("writing {}", cert_path.display()), e))?;
+    let key_path = children::write_secret(
+        &dir.join("control-plane-tls.key"),
+        &cert.key_pair.serialize_pem(),
+    )?;
+    Ok((cert_path, key_path))
 }
 
 fn random_hex(bytes: usize) -> String {

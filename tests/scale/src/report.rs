@@ -69,6 +69,10 @@ pub struct Shape {
     pub members_per_worker: u64,
     /// Worker processes used.
     pub workers: usize,
+    /// 127.0.0.x source addresses members dialed from (0: the kernel chose).
+    pub source_ips: u8,
+    /// Whether the control plane was reached over TLS (`https://`).
+    pub control_plane_tls: bool,
 }
 
 /// Joining figures of a group of members.

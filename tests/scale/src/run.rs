@@ -78,8 +78,17 @@ pub async fn run_remote(remote: RemoteConfig, cfg: FleetConfig) -> Result<Report
         ),
         None => None,
     };
+    if let Some(ca) = &remote.control_plane_ca
+        && !ca.is_file()
+    {
+        return Err(LadderError::Args(format!(
+            "--control-plane-ca {}: no such file",
+            ca.display()
+        )));
+    }
     let target = Target::Remote {
         url: remote.control_plane,
+        ca_file: remote.control_plane_ca,
         token_file: remote.token_file,
         admin_token,
         router_metrics: remote.router_metrics_addrs,
@@ -150,10 +159,11 @@ async fn run(
     let base = WorkerConfig {
         index: 0,
         control_plane: target.url(),
+        control_plane_ca: target.ca_file(),
         token_file: target.token_file(),
         data_dir: dir.to_path_buf(),
         member_routers: cfg.member_routers,
-        source_ips: cfg.source_ips,
+        source_ips: cfg.source_ips(matches!(target, Target::Local(_))),
         call_timeout_secs: cfg.call_timeout_secs,
         call_budget_secs: cfg.call_budget_secs,
         window_calls_per_sec: cfg.window_calls_per_sec,
@@ -173,6 +183,8 @@ async fn run(
             providers: cfg.providers,
             members_per_worker: capacity,
             workers: 0,
+            source_ips: base.source_ips,
+            control_plane_tls: base.control_plane.starts_with("https://"),
         },
         pre_ladder: target.routers().await,
         ..Report::default()

@@ -15,6 +15,8 @@ pub enum Target {
     Remote {
         /// Control-plane gRPC URL.
         url: String,
+        /// PEM CA of an `https://` control plane.
+        ca_file: Option<PathBuf>,
         /// Member token file.
         token_file: PathBuf,
         /// Admin token for RotateKeyNow, if given.
@@ -32,6 +34,15 @@ impl Target {
         match self {
             Self::Local(m) => m.url(),
             Self::Remote { url, .. } => url.clone(),
+        }
+    }
+
+    /// The PEM CA members and admin calls trust the control plane with, if
+    /// it serves TLS with its own CA.
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        match self {
+            Self::Local(m) => m.ca_file(),
+            Self::Remote { ca_file, .. } => ca_file.clone(),
         }
     }
 
@@ -106,14 +117,24 @@ impl Target {
         match self {
             Self::Local(m) => m.rotate_key().await,
             Self::Remote {
-                url, admin_token, ..
+                url,
+                admin_token,
+                ca_file,
+                ..
             } => {
                 let token = admin_token.as_deref().ok_or_else(|| {
                     LadderError::Args(
                         "--rotate-key-at in remote mode needs --admin-token-file".into(),
                     )
                 })?;
-                crate::mesh::rotate_key(url, token).await
+                let ca = match ca_file {
+                    Some(p) => Some(
+                        std::fs::read(p)
+                            .map_err(|e| LadderError::io(format!("reading {}", p.display()), e))?,
+                    ),
+                    None => None,
+                };
+                crate::mesh::rotate_key(url, ca, token).await
             }
         }
     }

@@ -27,6 +27,7 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
     let t0 = Instant::now();
     let spec = MemberSpec {
         control_plane: shared.cfg.control_plane.clone(),
+        control_plane_ca: shared.cfg.control_plane_ca.clone(),
         token: shared.token.clone(),
         data_dir: shared.cfg.data_dir.join(format!("m{}", slot.index)),
         routers: shared.cfg.member_routers,

@@ -1,0 +1,61 @@
+//! What a stream's connection is: who is on the other end, which
+//! connection carries it, where it comes from and whether a relay carries
+//! it. Handed out with every stream, so limits keyed by source address and
+//! rules that differ for relayed and direct connections need no second
+//! lookup in the swarm.
+
+use libp2p::multiaddr::Protocol;
+use libp2p::swarm::ConnectionId;
+use libp2p::{Multiaddr, PeerId};
+
+/// The connection a stream travels on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionInfo {
+    /// The remote peer, as the connection's handshake proved it.
+    pub peer: PeerId,
+    /// The swarm's id of the connection.
+    pub connection: ConnectionId,
+    /// The remote address: the address dialed for an outbound connection,
+    /// the address the remote connected from for an inbound one.
+    pub remote_addr: Multiaddr,
+    /// Whether the connection is a relayed circuit (`/p2p-circuit` in its
+    /// remote address) rather than a direct one.
+    pub relayed: bool,
+}
+
+impl ConnectionInfo {
+    /// The info of connection `connection` to `peer` at `remote_addr`.
+    pub fn new(peer: PeerId, connection: ConnectionId, remote_addr: Multiaddr) -> Self {
+        let relayed = remote_addr
+            .iter()
+            .any(|p| matches!(p, Protocol::P2pCircuit));
+        Self {
+            peer,
+            connection,
+            remote_addr,
+            relayed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_circuit_address_is_relayed_and_a_tcp_one_is_not() {
+        let peer = PeerId::random();
+        let direct: Multiaddr = "/ip4/10.0.0.1/tcp/4001".parse().expect("addr");
+        let circuit: Multiaddr = format!(
+            "/ip4/10.0.0.1/tcp/4001/p2p/{}/p2p-circuit/p2p/{peer}",
+            PeerId::random()
+        )
+        .parse()
+        .expect("addr");
+        let id = ConnectionId::new_unchecked(7);
+        assert!(!ConnectionInfo::new(peer, id, direct).relayed);
+        let relayed = ConnectionInfo::new(peer, id, circuit);
+        assert!(relayed.relayed);
+        assert_eq!((relayed.peer, relayed.connection), (peer, id));
+    }
+}
