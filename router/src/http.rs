@@ -1,5 +1,5 @@
 //! The metrics listener: `/metrics` (Prometheus text), `/healthz` (the
-//! process runs), `/readyz` (DESIGN.md "Readiness", with the reason),
+//! process runs), `/readyz` (readiness, with the reason when not ready),
 //! `POST /drain` (loopback peers only unless `--drain-http-allow-remote`)
 //! and, in the binary, `/debug/allocator` (jemalloc's statistics report).
 //!
@@ -23,21 +23,33 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::state::Shared;
+use crate::config::Config;
+use crate::drain::DrainState;
+use crate::metrics::Metrics;
+use crate::readiness::ReadinessState;
 
 /// Refused `/drain` requests are logged at most this often (each is counted).
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
+/// What the metrics listener reads and drives.
+#[derive(Clone)]
+pub(crate) struct Http {
+    pub(crate) config: Arc<Config>,
+    pub(crate) metrics: Metrics,
+    pub(crate) readiness: Arc<ReadinessState>,
+    pub(crate) drain: Arc<DrainState>,
+}
+
 #[derive(Clone)]
 struct HttpState {
     registry: Arc<Registry>,
-    shared: Arc<Shared>,
+    shared: Http,
     /// When a refused `/drain` was last logged (a loop of them must not flood the log).
     refusal_logged: Arc<Mutex<Option<Instant>>>,
 }
 
 impl HttpState {
-    fn new(registry: Arc<Registry>, shared: Arc<Shared>) -> Self {
+    fn new(registry: Arc<Registry>, shared: Http) -> Self {
         Self {
             registry,
             shared,
@@ -50,7 +62,7 @@ impl HttpState {
 pub(crate) async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
-    shared: Arc<Shared>,
+    shared: Http,
     cancel: CancellationToken,
 ) {
     let app = Router::new()
@@ -185,7 +197,7 @@ async fn drain(
 }
 
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
-    match s.shared.readiness().reason() {
+    match s.shared.readiness.get().reason() {
         None => (StatusCode::OK, "ready\n".to_string()),
         Some(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -227,7 +239,19 @@ mod tests {
         }
     }
 
-    fn refusals(shared: &Shared) -> u64 {
+    fn http(adjust: impl FnOnce(&mut Config)) -> Http {
+        let mut config = Config::default();
+        adjust(&mut config);
+        let metrics = Metrics::new(&mut Registry::default());
+        Http {
+            config: Arc::new(config),
+            readiness: Arc::new(ReadinessState::new(metrics.ready.clone())),
+            metrics,
+            drain: Arc::default(),
+        }
+    }
+
+    fn refusals(shared: &Http) -> u64 {
         shared
             .metrics
             .http_refused
@@ -235,7 +259,7 @@ mod tests {
             .get()
     }
 
-    async fn post_drain(shared: &Arc<Shared>, from: &str) -> (StatusCode, String) {
+    async fn post_drain(shared: &Http, from: &str) -> (StatusCode, String) {
         let state = HttpState::new(Arc::new(Registry::default()), shared.clone());
         let peer = SocketAddr::new(ip(from), 40_000);
         drain(State(state), ConnectInfo(peer)).await
@@ -243,7 +267,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_remote_drain_is_refused_with_a_reason_and_counted_and_does_not_drain() {
-        let shared = crate::test_support::shared(|_| {});
+        let shared = http(|_| {});
         let (status, body) = post_drain(&shared, "10.0.0.7").await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
         assert!(body.contains("only from a loopback address"), "{body}");
@@ -263,7 +287,7 @@ mod tests {
 
     #[tokio::test]
     async fn with_remote_allowed_any_peer_drains() {
-        let shared = crate::test_support::shared(|c| c.drain_http_allow_remote = true);
+        let shared = http(|c| c.drain_http_allow_remote = true);
         let (status, body) = post_drain(&shared, "10.0.0.7").await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
         assert!(shared.drain.is_requested());
