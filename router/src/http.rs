@@ -43,16 +43,16 @@ pub(crate) struct Http {
 #[derive(Clone)]
 struct HttpState {
     registry: Arc<Registry>,
-    shared: Http,
+    ctx: Http,
     /// When a refused `/drain` was last logged (a loop of them must not flood the log).
     refusal_logged: Arc<Mutex<Option<Instant>>>,
 }
 
 impl HttpState {
-    fn new(registry: Arc<Registry>, shared: Http) -> Self {
+    fn new(registry: Arc<Registry>, ctx: Http) -> Self {
         Self {
             registry,
-            shared,
+            ctx,
             refusal_logged: Arc::default(),
         }
     }
@@ -62,7 +62,7 @@ impl HttpState {
 pub(crate) async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
-    shared: Http,
+    ctx: Http,
     cancel: CancellationToken,
 ) {
     let app = Router::new()
@@ -71,7 +71,7 @@ pub(crate) async fn serve(
         .route("/readyz", get(readyz))
         .route("/drain", post(drain))
         .route("/debug/allocator", get(allocator))
-        .with_state(HttpState::new(registry, shared));
+        .with_state(HttpState::new(registry, ctx));
     // The peer address reaches handlers as `ConnectInfo` (for `/drain`).
     let app = app.into_make_service_with_connect_info::<SocketAddr>();
     if let Err(e) = axum::serve(listener, app)
@@ -107,7 +107,7 @@ async fn metrics(State(s): State<HttpState>) -> impl IntoResponse {
 /// `agentmesh_runtime_allocator_*`); 404 in embedded routers, whose
 /// allocator may not be jemalloc.
 async fn allocator(State(s): State<HttpState>) -> impl IntoResponse {
-    if !s.shared.config.runtime_watchdog {
+    if !s.ctx.config.runtime_watchdog {
         return (
             StatusCode::NOT_FOUND,
             "no allocator report here\n".to_string(),
@@ -162,8 +162,8 @@ async fn drain(
     State(s): State<HttpState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
 ) -> (StatusCode, String) {
-    if let Err(why) = drain_allowed(peer.ip(), s.shared.config.drain_http_allow_remote) {
-        s.shared.metrics.http_refused("drain", why.as_str());
+    if let Err(why) = drain_allowed(peer.ip(), s.ctx.config.drain_http_allow_remote) {
+        s.ctx.metrics.http_refused("drain", why.as_str());
         let now = Instant::now();
         let due = {
             let mut last = s.refusal_logged.lock();
@@ -190,14 +190,14 @@ async fn drain(
             ),
         );
     }
-    if s.shared.drain.request() {
+    if s.ctx.drain.request() {
         tracing::info!(%peer, "drain requested over HTTP");
     }
     (StatusCode::ACCEPTED, "draining\n".to_string())
 }
 
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
-    match s.shared.readiness.get().reason() {
+    match s.ctx.readiness.get().reason() {
         None => (StatusCode::OK, "ready\n".to_string()),
         Some(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -251,46 +251,45 @@ mod tests {
         }
     }
 
-    fn refusals(shared: &Http) -> u64 {
-        shared
-            .metrics
+    fn refusals(ctx: &Http) -> u64 {
+        ctx.metrics
             .http_refused
             .get_or_create(&[("endpoint", "drain"), ("reason", "not_loopback")])
             .get()
     }
 
-    async fn post_drain(shared: &Http, from: &str) -> (StatusCode, String) {
-        let state = HttpState::new(Arc::new(Registry::default()), shared.clone());
+    async fn post_drain(ctx: &Http, from: &str) -> (StatusCode, String) {
+        let state = HttpState::new(Arc::new(Registry::default()), ctx.clone());
         let peer = SocketAddr::new(ip(from), 40_000);
         drain(State(state), ConnectInfo(peer)).await
     }
 
     #[tokio::test]
     async fn a_remote_drain_is_refused_with_a_reason_and_counted_and_does_not_drain() {
-        let shared = http(|_| {});
-        let (status, body) = post_drain(&shared, "10.0.0.7").await;
+        let ctx = http(|_| {});
+        let (status, body) = post_drain(&ctx, "10.0.0.7").await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
         assert!(body.contains("only from a loopback address"), "{body}");
         assert!(body.contains("10.0.0.7"), "{body}");
         assert!(body.contains("--drain-http-allow-remote"), "{body}");
-        assert_eq!(refusals(&shared), 1);
+        assert_eq!(refusals(&ctx), 1);
         assert!(
-            !shared.drain.is_requested(),
+            !ctx.drain.is_requested(),
             "a refused request started a drain"
         );
 
-        let (status, body) = post_drain(&shared, "::ffff:127.0.0.1").await;
+        let (status, body) = post_drain(&ctx, "::ffff:127.0.0.1").await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        assert!(shared.drain.is_requested());
-        assert_eq!(refusals(&shared), 1, "an accepted drain is not a refusal");
+        assert!(ctx.drain.is_requested());
+        assert_eq!(refusals(&ctx), 1, "an accepted drain is not a refusal");
     }
 
     #[tokio::test]
     async fn with_remote_allowed_any_peer_drains() {
-        let shared = http(|c| c.drain_http_allow_remote = true);
-        let (status, body) = post_drain(&shared, "10.0.0.7").await;
+        let ctx = http(|c| c.drain_http_allow_remote = true);
+        let (status, body) = post_drain(&ctx, "10.0.0.7").await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        assert!(shared.drain.is_requested());
-        assert_eq!(refusals(&shared), 0);
+        assert!(ctx.drain.is_requested());
+        assert_eq!(refusals(&ctx), 0);
     }
 }

@@ -63,7 +63,7 @@ pub(crate) struct Parts {
 /// The loop's state.
 pub(crate) struct EventLoop {
     swarm: Swarm<Behaviour>,
-    shared: Parts,
+    parts: Parts,
     commands: mpsc::Receiver<Command>,
     provider_queries: mpsc::Receiver<ProviderQuery>,
     p2p_metrics: libp2p::metrics::Metrics,
@@ -91,7 +91,7 @@ impl EventLoop {
     /// Wraps a listening swarm.
     pub(crate) fn new(
         swarm: Swarm<Behaviour>,
-        shared: Parts,
+        parts: Parts,
         commands: mpsc::Receiver<Command>,
         provider_queries: mpsc::Receiver<ProviderQuery>,
         p2p_metrics: libp2p::metrics::Metrics,
@@ -100,15 +100,15 @@ impl EventLoop {
     ) -> Self {
         Self {
             swarm,
-            searches: providers::Searches::new(shared.config.catalog_provider_cache),
+            searches: providers::Searches::new(parts.config.catalog_provider_cache),
             mesh: Mesh::new(
-                shared.config.clone(),
-                shared.link.clone(),
-                shared.admissions.clone(),
-                shared.directory.clone(),
+                parts.config.clone(),
+                parts.link.clone(),
+                parts.admissions.clone(),
+                parts.directory.clone(),
                 control,
             ),
-            shared,
+            parts,
             commands,
             provider_queries,
             p2p_metrics,
@@ -127,7 +127,7 @@ impl EventLoop {
     pub(crate) async fn run(mut self, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let (catalog, directory) = (self.shared.catalog.clone(), self.shared.directory.clone());
+        let (catalog, directory) = (self.parts.catalog.clone(), self.parts.directory.clone());
         loop {
             tokio::select! {
                 biased;
@@ -156,7 +156,7 @@ impl EventLoop {
         let outcome = self
             .searches
             .request(q.key, q.reply, Instant::now(), |k| kad.get_providers(k));
-        self.shared.metrics.provider_search(outcome.as_str());
+        self.parts.metrics.provider_search(outcome.as_str());
     }
 
     /// One mesh round now (dial, authenticate, routing table); a router
@@ -175,7 +175,7 @@ impl EventLoop {
             }
             Command::Disconnect { peers, reply } => {
                 let still: HashSet<PeerId> = {
-                    let mut adm = self.shared.admissions.write();
+                    let mut adm = self.parts.admissions.write();
                     peers
                         .into_iter()
                         .filter(|p| adm.remove(p).is_some())
@@ -210,7 +210,7 @@ impl EventLoop {
     /// Returns how many were dropped.
     fn drop_ghost_admissions(&mut self) -> usize {
         let ghosts: Vec<PeerId> = self
-            .shared
+            .parts
             .admissions
             .read()
             .iter()
@@ -219,7 +219,7 @@ impl EventLoop {
             .collect();
         for p in &ghosts {
             tracing::info!(peer = %p, "dropping an admission without a connection");
-            self.shared
+            self.parts
                 .metrics
                 .connections_closed
                 .get_or_create(&[("reason", "disconnected")])
@@ -234,7 +234,7 @@ impl EventLoop {
         let now = unix_now();
         let ids = self
             .conns
-            .unauthenticated(&self.shared.admissions.read(), now);
+            .unauthenticated(&self.parts.admissions.read(), now);
         for id in &ids {
             self.conns.mark_closing(id);
             self.swarm.close_connection(*id);
@@ -260,9 +260,9 @@ impl EventLoop {
                 {
                     self.reannounce = true;
                 }
-                if self.shared.directory.router_set.read().contains(&peer_id) {
+                if self.parts.directory.router_set.read().contains(&peer_id) {
                     // A router: authenticate to it, or add it to the table, now.
-                    self.shared.directory.wake_mesh();
+                    self.parts.directory.wake_mesh();
                 }
                 if let ConnectedPoint::Dialer { address, .. } = &endpoint {
                     self.dialed_addrs.insert(peer_id, address.clone());
@@ -292,19 +292,19 @@ impl EventLoop {
                 listener_id,
                 address,
             } => {
-                self.shared.addrs.listen.write().push(address.clone());
-                if self.shared.config.external_addr.is_empty()
+                self.parts.addrs.listen.write().push(address.clone());
+                if self.parts.config.external_addr.is_empty()
                     && let Some(ext) = self
                         .listeners
                         .get(&listener_id)
                         .and_then(|c| derive_external(c, &address))
                 {
                     self.swarm.add_external_address(ext.clone());
-                    self.shared.addrs.external.write().push(ext);
+                    self.parts.addrs.external.write().push(ext);
                 }
             }
             SwarmEvent::ExpiredListenAddr { address, .. } => {
-                self.shared.addrs.listen.write().retain(|a| *a != address);
+                self.parts.addrs.listen.write().retain(|a| *a != address);
             }
             SwarmEvent::Behaviour(BehaviourEvent::Relay(e)) => {
                 self.p2p_metrics.record(&e);
@@ -322,8 +322,8 @@ impl EventLoop {
 
     /// A peer's last connection closed: it is no longer admitted or listed.
     fn on_peer_gone(&mut self, peer: &PeerId) {
-        self.shared.admissions.write().remove(peer);
-        if self.shared.catalog.store.lock().remove(peer) {
+        self.parts.admissions.write().remove(peer);
+        if self.parts.catalog.store.lock().remove(peer) {
             self.reconcile_providers(false);
         }
         self.dialed_addrs.remove(peer);
@@ -333,7 +333,7 @@ impl EventLoop {
 
     #[allow(deprecated)] // the deprecated relay events still report real outcomes
     fn on_relay(&mut self, e: relay::Event) {
-        let m = &self.shared.metrics;
+        let m = &self.parts.metrics;
         match e {
             relay::Event::ReservationReqAccepted {
                 src_peer_id,
@@ -350,13 +350,13 @@ impl EventLoop {
                 status,
             } => {
                 let admitted = self
-                    .shared
+                    .parts
                     .admissions
                     .read()
                     .may_reserve(&src_peer_id, unix_now());
-                let full = self.reservations.total() >= self.shared.sizing.relay_max_reservations;
+                let full = self.reservations.total() >= self.parts.sizing.relay_max_reservations;
                 crate::resources::relay::reservation_denied(
-                    &self.shared.resources,
+                    &self.parts.resources,
                     &status,
                     admitted,
                     full,
@@ -387,13 +387,13 @@ impl EventLoop {
                 status,
             } => {
                 let admitted = self
-                    .shared
+                    .parts
                     .admissions
                     .read()
                     .may_open_circuit(&src_peer_id, unix_now());
-                let full = self.circuits.total() >= self.shared.config.relay_max_circuits;
+                let full = self.circuits.total() >= self.parts.config.relay_max_circuits;
                 crate::resources::relay::circuit_denied(
-                    &self.shared.resources,
+                    &self.parts.resources,
                     &status,
                     admitted,
                     full,
@@ -447,10 +447,8 @@ impl EventLoop {
     /// are counted and retried (see `provided.rs`).
     fn reconcile_providers(&mut self, all: bool) {
         let kad = self.swarm.behaviour_mut().kad.inner_mut();
-        let out = self
-            .provided
-            .reconcile(&self.shared.catalog.store, all, kad);
-        self.shared
+        let out = self.provided.reconcile(&self.parts.catalog.store, all, kad);
+        self.parts
             .metrics
             .provide_failures
             .inc_by(out.failed as u64);
@@ -459,20 +457,20 @@ impl EventLoop {
     fn on_tick(&mut self) {
         self.searches.expire(Instant::now());
         let now = unix_now();
-        let shared = self.shared.clone();
-        let skew = i64::try_from(shared.config.clock_skew.as_secs()).unwrap_or(i64::MAX);
+        let parts = self.parts.clone();
+        let skew = i64::try_from(parts.config.clock_skew.as_secs()).unwrap_or(i64::MAX);
 
         // Auth deadline: inbound connections whose peer is not admitted.
-        let deadline = shared.config.auth_deadline;
+        let deadline = parts.config.auth_deadline;
         let late = self
             .conns
-            .past_auth_deadline(&shared.admissions.read(), now, deadline);
+            .past_auth_deadline(&parts.admissions.read(), now, deadline);
         for id in late {
             if let Some(peer) = self.conns.mark_closing(&id) {
                 tracing::info!(%peer, "closing connection: not admitted within the auth deadline");
             }
             self.swarm.close_connection(id);
-            shared
+            parts
                 .metrics
                 .connections_closed
                 .get_or_create(&[("reason", "auth_deadline")])
@@ -480,10 +478,10 @@ impl EventLoop {
         }
 
         // Expired admissions and revocations.
-        let expired = shared.admissions.write().expire(now, skew);
+        let expired = parts.admissions.write().expire(now, skew);
         let revoked = {
-            let trust = shared.link.trust.read();
-            shared.admissions.write().revoke(&trust, now)
+            let trust = parts.link.trust.read();
+            parts.admissions.write().revoke(&trust, now)
         };
         let mut catalog_changed = false;
         for (peers, reason) in [(expired, "expired"), (revoked, "revoked")] {
@@ -491,20 +489,20 @@ impl EventLoop {
             for p in peers {
                 tracing::info!(peer = %p, reason, "dropping admitted peer");
                 if reason == "revoked" {
-                    shared.metrics.revocations_enforced.inc();
+                    parts.metrics.revocations_enforced.inc();
                 }
-                shared
+                parts
                     .metrics
                     .connections_closed
                     .get_or_create(&[("reason", reason)])
                     .inc();
-                catalog_changed |= shared.catalog.store.lock().remove(&p);
+                catalog_changed |= parts.catalog.store.lock().remove(&p);
                 closing.insert(p);
             }
             self.close_peers(&closing);
         }
         self.drop_ghost_admissions();
-        let dropped = shared.catalog.store.lock().expire(now);
+        let dropped = parts.catalog.store.lock().expire(now);
         if dropped > 0 {
             tracing::debug!(dropped, "catalog records expired");
         }
@@ -545,15 +543,15 @@ impl EventLoop {
     }
 
     fn update_gauges(&self, now: i64) {
-        let m = &self.shared.metrics;
-        let counts = self.shared.admissions.read().counts();
+        let m = &self.parts.metrics;
+        let counts = self.parts.admissions.read().counts();
         m.attached_members.set(i64::from(counts.attached));
         m.transit_connections.set(i64::from(counts.transit));
         m.admitted_routers.set(i64::from(counts.routers));
-        let catalog = self.shared.catalog.store.lock().len();
+        let catalog = self.parts.catalog.store.lock().len();
         m.catalog_records.set(catalog as i64);
         let tables = [
-            ("admission", self.shared.admissions.read().len()),
+            ("admission", self.parts.admissions.read().len()),
             ("connections", self.conns.len()),
             ("dialed_addrs", self.dialed_addrs.len()),
             ("reservations", self.reservations.peers()),
@@ -562,13 +560,13 @@ impl EventLoop {
         ];
         for (table, n) in tables
             .into_iter()
-            .chain(self.shared.resources.table_entries())
+            .chain(self.parts.resources.table_entries())
         {
             m.table_entries
                 .get_or_create(&[("table", table)])
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
-        let by = self.conns.by_state(&self.shared.admissions.read(), now);
+        let by = self.conns.by_state(&self.parts.admissions.read(), now);
         for ((s, d), v) in by {
             m.connections
                 .get_or_create(&[("state", s), ("direction", d)])

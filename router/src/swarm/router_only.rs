@@ -6,9 +6,9 @@
 //! of the largest fleet the router ever held).
 //!
 //! Which peers are routers is decided when a connection is established, from
-//! a shared set (the directory's routers). A router connection that came in
-//! before the directory named it has no Kademlia; the mesh dials such a
-//! router again once it is known.
+//! the router set (the directory's routers and those admitted as routers). A
+//! router connection that came in before either named it has no Kademlia;
+//! the mesh dials such a router again once the directory lists it.
 
 use std::collections::HashMap;
 use std::task::{Context, Poll};

@@ -36,8 +36,8 @@ fn event_loop(adjust: impl FnOnce(&mut Config)) -> (EventLoop, Arc<Parts>) {
     (el, Arc::new(c.swarm_parts()))
 }
 
-fn closed(shared: &Parts, reason: &'static str) -> u64 {
-    shared
+fn closed(parts: &Parts, reason: &'static str) -> u64 {
+    parts
         .metrics
         .connections_closed
         .get_or_create(&[("reason", reason)])
@@ -46,29 +46,29 @@ fn closed(shared: &Parts, reason: &'static str) -> u64 {
 
 #[tokio::test]
 async fn an_admission_without_a_connection_is_dropped_and_counted() {
-    let (mut el, shared) = event_loop(|_| {});
+    let (mut el, parts) = event_loop(|_| {});
     // Verified while the member was leaving: recorded after the swarm
     // reported its last connection closed.
     let ghost = PeerId::random();
-    shared
+    parts
         .admissions
         .write()
         .admit(ghost, admission(Purpose::Attach));
-    assert_eq!(closed(&shared, "disconnected"), 0, "pre-created at 0");
+    assert_eq!(closed(&parts, "disconnected"), 0, "pre-created at 0");
     el.on_tick();
-    assert!(shared.admissions.read().is_empty(), "the ghost is gone");
-    assert_eq!(closed(&shared, "disconnected"), 1);
-    assert_eq!(shared.metrics.attached_members.get(), 0);
+    assert!(parts.admissions.read().is_empty(), "the ghost is gone");
+    assert_eq!(closed(&parts, "disconnected"), 1);
+    assert_eq!(parts.metrics.attached_members.get(), 0);
     el.on_tick();
-    assert_eq!(closed(&shared, "disconnected"), 1, "counted once");
+    assert_eq!(closed(&parts, "disconnected"), 1, "counted once");
 }
 
 #[tokio::test]
 async fn a_trimmed_member_is_not_counted_as_missing_the_auth_deadline() {
     // Every unadmitted connection is past a zero deadline.
-    let (mut el, shared) = event_loop(|c| c.auth_deadline = Duration::ZERO);
+    let (mut el, parts) = event_loop(|c| c.auth_deadline = Duration::ZERO);
     let member = PeerId::random();
-    shared
+    parts
         .admissions
         .write()
         .admit(member, admission(Purpose::Attach));
@@ -91,15 +91,15 @@ async fn a_trimmed_member_is_not_counted_as_missing_the_auth_deadline() {
     };
     let (disconnected, ()) = tokio::join!(trim, serve);
     assert_eq!(disconnected, 1);
-    assert!(shared.admissions.read().get(&member).is_none());
+    assert!(parts.admissions.read().get(&member).is_none());
     // Its connection is still closing when the next tick runs.
     el.on_tick();
-    assert_eq!(closed(&shared, "auth_deadline"), 0);
+    assert_eq!(closed(&parts, "auth_deadline"), 0);
 }
 
 #[tokio::test]
 async fn an_unadmitted_connection_past_the_deadline_is_still_closed() {
-    let (mut el, shared) = event_loop(|c| c.auth_deadline = Duration::ZERO);
+    let (mut el, parts) = event_loop(|c| c.auth_deadline = Duration::ZERO);
     el.conns.insert(
         ConnectionId::new_unchecked(1),
         ConnInfo {
@@ -110,7 +110,7 @@ async fn an_unadmitted_connection_past_the_deadline_is_still_closed() {
         },
     );
     el.on_tick();
-    assert_eq!(closed(&shared, "auth_deadline"), 1);
+    assert_eq!(closed(&parts, "auth_deadline"), 1);
     el.on_tick();
-    assert_eq!(closed(&shared, "auth_deadline"), 1, "closing: counted once");
+    assert_eq!(closed(&parts, "auth_deadline"), 1, "closing: counted once");
 }
