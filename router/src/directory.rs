@@ -77,3 +77,34 @@ impl Directory {
         self.wake_mesh();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt as _;
+
+    use super::*;
+
+    #[test]
+    fn only_a_router_the_directory_does_not_name_asks_for_the_directory() {
+        let d = Directory::default();
+        let listed = PeerId::random();
+        d.routers.write().push(DirectoryRouter {
+            peer: listed,
+            addrs: vec![],
+            draining: false,
+            load: None,
+        });
+        d.router_admitted(listed);
+        assert!(d.mesh_woken().now_or_never().is_some(), "the mesh is woken");
+        assert!(
+            d.refresh_wanted().now_or_never().is_none(),
+            "a listed router needs no directory fetch"
+        );
+        let unlisted = PeerId::random();
+        d.router_admitted(unlisted);
+        assert!(d.refresh_wanted().now_or_never().is_some());
+        assert!(d.mesh_woken().now_or_never().is_some());
+        let set = d.router_set.read();
+        assert!(set.contains(&listed) && set.contains(&unlisted));
+    }
+}
