@@ -11,6 +11,10 @@ use std::time::Duration;
 
 use libp2p::Multiaddr;
 
+use crate::resources::budget::{Budgets, Watermarks};
+use crate::resources::sizing::SizingFlags;
+pub use crate::resources::sizing::{Sizing, high_watermark_for_budget};
+
 /// Default control-plane URL (the `agentmesh-one` gRPC port).
 pub const DEFAULT_CONTROL_PLANE: &str = "http://127.0.0.1:7400";
 /// Default key file.
@@ -191,7 +195,7 @@ pub struct Config {
     /// Stream opens that may wait for dials to all peers together; more are
     /// refused, `limit="total"`. At least 1. Default 4096.
     pub stream_max_pending_opens_total: usize,
-    /// Resource budgets and limits (issue 4; see `resource_config`).
+    /// Resource budgets and limits (see `resource_config`).
     pub resources: crate::resources::config::ResourceConfig,
     /// Run the runtime stall watchdog (`agentmesh_runtime_stalls_total` on
     /// /metrics) and show the allocator's bytes
@@ -260,38 +264,6 @@ impl Default for Config {
     }
 }
 
-/// The watermarks and relay reservation cap in effect: explicit flags win,
-/// else they are sized from the memory budget. Computed once at start,
-/// after the memory limit is known, before any budget derives from them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sizing {
-    /// Admitted members before go-away and trimming.
-    pub high_watermark: u32,
-    /// Trimming sheds down to this many members.
-    pub low_watermark: u32,
-    /// Relay reservations at most.
-    pub relay_max_reservations: usize,
-    /// Memory charged for one idle attached member, bytes (its connection
-    /// and its two ping streams).
-    pub idle_member_charge_bytes: u64,
-    /// Idle members the whole memory budget holds (no headroom).
-    pub members_that_fit: u64,
-    /// Whether the high watermark was sized from the memory budget (no flag).
-    pub sized_from_memory: bool,
-}
-
-/// Default high watermark for `memory_budget_bytes`: `percent` of the budget
-/// divided by the charge of one idle member, at least 1.
-pub fn high_watermark_for_budget(
-    memory_budget_bytes: u64,
-    percent: u8,
-    idle_member_charge_bytes: u64,
-) -> u32 {
-    let share = u128::from(memory_budget_bytes) * u128::from(percent.min(100)) / 100;
-    let n = share / u128::from(idle_member_charge_bytes.max(1));
-    u32::try_from(n).unwrap_or(u32::MAX).max(1)
-}
-
 impl Config {
     /// The watermarks and reservation cap for a memory budget of
     /// `memory_budget_bytes`: `high_watermark` if set, else
@@ -299,25 +271,26 @@ impl Config {
     /// charge; low = `low_watermark` (capped at high) else 15% below high;
     /// reservations = `relay_max_reservations` else the high watermark.
     pub fn sizing(&self, memory_budget_bytes: u64) -> Sizing {
-        let idle = crate::resources::budget::idle_member_charge_bytes(&self.resources);
-        let high = self.high_watermark.unwrap_or_else(|| {
-            high_watermark_for_budget(
-                memory_budget_bytes,
-                self.high_watermark_memory_percent,
-                idle,
-            )
-        });
-        let low = self
-            .low_watermark
-            .unwrap_or_else(|| u32::try_from(u64::from(high) * 85 / 100).unwrap_or(u32::MAX))
-            .min(high);
-        Sizing {
-            high_watermark: high,
-            low_watermark: low,
-            relay_max_reservations: self.relay_max_reservations.unwrap_or(high as usize),
-            idle_member_charge_bytes: idle,
-            members_that_fit: memory_budget_bytes / idle.max(1),
-            sized_from_memory: self.high_watermark.is_none(),
+        Sizing::new(
+            SizingFlags {
+                high_watermark: self.high_watermark,
+                low_watermark: self.low_watermark,
+                relay_max_reservations: self.relay_max_reservations,
+                high_watermark_memory_percent: self.high_watermark_memory_percent,
+            },
+            &self.resources,
+            memory_budget_bytes,
+        )
+    }
+
+    /// What the default resource budgets derive from: the watermarks in
+    /// effect and the relay caps.
+    pub(crate) fn watermarks(&self, sizing: &Sizing) -> Watermarks {
+        Watermarks {
+            high_watermark: sizing.high_watermark,
+            relay_max_circuits: u32::try_from(self.relay_max_circuits).unwrap_or(u32::MAX),
+            relay_max_reservations: u32::try_from(sizing.relay_max_reservations)
+                .unwrap_or(u32::MAX),
         }
     }
 
@@ -329,6 +302,25 @@ impl Config {
             self.relay_circuit_bytes
         }
     }
+}
+
+/// Warns when an explicit `--high-watermark` is more than the memory budget
+/// holds even with every member idle (connection and ping streams only):
+/// then the memory budget, not the watermark, decides when members are
+/// refused (see docs/scalability.md). A sized watermark always fits.
+pub(crate) fn check_watermarks(sizing: &Sizing, budgets: &Budgets) -> bool {
+    let over = u64::from(sizing.high_watermark) > sizing.members_that_fit;
+    if over {
+        tracing::warn!(
+            high_watermark = sizing.high_watermark,
+            low_watermark = sizing.low_watermark,
+            memory_budget_bytes = budgets.memory_bytes,
+            idle_member_charge_bytes = sizing.idle_member_charge_bytes,
+            members_that_fit = sizing.members_that_fit,
+            "the memory budget holds fewer members than --high-watermark; lower it or raise the memory limit"
+        );
+    }
+    over
 }
 
 #[cfg(test)]
@@ -399,5 +391,31 @@ mod tests {
             100,
             "percent capped at 100"
         );
+    }
+
+    #[test]
+    fn only_a_watermark_above_what_the_budget_holds_warns() {
+        let budget = 768 << 20;
+        let budgets = |c: &Config| {
+            crate::resources::budgets(&c.resources, c.watermarks(&c.sizing(budget)), budget)
+        };
+        let sized = Config::default();
+        let b = budgets(&sized);
+        assert!(!check_watermarks(&sized.sizing(budget), &b), "sized fits");
+        let explicit = Config {
+            high_watermark: Some(20_000),
+            ..Default::default()
+        };
+        let s = explicit.sizing(budget);
+        assert_eq!(s.members_that_fit, 10_922);
+        assert!(
+            check_watermarks(&s, &b),
+            "20,000 idle members need more than 768 MiB"
+        );
+        let fits = Config {
+            high_watermark: Some(10_000),
+            ..Default::default()
+        };
+        assert!(!check_watermarks(&fits.sizing(budget), &b));
     }
 }

@@ -2,21 +2,32 @@
 //! then every lease interval (with jitter) refresh the credential when due,
 //! lease, read the directory (routers and revocations) and the key set.
 //! Unknown key ids seen by the auth protocol trigger a key fetch at most once
-//! per [`KEY_FETCH_MIN_INTERVAL`].
+//! per [`KEY_FETCH_MIN_INTERVAL`]; a router that authenticates to us before
+//! our directory names it triggers a directory fetch at most once per
+//! [`DIRECTORY_REFRESH_MIN_INTERVAL`], so two routers started together mesh
+//! at once instead of one lease interval later.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use agentmesh_controlplane::client::{Client, ClientError};
-use agentmesh_proto::credential::{map_to_labels, peek_claims};
+use agentmesh_proto::credential::{Trust, map_to_labels, peek_claims};
 use agentmesh_proto::pb::controlplane::RouterLoad;
+use agentmesh_proto::pb::credential::Credential;
 use agentmesh_proto::unix_now;
+use libp2p::identity::Keypair;
 use libp2p::{Multiaddr, PeerId};
+use parking_lot::RwLock;
 use rand::Rng;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::state::{DirectoryRouter, Shared};
+use crate::addrs::Addrs;
+use crate::admission::Admissions;
+use crate::config::{Config, Sizing};
+use crate::directory::{Directory, DirectoryRouter};
+use crate::metrics::Metrics;
+use crate::readiness::ReadinessState;
 
 /// Keys are fetched on an unknown key id at most this often (per process).
 pub(crate) const KEY_FETCH_MIN_INTERVAL: Duration = Duration::from_secs(30);
@@ -27,45 +38,80 @@ const REFRESH_AT_FRACTION: f64 = 0.6;
 /// After a failed enrollment, wait at most this long before the next try.
 const ENROLL_RETRY_MAX: Duration = Duration::from_secs(30);
 
-/// The control-plane client plus the key-fetch rate limit.
-pub(crate) struct ControlPlane {
+/// Directory fetches asked for between lease rounds (a router we do not
+/// know yet authenticated to us) are this far apart at least: routers
+/// starting together cost the control plane at most four extra directory
+/// reads a second per router, and a new router waits at most this long to
+/// be dialled back.
+pub(crate) const DIRECTORY_REFRESH_MIN_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The link to the control plane: the client, the key-fetch rate limit, and
+/// what the control plane gave this router (its keys and revocations, this
+/// router's credential). The control-plane loop writes them; the auth
+/// server and the swarm loop read them.
+pub(crate) struct Link {
     client: Client,
     last_key_fetch: tokio::sync::Mutex<Option<Instant>>,
+    /// The control plane's keys and revocations.
+    pub(crate) trust: RwLock<Trust>,
+    /// This router's credential, once enrolled.
+    pub(crate) credential: RwLock<Option<Credential>>,
 }
 
-impl ControlPlane {
-    /// Wraps a client.
+impl Link {
+    /// Wraps a client; no keys and no credential yet.
     pub(crate) fn new(client: Client) -> Self {
         Self {
             client,
             last_key_fetch: tokio::sync::Mutex::new(None),
+            trust: RwLock::new(Trust::default()),
+            credential: RwLock::new(None),
         }
+    }
+}
+
+/// What the control-plane loop (and a drain's last lease) works with.
+#[derive(Clone)]
+pub(crate) struct Cp {
+    pub(crate) config: Arc<Config>,
+    pub(crate) keypair: Keypair,
+    pub(crate) sizing: Sizing,
+    pub(crate) link: Arc<Link>,
+    pub(crate) metrics: Metrics,
+    pub(crate) admissions: Admissions,
+    pub(crate) directory: Arc<Directory>,
+    pub(crate) readiness: Arc<ReadinessState>,
+    pub(crate) addrs: Arc<Addrs>,
+}
+
+impl Cp {
+    fn peer_id(&self) -> PeerId {
+        self.keypair.public().to_peer_id()
     }
 }
 
 /// Fetches the key set unless it was fetched within
 /// [`KEY_FETCH_MIN_INTERVAL`]; returns whether new keys were installed.
 /// Concurrent callers wait for one fetch instead of each fetching.
-pub(crate) async fn fetch_keys_rate_limited(shared: &Shared, deadline: Duration) -> bool {
-    let mut last = shared.cp.last_key_fetch.lock().await;
+pub(crate) async fn fetch_keys_rate_limited(
+    link: &Link,
+    metrics: &Metrics,
+    deadline: Duration,
+) -> bool {
+    let mut last = link.last_key_fetch.lock().await;
     if last.is_some_and(|t| t.elapsed() < KEY_FETCH_MIN_INTERVAL) {
         return false;
     }
     *last = Some(Instant::now());
-    match tokio::time::timeout(deadline, shared.cp.client.get_keys()).await {
+    match tokio::time::timeout(deadline, link.client.get_keys()).await {
         Ok(Ok(keys)) => {
-            shared.trust.write().set_keys(&keys);
-            shared
-                .metrics
-                .key_fetch
-                .get_or_create(&[("result", "ok")])
-                .inc();
+            link.trust.write().set_keys(&keys);
+            metrics.key_fetch.get_or_create(&[("result", "ok")]).inc();
             true
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "key fetch failed");
-            shared
-                .metrics
+            metrics
                 .key_fetch
                 .get_or_create(&[("result", "error")])
                 .inc();
@@ -73,8 +119,7 @@ pub(crate) async fn fetch_keys_rate_limited(shared: &Shared, deadline: Duration)
         }
         Err(_) => {
             tracing::warn!("key fetch timed out");
-            shared
-                .metrics
+            metrics
                 .key_fetch
                 .get_or_create(&[("result", "error")])
                 .inc();
@@ -84,16 +129,16 @@ pub(crate) async fn fetch_keys_rate_limited(shared: &Shared, deadline: Duration)
 }
 
 /// Runs the control-plane loop until `cancel` fires.
-pub(crate) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
+pub(crate) async fn run(cp: Cp, cancel: CancellationToken) {
     let mut enroll_backoff = Duration::from_millis(500);
     loop {
-        if shared.credential.read().is_none() {
+        if cp.link.credential.read().is_none() {
             // Shutdown does not wait for an enrollment under way (its
             // retries can take the whole control-plane retry budget when
             // the control plane is unreachable).
             let enrolled = tokio::select! {
                 _ = cancel.cancelled() => return,
-                r = enroll(&shared) => r,
+                r = enroll(&cp) => r,
             };
             match enrolled {
                 Ok(()) => enroll_backoff = Duration::from_millis(500),
@@ -108,69 +153,76 @@ pub(crate) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
                 }
             }
         }
-        sync_once(&shared).await;
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(jitter(shared.config.lease_interval)) => {}
+        sync_once(&cp).await;
+        let mut last_directory = Instant::now();
+        let next_round = Instant::now() + jitter(cp.config.lease_interval);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep_until(next_round) => break,
+                _ = cp.directory.refresh_wanted() => {
+                    let at = last_directory + DIRECTORY_REFRESH_MIN_INTERVAL;
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep_until(at) => {}
+                    }
+                    directory(&cp).await;
+                    last_directory = Instant::now();
+                }
+            }
         }
     }
 }
 
-async fn enroll(shared: &Shared) -> Result<(), ClientError> {
-    let resp = shared
-        .cp
-        .client
-        .enroll(&shared.config.token, &shared.keypair)
-        .await?;
+async fn enroll(cp: &Cp) -> Result<(), ClientError> {
+    let resp = cp.link.client.enroll(&cp.config.token, &cp.keypair).await?;
     if let Some(keys) = resp.keys.as_ref() {
-        shared.trust.write().set_keys(keys);
+        cp.link.trust.write().set_keys(keys);
     }
-    let has_keys = shared.trust.read().key_count() > 0;
-    shared.update_readiness(|r| r.keys = has_keys);
+    let has_keys = cp.link.trust.read().key_count() > 0;
+    cp.readiness.update(|r| r.keys = has_keys);
     if let Some(claims) = resp.credential.as_ref().and_then(|c| peek_claims(c).ok()) {
         let allowed = agentmesh_proto::credential::labels_to_map(&claims.labels);
-        for (k, v) in &shared.config.labels {
+        for (k, v) in &cp.config.labels {
             if allowed.get(k) != Some(v) {
                 tracing::error!(label = %format!("{k}={v}"), "the router token does not allow this label; leases will be refused");
             }
         }
     }
-    *shared.credential.write() = resp.credential;
+    *cp.link.credential.write() = resp.credential;
     tracing::info!(node_id = %resp.node_id, "router enrolled");
     Ok(())
 }
 
 /// One round: refresh when due, lease, directory, keys.
-async fn sync_once(shared: &Shared) {
-    refresh_if_due(shared).await;
-    lease(shared).await;
-    directory(shared).await;
-    match shared.cp.client.get_keys().await {
+async fn sync_once(cp: &Cp) {
+    refresh_if_due(cp).await;
+    lease(cp).await;
+    directory(cp).await;
+    match cp.link.client.get_keys().await {
         Ok(keys) => {
-            shared.trust.write().set_keys(&keys);
-            shared
-                .metrics
+            cp.link.trust.write().set_keys(&keys);
+            cp.metrics
                 .key_fetch
                 .get_or_create(&[("result", "ok")])
                 .inc();
         }
         Err(e) => {
             tracing::warn!(error = %e, "key sync failed");
-            shared
-                .metrics
+            cp.metrics
                 .key_fetch
                 .get_or_create(&[("result", "error")])
                 .inc();
         }
     }
-    let has_keys = shared.trust.read().key_count() > 0;
+    let has_keys = cp.link.trust.read().key_count() > 0;
     if has_keys {
-        shared.update_readiness(|r| r.keys = true);
+        cp.readiness.update(|r| r.keys = true);
     }
 }
 
-async fn refresh_if_due(shared: &Shared) {
-    let Some(cred) = shared.credential.read().clone() else {
+async fn refresh_if_due(cp: &Cp) {
+    let Some(cred) = cp.link.credential.read().clone() else {
         return;
     };
     let Ok(claims) = peek_claims(&cred) else {
@@ -181,13 +233,13 @@ async fn refresh_if_due(shared: &Shared) {
     if unix_now() < due {
         return;
     }
-    match shared.cp.client.refresh(&cred, &shared.keypair).await {
+    match cp.link.client.refresh(&cred, &cp.keypair).await {
         Ok(resp) => {
             if let Some(keys) = resp.keys.as_ref() {
-                shared.trust.write().set_keys(keys);
+                cp.link.trust.write().set_keys(keys);
             }
             if resp.credential.is_some() {
-                *shared.credential.write() = resp.credential;
+                *cp.link.credential.write() = resp.credential;
                 tracing::info!("router credential refreshed");
             }
         }
@@ -195,86 +247,71 @@ async fn refresh_if_due(shared: &Shared) {
             tracing::warn!(error = %e, "credential refresh failed");
             if unix_now() > claims.expires_at_unix_secs {
                 // Expired and not refreshable: enroll again next round.
-                *shared.credential.write() = None;
+                *cp.link.credential.write() = None;
             }
         }
     }
 }
 
 /// The load this router reports in its lease.
-pub(crate) fn load(shared: &Shared) -> RouterLoad {
-    let c = shared.admission.read().counts();
+pub(crate) fn load(cp: &Cp) -> RouterLoad {
+    let c = cp.admissions.read().counts();
     RouterLoad {
         attached_members: c.attached,
         transit_connections: c.transit,
-        high_watermark: shared.sizing.high_watermark,
-        low_watermark: shared.sizing.low_watermark,
+        high_watermark: cp.sizing.high_watermark,
+        low_watermark: cp.sizing.low_watermark,
     }
 }
 
 /// Sends one lease (with the current draining flag).
-pub(crate) async fn lease(shared: &Shared) {
-    let Some(cred) = shared.credential.read().clone() else {
+pub(crate) async fn lease(cp: &Cp) {
+    let Some(cred) = cp.link.credential.read().clone() else {
         return;
     };
-    let addrs: Vec<String> = shared
-        .external_addrs
+    let addrs: Vec<String> = cp
+        .addrs
+        .external
         .read()
         .iter()
         .map(|a| a.to_string())
         .collect();
-    let labels = map_to_labels(&shared.config.labels);
-    let draining = shared.readiness().draining;
-    let result = shared
-        .cp
+    let labels = map_to_labels(&cp.config.labels);
+    let draining = cp.readiness.get().draining;
+    let result = cp
+        .link
         .client
-        .router_lease(
-            &cred,
-            &shared.keypair,
-            addrs,
-            labels,
-            load(shared),
-            draining,
-        )
+        .router_lease(&cred, &cp.keypair, addrs, labels, load(cp), draining)
         .await;
     match result {
         Ok(_) => {
-            shared
-                .metrics
-                .lease
-                .get_or_create(&[("result", "ok")])
-                .inc();
-            shared.update_readiness(|r| r.lease_accepted = true);
+            cp.metrics.lease.get_or_create(&[("result", "ok")]).inc();
+            cp.readiness.update(|r| r.lease_accepted = true);
         }
         Err(e) => {
             tracing::warn!(error = %e, "lease refused or failed");
-            shared
-                .metrics
-                .lease
-                .get_or_create(&[("result", "error")])
-                .inc();
+            cp.metrics.lease.get_or_create(&[("result", "error")]).inc();
         }
     }
 }
 
-async fn directory(shared: &Shared) {
-    let dir = match shared.cp.client.get_directory().await {
+async fn directory(cp: &Cp) {
+    let dir = match cp.link.client.get_directory().await {
         Ok(d) => d,
         Err(e) => {
             tracing::warn!(error = %e, "directory fetch failed");
-            shared
-                .metrics
+            cp.metrics
                 .directory_sync
                 .get_or_create(&[("result", "error")])
                 .inc();
             return;
         }
     };
-    shared
-        .metrics
+    cp.metrics
         .directory_sync
         .get_or_create(&[("result", "ok")])
         .inc();
+    let me = cp.peer_id();
     let routers: Vec<DirectoryRouter> = dir
         .routers
         .iter()
@@ -292,16 +329,17 @@ async fn directory(shared: &Shared) {
                 load: r.load,
             })
         })
-        .filter(|r| r.peer != shared.peer_id)
+        .filter(|r| r.peer != me)
         .collect();
-    let admitted_routers: Vec<PeerId> = shared.admission.read().routers().copied().collect();
-    *shared.router_set.write() = routers
+    let admitted_routers: Vec<PeerId> = cp.admissions.read().routers().copied().collect();
+    *cp.directory.router_set.write() = routers
         .iter()
         .map(|r| r.peer)
         .chain(admitted_routers)
         .collect();
-    *shared.directory.write() = routers;
-    shared.trust.write().set_revocations(&dir.revocations);
+    *cp.directory.routers.write() = routers;
+    cp.link.trust.write().set_revocations(&dir.revocations);
+    cp.directory.wake_mesh();
 }
 
 /// `d` ± 10%.

@@ -11,13 +11,16 @@ use std::time::Duration;
 
 use agentmesh_streams::Control;
 use libp2p::PeerId;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::Purpose;
-use crate::goaway::{Reason, overload, sender};
-use crate::state::Shared;
-use crate::swarm::Command;
+use crate::admission::{AdmissionTable, Admissions, Purpose};
+use crate::config::Config;
+use crate::cp::Cp;
+use crate::goaway::{GoAways, Reason, sender};
+use crate::metrics::Metrics;
+use crate::readiness::ReadinessState;
+use crate::swarm::Commands;
 
 /// How often the grace wait checks whether members are left.
 const POLL: Duration = Duration::from_millis(200);
@@ -50,6 +53,11 @@ impl DrainState {
         *self.requested.borrow()
     }
 
+    /// Whether a drain was asked for, as a watch channel.
+    pub(crate) fn requested(&self) -> watch::Receiver<bool> {
+        self.requested.subscribe()
+    }
+
     /// True once the drain finished and the router closed.
     pub(crate) fn finished(&self) -> watch::Receiver<bool> {
         self.finished.subscribe()
@@ -57,49 +65,56 @@ impl DrainState {
 }
 
 /// Members attached here now.
-fn attached(shared: &Shared) -> Vec<PeerId> {
-    shared
-        .admission
-        .read()
+fn attached(table: &AdmissionTable) -> Vec<PeerId> {
+    table
         .iter()
         .filter(|(_, a)| a.purpose == Purpose::Attach)
         .map(|(p, _)| *p)
         .collect()
 }
 
+/// What a drain works with.
+pub(crate) struct Drain {
+    pub(crate) config: Arc<Config>,
+    pub(crate) state: Arc<DrainState>,
+    pub(crate) admissions: Admissions,
+    pub(crate) readiness: Arc<ReadinessState>,
+    pub(crate) metrics: Metrics,
+    /// For the last lease.
+    pub(crate) cp: Cp,
+    pub(crate) goaways: GoAways,
+    pub(crate) control: Control,
+    pub(crate) commands: Commands,
+}
+
 /// Waits for a drain request, then drains and cancels `cancel` (stopping the router).
-pub(crate) async fn run(
-    shared: Arc<Shared>,
-    control: Control,
-    commands: mpsc::Sender<Command>,
-    cancel: CancellationToken,
-) {
-    let mut requested = shared.drain.requested.subscribe();
+pub(crate) async fn run(d: Drain, cancel: CancellationToken) {
+    let mut requested = d.state.requested.subscribe();
     tokio::select! {
         _ = cancel.cancelled() => return,
         r = requested.wait_for(|v| *v) => if r.is_err() { return },
     }
-    let members = attached(&shared);
-    tracing::info!(members = members.len(), grace = ?shared.config.drain_grace, "draining");
+    let members = attached(&d.admissions.read());
+    tracing::info!(members = members.len(), grace = ?d.config.drain_grace, "draining");
     // The whole drain (lease, go-aways, moving) fits in the grace, so the
     // process ends within `drain_grace` plus the shutdown grace.
-    let end = tokio::time::Instant::now() + shared.config.drain_grace;
-    shared.update_readiness(|r| r.draining = true);
-    shared.metrics.draining.set(1);
+    let end = tokio::time::Instant::now() + d.config.drain_grace;
+    d.readiness.update(|r| r.draining = true);
+    d.metrics.draining.set(1);
 
     // A last lease, so the directory shows this router draining.
-    let lease_deadline = shared
+    let lease_deadline = d
         .config
         .control_plane_rpc_timeout
-        .min(shared.config.drain_grace / 4);
-    if tokio::time::timeout(lease_deadline, crate::cp::lease(&shared))
+        .min(d.config.drain_grace / 4);
+    if tokio::time::timeout(lease_deadline, crate::cp::lease(&d.cp))
         .await
         .is_err()
     {
         tracing::warn!("draining lease timed out; members still get go-away");
     }
 
-    let sending = sender::send_all(&shared, &control, members, Reason::Draining);
+    let sending = sender::send_all(&d.goaways, &d.control, members, Reason::Draining);
     if tokio::time::timeout_at(end, sending).await.is_err() {
         tracing::warn!("drain grace over while sending go-aways");
     }
@@ -108,8 +123,8 @@ pub(crate) async fn run(
     // through this router finish. Whichever comes first: both done, or the
     // grace is over.
     loop {
-        let left = attached(&shared).len();
-        let circuits = shared.metrics.circuits.get();
+        let left = attached(&d.admissions.read()).len();
+        let circuits = d.metrics.circuits.get();
         if left == 0 && circuits <= 0 {
             tracing::info!("every member moved and no circuit is left");
             break;
@@ -123,9 +138,9 @@ pub(crate) async fn run(
             _ = tokio::time::sleep(POLL) => {}
         }
     }
-    let everyone: Vec<PeerId> = shared.admission.read().iter().map(|(p, _)| *p).collect();
-    overload::disconnect(&commands, everyone).await;
+    let everyone: Vec<PeerId> = d.admissions.read().iter().map(|(p, _)| *p).collect();
+    d.commands.disconnect(everyone).await;
     cancel.cancel();
-    shared.drain.finished.send_replace(true);
+    d.state.finished.send_replace(true);
     tracing::info!("drained");
 }

@@ -1,5 +1,5 @@
 //! The metrics listener: `/metrics` (Prometheus text), `/healthz` (the
-//! process runs), `/readyz` (DESIGN.md "Readiness", with the reason),
+//! process runs), `/readyz` (readiness, with the reason when not ready),
 //! `POST /drain` (loopback peers only unless `--drain-http-allow-remote`)
 //! and, in the binary, `/debug/allocator` (jemalloc's statistics report).
 //!
@@ -23,24 +23,36 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::state::Shared;
+use crate::config::Config;
+use crate::drain::DrainState;
+use crate::metrics::Metrics;
+use crate::readiness::ReadinessState;
 
 /// Refused `/drain` requests are logged at most this often (each is counted).
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
+/// What the metrics listener reads and drives.
+#[derive(Clone)]
+pub(crate) struct Http {
+    pub(crate) config: Arc<Config>,
+    pub(crate) metrics: Metrics,
+    pub(crate) readiness: Arc<ReadinessState>,
+    pub(crate) drain: Arc<DrainState>,
+}
+
 #[derive(Clone)]
 struct HttpState {
     registry: Arc<Registry>,
-    shared: Arc<Shared>,
+    ctx: Http,
     /// When a refused `/drain` was last logged (a loop of them must not flood the log).
     refusal_logged: Arc<Mutex<Option<Instant>>>,
 }
 
 impl HttpState {
-    fn new(registry: Arc<Registry>, shared: Arc<Shared>) -> Self {
+    fn new(registry: Arc<Registry>, ctx: Http) -> Self {
         Self {
             registry,
-            shared,
+            ctx,
             refusal_logged: Arc::default(),
         }
     }
@@ -50,7 +62,7 @@ impl HttpState {
 pub(crate) async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
-    shared: Arc<Shared>,
+    ctx: Http,
     cancel: CancellationToken,
 ) {
     let app = Router::new()
@@ -59,7 +71,7 @@ pub(crate) async fn serve(
         .route("/readyz", get(readyz))
         .route("/drain", post(drain))
         .route("/debug/allocator", get(allocator))
-        .with_state(HttpState::new(registry, shared));
+        .with_state(HttpState::new(registry, ctx));
     // The peer address reaches handlers as `ConnectInfo` (for `/drain`).
     let app = app.into_make_service_with_connect_info::<SocketAddr>();
     if let Err(e) = axum::serve(listener, app)
@@ -95,7 +107,7 @@ async fn metrics(State(s): State<HttpState>) -> impl IntoResponse {
 /// `agentmesh_runtime_allocator_*`); 404 in embedded routers, whose
 /// allocator may not be jemalloc.
 async fn allocator(State(s): State<HttpState>) -> impl IntoResponse {
-    if !s.shared.config.runtime_watchdog {
+    if !s.ctx.config.runtime_watchdog {
         return (
             StatusCode::NOT_FOUND,
             "no allocator report here\n".to_string(),
@@ -150,8 +162,8 @@ async fn drain(
     State(s): State<HttpState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
 ) -> (StatusCode, String) {
-    if let Err(why) = drain_allowed(peer.ip(), s.shared.config.drain_http_allow_remote) {
-        s.shared.metrics.http_refused("drain", why.as_str());
+    if let Err(why) = drain_allowed(peer.ip(), s.ctx.config.drain_http_allow_remote) {
+        s.ctx.metrics.http_refused("drain", why.as_str());
         let now = Instant::now();
         let due = {
             let mut last = s.refusal_logged.lock();
@@ -178,14 +190,14 @@ async fn drain(
             ),
         );
     }
-    if s.shared.drain.request() {
+    if s.ctx.drain.request() {
         tracing::info!(%peer, "drain requested over HTTP");
     }
     (StatusCode::ACCEPTED, "draining\n".to_string())
 }
 
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
-    match s.shared.readiness().reason() {
+    match s.ctx.readiness.get().reason() {
         None => (StatusCode::OK, "ready\n".to_string()),
         Some(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -227,46 +239,57 @@ mod tests {
         }
     }
 
-    fn refusals(shared: &Shared) -> u64 {
-        shared
-            .metrics
+    fn http(adjust: impl FnOnce(&mut Config)) -> Http {
+        let mut config = Config::default();
+        adjust(&mut config);
+        let metrics = Metrics::new(&mut Registry::default());
+        Http {
+            config: Arc::new(config),
+            readiness: Arc::new(ReadinessState::new(metrics.ready.clone())),
+            metrics,
+            drain: Arc::default(),
+        }
+    }
+
+    fn refusals(ctx: &Http) -> u64 {
+        ctx.metrics
             .http_refused
             .get_or_create(&[("endpoint", "drain"), ("reason", "not_loopback")])
             .get()
     }
 
-    async fn post_drain(shared: &Arc<Shared>, from: &str) -> (StatusCode, String) {
-        let state = HttpState::new(Arc::new(Registry::default()), shared.clone());
+    async fn post_drain(ctx: &Http, from: &str) -> (StatusCode, String) {
+        let state = HttpState::new(Arc::new(Registry::default()), ctx.clone());
         let peer = SocketAddr::new(ip(from), 40_000);
         drain(State(state), ConnectInfo(peer)).await
     }
 
     #[tokio::test]
     async fn a_remote_drain_is_refused_with_a_reason_and_counted_and_does_not_drain() {
-        let shared = crate::test_support::shared(|_| {});
-        let (status, body) = post_drain(&shared, "10.0.0.7").await;
+        let ctx = http(|_| {});
+        let (status, body) = post_drain(&ctx, "10.0.0.7").await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
         assert!(body.contains("only from a loopback address"), "{body}");
         assert!(body.contains("10.0.0.7"), "{body}");
         assert!(body.contains("--drain-http-allow-remote"), "{body}");
-        assert_eq!(refusals(&shared), 1);
+        assert_eq!(refusals(&ctx), 1);
         assert!(
-            !shared.drain.is_requested(),
+            !ctx.drain.is_requested(),
             "a refused request started a drain"
         );
 
-        let (status, body) = post_drain(&shared, "::ffff:127.0.0.1").await;
+        let (status, body) = post_drain(&ctx, "::ffff:127.0.0.1").await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        assert!(shared.drain.is_requested());
-        assert_eq!(refusals(&shared), 1, "an accepted drain is not a refusal");
+        assert!(ctx.drain.is_requested());
+        assert_eq!(refusals(&ctx), 1, "an accepted drain is not a refusal");
     }
 
     #[tokio::test]
     async fn with_remote_allowed_any_peer_drains() {
-        let shared = crate::test_support::shared(|c| c.drain_http_allow_remote = true);
-        let (status, body) = post_drain(&shared, "10.0.0.7").await;
+        let ctx = http(|c| c.drain_http_allow_remote = true);
+        let (status, body) = post_drain(&ctx, "10.0.0.7").await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-        assert!(shared.drain.is_requested());
-        assert_eq!(refusals(&shared), 0);
+        assert!(ctx.drain.is_requested());
+        assert_eq!(refusals(&ctx), 0);
     }
 }

@@ -7,23 +7,25 @@
 //! and a graceful [`RouterHandle::shutdown`]. Every task lives in the
 //! handle's `JoinSet`, so dropping the handle aborts them all.
 
+mod addrs;
 pub mod admission;
 mod auth;
 mod catalog;
 pub mod config;
 mod cp;
+mod directory;
 mod drain;
 mod frames;
 mod goaway;
 mod http;
 pub mod identity;
-mod mesh;
 mod metrics;
+mod protocols;
+mod readiness;
 mod relay;
 mod relay_capacity;
 mod resources;
 mod shrink;
-mod state;
 mod streams;
 mod swarm;
 #[cfg(test)]
@@ -38,7 +40,7 @@ use std::time::Duration;
 
 use agentmesh_controlplane::client::{Client, ClientConfig, ClientError};
 use futures::StreamExt;
-use libp2p::multiaddr::Protocol;
+use libp2p::identity::Keypair;
 use libp2p::swarm::SwarmEvent;
 use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use prometheus_client::registry::Registry;
@@ -50,11 +52,12 @@ pub use catalog::service_key;
 pub use config::Config;
 pub use frames::WireError;
 pub use identity::IdentityError;
+pub use protocols::KAD_PROTOCOL;
 pub use relay_capacity::capacity_layer as relay_capacity_layer;
 pub use resources::config as resource_config;
-pub use swarm::{BuildError, KAD_PROTOCOL};
+pub use swarm::BuildError;
 
-/// Commands queued to the swarm loop at most.
+/// Commands queued to the swarm loop at most (and, apart, provider searches).
 const COMMAND_QUEUE: usize = 256;
 /// How long `spawn` waits for every listener to report its address.
 const LISTEN_DEADLINE: Duration = Duration::from_secs(10);
@@ -105,7 +108,9 @@ pub enum SpawnError {
 /// A running router.
 pub struct RouterHandle {
     peer_id: PeerId,
-    shared: Arc<state::Shared>,
+    addrs: Arc<addrs::Addrs>,
+    sizing: config::Sizing,
+    drain: Arc<drain::DrainState>,
     metrics_addr: Option<SocketAddr>,
     ready: watch::Receiver<bool>,
     registry: Arc<Registry>,
@@ -121,18 +126,18 @@ impl RouterHandle {
 
     /// Bound listen addresses, with real ports.
     pub fn listen_addrs(&self) -> Vec<Multiaddr> {
-        self.shared.listen_addrs.read().clone()
+        self.addrs.listen.read().clone()
     }
 
     /// Addresses announced to members (external addresses).
     pub fn external_addrs(&self) -> Vec<Multiaddr> {
-        self.shared.external_addrs.read().clone()
+        self.addrs.external.read().clone()
     }
 
     /// The watermarks and relay reservation cap in effect (flags, else sized
     /// from the memory budget at start).
     pub fn sizing(&self) -> config::Sizing {
-        self.shared.sizing
+        self.sizing
     }
 
     /// The bound metrics listener, if one was configured.
@@ -140,7 +145,9 @@ impl RouterHandle {
         self.metrics_addr
     }
 
-    /// Readiness as a watch channel (true once ready, see DESIGN.md).
+    /// Readiness as a watch channel: true once the router listens, has an
+    /// external address, holds the control plane's keys and had a lease
+    /// accepted; false again for good once it drains.
     pub fn ready(&self) -> watch::Receiver<bool> {
         self.ready.clone()
     }
@@ -160,14 +167,14 @@ impl RouterHandle {
     /// connection closes and the router stops. Returns at once; idempotent.
     /// Watch [`RouterHandle::drained`] for the end.
     pub fn drain(&self) {
-        if self.shared.drain.request() {
+        if self.drain.request() {
             tracing::info!("drain requested");
         }
     }
 
     /// True once a drain finished and the router closed its connections.
     pub fn drained(&self) -> watch::Receiver<bool> {
-        self.shared.drain.finished()
+        self.drain.finished()
     }
 
     /// Stops every task, waiting up to a short grace period.
@@ -185,17 +192,112 @@ impl RouterHandle {
     }
 }
 
-/// The external address for `bound` when the listener was configured as
-/// `configured`: the bound address if the configured IP is specific (e.g.
-/// loopback), else none (0.0.0.0 needs `--external-addr`).
-pub(crate) fn derive_external(configured: &Multiaddr, bound: &Multiaddr) -> Option<Multiaddr> {
-    let specific = configured.iter().any(|p| match p {
-        Protocol::Ip4(ip) => !ip.is_unspecified(),
-        Protocol::Ip6(ip) => !ip.is_unspecified(),
-        Protocol::Dns(_) | Protocol::Dns4(_) | Protocol::Dns6(_) => true,
-        _ => false,
-    });
-    specific.then(|| bound.clone())
+/// The router's state, one component per concern; each task gets the
+/// components it needs (see [`spawn`]), never the whole set.
+pub(crate) struct Components {
+    pub(crate) config: Arc<Config>,
+    pub(crate) sizing: config::Sizing,
+    pub(crate) keypair: Keypair,
+    pub(crate) peer_id: PeerId,
+    pub(crate) metrics: metrics::Metrics,
+    pub(crate) link: Arc<cp::Link>,
+    pub(crate) admissions: admission::Admissions,
+    pub(crate) catalog: Arc<catalog::Catalog>,
+    pub(crate) directory: Arc<directory::Directory>,
+    pub(crate) addrs: Arc<addrs::Addrs>,
+    pub(crate) resources: Arc<resources::ResourceManager>,
+    pub(crate) drain: Arc<drain::DrainState>,
+    pub(crate) readiness: Arc<readiness::ReadinessState>,
+}
+
+impl Components {
+    /// The components of a router that has not started anything yet.
+    pub(crate) fn new(
+        config: Config,
+        sizing: config::Sizing,
+        keypair: Keypair,
+        metrics: metrics::Metrics,
+        link: cp::Link,
+        resources: Arc<resources::ResourceManager>,
+    ) -> Self {
+        let admissions = admission::Admissions::default();
+        let table = admissions.clone();
+        resources.set_admitted(Box::new(move |peer| table.read().get(peer).is_some()));
+        Self {
+            catalog: Arc::new(catalog::Catalog::new(config.catalog_max_records)),
+            config: Arc::new(config),
+            sizing,
+            peer_id: keypair.public().to_peer_id(),
+            keypair,
+            readiness: Arc::new(readiness::ReadinessState::new(metrics.ready.clone())),
+            metrics,
+            link: Arc::new(link),
+            admissions,
+            directory: Arc::default(),
+            addrs: Arc::default(),
+            resources,
+            drain: Arc::default(),
+        }
+    }
+
+    fn goaways(&self) -> goaway::GoAways {
+        goaway::GoAways {
+            config: self.config.clone(),
+            me: self.peer_id,
+            directory: self.directory.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    fn cp(&self) -> cp::Cp {
+        cp::Cp {
+            config: self.config.clone(),
+            keypair: self.keypair.clone(),
+            sizing: self.sizing,
+            link: self.link.clone(),
+            metrics: self.metrics.clone(),
+            admissions: self.admissions.clone(),
+            directory: self.directory.clone(),
+            readiness: self.readiness.clone(),
+            addrs: self.addrs.clone(),
+        }
+    }
+
+    /// What the swarm loop works with.
+    pub(crate) fn swarm_parts(&self) -> swarm::event_loop::Parts {
+        swarm::event_loop::Parts {
+            config: self.config.clone(),
+            sizing: self.sizing,
+            metrics: self.metrics.clone(),
+            admissions: self.admissions.clone(),
+            link: self.link.clone(),
+            catalog: self.catalog.clone(),
+            directory: self.directory.clone(),
+            resources: self.resources.clone(),
+            addrs: self.addrs.clone(),
+        }
+    }
+
+    /// The swarm, built from the config, the identity and the limits.
+    pub(crate) fn build_swarm(&self) -> Result<libp2p::Swarm<swarm::Behaviour>, swarm::BuildError> {
+        swarm::build(swarm::BuildParts {
+            config: &self.config,
+            sizing: &self.sizing,
+            keypair: &self.keypair,
+            admissions: &self.admissions,
+            router_set: &self.directory.router_set,
+            resources: &self.resources,
+        })
+    }
+}
+
+/// The router's metrics, with every module's label values pre-created.
+pub(crate) fn register_metrics(registry: &mut Registry) -> metrics::Metrics {
+    let m = metrics::Metrics::new(registry);
+    goaway::precreate_labels(&m);
+    trim::precreate_labels(&m);
+    catalog::precreate_labels(&m);
+    m
 }
 
 /// Starts a router: loads (or creates) its key, binds its listeners and the
@@ -224,10 +326,30 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     })?;
 
     let mut registry = Registry::default();
-    let metrics = metrics::Metrics::new(&mut registry);
+    let metrics = register_metrics(&mut registry);
     let p2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
-    let (resources, sizing) =
-        resources::start(&config, &mut registry, metrics.refused.clone()).await?;
+    let (resources, sizing) = resources::start(
+        &config.resources,
+        |budget| {
+            let sizing = config.sizing(budget);
+            (sizing, config.watermarks(&sizing))
+        },
+        &mut registry,
+        metrics.refused.clone(),
+    )
+    .await?;
+    tracing::info!(
+        high_watermark = sizing.high_watermark,
+        low_watermark = sizing.low_watermark,
+        relay_max_reservations = sizing.relay_max_reservations,
+        from = if sizing.sized_from_memory {
+            "memory budget"
+        } else {
+            "--high-watermark"
+        },
+        high_watermark_memory_percent = config.high_watermark_memory_percent,
+        "watermarks"
+    );
     let stall_probe = config
         .runtime_watchdog
         .then(|| agentmesh_runtime::watchdog::StallMetrics::register(&mut registry));
@@ -242,19 +364,20 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
                 .clone(),
         );
     }
-    goaway::check_watermarks(&sizing, resources.budgets());
+    config::check_watermarks(&sizing, resources.budgets());
     metrics::register_sizing(&mut registry, &sizing);
-    let (shared, ready) = state::Shared::new(
+    let c = Components::new(
         config,
         sizing,
         keypair,
         metrics,
-        cp::ControlPlane::new(client),
+        cp::Link::new(client),
         resources,
     );
-    let peer_id = shared.peer_id;
+    let peer_id = c.peer_id;
+    let ready = c.readiness.watch();
 
-    let mut swarm = swarm::build(&shared)?;
+    let mut swarm = c.build_swarm()?;
     swarm.behaviour().stream.register_metrics(&mut registry);
     let registry = Arc::new(registry);
     let mut control = swarm.behaviour().stream.new_control();
@@ -273,7 +396,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
 
     // Bind every listener and wait for its first address.
     let mut listeners = HashMap::new();
-    for addr in &shared.config.listen {
+    for addr in &c.config.listen {
         let id = swarm
             .listen_on(addr.clone())
             .map_err(|e| SpawnError::Listen {
@@ -297,14 +420,14 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
                 address,
             } => {
                 pending.remove(&listener_id);
-                shared.listen_addrs.write().push(address.clone());
-                if shared.config.external_addr.is_empty()
+                c.addrs.listen.write().push(address.clone());
+                if c.config.external_addr.is_empty()
                     && let Some(ext) = listeners
                         .get(&listener_id)
-                        .and_then(|c| derive_external(c, &address))
+                        .and_then(|l| addrs::derive_external(l, &address))
                 {
                     swarm.add_external_address(ext.clone());
-                    shared.external_addrs.write().push(ext);
+                    c.addrs.external.write().push(ext);
                 }
             }
             SwarmEvent::ListenerClosed {
@@ -334,17 +457,17 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
             _ => {}
         }
     }
-    for ext in &shared.config.external_addr {
+    for ext in &c.config.external_addr {
         swarm.add_external_address(ext.clone());
-        shared.external_addrs.write().push(ext.clone());
+        c.addrs.external.write().push(ext.clone());
     }
-    let has_external = !shared.external_addrs.read().is_empty();
+    let has_external = !c.addrs.external.read().is_empty();
     if !has_external {
         tracing::warn!(
             "no external address: the relay stays off and the router is not ready (set --external-addr)"
         );
     }
-    shared.update_readiness(|r| {
+    c.readiness.update(|r| {
         r.listening = true;
         r.external_addr = has_external;
     });
@@ -352,7 +475,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     let cancel = CancellationToken::new();
     let mut tasks = JoinSet::new();
 
-    let metrics_addr = match shared.config.metrics_addr {
+    let metrics_addr = match c.config.metrics_addr {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
@@ -360,10 +483,16 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
             let bound = listener
                 .local_addr()
                 .map_err(|source| SpawnError::Metrics { addr, source })?;
+            let http = http::Http {
+                config: c.config.clone(),
+                metrics: c.metrics.clone(),
+                readiness: c.readiness.clone(),
+                drain: c.drain.clone(),
+            };
             tasks.spawn(http::serve(
                 listener,
                 registry.clone(),
-                shared.clone(),
+                http,
                 cancel.clone(),
             ));
             Some(bound)
@@ -372,10 +501,13 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     };
 
     let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
+    let (query_tx, query_rx) = mpsc::channel(COMMAND_QUEUE);
+    let commands = swarm::Commands(cmd_tx);
     let event_loop = swarm::event_loop::EventLoop::new(
         swarm,
-        shared.clone(),
+        c.swarm_parts(),
         cmd_rx,
+        query_rx,
         p2p_metrics,
         control.clone(),
         listeners,
@@ -389,45 +521,74 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         });
     }
     tasks.spawn(event_loop.run(cancel.clone()));
-    tasks.spawn(goaway::overload::run(
-        shared.clone(),
-        control.clone(),
-        cmd_tx.clone(),
-        cancel.clone(),
-    ));
-    tasks.spawn(drain::run(
-        shared.clone(),
-        control.clone(),
-        cmd_tx.clone(),
-        cancel.clone(),
-    ));
-    tasks.spawn(cp::run(shared.clone(), cancel.clone()));
+    let trim = trim::Trim {
+        config: c.config.clone(),
+        sizing: c.sizing,
+        me: peer_id,
+        admissions: c.admissions.clone(),
+        drain: c.drain.clone(),
+        goaways: c.goaways(),
+        metrics: c.metrics.clone(),
+        control: control.clone(),
+        commands: commands.clone(),
+    };
+    tasks.spawn(trim::run(trim, cancel.clone()));
+    let drain = drain::Drain {
+        config: c.config.clone(),
+        state: c.drain.clone(),
+        admissions: c.admissions.clone(),
+        readiness: c.readiness.clone(),
+        metrics: c.metrics.clone(),
+        cp: c.cp(),
+        goaways: c.goaways(),
+        control: control.clone(),
+        commands,
+    };
+    tasks.spawn(drain::run(drain, cancel.clone()));
+    tasks.spawn(cp::run(c.cp(), cancel.clone()));
+    let auth = auth::server::AuthServer {
+        config: c.config.clone(),
+        sizing: c.sizing,
+        link: c.link.clone(),
+        admissions: c.admissions.clone(),
+        resources: c.resources.clone(),
+        directory: c.directory.clone(),
+        goaways: c.goaways(),
+        metrics: c.metrics.clone(),
+        draining: c.drain.requested(),
+    };
     tasks.spawn(streams::accept_loop(
-        shared.clone(),
+        c.metrics.clone(),
         auth_in,
-        shared.config.auth_max_inflight_streams,
+        c.config.auth_max_inflight_streams,
         "auth",
         cancel.clone(),
-        auth::server::serve,
+        move |peer, stream| auth::server::serve(auth.clone(), peer, stream),
     ));
     let ctx = catalog::server::CatalogCtx {
-        shared: shared.clone(),
-        commands: cmd_tx,
+        config: c.config.clone(),
+        me: peer_id,
+        metrics: c.metrics.clone(),
+        admissions: c.admissions.clone(),
+        catalog: c.catalog.clone(),
+        providers: query_tx,
         control,
     };
     tasks.spawn(streams::accept_loop(
-        shared.clone(),
+        c.metrics.clone(),
         catalog_in,
-        shared.config.catalog_max_inflight_streams,
+        c.config.catalog_max_inflight_streams,
         "catalog",
         cancel.clone(),
-        move |_, peer, stream| catalog::server::serve(ctx.clone(), peer, stream),
+        move |peer, stream| catalog::server::serve(ctx.clone(), peer, stream),
     ));
 
-    tracing::info!(%peer_id, listen = ?shared.listen_addrs.read(), "router started");
+    tracing::info!(%peer_id, listen = ?c.addrs.listen.read(), "router started");
     Ok(RouterHandle {
         peer_id,
-        shared,
+        addrs: c.addrs.clone(),
+        sizing: c.sizing,
+        drain: c.drain.clone(),
         metrics_addr,
         ready,
         registry,

@@ -1,5 +1,8 @@
 //! The router's metrics (`agentmesh_router_*`), every label value created at
-//! startup so rates read 0 before anything happens.
+//! startup so rates read 0 before anything happens: the labels this module
+//! knows here, those of a module's own vocabulary (go-away reasons, trim
+//! reasons, provider-search outcomes) by that module, all before the first
+//! task starts.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -7,6 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::admission::Purpose;
+use crate::admission::conns;
 
 /// Two labels.
 pub(crate) type L2 = [(&'static str, &'static str); 2];
@@ -37,11 +41,6 @@ pub(crate) const AUTH_RESULTS: &[&str] = &[
 /// `disconnected` is an admission whose peer had no connection left (found
 /// by the swarm loop's sweep; nothing to close).
 pub(crate) const CLOSE_REASONS: &[&str] = &["auth_deadline", "revoked", "expired", "disconnected"];
-
-/// Connection states.
-pub(crate) const CONN_STATES: &[&str] = &["unauthenticated", "admitted"];
-/// Connection directions.
-pub(crate) const DIRECTIONS: &[&str] = &["inbound", "outbound"];
 
 /// Catalog operations.
 pub(crate) const CATALOG_OPS: &[&str] = &["publish", "withdraw", "lookup", "local_lookup"];
@@ -225,11 +224,6 @@ impl Metrics {
              change and periodically",
             m.provide_failures.clone(),
         );
-        for o in crate::swarm::providers::Outcome::ALL {
-            let _ = m
-                .provider_searches
-                .get_or_create(&[("outcome", o.as_str())]);
-        }
         r.register(
             "agentmesh_router_lease",
             "Router leases by result",
@@ -287,19 +281,9 @@ impl Metrics {
                 .http_refused
                 .get_or_create(&[("endpoint", endpoint), ("reason", reason)]);
         }
-        for reason in crate::goaway::REASONS {
-            for res in crate::goaway::RESULTS {
-                let _ = m
-                    .goaway_sent
-                    .get_or_create(&[("reason", reason.as_str()), ("result", res)]);
-            }
-        }
-        for reason in crate::trim::REASONS {
-            let _ = m.trimmed.get_or_create(&[("reason", reason.as_str())]);
-        }
 
-        for s in CONN_STATES {
-            for d in DIRECTIONS {
+        for s in conns::STATES {
+            for d in conns::DIRECTIONS {
                 let _ = m
                     .connections
                     .get_or_create(&[("state", s), ("direction", d)]);
@@ -351,10 +335,10 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts one request for a service's provider routers.
-    pub(crate) fn provider_search(&self, outcome: crate::swarm::providers::Outcome) {
+    /// Counts one request for a service's provider routers by its outcome label.
+    pub(crate) fn provider_search(&self, outcome: &'static str) {
         self.provider_searches
-            .get_or_create(&[("outcome", outcome.as_str())])
+            .get_or_create(&[("outcome", outcome)])
             .inc();
     }
 
@@ -392,11 +376,7 @@ mod tests {
     fn the_labels_of_ghosts_unknown_catalog_ops_and_refused_announcements_read_zero() {
         let mut registry = Registry::default();
         let m = Metrics::new(&mut registry);
-        let budgets = crate::resources::budgets(
-            &crate::Config::default(),
-            &crate::Config::default().sizing(64 << 20),
-            64 << 20,
-        );
+        let budgets = crate::resources::budgets_of(&Default::default(), 64 << 20);
         let _resources =
             crate::resources::ResourceManager::new(budgets, &mut registry, m.refused.clone());
         let mut text = String::new();

@@ -1,40 +1,30 @@
-//! The relay v2 server's configuration with the admission ACL in front:
-//! a reservation needs a peer admitted to attach; a circuit needs its source
-//! admitted (transit is enough). The destination holds a reservation, so it
-//! was admitted to attach; a peer that loses its admission is disconnected,
-//! which ends its reservation.
+//! The relay v2 server's configuration, with admission's relay ACL
+//! (`admission::relay`) as its first rate limiters, and the counts of live
+//! reservations and circuits behind their gauges.
 
-use std::sync::Arc;
-
-use agentmesh_proto::unix_now;
 use libp2p::relay;
 
-use crate::state::Shared;
+use crate::admission::{Admissions, relay as acl};
+use crate::config::{Config, Sizing};
 
-/// Builds the relay configuration from the router's config and shared state.
-pub(crate) fn config(shared: &Arc<Shared>) -> relay::Config {
-    let c = &shared.config;
-    let for_reservations = shared.clone();
-    let for_circuits = shared.clone();
+/// Builds the relay configuration from the router's config, the sizing in
+/// effect and the admission table its ACL reads.
+pub(crate) fn config(c: &Config, sizing: &Sizing, admissions: &Admissions) -> relay::Config {
+    let for_reservations = admissions.clone();
+    let for_circuits = admissions.clone();
     relay::Config {
-        max_reservations: shared.sizing.relay_max_reservations,
+        max_reservations: sizing.relay_max_reservations,
         max_reservations_per_peer: c.relay_max_reservations_per_peer,
         reservation_duration: c.relay_reservation_duration,
         reservation_rate_limiters: vec![Box::new(move |peer, _addr: &libp2p::Multiaddr, _now| {
-            for_reservations
-                .admission
-                .read()
-                .may_reserve(&peer, unix_now())
+            acl::may_reserve(&for_reservations, &peer)
         })],
         max_circuits: c.relay_max_circuits,
         max_circuits_per_peer: c.relay_max_circuits_per_peer,
         max_circuit_duration: c.relay_circuit_duration,
         max_circuit_bytes: c.effective_circuit_bytes(),
         circuit_src_rate_limiters: vec![Box::new(move |peer, _addr: &libp2p::Multiaddr, _now| {
-            for_circuits
-                .admission
-                .read()
-                .may_open_circuit(&peer, unix_now())
+            acl::may_open_circuit(&for_circuits, &peer)
         })],
     }
 }
@@ -134,11 +124,14 @@ mod tests {
 
     #[test]
     fn reservations_per_peer_come_from_the_config() {
-        let shared = crate::test_support::shared(|c| c.relay_max_reservations_per_peer = 2);
-        assert_eq!(config(&shared).max_reservations_per_peer, 2);
-        let shared = crate::test_support::shared(|_| {});
+        let config_of = |c: &Config| config(c, &c.sizing(64 << 20), &Admissions::default());
+        let c = Config {
+            relay_max_reservations_per_peer: 2,
+            ..Default::default()
+        };
+        assert_eq!(config_of(&c).max_reservations_per_peer, 2);
         assert_eq!(
-            config(&shared).max_reservations_per_peer,
+            config_of(&Config::default()).max_reservations_per_peer,
             crate::config::DEFAULT_RELAY_MAX_RESERVATIONS_PER_PEER
         );
     }

@@ -12,19 +12,19 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::state::Shared;
+use crate::metrics::Metrics;
 
 /// Serves streams from `incoming` with at most `max_inflight` at once;
 /// `protocol` names the metric label of refusals.
 pub(crate) async fn accept_loop<F, Fut>(
-    shared: Arc<Shared>,
+    metrics: Metrics,
     mut incoming: IncomingStreams,
     max_inflight: usize,
     protocol: &'static str,
     cancel: CancellationToken,
     serve: F,
 ) where
-    F: Fn(Arc<Shared>, PeerId, Stream) -> Fut,
+    F: Fn(PeerId, Stream) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let permits = Arc::new(Semaphore::new(max_inflight.max(1)));
@@ -39,14 +39,14 @@ pub(crate) async fn accept_loop<F, Fut>(
                 let peer = info.peer;
                 match permits.clone().try_acquire_owned() {
                     Ok(permit) => {
-                        let fut = serve(shared.clone(), peer, stream);
+                        let fut = serve(peer, stream);
                         tasks.spawn(async move {
                             fut.await;
                             drop(permit);
                         });
                     }
                     Err(_) => {
-                        shared.metrics.stream_refused(protocol);
+                        metrics.stream_refused(protocol);
                         tracing::debug!(%peer, protocol, "too many streams in flight; dropping one");
                         drop(stream);
                     }

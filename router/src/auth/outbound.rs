@@ -8,8 +8,8 @@ use futures::AsyncWriteExt;
 use libp2p::{PeerId, StreamProtocol};
 
 use super::wire;
+use crate::cp::Link;
 use crate::frames::WireError;
-use crate::state::Shared;
 
 /// Why authenticating to another router failed.
 #[derive(Debug, thiserror::Error)]
@@ -54,12 +54,12 @@ pub(crate) enum OutboundAuthError {
 /// Shows this router's credential to `peer` with purpose router; returns
 /// the admission's end (Unix seconds).
 pub(crate) async fn authenticate(
-    shared: &Shared,
+    link: &Link,
     control: &mut Control,
     peer: PeerId,
     deadline: Duration,
 ) -> Result<i64, OutboundAuthError> {
-    let credential = shared
+    let credential = link
         .credential
         .read()
         .clone()

@@ -1,19 +1,70 @@
-//! `/agentmesh/catalog/1`: members publish signed service records to their
-//! routers; a lookup asks the member's router, which answers from its own
-//! members' records and from the routers the router DHT names as providers.
+//! `/agentmesh/catalog/1` and the router DHT behind it: members publish
+//! signed service records to their routers; a lookup asks the member's
+//! router, which answers from its own members' records and from the
+//! routers the router DHT names as providers.
 //!
-//! - `store`: the records (pure).
+//! - `store`: the records of this router's members (pure).
+//! - `provided`: which service keys this router announces in the DHT.
+//! - `providers`: provider searches in the DHT, one per service at a time.
 //! - `wire`: the frames.
 //! - `server`: serving one stream (publish, withdraw, lookup, local lookup).
+//!
+//! The swarm loop owns the DHT: it runs the searches [`ProviderQuery`]
+//! asks for and announces what the store holds when [`Catalog::changed`]
+//! wakes it.
 
+pub(crate) mod provided;
+pub(crate) mod providers;
 pub(crate) mod server;
 pub(crate) mod store;
 pub(crate) mod wire;
 
+use libp2p::PeerId;
 use libp2p::kad::RecordKey;
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
+use tokio::sync::{Notify, oneshot};
+
+use crate::metrics::Metrics;
+use store::CatalogStore;
 
 /// The DHT key under which routers provide service `name`: SHA-256 of it.
 pub fn service_key(name: &str) -> RecordKey {
     RecordKey::new(&Sha256::digest(name.as_bytes()))
+}
+
+/// The records of this router's members, as the catalog server (writes)
+/// and the swarm loop (expiry, announcements) share them.
+#[derive(Debug)]
+pub(crate) struct Catalog {
+    pub(crate) store: Mutex<CatalogStore>,
+    /// Woken when the set of services held changes.
+    pub(crate) changed: Notify,
+}
+
+impl Catalog {
+    /// An empty catalog of at most `max_records` records.
+    pub(crate) fn new(max_records: usize) -> Self {
+        Self {
+            store: Mutex::new(CatalogStore::new(max_records)),
+            changed: Notify::new(),
+        }
+    }
+}
+
+/// A request to the swarm loop for the routers that provide `key` per the
+/// router DHT (this one included).
+#[derive(Debug)]
+pub(crate) struct ProviderQuery {
+    pub(crate) key: RecordKey,
+    pub(crate) reply: oneshot::Sender<Vec<PeerId>>,
+}
+
+/// Pre-creates every outcome of `agentmesh_router_catalog_provider_searches_total`.
+pub(crate) fn precreate_labels(metrics: &Metrics) {
+    for o in providers::Outcome::ALL {
+        let _ = metrics
+            .provider_searches
+            .get_or_create(&[("outcome", o.as_str())]);
+    }
 }

@@ -23,10 +23,10 @@ use libp2p::{PeerId, StreamProtocol};
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{service_key, wire};
-use crate::metrics::UNKNOWN_OP;
-use crate::state::Shared;
-use crate::swarm::Command;
+use super::{Catalog, ProviderQuery, service_key, wire};
+use crate::admission::Admissions;
+use crate::config::Config;
+use crate::metrics::{Metrics, UNKNOWN_OP};
 
 /// Provider routers asked per lookup at most.
 const MAX_ROUTERS_PER_LOOKUP: usize = 8;
@@ -34,11 +34,17 @@ const MAX_ROUTERS_PER_LOOKUP: usize = 8;
 /// Room left in an answer frame for framing overhead.
 const FRAME_SLACK_BYTES: usize = 1024;
 
-/// What catalog streams need besides shared state.
+/// What serving catalog streams needs.
 #[derive(Clone)]
 pub(crate) struct CatalogCtx {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) commands: mpsc::Sender<Command>,
+    pub(crate) config: Arc<Config>,
+    /// This router.
+    pub(crate) me: PeerId,
+    pub(crate) metrics: Metrics,
+    pub(crate) admissions: Admissions,
+    pub(crate) catalog: Arc<Catalog>,
+    /// Provider searches, run by the swarm loop.
+    pub(crate) providers: mpsc::Sender<ProviderQuery>,
     pub(crate) control: agentmesh_streams::Control,
 }
 
@@ -47,13 +53,12 @@ pub(crate) async fn serve<S>(ctx: CatalogCtx, peer: PeerId, mut stream: S)
 where
     S: futures::AsyncRead + futures::AsyncWrite + Unpin,
 {
-    let shared = ctx.shared.clone();
-    let t = shared.config.stream_timeout;
+    let t = ctx.config.stream_timeout;
     let req = match wire::read_request(&mut stream, t).await {
         Ok(r) => r,
         Err(e) => {
             if e.is_malformed() {
-                shared.metrics.catalog(UNKNOWN_OP, "malformed");
+                ctx.metrics.catalog(UNKNOWN_OP, "malformed");
                 let _ = wire::write_error(&mut stream, format!("malformed request: {e}"), t).await;
             }
             tracing::debug!(%peer, error = %e, "catalog request unreadable");
@@ -63,35 +68,34 @@ where
     let now = unix_now();
     let result = match req.op {
         Some(catalog_request::Op::Publish(signed)) => {
-            let r = publish(&shared, peer, signed, now);
-            shared.metrics.catalog("publish", result_label(&r));
+            let r = publish(&ctx, peer, signed, now);
+            ctx.metrics.catalog("publish", result_label(&r));
             match r {
                 Ok(exp) => wire::write_ack(&mut stream, exp, t).await,
                 Err((_, reason)) => wire::write_error(&mut stream, reason, t).await,
             }
         }
         Some(catalog_request::Op::Withdraw(_)) => {
-            if shared.catalog.lock().remove(&peer) {
-                shared.catalog_changed.notify_one();
+            if ctx.catalog.store.lock().remove(&peer) {
+                ctx.catalog.changed.notify_one();
             }
-            shared.metrics.catalog("withdraw", "ok");
+            ctx.metrics.catalog("withdraw", "ok");
             wire::write_ack(&mut stream, 0, t).await
         }
         Some(catalog_request::Op::Lookup(l)) => {
-            if !shared.admission.read().is_admitted(&peer, now) {
-                shared.metrics.catalog("lookup", "refused");
+            if !ctx.admissions.read().is_admitted(&peer, now) {
+                ctx.metrics.catalog("lookup", "refused");
                 wire::write_error(&mut stream, "not admitted".into(), t).await
             } else {
                 let (records, complete) = lookup(&ctx, &l).await;
-                shared
-                    .metrics
+                ctx.metrics
                     .catalog("lookup", if complete { "ok" } else { "partial" });
                 wire::write_records(&mut stream, records, t).await
             }
         }
         Some(catalog_request::Op::LocalLookup(l)) => {
-            if !shared.admission.read().is_router(&peer, now) {
-                shared.metrics.catalog("local_lookup", "refused");
+            if !ctx.admissions.read().is_router(&peer, now) {
+                ctx.metrics.catalog("local_lookup", "refused");
                 wire::write_error(
                     &mut stream,
                     "local_lookup is for admitted routers".into(),
@@ -99,13 +103,13 @@ where
                 )
                 .await
             } else {
-                let records = local(&shared, &l, now);
-                shared.metrics.catalog("local_lookup", "ok");
+                let records = local(&ctx, &l, now);
+                ctx.metrics.catalog("local_lookup", "ok");
                 wire::write_records(&mut stream, records, t).await
             }
         }
         None => {
-            shared.metrics.catalog(UNKNOWN_OP, "malformed");
+            ctx.metrics.catalog(UNKNOWN_OP, "malformed");
             wire::write_error(&mut stream, "request names no operation".into(), t).await
         }
     };
@@ -123,12 +127,12 @@ fn result_label(r: &Result<i64, (&'static str, String)>) -> &'static str {
 }
 
 fn publish(
-    shared: &Shared,
+    ctx: &CatalogCtx,
     peer: PeerId,
     signed: SignedRecord,
     now: i64,
 ) -> Result<i64, (&'static str, String)> {
-    if !shared.admission.read().may_reserve(&peer, now) {
+    if !ctx.admissions.read().may_reserve(&peer, now) {
         return Err(("refused", "publish needs an admitted attach".into()));
     }
     let (record, provider) =
@@ -136,26 +140,27 @@ fn publish(
     if provider != peer {
         return Err(("refused", "record names another provider".into()));
     }
-    let exp = shared
+    let exp = ctx
         .catalog
+        .store
         .lock()
         .publish(peer, signed, &record, now)
         .map_err(|e| ("refused", e.to_string()))?;
-    shared.catalog_changed.notify_one();
+    ctx.catalog.changed.notify_one();
     Ok(exp)
 }
 
-fn limit_of(shared: &Shared, l: &Lookup) -> usize {
-    let max = shared.config.catalog_max_results;
+fn limit_of(ctx: &CatalogCtx, l: &Lookup) -> usize {
+    let max = ctx.config.catalog_max_results;
     match l.limit {
         0 => max,
         n => (n as usize).min(max),
     }
 }
 
-fn local(shared: &Shared, l: &Lookup, now: i64) -> Vec<SignedRecord> {
-    let limit = limit_of(shared, l);
-    let records = shared.catalog.lock().lookup(&l.service, now, limit);
+fn local(ctx: &CatalogCtx, l: &Lookup, now: i64) -> Vec<SignedRecord> {
+    let limit = limit_of(ctx, l);
+    let records = ctx.catalog.store.lock().lookup(&l.service, now, limit);
     cap_bytes(records.into_iter().map(|(_, r)| r).collect())
 }
 
@@ -175,19 +180,18 @@ fn cap_bytes(records: Vec<SignedRecord>) -> Vec<SignedRecord> {
 /// (`--catalog-remote-lookup-budget-ms`) runs out; returns the records and
 /// whether every router that was to be asked answered in time.
 async fn lookup(ctx: &CatalogCtx, l: &Lookup) -> (Vec<SignedRecord>, bool) {
-    let shared = &ctx.shared;
     // One deadline for the whole remote phase (finding provider routers and
     // asking them), so no slow or dead router holds a lookup past the
     // member's own deadline.
-    let deadline = tokio::time::Instant::now() + shared.config.catalog_remote_lookup_budget;
-    let limit = limit_of(shared, l);
+    let deadline = tokio::time::Instant::now() + ctx.config.catalog_remote_lookup_budget;
+    let limit = limit_of(ctx, l);
     let now = unix_now();
     // A zero budget means: answer from this router's own records only.
-    let ask_others = !shared.config.catalog_remote_lookup_budget.is_zero();
+    let ask_others = !ctx.config.catalog_remote_lookup_budget.is_zero();
     let mut complete = ask_others;
     let mut found: HashMap<PeerId, SignedRecord> = HashMap::new();
     // Local records were verified when published.
-    found.extend(shared.catalog.lock().lookup(&l.service, now, limit));
+    found.extend(ctx.catalog.store.lock().lookup(&l.service, now, limit));
     if ask_others && found.len() < limit {
         let routers = providers(ctx, &l.service, deadline)
             .await
@@ -198,7 +202,7 @@ async fn lookup(ctx: &CatalogCtx, l: &Lookup) -> (Vec<SignedRecord>, bool) {
         tracing::debug!(service = %l.service, ?routers, local = found.len(), "lookup: provider routers");
         let mut asks: FuturesUnordered<_> = routers
             .into_iter()
-            .filter(|p| *p != shared.peer_id)
+            .filter(|p| *p != ctx.me)
             .take(MAX_ROUTERS_PER_LOOKUP)
             .map(|p| ask_router(ctx.control.clone(), p, l.service.clone(), limit, deadline))
             .collect();
@@ -240,11 +244,11 @@ async fn providers(
     deadline: tokio::time::Instant,
 ) -> Option<Vec<PeerId>> {
     let (reply, rx) = oneshot::channel();
-    let cmd = Command::GetProviders {
+    let query = ProviderQuery {
         key: service_key(service),
         reply,
     };
-    match tokio::time::timeout_at(deadline, ctx.commands.send(cmd)).await {
+    match tokio::time::timeout_at(deadline, ctx.providers.send(query)).await {
         Ok(Ok(())) => {}
         Ok(Err(_)) => return None,
         Err(_) => {
@@ -307,9 +311,8 @@ mod tests {
 
     use super::*;
 
-    fn count(shared: &Shared, op: &'static str) -> u64 {
-        shared
-            .metrics
+    fn count(ctx: &CatalogCtx, op: &'static str) -> u64 {
+        ctx.metrics
             .catalog_requests
             .get_or_create(&[("op", op), ("result", "malformed")])
             .get()
@@ -336,24 +339,28 @@ mod tests {
 
     #[tokio::test]
     async fn requests_without_an_operation_count_as_unknown_not_publish() {
-        let shared = crate::test_support::shared(|_| {});
+        let config = Config::default();
         let ctx = CatalogCtx {
-            shared: shared.clone(),
-            commands: mpsc::channel(1).0,
+            catalog: Arc::new(Catalog::new(config.catalog_max_records)),
+            config: Arc::new(config),
+            me: PeerId::random(),
+            metrics: Metrics::new(&mut prometheus_client::registry::Registry::default()),
+            admissions: Admissions::default(),
+            providers: mpsc::channel(1).0,
             control: agentmesh_streams::Behaviour::new().new_control(),
         };
-        assert_eq!(count(&shared, UNKNOWN_OP), 0, "pre-created at 0");
+        assert_eq!(count(&ctx, UNKNOWN_OP), 0, "pre-created at 0");
         // A length prefix past the frame limit: unreadable.
         let answer = serve_bytes(&ctx, vec![0xff, 0xff, 0xff, 0xff, 0x0f]).await;
         assert!(!answer.is_empty(), "the peer is told why");
-        assert_eq!(count(&shared, UNKNOWN_OP), 1);
+        assert_eq!(count(&ctx, UNKNOWN_OP), 1);
         // A well-formed request that names no operation.
         let mut frame = Vec::new();
         CatalogRequest { op: None }
             .encode_length_delimited(&mut frame)
             .expect("encode");
         serve_bytes(&ctx, frame).await;
-        assert_eq!(count(&shared, UNKNOWN_OP), 2);
-        assert_eq!(count(&shared, "publish"), 0, "no publish was sent");
+        assert_eq!(count(&ctx, UNKNOWN_OP), 2);
+        assert_eq!(count(&ctx, "publish"), 0, "no publish was sent");
     }
 }

@@ -11,9 +11,8 @@ use agentmesh_streams::{Control, OpenStreamError};
 use futures::{AsyncWriteExt as _, StreamExt as _};
 use libp2p::{PeerId, StreamProtocol};
 
-use super::{Reason, count};
+use super::{GoAways, Reason};
 use crate::frames;
-use crate::state::Shared;
 
 /// How one go-away ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +80,7 @@ pub(crate) async fn send_one(
 /// `goaway_max_concurrent_streams` at once, counting each result; returns
 /// each peer's outcome.
 pub(crate) async fn send_all(
-    shared: &Shared,
+    goaways: &GoAways,
     control: &Control,
     peers: Vec<PeerId>,
     reason: Reason,
@@ -89,9 +88,9 @@ pub(crate) async fn send_all(
     if peers.is_empty() {
         return Vec::new();
     }
-    let msg = super::message(shared, reason);
-    let deadline = shared.config.stream_timeout;
-    let fanout = shared.config.goaway_max_concurrent_streams.max(1);
+    let msg = goaways.message(reason);
+    let deadline = goaways.config.stream_timeout;
+    let fanout = goaways.config.goaway_max_concurrent_streams.max(1);
     let msg = &msg;
     let results: Vec<(PeerId, Outcome)> = futures::stream::iter(peers)
         .map(|peer| {
@@ -101,7 +100,7 @@ pub(crate) async fn send_all(
                 // Counted as each exchange ends, not when all have: a drain
                 // whose grace ends mid-send drops this future, and the
                 // go-aways already sent must still show on /metrics.
-                count(shared, reason, outcome.as_str());
+                goaways.count(reason, outcome.as_str());
                 (peer, outcome)
             }
         })

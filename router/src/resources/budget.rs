@@ -113,7 +113,7 @@ impl Proto {
             "/libp2p/circuit/relay/0.2.0/hop" => Self::RelayHop,
             "/libp2p/circuit/relay/0.2.0/stop" => Self::RelayStop,
             "/ipfs/id/1.0.0" | "/ipfs/id/push/1.0.0" => Self::Identify,
-            crate::swarm::KAD_PROTOCOL => Self::Kad,
+            crate::protocols::KAD_PROTOCOL => Self::Kad,
             "/ipfs/ping/1.0.0" => Self::Ping,
             _ => Self::Other,
         }

@@ -1,4 +1,4 @@
-//! The router's resource manager (issue 4): budgets by scope (system, per
+//! The router's resource manager: budgets by scope (system, per
 //! protocol, per peer, per source IP for unauthenticated connections), a
 //! memory budget that connections and streams are charged against, and the
 //! muxer-level accounting that sees every stream open and close, built-in
@@ -22,6 +22,7 @@ mod metrics;
 pub(crate) mod muxer;
 pub(crate) mod pending;
 pub(crate) mod relay;
+pub(crate) mod sizing;
 mod sniff;
 pub(crate) mod source;
 pub(crate) mod transport;
@@ -41,7 +42,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use budget::{Budgets, ConnectionUsage, OutboundUsage, Proto, Refusal, StreamUsage, Watermarks};
+pub(crate) use budget::Watermarks;
+use budget::{Budgets, ConnectionUsage, OutboundUsage, Proto, Refusal, StreamUsage};
 pub(crate) use metrics::RefusedLabels;
 use metrics::{NO_PROTOCOL, ResourceMetrics};
 use source::SourceKey;
@@ -118,20 +120,15 @@ impl std::fmt::Debug for ResourceManager {
     }
 }
 
-/// The effective budgets for `config` with `memory_budget_bytes`, derived
-/// from the watermarks in effect (`sizing`, itself sized from the same
-/// memory budget when no watermark flag is given).
+/// The effective budgets for the resource flags `r` with
+/// `memory_budget_bytes`; budgets left unset derive from `w` (the
+/// watermarks in effect, themselves sized from the same memory budget when
+/// no watermark flag is given).
 pub(crate) fn budgets(
-    config: &crate::Config,
-    sizing: &crate::config::Sizing,
+    r: &config::ResourceConfig,
+    w: Watermarks,
     memory_budget_bytes: u64,
 ) -> Budgets {
-    let r = &config.resources;
-    let w = Watermarks {
-        high_watermark: sizing.high_watermark,
-        relay_max_circuits: u32::try_from(config.relay_max_circuits).unwrap_or(u32::MAX),
-        relay_max_reservations: u32::try_from(sizing.relay_max_reservations).unwrap_or(u32::MAX),
-    };
     let protocol_streams =
         budget::per_protocol(|p| budget::default_protocol_budget(p, w), &r.stream_budgets);
     let system_streams = r.stream_budget_system.unwrap_or_else(|| {
@@ -162,21 +159,41 @@ pub(crate) fn budgets(
     }
 }
 
+#[cfg(test)]
+/// The budgets a router with default flags derives for the resource flags
+/// `r` and `memory` (the defaults of `--high-watermark-memory-percent` and
+/// `--relay-max-circuits`: 50% and 16,384).
+pub(crate) fn budgets_of(r: &config::ResourceConfig, memory: u64) -> Budgets {
+    let flags = sizing::SizingFlags {
+        high_watermark: None,
+        low_watermark: None,
+        relay_max_reservations: None,
+        high_watermark_memory_percent: 50,
+    };
+    let s = sizing::Sizing::new(flags, r, memory);
+    let w = Watermarks {
+        high_watermark: s.high_watermark,
+        relay_max_circuits: 16 * 1024,
+        relay_max_reservations: u32::try_from(s.relay_max_reservations).unwrap_or(u32::MAX),
+    };
+    budgets(r, w, memory)
+}
+
 /// Finds the memory limit (off the async runtime), sizes the watermarks
-/// from it (unless flags set them), derives the budgets from those and
+/// from it with `size` (flags win there), derives the budgets from those and
 /// creates the manager. Order matters: budget, then watermarks, then the
 /// stream budgets and reservation cap that default from the watermarks.
 pub(crate) async fn start(
-    config: &crate::Config,
+    r: &config::ResourceConfig,
+    size: impl FnOnce(u64) -> (sizing::Sizing, Watermarks),
     registry: &mut Registry,
     refused: Family<RefusedLabels, Counter>,
-) -> Result<(Arc<ResourceManager>, crate::config::Sizing), tokio::task::JoinError> {
-    let r = &config.resources;
+) -> Result<(Arc<ResourceManager>, sizing::Sizing), tokio::task::JoinError> {
     let (flag, default) = (r.memory_limit_bytes, r.memory_default_limit_bytes);
     let (limit, source) = tokio::task::spawn_blocking(move || memory::limit(flag, default)).await?;
     let memory_budget = memory::budget(limit, r.memory_budget_percent);
-    let sizing = config.sizing(memory_budget);
-    let b = budgets(config, &sizing, memory_budget);
+    let (sizing, watermarks) = size(memory_budget);
+    let b = budgets(r, watermarks, memory_budget);
     tracing::info!(
         limit_bytes = limit,
         source = source.as_str(),
@@ -185,18 +202,6 @@ pub(crate) async fn start(
         peer_memory_max_bytes = b.peer_memory_bytes,
         idle_member_charge_bytes = sizing.idle_member_charge_bytes,
         "memory budget"
-    );
-    tracing::info!(
-        high_watermark = sizing.high_watermark,
-        low_watermark = sizing.low_watermark,
-        relay_max_reservations = sizing.relay_max_reservations,
-        from = if sizing.sized_from_memory {
-            "memory budget"
-        } else {
-            "--high-watermark"
-        },
-        high_watermark_memory_percent = config.high_watermark_memory_percent,
-        "watermarks"
     );
     Ok((ResourceManager::new(b, registry, refused), sizing))
 }

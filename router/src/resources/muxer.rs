@@ -413,14 +413,17 @@ mod tests {
 
     #[tokio::test]
     async fn dropping_the_accounted_muxer_marks_the_connection_down() {
-        let shared = crate::test_support::shared(|_| {});
+        let resources = crate::resources::ResourceManager::new(
+            crate::resources::budgets_of(&Default::default(), 64 << 20),
+            &mut prometheus_client::registry::Registry::default(),
+            Default::default(),
+        );
         let peer = libp2p::PeerId::random();
         let endpoint = libp2p::core::ConnectedPoint::Listener {
             local_addr: "/ip4/127.0.0.1/tcp/4001".parse().expect("addr"),
             send_back_addr: "/ip4/127.0.0.1/tcp/5000".parse().expect("addr"),
         };
-        let guard = shared
-            .resources
+        let guard = resources
             .open_connection(peer, &endpoint)
             .expect("admitted");
         let (ours, _theirs) = tokio::io::duplex(1 << 16);
@@ -429,10 +432,10 @@ mod tests {
             .await
             .expect("muxer");
         let accounted = Accounted::new(muxer, guard.clone());
-        assert!(shared.resources.is_connected(&peer));
+        assert!(resources.is_connected(&peer));
         drop(accounted);
         assert!(
-            !shared.resources.is_connected(&peer),
+            !resources.is_connected(&peer),
             "down with its muxer, while the guard is still held"
         );
         drop(guard);

@@ -4,35 +4,44 @@
 //! refusal; it is counted as `resource="reservation"|"circuit"`, scope
 //! `system` when the router-wide maximum is reached, else `peer`.
 
-use agentmesh_proto::unix_now;
-use libp2p::PeerId;
 use libp2p::relay::StatusCode;
 
+use super::ResourceManager;
 use super::budget::{Proto, Refusal, Resource, Scope};
-use crate::state::Shared;
 
-/// Counts a denied reservation if a relay limit (not admission) refused it.
-pub(crate) fn reservation_denied(shared: &Shared, src: &PeerId, status: &StatusCode) {
-    let admitted = shared.admission.read().may_reserve(src, unix_now());
-    let live = u64::try_from(shared.metrics.reservations.get()).unwrap_or(0);
-    let max = shared.sizing.relay_max_reservations as u64;
-    count(shared, Resource::Reservation, status, admitted, live >= max);
+/// Counts a denied reservation if a relay limit (not admission) refused
+/// it: `admitted` says whether the peer may reserve, `full` whether the
+/// router-wide reservation cap is reached.
+pub(crate) fn reservation_denied(
+    resources: &ResourceManager,
+    status: &StatusCode,
+    admitted: bool,
+    full: bool,
+) {
+    count(resources, Resource::Reservation, status, admitted, full);
 }
 
-/// Counts a denied circuit if a relay limit (not admission) refused it.
-pub(crate) fn circuit_denied(shared: &Shared, src: &PeerId, status: &StatusCode) {
-    let admitted = shared.admission.read().may_open_circuit(src, unix_now());
-    let live = u64::try_from(shared.metrics.circuits.get()).unwrap_or(0);
-    let max = shared.config.relay_max_circuits as u64;
-    count(shared, Resource::Circuit, status, admitted, live >= max);
+/// Counts a denied circuit if a relay limit (not admission) refused it:
+/// `admitted` says whether the source may open circuits, `full` whether the
+/// router-wide circuit cap is reached.
+pub(crate) fn circuit_denied(
+    resources: &ResourceManager,
+    status: &StatusCode,
+    admitted: bool,
+    full: bool,
+) {
+    count(resources, Resource::Circuit, status, admitted, full);
 }
 
-fn count(shared: &Shared, resource: Resource, status: &StatusCode, admitted: bool, full: bool) {
+fn count(
+    resources: &ResourceManager,
+    resource: Resource,
+    status: &StatusCode,
+    admitted: bool,
+    full: bool,
+) {
     if let Some(r) = classify(resource, status, admitted, full) {
-        shared
-            .resources
-            .metrics
-            .refused(r, Proto::RelayHop.as_str());
+        resources.metrics.refused(r, Proto::RelayHop.as_str());
     }
 }
 

@@ -13,18 +13,16 @@ use super::budget::{Proto, Resource, Scope};
 use super::*;
 
 fn manager(
-    f: impl FnOnce(&mut crate::Config),
+    f: impl FnOnce(&mut config::ResourceConfig),
 ) -> (Arc<ResourceManager>, Arc<RwLock<HashSet<PeerId>>>) {
-    let mut config = crate::Config::default();
-    config.resources.unauthenticated_connections_per_ip = 2;
-    config.resources.failed_logins_per_ip_per_minute = 3;
+    let mut config = config::ResourceConfig {
+        unauthenticated_connections_per_ip: 2,
+        failed_logins_per_ip_per_minute: 3,
+        ..Default::default()
+    };
     f(&mut config);
     let mut reg = Registry::default();
-    let mgr = ResourceManager::new(
-        budgets(&config, &config.sizing(64 << 20), 64 << 20),
-        &mut reg,
-        Family::default(),
-    );
+    let mgr = ResourceManager::new(budgets_of(&config, 64 << 20), &mut reg, Family::default());
     let admitted = Arc::new(RwLock::new(HashSet::new()));
     let a = admitted.clone();
     mgr.set_admitted(Box::new(move |p| a.read().contains(p)));
@@ -82,7 +80,7 @@ fn charges_are_released_on_drop() {
 #[test]
 fn per_peer_protocol_budget_refuses_that_protocol_only() {
     let (mgr, _) = manager(|c| {
-        c.resources.peer_stream_budgets.insert("catalog".into(), 2);
+        c.peer_stream_budgets.insert("catalog".into(), 2);
     });
     let peer = PeerId::random();
     let conn = mgr
@@ -154,7 +152,7 @@ fn source_limit_applies_to_unauthenticated_connections_only() {
 
 #[test]
 fn failed_logins_close_the_source_to_new_unauthenticated_connections() {
-    let (mgr, admitted) = manager(|c| c.resources.unauthenticated_connections_per_ip = 100);
+    let (mgr, admitted) = manager(|c| c.unauthenticated_connections_per_ip = 100);
     let bad = PeerId::random();
     let _c = mgr
         .open_connection(bad, &inbound_from("10.0.0.7"))
@@ -185,16 +183,14 @@ fn failed_logins_close_the_source_to_new_unauthenticated_connections() {
 
 #[test]
 fn memory_budget_refuses_and_counts() {
-    let mut config = crate::Config::default();
-    config.resources.connection_charge_bytes = 1 << 20;
+    let config = config::ResourceConfig {
+        connection_charge_bytes: 1 << 20,
+        ..Default::default()
+    };
     let mut reg = Registry::default();
     // Room for two connections and one data stream.
     let budget = (2 << 20) + Proto::RelayHop.charge_bytes();
-    let mgr = ResourceManager::new(
-        budgets(&config, &config.sizing(budget), budget),
-        &mut reg,
-        Family::default(),
-    );
+    let mgr = ResourceManager::new(budgets_of(&config, budget), &mut reg, Family::default());
     let c1 = mgr
         .open_connection(PeerId::random(), &inbound_from("10.0.0.1"))
         .expect("1");
@@ -221,7 +217,7 @@ fn memory_budget_refuses_and_counts() {
 
 #[test]
 fn circuits_per_destination_are_capped() {
-    let (mgr, _) = manager(|c| c.resources.circuits_per_destination = 2);
+    let (mgr, _) = manager(|c| c.circuits_per_destination = 2);
     let dst = mgr
         .open_connection(PeerId::random(), &inbound_from("10.0.0.1"))
         .expect("conn");
@@ -240,8 +236,8 @@ fn every_refusal_label_is_pre_created() {
     reg.register("agentmesh_router_refused", "refusals", refused.clone());
     let _mgr = ResourceManager::new(
         {
-            let c = crate::Config::default();
-            budgets(&c, &c.sizing(1 << 30), 1 << 30)
+            let c = config::ResourceConfig::default();
+            budgets_of(&c, 1 << 30)
         },
         &mut reg,
         refused,
@@ -277,7 +273,7 @@ fn every_refusal_label_is_pre_created() {
 #[test]
 fn handshakes_from_one_source_are_refused_before_they_start() {
     use libp2p::swarm::ConnectionId;
-    let (mgr, admitted) = manager(|c| c.resources.pending_connections_max = 3);
+    let (mgr, admitted) = manager(|c| c.pending_connections_max = 3);
     let ip: IpAddr = "10.0.0.9".parse().expect("ip");
     // Limit 2 per IP (see `manager`): two handshakes, the third refused.
     let (h1, h2) = (
@@ -463,7 +459,7 @@ fn failed_logins_count_against_the_whole_ipv6_prefix() {
 
 #[test]
 fn prefix_128_counts_each_ipv6_address_alone() {
-    let (mgr, _) = manager(|c| c.resources.ipv6_source_prefix_len = 128);
+    let (mgr, _) = manager(|c| c.ipv6_source_prefix_len = 128);
     let held: Vec<_> = (1..=6)
         .map(|i| {
             mgr.open_connection(
@@ -506,7 +502,7 @@ fn an_ipv4_mapped_source_counts_as_its_ipv4_address() {
 #[test]
 fn one_peers_streams_are_refused_past_its_memory_share_and_others_still_open() {
     // 2% of the 64 MiB budget: 1.28 MiB, five relay HOP windows.
-    let (mgr, _) = manager(|c| c.resources.memory_per_peer_max_percent = 2);
+    let (mgr, _) = manager(|c| c.memory_per_peer_max_percent = 2);
     let share = mgr.budgets().peer_memory_bytes;
     assert_eq!(share, (64 << 20) * 2 / 100);
     let fit = share / Proto::RelayHop.charge_bytes();
@@ -570,9 +566,9 @@ fn one_peers_streams_are_refused_past_its_memory_share_and_others_still_open() {
 
 #[test]
 fn a_small_budget_still_gives_each_peer_four_data_streams() {
-    let config = crate::Config::default();
+    let config = config::ResourceConfig::default();
     let budget = 8 << 20;
-    let b = budgets(&config, &config.sizing(budget), budget);
+    let b = budgets_of(&config, budget);
     // 5% of 8 MiB is 410 KiB: the floor wins.
     assert_eq!(b.peer_memory_bytes, budget::PEER_MEMORY_FLOOR_BYTES);
     assert_eq!(
@@ -580,8 +576,5 @@ fn a_small_budget_still_gives_each_peer_four_data_streams() {
         4 * Proto::RelayHop.charge_bytes()
     );
     let big = 1 << 30;
-    assert_eq!(
-        budgets(&config, &config.sizing(big), big).peer_memory_bytes,
-        big * 5 / 100
-    );
+    assert_eq!(budgets_of(&config, big).peer_memory_bytes, big * 5 / 100);
 }

@@ -1,7 +1,8 @@
 //! The swarm loop: owns the swarm, never waits on anything but its inputs.
-//! Every second it enforces the auth deadline, expiry and revocations,
-//! drops admissions whose peer has no connection left, drives the mesh and
-//! refreshes gauges.
+//! Every second it enforces admission's sweeps (the auth deadline, expiry
+//! and revocations), drops admissions whose peer has no connection left,
+//! drives the mesh and refreshes gauges; it runs the catalog's provider
+//! searches and announcements in the router DHT.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -20,9 +21,18 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::mesh::Mesh;
 use super::{Behaviour, BehaviourEvent, Command};
-use crate::mesh::Mesh;
-use crate::state::Shared;
+use crate::addrs::{Addrs, derive_external};
+use crate::admission::Admissions;
+use crate::admission::conns::{ConnInfo, Connections};
+use crate::catalog::{Catalog, ProviderQuery, provided, providers};
+use crate::config::{Config, Sizing};
+use crate::cp::Link;
+use crate::directory::Directory;
+use crate::metrics::Metrics;
+use crate::relay::{Circuits, Reservations};
+use crate::resources::ResourceManager;
 
 /// How often deadlines, expiry, revocations and the mesh are checked.
 const TICK: Duration = Duration::from_secs(1);
@@ -35,26 +45,35 @@ const ENOUGH_PROVIDERS: usize = 16;
 /// free room).
 const PROVIDE_RETRY_EVERY: Duration = Duration::from_secs(30);
 
-struct ConnInfo {
-    peer: PeerId,
-    inbound: bool,
-    since: Instant,
-    closing: bool,
+/// The components the loop reads and writes.
+#[derive(Clone)]
+pub(crate) struct Parts {
+    pub(crate) config: Arc<Config>,
+    pub(crate) sizing: Sizing,
+    pub(crate) metrics: Metrics,
+    pub(crate) admissions: Admissions,
+    /// Trust (revocations) and this router's credential (the mesh's auth).
+    pub(crate) link: Arc<Link>,
+    pub(crate) catalog: Arc<Catalog>,
+    pub(crate) directory: Arc<Directory>,
+    pub(crate) resources: Arc<ResourceManager>,
+    pub(crate) addrs: Arc<Addrs>,
 }
 
 /// The loop's state.
 pub(crate) struct EventLoop {
     swarm: Swarm<Behaviour>,
-    shared: Arc<Shared>,
+    parts: Parts,
     commands: mpsc::Receiver<Command>,
+    provider_queries: mpsc::Receiver<ProviderQuery>,
     p2p_metrics: libp2p::metrics::Metrics,
-    conns: HashMap<ConnectionId, ConnInfo>,
+    conns: Connections,
     /// Remote addresses of our outbound connections (for the routing table).
     dialed_addrs: HashMap<PeerId, Multiaddr>,
     /// Provider searches in the router DHT, one per service at a time.
-    searches: super::providers::Searches<QueryId>,
+    searches: providers::Searches<QueryId>,
     /// Service keys announced in the router DHT.
-    provided: super::provided::Provided,
+    provided: provided::Provided,
     /// When refused service keys were last retried.
     last_provide_retry: Instant,
     mesh: Mesh,
@@ -63,36 +82,44 @@ pub(crate) struct EventLoop {
     /// Configured listen address per listener (to derive external addresses).
     listeners: HashMap<libp2p::core::transport::ListenerId, Multiaddr>,
     /// Active relay reservations (behind `agentmesh_router_reservations`).
-    reservations: crate::relay::Reservations,
+    reservations: Reservations,
     /// Live circuits (behind `agentmesh_router_circuits`).
-    circuits: crate::relay::Circuits,
+    circuits: Circuits,
 }
 
 impl EventLoop {
     /// Wraps a listening swarm.
     pub(crate) fn new(
         swarm: Swarm<Behaviour>,
-        shared: Arc<Shared>,
+        parts: Parts,
         commands: mpsc::Receiver<Command>,
+        provider_queries: mpsc::Receiver<ProviderQuery>,
         p2p_metrics: libp2p::metrics::Metrics,
         control: agentmesh_streams::Control,
         listeners: HashMap<libp2p::core::transport::ListenerId, Multiaddr>,
     ) -> Self {
         Self {
             swarm,
-            searches: super::providers::Searches::new(shared.config.catalog_provider_cache),
-            mesh: Mesh::new(shared.clone(), control),
-            shared,
+            searches: providers::Searches::new(parts.config.catalog_provider_cache),
+            mesh: Mesh::new(
+                parts.config.clone(),
+                parts.link.clone(),
+                parts.admissions.clone(),
+                parts.directory.clone(),
+                control,
+            ),
+            parts,
             commands,
+            provider_queries,
             p2p_metrics,
-            conns: HashMap::new(),
+            conns: Connections::default(),
             dialed_addrs: HashMap::new(),
             provided: Default::default(),
             last_provide_retry: Instant::now(),
             reannounce: false,
             listeners,
-            reservations: crate::relay::Reservations::default(),
-            circuits: crate::relay::Circuits::default(),
+            reservations: Reservations::default(),
+            circuits: Circuits::default(),
         }
     }
 
@@ -100,6 +127,7 @@ impl EventLoop {
     pub(crate) async fn run(mut self, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (catalog, directory) = (self.parts.catalog.clone(), self.parts.directory.clone());
         loop {
             tokio::select! {
                 biased;
@@ -115,27 +143,39 @@ impl EventLoop {
                     tokio::task::coop::consume_budget().await;
                 }
                 Some(cmd) = self.commands.recv() => self.on_command(cmd),
-                _ = self.shared.catalog_changed.notified() => self.reconcile_providers(false),
+                Some(q) = self.provider_queries.recv() => self.on_provider_query(q),
+                _ = catalog.changed.notified() => self.reconcile_providers(false),
+                _ = directory.mesh_woken() => self.mesh_round(),
                 _ = tick.tick() => self.on_tick(),
             }
         }
     }
 
+    fn on_provider_query(&mut self, q: ProviderQuery) {
+        let kad = self.swarm.behaviour_mut().kad.inner_mut();
+        let outcome = self
+            .searches
+            .request(q.key, q.reply, Instant::now(), |k| kad.get_providers(k));
+        self.parts.metrics.provider_search(outcome.as_str());
+    }
+
+    /// One mesh round now (dial, authenticate, routing table); a router
+    /// added to the table makes every service key be announced again.
+    fn mesh_round(&mut self) {
+        let added = self.mesh.tick(&mut self.swarm, &self.dialed_addrs);
+        if added || std::mem::take(&mut self.reannounce) {
+            self.reconcile_providers(true);
+        }
+    }
+
     fn on_command(&mut self, cmd: Command) {
         match cmd {
-            Command::GetProviders { key, reply } => {
-                let kad = self.swarm.behaviour_mut().kad.inner_mut();
-                let outcome = self
-                    .searches
-                    .request(key, reply, Instant::now(), |k| kad.get_providers(k));
-                self.shared.metrics.provider_search(outcome);
-            }
             Command::CloseUnauthenticated { reply } => {
                 let _ = reply.send(self.close_unauthenticated());
             }
             Command::Disconnect { peers, reply } => {
                 let still: HashSet<PeerId> = {
-                    let mut adm = self.shared.admission.write();
+                    let mut adm = self.parts.admissions.write();
                     peers
                         .into_iter()
                         .filter(|p| adm.remove(p).is_some())
@@ -155,11 +195,7 @@ impl EventLoop {
         if peers.is_empty() {
             return;
         }
-        for c in self.conns.values_mut() {
-            if peers.contains(&c.peer) {
-                c.closing = true;
-            }
-        }
+        self.conns.mark_peers_closing(peers);
         for p in peers {
             let _ = self.swarm.disconnect_peer_id(*p);
         }
@@ -174,8 +210,8 @@ impl EventLoop {
     /// Returns how many were dropped.
     fn drop_ghost_admissions(&mut self) -> usize {
         let ghosts: Vec<PeerId> = self
-            .shared
-            .admission
+            .parts
+            .admissions
             .read()
             .iter()
             .map(|(p, _)| *p)
@@ -183,7 +219,7 @@ impl EventLoop {
             .collect();
         for p in &ghosts {
             tracing::info!(peer = %p, "dropping an admission without a connection");
-            self.shared
+            self.parts
                 .metrics
                 .connections_closed
                 .get_or_create(&[("reason", "disconnected")])
@@ -196,18 +232,11 @@ impl EventLoop {
     /// Closes inbound connections whose peer is not admitted; returns how many.
     fn close_unauthenticated(&mut self) -> usize {
         let now = unix_now();
-        let ids: Vec<ConnectionId> = {
-            let adm = self.shared.admission.read();
-            self.conns
-                .iter()
-                .filter(|(_, c)| c.inbound && !c.closing && !adm.is_admitted(&c.peer, now))
-                .map(|(id, _)| *id)
-                .collect()
-        };
+        let ids = self
+            .conns
+            .unauthenticated(&self.parts.admissions.read(), now);
         for id in &ids {
-            if let Some(c) = self.conns.get_mut(id) {
-                c.closing = true;
-            }
+            self.conns.mark_closing(id);
             self.swarm.close_connection(*id);
         }
         ids.len()
@@ -231,6 +260,10 @@ impl EventLoop {
                 {
                     self.reannounce = true;
                 }
+                if self.parts.directory.router_set.read().contains(&peer_id) {
+                    // A router: authenticate to it, or add it to the table, now.
+                    self.parts.directory.wake_mesh();
+                }
                 if let ConnectedPoint::Dialer { address, .. } = &endpoint {
                     self.dialed_addrs.insert(peer_id, address.clone());
                 }
@@ -251,7 +284,6 @@ impl EventLoop {
                 ..
             } => {
                 self.conns.remove(&connection_id);
-                self.conns.shrink_sparse();
                 if num_established == 0 {
                     self.on_peer_gone(&peer_id);
                 }
@@ -260,19 +292,19 @@ impl EventLoop {
                 listener_id,
                 address,
             } => {
-                self.shared.listen_addrs.write().push(address.clone());
-                if self.shared.config.external_addr.is_empty()
+                self.parts.addrs.listen.write().push(address.clone());
+                if self.parts.config.external_addr.is_empty()
                     && let Some(ext) = self
                         .listeners
                         .get(&listener_id)
-                        .and_then(|c| crate::derive_external(c, &address))
+                        .and_then(|c| derive_external(c, &address))
                 {
                     self.swarm.add_external_address(ext.clone());
-                    self.shared.external_addrs.write().push(ext);
+                    self.parts.addrs.external.write().push(ext);
                 }
             }
             SwarmEvent::ExpiredListenAddr { address, .. } => {
-                self.shared.listen_addrs.write().retain(|a| *a != address);
+                self.parts.addrs.listen.write().retain(|a| *a != address);
             }
             SwarmEvent::Behaviour(BehaviourEvent::Relay(e)) => {
                 self.p2p_metrics.record(&e);
@@ -290,8 +322,8 @@ impl EventLoop {
 
     /// A peer's last connection closed: it is no longer admitted or listed.
     fn on_peer_gone(&mut self, peer: &PeerId) {
-        self.shared.admission.write().remove(peer);
-        if self.shared.catalog.lock().remove(peer) {
+        self.parts.admissions.write().remove(peer);
+        if self.parts.catalog.store.lock().remove(peer) {
             self.reconcile_providers(false);
         }
         self.dialed_addrs.remove(peer);
@@ -301,7 +333,7 @@ impl EventLoop {
 
     #[allow(deprecated)] // the deprecated relay events still report real outcomes
     fn on_relay(&mut self, e: relay::Event) {
-        let m = &self.shared.metrics;
+        let m = &self.parts.metrics;
         match e {
             relay::Event::ReservationReqAccepted {
                 src_peer_id,
@@ -317,7 +349,18 @@ impl EventLoop {
                 src_peer_id,
                 status,
             } => {
-                crate::resources::relay::reservation_denied(&self.shared, &src_peer_id, &status);
+                let admitted = self
+                    .parts
+                    .admissions
+                    .read()
+                    .may_reserve(&src_peer_id, unix_now());
+                let full = self.reservations.total() >= self.parts.sizing.relay_max_reservations;
+                crate::resources::relay::reservation_denied(
+                    &self.parts.resources,
+                    &status,
+                    admitted,
+                    full,
+                );
                 tracing::debug!(peer = %src_peer_id, "reservation denied");
                 m.reservation_requests
                     .get_or_create(&[("result", "denied")])
@@ -343,7 +386,18 @@ impl EventLoop {
                 dst_peer_id,
                 status,
             } => {
-                crate::resources::relay::circuit_denied(&self.shared, &src_peer_id, &status);
+                let admitted = self
+                    .parts
+                    .admissions
+                    .read()
+                    .may_open_circuit(&src_peer_id, unix_now());
+                let full = self.circuits.total() >= self.parts.config.relay_max_circuits;
+                crate::resources::relay::circuit_denied(
+                    &self.parts.resources,
+                    &status,
+                    admitted,
+                    full,
+                );
                 tracing::debug!(src = %src_peer_id, dst = %dst_peer_id, "circuit denied");
                 m.circuit_requests
                     .get_or_create(&[("result", "denied")])
@@ -393,8 +447,8 @@ impl EventLoop {
     /// are counted and retried (see `provided.rs`).
     fn reconcile_providers(&mut self, all: bool) {
         let kad = self.swarm.behaviour_mut().kad.inner_mut();
-        let out = self.provided.reconcile(&self.shared.catalog, all, kad);
-        self.shared
+        let out = self.provided.reconcile(&self.parts.catalog.store, all, kad);
+        self.parts
             .metrics
             .provide_failures
             .inc_by(out.failed as u64);
@@ -403,31 +457,20 @@ impl EventLoop {
     fn on_tick(&mut self) {
         self.searches.expire(Instant::now());
         let now = unix_now();
-        let shared = self.shared.clone();
-        let skew = i64::try_from(shared.config.clock_skew.as_secs()).unwrap_or(i64::MAX);
+        let parts = self.parts.clone();
+        let skew = i64::try_from(parts.config.clock_skew.as_secs()).unwrap_or(i64::MAX);
 
         // Auth deadline: inbound connections whose peer is not admitted.
-        let deadline = shared.config.auth_deadline;
-        let late: Vec<ConnectionId> = {
-            let adm = shared.admission.read();
-            self.conns
-                .iter()
-                .filter(|(_, c)| {
-                    c.inbound
-                        && !c.closing
-                        && c.since.elapsed() >= deadline
-                        && !adm.is_admitted(&c.peer, now)
-                })
-                .map(|(id, _)| *id)
-                .collect()
-        };
+        let deadline = parts.config.auth_deadline;
+        let late = self
+            .conns
+            .past_auth_deadline(&parts.admissions.read(), now, deadline);
         for id in late {
-            if let Some(c) = self.conns.get_mut(&id) {
-                c.closing = true;
-                tracing::info!(peer = %c.peer, "closing connection: not admitted within the auth deadline");
+            if let Some(peer) = self.conns.mark_closing(&id) {
+                tracing::info!(%peer, "closing connection: not admitted within the auth deadline");
             }
             self.swarm.close_connection(id);
-            shared
+            parts
                 .metrics
                 .connections_closed
                 .get_or_create(&[("reason", "auth_deadline")])
@@ -435,10 +478,10 @@ impl EventLoop {
         }
 
         // Expired admissions and revocations.
-        let expired = shared.admission.write().expire(now, skew);
+        let expired = parts.admissions.write().expire(now, skew);
         let revoked = {
-            let trust = shared.trust.read();
-            shared.admission.write().revoke(&trust, now)
+            let trust = parts.link.trust.read();
+            parts.admissions.write().revoke(&trust, now)
         };
         let mut catalog_changed = false;
         for (peers, reason) in [(expired, "expired"), (revoked, "revoked")] {
@@ -446,20 +489,20 @@ impl EventLoop {
             for p in peers {
                 tracing::info!(peer = %p, reason, "dropping admitted peer");
                 if reason == "revoked" {
-                    shared.metrics.revocations_enforced.inc();
+                    parts.metrics.revocations_enforced.inc();
                 }
-                shared
+                parts
                     .metrics
                     .connections_closed
                     .get_or_create(&[("reason", reason)])
                     .inc();
-                catalog_changed |= shared.catalog.lock().remove(&p);
+                catalog_changed |= parts.catalog.store.lock().remove(&p);
                 closing.insert(p);
             }
             self.close_peers(&closing);
         }
         self.drop_ghost_admissions();
-        let dropped = shared.catalog.lock().expire(now);
+        let dropped = parts.catalog.store.lock().expire(now);
         if dropped > 0 {
             tracing::debug!(dropped, "catalog records expired");
         }
@@ -492,24 +535,23 @@ impl EventLoop {
             .map(|(id, _)| *id)
             .collect();
         for id in stale {
-            if let Some(c) = self.conns.get_mut(&id) {
-                c.closing = true;
-                tracing::debug!(peer = %c.peer, "closing a router connection without Kademlia");
+            if let Some(peer) = self.conns.mark_closing(&id) {
+                tracing::debug!(%peer, "closing a router connection without Kademlia");
             }
             self.swarm.close_connection(id);
         }
     }
 
     fn update_gauges(&self, now: i64) {
-        let m = &self.shared.metrics;
-        let counts = self.shared.admission.read().counts();
+        let m = &self.parts.metrics;
+        let counts = self.parts.admissions.read().counts();
         m.attached_members.set(i64::from(counts.attached));
         m.transit_connections.set(i64::from(counts.transit));
         m.admitted_routers.set(i64::from(counts.routers));
-        let catalog = self.shared.catalog.lock().len();
+        let catalog = self.parts.catalog.store.lock().len();
         m.catalog_records.set(catalog as i64);
         let tables = [
-            ("admission", self.shared.admission.read().len()),
+            ("admission", self.parts.admissions.read().len()),
             ("connections", self.conns.len()),
             ("dialed_addrs", self.dialed_addrs.len()),
             ("reservations", self.reservations.peers()),
@@ -518,32 +560,17 @@ impl EventLoop {
         ];
         for (table, n) in tables
             .into_iter()
-            .chain(self.shared.resources.table_entries())
+            .chain(self.parts.resources.table_entries())
         {
             m.table_entries
                 .get_or_create(&[("table", table)])
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
-        let mut by: HashMap<(&'static str, &'static str), i64> = HashMap::new();
-        {
-            let adm = self.shared.admission.read();
-            for c in self.conns.values() {
-                let state = if adm.is_admitted(&c.peer, now) {
-                    "admitted"
-                } else {
-                    "unauthenticated"
-                };
-                let dir = if c.inbound { "inbound" } else { "outbound" };
-                *by.entry((state, dir)).or_default() += 1;
-            }
-        }
-        for s in crate::metrics::CONN_STATES {
-            for d in crate::metrics::DIRECTIONS {
-                let v = by.get(&(*s, *d)).copied().unwrap_or(0);
-                m.connections
-                    .get_or_create(&[("state", s), ("direction", d)])
-                    .set(v);
-            }
+        let by = self.conns.by_state(&self.parts.admissions.read(), now);
+        for ((s, d), v) in by {
+            m.connections
+                .get_or_create(&[("state", s), ("direction", d)])
+                .set(v);
         }
     }
 }

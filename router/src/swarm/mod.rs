@@ -1,27 +1,31 @@
 //! The libp2p swarm: transport (TCP + noise + yamux), the composed behaviour
 //! (relay server, our stream protocols, Kademlia among routers, identify,
-//! ping) and the event loop that owns it.
+//! ping), the event loop that owns it and the commands other tasks send it.
+//!
+//! - `event_loop`: the loop (connections, relay events, the DHT, sweeps);
+//! - `mesh`: dialing and authenticating to the other routers, the routing table;
+//! - `router_only`: Kademlia and identify on router connections only.
 
 pub(crate) mod event_loop;
-mod provided;
-pub(crate) mod providers;
+pub(crate) mod mesh;
+pub(crate) mod router_only;
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
+use libp2p::identity::Keypair;
 use libp2p::kad::store::{MemoryStore, MemoryStoreConfig};
 use libp2p::swarm::NetworkBehaviour;
 use libp2p::{PeerId, StreamProtocol, Swarm, SwarmBuilder, identify, kad, ping, relay};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
-use crate::mesh::router_only::RouterOnly;
-use crate::state::Shared;
-
-/// Kademlia protocol of the router DHT (routers only).
-pub const KAD_PROTOCOL: &str = "/agentmesh/kad/1";
-/// Identify protocol version string.
-const IDENTIFY_PROTOCOL: &str = "/agentmesh/1";
+use crate::admission::Admissions;
+use crate::config::{Config, Sizing};
+use crate::directory::RouterSet;
+use crate::protocols::{IDENTIFY_PROTOCOL, KAD_PROTOCOL};
+use crate::resources::ResourceManager;
+use router_only::RouterOnly;
 /// Routers re-announce what they provide this often (plus at once when a
 /// router joins).
 const PROVIDER_PUBLICATION_INTERVAL: Duration = Duration::from_secs(120);
@@ -32,14 +36,12 @@ const MAX_PROVIDED_KEYS: usize = 65_536;
 /// Providers stored per service key at most (routers, not members).
 const MAX_PROVIDERS_PER_KEY: usize = 64;
 
+/// Deadline of one request to the swarm loop.
+const COMMAND_DEADLINE: Duration = Duration::from_secs(5);
+
 /// A request to the swarm loop from another task.
 #[derive(Debug)]
 pub(crate) enum Command {
-    /// Routers that provide `key` per the router DHT (this one included).
-    GetProviders {
-        key: kad::RecordKey,
-        reply: oneshot::Sender<Vec<PeerId>>,
-    },
     /// Close every inbound connection whose peer is not admitted (trimming);
     /// replies how many.
     CloseUnauthenticated { reply: oneshot::Sender<usize> },
@@ -51,6 +53,48 @@ pub(crate) enum Command {
         peers: Vec<PeerId>,
         reply: oneshot::Sender<usize>,
     },
+}
+
+/// Sends commands to the swarm loop, each within [`COMMAND_DEADLINE`].
+#[derive(Debug, Clone)]
+pub(crate) struct Commands(pub(crate) mpsc::Sender<Command>);
+
+impl Commands {
+    /// Asks the swarm loop to drop the admissions of `peers` and close their
+    /// connections, within a deadline; returns how many were still admitted
+    /// (0 if the loop did not answer in time).
+    pub(crate) async fn disconnect(&self, peers: Vec<PeerId>) -> usize {
+        if peers.is_empty() {
+            return 0;
+        }
+        let (reply, rx) = oneshot::channel();
+        match self.ask(Command::Disconnect { peers, reply }, rx).await {
+            Some(n) => n,
+            None => {
+                tracing::warn!("swarm loop busy: peers not disconnected this round");
+                0
+            }
+        }
+    }
+
+    /// Closes unauthenticated inbound connections; returns how many.
+    pub(crate) async fn close_unauthenticated(&self) -> usize {
+        let (reply, rx) = oneshot::channel();
+        self.ask(Command::CloseUnauthenticated { reply }, rx)
+            .await
+            .unwrap_or(0)
+    }
+
+    async fn ask<T>(&self, cmd: Command, rx: oneshot::Receiver<T>) -> Option<T> {
+        let asked = tokio::time::timeout(COMMAND_DEADLINE, self.0.send(cmd)).await;
+        if !matches!(asked, Ok(Ok(()))) {
+            return None;
+        }
+        tokio::time::timeout(COMMAND_DEADLINE, rx)
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
 }
 
 /// The router's composed behaviour.
@@ -78,23 +122,34 @@ pub(crate) struct Behaviour {
 #[error("building the libp2p swarm: {0}")]
 pub struct BuildError(String);
 
-/// Builds the swarm with `shared`'s identity and limits.
-pub(crate) fn build(shared: &Arc<Shared>) -> Result<Swarm<Behaviour>, BuildError> {
-    let keypair = shared.keypair.clone();
-    let peer_id = shared.peer_id;
-    let relay_config = crate::relay::config(shared);
-    let router_set = shared.router_set.clone();
-    let stream_timeout = shared.config.stream_timeout;
-    let idle = shared.config.idle_connection_timeout;
+/// What the swarm is built from.
+pub(crate) struct BuildParts<'a> {
+    pub(crate) config: &'a Config,
+    pub(crate) sizing: &'a Sizing,
+    pub(crate) keypair: &'a Keypair,
+    pub(crate) admissions: &'a Admissions,
+    pub(crate) router_set: &'a RouterSet,
+    pub(crate) resources: &'a Arc<ResourceManager>,
+}
+
+/// Builds the swarm with the router's identity and limits.
+pub(crate) fn build(parts: BuildParts<'_>) -> Result<Swarm<Behaviour>, BuildError> {
+    let config = parts.config;
+    let keypair = parts.keypair.clone();
+    let peer_id = keypair.public().to_peer_id();
+    let relay_config = crate::relay::config(config, parts.sizing, parts.admissions);
+    let router_set = parts.router_set.clone();
+    let stream_timeout = config.stream_timeout;
+    let idle = config.idle_connection_timeout;
     let streams_config = agentmesh_streams::Config {
-        inbound_queue_per_protocol: shared.config.stream_inbound_queue_per_protocol,
+        inbound_queue_per_protocol: config.stream_inbound_queue_per_protocol,
     };
     let pending_opens = agentmesh_streams::PendingOpenLimits {
-        max_pending_opens_per_peer: shared.config.stream_max_pending_opens_per_peer,
-        max_pending_opens_total: shared.config.stream_max_pending_opens_total,
+        max_pending_opens_per_peer: config.stream_max_pending_opens_per_peer,
+        max_pending_opens_total: config.stream_max_pending_opens_total,
     };
-    let resources = shared.resources.clone();
-    let resources_config = shared.config.resources.clone();
+    let resources = parts.resources.clone();
+    let resources_config = config.resources.clone();
     let pending = crate::resources::pending::PendingLimits::new(resources.clone());
     let swarm = SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()

@@ -6,13 +6,11 @@
 //! of the largest fleet the router ever held).
 //!
 //! Which peers are routers is decided when a connection is established, from
-//! a shared set (the directory's routers). A router connection that came in
-//! before the directory named it has no Kademlia; the mesh dials such a
-//! router again once it is known.
+//! the router set (the directory's routers and those admitted as routers). A
+//! router connection that came in before either named it has no Kademlia;
+//! the mesh dials such a router again once the directory lists it.
 
-use std::collections::{HashMap, HashSet};
-
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::task::{Context, Poll};
 
 use libp2p::PeerId;
@@ -26,10 +24,8 @@ use libp2p::swarm::{
 // libp2p implements `ConnectionHandler` for the `either` crate's `Either`;
 // this is its public re-export.
 use libp2p::swarm::derive_prelude::Either;
-use parking_lot::RwLock;
 
-/// The shared set of peers that get the inner behaviour.
-pub(crate) type RouterSet = Arc<RwLock<HashSet<PeerId>>>;
+use crate::directory::RouterSet;
 
 /// Runs `B` on router connections only.
 pub(crate) struct RouterOnly<B> {

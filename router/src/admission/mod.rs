@@ -1,16 +1,32 @@
-//! Who is admitted, for what, until when.
+//! Admission: who is admitted, for what, until when, and every rule that
+//! decides it.
 //!
-//! One table shared by the auth task (writes after a credential verifies),
-//! the relay ACL (reads on every reservation and circuit request) and the
-//! swarm loop (drops peers on disconnect, expiry and revocation). Pure data:
-//! callers pass `now`.
+//! - this file: the table of admitted peers, shared by the auth server
+//!   (writes after a credential verifies), the relay ACL (reads on every
+//!   reservation and circuit request) and the swarm loop (drops peers on
+//!   disconnect, expiry and revocation);
+//! - `gate`: the drain and high-watermark gate in front of a new admission;
+//! - `conns`: the swarm loop's connections as admission sees them, and the
+//!   auth-deadline sweep over them;
+//! - `relay`: the relay ACL (who may reserve, who may open a circuit).
+//!
+//! Pure data and policy: callers pass `now` and act on the answers.
+
+pub(crate) mod conns;
+pub(crate) mod gate;
+pub(crate) mod relay;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use agentmesh_proto::credential::Trust;
 use libp2p::PeerId;
+use parking_lot::RwLock;
 
 use crate::shrink::ShrinkSparse;
+
+/// The admission table as the router's tasks share it.
+pub(crate) type Admissions = Arc<RwLock<AdmissionTable>>;
 
 /// What a peer was admitted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

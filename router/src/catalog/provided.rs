@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use libp2p::kad::{self, RecordKey, store::MemoryStore};
 use parking_lot::Mutex;
 
-use crate::catalog::service_key;
-use crate::catalog::store::CatalogStore;
+use super::service_key;
+use super::store::CatalogStore;
 use crate::shrink::ShrinkSparse;
 
 /// What one reconcile did.
@@ -150,7 +150,7 @@ mod tests {
         kad::Behaviour::with_config(
             me,
             store,
-            kad::Config::new(StreamProtocol::new(crate::swarm::KAD_PROTOCOL)),
+            kad::Config::new(StreamProtocol::new(crate::protocols::KAD_PROTOCOL)),
         )
     }
 

@@ -1,4 +1,4 @@
-//! Trimming policy (pure): at the high watermark, which admitted members
+//! The trimming plan (pure): at the high watermark, which admitted members
 //! to shed so the router is back at the low watermark (about 15% of its
 //! members, never more).
 //!

@@ -1,8 +1,9 @@
 //! The router mesh: connect to every router in the directory, authenticate
 //! to it as a router, and keep in Kademlia's routing table exactly the
-//! routers that authenticated to us.
-
-pub(crate) mod router_only;
+//! routers that authenticated to us. The swarm loop runs a round every
+//! second and whenever the directory wakes the mesh (a new directory, a
+//! router admitted here, our own auth to a router done, a connection to a
+//! router established), so two fresh routers mesh within round trips.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -15,9 +16,12 @@ use parking_lot::Mutex;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::Behaviour;
+use crate::admission::Admissions;
 use crate::auth::outbound::authenticate;
-use crate::state::Shared;
-use crate::swarm::Behaviour;
+use crate::config::Config;
+use crate::cp::Link;
+use crate::directory::Directory;
 
 /// Where our own auth to another router stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +38,10 @@ enum OutAuth {
 
 /// Mesh state kept by the swarm loop.
 pub(crate) struct Mesh {
-    shared: Arc<Shared>,
+    config: Arc<Config>,
+    link: Arc<Link>,
+    admissions: Admissions,
+    directory: Arc<Directory>,
     control: agentmesh_streams::Control,
     last_dial: HashMap<PeerId, Instant>,
     out_auth: Arc<Mutex<HashMap<PeerId, OutAuth>>>,
@@ -45,9 +52,18 @@ pub(crate) struct Mesh {
 
 impl Mesh {
     /// Empty mesh state.
-    pub(crate) fn new(shared: Arc<Shared>, control: agentmesh_streams::Control) -> Self {
+    pub(crate) fn new(
+        config: Arc<Config>,
+        link: Arc<Link>,
+        admissions: Admissions,
+        directory: Arc<Directory>,
+        control: agentmesh_streams::Control,
+    ) -> Self {
         Self {
-            shared,
+            config,
+            link,
+            admissions,
+            directory,
             control,
             last_dial: HashMap::new(),
             out_auth: Arc::new(Mutex::new(HashMap::new())),
@@ -72,10 +88,10 @@ impl Mesh {
         addrs_of: &HashMap<PeerId, Multiaddr>,
     ) -> bool {
         while self.auth_tasks.try_join_next().is_some() {}
-        let shared = self.shared.clone();
-        let interval = shared.config.lease_interval;
-        let directory = shared.directory.read().clone();
-        let cred_expiry = shared
+        let interval = self.config.lease_interval;
+        let directory = self.directory.routers.read().clone();
+        let cred_expiry = self
+            .link
             .credential
             .read()
             .as_ref()
@@ -120,7 +136,7 @@ impl Mesh {
         let Some(cred_expiry) = cred_expiry else {
             return;
         };
-        let interval = self.shared.config.lease_interval;
+        let interval = self.config.lease_interval;
         let due = match self.out_auth.lock().get(&peer) {
             None => true,
             Some(OutAuth::InFlight) => false,
@@ -131,12 +147,13 @@ impl Mesh {
             return;
         }
         self.out_auth.lock().insert(peer, OutAuth::InFlight);
-        let shared = self.shared.clone();
+        let link = self.link.clone();
+        let directory = self.directory.clone();
+        let t = self.config.stream_timeout;
         let mut control = self.control.clone();
         let out_auth = self.out_auth.clone();
         self.auth_tasks.spawn(async move {
-            let t = shared.config.stream_timeout;
-            let state = match authenticate(&shared, &mut control, peer, t).await {
+            let state = match authenticate(&link, &mut control, peer, t).await {
                 Ok(_) => {
                     tracing::info!(%peer, "admitted by router");
                     OutAuth::Admitted { cred_expiry }
@@ -146,11 +163,15 @@ impl Mesh {
                     OutAuth::Failed { at: Instant::now() }
                 }
             };
-            let mut m = out_auth.lock();
-            // A disconnect in the meantime removed the entry: keep it removed.
-            if let Some(s) = m.get_mut(&peer) {
-                *s = state;
+            {
+                let mut m = out_auth.lock();
+                // A disconnect in the meantime removed the entry: keep it removed.
+                if let Some(s) = m.get_mut(&peer) {
+                    *s = state;
+                }
             }
+            // The other router admitted us (or not): its table entry may change now.
+            directory.wake_mesh();
         });
     }
 
@@ -162,13 +183,13 @@ impl Mesh {
     ) -> bool {
         let now = unix_now();
         let admitted: HashSet<PeerId> = {
-            let adm = self.shared.admission.read();
+            let adm = self.admissions.read();
             adm.routers()
                 .filter(|p| adm.is_router(p, now))
                 .copied()
                 .collect()
         };
-        let directory = self.shared.directory.read().clone();
+        let directory = self.directory.routers.read().clone();
         let mut added = false;
         for peer in &admitted {
             if self.in_table.contains(peer) || !swarm.behaviour().kad.has_connection(peer) {

@@ -1,0 +1,113 @@
+//! Trimming at the high watermark: every second, if the high watermark of
+//! members is reached (and the low one is below it), close unauthenticated
+//! connections, send go-away OVERLOADED to the members [`plan::plan`] picks
+//! (bounded fan-out), wait `trim_close_grace` for them to move
+//! (make-before-break on their side) and close whoever is still here.
+//! One trim at a time; none while draining (the drain sends everyone away).
+//!
+//! - this file: the loop;
+//! - `plan`: which members to shed, and why (pure).
+
+pub(crate) mod plan;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentmesh_streams::Control;
+use libp2p::PeerId;
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::AdmissionTable;
+use crate::admission::Admissions;
+use crate::config::{Config, Sizing};
+use crate::drain::DrainState;
+use crate::goaway::{GoAways, Reason, sender};
+use crate::metrics::Metrics;
+use crate::swarm::Commands;
+use plan::{Candidate, TrimReason};
+
+/// How often the watermark is checked.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// Pre-creates every reason of `agentmesh_router_trimmed_total`.
+pub(crate) fn precreate_labels(metrics: &Metrics) {
+    for reason in plan::REASONS {
+        let _ = metrics
+            .trimmed
+            .get_or_create(&[("reason", reason.as_str())]);
+    }
+}
+
+/// Admitted peers as trimming sees them (`me` is this router).
+pub(crate) fn candidates(table: &AdmissionTable, me: PeerId) -> Vec<Candidate> {
+    table
+        .iter()
+        .map(|(peer, a)| Candidate {
+            peer: *peer,
+            purpose: a.purpose,
+            other_routers: a.attached_routers.iter().filter(|r| **r != me).count(),
+        })
+        .collect()
+}
+
+/// What the trim loop works with.
+pub(crate) struct Trim {
+    pub(crate) config: Arc<Config>,
+    pub(crate) sizing: Sizing,
+    pub(crate) me: PeerId,
+    pub(crate) admissions: Admissions,
+    pub(crate) drain: Arc<DrainState>,
+    pub(crate) goaways: GoAways,
+    pub(crate) metrics: Metrics,
+    pub(crate) control: Control,
+    pub(crate) commands: Commands,
+}
+
+/// Runs the trim loop until `cancel` fires.
+pub(crate) async fn run(t: Trim, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(CHECK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if t.drain.is_requested() {
+            continue;
+        }
+        let (high, low) = (t.sizing.high_watermark, t.sizing.low_watermark);
+        let candidates = candidates(&t.admissions.read(), t.me);
+        let plan = plan::plan(&candidates, high, low);
+        if plan.is_empty() {
+            continue;
+        }
+        let closed = t.commands.close_unauthenticated().await;
+        let m = &t.metrics;
+        m.trimmed
+            .get_or_create(&[("reason", TrimReason::Unauthenticated.as_str())])
+            .inc_by(closed as u64);
+        for (_, reason) in &plan {
+            m.trimmed
+                .get_or_create(&[("reason", reason.as_str())])
+                .inc();
+        }
+        tracing::warn!(
+            high,
+            low,
+            members = plan.len(),
+            unauthenticated = closed,
+            "high watermark reached: trimming"
+        );
+        let peers: Vec<PeerId> = plan.into_iter().map(|(p, _)| p).collect();
+        sender::send_all(&t.goaways, &t.control, peers.clone(), Reason::Overloaded).await;
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(t.config.trim_close_grace) => {}
+        }
+        // Whoever has not moved yet is closed now. The swarm loop drops the
+        // admission and marks the connections closing in one step, so the
+        // peer stops counting at once (the next check does not pick it
+        // again) and is never counted as missing the auth deadline.
+        t.commands.disconnect(peers).await;
+    }
+}
