@@ -41,19 +41,20 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// `status` / `services`: prints the answer, or one line saying why not
-/// (exit status 1).
+/// (exit status 1, whatever `RUST_BACKTRACE` says).
 async fn ask(args: cli::StatusArgs, what: agentmesh_node::status_cmd::Ask) -> anyhow::Result<()> {
     let limit = std::time::Duration::from_secs(args.timeout_secs.max(1));
-    let text = agentmesh_node::status_cmd::ask(
-        &args.socket_path(),
-        &args.data_dir,
-        what,
-        args.json,
-        limit,
-    )
-    .await?;
-    print!("{text}");
-    Ok(())
+    let socket = args.socket_path();
+    match agentmesh_node::status_cmd::ask(&socket, &args.data_dir, what, args.json, limit).await {
+        Ok(text) => {
+            print!("{text}");
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("agentmesh-node: {e}");
+            std::process::exit(1);
+        }
+    }
 }
 
 fn init_logs() {
