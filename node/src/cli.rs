@@ -19,6 +19,12 @@ pub(crate) enum Command {
     Run(Box<RunArgs>),
     /// Pipe stdin/stdout to service NAME through a running node.
     Call(CallArgs),
+    /// Show what a running node holds: routers and their state, readiness
+    /// and why, credential expiry, services, recent calls.
+    Status(StatusArgs),
+    /// List the services a running node can see (exposed, forwarded,
+    /// looked up).
+    Services(StatusArgs),
 }
 
 fn label(s: &str) -> Result<(String, String), String> {
@@ -173,6 +179,30 @@ pub(crate) struct CallArgs {
 }
 
 impl CallArgs {
+    pub(crate) fn socket_path(&self) -> PathBuf {
+        self.socket_path
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join(config::SOCKET_FILE))
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct StatusArgs {
+    /// Print the node's JSON instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// The node's socket (default: DATA_DIR/agentmesh.sock).
+    #[arg(long)]
+    socket_path: Option<PathBuf>,
+    /// The running node's data dir.
+    #[arg(long, default_value = config::DEFAULT_DATA_DIR)]
+    pub(crate) data_dir: PathBuf,
+    /// Longest wait for the node's answer, seconds.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) timeout_secs: u64,
+}
+
+impl StatusArgs {
     pub(crate) fn socket_path(&self) -> PathBuf {
         self.socket_path
             .clone()

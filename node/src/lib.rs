@@ -21,10 +21,14 @@ pub mod identity;
 mod local;
 pub mod metrics;
 mod peer_calls;
+mod recent;
+pub mod report;
+mod seen;
 pub mod select;
 mod shared;
 mod socket;
 mod status;
+pub mod status_cmd;
 mod transport;
 pub mod wire;
 
@@ -111,12 +115,12 @@ impl NodeHandle {
         self.shared.peer_id
     }
 
-    /// `true` while ready (DESIGN §9).
-    pub fn ready(&self) -> watch::Receiver<bool> {
-        self.shared.ready.subscribe()
+    /// Whether the node is ready now (see [`NodeStatus::ready`]).
+    pub fn is_ready(&self) -> bool {
+        self.shared.status.borrow().ready
     }
 
-    /// The node's status as it changes.
+    /// The node's status as it changes, readiness included.
     pub fn status(&self) -> watch::Receiver<NodeStatus> {
         self.shared.status.subscribe()
     }
@@ -269,10 +273,11 @@ pub async fn spawn(
             })?;
         forward_listeners.push((l, name.clone()));
     }
-    let forward_addrs = forward_listeners
+    let forwards: Vec<(SocketAddr, String)> = forward_listeners
         .iter()
-        .filter_map(|(l, _)| l.local_addr().ok())
+        .filter_map(|(l, name)| l.local_addr().ok().map(|a| (a, name.clone())))
         .collect();
+    let forward_addrs = forwards.iter().map(|(a, _)| *a).collect();
     let socket_path = config.effective_socket_path();
     let socket_listener = match &socket_path {
         Some(p) => Some(socket::bind(p).await.map_err(|source| SpawnError::Bind {
@@ -348,18 +353,14 @@ pub async fn spawn(
         metrics,
         credential: RwLock::new(credential),
         trust: RwLock::new(Arc::new(Trust::new(&keys))),
-        router_addrs: RwLock::new(Default::default()),
-        attached: RwLock::new(Default::default()),
-        held: RwLock::new(HashSet::new()),
-        leaving: RwLock::new(HashSet::new()),
-        transit_admitted: Mutex::new(HashSet::new()),
         keys_fetched_at: Mutex::new(None),
         cmd: cmd_tx,
         shutdown: shutdown_rx,
         status: status_tx,
-        ready: watch::channel(false).0,
         in_flight: Arc::new(AtomicUsize::new(0)),
         peer_calls: Default::default(),
+        forwards,
+        seen: Default::default(),
     });
 
     let mut core_set = JoinSet::new();
@@ -410,7 +411,6 @@ pub async fn spawn(
 async fn supervised(shared: Arc<shared::Shared>, core: impl std::future::Future<Output = ()>) {
     if let Err(why) = catch_panic(core).await {
         tracing::error!(%why, "node core panicked: no router is held any more");
-        shared.ready.send_replace(false);
         shared.status.send_modify(|s| {
             s.ready = false;
             s.stopping = true;

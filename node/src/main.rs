@@ -1,5 +1,6 @@
 //! `agentmesh-node run ...` runs a member; `agentmesh-node call NAME` pipes
-//! stdin/stdout to a service through a running node's Unix socket.
+//! stdin/stdout to a service through a running node's Unix socket;
+//! `status` and `services` ask a running node what it holds and sees.
 
 mod cli;
 
@@ -29,8 +30,31 @@ fn main() -> anyhow::Result<()> {
             },
             CALL_EXIT_GRACE,
         ),
+        cli::Command::Status(args) => {
+            agentmesh_runtime::block_on(ask(args, agentmesh_node::status_cmd::Ask::Status))
+        }
+        cli::Command::Services(args) => {
+            agentmesh_runtime::block_on(ask(args, agentmesh_node::status_cmd::Ask::Services))
+        }
     }
     .context("building the async runtime")?
+}
+
+/// `status` / `services`: prints the answer, or one line saying why not
+/// (exit status 1, whatever `RUST_BACKTRACE` says).
+async fn ask(args: cli::StatusArgs, what: agentmesh_node::status_cmd::Ask) -> anyhow::Result<()> {
+    let limit = std::time::Duration::from_secs(args.timeout_secs.max(1));
+    let socket = args.socket_path();
+    match agentmesh_node::status_cmd::ask(&socket, &args.data_dir, what, args.json, limit).await {
+        Ok(text) => {
+            print!("{text}");
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("agentmesh-node: {e}");
+            std::process::exit(1);
+        }
+    }
 }
 
 fn init_logs() {

@@ -159,6 +159,9 @@ pub struct Metrics {
     /// Local connections that waited for a slot because their listener's
     /// bound (`--max-forward-connections`) was reached, by listener.
     pub local_connection_waits: Family<ListenerLabel, Counter>,
+    /// Calls that ended in the last minutes (for `agentmesh-node status`;
+    /// not exported).
+    pub(crate) recent: std::sync::Arc<crate::recent::RecentCalls>,
 }
 
 impl Metrics {
@@ -322,6 +325,9 @@ impl Metrics {
         self.calls
             .get_or_create(&CallLabels { direction, result })
             .inc();
+        let ok = matches!(result, "ok" | "accepted");
+        self.recent
+            .record(direction == "outbound", ok, tokio::time::Instant::now());
     }
 
     pub(crate) fn cp(&self, op: &'static str, ok: bool) {

@@ -1,5 +1,8 @@
-//! State shared by the node's tasks: identity, credential, trust, what the
-//! core loop knows about routers, and the channel to ask it for connections.
+//! State shared by the node's tasks: identity, credential, trust, and the
+//! bounded command queue to the core loop, which owns everything about
+//! routers, connections and admissions (transit included). Call tasks ask
+//! the core and wait for its answer with a deadline; nothing the core holds
+//! is copied here.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -25,7 +28,9 @@ pub(crate) const COMMAND_QUEUE: usize = 256;
 /// Keys are re-fetched for an unknown key id at most this often.
 pub(crate) const KEY_REFETCH_INTERVAL: Duration = Duration::from_secs(30);
 
-/// What other tasks ask of the core loop (which owns the swarm).
+/// What other tasks ask of the core loop (which owns the swarm). Each
+/// carries its reply channel; the asker bounds its wait (see
+/// [`Shared::ask`]), and a reply whose asker gave up is dropped.
 #[derive(Debug)]
 pub(crate) enum Command {
     /// Be connected to `peer` (dial `addrs` unless already connected).
@@ -43,6 +48,55 @@ pub(crate) enum Command {
         listed: Option<Vec<PeerId>>,
         reply: oneshot::Sender<Result<(), String>>,
     },
+    /// The routers a call may use now (see [`Routes`]).
+    Routes { reply: oneshot::Sender<Routes> },
+    /// Be connected to `router` (at `addrs`) and admitted there for
+    /// transit, unless it is one we hold (admitted for attach) or already
+    /// admitted us for transit on this connection. The connect waits at
+    /// most `connect_limit`, the auth exchange at most `auth_limit`.
+    Transit {
+        router: PeerId,
+        addrs: Vec<Multiaddr>,
+        connect_limit: Duration,
+        auth_limit: Duration,
+        reply: oneshot::Sender<Result<(), TransitError>>,
+    },
+    /// What the node holds, for `agentmesh-node status`.
+    Report {
+        reply: oneshot::Sender<crate::report::Report>,
+    },
+}
+
+/// The core's answer to [`Command::Routes`]: a snapshot for one call round.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Routes {
+    /// Routers with an active reservation, with the address we reached them at.
+    pub(crate) attached: Vec<(PeerId, Multiaddr)>,
+    /// Held routers that sent go-away (being replaced): calls route around
+    /// them when they can.
+    pub(crate) leaving: HashSet<PeerId>,
+    /// Router addresses from the directory (and go-away alternatives).
+    pub(crate) directory: Arc<HashMap<PeerId, Vec<Multiaddr>>>,
+}
+
+/// Why a transit admission failed (see [`Command::Transit`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TransitError {
+    /// No connection to the router (the detail says why, as
+    /// [`Shared::connect`] does).
+    #[error("{0}")]
+    Connect(String),
+    /// The auth exchange failed.
+    #[error(transparent)]
+    Wire(#[from] crate::wire::WireError),
+    /// The router answered, and not with an admission.
+    #[error("router {router} refused transit: {outcome}")]
+    Refused {
+        /// The router.
+        router: PeerId,
+        /// Its answer.
+        outcome: String,
+    },
 }
 
 /// Everything the node's tasks share.
@@ -55,28 +109,20 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     pub(crate) credential: RwLock<Credential>,
     pub(crate) trust: RwLock<Arc<Trust>>,
-    /// Router addresses from the directory.
-    pub(crate) router_addrs: RwLock<HashMap<PeerId, Vec<Multiaddr>>>,
-    /// Routers we hold a reservation on, with the address we reached them at.
-    pub(crate) attached: RwLock<HashMap<PeerId, Multiaddr>>,
-    /// Routers the core holds or is acquiring (never authed for transit:
-    /// the router keeps the latest purpose, and transit would cost us the
-    /// reservation).
-    pub(crate) held: RwLock<HashSet<PeerId>>,
-    /// Held routers that sent go-away (being replaced): calls route around
-    /// them when they can.
-    pub(crate) leaving: RwLock<HashSet<PeerId>>,
-    /// Routers that admitted us for transit on the current connection.
-    pub(crate) transit_admitted: Mutex<HashSet<PeerId>>,
     pub(crate) keys_fetched_at: Mutex<Option<Instant>>,
     pub(crate) cmd: mpsc::Sender<Command>,
     pub(crate) shutdown: watch::Receiver<bool>,
+    /// The node's status, readiness included, published by the core loop
+    /// (and by the supervisor when the core panics).
     pub(crate) status: watch::Sender<NodeStatus>,
-    pub(crate) ready: watch::Sender<bool>,
     /// Calls in flight (inbound, forwarded, handed out); shutdown waits for 0.
     pub(crate) in_flight: Arc<AtomicUsize>,
     /// Calls in flight per peer: relayed connections to idle peers close.
     pub(crate) peer_calls: Arc<crate::peer_calls::PeerCalls>,
+    /// The `--forward` listeners' bound addresses and services.
+    pub(crate) forwards: Vec<(std::net::SocketAddr, String)>,
+    /// Services this node's calls looked up recently.
+    pub(crate) seen: crate::seen::Seen,
 }
 
 impl Shared {
@@ -123,6 +169,32 @@ impl Shared {
         }
     }
 
+    /// Sends `cmd` (built around a fresh reply channel) to the core loop
+    /// and waits for the answer, both within `limit`. `None`: the node is
+    /// stopping or the core did not answer in time (`timed_out`).
+    pub(crate) async fn ask<T>(
+        &self,
+        limit: Duration,
+        cmd: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, Unanswered> {
+        let (reply, rx) = oneshot::channel();
+        let fut = async {
+            self.cmd
+                .send(cmd(reply))
+                .await
+                .map_err(|_| Unanswered::Stopping)?;
+            rx.await.map_err(|_| Unanswered::Stopping)
+        };
+        tokio::time::timeout(limit, fut)
+            .await
+            .map_err(|_| Unanswered::TimedOut(limit))?
+    }
+
+    /// The routers a call may use now, asked of the core within `limit`.
+    pub(crate) async fn routes(&self, limit: Duration) -> Result<Routes, Unanswered> {
+        self.ask(limit, |reply| Command::Routes { reply }).await
+    }
+
     /// Asks the core loop to connect to `peer` and waits, up to `limit`
     /// (the connect timeout, or less: what is left of a call's budget).
     /// With `keep_via`, relayed connections to `peer` through other
@@ -136,30 +208,77 @@ impl Shared {
         listed: Option<Vec<PeerId>>,
         limit: Duration,
     ) -> Result<(), String> {
-        let (reply, rx) = oneshot::channel();
-        let deadline = limit;
-        let fut = async {
-            self.cmd
-                .send(Command::Connect {
-                    peer,
-                    addrs,
-                    keep_via,
-                    listed,
-                    reply,
+        self.ask(limit, |reply| Command::Connect {
+            peer,
+            addrs,
+            keep_via,
+            listed,
+            reply,
+        })
+        .await
+        .map_err(|e| match e {
+            Unanswered::Stopping => "node is stopping".to_string(),
+            Unanswered::TimedOut(d) => format!("no connection to {peer} within {d:?}"),
+        })?
+    }
+
+    /// The services this node exposes, for the status.
+    pub(crate) fn exposed(&self) -> Vec<crate::report::Exposed> {
+        self.config
+            .expose
+            .iter()
+            .map(|(name, backend)| crate::report::Exposed {
+                name: name.clone(),
+                backend: backend.to_string(),
+            })
+            .collect()
+    }
+
+    /// The `--forward` listeners, for the status.
+    pub(crate) fn forwarded(&self) -> Vec<crate::report::Forwarded> {
+        self.forwards
+            .iter()
+            .map(|(listen, service)| crate::report::Forwarded {
+                listen: listen.to_string(),
+                service: service.clone(),
+            })
+            .collect()
+    }
+
+    /// What `agentmesh-node services` lists.
+    pub(crate) fn services(&self) -> crate::report::Services {
+        let now = Instant::now();
+        crate::report::Services {
+            exposed: self.exposed(),
+            forwarded: self.forwarded(),
+            seen: self
+                .seen
+                .list()
+                .into_iter()
+                .map(|(name, providers, at)| crate::report::SeenService {
+                    name,
+                    providers,
+                    looked_up_secs_ago: now.saturating_duration_since(at).as_secs(),
                 })
-                .await
-                .map_err(|_| "node is stopping".to_string())?;
-            rx.await.map_err(|_| "node is stopping".to_string())?
-        };
-        tokio::time::timeout(deadline, fut)
-            .await
-            .map_err(|_| format!("no connection to {peer} within {deadline:?}"))?
+                .collect(),
+        }
     }
 
     pub(crate) fn in_flight_guard(&self) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(self.in_flight.clone())
     }
+}
+
+/// The core loop gave no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Unanswered {
+    /// The command queue or the reply channel closed: the core is stopping.
+    #[error("node is stopping")]
+    Stopping,
+    /// No answer within the deadline.
+    #[error("the node's core did not answer within {0:?}")]
+    TimedOut(Duration),
 }
 
 /// Counts one call in flight while alive.

@@ -8,6 +8,11 @@
 //!   `OK\n` and from then on the connection carries the call's raw bytes
 //!   both ways (half-close is passed on), or `ERR <reason>\n` and closes.
 //!   `agentmesh-node call NAME` is a client of exactly this.
+//! - `STATUS\n`: one JSON line, the node's [`crate::report::Report`]
+//!   (asked of the core loop), then closed; `ERR <reason>\n` when the core
+//!   does not answer. `agentmesh-node status` is its client.
+//! - `SERVICES\n`: one JSON line, [`crate::report::Services`], then
+//!   closed. `agentmesh-node services` is its client.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
@@ -106,6 +111,26 @@ async fn handle(shared: &Arc<Shared>, conn: UnixStream) -> std::io::Result<()> {
         conn.write_all(resp.as_bytes()).await?;
         return conn.shutdown().await;
     }
+    if line == "STATUS" || line == "SERVICES" {
+        let body = if line == "STATUS" {
+            let limit = shared.config.call_timeout();
+            match shared
+                .ask(limit, |reply| crate::shared::Command::Report { reply })
+                .await
+            {
+                Ok(report) => serde_json::to_string(&report).map_err(std::io::Error::other)?,
+                Err(e) => {
+                    let st = shared.status.borrow().clone();
+                    format!("ERR {e}: {}", st.readyz_line().trim_end())
+                }
+            }
+        } else {
+            serde_json::to_string(&shared.services()).map_err(std::io::Error::other)?
+        };
+        let mut conn = reader.into_inner();
+        conn.write_all(format!("{body}\n").as_bytes()).await?;
+        return conn.shutdown().await;
+    }
     if let Some(name) = line.strip_prefix("CALL ") {
         let name = name.trim();
         // Bytes the client sent after the line are kept in the reader's buffer.
@@ -128,7 +153,7 @@ async fn handle(shared: &Arc<Shared>, conn: UnixStream) -> std::io::Result<()> {
         return Ok(());
     }
     let mut conn = reader.into_inner();
-    conn.write_all(b"ERR expected `CALL <name>` or an HTTP GET\n")
+    conn.write_all(b"ERR expected `CALL <name>`, `STATUS`, `SERVICES` or an HTTP GET\n")
         .await?;
     conn.shutdown().await
 }

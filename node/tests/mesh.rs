@@ -797,3 +797,173 @@ async fn go_away_makes_before_it_breaks() {
         r.handle.shutdown().await;
     }
 }
+
+/// Runs `agentmesh-node ARGS --data-dir DATA` and returns (success, stdout, stderr).
+async fn node_cli(args: &[&str], data: &std::path::Path) -> (bool, String, String) {
+    let out = tokio::time::timeout(
+        DEADLINE,
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_agentmesh-node"))
+            .args(args)
+            .arg("--data-dir")
+            .arg(data)
+            .output(),
+    )
+    .await
+    .expect("the command ends in time")
+    .expect("run agentmesh-node");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// Asserts the command failed with one line saying no node runs at `data`.
+async fn assert_no_node(args: &[&str], data: &std::path::Path) {
+    let (ok, out, err) = node_cli(args, data).await;
+    assert!(!ok, "{args:?} succeeded without a node: {out}");
+    assert!(out.is_empty(), "{out}");
+    let err = err.trim_end();
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains(&format!("no node is running at {}", data.display())),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_services_show_what_a_running_node_holds() {
+    let cp = start_cp().await;
+    let r = start_router(&cp, "r1").await;
+    let member = cp.token(Role::Member).await;
+    let backend = echo_backend().await;
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
+        expose: vec![("echo".into(), backend)],
+        ..base
+    })
+    .await;
+    ready(&b, "b").await;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("token");
+    tokio::fs::write(&token_file, format!("{member}\n"))
+        .await
+        .expect("token file");
+    let data = dir.path().join("data");
+    // Nothing runs there yet: one clear line, a failing exit status.
+    assert_no_node(&["status"], &data).await;
+    assert_no_node(&["services", "--json"], &data).await;
+
+    let local = echo_backend().await;
+    let exe = env!("CARGO_BIN_EXE_agentmesh-node");
+    let mut node = tokio::process::Command::new(exe)
+        .args(["run", "--control-plane", &cp.url, "--routers", "1"])
+        .args(["--directory-interval-secs", "1"])
+        .args(["--expose", &format!("local={local}")])
+        .args(["--forward", "127.0.0.1:0=echo"])
+        .arg("--token-file")
+        .arg(&token_file)
+        .arg("--data-dir")
+        .arg(&data)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run the node binary");
+    let sock = data.join(agentmesh_node::config::SOCKET_FILE);
+    let end = Instant::now() + DEADLINE;
+    while !socket_readyz(&sock)
+        .await
+        .is_some_and(|out| out.starts_with("HTTP/1.1 200"))
+    {
+        assert!(Instant::now() < end, "node binary never became ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // One call, so the node has looked `echo` up and counted a call.
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let mut call = tokio::process::Command::new(exe)
+            .args(["call", "echo", "--data-dir"])
+            .arg(&data)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run call");
+        let mut stdin = call.stdin.take().expect("stdin");
+        stdin.write_all(b"hi\n").await.expect("stdin");
+        drop(stdin);
+        let out = call.wait_with_output().await.expect("call output");
+        if out.status.success() {
+            assert_eq!(out.stdout, b"hi\n");
+            break;
+        }
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(Instant::now() < end, "call never succeeded: {err}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let router = r.handle.peer_id().to_string();
+    let (ok, text, err) = node_cli(&["status"], &data).await;
+    assert!(ok, "{err}");
+    assert!(
+        text.contains("readiness   ready: 1 of 1 routers reserved"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("  {router}  reserved at ")),
+        "{text}"
+    );
+    assert!(text.contains("records accepted"), "{text}");
+    assert!(text.contains("credential  expires at "), "{text}");
+    assert!(
+        text.contains(&format!("exposed     local -> {local}")),
+        "{text}"
+    );
+    assert!(text.contains("forwarded   127.0.0.1:"), "{text}");
+    assert!(text.contains("outbound 1 ok, "), "{text}");
+
+    let (ok, json, err) = node_cli(&["status", "--json"], &data).await;
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("status JSON");
+    assert_eq!(v["ready"], true, "{json}");
+    assert_eq!(v["routers"][0]["peer_id"], router.as_str(), "{json}");
+    assert_eq!(v["routers"][0]["state"], "reserved", "{json}");
+    assert_eq!(v["recent_calls"]["outbound_ok"], 1, "{json}");
+    assert!(
+        v["credential_expires_in_secs"]
+            .as_i64()
+            .is_some_and(|s| s > 0),
+        "{json}"
+    );
+
+    let (ok, text, err) = node_cli(&["services"], &data).await;
+    assert!(ok, "{err}");
+    assert!(
+        text.contains(&format!("local  exposed here (backend {local})")),
+        "{text}"
+    );
+    assert!(text.contains("echo  forwarded from 127.0.0.1:"), "{text}");
+    assert!(text.contains("echo  1 provider(s), looked up "), "{text}");
+    let (ok, json, err) = node_cli(&["services", "--json"], &data).await;
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("services JSON");
+    assert_eq!(v["seen"][0]["name"], "echo", "{json}");
+    assert_eq!(v["seen"][0]["providers"], 1, "{json}");
+
+    // Stopped: no node at that data dir any more.
+    let pid = node.id().expect("pid").to_string();
+    let killed = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(killed.success());
+    let status = tokio::time::timeout(DEADLINE, node.wait())
+        .await
+        .expect("node exits after SIGTERM")
+        .expect("wait");
+    assert!(status.success(), "{status}");
+    assert_no_node(&["status", "--json"], &data).await;
+
+    b.shutdown().await;
+    r.handle.shutdown().await;
+}

@@ -157,7 +157,7 @@ impl Demo {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> DemoStats {
-        let ready = self.nodes.iter().filter(|n| *n.ready().borrow()).count();
+        let ready = self.nodes.iter().filter(|n| n.is_ready()).count();
         let s = self.shared.lock();
         let mut sorted = s.latencies_ms.clone();
         sorted.sort_by(|a, b| a.total_cmp(b));
@@ -205,11 +205,11 @@ async fn call_loop(
     cancel: CancellationToken,
 ) {
     let me = &nodes[index];
-    let mut ready = me.ready();
+    let mut status = me.status();
     // Wait to be ready before calling anyone.
     tokio::select! {
         _ = cancel.cancelled() => return,
-        _ = ready.wait_for(|r| *r) => {}
+        _ = status.wait_for(|s| s.ready) => {}
     }
     loop {
         let pause = jittered(interval);

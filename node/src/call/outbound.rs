@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agentmesh_proto::pb::mesh::{
-    CallRefusal, CatalogRequest, CatalogResponse, Lookup, LookupResult, Purpose, catalog_request,
+    CallRefusal, CatalogRequest, CatalogResponse, Lookup, LookupResult, catalog_request,
     catalog_response,
 };
 use agentmesh_proto::record::verify_record;
@@ -46,8 +46,8 @@ use tokio::time::Instant;
 use super::{CallError, CallRoute, CallStream};
 use crate::core::router_base;
 use crate::metrics::DirectionLabel;
-use crate::shared::Shared;
-use crate::wire::{self, AuthOutcome, WireError};
+use crate::shared::{Command, Shared, TransitError, Unanswered};
+use crate::wire::{self, WireError};
 
 /// Most provider records asked for in one lookup.
 const LOOKUP_LIMIT: u32 = 32;
@@ -336,15 +336,20 @@ async fn round(
     close_all: bool,
     budget: Budget,
 ) -> Result<CallStream, RoundError> {
+    let view = shared
+        .routes(budget.cap(shared.config.connect_timeout()))
+        .await
+        .map_err(|e| match e {
+            crate::shared::Unanswered::Stopping => CallError::ShuttingDown,
+            e @ crate::shared::Unanswered::TimedOut(_) => CallError::LookupFailed {
+                service: service.to_string(),
+                detail: e.to_string(),
+            },
+        })?;
     let mut avoid = avoid.clone();
-    avoid.extend(shared.leaving.read().iter().copied());
+    avoid.extend(view.leaving.iter().copied());
     let avoid = &avoid;
-    let mut attached: Vec<(PeerId, Multiaddr)> = shared
-        .attached
-        .read()
-        .iter()
-        .map(|(p, a)| (*p, a.clone()))
-        .collect();
+    let mut attached = view.attached;
     if attached.is_empty() {
         return Err(CallError::NotReady.into());
     }
@@ -374,6 +379,9 @@ async fn round(
             *e = (record.issued_at_unix_secs, routers);
         }
     }
+    shared
+        .seen
+        .looked_up(service, by_provider.len(), Instant::now());
     let attached_map: HashMap<PeerId, Multiaddr> = attached.into_iter().collect();
     let mut providers: Vec<(PeerId, Vec<PeerId>)> =
         by_provider.into_iter().map(|(p, (_, r))| (p, r)).collect();
@@ -400,6 +408,7 @@ async fn round(
         tried += 1;
         let route = Route {
             attached: &attached_map,
+            directory: &view.directory,
             avoid,
             retry,
             close_all,
@@ -431,48 +440,36 @@ async fn round(
     })
 }
 
-/// Becomes admitted for transit at `router` (reusing an earlier admission
-/// on the same connection).
+/// Becomes admitted for transit at `router`: the core loop, which owns
+/// every admission, connects and authenticates (or reuses an admission
+/// it holds on the same connection, or a router it holds for attach).
 async fn transit(
     shared: &Arc<Shared>,
     router: PeerId,
     addrs: Vec<Multiaddr>,
     budget: Budget,
 ) -> Result<(), AttemptError> {
-    shared
-        .connect(
+    let connect_limit = budget.cap(shared.config.connect_timeout());
+    let auth_limit = budget.cap(shared.config.call_timeout());
+    let answer = shared
+        .ask(connect_limit + auth_limit, |reply| Command::Transit {
             router,
             addrs,
-            None,
-            None,
-            budget.cap(shared.config.connect_timeout()),
-        )
-        .await
-        .map_err(|e| connect_error(e, router))?;
-    // A router we hold (or are acquiring) admits us for attach; a transit
-    // auth would replace that admission and cost us the reservation.
-    if shared.transit_admitted.lock().contains(&router) || shared.held.read().contains(&router) {
-        return Ok(());
-    }
-    let attached: Vec<PeerId> = shared.attached.read().keys().copied().collect();
-    match wire::auth(
-        shared.control.clone(),
-        router,
-        shared.credential(),
-        Purpose::Transit,
-        attached,
-        budget.cap(shared.config.call_timeout()),
-    )
-    .await
-    .map_err(|e| AttemptError::wire(e, "connect_failed", router))?
-    {
-        AuthOutcome::Admitted(_) => {
-            shared.transit_admitted.lock().insert(router);
-            Ok(())
-        }
-        other => Err(other_error(format!(
-            "router {router} refused transit: {other:?}"
-        ))),
+            connect_limit,
+            auth_limit,
+            reply,
+        })
+        .await;
+    match answer {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(TransitError::Connect(e))) => Err(connect_error(e, router)),
+        Ok(Err(TransitError::Wire(e))) => Err(AttemptError::wire(e, "connect_failed", router)),
+        Ok(Err(e @ TransitError::Refused { .. })) => Err(other_error(e.to_string())),
+        Err(Unanswered::Stopping) => Err(connect_error("node is stopping".into(), router)),
+        Err(Unanswered::TimedOut(d)) => Err(connect_error(
+            format!("no transit admission at {router} within {d:?}"),
+            router,
+        )),
     }
 }
 
@@ -481,6 +478,8 @@ async fn transit(
 struct Route<'a> {
     /// Our reserved routers and their addresses.
     attached: &'a HashMap<PeerId, Multiaddr>,
+    /// Router addresses from the directory.
+    directory: &'a HashMap<PeerId, Vec<Multiaddr>>,
     /// Routers to route around when another way exists.
     avoid: &'a HashSet<PeerId>,
     /// A retry: stale relayed connections to the provider are closed first.
@@ -501,6 +500,7 @@ async fn attempt(
 ) -> Result<CallStream, AttemptError> {
     let Route {
         attached,
+        directory,
         avoid,
         retry,
         close_all,
@@ -516,11 +516,10 @@ async fn attempt(
     let known: Vec<(PeerId, Vec<Multiaddr>)> = if fresh.is_some() {
         Vec::new()
     } else {
-        let dir = shared.router_addrs.read();
         routers
             .iter()
             .filter(|r| !avoid.contains(r) && !attached.contains_key(r))
-            .filter_map(|r| dir.get(r).map(|a| (*r, a.clone())))
+            .filter_map(|r| directory.get(r).map(|a| (*r, a.clone())))
             .collect()
     };
     let transit_via = known.choose(&mut rand::thread_rng()).cloned();

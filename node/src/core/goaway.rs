@@ -13,6 +13,10 @@
 //! leaving it below K (or on one router) for as long as the survivors
 //! refused it. Releases are counted by reason
 //! (`agentmesh_node_goaway_releases_total`: `replaced`, `router_closed`).
+//!
+//! The decisions are pure and tested without a swarm: [`GoAways`] (which
+//! arriving stream is read, bounded), [`shun_for`], [`alternatives`] and
+//! [`release_due`]; the core performs the exchange and the moves.
 
 use std::time::Duration;
 
@@ -22,7 +26,7 @@ use agentmesh_proto::protocols::MAX_FRAME_BYTES;
 use futures::AsyncWriteExt as _;
 use libp2p::{Multiaddr, PeerId, Stream};
 
-use super::routers::Phase;
+use super::slot::Slot;
 use super::{Core, Op};
 use crate::metrics::ResultLabel;
 use crate::select::Candidate;
@@ -95,6 +99,41 @@ fn pending_verdict(admitted: bool, pending: usize) -> Verdict {
     }
 }
 
+/// Go-away exchanges in progress (at most [`MAX_PENDING`]).
+#[derive(Debug, Default)]
+pub(crate) struct GoAways {
+    pending: usize,
+}
+
+impl GoAways {
+    /// A go-away stream arrived from a router that has (`admitted`) or has
+    /// not admitted us: what to do with it; a [`Verdict::Read`] counts as
+    /// in progress until [`GoAways::finished`].
+    fn arrive(&mut self, admitted: bool) -> Verdict {
+        let v = pending_verdict(admitted, self.pending);
+        if v == Verdict::Read {
+            self.pending += 1;
+        }
+        v
+    }
+
+    /// An exchange ended (read, failed or timed out).
+    fn finished(&mut self) {
+        self.pending = self.pending.saturating_sub(1);
+    }
+}
+
+/// Whether the leaving routers among `slots` may be released: K routers
+/// that are not leaving serve (reserved, holding our records when we
+/// expose services). Short of that they are kept (see the module docs).
+pub(crate) fn release_due<'a>(
+    slots: impl Iterator<Item = &'a Slot>,
+    k: usize,
+    exposing: bool,
+) -> bool {
+    slots.filter(|s| s.serves(exposing)).count() >= k
+}
+
 impl Core {
     fn count_goaway(&self, result: &'static str) {
         self.shared
@@ -107,7 +146,7 @@ impl Core {
     /// A go-away stream arrived from `peer`.
     pub(super) fn on_goaway_stream(&mut self, peer: PeerId, mut stream: Stream) {
         let admitted = self.slots.get(&peer).is_some_and(|s| s.phase.is_admitted());
-        match pending_verdict(admitted, self.goaways_pending) {
+        match self.goaway.arrive(admitted) {
             Verdict::Read => {}
             Verdict::Ignored => {
                 tracing::warn!(%peer, "go-away ignored: not from a router we are attached to");
@@ -117,14 +156,13 @@ impl Core {
             Verdict::Overflow => {
                 tracing::warn!(
                     %peer,
-                    pending = self.goaways_pending,
+                    pending = self.goaway.pending,
                     "go-away dropped unread: {MAX_PENDING} go-away exchanges already in progress"
                 );
                 self.count_goaway("overflow");
                 return;
             }
         }
-        self.goaways_pending += 1;
         let deadline = self.shared.config.call_timeout();
         self.ops.push(Box::pin(async move {
             let exchange = async {
@@ -148,7 +186,7 @@ impl Core {
     }
 
     pub(super) fn on_goaway(&mut self, router: PeerId, result: Result<GoAway, String>) {
-        self.goaways_pending = self.goaways_pending.saturating_sub(1);
+        self.goaway.finished();
         let g = match result {
             Ok(g) => g,
             Err(e) => {
@@ -181,7 +219,7 @@ impl Core {
         slot.leaving = Some(shun);
         slot.draining |= is_draining(&g);
         // The record stops naming it (see `publish_records`).
-        self.records_dirty = true;
+        self.records.dirty = true;
         self.merge_alternatives(&g.alternatives);
         self.top_up();
         self.release_leaving();
@@ -190,15 +228,7 @@ impl Core {
 
     /// Adds a go-away's alternatives to the candidates (directory entries win).
     pub(super) fn merge_alternatives(&mut self, alts: &[Alternative]) {
-        for c in alternatives(alts) {
-            if !self.candidates.iter().any(|k| k.peer == c.peer) {
-                self.shared
-                    .router_addrs
-                    .write()
-                    .insert(c.peer, c.addrs.clone());
-                self.candidates.push(c);
-            }
-        }
+        self.directory.merge(alternatives(alts));
     }
 
     /// Releases leaving routers once K routers that are not leaving are
@@ -214,13 +244,7 @@ impl Core {
             return;
         }
         let exposing = !self.shared.config.expose.is_empty();
-        let ready = self
-            .slots
-            .values()
-            .filter(|s| s.leaving.is_none())
-            .filter(|s| matches!(s.phase, Phase::Reserved(_)) && (s.published || !exposing))
-            .count();
-        if ready >= self.shared.config.routers {
+        if release_due(self.slots.values(), self.shared.config.routers, exposing) {
             for (router, shun) in leaving {
                 tracing::info!(%router, "released after go-away: replaced");
                 self.count_release("replaced");
@@ -251,6 +275,56 @@ mod tests {
         assert_eq!(pending_verdict(false, 0), Verdict::Ignored);
         assert_eq!(pending_verdict(false, MAX_PENDING), Verdict::Ignored);
         assert!(crate::metrics::GOAWAY_RESULTS.contains(&"overflow"));
+    }
+
+    #[test]
+    fn exchanges_in_progress_are_bounded_and_freed_when_they_end() {
+        let mut g = GoAways::default();
+        assert_eq!(g.arrive(false), Verdict::Ignored);
+        for _ in 0..MAX_PENDING {
+            assert_eq!(g.arrive(true), Verdict::Read);
+        }
+        assert_eq!(g.arrive(true), Verdict::Overflow);
+        assert_eq!(
+            g.pending, MAX_PENDING,
+            "an overflow is not counted in progress"
+        );
+        g.finished();
+        assert_eq!(g.arrive(true), Verdict::Read);
+        for _ in 0..MAX_PENDING + 3 {
+            g.finished();
+        }
+        assert_eq!(g.pending, 0);
+    }
+
+    #[test]
+    fn leaving_routers_go_only_once_k_others_serve() {
+        let serving = || {
+            let mut s = Slot::new();
+            s.connected("/ip4/127.0.0.1/tcp/1".parse().expect("addr"));
+            s.admitted(true);
+            s.reserving(libp2p::core::transport::ListenerId::next());
+            s.reserved();
+            s
+        };
+        let mut leaving = serving();
+        leaving.leaving = Some(Duration::from_secs(5));
+        leaving.published = true;
+        let unpublished = serving();
+        let mut published = serving();
+        published.published = true;
+        // K = 2, exposing: the leaving one never counts, nor one without records.
+        let slots = [leaving.clone(), published.clone(), unpublished.clone()];
+        assert!(!release_due(slots.iter(), 2, true));
+        assert!(release_due(slots.iter(), 2, false));
+        let mut second = serving();
+        second.published = true;
+        let slots = [leaving, published, second, Slot::new()];
+        assert!(release_due(slots.iter(), 2, true));
+        assert!(
+            !release_due(slots.iter(), 3, true),
+            "a dialing slot does not serve"
+        );
     }
 
     #[test]

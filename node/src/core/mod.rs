@@ -1,17 +1,30 @@
-//! The core loop: the one task that owns the swarm. It keeps K routers
-//! (dial → auth → reserve → publish), refreshes the credential, polls the
-//! directory, answers connection requests from call tasks, and drives
-//! shutdown (withdraw records, wait for calls in flight).
+//! The core loop: the one task that owns the swarm and every admission
+//! (attach and transit). It keeps K routers (dial → auth → reserve →
+//! publish), refreshes the credential, polls the directory, obeys go-away,
+//! answers call tasks' commands (connect, routes, transit, report), and
+//! drives shutdown (withdraw records, wait for calls in flight, close
+//! relayed connections, then the routers').
 //!
-//! Network exchanges run as futures inside this task (`ops`), never blocking
-//! the swarm; their results come back as [`Op`] values.
+//! Each concern is a small state machine in its own file, with pure
+//! transitions taking `now`: [`slot`] (one router), [`refresh`] (the
+//! credential), [`directory`] (the router directory), [`goaway`],
+//! [`records`], [`transit`]. Network exchanges run as futures inside this
+//! task (`ops`), never blocking the swarm; their results come back as
+//! [`Op`] values.
 
+mod connect;
 mod conns;
+mod directory;
 mod goaway;
 mod idle;
+mod records;
 mod redial;
+mod refresh;
+mod report;
 mod routers;
 mod shun;
+mod slot;
+mod transit;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,11 +32,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use agentmesh_controlplane::client::ClientError;
-use agentmesh_proto::credential::peek_claims;
 use agentmesh_proto::pb::controlplane::{GetDirectoryResponse, RefreshResponse};
 use agentmesh_proto::pb::credential::KeySet;
 use agentmesh_proto::pb::mesh::CatalogResponse;
-use agentmesh_proto::unix_now;
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -31,18 +42,17 @@ use libp2p::metrics::Recorder as _;
 use libp2p::swarm::SwarmEvent;
 use libp2p::{PeerId, Swarm};
 use rand::Rng;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::shared::{Command, Shared};
+use crate::shared::{Command, Routes, Shared};
 use crate::transport::{Behaviour, BehaviourEvent};
 use crate::wire::{AuthOutcome, WireError};
-use routers::Slot;
 pub(crate) use routers::router_base;
+use slot::Slot;
 
-/// Most connection waiters held at once (call tasks waiting for a dial).
-const MAX_WAITERS: usize = 4096;
-/// Longest wait for connections to close gracefully at the end of shutdown.
+/// Longest wait for connections to close gracefully at the end of
+/// shutdown, for each of the two steps (relayed connections, then the rest).
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// How often timers are checked.
 const TICK: Duration = Duration::from_secs(1);
@@ -67,14 +77,19 @@ pub(crate) enum Op {
     },
     Directory(Box<Result<(GetDirectoryResponse, KeySet), ClientError>>),
     Refresh(Box<Result<RefreshResponse, ClientError>>),
-}
-
-/// A connect that waits for stale relayed connections to close first.
-struct FreshWait {
-    peer: PeerId,
-    closing: Vec<libp2p::swarm::ConnectionId>,
-    addrs: Vec<libp2p::Multiaddr>,
-    reply: oneshot::Sender<Result<(), String>>,
+    /// A transit request's connection is up (or failed).
+    TransitConnected {
+        router: PeerId,
+        connected: Result<(), String>,
+        auth_limit: Duration,
+        reply: transit::Reply,
+    },
+    /// A transit request's auth exchange ended.
+    TransitAuth {
+        router: PeerId,
+        result: Result<AuthOutcome, WireError>,
+        reply: transit::Reply,
+    },
 }
 
 /// The core loop's state.
@@ -82,34 +97,21 @@ pub(crate) struct Core {
     shared: Arc<Shared>,
     swarm: Swarm<Behaviour>,
     cmd_rx: mpsc::Receiver<Command>,
-    slots: HashMap<PeerId, Slot>,
-    shunned: HashMap<PeerId, shun::Shun>,
-    /// Failures in a row per router (escalates shunning; cleared on a reservation).
-    failures: HashMap<PeerId, u32>,
-    /// Connection failures in a row per router (backoff; cleared on admission).
-    redials: HashMap<PeerId, redial::Redials>,
-    candidates: Vec<crate::select::Candidate>,
-    have_directory: bool,
     ops: FuturesUnordered<BoxFuture<'static, Op>>,
-    waiters: HashMap<PeerId, Vec<oneshot::Sender<Result<(), String>>>>,
-    /// Connects waiting for stale connections to close (at most [`MAX_WAITERS`]).
-    fresh: Vec<FreshWait>,
+    /// The routers we hold or are acquiring.
+    slots: HashMap<PeerId, Slot>,
+    /// Routers kept out of the choice, and why.
+    choice: shun::Choice,
+    directory: directory::Directory,
+    refresh: refresh::Refresh,
+    records: records::Records,
+    goaways: agentmesh_streams::IncomingStreams,
+    goaway: goaway::GoAways,
+    transit: transit::Transit,
+    waits: connect::Waits,
     conns: conns::Conns,
     /// Relayed connections being closed for idleness (see [`idle`]).
     idle_closing: std::collections::HashSet<libp2p::swarm::ConnectionId>,
-    next_refresh: Instant,
-    refresh_failures: u32,
-    refresh_in_flight: bool,
-    next_directory: Instant,
-    directory_failures: u32,
-    directory_in_flight: bool,
-    records_dirty: bool,
-    last_publish: Option<Instant>,
-    withdraws_pending: usize,
-    goaways: agentmesh_streams::IncomingStreams,
-    goaways_pending: usize,
-    warned_no_router: bool,
-    publish_retry_at: Option<Instant>,
     /// The last thing that went wrong holding routers (see
     /// [`crate::NodeStatus::last_router_error`]).
     last_router_error: Option<String>,
@@ -151,34 +153,23 @@ impl Core {
         p2p_metrics: Option<libp2p::metrics::Metrics>,
     ) -> Self {
         let now = Instant::now();
+        let interval = Duration::from_secs(shared.config.directory_interval_secs);
         let mut core = Self {
             shared,
             swarm,
             cmd_rx,
-            slots: HashMap::new(),
-            shunned: HashMap::new(),
-            failures: HashMap::new(),
-            redials: HashMap::new(),
-            candidates: Vec::new(),
-            have_directory: false,
             ops: FuturesUnordered::new(),
-            waiters: HashMap::new(),
-            fresh: Vec::new(),
+            slots: HashMap::new(),
+            choice: shun::Choice::default(),
+            directory: directory::Directory::new(interval, now),
+            refresh: refresh::Refresh::new(now),
+            records: records::Records::default(),
+            goaways,
+            goaway: goaway::GoAways::default(),
+            transit: transit::Transit::default(),
+            waits: connect::Waits::default(),
             conns: conns::Conns::default(),
             idle_closing: Default::default(),
-            next_refresh: now,
-            refresh_failures: 0,
-            refresh_in_flight: false,
-            next_directory: now,
-            directory_failures: 0,
-            directory_in_flight: false,
-            records_dirty: false,
-            last_publish: None,
-            withdraws_pending: 0,
-            goaways,
-            goaways_pending: 0,
-            warned_no_router: false,
-            publish_retry_at: None,
             last_router_error: None,
             p2p_metrics,
         };
@@ -211,7 +202,9 @@ impl Core {
     }
 
     /// Shutdown: withdraw records, then keep the swarm running until calls
-    /// in flight finish or the grace ends.
+    /// in flight finish or the grace ends; then close the relayed
+    /// connections (calls' circuits) and wait for them, and only then the
+    /// routers' connections that carry those circuits.
     async fn stop(mut self) {
         tracing::debug!(
             in_flight = self.shared.in_flight.load(Ordering::SeqCst),
@@ -224,12 +217,11 @@ impl Core {
             s.ready = false;
         });
         self.shared.metrics.ready.set(0);
-        self.shared.ready.send_replace(false);
         self.withdraw_all();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {
             let idle = self.shared.in_flight.load(Ordering::SeqCst) == 0;
-            let withdrawn = self.withdraws_pending == 0;
+            let withdrawn = self.records.withdraws_pending == 0;
             if (idle && withdrawn) || Instant::now() >= deadline {
                 tracing::debug!(idle, withdrawn, "shutdown: swarm stops");
                 break;
@@ -239,7 +231,8 @@ impl Core {
                 Some(op) = self.ops.next(), if !self.ops.is_empty() => {
                     // Only withdrawals matter now; other results are dropped.
                     if let Op::Withdrawn = op {
-                        self.withdraws_pending = self.withdraws_pending.saturating_sub(1);
+                        self.records.withdraws_pending =
+                            self.records.withdraws_pending.saturating_sub(1);
                     }
                 }
                 _ = tick.tick() => {}
@@ -250,14 +243,40 @@ impl Core {
             tracing::warn!(calls = left, "shutdown grace over with calls in flight");
         }
         // Close connections gracefully so the last bytes and stream closes
-        // written by finished calls reach their peers before the swarm goes.
+        // written by finished calls reach their peers before the swarm
+        // goes. Relayed connections first: each rides on a stream of a
+        // router connection, and closing both at once could drop what the
+        // relayed one still had queued.
+        for r in self.conns.relayed() {
+            self.swarm.close_connection(r.id);
+        }
+        self.close_until(CLOSE_GRACE, |core| core.conns.relayed().is_empty())
+            .await;
         let peers: Vec<PeerId> = self.swarm.connected_peers().copied().collect();
         for p in peers {
             let _ = self.swarm.disconnect_peer_id(p);
         }
-        let close_by = Instant::now() + CLOSE_GRACE;
-        while self.swarm.connected_peers().next().is_some() {
+        self.close_until(CLOSE_GRACE, |core| {
+            core.swarm.connected_peers().next().is_none()
+        })
+        .await;
+    }
+
+    /// Runs the swarm until `done` or for at most `limit`, keeping only
+    /// track of connections (routers closing now are not lost ones).
+    async fn close_until(&mut self, limit: Duration, done: impl Fn(&Self) -> bool) {
+        let close_by = Instant::now() + limit;
+        while !done(self) {
             match tokio::time::timeout_at(close_by, self.swarm.select_next_some()).await {
+                Ok(SwarmEvent::ConnectionClosed {
+                    peer_id,
+                    connection_id,
+                    ..
+                }) => self.conns.closed(peer_id, connection_id),
+                Ok(SwarmEvent::ConnectionEstablished { connection_id, .. }) => {
+                    // Too late for it: close it with the rest.
+                    self.swarm.close_connection(connection_id);
+                }
                 Ok(_) => {}
                 Err(_) => break,
             }
@@ -272,115 +291,40 @@ impl Core {
                 keep_via,
                 listed,
                 reply,
-            } => {
-                // Connections being closed for idleness must be gone
-                // before the call opens its stream.
-                let mut stale = self.conns.open_among(&peer, &self.idle_closing);
-                if let Some(keep) = keep_via {
-                    stale.extend(self.conns.stale(&peer, &keep));
-                    stale.sort();
-                    stale.dedup();
-                }
-                if !stale.is_empty() {
-                    self.fresh.retain(|w| !w.reply.is_closed());
-                    if self.fresh.len() >= MAX_WAITERS {
-                        let _ = reply.send(Err("too many connections pending".into()));
-                        return;
-                    }
-                    tracing::debug!(%peer, stale = stale.len(), "closing relayed connections through routers the peer left (or idle)");
-                    for id in &stale {
-                        self.swarm.close_connection(*id);
-                    }
-                    self.fresh.push(FreshWait {
-                        peer,
-                        closing: stale,
-                        addrs,
-                        reply,
-                    });
-                    return;
-                }
-                // Reached only through routers the peer no longer lists
-                // (it left them or is leaving them): a new connection
-                // through a listed one, the old ones left to their calls.
-                let anew = listed.as_ref().is_some_and(|routers| {
-                    self.swarm.is_connected(&peer) && !self.conns.usable(&peer, routers)
-                });
-                if anew {
-                    tracing::debug!(%peer, "connected only through routers the peer no longer lists: dialing anew");
-                }
-                self.connect_now(peer, addrs, reply, anew);
+            } => self.on_connect(peer, addrs, keep_via, listed, reply),
+            Command::Routes { reply } => {
+                let _ = reply.send(self.routes());
+            }
+            Command::Transit {
+                router,
+                addrs,
+                connect_limit,
+                auth_limit,
+                reply,
+            } => self.on_transit(router, addrs, connect_limit, auth_limit, reply),
+            Command::Report { reply } => {
+                let _ = reply.send(self.report());
             }
         }
     }
 
-    /// Replies once connected to `peer`, dialing `addrs` unless already
-    /// (or, `anew`, once a new connection is up).
-    fn connect_now(
-        &mut self,
-        peer: PeerId,
-        addrs: Vec<libp2p::Multiaddr>,
-        reply: oneshot::Sender<Result<(), String>>,
-        anew: bool,
-    ) {
-        {
-            {
-                if self.swarm.is_connected(&peer) && !anew {
-                    let _ = reply.send(Ok(()));
-                    return;
-                }
-                let waiting: usize = self.waiters.values().map(Vec::len).sum();
-                if waiting >= MAX_WAITERS {
-                    let _ = reply.send(Err("too many connections pending".into()));
-                    return;
-                }
-                if anew && let Some(w) = self.waiters.get_mut(&peer) {
-                    // A new connection is already being dialed for other
-                    // calls: wait for the same one.
-                    w.retain(|s| !s.is_closed());
-                    if !w.is_empty() {
-                        w.push(reply);
-                        return;
-                    }
-                }
-                let condition = if anew {
-                    libp2p::swarm::dial_opts::PeerCondition::Always
-                } else {
-                    libp2p::swarm::dial_opts::PeerCondition::DisconnectedAndNotDialing
-                };
-                let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(peer)
-                    .addresses(addrs)
-                    .condition(condition)
-                    .build();
-                match self.swarm.dial(opts) {
-                    Ok(()) | Err(libp2p::swarm::DialError::DialPeerConditionFalse(_)) => {
-                        let w = self.waiters.entry(peer).or_default();
-                        w.retain(|s| !s.is_closed());
-                        w.push(reply);
-                    }
-                    Err(e) => {
-                        let _ = reply.send(Err(format!("dial {peer}: {e}")));
-                    }
-                }
-            }
-        }
-    }
-
-    /// After a connection to `peer` closed: connects waiting for it go on.
-    fn resume_fresh(&mut self, peer: PeerId) {
-        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.fresh)
-            .into_iter()
-            .partition(|w| w.peer == peer && !self.conns.any_open(&peer, &w.closing));
-        self.fresh = waiting;
-        for w in ready {
-            self.connect_now(w.peer, w.addrs, w.reply, false);
-        }
-    }
-
-    fn resolve_waiters(&mut self, peer: &PeerId, result: Result<(), String>) {
-        if let Some(ws) = self.waiters.remove(peer) {
-            for w in ws {
-                let _ = w.send(result.clone());
-            }
+    /// What a call may use now: our reserved routers (with the address we
+    /// reached them at), those leaving, the directory's addresses.
+    fn routes(&self) -> Routes {
+        Routes {
+            attached: self
+                .slots
+                .iter()
+                .filter(|(_, s)| s.is_reserved())
+                .filter_map(|(p, s)| s.addr.clone().map(|a| (*p, a)))
+                .collect(),
+            leaving: self
+                .slots
+                .iter()
+                .filter(|(_, s)| s.leaving.is_some())
+                .map(|(p, _)| *p)
+                .collect(),
+            directory: self.directory.addrs(),
         }
     }
 
@@ -418,7 +362,7 @@ impl Core {
                 self.conns.closed(peer_id, connection_id);
                 self.idle_closing.remove(&connection_id);
                 if num_established == 0 {
-                    self.shared.transit_admitted.lock().remove(&peer_id);
+                    self.transit.disconnected(&peer_id);
                     self.on_router_lost(peer_id);
                 }
                 self.resume_fresh(peer_id);
@@ -461,16 +405,27 @@ impl Core {
             Op::GoAway { router, result } => self.on_goaway(router, result),
             Op::Directory(result) => self.on_directory(*result),
             Op::Refresh(result) => self.on_refresh(*result),
+            Op::TransitConnected {
+                router,
+                connected,
+                auth_limit,
+                reply,
+            } => self.on_transit_connected(router, connected, auth_limit, reply),
+            Op::TransitAuth {
+                router,
+                result,
+                reply,
+            } => self.on_transit_auth(router, result, reply),
         }
     }
 
     fn on_tick(&mut self) {
         let now = Instant::now();
-        self.shunned.retain(|_, s| s.until > now);
-        if !self.refresh_in_flight && now >= self.next_refresh {
+        self.choice.expire(now);
+        if self.refresh.due(now) {
             self.start_refresh();
         }
-        if !self.directory_in_flight && now >= self.next_directory {
+        if self.directory.due(now) {
             self.start_directory();
         }
         self.top_up();
@@ -479,186 +434,8 @@ impl Core {
         self.retry_represent(now);
         self.close_idle_relayed(now);
         let ttl = Duration::from_secs(self.shared.config.record_ttl_secs.max(3));
-        let stale = self.last_publish.is_some_and(|t| t.elapsed() >= ttl / 3);
-        if self.publish_retry_at.is_some_and(|t| t <= now) {
-            self.publish_retry_at = None;
-            self.records_dirty = true;
-        }
-        if self.records_dirty || stale {
+        if self.records.due(now, ttl) {
             self.publish_records();
-        }
-    }
-
-    fn schedule_refresh(&mut self) {
-        let claims = peek_claims(&self.shared.credential()).unwrap_or_default();
-        let now = unix_now();
-        let lifetime = (claims.expires_at_unix_secs - claims.issued_at_unix_secs).max(3);
-        // Two thirds through the lifetime, minus up to 10% of it as jitter.
-        let jitter = rand::thread_rng().gen_range(0..=lifetime / 10);
-        let at = claims.issued_at_unix_secs + lifetime * 2 / 3 - jitter;
-        let wait = (at - now).max(1) as u64;
-        self.next_refresh = Instant::now() + Duration::from_secs(wait);
-        self.shared
-            .metrics
-            .credential_expires_at
-            .set(claims.expires_at_unix_secs);
-    }
-
-    fn start_refresh(&mut self) {
-        self.refresh_in_flight = true;
-        let shared = self.shared.clone();
-        self.ops.push(Box::pin(async move {
-            let cred = shared.credential();
-            let r = match shared.client.refresh(&cred, &shared.key).await {
-                // Refused for good (unknown node, expired past the grace):
-                // enroll again if we still have a token.
-                Err(ClientError::Refused(status)) if !shared.config.token.is_empty() => {
-                    tracing::warn!(%status, "refresh refused: enrolling again with the token");
-                    let e = shared
-                        .client
-                        .enroll(&shared.config.token, &shared.key)
-                        .await;
-                    shared.metrics.cp("enroll", e.is_ok());
-                    e.map(|e| RefreshResponse {
-                        credential: e.credential,
-                        keys: e.keys,
-                    })
-                }
-                other => other,
-            };
-            Op::Refresh(Box::new(r))
-        }));
-    }
-
-    fn on_refresh(&mut self, result: Result<RefreshResponse, ClientError>) {
-        self.refresh_in_flight = false;
-        let fresh = result.map_err(|e| e.to_string()).and_then(|r| {
-            let cred = r.credential.ok_or("refresh answer without credential")?;
-            Ok((cred, r.keys))
-        });
-        match fresh {
-            Ok((cred, keys)) => {
-                self.shared.metrics.cp("refresh", true);
-                self.refresh_failures = 0;
-                *self.shared.credential.write() = cred.clone();
-                if let Some(keys) = &keys {
-                    self.shared.set_keys(keys);
-                }
-                let dir = self.shared.config.data_dir.clone();
-                tokio::task::spawn_blocking(move || {
-                    if let Err(e) = crate::identity::store_credential(&dir, &cred) {
-                        tracing::warn!(error = %e, "could not store the refreshed credential");
-                    }
-                    if let Some(Err(e)) = keys.map(|k| crate::identity::store_keys(&dir, &k)) {
-                        tracing::warn!(error = %e, "could not store the key set");
-                    }
-                });
-                self.schedule_refresh();
-                self.represent_all();
-                self.publish_status();
-            }
-            Err(e) => {
-                self.shared.metrics.cp("refresh", false);
-                self.refresh_failures += 1;
-                let wait = backoff(
-                    self.refresh_failures,
-                    Duration::from_secs(5),
-                    Duration::from_secs(120),
-                );
-                tracing::warn!(error = %e, retry_in = ?wait, "credential refresh failed");
-                self.next_refresh = Instant::now() + wait;
-            }
-        }
-    }
-
-    fn start_directory(&mut self) {
-        self.directory_in_flight = true;
-        let shared = self.shared.clone();
-        self.ops.push(Box::pin(async move {
-            let r = async {
-                let dir = shared.client.get_directory().await?;
-                let keys = shared.client.get_keys().await?;
-                Ok((dir, keys))
-            }
-            .await;
-            Op::Directory(Box::new(r))
-        }));
-    }
-
-    fn on_directory(&mut self, result: Result<(GetDirectoryResponse, KeySet), ClientError>) {
-        self.directory_in_flight = false;
-        let interval = Duration::from_secs(self.shared.config.directory_interval_secs.max(1));
-        match result {
-            Ok((dir, keys)) => {
-                self.shared.metrics.cp("directory", true);
-                self.directory_failures = 0;
-                let mut trust = (*self.shared.trust()).clone();
-                trust.set_keys(&keys);
-                trust.set_revocations(&dir.revocations);
-                *self.shared.trust.write() = Arc::new(trust);
-                self.candidates = dir
-                    .routers
-                    .iter()
-                    .filter_map(crate::select::Candidate::from_info)
-                    .collect();
-                *self.shared.router_addrs.write() = self
-                    .candidates
-                    .iter()
-                    .map(|c| (c.peer, c.addrs.clone()))
-                    .collect();
-                self.have_directory = true;
-                let known: std::collections::HashSet<PeerId> =
-                    self.candidates.iter().map(|c| c.peer).collect();
-                self.failures.retain(|p, _| known.contains(p));
-                self.redials.retain(|p, _| known.contains(p));
-                self.warned_no_router = false;
-                let dir_path = self.shared.config.data_dir.clone();
-                tokio::task::spawn_blocking(move || {
-                    if let Err(e) = crate::identity::store_keys(&dir_path, &keys) {
-                        tracing::warn!(error = %e, "could not store the key set");
-                    }
-                });
-                // ±20% around the interval.
-                self.next_directory = Instant::now() + jittered(interval.mul_f64(0.8), 0.5);
-                self.top_up();
-                self.publish_status();
-            }
-            Err(e) => {
-                self.shared.metrics.cp("directory", false);
-                self.directory_failures += 1;
-                let wait = backoff(self.directory_failures, Duration::from_secs(2), interval);
-                tracing::warn!(error = %e, retry_in = ?wait, "directory fetch failed");
-                self.next_directory = Instant::now() + wait;
-            }
-        }
-    }
-
-    /// Tells call tasks which routers we hold and which of them are leaving
-    /// (see `Shared::held`, `Shared::leaving`).
-    fn sync_held(&self) {
-        let same = {
-            let held = self.shared.held.read();
-            held.len() == self.slots.len() && self.slots.keys().all(|p| held.contains(p))
-        };
-        if !same {
-            *self.shared.held.write() = self.slots.keys().copied().collect();
-        }
-        let leaving = self
-            .slots
-            .iter()
-            .filter(|(_, s)| s.leaving.is_some())
-            .map(|(p, _)| *p);
-        let same = {
-            let known = self.shared.leaving.read();
-            let mut n = 0;
-            let all = leaving.clone().all(|p| {
-                n += 1;
-                known.contains(&p)
-            });
-            all && n == known.len()
-        };
-        if !same {
-            *self.shared.leaving.write() = leaving.collect();
         }
     }
 
@@ -679,17 +456,12 @@ impl Core {
 
     /// Recomputes readiness and the status watch from the slots.
     fn publish_status(&mut self) {
-        self.sync_held();
         let s = self.status_snapshot();
         let m = &self.shared.metrics;
         m.routers_attached.set(s.reserved.len() as i64);
         m.routers_wanted.set(s.routers_wanted as i64);
         m.router_candidates.set(s.candidates as i64);
         m.ready.set(i64::from(s.ready));
-        let ready = s.ready;
-        self.shared
-            .ready
-            .send_if_modified(|r| std::mem::replace(r, ready) != ready);
         self.shared.status.send_if_modified(|old| {
             if *old == s {
                 false

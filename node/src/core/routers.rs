@@ -5,110 +5,22 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use agentmesh_proto::pb::mesh::{
-    AuthRefusal, CatalogRequest, CatalogResponse, GoAwayReason, Purpose, ServiceRecord, Withdraw,
-    catalog_request, catalog_response,
-};
-use agentmesh_proto::record::sign_record;
-use agentmesh_proto::unix_now;
+use agentmesh_proto::pb::mesh::{AuthRefusal, GoAwayReason, Purpose};
 use libp2p::core::multiaddr::Protocol;
 use libp2p::core::transport::ListenerId;
 use libp2p::{Multiaddr, PeerId};
 use tokio::time::Instant;
 
-use super::{Core, Op, backoff, jittered};
+use super::slot::{Lost, Phase, Slot};
+use super::{Core, Op, jittered};
 use crate::status::NodeStatus;
 use crate::wire::{self, AuthOutcome, WireError};
-
-/// Where one router stands.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Phase {
-    Dialing,
-    Authing,
-    /// The connection failed (refused, closed) at the dial or under the
-    /// first auth: a fresh connection is made after a jittered backoff
-    /// ([`Op::Redial`], [`super::redial`]).
-    Redial,
-    Reserving(ListenerId),
-    Reserved(ListenerId),
-    /// Admitted; the reservation is retried at the instant.
-    ReserveWait(Instant),
-}
-
-impl Phase {
-    /// Whether the router has admitted us (past the first auth).
-    pub(crate) fn is_admitted(&self) -> bool {
-        !matches!(self, Self::Dialing | Self::Authing | Self::Redial)
-    }
-}
-
-/// One of the routers we hold or are acquiring.
-#[derive(Debug, Clone)]
-pub(crate) struct Slot {
-    pub(crate) addr: Option<Multiaddr>,
-    pub(crate) phase: Phase,
-    pub(crate) reserve_failures: u32,
-    pub(crate) published: bool,
-    pub(crate) represent_failures: u32,
-    pub(crate) represent_at: Option<Instant>,
-    /// Sent go-away: replaced first, then released and shunned this long.
-    pub(crate) leaving: Option<Duration>,
-    /// The router said it is draining: once dropped, never tried early.
-    pub(crate) draining: bool,
-}
-
-impl Slot {
-    fn new() -> Self {
-        Self {
-            addr: None,
-            phase: Phase::Dialing,
-            reserve_failures: 0,
-            published: false,
-            represent_failures: 0,
-            represent_at: None,
-            leaving: None,
-            draining: false,
-        }
-    }
-}
 
 /// Doublings of a shun for a router failing again and again (2^4 = ×16).
 const MAX_SHUN_FAILURES: u32 = 4;
 
-/// Re-presentations that failed in a row (refused, or no answer: a
-/// timeout, a refused stream) before the router is given up.
-const MAX_REPRESENT_FAILURES: u32 = 5;
-
-/// Pause before the first re-presentation retry; it doubles for each
-/// failure in a row (jittered up to ×1.5), capped at [`REPRESENT_RETRY_MAX`].
-const REPRESENT_RETRY_MIN: Duration = Duration::from_secs(3);
-
-/// Longest pause between re-presentation retries.
-const REPRESENT_RETRY_MAX: Duration = Duration::from_secs(30);
-
 /// How long a router that kept failing re-presentations is passed over.
 const REPRESENT_FAILED_SHUN: Duration = Duration::from_secs(30);
-
-/// After `failures` (≥ 1) failed re-presentations in a row: the pause
-/// before the next one, or `None` to give the router up. The pauses grow
-/// (3, 6, 12, 24 s base), so a router slow to learn a new signing key
-/// (it re-fetches keys at most every 30 s) gets time, while a router that
-/// never answers is let go after [`MAX_REPRESENT_FAILURES`]: at most about
-/// 68 s of pauses plus the exchanges' own timeouts. Before, an exchange
-/// that failed (timeout, refused stream) was retried every 3 s for good.
-fn represent_retry(failures: u32) -> Option<Duration> {
-    (failures < MAX_REPRESENT_FAILURES).then(|| {
-        backoff(
-            failures.saturating_sub(1),
-            REPRESENT_RETRY_MIN,
-            REPRESENT_RETRY_MAX,
-        )
-    })
-}
-
-/// Reservations refused or lost in a row before the router is replaced by
-/// another candidate (when one is free; otherwise it is retried).
-const MAX_RESERVE_FAILURES: u32 = 2;
 
 /// How long a router whose first auth failed (no answer, or the connection
 /// kept failing for the [`super::redial::BUDGET`]) is passed over.
@@ -132,14 +44,14 @@ impl Core {
     /// short of K it may be tried again after `base` alone, unless
     /// `draining` (see [`super::shun`]).
     fn shun(&mut self, peer: PeerId, base: Duration, draining: bool) {
-        let n = self.failures.entry(peer).or_insert(0);
+        let n = self.choice.failures.entry(peer).or_insert(0);
         let wait = base.saturating_mul(1 << (*n).min(MAX_SHUN_FAILURES));
         *n += 1;
         let wait = wait.min(super::goaway::MAX_SHUN.max(base));
         let now = Instant::now();
         let until = now + jittered(wait, 0.5);
         let early = (now + jittered(base, 0.5)).min(until);
-        self.shunned.insert(
+        self.choice.shunned.insert(
             peer,
             super::shun::Shun {
                 until,
@@ -152,22 +64,22 @@ impl Core {
     /// Whether a router we could attach to instead is free: matches the
     /// selector, is not held and is not shunned.
     fn has_free_candidate(&self) -> bool {
-        self.candidates.iter().any(|c| {
+        self.directory.candidates().iter().any(|c| {
             crate::select::matches_selector(c, &self.shared.config.router_selector)
                 && !self.slots.contains_key(&c.peer)
-                && !self.shunned.contains_key(&c.peer)
+                && !self.choice.shunned.contains_key(&c.peer)
         })
     }
 
-    fn reserved_peers(&self) -> Vec<PeerId> {
+    pub(super) fn reserved_peers(&self) -> Vec<PeerId> {
         self.slots
             .iter()
-            .filter(|(_, s)| matches!(s.phase, Phase::Reserved(_)))
+            .filter(|(_, s)| s.is_reserved())
             .map(|(p, _)| *p)
             .collect()
     }
 
-    fn admitted_peers(&self) -> Vec<PeerId> {
+    pub(super) fn admitted_peers(&self) -> Vec<PeerId> {
         self.slots
             .iter()
             .filter(|(_, s)| s.phase.is_admitted())
@@ -188,10 +100,7 @@ impl Core {
             .collect();
         leaving.sort();
         let exposing = !self.shared.config.expose.is_empty();
-        let records_accepted = self
-            .slots
-            .values()
-            .any(|s| matches!(s.phase, Phase::Reserved(_)) && s.published);
+        let records_accepted = self.slots.values().any(|s| s.is_reserved() && s.published);
         let claims =
             agentmesh_proto::credential::peek_claims(&self.shared.credential()).unwrap_or_default();
         NodeStatus {
@@ -205,7 +114,8 @@ impl Core {
             reserved,
             leaving,
             candidates: self
-                .candidates
+                .directory
+                .candidates()
                 .iter()
                 .filter(|c| crate::select::matches_selector(c, &self.shared.config.router_selector))
                 .count(),
@@ -221,13 +131,13 @@ impl Core {
     pub(super) fn top_up(&mut self) {
         let want = self.shared.config.routers;
         let active = self.slots.values().filter(|s| s.leaving.is_none()).count();
-        if !self.have_directory || active >= want || self.shared.is_shutting_down() {
+        if !self.directory.have() || active >= want || self.shared.is_shutting_down() {
             return;
         }
         let mut exclude: HashSet<PeerId> = self.slots.keys().copied().collect();
-        exclude.extend(self.shunned.keys().copied());
+        exclude.extend(self.choice.shunned.keys().copied());
         let mut chosen = crate::select::choose(
-            &self.candidates,
+            self.directory.candidates(),
             &self.shared.config.router_selector,
             &self.shared.config.router_prefer,
             &exclude,
@@ -235,36 +145,37 @@ impl Core {
             &mut rand::thread_rng(),
         );
         let short = want - active - chosen.len();
-        if short > 0 && !self.shunned.is_empty() {
+        if short > 0 && !self.choice.shunned.is_empty() {
             // Fewer than K free candidates: rather than sit below K for a
             // doubled shun, try the shunned router ending soonest again.
             let mut held: HashSet<PeerId> = self.slots.keys().copied().collect();
             held.extend(chosen.iter().map(|c| c.peer));
             let extra = super::shun::fallbacks(
-                &self.candidates,
+                self.directory.candidates(),
                 &self.shared.config.router_selector,
                 &held,
-                &self.shunned,
+                &self.choice.shunned,
                 Instant::now(),
                 short,
             );
             for c in &extra {
                 tracing::debug!(router = %c.peer, "short of K routers: trying a shunned router again early");
-                self.shunned.remove(&c.peer);
+                self.choice.shunned.remove(&c.peer);
             }
             chosen.extend(extra);
         }
-        if chosen.is_empty() && self.slots.is_empty() && !self.warned_no_router {
+        if chosen.is_empty() && self.slots.is_empty() && !self.choice.warned_no_router {
             // Once per directory fetch: say what was there.
-            self.warned_no_router = true;
+            self.choice.warned_no_router = true;
             let seen: Vec<_> = self
-                .candidates
+                .directory
+                .candidates()
                 .iter()
                 .map(|c| (c.peer, &c.labels, c.draining))
                 .collect();
             tracing::warn!(
                 selector = ?self.shared.config.router_selector,
-                shunned = self.shunned.len(),
+                shunned = self.choice.shunned.len(),
                 ?seen,
                 "no router to attach to: none matches the selector or all are shunned"
             );
@@ -292,23 +203,12 @@ impl Core {
                 }
             }
         }
-        self.sync_held();
     }
 
     pub(super) fn on_router_connected(&mut self, peer: PeerId, addr: Multiaddr) {
-        let Some(slot) = self.slots.get_mut(&peer) else {
-            return;
-        };
-        if slot.phase != Phase::Dialing {
-            return;
+        if self.slots.get_mut(&peer).is_some_and(|s| s.connected(addr)) {
+            self.start_auth(peer, true);
         }
-        // A relayed address is never a router's own.
-        if addr.iter().any(|p| matches!(p, Protocol::P2pCircuit)) {
-            return;
-        }
-        slot.addr = Some(addr);
-        slot.phase = Phase::Authing;
-        self.start_auth(peer, true);
     }
 
     fn start_auth(&mut self, router: PeerId, initial: bool) {
@@ -358,10 +258,9 @@ impl Core {
         match result {
             Ok(AuthOutcome::Admitted(until)) => {
                 tracing::debug!(%router, until, initial, "admitted");
-                slot.represent_failures = 0;
-                slot.represent_at = None;
-                self.redials.remove(&router);
-                if initial && slot.phase == Phase::Authing {
+                let reserve = slot.admitted(initial);
+                self.choice.redials.remove(&router);
+                if reserve {
                     self.reserve(router);
                 }
             }
@@ -422,14 +321,10 @@ impl Core {
         let Some(slot) = self.slots.get_mut(&router) else {
             return;
         };
-        slot.represent_failures += 1;
-        match represent_retry(slot.represent_failures) {
-            Some(wait) => slot.represent_at = Some(Instant::now() + wait),
-            None => {
-                tracing::warn!(%router, failures = slot.represent_failures, "re-presentation keeps failing: giving the router up");
-                self.drop_router(router, REPRESENT_FAILED_SHUN);
-                self.top_up();
-            }
+        if !slot.represent_failed(Instant::now()) {
+            tracing::warn!(%router, failures = slot.represent_failures, "re-presentation keeps failing: giving the router up");
+            self.drop_router(router, REPRESENT_FAILED_SHUN);
+            self.top_up();
         }
     }
 
@@ -446,6 +341,7 @@ impl Core {
         }
         let now = Instant::now();
         let run = self
+            .choice
             .redials
             .entry(router)
             .or_insert_with(|| super::redial::Redials::new(now));
@@ -461,7 +357,7 @@ impl Core {
                     super::redial::BUDGET
                 ),
             );
-            self.redials.remove(&router);
+            self.choice.redials.remove(&router);
             self.drop_router(router, AUTH_FAILED_SHUN);
             self.top_up();
             return;
@@ -475,7 +371,7 @@ impl Core {
         if dialing && self.has_free_candidate() {
             tracing::info!(%router, %error, attempt, retry_in = ?delay, "connection to router failed: trying another router meanwhile");
             self.slots.remove(&router);
-            self.shunned.insert(
+            self.choice.shunned.insert(
                 router,
                 super::shun::Shun {
                     until: now + delay,
@@ -483,7 +379,6 @@ impl Core {
                     draining: false,
                 },
             );
-            self.sync_held();
             self.top_up();
             self.publish_status();
             return;
@@ -509,13 +404,14 @@ impl Core {
             return;
         }
         if self.swarm.is_connected(&router) {
-            slot.phase = Phase::Authing;
+            slot.reauth();
             self.start_auth(router, true);
             return;
         }
         slot.phase = Phase::Dialing;
         let addrs = self
-            .candidates
+            .directory
+            .candidates()
             .iter()
             .find(|c| c.peer == router)
             .map(|c| c.addrs.clone())
@@ -540,21 +436,17 @@ impl Core {
     /// (never early if it said it is draining).
     pub(super) fn drop_router(&mut self, router: PeerId, wait: Duration) {
         let draining = match self.slots.remove(&router) {
-            Some(Slot {
-                phase: Phase::Reserving(l) | Phase::Reserved(l),
-                draining,
-                ..
-            }) => {
-                self.swarm.remove_listener(l);
-                draining
+            Some(s) => {
+                if let Some(l) = s.listener() {
+                    self.swarm.remove_listener(l);
+                }
+                s.draining
             }
-            Some(s) => s.draining,
             None => false,
         };
-        self.shared.attached.write().remove(&router);
         let _ = self.swarm.disconnect_peer_id(router);
         self.shun(router, wait, draining);
-        self.records_dirty = true;
+        self.records.dirty = true;
         self.publish_status();
     }
 
@@ -575,19 +467,11 @@ impl Core {
                 // close; 382 member swarms died that way in a 5,000-member
                 // ladder at load 37. Its own request timeout ends a
                 // reservation nobody answers (ListenerClosed, retried).
-                slot.phase = Phase::Reserving(id);
+                slot.reserving(id);
             }
             Err(e) => {
                 tracing::warn!(%router, error = %e, "cannot request a reservation");
-                slot.reserve_failures += 1;
-                slot.phase = Phase::ReserveWait(
-                    Instant::now()
-                        + backoff(
-                            slot.reserve_failures,
-                            Duration::from_secs(1),
-                            Duration::from_secs(30),
-                        ),
-                );
+                slot.reserve_not_asked(Instant::now());
             }
         }
     }
@@ -596,20 +480,15 @@ impl Core {
         let Some(slot) = self.slots.get_mut(&router) else {
             return;
         };
-        if let Phase::Reserving(l) = slot.phase {
-            slot.phase = Phase::Reserved(l);
-            slot.reserve_failures = 0;
-            self.failures.remove(&router);
+        if slot.reserved() {
+            self.choice.failures.remove(&router);
             self.shared
                 .metrics
                 .reservations
                 .get_or_create(&crate::metrics::ResultLabel { result: "ok" })
                 .inc();
-            if let Some(addr) = slot.addr.clone() {
-                self.shared.attached.write().insert(router, addr);
-            }
             tracing::info!(%router, "relay reservation active");
-            self.records_dirty = true;
+            self.records.dirty = true;
             self.release_leaving();
             if self.shared.config.expose.is_empty() {
                 self.publish_status();
@@ -621,43 +500,44 @@ impl Core {
 
     pub(super) fn on_listener_closed(&mut self, listener: ListenerId, error: Option<String>) {
         let free = self.has_free_candidate();
-        let Some((router, slot)) = self.slots.iter_mut().find(
-            |(_, s)| matches!(s.phase, Phase::Reserving(l) | Phase::Reserved(l) if l == listener),
-        ) else {
+        let Some(router) = self
+            .slots
+            .iter()
+            .find(|(_, s)| s.listener() == Some(listener))
+            .map(|(p, _)| *p)
+        else {
             return;
         };
-        let router = *router;
-        // The relay client dropped an active reservation on its own while
-        // the router still holds us (libp2p-relay 0.22 does so when an
-        // outbound circuit request through that router times out): ask
-        // again now, no backoff and no re-admission, so the member is
-        // unreachable there for one round trip, not seconds.
-        let at_once = reask_at_once(
-            error.as_deref(),
-            self.swarm.is_connected(&router),
-            matches!(slot.phase, Phase::Reserved(_)),
-            slot.reserve_failures,
-        );
-        slot.reserve_failures += 1;
-        slot.published = false;
-        let failures = slot.reserve_failures;
-        self.shared.attached.write().remove(&router);
-        self.records_dirty = true;
+        let connected = self.swarm.is_connected(&router);
+        let now = Instant::now();
+        let Some(slot) = self.slots.get_mut(&router) else {
+            return;
+        };
+        let lost = slot.reservation_lost(error.as_deref(), connected, now);
+        self.records.dirty = true;
         self.shared
             .metrics
             .reservations
             .get_or_create(&crate::metrics::ResultLabel { result: "error" })
             .inc();
-        if at_once {
-            self.note_error(
-                router,
-                "reservation reset by the relay client: asked again at once",
-            );
-            tracing::info!(%router, "relay reservation reset by the client: reserving again");
-            self.reserve(router);
-            self.publish_status();
-            return;
-        }
+        let (give_up, failures) = match lost {
+            // The relay client dropped an active reservation on its own
+            // while the router still holds us (libp2p-relay 0.22 does so
+            // when an outbound circuit request through that router times
+            // out): ask again now, no backoff and no re-admission, so the
+            // member is unreachable there for one round trip, not seconds.
+            Lost::ReserveNow => {
+                self.note_error(
+                    router,
+                    "reservation reset by the relay client: asked again at once",
+                );
+                tracing::info!(%router, "relay reservation reset by the client: reserving again");
+                self.reserve(router);
+                self.publish_status();
+                return;
+            }
+            Lost::Wait { give_up, failures } => (give_up, failures),
+        };
         self.note_error(
             router,
             format!(
@@ -665,19 +545,10 @@ impl Core {
                 error.as_deref().unwrap_or("closed")
             ),
         );
-        let Some(slot) = self.slots.get_mut(&router) else {
-            return;
-        };
-        let wait = backoff(
-            slot.reserve_failures,
-            Duration::from_secs(1),
-            Duration::from_secs(30),
-        );
-        let give_up = slot.reserve_failures >= MAX_RESERVE_FAILURES && slot.leaving.is_none();
         if give_up && free {
             // A router that keeps refusing reservations (e.g. its relay is
             // full) would hold this slot forever: move to another router.
-            tracing::warn!(%router, error = ?error, failures = slot.reserve_failures, "relay reservation refused again: replacing the router");
+            tracing::warn!(%router, error = ?error, failures, "relay reservation refused again: replacing the router");
             self.shared
                 .metrics
                 .routers_replaced
@@ -689,8 +560,18 @@ impl Core {
             self.top_up();
             return;
         }
-        tracing::warn!(%router, error = ?error, retry_in = ?wait, "relay reservation refused or lost");
-        slot.phase = Phase::ReserveWait(Instant::now() + wait);
+        let Some(slot) = self.slots.get_mut(&router) else {
+            return;
+        };
+        let retry_in = if give_up {
+            slot.keep_waiting(now)
+        } else {
+            match slot.phase {
+                Phase::ReserveWait(at) => at.saturating_duration_since(now),
+                _ => Duration::ZERO,
+            }
+        };
+        tracing::warn!(%router, error = ?error, ?retry_in, "relay reservation refused or lost");
         self.publish_status();
     }
 
@@ -698,7 +579,7 @@ impl Core {
         let due: Vec<PeerId> = self
             .slots
             .iter()
-            .filter(|(_, s)| matches!(s.phase, Phase::ReserveWait(at) if at <= now))
+            .filter(|(_, s)| s.reserve_due(now))
             .map(|(p, _)| *p)
             .collect();
         for router in due {
@@ -706,7 +587,7 @@ impl Core {
                 // Re-admit first: a refused reservation may mean the router
                 // no longer holds us as attached.
                 if let Some(slot) = self.slots.get_mut(&router) {
-                    slot.phase = Phase::Authing;
+                    slot.reauth();
                 }
                 self.start_auth(router, true);
             } else {
@@ -718,14 +599,10 @@ impl Core {
     pub(super) fn retry_represent(&mut self, now: Instant) {
         let due: Vec<PeerId> = self
             .slots
-            .iter()
-            .filter(|(_, s)| s.represent_at.is_some_and(|at| at <= now))
-            .map(|(p, _)| *p)
+            .iter_mut()
+            .filter_map(|(p, s)| s.take_represent(now).then_some(*p))
             .collect();
         for router in due {
-            if let Some(s) = self.slots.get_mut(&router) {
-                s.represent_at = None;
-            }
             self.start_auth(router, false);
         }
     }
@@ -777,176 +654,11 @@ impl Core {
             self.conn_failed(peer, error, true);
         }
     }
-
-    /// Signs our record naming the reserved routers (but those leaving, when
-    /// others are reserved) and publishes it to each reserved router.
-    pub(super) fn publish_records(&mut self) {
-        self.records_dirty = false;
-        let services: Vec<String> = self
-            .shared
-            .config
-            .expose
-            .iter()
-            .map(|(n, _)| n.clone())
-            .collect();
-        let reserved = self.reserved_peers();
-        if services.is_empty() || reserved.is_empty() {
-            return;
-        }
-        // Routers that sent go-away are left out of the record while another
-        // one is reserved: new callers route around them (they still hold
-        // the record and carry calls already on them until they close).
-        let staying: Vec<PeerId> = reserved
-            .iter()
-            .filter(|p| self.slots.get(p).is_some_and(|s| s.leaving.is_none()))
-            .copied()
-            .collect();
-        let named = if staying.is_empty() {
-            &reserved
-        } else {
-            &staying
-        };
-        let now = unix_now();
-        let record = ServiceRecord {
-            provider: self.shared.peer_id.to_bytes(),
-            services,
-            routers: named.iter().map(|p| p.to_bytes()).collect(),
-            issued_at_unix_secs: now,
-            expires_at_unix_secs: now + self.shared.config.record_ttl_secs as i64,
-        };
-        let signed = sign_record(&record, &self.shared.key);
-        self.last_publish = Some(Instant::now());
-        for router in reserved {
-            let shared = self.shared.clone();
-            let req = CatalogRequest {
-                op: Some(catalog_request::Op::Publish(signed.clone())),
-            };
-            self.ops.push(Box::pin(async move {
-                let result = wire::catalog(
-                    shared.control.clone(),
-                    router,
-                    req,
-                    shared.config.call_timeout(),
-                )
-                .await;
-                Op::Publish { router, result }
-            }));
-        }
-    }
-
-    pub(super) fn on_published(
-        &mut self,
-        router: PeerId,
-        result: Result<CatalogResponse, WireError>,
-    ) {
-        let ok = matches!(
-            &result,
-            Ok(CatalogResponse {
-                result: Some(catalog_response::Result::Ack(_))
-            })
-        );
-        let label = if ok { "ok" } else { "error" };
-        self.shared
-            .metrics
-            .publishes
-            .get_or_create(&crate::metrics::ResultLabel { result: label })
-            .inc();
-        if !ok {
-            tracing::warn!(%router, ?result, "record publication not accepted");
-        }
-        if let Some(slot) = self.slots.get_mut(&router) {
-            slot.published = ok;
-        }
-        if ok {
-            self.release_leaving();
-        } else if self.publish_retry_at.is_none() {
-            // Try again shortly (all routers: the record names them all).
-            self.publish_retry_at = Some(Instant::now() + jittered(Duration::from_secs(5), 0.5));
-        }
-        self.publish_status();
-    }
-
-    /// Shutdown: withdraw our records from every reserved router.
-    pub(super) fn withdraw_all(&mut self) {
-        if self.shared.config.expose.is_empty() {
-            return;
-        }
-        for router in self.reserved_peers() {
-            let shared = self.shared.clone();
-            let req = CatalogRequest {
-                op: Some(catalog_request::Op::Withdraw(Withdraw {})),
-            };
-            self.withdraws_pending += 1;
-            self.ops.push(Box::pin(async move {
-                if let Err(e) = wire::catalog(
-                    shared.control.clone(),
-                    router,
-                    req,
-                    shared.config.call_timeout(),
-                )
-                .await
-                {
-                    tracing::debug!(%router, error = %e, "withdraw failed");
-                }
-                Op::Withdrawn
-            }));
-        }
-    }
-}
-
-/// Whether a closed reservation listener is asked for again at once: an
-/// active reservation (`reserved`) whose listener closed without an error
-/// while the connection to the router lives, and not right after another
-/// such reset (`failures` 0), so a router that keeps closing it falls back
-/// to the backoff and re-admission path.
-fn reask_at_once(error: Option<&str>, connected: bool, reserved: bool, failures: u32) -> bool {
-    error.is_none() && connected && reserved && failures == 0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_a_silent_reset_of_a_live_reservation_is_asked_again_at_once() {
-        assert!(reask_at_once(None, true, true, 0));
-        assert!(
-            !reask_at_once(Some("denied"), true, true, 0),
-            "a refusal backs off"
-        );
-        assert!(
-            !reask_at_once(None, false, true, 0),
-            "connection gone: reconnect"
-        );
-        assert!(
-            !reask_at_once(None, true, false, 0),
-            "never confirmed: backoff"
-        );
-        assert!(
-            !reask_at_once(None, true, true, 1),
-            "twice in a row: backoff"
-        );
-    }
-
-    #[test]
-    fn re_presentation_retries_grow_then_the_router_is_given_up() {
-        let mut most = Duration::ZERO;
-        for failures in 1..MAX_REPRESENT_FAILURES {
-            let base = REPRESENT_RETRY_MIN * (1 << (failures - 1));
-            for _ in 0..50 {
-                let wait = represent_retry(failures).expect("retried");
-                assert!(
-                    wait >= base && wait <= base.mul_f64(1.5),
-                    "{failures}: {wait:?}"
-                );
-            }
-            most += base.mul_f64(1.5);
-        }
-        assert_eq!(represent_retry(MAX_REPRESENT_FAILURES), None);
-        assert_eq!(represent_retry(MAX_REPRESENT_FAILURES + 10), None);
-        // The pauses before giving up are bounded (about a minute).
-        assert!(most <= Duration::from_secs(68), "{most:?}");
-    }
 
     #[test]
     fn circuit_base_replaces_any_trailing_peer_id() {

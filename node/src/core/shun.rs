@@ -14,6 +14,36 @@ use tokio::time::Instant;
 
 use crate::select::{Candidate, matches_selector};
 
+use super::redial::Redials;
+
+/// What keeps routers out of the choice: shuns, failures in a row (which
+/// double the next shun) and connection-failure runs (see [`super::redial`]).
+#[derive(Debug, Default)]
+pub(crate) struct Choice {
+    pub(crate) shunned: HashMap<PeerId, Shun>,
+    /// Failures in a row per router (escalates shunning; cleared on a reservation).
+    pub(crate) failures: HashMap<PeerId, u32>,
+    /// Connection failures in a row per router (backoff; cleared on admission).
+    pub(crate) redials: HashMap<PeerId, Redials>,
+    /// "No router to attach to" was logged since the last directory fetch.
+    pub(crate) warned_no_router: bool,
+}
+
+impl Choice {
+    /// After a directory fetch: forgets the failures of routers it no
+    /// longer lists, and may warn again.
+    pub(crate) fn forget_unknown(&mut self, known: &HashSet<PeerId>) {
+        self.failures.retain(|p, _| known.contains(p));
+        self.redials.retain(|p, _| known.contains(p));
+        self.warned_no_router = false;
+    }
+
+    /// Ends the shuns that are over at `now`.
+    pub(crate) fn expire(&mut self, now: Instant) {
+        self.shunned.retain(|_, s| s.until > now);
+    }
+}
+
 /// Why and how long a router is kept out of the choice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shun {

@@ -1,0 +1,189 @@
+//! Our service records: signed, naming the routers we are reserved on
+//! (those leaving left out while others are reserved), published to each
+//! reserved router, re-published when they change, a third of the way
+//! through their TTL and shortly after a refusal; withdrawn at shutdown.
+
+use std::time::Duration;
+
+use agentmesh_proto::pb::mesh::{
+    CatalogRequest, CatalogResponse, ServiceRecord, Withdraw, catalog_request, catalog_response,
+};
+use agentmesh_proto::record::sign_record;
+use agentmesh_proto::unix_now;
+use libp2p::PeerId;
+use tokio::time::Instant;
+
+use super::{Core, Op, jittered};
+use crate::wire::{self, WireError};
+
+/// Where our records stand.
+#[derive(Debug, Default)]
+pub(crate) struct Records {
+    /// They changed (routers, a refusal): publish at the next tick.
+    pub(crate) dirty: bool,
+    /// When they were last published.
+    pub(crate) last_publish: Option<Instant>,
+    /// A publication was refused: publish again at this instant.
+    pub(crate) retry_at: Option<Instant>,
+    /// Withdrawals sent at shutdown and not yet answered.
+    pub(crate) withdraws_pending: usize,
+}
+
+impl Records {
+    /// Whether a publication is due at `now` with records valid for `ttl`:
+    /// changed, a third of the TTL old, or a retry due (which marks them
+    /// changed).
+    pub(crate) fn due(&mut self, now: Instant, ttl: Duration) -> bool {
+        if self.retry_at.is_some_and(|t| t <= now) {
+            self.retry_at = None;
+            self.dirty = true;
+        }
+        let stale = self
+            .last_publish
+            .is_some_and(|t| now.saturating_duration_since(t) >= ttl / 3);
+        self.dirty || stale
+    }
+}
+
+impl Core {
+    /// Signs our record naming the reserved routers (but those leaving, when
+    /// others are reserved) and publishes it to each reserved router.
+    pub(super) fn publish_records(&mut self) {
+        self.records.dirty = false;
+        let services: Vec<String> = self
+            .shared
+            .config
+            .expose
+            .iter()
+            .map(|(n, _)| n.clone())
+            .collect();
+        let reserved = self.reserved_peers();
+        if services.is_empty() || reserved.is_empty() {
+            return;
+        }
+        // Routers that sent go-away are left out of the record while another
+        // one is reserved: new callers route around them (they still hold
+        // the record and carry calls already on them until they close).
+        let staying: Vec<PeerId> = reserved
+            .iter()
+            .filter(|p| self.slots.get(p).is_some_and(|s| s.leaving.is_none()))
+            .copied()
+            .collect();
+        let named = if staying.is_empty() {
+            &reserved
+        } else {
+            &staying
+        };
+        let now = unix_now();
+        let record = ServiceRecord {
+            provider: self.shared.peer_id.to_bytes(),
+            services,
+            routers: named.iter().map(|p| p.to_bytes()).collect(),
+            issued_at_unix_secs: now,
+            expires_at_unix_secs: now + self.shared.config.record_ttl_secs as i64,
+        };
+        let signed = sign_record(&record, &self.shared.key);
+        self.records.last_publish = Some(Instant::now());
+        for router in reserved {
+            let shared = self.shared.clone();
+            let req = CatalogRequest {
+                op: Some(catalog_request::Op::Publish(signed.clone())),
+            };
+            self.ops.push(Box::pin(async move {
+                let result = wire::catalog(
+                    shared.control.clone(),
+                    router,
+                    req,
+                    shared.config.call_timeout(),
+                )
+                .await;
+                Op::Publish { router, result }
+            }));
+        }
+    }
+
+    pub(super) fn on_published(
+        &mut self,
+        router: PeerId,
+        result: Result<CatalogResponse, WireError>,
+    ) {
+        let ok = matches!(
+            &result,
+            Ok(CatalogResponse {
+                result: Some(catalog_response::Result::Ack(_))
+            })
+        );
+        let label = if ok { "ok" } else { "error" };
+        self.shared
+            .metrics
+            .publishes
+            .get_or_create(&crate::metrics::ResultLabel { result: label })
+            .inc();
+        if !ok {
+            tracing::warn!(%router, ?result, "record publication not accepted");
+        }
+        if let Some(slot) = self.slots.get_mut(&router) {
+            slot.published = ok;
+        }
+        if ok {
+            self.release_leaving();
+        } else if self.records.retry_at.is_none() {
+            // Try again shortly (all routers: the record names them all).
+            self.records.retry_at = Some(Instant::now() + jittered(Duration::from_secs(5), 0.5));
+        }
+        self.publish_status();
+    }
+
+    /// Shutdown: withdraw our records from every reserved router.
+    pub(super) fn withdraw_all(&mut self) {
+        if self.shared.config.expose.is_empty() {
+            return;
+        }
+        for router in self.reserved_peers() {
+            let shared = self.shared.clone();
+            let req = CatalogRequest {
+                op: Some(catalog_request::Op::Withdraw(Withdraw {})),
+            };
+            self.records.withdraws_pending += 1;
+            self.ops.push(Box::pin(async move {
+                if let Err(e) = wire::catalog(
+                    shared.control.clone(),
+                    router,
+                    req,
+                    shared.config.call_timeout(),
+                )
+                .await
+                {
+                    tracing::debug!(%router, error = %e, "withdraw failed");
+                }
+                Op::Withdrawn
+            }));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_published_when_changed_stale_or_retried() {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(30);
+        let mut r = Records::default();
+        assert!(!r.due(now, ttl), "nothing published, nothing changed");
+        r.dirty = true;
+        assert!(r.due(now, ttl));
+        r.dirty = false;
+        r.last_publish = Some(now);
+        assert!(!r.due(now + Duration::from_secs(9), ttl));
+        assert!(r.due(now + Duration::from_secs(10), ttl));
+        r.retry_at = Some(now + Duration::from_secs(5));
+        assert!(!r.due(now + Duration::from_secs(4), ttl));
+        assert!(r.due(now + Duration::from_secs(5), ttl));
+        assert!(
+            r.dirty && r.retry_at.is_none(),
+            "a due retry marks them changed"
+        );
+    }
+}

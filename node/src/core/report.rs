@@ -1,0 +1,60 @@
+//! The core's answer to [`Command::Report`]: what it holds, for
+//! `agentmesh-node status`.
+//!
+//! [`Command::Report`]: crate::shared::Command::Report
+
+use std::sync::atomic::Ordering;
+
+use agentmesh_proto::credential::peek_claims;
+use agentmesh_proto::unix_now;
+use tokio::time::Instant;
+
+use super::Core;
+use crate::report::{Report, RouterReport};
+
+impl Core {
+    pub(super) fn report(&self) -> Report {
+        let status = self.status_snapshot();
+        let mut routers: Vec<RouterReport> = self
+            .slots
+            .iter()
+            .map(|(p, s)| RouterReport {
+                peer_id: p.to_string(),
+                state: s.phase.name().to_string(),
+                addr: s.addr.as_ref().map(ToString::to_string),
+                leaving: s.leaving.is_some(),
+                draining: s.draining,
+                records_accepted: s.is_reserved() && s.published,
+            })
+            .collect();
+        routers.sort_by(|a, b| a.peer_id.cmp(&b.peer_id));
+        let mut transit_routers: Vec<String> = self
+            .transit
+            .routers()
+            .filter(|p| !self.slots.contains_key(p))
+            .map(ToString::to_string)
+            .collect();
+        transit_routers.sort();
+        let expires = peek_claims(&self.shared.credential())
+            .unwrap_or_default()
+            .expires_at_unix_secs;
+        Report {
+            peer_id: self.shared.peer_id.to_string(),
+            ready: status.ready,
+            readiness: status.readyz_line(),
+            routers_wanted: status.routers_wanted,
+            router_candidates: status.candidates,
+            routers,
+            transit_routers,
+            credential_expires_at_unix_secs: expires,
+            credential_expires_in_secs: expires - unix_now(),
+            exposed: self.shared.exposed(),
+            forwarded: self.shared.forwarded(),
+            calls_in_flight: self.shared.in_flight.load(Ordering::SeqCst),
+            recent_calls: self.shared.metrics.recent.counts(Instant::now()),
+            recent_window_secs: crate::recent::WINDOW.as_secs(),
+            stopping: status.stopping,
+            last_router_error: status.last_router_error,
+        }
+    }
+}
