@@ -10,6 +10,7 @@
 pub mod admission;
 mod auth;
 mod catalog;
+pub mod cli;
 pub mod config;
 mod cp;
 mod drain;
