@@ -25,6 +25,15 @@ fn every_flag_has_a_one_line_help_with_unit_and_default() {
 }
 
 #[test]
+fn every_flag_is_in_the_readme() {
+    let missing = agentmesh_runtime::cli::flags_missing_from(
+        &Cli::command(),
+        include_str!("../../README.md"),
+    );
+    assert!(missing.is_empty(), "not in the README: {missing:?}");
+}
+
+#[test]
 fn the_version_names_the_commit() {
     let cmd = Cli::command();
     assert_eq!(cmd.get_version(), Some(agentmesh_runtime::cli::VERSION));
