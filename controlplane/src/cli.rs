@@ -1,5 +1,7 @@
 //! The command line of `agentmesh-control-plane`: serve (default), `token
-//! create`, `backup`. Serve flags are exactly the fields of [`Config`].
+//! create`, `backup`. Serve flags are exactly the fields of [`Config`]
+//! (`Config` derives `clap::Args`: each field's doc is its flag's help).
+//! New subcommands go in `Cmd`.
 
 use std::{collections::BTreeMap, path::PathBuf};
 
@@ -35,7 +37,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 /// The parsed command line.
 #[derive(Parser)]
 #[command(
-    version,
+    name = "agentmesh-control-plane",
+    version = agentmesh_runtime::cli::VERSION,
     about = "agentmesh control plane",
     args_conflicts_with_subcommands = true
 )]
@@ -71,14 +74,16 @@ enum TokenCmd {
         /// Database, sqlite://PATH.
         #[arg(long, default_value = DEFAULT_DB)]
         db: String,
+        /// Bootstrap (reusable up to --max-uses) or ephemeral (its members are deleted once they stop refreshing).
         #[arg(long, value_enum)]
         kind: Kind,
+        /// Role of the members enrolling with it.
         #[arg(long, value_enum)]
         role: RoleArg,
-        /// key=value, repeatable: labels members of this token get.
+        /// Label key=value members of this token get, repeatable (default: none).
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
-        /// Enrollments the token allows.
+        /// Enrollments the token allows, enrollments.
         #[arg(long, default_value_t = 1)]
         max_uses: u32,
         /// Token lifetime, seconds.
@@ -89,13 +94,17 @@ enum TokenCmd {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Kind {
+    /// Reusable up to --max-uses.
     Bootstrap,
+    /// Its members are deleted once they stop refreshing.
     Ephemeral,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
 enum RoleArg {
+    /// A member node.
     Member,
+    /// A router.
     Router,
 }
 
@@ -167,6 +176,30 @@ async fn serve(config: Config) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn every_flag_has_a_one_line_help_with_unit_and_default() {
+        let problems = agentmesh_runtime::cli::help_problems(&Cli::command());
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+    }
+
+    #[test]
+    fn every_flag_is_in_the_readme() {
+        let missing = agentmesh_runtime::cli::flags_missing_from(
+            &Cli::command(),
+            include_str!("../README.md"),
+        );
+        assert!(missing.is_empty(), "not in the README: {missing:?}");
+    }
+
+    #[test]
+    fn the_version_names_the_commit() {
+        assert_eq!(
+            Cli::command().get_version(),
+            Some(agentmesh_runtime::cli::VERSION)
+        );
+    }
 
     #[test]
     fn no_flags_serves_with_the_default_config() {

@@ -1,20 +1,44 @@
-//! Command-line flags; `run`'s flags map one to one onto `Config` fields.
+//! The command line of `agentmesh-node`: `run` starts a member, its flags
+//! mapping one to one onto [`Config`] fields ([`RunArgs::into_config`]);
+//! `call NAME` pipes stdin and stdout to a service through a running node's
+//! Unix socket; `status` and `services` ask a running node what it holds
+//! and what it sees.
+//!
+//! Flags shared with the router (control-plane client, listeners, stream
+//! limits) come from `agentmesh_runtime::cli`.
+
+mod call;
+mod run;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
-use agentmesh_node::config::{self, AllowRule, Config};
-use anyhow::Context as _;
+use agentmesh_runtime::cli::{ControlPlaneArgs, ListenerArgs, StreamLimitArgs, TokenFileError};
 
+use crate::config::{self, AllowRule, Config};
+
+pub use call::{CALL_EXIT_GRACE, CallError, call};
+pub use run::{RunError, run};
+
+/// Log filter when `RUST_LOG` is unset.
+pub const DEFAULT_LOG_FILTER: &str = "info,libp2p=warn";
+
+/// The parsed command line of `agentmesh-node`.
 #[derive(Debug, clap::Parser)]
-#[command(name = "agentmesh-node", version, about = "agentmesh member node")]
-pub(crate) struct Cli {
+#[command(
+    name = "agentmesh-node",
+    version = agentmesh_runtime::cli::VERSION,
+    about = "agentmesh member node"
+)]
+pub struct Cli {
+    /// What to do.
     #[command(subcommand)]
-    pub(crate) command: Command,
+    pub command: Command,
 }
 
+/// The subcommands.
 #[derive(Debug, clap::Subcommand)]
-pub(crate) enum Command {
+pub enum Command {
     /// Run a member node.
     Run(Box<RunArgs>),
     /// Pipe stdin/stdout to service NAME through a running node.
@@ -31,108 +55,101 @@ fn label(s: &str) -> Result<(String, String), String> {
     agentmesh_proto::credential::parse_label(s)
 }
 
-#[derive(Debug, clap::Args)]
-pub(crate) struct RunArgs {
-    #[arg(long, default_value = config::DEFAULT_CONTROL_PLANE)]
-    control_plane: String,
-    #[arg(long)]
-    control_plane_ca: Option<PathBuf>,
-    /// File holding the enrollment token (not needed while the data dir holds a valid credential).
-    #[arg(long)]
-    token_file: Option<PathBuf>,
+/// The flags of `run`, one per [`Config`] field (`--token-file` is read
+/// into [`Config::token`]; `--pprof-addr` is the binary's own).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Control plane, CA and token file.
+    #[command(flatten)]
+    pub control_plane: ControlPlaneArgs,
+    /// Data directory: key, credential, key set, Unix socket.
     #[arg(long, default_value = config::DEFAULT_DATA_DIR)]
-    data_dir: PathBuf,
-    #[arg(long, default_value_t = Config::default().routers)]
-    routers: usize,
+    pub data_dir: PathBuf,
+    /// Routers to hold at once (K), routers.
+    #[arg(long, default_value_t = config::DEFAULT_ROUTERS)]
+    pub routers: usize,
+    /// Only routers carrying label k=v, repeatable (default: any router).
     #[arg(long, value_parser = label)]
-    router_selector: Vec<(String, String)>,
+    pub router_selector: Vec<(String, String)>,
+    /// Routers carrying label k=v first, repeatable (default: no preference).
     #[arg(long, value_parser = label)]
-    router_prefer: Vec<(String, String)>,
+    pub router_prefer: Vec<(String, String)>,
+    /// Local TCP backend served as a service, NAME=HOST:PORT, repeatable (default: none).
     #[arg(long, value_parser = config::parse_expose)]
-    expose: Vec<(String, SocketAddr)>,
+    pub expose: Vec<(String, SocketAddr)>,
+    /// Local listener forwarded to a service, LISTEN_ADDR=NAME, repeatable (default: none).
     #[arg(long, value_parser = config::parse_forward)]
-    forward: Vec<(SocketAddr, String)>,
+    pub forward: Vec<(SocketAddr, String)>,
+    /// Who may call an exposed service, NAME=label:k=v|peer:ID|any, repeatable (default: any admitted member).
     #[arg(long)]
-    allow: Vec<AllowRule>,
+    pub allow: Vec<AllowRule>,
+    /// Metrics and profiling listeners.
+    #[command(flatten)]
+    pub listeners: ListenerArgs,
+    /// The node's Unix socket for `agentmesh-node call` (default: DATA_DIR/agentmesh.sock).
     #[arg(long)]
-    metrics_addr: Option<SocketAddr>,
-    /// Default: DATA_DIR/agentmesh.sock.
+    pub socket_path: Option<PathBuf>,
+    /// Serve no Unix socket at all (default: off, the socket is served).
     #[arg(long)]
-    socket_path: Option<PathBuf>,
+    pub no_socket: bool,
+    /// Local IP outgoing TCP and QUIC connections leave from (default: none, the system's choice).
     #[arg(long)]
-    no_socket: bool,
-    #[arg(long)]
-    dial_source_ip: Option<IpAddr>,
+    pub dial_source_ip: Option<IpAddr>,
+    /// Deadline of one control-plane RPC, seconds.
     #[arg(long, default_value_t = Config::default().rpc_timeout_secs)]
-    rpc_timeout_secs: u64,
+    pub rpc_timeout_secs: u64,
+    /// Time budget of the retries of one control-plane operation, seconds.
     #[arg(long, default_value_t = Config::default().retry_budget_secs)]
-    retry_budget_secs: u64,
+    pub retry_budget_secs: u64,
+    /// How often the key set and router directory are re-read (±20% jitter), seconds.
     #[arg(long, default_value_t = Config::default().directory_interval_secs)]
-    directory_interval_secs: u64,
+    pub directory_interval_secs: u64,
+    /// Deadline to connect to a router or a provider, seconds.
     #[arg(long, default_value_t = Config::default().connect_timeout_secs)]
-    connect_timeout_secs: u64,
+    pub connect_timeout_secs: u64,
+    /// Deadline of one request/response exchange (auth, catalog, call set-up), seconds.
     #[arg(long, default_value_t = Config::default().call_timeout_secs)]
-    call_timeout_secs: u64,
+    pub call_timeout_secs: u64,
+    /// Providers tried per call before giving up, within the call's budget, attempts.
     #[arg(long, default_value_t = Config::default().call_attempts)]
-    call_attempts: usize,
+    pub call_attempts: usize,
+    /// Inbound calls served at once, all callers together, calls.
     #[arg(long, default_value_t = Config::default().max_inbound_calls)]
-    max_inbound_calls: usize,
+    pub max_inbound_calls: usize,
+    /// Inbound calls served at once per caller, calls.
     #[arg(long, default_value_t = Config::default().max_inbound_calls_per_caller)]
-    max_inbound_calls_per_caller: usize,
+    pub max_inbound_calls_per_caller: usize,
+    /// Forwarded local connections open at once across every --forward listener, connections; more wait in the backlog.
     #[arg(long, default_value_t = Config::default().max_forward_connections)]
-    max_forward_connections: usize,
+    pub max_forward_connections: usize,
+    /// Connections (transit, finished circuits) idle this long are closed, seconds.
     #[arg(long, default_value_t = Config::default().idle_connection_secs)]
-    idle_connection_secs: u64,
-    #[arg(long, default_value_t = Config::default().relayed_idle_secs)]
-    relayed_idle_secs: u64,
+    pub idle_connection_secs: u64,
+    /// A relayed connection closes this long after the last call with its peer (provider side: twice), seconds (0: off).
+    #[arg(long, default_value_t = config::DEFAULT_RELAYED_IDLE_SECS)]
+    pub relayed_idle_secs: u64,
+    /// Lifetime of published service records, republished at a third of it, seconds.
     #[arg(long, default_value_t = Config::default().record_ttl_secs)]
-    record_ttl_secs: u64,
+    pub record_ttl_secs: u64,
+    /// Grace for calls in flight on shutdown, seconds.
     #[arg(long, default_value_t = Config::default().shutdown_grace_secs)]
-    shutdown_grace_secs: u64,
+    pub shutdown_grace_secs: u64,
+    /// Clock skew tolerated when verifying callers' credentials, seconds.
     #[arg(long, default_value_t = Config::default().credential_skew_secs)]
-    credential_skew_secs: u64,
-    /// Inbound streams per protocol waiting for the accept loop (at least 1);
-    /// more are dropped and counted in agentmesh_streams_inbound_dropped_total.
-    #[arg(
-        long,
-        default_value_t = config::DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL,
-        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
-    )]
-    stream_inbound_queue_per_protocol: usize,
-    /// Stream opens that may wait for a dial to one peer (at least 1); more
-    /// are refused at once and counted in
-    /// agentmesh_streams_pending_opens_refused_total{limit="per_peer"}.
-    #[arg(
-        long,
-        default_value_t = config::DEFAULT_STREAM_MAX_PENDING_OPENS_PER_PEER,
-        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
-    )]
-    stream_max_pending_opens_per_peer: usize,
-    /// Stream opens that may wait for dials to all peers together (at least
-    /// 1); more are refused and counted with limit="total".
-    #[arg(
-        long,
-        default_value_t = config::DEFAULT_STREAM_MAX_PENDING_OPENS_TOTAL,
-        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
-    )]
-    stream_max_pending_opens_total: usize,
-    /// Serve CPU and heap profiles here (binaries built with `--features pprof`).
-    #[arg(long)]
-    pub(crate) pprof_addr: Option<std::net::SocketAddr>,
+    pub credential_skew_secs: u64,
+    /// Inbound queue and pending-open bounds of the streams behaviour.
+    #[command(flatten)]
+    pub streams: StreamLimitArgs,
 }
 
 impl RunArgs {
-    pub(crate) fn into_config(self) -> anyhow::Result<Config> {
-        let token = match &self.token_file {
-            Some(p) => std::fs::read_to_string(p)
-                .with_context(|| format!("read --token-file {}", p.display()))?
-                .trim()
-                .to_string(),
-            None => String::new(),
-        };
+    /// The [`Config`] these flags give, `--token-file` read into
+    /// [`Config::token`]. The stall watchdog stays off: [`run`] turns it on.
+    pub fn into_config(self) -> Result<Config, TokenFileError> {
+        let token = self.control_plane.read_token()?;
         Ok(Config {
-            control_plane: self.control_plane,
-            control_plane_ca: self.control_plane_ca,
+            control_plane: self.control_plane.control_plane,
+            control_plane_ca: self.control_plane.control_plane_ca,
             token,
             data_dir: self.data_dir,
             routers: self.routers,
@@ -141,7 +158,7 @@ impl RunArgs {
             expose: self.expose,
             forward: self.forward,
             allow: self.allow,
-            metrics_addr: self.metrics_addr,
+            metrics_addr: self.listeners.metrics_addr,
             socket_path: self.socket_path,
             no_socket: self.no_socket,
             dial_source_ip: self.dial_source_ip,
@@ -159,145 +176,72 @@ impl RunArgs {
             record_ttl_secs: self.record_ttl_secs,
             shutdown_grace_secs: self.shutdown_grace_secs,
             credential_skew_secs: self.credential_skew_secs,
-            stream_inbound_queue_per_protocol: self.stream_inbound_queue_per_protocol,
-            stream_max_pending_opens_per_peer: self.stream_max_pending_opens_per_peer,
-            stream_max_pending_opens_total: self.stream_max_pending_opens_total,
-            runtime_watchdog: true,
+            stream_inbound_queue_per_protocol: self.streams.stream_inbound_queue_per_protocol,
+            stream_max_pending_opens_per_peer: self.streams.stream_max_pending_opens_per_peer,
+            stream_max_pending_opens_total: self.streams.stream_max_pending_opens_total,
+            runtime_watchdog: false,
         })
     }
 }
 
-#[derive(Debug, clap::Args)]
-pub(crate) struct CallArgs {
+/// The flags of `call`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CallArgs {
     /// The service to call.
-    pub(crate) name: String,
-    /// The node's socket (default: DATA_DIR/agentmesh.sock).
+    pub name: String,
+    /// The node's Unix socket (default: DATA_DIR/agentmesh.sock).
     #[arg(long)]
-    socket_path: Option<PathBuf>,
+    pub socket_path: Option<PathBuf>,
+    /// The running node's data directory, where its socket is.
     #[arg(long, default_value = config::DEFAULT_DATA_DIR)]
-    data_dir: PathBuf,
+    pub data_dir: PathBuf,
 }
 
 impl CallArgs {
-    pub(crate) fn socket_path(&self) -> PathBuf {
+    /// The socket to connect to: `--socket-path`, else the data dir's.
+    pub fn socket_path(&self) -> PathBuf {
         self.socket_path
             .clone()
             .unwrap_or_else(|| self.data_dir.join(config::SOCKET_FILE))
     }
 }
 
+/// The flags of `status` and `services`.
 #[derive(Debug, clap::Args)]
-pub(crate) struct StatusArgs {
-    /// Print the node's JSON instead of text.
+pub struct StatusArgs {
+    /// Print the node's answer as JSON instead of text (default: text).
     #[arg(long)]
-    pub(crate) json: bool,
-    /// The node's socket (default: DATA_DIR/agentmesh.sock).
+    pub json: bool,
+    /// The node's Unix socket (default: DATA_DIR/agentmesh.sock).
     #[arg(long)]
-    socket_path: Option<PathBuf>,
-    /// The running node's data dir.
+    pub socket_path: Option<PathBuf>,
+    /// The running node's data directory, where its socket is.
     #[arg(long, default_value = config::DEFAULT_DATA_DIR)]
-    pub(crate) data_dir: PathBuf,
+    pub data_dir: PathBuf,
     /// Longest wait for the node's answer, seconds.
     #[arg(long, default_value_t = 10)]
-    pub(crate) timeout_secs: u64,
+    pub timeout_secs: u64,
 }
 
 impl StatusArgs {
-    pub(crate) fn socket_path(&self) -> PathBuf {
+    /// The socket to connect to: `--socket-path`, else the data dir's.
+    pub fn socket_path(&self) -> PathBuf {
         self.socket_path
             .clone()
             .unwrap_or_else(|| self.data_dir.join(config::SOCKET_FILE))
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::Parser as _;
-
-    #[test]
-    fn no_flags_is_the_default_config() {
-        let cli = Cli::try_parse_from(["agentmesh-node", "run"]).expect("parse");
-        let Command::Run(args) = cli.command else {
-            panic!("not run");
-        };
-        // The binary always runs the process's one stall watchdog; every
-        // other field is the library default.
-        let expected = Config {
-            runtime_watchdog: true,
-            ..Config::default()
-        };
-        assert_eq!(args.into_config().expect("config"), expected);
-    }
-
-    #[test]
-    fn repeatable_flags_parse() {
-        let cli = Cli::try_parse_from([
-            "agentmesh-node",
-            "run",
-            "--router-selector",
-            "region=eu",
-            "--expose",
-            "echo=127.0.0.1:7",
-            "--allow",
-            "echo=label:team=a",
-            "--forward",
-            "127.0.0.1:0=echo",
-            "--dial-source-ip",
-            "127.0.0.2",
-        ])
-        .expect("parse");
-        let Command::Run(args) = cli.command else {
-            panic!("not run");
-        };
-        let c = args.into_config().expect("config");
-        assert_eq!(
-            c.router_selector.get("region").map(String::as_str),
-            Some("eu")
-        );
-        assert_eq!(c.expose.len(), 1);
-        assert_eq!(c.allow.len(), 1);
-        assert_eq!(c.forward[0].1, "echo");
-        assert!(c.dial_source_ip.is_some());
-        assert!(Cli::try_parse_from(["agentmesh-node", "run", "--expose", "bad"]).is_err());
-    }
-
-    #[test]
-    fn stream_inbound_queue_flag_maps_and_refuses_zero() {
-        let parse = |v: &str| {
-            Cli::try_parse_from([
-                "agentmesh-node",
-                "run",
-                "--stream-inbound-queue-per-protocol",
-                v,
-            ])
-        };
-        let Command::Run(args) = parse("3").expect("parse").command else {
-            panic!("not run");
-        };
-        assert_eq!(
-            args.into_config()
-                .expect("config")
-                .stream_inbound_queue_per_protocol,
-            3
-        );
-        assert!(parse("0").is_err());
-    }
-
-    #[test]
-    fn pending_open_flags_map_and_refuse_zero() {
-        let parse = |flag: &str, v: &str| Cli::try_parse_from(["agentmesh-node", "run", flag, v]);
-        let config = |flag: &str, v: &str| {
-            let Command::Run(args) = parse(flag, v).expect("parse").command else {
-                panic!("not run");
-            };
-            args.into_config().expect("config")
-        };
-        let c = config("--stream-max-pending-opens-per-peer", "5");
-        assert_eq!(c.stream_max_pending_opens_per_peer, 5);
-        let c = config("--stream-max-pending-opens-total", "7");
-        assert_eq!(c.stream_max_pending_opens_total, 7);
-        assert!(parse("--stream-max-pending-opens-per-peer", "0").is_err());
-        assert!(parse("--stream-max-pending-opens-total", "0").is_err());
-    }
+/// `status` / `services`: the running node's answer as text (or JSON), or
+/// why there is none (no node at that data dir, a timeout, a bad answer).
+pub async fn ask(
+    args: StatusArgs,
+    what: crate::status_cmd::Ask,
+) -> Result<String, crate::status_cmd::StatusCmdError> {
+    let limit = std::time::Duration::from_secs(args.timeout_secs.max(1));
+    let socket = args.socket_path();
+    crate::status_cmd::ask(&socket, &args.data_dir, what, args.json, limit).await
 }
+
+#[cfg(test)]
+mod tests;

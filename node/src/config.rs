@@ -11,8 +11,9 @@ use libp2p::PeerId;
 
 /// Default number of routers to hold (K).
 pub const DEFAULT_ROUTERS: usize = 2;
-/// Default control-plane URL (agentmesh-one's gRPC port).
-pub const DEFAULT_CONTROL_PLANE: &str = "http://127.0.0.1:7400";
+/// Default control-plane URL (the `agentmesh-one` gRPC port on loopback),
+/// shared with the other programs' `--control-plane`.
+pub const DEFAULT_CONTROL_PLANE: &str = agentmesh_runtime::cli::DEFAULT_CONTROL_PLANE;
 /// Default data directory.
 pub const DEFAULT_DATA_DIR: &str = "agentmesh-node-data";
 /// Default seconds a relayed connection to a peer stays open after the
@@ -42,7 +43,7 @@ pub struct Config {
     pub control_plane: String,
     /// PEM CA certificate for a TLS control plane (`--control-plane-ca`); `None`: system roots / plain on loopback.
     pub control_plane_ca: Option<PathBuf>,
-    /// Enrollment token (`main` reads it from `--token-file`). Empty is fine
+    /// Enrollment token (the command line reads it from `--token-file`). Empty is fine
     /// while the data dir holds a credential that can still be refreshed.
     pub token: String,
     /// Data directory: key, credential, key set, Unix socket (`--data-dir`).

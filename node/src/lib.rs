@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 mod call;
+pub mod cli;
 pub mod config;
 mod core;
 mod enroll;

@@ -15,7 +15,7 @@ static ALLOC: agentmesh_runtime::Allocator = agentmesh_runtime::Allocator;
 /// A local mesh in one process: control plane, routers and, optionally,
 /// demo members calling each other.
 #[derive(Debug, Parser)]
-#[command(version)]
+#[command(name = "agentmesh-one", version = agentmesh_runtime::cli::VERSION)]
 struct Args {
     /// Folder for the SQLite file, router keys, the member token and demo members.
     #[arg(long, default_value = "./agentmesh-data")]
@@ -145,5 +145,16 @@ async fn run(stop: &mut StopSignals, demo: Option<&Demo>, run_for_secs: u64) -> 
         if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
             return "--run-for-secs elapsed";
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn every_flag_has_a_one_line_help_with_unit_and_default() {
+        let problems = agentmesh_runtime::cli::help_problems(&super::Args::command());
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
     }
 }

@@ -1,7 +1,7 @@
 //! The router's configuration: data only, one field per command-line flag.
 //!
-//! Every default is defined once, here, as a named constant; `main.rs` maps
-//! flags 1:1 onto these fields and a test checks that no flags yields
+//! Every default is defined once, here, as a named constant; `crate::cli`
+//! maps flags 1:1 onto these fields and a test checks that no flags yields
 //! [`Config::default`].
 
 use std::collections::BTreeMap;
@@ -15,8 +15,9 @@ use crate::resources::budget::{Budgets, Watermarks};
 use crate::resources::sizing::SizingFlags;
 pub use crate::resources::sizing::{Sizing, high_watermark_for_budget};
 
-/// Default control-plane URL (the `agentmesh-one` gRPC port).
-pub const DEFAULT_CONTROL_PLANE: &str = "http://127.0.0.1:7400";
+/// Default control-plane URL (the `agentmesh-one` gRPC port on loopback),
+/// shared with the other programs' `--control-plane`.
+pub const DEFAULT_CONTROL_PLANE: &str = agentmesh_runtime::cli::DEFAULT_CONTROL_PLANE;
 /// Default key file.
 pub const DEFAULT_KEY_PATH: &str = "router.key";
 /// Default listen address.
@@ -98,7 +99,7 @@ pub struct Config {
     pub control_plane: String,
     /// PEM file of the CA that signs the control plane's TLS certificate. Default none.
     pub control_plane_ca: Option<PathBuf>,
-    /// The router-role enrollment token (main reads `--token-file` into it). Default empty.
+    /// The router-role enrollment token (the command line reads `--token-file` into it). Default empty.
     pub token: String,
     /// Ed25519 identity key file, created (mode 0600) on first run. Default `router.key`.
     pub key_path: PathBuf,

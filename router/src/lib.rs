@@ -11,6 +11,7 @@ mod addrs;
 pub mod admission;
 mod auth;
 mod catalog;
+pub mod cli;
 pub mod config;
 mod cp;
 mod directory;

@@ -17,9 +17,13 @@
 //!   on `--pprof-addr`.
 //! - [`accept::AcceptBackoff`]: the growing, jittered pause every accept
 //!   loop takes after a failed `accept()` (out of file descriptors).
+//! - [`cli`] (cargo feature `cli`): the flags the programs share, the
+//!   `--version` string with the git commit, and the help-text check.
 
 pub mod accept;
 pub mod allocator;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod profiling;
 pub mod watchdog;
 

@@ -1,0 +1,54 @@
+//! What `agentmesh-node run` does with its flags: start the node, serve
+//! until SIGINT or SIGTERM, then stop gracefully.
+
+use agentmesh_runtime::cli::TokenFileError;
+use agentmesh_runtime::profiling::ProfilingError;
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::RunArgs;
+use crate::SpawnError;
+
+/// Why `agentmesh-node run` stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// `--token-file` could not be read.
+    #[error(transparent)]
+    TokenFile(#[from] TokenFileError),
+    /// `--pprof-addr` could not be served.
+    #[error(transparent)]
+    Profiling(#[from] ProfilingError),
+    /// The node did not start.
+    #[error("starting the node: {0}")]
+    Spawn(#[from] SpawnError),
+    /// The signal handlers could not be installed.
+    #[error("installing signal handlers: {0}")]
+    Signal(#[source] std::io::Error),
+    /// The node's core stopped; exiting lets a supervisor restart a node
+    /// that can no longer attach.
+    #[error("node core failed: {0}")]
+    CoreFailed(String),
+}
+
+/// Runs the node `args` describe, with the process's stall watchdog, until
+/// SIGINT or SIGTERM; then withdraws its records and finishes its calls
+/// within `--shutdown-grace-secs`.
+pub async fn run(args: RunArgs) -> Result<(), RunError> {
+    let listeners = args.listeners.clone();
+    let mut config = args.into_config()?;
+    if let Some(bound) = listeners.serve_pprof().await? {
+        tracing::info!(%bound, "profiles on /debug/pprof/profile and /debug/pprof/heap");
+    }
+    // The binary runs the process's one stall watchdog.
+    config.runtime_watchdog = true;
+    let node = crate::spawn(config, None).await?;
+    tracing::info!(peer = %node.peer_id(), "node running");
+    let mut term = signal(SignalKind::terminate()).map_err(RunError::Signal)?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        why = node.failed() => return Err(RunError::CoreFailed(why)),
+    }
+    tracing::info!("stopping: withdrawing records, finishing calls");
+    node.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,141 @@
+use clap::{CommandFactory as _, Parser as _};
+
+use super::*;
+
+fn run_args(args: &[&str]) -> Result<RunArgs, clap::Error> {
+    let argv = ["agentmesh-node", "run"]
+        .into_iter()
+        .chain(args.iter().copied());
+    match Cli::try_parse_from(argv)?.command {
+        Command::Run(args) => Ok(*args),
+        other => panic!("not run: {other:?}"),
+    }
+}
+
+fn config(args: &[&str]) -> Config {
+    run_args(args)
+        .expect("parse")
+        .into_config()
+        .expect("config")
+}
+
+#[test]
+fn every_flag_has_a_one_line_help_with_unit_and_default() {
+    let problems = agentmesh_runtime::cli::help_problems(&Cli::command());
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn every_flag_is_in_the_readme() {
+    let missing = agentmesh_runtime::cli::flags_missing_from(
+        &Cli::command(),
+        include_str!("../../README.md"),
+    );
+    assert!(missing.is_empty(), "not in the README: {missing:?}");
+}
+
+#[test]
+fn the_version_names_the_commit() {
+    assert_eq!(
+        Cli::command().get_version(),
+        Some(agentmesh_runtime::cli::VERSION)
+    );
+}
+
+#[test]
+fn no_flags_is_the_default_config() {
+    assert_eq!(config(&[]), Config::default());
+}
+
+#[test]
+fn shared_flags_map_one_to_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, " amt_member\n").expect("write token");
+    let token = token.display().to_string();
+    let c = config(&[
+        "--control-plane=https://cp.example:7400",
+        "--control-plane-ca=/ca.pem",
+        "--token-file",
+        &token,
+        "--metrics-addr=127.0.0.1:9100",
+        "--retry-budget-secs=7",
+    ]);
+    assert_eq!(c.control_plane, "https://cp.example:7400");
+    assert_eq!(c.control_plane_ca, Some(PathBuf::from("/ca.pem")));
+    assert_eq!(c.token, "amt_member");
+    assert_eq!(
+        c.metrics_addr,
+        Some("127.0.0.1:9100".parse().expect("addr"))
+    );
+    assert_eq!(c.retry_budget_secs, 7);
+    let missing = dir.path().join("missing").display().to_string();
+    let err = run_args(&["--token-file", &missing])
+        .expect("parse")
+        .into_config()
+        .expect_err("no such file");
+    assert!(err.to_string().contains("--token-file"), "{err}");
+}
+
+#[test]
+fn repeatable_flags_parse() {
+    let c = config(&[
+        "--router-selector",
+        "region=eu",
+        "--expose",
+        "echo=127.0.0.1:7",
+        "--allow",
+        "echo=label:team=a",
+        "--forward",
+        "127.0.0.1:0=echo",
+        "--dial-source-ip",
+        "127.0.0.2",
+    ]);
+    assert_eq!(
+        c.router_selector.get("region").map(String::as_str),
+        Some("eu")
+    );
+    assert_eq!(c.expose.len(), 1);
+    assert_eq!(c.allow.len(), 1);
+    assert_eq!(c.forward[0].1, "echo");
+    assert!(c.dial_source_ip.is_some());
+    assert!(run_args(&["--expose", "bad"]).is_err());
+}
+
+#[test]
+fn stream_inbound_queue_flag_maps_and_refuses_zero() {
+    let c = config(&["--stream-inbound-queue-per-protocol", "3"]);
+    assert_eq!(c.stream_inbound_queue_per_protocol, 3);
+    assert!(run_args(&["--stream-inbound-queue-per-protocol", "0"]).is_err());
+}
+
+#[test]
+fn pending_open_flags_map_and_refuse_zero() {
+    let c = config(&["--stream-max-pending-opens-per-peer", "5"]);
+    assert_eq!(c.stream_max_pending_opens_per_peer, 5);
+    let c = config(&["--stream-max-pending-opens-total", "7"]);
+    assert_eq!(c.stream_max_pending_opens_total, 7);
+    assert!(run_args(&["--stream-max-pending-opens-per-peer", "0"]).is_err());
+    assert!(run_args(&["--stream-max-pending-opens-total", "0"]).is_err());
+}
+
+#[test]
+fn call_finds_the_socket_in_the_data_dir_unless_told() {
+    let Command::Call(c) =
+        Cli::try_parse_from(["agentmesh-node", "call", "echo", "--data-dir", "/d"])
+            .expect("parse")
+            .command
+    else {
+        panic!("not call");
+    };
+    assert_eq!(c.name, "echo");
+    assert_eq!(c.socket_path(), PathBuf::from("/d/agentmesh.sock"));
+    let Command::Call(c) =
+        Cli::try_parse_from(["agentmesh-node", "call", "echo", "--socket-path", "/s.sock"])
+            .expect("parse")
+            .command
+    else {
+        panic!("not call");
+    };
+    assert_eq!(c.socket_path(), PathBuf::from("/s.sock"));
+}

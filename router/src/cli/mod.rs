@@ -1,0 +1,223 @@
+//! The command line of `agentmesh-router`: flags map one to one onto
+//! [`Config`] fields, converted once by [`RouterArgs::into_config`]
+//! (seconds and milliseconds become `Duration`s); [`run`] is what the
+//! binary does with them.
+//!
+//! Flags shared with the node (control-plane client, listeners, stream
+//! limits) come from `agentmesh_runtime::cli`; the resource flags from
+//! [`crate::resource_config::ResourceArgs`]. Defaults are the `DEFAULT_*`
+//! constants of [`crate::config`].
+
+mod run;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use agentmesh_runtime::cli::{ControlPlaneArgs, ListenerArgs, StreamLimitArgs, TokenFileError};
+use clap::builder::RangedU64ValueParser;
+use libp2p::Multiaddr;
+
+use crate::config::{self as d, Config};
+use crate::resource_config::ResourceArgs;
+
+pub use run::{RunError, run};
+
+/// Log filter when `RUST_LOG` is unset. libp2p-kad warns "Failed to trigger
+/// bootstrap: No known peers" when a listen address appears before another
+/// router is known, normal for a mesh of one router, so its behaviour
+/// module logs errors only.
+pub const DEFAULT_LOG_FILTER: &str = "info,libp2p_kad::behaviour=error";
+
+/// The parsed command line of `agentmesh-router`.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "agentmesh-router",
+    version = agentmesh_runtime::cli::VERSION,
+    about = "agentmesh router: admits members, relays circuits, hosts the catalog"
+)]
+pub struct Cli {
+    /// What the router runs with.
+    #[command(flatten)]
+    pub args: RouterArgs,
+}
+
+/// Every flag of the router, one per [`Config`] field (`--token-file` is
+/// read into [`Config::token`]; `--pprof-addr` is the binary's own).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RouterArgs {
+    /// Control plane, CA and token file.
+    #[command(flatten)]
+    pub control_plane: ControlPlaneArgs,
+    /// Ed25519 identity key file, created (mode 0600) on first run.
+    #[arg(long, default_value = d::DEFAULT_KEY_PATH)]
+    pub key_path: PathBuf,
+    /// Multiaddr to listen on, repeatable.
+    #[arg(long, default_value = d::DEFAULT_LISTEN)]
+    pub listen: Vec<Multiaddr>,
+    /// Multiaddr members dial, repeatable; needed when listening on 0.0.0.0 or port 0 off loopback (default: none, the bound address).
+    #[arg(long)]
+    pub external_addr: Vec<Multiaddr>,
+    /// Label k=v announced in the directory, repeatable; only labels the token allows (default: none).
+    #[arg(long = "label", value_parser = agentmesh_proto::credential::parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Metrics and profiling listeners.
+    #[command(flatten)]
+    pub listeners: ListenerArgs,
+    /// Time a connection has to be admitted before it is closed, seconds.
+    #[arg(long, default_value_t = d::DEFAULT_AUTH_DEADLINE_SECS)]
+    pub auth_deadline_secs: u64,
+    /// Admitted members before go-away and trimming, members (default: sized from the memory budget, see --high-watermark-memory-percent).
+    #[arg(long)]
+    pub high_watermark: Option<u32>,
+    /// Share of the memory budget the default high watermark fills with idle members, percent (1-100); the rest is headroom.
+    #[arg(long, default_value_t = d::DEFAULT_HIGH_WATERMARK_MEMORY_PERCENT, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub high_watermark_memory_percent: u8,
+    /// Trimming sheds down to this many members, members (default: 15% below the high watermark).
+    #[arg(long)]
+    pub low_watermark: Option<u32>,
+    /// Longest drain (last lease, go-away DRAINING, members moving) before the router closes, seconds.
+    #[arg(long, default_value_t = d::DEFAULT_DRAIN_GRACE_SECS)]
+    pub drain_grace_secs: u64,
+    /// Accept POST /drain on the metrics listener from any address, not only loopback (default: off); only where the listener is protected otherwise.
+    #[arg(long)]
+    pub drain_http_allow_remote: bool,
+    /// Go-away streams open at once, streams.
+    #[arg(long, default_value_t = d::DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS)]
+    pub goaway_max_concurrent_streams: usize,
+    /// How long a go-away asks members to stay away, seconds.
+    #[arg(long, default_value_t = d::DEFAULT_GOAWAY_RETRY_AFTER_SECS)]
+    pub goaway_retry_after_secs: u64,
+    /// Time from a trimmed member's go-away to closing its connection, seconds.
+    #[arg(long, default_value_t = d::DEFAULT_TRIM_CLOSE_GRACE_SECS)]
+    pub trim_close_grace_secs: u64,
+    /// Relay reservations at most, reservations (default: the high watermark in effect).
+    #[arg(long)]
+    pub relay_max_reservations: Option<usize>,
+    /// Relay reservations one peer may hold at once, reservations (at least 1).
+    #[arg(
+        long,
+        default_value_t = d::DEFAULT_RELAY_MAX_RESERVATIONS_PER_PEER,
+        value_parser = RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    pub relay_max_reservations_per_peer: usize,
+    /// Relay circuits at most in total, circuits.
+    #[arg(long, default_value_t = d::DEFAULT_RELAY_MAX_CIRCUITS)]
+    pub relay_max_circuits: usize,
+    /// Relay circuits at most per peer, circuits.
+    #[arg(long, default_value_t = d::DEFAULT_RELAY_MAX_CIRCUITS_PER_PEER)]
+    pub relay_max_circuits_per_peer: usize,
+    /// Longest life of one circuit, seconds.
+    #[arg(long, default_value_t = d::DEFAULT_RELAY_CIRCUIT_DURATION_SECS)]
+    pub relay_circuit_duration_secs: u64,
+    /// Bytes one circuit may carry, bytes (0: unlimited).
+    #[arg(long, default_value_t = d::DEFAULT_RELAY_CIRCUIT_BYTES)]
+    pub relay_circuit_bytes: u64,
+    /// Life of one relay reservation (members renew before it ends), seconds.
+    #[arg(long, default_value_t = d::DEFAULT_RELAY_RESERVATION_DURATION_SECS)]
+    pub relay_reservation_duration_secs: u64,
+    /// Time between leases, directory syncs and key syncs, seconds.
+    #[arg(long, default_value_t = d::DEFAULT_LEASE_INTERVAL_SECS)]
+    pub lease_interval_secs: u64,
+    /// Clock difference allowed when checking credentials, seconds.
+    #[arg(long, default_value_t = d::DEFAULT_CLOCK_SKEW_SECS)]
+    pub clock_skew_secs: u64,
+    /// Deadline of each read or write on an auth or catalog stream, seconds.
+    #[arg(long, default_value_t = d::DEFAULT_STREAM_TIMEOUT_SECS)]
+    pub stream_timeout_secs: u64,
+    /// Auth streams served at once, streams; more are dropped and counted.
+    #[arg(long, default_value_t = d::DEFAULT_AUTH_MAX_INFLIGHT_STREAMS)]
+    pub auth_max_inflight_streams: usize,
+    /// Catalog streams served at once, streams; more are dropped and counted.
+    #[arg(long, default_value_t = d::DEFAULT_CATALOG_MAX_INFLIGHT_STREAMS)]
+    pub catalog_max_inflight_streams: usize,
+    /// Member records the catalog holds at most, records.
+    #[arg(long, default_value_t = d::DEFAULT_CATALOG_MAX_RECORDS)]
+    pub catalog_max_records: usize,
+    /// Providers in one lookup answer at most, providers.
+    #[arg(long, default_value_t = d::DEFAULT_CATALOG_MAX_RESULTS)]
+    pub catalog_max_results: usize,
+    /// Time one member lookup may spend asking other routers, milliseconds; what arrived by then is answered (0: own records only).
+    #[arg(long, default_value_t = d::DEFAULT_CATALOG_REMOTE_LOOKUP_BUDGET_MS)]
+    pub catalog_remote_lookup_budget_ms: u64,
+    /// How long a search's provider routers are reused by later lookups of the same service, milliseconds (0: never).
+    #[arg(long, default_value_t = d::DEFAULT_CATALOG_PROVIDER_CACHE_MS)]
+    pub catalog_provider_cache_ms: u64,
+    /// Connections with nothing keeping them alive close after this, seconds.
+    #[arg(long, default_value_t = d::DEFAULT_IDLE_CONNECTION_TIMEOUT_SECS)]
+    pub idle_connection_timeout_secs: u64,
+    /// Time budget of one control-plane call, retries included, seconds.
+    #[arg(long, default_value_t = d::DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS)]
+    pub control_plane_retry_budget_secs: u64,
+    /// Timeout of one control-plane RPC attempt, seconds.
+    #[arg(long, default_value_t = d::DEFAULT_CONTROL_PLANE_RPC_TIMEOUT_SECS)]
+    pub control_plane_rpc_timeout_secs: u64,
+    /// Inbound queue and pending-open bounds of the streams behaviour.
+    #[command(flatten)]
+    pub streams: StreamLimitArgs,
+    /// Memory, stream, circuit and per-source budgets.
+    #[command(flatten)]
+    pub resources: ResourceArgs,
+}
+
+impl RouterArgs {
+    /// The [`Config`] these flags give, `--token-file` read into
+    /// [`Config::token`]. The stall watchdog stays off: [`run`] turns it on.
+    pub fn into_config(self) -> Result<Config, TokenFileError> {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        let token = self.control_plane.read_token()?;
+        Ok(Config {
+            control_plane: self.control_plane.control_plane,
+            control_plane_ca: self.control_plane.control_plane_ca,
+            token,
+            key_path: self.key_path,
+            listen: self.listen,
+            external_addr: self.external_addr,
+            labels: self.labels.into_iter().collect(),
+            metrics_addr: self.listeners.metrics_addr,
+            auth_deadline: s(self.auth_deadline_secs),
+            high_watermark: self.high_watermark,
+            high_watermark_memory_percent: self.high_watermark_memory_percent,
+            low_watermark: self.low_watermark,
+            drain_grace: s(self.drain_grace_secs),
+            drain_http_allow_remote: self.drain_http_allow_remote,
+            goaway_max_concurrent_streams: self.goaway_max_concurrent_streams,
+            goaway_retry_after: s(self.goaway_retry_after_secs),
+            trim_close_grace: s(self.trim_close_grace_secs),
+            relay_max_reservations: self.relay_max_reservations,
+            relay_max_reservations_per_peer: self.relay_max_reservations_per_peer,
+            relay_max_circuits: self.relay_max_circuits,
+            relay_max_circuits_per_peer: self.relay_max_circuits_per_peer,
+            relay_circuit_duration: s(self.relay_circuit_duration_secs),
+            relay_circuit_bytes: self.relay_circuit_bytes,
+            relay_reservation_duration: s(self.relay_reservation_duration_secs),
+            lease_interval: s(self.lease_interval_secs),
+            clock_skew: s(self.clock_skew_secs),
+            stream_timeout: s(self.stream_timeout_secs),
+            auth_max_inflight_streams: self.auth_max_inflight_streams,
+            catalog_max_inflight_streams: self.catalog_max_inflight_streams,
+            catalog_max_records: self.catalog_max_records,
+            catalog_max_results: self.catalog_max_results,
+            catalog_remote_lookup_budget: ms(self.catalog_remote_lookup_budget_ms),
+            catalog_provider_cache: ms(self.catalog_provider_cache_ms),
+            idle_connection_timeout: s(self.idle_connection_timeout_secs),
+            control_plane_retry_budget: s(self.control_plane_retry_budget_secs),
+            control_plane_rpc_timeout: s(self.control_plane_rpc_timeout_secs),
+            stream_inbound_queue_per_protocol: self.streams.stream_inbound_queue_per_protocol,
+            stream_max_pending_opens_per_peer: self.streams.stream_max_pending_opens_per_peer,
+            stream_max_pending_opens_total: self.streams.stream_max_pending_opens_total,
+            resources: self.resources.into_config(),
+            runtime_watchdog: false,
+        })
+    }
+
+    /// The profiling listener, if any (not part of [`Config`]: one per
+    /// process, started by [`run`]).
+    pub fn pprof_addr(&self) -> Option<SocketAddr> {
+        self.listeners.pprof_addr
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,59 @@
+//! What `agentmesh-router` does with its flags: start the router, serve
+//! until SIGINT, SIGTERM or `POST /drain`, drain, stop.
+
+use agentmesh_runtime::cli::TokenFileError;
+use agentmesh_runtime::profiling::ProfilingError;
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::Cli;
+use crate::SpawnError;
+
+/// Why the router binary stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// `--token-file` could not be read.
+    #[error(transparent)]
+    TokenFile(#[from] TokenFileError),
+    /// `--pprof-addr` could not be served.
+    #[error(transparent)]
+    Profiling(#[from] ProfilingError),
+    /// The router did not start.
+    #[error("starting the router: {0}")]
+    Spawn(#[from] SpawnError),
+    /// The signal handlers could not be installed.
+    #[error("installing signal handlers: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+/// Runs the router the command line describes, with the process's stall
+/// watchdog, until a signal or `POST /drain`; a drain then takes up to
+/// `--drain-grace-secs`, and a second signal stops at once.
+pub async fn run(cli: Cli) -> Result<(), RunError> {
+    let listeners = cli.args.listeners.clone();
+    let mut config = cli.args.into_config()?;
+    if let Some(bound) = listeners.serve_pprof().await? {
+        tracing::info!(%bound, "profiles on /debug/pprof/profile and /debug/pprof/heap");
+    }
+    // The binary runs the process's one stall watchdog.
+    config.runtime_watchdog = true;
+    let router = crate::spawn(config).await?;
+    tracing::info!(peer_id = %router.peer_id(), "running");
+    if let Some(addr) = router.metrics_addr() {
+        tracing::info!("metrics on http://{addr}");
+    }
+    let mut term = signal(SignalKind::terminate()).map_err(RunError::Signal)?;
+    let mut drained = router.drained();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => router.drain(),
+        _ = term.recv() => router.drain(),
+        _ = drained.wait_for(|d| *d) => {} // POST /drain
+    }
+    // Drain (go-away, grace, close); a second signal stops at once.
+    tokio::select! {
+        _ = drained.wait_for(|d| *d) => {}
+        _ = tokio::signal::ctrl_c() => tracing::warn!("second signal: stopping without waiting"),
+        _ = term.recv() => tracing::warn!("second signal: stopping without waiting"),
+    }
+    router.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,100 @@
+//! Flags the router and the node take alike.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Default `--control-plane`: `agentmesh-one`'s gRPC port on loopback.
+pub const DEFAULT_CONTROL_PLANE: &str = "http://127.0.0.1:7400";
+
+/// How a program reaches the control plane and proves who may enroll.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct ControlPlaneArgs {
+    /// Control-plane gRPC URL, http:// or https://.
+    #[arg(long, default_value = DEFAULT_CONTROL_PLANE)]
+    pub control_plane: String,
+    /// PEM file of the CA that signs an https:// control plane's certificate (default: none, the system roots).
+    #[arg(long)]
+    pub control_plane_ca: Option<PathBuf>,
+    /// File holding the enrollment token, router-role for a router; a node with a valid credential in its data dir needs none (default: none).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+}
+
+/// `--token-file` could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("reading --token-file {}: {source}", path.display())]
+pub struct TokenFileError {
+    /// The file named by the flag.
+    pub path: PathBuf,
+    /// Why it could not be read.
+    pub source: std::io::Error,
+}
+
+impl ControlPlaneArgs {
+    /// The token in `--token-file`, surrounding whitespace trimmed; empty
+    /// without the flag.
+    pub fn read_token(&self) -> Result<String, TokenFileError> {
+        let Some(path) = &self.token_file else {
+            return Ok(String::new());
+        };
+        std::fs::read_to_string(path)
+            .map(|t| t.trim().to_string())
+            .map_err(|source| TokenFileError {
+                path: path.clone(),
+                source,
+            })
+    }
+}
+
+/// The HTTP listeners beside a program's own traffic.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct ListenerArgs {
+    /// Address (IP:PORT) of the HTTP listener serving /metrics and the readiness probe /readyz (default: none, off).
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Address (IP:PORT) serving CPU and heap profiles, binaries built with `--features pprof` only (default: none, off).
+    #[arg(long)]
+    pub pprof_addr: Option<SocketAddr>,
+}
+
+impl ListenerArgs {
+    /// Starts the profiling listener if `--pprof-addr` was given; returns
+    /// the bound address.
+    pub async fn serve_pprof(
+        &self,
+    ) -> Result<Option<SocketAddr>, crate::profiling::ProfilingError> {
+        match self.pprof_addr {
+            Some(addr) => crate::profiling::serve(addr).await.map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_token_file_is_read_and_trimmed_and_a_missing_one_is_named() {
+        let none = ControlPlaneArgs {
+            control_plane: DEFAULT_CONTROL_PLANE.into(),
+            control_plane_ca: None,
+            token_file: None,
+        };
+        assert_eq!(none.read_token().expect("no flag"), "");
+        let path = std::env::temp_dir().join(format!("agentmesh-token-{}", std::process::id()));
+        std::fs::write(&path, "  amt_secret\n").expect("write");
+        let with = ControlPlaneArgs {
+            token_file: Some(path.clone()),
+            ..none.clone()
+        };
+        assert_eq!(with.read_token().expect("read"), "amt_secret");
+        std::fs::remove_file(&path).expect("remove");
+        let err = with.read_token().expect_err("gone");
+        assert!(err.to_string().contains("--token-file"), "{err}");
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
+    }
+}
