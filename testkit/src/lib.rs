@@ -1,14 +1,19 @@
-//! Test harness shared by the router and node integration tests: a real
-//! control plane (SQLite in a temp dir), routers started in-process, a raw
-//! libp2p peer that speaks the mesh protocols by hand, an echo backend and
-//! small helpers to read metrics and wait on conditions.
+//! Test harness shared by the router tests, the cross-program tests and a
+//! few unit tests: a real control plane (SQLite in a temp dir), routers
+//! started in-process, a raw libp2p peer that speaks the mesh protocols by
+//! hand, an echo backend and small helpers to read metrics and wait on
+//! conditions.
 //!
-//! Why a crate: both test suites need exactly these parts, and keeping one
-//! copy means a protocol or config change is fixed once. It is a
-//! dev-dependency only (`publish = false`); no library depends on it.
+//! Why a crate: the router's tests and the cross-program tests
+//! (`agentmesh-e2e`) need exactly these parts, and keeping one copy means a
+//! protocol or config change is fixed once. It is a dev-dependency only
+//! (`publish = false`); no library depends on it. The in-process routers
+//! are behind the `router` feature, so the node's unit tests (which use
+//! only the small helpers) never build the router.
 
 mod cp;
 mod peer;
+#[cfg(feature = "router")]
 mod router;
 
 use std::net::SocketAddr;
@@ -19,6 +24,7 @@ use tokio::time::Instant;
 
 pub use cp::{ADMIN, Cp, start_cp, start_cp_with};
 pub use peer::{Ev, Frozen, PeerBehaviour, TestPeer};
+#[cfg(feature = "router")]
 pub use router::{TestRouter, spawn_ready};
 
 /// Generous deadline for every wait in the tests: long enough for a loaded

@@ -1,0 +1,285 @@
+//! Limits that bite before admission, on loopback with real sockets:
+//!
+//! - a source IP opening many connections is refused before the handshake
+//!   (raw TCP connections that never start noise hold their IP's share;
+//!   the next one is closed unread and counted), and admitted members from
+//!   the same IP do not count;
+//! - the high watermark sized from the memory budget (no flag) is what a
+//!   new member meets: go-away instead of admission at the watermark.
+
+use crate::support;
+
+use std::time::Duration;
+
+use agentmesh_proto::pb::credential::Role;
+use agentmesh_proto::pb::mesh::{Purpose, auth_response};
+use agentmesh_router::Config;
+use libp2p::multiaddr::Protocol;
+use support::cp::{Cp, start_cp};
+use support::{DEADLINE, TestPeer, TestRouter, eventually};
+use tokio::io::AsyncReadExt;
+
+type Router = TestRouter;
+
+/// What these tests read of a router.
+trait LimitsRouter {
+    /// Connections refused before the handshake, by `scope`.
+    fn refused_connections(&self, scope: &str) -> f64;
+    /// The router's TCP listen address as a socket address.
+    fn socket_addr(&self) -> std::net::SocketAddr;
+}
+
+impl LimitsRouter for TestRouter {
+    fn refused_connections(&self, scope: &str) -> f64 {
+        self.refused("connection", scope, "none")
+    }
+    fn socket_addr(&self) -> std::net::SocketAddr {
+        let mut ip = None;
+        let mut port = None;
+        for p in self.addr.iter() {
+            match p {
+                Protocol::Ip4(a) => ip = Some(a),
+                Protocol::Tcp(p) => port = Some(p),
+                _ => {}
+            }
+        }
+        (ip.expect("ip4"), port.expect("tcp")).into()
+    }
+}
+
+/// A router with a 60 s auth deadline and a 10 s control-plane retry
+/// budget; `adjust` changes anything else.
+async fn start_router(cp: &Cp, adjust: impl FnOnce(&mut Config)) -> Router {
+    TestRouter::start(cp, &[], |c| {
+        c.auth_deadline = Duration::from_secs(60);
+        c.control_plane_retry_budget = Duration::from_secs(10);
+        adjust(c);
+    })
+    .await
+}
+
+/// A TCP connection that never starts the noise handshake.
+async fn silent(r: &Router) -> tokio::net::TcpStream {
+    tokio::net::TcpStream::connect(r.socket_addr())
+        .await
+        .expect("tcp connect")
+}
+
+/// Reads until the router closes `s` (EOF or reset), within the deadline.
+async fn closed_by_router(mut s: tokio::net::TcpStream) {
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(DEADLINE, s.read(&mut buf))
+        .await
+        .expect("the router closes the refused connection in time");
+    assert!(
+        matches!(n, Ok(0) | Err(_)),
+        "nothing is sent on a refused connection: {n:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_from_one_ip_is_refused_before_the_handshake() {
+    const PER_IP: u32 = 4;
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| {
+        c.resources.unauthenticated_connections_per_ip = PER_IP;
+    })
+    .await;
+    assert_eq!(r.refused_connections("source"), 0.0);
+
+    // Four silent connections hold 127.0.0.1's share of handshakes.
+    let mut held = Vec::new();
+    for _ in 0..PER_IP {
+        held.push(silent(&r).await);
+    }
+    // The fifth is closed without a byte: refused before noise began.
+    closed_by_router(silent(&r).await).await;
+    assert_eq!(r.refused_connections("source"), 1.0);
+    // So is a real libp2p dial: its handshake never starts.
+    let flood_peer = TestPeer::new();
+    let addr = r.addr.clone();
+    flood_peer
+        .with_swarm(move |s| s.dial(addr).expect("dial"))
+        .await;
+    eventually("the libp2p dial is refused too", || async {
+        (r.refused_connections("source") >= 2.0).then_some(())
+    })
+    .await;
+    assert!(!flood_peer.is_connected(r.handle.peer_id()).await);
+
+    // The flood ends: its handshakes stop counting.
+    drop(held);
+    let token = cp.token(Role::Member).await;
+    let mut members = Vec::new();
+    for _ in 0..PER_IP + 2 {
+        // Admitted members from the same IP do not count, so more of them
+        // than the per-IP share get in, one after the other.
+        let m = TestPeer::new();
+        eventually("a member connects once the flood is gone", || async {
+            let addr = r.addr.clone();
+            m.with_swarm(move |s| s.dial(addr).expect("dial")).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            m.is_connected(r.handle.peer_id()).await.then_some(())
+        })
+        .await;
+        let cred = cp.enroll(&token, &m.key).await;
+        let resp = m
+            .auth(r.handle.peer_id(), Some(cred), Purpose::Attach)
+            .await;
+        assert!(
+            matches!(resp.result, Some(auth_response::Result::Admitted(_))),
+            "{resp:?}"
+        );
+        members.push(m);
+    }
+    // With six admitted members on 127.0.0.1 the IP's share is free again.
+    let refused = r.refused_connections("source");
+    let mut held = Vec::new();
+    for _ in 0..PER_IP {
+        held.push(silent(&r).await);
+    }
+    closed_by_router(silent(&r).await).await;
+    assert_eq!(r.refused_connections("source"), refused + 1.0);
+    for m in &members {
+        assert!(m.is_connected(r.handle.peer_id()).await, "members stay");
+    }
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_high_watermark_sized_from_the_memory_budget_answers_go_away() {
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| {
+        // 8 MiB × 3% ÷ 72 KiB per idle member = 3 members; low == high so
+        // trimming does not make room while the test fills the router.
+        c.resources.memory_limit_bytes = Some(8 << 20);
+        c.resources.memory_budget_percent = 100;
+        c.high_watermark_memory_percent = 3;
+        c.low_watermark = Some(3);
+    })
+    .await;
+    let s = r.handle.sizing();
+    assert!(s.sized_from_memory);
+    assert_eq!(
+        (s.high_watermark, s.relay_max_reservations),
+        (3, 3),
+        "{s:?}"
+    );
+    let token = cp.token(Role::Member).await;
+    let mut members = Vec::new();
+    for i in 0..5 {
+        let (m, cred) = TestPeer::enrolled_and_connected(&cp, &token, &r).await;
+        let resp = m
+            .auth(r.handle.peer_id(), Some(cred), Purpose::Attach)
+            .await;
+        if i < 3 {
+            assert!(
+                matches!(resp.result, Some(auth_response::Result::Admitted(_))),
+                "member {i}: {resp:?}"
+            );
+        } else {
+            assert!(
+                matches!(resp.result, Some(auth_response::Result::GoAway(_))),
+                "member {i} at the sized watermark: {resp:?}"
+            );
+        }
+        members.push(m);
+    }
+    eventually("attached gauge at the sized watermark", || async {
+        (r.metric("agentmesh_router_attached_members") == 3.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        r.metric("agentmesh_router_goaway_sent_total{reason=\"overloaded\",result=\"on_auth\"}"),
+        2.0
+    );
+    r.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn circuits_of_one_source_peer_are_capped_by_its_hop_streams() {
+    use support::Ev;
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| {
+        c.resources
+            .peer_stream_budgets
+            .insert("relay_hop".into(), 2);
+    })
+    .await;
+    let router = r.handle.peer_id();
+    let token = cp.token(Role::Member).await;
+    let circuit = r
+        .addr
+        .clone()
+        .with(Protocol::P2p(router))
+        .with(Protocol::P2pCircuit);
+
+    // Two members attach and reserve; each serves echo.
+    let mut dsts = Vec::new();
+    let mut echoes = Vec::new();
+    for _ in 0..2 {
+        let (mut d, cred) = TestPeer::enrolled_and_connected(&cp, &token, &r).await;
+        let resp = d.auth(router, Some(cred), Purpose::Attach).await;
+        assert!(matches!(
+            resp.result,
+            Some(auth_response::Result::Admitted(_))
+        ));
+        let c = circuit.clone();
+        d.with_swarm(move |s| s.listen_on(c).expect("listen on circuit"))
+            .await;
+        d.wait(
+            "reservation accepted",
+            |e| matches!(e, Ev::ListenAddr(a) if a.iter().any(|p| p == Protocol::P2pCircuit)),
+        )
+        .await;
+        echoes.push(d.serve_echo("/test/echo/1"));
+        dsts.push(d);
+    }
+
+    // One source (transit) opens circuits: two to A fit its HOP budget, a
+    // third, to B, is refused for that source peer, not for B.
+    let (mut src, cred) = TestPeer::enrolled_and_connected(&cp, &token, &r).await;
+    let resp = src.auth(router, Some(cred), Purpose::Transit).await;
+    assert!(matches!(
+        resp.result,
+        Some(auth_response::Result::Admitted(_))
+    ));
+    let (a, b) = (dsts[0].peer_id, dsts[1].peer_id);
+    for _ in 0..2 {
+        src.dial_through(&circuit, a).await;
+        src.wait(
+            "relayed connection to A",
+            |e| matches!(e, Ev::Connected { peer, relayed: true } if *peer == a),
+        )
+        .await;
+    }
+    let refused =
+        "agentmesh_router_refused_total{resource=\"stream\",scope=\"peer\",protocol=\"relay_hop\"}";
+    assert_eq!(r.metric(refused), 0.0);
+    src.dial_through(&circuit, b).await;
+    eventually("the source's third circuit refused", || async {
+        (r.metric(refused) >= 1.0).then_some(())
+    })
+    .await;
+    assert!(
+        !src.is_connected(b).await,
+        "no circuit to B beyond the source's budget"
+    );
+    // B itself is not limited: another source reaches it.
+    let (mut other, cred) = TestPeer::enrolled_and_connected(&cp, &token, &r).await;
+    let resp = other.auth(router, Some(cred), Purpose::Transit).await;
+    assert!(matches!(
+        resp.result,
+        Some(auth_response::Result::Admitted(_))
+    ));
+    other.dial_through(&circuit, b).await;
+    other
+        .wait(
+            "relayed connection to B from another source",
+            |e| matches!(e, Ev::Connected { peer, relayed: true } if *peer == b),
+        )
+        .await;
+    let data = vec![9u8; 16 * 1024];
+    assert_eq!(other.echo(b, "/test/echo/1", &data).await, data);
+    r.handle.shutdown().await;
+}

@@ -1,0 +1,13 @@
+//! Tests that start routers and nodes together: a real control plane, real
+//! routers (in-process through `agentmesh_router::spawn`, or the real
+//! binary), real nodes (in-process through `agentmesh_node::spawn`, or the
+//! real binary). One test binary; nextest runs every test in its own
+//! process.
+//!
+//! - [`node`]: what a node does against real routers (calls, drains,
+//!   go-aways, failover, refusals, transports, storms);
+//! - [`router`]: what a router does to real nodes (go-away, drain of the
+//!   router binary under a fleet).
+
+mod node;
+mod router;

@@ -1,0 +1,18 @@
+//! A node against real routers: each module one concern, sharing the node
+//! harness in [`support`].
+
+mod support;
+
+mod call_budget;
+mod drain;
+mod drain_storm;
+mod failover;
+mod fresh_mesh;
+mod goaway_hold;
+mod goaway_routes;
+mod mesh;
+mod p2p_metrics;
+mod refusals;
+mod relayed_idle;
+mod storm;
+mod transports;
