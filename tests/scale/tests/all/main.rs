@@ -2,5 +2,6 @@
 //! concern, linked into one test binary (nextest still runs every test in
 //! its own process).
 
+mod remote_tls;
 mod small_ladder;
 mod worker_protocol;
