@@ -17,8 +17,60 @@ def strip_comments(src):
     src = re.sub(r'//[^\n]*', '', src)
     return src
 
+def use_leaves(tree):
+    """(first segment, leaf name) of every path in a `use` tree such as
+    `a::{b::C, d as E}`; `self` leaves name their parent."""
+    out = []
+    def walk(prefix, t):
+        t = t.strip()
+        if not t:
+            return
+        m = re.match(r'^(.*?)::\s*\{(.*)\}$', t, flags=re.S)
+        if m:
+            head = [x.strip() for x in m.group(1).split('::') if x.strip()]
+            depth, cur, parts = 0, '', []
+            for ch in m.group(2):
+                if ch == '{': depth += 1
+                elif ch == '}': depth -= 1
+                if ch == ',' and depth == 0:
+                    parts.append(cur); cur = ''
+                else:
+                    cur += ch
+            parts.append(cur)
+            for p in parts:
+                walk(prefix + head, p)
+            return
+        segs = [x.strip() for x in re.split(r'\s+as\s+', t)[0].split('::') if x.strip()]
+        alias = re.split(r'\s+as\s+', t)
+        path = prefix + segs
+        if not path:
+            return
+        leaf = alias[1].strip() if len(alias) > 1 else path[-1]
+        if leaf == 'self' and len(path) > 1:
+            leaf = path[-2]
+        out.append((path[0], leaf))
+    walk([], tree)
+    return out
+
+def root_reexports(root_src, mods):
+    """Names the crate root re-exports from its own modules (`pub use m::X`),
+    so that `crate::X` counts as a path into `m`."""
+    out = {}
+    for m in re.finditer(r'^\s*(?:pub(?:\([^)]*\))?\s+)?use\s+([^;]+);', root_src, re.M):
+        for first, leaf in use_leaves(m.group(1)):
+            if first in ('crate', 'self'):
+                continue
+            if first in mods and leaf != '*':
+                out[leaf] = first
+    # `use crate::m::X` / `use self::m::X` at the root
+    for m in re.finditer(r'^\s*(?:pub(?:\([^)]*\))?\s+)?use\s+(?:crate|self)::([^;]+);', root_src, re.M):
+        for first, leaf in use_leaves(m.group(1)):
+            if first in mods and leaf != '*':
+                out[leaf] = first
+    return out
+
 def crate_paths(src):
-    """Top-level module names reached by `crate::` paths, groups included."""
+    """First segments of `crate::` paths, groups included."""
     out = set()
     i = 0
     for m in re.finditer(r'\bcrate\s*::\s*', src):
@@ -83,12 +135,15 @@ def sccs(graph):
 
 def check_root(root_file):
     src_dir = os.path.dirname(root_file)
-    mods = MOD_RE.findall(strip_comments(open(root_file).read()))
+    root_src = strip_comments(open(root_file).read())
+    mods = MOD_RE.findall(root_src)
+    reexports = root_reexports(root_src, set(mods))
     graph = {}
     for m in mods:
         refs = set()
         for f in module_files(src_dir, m):
-            refs |= crate_paths(strip_comments(open(f).read()))
+            for first in crate_paths(strip_comments(open(f).read())):
+                refs.add(reexports.get(first, first))
         graph[m] = sorted((refs & set(mods)) - {m})
     return [c for c in sccs(graph) if len(c) > 1], graph
 
@@ -119,6 +174,11 @@ def self_test():
         open(os.path.join(src, 'b', 'inner.rs'), 'w').write('fn f() {}\n')
         cycles, _ = check_root(os.path.join(src, 'lib.rs'))
         assert cycles == [], cycles
+        # a path through a root re-export counts as a path into its module
+        open(os.path.join(src, 'lib.rs'), 'w').write('mod a;\nmod b;\nmod c;\npub use a::{Thing as Renamed, other};\n')
+        open(os.path.join(src, 'b', 'inner.rs'), 'w').write('fn f() -> crate::Renamed { todo() }\n')
+        cycles, _ = check_root(os.path.join(src, 'lib.rs'))
+        assert cycles == [['a', 'b']], cycles
     print('module-cycles self-test passed')
 
 def main(argv):

@@ -12,7 +12,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::store::{DELETE_REASONS, TABLES, Wait};
+use crate::store::{DELETE_REASONS, TABLES, Wait, WaitObserver};
 
 /// gRPC methods, as metric label values.
 pub const METHODS: &[&str] = &[
@@ -438,5 +438,11 @@ impl Metrics {
     /// Sets the next rotation instant.
     pub fn set_next_rotation(&self, unix_secs: i64) {
         self.next_rotation.set(unix_secs);
+    }
+}
+
+impl WaitObserver for Metrics {
+    fn wait_timed_out(&self, wait: Wait) {
+        self.db_wait_timeout(wait);
     }
 }

@@ -1,18 +1,22 @@
 //! The SQLite store, the file created with mode 0600, in WAL mode: one
 //! writer connection and a few read-only ones, so reads (the directory,
 //! keys, row counts, `/readyz`, backups) never queue behind a write; WAL
-//! lets readers run beside the one writer. Callers are on the blocking pool
-//! and wait for a connection no longer than their deadline (see [`super::pool`]).
+//! lets readers run beside the one writer. Every operation runs on the
+//! blocking pool and waits for a connection no longer than its deadline
+//! (see [`super::pool`]); `BEGIN IMMEDIATE` serialises writers, also across
+//! processes sharing the file.
 
-use std::{collections::BTreeMap, path::Path};
+use std::{collections::BTreeMap, path::Path, sync::Arc};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 
 use super::{
-    Deleted, EnrollRefusal, Enrolled, LeaseRow, NodeRefusal, NodeRow, ReapPolicy, RevocationRow,
-    SigningKeyRow, Store, StoreError, TABLES, TokenRow, Wait, migrations,
-    pool::{Pool, Pooled},
+    Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NodeRefusal, NodeRow, ROUTER_ROLE, ReapPolicy,
+    RevocationRow, SigningKeyRow, Snapshot, Store, StoreError, TABLES, TokenRow, Wait, deadline,
+    migrations,
+    pool::Pool,
     reap,
+    snapshot::{EnrollmentEntry, KeyEntry, RevocationEntry, TokenEntry},
 };
 
 /// Default `--db-read-connections`: reads are short and few (the directory is
@@ -20,10 +24,29 @@ use super::{
 /// `/readyz`, a directory read, a key reload and a backup run at once.
 pub const DEFAULT_READ_CONNECTIONS: usize = 4;
 
+impl From<rusqlite::Error> for StoreError {
+    /// `SQLITE_BUSY` means the busy handler gave up, and it is given only
+    /// what is left of the deadline: that is a timeout like the others.
+    fn from(e: rusqlite::Error) -> Self {
+        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) {
+            Self::Timeout(Wait::Lock)
+        } else {
+            Self::Query(e.to_string())
+        }
+    }
+}
+
 /// SQLite storage.
+#[derive(Clone)]
 pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+/// The connections, used on blocking threads.
+pub(super) struct Inner {
     writer: Pool,
     readers: Pool,
+    kek: Kek,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -32,25 +55,35 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-fn io_err(path: &Path, source: std::io::Error) -> StoreError {
+pub(super) fn io_err(path: &Path, source: std::io::Error) -> StoreError {
     StoreError::Io {
         path: path.display().to_string(),
         source,
     }
 }
 
-fn labels_json(l: &BTreeMap<String, String>) -> String {
+pub(super) fn labels_json(l: &BTreeMap<String, String>) -> String {
     serde_json::to_string(l).unwrap_or_else(|_| "{}".into())
 }
 
-fn parse_labels(table: &'static str, s: &str) -> Result<BTreeMap<String, String>, StoreError> {
+pub(super) fn parse_labels(
+    table: &'static str,
+    s: &str,
+) -> Result<BTreeMap<String, String>, StoreError> {
     serde_json::from_str(s).map_err(|e| StoreError::Corrupt {
         table,
         what: format!("labels: {e}"),
     })
 }
 
-const NODE_COLS: &str = "node_id, peer_id, role, token_kind, token_id, labels, enrolled_at, last_seen, cred_expires_at, revoked";
+pub(super) fn parse_addrs(s: &str) -> Result<Vec<String>, StoreError> {
+    serde_json::from_str(s).map_err(|e| StoreError::Corrupt {
+        table: "router_leases",
+        what: format!("addrs: {e}"),
+    })
+}
+
+pub(super) const NODE_COLS: &str = "node_id, peer_id, role, token_kind, token_id, labels, enrolled_at, last_seen, cred_expires_at, revoked";
 
 fn node_from_row(r: &Row<'_>) -> rusqlite::Result<(NodeRow, String)> {
     Ok((
@@ -75,59 +108,81 @@ fn finish_node((mut n, labels): (NodeRow, String)) -> Result<NodeRow, StoreError
     Ok(n)
 }
 
+/// Creates the directory of `path` (0700) if missing.
+fn private_dir(path: &Path) -> Result<(), StoreError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        use std::os::unix::fs::DirBuilderExt;
+        // A directory we create is private; an existing one is left alone.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| io_err(dir, e))?;
+    }
+    Ok(())
+}
+
+fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
+    Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+}
+
 impl SqliteStore {
     /// Opens (creating with mode 0600) and migrates the database at `path`,
     /// with one read connection (offline commands and tests).
-    pub fn open(path: &Path) -> Result<Self, StoreError> {
-        Self::open_with(path, 1)
+    pub fn open(path: &Path, kek: Kek) -> Result<Self, StoreError> {
+        Self::open_with(path, 1, kek)
     }
 
     /// Opens (creating with mode 0600) and migrates the database at `path`,
-    /// with `read_connections` (at least one) read-only connections.
-    pub fn open_with(path: &Path, read_connections: usize) -> Result<Self, StoreError> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            use std::os::unix::fs::DirBuilderExt;
-            // A directory we create is private; an existing one is left alone.
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| io_err(dir, e))?;
-        }
+    /// with `read_connections` (at least one) read-only connections; seals
+    /// any signing key not sealed with `kek` yet. Blocking.
+    pub fn open_with(path: &Path, read_connections: usize, kek: Kek) -> Result<Self, StoreError> {
+        private_dir(path)?;
         create_private(path)?;
         let mut conn = Connection::open(path)?;
         // Opening waits for a lock as long as a store used on its own does.
-        conn.busy_timeout(super::pool::DEFAULT_WAIT)?;
+        conn.busy_timeout(super::DEFAULT_WAIT)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         // FULL: a committed enrollment survives power loss too (rates here are low).
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        migrations::migrate(&mut conn)?;
+        migrations::migrate_sqlite(&mut conn)?;
+        reseal_keys(&mut conn, &kek)?;
         // Opened after the writer set WAL mode and migrated, so they see it.
         let readers = (0..read_connections.max(1))
-            .map(|_| {
-                Connection::open_with_flags(
-                    path,
-                    OpenFlags::SQLITE_OPEN_READ_ONLY
-                        | OpenFlags::SQLITE_OPEN_URI
-                        | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-                )
-            })
+            .map(|_| open_reader(path))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
-            writer: Pool::new(vec![conn], Wait::Writer),
-            readers: Pool::new(readers, Wait::Reader),
+            inner: Arc::new(Inner {
+                writer: Pool::new(vec![conn], Wait::Writer),
+                readers: Pool::new(readers, Wait::Reader),
+                kek,
+            }),
         })
     }
 
-    /// The writer connection, within the deadline.
-    pub(super) fn writer(&self) -> Result<Pooled<'_>, StoreError> {
-        self.writer.get()
+    /// The writer connection, within the deadline (blocking; tests).
+    #[cfg(test)]
+    pub(super) fn writer(&self) -> Result<super::pool::Pooled<'_>, StoreError> {
+        self.inner.writer.get()
     }
 
-    /// A read-only connection, within the deadline.
-    pub(super) fn reader(&self) -> Result<Pooled<'_>, StoreError> {
-        self.readers.get()
+    /// Runs `f` on the blocking pool under the operation's deadline.
+    async fn blocking<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Inner) -> Result<R, StoreError> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        let deadline = deadline::current();
+        tokio::task::spawn_blocking(move || super::pool::with_deadline(deadline, || f(&inner)))
+            .await
+            .map_err(|e| StoreError::Task(e.to_string()))?
     }
 }
 
@@ -144,30 +199,68 @@ fn create_private(path: &Path) -> Result<(), StoreError> {
         .map_err(|e| io_err(path, e))
 }
 
-impl Store for SqliteStore {
-    fn ping(&self) -> Result<(), StoreError> {
-        self.reader()?.query_row("SELECT 1", [], |_| Ok(()))?;
-        Ok(())
-    }
-
-    fn create_token(&self, digest: &[u8; 32], t: &TokenRow) -> Result<(), StoreError> {
-        self.writer()?.execute(
-            "INSERT INTO tokens (token_id, digest, kind, role, labels, max_uses, uses, created_at, expires_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8)",
-            params![
-                t.token_id,
-                &digest[..],
-                t.kind,
-                t.role,
-                labels_json(&t.labels),
-                t.max_uses,
-                t.created_at,
-                t.expires_at
-            ],
+/// Seals, in one transaction, every signing key stored in the clear or
+/// under a previous key-encryption key.
+fn reseal_keys(conn: &mut Connection, kek: &Kek) -> Result<(), StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let rows = tx
+        .prepare("SELECT key_id, secret FROM signing_keys")?
+        .query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    for (id, stored) in rows.into_iter().filter(|(_, s)| kek.needs_reseal(s)) {
+        let sealed = kek.seal(&id, &kek.open(&id, &stored)?)?;
+        tx.execute(
+            "UPDATE signing_keys SET secret = ?2 WHERE key_id = ?1",
+            params![id, sealed],
         )?;
-        Ok(())
     }
+    tx.commit()?;
+    Ok(())
+}
 
+/// Writes a consistent copy of the SQLite database at `path` into the new
+/// file `to`, opening the source read-only and never migrating it (a newer
+/// binary must not change the schema under an older running server). The
+/// target is created empty with mode 0600 first, so the copy is never
+/// readable by others, not even for a moment. Blocking.
+pub fn backup_file(path: &Path, to: &Path) -> Result<(), StoreError> {
+    let conn = open_reader(path)?;
+    conn.busy_timeout(super::DEFAULT_WAIT)?;
+    if migrations::read_sqlite(&conn)?.is_none() {
+        return Err(StoreError::Config(format!(
+            "{} holds no control-plane schema",
+            path.display()
+        )));
+    }
+    vacuum_into(&conn, to)
+}
+
+fn vacuum_into(conn: &Connection, to: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let target = to.to_str().ok_or_else(|| {
+        io_err(
+            to,
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "path is not UTF-8"),
+        )
+    })?;
+    // create_new: an existing file (or a symlink planted there) is refused.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(to)
+        .map_err(|e| io_err(to, e))?;
+    // VACUUM INTO accepts an empty file and keeps its mode.
+    if let Err(e) = conn.execute("VACUUM INTO ?1", params![target]) {
+        let _ = std::fs::remove_file(to);
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+impl Inner {
     fn enroll(
         &self,
         digest: &[u8; 32],
@@ -177,11 +270,11 @@ impl Store for SqliteStore {
         now: i64,
         cred_expires_at: i64,
     ) -> Result<Result<Enrolled, EnrollRefusal>, StoreError> {
-        let mut conn = self.writer()?;
+        let mut conn = self.writer.get()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let token = tx
             .query_row(
-                "SELECT token_id, kind, role, labels, max_uses, uses, expires_at FROM tokens WHERE digest = ?1",
+                "SELECT token_id, kind, role, labels, expires_at FROM tokens WHERE digest = ?1",
                 params![&digest[..]],
                 |r| {
                     Ok((
@@ -189,9 +282,7 @@ impl Store for SqliteStore {
                         r.get::<_, i32>(1)?,
                         r.get::<_, i32>(2)?,
                         r.get::<_, String>(3)?,
-                        r.get::<_, u32>(4)?,
-                        r.get::<_, u32>(5)?,
-                        r.get::<_, i64>(6)?,
+                        r.get::<_, i64>(4)?,
                     ))
                 },
             )
@@ -202,7 +293,7 @@ impl Store for SqliteStore {
                 params![peer_id, token_id, source, outcome, now],
             )
         };
-        let Some((token_id, kind, role, labels, max_uses, uses, expires_at)) = token else {
+        let Some((token_id, kind, role, labels, expires_at)) = token else {
             record(&tx, None, "unknown_token")?;
             tx.commit()?;
             return Ok(Err(EnrollRefusal::UnknownToken));
@@ -237,15 +328,16 @@ impl Store for SqliteStore {
         // The same key with the same token: a fresh credential, no use spent.
         let re_enrolled = existing.as_ref().is_some_and(|n| n.token_id == token_id);
         if !re_enrolled {
-            if uses >= max_uses {
+            // Guarded: a use is spent only while one is left.
+            let spent = tx.execute(
+                "UPDATE tokens SET uses = uses + 1, last_used_at = ?2 WHERE token_id = ?1 AND uses < max_uses",
+                params![token_id, now],
+            )?;
+            if spent != 1 {
                 record(&tx, Some(&token_id), "token_used_up")?;
                 tx.commit()?;
                 return Ok(Err(EnrollRefusal::TokenUsedUp));
             }
-            tx.execute(
-                "UPDATE tokens SET uses = uses + 1, last_used_at = ?2 WHERE token_id = ?1",
-                params![token_id, now],
-            )?;
         }
         let node_id = existing
             .as_ref()
@@ -287,14 +379,15 @@ impl Store for SqliteStore {
         }))
     }
 
-    fn touch_node(
-        &self,
+    /// Checks and touches a node inside `tx`; `router` also requires its
+    /// stored role to be router.
+    fn touch_in(
+        tx: &rusqlite::Transaction<'_>,
         peer_id: &[u8],
         now: i64,
         cred_expires_at: Option<i64>,
+        router: bool,
     ) -> Result<Result<NodeRow, NodeRefusal>, StoreError> {
-        let mut conn = self.writer()?;
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let node = tx
             .query_row(
                 &format!("SELECT {NODE_COLS} FROM nodes WHERE peer_id = ?1"),
@@ -318,6 +411,9 @@ impl Store for SqliteStore {
         if node.revoked || revoked_now {
             return Ok(Err(NodeRefusal::Revoked));
         }
+        if router && node.role != ROUTER_ROLE {
+            return Ok(Err(NodeRefusal::NotARouter));
+        }
         node.last_seen = now.max(1);
         if let Some(exp) = cred_expires_at {
             node.cred_expires_at = exp;
@@ -326,69 +422,42 @@ impl Store for SqliteStore {
             "UPDATE nodes SET last_seen = ?2, cred_expires_at = ?3 WHERE peer_id = ?1",
             params![peer_id, node.last_seen, node.cred_expires_at],
         )?;
-        tx.commit()?;
         Ok(Ok(node))
     }
 
-    fn upsert_lease(&self, l: &LeaseRow) -> Result<(), StoreError> {
-        self.writer()?.execute(
-            "INSERT INTO router_leases (peer_id, node_id, addrs, labels, attached, transit, high, low, draining, expires_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
-             ON CONFLICT(peer_id) DO UPDATE SET node_id = excluded.node_id, addrs = excluded.addrs,
-               labels = excluded.labels, attached = excluded.attached, transit = excluded.transit,
-               high = excluded.high, low = excluded.low, draining = excluded.draining,
-               expires_at = excluded.expires_at",
-            params![
-                l.peer_id,
-                l.node_id,
-                serde_json::to_string(&l.addrs).unwrap_or_else(|_| "[]".into()),
-                labels_json(&l.labels),
-                l.attached,
-                l.transit,
-                l.high,
-                l.low,
-                l.draining,
-                l.expires_at
-            ],
-        )?;
-        Ok(())
+    fn touch_node(
+        &self,
+        peer_id: &[u8],
+        now: i64,
+        cred_expires_at: Option<i64>,
+    ) -> Result<Result<NodeRow, NodeRefusal>, StoreError> {
+        let mut conn = self.writer.get()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let out = Self::touch_in(&tx, peer_id, now, cred_expires_at, false)?;
+        if out.is_ok() {
+            tx.commit()?;
+        }
+        Ok(out)
+    }
+
+    fn router_lease(
+        &self,
+        l: &LeaseRow,
+        now: i64,
+    ) -> Result<Result<NodeRow, NodeRefusal>, StoreError> {
+        let mut conn = self.writer.get()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let out = Self::touch_in(&tx, &l.peer_id, now, None, true)?;
+        if out.is_ok() {
+            insert_lease(&tx, l, true)?;
+            tx.commit()?;
+        }
+        Ok(out)
     }
 
     fn directory(&self, now: i64) -> Result<(Vec<LeaseRow>, Vec<RevocationRow>), StoreError> {
-        let conn = self.reader()?;
-        let mut st = conn.prepare_cached(
-            "SELECT peer_id, node_id, addrs, labels, attached, transit, high, low, draining, expires_at
-             FROM router_leases WHERE expires_at > ?1 ORDER BY node_id",
-        )?;
-        let raw = st
-            .query_map(params![now], |r| {
-                Ok((
-                    LeaseRow {
-                        peer_id: r.get(0)?,
-                        node_id: r.get(1)?,
-                        addrs: Vec::new(),
-                        labels: BTreeMap::new(),
-                        attached: r.get(4)?,
-                        transit: r.get(5)?,
-                        high: r.get(6)?,
-                        low: r.get(7)?,
-                        draining: r.get(8)?,
-                        expires_at: r.get(9)?,
-                    },
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                ))
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut leases = Vec::with_capacity(raw.len());
-        for (mut l, addrs, labels) in raw {
-            l.addrs = serde_json::from_str(&addrs).map_err(|e| StoreError::Corrupt {
-                table: "router_leases",
-                what: format!("addrs: {e}"),
-            })?;
-            l.labels = parse_labels("router_leases", &labels)?;
-            leases.push(l);
-        }
+        let conn = self.readers.get()?;
+        let leases = read_leases(&conn, Some(now))?;
         let mut st = conn.prepare_cached(
             "SELECT peer_id, until, reason FROM revocations WHERE until > ?1 ORDER BY until",
         )?;
@@ -411,7 +480,7 @@ impl Store for SqliteStore {
         now: i64,
         default_until: i64,
     ) -> Result<i64, StoreError> {
-        let mut conn = self.writer()?;
+        let mut conn = self.writer.get()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let last_expiry: Option<i64> = tx
             .query_row(
@@ -425,45 +494,33 @@ impl Store for SqliteStore {
             "UPDATE nodes SET revoked = 1 WHERE peer_id = ?1",
             params![peer_id],
         )?;
-        tx.execute(
+        let until: i64 = tx.query_row(
             "INSERT INTO revocations (peer_id, until, reason, created_at) VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT(peer_id) DO UPDATE SET until = MAX(until, excluded.until), reason = excluded.reason",
+             ON CONFLICT(peer_id) DO UPDATE SET until = MAX(until, excluded.until), reason = excluded.reason
+             RETURNING until",
             params![peer_id, until, reason, now],
+            |r| r.get(0),
         )?;
         tx.execute(
             "DELETE FROM router_leases WHERE peer_id = ?1",
             params![peer_id],
-        )?;
-        let until: i64 = tx.query_row(
-            "SELECT until FROM revocations WHERE peer_id = ?1",
-            params![peer_id],
-            |r| r.get(0),
         )?;
         tx.commit()?;
         Ok(until)
     }
 
     fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError> {
-        let conn = self.reader()?;
-        let mut st = conn.prepare_cached(
-            "SELECT key_id, secret, public, active_from, verify_until FROM signing_keys ORDER BY active_from, created_at, rowid",
-        )?;
-        let rows = st
-            .query_map([], |r| {
-                Ok(SigningKeyRow {
-                    key_id: r.get(0)?,
-                    secret: r.get(1)?,
-                    public: r.get(2)?,
-                    active_from: r.get(3)?,
-                    verify_until: r.get(4)?,
-                })
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(rows)
+        let conn = self.readers.get()?;
+        Ok(read_keys(&conn, &self.kek)?
+            .into_iter()
+            .map(|k| k.row)
+            .collect())
     }
 
     fn init_keys(&self, first: &SigningKeyRow, next_rotation_at: i64) -> Result<bool, StoreError> {
-        let mut conn = self.writer()?;
+        let mut conn = self.writer.get()?;
+        // IMMEDIATE takes the file's write lock before the count: a second
+        // process waits here and then finds the first one's key.
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let n: i64 = tx.query_row("SELECT COUNT(*) FROM signing_keys", [], |r| r.get(0))?;
         if n > 0 {
@@ -474,7 +531,7 @@ impl Store for SqliteStore {
             tx.commit()?;
             return Ok(false);
         }
-        insert_key(&tx, first)?;
+        insert_key(&tx, &self.kek, first, agentmesh_proto::unix_now())?;
         tx.execute(
             "INSERT INTO rotation_state (id, next_rotation_at) VALUES (1, ?1)
              ON CONFLICT(id) DO UPDATE SET next_rotation_at = excluded.next_rotation_at",
@@ -486,7 +543,8 @@ impl Store for SqliteStore {
 
     fn next_rotation_at(&self) -> Result<Option<i64>, StoreError> {
         Ok(self
-            .reader()?
+            .readers
+            .get()?
             .query_row(
                 "SELECT next_rotation_at FROM rotation_state WHERE id = 1",
                 [],
@@ -502,7 +560,7 @@ impl Store for SqliteStore {
         new_key: &SigningKeyRow,
         retire_until: i64,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.writer()?;
+        let mut conn = self.writer.get()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let claimed = match expected {
             Some(old) => tx.execute(
@@ -522,7 +580,7 @@ impl Store for SqliteStore {
             "UPDATE signing_keys SET verify_until = ?1 WHERE verify_until = 0",
             params![retire_until],
         )?;
-        insert_key(&tx, new_key)?;
+        insert_key(&tx, &self.kek, new_key, agentmesh_proto::unix_now())?;
         tx.commit()?;
         Ok(true)
     }
@@ -533,7 +591,7 @@ impl Store for SqliteStore {
         policy: &ReapPolicy,
         max_rows: u64,
     ) -> Result<Deleted, StoreError> {
-        let mut conn = self.writer()?;
+        let mut conn = self.writer.get()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let out = reap::batch(&tx, now, policy, max_rows)?;
         tx.commit()?;
@@ -546,7 +604,7 @@ impl Store for SqliteStore {
             .map(|t| format!("SELECT '{t}', COUNT(*) FROM {t}"))
             .collect::<Vec<_>>()
             .join(" UNION ALL ");
-        let conn = self.reader()?;
+        let conn = self.readers.get()?;
         let mut st = conn.prepare_cached(&sql)?;
         let rows = st
             .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
@@ -554,35 +612,256 @@ impl Store for SqliteStore {
         Ok(rows)
     }
 
-    fn backup_to(&self, to: &Path) -> Result<(), StoreError> {
-        if to.exists() {
-            return Err(io_err(
-                to,
-                std::io::Error::new(std::io::ErrorKind::AlreadyExists, "backup target exists"),
+    fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        let mut conn = self.readers.get()?;
+        // One read transaction: every table as of one instant.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred)?;
+        let tokens = tx
+            .prepare("SELECT token_id, digest, kind, role, labels, max_uses, uses, created_at, expires_at, last_used_at FROM tokens ORDER BY created_at, token_id")?
+            .query_map([], |r| {
+                Ok((
+                    TokenEntry {
+                        digest: r.get(1)?,
+                        row: TokenRow {
+                            token_id: r.get(0)?,
+                            kind: r.get(2)?,
+                            role: r.get(3)?,
+                            labels: BTreeMap::new(),
+                            max_uses: r.get(5)?,
+                            uses: r.get(6)?,
+                            created_at: r.get(7)?,
+                            expires_at: r.get(8)?,
+                        },
+                        last_used_at: r.get(9)?,
+                    },
+                    r.get::<_, String>(4)?,
+                ))
+            })?
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .map(|(mut t, labels)| {
+                t.row.labels = parse_labels("tokens", &labels)?;
+                Ok(t)
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let nodes = tx
+            .prepare(&format!("SELECT {NODE_COLS} FROM nodes ORDER BY node_id"))?
+            .query_map([], node_from_row)?
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .map(finish_node)
+            .collect::<Result<Vec<_>, _>>()?;
+        let enrollment_requests = tx
+            .prepare("SELECT peer_id, token_id, source, outcome, at FROM enrollment_requests ORDER BY id")?
+            .query_map([], |r| {
+                Ok(EnrollmentEntry {
+                    peer_id: r.get(0)?,
+                    token_id: r.get(1)?,
+                    source: r.get(2)?,
+                    outcome: r.get(3)?,
+                    at: r.get(4)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        let leases = read_leases(&tx, None)?;
+        let keys = read_keys(&tx, &self.kek)?;
+        let next_rotation_at = tx
+            .query_row(
+                "SELECT next_rotation_at FROM rotation_state WHERE id = 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let revocations = tx
+            .prepare("SELECT peer_id, until, reason, created_at FROM revocations ORDER BY peer_id")?
+            .query_map([], |r| {
+                Ok(RevocationEntry {
+                    row: RevocationRow {
+                        peer_id: r.get(0)?,
+                        until: r.get(1)?,
+                        reason: r.get(2)?,
+                    },
+                    created_at: r.get(3)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        tx.commit()?;
+        Ok(Snapshot {
+            tokens,
+            nodes,
+            enrollment_requests,
+            leases,
+            keys,
+            next_rotation_at,
+            revocations,
+        })
+    }
+
+    fn restore(&self, s: &Snapshot) -> Result<(), StoreError> {
+        let mut conn = self.writer.get()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let held: i64 = tx.query_row(
+            "SELECT (SELECT COUNT(*) FROM nodes) + (SELECT COUNT(*) FROM tokens) + (SELECT COUNT(*) FROM signing_keys)",
+            [],
+            |r| r.get(0),
+        )?;
+        if held > 0 {
+            return Err(StoreError::Config(
+                "the target database already holds nodes, tokens or keys; copy into an empty one"
+                    .into(),
             ));
         }
-        let target = to.to_str().ok_or_else(|| {
-            io_err(
-                to,
-                std::io::Error::new(std::io::ErrorKind::InvalidInput, "path is not UTF-8"),
-            )
-        })?;
-        self.reader()?.execute("VACUUM INTO ?1", params![target])?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| io_err(to, e))
+        for t in &s.tokens {
+            tx.execute(
+                "INSERT INTO tokens (token_id, digest, kind, role, labels, max_uses, uses, created_at, expires_at, last_used_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![t.row.token_id, t.digest, t.row.kind, t.row.role, labels_json(&t.row.labels),
+                    t.row.max_uses, t.row.uses, t.row.created_at, t.row.expires_at, t.last_used_at],
+            )?;
+        }
+        for n in &s.nodes {
+            tx.execute(
+                &format!("INSERT INTO nodes ({NODE_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+                params![n.node_id, n.peer_id, n.role, n.token_kind, n.token_id, labels_json(&n.labels),
+                    n.enrolled_at, n.last_seen, n.cred_expires_at, n.revoked],
+            )?;
+        }
+        for e in &s.enrollment_requests {
+            tx.execute(
+                "INSERT INTO enrollment_requests (peer_id, token_id, source, outcome, at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![e.peer_id, e.token_id, e.source, e.outcome, e.at],
+            )?;
+        }
+        for l in &s.leases {
+            insert_lease(&tx, l, false)?;
+        }
+        for k in &s.keys {
+            insert_key(&tx, &self.kek, &k.row, k.created_at)?;
+        }
+        if let Some(at) = s.next_rotation_at {
+            tx.execute(
+                "INSERT INTO rotation_state (id, next_rotation_at) VALUES (1, ?1)
+                 ON CONFLICT(id) DO UPDATE SET next_rotation_at = excluded.next_rotation_at",
+                params![at],
+            )?;
+        }
+        for r in &s.revocations {
+            tx.execute(
+                "INSERT INTO revocations (peer_id, until, reason, created_at) VALUES (?1, ?2, ?3, ?4)",
+                params![r.row.peer_id, r.row.until, r.row.reason, r.created_at],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 }
 
-fn insert_key(tx: &rusqlite::Transaction<'_>, k: &SigningKeyRow) -> Result<(), StoreError> {
+fn insert_lease(conn: &Connection, l: &LeaseRow, upsert: bool) -> Result<(), StoreError> {
+    let on_conflict = if upsert {
+        "ON CONFLICT(peer_id) DO UPDATE SET node_id = excluded.node_id, addrs = excluded.addrs,
+           labels = excluded.labels, attached = excluded.attached, transit = excluded.transit,
+           high = excluded.high, low = excluded.low, draining = excluded.draining,
+           expires_at = excluded.expires_at"
+    } else {
+        ""
+    };
+    conn.execute(
+        &format!(
+            "INSERT INTO router_leases (peer_id, node_id, addrs, labels, attached, transit, high, low, draining, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) {on_conflict}"
+        ),
+        params![
+            l.peer_id,
+            l.node_id,
+            serde_json::to_string(&l.addrs).unwrap_or_else(|_| "[]".into()),
+            labels_json(&l.labels),
+            l.attached,
+            l.transit,
+            l.high,
+            l.low,
+            l.draining,
+            l.expires_at
+        ],
+    )?;
+    Ok(())
+}
+
+/// Leases live at `now`, or all of them.
+fn read_leases(conn: &Connection, now: Option<i64>) -> Result<Vec<LeaseRow>, StoreError> {
+    let mut st = conn.prepare_cached(
+        "SELECT peer_id, node_id, addrs, labels, attached, transit, high, low, draining, expires_at
+         FROM router_leases WHERE expires_at > ?1 ORDER BY node_id",
+    )?;
+    let raw = st
+        .query_map(params![now.unwrap_or(i64::MIN)], |r| {
+            Ok((
+                LeaseRow {
+                    peer_id: r.get(0)?,
+                    node_id: r.get(1)?,
+                    addrs: Vec::new(),
+                    labels: BTreeMap::new(),
+                    attached: r.get(4)?,
+                    transit: r.get(5)?,
+                    high: r.get(6)?,
+                    low: r.get(7)?,
+                    draining: r.get(8)?,
+                    expires_at: r.get(9)?,
+                },
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    raw.into_iter()
+        .map(|(mut l, addrs, labels)| {
+            l.addrs = parse_addrs(&addrs)?;
+            l.labels = parse_labels("router_leases", &labels)?;
+            Ok(l)
+        })
+        .collect()
+}
+
+/// Every key, opened, in signing order.
+fn read_keys(conn: &Connection, kek: &Kek) -> Result<Vec<KeyEntry>, StoreError> {
+    let mut st = conn.prepare_cached(
+        "SELECT key_id, secret, public, active_from, verify_until, created_at FROM signing_keys ORDER BY active_from, created_at, rowid",
+    )?;
+    let rows = st
+        .query_map([], |r| {
+            Ok(KeyEntry {
+                row: SigningKeyRow {
+                    key_id: r.get(0)?,
+                    secret: r.get(1)?,
+                    public: r.get(2)?,
+                    active_from: r.get(3)?,
+                    verify_until: r.get(4)?,
+                },
+                created_at: r.get(5)?,
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    rows.into_iter()
+        .map(|mut k| {
+            k.row.secret = kek.open(&k.row.key_id, &k.row.secret)?;
+            Ok(k)
+        })
+        .collect()
+}
+
+fn insert_key(
+    tx: &rusqlite::Transaction<'_>,
+    kek: &Kek,
+    k: &SigningKeyRow,
+    created_at: i64,
+) -> Result<(), StoreError> {
     tx.execute(
         "INSERT INTO signing_keys (key_id, secret, public, created_at, active_from, verify_until)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![
             k.key_id,
-            k.secret,
+            kek.seal(&k.key_id, &k.secret)?,
             k.public,
-            agentmesh_proto::unix_now(),
+            created_at,
             k.active_from,
             k.verify_until
         ],
@@ -590,6 +869,157 @@ fn insert_key(tx: &rusqlite::Transaction<'_>, k: &SigningKeyRow) -> Result<(), S
     Ok(())
 }
 
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.blocking(|s| {
+            s.readers.get()?.query_row("SELECT 1", [], |_| Ok(()))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn create_token(&self, digest: &[u8; 32], t: &TokenRow) -> Result<(), StoreError> {
+        let (digest, t) = (*digest, t.clone());
+        self.blocking(move |s| {
+            s.writer.get()?.execute(
+                "INSERT INTO tokens (token_id, digest, kind, role, labels, max_uses, uses, created_at, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8)",
+                params![
+                    t.token_id,
+                    &digest[..],
+                    t.kind,
+                    t.role,
+                    labels_json(&t.labels),
+                    t.max_uses,
+                    t.created_at,
+                    t.expires_at
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn enroll(
+        &self,
+        digest: &[u8; 32],
+        peer_id: &[u8],
+        new_node_id: &str,
+        source: &str,
+        now: i64,
+        cred_expires_at: i64,
+    ) -> Result<Result<Enrolled, EnrollRefusal>, StoreError> {
+        let (digest, peer, id, src) = (
+            *digest,
+            peer_id.to_vec(),
+            new_node_id.to_string(),
+            source.to_string(),
+        );
+        self.blocking(move |s| s.enroll(&digest, &peer, &id, &src, now, cred_expires_at))
+            .await
+    }
+
+    async fn touch_node(
+        &self,
+        peer_id: &[u8],
+        now: i64,
+        cred_expires_at: Option<i64>,
+    ) -> Result<Result<NodeRow, NodeRefusal>, StoreError> {
+        let peer = peer_id.to_vec();
+        self.blocking(move |s| s.touch_node(&peer, now, cred_expires_at))
+            .await
+    }
+
+    async fn router_lease(
+        &self,
+        lease: &LeaseRow,
+        now: i64,
+    ) -> Result<Result<NodeRow, NodeRefusal>, StoreError> {
+        let lease = lease.clone();
+        self.blocking(move |s| s.router_lease(&lease, now)).await
+    }
+
+    async fn directory(&self, now: i64) -> Result<(Vec<LeaseRow>, Vec<RevocationRow>), StoreError> {
+        self.blocking(move |s| s.directory(now)).await
+    }
+
+    async fn revoke(
+        &self,
+        peer_id: &[u8],
+        reason: &str,
+        now: i64,
+        default_until: i64,
+    ) -> Result<i64, StoreError> {
+        let (peer, reason) = (peer_id.to_vec(), reason.to_string());
+        self.blocking(move |s| s.revoke(&peer, &reason, now, default_until))
+            .await
+    }
+
+    async fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError> {
+        self.blocking(|s| s.keys()).await
+    }
+
+    async fn init_keys(
+        &self,
+        first: &SigningKeyRow,
+        next_rotation_at: i64,
+    ) -> Result<bool, StoreError> {
+        let first = first.clone();
+        self.blocking(move |s| s.init_keys(&first, next_rotation_at))
+            .await
+    }
+
+    async fn next_rotation_at(&self) -> Result<Option<i64>, StoreError> {
+        self.blocking(|s| s.next_rotation_at()).await
+    }
+
+    async fn rotate(
+        &self,
+        expected: Option<i64>,
+        next: i64,
+        new_key: &SigningKeyRow,
+        retire_until: i64,
+    ) -> Result<bool, StoreError> {
+        let key = new_key.clone();
+        self.blocking(move |s| s.rotate(expected, next, &key, retire_until))
+            .await
+    }
+
+    async fn reap_batch(
+        &self,
+        now: i64,
+        policy: &ReapPolicy,
+        max_rows: u64,
+    ) -> Result<Deleted, StoreError> {
+        let policy = *policy;
+        self.blocking(move |s| s.reap_batch(now, &policy, max_rows))
+            .await
+    }
+
+    async fn counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        self.blocking(|s| s.counts()).await
+    }
+
+    async fn backup_to(&self, to: &Path) -> Result<(), StoreError> {
+        let to = to.to_path_buf();
+        self.blocking(move |s| vacuum_into(&*s.readers.get()?, &to))
+            .await
+    }
+
+    async fn snapshot(&self) -> Result<Snapshot, StoreError> {
+        self.blocking(|s| s.snapshot()).await
+    }
+
+    async fn restore(&self, snap: &Snapshot) -> Result<(), StoreError> {
+        let snap = snap.clone();
+        self.blocking(move |s| s.restore(&snap)).await
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -604,32 +1034,44 @@ mod tests {
         }
     }
 
-    #[test]
-    fn file_is_private_and_rotation_is_claimed_once_across_two_connections() {
+    #[tokio::test]
+    async fn the_file_is_private_and_a_backup_is_private_read_only_and_never_migrates() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("sub/cp.db");
-        let a = SqliteStore::open(&path).expect("open a");
-        let b = SqliteStore::open(&path).expect("open b (second replica)");
+        let kek = Kek::from_hex(&Kek::generate_hex()).expect("kek");
+        let a = SqliteStore::open(&path, kek).expect("open");
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
-        assert!(a.init_keys(&key("k1", 100), 1000).expect("init"));
-        assert!(!b.init_keys(&key("k1b", 100), 1000).expect("init b"));
-        let deadline = a.next_rotation_at().expect("read").expect("set");
-        assert_eq!(deadline, 1000);
-        // Both replicas see the deadline pass and race to claim it: one wins.
-        let won_a = a
-            .rotate(Some(deadline), 2000, &key("k2", 1600), 9000)
-            .expect("a");
-        let won_b = b
-            .rotate(Some(deadline), 2000, &key("k3", 1600), 9000)
-            .expect("b");
-        assert!(won_a ^ won_b, "exactly one claims: a={won_a} b={won_b}");
-        let keys = a.keys().expect("keys");
-        assert_eq!(keys.len(), 2);
-        assert_eq!(keys[0].verify_until, 9000, "old key got its grace end");
-        assert_eq!(keys[1].verify_until, 0);
-        let counts = a.counts().expect("counts");
-        assert!(counts.contains(&("signing_keys".to_string(), 2)));
+        let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert!(a.init_keys(&key("k1", 100), 1000).await.expect("init"));
+        let to = dir.path().join("backup.db");
+        backup_file(&path, &to).expect("backup");
+        assert_eq!(mode(&to), 0o600);
+        let copy = Connection::open(&to).expect("open copy");
+        let n: i64 = copy
+            .query_row("SELECT COUNT(*) FROM signing_keys", [], |r| r.get(0))
+            .expect("count");
+        assert_eq!(n, 1);
+        assert!(
+            backup_file(&path, &to).is_err(),
+            "an existing target is refused"
+        );
+        // A database of an unknown, newer schema is copied as it is, never migrated.
+        let newer = dir.path().join("newer.db");
+        Connection::open(&newer)
+            .expect("create")
+            .execute_batch(
+                "CREATE TABLE schema_version (id INTEGER PRIMARY KEY, version INTEGER, oldest_compatible INTEGER);
+                 INSERT INTO schema_version VALUES (1, 99, 99);",
+            )
+            .expect("newer schema");
+        backup_file(&newer, &dir.path().join("newer-backup.db")).expect("backup of a newer schema");
+        let v: i64 = Connection::open(&newer)
+            .expect("reopen")
+            .query_row("SELECT version FROM schema_version", [], |r| r.get(0))
+            .expect("version");
+        assert_eq!(v, 99, "untouched");
+        let e = SqliteStore::open(&newer, Kek::absent()).expect_err("too new to serve");
+        assert!(matches!(e, StoreError::SchemaTooNew { .. }), "{e}");
     }
 }
