@@ -118,7 +118,8 @@ pub struct CopySpec {
     pub from: String,
     /// Target database URL (empty, or new).
     pub to: String,
-    /// The source's KEK file (default: as the server resolves it for `from`).
+    /// The source's KEK file (default: for SQLite the `.kek` beside it, for
+    /// PostgreSQL [`KEK_ENV`]).
     pub from_kek_file: Option<std::path::PathBuf>,
     /// The target's KEK file (default: [`KEK_ENV`], or beside a SQLite target).
     pub to_kek_file: Option<std::path::PathBuf>,
@@ -127,12 +128,13 @@ pub struct CopySpec {
 /// Copies every table of `spec.from` into `spec.to`; returns rows per table.
 pub async fn copy(spec: &CopySpec) -> Result<Copied, OfflineError> {
     let env = env_kek();
-    let from_kek = resolve_kek(
-        &spec.from,
-        spec.from_kek_file.as_deref(),
-        env.as_deref(),
-        None,
-    )?;
+    // The environment's KEK is the target's: a SQLite source keeps using
+    // the key beside its file unless told otherwise.
+    let from_env = match DbUrl::parse(&spec.from).map_err(OfflineError::Invalid)? {
+        DbUrl::Sqlite(_) => None,
+        DbUrl::Postgres(_) => env.as_deref(),
+    };
+    let from_kek = resolve_kek(&spec.from, spec.from_kek_file.as_deref(), from_env, None)?;
     let to_kek = resolve_kek(&spec.to, spec.to_kek_file.as_deref(), env.as_deref(), None)?;
     let open = |url: &str, kek| OpenOptions {
         url: url.to_string(),
