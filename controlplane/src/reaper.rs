@@ -83,6 +83,9 @@ impl State {
             }
         }
         let counts = self.db.run(self.db.store().counts()).await?;
+        if let Some(pool) = self.db.store().pool_connections() {
+            self.metrics.set_pool(pool);
+        }
         for (table, rows) in counts {
             self.metrics.set_rows(&table, rows);
         }

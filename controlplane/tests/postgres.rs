@@ -49,6 +49,15 @@ async fn two_control_planes_starting_together_share_one_key_and_spend_a_token_on
     );
     assert_eq!(ka.keys.len(), 1, "{ka:?}");
     assert_eq!(ka, kb, "both serve the one key");
+    let body = common::metrics(&a).await;
+    let pool = |state: &str| {
+        common::metric(
+            &body,
+            &format!("agentmesh_control_plane_db_pool_connections{{state=\"{state}\"}}"),
+        )
+    };
+    assert_eq!(pool("max"), Some(16.0), "--db-pool-connections default");
+    assert!(pool("open").is_some_and(|n| (1.0..=16.0).contains(&n)));
 
     // One single-use token, presented to both at once by two members.
     let tok = token(&a, TokenKind::Bootstrap, Role::Member, &[], 1).await;

@@ -342,6 +342,10 @@ pub(crate) const ROUTER_ROLE: i32 = agentmesh_proto::pb::credential::Role::Route
 pub trait Store: Send + Sync + 'static {
     /// `sqlite` or `postgres`.
     fn backend(&self) -> &'static str;
+    /// The connection pool's state, where the backend has one (PostgreSQL).
+    fn pool_connections(&self) -> Option<PoolConnections> {
+        None
+    }
     /// Cheap liveness check (`SELECT 1`).
     async fn ping(&self) -> Result<(), StoreError>;
     /// Stores a token by its digest.
@@ -430,6 +434,17 @@ pub trait Store: Send + Sync + 'static {
     /// keys yet, in one transaction (signing keys sealed with this store's
     /// key-encryption key).
     async fn restore(&self, snap: &Snapshot) -> Result<(), StoreError>;
+}
+
+/// Connections of a backend's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolConnections {
+    /// Open now.
+    pub open: usize,
+    /// Open and idle.
+    pub idle: usize,
+    /// The bound (`--db-pool-connections`).
+    pub max: usize,
 }
 
 /// Told about every wait that ran out (the control plane's metrics).

@@ -112,12 +112,6 @@ impl PostgresStore {
         Ok(store)
     }
 
-    /// Connections in the pool: (open, idle, max).
-    pub fn pool_status(&self) -> (usize, usize, usize) {
-        let s = self.pool.status();
-        (s.size, s.available, s.max_size)
-    }
-
     /// A connection within the deadline, and the milliseconds left.
     async fn conn(&self) -> Result<(deadpool_postgres::Object, u64), StoreError> {
         let deadline = deadline::current();
@@ -370,6 +364,15 @@ async fn refusal(tx: &Tx<'_>, peer_id: &[u8]) -> Result<NodeRefusal, StoreError>
 impl Store for PostgresStore {
     fn backend(&self) -> &'static str {
         "postgres"
+    }
+
+    fn pool_connections(&self) -> Option<super::PoolConnections> {
+        let s = self.pool.status();
+        Some(super::PoolConnections {
+            open: s.size,
+            idle: s.available,
+            max: s.max_size,
+        })
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
