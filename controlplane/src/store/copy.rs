@@ -17,13 +17,11 @@ pub async fn copy(from: &OpenOptions, to: &OpenOptions) -> Result<Copied, StoreE
         super::DbUrl::parse(&from.url).map_err(StoreError::Config)?
         && !path.is_file()
     {
-        {
-            return Err(StoreError::Config(format!(
-                "--from {}: {} does not exist",
-                from.url,
-                path.display()
-            )));
-        }
+        return Err(StoreError::Config(format!(
+            "--from {}: {} does not exist",
+            from.url,
+            path.display()
+        )));
     }
     let source = open(from).await?;
     let snap = source.snapshot().await?;

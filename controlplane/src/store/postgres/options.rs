@@ -93,14 +93,12 @@ impl PgOptions {
         if config.get_ports().is_empty()
             && let Some(p) = var("PGPORT")
         {
-            {
-                for port in p.split(',') {
-                    config.port(
-                        port.trim()
-                            .parse()
-                            .map_err(|_| bad(format!("PGPORT {p:?}")))?,
-                    );
-                }
+            for port in p.split(',') {
+                config.port(
+                    port.trim()
+                        .parse()
+                        .map_err(|_| bad(format!("PGPORT {p:?}")))?,
+                );
             }
         }
         if config.get_user().is_none() {
@@ -112,16 +110,12 @@ impl PgOptions {
         if config.get_password().is_none()
             && let Some(p) = var("PGPASSWORD")
         {
-            {
-                config.password(p);
-            }
+            config.password(p);
         }
         if config.get_dbname().is_none()
             && let Some(d) = var("PGDATABASE")
         {
-            {
-                config.dbname(d);
-            }
+            config.dbname(d);
         }
         if config.get_application_name().is_none() {
             config.application_name(
