@@ -133,7 +133,9 @@ impl State {
         };
         let expires_at = row.expires_at;
         let digest = tokens::digest(&token);
-        self.db.run(move |s| s.create_token(&digest, &row)).await?;
+        self.db
+            .run(self.db.store().create_token(&digest, &row))
+            .await?;
         tracing::info!(%token_id, kind = ?spec.kind, role = ?spec.role, "token created");
         Ok((token, token_id, expires_at))
     }
@@ -186,7 +188,7 @@ impl State {
         let bytes = peer.to_bytes();
         let until = self
             .db
-            .run(move |s| s.revoke(&bytes, &reason, now, default_until))
+            .run(self.db.store().revoke(&bytes, &reason, now, default_until))
             .await?;
         self.invalidate_directory();
         tracing::info!(%peer, until, "node revoked");

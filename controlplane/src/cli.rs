@@ -56,7 +56,7 @@ enum Cmd {
     /// Token operations.
     #[command(subcommand)]
     Token(TokenCmd),
-    /// Consistent copy of the database while serving (VACUUM INTO).
+    /// Consistent copy of a SQLite database while serving (VACUUM INTO, read-only).
     Backup {
         /// Database, sqlite://PATH.
         #[arg(long, default_value = DEFAULT_DB)]
@@ -65,13 +65,35 @@ enum Cmd {
         #[arg(long)]
         to: PathBuf,
     },
+    /// Database operations.
+    #[command(subcommand)]
+    Store(StoreCmd),
+}
+
+#[derive(Subcommand)]
+enum StoreCmd {
+    /// Copy every table into an empty database (SQLite to PostgreSQL, or back).
+    Copy {
+        /// Source database, sqlite://PATH or postgres://…
+        #[arg(long)]
+        from: String,
+        /// Target database, empty or new.
+        #[arg(long)]
+        to: String,
+        /// The source's key-encryption key file. Default: as the server resolves it.
+        #[arg(long)]
+        from_key_encryption_key_file: Option<PathBuf>,
+        /// The target's key-encryption key file. Default: as the server resolves it.
+        #[arg(long)]
+        key_encryption_key_file: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
 enum TokenCmd {
     /// Mint a token and print it once.
     Create {
-        /// Database, sqlite://PATH.
+        /// Database, sqlite://PATH or postgres://…
         #[arg(long, default_value = DEFAULT_DB)]
         db: String,
         /// Bootstrap (reusable up to --max-uses) or ephemeral (its members are deleted once they stop refreshing).
@@ -136,8 +158,7 @@ impl Cli {
                     max_uses,
                     ttl_secs,
                 };
-                let t =
-                    tokio::task::spawn_blocking(move || offline::create_token(&db, spec)).await??;
+                let t = offline::create_token(&db, spec).await?;
                 eprintln!(
                     "token {} expires at {} (shown once; only its SHA-256 is stored)",
                     t.token_id, t.expires_at
@@ -147,8 +168,25 @@ impl Cli {
             }
             Some(Cmd::Backup { db, to }) => {
                 let shown = to.display().to_string();
-                tokio::task::spawn_blocking(move || offline::backup(&db, &to)).await??;
+                offline::backup(&db, &to).await?;
                 eprintln!("backup written to {shown}");
+                Ok(())
+            }
+            Some(Cmd::Store(StoreCmd::Copy {
+                from,
+                to,
+                from_key_encryption_key_file,
+                key_encryption_key_file,
+            })) => {
+                let spec = offline::CopySpec {
+                    from,
+                    to,
+                    from_kek_file: from_key_encryption_key_file,
+                    to_kek_file: key_encryption_key_file,
+                };
+                for (table, rows) in offline::copy(&spec).await? {
+                    eprintln!("copied {rows} rows of {table}");
+                }
                 Ok(())
             }
         }

@@ -85,6 +85,8 @@ pub const DEFAULT_REAP_INTERVAL_SECS: u64 = 60;
 pub const DEFAULT_REAP_BATCH_ROWS: u64 = 1000;
 /// Default `--db-read-connections`.
 pub const DEFAULT_DB_READ_CONNECTIONS: usize = crate::store::DEFAULT_READ_CONNECTIONS;
+/// Default `--db-pool-connections`.
+pub const DEFAULT_DB_POOL_CONNECTIONS: usize = crate::store::DEFAULT_POOL_CONNECTIONS;
 /// Default `--db-max-inflight`.
 pub const DEFAULT_DB_MAX_INFLIGHT: usize = 64;
 /// Default `--db-wait-timeout-secs`.
@@ -138,9 +140,24 @@ pub struct Config {
     /// with OUT_OF_RANGE before it is read. Default 65536.
     #[arg(long, default_value_t = DEFAULT_GRPC_MAX_MESSAGE_BYTES)]
     pub grpc_max_message_bytes: usize,
-    /// Database, `sqlite://PATH`. Default sqlite://./agentmesh-data/controlplane.db.
+    /// Database: `sqlite://PATH`, or `postgres://USER@HOST:PORT/DATABASE` (libpq's `PG*`
+    /// variables fill what the URL leaves out; `sslmode=verify-full&sslrootcert=CA.pem` for
+    /// TLS). Default sqlite://./agentmesh-data/controlplane.db.
     #[arg(long, default_value = DEFAULT_DB)]
     pub db: String,
+    /// File holding the key-encryption key that seals signing keys in the database (64 hex
+    /// digits; `AGENTMESH_KEY_ENCRYPTION_KEY` is read when no file is given). Required for
+    /// PostgreSQL; SQLite defaults to `<db>.kek` beside the database, created 0600.
+    #[arg(long)]
+    pub key_encryption_key_file: Option<PathBuf>,
+    /// The key-encryption key being replaced, during a rotation: rows sealed with it are
+    /// opened and sealed again with the new one at startup. Default none.
+    #[arg(long)]
+    pub previous_key_encryption_key_file: Option<PathBuf>,
+    /// The key-encryption key itself, 64 hex digits (programs embedding the control plane;
+    /// never a flag). Default none.
+    #[arg(skip)]
+    pub key_encryption_key: Option<String>,
     /// Enroll limiter rate, requests per second (global). Default 10.
     #[arg(long, default_value_t = DEFAULT_ENROLL_RATE_PER_SEC)]
     pub enroll_rate_per_sec: u32,
@@ -217,12 +234,17 @@ pub struct Config {
     /// while it writes), connections. Default 4.
     #[arg(long, default_value_t = DEFAULT_DB_READ_CONNECTIONS)]
     pub db_read_connections: usize,
+    /// PostgreSQL connections this process opens at most (the pool); operations beyond it
+    /// wait for one within --db-wait-timeout-secs, then UNAVAILABLE. Gauge
+    /// `agentmesh_control_plane_db_pool_connections`. Default 16.
+    #[arg(long, default_value_t = DEFAULT_DB_POOL_CONNECTIONS)]
+    pub db_pool_connections: usize,
     /// Database operations at once; more wait up to --db-wait-timeout-secs, then UNAVAILABLE. Default 64.
     #[arg(long, default_value_t = DEFAULT_DB_MAX_INFLIGHT)]
     pub db_max_inflight: usize,
-    /// Longest wait of a database operation before it runs, seconds: for a slot, then a
-    /// connection, then SQLite's file lock, all under one deadline; past it, UNAVAILABLE +
-    /// retry-after. Default 5.
+    /// Longest wait of a database operation, seconds: for a slot, then a connection, then a
+    /// lock (SQLite's file lock; PostgreSQL's `lock_timeout` and `statement_timeout`), all
+    /// under one deadline; past it, UNAVAILABLE + retry-after. Default 5.
     #[arg(long, default_value_t = DEFAULT_DB_WAIT_TIMEOUT_SECS)]
     pub db_wait_timeout_secs: u64,
     /// How long a GetDirectory answer is reused, milliseconds. Default 1000.
@@ -257,6 +279,10 @@ impl Default for Config {
             tls_key: None,
             insecure: false,
             db: DEFAULT_DB.to_string(),
+            key_encryption_key_file: None,
+            previous_key_encryption_key_file: None,
+            key_encryption_key: None,
+            db_pool_connections: DEFAULT_DB_POOL_CONNECTIONS,
             grpc_max_connections: DEFAULT_GRPC_MAX_CONNECTIONS,
             grpc_max_concurrent_streams_per_connection:
                 DEFAULT_GRPC_MAX_CONCURRENT_STREAMS_PER_CONNECTION,
@@ -356,6 +382,7 @@ impl Config {
             ("--db-max-inflight", self.db_max_inflight as u64),
             ("--db-wait-timeout-secs", self.db_wait_timeout_secs),
             ("--db-read-connections", self.db_read_connections as u64),
+            ("--db-pool-connections", self.db_pool_connections as u64),
             ("--reap-batch-rows", self.reap_batch_rows),
             ("--grpc-max-connections", self.grpc_max_connections as u64),
             (
@@ -402,18 +429,39 @@ impl Config {
                 self.grpc_addr
             ));
         }
-        sqlite_path(&self.db)?;
+        crate::store::DbUrl::parse(&self.db)?;
         Ok(())
     }
-}
 
-/// The file path inside a `sqlite://PATH` URL.
-pub fn sqlite_path(db: &str) -> Result<PathBuf, String> {
-    match db.strip_prefix("sqlite://") {
-        Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
-        _ => Err(format!(
-            "--db {db:?}: only sqlite://PATH is supported (PostgreSQL is planned)"
-        )),
+    /// The store options: URL, connection counts and the key-encryption key
+    /// (`key_encryption_key`, then `--key-encryption-key-file`, then
+    /// `AGENTMESH_KEY_ENCRYPTION_KEY`, then, for SQLite, `<db>.kek`). Blocking (reads files).
+    pub fn store_options(&self) -> Result<crate::store::OpenOptions, crate::store::StoreError> {
+        use crate::store::{KEK_ENV, resolve_kek};
+        let env = self
+            .key_encryption_key
+            .clone()
+            .or_else(|| std::env::var(KEK_ENV).ok());
+        let kek = match (&self.key_encryption_key, &self.key_encryption_key_file) {
+            (Some(k), _) => resolve_kek(
+                &self.db,
+                None,
+                Some(k),
+                self.previous_key_encryption_key_file.as_deref(),
+            )?,
+            (None, file) => resolve_kek(
+                &self.db,
+                file.as_deref(),
+                env.as_deref(),
+                self.previous_key_encryption_key_file.as_deref(),
+            )?,
+        };
+        Ok(crate::store::OpenOptions {
+            url: self.db.clone(),
+            read_connections: self.db_read_connections,
+            pool_connections: self.db_pool_connections,
+            kek,
+        })
     }
 }
 
@@ -458,10 +506,19 @@ mod tests {
         };
         assert_eq!(c.validate(), Ok(()));
         let c = Config {
-            db: "postgres://x".into(),
+            db: "mysql://x".into(),
             ..Config::default()
         };
-        assert!(c.validate().is_err());
+        assert!(
+            c.validate()
+                .expect_err("unknown scheme")
+                .contains("postgres://")
+        );
+        let c = Config {
+            db: "postgres://cp@127.0.0.1/cp".into(),
+            ..Config::default()
+        };
+        assert_eq!(c.validate(), Ok(()));
     }
 
     #[test]

@@ -87,13 +87,7 @@ impl State {
             expires_at: now + ttl,
         };
         self.db
-            .run(move |s| {
-                let touched = s.touch_node(&lease.peer_id, now, None)?;
-                if touched.is_ok() {
-                    s.upsert_lease(&lease)?;
-                }
-                Ok(touched)
-            })
+            .run(self.db.store().router_lease(&lease, now))
             .await?
             .map_err(node_refusal)?;
         self.invalidate_directory();
@@ -109,7 +103,7 @@ impl State {
             return Ok(d);
         }
         let now = unix_now();
-        let (leases, revs) = self.db.run(move |s| s.directory(now)).await?;
+        let (leases, revs) = self.db.run(self.db.store().directory(now)).await?;
         let d = GetDirectoryResponse {
             routers: leases
                 .into_iter()

@@ -55,6 +55,10 @@ pub(crate) fn node_refusal(r: NodeRefusal) -> ServiceError {
             "node is not enrolled (or was reaped); enroll again",
         ),
         NodeRefusal::Revoked => ServiceError::denied("revoked", "node is revoked"),
+        NodeRefusal::NotARouter => ServiceError::denied(
+            "wrong_role",
+            "RouterLease from a node not enrolled as a router",
+        ),
     }
 }
 
@@ -126,7 +130,11 @@ impl State {
         let exp = now + self.config.credential_ttl_secs as i64;
         let outcome = self
             .db
-            .run(move |s| s.enroll(&digest, &peer_bytes, &new_node_id, &source, now, exp))
+            .run(
+                self.db
+                    .store()
+                    .enroll(&digest, &peer_bytes, &new_node_id, &source, now, exp),
+            )
             .await?;
         let enrolled = outcome.map_err(|r| match r {
             EnrollRefusal::UnknownToken => {
@@ -171,7 +179,7 @@ impl State {
         let exp = now + self.config.credential_ttl_secs as i64;
         let node = self
             .db
-            .run(move |s| s.touch_node(&peer_bytes, now, Some(exp)))
+            .run(self.db.store().touch_node(&peer_bytes, now, Some(exp)))
             .await?
             .map_err(node_refusal)?;
         let credential = self.issue(&node, &peer, now)?;

@@ -125,7 +125,7 @@ async fn metrics(AxState(s): AxState<HttpState>) -> Response {
 }
 
 async fn readyz(AxState(s): AxState<HttpState>) -> Response {
-    match s.state.db.run(|st| st.ping()).await {
+    match s.state.db.run(s.state.db.store().ping()).await {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -169,7 +169,7 @@ impl Keys {
     pub async fn open(db: &Db, policy: RotationPolicy, now: i64) -> Result<Self, StoreError> {
         let first = new_key(now);
         let next = now + policy.interval_secs;
-        db.run(move |s| s.init_keys(&first, next)).await?;
+        db.run(db.store().init_keys(&first, next)).await?;
         let keys = Self {
             policy,
             reloads: AtomicU64::new(0),
@@ -188,7 +188,10 @@ impl Keys {
     pub async fn reload(&self, db: &Db) -> Result<(), StoreError> {
         // AcqRel: a later number also sees every commit the earlier reload saw.
         let reload = self.reloads.fetch_add(1, Ordering::AcqRel) + 1;
-        let (rows, next) = db.run(|s| Ok((s.keys()?, s.next_rotation_at()?))).await?;
+        let s = db.store();
+        let (rows, next) = db
+            .run(async { Ok((s.keys().await?, s.next_rotation_at().await?)) })
+            .await?;
         let mut loaded = write(&self.loaded);
         if reload <= loaded.reload {
             return Ok(());
@@ -235,7 +238,7 @@ impl Keys {
         let retire_until = key.active_from + p.grace_secs;
         let next = now + p.interval_secs;
         let claimed = db
-            .run(move |s| s.rotate(expected, next, &key, retire_until))
+            .run(db.store().rotate(expected, next, &key, retire_until))
             .await?;
         self.reload(db).await?;
         if claimed {
@@ -304,18 +307,27 @@ mod tests {
     use prometheus_client::registry::Registry;
 
     use super::*;
-    use crate::{metrics::Metrics, store::open_sqlite};
+    use crate::{
+        metrics::Metrics,
+        store::{Kek, SqliteStore},
+    };
 
     const GRACE: i64 = 100;
 
     async fn keys(dir: &std::path::Path, now: i64) -> (Db, Keys) {
         let path = dir.join("cp.db");
-        let store = tokio::task::spawn_blocking(move || open_sqlite(&path, 1))
+        let kek = Kek::from_hex(&Kek::generate_hex()).expect("kek");
+        let store = tokio::task::spawn_blocking(move || SqliteStore::open(&path, kek))
             .await
             .expect("join")
             .expect("open");
         let metrics = Metrics::new(&mut Registry::default());
-        let db = Db::new(store, 4, Duration::from_secs(5), metrics);
+        let db = Db::new(
+            std::sync::Arc::new(store),
+            4,
+            Duration::from_secs(5),
+            metrics,
+        );
         let policy = RotationPolicy {
             interval_secs: 86_400,
             publish_ahead_secs: 0,

@@ -12,7 +12,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::store::{DELETE_REASONS, TABLES, Wait};
+use crate::store::{DELETE_REASONS, TABLES, Wait, WaitObserver};
 
 /// gRPC methods, as metric label values.
 pub const METHODS: &[&str] = &[
@@ -113,6 +113,11 @@ struct WaitLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: String,
 }
@@ -144,6 +149,7 @@ pub struct Metrics {
     db_wait_timeouts: Family<WaitLabel, Counter>,
     enrollments: Family<ResultLabel, Counter>,
     next_rotation: Gauge,
+    db_pool_connections: Family<StateLabel, Gauge>,
     grpc_connections: Gauge,
     grpc_connections_refused: Counter,
     grpc_accept_errors: Counter,
@@ -176,6 +182,7 @@ impl Metrics {
             db_wait_timeouts: Family::default(),
             enrollments: Family::default(),
             next_rotation: Gauge::default(),
+            db_pool_connections: Family::default(),
             grpc_connections: Gauge::default(),
             grpc_connections_refused: Counter::default(),
             grpc_accept_errors: Counter::default(),
@@ -244,6 +251,11 @@ impl Metrics {
             m.next_rotation.clone(),
         );
         r.register(
+            "db_pool_connections",
+            "PostgreSQL pool connections: open, idle, max (--db-pool-connections); 0 on SQLite",
+            m.db_pool_connections.clone(),
+        );
+        r.register(
             "grpc_connections",
             "Open gRPC connections (bounded by --grpc-max-connections)",
             m.grpc_connections.clone(),
@@ -307,6 +319,11 @@ impl Metrics {
         for w in Wait::ALL {
             let _ = m.db_wait_timeouts.get_or_create(&WaitLabel {
                 wait: w.as_str().into(),
+            });
+        }
+        for state in ["open", "idle", "max"] {
+            let _ = m.db_pool_connections.get_or_create(&StateLabel {
+                state: state.into(),
             });
         }
         for r in ["enrolled", "re_enrolled"] {
@@ -378,6 +395,18 @@ impl Metrics {
     }
 
     /// Sets a table's row count.
+    /// Sets the PostgreSQL pool gauges.
+    pub fn set_pool(&self, pool: crate::store::PoolConnections) {
+        for (state, n) in [("open", pool.open), ("idle", pool.idle), ("max", pool.max)] {
+            self.db_pool_connections
+                .get_or_create(&StateLabel {
+                    state: state.into(),
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Sets the row count of a table.
     pub fn set_rows(&self, table: &str, rows: i64) {
         self.storage_rows
             .get_or_create(&TableLabel {
@@ -438,5 +467,11 @@ impl Metrics {
     /// Sets the next rotation instant.
     pub fn set_next_rotation(&self, unix_secs: i64) {
         self.next_rotation.set(unix_secs);
+    }
+}
+
+impl WaitObserver for Metrics {
+    fn wait_timed_out(&self, wait: Wait) {
+        self.db_wait_timeout(wait);
     }
 }

@@ -1,6 +1,7 @@
-//! Operations on the database without a running server: `token create` and
-//! `backup` (both safe while a control plane is serving the same file: WAL,
-//! busy timeout, `VACUUM INTO`).
+//! Operations on the database without a running server: `token create`,
+//! `backup` and `store copy` (each safe while a control plane is serving
+//! the same database: SQLite's WAL and busy timeout, `VACUUM INTO` from a
+//! read-only connection; PostgreSQL's transactions).
 
 use std::path::Path;
 
@@ -8,9 +9,10 @@ use agentmesh_proto::unix_now;
 
 use crate::{
     admin::TokenSpec,
-    config::sqlite_path,
     status::ServiceError,
-    store::{SqliteStore, Store, StoreError, TokenRow},
+    store::{
+        self, DbUrl, KEK_ENV, Kek, OpenOptions, StoreError, TokenRow, copy::Copied, resolve_kek,
+    },
     tokens,
 };
 
@@ -36,13 +38,35 @@ pub struct MintedToken {
     pub expires_at: i64,
 }
 
-/// Mints a token into the database at `db` (`sqlite://PATH`). Blocking.
-pub fn create_token(db: &str, spec: TokenSpec) -> Result<MintedToken, OfflineError> {
+fn env_kek() -> Option<String> {
+    std::env::var(KEK_ENV).ok()
+}
+
+/// Opens `db` for an operation that never touches signing keys: the KEK is
+/// used when one is at hand (so keys are resealed as the server would), and
+/// not required on PostgreSQL.
+async fn open_for_tokens(db: &str) -> Result<std::sync::Arc<dyn store::Store>, OfflineError> {
+    let url = DbUrl::parse(db).map_err(OfflineError::Invalid)?;
+    let kek = match (&url, env_kek()) {
+        (DbUrl::Postgres(_), None) => Kek::absent(),
+        (_, env) => resolve_kek(db, None, env.as_deref(), None)?,
+    };
+    Ok(store::open(&OpenOptions {
+        url: db.to_string(),
+        read_connections: 1,
+        pool_connections: 2,
+        kek,
+    })
+    .await?)
+}
+
+/// Mints a token into the database at `db`.
+pub async fn create_token(db: &str, spec: TokenSpec) -> Result<MintedToken, OfflineError> {
     spec.validate().map_err(|e| match e {
         ServiceError::Invalid(m) => OfflineError::Invalid(m),
         other => OfflineError::Invalid(other.to_string()),
     })?;
-    let store = SqliteStore::open(&sqlite_path(db).map_err(OfflineError::Invalid)?)?;
+    let store = open_for_tokens(db).await?;
     let now = unix_now();
     let (token, token_id) = tokens::generate();
     let row = TokenRow {
@@ -55,7 +79,7 @@ pub fn create_token(db: &str, spec: TokenSpec) -> Result<MintedToken, OfflineErr
         created_at: now,
         expires_at: now + spec.ttl_secs as i64,
     };
-    store.create_token(&tokens::digest(&token), &row)?;
+    store.create_token(&tokens::digest(&token), &row).await?;
     Ok(MintedToken {
         token,
         token_id,
@@ -63,16 +87,60 @@ pub fn create_token(db: &str, spec: TokenSpec) -> Result<MintedToken, OfflineErr
     })
 }
 
-/// Copies the database at `db` into the new file `to` (consistent while serving). Blocking.
-pub fn backup(db: &str, to: &Path) -> Result<(), OfflineError> {
-    let path = sqlite_path(db).map_err(OfflineError::Invalid)?;
+/// Copies the SQLite database at `db` into the new file `to` (consistent
+/// while serving; read-only, never migrating; the copy created 0600).
+pub async fn backup(db: &str, to: &Path) -> Result<(), OfflineError> {
+    let path = match DbUrl::parse(db).map_err(OfflineError::Invalid)? {
+        DbUrl::Sqlite(p) => p,
+        DbUrl::Postgres(_) => {
+            return Err(OfflineError::Invalid(
+                "a PostgreSQL database is backed up with pg_dump (see docs/storage.md)".into(),
+            ));
+        }
+    };
     if !path.is_file() {
         return Err(OfflineError::Invalid(format!(
             "--db {db}: {} does not exist",
             path.display()
         )));
     }
-    let store = SqliteStore::open(&path)?;
-    store.backup_to(to)?;
+    let to = to.to_path_buf();
+    tokio::task::spawn_blocking(move || store::backup_sqlite_file(&path, &to))
+        .await
+        .map_err(|e| StoreError::Task(e.to_string()))??;
     Ok(())
+}
+
+/// What `store copy` needs.
+#[derive(Debug, Clone, Default)]
+pub struct CopySpec {
+    /// Source database URL.
+    pub from: String,
+    /// Target database URL (empty, or new).
+    pub to: String,
+    /// The source's KEK file (default: for SQLite the `.kek` beside it, for
+    /// PostgreSQL [`KEK_ENV`]).
+    pub from_kek_file: Option<std::path::PathBuf>,
+    /// The target's KEK file (default: [`KEK_ENV`], or beside a SQLite target).
+    pub to_kek_file: Option<std::path::PathBuf>,
+}
+
+/// Copies every table of `spec.from` into `spec.to`; returns rows per table.
+pub async fn copy(spec: &CopySpec) -> Result<Copied, OfflineError> {
+    let env = env_kek();
+    // The environment's KEK is the target's: a SQLite source keeps using
+    // the key beside its file unless told otherwise.
+    let from_env = match DbUrl::parse(&spec.from).map_err(OfflineError::Invalid)? {
+        DbUrl::Sqlite(_) => None,
+        DbUrl::Postgres(_) => env.as_deref(),
+    };
+    let from_kek = resolve_kek(&spec.from, spec.from_kek_file.as_deref(), from_env, None)?;
+    let to_kek = resolve_kek(&spec.to, spec.to_kek_file.as_deref(), env.as_deref(), None)?;
+    let open = |url: &str, kek| OpenOptions {
+        url: url.to_string(),
+        read_connections: 1,
+        pool_connections: 2,
+        kek,
+    };
+    Ok(store::copy::copy(&open(&spec.from, from_kek), &open(&spec.to, to_kek)).await?)
 }

@@ -56,7 +56,7 @@ impl State {
             }
             let batch = self
                 .db
-                .run(move |s| s.reap_batch(now, &policy, max_rows))
+                .run(self.db.store().reap_batch(now, &policy, max_rows))
                 .await?;
             batches += 1;
             self.metrics.reap_batch();
@@ -82,7 +82,10 @@ impl State {
                 tracing::info!(table, reason, rows = n, batches, "reaped");
             }
         }
-        let counts = self.db.run(|s| s.counts()).await?;
+        let counts = self.db.run(self.db.store().counts()).await?;
+        if let Some(pool) = self.db.store().pool_connections() {
+            self.metrics.set_pool(pool);
+        }
         for (table, rows) in counts {
             self.metrics.set_rows(&table, rows);
         }
@@ -152,7 +155,7 @@ mod tests {
         config::Config,
         keys::{Keys, RotationPolicy},
         metrics::Metrics,
-        store::{Db, TokenRow, open_sqlite},
+        store::{Db, Kek, SqliteStore, TokenRow},
     };
 
     async fn state(dir: &std::path::Path, batch_rows: u64) -> Arc<State> {
@@ -162,11 +165,12 @@ mod tests {
             ..Config::ephemeral(&path)
         };
         let metrics = Metrics::new(&mut Registry::default());
-        let store = tokio::task::spawn_blocking(move || open_sqlite(&path, 1))
+        let kek = Kek::from_hex(&Kek::generate_hex()).expect("kek");
+        let store = tokio::task::spawn_blocking(move || SqliteStore::open(&path, kek))
             .await
             .expect("join")
             .expect("open");
-        let db = Db::new(store, 4, Duration::from_secs(1), metrics.clone());
+        let db = Db::new(Arc::new(store), 4, Duration::from_secs(1), metrics.clone());
         let policy = RotationPolicy {
             interval_secs: 86_400,
             publish_ahead_secs: 0,
@@ -212,7 +216,7 @@ mod tests {
                         expires_at: unix_now() + 3600,
                     };
                     let digest = [batches_done as u8; 32];
-                    db.run(move |s| s.create_token(&digest, &row))
+                    db.run(db.store().create_token(&digest, &row))
                         .await
                         .expect("a write between batches");
                 }
@@ -226,7 +230,11 @@ mod tests {
         assert_eq!(got, Some(25), "{deleted:?}");
         // ceil(25 / 10) = 3 transactions, so two gaps, each with a write.
         assert_eq!(writes_between, 2);
-        let counts = state.db.run(|s| s.counts()).await.expect("counts");
+        let counts = state
+            .db
+            .run(state.db.store().counts())
+            .await
+            .expect("counts");
         assert!(counts.contains(&("enrollment_requests".to_string(), 0)));
         assert!(counts.contains(&("tokens".to_string(), 2)), "{counts:?}");
     }

@@ -23,7 +23,7 @@ use tonic::{
 use crate::{
     admin::TokenSpec,
     clock::{SharedClock, TokioClock},
-    config::{Config, MIN_ADMIN_TOKEN_LEN, sqlite_path},
+    config::{Config, MIN_ADMIN_TOKEN_LEN},
     grpc_limits::{BoundedIncoming, Handshakes, StreamLimit},
     http::{HttpState, router},
     keys::{Keys, RotationPolicy},
@@ -32,7 +32,7 @@ use crate::{
     service::Service,
     state::State,
     status::ServiceError,
-    store::{Db, Deleted, StoreError, open_sqlite},
+    store::{Db, Deleted, StoreError},
 };
 
 /// Why the control plane did not start.
@@ -170,11 +170,11 @@ pub async fn spawn_with(
         }
         (None, None) => None,
     };
-    let path = sqlite_path(&config.db).map_err(SpawnError::Config)?;
-    let readers = config.db_read_connections;
-    let store = tokio::task::spawn_blocking(move || open_sqlite(&path, readers))
+    let store_config = config.clone();
+    let options = tokio::task::spawn_blocking(move || store_config.store_options())
         .await
         .map_err(|e| StoreError::Task(e.to_string()))??;
+    let store = crate::store::open(&options).await?;
     let metrics = Metrics::new(&mut registry);
     let db = Db::new(
         store,
@@ -397,7 +397,10 @@ impl Handle {
     /// Writes a consistent copy of the database to the new file `to` (`VACUUM INTO`).
     pub async fn backup_to(&self, to: &std::path::Path) -> Result<(), StoreError> {
         let to = to.to_path_buf();
-        self.state.db.run(move |s| s.backup_to(&to)).await
+        self.state
+            .db
+            .run(self.state.db.store().backup_to(&to))
+            .await
     }
 
     /// Runs one reaper pass now; returns what it deleted.

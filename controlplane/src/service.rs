@@ -41,7 +41,7 @@ impl Service {
         let r = r.map(Response::new).map_err(|e| {
             match &e {
                 ServiceError::Limited { limiter, .. } => m.limited(limiter),
-                ServiceError::Store(StoreError::Busy(_)) => m.limited("db_busy"),
+                ServiceError::Store(StoreError::Timeout(_)) => m.limited("db_busy"),
                 _ => {}
             }
             if let Some(reason) = e.auth_reason() {

@@ -90,7 +90,7 @@ pub fn to_status(err: &ServiceError) -> Status {
         ServiceError::NoSigningKey => {
             with_retry_after(Status::unavailable(err.to_string()), Duration::from_secs(1))
         }
-        ServiceError::Store(StoreError::Busy(wait)) => with_retry_after(
+        ServiceError::Store(StoreError::Timeout(wait)) => with_retry_after(
             Status::unavailable(format!("control plane database busy: {wait}")),
             Duration::from_secs(1),
         ),

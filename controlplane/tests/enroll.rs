@@ -206,18 +206,18 @@ async fn malformed_requests_are_invalid_argument() {
     h.shutdown().await;
 }
 
-/// The server's current signing key, read from its database file.
-fn server_key(dir: &std::path::Path) -> (String, ed25519::Keypair) {
-    let c = rusqlite::Connection::open(dir.join("cp.db")).expect("open");
-    let (id, mut secret): (String, Vec<u8>) = c
-        .query_row(
-            "SELECT key_id, secret FROM signing_keys ORDER BY active_from DESC LIMIT 1",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .expect("a key");
+/// The server's current signing key, read from its database file and
+/// opened with the key-encryption key beside it.
+async fn server_key(dir: &std::path::Path) -> (String, ed25519::Keypair) {
+    use agentmesh_controlplane::store::{Kek, SqliteStore, Store};
+    let kek = Kek::load_or_create(&dir.join("cp.db.kek")).expect("kek");
+    let store = SqliteStore::open(&dir.join("cp.db"), kek).expect("open");
+    let mut keys = store.keys().await.expect("keys");
+    keys.sort_by_key(|k| k.active_from);
+    let k = keys.pop().expect("a key");
+    let mut secret = k.secret;
     (
-        id,
+        k.key_id,
         ed25519::Keypair::try_from_bytes(&mut secret).expect("key bytes"),
     )
 }
@@ -249,7 +249,7 @@ async fn expired_forged_other_peer_and_revoked_credentials_are_refused() {
     // Other peer: B presents A's credential with B's own proof.
     assert_eq!(code(c.refresh(&cred_a, &b).await), Code::Unauthenticated);
     // Expired beyond the refresh grace (signed with the server's real key).
-    let (key_id, key) = server_key(dir.path());
+    let (key_id, key) = server_key(dir.path()).await;
     let now = unix_now();
     claims.key_id = key_id;
     claims.issued_at_unix_secs = now - 10_000;

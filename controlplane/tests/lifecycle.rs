@@ -378,10 +378,16 @@ async fn backup_while_serving_restores_to_a_working_control_plane() {
     let to = restored.path().join("cp.db");
     let db = format!("sqlite://{}", dir.path().join("cp.db").display());
     let to2 = to.clone();
-    tokio::task::spawn_blocking(move || offline::backup(&db, &to2))
+    offline::backup(&db, &to2)
         .await
-        .expect("join")
         .expect("backup while serving");
+    // The signing keys in the copy are sealed: restoring needs the
+    // key-encryption key too, which the backup does not hold.
+    std::fs::copy(
+        dir.path().join("cp.db.kek"),
+        restored.path().join("cp.db.kek"),
+    )
+    .expect("the key-encryption key beside the database");
     // The handle can do it too (agentmesh-one); it refuses to overwrite.
     let other = restored.path().join("other.db");
     h.backup_to(&other)

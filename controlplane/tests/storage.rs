@@ -40,7 +40,7 @@ async fn a_write_lock_held_elsewhere_fails_writes_at_the_deadline_while_reads_go
     let mut raw = common::raw_client_from(&h, [127, 0, 0, 1]).await;
     let sample = |m: &str, s: &str| metric(m, s).expect("pre-created");
     let busy = "agentmesh_control_plane_limiter_refusals_total{limiter=\"db_busy\"}";
-    let file_lock = "agentmesh_control_plane_db_wait_timeouts_total{wait=\"file_lock\"}";
+    let file_lock = "agentmesh_control_plane_db_wait_timeouts_total{wait=\"lock\"}";
     let before = metrics(&h).await;
 
     // Another process (a second replica, `token create`, an operator's

@@ -1,11 +1,40 @@
-//! Schema migrations, applied in order and tracked with `PRAGMA user_version`.
+//! Schema migrations, one list for both dialects, applied in order.
+//!
+//! The version lives in a `schema_version` row (`version`, and
+//! `oldest_compatible`: the oldest schema a binary may have and still use
+//! the database). Migrations are expand/contract: an expanding migration
+//! (a new table or a nullable column old binaries ignore) keeps
+//! `oldest_compatible`, so during a rolling update the old processes keep
+//! serving; a contracting one (old binaries would misread the data) raises
+//! it, and an old binary then refuses the database with a clear error
+//! instead of misreading it. A binary opening a database newer than itself
+//! runs when its own version is at least `oldest_compatible`.
+//!
+//! Two processes may start at once: SQLite reads the version inside a
+//! `BEGIN IMMEDIATE` transaction, PostgreSQL under a transaction-level
+//! advisory lock, so the second waits and then finds nothing to do. On
+//! SQLite `PRAGMA user_version` mirrors `oldest_compatible`, which is what
+//! binaries from before the `schema_version` table check.
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
+
+use super::StoreError;
+
+/// One schema step, in both dialects.
+pub(crate) struct Migration {
+    /// SQLite statements.
+    pub(crate) sqlite: &'static str,
+    /// PostgreSQL statements (BIGINT for every integer, BYTEA for blobs).
+    pub(crate) postgres: &'static str,
+    /// The oldest schema version that can use the database after this step.
+    pub(crate) oldest_compatible: u32,
+}
 
 /// Migration `i` brings the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[
+pub(crate) const MIGRATIONS: &[Migration] = &[
     // 1: the initial schema.
-    "
+    Migration {
+        sqlite: "
     CREATE TABLE tokens (
         token_id     TEXT PRIMARY KEY,
         digest       BLOB NOT NULL UNIQUE,
@@ -71,25 +100,243 @@ const MIGRATIONS: &[&str] = &[
         created_at INTEGER NOT NULL
     );
     ",
+        postgres: "
+    CREATE TABLE tokens (
+        token_id     TEXT PRIMARY KEY,
+        digest       BYTEA NOT NULL UNIQUE,
+        kind         BIGINT NOT NULL,
+        role         BIGINT NOT NULL,
+        labels       TEXT NOT NULL,
+        max_uses     BIGINT NOT NULL,
+        uses         BIGINT NOT NULL DEFAULT 0,
+        created_at   BIGINT NOT NULL,
+        expires_at   BIGINT NOT NULL,
+        last_used_at BIGINT
+    );
+    CREATE TABLE nodes (
+        node_id         TEXT PRIMARY KEY,
+        peer_id         BYTEA NOT NULL UNIQUE,
+        role            BIGINT NOT NULL,
+        token_kind      BIGINT NOT NULL,
+        token_id        TEXT NOT NULL,
+        labels          TEXT NOT NULL,
+        enrolled_at     BIGINT NOT NULL,
+        last_seen       BIGINT NOT NULL CHECK (last_seen > 0),
+        cred_expires_at BIGINT NOT NULL,
+        revoked         BOOLEAN NOT NULL DEFAULT FALSE
+    );
+    CREATE INDEX nodes_last_seen ON nodes (last_seen);
+    CREATE TABLE enrollment_requests (
+        id       BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        peer_id  BYTEA,
+        token_id TEXT,
+        source   TEXT NOT NULL,
+        outcome  TEXT NOT NULL,
+        at       BIGINT NOT NULL
+    );
+    CREATE INDEX enrollment_requests_at ON enrollment_requests (at);
+    CREATE TABLE router_leases (
+        peer_id    BYTEA PRIMARY KEY,
+        node_id    TEXT NOT NULL,
+        addrs      TEXT NOT NULL,
+        labels     TEXT NOT NULL,
+        attached   BIGINT NOT NULL,
+        transit    BIGINT NOT NULL,
+        high       BIGINT NOT NULL,
+        low        BIGINT NOT NULL,
+        draining   BOOLEAN NOT NULL,
+        expires_at BIGINT NOT NULL
+    );
+    CREATE TABLE signing_keys (
+        key_id       TEXT PRIMARY KEY,
+        secret       BYTEA NOT NULL,
+        public       BYTEA NOT NULL,
+        created_at   BIGINT NOT NULL,
+        active_from  BIGINT NOT NULL,
+        verify_until BIGINT NOT NULL DEFAULT 0
+    );
+    CREATE TABLE rotation_state (
+        id               BIGINT PRIMARY KEY CHECK (id = 1),
+        next_rotation_at BIGINT NOT NULL
+    );
+    CREATE TABLE revocations (
+        peer_id    BYTEA PRIMARY KEY,
+        until      BIGINT NOT NULL,
+        reason     TEXT NOT NULL,
+        created_at BIGINT NOT NULL
+    );
+    ",
+        oldest_compatible: 1,
+    },
+    // 2: signing-key secrets are sealed with the key-encryption key (the
+    // store seals existing rows when it opens). A contraction: a binary of
+    // schema 1 would read a sealed secret as a keypair.
+    Migration {
+        sqlite: "",
+        postgres: "",
+        oldest_compatible: 2,
+    },
 ];
 
 /// The schema version this build writes.
 pub(crate) const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 
-/// Applies the migrations the database has not seen, each in a transaction.
-/// A database newer than this build is refused.
-pub(crate) fn migrate(conn: &mut Connection) -> Result<u32, rusqlite::Error> {
-    let current: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    if current > SCHEMA_VERSION {
-        return Err(rusqlite::Error::InvalidParameterName(format!(
-            "database schema version {current} is newer than this build ({SCHEMA_VERSION})"
-        )));
+/// The table holding the version, in both dialects.
+pub(crate) const VERSION_TABLE_SQLITE: &str = "CREATE TABLE IF NOT EXISTS schema_version (
+    id                INTEGER PRIMARY KEY CHECK (id = 1),
+    version           INTEGER NOT NULL,
+    oldest_compatible INTEGER NOT NULL
+)";
+/// See [`VERSION_TABLE_SQLITE`].
+pub(crate) const VERSION_TABLE_POSTGRES: &str = "CREATE TABLE IF NOT EXISTS schema_version (
+    id                BIGINT PRIMARY KEY CHECK (id = 1),
+    version           BIGINT NOT NULL,
+    oldest_compatible BIGINT NOT NULL
+)";
+
+/// The migrations to apply to a database at `found` (`version`,
+/// `oldest_compatible`), as indexes into [`MIGRATIONS`]; refuses a database
+/// this binary is too old for.
+pub(crate) fn pending(found: (u32, u32)) -> Result<std::ops::Range<usize>, StoreError> {
+    let (version, oldest) = found;
+    if version > SCHEMA_VERSION {
+        if oldest > SCHEMA_VERSION {
+            return Err(StoreError::SchemaTooNew {
+                found: version,
+                oldest_compatible: oldest,
+                ours: SCHEMA_VERSION,
+            });
+        }
+        return Ok(0..0);
     }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
-        let tx = conn.transaction()?;
-        tx.execute_batch(sql)?;
-        tx.pragma_update(None, "user_version", i as u32 + 1)?;
-        tx.commit()?;
+    Ok(version as usize..MIGRATIONS.len())
+}
+
+/// `oldest_compatible` after applying migrations up to `version`.
+pub(crate) fn oldest_compatible(version: u32) -> u32 {
+    MIGRATIONS[..version as usize]
+        .iter()
+        .map(|m| m.oldest_compatible)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Brings a SQLite database up to this build's schema in one `BEGIN
+/// IMMEDIATE` transaction. Returns the version found before.
+pub(crate) fn migrate_sqlite(conn: &mut Connection) -> Result<u32, StoreError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute_batch(VERSION_TABLE_SQLITE)?;
+    let stored: Option<(u32, u32)> = tx
+        .query_row(
+            "SELECT version, oldest_compatible FROM schema_version WHERE id = 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    // A database from before the table: its version is `user_version`.
+    let found = match stored {
+        Some(v) => v,
+        None => {
+            let v: u32 = tx.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+            (v, v)
+        }
+    };
+    let steps = pending(found)?;
+    if steps.is_empty() && stored.is_some() {
+        return Ok(found.0);
     }
-    Ok(SCHEMA_VERSION)
+    for m in &MIGRATIONS[steps.clone()] {
+        tx.execute_batch(m.sqlite)?;
+    }
+    let version = found.0.max(steps.end as u32);
+    let oldest = oldest_compatible(version.min(SCHEMA_VERSION)).max(found.1);
+    tx.execute(
+        "INSERT INTO schema_version (id, version, oldest_compatible) VALUES (1, ?1, ?2)
+         ON CONFLICT(id) DO UPDATE SET version = excluded.version,
+           oldest_compatible = excluded.oldest_compatible",
+        rusqlite::params![version, oldest],
+    )?;
+    tx.pragma_update(None, "user_version", oldest)?;
+    tx.commit()?;
+    Ok(found.0)
+}
+
+/// The schema version and `oldest_compatible` of a SQLite database, read
+/// without changing it (`None` when it was never migrated).
+pub(crate) fn read_sqlite(conn: &Connection) -> Result<Option<(u32, u32)>, StoreError> {
+    let has_table: bool = conn
+        .query_row(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'",
+            [],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some();
+    if has_table {
+        return Ok(conn
+            .query_row(
+                "SELECT version, oldest_compatible FROM schema_version WHERE id = 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?);
+    }
+    let v: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    Ok((v > 0).then_some((v, v)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_newer_database_is_used_while_this_binary_is_compatible() {
+        assert_eq!(pending((0, 0)).expect("new"), 0..MIGRATIONS.len());
+        assert!(
+            pending((SCHEMA_VERSION, SCHEMA_VERSION))
+                .expect("current")
+                .is_empty()
+        );
+        // An expansion by a newer binary: still usable.
+        assert!(
+            pending((SCHEMA_VERSION + 1, SCHEMA_VERSION))
+                .expect("expanded")
+                .is_empty()
+        );
+        // A contraction by a newer binary: refused, naming both versions.
+        let e = pending((SCHEMA_VERSION + 2, SCHEMA_VERSION + 1)).expect_err("contracted");
+        assert!(matches!(e, StoreError::SchemaTooNew { .. }), "{e}");
+    }
+
+    #[test]
+    fn two_connections_migrating_at_once_apply_the_schema_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cp.db");
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let mut c = Connection::open(&path).expect("open");
+                    c.busy_timeout(std::time::Duration::from_secs(10))
+                        .expect("busy");
+                    migrate_sqlite(&mut c).expect("migrate")
+                })
+            })
+            .collect();
+        let mut found: Vec<u32> = handles
+            .into_iter()
+            .map(|h| h.join().expect("join"))
+            .collect();
+        found.sort();
+        assert_eq!(
+            found,
+            vec![0, SCHEMA_VERSION],
+            "one migrated, one found it done"
+        );
+        let c = Connection::open(&path).expect("open");
+        assert_eq!(
+            read_sqlite(&c).expect("read"),
+            Some((SCHEMA_VERSION, oldest_compatible(SCHEMA_VERSION)))
+        );
+    }
 }

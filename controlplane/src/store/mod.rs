@@ -1,39 +1,71 @@
-//! Storage behind a trait, so PostgreSQL can follow SQLite.
+//! Storage behind one async trait, with two backends: SQLite (the embedded
+//! default) and PostgreSQL (for a database shared by several processes).
 //!
-//! Every method is synchronous and may block: callers on the async runtime go
-//! through [`Db`], which runs them on the blocking pool with a bounded number
-//! in flight and one deadline (`--db-wait-timeout-secs`) on the whole wait:
-//! for a slot, for a connection, and for SQLite's lock on the file.
+//! Callers go through [`Db`]: at most `--db-max-inflight` operations at once
+//! and one deadline (`--db-wait-timeout-secs`) on everything an operation
+//! waits for: a slot here, then a connection and a lock inside the backend
+//! (SQLite: the connection pools and the file lock, on the blocking pool;
+//! PostgreSQL: the connection pool, then `statement_timeout` and
+//! `lock_timeout` set to what is left). Every wait that runs out is
+//! [`StoreError::Timeout`], whichever backend.
+//!
+//! Every write two processes could race is safe under concurrent writers:
+//! token uses are spent with a guarded update, the first signing key is
+//! created under a lock, rotation is claimed by a conditional update, and a
+//! router's lease is written in the transaction that checks its node.
 
+pub mod copy;
+mod deadline;
 mod migrations;
 mod pool;
+mod postgres;
 mod reap;
+mod seal;
+mod snapshot;
 mod sqlite;
+#[cfg(test)]
+mod suite;
+pub mod testing;
 #[cfg(test)]
 mod tests;
 
-use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, future::Future, path::Path, sync::Arc, time::Duration};
 
-pub use sqlite::{DEFAULT_READ_CONNECTIONS, SqliteStore};
-
-use crate::metrics::Metrics;
+pub use deadline::DEFAULT_WAIT;
+pub use postgres::{DEFAULT_POOL_CONNECTIONS, PgOptions, PostgresStore, Tls};
+pub use seal::{KEK_ENV, Kek};
+pub use snapshot::Snapshot;
+pub use sqlite::{DEFAULT_READ_CONNECTIONS, SqliteStore, backup_file as backup_sqlite_file};
 
 /// Which wait for the database ran out of time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
     /// A slot among `--db-max-inflight`.
     Slot,
-    /// The one writer connection (held by another operation).
+    /// SQLite's one writer connection (held by another operation).
     Writer,
-    /// A read-only connection (all `--db-read-connections` in use).
+    /// A read-only SQLite connection (all `--db-read-connections` in use).
     Reader,
-    /// SQLite's lock on the file, held by another connection or process.
-    FileLock,
+    /// A PostgreSQL connection (all `--db-pool-connections` in use or the
+    /// server slow to accept a new one).
+    Connection,
+    /// A lock held by another connection or process (SQLite's file lock, a
+    /// PostgreSQL row or advisory lock).
+    Lock,
+    /// The statement itself ran past what was left of the deadline.
+    Statement,
 }
 
 impl Wait {
     /// Every wait, to pre-create metric labels.
-    pub const ALL: [Wait; 4] = [Wait::Slot, Wait::Writer, Wait::Reader, Wait::FileLock];
+    pub const ALL: [Wait; 6] = [
+        Wait::Slot,
+        Wait::Writer,
+        Wait::Reader,
+        Wait::Connection,
+        Wait::Lock,
+        Wait::Statement,
+    ];
 
     /// The metric label value.
     pub fn as_str(self) -> &'static str {
@@ -41,7 +73,9 @@ impl Wait {
             Wait::Slot => "slot",
             Wait::Writer => "writer",
             Wait::Reader => "reader",
-            Wait::FileLock => "file_lock",
+            Wait::Connection => "connection",
+            Wait::Lock => "lock",
+            Wait::Statement => "statement",
         }
     }
 }
@@ -52,18 +86,26 @@ impl std::fmt::Display for Wait {
             Wait::Slot => "no free slot (--db-max-inflight operations in flight)",
             Wait::Writer => "the writer connection is held by another operation",
             Wait::Reader => "every read connection is in use",
-            Wait::FileLock => "the database file is locked by another connection",
+            Wait::Connection => "no database connection free in time",
+            Wait::Lock => "the database is locked by another connection",
+            Wait::Statement => "the statement ran past the deadline",
         })
     }
 }
 
-/// Why storage failed.
+/// Why storage failed, named by what failed rather than by the engine.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database said no.
+    /// A wait for the database passed its deadline; the caller should retry.
+    #[error("database busy within --db-wait-timeout-secs: {0}")]
+    Timeout(Wait),
+    /// The database server cannot be reached or refused the login.
+    #[error("database unreachable: {0}")]
+    Unreachable(String),
+    /// The database refused or failed a statement.
     #[error("database: {0}")]
-    Sqlite(rusqlite::Error),
-    /// Opening or preparing the file failed.
+    Query(String),
+    /// Opening or writing a file failed.
     #[error("database file {path}: {source}")]
     Io {
         /// The file.
@@ -79,24 +121,35 @@ pub enum StoreError {
         /// What did not parse.
         what: String,
     },
-    /// The wait for the database passed its deadline; the caller should retry.
-    #[error("database busy within --db-wait-timeout-secs: {0}")]
-    Busy(Wait),
+    /// The database was migrated by a newer binary this one cannot use.
+    #[error(
+        "database schema {found} needs a binary of schema {oldest_compatible} or newer; this one has {ours}"
+    )]
+    SchemaTooNew {
+        /// The database's schema version.
+        found: u32,
+        /// The oldest schema a binary may have to use it.
+        oldest_compatible: u32,
+        /// This binary's.
+        ours: u32,
+    },
+    /// A signing key could not be sealed or opened with the key-encryption key.
+    #[error("signing key {key_id}: {what}")]
+    Sealed {
+        /// The signing key.
+        key_id: String,
+        /// What went wrong (usually: sealed with another key-encryption key).
+        what: String,
+    },
+    /// A `--db` URL or option that cannot work.
+    #[error("{0}")]
+    Config(String),
+    /// The operation does not exist on this backend.
+    #[error("{0}")]
+    Unsupported(&'static str),
     /// The blocking task died.
     #[error("database task failed: {0}")]
     Task(String),
-}
-
-impl From<rusqlite::Error> for StoreError {
-    /// `SQLITE_BUSY` means the busy handler gave up, and it is given only
-    /// what is left of the deadline: that is a timeout like the others.
-    fn from(e: rusqlite::Error) -> Self {
-        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) {
-            Self::Busy(Wait::FileLock)
-        } else {
-            Self::Sqlite(e)
-        }
-    }
 }
 
 /// A token as stored (its secret is not: only its SHA-256).
@@ -145,7 +198,8 @@ pub struct NodeRow {
     pub revoked: bool,
 }
 
-/// A control-plane signing key (secret included: keys at rest live in the DB file, 0600).
+/// A control-plane signing key, its secret in the clear: the store seals it
+/// with the key-encryption key before it is written and opens it on read.
 #[derive(Clone, PartialEq, Eq)]
 pub struct SigningKeyRow {
     /// Key id.
@@ -226,6 +280,8 @@ pub enum NodeRefusal {
     UnknownNode,
     /// Revoked.
     Revoked,
+    /// A lease from a node whose stored role is not router.
+    NotARouter,
 }
 
 /// What a successful enrollment did.
@@ -278,16 +334,28 @@ pub const DELETE_REASONS: &[(&str, &str)] = &[
     ("signing_keys", "grace_ended"),
 ];
 
-/// The storage interface.
+/// The role value a lease's node must have (`Role::Router`).
+pub(crate) const ROUTER_ROLE: i32 = agentmesh_proto::pb::credential::Role::Router as i32;
+
+/// The storage interface, one implementation per backend.
+#[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
+    /// `sqlite` or `postgres`.
+    fn backend(&self) -> &'static str;
+    /// The connection pool's state, where the backend has one (PostgreSQL).
+    fn pool_connections(&self) -> Option<PoolConnections> {
+        None
+    }
     /// Cheap liveness check (`SELECT 1`).
-    fn ping(&self) -> Result<(), StoreError>;
+    async fn ping(&self) -> Result<(), StoreError>;
     /// Stores a token by its digest.
-    fn create_token(&self, digest: &[u8; 32], row: &TokenRow) -> Result<(), StoreError>;
+    async fn create_token(&self, digest: &[u8; 32], row: &TokenRow) -> Result<(), StoreError>;
     /// One transaction: checks the token, re-enrolls a known key without
-    /// spending a use or spends one for a new node, records the request.
+    /// spending a use or spends one for a new node (a guarded update, so
+    /// concurrent enrollments never spend more than `max_uses`), records
+    /// the request.
     #[allow(clippy::too_many_arguments)]
-    fn enroll(
+    async fn enroll(
         &self,
         digest: &[u8; 32],
         peer_id: &[u8],
@@ -297,37 +365,48 @@ pub trait Store: Send + Sync + 'static {
         cred_expires_at: i64,
     ) -> Result<Result<Enrolled, EnrollRefusal>, StoreError>;
     /// Marks a node seen and records its new credential expiry.
-    fn touch_node(
+    async fn touch_node(
         &self,
         peer_id: &[u8],
         now: i64,
         cred_expires_at: Option<i64>,
     ) -> Result<Result<NodeRow, NodeRefusal>, StoreError>;
-    /// Upserts a router lease.
-    fn upsert_lease(&self, lease: &LeaseRow) -> Result<(), StoreError>;
+    /// One transaction: checks the lease's node (enrolled, not revoked,
+    /// stored role router), marks it seen and upserts its lease, so a
+    /// revocation committing meanwhile can never leave a lease behind.
+    async fn router_lease(
+        &self,
+        lease: &LeaseRow,
+        now: i64,
+    ) -> Result<Result<NodeRow, NodeRefusal>, StoreError>;
     /// Live leases and active revocations at `now`.
-    fn directory(&self, now: i64) -> Result<(Vec<LeaseRow>, Vec<RevocationRow>), StoreError>;
+    async fn directory(&self, now: i64) -> Result<(Vec<LeaseRow>, Vec<RevocationRow>), StoreError>;
     /// Revokes a node until its last credential expires (or `default_until`,
-    /// whichever is later); returns the instant.
-    fn revoke(
+    /// whichever is later), deletes its lease; returns the instant.
+    async fn revoke(
         &self,
         peer_id: &[u8],
         reason: &str,
         now: i64,
         default_until: i64,
     ) -> Result<i64, StoreError>;
-    /// Every signing key.
-    fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError>;
+    /// Every signing key, opened.
+    async fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError>;
     /// If there are no keys yet, stores `first` and the first rotation
-    /// deadline. Returns whether it did.
-    fn init_keys(&self, first: &SigningKeyRow, next_rotation_at: i64) -> Result<bool, StoreError>;
+    /// deadline, under a lock so two processes starting together store one.
+    /// Returns whether it did.
+    async fn init_keys(
+        &self,
+        first: &SigningKeyRow,
+        next_rotation_at: i64,
+    ) -> Result<bool, StoreError>;
     /// The stored rotation deadline.
-    fn next_rotation_at(&self) -> Result<Option<i64>, StoreError>;
+    async fn next_rotation_at(&self) -> Result<Option<i64>, StoreError>;
     /// Claims a rotation with a conditional update of the deadline (from
     /// `expected` to `next`; `expected = None` forces it). When claimed, in
     /// the same transaction: every key without an end verifies until
     /// `retire_until`, and `new_key` is stored. Returns whether claimed.
-    fn rotate(
+    async fn rotate(
         &self,
         expected: Option<i64>,
         next: i64,
@@ -338,29 +417,52 @@ pub trait Store: Send + Sync + 'static {
     /// rows, reason after reason in [`DELETE_REASONS`] order; returns a count for
     /// every reason in that order. Fewer than `max_rows` deleted means
     /// nothing stale is left at `now`.
-    fn reap_batch(
+    async fn reap_batch(
         &self,
         now: i64,
         policy: &ReapPolicy,
         max_rows: u64,
     ) -> Result<Deleted, StoreError>;
     /// Row counts per table.
-    fn counts(&self) -> Result<Vec<(String, i64)>, StoreError>;
-    /// A consistent copy of the database at `to` while serving.
-    fn backup_to(&self, to: &Path) -> Result<(), StoreError>;
+    async fn counts(&self) -> Result<Vec<(String, i64)>, StoreError>;
+    /// A consistent copy of the database in the new file `to` while serving
+    /// (SQLite; PostgreSQL is backed up with `pg_dump`).
+    async fn backup_to(&self, to: &Path) -> Result<(), StoreError>;
+    /// Every row of every table, in one consistent read (signing keys opened).
+    async fn snapshot(&self) -> Result<Snapshot, StoreError>;
+    /// Writes `snap` into this store, which must hold no nodes, tokens or
+    /// keys yet, in one transaction (signing keys sealed with this store's
+    /// key-encryption key).
+    async fn restore(&self, snap: &Snapshot) -> Result<(), StoreError>;
 }
 
-/// Async access to a [`Store`]: blocking work on the blocking pool, at most
-/// `max_inflight` operations at once, and one deadline, `wait` from the
-/// call, on everything the operation waits for before it runs (a slot, a
-/// connection, the file lock). A wait that runs out is [`StoreError::Busy`],
-/// counted in `db_wait_timeouts_total{wait}`.
+/// Connections of a backend's pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolConnections {
+    /// Open now.
+    pub open: usize,
+    /// Open and idle.
+    pub idle: usize,
+    /// The bound (`--db-pool-connections`).
+    pub max: usize,
+}
+
+/// Told about every wait that ran out (the control plane's metrics).
+pub trait WaitObserver: Send + Sync + 'static {
+    /// `wait` passed its deadline.
+    fn wait_timed_out(&self, wait: Wait);
+}
+
+/// Async access to a [`Store`]: at most `max_inflight` operations at once,
+/// and one deadline, `wait` from the call, on everything the operation
+/// waits for before it runs (a slot, a connection, a lock). A wait that runs
+/// out is [`StoreError::Timeout`], reported to the observer.
 #[derive(Clone)]
 pub struct Db {
     store: Arc<dyn Store>,
     slots: Arc<tokio::sync::Semaphore>,
     wait: Duration,
-    metrics: Metrics,
+    observer: Arc<dyn WaitObserver>,
 }
 
 impl Db {
@@ -369,54 +471,141 @@ impl Db {
         store: Arc<dyn Store>,
         max_inflight: usize,
         wait: Duration,
-        metrics: Metrics,
+        observer: impl WaitObserver,
     ) -> Self {
         Self {
             store,
             slots: Arc::new(tokio::sync::Semaphore::new(max_inflight.max(1))),
             wait,
-            metrics,
+            observer: Arc::new(observer),
         }
     }
 
-    /// Runs `f` on the blocking pool.
-    pub async fn run<R, F>(&self, f: F) -> Result<R, StoreError>
-    where
-        R: Send + 'static,
-        F: FnOnce(&dyn Store) -> Result<R, StoreError> + Send + 'static,
-    {
-        let r = self.run_inner(f).await;
-        if let Err(StoreError::Busy(wait)) = &r {
-            self.metrics.db_wait_timeout(*wait);
+    /// The store, to build an operation for [`Db::run`].
+    pub fn store(&self) -> &dyn Store {
+        &*self.store
+    }
+
+    /// Runs `op` (a store call, not yet polled) once it has a slot, with
+    /// what is left of the deadline for the backend's own waits.
+    pub async fn run<R>(
+        &self,
+        op: impl Future<Output = Result<R, StoreError>>,
+    ) -> Result<R, StoreError> {
+        let r = self.run_inner(op).await;
+        if let Err(StoreError::Timeout(wait)) = &r {
+            self.observer.wait_timed_out(*wait);
         }
         r
     }
 
-    async fn run_inner<R, F>(&self, f: F) -> Result<R, StoreError>
-    where
-        R: Send + 'static,
-        F: FnOnce(&dyn Store) -> Result<R, StoreError> + Send + 'static,
-    {
+    async fn run_inner<R>(
+        &self,
+        op: impl Future<Output = Result<R, StoreError>>,
+    ) -> Result<R, StoreError> {
         let started = tokio::time::Instant::now();
-        let permit = tokio::time::timeout(self.wait, self.slots.clone().acquire_owned())
+        let _permit = tokio::time::timeout(self.wait, self.slots.acquire())
             .await
-            .map_err(|_| StoreError::Busy(Wait::Slot))?
+            .map_err(|_| StoreError::Timeout(Wait::Slot))?
             .map_err(|_| StoreError::Task("database closed".into()))?;
-        // The blocking side keeps what is left, on the clock it can wait on.
+        // The backend keeps what is left, on the clock its threads wait on.
         let left = self.wait.saturating_sub(started.elapsed());
-        let deadline = std::time::Instant::now() + left;
-        let store = self.store.clone();
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            pool::with_deadline(deadline, || f(&*store))
-        })
-        .await
-        .map_err(|e| StoreError::Task(e.to_string()))?
+        deadline::within(std::time::Instant::now() + left, op).await
     }
 }
 
-/// Opens the SQLite store at `path` (creating it 0600, WAL, migrated) with
-/// `read_connections` read-only connections beside the writer.
-pub fn open_sqlite(path: &Path, read_connections: usize) -> Result<Arc<dyn Store>, StoreError> {
-    Ok(Arc::new(SqliteStore::open_with(path, read_connections)?))
+/// How to open a store.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// `sqlite://PATH` or `postgres://…` (`postgresql://` too).
+    pub url: String,
+    /// SQLite read-only connections beside the writer.
+    pub read_connections: usize,
+    /// PostgreSQL pool size.
+    pub pool_connections: usize,
+    /// Seals signing keys at rest.
+    pub kek: Kek,
+}
+
+/// Which backend a `--db` URL names, and its target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DbUrl {
+    /// A SQLite file.
+    Sqlite(std::path::PathBuf),
+    /// A PostgreSQL connection string (URL), completed from `PG*` variables.
+    Postgres(String),
+}
+
+impl DbUrl {
+    /// Parses a `--db` value.
+    pub fn parse(db: &str) -> Result<Self, String> {
+        if let Some(p) = db.strip_prefix("sqlite://") {
+            if p.is_empty() {
+                return Err(format!("--db {db:?}: sqlite:// needs a file path"));
+            }
+            return Ok(Self::Sqlite(p.into()));
+        }
+        if db.starts_with("postgres://") || db.starts_with("postgresql://") {
+            return Ok(Self::Postgres(db.to_string()));
+        }
+        Err(format!(
+            "--db {db:?}: give sqlite://PATH or postgres://USER@HOST:PORT/DATABASE"
+        ))
+    }
+}
+
+/// Opens (creating and migrating) the store `opts.url` names.
+pub async fn open(opts: &OpenOptions) -> Result<Arc<dyn Store>, StoreError> {
+    match DbUrl::parse(&opts.url).map_err(StoreError::Config)? {
+        DbUrl::Sqlite(path) => {
+            let (readers, kek) = (opts.read_connections, opts.kek.clone());
+            let store =
+                tokio::task::spawn_blocking(move || SqliteStore::open_with(&path, readers, kek))
+                    .await
+                    .map_err(|e| StoreError::Task(e.to_string()))??;
+            Ok(Arc::new(store))
+        }
+        DbUrl::Postgres(url) => {
+            let pg = PgOptions::from_url_and_env(&url, &postgres::process_env())?;
+            Ok(Arc::new(
+                PostgresStore::open(pg, opts.pool_connections, opts.kek.clone()).await?,
+            ))
+        }
+    }
+}
+
+/// The key-encryption key for the database `url`: from `file` if given,
+/// else from `env` (the value of [`KEK_ENV`]), else, for SQLite only,
+/// from `<db>.kek` beside the database (created, 0600, on first use). A
+/// PostgreSQL database has no such default: its dumps and its host are
+/// apart from the control plane's, so the key must come from the operator.
+/// `previous`, during a KEK rotation, still opens rows sealed with it.
+pub fn resolve_kek(
+    url: &str,
+    file: Option<&Path>,
+    env: Option<&str>,
+    previous: Option<&Path>,
+) -> Result<Kek, StoreError> {
+    let kek = match (file, env.filter(|v| !v.trim().is_empty())) {
+        (Some(path), _) => Kek::from_file(path)?,
+        (None, Some(value)) => {
+            Kek::from_hex(value).map_err(|e| StoreError::Config(format!("{KEK_ENV}: {e}")))?
+        }
+        (None, None) => match DbUrl::parse(url).map_err(StoreError::Config)? {
+            DbUrl::Sqlite(path) => {
+                let mut kek_path = path.into_os_string();
+                kek_path.push(".kek");
+                Kek::load_or_create(Path::new(&kek_path))?
+            }
+            DbUrl::Postgres(_) => {
+                return Err(StoreError::Config(format!(
+                    "--db postgres://… needs --key-encryption-key-file or {KEK_ENV} (64 hex digits) to seal signing keys"
+                )));
+            }
+        },
+    };
+    Ok(match previous {
+        Some(p) => kek.with_previous(Kek::from_file(p)?),
+        None => kek,
+    })
 }

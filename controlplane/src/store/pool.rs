@@ -7,10 +7,11 @@
 //! checkpoint) nor another process holding the file lock (a second replica,
 //! an offline `token create`) can keep a caller past `--db-wait-timeout-secs`.
 //!
-//! The deadline reaches the store through a thread-local set by
-//! [`with_deadline`] around exactly one closure on one blocking thread
-//! ([`super::Db::run`]): that keeps it off every [`super::Store`] method
-//! without letting it leak into the next operation on that thread.
+//! The deadline reaches the pool through a thread-local set by
+//! [`with_deadline`] around exactly one closure on one blocking thread (the
+//! SQLite store copies the operation's deadline there): that keeps it off
+//! every method without letting it leak into the next operation on that
+//! thread.
 //!
 //! Waits here use `std::time::Instant`: they block a thread of the blocking
 //! pool on a `Condvar`, which tokio's (pausable) clock cannot drive.
@@ -19,7 +20,7 @@ use std::{
     cell::Cell,
     ops::{Deref, DerefMut},
     sync::{Condvar, Mutex, MutexGuard},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use rusqlite::Connection;
@@ -29,11 +30,6 @@ use super::{StoreError, Wait};
 thread_local! {
     static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
 }
-
-/// The wait for a connection when no [`with_deadline`] scope set one: the
-/// store used on its own (offline `token create` and `backup`, unit tests).
-/// The same 5 s the server's `--db-wait-timeout-secs` defaults to.
-pub(super) const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 
 /// Runs `f` with every connection wait inside it bounded by `deadline`.
 pub(super) fn with_deadline<R>(deadline: Instant, f: impl FnOnce() -> R) -> R {
@@ -51,7 +47,7 @@ pub(super) fn with_deadline<R>(deadline: Instant, f: impl FnOnce() -> R) -> R {
 fn current_deadline() -> Instant {
     DEADLINE
         .with(Cell::get)
-        .unwrap_or_else(|| Instant::now() + DEFAULT_WAIT)
+        .unwrap_or_else(|| Instant::now() + super::DEFAULT_WAIT)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -89,7 +85,7 @@ impl Pool {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(StoreError::Busy(self.wait));
+                return Err(StoreError::Timeout(self.wait));
             }
             idle = self
                 .returned
@@ -140,6 +136,8 @@ impl Drop for Pooled<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn pool() -> Pool {
@@ -154,7 +152,7 @@ mod tests {
         let held = with_deadline(soon, || p.get()).expect("first caller gets it");
         let second = with_deadline(soon, || p.get().map(|_| ()));
         assert!(
-            matches!(second, Err(StoreError::Busy(Wait::Writer))),
+            matches!(second, Err(StoreError::Timeout(Wait::Writer))),
             "{second:?}"
         );
         drop(held);

@@ -1,26 +1,46 @@
-//! One reap batch for SQLite: at most `max_rows` deletions in one
+//! One reap batch: at most `max_rows` deletions in one
 //! transaction, so the writer is held for one batch, never for a whole
 //! backlog (after a long outage a table can hold 100k stale rows; enrollment
 //! gets the writer back between batches).
 //!
-//! Bundled SQLite has no `DELETE … LIMIT`, so each rule deletes the rowids a
-//! limited `SELECT` picks; the conditions use the tables' indexes where
-//! the tables grow with the fleet (`nodes.last_seen`, `enrollment_requests.at`).
+//! Neither bundled SQLite nor PostgreSQL has `DELETE … LIMIT`, so each rule
+//! deletes the keys a limited `SELECT` picks (SQLite's rowid, PostgreSQL's
+//! primary key); the conditions use the tables' indexes where the tables
+//! grow with the fleet (`nodes.last_seen`, `enrollment_requests.at`).
 
 use rusqlite::{Transaction, params_from_iter};
 
 use super::{DELETE_REASONS, Deleted, ReapPolicy, StoreError};
 
 /// One thing the reaper deletes: `cond` binds `?2` and on (`?1` is the limit).
-struct Rule {
-    table: &'static str,
-    reason: &'static str,
+pub(super) struct Rule {
+    pub(super) table: &'static str,
+    pub(super) reason: &'static str,
     cond: &'static str,
-    args: Vec<i64>,
+    pub(super) args: Vec<i64>,
+}
+
+impl Rule {
+    /// The `DELETE` for this rule in PostgreSQL's dialect (`$n`
+    /// placeholders, the table's primary key instead of a rowid).
+    pub(super) fn postgres_sql(&self) -> String {
+        let pk = match self.table {
+            "nodes" => "node_id",
+            "enrollment_requests" => "id",
+            "tokens" => "token_id",
+            "signing_keys" => "key_id",
+            _ => "peer_id",
+        };
+        format!(
+            "DELETE FROM {t} WHERE {pk} IN (SELECT {pk} FROM {t} WHERE {c} LIMIT $1)",
+            t = self.table,
+            c = self.cond.replace('?', "$")
+        )
+    }
 }
 
 /// The rules at `now`, in [`DELETE_REASONS`] order.
-fn rules(now: i64, p: &ReapPolicy) -> [Rule; 8] {
+pub(super) fn rules(now: i64, p: &ReapPolicy) -> [Rule; 8] {
     let ephemeral = agentmesh_proto::pb::credential::TokenKind::Ephemeral as i64;
     let rule = |table, reason, cond, args| Rule {
         table,
@@ -65,7 +85,7 @@ fn rules(now: i64, p: &ReapPolicy) -> [Rule; 8] {
     ]
 }
 
-/// Deletes at most `max_rows` rows in `tx`, rule after rule; every rule
+/// Deletes at most `max_rows` rows in SQLite's `tx`, rule after rule; every rule
 /// gets an entry, zero when the batch was already full.
 pub(super) fn batch(
     tx: &Transaction<'_>,

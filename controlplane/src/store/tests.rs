@@ -1,7 +1,8 @@
-//! The store's deadlines and batches, on real SQLite files: a held writer,
-//! a file lock held by another connection and a full set of slots each fail
-//! the waiting call with `Busy` at its deadline, counted; reads go on beside
-//! a held writer; a backlog is reaped in bounded batches.
+//! SQLite's deadlines, on real files: a held writer, a file lock held by
+//! another connection and a full set of slots each fail the waiting call
+//! with `Timeout` at its deadline, counted; reads go on beside a held
+//! writer; a backlog is reaped in bounded batches. The suite both backends
+//! pass is `suite.rs`.
 
 use std::{
     collections::BTreeMap,
@@ -9,50 +10,51 @@ use std::{
     time::Duration,
 };
 
-use prometheus_client::registry::Registry;
 use rusqlite::Connection;
 
 use super::*;
-use crate::metrics::Metrics;
 
 /// How long a test holds something the call under test waits for, at most:
 /// released as soon as the test is done with it, so a failing test ends
 /// instead of hanging.
 const HOLD_AT_MOST: Duration = Duration::from_secs(30);
 
+/// The waits that ran out, as the metrics would count them.
+#[derive(Default)]
+struct Seen(std::sync::Mutex<Vec<Wait>>);
+
+impl WaitObserver for Arc<Seen> {
+    fn wait_timed_out(&self, wait: Wait) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(wait);
+    }
+}
+
 struct Fixture {
     dir: tempfile::TempDir,
     store: Arc<SqliteStore>,
     db: Db,
-    registry: Registry,
+    seen: Arc<Seen>,
 }
 
 impl Fixture {
     fn new(max_inflight: usize, wait: Duration) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Arc::new(SqliteStore::open_with(&dir.path().join("cp.db"), 2).expect("open"));
-        let mut registry = Registry::default();
-        let metrics = Metrics::new(&mut registry);
-        let db = Db::new(store.clone(), max_inflight, wait, metrics);
+        let kek = Kek::from_hex(&Kek::generate_hex()).expect("kek");
+        let store =
+            Arc::new(SqliteStore::open_with(&dir.path().join("cp.db"), 2, kek).expect("open"));
+        let seen = Arc::new(Seen::default());
+        let db = Db::new(store.clone(), max_inflight, wait, seen.clone());
         Self {
             dir,
             store,
             db,
-            registry,
+            seen,
         }
     }
 
     fn timeouts(&self, wait: Wait) -> f64 {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("encode");
-        let name = format!(
-            "agentmesh_control_plane_db_wait_timeouts_total{{wait=\"{}\"}} ",
-            wait.as_str()
-        );
-        text.lines()
-            .find_map(|l| l.strip_prefix(&name))
-            .and_then(|v| v.parse().ok())
-            .expect("pre-created sample")
+        let seen = self.seen.0.lock().unwrap_or_else(|p| p.into_inner());
+        seen.iter().filter(|w| **w == wait).count() as f64
     }
 
     async fn create_token(&self, id: &str) -> Result<(), StoreError> {
@@ -67,7 +69,9 @@ impl Fixture {
             expires_at: i64::MAX,
         };
         let digest = [id.len() as u8; 32];
-        self.db.run(move |s| s.create_token(&digest, &row)).await
+        self.db
+            .run(self.db.store().create_token(&digest, &row))
+            .await
     }
 }
 
@@ -90,18 +94,19 @@ async fn a_held_writer_fails_the_next_write_at_its_deadline_while_reads_go_on() 
     let f = Fixture::new(8, Duration::from_millis(200));
     let (release, holder) = hold_writer(&f.store);
     let r = f.create_token("first").await;
-    assert!(matches!(r, Err(StoreError::Busy(Wait::Writer))), "{r:?}");
+    assert!(matches!(r, Err(StoreError::Timeout(Wait::Writer))), "{r:?}");
     assert_eq!(f.timeouts(Wait::Writer), 1.0);
     // Reads have their own connections: none of them waits for the writer.
-    f.db.run(|s| s.ping()).await.expect("ping");
-    f.db.run(|s| s.directory(0)).await.expect("directory");
-    f.db.run(|s| s.keys()).await.expect("keys");
-    f.db.run(|s| s.counts()).await.expect("counts");
+    let s = f.db.store();
+    f.db.run(s.ping()).await.expect("ping");
+    f.db.run(s.directory(0)).await.expect("directory");
+    f.db.run(s.keys()).await.expect("keys");
+    f.db.run(s.counts()).await.expect("counts");
     assert_eq!(f.timeouts(Wait::Reader), 0.0);
     drop(release);
     holder.join().expect("holder");
     f.create_token("second").await.expect("the writer is back");
-    let counts = f.db.run(|s| s.counts()).await.expect("counts");
+    let counts = f.db.run(f.db.store().counts()).await.expect("counts");
     assert!(counts.contains(&("tokens".to_string(), 1)), "{counts:?}");
 }
 
@@ -112,8 +117,8 @@ async fn a_file_lock_held_by_another_connection_fails_at_the_deadline() {
     let other = Connection::open(f.dir.path().join("cp.db")).expect("open");
     other.execute_batch("BEGIN IMMEDIATE").expect("lock");
     let r = f.create_token("first").await;
-    assert!(matches!(r, Err(StoreError::Busy(Wait::FileLock))), "{r:?}");
-    assert_eq!(f.timeouts(Wait::FileLock), 1.0);
+    assert!(matches!(r, Err(StoreError::Timeout(Wait::Lock))), "{r:?}");
+    assert_eq!(f.timeouts(Wait::Lock), 1.0);
     other.execute_batch("ROLLBACK").expect("unlock");
     f.create_token("second").await.expect("writes again");
 }
@@ -124,30 +129,34 @@ async fn no_free_slot_fails_at_the_deadline_and_is_counted() {
     let (release_tx, release_rx) = mpsc::sync_channel::<()>(1);
     let db = f.db.clone();
     let holder = tokio::spawn(async move {
-        db.run(move |_| {
-            let _ = release_rx.recv_timeout(HOLD_AT_MOST);
-            Ok(())
+        db.run(async move {
+            tokio::task::spawn_blocking(move || {
+                let _ = release_rx.recv_timeout(HOLD_AT_MOST);
+            })
+            .await
+            .map_err(|e| StoreError::Task(e.to_string()))
         })
         .await
     });
     // The holder took the only slot once a read cannot get one either.
     let r = loop {
-        match f.db.run(|s| s.ping()).await {
+        match f.db.run(f.db.store().ping()).await {
             Ok(()) => tokio::task::yield_now().await,
             Err(e) => break e,
         }
     };
-    assert!(matches!(r, StoreError::Busy(Wait::Slot)), "{r:?}");
+    assert!(matches!(r, StoreError::Timeout(Wait::Slot)), "{r:?}");
     assert_eq!(f.timeouts(Wait::Slot), 1.0);
     drop(release_tx);
     holder.await.expect("join").expect("holder ran");
-    f.db.run(|s| s.ping()).await.expect("a slot again");
+    f.db.run(f.db.store().ping()).await.expect("a slot again");
 }
 
-#[test]
-fn a_backlog_is_reaped_in_batches_of_at_most_max_rows() {
+#[tokio::test]
+async fn a_backlog_is_reaped_in_batches_of_at_most_max_rows() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = SqliteStore::open(&dir.path().join("cp.db")).expect("open");
+    let kek = Kek::from_hex(&Kek::generate_hex()).expect("kek");
+    let store = SqliteStore::open(&dir.path().join("cp.db"), kek).expect("open");
     store
         .writer()
         .expect("writer")
@@ -171,7 +180,7 @@ fn a_backlog_is_reaped_in_batches_of_at_most_max_rows() {
     let now = 10 * day;
     let mut batches = Vec::new();
     loop {
-        let batch = store.reap_batch(now, &policy, 10).expect("batch");
+        let batch = store.reap_batch(now, &policy, 10).await.expect("batch");
         let reasons: Vec<_> = batch.iter().map(|(t, r, _)| (*t, *r)).collect();
         assert_eq!(reasons, DELETE_REASONS, "every reason, in order");
         let n = |t: &str, r: &str| {
@@ -190,7 +199,7 @@ fn a_backlog_is_reaped_in_batches_of_at_most_max_rows() {
     // 25 rows, 10 a batch: ceil(25 / 10) = 3 transactions, the second
     // finishing one table and starting the next.
     assert_eq!(batches, vec![(10, 0), (2, 8), (0, 5)]);
-    let left = store.counts().expect("counts");
+    let left = store.counts().await.expect("counts");
     assert!(left.contains(&("nodes".to_string(), 0)), "{left:?}");
     assert!(
         left.contains(&("enrollment_requests".to_string(), 0)),
