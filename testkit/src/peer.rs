@@ -21,7 +21,7 @@ use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm, SwarmBuilder, noise, rela
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::{Cp, DEADLINE, TestRouter};
+use crate::DEADLINE;
 
 /// The test peer's behaviour: a relay client (to reach members through a
 /// router's circuit) and raw streams. Public so tests can drive the swarm
@@ -181,10 +181,11 @@ impl TestPeer {
     /// A fresh peer enrolled with `token` at `cp` and then connected to
     /// `router`, with its credential: how router tests get a member that
     /// can present a valid credential.
+    #[cfg(feature = "router")]
     pub async fn enrolled_and_connected(
-        cp: &Cp,
+        cp: &crate::Cp,
         token: &str,
-        router: &TestRouter,
+        router: &crate::TestRouter,
     ) -> (Self, Credential) {
         let mut peer = Self::new();
         let credential = cp.enroll(token, &peer.key).await;
