@@ -315,8 +315,8 @@ pub async fn spawn(
         let mut r = Registry::default();
         metrics.register(&mut r);
         swarm.behaviour().stream.register_metrics(&mut r);
-        // libp2p's own families (`libp2p_swarm_*`, `libp2p_ping_*`; DESIGN
-        // "Observability"), recorded by the core loop. Only in the registry
+        // libp2p's own families (`libp2p_swarm_*`, `libp2p_ping_*`: one
+        // registry for everything a program serves), recorded by the core loop. Only in the registry
         // this node serves: an embedder running thousands of nodes without
         // `--metrics-addr` (the ladder) allocates none of them per node.
         p2p_metrics = Some(libp2p::metrics::Metrics::new(&mut r));

@@ -25,7 +25,7 @@ pub struct NodeStatus {
     /// Whether at least one reserved router accepted our current records.
     pub records_accepted: bool,
     /// Ready: admitted with an active reservation on ≥ 1 router and, when
-    /// exposing, records accepted (DESIGN §9).
+    /// exposing, records accepted (docs/architecture.md, "Readiness").
     pub ready: bool,
     /// Shutdown has begun.
     pub stopping: bool,

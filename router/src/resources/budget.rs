@@ -16,7 +16,7 @@ pub(crate) const CONTROL_STREAM_CHARGE_BYTES: u64 = protocols::MAX_FRAME_BYTES a
 /// come, so it holds the stream's state and small buffers only. Every
 /// connection keeps two (one each way) for its whole life, so charging them
 /// a maximal frame would dwarf the connection itself. Measured together
-/// with the connection (`tests/connection_charge.rs`).
+/// with the connection (`tests/all/connection_charge.rs`).
 pub(crate) const PING_STREAM_CHARGE_BYTES: u64 = 4 * 1024;
 /// The least memory one peer's inbound streams may hold whatever the
 /// per-peer share of a small budget comes to: four data streams, so every

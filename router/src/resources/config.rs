@@ -10,7 +10,7 @@ pub const DEFAULT_MEMORY_DEFAULT_LIMIT_BYTES: u64 = 1 << 30;
 /// Share of the memory limit the charged buffers may use, percent.
 pub const DEFAULT_MEMORY_BUDGET_PERCENT: u8 = 75;
 /// Charge of one connection, bytes: the measured base of an idle one.
-/// `tests/connection_charge.rs` measures ≈ 49 KiB (50,503 bytes) of router
+/// `tests/all/connection_charge.rs` measures ≈ 49 KiB (50,503 bytes) of router
 /// RSS per idle connection with identify exchanged and its two ping streams
 /// open (real binary, jemalloc, 200 connections); the ladder measured
 /// 50–64 KiB per attached member (admission, reservation and catalog state

@@ -1,5 +1,5 @@
 //! The node's `/metrics` carries libp2p's own metrics (libp2p-metrics, one
-//! registry with ours; DESIGN "Observability"): a real control plane, a real
+//! registry with ours): a real control plane, a real
 //! router and a real node on loopback, scraped over HTTP as Prometheus would.
 
 use super::support;
