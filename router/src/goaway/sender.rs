@@ -12,7 +12,7 @@ use futures::{AsyncWriteExt as _, StreamExt as _};
 use libp2p::{PeerId, StreamProtocol};
 
 use super::{GoAways, Reason};
-use crate::frames;
+use agentmesh_wire::frame::{self as frames, FrameError};
 
 /// How one go-away ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +64,7 @@ pub(crate) async fn send_one(
                 let _ = stream.close().await;
                 Outcome::Acked
             }
-            Err(frames::WireError::Timeout(_)) => Outcome::Timeout,
+            Err(FrameError::Timeout(_)) => Outcome::Timeout,
             Err(e) => {
                 tracing::debug!(%peer, error = %e, "go-away not acknowledged");
                 Outcome::Error
