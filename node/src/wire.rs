@@ -102,7 +102,7 @@ async fn open(
                 peer,
                 detail,
             },
-            OpenError::Refused(detail) => WireError::Open {
+            OpenError::Unsupported(detail) | OpenError::Refused(detail) => WireError::Open {
                 protocol,
                 peer,
                 detail,

@@ -7,6 +7,7 @@
 //!   deadline, and the pure decoder under it.
 //! - [`open`]: opening a stream of one protocol to a peer.
 //! - [`auth`] speaks `/agentmesh/auth/1`.
+//! - [`goaway`] speaks `/agentmesh/goaway/1`.
 //!
 //! Policy (who may do what, admissions, counters) stays with the programs:
 //! this crate only moves and checks frames. Every decoder is a pure function
@@ -14,6 +15,7 @@
 
 pub mod auth;
 pub mod frame;
+pub mod goaway;
 pub mod open;
 
 /// What callers of any protocol's client half ask of its error.

@@ -6,7 +6,10 @@ use libp2p::{PeerId, Stream, StreamProtocol};
 /// Why a stream could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    /// The peer does not speak the protocol, or too many opens wait.
+    /// The peer does not speak the protocol.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Too many opens wait for a dial to the peer.
     #[error("{0}")]
     Refused(String),
     /// The connection under the stream failed (closed, reset, not
@@ -26,6 +29,7 @@ pub async fn open(
         .await
         .map_err(|e| match e {
             OpenStreamError::Io(e) => OpenError::Connection(e.to_string()),
+            e @ OpenStreamError::UnsupportedProtocol(_) => OpenError::Unsupported(e.to_string()),
             other => OpenError::Refused(other.to_string()),
         })
 }
