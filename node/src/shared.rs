@@ -88,7 +88,7 @@ pub(crate) enum TransitError {
     Connect(String),
     /// The auth exchange failed.
     #[error(transparent)]
-    Wire(#[from] crate::wire::WireError),
+    Wire(#[from] agentmesh_wire::auth::AuthError),
     /// The router answered, and not with an admission.
     #[error("router {router} refused transit: {outcome}")]
     Refused {

@@ -6,14 +6,13 @@ use std::time::Duration;
 
 use agentmesh_proto::framing::{FrameError, read_frame, write_frame};
 use agentmesh_proto::pb::credential::Credential;
-use agentmesh_proto::pb::mesh::{
-    AuthRefusal, AuthRequest, AuthResponse, CallRequest, CallResponse, CatalogRequest,
-    CatalogResponse, GoAway, Purpose, auth_response,
-};
-use agentmesh_proto::protocols::{AUTH, CALL, CATALOG, MAX_CATALOG_FRAME_BYTES, MAX_FRAME_BYTES};
+use agentmesh_proto::pb::mesh::{CallRequest, CallResponse, CatalogRequest, CatalogResponse};
+use agentmesh_proto::protocols::{CALL, CATALOG, MAX_CATALOG_FRAME_BYTES, MAX_FRAME_BYTES};
 use agentmesh_streams::Control;
+use agentmesh_wire::ExchangeFailure;
+use agentmesh_wire::open::OpenError;
 use futures::AsyncWriteExt as _;
-use libp2p::{PeerId, Stream, StreamProtocol};
+use libp2p::{PeerId, Stream};
 
 /// Why an exchange failed (not a refusal: those are answers).
 #[derive(Debug, thiserror::Error)]
@@ -71,12 +70,14 @@ pub enum WireError {
     },
 }
 
-impl WireError {
-    /// Whether the connection (or the stream on it) failed rather than the
-    /// peer answering: closed, reset or other I/O before an answer. Such a
-    /// failure says nothing about the peer's will; a retry on a fresh
-    /// connection or route may succeed.
-    pub fn is_connection_failure(&self) -> bool {
+impl ExchangeFailure for WireError {
+    fn is_timeout(&self) -> bool {
+        matches!(self, Self::Timeout { .. })
+    }
+
+    /// Closed, reset or other I/O before an answer: says nothing about the
+    /// peer's will.
+    fn is_connection_failure(&self) -> bool {
         matches!(
             self,
             Self::Connection { .. }
@@ -88,35 +89,23 @@ impl WireError {
     }
 }
 
-/// A router's answer to an auth request.
-#[derive(Debug, Clone, PartialEq)]
-pub enum AuthOutcome {
-    /// Admitted until this instant (Unix seconds).
-    Admitted(i64),
-    /// Refused, with the reason and detail.
-    Refused(AuthRefusal, String),
-    /// Go elsewhere.
-    GoAway(GoAway),
-}
-
 async fn open(
     control: &mut Control,
     peer: PeerId,
     protocol: &'static str,
 ) -> Result<Stream, WireError> {
-    control
-        .open_stream(peer, StreamProtocol::new(protocol))
+    agentmesh_wire::open::open(control, peer, protocol)
         .await
         .map_err(|e| match e {
-            agentmesh_streams::OpenStreamError::Io(e) => WireError::Connection {
+            OpenError::Connection(detail) => WireError::Connection {
                 protocol,
                 peer,
-                detail: e.to_string(),
+                detail,
             },
-            other => WireError::Open {
+            OpenError::Unsupported(detail) | OpenError::Refused(detail) => WireError::Open {
                 protocol,
                 peer,
-                detail: other.to_string(),
+                detail,
             },
         })
 }
@@ -142,48 +131,6 @@ fn frame_err(protocol: &'static str, peer: PeerId) -> impl FnOnce(FrameError) ->
         peer,
         source,
     }
-}
-
-/// Runs `/agentmesh/auth/1` with `router`.
-pub async fn auth(
-    mut control: Control,
-    router: PeerId,
-    credential: Credential,
-    purpose: Purpose,
-    attached: Vec<PeerId>,
-    deadline: Duration,
-) -> Result<AuthOutcome, WireError> {
-    with_deadline(deadline, AUTH, router, async move {
-        let mut s = open(&mut control, router, AUTH).await?;
-        let req = AuthRequest {
-            credential: Some(credential),
-            purpose: purpose as i32,
-            attached_routers: attached.iter().map(|p| p.to_bytes()).collect(),
-        };
-        write_frame(&mut s, &req)
-            .await
-            .map_err(frame_err(AUTH, router))?;
-        let resp: AuthResponse = read_frame(&mut s, MAX_FRAME_BYTES)
-            .await
-            .map_err(frame_err(AUTH, router))?;
-        let _ = s.close().await;
-        match resp.result {
-            Some(auth_response::Result::Admitted(a)) => {
-                Ok(AuthOutcome::Admitted(a.until_unix_secs))
-            }
-            Some(auth_response::Result::Refused(r)) => Ok(AuthOutcome::Refused(
-                AuthRefusal::try_from(r.reason).unwrap_or(AuthRefusal::Unspecified),
-                r.detail,
-            )),
-            Some(auth_response::Result::GoAway(g)) => Ok(AuthOutcome::GoAway(g)),
-            None => Err(WireError::Unexpected {
-                protocol: AUTH,
-                peer: router,
-                what: "empty auth response",
-            }),
-        }
-    })
-    .await
 }
 
 /// Runs one `/agentmesh/catalog/1` exchange with `router`.

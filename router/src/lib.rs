@@ -16,7 +16,6 @@ pub mod config;
 mod cp;
 mod directory;
 mod drain;
-mod frames;
 mod goaway;
 mod http;
 pub mod identity;
@@ -51,7 +50,6 @@ use tokio_util::sync::CancellationToken;
 
 pub use catalog::service_key;
 pub use config::Config;
-pub use frames::WireError;
 pub use identity::IdentityError;
 pub use protocols::KAD_PROTOCOL;
 pub use relay_capacity::capacity_layer as relay_capacity_layer;

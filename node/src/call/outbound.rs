@@ -47,7 +47,9 @@ use super::{CallError, CallRoute, CallStream};
 use crate::core::router_base;
 use crate::metrics::DirectionLabel;
 use crate::shared::{Command, Shared, TransitError, Unanswered};
-use crate::wire::{self, WireError};
+use agentmesh_wire::ExchangeFailure;
+
+use crate::wire;
 
 /// Most provider records asked for in one lookup.
 const LOOKUP_LIMIT: u32 = 32;
@@ -108,10 +110,10 @@ struct AttemptError {
 
 impl AttemptError {
     /// A failure on the wire: a route failure through `via` when the
-    /// connection or stream failed (see [`WireError::is_connection_failure`])
+    /// connection or stream failed (see [`ExchangeFailure::is_connection_failure`])
     /// or no answer came (a circuit that died without a reset).
-    fn wire(e: WireError, reason: &'static str, via: PeerId) -> Self {
-        let timed_out = matches!(e, WireError::Timeout { .. });
+    fn wire(e: impl ExchangeFailure, reason: &'static str, via: PeerId) -> Self {
+        let timed_out = e.is_timeout();
         Self {
             timed_out,
             route: (timed_out || e.is_connection_failure()).then_some(RouteFailure { reason, via }),

@@ -20,10 +20,8 @@
 
 use std::time::Duration;
 
-use agentmesh_proto::framing::{read_frame, write_frame};
-use agentmesh_proto::pb::mesh::{Alternative, GoAway, GoAwayAck, GoAwayReason};
-use agentmesh_proto::protocols::MAX_FRAME_BYTES;
-use futures::AsyncWriteExt as _;
+use agentmesh_proto::pb::mesh::{Alternative, GoAway, GoAwayReason};
+use agentmesh_wire::goaway::{self, GoAwayError};
 use libp2p::{Multiaddr, PeerId, Stream};
 
 use super::slot::Slot;
@@ -165,19 +163,12 @@ impl Core {
         }
         let deadline = self.shared.config.call_timeout();
         self.ops.push(Box::pin(async move {
-            let exchange = async {
-                let g: GoAway = read_frame(&mut stream, MAX_FRAME_BYTES)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                write_frame(&mut stream, &GoAwayAck {})
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let _ = stream.close().await;
-                Ok(g)
-            };
-            let result = tokio::time::timeout(deadline, exchange)
+            let result = goaway::receive(&mut stream, deadline)
                 .await
-                .unwrap_or_else(|_| Err("go-away not received in time".to_string()));
+                .map_err(|e| match e {
+                    GoAwayError::Timeout(_) => "go-away not received in time".to_string(),
+                    e => e.to_string(),
+                });
             Op::GoAway {
                 router: peer,
                 result,

@@ -47,7 +47,9 @@ use tokio::time::Instant;
 
 use crate::shared::{Command, Routes, Shared};
 use crate::transport::{Behaviour, BehaviourEvent};
-use crate::wire::{AuthOutcome, WireError};
+use agentmesh_wire::auth::{AuthError, AuthOutcome};
+
+use crate::wire::WireError;
 pub(crate) use routers::router_base;
 use slot::Slot;
 
@@ -62,7 +64,7 @@ pub(crate) enum Op {
     Auth {
         router: PeerId,
         initial: bool,
-        result: Result<AuthOutcome, WireError>,
+        result: Result<AuthOutcome, AuthError>,
     },
     Publish {
         router: PeerId,
@@ -87,7 +89,7 @@ pub(crate) enum Op {
     /// A transit request's auth exchange ended.
     TransitAuth {
         router: PeerId,
-        result: Result<AuthOutcome, WireError>,
+        result: Result<AuthOutcome, AuthError>,
         reply: transit::Reply,
     },
 }

@@ -14,7 +14,8 @@ use tokio::time::Instant;
 use super::slot::{Lost, Phase, Slot};
 use super::{Core, Op, jittered};
 use crate::status::NodeStatus;
-use crate::wire::{self, AuthOutcome, WireError};
+use agentmesh_wire::ExchangeFailure as _;
+use agentmesh_wire::auth::{self, AuthError, AuthOutcome};
 
 /// Doublings of a shun for a router failing again and again (2^4 = ×16).
 const MAX_SHUN_FAILURES: u32 = 4;
@@ -219,12 +220,11 @@ impl Core {
             .filter(|p| *p != router)
             .collect();
         self.ops.push(Box::pin(async move {
-            let result = wire::auth(
+            let req = auth::request_for(shared.credential(), Purpose::Attach, &attached);
+            let result = auth::request(
                 shared.control.clone(),
                 router,
-                shared.credential(),
-                Purpose::Attach,
-                attached,
+                req,
                 shared.config.call_timeout(),
             )
             .await;
@@ -240,7 +240,7 @@ impl Core {
         &mut self,
         router: PeerId,
         initial: bool,
-        result: Result<AuthOutcome, WireError>,
+        result: Result<AuthOutcome, AuthError>,
     ) {
         let m = &self.shared.metrics;
         let label = match &result {
@@ -295,7 +295,7 @@ impl Core {
                 // and a fresh one is being made).
             }
             Err(e) => {
-                let conn_failed = e.is_connection_failure() || matches!(e, WireError::Open { .. });
+                let conn_failed = e.is_connection_failure() || matches!(e, AuthError::Open { .. });
                 if initial && conn_failed {
                     // The connection (or the stream, refused by a router
                     // short of auth streams) failed, not the router's

@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 use super::{Core, Op};
 use crate::shared::TransitError;
-use crate::wire::{self, AuthOutcome, WireError};
+use agentmesh_wire::auth::{self, AuthError, AuthOutcome};
 
 /// A reply to a transit request.
 pub(crate) type Reply = oneshot::Sender<Result<(), TransitError>>;
@@ -112,15 +112,8 @@ impl Core {
         let shared = self.shared.clone();
         let attached = self.reserved_peers();
         self.ops.push(Box::pin(async move {
-            let result = wire::auth(
-                shared.control.clone(),
-                router,
-                shared.credential(),
-                Purpose::Transit,
-                attached,
-                auth_limit,
-            )
-            .await;
+            let req = auth::request_for(shared.credential(), Purpose::Transit, &attached);
+            let result = auth::request(shared.control.clone(), router, req, auth_limit).await;
             Op::TransitAuth {
                 router,
                 result,
@@ -132,7 +125,7 @@ impl Core {
     pub(super) fn on_transit_auth(
         &mut self,
         router: PeerId,
-        result: Result<AuthOutcome, WireError>,
+        result: Result<AuthOutcome, AuthError>,
         reply: Reply,
     ) {
         let answer = match result {

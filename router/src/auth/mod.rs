@@ -2,13 +2,12 @@
 //! verifies it offline and admits or refuses with a reason.
 //!
 //! - [`decide`]: pure policy (credential check, role per purpose).
-//! - `wire`: the frames.
+//! - the frames and the client live in `agentmesh_wire::auth`.
 //! - `server`: the inbound accept loop and one bounded task per stream.
 //! - `outbound`: this router authenticating to another router.
 
 pub(crate) mod outbound;
 pub(crate) mod server;
-pub(crate) mod wire;
 
 use agentmesh_proto::credential::{CredentialError, Trust, verify};
 use agentmesh_proto::pb::credential::Role;

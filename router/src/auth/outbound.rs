@@ -2,14 +2,12 @@
 
 use std::time::Duration;
 
-use agentmesh_proto::pb::mesh::{AuthRefusal, AuthRequest, Purpose, auth_response};
-use agentmesh_streams::{Control, OpenStreamError};
-use futures::AsyncWriteExt;
-use libp2p::{PeerId, StreamProtocol};
+use agentmesh_proto::pb::mesh::{AuthRefusal, AuthRequest, Purpose};
+use agentmesh_streams::Control;
+use agentmesh_wire::auth::{self, AuthError, AuthOutcome};
+use libp2p::PeerId;
 
-use super::wire;
 use crate::cp::Link;
-use crate::frames::WireError;
 
 /// Why authenticating to another router failed.
 #[derive(Debug, thiserror::Error)]
@@ -17,22 +15,9 @@ pub(crate) enum OutboundAuthError {
     /// This router has no credential yet.
     #[error("no credential yet")]
     NoCredential,
-    /// The auth stream could not be opened.
-    #[error("opening auth stream to {peer}: {source}")]
-    Open {
-        /// The other router.
-        peer: PeerId,
-        /// The cause.
-        source: OpenStreamError,
-    },
-    /// The exchange failed.
-    #[error("auth exchange with {peer}: {source}")]
-    Wire {
-        /// The other router.
-        peer: PeerId,
-        /// The cause.
-        source: WireError,
-    },
+    /// The stream could not be opened, or the exchange failed.
+    #[error(transparent)]
+    Exchange(#[from] AuthError),
     /// The other router refused.
     #[error("refused by {peer}: {reason:?} ({detail})")]
     Refused {
@@ -43,7 +28,7 @@ pub(crate) enum OutboundAuthError {
         /// Its detail.
         detail: String,
     },
-    /// The answer was neither admitted nor refused.
+    /// The answer was a go-away, not an admission or a refusal.
     #[error("unexpected auth answer from {peer}")]
     Unexpected {
         /// The other router.
@@ -64,34 +49,18 @@ pub(crate) async fn authenticate(
         .read()
         .clone()
         .ok_or(OutboundAuthError::NoCredential)?;
-    let protocol = StreamProtocol::new(agentmesh_proto::protocols::AUTH);
-    let mut stream = match tokio::time::timeout(deadline, control.open_stream(peer, protocol)).await
-    {
-        Ok(Ok(s)) => s,
-        Ok(Err(source)) => return Err(OutboundAuthError::Open { peer, source }),
-        Err(_) => {
-            return Err(OutboundAuthError::Wire {
-                peer,
-                source: WireError::Timeout(deadline),
-            });
-        }
-    };
     let req = AuthRequest {
         credential: Some(credential),
         purpose: Purpose::Router as i32,
         attached_routers: Vec::new(),
     };
-    let resp = wire::exchange(&mut stream, &req, deadline)
-        .await
-        .map_err(|source| OutboundAuthError::Wire { peer, source })?;
-    let _ = tokio::time::timeout(deadline, stream.close()).await;
-    match resp.result {
-        Some(auth_response::Result::Admitted(a)) => Ok(a.until_unix_secs),
-        Some(auth_response::Result::Refused(r)) => Err(OutboundAuthError::Refused {
+    match auth::request(control.clone(), peer, req, deadline).await? {
+        AuthOutcome::Admitted(until) => Ok(until),
+        AuthOutcome::Refused(reason, detail) => Err(OutboundAuthError::Refused {
             peer,
-            reason: AuthRefusal::try_from(r.reason).unwrap_or(AuthRefusal::Unspecified),
-            detail: r.detail,
+            reason,
+            detail,
         }),
-        _ => Err(OutboundAuthError::Unexpected { peer }),
+        AuthOutcome::GoAway(_) => Err(OutboundAuthError::Unexpected { peer }),
     }
 }

@@ -10,7 +10,9 @@ use futures::AsyncWriteExt;
 use libp2p::{PeerId, Stream};
 use tokio::sync::watch;
 
-use super::{Refusal, decide, purpose_of, wire};
+use agentmesh_wire::auth as wire;
+
+use super::{Refusal, decide, purpose_of};
 use crate::admission::gate::{self, Conditions, NotAdmitted};
 use crate::admission::{Admissions, Purpose};
 use crate::config::{Config, Sizing};
@@ -52,7 +54,7 @@ pub(crate) async fn serve(ctx: AuthServer, peer: PeerId, mut stream: Stream) {
                     label: "malformed",
                     detail: e.to_string(),
                 };
-                let _ = wire::write_refused(&mut stream, &refusal, t).await;
+                let _ = wire::write_refused(&mut stream, refusal.reason, refusal.detail, t).await;
             }
             return;
         }
@@ -106,7 +108,7 @@ pub(crate) async fn serve(ctx: AuthServer, peer: PeerId, mut stream: Stream) {
             ctx.metrics.auth_result(label_purpose, refusal.label);
             ctx.resources.failed_login(&peer, refusal.label);
             tracing::info!(%peer, reason = refusal.label, detail = %refusal.detail, "auth refused");
-            wire::write_refused(&mut stream, &refusal, t).await
+            wire::write_refused(&mut stream, refusal.reason, refusal.detail, t).await
         }
     };
     if let Err(e) = written {

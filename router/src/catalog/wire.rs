@@ -9,7 +9,7 @@ use agentmesh_proto::pb::mesh::{
 use agentmesh_proto::protocols::{MAX_CATALOG_FRAME_BYTES, MAX_FRAME_BYTES};
 use futures::{AsyncRead, AsyncWrite};
 
-use crate::frames::{self, WireError};
+use agentmesh_wire::frame::{self as frames, FrameError as WireError};
 
 /// Reads a request (≤ 64 KiB) within `deadline`.
 pub(crate) async fn read_request<S: AsyncRead + Unpin>(

@@ -5,14 +5,15 @@
 
 use std::time::Duration;
 
-use agentmesh_proto::pb::mesh::{GoAway, GoAwayAck};
-use agentmesh_proto::protocols::{GOAWAY, MAX_FRAME_BYTES};
-use agentmesh_streams::{Control, OpenStreamError};
-use futures::{AsyncWriteExt as _, StreamExt as _};
-use libp2p::{PeerId, StreamProtocol};
+use agentmesh_proto::pb::mesh::GoAway;
+use agentmesh_streams::Control;
+use agentmesh_wire::ExchangeFailure as _;
+use agentmesh_wire::goaway::{self, GoAwayError};
+use agentmesh_wire::open::OpenError;
+use futures::StreamExt as _;
+use libp2p::PeerId;
 
 use super::{GoAways, Reason};
-use crate::frames;
 
 /// How one go-away ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,39 +42,20 @@ impl Outcome {
 
 /// Sends `msg` to one member and waits for its ack, within `deadline`.
 pub(crate) async fn send_one(
-    mut control: Control,
+    control: Control,
     peer: PeerId,
     msg: &GoAway,
     deadline: Duration,
 ) -> Outcome {
-    let exchange = async {
-        let mut stream = match control.open_stream(peer, StreamProtocol::new(GOAWAY)).await {
-            Ok(s) => s,
-            Err(OpenStreamError::UnsupportedProtocol(_)) => return Outcome::Unsupported,
-            Err(e) => {
-                tracing::debug!(%peer, error = %e, "go-away stream not opened");
-                return Outcome::Error;
-            }
-        };
-        if let Err(e) = frames::write(&mut stream, msg, deadline).await {
-            tracing::debug!(%peer, error = %e, "go-away not written");
-            return Outcome::Error;
+    match goaway::send(control, peer, msg, deadline).await {
+        Ok(()) => Outcome::Acked,
+        Err(GoAwayError::Open(OpenError::Unsupported(_))) => Outcome::Unsupported,
+        Err(e) if e.is_timeout() => Outcome::Timeout,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "go-away not delivered");
+            Outcome::Error
         }
-        match frames::read::<GoAwayAck, _>(&mut stream, MAX_FRAME_BYTES, deadline).await {
-            Ok(_) => {
-                let _ = stream.close().await;
-                Outcome::Acked
-            }
-            Err(frames::WireError::Timeout(_)) => Outcome::Timeout,
-            Err(e) => {
-                tracing::debug!(%peer, error = %e, "go-away not acknowledged");
-                Outcome::Error
-            }
-        }
-    };
-    tokio::time::timeout(deadline, exchange)
-        .await
-        .unwrap_or(Outcome::Timeout)
+    }
 }
 
 /// Sends go-away `reason` to every peer in `peers`, at most

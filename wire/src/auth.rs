@@ -1,0 +1,267 @@
+//! `/agentmesh/auth/1`: the client shows its credential and purpose in one
+//! `AuthRequest`; the router answers with one `AuthResponse` (admitted until
+//! an instant, refused with a reason, or a go-away).
+//!
+//! - client: [`request`] (a node attaching or asking for transit, a router
+//!   authenticating to another router);
+//! - server: [`read_request`], then one of [`write_admitted`],
+//!   [`write_refused`], [`write_go_away`];
+//! - pure decoders: [`decode_request`], [`decode_response`], [`outcome`].
+
+use std::time::Duration;
+
+use agentmesh_proto::pb::credential::Credential;
+use agentmesh_proto::pb::mesh::{
+    Admitted, AuthRefusal, AuthRequest, AuthResponse, GoAway, Purpose, Refused, auth_response,
+};
+use agentmesh_proto::protocols::{AUTH, MAX_FRAME_BYTES};
+use agentmesh_streams::Control;
+use futures::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
+use libp2p::PeerId;
+
+use crate::ExchangeFailure;
+use crate::frame::{self, FrameError};
+use crate::open::{OpenError, open};
+
+/// A router's answer to an auth request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AuthOutcome {
+    /// Admitted until this instant (Unix seconds).
+    Admitted(i64),
+    /// Refused, with the reason and detail.
+    Refused(AuthRefusal, String),
+    /// Go elsewhere.
+    GoAway(GoAway),
+}
+
+/// Why an auth exchange failed (not a refusal: those are answers).
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// The stream could not be opened.
+    #[error("cannot open {AUTH} to {peer}: {source}")]
+    Open {
+        /// The router.
+        peer: PeerId,
+        /// What went wrong.
+        source: OpenError,
+    },
+    /// Reading or writing a frame failed.
+    #[error("{AUTH} with {peer}: {source}")]
+    Frame {
+        /// The router.
+        peer: PeerId,
+        /// The framing error.
+        source: FrameError,
+    },
+    /// The deadline passed.
+    #[error("{AUTH} with {peer}: no answer within {after:?}")]
+    Timeout {
+        /// The router.
+        peer: PeerId,
+        /// The deadline.
+        after: Duration,
+    },
+    /// The answer was well-formed but names no result.
+    #[error("{AUTH} with {peer}: empty auth response")]
+    Empty {
+        /// The router.
+        peer: PeerId,
+    },
+}
+
+impl ExchangeFailure for AuthError {
+    fn is_timeout(&self) -> bool {
+        matches!(self, Self::Timeout { .. })
+    }
+
+    fn is_connection_failure(&self) -> bool {
+        matches!(
+            self,
+            Self::Open {
+                source: OpenError::Connection(_),
+                ..
+            } | Self::Frame {
+                source: FrameError::Io(_),
+                ..
+            }
+        )
+    }
+}
+
+/// The request a member sends: its credential, its purpose and (for
+/// attach and transit) the routers it is attached to.
+pub fn request_for(credential: Credential, purpose: Purpose, attached: &[PeerId]) -> AuthRequest {
+    AuthRequest {
+        credential: Some(credential),
+        purpose: purpose as i32,
+        attached_routers: attached.iter().map(|p| p.to_bytes()).collect(),
+    }
+}
+
+/// The outcome an answer carries; `None` when it names no result.
+pub fn outcome(resp: AuthResponse) -> Option<AuthOutcome> {
+    Some(match resp.result? {
+        auth_response::Result::Admitted(a) => AuthOutcome::Admitted(a.until_unix_secs),
+        auth_response::Result::Refused(r) => AuthOutcome::Refused(
+            AuthRefusal::try_from(r.reason).unwrap_or(AuthRefusal::Unspecified),
+            r.detail,
+        ),
+        auth_response::Result::GoAway(g) => AuthOutcome::GoAway(g),
+    })
+}
+
+/// Decodes one whole request frame.
+pub fn decode_request(bytes: &[u8]) -> Result<AuthRequest, FrameError> {
+    frame::decode(bytes, MAX_FRAME_BYTES)
+}
+
+/// Decodes one whole answer frame; `Ok(None)` when it names no result.
+pub fn decode_response(bytes: &[u8]) -> Result<Option<AuthOutcome>, FrameError> {
+    frame::decode(bytes, MAX_FRAME_BYTES).map(outcome)
+}
+
+/// Client: opens `/agentmesh/auth/1` to `router`, sends `request` and reads
+/// the answer, all within `deadline`.
+pub async fn request(
+    mut control: Control,
+    router: PeerId,
+    request: AuthRequest,
+    deadline: Duration,
+) -> Result<AuthOutcome, AuthError> {
+    let exchange = async move {
+        let mut s = open(&mut control, router, AUTH)
+            .await
+            .map_err(|source| AuthError::Open {
+                peer: router,
+                source,
+            })?;
+        let frame_err = |source| AuthError::Frame {
+            peer: router,
+            source,
+        };
+        // The outer deadline bounds both frames; each gets the whole budget.
+        frame::write(&mut s, &request, deadline)
+            .await
+            .map_err(frame_err)?;
+        let resp: AuthResponse = frame::read(&mut s, MAX_FRAME_BYTES, deadline)
+            .await
+            .map_err(frame_err)?;
+        let _ = s.close().await;
+        outcome(resp).ok_or(AuthError::Empty { peer: router })
+    };
+    tokio::time::timeout(deadline, exchange)
+        .await
+        .map_err(|_| AuthError::Timeout {
+            peer: router,
+            after: deadline,
+        })?
+}
+
+/// Server: reads the request (≤ 64 KiB) within `deadline`.
+pub async fn read_request<S: AsyncRead + Unpin>(
+    s: &mut S,
+    deadline: Duration,
+) -> Result<AuthRequest, FrameError> {
+    frame::read(s, MAX_FRAME_BYTES, deadline).await
+}
+
+/// Server: answers "admitted until `until`" (Unix seconds).
+pub async fn write_admitted<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    until: i64,
+    deadline: Duration,
+) -> Result<(), FrameError> {
+    let result = auth_response::Result::Admitted(Admitted {
+        until_unix_secs: until,
+    });
+    write_result(s, result, deadline).await
+}
+
+/// Server: answers with a refusal, its reason and a detail.
+pub async fn write_refused<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    reason: AuthRefusal,
+    detail: String,
+    deadline: Duration,
+) -> Result<(), FrameError> {
+    let result = auth_response::Result::Refused(Refused {
+        reason: reason as i32,
+        detail,
+    });
+    write_result(s, result, deadline).await
+}
+
+/// Server: answers with a go-away instead of an admission.
+pub async fn write_go_away<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    go_away: GoAway,
+    deadline: Duration,
+) -> Result<(), FrameError> {
+    write_result(s, auth_response::Result::GoAway(go_away), deadline).await
+}
+
+async fn write_result<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    result: auth_response::Result,
+    deadline: Duration,
+) -> Result<(), FrameError> {
+    let resp = AuthResponse {
+        result: Some(result),
+    };
+    frame::write(s, &resp, deadline).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::io::Cursor;
+    use proptest::prelude::*;
+
+    const T: Duration = Duration::from_secs(1);
+
+    #[tokio::test]
+    async fn each_server_answer_decodes_to_its_outcome() {
+        let mut cur = Cursor::new(Vec::new());
+        write_admitted(&mut cur, 42, T).await.expect("write");
+        let bytes = std::mem::take(cur.get_mut());
+        assert_eq!(
+            decode_response(&bytes).expect("decode"),
+            Some(AuthOutcome::Admitted(42))
+        );
+        let mut cur = Cursor::new(Vec::new());
+        write_refused(&mut cur, AuthRefusal::Expired, "old".into(), T)
+            .await
+            .expect("write");
+        assert_eq!(
+            decode_response(cur.get_ref()).expect("decode"),
+            Some(AuthOutcome::Refused(AuthRefusal::Expired, "old".into()))
+        );
+        let empty = frame::encode(&AuthResponse { result: None });
+        assert_eq!(decode_response(&empty).expect("decode"), None);
+    }
+
+    #[test]
+    fn an_unknown_refusal_reason_reads_as_unspecified() {
+        let resp = AuthResponse {
+            result: Some(auth_response::Result::Refused(Refused {
+                reason: 9999,
+                detail: String::new(),
+            })),
+        };
+        assert_eq!(
+            outcome(resp),
+            Some(AuthOutcome::Refused(
+                AuthRefusal::Unspecified,
+                String::new()
+            ))
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode_request(&bytes);
+            let _ = decode_response(&bytes);
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! One length-prefixed protobuf frame (unsigned-varint length, then the
+//! message) with a size cap, read or written within a deadline. A frame over
+//! the cap or that does not decode is an error for that stream only.
+
+use std::time::Duration;
+
+use agentmesh_proto::framing::{self, read_frame, write_frame};
+use futures::{AsyncRead, AsyncWrite};
+use prost::Message;
+
+/// Why a frame could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The peer did not send or accept the frame in time.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// The stream failed or closed early.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The length prefix was not a valid varint.
+    #[error("bad length prefix")]
+    BadLength,
+    /// The frame is larger than allowed.
+    #[error("frame of {len} bytes exceeds the {max}-byte cap")]
+    TooLarge {
+        /// Announced length.
+        len: usize,
+        /// Cap in force.
+        max: usize,
+    },
+    /// The bytes are not the expected message.
+    #[error("malformed frame: {0}")]
+    Decode(#[from] prost::DecodeError),
+    /// Bytes follow the frame, or the frame ends before its announced length.
+    #[error("frame of {announced} bytes carries {actual}")]
+    LengthMismatch {
+        /// Length the prefix announced.
+        announced: usize,
+        /// Bytes present after the prefix.
+        actual: usize,
+    },
+}
+
+impl FrameError {
+    /// Whether the peer sent bytes that are not the expected message.
+    pub fn is_malformed(&self) -> bool {
+        matches!(
+            self,
+            Self::Decode(_) | Self::TooLarge { .. } | Self::BadLength | Self::LengthMismatch { .. }
+        )
+    }
+}
+
+impl From<framing::FrameError> for FrameError {
+    fn from(e: framing::FrameError) -> Self {
+        match e {
+            framing::FrameError::Io(e) => Self::Io(e),
+            framing::FrameError::BadLength => Self::BadLength,
+            framing::FrameError::TooLarge { len, max } => Self::TooLarge { len, max },
+            framing::FrameError::Decode(e) => Self::Decode(e),
+        }
+    }
+}
+
+/// Decodes one whole frame (prefix and body, nothing after) of at most
+/// `max` body bytes. Pure: the same check the stream reader makes.
+pub fn decode<M: Message + Default>(bytes: &[u8], max: usize) -> Result<M, FrameError> {
+    let (len, body) = unsigned_varint::decode::usize(bytes).map_err(|_| FrameError::BadLength)?;
+    if len > max {
+        return Err(FrameError::TooLarge { len, max });
+    }
+    if body.len() != len {
+        return Err(FrameError::LengthMismatch {
+            announced: len,
+            actual: body.len(),
+        });
+    }
+    Ok(M::decode(body)?)
+}
+
+/// Encodes `msg` as one frame (the inverse of [`decode`]).
+pub fn encode<M: Message>(msg: &M) -> Vec<u8> {
+    let body = msg.encode_to_vec();
+    let mut prefix = unsigned_varint::encode::usize_buffer();
+    let prefix = unsigned_varint::encode::usize(body.len(), &mut prefix);
+    let mut out = Vec::with_capacity(prefix.len() + body.len());
+    out.extend_from_slice(prefix);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Reads one frame of at most `max` bytes within `deadline`.
+pub async fn read<M, S>(s: &mut S, max: usize, deadline: Duration) -> Result<M, FrameError>
+where
+    M: Message + Default,
+    S: AsyncRead + Unpin,
+{
+    tokio::time::timeout(deadline, read_frame(s, max))
+        .await
+        .map_err(|_| FrameError::Timeout(deadline))?
+        .map_err(FrameError::from)
+}
+
+/// Writes one frame (and flushes) within `deadline`.
+pub async fn write<M, S>(s: &mut S, msg: &M, deadline: Duration) -> Result<(), FrameError>
+where
+    M: Message,
+    S: AsyncWrite + Unpin,
+{
+    tokio::time::timeout(deadline, write_frame(s, msg))
+        .await
+        .map_err(|_| FrameError::Timeout(deadline))?
+        .map_err(FrameError::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use agentmesh_proto::pb::mesh::{AuthRequest, Purpose};
+    use futures::io::Cursor;
+    use proptest::prelude::*;
+
+    fn sample() -> AuthRequest {
+        AuthRequest {
+            credential: None,
+            purpose: Purpose::Attach as i32,
+            attached_routers: vec![vec![1, 2, 3]],
+        }
+    }
+
+    #[tokio::test]
+    async fn stream_and_pure_decoder_agree() {
+        let mut cur = Cursor::new(Vec::new());
+        write(&mut cur, &sample(), Duration::from_secs(1))
+            .await
+            .expect("write");
+        let bytes = cur.get_ref().clone();
+        assert_eq!(bytes, encode(&sample()));
+        assert_eq!(
+            decode::<AuthRequest>(&bytes, 1024).expect("decode"),
+            sample()
+        );
+        cur.set_position(0);
+        let got: AuthRequest = read(&mut cur, 1024, Duration::from_secs(1))
+            .await
+            .expect("read");
+        assert_eq!(got, sample());
+    }
+
+    #[test]
+    fn oversized_and_truncated_frames_are_refused() {
+        let bytes = encode(&sample());
+        let err = decode::<AuthRequest>(&bytes, 2).expect_err("over the cap");
+        assert!(matches!(err, FrameError::TooLarge { max: 2, .. }), "{err}");
+        assert!(err.is_malformed());
+        let err = decode::<AuthRequest>(&bytes[..bytes.len() - 1], 1024).expect_err("short");
+        assert!(matches!(err, FrameError::LengthMismatch { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_silent_peer_times_out() {
+        let err = read::<AuthRequest, _>(&mut Silent, 1024, Duration::from_millis(20))
+            .await
+            .expect_err("nothing sent");
+        assert!(matches!(err, FrameError::Timeout(_)), "{err}");
+        assert!(!err.is_malformed());
+    }
+
+    /// A peer that never sends a byte.
+    pub(crate) struct Silent;
+
+    impl AsyncRead for Silent {
+        fn poll_read(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            _: &mut [u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::task::Poll::Pending
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode::<AuthRequest>(&bytes, 1024);
+        }
+    }
+}

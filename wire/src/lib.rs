@@ -1,0 +1,28 @@
+//! Our libp2p protocols as both sides speak them. Each protocol is one
+//! module holding its framing, its client half and its server half, so the
+//! router and the node (which never depend on each other) share one
+//! implementation of every exchange.
+//!
+//! - [`frame`]: one length-capped protobuf frame read or written within a
+//!   deadline, and the pure decoder under it.
+//! - [`open`]: opening a stream of one protocol to a peer.
+//! - [`auth`] speaks `/agentmesh/auth/1`.
+//! - [`goaway`] speaks `/agentmesh/goaway/1`.
+//!
+//! Policy (who may do what, admissions, counters) stays with the programs:
+//! this crate only moves and checks frames. Every decoder is a pure function
+//! from bytes to a typed value or an error, so it can be fuzzed.
+
+pub mod auth;
+pub mod frame;
+pub mod goaway;
+pub mod open;
+
+/// What callers of any protocol's client half ask of its error.
+pub trait ExchangeFailure: std::error::Error {
+    /// Whether the exchange's deadline passed with no answer.
+    fn is_timeout(&self) -> bool;
+    /// Whether the connection (or the stream on it) failed rather than the
+    /// peer answering: a retry on a fresh connection or route may succeed.
+    fn is_connection_failure(&self) -> bool;
+}

@@ -1,0 +1,35 @@
+//! Opening a stream of one of our protocols to a peer.
+
+use agentmesh_streams::{Control, OpenStreamError};
+use libp2p::{PeerId, Stream, StreamProtocol};
+
+/// Why a stream could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The peer does not speak the protocol.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Too many opens wait for a dial to the peer.
+    #[error("{0}")]
+    Refused(String),
+    /// The connection under the stream failed (closed, reset, not
+    /// connected): a fresh connection may succeed where this one did not.
+    #[error("connection failed: {0}")]
+    Connection(String),
+}
+
+/// Opens a stream of `protocol` to `peer`.
+pub async fn open(
+    control: &mut Control,
+    peer: PeerId,
+    protocol: &'static str,
+) -> Result<Stream, OpenError> {
+    control
+        .open_stream(peer, StreamProtocol::new(protocol))
+        .await
+        .map_err(|e| match e {
+            OpenStreamError::Io(e) => OpenError::Connection(e.to_string()),
+            e @ OpenStreamError::UnsupportedProtocol(_) => OpenError::Unsupported(e.to_string()),
+            other => OpenError::Refused(other.to_string()),
+        })
+}
