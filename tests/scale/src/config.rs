@@ -199,6 +199,11 @@ pub struct LocalConfig {
     /// remote run against an `https://` control plane takes).
     #[arg(long)]
     pub control_plane_tls: bool,
+    /// The control plane's database, e.g. `postgres://USER@HOST:PORT/DB` (an empty
+    /// database; the ladder writes a key-encryption key for it into the work dir).
+    /// Default: SQLite in the work dir (`control-plane.db`).
+    #[arg(long)]
+    pub control_plane_db: Option<String>,
 }
 
 impl Default for LocalConfig {
@@ -210,6 +215,7 @@ impl Default for LocalConfig {
             ready_deadline_secs: DEFAULT_READY_DEADLINE_SECS,
             restart_routers: false,
             control_plane_tls: false,
+            control_plane_db: None,
         }
     }
 }

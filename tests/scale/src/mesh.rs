@@ -109,10 +109,21 @@ impl LocalMesh {
             "--public-url".to_string(),
             format!("{scheme}://{grpc}"),
             "--db".to_string(),
-            format!("sqlite://{}", dir.join("control-plane.db").display()),
+            cfg.control_plane_db.clone().unwrap_or_else(|| {
+                format!("sqlite://{}", dir.join("control-plane.db").display())
+            }),
             "--admin-token-file".to_string(),
             admin_file.display().to_string(),
         ];
+        if cfg.control_plane_db.is_some() {
+            // A database other than the work dir's SQLite file needs its
+            // key-encryption key given (SQLite keeps one beside its file).
+            let kek = children::write_secret(&dir.join("control-plane.kek"), &random_hex(32))?;
+            args.extend([
+                "--key-encryption-key-file".to_string(),
+                kek.display().to_string(),
+            ]);
+        }
         if let Some((cert, key)) = &tls {
             args.extend([
                 "--tls-cert".to_string(),

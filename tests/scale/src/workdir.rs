@@ -26,7 +26,11 @@ pub fn is_previous_run_entry(name: &str) -> bool {
         || numbered(name, "round")
         || matches!(
             name,
-            "control-plane.db" | "control-plane.db-wal" | "control-plane.db-shm"
+            "control-plane.db"
+                | "control-plane.db-wal"
+                | "control-plane.db-shm"
+                | "control-plane.db.kek"
+                | "control-plane.kek"
         )
 }
 
@@ -68,6 +72,8 @@ mod tests {
             "control-plane.db",
             "control-plane.db-wal",
             "control-plane.db-shm",
+            "control-plane.db.kek",
+            "control-plane.kek",
             "w0",
             "w15",
             "round2",
