@@ -109,9 +109,9 @@ impl LocalMesh {
             "--public-url".to_string(),
             format!("{scheme}://{grpc}"),
             "--db".to_string(),
-            cfg.control_plane_db.clone().unwrap_or_else(|| {
-                format!("sqlite://{}", dir.join("control-plane.db").display())
-            }),
+            cfg.control_plane_db
+                .clone()
+                .unwrap_or_else(|| format!("sqlite://{}", dir.join("control-plane.db").display())),
             "--admin-token-file".to_string(),
             admin_file.display().to_string(),
         ];
