@@ -189,24 +189,6 @@ async fn sigterm_during_enrollment_retries_stops_them_without_aborting() {
     );
 }
 
-/// The commit `--version` should name: the build's override, else what git
-/// says about this checkout, else `unknown`.
-fn expected_commit() -> String {
-    if let Ok(c) = std::env::var("AGENTMESH_GIT_COMMIT")
-        && !c.trim().is_empty()
-    {
-        return c.trim().to_string();
-    }
-    std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".to_string())
-}
-
 #[test]
 fn version_prints_the_version_and_the_git_commit() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentmesh-router"))
@@ -219,7 +201,9 @@ fn version_prints_the_version_and_the_git_commit() {
         format!(
             "agentmesh-router {} (commit {})\n",
             env!("CARGO_PKG_VERSION"),
-            expected_commit()
+            agentmesh_runtime::cli::checkout_commit(std::path::Path::new(env!(
+                "CARGO_MANIFEST_DIR"
+            )))
         )
     );
 }

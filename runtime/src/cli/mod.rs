@@ -12,17 +12,19 @@
 //! - [`VERSION`]: what `--version` prints, with the git commit.
 //! - [`help_problems`]: the check each program's tests run on its command,
 //!   so that no flag goes without a one-line help naming its unit and
-//!   default.
+//!   default; [`checkout_commit`]: what its `--version` test expects.
 
 mod args;
 mod help;
 #[cfg(feature = "cli-streams")]
 mod streams;
+mod version;
 
 pub use args::{ControlPlaneArgs, DEFAULT_CONTROL_PLANE, ListenerArgs, TokenFileError};
 pub use help::{flag_table, flags_missing_from, help_problems};
 #[cfg(feature = "cli-streams")]
 pub use streams::StreamLimitArgs;
+pub use version::checkout_commit;
 
 /// The version every program prints for `--version`: the workspace version
 /// and the git commit it was built from (`unknown` outside a git checkout;

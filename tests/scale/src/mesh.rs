@@ -410,7 +410,7 @@ async fn mint(
 }
 
 /// Reads a PEM CA file, if one is given.
-fn read_ca(path: Option<&Path>) -> Result<Option<Vec<u8>>> {
+pub(crate) fn read_ca(path: Option<&Path>) -> Result<Option<Vec<u8>>> {
     path.map(|p| {
         std::fs::read(p).map_err(|e| LadderError::io(format!("reading {}", p.display()), e))
     })

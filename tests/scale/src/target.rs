@@ -127,13 +127,7 @@ impl Target {
                         "--rotate-key-at in remote mode needs --admin-token-file".into(),
                     )
                 })?;
-                let ca = match ca_file {
-                    Some(p) => Some(
-                        std::fs::read(p)
-                            .map_err(|e| LadderError::io(format!("reading {}", p.display()), e))?,
-                    ),
-                    None => None,
-                };
+                let ca = crate::mesh::read_ca(ca_file.as_deref())?;
                 crate::mesh::rotate_key(url, ca, token).await
             }
         }
