@@ -1,0 +1,8 @@
+//! Attacks a hostile peer can make before it is authenticated (and a
+//! member before its credential is checked), each bounded in count and
+//! duration, so tests can run them against the real programs and the
+//! ladder can run them against a mesh under load.
+//!
+//! Every attack reports what it did (attempts made, refused, held) so a
+//! test can assert the attack really ran, not only that members survived.
+//! Dev-only: never a dependency of a program.
