@@ -31,7 +31,6 @@ mod socket;
 mod status;
 pub mod status_cmd;
 mod transport;
-pub mod wire;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;

@@ -34,7 +34,6 @@ use std::time::Duration;
 use agentmesh_controlplane::client::ClientError;
 use agentmesh_proto::pb::controlplane::{GetDirectoryResponse, RefreshResponse};
 use agentmesh_proto::pb::credential::KeySet;
-use agentmesh_proto::pb::mesh::CatalogResponse;
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -48,8 +47,8 @@ use tokio::time::Instant;
 use crate::shared::{Command, Routes, Shared};
 use crate::transport::{Behaviour, BehaviourEvent};
 use agentmesh_wire::auth::{AuthError, AuthOutcome};
+use agentmesh_wire::catalog::{CatalogAnswer, CatalogError};
 
-use crate::wire::WireError;
 pub(crate) use routers::router_base;
 use slot::Slot;
 
@@ -68,7 +67,7 @@ pub(crate) enum Op {
     },
     Publish {
         router: PeerId,
-        result: Result<CatalogResponse, WireError>,
+        result: Result<CatalogAnswer, CatalogError>,
     },
     Withdrawn,
     /// A router's connection failed under its first auth: connect afresh.
