@@ -185,7 +185,7 @@ async fn verify_caller(
             "no credential in the call request",
         ));
     };
-    let skew = shared.config.credential_skew_secs as i64;
+    let skew = shared.config.credential_skew.as_secs() as i64;
     let mut r = verify(cred, &shared.trust(), unix_now(), Some(&peer), skew);
     if matches!(r, Err(CredentialError::UnknownKey(_))) && shared.refetch_keys().await {
         r = verify(cred, &shared.trust(), unix_now(), Some(&peer), skew);

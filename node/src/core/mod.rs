@@ -154,7 +154,7 @@ impl Core {
         p2p_metrics: Option<libp2p::metrics::Metrics>,
     ) -> Self {
         let now = Instant::now();
-        let interval = Duration::from_secs(shared.config.directory_interval_secs);
+        let interval = shared.config.directory_interval;
         let mut core = Self {
             shared,
             swarm,
@@ -211,7 +211,7 @@ impl Core {
             in_flight = self.shared.in_flight.load(Ordering::SeqCst),
             "shutdown begins"
         );
-        let grace = Duration::from_secs(self.shared.config.shutdown_grace_secs);
+        let grace = self.shared.config.shutdown_grace;
         let deadline = Instant::now() + grace;
         self.shared.status.send_modify(|s| {
             s.stopping = true;
@@ -434,7 +434,7 @@ impl Core {
         self.retry_reservations(now);
         self.retry_represent(now);
         self.close_idle_relayed(now);
-        let ttl = Duration::from_secs(self.shared.config.record_ttl_secs.max(3));
+        let ttl = self.shared.config.record_ttl.max(Duration::from_secs(3));
         if self.records.due(now, ttl) {
             self.publish_records();
         }

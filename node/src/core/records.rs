@@ -79,7 +79,7 @@ impl Core {
             services,
             routers: named.iter().map(|p| p.to_bytes()).collect(),
             issued_at_unix_secs: now,
-            expires_at_unix_secs: now + self.shared.config.record_ttl_secs as i64,
+            expires_at_unix_secs: now + self.shared.config.record_ttl.as_secs() as i64,
         };
         let signed = sign_record(&record, &self.shared.key);
         self.records.last_publish = Some(Instant::now());
