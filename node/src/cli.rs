@@ -12,6 +12,7 @@ mod run;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use agentmesh_runtime::cli::{ControlPlaneArgs, ListenerArgs, StreamLimitArgs, TokenFileError};
 
@@ -96,19 +97,19 @@ pub struct RunArgs {
     #[arg(long)]
     pub dial_source_ip: Option<IpAddr>,
     /// Deadline of one control-plane RPC, seconds.
-    #[arg(long, default_value_t = Config::default().rpc_timeout_secs)]
+    #[arg(long, default_value_t = Config::default().rpc_timeout.as_secs())]
     pub rpc_timeout_secs: u64,
     /// Time budget of the retries of one control-plane operation, seconds.
-    #[arg(long, default_value_t = Config::default().retry_budget_secs)]
+    #[arg(long, default_value_t = Config::default().retry_budget.as_secs())]
     pub retry_budget_secs: u64,
     /// How often the key set and router directory are re-read (±20% jitter), seconds.
-    #[arg(long, default_value_t = Config::default().directory_interval_secs)]
+    #[arg(long, default_value_t = Config::default().directory_interval.as_secs())]
     pub directory_interval_secs: u64,
     /// Deadline to connect to a router or a provider, seconds.
-    #[arg(long, default_value_t = Config::default().connect_timeout_secs)]
+    #[arg(long, default_value_t = Config::default().connect_timeout.as_secs())]
     pub connect_timeout_secs: u64,
     /// Deadline of one request/response exchange (auth, catalog, call set-up), seconds.
-    #[arg(long, default_value_t = Config::default().call_timeout_secs)]
+    #[arg(long, default_value_t = Config::default().call_timeout.as_secs())]
     pub call_timeout_secs: u64,
     /// Providers tried per call before giving up, within the call's budget, attempts.
     #[arg(long, default_value_t = Config::default().call_attempts)]
@@ -123,19 +124,19 @@ pub struct RunArgs {
     #[arg(long, default_value_t = Config::default().max_forward_connections)]
     pub max_forward_connections: usize,
     /// Connections (transit, finished circuits) idle this long are closed, seconds.
-    #[arg(long, default_value_t = Config::default().idle_connection_secs)]
+    #[arg(long, default_value_t = Config::default().idle_connection.as_secs())]
     pub idle_connection_secs: u64,
     /// A relayed connection closes this long after the last call with its peer (provider side: twice), seconds (0: off).
-    #[arg(long, default_value_t = config::DEFAULT_RELAYED_IDLE_SECS)]
+    #[arg(long, default_value_t = config::DEFAULT_RELAYED_IDLE.as_secs())]
     pub relayed_idle_secs: u64,
     /// Lifetime of published service records, republished at a third of it, seconds.
-    #[arg(long, default_value_t = Config::default().record_ttl_secs)]
+    #[arg(long, default_value_t = Config::default().record_ttl.as_secs())]
     pub record_ttl_secs: u64,
     /// Grace for calls in flight on shutdown, seconds.
-    #[arg(long, default_value_t = Config::default().shutdown_grace_secs)]
+    #[arg(long, default_value_t = Config::default().shutdown_grace.as_secs())]
     pub shutdown_grace_secs: u64,
     /// Clock skew tolerated when verifying callers' credentials, seconds.
-    #[arg(long, default_value_t = Config::default().credential_skew_secs)]
+    #[arg(long, default_value_t = Config::default().credential_skew.as_secs())]
     pub credential_skew_secs: u64,
     /// Inbound queue and pending-open bounds of the streams behaviour.
     #[command(flatten)]
@@ -144,7 +145,9 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// The [`Config`] these flags give, `--token-file` read into
-    /// [`Config::token`]. The stall watchdog stays off: [`run`] turns it on.
+    /// [`Config::token`] and each `--*-secs` flag made a `Duration` (the
+    /// one place they are converted). The stall watchdog stays off: [`run`]
+    /// turns it on.
     pub fn into_config(self) -> Result<Config, TokenFileError> {
         let token = self.control_plane.read_token()?;
         Ok(Config {
@@ -162,20 +165,20 @@ impl RunArgs {
             socket_path: self.socket_path,
             no_socket: self.no_socket,
             dial_source_ip: self.dial_source_ip,
-            rpc_timeout_secs: self.rpc_timeout_secs,
-            retry_budget_secs: self.retry_budget_secs,
-            directory_interval_secs: self.directory_interval_secs,
-            connect_timeout_secs: self.connect_timeout_secs,
-            call_timeout_secs: self.call_timeout_secs,
+            rpc_timeout: Duration::from_secs(self.rpc_timeout_secs),
+            retry_budget: Duration::from_secs(self.retry_budget_secs),
+            directory_interval: Duration::from_secs(self.directory_interval_secs),
+            connect_timeout: Duration::from_secs(self.connect_timeout_secs),
+            call_timeout: Duration::from_secs(self.call_timeout_secs),
             call_attempts: self.call_attempts,
             max_inbound_calls: self.max_inbound_calls,
             max_inbound_calls_per_caller: self.max_inbound_calls_per_caller,
             max_forward_connections: self.max_forward_connections,
-            idle_connection_secs: self.idle_connection_secs,
-            relayed_idle_secs: self.relayed_idle_secs,
-            record_ttl_secs: self.record_ttl_secs,
-            shutdown_grace_secs: self.shutdown_grace_secs,
-            credential_skew_secs: self.credential_skew_secs,
+            idle_connection: Duration::from_secs(self.idle_connection_secs),
+            relayed_idle: Duration::from_secs(self.relayed_idle_secs),
+            record_ttl: Duration::from_secs(self.record_ttl_secs),
+            shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
+            credential_skew: Duration::from_secs(self.credential_skew_secs),
             stream_inbound_queue_per_protocol: self.streams.stream_inbound_queue_per_protocol,
             stream_max_pending_opens_per_peer: self.streams.stream_max_pending_opens_per_peer,
             stream_max_pending_opens_total: self.streams.stream_max_pending_opens_total,
@@ -238,7 +241,7 @@ pub async fn ask(
     args: StatusArgs,
     what: crate::status_cmd::Ask,
 ) -> Result<String, crate::status_cmd::StatusCmdError> {
-    let limit = std::time::Duration::from_secs(args.timeout_secs.max(1));
+    let limit = Duration::from_secs(args.timeout_secs.max(1));
     let socket = args.socket_path();
     crate::status_cmd::ask(&socket, &args.data_dir, what, args.json, limit).await
 }

@@ -16,9 +16,9 @@ pub const DEFAULT_ROUTERS: usize = 2;
 pub const DEFAULT_CONTROL_PLANE: &str = agentmesh_runtime::cli::DEFAULT_CONTROL_PLANE;
 /// Default data directory.
 pub const DEFAULT_DATA_DIR: &str = "agentmesh-node-data";
-/// Default seconds a relayed connection to a peer stays open after the
-/// last call on it (`--relayed-idle-secs`).
-pub const DEFAULT_RELAYED_IDLE_SECS: u64 = 3;
+/// Default time a relayed connection to a peer stays open after the last
+/// call on it (`--relayed-idle-secs`).
+pub const DEFAULT_RELAYED_IDLE: Duration = Duration::from_secs(3);
 /// Default inbound streams per protocol waiting for the node's accept loop
 /// (`--stream-inbound-queue-per-protocol`): the streams crate's own default,
 /// re-exported so it is defined once.
@@ -34,9 +34,13 @@ pub const DEFAULT_STREAM_MAX_PENDING_OPENS_TOTAL: usize =
     agentmesh_streams::DEFAULT_MAX_PENDING_OPENS_TOTAL;
 /// File name of the Unix socket inside the data dir.
 pub const SOCKET_FILE: &str = "agentmesh.sock";
+/// Least connect, exchange, RPC and idle timeout in force, whatever the
+/// configuration says (a zero would fail every exchange at once).
+pub(crate) const MIN_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Everything `agentmesh-node run` can be told. Durations are in the unit
-/// their name says; every limit has a safe default.
+/// Everything `agentmesh-node run` can be told; every limit has a safe
+/// default. Durations are `Duration`s: the command line converts its
+/// `--*-secs` flags once (`crate::cli::RunArgs::into_config`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// Control-plane gRPC URL (`--control-plane`).
@@ -71,18 +75,23 @@ pub struct Config {
     /// (`--dial-source-ip`, default none): one process can then hold more
     /// connections to a router than one address has ephemeral ports.
     pub dial_source_ip: Option<IpAddr>,
-    /// Deadline for one control-plane RPC (`--rpc-timeout-secs`, default 10).
-    pub rpc_timeout_secs: u64,
-    /// Time budget of retries of one control-plane operation (`--retry-budget-secs`, default 180).
-    pub retry_budget_secs: u64,
-    /// How often the key set and router directory are re-read, ±20% jitter (`--directory-interval-secs`, default 60).
-    pub directory_interval_secs: u64,
-    /// Deadline to connect to a router or a provider (`--connect-timeout-secs`, default 10).
-    pub connect_timeout_secs: u64,
-    /// Deadline for a request/response exchange: auth, catalog, call set-up (`--call-timeout-secs`, default 10).
-    /// An outbound call as a whole returns within connect + call timeout
+    /// Deadline for one control-plane RPC (`--rpc-timeout-secs`, default
+    /// 10 s; less than 1 s acts as 1 s).
+    pub rpc_timeout: Duration,
+    /// Time budget of retries of one control-plane operation (`--retry-budget-secs`, default 180 s).
+    pub retry_budget: Duration,
+    /// How often the key set and router directory are re-read, ±20% jitter (`--directory-interval-secs`, default 60 s).
+    pub directory_interval: Duration,
+    /// Deadline to connect to a router or a provider (`--connect-timeout-secs`,
+    /// default 10 s). Read through [`Config::connect_timeout()`], which
+    /// floors it at 1 s.
+    pub connect_timeout: Duration,
+    /// Deadline for a request/response exchange: auth, catalog, call set-up
+    /// (`--call-timeout-secs`, default 10 s). Read through
+    /// [`Config::call_timeout()`], which floors it at 1 s. An outbound call
+    /// as a whole returns within connect + call timeout
     /// ([`Config::call_budget`]).
-    pub call_timeout_secs: u64,
+    pub call_timeout: Duration,
     /// Providers tried per call before giving up, within the call's budget
     /// (`--call-attempts`, default 3).
     pub call_attempts: usize,
@@ -96,23 +105,27 @@ pub struct Config {
     /// wait in the listen backlog, counted in
     /// `agentmesh_node_local_connection_waits_total{listener}`.
     pub max_forward_connections: usize,
-    /// Close connections (transit, finished circuits) idle this long (`--idle-connection-secs`, default 30).
-    pub idle_connection_secs: u64,
+    /// Close connections (transit, finished circuits) idle this long
+    /// (`--idle-connection-secs`, default 30 s; less than 1 s acts as 1 s).
+    pub idle_connection: Duration,
     /// Close a relayed connection (a circuit through a router) to a peer
     /// this long after the last call with that peer ended
-    /// (`--relayed-idle-secs`, default 3; 0: only `idle_connection_secs`
-    /// applies). Routers cap the circuits to one provider, and callers
+    /// (`--relayed-idle-secs`, default 3 s; zero: off, only
+    /// `idle_connection` applies). Routers cap the circuits to one provider, and callers
     /// holding idle circuits would keep a popular provider at that cap. The
     /// calling side closes after this; the provider side after twice this
     /// (so it rarely closes under a caller that is about to reuse it).
     /// Counted in `agentmesh_node_relayed_idle_closed_total{direction}`.
-    pub relayed_idle_secs: u64,
-    /// Lifetime of published service records; republished at a third of it (`--record-ttl-secs`, default 300).
-    pub record_ttl_secs: u64,
-    /// Grace for in-flight calls on shutdown (`--shutdown-grace-secs`, default 10).
-    pub shutdown_grace_secs: u64,
-    /// Clock skew tolerated when verifying callers' credentials (`--credential-skew-secs`, default 60).
-    pub credential_skew_secs: u64,
+    pub relayed_idle: Duration,
+    /// Lifetime of published service records, in whole seconds; republished
+    /// at a third of it, and no more often than every second
+    /// (`--record-ttl-secs`, default 300 s).
+    pub record_ttl: Duration,
+    /// Grace for in-flight calls on shutdown (`--shutdown-grace-secs`, default 10 s).
+    pub shutdown_grace: Duration,
+    /// Clock skew tolerated when verifying callers' credentials, in whole
+    /// seconds (`--credential-skew-secs`, default 60 s; zero: none).
+    pub credential_skew: Duration,
     /// Negotiated inbound streams of one protocol (calls, go-aways) that may
     /// wait for the node's accept loop; more are dropped and counted in
     /// `agentmesh_streams_inbound_dropped_total{reason="queue_full"}`
@@ -151,20 +164,20 @@ impl Default for Config {
             socket_path: None,
             no_socket: false,
             dial_source_ip: None,
-            rpc_timeout_secs: 10,
-            retry_budget_secs: 180,
-            directory_interval_secs: 60,
-            connect_timeout_secs: 10,
-            call_timeout_secs: 10,
+            rpc_timeout: Duration::from_secs(10),
+            retry_budget: Duration::from_secs(180),
+            directory_interval: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(10),
+            call_timeout: Duration::from_secs(10),
             call_attempts: 3,
             max_inbound_calls: 256,
             max_inbound_calls_per_caller: 32,
             max_forward_connections: 256,
-            idle_connection_secs: 30,
-            relayed_idle_secs: DEFAULT_RELAYED_IDLE_SECS,
-            record_ttl_secs: 300,
-            shutdown_grace_secs: 10,
-            credential_skew_secs: 60,
+            idle_connection: Duration::from_secs(30),
+            relayed_idle: DEFAULT_RELAYED_IDLE,
+            record_ttl: Duration::from_secs(300),
+            shutdown_grace: Duration::from_secs(10),
+            credential_skew: Duration::from_secs(60),
             stream_inbound_queue_per_protocol: DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL,
             stream_max_pending_opens_per_peer: DEFAULT_STREAM_MAX_PENDING_OPENS_PER_PEER,
             stream_max_pending_opens_total: DEFAULT_STREAM_MAX_PENDING_OPENS_TOTAL,
@@ -186,8 +199,9 @@ impl Config {
         )
     }
 
-    pub(crate) fn connect_timeout(&self) -> Duration {
-        Duration::from_secs(self.connect_timeout_secs.max(1))
+    /// The connect timeout in force: [`Config::connect_timeout`], at least 1 s.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout.max(MIN_TIMEOUT)
     }
 
     /// The streams crate's bounds of opens waiting for a dial.
@@ -198,8 +212,9 @@ impl Config {
         }
     }
 
-    pub(crate) fn call_timeout(&self) -> Duration {
-        Duration::from_secs(self.call_timeout_secs.max(1))
+    /// The exchange timeout in force: [`Config::call_timeout`], at least 1 s.
+    pub fn call_timeout(&self) -> Duration {
+        self.call_timeout.max(MIN_TIMEOUT)
     }
 
     /// The most one outbound call's set-up takes, from `call()` to its

@@ -31,7 +31,6 @@ mod socket;
 mod status;
 pub mod status_cmd;
 mod transport;
-pub mod wire;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -174,7 +173,7 @@ impl NodeHandle {
     pub async fn shutdown(mut self) {
         let _ = self.shutdown_tx.send(true);
         let c = &self.shared.config;
-        let limit = Duration::from_secs(c.shutdown_grace_secs + c.call_timeout_secs + 5);
+        let limit = c.shutdown_grace + c.call_timeout + Duration::from_secs(5);
         let _ = tokio::time::timeout(limit, async {
             while self.core.join_next().await.is_some() {}
         })
@@ -240,8 +239,8 @@ pub async fn spawn(
     let client = Client::new(ClientConfig {
         url: config.control_plane.clone(),
         ca_pem,
-        retry_budget: Duration::from_secs(config.retry_budget_secs),
-        rpc_timeout: Duration::from_secs(config.rpc_timeout_secs.max(1)),
+        retry_budget: config.retry_budget,
+        rpc_timeout: config.rpc_timeout.max(config::MIN_TIMEOUT),
     })?;
 
     let metrics = metrics::Metrics::new();
@@ -292,7 +291,7 @@ pub async fn spawn(
         &stored.key,
         config.dial_source_ip,
         config.connect_timeout(),
-        Duration::from_secs(config.idle_connection_secs.max(1)),
+        config.idle_connection.max(config::MIN_TIMEOUT),
         agentmesh_streams::Config {
             inbound_queue_per_protocol: config.stream_inbound_queue_per_protocol,
         },

@@ -12,7 +12,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use agentmesh_runtime::accept::AcceptBackoff;
 use prometheus_client::metrics::counter::Counter;
@@ -169,7 +168,7 @@ pub(crate) async fn serve<L, H, F>(
     }
     // Stopping: accept nothing new; connections in progress finish within the grace.
     drop(listener);
-    let grace = Duration::from_secs(shared.config.shutdown_grace_secs);
+    let grace = shared.config.shutdown_grace;
     let _ = tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
 }
 

@@ -116,6 +116,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::Silent;
     use agentmesh_proto::pb::mesh::{AuthRequest, Purpose};
     use futures::io::Cursor;
     use proptest::prelude::*;
@@ -164,19 +165,6 @@ mod tests {
             .expect_err("nothing sent");
         assert!(matches!(err, FrameError::Timeout(_)), "{err}");
         assert!(!err.is_malformed());
-    }
-
-    /// A peer that never sends a byte.
-    pub(crate) struct Silent;
-
-    impl AsyncRead for Silent {
-        fn poll_read(
-            self: std::pin::Pin<&mut Self>,
-            _: &mut std::task::Context<'_>,
-            _: &mut [u8],
-        ) -> std::task::Poll<std::io::Result<usize>> {
-            std::task::Poll::Pending
-        }
     }
 
     proptest! {

@@ -90,6 +90,7 @@ pub async fn receive<S: AsyncRead + AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::Silent;
     use agentmesh_proto::pb::mesh::GoAwayReason;
     use proptest::prelude::*;
 
@@ -104,37 +105,6 @@ mod tests {
 
     #[tokio::test]
     async fn a_silent_router_times_out() {
-        struct Silent;
-        impl AsyncRead for Silent {
-            fn poll_read(
-                self: std::pin::Pin<&mut Self>,
-                _: &mut std::task::Context<'_>,
-                _: &mut [u8],
-            ) -> std::task::Poll<std::io::Result<usize>> {
-                std::task::Poll::Pending
-            }
-        }
-        impl AsyncWrite for Silent {
-            fn poll_write(
-                self: std::pin::Pin<&mut Self>,
-                _: &mut std::task::Context<'_>,
-                b: &[u8],
-            ) -> std::task::Poll<std::io::Result<usize>> {
-                std::task::Poll::Ready(Ok(b.len()))
-            }
-            fn poll_flush(
-                self: std::pin::Pin<&mut Self>,
-                _: &mut std::task::Context<'_>,
-            ) -> std::task::Poll<std::io::Result<()>> {
-                std::task::Poll::Ready(Ok(()))
-            }
-            fn poll_close(
-                self: std::pin::Pin<&mut Self>,
-                _: &mut std::task::Context<'_>,
-            ) -> std::task::Poll<std::io::Result<()>> {
-                std::task::Poll::Ready(Ok(()))
-            }
-        }
         let err = receive(&mut Silent, Duration::from_millis(20))
             .await
             .expect_err("nothing sent");

@@ -6,17 +6,28 @@
 //! - [`frame`]: one length-capped protobuf frame read or written within a
 //!   deadline, and the pure decoder under it.
 //! - [`open`]: opening a stream of one protocol to a peer.
-//! - [`auth`] speaks `/agentmesh/auth/1`.
-//! - [`goaway`] speaks `/agentmesh/goaway/1`.
+//! - [`auth`] speaks `/agentmesh/auth/1` ([`auth::AuthError`]).
+//! - [`catalog`] speaks `/agentmesh/catalog/1` ([`catalog::CatalogError`]).
+//! - [`call`] speaks `/agentmesh/call/1` ([`call::CallError`]).
+//! - [`goaway`] speaks `/agentmesh/goaway/1` ([`goaway::GoAwayError`]).
+//!
+//! Each protocol has one error type for its client half; server halves
+//! return the [`frame::FrameError`] of the frame they could not read or
+//! write, which says whether the peer sent garbage
+//! ([`frame::FrameError::is_malformed`]) or went silent.
 //!
 //! Policy (who may do what, admissions, counters) stays with the programs:
 //! this crate only moves and checks frames. Every decoder is a pure function
 //! from bytes to a typed value or an error, so it can be fuzzed.
 
 pub mod auth;
+pub mod call;
+pub mod catalog;
 pub mod frame;
 pub mod goaway;
 pub mod open;
+#[cfg(test)]
+mod testing;
 
 /// What callers of any protocol's client half ask of its error.
 pub trait ExchangeFailure: std::error::Error {

@@ -8,12 +8,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use agentmesh_proto::credential::{CredentialError, verify};
-use agentmesh_proto::framing::{read_frame, write_frame};
 use agentmesh_proto::pb::credential::Role;
-use agentmesh_proto::pb::mesh::{CallRefusal, CallRequest, CallResponse};
-use agentmesh_proto::protocols::MAX_FRAME_BYTES;
+use agentmesh_proto::pb::mesh::{CallRefusal, CallRequest};
 use agentmesh_proto::unix_now;
 use agentmesh_streams::IncomingStreams;
+use agentmesh_wire::call as call_wire;
+use agentmesh_wire::frame::FrameError;
 use futures::{AsyncWriteExt as _, StreamExt as _};
 use libp2p::{PeerId, Stream};
 use parking_lot::Mutex;
@@ -164,23 +164,12 @@ pub(crate) async fn accept_loop(
     }
 }
 
-async fn respond(stream: &mut Stream, resp: &CallResponse) {
-    let _ = write_frame(stream, resp).await;
-}
-
 async fn refuse(shared: &Shared, stream: &mut Stream, peer: PeerId, r: Refusal) {
     tracing::debug!(%peer, reason = r.label, detail = %r.detail, "inbound call refused");
     shared.metrics.call("inbound", r.label);
-    respond(
-        stream,
-        &CallResponse {
-            accepted: false,
-            refusal: r.code as i32,
-            detail: r.detail,
-        },
-    )
-    .await;
-    let _ = stream.close().await;
+    let t = shared.config.call_timeout();
+    let _ = call_wire::write_refused(stream, r.code, r.detail, t).await;
+    let _ = tokio::time::timeout(t, stream.close()).await;
 }
 
 /// Verifies the caller's credential, re-fetching keys once for an unknown key id.
@@ -196,7 +185,7 @@ async fn verify_caller(
             "no credential in the call request",
         ));
     };
-    let skew = shared.config.credential_skew_secs as i64;
+    let skew = shared.config.credential_skew.as_secs() as i64;
     let mut r = verify(cred, &shared.trust(), unix_now(), Some(&peer), skew);
     if matches!(r, Err(CredentialError::UnknownKey(_))) && shared.refetch_keys().await {
         r = verify(cred, &shared.trust(), unix_now(), Some(&peer), skew);
@@ -226,26 +215,25 @@ async fn serve(shared: Arc<Shared>, inbound: Arc<Inbound>, peer: PeerId, mut str
     // The caller's circuit stays open while its call lives.
     let _peer_call = shared.peer_calls.begin(peer);
     let deadline = shared.config.call_timeout();
-    let req: CallRequest =
-        match tokio::time::timeout(deadline, read_frame(&mut stream, MAX_FRAME_BYTES)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
-                let r = refusal(
-                    CallRefusal::Malformed,
-                    "malformed",
-                    format!("bad call request: {e}"),
-                );
-                return refuse(&shared, &mut stream, peer, r).await;
-            }
-            Err(_) => {
-                let r = refusal(
-                    CallRefusal::Malformed,
-                    "malformed",
-                    "no call request in time",
-                );
-                return refuse(&shared, &mut stream, peer, r).await;
-            }
-        };
+    let req: CallRequest = match call_wire::read_request(&mut stream, deadline).await {
+        Ok(r) => r,
+        Err(FrameError::Timeout(_)) => {
+            let r = refusal(
+                CallRefusal::Malformed,
+                "malformed",
+                "no call request in time",
+            );
+            return refuse(&shared, &mut stream, peer, r).await;
+        }
+        Err(e) => {
+            let r = refusal(
+                CallRefusal::Malformed,
+                "malformed",
+                format!("bad call request: {e}"),
+            );
+            return refuse(&shared, &mut stream, peer, r).await;
+        }
+    };
     if shared.is_shutting_down() {
         let r = refusal(
             CallRefusal::ShuttingDown,
@@ -288,15 +276,7 @@ async fn serve(shared: Arc<Shared>, inbound: Arc<Inbound>, peer: PeerId, mut str
     };
     let _ = tcp.set_nodelay(true);
     shared.metrics.call("inbound", "accepted");
-    respond(
-        &mut stream,
-        &CallResponse {
-            accepted: true,
-            refusal: CallRefusal::Unspecified as i32,
-            detail: String::new(),
-        },
-    )
-    .await;
+    let _ = call_wire::write_accepted(&mut stream, deadline).await;
     tracing::debug!(%peer, service = %req.service, "inbound call accepted");
     let m = &shared.metrics;
     m.inbound_calls_active.inc();

@@ -31,10 +31,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentmesh_proto::pb::mesh::{
-    CallRefusal, CatalogRequest, CatalogResponse, Lookup, LookupResult, catalog_request,
-    catalog_response,
-};
+use agentmesh_proto::pb::mesh::LookupResult;
 use agentmesh_proto::record::verify_record;
 use agentmesh_proto::unix_now;
 use libp2p::core::multiaddr::Protocol;
@@ -48,8 +45,8 @@ use crate::core::router_base;
 use crate::metrics::DirectionLabel;
 use crate::shared::{Command, Shared, TransitError, Unanswered};
 use agentmesh_wire::ExchangeFailure;
-
-use crate::wire;
+use agentmesh_wire::call::{self as call_wire, CallAnswer};
+use agentmesh_wire::catalog::{self, CatalogAnswer};
 
 /// Most provider records asked for in one lookup.
 const LOOKUP_LIMIT: u32 = 32;
@@ -179,30 +176,22 @@ async fn lookup(
             last = format!("{last}; the call's budget ran out before asking {router}");
             break;
         }
-        let req = CatalogRequest {
-            op: Some(catalog_request::Op::Lookup(Lookup {
-                service: service.to_string(),
-                limit: LOOKUP_LIMIT,
-            })),
-        };
-        match wire::catalog(
+        match catalog::request(
             shared.control.clone(),
             *router,
-            req,
+            catalog::lookup(service, LOOKUP_LIMIT),
             budget.cap(shared.config.call_timeout()),
         )
         .await
         {
-            Ok(CatalogResponse {
-                result: Some(catalog_response::Result::Providers(found)),
-            }) if found.records.is_empty() => empty = Some(found),
-            Ok(CatalogResponse {
-                result: Some(catalog_response::Result::Providers(found)),
-            }) => return Ok(found),
-            Ok(CatalogResponse {
-                result: Some(catalog_response::Result::Error(e)),
-            }) => last = format!("router {router}: {}", e.reason),
-            Ok(_) => last = format!("router {router}: unexpected catalog answer"),
+            Ok(CatalogAnswer::Records(records)) if records.is_empty() => {
+                empty = Some(LookupResult { records })
+            }
+            Ok(CatalogAnswer::Records(records)) => return Ok(LookupResult { records }),
+            Ok(CatalogAnswer::Refused(reason)) => last = format!("router {router}: {reason}"),
+            Ok(CatalogAnswer::Ack(_)) => {
+                last = format!("router {router}: unexpected catalog answer")
+            }
             Err(e) => last = e.to_string(),
         }
     }
@@ -562,7 +551,7 @@ async fn attempt(
         )
         .await
         .map_err(|e| connect_error(explain_circuit_failure(e, via, provider), via))?;
-    let (resp, stream) = wire::call(
+    let (answer, stream) = call_wire::request(
         shared.control.clone(),
         provider,
         service,
@@ -571,13 +560,11 @@ async fn attempt(
     )
     .await
     .map_err(|e| AttemptError::wire(e, "stream_failed", via))?;
-    if !resp.accepted {
-        let refusal = CallRefusal::try_from(resp.refusal).unwrap_or(CallRefusal::Unspecified);
+    if let CallAnswer::Refused(refusal, detail) = answer {
         return Err(AttemptError {
             detail: format!(
-                "provider {provider} refused: {} {}",
+                "provider {provider} refused: {} {detail}",
                 refusal.as_str_name(),
-                resp.detail
             ),
             refused: true,
             timed_out: false,

@@ -68,13 +68,50 @@ fn shared_flags_map_one_to_one() {
         c.metrics_addr,
         Some("127.0.0.1:9100".parse().expect("addr"))
     );
-    assert_eq!(c.retry_budget_secs, 7);
+    assert_eq!(c.retry_budget, Duration::from_secs(7));
     let missing = dir.path().join("missing").display().to_string();
     let err = run_args(&["--token-file", &missing])
         .expect("parse")
         .into_config()
         .expect_err("no such file");
     assert!(err.to_string().contains("--token-file"), "{err}");
+}
+
+#[test]
+fn seconds_flags_become_durations_of_that_many_seconds() {
+    let c = config(&[
+        "--rpc-timeout-secs=1",
+        "--retry-budget-secs=2",
+        "--directory-interval-secs=3",
+        "--connect-timeout-secs=4",
+        "--call-timeout-secs=5",
+        "--idle-connection-secs=6",
+        "--relayed-idle-secs=0",
+        "--record-ttl-secs=8",
+        "--shutdown-grace-secs=9",
+        "--credential-skew-secs=10",
+    ]);
+    let s = Duration::from_secs;
+    assert_eq!(
+        [
+            c.rpc_timeout,
+            c.retry_budget,
+            c.directory_interval,
+            c.connect_timeout,
+            c.call_timeout,
+            c.idle_connection,
+            c.relayed_idle,
+            c.record_ttl,
+            c.shutdown_grace,
+            c.credential_skew,
+        ],
+        [s(1), s(2), s(3), s(4), s(5), s(6), s(0), s(8), s(9), s(10)]
+    );
+    // Zero timeouts act as 1 s where they always have.
+    let c = config(&["--connect-timeout-secs=0", "--call-timeout-secs=0"]);
+    assert_eq!(c.connect_timeout(), s(1));
+    assert_eq!(c.call_timeout(), s(1));
+    assert_eq!(c.call_budget(), s(2));
 }
 
 #[test]

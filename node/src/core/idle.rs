@@ -18,11 +18,10 @@ const FORGET_AFTER: Duration = Duration::from_secs(60);
 impl Core {
     /// Closes relayed connections whose peer has had no call for the window.
     pub(super) fn close_idle_relayed(&mut self, now: Instant) {
-        let secs = self.shared.config.relayed_idle_secs;
-        if secs == 0 {
+        let window = self.shared.config.relayed_idle;
+        if window.is_zero() {
             return;
         }
-        let window = Duration::from_secs(secs);
         for r in self.conns.relayed() {
             if self.idle_closing.contains(&r.id) {
                 continue;

@@ -34,7 +34,6 @@ use std::time::Duration;
 use agentmesh_controlplane::client::ClientError;
 use agentmesh_proto::pb::controlplane::{GetDirectoryResponse, RefreshResponse};
 use agentmesh_proto::pb::credential::KeySet;
-use agentmesh_proto::pb::mesh::CatalogResponse;
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -48,8 +47,8 @@ use tokio::time::Instant;
 use crate::shared::{Command, Routes, Shared};
 use crate::transport::{Behaviour, BehaviourEvent};
 use agentmesh_wire::auth::{AuthError, AuthOutcome};
+use agentmesh_wire::catalog::{CatalogAnswer, CatalogError};
 
-use crate::wire::WireError;
 pub(crate) use routers::router_base;
 use slot::Slot;
 
@@ -68,7 +67,7 @@ pub(crate) enum Op {
     },
     Publish {
         router: PeerId,
-        result: Result<CatalogResponse, WireError>,
+        result: Result<CatalogAnswer, CatalogError>,
     },
     Withdrawn,
     /// A router's connection failed under its first auth: connect afresh.
@@ -155,7 +154,7 @@ impl Core {
         p2p_metrics: Option<libp2p::metrics::Metrics>,
     ) -> Self {
         let now = Instant::now();
-        let interval = Duration::from_secs(shared.config.directory_interval_secs);
+        let interval = shared.config.directory_interval;
         let mut core = Self {
             shared,
             swarm,
@@ -212,7 +211,7 @@ impl Core {
             in_flight = self.shared.in_flight.load(Ordering::SeqCst),
             "shutdown begins"
         );
-        let grace = Duration::from_secs(self.shared.config.shutdown_grace_secs);
+        let grace = self.shared.config.shutdown_grace;
         let deadline = Instant::now() + grace;
         self.shared.status.send_modify(|s| {
             s.stopping = true;
@@ -435,7 +434,7 @@ impl Core {
         self.retry_reservations(now);
         self.retry_represent(now);
         self.close_idle_relayed(now);
-        let ttl = Duration::from_secs(self.shared.config.record_ttl_secs.max(3));
+        let ttl = self.shared.config.record_ttl.max(Duration::from_secs(3));
         if self.records.due(now, ttl) {
             self.publish_records();
         }

@@ -5,16 +5,15 @@
 
 use std::time::Duration;
 
-use agentmesh_proto::pb::mesh::{
-    CatalogRequest, CatalogResponse, ServiceRecord, Withdraw, catalog_request, catalog_response,
-};
+use agentmesh_proto::pb::mesh::ServiceRecord;
 use agentmesh_proto::record::sign_record;
 use agentmesh_proto::unix_now;
 use libp2p::PeerId;
 use tokio::time::Instant;
 
+use agentmesh_wire::catalog::{self, CatalogAnswer, CatalogError};
+
 use super::{Core, Op, jittered};
-use crate::wire::{self, WireError};
 
 /// Where our records stand.
 #[derive(Debug, Default)]
@@ -80,17 +79,15 @@ impl Core {
             services,
             routers: named.iter().map(|p| p.to_bytes()).collect(),
             issued_at_unix_secs: now,
-            expires_at_unix_secs: now + self.shared.config.record_ttl_secs as i64,
+            expires_at_unix_secs: now + self.shared.config.record_ttl.as_secs() as i64,
         };
         let signed = sign_record(&record, &self.shared.key);
         self.records.last_publish = Some(Instant::now());
         for router in reserved {
             let shared = self.shared.clone();
-            let req = CatalogRequest {
-                op: Some(catalog_request::Op::Publish(signed.clone())),
-            };
+            let req = catalog::publish(signed.clone());
             self.ops.push(Box::pin(async move {
-                let result = wire::catalog(
+                let result = catalog::request(
                     shared.control.clone(),
                     router,
                     req,
@@ -105,14 +102,9 @@ impl Core {
     pub(super) fn on_published(
         &mut self,
         router: PeerId,
-        result: Result<CatalogResponse, WireError>,
+        result: Result<CatalogAnswer, CatalogError>,
     ) {
-        let ok = matches!(
-            &result,
-            Ok(CatalogResponse {
-                result: Some(catalog_response::Result::Ack(_))
-            })
-        );
+        let ok = matches!(&result, Ok(CatalogAnswer::Ack(_)));
         let label = if ok { "ok" } else { "error" };
         self.shared
             .metrics
@@ -141,12 +133,10 @@ impl Core {
         }
         for router in self.reserved_peers() {
             let shared = self.shared.clone();
-            let req = CatalogRequest {
-                op: Some(catalog_request::Op::Withdraw(Withdraw {})),
-            };
+            let req = catalog::withdraw();
             self.records.withdraws_pending += 1;
             self.ops.push(Box::pin(async move {
-                if let Err(e) = wire::catalog(
+                if let Err(e) = catalog::request(
                     shared.control.clone(),
                     router,
                     req,

@@ -6,8 +6,8 @@
 //! - `store`: the records of this router's members (pure).
 //! - `provided`: which service keys this router announces in the DHT.
 //! - `providers`: provider searches in the DHT, one per service at a time.
-//! - `wire`: the frames.
-//! - `server`: serving one stream (publish, withdraw, lookup, local lookup).
+//! - `server`: serving one stream (publish, withdraw, lookup, local lookup);
+//!   the frames and the client are `agentmesh_wire::catalog`.
 //!
 //! The swarm loop owns the DHT: it runs the searches [`ProviderQuery`]
 //! asks for and announces what the store holds when [`Catalog::changed`]
@@ -17,7 +17,6 @@ pub(crate) mod provided;
 pub(crate) mod providers;
 pub(crate) mod server;
 pub(crate) mod store;
-pub(crate) mod wire;
 
 use libp2p::PeerId;
 use libp2p::kad::RecordKey;

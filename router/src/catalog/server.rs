@@ -11,19 +11,18 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use agentmesh_proto::pb::mesh::{
-    CatalogRequest, Lookup, SignedRecord, catalog_request, catalog_response,
-};
-use agentmesh_proto::protocols::{CATALOG, MAX_CATALOG_FRAME_BYTES};
+use agentmesh_proto::pb::mesh::{Lookup, SignedRecord, catalog_request};
+use agentmesh_proto::protocols::MAX_CATALOG_FRAME_BYTES;
 use agentmesh_proto::record::verify_record;
 use agentmesh_proto::unix_now;
+use agentmesh_wire::catalog::{self as wire, CatalogAnswer};
 use futures::stream::FuturesUnordered;
 use futures::{AsyncWriteExt, StreamExt};
-use libp2p::{PeerId, StreamProtocol};
+use libp2p::PeerId;
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Catalog, ProviderQuery, service_key, wire};
+use super::{Catalog, ProviderQuery, service_key};
 use crate::admission::Admissions;
 use crate::config::Config;
 use crate::metrics::{Metrics, UNKNOWN_OP};
@@ -59,7 +58,8 @@ where
         Err(e) => {
             if e.is_malformed() {
                 ctx.metrics.catalog(UNKNOWN_OP, "malformed");
-                let _ = wire::write_error(&mut stream, format!("malformed request: {e}"), t).await;
+                let _ =
+                    wire::write_refused(&mut stream, format!("malformed request: {e}"), t).await;
             }
             tracing::debug!(%peer, error = %e, "catalog request unreadable");
             return;
@@ -72,7 +72,7 @@ where
             ctx.metrics.catalog("publish", result_label(&r));
             match r {
                 Ok(exp) => wire::write_ack(&mut stream, exp, t).await,
-                Err((_, reason)) => wire::write_error(&mut stream, reason, t).await,
+                Err((_, reason)) => wire::write_refused(&mut stream, reason, t).await,
             }
         }
         Some(catalog_request::Op::Withdraw(_)) => {
@@ -85,7 +85,7 @@ where
         Some(catalog_request::Op::Lookup(l)) => {
             if !ctx.admissions.read().is_admitted(&peer, now) {
                 ctx.metrics.catalog("lookup", "refused");
-                wire::write_error(&mut stream, "not admitted".into(), t).await
+                wire::write_refused(&mut stream, "not admitted".into(), t).await
             } else {
                 let (records, complete) = lookup(&ctx, &l).await;
                 ctx.metrics
@@ -96,7 +96,7 @@ where
         Some(catalog_request::Op::LocalLookup(l)) => {
             if !ctx.admissions.read().is_router(&peer, now) {
                 ctx.metrics.catalog("local_lookup", "refused");
-                wire::write_error(
+                wire::write_refused(
                     &mut stream,
                     "local_lookup is for admitted routers".into(),
                     t,
@@ -110,7 +110,7 @@ where
         }
         None => {
             ctx.metrics.catalog(UNKNOWN_OP, "malformed");
-            wire::write_error(&mut stream, "request names no operation".into(), t).await
+            wire::write_refused(&mut stream, "request names no operation".into(), t).await
         }
     };
     if let Err(e) = result {
@@ -262,40 +262,24 @@ async fn providers(
 /// One router's own records for `service`; `None` when it could not be
 /// asked or did not answer by `deadline`.
 async fn ask_router(
-    mut control: agentmesh_streams::Control,
+    control: agentmesh_streams::Control,
     router: PeerId,
     service: String,
     limit: usize,
     deadline: tokio::time::Instant,
 ) -> Option<Vec<SignedRecord>> {
-    let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
-    let protocol = StreamProtocol::new(CATALOG);
-    let mut stream =
-        match tokio::time::timeout_at(deadline, control.open_stream(router, protocol)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                tracing::debug!(%router, error = %e, "catalog stream to router failed");
-                return None;
-            }
-            Err(_) => return None,
-        };
-    let req = CatalogRequest {
-        op: Some(catalog_request::Op::LocalLookup(Lookup {
-            service,
-            limit: u32::try_from(limit).unwrap_or(u32::MAX),
-        })),
-    };
-    let resp = wire::exchange(&mut stream, &req, left()).await;
-    let _ = tokio::time::timeout(left(), stream.close()).await;
-    match resp {
-        Ok(r) => match r.result {
-            Some(catalog_response::Result::Providers(p)) => Some(p.records),
-            Some(catalog_response::Result::Error(e)) => {
-                tracing::debug!(%router, reason = %e.reason, "router refused local lookup");
-                None
-            }
-            _ => None,
-        },
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let req = wire::local_lookup(&service, u32::try_from(limit).unwrap_or(u32::MAX));
+    match wire::request(control, router, req, left).await {
+        Ok(CatalogAnswer::Records(records)) => Some(records),
+        Ok(CatalogAnswer::Refused(reason)) => {
+            tracing::debug!(%router, %reason, "router refused local lookup");
+            None
+        }
+        Ok(CatalogAnswer::Ack(_)) => {
+            tracing::debug!(%router, "router acked a local lookup");
+            None
+        }
         Err(e) => {
             tracing::debug!(%router, error = %e, "local lookup failed");
             None

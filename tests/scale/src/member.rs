@@ -59,7 +59,7 @@ impl CallDeadlines {
     pub fn of(config: &agentmesh_node::Config) -> Self {
         Self {
             call: config.call_budget() + CALL_RETURN_GRACE,
-            echo: Duration::from_secs(config.call_timeout_secs.max(1)),
+            echo: config.call_timeout(),
         }
     }
 }
@@ -185,7 +185,7 @@ impl Member {
             no_socket: !spec.socket,
             socket_path: None,
             dial_source_ip: spec.dial_source_ip,
-            call_timeout_secs: spec.call_timeout.as_secs().max(1),
+            call_timeout: spec.call_timeout,
             ..agentmesh_node::Config::default()
         };
         let deadlines = CallDeadlines::of(&config);
@@ -305,9 +305,9 @@ mod tests {
     fn deadlines_cover_the_nodes_call_budget() {
         let config = agentmesh_node::Config::default();
         let d = CallDeadlines::of(&config);
-        let budget = Duration::from_secs(config.connect_timeout_secs + config.call_timeout_secs);
+        let budget = config.connect_timeout + config.call_timeout;
         assert!(d.call >= budget, "{d:?} < {budget:?}");
-        assert_eq!(d.echo, Duration::from_secs(config.call_timeout_secs));
+        assert_eq!(d.echo, config.call_timeout);
     }
 
     #[tokio::test]

@@ -15,8 +15,8 @@ use support::*;
 const SILENT_PROVIDERS: usize = 6;
 /// The caller's per-step timeouts: its budget is their sum (5 s), and
 /// trying every provider with its full call timeout would take 24 s.
-const CONNECT_TIMEOUT_SECS: u64 = 1;
-const CALL_TIMEOUT_SECS: u64 = 4;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const CALL_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// `call()` through several providers that never answer gives up when its
 /// budget is spent, with a timeout error, instead of giving each provider
@@ -34,7 +34,7 @@ async fn a_call_through_silent_providers_returns_within_its_budget() {
         let (p, dir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
             expose: vec![("slow".into(), backend.addr)],
             // The provider waits for the backend far longer than the caller waits for it.
-            connect_timeout_secs: 600,
+            connect_timeout: Duration::from_secs(600),
             ..base
         })
         .await;
@@ -42,15 +42,15 @@ async fn a_call_through_silent_providers_returns_within_its_budget() {
         providers.push((p, dir));
     }
     let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |base| Config {
-        connect_timeout_secs: CONNECT_TIMEOUT_SECS,
-        call_timeout_secs: CALL_TIMEOUT_SECS,
+        connect_timeout: CONNECT_TIMEOUT,
+        call_timeout: CALL_TIMEOUT,
         call_attempts: SILENT_PROVIDERS,
         ..base
     })
     .await;
     ready(&caller, "caller").await;
 
-    let budget = Duration::from_secs(CONNECT_TIMEOUT_SECS + CALL_TIMEOUT_SECS);
+    let budget = CONNECT_TIMEOUT + CALL_TIMEOUT;
     for n in 1..=2 {
         let r = tokio::time::timeout(budget * 3, caller.call("slow")).await;
         let e = match r {
@@ -112,14 +112,14 @@ async fn a_relay_denying_circuits_is_retried_three_times_then_the_call_fails() {
     .await;
     ready(&provider, "provider").await;
     let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |base| Config {
-        connect_timeout_secs: CONNECT_TIMEOUT_SECS,
-        call_timeout_secs: CALL_TIMEOUT_SECS,
+        connect_timeout: CONNECT_TIMEOUT,
+        call_timeout: CALL_TIMEOUT,
         ..base
     })
     .await;
     ready(&caller, "caller").await;
 
-    let budget = Duration::from_secs(CONNECT_TIMEOUT_SECS + CALL_TIMEOUT_SECS);
+    let budget = CONNECT_TIMEOUT + CALL_TIMEOUT;
     // The provider's record may take a moment to reach the catalog.
     let e = loop {
         let r = tokio::time::timeout(budget * 3, caller.call("echo")).await;

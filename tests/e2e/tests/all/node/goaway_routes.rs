@@ -49,7 +49,7 @@ async fn calls_made_while_the_providers_router_is_leaving_avoid_it_and_outlive_i
     let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |base| Config {
         router_selector: labels("c"),
         // The circuit through a stays open (no idle close) for the test.
-        relayed_idle_secs: 3600,
+        relayed_idle: Duration::from_secs(3600),
         ..base
     })
     .await;

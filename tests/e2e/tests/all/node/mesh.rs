@@ -360,7 +360,7 @@ async fn credentials_are_refreshed_and_re_presented_before_they_expire() {
     let backend = echo_backend().await;
     let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
         expose: vec![("echo".into(), backend)],
-        credential_skew_secs: 0,
+        credential_skew: Duration::ZERO,
         ..base
     })
     .await;
@@ -564,7 +564,7 @@ async fn a_transit_connection_closes_once_idle() {
     .await;
     let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
         router_selector: selector("r1"),
-        idle_connection_secs: 1,
+        idle_connection: Duration::from_secs(1),
         ..base
     })
     .await;

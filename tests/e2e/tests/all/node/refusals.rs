@@ -32,7 +32,7 @@ async fn the_provider_refuses_bad_credentials_with_reasons_and_counters() {
     let backend = echo_backend().await;
     let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| agentmesh_node::Config {
         expose: vec![("echo".into(), backend)],
-        credential_skew_secs: 0,
+        credential_skew: Duration::ZERO,
         ..base
     })
     .await;

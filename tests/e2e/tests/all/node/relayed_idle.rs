@@ -24,10 +24,10 @@ async fn node(cp: &Cp, adjust: impl FnOnce(Config) -> Config) -> (NodeHandle, te
         token: cp.token(Role::Member).await,
         data_dir: dir.path().to_path_buf(),
         routers: 1,
-        directory_interval_secs: 1,
+        directory_interval: Duration::from_secs(1),
         metrics_addr: Some("127.0.0.1:0".parse().expect("addr")),
         // Far beyond the deadline: only the relayed-idle close can act.
-        idle_connection_secs: 3600,
+        idle_connection: Duration::from_secs(3600),
         ..Config::default()
     });
     let n = agentmesh_node::spawn(config, None).await.expect("spawn");
@@ -69,12 +69,12 @@ async fn setup_with(
     let backend = echo_backend().await;
     let (p, pd) = node(&cp, |c| Config {
         expose: vec![("echo".into(), backend)],
-        relayed_idle_secs: provider_idle_secs,
+        relayed_idle: Duration::from_secs(provider_idle_secs),
         ..c
     })
     .await;
     let (c, cd) = node(&cp, |c| Config {
-        relayed_idle_secs: caller_idle_secs,
+        relayed_idle: Duration::from_secs(caller_idle_secs),
         ..c
     })
     .await;
@@ -199,7 +199,7 @@ async fn a_refused_circuit_is_a_clear_error_and_frees_up_after_the_idle_close() 
     })
     .await;
     let (b, bd) = node(&cp, |c| Config {
-        relayed_idle_secs: 1,
+        relayed_idle: Duration::from_secs(1),
         ..c
     })
     .await;

@@ -64,7 +64,7 @@ pub fn node_config(cp: &Cp, token: &str, dir: &Path) -> Config {
         token: token.to_string(),
         data_dir: dir.to_path_buf(),
         routers: 1,
-        directory_interval_secs: 1,
+        directory_interval: Duration::from_secs(1),
         metrics_addr: Some("127.0.0.1:0".parse().expect("addr")),
         ..Config::default()
     }

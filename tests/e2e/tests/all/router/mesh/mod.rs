@@ -85,7 +85,7 @@ pub(crate) async fn start_node(
             routers,
             router_selector: selector,
             expose,
-            directory_interval_secs: 1,
+            directory_interval: Duration::from_secs(1),
             no_socket: true,
             metrics_addr: None,
             ..agentmesh_node::Config::default()
