@@ -1,0 +1,1050 @@
+//! The starting corpus: for each target a handful of real encoded inputs,
+//! valid and invalid, each with the outcomes it must reach. The
+//! `fuzz-seeds` binary writes them into `proto/fuzz/corpus/<target>/`; the
+//! replay test checks the outcomes, so the seeds prove the harness gets
+//! past the signature to expiry, subject, revocation and key grace.
+
+use agentmesh_proto::identity::PeerId;
+use agentmesh_proto::pb::controlplane::{
+    EnrollRequest, GetDirectoryResponse, RefreshRequest, RouterLeaseRequest, RouterLoad,
+};
+use agentmesh_proto::pb::credential::{KeySet, PublicKey as KeyEntry, Revocation, Role};
+use agentmesh_proto::pb::mesh::{
+    Admitted, Alternative, AuthRefusal, AuthRequest, AuthResponse, CallRefusal, CallRequest,
+    CallResponse, CatalogError, CatalogRequest, CatalogResponse, GoAway, GoAwayAck, GoAwayReason,
+    Lookup, LookupResult, PublishAck, Purpose as AuthPurpose, Refused, ServiceRecord, Withdraw,
+    auth_response, catalog_request, catalog_response,
+};
+use agentmesh_proto::proof::{Purpose, make_proof};
+use agentmesh_proto::record::sign_record;
+use agentmesh_wire::frame::encode;
+use prost::Message;
+
+use crate::keys::{self, NOW, peer, peers};
+use crate::targets::{credential, enroll_proof, record, trust_keys};
+
+/// One corpus file and what running it must reach.
+#[derive(Debug, Clone)]
+pub struct Seed {
+    /// The target (and corpus directory).
+    pub target: &'static str,
+    /// The file name.
+    pub name: &'static str,
+    /// The input.
+    pub data: Vec<u8>,
+    /// `(step, outcome)` pairs the run's [`crate::Report`] must hold.
+    pub expect: Vec<(&'static str, &'static str)>,
+}
+
+fn seed(
+    target: &'static str,
+    name: &'static str,
+    data: Vec<u8>,
+    expect: &[(&'static str, &'static str)],
+) -> Seed {
+    Seed {
+        target,
+        name,
+        data,
+        expect: expect.to_vec(),
+    }
+}
+
+/// Every seed of every target.
+pub fn all() -> Vec<Seed> {
+    let mut out = Vec::new();
+    out.extend(credential_seeds());
+    out.extend(enroll_proof_seeds());
+    out.extend(auth_seeds());
+    out.extend(goaway_seeds());
+    out.extend(catalog_seeds());
+    out.extend(call_seeds());
+    out.extend(record_seeds());
+    out.extend(trust_keys_seeds());
+    out
+}
+
+fn credential_seeds() -> Vec<Seed> {
+    use credential::{Case, Expect, Signer};
+    let t = "credential";
+    let c0 = keys::member_claims(0, Role::Member);
+    let valid = Case::signed(&c0, Signer::Current, Expect::Subject, NOW);
+    let relative = |now| Case {
+        relative: true,
+        now,
+        ..valid.clone()
+    };
+    let with = |f: &dyn Fn(&mut agentmesh_proto::pb::credential::Claims)| {
+        let mut c = c0.clone();
+        f(&mut c);
+        Case::signed(&c, Signer::Current, Expect::Subject, NOW)
+    };
+    let retired = |now| {
+        let mut c = c0.clone();
+        c.key_id = keys::RETIRED_KEY_ID.into();
+        c.issued_at_unix_secs = NOW - 7_200;
+        c.expires_at_unix_secs = NOW - 3_000;
+        Case::signed(&c, Signer::Retired, Expect::Subject, now)
+    };
+    let ok = [("credential", "ok")];
+    vec![
+        seed(t, "valid", valid.encode(), &ok),
+        seed(
+            t,
+            "valid_no_peer",
+            Case {
+                expect: Expect::Nobody,
+                ..valid.clone()
+            }
+            .encode(),
+            &ok,
+        ),
+        // Issued NOW-60, expires NOW+3600, skew 60.
+        seed(
+            t,
+            "expired",
+            relative(3_721).encode(),
+            &[("credential", "expired")],
+        ),
+        seed(t, "expiry_edge", relative(3_720).encode(), &ok),
+        seed(
+            t,
+            "not_yet_valid",
+            relative(-61).encode(),
+            &[("credential", "not_yet_valid")],
+        ),
+        seed(
+            t,
+            "wrong_peer",
+            Case {
+                expect: Expect::Other,
+                ..valid.clone()
+            }
+            .encode(),
+            &[("credential", "wrong_peer")],
+        ),
+        seed(
+            t,
+            "revoked",
+            Case {
+                revoke: true,
+                revoked_until: 10,
+                ..valid.clone()
+            }
+            .encode(),
+            &[("credential", "revoked")],
+        ),
+        seed(
+            t,
+            "revocation_over",
+            Case {
+                revoke: true,
+                revoked_until: -1,
+                ..valid.clone()
+            }
+            .encode(),
+            &ok,
+        ),
+        seed(
+            t,
+            "revoked_by_list",
+            Case::signed(
+                &keys::member_claims(3, Role::Member),
+                Signer::Current,
+                Expect::Subject,
+                NOW,
+            )
+            .encode(),
+            &[("credential", "revoked")],
+        ),
+        seed(
+            t,
+            "stranger_key",
+            Case {
+                signer: Signer::Stranger,
+                ..valid.clone()
+            }
+            .encode(),
+            &[("credential", "bad_signature")],
+        ),
+        seed(
+            t,
+            "flipped_signature",
+            Case {
+                signer: Signer::Flipped,
+                ..valid.clone()
+            }
+            .encode(),
+            &[("credential", "bad_signature")],
+        ),
+        seed(
+            t,
+            "retired_in_grace",
+            retired(keys::RETIRED_UNTIL - 10).encode(),
+            &ok,
+        ),
+        seed(
+            t,
+            "retired_after_grace",
+            retired(keys::RETIRED_UNTIL + 1).encode(),
+            &[("credential", "expired")],
+        ),
+        seed(
+            t,
+            "unknown_key",
+            with(&|c| c.key_id = "k9".into()).encode(),
+            &[("credential", "unknown_key")],
+        ),
+        seed(
+            t,
+            "broken_key",
+            with(&|c| c.key_id = keys::BROKEN_KEY_ID.into()).encode(),
+            &[("credential", "unknown_key")],
+        ),
+        seed(
+            t,
+            "subject_not_a_peer",
+            with(&|c| c.subject = b"junk".to_vec()).encode(),
+            &[("credential", "malformed")],
+        ),
+        seed(
+            t,
+            "extreme_times",
+            Case {
+                skew: u16::MAX,
+                now: 0,
+                ..with(&|c| {
+                    c.issued_at_unix_secs = i64::MIN;
+                    c.expires_at_unix_secs = i64::MAX;
+                })
+            }
+            .encode(),
+            &ok,
+        ),
+        seed(
+            t,
+            "claims_garbage",
+            Case {
+                body: vec![0xff, 0xff, 0xff],
+                ..valid.clone()
+            }
+            .encode(),
+            &[("credential", "malformed")],
+        ),
+        seed(
+            t,
+            "raw_valid",
+            Case {
+                raw: true,
+                body: keys::member_credential(0, Role::Member).encode_to_vec(),
+                ..valid.clone()
+            }
+            .encode(),
+            &ok,
+        ),
+        seed(
+            t,
+            "raw_garbage",
+            Case {
+                raw: true,
+                body: vec![0x0a, 0xff],
+                ..valid.clone()
+            }
+            .encode(),
+            &[("decode", "malformed")],
+        ),
+        seed(t, "empty", Vec::new(), &[("credential", "unknown_key")]),
+    ]
+}
+
+fn enroll_proof_seeds() -> Vec<Seed> {
+    use enroll_proof::{Breakage, CP_URL, Case, Mode, Verifier};
+    let t = "enroll_proof";
+    let valid = Case::structured("http://cp.test:7400/", NOW, 0);
+    let ok = [("proof", "ok")];
+    let bad = [("proof", "bad_signature")];
+    let m0 = &peers()[0];
+    vec![
+        seed(t, "valid", valid.encode(), &ok),
+        seed(
+            t,
+            "trailing_slash",
+            Case {
+                verifier: Verifier::Slash,
+                ..valid.clone()
+            }
+            .encode(),
+            &ok,
+        ),
+        seed(
+            t,
+            "other_endpoint",
+            Case {
+                verifier: Verifier::Other,
+                ..valid.clone()
+            }
+            .encode(),
+            &bad,
+        ),
+        seed(
+            t,
+            "other_purpose",
+            Case {
+                verified: Purpose::Refresh,
+                ..valid.clone()
+            }
+            .encode(),
+            &bad,
+        ),
+        seed(
+            t,
+            "lease",
+            Case {
+                signed: Purpose::Lease,
+                verified: Purpose::Lease,
+                key: 2,
+                ..valid.clone()
+            }
+            .encode(),
+            &ok,
+        ),
+        seed(
+            t,
+            "age_edge",
+            Case {
+                now: 300,
+                ..valid.clone()
+            }
+            .encode(),
+            &ok,
+        ),
+        seed(
+            t,
+            "future_edge",
+            Case {
+                now: -300,
+                ..valid.clone()
+            }
+            .encode(),
+            &ok,
+        ),
+        seed(
+            t,
+            "stale",
+            Case {
+                now: 301,
+                ..valid.clone()
+            }
+            .encode(),
+            &[("proof", "stale")],
+        ),
+        seed(
+            t,
+            "extreme_timestamp",
+            Case::structured(CP_URL, i64::MIN, i64::MAX).encode(),
+            &[("proof", "stale")],
+        ),
+        seed(
+            t,
+            "max_timestamp",
+            Case::structured(CP_URL, i64::MAX, -200).encode(),
+            &ok,
+        ),
+        seed(
+            t,
+            "flipped_signature",
+            Case {
+                breakage: Breakage::Flipped,
+                ..valid.clone()
+            }
+            .encode(),
+            &bad,
+        ),
+        seed(
+            t,
+            "no_signature",
+            Case {
+                breakage: Breakage::Empty,
+                ..valid.clone()
+            }
+            .encode(),
+            &bad,
+        ),
+        seed(
+            t,
+            "cut_signature",
+            Case {
+                breakage: Breakage::Cut,
+                ..valid.clone()
+            }
+            .encode(),
+            &bad,
+        ),
+        seed(
+            t,
+            "cut_key",
+            Case {
+                cut_key: true,
+                ..valid.clone()
+            }
+            .encode(),
+            &[("proof", "bad_key")],
+        ),
+        seed(
+            t,
+            "enroll_request",
+            Case::request(
+                Mode::Enroll,
+                Purpose::Enroll,
+                NOW + 5,
+                EnrollRequest {
+                    token: "tok-123".into(),
+                    proof: Some(make_proof(Purpose::Enroll, CP_URL, m0, NOW)),
+                }
+                .encode_to_vec(),
+            )
+            .encode(),
+            &[("decode", "ok"), ("proof", "ok")],
+        ),
+        seed(
+            t,
+            "enroll_without_proof",
+            Case::request(
+                Mode::Enroll,
+                Purpose::Enroll,
+                NOW,
+                EnrollRequest {
+                    token: "tok-123".into(),
+                    proof: None,
+                }
+                .encode_to_vec(),
+            )
+            .encode(),
+            &[("proof", "missing")],
+        ),
+        seed(
+            t,
+            "refresh_request",
+            Case::request(
+                Mode::Refresh,
+                Purpose::Refresh,
+                NOW,
+                RefreshRequest {
+                    credential: Some(keys::member_credential(0, Role::Member)),
+                    proof: Some(make_proof(Purpose::Refresh, CP_URL, m0, NOW)),
+                }
+                .encode_to_vec(),
+            )
+            .encode(),
+            &[("proof", "ok"), ("credential", "ok")],
+        ),
+        seed(
+            t,
+            "refresh_someone_elses_credential",
+            Case::request(
+                Mode::Refresh,
+                Purpose::Refresh,
+                NOW,
+                RefreshRequest {
+                    credential: Some(keys::member_credential(1, Role::Member)),
+                    proof: Some(make_proof(Purpose::Refresh, CP_URL, m0, NOW)),
+                }
+                .encode_to_vec(),
+            )
+            .encode(),
+            &[("proof", "ok"), ("credential", "wrong_peer")],
+        ),
+        seed(
+            t,
+            "lease_request",
+            Case::request(
+                Mode::Lease,
+                Purpose::Lease,
+                NOW,
+                RouterLeaseRequest {
+                    credential: Some(keys::member_credential(2, Role::Router)),
+                    proof: Some(make_proof(Purpose::Lease, CP_URL, &peers()[2], NOW)),
+                    addrs: vec!["/ip4/127.0.0.1/tcp/4001".into()],
+                    labels: vec![],
+                    load: Some(RouterLoad {
+                        attached_members: 3,
+                        transit_connections: 1,
+                        high_watermark: 100,
+                        low_watermark: 85,
+                    }),
+                    draining: false,
+                }
+                .encode_to_vec(),
+            )
+            .encode(),
+            &[("proof", "ok"), ("credential", "ok")],
+        ),
+        seed(
+            t,
+            "request_garbage",
+            Case::request(Mode::Refresh, Purpose::Refresh, NOW, vec![0x12, 0xff]).encode(),
+            &[("decode", "malformed")],
+        ),
+    ]
+}
+
+fn truncated(frame: &[u8]) -> Vec<u8> {
+    frame[..frame.len() - 1].to_vec()
+}
+
+fn trailing(frame: &[u8]) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f.push(0);
+    f
+}
+
+/// A length prefix announcing 1 MiB, and nothing after it.
+fn too_large() -> Vec<u8> {
+    vec![0x80, 0x80, 0x40]
+}
+
+fn auth_seeds() -> Vec<Seed> {
+    let t = "auth_frames";
+    let req = |i: usize, role: Role, purpose: AuthPurpose| AuthRequest {
+        credential: Some(keys::member_credential(i, role)),
+        purpose: purpose as i32,
+        attached_routers: vec![peer(1).to_bytes(), b"not a peer".to_vec()],
+    };
+    let attach = encode(&req(0, Role::Member, AuthPurpose::Attach));
+    let mut expired = keys::member_claims(0, Role::Member);
+    expired.expires_at_unix_secs = NOW - 61;
+    let mut forged = req(0, Role::Member, AuthPurpose::Attach);
+    forged.credential = Some(agentmesh_proto::credential::sign(
+        &keys::member_claims(0, Role::Member),
+        &keys::signing().stranger,
+    ));
+    let answer = |r: auth_response::Result| encode(&AuthResponse { result: Some(r) });
+    vec![
+        seed(
+            t,
+            "attach",
+            attach.clone(),
+            &[
+                ("request", "ok"),
+                ("purpose", "attach"),
+                ("credential", "ok"),
+            ],
+        ),
+        seed(
+            t,
+            "transit_someone_elses_credential",
+            encode(&req(1, Role::Member, AuthPurpose::Transit)),
+            &[("purpose", "transit"), ("credential", "wrong_peer")],
+        ),
+        seed(
+            t,
+            "router",
+            encode(&req(0, Role::Router, AuthPurpose::Router)),
+            &[("purpose", "router"), ("credential", "ok")],
+        ),
+        seed(
+            t,
+            "expired_credential",
+            encode(&AuthRequest {
+                credential: Some(agentmesh_proto::credential::sign(
+                    &expired,
+                    &keys::signing().current,
+                )),
+                ..req(0, Role::Member, AuthPurpose::Attach)
+            }),
+            &[("credential", "expired")],
+        ),
+        seed(
+            t,
+            "forged_credential",
+            encode(&forged),
+            &[("credential", "bad_signature")],
+        ),
+        seed(
+            t,
+            "no_credential",
+            encode(&AuthRequest {
+                credential: None,
+                ..req(0, Role::Member, AuthPurpose::Unspecified)
+            }),
+            &[("purpose", "malformed"), ("credential", "missing")],
+        ),
+        seed(
+            t,
+            "admitted",
+            answer(auth_response::Result::Admitted(Admitted {
+                until_unix_secs: NOW + 3_600,
+            })),
+            &[("response", "admitted")],
+        ),
+        seed(
+            t,
+            "refused",
+            answer(auth_response::Result::Refused(Refused {
+                reason: AuthRefusal::Revoked as i32,
+                detail: "credential subject is revoked".into(),
+            })),
+            &[("response", "refused")],
+        ),
+        seed(
+            t,
+            "go_away",
+            answer(auth_response::Result::GoAway(go_away())),
+            &[("response", "go_away")],
+        ),
+        seed(
+            t,
+            "empty",
+            encode(&AuthResponse { result: None }),
+            &[("response", "empty"), ("request", "ok")],
+        ),
+        seed(
+            t,
+            "truncated",
+            truncated(&attach),
+            &[
+                ("request", "length_mismatch"),
+                ("response", "length_mismatch"),
+            ],
+        ),
+        seed(
+            t,
+            "trailing_byte",
+            trailing(&attach),
+            &[("request", "length_mismatch")],
+        ),
+        seed(t, "too_large", too_large(), &[("request", "too_large")]),
+        seed(
+            t,
+            "bad_length",
+            vec![0xff; 11],
+            &[("request", "bad_length")],
+        ),
+    ]
+}
+
+fn go_away() -> GoAway {
+    GoAway {
+        reason: GoAwayReason::Draining as i32,
+        retry_after_secs: 30,
+        alternatives: vec![
+            Alternative {
+                peer_id: peer(1).to_bytes(),
+                addrs: vec![
+                    "/ip4/127.0.0.1/tcp/4001".into(),
+                    "/dns4/router.test/udp/4001/quic-v1".into(),
+                ],
+                load: Some(RouterLoad {
+                    attached_members: 10,
+                    transit_connections: 0,
+                    high_watermark: 100,
+                    low_watermark: 85,
+                }),
+            },
+            Alternative {
+                peer_id: b"junk".to_vec(),
+                addrs: vec!["/ip4/127.0.0.1/tcp/4002".into()],
+                load: None,
+            },
+            Alternative {
+                peer_id: peer(2).to_bytes(),
+                addrs: vec!["not an address".into()],
+                load: None,
+            },
+        ],
+    }
+}
+
+fn goaway_seeds() -> Vec<Seed> {
+    let t = "goaway_frames";
+    let draining = encode(&go_away());
+    vec![
+        seed(
+            t,
+            "draining",
+            draining.clone(),
+            &[
+                ("go_away", "ok"),
+                ("reason", "draining"),
+                ("alternative", "ok"),
+                ("alternative", "bad_peer"),
+                ("alternative", "no_addrs"),
+            ],
+        ),
+        seed(
+            t,
+            "overloaded",
+            encode(&GoAway {
+                reason: GoAwayReason::Overloaded as i32,
+                retry_after_secs: u32::MAX,
+                alternatives: vec![],
+            }),
+            &[("reason", "overloaded")],
+        ),
+        seed(
+            t,
+            "ack",
+            encode(&GoAwayAck {}),
+            &[("ack", "ok"), ("reason", "unspecified")],
+        ),
+        seed(
+            t,
+            "truncated",
+            truncated(&draining),
+            &[("go_away", "length_mismatch")],
+        ),
+        seed(t, "too_large", too_large(), &[("go_away", "too_large")]),
+    ]
+}
+
+fn service_record(i: usize, expires: i64) -> ServiceRecord {
+    ServiceRecord {
+        provider: peer(i).to_bytes(),
+        services: vec!["echo".into(), "kv".into()],
+        routers: vec![peer(1).to_bytes()],
+        issued_at_unix_secs: NOW - 10,
+        expires_at_unix_secs: expires,
+    }
+}
+
+/// A PeerId that is a SHA-256 multihash: it names no inline key.
+fn hashed_peer() -> Vec<u8> {
+    let mut b = vec![0x12, 0x20];
+    b.extend_from_slice(&[7; 32]);
+    assert!(PeerId::from_bytes(&b).is_ok());
+    b
+}
+
+fn catalog_seeds() -> Vec<Seed> {
+    let t = "catalog_frames";
+    let valid = sign_record(&service_record(0, NOW + 600), &peers()[0]);
+    let expired = sign_record(&service_record(0, NOW - 1), &peers()[0]);
+    let forged = sign_record(&service_record(0, NOW + 600), &peers()[1]);
+    let req = |op| encode(&CatalogRequest { op: Some(op) });
+    let resp = |r| encode(&CatalogResponse { result: Some(r) });
+    let lookup = Lookup {
+        service: "echo".into(),
+        limit: 5,
+    };
+    let publish = req(catalog_request::Op::Publish(valid.clone()));
+    vec![
+        seed(
+            t,
+            "publish",
+            publish.clone(),
+            &[("request", "publish"), ("record", "ok")],
+        ),
+        seed(
+            t,
+            "publish_expired",
+            req(catalog_request::Op::Publish(expired)),
+            &[("record", "expired")],
+        ),
+        seed(
+            t,
+            "publish_forged",
+            req(catalog_request::Op::Publish(forged.clone())),
+            &[("record", "bad_signature")],
+        ),
+        seed(
+            t,
+            "withdraw",
+            req(catalog_request::Op::Withdraw(Withdraw {})),
+            &[("request", "withdraw")],
+        ),
+        seed(
+            t,
+            "lookup",
+            req(catalog_request::Op::Lookup(lookup.clone())),
+            &[("request", "lookup")],
+        ),
+        seed(
+            t,
+            "local_lookup",
+            req(catalog_request::Op::LocalLookup(lookup)),
+            &[("request", "local_lookup")],
+        ),
+        seed(
+            t,
+            "providers",
+            resp(catalog_response::Result::Providers(LookupResult {
+                records: vec![
+                    valid,
+                    sign_record(&service_record(2, NOW + 60), &peers()[2]),
+                    forged,
+                ],
+            })),
+            &[
+                ("response", "providers"),
+                ("record", "ok"),
+                ("record", "bad_signature"),
+            ],
+        ),
+        seed(
+            t,
+            "ack",
+            resp(catalog_response::Result::Ack(PublishAck {
+                expires_at_unix_secs: NOW + 600,
+            })),
+            &[("response", "ack")],
+        ),
+        seed(
+            t,
+            "error",
+            resp(catalog_response::Result::Error(CatalogError {
+                reason: "publish needs an admitted attach".into(),
+            })),
+            &[("response", "error")],
+        ),
+        seed(
+            t,
+            "empty",
+            encode(&CatalogRequest { op: None }),
+            &[("request", "empty"), ("response", "empty")],
+        ),
+        seed(
+            t,
+            "truncated",
+            truncated(&publish),
+            &[("request", "length_mismatch")],
+        ),
+    ]
+}
+
+fn call_seeds() -> Vec<Seed> {
+    let t = "call_frames";
+    let req = |cred| {
+        encode(&CallRequest {
+            service: "echo".into(),
+            credential: cred,
+        })
+    };
+    let call = req(Some(keys::member_credential(0, Role::Member)));
+    vec![
+        seed(
+            t,
+            "request",
+            call.clone(),
+            &[("request", "ok"), ("credential", "ok")],
+        ),
+        seed(
+            t,
+            "someone_elses_credential",
+            req(Some(keys::member_credential(1, Role::Member))),
+            &[("credential", "wrong_peer")],
+        ),
+        seed(t, "no_credential", req(None), &[("credential", "missing")]),
+        seed(
+            t,
+            "accepted",
+            encode(&CallResponse {
+                accepted: true,
+                refusal: 0,
+                detail: String::new(),
+            }),
+            &[("response", "accepted")],
+        ),
+        seed(
+            t,
+            "refused",
+            encode(&CallResponse {
+                accepted: false,
+                refusal: CallRefusal::TooManyCalls as i32,
+                detail: "busy".into(),
+            }),
+            &[("response", "refused")],
+        ),
+        seed(
+            t,
+            "unknown_refusal",
+            encode(&CallResponse {
+                accepted: false,
+                refusal: 999,
+                detail: String::new(),
+            }),
+            &[("response", "refused_unspecified")],
+        ),
+        seed(
+            t,
+            "truncated",
+            truncated(&call),
+            &[("request", "length_mismatch")],
+        ),
+        seed(t, "too_large", too_large(), &[("response", "too_large")]),
+    ]
+}
+
+fn record_seeds() -> Vec<Seed> {
+    use record::{Case, Signer};
+    let t = "record";
+    let r0 = service_record(0, NOW + 600);
+    let valid = Case::signed(&r0, Signer::First, NOW);
+    let with = |f: &dyn Fn(&mut ServiceRecord)| {
+        let mut r = r0.clone();
+        f(&mut r);
+        Case::signed(&r, Signer::First, NOW)
+    };
+    let ok = [("record", "ok")];
+    let bad = [("record", "bad_signature")];
+    let signer = |s| Case {
+        signer: s,
+        ..valid.clone()
+    };
+    vec![
+        seed(t, "valid", valid.encode(), &ok),
+        seed(
+            t,
+            "expiry_edge",
+            Case {
+                relative: true,
+                now: 0,
+                ..valid.clone()
+            }
+            .encode(),
+            &ok,
+        ),
+        seed(
+            t,
+            "expired",
+            Case {
+                relative: true,
+                now: 1,
+                ..valid.clone()
+            }
+            .encode(),
+            &[("record", "expired")],
+        ),
+        seed(t, "other_signer", signer(Signer::Second).encode(), &bad),
+        seed(
+            t,
+            "flipped_signature",
+            signer(Signer::Flipped).encode(),
+            &bad,
+        ),
+        seed(t, "unsigned", signer(Signer::Unsigned).encode(), &bad),
+        seed(
+            t,
+            "hashed_provider",
+            with(&|r| r.provider = hashed_peer()).encode(),
+            &[("record", "no_inline_key")],
+        ),
+        seed(
+            t,
+            "provider_not_a_peer",
+            with(&|r| r.provider = b"junk".to_vec()).encode(),
+            &[("record", "malformed")],
+        ),
+        seed(
+            t,
+            "too_many_services",
+            with(&|r| r.services = (0..65).map(|i| format!("s{i}")).collect()).encode(),
+            &[("record", "malformed")],
+        ),
+        seed(
+            t,
+            "raw_valid",
+            Case {
+                raw: true,
+                body: sign_record(&r0, &peers()[0]).encode_to_vec(),
+                ..valid.clone()
+            }
+            .encode(),
+            &ok,
+        ),
+        seed(
+            t,
+            "raw_garbage",
+            Case {
+                raw: true,
+                body: vec![0x0a, 0x05, 0x01],
+                ..valid.clone()
+            }
+            .encode(),
+            &[("decode", "malformed")],
+        ),
+        seed(
+            t,
+            "record_garbage",
+            Case {
+                body: vec![0xff],
+                ..valid.clone()
+            }
+            .encode(),
+            &[("record", "malformed")],
+        ),
+    ]
+}
+
+fn trust_keys_seeds() -> Vec<Seed> {
+    let t = "trust_keys";
+    let dir = |revocations: Vec<Revocation>| {
+        GetDirectoryResponse {
+            routers: vec![],
+            revocations,
+            generated_at_unix_secs: NOW,
+        }
+        .encode_to_vec()
+    };
+    let member_until = |until| Revocation {
+        peer_id: peer(0).to_bytes(),
+        until_unix_secs: until,
+        reason: "test".into(),
+    };
+    let published = keys::key_set().encode_to_vec();
+    let k = keys::signing();
+    let entry = |id: &str, key: &agentmesh_proto::identity::ed25519::Keypair| KeyEntry {
+        key_id: id.into(),
+        ed25519: key.public().to_bytes().to_vec(),
+        active_from_unix_secs: 0,
+        verify_until_unix_secs: 0,
+    };
+    let duplicates = KeySet {
+        keys: vec![
+            entry(keys::CURRENT_KEY_ID, &k.stranger),
+            entry(keys::CURRENT_KEY_ID, &k.current),
+        ],
+    }
+    .encode_to_vec();
+    vec![
+        seed(
+            t,
+            "published",
+            trust_keys::encode(NOW, &published, &dir(keys::revocations())),
+            &[("keys", "ok"), ("key", "ok"), ("key", "expired")],
+        ),
+        seed(
+            t,
+            "in_grace",
+            trust_keys::encode(keys::RETIRED_UNTIL, &published, &dir(keys::revocations())),
+            &[("key", "ok")],
+        ),
+        seed(
+            t,
+            "member_revoked",
+            trust_keys::encode(NOW, &published, &dir(vec![member_until(NOW + 10)])),
+            &[("key", "revoked"), ("revocations", "ok")],
+        ),
+        seed(
+            t,
+            "duplicates_last_wins",
+            trust_keys::encode(
+                NOW,
+                &duplicates,
+                &dir(vec![member_until(i64::MAX), member_until(NOW - 1)]),
+            ),
+            &[("key", "ok")],
+        ),
+        seed(
+            t,
+            "garbage",
+            trust_keys::encode(NOW, &[0xff], &[0xff]),
+            &[("keys", "malformed"), ("revocations", "malformed")],
+        ),
+        seed(
+            t,
+            "empty",
+            Vec::new(),
+            &[("keys", "empty"), ("revocations", "none")],
+        ),
+    ]
+}

@@ -1,0 +1,18 @@
+//! One module per fuzz target, each with a `run(&[u8]) -> Report`.
+//!
+//! - [`credential`]: `credential::verify` on claims the harness signs.
+//! - [`enroll_proof`]: the proof of possession the control plane checks on
+//!   Enroll, Refresh and RouterLease.
+//! - [`auth_frames`], [`goaway_frames`], [`catalog_frames`],
+//!   [`call_frames`]: each protocol's request and answer frames.
+//! - [`record`]: signed service records.
+//! - [`trust_keys`]: key sets and revocation lists given to `Trust`.
+
+pub mod auth_frames;
+pub mod call_frames;
+pub mod catalog_frames;
+pub mod credential;
+pub mod enroll_proof;
+pub mod goaway_frames;
+pub mod record;
+pub mod trust_keys;
