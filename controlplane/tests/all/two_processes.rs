@@ -1,67 +1,78 @@
-//! The control plane on a real PostgreSQL server (a database of its own
-//! per test, from `AGENTMESH_TEST_POSTGRES_URL`; skipped with `SKIPPED:`
-//! outside CI without one, failed in CI): two control planes starting
-//! together on an empty database share one signing key, a single-use token
-//! presented to both at once enrolls exactly one member, and `store copy`
-//! moves a mesh from SQLite so its member refreshes without enrolling again.
+//! Two `agentmesh-control-plane` processes (the real binary) on one
+//! database, on both backends, as two replicas would run: started together
+//! on an empty database, both come up serving exactly one signing key; a
+//! single-use token presented by two enrollments at once, one to each
+//! process, enrolls exactly one member.
 
-mod common;
+use agentmesh_proto::{
+    identity::Keypair,
+    pb::credential::{Role, TokenKind},
+};
 
-use agentmesh_controlplane::{Config, Handle, spawn, store::testing};
-use agentmesh_proto::identity::Keypair;
-use agentmesh_proto::pb::credential::{Role, TokenKind};
-use common::{client, config, token};
-use tokio::process::Command;
+use crate::common::{
+    self, Backend, TestDb,
+    binary::{run, serve},
+    client_at,
+};
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentmesh-control-plane");
-
-/// A control plane on the PostgreSQL database `url`, sealing keys with `kek`.
-fn pg_config(dir: &std::path::Path, url: &str, kek: &str) -> Config {
-    Config {
-        db: url.to_string(),
-        key_encryption_key: Some(kek.to_string()),
-        ..config(dir)
-    }
-}
-
-fn kek() -> String {
-    agentmesh_controlplane::store::Kek::generate_hex()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_control_planes_starting_together_share_one_key_and_spend_a_token_once() {
-    let Some(db) = testing::fresh_database().await else {
-        return;
-    };
-    let (dir_a, dir_b) = (
-        tempfile::tempdir().expect("tempdir"),
-        tempfile::tempdir().expect("tempdir"),
+async fn two_processes_starting_together_share_one_key_and_spend_a_token_once(db: TestDb) {
+    let env = db.binary_env();
+    let (a, b) = tokio::join!(serve(db.url(), &[], &env), serve(db.url(), &[], &env));
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM signing_keys").await,
+        1,
+        "one key made by the two"
     );
-    let kek = kek();
-    let (a, b) = tokio::join!(
-        spawn(pg_config(dir_a.path(), &db.url, &kek)),
-        spawn(pg_config(dir_b.path(), &db.url, &kek))
-    );
-    let (a, b): (Handle, Handle) = (a.expect("a starts"), b.expect("b starts"));
+    let (ca, cb) = (client_at(&a.url), client_at(&b.url));
     let (ka, kb) = (
-        client(&a).get_keys().await.expect("a's keys"),
-        client(&b).get_keys().await.expect("b's keys"),
+        ca.get_keys().await.expect("a's keys"),
+        cb.get_keys().await.expect("b's keys"),
     );
     assert_eq!(ka.keys.len(), 1, "{ka:?}");
     assert_eq!(ka, kb, "both serve the one key");
-    let body = common::metrics(&a).await;
+    let (status, body) = common::http_get(a.http_addr, "/metrics").await;
+    assert_eq!(status, 200);
     let pool = |state: &str| {
         common::metric(
             &body,
             &format!("agentmesh_control_plane_db_pool_connections{{state=\"{state}\"}}"),
         )
     };
-    assert_eq!(pool("max"), Some(16.0), "--db-pool-connections default");
-    assert!(pool("open").is_some_and(|n| (1.0..=16.0).contains(&n)));
+    match db.backend() {
+        Backend::Postgres => {
+            assert_eq!(pool("max"), Some(16.0), "--db-pool-connections default");
+            assert!(pool("open").is_some_and(|n| (1.0..=16.0).contains(&n)));
+        }
+        Backend::Sqlite => assert_eq!(pool("max"), Some(0.0), "no pool on SQLite"),
+    }
 
-    // One single-use token, presented to both at once by two members.
-    let tok = token(&a, TokenKind::Bootstrap, Role::Member, &[], 1).await;
-    let (ca, cb) = (client(&a), client(&b));
+    // One single-use token (from `token create`, a third process), presented
+    // at once by two members, one to each control plane.
+    let out = run(
+        &[
+            "token",
+            "create",
+            "--db",
+            db.url(),
+            "--kind",
+            "bootstrap",
+            "--role",
+            "member",
+            "--max-uses",
+            "1",
+        ],
+        &env,
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tok = String::from_utf8(out.stdout)
+        .expect("utf8")
+        .trim()
+        .to_string();
     let (ma, mb) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
     let (ra, rb) = tokio::join!(ca.enroll(&tok, &ma), cb.enroll(&tok, &mb));
     assert!(
@@ -70,74 +81,31 @@ async fn two_control_planes_starting_together_share_one_key_and_spend_a_token_on
         ra.as_ref().map(|_| ()),
         rb.as_ref().map(|_| ())
     );
-    let refused = ra.err().or(rb.err()).expect("one refusal");
+    let refused = ra
+        .as_ref()
+        .err()
+        .or(rb.as_ref().err())
+        .expect("one refusal");
     let status = refused.status().expect("a gRPC refusal");
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
     assert!(status.message().contains("no uses left"), "{status:?}");
-    a.shutdown().await;
-    b.shutdown().await;
+    assert_eq!(db.count("SELECT uses FROM tokens").await, 1);
+    assert_eq!(db.count("SELECT COUNT(*) FROM nodes").await, 1);
+    // The one that enrolled is a member, with the token's role.
+    let enrolled = ra.or(rb).expect("one enrolled");
+    let claims =
+        agentmesh_proto::credential::peek_claims(enrolled.credential.as_ref().expect("credential"))
+            .expect("claims");
+    assert_eq!(claims.role, Role::Member as i32);
+    assert_eq!(claims.token_kind, TokenKind::Bootstrap as i32);
+
+    for served in [a, b] {
+        let status = served.terminate().await;
+        assert!(status.success(), "exit status after SIGTERM: {status:?}");
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn store_copy_moves_a_member_from_sqlite_and_it_refreshes_without_enrolling() {
-    let Some(db) = testing::fresh_database().await else {
-        return;
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let h = common::start(dir.path()).await;
-    let tok = token(&h, TokenKind::Bootstrap, Role::Member, &[("team", "a")], 1).await;
-    let member = Keypair::generate_ed25519();
-    let enrolled = client(&h).enroll(&tok, &member).await.expect("enrolls");
-    let cred = enrolled.credential.clone().expect("credential");
-    h.shutdown().await;
-
-    // The real binary copies every table; the target's KEK from the environment.
-    let kek = kek();
-    let sqlite = format!("sqlite://{}", dir.path().join("cp.db").display());
-    let out = Command::new(BIN)
-        .args(["store", "copy", "--from", &sqlite, "--to", &db.url])
-        .env("AGENTMESH_KEY_ENCRYPTION_KEY", &kek)
-        .output()
-        .await
-        .expect("runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("copied 1 rows of nodes"), "{stderr}");
-    assert!(stderr.contains("copied 1 rows of signing_keys"), "{stderr}");
-    // A second copy into the now full target is refused, naming why.
-    let again = Command::new(BIN)
-        .args(["store", "copy", "--from", &sqlite, "--to", &db.url])
-        .env("AGENTMESH_KEY_ENCRYPTION_KEY", &kek)
-        .output()
-        .await
-        .expect("runs");
-    assert!(!again.status.success());
-    assert!(
-        String::from_utf8_lossy(&again.stderr).contains("empty"),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
-
-    let pg_dir = tempfile::tempdir().expect("tempdir");
-    let p = spawn(pg_config(pg_dir.path(), &db.url, &kek))
-        .await
-        .expect("starts on PostgreSQL");
-    let c = client(&p);
-    assert_eq!(
-        c.get_keys().await.expect("keys"),
-        enrolled.keys.clone().expect("key set"),
-        "the same signing key"
-    );
-    let refreshed = c
-        .refresh(&cred, &member)
-        .await
-        .expect("the member refreshes on PostgreSQL without enrolling again");
-    assert!(refreshed.credential.is_some());
-    // The used-up token stayed used up: enrolling another key is refused.
-    let other = Keypair::generate_ed25519();
-    assert!(c.enroll(&tok, &other).await.is_err());
-    // Re-enrolling the same key with its token needs no use: same node.
-    let again = c.enroll(&tok, &member).await.expect("re-enrolls");
-    assert_eq!(again.node_id, enrolled.node_id);
-    p.shutdown().await;
-}
+on_both!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    two_processes_starting_together_share_one_key_and_spend_a_token_once,
+);
