@@ -5,8 +5,9 @@
 # PostgreSQL refuses to run as root), listening on 127.0.0.1 only on a free
 # port, trust authentication for local connections only. Exports
 # AGENTMESH_TEST_POSTGRES_URL (an admin URL; each test creates a database
-# of its own) for the command, and stops and deletes the cluster at exit,
-# whatever the command did. Exits with the command's status.
+# of its own) and AGENTMESH_REQUIRE_POSTGRES=1 for the command, and stops
+# and deletes the cluster at exit, whatever the command did. Exits with the
+# command's status.
 set -euo pipefail
 
 PG_BIN="${PG_BIN:-}"
@@ -59,6 +60,9 @@ as_pg "$PG_BIN/pg_ctl" -D "$dir/data" -w -t 60 -l "$dir/server.log" \
     start >/dev/null || { cat "$dir/server.log" >&2; exit 1; }
 
 export AGENTMESH_TEST_POSTGRES_URL="postgres://postgres@127.0.0.1:$port/postgres"
+# Under this script the PostgreSQL half of every test must run: a test that
+# cannot reach the server fails instead of noting that it did not run.
+export AGENTMESH_REQUIRE_POSTGRES=1
 echo "==> PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$port (AGENTMESH_TEST_POSTGRES_URL)" >&2
 set +e
 "$@"

@@ -45,7 +45,7 @@ pub const DEFAULT_GRPC_HANDSHAKE_TIMEOUT_SECS: u64 = 20;
 /// Default `--grpc-max-message-bytes` (64 KiB): the largest legitimate
 /// request, a RouterLease with 32 addresses of 512 bytes, 32 labels and a
 /// credential carrying 32 labels, encodes to under 40 KiB
-/// (`tests/grpc_limits.rs` sends it).
+/// (`tests/all/grpc_limits.rs` sends it).
 pub const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// Shortest admin bearer token accepted, characters.
 pub const MIN_ADMIN_TOKEN_LEN: usize = 16;

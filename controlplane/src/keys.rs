@@ -250,8 +250,11 @@ impl Keys {
     }
 
     /// The key that signs at `now`: the latest `active_from` that has come;
-    /// on a tie, the key created last (keys are loaded in creation order and
-    /// `max_by_key` keeps the last maximum).
+    /// on a tie (a rotation without publish-ahead in the key's own second),
+    /// the key not retired yet. A rotation gives every key without an end
+    /// one and adds the new key without, so that is the newest, whatever
+    /// order the store returned them in (PostgreSQL orders keys of one
+    /// second by id, not by creation).
     pub fn signer(&self, now: i64) -> Option<Signer> {
         let loaded = read(&self.loaded);
         loaded
@@ -259,7 +262,7 @@ impl Keys {
             .iter()
             .filter(|k| k.row.active_from <= now)
             .filter(|k| k.row.verify_until == 0 || k.row.verify_until > now)
-            .max_by_key(|k| k.row.active_from)
+            .max_by_key(|k| (k.row.active_from, k.row.verify_until == 0))
             .map(|k| Signer {
                 key_id: k.row.key_id.clone(),
                 key: k.key.clone(),
@@ -335,6 +338,41 @@ mod tests {
         };
         let keys = Keys::open(&db, policy, now).await.expect("open keys");
         (db, keys)
+    }
+
+    /// Two keys of one second: the one a rotation left without an end
+    /// signs, in either load order.
+    #[test]
+    fn on_a_tie_the_key_not_retired_signs_whatever_the_load_order() {
+        let key = |id: &str, verify_until: i64| LoadedKey {
+            row: SigningKeyRow {
+                key_id: id.into(),
+                secret: Vec::new(),
+                public: Vec::new(),
+                active_from: 100,
+                verify_until,
+            },
+            key: ed25519::Keypair::generate(),
+        };
+        for order in [[("old", 300), ("new", 0)], [("new", 0), ("old", 300)]] {
+            let keys = Keys {
+                policy: RotationPolicy {
+                    interval_secs: 86_400,
+                    publish_ahead_secs: 0,
+                    grace_secs: 200,
+                },
+                reloads: AtomicU64::new(0),
+                loaded: RwLock::new(Loaded {
+                    keys: order.iter().map(|&(id, until)| key(id, until)).collect(),
+                    ..Loaded::default()
+                }),
+            };
+            assert_eq!(
+                keys.signer(100).expect("a signer").key_id,
+                "new",
+                "{order:?}"
+            );
+        }
     }
 
     #[tokio::test]

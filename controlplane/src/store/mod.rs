@@ -14,6 +14,7 @@
 //! created under a lock, rotation is claimed by a conditional update, and a
 //! router's lease is written in the transaction that checks its node.
 
+mod columns;
 pub mod copy;
 mod deadline;
 mod migrations;

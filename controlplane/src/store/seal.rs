@@ -121,10 +121,15 @@ impl Kek {
 
     /// Reads the KEK file at `path`, creating it (mode 0600, random) first
     /// when it does not exist: the SQLite default beside the database.
+    ///
+    /// Two processes starting together on a new database may both get here:
+    /// the key is written and synced in a file of this process's own first,
+    /// then linked to `path`, which fails for the second one; so `path`
+    /// only ever appears complete and both read the one key that won.
     pub fn load_or_create(path: &Path) -> Result<Self, StoreError> {
         use std::{io::Write, os::unix::fs::OpenOptionsExt};
-        let io = |source| StoreError::Io {
-            path: path.display().to_string(),
+        let io = |p: &Path, source| StoreError::Io {
+            path: p.display().to_string(),
             source,
         };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -133,21 +138,33 @@ impl Kek {
                 .recursive(true)
                 .mode(0o700)
                 .create(dir)
-                .map_err(io)?;
+                .map_err(|e| io(dir, e))?;
         }
-        match std::fs::OpenOptions::new()
+        if path.exists() {
+            return Self::from_file(path);
+        }
+        let mut own = path.as_os_str().to_owned();
+        own.push(format!(
+            ".new-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let own = std::path::PathBuf::from(own);
+        let written = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .open(path)
-        {
-            Ok(mut f) => {
-                f.write_all(Self::generate_hex().as_bytes()).map_err(io)?;
-                f.sync_all().map_err(io)?;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(io(e)),
-        }
+            .open(&own)
+            .and_then(|mut f| {
+                f.write_all(Self::generate_hex().as_bytes())?;
+                f.sync_all()
+            })
+            .and_then(|()| match std::fs::hard_link(&own, path) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(e),
+                _ => Ok(()),
+            });
+        let _ = std::fs::remove_file(&own);
+        written.map_err(|e| io(path, e))?;
         Self::from_file(path)
     }
 
@@ -262,5 +279,40 @@ mod tests {
         // Two seals of one secret differ (a nonce per row).
         assert_ne!(a.seal("k1", &secret).expect("again"), sealed);
         assert!(Kek::from_hex("abcd").is_err());
+    }
+
+    /// Processes starting together on a new SQLite database all create the
+    /// KEK file beside it at once: every one reads the same, complete key.
+    #[test]
+    fn racing_creators_of_the_kek_file_all_read_one_key() {
+        use std::os::unix::fs::PermissionsExt;
+        for round in 0..20 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join(format!("cp{round}.db.kek"));
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+            let keys: Vec<_> = (0..8)
+                .map(|_| {
+                    let (path, barrier) = (path.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        Kek::load_or_create(&path).expect("every creator reads a whole key")
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|t| t.join().expect("thread"))
+                .collect();
+            let sealed = keys[0].seal("k", &[1; 64]).expect("seal");
+            for k in &keys {
+                assert_eq!(k.open("k", &sealed).expect("the same key"), [1; 64]);
+            }
+            let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+            let left: Vec<_> = std::fs::read_dir(dir.path())
+                .expect("dir")
+                .map(|e| e.expect("entry").file_name())
+                .collect();
+            assert_eq!(left.len(), 1, "only the key file is left: {left:?}");
+        }
     }
 }

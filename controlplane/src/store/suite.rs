@@ -1,7 +1,7 @@
 //! The storage suite both backends pass: every test runs once on a SQLite
 //! file and once on a database of its own on a real PostgreSQL server
-//! (`testing`: skipped with a `SKIPPED:` line outside CI when there is no
-//! server, failed in CI). Races use two independent stores on one
+//! (`testing`: without a server it fails in CI and elsewhere notes once
+//! that it did not run). Races use two independent stores on one
 //! database, as two control-plane processes would.
 
 use std::{collections::BTreeMap, sync::Arc};
@@ -501,7 +501,7 @@ on_both!(
 
 /// Both dialects' schemas have the same tables with the same columns.
 #[tokio::test]
-async fn both_schemas_have_the_same_tables_and_columns() {
+async fn the_sqlite_and_postgres_schemas_have_the_same_tables_and_columns() {
     let Some(pg) = Target::new(Backend::Postgres).await else {
         return;
     };

@@ -1,8 +1,13 @@
 //! Test support: a database of its own per test on a real PostgreSQL
 //! server, named by [`URL_ENV`] (`.ci/postgres.sh` starts a throwaway
-//! cluster and exports it). Outside CI a missing server skips the
-//! PostgreSQL half of a test with a printed `SKIPPED:` line; in CI (`CI`
-//! set) it fails the test, so the suite can never pass by not running.
+//! cluster and exports it). Without a server, the PostgreSQL half of a test
+//! fails where PostgreSQL is required (`CI` set, or [`REQUIRE_ENV`]`=1`,
+//! which `.ci/run` and `.ci/postgres.sh` export), so CI can never pass by
+//! not running it; elsewhere it returns after a one-line note saying that
+//! it did not run and how to run it. One test,
+//! `store::testing::tests::the_postgres_half_runs_or_a_note_says_how_to_run_it`,
+//! has its output shown by nextest even when it passes
+//! (`.config/nextest.toml`), so a run says once which it was.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -11,6 +16,12 @@ use super::StoreError;
 /// The variable holding an admin URL of the test server
 /// (`postgres://postgres@127.0.0.1:PORT/postgres`).
 pub const URL_ENV: &str = "AGENTMESH_TEST_POSTGRES_URL";
+
+/// Set to `1` where the PostgreSQL half of the tests must run (as `CI` does).
+pub const REQUIRE_ENV: &str = "AGENTMESH_REQUIRE_POSTGRES";
+
+/// How to run the PostgreSQL half, for the note and the failure.
+pub const HOW_TO_RUN: &str = "bash .ci/postgres.sh cargo nextest run -p agentmesh-controlplane";
 
 /// A fresh, empty database on the test server.
 #[derive(Debug, Clone)]
@@ -21,18 +32,26 @@ pub struct TestDb {
     pub name: String,
 }
 
-/// The test server's admin URL; `None` (after printing why) outside CI
-/// when there is none. Panics in CI when there is none.
+/// Whether a missing server fails the test: `CI` is set, or
+/// [`REQUIRE_ENV`] is `1`.
+pub fn required() -> bool {
+    std::env::var_os("CI").is_some() || std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1")
+}
+
+/// The test server's admin URL; `None`, after the note, when there is none
+/// and PostgreSQL is not [`required`]. Panics when it is required and there
+/// is none.
 pub fn server_url() -> Option<String> {
     match std::env::var(URL_ENV) {
         Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var_os("CI").is_some() => panic!(
-            "{URL_ENV} is not set in CI: .ci/run starts PostgreSQL with .ci/postgres.sh; \
-             the PostgreSQL tests fail rather than skip"
+        _ if required() => panic!(
+            "{URL_ENV} is not set, and PostgreSQL is required here (CI or {REQUIRE_ENV}=1): \
+             the PostgreSQL half of the tests fails rather than skips; run `{HOW_TO_RUN}`"
         ),
         _ => {
-            println!(
-                "SKIPPED: {URL_ENV} is not set (run under .ci/postgres.sh for the PostgreSQL half)"
+            eprintln!(
+                "note: the PostgreSQL half of the storage tests did not run ({URL_ENV} is unset); \
+                 run it with `{HOW_TO_RUN}`"
             );
             None
         }
@@ -54,7 +73,7 @@ fn with_database(url: &str, name: &str) -> String {
 }
 
 /// Creates a fresh database on the test server; `None` when there is no
-/// server outside CI (see [`server_url`]).
+/// server and PostgreSQL is not [`required`] (see [`server_url`]).
 pub async fn fresh_database() -> Option<TestDb> {
     let admin = server_url()?;
     Some(
@@ -89,6 +108,17 @@ pub async fn create_database(admin_url: &str) -> Result<TestDb, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Says, once per run, whether the PostgreSQL half runs: nextest shows
+    /// this test's output even when it passes. Fails where PostgreSQL is
+    /// required and missing, like every PostgreSQL half.
+    #[test]
+    fn the_postgres_half_runs_or_a_note_says_how_to_run_it() {
+        if let Some(url) = server_url() {
+            let server = url.rsplit_once('@').map_or(url.as_str(), |(_, s)| s);
+            eprintln!("the PostgreSQL half of the storage tests runs on {server}");
+        }
+    }
 
     #[test]
     fn the_database_is_replaced_and_the_rest_kept() {

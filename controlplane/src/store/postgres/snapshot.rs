@@ -4,11 +4,15 @@
 
 use tokio_postgres::IsolationLevel;
 
-use super::{LEASE_COLS, LOCK_KEYS, PostgresStore, insert_lease, int, lease_from, node_from};
+use super::{
+    LOCK_KEYS, PostgresStore,
+    leases::insert_lease,
+    rows::{LEASE_COLS, int, lease_from, node_from},
+};
 use crate::store::{
     RevocationRow, Snapshot, StoreError, TokenRow,
+    columns::{NODE_COLS, labels_json, parse_labels},
     snapshot::{EnrollmentEntry, RevocationEntry, TokenEntry},
-    sqlite::{NODE_COLS, labels_json, parse_labels},
 };
 
 impl PostgresStore {

@@ -6,11 +6,14 @@ use std::collections::BTreeMap;
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 
 use super::{
-    Inner, NODE_COLS, finish_node, insert_key, insert_lease, labels_json, node_from_row,
-    parse_labels, read_keys, read_leases,
+    Inner,
+    keys::{insert_key, read_keys},
+    leases::{insert_lease, read_leases},
+    rows::{finish_node, node_from_row},
 };
 use crate::store::{
     RevocationRow, Snapshot, StoreError, TokenRow,
+    columns::{NODE_COLS, labels_json, parse_labels},
     snapshot::{EnrollmentEntry, RevocationEntry, TokenEntry},
 };
 

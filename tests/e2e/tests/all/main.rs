@@ -5,7 +5,8 @@
 //! process.
 //!
 //! - [`node`]: what a node does against real routers (calls, drains,
-//!   go-aways, failover, refusals, transports, storms);
+//!   go-aways, failover, refusals, transports, storms, its control plane
+//!   moved from SQLite to PostgreSQL);
 //! - [`router`]: what a router does to real nodes (go-away, drain of the
 //!   router binary under a fleet).
 

@@ -14,5 +14,6 @@ mod mesh;
 mod p2p_metrics;
 mod refusals;
 mod relayed_idle;
+mod store_copy;
 mod storm;
 mod transports;

@@ -4,12 +4,13 @@
 //! on one connection (more are refused with RESOURCE_EXHAUSTED + retry-after
 //! and counted), in plaintext and over TLS; a connection that sends no call
 //! within `--grpc-handshake-timeout-secs` is closed; a request over
-//! `--grpc-max-message-bytes` is refused.
-
-mod common;
+//! `--grpc-max-message-bytes` is refused. On SQLite only: the calls these
+//! tests make (`GetKeys`, served from memory, and requests refused before
+//! they are read or their proof is checked) never reach the database.
 
 use std::time::Duration;
 
+use crate::common::{self, metric, metrics};
 use agentmesh_controlplane::{Client, ClientConfig, ClientError, Config, Handle, spawn};
 use agentmesh_proto::{
     credential::sign,
@@ -22,7 +23,6 @@ use agentmesh_proto::{
         credential::{Claims, Label},
     },
 };
-use common::{metric, metrics};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::{
     Code,

@@ -1,9 +1,8 @@
 //! A fleet meets the limiter: a real limiter behind a real tonic server on
 //! loopback, N concurrent real clients, and one simulated clock shared by
 //! the server's limiter and the clients' backoff, so minutes of retries run
-//! in well under a second of wall time.
-
-mod common;
+//! in well under a second of wall time. On both backends: every admitted
+//! caller's enrollment is a transaction in the database.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -21,6 +20,8 @@ use agentmesh_proto::{
     pb::credential::{Role, TokenKind},
 };
 use tokio::sync::oneshot;
+
+use crate::common::{self, TestDb};
 
 /// Simulated time: it stands still while any caller is working (in an RPC)
 /// and jumps to the earliest wake-up once every caller sleeps or is done.
@@ -105,10 +106,11 @@ struct Outcome {
     capped: f64,
 }
 
-async fn run_fleet(n: usize, rate: u32, burst: u32, budget: Duration) -> Outcome {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// One fleet against a control plane on `db` (the fleets of one test share
+/// it, one after another: each mints its own token and enrolls new keys).
+async fn run_fleet(db: &TestDb, n: usize, rate: u32, burst: u32, budget: Duration) -> Outcome {
     let clock = SimClock::new(n);
-    let mut config = common::config(dir.path());
+    let mut config = db.config();
     config.enroll_rate_per_sec = rate;
     config.enroll_burst = burst;
     let h = spawn_with_clock(config, clock.clone())
@@ -190,8 +192,7 @@ async fn run_fleet(n: usize, rate: u32, burst: u32, budget: Duration) -> Outcome
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fleet_through_the_limiter() {
+async fn fleet_through_the_limiter(db: TestDb) {
     let (rate, burst, budget) = (10u32, 20u32, Duration::from_secs(10));
     let capacity = burst as usize + rate as usize * budget.as_secs() as usize; // 120
     // (members, expected admitted)
@@ -202,28 +203,26 @@ async fn fleet_through_the_limiter() {
         (capacity, capacity),
         (capacity + 80, capacity),
     ];
-    run_table(rate, burst, budget, &table).await;
+    run_table(&db, rate, burst, budget, &table).await;
 }
 
 /// A longer budget and a bigger fleet: 300 members into 20 + 10 x 30 s.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bigger_fleet_over_a_longer_budget() {
+async fn a_bigger_fleet_over_a_longer_budget(db: TestDb) {
     let (rate, burst, budget) = (10u32, 20u32, Duration::from_secs(30));
-    run_table(rate, burst, budget, &[(300, 300), (400, 320)]).await;
+    run_table(&db, rate, burst, budget, &[(300, 300), (400, 320)]).await;
 }
 
 /// The ladder's burst (tests/scale/RESULTS.md): 1,500 joiners at one instant
 /// against the default limiter (10/s, burst 20, retry-after capped at 60 s)
 /// with the client's default 180 s budget. Before retry-after was assigned
 /// from the virtual queue this cost ~48 refused RPCs per joiner.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_of_1500_is_spread_and_fits_the_default_budget() {
+async fn a_burst_of_1500_is_spread_and_fits_the_default_budget(db: TestDb) {
     let defaults = agentmesh_controlplane::Config::default();
     let (rate, burst) = (defaults.enroll_rate_per_sec, defaults.enroll_burst);
     let cap = defaults.enroll_max_retry_after_secs;
     let budget = agentmesh_controlplane::client::DEFAULT_RETRY_BUDGET;
     let n = 1500usize;
-    let out = run_fleet(n, rate, burst, budget).await;
+    let out = run_fleet(&db, n, rate, burst, budget).await;
     let last = out.admitted_at.iter().max().copied().unwrap_or_default();
     println!(
         "burst N={n} at {rate}/s (burst {burst}, cap {cap} s, budget {budget:?}): \
@@ -253,9 +252,9 @@ async fn a_burst_of_1500_is_spread_and_fits_the_default_budget() {
     );
 }
 
-async fn run_table(rate: u32, burst: u32, budget: Duration, table: &[(usize, usize)]) {
+async fn run_table(db: &TestDb, rate: u32, burst: u32, budget: Duration, table: &[(usize, usize)]) {
     for &(n, expected) in table {
-        let out = run_fleet(n, rate, burst, budget).await;
+        let out = run_fleet(db, n, rate, burst, budget).await;
         assert_eq!(out.admitted_at.len(), expected, "N={n}: admitted");
         assert_eq!(out.exhausted.len(), n - expected, "N={n}: refused");
         // Never more than the limiter allows: by any instant t, at most
@@ -313,3 +312,10 @@ async fn run_table(rate: u32, burst: u32, budget: Duration, table: &[(usize, usi
         );
     }
 }
+
+on_both!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    fleet_through_the_limiter,
+    a_bigger_fleet_over_a_longer_budget,
+    a_burst_of_1500_is_spread_and_fits_the_default_budget,
+);

@@ -1,10 +1,11 @@
-//! Restarts, key rotation, reapers, backup and the HTTP endpoints, against
-//! real control planes sharing real SQLite files.
-
-mod common;
+//! Restarts, key rotation, reapers and the HTTP endpoints, against real
+//! control planes sharing one database, on both backends; backups while
+//! serving on SQLite only (a PostgreSQL database is backed up with
+//! `pg_dump`, docs/storage.md).
 
 use std::time::Duration;
 
+use crate::common::{self, TestDb, client, http_get, metric, metrics, start, token};
 use agentmesh_controlplane::{offline, spawn};
 use agentmesh_proto::{
     credential::{Trust, peek_claims, verify},
@@ -15,12 +16,9 @@ use agentmesh_proto::{
     },
     unix_now,
 };
-use common::{client, config, http_get, metric, metrics, sql, sql_count, start, token};
 
-#[tokio::test]
-async fn a_restart_loses_no_committed_enrollment() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let h = start(dir.path()).await;
+async fn a_restart_loses_no_committed_enrollment(db: TestDb) {
+    let h = db.start().await;
     let c = client(&h);
     let tok = token(&h, TokenKind::Bootstrap, Role::Member, &[("team", "a")], 1).await;
     let k = Keypair::generate_ed25519();
@@ -28,7 +26,7 @@ async fn a_restart_loses_no_committed_enrollment() {
     let keys_before = c.get_keys().await.expect("keys");
     h.shutdown().await;
 
-    let h = start(dir.path()).await;
+    let h = db.start().await;
     let c = client(&h);
     assert_eq!(
         c.get_keys().await.expect("keys"),
@@ -50,19 +48,15 @@ async fn a_restart_loses_no_committed_enrollment() {
     assert!(c.enroll(&tok, &Keypair::generate_ed25519()).await.is_err());
     // A node enrolled is recorded as seen, never at the zero time.
     assert_eq!(
-        sql_count(
-            dir.path(),
-            "SELECT COUNT(*) FROM nodes WHERE last_seen <= 0"
-        ),
+        db.count("SELECT COUNT(*) FROM nodes WHERE last_seen <= 0")
+            .await,
         0
     );
     h.shutdown().await;
 }
 
-#[tokio::test]
-async fn rotation_survives_restarts_publishes_ahead_and_is_claimed_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let h = start(dir.path()).await;
+async fn rotation_survives_restarts_publishes_ahead_and_is_claimed_once(db: TestDb) {
+    let h = db.start().await;
     let c = client(&h);
     let tok = token(&h, TokenKind::Bootstrap, Role::Member, &[], 10).await;
     let k = Keypair::generate_ed25519();
@@ -73,7 +67,9 @@ async fn rotation_survives_restarts_publishes_ahead_and_is_claimed_once() {
         .credential
         .expect("cred");
     let first_key = peek_claims(&cred).expect("claims").key_id;
-    let deadline = sql_count(dir.path(), "SELECT next_rotation_at FROM rotation_state");
+    let deadline = db
+        .count("SELECT next_rotation_at FROM rotation_state")
+        .await;
     assert!(
         (deadline - (unix_now() + 86_400)).abs() < 60,
         "deadline a day ahead: {deadline}"
@@ -90,20 +86,18 @@ async fn rotation_survives_restarts_publishes_ahead_and_is_claimed_once() {
 
     // The deadline passes while the control plane is down (it restarts more
     // often than the interval): the next start rotates.
-    sql(
-        dir.path(),
-        &format!(
-            "UPDATE rotation_state SET next_rotation_at = {}",
-            unix_now() - 1
-        ),
-    );
-    // Two replicas on the same file race for it.
-    let a = start(dir.path()).await;
-    let b = spawn(config(dir.path())).await.expect("second replica");
+    db.exec(&format!(
+        "UPDATE rotation_state SET next_rotation_at = {}",
+        unix_now() - 1
+    ))
+    .await;
+    // Two replicas on the same database race for it.
+    let a = db.start().await;
+    let b = spawn(db.config()).await.expect("second replica");
     a.check_keys_now().await.expect("check a");
     b.check_keys_now().await.expect("check b");
     assert_eq!(
-        sql_count(dir.path(), "SELECT COUNT(*) FROM signing_keys"),
+        db.count("SELECT COUNT(*) FROM signing_keys").await,
         2,
         "rotated exactly once"
     );
@@ -119,7 +113,9 @@ async fn rotation_survives_restarts_publishes_ahead_and_is_claimed_once() {
         "published ahead: {}",
         new.active_from_unix_secs
     );
-    let next = sql_count(dir.path(), "SELECT next_rotation_at FROM rotation_state");
+    let next = db
+        .count("SELECT next_rotation_at FROM rotation_state")
+        .await;
     assert!(next > unix_now() + 86_000, "next deadline moved on: {next}");
     // Not active yet: still signing with the first key.
     let again = c
@@ -135,21 +131,17 @@ async fn rotation_survives_restarts_publishes_ahead_and_is_claimed_once() {
 
     // Once its time comes, the new key signs; the old credential still verifies.
     let now = unix_now();
-    sql(
-        dir.path(),
-        &format!(
-            "UPDATE signing_keys SET active_from = {} WHERE key_id = '{first_key}'",
-            now - 100
-        ),
-    );
-    sql(
-        dir.path(),
-        &format!(
-            "UPDATE signing_keys SET active_from = {} WHERE key_id = '{}'",
-            now - 1,
-            new.key_id
-        ),
-    );
+    db.exec(&format!(
+        "UPDATE signing_keys SET active_from = {} WHERE key_id = '{first_key}'",
+        now - 100
+    ))
+    .await;
+    db.exec(&format!(
+        "UPDATE signing_keys SET active_from = {} WHERE key_id = '{}'",
+        now - 1,
+        new.key_id
+    ))
+    .await;
     a.check_keys_now().await.expect("reload");
     let fresh = c
         .enroll(&tok, &Keypair::generate_ed25519())
@@ -168,10 +160,8 @@ async fn rotation_survives_restarts_publishes_ahead_and_is_claimed_once() {
     b.shutdown().await;
 }
 
-#[tokio::test]
-async fn each_reaper_deletes_what_it_should_and_the_counters_show_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let h = start(dir.path()).await;
+async fn each_reaper_deletes_what_it_should_and_the_counters_show_it(db: TestDb) {
+    let h = db.start().await;
     let c = client(&h);
     let now = unix_now();
     let boot = token(&h, TokenKind::Bootstrap, Role::Member, &[], 10).await;
@@ -214,67 +204,51 @@ async fn each_reaper_deletes_what_it_should_and_the_counters_show_it() {
     c.rotate_key_now(common::ADMIN).await.expect("rotate");
 
     // Age the rows as a clock in the future would see them.
-    let pid = |k: &Keypair| hex_blob(&k.public().to_peer_id().to_bytes());
-    sql(
-        dir.path(),
-        &format!(
-            "UPDATE nodes SET last_seen = {} WHERE peer_id = {}",
-            now - 31 * 86_400,
-            pid(&lapsed)
-        ),
-    );
-    sql(
-        dir.path(),
-        &format!(
-            "UPDATE nodes SET last_seen = {} WHERE peer_id = {}",
-            now - 7200,
-            pid(&eph_gone)
-        ),
-    );
-    sql(
-        dir.path(),
-        &format!(
-            "UPDATE nodes SET last_seen = {} WHERE peer_id = {}",
-            now - 600,
-            pid(&eph_kept)
-        ),
-    );
-    sql(
-        dir.path(),
-        &format!(
+    let pid = |k: &Keypair| db.blob(&k.public().to_peer_id().to_bytes());
+    db.exec(&format!(
+        "UPDATE nodes SET last_seen = {} WHERE peer_id = {}",
+        now - 31 * 86_400,
+        pid(&lapsed)
+    ))
+    .await;
+    db.exec(&format!(
+        "UPDATE nodes SET last_seen = {} WHERE peer_id = {}",
+        now - 7200,
+        pid(&eph_gone)
+    ))
+    .await;
+    db.exec(&format!(
+        "UPDATE nodes SET last_seen = {} WHERE peer_id = {}",
+        now - 600,
+        pid(&eph_kept)
+    ))
+    .await;
+    db.exec(&format!(
             "UPDATE enrollment_requests SET at = {} WHERE id IN (SELECT id FROM enrollment_requests LIMIT 2)",
             now - 8 * 86_400
-        ),
-    );
-    sql(
-        dir.path(),
-        &format!(
-            "UPDATE tokens SET expires_at = {} WHERE max_uses = 1 AND uses = 0 AND role = 1",
-            now - 1
-        ),
-    );
-    sql(
-        dir.path(),
-        &format!(
-            "UPDATE tokens SET last_used_at = {} WHERE max_uses = 1 AND uses = 1 AND role = 1",
-            now - 2 * 86_400
-        ),
-    );
-    sql(
-        dir.path(),
-        &format!("UPDATE router_leases SET expires_at = {}", now - 1),
-    );
-    sql(
-        dir.path(),
-        &format!("UPDATE revocations SET until = {}", now - 1),
-    );
-    sql(
-        dir.path(),
-        &format!(
-            "UPDATE signing_keys SET verify_until = {} WHERE verify_until != 0",
-            now - 1
-        ),
-    );
+        )).await;
+    db.exec(&format!(
+        "UPDATE tokens SET expires_at = {} WHERE max_uses = 1 AND uses = 0 AND role = 1",
+        now - 1
+    ))
+    .await;
+    db.exec(&format!(
+        "UPDATE tokens SET last_used_at = {} WHERE max_uses = 1 AND uses = 1 AND role = 1",
+        now - 2 * 86_400
+    ))
+    .await;
+    db.exec(&format!(
+        "UPDATE router_leases SET expires_at = {}",
+        now - 1
+    ))
+    .await;
+    db.exec(&format!("UPDATE revocations SET until = {}", now - 1))
+        .await;
+    db.exec(&format!(
+        "UPDATE signing_keys SET verify_until = {} WHERE verify_until != 0",
+        now - 1
+    ))
+    .await;
 
     let before = metrics(&h).await;
     assert_eq!(
@@ -302,31 +276,27 @@ async fn each_reaper_deletes_what_it_should_and_the_counters_show_it() {
     assert_eq!(got("signing_keys", "grace_ended"), Some(1));
     // What should stay, stayed.
     assert_eq!(
-        sql_count(
-            dir.path(),
-            &format!(
-                "SELECT COUNT(*) FROM nodes WHERE peer_id = {}",
-                pid(&eph_kept)
-            )
-        ),
+        db.count(&format!(
+            "SELECT COUNT(*) FROM nodes WHERE peer_id = {}",
+            pid(&eph_kept)
+        ))
+        .await,
         1
     );
     assert_eq!(
-        sql_count(
-            dir.path(),
-            &format!("SELECT COUNT(*) FROM nodes WHERE peer_id = {}", pid(&kept))
-        ),
+        db.count(&format!(
+            "SELECT COUNT(*) FROM nodes WHERE peer_id = {}",
+            pid(&kept)
+        ))
+        .await,
         1
     );
     assert_eq!(
-        sql_count(dir.path(), "SELECT COUNT(*) FROM tokens"),
+        db.count("SELECT COUNT(*) FROM tokens").await,
         3,
         "boot, eph, router tokens remain"
     );
-    assert_eq!(
-        sql_count(dir.path(), "SELECT COUNT(*) FROM signing_keys"),
-        1
-    );
+    assert_eq!(db.count("SELECT COUNT(*) FROM signing_keys").await, 1);
 
     let m = metrics(&h).await;
     for (t, r) in [
@@ -341,7 +311,7 @@ async fn each_reaper_deletes_what_it_should_and_the_counters_show_it() {
         let name = format!("agentmesh_control_plane_deleted_total{{table=\"{t}\",reason=\"{r}\"}}");
         assert_eq!(metric(&m, &name), Some(want), "{name}");
     }
-    let nodes = sql_count(dir.path(), "SELECT COUNT(*) FROM nodes") as f64;
+    let nodes = db.count("SELECT COUNT(*) FROM nodes").await as f64;
     assert_eq!(
         metric(&m, "agentmesh_control_plane_storage_rows{table=\"nodes\"}"),
         Some(nodes)
@@ -357,13 +327,6 @@ async fn each_reaper_deletes_what_it_should_and_the_counters_show_it() {
     let again = h.reap_now().await.expect("reap");
     assert!(again.iter().all(|(_, _, n)| *n == 0), "{again:?}");
     h.shutdown().await;
-}
-
-fn hex_blob(b: &[u8]) -> String {
-    format!(
-        "X'{}'",
-        b.iter().map(|x| format!("{x:02X}")).collect::<String>()
-    )
 }
 
 #[tokio::test]
@@ -423,10 +386,8 @@ async fn backup_while_serving_restores_to_a_working_control_plane() {
     r.shutdown().await;
 }
 
-#[tokio::test]
-async fn http_endpoints_health_and_reflection() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let h = start(dir.path()).await;
+async fn http_endpoints_health_and_reflection(db: TestDb) {
+    let h = db.start().await;
     assert_eq!(http_get(h.http_addr(), "/healthz").await.0, 200);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -529,10 +490,8 @@ async fn http_endpoints_health_and_reflection() {
     h.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_client_rides_out_a_control_plane_restart() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let h = start(dir.path()).await;
+async fn a_client_rides_out_a_control_plane_restart(db: TestDb) {
+    let h = db.start().await;
     let grpc = h.grpc_addr();
     let c = client(&h);
     let keys = c.get_keys().await.expect("keys");
@@ -543,7 +502,7 @@ async fn a_client_rides_out_a_control_plane_restart() {
         let c = c.clone();
         async move { c.get_keys().await }
     });
-    let mut cfg = config(dir.path());
+    let mut cfg = db.config();
     cfg.grpc_addr = grpc;
     let h = spawn(cfg).await.expect("restarts on the same address");
     let again = tokio::time::timeout(Duration::from_secs(60), pending)
@@ -555,10 +514,8 @@ async fn a_client_rides_out_a_control_plane_restart() {
     h.shutdown().await;
 }
 
-#[tokio::test]
-async fn with_no_publish_ahead_a_rotated_key_signs_at_once_even_in_the_same_second() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = config(dir.path());
+async fn with_no_publish_ahead_a_rotated_key_signs_at_once_even_in_the_same_second(db: TestDb) {
+    let mut cfg = db.config();
     cfg.key_publish_ahead_secs = 0;
     let h = spawn(cfg).await.expect("starts");
     let c = client(&h);
@@ -577,10 +534,10 @@ async fn with_no_publish_ahead_a_rotated_key_signs_at_once_even_in_the_same_seco
     h.shutdown().await;
 }
 
-#[tokio::test]
-async fn after_rotate_key_now_the_new_key_verifies_at_once_and_the_old_one_within_grace() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = config(dir.path());
+async fn after_rotate_key_now_the_new_key_verifies_at_once_and_the_old_one_within_grace(
+    db: TestDb,
+) {
+    let mut cfg = db.config();
     cfg.key_publish_ahead_secs = 0;
     let h = spawn(cfg).await.expect("starts");
     let c = client(&h);
@@ -635,3 +592,14 @@ async fn after_rotate_key_now_the_new_key_verifies_at_once_and_the_old_one_withi
         .expect("old key, RouterLease, within grace");
     h.shutdown().await;
 }
+
+on_both!(
+    #[tokio::test]
+    a_restart_loses_no_committed_enrollment,
+    rotation_survives_restarts_publishes_ahead_and_is_claimed_once,
+    each_reaper_deletes_what_it_should_and_the_counters_show_it,
+    http_endpoints_health_and_reflection,
+    a_client_rides_out_a_control_plane_restart,
+    with_no_publish_ahead_a_rotated_key_signs_at_once_even_in_the_same_second,
+    after_rotate_key_now_the_new_key_verifies_at_once_and_the_old_one_within_grace,
+);

@@ -1,6 +1,14 @@
-//! Helpers shared by the integration tests: start a real control plane on
-//! loopback with a real SQLite file, raw HTTP GETs, metric parsing.
+//! Helpers shared by the integration tests: a database on either backend
+//! and one test body run on both ([`backend`], [`on_both!`]), the real
+//! binary ([`binary`]), a real control plane on loopback, raw HTTP GETs,
+//! metric parsing.
 #![allow(dead_code, unreachable_pub)]
+
+#[macro_use]
+pub mod backend;
+pub mod binary;
+
+pub use backend::{Backend, TestDb};
 
 use std::{collections::BTreeMap, net::SocketAddr, path::Path, time::Duration};
 
@@ -10,6 +18,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub const ADMIN: &str = "test-admin-token-0123456789";
 
+/// A control plane on a SQLite file in `dir`, for the tests that run on
+/// SQLite only (see [`TestDb::config`] for the others).
 pub fn config(dir: &Path) -> Config {
     Config {
         admin_token: Some(ADMIN.into()),
@@ -42,8 +52,13 @@ pub async fn raw_client_from(
 
 /// A client with a short budget: tests that expect refusals get them fast.
 pub fn client(h: &Handle) -> Client {
+    client_at(h.public_url())
+}
+
+/// [`client`] for a control plane at `url` (a real binary's).
+pub fn client_at(url: &str) -> Client {
     Client::new(ClientConfig {
-        url: h.public_url().to_string(),
+        url: url.to_string(),
         retry_budget: Duration::from_secs(20),
         rpc_timeout: Duration::from_secs(10),
         ca_pem: None,
@@ -106,18 +121,4 @@ pub async fn metrics(h: &Handle) -> String {
     let (status, body) = http_get(h.http_addr(), "/metrics").await;
     assert_eq!(status, 200);
     body
-}
-
-/// Runs SQL against the control plane's database file (as an operator or a
-/// clock in the future would see it).
-pub fn sql(dir: &Path, stmt: &str) -> usize {
-    let c = rusqlite::Connection::open(dir.join("cp.db")).expect("open db");
-    c.busy_timeout(Duration::from_secs(10))
-        .expect("busy timeout");
-    c.execute(stmt, []).expect("sql runs")
-}
-
-pub fn sql_count(dir: &Path, stmt: &str) -> i64 {
-    let c = rusqlite::Connection::open(dir.join("cp.db")).expect("open db");
-    c.query_row(stmt, [], |r| r.get(0)).expect("count")
 }

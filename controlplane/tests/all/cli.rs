@@ -1,47 +1,35 @@
-//! The real `agentmesh-control-plane` binary: `token create`, `backup`,
-//! serving, and refusing bad flags with a clear message.
-
-mod common;
-
-use std::{process::Stdio, time::Duration};
+//! The real `agentmesh-control-plane` binary: `token create` and serving on
+//! both backends, `backup` while serving on SQLite (PostgreSQL is backed up
+//! with `pg_dump`), and refusing bad flags with a clear message.
 
 use agentmesh_proto::{credential::peek_claims, identity::Keypair, pb::credential::Role};
-use tokio::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_agentmesh-control-plane");
+use crate::common::{
+    self, TestDb,
+    binary::{BIN, run, serve},
+};
 
-async fn run(args: &[&str]) -> std::process::Output {
-    let out = Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    tokio::time::timeout(Duration::from_secs(60), out)
-        .await
-        .expect("binary finishes within 60 s")
-        .expect("binary runs")
-}
-
-#[tokio::test]
-async fn token_create_then_enroll_and_backup_while_serving() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = format!("sqlite://{}", dir.path().join("cp.db").display());
-    let out = run(&[
-        "token",
-        "create",
-        "--db",
-        &db,
-        "--kind",
-        "bootstrap",
-        "--role",
-        "router",
-        "--label",
-        "zone=eu",
-        "--max-uses",
-        "2",
-        "--ttl-secs",
-        "600",
-    ])
+async fn token_create_then_enroll_and_backup_while_serving(db: TestDb) {
+    let env = db.binary_env();
+    let out = run(
+        &[
+            "token",
+            "create",
+            "--db",
+            db.url(),
+            "--kind",
+            "bootstrap",
+            "--role",
+            "router",
+            "--label",
+            "zone=eu",
+            "--max-uses",
+            "2",
+            "--ttl-secs",
+            "600",
+        ],
+        &env,
+    )
     .await;
     assert!(
         out.status.success(),
@@ -55,56 +43,21 @@ async fn token_create_then_enroll_and_backup_while_serving() {
     assert!(token.starts_with("amt_"), "{token}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("shown once"));
     // Only the digest is stored.
-    let stored = common::sql_count(
-        dir.path(),
-        &format!("SELECT COUNT(*) FROM tokens WHERE CAST(digest AS TEXT) = '{token}'"),
-    );
+    assert_eq!(db.count("SELECT COUNT(*) FROM tokens").await, 1);
+    let stored = db
+        .count(&format!(
+            "SELECT COUNT(*) FROM tokens WHERE digest = {}",
+            db.blob(token.as_bytes())
+        ))
+        .await;
     assert_eq!(stored, 0);
 
-    // A control plane (the real binary) serving that database.
-    let mut child = Command::new(BIN)
-        .args([
-            "--db",
-            &db,
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("serve");
-    // Its log names the bound addresses.
-    let stderr = child.stderr.take().expect("stderr");
-    let (url, http_addr) = tokio::time::timeout(Duration::from_secs(60), async {
-        use tokio::io::AsyncBufReadExt;
-        let mut lines = tokio::io::BufReader::new(stderr).lines();
-        let after = |line: &str, key: &str| {
-            line.split(key)
-                .nth(1)
-                .and_then(|rest| rest.split_whitespace().next())
-                .map(str::to_string)
-        };
-        while let Some(line) = lines.next_line().await.expect("read log") {
-            if let (Some(url), Some(http)) =
-                (after(&line, "public_url="), after(&line, "http_addr="))
-            {
-                return (
-                    url,
-                    http.parse::<std::net::SocketAddr>().expect("http_addr"),
-                );
-            }
-        }
-        panic!("control plane exited before logging its address");
-    })
-    .await
-    .expect("started within 60 s");
+    // A control plane (the real binary) serving that database; its log
+    // names the bound addresses.
+    let served = serve(db.url(), &[], &env).await;
     // The binary's /metrics carries the process-wide gauges: jemalloc's
     // (read at the scrape, so resident bytes are never 0) and the watchdog's.
-    let (status, body) = common::http_get(http_addr, "/metrics").await;
+    let (status, body) = common::http_get(served.http_addr, "/metrics").await;
     assert_eq!(status, 200);
     assert!(
         common::metric(&body, "agentmesh_runtime_allocator_resident_bytes ")
@@ -113,7 +66,7 @@ async fn token_create_then_enroll_and_backup_while_serving() {
     );
     assert!(body.contains("agentmesh_runtime_stalls_total"), "{body}");
     let client = agentmesh_controlplane::Client::new(agentmesh_controlplane::ClientConfig {
-        url: url.clone(),
+        url: served.url.clone(),
         ..Default::default()
     })
     .expect("client");
@@ -133,35 +86,31 @@ async fn token_create_then_enroll_and_backup_while_serving() {
         ("zone", "eu")
     );
 
-    // Backup while it serves, then a second binary serves the copy.
-    let copy = dir.path().join("copy.db");
-    let out = run(&["backup", "--db", &db, "--to", copy.to_str().expect("utf8")]).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = run(&["backup", "--db", &db, "--to", copy.to_str().expect("utf8")]).await;
-    assert!(!out.status.success(), "refuses to overwrite");
+    // SQLite: a backup while it serves, then a second binary serves the copy.
+    let copy = db.dir().join("copy.db");
+    if db.sqlite_path().is_some() {
+        let to = copy.to_str().expect("utf8");
+        let out = run(&["backup", "--db", db.url(), "--to", to], &env).await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = run(&["backup", "--db", db.url(), "--to", to], &env).await;
+        assert!(!out.status.success(), "refuses to overwrite");
+    }
     // SIGTERM: a graceful stop with exit status 0.
-    let pid = child.id().expect("pid").to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .expect("kill runs");
-    assert!(killed.success());
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .expect("stops within 60 s of SIGTERM")
-        .expect("wait");
+    let status = served.terminate().await;
     assert!(status.success(), "exit status after SIGTERM: {status:?}");
+    if db.sqlite_path().is_none() {
+        return;
+    }
     let copy_dir = tempfile::tempdir().expect("tempdir");
     std::fs::rename(&copy, copy_dir.path().join("cp.db")).expect("move copy");
     // The copy's signing keys are sealed: it serves with the same
     // key-encryption key, which the backup does not hold.
     std::fs::copy(
-        dir.path().join("cp.db.kek"),
+        db.dir().join("cp.db.kek"),
         copy_dir.path().join("cp.db.kek"),
     )
     .expect("the key-encryption key");
@@ -174,6 +123,11 @@ async fn token_create_then_enroll_and_backup_while_serving() {
     assert_eq!(again.node_id, e.node_id);
     h.shutdown().await;
 }
+
+on_both!(
+    #[tokio::test]
+    token_create_then_enroll_and_backup_while_serving,
+);
 
 #[tokio::test]
 async fn bad_flags_fail_with_a_clear_message() {
@@ -245,7 +199,7 @@ async fn bad_flags_fail_with_a_clear_message() {
         ),
     ];
     for (args, needle) in cases {
-        let out = run(args).await;
+        let out = run(args, &[]).await;
         assert!(!out.status.success(), "{args:?} should fail");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{args:?}: {err}");
@@ -255,7 +209,7 @@ async fn bad_flags_fail_with_a_clear_message() {
 
 #[test]
 fn version_prints_the_version_and_the_git_commit() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentmesh-control-plane"))
+    let out = std::process::Command::new(BIN)
         .arg("--version")
         .output()
         .expect("binary runs");

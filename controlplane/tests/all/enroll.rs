@@ -1,10 +1,11 @@
 //! Enrollment, refresh, leases and admin calls against a real control plane
-//! on loopback with a real SQLite file.
-
-mod common;
+//! on loopback, on both backends. On SQLite only: the tests whose requests
+//! are refused before they reach the database (malformed requests, limiter
+//! refusals, a bad embedded admin token).
 
 use std::{sync::Arc, time::Duration};
 
+use crate::common::{self, ADMIN, TestDb, client, metric, metrics, start, token};
 use agentmesh_controlplane::{
     ClientError,
     clock::{Clock, SleepFuture},
@@ -23,7 +24,6 @@ use agentmesh_proto::{
     proof::{Purpose, make_proof},
     unix_now,
 };
-use common::{ADMIN, client, metric, metrics, sql_count, start, token};
 use tonic::Code;
 
 fn code(r: Result<impl std::fmt::Debug, ClientError>) -> Code {
@@ -40,10 +40,8 @@ fn label(k: &str, v: &str) -> Label {
     }
 }
 
-#[tokio::test]
-async fn enroll_refresh_and_re_enroll_without_spending_a_use() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let h = start(dir.path()).await;
+async fn enroll_refresh_and_re_enroll_without_spending_a_use(db: TestDb) {
+    let h = db.start().await;
     let c = client(&h);
     let tok = token(&h, TokenKind::Bootstrap, Role::Member, &[("team", "a")], 2).await;
 
@@ -61,7 +59,7 @@ async fn enroll_refresh_and_re_enroll_without_spending_a_use() {
         "labels come from the token"
     );
     assert_eq!(v.claims.node_id, e.node_id);
-    assert_eq!(sql_count(dir.path(), "SELECT uses FROM tokens"), 1);
+    assert_eq!(db.count("SELECT uses FROM tokens").await, 1);
 
     // Refresh: same node, new credential, last_seen updated.
     let r = c.refresh(&cred, &a).await.expect("refreshes");
@@ -80,8 +78,8 @@ async fn enroll_refresh_and_re_enroll_without_spending_a_use() {
         let again = c.enroll(&tok, &a).await.expect("re-enrolls");
         assert_eq!(again.node_id, e.node_id);
     }
-    assert_eq!(sql_count(dir.path(), "SELECT uses FROM tokens"), 1);
-    assert_eq!(sql_count(dir.path(), "SELECT COUNT(*) FROM nodes"), 1);
+    assert_eq!(db.count("SELECT uses FROM tokens").await, 1);
+    assert_eq!(db.count("SELECT COUNT(*) FROM nodes").await, 1);
 
     // The second use, then the token is spent.
     let b = Keypair::generate_ed25519();
@@ -206,13 +204,10 @@ async fn malformed_requests_are_invalid_argument() {
     h.shutdown().await;
 }
 
-/// The server's current signing key, read from its database file and
-/// opened with the key-encryption key beside it.
-async fn server_key(dir: &std::path::Path) -> (String, ed25519::Keypair) {
-    use agentmesh_controlplane::store::{Kek, SqliteStore, Store};
-    let kek = Kek::load_or_create(&dir.join("cp.db.kek")).expect("kek");
-    let store = SqliteStore::open(&dir.join("cp.db"), kek).expect("open");
-    let mut keys = store.keys().await.expect("keys");
+/// The server's current signing key, read from its database and opened
+/// with its key-encryption key.
+async fn server_key(db: &TestDb) -> (String, ed25519::Keypair) {
+    let mut keys = db.store().await.keys().await.expect("keys");
     keys.sort_by_key(|k| k.active_from);
     let k = keys.pop().expect("a key");
     let mut secret = k.secret;
@@ -222,10 +217,8 @@ async fn server_key(dir: &std::path::Path) -> (String, ed25519::Keypair) {
     )
 }
 
-#[tokio::test]
-async fn expired_forged_other_peer_and_revoked_credentials_are_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let h = start(dir.path()).await;
+async fn expired_forged_other_peer_and_revoked_credentials_are_refused(db: TestDb) {
+    let h = db.start().await;
     let c = client(&h);
     let tok = token(&h, TokenKind::Bootstrap, Role::Member, &[], 5).await;
     let a = Keypair::generate_ed25519();
@@ -249,7 +242,7 @@ async fn expired_forged_other_peer_and_revoked_credentials_are_refused() {
     // Other peer: B presents A's credential with B's own proof.
     assert_eq!(code(c.refresh(&cred_a, &b).await), Code::Unauthenticated);
     // Expired beyond the refresh grace (signed with the server's real key).
-    let (key_id, key) = server_key(dir.path()).await;
+    let (key_id, key) = server_key(&db).await;
     let now = unix_now();
     claims.key_id = key_id;
     claims.issued_at_unix_secs = now - 10_000;
@@ -302,10 +295,8 @@ async fn expired_forged_other_peer_and_revoked_credentials_are_refused() {
     h.shutdown().await;
 }
 
-#[tokio::test]
-async fn router_leases_need_role_router_and_allowed_labels() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let h = start(dir.path()).await;
+async fn router_leases_need_role_router_and_allowed_labels(db: TestDb) {
+    let h = db.start().await;
     let c = client(&h);
     let member_tok = token(&h, TokenKind::Bootstrap, Role::Member, &[("zone", "a")], 1).await;
     let router_tok = token(&h, TokenKind::Bootstrap, Role::Router, &[("zone", "a")], 1).await;
@@ -407,10 +398,8 @@ impl Clock for Frozen {
     }
 }
 
-#[tokio::test]
-async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failures_only() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = common::config(dir.path());
+async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failures_only(db: TestDb) {
+    let mut cfg = db.config();
     cfg.enroll_rate_per_sec = 1;
     cfg.enroll_burst = 8;
     cfg.enroll_failures_per_ip_per_min = 3;
@@ -497,10 +486,8 @@ async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failure
     h.shutdown().await;
 }
 
-#[tokio::test]
-async fn admin_calls_need_the_bearer_token_and_rotation_publishes_ahead() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let h = start(dir.path()).await;
+async fn admin_calls_need_the_bearer_token_and_rotation_publishes_ahead(db: TestDb) {
+    let h = db.start().await;
     let c = client(&h);
     let req = agentmesh_proto::pb::controlplane::CreateTokenRequest {
         kind: TokenKind::Bootstrap as i32,
@@ -559,10 +546,11 @@ async fn admin_calls_need_the_bearer_token_and_rotation_publishes_ahead() {
     assert_eq!(peek_claims(&again).expect("claims").key_id, before.key_id);
 
     // Without an admin token configured, admin calls are denied (not unauthenticated).
-    let dir2 = tempfile::tempdir().expect("tempdir");
-    let h2 = agentmesh_controlplane::spawn(agentmesh_controlplane::Config::ephemeral(
-        &dir2.path().join("cp.db"),
-    ))
+    let other = db.another().await;
+    let h2 = agentmesh_controlplane::spawn(agentmesh_controlplane::Config {
+        admin_token: None,
+        ..other.config()
+    })
     .await
     .expect("starts");
     assert_eq!(
@@ -660,10 +648,8 @@ async fn refused_callers_get_successive_slots_up_to_the_cap_on_both_limiters() {
 /// failed enrollments: after `--enroll-failures-per-ip-per-min` of them the
 /// source is refused even with the right token (and cannot enroll), while
 /// another source is served.
-#[tokio::test]
-async fn wrong_admin_tokens_feed_the_failure_guard() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut cfg = common::config(dir.path());
+async fn wrong_admin_tokens_feed_the_failure_guard(db: TestDb) {
+    let mut cfg = db.config();
     cfg.enroll_failures_per_ip_per_min = 3;
     let h = spawn_with_clock(cfg, Arc::new(Frozen))
         .await
@@ -749,3 +735,13 @@ async fn a_short_embedded_admin_token_is_refused_at_start() {
         other => panic!("expected a configuration error, got {other:?}"),
     }
 }
+
+on_both!(
+    #[tokio::test]
+    enroll_refresh_and_re_enroll_without_spending_a_use,
+    expired_forged_other_peer_and_revoked_credentials_are_refused,
+    router_leases_need_role_router_and_allowed_labels,
+    limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failures_only,
+    admin_calls_need_the_bearer_token_and_rotation_publishes_ahead,
+    wrong_admin_tokens_feed_the_failure_guard,
+);

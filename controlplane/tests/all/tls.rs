@@ -1,6 +1,5 @@
-//! gRPC over TLS (rustls through tonic) with a CA the client is given.
-
-mod common;
+//! gRPC over TLS (rustls through tonic) with a CA the client is given, on
+//! both backends (the enrollment over TLS is stored).
 
 use std::time::Duration;
 
@@ -10,16 +9,17 @@ use agentmesh_proto::{
     pb::credential::{Role, TokenKind},
 };
 
-#[tokio::test]
-async fn enroll_over_tls_and_plaintext_is_not_answered() {
-    let dir = tempfile::tempdir().expect("tempdir");
+use crate::common::{self, TestDb};
+
+async fn enroll_over_tls_and_plaintext_is_not_answered(db: TestDb) {
+    let dir = db.dir();
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
         .expect("self-signed cert");
     let cert_pem = cert.cert.pem();
-    let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let (cert_path, key_path) = (dir.join("tls.crt"), dir.join("tls.key"));
     std::fs::write(&cert_path, &cert_pem).expect("write cert");
     std::fs::write(&key_path, cert.key_pair.serialize_pem()).expect("write key");
-    let mut cfg = common::config(dir.path());
+    let mut cfg = db.config();
     cfg.tls_cert = Some(cert_path);
     cfg.tls_key = Some(key_path);
     let h = spawn(cfg).await.expect("starts with TLS");
@@ -62,3 +62,8 @@ async fn enroll_over_tls_and_plaintext_is_not_answered() {
     }
     h.shutdown().await;
 }
+
+on_both!(
+    #[tokio::test]
+    enroll_over_tls_and_plaintext_is_not_answered,
+);

@@ -1,0 +1,105 @@
+//! The real `agentmesh-control-plane` binary: one-shot commands (`token
+//! create`, `backup`) and a serving process whose bound addresses are read
+//! from its log. Every wait has a 60 s deadline; a child is killed when its
+//! handle is dropped.
+
+use std::{net::SocketAddr, process::Stdio, time::Duration};
+
+use tokio::process::{Child, Command};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_agentmesh-control-plane");
+
+/// Runs the binary with `args` and `env` to its end.
+pub async fn run(args: &[&str], env: &[(&str, String)]) -> std::process::Output {
+    let out = Command::new(BIN)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("binary finishes within 60 s")
+        .expect("binary runs")
+}
+
+/// A serving control-plane process.
+pub struct Served {
+    pub child: Child,
+    /// Its public URL, as clients dial it.
+    pub url: String,
+    /// Its `/metrics`, `/readyz` listener.
+    pub http_addr: SocketAddr,
+}
+
+/// Starts the binary serving `--db db` on loopback port 0 (plus `args`),
+/// and waits for the log line naming its addresses.
+pub async fn serve(db: &str, args: &[&str], env: &[(&str, String)]) -> Served {
+    let mut child = Command::new(BIN)
+        .args([
+            "--db",
+            db,
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let (url, http_addr) = tokio::time::timeout(Duration::from_secs(60), async {
+        use tokio::io::AsyncBufReadExt;
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        let after = |line: &str, key: &str| {
+            line.split(key)
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(str::to_string)
+        };
+        let mut seen = Vec::new();
+        while let Some(line) = lines.next_line().await.expect("read log") {
+            if let (Some(url), Some(http)) =
+                (after(&line, "public_url="), after(&line, "http_addr="))
+            {
+                // The rest of the log goes nowhere: the pipe closes, which
+                // the control plane must (and does) survive.
+                return (url, http.parse::<SocketAddr>().expect("http_addr"));
+            }
+            seen.push(line);
+        }
+        panic!(
+            "control plane exited before logging its address:\n{}",
+            seen.join("\n")
+        );
+    })
+    .await
+    .expect("started within 60 s");
+    Served {
+        child,
+        url,
+        http_addr,
+    }
+}
+
+impl Served {
+    /// SIGTERM, then the exit status (within 60 s).
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("pid").to_string();
+        let killed = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .await
+            .expect("kill runs");
+        assert!(killed.success());
+        tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .expect("stops within 60 s of SIGTERM")
+            .expect("wait")
+    }
+}

@@ -1,0 +1,30 @@
+//! The control plane's integration tests, one test binary (one link in CI;
+//! nextest still runs every test in its own process): real control planes on
+//! loopback, real clients, the real binary. Every test whose calls reach the
+//! database runs twice through [`on_both!`], as `<module>::sqlite::<test>`
+//! on a SQLite file and `<module>::postgres::<test>` on a PostgreSQL
+//! database of its own (see [`common::backend`]); the others run on SQLite
+//! and say why in their module.
+//!
+//! - [`cli`]: the binary's commands and refusals;
+//! - [`enroll`]: enrollment, refresh, leases, admin calls and the limiters;
+//! - [`fleet`]: a fleet of real clients meets the limiter on a simulated clock;
+//! - [`grpc_limits`]: the gRPC listener's connection, stream and message bounds;
+//! - [`lifecycle`]: restarts, rotation, reapers, backups, the HTTP endpoints;
+//! - [`storage`]: the database under pressure (a lock held elsewhere, a backlog);
+//! - [`tls`]: gRPC over TLS;
+//! - [`two_processes`]: two `agentmesh-control-plane` processes on one database.
+//!
+//! A new file is a module here: `tests/all/<name>.rs` and `mod <name>;`.
+
+#[macro_use]
+mod common;
+
+mod cli;
+mod enroll;
+mod fleet;
+mod grpc_limits;
+mod lifecycle;
+mod storage;
+mod tls;
+mod two_processes;
