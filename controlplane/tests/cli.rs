@@ -61,47 +61,21 @@ async fn token_create_then_enroll_and_backup_while_serving() {
     );
     assert_eq!(stored, 0);
 
-    // A control plane (the real binary) serving that database.
-    let mut child = Command::new(BIN)
-        .args([
-            "--db",
-            &db,
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("serve");
-    // Its log names the bound addresses.
-    let stderr = child.stderr.take().expect("stderr");
-    let (url, http_addr) = tokio::time::timeout(Duration::from_secs(60), async {
-        use tokio::io::AsyncBufReadExt;
-        let mut lines = tokio::io::BufReader::new(stderr).lines();
-        let after = |line: &str, key: &str| {
-            line.split(key)
-                .nth(1)
-                .and_then(|rest| rest.split_whitespace().next())
-                .map(str::to_string)
-        };
-        while let Some(line) = lines.next_line().await.expect("read log") {
-            if let (Some(url), Some(http)) =
-                (after(&line, "public_url="), after(&line, "http_addr="))
-            {
-                return (
-                    url,
-                    http.parse::<std::net::SocketAddr>().expect("http_addr"),
-                );
-            }
-        }
-        panic!("control plane exited before logging its address");
-    })
-    .await
-    .expect("started within 60 s");
+    // A control plane (the real binary) serving that database; its log
+    // names the bound addresses.
+    let common::Served {
+        mut child,
+        url,
+        http_addr,
+    } = common::serve_binary(&[
+        "--db",
+        &db,
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+    ])
+    .await;
     // The binary's /metrics carries the process-wide gauges: jemalloc's
     // (read at the scrape, so resident bytes are never 0) and the watchdog's.
     let (status, body) = common::http_get(http_addr, "/metrics").await;

@@ -121,3 +121,54 @@ pub fn sql_count(dir: &Path, stmt: &str) -> i64 {
     let c = rusqlite::Connection::open(dir.join("cp.db")).expect("open db");
     c.query_row(stmt, [], |r| r.get(0)).expect("count")
 }
+
+/// The real `agentmesh-control-plane` binary, serving.
+pub struct Served {
+    /// The process (killed when dropped).
+    pub child: tokio::process::Child,
+    /// The URL its log names (`public_url=`): what clients dial and proofs sign.
+    pub url: String,
+    /// Its HTTP listener (`/metrics`, `/readyz`).
+    pub http_addr: SocketAddr,
+}
+
+/// Starts the real binary with `args` (which should bind port 0) and waits,
+/// at most 60 s, for the log line naming its addresses.
+pub async fn serve_binary(args: &[&str]) -> Served {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentmesh-control-plane"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("serve");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let (url, http_addr) = tokio::time::timeout(Duration::from_secs(60), async {
+        let after = |line: &str, key: &str| {
+            line.split(key)
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(str::to_string)
+        };
+        while let Some(line) = lines.next_line().await.expect("read log") {
+            if let (Some(url), Some(http)) =
+                (after(&line, "public_url="), after(&line, "http_addr="))
+            {
+                return (url, http.parse::<SocketAddr>().expect("http_addr"));
+            }
+        }
+        panic!("control plane exited before logging its address");
+    })
+    .await
+    .expect("started within 60 s");
+    // Keep reading its log so the process never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Served {
+        child,
+        url,
+        http_addr,
+    }
+}
