@@ -6,8 +6,10 @@
 //! attacked the whole time. Every real call must succeed within its
 //! client's retry budget, every lease must be renewed before the previous
 //! one expired, and the flood's refusals must show in `/metrics` under the
-//! limits meant to stop it, with the global refresh and lease budgets never
-//! touched by it.
+//! limits meant to stop it, with the refresh and lease budgets never
+//! touched by it. The unauthenticated budget is set small (50/s) so the
+//! flood's GetKeys exceed it, and its per-source shares bind, however fast
+//! the machine runs the flood.
 
 mod common;
 
@@ -168,6 +170,10 @@ async fn a_flood_from_one_host_takes_no_service_from_routers_and_members() {
         "127.0.0.1:0",
         "--admin-token-file",
         admin_file.to_str().expect("utf8"),
+        "--unauth-rate-per-sec",
+        "50",
+        "--unauth-burst",
+        "100",
     ])
     .await;
     let url = served.url.clone();
@@ -175,8 +181,10 @@ async fn a_flood_from_one_host_takes_no_service_from_routers_and_members() {
     let router_token = mint(&admin, Role::Router, 1).await;
     let member_token = mint(&admin, Role::Member, MEMBERS as u32).await;
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut stop_flood = stop_rx.clone();
+    // The members tell the router they are done; once the router is done
+    // too (at least `FLOOD_MIN` of leases), the flood stops.
+    let (members_done_tx, members_done) = watch::channel(false);
+    let (stop_tx, mut stop_flood) = watch::channel(false);
     let attack = tokio::spawn(flood_until(
         FloodConfig {
             rate_per_sec: 1_000,
@@ -194,7 +202,7 @@ async fn a_flood_from_one_host_takes_no_service_from_routers_and_members() {
     ));
     // Let the flood take hold before the real callers start.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let router = tokio::spawn(router_loop(url.clone(), router_token, stop_rx));
+    let router = tokio::spawn(router_loop(url.clone(), router_token, members_done));
     let members: Vec<_> = (0..MEMBERS)
         .map(|n| tokio::spawn(member(url.clone(), member_token.clone(), n)))
         .collect();
@@ -204,8 +212,9 @@ async fn a_flood_from_one_host_takes_no_service_from_routers_and_members() {
             errors.lock().expect("lock").push(e);
         }
     }
-    let _ = stop_tx.send(true);
+    let _ = members_done_tx.send(true);
     let leases = router.await.expect("router task");
+    let _ = stop_tx.send(true);
     let report = attack.await.expect("flood task").expect("flood ran");
     println!("flood: {}", report.summary());
     println!("router: {leases:?}");
@@ -235,9 +244,29 @@ async fn a_flood_from_one_host_takes_no_service_from_routers_and_members() {
         )
         .unwrap_or_else(|| panic!("limiter {limiter} pre-created"))
     };
+    // Its failed Refreshes and Enrolls are counted against it: after 60 in
+    // a minute the failure guard refuses the rest before anything is read.
     let guard = report.refused_by("failure_guard");
     assert!(guard >= 1_000, "{}", report.summary());
     assert!(refused("failure_guard") >= guard as f64);
-    assert_eq!(report.refused_by("refresh"), 0, "{}", report.summary());
-    assert_eq!(refused("refresh"), 0.0, "the refresh budget was spent");
+    // Its GetKeys are held to its share of the unauthenticated budget once
+    // the router and the members ask too.
+    let share = report.refused_by("unauth_source_share");
+    assert!(share >= 1, "{}", report.summary());
+    assert!(refused("unauth_source_share") >= share as f64);
+    // Every refusal of the flood came from the guard or the unauthenticated
+    // budget, or was a malformed request; none from a budget real callers
+    // spend after they are checked.
+    for (kind, r) in &report.kinds {
+        for limiter in r.by_limiter.keys() {
+            assert!(
+                ["failure_guard", "unauth", "unauth_source_share"].contains(&limiter.as_str()),
+                "{kind:?} refused by {limiter}: {}",
+                report.summary()
+            );
+        }
+    }
+    for limiter in ["refresh", "refresh_source_share", "lease"] {
+        assert_eq!(refused(limiter), 0.0, "{limiter} refused a real caller");
+    }
 }

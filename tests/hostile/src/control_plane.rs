@@ -320,36 +320,33 @@ pub async fn flood_until(
     let enroll_key = Arc::new(Keypair::generate_ed25519());
     let url: Arc<str> = cfg.url.clone().into();
     let in_flight = Arc::new(Semaphore::new(cfg.max_in_flight.max(1)));
-    let period = Duration::from_secs(1) / cfg.rate_per_sec.max(1);
-    // Ticks of at least 1 ms, each sending its share of the rate.
-    let (tick, per_tick) = if period >= Duration::from_millis(1) {
-        (period, 1u32)
-    } else {
-        let per_ms = cfg.rate_per_sec.div_ceil(1_000);
-        (Duration::from_millis(1), per_ms)
-    };
-    let mut ticker = tokio::time::interval(tick);
+    // Every millisecond (or as often as the runtime wakes us), send what
+    // the schedule `rate × elapsed` says is due: a late tick catches up,
+    // so the rate holds on a loaded machine, bounded by `max_in_flight`.
+    let mut ticker = tokio::time::interval(Duration::from_millis(1));
     ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    let end = tokio::time::Instant::now() + cfg.duration;
+    let start = tokio::time::Instant::now();
+    let end = start + cfg.duration;
     let mut tasks = JoinSet::new();
-    let mut n: usize = 0;
-    let mut sent_total: u64 = 0;
+    let mut n: u64 = 0;
     let budget = u64::from(cfg.rate_per_sec) * cfg.duration.as_millis() as u64 / 1_000;
     tokio::pin!(stop);
-    while tokio::time::Instant::now() < end && sent_total < budget.max(1) {
+    while tokio::time::Instant::now() < end && n < budget.max(1) {
         tokio::select! {
             _ = ticker.tick() => {}
             () = &mut stop => break,
         }
-        for _ in 0..per_tick {
-            let kind = cfg.kinds[n % cfg.kinds.len()];
-            let ch = channels[n % channels.len()].clone();
+        let due = (u128::from(cfg.rate_per_sec) * start.elapsed().as_millis() / 1_000)
+            .min(u128::from(budget.max(1)));
+        let due = u64::try_from(due).unwrap_or(u64::MAX);
+        while n < due {
+            let kind = cfg.kinds[(n % cfg.kinds.len() as u64) as usize];
+            let ch = channels[(n % channels.len() as u64) as usize].clone();
             n += 1;
             let Ok(permit) = in_flight.clone().try_acquire_owned() else {
                 report.lock().unwrap_or_else(|p| p.into_inner()).skipped += 1;
                 continue;
             };
-            sent_total += 1;
             report
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
