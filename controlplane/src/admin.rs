@@ -86,10 +86,10 @@ impl State {
         source: Option<IpAddr>,
         authorization: Option<&str>,
     ) -> Result<(), ServiceError> {
-        self.check_failures(source)?;
+        self.admission.check_failures(source)?;
         let r = self.compare_admin(authorization);
         if let Err(ServiceError::Unauthenticated { .. }) = &r {
-            self.record_failure(source);
+            self.admission.record_failure(source);
         }
         r
     }

@@ -49,10 +49,25 @@ pub const DEFAULT_GRPC_HANDSHAKE_TIMEOUT_SECS: u64 = 20;
 pub const DEFAULT_GRPC_MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// Shortest admin bearer token accepted, characters.
 pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
-/// Default `--enroll-failures-per-ip-per-min`.
-pub const DEFAULT_ENROLL_FAILURES_PER_IP_PER_MIN: u32 = 60;
-/// Default `--failure-guard-max-ips`.
-pub const DEFAULT_FAILURE_GUARD_MAX_IPS: usize = 100_000;
+/// Default `--auth-failures-per-source-per-min`.
+pub const DEFAULT_AUTH_FAILURES_PER_SOURCE_PER_MIN: u32 = 60;
+/// Default `--failure-guard-max-sources`.
+pub const DEFAULT_FAILURE_GUARD_MAX_SOURCES: usize = 100_000;
+/// Default `--unauth-rate-per-sec`: what the work before a caller is known
+/// may cost (a Refresh verifies two ed25519 signatures); a 10,000-member
+/// fleet needs about 200/s (directory reads every minute, refreshes, leases).
+pub const DEFAULT_UNAUTH_RATE_PER_SEC: u32 = 1_000;
+/// Default `--unauth-burst`: a join burst of 2,000 members passes before
+/// the shares bind (they bind once half the burst is spent).
+pub const DEFAULT_UNAUTH_BURST: u32 = 4_000;
+/// Default `--lease-rate-per-sec`: 100 routers leasing every 15 s need about 7/s.
+pub const DEFAULT_LEASE_RATE_PER_SEC: u32 = 50;
+/// Default `--lease-burst`.
+pub const DEFAULT_LEASE_BURST: u32 = 100;
+/// Default `--source-table-max-sources`.
+pub const DEFAULT_SOURCE_TABLE_MAX_SOURCES: usize = 100_000;
+/// Default `--ipv6-source-prefix-len`: an IPv6 host usually holds a /64.
+pub const DEFAULT_IPV6_SOURCE_PREFIX_LEN: u8 = 64;
 /// Default `--credential-ttl-secs`.
 pub const DEFAULT_CREDENTIAL_TTL_SECS: u64 = 3600;
 /// Default `--clock-skew-secs`.
@@ -117,7 +132,9 @@ pub struct Config {
     /// Allow plaintext gRPC on a non-loopback address. Default false.
     #[arg(long)]
     pub insecure: bool,
-    /// Open gRPC connections at most; more are closed at accept and counted. Default 20000.
+    /// Open gRPC connections at most, per process; when all are open, a connection from a
+    /// source holding fewer than the busiest source takes that source's oldest (closed and
+    /// counted), else it is closed at accept and counted. Default 20000.
     #[arg(long, default_value_t = DEFAULT_GRPC_MAX_CONNECTIONS)]
     pub grpc_max_connections: usize,
     /// Calls in flight on one gRPC connection at most; more are refused with
@@ -158,18 +175,35 @@ pub struct Config {
     /// never a flag). Default none.
     #[arg(skip)]
     pub key_encryption_key: Option<String>,
-    /// Enroll limiter rate, requests per second (global). Default 10.
+    /// Enrollments whose proof verified, requests per second per process, shared fairly by
+    /// sources once contended. Default 10.
     #[arg(long, default_value_t = DEFAULT_ENROLL_RATE_PER_SEC)]
     pub enroll_rate_per_sec: u32,
-    /// Enroll limiter burst, requests. Default 20.
+    /// Enroll budget burst, requests. Default 20.
     #[arg(long, default_value_t = DEFAULT_ENROLL_BURST)]
     pub enroll_burst: u32,
-    /// Refresh and router-lease limiter rate, requests per second. Default 100.
+    /// Refreshes whose credential verified, requests per second per process, shared fairly
+    /// by sources once contended. Default 100.
     #[arg(long, default_value_t = DEFAULT_REFRESH_RATE_PER_SEC)]
     pub refresh_rate_per_sec: u32,
-    /// Refresh and router-lease limiter burst, requests. Default 200.
+    /// Refresh budget burst, requests. Default 200.
     #[arg(long, default_value_t = DEFAULT_REFRESH_BURST)]
     pub refresh_burst: u32,
+    /// Router leases whose router credential verified, requests per second per process
+    /// (members cannot reach this budget). Default 50.
+    #[arg(long, default_value_t = DEFAULT_LEASE_RATE_PER_SEC)]
+    pub lease_rate_per_sec: u32,
+    /// Lease budget burst, requests. Default 100.
+    #[arg(long, default_value_t = DEFAULT_LEASE_BURST)]
+    pub lease_burst: u32,
+    /// Requests before their caller is known (every Enroll, Refresh, RouterLease, GetKeys,
+    /// GetDirectory), requests per second per process; once half the burst is spent each
+    /// source gets at most its share. Default 1000.
+    #[arg(long, default_value_t = DEFAULT_UNAUTH_RATE_PER_SEC)]
+    pub unauth_rate_per_sec: u32,
+    /// Unauthenticated budget burst, requests. Default 4000.
+    #[arg(long, default_value_t = DEFAULT_UNAUTH_BURST)]
+    pub unauth_burst: u32,
     /// Longest `retry-after` given to a refused Enroll, seconds: refused callers are
     /// spread over the slots in which the limiter can serve them, up to this far
     /// ahead. Default 60.
@@ -179,13 +213,32 @@ pub struct Config {
     /// never queued: it is told the next token). Default 60.
     #[arg(long, default_value_t = DEFAULT_REFRESH_MAX_RETRY_AFTER_SECS)]
     pub refresh_max_retry_after_secs: u64,
-    /// Failed enrollments and admin logins allowed per source IP per minute before
-    /// refusing. Default 60.
-    #[arg(long, default_value_t = DEFAULT_ENROLL_FAILURES_PER_IP_PER_MIN)]
-    pub enroll_failures_per_ip_per_min: u32,
-    /// Source IPs the failure guard tracks at once (oldest dropped). Default 100000.
-    #[arg(long, default_value_t = DEFAULT_FAILURE_GUARD_MAX_IPS)]
-    pub failure_guard_max_ips: usize,
+    /// Failed authentications (Enroll, Refresh, RouterLease, admin) and malformed requests
+    /// allowed per source per minute, per process, before the source is refused for the rest
+    /// of the minute. Default 60.
+    #[arg(
+        long,
+        alias = "enroll-failures-per-ip-per-min",
+        default_value_t = DEFAULT_AUTH_FAILURES_PER_SOURCE_PER_MIN
+    )]
+    pub auth_failures_per_source_per_min: u32,
+    /// Sources the failure guard tracks at once, sources; new ones are aggregated to wider
+    /// prefixes as it fills and share one entry when it is full (none is dropped). Default 100000.
+    #[arg(
+        long,
+        alias = "failure-guard-max-ips",
+        default_value_t = DEFAULT_FAILURE_GUARD_MAX_SOURCES
+    )]
+    pub failure_guard_max_sources: usize,
+    /// Sources each per-source table (unauthenticated, enroll and refresh shares,
+    /// connections, refusal logs) tracks at once, sources; aggregated and then shared as it
+    /// fills, like the failure guard's. Default 100000.
+    #[arg(long, default_value_t = DEFAULT_SOURCE_TABLE_MAX_SOURCES)]
+    pub source_table_max_sources: usize,
+    /// Bits of an IPv6 address that make one source for every per-source limit (128: each
+    /// address alone), bits. Default 64.
+    #[arg(long, default_value_t = DEFAULT_IPV6_SOURCE_PREFIX_LEN)]
+    pub ipv6_source_prefix_len: u8,
     /// Lifetime of a credential, seconds. Default 3600.
     #[arg(long, default_value_t = DEFAULT_CREDENTIAL_TTL_SECS)]
     pub credential_ttl_secs: u64,
@@ -296,8 +349,14 @@ impl Default for Config {
             refresh_burst: DEFAULT_REFRESH_BURST,
             enroll_max_retry_after_secs: DEFAULT_ENROLL_MAX_RETRY_AFTER_SECS,
             refresh_max_retry_after_secs: DEFAULT_REFRESH_MAX_RETRY_AFTER_SECS,
-            enroll_failures_per_ip_per_min: DEFAULT_ENROLL_FAILURES_PER_IP_PER_MIN,
-            failure_guard_max_ips: DEFAULT_FAILURE_GUARD_MAX_IPS,
+            lease_rate_per_sec: DEFAULT_LEASE_RATE_PER_SEC,
+            lease_burst: DEFAULT_LEASE_BURST,
+            unauth_rate_per_sec: DEFAULT_UNAUTH_RATE_PER_SEC,
+            unauth_burst: DEFAULT_UNAUTH_BURST,
+            auth_failures_per_source_per_min: DEFAULT_AUTH_FAILURES_PER_SOURCE_PER_MIN,
+            failure_guard_max_sources: DEFAULT_FAILURE_GUARD_MAX_SOURCES,
+            source_table_max_sources: DEFAULT_SOURCE_TABLE_MAX_SOURCES,
+            ipv6_source_prefix_len: DEFAULT_IPV6_SOURCE_PREFIX_LEN,
             credential_ttl_secs: DEFAULT_CREDENTIAL_TTL_SECS,
             clock_skew_secs: DEFAULT_CLOCK_SKEW_SECS,
             refresh_grace_secs: DEFAULT_REFRESH_GRACE_SECS,
@@ -364,6 +423,18 @@ impl Config {
                 u64::from(self.refresh_rate_per_sec),
             ),
             ("--refresh-burst", u64::from(self.refresh_burst)),
+            ("--lease-rate-per-sec", u64::from(self.lease_rate_per_sec)),
+            ("--lease-burst", u64::from(self.lease_burst)),
+            ("--unauth-rate-per-sec", u64::from(self.unauth_rate_per_sec)),
+            ("--unauth-burst", u64::from(self.unauth_burst)),
+            (
+                "--auth-failures-per-source-per-min",
+                u64::from(self.auth_failures_per_source_per_min),
+            ),
+            (
+                "--source-table-max-sources",
+                self.source_table_max_sources as u64,
+            ),
             (
                 "--enroll-max-retry-after-secs",
                 self.enroll_max_retry_after_secs,
@@ -389,7 +460,10 @@ impl Config {
                 "--grpc-max-concurrent-streams-per-connection",
                 self.grpc_max_concurrent_streams_per_connection as u64,
             ),
-            ("--failure-guard-max-ips", self.failure_guard_max_ips as u64),
+            (
+                "--failure-guard-max-sources",
+                self.failure_guard_max_sources as u64,
+            ),
             (
                 "--grpc-keepalive-interval-secs",
                 self.grpc_keepalive_interval_secs,
@@ -410,6 +484,9 @@ impl Config {
             if v == 0 {
                 return Err(format!("{name} must be positive"));
             }
+        }
+        if !(1..=128).contains(&self.ipv6_source_prefix_len) {
+            return Err("--ipv6-source-prefix-len must be between 1 and 128".into());
         }
         if self
             .admin_token

@@ -1,7 +1,12 @@
 //! RouterLease, GetDirectory and GetKeys: the router directory and the keys.
+//! (GetDirectory and GetKeys take the caller's unauthenticated share in the
+//! service; the HTTP `/info` page reads them without one.)
+
+use std::net::IpAddr;
 
 use agentmesh_proto::{
-    credential::{labels_to_map, verify},
+    credential::{VerifiedClaims, labels_to_map, verify},
+    identity::PeerId,
     pb::{
         controlplane::{
             GetDirectoryResponse, RouterInfo, RouterLeaseRequest, RouterLeaseResponse, RouterLoad,
@@ -25,45 +30,23 @@ pub const MAX_LEASE_ADDRS: usize = 32;
 pub const MAX_ADDR_LEN: usize = 512;
 
 impl State {
-    /// `RouterLease`: role router, labels a subset of the credential's.
+    /// `RouterLease`: failure guard, the source's unauthenticated share,
+    /// decode and verify (role router), labels a subset of the
+    /// credential's, and only then the lease budget, which no member can
+    /// reach.
     pub async fn router_lease(
         &self,
+        source: Option<IpAddr>,
         req: RouterLeaseRequest,
     ) -> Result<RouterLeaseResponse, ServiceError> {
-        self.admit_lease()?;
-        let cred = req
-            .credential
-            .ok_or_else(|| ServiceError::Invalid("credential missing".into()))?;
-        let proof = req
-            .proof
-            .ok_or_else(|| ServiceError::Invalid("proof of possession missing".into()))?;
-        if req.addrs.len() > MAX_LEASE_ADDRS
-            || req
-                .addrs
-                .iter()
-                .any(|a| a.is_empty() || a.len() > MAX_ADDR_LEN)
-        {
-            return Err(ServiceError::Invalid(format!(
-                "at most {MAX_LEASE_ADDRS} non-empty addresses of at most {MAX_ADDR_LEN} bytes"
-            )));
-        }
+        self.admission.check_failures(source)?;
+        self.admission.admit_unauth(source)?;
         let now = unix_now();
-        let (_, peer) = verify_proof(Purpose::Lease, &self.public_url, &proof, now)
-            .map_err(|e| ServiceError::unauth("bad_proof", format!("proof refused: {e}")))?;
-        let claims = verify(
-            &cred,
-            &self.keys.trust(now),
-            now,
-            Some(&peer),
-            self.config.clock_skew_secs as i64,
-        )
-        .map_err(credential_error)?;
-        if claims.role() != Role::Router {
-            return Err(ServiceError::denied(
-                "wrong_role",
-                "RouterLease needs a credential with role router",
-            ));
-        }
+        let (claims, peer) = self.verify_lease(&req, now).inspect_err(|e| {
+            if e.is_failure() {
+                self.admission.record_failure(source);
+            }
+        })?;
         let allowed = claims.labels();
         let asked = labels_to_map(&req.labels);
         if let Some((k, v)) = asked.iter().find(|(k, v)| allowed.get(*k) != Some(*v)) {
@@ -72,6 +55,7 @@ impl State {
                 format!("label {k}={v} is not in the router's credential"),
             ));
         }
+        self.admission.admit_lease(source)?;
         let load = req.load.unwrap_or_default();
         let ttl = self.config.lease_ttl_secs as i64;
         let lease = LeaseRow {
@@ -95,6 +79,50 @@ impl State {
             lease_expires_at_unix_secs: now + ttl,
             lease_ttl_secs: u32::try_from(ttl).unwrap_or(u32::MAX),
         })
+    }
+
+    /// What a lease proves, checked without the database: bounds, the
+    /// proof, a router credential signed for the proof's key.
+    fn verify_lease(
+        &self,
+        req: &RouterLeaseRequest,
+        now: i64,
+    ) -> Result<(VerifiedClaims, PeerId), ServiceError> {
+        let cred = req
+            .credential
+            .as_ref()
+            .ok_or_else(|| ServiceError::Invalid("credential missing".into()))?;
+        let proof = req
+            .proof
+            .as_ref()
+            .ok_or_else(|| ServiceError::Invalid("proof of possession missing".into()))?;
+        if req.addrs.len() > MAX_LEASE_ADDRS
+            || req
+                .addrs
+                .iter()
+                .any(|a| a.is_empty() || a.len() > MAX_ADDR_LEN)
+        {
+            return Err(ServiceError::Invalid(format!(
+                "at most {MAX_LEASE_ADDRS} non-empty addresses of at most {MAX_ADDR_LEN} bytes"
+            )));
+        }
+        let (_, peer) = verify_proof(Purpose::Lease, &self.public_url, proof, now)
+            .map_err(|e| ServiceError::unauth("bad_proof", format!("proof refused: {e}")))?;
+        let claims = verify(
+            cred,
+            &self.keys.trust(now),
+            now,
+            Some(&peer),
+            self.config.clock_skew_secs as i64,
+        )
+        .map_err(credential_error)?;
+        if claims.role() != Role::Router {
+            return Err(ServiceError::denied(
+                "wrong_role",
+                "RouterLease needs a credential with role router",
+            ));
+        }
+        Ok((claims, peer))
     }
 
     /// `GetDirectory`: live leases and active revocations (cached briefly).

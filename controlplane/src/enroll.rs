@@ -1,9 +1,11 @@
 //! Enroll and Refresh: the two calls that issue credentials.
 //!
-//! Enroll runs the per-IP failure guard, then the global limiter, before it
-//! looks at the token or the proof; role and labels come from the token. The
-//! guard goes first so that a source it already refuses cannot spend the
-//! fleet's enrollment budget.
+//! Both pass the failure guard and the source's share of the
+//! unauthenticated budget, then decode and verify (a failure counts against
+//! the source in the guard), and only then take a token of their own
+//! budget ([`crate::admission`]), so a caller whose proof or credential does
+//! not check out never spends what members need. Role and labels come from
+//! the token.
 
 use std::net::IpAddr;
 
@@ -79,23 +81,18 @@ impl State {
         Ok(sign(&claims, &signer.key))
     }
 
-    /// `Enroll`: failure guard, limiter, then token and proof.
+    /// `Enroll`: failure guard, the source's unauthenticated share, decode
+    /// and proof, the enroll budget, then the token (in the database).
     pub async fn enroll(
         &self,
         source: Option<IpAddr>,
         req: EnrollRequest,
     ) -> Result<EnrollResponse, ServiceError> {
-        // Guard first: a refused source takes no global token.
-        self.check_failures(source)?;
-        self.admit_enroll()?;
+        self.admission.check_failures(source)?;
+        self.admission.admit_unauth(source)?;
         let r = self.enroll_checked(source, req).await;
-        if let Err(
-            ServiceError::Unauthenticated { .. }
-            | ServiceError::Denied { .. }
-            | ServiceError::Invalid(_),
-        ) = &r
-        {
-            self.record_failure(source);
+        if r.as_ref().is_err_and(ServiceError::is_failure) {
+            self.admission.record_failure(source);
         }
         r
     }
@@ -118,6 +115,7 @@ impl State {
         let now = unix_now();
         let (_, peer) =
             verify_proof(Purpose::Enroll, &self.public_url, &proof, now).map_err(proof_error)?;
+        self.admission.admit_enroll(source)?;
         if self.keys.signer(now).is_none() {
             return Err(ServiceError::NoSigningKey);
         }
@@ -126,14 +124,14 @@ impl State {
         let new_node_id = format!("n-{}", hex::encode(id));
         let digest = tokens::digest(&token);
         let peer_bytes = peer.to_bytes();
-        let source = source.map(|ip| ip.to_string()).unwrap_or_default();
+        let source_ip = source.map(|ip| ip.to_string()).unwrap_or_default();
         let exp = now + self.config.credential_ttl_secs as i64;
         let outcome = self
             .db
             .run(
                 self.db
                     .store()
-                    .enroll(&digest, &peer_bytes, &new_node_id, &source, now, exp),
+                    .enroll(&digest, &peer_bytes, &new_node_id, &source_ip, now, exp),
             )
             .await?;
         let enrolled = outcome.map_err(|r| match r {
@@ -159,22 +157,23 @@ impl State {
     }
 
     /// `Refresh`: a current (or just-expired, within the grace) credential
-    /// plus a fresh proof from the same key.
-    pub async fn refresh(&self, req: RefreshRequest) -> Result<RefreshResponse, ServiceError> {
-        self.admit_refresh()?;
-        let cred = req
-            .credential
-            .ok_or_else(|| ServiceError::Invalid("credential missing".into()))?;
-        let proof = req
-            .proof
-            .ok_or_else(|| ServiceError::Invalid("proof of possession missing".into()))?;
+    /// plus a fresh proof from the same key. Failure guard, the source's
+    /// unauthenticated share, decode and verify, and only then the refresh
+    /// budget.
+    pub async fn refresh(
+        &self,
+        source: Option<IpAddr>,
+        req: RefreshRequest,
+    ) -> Result<RefreshResponse, ServiceError> {
+        self.admission.check_failures(source)?;
+        self.admission.admit_unauth(source)?;
         let now = unix_now();
-        let (_, peer) =
-            verify_proof(Purpose::Refresh, &self.public_url, &proof, now).map_err(proof_error)?;
-        let skew = self.config.clock_skew_secs as i64;
-        let grace = self.config.refresh_grace_secs as i64;
-        verify(&cred, &self.keys.trust(now), now, Some(&peer), skew + grace)
-            .map_err(credential_error)?;
+        let peer = self.verify_refresh(req, now).inspect_err(|e| {
+            if e.is_failure() {
+                self.admission.record_failure(source);
+            }
+        })?;
+        self.admission.admit_refresh(source)?;
         let peer_bytes = peer.to_bytes();
         let exp = now + self.config.credential_ttl_secs as i64;
         let node = self
@@ -187,5 +186,23 @@ impl State {
             credential: Some(credential),
             keys: Some(self.keys.key_set(now)),
         })
+    }
+
+    /// What a Refresh proves, checked without the database: the proof and
+    /// the credential, signed for the proof's key.
+    fn verify_refresh(&self, req: RefreshRequest, now: i64) -> Result<PeerId, ServiceError> {
+        let cred = req
+            .credential
+            .ok_or_else(|| ServiceError::Invalid("credential missing".into()))?;
+        let proof = req
+            .proof
+            .ok_or_else(|| ServiceError::Invalid("proof of possession missing".into()))?;
+        let (_, peer) =
+            verify_proof(Purpose::Refresh, &self.public_url, &proof, now).map_err(proof_error)?;
+        let skew = self.config.clock_skew_secs as i64;
+        let grace = self.config.refresh_grace_secs as i64;
+        verify(&cred, &self.keys.trust(now), now, Some(&peer), skew + grace)
+            .map_err(credential_error)?;
+        Ok(peer)
     }
 }

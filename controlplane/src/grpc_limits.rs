@@ -1,16 +1,24 @@
 //! Connection-level bounds on the gRPC listener: at most
-//! `--grpc-max-connections` open connections, and at most
-//! `--grpc-max-concurrent-streams-per-connection` calls in flight on one.
+//! `--grpc-max-connections` open connections, shared fairly by sources, and
+//! at most `--grpc-max-concurrent-streams-per-connection` calls in flight on
+//! one.
 //!
 //! Every member and router keeps one HTTP/2 connection to the control plane,
 //! so connections grow with the fleet; without a bound they end at the
 //! process's file-descriptor limit, where tonic's own accept loop treats
 //! `EMFILE` as fatal and stops serving gRPC altogether. [`BoundedIncoming`]
-//! accepts, closes a connection past the bound at once (counted in
-//! `agentmesh_control_plane_grpc_connections_refused_total`; the client sees
-//! the connection close and retries with its backoff and jitter) and never
-//! hands tonic an error: accept errors are counted, logged at most once a
-//! minute, and resource errors pause accepting for 100 ms.
+//! accepts and takes a slot of an [`agentmesh_fair::FairSlots`]: while
+//! slots are free anyone gets one; when all are taken, a source holding
+//! fewer than the busiest source takes that source's oldest connection
+//! (closed at its next read or write, the waker is registered; counted in
+//! `grpc_connections_preempted_total`), and a source already holding its
+//! share is closed at accept (`grpc_connections_refused_total`). So one host
+//! opening connections can take every slot while nobody else asks, and
+//! only its share once others do. The client sees the connection close and
+//! retries with its backoff and jitter. Refusals are logged at most once a
+//! minute per source. The listener never hands tonic an error: accept
+//! errors are counted, logged at most once a minute, and resource errors
+//! pause accepting for 100 ms.
 //!
 //! [`StreamLimit`] counts the calls in flight per connection (a call is in
 //! flight until its response body is dropped, so a server-streaming call
@@ -51,9 +59,9 @@ use hyper::body::Frame;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
-    sync::{OwnedSemaphorePermit, Semaphore},
     time::{Instant, Sleep},
 };
+use tokio_util::sync::WaitForCancellationFutureOwned;
 use tonic::{
     Status,
     codegen::{Body, Bytes, Service, http},
@@ -61,7 +69,9 @@ use tonic::{
     transport::server::{Connected, TcpConnectInfo, TlsConnectInfo},
 };
 
-use crate::{client::RETRY_AFTER_METADATA, metrics::Metrics};
+use agentmesh_fair::{FairSlots, Slot as ConnectionSlot};
+
+use crate::{client::RETRY_AFTER_METADATA, metrics::Metrics, refusal_log::RefusalLog};
 
 /// How long accepting pauses after a resource error (`EMFILE`, `ENFILE`, ...).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -120,20 +130,19 @@ impl Handshakes {
 /// connections that got a slot; see the module docs.
 pub struct BoundedIncoming {
     listener: TcpListener,
-    slots: Arc<Semaphore>,
-    max: usize,
+    slots: FairSlots,
     handshake_timeout: Duration,
     handshakes: Arc<Handshakes>,
     metrics: Metrics,
+    log: RefusalLog,
     pause: Option<Pin<Box<Sleep>>>,
-    last_refusal_log: Option<Instant>,
     last_error_log: Option<Instant>,
 }
 
 impl std::fmt::Debug for BoundedIncoming {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BoundedIncoming")
-            .field("max", &self.max)
+            .field("max", &self.slots.capacity())
             .finish_non_exhaustive()
     }
 }
@@ -156,27 +165,27 @@ fn is_resource_error(e: &io::Error) -> bool {
 }
 
 impl BoundedIncoming {
-    /// Serves `listener`, keeping at most `max` connections open (at least
-    /// 1), each of which must carry its first call within
-    /// `handshake_timeout`; `handshakes` is shared with the [`StreamLimit`]
-    /// in front of the routes.
+    /// Serves `listener`, keeping at most `slots.capacity()` connections
+    /// open, shared fairly by sources, each of which must carry its first
+    /// call within `handshake_timeout`; `handshakes` is shared with the
+    /// [`StreamLimit`] in front of the routes; refusals are logged through
+    /// `log` (once a minute per source).
     pub fn new(
         listener: TcpListener,
-        max: usize,
+        slots: FairSlots,
         handshake_timeout: Duration,
         handshakes: Arc<Handshakes>,
         metrics: Metrics,
+        log: RefusalLog,
     ) -> Self {
-        let max = max.max(1);
         Self {
             listener,
-            slots: Arc::new(Semaphore::new(max)),
-            max,
+            slots,
             handshake_timeout,
             handshakes,
             metrics,
+            log,
             pause: None,
-            last_refusal_log: None,
             last_error_log: None,
         }
     }
@@ -196,8 +205,21 @@ impl Stream for BoundedIncoming {
             }
             match this.listener.poll_accept(cx) {
                 Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok((stream, peer))) => match this.slots.clone().try_acquire_owned() {
-                    Ok(permit) => {
+                Poll::Ready(Ok((stream, peer))) => match this.slots.try_acquire(peer.ip()) {
+                    Ok(acquired) => {
+                        if let Some(from) = acquired.preempted {
+                            this.metrics.grpc_connection_preempted();
+                            if this.log.due(peer.ip()).is_some() {
+                                tracing::warn!(
+                                    %peer,
+                                    %from,
+                                    max = this.slots.capacity(),
+                                    "gRPC connections full (--grpc-max-connections): the busiest \
+                                     source's oldest connection closed for this one (logged once \
+                                     a minute per source; see grpc_connections_preempted_total)"
+                                );
+                            }
+                        }
                         let _ = stream.set_nodelay(true);
                         this.metrics.grpc_connection_opened();
                         let handshake = Handshake {
@@ -206,22 +228,28 @@ impl Stream for BoundedIncoming {
                             table: this.handshakes.clone(),
                             peer,
                         };
+                        let revoked = Box::pin(acquired.slot.revoked_owned());
                         return Poll::Ready(Some(Ok(LimitedConn {
                             stream,
-                            _permit: permit,
+                            slot: acquired.slot,
+                            revoked,
                             handshake: Some(handshake),
                             expired: false,
                             metrics: this.metrics.clone(),
                         })));
                     }
-                    Err(_) => {
+                    Err(refusal) => {
                         this.metrics.grpc_connection_refused();
-                        if due(&mut this.last_refusal_log) {
+                        if this.log.due(peer.ip()).is_some() {
                             tracing::warn!(
                                 %peer,
-                                max = this.max,
-                                "gRPC connection refused: --grpc-max-connections reached \
-                                 (logged once a minute; see grpc_connections_refused_total)"
+                                source = %refusal.source,
+                                held = refusal.held,
+                                fair_share = refusal.fair_share,
+                                max = this.slots.capacity(),
+                                "gRPC connection refused: --grpc-max-connections reached and \
+                                 this source holds its share (logged once a minute per source; \
+                                 see grpc_connections_refused_total)"
                             );
                         }
                         drop(stream);
@@ -255,10 +283,14 @@ impl Drop for Handshake {
     }
 }
 
-/// An accepted connection holding one of the listener's slots until dropped.
+/// An accepted connection holding one of the listener's slots until dropped
+/// (or until the slot is taken for another source: then every read and
+/// write fails, so tonic closes it).
 pub struct LimitedConn {
     stream: TcpStream,
-    _permit: OwnedSemaphorePermit,
+    slot: ConnectionSlot,
+    /// Completes once `slot` is taken for another source.
+    revoked: Pin<Box<WaitForCancellationFutureOwned>>,
     /// `Some` until the first call arrives.
     handshake: Option<Handshake>,
     /// The handshake deadline passed: every read and write fails from now on.
@@ -279,13 +311,24 @@ fn handshake_expired() -> io::Error {
     )
 }
 
+fn slot_taken() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "connection closed: --grpc-max-connections were open and its slot went to a source \
+         holding fewer",
+    )
+}
+
 impl LimitedConn {
-    /// Checks the handshake deadline; `Err` once it has passed without a
-    /// call. Polling the deadline registers the waker, so a silent
-    /// connection is woken (and fails) when it passes.
+    /// Checks the handshake deadline and the slot; `Err` once the deadline
+    /// has passed without a call or the slot was taken. Polling both
+    /// registers the waker, so an idle connection is woken (and fails).
     fn check_handshake(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
         if self.expired {
             return Err(handshake_expired());
+        }
+        if self.slot.is_revoked() || self.revoked.as_mut().poll(cx).is_ready() {
+            return Err(slot_taken());
         }
         let Some(h) = self.handshake.as_mut() else {
             return Ok(());
@@ -337,6 +380,9 @@ impl AsyncWrite for LimitedConn {
         if this.expired {
             return Poll::Ready(Err(handshake_expired()));
         }
+        if this.slot.is_revoked() {
+            return Poll::Ready(Err(slot_taken()));
+        }
         Pin::new(&mut this.stream).poll_write(cx, buf)
     }
 
@@ -348,6 +394,9 @@ impl AsyncWrite for LimitedConn {
         let this = self.get_mut();
         if this.expired {
             return Poll::Ready(Err(handshake_expired()));
+        }
+        if this.slot.is_revoked() {
+            return Poll::Ready(Err(slot_taken()));
         }
         Pin::new(&mut this.stream).poll_write_vectored(cx, bufs)
     }

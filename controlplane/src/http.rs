@@ -110,6 +110,9 @@ async fn info(AxState(s): AxState<HttpState>) -> Response {
 }
 
 async fn metrics(AxState(s): AxState<HttpState>) -> Response {
+    for (table, stats) in s.state.admission.source_tables() {
+        s.state.metrics.set_source_table(table, stats);
+    }
     let mut body = String::new();
     match prometheus_client::encoding::text::encode(&mut body, &s.registry) {
         Ok(()) => (

@@ -17,6 +17,8 @@ pub use client::{Client, ClientConfig, ClientError, retry_after};
 #[cfg(feature = "server")]
 pub mod admin;
 #[cfg(feature = "server")]
+pub mod admission;
+#[cfg(feature = "server")]
 pub mod cli;
 #[cfg(feature = "server")]
 pub mod config;
@@ -26,6 +28,8 @@ pub mod directory;
 pub mod enroll;
 #[cfg(feature = "server")]
 pub mod grpc_limits;
+#[cfg(feature = "server")]
+pub mod guard;
 #[cfg(feature = "server")]
 pub mod http;
 #[cfg(feature = "server")]
@@ -38,6 +42,8 @@ pub mod metrics;
 pub mod offline;
 #[cfg(feature = "server")]
 pub mod reaper;
+#[cfg(feature = "server")]
+pub mod refusal_log;
 #[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "server")]

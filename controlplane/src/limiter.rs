@@ -1,10 +1,13 @@
-//! Admission limits: a global token bucket (GCRA form) and a per-source-IP
-//! guard that counts only failures.
+//! Rate limits: a token bucket (GCRA form) and a budget shared fairly by
+//! sources that spreads the callers it refuses over the slots it can serve
+//! them in.
 //!
 //! Both take `now` (time since a [`crate::clock::Clock`]'s origin) as an
 //! argument, so they are pure and property-testable.
 
-use std::{collections::HashMap, net::IpAddr, time::Duration};
+use std::{collections::VecDeque, net::IpAddr, time::Duration};
+
+use agentmesh_fair::{FairRate, MapStats, RateReason, SourceKey, SourceMap};
 
 /// A token bucket of `burst` tokens refilled at `rate` per second, kept as a
 /// theoretical arrival time in integer nanoseconds (no float drift): at any
@@ -48,102 +51,164 @@ fn nanos(n: u128) -> Duration {
     Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX))
 }
 
+/// How long a source counts among the active sources of a shared budget
+/// after its last request: the budget is split among the sources active in
+/// this window when it is contended. Longer than a router's lease interval
+/// (15 s), so a router counts between its rounds, and as long as the
+/// longest `retry-after` by default, so callers waiting for their slot keep
+/// their source counted.
+pub const SOURCE_ACTIVE: Duration = Duration::from_secs(60);
+
 /// Why a [`SpreadingBucket`] refused, and when to come back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refusal {
     /// How long this caller should wait: until the slot assigned to it, at
     /// most the bucket's cap. Sent as `retry-after` (rounded up to seconds).
     pub wait: Duration,
-    /// Refused callers already given a slot ahead of this one (the virtual
-    /// queue's depth when it was refused).
+    /// Refused callers of the same source already given a slot ahead of
+    /// this one (its virtual queue's depth when it was refused).
     pub position: u64,
     /// The queue reached the cap: this caller got the cap, not a slot.
     pub capped: bool,
+    /// The global budget was spent, or the source used its share of it.
+    pub reason: RateReason,
+    /// The source refused.
+    pub source: SourceKey,
 }
 
-/// A [`TokenBucket`] that spreads the callers it refuses over the slots in
-/// which it can actually serve them, instead of telling all of them "the next
-/// token frees in 100 ms".
+/// A budget shared fairly by sources ([`FairRate`]: a global token bucket
+/// whose per-source shares bind only once it is contended) that spreads the
+/// callers it refuses over the slots in which it can actually serve them,
+/// instead of telling all of them "the next token frees in 100 ms".
 ///
-/// It keeps a *virtual queue*: the instant of the next unassigned slot. A
-/// refused caller is given the later of that instant and the moment the next
-/// token frees, and the queue moves one token interval on; so the k-th caller
-/// refused during a burst is told to come back after about `k ÷ rate`
-/// seconds, when the bucket will have a token for it if everyone refused
-/// before it came back in order. The estimate is bounded and decays by
-/// itself: the queue never reaches past `now + max_wait` (callers beyond that
-/// are all told `max_wait` and not queued, so a queue of callers that never
-/// came back cannot grow), and once time passes the last slot it is empty.
+/// Each source has a *virtual queue*: the instant of its next unassigned
+/// slot. A refused caller is given the later of that instant and the moment
+/// the bucket (or the source's share) has a token again, and the source's
+/// queue moves on `n` token intervals, `n` being the sources active now; so
+/// the k-th caller refused from one source during a burst is told to come
+/// back after about `k × n ÷ rate` seconds, when the bucket will have a
+/// token for it, and `n` sources with callers waiting are served in turn.
+/// One source alone gets the whole rate, exactly as one global queue would
+/// give it. A source flooding the bucket only pushes its own queue ahead:
+/// the slots of other sources do not move, and under contention the
+/// flood's requests are refused by its share, so the tokens it cannot take
+/// are there when the others come back. The estimate is bounded and decays
+/// by itself: a queue never reaches past `now + max_wait` (callers beyond
+/// that are told `max_wait` and not queued, so a queue of callers that never
+/// came back cannot grow), and once time passes its last slot it is
+/// dropped.
 ///
-/// Admission is unchanged: the bucket alone decides, whoever asks; callers
-/// cannot be told apart before their token and proof are checked, so a slot
-/// is a promise about timing, not a reservation.
-#[derive(Debug, Clone)]
+/// A slot is a promise about timing, not a reservation: the bucket alone
+/// decides, whoever asks.
+#[derive(Debug)]
 pub struct SpreadingBucket {
-    bucket: TokenBucket,
-    /// Next unassigned slot, nanoseconds since the clock's origin.
-    next_slot: u128,
+    rate: FairRate,
+    /// Nanoseconds per token.
+    interval: u128,
     /// Longest wait handed out, nanoseconds.
     max_wait: u128,
+    /// Next unassigned slot of each source with callers queued, ns.
+    slots: SourceMap<u128>,
+    /// (slot, source) of every queue, to drop the empty ones without a
+    /// scan; one item per entry, pushed back when popped while still in use.
+    order: VecDeque<(u128, SourceKey)>,
 }
 
 impl SpreadingBucket {
-    /// A full bucket of `burst` refilled at `rate_per_sec`, telling refused
-    /// callers to wait at most `max_wait` (at least one second).
-    pub fn new(rate_per_sec: u32, burst: u32, max_wait: Duration) -> Self {
+    /// `rate_per_sec` with a burst of `burst`, telling refused callers to
+    /// wait at most `max_wait` (at least one second); per-source state for at
+    /// most `max_sources` sources, IPv6 keyed at `ipv6_prefix_len` bits.
+    pub fn new(
+        rate_per_sec: u32,
+        burst: u32,
+        max_wait: Duration,
+        max_sources: usize,
+        ipv6_prefix_len: u8,
+    ) -> Self {
         Self {
-            bucket: TokenBucket::new(rate_per_sec, burst),
-            next_slot: 0,
+            rate: FairRate::new(
+                rate_per_sec,
+                burst,
+                SOURCE_ACTIVE,
+                max_sources,
+                ipv6_prefix_len,
+            ),
+            interval: 1_000_000_000u128 / u128::from(rate_per_sec.max(1)),
             max_wait: max_wait.max(Duration::from_secs(1)).as_nanos(),
+            slots: SourceMap::new(max_sources, ipv6_prefix_len),
+            order: VecDeque::new(),
         }
     }
 
-    /// Takes one token at `now`, or assigns the caller a slot to come back in.
-    pub fn try_acquire(&mut self, now: Duration) -> Result<(), Refusal> {
-        let free_in = match self.bucket.try_acquire(now) {
-            Ok(()) => return Ok(()),
-            Err(wait) => wait.as_nanos(),
+    /// Takes one token for a caller from `ip` at `now`, or assigns it a slot
+    /// to come back in.
+    pub fn try_acquire(&mut self, ip: IpAddr, now: Duration) -> Result<SourceKey, Refusal> {
+        let refused = match self.rate.try_acquire(ip, now) {
+            Ok(key) => return Ok(key),
+            Err(r) => r,
         };
         let now = now.as_nanos();
-        let interval = self.bucket.interval;
-        let free_at = now + free_in;
-        let slot = self.next_slot.max(free_at);
-        let position = u64::try_from((slot - free_at) / interval).unwrap_or(u64::MAX);
+        self.expire(now);
+        let n = u128::try_from(self.rate.active_sources().max(1)).unwrap_or(u128::MAX);
+        let spacing = self.interval.saturating_mul(n);
+        let free_at = now + refused.wait.as_nanos();
+        let (key, next) = self.slots.entry(ip);
+        let fresh = *next == 0;
+        let slot = (*next).max(free_at);
+        let position = u64::try_from((slot - free_at) / spacing).unwrap_or(u64::MAX);
         let wait = slot - now;
-        if wait > self.max_wait {
-            return Err(Refusal {
-                wait: nanos(self.max_wait),
-                position,
-                capped: true,
-            });
-        }
-        self.next_slot = slot + interval;
-        Err(Refusal {
+        let refusal = |wait: u128, capped: bool| Refusal {
             wait: nanos(wait),
             position,
-            capped: false,
-        })
+            capped,
+            reason: refused.reason,
+            source: refused.source,
+        };
+        if wait > self.max_wait {
+            if fresh {
+                self.slots.remove(&key);
+            }
+            return Err(refusal(self.max_wait, true));
+        }
+        *next = slot + spacing;
+        if fresh {
+            self.order.push_back((slot + spacing, key));
+        }
+        Err(refusal(wait, false))
     }
 
-    /// Takes one token at `now`, or refuses with the wait for the next token
-    /// *without* taking a slot in the queue: for heartbeats (router leases)
-    /// whose deadline is shorter than the queue may be long. They compete for
-    /// each freed token with the callers already queued instead of waiting
-    /// behind them.
-    pub fn try_acquire_unqueued(&mut self, now: Duration) -> Result<(), Refusal> {
-        self.bucket.try_acquire(now).map_err(|wait| Refusal {
-            wait: wait.min(nanos(self.max_wait)),
-            position: 0,
-            capped: false,
-        })
+    /// Drops queues whose last slot has passed, at most two per call.
+    fn expire(&mut self, now: u128) {
+        for _ in 0..2 {
+            let Some(&(at, key)) = self.order.front() else {
+                return;
+            };
+            if at > now {
+                return;
+            }
+            self.order.pop_front();
+            match self.slots.get(&key) {
+                Some(&next) if next > now => self.order.push_back((next, key)),
+                _ => {
+                    self.slots.remove(&key);
+                }
+            }
+        }
     }
 
-    /// Refused callers holding a slot that has not come yet at `now`.
-    pub fn queued(&self, now: Duration) -> u64 {
-        // Slots sit one interval apart below `next_slot`; count those after `now`.
-        let waiting = self.next_slot.saturating_sub(now.as_nanos());
-        let slots = waiting.div_ceil(self.bucket.interval).saturating_sub(1);
-        u64::try_from(slots).unwrap_or(u64::MAX)
+    /// Sources active in the budget now (the `n` it is split among).
+    pub fn active_sources(&self) -> usize {
+        self.rate.active_sources()
+    }
+
+    /// Sources with callers queued now.
+    pub fn queued_sources(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The source table's numbers.
+    pub fn source_stats(&self) -> MapStats {
+        self.rate.source_stats()
     }
 }
 
@@ -151,69 +216,6 @@ impl SpreadingBucket {
 pub fn retry_after_secs(wait: Duration) -> u64 {
     let s = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
     s.max(1)
-}
-
-/// Counts failures per source IP in fixed one-minute windows; an IP with
-/// `max_per_min` failures in its window is refused until the window ends.
-/// Successes are never counted, so many members behind one NAT are never
-/// throttled by it. Tracks at most `max_ips` addresses (expired windows are
-/// dropped first, then the oldest).
-#[derive(Debug)]
-pub struct FailureGuard {
-    max_per_min: u32,
-    max_ips: usize,
-    windows: HashMap<IpAddr, (Duration, u32)>,
-}
-
-const WINDOW: Duration = Duration::from_secs(60);
-
-impl FailureGuard {
-    /// A guard allowing `max_per_min` failures per IP per minute.
-    pub fn new(max_per_min: u32, max_ips: usize) -> Self {
-        Self {
-            max_per_min,
-            max_ips: max_ips.max(1),
-            windows: HashMap::new(),
-        }
-    }
-
-    /// `Err(wait)` when `ip` has used up its failures for this window.
-    pub fn check(&self, ip: IpAddr, now: Duration) -> Result<(), Duration> {
-        match self.windows.get(&ip) {
-            Some((start, n)) if *n >= self.max_per_min && now < *start + WINDOW => {
-                Err(*start + WINDOW - now)
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Records one failure from `ip`.
-    pub fn record_failure(&mut self, ip: IpAddr, now: Duration) {
-        if !self.windows.contains_key(&ip) && self.windows.len() >= self.max_ips {
-            self.windows.retain(|_, (start, _)| now < *start + WINDOW);
-            let oldest = (self.windows.len() >= self.max_ips)
-                .then(|| {
-                    self.windows
-                        .iter()
-                        .min_by_key(|(_, (s, _))| *s)
-                        .map(|(k, _)| *k)
-                })
-                .flatten();
-            if let Some(oldest) = oldest {
-                self.windows.remove(&oldest);
-            }
-        }
-        let e = self.windows.entry(ip).or_insert((now, 0));
-        if now >= e.0 + WINDOW {
-            *e = (now, 0);
-        }
-        e.1 = e.1.saturating_add(1);
-    }
-
-    /// Addresses tracked now.
-    pub fn tracked(&self) -> usize {
-        self.windows.len()
-    }
 }
 
 #[cfg(test)]
@@ -237,30 +239,51 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::ZERO), 1);
     }
 
-    /// Callers behaving as the client does: refused, each comes back after
-    /// the whole-second `retry-after` plus up to one second of jitter.
-    /// Returns (refusals, instant the last caller got in).
-    fn burst(n: usize, rate: u32, burst: u32, max_wait_secs: u64, seed: u64) -> (u64, Duration) {
+    fn src(n: usize) -> IpAddr {
+        IpAddr::from([127, 0, 0, 1 + (n % 200) as u8])
+    }
+
+    fn bucket(rate: u32, burst: u32, max_wait_secs: u64) -> SpreadingBucket {
+        SpreadingBucket::new(rate, burst, Duration::from_secs(max_wait_secs), 1_000, 64)
+    }
+
+    /// `n` callers from `sources` sources (round robin) arrive at once and
+    /// behave as the client does: refused, each comes back after the
+    /// whole-second `retry-after` plus up to one second of jitter. Returns
+    /// (refusals, instant the last caller got in).
+    fn burst_from(
+        n: usize,
+        sources: usize,
+        rate: u32,
+        burst: u32,
+        max_wait_secs: u64,
+        seed: u64,
+    ) -> (u64, Duration) {
         use rand::{Rng, SeedableRng, rngs::StdRng};
         use std::{cmp::Reverse, collections::BinaryHeap};
         let mut rng = StdRng::seed_from_u64(seed);
-        let mut b = SpreadingBucket::new(rate, burst, Duration::from_secs(max_wait_secs));
-        let mut due: BinaryHeap<Reverse<Duration>> =
-            (0..n).map(|_| Reverse(Duration::ZERO)).collect();
+        let mut b = bucket(rate, burst, max_wait_secs);
+        let mut due: BinaryHeap<Reverse<(Duration, usize)>> = (0..n)
+            .map(|i| Reverse((Duration::ZERO, i % sources)))
+            .collect();
         let (mut refusals, mut last) = (0u64, Duration::ZERO);
-        while let Some(Reverse(t)) = due.pop() {
-            match b.try_acquire(t) {
-                Ok(()) => last = t,
+        while let Some(Reverse((t, s))) = due.pop() {
+            match b.try_acquire(src(s), t) {
+                Ok(_) => last = t,
                 Err(r) => {
                     refusals += 1;
                     assert!(r.wait <= Duration::from_secs(max_wait_secs));
                     let back = Duration::from_secs(retry_after_secs(r.wait))
                         + Duration::from_micros(rng.gen_range(0..=1_000_000));
-                    due.push(Reverse(t + back));
+                    due.push(Reverse((t + back, s)));
                 }
             }
         }
         (refusals, last)
+    }
+
+    fn burst(n: usize, rate: u32, burst: u32, max_wait_secs: u64, seed: u64) -> (u64, Duration) {
+        burst_from(n, 1, rate, burst, max_wait_secs, seed)
     }
 
     #[test]
@@ -281,17 +304,86 @@ mod tests {
     }
 
     #[test]
+    fn a_burst_from_a_few_sources_is_as_fast_as_from_one() {
+        // The ladder: 1,500 joiners from four loopback addresses. The
+        // sources' queues interleave, so the whole rate is used.
+        for seed in [7, 8, 9] {
+            let (one_refusals, one_last) = burst(1500, 10, 20, 60, seed);
+            let (refusals, last) = burst_from(1500, 4, 10, 20, 60, seed);
+            println!(
+                "1500 @ 10/s from 4 sources: {refusals} refusals, last in at {last:?} \
+                 (one source: {one_refusals}, {one_last:?})"
+            );
+            assert!(refusals <= 2 * 1500, "{refusals} refusals");
+            assert!(
+                last <= one_last + Duration::from_secs(10),
+                "{last:?} vs {one_last:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_flooding_source_leaves_the_others_their_share_and_their_slots() {
+        // One source asks 50 times every 10 ms for 200 s and ignores every
+        // answer; 100 callers from another source arrive at 5 s and behave.
+        use rand::{Rng, SeedableRng, rngs::StdRng};
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut b = bucket(10, 20, 60);
+        let flood = IpAddr::from([127, 0, 0, 77]);
+        let mut due: Vec<Duration> = vec![Duration::from_secs(5); 100];
+        let (mut flood_ok, mut served, mut refusals, mut last) = (0u32, 0u32, 0u32, Duration::ZERO);
+        for tick in 0..20_000u64 {
+            let t = Duration::from_millis(tick * 10);
+            for _ in 0..50 {
+                if b.try_acquire(flood, t).is_ok() {
+                    flood_ok += 1;
+                }
+            }
+            let mut i = 0;
+            while i < due.len() {
+                if due[i] > t {
+                    i += 1;
+                    continue;
+                }
+                match b.try_acquire(IpAddr::from([127, 0, 0, 1]), t) {
+                    Ok(_) => {
+                        served += 1;
+                        last = t;
+                        due.swap_remove(i);
+                    }
+                    Err(r) => {
+                        refusals += 1;
+                        due[i] = t
+                            + Duration::from_secs(retry_after_secs(r.wait))
+                            + Duration::from_micros(rng.gen_range(0..=1_000_000));
+                        i += 1;
+                    }
+                }
+            }
+        }
+        println!("flood got {flood_ok}, members {served} (last at {last:?}, {refusals} refusals)");
+        assert_eq!(served, 100);
+        // Half the rate while both ask: 100 callers at 5/s, ~20 s (+ jitter).
+        assert!(last <= Duration::from_secs(5 + 40), "last in at {last:?}");
+        assert!(refusals <= 3 * 100, "{refusals} refusals");
+        // The flood keeps the rest of the rate: it is not shut out.
+        assert!(flood_ok >= 1_500, "{flood_ok}");
+    }
+
+    #[test]
     fn the_queue_is_capped_and_drains_by_itself() {
-        let mut b = SpreadingBucket::new(10, 1, Duration::from_secs(5));
+        let mut b = bucket(10, 1, 5);
+        let ip = src(0);
         let t0 = Duration::from_secs(100);
-        assert!(b.try_acquire(t0).is_ok());
+        assert!(b.try_acquire(ip, t0).is_ok());
         let mut waits = Vec::new();
         for _ in 0..100 {
-            waits.push(b.try_acquire(t0).expect_err("empty"));
+            waits.push(b.try_acquire(ip, t0).expect_err("empty"));
         }
         // Slot k (0-based) is k+1 intervals away; from the 50th on the cap.
         assert_eq!(waits[0].wait, Duration::from_millis(100));
         assert_eq!(waits[0].position, 0);
+        assert_eq!(waits[0].reason, RateReason::Global);
         assert_eq!(waits[9].wait, Duration::from_secs(1));
         assert_eq!(waits[9].position, 9);
         assert!(!waits[49].capped && waits[49].wait == Duration::from_secs(5));
@@ -300,18 +392,24 @@ mod tests {
                 .iter()
                 .all(|r| r.capped && r.wait == Duration::from_secs(5))
         );
-        assert_eq!(b.queued(t0), 50);
-        // A heartbeat is told the next token, not the back of the queue.
-        let r = b.try_acquire_unqueued(t0).expect_err("empty");
-        assert_eq!((r.wait, r.position), (Duration::from_millis(100), 0));
-        assert_eq!(b.queued(t0), 50);
-        // Nobody came back: once the last slot has passed the queue is empty
-        // and the next refusal waits only for the next token.
+        assert_eq!(b.queued_sources(), 1);
+        // Another source is not queued behind it.
+        let other = b.try_acquire(src(1), t0).expect_err("empty");
+        assert!(other.wait <= Duration::from_millis(200), "{other:?}");
+        // Nobody came back: once the last slot has passed the queue is
+        // dropped and the next refusal waits only for the next token.
         let later = t0 + Duration::from_secs(6);
-        assert_eq!(b.queued(later), 0);
-        assert!(b.try_acquire(later).is_ok());
-        let r = b.try_acquire(later).expect_err("empty again");
+        assert!(b.try_acquire(ip, later).is_ok());
+        let r = b.try_acquire(ip, later).expect_err("empty again");
         assert_eq!((r.wait, r.position), (Duration::from_millis(100), 0));
+        for _ in 0..4 {
+            let _ = b.try_acquire(src(2), later + Duration::from_secs(10));
+        }
+        assert_eq!(
+            b.queued_sources(),
+            1,
+            "only the last caller's queue is left"
+        );
     }
 
     proptest! {
@@ -360,24 +458,6 @@ mod tests {
                 let cap = u64::from(burst) + (t.as_nanos() / (1_000_000_000u128 / u128::from(rate))) as u64;
                 prop_assert!(admitted <= cap, "admitted {} > cap {}", admitted, cap);
             }
-        }
-
-        /// The guard refuses only after `max` failures in a window and never
-        /// tracks more than `max_ips` addresses.
-        #[test]
-        fn guard_counts_failures_only(max in 1u32..10, fails in 0u32..20, ips in 1usize..5) {
-            let mut g = FailureGuard::new(max, ips);
-            let ip: IpAddr = "10.0.0.1".parse().expect("ip");
-            for _ in 0..fails {
-                g.record_failure(ip, Duration::from_secs(1));
-            }
-            prop_assert_eq!(g.check(ip, Duration::from_secs(2)).is_err(), fails >= max);
-            // A new window forgives.
-            prop_assert!(g.check(ip, Duration::from_secs(61)).is_ok());
-            for i in 0..10u8 {
-                g.record_failure(IpAddr::from([10, 1, 0, i]), Duration::from_secs(3));
-            }
-            prop_assert!(g.tracked() <= ips);
         }
     }
 }

@@ -26,13 +26,30 @@ pub const METHODS: &[&str] = &[
     "RotateKeyNow",
 ];
 
-/// Limiters, as metric label values.
+/// Limiters, as metric label values: each budget (global, spent) and its
+/// per-source share (`*_source_share`: the budget was contended and the
+/// source used its share), the failure guard, the database queue and the
+/// per-connection call bound. See [`crate::admission`].
 pub const LIMITERS: &[&str] = &[
+    "unauth",
+    "unauth_source_share",
     "enroll",
+    "enroll_source_share",
     "refresh",
+    "refresh_source_share",
+    "lease",
     "failure_guard",
     "db_busy",
     "streams_per_connection",
+];
+
+/// Per-source tables, as label values of `source_table_*{table}`.
+pub const SOURCE_TABLES: &[&str] = &[
+    "unauth",
+    "enroll",
+    "refresh",
+    "failure_guard",
+    "connections",
 ];
 
 /// Limiters that spread refused callers over slots (see
@@ -154,6 +171,10 @@ pub struct Metrics {
     grpc_connections_refused: Counter,
     grpc_accept_errors: Counter,
     grpc_handshake_timeouts: Counter,
+    grpc_connections_preempted: Counter,
+    source_table_sources: Family<TableLabel, Gauge>,
+    source_table_aggregated: Family<TableLabel, Gauge>,
+    source_table_overflowed: Family<TableLabel, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -187,6 +208,10 @@ impl Metrics {
             grpc_connections_refused: Counter::default(),
             grpc_accept_errors: Counter::default(),
             grpc_handshake_timeouts: Counter::default(),
+            grpc_connections_preempted: Counter::default(),
+            source_table_sources: Family::default(),
+            source_table_aggregated: Family::default(),
+            source_table_overflowed: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("agentmesh_control_plane");
         r.register("rpc", "gRPC calls by method and status code", m.rpc.clone());
@@ -197,8 +222,9 @@ impl Metrics {
         );
         r.register(
             "limiter_refusals",
-            "Requests refused by a limiter (enroll, refresh, failure_guard, db_busy, \
-             streams_per_connection)",
+            "Requests refused by a limit: a budget spent (unauth, enroll, refresh, lease), \
+             a source over its share of a contended budget (*_source_share), the failure \
+             guard, the database queue (db_busy), streams_per_connection",
             m.limiter_refusals.clone(),
         );
         r.register(
@@ -262,8 +288,33 @@ impl Metrics {
         );
         r.register(
             "grpc_connections_refused",
-            "gRPC connections closed at accept because --grpc-max-connections were open",
+            "gRPC connections closed at accept: --grpc-max-connections were open and this \
+             source already held its share",
             m.grpc_connections_refused.clone(),
+        );
+        r.register(
+            "grpc_connections_preempted",
+            "gRPC connections closed because all --grpc-max-connections were open and a \
+             source holding fewer took the busiest source's oldest",
+            m.grpc_connections_preempted.clone(),
+        );
+        r.register(
+            "source_table_sources",
+            "Sources in a per-source table (bounded by --source-table-max-sources, \
+             --failure-guard-max-sources)",
+            m.source_table_sources.clone(),
+        );
+        r.register(
+            "source_table_aggregated",
+            "Sources a per-source table keyed at a wider prefix than the finest because it \
+             was filling, since start",
+            m.source_table_aggregated.clone(),
+        );
+        r.register(
+            "source_table_overflowed",
+            "Times a full per-source table put new sources into its one shared overflow \
+             source, since start",
+            m.source_table_overflowed.clone(),
         );
         r.register(
             "grpc_accept_errors",
@@ -297,6 +348,12 @@ impl Metrics {
             let _ = m.limiter_refusals.get_or_create(&LimiterLabel {
                 limiter: (*l).into(),
             });
+        }
+        for t in SOURCE_TABLES {
+            let label = TableLabel { table: (*t).into() };
+            let _ = m.source_table_sources.get_or_create(&label);
+            let _ = m.source_table_aggregated.get_or_create(&label);
+            let _ = m.source_table_overflowed.get_or_create(&label);
         }
         for l in SPREADING_LIMITERS {
             let label = LimiterLabel {
@@ -462,6 +519,28 @@ impl Metrics {
     /// A gRPC connection was closed: no call within the handshake timeout.
     pub fn grpc_handshake_timeout(&self) {
         self.grpc_handshake_timeouts.inc();
+    }
+
+    /// A gRPC connection was closed: its slot went to a source holding fewer.
+    pub fn grpc_connection_preempted(&self) {
+        self.grpc_connections_preempted.inc();
+    }
+
+    /// Sets a per-source table's numbers.
+    pub fn set_source_table(&self, table: &str, stats: agentmesh_fair::MapStats) {
+        let label = TableLabel {
+            table: table.into(),
+        };
+        let g = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        self.source_table_sources
+            .get_or_create(&label)
+            .set(g(stats.sources as u64));
+        self.source_table_aggregated
+            .get_or_create(&label)
+            .set(g(stats.aggregated_total));
+        self.source_table_overflowed
+            .get_or_create(&label)
+            .set(g(stats.overflowed_total));
     }
 
     /// Sets the next rotation instant.

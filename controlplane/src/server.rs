@@ -298,10 +298,11 @@ pub async fn spawn_with(
     warn_if_fd_limit_below(config.grpc_max_connections).await;
     let incoming = BoundedIncoming::new(
         grpc_listener,
-        config.grpc_max_connections,
+        state.admission.connection_slots(),
         handshake_timeout,
         handshakes,
         state.metrics.clone(),
+        state.admission.refusal_log(),
     );
     let mut grpc_stop = stop_rx.clone();
     tasks.spawn(async move {

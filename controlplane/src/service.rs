@@ -86,27 +86,37 @@ impl ControlPlane for Service {
         request: Request<RefreshRequest>,
     ) -> Result<Response<RefreshResponse>, Status> {
         let t = Instant::now();
-        let r = self.state.refresh(request.into_inner()).await;
+        let source = request.remote_addr().map(|a| a.ip());
+        let r = self.state.refresh(source, request.into_inner()).await;
         self.finish("Refresh", t, r)
     }
 
     async fn get_keys(
         &self,
-        _request: Request<GetKeysRequest>,
+        request: Request<GetKeysRequest>,
     ) -> Result<Response<GetKeysResponse>, Status> {
         let t = Instant::now();
-        let r = Ok(GetKeysResponse {
-            keys: Some(self.state.get_keys()),
-        });
+        let source = request.remote_addr().map(|a| a.ip());
+        let r = self
+            .state
+            .admission
+            .admit_unauth(source)
+            .map(|()| GetKeysResponse {
+                keys: Some(self.state.get_keys()),
+            });
         self.finish("GetKeys", t, r)
     }
 
     async fn get_directory(
         &self,
-        _request: Request<GetDirectoryRequest>,
+        request: Request<GetDirectoryRequest>,
     ) -> Result<Response<GetDirectoryResponse>, Status> {
         let t = Instant::now();
-        let r = self.state.get_directory().await;
+        let source = request.remote_addr().map(|a| a.ip());
+        let r = match self.state.admission.admit_unauth(source) {
+            Ok(()) => self.state.get_directory().await,
+            Err(e) => Err(e),
+        };
         self.finish("GetDirectory", t, r)
     }
 
@@ -115,7 +125,8 @@ impl ControlPlane for Service {
         request: Request<RouterLeaseRequest>,
     ) -> Result<Response<RouterLeaseResponse>, Status> {
         let t = Instant::now();
-        let r = self.state.router_lease(request.into_inner()).await;
+        let source = request.remote_addr().map(|a| a.ip());
+        let r = self.state.router_lease(source, request.into_inner()).await;
         self.finish("RouterLease", t, r)
     }
 

@@ -12,7 +12,7 @@ pub enum ServiceError {
     /// A limiter refused; retry after `wait`.
     #[error("{limiter} limit reached; retry in {wait:?}")]
     Limited {
-        /// `enroll`, `refresh`, `failure_guard` or `db_busy`.
+        /// The limit, as in `limiter_refusals_total{limiter}`.
         limiter: &'static str,
         /// Time until a slot frees.
         wait: Duration,
@@ -59,6 +59,15 @@ impl ServiceError {
             reason,
             msg: msg.into(),
         }
+    }
+
+    /// Whether the caller failed to prove who it is or sent a malformed
+    /// request: what the failure guard counts against its source.
+    pub fn is_failure(&self) -> bool {
+        matches!(
+            self,
+            Self::Unauthenticated { .. } | Self::Denied { .. } | Self::Invalid(_)
+        )
     }
 
     /// The auth-failure reason, for metrics and the failure guard.

@@ -21,7 +21,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tokio_util::sync::{
+    CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned,
+};
 
 use crate::map::{MapStats, SourceMap};
 use crate::source::SourceKey;
@@ -215,6 +217,12 @@ impl Slot {
     pub fn revoked(&self) -> WaitForCancellationFuture<'_> {
         self.revoked.cancelled()
     }
+
+    /// [`Slot::revoked`] as a future that owns what it waits on, for a
+    /// holder that polls it from its own `poll` (an I/O wrapper).
+    pub fn revoked_owned(&self) -> WaitForCancellationFutureOwned {
+        self.revoked.clone().cancelled_owned()
+    }
 }
 
 impl Drop for Slot {
@@ -307,6 +315,19 @@ mod tests {
             .await
             .expect("revoked within the deadline")
             .expect("task");
+    }
+
+    #[tokio::test]
+    async fn the_owned_revocation_future_outlives_a_borrow() {
+        let slots = FairSlots::new(2, 8, 64);
+        let a = slots.try_acquire(ip(1)).expect("a").slot;
+        let _a2 = slots.try_acquire(ip(1)).expect("a2").slot;
+        let revoked = a.revoked_owned();
+        let _b = slots.try_acquire(ip(2)).expect("b");
+        tokio::time::timeout(std::time::Duration::from_secs(5), revoked)
+            .await
+            .expect("revoked within the deadline");
+        assert!(a.is_revoked());
     }
 
     proptest! {

@@ -402,7 +402,7 @@ async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failure
     let mut cfg = db.config();
     cfg.enroll_rate_per_sec = 1;
     cfg.enroll_burst = 8;
-    cfg.enroll_failures_per_ip_per_min = 3;
+    cfg.auth_failures_per_source_per_min = 3;
     let h = spawn_with_clock(cfg, Arc::new(Frozen))
         .await
         .expect("starts");
@@ -650,7 +650,7 @@ async fn refused_callers_get_successive_slots_up_to_the_cap_on_both_limiters() {
 /// another source is served.
 async fn wrong_admin_tokens_feed_the_failure_guard(db: TestDb) {
     let mut cfg = db.config();
-    cfg.enroll_failures_per_ip_per_min = 3;
+    cfg.auth_failures_per_source_per_min = 3;
     let h = spawn_with_clock(cfg, Arc::new(Frozen))
         .await
         .expect("starts");

@@ -1,5 +1,6 @@
 //! The gRPC listener's bounds, met with real connections: at most
-//! `--grpc-max-connections` open (more are closed at accept and counted),
+//! `--grpc-max-connections` open (more are closed at accept and counted;
+//! shared fairly by sources when all are open),
 //! and at most `--grpc-max-concurrent-streams-per-connection` calls in flight
 //! on one connection (more are refused with RESOURCE_EXHAUSTED + retry-after
 //! and counted), in plaintext and over TLS; a connection that sends no call
@@ -131,6 +132,68 @@ async fn connections_past_the_bound_are_closed_at_accept_and_counted() {
     let d = channel(&h, None).await.expect("a new connection");
     get_keys(&d).await.expect("served after a slot freed");
     get_keys(&b).await.expect("still served");
+    h.shutdown().await;
+}
+
+/// A silent TCP connection from `ip` (no TLS, no HTTP/2 preface): it holds
+/// a slot until the handshake timeout.
+async fn silent_from(h: &Handle, ip: [u8; 4]) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from((ip, 0)))
+        .expect("bind a loopback source");
+    socket.connect(h.grpc_addr()).await.expect("connect")
+}
+
+/// The connection bound is shared fairly by sources: one host may hold every
+/// slot while nobody else asks; a connection from another source then takes
+/// the host's oldest (closed, counted), and the host, holding its share, is
+/// refused more.
+#[tokio::test]
+async fn a_host_holding_every_connection_yields_its_oldest_to_another_source() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = spawn(Config {
+        grpc_max_connections: 4,
+        ..common::config(dir.path())
+    })
+    .await
+    .expect("starts");
+    let conns = "agentmesh_control_plane_grpc_connections ";
+    let refused = "agentmesh_control_plane_grpc_connections_refused_total ";
+    let preempted = "agentmesh_control_plane_grpc_connections_preempted_total ";
+    assert_eq!(sample(&h, preempted).await, 0.0);
+    let attacker = [127, 0, 0, 77];
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(silent_from(&h, attacker).await);
+        // In order, so the first is the oldest.
+        let n = held.len() as f64;
+        wait_for("the silent connection's slot", || async {
+            sample(&h, conns).await == n
+        })
+        .await;
+    }
+    // A member from 127.0.0.1 gets in and is served.
+    let member = channel(&h, None).await.expect("a member connects");
+    get_keys(&member).await.expect("the member is served");
+    assert_eq!(sample(&h, preempted).await, 1.0);
+    assert_eq!(sample(&h, refused).await, 0.0);
+    // The attacker's oldest is closed.
+    closed_by_server(&mut held[0]).await;
+    // The attacker, holding three of four, is refused a fifth.
+    let mut more = silent_from(&h, attacker).await;
+    closed_by_server(&mut more).await;
+    assert_eq!(sample(&h, refused).await, 1.0);
+    // A third source still gets in, from the attacker's share again.
+    let mut other = common::raw_client_from(&h, [127, 0, 0, 2]).await;
+    other
+        .get_keys(GetKeysRequest {})
+        .await
+        .expect("another source is served");
+    assert_eq!(sample(&h, preempted).await, 2.0);
+    get_keys(&member).await.expect("the member is still served");
+    // Silent connections would hold the graceful shutdown for its grace.
+    drop(held);
     h.shutdown().await;
 }
 

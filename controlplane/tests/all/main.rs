@@ -10,6 +10,7 @@
 //! - [`enroll`]: enrollment, refresh, leases, admin calls and the limiters;
 //! - [`fleet`]: a fleet of real clients meets the limiter on a simulated clock;
 //! - [`grpc_limits`]: the gRPC listener's connection, stream and message bounds;
+//! - [`hostile`]: a flood from one host takes no service from routers and members;
 //! - [`lifecycle`]: restarts, rotation, reapers, backups, the HTTP endpoints;
 //! - [`storage`]: the database under pressure (a lock held elsewhere, a backlog);
 //! - [`tls`]: gRPC over TLS;
@@ -24,6 +25,7 @@ mod cli;
 mod enroll;
 mod fleet;
 mod grpc_limits;
+mod hostile;
 mod lifecycle;
 mod storage;
 mod tls;

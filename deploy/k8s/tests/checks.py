@@ -54,6 +54,10 @@ KNOWN_FLAGS: dict[str, set[str]] = {
         "--failure-guard-max-ips", "--key-check-interval-secs", "--enrollment-retention-secs",
         "--used-token-retention-secs", "--reap-interval-secs", "--db-max-inflight", "--db-wait-timeout-secs",
         "--directory-cache-ms", "--shutdown-grace-secs",
+        # issue 17 (the two failure-guard flags above are still accepted as aliases)
+        "--auth-failures-per-source-per-min", "--failure-guard-max-sources", "--unauth-rate-per-sec",
+        "--unauth-burst", "--lease-rate-per-sec", "--lease-burst", "--source-table-max-sources",
+        "--ipv6-source-prefix-len",
     },
     "agentmesh-control-plane backup": {"--db", "--to"},
     "agentmesh-router": {

@@ -1,0 +1,85 @@
+//! `agentmesh-hostile`: runs one attack of the harness against a running
+//! mesh and prints what it did. Dev-only; each attack is bounded in rate and
+//! duration by its flags.
+
+use std::{net::IpAddr, time::Duration};
+
+use agentmesh_hostile::control_plane::{FloodConfig, FloodKind, flood};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "agentmesh-hostile", about = "Hostile-peer attacks (dev only)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Floods the control plane's unauthenticated RPCs from one source address.
+    ControlPlaneFlood(ControlPlaneFlood),
+}
+
+#[derive(clap::Args)]
+struct ControlPlaneFlood {
+    /// The control plane's gRPC URL (also what bad enrollments' proofs sign).
+    #[arg(long, default_value = "http://127.0.0.1:7400")]
+    control_plane: String,
+    /// Local address the attack's connections are bound to. Default 127.0.0.77.
+    #[arg(long, default_value = "127.0.0.77")]
+    source_addr: IpAddr,
+    /// Requests per second, all connections together. Default 1000.
+    #[arg(long, default_value_t = 1_000)]
+    rate_per_sec: u32,
+    /// How long to send, seconds. Default 30.
+    #[arg(long, default_value_t = 30)]
+    duration_secs: u64,
+    /// Request kinds sent in turn, comma-separated: empty-refresh, garbage-refresh,
+    /// empty-lease, bad-enroll, get-keys, get-directory. Default empty-refresh.
+    #[arg(long, value_delimiter = ',', default_value = "empty-refresh", value_parser = parse_kind)]
+    kinds: Vec<FloodKind>,
+    /// HTTP/2 connections the requests are spread over. Default 2.
+    #[arg(long, default_value_t = 2)]
+    connections: usize,
+    /// Requests in flight at most (more are skipped, not queued). Default 256.
+    #[arg(long, default_value_t = 256)]
+    max_in_flight: usize,
+    /// Deadline of one request, milliseconds. Default 5000.
+    #[arg(long, default_value_t = 5_000)]
+    rpc_timeout_ms: u64,
+}
+
+fn parse_kind(s: &str) -> Result<FloodKind, String> {
+    FloodKind::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = FloodKind::ALL.iter().map(|k| k.as_str()).collect();
+        format!("unknown kind {s:?}; one of {}", names.join(", "))
+    })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().cmd {
+        Cmd::ControlPlaneFlood(a) => {
+            let cfg = FloodConfig {
+                url: a.control_plane,
+                source: a.source_addr,
+                rate_per_sec: a.rate_per_sec,
+                duration: Duration::from_secs(a.duration_secs),
+                kinds: a.kinds,
+                connections: a.connections,
+                max_in_flight: a.max_in_flight,
+                rpc_timeout: Duration::from_millis(a.rpc_timeout_ms),
+            };
+            let report = flood(cfg).await?;
+            print!("{}", report.summary());
+        }
+    }
+    Ok(())
+}
