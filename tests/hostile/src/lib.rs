@@ -6,3 +6,6 @@
 //! Every attack reports what it did (attempts made, refused, held) so a
 //! test can assert the attack really ran, not only that members survived.
 //! Dev-only: never a dependency of a program.
+
+pub mod router_auth;
+mod source_tcp;

@@ -7,3 +7,4 @@ mod support;
 
 mod drain_binary;
 mod goaway;
+mod hostile_auth;
