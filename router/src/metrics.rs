@@ -32,6 +32,8 @@ pub(crate) const AUTH_RESULTS: &[&str] = &[
     "wrong_role",
     "no_keys",
     "io",
+    // No byte within --auth-first-byte-timeout-ms: a failed login.
+    "silent",
     "go_away",
     // Verified, but the peer had left meanwhile (no answer, no admission).
     "disconnected",
@@ -65,7 +67,7 @@ pub(crate) const TABLES: &[&str] = &[
     "provider_searches",
     "resource_peers",
     "resource_sources",
-    "resource_peer_ips",
+    "stranger_sources",
     "resource_pending",
     "failed_login_ips",
     "log_sources",
@@ -74,9 +76,6 @@ pub(crate) const TABLES: &[&str] = &[
 /// Refusals on the metrics listener, (endpoint, reason): `POST /drain`
 /// from a peer that is not loopback (see `http::drain_allowed`).
 pub(crate) const HTTP_REFUSALS: &[(&str, &str)] = &[("drain", "not_loopback")];
-
-/// Our own protocols whose streams we bound.
-pub(crate) const OWN_PROTOCOLS: &[&str] = &["auth", "catalog"];
 
 /// Registers the sizing the router computed at startup (watermarks and the
 /// relay reservation cap, from flags or the memory budget) as gauges, so
@@ -318,13 +317,6 @@ impl Metrics {
             let _ = m.directory_sync.get_or_create(&[("result", res)]);
             let _ = m.key_fetch.get_or_create(&[("result", res)]);
         }
-        for p in OWN_PROTOCOLS {
-            let _ = m.refused.get_or_create(&[
-                ("resource", "stream"),
-                ("scope", "system"),
-                ("protocol", p),
-            ]);
-        }
         m
     }
 
@@ -353,17 +345,6 @@ impl Metrics {
     pub(crate) fn http_refused(&self, endpoint: &'static str, reason: &'static str) {
         self.http_refused
             .get_or_create(&[("endpoint", endpoint), ("reason", reason)])
-            .inc();
-    }
-
-    /// Counts a stream dropped because too many were in flight.
-    pub(crate) fn stream_refused(&self, protocol: &'static str) {
-        self.refused
-            .get_or_create(&[
-                ("resource", "stream"),
-                ("scope", "system"),
-                ("protocol", protocol),
-            ])
             .inc();
     }
 }
