@@ -53,7 +53,7 @@ impl Stall {
     /// How stream `i` of a peer stalls: `Silent` or `LengthByte`.
     fn of(self, i: usize) -> Stall {
         match self {
-            Stall::Mixed if i % 2 == 0 => Stall::Silent,
+            Stall::Mixed if i.is_multiple_of(2) => Stall::Silent,
             Stall::Mixed => Stall::LengthByte,
             s => s,
         }
@@ -285,29 +285,31 @@ impl StreamLoop {
                 Ok(Ok(s)) => s,
             };
             inc(&c.streams_opened);
-            if self.stall == Stall::LengthByte {
-                let sent = async {
-                    s.write_all(&[LENGTH_BYTE]).await?;
-                    s.flush().await
-                };
-                if sent.await.is_err() {
-                    inc(&c.streams_closed);
-                    continue;
+            let sent = match self.stall {
+                Stall::LengthByte => {
+                    let send = async {
+                        s.write_all(&[LENGTH_BYTE]).await?;
+                        s.flush().await
+                    };
+                    send.await.is_ok()
                 }
-            }
-            let mut buf = [0u8; 512];
-            let mut answered = false;
-            loop {
-                match tokio::time::timeout_at(self.deadline, s.read(&mut buf)).await {
-                    Err(_) => return,
-                    Ok(Ok(0)) | Ok(Err(_)) => break,
-                    Ok(Ok(_)) => answered = true,
+                _ => true,
+            };
+            if sent {
+                let mut buf = [0u8; 512];
+                let mut answered = false;
+                loop {
+                    match tokio::time::timeout_at(self.deadline, s.read(&mut buf)).await {
+                        Err(_) => return,
+                        Ok(Ok(0)) | Ok(Err(_)) => break,
+                        Ok(Ok(_)) => answered = true,
+                    }
+                }
+                if answered {
+                    inc(&c.streams_answered);
                 }
             }
             inc(&c.streams_closed);
-            if answered {
-                inc(&c.streams_answered);
-            }
             if !self.renew_delay.is_zero() {
                 tokio::time::sleep(self.renew_delay).await;
             }
