@@ -354,7 +354,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_labels_of_ghosts_unknown_catalog_ops_and_refused_announcements_read_zero() {
+    fn the_labels_of_ghosts_unknown_catalog_ops_refused_announcements_and_strangers_read_zero() {
         let mut registry = Registry::default();
         let m = Metrics::new(&mut registry);
         let budgets = crate::resources::budgets_of(&Default::default(), 64 << 20);
@@ -369,6 +369,18 @@ mod tests {
             "agentmesh_router_catalog_provide_failures_total 0",
             r#"agentmesh_router_refused_total{resource="stream",scope="connection",protocol="none"} 0"#,
             r#"agentmesh_router_http_requests_refused_total{endpoint="drain",reason="not_loopback"} 0"#,
+            // What strangers meet before admission (issue 17).
+            r#"agentmesh_router_auth_total{purpose="attach",result="silent"} 0"#,
+            r#"agentmesh_router_slots_refused_total{budget="auth",reason="source_share"} 0"#,
+            r#"agentmesh_router_slots_refused_total{budget="catalog",reason="not_admitted"} 0"#,
+            r#"agentmesh_router_slots_refused_total{budget="handshake",reason="source_share"} 0"#,
+            r#"agentmesh_router_slots_preempted_total{budget="auth"} 0"#,
+            r#"agentmesh_router_slots_capacity{budget="handshake"} 1024"#,
+            r#"agentmesh_router_failed_logins_total{reason="silent"} 0"#,
+            "agentmesh_router_failed_login_blocks_total 0",
+            r#"agentmesh_router_refused_total{resource="memory",scope="unauthenticated",protocol="auth"} 0"#,
+            r#"agentmesh_router_refused_total{resource="memory",scope="source",protocol="none"} 0"#,
+            r#"agentmesh_router_table_entries{table="stranger_sources"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == series), "{series} missing");
         }

@@ -355,7 +355,7 @@ impl ResourceManager {
             let charge = self.budgets.connection_charge_bytes;
             self.charge(&mut st, charge);
             self.attach_connection(&mut st, id, peer, None);
-            return Ok(self.connection_guard(id, peer, None, charge, false));
+            return Ok(self.connection_guard(id, peer, None, charge, Stranger::Dialed));
         }
         match budget::admit_inbound_connection(&self.budgets, usage) {
             Ok(charge) => {
@@ -367,7 +367,12 @@ impl ResourceManager {
                 if let Some(ip) = ip {
                     pending::upgraded(&mut st, ip);
                 }
-                Ok(self.connection_guard(id, peer, ip, charge, !peer_admitted))
+                let stranger = if peer_admitted {
+                    Stranger::Inbound
+                } else {
+                    Stranger::Charged
+                };
+                Ok(self.connection_guard(id, peer, ip, charge, stranger))
             }
             Err(r) => {
                 let key = ip.map_or_else(|| peer.to_string(), |ip| ip.to_string());
@@ -383,7 +388,7 @@ impl ResourceManager {
         peer: PeerId,
         ip: Option<SourceKey>,
         charge: u64,
-        stranger: bool,
+        stranger: Stranger,
     ) -> Arc<ConnectionGuard> {
         self.metrics.connections_charged.inc();
         Arc::new(ConnectionGuard {
@@ -434,7 +439,7 @@ impl ResourceManager {
         let mut st = self.state.lock();
         self.connection_down(&mut st, g);
         self.uncharge(&mut st, g.charge);
-        if g.stranger {
+        if g.stranger == Stranger::Charged {
             self.uncharge_stranger(&mut st, &g.peer, g.charge);
         }
         self.metrics.connections_charged.dec();
@@ -478,7 +483,9 @@ impl ResourceManager {
         inbound: bool,
     ) -> Result<StreamGuard, Refusal> {
         // Read admission before taking our lock (see `open_connection`).
-        let stranger = inbound && !self.is_admitted(&conn.peer);
+        // Streams on connections we dialed (peers we chose) never count.
+        let stranger =
+            inbound && conn.stranger != Stranger::Dialed && !self.is_admitted(&conn.peer);
         let mut st = self.state.lock();
         let memory = st.memory;
         let (peer_total, peer_proto, peer_out, peer_memory) = st
@@ -650,6 +657,18 @@ fn log_due(st: &mut State, key: &str) -> bool {
     false
 }
 
+/// How the strangers' pool sees a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stranger {
+    /// We dialed it (a peer we chose): neither it nor its streams count.
+    Dialed,
+    /// Inbound, its peer admitted when it opened: its streams count while
+    /// the peer is not admitted.
+    Inbound,
+    /// Inbound, its peer not admitted: its charge was booked in the pool.
+    Charged,
+}
+
 /// One live connection's charge; released when the last holder drops it.
 #[derive(Debug)]
 pub(crate) struct ConnectionGuard {
@@ -659,9 +678,8 @@ pub(crate) struct ConnectionGuard {
     /// The source it counts under (inbound direct connections only).
     ip: Option<SourceKey>,
     charge: u64,
-    /// Whether its charge was booked in the strangers' pool (inbound, peer
-    /// not admitted at the time).
-    stranger: bool,
+    /// How the strangers' pool sees it.
+    stranger: Stranger,
     /// Outbound relay STOP streams on this connection whose handshake is in
     /// flight (libp2p-relay's own limit is per connection too).
     stop_handshakes: AtomicU32,

@@ -642,6 +642,15 @@ fn strangers_are_charged_in_their_pool_until_admitted() {
     assert_eq!(held(), 0);
     assert_eq!(mgr.state.lock().memory, 0);
     assert!(pool >= 64 * charge, "the pool holds one source's share");
+    // A peer we dialed (another router) is not a stranger, nor its streams.
+    let dial = ConnectedPoint::Dialer {
+        address: "/ip4/10.0.0.9/tcp/1".parse().expect("addr"),
+        role_override: Endpoint::Dialer,
+        port_use: libp2p::core::transport::PortUse::Reuse,
+    };
+    let dialed = mgr.open_connection(PeerId::random(), &dial).expect("dial");
+    let _kad = mgr.open_stream(&dialed, Proto::Kad, true).expect("kad");
+    assert_eq!(held(), 0);
 }
 
 #[test]
