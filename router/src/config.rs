@@ -62,6 +62,11 @@ pub const DEFAULT_LEASE_INTERVAL_SECS: u64 = 15;
 pub const DEFAULT_CLOCK_SKEW_SECS: u64 = 60;
 /// Default deadline for each read/write on one of our streams.
 pub const DEFAULT_STREAM_TIMEOUT_SECS: u64 = 10;
+/// Default time an auth stream has to send its first byte, milliseconds:
+/// a member writes its whole request at once, so only a stream that means
+/// to hold a slot stays silent this long; one that has started and is
+/// merely slow is given the full stream timeout.
+pub const DEFAULT_AUTH_FIRST_BYTE_TIMEOUT_MS: u64 = 2_000;
 /// Default bound on concurrently served auth streams.
 pub const DEFAULT_AUTH_MAX_INFLIGHT_STREAMS: usize = 256;
 /// Default bound on concurrently served catalog streams.
@@ -161,9 +166,15 @@ pub struct Config {
     pub clock_skew: Duration,
     /// Deadline of each read or write on an auth or catalog stream. Default 10 s.
     pub stream_timeout: Duration,
-    /// Auth streams served at once; more are dropped and counted. Default 256.
+    /// An auth stream that sends no byte within this time is closed and
+    /// counted as a failed login of its source (`silent`). Default 2 s.
+    pub auth_first_byte_timeout: Duration,
+    /// Auth streams served at once, shared fairly by source once all are
+    /// taken (a source holding fewer takes the heaviest source's oldest);
+    /// refusals are counted. Default 256.
     pub auth_max_inflight_streams: usize,
-    /// Catalog streams served at once; more are dropped and counted. Default 256.
+    /// Catalog streams served at once, shared like the auth streams;
+    /// peers not admitted get none. Default 256.
     pub catalog_max_inflight_streams: usize,
     /// Member records held at most. Default 10000.
     pub catalog_max_records: usize,
@@ -242,6 +253,7 @@ impl Default for Config {
             lease_interval: Duration::from_secs(DEFAULT_LEASE_INTERVAL_SECS),
             clock_skew: Duration::from_secs(DEFAULT_CLOCK_SKEW_SECS),
             stream_timeout: Duration::from_secs(DEFAULT_STREAM_TIMEOUT_SECS),
+            auth_first_byte_timeout: Duration::from_millis(DEFAULT_AUTH_FIRST_BYTE_TIMEOUT_MS),
             auth_max_inflight_streams: DEFAULT_AUTH_MAX_INFLIGHT_STREAMS,
             catalog_max_inflight_streams: DEFAULT_CATALOG_MAX_INFLIGHT_STREAMS,
             catalog_max_records: DEFAULT_CATALOG_MAX_RECORDS,

@@ -56,6 +56,8 @@ pub use relay_capacity::capacity_layer as relay_capacity_layer;
 pub use resources::config as resource_config;
 pub use swarm::BuildError;
 
+use resources::slots::{SlotBudget, SlotRefusalReason};
+
 /// Commands queued to the swarm loop at most (and, apart, provider searches).
 const COMMAND_QUEUE: usize = 256;
 /// How long `spawn` waits for every listener to report its address.
@@ -556,13 +558,18 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         metrics: c.metrics.clone(),
         draining: c.drain.requested(),
     };
+    let auth_accept = streams::Accept {
+        slots: c
+            .resources
+            .fair_budget(SlotBudget::Auth, c.config.auth_max_inflight_streams),
+        resources: c.resources.clone(),
+    };
     tasks.spawn(streams::accept_loop(
-        c.metrics.clone(),
+        auth_accept,
         auth_in,
-        c.config.auth_max_inflight_streams,
-        "auth",
         cancel.clone(),
-        move |peer, stream| auth::server::serve(auth.clone(), peer, stream),
+        |_| Ok(()),
+        move |info, stream| auth::server::serve(auth.clone(), info, stream),
     ));
     let ctx = catalog::server::CatalogCtx {
         config: c.config.clone(),
@@ -573,13 +580,27 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         providers: query_tx,
         control,
     };
+    let catalog_accept = streams::Accept {
+        slots: c
+            .resources
+            .fair_budget(SlotBudget::Catalog, c.config.catalog_max_inflight_streams),
+        resources: c.resources.clone(),
+    };
+    // Every catalog operation needs an admitted peer (withdraw has nothing
+    // to withdraw otherwise): strangers get no catalog slot at all.
+    let admitted = c.admissions.clone();
     tasks.spawn(streams::accept_loop(
-        c.metrics.clone(),
+        catalog_accept,
         catalog_in,
-        c.config.catalog_max_inflight_streams,
-        "catalog",
         cancel.clone(),
-        move |peer, stream| catalog::server::serve(ctx.clone(), peer, stream),
+        move |info| {
+            admitted
+                .read()
+                .is_admitted(&info.peer, agentmesh_proto::unix_now())
+                .then_some(())
+                .ok_or(SlotRefusalReason::NotAdmitted)
+        },
+        move |info, stream| catalog::server::serve(ctx.clone(), info.peer, stream),
     ));
 
     tracing::info!(%peer_id, listen = ?c.addrs.listen.read(), "router started");

@@ -32,6 +32,8 @@ pub(crate) const AUTH_RESULTS: &[&str] = &[
     "wrong_role",
     "no_keys",
     "io",
+    // No byte within --auth-first-byte-timeout-ms: a failed login.
+    "silent",
     "go_away",
     // Verified, but the peer had left meanwhile (no answer, no admission).
     "disconnected",
@@ -65,7 +67,7 @@ pub(crate) const TABLES: &[&str] = &[
     "provider_searches",
     "resource_peers",
     "resource_sources",
-    "resource_peer_ips",
+    "stranger_sources",
     "resource_pending",
     "failed_login_ips",
     "log_sources",
@@ -74,9 +76,6 @@ pub(crate) const TABLES: &[&str] = &[
 /// Refusals on the metrics listener, (endpoint, reason): `POST /drain`
 /// from a peer that is not loopback (see `http::drain_allowed`).
 pub(crate) const HTTP_REFUSALS: &[(&str, &str)] = &[("drain", "not_loopback")];
-
-/// Our own protocols whose streams we bound.
-pub(crate) const OWN_PROTOCOLS: &[&str] = &["auth", "catalog"];
 
 /// Registers the sizing the router computed at startup (watermarks and the
 /// relay reservation cap, from flags or the memory budget) as gauges, so
@@ -318,13 +317,6 @@ impl Metrics {
             let _ = m.directory_sync.get_or_create(&[("result", res)]);
             let _ = m.key_fetch.get_or_create(&[("result", res)]);
         }
-        for p in OWN_PROTOCOLS {
-            let _ = m.refused.get_or_create(&[
-                ("resource", "stream"),
-                ("scope", "system"),
-                ("protocol", p),
-            ]);
-        }
         m
     }
 
@@ -355,17 +347,6 @@ impl Metrics {
             .get_or_create(&[("endpoint", endpoint), ("reason", reason)])
             .inc();
     }
-
-    /// Counts a stream dropped because too many were in flight.
-    pub(crate) fn stream_refused(&self, protocol: &'static str) {
-        self.refused
-            .get_or_create(&[
-                ("resource", "stream"),
-                ("scope", "system"),
-                ("protocol", protocol),
-            ])
-            .inc();
-    }
 }
 
 #[cfg(test)]
@@ -373,7 +354,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_labels_of_ghosts_unknown_catalog_ops_and_refused_announcements_read_zero() {
+    fn the_labels_of_ghosts_unknown_catalog_ops_refused_announcements_and_strangers_read_zero() {
         let mut registry = Registry::default();
         let m = Metrics::new(&mut registry);
         let budgets = crate::resources::budgets_of(&Default::default(), 64 << 20);
@@ -388,6 +369,18 @@ mod tests {
             "agentmesh_router_catalog_provide_failures_total 0",
             r#"agentmesh_router_refused_total{resource="stream",scope="connection",protocol="none"} 0"#,
             r#"agentmesh_router_http_requests_refused_total{endpoint="drain",reason="not_loopback"} 0"#,
+            // What strangers meet before admission (issue 17).
+            r#"agentmesh_router_auth_total{purpose="attach",result="silent"} 0"#,
+            r#"agentmesh_router_slots_refused_total{budget="auth",reason="source_share"} 0"#,
+            r#"agentmesh_router_slots_refused_total{budget="catalog",reason="not_admitted"} 0"#,
+            r#"agentmesh_router_slots_refused_total{budget="handshake",reason="source_share"} 0"#,
+            r#"agentmesh_router_slots_preempted_total{budget="auth"} 0"#,
+            r#"agentmesh_router_slots_capacity{budget="handshake"} 1024"#,
+            r#"agentmesh_router_failed_logins_total{reason="silent"} 0"#,
+            "agentmesh_router_failed_login_blocks_total 0",
+            r#"agentmesh_router_refused_total{resource="memory",scope="unauthenticated",protocol="auth"} 0"#,
+            r#"agentmesh_router_refused_total{resource="memory",scope="source",protocol="none"} 0"#,
+            r#"agentmesh_router_table_entries{table="stranger_sources"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == series), "{series} missing");
         }

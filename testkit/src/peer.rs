@@ -284,7 +284,7 @@ impl TestPeer {
     }
 
     /// Opens a `protocol` stream to `peer` (the panic names the protocol).
-    async fn open(&self, peer: PeerId, protocol: &'static str) -> libp2p::Stream {
+    pub async fn open(&self, peer: PeerId, protocol: &'static str) -> libp2p::Stream {
         self.control
             .clone()
             .open_stream(peer, StreamProtocol::new(protocol))
@@ -310,6 +310,24 @@ impl TestPeer {
             .unwrap_or_else(|e| panic!("read {protocol}: {e}"));
         let _ = s.close().await;
         resp
+    }
+
+    /// One catalog request, or why there was no answer (the router closed
+    /// the stream, as it does for peers not admitted).
+    pub async fn try_catalog(
+        &self,
+        router: PeerId,
+        req: CatalogRequest,
+    ) -> Result<CatalogResponse, String> {
+        let mut s = self.open(router, CATALOG).await;
+        write_frame(&mut s, &req)
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let resp = read_frame(&mut s, MAX_CATALOG_FRAME_BYTES)
+            .await
+            .map_err(|e| format!("read: {e}"))?;
+        let _ = s.close().await;
+        Ok(resp)
     }
 
     /// Tries to open a stream of `protocol`; the error names why not.

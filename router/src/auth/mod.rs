@@ -3,9 +3,12 @@
 //!
 //! - [`decide`]: pure policy (credential check, role per purpose).
 //! - the frames and the client live in `agentmesh_wire::auth`.
-//! - `server`: the inbound accept loop and one bounded task per stream.
+//! - `server`: one inbound auth stream (the accept loop with its fair
+//!   share of slots is `crate::streams`).
+//! - `first_byte`: the short deadline of an auth stream's first byte.
 //! - `outbound`: this router authenticating to another router.
 
+mod first_byte;
 pub(crate) mod outbound;
 pub(crate) mod server;
 

@@ -1,16 +1,20 @@
-//! Serving one inbound auth stream: read the request, verify (fetching keys
-//! once on an unknown key id), pass the admission gate, record the
-//! admission, answer.
+//! Serving one inbound auth stream: wait for its first byte (a stream
+//! silent past `--auth-first-byte-timeout-ms` is a failed login of its
+//! source), read the request, verify (fetching keys once on an unknown key
+//! id), pass the admission gate, record the admission, answer.
 
 use std::sync::Arc;
 
 use agentmesh_proto::pb::mesh::AuthRefusal;
 use agentmesh_proto::unix_now;
-use futures::AsyncWriteExt;
-use libp2p::{PeerId, Stream};
+use agentmesh_streams::ConnectionInfo;
+use futures::{AsyncReadExt as _, AsyncWriteExt};
+use libp2p::Stream;
 use tokio::sync::watch;
 
 use agentmesh_wire::auth as wire;
+
+use super::first_byte::{FirstByte, first_byte};
 
 use super::{Refusal, decide, purpose_of};
 use crate::admission::gate::{self, Conditions, NotAdmitted};
@@ -21,6 +25,7 @@ use crate::directory::Directory;
 use crate::goaway::{GoAways, Reason};
 use crate::metrics::Metrics;
 use crate::resources::ResourceManager;
+use crate::resources::source::ip_of;
 
 /// What serving auth streams needs.
 #[derive(Clone)]
@@ -37,10 +42,29 @@ pub(crate) struct AuthServer {
     pub(crate) draining: watch::Receiver<bool>,
 }
 
-/// Serves one auth stream from `peer` (proved by the noise handshake).
-pub(crate) async fn serve(ctx: AuthServer, peer: PeerId, mut stream: Stream) {
+/// Serves one auth stream from `info.peer` (proved by the noise handshake).
+pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Stream) {
+    let (peer, source) = (info.peer, ip_of(&info.remote_addr));
     let t = ctx.config.stream_timeout;
-    let req = match wire::read_request(&mut stream, t).await {
+    let first = match first_byte(&mut stream, ctx.config.auth_first_byte_timeout).await {
+        FirstByte::Byte(b) => b,
+        FirstByte::Silent => {
+            ctx.metrics.auth_result(Purpose::Attach, "silent");
+            ctx.resources.failed_login(source, "silent");
+            tracing::debug!(%peer, ?source, "auth stream silent past the first-byte deadline; closed");
+            return;
+        }
+        FirstByte::Closed(e) => {
+            ctx.metrics.auth_result(Purpose::Attach, "io");
+            tracing::debug!(%peer, error = ?e, "auth stream closed before its request");
+            return;
+        }
+    };
+    let read = {
+        let mut whole = futures::io::Cursor::new([first]).chain(&mut stream);
+        wire::read_request(&mut whole, t).await
+    };
+    let req = match read {
         Ok(r) => r,
         Err(e) => {
             let malformed = e.is_malformed();
@@ -48,7 +72,7 @@ pub(crate) async fn serve(ctx: AuthServer, peer: PeerId, mut stream: Stream) {
                 .auth_result(Purpose::Attach, if malformed { "malformed" } else { "io" });
             tracing::info!(%peer, error = %e, "auth request unreadable");
             if malformed {
-                ctx.resources.failed_login(&peer, "malformed");
+                ctx.resources.failed_login(source, "malformed");
                 let refusal = Refusal {
                     reason: AuthRefusal::Malformed,
                     label: "malformed",
@@ -97,6 +121,7 @@ pub(crate) async fn serve(ctx: AuthServer, peer: PeerId, mut stream: Stream) {
                 let _ = tokio::time::timeout(t, stream.close()).await;
                 return;
             }
+            ctx.resources.peer_admitted(&peer);
             if purpose == Purpose::Router {
                 ctx.directory.router_admitted(peer);
             }
@@ -106,7 +131,7 @@ pub(crate) async fn serve(ctx: AuthServer, peer: PeerId, mut stream: Stream) {
         }
         Err(refusal) => {
             ctx.metrics.auth_result(label_purpose, refusal.label);
-            ctx.resources.failed_login(&peer, refusal.label);
+            ctx.resources.failed_login(source, refusal.label);
             tracing::info!(%peer, reason = refusal.label, detail = %refusal.detail, "auth refused");
             wire::write_refused(&mut stream, refusal.reason, refusal.detail, t).await
         }

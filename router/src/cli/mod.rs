@@ -125,10 +125,13 @@ pub struct RouterArgs {
     /// Deadline of each read or write on an auth or catalog stream, seconds.
     #[arg(long, default_value_t = d::DEFAULT_STREAM_TIMEOUT_SECS)]
     pub stream_timeout_secs: u64,
-    /// Auth streams served at once, streams; more are dropped and counted.
+    /// Time an auth stream has to send its first byte before it is closed and counted as a failed login of its source, milliseconds.
+    #[arg(long, default_value_t = d::DEFAULT_AUTH_FIRST_BYTE_TIMEOUT_MS)]
+    pub auth_first_byte_timeout_ms: u64,
+    /// Auth streams served at once, streams; shared fairly by source once all are taken, refusals counted in agentmesh_router_slots_refused_total{budget="auth"}.
     #[arg(long, default_value_t = d::DEFAULT_AUTH_MAX_INFLIGHT_STREAMS)]
     pub auth_max_inflight_streams: usize,
-    /// Catalog streams served at once, streams; more are dropped and counted.
+    /// Catalog streams served at once, streams; shared fairly by source once all are taken, none for peers not admitted (agentmesh_router_slots_refused_total{budget="catalog"}).
     #[arg(long, default_value_t = d::DEFAULT_CATALOG_MAX_INFLIGHT_STREAMS)]
     pub catalog_max_inflight_streams: usize,
     /// Member records the catalog holds at most, records.
@@ -195,6 +198,7 @@ impl RouterArgs {
             lease_interval: s(self.lease_interval_secs),
             clock_skew: s(self.clock_skew_secs),
             stream_timeout: s(self.stream_timeout_secs),
+            auth_first_byte_timeout: ms(self.auth_first_byte_timeout_ms),
             auth_max_inflight_streams: self.auth_max_inflight_streams,
             catalog_max_inflight_streams: self.catalog_max_inflight_streams,
             catalog_max_records: self.catalog_max_records,

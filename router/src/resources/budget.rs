@@ -4,7 +4,11 @@
 
 use std::collections::BTreeMap;
 
+use std::time::Duration;
+
 use agentmesh_proto::protocols;
+
+use super::strangers::{self, StrangerUsage};
 
 /// Memory charged for a stream that carries data (relay circuits, calls): its
 /// full yamux receive window.
@@ -186,20 +190,25 @@ pub(crate) enum Scope {
     Protocol,
     /// One peer (PeerId).
     Peer,
-    /// One source IP (unauthenticated connections and failed logins only).
+    /// One source (IPv4 address or IPv6 prefix): unauthenticated
+    /// connections, failed logins, and a source's share of the strangers'
+    /// memory.
     Source,
     /// One connection (relay STOP handshakes in flight on it).
     Connection,
+    /// The strangers' memory (peers not admitted; `strangers.rs`).
+    Unauthenticated,
 }
 
 impl Scope {
     /// Every scope.
-    pub(crate) const ALL: [Scope; 5] = [
+    pub(crate) const ALL: [Scope; 6] = [
         Self::System,
         Self::Protocol,
         Self::Peer,
         Self::Source,
         Self::Connection,
+        Self::Unauthenticated,
     ];
     /// The metric label.
     pub(crate) fn as_str(self) -> &'static str {
@@ -209,6 +218,7 @@ impl Scope {
             Self::Peer => "peer",
             Self::Source => "source",
             Self::Connection => "connection",
+            Self::Unauthenticated => "unauthenticated",
         }
     }
 }
@@ -223,7 +233,8 @@ pub(crate) struct Refusal {
 }
 
 impl Refusal {
-    fn new(resource: Resource, scope: Scope) -> Self {
+    /// A refusal of `resource` in `scope`.
+    pub(crate) fn new(resource: Resource, scope: Scope) -> Self {
         Self { resource, scope }
     }
 }
@@ -238,6 +249,9 @@ pub(crate) struct Budgets {
     /// Memory the inbound streams of one peer may hold, bytes (see
     /// [`admit_inbound_stream`]).
     pub(crate) peer_memory_bytes: u64,
+    /// Memory the connections and inbound streams of peers not admitted
+    /// may hold together, bytes (`strangers.rs`).
+    pub(crate) unauthenticated_memory_bytes: u64,
     /// Inbound streams across the router.
     pub(crate) system_streams: u32,
     /// Inbound streams per protocol across the router.
@@ -253,11 +267,14 @@ pub(crate) struct Budgets {
     pub(crate) stop_handshakes_per_connection: u32,
     /// Connections from one IP whose peer is not admitted.
     pub(crate) unauthenticated_connections_per_ip: u32,
-    /// Failed logins from one IP per minute before its new connections are refused.
+    /// Failed logins from one source within a minute that block it.
     pub(crate) failed_logins_per_ip_per_minute: u32,
+    /// How long a block lasts (`logins.rs`).
+    pub(crate) failed_login_block: Duration,
     /// Bits of an IPv6 source that make its per-source key (see `source.rs`).
     pub(crate) ipv6_source_prefix_len: u8,
-    /// Inbound connections in their handshake at once, all sources.
+    /// Inbound connections in their handshake at once, all sources,
+    /// shared fairly by source (`slots.rs`).
     pub(crate) pending_connections_max: u32,
 }
 
@@ -330,12 +347,15 @@ pub(crate) struct StreamUsage {
     pub(crate) memory_bytes: u64,
     /// Memory charged now to this peer's inbound streams, bytes.
     pub(crate) peer_memory_bytes: u64,
+    /// The strangers' memory, when the peer is not admitted.
+    pub(crate) stranger: Option<StrangerUsage>,
 }
 
 /// May one more inbound stream of `p` open? `Ok(charge)` or the refusal.
-/// Order: the system's memory, the peer's memory, then the narrowest scope
-/// first (peer+protocol, peer, protocol, system), so a flooding peer is told
-/// it is the peer.
+/// Order: the system's memory, the strangers' memory (a peer not
+/// admitted), the peer's memory, then the narrowest scope first
+/// (peer+protocol, peer, protocol, system), so a flooding peer is told it
+/// is the peer.
 ///
 /// The peer's memory is what its own inbound streams hold (a caller's relay
 /// HOP streams, one window per circuit it opens): a few busy peers cannot
@@ -347,6 +367,9 @@ pub(crate) fn admit_inbound_stream(b: &Budgets, p: Proto, u: StreamUsage) -> Res
     let charge = p.charge_bytes();
     if u.memory_bytes.saturating_add(charge) > b.memory_bytes {
         return Err(Refusal::new(Resource::Memory, Scope::System));
+    }
+    if let Some(s) = u.stranger {
+        strangers::admit(b.unauthenticated_memory_bytes, s, charge)?;
     }
     if u.peer_memory_bytes.saturating_add(charge) > b.peer_memory_bytes {
         return Err(Refusal::new(Resource::Memory, Scope::Peer));
@@ -410,25 +433,29 @@ pub(crate) struct ConnectionUsage {
     pub(crate) memory_bytes: u64,
     /// Whether the connecting peer is already admitted (e.g. a second connection).
     pub(crate) peer_admitted: bool,
-    /// Connections from the same IP whose peers are not admitted.
+    /// Connections from the same source whose peers are not admitted.
     pub(crate) unauthenticated_from_source: u32,
-    /// Failed logins from the same IP in the last minute.
-    pub(crate) failed_logins_from_source: u32,
+    /// Whether the source is blocked for failed logins (`logins.rs`).
+    pub(crate) source_blocked: bool,
+    /// The strangers' memory (used when the peer is not admitted).
+    pub(crate) stranger: StrangerUsage,
 }
 
 /// May one more inbound connection open? `Ok(charge)` or the refusal.
-/// Per-IP limits never apply to a peer that is already admitted.
+/// Per-source limits and the strangers' memory never apply to a peer that
+/// is already admitted.
 pub(crate) fn admit_inbound_connection(b: &Budgets, u: ConnectionUsage) -> Result<u64, Refusal> {
     let charge = b.connection_charge_bytes;
     if u.memory_bytes.saturating_add(charge) > b.memory_bytes {
         return Err(Refusal::new(Resource::Memory, Scope::System));
     }
-    if !u.peer_admitted
-        && (u.unauthenticated_from_source >= b.unauthenticated_connections_per_ip
-            || u.failed_logins_from_source >= b.failed_logins_per_ip_per_minute)
-    {
+    if u.peer_admitted {
+        return Ok(charge);
+    }
+    if u.unauthenticated_from_source >= b.unauthenticated_connections_per_ip || u.source_blocked {
         return Err(Refusal::new(Resource::Connection, Scope::Source));
     }
+    strangers::admit(b.unauthenticated_memory_bytes, u.stranger, charge)?;
     Ok(charge)
 }
 
@@ -436,29 +463,26 @@ pub(crate) fn admit_inbound_connection(b: &Budgets, u: ConnectionUsage) -> Resul
 /// when only its source address is known.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct HandshakeUsage {
-    /// Inbound handshakes in progress, all sources.
-    pub(crate) pending_total: u32,
-    /// Inbound handshakes in progress from the same IP.
+    /// Inbound handshakes in progress from the same source.
     pub(crate) pending_from_source: u32,
-    /// Established connections from the same IP whose peers are not admitted.
+    /// Established connections from the same source whose peers are not admitted.
     pub(crate) unauthenticated_from_source: u32,
-    /// Failed logins from the same IP in the last minute.
-    pub(crate) failed_logins_from_source: u32,
+    /// Whether the source is blocked for failed logins (`logins.rs`).
+    pub(crate) source_blocked: bool,
 }
 
 /// May an inbound connection start its handshake? Refused (cheaply, before
-/// any cryptography) when too many handshakes run at once, or when its IP
-/// already holds its share of not-yet-admitted connections (handshakes
-/// included) or failed too many logins. Admitted peers' connections are not
-/// counted, so members behind one NAT are not limited once admitted.
+/// any cryptography) when its source already holds its share of
+/// not-yet-admitted connections (handshakes included) or is blocked for
+/// failed logins. Admitted peers' connections are not counted, so members
+/// behind one NAT are not limited once admitted. Handshakes in progress
+/// across all sources are bounded by the fair `handshake` slots
+/// (`slots.rs`), taken after this check.
 pub(crate) fn admit_handshake(b: &Budgets, u: HandshakeUsage) -> Result<(), Refusal> {
-    if u.pending_total >= b.pending_connections_max {
-        return Err(Refusal::new(Resource::Connection, Scope::System));
-    }
     if u.pending_from_source
         .saturating_add(u.unauthenticated_from_source)
         >= b.unauthenticated_connections_per_ip
-        || u.failed_logins_from_source >= b.failed_logins_per_ip_per_minute
+        || u.source_blocked
     {
         return Err(Refusal::new(Resource::Connection, Scope::Source));
     }
@@ -480,6 +504,7 @@ mod tests {
             memory_bytes: 64 << 20,
             connection_charge_bytes: 1 << 20,
             peer_memory_bytes: 4 << 20,
+            unauthenticated_memory_bytes: 8 << 20,
             system_streams: 1000,
             protocol_streams: per_protocol(|p| default_protocol_budget(p, w), &BTreeMap::new()),
             peer_streams: 64,
@@ -488,6 +513,7 @@ mod tests {
             stop_handshakes_per_connection: 3,
             unauthenticated_connections_per_ip: 4,
             failed_logins_per_ip_per_minute: 10,
+            failed_login_block: Duration::from_secs(10),
             ipv6_source_prefix_len: 64,
             pending_connections_max: 16,
         }
@@ -529,7 +555,11 @@ mod tests {
         let u = ConnectionUsage {
             peer_admitted: true,
             unauthenticated_from_source: 1000,
-            failed_logins_from_source: 1000,
+            source_blocked: true,
+            stranger: StrangerUsage {
+                used_bytes: u64::MAX,
+                ..Default::default()
+            },
             ..Default::default()
         };
         assert!(admit_inbound_connection(&b, u).is_ok());
@@ -565,18 +595,40 @@ mod tests {
         };
         assert!(admit_handshake(&b, u).is_ok());
         let u = HandshakeUsage {
-            failed_logins_from_source: 10,
+            source_blocked: true,
             ..ok
         };
         assert_eq!(admit_handshake(&b, u), source);
-        let u = HandshakeUsage {
-            pending_total: 16,
-            ..ok
+    }
+
+    #[test]
+    fn strangers_are_charged_in_their_own_pool_and_members_are_not() {
+        let b = budgets();
+        let full = StrangerUsage {
+            used_bytes: b.unauthenticated_memory_bytes,
+            ..Default::default()
         };
-        assert_eq!(
-            admit_handshake(&b, u),
-            Err(Refusal::new(Resource::Connection, Scope::System))
-        );
+        let pool_full = Err(Refusal::new(Resource::Memory, Scope::Unauthenticated));
+        let u = ConnectionUsage {
+            stranger: full,
+            ..Default::default()
+        };
+        assert_eq!(admit_inbound_connection(&b, u), pool_full);
+        let member = ConnectionUsage {
+            peer_admitted: true,
+            ..u
+        };
+        assert!(admit_inbound_connection(&b, member).is_ok());
+        let stream = StreamUsage {
+            stranger: Some(full),
+            ..Default::default()
+        };
+        assert_eq!(admit_inbound_stream(&b, Proto::Auth, stream), pool_full);
+        let member_stream = StreamUsage {
+            stranger: None,
+            ..stream
+        };
+        assert!(admit_inbound_stream(&b, Proto::Auth, member_stream).is_ok());
     }
 
     #[test]
@@ -634,7 +686,7 @@ mod tests {
             );
             let (memory_bytes, peer_memory_bytes) =
                 (share(b.memory_bytes, f[4]), share(b.peer_memory_bytes, f[5]));
-            let u = StreamUsage { system, protocol, peer, peer_protocol, memory_bytes, peer_memory_bytes };
+            let u = StreamUsage { system, protocol, peer, peer_protocol, memory_bytes, peer_memory_bytes, stranger: None };
             match admit_inbound_stream(&b, p, u) {
                 Ok(charge) => {
                     prop_assert_eq!(charge, p.charge_bytes());
@@ -674,6 +726,7 @@ mod tests {
                     peer_protocol: live[p.index()],
                     memory_bytes: 0,
                     peer_memory_bytes: 0,
+                    stranger: None,
                 };
                 if admit_inbound_stream(&b, p, u).is_ok() {
                     live[p.index()] += 1;
@@ -683,7 +736,7 @@ mod tests {
             prop_assert_eq!(admitted, b.peer_protocol_streams[p.index()].min(b.peer_streams));
             for q in Proto::ALL {
                 if q != p && live.iter().sum::<u32>() < b.peer_streams {
-                    let u = StreamUsage { system: live.iter().sum(), protocol: 0, peer: live.iter().sum(), peer_protocol: 0, memory_bytes: 0, peer_memory_bytes: 0 };
+                    let u = StreamUsage { system: live.iter().sum(), protocol: 0, peer: live.iter().sum(), peer_protocol: 0, memory_bytes: 0, peer_memory_bytes: 0, stranger: None };
                     prop_assert!(admit_inbound_stream(&b, q, u).is_ok());
                 }
             }

@@ -43,8 +43,19 @@ pub const RELAY_STOP_HANDSHAKES_LIBRARY_MAX: u32 = 10;
 /// Connections from one IP whose peers are not (yet) admitted, handshakes in
 /// progress included (those are refused before the handshake).
 pub const DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP: u32 = 64;
-/// Failed logins from one IP per minute before new connections from it are refused.
+/// Failed logins from one IP within a minute that block it.
 pub const DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE: u32 = 30;
+/// How long a source is blocked after its failed logins reached the limit,
+/// seconds: short, so members sharing an address with a broken or hostile
+/// client lose seconds, not minutes; the count starts over after it.
+pub const DEFAULT_FAILED_LOGIN_BLOCK_SECS: u64 = 10;
+/// Share of the memory budget that peers not admitted may hold together
+/// (their connections and inbound streams), percent: members keep the rest
+/// whatever strangers do. 20% of the 1 GiB fallback's budget holds over a
+/// thousand strangers in their auth exchange (≈ 140 KiB each), more than
+/// the default `--pending-connections-max` lets in at once; never below one
+/// source's whole share of unauthenticated connections.
+pub const DEFAULT_UNAUTHENTICATED_MEMORY_MAX_PERCENT: u8 = 20;
 /// IPv6 sources are aggregated to this prefix for the per-source limits,
 /// bits: one host normally holds a whole /64, so counting per address let
 /// it spread over as many addresses as it liked (see `source.rs`).
@@ -101,8 +112,18 @@ pub struct ResourceConfig {
     pub relay_stop_handshakes_per_connection: u32,
     /// Connections from one IP whose peers are not admitted. Default 64.
     pub unauthenticated_connections_per_ip: u32,
-    /// Failed logins per IP per minute before its new connections are refused. Default 30.
+    /// Failed logins of one source (IP, IPv6 prefix) within a minute that
+    /// block it: its new connections whose peers are not admitted are
+    /// refused. Default 30.
     pub failed_logins_per_ip_per_minute: u32,
+    /// How long such a block lasts, seconds (failures during it neither
+    /// extend it nor count towards the next). Default 10.
+    pub failed_login_block_secs: u64,
+    /// Share of the memory budget the connections and inbound streams of
+    /// peers not admitted may hold together, percent (1–100), at least
+    /// `unauthenticated_connections_per_ip` connections' worth; past half
+    /// of it each source holds at most its share. Default 20.
+    pub unauthenticated_memory_max_percent: u8,
     /// IPv6 prefix length, bits (1–128), per-source limits aggregate IPv6
     /// sources to (unauthenticated connections, handshakes and failed
     /// logins per IP); 128 = per address. IPv4 (and IPv4-mapped IPv6)
@@ -137,6 +158,8 @@ impl Default for ResourceConfig {
             relay_stop_handshakes_per_connection: DEFAULT_RELAY_STOP_HANDSHAKES_PER_CONNECTION,
             unauthenticated_connections_per_ip: DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP,
             failed_logins_per_ip_per_minute: DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE,
+            failed_login_block_secs: DEFAULT_FAILED_LOGIN_BLOCK_SECS,
+            unauthenticated_memory_max_percent: DEFAULT_UNAUTHENTICATED_MEMORY_MAX_PERCENT,
             ipv6_source_prefix_len: DEFAULT_IPV6_SOURCE_PREFIX_LEN,
             pending_connections_max: DEFAULT_PENDING_CONNECTIONS_MAX,
             yamux_max_buffered_inbound_streams: DEFAULT_YAMUX_MAX_BUFFERED_INBOUND_STREAMS,
@@ -192,16 +215,22 @@ pub struct ResourceArgs {
     /// Connections from one IP whose peers are not admitted.
     #[arg(long, default_value_t = DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP)]
     pub unauthenticated_connections_per_ip: u32,
-    /// Failed logins from one IP per minute before its new connections are refused.
+    /// Failed logins from one IP (IPv6: prefix) within a minute that block it, logins; a block refuses its new unauthenticated connections (counted in agentmesh_router_failed_login_blocks_total).
     #[arg(long, default_value_t = DEFAULT_FAILED_LOGINS_PER_IP_PER_MINUTE)]
     pub failed_logins_per_ip_per_minute: u32,
+    /// How long a source is blocked after --failed-logins-per-ip-per-minute failed logins, seconds.
+    #[arg(long, default_value_t = DEFAULT_FAILED_LOGIN_BLOCK_SECS)]
+    pub failed_login_block_secs: u64,
+    /// Share of the memory budget that peers not admitted may hold together, percent (1-100, at least --unauthenticated-connections-per-ip connections' worth); beyond, refused as agentmesh_router_refused_total{resource="memory",scope="unauthenticated"} (scope="source" past a source's share).
+    #[arg(long, default_value_t = DEFAULT_UNAUTHENTICATED_MEMORY_MAX_PERCENT, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub unauthenticated_memory_max_percent: u8,
     /// IPv6 prefix length (bits, 1–128) the per-IP limits count IPv6 sources
     /// under: one host with a /64 is one source (128 = per address). IPv4
     /// and IPv4-mapped sources count per address.
     #[arg(long, default_value_t = DEFAULT_IPV6_SOURCE_PREFIX_LEN,
           value_parser = clap::value_parser!(u8).range(1..=128))]
     pub ipv6_source_prefix_len: u8,
-    /// Inbound connections in their handshake at once, all sources together.
+    /// Inbound connections in their handshake at once, all sources together, connections; shared fairly by source once all are taken (agentmesh_router_slots_refused_total{budget="handshake"}).
     #[arg(long, default_value_t = DEFAULT_PENDING_CONNECTIONS_MAX)]
     pub pending_connections_max: u32,
     /// Inbound yamux streams one connection buffers before the router takes
@@ -238,6 +267,8 @@ impl ResourceArgs {
             relay_stop_handshakes_per_connection: self.relay_stop_handshakes_per_connection,
             unauthenticated_connections_per_ip: self.unauthenticated_connections_per_ip,
             failed_logins_per_ip_per_minute: self.failed_logins_per_ip_per_minute,
+            failed_login_block_secs: self.failed_login_block_secs,
+            unauthenticated_memory_max_percent: self.unauthenticated_memory_max_percent,
             ipv6_source_prefix_len: self.ipv6_source_prefix_len,
             pending_connections_max: self.pending_connections_max,
             yamux_max_buffered_inbound_streams: self.yamux_max_buffered_inbound_streams,

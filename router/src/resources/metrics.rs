@@ -1,5 +1,6 @@
-//! Resource metrics: memory in use and budget, live streams by protocol and
-//! direction, and the refusal counter's label values (all pre-created).
+//! Resource metrics: memory in use and budget (the strangers' pool too),
+//! live streams by protocol and direction, the slot budgets, failed logins
+//! and blocks, and the refusal counter's label values (all pre-created).
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -7,6 +8,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::budget::{Proto, Refusal, Resource, Scope};
+use super::logins::FAILED_LOGIN_REASONS;
+use super::slots::SlotMetrics;
 
 /// `agentmesh_router_refused_total` labels: resource, scope, protocol.
 pub(crate) type RefusedLabels = [(&'static str, &'static str); 3];
@@ -37,6 +40,11 @@ pub(crate) struct ResourceMetrics {
     pub(crate) connections_charged: Gauge,
     pub(crate) stop_handshakes: Gauge,
     pub(crate) ipv6_source_prefix_len: Gauge,
+    pub(crate) unauthenticated_memory_in_use: Gauge,
+    pub(crate) unauthenticated_memory_budget: Gauge,
+    pub(crate) failed_logins: Family<[(&'static str, &'static str); 1], Counter>,
+    pub(crate) failed_login_blocks: Counter,
+    pub(crate) slots: SlotMetrics,
     pub(crate) refused: Family<RefusedLabels, Counter>,
 }
 
@@ -89,6 +97,59 @@ impl ResourceMetrics {
              (--ipv6-source-prefix-len; 128 = per address; IPv4 counts per address)",
             m.ipv6_source_prefix_len.clone(),
         );
+        registry.register(
+            "agentmesh_router_unauthenticated_memory_in_use_bytes",
+            "Memory charged to the connections and inbound streams of peers not admitted \
+             (their own pool, moved out when a peer is admitted)",
+            m.unauthenticated_memory_in_use.clone(),
+        );
+        registry.register(
+            "agentmesh_router_unauthenticated_memory_budget_bytes",
+            "Memory the peers not admitted may hold together (--unauthenticated-memory-max-percent \
+             of the budget); beyond, refused (resource memory, scope unauthenticated; scope \
+             source past one source's share once half is used)",
+            m.unauthenticated_memory_budget.clone(),
+        );
+        registry.register(
+            "agentmesh_router_failed_logins",
+            "Failed logins by reason (silent: an auth stream that sent no byte within \
+             --auth-first-byte-timeout-ms), counted against their source",
+            m.failed_logins.clone(),
+        );
+        for r in FAILED_LOGIN_REASONS {
+            let _ = m.failed_logins.get_or_create(&[("reason", r)]);
+        }
+        registry.register(
+            "agentmesh_router_failed_login_blocks",
+            "Sources blocked for --failed-login-block-secs after \
+             --failed-logins-per-ip-per-minute failed logins",
+            m.failed_login_blocks.clone(),
+        );
+        registry.register(
+            "agentmesh_router_slots_refused",
+            "Slots of a budget strangers reach (auth, catalog: streams served; handshake: \
+             connections in their handshake) refused, by reason: source_share (all taken, \
+             the source holds its fair share), not_admitted (catalog streams of peers not admitted)",
+            m.slots.refused.clone(),
+        );
+        registry.register(
+            "agentmesh_router_slots_preempted",
+            "Slots taken from the heaviest source (its oldest) for a source holding fewer, \
+             by budget; the holder's stream is closed or its handshake denied",
+            m.slots.preempted.clone(),
+        );
+        registry.register(
+            "agentmesh_router_slots_in_use",
+            "Slots held, by budget",
+            m.slots.in_use.clone(),
+        );
+        registry.register(
+            "agentmesh_router_slots_capacity",
+            "Slots of each budget (--auth-max-inflight-streams, --catalog-max-inflight-streams, \
+             --pending-connections-max)",
+            m.slots.capacity.clone(),
+        );
+        m.slots.precreate();
         for p in Proto::ALL {
             for d in DIRECTIONS {
                 let _ = m

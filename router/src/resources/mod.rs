@@ -10,25 +10,33 @@
 //!   learn their protocol from multistream-select and release on drop.
 //! - `transport.rs`: TCP + noise + our yamux, and QUIC, both accounted.
 //! - `memory.rs`: where the memory limit comes from (flag, cgroup, default).
-//! - `source.rs`: the key per-source limits count under (IPv6 per prefix).
+//! - `source.rs`: where a connection comes from (the key is
+//!   `agentmesh_fair::SourceKey`: IPv6 per prefix).
+//! - `slots.rs`: the slot budgets strangers reach (auth and catalog streams
+//!   served, handshakes in progress), shared fairly by source.
+//! - `strangers.rs`: the memory budget of peers not admitted.
+//! - `logins.rs`: the failed-login guard (short blocks per source).
 //!
 //! Invariant: every charge taken is released exactly once, by the `Drop` of
 //! the guard that holds it (connection or stream).
 
 pub(crate) mod budget;
 pub mod config;
+mod logins;
 pub(crate) mod memory;
 mod metrics;
 pub(crate) mod muxer;
 pub(crate) mod pending;
 pub(crate) mod relay;
 pub(crate) mod sizing;
+pub(crate) mod slots;
 mod sniff;
 pub(crate) mod source;
+mod strangers;
 pub(crate) mod transport;
 
 use crate::shrink::ShrinkSparse;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -44,20 +52,17 @@ use tokio::time::Instant;
 
 pub(crate) use budget::Watermarks;
 use budget::{Budgets, ConnectionUsage, OutboundUsage, Proto, Refusal, StreamUsage};
+use logins::FailedLogins;
 pub(crate) use metrics::RefusedLabels;
 use metrics::{NO_PROTOCOL, ResourceMetrics};
+use slots::{FairBudget, HeldSlot, SlotBudget};
 use source::SourceKey;
+use strangers::StrangerPool;
 
 /// Refusals are logged at most this often per source.
 const LOG_EVERY: Duration = Duration::from_secs(60);
 /// Sources remembered for log rate limiting at most.
 const MAX_LOG_SOURCES: usize = 4096;
-/// Failed logins remembered per source at most (the window is one minute).
-const MAX_FAILED_LOGINS_PER_IP: usize = 1024;
-/// Sources with failed logins remembered at most.
-const MAX_FAILED_LOGIN_IPS: usize = 16_384;
-/// The failed-login window.
-const FAILED_LOGIN_WINDOW: Duration = Duration::from_secs(60);
 
 /// A check whether a peer is admitted (set once the router's state exists).
 pub(crate) type AdmittedFn = Box<dyn Fn(&PeerId) -> bool + Send + Sync>;
@@ -75,6 +80,11 @@ struct PeerUsage {
     /// Memory charged to this peer's inbound streams (its share, see
     /// `budget::admit_inbound_stream`); 0 whenever `inbound` is.
     inbound_memory: u64,
+    /// Of this peer's charges, what the strangers' pool holds (0 once it is
+    /// admitted: its charges move out of the pool).
+    stranger_bytes: u64,
+    /// The source its stranger charges count under (the first one's).
+    stranger_source: Option<SourceKey>,
 }
 
 #[derive(Default)]
@@ -86,12 +96,12 @@ struct State {
     /// Inbound connections by source (IPv6 per prefix, see `source.rs`):
     /// connection id -> peer.
     sources: HashMap<SourceKey, HashMap<u64, PeerId>>,
-    /// Sources of each peer's inbound connections (for failed logins).
-    peer_ips: HashMap<PeerId, Vec<SourceKey>>,
-    failed_logins: HashMap<SourceKey, VecDeque<Instant>>,
+    /// What the connections and inbound streams of peers not admitted hold.
+    strangers: StrangerPool,
     last_logged: HashMap<String, Instant>,
-    /// Inbound connections in their handshake: connection -> source.
-    pending: HashMap<libp2p::swarm::ConnectionId, SourceKey>,
+    /// Inbound connections in their handshake: connection -> its source and
+    /// its slot of the `handshake` budget.
+    pending: HashMap<libp2p::swarm::ConnectionId, (SourceKey, HeldSlot)>,
     /// Inbound handshakes in progress per source, not counting those
     /// already upgraded (see `upgraded_by_ip`).
     pending_by_ip: HashMap<SourceKey, u32>,
@@ -109,6 +119,11 @@ pub(crate) struct ResourceManager {
     metrics: ResourceMetrics,
     admitted: OnceLock<AdmittedFn>,
     state: Mutex<State>,
+    /// The failed-login guard (its own lock: auth records failures while
+    /// connections are admitted).
+    logins: Mutex<FailedLogins>,
+    /// Inbound handshakes in progress, shared fairly by source.
+    handshakes: FairBudget,
     next_connection: AtomicU64,
 }
 
@@ -143,6 +158,12 @@ pub(crate) fn budgets(
             memory_budget_bytes,
             r.memory_per_peer_max_percent,
         ),
+        unauthenticated_memory_bytes: strangers::pool_bytes(
+            memory_budget_bytes,
+            r.unauthenticated_memory_max_percent,
+            r.connection_charge_bytes,
+            r.unauthenticated_connections_per_ip,
+        ),
         system_streams,
         protocol_streams,
         peer_streams: r.peer_stream_budget_total,
@@ -154,6 +175,7 @@ pub(crate) fn budgets(
         stop_handshakes_per_connection: r.relay_stop_handshakes_per_connection,
         unauthenticated_connections_per_ip: r.unauthenticated_connections_per_ip,
         failed_logins_per_ip_per_minute: r.failed_logins_per_ip_per_minute,
+        failed_login_block: Duration::from_secs(r.failed_login_block_secs),
         ipv6_source_prefix_len: r.ipv6_source_prefix_len,
         pending_connections_max: r.pending_connections_max,
     }
@@ -200,6 +222,7 @@ pub(crate) async fn start(
         budget_bytes = memory_budget,
         connection_charge_bytes = b.connection_charge_bytes,
         peer_memory_max_bytes = b.peer_memory_bytes,
+        unauthenticated_memory_max_bytes = b.unauthenticated_memory_bytes,
         idle_member_charge_bytes = sizing.idle_member_charge_bytes,
         "memory budget"
     );
@@ -232,13 +255,40 @@ impl ResourceManager {
         metrics
             .ipv6_source_prefix_len
             .set(i64::from(budgets.ipv6_source_prefix_len));
+        metrics
+            .unauthenticated_memory_budget
+            .set(i64::try_from(budgets.unauthenticated_memory_bytes).unwrap_or(i64::MAX));
+        let handshakes = FairBudget::new(
+            SlotBudget::Handshake,
+            usize::try_from(budgets.pending_connections_max).unwrap_or(usize::MAX),
+            budgets.ipv6_source_prefix_len,
+            metrics.slots.clone(),
+        );
+        let logins = FailedLogins::new(
+            budgets.failed_logins_per_ip_per_minute,
+            budgets.failed_login_block,
+            budgets.ipv6_source_prefix_len,
+        );
         Arc::new(Self {
             budgets,
             metrics,
             admitted: OnceLock::new(),
             state: Mutex::new(State::default()),
+            logins: Mutex::new(logins),
+            handshakes,
             next_connection: AtomicU64::new(0),
         })
+    }
+
+    /// A slot budget of `capacity` shared fairly by source, counted with
+    /// the router's other slot budgets (`agentmesh_router_slots_*`).
+    pub(crate) fn fair_budget(&self, budget: SlotBudget, capacity: usize) -> FairBudget {
+        FairBudget::new(
+            budget,
+            capacity,
+            self.budgets.ipv6_source_prefix_len,
+            self.metrics.slots.clone(),
+        )
     }
 
     /// The counter of inbound streams the muxer dropped because its buffer
@@ -291,30 +341,38 @@ impl ResourceManager {
         };
         let unauthenticated = others.iter().filter(|p| !self.is_admitted(p)).count();
         let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
+        let blocked = source_ip(endpoint).is_some_and(|ip| self.source_blocked(ip));
         let mut st = self.state.lock();
-        let failed = ip.map_or(0, |ip| recent_failed_logins(&mut st, ip, now));
         let usage = ConnectionUsage {
             memory_bytes: st.memory,
             peer_admitted,
             unauthenticated_from_source: u32::try_from(unauthenticated).unwrap_or(u32::MAX),
-            failed_logins_from_source: u32::try_from(failed).unwrap_or(u32::MAX),
+            source_blocked: blocked,
+            stranger: st.strangers.usage(ip),
         };
         if endpoint.is_dialer() {
             // Our own dials are charged but never refused.
             let charge = self.budgets.connection_charge_bytes;
             self.charge(&mut st, charge);
             self.attach_connection(&mut st, id, peer, None);
-            return Ok(self.connection_guard(id, peer, None, charge));
+            return Ok(self.connection_guard(id, peer, None, charge, Stranger::Dialed));
         }
         match budget::admit_inbound_connection(&self.budgets, usage) {
             Ok(charge) => {
                 self.charge(&mut st, charge);
                 self.attach_connection(&mut st, id, peer, ip);
+                if !peer_admitted {
+                    self.charge_stranger(&mut st, peer, ip, charge);
+                }
                 if let Some(ip) = ip {
                     pending::upgraded(&mut st, ip);
                 }
-                Ok(self.connection_guard(id, peer, ip, charge))
+                let stranger = if peer_admitted {
+                    Stranger::Inbound
+                } else {
+                    Stranger::Charged
+                };
+                Ok(self.connection_guard(id, peer, ip, charge, stranger))
             }
             Err(r) => {
                 let key = ip.map_or_else(|| peer.to_string(), |ip| ip.to_string());
@@ -330,6 +388,7 @@ impl ResourceManager {
         peer: PeerId,
         ip: Option<SourceKey>,
         charge: u64,
+        stranger: Stranger,
     ) -> Arc<ConnectionGuard> {
         self.metrics.connections_charged.inc();
         Arc::new(ConnectionGuard {
@@ -338,6 +397,7 @@ impl ResourceManager {
             peer,
             ip,
             charge,
+            stranger,
             stop_handshakes: AtomicU32::new(0),
             live: AtomicBool::new(true),
         })
@@ -349,7 +409,6 @@ impl ResourceManager {
         u.live += 1;
         if let Some(ip) = ip {
             st.sources.entry(ip).or_default().insert(id, peer);
-            st.peer_ips.entry(peer).or_default().push(ip);
         }
     }
 
@@ -380,32 +439,38 @@ impl ResourceManager {
         let mut st = self.state.lock();
         self.connection_down(&mut st, g);
         self.uncharge(&mut st, g.charge);
+        if g.stranger == Stranger::Charged {
+            self.uncharge_stranger(&mut st, &g.peer, g.charge);
+        }
         self.metrics.connections_charged.dec();
         if let Some(u) = st.peers.get_mut(&g.peer) {
             u.connections = u.connections.saturating_sub(1);
-            if u.connections == 0 && u.inbound == 0 && u.outbound_by_proto.iter().all(|n| *n == 0) {
-                st.peers.remove(&g.peer);
-                st.peers.shrink_sparse();
+        }
+        self.forget_peer_if_idle(&mut st, g.peer);
+        if let Some(ip) = g.ip
+            && let Some(m) = st.sources.get_mut(&ip)
+        {
+            m.remove(&g.id);
+            m.shrink_sparse();
+            if m.is_empty() {
+                st.sources.remove(&ip);
+                st.sources.shrink_sparse();
             }
         }
-        if let Some(ip) = g.ip {
-            if let Some(m) = st.sources.get_mut(&ip) {
-                m.remove(&g.id);
-                m.shrink_sparse();
-                if m.is_empty() {
-                    st.sources.remove(&ip);
-                    st.sources.shrink_sparse();
-                }
-            }
-            if let Some(ips) = st.peer_ips.get_mut(&g.peer) {
-                if let Some(i) = ips.iter().position(|x| *x == ip) {
-                    ips.swap_remove(i);
-                }
-                if ips.is_empty() {
-                    st.peer_ips.remove(&g.peer);
-                    st.peer_ips.shrink_sparse();
-                }
-            }
+    }
+
+    /// Forgets `peer` once nothing of it is charged; what the strangers'
+    /// pool still books to it (none unless a charge outlived its
+    /// admission's end) is released with it.
+    fn forget_peer_if_idle(&self, st: &mut State, peer: PeerId) {
+        let idle = st.peers.get(&peer).is_some_and(|u| {
+            u.connections == 0 && u.inbound == 0 && u.outbound_by_proto.iter().all(|n| *n == 0)
+        });
+        if idle {
+            let left = st.peers.get(&peer).map_or(0, |u| u.stranger_bytes);
+            self.uncharge_stranger(st, &peer, left);
+            st.peers.remove(&peer);
+            st.peers.shrink_sparse();
         }
     }
 
@@ -417,6 +482,10 @@ impl ResourceManager {
         proto: Proto,
         inbound: bool,
     ) -> Result<StreamGuard, Refusal> {
+        // Read admission before taking our lock (see `open_connection`).
+        // Streams on connections we dialed (peers we chose) never count.
+        let stranger =
+            inbound && conn.stranger != Stranger::Dialed && !self.is_admitted(&conn.peer);
         let mut st = self.state.lock();
         let memory = st.memory;
         let (peer_total, peer_proto, peer_out, peer_memory) = st
@@ -442,6 +511,7 @@ impl ResourceManager {
                     peer_protocol: peer_proto,
                     memory_bytes: memory,
                     peer_memory_bytes: peer_memory,
+                    stranger: stranger.then(|| st.strangers.usage(conn.ip)),
                 },
             )
         } else {
@@ -468,6 +538,9 @@ impl ResourceManager {
                 } else {
                     u.outbound_by_proto[proto.index()] += 1;
                 }
+                if stranger {
+                    self.charge_stranger(&mut st, conn.peer, conn.ip, charge);
+                }
                 let gauge = self.metrics.stream_gauge(proto, inbound);
                 gauge.inc();
                 // Counted under the lock, so two STOP streams cannot both
@@ -482,6 +555,7 @@ impl ResourceManager {
                     proto,
                     inbound,
                     charge,
+                    stranger,
                     in_handshake,
                 })
             }
@@ -498,6 +572,9 @@ impl ResourceManager {
     fn release_stream(&self, g: &StreamGuard) {
         let mut st = self.state.lock();
         self.uncharge(&mut st, g.charge);
+        if g.stranger {
+            self.uncharge_stranger(&mut st, &g.conn.peer, g.charge);
+        }
         let i = g.proto.index();
         if g.inbound {
             st.inbound = st.inbound.saturating_sub(1);
@@ -512,42 +589,17 @@ impl ResourceManager {
             } else {
                 u.outbound_by_proto[i] = u.outbound_by_proto[i].saturating_sub(1);
             }
-            if u.connections == 0 && u.inbound == 0 && u.outbound_by_proto.iter().all(|n| *n == 0) {
-                st.peers.remove(&peer);
-                st.peers.shrink_sparse();
-            }
         }
+        self.forget_peer_if_idle(&mut st, peer);
         self.metrics.stream_gauge(g.proto, g.inbound).dec();
     }
 
-    /// Records a failed login by `peer` with auth result `reason`: counted
-    /// against the sources of its connections (only failed logins and
-    /// unauthenticated connections are limited per IP). Refusals that are
-    /// not the peer's doing (keys not synced yet, clock, I/O) do not count.
-    pub(crate) fn failed_login(&self, peer: &PeerId, reason: &str) {
-        if !counts_as_failed_login(reason) {
-            return;
-        }
-        let now = Instant::now();
+    /// Whether a refusal concerning `source` may be logged now: at most
+    /// once a minute per source, across every kind of refusal (the table
+    /// of sources is bounded; beyond it, nothing new is logged).
+    pub(crate) fn log_due(&self, source: &str) -> bool {
         let mut st = self.state.lock();
-        let ips = st.peer_ips.get(peer).cloned().unwrap_or_default();
-        for ip in ips {
-            if !st.failed_logins.contains_key(&ip) && st.failed_logins.len() >= MAX_FAILED_LOGIN_IPS
-            {
-                st.failed_logins
-                    .retain(|_, q| q.back().is_some_and(|t| now - *t <= FAILED_LOGIN_WINDOW));
-                if st.failed_logins.len() >= MAX_FAILED_LOGIN_IPS {
-                    continue;
-                }
-            }
-            let q = st.failed_logins.entry(ip).or_default();
-            while q.front().is_some_and(|t| now - *t > FAILED_LOGIN_WINDOW) {
-                q.pop_front();
-            }
-            if q.len() < MAX_FAILED_LOGINS_PER_IP {
-                q.push_back(now);
-            }
-        }
+        log_due(&mut st, source)
     }
 
     fn charge(&self, st: &mut State, bytes: u64) {
@@ -574,16 +626,7 @@ impl ResourceManager {
         peer: Option<&PeerId>,
     ) {
         self.metrics.refused(r, protocol);
-        let now = Instant::now();
-        if st.last_logged.len() >= MAX_LOG_SOURCES {
-            st.last_logged.retain(|_, t| now - *t < LOG_EVERY);
-        }
-        let due = st
-            .last_logged
-            .get(key)
-            .is_none_or(|t| now - *t >= LOG_EVERY);
-        if due && st.last_logged.len() < MAX_LOG_SOURCES {
-            st.last_logged.insert(key.to_string(), now);
+        if log_due(st, key) {
             tracing::warn!(
                 source = key,
                 peer = peer.map(|p| p.to_string()),
@@ -596,24 +639,34 @@ impl ResourceManager {
     }
 }
 
-/// Failed logins from `ip` within the window (older ones are forgotten).
-fn recent_failed_logins(st: &mut State, ip: SourceKey, now: Instant) -> usize {
-    st.failed_logins.get_mut(&ip).map_or(0, |q| {
-        while q.front().is_some_and(|t| now - *t > FAILED_LOGIN_WINDOW) {
-            q.pop_front();
-        }
-        q.len()
-    })
+/// Whether a line about `key` may be logged now (see
+/// [`ResourceManager::log_due`]); records it if so.
+fn log_due(st: &mut State, key: &str) -> bool {
+    let now = Instant::now();
+    if st.last_logged.len() >= MAX_LOG_SOURCES {
+        st.last_logged.retain(|_, t| now - *t < LOG_EVERY);
+    }
+    let due = st
+        .last_logged
+        .get(key)
+        .is_none_or(|t| now - *t >= LOG_EVERY);
+    if due && st.last_logged.len() < MAX_LOG_SOURCES {
+        st.last_logged.insert(key.to_string(), now);
+        return true;
+    }
+    false
 }
 
-/// Whether an auth result is a failed login for the per-IP limit: a forged,
-/// foreign, garbled or revoked credential, not a refusal the router or the
-/// clock caused (`unknown_key`, `no_keys`, `expired`, `not_yet_valid`, `io`).
-fn counts_as_failed_login(reason: &str) -> bool {
-    matches!(
-        reason,
-        "malformed" | "bad_signature" | "wrong_peer" | "revoked" | "wrong_role"
-    )
+/// How the strangers' pool sees a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stranger {
+    /// We dialed it (a peer we chose): neither it nor its streams count.
+    Dialed,
+    /// Inbound, its peer admitted when it opened: its streams count while
+    /// the peer is not admitted.
+    Inbound,
+    /// Inbound, its peer not admitted: its charge was booked in the pool.
+    Charged,
 }
 
 /// One live connection's charge; released when the last holder drops it.
@@ -625,6 +678,8 @@ pub(crate) struct ConnectionGuard {
     /// The source it counts under (inbound direct connections only).
     ip: Option<SourceKey>,
     charge: u64,
+    /// How the strangers' pool sees it.
+    stranger: Stranger,
     /// Outbound relay STOP streams on this connection whose handshake is in
     /// flight (libp2p-relay's own limit is per connection too).
     stop_handshakes: AtomicU32,
@@ -659,6 +714,8 @@ pub(crate) struct StreamGuard {
     proto: Proto,
     inbound: bool,
     charge: u64,
+    /// Whether its charge was booked in the strangers' pool.
+    stranger: bool,
     /// An outbound STOP stream whose handshake has not been answered yet.
     in_handshake: bool,
 }

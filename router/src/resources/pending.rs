@@ -3,12 +3,16 @@
 //! only its addresses known, before noise (or QUIC's TLS) spends any CPU.
 //!
 //! It counts handshakes in progress per source (an IPv4 address or an IPv6
-//! prefix, `source.rs`) and in total, and refuses a connection when its
-//! source already holds `--unauthenticated-connections-per-ip`
-//! connections whose peers are not admitted (handshakes in progress
-//! included), when the source failed too many logins, or when
-//! `--pending-connections-max` handshakes run at once. Refusals count as
-//! `refused_total{resource="connection",scope="source"|"system",protocol="none"}`.
+//! prefix, `source.rs`) and refuses a connection when its source already
+//! holds `--unauthenticated-connections-per-ip` connections whose peers
+//! are not admitted (handshakes in progress included) or is blocked for
+//! failed logins (`logins.rs`), counted as
+//! `refused_total{resource="connection",scope="source",protocol="none"}`.
+//! Then it takes a slot of the fair `handshake` budget
+//! (`--pending-connections-max`, `slots.rs`): when all are taken, a source
+//! holding fewer than the heaviest takes that one's oldest handshake, which
+//! is denied when it ends; otherwise it is refused
+//! (`slots_refused_total{budget="handshake",reason="source_share"}`).
 //! Connections of admitted peers are never counted, so members behind one
 //! NAT are not limited once admitted. A handshake stops counting when its
 //! connection is established or fails (`ListenFailure`, which the swarm
@@ -29,13 +33,12 @@ use libp2p::swarm::{
     THandlerOutEvent, ToSwarm, dummy,
 };
 use libp2p::{Multiaddr, PeerId};
-use tokio::time::Instant;
 
-use super::budget::{self, HandshakeUsage, Refusal};
+use super::budget::{self, HandshakeUsage, Refusal, Resource, Scope};
 use super::metrics::NO_PROTOCOL;
 use super::source::{self, SourceKey};
 use super::transport::ConnectionRefused;
-use super::{ResourceManager, State, recent_failed_logins};
+use super::{ResourceManager, State};
 use crate::shrink::ShrinkSparse;
 
 /// Takes one from `map[ip]` (dropping the entry at 0); false if there was none.
@@ -65,8 +68,9 @@ impl ResourceManager {
     /// Admits (and counts) an inbound connection from `ip` before its
     /// handshake, or refuses it (counted, logged). `ip` counts under its
     /// source key (IPv6 per prefix).
-    pub(crate) fn open_pending(&self, id: ConnectionId, ip: IpAddr) -> Result<(), Refusal> {
-        let ip = self.source_key(ip);
+    pub(crate) fn open_pending(&self, id: ConnectionId, addr: IpAddr) -> Result<(), Refusal> {
+        let ip = self.source_key(addr);
+        let blocked = self.source_blocked(addr);
         // Read admission for the peers from this IP before taking our lock.
         let others: Vec<PeerId> = self
             .state
@@ -76,32 +80,46 @@ impl ResourceManager {
             .map(|m| m.values().copied().collect())
             .unwrap_or_default();
         let unauthenticated = others.iter().filter(|p| !self.is_admitted(p)).count();
-        let now = Instant::now();
         let mut st = self.state.lock();
         let usage = HandshakeUsage {
-            pending_total: u32::try_from(st.pending.len()).unwrap_or(u32::MAX),
             pending_from_source: st.pending_by_ip.get(&ip).copied().unwrap_or(0),
             unauthenticated_from_source: u32::try_from(unauthenticated).unwrap_or(u32::MAX),
-            failed_logins_from_source: u32::try_from(recent_failed_logins(&mut st, ip, now))
-                .unwrap_or(u32::MAX),
+            source_blocked: blocked,
         };
-        match budget::admit_handshake(&self.budgets, usage) {
-            Ok(()) => {
-                st.pending.insert(id, ip);
+        if let Err(r) = budget::admit_handshake(&self.budgets, usage) {
+            self.refuse(&mut st, r, NO_PROTOCOL, &ip.to_string(), None);
+            return Err(r);
+        }
+        match self.handshakes.try_acquire(Some(addr)) {
+            Ok(slot) => {
+                st.pending.insert(id, (ip, slot));
                 *st.pending_by_ip.entry(ip).or_default() += 1;
                 Ok(())
             }
-            Err(r) => {
-                self.refuse(&mut st, r, NO_PROTOCOL, &ip.to_string(), None);
-                Err(r)
+            Err(refusal) => {
+                let key = ip.to_string();
+                if super::log_due(&mut st, &key) {
+                    tracing::warn!(
+                        source = key,
+                        held = refusal.held,
+                        fair_share = refusal.fair_share,
+                        "handshake refused: every handshake slot is taken and this source \
+                         holds its share (logged at most once a minute per source)"
+                    );
+                }
+                Err(Refusal::new(Resource::Connection, Scope::Source))
             }
         }
     }
 
     /// The handshake of `id` ended (established or failed); idempotent.
-    pub(crate) fn close_pending(&self, id: ConnectionId) {
+    /// Returns whether its slot had been taken for another source (the
+    /// connection is then denied).
+    pub(crate) fn close_pending(&self, id: ConnectionId) -> bool {
         let mut st = self.state.lock();
-        if let Some(ip) = st.pending.remove(&id) {
+        let mut revoked = false;
+        if let Some((ip, slot)) = st.pending.remove(&id) {
+            revoked = slot.is_revoked();
             // One handshake from `ip` ended: if an upgraded one is still
             // waiting for this, it is that one (its share moved to
             // `sources` already); otherwise one still in progress. Either
@@ -111,18 +129,20 @@ impl ResourceManager {
             }
         }
         st.pending.shrink_sparse();
+        revoked
     }
 
     /// Entries in the manager's per-peer, per-source and per-connection
     /// tables, by `agentmesh_router_table_entries` label.
     pub(crate) fn table_entries(&self) -> [(&'static str, usize); 6] {
+        let failed_login_sources = self.logins.lock().len();
         let st = self.state.lock();
         [
             ("resource_peers", st.peers.len()),
             ("resource_sources", st.sources.len()),
-            ("resource_peer_ips", st.peer_ips.len()),
+            ("stranger_sources", st.strangers.sources()),
             ("resource_pending", st.pending.len()),
-            ("failed_login_ips", st.failed_logins.len()),
+            ("failed_login_ips", failed_login_sources),
             ("log_sources", st.last_logged.len()),
         ]
     }
@@ -182,7 +202,11 @@ impl NetworkBehaviour for PendingLimits {
         _local_addr: &Multiaddr,
         _remote_addr: &Multiaddr,
     ) -> Result<THandler<Self>, ConnectionDenied> {
-        self.mgr.close_pending(connection_id);
+        if self.mgr.close_pending(connection_id) {
+            // Its handshake slot went to a source holding fewer.
+            let r = Refusal::new(Resource::Connection, Scope::Source);
+            return Err(ConnectionDenied::new(ConnectionRefused(r)));
+        }
         Ok(dummy::ConnectionHandler)
     }
 

@@ -74,7 +74,7 @@ fn charges_are_released_on_drop() {
     drop(conn);
     let st = mgr.state.lock();
     assert_eq!(st.memory, 0);
-    assert!(st.peers.is_empty() && st.sources.is_empty() && st.peer_ips.is_empty());
+    assert!(st.peers.is_empty() && st.sources.is_empty() && st.strangers.used() == 0);
 }
 
 #[test]
@@ -157,8 +157,9 @@ fn failed_logins_close_the_source_to_new_unauthenticated_connections() {
     let _c = mgr
         .open_connection(bad, &inbound_from("10.0.0.7"))
         .expect("conn");
+    let from = Some("10.0.0.7".parse().expect("ip"));
     for _ in 0..10 {
-        mgr.failed_login(&bad, "unknown_key");
+        mgr.failed_login(from, "unknown_key");
     }
     assert!(
         mgr.open_connection(PeerId::random(), &inbound_from("10.0.0.7"))
@@ -166,12 +167,22 @@ fn failed_logins_close_the_source_to_new_unauthenticated_connections() {
         "refusals the router caused are not failed logins"
     );
     for _ in 0..3 {
-        mgr.failed_login(&bad, "bad_signature");
+        mgr.failed_login(from, "bad_signature");
     }
     assert!(
         mgr.open_connection(PeerId::random(), &inbound_from("10.0.0.7"))
             .is_err()
     );
+    assert_eq!(mgr.metrics.failed_login_blocks.get(), 1);
+    let counted = |r: &'static str| {
+        mgr.metrics
+            .failed_logins
+            .get_or_create(&[("reason", r)])
+            .get()
+    };
+    assert_eq!((counted("bad_signature"), counted("silent")), (3, 0));
+    mgr.failed_login(from, "silent");
+    assert_eq!(counted("silent"), 1, "a silent stream is a failed login");
     assert!(
         mgr.open_connection(PeerId::random(), &inbound_from("10.0.0.8"))
             .is_ok()
@@ -191,6 +202,9 @@ fn memory_budget_refuses_and_counts() {
     // Room for two connections and one data stream.
     let budget = (2 << 20) + Proto::RelayHop.charge_bytes();
     let mgr = ResourceManager::new(budgets_of(&config, budget), &mut reg, Family::default());
+    // Members (admitted): the router's budget alone applies, not the
+    // strangers' pool.
+    mgr.set_admitted(Box::new(|_| true));
     let c1 = mgr
         .open_connection(PeerId::random(), &inbound_from("10.0.0.1"))
         .expect("1");
@@ -290,21 +304,39 @@ fn handshakes_from_one_source_are_refused_before_they_start() {
         refused(&mgr, Resource::Connection, Scope::Source, "none"),
         1
     );
-    // Another IP still gets in until the total cap (3) is reached.
+    // Another IP still gets in. Once all 3 handshake slots are taken, a
+    // source holding fewer takes the heaviest source's oldest (h1, denied
+    // when it ends), and one holding as many as every other is refused.
     let other: IpAddr = "10.0.0.10".parse().expect("ip");
     mgr.open_pending(ConnectionId::new_unchecked(4), other)
         .expect("other ip");
+    mgr.open_pending(
+        ConnectionId::new_unchecked(5),
+        "10.0.0.11".parse().expect("ip"),
+    )
+    .expect("takes the oldest handshake of 10.0.0.9");
     let r = mgr
         .open_pending(
-            ConnectionId::new_unchecked(5),
-            "10.0.0.11".parse().expect("ip"),
+            ConnectionId::new_unchecked(10),
+            "10.0.0.12".parse().expect("ip"),
         )
-        .expect_err("total");
-    assert_eq!((r.resource, r.scope), (Resource::Connection, Scope::System));
-    // A handshake that ends frees its place (twice is harmless).
-    mgr.close_pending(h1);
-    mgr.close_pending(h1);
-    assert_eq!(mgr.pending(), 2);
+        .expect_err("every source holds one: its share");
+    assert_eq!((r.resource, r.scope), (Resource::Connection, Scope::Source));
+    let slots = &mgr.metrics.slots;
+    let share = [("budget", "handshake"), ("reason", "source_share")];
+    assert_eq!(slots.refused.get_or_create(&share).get(), 1);
+    assert_eq!(
+        slots
+            .preempted
+            .get_or_create(&[("budget", "handshake")])
+            .get(),
+        1
+    );
+    // The taken handshake is denied when it ends; ending twice is harmless.
+    assert!(mgr.close_pending(h1), "its slot was taken");
+    assert!(!mgr.close_pending(h1));
+    assert_eq!(mgr.pending(), 3);
+    mgr.close_pending(ConnectionId::new_unchecked(5));
     // An established connection from the IP whose peer is not admitted
     // counts against it; once its peer is admitted it no longer does.
     mgr.close_pending(h2);
@@ -447,7 +479,10 @@ fn failed_logins_count_against_the_whole_ipv6_prefix() {
         .open_connection(liar, &inbound_from("2001:db8:9:9::1"))
         .expect("conn");
     for _ in 0..3 {
-        mgr.failed_login(&liar, "bad_signature");
+        mgr.failed_login(
+            Some("2001:db8:9:9::1".parse().expect("ip")),
+            "bad_signature",
+        );
     }
     let err = mgr
         .open_connection(PeerId::random(), &inbound_from("2001:db8:9:9::2"))
@@ -577,4 +612,78 @@ fn a_small_budget_still_gives_each_peer_four_data_streams() {
     );
     let big = 1 << 30;
     assert_eq!(budgets_of(&config, big).peer_memory_bytes, big * 5 / 100);
+}
+
+#[test]
+fn strangers_are_charged_in_their_pool_until_admitted() {
+    let (mgr, admitted) = manager(|c| c.unauthenticated_connections_per_ip = 100);
+    let pool = mgr.budgets().unauthenticated_memory_bytes;
+    let stranger = PeerId::random();
+    let conn = mgr
+        .open_connection(stranger, &inbound_from("10.0.0.20"))
+        .expect("conn");
+    let auth = mgr.open_stream(&conn, Proto::Auth, true).expect("auth");
+    let held = || mgr.state.lock().strangers.used();
+    let charge = mgr.budgets().connection_charge_bytes + Proto::Auth.charge_bytes();
+    assert_eq!(held(), charge);
+    assert_eq!(
+        mgr.metrics.unauthenticated_memory_in_use.get(),
+        charge as i64
+    );
+    // Admitted: its charges leave the pool; its later streams never enter it.
+    admitted.write().insert(stranger);
+    mgr.peer_admitted(&stranger);
+    assert_eq!(held(), 0);
+    let later = mgr
+        .open_stream(&conn, Proto::Catalog, true)
+        .expect("catalog");
+    assert_eq!(held(), 0);
+    drop((auth, later, conn));
+    assert_eq!(held(), 0);
+    assert_eq!(mgr.state.lock().memory, 0);
+    assert!(pool >= 64 * charge, "the pool holds one source's share");
+    // A peer we dialed (another router) is not a stranger, nor its streams.
+    let dial = ConnectedPoint::Dialer {
+        address: "/ip4/10.0.0.9/tcp/1".parse().expect("addr"),
+        role_override: Endpoint::Dialer,
+        port_use: libp2p::core::transport::PortUse::Reuse,
+    };
+    let dialed = mgr.open_connection(PeerId::random(), &dial).expect("dial");
+    let _kad = mgr.open_stream(&dialed, Proto::Kad, true).expect("kad");
+    assert_eq!(held(), 0);
+}
+
+#[test]
+fn a_full_strangers_pool_refuses_strangers_but_never_members() {
+    // A pool of 20% of the 64 MiB budget (see `manager`): about a dozen
+    // strangers' connections of 1 MiB, each from its own address.
+    let (mgr, admitted) = manager(|c| c.connection_charge_bytes = 1 << 20);
+    let pool = mgr.budgets().unauthenticated_memory_bytes;
+    let mut held = Vec::new();
+    let mut refused_at = None;
+    for i in 0..64u32 {
+        let ip = format!("10.1.{}.{}", i / 200, i % 200 + 1);
+        match mgr.open_connection(PeerId::random(), &inbound_from(&ip)) {
+            Ok(c) => held.push(c),
+            Err(r) => {
+                refused_at = Some((i, r));
+                break;
+            }
+        }
+    }
+    let (n, r) = refused_at.expect("the pool fills");
+    assert_eq!(r.resource, Resource::Memory);
+    assert!(
+        matches!(r.scope, Scope::Unauthenticated | Scope::Source),
+        "{r:?}"
+    );
+    assert!(
+        u64::from(n) * (1 << 20) <= pool,
+        "no more than the pool: {n}"
+    );
+    // A member (admitted, reconnecting) is charged to the budget as before.
+    let member = PeerId::random();
+    admitted.write().insert(member);
+    mgr.open_connection(member, &inbound_from("10.9.9.9"))
+        .expect("members are not charged to the strangers' pool");
 }

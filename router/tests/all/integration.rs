@@ -551,11 +551,12 @@ async fn catalog_publish_needs_attach_and_records_leave_with_the_member() {
             &[r.id()],
         ))),
     };
-    let resp = a.catalog(r.id(), publish.clone()).await;
-    assert!(
-        matches!(resp.result, Some(catalog_response::Result::Error(_))),
-        "publish before admission is refused: {resp:?}"
-    );
+    // Before admission a peer gets no catalog stream at all: closed
+    // unanswered, counted with its reason.
+    let before = a.try_catalog(r.id(), publish.clone()).await;
+    assert!(before.is_err(), "publish before admission: {before:?}");
+    let refused = r#"agentmesh_router_slots_refused_total{budget="catalog",reason="not_admitted"}"#;
+    assert_eq!(r.metric(refused), 1.0);
     let cred = cp.enroll(&member_token, &a.key).await;
     assert!(admitted(&a.auth(r.id(), Some(cred), Purpose::Attach).await));
     // A record signed for another provider is refused.

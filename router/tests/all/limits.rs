@@ -5,7 +5,10 @@
 //!   the next one is closed unread and counted), and admitted members from
 //!   the same IP do not count;
 //! - the high watermark sized from the memory budget (no flag) is what a
-//!   new member meets: go-away instead of admission at the watermark.
+//!   new member meets: go-away instead of admission at the watermark;
+//! - an auth stream that sends no byte in time is a failed login of its
+//!   source, one that started and stalls is not; failed logins block the
+//!   source's new connections.
 
 use crate::support;
 
@@ -14,6 +17,7 @@ use std::time::Duration;
 use agentmesh_proto::pb::credential::Role;
 use agentmesh_proto::pb::mesh::{Purpose, auth_response};
 use agentmesh_router::Config;
+use futures::AsyncWriteExt as _;
 use libp2p::multiaddr::Protocol;
 use support::cp::{Cp, start_cp};
 use support::{DEADLINE, TestPeer, TestRouter, eventually};
@@ -281,5 +285,69 @@ async fn circuits_of_one_source_peer_are_capped_by_its_hop_streams() {
         .await;
     let data = vec![9u8; 16 * 1024];
     assert_eq!(other.echo(b, "/test/echo/1", &data).await, data);
+    r.handle.shutdown().await;
+}
+
+/// Reads `s` until the router closes it, within the deadline.
+async fn stream_closed_by_router(mut s: libp2p::Stream) {
+    let mut buf = [0u8; 64];
+    loop {
+        let n = tokio::time::timeout(DEADLINE, futures::AsyncReadExt::read(&mut s, &mut buf))
+            .await
+            .expect("the router closes the stream in time");
+        if matches!(n, Ok(0) | Err(_)) {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_auth_stream_is_a_failed_login_and_a_slow_one_is_not() {
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| {
+        c.auth_first_byte_timeout = Duration::from_millis(200);
+        c.stream_timeout = Duration::from_secs(1);
+        c.resources.failed_logins_per_ip_per_minute = 3;
+        // The block outlasts the test.
+        c.resources.failed_login_block_secs = 3600;
+    })
+    .await;
+    let silent_logins = r#"agentmesh_router_failed_logins_total{reason="silent"}"#;
+    let blocks = "agentmesh_router_failed_login_blocks_total";
+    let mut p = TestPeer::new();
+    p.connect(r.id(), r.addr.clone()).await;
+
+    // Slow: one length byte, then nothing. Closed at the stream timeout
+    // as an i/o error, not a failed login.
+    let mut slow = p.open(r.id(), agentmesh_proto::protocols::AUTH).await;
+    slow.write_all(&[64]).await.expect("write");
+    slow.flush().await.expect("flush");
+    stream_closed_by_router(slow).await;
+    eventually("the slow stream counted as i/o", || async {
+        (r.metric(r#"agentmesh_router_auth_total{purpose="attach",result="io"}"#) >= 1.0)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(r.metric(silent_logins), 0.0);
+
+    // Silent: each closed past the first-byte deadline and a failed login;
+    // the third blocks 127.0.0.1.
+    for _ in 0..3 {
+        let s = p.open(r.id(), agentmesh_proto::protocols::AUTH).await;
+        stream_closed_by_router(s).await;
+    }
+    eventually("three silent streams counted", || async {
+        (r.metric(silent_logins) >= 3.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        r.metric(r#"agentmesh_router_auth_total{purpose="attach",result="silent"}"#),
+        3.0
+    );
+    assert_eq!(r.metric(blocks), 1.0);
+    // The blocked source's new connections are refused before the handshake.
+    let before = r.refused_connections("source");
+    closed_by_router(silent(&r).await).await;
+    assert_eq!(r.refused_connections("source"), before + 1.0);
     r.handle.shutdown().await;
 }

@@ -8,3 +8,5 @@
 //! Dev-only: never a dependency of a program.
 
 pub mod control_plane;
+pub mod router_auth;
+mod source_tcp;

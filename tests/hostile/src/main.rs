@@ -1,26 +1,35 @@
-//! `agentmesh-hostile`: runs one attack of the harness against a running
-//! mesh and prints what it did. Dev-only; each attack is bounded in rate and
-//! duration by its flags.
+//! `agentmesh-hostile`: runs one attack of the hostile-peer harness against
+//! a running mesh and prints what it did (one line of counts).
+//!
+//! One subcommand per attack; each attack module owns its `Args` and their
+//! `run`, so adding an attack is one variant and one match arm here.
 
 use std::{net::IpAddr, time::Duration};
 
 use agentmesh_hostile::control_plane::{FloodConfig, FloodKind, flood};
-use clap::{Parser, Subcommand};
+use clap::Parser as _;
 
-#[derive(Parser)]
-#[command(name = "agentmesh-hostile", about = "Hostile-peer attacks (dev only)")]
+/// The command line.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "agentmesh-hostile",
+    version,
+    about = "Dev-only hostile-peer harness: attacks on a router, the control plane or a provider"
+)]
 struct Cli {
     #[command(subcommand)]
-    cmd: Cmd,
+    command: Command,
 }
 
-#[derive(Subcommand)]
-enum Cmd {
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Strangers holding a router's auth slots with stalling auth streams.
+    RouterAuth(agentmesh_hostile::router_auth::Args),
     /// Floods the control plane's unauthenticated RPCs from one source address.
     ControlPlaneFlood(ControlPlaneFlood),
 }
 
-#[derive(clap::Args)]
+#[derive(Debug, clap::Args)]
 struct ControlPlaneFlood {
     /// The control plane's gRPC URL (also what bad enrollments' proofs sign).
     #[arg(long, default_value = "http://127.0.0.1:7400")]
@@ -49,6 +58,22 @@ struct ControlPlaneFlood {
     rpc_timeout_ms: u64,
 }
 
+impl ControlPlaneFlood {
+    async fn run(self) -> anyhow::Result<String> {
+        let cfg = FloodConfig {
+            url: self.control_plane,
+            source: self.source_addr,
+            rate_per_sec: self.rate_per_sec,
+            duration: Duration::from_secs(self.duration_secs),
+            kinds: self.kinds,
+            connections: self.connections,
+            max_in_flight: self.max_in_flight,
+            rpc_timeout: Duration::from_millis(self.rpc_timeout_ms),
+        };
+        Ok(flood(cfg).await?.summary())
+    }
+}
+
 fn parse_kind(s: &str) -> Result<FloodKind, String> {
     FloodKind::parse(s).ok_or_else(|| {
         let names: Vec<&str> = FloodKind::ALL.iter().map(|k| k.as_str()).collect();
@@ -60,26 +85,13 @@ fn parse_kind(s: &str) -> Result<FloodKind, String> {
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().cmd {
-        Cmd::ControlPlaneFlood(a) => {
-            let cfg = FloodConfig {
-                url: a.control_plane,
-                source: a.source_addr,
-                rate_per_sec: a.rate_per_sec,
-                duration: Duration::from_secs(a.duration_secs),
-                kinds: a.kinds,
-                connections: a.connections,
-                max_in_flight: a.max_in_flight,
-                rpc_timeout: Duration::from_millis(a.rpc_timeout_ms),
-            };
-            let report = flood(cfg).await?;
-            print!("{}", report.summary());
-        }
+    match Cli::parse().command {
+        Command::RouterAuth(args) => println!("{}", args.run().await?),
+        Command::ControlPlaneFlood(args) => print!("{}", args.run().await?),
     }
     Ok(())
 }

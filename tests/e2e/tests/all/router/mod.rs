@@ -1,9 +1,10 @@
-//! A router under real nodes: go-away and the drain of the router binary,
-//! sharing the router harness in [`support`] and the mesh of routers and
-//! nodes in [`mesh`].
+//! A router under real nodes: go-away, the drain of the router binary and
+//! hostile strangers against it (`hostile_auth`), sharing the router
+//! harness in [`support`] and the mesh of routers and nodes in [`mesh`].
 
 mod mesh;
 mod support;
 
 mod drain_binary;
 mod goaway;
+mod hostile_auth;
