@@ -167,7 +167,7 @@ async fn start_member(
             data_dir: dir.to_path_buf(),
             routers: 1,
             expose,
-            directory_interval_secs: 1,
+            directory_interval: std::time::Duration::from_secs(1),
             no_socket: true,
             metrics_addr: None,
             dial_source_ip: Some(IpAddr::V4(MEMBERS)),
