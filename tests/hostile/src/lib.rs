@@ -6,3 +6,10 @@
 //! Every attack reports what it did (attempts made, refused, held) so a
 //! test can assert the attack really ran, not only that members survived.
 //! Dev-only: never a dependency of a program.
+//!
+//! - [`member`]: an enrolled member as a raw libp2p swarm (router auth,
+//!   relayed circuits, raw streams), obeying no limit of its own.
+//! - [`provider_calls`]: silent call streams to one provider.
+
+pub mod member;
+pub mod provider_calls;
