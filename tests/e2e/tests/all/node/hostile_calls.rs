@@ -114,6 +114,26 @@ async fn silent_call_streams_of_one_member_leave_the_provider_to_the_others() {
     progress.stop();
     let report = running.await.expect("attack task").expect("attack set-up");
 
+    // What happened, for the log of a failing run.
+    let counts: Vec<String> = [
+        "accepted",
+        "overflow",
+        "caller_share",
+        "preempted",
+        "silent",
+        "malformed",
+    ]
+    .iter()
+    .map(|r| format!("{r}={}", inbound(&m, r)))
+    .collect();
+    let queue_full = metric(
+        &m,
+        r#"agentmesh_streams_inbound_dropped_total{protocol="/agentmesh/call/1",reason="queue_full"}"#,
+    );
+    eprintln!(
+        "attack: {report:?}; provider inbound: {} queue_full={queue_full}",
+        counts.join(" ")
+    );
     // The attacker was refused for its share, never served, and every real
     // call was.
     assert!(inbound(&m, "caller_share") >= 1.0, "{m}");
