@@ -10,6 +10,8 @@
 //! - [`member`]: an enrolled member as a raw libp2p swarm (router auth,
 //!   relayed circuits, raw streams), obeying no limit of its own.
 //! - [`provider_calls`]: silent call streams to one provider.
+//! - [`provider_circuits`]: every circuit to one provider through a router.
 
 pub mod member;
 pub mod provider_calls;
+pub mod provider_circuits;

@@ -19,6 +19,9 @@ enum Command {
     /// As an enrolled member, hold silent call streams to one provider
     /// through a relayed circuit, renewing them as they close.
     ProviderCalls(agentmesh_hostile::provider_calls::Args),
+    /// As an enrolled member, hold as many circuits to one provider through
+    /// a router as it lets you, dialing new ones as they close.
+    ProviderCircuits(agentmesh_hostile::provider_circuits::Args),
 }
 
 #[tokio::main]
@@ -36,6 +39,13 @@ async fn main() -> anyhow::Result<()> {
             println!(
                 "provider-calls opened={} open_failed={} closed_by_provider={} answered={} held_max={} circuits={}",
                 r.opened, r.open_failed, r.closed_by_provider, r.answered, r.held_max, r.circuits
+            );
+        }
+        Command::ProviderCircuits(args) => {
+            let r = args.run().await?;
+            println!(
+                "provider-circuits dialed={} established={} denied={} held_max={}",
+                r.dialed, r.established, r.denied, r.held_max
             );
         }
     }

@@ -6,8 +6,10 @@
 //! an attack counts what failed instead of stopping.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use agentmesh_controlplane::client::{Client, ClientConfig};
 use agentmesh_proto::pb::credential::Credential;
 use agentmesh_proto::pb::mesh::Purpose;
 use agentmesh_streams::Control;
@@ -33,8 +35,17 @@ struct Behaviour {
 
 type Cmd = Box<dyn FnOnce(&mut Swarm<Behaviour>) + Send>;
 
-/// Established connections per remote peer, as the swarm reports them.
-type Links = HashMap<PeerId, u32>;
+/// What the swarm reported about its connections.
+#[derive(Debug, Default)]
+struct Links {
+    /// Established connections per remote peer now.
+    open: HashMap<PeerId, u32>,
+    /// Connections established per remote peer, since start.
+    established: HashMap<PeerId, u64>,
+    /// Dials to each remote peer that failed (for a circuit: denied by the
+    /// relay, or the destination refused), since start.
+    failed: HashMap<PeerId, u64>,
+}
 
 /// A raw member swarm; its task is aborted on drop.
 pub struct Member {
@@ -75,27 +86,33 @@ impl Member {
             .build();
         let control = swarm.behaviour().stream.new_control();
         let (cmd_tx, mut cmd_rx) = mpsc::channel::<Cmd>(COMMAND_QUEUE);
-        let (links_tx, links) = watch::channel(Links::new());
+        let (links_tx, links) = watch::channel(Links::default());
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
                     ev = swarm.select_next_some() => match ev {
                         SwarmEvent::ConnectionEstablished { peer_id, num_established, .. } => {
                             links_tx.send_modify(|l| {
-                                l.insert(peer_id, num_established.get());
+                                l.open.insert(peer_id, num_established.get());
+                                *l.established.entry(peer_id).or_default() += 1;
                             });
                         }
                         SwarmEvent::ConnectionClosed { peer_id, num_established, .. } => {
                             links_tx.send_modify(|l| {
                                 if num_established == 0 {
-                                    l.remove(&peer_id);
+                                    l.open.remove(&peer_id);
                                 } else {
-                                    l.insert(peer_id, num_established);
+                                    l.open.insert(peer_id, num_established);
                                 }
                             });
                         }
                         SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                             tracing::debug!(?peer_id, %error, "hostile member: dial failed");
+                            if let Some(p) = peer_id {
+                                links_tx.send_modify(|l| {
+                                    *l.failed.entry(p).or_default() += 1;
+                                });
+                            }
                         }
                         _ => {}
                     },
@@ -122,17 +139,24 @@ impl Member {
 
     /// Whether the swarm holds a connection to `peer`.
     pub fn is_connected(&self, peer: &PeerId) -> bool {
-        self.links.borrow().contains_key(peer)
+        self.links.borrow().open.contains_key(peer)
     }
 
-    /// Dials `peer` at `addr` (a new connection even if one exists) and
-    /// waits up to `deadline` until connected to it.
-    pub async fn connect(
-        &self,
-        peer: PeerId,
-        addr: Multiaddr,
-        deadline: Duration,
-    ) -> anyhow::Result<()> {
+    /// Connections to `peer` now; connections to it established and dials
+    /// to it failed since start.
+    pub fn connections(&self, peer: &PeerId) -> (u32, u64, u64) {
+        let l = self.links.borrow();
+        let get = |m: &HashMap<PeerId, u64>| m.get(peer).copied().unwrap_or(0);
+        (
+            l.open.get(peer).copied().unwrap_or(0),
+            get(&l.established),
+            get(&l.failed),
+        )
+    }
+
+    /// Dials `peer` at `addr` (a new connection even if one exists); the
+    /// outcome shows in [`Member::connections`].
+    pub async fn dial(&self, peer: PeerId, addr: Multiaddr) -> anyhow::Result<()> {
         let opts = DialOpts::peer_id(peer)
             .addresses(vec![addr.clone()])
             .condition(PeerCondition::Always)
@@ -146,9 +170,20 @@ impl Member {
             .map_err(|_| anyhow!("member swarm task ended"))?;
         rx.await
             .map_err(|_| anyhow!("member swarm task ended"))?
-            .map_err(|e| anyhow!("dial {addr}: {e}"))?;
+            .map_err(|e| anyhow!("dial {addr}: {e}"))
+    }
+
+    /// Dials `peer` at `addr` (a new connection even if one exists) and
+    /// waits up to `deadline` until connected to it.
+    pub async fn connect(
+        &self,
+        peer: PeerId,
+        addr: Multiaddr,
+        deadline: Duration,
+    ) -> anyhow::Result<()> {
+        self.dial(peer, addr.clone()).await?;
         let mut links = self.links.clone();
-        tokio::time::timeout(deadline, links.wait_for(|l| l.contains_key(&peer)))
+        tokio::time::timeout(deadline, links.wait_for(|l| l.open.contains_key(&peer)))
             .await
             .with_context(|| format!("not connected to {peer} at {addr} within {deadline:?}"))?
             .map_err(|_| anyhow!("member swarm task ended"))?;
@@ -181,6 +216,52 @@ impl Member {
     ) -> anyhow::Result<()> {
         self.connect(to, circuit_addr(router, router_addr, to), deadline)
             .await
+    }
+}
+
+/// Where and how the hostile member enrolls (the binary's flags).
+#[derive(Debug, clap::Args)]
+pub struct EnrollArgs {
+    /// Control-plane gRPC URL to enroll at (must match its --public-url).
+    #[arg(long)]
+    pub control_plane: String,
+    /// PEM CA certificate of a TLS control plane (default: none, plain on loopback).
+    #[arg(long)]
+    pub control_plane_ca: Option<PathBuf>,
+    /// File holding a member enrollment token.
+    #[arg(long)]
+    pub token_file: PathBuf,
+}
+
+impl EnrollArgs {
+    /// Enrolls a fresh key with the token: the key and its credential.
+    pub async fn enroll(&self) -> anyhow::Result<(Keypair, Credential)> {
+        let token = std::fs::read_to_string(&self.token_file)
+            .with_context(|| format!("read {}", self.token_file.display()))?;
+        let ca_pem = match &self.control_plane_ca {
+            Some(p) => Some(std::fs::read(p).with_context(|| format!("read {}", p.display()))?),
+            None => None,
+        };
+        let client = Client::new(ClientConfig {
+            url: self.control_plane.clone(),
+            ca_pem,
+            ..Default::default()
+        })?;
+        let key = Keypair::generate_ed25519();
+        let credential = client
+            .enroll(token.trim(), &key)
+            .await?
+            .credential
+            .context("enrollment returned no credential")?;
+        Ok((key, credential))
+    }
+}
+
+/// The router a `--router` multiaddr names in its last `/p2p/ID`.
+pub fn router_of(addr: &Multiaddr) -> anyhow::Result<PeerId> {
+    match addr.iter().last() {
+        Some(Protocol::P2p(router)) => Ok(router),
+        _ => bail!("router address {addr} does not end in /p2p/ROUTER_ID"),
     }
 }
 

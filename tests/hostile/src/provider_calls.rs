@@ -13,7 +13,6 @@
 //! per-caller shares it holds at most its share and its streams are closed
 //! by the first-byte deadline.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -22,16 +21,14 @@ use agentmesh_proto::pb::credential::Credential;
 use agentmesh_proto::pb::mesh::Purpose;
 use agentmesh_proto::protocols::CALL;
 use agentmesh_streams::Control;
-use anyhow::Context as _;
 use futures::AsyncReadExt as _;
 use libp2p::identity::Keypair;
-use libp2p::multiaddr::Protocol;
 use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::member::Member;
+use crate::member::{EnrollArgs, Member, router_of};
 
 /// Deadline of each set-up step (connect, auth, circuit, one stream open).
 const STEP_DEADLINE: Duration = Duration::from_secs(10);
@@ -288,15 +285,9 @@ impl Worker {
 /// run the attack against a provider through one router.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Control-plane gRPC URL to enroll at (must match its --public-url).
-    #[arg(long)]
-    pub control_plane: String,
-    /// PEM CA certificate of a TLS control plane (default: none, plain on loopback).
-    #[arg(long)]
-    pub control_plane_ca: Option<PathBuf>,
-    /// File holding a member enrollment token.
-    #[arg(long)]
-    pub token_file: PathBuf,
+    /// Where to enroll.
+    #[command(flatten)]
+    pub enroll: EnrollArgs,
     /// The router to relay through, a multiaddr ending in /p2p/ROUTER_ID.
     #[arg(long)]
     pub router: Multiaddr,
@@ -320,28 +311,8 @@ pub struct Args {
 impl Args {
     /// Enrolls a fresh key with the token and runs the attack.
     pub async fn run(self) -> anyhow::Result<Report> {
-        let Some(Protocol::P2p(router)) = self.router.iter().last() else {
-            anyhow::bail!("--router {} does not end in /p2p/ROUTER_ID", self.router);
-        };
-        let token = std::fs::read_to_string(&self.token_file)
-            .with_context(|| format!("read {}", self.token_file.display()))?;
-        let ca_pem = match &self.control_plane_ca {
-            Some(p) => Some(std::fs::read(p).with_context(|| format!("read {}", p.display()))?),
-            None => None,
-        };
-        let client = agentmesh_controlplane::client::Client::new(
-            agentmesh_controlplane::client::ClientConfig {
-                url: self.control_plane.clone(),
-                ca_pem,
-                ..Default::default()
-            },
-        )?;
-        let key = Keypair::generate_ed25519();
-        let credential = client
-            .enroll(token.trim(), &key)
-            .await?
-            .credential
-            .context("enrollment returned no credential")?;
+        let router = router_of(&self.router)?;
+        let (key, credential) = self.enroll.enroll().await?;
         let attack = Attack {
             router,
             router_addr: self.router.clone(),
