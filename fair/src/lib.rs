@@ -20,7 +20,9 @@
 //!   requests in flight). When all are taken, a source holding fewer than
 //!   the heaviest source takes one of the heaviest source's slots (its
 //!   oldest, most likely to be stalled); the holder sees
-//!   [`Slot::revoked`] and stops.
+//!   [`Slot::revoked`] and stops. Sources are addresses, or any key the
+//!   program already trusts to name one party ([`FairSlots::keyed`], e.g.
+//!   the PeerId a connection proved).
 //! - [`FairRate`]: a rate (token bucket) shared by sources; while more than
 //!   half its burst is spent, each active source may take at most `rate / n`
 //!   per second.
@@ -35,5 +37,5 @@ mod source;
 
 pub use map::{MapStats, SourceMap};
 pub use rate::{FairRate, RateReason, RateRefusal};
-pub use slots::{Acquired, FairSlots, Slot, SlotRefusal};
+pub use slots::{Acquired, FairSlots, Slot, SlotKey, SlotRefusal};
 pub use source::{IPV4_MAX_PREFIX_LEN, IPV6_MAX_PREFIX_LEN, SourceKey};

@@ -11,12 +11,24 @@
 //! source holds more than about `capacity / sources` while another source
 //! wants more, and without contention one source may hold all of them.
 //!
+//! A source is either an address ([`FairSlots::new`], [`FairSlots::try_acquire`]:
+//! keyed through a [`SourceMap`], so IPv6 prefixes count as one source and
+//! a flood of prefixes is aggregated) or any key the caller already trusts
+//! to name one party ([`FairSlots::keyed`], [`FairSlots::try_acquire_key`]:
+//! e.g. the PeerId a connection's handshake proved, where minting a new key
+//! costs the party an enrollment). Keyed tables need no bound of their
+//! own: a source is in the table only while it holds a slot, so there are
+//! never more sources than slots.
+//!
 //! The holder of a taken slot learns it through [`Slot::revoked`] and must
 //! stop what the slot paid for (close the stream, fail the request); the
 //! slot is already accounted to its new source when `try_acquire` returns.
 //! One mutex guards the state; each operation is O(log sources).
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::fmt;
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -28,66 +40,78 @@ use tokio_util::sync::{
 use crate::map::{MapStats, SourceMap};
 use crate::source::SourceKey;
 
-/// A budget of `capacity` slots shared fairly among sources.
+/// What [`FairSlots`] can count sources by: [`SourceKey`] (addresses) or
+/// any small copyable key (a PeerId).
+pub trait SlotKey: Copy + Ord + Hash + fmt::Debug + Send + 'static {}
+
+impl<T: Copy + Ord + Hash + fmt::Debug + Send + 'static> SlotKey for T {}
+
+/// A budget of `capacity` slots shared fairly among sources keyed by `K`.
 #[derive(Debug, Clone)]
-pub struct FairSlots {
-    inner: Arc<Mutex<State>>,
+pub struct FairSlots<K: SlotKey = SourceKey> {
+    inner: Arc<Mutex<State<K>>>,
 }
 
+/// Slots held by one source, oldest first.
+type Held = VecDeque<(u64, CancellationToken)>;
+
 #[derive(Debug)]
-struct State {
+struct State<K: SlotKey> {
     capacity: usize,
     used: usize,
-    sources: SourceMap<Held>,
+    /// Every source holding a slot, and its slots.
+    held: HashMap<K, Held>,
+    /// Address sources only: the table that decides which key a new
+    /// address counts under. Its entries are exactly the keys of `held`.
+    addresses: Option<SourceMap<()>>,
+    /// Drops a source that holds no slot any more from `addresses`.
+    forget: fn(&mut Option<SourceMap<()>>, &K),
     /// (slots held, source) of every source holding any: the heaviest last.
-    by_held: BTreeSet<(usize, SourceKey)>,
+    by_held: BTreeSet<(usize, K)>,
     next_id: u64,
     preempted_total: u64,
 }
 
-#[derive(Debug, Default)]
-struct Held {
-    /// Oldest first.
-    slots: VecDeque<(u64, CancellationToken)>,
-}
-
-/// A slot granted by [`FairSlots::try_acquire`].
+/// A slot granted by [`FairSlots::try_acquire`] or [`FairSlots::try_acquire_key`].
 #[derive(Debug)]
-pub struct Acquired {
+pub struct Acquired<K: SlotKey = SourceKey> {
     /// The slot; dropping it frees it.
-    pub slot: Slot,
+    pub slot: Slot<K>,
     /// The source whose oldest slot was taken for this one, if any (count
     /// it: it is the share binding).
-    pub preempted: Option<SourceKey>,
+    pub preempted: Option<K>,
 }
 
-/// Why [`FairSlots::try_acquire`] refused: every slot is taken and this
-/// source already holds at least its share.
+/// Why a slot was refused: every slot is taken and this source already
+/// holds at least its share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SlotRefusal {
+pub struct SlotRefusal<K = SourceKey> {
     /// The source refused.
-    pub source: SourceKey,
+    pub source: K,
     /// Slots it holds.
     pub held: usize,
     /// `capacity / sources holding slots`, for the log line.
     pub fair_share: usize,
 }
 
-impl FairSlots {
-    /// `capacity` slots (at least 1), per-source state for at most
-    /// `max_sources` sources (see [`SourceMap`]), IPv6 sources keyed at
-    /// `ipv6_prefix_len` bits.
+fn forget_address(addresses: &mut Option<SourceMap<()>>, source: &SourceKey) {
+    if let Some(a) = addresses {
+        a.remove(source);
+    }
+}
+
+fn forget_nothing<K>(_: &mut Option<SourceMap<()>>, _: &K) {}
+
+impl FairSlots<SourceKey> {
+    /// `capacity` slots (at least 1) shared by addresses, per-source state
+    /// for at most `max_sources` sources (see [`SourceMap`]), IPv6 sources
+    /// keyed at `ipv6_prefix_len` bits.
     pub fn new(capacity: usize, max_sources: usize, ipv6_prefix_len: u8) -> Self {
-        Self {
-            inner: Arc::new(Mutex::new(State {
-                capacity: capacity.max(1),
-                used: 0,
-                sources: SourceMap::new(max_sources, ipv6_prefix_len),
-                by_held: BTreeSet::new(),
-                next_id: 0,
-                preempted_total: 0,
-            })),
-        }
+        Self::with_state(
+            capacity,
+            Some(SourceMap::new(max_sources, ipv6_prefix_len)),
+            forget_address,
+        )
     }
 
     /// A slot for a request from `ip`, taking the heaviest source's oldest
@@ -96,45 +120,90 @@ impl FairSlots {
     pub fn try_acquire(&self, ip: IpAddr) -> Result<Acquired, SlotRefusal> {
         let mut guard = self.inner.lock();
         let st = &mut *guard;
-        let key = st.sources.key_of(ip);
-        let mine = st.sources.get(&key).map_or(0, |h| h.slots.len());
-        let mut preempted = None;
-        if st.used >= st.capacity {
-            let heaviest = st.by_held.iter().next_back().copied();
-            match heaviest {
-                Some((max, heavy)) if mine + 1 < max => {
-                    st.take_oldest(heavy);
-                    preempted = Some(heavy);
-                }
-                _ => {
-                    let fair_share = st.capacity / st.by_held.len().max(1);
-                    return Err(SlotRefusal {
-                        source: key,
-                        held: mine,
-                        fair_share,
-                    });
-                }
-            }
-        }
-        let id = st.next_id;
-        st.next_id += 1;
-        let token = CancellationToken::new();
-        let (key, held) = st.sources.entry(ip);
-        let before = held.slots.len();
-        held.slots.push_back((id, token.clone()));
-        st.by_held.remove(&(before, key));
-        st.by_held.insert((before + 1, key));
-        st.used += 1;
+        let key = st.address_key(ip);
+        // After a preemption the table may key `ip` differently (it has
+        // room again): the slot goes to the key it has now.
+        let r = st.acquire(key, |st| match &mut st.addresses {
+            Some(a) => a.entry(ip).0,
+            None => key,
+        });
         drop(guard);
-        Ok(Acquired {
+        r.map(|granted| self.granted(granted))
+    }
+
+    /// Slots the source of `ip` holds now.
+    pub fn held_by(&self, ip: IpAddr) -> usize {
+        let st = self.inner.lock();
+        let key = st.address_key(ip);
+        st.held.get(&key).map_or(0, VecDeque::len)
+    }
+
+    /// The source table's numbers.
+    pub fn source_stats(&self) -> MapStats {
+        let st = self.inner.lock();
+        match &st.addresses {
+            Some(a) => a.stats(),
+            None => MapStats {
+                sources: st.held.len(),
+                ..MapStats::default()
+            },
+        }
+    }
+}
+
+impl<K: SlotKey> FairSlots<K> {
+    /// `capacity` slots (at least 1) shared by sources named by keys the
+    /// caller hands in as they are (no aggregation).
+    pub fn keyed(capacity: usize) -> Self {
+        Self::with_state(capacity, None, forget_nothing::<K>)
+    }
+
+    fn with_state(
+        capacity: usize,
+        addresses: Option<SourceMap<()>>,
+        forget: fn(&mut Option<SourceMap<()>>, &K),
+    ) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(State {
+                capacity: capacity.max(1),
+                used: 0,
+                held: HashMap::new(),
+                addresses,
+                forget,
+                by_held: BTreeSet::new(),
+                next_id: 0,
+                preempted_total: 0,
+            })),
+        }
+    }
+
+    /// A slot for source `key`, taking the heaviest source's oldest slot
+    /// when all are taken and `key` holds fewer (see the module docs).
+    pub fn try_acquire_key(&self, key: K) -> Result<Acquired<K>, SlotRefusal<K>> {
+        let r = self.inner.lock().acquire(key, |_| key);
+        r.map(|granted| self.granted(granted))
+    }
+
+    fn granted(&self, (source, id, revoked, preempted): Granted<K>) -> Acquired<K> {
+        Acquired {
             slot: Slot {
                 inner: self.inner.clone(),
-                source: key,
+                source,
                 id,
-                revoked: token,
+                revoked,
             },
             preempted,
-        })
+        }
+    }
+
+    /// Slots `key` holds now.
+    pub fn held_by_key(&self, key: &K) -> usize {
+        self.inner.lock().held.get(key).map_or(0, VecDeque::len)
+    }
+
+    /// Sources holding at least one slot now.
+    pub fn sources(&self) -> usize {
+        self.inner.lock().held.len()
     }
 
     /// Slots taken now.
@@ -147,32 +216,72 @@ impl FairSlots {
         self.inner.lock().capacity
     }
 
-    /// Slots the source of `ip` holds now.
-    pub fn held_by(&self, ip: IpAddr) -> usize {
-        let st = self.inner.lock();
-        let key = st.sources.key_of(ip);
-        st.sources.get(&key).map_or(0, |h| h.slots.len())
-    }
-
     /// Slots taken from one source for another, since start.
     pub fn preempted_total(&self) -> u64 {
         self.inner.lock().preempted_total
     }
+}
 
-    /// The source table's numbers.
-    pub fn source_stats(&self) -> MapStats {
-        self.inner.lock().sources.stats()
+/// A slot booked under the lock: (source, id, revocation, preempted source).
+type Granted<K> = (K, u64, CancellationToken, Option<K>);
+
+impl State<SourceKey> {
+    /// The key `ip` counts under now.
+    fn address_key(&self, ip: IpAddr) -> SourceKey {
+        match &self.addresses {
+            Some(a) => a.key_of(ip),
+            None => SourceKey::new(ip, crate::source::IPV6_MAX_PREFIX_LEN),
+        }
     }
 }
 
-impl State {
+impl<K: SlotKey> State<K> {
+    /// Books a slot for `key` (preempting if the share allows); `rekey`
+    /// gives the key the slot is booked under once room is made.
+    fn acquire(
+        &mut self,
+        key: K,
+        rekey: impl FnOnce(&mut Self) -> K,
+    ) -> Result<Granted<K>, SlotRefusal<K>> {
+        let mine = self.held.get(&key).map_or(0, VecDeque::len);
+        let mut preempted = None;
+        if self.used >= self.capacity {
+            let heaviest = self.by_held.iter().next_back().copied();
+            match heaviest {
+                Some((max, heavy)) if mine + 1 < max => {
+                    self.take_oldest(heavy);
+                    preempted = Some(heavy);
+                }
+                _ => {
+                    let fair_share = self.capacity / self.by_held.len().max(1);
+                    return Err(SlotRefusal {
+                        source: key,
+                        held: mine,
+                        fair_share,
+                    });
+                }
+            }
+        }
+        let key = rekey(self);
+        let id = self.next_id;
+        self.next_id += 1;
+        let token = CancellationToken::new();
+        let held = self.held.entry(key).or_default();
+        let before = held.len();
+        held.push_back((id, token.clone()));
+        self.by_held.remove(&(before, key));
+        self.by_held.insert((before + 1, key));
+        self.used += 1;
+        Ok((key, id, token, preempted))
+    }
+
     /// Takes `source`'s oldest slot: cancels its token and frees it here.
-    fn take_oldest(&mut self, source: SourceKey) {
-        let Some(held) = self.sources.get_mut(&source) else {
+    fn take_oldest(&mut self, source: K) {
+        let Some(held) = self.held.get_mut(&source) else {
             return;
         };
-        let before = held.slots.len();
-        let Some((_, token)) = held.slots.pop_front() else {
+        let before = held.len();
+        let Some((_, token)) = held.pop_front() else {
             return;
         };
         token.cancel();
@@ -180,30 +289,48 @@ impl State {
         self.preempted_total += 1;
     }
 
+    /// Frees slot `id` of `source`, unless it was taken already.
+    fn release(&mut self, source: K, id: u64) {
+        let Entry::Occupied(mut e) = self.held.entry(source) else {
+            return;
+        };
+        let held = e.get_mut();
+        let before = held.len();
+        let Some(pos) = held.iter().position(|(i, _)| *i == id) else {
+            return;
+        };
+        held.remove(pos);
+        self.after_release(source, before);
+    }
+
     /// Books one slot of `source` (which held `before`) as freed.
-    fn after_release(&mut self, source: SourceKey, before: usize) {
+    fn after_release(&mut self, source: K, before: usize) {
         self.used -= 1;
         self.by_held.remove(&(before, source));
         if before > 1 {
             self.by_held.insert((before - 1, source));
         } else {
-            self.sources.remove(&source);
+            self.held.remove(&source);
+            if self.held.capacity() > 64 && self.held.len() * 4 < self.held.capacity() {
+                self.held.shrink_to(self.held.len() * 2);
+            }
+            (self.forget)(&mut self.addresses, &source);
         }
     }
 }
 
 /// One slot of a [`FairSlots`]; freed on drop.
 #[derive(Debug)]
-pub struct Slot {
-    inner: Arc<Mutex<State>>,
-    source: SourceKey,
+pub struct Slot<K: SlotKey = SourceKey> {
+    inner: Arc<Mutex<State<K>>>,
+    source: K,
     id: u64,
     revoked: CancellationToken,
 }
 
-impl Slot {
+impl<K: SlotKey> Slot<K> {
     /// The source this slot is charged to.
-    pub fn source(&self) -> SourceKey {
+    pub fn source(&self) -> K {
         self.source
     }
 
@@ -225,21 +352,12 @@ impl Slot {
     }
 }
 
-impl Drop for Slot {
+impl<K: SlotKey> Drop for Slot<K> {
     fn drop(&mut self) {
         if self.revoked.is_cancelled() {
             return; // already freed by `take_oldest`
         }
-        let mut st = self.inner.lock();
-        let Some(held) = st.sources.get_mut(&self.source) else {
-            return;
-        };
-        let before = held.slots.len();
-        let Some(pos) = held.slots.iter().position(|(id, _)| *id == self.id) else {
-            return;
-        };
-        held.slots.remove(pos);
-        st.after_release(self.source, before);
+        self.inner.lock().release(self.source, self.id);
     }
 }
 
@@ -359,8 +477,88 @@ mod tests {
                 let st = slots.inner.lock();
                 let sum: usize = st.by_held.iter().map(|(n, _)| *n).sum();
                 prop_assert_eq!(sum, st.used);
-                prop_assert_eq!(st.by_held.len(), st.sources.len());
+                prop_assert_eq!(st.by_held.len(), st.held.len());
+                prop_assert_eq!(st.addresses.as_ref().map(SourceMap::len), Some(st.held.len()));
             }
         }
+
+        /// The same for keyed slots, and the share: once all are taken, a
+        /// key refused holds at least the heaviest key's count minus one.
+        #[test]
+        fn keyed_accounting_holds(ops in proptest::collection::vec((0u8..5, any::<bool>()), 1..300)) {
+            let slots: FairSlots<u8> = FairSlots::keyed(6);
+            let mut live: Vec<Slot<u8>> = Vec::new();
+            for (src, drop_one) in ops {
+                if drop_one && !live.is_empty() {
+                    live.remove(usize::from(src) % live.len());
+                    continue;
+                }
+                match slots.try_acquire_key(src) {
+                    Ok(a) => {
+                        prop_assert_eq!(a.slot.source(), src);
+                        live.push(a.slot);
+                    }
+                    Err(r) => {
+                        let st = slots.inner.lock();
+                        let max = st.by_held.iter().next_back().map_or(0, |(n, _)| *n);
+                        prop_assert!(r.held + 1 >= max);
+                        prop_assert_eq!(st.used, st.capacity);
+                    }
+                }
+                live.retain(|s| !s.is_revoked());
+                prop_assert_eq!(slots.in_use(), live.len());
+                for k in 0u8..5 {
+                    let mine = live.iter().filter(|s| s.source() == k).count();
+                    prop_assert_eq!(slots.held_by_key(&k), mine);
+                }
+                let st = slots.inner.lock();
+                prop_assert_eq!(st.by_held.len(), st.held.len());
+                prop_assert!(st.addresses.is_none());
+            }
+        }
+    }
+
+    /// A PeerId-like key: 32 opaque bytes.
+    type Peer = [u8; 32];
+
+    fn peer(n: u8) -> Peer {
+        [n; 32]
+    }
+
+    #[test]
+    fn keyed_slots_share_by_key_not_by_address() {
+        let slots: FairSlots<Peer> = FairSlots::keyed(4);
+        // One key may take every slot while nobody else asks.
+        let attacker: Vec<_> = (0..4)
+            .map(|_| slots.try_acquire_key(peer(1)).expect("free").slot)
+            .collect();
+        assert_eq!((slots.in_use(), slots.sources()), (4, 1));
+        let r = slots.try_acquire_key(peer(1)).expect_err("full, holds all");
+        assert_eq!((r.source, r.held, r.fair_share), (peer(1), 4, 4));
+        // A second key takes the first key's oldest slot.
+        let member = slots.try_acquire_key(peer(2)).expect("newcomer gets in");
+        assert_eq!(member.preempted, Some(peer(1)));
+        assert!(attacker[0].is_revoked());
+        assert_eq!(slots.held_by_key(&peer(1)), 3);
+        assert_eq!(slots.held_by_key(&peer(2)), 1);
+        // Renewing is refused now; a third key still gets in (3, 1 -> 2, 1, 1).
+        assert!(slots.try_acquire_key(peer(1)).is_err());
+        let third = slots.try_acquire_key(peer(3)).expect("third");
+        assert_eq!(third.preempted, Some(peer(1)));
+        assert_eq!(slots.preempted_total(), 2);
+        // Freed slots leave no source behind.
+        drop((attacker, member, third));
+        assert_eq!((slots.in_use(), slots.sources()), (0, 0));
+    }
+
+    #[test]
+    fn address_slots_forget_sources_that_hold_nothing() {
+        let slots = FairSlots::new(8, 4, 64);
+        for n in 1..=20u8 {
+            let a = slots.try_acquire(ip(n)).expect("room");
+            assert_eq!(a.slot.source().prefix_len(), 32, "never aggregated: {n}");
+        }
+        assert_eq!(slots.source_stats().sources, 0);
+        assert_eq!(slots.source_stats().aggregated_total, 0);
     }
 }

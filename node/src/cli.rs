@@ -120,6 +120,12 @@ pub struct RunArgs {
     /// Inbound calls served at once per caller, calls.
     #[arg(long, default_value_t = Config::default().max_inbound_calls_per_caller)]
     pub max_inbound_calls_per_caller: usize,
+    /// Inbound call streams still sending their request, all callers, shared fairly by caller PeerId when all are taken, streams.
+    #[arg(long, default_value_t = config::DEFAULT_MAX_INBOUND_CALL_REQUESTS)]
+    pub max_inbound_call_requests: usize,
+    /// A call stream that sends no byte within this is closed (counted as silent), milliseconds.
+    #[arg(long, default_value_t = config::DEFAULT_CALL_FIRST_BYTE_TIMEOUT_MS)]
+    pub call_first_byte_timeout_ms: u64,
     /// Forwarded local connections open at once across every --forward listener, connections; more wait in the backlog.
     #[arg(long, default_value_t = Config::default().max_forward_connections)]
     pub max_forward_connections: usize,
@@ -173,6 +179,8 @@ impl RunArgs {
             call_attempts: self.call_attempts,
             max_inbound_calls: self.max_inbound_calls,
             max_inbound_calls_per_caller: self.max_inbound_calls_per_caller,
+            max_inbound_call_requests: self.max_inbound_call_requests,
+            call_first_byte_timeout_ms: self.call_first_byte_timeout_ms,
             max_forward_connections: self.max_forward_connections,
             idle_connection: Duration::from_secs(self.idle_connection_secs),
             relayed_idle: Duration::from_secs(self.relayed_idle_secs),

@@ -32,6 +32,12 @@ pub const DEFAULT_STREAM_MAX_PENDING_OPENS_PER_PEER: usize =
 /// (`--stream-max-pending-opens-total`): the streams crate's default.
 pub const DEFAULT_STREAM_MAX_PENDING_OPENS_TOTAL: usize =
     agentmesh_streams::DEFAULT_MAX_PENDING_OPENS_TOTAL;
+/// Default inbound call streams whose request is still being read, all
+/// callers together (`--max-inbound-call-requests`).
+pub const DEFAULT_MAX_INBOUND_CALL_REQUESTS: usize = 128;
+/// Default deadline of a call stream's first byte, milliseconds
+/// (`--call-first-byte-timeout-ms`).
+pub const DEFAULT_CALL_FIRST_BYTE_TIMEOUT_MS: u64 = 2000;
 /// File name of the Unix socket inside the data dir.
 pub const SOCKET_FILE: &str = "agentmesh.sock";
 /// Least connect, exchange, RPC and idle timeout in force, whatever the
@@ -99,6 +105,21 @@ pub struct Config {
     pub max_inbound_calls: usize,
     /// Inbound calls served at once per caller (`--max-inbound-calls-per-caller`, default 32).
     pub max_inbound_calls_per_caller: usize,
+    /// Inbound call streams whose request is still being read, all callers
+    /// together (`--max-inbound-call-requests`, default 128; 0 acts as 1).
+    /// Held from the stream's arrival, shared by the caller's PeerId (the
+    /// one its connection proved): a caller alone may hold all of them;
+    /// when all are taken, a caller holding fewer than the heaviest takes
+    /// that caller's oldest stream (closed, counted as `preempted`) and one
+    /// holding its share is refused (`caller_share`), both in
+    /// `agentmesh_node_calls_total{direction="inbound"}`. Calls in any phase
+    /// are bounded by this plus `max_inbound_calls` (more: `overflow`).
+    pub max_inbound_call_requests: usize,
+    /// A call stream that sends no byte within this is closed and counted
+    /// as `silent` (`--call-first-byte-timeout-ms`, default 2000; at least
+    /// 1). Callers write their request at once; the whole request still
+    /// has `call_timeout_secs`.
+    pub call_first_byte_timeout_ms: u64,
     /// Forwarded local connections open at once across every `--forward`
     /// listener together (`--max-forward-connections`, default 256); the
     /// Unix socket has a bound of this size of its own. Connections over it
@@ -172,6 +193,8 @@ impl Default for Config {
             call_attempts: 3,
             max_inbound_calls: 256,
             max_inbound_calls_per_caller: 32,
+            max_inbound_call_requests: DEFAULT_MAX_INBOUND_CALL_REQUESTS,
+            call_first_byte_timeout_ms: DEFAULT_CALL_FIRST_BYTE_TIMEOUT_MS,
             max_forward_connections: 256,
             idle_connection: Duration::from_secs(30),
             relayed_idle: DEFAULT_RELAYED_IDLE,
@@ -215,6 +238,10 @@ impl Config {
     /// The exchange timeout in force: [`Config::call_timeout`], at least 1 s.
     pub fn call_timeout(&self) -> Duration {
         self.call_timeout.max(MIN_TIMEOUT)
+    }
+
+    pub(crate) fn call_first_byte_timeout(&self) -> Duration {
+        Duration::from_millis(self.call_first_byte_timeout_ms.max(1))
     }
 
     /// The most one outbound call's set-up takes, from `call()` to its

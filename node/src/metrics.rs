@@ -19,7 +19,12 @@ pub const OUTBOUND_RESULTS: &[&str] = &[
     "shutting_down",
 ];
 
-/// Results of inbound calls.
+/// Results of inbound calls. Before the request is read: `overflow` (calls
+/// in any phase at their bound, `--max-inbound-calls` plus
+/// `--max-inbound-call-requests`), `caller_share` (every request slot taken
+/// and the caller holds its share), `preempted` (the stream's request slot
+/// was taken for a caller holding fewer), `silent` (no byte within
+/// `--call-first-byte-timeout-ms`).
 pub const INBOUND_RESULTS: &[&str] = &[
     "accepted",
     "malformed",
@@ -31,6 +36,9 @@ pub const INBOUND_RESULTS: &[&str] = &[
     "backend_unavailable",
     "shutting_down",
     "overflow",
+    "caller_share",
+    "preempted",
+    "silent",
 ];
 
 /// Results of auth exchanges with routers.

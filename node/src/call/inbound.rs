@@ -1,7 +1,10 @@
-//! Inbound calls: read the request, verify the caller's credential offline
-//! (expected subject = the PeerId the connection proved; revocations),
-//! apply `--allow`, the per-caller and total limits, then splice the stream
-//! to the backend. Every refusal is answered with a reason and counted.
+//! Inbound calls: hold a request slot from the stream's arrival (shared
+//! fairly by caller PeerId, see `admission.rs`), read the request with a
+//! first-byte deadline, verify the caller's credential offline (expected
+//! subject = the PeerId the connection proved; revocations), apply
+//! `--allow`, the per-caller and total limits, then splice the stream to
+//! the backend. Every refusal is counted with its reason; those after the
+//! request is read are also answered.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -22,13 +25,10 @@ use tokio::task::JoinSet;
 use tokio_util::compat::FuturesAsyncReadCompatExt as _;
 use tracing::Instrument as _;
 
+use super::admission::{self, FirstByte, RequestSlot, RequestSlots};
 use crate::config::{AllowRule, is_allowed};
 use crate::metrics::DirectionLabel;
 use crate::shared::Shared;
-
-/// Streams in their request phase beyond the call limit before new ones are
-/// dropped unanswered (counted as `overflow`).
-const HANDSHAKE_SLACK: usize = 64;
 
 /// The provider side's policy and counters.
 pub(crate) struct Inbound {
@@ -142,25 +142,47 @@ impl Inbound {
 }
 
 /// Accepts call streams until the swarm stops; each call runs in its own
-/// task, bounded by the call limit plus a small handshake slack.
+/// task holding a request slot until its request is read. Tasks are
+/// bounded by the call limit plus the request slots; a stream refused here
+/// (no slot for its caller, or that bound) is dropped unanswered, counted.
 pub(crate) async fn accept_loop(
     shared: Arc<Shared>,
     inbound: Arc<Inbound>,
     mut incoming: IncomingStreams,
 ) {
     let mut calls = JoinSet::new();
-    let bound = shared.config.max_inbound_calls + HANDSHAKE_SLACK;
+    let requests = shared.config.max_inbound_call_requests.max(1);
+    let slots = Arc::new(RequestSlots::new(requests));
+    let bound = shared.config.max_inbound_calls + requests;
     while let Some((info, stream)) = incoming.next().await {
         let peer = info.peer;
         while calls.try_join_next().is_some() {}
         if calls.len() >= bound {
             shared.metrics.call("inbound", "overflow");
+            slots.log_refusal(peer, "overflow", "calls in any phase at their bound");
             drop(stream);
             continue;
         }
+        let slot = match slots.try_acquire(peer) {
+            Ok(slot) => slot,
+            Err(r) => {
+                shared.metrics.call("inbound", admission::CALLER_SHARE);
+                let detail = format!(
+                    "every request slot is taken and this caller holds {} (fair share {}; --max-inbound-call-requests)",
+                    r.held, r.fair_share
+                );
+                slots.log_refusal(peer, admission::CALLER_SHARE, &detail);
+                drop(stream);
+                continue;
+            }
+        };
         let shared = shared.clone();
         let inbound = inbound.clone();
-        calls.spawn(async move { serve(shared, inbound, peer, stream).await }.in_current_span());
+        let slots = slots.clone();
+        calls.spawn(
+            async move { serve(shared, inbound, &slots, peer, stream, slot).await }
+                .in_current_span(),
+        );
     }
 }
 
@@ -210,12 +232,45 @@ async fn verify_caller(
     }
 }
 
-async fn serve(shared: Arc<Shared>, inbound: Arc<Inbound>, peer: PeerId, mut stream: Stream) {
+async fn serve(
+    shared: Arc<Shared>,
+    inbound: Arc<Inbound>,
+    slots: &RequestSlots,
+    peer: PeerId,
+    mut stream: Stream,
+    slot: RequestSlot,
+) {
     let _guard = shared.in_flight_guard();
     // The caller's circuit stays open while its call lives.
     let _peer_call = shared.peer_calls.begin(peer);
     let deadline = shared.config.call_timeout();
-    let req: CallRequest = match call_wire::read_request(&mut stream, deadline).await {
+    let mut first = FirstByte::new(&mut stream, shared.config.call_first_byte_timeout());
+    let read = tokio::select! {
+        r = call_wire::read_request(&mut first, deadline) => Some(r),
+        () = slot.preempted() => None,
+    };
+    let silent = first.timed_out();
+    // The request is read (or the stream is done): its slot is free.
+    drop(slot);
+    let Some(read) = read else {
+        shared.metrics.call("inbound", admission::PREEMPTED);
+        slots.log_refusal(
+            peer,
+            admission::PREEMPTED,
+            "closed before its request: its slot was taken for a caller holding fewer",
+        );
+        return;
+    };
+    if silent {
+        shared.metrics.call("inbound", admission::SILENT);
+        slots.log_refusal(
+            peer,
+            admission::SILENT,
+            "no byte within --call-first-byte-timeout-ms",
+        );
+        return;
+    }
+    let req: CallRequest = match read {
         Ok(r) => r,
         Err(FrameError::Timeout(_)) => {
             let r = refusal(

@@ -2,6 +2,7 @@
 //! `/agentmesh/call/1`) and inbound (verify, allow, limit, splice to the
 //! backend). A call, once accepted, is a plain byte stream both ways.
 
+pub(crate) mod admission;
 pub(crate) mod inbound;
 pub(crate) mod outbound;
 

@@ -190,9 +190,10 @@ pub(crate) enum Scope {
     Protocol,
     /// One peer (PeerId).
     Peer,
-    /// One source (IPv4 address or IPv6 prefix): unauthenticated
-    /// connections, failed logins, and a source's share of the strangers'
-    /// memory.
+    /// One source: an IP, IPv4 address or IPv6 prefix (unauthenticated
+    /// connections, failed logins, a source's share of the strangers'
+    /// memory), or the member that asked for a circuit (its share of the
+    /// circuits to one destination).
     Source,
     /// One connection (relay STOP handshakes in flight on it).
     Connection,
@@ -424,6 +425,33 @@ pub(crate) fn admit_outbound_stream(
         return Err(Refusal::new(Resource::Memory, Scope::System));
     }
     Ok(charge)
+}
+
+/// Live counts relevant to charging one circuit to its source.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CircuitSourceUsage {
+    /// Circuits (STOP streams) to the destination besides this one.
+    pub(crate) to_destination: u32,
+    /// Of those, circuits the same source asked for.
+    pub(crate) from_source: u32,
+}
+
+/// May one more circuit to a destination be charged to its source (the
+/// member that asked for it)? A source holding some circuits to the
+/// destination gets another only while it holds fewer than remain free
+/// (`circuits_per_destination` minus those held); a source holding none
+/// gets in while any is free. Alone, a source thus gets at most half the
+/// cap, the next at most half of what is left, and so on: the share never
+/// binds while the destination is less than half full, one member (or a
+/// few) can never take every circuit to another, and near the cap only
+/// sources holding few get in. No circuit is taken back: the relay cannot
+/// close one circuit of a source, so the share leaves room instead.
+pub(crate) fn admit_circuit_source(b: &Budgets, u: CircuitSourceUsage) -> Result<(), Refusal> {
+    let free = b.circuits_per_destination.saturating_sub(u.to_destination);
+    if u.from_source > 0 && u.from_source >= free {
+        return Err(Refusal::new(Resource::Circuit, Scope::Source));
+    }
+    Ok(())
 }
 
 /// Live counts relevant to one new inbound connection.
@@ -741,5 +769,68 @@ mod tests {
                 }
             }
         }
+
+        /// Circuits to one destination opened and closed by five sources in
+        /// any order (the per-destination cap checked first, as at a STOP
+        /// stream's open): no source ever holds more than half the cap
+        /// (rounded up), and a source holding none is refused only when
+        /// the destination is full.
+        #[test]
+        fn circuit_source_shares_hold(
+            cap in 1u32..40,
+            ops in proptest::collection::vec((0usize..5, any::<bool>()), 1..400),
+        ) {
+            let b = Budgets { circuits_per_destination: cap, ..budgets() };
+            let mut held = [0u32; 5];
+            for (src, close) in ops {
+                if close {
+                    held[src] = held[src].saturating_sub(1);
+                    continue;
+                }
+                let to_destination: u32 = held.iter().sum();
+                if to_destination >= cap {
+                    continue; // refused by the per-destination cap
+                }
+                let u = CircuitSourceUsage { to_destination, from_source: held[src] };
+                match admit_circuit_source(&b, u) {
+                    Ok(()) => held[src] += 1,
+                    Err(r) => {
+                        prop_assert_eq!((r.resource, r.scope), (Resource::Circuit, Scope::Source));
+                        prop_assert!(held[src] > 0, "a source holding none refused below the cap");
+                    }
+                }
+                prop_assert!(held[src] <= cap.div_ceil(2), "held {} of {}", held[src], cap);
+            }
+        }
+    }
+
+    #[test]
+    fn a_lone_source_takes_half_the_circuits_and_the_next_half_of_the_rest() {
+        let b = budgets(); // 8 circuits per destination
+        let fill = |held_by_others: u32| {
+            let mut mine = 0;
+            while admit_circuit_source(
+                &b,
+                CircuitSourceUsage {
+                    to_destination: held_by_others + mine,
+                    from_source: mine,
+                },
+            )
+            .is_ok()
+                && held_by_others + mine < b.circuits_per_destination
+            {
+                mine += 1;
+            }
+            mine
+        };
+        assert_eq!(fill(0), 4);
+        assert_eq!(fill(4), 2);
+        assert_eq!(fill(6), 1);
+        // One circuit left: a newcomer gets it.
+        let u = CircuitSourceUsage {
+            to_destination: 7,
+            from_source: 0,
+        };
+        assert!(admit_circuit_source(&b, u).is_ok());
     }
 }

@@ -106,7 +106,10 @@ pub struct ResourceConfig {
     /// Live inbound streams of one peer per protocol (`PROTOCOL=N`); unset
     /// protocols use built-in defaults. Default none.
     pub peer_stream_budgets: BTreeMap<String, u32>,
-    /// Circuits to one destination member at once. Default 256.
+    /// Circuits to one destination member at once. Default 256. Shared by
+    /// the members that ask for them (by PeerId): one holding some gets
+    /// another only while it holds fewer than remain free, so alone it gets
+    /// at most half; refused as `resource="circuit",scope="source"`.
     pub circuits_per_destination: u32,
     /// Relay STOP handshakes in flight on one connection (1–10). Default 8.
     pub relay_stop_handshakes_per_connection: u32,
@@ -203,7 +206,7 @@ pub struct ResourceArgs {
     /// Live inbound streams of one peer for one protocol, PROTOCOL=N (repeatable).
     #[arg(long = "peer-stream-budget", value_parser = parse_protocol_budget)]
     pub peer_stream_budgets: Vec<(String, u32)>,
-    /// Circuits to one destination member at once.
+    /// Circuits to one destination member at once (a member holding some gets another only while it holds fewer than remain free), circuits.
     #[arg(long, default_value_t = DEFAULT_CIRCUITS_PER_DESTINATION)]
     pub circuits_per_destination: u32,
     /// Relay STOP handshakes (circuits being set up) in flight on one

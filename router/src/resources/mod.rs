@@ -51,7 +51,9 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 pub(crate) use budget::Watermarks;
-use budget::{Budgets, ConnectionUsage, OutboundUsage, Proto, Refusal, StreamUsage};
+use budget::{
+    Budgets, CircuitSourceUsage, ConnectionUsage, OutboundUsage, Proto, Refusal, StreamUsage,
+};
 use logins::FailedLogins;
 pub(crate) use metrics::RefusedLabels;
 use metrics::{NO_PROTOCOL, ResourceMetrics};
@@ -111,6 +113,9 @@ struct State {
     /// source's share for a moment, and a peer connecting right after it
     /// was refused.
     upgraded_by_ip: HashMap<SourceKey, u32>,
+    /// Circuits (STOP streams) per destination, by the peer that asked for
+    /// them (see [`ResourceManager::charge_circuit_source`]).
+    circuit_sources: HashMap<PeerId, HashMap<PeerId, u32>>,
 }
 
 /// Budgets, live counts and charges of one router.
@@ -557,6 +562,7 @@ impl ResourceManager {
                     charge,
                     stranger,
                     in_handshake,
+                    circuit_source: None,
                 })
             }
             Err(r) => {
@@ -569,11 +575,67 @@ impl ResourceManager {
         }
     }
 
+    /// Charges the circuit of the outbound STOP stream `g` to `source`, the
+    /// peer that asked for it (named in the STOP request the relay writes),
+    /// or refuses it for that source's share of the destination's circuits
+    /// (see `budget::admit_circuit_source`; counted, logged). The source is
+    /// keyed by PeerId: only admitted members open circuits, so each
+    /// PeerId cost an enrollment, while members behind one address must
+    /// not share one share.
+    pub(crate) fn charge_circuit_source(
+        &self,
+        g: &mut StreamGuard,
+        source: PeerId,
+    ) -> Result<(), Refusal> {
+        let dst = g.conn.peer;
+        let mut st = self.state.lock();
+        let stop = Proto::RelayStop.index();
+        let to_destination = st
+            .peers
+            .get(&dst)
+            .map_or(0, |u| u.outbound_by_proto[stop])
+            .saturating_sub(1);
+        let from_source = st
+            .circuit_sources
+            .get(&dst)
+            .and_then(|m| m.get(&source))
+            .copied()
+            .unwrap_or(0);
+        let usage = CircuitSourceUsage {
+            to_destination,
+            from_source,
+        };
+        match budget::admit_circuit_source(&self.budgets, usage) {
+            Ok(()) => {
+                *st.circuit_sources
+                    .entry(dst)
+                    .or_default()
+                    .entry(source)
+                    .or_insert(0) += 1;
+                g.circuit_source = Some(source);
+                Ok(())
+            }
+            Err(r) => {
+                self.refuse(
+                    &mut st,
+                    r,
+                    Proto::RelayStop.as_str(),
+                    &source.to_string(),
+                    Some(&source),
+                );
+                Err(r)
+            }
+        }
+    }
+
     fn release_stream(&self, g: &StreamGuard) {
         let mut st = self.state.lock();
         self.uncharge(&mut st, g.charge);
         if g.stranger {
             self.uncharge_stranger(&mut st, &g.conn.peer, g.charge);
+        }
+        if let Some(source) = g.circuit_source {
+            release_circuit_source(&mut st, g.conn.peer, source);
         }
         let i = g.proto.index();
         if g.inbound {
@@ -636,6 +698,23 @@ impl ResourceManager {
                 "refused for lack of a resource (logged at most once a minute per source)"
             );
         }
+    }
+}
+
+/// One circuit to `dst` asked for by `source` ended.
+fn release_circuit_source(st: &mut State, dst: PeerId, source: PeerId) {
+    let Some(by_source) = st.circuit_sources.get_mut(&dst) else {
+        return;
+    };
+    if let Some(n) = by_source.get_mut(&source) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            by_source.remove(&source);
+        }
+    }
+    if by_source.is_empty() {
+        st.circuit_sources.remove(&dst);
+        st.circuit_sources.shrink_sparse();
     }
 }
 
@@ -718,6 +797,9 @@ pub(crate) struct StreamGuard {
     stranger: bool,
     /// An outbound STOP stream whose handshake has not been answered yet.
     in_handshake: bool,
+    /// An outbound STOP stream: the peer that asked for its circuit, once
+    /// charged to it.
+    circuit_source: Option<PeerId>,
 }
 
 impl StreamGuard {

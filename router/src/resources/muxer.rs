@@ -26,6 +26,7 @@ use libp2p::core::upgrade::{InboundConnectionUpgrade, OutboundConnectionUpgrade,
 use prometheus_client::metrics::counter::Counter;
 
 use super::budget::{DATA_STREAM_CHARGE_BYTES, Proto};
+use super::relay::{MAX_STOP_REQUEST_BYTES, StopSource, stop_source};
 use super::sniff::{Seen, Sniffer, accepted_reply_len};
 use super::{ConnectionGuard, StreamGuard};
 
@@ -287,6 +288,9 @@ pub(crate) struct AccountedStream<S> {
     /// answer still to come; the first byte after them is the destination's
     /// answer to the STOP request, which ends the handshake.
     reply_left: usize,
+    /// Outbound STOP streams: the STOP request's bytes written so far,
+    /// until it names the circuit's source (then `None`).
+    stop_request: Option<Vec<u8>>,
 }
 
 impl<S> AccountedStream<S> {
@@ -297,6 +301,7 @@ impl<S> AccountedStream<S> {
             inbound,
             phase: Phase::Sniffing(Sniffer::default()),
             reply_left: 0,
+            stop_request: None,
         }
     }
 
@@ -311,6 +316,7 @@ impl<S> AccountedStream<S> {
             Ok(g) => {
                 if g.in_handshake() {
                     self.reply_left = id.map_or(0, accepted_reply_len);
+                    self.stop_request = Some(Vec::new());
                 }
                 self.phase = Phase::Open(g);
                 Ok(())
@@ -320,6 +326,31 @@ impl<S> AccountedStream<S> {
                 Err(refused_error(proto, r))
             }
         }
+    }
+}
+
+impl<S> AccountedStream<S> {
+    /// Outbound STOP streams: once the STOP request (the relay's write
+    /// after negotiation, `next` included) names the circuit's source,
+    /// charges the circuit to it or refuses the stream (the relay then
+    /// denies the circuit to its source).
+    fn charge_stop_source(&mut self, next: &[u8]) -> io::Result<()> {
+        let (Some(written), Phase::Open(g)) = (&self.stop_request, &mut self.phase) else {
+            return Ok(());
+        };
+        match stop_source(written, next) {
+            StopSource::Incomplete => return Ok(()),
+            StopSource::Unknown => {}
+            StopSource::Source(source) => {
+                if let Err(r) = self.conn.manager().charge_circuit_source(g, source) {
+                    self.stop_request = None;
+                    self.phase = Phase::Refused;
+                    return Err(refused_error(Proto::RelayStop, r));
+                }
+            }
+        }
+        self.stop_request = None;
+        Ok(())
     }
 }
 
@@ -361,12 +392,15 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AccountedStream<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
+        let sniffing = matches!(this.phase, Phase::Sniffing(_));
         if let Phase::Sniffing(sniffer) = &this.phase {
             match sniffer.inspect(buf) {
                 Seen::Undecided => {}
                 Seen::Protocol(id) => this.decide(Proto::from_protocol_id(&id), Some(&id))?,
                 Seen::GiveUp => this.decide(Proto::Other, None)?,
             }
+        } else {
+            this.charge_stop_source(buf)?;
         }
         if matches!(this.phase, Phase::Refused) {
             return Poll::Ready(Err(io::Error::new(
@@ -377,6 +411,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AccountedStream<S> {
         let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
         if let Phase::Sniffing(sniffer) = &mut this.phase {
             sniffer.wrote(&buf[..n]);
+        }
+        // The write that named the protocol is negotiation, not the request.
+        if let (false, Some(written)) = (sniffing, &mut this.stop_request) {
+            let room = MAX_STOP_REQUEST_BYTES.saturating_sub(written.len());
+            written.extend_from_slice(&buf[..n.min(room)]);
         }
         Poll::Ready(Ok(n))
     }

@@ -244,6 +244,43 @@ fn circuits_per_destination_are_capped() {
 }
 
 #[test]
+fn a_source_gets_its_share_of_the_circuits_to_one_destination() {
+    let (mgr, _) = manager(|c| c.circuits_per_destination = 8);
+    let dst = mgr
+        .open_connection(PeerId::random(), &inbound_from("10.0.0.1"))
+        .expect("conn");
+    let (attacker, member) = (PeerId::random(), PeerId::random());
+    let stop = |source: PeerId| {
+        let mut g = mgr.open_stream(&dst, Proto::RelayStop, false)?;
+        mgr.charge_circuit_source(&mut g, source).map(|()| g)
+    };
+    // Alone, the attacker gets half of the destination's circuits.
+    let mut held: Vec<_> = (0..4).map(|_| stop(attacker).expect("share")).collect();
+    let r = stop(attacker).expect_err("over its share");
+    assert_eq!((r.resource, r.scope), (Resource::Circuit, Scope::Source));
+    assert_eq!(
+        refused(&mgr, Resource::Circuit, Scope::Source, "relay_stop"),
+        1
+    );
+    // Another member still gets circuits to it.
+    let m1 = stop(member).expect("member 1");
+    let m2 = stop(member).expect("member 2");
+    // The refused stream released its place: 6 held.
+    assert_eq!(mgr.state.lock().circuit_sources[&dst.peer][&attacker], 4);
+    // A circuit the attacker closes frees its share.
+    held.pop();
+    assert!(stop(attacker).is_err(), "3 held, 3 free: still its share");
+    drop(m1);
+    held.push(stop(attacker).expect("3 held, 4 free"));
+    drop(held);
+    drop(m2);
+    assert!(
+        mgr.state.lock().circuit_sources.is_empty(),
+        "nothing left behind"
+    );
+}
+
+#[test]
 fn every_refusal_label_is_pre_created() {
     let mut reg = Registry::default();
     let refused = Family::default();

@@ -497,30 +497,43 @@ async fn destination_and_source(
     (a, b, circuit)
 }
 
+/// Circuits to one destination are capped, and shared by the members that
+/// ask for them: a member holding some gets another only while it holds
+/// fewer than remain free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn circuits_per_destination_are_capped_at_the_relay() {
-    use support::Ev;
+async fn circuits_per_destination_are_capped_at_the_relay_and_shared_by_source() {
+    use support::{Ev, TestPeer};
     let cp = start_cp().await;
     let r = start_router(&cp, |c| c.resources.circuits_per_destination = 2).await;
     let (a, mut b, circuit) = destination_and_source(&cp, &r).await;
     let _echo = a.serve_echo("/test/echo/1");
-
-    // B opens three circuits to A: two fit, the third is refused at the
-    // router's STOP stream to A.
     let aid = a.peer_id;
-    for _ in 0..2 {
-        b.dial_through(&circuit, aid).await;
-        b.wait(
-            "relayed connection to A",
-            |e| matches!(e, Ev::Connected { peer, relayed: true } if *peer == aid),
-        )
-        .await;
-    }
+    let connected = |e: &Ev| matches!(e, Ev::Connected { peer, relayed: true } if *peer == aid);
+
+    // B's first circuit fits; its second would leave nothing free (it holds
+    // 1, 1 is free): refused for B's share.
     b.dial_through(&circuit, aid).await;
-    eventually("third circuit refused", || async {
+    b.wait("B's relayed connection to A", connected).await;
+    b.dial_through(&circuit, aid).await;
+    eventually("B's second circuit refused for its share", || async {
+        (r.refused("circuit", "source", "relay_stop") >= 1.0).then_some(())
+    })
+    .await;
+    // C, holding none, gets the last place; its second is over the cap.
+    let mut c = TestPeer::new();
+    c.connect(r.id(), listen_addr(&r, false)).await;
+    let cred = cp.member_credential(&c.key).await;
+    assert!(admitted(
+        &c.auth(r.id(), Some(cred), Purpose::Transit).await
+    ));
+    c.dial_through(&circuit, aid).await;
+    c.wait("C's relayed connection to A", connected).await;
+    c.dial_through(&circuit, aid).await;
+    eventually("C's second circuit refused at the cap", || async {
         (r.refused("circuit", "peer", "relay_stop") >= 1.0).then_some(())
     })
     .await;
+    assert_eq!(r.refused("circuit", "source", "relay_stop"), 1.0);
     assert_eq!(r.refused("circuit", "peer", "relay_stop"), 1.0);
     assert_eq!(
         r.metric("agentmesh_router_streams{protocol=\"relay_stop\",direction=\"outbound\"}"),
@@ -529,6 +542,7 @@ async fn circuits_per_destination_are_capped_at_the_relay() {
     // The two circuits still carry calls.
     let data = vec![7u8; 64 * 1024];
     assert_eq!(b.echo(aid, "/test/echo/1", &data).await, data);
+    assert_eq!(c.echo(aid, "/test/echo/1", &data).await, data);
 }
 
 /// libp2p-relay runs 10 STOP handshakes per connection and drops the 11th

@@ -6,7 +6,17 @@
 //! Every attack reports what it did (attempts made, refused, held) so a
 //! test can assert the attack really ran, not only that members survived.
 //! Dev-only: never a dependency of a program.
+//!
+//! - [`control_plane`]: unauthenticated RPC floods at the control plane.
+//! - [`router_auth`]: strangers holding a router's auth slots.
+//! - [`member`]: an enrolled member as a raw libp2p swarm (router auth,
+//!   relayed circuits, raw streams), obeying no limit of its own.
+//! - [`provider_calls`]: silent call streams to one provider.
+//! - [`provider_circuits`]: every circuit to one provider through a router.
 
 pub mod control_plane;
+pub mod member;
+pub mod provider_calls;
+pub mod provider_circuits;
 pub mod router_auth;
 mod source_tcp;

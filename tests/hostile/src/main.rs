@@ -27,6 +27,12 @@ enum Command {
     RouterAuth(agentmesh_hostile::router_auth::Args),
     /// Floods the control plane's unauthenticated RPCs from one source address.
     ControlPlaneFlood(ControlPlaneFlood),
+    /// As an enrolled member, hold silent call streams to one provider
+    /// through a relayed circuit, renewing them as they close.
+    ProviderCalls(agentmesh_hostile::provider_calls::Args),
+    /// As an enrolled member, hold as many circuits to one provider through
+    /// a router as it lets you, dialing new ones as they close.
+    ProviderCircuits(agentmesh_hostile::provider_circuits::Args),
 }
 
 #[derive(Debug, clap::Args)]
@@ -92,6 +98,20 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::RouterAuth(args) => println!("{}", args.run().await?),
         Command::ControlPlaneFlood(args) => print!("{}", args.run().await?),
+        Command::ProviderCalls(args) => {
+            let r = args.run().await?;
+            println!(
+                "provider-calls opened={} open_failed={} closed_by_provider={} answered={} held_max={} circuits={}",
+                r.opened, r.open_failed, r.closed_by_provider, r.answered, r.held_max, r.circuits
+            );
+        }
+        Command::ProviderCircuits(args) => {
+            let r = args.run().await?;
+            println!(
+                "provider-circuits dialed={} established={} denied={} held_max={}",
+                r.dialed, r.established, r.denied, r.held_max
+            );
+        }
     }
     Ok(())
 }
