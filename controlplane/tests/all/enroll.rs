@@ -443,16 +443,23 @@ async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failure
             "{wait:?}"
         );
     }
-    // 4 + 3 of the burst of 8 are spent, so another source gets the 8th
-    // (the guarded IP took none); the global limiter refuses the next,
-    // before looking at the token.
+    // 4 + 3 of the burst of 8 are spent (a bad token takes one: it is
+    // looked up after the proof verified and the budget was charged), so
+    // another source gets the 8th (the guarded IP took none); the budget
+    // refuses the next, before looking at the token. An empty request is
+    // refused before the budget.
     let mut other = common::raw_client_from(&h, [127, 0, 0, 2]).await;
     other
         .enroll(enroll(&tok, &Keypair::generate_ed25519()))
         .await
         .expect("the burst's last token is still there");
     let s = other
-        .enroll(enroll("", &Keypair::generate_ed25519()))
+        .enroll(EnrollRequest::default())
+        .await
+        .expect_err("malformed");
+    assert_eq!(s.code(), Code::InvalidArgument);
+    let s = other
+        .enroll(enroll("amt_unknown", &Keypair::generate_ed25519()))
         .await
         .expect_err("limited");
     assert_eq!(s.code(), Code::ResourceExhausted);
@@ -562,64 +569,103 @@ async fn admin_calls_need_the_bearer_token_and_rotation_publishes_ahead(db: Test
 }
 
 /// Refused callers are handed successive slots (one token interval apart,
-/// sent as whole seconds) up to the cap, on both limiters, and the metrics
-/// show what they were told and when the cap bit. The limiters run before
-/// anything else is read, so empty requests are enough.
+/// sent as whole seconds) up to the cap, on both spreading budgets, and the
+/// metrics show what they were told and when the cap bit; a router lease has
+/// a budget of its own and is told the next token. The budgets are charged
+/// only after the proof (and the credential) verified, so the requests are
+/// well formed.
 #[tokio::test]
 async fn refused_callers_get_successive_slots_up_to_the_cap_on_both_limiters() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = common::config(dir.path());
-    (cfg.enroll_rate_per_sec, cfg.enroll_burst) = (2, 1);
+    (cfg.enroll_rate_per_sec, cfg.enroll_burst) = (2, 3);
     cfg.enroll_max_retry_after_secs = 3;
     (cfg.refresh_rate_per_sec, cfg.refresh_burst) = (1, 1);
     cfg.refresh_max_retry_after_secs = 2;
+    (cfg.lease_rate_per_sec, cfg.lease_burst) = (1, 1);
     let h = spawn_with_clock(cfg, Arc::new(Frozen))
         .await
         .expect("starts");
     let mut raw = ControlPlaneClient::connect(h.public_url().to_string())
         .await
         .expect("connect");
+    let url = h.public_url().to_string();
+    let enroll = |t: &str, k: &Keypair| EnrollRequest {
+        token: t.to_string(),
+        proof: Some(make_proof(Purpose::Enroll, &url, k, unix_now())),
+    };
+    // A member and a router take two of the three enroll tokens.
+    let (member, router) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+    let member_tok = token(&h, TokenKind::Bootstrap, Role::Member, &[], 1).await;
+    let router_tok = token(&h, TokenKind::Bootstrap, Role::Router, &[], 1).await;
+    let member_cred = raw
+        .enroll(enroll(&member_tok, &member))
+        .await
+        .expect("member enrolls")
+        .into_inner()
+        .credential
+        .expect("cred");
+    let router_cred = raw
+        .enroll(enroll(&router_tok, &router))
+        .await
+        .expect("router enrolls")
+        .into_inner()
+        .credential
+        .expect("cred");
     let mut told = Vec::new();
     for _ in 0..9 {
-        match raw.enroll(EnrollRequest::default()).await {
+        match raw
+            .enroll(enroll("amt_unknown", &Keypair::generate_ed25519()))
+            .await
+        {
             Err(s) if s.code() == Code::ResourceExhausted => told.push(
                 agentmesh_controlplane::retry_after(&s)
                     .expect("retry-after")
                     .as_secs(),
             ),
-            Err(s) => assert_eq!(s.code(), Code::InvalidArgument, "the one admitted: {s:?}"),
-            Ok(r) => panic!("an empty request enrolled: {r:?}"),
+            Err(s) => assert_eq!(s.code(), Code::Unauthenticated, "the one admitted: {s:?}"),
+            Ok(r) => panic!("an unknown token enrolled: {r:?}"),
         }
     }
     // 2/s: slots at 0.5, 1.0, 1.5, ... s, rounded up; past 3 s, the cap.
     assert_eq!(told, [1, 1, 2, 2, 3, 3, 3, 3]);
+    let refresh = || RefreshRequest {
+        credential: Some(member_cred.clone()),
+        proof: Some(make_proof(Purpose::Refresh, &url, &member, unix_now())),
+    };
     let mut told = Vec::new();
     for _ in 0..5 {
-        match raw.refresh(RefreshRequest::default()).await {
+        match raw.refresh(refresh()).await {
             Err(s) if s.code() == Code::ResourceExhausted => told.push(
                 agentmesh_controlplane::retry_after(&s)
                     .expect("retry-after")
                     .as_secs(),
             ),
-            Err(s) => assert_eq!(s.code(), Code::InvalidArgument, "the one admitted: {s:?}"),
-            Ok(r) => panic!("an empty request refreshed: {r:?}"),
+            Err(s) => panic!("refused otherwise: {s:?}"),
+            Ok(_) => told.push(0),
         }
     }
-    assert_eq!(told, [1, 2, 2, 2]);
-    // A router lease shares the refresh limiter but is told the next token
-    // (1 s at 1/s), not the back of the queue (the 2 s cap here): its lease
-    // would expire waiting its turn.
-    let s = raw
-        .router_lease(RouterLeaseRequest::default())
+    assert_eq!(told, [0, 1, 2, 2, 2]);
+    // A router lease has its own budget, untouched by the refreshes; once it
+    // is spent the router is told the next token (1 s at 1/s), never a slot
+    // further ahead: its lease would expire waiting its turn.
+    let lease = || RouterLeaseRequest {
+        credential: Some(router_cred.clone()),
+        proof: Some(make_proof(Purpose::Lease, &url, &router, unix_now())),
+        ..RouterLeaseRequest::default()
+    };
+    raw.router_lease(lease())
         .await
-        .expect_err("lease refused");
+        .expect("the lease budget is its own");
+    let s = raw.router_lease(lease()).await.expect_err("lease refused");
     assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert!(s.message().starts_with("lease limit"), "{}", s.message());
     assert_eq!(
         agentmesh_controlplane::retry_after(&s),
         Some(Duration::from_secs(1))
     );
     let m = metrics(&h).await;
-    for (limiter, refused, capped) in [("enroll", 8.0, 2.0), ("refresh", 5.0, 2.0)] {
+    for (limiter, refused, capped) in [("enroll", 8.0, 2.0), ("refresh", 4.0, 2.0)] {
         assert_eq!(
             metric(
                 &m,
@@ -641,11 +687,18 @@ async fn refused_callers_get_successive_slots_up_to_the_cap_on_both_limiters() {
             "{limiter}"
         );
     }
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_limiter_refusals_total{limiter=\"lease\"}"
+        ),
+        Some(1.0)
+    );
     h.shutdown().await;
 }
 
 /// Wrong admin bearer tokens feed the same per-source failure guard as
-/// failed enrollments: after `--enroll-failures-per-ip-per-min` of them the
+/// failed enrollments: after `--auth-failures-per-source-per-min` of them the
 /// source is refused even with the right token (and cannot enroll), while
 /// another source is served.
 async fn wrong_admin_tokens_feed_the_failure_guard(db: TestDb) {
