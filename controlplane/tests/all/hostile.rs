@@ -164,12 +164,12 @@ async fn a_flood_from_one_host_takes_no_service_from_routers_and_members() {
     let served = common::binary::serve(
         &db,
         &[
-        "--admin-token-file",
-        admin_file.to_str().expect("utf8"),
-        "--unauth-rate-per-sec",
-        "50",
-        "--unauth-burst",
-        "100",
+            "--admin-token-file",
+            admin_file.to_str().expect("utf8"),
+            "--unauth-rate-per-sec",
+            "50",
+            "--unauth-burst",
+            "100",
         ],
         &[],
     )
