@@ -346,7 +346,15 @@ impl ResourceManager {
         };
         let unauthenticated = others.iter().filter(|p| !self.is_admitted(p)).count();
         let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
-        let blocked = source_ip(endpoint).is_some_and(|ip| self.source_blocked(ip));
+        // A source with members admitted from it is never blocked for
+        // failed logins: in a re-admission storm a CPU-starved member can
+        // miss the first-byte deadline (slow under load, not hostile), and
+        // blocking its address would lock out every member behind it. Its
+        // strangers stay bounded by the per-source connection cap and the
+        // fair shares; a source with no member is blocked as before.
+        let members_from_source = others.len() > unauthenticated;
+        let blocked =
+            !members_from_source && source_ip(endpoint).is_some_and(|ip| self.source_blocked(ip));
         let mut st = self.state.lock();
         let usage = ConnectionUsage {
             memory_bytes: st.memory,

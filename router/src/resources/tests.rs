@@ -193,6 +193,42 @@ fn failed_logins_close_the_source_to_new_unauthenticated_connections() {
 }
 
 #[test]
+fn a_source_with_admitted_members_is_not_blocked_for_failed_logins() {
+    let (mgr, admitted) = manager(|c| c.unauthenticated_connections_per_ip = 100);
+    let member = PeerId::random();
+    admitted.write().insert(member);
+    let _m = mgr
+        .open_connection(member, &inbound_from("10.0.0.9"))
+        .expect("member");
+    let from = Some("10.0.0.9".parse().expect("ip"));
+    for _ in 0..5 {
+        mgr.failed_login(from, "silent");
+    }
+    assert_eq!(
+        mgr.metrics.failed_login_blocks.get(),
+        1,
+        "counted and recorded"
+    );
+    assert!(
+        mgr.open_connection(PeerId::random(), &inbound_from("10.0.0.9"))
+            .is_ok(),
+        "members behind this address vouch for it: not blocked"
+    );
+    // The same failures from a source without members block it.
+    let _s = mgr
+        .open_connection(PeerId::random(), &inbound_from("10.0.0.10"))
+        .expect("stranger");
+    let other = Some("10.0.0.10".parse().expect("ip"));
+    for _ in 0..5 {
+        mgr.failed_login(other, "silent");
+    }
+    assert!(
+        mgr.open_connection(PeerId::random(), &inbound_from("10.0.0.10"))
+            .is_err()
+    );
+}
+
+#[test]
 fn memory_budget_refuses_and_counts() {
     let config = config::ResourceConfig {
         connection_charge_bytes: 1 << 20,
