@@ -135,17 +135,13 @@ pub async fn request(
                 peer: router,
                 source,
             })?;
-        let frame_err = |source| AuthError::Frame {
-            peer: router,
-            source,
-        };
-        // The outer deadline bounds both frames; each gets the whole budget.
-        frame::write(&mut s, &request, deadline)
-            .await
-            .map_err(frame_err)?;
-        let resp: AuthResponse = frame::read(&mut s, MAX_FRAME_BYTES, deadline)
-            .await
-            .map_err(frame_err)?;
+        let resp: AuthResponse =
+            frame::write_then_read(&mut s, &request, MAX_FRAME_BYTES, deadline)
+                .await
+                .map_err(|source| AuthError::Frame {
+                    peer: router,
+                    source,
+                })?;
         let _ = s.close().await;
         outcome(resp).ok_or(AuthError::Empty { peer: router })
     };

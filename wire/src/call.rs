@@ -157,17 +157,12 @@ pub async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     deadline: Duration,
 ) -> Result<CallAnswer, CallError> {
     let run = async {
-        let frame_err = |source| CallError::Frame {
-            peer: provider,
-            source,
-        };
-        // The outer deadline bounds both frames; each gets the whole budget.
-        frame::write(s, request, deadline)
+        let resp: CallResponse = frame::write_then_read(s, request, MAX_FRAME_BYTES, deadline)
             .await
-            .map_err(frame_err)?;
-        let resp: CallResponse = frame::read(s, MAX_FRAME_BYTES, deadline)
-            .await
-            .map_err(frame_err)?;
+            .map_err(|source| CallError::Frame {
+                peer: provider,
+                source,
+            })?;
         Ok(answer(resp))
     };
     tokio::time::timeout(deadline, run)

@@ -191,17 +191,13 @@ pub async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     deadline: Duration,
 ) -> Result<CatalogAnswer, CatalogError> {
     let run = async {
-        let frame_err = |source| CatalogError::Frame {
-            peer: router,
-            source,
-        };
-        // The outer deadline bounds both frames; each gets the whole budget.
-        frame::write(s, request, deadline)
-            .await
-            .map_err(frame_err)?;
-        let resp: CatalogResponse = frame::read(s, MAX_CATALOG_FRAME_BYTES, deadline)
-            .await
-            .map_err(frame_err)?;
+        let resp: CatalogResponse =
+            frame::write_then_read(s, request, MAX_CATALOG_FRAME_BYTES, deadline)
+                .await
+                .map_err(|source| CatalogError::Frame {
+                    peer: router,
+                    source,
+                })?;
         let _ = s.close().await;
         answer(resp).ok_or(CatalogError::Empty { peer: router })
     };

@@ -113,6 +113,24 @@ where
         .map_err(FrameError::from)
 }
 
+/// A client's half of one exchange: writes `request`, then reads the answer
+/// (at most `max` bytes). The outer deadline of each protocol's client
+/// bounds both; each frame gets the whole `deadline`.
+pub async fn write_then_read<Req, Resp, S>(
+    s: &mut S,
+    request: &Req,
+    max: usize,
+    deadline: Duration,
+) -> Result<Resp, FrameError>
+where
+    Req: Message,
+    Resp: Message + Default,
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    write(s, request, deadline).await?;
+    read(s, max, deadline).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
