@@ -155,9 +155,11 @@ impl State {
                     peer_id: r.peer_id,
                     until_unix_secs: r.until,
                     reason: r.reason,
+                    token_id: String::new(),
                 })
                 .collect(),
             generated_at_unix_secs: now,
+            policy: None,
         };
         self.cache_directory(&d);
         Ok(d)

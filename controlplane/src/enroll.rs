@@ -77,6 +77,7 @@ impl State {
             issued_at_unix_secs: now,
             expires_at_unix_secs: now + self.config.credential_ttl_secs as i64,
             key_id: signer.key_id,
+            token_id: String::new(),
         };
         Ok(sign(&claims, &signer.key))
     }

@@ -109,11 +109,13 @@ pub fn revocations() -> Vec<Revocation> {
             peer_id: peer(3).to_bytes(),
             until_unix_secs: i64::MAX,
             reason: "test".into(),
+            token_id: String::new(),
         },
         Revocation {
             peer_id: b"not a peer id".to_vec(),
             until_unix_secs: i64::MAX,
             reason: String::new(),
+            token_id: String::new(),
         },
     ]
 }
@@ -167,6 +169,7 @@ pub fn member_claims(i: usize, role: Role) -> Claims {
         issued_at_unix_secs: NOW - 60,
         expires_at_unix_secs: NOW + 3_600,
         key_id: CURRENT_KEY_ID.into(),
+        token_id: String::new(),
     }
 }
 

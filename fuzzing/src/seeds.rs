@@ -704,6 +704,7 @@ fn service_record(i: usize, expires: i64) -> ServiceRecord {
         routers: vec![peer(1).to_bytes()],
         issued_at_unix_secs: NOW - 10,
         expires_at_unix_secs: expires,
+        credential: None,
     }
 }
 
@@ -982,6 +983,7 @@ fn trust_keys_seeds() -> Vec<Seed> {
             routers: vec![],
             revocations,
             generated_at_unix_secs: NOW,
+            policy: None,
         }
         .encode_to_vec()
     };
@@ -989,6 +991,7 @@ fn trust_keys_seeds() -> Vec<Seed> {
         peer_id: peer(0).to_bytes(),
         until_unix_secs: until,
         reason: "test".into(),
+        token_id: String::new(),
     };
     let published = keys::key_set().encode_to_vec();
     let k = keys::signing();

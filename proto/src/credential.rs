@@ -160,6 +160,11 @@ impl Trust {
         self.keys.contains_key(key_id)
     }
 
+    /// The public key with this id, whatever its verify-until.
+    pub fn public_key(&self, key_id: &str) -> Option<&ed25519::PublicKey> {
+        self.keys.get(key_id).map(|k| &k.key)
+    }
+
     /// Number of keys held.
     pub fn key_count(&self) -> usize {
         self.keys.len()

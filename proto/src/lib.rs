@@ -6,6 +6,7 @@
 
 pub mod credential;
 pub mod framing;
+pub mod policy;
 pub mod proof;
 pub mod protocols;
 pub mod record;

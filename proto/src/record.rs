@@ -95,6 +95,7 @@ mod tests {
             routers: vec![],
             issued_at_unix_secs: 10,
             expires_at_unix_secs: 100,
+            credential: None,
         };
         let s = sign_record(&r, &k);
         let (got, p) = verify_record(&s, 50).expect("valid");

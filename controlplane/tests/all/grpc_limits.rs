@@ -371,6 +371,7 @@ fn largest_lease() -> RouterLeaseRequest {
         issued_at_unix_secs: i64::MAX,
         expires_at_unix_secs: i64::MAX,
         key_id: "k".repeat(64),
+        token_id: String::new(),
     };
     RouterLeaseRequest {
         credential: Some(sign(&claims, &ed25519::Keypair::generate())),

@@ -197,6 +197,7 @@ pub fn run(data: &[u8]) -> Report {
                 .unwrap_or_default(),
             until_unix_secs: subject_until,
             reason: String::new(),
+            token_id: String::new(),
         });
     }
     trust.set_revocations(&revocations);

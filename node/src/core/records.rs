@@ -80,6 +80,7 @@ impl Core {
             routers: named.iter().map(|p| p.to_bytes()).collect(),
             issued_at_unix_secs: now,
             expires_at_unix_secs: now + self.shared.config.record_ttl.as_secs() as i64,
+            credential: None,
         };
         let signed = sign_record(&record, &self.shared.key);
         self.records.last_publish = Some(Instant::now());

@@ -29,6 +29,7 @@ fn claims_for(peer: &PeerId, now: i64) -> Claims {
         issued_at_unix_secs: now,
         expires_at_unix_secs: now + 3600,
         key_id: "k1".into(),
+        token_id: String::new(),
     }
 }
 
@@ -99,6 +100,7 @@ fn each_refusal_has_its_type() {
         peer_id: peer.to_bytes(),
         until_unix_secs: 2000,
         reason: "test".into(),
+        token_id: String::new(),
     }]);
     assert_eq!(
         verify(&cred, &revoked, 1001, Some(&peer), 60),

@@ -268,6 +268,7 @@ mod tests {
             peer_id: a.to_bytes(),
             until_unix_secs: 500,
             reason: "test".into(),
+            token_id: String::new(),
         }]);
         assert_eq!(t.revoke(&trust, 50), vec![a]);
         assert!(t.get(&b).is_some());

@@ -32,6 +32,7 @@ fn claims(peer: &PeerId, role: Role, iat: i64, exp: i64) -> Claims {
         issued_at_unix_secs: iat,
         expires_at_unix_secs: exp,
         key_id: "k1".into(),
+        token_id: String::new(),
     }
 }
 
@@ -113,6 +114,7 @@ fn revoked_peers_are_refused() {
         peer_id: peer.to_bytes(),
         until_unix_secs: 2000,
         reason: "test".into(),
+        token_id: String::new(),
     }]);
     let r = decide(
         &req(&f, &claims(&peer, Role::Member, 100, 1000), P::Attach),

@@ -161,6 +161,7 @@ mod tests {
             routers: vec![],
             issued_at_unix_secs: 0,
             expires_at_unix_secs: 100,
+            credential: None,
         };
         let s = SignedRecord {
             record: peer.to_bytes(),

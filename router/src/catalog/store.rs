@@ -165,6 +165,7 @@ mod tests {
             routers: vec![],
             issued_at_unix_secs: 0,
             expires_at_unix_secs: exp,
+            credential: None,
         };
         let s = SignedRecord {
             record: p.to_bytes(),

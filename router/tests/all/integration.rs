@@ -511,6 +511,7 @@ fn record(
             routers: routers.iter().map(|r| r.to_bytes()).collect(),
             issued_at_unix_secs: now,
             expires_at_unix_secs: now + 600,
+            credential: None,
         },
         key,
     )
