@@ -70,7 +70,6 @@ impl ResourceManager {
     /// source key (IPv6 per prefix).
     pub(crate) fn open_pending(&self, id: ConnectionId, addr: IpAddr) -> Result<(), Refusal> {
         let ip = self.source_key(addr);
-        let blocked = self.source_blocked(addr);
         // Read admission for the peers from this IP before taking our lock.
         let others: Vec<PeerId> = self
             .state
@@ -80,6 +79,11 @@ impl ResourceManager {
             .map(|m| m.values().copied().collect())
             .unwrap_or_default();
         let unauthenticated = others.iter().filter(|p| !self.is_admitted(p)).count();
+        // As for established connections (`open_connection`): a source
+        // with members admitted from it is never blocked for failed logins,
+        // or a re-admission storm would lock its members out here, before
+        // their handshake.
+        let blocked = others.len() == unauthenticated && self.source_blocked(addr);
         let mut st = self.state.lock();
         let usage = HandshakeUsage {
             pending_from_source: st.pending_by_ip.get(&ip).copied().unwrap_or(0),

@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use libp2p::core::{ConnectedPoint, Endpoint};
+use libp2p::swarm::ConnectionId;
 use libp2p::{Multiaddr, PeerId};
 use parking_lot::RwLock;
 use prometheus_client::registry::Registry;
@@ -225,6 +226,39 @@ fn a_source_with_admitted_members_is_not_blocked_for_failed_logins() {
     assert!(
         mgr.open_connection(PeerId::random(), &inbound_from("10.0.0.10"))
             .is_err()
+    );
+}
+
+#[test]
+fn a_source_with_admitted_members_is_not_blocked_before_the_handshake_either() {
+    let (mgr, admitted) = manager(|c| c.unauthenticated_connections_per_ip = 100);
+    let member = PeerId::random();
+    admitted.write().insert(member);
+    let _m = mgr
+        .open_connection(member, &inbound_from("10.0.0.9"))
+        .expect("member");
+    assert!(mgr.source_has_members("10.0.0.9".parse().expect("ip")));
+    let from = Some("10.0.0.9".parse().expect("ip"));
+    for _ in 0..5 {
+        mgr.failed_login(from, "silent");
+    }
+    assert!(
+        mgr.open_pending(
+            ConnectionId::new_unchecked(1),
+            "10.0.0.9".parse().expect("ip")
+        )
+        .is_ok(),
+        "a member re-attaching from its own address is not refused before its handshake"
+    );
+    let other: std::net::IpAddr = "10.0.0.10".parse().expect("ip");
+    assert!(!mgr.source_has_members(other));
+    for _ in 0..5 {
+        mgr.failed_login(Some(other), "silent");
+    }
+    assert!(
+        mgr.open_pending(ConnectionId::new_unchecked(2), other)
+            .is_err(),
+        "a source without members stays blocked"
     );
 }
 
