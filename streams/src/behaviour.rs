@@ -67,7 +67,7 @@ impl Behaviour {
     pub fn register_metrics(&self, registry: &mut Registry) {
         registry.register(
             "agentmesh_streams_inbound_dropped",
-            "Inbound streams dropped after negotiation, by protocol and reason (queue_full: the accept loop is behind; not_accepted: nobody accepts the protocol any more)",
+            "Inbound streams dropped after negotiation, by protocol and reason (queue_full: the accept loop is behind and the stream's peer holds the most of its queue; preempted: a queued stream of the peer holding the most, dropped for a peer holding fewer; not_accepted: nobody accepts the protocol any more)",
             self.shared.dropped.clone(),
         );
         registry.register(

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use libp2p::{PeerId, Stream, StreamProtocol};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::error::{AlreadyRegistered, OpenStreamError};
 use crate::info::ConnectionInfo;
 use crate::labels::{DropLabels, DropReason, PendingLimit, RefusedLabels};
-use crate::shared::{DebugSizes, OpenRequest, Route, Shared};
+use crate::shared::{DebugSizes, InboundQueue, OpenRequest, Route, Shared};
 
 /// Opens streams and registers inbound protocols; cheap to clone, every
 /// clone talks to the behaviour that made it.
@@ -67,9 +67,9 @@ impl Control {
         &mut self,
         protocol: StreamProtocol,
     ) -> Result<IncomingStreams, AlreadyRegistered> {
-        let (receiver, id) = self.shared.accept(protocol.clone())?;
+        let (queue, id) = self.shared.accept(protocol.clone())?;
         Ok(IncomingStreams {
-            receiver,
+            queue,
             shared: self.shared.clone(),
             protocol,
             id,
@@ -113,11 +113,13 @@ fn closed(peer: PeerId) -> OpenStreamError {
 }
 
 /// The inbound streams of one protocol, each with the connection it came on
-/// (peer, connection id, remote address, relayed or not). Dropping it
-/// unregisters the protocol.
+/// (peer, connection id, remote address, relayed or not), in arrival order
+/// from a bounded queue shared fairly by peer (see
+/// [`Config::inbound_queue_per_protocol`](crate::Config)). Dropping it
+/// unregisters the protocol and drops what is queued.
 #[must_use = "streams wait (and then get dropped) unless this is polled"]
 pub struct IncomingStreams {
-    receiver: mpsc::Receiver<(ConnectionInfo, Stream)>,
+    queue: Arc<InboundQueue>,
     shared: Arc<Shared>,
     protocol: StreamProtocol,
     id: u64,
@@ -126,14 +128,15 @@ pub struct IncomingStreams {
 impl futures::Stream for IncomingStreams {
     type Item = (ConnectionInfo, Stream);
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.receiver.poll_recv(cx)
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.queue.poll_pop(cx).map(Some)
     }
 }
 
 impl Drop for IncomingStreams {
     fn drop(&mut self) {
         self.shared.unregister(&self.protocol, self.id);
+        self.queue.close();
     }
 }
 

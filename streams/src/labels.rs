@@ -5,8 +5,12 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEn
 /// Why an inbound stream was dropped after negotiation (metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DropReason {
-    /// The protocol's inbound queue was full: its accept loop is behind.
+    /// The protocol's inbound queue was full and this stream's peer held
+    /// the most of it: its accept loop is behind.
     QueueFull,
+    /// Dropped from a full queue to make room for a stream of a peer that
+    /// held fewer (the oldest stream of the peer holding the most).
+    Preempted,
     /// Nobody accepts the protocol any more (its `IncomingStreams` was
     /// dropped after the stream was negotiated).
     NotAccepted,
@@ -14,12 +18,17 @@ pub enum DropReason {
 
 impl DropReason {
     /// Every reason, to pre-create label values.
-    pub(crate) const ALL: [DropReason; 2] = [DropReason::QueueFull, DropReason::NotAccepted];
+    pub(crate) const ALL: [DropReason; 3] = [
+        DropReason::QueueFull,
+        DropReason::Preempted,
+        DropReason::NotAccepted,
+    ];
 
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
             DropReason::QueueFull => "queue_full",
+            DropReason::Preempted => "preempted",
             DropReason::NotAccepted => "not_accepted",
         }
     }

@@ -10,7 +10,10 @@
 //! per-connection state lives in one place and is removed when the
 //! connection's handler goes away, and inbound streams beyond a bounded
 //! per-protocol queue are dropped and counted
-//! (`agentmesh_streams_inbound_dropped_total`). Open requests waiting for a
+//! (`agentmesh_streams_inbound_dropped_total`). The queue is shared fairly
+//! by peer once full: a peer holding fewer queued streams than the heaviest
+//! peer takes that peer's oldest place (`reason="preempted"`), so one peer
+//! cannot keep others' streams out of it. Open requests waiting for a
 //! dial to their peer are bounded per peer and in total
 //! ([`PendingOpenLimits`]); beyond either bound an open is refused at once
 //! with [`OpenStreamError::TooManyPending`] and counted
@@ -22,6 +25,7 @@ mod error;
 mod handler;
 mod info;
 mod labels;
+mod queue;
 mod shared;
 mod upgrade;
 
@@ -84,8 +88,10 @@ impl Default for PendingOpenLimits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// How many negotiated inbound streams of one protocol may wait for the
-    /// [`IncomingStreams`] holder to take them; more are dropped and counted
-    /// with reason `queue_full`. At least 1.
+    /// [`IncomingStreams`] holder to take them, all peers together. When
+    /// full, a stream of a peer holding fewer than the heaviest peer takes
+    /// that peer's oldest place (counted `preempted`); otherwise it is
+    /// dropped (`queue_full`). At least 1.
     pub inbound_queue_per_protocol: usize,
 }
 

@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
+use std::sync::Arc;
 use std::task::Waker;
 
 use libp2p::swarm::ConnectionId;
@@ -21,7 +22,11 @@ use tokio::sync::{mpsc, oneshot};
 use crate::error::{AlreadyRegistered, OpenStreamError};
 use crate::info::ConnectionInfo;
 use crate::labels::{DropLabels, DropReason, PendingLimit, RefusedLabels};
+use crate::queue::{FairQueue, Pushed};
 use crate::{OPEN_QUEUE_PER_CONNECTION, PendingOpenLimits};
+
+/// A protocol's queue of negotiated inbound streams.
+pub(crate) type InboundQueue = FairQueue<(ConnectionInfo, Stream)>;
 
 /// Sizes of every internal map and queue, for tests asserting that nothing
 /// is left behind once connections are gone.
@@ -60,7 +65,7 @@ pub(crate) enum Route {
 
 struct Registration {
     id: u64,
-    sender: mpsc::Sender<(ConnectionInfo, Stream)>,
+    queue: Arc<InboundQueue>,
 }
 
 struct Conn {
@@ -126,12 +131,12 @@ impl Shared {
     pub(crate) fn accept(
         &self,
         protocol: StreamProtocol,
-    ) -> Result<(mpsc::Receiver<(ConnectionInfo, Stream)>, u64), AlreadyRegistered> {
+    ) -> Result<(Arc<InboundQueue>, u64), AlreadyRegistered> {
         let mut inner = self.inner.lock();
         if inner
             .protocols
             .get(&protocol)
-            .is_some_and(|r| !r.sender.is_closed())
+            .is_some_and(|r| !r.queue.is_closed())
         {
             return Err(AlreadyRegistered(protocol));
         }
@@ -141,16 +146,21 @@ impl Shared {
                 reason,
             });
         }
-        let (sender, receiver) = mpsc::channel(self.inbound_queue);
+        let queue = Arc::new(FairQueue::new(self.inbound_queue));
         let id = inner.next_registration;
         inner.next_registration += 1;
-        inner
-            .protocols
-            .insert(protocol, Registration { id, sender });
-        Ok((receiver, id))
+        inner.protocols.insert(
+            protocol,
+            Registration {
+                id,
+                queue: queue.clone(),
+            },
+        );
+        Ok((queue, id))
     }
 
-    /// Removes registration `id` of `protocol` (if it is still the current one).
+    /// Removes registration `id` of `protocol` (if it is still the current
+    /// one); its queue is closed by its holder.
     pub(crate) fn unregister(&self, protocol: &StreamProtocol, id: u64) {
         let mut inner = self.inner.lock();
         if inner.protocols.get(protocol).is_some_and(|r| r.id == id) {
@@ -161,26 +171,30 @@ impl Shared {
     /// The protocols we currently accept, offered on every inbound stream.
     pub(crate) fn supported(&self) -> Vec<StreamProtocol> {
         let mut inner = self.inner.lock();
-        inner.protocols.retain(|_, r| !r.sender.is_closed());
+        inner.protocols.retain(|_, r| !r.queue.is_closed());
         inner.protocols.keys().cloned().collect()
     }
 
-    /// Delivers a negotiated inbound stream, or drops and counts it.
+    /// Delivers a negotiated inbound stream into its protocol's fair queue
+    /// (see [`FairQueue`]), or drops and counts it; a stream it preempts is
+    /// dropped and counted too.
     pub(crate) fn inbound(&self, info: &ConnectionInfo, stream: Stream, protocol: StreamProtocol) {
-        let mut inner = self.inner.lock();
-        let reason = match inner.protocols.get(&protocol) {
-            None => DropReason::NotAccepted,
-            Some(r) => match r.sender.try_send((info.clone(), stream)) {
-                Ok(()) => return,
-                Err(mpsc::error::TrySendError::Full(_)) => DropReason::QueueFull,
-                Err(mpsc::error::TrySendError::Closed(_)) => {
-                    inner.protocols.remove(&protocol);
-                    DropReason::NotAccepted
-                }
+        let queue = self
+            .inner
+            .lock()
+            .protocols
+            .get(&protocol)
+            .map(|r| r.queue.clone());
+        let (peer, reason) = match queue {
+            None => (info.peer, DropReason::NotAccepted),
+            Some(q) => match q.push(info.peer, (info.clone(), stream)) {
+                Pushed::Queued => return,
+                Pushed::Preempted((old, _)) => (old.peer, DropReason::Preempted),
+                Pushed::Full(_) => (info.peer, DropReason::QueueFull),
+                Pushed::Closed(_) => (info.peer, DropReason::NotAccepted),
             },
         };
-        drop(inner);
-        tracing::debug!(peer = %info.peer, %protocol, ?reason, "inbound stream dropped");
+        tracing::debug!(%peer, %protocol, ?reason, "inbound stream dropped");
         self.dropped
             .get_or_create(&DropLabels {
                 protocol: protocol.to_string(),

@@ -367,9 +367,93 @@ async fn inbound_streams_beyond_the_queue_are_dropped_and_counted() {
     for line in [
         "agentmesh_streams_inbound_dropped_total{protocol=\"/test/slow/1\",reason=\"queue_full\"} 3",
         "agentmesh_streams_inbound_dropped_total{protocol=\"/test/slow/1\",reason=\"not_accepted\"} 0",
+        "agentmesh_streams_inbound_dropped_total{protocol=\"/test/slow/1\",reason=\"preempted\"} 0",
     ] {
         assert!(text.contains(line), "{line} missing from:\n{text}");
     }
+}
+
+/// Opens `n` streams of `p` from `from` to `to`, writing a byte on each so
+/// the listener finishes negotiating it; keeps them open.
+async fn open_many(from: &Peer, to: PeerId, p: &StreamProtocol, n: usize) -> Vec<libp2p::Stream> {
+    let mut open = Vec::new();
+    for _ in 0..n {
+        let mut s = tokio::time::timeout(DEADLINE, from.control.clone().open_stream(to, p.clone()))
+            .await
+            .expect("open within deadline")
+            .expect("open");
+        // A stream the listener dropped is reset, so errors are expected.
+        let _ = s.write_all(b"x").await;
+        let _ = s.flush().await;
+        open.push(s);
+    }
+    open
+}
+
+async fn wait_dropped(c: &Control, p: &StreamProtocol, reason: DropReason, n: u64) {
+    let until = tokio::time::Instant::now() + DEADLINE;
+    while c.dropped_inbound(p, reason) < n {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{reason:?}: {} of {n}",
+            c.dropped_inbound(p, reason)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The attack: one peer opens streams faster than the accept loop takes
+/// them and keeps the protocol's queue full. Another peer's stream still
+/// gets a place (the flooder's oldest is dropped as `preempted`), so the
+/// accept loop sees it; before the fair share it was dropped as
+/// `queue_full` and never seen.
+#[tokio::test]
+async fn a_peer_filling_the_queue_cannot_keep_another_peers_stream_out() {
+    let a = Peer::new(Config {
+        inbound_queue_per_protocol: 4,
+    })
+    .await;
+    let (flooder, member) = (
+        Peer::new(Config::default()).await,
+        Peer::new(Config::default()).await,
+    );
+    let p = proto("/test/flooded/1");
+    let mut incoming = a.control.clone().accept(p.clone()).expect("accept");
+    for peer in [&flooder, &member] {
+        let addr = a.addr.clone();
+        peer.with_swarm(move |s| s.dial(new_port(addr)))
+            .await
+            .expect("dial");
+        peer.wait_connections("connect", |n| n == 1).await;
+    }
+    // 12 streams into a queue of 4 nobody drains: 8 refused, the queue full
+    // of the flooder's.
+    let _flood = open_many(&flooder, a.id, &p, 12).await;
+    wait_dropped(&a.control, &p, DropReason::QueueFull, 8).await;
+    assert_eq!(a.control.dropped_inbound(&p, DropReason::Preempted), 0);
+    // The member's one stream takes the flooder's oldest place.
+    let _mine = open_many(&member, a.id, &p, 1).await;
+    wait_dropped(&a.control, &p, DropReason::Preempted, 1).await;
+    // More from the flooder (it holds 3, the member 1) cannot push the
+    // member out: refused, not preempting.
+    let _more = open_many(&flooder, a.id, &p, 3).await;
+    wait_dropped(&a.control, &p, DropReason::QueueFull, 11).await;
+    assert_eq!(a.control.dropped_inbound(&p, DropReason::Preempted), 1);
+    let mut from = Vec::new();
+    while let Some((info, _)) = incoming.next().now_or_never().flatten() {
+        from.push(info.peer);
+    }
+    assert_eq!(from.len(), 4, "{from:?}");
+    assert_eq!(
+        from.iter().filter(|p| **p == member.id).count(),
+        1,
+        "{from:?}"
+    );
+    assert_eq!(
+        from.iter().filter(|p| **p == flooder.id).count(),
+        3,
+        "{from:?}"
+    );
 }
 
 #[tokio::test]

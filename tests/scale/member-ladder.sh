@@ -21,8 +21,8 @@ PROVIDERS="${PROVIDERS:-3}"
 BURST="${BURST:-0}"
 AFTER_SECS="${AFTER_SECS:-0}"
 
-echo "==> cargo build --release (control plane, router, ladder)" >&2
-cargo build --release -p agentmesh-controlplane -p agentmesh-router -p agentmesh-ladder
+echo "==> cargo build --release (control plane, router, ladder, hostile harness)" >&2
+cargo build --release -p agentmesh-controlplane -p agentmesh-router -p agentmesh-ladder -p agentmesh-hostile
 
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 out="tests/scale/results/${stamp}"

@@ -1,27 +1,28 @@
 //! `/agentmesh/catalog/1`, both directions: every input is read as the
 //! `CatalogRequest` a router receives (≤ 64 KiB) and as the
-//! `CatalogResponse` a member or router receives (≤ 256 KiB), through the
-//! pure frame decoder and the stream reader.
+//! `CatalogResponse` a member or router receives (≤ 256 KiB), through
+//! `agentmesh_wire::catalog`'s pure decoders and the stream reader
+//! ([`crate::frames::check`]); the typed answer `decode_response` gives
+//! must be the one the message says.
 //!
 //! A published record and every record of a lookup answer go through
 //! `record::verify_record` at [`keys::NOW`] ([`record::check`]); seeds
 //! carry records signed by `keys::peers()[0]`.
 
-use agentmesh_proto::pb::mesh::{
-    CatalogRequest, CatalogResponse, catalog_request, catalog_response,
-};
+use agentmesh_proto::pb::mesh::{CatalogRequest, CatalogResponse, catalog_request};
 use agentmesh_proto::protocols::{MAX_CATALOG_FRAME_BYTES, MAX_FRAME_BYTES};
+use agentmesh_wire::catalog::{self, CatalogAnswer};
 use agentmesh_wire::frame;
 
 use crate::Report;
-use crate::frames::check;
+use crate::frames::{self, check};
 use crate::keys;
 use crate::targets::record;
 
 /// Runs one input.
 pub fn run(data: &[u8]) -> Report {
     let mut report = Report::default();
-    let req = check::<CatalogRequest>(data, MAX_FRAME_BYTES, frame::decode(data, MAX_FRAME_BYTES));
+    let req = check::<CatalogRequest>(data, MAX_FRAME_BYTES, catalog::decode_request(data));
     match req.map(|r| r.op) {
         Ok(Some(catalog_request::Op::Publish(signed))) => {
             report.push("request", "publish");
@@ -38,17 +39,31 @@ pub fn run(data: &[u8]) -> Report {
         MAX_CATALOG_FRAME_BYTES,
         frame::decode(data, MAX_CATALOG_FRAME_BYTES),
     );
-    match resp.map(|r| r.result) {
-        Ok(Some(catalog_response::Result::Ack(_))) => report.push("response", "ack"),
-        Ok(Some(catalog_response::Result::Providers(found))) => {
-            report.push("response", "providers");
-            for signed in &found.records {
-                report.push("record", record::check(signed, keys::NOW));
-            }
+    match (resp, catalog::decode_response(data)) {
+        (Ok(resp), Ok(answer)) => {
+            assert_eq!(
+                catalog::answer(resp),
+                answer,
+                "decode_response disagrees with the message"
+            );
+            let label = match answer {
+                None => "empty",
+                Some(CatalogAnswer::Ack(_)) => "ack",
+                Some(CatalogAnswer::Refused(_)) => "error",
+                Some(CatalogAnswer::Records(records)) => {
+                    for signed in &records {
+                        report.push("record", record::check(signed, keys::NOW));
+                    }
+                    "providers"
+                }
+            };
+            report.push("response", label);
         }
-        Ok(Some(catalog_response::Result::Error(_))) => report.push("response", "error"),
-        Ok(None) => report.push("response", "empty"),
-        Err(e) => report.push("response", e),
+        (Err(e), Err(f)) => {
+            assert_eq!(e, frames::label(&f));
+            report.push("response", e);
+        }
+        (r, a) => panic!("decode_response disagrees with the frame decoder: {r:?} / {a:?}"),
     }
     report
 }

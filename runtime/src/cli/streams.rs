@@ -5,7 +5,7 @@ use clap::builder::RangedU64ValueParser;
 /// Bounds of the streams behaviour (inbound queues, opens waiting for a dial).
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct StreamLimitArgs {
-    /// Inbound streams of one protocol waiting for its accept loop, streams (at least 1); more are dropped, agentmesh_streams_inbound_dropped_total.
+    /// Inbound streams of one protocol waiting for its accept loop, streams (at least 1); when full, shared fairly by peer; more are dropped, agentmesh_streams_inbound_dropped_total.
     #[arg(
         long,
         default_value_t = agentmesh_streams::DEFAULT_INBOUND_QUEUE_PER_PROTOCOL,

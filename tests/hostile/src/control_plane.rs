@@ -177,6 +177,36 @@ impl FloodReport {
             .sum()
     }
 
+    /// The totals, and refusals by gRPC code (`code:…`) and by limiter
+    /// (`limiter:…`), for `--json`.
+    pub fn counts(&self) -> crate::summary::Summary {
+        let mut s = crate::summary::Summary::new(
+            "control-plane-flood",
+            [
+                ("sent", self.sent()),
+                ("ok", self.ok()),
+                ("refused", self.sent().saturating_sub(self.ok())),
+                ("skipped", self.skipped),
+                ("connect_failures", self.connect_failures),
+                (
+                    "with_retry_after",
+                    self.kinds.values().map(|k| k.with_retry_after).sum(),
+                ),
+            ],
+        );
+        for k in self.kinds.values() {
+            let codes = k.by_code.iter().map(|(c, n)| (format!("code:{c}"), *n));
+            let limiters = k
+                .by_limiter
+                .iter()
+                .map(|(l, n)| (format!("limiter:{l}"), *n));
+            for (key, n) in codes.chain(limiters) {
+                *s.counts.entry(key).or_default() += n;
+            }
+        }
+        s
+    }
+
     /// One line per kind, for logs and the command line.
     pub fn summary(&self) -> String {
         let mut out = format!(
@@ -415,5 +445,10 @@ mod tests {
         assert_eq!(rep.refused_with("InvalidArgument"), 1);
         assert_eq!(rep.ok(), 1);
         assert_eq!(rep.kinds[&FloodKind::EmptyRefresh].with_retry_after, 1);
+        let counts = rep.counts().counts;
+        assert_eq!(counts["limiter:failure_guard"], 1);
+        assert_eq!(counts["code:InvalidArgument"], 1);
+        assert_eq!(counts["code:ResourceExhausted"], 1);
+        assert_eq!(counts["with_retry_after"], 1);
     }
 }

@@ -13,6 +13,8 @@
 //!   relayed circuits, raw streams), obeying no limit of its own.
 //! - [`provider_calls`]: silent call streams to one provider.
 //! - [`provider_circuits`]: every circuit to one provider through a router.
+//!
+//! [`summary`] is what the binary prints with `--json`.
 
 pub mod control_plane;
 pub mod member;
@@ -20,3 +22,4 @@ pub mod provider_calls;
 pub mod provider_circuits;
 pub mod router_auth;
 mod source_tcp;
+pub mod summary;

@@ -1,5 +1,7 @@
 //! `agentmesh-hostile`: runs one attack of the hostile-peer harness against
-//! a running mesh and prints what it did (one line of counts).
+//! a running mesh and prints what it did: its counts as text, or with
+//! `--json` as one line of JSON (`agentmesh_hostile::summary`) for the
+//! program that started it.
 //!
 //! One subcommand per attack; each attack module owns its `Args` and their
 //! `run`, so adding an attack is one variant and one match arm here.
@@ -17,6 +19,9 @@ use clap::Parser as _;
     about = "Dev-only hostile-peer harness: attacks on a router, the control plane or a provider"
 )]
 struct Cli {
+    /// Print what the attack did as one line of JSON (attack name and counts).
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -65,7 +70,7 @@ struct ControlPlaneFlood {
 }
 
 impl ControlPlaneFlood {
-    async fn run(self) -> anyhow::Result<String> {
+    async fn run(self) -> anyhow::Result<agentmesh_hostile::control_plane::FloodReport> {
         let cfg = FloodConfig {
             url: self.control_plane,
             source: self.source_addr,
@@ -76,7 +81,7 @@ impl ControlPlaneFlood {
             max_in_flight: self.max_in_flight,
             rpc_timeout: Duration::from_millis(self.rpc_timeout_ms),
         };
-        Ok(flood(cfg).await?.summary())
+        flood(cfg).await
     }
 }
 
@@ -95,23 +100,37 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    match Cli::parse().command {
-        Command::RouterAuth(args) => println!("{}", args.run().await?),
-        Command::ControlPlaneFlood(args) => print!("{}", args.run().await?),
+    let cli = Cli::parse();
+    let (text, summary) = match cli.command {
+        Command::RouterAuth(args) => {
+            let r = args.run().await?;
+            (format!("{r}\n"), r.counts())
+        }
+        Command::ControlPlaneFlood(args) => {
+            let r = args.run().await?;
+            (r.summary(), r.counts())
+        }
         Command::ProviderCalls(args) => {
             let r = args.run().await?;
-            println!(
-                "provider-calls opened={} open_failed={} closed_by_provider={} answered={} held_max={} circuits={}",
+            let text = format!(
+                "provider-calls opened={} open_failed={} closed_by_provider={} answered={} held_max={} circuits={}\n",
                 r.opened, r.open_failed, r.closed_by_provider, r.answered, r.held_max, r.circuits
             );
+            (text, r.counts())
         }
         Command::ProviderCircuits(args) => {
             let r = args.run().await?;
-            println!(
-                "provider-circuits dialed={} established={} denied={} held_max={}",
+            let text = format!(
+                "provider-circuits dialed={} established={} denied={} held_max={}\n",
                 r.dialed, r.established, r.denied, r.held_max
             );
+            (text, r.counts())
         }
+    };
+    if cli.json {
+        println!("{}", summary.to_json());
+    } else {
+        print!("{text}");
     }
     Ok(())
 }

@@ -106,6 +106,23 @@ pub struct Report {
     pub circuits: u64,
 }
 
+impl Report {
+    /// The counts by name, for `--json`.
+    pub fn counts(&self) -> crate::summary::Summary {
+        crate::summary::Summary::new(
+            "provider-calls",
+            [
+                ("opened", self.opened),
+                ("open_failed", self.open_failed),
+                ("closed_by_provider", self.closed_by_provider),
+                ("answered", self.answered),
+                ("held_max", self.held_max),
+                ("circuits", self.circuits),
+            ],
+        )
+    }
+}
+
 impl Progress {
     /// Ends the attack at its workers' next step.
     pub fn stop(&self) {

@@ -87,6 +87,21 @@ pub struct CircuitReport {
     pub held_max: u64,
 }
 
+impl CircuitReport {
+    /// The counts by name, for `--json`.
+    pub fn counts(&self) -> crate::summary::Summary {
+        crate::summary::Summary::new(
+            "provider-circuits",
+            [
+                ("dialed", self.dialed),
+                ("established", self.established),
+                ("denied", self.denied),
+                ("held_max", self.held_max),
+            ],
+        )
+    }
+}
+
 impl CircuitProgress {
     /// Ends the attack at its next tick.
     pub fn stop(&self) {

@@ -99,6 +99,24 @@ pub struct Report {
     pub streams_answered: u64,
 }
 
+impl Report {
+    /// The counts by name, for `--json`.
+    pub fn counts(&self) -> crate::summary::Summary {
+        crate::summary::Summary::new(
+            "router-auth",
+            [
+                ("connections", self.connections),
+                ("dials_failed", self.dials_failed),
+                ("connections_closed", self.connections_closed),
+                ("streams_opened", self.streams_opened),
+                ("opens_failed", self.opens_failed),
+                ("streams_closed", self.streams_closed),
+                ("streams_answered", self.streams_answered),
+            ],
+        )
+    }
+}
+
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -344,9 +362,9 @@ pub struct Args {
 }
 
 impl Args {
-    /// Runs the attack and returns its report as one line.
-    pub async fn run(self) -> anyhow::Result<String> {
-        let report = run(Attack {
+    /// Runs the attack and returns its report.
+    pub async fn run(self) -> anyhow::Result<Report> {
+        run(Attack {
             router: self.router,
             source_ip: self.source_ip,
             peers: self.peers,
@@ -355,8 +373,7 @@ impl Args {
             renew_delay: Duration::from_millis(self.renew_delay_ms),
             duration: Duration::from_secs(self.duration_secs),
         })
-        .await?;
-        Ok(report.to_string())
+        .await
     }
 }
 

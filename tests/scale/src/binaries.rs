@@ -10,6 +10,8 @@ use crate::error::{LadderError, Result};
 pub const CONTROL_PLANE: &str = "agentmesh-control-plane";
 /// The router binary's name.
 pub const ROUTER: &str = "agentmesh-router";
+/// The hostile-peer harness's name (needed only by `--attack-*`).
+pub const HOSTILE: &str = "agentmesh-hostile";
 
 /// Paths of the programs a local ladder starts.
 #[derive(Debug, Clone)]
@@ -32,21 +34,35 @@ impl Binaries {
 
     /// Locates the programs in the directory of `ladder`.
     pub fn beside(ladder: &Path) -> Result<Self> {
-        let dir = ladder.parent().ok_or_else(|| {
-            LadderError::Args(format!("{} has no parent directory", ladder.display()))
-        })?;
-        // Test binaries live in target/<profile>/deps; the programs in target/<profile>.
-        let dir = if dir.file_name().is_some_and(|n| n == "deps") {
-            dir.parent().unwrap_or(dir)
-        } else {
-            dir
-        };
+        let dir = programs_dir(ladder)?;
         Ok(Self {
             ladder: ladder.to_path_buf(),
             control_plane: find(dir, CONTROL_PLANE, "agentmesh-controlplane")?,
             router: find(dir, ROUTER, "agentmesh-router")?,
         })
     }
+}
+
+impl Binaries {
+    /// `agentmesh-hostile` beside the ladder: looked for only when an
+    /// attack is asked for, so other runs need not build it.
+    pub fn hostile(&self) -> Result<PathBuf> {
+        find(programs_dir(&self.ladder)?, HOSTILE, "agentmesh-hostile")
+    }
+}
+
+/// The directory the programs are in: the ladder's own, or its parent for
+/// a test binary (those live in target/<profile>/deps, the programs in
+/// target/<profile>).
+fn programs_dir(ladder: &Path) -> Result<&Path> {
+    let dir = ladder.parent().ok_or_else(|| {
+        LadderError::Args(format!("{} has no parent directory", ladder.display()))
+    })?;
+    Ok(if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    })
 }
 
 /// `dir/name` if it exists, else an error naming the cargo command that builds it.
@@ -85,5 +101,25 @@ mod tests {
         );
         std::fs::write(release.join(ROUTER), b"").expect("touch");
         assert!(find(&release, ROUTER, "agentmesh-router").is_ok());
+    }
+
+    #[test]
+    fn the_harness_is_looked_for_beside_the_programs_only_when_asked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let release = dir.path().join("release");
+        std::fs::create_dir_all(release.join("deps")).expect("mkdir");
+        for name in [CONTROL_PLANE, ROUTER] {
+            std::fs::write(release.join(name), b"").expect("touch");
+        }
+        // A test binary in deps/ finds the programs one level up.
+        let bins = Binaries::beside(&release.join("deps").join("ladder-test")).expect("programs");
+        let err = bins.hostile().expect_err("not built");
+        assert!(
+            err.to_string()
+                .contains("cargo build --release -p agentmesh-hostile"),
+            "{err}"
+        );
+        std::fs::write(release.join(HOSTILE), b"").expect("touch");
+        assert_eq!(bins.hostile().expect("found"), release.join(HOSTILE));
     }
 }

@@ -124,6 +124,9 @@ pub struct FleetConfig {
     /// Admin token file for RotateKeyNow in remote mode (local mode makes its own).
     #[arg(long)]
     pub admin_token_file: Option<PathBuf>,
+    /// Hostile peers during the hold (`--attack-*`).
+    #[command(flatten)]
+    pub attack: crate::attack::AttackConfig,
 }
 
 impl Default for FleetConfig {
@@ -154,6 +157,7 @@ impl Default for FleetConfig {
             window_calls_per_sec: DEFAULT_WINDOW_CALLS_PER_SEC,
             work_dir: None,
             admin_token_file: None,
+            attack: crate::attack::AttackConfig::default(),
         }
     }
 }
@@ -167,10 +171,12 @@ impl FleetConfig {
             .unwrap_or(if local { DEFAULT_SOURCE_IPS } else { 0 })
     }
 
-    /// Every member the run will start (providers and steps each round, burst).
+    /// Every member the run will start (providers and steps each round,
+    /// burst, the attack's joiners).
     pub fn total_members(&self) -> u64 {
         (self.providers + self.step * u64::from(self.steps)) * u64::from(self.rounds.max(1))
             + self.burst
+            + self.attack.members()
     }
 }
 

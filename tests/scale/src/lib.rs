@@ -8,6 +8,7 @@
 //! in-process (each the real node from `agentmesh_node`), sized from the
 //! open-files limit. Coordinator and workers speak JSON lines ([`wire`]).
 
+pub mod attack;
 pub mod binaries;
 pub mod children;
 pub mod config;

@@ -177,6 +177,8 @@ pub struct Events {
     pub restart_control_plane: Option<EventRecord>,
     /// `--rotate-key-at`.
     pub rotate_key: Option<EventRecord>,
+    /// `--attack-router-at` / `--attack-control-plane-at`.
+    pub attack: Option<crate::attack::AttackRecord>,
 }
 
 /// What one event did to the fleet, from the event until the next one (or the hold's end).
@@ -625,6 +627,9 @@ impl Report {
                     }
                 }
             }
+        }
+        if let Some(a) = &self.events.attack {
+            a.markdown(&mut s);
         }
         if let Some(b) = &self.burst {
             let _ = writeln!(s);

@@ -32,6 +32,7 @@ pub async fn run_local(local: LocalConfig, cfg: FleetConfig) -> Result<Report> {
     let dir = work_dir(&cfg)?;
     crate::workdir::clear_previous_run(&dir).await?;
     let bins = Binaries::locate()?;
+    check_attack(&local, &cfg, &bins)?;
     eprintln!("ladder: work dir {}", dir.display());
     let routers = local.routers;
     let mesh =
@@ -59,6 +60,11 @@ pub async fn run_remote(remote: RemoteConfig, cfg: FleetConfig) -> Result<Report
         (
             "--restart-control-plane-at",
             cfg.restart_control_plane_at_secs,
+        ),
+        ("--attack-router-at", cfg.attack.router_at_secs),
+        (
+            "--attack-control-plane-at",
+            cfg.attack.control_plane_at_secs,
         ),
     ] {
         if v.is_some() {
@@ -109,6 +115,29 @@ fn validate(cfg: &FleetConfig) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// An attack needs its harness built, a hold to run in, attacker
+/// addresses apart from the members', and (for the flood) a control plane
+/// without TLS.
+fn check_attack(local: &LocalConfig, cfg: &FleetConfig, bins: &Binaries) -> Result<()> {
+    let a = &cfg.attack;
+    let Some(at) = a.starts_at() else {
+        return Ok(());
+    };
+    if at >= cfg.hold_secs {
+        return Err(LadderError::Args(format!(
+            "the attack starts {at} s into the hold, which lasts --hold-secs {}",
+            cfg.hold_secs
+        )));
+    }
+    if a.control_plane_at_secs.is_some() && local.control_plane_tls {
+        return Err(LadderError::Args(
+            "--attack-control-plane-at floods plain gRPC: not with --control-plane-tls".into(),
+        ));
+    }
+    a.check(config::FIRST_SOURCE_IP, cfg.source_ips(true))?;
+    bins.hostile().map(drop)
 }
 
 fn work_dir(cfg: &FleetConfig) -> Result<PathBuf> {

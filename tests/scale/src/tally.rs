@@ -14,6 +14,8 @@ pub enum Phase {
     Step(u32),
     /// The enrollment burst.
     Burst,
+    /// Joiners during the hold's attack (`--attack-joiners`).
+    Attack,
 }
 
 /// One member's record.
@@ -219,7 +221,7 @@ fn done(m: &MemberRec) -> bool {
 fn finished(m: &MemberRec) -> bool {
     match m.phase {
         Phase::Provider => m.ready_ms.is_some(),
-        Phase::Step(_) => m.first_call.is_some(),
+        Phase::Step(_) | Phase::Attack => m.first_call.is_some(),
         Phase::Burst => m.enrolled_ms.is_some(),
     }
 }

@@ -2,6 +2,7 @@
 //! concern, linked into one test binary (nextest still runs every test in
 //! its own process).
 
+mod attack_ladder;
 mod remote_tls;
 mod small_ladder;
 mod worker_protocol;

@@ -1,7 +1,10 @@
 //! The hold: every member's readiness sampled each second by its worker, and
 //! the events (`--kill-router-at`, `--drain-router-at`,
-//! `--restart-control-plane-at`, `--rotate-key-at`), each observed from its
-//! instant until the next event or the end of the hold.
+//! `--restart-control-plane-at`, `--rotate-key-at`, and the attack of
+//! [`attack`]), each observed from its instant until the next event or the
+//! end of the hold.
+
+mod attack;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -31,6 +34,8 @@ enum Kind {
     DrainRouter,
     RestartControlPlane,
     RotateKey,
+    /// `--attack-router-at` / `--attack-control-plane-at`: see [`attack`].
+    Attack,
 }
 
 /// Runs the hold; returns its record and the events'.
@@ -50,6 +55,7 @@ pub async fn run(
         (cfg.drain_router_at_secs, Kind::DrainRouter),
         (cfg.restart_control_plane_at_secs, Kind::RestartControlPlane),
         (cfg.rotate_key_at_secs, Kind::RotateKey),
+        (cfg.attack.starts_at(), Kind::Attack),
     ]
     .into_iter()
     .filter_map(|(at, k)| at.map(|at| (at, k)))
@@ -71,12 +77,17 @@ pub async fn run(
             .map(|(next, _)| start + Duration::from_secs(*next))
             .unwrap_or(end)
             .min(end);
+        if *kind == Kind::Attack {
+            events.attack = Some(attack::run(fleet, target, cfg, start, window_end).await?);
+            continue;
+        }
         let record = event(fleet, target, *kind, *at, window_end, end).await?;
         match kind {
             Kind::KillRouter => events.kill_router = Some(record),
             Kind::DrainRouter => events.drain_router = Some(record),
             Kind::RestartControlPlane => events.restart_control_plane = Some(record),
             Kind::RotateKey => events.rotate_key = Some(record),
+            Kind::Attack => {}
         }
     }
     fleet.pump_until(end, |_| false).await;
@@ -179,15 +190,7 @@ async fn event(
     hold_end: Instant,
 ) -> Result<EventRecord> {
     let before = target.routers().await;
-    fleet
-        .broadcast(
-            |id| Command::Mark {
-                id,
-                name: format!("{kind:?}"),
-            },
-            REPORT_DEADLINE,
-        )
-        .await?;
+    mark(fleet, &format!("{kind:?}")).await?;
     let marked = Instant::now();
     let mut record = EventRecord {
         at_secs: at,
@@ -223,6 +226,9 @@ async fn event(
         Kind::RotateKey => while_pumping(fleet, target.rotate_key())
             .await
             .map(|k| record.key_id = Some(k)),
+        Kind::Attack => Err(LadderError::Args(
+            "the attack is its own event (hold::attack)".into(),
+        )),
     };
     if let Err(e) = outcome {
         eprintln!("\rladder: event {kind:?}: {e}");
@@ -230,28 +236,7 @@ async fn event(
     }
     fleet.pump_until(window_end, |_| false).await;
     let after = target.routers().await;
-    let replies = fleet
-        .broadcast(|id| Command::WindowReport { id }, REPORT_DEADLINE)
-        .await?;
-    let mut w = WindowStats::default();
-    for r in replies {
-        if let Reply::Window(x) = r {
-            w.members += x.members;
-            w.lost_ready += x.lost_ready;
-            w.below_one_router += x.below_one_router;
-            w.below_k_routers += x.below_k_routers;
-            w.back_on_k_ms.extend(x.back_on_k_ms);
-            w.below_k_ms.extend(x.below_k_ms);
-            w.not_back_on_k += x.not_back_on_k;
-            w.calls_ok += x.calls_ok;
-            w.calls_failed += x.calls_failed;
-            w.calls_unfinished += x.calls_unfinished;
-            for (k, v) in x.call_errors {
-                *w.call_errors.entry(k).or_insert(0) += v;
-            }
-            w.below_k_records.extend(x.below_k_records);
-        }
-    }
+    let w = window_stats(fleet).await?;
     record.window_secs = marked.elapsed().as_secs_f64();
     record.members = w.members;
     record.lost_ready = w.lost_ready;
@@ -285,6 +270,47 @@ async fn event(
         record.calls_unfinished
     );
     Ok(record)
+}
+
+/// Starts an observation window named `name` in every worker.
+async fn mark(fleet: &mut Fleet, name: &str) -> Result<()> {
+    fleet
+        .broadcast(
+            |id| Command::Mark {
+                id,
+                name: name.to_string(),
+            },
+            REPORT_DEADLINE,
+        )
+        .await?;
+    Ok(())
+}
+
+/// Ends the workers' window and sums their reports.
+async fn window_stats(fleet: &mut Fleet) -> Result<WindowStats> {
+    let replies = fleet
+        .broadcast(|id| Command::WindowReport { id }, REPORT_DEADLINE)
+        .await?;
+    let mut w = WindowStats::default();
+    for r in replies {
+        if let Reply::Window(x) = r {
+            w.members += x.members;
+            w.lost_ready += x.lost_ready;
+            w.below_one_router += x.below_one_router;
+            w.below_k_routers += x.below_k_routers;
+            w.back_on_k_ms.extend(x.back_on_k_ms);
+            w.below_k_ms.extend(x.below_k_ms);
+            w.not_back_on_k += x.not_back_on_k;
+            w.calls_ok += x.calls_ok;
+            w.calls_failed += x.calls_failed;
+            w.calls_unfinished += x.calls_unfinished;
+            for (k, v) in x.call_errors {
+                *w.call_errors.entry(k).or_insert(0) += v;
+            }
+            w.below_k_records.extend(x.below_k_records);
+        }
+    }
+    Ok(w)
 }
 
 /// Members attached to router `name` in `snapshot`, if it answered.
