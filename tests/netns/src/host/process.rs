@@ -2,6 +2,7 @@
 //! address, stdout and stderr appended to one log file per program.
 
 use std::ffi::OsString;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -12,11 +13,16 @@ use tokio::time::Instant;
 
 use super::Host;
 use crate::error::Error;
+use crate::sweep::NETNS_DIR;
 
 /// Lines of a log quoted in errors.
 pub const LOG_TAIL_LINES: usize = 30;
 /// How often [`Proc::wait_for_log`] rereads the log.
 const LOG_POLL: Duration = Duration::from_millis(100);
+/// How long a started program may take to join its namespace.
+const ENTER_DEADLINE: Duration = Duration::from_secs(10);
+/// How often that is checked.
+const ENTER_POLL: Duration = Duration::from_millis(2);
 
 /// A program about to start on a host (a builder).
 #[derive(Debug)]
@@ -61,9 +67,11 @@ impl Program {
         self
     }
 
-    /// Starts it; it is killed when the returned [`Proc`] is dropped (and
-    /// with its namespace when the testbed ends).
-    pub fn spawn(self) -> Result<Proc, Error> {
+    /// Starts it and returns once it runs inside its host's namespace (so
+    /// the testbed's cleanup, which kills what is inside its namespaces,
+    /// finds it); it is killed when the returned [`Proc`] is dropped, and
+    /// with its namespace when the testbed ends.
+    pub async fn spawn(self) -> Result<Proc, Error> {
         let log = self.host.logs_dir().join(format!("{}.log", self.name));
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -90,12 +98,14 @@ impl Program {
             )
         })?;
         tracing::debug!(program = %self.name, host = %self.host.name(), pid = ?child.id(), "started");
-        Ok(Proc {
+        let mut proc = Proc {
             name: self.name,
             host: self.host,
             child,
             log,
-        })
+        };
+        proc.wait_inside().await?;
+        Ok(proc)
     }
 }
 
@@ -192,6 +202,33 @@ impl Proc {
         match self.wait(grace).await {
             Ok(s) => Ok(s),
             Err(_) => self.kill().await,
+        }
+    }
+
+    /// Waits until the process has joined its host's namespace (`ip netns
+    /// exec` joins it before it runs the program), or has exited.
+    async fn wait_inside(&mut self) -> Result<(), Error> {
+        let ns = Path::new(NETNS_DIR).join(self.host.namespace());
+        let want = std::fs::metadata(&ns)
+            .map_err(|e| Error::io(format!("reading {}", ns.display()), e))?
+            .ino();
+        let end = Instant::now() + ENTER_DEADLINE;
+        loop {
+            let Some(pid) = self.pid() else {
+                return Ok(());
+            };
+            let link = std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap_or_default();
+            if link.to_string_lossy() == format!("net:[{want}]") || self.try_exited().is_some() {
+                return Ok(());
+            }
+            if Instant::now() >= end {
+                return Err(Error::Deadline {
+                    what: format!("{} entering namespace {}", self.name, self.host.namespace()),
+                    deadline: ENTER_DEADLINE,
+                    detail: String::new(),
+                });
+            }
+            tokio::time::sleep(ENTER_POLL).await;
         }
     }
 

@@ -30,6 +30,7 @@ async fn dropping_the_testbed_removes_its_namespaces_and_their_processes() {
         .program("sleeper", "sleep")
         .arg("600")
         .spawn()
+        .await
         .expect("spawn");
     let pid = p.pid().expect("pid");
     let names = tb.namespaces();
@@ -103,17 +104,16 @@ async fn a_killed_runs_leftovers_are_swept_and_a_live_runs_are_not() {
         }
         panic!("leftovers_swept: {why}");
     }
-    // A run that is gone: a process that has exited (its pid is dead).
-    let mut gone = std::process::Command::new("true").spawn().expect("true");
-    let dead_pid = gone.id();
-    gone.wait().expect("wait");
-    // A run that is alive: a process that keeps running.
+    // A run that will be killed (its pid then dead), and one that stays alive.
+    let mut crashed = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .expect("sleep");
     let mut live = std::process::Command::new("sleep")
         .arg("600")
         .spawn()
         .expect("sleep");
-    let live_pid = live.id();
-
+    let (dead_pid, live_pid) = (crashed.id(), live.id());
     let dead_ns = Prefix::new(dead_pid, 0).namespace("x").expect("name");
     let live_ns = Prefix::new(live_pid, 0).namespace("x").expect("name");
     // Not ours, however close: a wrong separator.
@@ -121,11 +121,28 @@ async fn a_killed_runs_leftovers_are_swept_and_a_live_runs_are_not() {
     for ns in [&dead_ns, &live_ns, &stranger] {
         ip(&["netns", "add", ns]);
     }
-    // The crashed run's program still runs in its namespace.
+    // The run's program, running in its namespace while the run is alive
+    // (other tests' sweeps leave it alone until then)...
     let mut orphan = std::process::Command::new("ip")
         .args(["netns", "exec", &dead_ns, "sleep", "600"])
         .spawn()
         .expect("orphan");
+    let inode = std::os::unix::fs::MetadataExt::ino(
+        &std::fs::metadata(Path::new(NETNS_DIR).join(&dead_ns)).expect("namespace"),
+    );
+    let end = std::time::Instant::now() + DEADLINE;
+    while std::fs::read_link(format!("/proc/{}/ns/net", orphan.id()))
+        .is_ok_and(|l| l.to_string_lossy() != format!("net:[{inode}]"))
+    {
+        assert!(
+            std::time::Instant::now() < end,
+            "the orphan joined its namespace"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // ... and outliving the run when it is killed.
+    crashed.kill().expect("kill");
+    crashed.wait().expect("reap");
 
     let tb = Testbed::new().await.expect("testbed");
     assert!(!exists(&dead_ns), "the dead run's namespace was swept");

@@ -90,6 +90,7 @@ async fn a_program_runs_inside_its_host_and_its_log_is_collected() {
         .program("addrs", "ip")
         .args(["-o", "-4", "addr", "show"])
         .spawn()
+        .await
         .expect("spawn");
     let status = p.wait(DEADLINE).await.expect("exits");
     assert!(status.success(), "{}", p.log());
@@ -106,6 +107,7 @@ async fn a_program_runs_inside_its_host_and_its_log_is_collected() {
             "echo started in $(ip -o -4 addr show scope global | wc -l) address; exec sleep 600",
         ])
         .spawn()
+        .await
         .expect("spawn");
     let line = s
         .wait_for_log("the start line", DEADLINE, |l| {
