@@ -135,6 +135,12 @@ pub struct RunArgs {
     /// A relayed connection closes this long after the last call with its peer (provider side: twice), seconds (0: off).
     #[arg(long, default_value_t = config::DEFAULT_RELAYED_IDLE.as_secs())]
     pub relayed_idle_secs: u64,
+    /// Interval between pings on every connection, seconds; two failed pings in a row close it.
+    #[arg(long, default_value_t = config::DEFAULT_PING_INTERVAL.as_secs())]
+    pub ping_interval_secs: u64,
+    /// How long a ping may go unanswered, seconds.
+    #[arg(long, default_value_t = config::DEFAULT_PING_TIMEOUT.as_secs())]
+    pub ping_timeout_secs: u64,
     /// Lifetime of published service records, republished at a third of it, seconds.
     #[arg(long, default_value_t = Config::default().record_ttl.as_secs())]
     pub record_ttl_secs: u64,
@@ -184,6 +190,8 @@ impl RunArgs {
             max_forward_connections: self.max_forward_connections,
             idle_connection: Duration::from_secs(self.idle_connection_secs),
             relayed_idle: Duration::from_secs(self.relayed_idle_secs),
+            ping_interval: Duration::from_secs(self.ping_interval_secs),
+            ping_timeout: Duration::from_secs(self.ping_timeout_secs),
             record_ttl: Duration::from_secs(self.record_ttl_secs),
             shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
             credential_skew: Duration::from_secs(self.credential_skew_secs),

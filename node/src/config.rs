@@ -19,6 +19,10 @@ pub const DEFAULT_DATA_DIR: &str = "agentmesh-node-data";
 /// Default time a relayed connection to a peer stays open after the last
 /// call on it (`--relayed-idle-secs`).
 pub const DEFAULT_RELAYED_IDLE: Duration = Duration::from_secs(3);
+/// Default `--ping-interval-secs` (libp2p-ping's own default).
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(15);
+/// Default `--ping-timeout-secs` (libp2p-ping's own default).
+pub const DEFAULT_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// Default inbound streams per protocol waiting for the node's accept loop
 /// (`--stream-inbound-queue-per-protocol`): the streams crate's own default,
 /// re-exported so it is defined once.
@@ -138,6 +142,16 @@ pub struct Config {
     /// (so it rarely closes under a caller that is about to reuse it).
     /// Counted in `agentmesh_node_relayed_idle_closed_total{direction}`.
     pub relayed_idle: Duration,
+    /// Interval between pings on every connection (`--ping-interval-secs`,
+    /// default 15 s; less than 1 s acts as 1 s). A connection whose pings
+    /// fail twice in a row (libp2p-ping lets a first failure pass) is
+    /// closed, so a router behind a dead link is replaced or redialed
+    /// within about 2 × interval + timeout + 10 s (a new ping stream's
+    /// negotiation timeout), not when TCP gives up many minutes later.
+    pub ping_interval: Duration,
+    /// How long a ping may go unanswered (`--ping-timeout-secs`, default
+    /// 20 s; less than 1 s acts as 1 s).
+    pub ping_timeout: Duration,
     /// Lifetime of published service records, in whole seconds; republished
     /// at a third of it, and no more often than every second
     /// (`--record-ttl-secs`, default 300 s).
@@ -198,6 +212,8 @@ impl Default for Config {
             max_forward_connections: 256,
             idle_connection: Duration::from_secs(30),
             relayed_idle: DEFAULT_RELAYED_IDLE,
+            ping_interval: DEFAULT_PING_INTERVAL,
+            ping_timeout: DEFAULT_PING_TIMEOUT,
             record_ttl: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(10),
             credential_skew: Duration::from_secs(60),

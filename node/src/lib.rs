@@ -292,6 +292,9 @@ pub async fn spawn(
         config.dial_source_ip,
         config.connect_timeout(),
         config.idle_connection.max(config::MIN_TIMEOUT),
+        libp2p::ping::Config::new()
+            .with_interval(config.ping_interval.max(config::MIN_TIMEOUT))
+            .with_timeout(config.ping_timeout.max(config::MIN_TIMEOUT)),
         agentmesh_streams::Config {
             inbound_queue_per_protocol: config.stream_inbound_queue_per_protocol,
         },

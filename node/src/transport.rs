@@ -88,6 +88,7 @@ pub(crate) async fn build_swarm(
     source_ip: Option<IpAddr>,
     connect_timeout: Duration,
     idle: Duration,
+    ping: ping::Config,
     streams: agentmesh_streams::Config,
     pending: agentmesh_streams::PendingOpenLimits,
 ) -> Result<Swarm<Behaviour>, BuildError> {
@@ -113,7 +114,7 @@ pub(crate) async fn build_swarm(
     let behaviour = Behaviour {
         relay: relay_client,
         stream: agentmesh_streams::Behaviour::with_limits(streams, pending),
-        ping: ping::Behaviour::new(ping::Config::new()),
+        ping: ping::Behaviour::new(ping),
     };
     let config = libp2p::swarm::Config::with_tokio_executor().with_idle_connection_timeout(idle);
     Ok(Swarm::new(transport, behaviour, peer_id, config))

@@ -389,6 +389,19 @@ impl Core {
             SwarmEvent::ListenerError { listener_id, error } => {
                 tracing::debug!(?listener_id, %error, "relay listener error");
             }
+            // libp2p-ping reports a failed ping but no longer closes the
+            // connection: one whose pings go unanswered is dead (a link
+            // down, a NAT that lost its mapping) and TCP would take many
+            // minutes to say so. Closing it lets its router be replaced or
+            // redialed (within ping interval + timeout, 15 + 20 s).
+            SwarmEvent::Behaviour(BehaviourEvent::Ping(libp2p::ping::Event {
+                peer,
+                connection,
+                result: Err(error),
+            })) if !matches!(error, libp2p::ping::Failure::Unsupported) => {
+                tracing::info!(%peer, %error, "ping failed: closing the connection");
+                self.swarm.close_connection(connection);
+            }
             _ => {}
         }
     }

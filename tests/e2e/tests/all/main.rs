@@ -8,7 +8,10 @@
 //!   go-aways, failover, refusals, transports, storms, its control plane
 //!   moved from SQLite to PostgreSQL);
 //! - [`router`]: what a router does to real nodes (go-away, drain of the
-//!   router binary under a fleet).
+//!   router binary under a fleet);
+//! - [`netns`]: the binaries on hosts of their own, members behind NATs
+//!   (network namespaces; skipped without root).
 
+mod netns;
 mod node;
 mod router;

@@ -1,0 +1,12 @@
+//! The mesh across hosts and NATs: the real binaries of the control plane,
+//! routers and members, each on a host of its own built from network
+//! namespaces (`agentmesh-netns`), members on public hosts or behind NAT
+//! gateways (endpoint-independent or symmetric). Calls are relayed (no
+//! direct connections yet). Without root each test prints `SKIPPED:` and
+//! returns; `.ci/run` as root makes them fail instead.
+
+mod support;
+
+mod across_nats;
+mod nat_link;
+mod router_link;
