@@ -40,6 +40,12 @@ pub const DEFAULT_DRAIN_GRACE_SECS: u64 = 30;
 pub const DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS: usize = 512;
 /// Default `retry_after` a go-away asks for, seconds.
 pub const DEFAULT_GOAWAY_RETRY_AFTER_SECS: u64 = 300;
+/// Default go-aways per second per surviving router in a drain or trim:
+/// about half of what one router core admits on a quiet machine (≈ 450
+/// attaches a second, docs/scalability.md), so survivors keep CPU for the
+/// members they already hold; a drain of 5,000 members towards 2 survivors
+/// then takes 12.5 s of the 30 s grace.
+pub const DEFAULT_DRAIN_RATE_MEMBERS_PER_SEC: u32 = 200;
 /// Default grace between go-away OVERLOADED and closing a trimmed member, seconds.
 pub const DEFAULT_TRIM_CLOSE_GRACE_SECS: u64 = 10;
 /// Default relay reservations one peer may hold at once. A member reserves
@@ -144,6 +150,10 @@ pub struct Config {
     pub goaway_max_concurrent_streams: usize,
     /// How long a go-away asks members to stay away. Default 300 s.
     pub goaway_retry_after: Duration,
+    /// Go-aways a drain or trim sends per second per surviving router
+    /// (paced in waves, see `goaway::pace`); 0 sends them all at once.
+    /// Default 200.
+    pub drain_rate_members_per_sec: u32,
     /// A trimmed member's connection is closed this long after its go-away. Default 10 s.
     pub trim_close_grace: Duration,
     /// Relay reservations at most; `None` = the effective high watermark. Default none.
@@ -240,6 +250,7 @@ impl Default for Config {
             drain_http_allow_remote: false,
             goaway_max_concurrent_streams: DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS,
             goaway_retry_after: Duration::from_secs(DEFAULT_GOAWAY_RETRY_AFTER_SECS),
+            drain_rate_members_per_sec: DEFAULT_DRAIN_RATE_MEMBERS_PER_SEC,
             trim_close_grace: Duration::from_secs(DEFAULT_TRIM_CLOSE_GRACE_SECS),
             relay_max_reservations: None,
             relay_max_reservations_per_peer: DEFAULT_RELAY_MAX_RESERVATIONS_PER_PEER,

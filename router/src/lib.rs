@@ -296,6 +296,7 @@ impl Components {
 pub(crate) fn register_metrics(registry: &mut Registry) -> metrics::Metrics {
     let m = metrics::Metrics::new(registry);
     goaway::precreate_labels(&m);
+    goaway::pace::precreate_labels(&m);
     trim::precreate_labels(&m);
     catalog::precreate_labels(&m);
     m

@@ -88,6 +88,9 @@ pub struct RouterArgs {
     /// How long a go-away asks members to stay away, seconds.
     #[arg(long, default_value_t = d::DEFAULT_GOAWAY_RETRY_AFTER_SECS)]
     pub goaway_retry_after_secs: u64,
+    /// Go-aways a drain or an overload trim sends per second per surviving router, members per second (0 = all at once); every member is still told within the grace.
+    #[arg(long, default_value_t = d::DEFAULT_DRAIN_RATE_MEMBERS_PER_SEC)]
+    pub drain_rate_members_per_sec: u32,
     /// Time from a trimmed member's go-away to closing its connection, seconds.
     #[arg(long, default_value_t = d::DEFAULT_TRIM_CLOSE_GRACE_SECS)]
     pub trim_close_grace_secs: u64,
@@ -187,6 +190,7 @@ impl RouterArgs {
             drain_http_allow_remote: self.drain_http_allow_remote,
             goaway_max_concurrent_streams: self.goaway_max_concurrent_streams,
             goaway_retry_after: s(self.goaway_retry_after_secs),
+            drain_rate_members_per_sec: self.drain_rate_members_per_sec,
             trim_close_grace: s(self.trim_close_grace_secs),
             relay_max_reservations: self.relay_max_reservations,
             relay_max_reservations_per_peer: self.relay_max_reservations_per_peer,
