@@ -75,6 +75,16 @@ pub const DEFAULT_STREAM_TIMEOUT_SECS: u64 = 10;
 pub const DEFAULT_AUTH_FIRST_BYTE_TIMEOUT_MS: u64 = 2_000;
 /// Default bound on concurrently served auth streams.
 pub const DEFAULT_AUTH_MAX_INFLIGHT_STREAMS: usize = 256;
+/// Default auth streams that may wait for an auth slot: four times the
+/// slots, enough for a re-attach wave of a few thousand members to wait
+/// rather than be dropped.
+pub const DEFAULT_AUTH_QUEUE_MAX_STREAMS: usize = 1024;
+/// Default longest wait of an auth stream for a slot, milliseconds: well
+/// below the members' own auth deadline (their call timeout, 10 s), so the
+/// busy answer reaches them before they give up and retry on their own.
+pub const DEFAULT_AUTH_QUEUE_WAIT_MS: u64 = 4_000;
+/// Default retry-after of a busy answer, milliseconds (members add jitter).
+pub const DEFAULT_AUTH_BUSY_RETRY_AFTER_MS: u64 = 2_000;
 /// Default bound on concurrently served catalog streams.
 pub const DEFAULT_CATALOG_MAX_INFLIGHT_STREAMS: usize = 256;
 /// Default cap on records the router holds for its members.
@@ -183,6 +193,16 @@ pub struct Config {
     /// taken (a source holding fewer takes the heaviest source's oldest);
     /// refusals are counted. Default 256.
     pub auth_max_inflight_streams: usize,
+    /// Auth streams refused a slot that may wait for one, shared fairly by
+    /// source like the slots; 0 = none wait (refused streams are dropped).
+    /// Default 1024.
+    pub auth_queue_max_streams: usize,
+    /// Longest wait of an auth stream for a slot; then it is answered busy
+    /// with `auth_busy_retry_after`. Keep it below the members' auth
+    /// deadline (their call timeout). Default 4 s.
+    pub auth_queue_wait: Duration,
+    /// The retry-after of a busy answer. Default 2 s.
+    pub auth_busy_retry_after: Duration,
     /// Catalog streams served at once, shared like the auth streams;
     /// peers not admitted get none. Default 256.
     pub catalog_max_inflight_streams: usize,
@@ -266,6 +286,9 @@ impl Default for Config {
             stream_timeout: Duration::from_secs(DEFAULT_STREAM_TIMEOUT_SECS),
             auth_first_byte_timeout: Duration::from_millis(DEFAULT_AUTH_FIRST_BYTE_TIMEOUT_MS),
             auth_max_inflight_streams: DEFAULT_AUTH_MAX_INFLIGHT_STREAMS,
+            auth_queue_max_streams: DEFAULT_AUTH_QUEUE_MAX_STREAMS,
+            auth_queue_wait: Duration::from_millis(DEFAULT_AUTH_QUEUE_WAIT_MS),
+            auth_busy_retry_after: Duration::from_millis(DEFAULT_AUTH_BUSY_RETRY_AFTER_MS),
             catalog_max_inflight_streams: DEFAULT_CATALOG_MAX_INFLIGHT_STREAMS,
             catalog_max_records: DEFAULT_CATALOG_MAX_RECORDS,
             catalog_max_results: DEFAULT_CATALOG_MAX_RESULTS,

@@ -35,6 +35,9 @@ pub(crate) const AUTH_RESULTS: &[&str] = &[
     // No byte within --auth-first-byte-timeout-ms: a failed login.
     "silent",
     "go_away",
+    // Waited for an auth slot past --auth-queue-wait-ms (or its queue place
+    // was taken): answered busy with a retry-after, the request unread.
+    "busy",
     // Verified, but the peer had left meanwhile (no answer, no admission).
     "disconnected",
 ];
