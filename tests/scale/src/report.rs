@@ -48,6 +48,8 @@ pub struct Report {
     pub work_dir: String,
     /// Why the ladder stopped adding steps early, if it did.
     pub stopped_early: Option<String>,
+    /// `--cpu-quota`: the cap and how often it throttled the run.
+    pub cpu_cap: Option<crate::cgroup::CpuCapRecord>,
 }
 
 /// Sizes of the run.
@@ -748,6 +750,13 @@ impl Report {
         let _ = writeln!(s);
         if let Some(why) = &self.stopped_early {
             let _ = writeln!(s, "Stopped early: {why}.");
+        }
+        if let Some(c) = &self.cpu_cap {
+            let _ = writeln!(
+                s,
+                "CPU cap: {} cores ({:?}, {}): throttled in {} of {} periods, {:.1} s in all.",
+                c.cores, c.version, c.path, c.throttled_periods, c.periods, c.throttled_secs
+            );
         }
         let _ = writeln!(s, "Exits in the whole run: {}.", self.exits);
         s
