@@ -583,6 +583,7 @@ fn auth_seeds() -> Vec<Seed> {
             answer(auth_response::Result::Refused(Refused {
                 reason: AuthRefusal::Revoked as i32,
                 detail: "credential subject is revoked".into(),
+                retry_after_ms: 0,
             })),
             &[("response", "refused")],
         ),

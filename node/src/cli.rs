@@ -105,6 +105,9 @@ pub struct RunArgs {
     /// How often the key set and router directory are re-read (±20% jitter), seconds.
     #[arg(long, default_value_t = Config::default().directory_interval.as_secs())]
     pub directory_interval_secs: u64,
+    /// Longest random wait before replacing a lost router while another still serves, milliseconds (spreads a killed router's members over the survivors; 0 = at once; a node left with no router replaces at once).
+    #[arg(long, default_value_t = config::DEFAULT_ROUTER_REPLACE_SPREAD_MS)]
+    pub router_replace_spread_ms: u64,
     /// Deadline to connect to a router or a provider, seconds.
     #[arg(long, default_value_t = Config::default().connect_timeout.as_secs())]
     pub connect_timeout_secs: u64,
@@ -180,6 +183,7 @@ impl RunArgs {
             rpc_timeout: Duration::from_secs(self.rpc_timeout_secs),
             retry_budget: Duration::from_secs(self.retry_budget_secs),
             directory_interval: Duration::from_secs(self.directory_interval_secs),
+            router_replace_spread: Duration::from_millis(self.router_replace_spread_ms),
             connect_timeout: Duration::from_secs(self.connect_timeout_secs),
             call_timeout: Duration::from_secs(self.call_timeout_secs),
             call_attempts: self.call_attempts,

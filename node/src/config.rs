@@ -92,6 +92,13 @@ pub struct Config {
     pub retry_budget: Duration,
     /// How often the key set and router directory are re-read, ±20% jitter (`--directory-interval-secs`, default 60 s).
     pub directory_interval: Duration,
+    /// Longest random wait before replacing a router whose connection was
+    /// lost while another router still serves us (`--router-replace-spread-ms`,
+    /// default 5 s; 0: at once). A killed router's members all lose it in
+    /// the same instant; drawn uniformly from 0 to this, their re-attaches
+    /// reach the survivors spread over it instead of in one burst. A node
+    /// left with no router replaces at once.
+    pub router_replace_spread: Duration,
     /// Deadline to connect to a router or a provider (`--connect-timeout-secs`,
     /// default 10 s). Read through [`Config::connect_timeout()`], which
     /// floors it at 1 s.
@@ -182,6 +189,10 @@ pub struct Config {
     pub runtime_watchdog: bool,
 }
 
+/// Default longest random wait before replacing a lost router while
+/// another still serves, milliseconds (see [`Config::router_replace_spread`]).
+pub const DEFAULT_ROUTER_REPLACE_SPREAD_MS: u64 = 5_000;
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -202,6 +213,7 @@ impl Default for Config {
             rpc_timeout: Duration::from_secs(10),
             retry_budget: Duration::from_secs(180),
             directory_interval: Duration::from_secs(60),
+            router_replace_spread: Duration::from_millis(DEFAULT_ROUTER_REPLACE_SPREAD_MS),
             connect_timeout: Duration::from_secs(10),
             call_timeout: Duration::from_secs(10),
             call_attempts: 3,

@@ -42,7 +42,7 @@ pub const INBOUND_RESULTS: &[&str] = &[
 ];
 
 /// Results of auth exchanges with routers.
-pub const AUTH_RESULTS: &[&str] = &["admitted", "refused", "go_away", "error"];
+pub const AUTH_RESULTS: &[&str] = &["admitted", "refused", "busy", "go_away", "error"];
 /// Control-plane operations.
 pub const CP_OPS: &[&str] = &["enroll", "refresh", "directory"];
 /// Go-away outcomes: the reason obeyed, or why not (`ignored`: not from a

@@ -40,6 +40,12 @@ pub const DEFAULT_DRAIN_GRACE_SECS: u64 = 30;
 pub const DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS: usize = 512;
 /// Default `retry_after` a go-away asks for, seconds.
 pub const DEFAULT_GOAWAY_RETRY_AFTER_SECS: u64 = 300;
+/// Default go-aways per second per surviving router in a drain or trim:
+/// about half of what one router core admits on a quiet machine (≈ 450
+/// attaches a second, docs/scalability.md), so survivors keep CPU for the
+/// members they already hold; a drain of 5,000 members towards 2 survivors
+/// then takes 12.5 s of the 30 s grace.
+pub const DEFAULT_DRAIN_RATE_MEMBERS_PER_SEC: u32 = 200;
 /// Default grace between go-away OVERLOADED and closing a trimmed member, seconds.
 pub const DEFAULT_TRIM_CLOSE_GRACE_SECS: u64 = 10;
 /// Default relay reservations one peer may hold at once. A member reserves
@@ -69,6 +75,16 @@ pub const DEFAULT_STREAM_TIMEOUT_SECS: u64 = 10;
 pub const DEFAULT_AUTH_FIRST_BYTE_TIMEOUT_MS: u64 = 2_000;
 /// Default bound on concurrently served auth streams.
 pub const DEFAULT_AUTH_MAX_INFLIGHT_STREAMS: usize = 256;
+/// Default auth streams that may wait for an auth slot: four times the
+/// slots, enough for a re-attach wave of a few thousand members to wait
+/// rather than be dropped.
+pub const DEFAULT_AUTH_QUEUE_MAX_STREAMS: usize = 1024;
+/// Default longest wait of an auth stream for a slot, milliseconds: well
+/// below the members' own auth deadline (their call timeout, 10 s), so the
+/// busy answer reaches them before they give up and retry on their own.
+pub const DEFAULT_AUTH_QUEUE_WAIT_MS: u64 = 4_000;
+/// Default retry-after of a busy answer, milliseconds (members add jitter).
+pub const DEFAULT_AUTH_BUSY_RETRY_AFTER_MS: u64 = 2_000;
 /// Default bound on concurrently served catalog streams.
 pub const DEFAULT_CATALOG_MAX_INFLIGHT_STREAMS: usize = 256;
 /// Default cap on records the router holds for its members.
@@ -144,6 +160,10 @@ pub struct Config {
     pub goaway_max_concurrent_streams: usize,
     /// How long a go-away asks members to stay away. Default 300 s.
     pub goaway_retry_after: Duration,
+    /// Go-aways a drain or trim sends per second per surviving router
+    /// (paced in waves, see `goaway::pace`); 0 sends them all at once.
+    /// Default 200.
+    pub drain_rate_members_per_sec: u32,
     /// A trimmed member's connection is closed this long after its go-away. Default 10 s.
     pub trim_close_grace: Duration,
     /// Relay reservations at most; `None` = the effective high watermark. Default none.
@@ -173,6 +193,16 @@ pub struct Config {
     /// taken (a source holding fewer takes the heaviest source's oldest);
     /// refusals are counted. Default 256.
     pub auth_max_inflight_streams: usize,
+    /// Auth streams refused a slot that may wait for one, shared fairly by
+    /// source like the slots; 0 = none wait (refused streams are dropped).
+    /// Default 1024.
+    pub auth_queue_max_streams: usize,
+    /// Longest wait of an auth stream for a slot; then it is answered busy
+    /// with `auth_busy_retry_after`. Keep it below the members' auth
+    /// deadline (their call timeout). Default 4 s.
+    pub auth_queue_wait: Duration,
+    /// The retry-after of a busy answer. Default 2 s.
+    pub auth_busy_retry_after: Duration,
     /// Catalog streams served at once, shared like the auth streams;
     /// peers not admitted get none. Default 256.
     pub catalog_max_inflight_streams: usize,
@@ -240,6 +270,7 @@ impl Default for Config {
             drain_http_allow_remote: false,
             goaway_max_concurrent_streams: DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS,
             goaway_retry_after: Duration::from_secs(DEFAULT_GOAWAY_RETRY_AFTER_SECS),
+            drain_rate_members_per_sec: DEFAULT_DRAIN_RATE_MEMBERS_PER_SEC,
             trim_close_grace: Duration::from_secs(DEFAULT_TRIM_CLOSE_GRACE_SECS),
             relay_max_reservations: None,
             relay_max_reservations_per_peer: DEFAULT_RELAY_MAX_RESERVATIONS_PER_PEER,
@@ -255,6 +286,9 @@ impl Default for Config {
             stream_timeout: Duration::from_secs(DEFAULT_STREAM_TIMEOUT_SECS),
             auth_first_byte_timeout: Duration::from_millis(DEFAULT_AUTH_FIRST_BYTE_TIMEOUT_MS),
             auth_max_inflight_streams: DEFAULT_AUTH_MAX_INFLIGHT_STREAMS,
+            auth_queue_max_streams: DEFAULT_AUTH_QUEUE_MAX_STREAMS,
+            auth_queue_wait: Duration::from_millis(DEFAULT_AUTH_QUEUE_WAIT_MS),
+            auth_busy_retry_after: Duration::from_millis(DEFAULT_AUTH_BUSY_RETRY_AFTER_MS),
             catalog_max_inflight_streams: DEFAULT_CATALOG_MAX_INFLIGHT_STREAMS,
             catalog_max_records: DEFAULT_CATALOG_MAX_RECORDS,
             catalog_max_results: DEFAULT_CATALOG_MAX_RESULTS,

@@ -1,10 +1,13 @@
 //! Draining (SIGTERM, `POST /drain`, [`crate::RouterHandle::drain`]): mark
 //! the router draining (readiness turns false, new members get go-away
 //! DRAINING instead of admission), send a last lease saying so, send
-//! go-away DRAINING to every attached member, wait up to
-//! `--drain-grace-secs` for them to move (make-before-break on their side;
-//! the wait ends early once none is left and no circuit runs through the
-//! router), then close every connection and stop the router.
+//! go-away DRAINING to every attached member in paced waves (see
+//! [`crate::goaway::pace`]: the surviving routers get members at a rate
+//! they can admit, and every member is told a settling time before the
+//! grace ends; a member waiting for its wave keeps being served here), wait
+//! up to `--drain-grace-secs` for them to move (make-before-break on their
+//! side; the wait ends early once none is left and no circuit runs through
+//! the router), then close every connection and stop the router.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::{AdmissionTable, Admissions, Purpose};
 use crate::config::Config;
 use crate::cp::Cp;
-use crate::goaway::{GoAways, Reason, sender};
+use crate::goaway::pace::{self, Pacer};
+use crate::goaway::{GoAways, Reason};
 use crate::metrics::Metrics;
 use crate::readiness::ReadinessState;
 use crate::swarm::Commands;
@@ -73,6 +77,22 @@ fn attached(table: &AdmissionTable) -> Vec<PeerId> {
         .collect()
 }
 
+/// Members attached here now in the order their waves go: those that
+/// reported the most other routers first (they lose the least while they
+/// move), then by PeerId so the order is stable.
+fn wave_order(table: &AdmissionTable, me: PeerId) -> Vec<PeerId> {
+    let mut members: Vec<(usize, PeerId)> = table
+        .iter()
+        .filter(|(_, a)| a.purpose == Purpose::Attach)
+        .map(|(p, a)| (a.attached_routers.iter().filter(|r| **r != me).count(), *p))
+        .collect();
+    members.sort_by(|a, b| {
+        b.0.cmp(&a.0)
+            .then_with(|| a.1.to_bytes().cmp(&b.1.to_bytes()))
+    });
+    members.into_iter().map(|(_, p)| p).collect()
+}
+
 /// What a drain works with.
 pub(crate) struct Drain {
     pub(crate) config: Arc<Config>,
@@ -94,7 +114,7 @@ pub(crate) async fn run(d: Drain, cancel: CancellationToken) {
         _ = cancel.cancelled() => return,
         r = requested.wait_for(|v| *v) => if r.is_err() { return },
     }
-    let members = attached(&d.admissions.read());
+    let members = wave_order(&d.admissions.read(), d.goaways.me);
     tracing::info!(members = members.len(), grace = ?d.config.drain_grace, "draining");
     // The whole drain (lease, go-aways, moving) fits in the grace, so the
     // process ends within `drain_grace` plus the shutdown grace.
@@ -114,7 +134,15 @@ pub(crate) async fn run(d: Drain, cancel: CancellationToken) {
         tracing::warn!("draining lease timed out; members still get go-away");
     }
 
-    let sending = sender::send_all(&d.goaways, &d.control, members, Reason::Draining);
+    // Paced: every member is told by the settling time before the end.
+    let told_by = end - pace::settle_time(d.config.drain_grace);
+    let pacer = Pacer {
+        goaways: &d.goaways,
+        control: &d.control,
+        admissions: &d.admissions,
+        reason: Reason::Draining,
+    };
+    let sending = pace::send_paced(pacer, members, told_by);
     if tokio::time::timeout_at(end, sending).await.is_err() {
         tracing::warn!("drain grace over while sending go-aways");
     }
@@ -122,8 +150,14 @@ pub(crate) async fn run(d: Drain, cancel: CancellationToken) {
     // Members move (make-before-break on their side); circuits in flight
     // through this router finish. Whichever comes first: both done, or the
     // grace is over.
+    let moving = d
+        .metrics
+        .goaway_wave_members
+        .get_or_create(&[("reason", Reason::Draining.as_str()), ("state", "moving")])
+        .clone();
     loop {
         let left = attached(&d.admissions.read()).len();
+        moving.set(i64::try_from(left).unwrap_or(i64::MAX));
         let circuits = d.metrics.circuits.get();
         if left == 0 && circuits <= 0 {
             tracing::info!("every member moved and no circuit is left");

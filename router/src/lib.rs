@@ -296,6 +296,7 @@ impl Components {
 pub(crate) fn register_metrics(registry: &mut Registry) -> metrics::Metrics {
     let m = metrics::Metrics::new(registry);
     goaway::precreate_labels(&m);
+    goaway::pace::precreate_labels(&m);
     trim::precreate_labels(&m);
     catalog::precreate_labels(&m);
     m
@@ -558,11 +559,25 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         metrics: c.metrics.clone(),
         draining: c.drain.requested(),
     };
+    let auth_queue = (c.config.auth_queue_max_streams > 0).then(|| {
+        let busy = auth.clone();
+        streams::Queue {
+            places: c
+                .resources
+                .fair_budget(SlotBudget::AuthQueue, c.config.auth_queue_max_streams),
+            wait: c.config.auth_queue_wait,
+            retry_after: c.config.auth_busy_retry_after,
+            answer: Arc::new(move |info, stream, retry_after| {
+                Box::pin(auth::server::busy(busy.clone(), info, stream, retry_after))
+            }),
+        }
+    });
     let auth_accept = streams::Accept {
         slots: c
             .resources
             .fair_budget(SlotBudget::Auth, c.config.auth_max_inflight_streams),
         resources: c.resources.clone(),
+        queue: auth_queue,
     };
     tasks.spawn(streams::accept_loop(
         auth_accept,
@@ -585,6 +600,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
             .resources
             .fair_budget(SlotBudget::Catalog, c.config.catalog_max_inflight_streams),
         resources: c.resources.clone(),
+        queue: None,
     };
     // Every catalog operation needs an admitted peer (withdraw has nothing
     // to withdraw otherwise): strangers get no catalog slot at all.

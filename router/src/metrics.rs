@@ -35,6 +35,9 @@ pub(crate) const AUTH_RESULTS: &[&str] = &[
     // No byte within --auth-first-byte-timeout-ms: a failed login.
     "silent",
     "go_away",
+    // Waited for an auth slot past --auth-queue-wait-ms (or its queue place
+    // was taken): answered busy with a retry-after, the request unread.
+    "busy",
     // Verified, but the peer had left meanwhile (no answer, no admission).
     "disconnected",
 ];
@@ -130,6 +133,11 @@ pub(crate) struct Metrics {
     pub(crate) ready: Gauge,
     pub(crate) goaway_sent: Family<L2, Counter>,
     pub(crate) trimmed: Family<L1, Counter>,
+    pub(crate) goaway_waves: Family<L1, Counter>,
+    pub(crate) goaway_wave_members: Family<L2, Gauge>,
+    pub(crate) goaway_wave_rate: Family<L1, Gauge>,
+    pub(crate) goaway_wave_reattach: Family<L1, Gauge>,
+    pub(crate) goaway_waves_adjusted: Family<L2, Counter>,
     pub(crate) draining: Gauge,
     pub(crate) http_refused: Family<L2, Counter>,
 }
@@ -262,6 +270,36 @@ impl Metrics {
             "agentmesh_router_trimmed",
             "Connections shed above the high watermark, by reason",
             m.trimmed.clone(),
+        );
+        r.register(
+            "agentmesh_router_goaway_waves",
+            "Waves of paced go-aways sent, by reason (draining: the drain; overloaded: the trim)",
+            m.goaway_waves.clone(),
+        );
+        r.register(
+            "agentmesh_router_goaway_wave_members",
+            "Members of the current paced go-away, by reason and state (waiting: not told yet, \
+             still served here; moving: told, not left yet)",
+            m.goaway_wave_members.clone(),
+        );
+        r.register(
+            "agentmesh_router_goaway_wave_rate_members_per_sec",
+            "Pace of the current paced go-away, members per second \
+             (--drain-rate-members-per-sec times the surviving routers; 0 unpaced)",
+            m.goaway_wave_rate.clone(),
+        );
+        r.register(
+            "agentmesh_router_goaway_wave_reattach_members_per_sec",
+            "Members told to go that left this router over the last 5 s, per second: \
+             the re-attach rate the survivors achieve",
+            m.goaway_wave_reattach.clone(),
+        );
+        r.register(
+            "agentmesh_router_goaway_waves_adjusted",
+            "Waves the pacing rule changed, by reason and why (held_back: members moving \
+             exceeded 5 s of the pace; room: the survivors' advertised room; deadline: \
+             enlarged to tell everyone within the grace)",
+            m.goaway_waves_adjusted.clone(),
         );
         r.register(
             "agentmesh_router_draining",

@@ -10,19 +10,49 @@
 //! stream from a source holding its share already is dropped. So strangers
 //! from one address cannot hold every slot while anyone else asks, and any
 //! one source may use them all while nobody else does.
+//!
+//! A protocol with a [`Queue`] (auth) does not drop a stream refused a
+//! slot: the stream waits for one, holding a place of the queue's own fair
+//! budget (so the queue is bounded and shared by source like the slots),
+//! for at most the queue's wait, which is shorter than the member's own
+//! deadline. Served in time, it is served like any other; otherwise (or when
+//! its place is taken for a source holding fewer) it gets the queue's early
+//! answer, a refusal with a retry-after, instead of silence until the
+//! member gives up. While streams wait, newcomers queue behind them. A
+//! stream that finds no place for its source is dropped as before.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use agentmesh_streams::{ConnectionInfo, IncomingStreams};
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use libp2p::Stream;
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::resources::ResourceManager;
-use crate::resources::slots::{FairBudget, SlotRefusalReason};
+use crate::resources::slots::{FairBudget, HeldSlot, SlotRefusalReason, WaitOutcome};
 use crate::resources::source::ip_of;
+
+/// The early answer to a stream that waited in vain: the stream, with the
+/// retry-after to name.
+pub(crate) type Answer =
+    Arc<dyn Fn(ConnectionInfo, Stream, Duration) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Where streams refused a slot wait for one.
+pub(crate) struct Queue {
+    /// Places in the queue, shared fairly by source.
+    pub(crate) places: FairBudget,
+    /// Longest wait for a slot.
+    pub(crate) wait: Duration,
+    /// The retry-after the early answer names.
+    pub(crate) retry_after: Duration,
+    /// Writes the early answer.
+    pub(crate) answer: Answer,
+}
 
 /// What the loop of one protocol works with.
 pub(crate) struct Accept {
@@ -30,11 +60,30 @@ pub(crate) struct Accept {
     pub(crate) slots: FairBudget,
     /// For the per-source log limiter.
     pub(crate) resources: Arc<ResourceManager>,
+    /// Where streams refused a slot wait (none: they are dropped).
+    pub(crate) queue: Option<Queue>,
+}
+
+/// Serves `fut` while `slot` holds; stops it when the slot is taken.
+async fn serve_holding<Fut: Future<Output = ()>>(
+    slot: HeldSlot,
+    fut: Fut,
+    peer: libp2p::PeerId,
+    protocol: &'static str,
+) {
+    tokio::select! {
+        biased;
+        () = slot.revoked() => {
+            tracing::debug!(%peer, protocol, "slot taken for a source holding fewer; stream closed");
+        }
+        () = fut => {}
+    }
+    drop(slot);
 }
 
 /// Serves streams from `incoming`: each that `gate` lets through and that
-/// gets a slot of `a.slots` is served by `serve` until it ends or its slot
-/// is taken for another source.
+/// gets a slot of `a.slots` (at once, or after waiting in `a.queue`) is
+/// served by `serve` until it ends or its slot is taken for another source.
 pub(crate) async fn accept_loop<G, F, Fut>(
     a: Accept,
     mut incoming: IncomingStreams,
@@ -43,10 +92,11 @@ pub(crate) async fn accept_loop<G, F, Fut>(
     serve: F,
 ) where
     G: Fn(&ConnectionInfo) -> Result<(), SlotRefusalReason>,
-    F: Fn(ConnectionInfo, Stream) -> Fut,
+    F: Fn(ConnectionInfo, Stream) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let protocol = a.slots.label();
+    let serve = Arc::new(serve);
     let mut tasks = JoinSet::new();
     loop {
         tokio::select! {
@@ -62,39 +112,89 @@ pub(crate) async fn accept_loop<G, F, Fut>(
                     drop(stream);
                     continue;
                 }
-                match a.slots.try_acquire(ip) {
-                    Ok(slot) => {
-                        let peer = info.peer;
-                        let fut = serve(info, stream);
-                        tasks.spawn(async move {
-                            tokio::select! {
-                                biased;
-                                () = slot.revoked() => {
-                                    tracing::debug!(%peer, protocol, "slot taken for a source holding fewer; stream closed");
-                                }
-                                () = fut => {}
-                            }
-                            drop(slot);
-                        });
-                    }
-                    Err(r) => {
-                        let key = r.source.to_string();
-                        if a.resources.log_due(&key) {
-                            tracing::warn!(
-                                source = key,
-                                peer = %info.peer,
-                                protocol,
-                                held = r.held,
-                                fair_share = r.fair_share,
-                                "stream refused: every slot is taken and this source holds \
-                                 its share (logged at most once a minute per source)"
-                            );
+                // Behind streams already waiting, a newcomer waits too.
+                let refusal = match &a.queue {
+                    Some(_) if a.slots.has_waiters() => None,
+                    // With a queue, a refusal is counted only if the
+                    // stream is dropped after all (its wait is counted).
+                    Some(_) => match a.slots.try_acquire_quiet(ip) {
+                        Ok(slot) => {
+                            let peer = info.peer;
+                            let fut = serve(info, stream);
+                            tasks.spawn(serve_holding(slot, fut, peer, protocol));
+                            continue;
                         }
-                        drop(stream);
+                        Err(r) => Some(r),
+                    },
+                    None => match a.slots.try_acquire(ip) {
+                        Ok(slot) => {
+                            let peer = info.peer;
+                            let fut = serve(info, stream);
+                            tasks.spawn(serve_holding(slot, fut, peer, protocol));
+                            continue;
+                        }
+                        Err(r) => Some(r),
+                    },
+                };
+                let Some(q) = &a.queue else {
+                    if let Some(r) = refusal {
+                        log_refused(&a.resources, &info, protocol, &r);
                     }
-                }
+                    drop(stream);
+                    continue;
+                };
+                let Ok(place) = q.places.try_acquire(ip) else {
+                    a.slots.count_wait(WaitOutcome::Full);
+                    a.slots.refused(SlotRefusalReason::SourceShare);
+                    if let Some(r) = refusal {
+                        log_refused(&a.resources, &info, protocol, &r);
+                    }
+                    drop(stream);
+                    continue;
+                };
+                let slots = a.slots.clone();
+                let until = Instant::now() + q.wait;
+                let (retry_after, answer) = (q.retry_after, q.answer.clone());
+                let serve = serve.clone();
+                tasks.spawn(async move {
+                    let peer = info.peer;
+                    match slots.acquire_waiting(ip, until, &place).await {
+                        Ok(slot) => {
+                            drop(place);
+                            serve_holding(slot, serve(info, stream), peer, protocol).await;
+                        }
+                        Err(why) => {
+                            tracing::debug!(%peer, protocol, ?why, ?retry_after, "no slot in time: answered busy");
+                            // The place is held while answering, so
+                            // answers in progress stay bounded.
+                            answer(info, stream, retry_after).await;
+                            drop(place);
+                        }
+                    }
+                });
             }
         }
     }
     tasks.shutdown().await;
+}
+
+/// Logs a stream refused a slot, at most once a minute per source.
+fn log_refused(
+    resources: &ResourceManager,
+    info: &ConnectionInfo,
+    protocol: &'static str,
+    r: &agentmesh_fair::SlotRefusal,
+) {
+    let key = r.source.to_string();
+    if resources.log_due(&key) {
+        tracing::warn!(
+            source = key,
+            peer = %info.peer,
+            protocol,
+            held = r.held,
+            fair_share = r.fair_share,
+            "stream refused: every slot is taken and this source holds \
+             its share (logged at most once a minute per source)"
+        );
+    }
 }

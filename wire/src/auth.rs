@@ -5,7 +5,7 @@
 //! - client: [`request`] (a node attaching or asking for transit, a router
 //!   authenticating to another router);
 //! - server: [`read_request`], then one of [`write_admitted`],
-//!   [`write_refused`], [`write_go_away`];
+//!   [`write_refused`], [`write_busy`], [`write_go_away`];
 //! - pure decoders: [`decode_request`], [`decode_response`], [`outcome`].
 
 use std::time::Duration;
@@ -30,6 +30,16 @@ pub enum AuthOutcome {
     Admitted(i64),
     /// Refused, with the reason and detail.
     Refused(AuthRefusal, String),
+    /// The router is busy admitting others and could not serve this
+    /// request in time: ask again (on the same connection) after about
+    /// `retry_after`, with jitter. On the wire a refusal OVERLOADED with
+    /// `retry_after_ms` set, so members that predate it go elsewhere.
+    Busy {
+        /// How long to wait before asking again, as the router said.
+        retry_after: Duration,
+        /// What the router said.
+        detail: String,
+    },
     /// Go elsewhere.
     GoAway(GoAway),
 }
@@ -102,6 +112,10 @@ pub fn request_for(credential: Credential, purpose: Purpose, attached: &[PeerId]
 pub fn outcome(resp: AuthResponse) -> Option<AuthOutcome> {
     Some(match resp.result? {
         auth_response::Result::Admitted(a) => AuthOutcome::Admitted(a.until_unix_secs),
+        auth_response::Result::Refused(r) if r.retry_after_ms > 0 => AuthOutcome::Busy {
+            retry_after: Duration::from_millis(u64::from(r.retry_after_ms)),
+            detail: r.detail,
+        },
         auth_response::Result::Refused(r) => AuthOutcome::Refused(
             AuthRefusal::try_from(r.reason).unwrap_or(AuthRefusal::Unspecified),
             r.detail,
@@ -183,6 +197,26 @@ pub async fn write_refused<S: AsyncWrite + Unpin>(
     let result = auth_response::Result::Refused(Refused {
         reason: reason as i32,
         detail,
+        retry_after_ms: 0,
+    });
+    write_result(s, result, deadline).await
+}
+
+/// Server: answers "busy, ask again after `retry_after`" (a refusal
+/// OVERLOADED with `retry_after_ms`, at least 1 ms), with a detail.
+pub async fn write_busy<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    retry_after: Duration,
+    detail: String,
+    deadline: Duration,
+) -> Result<(), FrameError> {
+    let ms = u32::try_from(retry_after.as_millis())
+        .unwrap_or(u32::MAX)
+        .max(1);
+    let result = auth_response::Result::Refused(Refused {
+        reason: AuthRefusal::Overloaded as i32,
+        detail,
+        retry_after_ms: ms,
     });
     write_result(s, result, deadline).await
 }
@@ -232,8 +266,54 @@ mod tests {
             decode_response(cur.get_ref()).expect("decode"),
             Some(AuthOutcome::Refused(AuthRefusal::Expired, "old".into()))
         );
+        let mut cur = Cursor::new(Vec::new());
+        write_busy(&mut cur, Duration::from_millis(1500), "queue".into(), T)
+            .await
+            .expect("write");
+        assert_eq!(
+            decode_response(cur.get_ref()).expect("decode"),
+            Some(AuthOutcome::Busy {
+                retry_after: Duration::from_millis(1500),
+                detail: "queue".into()
+            })
+        );
         let empty = frame::encode(&AuthResponse { result: None });
         assert_eq!(decode_response(&empty).expect("decode"), None);
+    }
+
+    #[test]
+    fn a_busy_answer_is_a_plain_overloaded_refusal_to_older_members() {
+        // What a member that predates `retry_after_ms` decodes: the same
+        // message without the field (prost skips unknown fields).
+        #[derive(Clone, PartialEq, prost::Message)]
+        struct OldRefused {
+            #[prost(enumeration = "AuthRefusal", tag = "1")]
+            reason: i32,
+            #[prost(string, tag = "2")]
+            detail: String,
+        }
+        let new = Refused {
+            reason: AuthRefusal::Overloaded as i32,
+            detail: "busy".into(),
+            retry_after_ms: 2000,
+        };
+        let old =
+            <OldRefused as prost::Message>::decode(prost::Message::encode_to_vec(&new).as_slice())
+                .expect("an older member decodes it");
+        assert_eq!(old.reason, AuthRefusal::Overloaded as i32);
+        assert_eq!(old.detail, "busy");
+        // And a refusal without it stays a refusal.
+        let plain = AuthResponse {
+            result: Some(auth_response::Result::Refused(Refused {
+                reason: AuthRefusal::Overloaded as i32,
+                detail: String::new(),
+                retry_after_ms: 0,
+            })),
+        };
+        assert_eq!(
+            outcome(plain),
+            Some(AuthOutcome::Refused(AuthRefusal::Overloaded, String::new()))
+        );
     }
 
     #[test]
@@ -242,6 +322,7 @@ mod tests {
             result: Some(auth_response::Result::Refused(Refused {
                 reason: 9999,
                 detail: String::new(),
+                retry_after_ms: 0,
             })),
         };
         assert_eq!(

@@ -59,8 +59,21 @@ pub fn run(data: &[u8]) -> Report {
                     "admitted"
                 }
                 (Some(auth_response::Result::Refused(r)), Some(AuthOutcome::Refused(_, d))) => {
+                    assert_eq!(r.retry_after_ms, 0);
                     assert_eq!(&r.detail, d);
                     "refused"
+                }
+                (
+                    Some(auth_response::Result::Refused(r)),
+                    Some(AuthOutcome::Busy {
+                        retry_after,
+                        detail,
+                    }),
+                ) => {
+                    assert_eq!(retry_after.as_millis(), u128::from(r.retry_after_ms));
+                    assert!(r.retry_after_ms > 0);
+                    assert_eq!(&r.detail, detail);
+                    "busy"
                 }
                 (Some(auth_response::Result::GoAway(g)), Some(AuthOutcome::GoAway(h))) => {
                     assert_eq!(g, h);

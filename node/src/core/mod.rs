@@ -72,6 +72,8 @@ pub(crate) enum Op {
     Withdrawn,
     /// A router's connection failed under its first auth: connect afresh.
     Redial(PeerId),
+    /// A lost router's replacement wait ended: top up now.
+    TopUp,
     GoAway {
         router: PeerId,
         result: Result<agentmesh_proto::pb::mesh::GoAway, String>,
@@ -416,6 +418,7 @@ impl Core {
             Op::Publish { router, result } => self.on_published(router, result),
             Op::Withdrawn => {}
             Op::Redial(router) => self.redial(router),
+            Op::TopUp => self.top_up(),
             Op::GoAway { router, result } => self.on_goaway(router, result),
             Op::Directory(result) => self.on_directory(*result),
             Op::Refresh(result) => self.on_refresh(*result),

@@ -65,6 +65,38 @@ impl Redials {
     }
 }
 
+impl Redials {
+    /// Like [`Redials::next_delay`], after a router answered busy and named
+    /// `retry_after`: the delay is at least `retry_after` (clamped to
+    /// [`MIN_RETRY_AFTER`]..=[`MAX_RETRY_AFTER`]) stretched by a jitter of up
+    /// to [`RETRY_AFTER_JITTER`], so members refused together do not come
+    /// back together, and never shorter than the backoff itself.
+    pub(crate) fn next_after(
+        &mut self,
+        now: Instant,
+        retry_after: Duration,
+        rng: &mut impl Rng,
+    ) -> Option<Duration> {
+        let asked = retry_after
+            .clamp(MIN_RETRY_AFTER, MAX_RETRY_AFTER)
+            .mul_f64(1.0 + rng.gen_range(0.0..=RETRY_AFTER_JITTER));
+        let d = asked.max(delay(self.attempts, rng));
+        if now.saturating_duration_since(self.first) + d > BUDGET {
+            return None;
+        }
+        self.attempts += 1;
+        Some(d)
+    }
+}
+
+/// Shortest retry-after a busy router may ask for (a lying one cannot make
+/// members hammer it).
+pub(crate) const MIN_RETRY_AFTER: Duration = Duration::from_millis(100);
+/// Longest retry-after honoured (past it the router is passed over by the budget).
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+/// A busy router's retry-after is stretched by up to this share.
+pub(crate) const RETRY_AFTER_JITTER: f64 = 0.5;
+
 /// The jittered delay before retry number `attempt` (0-based).
 pub(crate) fn delay(attempt: u32, rng: &mut impl Rng) -> Duration {
     let exp = BASE.saturating_mul(FACTOR.saturating_pow(attempt.min(16)));
@@ -139,6 +171,50 @@ mod tests {
         let mut fresh = Redials::new(now);
         let d = fresh.next_delay(now, &mut rng).expect("first retry");
         assert!(d <= BASE.mul_f64(1.0 + JITTER), "{d:?}");
+    }
+
+    #[test]
+    fn a_busy_answer_is_honoured_with_jitter_and_within_the_budget() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let start = Instant::now();
+        let ask = Duration::from_secs(2);
+        let mut seen = Vec::new();
+        for _ in 0..1000 {
+            let mut r = Redials::new(start);
+            let d = r.next_after(start, ask, &mut rng).expect("within budget");
+            assert!(
+                d >= ask && d <= ask.mul_f64(1.0 + RETRY_AFTER_JITTER),
+                "{d:?}"
+            );
+            seen.push(d);
+        }
+        // Spread over the jitter window, not one instant.
+        seen.sort();
+        assert!(
+            seen[900] - seen[100] > Duration::from_millis(600),
+            "{:?}",
+            (seen[100], seen[900])
+        );
+        // A lying router cannot make members come back at once, nor keep them forever.
+        let mut r = Redials::new(start);
+        assert!(r.next_after(start, Duration::ZERO, &mut rng).expect("ok") >= MIN_RETRY_AFTER);
+        let mut r = Redials::new(start);
+        assert!(
+            r.next_after(start, Duration::from_secs(3600), &mut rng)
+                .is_none(),
+            "past the budget"
+        );
+        // The budget counts busy retries too.
+        let mut r = Redials::new(start);
+        let mut now = start;
+        let mut n = 0;
+        while let Some(d) = r.next_after(now, ask, &mut rng) {
+            now += d;
+            n += 1;
+            assert!(now.duration_since(start) <= BUDGET);
+        }
+        assert!(n >= 3, "{n}");
+        assert_eq!(r.attempts(), n);
     }
 
     #[test]

@@ -135,6 +135,14 @@ impl Core {
         if !self.directory.have() || active >= want || self.shared.is_shutting_down() {
             return;
         }
+        if let Some(at) = self.choice.replace_after {
+            if Instant::now() < at && !self.reserved_peers().is_empty() {
+                // Spreading a lost router's replacement (see
+                // `replace_lost_later`); `Op::TopUp` comes back at `at`.
+                return;
+            }
+            self.choice.replace_after = None;
+        }
         let mut exclude: HashSet<PeerId> = self.slots.keys().copied().collect();
         exclude.extend(self.choice.shunned.keys().copied());
         let mut chosen = crate::select::choose(
@@ -246,6 +254,7 @@ impl Core {
         let label = match &result {
             Ok(AuthOutcome::Admitted(_)) => "admitted",
             Ok(AuthOutcome::Refused(..)) => "refused",
+            Ok(AuthOutcome::Busy { .. }) => "busy",
             Ok(AuthOutcome::GoAway(_)) => "go_away",
             Err(_) => "error",
         };
@@ -269,6 +278,16 @@ impl Core {
                 // key yet): retry after a growing pause, give up after a few.
                 tracing::warn!(%router, ?outcome, failures = slot.represent_failures + 1, "re-presentation refused");
                 self.represent_failed(router, format!("re-presentation refused: {outcome:?}"));
+            }
+            Ok(AuthOutcome::Busy {
+                retry_after,
+                detail,
+            }) => {
+                // Busy admitting others: not a verdict on us. Ask again on
+                // this connection (no new handshake) after its retry-after,
+                // jittered, within the redial budget.
+                tracing::debug!(%router, ?retry_after, %detail, "router busy: asking again later");
+                self.retry_router(router, &format!("busy: {detail}"), false, Some(retry_after));
             }
             Ok(AuthOutcome::Refused(reason, detail)) => {
                 tracing::warn!(%router, ?reason, %detail, "router refused admission");
@@ -336,9 +355,25 @@ impl Core {
     /// connect afresh after the backoff. Past the budget, shun it as a
     /// failed router.
     pub(super) fn conn_failed(&mut self, router: PeerId, error: &str, dialing: bool) {
+        self.retry_router(router, error, dialing, None);
+    }
+
+    /// [`Self::conn_failed`], or (with `retry_after`) a router that answered
+    /// busy: the delay honours its retry-after (see
+    /// [`super::redial::Redials::next_after`]). With `may_move` (a failed
+    /// dial: no connection to keep) and another router free, the slot goes
+    /// to it meanwhile.
+    fn retry_router(
+        &mut self,
+        router: PeerId,
+        error: &str,
+        may_move: bool,
+        retry_after: Option<Duration>,
+    ) {
         if !self.slots.contains_key(&router) {
             return;
         }
+        let dialing = may_move;
         let now = Instant::now();
         let run = self
             .choice
@@ -348,7 +383,12 @@ impl Core {
         if run.is_stale(now) {
             *run = super::redial::Redials::new(now);
         }
-        let Some(delay) = run.next_delay(now, &mut rand::thread_rng()) else {
+        let mut rng = rand::thread_rng();
+        let next = match retry_after {
+            Some(asked) => run.next_after(now, asked, &mut rng),
+            None => run.next_delay(now, &mut rng),
+        };
+        let Some(delay) = next else {
             tracing::warn!(%router, %error, "connection to router keeps failing: passing it over");
             self.note_error(
                 router,
@@ -363,10 +403,18 @@ impl Core {
             return;
         };
         let attempt = run.attempts();
-        self.shared.metrics.auth_conn_retries.inc();
+        if retry_after.is_none() {
+            // Busy answers are counted as auth results of their own.
+            self.shared.metrics.auth_conn_retries.inc();
+        }
+        let what = if retry_after.is_some() {
+            "answered busy"
+        } else {
+            "connection failed"
+        };
         self.note_error(
             router,
-            format!("connection failed (retry {attempt} in {delay:?}): {error}"),
+            format!("{what} (retry {attempt} in {delay:?}): {error}"),
         );
         if dialing && self.has_free_candidate() {
             tracing::info!(%router, %error, attempt, retry_in = ?delay, "connection to router failed: trying another router meanwhile");
@@ -383,7 +431,11 @@ impl Core {
             self.publish_status();
             return;
         }
-        tracing::info!(%router, %error, attempt, retry_in = ?delay, "connection to router failed: connecting afresh after a backoff");
+        if retry_after.is_some() {
+            tracing::debug!(%router, %error, attempt, retry_in = ?delay, "router busy: asking again after its retry-after");
+        } else {
+            tracing::info!(%router, %error, attempt, retry_in = ?delay, "connection to router failed: connecting afresh after a backoff");
+        }
         if let Some(slot) = self.slots.get_mut(&router) {
             slot.phase = Phase::Redial;
         }
@@ -642,7 +694,30 @@ impl Core {
         tracing::warn!(router = %peer, "lost connection to router");
         self.note_error(peer, "lost the connection");
         self.drop_router(peer, Duration::from_secs(3));
+        self.replace_lost_later();
         self.top_up();
+    }
+
+    /// A router was lost: while another still serves us, wait a random
+    /// time of up to `--router-replace-spread-ms` before replacing it, so
+    /// the members a killed router held do not all re-attach to the
+    /// survivors in the same instant (the wait is cut short if the last
+    /// serving router goes too).
+    fn replace_lost_later(&mut self) {
+        let spread = self.shared.config.router_replace_spread;
+        if spread.is_zero()
+            || self.reserved_peers().is_empty()
+            || self.choice.replace_after.is_some()
+        {
+            return;
+        }
+        let wait = spread.mul_f64(rand::Rng::gen_range(&mut rand::thread_rng(), 0.0..=1.0));
+        self.choice.replace_after = Some(Instant::now() + wait);
+        tracing::debug!(?wait, "replacing the lost router after a spread wait");
+        self.ops.push(Box::pin(async move {
+            tokio::time::sleep(wait).await;
+            Op::TopUp
+        }));
     }
 
     pub(super) fn on_router_dial_failed(&mut self, peer: PeerId, error: &str) {

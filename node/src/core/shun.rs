@@ -27,6 +27,9 @@ pub(crate) struct Choice {
     pub(crate) redials: HashMap<PeerId, Redials>,
     /// "No router to attach to" was logged since the last directory fetch.
     pub(crate) warned_no_router: bool,
+    /// A lost router is replaced from this instant on (while another
+    /// serves; see [`crate::Config::router_replace_spread`]).
+    pub(crate) replace_after: Option<Instant>,
 }
 
 impl Choice {

@@ -61,6 +61,12 @@ pub(crate) async fn authenticate(
             reason,
             detail,
         }),
+        // Busy: the mesh asks again on its next round.
+        AuthOutcome::Busy { detail, .. } => Err(OutboundAuthError::Refused {
+            peer,
+            reason: AuthRefusal::Overloaded,
+            detail,
+        }),
         AuthOutcome::GoAway(_) => Err(OutboundAuthError::Unexpected { peer }),
     }
 }

@@ -4,6 +4,7 @@
 //! id), pass the admission gate, record the admission, answer.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use agentmesh_proto::pb::mesh::AuthRefusal;
 use agentmesh_proto::unix_now;
@@ -40,6 +41,30 @@ pub(crate) struct AuthServer {
     pub(crate) metrics: Metrics,
     /// Whether a drain was requested.
     pub(crate) draining: watch::Receiver<bool>,
+}
+
+/// Longest time the busy answer may take to write and close.
+const BUSY_ANSWER_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Answers an auth stream that waited for a slot in vain (see
+/// `crate::streams`): busy, ask again after `retry_after`; the request is
+/// not read. Not a failed login: the stream did nothing wrong.
+pub(crate) async fn busy(
+    ctx: AuthServer,
+    info: ConnectionInfo,
+    mut stream: Stream,
+    retry_after: Duration,
+) {
+    ctx.metrics.auth_result(Purpose::Attach, "busy");
+    let t = ctx.config.stream_timeout.min(BUSY_ANSWER_DEADLINE);
+    let detail = format!(
+        "router busy admitting others: no auth slot within {:?}",
+        ctx.config.auth_queue_wait
+    );
+    if let Err(e) = wire::write_busy(&mut stream, retry_after, detail, t).await {
+        tracing::debug!(peer = %info.peer, error = %e, "busy answer not delivered");
+    }
+    let _ = tokio::time::timeout(t, stream.close()).await;
 }
 
 /// Serves one auth stream from `info.peer` (proved by the noise handshake).

@@ -88,6 +88,9 @@ pub struct RouterArgs {
     /// How long a go-away asks members to stay away, seconds.
     #[arg(long, default_value_t = d::DEFAULT_GOAWAY_RETRY_AFTER_SECS)]
     pub goaway_retry_after_secs: u64,
+    /// Go-aways a drain or an overload trim sends per second per surviving router, members per second (0 = all at once); every member is still told within the grace.
+    #[arg(long, default_value_t = d::DEFAULT_DRAIN_RATE_MEMBERS_PER_SEC)]
+    pub drain_rate_members_per_sec: u32,
     /// Time from a trimmed member's go-away to closing its connection, seconds.
     #[arg(long, default_value_t = d::DEFAULT_TRIM_CLOSE_GRACE_SECS)]
     pub trim_close_grace_secs: u64,
@@ -131,6 +134,15 @@ pub struct RouterArgs {
     /// Auth streams served at once, streams; shared fairly by source once all are taken, refusals counted in agentmesh_router_slots_refused_total{budget="auth"}.
     #[arg(long, default_value_t = d::DEFAULT_AUTH_MAX_INFLIGHT_STREAMS)]
     pub auth_max_inflight_streams: usize,
+    /// Auth streams refused a slot that may wait for one, streams (0 = none wait: refused streams are dropped); shared fairly by source, agentmesh_router_slots_waits_total{budget="auth",outcome}.
+    #[arg(long, default_value_t = d::DEFAULT_AUTH_QUEUE_MAX_STREAMS)]
+    pub auth_queue_max_streams: usize,
+    /// Longest wait of an auth stream for a slot before it is answered busy with a retry-after, milliseconds; keep it below the members' auth deadline (their call timeout, 10 s).
+    #[arg(long, default_value_t = d::DEFAULT_AUTH_QUEUE_WAIT_MS)]
+    pub auth_queue_wait_ms: u64,
+    /// The retry-after a busy auth answer names, milliseconds (members add jitter).
+    #[arg(long, default_value_t = d::DEFAULT_AUTH_BUSY_RETRY_AFTER_MS)]
+    pub auth_busy_retry_after_ms: u64,
     /// Catalog streams served at once, streams; shared fairly by source once all are taken, none for peers not admitted (agentmesh_router_slots_refused_total{budget="catalog"}).
     #[arg(long, default_value_t = d::DEFAULT_CATALOG_MAX_INFLIGHT_STREAMS)]
     pub catalog_max_inflight_streams: usize,
@@ -187,6 +199,7 @@ impl RouterArgs {
             drain_http_allow_remote: self.drain_http_allow_remote,
             goaway_max_concurrent_streams: self.goaway_max_concurrent_streams,
             goaway_retry_after: s(self.goaway_retry_after_secs),
+            drain_rate_members_per_sec: self.drain_rate_members_per_sec,
             trim_close_grace: s(self.trim_close_grace_secs),
             relay_max_reservations: self.relay_max_reservations,
             relay_max_reservations_per_peer: self.relay_max_reservations_per_peer,
@@ -200,6 +213,9 @@ impl RouterArgs {
             stream_timeout: s(self.stream_timeout_secs),
             auth_first_byte_timeout: ms(self.auth_first_byte_timeout_ms),
             auth_max_inflight_streams: self.auth_max_inflight_streams,
+            auth_queue_max_streams: self.auth_queue_max_streams,
+            auth_queue_wait: Duration::from_millis(self.auth_queue_wait_ms),
+            auth_busy_retry_after: Duration::from_millis(self.auth_busy_retry_after_ms),
             catalog_max_inflight_streams: self.catalog_max_inflight_streams,
             catalog_max_records: self.catalog_max_records,
             catalog_max_results: self.catalog_max_results,

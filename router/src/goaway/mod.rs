@@ -4,8 +4,11 @@
 //!   itself and [`GoAways`], what trimming, draining and the auth server use
 //!   to build, send and count go-aways;
 //! - `sender`: opening one stream per member (GoAway out, GoAwayAck in) with
-//!   a per-stream timeout and a bounded fan-out, counted by result.
+//!   a per-stream timeout and a bounded fan-out, counted by result;
+//! - `pace`: sending go-aways in waves the surviving routers can admit
+//!   (what the drain and the trim use).
 
+pub(crate) mod pace;
 pub(crate) mod sender;
 
 use std::sync::Arc;
@@ -14,7 +17,7 @@ use agentmesh_proto::pb::mesh::{Alternative, GoAway, GoAwayReason};
 use libp2p::PeerId;
 
 use crate::config::Config;
-use crate::directory::Directory;
+use crate::directory::{Directory, DirectoryRouter};
 use crate::metrics::Metrics;
 
 /// Alternatives named in one go-away at most.
@@ -66,20 +69,27 @@ pub(crate) fn precreate_labels(metrics: &Metrics) {
     }
 }
 
+/// Whether router `r` of the directory may take members sent away from
+/// this router (`me`): not draining, not this router, with addresses, and
+/// below its low watermark (a router that reported no load yet is taken as
+/// empty).
+pub(crate) fn is_alternative(r: &DirectoryRouter, me: PeerId) -> bool {
+    !r.draining
+        && r.peer != me
+        && !r.addrs.is_empty()
+        && r.load
+            .as_ref()
+            .is_none_or(|l| l.low_watermark == 0 || l.attached_members < l.low_watermark)
+}
+
 /// Routers to suggest instead of this one (`me`): from the last directory,
-/// not draining, not this router, with addresses, and below their low
-/// watermark (routers that reported no load yet are taken as empty); least
-/// loaded first, at most [`MAX_ALTERNATIVES`].
+/// those [`is_alternative`] accepts; least loaded first, at most
+/// [`MAX_ALTERNATIVES`].
 pub(crate) fn alternatives(directory: &Directory, me: PeerId) -> Vec<Alternative> {
     let dir = directory.routers.read();
     let mut alts: Vec<(f64, Alternative)> = dir
         .iter()
-        .filter(|r| !r.draining && r.peer != me && !r.addrs.is_empty())
-        .filter(|r| {
-            r.load
-                .as_ref()
-                .is_none_or(|l| l.low_watermark == 0 || l.attached_members < l.low_watermark)
-        })
+        .filter(|r| is_alternative(r, me))
         .map(|r| {
             let ratio = r.load.as_ref().map_or(0.0, |l| {
                 f64::from(l.attached_members) / f64::from(l.high_watermark.max(1))

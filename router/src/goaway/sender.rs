@@ -1,7 +1,7 @@
 //! Sending go-away: the router opens `/agentmesh/goaway/1` to a member,
 //! writes one `GoAway` frame and reads one `GoAwayAck` frame, the whole
-//! exchange within the stream timeout; at most
-//! `goaway_max_concurrent_streams` exchanges run at once.
+//! exchange within the stream timeout ([`super::pace`] sends many, in
+//! waves, at most `goaway_max_concurrent_streams` at once).
 
 use std::time::Duration;
 
@@ -10,10 +10,7 @@ use agentmesh_streams::Control;
 use agentmesh_wire::ExchangeFailure as _;
 use agentmesh_wire::goaway::{self, GoAwayError};
 use agentmesh_wire::open::OpenError;
-use futures::StreamExt as _;
 use libp2p::PeerId;
-
-use super::{GoAways, Reason};
 
 /// How one go-away ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,46 +53,4 @@ pub(crate) async fn send_one(
             Outcome::Error
         }
     }
-}
-
-/// Sends go-away `reason` to every peer in `peers`, at most
-/// `goaway_max_concurrent_streams` at once, counting each result; returns
-/// each peer's outcome.
-pub(crate) async fn send_all(
-    goaways: &GoAways,
-    control: &Control,
-    peers: Vec<PeerId>,
-    reason: Reason,
-) -> Vec<(PeerId, Outcome)> {
-    if peers.is_empty() {
-        return Vec::new();
-    }
-    let msg = goaways.message(reason);
-    let deadline = goaways.config.stream_timeout;
-    let fanout = goaways.config.goaway_max_concurrent_streams.max(1);
-    let msg = &msg;
-    let results: Vec<(PeerId, Outcome)> = futures::stream::iter(peers)
-        .map(|peer| {
-            let control = control.clone();
-            async move {
-                let outcome = send_one(control, peer, msg, deadline).await;
-                // Counted as each exchange ends, not when all have: a drain
-                // whose grace ends mid-send drops this future, and the
-                // go-aways already sent must still show on /metrics.
-                goaways.count(reason, outcome.as_str());
-                (peer, outcome)
-            }
-        })
-        .buffer_unordered(fanout)
-        .collect()
-        .await;
-    let acked = results.iter().filter(|(_, o)| *o == Outcome::Acked).count();
-    tracing::info!(
-        reason = reason.as_str(),
-        sent = results.len(),
-        acked,
-        alternatives = msg.alternatives.len(),
-        "go-away sent"
-    );
-    results
 }

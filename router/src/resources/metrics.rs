@@ -146,8 +146,16 @@ impl ResourceMetrics {
         registry.register(
             "agentmesh_router_slots_capacity",
             "Slots of each budget (--auth-max-inflight-streams, --catalog-max-inflight-streams, \
-             --pending-connections-max)",
+             --pending-connections-max, --auth-queue-max-streams)",
             m.slots.capacity.clone(),
+        );
+        registry.register(
+            "agentmesh_router_slots_waits",
+            "Requests that waited for a slot, by budget and how the wait ended: served, \
+             timed_out (--auth-queue-wait-ms passed: answered busy with a retry-after), \
+             preempted (its queue place taken for a source holding fewer: answered busy), \
+             full (no queue place for its source: dropped unanswered)",
+            m.slots.waits.clone(),
         );
         m.slots.precreate();
         for p in Proto::ALL {

@@ -5,7 +5,9 @@
 //! - `catalog`: catalog streams being served (`--catalog-max-inflight-streams`;
 //!   peers that are not admitted get none at all);
 //! - `handshake`: inbound connections in their handshake
-//!   (`--pending-connections-max`).
+//!   (`--pending-connections-max`);
+//! - `auth_queue`: auth streams waiting for an `auth` slot
+//!   (`--auth-queue-max-streams`; see `crate::streams`).
 //!
 //! While a budget has a free slot anyone gets it. When all are taken, a
 //! source holding fewer than the heaviest source takes that source's
@@ -14,16 +16,27 @@
 //! its share already. One source may use a whole budget while nobody else
 //! asks, so a ladder joining from a few addresses is never slowed.
 //!
+//! A request refused a slot may also wait for one ([`FairBudget::acquire_waiting`],
+//! within a deadline): every freed slot wakes the longest waiter, and while
+//! anyone waits newcomers queue behind them ([`FairBudget::has_waiters`]).
+//! The waiting itself holds a place of another fair budget, so the queue
+//! is bounded and shared by source the same way.
+//!
 //! Counted in `agentmesh_router_slots_refused_total{budget,reason}` and
 //! `agentmesh_router_slots_preempted_total{budget}`; slots held in
-//! `agentmesh_router_slots_in_use{budget}`.
+//! `agentmesh_router_slots_in_use{budget}`; waits by how they ended in
+//! `agentmesh_router_slots_waits_total{budget,outcome}`.
 
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use agentmesh_fair::{FairSlots, Slot, SlotRefusal};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 /// A slot budget (the `budget` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -34,12 +47,18 @@ pub(crate) enum SlotBudget {
     Catalog,
     /// Inbound connections in their handshake.
     Handshake,
+    /// Auth streams waiting for an `Auth` slot.
+    AuthQueue,
 }
 
 impl SlotBudget {
     /// Every budget, to pre-create labels.
-    pub(crate) const ALL: [SlotBudget; 3] =
-        [SlotBudget::Auth, SlotBudget::Catalog, SlotBudget::Handshake];
+    pub(crate) const ALL: [SlotBudget; 4] = [
+        SlotBudget::Auth,
+        SlotBudget::Catalog,
+        SlotBudget::Handshake,
+        SlotBudget::AuthQueue,
+    ];
 
     /// The metric label.
     pub(crate) fn as_str(self) -> &'static str {
@@ -47,7 +66,14 @@ impl SlotBudget {
             Self::Auth => "auth",
             Self::Catalog => "catalog",
             Self::Handshake => "handshake",
+            Self::AuthQueue => "auth_queue",
         }
+    }
+
+    /// Whether requests of this budget may wait for a slot (the waits
+    /// counted by outcome).
+    fn waits(self) -> bool {
+        self == Self::Auth
     }
 
     /// The refusal reasons this budget can count.
@@ -57,7 +83,7 @@ impl SlotBudget {
                 SlotRefusalReason::SourceShare,
                 SlotRefusalReason::NotAdmitted,
             ],
-            Self::Auth | Self::Handshake => &[SlotRefusalReason::SourceShare],
+            Self::Auth | Self::Handshake | Self::AuthQueue => &[SlotRefusalReason::SourceShare],
         }
     }
 }
@@ -81,6 +107,39 @@ impl SlotRefusalReason {
     }
 }
 
+/// How a wait for a slot ended (the `outcome` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum WaitOutcome {
+    /// It got a slot.
+    Served,
+    /// Its deadline passed first.
+    TimedOut,
+    /// Its place in the queue was taken for a source holding fewer.
+    Preempted,
+    /// There was no place in the queue for its source: not waited.
+    Full,
+}
+
+impl WaitOutcome {
+    /// Every outcome, to pre-create labels.
+    pub(crate) const ALL: [WaitOutcome; 4] = [
+        WaitOutcome::Served,
+        WaitOutcome::TimedOut,
+        WaitOutcome::Preempted,
+        WaitOutcome::Full,
+    ];
+
+    /// The metric label.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Served => "served",
+            Self::TimedOut => "timed_out",
+            Self::Preempted => "preempted",
+            Self::Full => "full",
+        }
+    }
+}
+
 /// The counters of every slot budget (registered by the resource metrics).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct SlotMetrics {
@@ -88,12 +147,20 @@ pub(crate) struct SlotMetrics {
     pub(crate) preempted: Family<[(&'static str, &'static str); 1], Counter>,
     pub(crate) in_use: Family<[(&'static str, &'static str); 1], Gauge>,
     pub(crate) capacity: Family<[(&'static str, &'static str); 1], Gauge>,
+    pub(crate) waits: Family<[(&'static str, &'static str); 2], Counter>,
 }
 
 impl SlotMetrics {
     /// Creates every label value at 0.
     pub(crate) fn precreate(&self) {
         for b in SlotBudget::ALL {
+            if b.waits() {
+                for o in WaitOutcome::ALL {
+                    let _ = self
+                        .waits
+                        .get_or_create(&[("budget", b.as_str()), ("outcome", o.as_str())]);
+                }
+            }
             for r in b.reasons() {
                 let _ = self
                     .refused
@@ -116,6 +183,10 @@ pub(crate) struct FairBudget {
     budget: SlotBudget,
     slots: FairSlots,
     metrics: SlotMetrics,
+    /// Woken (one waiter) each time a slot is freed.
+    freed: Arc<Notify>,
+    /// Requests waiting for a slot now.
+    waiting: Arc<AtomicUsize>,
 }
 
 /// A slot held; freed (and uncounted) on drop.
@@ -123,6 +194,7 @@ pub(crate) struct FairBudget {
 pub(crate) struct HeldSlot {
     slot: Slot,
     in_use: Gauge,
+    freed: Arc<Notify>,
 }
 
 impl HeldSlot {
@@ -141,6 +213,27 @@ impl HeldSlot {
 impl Drop for HeldSlot {
     fn drop(&mut self) {
         self.in_use.dec();
+        // The slot is free once `slot` drops, right after this: the woken
+        // waiter runs later, on its own task.
+        self.freed.notify_one();
+    }
+}
+
+/// Why a wait for a slot ended without one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NoSlot {
+    /// The deadline passed.
+    TimedOut,
+    /// The waiter's place was taken for a source holding fewer.
+    Preempted,
+}
+
+/// Counts a request as waiting while it lives.
+struct Waiting(Arc<AtomicUsize>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -165,6 +258,8 @@ impl FairBudget {
             budget,
             slots: FairSlots::new(capacity, capacity, ipv6_prefix_len),
             metrics,
+            freed: Arc::new(Notify::new()),
+            waiting: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -172,24 +267,90 @@ impl FairBudget {
     /// address), taking the heaviest source's oldest when all are taken;
     /// refusals and preemptions counted.
     pub(crate) fn try_acquire(&self, ip: Option<IpAddr>) -> Result<HeldSlot, SlotRefusal> {
-        let label = [("budget", self.budget.as_str())];
-        match self.slots.try_acquire(ip.unwrap_or(NO_SOURCE)) {
-            Ok(a) => {
-                if a.preempted.is_some() {
-                    self.metrics.preempted.get_or_create(&label).inc();
-                }
-                let in_use = self.metrics.in_use.get_or_create(&label).clone();
-                in_use.inc();
-                Ok(HeldSlot {
-                    slot: a.slot,
-                    in_use,
-                })
-            }
-            Err(r) => {
-                self.refused(SlotRefusalReason::SourceShare);
-                Err(r)
-            }
+        let r = self.acquire_now(ip);
+        if r.is_err() {
+            self.refused(SlotRefusalReason::SourceShare);
         }
+        r
+    }
+
+    /// [`Self::try_acquire`] without counting a refusal (the caller counts
+    /// what becomes of the request).
+    pub(crate) fn try_acquire_quiet(&self, ip: Option<IpAddr>) -> Result<HeldSlot, SlotRefusal> {
+        self.acquire_now(ip)
+    }
+
+    fn acquire_now(&self, ip: Option<IpAddr>) -> Result<HeldSlot, SlotRefusal> {
+        let label = [("budget", self.budget.as_str())];
+        let a = self.slots.try_acquire(ip.unwrap_or(NO_SOURCE))?;
+        if a.preempted.is_some() {
+            self.metrics.preempted.get_or_create(&label).inc();
+        }
+        let in_use = self.metrics.in_use.get_or_create(&label).clone();
+        in_use.inc();
+        Ok(HeldSlot {
+            slot: a.slot,
+            in_use,
+            freed: self.freed.clone(),
+        })
+    }
+
+    /// Whether requests are waiting for a slot now (a newcomer should wait
+    /// behind them rather than take a slot just freed for them).
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst) > 0
+    }
+
+    /// A slot for a request from `ip`, waiting for one to be freed until
+    /// `until` while `place` (its place in a queue) is not taken. Waiters
+    /// are woken one per freed slot, longest waiting first; a woken waiter
+    /// that finds no slot free (a request without waiters' courtesy took
+    /// it) waits again. The outcome is counted.
+    pub(crate) async fn acquire_waiting(
+        &self,
+        ip: Option<IpAddr>,
+        until: Instant,
+        place: &HeldSlot,
+    ) -> Result<HeldSlot, NoSlot> {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(self.waiting.clone());
+        let r = loop {
+            let notified = self.freed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Ok(slot) = self.acquire_now(ip) {
+                break Ok(slot);
+            }
+            tokio::select! {
+                biased;
+                () = place.revoked() => break Err(NoSlot::Preempted),
+                () = tokio::time::sleep_until(until) => break Err(NoSlot::TimedOut),
+                () = &mut notified => {}
+            }
+        };
+        if r.is_err() && self.slots.in_use() < self.slots.capacity() {
+            // This waiter may have been woken for a slot it now leaves:
+            // pass the wake-up on.
+            self.freed.notify_one();
+        }
+        let outcome = match r {
+            Ok(_) => WaitOutcome::Served,
+            Err(NoSlot::TimedOut) => WaitOutcome::TimedOut,
+            Err(NoSlot::Preempted) => WaitOutcome::Preempted,
+        };
+        self.count_wait(outcome);
+        r
+    }
+
+    /// Counts a wait of this budget ending in `outcome`.
+    pub(crate) fn count_wait(&self, outcome: WaitOutcome) {
+        self.metrics
+            .waits
+            .get_or_create(&[
+                ("budget", self.budget.as_str()),
+                ("outcome", outcome.as_str()),
+            ])
+            .inc();
     }
 
     /// Counts a refusal of this budget for `reason`.
@@ -248,5 +409,61 @@ mod tests {
         assert_eq!(b.in_use(), 2);
         // Source-less requests share one source.
         assert!(b.try_acquire(None).is_err(), "full, and 1 + 1 < 1 fails");
+    }
+
+    #[tokio::test]
+    async fn a_waiter_gets_the_next_freed_slot_or_ends_at_its_deadline_or_preemption() {
+        let m = SlotMetrics::default();
+        m.precreate();
+        let b = FairBudget::new(SlotBudget::Auth, 1, 64, m.clone());
+        let q = FairBudget::new(SlotBudget::AuthQueue, 2, 64, m.clone());
+        let held = b.try_acquire(ip(9)).expect("free");
+        let waits = |o: WaitOutcome| {
+            m.waits
+                .get_or_create(&[("budget", "auth"), ("outcome", o.as_str())])
+                .get()
+        };
+        // Nobody frees it: the deadline ends the wait.
+        let place = q.try_acquire(ip(9)).expect("a place");
+        let until = Instant::now() + std::time::Duration::from_millis(50);
+        assert_eq!(
+            b.acquire_waiting(ip(9), until, &place).await.err(),
+            Some(NoSlot::TimedOut)
+        );
+        assert_eq!(waits(WaitOutcome::TimedOut), 1);
+        // Freed while waiting: the waiter gets it.
+        let far = Instant::now() + std::time::Duration::from_secs(30);
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let r = b.acquire_waiting(ip(9), far, &place).await.map(|_| ());
+                drop(place);
+                r
+            })
+        };
+        while !b.has_waiters() {
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        assert_eq!(waiter.await.expect("join"), Ok(()));
+        assert_eq!(waits(WaitOutcome::Served), 1);
+        assert!(!b.has_waiters());
+        // Its place taken for a lighter source: the wait ends at once.
+        let _held = b.try_acquire(ip(9)).expect("free again");
+        let p1 = q.try_acquire(ip(9)).expect("a place");
+        let _p2 = q.try_acquire(ip(9)).expect("a place");
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move { b.acquire_waiting(ip(9), far, &p1).await.map(|_| ()) })
+        };
+        while !b.has_waiters() {
+            tokio::task::yield_now().await;
+        }
+        let _newcomer = q.try_acquire(ip(7)).expect("preempts the oldest place");
+        assert_eq!(waiter.await.expect("join"), Err(NoSlot::Preempted));
+        assert_eq!(waits(WaitOutcome::Preempted), 1);
+        // Waiting retries are not counted as refusals.
+        let refused = [("budget", "auth"), ("reason", "source_share")];
+        assert_eq!(m.refused.get_or_create(&refused).get(), 0);
     }
 }

@@ -1,8 +1,10 @@
 //! Trimming at the high watermark: every second, if the high watermark of
 //! members is reached (and the low one is below it), close unauthenticated
 //! connections, send go-away OVERLOADED to the members [`plan::plan`] picks
-//! (bounded fan-out), wait `trim_close_grace` for them to move
-//! (make-before-break on their side) and close whoever is still here.
+//! in paced waves (the drain's pacing, [`crate::goaway::pace`]: every one
+//! told within `trim_close_grace`), wait `trim_close_grace` more for them
+//! to move (make-before-break on their side) and close whoever is still
+//! here.
 //! One trim at a time; none while draining (the drain sends everyone away).
 //!
 //! - this file: the loop;
@@ -21,7 +23,8 @@ use crate::admission::AdmissionTable;
 use crate::admission::Admissions;
 use crate::config::{Config, Sizing};
 use crate::drain::DrainState;
-use crate::goaway::{GoAways, Reason, sender};
+use crate::goaway::pace::{self, Pacer};
+use crate::goaway::{GoAways, Reason};
 use crate::metrics::Metrics;
 use crate::swarm::Commands;
 use plan::{Candidate, TrimReason};
@@ -99,7 +102,17 @@ pub(crate) async fn run(t: Trim, cancel: CancellationToken) {
             "high watermark reached: trimming"
         );
         let peers: Vec<PeerId> = plan.into_iter().map(|(p, _)| p).collect();
-        sender::send_all(&t.goaways, &t.control, peers.clone(), Reason::Overloaded).await;
+        let pacer = Pacer {
+            goaways: &t.goaways,
+            control: &t.control,
+            admissions: &t.admissions,
+            reason: Reason::Overloaded,
+        };
+        let told_by = tokio::time::Instant::now() + t.config.trim_close_grace;
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = pace::send_paced(pacer, peers.clone(), told_by) => {}
+        }
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(t.config.trim_close_grace) => {}

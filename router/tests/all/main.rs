@@ -5,6 +5,7 @@
 
 mod support;
 
+mod auth_queue;
 mod binary;
 mod connection_charge;
 mod dns;

@@ -205,6 +205,12 @@ pub struct LocalConfig {
     /// remote run against an `https://` control plane takes).
     #[arg(long)]
     pub control_plane_tls: bool,
+    /// Cap the whole run (control plane, routers, fleet workers, the ladder
+    /// itself) at this many CPU cores, e.g. 1.4, in a cgroup of its own the
+    /// ladder creates and removes (cgroup v2 `cpu.max` or v1 CFS quota; needs
+    /// root). Default: no cap.
+    #[arg(long)]
+    pub cpu_quota: Option<f64>,
     /// The control plane's database, e.g. `postgres://USER@HOST:PORT/DB` (an empty
     /// database; the ladder writes a key-encryption key for it into the work dir).
     /// Default: SQLite in the work dir (`control-plane.db`).
@@ -221,6 +227,7 @@ impl Default for LocalConfig {
             ready_deadline_secs: DEFAULT_READY_DEADLINE_SECS,
             restart_routers: false,
             control_plane_tls: false,
+            cpu_quota: None,
             control_plane_db: None,
         }
     }

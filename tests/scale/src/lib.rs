@@ -10,6 +10,7 @@
 
 pub mod attack;
 pub mod binaries;
+pub mod cgroup;
 pub mod children;
 pub mod config;
 pub mod error;

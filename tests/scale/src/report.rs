@@ -48,6 +48,8 @@ pub struct Report {
     pub work_dir: String,
     /// Why the ladder stopped adding steps early, if it did.
     pub stopped_early: Option<String>,
+    /// `--cpu-quota`: the cap and how often it throttled the run.
+    pub cpu_cap: Option<crate::cgroup::CpuCapRecord>,
 }
 
 /// Sizes of the run.
@@ -158,8 +160,17 @@ pub struct HoldRecord {
     pub exits: u64,
     /// `/readyz` reads over members' Unix sockets.
     pub socket_checks: u64,
-    /// Reads that failed or disagreed with the in-process watch.
+    /// Reads answered with a readiness the in-process watch had neither
+    /// before nor after the read (a real disagreement). Runs before
+    /// session 10 also counted the unanswered reads here.
     pub socket_mismatches: u64,
+    /// Reads with no answer within the read's deadline (5 s) or failed: a
+    /// slow socket, not a member that said "not ready".
+    pub socket_unanswered: u64,
+    /// Reads during which the watch changed, answered with one of its values.
+    pub socket_changed: u64,
+    /// The slowest read, milliseconds.
+    pub socket_read_max_ms: u64,
     /// The first members to lose readiness (each member's first loss,
     /// earliest first, at most `wire::MAX_FLAP_RECORDS`): who, when, which
     /// routers before and after, the node's last router error.
@@ -513,7 +524,7 @@ impl Report {
             let _ = writeln!(s);
             let _ = writeln!(
                 s,
-                "Hold {} s: {} members, flaps {}, members flapped {}, fewest ready {}, ready at end {}, exits {}, socket checks {} ({} mismatched).",
+                "Hold {} s: {} members, flaps {}, members flapped {}, fewest ready {}, ready at end {}, exits {}, socket checks {} ({} disagreed, {} unanswered within 5 s, {} changed during the read; slowest {} ms).",
                 h.secs,
                 h.members,
                 h.flaps,
@@ -522,7 +533,10 @@ impl Report {
                 h.ready_at_end,
                 h.exits,
                 h.socket_checks,
-                h.socket_mismatches
+                h.socket_mismatches,
+                h.socket_unanswered,
+                h.socket_changed,
+                h.socket_read_max_ms
             );
             if !h.flap_records.is_empty() {
                 let _ = writeln!(s);
@@ -741,6 +755,13 @@ impl Report {
         let _ = writeln!(s);
         if let Some(why) = &self.stopped_early {
             let _ = writeln!(s, "Stopped early: {why}.");
+        }
+        if let Some(c) = &self.cpu_cap {
+            let _ = writeln!(
+                s,
+                "CPU cap: {} cores ({:?}, {}): throttled in {} of {} periods, {:.1} s in all.",
+                c.cores, c.version, c.path, c.throttled_periods, c.periods, c.throttled_secs
+            );
         }
         let _ = writeln!(s, "Exits in the whole run: {}.", self.exits);
         s

@@ -29,6 +29,19 @@ const TOKEN_SLACK: u64 = 100;
 /// Runs a ladder against a mesh the ladder starts.
 pub async fn run_local(local: LocalConfig, cfg: FleetConfig) -> Result<Report> {
     validate(&cfg)?;
+    // First, so everything the run starts is inside the cap.
+    let cap = local
+        .cpu_quota
+        .map(crate::cgroup::CpuCap::create)
+        .transpose()?;
+    let mut report = run_local_capped(local, cfg).await;
+    if let (Some(cap), Ok(r)) = (cap, report.as_mut()) {
+        r.cpu_cap = Some(cap.finish());
+    }
+    report
+}
+
+async fn run_local_capped(local: LocalConfig, cfg: FleetConfig) -> Result<Report> {
     let dir = work_dir(&cfg)?;
     crate::workdir::clear_previous_run(&dir).await?;
     let bins = Binaries::locate()?;

@@ -236,8 +236,20 @@ pub struct HoldStats {
     pub exits: u64,
     /// `/readyz` reads over members' Unix sockets.
     pub socket_checks: u64,
-    /// Reads that failed or disagreed with the watch channel.
+    /// Reads answered with a readiness that differs from the watch channel
+    /// both before and after the read (a real disagreement).
     pub socket_mismatches: u64,
+    /// Reads with no answer: failed, or none within the read's deadline
+    /// (a slow read, not an answer "not ready").
+    #[serde(default)]
+    pub socket_unanswered: u64,
+    /// Reads during which the watch changed, answered with one of its two
+    /// values (agreeing, at an instant of the read).
+    #[serde(default)]
+    pub socket_changed: u64,
+    /// The slowest read, milliseconds.
+    #[serde(default)]
+    pub socket_read_max_ms: u64,
     /// The first members to lose readiness (the first loss of each), at
     /// most [`MAX_FLAP_RECORDS`] per worker.
     #[serde(default)]

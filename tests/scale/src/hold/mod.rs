@@ -104,6 +104,9 @@ pub async fn run(
             sum.exits += h.exits;
             sum.socket_checks += h.socket_checks;
             sum.socket_mismatches += h.socket_mismatches;
+            sum.socket_unanswered += h.socket_unanswered;
+            sum.socket_changed += h.socket_changed;
+            sum.socket_read_max_ms = sum.socket_read_max_ms.max(h.socket_read_max_ms);
             sum.flap_records.extend(h.flap_records);
         }
     }
@@ -119,6 +122,9 @@ pub async fn run(
         exits: sum.exits,
         socket_checks: sum.socket_checks,
         socket_mismatches: sum.socket_mismatches,
+        socket_unanswered: sum.socket_unanswered,
+        socket_changed: sum.socket_changed,
+        socket_read_max_ms: sum.socket_read_max_ms,
         flap_records,
     };
     eprintln!(

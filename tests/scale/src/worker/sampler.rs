@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rand::seq::SliceRandom;
 
-use super::state::Shared;
+use super::state::{Shared, SocketCheck};
 use crate::wire::{Event, Tick};
 use crate::{http, procstat};
 
@@ -52,10 +52,16 @@ pub(crate) async fn sample_forever(shared: Arc<Shared>) {
                 let shared = shared.clone();
                 let watch = watch.clone();
                 tokio::spawn(async move {
+                    // The watch before and after the read: a read that
+                    // straddles a change agrees with one of them, and a read
+                    // that got no answer in time is slow, not "not ready".
+                    let before = watch.view().ready;
+                    let started = tokio::time::Instant::now();
                     let answer = http::get_unix(&socket, "/readyz", SOCKET_TIMEOUT).await;
-                    let in_process = watch.view().ready;
-                    let agreed = matches!(answer, Ok(r) if (r.status == 200) == in_process);
-                    shared.socket_check(agreed);
+                    let took = started.elapsed();
+                    let after = watch.view().ready;
+                    let answer = answer.ok().map(|r| r.status == 200);
+                    shared.socket_check(SocketCheck::of(answer, before, after), took);
                 });
             }
         }

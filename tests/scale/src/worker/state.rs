@@ -367,15 +367,49 @@ impl Shared {
         });
     }
 
-    /// Records one Unix-socket `/readyz` check.
-    pub(crate) fn socket_check(&self, agreed: bool) {
+    /// Records one Unix-socket `/readyz` check that took `took`.
+    pub(crate) fn socket_check(&self, check: SocketCheck, took: std::time::Duration) {
         let mut h = lock(&self.hold);
         if !h.started {
             return;
         }
-        h.stats.socket_checks += 1;
-        if !agreed {
-            h.stats.socket_mismatches += 1;
+        let st = &mut h.stats;
+        st.socket_checks += 1;
+        st.socket_read_max_ms = st
+            .socket_read_max_ms
+            .max(u64::try_from(took.as_millis()).unwrap_or(u64::MAX));
+        match check {
+            SocketCheck::Agreed => {}
+            SocketCheck::Changed => st.socket_changed += 1,
+            SocketCheck::Disagreed => st.socket_mismatches += 1,
+            SocketCheck::Unanswered => st.socket_unanswered += 1,
+        }
+    }
+}
+
+/// What one Unix-socket `/readyz` read found, against the in-process
+/// watch read just before and just after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SocketCheck {
+    /// Answered with what the watch said before and after.
+    Agreed,
+    /// The watch changed during the read; the answer is one of its values.
+    Changed,
+    /// Answered with a readiness the watch had neither before nor after.
+    Disagreed,
+    /// No answer (failed, or none within the read's deadline).
+    Unanswered,
+}
+
+impl SocketCheck {
+    /// Classifies an answer (`None`: no answer; `Some(ready)`: 200 or not)
+    /// against the watch before and after the read.
+    pub(crate) fn of(answer: Option<bool>, before: bool, after: bool) -> Self {
+        match answer {
+            None => Self::Unanswered,
+            Some(a) if a == before && a == after => Self::Agreed,
+            Some(a) if a == before || a == after => Self::Changed,
+            Some(_) => Self::Disagreed,
         }
     }
 }
@@ -447,6 +481,21 @@ mod tests {
     use super::*;
     use clap::Parser as _;
     use std::time::Duration;
+
+    #[test]
+    fn a_slow_read_is_unanswered_and_a_read_across_a_change_agrees() {
+        use SocketCheck::*;
+        assert_eq!(SocketCheck::of(Some(true), true, true), Agreed);
+        assert_eq!(SocketCheck::of(Some(false), false, false), Agreed);
+        // Became ready (or not) while the read was under way.
+        assert_eq!(SocketCheck::of(Some(false), false, true), Changed);
+        assert_eq!(SocketCheck::of(Some(false), true, false), Changed);
+        // The socket said something the watch never said meanwhile.
+        assert_eq!(SocketCheck::of(Some(false), true, true), Disagreed);
+        assert_eq!(SocketCheck::of(Some(true), false, false), Disagreed);
+        // No answer is no "not ready", whatever the watch said.
+        assert_eq!(SocketCheck::of(None, true, true), Unanswered);
+    }
 
     /// A worker's shared state with no members (window accounting only).
     fn shared() -> Shared {
