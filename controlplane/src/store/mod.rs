@@ -22,14 +22,14 @@ pub mod copy;
 mod deadline;
 mod migrations;
 mod policies;
+#[cfg(test)]
+mod policy_suite;
 mod pool;
 mod postgres;
 mod reap;
 mod seal;
 mod snapshot;
 mod sqlite;
-#[cfg(test)]
-mod policy_suite;
 #[cfg(test)]
 mod suite;
 pub mod testing;

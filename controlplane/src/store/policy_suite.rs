@@ -154,9 +154,7 @@ async fn two_stores_applying_at_once_never_number_two_versions_alike(b: Backend)
     );
 }
 
-async fn replaced_versions_are_reaped_after_the_retention_and_the_one_in_force_never(
-    b: Backend,
-) {
+async fn replaced_versions_are_reaped_after_the_retention_and_the_one_in_force_never(b: Backend) {
     let Some(t) = Target::new(b).await else {
         return;
     };
@@ -220,7 +218,10 @@ async fn a_copy_keeps_the_versions_under_a_new_epoch(b: Backend) {
     let head = d.policy_head().await.expect("head");
     assert_eq!(head.version, Some(2));
     let source_epoch = s.policy_head().await.expect("head").epoch;
-    assert_ne!(head.epoch, source_epoch, "a restored history is a new epoch");
+    assert_ne!(
+        head.epoch, source_epoch,
+        "a restored history is a new epoch"
+    );
     assert_ne!(head.epoch, fresh_epoch, "made anew by the restore");
     // The copy numbers on from the copied history.
     assert_eq!(

@@ -101,7 +101,10 @@ pub(super) async fn head(store: &PostgresStore) -> Result<PolicyHead, StoreError
     })
 }
 
-pub(super) async fn get(store: &PostgresStore, version: u64) -> Result<Option<PolicyRow>, StoreError> {
+pub(super) async fn get(
+    store: &PostgresStore,
+    version: u64,
+) -> Result<Option<PolicyRow>, StoreError> {
     let (mut conn, ms) = store.conn().await?;
     let tx = conn.transaction().await?;
     PostgresStore::bound(&tx, ms).await?;
@@ -115,7 +118,10 @@ pub(super) async fn get(store: &PostgresStore, version: u64) -> Result<Option<Po
     row.as_ref().map(row_from).transpose()
 }
 
-pub(super) async fn apply(store: &PostgresStore, new: &NewPolicy) -> Result<AppliedPolicy, StoreError> {
+pub(super) async fn apply(
+    store: &PostgresStore,
+    new: &NewPolicy,
+) -> Result<AppliedPolicy, StoreError> {
     let (mut conn, ms) = store.conn().await?;
     let tx = conn.transaction().await?;
     PostgresStore::bound(&tx, ms).await?;
