@@ -97,14 +97,14 @@ pub enum PolicyCliError {
     Client(String),
 }
 
-fn read(path: &PathBuf) -> Result<String, PolicyCliError> {
+fn read(path: &std::path::Path) -> Result<String, PolicyCliError> {
     std::fs::read_to_string(path).map_err(|source| PolicyCliError::Read {
         path: path.display().to_string(),
         source,
     })
 }
 
-fn check_text(path: &PathBuf, text: &str) -> Result<Summary, PolicyCliError> {
+fn check_text(path: &std::path::Path, text: &str) -> Result<Summary, PolicyCliError> {
     Policy::parse(text)
         .map(|p| p.summary())
         .map_err(|e| PolicyCliError::Refused(problems_at(&path.display().to_string(), &e)))
