@@ -1,5 +1,5 @@
 //! The command line of `agentmesh-control-plane`: serve (default), `token
-//! create`, `backup`. Serve flags are exactly the fields of [`Config`]
+//! create`, `backup`, `store`, `policy`. Serve flags are exactly the fields of [`Config`]
 //! (`Config` derives `clap::Args`: each field's doc is its flag's help).
 //! New subcommands go in `Cmd`.
 
@@ -21,6 +21,9 @@ pub enum CliError {
     /// `token create` or `backup` failed.
     #[error(transparent)]
     Offline(#[from] offline::OfflineError),
+    /// A `policy` command failed (a refused policy among them).
+    #[error(transparent)]
+    Policy(#[from] crate::policy::cli::PolicyCliError),
     /// A blocking task died.
     #[error("task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -68,6 +71,9 @@ enum Cmd {
     /// Database operations.
     #[command(subcommand)]
     Store(StoreCmd),
+    /// Policy operations: check a file, apply it, show or diff versions.
+    #[command(subcommand)]
+    Policy(crate::policy::cli::PolicyCmd),
 }
 
 #[derive(Subcommand)]
@@ -86,6 +92,12 @@ enum StoreCmd {
         /// The target's key-encryption key file. Default: as the server resolves it.
         #[arg(long)]
         key_encryption_key_file: Option<PathBuf>,
+    },
+    /// Start a new policy epoch: run it on a database restored from a dump (pg_restore), so members take up its policy history.
+    NewPolicyEpoch {
+        /// Database, sqlite://PATH or postgres://…
+        #[arg(long, default_value = DEFAULT_DB)]
+        db: String,
     },
 }
 
@@ -189,6 +201,15 @@ impl Cli {
                 }
                 Ok(())
             }
+            Some(Cmd::Store(StoreCmd::NewPolicyEpoch { db })) => {
+                let epoch = offline::new_policy_epoch(&db).await?;
+                eprintln!(
+                    "new policy epoch {}; restart the control planes on this database",
+                    crate::policy::epoch_hex(epoch)
+                );
+                Ok(())
+            }
+            Some(Cmd::Policy(cmd)) => Ok(cmd.run().await?),
         }
     }
 }

@@ -110,6 +110,13 @@ pub const DEFAULT_DB_WAIT_TIMEOUT_SECS: u64 = 5;
 pub const DEFAULT_DIRECTORY_CACHE_MS: u64 = 1000;
 /// Default `--shutdown-grace-secs`.
 pub const DEFAULT_SHUTDOWN_GRACE_SECS: u64 = 10;
+/// Default `--policy-retention-secs` (90 days): a replaced policy version
+/// stays readable (`policy show --version N`, `policy diff`) this long.
+pub const DEFAULT_POLICY_RETENTION_SECS: u64 = 90 * 86_400;
+/// Default `--policy-check-interval-ms`: a version another process on the
+/// same database applied is taken up (and pushed) within a second; one
+/// cheap read a second.
+pub const DEFAULT_POLICY_CHECK_INTERVAL_MS: u64 = 1000;
 
 /// Configuration of one control plane.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
@@ -316,6 +323,24 @@ pub struct Config {
     /// so it does not show in `ps`). Default none.
     #[arg(skip)]
     pub admin_token: Option<String>,
+    /// Policy file (TOML) applied at start when it differs from the policy in force; a
+    /// policy that does not pass its checks stops the start and nothing is applied.
+    /// Default none.
+    #[arg(long, conflicts_with = "policy_allow_all")]
+    pub policy: Option<PathBuf>,
+    /// When the database holds no policy yet, apply the built-in allow-all policy (every
+    /// member may provide and call every service); a policy already applied stays. Default
+    /// false.
+    #[arg(long)]
+    pub policy_allow_all: bool,
+    /// A replaced policy version is kept this long before the reaper deletes it, seconds
+    /// (the version in force is always kept). Default 7776000 (90 days).
+    #[arg(long, default_value_t = DEFAULT_POLICY_RETENTION_SECS)]
+    pub policy_retention_secs: u64,
+    /// How often the policy version in force is read from the database, to take up one
+    /// another process applied and re-sign after a key rotation, milliseconds. Default 1000.
+    #[arg(long, default_value_t = DEFAULT_POLICY_CHECK_INTERVAL_MS)]
+    pub policy_check_interval_ms: u64,
 }
 
 fn addr(s: &str) -> SocketAddr {
@@ -379,6 +404,10 @@ impl Default for Config {
             pprof_addr: None,
             admin_token_file: None,
             admin_token: None,
+            policy: None,
+            policy_allow_all: false,
+            policy_retention_secs: DEFAULT_POLICY_RETENTION_SECS,
+            policy_check_interval_ms: DEFAULT_POLICY_CHECK_INTERVAL_MS,
         }
     }
 }
@@ -450,6 +479,8 @@ impl Config {
             ),
             ("--lease-ttl-secs", self.lease_ttl_secs),
             ("--reap-interval-secs", self.reap_interval_secs),
+            ("--policy-retention-secs", self.policy_retention_secs),
+            ("--policy-check-interval-ms", self.policy_check_interval_ms),
             ("--db-max-inflight", self.db_max_inflight as u64),
             ("--db-wait-timeout-secs", self.db_wait_timeout_secs),
             ("--db-read-connections", self.db_read_connections as u64),
@@ -496,6 +527,9 @@ impl Config {
             return Err(format!(
                 "the admin token must be at least {MIN_ADMIN_TOKEN_LEN} characters"
             ));
+        }
+        if self.policy.is_some() && self.policy_allow_all {
+            return Err("--policy and --policy-allow-all exclude each other: give one".into());
         }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return Err("--tls-cert and --tls-key go together".into());

@@ -125,12 +125,16 @@ impl State {
         Ok((claims, peer))
     }
 
-    /// `GetDirectory`: live leases and active revocations (cached briefly).
+    /// `GetDirectory`: live leases, active revocations and the signed
+    /// policy in force (cached briefly).
     pub async fn get_directory(&self) -> Result<GetDirectoryResponse, ServiceError> {
         if let Some(d) = self.cached_directory() {
             return Ok(d);
         }
+        // Another process on the database may have applied a version.
+        self.refresh_policy().await?;
         let now = unix_now();
+        let policy = self.signed_policy(now)?;
         let (leases, revs) = self.db.run(self.db.store().directory(now)).await?;
         let d = GetDirectoryResponse {
             routers: leases
@@ -159,7 +163,7 @@ impl State {
                 })
                 .collect(),
             generated_at_unix_secs: now,
-            policy: None,
+            policy: Some(policy),
         };
         self.cache_directory(&d);
         Ok(d)

@@ -1,12 +1,14 @@
-//! HTTP: `/info` (routers, keys, revocations as JSON), `/metrics`,
-//! `/healthz` (process up) and `/readyz` (database answers).
+//! HTTP: `/info` (routers, keys, revocations, the policy in force as
+//! JSON), `/policy` (read-only: the policy's version, epoch, text and
+//! summary), `/metrics`, `/healthz` (process up) and `/readyz` (database
+//! answers).
 
 use std::sync::Arc;
 
 use agentmesh_proto::{identity::PeerId, unix_now};
 use axum::{
     Json, Router,
-    extract::State as AxState,
+    extract::{Query, State as AxState},
     http::{StatusCode, header},
     response::{IntoResponse, Response},
     routing::get,
@@ -30,6 +32,7 @@ pub struct HttpState {
 pub fn router(s: HttpState) -> Router {
     Router::new()
         .route("/info", get(info))
+        .route("/policy", get(policy))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -105,8 +108,21 @@ async fn info(AxState(s): AxState<HttpState>) -> Response {
         "keys": keys,
         "revocations": revocations,
         "next_key_rotation_unix_secs": s.state.keys.next_rotation_at(),
+        "policy": crate::policy::page::info(&s.state),
     }))
     .into_response()
+}
+
+/// `?version=N` of `/policy`.
+#[derive(Debug, serde::Deserialize)]
+struct PolicyQuery {
+    version: Option<u64>,
+}
+
+async fn policy(AxState(s): AxState<HttpState>, Query(q): Query<PolicyQuery>) -> Response {
+    let (code, body) = crate::policy::page::page(&s.state, q.version).await;
+    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (code, Json(body)).into_response()
 }
 
 async fn metrics(AxState(s): AxState<HttpState>) -> Response {

@@ -41,6 +41,8 @@ pub mod metrics;
 #[cfg(feature = "server")]
 pub mod offline;
 #[cfg(feature = "server")]
+pub mod policy;
+#[cfg(feature = "server")]
 pub mod reaper;
 #[cfg(feature = "server")]
 pub mod refusal_log;
@@ -48,6 +50,8 @@ pub mod refusal_log;
 pub mod server;
 #[cfg(feature = "server")]
 pub mod service;
+#[cfg(feature = "server")]
+pub mod signed_policy;
 #[cfg(feature = "server")]
 pub mod state;
 #[cfg(feature = "server")]

@@ -24,6 +24,8 @@ pub const METHODS: &[&str] = &[
     "CreateToken",
     "RevokeNode",
     "RotateKeyNow",
+    "ApplyPolicy",
+    "GetPolicy",
 ];
 
 /// Limiters, as metric label values: each budget (global, spent) and its
@@ -42,6 +44,9 @@ pub const LIMITERS: &[&str] = &[
     "db_busy",
     "streams_per_connection",
 ];
+
+/// Results of a policy apply, as label values of `policy_applies_total{result}`.
+pub const POLICY_APPLY_RESULTS: &[&str] = &["applied", "unchanged", "refused"];
 
 /// Per-source tables, as label values of `source_table_*{table}`.
 pub const SOURCE_TABLES: &[&str] = &[
@@ -175,6 +180,8 @@ pub struct Metrics {
     source_table_sources: Family<TableLabel, Gauge>,
     source_table_aggregated: Family<TableLabel, Gauge>,
     source_table_overflowed: Family<TableLabel, Gauge>,
+    policy_version: Gauge,
+    policy_applies: Family<ResultLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -212,6 +219,8 @@ impl Metrics {
             source_table_sources: Family::default(),
             source_table_aggregated: Family::default(),
             source_table_overflowed: Family::default(),
+            policy_version: Gauge::default(),
+            policy_applies: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("agentmesh_control_plane");
         r.register("rpc", "gRPC calls by method and status code", m.rpc.clone());
@@ -327,6 +336,17 @@ impl Metrics {
              --grpc-handshake-timeout-secs of accept (TLS handshake, HTTP/2 preface, first call)",
             m.grpc_handshake_timeouts.clone(),
         );
+        r.register(
+            "policy_version",
+            "Version of the policy in force (0: none applied, every call denied)",
+            m.policy_version.clone(),
+        );
+        r.register(
+            "policy_applies",
+            "Policy applies by result: applied (a new version), unchanged (the text in force), \
+             refused (did not pass its checks; nothing applied)",
+            m.policy_applies.clone(),
+        );
         for method in METHODS {
             for code in CODES {
                 let _ = m.rpc.get_or_create(&MethodCode {
@@ -382,6 +402,11 @@ impl Metrics {
             let _ = m.db_pool_connections.get_or_create(&StateLabel {
                 state: state.into(),
             });
+        }
+        for r in POLICY_APPLY_RESULTS.iter().copied() {
+            let _ = m
+                .policy_applies
+                .get_or_create(&ResultLabel { result: r.into() });
         }
         for r in ["enrolled", "re_enrolled"] {
             let _ = m
@@ -541,6 +566,21 @@ impl Metrics {
         self.source_table_overflowed
             .get_or_create(&label)
             .set(g(stats.overflowed_total));
+    }
+
+    /// Sets the version of the policy in force.
+    pub fn set_policy_version(&self, version: u64) {
+        self.policy_version
+            .set(i64::try_from(version).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a policy apply by its result (one of [`POLICY_APPLY_RESULTS`]).
+    pub fn policy_applied(&self, result: &'static str) {
+        self.policy_applies
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
     }
 
     /// Sets the next rotation instant.

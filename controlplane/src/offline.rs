@@ -1,7 +1,8 @@
 //! Operations on the database without a running server: `token create`,
-//! `backup` and `store copy` (each safe while a control plane is serving
-//! the same database: SQLite's WAL and busy timeout, `VACUUM INTO` from a
-//! read-only connection; PostgreSQL's transactions).
+//! `backup`, `store copy` and `store new-policy-epoch` (each safe while a
+//! control plane is serving the same database: SQLite's WAL and busy
+//! timeout, `VACUUM INTO` from a read-only connection; PostgreSQL's
+//! transactions).
 
 use std::path::Path;
 
@@ -143,4 +144,11 @@ pub async fn copy(spec: &CopySpec) -> Result<Copied, OfflineError> {
         kek,
     };
     Ok(store::copy::copy(&open(&spec.from, from_kek), &open(&spec.to, to_kek)).await?)
+}
+
+/// Gives the database at `db` a new policy epoch (after a restore from a
+/// dump, which carries the old one); returns it.
+pub async fn new_policy_epoch(db: &str) -> Result<u64, OfflineError> {
+    let store = open_for_tokens(db).await?;
+    Ok(store.new_policy_epoch().await?)
 }

@@ -20,6 +20,7 @@ impl State {
             ephemeral_retention_secs: c.ephemeral_retention_secs as i64,
             enrollment_retention_secs: c.enrollment_retention_secs as i64,
             used_token_retention_secs: c.used_token_retention_secs as i64,
+            policy_retention_secs: c.policy_retention_secs as i64,
         }
     }
 

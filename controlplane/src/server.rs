@@ -28,11 +28,13 @@ use crate::{
     http::{HttpState, router},
     keys::{Keys, RotationPolicy},
     metrics::Metrics,
+    policy::{Origin, PolicyStartError, StartPolicy, watch::run_policy_check},
     reaper::{run_key_check, run_reaper},
     service::Service,
+    signed_policy::PolicyInForce,
     state::State,
     status::ServiceError,
-    store::{Db, Deleted, StoreError},
+    store::{AppliedPolicy, Db, Deleted, StoreError},
 };
 
 /// Why the control plane did not start.
@@ -66,6 +68,10 @@ pub enum SpawnError {
     /// The database could not be opened or initialised.
     #[error("database: {0}")]
     Store(#[from] StoreError),
+    /// The policy stopped the start (a `--policy` file that does not pass,
+    /// or a database with members and no policy and no flag choosing one).
+    #[error("policy: {0}")]
+    Policy(#[from] PolicyStartError),
 }
 
 /// A running control plane.
@@ -153,6 +159,9 @@ pub async fn spawn_with(
     mut registry: Registry,
 ) -> Result<Handle, SpawnError> {
     config.validate().map_err(SpawnError::Config)?;
+    // A `--policy` file is checked before the database is opened: a bad
+    // one stops the start with nothing changed.
+    let start_policy = StartPolicy::read(&config).await?;
     // Both paths hold the token to MIN_ADMIN_TOKEN_LEN: the embedded one in
     // `Config::validate` above, the file here once it is read.
     let admin_token = match (&config.admin_token, &config.admin_token_file) {
@@ -227,6 +236,7 @@ pub async fn spawn_with(
     // A control plane restarted past the deadline rotates now, not a tick later.
     state.check_keys_once().await?;
     state.reap_once().await?;
+    state.start_policy(start_policy).await?;
 
     let (stop, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
@@ -334,6 +344,7 @@ pub async fn spawn_with(
         }
     });
     tasks.spawn(run_reaper(state.clone(), stop_rx.clone()));
+    tasks.spawn(run_policy_check(state.clone(), stop_rx.clone()));
     tasks.spawn(run_key_check(state.clone(), stop_rx));
     if let Some(addr) = config.pprof_addr {
         let bound = agentmesh_runtime::profiling::serve(addr).await?;
@@ -402,6 +413,21 @@ impl Handle {
             .db
             .run(self.state.db.store().backup_to(&to))
             .await
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> std::sync::Arc<PolicyInForce> {
+        self.state.policy_in_force()
+    }
+
+    /// Checks `text` and applies it as the next policy version (unless it
+    /// is the text in force), as an admin call would, without gRPC.
+    pub async fn apply_policy(&self, text: &str) -> Result<AppliedPolicy, ServiceError> {
+        let origin = Origin {
+            by: "embedding program".into(),
+            from: "in-process".into(),
+        };
+        Ok(self.state.apply_policy(text, origin).await?.0)
     }
 
     /// Runs one reaper pass now; returns what it deleted.

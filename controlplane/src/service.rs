@@ -6,8 +6,9 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use agentmesh_proto::pb::controlplane::{
-    CreateTokenRequest, CreateTokenResponse, EnrollRequest, EnrollResponse, GetDirectoryRequest,
-    GetDirectoryResponse, GetKeysRequest, GetKeysResponse, RefreshRequest, RefreshResponse,
+    ApplyPolicyRequest, ApplyPolicyResponse, CreateTokenRequest, CreateTokenResponse,
+    EnrollRequest, EnrollResponse, GetDirectoryRequest, GetDirectoryResponse, GetKeysRequest,
+    GetKeysResponse, GetPolicyRequest, GetPolicyResponse, RefreshRequest, RefreshResponse,
     RevokeNodeRequest, RevokeNodeResponse, RotateKeyNowRequest, RotateKeyNowResponse,
     RouterLeaseRequest, RouterLeaseResponse, control_plane_server::ControlPlane,
 };
@@ -164,5 +165,34 @@ impl ControlPlane for Service {
             Err(e) => Err(e),
         };
         self.finish("RotateKeyNow", t, r)
+    }
+
+    async fn apply_policy(
+        &self,
+        request: Request<ApplyPolicyRequest>,
+    ) -> Result<Response<ApplyPolicyResponse>, Status> {
+        let t = Instant::now();
+        let source = request.remote_addr().map(|a| a.ip());
+        let r = match self.admin(&request) {
+            Ok(()) => {
+                self.state
+                    .apply_policy_rpc(source, request.into_inner())
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        self.finish("ApplyPolicy", t, r)
+    }
+
+    async fn get_policy(
+        &self,
+        request: Request<GetPolicyRequest>,
+    ) -> Result<Response<GetPolicyResponse>, Status> {
+        let t = Instant::now();
+        let r = match self.admin(&request) {
+            Ok(()) => self.state.get_policy_rpc(request.into_inner()).await,
+            Err(e) => Err(e),
+        };
+        self.finish("GetPolicy", t, r)
     }
 }

@@ -9,7 +9,7 @@ use agentmesh_proto::pb::controlplane::GetDirectoryResponse;
 
 use crate::{
     admission::Admission, clock::SharedClock, config::Config, keys::Keys, metrics::Metrics,
-    store::Db,
+    signed_policy::HeldPolicy, store::Db,
 };
 
 /// Shared server state.
@@ -30,6 +30,8 @@ pub struct State {
     pub admin_token: Option<String>,
     /// Every limit a request passes, in order.
     pub admission: Admission,
+    /// The policy in force (deny-all until start-up reads the database).
+    pub policy: HeldPolicy,
     directory_cache: Mutex<Option<(Duration, GetDirectoryResponse)>>,
 }
 
@@ -58,6 +60,7 @@ impl State {
     ) -> Arc<Self> {
         Arc::new(Self {
             admission: Admission::new(&config, clock.clone(), metrics.clone()),
+            policy: HeldPolicy::default(),
             directory_cache: Mutex::new(None),
             config,
             public_url,
@@ -87,5 +90,13 @@ impl State {
     /// Drops the cached directory (after a lease or revocation changed it).
     pub fn invalidate_directory(&self) {
         *lock(&self.directory_cache) = None;
+    }
+
+    /// Something the directory carries changed (a policy was applied or
+    /// found applied by another process, or re-signed with a new key):
+    /// the next GetDirectory builds a fresh answer carrying it. What pushes
+    /// changes to routers hooks in here.
+    pub fn notify_directory_changed(&self) {
+        self.invalidate_directory();
     }
 }

@@ -36,6 +36,9 @@ pub enum ServiceError {
         /// Human message.
         msg: String,
     },
+    /// What the request names does not exist (or no longer: reaped).
+    #[error("not found: {0}")]
+    NotFound(String),
     /// No signing key is active (should not happen after startup).
     #[error("no active signing key")]
     NoSigningKey,
@@ -94,6 +97,7 @@ pub fn to_status(err: &ServiceError) -> Status {
             with_retry_after(Status::new(Code::ResourceExhausted, err.to_string()), *wait)
         }
         ServiceError::Invalid(_) => Status::invalid_argument(err.to_string()),
+        ServiceError::NotFound(_) => Status::not_found(err.to_string()),
         ServiceError::Unauthenticated { .. } => Status::unauthenticated(err.to_string()),
         ServiceError::Denied { .. } => Status::permission_denied(err.to_string()),
         ServiceError::NoSigningKey => {

@@ -44,6 +44,9 @@ struct Args {
     /// Stop after this many seconds (0: run until SIGINT or SIGTERM; either drains the routers).
     #[arg(long, default_value_t = 0)]
     run_for_secs: u64,
+    /// Policy file (TOML) the control plane applies at start (default: none, the built-in allow-all policy while the database holds none).
+    #[arg(long)]
+    policy: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -71,6 +74,7 @@ async fn async_main() -> anyhow::Result<()> {
         http_addr: args.http_addr,
         router_base_port: args.router_base_port,
         router_metrics_base_port: args.router_metrics_base_port,
+        policy: args.policy.clone(),
     })
     .await?;
     print!("{}", mesh.banner());

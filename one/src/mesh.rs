@@ -37,6 +37,9 @@ pub struct Config {
     pub router_base_port: u16,
     /// First router's metrics port; router i serves on base + i (0: any free port).
     pub router_metrics_base_port: u16,
+    /// Policy file the control plane applies at start; `None`: the
+    /// built-in allow-all policy when the database holds none yet.
+    pub policy: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -48,6 +51,7 @@ impl Default for Config {
             http_addr: SocketAddr::from(([127, 0, 0, 1], 7401)),
             router_base_port: 7410,
             router_metrics_base_port: 7420,
+            policy: None,
         }
     }
 }
@@ -135,6 +139,24 @@ impl OneHandle {
                 addrs.join(",")
             );
         }
+        let p = self.control_plane.policy();
+        let s = p.summary();
+        let what = if p.is_allow_all() {
+            "allow-all: every member may provide and call every service (--policy FILE to enforce one)".to_string()
+        } else if p.is_none() {
+            "none applied: every call is denied".to_string()
+        } else {
+            format!(
+                "{} groups, {} owner rules, {} grants, applied by {} from {}",
+                s.groups, s.owners, s.grants, p.applied_by, p.applied_from
+            )
+        };
+        let _ = writeln!(
+            out,
+            "policy         version {}: {what} (http://{}/policy)",
+            p.version,
+            self.control_plane.http_addr()
+        );
         let _ = writeln!(out, "member token   {}", self.token_file.display());
         let _ = writeln!(
             out,
@@ -165,6 +187,8 @@ pub async fn spawn(config: Config) -> Result<OneHandle, SpawnError> {
         grpc_addr: config.grpc_addr,
         http_addr: config.http_addr,
         db: format!("sqlite://{}", db.display()),
+        policy_allow_all: config.policy.is_none(),
+        policy: config.policy.clone(),
         ..cp::Config::default()
     };
     let control_plane = cp::spawn(cp_config)

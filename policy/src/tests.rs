@@ -222,3 +222,123 @@ fn oversized_documents_are_refused_before_parsing() {
     let text = " ".repeat(crate::MAX_POLICY_BYTES + 1);
     assert!(problems(&text)[0].contains("bytes; at most"));
 }
+
+mod reach {
+    //! `may_reach` is what the router asks when it sees both ends of a
+    //! circuit but not the service: it must agree exactly with "some
+    //! service the destination may provide, the source may call".
+
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use crate::{Identity, Pattern, Policy, Role};
+
+    const GROUPS: [&str; 4] = ["g0", "g1", "g2", "g3"];
+
+    fn pattern() -> impl Strategy<Value = String> {
+        let name = proptest::collection::vec("[ab]{1,2}", 1..3).prop_map(|s| s.join("/"));
+        prop_oneof![
+            1 => Just("*".to_string()),
+            3 => name.clone(),
+            3 => name.prop_map(|n| format!("{n}/*")),
+        ]
+    }
+
+    /// (groups, patterns) of one owner rule or grant.
+    fn rule() -> impl Strategy<Value = (Vec<usize>, Vec<String>)> {
+        (
+            proptest::collection::vec(0..GROUPS.len(), 1..3),
+            proptest::collection::vec(pattern(), 1..3),
+        )
+    }
+
+    fn list<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
+        items
+            .map(|i| format!("\"{i}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// A policy whose every grant is owned: a group no identity is in owns
+    /// every service, so each document passes its checks.
+    fn document(
+        owners: &[(Vec<usize>, Vec<String>)],
+        grants: &[(Vec<usize>, Vec<String>)],
+    ) -> String {
+        let mut t = String::from("format = 1\n[groups]\n");
+        for (i, g) in GROUPS.iter().enumerate() {
+            // g0..g2 by team; g3: anyone with an `oncall` label.
+            if i < 3 {
+                t.push_str(&format!("{g} = {{ labels = {{ team = \"t{i}\" }} }}\n"));
+            } else {
+                t.push_str(&format!("{g} = {{ labels = {{ oncall = \"*\" }} }}\n"));
+            }
+        }
+        t.push_str("nobody = { labels = { never = \"x\" } }\n");
+        t.push_str("[[owners]]\nservices = [\"*\"]\ngroups = [\"nobody\"]\n");
+        for (kind, from_key, to_key, rules) in [
+            ("owners", "groups", "services", owners),
+            ("grants", "from", "to", grants),
+        ] {
+            for (groups, patterns) in rules {
+                t.push_str(&format!(
+                    "[[{kind}]]\n{from_key} = [{}]\n{to_key} = [{}]\n",
+                    list(groups.iter().map(|g| GROUPS[*g])),
+                    list(patterns.iter())
+                ));
+            }
+        }
+        t
+    }
+
+    /// Names that decide overlap for every pair of the document's patterns.
+    fn witnesses(rules: &[&(Vec<usize>, Vec<String>)]) -> Vec<String> {
+        let mut out = vec!["z".to_string()];
+        for (_, patterns) in rules {
+            for p in patterns {
+                match Pattern::parse(p).expect("generated patterns parse") {
+                    Pattern::Exact(n) => out.push(n),
+                    Pattern::Prefix(pre) => out.push(format!("{pre}z")),
+                    Pattern::Any => {}
+                }
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn reach_agrees_with_provide_and_call(
+            owners in proptest::collection::vec(rule(), 0..4),
+            grants in proptest::collection::vec(rule(), 0..4),
+            ids in proptest::collection::vec((0..4usize, any::<bool>()), 2..4),
+        ) {
+            let text = document(&owners, &grants);
+            let p = Policy::parse(&text).map_err(|e| TestCaseError::fail(format!("{e}\n{text}")))?;
+            let names = witnesses(&owners.iter().chain(&grants).collect::<Vec<_>>());
+            let labels: Vec<BTreeMap<String, String>> = ids
+                .iter()
+                .map(|(team, oncall)| {
+                    let mut l = BTreeMap::from([("team".to_string(), format!("t{team}"))]);
+                    if *oncall {
+                        l.insert("oncall".into(), "yes".into());
+                    }
+                    l
+                })
+                .collect();
+            let groups: Vec<_> = labels
+                .iter()
+                .map(|l| p.groups_of(&Identity { role: Role::Member, labels: l }))
+                .collect();
+            for from in &groups {
+                for to in &groups {
+                    let witness = names
+                        .iter()
+                        .any(|s| p.may_provide(to, s) && p.may_call(from, s));
+                    prop_assert_eq!(p.may_reach(from, to), witness, "{}", text);
+                }
+            }
+        }
+    }
+}

@@ -1,5 +1,7 @@
 //! The control plane every test starts: real gRPC on loopback port 0,
-//! SQLite in a temp dir, an admin token for minting bootstrap tokens.
+//! SQLite in a temp dir, an admin token for minting bootstrap tokens, the
+//! allow-all policy (tests that need another apply it, or start with
+//! `policy` set and `policy_allow_all` cleared).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -39,6 +41,10 @@ pub async fn start_cp_with(adjust: impl FnOnce(&mut agentmesh_controlplane::Conf
         http_addr: "127.0.0.1:0".parse().expect("addr"),
         db: format!("sqlite://{}", dir.path().join("cp.db").display()),
         admin_token: Some(ADMIN.to_string()),
+        // Every member may provide and call every service unless a test
+        // applies its own policy (`adjust` may set `policy` instead; then
+        // clear this).
+        policy_allow_all: true,
         ..Default::default()
     };
     adjust(&mut config);

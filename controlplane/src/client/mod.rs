@@ -19,6 +19,7 @@
 //!
 //! This module compiles without the `server` feature: no SQLite, no axum.
 
+mod policy;
 mod retry;
 
 use std::{

@@ -11,7 +11,8 @@ use super::{OpenOptions, StoreError, open};
 pub type Copied = Vec<(String, i64)>;
 
 /// Copies every row of `from` into `to` (created and migrated if new; it
-/// must hold no nodes, tokens or keys). Returns the rows per table.
+/// must hold no nodes, tokens, keys or policies). Returns the rows per
+/// table. The target's policy history is a new epoch.
 pub async fn copy(from: &OpenOptions, to: &OpenOptions) -> Result<Copied, StoreError> {
     if let super::DbUrl::Sqlite(path) =
         super::DbUrl::parse(&from.url).map_err(StoreError::Config)?

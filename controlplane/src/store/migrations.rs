@@ -176,6 +176,44 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         postgres: "",
         oldest_compatible: 2,
     },
+    // 3: policy versions and the database's policy epoch (its row is made
+    // by the store when it opens, with a random value). An expansion:
+    // binaries of schema 2 ignore both tables.
+    Migration {
+        sqlite: "
+    CREATE TABLE policy_epoch (
+        id         INTEGER PRIMARY KEY CHECK (id = 1),
+        epoch      INTEGER NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE TABLE policies (
+        version      INTEGER PRIMARY KEY CHECK (version > 0),
+        text         TEXT NOT NULL,
+        applied_at   INTEGER NOT NULL,
+        applied_by   TEXT NOT NULL,
+        applied_from TEXT NOT NULL,
+        replaced_at  INTEGER
+    );
+    CREATE INDEX policies_replaced_at ON policies (replaced_at);
+    ",
+        postgres: "
+    CREATE TABLE policy_epoch (
+        id         BIGINT PRIMARY KEY CHECK (id = 1),
+        epoch      BIGINT NOT NULL,
+        created_at BIGINT NOT NULL
+    );
+    CREATE TABLE policies (
+        version      BIGINT PRIMARY KEY CHECK (version > 0),
+        text         TEXT NOT NULL,
+        applied_at   BIGINT NOT NULL,
+        applied_by   TEXT NOT NULL,
+        applied_from TEXT NOT NULL,
+        replaced_at  BIGINT
+    );
+    CREATE INDEX policies_replaced_at ON policies (replaced_at);
+    ",
+        oldest_compatible: 2,
+    },
 ];
 
 /// The schema version this build writes.

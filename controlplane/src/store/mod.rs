@@ -13,11 +13,17 @@
 //! token uses are spent with a guarded update, the first signing key is
 //! created under a lock, rotation is claimed by a conditional update, and a
 //! router's lease is written in the transaction that checks its node.
+//! A policy version is numbered inside the transaction that writes it,
+//! under the writer lock (SQLite) or an advisory lock (PostgreSQL), so
+//! two processes applying at once never number two policies alike.
 
 mod columns;
 pub mod copy;
 mod deadline;
 mod migrations;
+mod policies;
+#[cfg(test)]
+mod policy_suite;
 mod pool;
 mod postgres;
 mod reap;
@@ -33,6 +39,7 @@ mod tests;
 use std::{collections::BTreeMap, future::Future, path::Path, sync::Arc, time::Duration};
 
 pub use deadline::DEFAULT_WAIT;
+pub use policies::{AppliedPolicy, NewPolicy, PolicyHead, PolicyRow};
 pub use postgres::{DEFAULT_POOL_CONNECTIONS, PgOptions, PostgresStore, Tls};
 pub use seal::{KEK_ENV, Kek};
 pub use snapshot::Snapshot;
@@ -305,6 +312,9 @@ pub struct ReapPolicy {
     pub enrollment_retention_secs: i64,
     /// Used-up tokens go this long after their last use.
     pub used_token_retention_secs: i64,
+    /// Policy versions go this long after a newer one replaced them (the
+    /// one in force is never reaped).
+    pub policy_retention_secs: i64,
 }
 
 /// Rows deleted in one pass: (table, reason, count).
@@ -319,6 +329,7 @@ pub const TABLES: &[&str] = &[
     "signing_keys",
     "rotation_state",
     "revocations",
+    "policies",
 ];
 
 /// Every (table, reason) pair a reaper can report, in the order a reap
@@ -333,6 +344,7 @@ pub const DELETE_REASONS: &[(&str, &str)] = &[
     ("router_leases", "expired"),
     ("revocations", "expired"),
     ("signing_keys", "grace_ended"),
+    ("policies", "replaced"),
 ];
 
 /// The role value a lease's node must have (`Role::Router`).
@@ -431,10 +443,23 @@ pub trait Store: Send + Sync + 'static {
     async fn backup_to(&self, to: &Path) -> Result<(), StoreError>;
     /// Every row of every table, in one consistent read (signing keys opened).
     async fn snapshot(&self) -> Result<Snapshot, StoreError>;
-    /// Writes `snap` into this store, which must hold no nodes, tokens or
-    /// keys yet, in one transaction (signing keys sealed with this store's
-    /// key-encryption key).
+    /// Writes `snap` into this store, which must hold no nodes, tokens,
+    /// keys or policies yet, in one transaction (signing keys sealed with
+    /// this store's key-encryption key); the policy history is a new epoch
+    /// here.
     async fn restore(&self, snap: &Snapshot) -> Result<(), StoreError>;
+    /// The policy epoch and the version in force (`None`: no policy
+    /// applied yet): one cheap read, so replicas notice another's apply.
+    async fn policy_head(&self) -> Result<PolicyHead, StoreError>;
+    /// A kept policy version (`None`: never applied, or reaped).
+    async fn policy(&self, version: u64) -> Result<Option<PolicyRow>, StoreError>;
+    /// One transaction: unless `new.text` is the text in force, stores it
+    /// as the next version and marks the one it replaces; the version is
+    /// numbered under a lock, so concurrent writers never collide.
+    async fn apply_policy(&self, new: &NewPolicy) -> Result<AppliedPolicy, StoreError>;
+    /// Starts a new policy epoch (after a database was restored from a
+    /// dump); returns it.
+    async fn new_policy_epoch(&self) -> Result<u64, StoreError>;
 }
 
 /// Connections of a backend's pool.

@@ -29,6 +29,7 @@ impl Rule {
             "enrollment_requests" => "id",
             "tokens" => "token_id",
             "signing_keys" => "key_id",
+            "policies" => "version",
             _ => "peer_id",
         };
         format!(
@@ -40,7 +41,7 @@ impl Rule {
 }
 
 /// The rules at `now`, in [`DELETE_REASONS`] order.
-pub(super) fn rules(now: i64, p: &ReapPolicy) -> [Rule; 8] {
+pub(super) fn rules(now: i64, p: &ReapPolicy) -> [Rule; 9] {
     let ephemeral = agentmesh_proto::pb::credential::TokenKind::Ephemeral as i64;
     let rule = |table, reason, cond, args| Rule {
         table,
@@ -81,6 +82,13 @@ pub(super) fn rules(now: i64, p: &ReapPolicy) -> [Rule; 8] {
             "grace_ended",
             "verify_until != 0 AND verify_until <= ?2",
             vec![now],
+        ),
+        // The version in force has no `replaced_at`: never reaped.
+        rule(
+            "policies",
+            "replaced",
+            "replaced_at IS NOT NULL AND replaced_at < ?2",
+            vec![now - p.policy_retention_secs],
         ),
     ]
 }
@@ -124,6 +132,7 @@ mod tests {
             ephemeral_retention_secs: 1,
             enrollment_retention_secs: 1,
             used_token_retention_secs: 1,
+            policy_retention_secs: 1,
         };
         let got: Vec<_> = rules(0, &p).iter().map(|r| (r.table, r.reason)).collect();
         assert_eq!(got, DELETE_REASONS);

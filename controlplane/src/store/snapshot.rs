@@ -1,9 +1,11 @@
 //! Every row of a control-plane database, as [`super::Store::snapshot`]
 //! reads it and [`super::Store::restore`] writes it: what `store copy`
 //! moves from one backend to another. Signing keys travel opened and are
-//! sealed again with the target's key-encryption key.
+//! sealed again with the target's key-encryption key. Policy versions
+//! travel as they are; the epoch does not (the target's history is a new
+//! epoch).
 
-use super::{LeaseRow, NodeRow, RevocationRow, SigningKeyRow, TokenRow};
+use super::{LeaseRow, NodeRow, PolicyRow, RevocationRow, SigningKeyRow, TokenRow};
 
 /// A token with what only the table holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,6 +68,8 @@ pub struct Snapshot {
     pub next_rotation_at: Option<i64>,
     /// `revocations`.
     pub revocations: Vec<RevocationEntry>,
+    /// `policies`, oldest first.
+    pub policies: Vec<PolicyRow>,
 }
 
 impl Snapshot {
@@ -86,6 +90,7 @@ impl Snapshot {
                 n(usize::from(self.next_rotation_at.is_some())),
             ),
             ("revocations".into(), n(self.revocations.len())),
+            ("policies".into(), n(self.policies.len())),
         ]
     }
 }

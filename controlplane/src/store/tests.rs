@@ -176,6 +176,7 @@ async fn a_backlog_is_reaped_in_batches_of_at_most_max_rows() {
         ephemeral_retention_secs: day,
         enrollment_retention_secs: day,
         used_token_retention_secs: day,
+        policy_retention_secs: day,
     };
     let now = 10 * day;
     let mut batches = Vec::new();

@@ -12,6 +12,8 @@
 //! - [`grpc_limits`]: the gRPC listener's connection, stream and message bounds;
 //! - [`hostile`]: a flood from one host takes no service from routers and members;
 //! - [`lifecycle`]: restarts, rotation, reapers, backups, the HTTP endpoints;
+//! - [`policy`]: applying, refusing, serving and distributing the policy,
+//!   its commands and the start-up rules (the real binary);
 //! - [`storage`]: the database under pressure (a lock held elsewhere, a backlog);
 //! - [`tls`]: gRPC over TLS;
 //! - [`two_processes`]: two `agentmesh-control-plane` processes on one database.
@@ -27,6 +29,7 @@ mod fleet;
 mod grpc_limits;
 mod hostile;
 mod lifecycle;
+mod policy;
 mod storage;
 mod tls;
 mod two_processes;

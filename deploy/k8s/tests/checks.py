@@ -58,6 +58,8 @@ KNOWN_FLAGS: dict[str, set[str]] = {
         "--auth-failures-per-source-per-min", "--failure-guard-max-sources", "--unauth-rate-per-sec",
         "--unauth-burst", "--lease-rate-per-sec", "--lease-burst", "--source-table-max-sources",
         "--ipv6-source-prefix-len",
+        # issue 18
+        "--policy", "--policy-allow-all", "--policy-retention-secs", "--policy-check-interval-ms",
     },
     "agentmesh-control-plane backup": {"--db", "--to"},
     "agentmesh-router": {
@@ -94,6 +96,7 @@ FILE_FLAGS = {
     "--key-path",
     "--db",
     "--to",
+    "--policy",
 }
 # Of those, the ones the program writes (their directory must be writable).
 WRITTEN_FILE_FLAGS = {"--key-path", "--db", "--to"}
@@ -503,6 +506,8 @@ def check_control_plane(objects: list[dict[str, Any]]) -> list[str]:
     except ValueError:
         problems.append(f"{c.where}: TTL, skew and key grace must be integers")
 
+    problems += _policy_problems(c, objects)
+
     backups = [x for x in containers(objects) if x.binary == "agentmesh-control-plane" and x.subcommand == "backup"]
     if not backups:
         problems.append(f"{c.where}: no backup job")
@@ -531,6 +536,35 @@ def check_control_plane(objects: list[dict[str, Any]]) -> list[str]:
         if b.workload["kind"] == "CronJob" and b.workload["spec"].get("concurrencyPolicy") != "Forbid":
             problems.append(f"{b.where}: concurrencyPolicy is not Forbid")
     return problems
+
+
+def _policy_problems(c: Container, objects: list[dict[str, Any]]) -> list[str]:
+    """The control plane starts with a policy from a rendered ConfigMap key.
+
+    Without --policy (or --policy-allow-all) a fresh database denies every
+    call and one with members refuses to start (docs/policy.md)."""
+    path = c.flag("--policy")
+    if path is None:
+        if "--policy-allow-all" in c.flags():
+            return []
+        return [
+            f"{c.where}: no --policy: a fresh database denies every call and one with members refuses to start"
+        ]
+    m = mount_for(c, path)
+    vol = (c.volume(m["name"]) or {}) if m else {}
+    cm = (vol.get("configMap") or {}).get("name")
+    if cm is None:
+        return [f"{c.where}: --policy {path} is not on a ConfigMap volume"]
+    if m.get("subPath"):
+        key = m["subPath"]
+    else:
+        rel = posixpath.relpath(path, m["mountPath"])
+        items = (vol.get("configMap") or {}).get("items")
+        key = next((i["key"] for i in items if i["path"] == rel), rel) if items else rel
+    obj = find(objects, "ConfigMap", cm)
+    if obj is None or key not in (obj.get("data") or {}):
+        return [f"{c.where}: --policy {path} is key {key} of ConfigMap {cm}, which does not hold it"]
+    return []
 
 
 def check_selectors(objects: list[dict[str, Any]]) -> list[str]:

@@ -110,11 +110,21 @@ class Sandbox:
         return cmd + args
 
     def fill_volumes(self, c: Container, files: dict[str, dict[str, bytes]]) -> None:
-        """Creates each mount dir; writes Secret/ConfigMap keys from `files[name][key]`."""
+        """Creates each mount dir; writes Secret/ConfigMap keys from `files[name][key]`
+        (a `subPath` mount is the one file of that key)."""
         for m in c.mounts():
             target = self.path(m["mountPath"])
-            os.makedirs(target, exist_ok=True)
             vol = c.volume(m["name"]) or {}
+            if m.get("subPath"):
+                src = vol.get("secret") or vol.get("configMap") or {}
+                data = files.get(src.get("secretName") or src.get("name"), {})
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                if m["subPath"] in data:
+                    with open(target, "wb") as f:
+                        f.write(data[m["subPath"]])
+                    os.chmod(target, 0o600)
+                continue
+            os.makedirs(target, exist_ok=True)
             src = vol.get("secret") or vol.get("configMap")
             if not src:
                 continue

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+import subprocess
+
 from binaries import bin_dirs, find_binary, missing_flags
 from checks import KNOWN_FLAGS
-from conftest import OVERLAYS, render
+from conftest import OVERLAYS, TARGETS, render
 from model import containers
 
 
@@ -38,3 +40,21 @@ def test_built_program_accepts_every_manifest_flag(program):
         pytest.skip(f"{binary_name} is not built in {bin_dirs()}")
     missing = missing_flags(binary, subcommand or None, manifest_flags()[program])
     assert not missing, f"`{program} --help` does not list {missing}: the manifests would not start it"
+
+
+@pytest.mark.parametrize("target_name", [t for t in TARGETS if t != "monitoring"])
+def test_the_policy_configmap_passes_policy_check(target_name, tmp_path):
+    """The policy each kustomization applies at start passes the control
+    plane's own checks (a refused one would stop it starting)."""
+    binary = find_binary("agentmesh-control-plane")
+    if binary is None:
+        pytest.skip(f"agentmesh-control-plane is not built in {bin_dirs()}")
+    cm = next(o for o in render(target_name) if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "agentmesh-policy")
+    path = tmp_path / "policy.toml"
+    path.write_text(cm["data"]["policy.toml"])
+    out = subprocess.run([binary, "policy", "check", str(path)], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text(cm["data"]["policy.toml"] + "\n[[grants]]\nfrom = [\"nobody\"]\nto = [\"x\"]\n")
+    out = subprocess.run([binary, "policy", "check", str(bad)], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 1 and "unknown group" in out.stderr, out.stderr

@@ -211,6 +211,15 @@ def cp_short_grace(o):
     get(o, "Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 12
 
 
+def no_policy(o):
+    cp(o)["args"] = [a for a in cp(o)["args"] if not a.startswith("--policy=")]
+
+
+def policy_key_renamed(o):
+    data = get(o, "ConfigMap", "agentmesh-policy")["data"]
+    data["policy.tml"] = data.pop("policy.toml")
+
+
 MUTATIONS = [
     (cp_short_grace, "terminationGracePeriodSeconds 12 < shutdown grace 10 + 5"),
     (bigger_fleet, "14000 x 2 / 3 = 9334 members per router > low watermark 9283"),
@@ -255,6 +264,8 @@ MUTATIONS = [
     (readiness_on_healthz, "readinessProbe checks /healthz"),
     (cp_two_replicas, "single-replica Deployment"),
     (missing_secret, "Secret/agentmesh-router-tokens, neither rendered nor documented"),
+    (no_policy, "no --policy: a fresh database denies every call"),
+    (policy_key_renamed, "is key policy.toml of ConfigMap agentmesh-policy, which does not hold it"),
 ]
 
 

@@ -56,6 +56,10 @@ def ready(sb, c):
 
 def start_control_plane(sb, objects, files):
     cp = program(objects, "agentmesh-control-plane")
+    # ConfigMaps mounted as files (the policy) come from the render itself.
+    for o in objects:
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"] not in files:
+            files[o["metadata"]["name"]] = {k: v.encode() for k, v in (o.get("data") or {}).items()}
     sb.fill_volumes(cp, files)
     argv = sb.argv(cp, "agentmesh-control-plane-0")
     argv[0] = need("agentmesh-control-plane")

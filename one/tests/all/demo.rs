@@ -126,6 +126,14 @@ async fn demo_members_call_each_other_through_the_mesh() {
             .iter()
             .any(|l| l.contains("agentmesh-node run --control-plane http://127.0.0.1:"))
     );
+    // Without --policy the control plane starts with the allow-all policy
+    // and the banner says so.
+    assert!(
+        banner
+            .iter()
+            .any(|l| l.starts_with("policy") && l.contains("version 1: allow-all")),
+        "{banner:?}"
+    );
     let token = std::fs::read_to_string(&token_file).expect("token file");
     assert!(!token.trim().is_empty());
     use std::os::unix::fs::PermissionsExt as _;

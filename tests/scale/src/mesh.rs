@@ -132,6 +132,15 @@ impl LocalMesh {
                 key.display().to_string(),
             ]);
         }
+        // The ladder measures a mesh where every member may call every
+        // service, unless its control-plane arguments name a policy.
+        if !cfg
+            .control_plane_args
+            .iter()
+            .any(|a| a.starts_with("--policy"))
+        {
+            args.push("--policy-allow-all".to_string());
+        }
         args.extend(cfg.control_plane_args.iter().cloned());
         let log = dir.join("control-plane.log");
         let mut child = children::spawn(&bins.control_plane, &args, &log)?;

@@ -9,12 +9,14 @@
 //! is touched by one conditional `UPDATE`, a lease is written after locking
 //! its node's row (`FOR UPDATE`, the row a revocation updates first), the
 //! first signing key and migrations run under transaction-level advisory
-//! locks, and rotation is claimed by a conditional update.
+//! locks, rotation is claimed by a conditional update, and a policy
+//! version is numbered under an advisory lock.
 //!
 //! The operations are grouped by table: [`nodes`] (tokens and nodes),
 //! [`leases`] (leases and the directory), [`revocations`], [`keys`]
 //! (signing keys and the rotation deadline), [`reap`] (reaper batches and
-//! row counts) and [`snapshot`] (`store copy`), each a function the
+//! row counts), [`policies`] (policy versions and the epoch) and
+//! [`snapshot`] (`store copy`), each a function the
 //! [`Store`] impl below calls; [`open`] builds the pool and migrates,
 //! [`rows`] maps rows to the store's types, [`options`] reads the URL and
 //! the `PG*` variables.
@@ -24,6 +26,7 @@ mod leases;
 mod nodes;
 mod open;
 mod options;
+mod policies;
 mod reap;
 mod revocations;
 mod rows;
@@ -38,8 +41,9 @@ pub(crate) use options::process_env;
 pub use options::{PgOptions, Tls};
 
 use super::{
-    Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NodeRefusal, NodeRow, ReapPolicy,
-    RevocationRow, SigningKeyRow, Snapshot, Store, StoreError, TokenRow, Wait, deadline,
+    AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy, NodeRefusal,
+    NodeRow, PolicyHead, PolicyRow, ReapPolicy, RevocationRow, SigningKeyRow, Snapshot, Store,
+    StoreError, TokenRow, Wait, deadline,
 };
 
 /// Default `--db-pool-connections`: PostgreSQL's default `max_connections`
@@ -51,6 +55,7 @@ pub const DEFAULT_POOL_CONNECTIONS: usize = 16;
 /// Advisory lock keys (transaction level; per database).
 const LOCK_MIGRATE: i64 = 0x616d_0001;
 const LOCK_KEYS: i64 = 0x616d_0002;
+const LOCK_POLICY: i64 = 0x616d_0003;
 
 /// PostgreSQL storage.
 pub struct PostgresStore {
@@ -252,5 +257,21 @@ impl Store for PostgresStore {
 
     async fn restore(&self, s: &Snapshot) -> Result<(), StoreError> {
         self.restore_rows(s).await
+    }
+
+    async fn policy_head(&self) -> Result<PolicyHead, StoreError> {
+        policies::head(self).await
+    }
+
+    async fn policy(&self, version: u64) -> Result<Option<PolicyRow>, StoreError> {
+        policies::get(self, version).await
+    }
+
+    async fn apply_policy(&self, new: &NewPolicy) -> Result<AppliedPolicy, StoreError> {
+        policies::apply(self, new).await
+    }
+
+    async fn new_policy_epoch(&self) -> Result<u64, StoreError> {
+        policies::renew_epoch(self).await
     }
 }

@@ -1,7 +1,8 @@
 //! Connecting and migrating: the bounded pool (TLS through rustls when the
 //! URL or `PGSSLMODE` asks for it), then the migrations under a
 //! transaction-level advisory lock, so processes starting together migrate
-//! once, and the signing keys sealed with the current key-encryption key.
+//! once, the policy epoch made if there is none, and the signing keys
+//! sealed with the current key-encryption key.
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::NoTls;
@@ -33,6 +34,7 @@ impl PostgresStore {
             .map_err(|e| StoreError::Config(format!("database pool: {e}")))?;
         let store = Self { pool, kek };
         store.migrate().await?;
+        store.ensure_epoch().await?;
         store.reseal_keys().await?;
         Ok(store)
     }

@@ -1,12 +1,13 @@
 //! Every row of a PostgreSQL database, read in one REPEATABLE READ
-//! transaction, and written into an empty one in one transaction: what
-//! `store copy` moves.
+//! transaction, and written into an empty one in one transaction (under a
+//! new policy epoch): what `store copy` moves.
 
 use tokio_postgres::IsolationLevel;
 
 use super::{
     LOCK_KEYS, PostgresStore,
     leases::insert_lease,
+    policies::{insert_policy, read_policies, replace_epoch},
     rows::{LEASE_COLS, int, lease_from, node_from},
 };
 use crate::store::{
@@ -106,6 +107,7 @@ impl PostgresStore {
                 created_at: r.get(3),
             })
             .collect();
+        let policies = read_policies(&tx).await?;
         tx.commit().await?;
         Ok(Snapshot {
             tokens,
@@ -115,6 +117,7 @@ impl PostgresStore {
             keys,
             next_rotation_at,
             revocations,
+            policies,
         })
     }
 
@@ -126,14 +129,14 @@ impl PostgresStore {
             .await?;
         let held: i64 = tx
             .query_one(
-                "SELECT (SELECT COUNT(*) FROM nodes) + (SELECT COUNT(*) FROM tokens) + (SELECT COUNT(*) FROM signing_keys)",
+                "SELECT (SELECT COUNT(*) FROM nodes) + (SELECT COUNT(*) FROM tokens) + (SELECT COUNT(*) FROM signing_keys) + (SELECT COUNT(*) FROM policies)",
                 &[],
             )
             .await?
             .get(0);
         if held > 0 {
             return Err(StoreError::Config(
-                "the target database already holds nodes, tokens or keys; copy into an empty one"
+                "the target database already holds nodes, tokens, keys or policies; copy into an empty one"
                     .into(),
             ));
         }
@@ -202,6 +205,10 @@ impl PostgresStore {
             )
             .await?;
         }
+        for p in &s.policies {
+            insert_policy(&tx, p).await?;
+        }
+        replace_epoch(&tx).await?;
         tx.commit().await?;
         Ok(())
     }

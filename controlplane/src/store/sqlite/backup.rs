@@ -1,9 +1,10 @@
 //! `backup`: a consistent copy of the database while serving, through
-//! `VACUUM INTO` on a read-only connection, into a file created 0600 first.
+//! `VACUUM INTO` on a read-only connection, into a file created 0600 first;
+//! the copy gets a policy epoch of its own.
 
 use std::path::Path;
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{io_err, open::open_reader};
 use crate::store::{StoreError, migrations};
@@ -44,6 +45,31 @@ pub(super) fn vacuum_into(conn: &Connection, to: &Path) -> Result<(), StoreError
     if let Err(e) = conn.execute("VACUUM INTO ?1", params![target]) {
         let _ = std::fs::remove_file(to);
         return Err(e.into());
+    }
+    if let Err(e) = new_epoch_in(to) {
+        let _ = std::fs::remove_file(to);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Gives the copy a policy epoch of its own: a database restored from it
+/// starts a new policy history, which members accept even though its
+/// versions are lower than the ones they hold (a copy of a schema from
+/// before policies has no epoch table and gets its epoch when served).
+fn new_epoch_in(copy: &Path) -> Result<(), StoreError> {
+    let conn = Connection::open(copy)?;
+    conn.busy_timeout(crate::store::DEFAULT_WAIT)?;
+    let has_table = conn
+        .query_row(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'policy_epoch'",
+            [],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some();
+    if has_table {
+        super::policies::replace_epoch(&conn)?;
     }
     Ok(())
 }

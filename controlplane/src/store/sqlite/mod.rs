@@ -9,16 +9,17 @@
 //! The operations are grouped by table: [`nodes`] (tokens and nodes),
 //! [`leases`] (leases and the directory), [`revocations`], [`keys`]
 //! (signing keys and the rotation deadline), [`reap`] (reaper batches and
-//! row counts) and [`snapshot`] (`store copy`); [`open`] creates the file
+//! row counts), [`policies`] (policy versions and the epoch) and
+//! [`snapshot`] (`store copy`); [`open`] creates the file
 //! and [`backup`] copies it. Each is a method of [`Inner`], run by the
 //! [`Store`] impl below on the blocking pool.
 
 use std::{path::Path, sync::Arc};
 
 use super::{
-    Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NodeRefusal, NodeRow, ReapPolicy,
-    RevocationRow, SigningKeyRow, Snapshot, Store, StoreError, TokenRow, Wait, deadline,
-    pool::Pool,
+    AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy, NodeRefusal,
+    NodeRow, PolicyHead, PolicyRow, ReapPolicy, RevocationRow, SigningKeyRow, Snapshot, Store,
+    StoreError, TokenRow, Wait, deadline, pool::Pool,
 };
 
 mod backup;
@@ -26,6 +27,7 @@ mod keys;
 mod leases;
 mod nodes;
 mod open;
+mod policies;
 mod reap;
 mod revocations;
 mod rows;
@@ -229,5 +231,22 @@ impl Store for SqliteStore {
     async fn restore(&self, snap: &Snapshot) -> Result<(), StoreError> {
         let snap = snap.clone();
         self.blocking(move |s| s.restore(&snap)).await
+    }
+
+    async fn policy_head(&self) -> Result<PolicyHead, StoreError> {
+        self.blocking(|s| s.policy_head()).await
+    }
+
+    async fn policy(&self, version: u64) -> Result<Option<PolicyRow>, StoreError> {
+        self.blocking(move |s| s.policy(version)).await
+    }
+
+    async fn apply_policy(&self, new: &NewPolicy) -> Result<AppliedPolicy, StoreError> {
+        let new = new.clone();
+        self.blocking(move |s| s.apply_policy(&new)).await
+    }
+
+    async fn new_policy_epoch(&self) -> Result<u64, StoreError> {
+        self.blocking(|s| s.new_policy_epoch()).await
     }
 }

@@ -1,7 +1,8 @@
 //! Opening the database file: created with mode 0600 in a directory
-//! created 0700, put in WAL mode with `synchronous=FULL`, migrated, its
-//! signing keys sealed with the current key-encryption key; then the
-//! read-only connections, opened after the writer so they see all of it.
+//! created 0700, put in WAL mode with `synchronous=FULL`, migrated, given
+//! a policy epoch if it has none, its signing keys sealed with the current
+//! key-encryption key; then the read-only connections, opened after the
+//! writer so they see all of it.
 
 use std::{path::Path, sync::Arc};
 
@@ -54,6 +55,7 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         migrations::migrate_sqlite(&mut conn)?;
+        super::policies::ensure_epoch(&conn)?;
         reseal_keys(&mut conn, &kek)?;
         // Opened after the writer set WAL mode and migrated, so they see it.
         let readers = (0..read_connections.max(1))

@@ -1,5 +1,6 @@
 //! Every row of a SQLite database, read in one transaction, and written
-//! into an empty one in one transaction: what `store copy` moves.
+//! into an empty one in one transaction (under a new policy epoch): what
+//! `store copy` moves.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +10,7 @@ use super::{
     Inner,
     keys::{insert_key, read_keys},
     leases::{insert_lease, read_leases},
+    policies::{insert_policy, read_policies, replace_epoch},
     rows::{finish_node, node_from_row},
 };
 use crate::store::{
@@ -91,6 +93,7 @@ impl Inner {
                 })
             })?
             .collect::<Result<Vec<_>, _>>()?;
+        let policies = read_policies(&tx)?;
         tx.commit()?;
         Ok(Snapshot {
             tokens,
@@ -100,6 +103,7 @@ impl Inner {
             keys,
             next_rotation_at,
             revocations,
+            policies,
         })
     }
 
@@ -107,13 +111,13 @@ impl Inner {
         let mut conn = self.writer.get()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let held: i64 = tx.query_row(
-            "SELECT (SELECT COUNT(*) FROM nodes) + (SELECT COUNT(*) FROM tokens) + (SELECT COUNT(*) FROM signing_keys)",
+            "SELECT (SELECT COUNT(*) FROM nodes) + (SELECT COUNT(*) FROM tokens) + (SELECT COUNT(*) FROM signing_keys) + (SELECT COUNT(*) FROM policies)",
             [],
             |r| r.get(0),
         )?;
         if held > 0 {
             return Err(StoreError::Config(
-                "the target database already holds nodes, tokens or keys; copy into an empty one"
+                "the target database already holds nodes, tokens, keys or policies; copy into an empty one"
                     .into(),
             ));
         }
@@ -157,6 +161,10 @@ impl Inner {
                 params![r.row.peer_id, r.row.until, r.row.reason, r.created_at],
             )?;
         }
+        for p in &s.policies {
+            insert_policy(&tx, p)?;
+        }
+        replace_epoch(&tx)?;
         tx.commit()?;
         Ok(())
     }

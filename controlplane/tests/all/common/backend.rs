@@ -97,10 +97,12 @@ impl TestDb {
     }
 
     /// A control plane on this database: loopback port 0, the test admin
-    /// token, the KEK on PostgreSQL.
+    /// token, the KEK on PostgreSQL, the allow-all policy when none is
+    /// applied (the policy tests choose their own).
     pub fn config(&self) -> Config {
         Config {
             admin_token: Some(ADMIN.into()),
+            policy_allow_all: true,
             db: self.url.clone(),
             key_encryption_key: self.kek.clone(),
             ..Config::ephemeral(&self.dir.path().join("cp.db"))

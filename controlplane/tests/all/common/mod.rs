@@ -19,10 +19,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub const ADMIN: &str = "test-admin-token-0123456789";
 
 /// A control plane on a SQLite file in `dir`, for the tests that run on
-/// SQLite only (see [`TestDb::config`] for the others).
+/// SQLite only (see [`TestDb::config`] for the others), with the allow-all
+/// policy (the policy tests choose their own).
 pub fn config(dir: &Path) -> Config {
     Config {
         admin_token: Some(ADMIN.into()),
+        policy_allow_all: true,
         ..Config::ephemeral(&dir.join("cp.db"))
     }
 }
