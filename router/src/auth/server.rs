@@ -71,18 +71,7 @@ pub(crate) async fn busy(
 pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Stream) {
     let (peer, source) = (info.peer, ip_of(&info.remote_addr));
     let t = ctx.config.stream_timeout;
-    let short = ctx.config.auth_first_byte_timeout;
-    let first = match first_byte(&mut stream, short).await {
-        // Members admitted from this source vouch for it: a silent stream
-        // from there is most likely a member starved of CPU in a
-        // re-admission storm, so it gets the whole stream timeout (its
-        // source's fair share of auth slots still bounds what it holds).
-        FirstByte::Silent if source.is_some_and(|ip| ctx.resources.source_has_members(ip)) => {
-            tracing::debug!(%peer, ?source, "auth stream silent past the first-byte deadline from a source with members; waiting the stream timeout");
-            first_byte(&mut stream, t.saturating_sub(short)).await
-        }
-        other => other,
-    };
+    let first = first_byte(&mut stream, ctx.config.auth_first_byte_timeout).await;
     let first = match first {
         FirstByte::Byte(b) => b,
         FirstByte::Silent => {

@@ -317,20 +317,6 @@ impl ResourceManager {
 
     /// The key `ip` counts under for per-source limits: every map keyed by
     /// source is keyed by this (IPv6 aggregated to `--ipv6-source-prefix-len`).
-    /// Whether members admitted here connect from the source of `ip`:
-    /// they vouch for it (see `open_connection`).
-    pub(crate) fn source_has_members(&self, ip: IpAddr) -> bool {
-        let key = self.source_key(ip);
-        let peers: Vec<PeerId> = self
-            .state
-            .lock()
-            .sources
-            .get(&key)
-            .map(|m| m.values().copied().collect())
-            .unwrap_or_default();
-        peers.iter().any(|p| self.is_admitted(p))
-    }
-
     fn source_key(&self, ip: IpAddr) -> SourceKey {
         SourceKey::new(ip, self.budgets.ipv6_source_prefix_len)
     }

@@ -237,7 +237,6 @@ fn a_source_with_admitted_members_is_not_blocked_before_the_handshake_either() {
     let _m = mgr
         .open_connection(member, &inbound_from("10.0.0.9"))
         .expect("member");
-    assert!(mgr.source_has_members("10.0.0.9".parse().expect("ip")));
     let from = Some("10.0.0.9".parse().expect("ip"));
     for _ in 0..5 {
         mgr.failed_login(from, "silent");
@@ -251,7 +250,6 @@ fn a_source_with_admitted_members_is_not_blocked_before_the_handshake_either() {
         "a member re-attaching from its own address is not refused before its handshake"
     );
     let other: std::net::IpAddr = "10.0.0.10".parse().expect("ip");
-    assert!(!mgr.source_has_members(other));
     for _ in 0..5 {
         mgr.failed_login(Some(other), "silent");
     }
