@@ -71,4 +71,21 @@ mod tests {
         assert!(problems_at("p.toml", &e).starts_with("p.toml: "));
         assert_eq!(epoch_hex(255), "00000000000000ff");
     }
+    /// Every TOML example in docs/policy.md passes the checks an apply runs.
+    #[test]
+    fn every_example_in_the_policy_docs_passes_its_checks() {
+        let doc = include_str!("../../../docs/policy.md");
+        let mut examples = 0;
+        for block in doc.split("```toml\n").skip(1) {
+            let text = block.split("```").next().unwrap_or_default();
+            if let Err(e) = agentmesh_policy::Policy::parse(text) {
+                panic!(
+                    "docs/policy.md example refused:\n{text}\n{}",
+                    problems_at("example", &e)
+                );
+            }
+            examples += 1;
+        }
+        assert!(examples >= 4, "{examples} examples");
+    }
 }
