@@ -220,10 +220,15 @@ async fn serve(config: Config) -> Result<(), CliError> {
     // The binary's allocator is jemalloc: `agentmesh_runtime_allocator_*`.
     agentmesh_runtime::allocator::register(&mut registry);
     let probe = watchdog::spawn(stalls);
+    // Handlers first: a SIGTERM that arrives as soon as the address is
+    // logged (a supervisor or a test stopping it at once) must still end
+    // in a graceful shutdown, not the signal's default action.
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let handle = spawn_with(config, TokioClock::shared(), registry).await?;
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
+        _ = int.recv() => {}
         _ = term.recv() => {}
     }
     tracing::info!("shutting down");
