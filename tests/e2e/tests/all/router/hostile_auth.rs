@@ -307,15 +307,24 @@ async fn strangers_holding_the_auth_slots_do_not_keep_members_out() {
         metric(&m, &preempted) >= 1.0,
         "slots taken from the attack: {m}"
     );
-    // A renewal refused a slot waits in the auth queue; one the queue
-    // cannot serve is refused its place there or answered busy.
+    // A renewal that finds every slot taken waits in the auth queue behind
+    // the others (or is refused its place there, or answered busy, when
+    // the queue cannot serve it): either way it is held back, not given a
+    // slot at once.
     let queue_share = series(
         r#"agentmesh_router_slots_refused_total{budget="auth_queue",reason="source_share"}"#,
     );
     let busy = series(r#"agentmesh_router_auth_total{purpose="attach",result="busy"}"#);
+    let waits: f64 = ["served", "timed_out", "preempted", "full"]
+        .iter()
+        .map(|o| {
+            let s = format!(r#"agentmesh_router_slots_waits_total{{budget="auth",outcome="{o}"}}"#);
+            metric(&m, &s)
+        })
+        .sum();
     assert!(
-        metric(&m, &share) + metric(&m, &queue_share) + metric(&m, &busy) >= 1.0,
-        "renewals refused: {m}"
+        metric(&m, &share) + metric(&m, &queue_share) + metric(&m, &busy) + waits >= 1.0,
+        "renewals held back: {m}"
     );
     let auth_silent = r#"agentmesh_router_auth_total{purpose="attach",result="silent"}"#;
     assert!(metric(&m, auth_silent) >= 30.0, "{m}");
