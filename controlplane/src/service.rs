@@ -9,7 +9,7 @@ use agentmesh_proto::pb::controlplane::{
     ApplyPolicyRequest, ApplyPolicyResponse, CreateTokenRequest, CreateTokenResponse,
     EnrollRequest, EnrollResponse, GetDirectoryRequest, GetDirectoryResponse, GetKeysRequest,
     GetKeysResponse, GetPolicyRequest, GetPolicyResponse, RefreshRequest, RefreshResponse,
-    RevokeNodeRequest, RevokeNodeResponse, RotateKeyNowRequest, RotateKeyNowResponse,
+    RevokeNodeRequest, RevokeNodeResponse, RevokeTokenRequest, RevokeTokenResponse, WatchEvent, WatchRequest, RotateKeyNowRequest, RotateKeyNowResponse,
     RouterLeaseRequest, RouterLeaseResponse, control_plane_server::ControlPlane,
 };
 use tonic::{Request, Response, Status};
@@ -194,5 +194,24 @@ impl ControlPlane for Service {
             Err(e) => Err(e),
         };
         self.finish("GetPolicy", t, r)
+    }
+
+    // Placeholders while the watch and token revocation are built (branch
+    // cp-revoke replaces both): they say so rather than pretend.
+    async fn revoke_token(
+        &self,
+        _request: Request<RevokeTokenRequest>,
+    ) -> Result<Response<RevokeTokenResponse>, Status> {
+        Err(Status::unimplemented("RevokeToken is not built yet"))
+    }
+
+    type WatchStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<WatchEvent, Status>> + Send>>;
+
+    async fn watch(
+        &self,
+        _request: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("Watch is not built yet"))
     }
 }

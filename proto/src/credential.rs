@@ -113,6 +113,9 @@ impl VerifiedClaims {
 pub struct Trust {
     keys: HashMap<String, TrustedKey>,
     revoked: HashMap<PeerId, i64>,
+    /// Token ids revoked, each until its last credential's expiry: one
+    /// entry however many members enrolled through the token.
+    revoked_tokens: HashMap<String, i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -148,11 +151,34 @@ impl Trust {
     }
 
     /// Replaces the revocation list.
+    /// An entry with a token id (and no peer) revokes every credential
+    /// whose claims carry that token id.
     pub fn set_revocations(&mut self, revocations: &[Revocation]) {
         self.revoked = revocations
             .iter()
+            .filter(|r| !r.peer_id.is_empty())
             .filter_map(|r| Some((PeerId::from_bytes(&r.peer_id).ok()?, r.until_unix_secs)))
             .collect();
+        self.revoked_tokens = revocations
+            .iter()
+            .filter(|r| r.peer_id.is_empty() && !r.token_id.is_empty())
+            .map(|r| (r.token_id.clone(), r.until_unix_secs))
+            .collect();
+    }
+
+    /// Whether credentials from token `token_id` are revoked at `now` (an
+    /// empty id, from a credential issued before token ids, never is).
+    pub fn is_token_revoked(&self, token_id: &str, now: i64) -> bool {
+        !token_id.is_empty()
+            && self
+                .revoked_tokens
+                .get(token_id)
+                .is_some_and(|until| *until >= now)
+    }
+
+    /// Whether these verified claims are revoked at `now`, by peer or by token.
+    pub fn is_claims_revoked(&self, claims: &VerifiedClaims, now: i64) -> bool {
+        self.is_revoked(&claims.peer, now) || self.is_token_revoked(&claims.claims.token_id, now)
     }
 
     /// Whether `key_id` is known.
@@ -235,7 +261,7 @@ pub fn verify(
     if expected_peer.is_some_and(|expected| *expected != peer) {
         return Err(CredentialError::WrongPeer);
     }
-    if trust.is_revoked(&peer, now) {
+    if trust.is_revoked(&peer, now) || trust.is_token_revoked(&claims.token_id, now) {
         return Err(CredentialError::Revoked);
     }
     Ok(VerifiedClaims { peer, claims })

@@ -5,6 +5,7 @@
 //! `AsyncRead`/`AsyncWrite` and every decoder caps its input size.
 
 pub mod credential;
+pub mod enforce;
 pub mod framing;
 pub mod policy;
 pub mod proof;

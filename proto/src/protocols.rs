@@ -11,6 +11,13 @@ pub const CALL: &str = "/agentmesh/call/1";
 /// Go-away: router to member, one `GoAway`, one `GoAwayAck`.
 pub const GOAWAY: &str = "/agentmesh/goaway/1";
 
+/// Policy push: router to member, one `PolicyPush`, one `PolicyAck`.
+pub const POLICY: &str = "/agentmesh/policy/1";
+
+/// Largest `PolicyPush` (and `Admitted` carrying one): the policy
+/// document's own cap plus room for a long revocation list.
+pub const MAX_POLICY_FRAME_BYTES: usize = crate::policy::MAX_POLICY_DOCUMENT_BYTES + 256 * 1024;
+
 /// Largest frame any of our protocols accepts (64 KiB).
 pub const MAX_FRAME_BYTES: usize = 64 * 1024;
 

@@ -121,6 +121,39 @@ fn each_refusal_has_its_type() {
 }
 
 #[test]
+fn a_token_revocation_refuses_every_credential_of_that_token_and_no_other() {
+    let (cp, keys, peer, _) = setup();
+    let other = libp2p_identity::Keypair::generate_ed25519().public().to_peer_id();
+    let of_token = |p: &PeerId, token: &str| {
+        let mut c = claims_for(p, 1000);
+        c.token_id = token.into();
+        sign(&c, &cp)
+    };
+    let mut trust = Trust::new(&keys);
+    trust.set_revocations(&[Revocation {
+        peer_id: vec![],
+        until_unix_secs: 2000,
+        reason: "leaked".into(),
+        token_id: "t-bad".into(),
+    }]);
+    for p in [&peer, &other] {
+        assert_eq!(
+            verify(&of_token(p, "t-bad"), &trust, 1001, Some(p), 60),
+            Err(CredentialError::Revoked),
+            "every member of the token"
+        );
+        assert!(verify(&of_token(p, "t-good"), &trust, 1001, Some(p), 60).is_ok());
+    }
+    // A credential from before token ids carries none and is not covered.
+    assert!(verify(&of_token(&peer, ""), &trust, 1001, Some(&peer), 60).is_ok());
+    assert!(!trust.is_token_revoked("", 1001));
+    // Past its until, the entry lapses like a peer's.
+    assert!(verify(&of_token(&peer, "t-bad"), &trust, 2001, Some(&peer), 60).is_ok());
+    // A token entry never revokes a peer by accident.
+    assert_eq!(trust.revoked_peers(1001).count(), 0);
+}
+
+#[test]
 fn key_past_its_grace_verifies_nothing() {
     let (cp, mut keys, peer, _) = setup();
     keys.keys[0].verify_until_unix_secs = 1500;

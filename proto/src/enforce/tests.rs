@@ -1,0 +1,175 @@
+use super::*;
+use crate::credential::sign;
+use crate::pb::credential::{Claims, Credential, KeySet, Label, PublicKey, Revocation, TokenKind};
+use crate::policy::sign_policy;
+use libp2p_identity::ed25519;
+
+const POLICY: &str = r#"
+format = 1
+[groups]
+payments = { labels = { team = "payments" } }
+web = { labels = { team = "web" } }
+
+[[owners]]
+services = ["payments/*"]
+groups = ["payments"]
+
+[[grants]]
+from = ["web"]
+to = ["payments/api"]
+"#;
+
+struct Cp {
+    key: ed25519::Keypair,
+    trust: Trust,
+}
+
+fn cp() -> Cp {
+    let key = ed25519::Keypair::generate();
+    let trust = Trust::new(&KeySet {
+        keys: vec![PublicKey {
+            key_id: "k1".into(),
+            ed25519: key.public().to_bytes().to_vec(),
+            active_from_unix_secs: 0,
+            verify_until_unix_secs: 0,
+        }],
+    });
+    Cp { key, trust }
+}
+
+fn credential(cp: &Cp, peer: &PeerId, team: &str, token: &str) -> Credential {
+    sign(
+        &Claims {
+            subject: peer.to_bytes(),
+            node_id: "n".into(),
+            role: Role::Member as i32,
+            token_kind: TokenKind::Bootstrap as i32,
+            labels: vec![Label {
+                key: "team".into(),
+                value: team.into(),
+            }],
+            issued_at_unix_secs: 1000,
+            expires_at_unix_secs: 5000,
+            key_id: "k1".into(),
+            token_id: token.into(),
+        },
+        &cp.key,
+    )
+}
+
+fn signed(cp: &Cp, epoch: u64, version: u64, issued_at: i64, text: &str) -> SignedPolicy {
+    sign_policy(
+        &PolicyDocument {
+            epoch,
+            version,
+            issued_at_unix_secs: issued_at,
+            text: text.into(),
+            key_id: "k1".into(),
+        },
+        &cp.key,
+    )
+}
+
+fn record(provider: &PeerId, services: &[&str], expires: i64, cred: Option<Credential>) -> ServiceRecord {
+    ServiceRecord {
+        provider: provider.to_bytes(),
+        services: services.iter().map(|s| s.to_string()).collect(),
+        routers: vec![],
+        issued_at_unix_secs: 1000,
+        expires_at_unix_secs: expires,
+        credential: cred,
+    }
+}
+
+fn peer() -> PeerId {
+    libp2p_identity::Keypair::generate_ed25519().public().to_peer_id()
+}
+
+#[test]
+fn a_policy_is_taken_only_verified_parsed_and_newer() {
+    let cp = cp();
+    let v1 = HeldPolicy::accept(&signed(&cp, 7, 1, 100, POLICY), &cp.trust, None).expect("v1");
+    assert_eq!((v1.epoch, v1.version), (7, 1));
+    let v2 = HeldPolicy::accept(&signed(&cp, 7, 2, 200, POLICY), &cp.trust, Some(&v1)).expect("v2");
+    // Older or equal versions of the same epoch are stale.
+    for v in [1, 2] {
+        let r = HeldPolicy::accept(&signed(&cp, 7, v, 300, POLICY), &cp.trust, Some(&v2));
+        assert_eq!(r.unwrap_err().reason(), "stale");
+    }
+    // A replayed document of an older epoch is stale; a later epoch is taken.
+    let r = HeldPolicy::accept(&signed(&cp, 6, 9, 150, POLICY), &cp.trust, Some(&v2));
+    assert_eq!(r.unwrap_err().reason(), "stale");
+    assert!(HeldPolicy::accept(&signed(&cp, 8, 1, 400, POLICY), &cp.trust, Some(&v2)).is_ok());
+    // Another signer, a tampered document, a text this build cannot parse.
+    let other = self::cp();
+    let r = HeldPolicy::accept(&signed(&other, 7, 3, 300, POLICY), &cp.trust, Some(&v2));
+    assert_eq!(r.unwrap_err().reason(), "bad_signature");
+    let mut tampered = signed(&cp, 7, 3, 300, POLICY);
+    let last = tampered.document.len() - 1;
+    tampered.document[last] ^= 1;
+    assert!(HeldPolicy::accept(&tampered, &cp.trust, Some(&v2)).is_err());
+    let r = HeldPolicy::accept(&signed(&cp, 7, 3, 300, "format = 99"), &cp.trust, Some(&v2));
+    assert_eq!(r.unwrap_err().reason(), "unparsable");
+    // What a holder reporting a version lacks.
+    assert!(v2.is_newer_than(0, 0));
+    assert!(v2.is_newer_than(7, 1));
+    assert!(!v2.is_newer_than(7, 2));
+    assert!(v2.is_newer_than(6, 2));
+    for r in ["stale", "unparsable", "bad_signature"] {
+        assert!(PolicyRejection::REASONS.contains(&r));
+    }
+}
+
+#[test]
+fn a_record_proves_ownership_only_with_its_own_valid_credential() {
+    let cp = cp();
+    let policy = Policy::parse(POLICY).expect("policy");
+    let (pay, web) = (peer(), peer());
+    let pay_cred = credential(&cp, &pay, "payments", "t1");
+    let check = |r: &ServiceRecord, p: &PeerId, trust: &Trust| {
+        check_ownership(r, p, trust, &policy, 2000, 60).map(|c| c.peer)
+    };
+    // The owner's own record.
+    let ok = record(&pay, &["payments/api"], 4000, Some(pay_cred.clone()));
+    assert_eq!(check(&ok, &pay, &cp.trust), Ok(pay));
+    // A member of another team naming the service: not its owner.
+    let impostor = record(&web, &["payments/api"], 4000, Some(credential(&cp, &web, "web", "t2")));
+    assert_eq!(
+        check(&impostor, &web, &cp.trust),
+        Err(OwnershipError::NotOwner("payments/api".into()))
+    );
+    // One unowned name among owned ones refuses the whole record.
+    let mixed = record(&pay, &["payments/api", "db"], 4000, Some(pay_cred.clone()));
+    assert_eq!(check(&mixed, &pay, &cp.trust).unwrap_err().reason(), "not_owner");
+    // The impostor carrying the owner's credential: not its subject.
+    let stolen = record(&web, &["payments/api"], 4000, Some(pay_cred.clone()));
+    assert_eq!(check(&stolen, &web, &cp.trust), Err(OwnershipError::WrongSubject));
+    // No credential, one past the record's expiry, a forged one.
+    let bare = record(&pay, &["payments/api"], 4000, None);
+    assert_eq!(check(&bare, &pay, &cp.trust), Err(OwnershipError::NoCredential));
+    let long = record(&pay, &["payments/api"], 9000, Some(pay_cred.clone()));
+    assert_eq!(check(&long, &pay, &cp.trust), Err(OwnershipError::OutlivesCredential));
+    let forged = record(&pay, &["payments/api"], 4000, Some(credential(&self::cp(), &pay, "payments", "t1")));
+    assert_eq!(check(&forged, &pay, &cp.trust).unwrap_err().reason(), "bad_credential");
+    // Revoked by its token.
+    let mut revoked = cp.trust.clone();
+    revoked.set_revocations(&[Revocation {
+        peer_id: vec![],
+        until_unix_secs: 9000,
+        reason: "leaked".into(),
+        token_id: "t1".into(),
+    }]);
+    assert_eq!(check(&ok, &pay, &revoked).unwrap_err().reason(), "revoked");
+}
+
+#[test]
+fn an_unknown_role_is_in_no_group() {
+    let cp = cp();
+    let policy = Policy::parse(agentmesh_policy::ALLOW_ALL).expect("allow all");
+    let p = peer();
+    let mut claims = crate::credential::verify(&credential(&cp, &p, "web", ""), &cp.trust, 2000, Some(&p), 0)
+        .expect("claims");
+    assert!(!groups_of(&policy, &claims).is_empty());
+    claims.claims.role = Role::Unspecified as i32;
+    assert!(groups_of(&policy, &claims).is_empty());
+}
