@@ -9,8 +9,9 @@ use agentmesh_proto::pb::controlplane::{
     ApplyPolicyRequest, ApplyPolicyResponse, CreateTokenRequest, CreateTokenResponse,
     EnrollRequest, EnrollResponse, GetDirectoryRequest, GetDirectoryResponse, GetKeysRequest,
     GetKeysResponse, GetPolicyRequest, GetPolicyResponse, RefreshRequest, RefreshResponse,
-    RevokeNodeRequest, RevokeNodeResponse, RevokeTokenRequest, RevokeTokenResponse, WatchEvent, WatchRequest, RotateKeyNowRequest, RotateKeyNowResponse,
-    RouterLeaseRequest, RouterLeaseResponse, control_plane_server::ControlPlane,
+    RevokeNodeRequest, RevokeNodeResponse, RevokeTokenRequest, RevokeTokenResponse,
+    RotateKeyNowRequest, RotateKeyNowResponse, RouterLeaseRequest, RouterLeaseResponse, WatchEvent,
+    WatchRequest, control_plane_server::ControlPlane,
 };
 use tonic::{Request, Response, Status};
 

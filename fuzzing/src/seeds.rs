@@ -509,6 +509,7 @@ fn auth_seeds() -> Vec<Seed> {
         credential: Some(keys::member_credential(i, role)),
         purpose: purpose as i32,
         attached_routers: vec![peer(1).to_bytes(), b"not a peer".to_vec()],
+        ..Default::default()
     };
     let attach = encode(&req(0, Role::Member, AuthPurpose::Attach));
     let mut expired = keys::member_claims(0, Role::Member);
@@ -574,6 +575,7 @@ fn auth_seeds() -> Vec<Seed> {
             "admitted",
             answer(auth_response::Result::Admitted(Admitted {
                 until_unix_secs: NOW + 3_600,
+                policy: None,
             })),
             &[("response", "admitted")],
         ),

@@ -77,7 +77,8 @@ impl HeldPolicy {
                 version: doc.version,
             });
         }
-        let policy = Policy::parse(&doc.text).map_err(|e| PolicyRejection::Unparsable(e.to_string()))?;
+        let policy =
+            Policy::parse(&doc.text).map_err(|e| PolicyRejection::Unparsable(e.to_string()))?;
         Ok(HeldPolicy {
             signed: signed.clone(),
             epoch: doc.epoch,
@@ -175,7 +176,10 @@ pub fn check_ownership(
     now: i64,
     skew_secs: i64,
 ) -> Result<VerifiedClaims, OwnershipError> {
-    let credential = record.credential.as_ref().ok_or(OwnershipError::NoCredential)?;
+    let credential = record
+        .credential
+        .as_ref()
+        .ok_or(OwnershipError::NoCredential)?;
     let claims = match verify(credential, trust, now, Some(provider), skew_secs) {
         Err(CredentialError::WrongPeer) => return Err(OwnershipError::WrongSubject),
         other => other?,
@@ -184,7 +188,11 @@ pub fn check_ownership(
         return Err(OwnershipError::OutlivesCredential);
     }
     let groups = groups_of(policy, &claims);
-    if let Some(s) = record.services.iter().find(|s| !policy.may_provide(&groups, s)) {
+    if let Some(s) = record
+        .services
+        .iter()
+        .find(|s| !policy.may_provide(&groups, s))
+    {
         return Err(OwnershipError::NotOwner(s.clone()));
     }
     Ok(claims)

@@ -85,6 +85,7 @@ mod tests {
             credential: None,
             purpose: Purpose::Attach as i32,
             attached_routers: vec![vec![1, 2, 3]],
+            ..Default::default()
         };
         let mut buf = Cursor::new(Vec::new());
         block_on(write_frame(&mut buf, &msg)).expect("write");

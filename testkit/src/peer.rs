@@ -279,6 +279,7 @@ impl TestPeer {
             credential: credential.into(),
             purpose: purpose as i32,
             attached_routers: vec![],
+            ..Default::default()
         };
         self.request(router, AUTH, &req, MAX_FRAME_BYTES).await
     }

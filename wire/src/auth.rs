@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use agentmesh_proto::pb::credential::Credential;
 use agentmesh_proto::pb::mesh::{
-    Admitted, AuthRefusal, AuthRequest, AuthResponse, GoAway, Purpose, Refused, auth_response,
+    Admitted, AuthRefusal, AuthRequest, AuthResponse, GoAway, PolicyPush, Purpose, Refused,
+    auth_response,
 };
-use agentmesh_proto::protocols::{AUTH, MAX_FRAME_BYTES};
+use agentmesh_proto::protocols::{AUTH, MAX_FRAME_BYTES, MAX_POLICY_FRAME_BYTES};
 use agentmesh_streams::Control;
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use libp2p::PeerId;
@@ -26,8 +27,12 @@ use crate::open::{OpenError, open};
 /// A router's answer to an auth request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum AuthOutcome {
-    /// Admitted until this instant (Unix seconds).
-    Admitted(i64),
+    /// Admitted until `until` (Unix seconds), with the router's policy and
+    /// revocations when they supersede what the request said it held.
+    Admitted {
+        until: i64,
+        policy: Option<Box<PolicyPush>>,
+    },
     /// Refused, with the reason and detail.
     Refused(AuthRefusal, String),
     /// The router is busy admitting others and could not serve this
@@ -105,13 +110,18 @@ pub fn request_for(credential: Credential, purpose: Purpose, attached: &[PeerId]
         credential: Some(credential),
         purpose: purpose as i32,
         attached_routers: attached.iter().map(|p| p.to_bytes()).collect(),
+        policy_epoch: 0,
+        policy_version: 0,
     }
 }
 
 /// The outcome an answer carries; `None` when it names no result.
 pub fn outcome(resp: AuthResponse) -> Option<AuthOutcome> {
     Some(match resp.result? {
-        auth_response::Result::Admitted(a) => AuthOutcome::Admitted(a.until_unix_secs),
+        auth_response::Result::Admitted(a) => AuthOutcome::Admitted {
+            until: a.until_unix_secs,
+            policy: a.policy.map(Box::new),
+        },
         auth_response::Result::Refused(r) if r.retry_after_ms > 0 => AuthOutcome::Busy {
             retry_after: Duration::from_millis(u64::from(r.retry_after_ms)),
             detail: r.detail,
@@ -131,7 +141,7 @@ pub fn decode_request(bytes: &[u8]) -> Result<AuthRequest, FrameError> {
 
 /// Decodes one whole answer frame; `Ok(None)` when it names no result.
 pub fn decode_response(bytes: &[u8]) -> Result<Option<AuthOutcome>, FrameError> {
-    frame::decode(bytes, MAX_FRAME_BYTES).map(outcome)
+    frame::decode(bytes, MAX_POLICY_FRAME_BYTES).map(outcome)
 }
 
 /// Client: opens `/agentmesh/auth/1` to `router`, sends `request` and reads
@@ -150,7 +160,8 @@ pub async fn request(
                 source,
             })?;
         let resp: AuthResponse =
-            frame::write_then_read(&mut s, &request, MAX_FRAME_BYTES, deadline)
+            // An admission may carry the policy: the larger cap.
+            frame::write_then_read(&mut s, &request, MAX_POLICY_FRAME_BYTES, deadline)
                 .await
                 .map_err(|source| AuthError::Frame {
                     peer: router,
@@ -175,14 +186,17 @@ pub async fn read_request<S: AsyncRead + Unpin>(
     frame::read(s, MAX_FRAME_BYTES, deadline).await
 }
 
-/// Server: answers "admitted until `until`" (Unix seconds).
+/// Server: answers "admitted until `until`" (Unix seconds), with the
+/// policy and revocations when the member lacks them.
 pub async fn write_admitted<S: AsyncWrite + Unpin>(
     s: &mut S,
     until: i64,
+    policy: Option<PolicyPush>,
     deadline: Duration,
 ) -> Result<(), FrameError> {
     let result = auth_response::Result::Admitted(Admitted {
         until_unix_secs: until,
+        policy,
     });
     write_result(s, result, deadline).await
 }
@@ -252,11 +266,14 @@ mod tests {
     #[tokio::test]
     async fn each_server_answer_decodes_to_its_outcome() {
         let mut cur = Cursor::new(Vec::new());
-        write_admitted(&mut cur, 42, T).await.expect("write");
+        write_admitted(&mut cur, 42, None, T).await.expect("write");
         let bytes = std::mem::take(cur.get_mut());
         assert_eq!(
             decode_response(&bytes).expect("decode"),
-            Some(AuthOutcome::Admitted(42))
+            Some(AuthOutcome::Admitted {
+                until: 42,
+                policy: None
+            })
         );
         let mut cur = Cursor::new(Vec::new());
         write_refused(&mut cur, AuthRefusal::Expired, "old".into(), T)

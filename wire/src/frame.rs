@@ -144,6 +144,7 @@ mod tests {
             credential: None,
             purpose: Purpose::Attach as i32,
             attached_routers: vec![vec![1, 2, 3]],
+            ..Default::default()
         }
     }
 

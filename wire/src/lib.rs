@@ -10,6 +10,7 @@
 //! - [`catalog`] speaks `/agentmesh/catalog/1` ([`catalog::CatalogError`]).
 //! - [`call`] speaks `/agentmesh/call/1` ([`call::CallError`]).
 //! - [`goaway`] speaks `/agentmesh/goaway/1` ([`goaway::GoAwayError`]).
+//! - [`policy`] speaks `/agentmesh/policy/1` ([`policy::PolicyPushError`]).
 //!
 //! Each protocol has one error type for its client half; server halves
 //! return the [`frame::FrameError`] of the frame they could not read or
@@ -26,6 +27,7 @@ pub mod catalog;
 pub mod frame;
 pub mod goaway;
 pub mod open;
+pub mod policy;
 #[cfg(test)]
 mod testing;
 

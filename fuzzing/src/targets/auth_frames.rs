@@ -10,7 +10,7 @@
 //! frame around them reach the checks behind the signature).
 
 use agentmesh_proto::pb::mesh::{AuthResponse, Purpose, auth_response};
-use agentmesh_proto::protocols::{MAX_FRAME_BYTES, peer_id_from_bytes};
+use agentmesh_proto::protocols::{MAX_FRAME_BYTES, MAX_POLICY_FRAME_BYTES, peer_id_from_bytes};
 use agentmesh_wire::auth::{self, AuthOutcome};
 use agentmesh_wire::frame;
 
@@ -48,14 +48,23 @@ pub fn run(data: &[u8]) -> Report {
         }
         Err(e) => report.push("request", e),
     }
-    let resp = check::<AuthResponse>(data, MAX_FRAME_BYTES, frame::decode(data, MAX_FRAME_BYTES));
+    // An admission may carry the policy: answers have the larger cap.
+    let resp = check::<AuthResponse>(
+        data,
+        MAX_POLICY_FRAME_BYTES,
+        frame::decode(data, MAX_POLICY_FRAME_BYTES),
+    );
     let outcome = auth::decode_response(data);
     match (resp, outcome) {
         (Ok(resp), Ok(outcome)) => {
             let label = match (&resp.result, &outcome) {
                 (None, None) => "empty",
-                (Some(auth_response::Result::Admitted(a)), Some(AuthOutcome::Admitted(u))) => {
-                    assert_eq!(a.until_unix_secs, *u);
+                (
+                    Some(auth_response::Result::Admitted(a)),
+                    Some(AuthOutcome::Admitted { until, policy }),
+                ) => {
+                    assert_eq!(a.until_unix_secs, *until);
+                    assert_eq!(a.policy.as_ref(), policy.as_deref());
                     "admitted"
                 }
                 (Some(auth_response::Result::Refused(r)), Some(AuthOutcome::Refused(_, d))) => {

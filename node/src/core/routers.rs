@@ -252,7 +252,7 @@ impl Core {
     ) {
         let m = &self.shared.metrics;
         let label = match &result {
-            Ok(AuthOutcome::Admitted(_)) => "admitted",
+            Ok(AuthOutcome::Admitted { .. }) => "admitted",
             Ok(AuthOutcome::Refused(..)) => "refused",
             Ok(AuthOutcome::Busy { .. }) => "busy",
             Ok(AuthOutcome::GoAway(_)) => "go_away",
@@ -265,7 +265,7 @@ impl Core {
             return;
         };
         match result {
-            Ok(AuthOutcome::Admitted(until)) => {
+            Ok(AuthOutcome::Admitted { until, .. }) => {
                 tracing::debug!(%router, until, initial, "admitted");
                 let reserve = slot.admitted(initial);
                 self.choice.redials.remove(&router);

@@ -129,7 +129,7 @@ impl Core {
         reply: Reply,
     ) {
         let answer = match result {
-            Ok(AuthOutcome::Admitted(_)) => {
+            Ok(AuthOutcome::Admitted { .. }) => {
                 // Only while the connection it was given on lives.
                 if self.swarm.is_connected(&router) {
                     self.transit.admitted(router);

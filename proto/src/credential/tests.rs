@@ -123,7 +123,9 @@ fn each_refusal_has_its_type() {
 #[test]
 fn a_token_revocation_refuses_every_credential_of_that_token_and_no_other() {
     let (cp, keys, peer, _) = setup();
-    let other = libp2p_identity::Keypair::generate_ed25519().public().to_peer_id();
+    let other = libp2p_identity::Keypair::generate_ed25519()
+        .public()
+        .to_peer_id();
     let of_token = |p: &PeerId, token: &str| {
         let mut c = claims_for(p, 1000);
         c.token_id = token.into();

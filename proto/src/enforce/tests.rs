@@ -70,7 +70,12 @@ fn signed(cp: &Cp, epoch: u64, version: u64, issued_at: i64, text: &str) -> Sign
     )
 }
 
-fn record(provider: &PeerId, services: &[&str], expires: i64, cred: Option<Credential>) -> ServiceRecord {
+fn record(
+    provider: &PeerId,
+    services: &[&str],
+    expires: i64,
+    cred: Option<Credential>,
+) -> ServiceRecord {
     ServiceRecord {
         provider: provider.to_bytes(),
         services: services.iter().map(|s| s.to_string()).collect(),
@@ -82,7 +87,9 @@ fn record(provider: &PeerId, services: &[&str], expires: i64, cred: Option<Crede
 }
 
 fn peer() -> PeerId {
-    libp2p_identity::Keypair::generate_ed25519().public().to_peer_id()
+    libp2p_identity::Keypair::generate_ed25519()
+        .public()
+        .to_peer_id()
 }
 
 #[test]
@@ -133,24 +140,49 @@ fn a_record_proves_ownership_only_with_its_own_valid_credential() {
     let ok = record(&pay, &["payments/api"], 4000, Some(pay_cred.clone()));
     assert_eq!(check(&ok, &pay, &cp.trust), Ok(pay));
     // A member of another team naming the service: not its owner.
-    let impostor = record(&web, &["payments/api"], 4000, Some(credential(&cp, &web, "web", "t2")));
+    let impostor = record(
+        &web,
+        &["payments/api"],
+        4000,
+        Some(credential(&cp, &web, "web", "t2")),
+    );
     assert_eq!(
         check(&impostor, &web, &cp.trust),
         Err(OwnershipError::NotOwner("payments/api".into()))
     );
     // One unowned name among owned ones refuses the whole record.
     let mixed = record(&pay, &["payments/api", "db"], 4000, Some(pay_cred.clone()));
-    assert_eq!(check(&mixed, &pay, &cp.trust).unwrap_err().reason(), "not_owner");
+    assert_eq!(
+        check(&mixed, &pay, &cp.trust).unwrap_err().reason(),
+        "not_owner"
+    );
     // The impostor carrying the owner's credential: not its subject.
     let stolen = record(&web, &["payments/api"], 4000, Some(pay_cred.clone()));
-    assert_eq!(check(&stolen, &web, &cp.trust), Err(OwnershipError::WrongSubject));
+    assert_eq!(
+        check(&stolen, &web, &cp.trust),
+        Err(OwnershipError::WrongSubject)
+    );
     // No credential, one past the record's expiry, a forged one.
     let bare = record(&pay, &["payments/api"], 4000, None);
-    assert_eq!(check(&bare, &pay, &cp.trust), Err(OwnershipError::NoCredential));
+    assert_eq!(
+        check(&bare, &pay, &cp.trust),
+        Err(OwnershipError::NoCredential)
+    );
     let long = record(&pay, &["payments/api"], 9000, Some(pay_cred.clone()));
-    assert_eq!(check(&long, &pay, &cp.trust), Err(OwnershipError::OutlivesCredential));
-    let forged = record(&pay, &["payments/api"], 4000, Some(credential(&self::cp(), &pay, "payments", "t1")));
-    assert_eq!(check(&forged, &pay, &cp.trust).unwrap_err().reason(), "bad_credential");
+    assert_eq!(
+        check(&long, &pay, &cp.trust),
+        Err(OwnershipError::OutlivesCredential)
+    );
+    let forged = record(
+        &pay,
+        &["payments/api"],
+        4000,
+        Some(credential(&self::cp(), &pay, "payments", "t1")),
+    );
+    assert_eq!(
+        check(&forged, &pay, &cp.trust).unwrap_err().reason(),
+        "bad_credential"
+    );
     // Revoked by its token.
     let mut revoked = cp.trust.clone();
     revoked.set_revocations(&[Revocation {
@@ -167,8 +199,14 @@ fn an_unknown_role_is_in_no_group() {
     let cp = cp();
     let policy = Policy::parse(agentmesh_policy::ALLOW_ALL).expect("allow all");
     let p = peer();
-    let mut claims = crate::credential::verify(&credential(&cp, &p, "web", ""), &cp.trust, 2000, Some(&p), 0)
-        .expect("claims");
+    let mut claims = crate::credential::verify(
+        &credential(&cp, &p, "web", ""),
+        &cp.trust,
+        2000,
+        Some(&p),
+        0,
+    )
+    .expect("claims");
     assert!(!groups_of(&policy, &claims).is_empty());
     claims.claims.role = Role::Unspecified as i32;
     assert!(groups_of(&policy, &claims).is_empty());

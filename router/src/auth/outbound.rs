@@ -53,9 +53,10 @@ pub(crate) async fn authenticate(
         credential: Some(credential),
         purpose: Purpose::Router as i32,
         attached_routers: Vec::new(),
+        ..Default::default()
     };
     match auth::request(control.clone(), peer, req, deadline).await? {
-        AuthOutcome::Admitted(until) => Ok(until),
+        AuthOutcome::Admitted { until, .. } => Ok(until),
         AuthOutcome::Refused(reason, detail) => Err(OutboundAuthError::Refused {
             peer,
             reason,

@@ -153,7 +153,7 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
             }
             ctx.metrics.auth_result(purpose, "admitted");
             tracing::debug!(%peer, purpose = purpose.as_str(), until, "admitted");
-            wire::write_admitted(&mut stream, until, t).await
+            wire::write_admitted(&mut stream, until, None, t).await
         }
         Err(refusal) => {
             ctx.metrics.auth_result(label_purpose, refusal.label);

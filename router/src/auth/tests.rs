@@ -41,6 +41,7 @@ fn req(f: &Fixture, c: &Claims, purpose: P) -> AuthRequest {
         credential: Some(sign(c, &f.key)),
         purpose: purpose as i32,
         attached_routers: vec![PeerId::random().to_bytes(), b"junk".to_vec()],
+        ..Default::default()
     }
 }
 

@@ -174,6 +174,7 @@ impl Peer {
             credential: Some(credential),
             purpose: Purpose::Attach as i32,
             attached_routers: vec![],
+            ..Default::default()
         };
         let mut s = self.open(router, AUTH).await.expect("open auth stream");
         write_frame(&mut s, &req).await.expect("write auth");

@@ -200,7 +200,7 @@ impl Member {
     ) -> anyhow::Result<()> {
         let req = auth::request_for(credential, purpose, &[]);
         match auth::request(self.control(), router, req, deadline).await? {
-            AuthOutcome::Admitted(_) => Ok(()),
+            AuthOutcome::Admitted { .. } => Ok(()),
             other => bail!("router {router} did not admit the hostile member: {other:?}"),
         }
     }

@@ -97,7 +97,8 @@ fn retry_busy(
     loop {
         match step() {
             Err(StoreError::Timeout(Wait::Lock)) if Instant::now() < deadline => {
-                let pause = Duration::from_millis(rand::Rng::gen_range(&mut rand::thread_rng(), 5..=25));
+                let pause =
+                    Duration::from_millis(rand::Rng::gen_range(&mut rand::thread_rng(), 5..=25));
                 std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
             }
             other => return other,
@@ -128,7 +129,11 @@ mod tests {
         let far = Instant::now() + Duration::from_secs(5);
         let r = retry_busy(far, || {
             tries += 1;
-            if tries < 3 { Err(StoreError::Timeout(Wait::Lock)) } else { Ok(()) }
+            if tries < 3 {
+                Err(StoreError::Timeout(Wait::Lock))
+            } else {
+                Ok(())
+            }
         });
         assert!(r.is_ok(), "{r:?}");
         assert_eq!(tries, 3);
