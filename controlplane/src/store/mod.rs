@@ -35,6 +35,8 @@ mod suite;
 pub mod testing;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod token_revocation_suite;
 
 use std::{collections::BTreeMap, future::Future, path::Path, sync::Arc, time::Duration};
 
