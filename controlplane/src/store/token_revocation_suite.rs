@@ -165,7 +165,14 @@ async fn a_revoked_token_enrolls_no_one_and_its_nodes_are_refused(b: Backend) {
         }]
     );
     let snap = s.snapshot().await.expect("snapshot");
-    assert_eq!(snap.tokens.iter().find(|x| x.row.token_id == "t-bad").map(|x| x.row.expires_at), Some(NOW), "its expiry is now, for binaries that do not read the table");
+    assert_eq!(
+        snap.tokens
+            .iter()
+            .find(|x| x.row.token_id == "t-bad")
+            .map(|x| x.row.expires_at),
+        Some(NOW),
+        "its expiry is now, for binaries that do not read the table"
+    );
 
     // The reaper keeps both while the revocation lasts (the token is
     // expired, but a revoked one is refused as revoked, not unknown)...
@@ -196,7 +203,11 @@ async fn a_revoked_token_enrolls_no_one_and_its_nodes_are_refused(b: Backend) {
     let (_, revs) = s.directory(NOW + 7200).await.expect("directory");
     assert!(revs.is_empty(), "{revs:?}");
     let counts = s.counts().await.expect("counts");
-    assert!(counts.iter().any(|(t, n)| t == "token_revocations" && *n == 0));
+    assert!(
+        counts
+            .iter()
+            .any(|(t, n)| t == "token_revocations" && *n == 0)
+    );
 }
 
 async fn a_revoked_token_routers_lose_their_leases(b: Backend) {
