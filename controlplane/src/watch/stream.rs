@@ -37,6 +37,8 @@ struct Watcher {
     peer_id: Vec<u8>,
     token_id: String,
     metrics: Metrics,
+    /// The current value has not been looked at yet.
+    unread: bool,
     done: bool,
     _slot: Slot,
 }
@@ -60,7 +62,7 @@ async fn next_item(mut w: Watcher) -> Option<(Result<WatchEvent, Status>, Watche
         return None;
     }
     loop {
-        if w.current.has_changed().unwrap_or(false) {
+        if std::mem::take(&mut w.unread) {
             let ev = w.current.borrow_and_update().clone();
             if let Some(ev) = ev {
                 if w.revoked_by(&ev) {
@@ -92,7 +94,8 @@ async fn next_item(mut w: Watcher) -> Option<(Result<WatchEvent, Status>, Watche
                 );
                 return Some((Err(s), w));
             }
-            Woke::Changed(true) => {}
+            // `changed` marked the value seen: read it on the next turn.
+            Woke::Changed(true) => w.unread = true,
         }
     }
 }
@@ -133,8 +136,7 @@ impl State {
             metrics: self.metrics.clone(),
         };
         let left = (claims.claims.expires_at_unix_secs - now).max(0) as u64;
-        let mut current = self.watch.current.subscribe();
-        current.mark_changed();
+        let current = self.watch.current.subscribe();
         if current.borrow().is_none() {
             self.watch.changed();
         }
@@ -145,6 +147,7 @@ impl State {
             peer_id,
             token_id: claims.claims.token_id.clone(),
             metrics: self.metrics.clone(),
+            unread: true,
             done: false,
             _slot: slot,
         };
