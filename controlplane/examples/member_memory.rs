@@ -16,7 +16,6 @@ use agentmesh_proto::{
     proof::{Purpose, make_proof},
     unix_now,
 };
-use tokio::io::AsyncReadExt as _;
 use tonic::transport::Endpoint;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -63,8 +62,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!("ready enrolled={enrolled} held={}", held.len());
-    let mut sink = Vec::new();
-    let _ = tokio::io::stdin().read_to_end(&mut sink).await;
+    // Off the runtime: a blocking read until the caller closes stdin.
+    let _ = tokio::task::spawn_blocking(|| {
+        let mut sink = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink)
+    })
+    .await;
     drop(held);
     Ok(())
 }
