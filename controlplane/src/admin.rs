@@ -10,7 +10,7 @@ use agentmesh_proto::{
     pb::{
         controlplane::{
             CreateTokenRequest, CreateTokenResponse, RevokeNodeRequest, RevokeNodeResponse,
-            RotateKeyNowResponse,
+            RevokeTokenRequest, RevokeTokenResponse, RotateKeyNowResponse,
         },
         credential::{Role, TokenKind},
     },
@@ -191,8 +191,51 @@ impl State {
             .run(self.db.store().revoke(&bytes, &reason, now, default_until))
             .await?;
         self.invalidate_directory();
+        self.watch.changed();
         tracing::info!(%peer, until, "node revoked");
         Ok(RevokeNodeResponse {
+            until_unix_secs: until,
+        })
+    }
+
+    /// `RevokeToken`: the token enrolls no one again, its nodes are revoked,
+    /// and the directory (and every watcher) carries one revocation by
+    /// token id until every credential it could cover has expired: the
+    /// credential lifetime plus the clock skew from now, or the last
+    /// expiry of a credential issued to one of its nodes if later.
+    pub async fn revoke_token(
+        &self,
+        req: RevokeTokenRequest,
+    ) -> Result<RevokeTokenResponse, ServiceError> {
+        let token_id = req.token_id.trim();
+        if token_id.is_empty() || token_id.len() > tokens::MAX_TOKEN_LEN {
+            return Err(ServiceError::Invalid(format!(
+                "token_id must be 1..={} bytes",
+                tokens::MAX_TOKEN_LEN
+            )));
+        }
+        if req.reason.len() > MAX_REASON_LEN {
+            return Err(ServiceError::Invalid(format!(
+                "reason is longer than {MAX_REASON_LEN} bytes"
+            )));
+        }
+        let now = unix_now();
+        let until = now + (self.config.credential_ttl_secs + self.config.clock_skew_secs) as i64;
+        let until = self
+            .db
+            .run(
+                self.db
+                    .store()
+                    .revoke_token(token_id, &req.reason, now, until),
+            )
+            .await?
+            .ok_or_else(|| {
+                ServiceError::NotFound(format!("no token, node or revocation has id {token_id:?}"))
+            })?;
+        self.invalidate_directory();
+        self.watch.changed();
+        tracing::info!(%token_id, until, "token revoked");
+        Ok(RevokeTokenResponse {
             until_unix_secs: until,
         })
     }
@@ -203,6 +246,7 @@ impl State {
         if let Some(next) = self.keys.next_rotation_at() {
             self.metrics.set_next_rotation(next);
         }
+        self.watch.changed();
         Ok(RotateKeyNowResponse {
             key_id,
             active_from_unix_secs: active_from,

@@ -24,6 +24,9 @@ pub enum CliError {
     /// A `policy` command failed (a refused policy among them).
     #[error(transparent)]
     Policy(#[from] crate::policy::cli::PolicyCliError),
+    /// An admin call (`token revoke`) was refused or could not be made.
+    #[error("{0}")]
+    Admin(String),
     /// A blocking task died.
     #[error("task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -124,6 +127,17 @@ enum TokenCmd {
         #[arg(long, default_value_t = 86_400)]
         ttl_secs: u64,
     },
+    /// Revoke a token through the admin API: it enrolls no one again and every member enrolled with it is refused.
+    Revoke {
+        /// The token's id (printed by `token create`; not the secret).
+        token_id: String,
+        /// Why, recorded with the revocation and published with it (default: none).
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[allow(missing_docs)]
+        #[command(flatten)]
+        admin: crate::policy::cli::AdminArgs,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -178,6 +192,11 @@ impl Cli {
                 println!("{}", t.token);
                 Ok(())
             }
+            Some(Cmd::Token(TokenCmd::Revoke {
+                token_id,
+                reason,
+                admin,
+            })) => revoke_token(&token_id, &reason, &admin).await,
             Some(Cmd::Backup { db, to }) => {
                 let shown = to.display().to_string();
                 offline::backup(&db, &to).await?;
@@ -212,6 +231,28 @@ impl Cli {
             Some(Cmd::Policy(cmd)) => Ok(cmd.run().await?),
         }
     }
+}
+
+/// `token revoke`: one admin call; prints until when the revocation is
+/// published (every credential the token led to has expired by then).
+async fn revoke_token(
+    token_id: &str,
+    reason: &str,
+    admin: &crate::policy::cli::AdminArgs,
+) -> Result<(), CliError> {
+    let (client, token) = admin.connect()?;
+    let r = client
+        .revoke_token(&token, token_id, reason)
+        .await
+        .map_err(|e| match e.status() {
+            Some(s) => CliError::Admin(format!("{:?}: {}", s.code(), s.message())),
+            None => CliError::Admin(e.to_string()),
+        })?;
+    println!(
+        "token {token_id} revoked; the revocation is published until unix {}",
+        r.until_unix_secs
+    );
+    Ok(())
 }
 
 async fn serve(config: Config) -> Result<(), CliError> {

@@ -117,6 +117,10 @@ pub const DEFAULT_POLICY_RETENTION_SECS: u64 = 90 * 86_400;
 /// same database applied is taken up (and pushed) within a second; one
 /// cheap read a second.
 pub const DEFAULT_POLICY_CHECK_INTERVAL_MS: u64 = 1000;
+/// Default `--watch-max-streams`: routers hold one watch each; a fleet of
+/// 10,000 members needs tens of routers, and each watcher costs one
+/// HTTP/2 stream and a shared reference to the current event.
+pub const DEFAULT_WATCH_MAX_STREAMS: usize = 1024;
 
 /// Configuration of one control plane.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
@@ -341,6 +345,10 @@ pub struct Config {
     /// another process applied and re-sign after a key rotation, milliseconds. Default 1000.
     #[arg(long, default_value_t = DEFAULT_POLICY_CHECK_INTERVAL_MS)]
     pub policy_check_interval_ms: u64,
+    /// Watch streams (routers' pushes of policy, revocations and keys) open at once at most;
+    /// more are refused with RESOURCE_EXHAUSTED and counted (limiter watch_streams), streams. Default 1024.
+    #[arg(long, default_value_t = DEFAULT_WATCH_MAX_STREAMS)]
+    pub watch_max_streams: usize,
 }
 
 fn addr(s: &str) -> SocketAddr {
@@ -408,6 +416,7 @@ impl Default for Config {
             policy_allow_all: false,
             policy_retention_secs: DEFAULT_POLICY_RETENTION_SECS,
             policy_check_interval_ms: DEFAULT_POLICY_CHECK_INTERVAL_MS,
+            watch_max_streams: DEFAULT_WATCH_MAX_STREAMS,
         }
     }
 }
@@ -481,6 +490,7 @@ impl Config {
             ("--reap-interval-secs", self.reap_interval_secs),
             ("--policy-retention-secs", self.policy_retention_secs),
             ("--policy-check-interval-ms", self.policy_check_interval_ms),
+            ("--watch-max-streams", self.watch_max_streams as u64),
             ("--db-max-inflight", self.db_max_inflight as u64),
             ("--db-wait-timeout-secs", self.db_wait_timeout_secs),
             ("--db-read-connections", self.db_read_connections as u64),

@@ -83,7 +83,7 @@ impl State {
 
     /// What a lease proves, checked without the database: bounds, the
     /// proof, a router credential signed for the proof's key.
-    fn verify_lease(
+    pub(crate) fn verify_lease(
         &self,
         req: &RouterLeaseRequest,
         now: i64,
@@ -159,7 +159,7 @@ impl State {
                     peer_id: r.peer_id,
                     until_unix_secs: r.until,
                     reason: r.reason,
-                    token_id: String::new(),
+                    token_id: r.token_id,
                 })
                 .collect(),
             generated_at_unix_secs: now,

@@ -77,7 +77,10 @@ impl State {
             issued_at_unix_secs: now,
             expires_at_unix_secs: now + self.config.credential_ttl_secs as i64,
             key_id: signer.key_id,
-            token_id: String::new(),
+            // The token it enrolled with, so one revocation by token id
+            // covers every credential the token led to (refresh keeps it:
+            // it is read from the node's row).
+            token_id: node.token_id.clone(),
         };
         Ok(sign(&claims, &signer.key))
     }
@@ -146,6 +149,10 @@ impl State {
                 ServiceError::unauth("token_used_up", "token has no uses left")
             }
             EnrollRefusal::Revoked => ServiceError::denied("revoked", "this key's node is revoked"),
+            EnrollRefusal::TokenRevoked => ServiceError::denied(
+                "token_revoked",
+                "token was revoked (RevokeToken): it enrolls no one",
+            ),
         })?;
         let credential = self.issue(&enrolled.node, &peer, now)?;
         self.metrics.enrolled(enrolled.re_enrolled);

@@ -60,6 +60,8 @@ pub mod status;
 pub mod store;
 #[cfg(feature = "server")]
 pub mod tokens;
+#[cfg(feature = "server")]
+pub mod watch;
 
 #[cfg(feature = "server")]
 pub use config::Config;

@@ -26,6 +26,8 @@ pub const METHODS: &[&str] = &[
     "RotateKeyNow",
     "ApplyPolicy",
     "GetPolicy",
+    "RevokeToken",
+    "Watch",
 ];
 
 /// Limiters, as metric label values: each budget (global, spent) and its
@@ -43,6 +45,7 @@ pub const LIMITERS: &[&str] = &[
     "failure_guard",
     "db_busy",
     "streams_per_connection",
+    "watch_streams",
 ];
 
 /// Results of a policy apply, as label values of `policy_applies_total{result}`.
@@ -74,6 +77,7 @@ pub const AUTH_REASONS: &[&str] = &[
     "revoked",
     "unknown_node",
     "admin_token",
+    "token_revoked",
 ];
 
 const CODES: &[tonic::Code] = &[
@@ -182,6 +186,8 @@ pub struct Metrics {
     source_table_overflowed: Family<TableLabel, Gauge>,
     policy_version: Gauge,
     policy_applies: Family<ResultLabel, Counter>,
+    watchers: Gauge,
+    watch_events: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -221,6 +227,8 @@ impl Metrics {
             source_table_overflowed: Family::default(),
             policy_version: Gauge::default(),
             policy_applies: Family::default(),
+            watchers: Gauge::default(),
+            watch_events: Counter::default(),
         };
         let r = registry.sub_registry_with_prefix("agentmesh_control_plane");
         r.register("rpc", "gRPC calls by method and status code", m.rpc.clone());
@@ -233,7 +241,8 @@ impl Metrics {
             "limiter_refusals",
             "Requests refused by a limit: a budget spent (unauth, enroll, refresh, lease), \
              a source over its share of a contended budget (*_source_share), the failure \
-             guard, the database queue (db_busy), streams_per_connection",
+             guard, the database queue (db_busy), streams_per_connection, watch_streams \
+             (--watch-max-streams watchers already open)",
             m.limiter_refusals.clone(),
         );
         r.register(
@@ -346,6 +355,16 @@ impl Metrics {
             "Policy applies by result: applied (a new version), unchanged (the text in force), \
              refused (did not pass its checks; nothing applied)",
             m.policy_applies.clone(),
+        );
+        r.register(
+            "watchers",
+            "Watch streams open (routers holding the push of policy, revocations and keys)",
+            m.watchers.clone(),
+        );
+        r.register(
+            "watch_events",
+            "Watch events sent, over every stream (the first full event of each stream included)",
+            m.watch_events.clone(),
         );
         for method in METHODS {
             for code in CODES {
@@ -460,6 +479,16 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc();
+    }
+
+    /// A watch stream opened (`+1`) or ended (`-1`).
+    pub fn watchers_add(&self, d: i64) {
+        self.watchers.inc_by(d);
+    }
+
+    /// Counts one watch event sent.
+    pub fn watch_event_sent(&self) {
+        self.watch_events.inc();
     }
 
     /// Counts a successful enrollment.

@@ -345,6 +345,10 @@ pub async fn spawn_with(
     });
     tasks.spawn(run_reaper(state.clone(), stop_rx.clone()));
     tasks.spawn(run_policy_check(state.clone(), stop_rx.clone()));
+    tasks.spawn(crate::watch::run_watch_publisher(
+        state.clone(),
+        stop_rx.clone(),
+    ));
     tasks.spawn(run_key_check(state.clone(), stop_rx));
     if let Some(addr) = config.pprof_addr {
         let bound = agentmesh_runtime::profiling::serve(addr).await?;

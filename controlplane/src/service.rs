@@ -10,7 +10,7 @@ use agentmesh_proto::pb::controlplane::{
     EnrollRequest, EnrollResponse, GetDirectoryRequest, GetDirectoryResponse, GetKeysRequest,
     GetKeysResponse, GetPolicyRequest, GetPolicyResponse, RefreshRequest, RefreshResponse,
     RevokeNodeRequest, RevokeNodeResponse, RevokeTokenRequest, RevokeTokenResponse,
-    RotateKeyNowRequest, RotateKeyNowResponse, RouterLeaseRequest, RouterLeaseResponse, WatchEvent,
+    RotateKeyNowRequest, RotateKeyNowResponse, RouterLeaseRequest, RouterLeaseResponse,
     WatchRequest, control_plane_server::ControlPlane,
 };
 use tonic::{Request, Response, Status};
@@ -197,22 +197,29 @@ impl ControlPlane for Service {
         self.finish("GetPolicy", t, r)
     }
 
-    // Placeholders while the watch and token revocation are built (branch
-    // cp-revoke replaces both): they say so rather than pretend.
     async fn revoke_token(
         &self,
-        _request: Request<RevokeTokenRequest>,
+        request: Request<RevokeTokenRequest>,
     ) -> Result<Response<RevokeTokenResponse>, Status> {
-        Err(Status::unimplemented("RevokeToken is not built yet"))
+        let t = Instant::now();
+        let r = match self.admin(&request) {
+            Ok(()) => self.state.revoke_token(request.into_inner()).await,
+            Err(e) => Err(e),
+        };
+        self.finish("RevokeToken", t, r)
     }
 
-    type WatchStream =
-        std::pin::Pin<Box<dyn futures::Stream<Item = Result<WatchEvent, Status>> + Send>>;
+    type WatchStream = crate::watch::WatchStream;
 
+    /// Counted in `rpc{method="Watch"}` when the stream opens (or is
+    /// refused), not when it ends.
     async fn watch(
         &self,
-        _request: Request<WatchRequest>,
+        request: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Err(Status::unimplemented("Watch is not built yet"))
+        let t = Instant::now();
+        let source = request.remote_addr().map(|a| a.ip());
+        let r = self.state.watch_stream(source, request.into_inner()).await;
+        self.finish("Watch", t, r)
     }
 }

@@ -9,7 +9,7 @@ use agentmesh_proto::pb::controlplane::GetDirectoryResponse;
 
 use crate::{
     admission::Admission, clock::SharedClock, config::Config, keys::Keys, metrics::Metrics,
-    signed_policy::HeldPolicy, store::Db,
+    signed_policy::HeldPolicy, store::Db, watch::WatchHub,
 };
 
 /// Shared server state.
@@ -32,6 +32,8 @@ pub struct State {
     pub admission: Admission,
     /// The policy in force (deny-all until start-up reads the database).
     pub policy: HeldPolicy,
+    /// The event routers' watches stream (see [`crate::watch`]).
+    pub watch: WatchHub,
     directory_cache: Mutex<Option<(Duration, GetDirectoryResponse)>>,
 }
 
@@ -61,6 +63,7 @@ impl State {
         Arc::new(Self {
             admission: Admission::new(&config, clock.clone(), metrics.clone()),
             policy: HeldPolicy::default(),
+            watch: WatchHub::new(config.watch_max_streams),
             directory_cache: Mutex::new(None),
             config,
             public_url,
@@ -98,5 +101,6 @@ impl State {
     /// changes to routers hooks in here.
     pub fn notify_directory_changed(&self) {
         self.invalidate_directory();
+        self.watch.changed();
     }
 }

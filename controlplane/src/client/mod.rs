@@ -21,6 +21,7 @@
 
 mod policy;
 mod retry;
+mod watch;
 
 use std::{
     sync::{Arc, OnceLock},
@@ -93,7 +94,7 @@ impl Default for ClientConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Idempotency {
     /// Doing it twice is the same as once (reads, Enroll, Refresh, leases,
-    /// RevokeNode): retry whatever [`is_retryable`] allows.
+    /// RevokeNode, RevokeToken, opening a Watch): retry whatever [`is_retryable`] allows.
     Idempotent,
     /// Doing it twice does more (a second token, a second key): retry only
     /// what [`is_retryable_unsent`] allows.

@@ -132,7 +132,8 @@ fn describe_pb(s: Option<&PolicySummary>) -> String {
 }
 
 impl AdminArgs {
-    fn connect(&self) -> Result<(Client, String), PolicyCliError> {
+    /// A client for the control plane and the admin token read from its file.
+    pub fn connect(&self) -> Result<(Client, String), PolicyCliError> {
         let token = read(&self.admin_token_file)?.trim().to_string();
         let ca_pem = match &self.control_plane_ca {
             Some(p) => Some(std::fs::read(p).map_err(|source| PolicyCliError::Read {

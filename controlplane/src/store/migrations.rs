@@ -214,6 +214,31 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     ",
         oldest_compatible: 2,
     },
+    // 4: token revocations, and an index to find a token's nodes. An
+    // expansion: a revocation also sets the token's expiry to its instant,
+    // so binaries of schema 3, which ignore the table, refuse the token as
+    // expired (its nodes are marked revoked, which they do read).
+    Migration {
+        sqlite: "
+    CREATE TABLE token_revocations (
+        token_id   TEXT PRIMARY KEY,
+        until      INTEGER NOT NULL,
+        reason     TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE INDEX nodes_token_id ON nodes (token_id);
+    ",
+        postgres: "
+    CREATE TABLE token_revocations (
+        token_id   TEXT PRIMARY KEY,
+        until      BIGINT NOT NULL,
+        reason     TEXT NOT NULL,
+        created_at BIGINT NOT NULL
+    );
+    CREATE INDEX nodes_token_id ON nodes (token_id);
+    ",
+        oldest_compatible: 2,
+    },
 ];
 
 /// The schema version this build writes.

@@ -35,6 +35,8 @@ mod suite;
 pub mod testing;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod token_revocation_suite;
 
 use std::{collections::BTreeMap, future::Future, path::Path, sync::Arc, time::Duration};
 
@@ -257,11 +259,14 @@ pub struct LeaseRow {
     pub expires_at: i64,
 }
 
-/// A revocation.
+/// A revocation: of one PeerId, or (`peer_id` empty, `token_id` set) of
+/// every credential whose claims carry a token id.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RevocationRow {
-    /// PeerId bytes.
+    /// PeerId bytes (empty for a token revocation).
     pub peer_id: Vec<u8>,
+    /// Token id (empty for a PeerId revocation).
+    pub token_id: String,
     /// Enforced until, Unix seconds.
     pub until: i64,
     /// Why.
@@ -279,6 +284,8 @@ pub enum EnrollRefusal {
     TokenUsedUp,
     /// The key belongs to a revoked node.
     Revoked,
+    /// The token was revoked (`RevokeToken`).
+    TokenRevoked,
 }
 
 /// Why a refresh or lease was refused by what is stored.
@@ -330,6 +337,7 @@ pub const TABLES: &[&str] = &[
     "rotation_state",
     "revocations",
     "policies",
+    "token_revocations",
 ];
 
 /// Every (table, reason) pair a reaper can report, in the order a reap
@@ -345,6 +353,7 @@ pub const DELETE_REASONS: &[(&str, &str)] = &[
     ("revocations", "expired"),
     ("signing_keys", "grace_ended"),
     ("policies", "replaced"),
+    ("token_revocations", "expired"),
 ];
 
 /// The role value a lease's node must have (`Role::Router`).
@@ -403,6 +412,20 @@ pub trait Store: Send + Sync + 'static {
         now: i64,
         default_until: i64,
     ) -> Result<i64, StoreError>;
+    /// One transaction: revokes the token `token_id` until `until` or the
+    /// last expiry of a credential issued to one of its nodes, whichever
+    /// is later (extending an earlier revocation, never shortening it);
+    /// ends its enrollments (its expiry set to `now`, so a binary of an
+    /// older schema refuses it too), marks its nodes revoked and deletes
+    /// their leases. Returns the instant, or `None` when no token, node or
+    /// revocation has that id.
+    async fn revoke_token(
+        &self,
+        token_id: &str,
+        reason: &str,
+        now: i64,
+        until: i64,
+    ) -> Result<Option<i64>, StoreError>;
     /// Every signing key, opened.
     async fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError>;
     /// If there are no keys yet, stores `first` and the first rotation

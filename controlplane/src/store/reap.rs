@@ -30,6 +30,7 @@ impl Rule {
             "tokens" => "token_id",
             "signing_keys" => "key_id",
             "policies" => "version",
+            "token_revocations" => "token_id",
             _ => "peer_id",
         };
         format!(
@@ -41,7 +42,7 @@ impl Rule {
 }
 
 /// The rules at `now`, in [`DELETE_REASONS`] order.
-pub(super) fn rules(now: i64, p: &ReapPolicy) -> [Rule; 9] {
+pub(super) fn rules(now: i64, p: &ReapPolicy) -> [Rule; 10] {
     let ephemeral = agentmesh_proto::pb::credential::TokenKind::Ephemeral as i64;
     let rule = |table, reason, cond, args| Rule {
         table,
@@ -68,7 +69,14 @@ pub(super) fn rules(now: i64, p: &ReapPolicy) -> [Rule; 9] {
             "at < ?2",
             vec![now - p.enrollment_retention_secs],
         ),
-        rule("tokens", "expired", "expires_at <= ?2", vec![now]),
+        // A revoked token stays while its revocation does, so enrolling
+        // with it is refused as revoked, not as unknown.
+        rule(
+            "tokens",
+            "expired",
+            "expires_at <= ?2 AND token_id NOT IN (SELECT token_id FROM token_revocations)",
+            vec![now],
+        ),
         rule(
             "tokens",
             "used_up",
@@ -90,6 +98,7 @@ pub(super) fn rules(now: i64, p: &ReapPolicy) -> [Rule; 9] {
             "replaced_at IS NOT NULL AND replaced_at < ?2",
             vec![now - p.policy_retention_secs],
         ),
+        rule("token_revocations", "expired", "until <= ?2", vec![now]),
     ]
 }
 

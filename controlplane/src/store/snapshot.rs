@@ -70,6 +70,8 @@ pub struct Snapshot {
     pub revocations: Vec<RevocationEntry>,
     /// `policies`, oldest first.
     pub policies: Vec<PolicyRow>,
+    /// `token_revocations` (`peer_id` empty).
+    pub token_revocations: Vec<RevocationEntry>,
 }
 
 impl Snapshot {
@@ -91,6 +93,7 @@ impl Snapshot {
             ),
             ("revocations".into(), n(self.revocations.len())),
             ("policies".into(), n(self.policies.len())),
+            ("token_revocations".into(), n(self.token_revocations.len())),
         ]
     }
 }

@@ -16,7 +16,8 @@
 //!   its commands and the start-up rules (the real binary);
 //! - [`storage`]: the database under pressure (a lock held elsewhere, a backlog);
 //! - [`tls`]: gRPC over TLS;
-//! - [`two_processes`]: two `agentmesh-control-plane` processes on one database.
+//! - [`two_processes`]: two `agentmesh-control-plane` processes on one database;
+//! - [`watch`]: routers' Watch and token revocation.
 //!
 //! A new file is a module here: `tests/all/<name>.rs` and `mod <name>;`.
 
@@ -33,3 +34,4 @@ mod policy;
 mod storage;
 mod tls;
 mod two_processes;
+mod watch;

@@ -84,10 +84,23 @@ pub(super) async fn directory(
         .iter()
         .map(|r| RevocationRow {
             peer_id: r.get(0),
+            token_id: String::new(),
             until: r.get(1),
             reason: r.get(2),
         })
-        .collect();
+        .collect::<Vec<_>>();
+    let st = tx
+        .prepare_cached(
+            "SELECT token_id, until, reason FROM token_revocations WHERE until > $1 ORDER BY until",
+        )
+        .await?;
+    let mut revs = revs;
+    revs.extend(tx.query(&st, &[&now]).await?.iter().map(|r| RevocationRow {
+        peer_id: Vec::new(),
+        token_id: r.get(0),
+        until: r.get(1),
+        reason: r.get(2),
+    }));
     tx.commit().await?;
     Ok((leases, revs))
 }

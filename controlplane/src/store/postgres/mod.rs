@@ -206,6 +206,16 @@ impl Store for PostgresStore {
         revocations::revoke(self, peer_id, reason, now, default_until).await
     }
 
+    async fn revoke_token(
+        &self,
+        token_id: &str,
+        reason: &str,
+        now: i64,
+        until: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        revocations::revoke_token(self, token_id, reason, now, until).await
+    }
+
     async fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError> {
         keys::keys(self).await
     }

@@ -67,6 +67,11 @@ pub(super) async fn enroll(
     let role: i32 = int("tokens", "role", token.get(2))?;
     let labels: String = token.get(3);
     let expires_at: i64 = token.get(4);
+    if token_revoked(&tx, &token_id).await? {
+        record(&tx, peer_id, Some(&token_id), source, "token_revoked", now).await?;
+        tx.commit().await?;
+        return Ok(Err(EnrollRefusal::TokenRevoked));
+    }
     if expires_at <= now {
         record(&tx, peer_id, Some(&token_id), source, "token_expired", now).await?;
         tx.commit().await?;
@@ -93,14 +98,21 @@ pub(super) async fn enroll(
     if !re_enrolled {
         // The guard: of two enrollments racing for the last use, the
         // second's UPDATE waits for the first's row lock, re-reads
-        // `uses` and matches nothing.
+        // `uses` and matches nothing. A token revocation committing
+        // meanwhile (it updates this row first) has set the expiry: the
+        // re-read matches nothing either, and a fresh read tells why.
         let st = tx
             .prepare_cached(
                 "UPDATE tokens SET uses = uses + 1, last_used_at = $2
-                 WHERE token_id = $1 AND uses < max_uses RETURNING uses",
+                 WHERE token_id = $1 AND uses < max_uses AND expires_at > $2 RETURNING uses",
             )
             .await?;
         if tx.query_opt(&st, &[&token_id, &now]).await?.is_none() {
+            if token_revoked(&tx, &token_id).await? {
+                record(&tx, peer_id, Some(&token_id), source, "token_revoked", now).await?;
+                tx.commit().await?;
+                return Ok(Err(EnrollRefusal::TokenRevoked));
+            }
             record(&tx, peer_id, Some(&token_id), source, "token_used_up", now).await?;
             tx.commit().await?;
             return Ok(Err(EnrollRefusal::TokenUsedUp));
@@ -205,6 +217,15 @@ pub(super) async fn touch_node(
     };
     tx.commit().await?;
     Ok(out)
+}
+
+/// Whether `token_id` is revoked (a statement of its own: under READ
+/// COMMITTED it sees every revocation committed before it).
+async fn token_revoked(tx: &Tx<'_>, token_id: &str) -> Result<bool, StoreError> {
+    let st = tx
+        .prepare_cached("SELECT 1 FROM token_revocations WHERE token_id = $1")
+        .await?;
+    Ok(tx.query_opt(&st, &[&token_id]).await?.is_some())
 }
 
 async fn record(

@@ -1,6 +1,9 @@
 //! Revocations: the node's row is updated first (a lease or touch in flight
 //! holds or waits for it), then the revocation is recorded or extended and
-//! the lease deleted, in one transaction.
+//! the lease deleted, in one transaction. A token's revocation updates the
+//! token's row first: an enrollment spending a use holds or waits for it,
+//! so either it committed before (and its node is found and revoked by the
+//! statements after) or it re-reads the token as expired and stops.
 
 use super::PostgresStore;
 use crate::store::StoreError;
@@ -38,4 +41,66 @@ pub(super) async fn revoke(
         .await?;
     tx.commit().await?;
     Ok(until)
+}
+
+pub(super) async fn revoke_token(
+    store: &PostgresStore,
+    token_id: &str,
+    reason: &str,
+    now: i64,
+    until: i64,
+) -> Result<Option<i64>, StoreError> {
+    let (mut conn, ms) = store.conn().await?;
+    let tx = conn.transaction().await?;
+    PostgresStore::bound(&tx, ms).await?;
+    // The token's row first: an enrollment spending a use holds or waits for it.
+    let token = tx
+        .execute(
+            "UPDATE tokens SET expires_at = LEAST(expires_at, $2) WHERE token_id = $1",
+            &[&token_id, &now],
+        )
+        .await?;
+    let known = token > 0
+        || tx
+            .query_opt(
+                "SELECT 1 WHERE EXISTS (SELECT 1 FROM nodes WHERE token_id = $1)
+                   OR EXISTS (SELECT 1 FROM token_revocations WHERE token_id = $1)",
+                &[&token_id],
+            )
+            .await?
+            .is_some();
+    if !known {
+        tx.rollback().await?;
+        return Ok(None);
+    }
+    let last_expiry: Option<i64> = tx
+        .query_one(
+            "SELECT MAX(cred_expires_at) FROM nodes WHERE token_id = $1",
+            &[&token_id],
+        )
+        .await?
+        .get(0);
+    let until = last_expiry.unwrap_or(0).max(until);
+    tx.execute(
+        "UPDATE nodes SET revoked = TRUE WHERE token_id = $1",
+        &[&token_id],
+    )
+    .await?;
+    tx.execute(
+        "DELETE FROM router_leases WHERE peer_id IN (SELECT peer_id FROM nodes WHERE token_id = $1)",
+        &[&token_id],
+    )
+    .await?;
+    let until: i64 = tx
+        .query_one(
+            "INSERT INTO token_revocations (token_id, until, reason, created_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (token_id) DO UPDATE SET until = GREATEST(token_revocations.until, excluded.until),
+               reason = excluded.reason
+             RETURNING until",
+            &[&token_id, &until, &reason, &now],
+        )
+        .await?
+        .get(0);
+    tx.commit().await?;
+    Ok(Some(until))
 }

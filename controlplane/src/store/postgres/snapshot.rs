@@ -101,6 +101,24 @@ impl PostgresStore {
             .map(|r| RevocationEntry {
                 row: RevocationRow {
                     peer_id: r.get(0),
+                    token_id: String::new(),
+                    until: r.get(1),
+                    reason: r.get(2),
+                },
+                created_at: r.get(3),
+            })
+            .collect();
+        let token_revocations = tx
+            .query(
+                "SELECT token_id, until, reason, created_at FROM token_revocations ORDER BY token_id",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| RevocationEntry {
+                row: RevocationRow {
+                    peer_id: Vec::new(),
+                    token_id: r.get(0),
                     until: r.get(1),
                     reason: r.get(2),
                 },
@@ -118,6 +136,7 @@ impl PostgresStore {
             next_rotation_at,
             revocations,
             policies,
+            token_revocations,
         })
     }
 
@@ -202,6 +221,13 @@ impl PostgresStore {
             tx.execute(
                 "INSERT INTO revocations (peer_id, until, reason, created_at) VALUES ($1, $2, $3, $4)",
                 &[&r.row.peer_id, &r.row.until, &r.row.reason, &r.created_at],
+            )
+            .await?;
+        }
+        for r in &s.token_revocations {
+            tx.execute(
+                "INSERT INTO token_revocations (token_id, until, reason, created_at) VALUES ($1, $2, $3, $4)",
+                &[&r.row.token_id, &r.row.until, &r.row.reason, &r.created_at],
             )
             .await?;
         }

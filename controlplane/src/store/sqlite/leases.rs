@@ -41,11 +41,26 @@ impl Inner {
             .query_map(params![now], |r| {
                 Ok(RevocationRow {
                     peer_id: r.get(0)?,
+                    token_id: String::new(),
                     until: r.get(1)?,
                     reason: r.get(2)?,
                 })
             })?
             .collect::<Result<Vec<_>, _>>()?;
+        let mut st = conn.prepare_cached(
+            "SELECT token_id, until, reason FROM token_revocations WHERE until > ?1 ORDER BY until",
+        )?;
+        let mut revs = revs;
+        for r in st.query_map(params![now], |r| {
+            Ok(RevocationRow {
+                peer_id: Vec::new(),
+                token_id: r.get(0)?,
+                until: r.get(1)?,
+                reason: r.get(2)?,
+            })
+        })? {
+            revs.push(r?);
+        }
         Ok((leases, revs))
     }
 }

@@ -173,6 +173,18 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn revoke_token(
+        &self,
+        token_id: &str,
+        reason: &str,
+        now: i64,
+        until: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let (id, reason) = (token_id.to_string(), reason.to_string());
+        self.blocking(move |s| s.revoke_token(&id, &reason, now, until))
+            .await
+    }
+
     async fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError> {
         self.blocking(|s| s.keys()).await
     }

@@ -70,6 +70,19 @@ impl Inner {
             tx.commit()?;
             return Ok(Err(EnrollRefusal::UnknownToken));
         };
+        let token_revoked = tx
+            .query_row(
+                "SELECT 1 FROM token_revocations WHERE token_id = ?1",
+                params![token_id],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some();
+        if token_revoked {
+            record(&tx, Some(&token_id), "token_revoked")?;
+            tx.commit()?;
+            return Ok(Err(EnrollRefusal::TokenRevoked));
+        }
         if expires_at <= now {
             record(&tx, Some(&token_id), "token_expired")?;
             tx.commit()?;

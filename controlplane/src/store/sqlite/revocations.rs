@@ -1,6 +1,8 @@
 //! Revocations: one transaction marks the node revoked, records (or
 //! extends) its revocation until its last credential expires, and deletes
-//! its lease.
+//! its lease. A token's revocation does the same for every node of the
+//! token, in one `BEGIN IMMEDIATE` transaction, so no enrollment with the
+//! token can commit between its checks and its writes.
 
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 
@@ -42,5 +44,56 @@ impl Inner {
         )?;
         tx.commit()?;
         Ok(until)
+    }
+
+    pub(super) fn revoke_token(
+        &self,
+        token_id: &str,
+        reason: &str,
+        now: i64,
+        until: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let mut conn = self.writer.get()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let known = tx
+            .query_row(
+                "SELECT 1 WHERE EXISTS (SELECT 1 FROM tokens WHERE token_id = ?1)
+                   OR EXISTS (SELECT 1 FROM nodes WHERE token_id = ?1)
+                   OR EXISTS (SELECT 1 FROM token_revocations WHERE token_id = ?1)",
+                params![token_id],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some();
+        if !known {
+            return Ok(None);
+        }
+        tx.execute(
+            "UPDATE tokens SET expires_at = MIN(expires_at, ?2) WHERE token_id = ?1",
+            params![token_id, now],
+        )?;
+        let last_expiry: Option<i64> = tx.query_row(
+            "SELECT MAX(cred_expires_at) FROM nodes WHERE token_id = ?1",
+            params![token_id],
+            |r| r.get(0),
+        )?;
+        let until = last_expiry.unwrap_or(0).max(until);
+        tx.execute(
+            "DELETE FROM router_leases WHERE peer_id IN (SELECT peer_id FROM nodes WHERE token_id = ?1)",
+            params![token_id],
+        )?;
+        tx.execute(
+            "UPDATE nodes SET revoked = 1 WHERE token_id = ?1",
+            params![token_id],
+        )?;
+        let until: i64 = tx.query_row(
+            "INSERT INTO token_revocations (token_id, until, reason, created_at) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT(token_id) DO UPDATE SET until = MAX(until, excluded.until), reason = excluded.reason
+             RETURNING until",
+            params![token_id, until, reason, now],
+            |r| r.get(0),
+        )?;
+        tx.commit()?;
+        Ok(Some(until))
     }
 }

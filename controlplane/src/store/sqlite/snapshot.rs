@@ -86,6 +86,23 @@ impl Inner {
                 Ok(RevocationEntry {
                     row: RevocationRow {
                         peer_id: r.get(0)?,
+                        token_id: String::new(),
+                        until: r.get(1)?,
+                        reason: r.get(2)?,
+                    },
+                    created_at: r.get(3)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        let token_revocations = tx
+            .prepare(
+                "SELECT token_id, until, reason, created_at FROM token_revocations ORDER BY token_id",
+            )?
+            .query_map([], |r| {
+                Ok(RevocationEntry {
+                    row: RevocationRow {
+                        peer_id: Vec::new(),
+                        token_id: r.get(0)?,
                         until: r.get(1)?,
                         reason: r.get(2)?,
                     },
@@ -104,6 +121,7 @@ impl Inner {
             next_rotation_at,
             revocations,
             policies,
+            token_revocations,
         })
     }
 
@@ -159,6 +177,12 @@ impl Inner {
             tx.execute(
                 "INSERT INTO revocations (peer_id, until, reason, created_at) VALUES (?1, ?2, ?3, ?4)",
                 params![r.row.peer_id, r.row.until, r.row.reason, r.created_at],
+            )?;
+        }
+        for r in &s.token_revocations {
+            tx.execute(
+                "INSERT INTO token_revocations (token_id, until, reason, created_at) VALUES (?1, ?2, ?3, ?4)",
+                params![r.row.token_id, r.row.until, r.row.reason, r.created_at],
             )?;
         }
         for p in &s.policies {
