@@ -169,7 +169,10 @@ async fn an_impostor_publishing_a_service_it_does_not_own_is_refused_and_never_s
 
     // Its own credential: web owns nothing.
     let resp = impostor
-        .catalog(r.id(), record(&impostor.key, &["payments/api"], Some(impostor_cred)))
+        .catalog(
+            r.id(),
+            record(&impostor.key, &["payments/api"], Some(impostor_cred)),
+        )
         .await;
     let why = refusal(&resp).expect("refused");
     assert!(why.starts_with("not_owner"), "{why}");
@@ -194,9 +197,15 @@ async fn an_impostor_publishing_a_service_it_does_not_own_is_refused_and_never_s
 
     // The owner publishes; a lookup returns the owner only.
     let resp = owner
-        .catalog(r.id(), record(&owner.key, &["payments/api"], Some(owner_cred)))
+        .catalog(
+            r.id(),
+            record(&owner.key, &["payments/api"], Some(owner_cred)),
+        )
         .await;
-    assert!(refusal(&resp).is_none(), "owner's record accepted: {resp:?}");
+    assert!(
+        refusal(&resp).is_none(),
+        "owner's record accepted: {resp:?}"
+    );
     let lookup = CatalogRequest {
         op: Some(catalog_request::Op::Lookup(Lookup {
             service: "payments/api".into(),
@@ -230,8 +239,10 @@ async fn a_circuit_without_a_grant_is_refused_and_a_removed_grant_closes_the_liv
     .await;
     let _echo = pay.serve_echo("/test/echo/1");
     let to = pay.peer_id;
-    let not_granted = || r.metric("agentmesh_router_policy_circuits_refused_total{reason=\"not_granted\"}");
-    let closed = || r.metric("agentmesh_router_policy_circuits_closed_total{reason=\"not_granted\"}");
+    let not_granted =
+        || r.metric("agentmesh_router_policy_circuits_refused_total{reason=\"not_granted\"}");
+    let closed =
+        || r.metric("agentmesh_router_policy_circuits_closed_total{reason=\"not_granted\"}");
     assert_eq!((not_granted(), closed()), (0.0, 0.0), "pre-created at 0");
 
     // ops is granted nothing payments owns: refused, counted.
@@ -252,9 +263,10 @@ async fn a_circuit_without_a_grant_is_refused_and_a_removed_grant_closes_the_liv
     let (mut web, _) = member(&cp, &r, "web", Purpose::Transit).await;
     web.dial_through(&circuit, to).await;
     let ev = web
-        .wait("relayed connection to payments", |e| {
-            matches!(e, Ev::Connected { peer, .. } if *peer == to)
-        })
+        .wait(
+            "relayed connection to payments",
+            |e| matches!(e, Ev::Connected { peer, .. } if *peer == to),
+        )
         .await;
     assert!(matches!(ev, Ev::Connected { relayed: true, .. }), "{ev:?}");
     let data = vec![7u8; 4096];
@@ -264,8 +276,11 @@ async fn a_circuit_without_a_grant_is_refused_and_a_removed_grant_closes_the_liv
     // The grant is removed at the control plane: the live circuit closes.
     apply(&cp, V2).await;
     wait_version(&r, v1 + 1.0).await;
-    web.wait("the circuit closed", |e| matches!(e, Ev::Closed { peer, .. } if *peer == to))
-        .await;
+    web.wait(
+        "the circuit closed",
+        |e| matches!(e, Ev::Closed { peer, .. } if *peer == to),
+    )
+    .await;
     assert!(closed() >= 1.0, "the cut counted");
     assert!(!web.is_connected(to).await);
     r.handle.shutdown().await;
@@ -303,14 +318,19 @@ async fn a_policy_applied_at_the_control_plane_is_pushed_to_members_and_their_ac
         purpose: Purpose::Attach as i32,
         ..Default::default()
     };
-    agentmesh_proto::framing::write_frame(&mut s, &req).await.expect("auth request");
+    agentmesh_proto::framing::write_frame(&mut s, &req)
+        .await
+        .expect("auth request");
     let resp: AuthResponse = agentmesh_proto::framing::read_frame(&mut s, MAX_POLICY_FRAME_BYTES)
         .await
         .expect("auth answer");
     let Some(auth_response::Result::Admitted(a)) = resp.result else {
         panic!("not admitted: {resp:?}");
     };
-    let signed = a.policy.and_then(|p| p.policy).expect("the admission carries the policy");
+    let signed = a
+        .policy
+        .and_then(|p| p.policy)
+        .expect("the admission carries the policy");
     let mut held = HeldPolicy::accept(&signed, &trust, None).expect("it verifies");
     assert_eq!(held.version as f64, v1);
 
@@ -332,8 +352,17 @@ async fn a_policy_applied_at_the_control_plane_is_pushed_to_members_and_their_ac
         version: held.version,
         ignored: String::new(),
     };
-    agentmesh_proto::framing::write_frame(&mut s, &ack).await.expect("ack");
-    eventually("the ack counted", || async { (acked() >= 1.0).then_some(()) }).await;
+    agentmesh_proto::framing::write_frame(&mut s, &ack)
+        .await
+        .expect("ack");
+    eventually("the ack counted", || async {
+        (acked() >= 1.0).then_some(())
+    })
+    .await;
+    // This branch's control plane answers Watch UNIMPLEMENTED: the watch is
+    // down and both versions came with the directory poll.
+    assert_eq!(r.metric("agentmesh_router_policy_watch_up"), 0.0);
+    assert!(r.metric("agentmesh_router_policy_applied_total{source=\"directory\"}") >= 2.0);
     assert_eq!(
         r.metric("agentmesh_router_policy_push_lag_seconds_count"),
         acked(),
