@@ -9,6 +9,10 @@
 //! the relay's copy task ends and closes the source's half too. So each
 //! circuit registers a [`Cut`] here; cutting it makes the stream's next
 //! read or write fail, and wakes the task so an idle circuit closes too.
+//!
+//! Known gap: a circuit checked under the old policy and registered just
+//! after a change's sweep survives that change (until the next one). The
+//! window is the few instructions between the check and the registration.
 
 use std::collections::HashMap;
 use std::sync::Arc;
