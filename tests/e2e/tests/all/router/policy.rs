@@ -85,8 +85,12 @@ async fn cp_with_v1() -> (Cp, tempfile::TempDir) {
 }
 
 /// A router that holds the control plane's policy (at least `version`).
-async fn router_holding(cp: &Cp, version: f64) -> TestRouter {
-    let r = TestRouter::start(cp, &[], |_| {}).await;
+async fn router_holding(
+    cp: &Cp,
+    version: f64,
+    adjust: impl FnOnce(&mut agentmesh_router::Config),
+) -> TestRouter {
+    let r = TestRouter::start(cp, &[], adjust).await;
     wait_version(&r, version).await;
     r
 }
@@ -157,7 +161,7 @@ fn providers(resp: &CatalogResponse) -> Vec<PeerId> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_impostor_publishing_a_service_it_does_not_own_is_refused_and_never_served() {
     let (cp, _dir) = cp_with_v1().await;
-    let r = router_holding(&cp, 1.0).await;
+    let r = router_holding(&cp, 1.0, |_| {}).await;
     let (owner, owner_cred) = member(&cp, &r, "payments", Purpose::Attach).await;
     let (impostor, impostor_cred) = member(&cp, &r, "web", Purpose::Attach).await;
     let refused = |reason: &str| {
@@ -220,7 +224,7 @@ async fn an_impostor_publishing_a_service_it_does_not_own_is_refused_and_never_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_circuit_without_a_grant_is_refused_and_a_removed_grant_closes_the_live_one() {
     let (cp, _dir) = cp_with_v1().await;
-    let r = router_holding(&cp, 1.0).await;
+    let r = router_holding(&cp, 1.0, |_| {}).await;
     let v1 = r.metric("agentmesh_router_policy_version");
     let circuit: Multiaddr = r
         .addr
@@ -289,7 +293,11 @@ async fn a_circuit_without_a_grant_is_refused_and_a_removed_grant_closes_the_liv
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_applied_at_the_control_plane_is_pushed_to_members_and_their_ack_counted() {
     let (cp, _dir) = cp_with_v1().await;
-    let r = router_holding(&cp, 1.0).await;
+    // A short push deadline, so the silent member below costs little.
+    let r = router_holding(&cp, 1.0, |c| {
+        c.policy_push_deadline = std::time::Duration::from_millis(500);
+    })
+    .await;
     let v1 = r.metric("agentmesh_router_policy_version");
     let acked = || r.metric("agentmesh_router_policy_push_total{outcome=\"acked\"}");
     assert_eq!(acked(), 0.0, "pre-created at 0");
@@ -334,6 +342,32 @@ async fn a_policy_applied_at_the_control_plane_is_pushed_to_members_and_their_ac
     let mut held = HeldPolicy::accept(&signed, &trust, None).expect("it verifies");
     assert_eq!(held.version as f64, v1);
 
+    // A hostile member takes its push stream and never answers: its push
+    // ends at the deadline (counted), the honest member's is unaffected.
+    let silent_key = Keypair::generate_ed25519();
+    let silent_cred = cp.member_credential(&silent_key).await;
+    let silent = Member::new(silent_key).expect("member");
+    silent
+        .connect(r.id(), r.addr.clone(), support::DEADLINE)
+        .await
+        .expect("connected");
+    let mut silent_in = silent
+        .control()
+        .accept(StreamProtocol::new(POLICY))
+        .expect("register the push protocol");
+    silent
+        .authenticate(r.id(), silent_cred, Purpose::Attach, support::DEADLINE)
+        .await
+        .expect("admitted");
+    let held_streams = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some(s) = silent_in.next().await {
+            held.push(s);
+        }
+    });
+    let timeouts = || r.metric("agentmesh_router_policy_push_total{outcome=\"timeout\"}");
+    assert_eq!(timeouts(), 0.0);
+
     // A new version at the control plane reaches the router, then the member.
     apply(&cp, V2).await;
     wait_version(&r, v1 + 1.0).await;
@@ -362,6 +396,16 @@ async fn a_policy_applied_at_the_control_plane_is_pushed_to_members_and_their_ac
     // This branch's control plane answers Watch UNIMPLEMENTED: the watch is
     // down and both versions came with the directory poll.
     assert_eq!(r.metric("agentmesh_router_policy_watch_up"), 0.0);
+    eventually("the silent member's push timed out", || async {
+        (timeouts() >= 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        r.metric("agentmesh_router_policy_push_in_flight"),
+        0.0,
+        "nothing left open"
+    );
+    held_streams.abort();
     assert!(r.metric("agentmesh_router_policy_applied_total{source=\"directory\"}") >= 2.0);
     assert_eq!(
         r.metric("agentmesh_router_policy_push_lag_seconds_count"),
