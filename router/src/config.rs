@@ -38,6 +38,15 @@ pub const DEFAULT_DRAIN_GRACE_SECS: u64 = 30;
 /// member ladder, tests/scale/RESULTS.md); 512 keeps a drain of the default
 /// watermark inside the grace while staying a bound.
 pub const DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS: usize = 512;
+/// Default bound on policy push streams open at once: 64 pushes of a
+/// small frame each keep 10,000 members within a few seconds at a
+/// round-trip of ~20 ms, without a burst of thousands of streams.
+pub const DEFAULT_POLICY_PUSH_CONCURRENCY: usize = 64;
+/// Default deadline of one policy push (open, write, ack), milliseconds.
+pub const DEFAULT_POLICY_PUSH_DEADLINE_MS: u64 = 5_000;
+/// Default cap on the backoff between control-plane Watch attempts,
+/// milliseconds (the directory poll covers the gap).
+pub const DEFAULT_POLICY_WATCH_BACKOFF_MAX_MS: u64 = 30_000;
 /// Default `retry_after` a go-away asks for, seconds.
 pub const DEFAULT_GOAWAY_RETRY_AFTER_SECS: u64 = 300;
 /// Default go-aways per second per surviving router in a drain or trim:
@@ -160,6 +169,14 @@ pub struct Config {
     pub goaway_max_concurrent_streams: usize,
     /// How long a go-away asks members to stay away. Default 300 s.
     pub goaway_retry_after: Duration,
+    /// Policy push streams open at once (fan-out bound). Default 64.
+    pub policy_push_concurrency: usize,
+    /// Deadline of one policy push to one member (open, write, ack).
+    /// Default 5 s.
+    pub policy_push_deadline: Duration,
+    /// Cap on the jittered backoff between control-plane Watch attempts
+    /// (meanwhile the directory poll brings the policy). Default 30 s.
+    pub policy_watch_backoff_max: Duration,
     /// Go-aways a drain or trim sends per second per surviving router
     /// (paced in waves, see `goaway::pace`); 0 sends them all at once.
     /// Default 200.
@@ -270,6 +287,9 @@ impl Default for Config {
             drain_http_allow_remote: false,
             goaway_max_concurrent_streams: DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS,
             goaway_retry_after: Duration::from_secs(DEFAULT_GOAWAY_RETRY_AFTER_SECS),
+            policy_push_concurrency: DEFAULT_POLICY_PUSH_CONCURRENCY,
+            policy_push_deadline: Duration::from_millis(DEFAULT_POLICY_PUSH_DEADLINE_MS),
+            policy_watch_backoff_max: Duration::from_millis(DEFAULT_POLICY_WATCH_BACKOFF_MAX_MS),
             drain_rate_members_per_sec: DEFAULT_DRAIN_RATE_MEMBERS_PER_SEC,
             trim_close_grace: Duration::from_secs(DEFAULT_TRIM_CLOSE_GRACE_SECS),
             relay_max_reservations: None,

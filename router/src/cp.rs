@@ -27,6 +27,7 @@ use crate::admission::Admissions;
 use crate::config::{Config, Sizing};
 use crate::directory::{Directory, DirectoryRouter};
 use crate::metrics::Metrics;
+use crate::policy::PolicyCtx;
 use crate::readiness::ReadinessState;
 
 /// Keys are fetched on an unknown key id at most this often (per process).
@@ -82,6 +83,8 @@ pub(crate) struct Cp {
     pub(crate) directory: Arc<Directory>,
     pub(crate) readiness: Arc<ReadinessState>,
     pub(crate) addrs: Arc<Addrs>,
+    /// Takes the policy and revocations each directory fetch brings.
+    pub(crate) policy: PolicyCtx,
 }
 
 impl Cp {
@@ -194,11 +197,13 @@ async fn enroll(cp: &Cp) -> Result<(), ClientError> {
     Ok(())
 }
 
-/// One round: refresh when due, lease, directory, keys.
+/// One round: refresh when due, directory, lease, keys. The directory
+/// (with the policy) comes before the lease, so a router is ready (its
+/// first lease accepted) holding the policy, not denying all for a round.
 async fn sync_once(cp: &Cp) {
     refresh_if_due(cp).await;
-    lease(cp).await;
     directory(cp).await;
+    lease(cp).await;
     match cp.link.client.get_keys().await {
         Ok(keys) => {
             cp.link.trust.write().set_keys(&keys);
@@ -338,7 +343,10 @@ async fn directory(cp: &Cp) {
         .chain(admitted_routers)
         .collect();
     *cp.directory.routers.write() = routers;
-    cp.link.trust.write().set_revocations(&dir.revocations);
+    // The policy and revocations: verified, taken if newer, enforced at
+    // once (the watch brings the same sooner when the control plane has it).
+    cp.policy
+        .take(dir.policy.as_ref(), &dir.revocations, "directory");
     cp.directory.wake_mesh();
 }
 

@@ -20,6 +20,7 @@ mod goaway;
 mod http;
 pub mod identity;
 mod metrics;
+mod policy;
 mod protocols;
 mod readiness;
 mod relay;
@@ -209,6 +210,8 @@ pub(crate) struct Components {
     pub(crate) resources: Arc<resources::ResourceManager>,
     pub(crate) drain: Arc<drain::DrainState>,
     pub(crate) readiness: Arc<readiness::ReadinessState>,
+    /// The held policy and revocations (`policy::state`).
+    pub(crate) policy: Arc<policy::state::PolicyState>,
 }
 
 impl Components {
@@ -224,7 +227,8 @@ impl Components {
         let admissions = admission::Admissions::default();
         let table = admissions.clone();
         resources.set_admitted(Box::new(move |peer| table.read().get(peer).is_some()));
-        Self {
+        let c = Self {
+            policy: Arc::new(policy::state::PolicyState::new(metrics.policy.clone())),
             catalog: Arc::new(catalog::Catalog::new(config.catalog_max_records)),
             config: Arc::new(config),
             sizing,
@@ -238,6 +242,33 @@ impl Components {
             addrs: Arc::default(),
             resources,
             drain: Arc::default(),
+        };
+        c.resources
+            .set_circuit_policy(c.policy_ctx().circuit_check());
+        c
+    }
+
+    fn skew_secs(&self) -> i64 {
+        i64::try_from(self.config.clock_skew.as_secs()).unwrap_or(i64::MAX)
+    }
+
+    fn policy_ctx(&self) -> policy::PolicyCtx {
+        policy::PolicyCtx {
+            state: self.policy.clone(),
+            link: self.link.clone(),
+            admissions: self.admissions.clone(),
+            catalog: self.catalog.clone(),
+            resources: self.resources.clone(),
+            skew_secs: self.skew_secs(),
+        }
+    }
+
+    fn ownership(&self) -> policy::publish::Ownership {
+        policy::publish::Ownership {
+            state: self.policy.clone(),
+            link: self.link.clone(),
+            admissions: self.admissions.clone(),
+            skew_secs: self.skew_secs(),
         }
     }
 
@@ -261,6 +292,7 @@ impl Components {
             directory: self.directory.clone(),
             readiness: self.readiness.clone(),
             addrs: self.addrs.clone(),
+            policy: self.policy_ctx(),
         }
     }
 
@@ -294,7 +326,8 @@ impl Components {
 
 /// The router's metrics, with every module's label values pre-created.
 pub(crate) fn register_metrics(registry: &mut Registry) -> metrics::Metrics {
-    let m = metrics::Metrics::new(registry);
+    let mut m = metrics::Metrics::new(registry);
+    m.policy = policy::metrics::PolicyMetrics::register(registry);
     goaway::precreate_labels(&m);
     goaway::pace::precreate_labels(&m);
     trim::precreate_labels(&m);
@@ -320,6 +353,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         ),
         None => None,
     };
+    let watch_ca_pem = ca_pem.clone();
     let client = Client::new(ClientConfig {
         url: config.control_plane.clone(),
         ca_pem,
@@ -558,6 +592,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         goaways: c.goaways(),
         metrics: c.metrics.clone(),
         draining: c.drain.requested(),
+        policy: c.policy.clone(),
     };
     let auth_queue = (c.config.auth_queue_max_streams > 0).then(|| {
         let busy = auth.clone();
@@ -593,8 +628,30 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         admissions: c.admissions.clone(),
         catalog: c.catalog.clone(),
         providers: query_tx,
-        control,
+        control: control.clone(),
+        ownership: c.ownership(),
     };
+    tasks.spawn(policy::push::run(
+        policy::push::Push {
+            state: c.policy.clone(),
+            admissions: c.admissions.clone(),
+            control,
+            concurrency: c.config.policy_push_concurrency,
+            deadline: c.config.policy_push_deadline,
+        },
+        cancel.clone(),
+    ));
+    tasks.spawn(policy::watch::run(
+        policy::watch::Watch {
+            ctx: c.policy_ctx(),
+            keypair: c.keypair.clone(),
+            url: c.config.control_plane.clone(),
+            ca_pem: watch_ca_pem,
+            rpc_timeout: c.config.control_plane_rpc_timeout,
+            backoff_max: c.config.policy_watch_backoff_max,
+        },
+        cancel.clone(),
+    ));
     let catalog_accept = streams::Accept {
         slots: c
             .resources

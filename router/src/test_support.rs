@@ -54,5 +54,6 @@ pub(crate) fn admission(purpose: Purpose) -> Admission {
         until: i64::MAX / 2,
         node_id: "test".into(),
         attached_routers: vec![],
+        groups: None,
     }
 }

@@ -154,6 +154,7 @@ mod tests {
                 until: 100,
                 node_id: "n".into(),
                 attached_routers: vec![],
+                groups: None,
             },
         );
         let mut c = Connections::default();

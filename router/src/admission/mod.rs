@@ -8,19 +8,24 @@
 //! - `gate`: the drain and high-watermark gate in front of a new admission;
 //! - `conns`: the swarm loop's connections as admission sees them, and the
 //!   auth-deadline sweep over them;
-//! - `relay`: the relay ACL (who may reserve, who may open a circuit).
+//! - `relay`: the relay ACL (who may reserve, who may open a circuit);
+//! - `groups`: an admitted peer's claims and policy groups.
 //!
 //! Pure data and policy: callers pass `now` and act on the answers.
 
 pub(crate) mod conns;
 pub(crate) mod gate;
+pub mod groups;
 pub(crate) mod relay;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use agentmesh_policy::Policy;
 use agentmesh_proto::credential::Trust;
 use libp2p::PeerId;
+
+pub use groups::PeerGroups;
 use parking_lot::RwLock;
 
 use crate::shrink::ShrinkSparse;
@@ -64,6 +69,9 @@ pub struct Admission {
     pub node_id: String,
     /// Other routers the member said it is attached to (for trimming).
     pub attached_routers: Vec<PeerId>,
+    /// Its verified claims and policy groups (`None`: admitted without
+    /// claims, as in tests; such a peer is in no group).
+    pub groups: Option<PeerGroups>,
 }
 
 /// Counts by purpose.
@@ -139,13 +147,19 @@ impl AdmissionTable {
         gone
     }
 
-    /// Removes and returns admitted peers that `trust` lists as revoked.
+    /// Removes and returns admitted peers that `trust` lists as revoked,
+    /// by PeerId or by the token their credential was enrolled with.
     pub fn revoke(&mut self, trust: &Trust, now: i64) -> Vec<PeerId> {
         let gone: Vec<PeerId> = self
             .peers
-            .keys()
-            .filter(|p| trust.is_revoked(p, now))
-            .copied()
+            .iter()
+            .filter(|(p, a)| {
+                trust.is_revoked(p, now)
+                    || a.groups
+                        .as_ref()
+                        .is_some_and(|g| trust.is_claims_revoked(g.claims(), now))
+            })
+            .map(|(p, _)| *p)
             .collect();
         for p in &gone {
             self.peers.remove(p);
@@ -181,6 +195,25 @@ impl AdmissionTable {
         self.peers.iter()
     }
 
+    /// Recomputes every admitted peer's groups under `policy` (just applied).
+    pub fn regroup(&mut self, policy: &std::sync::Arc<Policy>) {
+        for a in self.peers.values_mut() {
+            if let Some(g) = a.groups.as_mut() {
+                g.regroup(policy);
+            }
+        }
+    }
+
+    /// Whether `policy` lets a circuit run from `from` to `to`: both
+    /// admitted with claims, and `from` granted some service `to` owns.
+    pub fn may_reach(&self, from: &PeerId, to: &PeerId, policy: &std::sync::Arc<Policy>) -> bool {
+        let groups = |p: &PeerId| self.peers.get(p).and_then(|a| a.groups.as_ref());
+        match (groups(from), groups(to)) {
+            (Some(f), Some(t)) => policy.may_reach(&f.under(policy), &t.under(policy)),
+            _ => false,
+        }
+    }
+
     /// Admitted routers.
     pub fn routers(&self) -> impl Iterator<Item = &PeerId> {
         self.peers
@@ -201,6 +234,7 @@ mod tests {
             until,
             node_id: "n".into(),
             attached_routers: vec![],
+            groups: None,
         }
     }
 

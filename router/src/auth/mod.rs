@@ -12,13 +12,16 @@ mod first_byte;
 pub(crate) mod outbound;
 pub(crate) mod server;
 
+use std::sync::Arc;
+
+use agentmesh_policy::Policy;
 use agentmesh_proto::credential::{CredentialError, Trust, verify};
 use agentmesh_proto::pb::credential::Role;
 use agentmesh_proto::pb::mesh::{AuthRefusal, AuthRequest};
 use agentmesh_proto::protocols::peer_id_from_bytes;
 use libp2p::PeerId;
 
-use crate::admission::{Admission, Purpose};
+use crate::admission::{Admission, PeerGroups, Purpose};
 
 /// Most routers a member may list as attached (longer lists are cut).
 const MAX_ATTACHED_ROUTERS: usize = 16;
@@ -79,13 +82,14 @@ pub(crate) fn purpose_of(req: &AuthRequest) -> Result<Purpose, Refusal> {
 /// Decides an auth request from `peer` (the PeerId the noise handshake
 /// proved) at `now`: the credential must verify offline and its role must
 /// allow the purpose (attach: member; transit: member or router; router:
-/// router).
+/// router). The admission carries the claims' groups under `policy`.
 pub(crate) fn decide(
     req: &AuthRequest,
     trust: &Trust,
     now: i64,
     peer: &PeerId,
     skew_secs: i64,
+    policy: &Arc<Policy>,
 ) -> Result<Admission, Refusal> {
     let purpose = purpose_of(req)?;
     if trust.key_count() == 0 {
@@ -117,16 +121,19 @@ pub(crate) fn decide(
             ),
         ));
     }
+    let until = claims.claims.expires_at_unix_secs;
+    let node_id = claims.claims.node_id.clone();
     Ok(Admission {
         purpose,
-        until: claims.claims.expires_at_unix_secs,
-        node_id: claims.claims.node_id.clone(),
+        until,
+        node_id,
         attached_routers: req
             .attached_routers
             .iter()
             .take(MAX_ATTACHED_ROUTERS)
             .filter_map(|b| peer_id_from_bytes(b))
             .collect(),
+        groups: Some(PeerGroups::new(claims, policy)),
     })
 }
 

@@ -41,6 +41,9 @@ pub(crate) struct AuthServer {
     pub(crate) metrics: Metrics,
     /// Whether a drain was requested.
     pub(crate) draining: watch::Receiver<bool>,
+    /// The policy held: admissions carry their groups under it, and the
+    /// answer carries it to a member that lacks it.
+    pub(crate) policy: Arc<crate::policy::state::PolicyState>,
 }
 
 /// Longest time the busy answer may take to write and close.
@@ -111,11 +114,26 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
     };
     let label_purpose = purpose_of(&req).unwrap_or(Purpose::Attach);
     let skew = i64::try_from(ctx.config.clock_skew.as_secs()).unwrap_or(i64::MAX);
-    let mut outcome = decide(&req, &ctx.link.trust.read(), unix_now(), &peer, skew);
+    let policy = ctx.policy.policy();
+    let mut outcome = decide(
+        &req,
+        &ctx.link.trust.read(),
+        unix_now(),
+        &peer,
+        skew,
+        &policy,
+    );
     if matches!(&outcome, Err(r) if r.is_unknown_key())
         && fetch_keys_rate_limited(&ctx.link, &ctx.metrics, t).await
     {
-        outcome = decide(&req, &ctx.link.trust.read(), unix_now(), &peer, skew);
+        outcome = decide(
+            &req,
+            &ctx.link.trust.read(),
+            unix_now(),
+            &peer,
+            skew,
+            &policy,
+        );
     }
     let written = match outcome {
         Ok(admission) => {
@@ -153,7 +171,12 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
             }
             ctx.metrics.auth_result(purpose, "admitted");
             tracing::debug!(%peer, purpose = purpose.as_str(), until, "admitted");
-            wire::write_admitted(&mut stream, until, None, t).await
+            // A member (not a router) that lacks the held policy gets it
+            // (with the revocations) in the answer: current at once.
+            let push = (purpose != Purpose::Router)
+                .then(|| ctx.policy.push_for(req.policy_epoch, req.policy_version))
+                .flatten();
+            wire::write_admitted(&mut stream, until, push, t).await
         }
         Err(refusal) => {
             ctx.metrics.auth_result(label_purpose, refusal.label);

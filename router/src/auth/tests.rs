@@ -55,6 +55,7 @@ fn member_attaches_until_its_credential_expires() {
         500,
         &peer,
         0,
+        &deny(),
     )
     .expect("admitted");
     assert_eq!(a.purpose, Purpose::Attach);
@@ -69,7 +70,7 @@ fn refusals_carry_the_reason() {
     let peer = PeerId::random();
     let good = claims(&peer, Role::Member, 100, 1000);
     let check = |r: &AuthRequest, now: i64, who: &PeerId| {
-        decide(r, &f.trust, now, who, 10).expect_err("refused")
+        decide(r, &f.trust, now, who, 10, &deny()).expect_err("refused")
     };
     // Forged: same key id, another signer.
     let forger = Fixture {
@@ -123,6 +124,7 @@ fn revoked_peers_are_refused() {
         500,
         &peer,
         0,
+        &deny(),
     )
     .expect_err("revoked");
     assert_eq!((r.reason, r.label), (AuthRefusal::Revoked, "revoked"));
@@ -134,7 +136,7 @@ fn roles_limit_purposes() {
     let peer = PeerId::random();
     let member = claims(&peer, Role::Member, 100, 1000);
     let router = claims(&peer, Role::Router, 100, 1000);
-    let ok = |c: &Claims, p: P| decide(&req(&f, c, p), &f.trust, 500, &peer, 0);
+    let ok = |c: &Claims, p: P| decide(&req(&f, c, p), &f.trust, 500, &peer, 0, &deny());
     assert_eq!(
         ok(&member, P::Router).expect_err("member as router").label,
         "wrong_role"
@@ -158,7 +160,13 @@ fn no_keys_yet_is_a_refusal_not_a_panic() {
         500,
         &peer,
         0,
+        &deny(),
     )
     .expect_err("no keys");
     assert_eq!(r.label, "no_keys");
+}
+
+/// The policy of a control plane that has none.
+fn deny() -> std::sync::Arc<agentmesh_policy::Policy> {
+    std::sync::Arc::new(agentmesh_policy::Policy::deny_all())
 }

@@ -1,7 +1,8 @@
 //! Serving one catalog stream.
 //!
-//! - publish: the peer must be admitted to attach; the record must verify
-//!   and name the peer as provider.
+//! - publish: the peer must be admitted to attach; the record must verify,
+//!   name the peer as provider and prove it owns every service it names
+//!   under the policy held (`crate::policy::publish`).
 //! - withdraw: drops the peer's record.
 //! - lookup (any admitted peer): own members' records, then the routers the
 //!   DHT names as providers, asked with `local_lookup`; merged, verified,
@@ -26,6 +27,7 @@ use super::{Catalog, ProviderQuery, service_key};
 use crate::admission::Admissions;
 use crate::config::Config;
 use crate::metrics::{Metrics, UNKNOWN_OP};
+use crate::policy::publish::Ownership;
 
 /// Provider routers asked per lookup at most.
 const MAX_ROUTERS_PER_LOOKUP: usize = 8;
@@ -45,6 +47,8 @@ pub(crate) struct CatalogCtx {
     /// Provider searches, run by the swarm loop.
     pub(crate) providers: mpsc::Sender<ProviderQuery>,
     pub(crate) control: agentmesh_streams::Control,
+    /// The policy's ownership check on published records.
+    pub(crate) ownership: Ownership,
 }
 
 /// Serves one catalog stream from `peer` (any byte stream: tests use a pipe).
@@ -140,6 +144,9 @@ fn publish(
     if provider != peer {
         return Err(("refused", "record names another provider".into()));
     }
+    ctx.ownership
+        .check(&record, &provider, now)
+        .map_err(|reason| ("refused", reason))?;
     let exp = ctx
         .catalog
         .store
@@ -332,6 +339,7 @@ mod tests {
             admissions: Admissions::default(),
             providers: mpsc::channel(1).0,
             control: agentmesh_streams::Behaviour::new().new_control(),
+            ownership: crate::policy::testing::ownership(),
         };
         assert_eq!(count(&ctx, UNKNOWN_OP), 0, "pre-created at 0");
         // A length prefix past the frame limit: unreadable.

@@ -100,6 +100,24 @@ impl CatalogStore {
         true
     }
 
+    /// Drops every record `keep(provider, signed)` says no to; returns the
+    /// providers dropped (a policy change: records no longer owned).
+    pub(crate) fn retain(
+        &mut self,
+        mut keep: impl FnMut(&PeerId, &SignedRecord) -> bool,
+    ) -> Vec<PeerId> {
+        let gone: Vec<PeerId> = self
+            .by_provider
+            .iter()
+            .filter(|(p, r)| !keep(p, &r.signed))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in &gone {
+            self.remove(p);
+        }
+        gone
+    }
+
     /// Drops expired records; returns how many.
     pub(crate) fn expire(&mut self, now: i64) -> usize {
         let gone: Vec<PeerId> = self

@@ -88,6 +88,15 @@ pub struct RouterArgs {
     /// How long a go-away asks members to stay away, seconds.
     #[arg(long, default_value_t = d::DEFAULT_GOAWAY_RETRY_AFTER_SECS)]
     pub goaway_retry_after_secs: u64,
+    /// Policy push streams open at once, streams (agentmesh_router_policy_push_in_flight shows it bite).
+    #[arg(long, default_value_t = d::DEFAULT_POLICY_PUSH_CONCURRENCY)]
+    pub policy_push_concurrency: usize,
+    /// Deadline of one policy push to one member (open, write, ack), milliseconds (outcome timeout when it bites).
+    #[arg(long, default_value_t = d::DEFAULT_POLICY_PUSH_DEADLINE_MS)]
+    pub policy_push_deadline_ms: u64,
+    /// Cap on the jittered backoff between control-plane Watch attempts, milliseconds (the directory poll covers the gap; agentmesh_router_policy_watch_up shows it).
+    #[arg(long, default_value_t = d::DEFAULT_POLICY_WATCH_BACKOFF_MAX_MS)]
+    pub policy_watch_backoff_max_ms: u64,
     /// Go-aways a drain or an overload trim sends per second per surviving router, members per second (0 = all at once); every member is still told within the grace.
     #[arg(long, default_value_t = d::DEFAULT_DRAIN_RATE_MEMBERS_PER_SEC)]
     pub drain_rate_members_per_sec: u32,
@@ -199,6 +208,9 @@ impl RouterArgs {
             drain_http_allow_remote: self.drain_http_allow_remote,
             goaway_max_concurrent_streams: self.goaway_max_concurrent_streams,
             goaway_retry_after: s(self.goaway_retry_after_secs),
+            policy_push_concurrency: self.policy_push_concurrency.max(1),
+            policy_push_deadline: ms(self.policy_push_deadline_ms.max(1)),
+            policy_watch_backoff_max: ms(self.policy_watch_backoff_max_ms.max(1)),
             drain_rate_members_per_sec: self.drain_rate_members_per_sec,
             trim_close_grace: s(self.trim_close_grace_secs),
             relay_max_reservations: self.relay_max_reservations,

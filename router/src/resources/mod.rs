@@ -21,6 +21,7 @@
 //! the guard that holds it (connection or stream).
 
 pub(crate) mod budget;
+pub(crate) mod circuits;
 pub mod config;
 mod logins;
 pub(crate) mod memory;
@@ -68,6 +69,10 @@ const MAX_LOG_SOURCES: usize = 4096;
 
 /// A check whether a peer is admitted (set once the router's state exists).
 pub(crate) type AdmittedFn = Box<dyn Fn(&PeerId) -> bool + Send + Sync>;
+
+/// A check whether the policy lets a circuit run from the first peer to the
+/// second (set once the router's state exists; it counts its refusals).
+pub(crate) type CircuitPolicyFn = Box<dyn Fn(&PeerId, &PeerId) -> bool + Send + Sync>;
 
 #[derive(Debug, Default)]
 struct PeerUsage {
@@ -123,6 +128,9 @@ pub(crate) struct ResourceManager {
     budgets: Budgets,
     metrics: ResourceMetrics,
     admitted: OnceLock<AdmittedFn>,
+    circuit_policy: OnceLock<CircuitPolicyFn>,
+    /// Live circuits, to close those a policy change no longer allows.
+    circuits: circuits::LiveCircuits,
     state: Mutex<State>,
     /// The failed-login guard (its own lock: auth records failures while
     /// connections are admitted).
@@ -278,6 +286,8 @@ impl ResourceManager {
             budgets,
             metrics,
             admitted: OnceLock::new(),
+            circuit_policy: OnceLock::new(),
+            circuits: circuits::LiveCircuits::default(),
             state: Mutex::new(State::default()),
             logins: Mutex::new(logins),
             handshakes,
@@ -308,6 +318,26 @@ impl ResourceManager {
     /// Sets how to tell whether a peer is admitted (once; later calls are ignored).
     pub(crate) fn set_admitted(&self, f: AdmittedFn) {
         let _ = self.admitted.set(f);
+    }
+
+    /// Sets the policy's circuit check (once; later calls are ignored).
+    pub(crate) fn set_circuit_policy(&self, f: CircuitPolicyFn) {
+        let _ = self.circuit_policy.set(f);
+    }
+
+    /// Whether the policy lets a circuit run from `source` to
+    /// `destination`. With no check set (unit tests of this module only;
+    /// the router always sets one) every circuit is let through.
+    pub(crate) fn circuit_allowed(&self, source: &PeerId, destination: &PeerId) -> bool {
+        self.circuit_policy
+            .get()
+            .is_none_or(|f| f(source, destination))
+    }
+
+    /// Cuts every live circuit `allowed(source, destination)` refuses
+    /// (see `circuits`); returns how many.
+    pub(crate) fn cut_circuits(&self, allowed: impl Fn(&PeerId, &PeerId) -> bool) -> usize {
+        self.circuits.cut_unless(allowed)
     }
 
     /// The effective budgets.
@@ -571,6 +601,7 @@ impl ResourceManager {
                     stranger,
                     in_handshake,
                     circuit_source: None,
+                    circuit: None,
                 })
             }
             Err(r) => {
@@ -621,6 +652,8 @@ impl ResourceManager {
                     .entry(source)
                     .or_insert(0) += 1;
                 g.circuit_source = Some(source);
+                drop(st);
+                g.circuit = Some(self.circuits.register(source, dst));
                 Ok(())
             }
             Err(r) => {
@@ -644,6 +677,9 @@ impl ResourceManager {
         }
         if let Some(source) = g.circuit_source {
             release_circuit_source(&mut st, g.conn.peer, source);
+        }
+        if let Some(c) = &g.circuit {
+            self.circuits.release(c.id);
         }
         let i = g.proto.index();
         if g.inbound {
@@ -808,9 +844,23 @@ pub(crate) struct StreamGuard {
     /// An outbound STOP stream: the peer that asked for its circuit, once
     /// charged to it.
     circuit_source: Option<PeerId>,
+    /// An outbound STOP stream charged to its source: its place among the
+    /// live circuits (see `circuits`).
+    circuit: Option<circuits::Registered>,
 }
 
 impl StreamGuard {
+    /// Whether this stream is a circuit a policy change cut (registers
+    /// `cx` to be woken when it is cut).
+    pub(crate) fn poll_is_cut(&self, cx: &std::task::Context<'_>) -> bool {
+        self.circuit.as_ref().is_some_and(|c| c.cut.poll_is_cut(cx))
+    }
+
+    /// The peer at the other end of this stream's connection.
+    pub(crate) fn peer(&self) -> PeerId {
+        self.conn.peer
+    }
+
     /// Whether this is an outbound STOP stream still in its handshake.
     pub(crate) fn in_handshake(&self) -> bool {
         self.in_handshake

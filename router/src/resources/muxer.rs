@@ -332,8 +332,10 @@ impl<S> AccountedStream<S> {
 impl<S> AccountedStream<S> {
     /// Outbound STOP streams: once the STOP request (the relay's write
     /// after negotiation, `next` included) names the circuit's source,
-    /// charges the circuit to it or refuses the stream (the relay then
-    /// denies the circuit to its source).
+    /// checks the policy (the source must be granted something the
+    /// destination owns: this is the one place that sees both ends, see
+    /// `super::circuits`), then charges the circuit to it; either refusal
+    /// fails the stream (the relay then denies the circuit to its source).
     fn charge_stop_source(&mut self, next: &[u8]) -> io::Result<()> {
         let (Some(written), Phase::Open(g)) = (&self.stop_request, &mut self.phase) else {
             return Ok(());
@@ -342,6 +344,14 @@ impl<S> AccountedStream<S> {
             StopSource::Incomplete => return Ok(()),
             StopSource::Unknown => {}
             StopSource::Source(source) => {
+                if !self.conn.manager().circuit_allowed(&source, &g.peer()) {
+                    self.stop_request = None;
+                    self.phase = Phase::Refused;
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        "circuit refused: the policy grants its source nothing its destination owns",
+                    ));
+                }
                 if let Err(r) = self.conn.manager().charge_circuit_source(g, source) {
                     self.stop_request = None;
                     self.phase = Phase::Refused;
@@ -352,6 +362,14 @@ impl<S> AccountedStream<S> {
         self.stop_request = None;
         Ok(())
     }
+}
+
+/// The error a cut circuit's reads and writes end with.
+fn circuit_cut() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "circuit closed: the policy no longer allows it",
+    )
 }
 
 fn refused_error(proto: Proto, r: super::budget::Refusal) -> io::Error {
@@ -370,6 +388,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for AccountedStream<S> {
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
+        if let Phase::Open(g) = &this.phase
+            && g.poll_is_cut(cx)
+        {
+            return Poll::Ready(Err(circuit_cut()));
+        }
         let n = ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
         if let Phase::Open(g) = &mut this.phase
             && g.in_handshake()
@@ -392,6 +415,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AccountedStream<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
+        if let Phase::Open(g) = &this.phase
+            && g.poll_is_cut(cx)
+        {
+            return Poll::Ready(Err(circuit_cut()));
+        }
         let sniffing = matches!(this.phase, Phase::Sniffing(_));
         if let Phase::Sniffing(sniffer) = &this.phase {
             match sniffer.inspect(buf) {

@@ -792,3 +792,37 @@ fn a_full_strangers_pool_refuses_strangers_but_never_members() {
     mgr.open_connection(member, &inbound_from("10.9.9.9"))
         .expect("members are not charged to the strangers' pool");
 }
+
+#[test]
+fn charged_circuits_are_cut_when_no_longer_allowed_and_leave_on_drop() {
+    let (mgr, _) = manager(|_| {});
+    let dst = mgr
+        .open_connection(PeerId::random(), &inbound_from("10.0.0.1"))
+        .expect("conn");
+    let (a, b) = (PeerId::random(), PeerId::random());
+    let stop = |source: PeerId| {
+        let mut g = mgr
+            .open_stream(&dst, Proto::RelayStop, false)
+            .expect("stream");
+        mgr.charge_circuit_source(&mut g, source).expect("charged");
+        g
+    };
+    let (from_a, from_b) = (stop(a), stop(b));
+    let waker = futures::task::noop_waker();
+    let cx = std::task::Context::from_waker(&waker);
+    assert!(!from_a.poll_is_cut(&cx) && !from_b.poll_is_cut(&cx));
+    assert_eq!(
+        from_a.peer(),
+        dst.peer,
+        "the destination is the connection's peer"
+    );
+    assert_eq!(mgr.cut_circuits(|s, d| *s != a || *d != dst.peer), 1);
+    assert!(from_a.poll_is_cut(&cx), "a's circuit is cut");
+    assert!(!from_b.poll_is_cut(&cx), "b's stays");
+    drop((from_a, from_b));
+    assert_eq!(
+        mgr.circuits.len(),
+        0,
+        "cut or not, a dropped circuit leaves"
+    );
+}

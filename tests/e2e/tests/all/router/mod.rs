@@ -8,3 +8,4 @@ mod support;
 mod drain_binary;
 mod goaway;
 mod hostile_auth;
+mod policy;

@@ -1,0 +1,170 @@
+//! The policy metrics (`agentmesh_router_policy_*` and the refusals the
+//! policy makes), every label value pre-created so a refusal that never
+//! happened reads 0.
+
+use agentmesh_proto::enforce::{OwnershipError, PolicyRejection};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::metrics::L1;
+
+/// Why a circuit was refused or closed by the policy.
+pub(crate) const CIRCUIT_REASONS: [&str; 1] = ["not_granted"];
+
+/// How one push to a member ended: `acked` (it holds the version pushed),
+/// `ignored` (it answered but kept another version, saying why), `failed`
+/// (the stream failed or the member does not speak the protocol),
+/// `timeout` (no ack within `--policy-push-deadline-ms`), `dropped` (the
+/// member's push was superseded by a newer version before it ran).
+pub(crate) const PUSH_OUTCOMES: [&str; 5] = ["acked", "ignored", "failed", "timeout", "dropped"];
+
+/// Where a policy offered to the router came from.
+pub(crate) const SOURCES: [&str; 2] = ["directory", "watch"];
+
+/// Push lag buckets, seconds: 10 ms .. ~40 s.
+fn lag_buckets() -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(0.01, 2.0, 13)
+}
+
+/// The policy's gauges and counters; clone-cheap handles.
+#[derive(Debug, Clone)]
+pub(crate) struct PolicyMetrics {
+    pub(crate) version: Gauge,
+    pub(crate) epoch: Gauge,
+    pub(crate) applied: Family<L1, Counter>,
+    pub(crate) ignored: Family<L1, Counter>,
+    pub(crate) catalog_refused: Family<L1, Counter>,
+    pub(crate) catalog_dropped: Counter,
+    pub(crate) records_without_credential: Counter,
+    pub(crate) circuits_refused: Family<L1, Counter>,
+    pub(crate) circuits_closed: Family<L1, Counter>,
+    pub(crate) push: Family<L1, Counter>,
+    pub(crate) push_lag: Histogram,
+    pub(crate) push_in_flight: Gauge,
+    pub(crate) watch_up: Gauge,
+    pub(crate) watch_events: Counter,
+}
+
+impl Default for PolicyMetrics {
+    fn default() -> Self {
+        Self {
+            version: Gauge::default(),
+            epoch: Gauge::default(),
+            applied: Family::default(),
+            ignored: Family::default(),
+            catalog_refused: Family::default(),
+            catalog_dropped: Counter::default(),
+            records_without_credential: Counter::default(),
+            circuits_refused: Family::default(),
+            circuits_closed: Family::default(),
+            push: Family::default(),
+            push_lag: Histogram::new(lag_buckets()),
+            push_in_flight: Gauge::default(),
+            watch_up: Gauge::default(),
+            watch_events: Counter::default(),
+        }
+    }
+}
+
+impl PolicyMetrics {
+    /// Registers every metric in `r` with its label values pre-created.
+    pub(crate) fn register(r: &mut Registry) -> Self {
+        let m = Self::default();
+        for reason in PolicyRejection::REASONS {
+            let _ = m.ignored.get_or_create(&[("reason", reason)]);
+        }
+        for source in SOURCES {
+            let _ = m.applied.get_or_create(&[("source", source)]);
+        }
+        for reason in OwnershipError::REASONS {
+            let _ = m.catalog_refused.get_or_create(&[("reason", reason)]);
+        }
+        for reason in CIRCUIT_REASONS {
+            let _ = m.circuits_refused.get_or_create(&[("reason", reason)]);
+            let _ = m.circuits_closed.get_or_create(&[("reason", reason)]);
+        }
+        let _ = m.circuits_closed.get_or_create(&[("reason", "revoked")]);
+        for outcome in PUSH_OUTCOMES {
+            let _ = m.push.get_or_create(&[("outcome", outcome)]);
+        }
+        r.register(
+            "agentmesh_router_policy_version",
+            "Version of the policy the router holds (0: none, every call denied)",
+            m.version.clone(),
+        );
+        r.register(
+            "agentmesh_router_policy_epoch",
+            "Epoch of the policy the router holds (0: none)",
+            m.epoch.clone(),
+        );
+        r.register(
+            "agentmesh_router_policy_applied",
+            "Policy versions taken, by where they came from (directory poll or watch)",
+            m.applied.clone(),
+        );
+        r.register(
+            "agentmesh_router_policy_ignored",
+            "Signed policies offered to the router and not taken, by reason (the held one stays)",
+            m.ignored.clone(),
+        );
+        r.register(
+            "agentmesh_router_catalog_refused",
+            "Published records refused because they do not prove their provider owns every \
+             service they name, by reason",
+            m.catalog_refused.clone(),
+        );
+        r.register(
+            "agentmesh_router_catalog_policy_dropped",
+            "Stored records dropped because a new policy or revocation no longer lets their \
+             provider own them",
+            m.catalog_dropped.clone(),
+        );
+        r.register(
+            "agentmesh_router_catalog_records_without_credential",
+            "Published records taken that carry no credential (a provider from before \
+             credentials in records), their ownership checked against the publisher's \
+             admission claims",
+            m.records_without_credential.clone(),
+        );
+        r.register(
+            "agentmesh_router_policy_circuits_refused",
+            "Circuits refused because the policy grants the source nothing the destination owns",
+            m.circuits_refused.clone(),
+        );
+        r.register(
+            "agentmesh_router_policy_circuits_closed",
+            "Live circuits closed because a new policy (not_granted) or a revocation no longer \
+             allows them",
+            m.circuits_closed.clone(),
+        );
+        r.register(
+            "agentmesh_router_policy_push",
+            "Policy pushes to attached members, by outcome",
+            m.push.clone(),
+        );
+        r.register(
+            "agentmesh_router_policy_push_lag_seconds",
+            "Time from the router taking a policy version (or revocation list) to a member's ack",
+            m.push_lag.clone(),
+        );
+        r.register(
+            "agentmesh_router_policy_push_in_flight",
+            "Policy push streams open now (at most --policy-push-concurrency)",
+            m.push_in_flight.clone(),
+        );
+        r.register(
+            "agentmesh_router_policy_watch_up",
+            "1 while the router holds a Watch stream on the control plane, else 0 (directory poll)",
+            m.watch_up.clone(),
+        );
+        r.register(
+            "agentmesh_router_policy_watch_events",
+            "Events received on the control-plane Watch stream",
+            m.watch_events.clone(),
+        );
+        m
+    }
+}

@@ -1,0 +1,150 @@
+//! The access policy at the router: what it holds, how it learns a new
+//! version, and what it enforces.
+//!
+//! - `state`: the held policy and revocation list (one owner; none held =
+//!   deny all), verified with the router's `Trust`;
+//! - this file: [`PolicyCtx`], which takes a state from the control plane
+//!   (directory poll or watch) and enforces a change at once: regroups the
+//!   admitted peers, drops catalog records no longer owned, cuts circuits
+//!   no longer allowed, and wakes the push;
+//! - `publish`: the ownership check on every published record;
+//! - `push`: pushing a new state to every attached member;
+//! - `watch`: the control-plane `Watch` stream (the directory poll is the
+//!   fallback);
+//! - `metrics`: every policy metric, labels pre-created.
+//!
+//! The circuit check itself runs in the muxer (`resources::circuits`
+//! explains why) through [`PolicyCtx::circuit_check`].
+
+pub(crate) mod metrics;
+pub(crate) mod publish;
+pub(crate) mod push;
+pub(crate) mod state;
+#[cfg(test)]
+pub(crate) mod testing;
+pub(crate) mod watch;
+
+use std::sync::Arc;
+
+use agentmesh_proto::pb::credential::{Revocation, SignedPolicy};
+use agentmesh_proto::record::verify_record;
+use agentmesh_proto::unix_now;
+use libp2p::PeerId;
+
+use crate::admission::Admissions;
+use crate::catalog::Catalog;
+use crate::cp::Link;
+use crate::resources::{CircuitPolicyFn, ResourceManager};
+use state::{Changed, PolicyState};
+
+/// What taking and enforcing a policy needs.
+#[derive(Clone)]
+pub(crate) struct PolicyCtx {
+    pub(crate) state: Arc<PolicyState>,
+    pub(crate) link: Arc<Link>,
+    pub(crate) admissions: Admissions,
+    pub(crate) catalog: Arc<Catalog>,
+    pub(crate) resources: Arc<ResourceManager>,
+    /// The clock skew tolerated on credentials, seconds.
+    pub(crate) skew_secs: i64,
+}
+
+impl PolicyCtx {
+    /// Takes what the control plane sent (`source`: "directory" or
+    /// "watch"): installs the revocations in the router's trust, offers the
+    /// policy, and enforces whatever changed at once. Revoked peers
+    /// themselves are dropped (and their connections closed) by the swarm
+    /// loop's next tick, which reads the same trust.
+    pub(crate) fn take(
+        &self,
+        policy: Option<&SignedPolicy>,
+        revocations: &[Revocation],
+        source: &'static str,
+    ) -> Changed {
+        self.link.trust.write().set_revocations(revocations);
+        let changed = {
+            let trust = self.link.trust.read();
+            self.state.offer(policy, revocations, &trust, source)
+        };
+        if changed.any() {
+            self.enforce();
+        }
+        changed
+    }
+
+    /// Enforces the state held on what is already admitted, stored and
+    /// relayed.
+    fn enforce(&self) {
+        let policy = self.state.policy();
+        self.admissions.write().regroup(&policy);
+        let now = unix_now();
+        let dropped = {
+            let trust = self.link.trust.read().clone();
+            // Lock order: admissions, then the catalog store.
+            let admissions = self.admissions.read();
+            let mut store = self.catalog.store.lock();
+            store.retain(|provider, signed| {
+                verify_record(signed, now).is_ok_and(|(record, p)| {
+                    p == *provider
+                        && publish::owns(
+                            &record,
+                            provider,
+                            &trust,
+                            &policy,
+                            &admissions,
+                            now,
+                            self.skew_secs,
+                        )
+                        .is_ok()
+                })
+            })
+        };
+        if !dropped.is_empty() {
+            tracing::info!(
+                records = dropped.len(),
+                "catalog records no longer owned under the new policy: dropped"
+            );
+            self.state
+                .metrics()
+                .catalog_dropped
+                .inc_by(dropped.len() as u64);
+            self.catalog.changed.notify_one();
+        }
+        let cut = {
+            let admissions = self.admissions.read();
+            self.resources
+                .cut_circuits(|s, d| admissions.may_reach(s, d, &policy))
+        };
+        if cut > 0 {
+            tracing::info!(circuits = cut, "live circuits no longer allowed: closed");
+            self.state
+                .metrics()
+                .circuits_closed
+                .get_or_create(&[("reason", "not_granted")])
+                .inc_by(cut as u64);
+        }
+    }
+
+    /// The check the muxer runs on every circuit (see
+    /// `resources::circuits`): `source` must be granted some service
+    /// `destination` owns. Refusals are counted (`not_granted`).
+    pub(crate) fn circuit_check(&self) -> CircuitPolicyFn {
+        let (state, admissions) = (self.state.clone(), self.admissions.clone());
+        Box::new(move |source: &PeerId, destination: &PeerId| {
+            let policy = state.policy();
+            let ok = admissions.read().may_reach(source, destination, &policy);
+            if !ok {
+                tracing::debug!(%source, %destination, "circuit refused: not granted");
+                state
+                    .metrics()
+                    .circuits_refused
+                    .get_or_create(&[("reason", "not_granted")])
+                    .inc();
+            }
+            ok
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,199 @@
+//! The policy's decisions on a router's real components (no I/O).
+
+use agentmesh_proto::pb::credential::Revocation;
+use agentmesh_proto::unix_now;
+use libp2p::PeerId;
+use libp2p::identity::Keypair;
+
+use super::testing::{NO_GRANTS, WEB_TO_PAYMENTS, claims, cp, credential, record, signed};
+use crate::admission::{Admission, PeerGroups, Purpose};
+use crate::test_support::components;
+
+/// Only `payments/*` of other teams' making: nobody owns payments.
+const PAYMENTS_UNOWNED: &str = r#"
+format = 1
+[groups]
+payments = { labels = { team = "payments" } }
+web = { labels = { team = "web" } }
+
+[[owners]]
+services = ["web/*"]
+groups = ["web"]
+
+[[grants]]
+from = ["payments"]
+to = ["web/*"]
+"#;
+
+fn admit(c: &crate::Components, cp: &super::testing::Cp, peer: PeerId, team: &str, token: &str) {
+    let policy = c.policy.policy();
+    c.admissions.write().admit(
+        peer,
+        Admission {
+            purpose: Purpose::Attach,
+            until: unix_now() + 3600,
+            node_id: team.into(),
+            attached_routers: vec![],
+            groups: Some(PeerGroups::new(claims(cp, &peer, team, token), &policy)),
+        },
+    );
+}
+
+#[test]
+fn circuits_need_a_grant_and_follow_each_new_policy() {
+    let (cp, c) = (cp(), components(|_| {}));
+    *c.link.trust.write() = cp.trust.clone();
+    let (web, pay, stranger) = (PeerId::random(), PeerId::random(), PeerId::random());
+    // Admitted before any policy: deny all.
+    admit(&c, &cp, web, "web", "tw");
+    admit(&c, &cp, pay, "payments", "tp");
+    let check = c.policy_ctx().circuit_check();
+    assert!(!check(&web, &pay), "no policy: no circuit");
+    let ctx = c.policy_ctx();
+    assert!(
+        ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), &[], "directory")
+            .policy
+    );
+    assert!(
+        check(&web, &pay),
+        "web is granted payments/api, which payments owns"
+    );
+    assert!(!check(&pay, &web), "payments is granted nothing");
+    assert!(
+        !check(&stranger, &pay),
+        "a peer not admitted is in no group"
+    );
+    ctx.take(Some(&signed(&cp, 1, 2, NO_GRANTS)), &[], "watch");
+    assert!(!check(&web, &pay), "the grant was removed");
+    let refused = c
+        .policy
+        .metrics()
+        .circuits_refused
+        .get_or_create(&[("reason", "not_granted")])
+        .get();
+    assert_eq!(refused, 4, "every refusal counted");
+}
+
+#[test]
+fn records_not_owned_are_refused_and_dropped_when_ownership_goes() {
+    let (cp, c) = (cp(), components(|_| {}));
+    *c.link.trust.write() = cp.trust.clone();
+    let ctx = c.policy_ctx();
+    let own = c.ownership();
+    let (pay_key, web_key) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
+    let (pay, web) = (pay_key.public().to_peer_id(), web_key.public().to_peer_id());
+    let now = unix_now();
+    let (r, s) = record(
+        &pay_key,
+        &["payments/api"],
+        Some(credential(&cp, &pay, "payments", "tp")),
+    );
+    assert!(
+        own.check(&r, &pay, now).is_err(),
+        "no policy: nobody owns anything"
+    );
+    ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), &[], "directory");
+    own.check(&r, &pay, now).expect("payments owns payments/*");
+    c.catalog
+        .store
+        .lock()
+        .publish(pay, s, &r, now)
+        .expect("stored");
+    // The impostor: web publishing payments/api with its own credential.
+    let (ri, _) = record(
+        &web_key,
+        &["payments/api"],
+        Some(credential(&cp, &web, "web", "tw")),
+    );
+    let why = own
+        .check(&ri, &web, now)
+        .expect_err("web does not own payments/api");
+    assert!(why.starts_with("not_owner"), "{why}");
+    // Another member's credential in its record: wrong subject.
+    let (rs, _) = record(
+        &web_key,
+        &["payments/api"],
+        Some(credential(&cp, &pay, "payments", "tp")),
+    );
+    assert!(
+        own.check(&rs, &web, now)
+            .expect_err("stolen")
+            .starts_with("wrong_subject")
+    );
+    // No credential at all.
+    let (rn, _) = record(&web_key, &["payments/api"], None);
+    assert!(
+        own.check(&rn, &web, now)
+            .expect_err("none")
+            .starts_with("no_credential")
+    );
+    let m = c.policy.metrics();
+    // not_owner twice: before any policy, and the impostor.
+    for (reason, n) in [("not_owner", 2), ("wrong_subject", 1), ("no_credential", 1)] {
+        assert_eq!(
+            m.catalog_refused.get_or_create(&[("reason", reason)]).get(),
+            n,
+            "{reason}"
+        );
+    }
+    // Ownership moves away: the stored record is dropped.
+    ctx.take(Some(&signed(&cp, 1, 2, PAYMENTS_UNOWNED)), &[], "watch");
+    assert!(
+        c.catalog
+            .store
+            .lock()
+            .lookup("payments/api", now, 10)
+            .is_empty()
+    );
+    assert_eq!(m.catalog_dropped.get(), 1);
+}
+
+#[test]
+fn a_token_revocation_drops_every_member_of_that_token_and_their_records() {
+    let (cp, c) = (cp(), components(|_| {}));
+    *c.link.trust.write() = cp.trust.clone();
+    let ctx = c.policy_ctx();
+    ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), &[], "directory");
+    let pay_key = Keypair::generate_ed25519();
+    let pay = pay_key.public().to_peer_id();
+    let (other, web) = (PeerId::random(), PeerId::random());
+    admit(&c, &cp, pay, "payments", "bad-token");
+    admit(&c, &cp, other, "payments", "bad-token");
+    admit(&c, &cp, web, "web", "good-token");
+    let now = unix_now();
+    let (r, s) = record(
+        &pay_key,
+        &["payments/api"],
+        Some(credential(&cp, &pay, "payments", "bad-token")),
+    );
+    c.catalog
+        .store
+        .lock()
+        .publish(pay, s, &r, now)
+        .expect("stored");
+    let revoked = vec![Revocation {
+        token_id: "bad-token".into(),
+        until_unix_secs: now + 3600,
+        ..Default::default()
+    }];
+    assert!(ctx.take(None, &revoked, "watch").revocations);
+    assert!(
+        c.catalog
+            .store
+            .lock()
+            .lookup("payments/api", now, 10)
+            .is_empty(),
+        "its record goes at once"
+    );
+    let mut gone = c.admissions.write().revoke(&c.link.trust.read(), now);
+    gone.sort();
+    let mut want = vec![pay, other];
+    want.sort();
+    assert_eq!(gone, want, "one entry revokes every member of the token");
+    assert!(c.admissions.read().get(&web).is_some());
+    assert_eq!(
+        c.policy.push_message().revocations,
+        revoked,
+        "members get it pushed"
+    );
+}
