@@ -51,8 +51,8 @@ impl Records {
 
 /// A record published at `now` lives `ttl`, never beyond the credential
 /// it carries (a caller or router would refuse it: `outlives_credential`).
-/// A credential whose claims cannot be read gives `now + ttl`: the record
-/// is refused on its credential anyway.
+/// A credential whose claims cannot be read gives `now + ttl` (the record
+/// is refused on its credential anyway).
 pub(crate) fn record_expiry(now: i64, ttl: Duration, credential: &Credential) -> i64 {
     let wanted = now + ttl.as_secs() as i64;
     peek_claims(credential).map_or(wanted, |c| wanted.min(c.expires_at_unix_secs))
@@ -185,7 +185,8 @@ mod tests {
         let ttl = Duration::from_secs(300);
         assert_eq!(record_expiry(1000, ttl, &cred(5000)), 1300);
         assert_eq!(record_expiry(1000, ttl, &cred(1100)), 1100);
-        assert_eq!(record_expiry(1000, ttl, &Credential::default()), 1300);
+        // Empty claims expire at 0: so does the record (refused anyway).
+        assert_eq!(record_expiry(1000, ttl, &Credential::default()), 0);
     }
 
     #[test]
