@@ -145,7 +145,10 @@ impl Core {
                 if let Some(signed) = dir.policy.clone() {
                     let mut trust = (*shared.trust()).clone();
                     trust.set_keys(&keys);
-                    shared.policy.offer(signed, Arc::new(trust), "directory").await;
+                    shared
+                        .policy
+                        .offer(signed, Arc::new(trust), crate::policy::DIRECTORY)
+                        .await;
                 }
                 Ok((dir, keys))
             }

@@ -40,6 +40,9 @@ use crate::metrics::ReasonLabel;
 /// the exact list).
 pub(crate) const MAX_REVOCATIONS: usize = 100_000;
 
+/// The `source` of a policy from the directory fetch.
+pub(crate) const DIRECTORY: &str = "directory";
+
 /// What became of an offered policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Offer {
@@ -154,8 +157,14 @@ impl MemberPolicy {
             }
             Ok(Err(e)) => {
                 let reason = e.reason();
-                tracing::warn!(source, reason, error = %e, "policy ignored");
-                self.metrics.ignored.get_or_create(&ReasonLabel { reason }).inc();
+                if source == DIRECTORY && reason == "stale" {
+                    // A push brought a newer one than the (cached) directory
+                    // has yet: normal, not a lie.
+                    tracing::debug!(error = %e, "directory policy older than the one held");
+                } else {
+                    tracing::warn!(source, reason, error = %e, "policy ignored");
+                    self.metrics.ignored.get_or_create(&ReasonLabel { reason }).inc();
+                }
                 Offer::Ignored(reason)
             }
             Err(e) => {

@@ -153,6 +153,10 @@ async fn forged_stale_and_unparsable_policies_are_ignored_and_counted() {
     assert_eq!(ignored(&m, "bad_signature"), 1);
     assert_eq!(ignored(&m, "stale"), 1);
     assert_eq!(ignored(&m, "unparsable"), 1);
+    // An older one from the (cached) directory is not a lie: not counted.
+    let cached = p.offer(signed_by(&cp.key, 1, 4, NO_GRANT), cp.trust.read().clone(), DIRECTORY);
+    assert_eq!(cached.await, Offer::Ignored("stale"));
+    assert_eq!(ignored(&m, "stale"), 1);
 }
 
 #[tokio::test]
