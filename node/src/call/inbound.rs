@@ -330,25 +330,24 @@ async fn serve(
     };
     // The policy's grant, then (in `admit`) the provider's own `--allow`
     // on top: a call needs both.
-    if inbound.exposes(&req.service) {
-        if let Err(d) = shared
+    if inbound.exposes(&req.service)
+        && let Err(d) = shared
             .policy
             .may_call(&shared.trust(), &claims, &req.service, unix_now())
-        {
-            let r = match d {
-                Denied::NotGranted => refusal(
-                    CallRefusal::NotGranted,
-                    "not_granted",
-                    format!(
-                        "the access policy (version {}) grants none of this caller's groups {:?}",
-                        shared.policy.epoch_version().1,
-                        req.service
-                    ),
+    {
+        let r = match d {
+            Denied::NotGranted => refusal(
+                CallRefusal::NotGranted,
+                "not_granted",
+                format!(
+                    "the access policy (version {}) grants none of this caller's groups {:?}",
+                    shared.policy.epoch_version().1,
+                    req.service
                 ),
-                Denied::Revoked => refusal(CallRefusal::Revoked, "revoked", "caller is revoked"),
-            };
-            return refuse(&shared, &mut stream, peer, r).await;
-        }
+            ),
+            Denied::Revoked => refusal(CallRefusal::Revoked, "revoked", "caller is revoked"),
+        };
+        return refuse(&shared, &mut stream, peer, r).await;
     }
     let labels = claims.labels();
     let (backend, _slot) = match inbound.admit(&req.service, peer, &labels) {

@@ -31,9 +31,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentmesh_proto::pb::mesh::LookupResult;
 use agentmesh_proto::credential::{CredentialError, Trust};
 use agentmesh_proto::enforce::OwnershipError;
+use agentmesh_proto::pb::mesh::LookupResult;
 use agentmesh_proto::pb::mesh::ServiceRecord;
 use agentmesh_proto::record::verify_record;
 use agentmesh_proto::unix_now;
@@ -331,7 +331,9 @@ async fn owners(
 ) -> Vec<(ServiceRecord, PeerId)> {
     let skew = shared.config.credential_skew.as_secs() as i64;
     let check = |record: &ServiceRecord, provider: &PeerId, trust: &Trust| {
-        shared.policy.check_record(record, provider, trust, now, skew)
+        shared
+            .policy
+            .check_record(record, provider, trust, now, skew)
     };
     let trust = shared.trust();
     let unknown_key = |r: &Result<(), OwnershipError>| {

@@ -16,8 +16,8 @@ mod connect;
 mod conns;
 mod directory;
 mod goaway;
-mod policy_push;
 mod idle;
+mod policy_push;
 mod records;
 mod redial;
 mod refresh;
@@ -95,7 +95,9 @@ pub(crate) enum Op {
         reply: transit::Reply,
     },
     /// A policy push exchange ended, with its metric result.
-    PolicyPushed { result: &'static str },
+    PolicyPushed {
+        result: &'static str,
+    },
 }
 
 /// The core loop's state.

@@ -74,10 +74,7 @@ pub(crate) fn take_admitted_policy(shared: &Arc<Shared>, result: &Result<AuthOut
         let shared = shared.clone();
         let push: PolicyPush = (**push).clone();
         tokio::spawn(async move {
-            shared
-                .policy
-                .on_push(&shared.trust, push, unix_now())
-                .await;
+            shared.policy.on_push(&shared.trust, push, unix_now()).await;
         });
     }
 }
@@ -109,7 +106,8 @@ impl Core {
                     "malformed"
                 }
                 Ok(push) => {
-                    let (ack, result) = shared.policy.on_push(&shared.trust, push, unix_now()).await;
+                    let (ack, result) =
+                        shared.policy.on_push(&shared.trust, push, unix_now()).await;
                     if let Err(e) = policy_wire::acknowledge(&mut stream, &ack, deadline).await {
                         tracing::debug!(%peer, error = %e, "policy ack not sent");
                     }

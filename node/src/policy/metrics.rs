@@ -57,7 +57,9 @@ impl PolicyMetrics {
             let _ = self.pushes.get_or_create(&ResultLabel { result });
         }
         for reason in OwnershipError::REASONS {
-            let _ = self.providers_skipped.get_or_create(&ReasonLabel { reason });
+            let _ = self
+                .providers_skipped
+                .get_or_create(&ReasonLabel { reason });
         }
         for reason in CLOSE_REASONS {
             let _ = self.calls_closed.get_or_create(&ReasonLabel { reason });

@@ -163,7 +163,10 @@ impl MemberPolicy {
                     tracing::debug!(error = %e, "directory policy older than the one held");
                 } else {
                     tracing::warn!(source, reason, error = %e, "policy ignored");
-                    self.metrics.ignored.get_or_create(&ReasonLabel { reason }).inc();
+                    self.metrics
+                        .ignored
+                        .get_or_create(&ReasonLabel { reason })
+                        .inc();
                 }
                 Offer::Ignored(reason)
             }
@@ -171,7 +174,10 @@ impl MemberPolicy {
                 // The check panicked (a bug in the parser): the held one stays.
                 tracing::error!(source, error = %e, "policy check failed");
                 let reason = "unparsable";
-                self.metrics.ignored.get_or_create(&ReasonLabel { reason }).inc();
+                self.metrics
+                    .ignored
+                    .get_or_create(&ReasonLabel { reason })
+                    .inc();
                 Offer::Ignored(reason)
             }
         }
@@ -191,7 +197,12 @@ impl MemberPolicy {
 
     /// Revocations a router pushed: added to ours (never removing one);
     /// those already over at `now` are dropped.
-    pub(crate) fn add_revocations(&self, trust: &RwLock<Arc<Trust>>, more: &[Revocation], now: i64) {
+    pub(crate) fn add_revocations(
+        &self,
+        trust: &RwLock<Arc<Trust>>,
+        more: &[Revocation],
+        now: i64,
+    ) {
         let mut held = self.revocations.lock();
         if !merge(&mut held, more, now) {
             return;
@@ -214,9 +225,9 @@ impl MemberPolicy {
             Some(signed) => {
                 let current = trust.read().clone();
                 match self.offer(signed, current, "push").await {
-                Offer::Accepted => ("accepted", ""),
-                Offer::Held => ("held", ""),
-                Offer::Ignored(why) => ("ignored", why),
+                    Offer::Accepted => ("accepted", ""),
+                    Offer::Held => ("held", ""),
+                    Offer::Ignored(why) => ("ignored", why),
                 }
             }
             None => ("held", ""),

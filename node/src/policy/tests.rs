@@ -100,26 +100,41 @@ async fn none_held_denies_every_call_and_a_grant_lets_one_through() {
     let web = claims(&cp, "web", "t1");
     let trust = cp.trust.read().clone();
     assert_eq!(p.epoch_version(), (0, 0));
-    assert_eq!(p.may_call(&trust, &web, "db", 2000), Err(Denied::NotGranted));
+    assert_eq!(
+        p.may_call(&trust, &web, "db", 2000),
+        Err(Denied::NotGranted)
+    );
 
     let mut changes = p.subscribe();
     let offer = p.offer(signed_by(&cp.key, 1, 1, GRANTED), trust.clone(), "test");
     assert_eq!(offer.await, Offer::Accepted);
-    assert!(changes.has_changed().expect("open"), "a change is signalled");
+    assert!(
+        changes.has_changed().expect("open"),
+        "a change is signalled"
+    );
     changes.mark_unchanged();
     assert_eq!(p.epoch_version(), (1, 1));
     assert_eq!(m.version.get(), 1);
     assert_eq!(p.may_call(&trust, &web, "db", 2000), Ok(()));
     let data = claims(&cp, "data", "t2");
-    assert_eq!(p.may_call(&trust, &data, "db", 2000), Err(Denied::NotGranted));
-    assert_eq!(p.may_call(&trust, &web, "other", 2000), Err(Denied::NotGranted));
+    assert_eq!(
+        p.may_call(&trust, &data, "db", 2000),
+        Err(Denied::NotGranted)
+    );
+    assert_eq!(
+        p.may_call(&trust, &web, "other", 2000),
+        Err(Denied::NotGranted)
+    );
 
     // The same policy again is held, not counted; the grant removed takes effect.
     let again = p.offer(signed_by(&cp.key, 1, 1, GRANTED), trust.clone(), "test");
     assert_eq!(again.await, Offer::Held);
     let removed = p.offer(signed_by(&cp.key, 1, 2, NO_GRANT), trust.clone(), "test");
     assert_eq!(removed.await, Offer::Accepted);
-    assert_eq!(p.may_call(&trust, &web, "db", 2000), Err(Denied::NotGranted));
+    assert_eq!(
+        p.may_call(&trust, &web, "db", 2000),
+        Err(Denied::NotGranted)
+    );
     assert!(changes.has_changed().expect("open"));
 }
 
@@ -134,7 +149,8 @@ async fn forged_stale_and_unparsable_policies_are_ignored_and_counted() {
     let p = MemberPolicy::new(m.clone());
     let trust = cp.trust.read().clone();
     assert_eq!(
-        p.offer(signed_by(&cp.key, 1, 5, GRANTED), trust.clone(), "t").await,
+        p.offer(signed_by(&cp.key, 1, 5, GRANTED), trust.clone(), "t")
+            .await,
         Offer::Accepted
     );
     let forger = ed25519::Keypair::generate();
@@ -148,13 +164,20 @@ async fn forged_stale_and_unparsable_policies_are_ignored_and_counted() {
         document: vec![0xff; 40],
         signature: vec![1; 64],
     };
-    assert!(matches!(p.offer(bytes, trust, "t").await, Offer::Ignored(_)));
+    assert!(matches!(
+        p.offer(bytes, trust, "t").await,
+        Offer::Ignored(_)
+    ));
     assert_eq!(p.epoch_version(), (1, 5));
     assert_eq!(ignored(&m, "bad_signature"), 1);
     assert_eq!(ignored(&m, "stale"), 1);
     assert_eq!(ignored(&m, "unparsable"), 1);
     // An older one from the (cached) directory is not a lie: not counted.
-    let cached = p.offer(signed_by(&cp.key, 1, 4, NO_GRANT), cp.trust.read().clone(), DIRECTORY);
+    let cached = p.offer(
+        signed_by(&cp.key, 1, 4, NO_GRANT),
+        cp.trust.read().clone(),
+        DIRECTORY,
+    );
     assert_eq!(cached.await, Offer::Ignored("stale"));
     assert_eq!(ignored(&m, "stale"), 1);
 }
@@ -194,14 +217,24 @@ fn merging_keeps_the_later_end_drops_ended_ones_and_is_bounded() {
         ..Default::default()
     };
     let mut held = vec![rev("a", 100)];
-    assert!(merge(&mut held, &[rev("a", 200), rev("b", 50), rev("c", 300)], 60));
+    assert!(merge(
+        &mut held,
+        &[rev("a", 200), rev("b", 50), rev("c", 300)],
+        60
+    ));
     assert_eq!(held, vec![rev("a", 200), rev("c", 300)]);
     assert!(!merge(&mut held, &[rev("a", 150)], 60), "nothing new");
-    assert!(!merge(&mut held, &[Revocation::default()], 60), "an empty entry");
+    assert!(
+        !merge(&mut held, &[Revocation::default()], 60),
+        "an empty entry"
+    );
     let flood: Vec<_> = (0..MAX_REVOCATIONS + 10)
         .map(|i| rev(&format!("t{i}"), 1000 + i as i64))
         .collect();
     merge(&mut held, &flood, 60);
     assert_eq!(held.len(), MAX_REVOCATIONS);
-    assert!(held.iter().all(|h| h.until_unix_secs >= 1010), "those ending last kept");
+    assert!(
+        held.iter().all(|h| h.until_unix_secs >= 1010),
+        "those ending last kept"
+    );
 }

@@ -151,7 +151,11 @@ async fn default_deny_then_a_grant_lets_calls_through_and_its_removal_closes_the
     assert!(refused.contains("grants none"), "{refused}");
     assert!(node_metric(&b, NOT_GRANTED).await >= 1.0);
     assert_eq!(
-        node_metric(&b, r#"agentmesh_node_calls_total{direction="inbound",result="accepted"}"#).await,
+        node_metric(
+            &b,
+            r#"agentmesh_node_calls_total{direction="inbound",result="accepted"}"#
+        )
+        .await,
         0.0
     );
 
@@ -166,7 +170,9 @@ async fn default_deny_then_a_grant_lets_calls_through_and_its_removal_closes_the
     let mut live = call_until_found(&a, "echo").await;
     live.write_all(b"ping").await.expect("write");
     let mut buf = [0u8; 4];
-    live.read_exact(&mut buf).await.expect("echo before the change");
+    live.read_exact(&mut buf)
+        .await
+        .expect("echo before the change");
     assert_eq!(&buf, b"ping");
     let refused_before = node_metric(&b, NOT_GRANTED).await;
     apply(&cp, dir.path(), "deny.toml", DENY).await;
@@ -177,12 +183,16 @@ async fn default_deny_then_a_grant_lets_calls_through_and_its_removal_closes_the
         "the live call was not closed: {ended:?}"
     );
     assert_eq!(
-        node_metric(&b, r#"agentmesh_node_policy_calls_closed_total{reason="not_granted"}"#).await,
+        node_metric(
+            &b,
+            r#"agentmesh_node_policy_calls_closed_total{reason="not_granted"}"#
+        )
+        .await,
         1.0
     );
     // And new calls are refused again.
     holds(&a, 3).await;
-    let e = a.call("echo").await.err().expect("refused after the removal");
+    let e = a.call("echo").await.expect_err("refused after the removal");
     assert_eq!(e.result_label(), "refused", "{e}");
     assert!(node_metric(&b, NOT_GRANTED).await > refused_before);
 }
@@ -257,11 +267,26 @@ async fn a_caller_reaches_only_the_owner_of_a_service_never_an_impostor() {
         assert_eq!(got, b"owner", "call {i}");
     }
     assert_eq!(owner_hits.load(Ordering::SeqCst), 10);
-    assert_eq!(impostor_hits.load(Ordering::SeqCst), 0, "the impostor's backend was reached");
+    assert_eq!(
+        impostor_hits.load(Ordering::SeqCst),
+        0,
+        "the impostor's backend was reached"
+    );
     let t = metrics(&impostor).await;
-    for result in ["accepted", "not_granted", "not_allowed", "malformed", "bad_credential"] {
-        let series = format!(r#"agentmesh_node_calls_total{{direction="inbound",result="{result}"}}"#);
-        assert_eq!(metric(&t, &series), 0.0, "the impostor saw a call stream: {series}");
+    for result in [
+        "accepted",
+        "not_granted",
+        "not_allowed",
+        "malformed",
+        "bad_credential",
+    ] {
+        let series =
+            format!(r#"agentmesh_node_calls_total{{direction="inbound",result="{result}"}}"#);
+        assert_eq!(
+            metric(&t, &series),
+            0.0,
+            "the impostor saw a call stream: {series}"
+        );
     }
     if impostor_listed {
         // The router served its record: the caller skipped it, counted.
@@ -350,20 +375,25 @@ async fn a_policy_push_from_a_peer_that_is_not_an_attached_router_is_refused() {
     let forged = forged_push_frame(DENY.as_bytes(), &[7; 64]);
     for _ in 0..3 {
         let mut s = x.open(b.peer_id(), POLICY).await;
-        let _ = s
-            .write_all(&forged)
-            .await;
+        let _ = s.write_all(&forged).await;
         let _ = s.close().await;
     }
     agentmesh_testkit::eventually("the pushes counted not_attached", || async {
-        let n = node_metric(&b, r#"agentmesh_node_policy_pushes_total{result="not_attached"}"#).await;
+        let n = node_metric(
+            &b,
+            r#"agentmesh_node_policy_pushes_total{result="not_attached"}"#,
+        )
+        .await;
         (n >= 3.0).then_some(())
     })
     .await;
     let t = metrics(&b).await;
     assert_eq!(metric(&t, "agentmesh_node_policy_version"), 1.0);
     assert_eq!(
-        metric(&t, r#"agentmesh_node_policy_pushes_total{result="accepted"}"#),
+        metric(
+            &t,
+            r#"agentmesh_node_policy_pushes_total{result="accepted"}"#
+        ),
         0.0
     );
     // The node still serves its granted caller.
