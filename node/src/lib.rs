@@ -22,6 +22,7 @@ pub mod identity;
 mod local;
 pub mod metrics;
 mod peer_calls;
+mod policy;
 mod recent;
 pub mod report;
 mod seen;
@@ -41,7 +42,7 @@ use std::time::Duration;
 
 use agentmesh_controlplane::client::{Client, ClientConfig, ClientError};
 use agentmesh_proto::credential::Trust;
-use agentmesh_proto::protocols::{CALL, GOAWAY};
+use agentmesh_proto::protocols::{CALL, GOAWAY, POLICY};
 use libp2p::{PeerId, StreamProtocol};
 use parking_lot::{Mutex, RwLock};
 use prometheus_client::registry::Registry;
@@ -338,6 +339,10 @@ pub async fn spawn(
         .accept(StreamProtocol::new(GOAWAY))
         .map_err(|e| SpawnError::Swarm(e.to_string()))?;
 
+    let policy_pushes = control
+        .accept(StreamProtocol::new(POLICY))
+        .map_err(|e| SpawnError::Swarm(e.to_string()))?;
+
     let (cmd_tx, cmd_rx) = mpsc::channel(shared::COMMAND_QUEUE);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (status_tx, _) = watch::channel(NodeStatus::default());
@@ -347,6 +352,7 @@ pub async fn spawn(
         config.max_inbound_calls,
         config.max_inbound_calls_per_caller,
     ));
+    let member_policy = policy::MemberPolicy::new(metrics.policy.clone());
     let shared = Arc::new(shared::Shared {
         config,
         key: stored.key,
@@ -364,10 +370,18 @@ pub async fn spawn(
         peer_calls: Default::default(),
         forwards,
         seen: Default::default(),
+        policy: member_policy,
     });
 
     let mut core_set = JoinSet::new();
-    let core = core::Core::new(shared.clone(), swarm, cmd_rx, goaways, p2p_metrics);
+    let core = core::Core::new(
+        shared.clone(),
+        swarm,
+        cmd_rx,
+        goaways,
+        policy_pushes,
+        p2p_metrics,
+    );
     core_set.spawn(supervised(shared.clone(), core.run()).instrument(span.clone()));
     let mut tasks = JoinSet::new();
     tasks.spawn(

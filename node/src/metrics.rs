@@ -32,6 +32,7 @@ pub const INBOUND_RESULTS: &[&str] = &[
     "bad_credential",
     "revoked",
     "not_allowed",
+    "not_granted",
     "too_many_calls",
     "backend_unavailable",
     "shutting_down",
@@ -170,12 +171,15 @@ pub struct Metrics {
     /// Calls that ended in the last minutes (for `agentmesh-node status`;
     /// not exported).
     pub(crate) recent: std::sync::Arc<crate::recent::RecentCalls>,
+    /// The access policy's metrics (`policy_*`, `providers_skipped`).
+    pub(crate) policy: crate::policy::metrics::PolicyMetrics,
 }
 
 impl Metrics {
     /// Creates the metrics with every label value pre-created.
     pub fn new() -> Self {
         let m = Self::default();
+        m.policy.precreate();
         for r in OUTBOUND_RESULTS {
             let _ = m.calls.get_or_create(&CallLabels {
                 direction: "outbound",
@@ -230,6 +234,7 @@ impl Metrics {
     /// Registers every metric in `registry` under the prefix `agentmesh_node`.
     pub fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("agentmesh_node");
+        self.policy.register(r);
         r.register(
             "routers_attached",
             "Routers with an active relay reservation",

@@ -123,6 +123,9 @@ pub(crate) struct Shared {
     pub(crate) forwards: Vec<(std::net::SocketAddr, String)>,
     /// Services this node's calls looked up recently.
     pub(crate) seen: crate::seen::Seen,
+    /// The access policy held and the revocations enforced (the one owner
+    /// of both; it writes the revocations into `trust`).
+    pub(crate) policy: crate::policy::MemberPolicy,
 }
 
 impl Shared {
@@ -140,9 +143,11 @@ impl Shared {
 
     /// Replaces the trusted keys, keeping the revocations.
     pub(crate) fn set_keys(&self, keys: &KeySet) {
-        let mut t = (*self.trust()).clone();
+        // Under the write lock: a revocation update racing with this is not lost.
+        let mut w = self.trust.write();
+        let mut t = (**w).clone();
         t.set_keys(keys);
-        *self.trust.write() = Arc::new(t);
+        *w = Arc::new(t);
     }
 
     /// Re-fetches the key set (for a credential signed by a key we do not

@@ -2,15 +2,18 @@
 //! fairly by caller PeerId, see `admission.rs`), read the request with a
 //! first-byte deadline, verify the caller's credential offline (expected
 //! subject = the PeerId the connection proved; revocations), apply
-//! `--allow`, the per-caller and total limits, then splice the stream to
+//! the access policy's grant (`may_call` of the caller's groups; refused
+//! `NOT_GRANTED`), `--allow` on top of it, the per-caller and total limits, then splice the stream to
 //! the backend. Every refusal is counted with its reason; those after the
-//! request is read are also answered.
+//! request is read are also answered. A live call is closed when a new
+//! policy or revocation no longer allows it (checked on each change,
+//! counted in `agentmesh_node_policy_calls_closed_total`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use agentmesh_proto::credential::{CredentialError, verify};
+use agentmesh_proto::credential::{CredentialError, VerifiedClaims, verify};
 use agentmesh_proto::pb::credential::Role;
 use agentmesh_proto::pb::mesh::{CallRefusal, CallRequest};
 use agentmesh_proto::unix_now;
@@ -28,6 +31,7 @@ use tracing::Instrument as _;
 use super::admission::{self, FirstByte, RequestSlot, RequestSlots};
 use crate::config::{AllowRule, is_allowed};
 use crate::metrics::DirectionLabel;
+use crate::policy::Denied;
 use crate::shared::Shared;
 
 /// The provider side's policy and counters.
@@ -88,6 +92,11 @@ impl Inbound {
             per_caller: Mutex::new(HashMap::new()),
             max_per_caller: max_per_caller.max(1),
         }
+    }
+
+    /// Whether this node exposes `service`.
+    pub(crate) fn exposes(&self, service: &str) -> bool {
+        self.services.contains_key(service)
     }
 
     /// Checks service, allow rule and limits for a verified caller.
@@ -199,7 +208,7 @@ async fn verify_caller(
     shared: &Shared,
     req: &CallRequest,
     peer: PeerId,
-) -> Result<BTreeMap<String, String>, Refusal> {
+) -> Result<VerifiedClaims, Refusal> {
     let Some(cred) = &req.credential else {
         return Err(refusal(
             CallRefusal::Malformed,
@@ -213,7 +222,7 @@ async fn verify_caller(
         r = verify(cred, &shared.trust(), unix_now(), Some(&peer), skew);
     }
     match r {
-        Ok(v) if v.role() == Role::Member => Ok(v.labels()),
+        Ok(v) if v.role() == Role::Member => Ok(v),
         Ok(_) => Err(refusal(
             CallRefusal::BadCredential,
             "bad_credential",
@@ -229,6 +238,24 @@ async fn verify_caller(
             "bad_credential",
             e.to_string(),
         )),
+    }
+}
+
+/// Completes once a change of the policy or of the revocations no longer
+/// lets the caller with `claims` call `service` (checked at each change,
+/// never polled); pending while it does.
+async fn no_longer_allowed(shared: &Shared, claims: &VerifiedClaims, service: &str) -> Denied {
+    let mut changes = shared.policy.subscribe();
+    loop {
+        if changes.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        if let Err(d) = shared
+            .policy
+            .may_call(&shared.trust(), claims, service, unix_now())
+        {
+            return d;
+        }
     }
 }
 
@@ -297,10 +324,32 @@ async fn serve(
         );
         return refuse(&shared, &mut stream, peer, r).await;
     }
-    let labels = match verify_caller(&shared, &req, peer).await {
-        Ok(l) => l,
+    let claims = match verify_caller(&shared, &req, peer).await {
+        Ok(c) => c,
         Err(r) => return refuse(&shared, &mut stream, peer, r).await,
     };
+    // The policy's grant, then (in `admit`) the provider's own `--allow`
+    // on top: a call needs both.
+    if inbound.exposes(&req.service)
+        && let Err(d) = shared
+            .policy
+            .may_call(&shared.trust(), &claims, &req.service, unix_now())
+    {
+        let r = match d {
+            Denied::NotGranted => refusal(
+                CallRefusal::NotGranted,
+                "not_granted",
+                format!(
+                    "the access policy (version {}) grants none of this caller's groups {:?}",
+                    shared.policy.epoch_version().1,
+                    req.service
+                ),
+            ),
+            Denied::Revoked => refusal(CallRefusal::Revoked, "revoked", "caller is revoked"),
+        };
+        return refuse(&shared, &mut stream, peer, r).await;
+    }
+    let labels = claims.labels();
     let (backend, _slot) = match inbound.admit(&req.service, peer, &labels) {
         Ok(x) => x,
         Err(r) => return refuse(&shared, &mut stream, peer, r).await,
@@ -337,7 +386,18 @@ async fn serve(
     m.inbound_calls_active.inc();
     let mut remote = stream.compat();
     let mut tcp = tcp;
-    match tokio::io::copy_bidirectional(&mut remote, &mut tcp).await {
+    let spliced = tokio::select! {
+        r = tokio::io::copy_bidirectional(&mut remote, &mut tcp) => r,
+        d = no_longer_allowed(&shared, &claims, &req.service) => {
+            tracing::info!(%peer, service = %req.service, reason = d.label(), "live call closed: the policy or a revocation no longer allows it");
+            m.policy
+                .calls_closed
+                .get_or_create(&crate::metrics::ReasonLabel { reason: d.label() })
+                .inc();
+            Err(std::io::Error::other("no longer allowed"))
+        }
+    };
+    match spliced {
         Ok((from_caller, to_caller)) => {
             tracing::debug!(%peer, from_caller, to_caller, "inbound call bytes");
             m.call_bytes

@@ -31,7 +31,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentmesh_proto::credential::{CredentialError, Trust};
+use agentmesh_proto::enforce::OwnershipError;
 use agentmesh_proto::pb::mesh::LookupResult;
+use agentmesh_proto::pb::mesh::ServiceRecord;
 use agentmesh_proto::record::verify_record;
 use agentmesh_proto::unix_now;
 use libp2p::core::multiaddr::Protocol;
@@ -315,6 +318,58 @@ fn with_earlier(error: CallError, earlier: &[String]) -> CallError {
     }
 }
 
+/// The records among `verified` whose provider proves, with the
+/// credential in the record, that the policy in force lets it provide what
+/// the record names (`check_ownership`); the others are skipped and
+/// counted by reason, so an impostor never receives a byte. A credential
+/// signed by a key we do not know yet re-fetches the keys once (rate
+/// limited) and is checked again.
+async fn owners(
+    shared: &Shared,
+    verified: Vec<(ServiceRecord, PeerId)>,
+    now: i64,
+) -> Vec<(ServiceRecord, PeerId)> {
+    let skew = shared.config.credential_skew.as_secs() as i64;
+    let check = |record: &ServiceRecord, provider: &PeerId, trust: &Trust| {
+        shared
+            .policy
+            .check_record(record, provider, trust, now, skew)
+    };
+    let trust = shared.trust();
+    let unknown_key = |r: &Result<(), OwnershipError>| {
+        matches!(
+            r,
+            Err(OwnershipError::Credential(CredentialError::UnknownKey(_)))
+        )
+    };
+    let first: Vec<_> = verified
+        .into_iter()
+        .map(|(record, provider)| {
+            let r = check(&record, &provider, &trust);
+            (record, provider, r)
+        })
+        .collect();
+    let retry = first.iter().any(|(_, _, r)| unknown_key(r)) && shared.refetch_keys().await;
+    let trust = shared.trust();
+    first
+        .into_iter()
+        .filter_map(|(record, provider, r)| {
+            let r = if retry && unknown_key(&r) {
+                check(&record, &provider, &trust)
+            } else {
+                r
+            };
+            match r {
+                Ok(()) => Some((record, provider)),
+                Err(e) => {
+                    tracing::debug!(%provider, reason = e.reason(), error = %e, "provider skipped: its record does not prove ownership");
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
 /// One lookup and up to `call_attempts` providers, routes through routers
 /// in `avoid` (and routers of ours that are leaving) last. On a `retry`,
 /// relayed connections to a provider through routers it no longer lists
@@ -348,9 +403,10 @@ async fn round(
     attached.sort_by_key(|(r, _)| avoid.contains(r));
     let found = lookup(shared, service, &attached, budget).await?;
 
-    // Verified records naming the service, newest per provider, never us.
+    // Verified records naming the service that prove their provider owns
+    // it, newest per provider, never us.
     let now = unix_now();
-    let mut by_provider: HashMap<PeerId, (i64, Vec<PeerId>)> = HashMap::new();
+    let mut verified = Vec::new();
     for signed in &found.records {
         let Ok((record, provider)) = verify_record(signed, now) else {
             continue;
@@ -358,6 +414,11 @@ async fn round(
         if provider == shared.peer_id || !record.services.iter().any(|s| s == service) {
             continue;
         }
+        verified.push((record, provider));
+    }
+    let owned = owners(shared, verified, now).await;
+    let mut by_provider: HashMap<PeerId, (i64, Vec<PeerId>)> = HashMap::new();
+    for (record, provider) in owned {
         let routers: Vec<PeerId> = record
             .routers
             .iter()

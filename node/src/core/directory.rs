@@ -1,5 +1,5 @@
 //! Directory refresh: the router directory (and the key set, and the
-//! revocations served beside it) is fetched at start, then every
+//! revocations and the signed policy served beside it) is fetched at start, then every
 //! `--directory-interval-secs` ±20%, so a fleet does not come back
 //! together; a failure is retried after a jittered backoff from 2 s up to
 //! the interval. Between fetches the cached directory is used, so a
@@ -140,6 +140,16 @@ impl Core {
             let r = async {
                 let dir = shared.client.get_directory().await?;
                 let keys = shared.client.get_keys().await?;
+                // The policy served beside the directory, verified with the
+                // keys just fetched (a rotation may have re-signed it).
+                if let Some(signed) = dir.policy.clone() {
+                    let mut trust = (*shared.trust()).clone();
+                    trust.set_keys(&keys);
+                    shared
+                        .policy
+                        .offer(signed, Arc::new(trust), crate::policy::DIRECTORY)
+                        .await;
+                }
                 Ok((dir, keys))
             }
             .await;
@@ -154,10 +164,11 @@ impl Core {
         match result {
             Ok((dir, keys)) => {
                 self.shared.metrics.cp("directory", true);
-                let mut trust = (*self.shared.trust()).clone();
-                trust.set_keys(&keys);
-                trust.set_revocations(&dir.revocations);
-                *self.shared.trust.write() = Arc::new(trust);
+                self.shared.set_keys(&keys);
+                // The control plane's whole list: replaces what pushes added.
+                self.shared
+                    .policy
+                    .set_revocations(&self.shared.trust, dir.revocations.clone());
                 let routers = dir
                     .routers
                     .iter()

@@ -17,6 +17,7 @@ mod conns;
 mod directory;
 mod goaway;
 mod idle;
+mod policy_push;
 mod records;
 mod redial;
 mod refresh;
@@ -93,6 +94,10 @@ pub(crate) enum Op {
         result: Result<AuthOutcome, AuthError>,
         reply: transit::Reply,
     },
+    /// A policy push exchange ended, with its metric result.
+    PolicyPushed {
+        result: &'static str,
+    },
 }
 
 /// The core loop's state.
@@ -110,6 +115,8 @@ pub(crate) struct Core {
     records: records::Records,
     goaways: agentmesh_streams::IncomingStreams,
     goaway: goaway::GoAways,
+    policy_pushes: agentmesh_streams::IncomingStreams,
+    pushes: policy_push::Pushes,
     transit: transit::Transit,
     waits: connect::Waits,
     conns: conns::Conns,
@@ -153,6 +160,7 @@ impl Core {
         swarm: Swarm<Behaviour>,
         cmd_rx: mpsc::Receiver<Command>,
         goaways: agentmesh_streams::IncomingStreams,
+        policy_pushes: agentmesh_streams::IncomingStreams,
         p2p_metrics: Option<libp2p::metrics::Metrics>,
     ) -> Self {
         let now = Instant::now();
@@ -169,6 +177,8 @@ impl Core {
             records: records::Records::default(),
             goaways,
             goaway: goaway::GoAways::default(),
+            policy_pushes,
+            pushes: policy_push::Pushes::default(),
             transit: transit::Transit::default(),
             waits: connect::Waits::default(),
             conns: conns::Conns::default(),
@@ -197,6 +207,7 @@ impl Core {
                 event = self.swarm.select_next_some() => self.on_swarm_event(event),
                 Some(cmd) = self.cmd_rx.recv() => self.on_command(cmd),
                 Some((info, stream)) = self.goaways.next() => self.on_goaway_stream(info.peer, stream),
+                Some((info, stream)) = self.policy_pushes.next() => self.on_policy_stream(info.peer, stream),
                 Some(op) = self.ops.next(), if !self.ops.is_empty() => self.on_op(op),
                 _ = tick.tick() => self.on_tick(),
             }
@@ -420,6 +431,7 @@ impl Core {
             Op::Redial(router) => self.redial(router),
             Op::TopUp => self.top_up(),
             Op::GoAway { router, result } => self.on_goaway(router, result),
+            Op::PolicyPushed { result } => self.on_policy_pushed(result),
             Op::Directory(result) => self.on_directory(*result),
             Op::Refresh(result) => self.on_refresh(*result),
             Op::TransitConnected {

@@ -1,10 +1,15 @@
-//! Our service records: signed, naming the routers we are reserved on
+//! Our service records: signed, carrying our credential (so anyone with
+//! the control plane's keys checks offline that we own what they name; a
+//! record never outlives the credential in it, and a refreshed credential
+//! is republished at once), naming the routers we are reserved on
 //! (those leaving left out while others are reserved), published to each
 //! reserved router, re-published when they change, a third of the way
 //! through their TTL and shortly after a refusal; withdrawn at shutdown.
 
 use std::time::Duration;
 
+use agentmesh_proto::credential::peek_claims;
+use agentmesh_proto::pb::credential::Credential;
 use agentmesh_proto::pb::mesh::ServiceRecord;
 use agentmesh_proto::record::sign_record;
 use agentmesh_proto::unix_now;
@@ -44,6 +49,15 @@ impl Records {
     }
 }
 
+/// A record published at `now` lives `ttl`, never beyond the credential
+/// it carries (a caller or router would refuse it: `outlives_credential`).
+/// A credential whose claims cannot be read gives `now + ttl` (the record
+/// is refused on its credential anyway).
+pub(crate) fn record_expiry(now: i64, ttl: Duration, credential: &Credential) -> i64 {
+    let wanted = now + ttl.as_secs() as i64;
+    peek_claims(credential).map_or(wanted, |c| wanted.min(c.expires_at_unix_secs))
+}
+
 impl Core {
     /// Signs our record naming the reserved routers (but those leaving, when
     /// others are reserved) and publishes it to each reserved router.
@@ -74,13 +88,14 @@ impl Core {
             &staying
         };
         let now = unix_now();
+        let credential = self.shared.credential();
         let record = ServiceRecord {
             provider: self.shared.peer_id.to_bytes(),
             services,
             routers: named.iter().map(|p| p.to_bytes()).collect(),
             issued_at_unix_secs: now,
-            expires_at_unix_secs: now + self.shared.config.record_ttl.as_secs() as i64,
-            credential: None,
+            expires_at_unix_secs: record_expiry(now, self.shared.config.record_ttl, &credential),
+            credential: Some(credential),
         };
         let signed = sign_record(&record, &self.shared.key);
         self.records.last_publish = Some(Instant::now());
@@ -156,6 +171,23 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_never_outlives_its_credential() {
+        let cred = |expires| {
+            let claims = agentmesh_proto::pb::credential::Claims {
+                expires_at_unix_secs: expires,
+                ..Default::default()
+            };
+            let key = libp2p::identity::ed25519::Keypair::generate();
+            agentmesh_proto::credential::sign(&claims, &key)
+        };
+        let ttl = Duration::from_secs(300);
+        assert_eq!(record_expiry(1000, ttl, &cred(5000)), 1300);
+        assert_eq!(record_expiry(1000, ttl, &cred(1100)), 1100);
+        // Empty claims expire at 0: so does the record (refused anyway).
+        assert_eq!(record_expiry(1000, ttl, &Credential::default()), 0);
+    }
 
     #[test]
     fn records_are_published_when_changed_stale_or_retried() {

@@ -157,6 +157,8 @@ impl Core {
                     }
                 });
                 self.schedule_refresh();
+                // Our records carry the credential: publish the new one.
+                self.records.dirty = true;
                 self.represent_all();
                 self.publish_status();
             }

@@ -229,6 +229,7 @@ impl Core {
             .collect();
         self.ops.push(Box::pin(async move {
             let req = auth::request_for(shared.credential(), Purpose::Attach, &attached);
+            let req = super::policy_push::stamp(&shared, req);
             let result = auth::request(
                 shared.control.clone(),
                 router,
@@ -236,6 +237,7 @@ impl Core {
                 shared.config.call_timeout(),
             )
             .await;
+            super::policy_push::take_admitted_policy(&shared, &result);
             Op::Auth {
                 router,
                 initial,

@@ -113,7 +113,9 @@ impl Core {
         let attached = self.reserved_peers();
         self.ops.push(Box::pin(async move {
             let req = auth::request_for(shared.credential(), Purpose::Transit, &attached);
+            let req = super::policy_push::stamp(&shared, req);
             let result = auth::request(shared.control.clone(), router, req, auth_limit).await;
+            super::policy_push::take_admitted_policy(&shared, &result);
             Op::TransitAuth {
                 router,
                 result,

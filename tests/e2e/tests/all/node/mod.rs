@@ -13,6 +13,7 @@ mod goaway_routes;
 mod hostile_calls;
 mod mesh;
 mod p2p_metrics;
+mod policy;
 mod refusals;
 mod relayed_idle;
 mod store_copy;

@@ -1,0 +1,143 @@
+//! Policy pushes (`/agentmesh/policy/1`) and the policy an admission
+//! carries. A push is read only from a router that admitted us (attach):
+//! any other peer's stream is dropped unread and counted `not_attached`,
+//! so a stranger or another member cannot even make us parse a frame. At
+//! most [`MAX_PENDING`] pushes are read at once (more: `overflow`). One
+//! frame, capped at `MAX_POLICY_FRAME_BYTES`, within the call timeout; a
+//! malformed or late frame closes that stream only. The ack names the
+//! version held after the push, whatever became of it.
+//!
+//! The policy itself is judged by [`crate::policy::MemberPolicy`] with the
+//! node's own trust: the router is trusted to deliver, never to vouch.
+
+use std::sync::Arc;
+
+use agentmesh_proto::pb::mesh::{AuthRequest, PolicyPush};
+use agentmesh_proto::unix_now;
+use agentmesh_wire::auth::{AuthError, AuthOutcome};
+use agentmesh_wire::policy as policy_wire;
+use libp2p::{PeerId, Stream};
+
+use super::{Core, Op};
+use crate::shared::Shared;
+
+/// Push exchanges in progress at once; more are dropped unread.
+const MAX_PENDING: usize = 16;
+
+/// Push exchanges in progress.
+#[derive(Debug, Default)]
+pub(crate) struct Pushes {
+    pending: usize,
+}
+
+/// What becomes of an arriving push stream.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Read,
+    NotAttached,
+    Overflow,
+}
+
+impl Pushes {
+    fn arrive(&mut self, attached: bool) -> Verdict {
+        if !attached {
+            Verdict::NotAttached
+        } else if self.pending >= MAX_PENDING {
+            Verdict::Overflow
+        } else {
+            self.pending += 1;
+            Verdict::Read
+        }
+    }
+
+    fn finished(&mut self) {
+        self.pending = self.pending.saturating_sub(1);
+    }
+}
+
+/// Says in `req` which policy we hold, so a router holding a newer one
+/// sends it with the admission.
+pub(crate) fn stamp(shared: &Shared, mut req: AuthRequest) -> AuthRequest {
+    let (epoch, version) = shared.policy.epoch_version();
+    req.policy_epoch = epoch;
+    req.policy_version = version;
+    req
+}
+
+/// An admission that carries a policy (and revocations): judged off the
+/// core's path, like a push (the admission itself does not wait for it).
+pub(crate) fn take_admitted_policy(shared: &Arc<Shared>, result: &Result<AuthOutcome, AuthError>) {
+    if let Ok(AuthOutcome::Admitted {
+        policy: Some(push), ..
+    }) = result
+    {
+        let shared = shared.clone();
+        let push: PolicyPush = (**push).clone();
+        tokio::spawn(async move {
+            shared.policy.on_push(&shared.trust, push, unix_now()).await;
+        });
+    }
+}
+
+impl Core {
+    /// A policy push stream arrived from `peer`.
+    pub(super) fn on_policy_stream(&mut self, peer: PeerId, mut stream: Stream) {
+        let attached = self.slots.get(&peer).is_some_and(|s| s.phase.is_admitted());
+        let m = &self.shared.metrics.policy;
+        match self.pushes.arrive(attached) {
+            Verdict::Read => {}
+            Verdict::NotAttached => {
+                tracing::warn!(%peer, "policy push refused: not from a router we are attached to");
+                m.push("not_attached");
+                return;
+            }
+            Verdict::Overflow => {
+                tracing::warn!(%peer, "policy push dropped unread: {MAX_PENDING} already in progress");
+                m.push("overflow");
+                return;
+            }
+        }
+        let shared = self.shared.clone();
+        let deadline = shared.config.call_timeout();
+        self.ops.push(Box::pin(async move {
+            let result = match policy_wire::receive(&mut stream, deadline).await {
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "bad policy push: stream closed");
+                    "malformed"
+                }
+                Ok(push) => {
+                    let (ack, result) =
+                        shared.policy.on_push(&shared.trust, push, unix_now()).await;
+                    if let Err(e) = policy_wire::acknowledge(&mut stream, &ack, deadline).await {
+                        tracing::debug!(%peer, error = %e, "policy ack not sent");
+                    }
+                    result
+                }
+            };
+            Op::PolicyPushed { result }
+        }));
+    }
+
+    pub(super) fn on_policy_pushed(&mut self, result: &'static str) {
+        self.pushes.finished();
+        self.shared.metrics.policy.push(result);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_attached_routers_are_read_and_at_most_a_bound_at_once() {
+        let mut p = Pushes::default();
+        assert_eq!(p.arrive(false), Verdict::NotAttached);
+        for _ in 0..MAX_PENDING {
+            assert_eq!(p.arrive(true), Verdict::Read);
+        }
+        assert_eq!(p.arrive(true), Verdict::Overflow);
+        assert_eq!(p.arrive(false), Verdict::NotAttached);
+        p.finished();
+        assert_eq!(p.arrive(true), Verdict::Read);
+    }
+}
