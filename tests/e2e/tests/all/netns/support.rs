@@ -171,6 +171,10 @@ impl Net {
                 dir.path().join("cp.db").display()
             ))
             .arg(format!("--admin-token-file={}", admin.display()))
+            // These tests are about reachability across hosts and NATs:
+            // every member may provide and call (the policy's own tests
+            // are in router::policy and node::policy).
+            .arg("--policy-allow-all")
             .args(cp_args)
             .env("NO_COLOR", "1")
             .spawn()
