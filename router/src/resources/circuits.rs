@@ -10,13 +10,15 @@
 //! circuit registers a [`Cut`] here; cutting it makes the stream's next
 //! read or write fail, and wakes the task so an idle circuit closes too.
 //!
-//! Known gap: a circuit checked under the old policy and registered just
-//! after a change's sweep survives that change (until the next one). The
-//! window is the few instructions between the check and the registration.
+//! A circuit checked under the old policy and registered after a change's
+//! sweep took its snapshot would survive that change; [`LiveCircuits::sweeps`]
+//! closes the gap: a sweep counts itself before its snapshot, and the muxer
+//! checks again when a sweep started between its check and its
+//! registration (the new policy is in place before any sweep starts).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::Context;
 
 use futures::task::AtomicWaker;
@@ -56,6 +58,8 @@ pub(crate) struct Registered {
 #[derive(Debug, Default)]
 pub(crate) struct LiveCircuits {
     inner: Mutex<Inner>,
+    /// Sweeps started (see the module doc).
+    sweeps: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -75,6 +79,11 @@ impl LiveCircuits {
         Registered { id, cut }
     }
 
+    /// Sweeps started so far.
+    pub(crate) fn sweeps(&self) -> u64 {
+        self.sweeps.load(Ordering::SeqCst)
+    }
+
     /// Forgets circuit `id` (its stream is gone).
     pub(crate) fn release(&self, id: u64) {
         let mut g = self.inner.lock();
@@ -85,6 +94,7 @@ impl LiveCircuits {
     /// Cuts every circuit `allowed(source, destination)` says no to;
     /// returns how many. `allowed` runs without the registry's lock held.
     pub(crate) fn cut_unless(&self, allowed: impl Fn(&PeerId, &PeerId) -> bool) -> usize {
+        self.sweeps.fetch_add(1, Ordering::SeqCst);
         let live: Vec<(u64, PeerId, PeerId, Arc<Cut>)> = self
             .inner
             .lock()

@@ -334,6 +334,11 @@ impl ResourceManager {
             .is_none_or(|f| f(source, destination))
     }
 
+    /// Sweeps of live circuits started so far (see `circuits`).
+    pub(crate) fn circuit_sweeps(&self) -> u64 {
+        self.circuits.sweeps()
+    }
+
     /// Cuts every live circuit `allowed(source, destination)` refuses
     /// (see `circuits`); returns how many.
     pub(crate) fn cut_circuits(&self, allowed: impl Fn(&PeerId, &PeerId) -> bool) -> usize {

@@ -344,6 +344,7 @@ impl<S> AccountedStream<S> {
             StopSource::Incomplete => return Ok(()),
             StopSource::Unknown => {}
             StopSource::Source(source) => {
+                let sweeps = self.conn.manager().circuit_sweeps();
                 if !self.conn.manager().circuit_allowed(&source, &g.peer()) {
                     self.stop_request = None;
                     self.phase = Phase::Refused;
@@ -356,6 +357,18 @@ impl<S> AccountedStream<S> {
                     self.stop_request = None;
                     self.phase = Phase::Refused;
                     return Err(refused_error(Proto::RelayStop, r));
+                }
+                // A policy change swept the live circuits between the check
+                // and the registration: check again under the new policy.
+                if self.conn.manager().circuit_sweeps() != sweeps
+                    && !self.conn.manager().circuit_allowed(&source, &g.peer())
+                {
+                    self.stop_request = None;
+                    self.phase = Phase::Refused;
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        "circuit refused: a new policy grants its source nothing its destination owns",
+                    ));
                 }
             }
         }
