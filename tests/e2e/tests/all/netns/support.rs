@@ -171,6 +171,10 @@ impl Net {
                 dir.path().join("cp.db").display()
             ))
             .arg(format!("--admin-token-file={}", admin.display()))
+            // Members enforce the access policy (a fresh control plane
+            // denies every call): these tests are about the network, so
+            // every member may provide and call everything.
+            .arg("--policy-allow-all")
             .args(cp_args)
             .env("NO_COLOR", "1")
             .spawn()
