@@ -171,9 +171,9 @@ impl Net {
                 dir.path().join("cp.db").display()
             ))
             .arg(format!("--admin-token-file={}", admin.display()))
-            // These tests are about reachability across hosts and NATs:
-            // every member may provide and call (the policy's own tests
-            // are in router::policy and node::policy).
+            // Members enforce the access policy (a fresh control plane
+            // denies every call): these tests are about the network, so
+            // every member may provide and call everything.
             .arg("--policy-allow-all")
             .args(cp_args)
             .env("NO_COLOR", "1")
