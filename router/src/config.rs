@@ -177,6 +177,9 @@ pub struct Config {
     /// Cap on the jittered backoff between control-plane Watch attempts
     /// (meanwhile the directory poll brings the policy). Default 30 s.
     pub policy_watch_backoff_max: Duration,
+    /// Whether to hold the control plane's Watch at all (else the
+    /// directory poll alone brings policy, revocations and keys).
+    pub policy_watch: bool,
     /// Go-aways a drain or trim sends per second per surviving router
     /// (paced in waves, see `goaway::pace`); 0 sends them all at once.
     /// Default 200.
@@ -290,6 +293,7 @@ impl Default for Config {
             policy_push_concurrency: DEFAULT_POLICY_PUSH_CONCURRENCY,
             policy_push_deadline: Duration::from_millis(DEFAULT_POLICY_PUSH_DEADLINE_MS),
             policy_watch_backoff_max: Duration::from_millis(DEFAULT_POLICY_WATCH_BACKOFF_MAX_MS),
+            policy_watch: true,
             drain_rate_members_per_sec: DEFAULT_DRAIN_RATE_MEMBERS_PER_SEC,
             trim_close_grace: Duration::from_secs(DEFAULT_TRIM_CLOSE_GRACE_SECS),
             relay_max_reservations: None,

@@ -641,17 +641,19 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         },
         cancel.clone(),
     ));
-    tasks.spawn(policy::watch::run(
-        policy::watch::Watch {
-            ctx: c.policy_ctx(),
-            keypair: c.keypair.clone(),
-            url: c.config.control_plane.clone(),
-            ca_pem: watch_ca_pem,
-            rpc_timeout: c.config.control_plane_rpc_timeout,
-            backoff_max: c.config.policy_watch_backoff_max,
-        },
-        cancel.clone(),
-    ));
+    if c.config.policy_watch {
+        tasks.spawn(policy::watch::run(
+            policy::watch::Watch {
+                ctx: c.policy_ctx(),
+                keypair: c.keypair.clone(),
+                url: c.config.control_plane.clone(),
+                ca_pem: watch_ca_pem,
+                rpc_timeout: c.config.control_plane_rpc_timeout,
+                backoff_max: c.config.policy_watch_backoff_max,
+            },
+            cancel.clone(),
+        ));
+    }
     let catalog_accept = streams::Accept {
         slots: c
             .resources

@@ -97,6 +97,9 @@ pub struct RouterArgs {
     /// Cap on the jittered backoff between control-plane Watch attempts, milliseconds (the directory poll covers the gap; agentmesh_router_policy_watch_up shows it).
     #[arg(long, default_value_t = d::DEFAULT_POLICY_WATCH_BACKOFF_MAX_MS)]
     pub policy_watch_backoff_max_ms: u64,
+    /// Hold a Watch stream on the control plane for the policy, revocations and keys, true or false (false: the directory poll alone, e.g. behind a proxy that cuts long-lived streams). Default true.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub policy_watch: bool,
     /// Go-aways a drain or an overload trim sends per second per surviving router, members per second (0 = all at once); every member is still told within the grace.
     #[arg(long, default_value_t = d::DEFAULT_DRAIN_RATE_MEMBERS_PER_SEC)]
     pub drain_rate_members_per_sec: u32,
@@ -211,6 +214,7 @@ impl RouterArgs {
             policy_push_concurrency: self.policy_push_concurrency.max(1),
             policy_push_deadline: ms(self.policy_push_deadline_ms.max(1)),
             policy_watch_backoff_max: ms(self.policy_watch_backoff_max_ms.max(1)),
+            policy_watch: self.policy_watch,
             drain_rate_members_per_sec: self.drain_rate_members_per_sec,
             trim_close_grace: s(self.trim_close_grace_secs),
             relay_max_reservations: self.relay_max_reservations,

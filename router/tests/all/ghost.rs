@@ -107,6 +107,8 @@ async fn a_member_gone_during_a_key_fetch_is_not_admitted() {
         c.stream_timeout = Duration::from_secs(120);
         c.control_plane_rpc_timeout = Duration::from_secs(120);
         c.control_plane_retry_budget = Duration::from_secs(120);
+        // The new key must come by the fetch under test, not by the watch.
+        c.policy_watch = false;
     })
     .await;
     let fetched = eventually("start-up key sync", || async {

@@ -28,13 +28,19 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const CP_BIN: &str = env!("CARGO_BIN_EXE_e2e-agentmesh-control-plane");
 
-/// Every member provides anything; nobody may call anything.
+/// Every member provides anything and may call only `other`: circuits
+/// between members pass the router (a member of the group may provide
+/// `other`), so a call of `echo` is refused by the provider itself (with no
+/// grant at all the router refuses the circuit first: router::policy).
 const DENY: &str = r#"format = 1
 [groups]
 members = { role = "member" }
 [[owners]]
 services = ["*"]
 groups = ["members"]
+[[grants]]
+from = ["members"]
+to = ["other"]
 "#;
 
 /// As [`DENY`], plus members may call `echo`.
@@ -46,7 +52,7 @@ services = ["*"]
 groups = ["members"]
 [[grants]]
 from = ["members"]
-to = ["echo"]
+to = ["echo", "other"]
 "#;
 
 /// Only team `db` may provide `db`; every member may call it.
