@@ -267,6 +267,14 @@ pub async fn spawn_with(
         .http2_keepalive_timeout(Some(Duration::from_secs(
             config.grpc_keepalive_timeout_secs,
         )));
+    // Idle members' connections are what the control plane holds per
+    // member (see DEFAULT_GRPC_MAX_CONNECTION_AGE_SECS); no grace: a
+    // connection with a call in flight (a router's Watch) stays until the
+    // call ends, which a Watch does at its credential's expiry.
+    if config.grpc_max_connection_age_secs > 0 {
+        builder =
+            builder.max_connection_age(Duration::from_secs(config.grpc_max_connection_age_secs));
+    }
     if let Some(identity) = tls {
         crate::tls::ensure_crypto_provider();
         builder = builder

@@ -7,6 +7,7 @@
 //! and say why in their module.
 //!
 //! - [`cli`]: the binary's commands and refusals;
+//! - [`connection_age`]: idle connections are closed at `--grpc-max-connection-age-secs`;
 //! - [`enroll`]: enrollment, refresh, leases, admin calls and the limiters;
 //! - [`fleet`]: a fleet of real clients meets the limiter on a simulated clock;
 //! - [`grpc_limits`]: the gRPC listener's connection, stream and message bounds;
@@ -25,6 +26,7 @@
 mod common;
 
 mod cli;
+mod connection_age;
 mod enroll;
 mod fleet;
 mod grpc_limits;
