@@ -15,6 +15,7 @@ mod mesh;
 mod p2p_metrics;
 mod policy;
 mod refusals;
+mod revoke_token;
 mod relayed_idle;
 mod store_copy;
 mod storm;
