@@ -80,7 +80,10 @@ async fn a_revoked_tokens_members_lose_their_router_and_calls_and_it_enrolls_no_
         ready(n, what).await;
     }
     let attached = || r.metric("agentmesh_router_attached_members");
-    assert_eq!(attached(), 3.0);
+    agentmesh_testkit::eventually("three members attached", || async {
+        (attached() == 3.0).then_some(())
+    })
+    .await;
     let mut live = call_until_found(&caller, "echo").await;
     live.write_all(b"ping").await.expect("write");
     let mut buf = [0u8; 4];
