@@ -62,6 +62,7 @@ pub mod store;
 pub mod tokens;
 #[cfg(feature = "server")]
 pub mod watch;
+pub mod watch_hub;
 
 #[cfg(feature = "server")]
 pub use config::Config;

@@ -9,7 +9,7 @@ use agentmesh_proto::pb::controlplane::GetDirectoryResponse;
 
 use crate::{
     admission::Admission, clock::SharedClock, config::Config, keys::Keys, metrics::Metrics,
-    signed_policy::HeldPolicy, store::Db, watch::WatchHub,
+    signed_policy::HeldPolicy, store::Db, watch_hub::WatchHub,
 };
 
 /// Shared server state.

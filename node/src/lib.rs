@@ -19,6 +19,7 @@ mod enroll;
 mod forward;
 mod http;
 pub mod identity;
+mod labels;
 mod local;
 pub mod metrics;
 mod peer_calls;

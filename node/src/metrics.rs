@@ -2,6 +2,8 @@
 //! created at start-up so rates read 0 rather than missing.
 
 use prometheus_client::encoding::EncodeLabelSet;
+
+pub use crate::labels::{ReasonLabel, ResultLabel};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -84,20 +86,6 @@ pub struct CallLabels {
 pub struct DirectionLabel {
     /// `sent` or `received`.
     pub direction: &'static str,
-}
-
-/// `{result}`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabel {
-    /// The outcome.
-    pub result: &'static str,
-}
-
-/// `{reason}`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    /// One of [`REPLACE_REASONS`], [`CALL_RETRY_REASONS`] or [`GOAWAY_RELEASE_REASONS`].
-    pub reason: &'static str,
 }
 
 /// `{listener}`: one of [`LISTENERS`].

@@ -27,7 +27,6 @@ use crate::admission::Admissions;
 use crate::config::{Config, Sizing};
 use crate::directory::{Directory, DirectoryRouter};
 use crate::metrics::Metrics;
-use crate::policy::PolicyCtx;
 use crate::readiness::ReadinessState;
 
 /// Keys are fetched on an unknown key id at most this often (per process).
@@ -84,13 +83,27 @@ pub(crate) struct Cp {
     pub(crate) readiness: Arc<ReadinessState>,
     pub(crate) addrs: Arc<Addrs>,
     /// Takes the policy and revocations each directory fetch brings.
-    pub(crate) policy: PolicyCtx,
+    pub(crate) policy: Arc<dyn TakePolicy>,
 }
 
 impl Cp {
     fn peer_id(&self) -> PeerId {
         self.keypair.public().to_peer_id()
     }
+}
+
+/// Where each directory fetch's policy and revocations go (the access
+/// policy's `PolicyCtx`): verified, taken if newer, enforced at once. A
+/// trait so this module, which the policy module uses for the trust it
+/// holds, does not depend on it.
+pub(crate) trait TakePolicy: Send + Sync {
+    /// Takes what the control plane sent; `source` labels the metric.
+    fn take(
+        &self,
+        policy: Option<&agentmesh_proto::pb::credential::SignedPolicy>,
+        revocations: &[agentmesh_proto::pb::credential::Revocation],
+        source: &'static str,
+    );
 }
 
 /// Fetches the key set unless it was fetched within

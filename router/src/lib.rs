@@ -21,6 +21,7 @@ mod http;
 pub mod identity;
 mod metrics;
 mod policy;
+mod policy_metrics;
 mod protocols;
 mod readiness;
 mod relay;
@@ -292,7 +293,7 @@ impl Components {
             directory: self.directory.clone(),
             readiness: self.readiness.clone(),
             addrs: self.addrs.clone(),
-            policy: self.policy_ctx(),
+            policy: Arc::new(self.policy_ctx()),
         }
     }
 
@@ -327,7 +328,7 @@ impl Components {
 /// The router's metrics, with every module's label values pre-created.
 pub(crate) fn register_metrics(registry: &mut Registry) -> metrics::Metrics {
     let mut m = metrics::Metrics::new(registry);
-    m.policy = policy::metrics::PolicyMetrics::register(registry);
+    m.policy = policy_metrics::PolicyMetrics::register(registry);
     goaway::precreate_labels(&m);
     goaway::pace::precreate_labels(&m);
     trim::precreate_labels(&m);
@@ -629,7 +630,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         catalog: c.catalog.clone(),
         providers: query_tx,
         control: control.clone(),
-        ownership: c.ownership(),
+        ownership: Arc::new(c.ownership()),
     };
     tasks.spawn(policy::push::run(
         policy::push::Push {

@@ -110,8 +110,8 @@ pub(crate) fn register_sizing(registry: &mut Registry, sizing: &crate::config::S
 /// All router metrics; clone-cheap handles onto one registry.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Metrics {
-    /// The access policy's metrics (`crate::policy::metrics`).
-    pub(crate) policy: crate::policy::metrics::PolicyMetrics,
+    /// The access policy's metrics (`crate::policy_metrics`).
+    pub(crate) policy: crate::policy_metrics::PolicyMetrics,
     pub(crate) attached_members: Gauge,
     pub(crate) transit_connections: Gauge,
     pub(crate) admitted_routers: Gauge,

@@ -7,7 +7,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::metrics::{ReasonLabel, ResultLabel};
+use crate::labels::{ReasonLabel, ResultLabel};
 
 /// Outcomes of an inbound `/agentmesh/policy/1` stream: `accepted` (a newer
 /// policy taken), `held` (already held: only revocations applied),

@@ -33,7 +33,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 
 use self::metrics::PolicyMetrics;
-use crate::metrics::ReasonLabel;
+use crate::labels::ReasonLabel;
 
 /// Revocations held at most; beyond, the ones that end soonest are dropped
 /// (a router cannot grow our memory without bound, the directory restores

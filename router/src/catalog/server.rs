@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use agentmesh_proto::pb::mesh::{Lookup, SignedRecord, catalog_request};
+use agentmesh_proto::pb::mesh::{Lookup, ServiceRecord, SignedRecord, catalog_request};
 use agentmesh_proto::protocols::MAX_CATALOG_FRAME_BYTES;
 use agentmesh_proto::record::verify_record;
 use agentmesh_proto::unix_now;
@@ -27,13 +27,20 @@ use super::{Catalog, ProviderQuery, service_key};
 use crate::admission::Admissions;
 use crate::config::Config;
 use crate::metrics::{Metrics, UNKNOWN_OP};
-use crate::policy::publish::Ownership;
 
 /// Provider routers asked per lookup at most.
 const MAX_ROUTERS_PER_LOOKUP: usize = 8;
 
 /// Room left in an answer frame for framing overhead.
 const FRAME_SLACK_BYTES: usize = 1024;
+
+/// The access policy's check of a published record (`policy::publish`):
+/// `Ok`, or the reason the publisher is told (counted by the checker). A
+/// trait so the catalog does not depend on the policy module, which drops
+/// records from the catalog when ownership goes.
+pub(crate) trait PublishCheck: Send + Sync {
+    fn check(&self, record: &ServiceRecord, provider: &PeerId, now: i64) -> Result<(), String>;
+}
 
 /// What serving catalog streams needs.
 #[derive(Clone)]
@@ -48,7 +55,7 @@ pub(crate) struct CatalogCtx {
     pub(crate) providers: mpsc::Sender<ProviderQuery>,
     pub(crate) control: agentmesh_streams::Control,
     /// The policy's ownership check on published records.
-    pub(crate) ownership: Ownership,
+    pub(crate) ownership: Arc<dyn PublishCheck>,
 }
 
 /// Serves one catalog stream from `peer` (any byte stream: tests use a pipe).
@@ -302,6 +309,15 @@ mod tests {
 
     use super::*;
 
+    /// Refuses every record: these tests never publish.
+    struct RefuseAll;
+
+    impl PublishCheck for RefuseAll {
+        fn check(&self, _: &ServiceRecord, _: &PeerId, _: i64) -> Result<(), String> {
+            Err("not_owner: no policy in this test".into())
+        }
+    }
+
     fn count(ctx: &CatalogCtx, op: &'static str) -> u64 {
         ctx.metrics
             .catalog_requests
@@ -339,7 +355,7 @@ mod tests {
             admissions: Admissions::default(),
             providers: mpsc::channel(1).0,
             control: agentmesh_streams::Behaviour::new().new_control(),
-            ownership: crate::policy::testing::ownership(),
+            ownership: Arc::new(RefuseAll),
         };
         assert_eq!(count(&ctx, UNKNOWN_OP), 0, "pre-created at 0");
         // A length prefix past the frame limit: unreadable.

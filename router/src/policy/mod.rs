@@ -11,12 +11,12 @@
 //! - `push`: pushing a new state to every attached member;
 //! - `watch`: the control-plane `Watch` stream (the directory poll is the
 //!   fallback);
-//! - `metrics`: every policy metric, labels pre-created.
+//! - `crate::policy_metrics`: every policy metric, labels pre-created (a
+//!   module of its own: `crate::metrics` holds them).
 //!
 //! The circuit check itself runs in the muxer (`resources::circuits`
 //! explains why) through [`PolicyCtx::circuit_check`].
 
-pub(crate) mod metrics;
 pub(crate) mod publish;
 pub(crate) mod push;
 pub(crate) mod state;
@@ -47,6 +47,17 @@ pub(crate) struct PolicyCtx {
     pub(crate) resources: Arc<ResourceManager>,
     /// The clock skew tolerated on credentials, seconds.
     pub(crate) skew_secs: i64,
+}
+
+impl crate::cp::TakePolicy for PolicyCtx {
+    fn take(
+        &self,
+        policy: Option<&SignedPolicy>,
+        revocations: &[Revocation],
+        source: &'static str,
+    ) {
+        PolicyCtx::take(self, policy, revocations, source);
+    }
 }
 
 impl PolicyCtx {

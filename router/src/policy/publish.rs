@@ -67,6 +67,12 @@ pub(crate) fn owns(
     }
 }
 
+impl crate::catalog::server::PublishCheck for Ownership {
+    fn check(&self, record: &ServiceRecord, provider: &PeerId, now: i64) -> Result<(), String> {
+        Ownership::check(self, record, provider, now)
+    }
+}
+
 impl Ownership {
     /// Checks `record` (already verified as signed by `provider`) at
     /// `now`; a refusal is counted in

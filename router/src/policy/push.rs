@@ -36,7 +36,7 @@ pub(crate) struct Push {
     pub(crate) deadline: Duration,
 }
 
-/// How one push ended (the `outcome` label, see `metrics::PUSH_OUTCOMES`).
+/// How one push ended (the `outcome` label, see `crate::policy_metrics::PUSH_OUTCOMES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
     Acked,

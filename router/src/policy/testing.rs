@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use agentmesh_controlplane::client::{Client, ClientConfig};
 use agentmesh_proto::credential::{Trust, VerifiedClaims, sign, verify};
 use agentmesh_proto::pb::credential::{
     Claims, Credential, KeySet, Label, PolicyDocument, PublicKey, Role, SignedPolicy, TokenKind,
@@ -12,10 +11,8 @@ use agentmesh_proto::policy::sign_policy;
 use libp2p::PeerId;
 use libp2p::identity::ed25519;
 
-use super::metrics::PolicyMetrics;
-use super::publish::Ownership;
 use super::state::PolicyState;
-use crate::cp::Link;
+use crate::policy_metrics::PolicyMetrics;
 
 /// Web may call payments/api; payments owns payments/*.
 pub(crate) const WEB_TO_PAYMENTS: &str = r#"
@@ -114,33 +111,9 @@ pub(crate) fn claims(cp: &Cp, peer: &PeerId, team: &str, token: &str) -> Verifie
     .expect("fixture credential verifies")
 }
 
-/// A link whose client never connects (nothing in these tests calls it).
-pub(crate) fn link(trust: Trust) -> Arc<Link> {
-    let client = Client::new(ClientConfig {
-        url: "http://127.0.0.1:9".into(),
-        ca_pem: None,
-        retry_budget: std::time::Duration::from_secs(1),
-        rpc_timeout: std::time::Duration::from_secs(1),
-    })
-    .expect("client");
-    let link = Link::new(client);
-    *link.trust.write() = trust;
-    Arc::new(link)
-}
-
 /// A policy state with fresh metrics.
 pub(crate) fn state() -> Arc<PolicyState> {
     Arc::new(PolicyState::new(PolicyMetrics::default()))
-}
-
-/// An ownership check with no keys and no policy (refuses everything).
-pub(crate) fn ownership() -> Ownership {
-    Ownership {
-        state: state(),
-        link: link(Trust::default()),
-        admissions: crate::admission::Admissions::default(),
-        skew_secs: 0,
-    }
 }
 
 /// A record of `services` by `key`'s peer, carrying `credential`, valid

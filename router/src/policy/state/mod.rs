@@ -17,7 +17,7 @@ use parking_lot::RwLock;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::metrics::PolicyMetrics;
+use crate::policy_metrics::PolicyMetrics;
 
 /// What changed when a state was offered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -100,7 +100,7 @@ impl PolicyState {
     /// identical copy of the held one changes nothing and is not counted.
     /// A policy not taken is counted by reason and the held one stays.
     /// `revocations` replaces the held list when it differs. `source` is a
-    /// label of `agentmesh_router_policy_applied` (see `metrics::SOURCES`).
+    /// label of `agentmesh_router_policy_applied` (see `crate::policy_metrics::SOURCES`).
     pub(crate) fn offer(
         &self,
         signed: Option<&SignedPolicy>,

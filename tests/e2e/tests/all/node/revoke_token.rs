@@ -105,9 +105,15 @@ async fn a_revoked_tokens_members_lose_their_router_and_calls_and_it_enrolls_no_
     );
     // No call reaches a revoked provider again.
     for _ in 0..3 {
-        assert!(caller.call("echo").await.is_err(), "a revoked provider answered");
+        assert!(
+            caller.call("echo").await.is_err(),
+            "a revoked provider answered"
+        );
     }
-    assert!(caller.is_ready(), "the other token's member keeps its router");
+    assert!(
+        caller.is_ready(),
+        "the other token's member keeps its router"
+    );
     // The token enrolls no one.
     let e = cp
         .client

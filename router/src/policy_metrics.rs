@@ -9,7 +9,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::metrics::L1;
+/// One label (as `crate::metrics::L1`; repeated so this module, which
+/// `crate::metrics` holds, depends on nothing of the router's).
+type L1 = [(&'static str, &'static str); 1];
 
 /// Why a circuit was refused or closed by the policy.
 pub(crate) const CIRCUIT_REASONS: [&str; 1] = ["not_granted"];
