@@ -32,6 +32,8 @@ mod snapshot;
 mod sqlite;
 #[cfg(test)]
 mod suite;
+#[cfg(test)]
+mod suite_kit;
 pub mod testing;
 #[cfg(test)]
 mod tests;

@@ -8,44 +8,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use super::*;
 
-#[derive(Debug, Clone, Copy)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-/// One database and a way to open more stores on it.
-struct Target {
-    url: String,
-    _dir: tempfile::TempDir,
-    kek: Kek,
-}
-
-impl Target {
-    async fn new(b: Backend) -> Option<Self> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let url = match b {
-            Backend::Sqlite => format!("sqlite://{}", dir.path().join("cp.db").display()),
-            Backend::Postgres => testing::fresh_database().await?.url,
-        };
-        Some(Self {
-            url,
-            _dir: dir,
-            kek: Kek::from_hex(&Kek::generate_hex()).expect("kek"),
-        })
-    }
-
-    async fn open(&self) -> Arc<dyn Store> {
-        open(&OpenOptions {
-            url: self.url.clone(),
-            read_connections: 2,
-            pool_connections: 4,
-            kek: self.kek.clone(),
-        })
-        .await
-        .expect("open store")
-    }
-}
+use super::suite_kit::{Backend, Target};
 
 fn key(id: &str, active_from: i64) -> SigningKeyRow {
     SigningKeyRow {

@@ -4,47 +4,11 @@
 //! reaper, `store copy`, and a revocation racing enrollments from two
 //! stores.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::collections::BTreeMap;
 
 use super::*;
 
-#[derive(Debug, Clone, Copy)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-struct Target {
-    url: String,
-    _dir: tempfile::TempDir,
-    kek: Kek,
-}
-
-impl Target {
-    async fn new(b: Backend) -> Option<Self> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let url = match b {
-            Backend::Sqlite => format!("sqlite://{}", dir.path().join("cp.db").display()),
-            Backend::Postgres => testing::fresh_database().await?.url,
-        };
-        Some(Self {
-            url,
-            _dir: dir,
-            kek: Kek::from_hex(&Kek::generate_hex()).expect("kek"),
-        })
-    }
-
-    async fn open(&self) -> Arc<dyn Store> {
-        open(&OpenOptions {
-            url: self.url.clone(),
-            read_connections: 2,
-            pool_connections: 4,
-            kek: self.kek.clone(),
-        })
-        .await
-        .expect("open store")
-    }
-}
+use super::suite_kit::{Backend, Target};
 
 const MEMBER: i32 = agentmesh_proto::pb::credential::Role::Member as i32;
 const NOW: i64 = 1_000_000;
