@@ -5,7 +5,7 @@
 
 use super::*;
 
-use super::suite_kit::{Backend, Target};
+use super::suite_kit::{Backend, Target, on_both};
 
 fn new(text: &str, at: i64) -> NewPolicy {
     NewPolicy {
@@ -161,11 +161,7 @@ async fn a_copy_keeps_the_versions_under_a_new_epoch(b: Backend) {
     let Some(src) = Target::new(b).await else {
         return;
     };
-    let other = match b {
-        Backend::Sqlite => Backend::Postgres,
-        Backend::Postgres => Backend::Sqlite,
-    };
-    let Some(dst) = Target::new(other).await else {
+    let Some(dst) = Target::new(b.other()).await else {
         return;
     };
     let s = src.open().await;
@@ -190,23 +186,6 @@ async fn a_copy_keeps_the_versions_under_a_new_epoch(b: Backend) {
         d.apply_policy(&new("third", 30)).await.expect("apply"),
         AppliedPolicy::Applied(3)
     );
-}
-
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                super::$name(super::Backend::Sqlite).await
-            })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                super::$name(super::Backend::Postgres).await
-            })*
-        }
-    };
 }
 
 on_both!(

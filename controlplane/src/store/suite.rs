@@ -8,7 +8,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use super::*;
 
-use super::suite_kit::{Backend, Target};
+use super::suite_kit::{Backend, Target, on_both};
 
 fn key(id: &str, active_from: i64) -> SigningKeyRow {
     SigningKeyRow {
@@ -318,11 +318,7 @@ async fn a_snapshot_restores_into_an_empty_database_of_the_other_backend(b: Back
     let Some(src) = Target::new(b).await else {
         return;
     };
-    let other = match b {
-        Backend::Sqlite => Backend::Postgres,
-        Backend::Postgres => Backend::Sqlite,
-    };
-    let Some(dst) = Target::new(other).await else {
+    let Some(dst) = Target::new(b.other()).await else {
         return;
     };
     let s = src.open().await;
@@ -433,23 +429,6 @@ async fn a_dump_of_the_keys_table_holds_no_private_key_bytes(b: Backend) {
         matches!(without, Err(StoreError::Sealed { .. })),
         "{without:?}"
     );
-}
-
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                super::$name(super::Backend::Sqlite).await
-            })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                super::$name(super::Backend::Postgres).await
-            })*
-        }
-    };
 }
 
 on_both!(

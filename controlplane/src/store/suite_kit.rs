@@ -13,6 +13,16 @@ pub(super) enum Backend {
     Postgres,
 }
 
+impl Backend {
+    /// The other backend (a copy's destination).
+    pub(super) fn other(self) -> Backend {
+        match self {
+            Backend::Sqlite => Backend::Postgres,
+            Backend::Postgres => Backend::Sqlite,
+        }
+    }
+}
+
 /// One database and a way to open more stores on it.
 pub(super) struct Target {
     pub(super) url: String,
@@ -45,3 +55,23 @@ impl Target {
         .expect("open store")
     }
 }
+
+/// Runs each named case (an `async fn(Backend)` of the invoking module)
+/// as two tests, `sqlite::NAME` and `postgres::NAME`.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name(super::Backend::Sqlite).await
+            })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name(super::Backend::Postgres).await
+            })*
+        }
+    };
+}
+pub(super) use on_both;

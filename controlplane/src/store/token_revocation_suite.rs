@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 
-use super::suite_kit::{Backend, Target};
+use super::suite_kit::{Backend, Target, on_both};
 
 const MEMBER: i32 = agentmesh_proto::pb::credential::Role::Member as i32;
 const NOW: i64 = 1_000_000;
@@ -269,11 +269,7 @@ async fn a_copy_keeps_the_token_revocations(b: Backend) {
     let Some(src) = Target::new(b).await else {
         return;
     };
-    let other = match b {
-        Backend::Sqlite => Backend::Postgres,
-        Backend::Postgres => Backend::Sqlite,
-    };
-    let Some(dst) = Target::new(other).await else {
+    let Some(dst) = Target::new(b.other()).await else {
         return;
     };
     let s = src.open().await;
@@ -295,23 +291,6 @@ async fn a_copy_keeps_the_token_revocations(b: Backend) {
             .expect("store"),
         Err(EnrollRefusal::TokenRevoked)
     );
-}
-
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                super::$name(super::Backend::Sqlite).await
-            })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                super::$name(super::Backend::Postgres).await
-            })*
-        }
-    };
 }
 
 on_both!(
