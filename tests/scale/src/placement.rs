@@ -123,7 +123,12 @@ mod tests {
         Spot {
             host: format!("h{n}"),
             addr: IpAddr::from([10, 0, 0, n]),
-            prefix: vec!["ip".into(), "netns".into(), "exec".into(), format!("h{n}").into()],
+            prefix: vec![
+                "ip".into(),
+                "netns".into(),
+                "exec".into(),
+                format!("h{n}").into(),
+            ],
         }
     }
 

@@ -90,7 +90,11 @@ impl Layout {
             .map_err(testbed_error)?;
         let mut routers = Vec::with_capacity(self.routers);
         for i in 0..self.routers {
-            routers.push(tb.public_host(&format!("r{i}")).await.map_err(testbed_error)?);
+            routers.push(
+                tb.public_host(&format!("r{i}"))
+                    .await
+                    .map_err(testbed_error)?,
+            );
         }
         let mut members = Vec::with_capacity(self.member_hosts);
         for i in 0..self.member_hosts {
@@ -104,10 +108,7 @@ impl Layout {
             };
             members.push(host.map_err(testbed_error)?);
         }
-        let driver_host = tb
-            .public_host(DRIVER_HOST)
-            .await
-            .map_err(testbed_error)?;
+        let driver_host = tb.public_host(DRIVER_HOST).await.map_err(testbed_error)?;
         let placement = Placement {
             control_plane: spot(&cp),
             routers: routers.iter().map(spot).collect(),

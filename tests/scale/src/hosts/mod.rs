@@ -118,8 +118,7 @@ fn check(local: &LocalConfig, fleet: &FleetConfig) -> Result<()> {
     }
     if fleet.attack.starts_at().is_some() {
         return Err(LadderError::Args(
-            "--attack-* with --hosts: the hostile peers dial from 127.0.0.x of this machine"
-                .into(),
+            "--attack-* with --hosts: the hostile peers dial from 127.0.0.x of this machine".into(),
         ));
     }
     if local.control_plane_db.is_some() {
@@ -134,7 +133,11 @@ fn check(local: &LocalConfig, fleet: &FleetConfig) -> Result<()> {
 
 /// Runs a local ladder: on hosts of their own with `--hosts`, else as
 /// [`crate::run_local`] does.
-pub async fn run_local(hosts: HostsConfig, local: LocalConfig, fleet: FleetConfig) -> Result<Report> {
+pub async fn run_local(
+    hosts: HostsConfig,
+    local: LocalConfig,
+    fleet: FleetConfig,
+) -> Result<Report> {
     let Some(member_hosts) = hosts.member_hosts(local.routers)? else {
         return crate::run::run_local(local, fleet).await;
     };
@@ -173,11 +176,21 @@ mod tests {
             member_nat: nat,
         };
         assert_eq!(h(None, MemberNat::None).member_hosts(4).ok(), Some(None));
-        assert_eq!(h(Some(4), MemberNat::Eim).member_hosts(2).ok(), Some(Some(1)));
-        assert_eq!(h(Some(6), MemberNat::Eim).member_hosts(2).ok(), Some(Some(3)));
-        let e = h(Some(3), MemberNat::None).member_hosts(2).expect_err("too few");
+        assert_eq!(
+            h(Some(4), MemberNat::Eim).member_hosts(2).ok(),
+            Some(Some(1))
+        );
+        assert_eq!(
+            h(Some(6), MemberNat::Eim).member_hosts(2).ok(),
+            Some(Some(3))
+        );
+        let e = h(Some(3), MemberNat::None)
+            .member_hosts(2)
+            .expect_err("too few");
         assert!(e.to_string().contains("at least 4"), "{e}");
-        let e = h(None, MemberNat::Eim).member_hosts(2).expect_err("nat alone");
+        let e = h(None, MemberNat::Eim)
+            .member_hosts(2)
+            .expect_err("nat alone");
         assert!(e.to_string().contains("--member-nat needs --hosts"), "{e}");
         let e = h(Some(MAX_HOSTS + 1), MemberNat::None)
             .member_hosts(2)

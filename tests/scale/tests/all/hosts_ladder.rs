@@ -107,7 +107,11 @@ async fn hosts_ladder_behind_eim_nats_with_a_router_kill() -> anyhow::Result<()>
         .context("the hosts ladder did not finish within its deadline")??;
     let table = String::from_utf8_lossy(&out.stdout);
     println!("{table}");
-    ensure!(out.status.success(), "agentmesh-ladder failed: {}", out.status);
+    ensure!(
+        out.status.success(),
+        "agentmesh-ladder failed: {}",
+        out.status
+    );
     let report: Value = serde_json::from_str(
         &std::fs::read_to_string(&report_path).context("reading the report")?,
     )?;
@@ -154,7 +158,10 @@ async fn hosts_ladder_behind_eim_nats_with_a_router_kill() -> anyhow::Result<()>
     assert_eq!(u(kill, "/members"), all, "{kill:#}");
     assert_eq!(u(kill, "/below_one_router"), 0, "{kill:#}");
     assert!(u(kill, "/target_attached_before") > 0, "{kill:#}");
-    assert!(u(kill, "/below_k_routers") > 0, "the kill moved nobody: {kill:#}");
+    assert!(
+        u(kill, "/below_k_routers") > 0,
+        "the kill moved nobody: {kill:#}"
+    );
     assert_eq!(u(&report, "/exits"), 0, "{report:#}");
 
     // Cleanup: no namespace of the run is left.
@@ -162,5 +169,60 @@ async fn hosts_ladder_behind_eim_nats_with_a_router_kill() -> anyhow::Result<()>
     assert_eq!(prefix.len(), agentmesh_netns::names::PREFIX_LEN, "{prefix}");
     let left = namespaces_of(prefix);
     assert!(left.is_empty(), "namespaces left after the run: {left:?}");
+    Ok(())
+}
+
+/// A hosts ladder SIGKILLed while it runs cannot remove its namespaces;
+/// the next testbed made on the machine (the next run's start) sweeps them,
+/// because their creating process is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_hosts_ladder_is_swept_by_the_next_start() -> anyhow::Result<()> {
+    use tokio::io::AsyncBufReadExt as _;
+    if skip_reason("hosts_ladder_killed").is_some() {
+        return Ok(());
+    }
+    let ladder = PathBuf::from(env!("CARGO_BIN_EXE_agentmesh-ladder"));
+    let work = tempfile::tempdir()?;
+    let mut child = tokio::process::Command::new(&ladder)
+        .args(["local", "--hosts", "3", "--routers", "1", "--step", "2"])
+        .args(["--steps", "1", "--providers", "1", "--hold-secs", "600"])
+        .arg("--work-dir")
+        .arg(work.path().join("run"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting agentmesh-ladder")?;
+    let stderr = child.stderr.take().context("stderr")?;
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    // "ladder: Hosts: 3 (testbed PREFIX): …", then the mesh is started.
+    let find = async {
+        let mut prefix = None;
+        while let Some(line) = lines.next_line().await? {
+            eprintln!("{line}");
+            if let Some(rest) = line.split_once("(testbed ").map(|(_, r)| r) {
+                prefix = rest.split(')').next().map(str::to_string);
+            }
+            if prefix.is_some() && line.contains("routers ready") {
+                break;
+            }
+        }
+        anyhow::Ok(prefix)
+    };
+    let prefix = tokio::time::timeout(RUN_DEADLINE, find)
+        .await
+        .context("the ladder did not start its mesh within its deadline")??
+        .context("the ladder never named its testbed")?;
+    let made = namespaces_of(&prefix);
+    assert!(made.len() >= 4, "the run's namespaces: {made:?}");
+    child.kill().await?;
+    // The ladder is gone and reaped: its namespaces stay behind.
+    assert_eq!(namespaces_of(&prefix), made);
+    let next = agentmesh_netns::Testbed::new()
+        .await
+        .context("the next testbed")?;
+    let left = namespaces_of(&prefix);
+    assert!(left.is_empty(), "not swept: {left:?}");
+    drop(next);
     Ok(())
 }

@@ -103,7 +103,11 @@ async fn remote_ladder_on_a_natted_host_joins_a_tls_mesh_on_other_hosts() -> any
             .await
             .context("the remote ladder did not finish within its deadline")??;
         println!("{}", String::from_utf8_lossy(&out.stdout));
-        ensure!(out.status.success(), "agentmesh-ladder remote failed: {}", out.status);
+        ensure!(
+            out.status.success(),
+            "agentmesh-ladder remote failed: {}",
+            out.status
+        );
         let text = std::fs::read_to_string(&report_path).context("reading the report")?;
         anyhow::Ok(serde_json::from_str::<Value>(&text)?)
     };
