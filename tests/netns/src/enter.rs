@@ -30,34 +30,41 @@ pub(crate) struct NsRuntime {
 impl NsRuntime {
     /// A runtime whose threads join the namespace at `path` (`/run/netns/NAME`).
     pub(crate) fn start(path: &Path, name: &str) -> Result<Self, Error> {
-        let fd = Arc::new(
-            File::open(path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?,
-        );
-        let ns = name.to_string();
-        let thread_name: String = format!("ns-{name}").chars().take(15).collect();
-        let rt = Builder::new_multi_thread()
-            .worker_threads(WORKER_THREADS)
-            .max_blocking_threads(MAX_BLOCKING_THREADS)
-            .thread_name(thread_name)
-            .enable_all()
-            .on_thread_start(move || {
-                if let Err(e) = setns(&*fd, CloneFlags::CLONE_NEWNET) {
-                    eprintln!(
-                        "agentmesh-netns: a thread could not enter network namespace {ns} ({e}); \
-                         aborting rather than use this machine's own network"
-                    );
-                    std::process::abort();
-                }
-            })
-            .build()
-            .map_err(|e| Error::io(format!("building the runtime of namespace {name}"), e))?;
-        Ok(Self { rt: Some(rt) })
+        Ok(Self {
+            rt: Some(runtime(path, name, WORKER_THREADS)?),
+        })
     }
 
     /// Its handle.
     pub(crate) fn handle(&self) -> &Handle {
         self.rt.as_ref().expect("runtime until dropped").handle()
     }
+}
+
+/// A multi-threaded runtime of `worker_threads` whose every thread (workers
+/// and blocking ones) joins the namespace at `path` before it runs anything.
+pub(crate) fn runtime(path: &Path, name: &str, worker_threads: usize) -> Result<Runtime, Error> {
+    let fd = Arc::new(
+        File::open(path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?,
+    );
+    let ns = name.to_string();
+    let thread_name: String = format!("ns-{name}").chars().take(15).collect();
+    Builder::new_multi_thread()
+        .worker_threads(worker_threads.max(1))
+        .max_blocking_threads(MAX_BLOCKING_THREADS)
+        .thread_name(thread_name)
+        .enable_all()
+        .on_thread_start(move || {
+            if let Err(e) = setns(&*fd, CloneFlags::CLONE_NEWNET) {
+                eprintln!(
+                    "agentmesh-netns: a thread could not enter network namespace {ns} ({e}); \
+                     aborting rather than use this machine's own network"
+                );
+                std::process::abort();
+            }
+        })
+        .build()
+        .map_err(|e| Error::io(format!("building the runtime of namespace {name}"), e))
 }
 
 impl Drop for NsRuntime {

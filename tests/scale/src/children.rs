@@ -21,6 +21,18 @@ const LOG_TAIL_LINES: usize = 20;
 
 /// Spawns `bin args…` with stdout and stderr appended to `log`.
 pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
+    spawn_at(&[], bin, args, log)
+}
+
+/// Spawns `bin args…` behind the command prefix `at` (e.g. `ip netns exec
+/// NAMESPACE`, which execs the program in place, so the child's pid is the
+/// program's); an empty prefix starts it here. Logs as [`spawn`].
+pub fn spawn_at(
+    at: &[std::ffi::OsString],
+    bin: &Path,
+    args: &[String],
+    log: &Path,
+) -> Result<Child> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -29,7 +41,14 @@ pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
     let err_file = file
         .try_clone()
         .map_err(|e| LadderError::io(format!("cloning {}", log.display()), e))?;
-    let mut cmd = Command::new(bin);
+    let mut cmd = match at.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::from(file))

@@ -64,6 +64,9 @@ pub struct Fleet {
     /// Label shown on the progress line.
     pub label: String,
     last_progress: Option<Instant>,
+    /// Command prefix that starts worker `i` on its host:
+    /// `prefixes[i % len]` (empty: every worker here).
+    prefixes: Vec<Vec<std::ffi::OsString>>,
 }
 
 impl Fleet {
@@ -84,7 +87,14 @@ impl Fleet {
             tally: Tally::default(),
             label: String::new(),
             last_progress: None,
+            prefixes: Vec::new(),
         }
+    }
+
+    /// Starts worker `i` behind `prefixes[i % len]` (e.g. `ip netns exec
+    /// NAMESPACE`: on a host of its own) instead of here.
+    pub fn place_workers(&mut self, prefixes: Vec<Vec<std::ffi::OsString>>) {
+        self.prefixes = prefixes;
     }
 
     /// The workers' resources, from their last ticks.
@@ -135,7 +145,14 @@ impl Fleet {
         let log = self.dir.join(format!("worker-{index}.log"));
         let log_file = std::fs::File::create(&log)
             .map_err(|e| LadderError::io(format!("creating {}", log.display()), e))?;
-        let mut cmd = Process::new(&self.ladder);
+        let mut cmd = match self.prefixes.get(index % self.prefixes.len().max(1)) {
+            Some(at) if !at.is_empty() => {
+                let mut c = Process::new(&at[0]);
+                c.args(&at[1..]).arg(&self.ladder);
+                c
+            }
+            _ => Process::new(&self.ladder),
+        };
         cmd.args(&args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

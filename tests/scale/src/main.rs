@@ -26,6 +26,8 @@ enum Mode {
         mesh: LocalConfig,
         #[command(flatten)]
         fleet: FleetConfig,
+        #[command(flatten)]
+        hosts: agentmesh_ladder::hosts::HostsConfig,
     },
     /// Run the fleet against an existing mesh.
     Remote {
@@ -57,9 +59,10 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async move {
         let (run, path) = match cli.mode {
             Mode::Worker(cfg) => return agentmesh_ladder::worker::run(cfg).await.context("worker"),
-            Mode::Local { mesh, fleet } => {
+            Mode::Local { mesh, fleet, hosts } => {
                 let path = fleet.report.clone();
-                (Box::pin(agentmesh_ladder::run_local(mesh, fleet)) as Run, path)
+                let run = agentmesh_ladder::hosts::run_local(hosts, mesh, fleet);
+                (Box::pin(run) as Run, path)
             }
             Mode::Remote { mesh, fleet } => {
                 let path = fleet.report.clone();

@@ -2,7 +2,9 @@
 //! loopback ports, with their tokens minted through the admin API. With
 //! `--control-plane-tls` the control plane serves gRPC over TLS with a
 //! certificate made for the run, and everything that talks to it is given
-//! that certificate as its CA.
+//! that certificate as its CA. With a [`Placement`] (`--hosts`) each
+//! program runs on a host of its own instead, on fixed ports of that host's
+//! address.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -18,6 +20,7 @@ use crate::binaries::Binaries;
 use crate::children;
 use crate::config::LocalConfig;
 use crate::error::{LadderError, Result};
+use crate::placement::{self, Placement};
 use crate::ports;
 
 /// Grace for a child to exit after SIGTERM before SIGKILL.
@@ -81,6 +84,8 @@ pub struct LocalMesh {
     /// The control plane's self-signed certificate (`--control-plane-tls`),
     /// the CA of everything that talks to it.
     ca_file: Option<PathBuf>,
+    /// Where each program runs (`None`: here, on loopback).
+    place: Option<Placement>,
 }
 
 impl LocalMesh {
@@ -91,12 +96,29 @@ impl LocalMesh {
         dir: &Path,
         member_uses: u64,
     ) -> Result<Self> {
+        Self::start_placed(bins, cfg, dir, member_uses, None).await
+    }
+
+    /// [`LocalMesh::start`] with each program where `place` says (`None`:
+    /// here, on loopback). The caller's runtime must reach those hosts.
+    pub async fn start_placed(
+        bins: Binaries,
+        cfg: LocalConfig,
+        dir: &Path,
+        member_uses: u64,
+        place: Option<Placement>,
+    ) -> Result<Self> {
         let admin_token = random_hex(32);
         let admin_file = children::write_secret(&dir.join("admin.token"), &admin_token)?;
-        let grpc = ports::free_addr()?;
-        let http = ports::free_addr()?;
+        let (grpc, http) = match &place {
+            Some(p) => (
+                p.control_plane.at(placement::CONTROL_PLANE_GRPC_PORT),
+                p.control_plane.at(placement::CONTROL_PLANE_HTTP_PORT),
+            ),
+            None => (ports::free_addr()?, ports::free_addr()?),
+        };
         let tls = if cfg.control_plane_tls {
-            Some(self_signed(dir)?)
+            Some(self_signed(dir, grpc.ip())?)
         } else {
             None
         };
@@ -124,6 +146,10 @@ impl LocalMesh {
                 kek.display().to_string(),
             ]);
         }
+        if tls.is_none() && place.is_some() {
+            // Plaintext off loopback: the testbed's own private network.
+            args.push("--insecure".to_string());
+        }
         if let Some((cert, key)) = &tls {
             args.extend([
                 "--tls-cert".to_string(),
@@ -143,7 +169,11 @@ impl LocalMesh {
         }
         args.extend(cfg.control_plane_args.iter().cloned());
         let log = dir.join("control-plane.log");
-        let mut child = children::spawn(&bins.control_plane, &args, &log)?;
+        let at = place
+            .as_ref()
+            .map(|p| p.control_plane.prefix.clone())
+            .unwrap_or_default();
+        let mut child = children::spawn_at(&at, &bins.control_plane, &args, &log)?;
         let deadline = Duration::from_secs(cfg.ready_deadline_secs);
         children::wait_ready("control plane", &mut child, http, deadline, &log).await?;
         let control_plane = ControlPlaneProc {
@@ -187,11 +217,17 @@ impl LocalMesh {
             member_token_file,
             router_token_file,
             ca_file,
+            place,
         };
         for i in 0..mesh.cfg.routers {
-            let r = mesh
-                .start_router(i, ports::free_addr()?, ports::free_port()?)
-                .await?;
+            let (metrics, port) = match &mesh.place {
+                Some(p) => (
+                    p.router(i).at(placement::ROUTER_METRICS_PORT),
+                    placement::ROUTER_PORT,
+                ),
+                None => (ports::free_addr()?, ports::free_port()?),
+            };
+            let r = mesh.start_router(i, metrics, port).await?;
             mesh.routers.push(r);
         }
         Ok(mesh)
@@ -214,7 +250,7 @@ impl LocalMesh {
             "--key-path".to_string(),
             self.dir.join(format!("{name}.key")).display().to_string(),
             "--listen".to_string(),
-            format!("/ip4/127.0.0.1/tcp/{listen_port}"),
+            format!("/ip4/{}/tcp/{listen_port}", metrics.ip()),
             "--metrics-addr".to_string(),
             metrics.to_string(),
         ];
@@ -223,7 +259,12 @@ impl LocalMesh {
         }
         args.extend(self.cfg.router_args.iter().cloned());
         let log = self.dir.join(format!("{name}.log"));
-        let mut child = children::spawn(&self.bins.router, &args, &log)?;
+        let at = self
+            .place
+            .as_ref()
+            .map(|p| p.router(i).prefix.clone())
+            .unwrap_or_default();
+        let mut child = children::spawn_at(&at, &self.bins.router, &args, &log)?;
         let deadline = Duration::from_secs(self.cfg.ready_deadline_secs);
         children::wait_ready(
             &format!("router {name}"),
@@ -250,6 +291,11 @@ impl LocalMesh {
             "http"
         };
         format!("{scheme}://{}", self.control_plane.grpc)
+    }
+
+    /// Where each program runs, when not all here (`--hosts`).
+    pub fn placement(&self) -> Option<&Placement> {
+        self.place.as_ref()
     }
 
     /// The control plane's certificate, when it serves TLS.
@@ -339,7 +385,12 @@ impl LocalMesh {
         let start = tokio::time::Instant::now();
         children::stop(&mut self.control_plane.child, STOP_GRACE).await;
         let cp = &mut self.control_plane;
-        cp.child = children::spawn(&self.bins.control_plane, &cp.args, &cp.log)?;
+        let at = self
+            .place
+            .as_ref()
+            .map(|p| p.control_plane.prefix.clone())
+            .unwrap_or_default();
+        cp.child = children::spawn_at(&at, &self.bins.control_plane, &cp.args, &cp.log)?;
         let deadline = Duration::from_secs(self.cfg.ready_deadline_secs);
         children::wait_ready(
             "control plane (restarted)",
@@ -426,10 +477,14 @@ pub(crate) fn read_ca(path: Option<&Path>) -> Result<Option<Vec<u8>>> {
     .transpose()
 }
 
-/// Writes a self-signed certificate for 127.0.0.1 and localhost and its key
-/// (0600) into `dir`; returns their paths.
-fn self_signed(dir: &Path) -> Result<(PathBuf, PathBuf)> {
-    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
+/// Writes a self-signed certificate for 127.0.0.1, localhost and `ip` (the
+/// control plane's address) and its key (0600) into `dir`; returns their paths.
+fn self_signed(dir: &Path, ip: std::net::IpAddr) -> Result<(PathBuf, PathBuf)> {
+    let mut names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
+    if !ip.is_loopback() {
+        names.push(ip.to_string());
+    }
+    let cert = rcgen::generate_simple_self_signed(names)
         .map_err(|e| LadderError::Args(format!("making a TLS certificate: {e}")))?;
     let cert_path = dir.join("control-plane-tls.crt");
     std::fs::write(&cert_path, cert.cert.pem())

@@ -50,6 +50,8 @@ pub struct Report {
     pub stopped_early: Option<String>,
     /// `--cpu-quota`: the cap and how often it throttled the run.
     pub cpu_cap: Option<crate::cgroup::CpuCapRecord>,
+    /// `--hosts`: the hosts the programs ran on.
+    pub hosts: Option<crate::placement::HostsRecord>,
 }
 
 /// Sizes of the run.
@@ -421,6 +423,9 @@ impl Report {
     /// The markdown rendering printed on stdout.
     pub fn markdown(&self) -> String {
         let mut s = String::new();
+        if let Some(h) = &self.hosts {
+            let _ = writeln!(s, "{}\n", h.summary());
+        }
         if !self.steps.is_empty() {
             let _ = writeln!(
                 s,

@@ -14,6 +14,7 @@ use crate::hold;
 use crate::mesh::LocalMesh;
 use crate::observe;
 use crate::observe::RouterSnapshot;
+use crate::placement::Placement;
 use crate::procstat;
 use crate::report::{
     AfterRecord, AfterSample, BurstRecord, PhaseRecord, Report, RoundRecord, Shape, StepRecord,
@@ -28,28 +29,46 @@ const TOKEN_SLACK: u64 = 100;
 
 /// Runs a ladder against a mesh the ladder starts.
 pub async fn run_local(local: LocalConfig, cfg: FleetConfig) -> Result<Report> {
+    run_local_at(local, cfg, None).await
+}
+
+/// [`run_local`] with every program where `place` says (`None`: here);
+/// the caller's runtime must reach those hosts ([`crate::hosts`]).
+pub async fn run_local_at(
+    local: LocalConfig,
+    cfg: FleetConfig,
+    place: Option<Placement>,
+) -> Result<Report> {
     validate(&cfg)?;
     // First, so everything the run starts is inside the cap.
     let cap = local
         .cpu_quota
         .map(crate::cgroup::CpuCap::create)
         .transpose()?;
-    let mut report = run_local_capped(local, cfg).await;
+    let hosts = place.as_ref().map(|p| p.record.clone());
+    let mut report = run_local_capped(local, cfg, place).await;
+    if let Ok(r) = report.as_mut() {
+        r.hosts = hosts;
+    }
     if let (Some(cap), Ok(r)) = (cap, report.as_mut()) {
         r.cpu_cap = Some(cap.finish());
     }
     report
 }
 
-async fn run_local_capped(local: LocalConfig, cfg: FleetConfig) -> Result<Report> {
+async fn run_local_capped(
+    local: LocalConfig,
+    cfg: FleetConfig,
+    place: Option<Placement>,
+) -> Result<Report> {
     let dir = work_dir(&cfg)?;
     crate::workdir::clear_previous_run(&dir).await?;
     let bins = Binaries::locate()?;
     check_attack(&local, &cfg, &bins)?;
     eprintln!("ladder: work dir {}", dir.display());
     let routers = local.routers;
-    let mesh =
-        LocalMesh::start(bins.clone(), local, &dir, cfg.total_members() + TOKEN_SLACK).await?;
+    let uses = cfg.total_members() + TOKEN_SLACK;
+    let mesh = LocalMesh::start_placed(bins.clone(), local, &dir, uses, place).await?;
     eprintln!(
         "ladder: control plane {} and {routers} routers ready",
         mesh.url()
@@ -211,6 +230,7 @@ async fn run(
         window_calls_per_sec: cfg.window_calls_per_sec,
     };
     let mut fleet = Fleet::new(ladder.clone(), base.clone(), dir, capacity);
+    fleet.place_workers(target.worker_prefixes());
     let mut report = Report {
         mode: mode.to_string(),
         command: std::env::args().collect(),
@@ -463,6 +483,7 @@ async fn extra_round(
         ..base.clone()
     };
     let mut fleet = Fleet::new(ladder.to_path_buf(), base, &rdir, capacity);
+    fleet.place_workers(target.worker_prefixes());
     let deadline = Duration::from_secs(cfg.step_deadline_secs);
     fleet.label = format!("round {k} providers");
     let mut completed = fleet

@@ -95,6 +95,18 @@ impl Target {
         }
     }
 
+    /// The command prefix of each fleet worker's host, when the mesh runs
+    /// on hosts of its own (`--hosts`); empty otherwise.
+    pub fn worker_prefixes(&self) -> Vec<Vec<std::ffi::OsString>> {
+        match self {
+            Self::Local(m) => m
+                .placement()
+                .map(|p| p.workers.iter().map(|w| w.prefix.clone()).collect())
+                .unwrap_or_default(),
+            Self::Remote { .. } => Vec::new(),
+        }
+    }
+
     /// The local mesh, or an error naming the option that needs one.
     pub fn local(&mut self, what: &str) -> Result<&mut LocalMesh> {
         match self {

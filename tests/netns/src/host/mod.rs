@@ -239,6 +239,28 @@ impl Host {
         v
     }
 
+    /// The command line that runs a program inside this host, without the
+    /// program: [`Host::command_line`]'s prefix, for spawners that add the
+    /// program and its arguments themselves.
+    pub fn exec_prefix(&self) -> Vec<OsString> {
+        let mut v = self.command_line("");
+        v.pop();
+        v
+    }
+
+    /// A runtime of `worker_threads` of the caller's own whose every thread
+    /// lives in this host's namespace: code that opens many sockets of its
+    /// own (a coordinator scraping programs on other hosts) runs there
+    /// without [`Host::spawn`]'s one thread. Shut it down with
+    /// `shutdown_background` (it may not be dropped inside async code).
+    pub fn runtime(&self, worker_threads: usize) -> Result<tokio::runtime::Runtime, Error> {
+        crate::enter::runtime(
+            &Path::new(crate::sweep::NETNS_DIR).join(&self.inner.ns),
+            &self.inner.ns,
+            worker_threads,
+        )
+    }
+
     /// A command running `program` inside this host (see
     /// [`Host::command_line`]), killed when dropped.
     pub fn command(&self, program: impl AsRef<OsStr>) -> tokio::process::Command {

@@ -3,6 +3,8 @@
 //! its own process).
 
 mod attack_ladder;
+mod hosts_ladder;
+mod hosts_remote;
 mod remote_tls;
 mod small_ladder;
 mod worker_protocol;
