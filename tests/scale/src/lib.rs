@@ -17,6 +17,7 @@ pub mod error;
 pub mod fleet;
 pub mod hold;
 pub mod http;
+pub mod idle_cost;
 pub mod member;
 pub mod mesh;
 pub mod observe;
