@@ -109,8 +109,8 @@ fn drain_log(path: &Path) -> anyhow::Result<DrainLog> {
     let log = std::fs::read_to_string(path).with_context(|| format!("reading {path:?}"))?;
     let paced = log
         .lines()
-        .filter(|l| l.contains("paced go-aways sent") && l.contains("draining"))
-        .last()
+        .rev()
+        .find(|l| l.contains("paced go-aways sent") && l.contains("draining"))
         .with_context(|| format!("no paced drain in {path:?}:\n{log}"))?;
     let num = |k: &str| {
         field(paced, k)
