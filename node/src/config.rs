@@ -19,6 +19,17 @@ pub const DEFAULT_DATA_DIR: &str = "agentmesh-node-data";
 /// Default time a relayed connection to a peer stays open after the last
 /// call on it (`--relayed-idle-secs`).
 pub const DEFAULT_RELAYED_IDLE: Duration = Duration::from_secs(3);
+/// Default `--directory-interval-secs`: 5 min. The poll was the path of
+/// the policy and revocations once (then every 60 s); routers now push
+/// both to attached members (`/agentmesh/policy/1`, and with each
+/// admission), a credential signed by a key not yet known fetches the key
+/// set at once, and a go-away names the alternatives, so the poll is only
+/// the fallback for a missed push and the source of routers to choose
+/// from. Safe while the interval plus its 20% jitter stays below the
+/// control plane's `--key-publish-ahead-secs` (600 s): a new key is then
+/// seen before it signs anything. `--directory-interval-secs 60` is the
+/// old behaviour.
+pub const DEFAULT_DIRECTORY_INTERVAL: Duration = Duration::from_secs(300);
 /// Default `--ping-interval-secs` (libp2p-ping's own default).
 pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(15);
 /// Default `--ping-timeout-secs` (libp2p-ping's own default).
@@ -90,7 +101,9 @@ pub struct Config {
     pub rpc_timeout: Duration,
     /// Time budget of retries of one control-plane operation (`--retry-budget-secs`, default 180 s).
     pub retry_budget: Duration,
-    /// How often the key set and router directory are re-read, ±20% jitter (`--directory-interval-secs`, default 60 s).
+    /// How often the key set and router directory are re-read, ±20% jitter
+    /// (`--directory-interval-secs`, default [`DEFAULT_DIRECTORY_INTERVAL`],
+    /// 300 s; it was 60 s before routers pushed the policy).
     pub directory_interval: Duration,
     /// Longest random wait before replacing a router whose connection was
     /// lost while another router still serves us (`--router-replace-spread-ms`,
@@ -212,7 +225,7 @@ impl Default for Config {
             dial_source_ip: None,
             rpc_timeout: Duration::from_secs(10),
             retry_budget: Duration::from_secs(180),
-            directory_interval: Duration::from_secs(60),
+            directory_interval: DEFAULT_DIRECTORY_INTERVAL,
             router_replace_spread: Duration::from_millis(DEFAULT_ROUTER_REPLACE_SPREAD_MS),
             connect_timeout: Duration::from_secs(10),
             call_timeout: Duration::from_secs(10),

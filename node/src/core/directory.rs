@@ -2,8 +2,14 @@
 //! revocations and the signed policy served beside it) is fetched at start, then every
 //! `--directory-interval-secs` ±20%, so a fleet does not come back
 //! together; a failure is retried after a jittered backoff from 2 s up to
-//! the interval. Between fetches the cached directory is used, so a
-//! router's death does not send the fleet to the control plane at once.
+//! the interval or [`RETRY_MAX`], whichever is shorter (a long interval
+//! must not leave a member without a directory for long). Between fetches
+//! the cached directory is used, so a router's death does not send the
+//! fleet to the control plane at once.
+//!
+//! The key set is written to the data dir only when it changed: a write is
+//! an fsync, and a fleet of thousands of members sharing a disk rewrote
+//! the same bytes every interval.
 //!
 //! [`Directory`] is the schedule and the cache: pure transitions taking
 //! `now`, tested without a swarm; the fetch runs as a core op.
@@ -24,6 +30,8 @@ use crate::select::Candidate;
 /// Shortest pause before retrying a failed fetch (doubling per failure, up
 /// to the interval).
 const RETRY_MIN: Duration = Duration::from_secs(2);
+/// Longest pause before retrying a failed fetch, whatever the interval.
+const RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// The cached directory and when to fetch it next.
 #[derive(Debug, Clone)]
@@ -38,6 +46,8 @@ pub(crate) struct Directory {
     candidates: Vec<Candidate>,
     /// Their addresses, shared with call tasks in [`crate::shared::Routes`].
     addrs: Arc<HashMap<PeerId, Vec<Multiaddr>>>,
+    /// The key set last written to the data dir (by this schedule).
+    keys_stored: Option<KeySet>,
 }
 
 impl Directory {
@@ -51,6 +61,7 @@ impl Directory {
             have: false,
             candidates: Vec::new(),
             addrs: Arc::default(),
+            keys_stored: None,
         }
     }
 
@@ -81,9 +92,19 @@ impl Directory {
     pub(crate) fn failed(&mut self, now: Instant) -> Duration {
         self.in_flight = false;
         self.failures += 1;
-        let wait = backoff(self.failures, RETRY_MIN, self.interval);
+        let wait = backoff(self.failures, RETRY_MIN, self.interval.min(RETRY_MAX));
         self.next = now + wait;
         wait
+    }
+
+    /// Whether `keys` differ from the set last stored; if so they count as
+    /// stored from now on (the caller writes them).
+    pub(crate) fn keys_to_store(&mut self, keys: &KeySet) -> bool {
+        if self.keys_stored.as_ref() == Some(keys) {
+            return false;
+        }
+        self.keys_stored = Some(keys.clone());
+        true
     }
 
     /// Adds routers (a go-away's alternatives) not already known; directory
@@ -177,12 +198,14 @@ impl Core {
                 self.directory.fetched(routers, Instant::now());
                 let known = self.directory.known();
                 self.choice.forget_unknown(&known);
-                let dir_path = self.shared.config.data_dir.clone();
-                tokio::task::spawn_blocking(move || {
-                    if let Err(e) = crate::identity::store_keys(&dir_path, &keys) {
-                        tracing::warn!(error = %e, "could not store the key set");
-                    }
-                });
+                if self.directory.keys_to_store(&keys) {
+                    let dir_path = self.shared.config.data_dir.clone();
+                    tokio::task::spawn_blocking(move || {
+                        if let Err(e) = crate::identity::store_keys(&dir_path, &keys) {
+                            tracing::warn!(error = %e, "could not store the key set");
+                        }
+                    });
+                }
                 self.top_up();
                 self.publish_status();
             }
@@ -226,7 +249,8 @@ mod tests {
         );
         assert!(!d.due(now + wait - Duration::from_millis(1)) && d.due(now + wait));
         assert_eq!(d.addrs().get(&a.peer), Some(&a.addrs));
-        // Failures back off from 2 s up to the interval, and keep what was fetched.
+        // Failures back off from 2 s up to the interval (here below
+        // RETRY_MAX), and keep what was fetched.
         for n in 1..=10u32 {
             d.started();
             let w = d.failed(now);
@@ -238,6 +262,40 @@ mod tests {
         // A success resets the backoff.
         d.fetched(vec![a], now);
         assert!(d.failed(now) <= RETRY_MIN.saturating_mul(2).mul_f64(1.5));
+    }
+
+    #[test]
+    fn a_long_interval_does_not_stretch_the_retries_of_a_failed_fetch() {
+        let now = Instant::now();
+        let mut d = Directory::new(Duration::from_secs(3_600), now);
+        for _ in 0..20 {
+            d.started();
+            let w = d.failed(now);
+            assert!(w <= RETRY_MAX.mul_f64(1.5), "{w:?}");
+        }
+    }
+
+    #[test]
+    fn the_key_set_is_stored_only_when_it_changed() {
+        use agentmesh_proto::pb::credential::PublicKey;
+        let now = Instant::now();
+        let mut d = Directory::new(Duration::from_secs(60), now);
+        let one = KeySet {
+            keys: vec![PublicKey {
+                key_id: "k1".into(),
+                ..Default::default()
+            }],
+        };
+        assert!(d.keys_to_store(&one), "first fetch: stored");
+        assert!(!d.keys_to_store(&one.clone()), "same bytes: not again");
+        let mut two = one.clone();
+        two.keys.push(PublicKey {
+            key_id: "k2".into(),
+            ..Default::default()
+        });
+        assert!(d.keys_to_store(&two), "a rotation: stored");
+        assert!(!d.keys_to_store(&two));
+        assert!(d.keys_to_store(&one), "a key past its grace: stored");
     }
 
     #[test]

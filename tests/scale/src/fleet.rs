@@ -109,6 +109,15 @@ impl Fleet {
         }
     }
 
+    /// Pids of the worker processes still running (for `/proc` readings).
+    pub fn worker_pids(&self) -> Vec<u32> {
+        self.workers
+            .iter()
+            .filter(|w| !w.closed)
+            .filter_map(|w| w.child.id())
+            .collect()
+    }
+
     /// Worker processes started so far.
     pub fn worker_count(&self) -> usize {
         self.workers.len()

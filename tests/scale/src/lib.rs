@@ -18,6 +18,7 @@ pub mod fleet;
 pub mod hold;
 pub mod hosts;
 pub mod http;
+pub mod idle_cost;
 pub mod member;
 pub mod mesh;
 pub mod observe;

@@ -177,6 +177,9 @@ pub struct HoldRecord {
     /// earliest first, at most `wire::MAX_FLAP_RECORDS`): who, when, which
     /// routers before and after, the node's last router error.
     pub flap_records: Vec<crate::wire::FlapRecord>,
+    /// CPU per member per hour over the quiet part of the hold (until the
+    /// first event), member and mesh side; see `idle_cost`.
+    pub idle: Option<crate::idle_cost::IdleCost>,
 }
 
 /// The events of the hold.
@@ -543,6 +546,10 @@ impl Report {
                 h.socket_changed,
                 h.socket_read_max_ms
             );
+            if let Some(idle) = &h.idle {
+                let _ = writeln!(s);
+                let _ = write!(s, "{}", idle.markdown());
+            }
             if !h.flap_records.is_empty() {
                 let _ = writeln!(s);
                 let _ = writeln!(

@@ -5,6 +5,7 @@
 //! end of the hold.
 
 mod attack;
+mod quiet;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -61,6 +62,13 @@ pub async fn run(
     .filter_map(|(at, k)| at.map(|at| (at, k)))
     .collect();
     plan.sort_by_key(|(at, _)| *at);
+    // The quiet part first: until the first event, nothing but idling.
+    let quiet_end = plan
+        .first()
+        .map(|(at, _)| start + Duration::from_secs(*at))
+        .unwrap_or(end)
+        .min(end);
+    let idle = quiet::measure(fleet, target, members, quiet_end).await;
     let mut events = Events::default();
     for (i, (at, kind)) in plan.iter().enumerate() {
         let at_instant = start + Duration::from_secs(*at);
@@ -126,6 +134,7 @@ pub async fn run(
         socket_changed: sum.socket_changed,
         socket_read_max_ms: sum.socket_read_max_ms,
         flap_records,
+        idle,
     };
     eprintln!(
         "\rladder: hold {} s: flaps {}, fewest ready {}, exits {}",
