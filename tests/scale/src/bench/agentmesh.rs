@@ -258,7 +258,8 @@ async fn first_call(addr: SocketAddr) -> anyhow::Result<()> {
     let mut last = String::new();
     while start.elapsed() < FIRST_CALL_BUDGET {
         let probe = async {
-            let s = tokio::net::TcpStream::connect(addr).await?;
+            let mut s = tokio::net::TcpStream::connect(addr).await?;
+            super::proto::hello(&mut s, super::proto::MODE_SINK).await?;
             super::proto::sink(s, 1024).await
         };
         match tokio::time::timeout(PROBE_DEADLINE, probe).await {

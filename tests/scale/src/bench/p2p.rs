@@ -98,9 +98,8 @@ pub(super) fn drive(mut swarm: Swarm<Behaviour>, relay_server: bool) -> mpsc::Re
                     if relay_server {
                         swarm.add_external_address(address.clone());
                     }
-                    let full = if address.iter().any(|p| matches!(p, Protocol::P2p(_)))
-                        && !address.iter().any(|p| matches!(p, Protocol::P2pCircuit))
-                    {
+                    // Circuit addresses already end in our id; direct ones do not.
+                    let full = if matches!(address.iter().last(), Some(Protocol::P2p(_))) {
                         address
                     } else {
                         address.with(Protocol::P2p(me))

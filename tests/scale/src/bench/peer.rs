@@ -206,7 +206,16 @@ impl Target {
         Ok(Self::P2p { control, peer })
     }
 
-    async fn open(&self) -> anyhow::Result<Box<dyn Io>> {
+    /// A new stream, its mode acknowledged by the server.
+    async fn open(&self, mode: u8) -> anyhow::Result<Box<dyn Io>> {
+        let mut s = self.new_stream().await?;
+        proto::hello(&mut s, mode)
+            .await
+            .context("the server's ack")?;
+        Ok(s)
+    }
+
+    async fn new_stream(&self) -> anyhow::Result<Box<dyn Io>> {
         match self {
             Self::Tcp(addr) => {
                 let s = tokio::net::TcpStream::connect(addr)
@@ -229,11 +238,11 @@ impl Target {
     async fn run(&self, req: Request) -> anyhow::Result<Response> {
         Ok(match req {
             Request::Sink { bytes } => {
-                let s = self.open().await?;
+                let s = self.open(proto::MODE_SINK).await?;
                 Response::Secs(proto::sink(s, bytes).await?.as_secs_f64())
             }
             Request::Echo { warmup, count } => {
-                let s = self.open().await?;
+                let s = self.open(proto::MODE_ECHO).await?;
                 let rtts = proto::echo(s, warmup, count).await?;
                 Response::RttsMicros(rtts.iter().map(|d| d.as_secs_f64() * 1e6).collect())
             }
@@ -243,7 +252,7 @@ impl Target {
             } => {
                 let mut opened = Vec::with_capacity(streams as usize);
                 for _ in 0..streams {
-                    opened.push(self.open().await?);
+                    opened.push(self.open(proto::MODE_SINK).await?);
                 }
                 let start = Instant::now();
                 let runs = opened.into_iter().map(|s| proto::sink(s, bytes_each));

@@ -2,7 +2,11 @@
 //! libp2p stream, or an agentmesh call): the same bytes on every path, so
 //! the paths differ only in what carries them.
 //!
-//! The client's first byte picks the mode:
+//! The client's first byte picks the mode; the server answers it with
+//! [`ACK`] before anything else, so a client knows its stream was taken
+//! (libp2p-stream drops an inbound stream that arrives while its accept
+//! loop is busy with the previous one: the client opens the streams of a
+//! concurrent run one by one, each acknowledged, then starts them):
 //! - `S` (sink): a u64 big-endian length N, then N bytes; the server reads
 //!   exactly N and answers with the u64 count it read. Length-prefixed
 //!   rather than read-to-EOF, so no path needs to carry a half-close.
@@ -19,6 +23,8 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 pub const MODE_SINK: u8 = b'S';
 /// Mode byte: echo every byte.
 pub const MODE_ECHO: u8 = b'E';
+/// The server's answer to the mode byte.
+pub const ACK: u8 = b'+';
 /// Size of one write and one read: large enough that per-call overhead is
 /// not what is measured, small enough to sit inside any window.
 pub const CHUNK_BYTES: usize = 64 * 1024;
@@ -29,6 +35,10 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let mode = s.read_u8().await?;
+    if mode == MODE_SINK || mode == MODE_ECHO {
+        s.write_u8(ACK).await?;
+        s.flush().await?;
+    }
     match mode {
         MODE_SINK => {
             let want = s.read_u64().await?;
@@ -71,7 +81,23 @@ where
     }
 }
 
-/// Sends `bytes` in sink mode and waits for the server's count; returns
+/// Sends the mode byte and waits for the server's [`ACK`].
+pub async fn hello<S>(s: &mut S, mode: u8) -> std::io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    s.write_u8(mode).await?;
+    s.flush().await?;
+    match s.read_u8().await? {
+        ACK => Ok(()),
+        other => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("expected the server's ack, got {other:#04x}"),
+        )),
+    }
+}
+
+/// After [`hello`] with [`MODE_SINK`]: sends `bytes` and waits for the server's count; returns
 /// the time from the first byte to the answer. A count other than `bytes`
 /// is an error (the path lost or invented data).
 pub async fn sink<S>(mut s: S, bytes: u64) -> std::io::Result<Duration>
@@ -79,7 +105,6 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let start = Instant::now();
-    s.write_u8(MODE_SINK).await?;
     s.write_u64(bytes).await?;
     let buf = vec![0x5au8; CHUNK_BYTES];
     let mut left = bytes;
@@ -99,13 +124,12 @@ where
     Ok(start.elapsed())
 }
 
-/// `count` one-byte round trips in echo mode after `warmup` unrecorded
+/// After [`hello`] with [`MODE_ECHO`]: `count` one-byte round trips after `warmup` unrecorded
 /// ones; returns each recorded round trip.
 pub async fn echo<S>(mut s: S, warmup: u32, count: u32) -> std::io::Result<Vec<Duration>>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    s.write_u8(MODE_ECHO).await?;
     let mut samples = Vec::with_capacity(count as usize);
     for i in 0..warmup + count {
         let byte = (i % 251) as u8;
@@ -146,9 +170,11 @@ mod tests {
             }
             served
         });
-        let c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        hello(&mut c, MODE_SINK).await.expect("hello");
         sink(c, 3 * CHUNK_BYTES as u64 + 7).await.expect("sink");
-        let c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        hello(&mut c, MODE_ECHO).await.expect("hello");
         let rtts = echo(c, 2, 5).await.expect("echo");
         assert_eq!(rtts.len(), 5);
         assert_eq!(server.await.expect("join"), [3 * CHUNK_BYTES as u64 + 7, 7]);
@@ -158,7 +184,7 @@ mod tests {
     async fn a_short_sink_is_an_error_not_a_hang() {
         let (mut client, server) = tokio::io::duplex(1024);
         let serve = tokio::spawn(serve(server));
-        client.write_u8(MODE_SINK).await.expect("mode");
+        hello(&mut client, MODE_SINK).await.expect("hello");
         client.write_u64(1_000).await.expect("len");
         client.write_all(&[0; 10]).await.expect("data");
         drop(client);
