@@ -153,6 +153,15 @@ pub struct RunArgs {
     /// Clock skew tolerated when verifying callers' credentials, seconds.
     #[arg(long, default_value_t = Config::default().credential_skew.as_secs())]
     pub credential_skew_secs: u64,
+    /// Streams open at once on one yamux connection (to a router or a relayed peer), streams; yamux resets more.
+    #[arg(long, default_value_t = config::DEFAULT_YAMUX_MAX_STREAMS)]
+    pub yamux_max_streams: usize,
+    /// Receive window of one yamux connection, all its streams together, KiB: what a peer may make this node buffer on it; at least 256 KiB × --yamux-max-streams.
+    #[arg(long, default_value_t = config::DEFAULT_YAMUX_CONNECTION_WINDOW_KIB)]
+    pub yamux_connection_window_kib: u64,
+    /// Buffer of each direction of a call's splice between its stream and the local TCP connection (--forward, --expose), KiB; two per live call.
+    #[arg(long, default_value_t = config::DEFAULT_SPLICE_BUFFER_KIB, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16384))]
+    pub splice_buffer_kib: usize,
     /// Inbound queue and pending-open bounds of the streams behaviour.
     #[command(flatten)]
     pub streams: StreamLimitArgs,
@@ -202,6 +211,9 @@ impl RunArgs {
             stream_inbound_queue_per_protocol: self.streams.stream_inbound_queue_per_protocol,
             stream_max_pending_opens_per_peer: self.streams.stream_max_pending_opens_per_peer,
             stream_max_pending_opens_total: self.streams.stream_max_pending_opens_total,
+            yamux_max_streams: self.yamux_max_streams,
+            yamux_connection_window_kib: self.yamux_connection_window_kib,
+            splice_buffer_kib: self.splice_buffer_kib,
             runtime_watchdog: false,
         })
     }

@@ -53,6 +53,20 @@ pub const DEFAULT_MAX_INBOUND_CALL_REQUESTS: usize = 128;
 /// Default deadline of a call stream's first byte, milliseconds
 /// (`--call-first-byte-timeout-ms`).
 pub const DEFAULT_CALL_FIRST_BYTE_TIMEOUT_MS: u64 = 2000;
+/// Default yamux streams open at once on one connection
+/// (`--yamux-max-streams`): yamux's and libp2p-yamux's own default.
+pub const DEFAULT_YAMUX_MAX_STREAMS: usize = 512;
+/// Default receive window of one yamux connection, KiB
+/// (`--yamux-connection-window-kib`): 256 KiB for each of
+/// [`DEFAULT_YAMUX_MAX_STREAMS`] (what yamux guarantees every stream) plus
+/// 16 MiB one fast stream may grow into (its bandwidth-delay product up to
+/// 1 Gbit/s at 128 ms), against libp2p-yamux's fixed 1 GiB.
+pub const DEFAULT_YAMUX_CONNECTION_WINDOW_KIB: u64 =
+    DEFAULT_YAMUX_MAX_STREAMS as u64 * 256 + 16 * 1024;
+/// Default buffer of each direction of a call's splice between its stream
+/// and the local TCP connection (`--splice-buffer-kib`), KiB: tokio's own
+/// default for `copy_bidirectional`.
+pub const DEFAULT_SPLICE_BUFFER_KIB: usize = 8;
 /// File name of the Unix socket inside the data dir.
 pub const SOCKET_FILE: &str = "agentmesh.sock";
 /// Least connect, exchange, RPC and idle timeout in force, whatever the
@@ -196,6 +210,20 @@ pub struct Config {
     /// refused and counted with `limit="total"`
     /// (`--stream-max-pending-opens-total`, default 4096; 0 acts as 1).
     pub stream_max_pending_opens_total: usize,
+    /// Streams open at once on one yamux connection (to a router or a
+    /// relayed peer); yamux resets more (`--yamux-max-streams`, default 512).
+    pub yamux_max_streams: usize,
+    /// Receive window of one yamux connection, all its streams together,
+    /// KiB: what a peer may make this node buffer on one connection; at
+    /// least 256 KiB per stream (`--yamux-connection-window-kib`, default
+    /// [`DEFAULT_YAMUX_CONNECTION_WINDOW_KIB`]).
+    pub yamux_connection_window_kib: u64,
+    /// Buffer of each direction of a call's splice (`--forward` and
+    /// `--expose`) between the call's stream and the local TCP
+    /// connection, KiB; two per live call (`--splice-buffer-kib`, default
+    /// [`DEFAULT_SPLICE_BUFFER_KIB`]; 0 acts as 1). Larger buffers mean
+    /// fewer reads and writes per byte moved.
+    pub splice_buffer_kib: usize,
     /// Run the runtime stall watchdog and serve `agentmesh_runtime_stalls_total`
     /// on `metrics_addr`. One per process: the binary sets it; embedders
     /// running many nodes leave it off (default) and run their own.
@@ -245,6 +273,9 @@ impl Default for Config {
             stream_inbound_queue_per_protocol: DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL,
             stream_max_pending_opens_per_peer: DEFAULT_STREAM_MAX_PENDING_OPENS_PER_PEER,
             stream_max_pending_opens_total: DEFAULT_STREAM_MAX_PENDING_OPENS_TOTAL,
+            yamux_max_streams: DEFAULT_YAMUX_MAX_STREAMS,
+            yamux_connection_window_kib: DEFAULT_YAMUX_CONNECTION_WINDOW_KIB,
+            splice_buffer_kib: DEFAULT_SPLICE_BUFFER_KIB,
             runtime_watchdog: false,
         }
     }
@@ -269,6 +300,18 @@ impl Config {
     }
 
     /// The streams crate's bounds of opens waiting for a dial.
+    /// The splice buffer per direction, bytes (at least 1 KiB).
+    pub(crate) fn splice_buffer_bytes(&self) -> usize {
+        self.splice_buffer_kib.clamp(1, 16 * 1024) * 1024
+    }
+
+    pub(crate) fn yamux_limits(&self) -> crate::transport::WindowLimits {
+        crate::transport::WindowLimits {
+            max_streams: self.yamux_max_streams,
+            connection_window_bytes: self.yamux_connection_window_kib.saturating_mul(1024),
+        }
+    }
+
     pub(crate) fn pending_open_limits(&self) -> agentmesh_streams::PendingOpenLimits {
         agentmesh_streams::PendingOpenLimits {
             max_pending_opens_per_peer: self.stream_max_pending_opens_per_peer,

@@ -36,7 +36,14 @@ async fn forward_one(
     let _ = tcp.set_nodelay(true);
     match crate::call::outbound::call(shared, service).await {
         Ok(mut stream) => {
-            if let Err(e) = tokio::io::copy_bidirectional(&mut tcp, &mut stream).await {
+            if let Err(e) = tokio::io::copy_bidirectional_with_sizes(
+                &mut tcp,
+                &mut stream,
+                shared.config.splice_buffer_bytes(),
+                shared.config.splice_buffer_bytes(),
+            )
+            .await
+            {
                 tracing::debug!(%from, service, error = %e, "forwarded connection ended with an error");
             }
         }

@@ -289,6 +289,13 @@ pub async fn spawn(
         None => None,
     };
 
+    // A let of its own: the family's guard must not live across the await.
+    let yamux_dropped = metrics
+        .yamux_inbound_streams_dropped
+        .get_or_create(&crate::metrics::ReasonLabel {
+            reason: "buffer_full",
+        })
+        .clone();
     let swarm = transport::build_swarm(
         &stored.key,
         config.dial_source_ip,
@@ -301,6 +308,8 @@ pub async fn spawn(
             inbound_queue_per_protocol: config.stream_inbound_queue_per_protocol,
         },
         config.pending_open_limits(),
+        config.yamux_limits(),
+        yamux_dropped,
     )
     .await
     .map_err(|e| SpawnError::Swarm(e.to_string()))?;

@@ -64,6 +64,8 @@ pub const GOAWAY_RESULTS: &[&str] = &[
 pub const GOAWAY_RELEASE_REASONS: &[&str] = &["replaced", "router_closed"];
 /// Why a held router was given up for another one.
 pub const REPLACE_REASONS: &[&str] = &["reservation_refused"];
+/// Reasons an inbound yamux stream is dropped.
+pub const YAMUX_DROP_REASONS: &[&str] = &["buffer_full"];
 /// Why an outbound call was retried on a fresh route ([`Metrics::call_retries`]).
 pub const CALL_RETRY_REASONS: &[&str] = &["connect_failed", "stream_failed", "no_providers"];
 /// The node's local listeners ([`ListenerLabel`]): the Unix socket, and
@@ -137,6 +139,9 @@ pub struct Metrics {
     pub goaway_releases: Family<ReasonLabel, Counter>,
     /// Held routers given up for another one, by reason ([`REPLACE_REASONS`]).
     pub routers_replaced: Family<ReasonLabel, Counter>,
+    /// Inbound yamux streams dropped before the swarm took them, by reason
+    /// (`buffer_full`: more than the muxer buffers were waiting).
+    pub yamux_inbound_streams_dropped: Family<ReasonLabel, Counter>,
     /// Connections to a router retried after a backoff because the dial or
     /// the first auth's connection was refused or closed.
     pub auth_conn_retries: Counter,
@@ -199,6 +204,11 @@ impl Metrics {
         }
         for reason in REPLACE_REASONS {
             let _ = m.routers_replaced.get_or_create(&ReasonLabel { reason });
+        }
+        for reason in YAMUX_DROP_REASONS {
+            let _ = m
+                .yamux_inbound_streams_dropped
+                .get_or_create(&ReasonLabel { reason });
         }
         for reason in CALL_RETRY_REASONS {
             let _ = m.call_retries.get_or_create(&ReasonLabel { reason });
@@ -269,6 +279,11 @@ impl Metrics {
             "publishes",
             "Service record publications by result",
             self.publishes.clone(),
+        );
+        r.register(
+            "yamux_inbound_streams_dropped",
+            "Inbound yamux streams dropped before the node took them, by reason",
+            self.yamux_inbound_streams_dropped.clone(),
         );
         r.register(
             "routers_replaced",

@@ -22,9 +22,13 @@ use libp2p::core::upgrade::Version;
 use libp2p::core::{Multiaddr, Transport};
 use libp2p::identity::Keypair;
 use libp2p::swarm::NetworkBehaviour;
-use libp2p::{Swarm, noise, ping, relay, yamux};
+use libp2p::{Swarm, noise, ping, relay};
+use prometheus_client::metrics::counter::Counter;
 
+mod muxer;
 mod quic;
+
+pub(crate) use muxer::WindowLimits;
 
 /// The node's behaviours.
 #[derive(NetworkBehaviour)]
@@ -41,6 +45,9 @@ pub(crate) enum BuildError {
     /// The noise configuration could not be made from the key.
     #[error("noise: {0}")]
     Noise(#[from] noise::Error),
+    /// The yamux limits cannot be used.
+    #[error("yamux: {0}")]
+    Yamux(#[from] muxer::LimitsError),
     /// The task building the transport failed.
     #[error("transport set-up task: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -50,9 +57,12 @@ type Direct = libp2p::core::transport::Boxed<(libp2p::PeerId, StreamMuxerBox)>;
 
 /// TCP (with the relay client's transport) or QUIC, upgraded; and the
 /// relay client behaviour paired with it.
+/// `yamux` is the member's bounded yamux for TCP and relayed connections
+/// alike (QUIC has its own flow control).
 fn direct(
     key: &Keypair,
     source_ip: Option<IpAddr>,
+    yamux: muxer::YamuxUpgrade,
 ) -> Result<(Direct, relay::client::Behaviour), noise::Error> {
     let peer_id = key.public().to_peer_id();
     let (relay_transport, relay_client) = relay::client::new(peer_id);
@@ -60,7 +70,7 @@ fn direct(
         .or_transport(DialTcp { source_ip })
         .upgrade(Version::V1Lazy)
         .authenticate(noise::Config::new(key)?)
-        .multiplex(yamux::Config::default())
+        .multiplex(yamux)
         .map(|(p, m), _| (p, StreamMuxerBox::new(m)));
     // QUIC (dial only, from the source IP when given): routers may announce
     // it; `Candidate` puts TCP addresses first, so QUIC is the fallback.
@@ -82,7 +92,10 @@ fn direct(
 /// resolver configuration, so this runs on a blocking thread. Without one,
 /// the node goes on without it (TCP dials still resolve names themselves).
 /// `streams` bounds the inbound queues of our own protocols, `pending` the
-/// opens waiting for a dial.
+/// opens waiting for a dial; `yamux` the receive window of every TCP and
+/// relayed connection, `yamux_dropped` counts inbound streams dropped
+/// past the muxer's buffer.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn build_swarm(
     key: &Keypair,
     source_ip: Option<IpAddr>,
@@ -91,17 +104,21 @@ pub(crate) async fn build_swarm(
     ping: ping::Config,
     streams: agentmesh_streams::Config,
     pending: agentmesh_streams::PendingOpenLimits,
+    yamux: WindowLimits,
+    yamux_dropped: Counter,
 ) -> Result<Swarm<Behaviour>, BuildError> {
     let peer_id = key.public().to_peer_id();
     let k = key.clone();
+    let upgrade = muxer::YamuxUpgrade::new(yamux, yamux_dropped)?;
+    tracing::debug!(?yamux, "yamux limits");
     let (transport, relay_client) = tokio::task::spawn_blocking(move || {
-        let (inner, relay_client) = direct(&k, source_ip)?;
+        let (inner, relay_client) = direct(&k, source_ip, upgrade.clone())?;
         let transport = match libp2p::dns::tokio::Transport::system(inner) {
             Ok(dns) => TransportTimeout::new(dns, connect_timeout).boxed(),
             Err(e) => {
                 tracing::warn!(error = %e, "no system DNS configuration: /dns addresses are dialed over TCP only");
                 // `system` consumed the first transport: make another.
-                let (inner, relay_client) = direct(&k, source_ip)?;
+                let (inner, relay_client) = direct(&k, source_ip, upgrade)?;
                 return Ok::<_, BuildError>((
                     TransportTimeout::new(inner, connect_timeout).boxed(),
                     relay_client,

@@ -387,7 +387,12 @@ async fn serve(
     let mut remote = stream.compat();
     let mut tcp = tcp;
     let spliced = tokio::select! {
-        r = tokio::io::copy_bidirectional(&mut remote, &mut tcp) => r,
+        r = tokio::io::copy_bidirectional_with_sizes(
+            &mut remote,
+            &mut tcp,
+            shared.config.splice_buffer_bytes(),
+            shared.config.splice_buffer_bytes(),
+        ) => r,
         d = no_longer_allowed(&shared, &claims, &req.service) => {
             tracing::info!(%peer, service = %req.service, reason = d.label(), "live call closed: the policy or a revocation no longer allows it");
             m.policy

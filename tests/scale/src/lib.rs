@@ -9,6 +9,7 @@
 //! open-files limit. Coordinator and workers speak JSON lines ([`wire`]).
 
 pub mod attack;
+pub mod bench;
 pub mod binaries;
 pub mod cgroup;
 pub mod children;

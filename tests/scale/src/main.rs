@@ -36,6 +36,12 @@ enum Mode {
         #[command(flatten)]
         fleet: FleetConfig,
     },
+    /// Measure the data path side by side: plain TCP, bare libp2p (direct and
+    /// through a relay circuit), agentmesh relayed calls (issue 19).
+    Bench(agentmesh_ladder::bench::BenchConfig),
+    /// Internal: one process of the bench (floor peer, backend, client).
+    #[command(hide = true)]
+    BenchPeer(agentmesh_ladder::bench::peer::PeerConfig),
     /// Internal: host members for a coordinator (JSON lines on stdin/stdout).
     #[command(hide = true)]
     Worker(WorkerConfig),
@@ -59,6 +65,8 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(async move {
         let (run, path) = match cli.mode {
             Mode::Worker(cfg) => return agentmesh_ladder::worker::run(cfg).await.context("worker"),
+            Mode::BenchPeer(cfg) => return agentmesh_ladder::bench::peer::run(cfg).await,
+            Mode::Bench(cfg) => return agentmesh_ladder::bench::main(cfg).await,
             Mode::Local { mesh, fleet, hosts } => {
                 let path = fleet.report.clone();
                 let run = agentmesh_ladder::hosts::run_local(hosts, mesh, fleet);

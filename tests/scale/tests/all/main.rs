@@ -3,6 +3,7 @@
 //! its own process).
 
 mod attack_ladder;
+mod bench;
 mod drain_under_cap;
 mod hosts_ladder;
 mod hosts_remote;

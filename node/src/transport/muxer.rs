@@ -1,0 +1,351 @@
+//! The member's yamux: a libp2p `StreamMuxer` over the `yamux` crate with a
+//! bounded connection receive window, in place of libp2p-yamux, whose
+//! window is fixed at 1 GiB per connection (its `Config` cannot change it).
+//!
+//! Why: the receive window is what a peer may make us buffer on one
+//! connection before it must wait for us to read. A member holds a
+//! connection to each of its K routers and one per relayed peer; with
+//! 1 GiB each, a lying peer (or a slow local reader) could make one member
+//! hold gigabytes. yamux guarantees each stream 256 KiB and lets fast
+//! streams grow into what is left of the connection window, so the window
+//! is `max_streams × 256 KiB` plus the room one fast stream may grow into.
+//!
+//! Inbound streams the swarm has not taken yet are buffered up to
+//! [`MAX_BUFFERED_INBOUND_STREAMS`] (libp2p-yamux's bound); past it a stream
+//! is dropped (the remote sees a reset) and counted.
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use futures::{AsyncRead, AsyncWrite, future, ready};
+use libp2p::core::muxing::{StreamMuxer, StreamMuxerEvent};
+use libp2p::core::upgrade::{InboundConnectionUpgrade, OutboundConnectionUpgrade, UpgradeInfo};
+use prometheus_client::metrics::counter::Counter;
+
+/// The window yamux guarantees every stream, bytes (its `DEFAULT_CREDIT`).
+pub(crate) const STREAM_CREDIT_BYTES: u64 = 256 * 1024;
+/// Inbound streams buffered while the swarm is not asking for them.
+pub(crate) const MAX_BUFFERED_INBOUND_STREAMS: usize = 256;
+/// The yamux protocol id.
+const YAMUX_PROTOCOL: &str = "/yamux/1.0.0";
+
+/// The bounds of every yamux connection of a member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WindowLimits {
+    /// Streams open at once on one connection (yamux refuses more).
+    pub(crate) max_streams: usize,
+    /// Receive window of one connection, all its streams together, bytes.
+    pub(crate) connection_window_bytes: u64,
+}
+
+/// Why limits cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub(crate) enum LimitsError {
+    /// yamux needs 256 KiB per stream.
+    #[error(
+        "--yamux-connection-window-kib {window_kib} is below --yamux-max-streams {streams} × 256 KiB = {need_kib} KiB"
+    )]
+    WindowTooSmall {
+        /// The window asked for, KiB.
+        window_kib: u64,
+        /// The streams asked for.
+        streams: usize,
+        /// The least window they need, KiB.
+        need_kib: u64,
+    },
+    /// At least one stream.
+    #[error("--yamux-max-streams must be at least 1")]
+    NoStreams,
+}
+
+impl WindowLimits {
+    /// Checks what yamux would otherwise assert (and panic on).
+    pub(crate) fn check(&self) -> Result<(), LimitsError> {
+        if self.max_streams == 0 {
+            return Err(LimitsError::NoStreams);
+        }
+        let need = (self.max_streams as u64).saturating_mul(STREAM_CREDIT_BYTES);
+        if self.connection_window_bytes < need {
+            return Err(LimitsError::WindowTooSmall {
+                window_kib: self.connection_window_bytes / 1024,
+                streams: self.max_streams,
+                need_kib: need / 1024,
+            });
+        }
+        Ok(())
+    }
+
+    fn config(&self) -> yamux::Config {
+        let mut c = yamux::Config::default();
+        // Order matters: yamux asserts window >= streams × 256 KiB on each
+        // call, so lift the window, set the streams, then bound the window.
+        c.set_max_connection_receive_window(None);
+        c.set_max_num_streams(self.max_streams);
+        c.set_max_connection_receive_window(Some(
+            usize::try_from(self.connection_window_bytes).unwrap_or(usize::MAX),
+        ));
+        c
+    }
+}
+
+/// The yamux upgrade with bounded windows.
+#[derive(Debug, Clone)]
+pub(crate) struct YamuxUpgrade {
+    config: yamux::Config,
+    dropped: Counter,
+}
+
+impl YamuxUpgrade {
+    /// An upgrade with `limits` (checked first: see [`WindowLimits::check`]);
+    /// `dropped` counts inbound streams dropped past the buffer.
+    pub(crate) fn new(limits: WindowLimits, dropped: Counter) -> Result<Self, LimitsError> {
+        limits.check()?;
+        Ok(Self {
+            config: limits.config(),
+            dropped,
+        })
+    }
+}
+
+impl UpgradeInfo for YamuxUpgrade {
+    type Info = &'static str;
+    type InfoIter = std::iter::Once<Self::Info>;
+
+    fn protocol_info(&self) -> Self::InfoIter {
+        std::iter::once(YAMUX_PROTOCOL)
+    }
+}
+
+impl<C> InboundConnectionUpgrade<C> for YamuxUpgrade
+where
+    C: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    type Output = Yamux<C>;
+    type Error = io::Error;
+    type Future = future::Ready<Result<Self::Output, Self::Error>>;
+
+    fn upgrade_inbound(self, io: C, _: Self::Info) -> Self::Future {
+        future::ready(Ok(Yamux::new(
+            yamux::Connection::new(io, self.config, yamux::Mode::Server),
+            self.dropped,
+        )))
+    }
+}
+
+impl<C> OutboundConnectionUpgrade<C> for YamuxUpgrade
+where
+    C: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    type Output = Yamux<C>;
+    type Error = io::Error;
+    type Future = future::Ready<Result<Self::Output, Self::Error>>;
+
+    fn upgrade_outbound(self, io: C, _: Self::Info) -> Self::Future {
+        future::ready(Ok(Yamux::new(
+            yamux::Connection::new(io, self.config, yamux::Mode::Client),
+            self.dropped,
+        )))
+    }
+}
+
+/// A yamux connection as a libp2p `StreamMuxer`.
+#[derive(Debug)]
+pub(crate) struct Yamux<C> {
+    connection: yamux::Connection<C>,
+    inbound: VecDeque<yamux::Stream>,
+    inbound_waker: Option<Waker>,
+    dropped: Counter,
+}
+
+impl<C> Yamux<C> {
+    fn new(connection: yamux::Connection<C>, dropped: Counter) -> Self {
+        Self {
+            connection,
+            inbound: VecDeque::new(),
+            inbound_waker: None,
+            dropped,
+        }
+    }
+}
+
+impl<C> Yamux<C>
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<yamux::Stream, io::Error>> {
+        match ready!(self.connection.poll_next_inbound(cx)) {
+            Some(Ok(s)) => Poll::Ready(Ok(s)),
+            Some(Err(e)) => Poll::Ready(Err(to_io(e))),
+            None => Poll::Ready(Err(to_io(yamux::ConnectionError::Closed))),
+        }
+    }
+}
+
+fn to_io(e: yamux::ConnectionError) -> io::Error {
+    match e {
+        yamux::ConnectionError::Io(e) => e,
+        e => io::Error::other(e),
+    }
+}
+
+impl<C> StreamMuxer for Yamux<C>
+where
+    C: AsyncRead + AsyncWrite + Unpin + 'static,
+{
+    type Substream = yamux::Stream;
+    type Error = io::Error;
+
+    fn poll_inbound(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Self::Substream, Self::Error>> {
+        if let Some(s) = self.inbound.pop_front() {
+            return Poll::Ready(Ok(s));
+        }
+        if let Poll::Ready(r) = self.poll_next(cx) {
+            return Poll::Ready(r);
+        }
+        self.inbound_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    fn poll_outbound(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Self::Substream, Self::Error>> {
+        self.connection.poll_new_outbound(cx).map_err(to_io)
+    }
+
+    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.connection.poll_close(cx).map_err(to_io)
+    }
+
+    fn poll(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<StreamMuxerEvent, Self::Error>> {
+        let this = self.get_mut();
+        let s = ready!(this.poll_next(cx))?;
+        if this.inbound.len() >= MAX_BUFFERED_INBOUND_STREAMS {
+            this.dropped.inc();
+            tracing::debug!(stream = %s, "dropping inbound stream: buffer full");
+            drop(s);
+        } else {
+            this.inbound.push_back(s);
+            if let Some(w) = this.inbound_waker.take() {
+                w.wake();
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::{AsyncReadExt as _, AsyncWriteExt as _};
+    use libp2p::core::muxing::StreamMuxerExt as _;
+    use tokio_util::compat::TokioAsyncReadCompatExt as _;
+
+    #[test]
+    fn limits_yamux_would_panic_on_are_refused() {
+        let ok = WindowLimits {
+            max_streams: 4,
+            connection_window_bytes: 4 * STREAM_CREDIT_BYTES,
+        };
+        assert_eq!(ok.check(), Ok(()));
+        let small = WindowLimits {
+            connection_window_bytes: 4 * STREAM_CREDIT_BYTES - 1,
+            ..ok
+        };
+        assert!(matches!(
+            small.check(),
+            Err(LimitsError::WindowTooSmall { need_kib: 1024, .. })
+        ));
+        let none = WindowLimits {
+            max_streams: 0,
+            ..ok
+        };
+        assert_eq!(none.check(), Err(LimitsError::NoStreams));
+        assert!(YamuxUpgrade::new(small, Counter::default()).is_err());
+    }
+
+    /// A peer keeps writing while the member reads fast for a while (so
+    /// yamux's auto-tuning grows the stream's window as far as it may) and
+    /// then stops reading: what the peer could still push into the member
+    /// is bounded by the window (256 KiB guaranteed plus the room above
+    /// `max_streams` × 256 KiB), not libp2p-yamux's 1 GiB. Over a real TCP
+    /// socket pair, the member's upgrade on one end and a stock yamux on
+    /// the other (as a lying peer would run). The writer stops once one
+    /// write stays blocked; the assertion is a bound, so a slow machine
+    /// only makes the unread count smaller.
+    #[tokio::test]
+    async fn a_flooding_peer_is_held_to_the_window() {
+        const CHUNK: usize = 16 * 1024;
+        const READ_FIRST: usize = 8 * 1024 * 1024;
+        let extra = STREAM_CREDIT_BYTES;
+        let limits = WindowLimits {
+            max_streams: 4,
+            connection_window_bytes: 4 * STREAM_CREDIT_BYTES + extra,
+        };
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let (dialed, accepted) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
+        let (accepted, _) = accepted.expect("accept");
+        let upgrade = YamuxUpgrade::new(limits, Counter::default()).expect("limits");
+        let mut member = upgrade
+            .upgrade_inbound(accepted.compat(), YAMUX_PROTOCOL)
+            .await
+            .expect("member side");
+        let mut flooder = yamux::Connection::new(
+            dialed.expect("connect").compat(),
+            yamux::Config::default(),
+            yamux::Mode::Client,
+        );
+        let flood = tokio::spawn(async move {
+            let mut out = future::poll_fn(|cx| flooder.poll_new_outbound(cx))
+                .await
+                .expect("open");
+            let chunk = vec![7u8; CHUNK];
+            let mut sent = 0u64;
+            let driver = future::poll_fn(|cx| flooder.poll_next_inbound(cx).map(|_| ()));
+            tokio::pin!(driver);
+            loop {
+                tokio::select! {
+                    r = out.write_all(&chunk) => { r.expect("write"); sent += CHUNK as u64; }
+                    _ = &mut driver => break,
+                    // Only once the member has all it reads first can a
+                    // blocked write mean "window full".
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(500)),
+                        if sent >= READ_FIRST as u64 => break,
+                }
+            }
+            sent
+        });
+        let mut stream = future::poll_fn(|cx| member.poll_inbound_unpin(cx))
+            .await
+            .expect("inbound stream");
+        let keep = tokio::spawn(async move {
+            let _ = future::poll_fn(|cx| member.poll_unpin(cx)).await;
+        });
+        let mut first = vec![0u8; READ_FIRST];
+        stream.read_exact(&mut first).await.expect("read first");
+        let sent = flood.await.expect("flood");
+        let unread = sent - READ_FIRST as u64;
+        assert!(
+            unread <= STREAM_CREDIT_BYTES + extra + CHUNK as u64,
+            "the peer pushed {unread} unread bytes past a {} byte bound",
+            STREAM_CREDIT_BYTES + extra
+        );
+        // What was sent arrives intact once the member reads again.
+        let mut rest = vec![0u8; usize::try_from(unread).expect("fits")];
+        stream.read_exact(&mut rest).await.expect("read rest");
+        assert!(first.iter().chain(&rest).all(|b| *b == 7));
+        keep.abort();
+    }
+}

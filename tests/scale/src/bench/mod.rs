@@ -1,0 +1,345 @@
+//! `agentmesh-ladder bench`: the data path measured side by side in one run
+//! on loopback (issue 19), each path with the same bench protocol
+//! ([`proto`]) and the same client:
+//!
+//! - plain TCP to the backend;
+//! - bare rust-libp2p, direct (TCP + noise + yamux, a raw stream): the floor;
+//! - bare rust-libp2p through a relay v2 circuit, limits lifted;
+//! - agentmesh: a node's `--forward` → relayed call → a node's `--expose`
+//!   → the backend, through one router, and with caller and provider on
+//!   different routers (transit).
+//!
+//! For each: one stream's throughput, one-byte round trips (p50/p99), N
+//! concurrent streams' total throughput, and CPU seconds per GiB for each
+//! process (from `/proc/PID/stat`). Every process is a child of its own:
+//! the floors' peers, the backend and the client are `bench-peer`
+//! processes ([`peer`]); the agentmesh processes are our real binaries.
+//!
+//! - `proto.rs`: the bytes on every path; `peer.rs`: the `bench-peer`
+//!   roles; `child.rs`: driving one from here; `p2p.rs`: the bare libp2p
+//!   swarm; `agentmesh.rs`: our programs; `report.rs`: rows, table, targets.
+
+mod agentmesh;
+mod child;
+mod p2p;
+pub mod peer;
+pub mod proto;
+pub mod report;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::binaries::Binaries;
+use crate::procstat;
+use child::Peer;
+use peer::{Request, Response};
+use report::{BenchReport, CpuPerGib, Row};
+
+/// Default bytes of the single-stream run, MiB.
+pub const DEFAULT_SINGLE_MIB: u64 = 256;
+/// Default recorded one-byte round trips.
+pub const DEFAULT_ROUND_TRIPS: u32 = 2_000;
+/// Default concurrent streams.
+pub const DEFAULT_STREAMS: u32 = 16;
+/// Default bytes of the concurrent run, all streams together, MiB.
+pub const DEFAULT_CONCURRENT_MIB: u64 = 256;
+/// Default deadline of one measurement request, seconds.
+pub const DEFAULT_REQUEST_DEADLINE_SECS: u64 = 600;
+/// Unrecorded round trips before the recorded ones.
+const WARMUP_ROUND_TRIPS: u32 = 20;
+const MIB: u64 = 1024 * 1024;
+const GIB: f64 = (1024 * 1024 * 1024) as f64;
+
+/// The flags of `bench`.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct BenchConfig {
+    /// Bytes one stream sends one way, KiB (default 256 MiB).
+    #[arg(long, default_value_t = DEFAULT_SINGLE_MIB * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub single_kib: u64,
+    /// Recorded one-byte round trips on one stream, round trips.
+    #[arg(long, default_value_t = DEFAULT_ROUND_TRIPS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub round_trips: u32,
+    /// Streams at once in the concurrent run, streams.
+    #[arg(long, default_value_t = DEFAULT_STREAMS, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub streams: u32,
+    /// Bytes of the concurrent run, all streams together, KiB (default 256 MiB).
+    #[arg(long, default_value_t = DEFAULT_CONCURRENT_MIB * 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub concurrent_kib: u64,
+    /// Times every path is measured, rounds (one set of processes).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
+    /// Deadline of one measurement (a run of bytes or of round trips), seconds.
+    #[arg(long, default_value_t = DEFAULT_REQUEST_DEADLINE_SECS)]
+    pub request_deadline_secs: u64,
+    /// Extra argument for both routers (repeatable).
+    #[arg(long = "router-arg", allow_hyphen_values = true)]
+    pub router_args: Vec<String>,
+    /// Extra argument for the three nodes' `run` (repeatable).
+    #[arg(long = "node-arg", allow_hyphen_values = true)]
+    pub node_args: Vec<String>,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Directory for the processes' data and logs (default: a new temp dir).
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+}
+
+/// One path: its client and the pids whose CPU it charges.
+struct Path {
+    name: &'static str,
+    client: Peer,
+    caller: Vec<u32>,
+    router: Vec<u32>,
+    provider: Vec<u32>,
+    /// agentmesh paths: the bench client and backend processes.
+    extra: Option<(u32, u32)>,
+}
+
+/// Runs the bench; children are stopped before it returns, error or not.
+pub async fn run(cfg: BenchConfig, command: String) -> anyhow::Result<BenchReport> {
+    let bins = Binaries::locate()?;
+    let (dir, made) = match &cfg.work_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+            (d.clone(), false)
+        }
+        None => (tempfile_dir()?, true),
+    };
+    let result = run_in(&cfg, bins, &dir).await;
+    // A temp dir of our own is removed after a good run; after a failure
+    // its logs say why.
+    match &result {
+        Ok(_) if made => {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        Ok(_) => {}
+        Err(_) => eprintln!("bench: logs kept in {}", dir.display()),
+    }
+    let rows = result?;
+    Ok(BenchReport { command, rows })
+}
+
+async fn run_in(
+    cfg: &BenchConfig,
+    bins: Binaries,
+    dir: &std::path::Path,
+) -> anyhow::Result<Vec<Row>> {
+    let dir = dir.to_path_buf();
+    let ladder = bins.ladder.clone();
+    let start = |name: &'static str, args: Vec<String>| {
+        let (ladder, dir) = (ladder.clone(), dir.clone());
+        async move { Peer::start(&ladder, &dir, name, &args).await }
+    };
+    let role = |r: &str| vec!["--role".to_string(), r.to_string()];
+    let with = |mut v: Vec<String>, k: &str, val: &str| {
+        v.extend([k.to_string(), val.to_string()]);
+        v
+    };
+
+    let backend = start("backend", role("serve-tcp")).await?;
+    let backend_addr: std::net::SocketAddr = backend.addr.parse().context("backend address")?;
+    let direct = start("p2p-listener", role("serve-p2p")).await?;
+    let relay = start("p2p-relay", role("relay")).await?;
+    let relayed = start(
+        "p2p-relayed-listener",
+        with(role("serve-p2p"), "--relay", &relay.addr),
+    )
+    .await?;
+    let mesh =
+        agentmesh::Mesh::start(bins, &dir, backend_addr, &cfg.router_args, &cfg.node_args).await?;
+
+    let pid = |p: &Peer| p.pid().into_iter().collect::<Vec<_>>();
+    let client = |name, target: String| start(name, with(role("client"), "--target", &target));
+    let mut paths = Vec::new();
+    let c = client("client-tcp", format!("tcp:{}", backend.addr)).await?;
+    paths.push(Path {
+        name: "plain TCP to the backend",
+        caller: pid(&c),
+        client: c,
+        router: Vec::new(),
+        provider: pid(&backend),
+        extra: None,
+    });
+    let c = client("client-direct", direct.addr.clone()).await?;
+    paths.push(Path {
+        name: "bare libp2p, direct",
+        caller: pid(&c),
+        client: c,
+        router: Vec::new(),
+        provider: pid(&direct),
+        extra: None,
+    });
+    let c = client("client-relay", relayed.addr.clone()).await?;
+    paths.push(Path {
+        name: report::BARE_RELAY,
+        caller: pid(&c),
+        client: c,
+        router: pid(&relay),
+        provider: pid(&relayed),
+        extra: None,
+    });
+    for (name, log, forward, pids) in [
+        (
+            "agentmesh, same router",
+            "client-agentmesh-same",
+            mesh.forward_same,
+            mesh.same_pids(),
+        ),
+        (
+            "agentmesh, transit (caller and provider on different routers)",
+            "client-agentmesh-transit",
+            mesh.forward_transit,
+            mesh.transit_pids(),
+        ),
+    ] {
+        let c = client(log, format!("tcp:{forward}")).await?;
+        let extra = c.pid().zip(backend.pid());
+        paths.push(Path {
+            name,
+            client: c,
+            caller: pids.caller.into_iter().collect(),
+            router: pids.routers,
+            provider: pids.provider.into_iter().collect(),
+            extra,
+        });
+    }
+
+    let mut rows = Vec::new();
+    let mut result = Ok(());
+    'rounds: for round in 1..=cfg.rounds {
+        for p in &mut paths {
+            match measure(cfg, p, round).await {
+                Ok(r) => rows.push(r),
+                Err(e) => {
+                    result = Err(e.context(format!("round {round}, {}", p.name)));
+                    break 'rounds;
+                }
+            }
+        }
+    }
+    for p in paths {
+        p.client.stop().await;
+    }
+    mesh.shutdown().await;
+    for p in [relayed, relay, direct, backend] {
+        p.stop().await;
+    }
+    result?;
+    Ok(rows)
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("agentmesh-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    Ok(d)
+}
+
+/// CPU seconds of `pids` together (a process that is gone counts 0).
+fn cpu(pids: &[u32]) -> f64 {
+    pids.iter().filter_map(|p| procstat::cpu_secs(*p)).sum()
+}
+
+/// Every process's CPU, in the order caller, router, provider, client, backend.
+fn sample(p: &Path) -> [f64; 5] {
+    let (c, b) = p.extra.unzip();
+    [
+        cpu(&p.caller),
+        cpu(&p.router),
+        cpu(&p.provider),
+        cpu(&c.into_iter().collect::<Vec<_>>()),
+        cpu(&b.into_iter().collect::<Vec<_>>()),
+    ]
+}
+
+async fn secs(p: &mut Path, req: Request, deadline: Duration) -> anyhow::Result<f64> {
+    match p.client.request(&req, deadline).await? {
+        Response::Secs(s) if s > 0.0 => Ok(s),
+        other => anyhow::bail!("unexpected answer {other:?}"),
+    }
+}
+
+async fn measure(cfg: &BenchConfig, p: &mut Path, round: u32) -> anyhow::Result<Row> {
+    let deadline = Duration::from_secs(cfg.request_deadline_secs);
+    let single_bytes = cfg.single_kib * 1024;
+    let streams = cfg.streams;
+    let bytes_each = (cfg.concurrent_kib * 1024).div_ceil(u64::from(streams));
+    let concurrent_bytes = bytes_each * u64::from(streams);
+
+    let before = sample(p);
+    let single = secs(
+        p,
+        Request::Sink {
+            bytes: single_bytes,
+        },
+        deadline,
+    )
+    .await?;
+    let mid = sample(p);
+    let rtts = match p
+        .client
+        .request(
+            &Request::Echo {
+                warmup: WARMUP_ROUND_TRIPS,
+                count: cfg.round_trips,
+            },
+            deadline,
+        )
+        .await?
+    {
+        Response::RttsMicros(v) => v,
+        other => anyhow::bail!("unexpected answer {other:?}"),
+    };
+    let mid2 = sample(p);
+    let concurrent = secs(
+        p,
+        Request::Concurrent {
+            bytes_each,
+            streams,
+        },
+        deadline,
+    )
+    .await?;
+    let after = sample(p);
+    // The round trips move almost no bytes: their CPU is left out.
+    let gib = (single_bytes + concurrent_bytes) as f64 / GIB;
+    let per_gib = |i: usize| ((mid[i] - before[i]) + (after[i] - mid2[i])) / gib;
+    let has = |v: &[u32]| !v.is_empty();
+    let cpu = CpuPerGib {
+        caller: has(&p.caller).then(|| per_gib(0)),
+        router: has(&p.router).then(|| per_gib(1)),
+        provider: has(&p.provider).then(|| per_gib(2)),
+        client: p.extra.map(|_| per_gib(3)),
+        backend: p.extra.map(|_| per_gib(4)),
+    };
+    let ms: Vec<f64> = rtts.iter().map(|us| us / 1000.0).collect();
+    Ok(Row {
+        path: p.name.to_string(),
+        round,
+        single_bytes,
+        single_mib_per_sec: single_bytes as f64 / MIB as f64 / single,
+        round_trips: ms.len(),
+        rtt_p50_ms: report::quantile(&ms, 0.5),
+        rtt_p99_ms: report::quantile(&ms, 0.99),
+        streams,
+        concurrent_bytes,
+        concurrent_mib_per_sec: concurrent_bytes as f64 / MIB as f64 / concurrent,
+        cpu_secs_per_gib: cpu,
+    })
+}
+
+/// `agentmesh-ladder bench`: runs, prints the table, writes the JSON report.
+pub async fn main(cfg: BenchConfig) -> anyhow::Result<()> {
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let path = cfg.report.clone();
+    let report = run(cfg, command).await?;
+    println!("{}", report.markdown());
+    if let Some(path) = path {
+        let json = serde_json::to_string_pretty(&report).context("encoding the report")?;
+        std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("bench: report written to {}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! The bare rust-libp2p floors: a swarm with the transport stack our
+//! programs use (TCP with `TCP_NODELAY` + noise + yamux, libp2p's default
+//! yamux settings; the relay client's transport beside it) and raw streams
+//! from `libp2p-stream`, no agentmesh logic. One swarm type serves every
+//! role: a listener (direct, or reachable through a relay circuit), a relay
+//! v2 server with its limits lifted, and a dialer.
+
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use libp2p::core::multiaddr::Protocol;
+use libp2p::swarm::behaviour::toggle::Toggle;
+use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm, noise, relay, tcp, yamux};
+use tokio::sync::mpsc;
+
+/// The raw stream protocol of the bench.
+pub(super) const PROTOCOL: StreamProtocol = StreamProtocol::new("/agentmesh-bench/1");
+/// Connections stay open while the bench runs, streams or not.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Every role's behaviours; the relay server only in the relay role.
+#[derive(NetworkBehaviour)]
+pub(super) struct Behaviour {
+    stream: libp2p_stream::Behaviour,
+    relay_client: relay::client::Behaviour,
+    relay: Toggle<relay::Behaviour>,
+}
+
+/// Relay v2 server limits lifted: no rate limits, no byte or time cap
+/// worth the name, room for every circuit the bench opens.
+fn relay_config() -> relay::Config {
+    relay::Config {
+        max_reservations: 1024,
+        max_reservations_per_peer: 64,
+        reservation_duration: IDLE_TIMEOUT,
+        reservation_rate_limiters: Vec::new(),
+        max_circuits: 1024,
+        max_circuits_per_peer: 1024,
+        max_circuit_duration: IDLE_TIMEOUT,
+        max_circuit_bytes: 0,
+        circuit_src_rate_limiters: Vec::new(),
+    }
+}
+
+/// Builds a swarm; `relay_server` adds the relay v2 server behaviour.
+pub(super) fn swarm(relay_server: bool) -> anyhow::Result<Swarm<Behaviour>> {
+    let swarm = libp2p::SwarmBuilder::with_new_identity()
+        .with_tokio()
+        .with_tcp(
+            tcp::Config::default().nodelay(true),
+            noise::Config::new,
+            yamux::Config::default,
+        )?
+        .with_relay_client(noise::Config::new, yamux::Config::default)?
+        .with_behaviour(|key, relay_client| Behaviour {
+            stream: libp2p_stream::Behaviour::new(),
+            relay_client,
+            relay: Toggle::from(
+                relay_server
+                    .then(|| relay::Behaviour::new(key.public().to_peer_id(), relay_config())),
+            ),
+        })
+        .map_err(|e| anyhow::anyhow!("behaviour: {e}"))?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(IDLE_TIMEOUT))
+        .build();
+    Ok(swarm)
+}
+
+/// A stream control for opening and accepting raw streams.
+pub(super) fn control(swarm: &Swarm<Behaviour>) -> libp2p_stream::Control {
+    swarm.behaviour().stream.new_control()
+}
+
+/// What a driven swarm reports: its listen addresses (with `/p2p/ID`) and
+/// connections.
+#[derive(Debug)]
+pub(super) enum Event {
+    /// A new listen address, `/p2p/<own id>` appended.
+    Listening(Multiaddr),
+    /// A connection to `peer` is up.
+    Connected(PeerId),
+    /// A dial or listener failed.
+    Failed(String),
+}
+
+/// Polls `swarm` for ever on a task, reporting [`Event`]s on the channel
+/// (bounded; a slow reader only delays reports, never the data path,
+/// which runs on the streams). The relay role announces its listen
+/// addresses as external, so reservations carry them.
+pub(super) fn drive(mut swarm: Swarm<Behaviour>, relay_server: bool) -> mpsc::Receiver<Event> {
+    let (tx, rx) = mpsc::channel(64);
+    let me = *swarm.local_peer_id();
+    tokio::spawn(async move {
+        loop {
+            let report = match swarm.select_next_some().await {
+                SwarmEvent::NewListenAddr { address, .. } => {
+                    if relay_server {
+                        swarm.add_external_address(address.clone());
+                    }
+                    // Circuit addresses already end in our id; direct ones do not.
+                    let full = if matches!(address.iter().last(), Some(Protocol::P2p(_))) {
+                        address
+                    } else {
+                        address.with(Protocol::P2p(me))
+                    };
+                    Some(Event::Listening(full))
+                }
+                SwarmEvent::ConnectionEstablished { peer_id, .. } => {
+                    Some(Event::Connected(peer_id))
+                }
+                SwarmEvent::OutgoingConnectionError { error, .. } => {
+                    Some(Event::Failed(format!("dial: {error}")))
+                }
+                SwarmEvent::ListenerClosed { reason, .. } => {
+                    Some(Event::Failed(format!("listener closed: {reason:?}")))
+                }
+                _ => None,
+            };
+            if let Some(r) = report {
+                // Nobody listening any more is fine: the swarm keeps serving.
+                let _ = tx.try_send(r);
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for the first event `want` accepts, failing on [`Event::Failed`]
+/// or when `deadline` passes.
+pub(super) async fn wait_for<T>(
+    events: &mut mpsc::Receiver<Event>,
+    deadline: Duration,
+    mut want: impl FnMut(&Event) -> Option<T>,
+) -> anyhow::Result<T> {
+    tokio::time::timeout(deadline, async {
+        while let Some(e) = events.recv().await {
+            if let Some(t) = want(&e) {
+                return Ok(t);
+            }
+            if let Event::Failed(why) = e {
+                anyhow::bail!("{why}");
+            }
+        }
+        anyhow::bail!("swarm task ended")
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("no such swarm event within {deadline:?}"))?
+}
+
+/// Serves every inbound raw stream with the bench protocol, each on a task.
+pub(super) fn serve_streams(mut control: libp2p_stream::Control) -> anyhow::Result<()> {
+    let mut incoming = control
+        .accept(PROTOCOL)
+        .map_err(|e| anyhow::anyhow!("accept: {e}"))?;
+    tokio::spawn(async move {
+        while let Some((_peer, stream)) = incoming.next().await {
+            tokio::spawn(async move {
+                use tokio_util::compat::FuturesAsyncReadCompatExt as _;
+                if let Err(e) = super::proto::serve(stream.compat()).await {
+                    tracing::warn!(error = %e, "bench stream failed");
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+/// The peer an address ends in (`…/p2p/ID`).
+pub(super) fn last_peer(addr: &Multiaddr) -> Option<PeerId> {
+    addr.iter().fold(None, |last, p| match p {
+        Protocol::P2p(id) => Some(id),
+        _ => last,
+    })
+}

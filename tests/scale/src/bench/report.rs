@@ -1,0 +1,189 @@
+//! The bench's results: one [`Row`] per path and round, as JSON and as a
+//! markdown table with the issue's three targets checked against the bare
+//! relay circuit.
+
+use serde::Serialize;
+
+/// The bare relay circuit's path name (the targets' reference).
+pub const BARE_RELAY: &str = "bare libp2p, relay v2 circuit";
+/// Target: a relayed call's throughput at least this share of the bare circuit's.
+pub const TARGET_THROUGHPUT_SHARE: f64 = 0.9;
+/// Target: a relayed call's p50 round trip at most this many times the bare circuit's.
+pub const TARGET_RTT_FACTOR: f64 = 1.2;
+/// Target: the router's CPU per GiB at most this many times the bare relay's.
+pub const TARGET_ROUTER_CPU_FACTOR: f64 = 1.2;
+
+/// CPU seconds per GiB moved, per process of a path (`None`: the path has
+/// no such process).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CpuPerGib {
+    /// The calling side: the bench client for the floors, the `--forward`
+    /// node for agentmesh.
+    pub caller: Option<f64>,
+    /// The relay: the bare relay, or the routers (summed).
+    pub router: Option<f64>,
+    /// The serving side: the libp2p listener or backend for the floors,
+    /// the `--expose` node for agentmesh.
+    pub provider: Option<f64>,
+    /// agentmesh paths: the bench client talking to the forward.
+    pub client: Option<f64>,
+    /// agentmesh paths: the backend behind the expose.
+    pub backend: Option<f64>,
+}
+
+/// One path, one round.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// What carried the bytes.
+    pub path: String,
+    /// Round number, from 1.
+    pub round: u32,
+    /// Bytes of the single-stream run.
+    pub single_bytes: u64,
+    /// Single-stream throughput, MiB/s.
+    pub single_mib_per_sec: f64,
+    /// Recorded one-byte round trips.
+    pub round_trips: usize,
+    /// Round trip p50, milliseconds.
+    pub rtt_p50_ms: f64,
+    /// Round trip p99, milliseconds.
+    pub rtt_p99_ms: f64,
+    /// Streams of the concurrent run.
+    pub streams: u32,
+    /// Bytes of the concurrent run, all streams.
+    pub concurrent_bytes: u64,
+    /// Concurrent throughput, all streams, MiB/s.
+    pub concurrent_mib_per_sec: f64,
+    /// CPU per GiB over the single and concurrent runs.
+    pub cpu_secs_per_gib: CpuPerGib,
+}
+
+/// The whole bench.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    /// The command line.
+    pub command: String,
+    /// Every row, rounds in order.
+    pub rows: Vec<Row>,
+}
+
+/// The `q` quantile (0..=1) of samples, nearest rank; 0 for none.
+pub fn quantile(samples: &[f64], q: f64) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    s[rank - 1]
+}
+
+fn cell(v: Option<f64>) -> String {
+    v.map_or_else(|| "–".to_string(), |v| format!("{v:.2}"))
+}
+
+impl BenchReport {
+    /// The markdown table, then each agentmesh row of each round against
+    /// the same round's bare relay circuit.
+    pub fn markdown(&self) -> String {
+        let mut out = String::from(
+            "| round | path | MiB/s, 1 stream | RTT p50 ms | RTT p99 ms | MiB/s, N streams | CPU s/GiB caller | router | provider |\n\
+             |---|---|---|---|---|---|---|---|---|\n",
+        );
+        for r in &self.rows {
+            let c = &r.cpu_secs_per_gib;
+            out.push_str(&format!(
+                "| {} | {} | {:.0} | {:.3} | {:.3} | {:.0} ({}) | {} | {} | {} |\n",
+                r.round,
+                r.path,
+                r.single_mib_per_sec,
+                r.rtt_p50_ms,
+                r.rtt_p99_ms,
+                r.concurrent_mib_per_sec,
+                r.streams,
+                cell(c.caller),
+                cell(c.router),
+                cell(c.provider),
+            ));
+        }
+        out.push_str("\nTargets against the bare relay circuit of the same round:\n\n");
+        out.push_str(&format!(
+            "| round | path | throughput share (≥ {TARGET_THROUGHPUT_SHARE}) | RTT p50 factor (≤ {TARGET_RTT_FACTOR}) | router CPU/GiB factor (≤ {TARGET_ROUTER_CPU_FACTOR}) |\n|---|---|---|---|---|\n"
+        ));
+        for r in self.rows.iter().filter(|r| r.path.starts_with("agentmesh")) {
+            let Some(bare) = self
+                .rows
+                .iter()
+                .find(|b| b.round == r.round && b.path == BARE_RELAY)
+            else {
+                continue;
+            };
+            let share = r.single_mib_per_sec / bare.single_mib_per_sec;
+            let rtt = r.rtt_p50_ms / bare.rtt_p50_ms;
+            let cpu = match (r.cpu_secs_per_gib.router, bare.cpu_secs_per_gib.router) {
+                (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                _ => None,
+            };
+            let mark = |ok: bool| if ok { "met" } else { "missed" };
+            out.push_str(&format!(
+                "| {} | {} | {share:.2} {} | {rtt:.2} {} | {} {} |\n",
+                r.round,
+                r.path,
+                mark(share >= TARGET_THROUGHPUT_SHARE),
+                mark(rtt <= TARGET_RTT_FACTOR),
+                cell(cpu),
+                mark(cpu.is_some_and(|c| c <= TARGET_ROUTER_CPU_FACTOR)),
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(path: &str, mib: f64, rtt: f64, router: Option<f64>) -> Row {
+        Row {
+            path: path.to_string(),
+            round: 1,
+            single_bytes: 1,
+            single_mib_per_sec: mib,
+            round_trips: 1,
+            rtt_p50_ms: rtt,
+            rtt_p99_ms: rtt,
+            streams: 16,
+            concurrent_bytes: 1,
+            concurrent_mib_per_sec: mib,
+            cpu_secs_per_gib: CpuPerGib {
+                router,
+                ..CpuPerGib::default()
+            },
+        }
+    }
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let s: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&s, 0.5), 50.0);
+        assert_eq!(quantile(&s, 0.99), 99.0);
+        assert_eq!(quantile(&[3.0], 0.99), 3.0);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn targets_compare_with_the_bare_relay_of_the_round() {
+        let report = BenchReport {
+            command: String::new(),
+            rows: vec![
+                row(BARE_RELAY, 100.0, 0.2, Some(2.0)),
+                row("agentmesh, same router", 95.0, 0.3, Some(2.2)),
+            ],
+        };
+        let md = report.markdown();
+        assert!(
+            md.contains("| 1 | agentmesh, same router | 0.95 met | 1.50 missed | 1.10 met |"),
+            "{md}"
+        );
+    }
+}
