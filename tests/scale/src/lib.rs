@@ -23,6 +23,7 @@ pub mod observe;
 pub mod ports;
 pub mod procstat;
 pub mod prom;
+pub mod propagation;
 pub mod report;
 pub mod run;
 pub mod stats;

@@ -41,15 +41,17 @@ pub async fn run_local(local: LocalConfig, cfg: FleetConfig) -> Result<Report> {
     report
 }
 
-async fn run_local_capped(local: LocalConfig, cfg: FleetConfig) -> Result<Report> {
+async fn run_local_capped(mut local: LocalConfig, cfg: FleetConfig) -> Result<Report> {
     let dir = work_dir(&cfg)?;
     crate::workdir::clear_previous_run(&dir).await?;
     let bins = Binaries::locate()?;
     check_attack(&local, &cfg, &bins)?;
     eprintln!("ladder: work dir {}", dir.display());
+    hold::policy::prepare_control_plane(&mut local, &cfg, &dir)?;
     let routers = local.routers;
-    let mesh =
+    let mut mesh =
         LocalMesh::start(bins.clone(), local, &dir, cfg.total_members() + TOKEN_SLACK).await?;
+    hold::policy::prepare_token(&mut mesh, &cfg).await?;
     eprintln!(
         "ladder: control plane {} and {routers} routers ready",
         mesh.url()
@@ -75,6 +77,8 @@ pub async fn run_remote(remote: RemoteConfig, cfg: FleetConfig) -> Result<Report
             cfg.restart_control_plane_at_secs,
         ),
         ("--attack-router-at", cfg.attack.router_at_secs),
+        cfg.propagation.local_only()[0],
+        cfg.propagation.local_only()[1],
         (
             "--attack-control-plane-at",
             cfg.attack.control_plane_at_secs,
@@ -209,6 +213,7 @@ async fn run(
         call_timeout_secs: cfg.call_timeout_secs,
         call_budget_secs: cfg.call_budget_secs,
         window_calls_per_sec: cfg.window_calls_per_sec,
+        propagation: hold::policy::worker_config(&target, &cfg),
     };
     let mut fleet = Fleet::new(ladder.clone(), base.clone(), dir, capacity);
     let mut report = Report {
@@ -231,6 +236,7 @@ async fn run(
         pre_ladder: target.routers().await,
         ..Report::default()
     };
+    let control_plane_pre_ladder_rss = target.control_plane().await.and_then(|c| c.rss_bytes);
     let step_deadline = Duration::from_secs(cfg.step_deadline_secs);
 
     // Providers.
@@ -313,6 +319,15 @@ async fn run(
         let (h, events) = hold::run(&mut fleet, &mut target, &cfg).await?;
         report.hold = Some(h);
         report.events = events;
+        for r in [
+            report.events.policy_change.as_mut(),
+            report.events.revoke_token.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            r.set_rss_baseline(control_plane_pre_ladder_rss);
+        }
     }
 
     // Burst.

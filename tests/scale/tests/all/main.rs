@@ -3,6 +3,7 @@
 //! its own process).
 
 mod attack_ladder;
+mod policy_ladder;
 mod remote_tls;
 mod small_ladder;
 mod worker_protocol;
