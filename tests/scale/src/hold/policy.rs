@@ -157,9 +157,33 @@ pub(super) async fn run(
             OPEN_DEADLINE,
         )
         .await?;
+    let mut opened = 0;
     for r in replies {
-        if let Reply::LiveCalls { failed, .. } = r {
+        if let Reply::LiveCalls { opened: o, failed } = r {
+            opened += o;
             record.live_calls_not_opened += failed;
+        }
+    }
+    // A worker with fewer ready callers than its share leaves the rest to
+    // the others: asked one by one for what is still missing.
+    if what == What::PolicyChange {
+        for w in 0..fleet.worker_count() {
+            let missing = cfg.propagation.live_calls.saturating_sub(opened);
+            if missing == 0 {
+                break;
+            }
+            if let Ok(Reply::LiveCalls { opened: o, failed }) = fleet
+                .request(w, |id| Command::LiveCalls {
+                    id,
+                    service: service.to_string(),
+                    count: missing,
+                    revocable_only,
+                })
+                .await
+            {
+                opened += o;
+                record.live_calls_not_opened += failed;
+            }
         }
     }
     super::mark(fleet, &format!("{what:?}")).await?;
