@@ -42,11 +42,13 @@ impl State {
         self.admission.check_failures(source)?;
         self.admission.admit_unauth(source)?;
         let now = unix_now();
-        let (claims, peer) = self.verify_lease(&req, now).inspect_err(|e| {
-            if e.is_failure() {
-                self.admission.record_failure(source);
-            }
-        })?;
+        let (claims, peer) = self
+            .verify_lease(&req, Purpose::Lease, now)
+            .inspect_err(|e| {
+                if e.is_failure() {
+                    self.admission.record_failure(source);
+                }
+            })?;
         let allowed = claims.labels();
         let asked = labels_to_map(&req.labels);
         if let Some((k, v)) = asked.iter().find(|(k, v)| allowed.get(*k) != Some(*v)) {
@@ -86,6 +88,7 @@ impl State {
     pub(crate) fn verify_lease(
         &self,
         req: &RouterLeaseRequest,
+        purpose: Purpose,
         now: i64,
     ) -> Result<(VerifiedClaims, PeerId), ServiceError> {
         let cred = req
@@ -106,7 +109,7 @@ impl State {
                 "at most {MAX_LEASE_ADDRS} non-empty addresses of at most {MAX_ADDR_LEN} bytes"
             )));
         }
-        let (_, peer) = verify_proof(Purpose::Lease, &self.public_url, proof, now)
+        let (_, peer) = verify_proof(purpose, &self.public_url, proof, now)
             .map_err(|e| ServiceError::unauth("bad_proof", format!("proof refused: {e}")))?;
         let claims = verify(
             cred,

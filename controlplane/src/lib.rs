@@ -62,6 +62,7 @@ pub mod store;
 pub mod tokens;
 #[cfg(feature = "server")]
 pub mod watch;
+#[cfg(feature = "server")]
 pub mod watch_hub;
 
 #[cfg(feature = "server")]

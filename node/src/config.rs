@@ -39,6 +39,11 @@ pub const DEFAULT_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// re-exported so it is defined once.
 pub const DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL: usize =
     agentmesh_streams::DEFAULT_INBOUND_QUEUE_PER_PROTOCOL;
+/// Default `--max-policy-pushes-in-flight`.
+pub const DEFAULT_MAX_POLICY_PUSHES_IN_FLIGHT: usize = 16;
+/// Default `--max-revocation-entries`: a router cannot grow a member's
+/// memory without bound; the directory restores the exact list.
+pub const DEFAULT_MAX_REVOCATION_ENTRIES: usize = 100_000;
 /// Default opens waiting for a dial to one peer
 /// (`--stream-max-pending-opens-per-peer`): the streams crate's default.
 pub const DEFAULT_STREAM_MAX_PENDING_OPENS_PER_PEER: usize =
@@ -143,6 +148,15 @@ pub struct Config {
     pub max_inbound_calls: usize,
     /// Inbound calls served at once per caller (`--max-inbound-calls-per-caller`, default 32).
     pub max_inbound_calls_per_caller: usize,
+    /// Policy pushes from routers read at once (`--max-policy-pushes-in-flight`,
+    /// default 16): a router pushes one per change, so more means a flood;
+    /// the rest are dropped unread, `agentmesh_node_policy_pushes_total{result="overflow"}`.
+    pub max_policy_pushes_in_flight: usize,
+    /// Revocation entries held after a push (`--max-revocation-entries`,
+    /// default 100,000): beyond, those ending soonest are dropped,
+    /// `agentmesh_node_policy_revocations_dropped_total`; the directory
+    /// fetch restores the control plane's exact list.
+    pub max_revocation_entries: usize,
     /// Inbound call streams whose request is still being read, all callers
     /// together (`--max-inbound-call-requests`, default 128; 0 acts as 1).
     /// Held from the stream's arrival, shared by the caller's PeerId (the
@@ -260,6 +274,8 @@ impl Default for Config {
             call_attempts: 3,
             max_inbound_calls: 256,
             max_inbound_calls_per_caller: 32,
+            max_policy_pushes_in_flight: DEFAULT_MAX_POLICY_PUSHES_IN_FLIGHT,
+            max_revocation_entries: DEFAULT_MAX_REVOCATION_ENTRIES,
             max_inbound_call_requests: DEFAULT_MAX_INBOUND_CALL_REQUESTS,
             call_first_byte_timeout_ms: DEFAULT_CALL_FIRST_BYTE_TIMEOUT_MS,
             max_forward_connections: 256,

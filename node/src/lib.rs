@@ -145,6 +145,20 @@ impl NodeHandle {
         call::outbound::call(&self.shared, service).await
     }
 
+    /// The `(epoch, version)` of the access policy this node holds; `(0, 0)`
+    /// before one arrived (every call denied). What a member acknowledges
+    /// when a router pushes it a policy.
+    pub fn policy_version(&self) -> (u64, u64) {
+        self.shared.policy.epoch_version()
+    }
+
+    /// Changes of the policy or of the revocations this node holds, as a
+    /// counter that moves on every change: a harness that wants to know
+    /// *when* a change reached this node waits on it instead of polling.
+    pub fn policy_changes(&self) -> watch::Receiver<u64> {
+        self.shared.policy.subscribe()
+    }
+
     /// Resolves with the panic message if the node's core fails (see
     /// [`NodeStatus::failed`]); pending while it runs or stops normally.
     pub async fn failed(&self) -> String {
@@ -362,7 +376,8 @@ pub async fn spawn(
         config.max_inbound_calls,
         config.max_inbound_calls_per_caller,
     ));
-    let member_policy = policy::MemberPolicy::new(metrics.policy.clone());
+    let member_policy =
+        policy::MemberPolicy::new(metrics.policy.clone(), config.max_revocation_entries);
     let shared = Arc::new(shared::Shared {
         config,
         key: stored.key,

@@ -81,6 +81,13 @@ pub struct Report {
     pub stopping: bool,
     /// The last thing that went wrong holding routers.
     pub last_router_error: Option<String>,
+    /// Version of the access policy held (0: none, every call is denied).
+    /// Defaulted when reading a node that predates it.
+    #[serde(default)]
+    pub policy_version: u64,
+    /// Epoch of the access policy held.
+    #[serde(default)]
+    pub policy_epoch: u64,
 }
 
 /// A service seen in a lookup (there is no mesh-wide listing: a router
@@ -179,6 +186,15 @@ impl Report {
             c.inbound_ok,
             c.inbound_failed
         );
+        if self.policy_version == 0 && self.policy_epoch == 0 {
+            let _ = writeln!(o, "policy      none held: every call is denied");
+        } else {
+            let _ = writeln!(
+                o,
+                "policy      version {} (epoch {:016x})",
+                self.policy_version, self.policy_epoch
+            );
+        }
         if let Some(e) = &self.last_router_error {
             let _ = writeln!(o, "last error  {e}");
         }
@@ -281,8 +297,31 @@ mod tests {
             recent_window_secs: 300,
             stopping: false,
             last_router_error: None,
+            policy_version: 7,
+            policy_epoch: 0xab,
         };
         let text = r.render();
+        assert!(
+            text.contains("policy      version 7 (epoch 00000000000000ab)\n"),
+            "{text}"
+        );
+        let none = Report {
+            policy_version: 0,
+            policy_epoch: 0,
+            ..r.clone()
+        }
+        .render();
+        assert!(
+            none.contains("policy      none held: every call is denied\n"),
+            "{none}"
+        );
+        // A node from before the policy fields answers without them.
+        let mut old = serde_json::to_value(&r).expect("json");
+        let o = old.as_object_mut().expect("object");
+        o.remove("policy_version");
+        o.remove("policy_epoch");
+        let read: Report = serde_json::from_value(old).expect("an older node's report reads");
+        assert_eq!(read.policy_version, 0);
         assert!(
             text.contains("readiness   ready: 1 of 2 routers reserved\n"),
             "{text}"

@@ -14,6 +14,9 @@ pub enum Purpose {
     Refresh,
     /// `RouterLease`.
     Lease,
+    /// `Watch`: its own, so a lease proof seen in flight cannot be replayed
+    /// as a watch (or the other way) within the proof's ±5 min.
+    Watch,
 }
 
 impl Purpose {
@@ -22,6 +25,7 @@ impl Purpose {
             Self::Enroll => b"agentmesh enroll v1\0",
             Self::Refresh => b"agentmesh refresh v1\0",
             Self::Lease => b"agentmesh lease v1\0",
+            Self::Watch => b"agentmesh watch v1\0",
         }
     }
 }

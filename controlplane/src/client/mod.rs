@@ -135,6 +135,12 @@ impl ClientError {
     }
 }
 
+/// HTTP/2 keep-alive ping interval on the client's connection while a call
+/// (or a stream) is open.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
+/// An unanswered keep-alive ping closes the connection after this.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A cheap-to-clone control-plane client. Its channel connects lazily, on the
 /// first call, and reconnects by itself.
 #[derive(Clone)]
@@ -172,7 +178,14 @@ impl Client {
         let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(|e| ClientError::Config(format!("bad url {url:?}: {e}")))?
             .connect_timeout(cfg.rpc_timeout)
-            .timeout(cfg.rpc_timeout);
+            .timeout(cfg.rpc_timeout)
+            // A stream held open (a router's `Watch`) learns that the control
+            // plane is gone within interval + timeout. Only while a call is
+            // open: an idle member's connection sends nothing and is closed
+            // by the control plane's connection age as before.
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(false);
         if url.starts_with("https://") {
             let pem = cfg.ca_pem.as_ref().ok_or_else(|| {
                 ClientError::Config(format!("{url} is https but no CA certificate was given"))

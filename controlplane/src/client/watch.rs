@@ -20,7 +20,7 @@ use super::{Client, ClientError, Idempotency, bearer};
 
 impl Client {
     /// Opens a watch with a router credential and a fresh proof of
-    /// possession of `key` (the lease's purpose). The first event is the
+    /// possession of `key` (purpose `Watch`). The first event is the
     /// full state in force; each next one the full state after a change.
     pub async fn watch(
         &self,
@@ -33,7 +33,7 @@ impl Client {
             let req = Request::new(WatchRequest {
                 credential: Some(cred.clone()),
                 proof: Some(make_proof(
-                    Purpose::Lease,
+                    Purpose::Watch,
                     self.public_url(),
                     key,
                     unix_now(),

@@ -1,11 +1,12 @@
 //! One router's watch: the checks RouterLease makes (router credential,
-//! proof of possession with the lease purpose, node enrolled and not
-//! revoked), a slot among `--watch-max-streams`, then the stream.
+//! proof of possession, but made for `Watch`, so a lease proof cannot be
+//! replayed here; node enrolled and not revoked), a slot among `--watch-max-streams`, then the stream.
 
 use std::{net::IpAddr, pin::Pin, sync::Arc, time::Duration};
 
 use agentmesh_proto::{
     pb::controlplane::{RouterLeaseRequest, WatchEvent, WatchRequest},
+    proof::Purpose,
     unix_now,
 };
 use futures::Stream;
@@ -116,11 +117,14 @@ impl State {
             proof: req.proof,
             ..Default::default()
         };
-        let (claims, peer) = self.verify_lease(&lease_like, now).inspect_err(|e| {
-            if e.is_failure() {
-                self.admission.record_failure(source);
-            }
-        })?;
+        // A proof made for `Watch`: a lease proof is refused (`bad_proof`).
+        let (claims, peer) = self
+            .verify_lease(&lease_like, Purpose::Watch, now)
+            .inspect_err(|e| {
+                if e.is_failure() {
+                    self.admission.record_failure(source);
+                }
+            })?;
         let peer_id = peer.to_bytes();
         self.db
             .run(self.db.store().touch_node(&peer_id, now, None))

@@ -210,7 +210,7 @@ async fn lying_watchers_are_refused_and_counted(db: TestDb) {
         .watch(WatchRequest {
             credential: Some(rcred.clone()),
             proof: Some(make_proof(
-                Purpose::Lease,
+                Purpose::Watch,
                 h.public_url(),
                 &thief,
                 unix_now(),
@@ -218,6 +218,23 @@ async fn lying_watchers_are_refused_and_counted(db: TestDb) {
         })
         .await;
     assert_eq!(stolen.err().map(|s| s.code()), Some(Code::Unauthenticated));
+    // The right key, but its RouterLease proof replayed on Watch.
+    let lease_proof = raw
+        .watch(WatchRequest {
+            credential: Some(rcred.clone()),
+            proof: Some(make_proof(
+                Purpose::Lease,
+                h.public_url(),
+                &rkey,
+                unix_now(),
+            )),
+        })
+        .await;
+    assert_eq!(
+        lease_proof.err().map(|s| s.code()),
+        Some(Code::Unauthenticated),
+        "a lease proof is not a watch proof"
+    );
     // The right key, but a proof made for another purpose.
     let wrong_purpose = raw
         .watch(WatchRequest {
@@ -253,7 +270,8 @@ async fn lying_watchers_are_refused_and_counted(db: TestDb) {
         .unwrap_or(0.0)
     };
     assert_eq!(failed("wrong_role"), 1.0);
-    assert_eq!(failed("wrong_peer") + failed("bad_proof"), 2.0);
+    assert_eq!(failed("wrong_peer") + failed("bad_proof"), 3.0);
+    assert!(failed("bad_proof") >= 2.0, "the two wrong purposes");
     assert_eq!(metric(&m, "agentmesh_control_plane_watchers "), Some(0.0));
     h.shutdown().await;
 }
@@ -269,7 +287,7 @@ async fn watchers_past_the_bound_are_refused_and_counted(db: TestDb) {
     let req = || WatchRequest {
         credential: Some(rcred.clone()),
         proof: Some(make_proof(
-            Purpose::Lease,
+            Purpose::Watch,
             h.public_url(),
             &rkey,
             unix_now(),

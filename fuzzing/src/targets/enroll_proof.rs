@@ -93,10 +93,11 @@ pub struct Case {
 }
 
 fn purpose(bits: u8) -> Purpose {
-    match bits % 3 {
+    match bits % 4 {
         0 => Purpose::Enroll,
         1 => Purpose::Refresh,
-        _ => Purpose::Lease,
+        2 => Purpose::Lease,
+        _ => Purpose::Watch,
     }
 }
 
@@ -105,6 +106,7 @@ fn purpose_bits(p: Purpose) -> u8 {
         Purpose::Enroll => 0,
         Purpose::Refresh => 1,
         Purpose::Lease => 2,
+        Purpose::Watch => 3,
     }
 }
 

@@ -165,6 +165,7 @@ impl Core {
     ) -> Self {
         let now = Instant::now();
         let interval = shared.config.directory_interval;
+        let max_pushes = shared.config.max_policy_pushes_in_flight;
         let mut core = Self {
             shared,
             swarm,
@@ -178,7 +179,7 @@ impl Core {
             goaways,
             goaway: goaway::GoAways::default(),
             policy_pushes,
-            pushes: policy_push::Pushes::default(),
+            pushes: policy_push::Pushes::new(max_pushes),
             transit: transit::Transit::default(),
             waits: connect::Waits::default(),
             conns: conns::Conns::default(),

@@ -2,7 +2,8 @@
 //! carries. A push is read only from a router that admitted us (attach):
 //! any other peer's stream is dropped unread and counted `not_attached`,
 //! so a stranger or another member cannot even make us parse a frame. At
-//! most [`MAX_PENDING`] pushes are read at once (more: `overflow`). One
+//! most `--max-policy-pushes-in-flight` pushes are read at once (more:
+//! `overflow`). One
 //! frame, capped at `MAX_POLICY_FRAME_BYTES`, within the call timeout; a
 //! malformed or late frame closes that stream only. The ack names the
 //! version held after the push, whatever became of it.
@@ -21,13 +22,12 @@ use libp2p::{PeerId, Stream};
 use super::{Core, Op};
 use crate::shared::Shared;
 
-/// Push exchanges in progress at once; more are dropped unread.
-const MAX_PENDING: usize = 16;
-
 /// Push exchanges in progress.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Pushes {
     pending: usize,
+    /// At once at most (`--max-policy-pushes-in-flight`); more are dropped unread.
+    max: usize,
 }
 
 /// What becomes of an arriving push stream.
@@ -39,10 +39,18 @@ enum Verdict {
 }
 
 impl Pushes {
+    /// None in progress, at most `max` at once (0 acts as 1).
+    pub(crate) fn new(max: usize) -> Self {
+        Self {
+            pending: 0,
+            max: max.max(1),
+        }
+    }
+
     fn arrive(&mut self, attached: bool) -> Verdict {
         if !attached {
             Verdict::NotAttached
-        } else if self.pending >= MAX_PENDING {
+        } else if self.pending >= self.max {
             Verdict::Overflow
         } else {
             self.pending += 1;
@@ -92,7 +100,11 @@ impl Core {
                 return;
             }
             Verdict::Overflow => {
-                tracing::warn!(%peer, "policy push dropped unread: {MAX_PENDING} already in progress");
+                tracing::warn!(
+                    %peer,
+                    max = self.pushes.max,
+                    "policy push dropped unread: --max-policy-pushes-in-flight already in progress"
+                );
                 m.push("overflow");
                 return;
             }
@@ -130,9 +142,10 @@ mod tests {
 
     #[test]
     fn only_attached_routers_are_read_and_at_most_a_bound_at_once() {
-        let mut p = Pushes::default();
+        let max = crate::config::DEFAULT_MAX_POLICY_PUSHES_IN_FLIGHT;
+        let mut p = Pushes::new(max);
         assert_eq!(p.arrive(false), Verdict::NotAttached);
-        for _ in 0..MAX_PENDING {
+        for _ in 0..max {
             assert_eq!(p.arrive(true), Verdict::Read);
         }
         assert_eq!(p.arrive(true), Verdict::Overflow);

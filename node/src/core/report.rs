@@ -35,6 +35,7 @@ impl Core {
             .map(ToString::to_string)
             .collect();
         transit_routers.sort();
+        let (policy_epoch, policy_version) = self.shared.policy.epoch_version();
         let expires = peek_claims(&self.shared.credential())
             .unwrap_or_default()
             .expires_at_unix_secs;
@@ -55,6 +56,8 @@ impl Core {
             recent_window_secs: crate::recent::WINDOW.as_secs(),
             stopping: status.stopping,
             last_router_error: status.last_router_error,
+            policy_version,
+            policy_epoch,
         }
     }
 }

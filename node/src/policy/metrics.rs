@@ -45,6 +45,11 @@ pub(crate) struct PolicyMetrics {
     /// Live inbound calls closed because the policy or a revocation no
     /// longer allows them, by reason ([`CLOSE_REASONS`]).
     pub(crate) calls_closed: Family<ReasonLabel, Counter>,
+    /// Revocations held now.
+    pub(crate) revocations: Gauge,
+    /// Revocation entries a push brought past `--max-revocation-entries`
+    /// and dropped (those ending soonest): the bound biting.
+    pub(crate) revocations_dropped: Counter,
 }
 
 impl PolicyMetrics {
@@ -92,6 +97,16 @@ impl PolicyMetrics {
             "providers_skipped",
             "Providers skipped by a caller because their record does not prove ownership of the service, by reason",
             self.providers_skipped.clone(),
+        );
+        r.register(
+            "policy_revocations",
+            "Revocation entries held",
+            self.revocations.clone(),
+        );
+        r.register(
+            "policy_revocations_dropped",
+            "Revocation entries pushed past --max-revocation-entries and dropped (those ending soonest; the next directory fetch restores the list)",
+            self.revocations_dropped.clone(),
         );
         r.register(
             "policy_calls_closed",

@@ -35,10 +35,8 @@ use tokio::sync::watch;
 use self::metrics::PolicyMetrics;
 use crate::labels::ReasonLabel;
 
-/// Revocations held at most; beyond, the ones that end soonest are dropped
-/// (a router cannot grow our memory without bound, the directory restores
-/// the exact list).
-pub(crate) const MAX_REVOCATIONS: usize = 100_000;
+#[cfg(test)]
+pub(crate) use crate::config::DEFAULT_MAX_REVOCATION_ENTRIES;
 
 /// The `source` of a policy from the directory fetch.
 pub(crate) const DIRECTORY: &str = "directory";
@@ -83,18 +81,22 @@ pub(crate) struct MemberPolicy {
     offers: tokio::sync::Mutex<()>,
     /// Bumped on every change of the policy or the revocations.
     changed: watch::Sender<u64>,
+    /// Revocations held at most after a push (`--max-revocation-entries`).
+    max_revocations: usize,
     metrics: PolicyMetrics,
 }
 
 impl MemberPolicy {
-    /// None held: every call denied until a policy arrives.
-    pub(crate) fn new(metrics: PolicyMetrics) -> Self {
+    /// None held: every call denied until a policy arrives; a push's
+    /// revocations are kept up to `max_revocations` entries.
+    pub(crate) fn new(metrics: PolicyMetrics, max_revocations: usize) -> Self {
         Self {
             held: RwLock::new(None),
             deny_all: Arc::new(Policy::deny_all()),
             revocations: Mutex::new(Vec::new()),
             offers: tokio::sync::Mutex::new(()),
             changed: watch::channel(0).0,
+            max_revocations: max_revocations.max(1),
             metrics,
         }
     }
@@ -190,6 +192,7 @@ impl MemberPolicy {
             return;
         }
         *held = list;
+        self.metrics.revocations.set(held.len() as i64);
         install(trust, &held);
         drop(held);
         self.bump();
@@ -204,7 +207,17 @@ impl MemberPolicy {
         now: i64,
     ) {
         let mut held = self.revocations.lock();
-        if !merge(&mut held, more, now) {
+        let (changed, dropped) = merge(&mut held, more, now, self.max_revocations);
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                max = self.max_revocations,
+                "revocations past --max-revocation-entries dropped (those ending soonest); the next directory fetch restores the list"
+            );
+            self.metrics.revocations_dropped.inc_by(dropped as u64);
+        }
+        self.metrics.revocations.set(held.len() as i64);
+        if !changed {
             return;
         }
         install(trust, &held);
@@ -293,9 +306,9 @@ fn install(trust: &RwLock<Arc<Trust>>, list: &[Revocation]) {
 }
 
 /// Adds `more` to `held` (same peer and token: the later end wins), drops
-/// entries over at `now`, keeps at most [`MAX_REVOCATIONS`] (those ending
-/// last). Returns whether `held` changed.
-fn merge(held: &mut Vec<Revocation>, more: &[Revocation], now: i64) -> bool {
+/// entries over at `now`, keeps at most `max` (those ending last). Returns
+/// whether `held` changed and how many entries the bound dropped.
+fn merge(held: &mut Vec<Revocation>, more: &[Revocation], now: i64, max: usize) -> (bool, usize) {
     let before = held.clone();
     let mut index: std::collections::HashMap<(Vec<u8>, String), usize> = held
         .iter()
@@ -315,11 +328,13 @@ fn merge(held: &mut Vec<Revocation>, more: &[Revocation], now: i64) -> bool {
         }
     }
     held.retain(|h| h.until_unix_secs >= now);
-    if held.len() > MAX_REVOCATIONS {
+    let mut dropped = 0;
+    if held.len() > max {
         held.sort_by_key(|h| std::cmp::Reverse(h.until_unix_secs));
-        held.truncate(MAX_REVOCATIONS);
+        dropped = held.len() - max;
+        held.truncate(max);
     }
-    *held != before
+    (*held != before, dropped)
 }
 
 #[cfg(test)]

@@ -96,7 +96,7 @@ fn ignored(m: &PolicyMetrics, reason: &'static str) -> u64 {
 async fn none_held_denies_every_call_and_a_grant_lets_one_through() {
     let cp = cp();
     let m = PolicyMetrics::default();
-    let p = MemberPolicy::new(m.clone());
+    let p = MemberPolicy::new(m.clone(), DEFAULT_MAX_REVOCATION_ENTRIES);
     let web = claims(&cp, "web", "t1");
     let trust = cp.trust.read().clone();
     assert_eq!(p.epoch_version(), (0, 0));
@@ -146,7 +146,7 @@ async fn forged_stale_and_unparsable_policies_are_ignored_and_counted() {
     let cp = cp();
     let m = PolicyMetrics::default();
     m.precreate();
-    let p = MemberPolicy::new(m.clone());
+    let p = MemberPolicy::new(m.clone(), DEFAULT_MAX_REVOCATION_ENTRIES);
     let trust = cp.trust.read().clone();
     assert_eq!(
         p.offer(signed_by(&cp.key, 1, 5, GRANTED), trust.clone(), "t")
@@ -185,7 +185,7 @@ async fn forged_stale_and_unparsable_policies_are_ignored_and_counted() {
 #[tokio::test]
 async fn a_push_adds_revocations_and_the_directory_list_replaces_them() {
     let cp = cp();
-    let p = MemberPolicy::new(PolicyMetrics::default());
+    let p = MemberPolicy::new(PolicyMetrics::default(), DEFAULT_MAX_REVOCATION_ENTRIES);
     let trust = cp.trust.read().clone();
     p.offer(signed_by(&cp.key, 1, 1, GRANTED), trust, "t").await;
     let web = claims(&cp, "web", "tok-web");
@@ -217,22 +217,36 @@ fn merging_keeps_the_later_end_drops_ended_ones_and_is_bounded() {
         ..Default::default()
     };
     let mut held = vec![rev("a", 100)];
-    assert!(merge(
-        &mut held,
-        &[rev("a", 200), rev("b", 50), rev("c", 300)],
-        60
-    ));
+    let max = DEFAULT_MAX_REVOCATION_ENTRIES;
+    assert_eq!(
+        merge(
+            &mut held,
+            &[rev("a", 200), rev("b", 50), rev("c", 300)],
+            60,
+            max
+        ),
+        (true, 0)
+    );
     assert_eq!(held, vec![rev("a", 200), rev("c", 300)]);
-    assert!(!merge(&mut held, &[rev("a", 150)], 60), "nothing new");
-    assert!(
-        !merge(&mut held, &[Revocation::default()], 60),
+    assert_eq!(
+        merge(&mut held, &[rev("a", 150)], 60, max),
+        (false, 0),
+        "nothing new"
+    );
+    assert_eq!(
+        merge(&mut held, &[Revocation::default()], 60, max),
+        (false, 0),
         "an empty entry"
     );
-    let flood: Vec<_> = (0..MAX_REVOCATIONS + 10)
+    let flood: Vec<_> = (0..max + 10)
         .map(|i| rev(&format!("t{i}"), 1000 + i as i64))
         .collect();
-    merge(&mut held, &flood, 60);
-    assert_eq!(held.len(), MAX_REVOCATIONS);
+    assert_eq!(
+        merge(&mut held, &flood, 60, max),
+        (true, 12),
+        "two held and ten more over the bound"
+    );
+    assert_eq!(held.len(), max);
     assert!(
         held.iter().all(|h| h.until_unix_secs >= 1010),
         "those ending last kept"

@@ -101,22 +101,22 @@ fn a_policy_is_taken_only_verified_parsed_and_newer() {
     // Older or equal versions of the same epoch are stale.
     for v in [1, 2] {
         let r = HeldPolicy::accept(&signed(&cp, 7, v, 300, POLICY), &cp.trust, Some(&v2));
-        assert_eq!(r.unwrap_err().reason(), "stale");
+        assert_eq!(r.expect_err("refused").reason(), "stale");
     }
     // A replayed document of an older epoch is stale; a later epoch is taken.
     let r = HeldPolicy::accept(&signed(&cp, 6, 9, 150, POLICY), &cp.trust, Some(&v2));
-    assert_eq!(r.unwrap_err().reason(), "stale");
+    assert_eq!(r.expect_err("refused").reason(), "stale");
     assert!(HeldPolicy::accept(&signed(&cp, 8, 1, 400, POLICY), &cp.trust, Some(&v2)).is_ok());
     // Another signer, a tampered document, a text this build cannot parse.
     let other = self::cp();
     let r = HeldPolicy::accept(&signed(&other, 7, 3, 300, POLICY), &cp.trust, Some(&v2));
-    assert_eq!(r.unwrap_err().reason(), "bad_signature");
+    assert_eq!(r.expect_err("refused").reason(), "bad_signature");
     let mut tampered = signed(&cp, 7, 3, 300, POLICY);
     let last = tampered.document.len() - 1;
     tampered.document[last] ^= 1;
     assert!(HeldPolicy::accept(&tampered, &cp.trust, Some(&v2)).is_err());
     let r = HeldPolicy::accept(&signed(&cp, 7, 3, 300, "format = 99"), &cp.trust, Some(&v2));
-    assert_eq!(r.unwrap_err().reason(), "unparsable");
+    assert_eq!(r.expect_err("refused").reason(), "unparsable");
     // What a holder reporting a version lacks.
     assert!(v2.is_newer_than(0, 0));
     assert!(v2.is_newer_than(7, 1));
@@ -153,7 +153,9 @@ fn a_record_proves_ownership_only_with_its_own_valid_credential() {
     // One unowned name among owned ones refuses the whole record.
     let mixed = record(&pay, &["payments/api", "db"], 4000, Some(pay_cred.clone()));
     assert_eq!(
-        check(&mixed, &pay, &cp.trust).unwrap_err().reason(),
+        check(&mixed, &pay, &cp.trust)
+            .expect_err("refused")
+            .reason(),
         "not_owner"
     );
     // The impostor carrying the owner's credential: not its subject.
@@ -180,7 +182,9 @@ fn a_record_proves_ownership_only_with_its_own_valid_credential() {
         Some(credential(&self::cp(), &pay, "payments", "t1")),
     );
     assert_eq!(
-        check(&forged, &pay, &cp.trust).unwrap_err().reason(),
+        check(&forged, &pay, &cp.trust)
+            .expect_err("refused")
+            .reason(),
         "bad_credential"
     );
     // Revoked by its token.
@@ -191,7 +195,10 @@ fn a_record_proves_ownership_only_with_its_own_valid_credential() {
         reason: "leaked".into(),
         token_id: "t1".into(),
     }]);
-    assert_eq!(check(&ok, &pay, &revoked).unwrap_err().reason(), "revoked");
+    assert_eq!(
+        check(&ok, &pay, &revoked).expect_err("refused").reason(),
+        "revoked"
+    );
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! The control-plane `Watch` stream: the router holds one server-streaming
-//! call (its credential and a lease proof), and takes each event (policy,
+//! call (its credential and a proof of possession made for `Watch`; a
+//! control plane from before that purpose refuses it, and the router stays
+//! on the directory poll until the control plane is upgraded too), and takes each event (policy,
 //! revocations, keys) at once, so a change reaches it in one round trip
 //! instead of one lease interval.
 //!
@@ -128,7 +130,7 @@ async fn attempt(w: &Watch, channel: Channel, backoff: &mut Duration) -> WatchEn
     let req = tonic::Request::new(WatchRequest {
         credential: Some(credential),
         proof: Some(make_proof(
-            Purpose::Lease,
+            Purpose::Watch,
             public_url,
             &w.keypair,
             unix_now(),

@@ -127,6 +127,9 @@ pub struct FleetConfig {
     /// Hostile peers during the hold (`--attack-*`).
     #[command(flatten)]
     pub attack: crate::attack::AttackConfig,
+    /// Policy change and token revocation during the hold.
+    #[command(flatten)]
+    pub propagation: crate::propagation::PropagationConfig,
 }
 
 impl Default for FleetConfig {
@@ -158,6 +161,7 @@ impl Default for FleetConfig {
             work_dir: None,
             admin_token_file: None,
             attack: crate::attack::AttackConfig::default(),
+            propagation: crate::propagation::PropagationConfig::default(),
         }
     }
 }
@@ -287,6 +291,9 @@ pub struct WorkerConfig {
     /// Echo calls per second during an event window.
     #[arg(long, default_value_t = DEFAULT_WINDOW_CALLS_PER_SEC)]
     pub window_calls_per_sec: u32,
+    /// The propagation events' part (second service, revocable token).
+    #[command(flatten)]
+    pub propagation: crate::propagation::PropagationWorkerConfig,
 }
 
 /// The source address for member `index` (None when spreading is off).

@@ -151,6 +151,7 @@ impl Fleet {
         if let Some(ca) = &c.control_plane_ca {
             args.extend(["--control-plane-ca".into(), ca.display().to_string()]);
         }
+        args.extend(c.propagation.args());
         let log = self.dir.join(format!("worker-{index}.log"));
         let log_file = std::fs::File::create(&log)
             .map_err(|e| LadderError::io(format!("creating {}", log.display()), e))?;

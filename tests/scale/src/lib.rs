@@ -27,6 +27,7 @@ pub mod placement;
 pub mod ports;
 pub mod procstat;
 pub mod prom;
+pub mod propagation;
 pub mod report;
 pub mod run;
 pub mod stats;

@@ -37,6 +37,8 @@ pub struct MemberSpec {
     pub socket: bool,
     /// Deadline for one call's set-up.
     pub call_timeout: Duration,
+    /// A second service name exposed on the echo backend, for providers.
+    pub expose_also: Option<String>,
 }
 
 /// Time the node's own `call()` may take past its budget before the ladder
@@ -132,6 +134,65 @@ where
     }
 }
 
+/// Pause between two pings of a held call: its stream is read all the
+/// while, so an end is seen at once; the ping shows it still carries bytes.
+pub const HOLD_PING_EVERY: Duration = Duration::from_secs(1);
+
+/// Holds an open call: an echo ping every [`HOLD_PING_EVERY`] (each under
+/// `echo_deadline`), reading the stream in between, until `stop` resolves
+/// (returns `None`) or the stream ends or fails (returns how).
+pub async fn hold_open<S>(
+    mut stream: S,
+    stop: impl Future<Output = ()>,
+    echo_deadline: Duration,
+) -> Option<String>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    tokio::pin!(stop);
+    loop {
+        let mut payload = [0u8; ECHO_PAYLOAD_BYTES];
+        rand::thread_rng().fill_bytes(&mut payload);
+        let ping = async {
+            stream
+                .write_all(&payload)
+                .await
+                .map_err(|e| format!("write: {:?}", e.kind()))?;
+            stream
+                .flush()
+                .await
+                .map_err(|e| format!("flush: {:?}", e.kind()))?;
+            let mut back = [0u8; ECHO_PAYLOAD_BYTES];
+            match stream.read_exact(&mut back).await {
+                Ok(_) if back == payload => Ok(()),
+                Ok(_) => Err("echo came back different".to_string()),
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Err("closed".to_string()),
+                Err(e) => Err(format!("read: {:?}", e.kind())),
+            }
+        };
+        tokio::select! {
+            () = &mut stop => return None,
+            r = tokio::time::timeout(echo_deadline, ping) => match r {
+                Err(_) => return Some("echo not returned".to_string()),
+                Ok(Err(why)) => return Some(why),
+                Ok(Ok(())) => {}
+            },
+        }
+        let mut one = [0u8; 1];
+        tokio::select! {
+            () = &mut stop => return None,
+            () = tokio::time::sleep(HOLD_PING_EVERY) => {}
+            r = stream.read(&mut one) => {
+                return Some(match r {
+                    Ok(0) => "closed".to_string(),
+                    Ok(_) => "unasked bytes".to_string(),
+                    Err(e) => format!("read: {:?}", e.kind()),
+                });
+            }
+        }
+    }
+}
+
 /// What the ladder reads of a member's state.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct View {
@@ -164,6 +225,8 @@ pub struct Member {
     /// `None` once shut down. Calls hold the read side; shutdown takes the handle.
     handle: RwLock<Option<agentmesh_node::NodeHandle>>,
     status: watch::Receiver<agentmesh_node::NodeStatus>,
+    /// Moves on every change of the policy or revocations the node holds.
+    policy: watch::Receiver<u64>,
     socket: Option<PathBuf>,
     deadlines: CallDeadlines,
 }
@@ -180,7 +243,12 @@ impl Member {
             routers: spec.routers,
             expose: spec
                 .expose_echo
-                .map(|a| vec![(ECHO.to_string(), a)])
+                .map(|a| {
+                    std::iter::once(ECHO.to_string())
+                        .chain(spec.expose_also.clone())
+                        .map(|name| (name, a))
+                        .collect()
+                })
                 .unwrap_or_default(),
             no_socket: !spec.socket,
             socket_path: None,
@@ -195,6 +263,7 @@ impl Member {
         Ok(Self {
             peer_id: handle.peer_id().to_string(),
             status: handle.status(),
+            policy: handle.policy_changes(),
             handle: RwLock::new(Some(handle)),
             socket: spec.socket.then_some(socket),
             deadlines,
@@ -230,6 +299,32 @@ impl Member {
         let handle = guard.as_ref().ok_or(CallFailure::ShutDown)?;
         echo_over(handle.call(ECHO), self.deadlines).await
     }
+    /// Opens a call to `service` (its set-up under the call deadline) and
+    /// returns the stream, for a call held open ([`hold_open`]).
+    pub async fn open_call(
+        &self,
+        service: &str,
+    ) -> Result<agentmesh_node::CallStream, CallFailure> {
+        let guard = self.handle.read().await;
+        let handle = guard.as_ref().ok_or(CallFailure::ShutDown)?;
+        match tokio::time::timeout(self.deadlines.call, handle.call(service)).await {
+            Err(_) => Err(CallFailure::CallNotReturned(self.deadlines.call)),
+            Ok(Err(e)) => Err(CallFailure::Call(e.result_label())),
+            Ok(Ok(s)) => Ok(s),
+        }
+    }
+
+    /// The policy version the node holds (`None` once shut down).
+    pub async fn policy_version(&self) -> Option<u64> {
+        let guard = self.handle.read().await;
+        guard.as_ref().map(|h| h.policy_version().1)
+    }
+
+    /// A receiver that moves on every change of the node's policy or revocations.
+    pub fn policy_changes(&self) -> watch::Receiver<u64> {
+        self.policy.clone()
+    }
+
     /// Stops the node (withdraws records, closes connections).
     pub async fn shutdown(&self) {
         let handle = self.handle.write().await.take();
@@ -384,6 +479,28 @@ mod tests {
                 .to_string()
                 .starts_with("stream read: ")
         );
+    }
+
+    #[tokio::test]
+    async fn a_held_call_ends_when_stopped_or_when_the_far_end_closes() {
+        let (ours, mut peer) = pair();
+        let far = tokio::spawn(async move {
+            // Answers two pings, then closes.
+            for _ in 0..2 {
+                let mut got = [0u8; ECHO_PAYLOAD_BYTES];
+                peer.read_exact(&mut got).await.expect("peer reads");
+                peer.write_all(&got).await.expect("peer echoes");
+            }
+        });
+        let ended = hold_open(ours, std::future::pending(), SHORT.echo).await;
+        far.await.expect("peer task");
+        assert_eq!(ended.as_deref(), Some("closed"));
+
+        let (ours, _peer) = pair();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        stop_tx.send(()).expect("stop");
+        let ended = hold_open(ours, async { drop(stop_rx.await) }, SHORT.echo).await;
+        assert_eq!(ended, None, "stopped by us, not ended");
     }
 
     #[tokio::test]

@@ -26,7 +26,7 @@ use crate::ports;
 /// Grace for a child to exit after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(30);
 /// Token lifetime: long enough for any ladder.
-const TOKEN_TTL_SECS: u64 = 7 * 24 * 3600;
+pub(crate) const TOKEN_TTL_SECS: u64 = 7 * 24 * 3600;
 /// Router token uses: every router start (and restart) may enroll once.
 const ROUTER_TOKEN_USES: u32 = 1_000;
 
@@ -81,6 +81,9 @@ pub struct LocalMesh {
     pub member_token_file: PathBuf,
     /// The routers' enrollment token file.
     router_token_file: PathBuf,
+    /// `--revoke-token-at`: the file and id of the token some members
+    /// enroll with (see `hold::policy`).
+    pub revocable_token: Option<(PathBuf, String)>,
     /// The control plane's self-signed certificate (`--control-plane-tls`),
     /// the CA of everything that talks to it.
     ca_file: Option<PathBuf>,
@@ -216,6 +219,7 @@ impl LocalMesh {
             admin_token,
             member_token_file,
             router_token_file,
+            revocable_token: None,
             ca_file,
             place,
         };
@@ -432,7 +436,7 @@ pub async fn rotate_key(url: &str, ca_pem: Option<Vec<u8>>, admin_token: &str) -
         })
 }
 
-fn admin_client(url: &str, ca_pem: Option<Vec<u8>>) -> Result<Client> {
+pub(crate) fn admin_client(url: &str, ca_pem: Option<Vec<u8>>) -> Result<Client> {
     Client::new(ClientConfig {
         url: url.to_string(),
         ca_pem,

@@ -195,6 +195,10 @@ pub struct Events {
     pub rotate_key: Option<EventRecord>,
     /// `--attack-router-at` / `--attack-control-plane-at`.
     pub attack: Option<crate::attack::AttackRecord>,
+    /// `--policy-change-at`.
+    pub policy_change: Option<crate::propagation::PropagationRecord>,
+    /// `--revoke-token-at`.
+    pub revoke_token: Option<crate::propagation::PropagationRecord>,
 }
 
 /// What one event did to the fleet, from the event until the next one (or the hold's end).
@@ -657,6 +661,13 @@ impl Report {
         if let Some(a) = &self.events.attack {
             a.markdown(&mut s);
         }
+        crate::propagation::record::markdown(
+            &mut s,
+            &[
+                ("policy change", &self.events.policy_change),
+                ("revoke token", &self.events.revoke_token),
+            ],
+        );
         if let Some(b) = &self.burst {
             let _ = writeln!(s);
             let _ = writeln!(

@@ -57,7 +57,7 @@ pub async fn run_local_at(
 }
 
 async fn run_local_capped(
-    local: LocalConfig,
+    mut local: LocalConfig,
     cfg: FleetConfig,
     place: Option<Placement>,
 ) -> Result<Report> {
@@ -66,9 +66,11 @@ async fn run_local_capped(
     let bins = Binaries::locate()?;
     check_attack(&local, &cfg, &bins)?;
     eprintln!("ladder: work dir {}", dir.display());
+    hold::policy::prepare_control_plane(&mut local, &cfg, &dir)?;
     let routers = local.routers;
     let uses = cfg.total_members() + TOKEN_SLACK;
-    let mesh = LocalMesh::start_placed(bins.clone(), local, &dir, uses, place).await?;
+    let mut mesh = LocalMesh::start_placed(bins.clone(), local, &dir, uses, place).await?;
+    hold::policy::prepare_token(&mut mesh, &cfg).await?;
     eprintln!(
         "ladder: control plane {} and {routers} routers ready",
         mesh.url()
@@ -94,6 +96,8 @@ pub async fn run_remote(remote: RemoteConfig, cfg: FleetConfig) -> Result<Report
             cfg.restart_control_plane_at_secs,
         ),
         ("--attack-router-at", cfg.attack.router_at_secs),
+        cfg.propagation.local_only()[0],
+        cfg.propagation.local_only()[1],
         (
             "--attack-control-plane-at",
             cfg.attack.control_plane_at_secs,
@@ -228,6 +232,7 @@ async fn run(
         call_timeout_secs: cfg.call_timeout_secs,
         call_budget_secs: cfg.call_budget_secs,
         window_calls_per_sec: cfg.window_calls_per_sec,
+        propagation: hold::policy::worker_config(&target, &cfg),
     };
     let mut fleet = Fleet::new(ladder.clone(), base.clone(), dir, capacity);
     fleet.place_workers(target.worker_prefixes());
@@ -251,6 +256,7 @@ async fn run(
         pre_ladder: target.routers().await,
         ..Report::default()
     };
+    let control_plane_pre_ladder_rss = target.control_plane().await.and_then(|c| c.rss_bytes);
     let step_deadline = Duration::from_secs(cfg.step_deadline_secs);
 
     // Providers.
@@ -333,6 +339,15 @@ async fn run(
         let (h, events) = hold::run(&mut fleet, &mut target, &cfg).await?;
         report.hold = Some(h);
         report.events = events;
+        for r in [
+            report.events.policy_change.as_mut(),
+            report.events.revoke_token.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            r.set_rss_baseline(control_plane_pre_ladder_rss);
+        }
     }
 
     // Burst.

@@ -45,6 +45,36 @@ pub enum Command {
         /// Request id.
         id: u64,
     },
+    /// Open `count` calls to `service` from ready step members (only those
+    /// enrolled with the revocable token when `revocable_only`) and hold
+    /// them open, each pinging once a second, until the next
+    /// `PropagationReport`. Replied to once every attempt ended.
+    LiveCalls {
+        /// Request id.
+        id: u64,
+        /// Service to call.
+        service: String,
+        /// Calls to open at most.
+        count: u64,
+        /// Only from members enrolled with the revocable token.
+        revocable_only: bool,
+    },
+    /// Report, relative to `since_unix_ms`, when each member took a change
+    /// of its policy (a version ≥ `min_version` when given, else any change:
+    /// a revocation), when each held call ended and when each revocable
+    /// member held no router; then end the held calls.
+    PropagationReport {
+        /// Request id.
+        id: u64,
+        /// The admin call's instant, Unix ms.
+        since_unix_ms: u64,
+        /// The version members must hold (policy change).
+        min_version: Option<u64>,
+        /// Members enrolled with the revocable token are the revoked ones:
+        /// counted apart (revocation), or left out (their token was revoked
+        /// before this event).
+        revoked: RevokedMembers,
+    },
     /// Shut every member down and exit.
     Leave {
         /// Request id.
@@ -138,6 +168,54 @@ pub enum Reply {
     Window(WindowStats),
     /// The hold's observations.
     Hold(HoldStats),
+    /// What `LiveCalls` opened.
+    LiveCalls {
+        /// Calls open.
+        opened: u64,
+        /// Attempts that failed.
+        failed: u64,
+    },
+    /// A propagation event's observations.
+    Propagation(PropagationStats),
+}
+
+/// How a propagation report treats members enrolled with the revocable token.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RevokedMembers {
+    /// Their token is not revoked: members like the others.
+    None,
+    /// This event revoked their token: counted as revoked.
+    ThisEvent,
+    /// An earlier event revoked it: left out.
+    Earlier,
+}
+
+/// What a worker saw of a propagation event (ms after the admin call).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PropagationStats {
+    /// Members concerned by taking the change.
+    pub members: u64,
+    /// Per member that took it: ms from the admin call.
+    pub took_ms: Vec<u64>,
+    /// Members concerned that had not taken it.
+    pub not_taken: u64,
+    /// Held calls open (or ended) at the report.
+    pub live_calls: u64,
+    /// Held calls that ended before the admin call.
+    pub ended_before: u64,
+    /// Per held call that ended after the admin call: ms from it.
+    pub closed_ms: Vec<u64>,
+    /// Held calls still open.
+    pub still_open: u64,
+    /// How held calls ended, by reason.
+    pub close_reasons: BTreeMap<String, u64>,
+    /// Live revoked members.
+    pub revoked_members: u64,
+    /// Per revoked member that lost its last router after the admin call: ms from it.
+    pub dropped_ms: Vec<u64>,
+    /// Revoked members still holding a router.
+    pub not_dropped: u64,
 }
 
 /// What a worker saw between `Mark` and `WindowReport`.

@@ -1,10 +1,11 @@
 //! The hold: every member's readiness sampled each second by its worker, and
 //! the events (`--kill-router-at`, `--drain-router-at`,
-//! `--restart-control-plane-at`, `--rotate-key-at`, and the attack of
-//! [`attack`]), each observed from its instant until the next event or the
+//! `--restart-control-plane-at`, `--rotate-key-at`, the attack of
+//! [`attack`], and the propagation events of [`policy`]), each observed from its instant until the next event or the
 //! end of the hold.
 
 mod attack;
+pub mod policy;
 mod quiet;
 
 use std::collections::BTreeMap;
@@ -37,6 +38,10 @@ enum Kind {
     RotateKey,
     /// `--attack-router-at` / `--attack-control-plane-at`: see [`attack`].
     Attack,
+    /// `--policy-change-at`: see [`policy`].
+    PolicyChange,
+    /// `--revoke-token-at`: see [`policy`].
+    RevokeToken,
 }
 
 /// Runs the hold; returns its record and the events'.
@@ -57,6 +62,8 @@ pub async fn run(
         (cfg.restart_control_plane_at_secs, Kind::RestartControlPlane),
         (cfg.rotate_key_at_secs, Kind::RotateKey),
         (cfg.attack.starts_at(), Kind::Attack),
+        (cfg.propagation.policy_change_at_secs, Kind::PolicyChange),
+        (cfg.propagation.revoke_token_at_secs, Kind::RevokeToken),
     ]
     .into_iter()
     .filter_map(|(at, k)| at.map(|at| (at, k)))
@@ -89,13 +96,26 @@ pub async fn run(
             events.attack = Some(attack::run(fleet, target, cfg, start, window_end).await?);
             continue;
         }
+        if matches!(kind, Kind::PolicyChange | Kind::RevokeToken) {
+            let what = match kind {
+                Kind::PolicyChange => policy::What::PolicyChange,
+                _ => policy::What::RevokeToken,
+            };
+            let revoked_before = events.revoke_token.is_some();
+            let r = policy::run(fleet, target, cfg, what, *at, window_end, revoked_before).await?;
+            match what {
+                policy::What::PolicyChange => events.policy_change = Some(r),
+                policy::What::RevokeToken => events.revoke_token = Some(r),
+            }
+            continue;
+        }
         let record = event(fleet, target, *kind, *at, window_end, end).await?;
         match kind {
             Kind::KillRouter => events.kill_router = Some(record),
             Kind::DrainRouter => events.drain_router = Some(record),
             Kind::RestartControlPlane => events.restart_control_plane = Some(record),
             Kind::RotateKey => events.rotate_key = Some(record),
-            Kind::Attack => {}
+            Kind::Attack | Kind::PolicyChange | Kind::RevokeToken => {}
         }
     }
     fleet.pump_until(end, |_| false).await;
@@ -241,8 +261,8 @@ async fn event(
         Kind::RotateKey => while_pumping(fleet, target.rotate_key())
             .await
             .map(|k| record.key_id = Some(k)),
-        Kind::Attack => Err(LadderError::Args(
-            "the attack is its own event (hold::attack)".into(),
+        Kind::Attack | Kind::PolicyChange | Kind::RevokeToken => Err(LadderError::Args(
+            "the attack and the propagation events are events of their own".into(),
         )),
     };
     if let Err(e) = outcome {

@@ -28,13 +28,14 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
     let spec = MemberSpec {
         control_plane: shared.cfg.control_plane.clone(),
         control_plane_ca: shared.cfg.control_plane_ca.clone(),
-        token: shared.token.clone(),
+        token: super::propagation::token_for(&shared, &slot),
         data_dir: shared.cfg.data_dir.join(format!("m{}", slot.index)),
         routers: shared.cfg.member_routers,
         expose_echo: slot.provider.then_some(shared.echo),
         dial_source_ip: source_ip(slot.index, shared.cfg.source_ips).map(Into::into),
         socket: slot.index.is_multiple_of(SOCKET_EVERY),
         call_timeout: Duration::from_secs(shared.cfg.call_timeout_secs.max(1)),
+        expose_also: shared.cfg.propagation.expose_also.clone(),
     };
     let member = match Member::start(spec).await {
         Ok(m) => Arc::new(m),
@@ -46,6 +47,10 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
     let _ = slot.member.set(member.clone());
     let mut watch = member.watch();
     let _ = slot.watch.set(watch.clone());
+    tokio::spawn(super::propagation::follow_policy(
+        slot.clone(),
+        member.clone(),
+    ));
 
     // The node enrolls inside `spawn`: once it returns, the credential is in hand.
     let enrolled_at = Instant::now();
@@ -77,6 +82,7 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
     loop {
         let view = watch.view();
         shared.observe(&slot, view, watch.held());
+        super::propagation::note_routers(&slot, view.routers);
         if view.ready {
             *slot
                 .last_ready_held
@@ -87,6 +93,8 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
             break;
         }
     }
+    // Its node ended or is stopping: it holds no router from now on.
+    super::propagation::note_routers(&slot, 0);
     if !shared.leaving.load(Ordering::SeqCst) {
         shared.exit(&slot, stopped_why(&watch)).await;
     }

@@ -3,6 +3,7 @@
 
 mod echo;
 mod lifecycle;
+mod propagation;
 mod sampler;
 mod state;
 
@@ -37,6 +38,16 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
     tokio::fs::create_dir_all(&cfg.data_dir)
         .await
         .map_err(|e| LadderError::io(format!("creating {}", cfg.data_dir.display()), e))?;
+    let revocable_token = match &cfg.propagation.revocable_token_file {
+        Some(f) => Some(
+            tokio::fs::read_to_string(f)
+                .await
+                .map_err(|e| LadderError::io(format!("reading {}", f.display()), e))?
+                .trim()
+                .to_string(),
+        ),
+        None => None,
+    };
     let echo = echo::spawn_echo()
         .await
         .map_err(|e| LadderError::io("binding the echo backend", e))?;
@@ -50,6 +61,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
         window: Mutex::new(WindowAcc::default()),
         hold: Mutex::new(HoldAcc::default()),
         leaving: std::sync::atomic::AtomicBool::new(false),
+        propagation: propagation::Live::new(revocable_token),
     });
 
     let writer = tokio::spawn(async move {
@@ -103,6 +115,36 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
                 (id, Reply::Done)
             }
             Command::HoldReport { id } => (id, Reply::Hold(shared.hold_report())),
+            Command::LiveCalls {
+                id,
+                service,
+                count,
+                revocable_only,
+            } => {
+                // Replies itself once the calls are open.
+                tokio::spawn(propagation::open_live(
+                    shared.clone(),
+                    id,
+                    service,
+                    count,
+                    revocable_only,
+                ));
+                continue;
+            }
+            Command::PropagationReport {
+                id,
+                since_unix_ms,
+                min_version,
+                revoked,
+            } => (
+                id,
+                Reply::Propagation(propagation::report(
+                    &shared,
+                    since_unix_ms,
+                    min_version,
+                    revoked,
+                )),
+            ),
             Command::Leave { id } => {
                 leave(&shared).await;
                 shared

@@ -25,6 +25,8 @@ pub(crate) struct Shared {
     pub(crate) window: Mutex<WindowAcc>,
     pub(crate) hold: Mutex<HoldAcc>,
     pub(crate) leaving: AtomicBool,
+    /// Held calls and the revocable token (`--policy-change-at`, `--revoke-token-at`).
+    pub(crate) propagation: super::propagation::Live,
 }
 
 /// One member's place in the worker.
@@ -46,6 +48,8 @@ pub(crate) struct Slot {
     pub(crate) last_on_k_held: Mutex<Held>,
     /// Its below-K record in the current window, if it fell below K.
     pub(crate) below_k: Mutex<Option<BelowKRecord>>,
+    /// What the propagation events read of it.
+    pub(crate) trace: super::propagation::SlotTrace,
 }
 
 /// One member's view of the current window.
@@ -472,6 +476,7 @@ impl Slot {
             last_ready_held: Mutex::new(Held::default()),
             last_on_k_held: Mutex::new(Held::default()),
             below_k: Mutex::new(None),
+            trace: Default::default(),
         }
     }
 }
@@ -524,6 +529,7 @@ mod tests {
             window: Mutex::new(WindowAcc::default()),
             hold: Mutex::new(HoldAcc::default()),
             leaving: AtomicBool::new(false),
+            propagation: super::super::propagation::Live::new(None),
         }
     }
 

@@ -7,6 +7,7 @@ mod bench;
 mod drain_under_cap;
 mod hosts_ladder;
 mod hosts_remote;
+mod policy_ladder;
 mod remote_tls;
 mod small_ladder;
 mod worker_protocol;

@@ -1,0 +1,365 @@
+//! The propagation events of the hold (`--policy-change-at`,
+//! `--revoke-token-at`; local mode): what the ladder prepares before the
+//! mesh starts (the start policy, the revocable token), and each event:
+//! held calls opened first, then the admin call, the fleet observed until
+//! the window's end, then each member's and each held call's times (see
+//! `crate::propagation` for what is measured and how).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agentmesh_proto::pb::controlplane::{ApplyPolicyRequest, CreateTokenRequest};
+use agentmesh_proto::pb::credential::{Role, TokenKind};
+use tokio::time::Instant;
+
+use crate::config::{FleetConfig, LocalConfig};
+use crate::error::{LadderError, Result};
+use crate::fleet::Fleet;
+use crate::member::ECHO;
+use crate::mesh::{LocalMesh, TOKEN_TTL_SECS, admin_client, read_ca};
+use crate::procstat;
+use crate::propagation::{
+    CHANGED_POLICY, HELD_SERVICE, PropagationRecord, PropagationWorkerConfig, Quantiles,
+    START_POLICY, unix_ms,
+};
+use crate::target::Target;
+use crate::wire::{Command, PropagationStats, Reply, RevokedMembers};
+
+/// Deadline for the workers to open their held calls (each call's own
+/// deadline is the members' call budget; they open 128 at a time).
+const OPEN_DEADLINE: Duration = Duration::from_secs(180);
+/// Deadline for the workers' propagation reports.
+const REPORT_DEADLINE: Duration = Duration::from_secs(60);
+/// Extra uses of the revocable token (restarts, retries).
+const TOKEN_SLACK: u64 = 20;
+
+/// Which propagation event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum What {
+    /// `--policy-change-at`.
+    PolicyChange,
+    /// `--revoke-token-at`.
+    RevokeToken,
+}
+
+/// Before the control plane starts: with `--policy-change-at`, writes
+/// [`START_POLICY`] into `dir` and has the control plane start with it.
+pub fn prepare_control_plane(local: &mut LocalConfig, cfg: &FleetConfig, dir: &Path) -> Result<()> {
+    if cfg.propagation.policy_change_at_secs.is_none() {
+        return Ok(());
+    }
+    if local
+        .control_plane_args
+        .iter()
+        .any(|a| a.starts_with("--policy"))
+    {
+        return Err(LadderError::Args(
+            "--policy-change-at starts the control plane with a policy of its own: \
+             no --control-plane-arg=--policy…"
+                .into(),
+        ));
+    }
+    let file = dir.join("policy-start.toml");
+    std::fs::write(&file, START_POLICY)
+        .map_err(|e| LadderError::io(format!("writing {}", file.display()), e))?;
+    local
+        .control_plane_args
+        .push(format!("--policy={}", file.display()));
+    Ok(())
+}
+
+/// After the mesh started: with `--revoke-token-at`, mints the token the
+/// revocable members enroll with (its file in the run's directory).
+pub async fn prepare_token(mesh: &mut LocalMesh, cfg: &FleetConfig) -> Result<()> {
+    if cfg.propagation.revoke_token_at_secs.is_none() {
+        return Ok(());
+    }
+    let uses = cfg.total_members() / cfg.propagation.revoke_every.max(1) + TOKEN_SLACK;
+    let client = admin_client(&mesh.url(), read_ca(mesh.ca_file().as_deref())?)?;
+    let r = client
+        .create_token(
+            &mesh.admin_token,
+            CreateTokenRequest {
+                kind: TokenKind::Ephemeral as i32,
+                role: Role::Member as i32,
+                labels: Vec::new(),
+                max_uses: u32::try_from(uses).unwrap_or(u32::MAX),
+                ttl_secs: TOKEN_TTL_SECS,
+            },
+        )
+        .await
+        .map_err(|e| LadderError::Grpc {
+            call: "CreateToken",
+            status: e.to_string(),
+        })?;
+    let file: PathBuf =
+        crate::children::write_secret(&mesh.dir.join("member-revocable.token"), &r.token)?;
+    mesh.revocable_token = Some((file, r.token_id));
+    Ok(())
+}
+
+/// What the workers are told for the events `cfg` asks for.
+pub fn worker_config(target: &Target, cfg: &FleetConfig) -> PropagationWorkerConfig {
+    let revocable = match target {
+        Target::Local(m) => m.revocable_token.as_ref().map(|(f, _)| f.clone()),
+        Target::Remote { .. } => None,
+    };
+    PropagationWorkerConfig {
+        expose_also: cfg
+            .propagation
+            .policy_change_at_secs
+            .map(|_| HELD_SERVICE.to_string()),
+        revocable_every: if revocable.is_some() {
+            cfg.propagation.revoke_every
+        } else {
+            0
+        },
+        revocable_token_file: revocable,
+    }
+}
+
+/// Runs one propagation event at `at` s into the hold, observing until
+/// `window_end`; `revoked_before`: the token was revoked by an earlier event.
+pub(super) async fn run(
+    fleet: &mut Fleet,
+    target: &mut Target,
+    cfg: &FleetConfig,
+    what: What,
+    at: u64,
+    window_end: Instant,
+    revoked_before: bool,
+) -> Result<PropagationRecord> {
+    let mut record = PropagationRecord {
+        at_secs: at,
+        ..PropagationRecord::default()
+    };
+    let (service, count, revocable_only) = match what {
+        What::PolicyChange => (
+            HELD_SERVICE,
+            cfg.propagation
+                .live_calls
+                .div_ceil(fleet.worker_count().max(1) as u64),
+            false,
+        ),
+        What::RevokeToken => (ECHO, u64::MAX, true),
+    };
+    // Revoked members cannot open calls: after an earlier revocation the
+    // change's held calls come from the others only (they are not revocable).
+    let replies = fleet
+        .broadcast(
+            |id| Command::LiveCalls {
+                id,
+                service: service.to_string(),
+                count,
+                revocable_only,
+            },
+            OPEN_DEADLINE,
+        )
+        .await?;
+    let mut opened = 0;
+    for r in replies {
+        if let Reply::LiveCalls { opened: o, failed } = r {
+            opened += o;
+            record.live_calls_not_opened += failed;
+        }
+    }
+    // A worker with fewer ready callers than its share leaves the rest to
+    // the others: asked one by one for what is still missing.
+    if what == What::PolicyChange {
+        for w in 0..fleet.worker_count() {
+            let missing = cfg.propagation.live_calls.saturating_sub(opened);
+            if missing == 0 {
+                break;
+            }
+            if let Ok(Reply::LiveCalls { opened: o, failed }) = fleet
+                .request(w, |id| Command::LiveCalls {
+                    id,
+                    service: service.to_string(),
+                    count: missing,
+                    revocable_only,
+                })
+                .await
+            {
+                opened += o;
+                record.live_calls_not_opened += failed;
+            }
+        }
+    }
+    super::mark(fleet, &format!("{what:?}")).await?;
+    let marked = Instant::now();
+    let cpu_before = cpu(target);
+    let since = unix_ms();
+    let outcome = match what {
+        What::PolicyChange => super::while_pumping(fleet, apply_changed(target))
+            .await
+            .map(|v| record.version = Some(v)),
+        What::RevokeToken => super::while_pumping(fleet, revoke(target)).await.map(|id| {
+            record.token_id = Some(id);
+        }),
+    };
+    if let Err(e) = outcome {
+        eprintln!("\rladder: event {what:?}: {e}");
+        record.error = Some(e.to_string());
+    }
+    fleet.pump_until(window_end, |_| false).await;
+    let cpu_after = cpu(target);
+    let w = super::window_stats(fleet).await?;
+    let revoked = match (what, revoked_before) {
+        (What::RevokeToken, _) => RevokedMembers::ThisEvent,
+        (What::PolicyChange, true) => RevokedMembers::Earlier,
+        (What::PolicyChange, false) => RevokedMembers::None,
+    };
+    let min_version = record.version;
+    let replies = fleet
+        .broadcast(
+            |id| Command::PropagationReport {
+                id,
+                since_unix_ms: since,
+                min_version,
+                revoked,
+            },
+            REPORT_DEADLINE,
+        )
+        .await?;
+    let sum = sum(replies);
+    record.window_secs = marked.elapsed().as_secs_f64();
+    record.members = sum.members;
+    record.took_ms = Quantiles::of(&sum.took_ms);
+    record.not_taken = sum.not_taken;
+    record.live_calls = sum.live_calls;
+    record.live_calls_ended_before = sum.ended_before;
+    record.closed_ms = Quantiles::of(&sum.closed_ms);
+    record.still_open = sum.still_open;
+    record.close_reasons = sum.close_reasons;
+    record.revoked_members = sum.revoked_members;
+    record.dropped_ms = Quantiles::of(&sum.dropped_ms);
+    record.not_dropped = sum.not_dropped;
+    record.calls_ok = w.calls_ok;
+    record.calls_failed = w.calls_failed;
+    if let (Some(b), Some(a)) = (&cpu_before, &cpu_after) {
+        record.control_plane_cpu_secs = match (b.control_plane, a.control_plane) {
+            (Some(b), Some(a)) => Some((a - b).max(0.0)),
+            _ => None,
+        };
+        for (name, after) in &a.routers {
+            if let Some(before) = b.routers.get(name) {
+                record
+                    .router_cpu_secs
+                    .insert(name.clone(), (after - before).max(0.0));
+            }
+        }
+    }
+    record.control_plane_rss_bytes = target.control_plane().await.and_then(|c| c.rss_bytes);
+    record.enrolled_members = fleet
+        .tally
+        .members
+        .values()
+        .filter(|m| m.enrolled_ms.is_some())
+        .count() as u64;
+    eprintln!(
+        "\rladder: event {what:?} at {at} s: {} of {} members took it (p99 {} ms), {} of {} forbidden calls closed (p99 {} ms), {} of {} revoked members dropped",
+        record.took_ms.count,
+        record.members,
+        record
+            .took_ms
+            .p99
+            .map_or_else(|| "-".into(), |v| v.to_string()),
+        record.closed_ms.count,
+        record.live_calls,
+        record
+            .closed_ms
+            .p99
+            .map_or_else(|| "-".into(), |v| v.to_string()),
+        record.dropped_ms.count,
+        record.revoked_members
+    );
+    Ok(record)
+}
+
+/// Applies [`CHANGED_POLICY`]; returns the version now in force.
+async fn apply_changed(target: &mut Target) -> Result<u64> {
+    let mesh = target.local("--policy-change-at")?;
+    let client = admin_client(&mesh.url(), read_ca(mesh.ca_file().as_deref())?)?;
+    let r = client
+        .apply_policy(
+            &mesh.admin_token,
+            ApplyPolicyRequest {
+                text: CHANGED_POLICY.to_string(),
+                dry_run: false,
+                author: "agentmesh-ladder --policy-change-at".into(),
+            },
+        )
+        .await
+        .map_err(|e| LadderError::Grpc {
+            call: "ApplyPolicy",
+            status: e.to_string(),
+        })?;
+    if !r.applied {
+        return Err(LadderError::Process(format!(
+            "ApplyPolicy applied nothing (version {} in force)",
+            r.version
+        )));
+    }
+    Ok(r.version)
+}
+
+/// Revokes the revocable token; returns its id.
+async fn revoke(target: &mut Target) -> Result<String> {
+    let mesh = target.local("--revoke-token-at")?;
+    let (_, id) = mesh
+        .revocable_token
+        .clone()
+        .ok_or_else(|| LadderError::Process("no revocable token was minted".into()))?;
+    let client = admin_client(&mesh.url(), read_ca(mesh.ca_file().as_deref())?)?;
+    client
+        .revoke_token(&mesh.admin_token, &id, "agentmesh-ladder --revoke-token-at")
+        .await
+        .map_err(|e| LadderError::Grpc {
+            call: "RevokeToken",
+            status: e.to_string(),
+        })?;
+    Ok(id)
+}
+
+/// CPU seconds of the control plane and of each router, now.
+struct Cpu {
+    control_plane: Option<f64>,
+    routers: BTreeMap<String, f64>,
+}
+
+fn cpu(target: &mut Target) -> Option<Cpu> {
+    let mesh = target.local("cpu").ok()?;
+    let routers = (0..mesh.routers.len())
+        .filter_map(|i| {
+            let secs = procstat::cpu_secs(mesh.router_pid(i)?)?;
+            Some((mesh.routers[i].name.clone(), secs))
+        })
+        .collect();
+    Some(Cpu {
+        control_plane: mesh.control_plane_pid().and_then(procstat::cpu_secs),
+        routers,
+    })
+}
+
+fn sum(replies: Vec<Reply>) -> PropagationStats {
+    let mut s = PropagationStats::default();
+    for r in replies {
+        if let Reply::Propagation(x) = r {
+            s.members += x.members;
+            s.took_ms.extend(x.took_ms);
+            s.not_taken += x.not_taken;
+            s.live_calls += x.live_calls;
+            s.ended_before += x.ended_before;
+            s.closed_ms.extend(x.closed_ms);
+            s.still_open += x.still_open;
+            for (k, v) in x.close_reasons {
+                *s.close_reasons.entry(k).or_insert(0) += v;
+            }
+            s.revoked_members += x.revoked_members;
+            s.dropped_ms.extend(x.dropped_ms);
+            s.not_dropped += x.not_dropped;
+        }
+    }
+    s
+}
