@@ -492,8 +492,11 @@ fn an_upgraded_connection_counts_once_before_the_swarm_ends_its_handshake() {
     let h2 = ConnectionId::new_unchecked(2);
     mgr.open_pending(h2, ip)
         .expect("2 while 1 is still pending at the swarm");
-    // Two not yet admitted now: the third is refused, before and after the
-    // swarm ends the first handshake.
+    let newcomer = ConnectionId::new_unchecked(4);
+    mgr.open_pending(newcomer, ip)
+        .expect("the newcomer past the cap");
+    // Three not yet admitted now: the next is refused, before and after
+    // the swarm ends the first handshake.
     let h3 = ConnectionId::new_unchecked(3);
     assert_eq!(
         mgr.open_pending(h3, ip).expect_err("3").scope,
@@ -506,6 +509,7 @@ fn an_upgraded_connection_counts_once_before_the_swarm_ends_its_handshake() {
     );
     // The counts come back to zero whatever order handshakes end in.
     mgr.close_pending(h2);
+    mgr.close_pending(newcomer);
     drop(_c1);
     assert_eq!(mgr.pending(), 0);
     let st = mgr.state.lock();
@@ -627,8 +631,11 @@ fn prefix_128_counts_each_ipv6_address_alone() {
     let _second = mgr
         .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::1"))
         .expect("2nd from one address");
+    let _newcomer = mgr
+        .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::1"))
+        .expect("the newcomer past the cap");
     mgr.open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::1"))
-        .expect_err("3rd from one address");
+        .expect_err("4th from one address");
 }
 
 #[test]
@@ -640,6 +647,9 @@ fn an_ipv4_mapped_source_counts_as_its_ipv4_address() {
     let _c2 = mgr
         .open_connection(PeerId::random(), &inbound_from("::ffff:10.0.0.9"))
         .expect("2");
+    let _newcomer = mgr
+        .open_connection(PeerId::random(), &inbound_from("::ffff:10.0.0.9"))
+        .expect("the newcomer past the cap");
     let err = mgr
         .open_connection(PeerId::random(), &inbound_from("::ffff:10.0.0.9"))
         .expect_err("the same IPv4 host, mapped");

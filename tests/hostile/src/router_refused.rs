@@ -28,6 +28,24 @@ use crate::source_tcp;
 /// Pause after a dial that did not connect, before the next one.
 const REDIAL_PAUSE: Duration = Duration::from_millis(100);
 
+/// How long to wait for the router's close once the streams stopped (an
+/// open fails while the close is on its way).
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether the connection closes within `wait`.
+async fn closed_within(swarm: &mut Swarm<agentmesh_streams::Behaviour>, wait: Duration) -> bool {
+    let until = Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(until, swarm.select_next_some()).await {
+            Err(_) => return false,
+            Ok(SwarmEvent::ConnectionClosed {
+                num_established: 0, ..
+            }) => return true,
+            Ok(_) => {}
+        }
+    }
+}
+
 /// One run of the attack.
 #[derive(Debug, Clone)]
 pub struct Attack {
@@ -195,8 +213,10 @@ async fn connection(
             }
             _ = tokio::time::sleep_until(deadline) => break,
             changed = opened_rx.changed() => {
-                // The stream task ended: its bound is reached.
+                // The stream task ended: its bound is reached, or an open
+                // failed because the router is closing the connection.
                 if changed.is_err() {
+                    closed = closed_within(&mut swarm, CLOSE_WAIT.min(deadline - Instant::now())).await;
                     break;
                 }
             }

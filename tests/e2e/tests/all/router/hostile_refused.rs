@@ -4,8 +4,9 @@
 //! allows, while real members from 127.0.0.9 enroll, attach and call.
 //!
 //! Asserted: every connection of the attack is closed by the router after
-//! at most its budget of refused streams (plus the few in flight while the
-//! close lands), never by the harness's own bound; each close is counted
+//! its budget of refused streams (the one past it, which closes the
+//! connection, may reach the harness as a failed open; a few more may be in
+//! flight while the close lands), never by the harness's own bound; each close is counted
 //! (`connections_closed_total{reason="refused_streams"}`) and is a failed
 //! login of the source; the members are ready and call each other, and
 //! are not closed. Before the fix the first connection took all
@@ -79,7 +80,7 @@ async fn a_stranger_reopening_refused_streams_is_closed_and_members_still_call()
         "the router closed every one: {report}"
     );
     assert!(
-        report.most_on_one_connection > BUDGET
+        report.most_on_one_connection >= BUDGET
             && report.most_on_one_connection <= BUDGET + 1 + IN_FLIGHT_SLACK,
         "closed just past the budget of {BUDGET}: {report}"
     );
