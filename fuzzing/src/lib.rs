@@ -28,6 +28,7 @@ pub const TARGETS: &[&str] = &[
     "goaway_frames",
     "catalog_frames",
     "call_frames",
+    "policy_frames",
     "record",
     "trust_keys",
 ];
@@ -63,6 +64,7 @@ pub fn run(target: &str, data: &[u8]) -> Option<Report> {
         "goaway_frames" => goaway_frames::run(data),
         "catalog_frames" => catalog_frames::run(data),
         "call_frames" => call_frames::run(data),
+        "policy_frames" => policy_frames::run(data),
         "record" => record::run(data),
         "trust_keys" => trust_keys::run(data),
         _ => return None,

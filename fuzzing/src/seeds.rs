@@ -8,20 +8,23 @@ use agentmesh_proto::identity::PeerId;
 use agentmesh_proto::pb::controlplane::{
     EnrollRequest, GetDirectoryResponse, RefreshRequest, RouterLeaseRequest, RouterLoad,
 };
-use agentmesh_proto::pb::credential::{KeySet, PublicKey as KeyEntry, Revocation, Role};
+use agentmesh_proto::pb::credential::{
+    KeySet, PolicyDocument, PublicKey as KeyEntry, Revocation, Role,
+};
 use agentmesh_proto::pb::mesh::{
     Admitted, Alternative, AuthRefusal, AuthRequest, AuthResponse, CallRefusal, CallRequest,
     CallResponse, CatalogError, CatalogRequest, CatalogResponse, GoAway, GoAwayAck, GoAwayReason,
-    Lookup, LookupResult, PublishAck, Purpose as AuthPurpose, Refused, ServiceRecord, Withdraw,
-    auth_response, catalog_request, catalog_response,
+    Lookup, LookupResult, PolicyAck, PolicyPush, PublishAck, Purpose as AuthPurpose, Refused,
+    ServiceRecord, Withdraw, auth_response, catalog_request, catalog_response,
 };
+use agentmesh_proto::policy::sign_policy;
 use agentmesh_proto::proof::{Purpose, make_proof};
 use agentmesh_proto::record::sign_record;
 use agentmesh_wire::frame::encode;
 use prost::Message;
 
 use crate::keys::{self, NOW, peer, peers};
-use crate::targets::{credential, enroll_proof, record, trust_keys};
+use crate::targets::{credential, enroll_proof, policy_frames, record, trust_keys};
 
 /// One corpus file and what running it must reach.
 #[derive(Debug, Clone)]
@@ -59,6 +62,7 @@ pub fn all() -> Vec<Seed> {
     out.extend(goaway_seeds());
     out.extend(catalog_seeds());
     out.extend(call_seeds());
+    out.extend(policy_seeds());
     out.extend(record_seeds());
     out.extend(trust_keys_seeds());
     out
@@ -697,6 +701,172 @@ fn goaway_seeds() -> Vec<Seed> {
             &[("go_away", "length_mismatch")],
         ),
         seed(t, "too_large", too_large(), &[("go_away", "too_large")]),
+    ]
+}
+
+/// A structured policy input (mode 2): signer, flags, held, epoch,
+/// version, issued offset, then the text.
+fn policy_input(signer: u8, flags: u8, held: u8, epoch: u8, version: u8, text: &str) -> Vec<u8> {
+    let mut d = vec![2, signer, flags, held, epoch, version, 10];
+    d.extend_from_slice(text.as_bytes());
+    d
+}
+
+/// A policy document for the raw mode (1) and for whole frames (0).
+fn policy_document(epoch: u64, version: u64, key_id: &str) -> PolicyDocument {
+    PolicyDocument {
+        epoch,
+        version,
+        issued_at_unix_secs: NOW,
+        text: POLICY_TEXT.into(),
+        key_id: key_id.into(),
+    }
+}
+
+/// A policy with a group, an owner and a grant, so the parser's paths
+/// beyond the header are in the corpus.
+const POLICY_TEXT: &str = r#"format = 1
+
+[groups]
+team = { role = "member", labels = { team = "fuzz" } }
+
+[[owners]]
+services = ["echo"]
+groups = ["team"]
+
+[[grants]]
+from = ["team"]
+to = ["echo"]
+"#;
+
+fn policy_seeds() -> Vec<Seed> {
+    use policy_frames::{HELD_EPOCH, HELD_VERSION};
+    let t = "policy_frames";
+    let (e, v) = (HELD_EPOCH as u8, HELD_VERSION as u8);
+    let raw = |signer: u8, flags: u8, held: u8, doc: &PolicyDocument| {
+        let mut d = vec![1, signer, flags, held];
+        d.extend_from_slice(&doc.encode_to_vec());
+        d
+    };
+    let pushed = PolicyPush {
+        policy: Some(sign_policy(
+            &policy_document(HELD_EPOCH, HELD_VERSION + 1, keys::CURRENT_KEY_ID),
+            &keys::signing().current,
+        )),
+        revocations: keys::revocations(),
+    };
+    let push_frame = {
+        let mut d = vec![0];
+        d.extend_from_slice(&encode(&pushed));
+        d
+    };
+    let frame_of = |bytes: Vec<u8>| {
+        let mut d = vec![0];
+        d.extend_from_slice(&bytes);
+        d
+    };
+    vec![
+        seed(
+            t,
+            "newer_version",
+            policy_input(0, 0, 1, e, v + 1, POLICY_TEXT),
+            &[("push", "ok"), ("policy", "accepted")],
+        ),
+        seed(
+            t,
+            "same_version_stale",
+            policy_input(0, 0, 1, e, v, "format = 1\n"),
+            &[("policy", "stale")],
+        ),
+        seed(
+            t,
+            "other_epoch_issued_earlier",
+            policy_input(0, 0, 2, e, 200, "format = 1\n"),
+            &[("policy", "stale")],
+        ),
+        seed(
+            t,
+            "retired_key_still_verifies",
+            policy_input(1, 2, 0, 1, 1, "format = 1\n"),
+            &[("policy", "accepted")],
+        ),
+        seed(
+            t,
+            "stranger_key",
+            policy_input(2, 0, 0, 1, 1, "format = 1\n"),
+            &[("policy", "bad_signature")],
+        ),
+        seed(
+            t,
+            "unknown_key_id",
+            policy_input(3, 0, 0, 1, 1, "format = 1\n"),
+            &[("policy", "unknown_key")],
+        ),
+        seed(
+            t,
+            "tampered_signature",
+            policy_input(0, 1, 0, 1, 1, "format = 1\n"),
+            &[("policy", "bad_signature")],
+        ),
+        seed(
+            t,
+            "unparsable_text",
+            policy_input(0, 0, 0, 1, 1, "format = 99\n[[[not toml"),
+            &[("policy", "unparsable")],
+        ),
+        seed(
+            t,
+            "raw_document",
+            raw(0, 0, 0, &policy_document(1, 1, keys::CURRENT_KEY_ID)),
+            &[("policy", "accepted")],
+        ),
+        seed(
+            t,
+            "raw_not_a_document",
+            {
+                let mut d = vec![1, 0, 0, 0];
+                d.extend_from_slice(&[0xff; 8]);
+                d
+            },
+            &[("policy", "malformed")],
+        ),
+        seed(
+            t,
+            "push_frame",
+            push_frame.clone(),
+            &[("push", "ok"), ("policy", "accepted"), ("policy", "stale")],
+        ),
+        seed(
+            t,
+            "push_without_policy",
+            frame_of(encode(&PolicyPush {
+                policy: None,
+                revocations: vec![],
+            })),
+            &[("push", "ok"), ("policy", "absent"), ("ack", "ok")],
+        ),
+        seed(
+            t,
+            "ack",
+            frame_of(encode(&PolicyAck {
+                epoch: 5,
+                version: 6,
+                ignored: "stale".into(),
+            })),
+            &[("ack", "ok")],
+        ),
+        seed(
+            t,
+            "truncated",
+            truncated(&push_frame),
+            &[("push", "length_mismatch")],
+        ),
+        seed(
+            t,
+            "too_large",
+            frame_of(too_large()),
+            &[("ack", "too_large")],
+        ),
     ]
 }
 

@@ -82,6 +82,10 @@ pub const DEFAULT_STREAM_TIMEOUT_SECS: u64 = 10;
 /// to hold a slot stays silent this long; one that has started and is
 /// merely slow is given the full stream timeout.
 pub const DEFAULT_AUTH_FIRST_BYTE_TIMEOUT_MS: u64 = 2_000;
+/// Default refused streams a stranger's connection may have before it is
+/// closed: far more than a member opens before its auth answer (one auth
+/// stream, a retry or two), far fewer than a loop that reopens them.
+pub const DEFAULT_STRANGER_REFUSED_STREAMS_MAX: u32 = 32;
 /// Default bound on concurrently served auth streams.
 pub const DEFAULT_AUTH_MAX_INFLIGHT_STREAMS: usize = 256;
 /// Default auth streams that may wait for an auth slot: four times the
@@ -209,6 +213,11 @@ pub struct Config {
     /// An auth stream that sends no byte within this time is closed and
     /// counted as a failed login of its source (`silent`). Default 2 s.
     pub auth_first_byte_timeout: Duration,
+    /// Streams of our own protocols refused on one connection of a peer not
+    /// admitted; the next refusal closes the connection and counts as a
+    /// failed login of its source. Members are never closed for this. 0: no
+    /// limit. Default 32.
+    pub stranger_refused_streams_max: u32,
     /// Auth streams served at once, shared fairly by source once all are
     /// taken (a source holding fewer takes the heaviest source's oldest);
     /// refusals are counted. Default 256.
@@ -309,6 +318,7 @@ impl Default for Config {
             clock_skew: Duration::from_secs(DEFAULT_CLOCK_SKEW_SECS),
             stream_timeout: Duration::from_secs(DEFAULT_STREAM_TIMEOUT_SECS),
             auth_first_byte_timeout: Duration::from_millis(DEFAULT_AUTH_FIRST_BYTE_TIMEOUT_MS),
+            stranger_refused_streams_max: DEFAULT_STRANGER_REFUSED_STREAMS_MAX,
             auth_max_inflight_streams: DEFAULT_AUTH_MAX_INFLIGHT_STREAMS,
             auth_queue_max_streams: DEFAULT_AUTH_QUEUE_MAX_STREAMS,
             auth_queue_wait: Duration::from_millis(DEFAULT_AUTH_QUEUE_WAIT_MS),

@@ -608,12 +608,20 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
             }),
         }
     });
+    let refusals = Arc::new(streams::RefusedStreams {
+        control: control.clone(),
+        max: c.config.stranger_refused_streams_max,
+        admissions: c.admissions.clone(),
+        resources: c.resources.clone(),
+        metrics: c.metrics.clone(),
+    });
     let auth_accept = streams::Accept {
         slots: c
             .resources
             .fair_budget(SlotBudget::Auth, c.config.auth_max_inflight_streams),
         resources: c.resources.clone(),
         queue: auth_queue,
+        refusals: refusals.clone(),
     };
     tasks.spawn(streams::accept_loop(
         auth_accept,
@@ -661,6 +669,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
             .fair_budget(SlotBudget::Catalog, c.config.catalog_max_inflight_streams),
         resources: c.resources.clone(),
         queue: None,
+        refusals,
     };
     // Every catalog operation needs an admitted peer (withdraw has nothing
     // to withdraw otherwise): strangers get no catalog slot at all.

@@ -45,7 +45,14 @@ pub(crate) const AUTH_RESULTS: &[&str] = &[
 /// Why the router closed a connection or dropped an admission:
 /// `disconnected` is an admission whose peer had no connection left (found
 /// by the swarm loop's sweep; nothing to close).
-pub(crate) const CLOSE_REASONS: &[&str] = &["auth_deadline", "revoked", "expired", "disconnected"];
+pub(crate) const CLOSE_REASONS: &[&str] = &[
+    "auth_deadline",
+    "revoked",
+    "expired",
+    "disconnected",
+    "refused_streams",
+    "evicted_by_newcomer",
+];
 
 /// Catalog operations.
 pub(crate) const CATALOG_OPS: &[&str] = &["publish", "withdraw", "lookup", "local_lookup"];
@@ -172,7 +179,10 @@ impl Metrics {
         r.register(
             "agentmesh_router_connections_closed",
             "Connections the router closed, by reason; disconnected counts admissions \
-             dropped because their peer had no connection left",
+             dropped because their peer had no connection left; refused_streams: a \
+             stranger's connection past --stranger-refused-streams-max refused streams; \
+             evicted_by_newcomer: a source's oldest unauthenticated connection, closed for a \
+             newcomer from the same source at --unauthenticated-connections-per-ip",
             m.connections_closed.clone(),
         );
         r.register(

@@ -20,6 +20,15 @@
 //! answer, a refusal with a retry-after, instead of silence until the
 //! member gives up. While streams wait, newcomers queue behind them. A
 //! stream that finds no place for its source is dropped as before.
+//!
+//! A stranger (a peer not admitted) whose streams are refused keeps paying
+//! nothing for reopening them: negotiation is cheap for it and costs the
+//! router a little each time, as fast as its link allows. So each stream
+//! refused here counts against its connection ([`RefusedStreams`]); past
+//! `--stranger-refused-streams-max` the connection is closed and counted as
+//! a failed login of its source, which the failed-login guard turns into a
+//! short block once it repeats. Members are never closed for this: under
+//! contention their streams may be refused too, through no fault of theirs.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -33,6 +42,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::Admissions;
+use crate::metrics::Metrics;
 use crate::resources::ResourceManager;
 use crate::resources::slots::{FairBudget, HeldSlot, SlotRefusalReason, WaitOutcome};
 use crate::resources::source::ip_of;
@@ -54,6 +65,73 @@ pub(crate) struct Queue {
     pub(crate) answer: Answer,
 }
 
+/// The reason label (of `agentmesh_router_connections_closed_total`, and
+/// of `agentmesh_router_failed_logins_total`) of a stranger's connection
+/// closed for its refused streams.
+pub(crate) const REFUSED_STREAMS: &str = "refused_streams";
+
+/// Bounds the streams refused on one connection of a stranger; shared by
+/// every protocol's accept loop, the count lives with the connection in
+/// the streams behaviour (`Control::count_refused`) and goes with it.
+pub(crate) struct RefusedStreams {
+    /// Counts refusals per connection and closes connections.
+    pub(crate) control: agentmesh_streams::Control,
+    /// Refused streams a stranger's connection may have; the next one
+    /// closes it. 0: never closed for this.
+    pub(crate) max: u32,
+    /// Whether the peer is a member (members are never closed for this).
+    pub(crate) admissions: Admissions,
+    /// The failed-login guard, and the per-source log limiter.
+    pub(crate) resources: Arc<ResourceManager>,
+    /// `connections_closed{reason="refused_streams"}`.
+    pub(crate) metrics: Metrics,
+}
+
+/// Whether a stranger's connection with `refused` streams refused so far
+/// is past its budget `max` (0: no budget).
+pub(crate) fn past_refusal_budget(refused: u32, max: u32) -> bool {
+    max > 0 && refused > max
+}
+
+impl RefusedStreams {
+    /// One stream of `info`'s connection was refused: counted if its peer
+    /// is a stranger, and its connection closed once past the budget (once:
+    /// later refusals on it while it closes change nothing).
+    pub(crate) fn refused(&self, info: &ConnectionInfo) {
+        if self.max == 0
+            || self
+                .admissions
+                .read()
+                .is_admitted(&info.peer, agentmesh_proto::unix_now())
+        {
+            return;
+        }
+        let Some(n) = self.control.count_refused(info) else {
+            return;
+        };
+        if !past_refusal_budget(n, self.max) || !self.control.close_connection(info) {
+            return;
+        }
+        self.metrics
+            .connections_closed
+            .get_or_create(&[("reason", REFUSED_STREAMS)])
+            .inc();
+        let ip = ip_of(&info.remote_addr);
+        self.resources.failed_login(ip, REFUSED_STREAMS);
+        let key = ip.map_or_else(|| info.peer.to_string(), |ip| ip.to_string());
+        if self.resources.log_due(&key) {
+            tracing::warn!(
+                source = key,
+                peer = %info.peer,
+                refused = n,
+                max = self.max,
+                "stranger's connection closed: too many refused streams \
+                 (--stranger-refused-streams-max; logged at most once a minute per source)"
+            );
+        }
+    }
+}
+
 /// What the loop of one protocol works with.
 pub(crate) struct Accept {
     /// The protocol's fair budget of streams served at once.
@@ -62,6 +140,8 @@ pub(crate) struct Accept {
     pub(crate) resources: Arc<ResourceManager>,
     /// Where streams refused a slot wait (none: they are dropped).
     pub(crate) queue: Option<Queue>,
+    /// Counts the streams dropped here against their connection.
+    pub(crate) refusals: Arc<RefusedStreams>,
 }
 
 /// Serves `fut` while `slot` holds; stops it when the slot is taken.
@@ -110,6 +190,7 @@ pub(crate) async fn accept_loop<G, F, Fut>(
                     a.slots.refused(reason);
                     tracing::debug!(peer = %info.peer, protocol, reason = reason.as_str(), "stream refused");
                     drop(stream);
+                    a.refusals.refused(&info);
                     continue;
                 }
                 // Behind streams already waiting, a newcomer waits too.
@@ -141,6 +222,7 @@ pub(crate) async fn accept_loop<G, F, Fut>(
                         log_refused(&a.resources, &info, protocol, &r);
                     }
                     drop(stream);
+                    a.refusals.refused(&info);
                     continue;
                 };
                 let Ok(place) = q.places.try_acquire(ip) else {
@@ -150,6 +232,7 @@ pub(crate) async fn accept_loop<G, F, Fut>(
                         log_refused(&a.resources, &info, protocol, &r);
                     }
                     drop(stream);
+                    a.refusals.refused(&info);
                     continue;
                 };
                 let slots = a.slots.clone();
@@ -196,5 +279,18 @@ fn log_refused(
             "stream refused: every slot is taken and this source holds \
              its share (logged at most once a minute per source)"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::past_refusal_budget;
+
+    #[test]
+    fn a_connection_is_past_its_budget_only_beyond_it_and_never_without_one() {
+        assert!(!past_refusal_budget(1, 32));
+        assert!(!past_refusal_budget(32, 32), "the budget itself is allowed");
+        assert!(past_refusal_budget(33, 32));
+        assert!(!past_refusal_budget(u32::MAX, 0), "0: no budget");
     }
 }

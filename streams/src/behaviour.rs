@@ -1,6 +1,7 @@
 //! The network behaviour: creates a [`Handler`] per connection, dials peers
 //! that `open_stream` asked for, fails their requests when the dial fails,
-//! and forgets connections when they close.
+//! closes connections its caller asked to close
+//! ([`Control::close_connection`]), and forgets connections when they close.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -10,8 +11,8 @@ use libp2p::core::Endpoint;
 use libp2p::core::transport::PortUse;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{
-    ConnectionClosed, ConnectionDenied, ConnectionId, DialError, DialFailure, FromSwarm,
-    NetworkBehaviour, THandler, THandlerInEvent, THandlerOutEvent, ToSwarm,
+    CloseConnection, ConnectionClosed, ConnectionDenied, ConnectionId, DialError, DialFailure,
+    FromSwarm, NetworkBehaviour, THandler, THandlerInEvent, THandlerOutEvent, ToSwarm,
 };
 use libp2p::{Multiaddr, PeerId};
 use prometheus_client::registry::Registry;
@@ -19,7 +20,7 @@ use prometheus_client::registry::Registry;
 use crate::control::Control;
 use crate::handler::Handler;
 use crate::info::ConnectionInfo;
-use crate::shared::{DebugSizes, Shared};
+use crate::shared::{DebugSizes, Next, Shared};
 use crate::{Config, PendingOpenLimits};
 
 /// Raw streams of our own protocols; see the crate doc.
@@ -143,8 +144,12 @@ impl NetworkBehaviour for Behaviour {
     }
 
     fn poll(&mut self, cx: &mut Context<'_>) -> Poll<ToSwarm<Infallible, THandlerInEvent<Self>>> {
-        match self.shared.next_dial(cx.waker()) {
-            Some(peer) => Poll::Ready(ToSwarm::Dial {
+        match self.shared.next(cx.waker()) {
+            Some(Next::Close(peer_id, connection)) => Poll::Ready(ToSwarm::CloseConnection {
+                peer_id,
+                connection: CloseConnection::One(connection),
+            }),
+            Some(Next::Dial(peer)) => Poll::Ready(ToSwarm::Dial {
                 opts: DialOpts::peer_id(peer)
                     .condition(PeerCondition::DisconnectedAndNotDialing)
                     .build(),

@@ -88,6 +88,23 @@ impl Control {
             .get()
     }
 
+    /// Counts one inbound stream that our caller refused on the connection
+    /// `info` names, and returns that connection's refusals so far; `None`
+    /// when the connection is already gone. The count lives with the
+    /// connection's other state and goes with it, so a caller can bound
+    /// what one connection may cost it in refusals without a table of its
+    /// own.
+    pub fn count_refused(&self, info: &ConnectionInfo) -> Option<u32> {
+        self.shared.count_refused(info.connection)
+    }
+
+    /// Asks the swarm to close the connection `info` names (all its
+    /// streams with it). True the first time for a live connection; later
+    /// asks change nothing, so each connection is queued at most once.
+    pub fn close_connection(&self, info: &ConnectionInfo) -> bool {
+        self.shared.request_close(info.connection)
+    }
+
     /// How many opens were refused because `limit` was reached (same
     /// numbers as `agentmesh_streams_pending_opens_refused_total`).
     pub fn pending_opens_refused(&self, limit: PendingLimit) -> u64 {

@@ -44,6 +44,8 @@ pub struct DebugSizes {
     pub pending_opens: usize,
     /// Dials requested but not yet handed to the swarm.
     pub queued_dials: usize,
+    /// Closes requested but not yet handed to the swarm.
+    pub queued_closes: usize,
 }
 
 /// One `open_stream` call on its way to a connection.
@@ -71,6 +73,21 @@ struct Registration {
 struct Conn {
     peer: PeerId,
     requests: mpsc::Sender<OpenRequest>,
+    /// Inbound streams our caller refused on this connection (see
+    /// [`Shared::count_refused`]); forgotten with the connection.
+    refused: u32,
+    /// A close was asked for (at most one close is queued per connection,
+    /// so the close queue is bounded by the live connections).
+    closing: bool,
+}
+
+/// What the behaviour asks the swarm for next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// Close this connection of this peer.
+    Close(PeerId, ConnectionId),
+    /// Dial this peer.
+    Dial(PeerId),
 }
 
 #[derive(Default)]
@@ -84,6 +101,10 @@ struct Inner {
     /// would cost one step per pending peer on every open).
     pending_total: usize,
     dials: VecDeque<PeerId>,
+    /// Connections our caller asked to close, oldest first; each at most
+    /// once (its `closing` flag), so bounded by `connections`.
+    closes: VecDeque<(PeerId, ConnectionId)>,
+    /// The behaviour's waker, for a dial or a close to hand out.
     dial_waker: Option<Waker>,
     next_registration: u64,
 }
@@ -123,6 +144,7 @@ impl Shared {
             pending_dials: inner.pending.len(),
             pending_opens: inner.pending_total,
             queued_dials: inner.dials.len(),
+            queued_closes: inner.closes.len(),
         }
     }
 
@@ -212,7 +234,15 @@ impl Shared {
     ) -> (mpsc::Receiver<OpenRequest>, Vec<OpenRequest>) {
         let (requests, receiver) = mpsc::channel(OPEN_QUEUE_PER_CONNECTION);
         let mut inner = self.inner.lock();
-        inner.connections.insert(conn, Conn { peer, requests });
+        inner.connections.insert(
+            conn,
+            Conn {
+                peer,
+                requests,
+                refused: 0,
+                closing: false,
+            },
+        );
         inner.peers.entry(peer).or_default().push(conn);
         let waiting = inner.pending.remove(&peer).unwrap_or_default();
         inner.pending_total = inner.pending_total.saturating_sub(waiting.len());
@@ -313,14 +343,54 @@ impl Shared {
         }
     }
 
-    /// The next peer to dial, or registers `waker` for when there is one.
-    pub(crate) fn next_dial(&self, waker: &Waker) -> Option<PeerId> {
+    /// Counts one inbound stream refused on connection `conn`; returns the
+    /// connection's refusals so far, or `None` if it is not live (closed
+    /// meanwhile: nothing to count against).
+    pub(crate) fn count_refused(&self, conn: ConnectionId) -> Option<u32> {
         let mut inner = self.inner.lock();
-        let next = inner.dials.pop_front();
-        if next.is_none() {
-            inner.dial_waker = Some(waker.clone());
+        let c = inner.connections.get_mut(&conn)?;
+        c.refused = c.refused.saturating_add(1);
+        Some(c.refused)
+    }
+
+    /// Asks the swarm to close connection `conn`; true the first time for
+    /// a live connection (later asks, and asks for a connection already
+    /// gone, change nothing).
+    pub(crate) fn request_close(&self, conn: ConnectionId) -> bool {
+        let mut inner = self.inner.lock();
+        let Some(c) = inner.connections.get_mut(&conn) else {
+            return false;
+        };
+        if std::mem::replace(&mut c.closing, true) {
+            return false;
         }
-        next
+        let peer = c.peer;
+        inner.closes.push_back((peer, conn));
+        if let Some(w) = inner.dial_waker.take() {
+            w.wake();
+        }
+        true
+    }
+
+    /// The next close or dial to hand to the swarm (closes first: they
+    /// free resources), or registers `waker` for when there is one. One
+    /// lock for both, so nothing queued between two checks is missed.
+    pub(crate) fn next(&self, waker: &Waker) -> Option<Next> {
+        let mut inner = self.inner.lock();
+        while let Some((peer, conn)) = inner.closes.pop_front() {
+            // A connection that closed on its own meanwhile needs nothing.
+            if inner.connections.contains_key(&conn) {
+                return Some(Next::Close(peer, conn));
+            }
+        }
+        if inner.closes.capacity() > KEEP_CAPACITY {
+            inner.closes.shrink_to_fit();
+        }
+        if let Some(peer) = inner.dials.pop_front() {
+            return Some(Next::Dial(peer));
+        }
+        inner.dial_waker = Some(waker.clone());
+        None
     }
 }
 
@@ -354,6 +424,34 @@ fn shrink_sparse<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_and_closes_are_per_live_connection_and_queued_once() {
+        let shared = Shared::new(1, PendingOpenLimits::default());
+        let (a, b) = (PeerId::random(), PeerId::random());
+        let (ca, cb) = (
+            ConnectionId::new_unchecked(1),
+            ConnectionId::new_unchecked(2),
+        );
+        let _ra = shared.connection_up(ca, a);
+        let _rb = shared.connection_up(cb, b);
+        assert_eq!(shared.count_refused(ca), Some(1));
+        assert_eq!(shared.count_refused(ca), Some(2));
+        assert_eq!(shared.count_refused(cb), Some(1), "counted per connection");
+        assert!(shared.request_close(ca));
+        assert!(!shared.request_close(ca), "queued once");
+        let waker = futures::task::noop_waker();
+        assert_eq!(shared.next(&waker), Some(Next::Close(a, ca)));
+        assert_eq!(shared.next(&waker), None);
+        // A close asked for a connection that then goes away is skipped.
+        assert!(shared.request_close(cb));
+        shared.connection_down(cb);
+        assert_eq!(shared.next(&waker), None);
+        assert_eq!(shared.count_refused(cb), None, "gone with its connection");
+        assert!(!shared.request_close(cb));
+        shared.connection_down(ca);
+        assert_eq!(shared.debug_sizes().queued_closes, 0);
+    }
 
     #[test]
     fn tables_give_back_capacity_after_a_peak() {

@@ -548,3 +548,45 @@ async fn every_stream_comes_with_its_connection() {
     assert_eq!(accepted[0].0.connection, accepted[1].0.connection);
     assert_eq!(accepted[0].0.remote_addr, accepted[1].0.remote_addr);
 }
+
+#[tokio::test]
+async fn a_connection_whose_refusals_are_counted_can_be_closed_from_a_control() {
+    let a = Peer::new(Config::default()).await;
+    let b = Peer::new(Config::default()).await;
+    let p = proto("/test/refuse/1");
+    let mut incoming = a.control.clone().accept(p.clone()).expect("accept");
+    let addr = a.addr.clone();
+    b.with_swarm(move |s| s.dial(new_port(addr)))
+        .await
+        .expect("dial");
+    b.wait_connections("connect", |n| n == 1).await;
+    let mut last = None;
+    for want in 1..=3u32 {
+        let (_, mut s) = tokio::time::timeout(
+            DEADLINE,
+            b.control.clone().open_stream_with_info(a.id, p.clone()),
+        )
+        .await
+        .expect("open within deadline")
+        .expect("open");
+        s.write_all(b"x").await.expect("write");
+        s.flush().await.expect("flush");
+        let (info, refused) = tokio::time::timeout(DEADLINE, incoming.next())
+            .await
+            .expect("accepted within deadline")
+            .expect("stream");
+        drop(refused);
+        assert_eq!(a.control.count_refused(&info), Some(want));
+        last = Some(info);
+    }
+    let info = last.expect("a stream");
+    assert!(
+        a.control.close_connection(&info),
+        "first ask queues a close"
+    );
+    assert!(!a.control.close_connection(&info), "queued once");
+    a.wait_connections("closed by a", |n| n == 0).await;
+    b.wait_connections("closed for b", |n| n == 0).await;
+    assert_eq!(a.control.count_refused(&info), None, "gone with it");
+    assert_eq!(a.control.debug_sizes().queued_closes, 0);
+}

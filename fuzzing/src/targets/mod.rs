@@ -5,6 +5,8 @@
 //!   Enroll, Refresh and RouterLease.
 //! - [`auth_frames`], [`goaway_frames`], [`catalog_frames`],
 //!   [`call_frames`]: each protocol's request and answer frames.
+//! - [`policy_frames`]: the policy push a member reads, its ack, and the
+//!   held-policy acceptance of the policy it carries.
 //! - [`record`]: signed service records.
 //! - [`trust_keys`]: key sets and revocation lists given to `Trust`.
 
@@ -14,5 +16,6 @@ pub mod catalog_frames;
 pub mod credential;
 pub mod enroll_proof;
 pub mod goaway_frames;
+pub mod policy_frames;
 pub mod record;
 pub mod trust_keys;

@@ -1,8 +1,19 @@
 //! The swarm loop's open connections as admission sees them, and the sweeps
 //! over them: the auth deadline (inbound connections whose peer is not
-//! admitted in time are closed), trimming's "close every unauthenticated
-//! connection" and the connection gauges by state. A connection marked
-//! closing is never picked again while its close completes.
+//! admitted in time are closed), the newcomer's eviction (below), trimming's
+//! "close every unauthenticated connection" and the connection gauges by
+//! state. A connection marked closing is never picked again while its close
+//! completes.
+//!
+//! The newcomer's eviction: before authentication nothing tells an
+//! attacker holding all of one source's unauthenticated connections apart
+//! from a member dialing from the same address (one NAT). So the resource
+//! manager lets one connection past a source's cap, and once it is up,
+//! the source's *oldest* unauthenticated connection is closed
+//! ([`Connections::evict_for_newcomer`]). An attacker renewing its
+//! connections keeps losing its oldest; a member gets in and has until it
+//! has become the source's oldest to authenticate, which takes the whole
+//! cap's worth of newer arrivals.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -13,6 +24,7 @@ use tokio::time::Instant;
 
 use super::AdmissionTable;
 use crate::shrink::ShrinkSparse;
+use agentmesh_fair::SourceKey;
 
 /// Connection states (the `state` label of the connection gauges).
 pub(crate) const STATES: &[&str] = &["unauthenticated", "admitted"];
@@ -26,6 +38,9 @@ pub(crate) struct ConnInfo {
     pub(crate) inbound: bool,
     pub(crate) since: Instant,
     pub(crate) closing: bool,
+    /// Where an inbound direct connection comes from (none: outbound, or
+    /// relayed).
+    pub(crate) source: Option<SourceKey>,
 }
 
 /// Open connections by id.
@@ -92,6 +107,38 @@ impl Connections {
             .collect()
     }
 
+    /// The connection to close for the newcomer `id` (just up, its peer
+    /// not admitted): when `id`'s source now holds more than `cap`
+    /// unauthenticated inbound connections (not closing), the oldest of
+    /// them other than `id`; otherwise none.
+    pub(crate) fn evict_for_newcomer(
+        &self,
+        id: &ConnectionId,
+        table: &AdmissionTable,
+        now: i64,
+        cap: u32,
+    ) -> Option<ConnectionId> {
+        let source = self.by_id.get(id)?.source?;
+        let mut held = 0u32;
+        let mut oldest: Option<(&ConnectionId, &ConnInfo)> = None;
+        for (cid, c) in &self.by_id {
+            if !c.inbound
+                || c.closing
+                || c.source != Some(source)
+                || table.is_admitted(&c.peer, now)
+            {
+                continue;
+            }
+            held = held.saturating_add(1);
+            if cid != id && oldest.is_none_or(|(_, o)| c.since < o.since) {
+                oldest = Some((cid, c));
+            }
+        }
+        (held > cap)
+            .then_some(oldest.map(|(cid, _)| *cid))
+            .flatten()
+    }
+
     /// Inbound connections, not closing, whose peer is not admitted at `now`.
     pub(crate) fn unauthenticated(&self, table: &AdmissionTable, now: i64) -> Vec<ConnectionId> {
         self.by_id
@@ -140,7 +187,68 @@ mod tests {
             inbound,
             since: Instant::now(),
             closing: false,
+            source: None,
         }
+    }
+
+    fn from(peer: PeerId, source: &str, since: Instant) -> ConnInfo {
+        ConnInfo {
+            peer,
+            inbound: true,
+            since,
+            closing: false,
+            source: Some(SourceKey::new(source.parse().expect("ip"), 64)),
+        }
+    }
+
+    #[test]
+    fn a_newcomer_past_its_sources_cap_evicts_that_sources_oldest_stranger() {
+        let mut t = AdmissionTable::default();
+        let member = PeerId::random();
+        t.admit(
+            member,
+            super::super::Admission {
+                purpose: super::super::Purpose::Attach,
+                until: 100,
+                node_id: "n".into(),
+                attached_routers: vec![],
+                groups: None,
+            },
+        );
+        let base = Instant::now();
+        let at = |s: u64| base + Duration::from_secs(s);
+        let id = ConnectionId::new_unchecked;
+        let mut c = Connections::default();
+        // An admitted member from the source, older than everyone: never
+        // counted, never evicted.
+        c.insert(id(1), from(member, "127.0.0.66", at(0)));
+        c.insert(id(2), from(PeerId::random(), "127.0.0.66", at(1)));
+        c.insert(id(3), from(PeerId::random(), "127.0.0.66", at(2)));
+        // Another source's older stranger is not this source's.
+        c.insert(id(4), from(PeerId::random(), "127.0.0.67", at(0)));
+        assert_eq!(c.evict_for_newcomer(&id(3), &t, 50, 2), None, "at the cap");
+        c.insert(id(5), from(PeerId::random(), "127.0.0.66", at(3)));
+        assert_eq!(
+            c.evict_for_newcomer(&id(5), &t, 50, 2),
+            Some(id(2)),
+            "past the cap: the oldest stranger of the source"
+        );
+        c.mark_closing(&id(2));
+        assert_eq!(
+            c.evict_for_newcomer(&id(5), &t, 50, 2),
+            None,
+            "one closing is no longer counted"
+        );
+        // A newcomer that is itself the oldest evicts the next oldest.
+        let mut d = Connections::default();
+        d.insert(id(7), from(PeerId::random(), "10.0.0.1", at(0)));
+        d.insert(id(8), from(PeerId::random(), "10.0.0.1", at(5)));
+        assert_eq!(d.evict_for_newcomer(&id(7), &t, 50, 1), Some(id(8)));
+        // Outbound and relayed connections have no source: never evicted.
+        let mut e = Connections::default();
+        e.insert(id(9), conn(PeerId::random(), true));
+        e.insert(id(10), conn(PeerId::random(), true));
+        assert_eq!(e.evict_for_newcomer(&id(10), &t, 50, 0), None);
     }
 
     #[test]

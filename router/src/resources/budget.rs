@@ -454,6 +454,17 @@ pub(crate) fn admit_circuit_source(b: &Budgets, u: CircuitSourceUsage) -> Result
     Ok(())
 }
 
+/// Whether a source already holding `held` unauthenticated connections
+/// (handshakes included) may not open one more. One past the cap is let in:
+/// a newcomer at the cap evicts the source's oldest unauthenticated
+/// connection once it is up (the swarm loop, `admission::conns`), so an
+/// attacker holding a source's whole share cannot keep a member behind
+/// the same address out. The source holds at most the cap again once that
+/// close completes; until then further newcomers are refused.
+pub(crate) fn past_source_cap(b: &Budgets, held: u32) -> bool {
+    held > b.unauthenticated_connections_per_ip
+}
+
 /// Live counts relevant to one new inbound connection.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct ConnectionUsage {
@@ -480,7 +491,7 @@ pub(crate) fn admit_inbound_connection(b: &Budgets, u: ConnectionUsage) -> Resul
     if u.peer_admitted {
         return Ok(charge);
     }
-    if u.unauthenticated_from_source >= b.unauthenticated_connections_per_ip || u.source_blocked {
+    if past_source_cap(b, u.unauthenticated_from_source) || u.source_blocked {
         return Err(Refusal::new(Resource::Connection, Scope::Source));
     }
     strangers::admit(b.unauthenticated_memory_bytes, u.stranger, charge)?;
@@ -507,10 +518,11 @@ pub(crate) struct HandshakeUsage {
 /// across all sources are bounded by the fair `handshake` slots
 /// (`slots.rs`), taken after this check.
 pub(crate) fn admit_handshake(b: &Budgets, u: HandshakeUsage) -> Result<(), Refusal> {
-    if u.pending_from_source
-        .saturating_add(u.unauthenticated_from_source)
-        >= b.unauthenticated_connections_per_ip
-        || u.source_blocked
+    if past_source_cap(
+        b,
+        u.pending_from_source
+            .saturating_add(u.unauthenticated_from_source),
+    ) || u.source_blocked
     {
         return Err(Refusal::new(Resource::Connection, Scope::Source));
     }
@@ -607,8 +619,9 @@ mod tests {
         let ok = HandshakeUsage::default();
         assert!(admit_handshake(&b, ok).is_ok());
         let source = Err(Refusal::new(Resource::Connection, Scope::Source));
-        // 4 per IP: handshakes and unauthenticated connections together.
-        for (pending, unauth) in [(4, 0), (0, 4), (2, 2)] {
+        // 4 per IP (and one newcomer past it, who evicts the source's
+        // oldest): handshakes and unauthenticated connections together.
+        for (pending, unauth) in [(5, 0), (0, 5), (3, 2)] {
             let u = HandshakeUsage {
                 pending_from_source: pending,
                 unauthenticated_from_source: unauth,
@@ -618,10 +631,10 @@ mod tests {
         }
         let u = HandshakeUsage {
             pending_from_source: 2,
-            unauthenticated_from_source: 1,
+            unauthenticated_from_source: 2,
             ..ok
         };
-        assert!(admit_handshake(&b, u).is_ok());
+        assert!(admit_handshake(&b, u).is_ok(), "the newcomer past the cap");
         let u = HandshakeUsage {
             source_blocked: true,
             ..ok

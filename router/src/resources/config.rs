@@ -113,7 +113,8 @@ pub struct ResourceConfig {
     pub circuits_per_destination: u32,
     /// Relay STOP handshakes in flight on one connection (1–10). Default 8.
     pub relay_stop_handshakes_per_connection: u32,
-    /// Connections from one IP whose peers are not admitted. Default 64.
+    /// Connections from one IP whose peers are not admitted; a newcomer
+    /// at the cap is let in and the source's oldest closed. Default 64.
     pub unauthenticated_connections_per_ip: u32,
     /// Failed logins of one source (IP, IPv6 prefix) within a minute that
     /// block it: its new connections whose peers are not admitted are
@@ -215,7 +216,7 @@ pub struct ResourceArgs {
     #[arg(long, default_value_t = DEFAULT_RELAY_STOP_HANDSHAKES_PER_CONNECTION,
           value_parser = clap::value_parser!(u32).range(1..=RELAY_STOP_HANDSHAKES_LIBRARY_MAX as i64))]
     pub relay_stop_handshakes_per_connection: u32,
-    /// Connections from one IP whose peers are not admitted.
+    /// Connections from one IP (IPv6: prefix) whose peers are not admitted, connections; a newcomer at the cap is let in and the source's oldest unauthenticated connection closed (agentmesh_router_connections_closed_total{reason="evicted_by_newcomer"}).
     #[arg(long, default_value_t = DEFAULT_UNAUTHENTICATED_CONNECTIONS_PER_IP)]
     pub unauthenticated_connections_per_ip: u32,
     /// Failed logins from one IP (IPv6: prefix) within a minute that block it, logins; a block refuses its new unauthenticated connections (counted in agentmesh_router_failed_login_blocks_total).

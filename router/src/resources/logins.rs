@@ -157,11 +157,13 @@ pub(crate) const FAILED_LOGIN_REASONS: &[&str] = &[
     "revoked",
     "wrong_role",
     "silent",
+    "refused_streams",
 ];
 
 /// Whether an auth result is a failed login for the per-source limit: a
-/// forged, foreign, garbled or revoked credential, or a stream that sent no
-/// byte within the first-byte deadline; not a refusal the router or the
+/// forged, foreign, garbled or revoked credential, a stream that sent no
+/// byte within the first-byte deadline, or a stranger's connection closed
+/// for its refused streams (`crate::streams`); not a refusal the router or the
 /// clock caused (`unknown_key`, `no_keys`, `expired`, `not_yet_valid`), nor
 /// a stream that started its request and was slow (`io`).
 fn counts_as_failed_login(reason: &str) -> bool {

@@ -356,6 +356,12 @@ impl ResourceManager {
         SourceKey::new(ip, self.budgets.ipv6_source_prefix_len)
     }
 
+    /// The source `ip` counts under (IPv6 per prefix), as the swarm loop
+    /// keys connections for the newcomer's eviction.
+    pub(crate) fn source_of(&self, ip: IpAddr) -> SourceKey {
+        self.source_key(ip)
+    }
+
     fn is_admitted(&self, peer: &PeerId) -> bool {
         self.admitted.get().is_some_and(|f| f(peer))
     }

@@ -116,9 +116,14 @@ fn source_limit_applies_to_unauthenticated_connections_only() {
     let _c2 = mgr
         .open_connection(p2, &inbound_from("10.0.0.9"))
         .expect("2");
+    // One newcomer past the cap gets in (the swarm loop then closes the
+    // source's oldest); the next is refused until that close completes.
+    let newcomer = mgr
+        .open_connection(PeerId::random(), &inbound_from("10.0.0.9"))
+        .expect("the newcomer");
     let err = mgr
         .open_connection(p3, &inbound_from("10.0.0.9"))
-        .expect_err("third unauthenticated from one IP");
+        .expect_err("past the cap and its newcomer");
     assert_eq!(
         (err.resource, err.scope),
         (Resource::Connection, Scope::Source)
@@ -127,6 +132,7 @@ fn source_limit_applies_to_unauthenticated_connections_only() {
         refused(&mgr, Resource::Connection, Scope::Source, "none"),
         1
     );
+    drop(newcomer);
     // Once admitted, members behind that IP no longer count.
     admitted.write().extend([p1, p2]);
     let _c3 = mgr
@@ -394,21 +400,26 @@ fn handshakes_from_one_source_are_refused_before_they_start() {
     use libp2p::swarm::ConnectionId;
     let (mgr, admitted) = manager(|c| c.pending_connections_max = 3);
     let ip: IpAddr = "10.0.0.9".parse().expect("ip");
-    // Limit 2 per IP (see `manager`): two handshakes, the third refused.
+    // Limit 2 per IP (see `manager`) and the newcomer past it: three
+    // handshakes, the fourth refused.
     let (h1, h2) = (
         ConnectionId::new_unchecked(1),
         ConnectionId::new_unchecked(2),
     );
     mgr.open_pending(h1, ip).expect("1");
     mgr.open_pending(h2, ip).expect("2");
+    mgr.open_pending(ConnectionId::new_unchecked(3), ip)
+        .expect("the newcomer");
     let r = mgr
-        .open_pending(ConnectionId::new_unchecked(3), ip)
-        .expect_err("3");
+        .open_pending(ConnectionId::new_unchecked(6), ip)
+        .expect_err("past the cap and its newcomer");
     assert_eq!((r.resource, r.scope), (Resource::Connection, Scope::Source));
     assert_eq!(
         refused(&mgr, Resource::Connection, Scope::Source, "none"),
         1
     );
+    // The newcomer's handshake fails: the source is back at its cap.
+    mgr.close_pending(ConnectionId::new_unchecked(3));
     // Another IP still gets in. Once all 3 handshake slots are taken, a
     // source holding fewer takes the heaviest source's oldest (h1, denied
     // when it ends), and one holding as many as every other is refused.
@@ -481,8 +492,11 @@ fn an_upgraded_connection_counts_once_before_the_swarm_ends_its_handshake() {
     let h2 = ConnectionId::new_unchecked(2);
     mgr.open_pending(h2, ip)
         .expect("2 while 1 is still pending at the swarm");
-    // Two not yet admitted now: the third is refused, before and after the
-    // swarm ends the first handshake.
+    let newcomer = ConnectionId::new_unchecked(4);
+    mgr.open_pending(newcomer, ip)
+        .expect("the newcomer past the cap");
+    // Three not yet admitted now: the next is refused, before and after
+    // the swarm ends the first handshake.
     let h3 = ConnectionId::new_unchecked(3);
     assert_eq!(
         mgr.open_pending(h3, ip).expect_err("3").scope,
@@ -495,6 +509,7 @@ fn an_upgraded_connection_counts_once_before_the_swarm_ends_its_handshake() {
     );
     // The counts come back to zero whatever order handshakes end in.
     mgr.close_pending(h2);
+    mgr.close_pending(newcomer);
     drop(_c1);
     assert_eq!(mgr.pending(), 0);
     let st = mgr.state.lock();
@@ -544,9 +559,12 @@ fn ipv6_sources_in_one_prefix_share_one_share() {
     let _c2 = mgr
         .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2:ffff::9"))
         .expect("2");
+    let _newcomer = mgr
+        .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::77"))
+        .expect("the newcomer past the cap");
     let err = mgr
         .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::3"))
-        .expect_err("a third address of the same /64");
+        .expect_err("a fourth address of the same /64: past the cap and its newcomer");
     assert_eq!(
         (err.resource, err.scope),
         (Resource::Connection, Scope::Source)
@@ -613,8 +631,11 @@ fn prefix_128_counts_each_ipv6_address_alone() {
     let _second = mgr
         .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::1"))
         .expect("2nd from one address");
+    let _newcomer = mgr
+        .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::1"))
+        .expect("the newcomer past the cap");
     mgr.open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::1"))
-        .expect_err("3rd from one address");
+        .expect_err("4th from one address");
 }
 
 #[test]
@@ -626,6 +647,9 @@ fn an_ipv4_mapped_source_counts_as_its_ipv4_address() {
     let _c2 = mgr
         .open_connection(PeerId::random(), &inbound_from("::ffff:10.0.0.9"))
         .expect("2");
+    let _newcomer = mgr
+        .open_connection(PeerId::random(), &inbound_from("::ffff:10.0.0.9"))
+        .expect("the newcomer past the cap");
     let err = mgr
         .open_connection(PeerId::random(), &inbound_from("::ffff:10.0.0.9"))
         .expect_err("the same IPv4 host, mapped");

@@ -267,6 +267,17 @@ impl EventLoop {
                 if let ConnectedPoint::Dialer { address, .. } = &endpoint {
                     self.dialed_addrs.insert(peer_id, address.clone());
                 }
+                let source = match &endpoint {
+                    ConnectedPoint::Listener { send_back_addr, .. }
+                        if !send_back_addr
+                            .iter()
+                            .any(|p| matches!(p, libp2p::multiaddr::Protocol::P2pCircuit)) =>
+                    {
+                        crate::resources::source::ip_of(send_back_addr)
+                            .map(|ip| self.parts.resources.source_of(ip))
+                    }
+                    _ => None,
+                };
                 self.conns.insert(
                     connection_id,
                     ConnInfo {
@@ -274,8 +285,10 @@ impl EventLoop {
                         inbound,
                         since: Instant::now(),
                         closing: false,
+                        source,
                     },
                 );
+                self.evict_for_newcomer(connection_id);
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
@@ -452,6 +465,47 @@ impl EventLoop {
             .metrics
             .provide_failures
             .inc_by(out.failed as u64);
+    }
+
+    /// A stranger's connection `id` just came up: if its source now holds
+    /// more unauthenticated connections than its cap (the resource manager
+    /// lets one past it for this), closes the source's oldest (see
+    /// `admission::conns`).
+    fn evict_for_newcomer(&mut self, id: ConnectionId) {
+        let cap = self
+            .parts
+            .resources
+            .budgets()
+            .unauthenticated_connections_per_ip;
+        let victim =
+            self.conns
+                .evict_for_newcomer(&id, &self.parts.admissions.read(), unix_now(), cap);
+        let Some(victim) = victim else {
+            return;
+        };
+        if let Some(peer) = self.conns.mark_closing(&victim) {
+            let source = self
+                .conns
+                .iter()
+                .find(|(c, _)| **c == id)
+                .and_then(|(_, c)| c.source)
+                .map_or_else(String::new, |s| s.to_string());
+            if self.parts.resources.log_due(&source) {
+                tracing::warn!(
+                    source,
+                    %peer,
+                    "source at its unauthenticated-connection cap: its oldest \
+                     unauthenticated connection closed for a newcomer (logged at most \
+                     once a minute per source)"
+                );
+            }
+        }
+        self.swarm.close_connection(victim);
+        self.parts
+            .metrics
+            .connections_closed
+            .get_or_create(&[("reason", "evicted_by_newcomer")])
+            .inc();
     }
 
     fn on_tick(&mut self) {

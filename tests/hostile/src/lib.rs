@@ -9,6 +9,7 @@
 //!
 //! - [`control_plane`]: unauthenticated RPC floods at the control plane.
 //! - [`router_auth`]: strangers holding a router's auth slots.
+//! - [`router_refused`]: a stranger reopening refused streams in a loop.
 //! - [`member`]: an enrolled member as a raw libp2p swarm (router auth,
 //!   relayed circuits, raw streams), obeying no limit of its own.
 //! - [`provider_calls`]: silent call streams to one provider.
@@ -21,5 +22,6 @@ pub mod member;
 pub mod provider_calls;
 pub mod provider_circuits;
 pub mod router_auth;
+pub mod router_refused;
 mod source_tcp;
 pub mod summary;

@@ -30,6 +30,8 @@ struct Cli {
 enum Command {
     /// Strangers holding a router's auth slots with stalling auth streams.
     RouterAuth(agentmesh_hostile::router_auth::Args),
+    /// A stranger reopening streams the router refuses it, in a loop.
+    RouterRefusedStreams(agentmesh_hostile::router_refused::Args),
     /// Floods the control plane's unauthenticated RPCs from one source address.
     ControlPlaneFlood(ControlPlaneFlood),
     /// As an enrolled member, hold silent call streams to one provider
@@ -105,6 +107,10 @@ async fn main() -> anyhow::Result<()> {
         Command::RouterAuth(args) => {
             let r = args.run().await?;
             (format!("{r}\n"), r.counts())
+        }
+        Command::RouterRefusedStreams(args) => {
+            let r = args.run().await?;
+            (format!("router-refused-streams {r}\n"), r.counts())
         }
         Command::ControlPlaneFlood(args) => {
             let r = args.run().await?;

@@ -79,6 +79,7 @@ async fn a_trimmed_member_is_not_counted_as_missing_the_auth_deadline() {
             inbound: true,
             since: Instant::now(),
             closing: false,
+            source: None,
         },
     );
     // The trim loop's last step after the grace, answered by the loop.
@@ -107,6 +108,7 @@ async fn an_unadmitted_connection_past_the_deadline_is_still_closed() {
             inbound: true,
             since: Instant::now(),
             closing: false,
+            source: None,
         },
     );
     el.on_tick();
