@@ -357,20 +357,25 @@ async fn members_behind_one_ip_are_not_limited_once_admitted() {
     a.connect(r.id(), listen_addr(&r, false)).await;
     let b = Peer::new();
     b.connect(r.id(), listen_addr(&r, false)).await;
+    // A newcomer at the cap is let in and the source's oldest
+    // unauthenticated connection (a's) is closed: an attacker holding a
+    // source's slots cannot keep a real member from that address out.
     let c = Peer::new();
-    c.dial(r.id(), listen_addr(&r, false)).await;
-    eventually("third unauthenticated connection refused", || async {
-        (r.refused("connection", "source", "none") >= 1.0).then_some(())
+    c.connect(r.id(), listen_addr(&r, false)).await;
+    let evicted = r#"agentmesh_router_connections_closed_total{reason="evicted_by_newcomer"}"#;
+    eventually("the oldest unauthenticated connection evicted", || async {
+        (r.metric(evicted) >= 1.0).then_some(())
     })
     .await;
-    eventually("refused peer disconnected", || async {
-        (c.connections(r.id()).await == 0).then_some(())
+    eventually("the evicted peer disconnected", || async {
+        (a.connections(r.id()).await == 0).then_some(())
     })
     .await;
+    assert_eq!(r.metric(evicted), 1.0, "only the oldest is evicted");
 
     // Once admitted, they no longer count: many more members behind the
-    // same IP get in, one after the other.
-    for p in [&a, &b] {
+    // same IP get in, one after the other, and none is evicted or refused.
+    for p in [&b, &c] {
         let cred = cp.enroll(&token, &p.key).await;
         assert!(admitted(&p.auth(r.id(), cred).await));
     }
@@ -378,8 +383,9 @@ async fn members_behind_one_ip_are_not_limited_once_admitted() {
     for _ in 0..6 {
         members.push(admitted_peer(&cp, &r, &token, false).await);
     }
-    assert_eq!(r.refused("connection", "source", "none"), 1.0);
-    for m in &members {
+    assert_eq!(r.refused("connection", "source", "none"), 0.0);
+    assert_eq!(r.metric(evicted), 1.0);
+    for m in members.iter().chain([&b, &c]) {
         assert_eq!(m.connections(r.id()).await, 1, "{} stays", m.id());
     }
     // The gauge is refreshed by the router's periodic tick.
@@ -387,6 +393,7 @@ async fn members_behind_one_ip_are_not_limited_once_admitted() {
         (r.metric("agentmesh_router_attached_members") >= 8.0).then_some(())
     })
     .await;
+    drop(a);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
