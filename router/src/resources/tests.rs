@@ -462,12 +462,15 @@ fn handshakes_from_one_source_are_refused_before_they_start() {
         .expect("conn");
     mgr.open_pending(ConnectionId::new_unchecked(6), ip)
         .expect("one unauthenticated + one handshake");
+    mgr.open_pending(ConnectionId::new_unchecked(7), ip)
+        .expect("the newcomer past the cap");
     let r = mgr
-        .open_pending(ConnectionId::new_unchecked(7), ip)
-        .expect_err("limit");
+        .open_pending(ConnectionId::new_unchecked(11), ip)
+        .expect_err("past the cap and its newcomer");
     assert_eq!(r.scope, Scope::Source);
     admitted.write().insert(peer);
     mgr.close_pending(ConnectionId::new_unchecked(6));
+    mgr.close_pending(ConnectionId::new_unchecked(7));
     mgr.close_pending(ConnectionId::new_unchecked(4));
     mgr.open_pending(ConnectionId::new_unchecked(8), ip)
         .expect("admitted peers do not count");
