@@ -42,7 +42,7 @@ fn a_ladder_under_attack_reports_the_attack_and_keeps_its_members() -> anyhow::R
     }
     let work = tempfile::tempdir()?;
     let report_path = work.path().join("report.json");
-    let mut child = Command::new(&ladder)
+    let child = Command::new(&ladder)
         .args([
             "local",
             "--routers",
@@ -80,26 +80,7 @@ fn a_ladder_under_attack_reports_the_attack_and_keeps_its_members() -> anyhow::R
         .stderr(Stdio::inherit())
         .spawn()
         .context("starting agentmesh-ladder")?;
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if started.elapsed() > RUN_DEADLINE {
-            child.kill()?;
-            bail!("the ladder did not finish within {RUN_DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    let mut table = String::new();
-    if let Some(mut out) = child.stdout.take() {
-        std::io::Read::read_to_string(&mut out, &mut table)?;
-    }
-    println!("{table}");
-    ensure!(status.success(), "agentmesh-ladder failed: {status}");
-    let report: Value = serde_json::from_str(
-        &std::fs::read_to_string(&report_path).context("reading the report")?,
-    )?;
+    let (_table, report) = super::finish::finish(child, &report_path, RUN_DEADLINE)?;
     let attack = &report["events"]["attack"];
     assert!(attack.is_object(), "no attack in the report: {report:#}");
     assert!(

@@ -5,6 +5,7 @@
 mod attack_ladder;
 mod bench;
 mod drain_under_cap;
+mod finish;
 mod hosts_ladder;
 mod hosts_remote;
 mod policy_ladder;

@@ -38,7 +38,7 @@ fn a_policy_change_and_a_token_revocation_reach_every_member_concerned() -> anyh
     }
     let work = tempfile::tempdir()?;
     let report_path = work.path().join("report.json");
-    let mut child = Command::new(&ladder)
+    let child = Command::new(&ladder)
         .args([
             "local",
             "--routers",
@@ -74,26 +74,7 @@ fn a_policy_change_and_a_token_revocation_reach_every_member_concerned() -> anyh
         .stderr(Stdio::inherit())
         .spawn()
         .context("starting agentmesh-ladder")?;
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if started.elapsed() > RUN_DEADLINE {
-            child.kill()?;
-            bail!("the ladder did not finish within {RUN_DEADLINE:?}");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    let mut table = String::new();
-    if let Some(mut out) = child.stdout.take() {
-        std::io::Read::read_to_string(&mut out, &mut table)?;
-    }
-    println!("{table}");
-    ensure!(status.success(), "agentmesh-ladder failed: {status}");
-    let report: Value = serde_json::from_str(
-        &std::fs::read_to_string(&report_path).context("reading the report")?,
-    )?;
+    let (table, report) = super::finish::finish(child, &report_path, RUN_DEADLINE)?;
     let members = PROVIDERS + STEP;
     assert_eq!(u(&report, "/steps/0/ready"), STEP, "{report:#}");
     // Step members are numbered after the providers; one in five enrolls
