@@ -43,9 +43,8 @@ pub(crate) fn finish(
         .unwrap_or_default();
     println!("{table}");
     ensure!(status.success(), "agentmesh-ladder failed: {status}");
-    let report = serde_json::from_str(
-        &std::fs::read_to_string(report_path).context("reading the report")?,
-    )
-    .context("parsing the report")?;
+    let report =
+        serde_json::from_str(&std::fs::read_to_string(report_path).context("reading the report")?)
+            .context("parsing the report")?;
     Ok((table, report))
 }

@@ -8,9 +8,9 @@
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use serde_json::Value;
 
 /// Below nextest's backstop, so a hang fails with this test's message.

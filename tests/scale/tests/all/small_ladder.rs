@@ -9,9 +9,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, bail};
 use serde_json::Value;
 
 /// The whole run must finish within this (about a minute on a quiet 2-core
