@@ -109,7 +109,7 @@ pub(crate) async fn build_swarm(
 ) -> Result<Swarm<Behaviour>, BuildError> {
     let peer_id = key.public().to_peer_id();
     let k = key.clone();
-    let upgrade = muxer::YamuxUpgrade::new(yamux, yamux_dropped)?;
+    let upgrade = muxer::yamux_upgrade(yamux, yamux_dropped)?;
     tracing::debug!(?yamux, "yamux limits");
     let (transport, relay_client) = tokio::task::spawn_blocking(move || {
         let (inner, relay_client) = direct(&k, source_ip, upgrade.clone())?;

@@ -28,6 +28,7 @@ mod labels;
 mod queue;
 mod shared;
 mod upgrade;
+pub mod yamux;
 
 pub use behaviour::Behaviour;
 pub use control::{Control, IncomingStreams};

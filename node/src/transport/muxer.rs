@@ -14,22 +14,14 @@
 //! [`MAX_BUFFERED_INBOUND_STREAMS`] (libp2p-yamux's bound); past it a stream
 //! is dropped (the remote sees a reset) and counted.
 
-use std::collections::VecDeque;
-use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
-
-use futures::{AsyncRead, AsyncWrite, future, ready};
-use libp2p::core::muxing::{StreamMuxer, StreamMuxerEvent};
-use libp2p::core::upgrade::{InboundConnectionUpgrade, OutboundConnectionUpgrade, UpgradeInfo};
+use agentmesh_streams::yamux::InboundBuffer;
+pub(crate) use agentmesh_streams::yamux::YamuxUpgrade;
 use prometheus_client::metrics::counter::Counter;
 
 /// The window yamux guarantees every stream, bytes (its `DEFAULT_CREDIT`).
 pub(crate) const STREAM_CREDIT_BYTES: u64 = 256 * 1024;
 /// Inbound streams buffered while the swarm is not asking for them.
 pub(crate) const MAX_BUFFERED_INBOUND_STREAMS: usize = 256;
-/// The yamux protocol id.
-const YAMUX_PROTOCOL: &str = "/yamux/1.0.0";
 
 /// The bounds of every yamux connection of a member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,164 +82,31 @@ impl WindowLimits {
     }
 }
 
-/// The yamux upgrade with bounded windows.
-#[derive(Debug, Clone)]
-pub(crate) struct YamuxUpgrade {
-    config: yamux::Config,
+/// The yamux upgrade with `limits` (checked first: see
+/// [`WindowLimits::check`]); `dropped` counts inbound streams dropped past
+/// the buffer.
+pub(crate) fn yamux_upgrade(
+    limits: WindowLimits,
     dropped: Counter,
-}
-
-impl YamuxUpgrade {
-    /// An upgrade with `limits` (checked first: see [`WindowLimits::check`]);
-    /// `dropped` counts inbound streams dropped past the buffer.
-    pub(crate) fn new(limits: WindowLimits, dropped: Counter) -> Result<Self, LimitsError> {
-        limits.check()?;
-        Ok(Self {
-            config: limits.config(),
+) -> Result<YamuxUpgrade, LimitsError> {
+    limits.check()?;
+    Ok(YamuxUpgrade::new(
+        limits.config(),
+        InboundBuffer {
+            max: MAX_BUFFERED_INBOUND_STREAMS,
             dropped,
-        })
-    }
-}
-
-impl UpgradeInfo for YamuxUpgrade {
-    type Info = &'static str;
-    type InfoIter = std::iter::Once<Self::Info>;
-
-    fn protocol_info(&self) -> Self::InfoIter {
-        std::iter::once(YAMUX_PROTOCOL)
-    }
-}
-
-impl<C> InboundConnectionUpgrade<C> for YamuxUpgrade
-where
-    C: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
-    type Output = Yamux<C>;
-    type Error = io::Error;
-    type Future = future::Ready<Result<Self::Output, Self::Error>>;
-
-    fn upgrade_inbound(self, io: C, _: Self::Info) -> Self::Future {
-        future::ready(Ok(Yamux::new(
-            yamux::Connection::new(io, self.config, yamux::Mode::Server),
-            self.dropped,
-        )))
-    }
-}
-
-impl<C> OutboundConnectionUpgrade<C> for YamuxUpgrade
-where
-    C: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
-    type Output = Yamux<C>;
-    type Error = io::Error;
-    type Future = future::Ready<Result<Self::Output, Self::Error>>;
-
-    fn upgrade_outbound(self, io: C, _: Self::Info) -> Self::Future {
-        future::ready(Ok(Yamux::new(
-            yamux::Connection::new(io, self.config, yamux::Mode::Client),
-            self.dropped,
-        )))
-    }
-}
-
-/// A yamux connection as a libp2p `StreamMuxer`.
-#[derive(Debug)]
-pub(crate) struct Yamux<C> {
-    connection: yamux::Connection<C>,
-    inbound: VecDeque<yamux::Stream>,
-    inbound_waker: Option<Waker>,
-    dropped: Counter,
-}
-
-impl<C> Yamux<C> {
-    fn new(connection: yamux::Connection<C>, dropped: Counter) -> Self {
-        Self {
-            connection,
-            inbound: VecDeque::new(),
-            inbound_waker: None,
-            dropped,
-        }
-    }
-}
-
-impl<C> Yamux<C>
-where
-    C: AsyncRead + AsyncWrite + Unpin,
-{
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<yamux::Stream, io::Error>> {
-        match ready!(self.connection.poll_next_inbound(cx)) {
-            Some(Ok(s)) => Poll::Ready(Ok(s)),
-            Some(Err(e)) => Poll::Ready(Err(to_io(e))),
-            None => Poll::Ready(Err(to_io(yamux::ConnectionError::Closed))),
-        }
-    }
-}
-
-fn to_io(e: yamux::ConnectionError) -> io::Error {
-    match e {
-        yamux::ConnectionError::Io(e) => e,
-        e => io::Error::other(e),
-    }
-}
-
-impl<C> StreamMuxer for Yamux<C>
-where
-    C: AsyncRead + AsyncWrite + Unpin + 'static,
-{
-    type Substream = yamux::Stream;
-    type Error = io::Error;
-
-    fn poll_inbound(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Self::Substream, Self::Error>> {
-        if let Some(s) = self.inbound.pop_front() {
-            return Poll::Ready(Ok(s));
-        }
-        if let Poll::Ready(r) = self.poll_next(cx) {
-            return Poll::Ready(r);
-        }
-        self.inbound_waker = Some(cx.waker().clone());
-        Poll::Pending
-    }
-
-    fn poll_outbound(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Self::Substream, Self::Error>> {
-        self.connection.poll_new_outbound(cx).map_err(to_io)
-    }
-
-    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.connection.poll_close(cx).map_err(to_io)
-    }
-
-    fn poll(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<StreamMuxerEvent, Self::Error>> {
-        let this = self.get_mut();
-        let s = ready!(this.poll_next(cx))?;
-        if this.inbound.len() >= MAX_BUFFERED_INBOUND_STREAMS {
-            this.dropped.inc();
-            tracing::debug!(stream = %s, "dropping inbound stream: buffer full");
-            drop(s);
-        } else {
-            this.inbound.push_back(s);
-            if let Some(w) = this.inbound_waker.take() {
-                w.wake();
-            }
-        }
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    }
+        },
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentmesh_streams::yamux::YAMUX_PROTOCOL;
+    use futures::future;
     use futures::{AsyncReadExt as _, AsyncWriteExt as _};
     use libp2p::core::muxing::StreamMuxerExt as _;
+    use libp2p::core::upgrade::InboundConnectionUpgrade as _;
     use tokio_util::compat::TokioAsyncReadCompatExt as _;
 
     #[test]
@@ -270,7 +129,7 @@ mod tests {
             ..ok
         };
         assert_eq!(none.check(), Err(LimitsError::NoStreams));
-        assert!(YamuxUpgrade::new(small, Counter::default()).is_err());
+        assert!(yamux_upgrade(small, Counter::default()).is_err());
     }
 
     /// A peer keeps writing while the member reads fast for a while (so
@@ -297,7 +156,7 @@ mod tests {
         let addr = l.local_addr().expect("addr");
         let (dialed, accepted) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
         let (accepted, _) = accepted.expect("accept");
-        let upgrade = YamuxUpgrade::new(limits, Counter::default()).expect("limits");
+        let upgrade = yamux_upgrade(limits, Counter::default()).expect("limits");
         let mut member = upgrade
             .upgrade_inbound(accepted.compat(), YAMUX_PROTOCOL)
             .await

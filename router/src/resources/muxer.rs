@@ -1,9 +1,9 @@
 //! Two muxer layers:
 //!
-//! - [`Yamux`]: a `StreamMuxer` over the `yamux` crate with bounded windows
-//!   (`set_max_num_streams(n)` first, then a connection window of exactly
-//!   n × 256 KiB, so no stream's window grows past 256 KiB). It replaces
-//!   libp2p-yamux, whose default connection window is 1 GiB.
+//! - [`yamux_upgrade`]: the shared bounded yamux muxer
+//!   (`agentmesh_streams::yamux`) with `set_max_num_streams(n)` and a
+//!   connection window of exactly n × 256 KiB, so no stream's window grows
+//!   past 256 KiB, in place of libp2p-yamux's 1 GiB.
 //! - [`Accounted`]: wraps any muxer (ours, QUIC) and hands out
 //!   [`AccountedStream`]s that learn their protocol from the multistream-select
 //!   message our side writes (confirmation inbound, proposal outbound), ask
@@ -14,195 +14,41 @@
 //!   Dropping it tells the manager the connection is down (see
 //!   `ResourceManager::is_connected`), even while its streams linger.
 
-use std::collections::VecDeque;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
-use futures::{AsyncRead, AsyncWrite, future, ready};
+use futures::{AsyncRead, AsyncWrite, ready};
 use libp2p::core::muxing::{StreamMuxer, StreamMuxerEvent};
-use libp2p::core::upgrade::{InboundConnectionUpgrade, OutboundConnectionUpgrade, UpgradeInfo};
-use prometheus_client::metrics::counter::Counter;
 
 use super::budget::{DATA_STREAM_CHARGE_BYTES, Proto};
 use super::relay::{MAX_STOP_REQUEST_BYTES, StopSource, stop_source};
 use super::sniff::{Seen, Sniffer, accepted_reply_len};
 use super::{ConnectionGuard, StreamGuard};
 
+pub(crate) use agentmesh_streams::yamux::{InboundBuffer, YamuxUpgrade};
+
 /// The yamux protocol id.
-const YAMUX_PROTOCOL: &str = "/yamux/1.0.0";
-
-/// The yamux upgrade with bounded windows.
-#[derive(Debug, Clone)]
-pub(crate) struct YamuxUpgrade {
-    config: yamux::Config,
-    inbound: InboundBuffer,
-}
-
-/// The bound on inbound streams a connection buffers while the swarm is not
-/// asking for them, and the counter of streams dropped past it.
-#[derive(Debug, Clone)]
-pub(crate) struct InboundBuffer {
-    /// Streams buffered at most; more are dropped (the remote sees a reset).
-    pub(crate) max: usize,
-    /// Counts every dropped stream (`refused_total{resource="stream",
-    /// scope="connection",protocol="none"}`: no protocol is negotiated yet).
-    pub(crate) dropped: Counter,
-}
-
-impl YamuxUpgrade {
-    /// At most `max_streams` streams per connection (a backstop above the
-    /// budgets: exceeding it closes the connection) and a connection window
-    /// of `max_streams` × 256 KiB, so each stream keeps a 256 KiB window;
-    /// inbound streams the swarm has not taken yet are bounded by `inbound`.
-    pub(crate) fn new(max_streams: usize, inbound: InboundBuffer) -> Self {
-        let n = max_streams.max(1);
-        let mut config = yamux::Config::default();
-        // Order matters: yamux asserts window >= streams × 256 KiB on each
-        // call, and its default window (1 GiB) holds only 4096 streams; so
-        // lift the window, set the streams, then bound the window.
-        config.set_max_connection_receive_window(None);
-        config.set_max_num_streams(n);
-        config.set_max_connection_receive_window(Some(
-            n.saturating_mul(DATA_STREAM_CHARGE_BYTES as usize),
-        ));
-        Self { config, inbound }
-    }
-}
-
-impl UpgradeInfo for YamuxUpgrade {
-    type Info = &'static str;
-    type InfoIter = std::iter::Once<Self::Info>;
-
-    fn protocol_info(&self) -> Self::InfoIter {
-        std::iter::once(YAMUX_PROTOCOL)
-    }
-}
-
-impl<C> InboundConnectionUpgrade<C> for YamuxUpgrade
-where
-    C: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
-    type Output = Yamux<C>;
-    type Error = io::Error;
-    type Future = future::Ready<Result<Self::Output, Self::Error>>;
-
-    fn upgrade_inbound(self, io: C, _: Self::Info) -> Self::Future {
-        future::ready(Ok(Yamux::new(
-            yamux::Connection::new(io, self.config, yamux::Mode::Server),
-            self.inbound,
-        )))
-    }
-}
-
-impl<C> OutboundConnectionUpgrade<C> for YamuxUpgrade
-where
-    C: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-{
-    type Output = Yamux<C>;
-    type Error = io::Error;
-    type Future = future::Ready<Result<Self::Output, Self::Error>>;
-
-    fn upgrade_outbound(self, io: C, _: Self::Info) -> Self::Future {
-        future::ready(Ok(Yamux::new(
-            yamux::Connection::new(io, self.config, yamux::Mode::Client),
-            self.inbound,
-        )))
-    }
-}
-
-/// A yamux connection as a libp2p `StreamMuxer`.
-#[derive(Debug)]
-pub(crate) struct Yamux<C> {
-    connection: yamux::Connection<C>,
-    inbound: VecDeque<yamux::Stream>,
-    inbound_waker: Option<Waker>,
-    buffer: InboundBuffer,
-}
-
-impl<C> Yamux<C> {
-    fn new(connection: yamux::Connection<C>, buffer: InboundBuffer) -> Self {
-        Self {
-            connection,
-            inbound: VecDeque::new(),
-            inbound_waker: None,
-            buffer,
-        }
-    }
-}
-
-impl<C> Yamux<C>
-where
-    C: AsyncRead + AsyncWrite + Unpin,
-{
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Result<yamux::Stream, io::Error>> {
-        match ready!(self.connection.poll_next_inbound(cx)) {
-            Some(Ok(s)) => Poll::Ready(Ok(s)),
-            Some(Err(e)) => Poll::Ready(Err(to_io(e))),
-            None => Poll::Ready(Err(to_io(yamux::ConnectionError::Closed))),
-        }
-    }
-}
-
-fn to_io(e: yamux::ConnectionError) -> io::Error {
-    match e {
-        yamux::ConnectionError::Io(e) => e,
-        e => io::Error::other(e),
-    }
-}
-
-impl<C> StreamMuxer for Yamux<C>
-where
-    C: AsyncRead + AsyncWrite + Unpin + 'static,
-{
-    type Substream = yamux::Stream;
-    type Error = io::Error;
-
-    fn poll_inbound(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Self::Substream, Self::Error>> {
-        if let Some(s) = self.inbound.pop_front() {
-            return Poll::Ready(Ok(s));
-        }
-        if let Poll::Ready(r) = self.poll_next(cx) {
-            return Poll::Ready(r);
-        }
-        self.inbound_waker = Some(cx.waker().clone());
-        Poll::Pending
-    }
-
-    fn poll_outbound(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Self::Substream, Self::Error>> {
-        self.connection.poll_new_outbound(cx).map_err(to_io)
-    }
-
-    fn poll_close(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.connection.poll_close(cx).map_err(to_io)
-    }
-
-    fn poll(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<StreamMuxerEvent, Self::Error>> {
-        let this = self.get_mut();
-        let s = ready!(this.poll_next(cx))?;
-        if this.inbound.len() >= this.buffer.max {
-            this.buffer.dropped.inc();
-            tracing::debug!(stream = %s, "dropping inbound stream: buffer full");
-            drop(s);
-        } else {
-            this.inbound.push_back(s);
-            if let Some(w) = this.inbound_waker.take() {
-                w.wake();
-            }
-        }
-        cx.waker().wake_by_ref();
-        Poll::Pending
-    }
+/// The yamux upgrade with bounded windows: at most `max_streams` streams per
+/// connection (a backstop above the budgets: exceeding it closes the
+/// connection) and a connection window of `max_streams` × 256 KiB, so each
+/// stream keeps a 256 KiB window; inbound streams the swarm has not taken
+/// yet are bounded by `inbound` (its drops count as `refused_total{
+/// resource="stream",scope="connection",protocol="none"}`: no protocol is
+/// negotiated yet).
+pub(crate) fn yamux_upgrade(max_streams: usize, inbound: InboundBuffer) -> YamuxUpgrade {
+    let n = max_streams.max(1);
+    let mut config = yamux::Config::default();
+    // Order matters: yamux asserts window >= streams × 256 KiB on each
+    // call, and its default window (1 GiB) holds only 4096 streams; so
+    // lift the window, set the streams, then bound the window.
+    config.set_max_connection_receive_window(None);
+    config.set_max_num_streams(n);
+    config.set_max_connection_receive_window(Some(
+        n.saturating_mul(DATA_STREAM_CHARGE_BYTES as usize),
+    ));
+    YamuxUpgrade::new(config, inbound)
 }
 
 /// Any muxer whose streams are accounted by the resource manager.
@@ -473,6 +319,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AccountedStream<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agentmesh_streams::yamux::YAMUX_PROTOCOL;
+    use futures::future;
+    use libp2p::core::upgrade::InboundConnectionUpgrade as _;
+    use prometheus_client::metrics::counter::Counter;
     use tokio_util::compat::TokioAsyncReadCompatExt as _;
 
     fn buffer(max: usize) -> InboundBuffer {
@@ -487,7 +337,7 @@ mod tests {
         // Above 4096 streams yamux's default 1 GiB window used to trip its
         // assertion (e.g. `--peer-stream-budget-total 100000`).
         for n in [0, 1, 512, 4096, 4097, 100_000, u32::MAX as usize * 2 + 64] {
-            let _ = YamuxUpgrade::new(n, buffer(1));
+            let _ = yamux_upgrade(n, buffer(1));
         }
     }
 
@@ -507,7 +357,7 @@ mod tests {
             .open_connection(peer, &endpoint)
             .expect("admitted");
         let (ours, _theirs) = tokio::io::duplex(1 << 16);
-        let muxer = YamuxUpgrade::new(8, buffer(1))
+        let muxer = yamux_upgrade(8, buffer(1))
             .upgrade_inbound(ours.compat(), YAMUX_PROTOCOL)
             .await
             .expect("muxer");
@@ -528,7 +378,7 @@ mod tests {
         let (ours, theirs) = tokio::io::duplex(1 << 20);
         let inbound = buffer(BUFFERED);
         let dropped = inbound.dropped.clone();
-        let mut server = YamuxUpgrade::new(64, inbound)
+        let mut server = yamux_upgrade(64, inbound)
             .upgrade_inbound(ours.compat(), YAMUX_PROTOCOL)
             .await
             .expect("server");
@@ -578,6 +428,6 @@ mod tests {
         remote.abort();
         assert!(polled.is_ok(), "dropped {} of {want}", dropped.get());
         assert_eq!(dropped.get(), want);
-        assert_eq!(server.inbound.len(), BUFFERED);
+        assert_eq!(server.buffered(), BUFFERED);
     }
 }

@@ -22,7 +22,7 @@ use libp2p::{PeerId, dns, noise, quic, tcp};
 use super::ResourceManager;
 use super::budget::Refusal;
 use super::config::ResourceConfig;
-use super::muxer::{Accounted, InboundBuffer, YamuxUpgrade};
+use super::muxer::{Accounted, InboundBuffer, yamux_upgrade};
 
 /// Deadline of the TCP security and muxer handshakes.
 const UPGRADE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -95,7 +95,7 @@ pub(crate) fn build(
         let tcp = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
             .upgrade(Version::V1Lazy)
             .authenticate(noise.clone())
-            .multiplex(YamuxUpgrade::new(max_streams, inbound.clone()))
+            .multiplex(yamux_upgrade(max_streams, inbound.clone()))
             .timeout(UPGRADE_TIMEOUT)
             .map(|(peer, m), _| (peer, StreamMuxerBox::new(m)));
         let quic = quic::tokio::Transport::new(quic_config.clone())
