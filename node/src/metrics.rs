@@ -62,6 +62,11 @@ pub const GOAWAY_RESULTS: &[&str] = &[
 /// Why a router that sent go-away was let go: K other routers were
 /// reserved (`replaced`), or it closed our connection first (`router_closed`).
 pub const GOAWAY_RELEASE_REASONS: &[&str] = &["replaced", "router_closed"];
+/// How the connection to a router let go while calls streamed through it
+/// ended (see `core::linger`): its last call ended (`calls_done`), its
+/// go-away's retry-after ran out first (`deadline`, calls cut), or the
+/// router closed it (`router_closed`, at the end of its grace).
+pub const GOAWAY_LINGER_ENDS: &[&str] = &["calls_done", "deadline", "router_closed"];
 /// Why a held router was given up for another one.
 pub const REPLACE_REASONS: &[&str] = &["reservation_refused"];
 /// Reasons an inbound yamux stream is dropped.
@@ -137,6 +142,11 @@ pub struct Metrics {
     pub goaways: Family<ResultLabel, Counter>,
     /// Routers that sent go-away let go, by reason ([`GOAWAY_RELEASE_REASONS`]).
     pub goaway_releases: Family<ReasonLabel, Counter>,
+    /// Routers let go after their go-away but still connected because a
+    /// relayed connection through them carries a call (`core::linger`).
+    pub goaway_lingering: Gauge,
+    /// How each such linger ended, by reason ([`GOAWAY_LINGER_ENDS`]).
+    pub goaway_linger_ends: Family<ReasonLabel, Counter>,
     /// Held routers given up for another one, by reason ([`REPLACE_REASONS`]).
     pub routers_replaced: Family<ReasonLabel, Counter>,
     /// Inbound yamux streams dropped before the swarm took them, by reason
@@ -201,6 +211,9 @@ impl Metrics {
         }
         for reason in GOAWAY_RELEASE_REASONS {
             let _ = m.goaway_releases.get_or_create(&ReasonLabel { reason });
+        }
+        for reason in GOAWAY_LINGER_ENDS {
+            let _ = m.goaway_linger_ends.get_or_create(&ReasonLabel { reason });
         }
         for reason in REPLACE_REASONS {
             let _ = m.routers_replaced.get_or_create(&ReasonLabel { reason });
@@ -314,6 +327,16 @@ impl Metrics {
             "goaway_releases",
             "Routers that sent go-away let go, by reason (replaced: K others reserved; router_closed: it closed us first)",
             self.goaway_releases.clone(),
+        );
+        r.register(
+            "goaway_lingering",
+            "Routers let go after go-away, kept connected while a relayed connection through them carries a call",
+            self.goaway_lingering.clone(),
+        );
+        r.register(
+            "goaway_linger_ends",
+            "How the connection to a router let go with calls through it ended, by reason (calls_done, deadline: calls cut, router_closed)",
+            self.goaway_linger_ends.clone(),
         );
         r.register(
             "accept_errors",

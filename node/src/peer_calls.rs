@@ -5,12 +5,18 @@
 //! to one destination, and a popular provider would otherwise be held at
 //! that cap by callers whose connections merely wait for the 30 s idle
 //! timeout. A caller that calls again within the window reuses the circuit.
+//!
+//! A call is also counted on the connection that carries it, once known
+//! ([`PeerCall::carried_by`]): a router let go after its go-away is kept
+//! connected while a relayed connection through it carries a call (see
+//! `core::linger`), so a drain never cuts a call already streaming.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use libp2p::PeerId;
+use libp2p::swarm::ConnectionId;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -28,13 +34,30 @@ pub(crate) enum Activity {
 #[derive(Debug)]
 struct Entry {
     active: usize,
+    /// Of `active`, the calls whose connection is known.
+    carried: usize,
     idle_since: Instant,
 }
 
-/// Calls in flight per peer.
+/// What a relayed connection carries, as `core::linger` asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Carries {
+    /// A call whose stream is on this connection.
+    Call,
+    /// No call of its own, but a call to or from its peer is being set up
+    /// and may still open its stream on it.
+    Maybe,
+    /// Nothing.
+    Nothing,
+}
+
+/// Calls in flight per peer, and per connection once known.
 #[derive(Debug, Default)]
 pub(crate) struct PeerCalls {
     by_peer: Mutex<HashMap<PeerId, Entry>>,
+    /// Calls in flight per connection carrying them (entries removed at 0,
+    /// so bounded by the calls in flight).
+    by_conn: Mutex<HashMap<ConnectionId, usize>>,
 }
 
 impl PeerCalls {
@@ -43,12 +66,26 @@ impl PeerCalls {
         let mut m = self.by_peer.lock();
         let e = m.entry(peer).or_insert(Entry {
             active: 0,
+            carried: 0,
             idle_since: Instant::now(),
         });
         e.active += 1;
         PeerCall {
             calls: self.clone(),
             peer,
+            conn: None,
+        }
+    }
+
+    /// What connection `conn` to `peer` carries: a call of its own, maybe
+    /// one (a call to or from `peer` not yet on a connection), or nothing.
+    pub(crate) fn carries(&self, peer: &PeerId, conn: ConnectionId) -> Carries {
+        if self.by_conn.lock().get(&conn).is_some_and(|n| *n > 0) {
+            return Carries::Call;
+        }
+        match self.by_peer.lock().get(peer) {
+            Some(e) if e.active > e.carried => Carries::Maybe,
+            _ => Carries::Nothing,
         }
     }
 
@@ -69,10 +106,22 @@ impl PeerCalls {
         });
     }
 
-    fn end(&self, peer: &PeerId) {
+    fn end(&self, peer: &PeerId, conn: Option<ConnectionId>) {
+        if let Some(c) = conn {
+            let mut by_conn = self.by_conn.lock();
+            if let Some(n) = by_conn.get_mut(&c) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    by_conn.remove(&c);
+                }
+            }
+        }
         let mut m = self.by_peer.lock();
         if let Some(e) = m.get_mut(peer) {
             e.active = e.active.saturating_sub(1);
+            if conn.is_some() {
+                e.carried = e.carried.saturating_sub(1);
+            }
             if e.active == 0 {
                 e.idle_since = Instant::now();
             }
@@ -85,11 +134,27 @@ impl PeerCalls {
 pub(crate) struct PeerCall {
     calls: Arc<PeerCalls>,
     peer: PeerId,
+    conn: Option<ConnectionId>,
+}
+
+impl PeerCall {
+    /// The call's stream travels on `conn`: counted there until the call
+    /// ends (once; a second connection is ignored).
+    pub(crate) fn carried_by(&mut self, conn: ConnectionId) {
+        if self.conn.is_some() {
+            return;
+        }
+        self.conn = Some(conn);
+        *self.calls.by_conn.lock().entry(conn).or_insert(0) += 1;
+        if let Some(e) = self.calls.by_peer.lock().get_mut(&self.peer) {
+            e.carried += 1;
+        }
+    }
 }
 
 impl Drop for PeerCall {
     fn drop(&mut self) {
-        self.calls.end(&self.peer);
+        self.calls.end(&self.peer, self.conn);
     }
 }
 

@@ -72,8 +72,9 @@ pub(crate) enum Command {
 pub(crate) struct Routes {
     /// Routers with an active reservation, with the address we reached them at.
     pub(crate) attached: Vec<(PeerId, Multiaddr)>,
-    /// Held routers that sent go-away (being replaced): calls route around
-    /// them when they can.
+    /// Held routers that sent go-away (being replaced), and routers let go
+    /// after it that stay connected for the calls through them
+    /// (`core::linger`): calls route around them when they can.
     pub(crate) leaving: HashSet<PeerId>,
     /// Router addresses from the directory (and go-away alternatives).
     pub(crate) directory: Arc<HashMap<PeerId, Vec<Multiaddr>>>,

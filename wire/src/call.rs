@@ -15,11 +15,12 @@ use agentmesh_proto::pb::mesh::{CallRefusal, CallRequest, CallResponse};
 use agentmesh_proto::protocols::{CALL, MAX_FRAME_BYTES};
 use agentmesh_streams::Control;
 use futures::{AsyncRead, AsyncWrite};
+use libp2p::swarm::ConnectionId;
 use libp2p::{PeerId, Stream};
 
 use crate::ExchangeFailure;
 use crate::frame::{self, FrameError};
-use crate::open::{OpenError, open};
+use crate::open::{OpenError, open_with_info};
 
 /// A provider's answer to a call request.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,25 +121,25 @@ pub fn decode_response(bytes: &[u8]) -> Result<CallAnswer, FrameError> {
 
 /// Client: opens `/agentmesh/call/1` to `provider`, asks for `service`
 /// showing `credential` and reads the answer, all within `deadline`. The
-/// stream comes back with the answer: after an acceptance it carries the
-/// call's bytes.
+/// stream comes back with the answer and the connection carrying it: after
+/// an acceptance it carries the call's bytes.
 pub async fn request(
     mut control: Control,
     provider: PeerId,
     service: &str,
     credential: Credential,
     deadline: Duration,
-) -> Result<(CallAnswer, Stream), CallError> {
+) -> Result<(CallAnswer, Stream, ConnectionId), CallError> {
     let req = request_for(service, credential);
     let run = async move {
-        let mut s = open(&mut control, provider, CALL)
+        let (info, mut s) = open_with_info(&mut control, provider, CALL)
             .await
             .map_err(|source| CallError::Open {
                 peer: provider,
                 source,
             })?;
         let a = exchange(&mut s, provider, &req, deadline).await?;
-        Ok((a, s))
+        Ok((a, s, info.connection))
     };
     tokio::time::timeout(deadline, run)
         .await

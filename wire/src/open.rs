@@ -1,6 +1,6 @@
 //! Opening a stream of one of our protocols to a peer.
 
-use agentmesh_streams::{Control, OpenStreamError};
+use agentmesh_streams::{ConnectionInfo, Control, OpenStreamError};
 use libp2p::{PeerId, Stream, StreamProtocol};
 
 /// Why a stream could not be opened.
@@ -24,8 +24,19 @@ pub async fn open(
     peer: PeerId,
     protocol: &'static str,
 ) -> Result<Stream, OpenError> {
+    open_with_info(control, peer, protocol)
+        .await
+        .map(|(_, s)| s)
+}
+
+/// [`open`], also saying which connection carries the stream.
+pub async fn open_with_info(
+    control: &mut Control,
+    peer: PeerId,
+    protocol: &'static str,
+) -> Result<(ConnectionInfo, Stream), OpenError> {
     control
-        .open_stream(peer, StreamProtocol::new(protocol))
+        .open_stream_with_info(peer, StreamProtocol::new(protocol))
         .await
         .map_err(|e| match e {
             OpenStreamError::Io(e) => OpenError::Connection(e.to_string()),

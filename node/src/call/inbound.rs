@@ -21,6 +21,7 @@ use agentmesh_streams::IncomingStreams;
 use agentmesh_wire::call as call_wire;
 use agentmesh_wire::frame::FrameError;
 use futures::{AsyncWriteExt as _, StreamExt as _};
+use libp2p::swarm::ConnectionId;
 use libp2p::{PeerId, Stream};
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -164,7 +165,7 @@ pub(crate) async fn accept_loop(
     let slots = Arc::new(RequestSlots::new(requests));
     let bound = shared.config.max_inbound_calls + requests;
     while let Some((info, stream)) = incoming.next().await {
-        let peer = info.peer;
+        let (peer, conn) = (info.peer, info.connection);
         while calls.try_join_next().is_some() {}
         if calls.len() >= bound {
             shared.metrics.call("inbound", "overflow");
@@ -189,7 +190,7 @@ pub(crate) async fn accept_loop(
         let inbound = inbound.clone();
         let slots = slots.clone();
         calls.spawn(
-            async move { serve(shared, inbound, &slots, peer, stream, slot).await }
+            async move { serve(shared, inbound, &slots, (peer, conn), stream, slot).await }
                 .in_current_span(),
         );
     }
@@ -263,13 +264,15 @@ async fn serve(
     shared: Arc<Shared>,
     inbound: Arc<Inbound>,
     slots: &RequestSlots,
-    peer: PeerId,
+    (peer, conn): (PeerId, ConnectionId),
     mut stream: Stream,
     slot: RequestSlot,
 ) {
     let _guard = shared.in_flight_guard();
-    // The caller's circuit stays open while its call lives.
-    let _peer_call = shared.peer_calls.begin(peer);
+    // The caller's circuit stays open while its call lives, and so does the
+    // router under it, even once let go after its go-away (`core::linger`).
+    let mut peer_call = shared.peer_calls.begin(peer);
+    peer_call.carried_by(conn);
     let deadline = shared.config.call_timeout();
     let mut first = FirstByte::new(&mut stream, shared.config.call_first_byte_timeout());
     let read = tokio::select! {

@@ -594,7 +594,7 @@ async fn attempt(
         .with(Protocol::P2p(provider));
     // From here until the call ends, the connection to the provider is in
     // use: never closed for idleness (see `crate::peer_calls`).
-    let peer_call = shared.peer_calls.begin(provider);
+    let mut peer_call = shared.peer_calls.begin(provider);
     let keep_via = retry.then(|| {
         routers
             .iter()
@@ -602,17 +602,27 @@ async fn attempt(
             .copied()
             .collect()
     });
+    // A connection to the provider through a router we route around (one
+    // leaving or let go after its go-away, or whose route just failed) is
+    // not reused for a new call: unless `via` is that router, the call
+    // dials anew through `via`, so no new call streams through a draining
+    // router (the old connection is left to the calls already on it).
+    let listed: Vec<PeerId> = routers
+        .iter()
+        .filter(|r| **r == via || !avoid.contains(r))
+        .copied()
+        .collect();
     shared
         .connect(
             provider,
             vec![circuit],
             keep_via,
-            Some(routers.to_vec()),
+            Some(listed),
             budget.cap(shared.config.connect_timeout()),
         )
         .await
         .map_err(|e| connect_error(explain_circuit_failure(e, via, provider), via))?;
-    let (answer, stream) = call_wire::request(
+    let (answer, stream, conn) = call_wire::request(
         shared.control.clone(),
         provider,
         service,
@@ -621,6 +631,9 @@ async fn attempt(
     )
     .await
     .map_err(|e| AttemptError::wire(e, "stream_failed", via))?;
+    // Counted on its connection: a router let go after its go-away stays
+    // connected while this call streams through it (`core::linger`).
+    peer_call.carried_by(conn);
     if let CallAnswer::Refused(refusal, detail) = answer {
         return Err(AttemptError {
             detail: format!(

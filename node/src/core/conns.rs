@@ -129,6 +129,18 @@ impl Conns {
         })
     }
 
+    /// Relayed connections through `router`, either direction, with their peer.
+    pub(crate) fn through(&self, router: &PeerId) -> Vec<(PeerId, ConnectionId)> {
+        self.by_peer
+            .iter()
+            .flat_map(|(peer, v)| {
+                v.iter()
+                    .filter(|c| c.via.as_ref() == Some(router))
+                    .map(|c| (*peer, c.id))
+            })
+            .collect()
+    }
+
     /// Every relayed connection, either direction.
     pub(crate) fn relayed(&self) -> Vec<Relayed> {
         self.by_peer
@@ -203,6 +215,11 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![(q, d, false), (p, a, true), (p, b, true)]
         );
+        // Through r1: our circuit to p and q's circuit to us.
+        let mut through = conns.through(&r1);
+        through.sort_by_key(|(_, id)| *id);
+        assert_eq!(through, vec![(p, a), (q, d)]);
+        assert_eq!(conns.through(&r2), vec![(p, b)]);
         conns.closed(q, d);
         assert!(conns.any_open(&p, &[a]));
         conns.closed(p, a);

@@ -208,6 +208,7 @@ impl Core {
             return;
         };
         slot.leaving = Some(shun);
+        slot.linger_until = Some(tokio::time::Instant::now() + shun);
         slot.draining |= is_draining(&g);
         // The record stops naming it (see `publish_records`).
         self.records.dirty = true;
@@ -226,20 +227,23 @@ impl Core {
     /// reserved (and hold our records); until then they stay (see the
     /// module docs).
     pub(super) fn release_leaving(&mut self) {
-        let leaving: Vec<(PeerId, Duration)> = self
+        let leaving: Vec<(PeerId, Duration, Option<tokio::time::Instant>)> = self
             .slots
             .iter()
-            .filter_map(|(p, s)| s.leaving.map(|d| (*p, d)))
+            .filter_map(|(p, s)| s.leaving.map(|d| (*p, d, s.linger_until)))
             .collect();
         if leaving.is_empty() {
             return;
         }
         let exposing = !self.shared.config.expose.is_empty();
         if release_due(self.slots.values(), self.shared.config.routers, exposing) {
-            for (router, shun) in leaving {
+            for (router, shun, until) in leaving {
                 tracing::info!(%router, "released after go-away: replaced");
                 self.count_release("replaced");
-                self.drop_router(router, shun);
+                // Not held any more, but connected while calls go through
+                // it (see `super::linger`).
+                self.forget_router(router, shun);
+                self.linger(router, until.unwrap_or_else(tokio::time::Instant::now));
             }
         }
     }

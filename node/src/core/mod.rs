@@ -17,6 +17,7 @@ mod conns;
 mod directory;
 mod goaway;
 mod idle;
+mod linger;
 mod policy_push;
 mod records;
 mod redial;
@@ -120,6 +121,9 @@ pub(crate) struct Core {
     transit: transit::Transit,
     waits: connect::Waits,
     conns: conns::Conns,
+    /// Routers let go after their go-away, connected while calls go
+    /// through them (see [`linger`]).
+    lingering: linger::Lingering,
     /// Relayed connections being closed for idleness (see [`idle`]).
     idle_closing: std::collections::HashSet<libp2p::swarm::ConnectionId>,
     /// The last thing that went wrong holding routers (see
@@ -183,6 +187,7 @@ impl Core {
             transit: transit::Transit::default(),
             waits: connect::Waits::default(),
             conns: conns::Conns::default(),
+            lingering: linger::Lingering::default(),
             idle_closing: Default::default(),
             last_router_error: None,
             p2p_metrics,
@@ -338,6 +343,7 @@ impl Core {
                 .iter()
                 .filter(|(_, s)| s.leaving.is_some())
                 .map(|(p, _)| *p)
+                .chain(self.lingering.routers().copied())
                 .collect(),
             directory: self.directory.addrs(),
         }
@@ -378,6 +384,7 @@ impl Core {
                 self.idle_closing.remove(&connection_id);
                 if num_established == 0 {
                     self.transit.disconnected(&peer_id);
+                    self.lingering_closed(&peer_id);
                     self.on_router_lost(peer_id);
                 }
                 self.resume_fresh(peer_id);
@@ -463,6 +470,7 @@ impl Core {
         self.retry_reservations(now);
         self.retry_represent(now);
         self.close_idle_relayed(now);
+        self.step_lingering(now);
         let ttl = self.shared.config.record_ttl.max(Duration::from_secs(3));
         if self.records.due(now, ttl) {
             self.publish_records();

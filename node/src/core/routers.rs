@@ -489,6 +489,14 @@ impl Core {
     /// Forgets a router, closes our connection to it and shuns it for `wait`
     /// (never early if it said it is draining).
     pub(super) fn drop_router(&mut self, router: PeerId, wait: Duration) {
+        self.forget_router(router, wait);
+        let _ = self.swarm.disconnect_peer_id(router);
+    }
+
+    /// [`Self::drop_router`] without closing the connection: the slot, its
+    /// reservation and our records' mention of the router go, and it is
+    /// shunned for `wait`.
+    pub(super) fn forget_router(&mut self, router: PeerId, wait: Duration) {
         let draining = match self.slots.remove(&router) {
             Some(s) => {
                 if let Some(l) = s.listener() {
@@ -498,7 +506,6 @@ impl Core {
             }
             None => false,
         };
-        let _ = self.swarm.disconnect_peer_id(router);
         self.shun(router, wait, draining);
         self.records.dirty = true;
         self.publish_status();

@@ -112,6 +112,10 @@ pub(crate) struct Slot {
     pub(crate) represent_at: Option<Instant>,
     /// Sent go-away: replaced first, then released and shunned this long.
     pub(crate) leaving: Option<Duration>,
+    /// When the go-away's retry-after runs out: once released, the
+    /// connection stays for the calls through it until then at the latest
+    /// (see [`super::linger`]).
+    pub(crate) linger_until: Option<Instant>,
     /// The router said it is draining: once dropped, never tried early.
     pub(crate) draining: bool,
 }
@@ -133,6 +137,7 @@ impl Slot {
             represent_failures: 0,
             represent_at: None,
             leaving: None,
+            linger_until: None,
             draining: false,
         }
     }

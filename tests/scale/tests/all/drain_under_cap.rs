@@ -10,7 +10,8 @@
 //!   every member move before its grace was over (its log says so);
 //! - no member fell below one router during the drain (each kept one of
 //!   its two throughout), and every member is back on K at the window's end;
-//! - no echo call of the drain's window failed.
+//! - no echo call of the drain's window failed, for any reason (none cut
+//!   or stalled mid-stream by the drain either).
 //!
 //! It also checks the idle row of the report (CPU per member per hour over
 //! the quiet hold before the drain) exists and is above zero.
@@ -207,38 +208,18 @@ fn a_paced_drain_under_a_cpu_cap_keeps_every_member_on_a_router() -> anyhow::Res
     assert!(held > 1, "drained a router with {held} members: {drain:#}");
     assert_eq!(u(drain, "/below_one_router"), 0, "{drain:#}");
     assert_eq!(u(drain, "/not_back_on_k"), 0, "{drain:#}");
-    // No call failed for lack of a router: none could not find, reach or be
-    // routed to a provider. A call already streaming over a circuit through
-    // the drained router can still be cut or stall when that router ends its
-    // last circuits (seen: 1 of 90 calls, `stream read: unexpected end of
-    // file` or `echo not returned within 10s`, in two of five CI runs);
-    // those are named in the report and bounded here, not hidden.
-    let calls_ok = u(drain, "/calls_ok");
-    assert!(calls_ok > 0, "no calls in the window: {drain:#}");
+    // No window call failed, for any reason: none lacked a router, and none
+    // already streaming was cut or stalled when the drained router ended its
+    // last circuits (members keep their connection to it while a call runs
+    // over a circuit through it, and open no new one through it: see
+    // docs/architecture.md, "Draining without cutting a call"). Before,
+    // 1 of 90 was cut or stalled in two of five CI runs.
+    assert!(u(drain, "/calls_ok") > 0, "no calls in the window: {drain:#}");
+    assert_eq!(u(drain, "/calls_failed"), 0, "{drain:#}");
     let errors = drain["call_errors"]
         .as_object()
         .context("drain call_errors")?;
-    let mut cut = 0;
-    for (reason, n) in errors {
-        let n = n.as_u64().unwrap_or(0);
-        assert!(
-            ![
-                "lookup_failed",
-                "no_providers",
-                "connect_failed",
-                "no router"
-            ]
-            .iter()
-            .any(|r| reason.contains(r)),
-            "a call failed for lack of a router ({reason}: {n}): {drain:#}"
-        );
-        cut += n;
-    }
-    assert_eq!(u(drain, "/calls_failed"), cut, "{drain:#}");
-    assert!(
-        cut * 20 <= calls_ok,
-        "more than 5% of the window's calls cut: {drain:#}"
-    );
+    assert!(errors.is_empty(), "window calls failed: {errors:#?}");
 
     // Paced: in waves, and every member moved before the grace was over.
     let target = drain["target"].as_str().context("drain target")?;
