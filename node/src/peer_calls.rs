@@ -191,4 +191,33 @@ mod tests {
         calls.prune(Instant::now(), Duration::from_secs(10));
         assert!(matches!(calls.idle(&q), Activity::IdleSince(_)));
     }
+
+    #[test]
+    fn a_call_is_counted_on_its_connection_once_known() {
+        let calls = Arc::new(PeerCalls::default());
+        let p = PeerId::random();
+        let (a, b) = (
+            ConnectionId::new_unchecked(1),
+            ConnectionId::new_unchecked(2),
+        );
+        assert_eq!(calls.carries(&p, a), Carries::Nothing);
+        // Being set up: any connection to the peer may still get its stream.
+        let mut first = calls.begin(p);
+        assert_eq!(calls.carries(&p, a), Carries::Maybe);
+        first.carried_by(a);
+        assert_eq!(calls.carries(&p, a), Carries::Call);
+        assert_eq!(calls.carries(&p, b), Carries::Nothing);
+        // Once only: a second connection is ignored.
+        first.carried_by(b);
+        assert_eq!(calls.carries(&p, b), Carries::Nothing);
+        let mut second = calls.begin(p);
+        assert_eq!(calls.carries(&p, b), Carries::Maybe);
+        second.carried_by(b);
+        drop(first);
+        assert_eq!(calls.carries(&p, a), Carries::Nothing);
+        assert_eq!(calls.carries(&p, b), Carries::Call);
+        drop(second);
+        assert_eq!(calls.carries(&p, b), Carries::Nothing);
+        assert!(calls.by_conn.lock().is_empty(), "entries go at zero");
+    }
 }

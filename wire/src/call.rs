@@ -132,12 +132,13 @@ pub async fn request(
 ) -> Result<(CallAnswer, Stream, ConnectionId), CallError> {
     let req = request_for(service, credential);
     let run = async move {
-        let (info, mut s) = open_with_info(&mut control, provider, CALL)
-            .await
-            .map_err(|source| CallError::Open {
-                peer: provider,
-                source,
-            })?;
+        let (info, mut s) =
+            open_with_info(&mut control, provider, CALL)
+                .await
+                .map_err(|source| CallError::Open {
+                    peer: provider,
+                    source,
+                })?;
         let a = exchange(&mut s, provider, &req, deadline).await?;
         Ok((a, s, info.connection))
     };

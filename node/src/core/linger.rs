@@ -181,10 +181,7 @@ mod tests {
             Step::Keep(vec![b])
         );
         // A call being set up to a peer keeps that peer's circuit too.
-        assert_eq!(
-            step(now, until, &[(c, Carries::Maybe)]),
-            Step::Keep(vec![])
-        );
+        assert_eq!(step(now, until, &[(c, Carries::Maybe)]), Step::Keep(vec![]));
         // At the deadline, calls or not, it goes.
         assert_eq!(
             step(until, until, &[(a, Carries::Call)]),

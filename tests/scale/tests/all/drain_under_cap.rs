@@ -214,7 +214,10 @@ fn a_paced_drain_under_a_cpu_cap_keeps_every_member_on_a_router() -> anyhow::Res
     // over a circuit through it, and open no new one through it: see
     // docs/architecture.md, "Draining without cutting a call"). Before,
     // 1 of 90 was cut or stalled in two of five CI runs.
-    assert!(u(drain, "/calls_ok") > 0, "no calls in the window: {drain:#}");
+    assert!(
+        u(drain, "/calls_ok") > 0,
+        "no calls in the window: {drain:#}"
+    );
     assert_eq!(u(drain, "/calls_failed"), 0, "{drain:#}");
     let errors = drain["call_errors"]
         .as_object()

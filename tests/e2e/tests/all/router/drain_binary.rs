@@ -280,7 +280,10 @@ async fn a_call_streaming_through_a_draining_router_completes_with_all_its_bytes
     })
     .await;
     let mut registry = Registry::default();
-    let (pdir, cdir) = (tempfile::tempdir().expect("tmp"), tempfile::tempdir().expect("tmp"));
+    let (pdir, cdir) = (
+        tempfile::tempdir().expect("tmp"),
+        tempfile::tempdir().expect("tmp"),
+    );
     let echo = vec![("echo".to_string(), echo_backend().await)];
     let provider = start_on_binary(&cp, pdir.path(), &mut registry, "provider", 2, echo).await;
     let caller = start_on_binary(&cp, cdir.path(), &mut registry, "caller", 1, vec![]).await;
@@ -300,8 +303,14 @@ async fn a_call_streaming_through_a_draining_router_completes_with_all_its_bytes
     let mut payload = vec![0u8; 2 * HALF];
     rand::thread_rng().fill_bytes(&mut payload);
     let mut back = vec![0u8; 2 * HALF];
-    stream.write_all(&payload[..HALF]).await.expect("write first half");
-    stream.read_exact(&mut back[..HALF]).await.expect("read first half");
+    stream
+        .write_all(&payload[..HALF])
+        .await
+        .expect("write first half");
+    stream
+        .read_exact(&mut back[..HALF])
+        .await
+        .expect("read first half");
 
     signal(child.id().expect("pid"), "-TERM");
     // Both ends moved: neither holds the binary any more, nor is leaving it.
@@ -310,20 +319,33 @@ async fn a_call_streaming_through_a_draining_router_completes_with_all_its_bytes
             .iter()
             .all(|(n, k)| {
                 let s = n.status().borrow().clone();
-                s.ready && s.reserved.len() == *k && !s.reserved.contains(&bin) && s.leaving.is_empty()
+                s.ready
+                    && s.reserved.len() == *k
+                    && !s.reserved.contains(&bin)
+                    && s.leaving.is_empty()
             })
             .then_some(())
     })
     .await;
     let text = encode(&registry);
     for member in ["caller", "provider"] {
-        assert_eq!(node_goaways(&text, member, "draining"), 1.0, "{member} told once");
+        assert_eq!(
+            node_goaways(&text, member, "draining"),
+            1.0,
+            "{member} told once"
+        );
     }
     // The rest of the call, over the circuit through the draining router.
-    stream.write_all(&payload[HALF..]).await.expect("write second half");
+    stream
+        .write_all(&payload[HALF..])
+        .await
+        .expect("write second half");
     stream.shutdown().await.expect("half-close");
     let mut rest = Vec::new();
-    stream.read_to_end(&mut rest).await.expect("read to the end");
+    stream
+        .read_to_end(&mut rest)
+        .await
+        .expect("read to the end");
     back.truncate(HALF);
     back.extend(rest);
     assert_eq!(back.len(), payload.len(), "bytes echoed");
@@ -338,7 +360,9 @@ async fn a_call_streaming_through_a_draining_router_completes_with_all_its_bytes
     assert!(status.success(), "clean exit: {status:?}");
     let lines = log.lock().expect("log lock").clone();
     assert!(
-        lines.iter().any(|l| l.contains("every member moved and no circuit is left")),
+        lines
+            .iter()
+            .any(|l| l.contains("every member moved and no circuit is left")),
         "the drain ran to its grace instead of ending with its last member: {lines:#?}"
     );
     // Each end let go of the router once its call was over, none at a deadline.
