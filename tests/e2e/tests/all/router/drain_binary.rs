@@ -226,35 +226,18 @@ async fn start_on_binary(
     k: usize,
     expose: Vec<(String, std::net::SocketAddr)>,
 ) -> NodeHandle {
-    let token = cp.token(Role::Member).await;
-    let sub = registry.sub_registry_with_label(("member".into(), name.to_string().into()));
-    agentmesh_node::spawn(
-        agentmesh_node::Config {
-            control_plane: cp.url.clone(),
-            token,
-            data_dir: dir.to_path_buf(),
-            routers: k,
-            router_selector: selector("tier", "mesh"),
-            router_prefer: selector("name", "bin"),
-            expose,
-            directory_interval: std::time::Duration::from_secs(1),
-            no_socket: true,
-            ..agentmesh_node::Config::default()
-        },
-        Some(sub),
-    )
+    start_node_with(cp, dir, registry, name, |c| {
+        c.routers = k;
+        c.router_selector = selector("tier", "mesh");
+        c.router_prefer = selector("name", "bin");
+        c.expose = expose;
+    })
     .await
-    .expect("spawn node")
 }
 
 /// The linger ends a node counted with `reason`.
 fn linger_ends(text: &str, member: &str, reason: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with("agentmesh_node_goaway_linger_ends_total{"))
-        .filter(|l| l.contains(&format!("reason=\"{reason}\"")))
-        .filter(|l| l.contains(&format!("member=\"{member}\"")))
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum()
+    node_counter(text, "goaway_linger_ends_total", ("reason", reason), member)
 }
 
 /// A call streaming through the binary router when SIGTERM drains it: the

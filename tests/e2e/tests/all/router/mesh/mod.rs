@@ -75,25 +75,38 @@ pub(crate) async fn start_node(
     selector: BTreeMap<String, String>,
     expose: Vec<(String, SocketAddr)>,
 ) -> NodeHandle {
+    start_node_with(cp, dir, registry, name, |c| {
+        c.routers = routers;
+        c.router_selector = selector;
+        c.expose = expose;
+    })
+    .await
+}
+
+/// A node with the config of these tests changed by `adjust`, its metrics
+/// in `registry` under the label `member=NAME`.
+pub(crate) async fn start_node_with(
+    cp: &Cp,
+    dir: &Path,
+    registry: &mut Registry,
+    name: &str,
+    adjust: impl FnOnce(&mut agentmesh_node::Config),
+) -> NodeHandle {
     let token = cp.token(Role::Member).await;
     let sub = registry.sub_registry_with_label(("member".into(), name.to_string().into()));
-    agentmesh_node::spawn(
-        agentmesh_node::Config {
-            control_plane: cp.url.clone(),
-            token,
-            data_dir: dir.to_path_buf(),
-            routers,
-            router_selector: selector,
-            expose,
-            directory_interval: Duration::from_secs(1),
-            no_socket: true,
-            metrics_addr: None,
-            ..agentmesh_node::Config::default()
-        },
-        Some(sub),
-    )
-    .await
-    .expect("spawn node")
+    let mut config = agentmesh_node::Config {
+        control_plane: cp.url.clone(),
+        token,
+        data_dir: dir.to_path_buf(),
+        directory_interval: Duration::from_secs(1),
+        no_socket: true,
+        metrics_addr: None,
+        ..agentmesh_node::Config::default()
+    };
+    adjust(&mut config);
+    agentmesh_node::spawn(config, Some(sub))
+        .await
+        .expect("spawn node")
 }
 
 /// Waits until every node is ready and reserved on at least `k` routers.
@@ -118,9 +131,20 @@ pub(crate) fn encode(registry: &Registry) -> String {
 
 /// Go-aways a node counted with `result`, from the shared registry's text.
 pub(crate) fn node_goaways(text: &str, member: &str, result: &str) -> f64 {
+    node_counter(text, "goaways_total", ("result", result), member)
+}
+
+/// `agentmesh_node_<series>{key="value"}` of node `member`, from the shared
+/// registry's text (0 when absent).
+pub(crate) fn node_counter(
+    text: &str,
+    series: &str,
+    (key, value): (&str, &str),
+    member: &str,
+) -> f64 {
     text.lines()
-        .filter(|l| l.starts_with("agentmesh_node_goaways_total{"))
-        .filter(|l| l.contains(&format!("result=\"{result}\"")))
+        .filter(|l| l.starts_with(&format!("agentmesh_node_{series}{{")))
+        .filter(|l| l.contains(&format!("{key}=\"{value}\"")))
         .filter(|l| l.contains(&format!("member=\"{member}\"")))
         .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
         .sum()
