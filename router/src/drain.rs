@@ -8,6 +8,15 @@
 //! up to `--drain-grace-secs` for them to move (make-before-break on their
 //! side; the wait ends early once none is left and no circuit runs through
 //! the router), then close every connection and stop the router.
+//!
+//! A call streaming over a circuit through this router is never cut by a
+//! member: after its go-away a member opens no new call or circuit through
+//! here, and once it has let go of this router it keeps its connection
+//! while a circuit through it carries a call (`node/src/core/linger.rs`),
+//! so "no member left" also means "no call of theirs left here". The grace
+//! is the one deadline of those calls: what still runs when it ends is cut
+//! by the close below (see docs/architecture.md, "Draining without cutting
+//! a call").
 
 use std::sync::Arc;
 use std::time::Duration;
