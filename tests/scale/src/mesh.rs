@@ -34,6 +34,7 @@ const ROUTER_TOKEN_USES: u32 = 1_000;
 pub struct ControlPlaneProc {
     child: Child,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     log: PathBuf,
     /// gRPC address.
     pub grpc: SocketAddr,
@@ -149,6 +150,9 @@ impl LocalMesh {
                 kek.display().to_string(),
             ]);
         }
+        if let Some(ttl) = cfg.credential_ttl_secs {
+            args.extend(["--credential-ttl-secs".to_string(), ttl.to_string()]);
+        }
         if tls.is_none() && place.is_some() {
             // Plaintext off loopback: the testbed's own private network.
             args.push("--insecure".to_string());
@@ -176,12 +180,14 @@ impl LocalMesh {
             .as_ref()
             .map(|p| p.control_plane.prefix.clone())
             .unwrap_or_default();
-        let mut child = children::spawn_at(&at, &bins.control_plane, &args, &log)?;
+        let env = cfg.control_plane_env.clone();
+        let mut child = children::spawn_with_env(&at, &bins.control_plane, &args, &env, &log)?;
         let deadline = Duration::from_secs(cfg.ready_deadline_secs);
         children::wait_ready("control plane", &mut child, http, deadline, &log).await?;
         let control_plane = ControlPlaneProc {
             child,
             args,
+            env,
             log,
             grpc,
             http,
@@ -394,7 +400,8 @@ impl LocalMesh {
             .as_ref()
             .map(|p| p.control_plane.prefix.clone())
             .unwrap_or_default();
-        cp.child = children::spawn_at(&at, &self.bins.control_plane, &cp.args, &cp.log)?;
+        cp.child =
+            children::spawn_with_env(&at, &self.bins.control_plane, &cp.args, &cp.env, &cp.log)?;
         let deadline = Duration::from_secs(self.cfg.ready_deadline_secs);
         children::wait_ready(
             "control plane (restarted)",
@@ -500,7 +507,7 @@ fn self_signed(dir: &Path, ip: std::net::IpAddr) -> Result<(PathBuf, PathBuf)> {
     Ok((cert_path, key_path))
 }
 
-fn random_hex(bytes: usize) -> String {
+pub(crate) fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     rand::thread_rng().fill_bytes(&mut b);
     b.iter().map(|x| format!("{x:02x}")).collect()
