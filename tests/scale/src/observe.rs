@@ -288,7 +288,11 @@ pub struct RefreshRecord {
 }
 
 /// The refreshes between `before` and `after`, `secs` apart.
-pub fn refresh_between(before: &ControlPlaneRaw, after: &ControlPlaneRaw, secs: f64) -> RefreshRecord {
+pub fn refresh_between(
+    before: &ControlPlaneRaw,
+    after: &ControlPlaneRaw,
+    secs: f64,
+) -> RefreshRecord {
     let codes = differences(&before.refresh_codes, &after.refresh_codes);
     let refreshes = codes.get("Ok").copied().unwrap_or(0);
     let q = |q| quantile_ms(&before.refresh_buckets, &after.refresh_buckets, q);
@@ -310,7 +314,7 @@ pub fn refresh_between(before: &ControlPlaneRaw, after: &ControlPlaneRaw, secs: 
 impl RefreshRecord {
     /// One line for the markdown report.
     pub fn summary(&self) -> String {
-        let ms = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.0}"));
+        let ms = crate::stats::ms_cell;
         let codes = self
             .codes
             .iter()
@@ -433,7 +437,11 @@ mod tests {
         assert_eq!(step.refreshes, 20_000);
         // The whole page's RPCs include slower methods than the refused refreshes.
         assert!(step.rpc_p99_ms > r.p99_ms, "{step:?} {r:?}");
-        assert!(r.summary().contains("ResourceExhausted=19967"), "{}", r.summary());
+        assert!(
+            r.summary().contains("ResourceExhausted=19967"),
+            "{}",
+            r.summary()
+        );
 
         // OK refreshes over a window give a rate.
         let mut later = after.clone();

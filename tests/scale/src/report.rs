@@ -525,7 +525,7 @@ impl Report {
                 "| step | CP RPC p50/p99 ms | refreshes | CP codes | storage rows | CP RSS MiB |"
             );
             let _ = writeln!(s, "|---|---|---|---|---|---|");
-            let ms = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.0}"));
+            let ms = crate::stats::ms_cell;
             for st in &self.steps {
                 if let Some(cp) = &st.control_plane {
                     let _ = writeln!(

@@ -38,7 +38,9 @@ fn the_sqlite_version_is_read_from_the_file_header() {
 fn leftovers_of_runs_that_are_gone_are_removed_and_others_kept() {
     let parent = tempfile::tempdir().expect("tempdir");
     let gone = parent.path().join(format!("{DIR_PREFIX}{}", u32::MAX));
-    let alive = parent.path().join(format!("{DIR_PREFIX}{}", std::process::id()));
+    let alive = parent
+        .path()
+        .join(format!("{DIR_PREFIX}{}", std::process::id()));
     let other = parent.path().join("agentmesh-ladder-pg.x");
     for d in [&gone, &alive, &other] {
         std::fs::create_dir_all(d.join("data")).expect("mkdir");
@@ -76,7 +78,10 @@ async fn a_left_over_server_is_stopped_and_its_cluster_removed() {
     let record = pg.record();
     let dir = PathBuf::from(record.cluster_dir.clone().expect("dir"));
     assert!(
-        record.version.as_deref().is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit())),
+        record
+            .version
+            .as_deref()
+            .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit())),
         "{record:?}"
     );
     assert!(pg.url().ends_with(&format!("/{DATABASE}")), "{}", pg.url());
