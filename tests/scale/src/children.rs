@@ -165,3 +165,10 @@ pub fn write_secret(path: &Path, contents: &str) -> Result<PathBuf> {
         .map_err(|e| LadderError::io(format!("writing {}", path.display()), e))?;
     Ok(path.to_path_buf())
 }
+
+/// `bytes` random bytes as lowercase hex (tokens, passwords).
+pub fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}

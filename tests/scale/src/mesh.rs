@@ -13,7 +13,6 @@ use std::time::Duration;
 use agentmesh_controlplane::client::{Client, ClientConfig};
 use agentmesh_proto::pb::controlplane::CreateTokenRequest;
 use agentmesh_proto::pb::credential::{Role, TokenKind};
-use rand::RngCore;
 use tokio::process::Child;
 
 use crate::binaries::Binaries;
@@ -112,7 +111,7 @@ impl LocalMesh {
         member_uses: u64,
         place: Option<Placement>,
     ) -> Result<Self> {
-        let admin_token = random_hex(32);
+        let admin_token = children::random_hex(32);
         let admin_file = children::write_secret(&dir.join("admin.token"), &admin_token)?;
         let (grpc, http) = match &place {
             Some(p) => (
@@ -144,7 +143,8 @@ impl LocalMesh {
         if cfg.control_plane_db.is_some() {
             // A database other than the work dir's SQLite file needs its
             // key-encryption key given (SQLite keeps one beside its file).
-            let kek = children::write_secret(&dir.join("control-plane.kek"), &random_hex(32))?;
+            let kek =
+                children::write_secret(&dir.join("control-plane.kek"), &children::random_hex(32))?;
             args.extend([
                 "--key-encryption-key-file".to_string(),
                 kek.display().to_string(),
@@ -505,10 +505,4 @@ fn self_signed(dir: &Path, ip: std::net::IpAddr) -> Result<(PathBuf, PathBuf)> {
         &cert.key_pair.serialize_pem(),
     )?;
     Ok((cert_path, key_path))
-}
-
-pub(crate) fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
-    rand::thread_rng().fill_bytes(&mut b);
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }

@@ -211,7 +211,7 @@ impl Postgres {
             .mode(0o700)
             .create(&dir)
             .map_err(|e| LadderError::io(format!("creating {}", dir.display()), e))?;
-        let password = crate::mesh::random_hex(24);
+        let password = children::random_hex(24);
         let mut pg = Self {
             dir,
             child: None,
