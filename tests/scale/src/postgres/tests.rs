@@ -20,6 +20,22 @@ fn skip(test: &str) -> bool {
     true
 }
 
+/// A real server with its cluster under a temp dir of the test's own.
+async fn started() -> (tempfile::TempDir, Postgres) {
+    let parent = tempfile::tempdir().expect("tempdir");
+    // The server's user must reach the cluster dir: the tempdir is 0700.
+    std::fs::set_permissions(
+        parent.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let log = parent.path().join("postgres.log");
+    let pg = Postgres::start_in(parent.path(), None, &log, Duration::from_secs(120))
+        .await
+        .expect("start");
+    (parent, pg)
+}
+
 #[test]
 fn the_sqlite_version_is_read_from_the_file_header() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -64,17 +80,7 @@ async fn a_left_over_server_is_stopped_and_its_cluster_removed() {
     if skip("a_left_over_server_is_stopped_and_its_cluster_removed") {
         return;
     }
-    let parent = tempfile::tempdir().expect("tempdir");
-    // The server's user must reach the cluster dir: the tempdir is 0700.
-    std::fs::set_permissions(
-        parent.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
-    let log = parent.path().join("postgres.log");
-    let pg = Postgres::start_in(parent.path(), None, &log, Duration::from_secs(120))
-        .await
-        .expect("start");
+    let (parent, pg) = started().await;
     let record = pg.record();
     let dir = PathBuf::from(record.cluster_dir.clone().expect("dir"));
     assert!(
@@ -103,16 +109,7 @@ async fn stop_removes_the_cluster() {
     if skip("stop_removes_the_cluster") {
         return;
     }
-    let parent = tempfile::tempdir().expect("tempdir");
-    std::fs::set_permissions(
-        parent.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
-    let log = parent.path().join("postgres.log");
-    let pg = Postgres::start_in(parent.path(), None, &log, Duration::from_secs(120))
-        .await
-        .expect("start");
+    let (_parent, pg) = started().await;
     let dir = PathBuf::from(pg.record().cluster_dir.expect("dir"));
     let server = postmaster_of(&dir).expect("the postmaster runs");
     pg.stop().await;

@@ -18,7 +18,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
-use serde_json::Value;
+
+use super::finish::u;
 
 /// The whole run must finish within this; below nextest's backstop.
 const RUN_DEADLINE: Duration = Duration::from_secs(6 * 60);
@@ -28,12 +29,6 @@ const STEP: u64 = 6;
 const CREDENTIAL_TTL_SECS: u64 = 12;
 /// Long enough for every member to refresh at least twice.
 const HOLD_SECS: u64 = 20;
-
-fn u(v: &Value, path: &str) -> u64 {
-    v.pointer(path)
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| panic!("report has no number at {path}: {v:#}"))
-}
 
 #[test]
 fn ladder_on_its_own_postgres_refreshes_and_removes_the_cluster() -> anyhow::Result<()> {
