@@ -33,6 +33,18 @@ pub fn spawn_at(
     args: &[String],
     log: &Path,
 ) -> Result<Child> {
+    spawn_with_env(at, bin, args, &[], log)
+}
+
+/// [`spawn_at`] with `env` added to the child's environment (secrets such
+/// as `PGPASSWORD` that must not show in its command line).
+pub fn spawn_with_env(
+    at: &[std::ffi::OsString],
+    bin: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    log: &Path,
+) -> Result<Child> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -50,6 +62,7 @@ pub fn spawn_at(
         None => Command::new(bin),
     };
     cmd.args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::from(file))
         .stderr(Stdio::from(err_file))
@@ -104,17 +117,22 @@ pub fn tail(log: &Path) -> String {
 
 /// Sends SIGTERM to `pid`.
 pub fn sigterm(pid: u32) -> Result<()> {
+    signal(pid, libc::SIGTERM)
+}
+
+/// Sends signal `sig` to `pid`.
+pub fn signal(pid: u32, sig: libc::c_int) -> Result<()> {
     let pid = libc::pid_t::try_from(pid)
         .map_err(|_| LadderError::Process(format!("pid {pid} out of range")))?;
-    // SAFETY: kill(2) with a pid of a child we started and a valid signal
-    // number has no memory-safety preconditions.
+    // SAFETY: kill(2) with a positive pid and a valid signal number has no
+    // memory-safety preconditions.
     #[allow(unsafe_code)]
-    let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+    let rc = unsafe { libc::kill(pid, sig) };
     if rc == 0 {
         Ok(())
     } else {
         Err(LadderError::io(
-            format!("SIGTERM to {pid}"),
+            format!("signal {sig} to {pid}"),
             std::io::Error::last_os_error(),
         ))
     }
@@ -146,4 +164,11 @@ pub fn write_secret(path: &Path, contents: &str) -> Result<PathBuf> {
     f.write_all(contents.as_bytes())
         .map_err(|e| LadderError::io(format!("writing {}", path.display()), e))?;
     Ok(path.to_path_buf())
+}
+
+/// `bytes` random bytes as lowercase hex (tokens, passwords).
+pub fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }

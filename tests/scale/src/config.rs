@@ -220,6 +220,28 @@ pub struct LocalConfig {
     /// Default: SQLite in the work dir (`control-plane.db`).
     #[arg(long)]
     pub control_plane_db: Option<String>,
+    /// The control plane's store: `sqlite` (a file in the work dir, or
+    /// `--control-plane-db`) or `postgres`: a PostgreSQL server the ladder
+    /// starts for the run (initdb in a temp dir, as the `postgres` user when
+    /// root, 127.0.0.1 on a free port) and stops and removes at the end.
+    #[arg(long, value_enum, default_value_t = crate::postgres::StoreKind::Sqlite)]
+    pub control_plane_store: crate::postgres::StoreKind,
+    /// Directory of the PostgreSQL binaries (`initdb`, `postgres`,
+    /// `pg_isready`, `createdb`) for `--control-plane-store postgres`.
+    /// Default: the newest of /usr/lib/postgresql/{17,16,15}/bin.
+    #[arg(long)]
+    pub postgres_bin_dir: Option<PathBuf>,
+    /// Members' (and routers') credential lifetime, seconds: passed to the
+    /// control plane as `--credential-ttl-secs`, so that a short one makes
+    /// the fleet refresh during the run (each about two thirds into its
+    /// lifetime) and the report's `refresh` measures it. Default: the
+    /// control plane's (3600 s: no refresh in a short ladder).
+    #[arg(long)]
+    pub credential_ttl_secs: Option<u64>,
+    /// Environment for the control plane (the password of a server the
+    /// ladder started); not a flag.
+    #[arg(skip)]
+    pub control_plane_env: Vec<(String, String)>,
 }
 
 impl Default for LocalConfig {
@@ -233,6 +255,10 @@ impl Default for LocalConfig {
             control_plane_tls: false,
             cpu_quota: None,
             control_plane_db: None,
+            control_plane_store: crate::postgres::StoreKind::Sqlite,
+            postgres_bin_dir: None,
+            credential_ttl_secs: None,
+            control_plane_env: Vec::new(),
         }
     }
 }

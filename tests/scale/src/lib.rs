@@ -25,6 +25,7 @@ pub mod mesh;
 pub mod observe;
 pub mod placement;
 pub mod ports;
+pub mod postgres;
 pub mod procstat;
 pub mod prom;
 pub mod propagation;

@@ -13,7 +13,6 @@ use std::time::Duration;
 use agentmesh_controlplane::client::{Client, ClientConfig};
 use agentmesh_proto::pb::controlplane::CreateTokenRequest;
 use agentmesh_proto::pb::credential::{Role, TokenKind};
-use rand::RngCore;
 use tokio::process::Child;
 
 use crate::binaries::Binaries;
@@ -34,6 +33,7 @@ const ROUTER_TOKEN_USES: u32 = 1_000;
 pub struct ControlPlaneProc {
     child: Child,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     log: PathBuf,
     /// gRPC address.
     pub grpc: SocketAddr,
@@ -111,7 +111,7 @@ impl LocalMesh {
         member_uses: u64,
         place: Option<Placement>,
     ) -> Result<Self> {
-        let admin_token = random_hex(32);
+        let admin_token = children::random_hex(32);
         let admin_file = children::write_secret(&dir.join("admin.token"), &admin_token)?;
         let (grpc, http) = match &place {
             Some(p) => (
@@ -143,11 +143,15 @@ impl LocalMesh {
         if cfg.control_plane_db.is_some() {
             // A database other than the work dir's SQLite file needs its
             // key-encryption key given (SQLite keeps one beside its file).
-            let kek = children::write_secret(&dir.join("control-plane.kek"), &random_hex(32))?;
+            let kek =
+                children::write_secret(&dir.join("control-plane.kek"), &children::random_hex(32))?;
             args.extend([
                 "--key-encryption-key-file".to_string(),
                 kek.display().to_string(),
             ]);
+        }
+        if let Some(ttl) = cfg.credential_ttl_secs {
+            args.extend(["--credential-ttl-secs".to_string(), ttl.to_string()]);
         }
         if tls.is_none() && place.is_some() {
             // Plaintext off loopback: the testbed's own private network.
@@ -176,12 +180,14 @@ impl LocalMesh {
             .as_ref()
             .map(|p| p.control_plane.prefix.clone())
             .unwrap_or_default();
-        let mut child = children::spawn_at(&at, &bins.control_plane, &args, &log)?;
+        let env = cfg.control_plane_env.clone();
+        let mut child = children::spawn_with_env(&at, &bins.control_plane, &args, &env, &log)?;
         let deadline = Duration::from_secs(cfg.ready_deadline_secs);
         children::wait_ready("control plane", &mut child, http, deadline, &log).await?;
         let control_plane = ControlPlaneProc {
             child,
             args,
+            env,
             log,
             grpc,
             http,
@@ -394,7 +400,8 @@ impl LocalMesh {
             .as_ref()
             .map(|p| p.control_plane.prefix.clone())
             .unwrap_or_default();
-        cp.child = children::spawn_at(&at, &self.bins.control_plane, &cp.args, &cp.log)?;
+        cp.child =
+            children::spawn_with_env(&at, &self.bins.control_plane, &cp.args, &cp.env, &cp.log)?;
         let deadline = Duration::from_secs(self.cfg.ready_deadline_secs);
         children::wait_ready(
             "control plane (restarted)",
@@ -498,10 +505,4 @@ fn self_signed(dir: &Path, ip: std::net::IpAddr) -> Result<(PathBuf, PathBuf)> {
         &cert.key_pair.serialize_pem(),
     )?;
     Ok((cert_path, key_path))
-}
-
-fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
-    rand::thread_rng().fill_bytes(&mut b);
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }

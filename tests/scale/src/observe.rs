@@ -170,7 +170,14 @@ pub struct ControlPlaneRaw {
     pub enroll_limited: f64,
     /// Resident memory, bytes.
     pub rss_bytes: Option<u64>,
+    /// Refresh latency histogram buckets.
+    pub refresh_buckets: Vec<(f64, f64)>,
+    /// Refresh RPCs by gRPC code.
+    pub refresh_codes: BTreeMap<String, f64>,
 }
+
+/// The gRPC method members and routers refresh their credentials with.
+const REFRESH: &[(&str, &str)] = &[("method", "Refresh")];
 
 /// Reads the control plane's `/metrics` at `http_addr` (and `/proc` for `pid`).
 pub async fn control_plane(http_addr: SocketAddr, pid: Option<u32>) -> ControlPlaneRaw {
@@ -184,20 +191,30 @@ pub async fn control_plane(http_addr: SocketAddr, pid: Option<u32>) -> ControlPl
     if page.status != 200 {
         return raw;
     }
-    let m = Metrics::parse(&page.body);
+    read_control_plane_metrics(&mut raw, &Metrics::parse(&page.body));
+    raw
+}
+
+/// Fills `raw` from the control plane's parsed `/metrics`.
+fn read_control_plane_metrics(raw: &mut ControlPlaneRaw, m: &Metrics) {
     raw.up = true;
     raw.rpc_buckets = m.buckets(names::CP_RPC_SECONDS);
     raw.codes = m.group_by(names::CP_RPCS, "code");
     raw.storage_rows = m.group_by(names::CP_STORAGE_ROWS, "table");
     raw.enroll_limited = m.sum(names::CP_LIMITER_REFUSALS, &[("limiter", "enroll")]);
-    raw
+    raw.refresh_buckets = m.buckets_where(names::CP_RPC_SECONDS, REFRESH);
+    raw.refresh_codes = m.group_by_where(names::CP_RPCS, "code", REFRESH);
 }
 
 /// What the control plane did between two instants.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ControlPlaneStep {
+    /// RPC latency p50 over the interval, ms (bucket upper bound, as p99).
+    pub rpc_p50_ms: Option<f64>,
     /// RPC latency p99 over the interval, ms (bucket upper bound; None if no RPC or no histogram).
     pub rpc_p99_ms: Option<f64>,
+    /// Refresh RPCs answered over the interval, every code.
+    pub refreshes: u64,
     /// RPCs over the interval by gRPC code (non-zero only).
     pub codes: BTreeMap<String, u64>,
     /// Rows per table at the end.
@@ -211,17 +228,13 @@ pub fn control_plane_between(
     before: &ControlPlaneRaw,
     after: &ControlPlaneRaw,
 ) -> ControlPlaneStep {
-    let codes = after
-        .codes
-        .iter()
-        .filter_map(|(code, n)| {
-            let d = n - before.codes.get(code).copied().unwrap_or(0.0);
-            (d > 0.0).then(|| (code.clone(), d as u64))
-        })
-        .collect();
+    let codes = differences(&before.codes, &after.codes);
     ControlPlaneStep {
-        rpc_p99_ms: prom::quantile_between(&before.rpc_buckets, &after.rpc_buckets, 0.99)
-            .map(|s| if s.is_finite() { s * 1000.0 } else { s }),
+        rpc_p50_ms: quantile_ms(&before.rpc_buckets, &after.rpc_buckets, 0.5),
+        rpc_p99_ms: quantile_ms(&before.rpc_buckets, &after.rpc_buckets, 0.99),
+        refreshes: differences(&before.refresh_codes, &after.refresh_codes)
+            .values()
+            .sum(),
         codes,
         storage_rows: after
             .storage_rows
@@ -229,6 +242,95 @@ pub fn control_plane_between(
             .map(|(t, n)| (t.clone(), *n as u64))
             .collect(),
         rss_bytes: after.rss_bytes,
+    }
+}
+
+/// The `q` quantile of the observations between two bucket snapshots, ms.
+fn quantile_ms(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<f64> {
+    prom::quantile_between(before, after, q).map(|s| if s.is_finite() { s * 1000.0 } else { s })
+}
+
+/// `after − before` per key (non-zero only).
+fn differences(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(k, n)| {
+            let d = n - before.get(k).copied().unwrap_or(0.0);
+            (d > 0.0).then(|| (k.clone(), d as u64))
+        })
+        .collect()
+}
+
+/// Credential refreshes the control plane answered over a window (the
+/// hold), from its `rpc_total{method="Refresh"}` and
+/// `rpc_duration_seconds{method="Refresh"}`: members' and routers' own
+/// refreshes, due about two thirds into each credential's lifetime
+/// (`--credential-ttl-secs`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RefreshRecord {
+    /// Length of the window, seconds.
+    pub secs: f64,
+    /// Refreshes answered OK.
+    pub refreshes: u64,
+    /// OK refreshes per second over the window.
+    pub per_sec: f64,
+    /// Refresh RPCs by gRPC code (non-zero only; refusals show here).
+    pub codes: BTreeMap<String, u64>,
+    /// Refresh latency p50, ms (bucket upper bound; None: no refresh).
+    pub p50_ms: Option<f64>,
+    /// Refresh latency p95, ms.
+    pub p95_ms: Option<f64>,
+    /// Refresh latency p99, ms.
+    pub p99_ms: Option<f64>,
+}
+
+/// The refreshes between `before` and `after`, `secs` apart.
+pub fn refresh_between(
+    before: &ControlPlaneRaw,
+    after: &ControlPlaneRaw,
+    secs: f64,
+) -> RefreshRecord {
+    let codes = differences(&before.refresh_codes, &after.refresh_codes);
+    let refreshes = codes.get("Ok").copied().unwrap_or(0);
+    let q = |q| quantile_ms(&before.refresh_buckets, &after.refresh_buckets, q);
+    RefreshRecord {
+        secs,
+        refreshes,
+        per_sec: if secs > 0.0 {
+            refreshes as f64 / secs
+        } else {
+            0.0
+        },
+        codes,
+        p50_ms: q(0.5),
+        p95_ms: q(0.95),
+        p99_ms: q(0.99),
+    }
+}
+
+impl RefreshRecord {
+    /// One line for the markdown report.
+    pub fn summary(&self) -> String {
+        let ms = crate::stats::ms_cell;
+        let codes = self
+            .codes
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "Refresh over the hold ({:.0} s): {} refreshes, {:.1}/s; Refresh RPC p50/p95/p99 {}/{}/{} ms; codes {}.",
+            self.secs,
+            self.refreshes,
+            self.per_sec,
+            ms(self.p50_ms),
+            ms(self.p95_ms),
+            ms(self.p99_ms),
+            if codes.is_empty() { "-".into() } else { codes }
+        )
     }
 }
 
@@ -306,9 +408,45 @@ mod tests {
             ..ControlPlaneRaw::default()
         };
         let step = control_plane_between(&before, &after);
+        assert_eq!(step.rpc_p50_ms, Some(100.0));
         assert_eq!(step.rpc_p99_ms, Some(100.0));
+        assert_eq!(step.refreshes, 0);
         assert_eq!(step.codes.get("Ok"), Some(&90));
         assert_eq!(step.codes.get("ResourceExhausted"), Some(&10));
         assert_eq!(step.storage_rows.get("nodes"), Some(&42));
+    }
+
+    /// A real control plane's page after a refresh flood (20,000 Refresh
+    /// RPCs, all refused): the refresh window counts Refresh only.
+    #[test]
+    fn refreshes_are_read_from_the_refresh_method_only() {
+        let mut after = ControlPlaneRaw::default();
+        read_control_plane_metrics(
+            &mut after,
+            &Metrics::parse(include_str!("../testdata/control-plane-attacked.metrics")),
+        );
+        let before = ControlPlaneRaw::default();
+        let r = refresh_between(&before, &after, 10.0);
+        assert_eq!(r.refreshes, 0, "{r:?}");
+        assert_eq!(r.per_sec, 0.0);
+        assert_eq!(r.codes.get("ResourceExhausted"), Some(&19_967), "{r:?}");
+        assert_eq!(r.codes.get("InvalidArgument"), Some(&33), "{r:?}");
+        assert_eq!(r.codes.values().sum::<u64>(), 20_000);
+        assert_eq!((r.p50_ms, r.p99_ms), (Some(0.5), Some(0.5)));
+        let step = control_plane_between(&before, &after);
+        assert_eq!(step.refreshes, 20_000);
+        // The whole page's RPCs include slower methods than the refused refreshes.
+        assert!(step.rpc_p99_ms > r.p99_ms, "{step:?} {r:?}");
+        assert!(
+            r.summary().contains("ResourceExhausted=19967"),
+            "{}",
+            r.summary()
+        );
+
+        // OK refreshes over a window give a rate.
+        let mut later = after.clone();
+        *later.refresh_codes.entry("Ok".into()).or_default() += 50.0;
+        let r = refresh_between(&after, &later, 10.0);
+        assert_eq!((r.refreshes, r.per_sec), (50, 5.0));
     }
 }

@@ -58,8 +58,18 @@ impl Metrics {
 
     /// Sums of the samples named `name`, grouped by the value of label `by`.
     pub fn group_by(&self, name: &str, by: &str) -> BTreeMap<String, f64> {
+        self.group_by_where(name, by, &[])
+    }
+
+    /// [`Metrics::group_by`] over the samples matching `filter` only.
+    pub fn group_by_where(
+        &self,
+        name: &str,
+        by: &str,
+        filter: &[(&str, &str)],
+    ) -> BTreeMap<String, f64> {
         let mut out = BTreeMap::new();
-        for s in self.select(name, &[]) {
+        for s in self.select(name, filter) {
             let key = s.labels.get(by).cloned().unwrap_or_default();
             *out.entry(key).or_insert(0.0) += s.value;
         }
@@ -68,9 +78,14 @@ impl Metrics {
 
     /// Cumulative bucket counts of histogram `base` (summed over all other labels), by upper bound.
     pub fn buckets(&self, base: &str) -> Vec<(f64, f64)> {
+        self.buckets_where(base, &[])
+    }
+
+    /// [`Metrics::buckets`] over the series matching `filter` only.
+    pub fn buckets_where(&self, base: &str, filter: &[(&str, &str)]) -> Vec<(f64, f64)> {
         let name = format!("{base}_bucket");
         let mut by_le: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
-        for s in self.select(&name, &[]) {
+        for s in self.select(&name, filter) {
             let le = match s.labels.get("le").map(String::as_str) {
                 Some("+Inf") => f64::INFINITY,
                 Some(v) => match v.parse::<f64>() {

@@ -52,6 +52,11 @@ pub struct Report {
     pub cpu_cap: Option<crate::cgroup::CpuCapRecord>,
     /// `--hosts`: the hosts the programs ran on.
     pub hosts: Option<crate::placement::HostsRecord>,
+    /// Local mode: the control plane's store (`--control-plane-store`) and its version.
+    pub store: Option<crate::postgres::StoreRecord>,
+    /// Credential refreshes the control plane answered during the hold
+    /// (a short `--credential-ttl-secs` makes the fleet refresh in it).
+    pub refresh: Option<crate::observe::RefreshRecord>,
 }
 
 /// Sizes of the run.
@@ -433,6 +438,9 @@ impl Report {
         if let Some(h) = &self.hosts {
             let _ = writeln!(s, "{}\n", h.summary());
         }
+        if let Some(st) = &self.store {
+            let _ = writeln!(s, "{}\n", st.summary());
+        }
         if !self.steps.is_empty() {
             let _ = writeln!(
                 s,
@@ -514,17 +522,19 @@ impl Report {
             let _ = writeln!(s);
             let _ = writeln!(
                 s,
-                "| step | CP RPC p99 ms | CP codes | storage rows | CP RSS MiB |"
+                "| step | CP RPC p50/p99 ms | refreshes | CP codes | storage rows | CP RSS MiB |"
             );
-            let _ = writeln!(s, "|---|---|---|---|---|");
+            let _ = writeln!(s, "|---|---|---|---|---|---|");
+            let ms = crate::stats::ms_cell;
             for st in &self.steps {
                 if let Some(cp) = &st.control_plane {
                     let _ = writeln!(
                         s,
-                        "| {} | {} | {} | {} | {} |",
+                        "| {} | {}/{} | {} | {} | {} | {} |",
                         st.step,
-                        cp.rpc_p99_ms
-                            .map_or_else(|| "-".into(), |v| format!("{v:.0}")),
+                        ms(cp.rpc_p50_ms),
+                        ms(cp.rpc_p99_ms),
+                        cp.refreshes,
                         joined(&cp.codes),
                         joined(&cp.storage_rows),
                         mib(cp.rss_bytes)
@@ -550,6 +560,10 @@ impl Report {
                 h.socket_changed,
                 h.socket_read_max_ms
             );
+            if let Some(r) = &self.refresh {
+                let _ = writeln!(s);
+                let _ = writeln!(s, "{}", r.summary());
+            }
             if let Some(idle) = &h.idle {
                 let _ = writeln!(s);
                 let _ = write!(s, "{}", idle.markdown());

@@ -15,6 +15,7 @@ use crate::mesh::LocalMesh;
 use crate::observe;
 use crate::observe::RouterSnapshot;
 use crate::placement::Placement;
+use crate::postgres::{Postgres, StoreKind, StoreRecord};
 use crate::procstat;
 use crate::report::{
     AfterRecord, AfterSample, BurstRecord, PhaseRecord, Report, RoundRecord, Shape, StepRecord,
@@ -35,7 +36,7 @@ pub async fn run_local(local: LocalConfig, cfg: FleetConfig) -> Result<Report> {
 /// [`run_local`] with every program where `place` says (`None`: here);
 /// the caller's runtime must reach those hosts ([`crate::hosts`]).
 pub async fn run_local_at(
-    local: LocalConfig,
+    mut local: LocalConfig,
     cfg: FleetConfig,
     place: Option<Placement>,
 ) -> Result<Report> {
@@ -46,9 +47,23 @@ pub async fn run_local_at(
         .map(crate::cgroup::CpuCap::create)
         .transpose()?;
     let hosts = place.as_ref().map(|p| p.record.clone());
-    let mut report = run_local_capped(local, cfg, place).await;
+    let dir = work_dir(&cfg)?;
+    crate::workdir::clear_previous_run(&dir).await?;
+    let pg = start_store(&mut local, &dir).await?;
+    let db = local.control_plane_db.clone();
+    let mut report = run_local_capped(local, cfg, place, &dir).await;
+    // The control plane has stopped: its server can go.
+    let store = match pg {
+        Some(pg) => {
+            let r = pg.record();
+            pg.stop().await;
+            r
+        }
+        None => external_store(db.as_deref(), &dir),
+    };
     if let Ok(r) = report.as_mut() {
         r.hosts = hosts;
+        r.store = Some(store);
     }
     if let (Some(cap), Ok(r)) = (cap, report.as_mut()) {
         r.cpu_cap = Some(cap.finish());
@@ -56,13 +71,48 @@ pub async fn run_local_at(
     report
 }
 
+/// `--control-plane-store postgres`: starts the run's server and points the
+/// control plane at it (its URL as `--db`, its password in the environment).
+async fn start_store(local: &mut LocalConfig, dir: &Path) -> Result<Option<Postgres>> {
+    if local.control_plane_store != StoreKind::Postgres {
+        return Ok(None);
+    }
+    if local.control_plane_db.is_some() {
+        return Err(LadderError::Args(
+            "--control-plane-store postgres starts a server of its own: not with --control-plane-db"
+                .into(),
+        ));
+    }
+    let deadline = Duration::from_secs(local.ready_deadline_secs);
+    let log = dir.join("postgres.log");
+    let pg = Postgres::start(local.postgres_bin_dir.as_deref(), &log, deadline).await?;
+    local.control_plane_db = Some(pg.url());
+    local.control_plane_env.extend(pg.env());
+    Ok(Some(pg))
+}
+
+/// The store of a control plane on SQLite in `dir` or on `--control-plane-db`.
+fn external_store(db: Option<&str>, dir: &Path) -> StoreRecord {
+    match db {
+        Some(url) => StoreRecord {
+            backend: url.split("://").next().unwrap_or("unknown").into(),
+            ..StoreRecord::default()
+        },
+        None => StoreRecord {
+            backend: "sqlite".into(),
+            version: crate::postgres::sqlite_file_version(&dir.join("control-plane.db")),
+            ..StoreRecord::default()
+        },
+    }
+}
+
 async fn run_local_capped(
     mut local: LocalConfig,
     cfg: FleetConfig,
     place: Option<Placement>,
+    dir: &Path,
 ) -> Result<Report> {
-    let dir = work_dir(&cfg)?;
-    crate::workdir::clear_previous_run(&dir).await?;
+    let dir = dir.to_path_buf();
     let bins = Binaries::locate()?;
     check_attack(&local, &cfg, &bins)?;
     eprintln!("ladder: work dir {}", dir.display());
@@ -336,7 +386,16 @@ async fn run(
     // Hold and its events.
     if cfg.hold_secs > 0 {
         fleet.label = "hold".into();
+        let cp_before = target.control_plane().await;
+        let t0 = Instant::now();
         let (h, events) = hold::run(&mut fleet, &mut target, &cfg).await?;
+        let secs = t0.elapsed().as_secs_f64();
+        if let (Some(b), Some(a)) = (cp_before, target.control_plane().await)
+            && b.up
+            && a.up
+        {
+            report.refresh = Some(observe::refresh_between(&b, &a, secs));
+        }
         report.hold = Some(h);
         report.events = events;
         for r in [

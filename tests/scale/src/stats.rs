@@ -22,6 +22,16 @@ pub struct Spread {
     pub max: Option<u64>,
 }
 
+/// A latency in ms for a table cell: `-` when unknown, one decimal below
+/// 10 ms (histogram bounds there are 0.5, 1, 2, 4, 8 ms), whole ms above.
+pub fn ms_cell(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(v) if v < 10.0 => format!("{v:.1}"),
+        Some(v) => format!("{v:.0}"),
+    }
+}
+
 /// The `q` (0..=1) percentile of `samples` by nearest rank; `None` when empty.
 pub fn percentile(samples: &[u64], q: f64) -> Option<u64> {
     if samples.is_empty() {
@@ -59,6 +69,13 @@ pub fn pair(a: Option<u64>, b: Option<u64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn latency_cells_keep_sub_10_ms_bounds() {
+        assert_eq!(ms_cell(None), "-");
+        assert_eq!(ms_cell(Some(0.5)), "0.5");
+        assert_eq!(ms_cell(Some(128.0)), "128");
+    }
 
     #[test]
     fn nearest_rank() {

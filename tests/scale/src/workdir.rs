@@ -21,7 +21,7 @@ fn numbered(name: &str, prefix: &str) -> bool {
 pub fn is_previous_run_entry(name: &str) -> bool {
     let log_of = |stem: &str| numbered(stem, "r") || numbered(stem, "worker-");
     name.strip_suffix(".log")
-        .is_some_and(|stem| log_of(stem) || stem == "control-plane")
+        .is_some_and(|stem| log_of(stem) || stem == "control-plane" || stem == "postgres")
         || numbered(name, "w")
         || numbered(name, "round")
         || matches!(
@@ -69,6 +69,7 @@ mod tests {
             "r12.log",
             "worker-3.log",
             "control-plane.log",
+            "postgres.log",
             "control-plane.db",
             "control-plane.db-wal",
             "control-plane.db-shm",

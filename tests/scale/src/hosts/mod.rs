@@ -121,6 +121,13 @@ fn check(local: &LocalConfig, fleet: &FleetConfig) -> Result<()> {
             "--attack-* with --hosts: the hostile peers dial from 127.0.0.x of this machine".into(),
         ));
     }
+    if local.control_plane_store != crate::postgres::StoreKind::Sqlite {
+        return Err(LadderError::Args(
+            "--control-plane-store postgres with --hosts: the server would listen on this \
+             machine's loopback, which the control plane's host cannot reach"
+                .into(),
+        ));
+    }
     if local.control_plane_db.is_some() {
         return Err(LadderError::Args(
             "--control-plane-db with --hosts: the control plane's host reaches nothing \
@@ -214,5 +221,11 @@ mod tests {
         };
         let e = check(&local, &FleetConfig::default()).expect_err("db");
         assert!(e.to_string().contains("--control-plane-db"), "{e}");
+        let local = LocalConfig {
+            control_plane_store: crate::postgres::StoreKind::Postgres,
+            ..LocalConfig::default()
+        };
+        let e = check(&local, &FleetConfig::default()).expect_err("store");
+        assert!(e.to_string().contains("--control-plane-store"), "{e}");
     }
 }

@@ -48,3 +48,11 @@ pub(crate) fn finish(
             .context("parsing the report")?;
     Ok((table, report))
 }
+
+/// The number at JSON pointer `path` of a report (panics, quoting the
+/// report, when there is none).
+pub(crate) fn u(v: &Value, path: &str) -> u64 {
+    v.pointer(path)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("report has no number at {path}: {v:#}"))
+}

@@ -9,6 +9,7 @@ mod finish;
 mod hosts_ladder;
 mod hosts_remote;
 mod policy_ladder;
+mod postgres_ladder;
 mod remote_tls;
 mod small_ladder;
 mod worker_protocol;
