@@ -163,16 +163,9 @@ impl Member {
     /// listens on, within `deadline`: for a member that others dial, such
     /// as one leased as a router.
     pub async fn listen(&self, addr: Multiaddr, deadline: Duration) -> anyhow::Result<Multiaddr> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
         let on = addr.clone();
-        self.cmd
-            .send(Box::new(move |s| {
-                let _ = tx.send(s.listen_on(on).map_err(|e| e.to_string()));
-            }))
-            .await
-            .map_err(|_| anyhow!("member swarm task ended"))?;
-        rx.await
-            .map_err(|_| anyhow!("member swarm task ended"))?
+        self.on_swarm(move |s| s.listen_on(on).map(|_| ()).map_err(|e| e.to_string()))
+            .await?
             .map_err(|e| anyhow!("listen on {addr}: {e}"))?;
         let mut links = self.links.clone();
         let l = tokio::time::timeout(deadline, links.wait_for(|l| !l.listening.is_empty()))
@@ -189,16 +182,24 @@ impl Member {
             .addresses(vec![addr.clone()])
             .condition(PeerCondition::Always)
             .build();
+        self.on_swarm(move |s| s.dial(opts).map_err(|e| e.to_string()))
+            .await?
+            .map_err(|e| anyhow!("dial {addr}: {e}"))
+    }
+
+    /// Runs `f` on the swarm in its task and returns what it returned.
+    async fn on_swarm<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Swarm<Behaviour>) -> T + Send + 'static,
+    ) -> anyhow::Result<T> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.cmd
             .send(Box::new(move |s| {
-                let _ = tx.send(s.dial(opts).map_err(|e| e.to_string()));
+                let _ = tx.send(f(s));
             }))
             .await
             .map_err(|_| anyhow!("member swarm task ended"))?;
-        rx.await
-            .map_err(|_| anyhow!("member swarm task ended"))?
-            .map_err(|e| anyhow!("dial {addr}: {e}"))
+        rx.await.map_err(|_| anyhow!("member swarm task ended"))
     }
 
     /// Dials `peer` at `addr` (a new connection even if one exists) and

@@ -13,7 +13,7 @@
 //! stranger reaching in; strangers connecting to us keep their budget
 //! (`hostile_refused`).
 
-use super::hostile_kit::start_router;
+use super::hostile_kit::start_router_with_refused_budget;
 use super::support;
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -33,14 +33,7 @@ const STREAMS: usize = 4 * BUDGET as usize;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_router_we_dialed_is_not_closed_for_streams_refused_before_it_authenticates() {
     let cp = start_cp().await;
-    let rdir = tempfile::tempdir().expect("tempdir");
-    let budget = BUDGET.to_string();
-    let r = start_router(
-        &cp,
-        rdir.path(),
-        &["--stranger-refused-streams-max", &budget],
-    )
-    .await;
+    let (r, _rdir) = start_router_with_refused_budget(&cp, BUDGET).await;
 
     let report = dialed_router::run(Case {
         control_plane: cp.url.clone(),
