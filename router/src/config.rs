@@ -215,8 +215,9 @@ pub struct Config {
     pub auth_first_byte_timeout: Duration,
     /// Streams of our own protocols refused on one connection of a peer not
     /// admitted; the next refusal closes the connection and counts as a
-    /// failed login of its source. Members are never closed for this. 0: no
-    /// limit. Default 32.
+    /// failed login of its source. Members, and connections this router
+    /// dialed (a peer it chose), are never closed for this. 0: no limit.
+    /// Default 32.
     pub stranger_refused_streams_max: u32,
     /// Auth streams served at once, shared fairly by source once all are
     /// taken (a source holding fewer takes the heaviest source's oldest);

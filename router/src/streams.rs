@@ -29,6 +29,11 @@
 //! a failed login of its source, which the failed-login guard turns into a
 //! short block once it repeats. Members are never closed for this: under
 //! contention their streams may be refused too, through no fault of theirs.
+//! Nor are connections this router dialed: their peer is one we chose (a
+//! router of the directory, which may open streams before its own auth to
+//! us is through), not a stranger reaching in, and their remote address is
+//! where we went, not a source to block. The resource manager exempts them
+//! from the strangers' budgets by the same rule.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -95,10 +100,12 @@ pub(crate) fn past_refusal_budget(refused: u32, max: u32) -> bool {
 
 impl RefusedStreams {
     /// One stream of `info`'s connection was refused: counted if its peer
-    /// is a stranger, and its connection closed once past the budget (once:
-    /// later refusals on it while it closes change nothing).
+    /// is a stranger that connected to us, and its connection closed once
+    /// past the budget (once: later refusals on it while it closes change
+    /// nothing). Connections we dialed are never counted (module doc).
     pub(crate) fn refused(&self, info: &ConnectionInfo) {
         if self.max == 0
+            || info.dialed
             || self
                 .admissions
                 .read()

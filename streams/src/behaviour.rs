@@ -84,9 +84,15 @@ impl Behaviour {
         self.shared.debug_sizes()
     }
 
-    fn handler(&self, conn: ConnectionId, peer: PeerId, remote_addr: &Multiaddr) -> Handler {
+    fn handler(
+        &self,
+        conn: ConnectionId,
+        peer: PeerId,
+        remote_addr: &Multiaddr,
+        dialed: bool,
+    ) -> Handler {
         let (requests, waiting) = self.shared.connection_up(conn, peer);
-        let info = ConnectionInfo::new(peer, conn, remote_addr.clone());
+        let info = ConnectionInfo::new(peer, conn, remote_addr.clone(), dialed);
         Handler::new(info, self.shared.clone(), requests, waiting)
     }
 }
@@ -102,7 +108,7 @@ impl NetworkBehaviour for Behaviour {
         _local_addr: &Multiaddr,
         remote_addr: &Multiaddr,
     ) -> Result<THandler<Self>, ConnectionDenied> {
-        Ok(self.handler(conn, peer, remote_addr))
+        Ok(self.handler(conn, peer, remote_addr, false))
     }
 
     fn handle_established_outbound_connection(
@@ -113,7 +119,7 @@ impl NetworkBehaviour for Behaviour {
         _: Endpoint,
         _: PortUse,
     ) -> Result<THandler<Self>, ConnectionDenied> {
-        Ok(self.handler(conn, peer, addr))
+        Ok(self.handler(conn, peer, addr, true))
     }
 
     fn on_swarm_event(&mut self, event: FromSwarm) {

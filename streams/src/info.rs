@@ -21,11 +21,23 @@ pub struct ConnectionInfo {
     /// Whether the connection is a relayed circuit (`/p2p-circuit` in its
     /// remote address) rather than a direct one.
     pub relayed: bool,
+    /// Whether this side dialed the connection (the remote is a peer we
+    /// chose) rather than accepted it. Limits meant for strangers reaching
+    /// in, keyed by the remote's source address, apply to accepted
+    /// connections only: for a dialed one, `remote_addr` is where we went,
+    /// not where anyone came from.
+    pub dialed: bool,
 }
 
 impl ConnectionInfo {
-    /// The info of connection `connection` to `peer` at `remote_addr`.
-    pub fn new(peer: PeerId, connection: ConnectionId, remote_addr: Multiaddr) -> Self {
+    /// The info of connection `connection` to `peer` at `remote_addr`,
+    /// which this side `dialed` or accepted.
+    pub fn new(
+        peer: PeerId,
+        connection: ConnectionId,
+        remote_addr: Multiaddr,
+        dialed: bool,
+    ) -> Self {
         let relayed = remote_addr
             .iter()
             .any(|p| matches!(p, Protocol::P2pCircuit));
@@ -34,6 +46,7 @@ impl ConnectionInfo {
             connection,
             remote_addr,
             relayed,
+            dialed,
         }
     }
 }
@@ -53,8 +66,10 @@ mod tests {
         .parse()
         .expect("addr");
         let id = ConnectionId::new_unchecked(7);
-        assert!(!ConnectionInfo::new(peer, id, direct).relayed);
-        let relayed = ConnectionInfo::new(peer, id, circuit);
+        let accepted = ConnectionInfo::new(peer, id, direct.clone(), false);
+        assert!(!accepted.relayed && !accepted.dialed);
+        assert!(ConnectionInfo::new(peer, id, direct, true).dialed);
+        let relayed = ConnectionInfo::new(peer, id, circuit, true);
         assert!(relayed.relayed);
         assert_eq!((relayed.peer, relayed.connection), (peer, id));
     }

@@ -143,7 +143,7 @@ pub struct RouterArgs {
     /// Time an auth stream has to send its first byte before it is closed and counted as a failed login of its source, milliseconds.
     #[arg(long, default_value_t = d::DEFAULT_AUTH_FIRST_BYTE_TIMEOUT_MS)]
     pub auth_first_byte_timeout_ms: u64,
-    /// Streams refused on one connection of a peer not yet admitted, streams; the next refusal closes the connection and counts as a failed login of its source (agentmesh_router_connections_closed_total{reason="refused_streams"}); members are never closed for this; 0 = no limit.
+    /// Streams refused on one connection a peer not yet admitted made to this router, streams; the next refusal closes the connection and counts as a failed login of its source (agentmesh_router_connections_closed_total{reason="refused_streams"}); members, and connections this router dialed, are never closed for this; 0 = no limit.
     #[arg(long, default_value_t = d::DEFAULT_STRANGER_REFUSED_STREAMS_MAX)]
     pub stranger_refused_streams_max: u32,
     /// Auth streams served at once, streams; shared fairly by source once all are taken, refusals counted in agentmesh_router_slots_refused_total{budget="auth"}.

@@ -15,13 +15,22 @@
 //! - [`provider_calls`]: silent call streams to one provider.
 //! - [`provider_circuits`]: every circuit to one provider through a router.
 //!
-//! [`summary`] is what the binary prints with `--json`.
+//! - [`dialed_router`]: not an attack but its mirror: a router of the
+//!   directory that the router under test dials, opening streams it
+//!   refuses before authenticating back (it must not be taken for one).
+//!
+//! [`counts`] declares each attack's counts once; [`summary`] is what the
+//! binary prints with `--json`. [`stranger`] dials a router as a fresh
+//! PeerId from one source address.
 
 pub mod control_plane;
+pub mod counts;
+pub mod dialed_router;
 pub mod member;
 pub mod provider_calls;
 pub mod provider_circuits;
 pub mod router_auth;
 pub mod router_refused;
 mod source_tcp;
+mod stranger;
 pub mod summary;

@@ -9,6 +9,8 @@
 use std::{net::IpAddr, time::Duration};
 
 use agentmesh_hostile::control_plane::{FloodConfig, FloodKind, flood};
+use agentmesh_hostile::counts::Counted;
+use agentmesh_hostile::summary::Summary;
 use clap::Parser as _;
 
 /// The command line.
@@ -94,6 +96,12 @@ fn parse_kind(s: &str) -> Result<FloodKind, String> {
     })
 }
 
+/// What an attack's report prints: `ATTACK name=value ...` and its summary.
+fn text_and_counts(r: impl Counted) -> (String, Summary) {
+    let summary = r.counts();
+    (format!("{} {r}\n", summary.attack), summary)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -104,34 +112,14 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     let (text, summary) = match cli.command {
-        Command::RouterAuth(args) => {
-            let r = args.run().await?;
-            (format!("{r}\n"), r.counts())
-        }
-        Command::RouterRefusedStreams(args) => {
-            let r = args.run().await?;
-            (format!("router-refused-streams {r}\n"), r.counts())
-        }
+        Command::RouterAuth(args) => text_and_counts(args.run().await?),
+        Command::RouterRefusedStreams(args) => text_and_counts(args.run().await?),
         Command::ControlPlaneFlood(args) => {
             let r = args.run().await?;
             (r.summary(), r.counts())
         }
-        Command::ProviderCalls(args) => {
-            let r = args.run().await?;
-            let text = format!(
-                "provider-calls opened={} open_failed={} closed_by_provider={} answered={} held_max={} circuits={}\n",
-                r.opened, r.open_failed, r.closed_by_provider, r.answered, r.held_max, r.circuits
-            );
-            (text, r.counts())
-        }
-        Command::ProviderCircuits(args) => {
-            let r = args.run().await?;
-            let text = format!(
-                "provider-circuits dialed={} established={} denied={} held_max={}\n",
-                r.dialed, r.established, r.denied, r.held_max
-            );
-            (text, r.counts())
-        }
+        Command::ProviderCalls(args) => text_and_counts(args.run().await?),
+        Command::ProviderCircuits(args) => text_and_counts(args.run().await?),
     };
     if cli.json {
         println!("{}", summary.to_json());

@@ -45,6 +45,8 @@ struct Links {
     /// Dials to each remote peer that failed (for a circuit: denied by the
     /// relay, or the destination refused), since start.
     failed: HashMap<PeerId, u64>,
+    /// Addresses the swarm listens on (see [`Member::listen`]).
+    listening: Vec<Multiaddr>,
 }
 
 /// A raw member swarm; its task is aborted on drop.
@@ -106,6 +108,9 @@ impl Member {
                                 }
                             });
                         }
+                        SwarmEvent::NewListenAddr { address, .. } => {
+                            links_tx.send_modify(|l| l.listening.push(address));
+                        }
                         SwarmEvent::OutgoingConnectionError { peer_id, error, .. } => {
                             tracing::debug!(?peer_id, %error, "hostile member: dial failed");
                             if let Some(p) = peer_id {
@@ -154,6 +159,22 @@ impl Member {
         )
     }
 
+    /// Listens on `addr` (TCP, port 0 for any) and returns the address it
+    /// listens on, within `deadline`: for a member that others dial, such
+    /// as one leased as a router.
+    pub async fn listen(&self, addr: Multiaddr, deadline: Duration) -> anyhow::Result<Multiaddr> {
+        let on = addr.clone();
+        self.on_swarm(move |s| s.listen_on(on).map(|_| ()).map_err(|e| e.to_string()))
+            .await?
+            .map_err(|e| anyhow!("listen on {addr}: {e}"))?;
+        let mut links = self.links.clone();
+        let l = tokio::time::timeout(deadline, links.wait_for(|l| !l.listening.is_empty()))
+            .await
+            .with_context(|| format!("not listening on {addr} within {deadline:?}"))?
+            .map_err(|_| anyhow!("member swarm task ended"))?;
+        Ok(l.listening[0].clone())
+    }
+
     /// Dials `peer` at `addr` (a new connection even if one exists); the
     /// outcome shows in [`Member::connections`].
     pub async fn dial(&self, peer: PeerId, addr: Multiaddr) -> anyhow::Result<()> {
@@ -161,16 +182,24 @@ impl Member {
             .addresses(vec![addr.clone()])
             .condition(PeerCondition::Always)
             .build();
+        self.on_swarm(move |s| s.dial(opts).map_err(|e| e.to_string()))
+            .await?
+            .map_err(|e| anyhow!("dial {addr}: {e}"))
+    }
+
+    /// Runs `f` on the swarm in its task and returns what it returned.
+    async fn on_swarm<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Swarm<Behaviour>) -> T + Send + 'static,
+    ) -> anyhow::Result<T> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.cmd
             .send(Box::new(move |s| {
-                let _ = tx.send(s.dial(opts).map_err(|e| e.to_string()));
+                let _ = tx.send(f(s));
             }))
             .await
             .map_err(|_| anyhow!("member swarm task ended"))?;
-        rx.await
-            .map_err(|_| anyhow!("member swarm task ended"))?
-            .map_err(|e| anyhow!("dial {addr}: {e}"))
+        rx.await.map_err(|_| anyhow!("member swarm task ended"))
     }
 
     /// Dials `peer` at `addr` (a new connection even if one exists) and

@@ -14,7 +14,7 @@
 //! by the first-byte deadline.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use agentmesh_proto::pb::credential::Credential;
@@ -24,10 +24,11 @@ use agentmesh_streams::Control;
 use futures::AsyncReadExt as _;
 use libp2p::identity::Keypair;
 use libp2p::{Multiaddr, PeerId, StreamProtocol};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::counts::inc;
 use crate::member::{EnrollArgs, Member, router_of};
 
 /// Deadline of each set-up step (connect, auth, circuit, one stream open).
@@ -57,92 +58,32 @@ pub struct Attack {
     pub opening: usize,
 }
 
+crate::counts::counts! {
+    /// What the attack did.
+    pub struct Report (live CallCounts, attack "provider-calls") {
+        /// Call streams opened (negotiated with the provider).
+        opened,
+        /// Opens that failed (refused, reset, no connection).
+        open_failed,
+        /// Streams the provider closed or reset while they were silent.
+        closed_by_provider,
+        /// Of those, streams on which the provider wrote something first (a
+        /// refusal frame) before closing.
+        answered,
+        /// Silent streams open now (0 once the attack returned).
+        held,
+        /// The most silent streams open at once.
+        held_max,
+        /// Circuits dialed to the provider (1 unless it was lost).
+        circuits,
+    }
+}
+
 /// Live counts of a running attack (shared with the caller, who may read
 /// them while it runs and stop it early).
-#[derive(Debug)]
-pub struct Progress {
-    opened: AtomicU64,
-    open_failed: AtomicU64,
-    closed_by_provider: AtomicU64,
-    answered: AtomicU64,
-    held: AtomicU64,
-    held_max: AtomicU64,
-    circuits: AtomicU64,
-    stop: watch::Sender<bool>,
-}
+pub type Progress = crate::counts::Progress<CallCounts>;
 
-impl Default for Progress {
-    fn default() -> Self {
-        Self {
-            opened: AtomicU64::new(0),
-            open_failed: AtomicU64::new(0),
-            closed_by_provider: AtomicU64::new(0),
-            answered: AtomicU64::new(0),
-            held: AtomicU64::new(0),
-            held_max: AtomicU64::new(0),
-            circuits: AtomicU64::new(0),
-            stop: watch::Sender::new(false),
-        }
-    }
-}
-
-/// What the attack did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Report {
-    /// Call streams opened (negotiated with the provider).
-    pub opened: u64,
-    /// Opens that failed (refused, reset, no connection).
-    pub open_failed: u64,
-    /// Streams the provider closed or reset while they were silent.
-    pub closed_by_provider: u64,
-    /// Of those, streams on which the provider wrote something first (a
-    /// refusal frame) before closing.
-    pub answered: u64,
-    /// Silent streams open now (0 once the attack returned).
-    pub held: u64,
-    /// The most silent streams open at once.
-    pub held_max: u64,
-    /// Circuits dialed to the provider (1 unless it was lost).
-    pub circuits: u64,
-}
-
-impl Report {
-    /// The counts by name, for `--json`.
-    pub fn counts(&self) -> crate::summary::Summary {
-        crate::summary::Summary::new(
-            "provider-calls",
-            [
-                ("opened", self.opened),
-                ("open_failed", self.open_failed),
-                ("closed_by_provider", self.closed_by_provider),
-                ("answered", self.answered),
-                ("held_max", self.held_max),
-                ("circuits", self.circuits),
-            ],
-        )
-    }
-}
-
-impl Progress {
-    /// Ends the attack at its workers' next step.
-    pub fn stop(&self) {
-        self.stop.send_replace(true);
-    }
-
-    /// The counts so far.
-    pub fn report(&self) -> Report {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Report {
-            opened: get(&self.opened),
-            open_failed: get(&self.open_failed),
-            closed_by_provider: get(&self.closed_by_provider),
-            answered: get(&self.answered),
-            held: get(&self.held),
-            held_max: get(&self.held_max),
-            circuits: get(&self.circuits),
-        }
-    }
-
+impl CallCounts {
     fn hold(&self) {
         let now = self.held.fetch_add(1, Ordering::Relaxed) + 1;
         self.held_max.fetch_max(now, Ordering::Relaxed);
@@ -179,7 +120,7 @@ pub async fn run(
             STEP_DEADLINE,
         )
         .await?;
-    progress.circuits.fetch_add(1, Ordering::Relaxed);
+    inc(&progress.counts.circuits);
     tracing::info!(
         provider = %attack.provider,
         streams = attack.streams,
@@ -200,7 +141,7 @@ pub async fn run(
         tasks.spawn(worker.run());
     }
     // Keep the circuit up: re-dial it when the provider or router drops it.
-    let mut stop = progress.stop.subscribe();
+    let mut stop = progress.stopped();
     loop {
         tokio::select! {
             _ = tokio::time::sleep_until(end) => break,
@@ -218,7 +159,7 @@ pub async fn run(
                 .await;
             match redial {
                 Ok(()) => {
-                    progress.circuits.fetch_add(1, Ordering::Relaxed);
+                    inc(&progress.counts.circuits);
                 }
                 Err(e) => tracing::debug!(error = %e, "hostile member: circuit re-dial failed"),
             }
@@ -241,7 +182,7 @@ struct Worker {
 
 impl Worker {
     async fn run(mut self) {
-        let mut stop = self.progress.stop.subscribe();
+        let mut stop = self.progress.stopped();
         loop {
             if *stop.borrow() || Instant::now() >= self.end {
                 return;
@@ -262,8 +203,8 @@ impl Worker {
             };
             match outcome {
                 Ok(Ok(mut s)) => {
-                    self.progress.opened.fetch_add(1, Ordering::Relaxed);
-                    self.progress.hold();
+                    inc(&self.progress.counts.opened);
+                    self.progress.counts.hold();
                     let mut buf = [0u8; 512];
                     let mut answered = false;
                     let closed = loop {
@@ -276,18 +217,16 @@ impl Worker {
                             _ = stop.wait_for(|s| *s) => break false,
                         }
                     };
-                    self.progress.release();
+                    self.progress.counts.release();
                     if closed {
-                        self.progress
-                            .closed_by_provider
-                            .fetch_add(1, Ordering::Relaxed);
+                        inc(&self.progress.counts.closed_by_provider);
                         if answered {
-                            self.progress.answered.fetch_add(1, Ordering::Relaxed);
+                            inc(&self.progress.counts.answered);
                         }
                     }
                 }
                 Ok(Err(_)) | Err(_) => {
-                    self.progress.open_failed.fetch_add(1, Ordering::Relaxed);
+                    inc(&self.progress.counts.open_failed);
                 }
             }
             tokio::select! {

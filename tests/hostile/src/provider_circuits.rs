@@ -11,14 +11,13 @@
 //! against a share it holds only its share.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use agentmesh_proto::pb::credential::Credential;
 use agentmesh_proto::pb::mesh::Purpose;
 use libp2p::identity::Keypair;
 use libp2p::{Multiaddr, PeerId};
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::member::{EnrollArgs, Member, circuit_addr, router_of};
@@ -47,79 +46,25 @@ pub struct CircuitAttack {
     pub duration: Duration,
 }
 
+crate::counts::counts! {
+    /// What the circuit attack did.
+    pub struct CircuitReport (live CircuitCounts, attack "provider-circuits") {
+        /// Circuits dialed.
+        dialed,
+        /// Circuits established.
+        established,
+        /// Circuit dials that failed (denied by the relay, mostly).
+        denied,
+        /// Circuits held now, as the attacker's swarm counts them.
+        held,
+        /// The most circuits held at once, as the attacker's swarm counts them
+        /// (it may still count circuits the router already closed).
+        held_max,
+    }
+}
+
 /// Live counts of a running circuit attack.
-#[derive(Debug)]
-pub struct CircuitProgress {
-    dialed: AtomicU64,
-    established: AtomicU64,
-    denied: AtomicU64,
-    held: AtomicU64,
-    held_max: AtomicU64,
-    stop: watch::Sender<bool>,
-}
-
-impl Default for CircuitProgress {
-    fn default() -> Self {
-        Self {
-            dialed: AtomicU64::new(0),
-            established: AtomicU64::new(0),
-            denied: AtomicU64::new(0),
-            held: AtomicU64::new(0),
-            held_max: AtomicU64::new(0),
-            stop: watch::Sender::new(false),
-        }
-    }
-}
-
-/// What the circuit attack did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CircuitReport {
-    /// Circuits dialed.
-    pub dialed: u64,
-    /// Circuits established.
-    pub established: u64,
-    /// Circuit dials that failed (denied by the relay, mostly).
-    pub denied: u64,
-    /// Circuits held now, as the attacker's swarm counts them.
-    pub held: u64,
-    /// The most circuits held at once, as the attacker's swarm counts them
-    /// (it may still count circuits the router already closed).
-    pub held_max: u64,
-}
-
-impl CircuitReport {
-    /// The counts by name, for `--json`.
-    pub fn counts(&self) -> crate::summary::Summary {
-        crate::summary::Summary::new(
-            "provider-circuits",
-            [
-                ("dialed", self.dialed),
-                ("established", self.established),
-                ("denied", self.denied),
-                ("held_max", self.held_max),
-            ],
-        )
-    }
-}
-
-impl CircuitProgress {
-    /// Ends the attack at its next tick.
-    pub fn stop(&self) {
-        self.stop.send_replace(true);
-    }
-
-    /// The counts so far.
-    pub fn report(&self) -> CircuitReport {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        CircuitReport {
-            dialed: get(&self.dialed),
-            established: get(&self.established),
-            denied: get(&self.denied),
-            held: get(&self.held),
-            held_max: get(&self.held_max),
-        }
-    }
-}
+pub type CircuitProgress = crate::counts::Progress<CircuitCounts>;
 
 /// Runs the attack as the member with `key` and its `credential`; returns
 /// once `attack.duration` passed or [`CircuitProgress::stop`] was called.
@@ -139,18 +84,17 @@ pub async fn run(
         .authenticate(attack.router, credential, Purpose::Transit, STEP_DEADLINE)
         .await?;
     let addr = circuit_addr(attack.router, &attack.router_addr, attack.provider);
-    let mut stop = progress.stop.subscribe();
+    let mut stop = progress.stopped();
     let mut dialed = 0u64;
     let mut seen_denied = 0u64;
     let mut next_dial = Instant::now();
     loop {
         let (open, established, denied) = member.connections(&attack.provider);
-        progress.held.store(u64::from(open), Ordering::Relaxed);
-        progress
-            .held_max
-            .fetch_max(u64::from(open), Ordering::Relaxed);
-        progress.established.store(established, Ordering::Relaxed);
-        progress.denied.store(denied, Ordering::Relaxed);
+        let c = &progress.counts;
+        c.held.store(u64::from(open), Ordering::Relaxed);
+        c.held_max.fetch_max(u64::from(open), Ordering::Relaxed);
+        c.established.store(established, Ordering::Relaxed);
+        c.denied.store(denied, Ordering::Relaxed);
         let now = Instant::now();
         if denied > seen_denied {
             seen_denied = denied;
@@ -165,7 +109,7 @@ pub async fn run(
                 Ok(()) => {
                     dialed += 1;
                     in_flight += 1;
-                    progress.dialed.store(dialed, Ordering::Relaxed);
+                    progress.counts.dialed.store(dialed, Ordering::Relaxed);
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "hostile member: circuit dial not started");

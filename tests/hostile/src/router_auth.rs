@@ -8,25 +8,21 @@
 //! one (with a new PeerId) replaces it; until `duration` has passed. What
 //! it did is returned as counts, so a test can check the attack really ran.
 
-use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use agentmesh_proto::protocols::AUTH;
 use agentmesh_streams::Control;
 use anyhow::Context as _;
 use futures::{AsyncReadExt as _, AsyncWriteExt as _, StreamExt as _};
-use libp2p::identity::Keypair;
-use libp2p::multiaddr::Protocol;
 use libp2p::swarm::SwarmEvent;
-use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
-use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm};
+use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::source_tcp;
+use crate::counts::{Live as _, inc};
+use crate::stranger::{self, Dialed, Stranger, peer_of};
 
 /// The length byte a stalling stream sends: a request of 64 bytes that
 /// never follow.
@@ -79,97 +75,25 @@ pub struct Attack {
     pub duration: Duration,
 }
 
-/// What one run did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Report {
-    /// Connections established.
-    pub connections: u64,
-    /// Dials that did not end in a connection (refused, or timed out).
-    pub dials_failed: u64,
-    /// Connections the router closed.
-    pub connections_closed: u64,
-    /// Auth streams opened (negotiated).
-    pub streams_opened: u64,
-    /// Opens that failed on a live connection.
-    pub opens_failed: u64,
-    /// Streams the router closed (reset, ended, or with their connection).
-    pub streams_closed: u64,
-    /// Streams on which the router wrote something before closing (an
-    /// answer such as a refusal).
-    pub streams_answered: u64,
-}
-
-impl Report {
-    /// The counts by name, for `--json`.
-    pub fn counts(&self) -> crate::summary::Summary {
-        crate::summary::Summary::new(
-            "router-auth",
-            [
-                ("connections", self.connections),
-                ("dials_failed", self.dials_failed),
-                ("connections_closed", self.connections_closed),
-                ("streams_opened", self.streams_opened),
-                ("opens_failed", self.opens_failed),
-                ("streams_closed", self.streams_closed),
-                ("streams_answered", self.streams_answered),
-            ],
-        )
+crate::counts::counts! {
+    /// What one run did.
+    pub struct Report (live Counters, attack "router-auth") {
+        /// Connections established.
+        connections,
+        /// Dials that did not end in a connection (refused, or timed out).
+        dials_failed,
+        /// Connections the router closed.
+        connections_closed,
+        /// Auth streams opened (negotiated).
+        streams_opened,
+        /// Opens that failed on a live connection.
+        opens_failed,
+        /// Streams the router closed (reset, ended, or with their connection).
+        streams_closed,
+        /// Streams on which the router wrote something before closing (an
+        /// answer such as a refusal).
+        streams_answered,
     }
-}
-
-impl fmt::Display for Report {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "connections={} dials_failed={} connections_closed={} streams_opened={} \
-             opens_failed={} streams_closed={} streams_answered={}",
-            self.connections,
-            self.dials_failed,
-            self.connections_closed,
-            self.streams_opened,
-            self.opens_failed,
-            self.streams_closed,
-            self.streams_answered
-        )
-    }
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    connections: AtomicU64,
-    dials_failed: AtomicU64,
-    connections_closed: AtomicU64,
-    streams_opened: AtomicU64,
-    opens_failed: AtomicU64,
-    streams_closed: AtomicU64,
-    streams_answered: AtomicU64,
-}
-
-fn inc(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
-
-impl Counters {
-    fn report(&self) -> Report {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        Report {
-            connections: get(&self.connections),
-            dials_failed: get(&self.dials_failed),
-            connections_closed: get(&self.connections_closed),
-            streams_opened: get(&self.streams_opened),
-            opens_failed: get(&self.opens_failed),
-            streams_closed: get(&self.streams_closed),
-            streams_answered: get(&self.streams_answered),
-        }
-    }
-}
-
-/// The PeerId at the end of `addr`.
-fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
-    addr.iter().find_map(|p| match p {
-        Protocol::P2p(id) => Some(id),
-        _ => None,
-    })
 }
 
 /// Runs the attack until its duration has passed; returns what it did.
@@ -220,34 +144,16 @@ async fn connection(
     deadline: Instant,
     c: &Arc<Counters>,
 ) -> anyhow::Result<bool> {
-    let key = Keypair::generate_ed25519();
-    let transport = source_tcp::transport(&key, a.source_ip).context("noise")?;
-    let behaviour = agentmesh_streams::Behaviour::new();
-    let control = behaviour.new_control();
-    let config = libp2p::swarm::Config::with_tokio_executor()
-        .with_idle_connection_timeout(a.duration + Duration::from_secs(1));
-    let mut swarm = Swarm::new(transport, behaviour, key.public().to_peer_id(), config);
-    let dial = DialOpts::peer_id(router)
-        .addresses(vec![a.router.clone()])
-        .condition(PeerCondition::Always)
-        .build();
-    if swarm.dial(dial).is_err() {
-        inc(&c.dials_failed);
-        return Ok(false);
-    }
-    loop {
-        let Ok(ev) = tokio::time::timeout_at(deadline, swarm.select_next_some()).await else {
-            return Ok(true);
-        };
-        match ev {
-            SwarmEvent::ConnectionEstablished { .. } => break,
-            SwarmEvent::OutgoingConnectionError { .. } => {
+    let idle = a.duration + Duration::from_secs(1);
+    let Stranger { mut swarm, control } =
+        match stranger::dial(&a.router, router, a.source_ip, idle, deadline).await? {
+            Dialed::Connected(s) => s,
+            Dialed::Failed => {
                 inc(&c.dials_failed);
                 return Ok(false);
             }
-            _ => {}
-        }
-    }
+            Dialed::Deadline => return Ok(true),
+        };
     inc(&c.connections);
     let mut streams = JoinSet::new();
     for i in 0..a.streams_per_peer {
@@ -394,14 +300,5 @@ mod tests {
             ]
         );
         assert_eq!(Stall::Silent.of(1), Stall::Silent);
-    }
-
-    #[test]
-    fn the_router_address_must_name_its_peer() {
-        let a: Multiaddr = "/ip4/127.0.0.1/tcp/1".parse().expect("addr");
-        assert_eq!(peer_of(&a), None);
-        let id = PeerId::random();
-        let a = a.with(Protocol::P2p(id));
-        assert_eq!(peer_of(&a), Some(id));
     }
 }

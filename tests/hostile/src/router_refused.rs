@@ -9,21 +9,18 @@
 //! Bounded: at most `connections` connections, `streams_per_connection`
 //! streams each, and `duration` in all. What it did is returned as counts.
 
-use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
 use agentmesh_proto::protocols::CATALOG;
+use agentmesh_streams::Control;
 use anyhow::Context as _;
 use futures::{AsyncReadExt as _, StreamExt as _};
-use libp2p::identity::Keypair;
-use libp2p::multiaddr::Protocol;
 use libp2p::swarm::SwarmEvent;
-use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::{Multiaddr, PeerId, StreamProtocol, Swarm};
 use tokio::time::Instant;
 
-use crate::source_tcp;
+use crate::stranger::{self, Dialed, Stranger, peer_of};
 
 /// Pause after a dial that did not connect, before the next one.
 const REDIAL_PAUSE: Duration = Duration::from_millis(100);
@@ -61,67 +58,25 @@ pub struct Attack {
     pub duration: Duration,
 }
 
-/// What one run did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Report {
-    /// Connections established.
-    pub connections: u64,
-    /// Dials that did not end in a connection (refused, or timed out).
-    pub dials_failed: u64,
-    /// Connections the router closed.
-    pub connections_closed: u64,
-    /// Streams negotiated (then refused: the router closed them unanswered).
-    pub streams_opened: u64,
-    /// Opens that failed (the connection was closing, or negotiation failed).
-    pub opens_failed: u64,
-    /// Streams on which the router wrote something (never expected: a
-    /// stranger gets no catalog answer).
-    pub streams_answered: u64,
-    /// Most streams negotiated on one connection.
-    pub most_on_one_connection: u64,
-}
-
-impl Report {
-    /// The counts by name, for `--json`.
-    pub fn counts(&self) -> crate::summary::Summary {
-        crate::summary::Summary::new(
-            "router-refused-streams",
-            [
-                ("connections", self.connections),
-                ("dials_failed", self.dials_failed),
-                ("connections_closed", self.connections_closed),
-                ("streams_opened", self.streams_opened),
-                ("opens_failed", self.opens_failed),
-                ("streams_answered", self.streams_answered),
-                ("most_on_one_connection", self.most_on_one_connection),
-            ],
-        )
+crate::counts::counts! {
+    /// What one run did.
+    pub struct Report (live Counters, attack "router-refused-streams") {
+        /// Connections established.
+        connections,
+        /// Dials that did not end in a connection (refused, or timed out).
+        dials_failed,
+        /// Connections the router closed.
+        connections_closed,
+        /// Streams negotiated (then refused: the router closed them unanswered).
+        streams_opened,
+        /// Opens that failed (the connection was closing, or negotiation failed).
+        opens_failed,
+        /// Streams on which the router wrote something (never expected: a
+        /// stranger gets no catalog answer).
+        streams_answered,
+        /// Most streams negotiated on one connection.
+        most_on_one_connection,
     }
-}
-
-impl fmt::Display for Report {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "connections={} dials_failed={} connections_closed={} streams_opened={} \
-             opens_failed={} streams_answered={} most_on_one_connection={}",
-            self.connections,
-            self.dials_failed,
-            self.connections_closed,
-            self.streams_opened,
-            self.opens_failed,
-            self.streams_answered,
-            self.most_on_one_connection
-        )
-    }
-}
-
-/// The PeerId at the end of `addr`.
-fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
-    addr.iter().find_map(|p| match p {
-        Protocol::P2p(id) => Some(id),
-        _ => None,
-    })
 }
 
 /// Runs the attack until its bounds are reached; returns what it did.
@@ -148,60 +103,27 @@ async fn connection(
     deadline: Instant,
     r: &mut Report,
 ) -> anyhow::Result<bool> {
-    let key = Keypair::generate_ed25519();
-    let transport = source_tcp::transport(&key, a.source_ip).context("noise")?;
-    let behaviour = agentmesh_streams::Behaviour::new();
-    let mut control = behaviour.new_control();
-    let config = libp2p::swarm::Config::with_tokio_executor()
-        .with_idle_connection_timeout(a.duration + Duration::from_secs(1));
-    let mut swarm = Swarm::new(transport, behaviour, key.public().to_peer_id(), config);
-    let dial = DialOpts::peer_id(router)
-        .addresses(vec![a.router.clone()])
-        .condition(PeerCondition::Always)
-        .build();
-    if swarm.dial(dial).is_err() {
-        r.dials_failed += 1;
-        return Ok(false);
-    }
-    loop {
-        let Ok(ev) = tokio::time::timeout_at(deadline, swarm.select_next_some()).await else {
-            return Ok(true);
-        };
-        match ev {
-            SwarmEvent::ConnectionEstablished { .. } => break,
-            SwarmEvent::OutgoingConnectionError { .. } => {
+    let idle = a.duration + Duration::from_secs(1);
+    let Stranger { mut swarm, control } =
+        match stranger::dial(&a.router, router, a.source_ip, idle, deadline).await? {
+            Dialed::Connected(s) => s,
+            Dialed::Failed => {
                 r.dials_failed += 1;
                 return Ok(false);
             }
-            _ => {}
-        }
-    }
+            Dialed::Deadline => return Ok(true),
+        };
     r.connections += 1;
     // The streams run in their own task; the swarm is driven here.
     let streams_per_connection = a.streams_per_connection;
-    let (opened_tx, mut opened_rx) = tokio::sync::watch::channel((0u64, 0u64, 0u64));
-    let streams = tokio::spawn(async move {
-        let (mut opened, mut failed, mut answered) = (0u64, 0u64, 0u64);
-        for _ in 0..streams_per_connection {
-            let open = control.open_stream(router, StreamProtocol::new(CATALOG));
-            let Ok(Ok(mut s)) = tokio::time::timeout_at(deadline, open).await else {
-                failed += 1;
-                let _ = opened_tx.send((opened, failed, answered));
-                // A failed open on a closing connection: stop here.
-                return;
-            };
-            opened += 1;
-            let mut buf = [0u8; 64];
-            loop {
-                match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
-                    Err(_) => return,
-                    Ok(Ok(0)) | Ok(Err(_)) => break,
-                    Ok(Ok(_)) => answered += 1,
-                }
-            }
-            let _ = opened_tx.send((opened, failed, answered));
-        }
-    });
+    let (opened_tx, mut opened_rx) = tokio::sync::watch::channel(Opened::default());
+    let streams = tokio::spawn(catalog_streams(
+        control,
+        router,
+        streams_per_connection,
+        deadline,
+        opened_tx,
+    ));
     let mut closed = false;
     loop {
         tokio::select! {
@@ -224,7 +146,11 @@ async fn connection(
     }
     streams.abort();
     let _ = streams.await;
-    let (opened, failed, answered) = *opened_rx.borrow();
+    let Opened {
+        opened,
+        failed,
+        answered,
+    } = *opened_rx.borrow();
     r.streams_opened += opened;
     r.opens_failed += failed;
     r.streams_answered += answered;
@@ -233,6 +159,49 @@ async fn connection(
         r.connections_closed += 1;
     }
     Ok(true)
+}
+
+/// What [`catalog_streams`] did so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Opened {
+    /// Streams negotiated.
+    pub(crate) opened: u64,
+    /// Opens that failed (the last one: it stops there).
+    pub(crate) failed: u64,
+    /// Reads that brought bytes (a stranger's catalog stream gets none).
+    pub(crate) answered: u64,
+}
+
+/// Opens up to `n` catalog streams to `router`, one after another, each
+/// read until the router closes it, and sends the counts after each; stops
+/// at the first open that fails (the connection is closing) or at
+/// `deadline`.
+pub(crate) async fn catalog_streams(
+    mut control: Control,
+    router: PeerId,
+    n: usize,
+    deadline: Instant,
+    tx: tokio::sync::watch::Sender<Opened>,
+) {
+    let mut o = Opened::default();
+    for _ in 0..n {
+        let open = control.open_stream(router, StreamProtocol::new(CATALOG));
+        let Ok(Ok(mut s)) = tokio::time::timeout_at(deadline, open).await else {
+            o.failed += 1;
+            let _ = tx.send(o);
+            return;
+        };
+        o.opened += 1;
+        let mut buf = [0u8; 64];
+        loop {
+            match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+                Err(_) => return,
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(_)) => o.answered += 1,
+            }
+        }
+        let _ = tx.send(o);
+    }
 }
 
 /// `agentmesh-hostile router-refused-streams`: the attack's command line.

@@ -117,6 +117,18 @@ pub(super) async fn start_router(cp: &Cp, dir: &std::path::Path, extra: &[&str])
     r
 }
 
+/// [`start_router`] in a fresh directory with `--stranger-refused-streams-max
+/// budget`; the directory lives as long as the router needs it.
+pub(super) async fn start_router_with_refused_budget(
+    cp: &Cp,
+    budget: u64,
+) -> (RouterBin, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let budget = budget.to_string();
+    let r = start_router(cp, dir.path(), &["--stranger-refused-streams-max", &budget]).await;
+    (r, dir)
+}
+
 /// A member dialing from [`MEMBERS`], one router, exposing `expose`.
 pub(super) async fn start_member(
     cp: &Cp,

@@ -13,7 +13,8 @@
 //! [`STREAMS_PER_CONNECTION`] refused streams and stayed open.
 
 use super::hostile_kit::{
-    MEMBER_BOUND, echo_within_bound, ready_within_bound, start_member, start_router,
+    MEMBER_BOUND, echo_within_bound, ready_within_bound, start_member,
+    start_router_with_refused_budget,
 };
 use super::support;
 
@@ -41,14 +42,7 @@ const IN_FLIGHT_SLACK: u64 = 16;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stranger_reopening_refused_streams_is_closed_and_members_still_call() {
     let cp = start_cp().await;
-    let rdir = tempfile::tempdir().expect("tempdir");
-    let budget = BUDGET.to_string();
-    let r = start_router(
-        &cp,
-        rdir.path(),
-        &["--stranger-refused-streams-max", &budget],
-    )
-    .await;
+    let (r, _rdir) = start_router_with_refused_budget(&cp, BUDGET).await;
 
     let attack = tokio::spawn(router_refused::run(Attack {
         router: r.addr(),
