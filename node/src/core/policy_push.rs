@@ -103,18 +103,20 @@ pub(crate) fn stamp(shared: &Shared, mut req: AuthRequest, slot: PolicyPushSlot)
     req
 }
 
-/// An admission that carries a policy (and revocations): judged off the
-/// core's path, like a push (the admission itself does not wait for it).
-pub(crate) fn take_admitted_policy(shared: &Arc<Shared>, result: &Result<AuthOutcome, AuthError>) {
+/// An admission that carries a policy (and revocations): judged in the
+/// auth exchange's own task, off the core's loop, before the core learns
+/// of the admission, so a member that (re)attaches holds the router's
+/// version by the time it counts as admitted (and so before it is ready).
+pub(crate) async fn take_admitted_policy(
+    shared: &Arc<Shared>,
+    result: &Result<AuthOutcome, AuthError>,
+) {
     if let Ok(AuthOutcome::Admitted {
         policy: Some(push), ..
     }) = result
     {
-        let shared = shared.clone();
         let push: PolicyPush = (**push).clone();
-        tokio::spawn(async move {
-            shared.policy.on_push(&shared.trust, push, unix_now()).await;
-        });
+        shared.policy.on_push(&shared.trust, push, unix_now()).await;
     }
 }
 

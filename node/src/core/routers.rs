@@ -239,7 +239,7 @@ impl Core {
                 shared.config.call_timeout(),
             )
             .await;
-            super::policy_push::take_admitted_policy(&shared, &result);
+            super::policy_push::take_admitted_policy(&shared, &result).await;
             Op::Auth {
                 router,
                 initial,

@@ -115,7 +115,7 @@ impl Core {
             let req = auth::request_for(shared.credential(), Purpose::Transit, &attached);
             let req = super::policy_push::stamp(&shared, req, PolicyPushSlot::Unspecified);
             let result = auth::request(shared.control.clone(), router, req, auth_limit).await;
-            super::policy_push::take_admitted_policy(&shared, &result);
+            super::policy_push::take_admitted_policy(&shared, &result).await;
             Op::TransitAuth {
                 router,
                 result,

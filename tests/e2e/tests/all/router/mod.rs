@@ -12,3 +12,4 @@ mod hostile_auth;
 mod hostile_kit;
 mod hostile_refused;
 mod policy;
+mod policy_push;
