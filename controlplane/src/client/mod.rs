@@ -326,7 +326,7 @@ impl Client {
         });
         self.retrying("GetDirectory", Idempotency::Idempotent, || {
             let mut c = self.grpc();
-            let req = self.request(msg.clone());
+            let req = self.request(msg);
             async move { c.get_directory(req).await }
         })
         .await
