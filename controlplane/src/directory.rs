@@ -9,7 +9,8 @@ use agentmesh_proto::{
     identity::PeerId,
     pb::{
         controlplane::{
-            GetDirectoryResponse, RouterInfo, RouterLeaseRequest, RouterLeaseResponse, RouterLoad,
+            GetDirectoryRequest, GetDirectoryResponse, RouterInfo, RouterLeaseRequest,
+            RouterLeaseResponse, RouterLoad,
         },
         credential::{KeySet, Revocation, Role},
     },
@@ -128,6 +129,22 @@ impl State {
         Ok((claims, peer))
     }
 
+    /// `GetDirectory` for a caller that says which policy copy it holds
+    /// (`req`): the same answer, less the policy text when the caller
+    /// holds the version in force (same epoch and version), so a member's
+    /// poll costs no policy until a change.
+    pub async fn get_directory_for(
+        &self,
+        req: &GetDirectoryRequest,
+    ) -> Result<GetDirectoryResponse, ServiceError> {
+        let mut d = self.get_directory().await?;
+        if holds_policy_of(req, &d) {
+            d.policy = None;
+            d.policy_unchanged = true;
+        }
+        Ok(d)
+    }
+
     /// `GetDirectory`: live leases, active revocations and the signed
     /// policy in force (cached briefly).
     pub async fn get_directory(&self) -> Result<GetDirectoryResponse, ServiceError> {
@@ -167,6 +184,7 @@ impl State {
                 .collect(),
             generated_at_unix_secs: now,
             policy: Some(policy),
+            policy_unchanged: false,
         };
         self.cache_directory(&d);
         Ok(d)
@@ -175,5 +193,63 @@ impl State {
     /// `GetKeys`.
     pub fn get_keys(&self) -> KeySet {
         self.keys.key_set(unix_now())
+    }
+}
+
+/// Whether the caller of `req` holds the policy version `d` carries. A
+/// request naming no version (`0`, a caller that predates the fields or
+/// holds none) never matches, so it gets the policy.
+fn holds_policy_of(req: &GetDirectoryRequest, d: &GetDirectoryResponse) -> bool {
+    if req.policy_epoch == 0 && req.policy_version == 0 {
+        return false;
+    }
+    let Some(signed) = d.policy.as_ref() else {
+        return false;
+    };
+    agentmesh_proto::policy::peek_version(signed) == Some((req.policy_epoch, req.policy_version))
+}
+
+#[cfg(test)]
+mod policy_unchanged_tests {
+    use super::*;
+    use agentmesh_proto::identity::ed25519;
+    use agentmesh_proto::pb::credential::PolicyDocument;
+    use agentmesh_proto::policy::sign_policy;
+
+    fn dir(epoch: u64, version: u64, key_id: &str) -> GetDirectoryResponse {
+        let doc = PolicyDocument {
+            epoch,
+            version,
+            issued_at_unix_secs: 1,
+            text: "format = 1".into(),
+            key_id: key_id.into(),
+        };
+        GetDirectoryResponse {
+            policy: Some(sign_policy(&doc, &ed25519::Keypair::generate())),
+            ..Default::default()
+        }
+    }
+
+    fn req(epoch: u64, version: u64) -> GetDirectoryRequest {
+        GetDirectoryRequest {
+            policy_epoch: epoch,
+            policy_version: version,
+        }
+    }
+
+    #[test]
+    fn the_policy_is_left_out_only_for_the_version_in_force() {
+        let d = dir(7, 3, "k2");
+        assert!(holds_policy_of(&req(7, 3), &d));
+        assert!(!holds_policy_of(&req(7, 2), &d), "an older version");
+        assert!(!holds_policy_of(&req(8, 3), &d), "another epoch");
+        assert!(
+            !holds_policy_of(&GetDirectoryRequest::default(), &d),
+            "an old caller"
+        );
+        assert!(!holds_policy_of(
+            &req(7, 3),
+            &GetDirectoryResponse::default()
+        ));
     }
 }

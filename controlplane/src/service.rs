@@ -116,7 +116,7 @@ impl ControlPlane for Service {
         let t = Instant::now();
         let source = request.remote_addr().map(|a| a.ip());
         let r = match self.state.admission.admit_unauth(source) {
-            Ok(()) => self.state.get_directory().await,
+            Ok(()) => self.state.get_directory_for(request.get_ref()).await,
             Err(e) => Err(e),
         };
         self.finish("GetDirectory", t, r)

@@ -1157,6 +1157,7 @@ fn trust_keys_seeds() -> Vec<Seed> {
             revocations,
             generated_at_unix_secs: NOW,
             policy: None,
+            policy_unchanged: false,
         }
         .encode_to_vec()
     };

@@ -81,6 +81,15 @@ pub fn verify_policy(
     Ok(doc)
 }
 
+/// The `(epoch, version)` a signed policy names, unverified (`None` when
+/// its document does not decode): enough to tell whether a holder already
+/// has that version, never to trust it.
+pub fn peek_version(signed: &SignedPolicy) -> Option<(u64, u64)> {
+    PolicyDocument::decode(signed.document.as_slice())
+        .ok()
+        .map(|d| (d.epoch, d.version))
+}
+
 /// Whether `incoming` should replace `held`. Within an epoch only a higher
 /// version does. A different epoch (the history restarted: a new or
 /// restored database) replaces the held one only if it was issued later,

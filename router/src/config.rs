@@ -44,6 +44,12 @@ pub const DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS: usize = 512;
 pub const DEFAULT_POLICY_PUSH_CONCURRENCY: usize = 64;
 /// Default deadline of one policy push (open, write, ack), milliseconds.
 pub const DEFAULT_POLICY_PUSH_DEADLINE_MS: u64 = 5_000;
+/// Default wait before a router probes the members that named it a
+/// fallback, milliseconds: past the time their primaries need to push
+/// 10,000 members, so the probes never compete with those pushes, and
+/// short enough that a member whose primary died or withheld is current
+/// within seconds more.
+pub const DEFAULT_POLICY_PUSH_FALLBACK_DELAY_MS: u64 = 5_000;
 /// Default cap on the backoff between control-plane Watch attempts,
 /// milliseconds (the directory poll covers the gap).
 pub const DEFAULT_POLICY_WATCH_BACKOFF_MAX_MS: u64 = 30_000;
@@ -178,6 +184,10 @@ pub struct Config {
     /// Deadline of one policy push to one member (open, write, ack).
     /// Default 5 s.
     pub policy_push_deadline: Duration,
+    /// How long after taking a new state the router probes the members
+    /// that named it a fallback (`AuthRequest.policy_push_slot`), and
+    /// pushes the policy to those that still lack it. Default 5 s.
+    pub policy_push_fallback_delay: Duration,
     /// Cap on the jittered backoff between control-plane Watch attempts
     /// (meanwhile the directory poll brings the policy). Default 30 s.
     pub policy_watch_backoff_max: Duration,
@@ -302,6 +312,9 @@ impl Default for Config {
             goaway_retry_after: Duration::from_secs(DEFAULT_GOAWAY_RETRY_AFTER_SECS),
             policy_push_concurrency: DEFAULT_POLICY_PUSH_CONCURRENCY,
             policy_push_deadline: Duration::from_millis(DEFAULT_POLICY_PUSH_DEADLINE_MS),
+            policy_push_fallback_delay: Duration::from_millis(
+                DEFAULT_POLICY_PUSH_FALLBACK_DELAY_MS,
+            ),
             policy_watch_backoff_max: Duration::from_millis(DEFAULT_POLICY_WATCH_BACKOFF_MAX_MS),
             policy_watch: true,
             drain_rate_members_per_sec: DEFAULT_DRAIN_RATE_MEMBERS_PER_SEC,

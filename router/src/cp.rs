@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentmesh_controlplane::client::{Client, ClientError};
+use agentmesh_controlplane::client::{Client, ClientError, HeldPolicyVersion};
 use agentmesh_proto::credential::{Trust, map_to_labels, peek_claims};
 use agentmesh_proto::pb::controlplane::RouterLoad;
 use agentmesh_proto::pb::credential::Credential;
@@ -50,7 +50,7 @@ pub(crate) const DIRECTORY_REFRESH_MIN_INTERVAL: Duration = Duration::from_milli
 /// router's credential). The control-plane loop writes them; the auth
 /// server and the swarm loop read them.
 pub(crate) struct Link {
-    client: Client,
+    pub(crate) client: Client,
     last_key_fetch: tokio::sync::Mutex<Option<Instant>>,
     /// The control plane's keys and revocations.
     pub(crate) trust: RwLock<Trust>,
@@ -104,6 +104,9 @@ pub(crate) trait TakePolicy: Send + Sync {
         revocations: &[agentmesh_proto::pb::credential::Revocation],
         source: &'static str,
     );
+
+    /// The `(epoch, version)` of the policy held (`(0, 0)`: none).
+    fn held(&self) -> (u64, u64);
 }
 
 /// Fetches the key set unless it was fetched within
@@ -314,7 +317,12 @@ pub(crate) async fn lease(cp: &Cp) {
 }
 
 async fn directory(cp: &Cp) {
-    let dir = match cp.link.client.get_directory().await {
+    // Naming the version held: an unchanged policy is not sent again.
+    let held = match cp.policy.held() {
+        (0, 0) => None,
+        (epoch, version) => Some(HeldPolicyVersion { epoch, version }),
+    };
+    let dir = match cp.link.client.get_directory_holding(held.as_ref()).await {
         Ok(d) => d,
         Err(e) => {
             tracing::warn!(error = %e, "directory fetch failed");

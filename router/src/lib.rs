@@ -354,7 +354,6 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         ),
         None => None,
     };
-    let watch_ca_pem = ca_pem.clone();
     let client = Client::new(ClientConfig {
         url: config.control_plane.clone(),
         ca_pem,
@@ -647,6 +646,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
             control,
             concurrency: c.config.policy_push_concurrency,
             deadline: c.config.policy_push_deadline,
+            fallback_delay: c.config.policy_push_fallback_delay,
         },
         cancel.clone(),
     ));
@@ -655,9 +655,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
             policy::watch::Watch {
                 ctx: c.policy_ctx(),
                 keypair: c.keypair.clone(),
-                url: c.config.control_plane.clone(),
-                ca_pem: watch_ca_pem,
-                rpc_timeout: c.config.control_plane_rpc_timeout,
+                client: c.link.client.clone(),
                 backoff_max: c.config.policy_watch_backoff_max,
             },
             cancel.clone(),

@@ -23,6 +23,21 @@ pub(crate) const CIRCUIT_REASONS: [&str; 1] = ["not_granted"];
 /// member's push was superseded by a newer version before it ran).
 pub(crate) const PUSH_OUTCOMES: [&str; 5] = ["acked", "ignored", "failed", "timeout", "dropped"];
 
+/// What a round decided for one member (see `policy::push`): `pushed`
+/// (the whole state at once: a primary, or a member that names no slot),
+/// `skipped` (its admission answer already carried the state), `probed`
+/// (a fallback probed after the delay), `probe_held` (the probe's answer:
+/// it holds the version, nothing more sent), `fallback` (it lacked it: the
+/// whole state pushed), `probe_failed` (the probe got no answer).
+pub(crate) const PUSH_DECISIONS: [&str; 6] = [
+    "pushed",
+    "skipped",
+    "probed",
+    "probe_held",
+    "fallback",
+    "probe_failed",
+];
+
 /// Where a policy offered to the router came from.
 pub(crate) const SOURCES: [&str; 2] = ["directory", "watch"];
 
@@ -44,6 +59,7 @@ pub(crate) struct PolicyMetrics {
     pub(crate) circuits_refused: Family<L1, Counter>,
     pub(crate) circuits_closed: Family<L1, Counter>,
     pub(crate) push: Family<L1, Counter>,
+    pub(crate) push_decisions: Family<L1, Counter>,
     pub(crate) push_lag: Histogram,
     pub(crate) push_in_flight: Gauge,
     pub(crate) watch_up: Gauge,
@@ -63,6 +79,7 @@ impl Default for PolicyMetrics {
             circuits_refused: Family::default(),
             circuits_closed: Family::default(),
             push: Family::default(),
+            push_decisions: Family::default(),
             push_lag: Histogram::new(lag_buckets()),
             push_in_flight: Gauge::default(),
             watch_up: Gauge::default(),
@@ -72,6 +89,13 @@ impl Default for PolicyMetrics {
 }
 
 impl PolicyMetrics {
+    /// The counter of one push decision (a value of [`PUSH_DECISIONS`]).
+    pub(crate) fn decision(&self, decision: &'static str) -> Counter {
+        self.push_decisions
+            .get_or_create(&[("decision", decision)])
+            .clone()
+    }
+
     /// Registers every metric in `r` with its label values pre-created.
     pub(crate) fn register(r: &mut Registry) -> Self {
         let m = Self::default();
@@ -91,6 +115,9 @@ impl PolicyMetrics {
         let _ = m.circuits_closed.get_or_create(&[("reason", "revoked")]);
         for outcome in PUSH_OUTCOMES {
             let _ = m.push.get_or_create(&[("outcome", outcome)]);
+        }
+        for decision in PUSH_DECISIONS {
+            let _ = m.push_decisions.get_or_create(&[("decision", decision)]);
         }
         r.register(
             "agentmesh_router_policy_version",
@@ -146,6 +173,14 @@ impl PolicyMetrics {
             "agentmesh_router_policy_push",
             "Policy pushes to attached members, by outcome",
             m.push.clone(),
+        );
+        r.register(
+            "agentmesh_router_policy_push_decisions",
+            "What each push round decided per attached member: pushed at once (primary or no \
+             slot named), skipped (its admission carried the state), probed (a fallback, after \
+             --policy-push-fallback-delay-ms), probe_held, fallback (it lacked the version: \
+             pushed), probe_failed",
+            m.push_decisions.clone(),
         );
         r.register(
             "agentmesh_router_policy_push_lag_seconds",

@@ -55,5 +55,6 @@ pub(crate) fn admission(purpose: Purpose) -> Admission {
         node_id: "test".into(),
         attached_routers: vec![],
         groups: None,
+        push: Default::default(),
     }
 }

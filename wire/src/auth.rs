@@ -112,6 +112,7 @@ pub fn request_for(credential: Credential, purpose: Purpose, attached: &[PeerId]
         attached_routers: attached.iter().map(|p| p.to_bytes()).collect(),
         policy_epoch: 0,
         policy_version: 0,
+        policy_push_slot: 0,
     }
 }
 

@@ -90,6 +90,15 @@ impl Default for ClientConfig {
     }
 }
 
+/// The policy copy a caller holds (see [`Client::get_directory_holding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldPolicyVersion {
+    /// Its epoch.
+    pub epoch: u64,
+    /// Its version.
+    pub version: u64,
+}
+
 /// Whether a call may be repeated after an ambiguous outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Idempotency {
@@ -298,11 +307,26 @@ impl Client {
         Ok(resp.keys.unwrap_or_default())
     }
 
-    /// Live routers and the revocation list.
+    /// Live routers, the revocation list and the signed policy in force.
     pub async fn get_directory(&self) -> Result<GetDirectoryResponse, ClientError> {
+        self.get_directory_holding(None).await
+    }
+
+    /// As [`Client::get_directory`], saying which policy the caller holds:
+    /// when it is the copy in force the answer carries no policy and sets
+    /// `policy_unchanged` (a control plane that predates this sends the
+    /// policy anyway).
+    pub async fn get_directory_holding(
+        &self,
+        held: Option<&HeldPolicyVersion>,
+    ) -> Result<GetDirectoryResponse, ClientError> {
+        let msg = held.map_or_else(GetDirectoryRequest::default, |h| GetDirectoryRequest {
+            policy_epoch: h.epoch,
+            policy_version: h.version,
+        });
         self.retrying("GetDirectory", Idempotency::Idempotent, || {
             let mut c = self.grpc();
-            let req = self.request(GetDirectoryRequest {});
+            let req = self.request(msg);
             async move { c.get_directory(req).await }
         })
         .await

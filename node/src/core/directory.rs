@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentmesh_controlplane::client::ClientError;
+use agentmesh_controlplane::client::{ClientError, HeldPolicyVersion};
 use agentmesh_proto::pb::controlplane::GetDirectoryResponse;
 use agentmesh_proto::pb::credential::KeySet;
 use libp2p::{Multiaddr, PeerId};
@@ -159,7 +159,12 @@ impl Core {
         let shared = self.shared.clone();
         self.ops.push(Box::pin(async move {
             let r = async {
-                let dir = shared.client.get_directory().await?;
+                // Naming the copy we hold: an unchanged policy is not sent.
+                let held = shared.policy.held().map(|h| HeldPolicyVersion {
+                    epoch: h.epoch,
+                    version: h.version,
+                });
+                let dir = shared.client.get_directory_holding(held.as_ref()).await?;
                 let keys = shared.client.get_keys().await?;
                 // The policy served beside the directory, verified with the
                 // keys just fetched (a rotation may have re-signed it).

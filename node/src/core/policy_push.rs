@@ -10,10 +10,20 @@
 //!
 //! The policy itself is judged by [`crate::policy::MemberPolicy`] with the
 //! node's own trust: the router is trusted to deliver, never to vouch.
+//!
+//! **One router pushes us, the others stand by.** Each attach request
+//! names this router our primary or a fallback
+//! (`AuthRequest.policy_push_slot`): the first router we authenticate to
+//! while we hold no primary becomes it, every other one is a fallback,
+//! and when the primary's slot is gone the next router we authenticate to
+//! (a replacement, or a re-presentation) takes its place. A primary pushes
+//! at once; a fallback probes us after its delay and sends the policy only
+//! if we still lack it, so a primary that died or withheld costs us that
+//! delay, never the version.
 
 use std::sync::Arc;
 
-use agentmesh_proto::pb::mesh::{AuthRequest, PolicyPush};
+use agentmesh_proto::pb::mesh::{AuthRequest, PolicyPush, PolicyPushSlot};
 use agentmesh_proto::unix_now;
 use agentmesh_wire::auth::{AuthError, AuthOutcome};
 use agentmesh_wire::policy as policy_wire;
@@ -22,12 +32,14 @@ use libp2p::{PeerId, Stream};
 use super::{Core, Op};
 use crate::shared::Shared;
 
-/// Push exchanges in progress.
+/// Push exchanges in progress, and which router pushes us first.
 #[derive(Debug)]
 pub(crate) struct Pushes {
     pending: usize,
     /// At once at most (`--max-policy-pushes-in-flight`); more are dropped unread.
     max: usize,
+    /// The router we last named our primary.
+    primary: Option<PeerId>,
 }
 
 /// What becomes of an arriving push stream.
@@ -44,6 +56,24 @@ impl Pushes {
         Self {
             pending: 0,
             max: max.max(1),
+            primary: None,
+        }
+    }
+
+    /// The slot to name in an attach request to `router`: primary when we
+    /// have none that we still hold (`holds` says whether a router's slot
+    /// is still ours) or it is `router` itself, else fallback.
+    pub(crate) fn slot_for(
+        &mut self,
+        router: PeerId,
+        holds: impl Fn(&PeerId) -> bool,
+    ) -> PolicyPushSlot {
+        match self.primary {
+            Some(p) if p != router && holds(&p) => PolicyPushSlot::Fallback,
+            _ => {
+                self.primary = Some(router);
+                PolicyPushSlot::Primary
+            }
         }
     }
 
@@ -64,26 +94,29 @@ impl Pushes {
 }
 
 /// Says in `req` which policy we hold, so a router holding a newer one
-/// sends it with the admission.
-pub(crate) fn stamp(shared: &Shared, mut req: AuthRequest) -> AuthRequest {
+/// sends it with the admission, and (attach) which push slot the router is.
+pub(crate) fn stamp(shared: &Shared, mut req: AuthRequest, slot: PolicyPushSlot) -> AuthRequest {
     let (epoch, version) = shared.policy.epoch_version();
     req.policy_epoch = epoch;
     req.policy_version = version;
+    req.policy_push_slot = slot as i32;
     req
 }
 
-/// An admission that carries a policy (and revocations): judged off the
-/// core's path, like a push (the admission itself does not wait for it).
-pub(crate) fn take_admitted_policy(shared: &Arc<Shared>, result: &Result<AuthOutcome, AuthError>) {
+/// An admission that carries a policy (and revocations): judged in the
+/// auth exchange's own task, off the core's loop, before the core learns
+/// of the admission, so a member that (re)attaches holds the router's
+/// version by the time it counts as admitted (and so before it is ready).
+pub(crate) async fn take_admitted_policy(
+    shared: &Arc<Shared>,
+    result: &Result<AuthOutcome, AuthError>,
+) {
     if let Ok(AuthOutcome::Admitted {
         policy: Some(push), ..
     }) = result
     {
-        let shared = shared.clone();
         let push: PolicyPush = (**push).clone();
-        tokio::spawn(async move {
-            shared.policy.on_push(&shared.trust, push, unix_now()).await;
-        });
+        shared.policy.on_push(&shared.trust, push, unix_now()).await;
     }
 }
 
@@ -139,6 +172,34 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_primary_at_a_time_and_the_next_router_replaces_a_lost_one() {
+        let mut p = Pushes::new(1);
+        let (a, b, c) = (PeerId::random(), PeerId::random(), PeerId::random());
+        let mut held = vec![a, b];
+        assert_eq!(p.slot_for(a, |r| held.contains(r)), PolicyPushSlot::Primary);
+        assert_eq!(
+            p.slot_for(b, |r| held.contains(r)),
+            PolicyPushSlot::Fallback
+        );
+        assert_eq!(
+            p.slot_for(a, |r| held.contains(r)),
+            PolicyPushSlot::Primary,
+            "a re-presentation to the primary stays primary"
+        );
+        held.retain(|r| *r != a);
+        held.push(c);
+        assert_eq!(
+            p.slot_for(c, |r| held.contains(r)),
+            PolicyPushSlot::Primary,
+            "the primary's slot is gone: the replacement takes it"
+        );
+        assert_eq!(
+            p.slot_for(b, |r| held.contains(r)),
+            PolicyPushSlot::Fallback
+        );
+    }
 
     #[test]
     fn only_attached_routers_are_read_and_at_most_a_bound_at_once() {

@@ -227,9 +227,11 @@ impl Core {
             .into_iter()
             .filter(|p| *p != router)
             .collect();
+        let slots = &self.slots;
+        let slot = self.pushes.slot_for(router, |p| slots.contains_key(p));
         self.ops.push(Box::pin(async move {
             let req = auth::request_for(shared.credential(), Purpose::Attach, &attached);
-            let req = super::policy_push::stamp(&shared, req);
+            let req = super::policy_push::stamp(&shared, req, slot);
             let result = auth::request(
                 shared.control.clone(),
                 router,
@@ -237,7 +239,7 @@ impl Core {
                 shared.config.call_timeout(),
             )
             .await;
-            super::policy_push::take_admitted_policy(&shared, &result);
+            super::policy_push::take_admitted_policy(&shared, &result).await;
             Op::Auth {
                 router,
                 initial,

@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use agentmesh_proto::pb::mesh::Purpose;
+use agentmesh_proto::pb::mesh::{PolicyPushSlot, Purpose};
 use libp2p::{Multiaddr, PeerId};
 use tokio::sync::oneshot;
 
@@ -113,9 +113,9 @@ impl Core {
         let attached = self.reserved_peers();
         self.ops.push(Box::pin(async move {
             let req = auth::request_for(shared.credential(), Purpose::Transit, &attached);
-            let req = super::policy_push::stamp(&shared, req);
+            let req = super::policy_push::stamp(&shared, req, PolicyPushSlot::Unspecified);
             let result = auth::request(shared.control.clone(), router, req, auth_limit).await;
-            super::policy_push::take_admitted_policy(&shared, &result);
+            super::policy_push::take_admitted_policy(&shared, &result).await;
             Op::TransitAuth {
                 router,
                 result,

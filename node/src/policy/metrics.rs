@@ -10,7 +10,9 @@ use prometheus_client::registry::Registry;
 use crate::labels::{ReasonLabel, ResultLabel};
 
 /// Outcomes of an inbound `/agentmesh/policy/1` stream: `accepted` (a newer
-/// policy taken), `held` (already held: only revocations applied),
+/// policy taken), `held` (the policy pushed is the one held already),
+/// `probe` (a push without the policy: a fallback router asking what we
+/// hold, or a router that holds none; its revocations applied),
 /// `ignored` (bad signature, stale, unparsable: see
 /// `policy_ignored_total`), `not_attached` (from a peer that is not a
 /// router we are attached to: dropped unread), `overflow` (too many pushes
@@ -19,6 +21,7 @@ use crate::labels::{ReasonLabel, ResultLabel};
 pub(crate) const PUSH_RESULTS: &[&str] = &[
     "accepted",
     "held",
+    "probe",
     "ignored",
     "not_attached",
     "overflow",

@@ -243,7 +243,8 @@ impl MemberPolicy {
                     Offer::Ignored(why) => ("ignored", why),
                 }
             }
-            None => ("held", ""),
+            // A fallback router's probe: the ack says what we hold.
+            None => ("probe", ""),
         };
         let (epoch, version) = self.epoch_version();
         let ack = PolicyAck {

@@ -199,7 +199,7 @@ async fn a_push_adds_revocations_and_the_directory_list_replaces_them() {
         revocations: vec![token_rev.clone()],
     };
     let (ack, result) = p.on_push(&cp.trust, push, 2000).await;
-    assert_eq!((ack.epoch, ack.version, result), (1, 1, "held"));
+    assert_eq!((ack.epoch, ack.version, result), (1, 1, "probe"));
     assert_eq!(
         p.may_call(&cp.trust.read(), &web, "db", 2000),
         Err(Denied::Revoked)

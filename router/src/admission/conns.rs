@@ -213,6 +213,7 @@ mod tests {
                 node_id: "n".into(),
                 attached_routers: vec![],
                 groups: None,
+                push: Default::default(),
             },
         );
         let base = Instant::now();
@@ -263,6 +264,7 @@ mod tests {
                 node_id: "n".into(),
                 attached_routers: vec![],
                 groups: None,
+                push: Default::default(),
             },
         );
         let mut c = Connections::default();

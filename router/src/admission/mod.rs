@@ -72,6 +72,35 @@ pub struct Admission {
     /// Its verified claims and policy groups (`None`: admitted without
     /// claims, as in tests; such a peer is in no group).
     pub groups: Option<PeerGroups>,
+    /// How this router pushes the policy to it (members only).
+    pub push: PushRole,
+}
+
+/// Which of a member's routers this one is for policy pushes, as the
+/// member said at attach (`AuthRequest.policy_push_slot`). The member is
+/// the only one a wrong answer hurts: routers enforce the policy on
+/// everything they relay whatever the member holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PushSlot {
+    /// A member that predates the field: pushed at once, as before.
+    #[default]
+    Unspecified,
+    /// Pushed at once.
+    Primary,
+    /// Probed after `--policy-push-fallback-delay-ms`; sent the policy
+    /// only if it still lacks it.
+    Fallback,
+}
+
+/// What the push needs to know about one admitted member.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PushRole {
+    /// The member's slot.
+    pub slot: PushSlot,
+    /// The router's state generation the member is known to hold in full
+    /// (policy and revocations): set when the admission answer carried it,
+    /// so a round for that generation skips the member.
+    pub holds_generation: Option<u64>,
 }
 
 /// Counts by purpose.
@@ -107,6 +136,14 @@ impl AdmissionTable {
         let gone = self.peers.remove(peer);
         self.peers.shrink_sparse();
         gone
+    }
+
+    /// Notes that `peer` now holds state generation `generation` in full
+    /// (its admission answer carried it).
+    pub fn note_holds(&mut self, peer: &PeerId, generation: u64) {
+        if let Some(a) = self.peers.get_mut(peer) {
+            a.push.holds_generation = Some(generation);
+        }
     }
 
     /// Whether `peer` is admitted (for anything) at `now`.
@@ -235,6 +272,7 @@ mod tests {
             node_id: "n".into(),
             attached_routers: vec![],
             groups: None,
+            push: PushRole::default(),
         }
     }
 

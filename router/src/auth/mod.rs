@@ -17,11 +17,11 @@ use std::sync::Arc;
 use agentmesh_policy::Policy;
 use agentmesh_proto::credential::{CredentialError, Trust, verify};
 use agentmesh_proto::pb::credential::Role;
-use agentmesh_proto::pb::mesh::{AuthRefusal, AuthRequest};
+use agentmesh_proto::pb::mesh::{AuthRefusal, AuthRequest, PolicyPushSlot};
 use agentmesh_proto::protocols::peer_id_from_bytes;
 use libp2p::PeerId;
 
-use crate::admission::{Admission, PeerGroups, Purpose};
+use crate::admission::{Admission, PeerGroups, Purpose, PushRole, PushSlot};
 
 /// Most routers a member may list as attached (longer lists are cut).
 const MAX_ATTACHED_ROUTERS: usize = 16;
@@ -134,6 +134,15 @@ pub(crate) fn decide(
             .filter_map(|b| peer_id_from_bytes(b))
             .collect(),
         groups: Some(PeerGroups::new(claims, policy)),
+        push: PushRole {
+            slot: match PolicyPushSlot::try_from(req.policy_push_slot) {
+                Ok(PolicyPushSlot::Primary) => PushSlot::Primary,
+                Ok(PolicyPushSlot::Fallback) => PushSlot::Fallback,
+                // Unspecified, or a value from a newer member: as before.
+                _ => PushSlot::Unspecified,
+            },
+            holds_generation: None,
+        },
     })
 }
 

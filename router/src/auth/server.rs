@@ -173,9 +173,15 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
             tracing::debug!(%peer, purpose = purpose.as_str(), until, "admitted");
             // A member (not a router) that lacks the held policy gets it
             // (with the revocations) in the answer: current at once.
+            // Noted on its admission, so a push round for that state
+            // skips it.
             let push = (purpose != Purpose::Router)
                 .then(|| ctx.policy.push_for(req.policy_epoch, req.policy_version))
-                .flatten();
+                .flatten()
+                .map(|(generation, push)| {
+                    ctx.admissions.write().note_holds(&peer, generation);
+                    push
+                });
             wire::write_admitted(&mut stream, until, push, t).await
         }
         Err(refusal) => {

@@ -58,6 +58,10 @@ impl crate::cp::TakePolicy for PolicyCtx {
     ) {
         PolicyCtx::take(self, policy, revocations, source);
     }
+
+    fn held(&self) -> (u64, u64) {
+        self.state.version()
+    }
 }
 
 impl PolicyCtx {

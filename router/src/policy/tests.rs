@@ -35,6 +35,7 @@ fn admit(c: &crate::Components, cp: &super::testing::Cp, peer: PeerId, team: &st
             node_id: team.into(),
             attached_routers: vec![],
             groups: Some(PeerGroups::new(claims(cp, &peer, team, token), &policy)),
+            push: Default::default(),
         },
     );
 }

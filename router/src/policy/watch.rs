@@ -11,18 +11,17 @@
 //! again after a jittered backoff that doubles up to
 //! `--policy-watch-backoff-max-ms`. `agentmesh_router_policy_watch_up`
 //! says which of the two is in charge. A quiet stream is legitimate (no
-//! change); HTTP/2 keep-alives notice a control plane that is gone.
+//! change); the shared client's HTTP/2 keep-alives (sent while a stream
+//! is open) notice a control plane that is gone. The watch is opened by
+//! the same `Client` the lease uses (`Client::watch`), so it shares its
+//! channel, TLS and bounded retries.
 
 use std::time::Duration;
 
-use agentmesh_proto::pb::controlplane::WatchRequest;
-use agentmesh_proto::pb::controlplane::control_plane_client::ControlPlaneClient;
-use agentmesh_proto::proof::{Purpose, make_proof};
-use agentmesh_proto::unix_now;
+use agentmesh_controlplane::client::{Client, ClientError};
 use libp2p::identity::Keypair;
 use rand::Rng as _;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use super::PolicyCtx;
 
@@ -30,21 +29,15 @@ use super::PolicyCtx;
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 /// How often a router with no credential yet looks again.
 const NO_CREDENTIAL_WAIT: Duration = Duration::from_secs(1);
-/// HTTP/2 keep-alive on the watch channel: a control plane that stops
-/// answering pings is given up after interval + timeout.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the watch needs.
 #[derive(Clone)]
 pub(crate) struct Watch {
     pub(crate) ctx: PolicyCtx,
     pub(crate) keypair: Keypair,
-    /// The control plane's URL (as the lease proofs sign it).
-    pub(crate) url: String,
-    pub(crate) ca_pem: Option<Vec<u8>>,
-    /// Deadline of connecting and of the first answer.
-    pub(crate) rpc_timeout: Duration,
+    /// The router's control-plane client (its channel, TLS, keep-alive and
+    /// bounded retries of the opening; the proof signs its URL).
+    pub(crate) client: Client,
     pub(crate) backoff_max: Duration,
 }
 
@@ -53,8 +46,8 @@ pub(crate) struct Watch {
 pub(crate) enum WatchEnd {
     #[error("control plane does not serve Watch")]
     Unimplemented,
-    #[error("watch channel: {0}")]
-    Channel(String),
+    #[error("watch not opened: {0}")]
+    Open(ClientError),
     #[error("watch refused: {0}")]
     Status(tonic::Status),
     #[error("watch stream ended")]
@@ -63,19 +56,12 @@ pub(crate) enum WatchEnd {
 
 /// Holds the watch until `cancel` fires.
 pub(crate) async fn run(w: Watch, cancel: CancellationToken) {
-    let channel = match channel(&w) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %e, "no control-plane Watch: the directory poll alone brings the policy");
-            return;
-        }
-    };
     let mut backoff = BACKOFF_MIN;
     let mut said_unimplemented = false;
     loop {
         let end = tokio::select! {
             _ = cancel.cancelled() => return,
-            end = attempt(&w, channel.clone(), &mut backoff) => end,
+            end = attempt(&w, &mut backoff) => end,
         };
         w.ctx.state.metrics().watch_up.set(0);
         match end {
@@ -99,52 +85,25 @@ pub(crate) async fn run(w: Watch, cancel: CancellationToken) {
     }
 }
 
-fn channel(w: &Watch) -> Result<Channel, String> {
-    let url = w.url.trim().trim_end_matches('/').to_string();
-    let mut endpoint = Endpoint::from_shared(url.clone())
-        .map_err(|e| format!("bad url {url:?}: {e}"))?
-        .connect_timeout(w.rpc_timeout)
-        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-        .keep_alive_while_idle(true);
-    if url.starts_with("https://") {
-        let pem = w.ca_pem.as_ref().ok_or("https without a CA certificate")?;
-        agentmesh_controlplane::tls::ensure_crypto_provider();
-        endpoint = endpoint
-            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
-            .map_err(|e| format!("tls: {e}"))?;
-    }
-    Ok(endpoint.connect_lazy())
-}
-
-/// One watch: open it, then take events until it ends. Resets `backoff`
-/// once the stream is up.
-async fn attempt(w: &Watch, channel: Channel, backoff: &mut Duration) -> WatchEnd {
+/// One watch: open it (`Client::watch`: a fresh `Purpose::Watch` proof
+/// per attempt, retried within the client's budget), then take events
+/// until it ends. Resets `backoff` once the stream is up.
+async fn attempt(w: &Watch, backoff: &mut Duration) -> WatchEnd {
     let credential = loop {
         if let Some(c) = w.ctx.link.credential.read().clone() {
             break c;
         }
         tokio::time::sleep(NO_CREDENTIAL_WAIT).await;
     };
-    let public_url = w.url.trim().trim_end_matches('/');
-    let req = tonic::Request::new(WatchRequest {
-        credential: Some(credential),
-        proof: Some(make_proof(
-            Purpose::Watch,
-            public_url,
-            &w.keypair,
-            unix_now(),
-        )),
-    });
-    // Bounds the opening only: tonic's request timeout would end the
-    // stream too.
-    let opened =
-        tokio::time::timeout(w.rpc_timeout, ControlPlaneClient::new(channel).watch(req)).await;
-    let mut stream = match opened {
-        Err(_) => return WatchEnd::Channel(format!("no answer within {:?}", w.rpc_timeout)),
-        Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => return WatchEnd::Unimplemented,
-        Ok(Err(s)) => return WatchEnd::Status(s),
-        Ok(Ok(r)) => r.into_inner(),
+    let mut stream = match w.client.watch(&credential, &w.keypair).await {
+        Ok(s) => s,
+        Err(e)
+            if e.status()
+                .is_some_and(|s| s.code() == tonic::Code::Unimplemented) =>
+        {
+            return WatchEnd::Unimplemented;
+        }
+        Err(e) => return WatchEnd::Open(e),
     };
     w.ctx.state.metrics().watch_up.set(1);
     *backoff = BACKOFF_MIN;

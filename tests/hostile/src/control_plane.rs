@@ -282,7 +282,10 @@ async fn send(
             .await
             .map(drop),
         FloodKind::GetKeys => client.get_keys(GetKeysRequest {}).await.map(drop),
-        FloodKind::GetDirectory => client.get_directory(GetDirectoryRequest {}).await.map(drop),
+        FloodKind::GetDirectory => client
+            .get_directory(GetDirectoryRequest::default())
+            .await
+            .map(drop),
     }
 }
 

@@ -167,14 +167,18 @@ impl PolicyState {
     /// The push for an admission answer to a member that reported
     /// `(epoch, version)`: `Some` only when the router holds a policy the
     /// member lacks (see [`HeldPolicy::is_newer_than`]).
-    pub(crate) fn push_for(&self, epoch: u64, version: u64) -> Option<PolicyPush> {
+    /// Also returns the generation the push is (at least) as new as: read
+    /// before the message, so a change racing it leaves the member marked
+    /// with the older generation and the next round still pushes to it.
+    pub(crate) fn push_for(&self, epoch: u64, version: u64) -> Option<(u64, PolicyPush)> {
+        let generation = self.generation.borrow().number;
         let newer = self
             .held
             .read()
             .policy
             .as_ref()
             .is_some_and(|h| h.is_newer_than(epoch, version));
-        newer.then(|| self.push_message())
+        newer.then(|| (generation, self.push_message()))
     }
 
     /// Watches the generation: it changes on every new policy or list.

@@ -14,6 +14,7 @@ mod hostile_calls;
 mod mesh;
 mod p2p_metrics;
 mod policy;
+mod policy_push;
 mod refusals;
 mod relayed_idle;
 mod revoke_token;

@@ -13,3 +13,4 @@ mod hostile_dialed;
 mod hostile_kit;
 mod hostile_refused;
 mod policy;
+mod policy_push;
