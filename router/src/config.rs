@@ -122,6 +122,15 @@ pub const DEFAULT_CATALOG_REMOTE_LOOKUP_BUDGET_MS: u64 = 3_000;
 pub const DEFAULT_CATALOG_PROVIDER_CACHE_MS: u64 = 5_000;
 /// Default idle connection timeout.
 pub const DEFAULT_IDLE_CONNECTION_TIMEOUT_SECS: u64 = 120;
+/// Default interval of the router's own pings on each connection. Members
+/// ping their routers every 15 s to find a dead router; the router's pings
+/// only find dead members (a link down, a NAT that lost its mapping), which
+/// cost a slot and a catalog entry until found, so they can be rarer: half
+/// the ping traffic of an idle mesh, a dead member found within 50 s.
+pub const DEFAULT_PING_INTERVAL_SECS: u64 = 30;
+/// Default time one ping may wait for its answer before the connection is
+/// closed as dead (libp2p-ping's own default).
+pub const DEFAULT_PING_TIMEOUT_SECS: u64 = 20;
 /// Default total time budget of one control-plane call including retries.
 pub const DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS: u64 = 30;
 /// Default timeout of one control-plane RPC attempt.
@@ -260,6 +269,12 @@ pub struct Config {
     pub catalog_provider_cache: Duration,
     /// Connections with nothing keeping them alive close after this. Default 120 s.
     pub idle_connection_timeout: Duration,
+    /// Interval of the router's pings on each connection. Default 30 s.
+    pub ping_interval: Duration,
+    /// A ping unanswered for this long closes its connection as dead
+    /// (`agentmesh_router_connections_closed_total{reason="ping_failed"}`).
+    /// Default 20 s.
+    pub ping_timeout: Duration,
     /// Time budget of one control-plane call, retries included. Default 30 s.
     pub control_plane_retry_budget: Duration,
     /// Timeout of one control-plane RPC attempt. Default 10 s.
@@ -345,6 +360,8 @@ impl Default for Config {
             ),
             catalog_provider_cache: Duration::from_millis(DEFAULT_CATALOG_PROVIDER_CACHE_MS),
             idle_connection_timeout: Duration::from_secs(DEFAULT_IDLE_CONNECTION_TIMEOUT_SECS),
+            ping_interval: Duration::from_secs(DEFAULT_PING_INTERVAL_SECS),
+            ping_timeout: Duration::from_secs(DEFAULT_PING_TIMEOUT_SECS),
             control_plane_retry_budget: Duration::from_secs(
                 DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS,
             ),

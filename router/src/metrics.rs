@@ -52,6 +52,7 @@ pub(crate) const CLOSE_REASONS: &[&str] = &[
     "disconnected",
     "refused_streams",
     "evicted_by_newcomer",
+    "ping_failed",
 ];
 
 /// Catalog operations.
@@ -182,7 +183,9 @@ impl Metrics {
              dropped because their peer had no connection left; refused_streams: a \
              stranger's connection past --stranger-refused-streams-max refused streams; \
              evicted_by_newcomer: a source's oldest unauthenticated connection, closed for a \
-             newcomer from the same source at --unauthenticated-connections-per-ip",
+             newcomer from the same source at --unauthenticated-connections-per-ip; \
+             ping_failed: a connection whose ping went unanswered within --ping-timeout-secs \
+             (a dead link)",
             m.connections_closed.clone(),
         );
         r.register(

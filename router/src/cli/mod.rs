@@ -179,6 +179,12 @@ pub struct RouterArgs {
     /// Connections with nothing keeping them alive close after this, seconds.
     #[arg(long, default_value_t = d::DEFAULT_IDLE_CONNECTION_TIMEOUT_SECS)]
     pub idle_connection_timeout_secs: u64,
+    /// Interval of the router's own pings on each connection, seconds; they find dead members (members ping their routers on their own interval).
+    #[arg(long, default_value_t = d::DEFAULT_PING_INTERVAL_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ping_interval_secs: u64,
+    /// A ping unanswered for this long closes its connection as dead, seconds (agentmesh_router_connections_closed_total{reason="ping_failed"}).
+    #[arg(long, default_value_t = d::DEFAULT_PING_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ping_timeout_secs: u64,
     /// Time budget of one control-plane call, retries included, seconds.
     #[arg(long, default_value_t = d::DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS)]
     pub control_plane_retry_budget_secs: u64,
@@ -246,6 +252,8 @@ impl RouterArgs {
             catalog_remote_lookup_budget: ms(self.catalog_remote_lookup_budget_ms),
             catalog_provider_cache: ms(self.catalog_provider_cache_ms),
             idle_connection_timeout: s(self.idle_connection_timeout_secs),
+            ping_interval: s(self.ping_interval_secs),
+            ping_timeout: s(self.ping_timeout_secs),
             control_plane_retry_budget: s(self.control_plane_retry_budget_secs),
             control_plane_rpc_timeout: s(self.control_plane_rpc_timeout_secs),
             stream_inbound_queue_per_protocol: self.streams.stream_inbound_queue_per_protocol,

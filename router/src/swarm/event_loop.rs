@@ -328,8 +328,32 @@ impl EventLoop {
                 self.on_kad(e);
             }
             SwarmEvent::Behaviour(BehaviourEvent::Identify(e)) => self.p2p_metrics.record(&e),
-            SwarmEvent::Behaviour(BehaviourEvent::Ping(e)) => self.p2p_metrics.record(&e),
+            SwarmEvent::Behaviour(BehaviourEvent::Ping(e)) => {
+                self.p2p_metrics.record(&e);
+                self.on_ping(e);
+            }
             _ => {}
+        }
+    }
+
+    /// libp2p-ping reports a failed ping but does not close the connection.
+    /// A member whose link went down (or whose NAT lost its mapping) sends
+    /// no FIN, and TCP would take many minutes to notice: until then it
+    /// keeps its admission slot, its relay reservation and its catalog
+    /// records, so callers are routed to a provider that cannot answer.
+    /// Closing the connection runs the usual peer-gone path.
+    fn on_ping(&mut self, event: libp2p::ping::Event) {
+        let Err(error) = event.result else { return };
+        if matches!(error, libp2p::ping::Failure::Unsupported) {
+            return;
+        }
+        tracing::info!(peer = %event.peer, %error, "ping failed: closing the connection as dead");
+        if self.swarm.close_connection(event.connection) {
+            self.parts
+                .metrics
+                .connections_closed
+                .get_or_create(&[("reason", "ping_failed")])
+                .inc();
         }
     }
 

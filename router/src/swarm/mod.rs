@@ -141,6 +141,9 @@ pub(crate) fn build(parts: BuildParts<'_>) -> Result<Swarm<Behaviour>, BuildErro
     let router_set = parts.router_set.clone();
     let stream_timeout = config.stream_timeout;
     let idle = config.idle_connection_timeout;
+    let ping_config = ping::Config::new()
+        .with_interval(config.ping_interval)
+        .with_timeout(config.ping_timeout);
     let streams_config = agentmesh_streams::Config {
         inbound_queue_per_protocol: config.stream_inbound_queue_per_protocol,
     };
@@ -187,7 +190,7 @@ pub(crate) fn build(parts: BuildParts<'_>) -> Result<Swarm<Behaviour>, BuildErro
                     )),
                     router_set.clone(),
                 ),
-                ping: ping::Behaviour::default(),
+                ping: ping::Behaviour::new(ping_config),
             }
         })
         .map_err(|e| BuildError(e.to_string()))?

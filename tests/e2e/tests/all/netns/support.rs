@@ -237,6 +237,11 @@ impl Net {
     /// Starts router `name` (labelled `name=NAME`) on a public host of its
     /// own and waits until it is ready.
     pub(crate) async fn add_router(&mut self, name: &str) -> usize {
+        self.add_router_with(name, &[]).await
+    }
+
+    /// [`Net::add_router`] with extra router arguments.
+    pub(crate) async fn add_router_with(&mut self, name: &str, extra: &[&str]) -> usize {
         let host = self.tb.public_host(name).await.expect("router host");
         let labels: BTreeMap<String, String> = [("name".to_string(), name.to_string())].into();
         let token = self.token(Role::Router, &labels).await;
@@ -257,6 +262,7 @@ impl Net {
             .args(["--metrics-addr", &metrics.to_string()])
             .args(["--label", &format!("name={name}")])
             .args(["--lease-interval-secs", "1", "--clock-skew-secs", "0"])
+            .args(extra)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .spawn()
@@ -342,6 +348,17 @@ impl Net {
             dir,
             forwards,
         }
+    }
+
+    /// Router `index`'s value of the metric series `series` (0 if absent).
+    pub(crate) async fn router_metric(&self, index: usize, series: &str) -> f64 {
+        let r = &self.routers[index];
+        let m = r
+            .host
+            .http_get(r.metrics, "/metrics", READ_TIMEOUT)
+            .await
+            .expect("router metrics");
+        agentmesh_testkit::metric(&m.body, series)
     }
 
     /// The routers' `agentmesh_router_circuit_requests_total{result="accepted"}`, summed.
