@@ -20,9 +20,8 @@ use agentmesh_streams::Control;
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use libp2p::PeerId;
 
-use crate::ExchangeFailure;
+use crate::exchange::{Exchange, ExchangeError};
 use crate::frame::{self, FrameError};
-use crate::open::{OpenError, open};
 
 /// A router's answer to an auth request.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,59 +48,9 @@ pub enum AuthOutcome {
     GoAway(GoAway),
 }
 
-/// Why an auth exchange failed (not a refusal: those are answers).
-#[derive(Debug, thiserror::Error)]
-pub enum AuthError {
-    /// The stream could not be opened.
-    #[error("cannot open {AUTH} to {peer}: {source}")]
-    Open {
-        /// The router.
-        peer: PeerId,
-        /// What went wrong.
-        source: OpenError,
-    },
-    /// Reading or writing a frame failed.
-    #[error("{AUTH} with {peer}: {source}")]
-    Frame {
-        /// The router.
-        peer: PeerId,
-        /// The framing error.
-        source: FrameError,
-    },
-    /// The deadline passed.
-    #[error("{AUTH} with {peer}: no answer within {after:?}")]
-    Timeout {
-        /// The router.
-        peer: PeerId,
-        /// The deadline.
-        after: Duration,
-    },
-    /// The answer was well-formed but names no result.
-    #[error("{AUTH} with {peer}: empty auth response")]
-    Empty {
-        /// The router.
-        peer: PeerId,
-    },
-}
-
-impl ExchangeFailure for AuthError {
-    fn is_timeout(&self) -> bool {
-        matches!(self, Self::Timeout { .. })
-    }
-
-    fn is_connection_failure(&self) -> bool {
-        matches!(
-            self,
-            Self::Open {
-                source: OpenError::Connection(_),
-                ..
-            } | Self::Frame {
-                source: FrameError::Io(_),
-                ..
-            }
-        )
-    }
-}
+/// Why an auth exchange failed (not a refusal: those are answers); the
+/// peer is the router.
+pub type AuthError = ExchangeError;
 
 /// The request a member sends: its credential, its purpose and (for
 /// attach and transit) the routers it is attached to.
@@ -153,30 +102,17 @@ pub async fn request(
     request: AuthRequest,
     deadline: Duration,
 ) -> Result<AuthOutcome, AuthError> {
-    let exchange = async move {
-        let mut s = open(&mut control, router, AUTH)
-            .await
-            .map_err(|source| AuthError::Open {
-                peer: router,
-                source,
-            })?;
-        let resp: AuthResponse =
-            // An admission may carry the policy: the larger cap.
-            frame::write_then_read(&mut s, &request, MAX_POLICY_FRAME_BYTES, deadline)
-                .await
-                .map_err(|source| AuthError::Frame {
-                    peer: router,
-                    source,
-                })?;
+    let ex = Exchange::new(AUTH, router);
+    ex.within(deadline, async move {
+        let mut s = ex.open(&mut control).await?;
+        // An admission may carry the policy: the larger cap.
+        let resp: AuthResponse = ex
+            .ask(&mut s, &request, MAX_POLICY_FRAME_BYTES, deadline)
+            .await?;
         let _ = s.close().await;
-        outcome(resp).ok_or(AuthError::Empty { peer: router })
-    };
-    tokio::time::timeout(deadline, exchange)
-        .await
-        .map_err(|_| AuthError::Timeout {
-            peer: router,
-            after: deadline,
-        })?
+        outcome(resp).ok_or(ex.empty())
+    })
+    .await
 }
 
 /// Server: reads the request (≤ 64 KiB) within `deadline`.

@@ -18,9 +18,8 @@ use futures::{AsyncRead, AsyncWrite};
 use libp2p::swarm::ConnectionId;
 use libp2p::{PeerId, Stream};
 
-use crate::ExchangeFailure;
+use crate::exchange::{Exchange, ExchangeError};
 use crate::frame::{self, FrameError};
-use crate::open::{OpenError, open_with_info};
 
 /// A provider's answer to a call request.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,62 +30,9 @@ pub enum CallAnswer {
     Refused(CallRefusal, String),
 }
 
-/// Why a call exchange failed (not a refusal: those are answers).
-#[derive(Debug, thiserror::Error)]
-pub enum CallError {
-    /// The stream could not be opened.
-    #[error("cannot open {CALL} to {peer}: {source}")]
-    Open {
-        /// The provider.
-        peer: PeerId,
-        /// What went wrong.
-        source: OpenError,
-    },
-    /// Reading or writing a frame failed.
-    #[error("{CALL} with {peer}: {source}")]
-    Frame {
-        /// The provider.
-        peer: PeerId,
-        /// The framing error.
-        source: FrameError,
-    },
-    /// The deadline passed.
-    #[error("{CALL} with {peer}: no answer within {after:?}")]
-    Timeout {
-        /// The provider.
-        peer: PeerId,
-        /// The deadline (a step's timeout, or what was left of a call's budget).
-        after: Duration,
-    },
-}
-
-impl ExchangeFailure for CallError {
-    fn is_timeout(&self) -> bool {
-        matches!(
-            self,
-            Self::Timeout { .. }
-                | Self::Frame {
-                    source: FrameError::Timeout(_),
-                    ..
-                }
-        )
-    }
-
-    /// Closed, reset or other I/O before an answer: says nothing about the
-    /// provider's will.
-    fn is_connection_failure(&self) -> bool {
-        matches!(
-            self,
-            Self::Open {
-                source: OpenError::Connection(_),
-                ..
-            } | Self::Frame {
-                source: FrameError::Io(_),
-                ..
-            }
-        )
-    }
-}
+/// Why a call exchange failed (not a refusal: those are answers); the
+/// peer is the provider.
+pub type CallError = ExchangeError;
 
 /// The request for `service`, showing `credential`.
 pub fn request_for(service: &str, credential: Credential) -> CallRequest {
@@ -131,23 +77,13 @@ pub async fn request(
     deadline: Duration,
 ) -> Result<(CallAnswer, Stream, ConnectionId), CallError> {
     let req = request_for(service, credential);
-    let run = async move {
-        let (info, mut s) =
-            open_with_info(&mut control, provider, CALL)
-                .await
-                .map_err(|source| CallError::Open {
-                    peer: provider,
-                    source,
-                })?;
+    let ex = Exchange::new(CALL, provider);
+    ex.within(deadline, async move {
+        let (info, mut s) = ex.open_with_info(&mut control).await?;
         let a = exchange(&mut s, provider, &req, deadline).await?;
         Ok((a, s, info.connection))
-    };
-    tokio::time::timeout(deadline, run)
-        .await
-        .map_err(|_| CallError::Timeout {
-            peer: provider,
-            after: deadline,
-        })?
+    })
+    .await
 }
 
 /// Client, on a stream to `provider` already open: sends `request` and
@@ -158,21 +94,12 @@ pub async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     request: &CallRequest,
     deadline: Duration,
 ) -> Result<CallAnswer, CallError> {
-    let run = async {
-        let resp: CallResponse = frame::write_then_read(s, request, MAX_FRAME_BYTES, deadline)
-            .await
-            .map_err(|source| CallError::Frame {
-                peer: provider,
-                source,
-            })?;
+    let ex = Exchange::new(CALL, provider);
+    ex.within(deadline, async {
+        let resp: CallResponse = ex.ask(s, request, MAX_FRAME_BYTES, deadline).await?;
         Ok(answer(resp))
-    };
-    tokio::time::timeout(deadline, run)
-        .await
-        .map_err(|_| CallError::Timeout {
-            peer: provider,
-            after: deadline,
-        })?
+    })
+    .await
 }
 
 /// Server: reads the request (≤ 64 KiB) within `deadline`.
@@ -214,6 +141,7 @@ pub async fn write_refused<S: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ExchangeFailure as _;
     use crate::testing::{Silent, pipe};
     use futures::io::Cursor;
     use futures::{AsyncReadExt as _, AsyncWriteExt as _};

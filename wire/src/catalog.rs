@@ -24,9 +24,8 @@ use agentmesh_streams::Control;
 use futures::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use libp2p::PeerId;
 
-use crate::ExchangeFailure;
+use crate::exchange::{Exchange, ExchangeError};
 use crate::frame::{self, FrameError};
-use crate::open::{OpenError, open};
 
 /// A router's answer to a catalog request.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,66 +39,9 @@ pub enum CatalogAnswer {
     Refused(String),
 }
 
-/// Why a catalog exchange failed (not a refusal: those are answers).
-#[derive(Debug, thiserror::Error)]
-pub enum CatalogError {
-    /// The stream could not be opened.
-    #[error("cannot open {CATALOG} to {peer}: {source}")]
-    Open {
-        /// The router.
-        peer: PeerId,
-        /// What went wrong.
-        source: OpenError,
-    },
-    /// Reading or writing a frame failed.
-    #[error("{CATALOG} with {peer}: {source}")]
-    Frame {
-        /// The router.
-        peer: PeerId,
-        /// The framing error.
-        source: FrameError,
-    },
-    /// The deadline passed.
-    #[error("{CATALOG} with {peer}: no answer within {after:?}")]
-    Timeout {
-        /// The router.
-        peer: PeerId,
-        /// The deadline.
-        after: Duration,
-    },
-    /// The answer was well-formed but names no result.
-    #[error("{CATALOG} with {peer}: empty catalog response")]
-    Empty {
-        /// The router.
-        peer: PeerId,
-    },
-}
-
-impl ExchangeFailure for CatalogError {
-    fn is_timeout(&self) -> bool {
-        matches!(
-            self,
-            Self::Timeout { .. }
-                | Self::Frame {
-                    source: FrameError::Timeout(_),
-                    ..
-                }
-        )
-    }
-
-    fn is_connection_failure(&self) -> bool {
-        matches!(
-            self,
-            Self::Open {
-                source: OpenError::Connection(_),
-                ..
-            } | Self::Frame {
-                source: FrameError::Io(_),
-                ..
-            }
-        )
-    }
-}
+/// Why a catalog exchange failed (not a refusal: those are answers); the
+/// peer is the router.
+pub type CatalogError = ExchangeError;
 
 /// A member's request to replace its record with `signed`.
 pub fn publish(signed: SignedRecord) -> CatalogRequest {
@@ -165,21 +107,12 @@ pub async fn request(
     request: CatalogRequest,
     deadline: Duration,
 ) -> Result<CatalogAnswer, CatalogError> {
-    let run = async move {
-        let mut s = open(&mut control, router, CATALOG)
-            .await
-            .map_err(|source| CatalogError::Open {
-                peer: router,
-                source,
-            })?;
+    let ex = Exchange::new(CATALOG, router);
+    ex.within(deadline, async move {
+        let mut s = ex.open(&mut control).await?;
         exchange(&mut s, router, &request, deadline).await
-    };
-    tokio::time::timeout(deadline, run)
-        .await
-        .map_err(|_| CatalogError::Timeout {
-            peer: router,
-            after: deadline,
-        })?
+    })
+    .await
 }
 
 /// Client, on a stream to `router` already open: sends `request`, reads
@@ -190,23 +123,15 @@ pub async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     request: &CatalogRequest,
     deadline: Duration,
 ) -> Result<CatalogAnswer, CatalogError> {
-    let run = async {
-        let resp: CatalogResponse =
-            frame::write_then_read(s, request, MAX_CATALOG_FRAME_BYTES, deadline)
-                .await
-                .map_err(|source| CatalogError::Frame {
-                    peer: router,
-                    source,
-                })?;
+    let ex = Exchange::new(CATALOG, router);
+    ex.within(deadline, async {
+        let resp: CatalogResponse = ex
+            .ask(s, request, MAX_CATALOG_FRAME_BYTES, deadline)
+            .await?;
         let _ = s.close().await;
-        answer(resp).ok_or(CatalogError::Empty { peer: router })
-    };
-    tokio::time::timeout(deadline, run)
-        .await
-        .map_err(|_| CatalogError::Timeout {
-            peer: router,
-            after: deadline,
-        })?
+        answer(resp).ok_or(ex.empty())
+    })
+    .await
 }
 
 /// Server: reads the request (≤ 64 KiB) within `deadline`.
@@ -265,6 +190,7 @@ async fn write_result<S: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ExchangeFailure as _;
     use crate::testing::{Silent, pipe};
     use futures::io::Cursor;
     use proptest::prelude::*;

@@ -6,16 +6,20 @@
 //! - [`frame`]: one length-capped protobuf frame read or written within a
 //!   deadline, and the pure decoder under it.
 //! - [`open`]: opening a stream of one protocol to a peer.
-//! - [`auth`] speaks `/agentmesh/auth/1` ([`auth::AuthError`]).
-//! - [`catalog`] speaks `/agentmesh/catalog/1` ([`catalog::CatalogError`]).
-//! - [`call`] speaks `/agentmesh/call/1` ([`call::CallError`]).
+//! - [`exchange`]: the client half auth, catalog and call share (open,
+//!   request, answer within a deadline) and its [`exchange::ExchangeError`].
+//! - [`auth`] speaks `/agentmesh/auth/1`.
+//! - [`catalog`] speaks `/agentmesh/catalog/1`.
+//! - [`call`] speaks `/agentmesh/call/1`.
 //! - [`goaway`] speaks `/agentmesh/goaway/1` ([`goaway::GoAwayError`]).
 //! - [`policy`] speaks `/agentmesh/policy/1` ([`policy::PolicyPushError`]).
 //!
-//! Each protocol has one error type for its client half; server halves
-//! return the [`frame::FrameError`] of the frame they could not read or
-//! write, which says whether the peer sent garbage
-//! ([`frame::FrameError::is_malformed`]) or went silent.
+//! The client halves of auth, catalog and call fail as one
+//! [`exchange::ExchangeError`] (named [`auth::AuthError`],
+//! [`catalog::CatalogError`] and [`call::CallError`] there), go-away and
+//! policy each as their own; server halves return the [`frame::FrameError`]
+//! of the frame they could not read or write, which says whether the peer
+//! sent garbage ([`frame::FrameError::is_malformed`]) or went silent.
 //!
 //! Policy (who may do what, admissions, counters) stays with the programs:
 //! this crate only moves and checks frames. Every decoder is a pure function
@@ -24,6 +28,7 @@
 pub mod auth;
 pub mod call;
 pub mod catalog;
+pub mod exchange;
 pub mod frame;
 pub mod goaway;
 pub mod open;

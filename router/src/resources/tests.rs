@@ -52,6 +52,40 @@ fn refused(mgr: &ResourceManager, r: Resource, s: Scope, p: &'static str) -> u64
         .get()
 }
 
+/// Fills one source to its cap (2, see `manager`) and past it by the one
+/// newcomer it lets in: a connection from a fresh peer at each of `ips`.
+/// Keep the guards as long as the source should stay full.
+fn fill_source(mgr: &Arc<ResourceManager>, ips: [&str; 3]) -> Vec<Arc<ConnectionGuard>> {
+    ["1", "2", "the newcomer past the cap"]
+        .into_iter()
+        .zip(ips)
+        .map(|(what, ip)| {
+            mgr.open_connection(PeerId::random(), &inbound_from(ip))
+                .expect(what)
+        })
+        .collect()
+}
+
+/// `times` failed logins for `reason` from `ip`.
+fn fail_logins(mgr: &ResourceManager, ip: &str, times: usize, reason: &'static str) {
+    let from = Some(ip.parse().expect("ip"));
+    for _ in 0..times {
+        mgr.failed_login(from, reason);
+    }
+}
+
+/// An admitted member's connection from `ip`.
+fn member_from(
+    mgr: &Arc<ResourceManager>,
+    admitted: &RwLock<HashSet<PeerId>>,
+    ip: &str,
+) -> Arc<ConnectionGuard> {
+    let member = PeerId::random();
+    admitted.write().insert(member);
+    mgr.open_connection(member, &inbound_from(ip))
+        .expect("member")
+}
+
 #[test]
 fn charges_are_released_on_drop() {
     let (mgr, _) = manager(|_| {});
@@ -202,15 +236,8 @@ fn failed_logins_close_the_source_to_new_unauthenticated_connections() {
 #[test]
 fn a_source_with_admitted_members_is_not_blocked_for_failed_logins() {
     let (mgr, admitted) = manager(|c| c.unauthenticated_connections_per_ip = 100);
-    let member = PeerId::random();
-    admitted.write().insert(member);
-    let _m = mgr
-        .open_connection(member, &inbound_from("10.0.0.9"))
-        .expect("member");
-    let from = Some("10.0.0.9".parse().expect("ip"));
-    for _ in 0..5 {
-        mgr.failed_login(from, "silent");
-    }
+    let _m = member_from(&mgr, &admitted, "10.0.0.9");
+    fail_logins(&mgr, "10.0.0.9", 5, "silent");
     assert_eq!(
         mgr.metrics.failed_login_blocks.get(),
         1,
@@ -225,10 +252,7 @@ fn a_source_with_admitted_members_is_not_blocked_for_failed_logins() {
     let _s = mgr
         .open_connection(PeerId::random(), &inbound_from("10.0.0.10"))
         .expect("stranger");
-    let other = Some("10.0.0.10".parse().expect("ip"));
-    for _ in 0..5 {
-        mgr.failed_login(other, "silent");
-    }
+    fail_logins(&mgr, "10.0.0.10", 5, "silent");
     assert!(
         mgr.open_connection(PeerId::random(), &inbound_from("10.0.0.10"))
             .is_err()
@@ -238,15 +262,8 @@ fn a_source_with_admitted_members_is_not_blocked_for_failed_logins() {
 #[test]
 fn a_source_with_admitted_members_is_not_blocked_before_the_handshake_either() {
     let (mgr, admitted) = manager(|c| c.unauthenticated_connections_per_ip = 100);
-    let member = PeerId::random();
-    admitted.write().insert(member);
-    let _m = mgr
-        .open_connection(member, &inbound_from("10.0.0.9"))
-        .expect("member");
-    let from = Some("10.0.0.9".parse().expect("ip"));
-    for _ in 0..5 {
-        mgr.failed_login(from, "silent");
-    }
+    let _m = member_from(&mgr, &admitted, "10.0.0.9");
+    fail_logins(&mgr, "10.0.0.9", 5, "silent");
     assert!(
         mgr.open_pending(
             ConnectionId::new_unchecked(1),
@@ -256,9 +273,7 @@ fn a_source_with_admitted_members_is_not_blocked_before_the_handshake_either() {
         "a member re-attaching from its own address is not refused before its handshake"
     );
     let other: std::net::IpAddr = "10.0.0.10".parse().expect("ip");
-    for _ in 0..5 {
-        mgr.failed_login(Some(other), "silent");
-    }
+    fail_logins(&mgr, "10.0.0.10", 5, "silent");
     assert!(
         mgr.open_pending(ConnectionId::new_unchecked(2), other)
             .is_err(),
@@ -556,15 +571,14 @@ fn a_peer_is_connected_while_a_muxer_of_it_lives() {
 fn ipv6_sources_in_one_prefix_share_one_share() {
     // Limit 2 per source (see `manager`), default prefix /64.
     let (mgr, _) = manager(|_| {});
-    let _c1 = mgr
-        .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::1"))
-        .expect("1");
-    let _c2 = mgr
-        .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2:ffff::9"))
-        .expect("2");
-    let _newcomer = mgr
-        .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::77"))
-        .expect("the newcomer past the cap");
+    let _full = fill_source(
+        &mgr,
+        [
+            "2001:db8:1:2::1",
+            "2001:db8:1:2:ffff::9",
+            "2001:db8:1:2::77",
+        ],
+    );
     let err = mgr
         .open_connection(PeerId::random(), &inbound_from("2001:db8:1:2::3"))
         .expect_err("a fourth address of the same /64: past the cap and its newcomer");
@@ -644,15 +658,7 @@ fn prefix_128_counts_each_ipv6_address_alone() {
 #[test]
 fn an_ipv4_mapped_source_counts_as_its_ipv4_address() {
     let (mgr, _) = manager(|_| {});
-    let _c1 = mgr
-        .open_connection(PeerId::random(), &inbound_from("10.0.0.9"))
-        .expect("1");
-    let _c2 = mgr
-        .open_connection(PeerId::random(), &inbound_from("::ffff:10.0.0.9"))
-        .expect("2");
-    let _newcomer = mgr
-        .open_connection(PeerId::random(), &inbound_from("::ffff:10.0.0.9"))
-        .expect("the newcomer past the cap");
+    let _full = fill_source(&mgr, ["10.0.0.9", "::ffff:10.0.0.9", "::ffff:10.0.0.9"]);
     let err = mgr
         .open_connection(PeerId::random(), &inbound_from("::ffff:10.0.0.9"))
         .expect_err("the same IPv4 host, mapped");

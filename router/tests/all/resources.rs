@@ -214,6 +214,42 @@ async fn admitted_peer(cp: &Cp, r: &Router, token: &str, quic: bool) -> Peer {
     p
 }
 
+/// The catalog streams the router holds open inbound.
+const LIVE_CATALOG: &str = "agentmesh_router_streams{protocol=\"catalog\",direction=\"inbound\"}";
+
+/// Opens catalog streams from `peer` and holds them until 10 are refused,
+/// asserting after each that the router holds at most `cap` (`cap_name`
+/// says what it is); returns the held streams and the refusals seen. The
+/// router's catalog accept loop may drop a stream it cannot take at once
+/// (the stream behaviour's bounded per-protocol queue), which frees budget,
+/// so this floods until refusals show rather than opening `cap` and one.
+async fn flood_catalog(peer: &Peer, r: &Router, cap: f64, cap_name: &str) -> (Vec<Stream>, u32) {
+    let mut held = Vec::new();
+    let mut refused = 0u32;
+    let end = tokio::time::Instant::now() + support::DEADLINE;
+    while refused < 10 {
+        assert!(
+            tokio::time::Instant::now() < end,
+            "no refusals within the deadline"
+        );
+        match peer.open(r.id(), CATALOG).await {
+            Ok(s) => held.push(s),
+            Err(_) => refused += 1,
+        }
+        assert!(r.metric(LIVE_CATALOG) <= cap, "{cap_name} is exceeded");
+    }
+    (held, refused)
+}
+
+/// Closes `held` and waits (`what` names the wait) until the router's
+/// `live` gauge of them reads 0.
+async fn close_all(held: Vec<Stream>, r: &Router, live: &str, what: &str) {
+    for mut s in held {
+        let _ = s.close().await;
+    }
+    eventually(what, || async { (r.metric(live) == 0.0).then_some(()) }).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_flood_on_one_protocol_is_refused_for_that_peer_only() {
     let cp = start_cp().await;
@@ -236,29 +272,9 @@ async fn a_stream_flood_on_one_protocol_is_refused_for_that_peer_only() {
     let flooder = admitted_peer(&cp, &r, &token, false).await;
     let other = admitted_peer(&cp, &r, &token, false).await;
 
-    // The flooder opens catalog streams and holds them. The router's catalog
-    // accept loop may drop a stream it cannot take at once (the stream
-    // behaviour's bounded per-protocol queue), which frees budget, so flood
-    // until refusals show; every refusal the flooder sees is counted, and the
-    // live count never exceeds the budget.
-    let live = "agentmesh_router_streams{protocol=\"catalog\",direction=\"inbound\"}";
-    let mut held = Vec::new();
-    let mut refused = 0u32;
-    let end = tokio::time::Instant::now() + support::DEADLINE;
-    while refused < 10 {
-        assert!(
-            tokio::time::Instant::now() < end,
-            "no refusals within the deadline"
-        );
-        match flooder.open(r.id(), CATALOG).await {
-            Ok(s) => held.push(s),
-            Err(_) => refused += 1,
-        }
-        assert!(
-            r.metric(live) <= 4.0,
-            "the per-peer budget is never exceeded"
-        );
-    }
+    // The flooder opens catalog streams and holds them; every refusal it
+    // sees is counted, and the live count never exceeds the budget.
+    let (held, refused) = flood_catalog(&flooder, &r, 4.0, "the per-peer budget").await;
     assert_eq!(r.refused("stream", "peer", "catalog"), f64::from(refused));
     assert_eq!(r.refused("stream", "protocol", "catalog"), 0.0);
     assert_eq!(r.refused("stream", "peer", "auth"), 0.0);
@@ -272,13 +288,7 @@ async fn a_stream_flood_on_one_protocol_is_refused_for_that_peer_only() {
     assert!(resp.result.is_some(), "catalog answered: {resp:?}");
 
     // Closing the held streams gives the budget back.
-    for mut s in held {
-        let _ = s.close().await;
-    }
-    eventually("catalog budget released", || async {
-        (r.metric(live) == 0.0).then_some(())
-    })
-    .await;
+    close_all(held, &r, LIVE_CATALOG, "catalog budget released").await;
     let resp = flooder.lookup(r.id()).await;
     assert!(resp.result.is_some(), "catalog answers the flooder again");
 }
@@ -306,23 +316,8 @@ async fn one_peers_streams_are_refused_past_its_memory_share() {
     let busy = admitted_peer(&cp, &r, &token, false).await;
     let other = admitted_peer(&cp, &r, &token, false).await;
 
-    // The busy peer opens catalog streams and holds them (as in the flood
-    // test above, the accept loop may drop some, so open until refusals show).
-    let live = "agentmesh_router_streams{protocol=\"catalog\",direction=\"inbound\"}";
-    let mut held = Vec::new();
-    let mut refused = 0u32;
-    let end = tokio::time::Instant::now() + support::DEADLINE;
-    while refused < 10 {
-        assert!(
-            tokio::time::Instant::now() < end,
-            "no refusals within the deadline"
-        );
-        match busy.open(r.id(), CATALOG).await {
-            Ok(s) => held.push(s),
-            Err(_) => refused += 1,
-        }
-        assert!(r.metric(live) <= 16.0, "the peer's share is never exceeded");
-    }
+    // The busy peer opens catalog streams and holds them.
+    let (held, refused) = flood_catalog(&busy, &r, 16.0, "the peer's share").await;
     assert_eq!(r.refused("memory", "peer", "catalog"), f64::from(refused));
     assert_eq!(r.refused("memory", "system", "catalog"), 0.0);
     assert_eq!(r.refused("stream", "peer", "catalog"), 0.0);
@@ -332,13 +327,7 @@ async fn one_peers_streams_are_refused_past_its_memory_share() {
     assert_eq!(busy.connections(r.id()).await, 1);
 
     // Closing the held streams gives the share back.
-    for mut s in held {
-        let _ = s.close().await;
-    }
-    eventually("the share released", || async {
-        (r.metric(live) == 0.0).then_some(())
-    })
-    .await;
+    close_all(held, &r, LIVE_CATALOG, "the share released").await;
     let resp = busy.lookup(r.id()).await;
     assert!(resp.result.is_some(), "catalog answers the busy peer again");
 }
@@ -655,13 +644,7 @@ async fn a_flood_on_a_built_in_protocol_is_accounted_and_released() {
     assert!(flooder.lookup(r.id()).await.result.is_some());
 
     // When the relay's handler lets go of the streams, the budget comes back.
-    for mut s in held {
-        let _ = s.close().await;
-    }
-    eventually("relay_hop streams released", || async {
-        (r.metric("agentmesh_router_streams{protocol=\"relay_hop\",direction=\"inbound\"}") == 0.0)
-            .then_some(())
-    })
-    .await;
+    let live = "agentmesh_router_streams{protocol=\"relay_hop\",direction=\"inbound\"}";
+    close_all(held, &r, live, "relay_hop streams released").await;
     assert!(flooder.open(r.id(), HOP).await.is_ok(), "budget is back");
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use agentmesh_node::{CallError, Config};
 use agentmesh_proto::pb::credential::Role;
+use support::binary::*;
 use support::*;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
@@ -218,10 +219,7 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
     ready(&b, "b").await;
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let token_file = dir.path().join("token");
-    tokio::fs::write(&token_file, format!("{member}\n"))
-        .await
-        .expect("token file");
+    let token_file = token_file(dir.path(), &member).await;
     let data = dir.path().join("data");
     // A free port for its /metrics (the OS's choice, released for the node).
     let metrics_addr = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -229,69 +227,26 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
         .expect("bind")
         .local_addr()
         .expect("addr");
-    let exe = env!("CARGO_BIN_EXE_e2e-agentmesh-node");
-    let mut node = tokio::process::Command::new(exe)
-        .args([
-            "run",
-            "--control-plane",
-            &cp.url,
-            "--routers",
-            "1",
-            "--directory-interval-secs",
-            "1",
+    let metrics = metrics_addr.to_string();
+    let mut node = run_node(
+        &cp,
+        &token_file,
+        &data,
+        &[
             "--metrics-addr",
-            &metrics_addr.to_string(),
+            &metrics,
             "--stream-inbound-queue-per-protocol",
             "1",
-        ])
-        .arg("--token-file")
-        .arg(&token_file)
-        .arg("--data-dir")
-        .arg(&data)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("run the node binary");
-    let sock = data.join(agentmesh_node::config::SOCKET_FILE);
-    let end = Instant::now() + DEADLINE;
-    loop {
-        if socket_readyz(&sock)
-            .await
-            .is_some_and(|out| out.starts_with("HTTP/1.1 200"))
-        {
-            break;
-        }
-        assert!(Instant::now() < end, "node binary never became ready");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        ],
+    );
+    let sock = socket_ready(&data).await;
 
     // `agentmesh-node call echo`: stdin to the service, the answer on stdout.
-    let end = Instant::now() + DEADLINE;
-    loop {
-        let mut call = tokio::process::Command::new(exe)
-            .args(["call", "echo", "--data-dir"])
-            .arg(&data)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run call");
-        let mut stdin = call.stdin.take().expect("stdin");
-        stdin.write_all(b"hello from stdin\n").await.expect("stdin");
-        drop(stdin);
-        let out = call.wait_with_output().await.expect("call output");
-        if out.status.success() {
-            assert_eq!(out.stdout, b"hello from stdin\n");
-            break;
-        }
-        // The routers' DHT may not know the record yet: retry until the deadline.
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
-        assert!(Instant::now() < end, "call never succeeded: {err}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    call_echo_until_found(&data, "echo", b"hello from stdin\n").await;
 
     // The answer ends the call: with stdin left open (a pipe never closed),
     // `call` exits once the service has answered and closed its side.
-    let mut call = tokio::process::Command::new(exe)
+    let mut call = tokio::process::Command::new(NODE_EXE)
         .args(["call", "once", "--data-dir"])
         .arg(&data)
         .stdin(std::process::Stdio::piped())
@@ -330,18 +285,7 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
     assert!(m.contains(&series), "{series} missing: {m}");
 
     // SIGTERM: graceful stop, exit status 0, socket removed.
-    let pid = node.id().expect("pid").to_string();
-    let killed = tokio::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .expect("kill");
-    assert!(killed.success());
-    let status = tokio::time::timeout(DEADLINE, node.wait())
-        .await
-        .expect("node exits after SIGTERM")
-        .expect("wait");
-    assert!(status.success(), "{status}");
+    sigterm(&mut node).await;
     assert!(!sock.exists(), "socket left behind");
 
     b.shutdown().await;
@@ -357,16 +301,16 @@ async fn credentials_are_refreshed_and_re_presented_before_they_expire() {
     .await;
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
-    let backend = echo_backend().await;
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        expose: vec![("echo".into(), backend)],
-        credential_skew: Duration::ZERO,
-        ..base
-    })
+    let ((b, _bdir), (a, _adir)) = echo_pair(
+        &cp,
+        &member,
+        |base| Config {
+            credential_skew: Duration::ZERO,
+            ..base
+        },
+        |base| base,
+    )
     .await;
-    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| base).await;
-    ready(&b, "b").await;
-    ready(&a, "a").await;
     let first = a.status().borrow().credential_expires_at_unix_secs;
     assert!(first > 0);
 
@@ -382,11 +326,10 @@ async fn credentials_are_refreshed_and_re_presented_before_they_expire() {
         .expect("status");
     }
     // Past the first credential's expiry, both are still admitted and calls work.
-    let end = Instant::now() + DEADLINE;
-    while agentmesh_proto::unix_now() <= first + 1 {
-        assert!(Instant::now() < end);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually("the first credential's expiry", || async {
+        (agentmesh_proto::unix_now() > first + 1).then_some(())
+    })
+    .await;
     ready(&a, "a after the first expiry").await;
     ready(&b, "b after the first expiry").await;
     let mut s = call_until_found(&a, "echo").await;
@@ -412,34 +355,12 @@ async fn shutdown_finishes_calls_in_flight_and_withdraws_records() {
     let cp = start_cp().await;
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
-    let backend = echo_backend().await;
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        expose: vec![("echo".into(), backend)],
-        ..base
-    })
-    .await;
-    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| base).await;
-    ready(&b, "b").await;
-    ready(&a, "a").await;
+    let ((b, _bdir), (a, _adir)) = echo_pair(&cp, &member, |base| base, |base| base).await;
 
     // A call is mid-way when B starts stopping.
     let mut s = call_until_found(&a, "echo").await;
-    s.write_all(b"first half, ").await.expect("write");
-    let mut got = vec![0u8; 12];
-    s.read_exact(&mut got).await.expect("read");
-    let mut b_status = b.status();
-    let stopping = tokio::spawn(b.shutdown());
-    tokio::time::timeout(DEADLINE, b_status.wait_for(|st| st.stopping))
-        .await
-        .expect("b stopping in time")
-        .expect("status");
     // The call in flight still completes, byte for byte.
-    s.write_all(b"second half").await.expect("write");
-    s.shutdown().await.expect("half-close");
-    let mut rest = Vec::new();
-    s.read_to_end(&mut rest).await.expect("read");
-    got.extend_from_slice(&rest);
-    assert_eq!(got, b"first half, second half");
+    let stopping = echo_across_a_stop(&mut s, b, "b", b"first half, ", b"second half").await;
     drop(s);
     tokio::time::timeout(DEADLINE, stopping)
         .await
@@ -458,35 +379,6 @@ async fn shutdown_finishes_calls_in_flight_and_withdraws_records() {
         }
     }
     a.shutdown().await;
-    r.handle.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn members_attach_and_call_over_quic() {
-    let cp = start_cp().await;
-    let r = start_router_on(
-        &cp,
-        "q",
-        Duration::from_secs(1),
-        "/ip4/127.0.0.1/udp/0/quic-v1",
-    )
-    .await;
-    let member = cp.token(Role::Member).await;
-    let backend = echo_backend().await;
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        expose: vec![("echo".into(), backend)],
-        ..base
-    })
-    .await;
-    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| base).await;
-    ready(&b, "b").await;
-    ready(&a, "a").await;
-    let mut s = call_until_found(&a, "echo").await;
-    assert_eq!(s.route().via_router, r.handle.peer_id());
-    round_trip(&mut s, 64 * 1024).await;
-    drop(s);
-    a.shutdown().await;
-    b.shutdown().await;
     r.handle.shutdown().await;
 }
 
@@ -555,21 +447,20 @@ async fn a_transit_connection_closes_once_idle() {
     let r1 = start_router(&cp, "r1").await;
     let r2 = start_router(&cp, "r2").await;
     let member = cp.token(Role::Member).await;
-    let backend = echo_backend().await;
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        router_selector: selector("r2"),
-        expose: vec![("echo".into(), backend)],
-        ..base
-    })
+    let ((b, _bdir), (a, _adir)) = echo_pair(
+        &cp,
+        &member,
+        |base| Config {
+            router_selector: selector("r2"),
+            ..base
+        },
+        |base| Config {
+            router_selector: selector("r1"),
+            idle_connection: Duration::from_secs(1),
+            ..base
+        },
+    )
     .await;
-    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
-        router_selector: selector("r1"),
-        idle_connection: Duration::from_secs(1),
-        ..base
-    })
-    .await;
-    ready(&b, "b").await;
-    ready(&a, "a").await;
     let transit = |r: &Router| {
         metric(
             &r.handle.metrics_text(),
@@ -578,22 +469,17 @@ async fn a_transit_connection_closes_once_idle() {
     };
     let mut s = call_until_found(&a, "echo").await;
     assert!(s.route().transit);
-    let end = Instant::now() + DEADLINE;
-    while transit(&r2) != 1.0 {
-        assert!(
-            Instant::now() < end,
-            "router never counted the transit connection"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the router to count the transit connection", || async {
+        (transit(&r2) == 1.0).then_some(())
+    })
+    .await;
     round_trip(&mut s, 1024).await;
     drop(s);
     // Nothing uses it any more: it closes (and the router forgets it).
-    let end = Instant::now() + DEADLINE;
-    while transit(&r2) != 0.0 {
-        assert!(Instant::now() < end, "transit connection never closed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually("the transit connection to close", || async {
+        (transit(&r2) == 0.0).then_some(())
+    })
+    .await;
     // A stays attached to its own router throughout.
     assert!(a.status().borrow().ready);
     a.shutdown().await;
@@ -607,40 +493,23 @@ async fn a_forwarded_connection_finishes_while_its_node_stops() {
     let cp = start_cp().await;
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
-    let backend = echo_backend().await;
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        expose: vec![("echo".into(), backend)],
-        ..base
-    })
+    let ((b, _bdir), (a, _adir)) = echo_pair(
+        &cp,
+        &member,
+        |base| base,
+        |base| Config {
+            forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
+            ..base
+        },
+    )
     .await;
-    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
-        forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
-        ..base
-    })
-    .await;
-    ready(&b, "b").await;
-    ready(&a, "a").await;
     // Make sure the provider is findable before relying on the forward.
     drop(call_until_found(&a, "echo").await);
 
     let mut t = tokio::net::TcpStream::connect(a.forward_addrs()[0])
         .await
         .expect("forward");
-    t.write_all(b"before stop, ").await.expect("write");
-    let mut got = vec![0u8; 13];
-    t.read_exact(&mut got).await.expect("read");
-    let mut st = a.status();
-    let stopping = tokio::spawn(a.shutdown());
-    tokio::time::timeout(DEADLINE, st.wait_for(|s| s.stopping))
-        .await
-        .expect("stopping in time")
-        .expect("status");
-    t.write_all(b"after stop").await.expect("write");
-    t.shutdown().await.expect("half-close");
-    let mut rest = Vec::new();
-    t.read_to_end(&mut rest).await.expect("read");
-    got.extend_from_slice(&rest);
-    assert_eq!(got, b"before stop, after stop");
+    let stopping = echo_across_a_stop(&mut t, a, "a", b"before stop, ", b"after stop").await;
     tokio::time::timeout(DEADLINE, stopping)
         .await
         .expect("a stopped in time")
@@ -654,21 +523,18 @@ async fn forward_listeners_share_one_connection_bound_and_count_the_waits() {
     let cp = start_cp().await;
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
-    let backend = echo_backend().await;
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        expose: vec![("echo".into(), backend)],
-        ..base
-    })
-    .await;
     let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
-        forward: vec![(any, "echo".into()), (any, "echo".into())],
-        max_forward_connections: 1,
-        ..base
-    })
+    let ((b, _bdir), (a, _adir)) = echo_pair(
+        &cp,
+        &member,
+        |base| base,
+        |base| Config {
+            forward: vec![(any, "echo".into()), (any, "echo".into())],
+            max_forward_connections: 1,
+            ..base
+        },
+    )
     .await;
-    ready(&b, "b").await;
-    ready(&a, "a").await;
     drop(call_until_found(&a, "echo").await);
     let metrics_addr = a.metrics_addr().expect("metrics");
     let series = |name: &str| format!(r#"agentmesh_node_{name}{{listener="forward"}}"#);
@@ -695,11 +561,10 @@ async fn forward_listeners_share_one_connection_bound_and_count_the_waits() {
         .await
         .expect("forward 2");
     second.write_all(b"two").await.expect("write");
-    let end = Instant::now() + DEADLINE;
-    while read(series("local_connection_waits_total")).await < 1.0 {
-        assert!(Instant::now() < end, "the second listener never waited");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the second listener to wait", || async {
+        (read(series("local_connection_waits_total")).await >= 1.0).then_some(())
+    })
+    .await;
     assert_eq!(read(series("local_connections_active")).await, 1.0);
 
     // Once the first ends, the second is served.
@@ -711,11 +576,10 @@ async fn forward_listeners_share_one_connection_bound_and_count_the_waits() {
         .expect("read");
     assert_eq!(&got, b"two");
     drop(second);
-    let end = Instant::now() + DEADLINE;
-    while read(series("local_connections_active")).await != 0.0 {
-        assert!(Instant::now() < end, "the slot was never freed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the slot to be freed", || async {
+        (read(series("local_connections_active")).await == 0.0).then_some(())
+    })
+    .await;
     assert_eq!(read(series("local_connection_waits_total")).await, 1.0);
     assert_eq!(read(series("accept_errors_total")).await, 0.0);
 
@@ -798,39 +662,6 @@ async fn go_away_makes_before_it_breaks() {
     }
 }
 
-/// Runs `agentmesh-node ARGS --data-dir DATA` and returns (success, stdout, stderr).
-async fn node_cli(args: &[&str], data: &std::path::Path) -> (bool, String, String) {
-    let out = tokio::time::timeout(
-        DEADLINE,
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_e2e-agentmesh-node"))
-            .args(args)
-            .arg("--data-dir")
-            .arg(data)
-            .output(),
-    )
-    .await
-    .expect("the command ends in time")
-    .expect("run agentmesh-node");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
-
-/// Asserts the command failed with one line saying no node runs at `data`.
-async fn assert_no_node(args: &[&str], data: &std::path::Path) {
-    let (ok, out, err) = node_cli(args, data).await;
-    assert!(!ok, "{args:?} succeeded without a node: {out}");
-    assert!(out.is_empty(), "{out}");
-    let err = err.trim_end();
-    assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(
-        err.contains(&format!("no node is running at {}", data.display())),
-        "{err}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_services_show_what_a_running_node_holds() {
     let cp = start_cp().await;
@@ -845,61 +676,23 @@ async fn status_and_services_show_what_a_running_node_holds() {
     ready(&b, "b").await;
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let token_file = dir.path().join("token");
-    tokio::fs::write(&token_file, format!("{member}\n"))
-        .await
-        .expect("token file");
+    let token_file = token_file(dir.path(), &member).await;
     let data = dir.path().join("data");
     // Nothing runs there yet: one clear line, a failing exit status.
     assert_no_node(&["status"], &data).await;
     assert_no_node(&["services", "--json"], &data).await;
 
     let local = echo_backend().await;
-    let exe = env!("CARGO_BIN_EXE_e2e-agentmesh-node");
-    let mut node = tokio::process::Command::new(exe)
-        .args(["run", "--control-plane", &cp.url, "--routers", "1"])
-        .args(["--directory-interval-secs", "1"])
-        .args(["--expose", &format!("local={local}")])
-        .args(["--forward", "127.0.0.1:0=echo"])
-        .arg("--token-file")
-        .arg(&token_file)
-        .arg("--data-dir")
-        .arg(&data)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("run the node binary");
-    let sock = data.join(agentmesh_node::config::SOCKET_FILE);
-    let end = Instant::now() + DEADLINE;
-    while !socket_readyz(&sock)
-        .await
-        .is_some_and(|out| out.starts_with("HTTP/1.1 200"))
-    {
-        assert!(Instant::now() < end, "node binary never became ready");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let expose = format!("local={local}");
+    let mut node = run_node(
+        &cp,
+        &token_file,
+        &data,
+        &["--expose", &expose, "--forward", "127.0.0.1:0=echo"],
+    );
+    socket_ready(&data).await;
     // One call, so the node has looked `echo` up and counted a call.
-    let end = Instant::now() + DEADLINE;
-    loop {
-        let mut call = tokio::process::Command::new(exe)
-            .args(["call", "echo", "--data-dir"])
-            .arg(&data)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run call");
-        let mut stdin = call.stdin.take().expect("stdin");
-        stdin.write_all(b"hi\n").await.expect("stdin");
-        drop(stdin);
-        let out = call.wait_with_output().await.expect("call output");
-        if out.status.success() {
-            assert_eq!(out.stdout, b"hi\n");
-            break;
-        }
-        let err = String::from_utf8_lossy(&out.stderr).to_string();
-        assert!(Instant::now() < end, "call never succeeded: {err}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    call_echo_until_found(&data, "echo", b"hi\n").await;
 
     let router = r.handle.peer_id().to_string();
     let (ok, text, err) = node_cli(&["status"], &data).await;
@@ -950,18 +743,7 @@ async fn status_and_services_show_what_a_running_node_holds() {
     assert_eq!(v["seen"][0]["providers"], 1, "{json}");
 
     // Stopped: no node at that data dir any more.
-    let pid = node.id().expect("pid").to_string();
-    let killed = tokio::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .expect("kill");
-    assert!(killed.success());
-    let status = tokio::time::timeout(DEADLINE, node.wait())
-        .await
-        .expect("node exits after SIGTERM")
-        .expect("wait");
-    assert!(status.success(), "{status}");
+    sigterm(&mut node).await;
     assert_no_node(&["status", "--json"], &data).await;
 
     b.shutdown().await;

@@ -133,15 +133,7 @@ async fn default_deny_then_a_grant_lets_calls_through_and_its_removal_closes_the
     let cp = cp_with_policy(dir.path(), DENY).await;
     let _r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
-    let backend = echo_backend().await;
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |c| agentmesh_node::Config {
-        expose: vec![("echo".into(), backend)],
-        ..c
-    })
-    .await;
-    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |c| c).await;
-    ready(&b, "b").await;
-    ready(&a, "a").await;
+    let ((b, _bdir), (a, _adir)) = echo_pair(&cp, &member, |c| c, |c| c).await;
     holds(&a, 1).await;
     holds(&b, 1).await;
 

@@ -1,4 +1,4 @@
-//! How members reach routers: QUIC from a source IP, and routers that
+//! How members reach routers: QUIC, from a source IP or not, and routers that
 //! announce DNS names. A real control plane, real routers started with
 //! `spawn`, real nodes on loopback.
 
@@ -27,10 +27,10 @@ async fn free_port(proto: &str) -> u16 {
     }
 }
 
-/// A provider and a caller, each dialing from its own 127.0.0.x over QUIC
-/// (the router listens on QUIC only), attach and call each other.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn members_dial_quic_from_their_source_ip() {
+/// A provider `b` and a caller `a` on one router that listens on QUIC only,
+/// dialing from `b_source` and `a_source` (none: the default), attach and
+/// call each other through it (a 64 KiB round trip).
+async fn call_over_quic(b_source: Option<IpAddr>, a_source: Option<IpAddr>) {
     let cp = start_cp().await;
     let r = start_router_on(
         &cp,
@@ -40,21 +40,19 @@ async fn members_dial_quic_from_their_source_ip() {
     )
     .await;
     let member = cp.token(Role::Member).await;
-    let backend = echo_backend().await;
-    let source = |ip: &str| Some(ip.parse::<IpAddr>().expect("ip"));
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        expose: vec![("echo".into(), backend)],
-        dial_source_ip: source("127.0.0.2"),
-        ..base
-    })
+    let ((b, _bdir), (a, _adir)) = echo_pair(
+        &cp,
+        &member,
+        |base| Config {
+            dial_source_ip: b_source,
+            ..base
+        },
+        |base| Config {
+            dial_source_ip: a_source,
+            ..base
+        },
+    )
     .await;
-    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
-        dial_source_ip: source("127.0.0.3"),
-        ..base
-    })
-    .await;
-    ready(&b, "b").await;
-    ready(&a, "a").await;
     let mut s = call_until_found(&a, "echo").await;
     assert_eq!(s.route().via_router, r.handle.peer_id());
     round_trip(&mut s, 64 * 1024).await;
@@ -62,6 +60,20 @@ async fn members_dial_quic_from_their_source_ip() {
     a.shutdown().await;
     b.shutdown().await;
     r.handle.shutdown().await;
+}
+
+/// Members attach and call over QUIC (the router listens on QUIC only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_attach_and_call_over_quic() {
+    call_over_quic(None, None).await;
+}
+
+/// A provider and a caller, each dialing from its own 127.0.0.x over QUIC
+/// (the router listens on QUIC only), attach and call each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_dial_quic_from_their_source_ip() {
+    let source = |ip: &str| Some(ip.parse::<IpAddr>().expect("ip"));
+    call_over_quic(source("127.0.0.2"), source("127.0.0.3")).await;
 }
 
 /// A member with `--dial-source-ip` attached to a TCP-only router has
@@ -80,23 +92,22 @@ async fn the_quic_socket_is_opened_by_the_first_quic_dial() {
     )
     .await;
     let member = cp.token(Role::Member).await;
-    let backend = echo_backend().await;
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        expose: vec![("echo".into(), backend)],
-        router_selector: selector("quic"),
-        ..base
-    })
-    .await;
     // An address no other test uses: the count is of the whole namespace.
     let source = Ipv4Addr::new(127, 0, 62, 3);
-    let (a, _adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
-        router_selector: selector("tcp"),
-        dial_source_ip: Some(source.into()),
-        ..base
-    })
+    let ((b, _bdir), (a, _adir)) = echo_pair(
+        &cp,
+        &member,
+        |base| Config {
+            router_selector: selector("quic"),
+            ..base
+        },
+        |base| Config {
+            router_selector: selector("tcp"),
+            dial_source_ip: Some(source.into()),
+            ..base
+        },
+    )
     .await;
-    ready(&b, "b").await;
-    ready(&a, "a").await;
     assert_eq!(a.status().borrow().reserved, vec![tcp.handle.peer_id()]);
     assert_eq!(
         udp_sockets_on(source),

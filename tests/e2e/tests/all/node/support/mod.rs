@@ -7,9 +7,11 @@
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
 pub use agentmesh_testkit::{
-    ADMIN, Cp, DEADLINE, TestPeer, TestRouter as Router, echo_backend, http_get, metric, start_cp,
-    start_cp_with,
+    ADMIN, Cp, DEADLINE, TestPeer, TestRouter as Router, echo_backend, eventually, http_get,
+    metric, start_cp, start_cp_with,
 };
+
+pub mod binary;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -86,6 +88,33 @@ pub async fn spawn_node(
     (node, dir)
 }
 
+/// A provider `b` exposing `echo` (on an echo backend) and a caller `a`,
+/// members by `token`, their configs changed by `b_config` and `a_config`
+/// (b's already exposes `echo`), spawned in that order and both ready.
+/// Each comes with its data dir: keep it alive as long as the node.
+pub async fn echo_pair(
+    cp: &Cp,
+    token: &str,
+    b_config: impl FnOnce(Config) -> Config,
+    a_config: impl FnOnce(Config) -> Config,
+) -> (
+    (NodeHandle, tempfile::TempDir),
+    (NodeHandle, tempfile::TempDir),
+) {
+    let backend = echo_backend().await;
+    let b = spawn_node(cp, token, "spawn b", |base| {
+        b_config(Config {
+            expose: vec![("echo".into(), backend)],
+            ..base
+        })
+    })
+    .await;
+    let a = spawn_node(cp, token, "spawn a", a_config).await;
+    ready(&b.0, "b").await;
+    ready(&a.0, "a").await;
+    (b, a)
+}
+
 /// A member of a storm test: K = 2 routers, no metrics listener, no Unix
 /// socket (many of them share one test process).
 pub async fn storm_member(cp: &Cp, token: String) -> (NodeHandle, tempfile::TempDir) {
@@ -144,6 +173,36 @@ pub async fn exchange(
     let mut back = Vec::new();
     stream.read_to_end(&mut back).await?;
     Ok(back)
+}
+
+/// Sends `before` through `stream` (to an echo backend) and reads it back,
+/// starts stopping `node` (`what` names it) and waits until it says so,
+/// then sends `after`, half-closes and asserts the whole echo came back:
+/// an exchange in flight outlives the stop. Returns the stop's task.
+pub async fn echo_across_a_stop<S>(
+    stream: &mut S,
+    node: NodeHandle,
+    what: &str,
+    before: &[u8],
+    after: &[u8],
+) -> tokio::task::JoinHandle<()>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    stream.write_all(before).await.expect("write");
+    let mut got = vec![0u8; before.len()];
+    stream.read_exact(&mut got).await.expect("read");
+    let mut status = node.status();
+    let stopping = tokio::spawn(node.shutdown());
+    tokio::time::timeout(DEADLINE, status.wait_for(|s| s.stopping))
+        .await
+        .unwrap_or_else(|_| panic!("{what} not stopping in time"))
+        .expect("status");
+    stream.write_all(after).await.expect("write");
+    stream.shutdown().await.expect("half-close");
+    stream.read_to_end(&mut got).await.expect("read");
+    assert_eq!(got, [before, after].concat());
+    stopping
 }
 
 /// Sends `len` random bytes through `stream`, half-closes, and asserts the
