@@ -106,7 +106,7 @@ async fn connection(
     let idle = a.duration + Duration::from_secs(1);
     let Stranger { mut swarm, control } =
         match stranger::dial(&a.router, router, a.source_ip, idle, deadline).await? {
-            Dialed::Connected(s) => s,
+            Dialed::Connected(s) => *s,
             Dialed::Failed => {
                 r.dials_failed += 1;
                 return Ok(false);

@@ -29,7 +29,7 @@ pub(crate) struct Stranger {
 /// How a stranger's dial ended.
 pub(crate) enum Dialed {
     /// Connected.
-    Connected(Stranger),
+    Connected(Box<Stranger>),
     /// The dial did not end in a connection (refused, or timed out).
     Failed,
     /// The deadline passed first.
@@ -65,7 +65,7 @@ pub(crate) async fn dial(
         };
         match ev {
             SwarmEvent::ConnectionEstablished { .. } => {
-                return Ok(Dialed::Connected(Stranger { swarm, control }));
+                return Ok(Dialed::Connected(Box::new(Stranger { swarm, control })));
             }
             SwarmEvent::OutgoingConnectionError { .. } => return Ok(Dialed::Failed),
             _ => {}
