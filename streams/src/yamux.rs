@@ -40,6 +40,14 @@ impl YamuxUpgrade {
     pub fn new(config: yamux::Config, inbound: InboundBuffer) -> Self {
         Self { config, inbound }
     }
+
+    /// The muxer over `io`; inbound and outbound differ only in `mode`.
+    fn connect<C>(self, io: C, mode: yamux::Mode) -> Yamux<C>
+    where
+        C: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        Yamux::new(yamux::Connection::new(io, self.config, mode), self.inbound)
+    }
 }
 
 impl UpgradeInfo for YamuxUpgrade {
@@ -60,10 +68,7 @@ where
     type Future = future::Ready<Result<Self::Output, Self::Error>>;
 
     fn upgrade_inbound(self, io: C, _: Self::Info) -> Self::Future {
-        future::ready(Ok(Yamux::new(
-            yamux::Connection::new(io, self.config, yamux::Mode::Server),
-            self.inbound,
-        )))
+        future::ready(Ok(self.connect(io, yamux::Mode::Server)))
     }
 }
 
@@ -76,10 +81,7 @@ where
     type Future = future::Ready<Result<Self::Output, Self::Error>>;
 
     fn upgrade_outbound(self, io: C, _: Self::Info) -> Self::Future {
-        future::ready(Ok(Yamux::new(
-            yamux::Connection::new(io, self.config, yamux::Mode::Client),
-            self.inbound,
-        )))
+        future::ready(Ok(self.connect(io, yamux::Mode::Client)))
     }
 }
 
