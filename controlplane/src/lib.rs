@@ -12,7 +12,7 @@ pub mod client;
 pub mod clock;
 pub mod tls;
 
-pub use client::{Client, ClientConfig, ClientError, retry_after};
+pub use client::{Client, ClientConfig, ClientError, Connections, retry_after};
 
 #[cfg(feature = "server")]
 pub mod admin;

@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use agentmesh_controlplane::client::{Client, ClientConfig, ClientError};
+use agentmesh_controlplane::client::{Client, ClientConfig, ClientError, Connections};
 use agentmesh_proto::credential::Trust;
 use agentmesh_proto::protocols::{CALL, GOAWAY, POLICY};
 use libp2p::{PeerId, StreamProtocol};
@@ -252,12 +252,17 @@ pub async fn spawn(
         })?),
         None => None,
     };
-    let client = Client::new(ClientConfig {
-        url: config.control_plane.clone(),
-        ca_pem,
-        retry_budget: config.retry_budget,
-        rpc_timeout: config.rpc_timeout.max(config::MIN_TIMEOUT),
-    })?;
+    // A member talks to the control plane a few times an hour: a
+    // connection per call, so that it holds none at rest.
+    let client = Client::with_connections(
+        ClientConfig {
+            url: config.control_plane.clone(),
+            ca_pem,
+            retry_budget: config.retry_budget,
+            rpc_timeout: config.rpc_timeout.max(config::MIN_TIMEOUT),
+        },
+        Connections::PerCall,
+    )?;
 
     let metrics = metrics::Metrics::new();
     let (credential, keys) = enroll::obtain(&client, &config, &stored, &metrics)

@@ -150,6 +150,22 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
 /// An unanswered keep-alive ping closes the connection after this.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How a [`Client`] uses connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Connections {
+    /// One connection, opened on the first call and kept (reopened after
+    /// the control plane closes it): for routers, whose lease renewals and
+    /// `Watch` stream keep it busy.
+    Held,
+    /// A connection for each call, closed when the call ends: for members,
+    /// which talk to the control plane a few times an hour. An idle HTTP/2
+    /// connection costs the control plane about 39 KB, so a held one per
+    /// member would be most of its memory; with this a member at rest
+    /// holds none (each call pays a TCP connect, and a TLS handshake on
+    /// `https`).
+    PerCall,
+}
+
 /// A cheap-to-clone control-plane client. Its channel connects lazily, on the
 /// first call, and reconnects by itself.
 #[derive(Clone)]
@@ -161,6 +177,7 @@ struct Inner {
     url: String,
     endpoint: Endpoint,
     channel: OnceLock<Channel>,
+    connections: Connections,
     retry_budget: Duration,
     rpc_timeout: Duration,
     clock: SharedClock,
@@ -180,9 +197,25 @@ impl Client {
         Self::with_clock(cfg, TokioClock::shared())
     }
 
+    /// Like [`Client::new`], with the given use of connections.
+    pub fn with_connections(
+        cfg: ClientConfig,
+        connections: Connections,
+    ) -> Result<Self, ClientError> {
+        Self::build(cfg, TokioClock::shared(), connections)
+    }
+
     /// Like [`Client::new`], with the clock that times backoff and the retry
     /// budget (tests share a simulated clock with the server's limiter).
     pub fn with_clock(cfg: ClientConfig, clock: SharedClock) -> Result<Self, ClientError> {
+        Self::build(cfg, clock, Connections::Held)
+    }
+
+    fn build(
+        cfg: ClientConfig,
+        clock: SharedClock,
+        connections: Connections,
+    ) -> Result<Self, ClientError> {
         let url = normalize_url(cfg.url.trim()).to_string();
         let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(|e| ClientError::Config(format!("bad url {url:?}: {e}")))?
@@ -219,6 +252,7 @@ impl Client {
                 url,
                 endpoint,
                 channel: OnceLock::new(),
+                connections,
                 retry_budget: cfg.retry_budget,
                 rpc_timeout: cfg.rpc_timeout,
                 clock,
@@ -231,12 +265,18 @@ impl Client {
         &self.inner.url
     }
 
+    /// A stub on the held channel, or on a channel of its own that closes
+    /// its connection when the call's last clone of it is dropped.
     fn grpc(&self) -> ControlPlaneClient<Channel> {
-        let ch = self
-            .inner
-            .channel
-            .get_or_init(|| self.inner.endpoint.connect_lazy());
-        ControlPlaneClient::new(ch.clone())
+        let ch = match self.inner.connections {
+            Connections::Held => self
+                .inner
+                .channel
+                .get_or_init(|| self.inner.endpoint.connect_lazy())
+                .clone(),
+            Connections::PerCall => self.inner.endpoint.connect_lazy(),
+        };
+        ControlPlaneClient::new(ch)
     }
 
     fn request<T>(&self, msg: T) -> Request<T> {

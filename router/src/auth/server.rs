@@ -1,6 +1,6 @@
-//! Serving one inbound auth stream: wait for its first byte (a stream
-//! silent past `--auth-first-byte-timeout-ms` is a failed login of its
-//! source), read the request, verify (fetching keys once on an unknown key
+//! Serving one inbound auth stream: wait for its first byte (a stream of a
+//! peer not admitted, silent past `--auth-first-byte-timeout-ms`, is a
+//! failed login of its source), read the request, verify (fetching keys once on an unknown key
 //! id), pass the admission gate, record the admission, answer.
 
 use std::sync::Arc;
@@ -74,9 +74,28 @@ pub(crate) async fn busy(
 pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Stream) {
     let (peer, source) = (info.peer, ip_of(&info.remote_addr));
     let t = ctx.config.stream_timeout;
-    let first = first_byte(&mut stream, ctx.config.auth_first_byte_timeout).await;
+    // A member re-presenting its credential on a connection it is admitted
+    // on is no stranger holding a slot: its request may be late because
+    // the member or this router is short of CPU (credentials refreshed
+    // every few seconds on a loaded host), and closing it at the
+    // first-byte deadline would fail the re-presentation, then the
+    // admission, and put its load back as a re-attach. It gets the whole
+    // stream timeout, and a late request is never a failed login; its
+    // streams stay under the members' per-peer caps.
+    let admitted = ctx.admissions.read().is_admitted(&peer, unix_now());
+    let first_deadline = if admitted {
+        t
+    } else {
+        ctx.config.auth_first_byte_timeout
+    };
+    let first = first_byte(&mut stream, first_deadline).await;
     let first = match first {
         FirstByte::Byte(b) => b,
+        FirstByte::Silent if admitted => {
+            ctx.metrics.auth_result(Purpose::Attach, "io");
+            tracing::debug!(%peer, "admitted peer's auth stream sent nothing within the stream timeout; closed");
+            return;
+        }
         FirstByte::Silent => {
             ctx.metrics.auth_result(Purpose::Attach, "silent");
             ctx.resources.failed_login(source, "silent");

@@ -143,7 +143,7 @@ pub struct RouterArgs {
     /// Deadline of each read or write on an auth or catalog stream, seconds.
     #[arg(long, default_value_t = d::DEFAULT_STREAM_TIMEOUT_SECS)]
     pub stream_timeout_secs: u64,
-    /// Time an auth stream has to send its first byte before it is closed and counted as a failed login of its source, milliseconds.
+    /// Time an auth stream of a peer not admitted has to send its first byte before it is closed and counted as a failed login of its source, milliseconds; an admitted member re-presenting its credential gets the whole stream timeout.
     #[arg(long, default_value_t = d::DEFAULT_AUTH_FIRST_BYTE_TIMEOUT_MS)]
     pub auth_first_byte_timeout_ms: u64,
     /// Streams refused on one connection a peer not yet admitted made to this router, streams; the next refusal closes the connection and counts as a failed login of its source (agentmesh_router_connections_closed_total{reason="refused_streams"}); members, and connections this router dialed, are never closed for this; 0 = no limit.

@@ -353,3 +353,59 @@ async fn a_silent_auth_stream_is_a_failed_login_and_a_slow_one_is_not() {
     assert_eq!(r.refused_connections("source"), before + 1.0);
     r.handle.shutdown().await;
 }
+
+/// A member re-presenting its credential on a connection it is admitted on
+/// may be late (a loaded host, credentials refreshed every few seconds):
+/// its auth stream, silent past the first-byte deadline, is still served
+/// and is no failed login; a stranger's is closed at the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admitted_members_late_re_presentation_is_served_and_no_failed_login() {
+    use agentmesh_proto::framing::{read_frame, write_frame};
+    use agentmesh_proto::pb::mesh::{AuthRequest, AuthResponse};
+    let cp = start_cp().await;
+    let r = start_router(&cp, |c| {
+        c.auth_first_byte_timeout = Duration::from_millis(200);
+        c.stream_timeout = Duration::from_secs(5);
+    })
+    .await;
+    let silent_logins = r#"agentmesh_router_failed_logins_total{reason="silent"}"#;
+    let token = cp.token(Role::Member).await;
+    let (m, cred) = TestPeer::enrolled_and_connected(&cp, &token, &r).await;
+    let first = m.auth(r.id(), Some(cred.clone()), Purpose::Attach).await;
+    assert!(
+        matches!(first.result, Some(auth_response::Result::Admitted(_))),
+        "{first:?}"
+    );
+
+    // Re-presentation whose request comes 4× the first-byte deadline late.
+    let mut s = m.open(r.id(), agentmesh_proto::protocols::AUTH).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let req = AuthRequest {
+        credential: Some(cred),
+        purpose: Purpose::Attach as i32,
+        ..Default::default()
+    };
+    write_frame(&mut s, &req)
+        .await
+        .expect("late request written");
+    let again: AuthResponse = read_frame(&mut s, 1 << 20)
+        .await
+        .expect("the router answers the late re-presentation");
+    assert!(
+        matches!(again.result, Some(auth_response::Result::Admitted(_))),
+        "{again:?}"
+    );
+    assert_eq!(r.metric(silent_logins), 0.0);
+
+    // A stranger's silent stream is still closed at the deadline and counted.
+    let mut p = TestPeer::new();
+    p.connect(r.id(), r.addr.clone()).await;
+    let s = p.open(r.id(), agentmesh_proto::protocols::AUTH).await;
+    stream_closed_by_router(s).await;
+    eventually("the stranger's silent stream counted", || async {
+        (r.metric(silent_logins) >= 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(r.metric(silent_logins), 1.0);
+    r.handle.shutdown().await;
+}

@@ -242,6 +242,10 @@ pub struct LocalConfig {
     /// ladder started); not a flag.
     #[arg(skip)]
     pub control_plane_env: Vec<(String, String)>,
+    /// The pid of the database server the ladder started (its CPU and
+    /// memory are read beside the control plane's); not a flag.
+    #[arg(skip)]
+    pub store_server_pid: Option<u32>,
 }
 
 impl Default for LocalConfig {
@@ -259,6 +263,7 @@ impl Default for LocalConfig {
             postgres_bin_dir: None,
             credential_ttl_secs: None,
             control_plane_env: Vec::new(),
+            store_server_pid: None,
         }
     }
 }

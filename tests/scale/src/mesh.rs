@@ -327,6 +327,11 @@ impl LocalMesh {
             .collect()
     }
 
+    /// The database server's pid, when the ladder started one.
+    pub fn store_server_pid(&self) -> Option<u32> {
+        self.cfg.store_server_pid
+    }
+
     /// The control plane's pid.
     pub fn control_plane_pid(&self) -> Option<u32> {
         self.control_plane.child.id()

@@ -174,15 +174,27 @@ pub struct ControlPlaneRaw {
     pub refresh_buckets: Vec<(f64, f64)>,
     /// Refresh RPCs by gRPC code.
     pub refresh_codes: BTreeMap<String, f64>,
+    /// The control plane's CPU time so far, seconds.
+    pub cpu_secs: Option<f64>,
+    /// The database server the ladder started (PostgreSQL: the postmaster
+    /// and its backends), read at the same instant.
+    pub store_server: Option<procstat::TreeUsage>,
 }
 
 /// The gRPC method members and routers refresh their credentials with.
 const REFRESH: &[(&str, &str)] = &[("method", "Refresh")];
 
 /// Reads the control plane's `/metrics` at `http_addr` (and `/proc` for `pid`).
-pub async fn control_plane(http_addr: SocketAddr, pid: Option<u32>) -> ControlPlaneRaw {
+/// `store_pid` is the database server's, when the ladder started one.
+pub async fn control_plane(
+    http_addr: SocketAddr,
+    pid: Option<u32>,
+    store_pid: Option<u32>,
+) -> ControlPlaneRaw {
     let mut raw = ControlPlaneRaw {
         rss_bytes: pid.and_then(procstat::rss_bytes),
+        cpu_secs: pid.and_then(procstat::cpu_secs),
+        store_server: store_pid.and_then(procstat::tree_usage),
         ..ControlPlaneRaw::default()
     };
     let Ok(page) = http::get(http_addr, "/metrics", SCRAPE_TIMEOUT).await else {
@@ -221,6 +233,11 @@ pub struct ControlPlaneStep {
     pub storage_rows: BTreeMap<String, u64>,
     /// Resident memory at the end, bytes.
     pub rss_bytes: Option<u64>,
+    /// The database server's CPU over the interval, seconds (a server the
+    /// ladder started).
+    pub store_server_cpu_secs: Option<f64>,
+    /// The database server's PSS at the end, bytes.
+    pub store_server_pss_bytes: Option<u64>,
 }
 
 /// The interval between `before` and `after`.
@@ -242,7 +259,17 @@ pub fn control_plane_between(
             .map(|(t, n)| (t.clone(), *n as u64))
             .collect(),
         rss_bytes: after.rss_bytes,
+        store_server_cpu_secs: cpu_between(
+            before.store_server.map(|u| u.cpu_secs),
+            after.store_server.map(|u| u.cpu_secs),
+        ),
+        store_server_pss_bytes: after.store_server.map(|u| u.pss_bytes),
     }
+}
+
+/// CPU seconds between two readings of one process (tree).
+fn cpu_between(before: Option<f64>, after: Option<f64>) -> Option<f64> {
+    Some((after? - before?).max(0.0))
 }
 
 /// The `q` quantile of the observations between two bucket snapshots, ms.
@@ -285,6 +312,14 @@ pub struct RefreshRecord {
     pub p95_ms: Option<f64>,
     /// Refresh latency p99, ms.
     pub p99_ms: Option<f64>,
+    /// The control plane's CPU over the window, seconds.
+    pub control_plane_cpu_secs: Option<f64>,
+    /// The database server's CPU over the window, seconds (a server the
+    /// ladder started: PostgreSQL's postmaster and backends; None for
+    /// SQLite, which runs inside the control plane).
+    pub store_server_cpu_secs: Option<f64>,
+    /// The database server's PSS at the window's end, bytes.
+    pub store_server_pss_bytes: Option<u64>,
 }
 
 /// The refreshes between `before` and `after`, `secs` apart.
@@ -308,6 +343,12 @@ pub fn refresh_between(
         p50_ms: q(0.5),
         p95_ms: q(0.95),
         p99_ms: q(0.99),
+        control_plane_cpu_secs: cpu_between(before.cpu_secs, after.cpu_secs),
+        store_server_cpu_secs: cpu_between(
+            before.store_server.map(|u| u.cpu_secs),
+            after.store_server.map(|u| u.cpu_secs),
+        ),
+        store_server_pss_bytes: after.store_server.map(|u| u.pss_bytes),
     }
 }
 
@@ -330,6 +371,30 @@ impl RefreshRecord {
             ms(self.p95_ms),
             ms(self.p99_ms),
             if codes.is_empty() { "-".into() } else { codes }
+        )
+    }
+
+    /// One line on what serving the window cost: the control plane's CPU
+    /// and the database server's CPU and memory.
+    pub fn cost(&self) -> String {
+        let secs = |c: Option<f64>| c.map_or_else(|| "-".into(), |c| format!("{c:.1} s"));
+        let server = match (self.store_server_cpu_secs, self.store_server_pss_bytes) {
+            (None, None) => {
+                "no database server of the ladder's (SQLite runs inside the control plane)"
+                    .to_string()
+            }
+            (cpu, pss) => format!(
+                "database server CPU {}, PSS {}",
+                secs(cpu),
+                pss.map_or_else(
+                    || "-".into(),
+                    |b| format!("{:.1} MiB", b as f64 / 1_048_576.0)
+                )
+            ),
+        };
+        format!(
+            "Cost over the hold: control-plane CPU {}; {server}.",
+            secs(self.control_plane_cpu_secs)
         )
     }
 }
@@ -448,5 +513,37 @@ mod tests {
         *later.refresh_codes.entry("Ok".into()).or_default() += 50.0;
         let r = refresh_between(&after, &later, 10.0);
         assert_eq!((r.refreshes, r.per_sec), (50, 5.0));
+    }
+
+    #[test]
+    fn the_database_servers_cost_is_its_cpu_between_readings() {
+        let at = |cp: f64, server: Option<f64>| ControlPlaneRaw {
+            cpu_secs: Some(cp),
+            store_server: server.map(|cpu_secs| procstat::TreeUsage {
+                cpu_secs,
+                pss_bytes: 64 << 20,
+                processes: 5,
+            }),
+            ..ControlPlaneRaw::default()
+        };
+        let r = refresh_between(&at(10.0, Some(3.0)), &at(12.5, Some(7.0)), 60.0);
+        assert_eq!(r.control_plane_cpu_secs, Some(2.5));
+        assert_eq!(r.store_server_cpu_secs, Some(4.0));
+        assert_eq!(
+            r.cost(),
+            "Cost over the hold: control-plane CPU 2.5 s; database server CPU 4.0 s, PSS 64.0 MiB."
+        );
+        let step = control_plane_between(&at(10.0, Some(3.0)), &at(12.5, Some(7.0)));
+        assert_eq!(step.store_server_cpu_secs, Some(4.0));
+        assert_eq!(step.store_server_pss_bytes, Some(64 << 20));
+        // SQLite: no server; a restarted server never gives negative CPU.
+        let sqlite = refresh_between(&at(1.0, None), &at(2.0, None), 60.0);
+        assert!(
+            sqlite.cost().contains("no database server"),
+            "{}",
+            sqlite.cost()
+        );
+        let restarted = refresh_between(&at(1.0, Some(9.0)), &at(2.0, Some(1.0)), 60.0);
+        assert_eq!(restarted.store_server_cpu_secs, Some(0.0));
     }
 }

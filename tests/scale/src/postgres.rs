@@ -366,6 +366,11 @@ impl Postgres {
         vec![("PGPASSWORD".into(), self.password.clone())]
     }
 
+    /// The postmaster's pid (its backends are its children).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
     /// What the report says about this server.
     pub fn record(&self) -> StoreRecord {
         StoreRecord {

@@ -1,4 +1,5 @@
-//! Resident memory and CPU time of a child process, from `/proc/PID/{status,stat}`.
+//! Resident memory and CPU time of a child process (or of a server and
+//! its children), from `/proc/PID/{status,stat,smaps_rollup}`.
 
 /// A process's resident set size in bytes (`VmRSS`), if readable.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
@@ -70,6 +71,78 @@ pub fn nofile_limit() -> Option<u64> {
     line.split_whitespace().nth(3)?.parse().ok()
 }
 
+/// What a server made of a parent and its children (PostgreSQL's
+/// postmaster and its backends) uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct TreeUsage {
+    /// CPU seconds of the parent, of its children that have exited (the
+    /// kernel adds them to the parent once reaped) and of those alive.
+    pub cpu_secs: f64,
+    /// Proportional set size summed over the parent and its live children,
+    /// bytes: shared memory (PostgreSQL's shared buffers) counted once in
+    /// all, where RSS would count it in every backend.
+    pub pss_bytes: u64,
+    /// Processes counted (the parent and its live children).
+    pub processes: u32,
+}
+
+/// [`TreeUsage`] of `pid` and its direct children, if `pid` is readable.
+pub fn tree_usage(pid: u32) -> Option<TreeUsage> {
+    let (own, reaped) = stat_cpu(pid)?;
+    let mut u = TreeUsage {
+        cpu_secs: own + reaped,
+        pss_bytes: pss_bytes(pid).unwrap_or(0),
+        processes: 1,
+    };
+    for child in children(pid) {
+        // A child may exit between the listing and the read: skip it (its
+        // CPU reaches the parent's reaped time).
+        if let Some((cpu, _)) = stat_cpu(child) {
+            u.cpu_secs += cpu;
+            u.pss_bytes += pss_bytes(child).unwrap_or(0);
+            u.processes += 1;
+        }
+    }
+    Some(u)
+}
+
+/// Live children of `pid`, from each process's parent in `/proc/*/stat`.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&c| parent_of(c) == Some(pid))
+        .collect()
+}
+
+/// The fields of `/proc/PID/stat` after the command name.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    stat_fields(pid)?.get(1)?.parse().ok()
+}
+
+/// (own user + system, reaped children's user + system) CPU seconds.
+fn stat_cpu(pid: u32) -> Option<(f64, f64)> {
+    let f = stat_fields(pid)?;
+    let n = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+    let hz = clock_ticks_per_sec();
+    Some(((n(11)? + n(12)?) / hz, (n(13)? + n(14)?) / hz))
+}
+
+/// `Pss:` of `/proc/PID/smaps_rollup` (Linux ≥ 4.14), bytes.
+fn pss_bytes(pid: u32) -> Option<u64> {
+    status_bytes(
+        &std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?,
+        "Pss:",
+    )
+}
+
 fn clock_ticks_per_sec() -> f64 {
     // USER_HZ is 100 on every Linux ABI the ladder runs on.
     100.0
@@ -90,6 +163,37 @@ mod tests {
         let split = split.expect("split");
         assert!(rss > 0);
         assert!(split.anon > 0 && split.file > 0, "{split:?}");
+    }
+
+    #[test]
+    fn a_tree_counts_its_children_and_their_cpu() {
+        // A child that burns CPU, then exits and is reaped: its time moves
+        // to this process's reaped time, and the tree keeps it.
+        let me = std::process::id();
+        let mut child = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 30",
+            ])
+            .spawn()
+            .expect("spawn sh");
+        let alive = loop {
+            let u = tree_usage(me).expect("tree");
+            if u.processes >= 2 && u.cpu_secs > 0.0 {
+                break u;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        assert!(alive.pss_bytes > 0, "{alive:?}");
+        assert!(children(me).contains(&child.id()));
+        child.kill().expect("kill");
+        child.wait().expect("reaped");
+        let after = tree_usage(me).expect("tree");
+        assert!(!children(me).contains(&child.id()));
+        assert!(
+            after.cpu_secs + 0.02 >= alive.cpu_secs,
+            "reaped CPU stays counted: {after:?} after {alive:?}"
+        );
     }
 
     #[test]

@@ -185,6 +185,49 @@ pub struct HoldRecord {
     /// CPU per member per hour over the quiet part of the hold (until the
     /// first event), member and mesh side; see `idle_cost`.
     pub idle: Option<crate::idle_cost::IdleCost>,
+    /// The control plane's memory read at the end of the hold: with a hold
+    /// longer than `--grpc-max-connection-age-secs`, every member's idle
+    /// connection has been recycled by then, so this is what an enrolled
+    /// member costs at rest (the readings at the steps and events are taken
+    /// while members' connections are still young).
+    pub control_plane_memory: Option<ControlPlaneMemory>,
+}
+
+/// The control plane's RSS at one instant against its RSS before the ladder.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct ControlPlaneMemory {
+    /// RSS before the first member joined, bytes.
+    pub pre_ladder_rss_bytes: u64,
+    /// RSS at the reading, bytes.
+    pub rss_bytes: u64,
+    /// Members alive at the reading.
+    pub members: u64,
+    /// (RSS − pre-ladder RSS) ÷ members, bytes (0 when RSS fell).
+    pub per_member_bytes: u64,
+}
+
+impl ControlPlaneMemory {
+    /// `None` without both readings or without members.
+    pub fn between(pre_ladder: Option<u64>, now: Option<u64>, members: u64) -> Option<Self> {
+        let (pre, now) = (pre_ladder?, now?);
+        (members > 0).then(|| Self {
+            pre_ladder_rss_bytes: pre,
+            rss_bytes: now,
+            members,
+            per_member_bytes: now.saturating_sub(pre) / members,
+        })
+    }
+
+    /// One line for the table.
+    pub fn summary(&self) -> String {
+        format!(
+            "Control plane at the hold's end: RSS {:.1} MiB (pre-ladder {:.1} MiB), {:.1} KiB per member over {} members.",
+            self.rss_bytes as f64 / 1_048_576.0,
+            self.pre_ladder_rss_bytes as f64 / 1_048_576.0,
+            self.per_member_bytes as f64 / 1024.0,
+            self.members
+        )
+    }
 }
 
 /// The events of the hold.
@@ -522,22 +565,26 @@ impl Report {
             let _ = writeln!(s);
             let _ = writeln!(
                 s,
-                "| step | CP RPC p50/p99 ms | refreshes | CP codes | storage rows | CP RSS MiB |"
+                "| step | CP RPC p50/p99 ms | refreshes | CP codes | storage rows | CP RSS MiB | DB server CPU s / PSS MiB |"
             );
-            let _ = writeln!(s, "|---|---|---|---|---|---|");
+            let _ = writeln!(s, "|---|---|---|---|---|---|---|");
             let ms = crate::stats::ms_cell;
             for st in &self.steps {
                 if let Some(cp) = &st.control_plane {
                     let _ = writeln!(
                         s,
-                        "| {} | {}/{} | {} | {} | {} | {} |",
+                        "| {} | {}/{} | {} | {} | {} | {} | {} |",
                         st.step,
                         ms(cp.rpc_p50_ms),
                         ms(cp.rpc_p99_ms),
                         cp.refreshes,
                         joined(&cp.codes),
                         joined(&cp.storage_rows),
-                        mib(cp.rss_bytes)
+                        mib(cp.rss_bytes),
+                        match cp.store_server_cpu_secs {
+                            Some(c) => format!("{c:.1} / {}", mib(cp.store_server_pss_bytes)),
+                            None => "-".into(),
+                        }
                     );
                 }
             }
@@ -563,10 +610,16 @@ impl Report {
             if let Some(r) = &self.refresh {
                 let _ = writeln!(s);
                 let _ = writeln!(s, "{}", r.summary());
+                let _ = writeln!(s);
+                let _ = writeln!(s, "{}", r.cost());
             }
             if let Some(idle) = &h.idle {
                 let _ = writeln!(s);
                 let _ = write!(s, "{}", idle.markdown());
+            }
+            if let Some(m) = &h.control_plane_memory {
+                let _ = writeln!(s);
+                let _ = writeln!(s, "{}", m.summary());
             }
             if !h.flap_records.is_empty() {
                 let _ = writeln!(s);
@@ -1074,5 +1127,24 @@ mod tests {
                 .expect("router")
                 .contains_key("allocator_resident_bytes")
         );
+    }
+
+    #[test]
+    fn control_plane_memory_per_member_is_the_growth_over_the_members() {
+        let m =
+            ControlPlaneMemory::between(Some(40 << 20), Some((40 << 20) + 10_000 * 3_000), 10_000)
+                .expect("both readings");
+        assert_eq!(m.per_member_bytes, 3_000);
+        assert!(
+            m.summary()
+                .contains("2.9 KiB per member over 10000 members"),
+            "{}",
+            m.summary()
+        );
+        // RSS below the pre-ladder reading is no growth, not an underflow.
+        let shrunk = ControlPlaneMemory::between(Some(50), Some(40), 10).expect("both readings");
+        assert_eq!(shrunk.per_member_bytes, 0);
+        assert_eq!(ControlPlaneMemory::between(None, Some(1), 1), None);
+        assert_eq!(ControlPlaneMemory::between(Some(1), Some(1), 0), None);
     }
 }

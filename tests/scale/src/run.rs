@@ -18,7 +18,8 @@ use crate::placement::Placement;
 use crate::postgres::{Postgres, StoreKind, StoreRecord};
 use crate::procstat;
 use crate::report::{
-    AfterRecord, AfterSample, BurstRecord, PhaseRecord, Report, RoundRecord, Shape, StepRecord,
+    AfterRecord, AfterSample, BurstRecord, ControlPlaneMemory, PhaseRecord, Report, RoundRecord,
+    Shape, StepRecord,
 };
 use crate::tally::{Phase, PhaseSummary};
 use crate::target::Target;
@@ -88,6 +89,7 @@ async fn start_store(local: &mut LocalConfig, dir: &Path) -> Result<Option<Postg
     let pg = Postgres::start(local.postgres_bin_dir.as_deref(), &log, deadline).await?;
     local.control_plane_db = Some(pg.url());
     local.control_plane_env.extend(pg.env());
+    local.store_server_pid = pg.pid();
     Ok(Some(pg))
 }
 
@@ -388,13 +390,21 @@ async fn run(
         fleet.label = "hold".into();
         let cp_before = target.control_plane().await;
         let t0 = Instant::now();
-        let (h, events) = hold::run(&mut fleet, &mut target, &cfg).await?;
+        let (mut h, events) = hold::run(&mut fleet, &mut target, &cfg).await?;
         let secs = t0.elapsed().as_secs_f64();
         if let (Some(b), Some(a)) = (cp_before, target.control_plane().await)
             && b.up
             && a.up
         {
             report.refresh = Some(observe::refresh_between(&b, &a, secs));
+        }
+        h.control_plane_memory = ControlPlaneMemory::between(
+            control_plane_pre_ladder_rss,
+            target.control_plane().await.and_then(|c| c.rss_bytes),
+            fleet.tally.alive(),
+        );
+        if let Some(m) = &h.control_plane_memory {
+            eprintln!("\rladder: {}", m.summary());
         }
         report.hold = Some(h);
         report.events = events;

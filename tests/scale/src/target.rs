@@ -83,13 +83,18 @@ impl Target {
     /// The control plane, now (remote mode: only with its HTTP address).
     pub async fn control_plane(&self) -> Option<ControlPlaneRaw> {
         match self {
-            Self::Local(m) => {
-                Some(observe::control_plane(m.control_plane.http, m.control_plane_pid()).await)
-            }
+            Self::Local(m) => Some(
+                observe::control_plane(
+                    m.control_plane.http,
+                    m.control_plane_pid(),
+                    m.store_server_pid(),
+                )
+                .await,
+            ),
             Self::Remote {
                 control_plane_http, ..
             } => match control_plane_http {
-                Some(a) => Some(observe::control_plane(*a, None).await),
+                Some(a) => Some(observe::control_plane(*a, None, None).await),
                 None => None,
             },
         }

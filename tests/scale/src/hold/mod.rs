@@ -155,6 +155,7 @@ pub async fn run(
         socket_read_max_ms: sum.socket_read_max_ms,
         flap_records,
         idle,
+        control_plane_memory: None,
     };
     eprintln!(
         "\rladder: hold {} s: flaps {}, fewest ready {}, exits {}",
