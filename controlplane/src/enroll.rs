@@ -46,6 +46,14 @@ pub(crate) fn credential_error(e: CredentialError) -> ServiceError {
         CredentialError::Revoked => {
             ServiceError::denied("revoked", "credential subject is revoked")
         }
+        // Checked after the signature: ours, only out of date.
+        e @ CredentialError::Expired { .. } => {
+            ServiceError::unauth("credential_expired", format!("credential refused: {e}"))
+        }
+        e @ CredentialError::NotYetValid { .. } => ServiceError::unauth(
+            "credential_not_yet_valid",
+            format!("credential refused: {e}"),
+        ),
         other => ServiceError::unauth("bad_credential", format!("credential refused: {other}")),
     }
 }

@@ -78,6 +78,8 @@ pub const AUTH_REASONS: &[&str] = &[
     "unknown_node",
     "admin_token",
     "token_revoked",
+    "credential_expired",
+    "credential_not_yet_valid",
 ];
 
 const CODES: &[tonic::Code] = &[

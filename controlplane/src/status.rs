@@ -6,6 +6,11 @@ use tonic::{Code, Status, metadata::MetadataValue};
 
 use crate::{client::RETRY_AFTER_METADATA, limiter::retry_after_secs, store::StoreError};
 
+/// `Unauthenticated` reasons that come only after the caller's proof and
+/// our signature on its credential verified: not failures for the guard
+/// ([`ServiceError::is_failure`]).
+pub const PROVEN_REASONS: &[&str] = &["credential_expired", "credential_not_yet_valid"];
+
 /// Why a call was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -66,11 +71,24 @@ impl ServiceError {
 
     /// Whether the caller failed to prove who it is or sent a malformed
     /// request: what the failure guard counts against its source.
+    ///
+    /// Not a failure: a caller that did prove its key and our signature
+    /// and is refused all the same ([`Self::Denied`]: revoked, a revoked
+    /// token, the wrong role or labels; a credential of ours that is
+    /// expired or not yet valid, [`PROVEN_REASONS`]). The guard is keyed
+    /// by source address, and many members share one (a NAT, a pod
+    /// network): counting these let a few hundred revoked members, asking
+    /// again as members do, block their address for every member and
+    /// router behind it, whose refreshes and leases then failed until
+    /// credentials expired (the 10,003-member ladder of session 14,
+    /// `tests/scale/RESULTS.md`). A proven caller's requests are bounded by
+    /// the fair per-source budgets instead.
     pub fn is_failure(&self) -> bool {
-        matches!(
-            self,
-            Self::Unauthenticated { .. } | Self::Denied { .. } | Self::Invalid(_)
-        )
+        match self {
+            Self::Invalid(_) => true,
+            Self::Unauthenticated { reason, .. } => !PROVEN_REASONS.contains(reason),
+            _ => false,
+        }
     }
 
     /// The auth-failure reason, for metrics and the failure guard.

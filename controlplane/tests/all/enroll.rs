@@ -9,7 +9,7 @@ use crate::common::{self, ADMIN, TestDb, client, metric, metrics, start, token};
 use agentmesh_controlplane::{
     ClientError,
     clock::{Clock, SleepFuture},
-    spawn_with_clock,
+    spawn, spawn_with_clock,
 };
 use agentmesh_proto::{
     credential::{Trust, peek_claims, sign, verify},
@@ -493,6 +493,106 @@ async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failure
     h.shutdown().await;
 }
 
+/// Members share source addresses (a NAT, a pod network): refusals of
+/// callers that proved their key and hold a credential we signed (a
+/// revoked token, a revoked credential, an expired one) are not failures
+/// for the source's guard, so they never lock out the members beside them;
+/// forged credentials from the same source still are.
+async fn refusals_of_proven_callers_do_not_block_their_source(db: TestDb) {
+    let mut cfg = db.config();
+    cfg.auth_failures_per_source_per_min = 3;
+    let h = spawn(cfg).await.expect("starts");
+    let c = client(&h);
+    let revoked_tok = token(&h, TokenKind::Ephemeral, Role::Member, &[], 10).await;
+    let good_tok = token(&h, TokenKind::Ephemeral, Role::Member, &[], 2).await;
+    let a = Keypair::generate_ed25519();
+    let cred_a = c
+        .enroll(&revoked_tok, &a)
+        .await
+        .expect("a enrolls")
+        .credential
+        .expect("cred");
+    let m = Keypair::generate_ed25519();
+    let cred_m = c
+        .enroll(&good_tok, &m)
+        .await
+        .expect("the bystander enrolls")
+        .credential
+        .expect("cred");
+    let token_id = peek_claims(&cred_a).expect("claims").token_id;
+    c.revoke_token(ADMIN, &token_id, "test")
+        .await
+        .expect("revokes");
+
+    // Twice the guard's limit of each, all from this one address.
+    for _ in 0..6 {
+        let other = Keypair::generate_ed25519();
+        assert_eq!(
+            code(c.enroll(&revoked_tok, &other).await),
+            Code::PermissionDenied
+        );
+        assert_eq!(code(c.refresh(&cred_a, &a).await), Code::PermissionDenied);
+    }
+    let (key_id, key) = server_key(&db).await;
+    let mut claims = peek_claims(&cred_m).expect("claims");
+    let now = unix_now();
+    claims.key_id = key_id;
+    claims.issued_at_unix_secs = now - 10_000;
+    claims.expires_at_unix_secs = now - 5_000;
+    let expired = sign(&claims, &key);
+    for _ in 0..6 {
+        match c.refresh(&expired, &m).await {
+            Err(ClientError::Refused(s)) => {
+                assert_eq!(s.code(), Code::Unauthenticated);
+                assert!(s.message().contains("expired"), "{}", s.message());
+            }
+            other => panic!("expected an expired refusal: {other:?}"),
+        }
+    }
+    let cred_m = c
+        .refresh(&cred_m, &m)
+        .await
+        .expect("the bystander on the same address still refreshes")
+        .credential
+        .expect("cred");
+    let metrics_now = metrics(&h).await;
+    assert_eq!(
+        metric(
+            &metrics_now,
+            r#"agentmesh_control_plane_auth_failures_total{method="Refresh",reason="credential_expired"}"#
+        ),
+        Some(6.0)
+    );
+    assert_eq!(
+        metric(
+            &metrics_now,
+            r#"agentmesh_control_plane_limiter_refusals_total{limiter="failure_guard"}"#
+        ),
+        Some(0.0)
+    );
+
+    // Forgeries from the same address are failures: three block it.
+    let mut forged = cred_m.clone();
+    forged.signature[0] ^= 1;
+    for _ in 0..3 {
+        assert_eq!(code(c.refresh(&forged, &m).await), Code::Unauthenticated);
+    }
+    // (A raw client: ours would wait out the guard's retry-after.)
+    let mut raw = ControlPlaneClient::connect(h.public_url().to_string())
+        .await
+        .expect("connect");
+    let s = raw
+        .refresh(RefreshRequest {
+            credential: Some(cred_m),
+            proof: Some(make_proof(Purpose::Refresh, h.public_url(), &m, unix_now())),
+        })
+        .await
+        .expect_err("the source is blocked");
+    assert_eq!(s.code(), Code::ResourceExhausted);
+    assert!(s.message().contains("failure_guard"), "{}", s.message());
+    h.shutdown().await;
+}
+
 async fn admin_calls_need_the_bearer_token_and_rotation_publishes_ahead(db: TestDb) {
     let h = db.start().await;
     let c = client(&h);
@@ -795,6 +895,7 @@ on_both!(
     expired_forged_other_peer_and_revoked_credentials_are_refused,
     router_leases_need_role_router_and_allowed_labels,
     limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failures_only,
+    refusals_of_proven_callers_do_not_block_their_source,
     admin_calls_need_the_bearer_token_and_rotation_publishes_ahead,
     wrong_admin_tokens_feed_the_failure_guard,
 );
