@@ -28,6 +28,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The worker's held calls and the revocable token.
 pub(crate) struct Live {
     revocable_token: Option<String>,
+    /// Set by the report of the revocation: members started after it
+    /// enroll with the fleet's token (the revoked one enrolls no one, so
+    /// they would only exit, counted as the run's exits).
+    token_revoked: AtomicBool,
     calls: Mutex<Vec<Arc<HeldCall>>>,
     /// Moved to end every held call.
     stop: watch::Sender<u64>,
@@ -38,6 +42,7 @@ impl Live {
     pub(crate) fn new(revocable_token: Option<String>) -> Self {
         Self {
             revocable_token,
+            token_revoked: AtomicBool::new(false),
             calls: Mutex::new(Vec::new()),
             stop: watch::channel(0).0,
         }
@@ -62,10 +67,11 @@ pub(crate) struct SlotTrace {
 }
 
 /// The token member `slot` enrolls with (the revocable one for the members
-/// `--revocable-every` picks); remembers which.
+/// `--revocable-every` picks, until it was revoked); remembers which.
 pub(crate) fn token_for(shared: &Shared, slot: &Slot) -> String {
+    let revoked = shared.propagation.token_revoked.load(Ordering::SeqCst);
     match &shared.propagation.revocable_token {
-        Some(t) if shared.cfg.propagation.revocable(slot.index, slot.provider) => {
+        Some(t) if !revoked && shared.cfg.propagation.revocable(slot.index, slot.provider) => {
             slot.trace.revocable.store(true, Ordering::SeqCst);
             t.clone()
         }
@@ -183,6 +189,9 @@ pub(crate) fn report(
     revoked: RevokedMembers,
 ) -> PropagationStats {
     let mut st = PropagationStats::default();
+    if revoked == RevokedMembers::ThisEvent {
+        shared.propagation.token_revoked.store(true, Ordering::SeqCst);
+    }
     for s in shared.slots() {
         if s.member.get().is_none() {
             continue;
