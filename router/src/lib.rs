@@ -643,6 +643,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         policy::push::Push {
             state: c.policy.clone(),
             admissions: c.admissions.clone(),
+            link: c.link.clone(),
             control,
             concurrency: c.config.policy_push_concurrency,
             deadline: c.config.policy_push_deadline,

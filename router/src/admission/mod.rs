@@ -120,6 +120,15 @@ pub struct AdmissionTable {
     peers: HashMap<PeerId, Admission>,
 }
 
+/// Whether `trust` lists `peer`'s admission `a` as revoked, by PeerId or
+/// by the token its credential was enrolled with.
+pub fn is_revoked(peer: &PeerId, a: &Admission, trust: &Trust, now: i64) -> bool {
+    trust.is_revoked(peer, now)
+        || a.groups
+            .as_ref()
+            .is_some_and(|g| trust.is_claims_revoked(g.claims(), now))
+}
+
 impl AdmissionTable {
     /// Records (or replaces) `peer`'s admission; returns the previous one.
     pub fn admit(&mut self, peer: PeerId, admission: Admission) -> Option<Admission> {
@@ -190,12 +199,7 @@ impl AdmissionTable {
         let gone: Vec<PeerId> = self
             .peers
             .iter()
-            .filter(|(p, a)| {
-                trust.is_revoked(p, now)
-                    || a.groups
-                        .as_ref()
-                        .is_some_and(|g| trust.is_claims_revoked(g.claims(), now))
-            })
+            .filter(|(p, a)| is_revoked(p, a, trust, now))
             .map(|(p, _)| *p)
             .collect();
         for p in &gone {

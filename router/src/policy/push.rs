@@ -53,6 +53,8 @@ use crate::policy_metrics::PolicyMetrics;
 pub(crate) struct Push {
     pub(crate) state: Arc<PolicyState>,
     pub(crate) admissions: Admissions,
+    /// The router's trust: members it lists as revoked are not pushed.
+    pub(crate) link: Arc<crate::cp::Link>,
     pub(crate) control: Control,
     pub(crate) concurrency: usize,
     pub(crate) deadline: Duration,
@@ -138,13 +140,24 @@ pub(crate) async fn run(push: Push, cancel: CancellationToken) {
     }
 }
 
-/// The attached members as `split` reads them.
-fn attached(push: &Push, g: u64) -> (Vec<PeerId>, Vec<PeerId>, u64) {
-    let admissions = push.admissions.read();
+/// The attached members as `split` reads them, less those the held
+/// revocations name: the swarm loop's next sweep drops them, and a push
+/// to a member being dropped only holds one of the round's
+/// `--policy-push-concurrency` places until its connection goes.
+pub(crate) fn attached(
+    link: &crate::cp::Link,
+    admissions: &Admissions,
+    g: u64,
+) -> (Vec<PeerId>, Vec<PeerId>, u64) {
+    // The trust first, then the table: the sweep's order.
+    let trust = link.trust.read();
+    let now = agentmesh_proto::unix_now();
+    let admissions = admissions.read();
     split(
         admissions
             .iter()
             .filter(|(_, a)| a.purpose == Purpose::Attach)
+            .filter(|(p, a)| !crate::admission::is_revoked(p, a, &trust, now))
             .map(|(p, a)| (p, a.push.slot, a.push.holds_generation)),
         g,
     )
@@ -155,7 +168,7 @@ fn attached(push: &Push, g: u64) -> (Vec<PeerId>, Vec<PeerId>, u64) {
 async fn round(push: &Push, g: Generation, generations: &watch::Receiver<Generation>) {
     let msg = Arc::new(push.state.push_message());
     let held = push.state.version();
-    let (now, _, skipped) = attached(push, g.number);
+    let (now, _, skipped) = attached(&push.link, &push.admissions, g.number);
     tracing::info!(
         members = now.len(),
         skipped,
@@ -247,7 +260,7 @@ impl Round<'_> {
             // A newer state (or the sender gone): its round probes instead.
             _ = superseded.changed() => return,
         }
-        let (_, later, _) = attached(self.push, self.g.number);
+        let (_, later, _) = attached(&self.push.link, &self.push.admissions, self.g.number);
         if later.is_empty() {
             return;
         }

@@ -178,6 +178,10 @@ fn a_token_revocation_drops_every_member_of_that_token_and_their_records() {
         ..Default::default()
     }];
     assert!(ctx.take(None, &revoked, "watch").revocations);
+    // The push round that follows leaves out the members being dropped.
+    let (now_list, later, _) = super::push::attached(&c.link, &c.admissions, u64::MAX);
+    let pushed: Vec<PeerId> = now_list.into_iter().chain(later).collect();
+    assert_eq!(pushed, vec![web], "revoked members are not pushed");
     assert!(
         c.catalog
             .store

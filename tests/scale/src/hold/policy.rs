@@ -189,6 +189,7 @@ pub(super) async fn run(
     super::mark(fleet, &format!("{what:?}")).await?;
     let marked = Instant::now();
     let cpu_before = cpu(target);
+    let pushes_before = pushes(target).await;
     let since = unix_ms();
     let outcome = match what {
         What::PolicyChange => super::while_pumping(fleet, apply_changed(target))
@@ -204,6 +205,7 @@ pub(super) async fn run(
     }
     fleet.pump_until(window_end, |_| false).await;
     let cpu_after = cpu(target);
+    record.router_pushes = grown(&pushes_before, &pushes(target).await);
     let w = super::window_stats(fleet).await?;
     let revoked = match (what, revoked_before) {
         (What::RevokeToken, _) => RevokedMembers::ThisEvent,
@@ -326,6 +328,52 @@ async fn revoke(target: &mut Target) -> Result<String> {
 struct Cpu {
     control_plane: Option<f64>,
     routers: BTreeMap<String, f64>,
+}
+
+/// Names of the routers' push counters the record keeps.
+const PUSH_COUNTERS: [(&str, &str); 2] = [
+    ("agentmesh_router_policy_push_total", "outcome"),
+    ("agentmesh_router_policy_push_decisions_total", "decision"),
+];
+
+/// The routers' policy pushes so far, summed over the routers, by
+/// `outcome=…` and `decision=…` (empty where `/metrics` did not answer).
+async fn pushes(target: &mut Target) -> BTreeMap<String, u64> {
+    let Ok(mesh) = target.local("policy pushes") else {
+        return BTreeMap::new();
+    };
+    let addrs: Vec<_> = mesh.routers.iter().map(|r| r.metrics).collect();
+    let mut sum = BTreeMap::new();
+    for addr in addrs {
+        let Ok(page) = crate::http::get(addr, "/metrics", PUSH_SCRAPE_TIMEOUT).await else {
+            continue;
+        };
+        let m = crate::prom::Metrics::parse(&page.body);
+        for s in &m.samples {
+            for (name, label) in PUSH_COUNTERS {
+                if s.name == name
+                    && let Some(v) = s.labels.get(label)
+                {
+                    *sum.entry(format!("{label}={v}")).or_insert(0) += s.value.max(0.0) as u64;
+                }
+            }
+        }
+    }
+    sum
+}
+
+/// Deadline of one router's `/metrics` read for the push counters.
+const PUSH_SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What grew between two readings (non-zero only).
+fn grown(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(k, a)| {
+            let d = a.saturating_sub(before.get(k).copied().unwrap_or(0));
+            (d > 0).then(|| (k.clone(), d))
+        })
+        .collect()
 }
 
 fn cpu(target: &mut Target) -> Option<Cpu> {

@@ -84,6 +84,11 @@ pub struct PropagationRecord {
     pub still_open: u64,
     /// How the held calls ended, by reason.
     pub close_reasons: BTreeMap<String, u64>,
+    /// The routers' policy pushes over the window, summed over routers:
+    /// `outcome=acked|ignored|failed|timeout|dropped` and
+    /// `decision=pushed|probed|…` (`agentmesh_router_policy_push_total`,
+    /// `…_decisions_total`).
+    pub router_pushes: BTreeMap<String, u64>,
     /// Live members enrolled with the revoked token (revocation).
     pub revoked_members: u64,
     /// Admin call → the revoked member held no router, per member.
@@ -160,6 +165,14 @@ pub fn markdown(s: &mut String, rows: &[(&str, &Option<PropagationRecord>)]) {
                 .map(|(k, v)| format!("{k}: {v}"))
                 .collect();
             notes.push(format!("ended by {}", reasons.join(", ")));
+        }
+        if !r.router_pushes.is_empty() {
+            let pushes: Vec<String> = r
+                .router_pushes
+                .iter()
+                .map(|(k, v)| format!("{k}: {v}"))
+                .collect();
+            notes.push(format!("router pushes {}", pushes.join(", ")));
         }
         notes.push(format!(
             "echo calls ok/failed {}/{}",

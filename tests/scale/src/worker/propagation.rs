@@ -190,7 +190,10 @@ pub(crate) fn report(
 ) -> PropagationStats {
     let mut st = PropagationStats::default();
     if revoked == RevokedMembers::ThisEvent {
-        shared.propagation.token_revoked.store(true, Ordering::SeqCst);
+        shared
+            .propagation
+            .token_revoked
+            .store(true, Ordering::SeqCst);
     }
     for s in shared.slots() {
         if s.member.get().is_none() {
