@@ -38,10 +38,14 @@ pub const DEFAULT_DRAIN_GRACE_SECS: u64 = 30;
 /// member ladder, tests/scale/RESULTS.md); 512 keeps a drain of the default
 /// watermark inside the grace while staying a bound.
 pub const DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS: usize = 512;
-/// Default bound on policy push streams open at once: 64 pushes of a
-/// small frame each keep 10,000 members within a few seconds at a
-/// round-trip of ~20 ms, without a burst of thousands of streams.
-pub const DEFAULT_POLICY_PUSH_CONCURRENCY: usize = 64;
+/// Default bound on policy push streams open at once. A round is about
+/// (members ÷ this) push round trips long, and a push's round trip is the
+/// member's time to answer: measured at 10,003 members (≈ 2,500 pushed
+/// per router) it was 90–200 ms on a loaded host, so 64 took a round to
+/// 3.7–6.9 s at p99 against the 5 s target (`tests/scale/RESULTS.md`,
+/// session 14); 256 keeps it near a second with a quarter of that round
+/// trip to spare, at a few MB of small frames in flight.
+pub const DEFAULT_POLICY_PUSH_CONCURRENCY: usize = 256;
 /// Default deadline of one policy push (open, write, ack), milliseconds.
 pub const DEFAULT_POLICY_PUSH_DEADLINE_MS: u64 = 5_000;
 /// Default wait before a router probes the members that named it a
