@@ -210,14 +210,20 @@ async fn admission_and_refusals_with_reasons_and_counters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_signing_key_is_fetched_once_and_the_member_admitted() {
     // New keys sign at once, and the router syncs keys only through its
-    // unknown-key path (its periodic sync is an hour away).
+    // unknown-key path: its periodic sync is an hour away, and its Watch is
+    // off (a rotation's key set pushed over the Watch would race the
+    // member's auth and leave the path untested).
     let cp = start_cp_with(3600, |c| {
         c.key_publish_ahead_secs = 0;
         c.key_check_interval_secs = 1;
     })
     .await;
     let started = unix_now();
-    let r = start_router_with(&cp, |c| c.lease_interval = Duration::from_secs(3600)).await;
+    let r = start_router_with(&cp, |c| {
+        c.lease_interval = Duration::from_secs(3600);
+        c.policy_watch = false;
+    })
+    .await;
     // The start-up sync has fetched the keys once; nothing else will.
     let fetched_before = eventually("start-up key sync", || async {
         let n = r.metric("agentmesh_router_key_fetch_total{result=\"ok\"}");
