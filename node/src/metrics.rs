@@ -155,6 +155,9 @@ pub struct Metrics {
     /// Connections to a router retried after a backoff because the dial or
     /// the first auth's connection was refused or closed.
     pub auth_conn_retries: Counter,
+    /// Routers that refused our credential as revoked; each is then passed
+    /// over until the credential changes (at most `REVOKED_SHUN`).
+    pub router_revoked_refusals: Counter,
     /// Outbound call retries on a fresh route after a route failure (up to 3 per call),
     /// by reason ([`CALL_RETRY_REASONS`]).
     pub call_retries: Family<ReasonLabel, Counter>,
@@ -307,6 +310,11 @@ impl Metrics {
             "auth_connection_retries",
             "Connections to a router retried after a backoff because the dial or the first auth's connection failed",
             self.auth_conn_retries.clone(),
+        );
+        r.register(
+            "router_revoked_refusals",
+            "Routers that refused our credential as revoked; each is passed over until the credential changes (at most 30 min)",
+            self.router_revoked_refusals.clone(),
         );
         r.register(
             "call_retries",

@@ -160,6 +160,11 @@ impl Core {
                 // Our records carry the credential: publish the new one.
                 self.records.dirty = true;
                 self.represent_all();
+                // Routers that refused the old credential as revoked judge
+                // this one (see `shun::Choice::new_credential`).
+                if self.choice.new_credential() > 0 {
+                    self.top_up();
+                }
                 self.publish_status();
             }
             Err(e) => {

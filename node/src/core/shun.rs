@@ -5,7 +5,10 @@
 //! when fewer than K free candidates remain, a shunned router is tried again
 //! once its *undoubled* base has passed ([`Shun::early`]), the one whose
 //! shun ends soonest first; routers that are leaving (go-away or refusal
-//! DRAINING) never are.
+//! DRAINING) never are, nor routers that refused our credential as revoked:
+//! revocations are mesh-wide and final, so asking again with the same
+//! credential only costs the router an auth; such a shun ends early only
+//! when the credential changes ([`Choice::new_credential`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -45,6 +48,16 @@ impl Choice {
     pub(crate) fn expire(&mut self, now: Instant) {
         self.shunned.retain(|_, s| s.until > now);
     }
+
+    /// The node holds a new credential: routers that refused the old one
+    /// as revoked may judge this one (a router that lied or erred about
+    /// the revocation is back in the choice; one that was right refuses
+    /// again, once per credential). Returns how many were lifted.
+    pub(crate) fn new_credential(&mut self) -> usize {
+        let before = self.shunned.len();
+        self.shunned.retain(|_, s| !s.until_new_credential);
+        before - self.shunned.len()
+    }
 }
 
 /// Why and how long a router is kept out of the choice.
@@ -57,6 +70,9 @@ pub(crate) struct Shun {
     pub(crate) early: Instant,
     /// The router is leaving (it said DRAINING): never tried early.
     pub(crate) draining: bool,
+    /// The router refused our credential as revoked: never tried early,
+    /// and tried again at once when the credential changes.
+    pub(crate) until_new_credential: bool,
 }
 
 /// Shunned routers worth trying anyway because fewer than `n` free
@@ -76,7 +92,7 @@ pub(crate) fn fallbacks(
         .filter(|c| matches_selector(c, selector) && !held.contains(&c.peer))
         .filter_map(|c| {
             let s = shunned.get(&c.peer)?;
-            (!s.draining && s.early <= now).then_some((s.until, c))
+            (!s.draining && !s.until_new_credential && s.early <= now).then_some((s.until, c))
         })
         .collect();
     eligible.sort_by_key(|(until, _)| *until);
@@ -113,6 +129,7 @@ mod tests {
             until: now + Duration::from_secs(until_s),
             early,
             draining,
+            until_new_credential: false,
         }
     }
 
@@ -170,5 +187,34 @@ mod tests {
         let sel: BTreeMap<String, String> = [("zone".to_string(), "x".to_string())].into();
         assert!(fallbacks(&all, &sel, &held_set, &shunned, now, 5).is_empty());
         let _ = e;
+    }
+
+    #[test]
+    fn a_router_that_refused_us_as_revoked_waits_for_a_new_credential() {
+        let now = Instant::now();
+        let (revoked, failed) = (cand(), cand());
+        let mut choice = Choice::default();
+        choice.shunned.insert(
+            revoked.peer,
+            Shun {
+                until_new_credential: true,
+                ..shun(now, 1800, -1, false)
+            },
+        );
+        choice.shunned.insert(failed.peer, shun(now, 40, -1, false));
+        let all = vec![revoked.clone(), failed.clone()];
+        let sel = BTreeMap::new();
+        let none = HashSet::new();
+        // Short of K and past its base wait: still not asked again.
+        let tried = fallbacks(&all, &sel, &none, &choice.shunned, now, 2);
+        assert_eq!(
+            tried.iter().map(|c| c.peer).collect::<Vec<_>>(),
+            vec![failed.peer]
+        );
+        // A new credential lifts that shun alone.
+        assert_eq!(choice.new_credential(), 1);
+        assert!(!choice.shunned.contains_key(&revoked.peer));
+        assert!(choice.shunned.contains_key(&failed.peer));
+        assert_eq!(choice.new_credential(), 0);
     }
 }

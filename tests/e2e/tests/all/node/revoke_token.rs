@@ -103,6 +103,22 @@ async fn a_revoked_tokens_members_lose_their_router_and_calls_and_it_enrolls_no_
         matches!(ended, Ok(Ok(0)) | Ok(Err(_))),
         "the live call was not closed: {ended:?}"
     );
+    // Each revoked member asks the router once more, is refused as
+    // revoked, and passes the router over until its credential changes
+    // (it cannot: refresh is refused too) instead of asking every 30 s.
+    for (n, what) in [(&p1, "p1"), (&p2, "p2")] {
+        let addr = n.metrics_addr().expect("metrics");
+        let refusals = || async move {
+            let (_, m) = http_get(addr, "/metrics").await;
+            metric(&m, "agentmesh_node_router_revoked_refusals_total")
+        };
+        agentmesh_testkit::eventually(&format!("{what} refused as revoked"), || async {
+            (refusals().await >= 1.0).then_some(())
+        })
+        .await;
+        assert_eq!(refusals().await, 1.0, "{what} asked again");
+        assert!(!n.is_ready(), "{what} is ready while revoked");
+    }
     // No call reaches a revoked provider again.
     for _ in 0..3 {
         assert!(
