@@ -54,7 +54,13 @@ impl Core {
     }
 
     /// [`Self::shun`], and `until_new_credential` (see [`super::shun::Shun`]).
-    fn shun_as(&mut self, peer: PeerId, base: Duration, draining: bool, until_new_credential: bool) {
+    fn shun_as(
+        &mut self,
+        peer: PeerId,
+        base: Duration,
+        draining: bool,
+        until_new_credential: bool,
+    ) {
         let n = self.choice.failures.entry(peer).or_insert(0);
         let wait = base.saturating_mul(1 << (*n).min(MAX_SHUN_FAILURES));
         *n += 1;
