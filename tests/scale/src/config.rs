@@ -27,6 +27,9 @@ pub const FIRST_SOURCE_IP: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 10);
 pub const DEFAULT_STEP_DEADLINE_SECS: u64 = 600;
 /// Default timeout of one echo call, seconds.
 pub const DEFAULT_CALL_TIMEOUT_SECS: u64 = 10;
+/// Members' ping interval, seconds: the node's own default.
+pub const DEFAULT_MEMBER_PING_INTERVAL_SECS: u64 =
+    agentmesh_node::config::DEFAULT_PING_INTERVAL.as_secs();
 /// Default time budget of a member's first call (with retries), seconds.
 pub const DEFAULT_CALL_BUDGET_SECS: u64 = 120;
 /// Default echo calls per second per worker during an event window.
@@ -113,6 +116,11 @@ pub struct FleetConfig {
     /// Time budget of a member's first call, retries included, seconds.
     #[arg(long, default_value_t = DEFAULT_CALL_BUDGET_SECS)]
     pub call_budget_secs: u64,
+    /// Members' ping interval on each connection (node
+    /// `--ping-interval-secs`), seconds: what an idle member costs
+    /// depends on it (see the hold's idle row).
+    #[arg(long, default_value_t = DEFAULT_MEMBER_PING_INTERVAL_SECS)]
+    pub member_ping_interval_secs: u64,
     /// Echo calls per second per worker during an event window.
     #[arg(long, default_value_t = DEFAULT_WINDOW_CALLS_PER_SEC)]
     pub window_calls_per_sec: u32,
@@ -157,6 +165,7 @@ impl Default for FleetConfig {
             step_deadline_secs: DEFAULT_STEP_DEADLINE_SECS,
             call_timeout_secs: DEFAULT_CALL_TIMEOUT_SECS,
             call_budget_secs: DEFAULT_CALL_BUDGET_SECS,
+            member_ping_interval_secs: DEFAULT_MEMBER_PING_INTERVAL_SECS,
             window_calls_per_sec: DEFAULT_WINDOW_CALLS_PER_SEC,
             work_dir: None,
             admin_token_file: None,
@@ -319,6 +328,11 @@ pub struct WorkerConfig {
     /// Time budget of a member's first call, seconds.
     #[arg(long, default_value_t = DEFAULT_CALL_BUDGET_SECS)]
     pub call_budget_secs: u64,
+    /// Members' ping interval on each connection (node
+    /// `--ping-interval-secs`), seconds: what an idle member costs
+    /// depends on it (see the hold's idle row).
+    #[arg(long, default_value_t = DEFAULT_MEMBER_PING_INTERVAL_SECS)]
+    pub member_ping_interval_secs: u64,
     /// Echo calls per second during an event window.
     #[arg(long, default_value_t = DEFAULT_WINDOW_CALLS_PER_SEC)]
     pub window_calls_per_sec: u32,

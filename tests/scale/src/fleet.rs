@@ -145,6 +145,8 @@ impl Fleet {
             c.call_timeout_secs.to_string(),
             "--call-budget-secs".into(),
             c.call_budget_secs.to_string(),
+            "--member-ping-interval-secs".into(),
+            c.member_ping_interval_secs.to_string(),
             "--window-calls-per-sec".into(),
             c.window_calls_per_sec.to_string(),
         ];

@@ -37,6 +37,8 @@ pub struct MemberSpec {
     pub socket: bool,
     /// Deadline for one call's set-up.
     pub call_timeout: Duration,
+    /// Ping interval on each connection (node `--ping-interval-secs`).
+    pub ping_interval: Duration,
     /// A second service name exposed on the echo backend, for providers.
     pub expose_also: Option<String>,
 }
@@ -254,6 +256,7 @@ impl Member {
             socket_path: None,
             dial_source_ip: spec.dial_source_ip,
             call_timeout: spec.call_timeout,
+            ping_interval: spec.ping_interval,
             ..agentmesh_node::Config::default()
         };
         let deadlines = CallDeadlines::of(&config);

@@ -283,6 +283,7 @@ async fn run(
         source_ips: cfg.source_ips(matches!(target, Target::Local(_))),
         call_timeout_secs: cfg.call_timeout_secs,
         call_budget_secs: cfg.call_budget_secs,
+        member_ping_interval_secs: cfg.member_ping_interval_secs,
         window_calls_per_sec: cfg.window_calls_per_sec,
         propagation: hold::policy::worker_config(&target, &cfg),
     };

@@ -35,6 +35,7 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
         dial_source_ip: source_ip(slot.index, shared.cfg.source_ips).map(Into::into),
         socket: slot.index.is_multiple_of(SOCKET_EVERY),
         call_timeout: Duration::from_secs(shared.cfg.call_timeout_secs.max(1)),
+        ping_interval: Duration::from_secs(shared.cfg.member_ping_interval_secs.max(1)),
         expose_also: shared.cfg.propagation.expose_also.clone(),
     };
     let member = match Member::start(spec).await {
