@@ -30,8 +30,14 @@ pub const DEFAULT_RELAYED_IDLE: Duration = Duration::from_secs(3);
 /// seen before it signs anything. `--directory-interval-secs 60` is the
 /// old behaviour.
 pub const DEFAULT_DIRECTORY_INTERVAL: Duration = Duration::from_secs(300);
-/// Default `--ping-interval-secs` (libp2p-ping's own default).
-pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(15);
+/// Default `--ping-interval-secs`: the routers' own interval. Pings were
+/// ≈ 40% of what an idle member costs on both sides at libp2p-ping's 15 s
+/// (2,003 members, release, CPU-s per member-hour, member side / routers:
+/// 0.21 / 0.16 at 15 s, 0.17 / 0.12 at 30 s, 0.13 / 0.10 at 60 s; see
+/// tests/scale/RESULTS.md). The router's pings already keep a NAT's
+/// mapping alive and free a dead member's connection; the member's find a
+/// dead router, which it holds beside K − 1 others, in about 90 s.
+pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(30);
 /// Default `--ping-timeout-secs` (libp2p-ping's own default).
 pub const DEFAULT_PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// Default inbound streams per protocol waiting for the node's accept loop
@@ -191,7 +197,7 @@ pub struct Config {
     /// Counted in `agentmesh_node_relayed_idle_closed_total{direction}`.
     pub relayed_idle: Duration,
     /// Interval between pings on every connection (`--ping-interval-secs`,
-    /// default 15 s; less than 1 s acts as 1 s). A connection whose pings
+    /// default 30 s; less than 1 s acts as 1 s). A connection whose pings
     /// fail twice in a row (libp2p-ping lets a first failure pass) is
     /// closed, so a router behind a dead link is replaced or redialed
     /// within about 2 × interval + timeout + 10 s (a new ping stream's
