@@ -9,6 +9,18 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     )
 }
 
+/// A process's peak resident set size so far in bytes (`VmHWM`), if readable.
+///
+/// Why: what a burst of traffic made a process hold at its worst, which
+/// the RSS read after the burst (allocators keep freed pages) can hide or
+/// overstate.
+pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
+    status_bytes(
+        &std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
+        "VmHWM:",
+    )
+}
+
 /// Resident memory split by what backs it, bytes.
 ///
 /// Why: code and data pages of the binary (file-backed) are paged in by

@@ -35,7 +35,7 @@ use crate::binaries::Binaries;
 use crate::procstat;
 use child::Peer;
 use peer::{Request, Response};
-use report::{BenchReport, CpuPerGib, Row};
+use report::{BenchReport, CpuPerGib, PeakRss, Row};
 
 /// Default bytes of the single-stream run, MiB.
 pub const DEFAULT_SINGLE_MIB: u64 = 256;
@@ -314,6 +314,16 @@ async fn measure(cfg: &BenchConfig, p: &mut Path, round: u32) -> anyhow::Result<
         client: p.extra.map(|_| per_gib(3)),
         backend: p.extra.map(|_| per_gib(4)),
     };
+    let peak = |v: &[u32]| {
+        v.iter()
+            .filter_map(|p| procstat::peak_rss_bytes(*p))
+            .max()
+            .map(|b| b as f64 / MIB as f64)
+    };
+    let peak_rss_mib = PeakRss {
+        caller: peak(&p.caller),
+        provider: peak(&p.provider),
+    };
     let ms: Vec<f64> = rtts.iter().map(|us| us / 1000.0).collect();
     Ok(Row {
         path: p.name.to_string(),
@@ -327,6 +337,7 @@ async fn measure(cfg: &BenchConfig, p: &mut Path, round: u32) -> anyhow::Result<
         concurrent_bytes,
         concurrent_mib_per_sec: concurrent_bytes as f64 / MIB as f64 / concurrent,
         cpu_secs_per_gib: cpu,
+        peak_rss_mib,
     })
 }
 

@@ -31,6 +31,17 @@ pub struct CpuPerGib {
     pub backend: Option<f64>,
 }
 
+/// Peak RSS so far (`VmHWM`) of a path's processes after its round, MiB
+/// (`None`: the path has no such process). A process shared by paths (the
+/// `--forward` node of both agentmesh paths) keeps its peak across them.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PeakRss {
+    /// The calling side, as in [`CpuPerGib::caller`].
+    pub caller: Option<f64>,
+    /// The serving side, as in [`CpuPerGib::provider`].
+    pub provider: Option<f64>,
+}
+
 /// One path, one round.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
@@ -56,6 +67,8 @@ pub struct Row {
     pub concurrent_mib_per_sec: f64,
     /// CPU per GiB over the single and concurrent runs.
     pub cpu_secs_per_gib: CpuPerGib,
+    /// Peak RSS of the caller and provider processes after the round.
+    pub peak_rss_mib: PeakRss,
 }
 
 /// The whole bench.
@@ -87,13 +100,13 @@ impl BenchReport {
     /// the same round's bare relay circuit.
     pub fn markdown(&self) -> String {
         let mut out = String::from(
-            "| round | path | MiB/s, 1 stream | RTT p50 ms | RTT p99 ms | MiB/s, N streams | CPU s/GiB caller | router | provider |\n\
-             |---|---|---|---|---|---|---|---|---|\n",
+            "| round | path | MiB/s, 1 stream | RTT p50 ms | RTT p99 ms | MiB/s, N streams | CPU s/GiB caller | router | provider | peak RSS MiB caller | provider |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for r in &self.rows {
             let c = &r.cpu_secs_per_gib;
             out.push_str(&format!(
-                "| {} | {} | {:.0} | {:.3} | {:.3} | {:.0} ({}) | {} | {} | {} |\n",
+                "| {} | {} | {:.0} | {:.3} | {:.3} | {:.0} ({}) | {} | {} | {} | {} | {} |\n",
                 r.round,
                 r.path,
                 r.single_mib_per_sec,
@@ -104,6 +117,8 @@ impl BenchReport {
                 cell(c.caller),
                 cell(c.router),
                 cell(c.provider),
+                cell(r.peak_rss_mib.caller),
+                cell(r.peak_rss_mib.provider),
             ));
         }
         out.push_str("\nTargets against the bare relay circuit of the same round:\n\n");
@@ -159,6 +174,7 @@ mod tests {
                 router,
                 ..CpuPerGib::default()
             },
+            peak_rss_mib: PeakRss::default(),
         }
     }
 
