@@ -61,6 +61,11 @@ impl Connections {
         self.by_id.shrink_sparse();
     }
 
+    /// The source connection `id` counts under, if it is an inbound direct one.
+    pub(crate) fn source_of(&self, id: &ConnectionId) -> Option<SourceKey> {
+        self.by_id.get(id).and_then(|c| c.source)
+    }
+
     /// Open connections.
     pub(crate) fn len(&self) -> usize {
         self.by_id.len()

@@ -16,11 +16,13 @@
 //!   served, handshakes in progress), shared fairly by source.
 //! - `strangers.rs`: the memory budget of peers not admitted.
 //! - `logins.rs`: the failed-login guard (short blocks per source).
+//! - `by_source.rs`: inbound connections per source, admitted or not.
 //!
 //! Invariant: every charge taken is released exactly once, by the `Drop` of
 //! the guard that holds it (connection or stream).
 
 pub(crate) mod budget;
+mod by_source;
 pub(crate) mod circuits;
 pub mod config;
 mod logins;
@@ -39,7 +41,7 @@ pub(crate) mod transport;
 use crate::shrink::ShrinkSparse;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -92,6 +94,14 @@ struct PeerUsage {
     stranger_bytes: u64,
     /// The source its stranger charges count under (the first one's).
     stranger_source: Option<SourceKey>,
+    /// Whether its connections count as admitted in `State::sources`: set
+    /// when a connection opens while it is admitted or when it is
+    /// admitted, cleared when the swarm drops its admission.
+    admitted: bool,
+    /// The source of each of its charged inbound connections (one entry
+    /// per connection), to move them in `State::sources` when `admitted`
+    /// flips.
+    inbound_sources: Vec<SourceKey>,
 }
 
 #[derive(Default)]
@@ -100,9 +110,9 @@ struct State {
     inbound: u32,
     inbound_by_proto: [u32; Proto::COUNT],
     peers: HashMap<PeerId, PeerUsage>,
-    /// Inbound connections by source (IPv6 per prefix, see `source.rs`):
-    /// connection id -> peer.
-    sources: HashMap<SourceKey, HashMap<u64, PeerId>>,
+    /// Inbound connections by source (IPv6 per prefix, see `source.rs`),
+    /// and how many of them are admitted peers'.
+    sources: by_source::BySource,
     /// What the connections and inbound streams of peers not admitted hold.
     strangers: StrangerPool,
     last_logged: HashMap<String, Instant>,
@@ -137,7 +147,6 @@ pub(crate) struct ResourceManager {
     logins: Mutex<FailedLogins>,
     /// Inbound handshakes in progress, shared fairly by source.
     handshakes: FairBudget,
-    next_connection: AtomicU64,
 }
 
 impl std::fmt::Debug for ResourceManager {
@@ -291,7 +300,6 @@ impl ResourceManager {
             state: Mutex::new(State::default()),
             logins: Mutex::new(logins),
             handshakes,
-            next_connection: AtomicU64::new(0),
         })
     }
 
@@ -374,33 +382,27 @@ impl ResourceManager {
     ) -> Result<Arc<ConnectionGuard>, Refusal> {
         let ip = source_ip(endpoint).map(|ip| self.source_key(ip));
         let peer_admitted = self.is_admitted(&peer);
-        // Read admission for the peers from this IP before taking our lock.
-        let others: Vec<PeerId> = match ip {
-            Some(ip) if !peer_admitted => self
-                .state
-                .lock()
-                .sources
-                .get(&ip)
-                .map(|m| m.values().copied().collect())
-                .unwrap_or_default(),
-            _ => Vec::new(),
+        // The failed-login guard has its own lock: read it before ours.
+        let source_blocked =
+            !peer_admitted && source_ip(endpoint).is_some_and(|ip| self.source_blocked(ip));
+        let mut st = self.state.lock();
+        // An admitted peer is never limited by its source (see `budget`).
+        let from_source = match ip {
+            Some(ip) if !peer_admitted => st.sources.get(&ip),
+            _ => by_source::SourceCount::default(),
         };
-        let unauthenticated = others.iter().filter(|p| !self.is_admitted(p)).count();
-        let id = self.next_connection.fetch_add(1, Ordering::Relaxed);
         // A source with members admitted from it is never blocked for
         // failed logins: in a re-admission storm a CPU-starved member can
         // miss the first-byte deadline (slow under load, not hostile), and
         // blocking its address would lock out every member behind it. Its
         // strangers stay bounded by the per-source connection cap and the
         // fair shares; a source with no member is blocked as before.
-        let members_from_source = others.len() > unauthenticated;
-        let blocked =
-            !members_from_source && source_ip(endpoint).is_some_and(|ip| self.source_blocked(ip));
-        let mut st = self.state.lock();
+        let blocked = source_blocked && !from_source.has_members();
+        let unauthenticated = from_source.unauthenticated();
         let usage = ConnectionUsage {
             memory_bytes: st.memory,
             peer_admitted,
-            unauthenticated_from_source: u32::try_from(unauthenticated).unwrap_or(u32::MAX),
+            unauthenticated_from_source: unauthenticated,
             source_blocked: blocked,
             stranger: st.strangers.usage(ip),
         };
@@ -408,13 +410,13 @@ impl ResourceManager {
             // Our own dials are charged but never refused.
             let charge = self.budgets.connection_charge_bytes;
             self.charge(&mut st, charge);
-            self.attach_connection(&mut st, id, peer, None);
-            return Ok(self.connection_guard(id, peer, None, charge, Stranger::Dialed));
+            self.attach_connection(&mut st, peer, None, peer_admitted);
+            return Ok(self.connection_guard(peer, None, charge, Stranger::Dialed));
         }
         match budget::admit_inbound_connection(&self.budgets, usage) {
             Ok(charge) => {
                 self.charge(&mut st, charge);
-                self.attach_connection(&mut st, id, peer, ip);
+                self.attach_connection(&mut st, peer, ip, peer_admitted);
                 if !peer_admitted {
                     self.charge_stranger(&mut st, peer, ip, charge);
                 }
@@ -426,7 +428,7 @@ impl ResourceManager {
                 } else {
                     Stranger::Charged
                 };
-                Ok(self.connection_guard(id, peer, ip, charge, stranger))
+                Ok(self.connection_guard(peer, ip, charge, stranger))
             }
             Err(r) => {
                 let key = ip.map_or_else(|| peer.to_string(), |ip| ip.to_string());
@@ -438,7 +440,6 @@ impl ResourceManager {
 
     fn connection_guard(
         self: &Arc<Self>,
-        id: u64,
         peer: PeerId,
         ip: Option<SourceKey>,
         charge: u64,
@@ -447,7 +448,6 @@ impl ResourceManager {
         self.metrics.connections_charged.inc();
         Arc::new(ConnectionGuard {
             mgr: self.clone(),
-            id,
             peer,
             ip,
             charge,
@@ -457,13 +457,53 @@ impl ResourceManager {
         })
     }
 
-    fn attach_connection(&self, st: &mut State, id: u64, peer: PeerId, ip: Option<SourceKey>) {
+    /// Books a connection of `peer` (inbound from `ip`); `admitted`: the
+    /// admission table lists the peer now.
+    fn attach_connection(
+        &self,
+        st: &mut State,
+        peer: PeerId,
+        ip: Option<SourceKey>,
+        admitted: bool,
+    ) {
         let u = st.peers.entry(peer).or_default();
         u.connections += 1;
         u.live += 1;
+        // Either the table said so before our lock, or `peer_admitted` ran
+        // while we waited for it: whichever came second sees the other.
+        u.admitted |= admitted;
         if let Some(ip) = ip {
-            st.sources.entry(ip).or_default().insert(id, peer);
+            u.inbound_sources.push(ip);
+            let counted = u.admitted;
+            st.sources.opened(ip, counted);
         }
+    }
+
+    /// Whether `peer`'s open inbound connections count as a member's
+    /// (`admitted`) or a stranger's in their sources, from now on.
+    fn count_admitted(&self, st: &mut State, peer: &PeerId, admitted: bool) {
+        let Some(u) = st.peers.get_mut(peer) else {
+            return;
+        };
+        if u.admitted == admitted {
+            return;
+        }
+        u.admitted = admitted;
+        for ip in &u.inbound_sources {
+            st.sources.admission(ip, admitted);
+        }
+    }
+
+    /// The swarm dropped `peer`'s admission (expired, revoked, refused, or
+    /// gone): its connections still open count as a stranger's again.
+    pub(crate) fn peer_removed(&self, peer: &PeerId) {
+        let mut st = self.state.lock();
+        self.count_admitted(&mut st, peer, false);
+    }
+
+    /// Inbound connections open from `source` whose peer is not admitted.
+    pub(crate) fn unauthenticated_from(&self, source: &SourceKey) -> u32 {
+        self.state.lock().sources.get(source).unauthenticated()
     }
 
     /// Whether `peer` has a connection whose muxer is still alive. Set when
@@ -499,18 +539,15 @@ impl ResourceManager {
         self.metrics.connections_charged.dec();
         if let Some(u) = st.peers.get_mut(&g.peer) {
             u.connections = u.connections.saturating_sub(1);
-        }
-        self.forget_peer_if_idle(&mut st, g.peer);
-        if let Some(ip) = g.ip
-            && let Some(m) = st.sources.get_mut(&ip)
-        {
-            m.remove(&g.id);
-            m.shrink_sparse();
-            if m.is_empty() {
-                st.sources.remove(&ip);
-                st.sources.shrink_sparse();
+            if let Some(ip) = g.ip {
+                if let Some(i) = u.inbound_sources.iter().position(|s| *s == ip) {
+                    u.inbound_sources.swap_remove(i);
+                }
+                let counted = u.admitted;
+                st.sources.closed(&ip, counted);
             }
         }
+        self.forget_peer_if_idle(&mut st, g.peer);
     }
 
     /// Forgets `peer` once nothing of it is charged; what the strangers'
@@ -807,7 +844,6 @@ enum Stranger {
 #[derive(Debug)]
 pub(crate) struct ConnectionGuard {
     mgr: Arc<ResourceManager>,
-    id: u64,
     peer: PeerId,
     /// The source it counts under (inbound direct connections only).
     ip: Option<SourceKey>,
@@ -896,3 +932,5 @@ impl Drop for StreamGuard {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_by_source;

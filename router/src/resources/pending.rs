@@ -70,24 +70,18 @@ impl ResourceManager {
     /// source key (IPv6 per prefix).
     pub(crate) fn open_pending(&self, id: ConnectionId, addr: IpAddr) -> Result<(), Refusal> {
         let ip = self.source_key(addr);
-        // Read admission for the peers from this IP before taking our lock.
-        let others: Vec<PeerId> = self
-            .state
-            .lock()
-            .sources
-            .get(&ip)
-            .map(|m| m.values().copied().collect())
-            .unwrap_or_default();
-        let unauthenticated = others.iter().filter(|p| !self.is_admitted(p)).count();
+        // The failed-login guard has its own lock: read it before ours.
+        let source_blocked = self.source_blocked(addr);
+        let mut st = self.state.lock();
+        let from_source = st.sources.get(&ip);
         // As for established connections (`open_connection`): a source
         // with members admitted from it is never blocked for failed logins,
         // or a re-admission storm would lock its members out here, before
         // their handshake.
-        let blocked = others.len() == unauthenticated && self.source_blocked(addr);
-        let mut st = self.state.lock();
+        let blocked = source_blocked && !from_source.has_members();
         let usage = HandshakeUsage {
             pending_from_source: st.pending_by_ip.get(&ip).copied().unwrap_or(0),
-            unauthenticated_from_source: u32::try_from(unauthenticated).unwrap_or(u32::MAX),
+            unauthenticated_from_source: from_source.unauthenticated(),
             source_blocked: blocked,
         };
         if let Err(r) = budget::admit_handshake(&self.budgets, usage) {

@@ -169,11 +169,13 @@ impl ResourceManager {
     }
 
     /// `peer` was admitted: its charges leave the strangers' pool (members
-    /// are charged to the router's budget only).
+    /// are charged to the router's budget only), and its connections count
+    /// as a member's in their sources.
     pub(crate) fn peer_admitted(&self, peer: &PeerId) {
         let mut st = self.state.lock();
         let bytes = st.peers.get(peer).map_or(0, |u| u.stranger_bytes);
         self.uncharge_stranger(&mut st, peer, bytes);
+        self.count_admitted(&mut st, peer, true);
     }
 }
 

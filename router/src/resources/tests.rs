@@ -13,7 +13,7 @@ use prometheus_client::registry::Registry;
 use super::budget::{Proto, Resource, Scope};
 use super::*;
 
-fn manager(
+pub(super) fn manager(
     f: impl FnOnce(&mut config::ResourceConfig),
 ) -> (Arc<ResourceManager>, Arc<RwLock<HashSet<PeerId>>>) {
     let mut config = config::ResourceConfig {
@@ -31,7 +31,7 @@ fn manager(
 }
 
 /// An inbound connection from `ip` (IPv4, or IPv6 when it has a colon).
-fn inbound_from(ip: &str) -> ConnectedPoint {
+pub(super) fn inbound_from(ip: &str) -> ConnectedPoint {
     let family = if ip.contains(':') { "ip6" } else { "ip4" };
     ConnectedPoint::Listener {
         local_addr: "/ip4/127.0.0.1/tcp/4001"
@@ -169,6 +169,8 @@ fn source_limit_applies_to_unauthenticated_connections_only() {
     drop(newcomer);
     // Once admitted, members behind that IP no longer count.
     admitted.write().extend([p1, p2]);
+    mgr.peer_admitted(&p1);
+    mgr.peer_admitted(&p2);
     let _c3 = mgr
         .open_connection(p3, &inbound_from("10.0.0.9"))
         .expect("3");
@@ -484,6 +486,7 @@ fn handshakes_from_one_source_are_refused_before_they_start() {
         .expect_err("past the cap and its newcomer");
     assert_eq!(r.scope, Scope::Source);
     admitted.write().insert(peer);
+    mgr.peer_admitted(&peer);
     mgr.close_pending(ConnectionId::new_unchecked(6));
     mgr.close_pending(ConnectionId::new_unchecked(7));
     mgr.close_pending(ConnectionId::new_unchecked(4));

@@ -182,6 +182,9 @@ impl EventLoop {
                         .collect()
                 };
                 let n = still.len();
+                for p in &still {
+                    self.parts.resources.peer_removed(p);
+                }
                 self.close_peers(&still);
                 let _ = reply.send(n);
             }
@@ -360,6 +363,7 @@ impl EventLoop {
     /// A peer's last connection closed: it is no longer admitted or listed.
     fn on_peer_gone(&mut self, peer: &PeerId) {
         self.parts.admissions.write().remove(peer);
+        self.parts.resources.peer_removed(peer);
         if self.parts.catalog.store.lock().remove(peer) {
             self.reconcile_providers(false);
         }
@@ -501,6 +505,15 @@ impl EventLoop {
             .resources
             .budgets()
             .unauthenticated_connections_per_ip;
+        // The resource manager counts the source's strangers in O(1): only
+        // a source past its cap is worth the scan for the oldest (members
+        // behind one address are thousands of connections).
+        let Some(source) = self.conns.source_of(&id) else {
+            return;
+        };
+        if self.parts.resources.unauthenticated_from(&source) <= cap {
+            return;
+        }
         let victim =
             self.conns
                 .evict_for_newcomer(&id, &self.parts.admissions.read(), unix_now(), cap);
@@ -508,12 +521,7 @@ impl EventLoop {
             return;
         };
         if let Some(peer) = self.conns.mark_closing(&victim) {
-            let source = self
-                .conns
-                .iter()
-                .find(|(c, _)| **c == id)
-                .and_then(|(_, c)| c.source)
-                .map_or_else(String::new, |s| s.to_string());
+            let source = source.to_string();
             if self.parts.resources.log_due(&source) {
                 tracing::warn!(
                     source,
@@ -575,6 +583,7 @@ impl EventLoop {
                     .get_or_create(&[("reason", reason)])
                     .inc();
                 catalog_changed |= parts.catalog.store.lock().remove(&p);
+                parts.resources.peer_removed(&p);
                 closing.insert(p);
             }
             self.close_peers(&closing);
