@@ -133,7 +133,12 @@ pub(crate) async fn build_swarm(
         stream: agentmesh_streams::Behaviour::with_limits(streams, pending),
         ping: ping::Behaviour::new(ping),
     };
-    Ok(Swarm::new(transport, behaviour, peer_id, swarm_config(idle)))
+    Ok(Swarm::new(
+        transport,
+        behaviour,
+        peer_id,
+        swarm_config(idle),
+    ))
 }
 
 /// The swarm's settings. Streams the member opens negotiate their protocol

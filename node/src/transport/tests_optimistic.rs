@@ -37,7 +37,10 @@ async fn a_members_stream_carries_its_request_before_any_answer() {
         .multiplex(yamux::Config::default())
         .boxed();
     transport
-        .listen_on(ListenerId::next(), "/ip4/127.0.0.1/tcp/0".parse().expect("addr"))
+        .listen_on(
+            ListenerId::next(),
+            "/ip4/127.0.0.1/tcp/0".parse().expect("addr"),
+        )
         .expect("listen");
     let addr: Multiaddr = loop {
         match transport.select_next_some().await {
