@@ -143,19 +143,15 @@ pub(crate) async fn build_swarm(
 
 /// The swarm's settings. Streams the member opens negotiate their protocol
 /// optimistically (multistream-select `V1Lazy`): the protocol's name goes
-/// out with the first bytes written instead of a round trip earlier.
-/// Every peer a member opens streams to is a router or another member,
-/// which speak all of its protocols (auth, catalog, calls, relay HOP,
-/// ping), so the confirmation only costs time: a round trip per stream,
-/// and under load more. A router gives an unadmitted peer's auth stream
-/// `--auth-first-byte-timeout-ms` (2 s) for its first byte and counts
-/// silence as a failed login of its source; with the confirmation, a
-/// member whose event loop was slow to see it was taken for a silent
-/// stranger, and 30 of those in a minute blocked its whole source (the
-/// capped ladders: hundreds to thousands per router in a storm). Sent
-/// optimistically, the request reaches the router with the stream.
-/// A peer lacking a protocol now fails the first read rather than the
-/// open; nothing on the member tells those apart.
+/// out with the first bytes written, not a round trip earlier. A member
+/// opens streams only to routers and members, which speak all of its
+/// protocols (auth, catalog, calls, relay HOP, ping), so waiting for the
+/// confirmation only costs time, and under load it cost more than a
+/// router's `--auth-first-byte-timeout-ms`: a slow member looked like a
+/// silent stranger and its source's failed logins grew. Sent this way,
+/// the request reaches the router with the stream. A peer lacking a
+/// protocol fails the first read rather than the open; nothing on the
+/// member tells those apart.
 fn swarm_config(idle: Duration) -> libp2p::swarm::Config {
     libp2p::swarm::Config::with_tokio_executor()
         .with_idle_connection_timeout(idle)

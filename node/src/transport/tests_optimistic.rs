@@ -114,7 +114,8 @@ async fn a_members_stream_carries_its_request_before_any_answer() {
     let found = tokio::time::timeout(DEADLINE, async {
         while let Some(b) = bytes_rx.recv().await {
             seen.extend_from_slice(&b);
-            if contains(&seen, PROTOCOL.as_ref().as_bytes()) && contains(&seen, REQUEST) {
+            if find(&seen, PROTOCOL.as_ref().as_bytes()).is_some() && find(&seen, REQUEST).is_some()
+            {
                 return true;
             }
         }
@@ -137,8 +138,4 @@ async fn a_members_stream_carries_its_request_before_any_answer() {
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    find(haystack, needle).is_some()
 }
