@@ -75,7 +75,7 @@ def test_readme_lists_every_alert():
     assert listed == alerts
 
 
-SOURCE = r"`results/\d{8}T\d{4}Z-[\w-]+`|router/tests/|to be measured by the ladder \(issue 5\)"
+SOURCE = r"`results/\d{8}T\d{4}Z-[\w.-]+`|router/tests/|to be measured by the ladder \(issue 5\)"
 
 
 def test_scalability_measurements_name_their_source():
@@ -88,7 +88,7 @@ def test_scalability_measurements_name_their_source():
     for r in rows:
         value = r.rsplit(" | ", 1)[-1]
         assert re.search(SOURCE, value), r
-    for run in set(re.findall(r"`results/([\w-]+)`", section)):
+    for run in set(re.findall(r"`results/([\w.-]+)`", section)):
         assert os.path.isdir(os.path.join(REPO_ROOT, "tests", "scale", "results", run)), run
     assert f"`{sizing.MEASURED_RUN}`" in section
     assert "F × K / N" in text and "F × K / (N − 1)" in text
