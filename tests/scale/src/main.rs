@@ -36,6 +36,22 @@ enum Mode {
         #[command(flatten)]
         fleet: FleetConfig,
     },
+    /// Start a control plane and routers on namespace hosts (needs root) and
+    /// keep them up for `remote` runs on a member host, described in
+    /// WORK_DIR/testbed.json, until SIGINT or SIGTERM.
+    // The local mesh flags a testbed refuses are hidden from its help.
+    #[command(
+        mut_arg("restart_routers", |a| a.hide(true)),
+        mut_arg("control_plane_db", |a| a.hide(true)),
+        mut_arg("control_plane_store", |a| a.hide(true)),
+        mut_arg("postgres_bin_dir", |a| a.hide(true)),
+        mut_arg("cpu_quota", |a| a.help(
+            "Cap the testbed and its mesh (control plane, routers; not the remote runs' \
+             fleets) at this many CPU cores, e.g. 1.4, in a cgroup of its own created and \
+             removed (cgroup v2 `cpu.max` or v1 CFS quota). Default: no cap"
+        )),
+    )]
+    Testbed(agentmesh_ladder::hosts::testbed::TestbedConfig),
     /// Measure the data path side by side: plain TCP, bare libp2p (direct and
     /// through a relay circuit), agentmesh relayed calls (issue 19).
     Bench(agentmesh_ladder::bench::BenchConfig),
@@ -67,6 +83,12 @@ fn main() -> anyhow::Result<()> {
             Mode::Worker(cfg) => return agentmesh_ladder::worker::run(cfg).await.context("worker"),
             Mode::BenchPeer(cfg) => return agentmesh_ladder::bench::peer::run(cfg).await,
             Mode::Bench(cfg) => return agentmesh_ladder::bench::main(cfg).await,
+            // Handles SIGINT and SIGTERM itself: they are how it stops.
+            Mode::Testbed(cfg) => {
+                return agentmesh_ladder::hosts::testbed::run(cfg)
+                    .await
+                    .context("testbed");
+            }
             Mode::Local { mesh, fleet, hosts } => {
                 let path = fleet.report.clone();
                 let run = agentmesh_ladder::hosts::run_local(hosts, mesh, fleet);

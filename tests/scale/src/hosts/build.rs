@@ -38,6 +38,9 @@ pub struct HostsTestbed {
     pub placement: Placement,
     /// The member hosts (tests start programs there).
     pub members: Vec<Host>,
+    /// The member hosts' NAT gateways, in member host order (none without
+    /// `--member-nat`).
+    pub gateways: Vec<Host>,
     /// The router hosts, in router order.
     pub routers: Vec<Host>,
     /// The control plane's host.
@@ -97,14 +100,19 @@ impl Layout {
             );
         }
         let mut members = Vec::with_capacity(self.member_hosts);
+        let mut gateways = Vec::new();
         for i in 0..self.member_hosts {
             let name = format!("m{i}");
             let host = match self.member_nat.kind() {
                 None => tb.public_host(&name).await,
-                Some(kind) => match tb.nat(&format!("{name}-gw"), kind).await {
-                    Ok(nat) => tb.host_behind(&nat, &name).await,
-                    Err(e) => Err(e),
-                },
+                Some(kind) => {
+                    let nat = tb
+                        .nat(&format!("{name}-gw"), kind)
+                        .await
+                        .map_err(testbed_error)?;
+                    gateways.push(nat.gateway().clone());
+                    tb.host_behind(&nat, &name).await
+                }
             };
             members.push(host.map_err(testbed_error)?);
         }
@@ -126,6 +134,7 @@ impl Layout {
             driver: Driver::new(driver_host)?,
             placement,
             members,
+            gateways,
             routers,
             control_plane: cp,
             testbed: tb,

@@ -15,9 +15,15 @@
 //! Cleanup: the testbed removes its namespaces, and every process in them,
 //! when the run ends, fails, panics or is interrupted; a run killed outright
 //! leaves them for the next run's sweep (see `agentmesh-netns`).
+//!
+//! `agentmesh-ladder testbed` ([`testbed`]) builds the same hosts and mesh
+//! without a fleet and keeps them up, describing them in `testbed.json`
+//! ([`testbed_file`]) for `agentmesh-ladder remote` runs on a member host.
 
 pub mod build;
 pub mod driver;
+pub mod testbed;
+pub mod testbed_file;
 
 use crate::config::{FleetConfig, LocalConfig};
 use crate::error::{LadderError, Result};

@@ -1,26 +1,34 @@
-//! `remote` mode across hosts, the path a run on real VMs takes: a mesh
-//! started on hosts of its own (the real control plane serving gRPC over
-//! TLS with a certificate for its host's address, two real routers), then
-//! the real `agentmesh-ladder remote` started on another host behind an
-//! endpoint-independent NAT joins it over `https://` with
-//! `--control-plane-ca`, its workers and members on that host. Asserts
-//! counts only: everyone enrolled over TLS, ready and called.
+//! `remote` mode across hosts, the path a run on real VMs takes, driven as
+//! an operator drives it: the real `agentmesh-ladder testbed` starts a mesh
+//! on hosts of its own (the real control plane serving gRPC over TLS with a
+//! certificate for its host's address, two real routers) and describes it
+//! in `testbed.json`; the real `agentmesh-ladder remote`, started on the
+//! member host behind an endpoint-independent NAT with the prefix and
+//! arguments the file gives, joins it over `https://` with
+//! `--control-plane-ca`, its workers and members on that host. Then the
+//! testbed is SIGTERMed: it exits 0 and leaves no namespace. Asserts counts
+//! only: everyone enrolled over TLS, ready and called.
+//!
+//! A second test kills a router under a testbed: the testbed stops with a
+//! non-zero status naming it, and still removes its namespaces.
 //!
 //! Needs root; prints `SKIPPED:` without it unless `AGENTMESH_REQUIRE_NETNS=1`.
 
-use std::path::PathBuf;
-use std::process::Stdio;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use agentmesh_ladder::binaries::Binaries;
-use agentmesh_ladder::config::LocalConfig;
-use agentmesh_ladder::hosts::MemberNat;
-use agentmesh_ladder::hosts::build::Layout;
-use agentmesh_ladder::mesh::LocalMesh;
-use anyhow::{Context, ensure};
+use agentmesh_ladder::hosts::testbed::namespaces_of;
+use anyhow::{Context, bail, ensure};
 use serde_json::Value;
+use tokio::time::Instant;
 
+/// Until `testbed.json` appears: hosts built, mesh ready.
+const START_DEADLINE: Duration = Duration::from_secs(3 * 60);
 const RUN_DEADLINE: Duration = Duration::from_secs(5 * 60);
+/// Until the testbed has exited after SIGTERM (each program has 30 s).
+const STOP_DEADLINE: Duration = Duration::from_secs(2 * 60);
+const POLL: Duration = Duration::from_millis(200);
 const STEP: u64 = 6;
 const PROVIDERS: u64 = 1;
 
@@ -30,60 +38,181 @@ fn u(v: &Value, path: &str) -> u64 {
         .unwrap_or_else(|| panic!("report has no number at {path}: {v:#}"))
 }
 
+fn s<'a>(v: &'a Value, path: &str) -> &'a str {
+    v.pointer(path)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("testbed.json has no string at {path}: {v:#}"))
+}
+
+fn strings(v: &Value, path: &str) -> Vec<String> {
+    v.pointer(path)
+        .and_then(Value::as_array)
+        .unwrap_or_else(|| panic!("testbed.json has no array at {path}: {v:#}"))
+        .iter()
+        .map(|a| a.as_str().expect("a string").to_string())
+        .collect()
+}
+
+/// Whether the namespace tests are skipped here (after printing `SKIPPED:`);
+/// panics when they are required.
+fn skipped(test: &str) -> bool {
+    let Some(why) = agentmesh_netns::unavailable() else {
+        return false;
+    };
+    assert!(
+        !agentmesh_netns::required(),
+        "{test}: {why}; {}=1 here, so the namespace tests fail rather than skip",
+        agentmesh_netns::REQUIRE_ENV
+    );
+    eprintln!("SKIPPED: {test}: {why}");
+    true
+}
+
+/// A running `agentmesh-ladder testbed`, its stderr in `log`. Dropped while
+/// it runs (a failed test), it is stopped as an operator would, with
+/// SIGTERM, so its namespaces go, and its output is printed.
+struct TestbedProc {
+    child: tokio::process::Child,
+    log: PathBuf,
+    file: PathBuf,
+}
+
+impl TestbedProc {
+    fn start(work: &Path, args: &[&str]) -> anyhow::Result<Self> {
+        let ladder = env!("CARGO_BIN_EXE_agentmesh-ladder");
+        let log = work.join("testbed.log");
+        let out = std::fs::File::create(&log)?;
+        let child = tokio::process::Command::new(ladder)
+            .arg("testbed")
+            .args(args)
+            .arg("--work-dir")
+            .arg(work.join("testbed"))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting agentmesh-ladder testbed")?;
+        Ok(Self {
+            child,
+            log,
+            file: work.join("testbed").join("testbed.json"),
+        })
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `testbed.json`, once written (atomically), within [`START_DEADLINE`].
+    async fn described(&mut self) -> anyhow::Result<Value> {
+        let until = Instant::now() + START_DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "the testbed exited ({status}) before writing testbed.json:\n{}",
+                    self.output()
+                );
+            }
+            if let Ok(text) = std::fs::read_to_string(&self.file) {
+                return Ok(serde_json::from_str(&text)?);
+            }
+            ensure!(
+                Instant::now() < until,
+                "no testbed.json within {START_DEADLINE:?}:\n{}",
+                self.output()
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Its exit, within [`STOP_DEADLINE`].
+    async fn exited(&mut self) -> anyhow::Result<ExitStatus> {
+        tokio::time::timeout(STOP_DEADLINE, self.child.wait())
+            .await
+            .with_context(|| format!("the testbed still runs after {STOP_DEADLINE:?}"))?
+            .context("waiting for the testbed")
+    }
+
+    fn sigterm(&self) -> anyhow::Result<()> {
+        let pid = self.child.id().context("the testbed has exited")?;
+        agentmesh_ladder::children::sigterm(pid)?;
+        Ok(())
+    }
+}
+
+impl Drop for TestbedProc {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.sigterm();
+            let until = std::time::Instant::now() + STOP_DEADLINE;
+            while std::time::Instant::now() < until {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    break;
+                }
+                std::thread::sleep(POLL);
+            }
+        }
+        eprintln!("--- agentmesh-ladder testbed ---\n{}", self.output());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_ladder_on_a_natted_host_joins_a_tls_mesh_on_other_hosts() -> anyhow::Result<()> {
-    if let Some(why) = agentmesh_netns::unavailable() {
-        assert!(
-            !agentmesh_netns::required(),
-            "hosts_remote: {why}; {}=1 here, so the namespace tests fail rather than skip",
-            agentmesh_netns::REQUIRE_ENV
-        );
-        eprintln!("SKIPPED: hosts_remote: {why}");
+    if skipped("hosts_remote") {
         return Ok(());
     }
     let ladder = PathBuf::from(env!("CARGO_BIN_EXE_agentmesh-ladder"));
-    let bins = Binaries::beside(&ladder)?;
     let work = tempfile::tempdir()?;
-    let mesh_dir = work.path().join("mesh");
-    std::fs::create_dir_all(&mesh_dir)?;
-    let tb = Layout {
-        hosts: 4,
-        routers: 2,
-        member_hosts: 1,
-        member_nat: MemberNat::Eim,
-    }
-    .build()
-    .await?;
-    let cfg = LocalConfig {
-        routers: 2,
-        control_plane_tls: true,
-        ..LocalConfig::default()
-    };
-    let place = tb.placement.clone();
-    let dir = mesh_dir.clone();
-    let mesh = tb
-        .driver
-        .run(async move {
-            LocalMesh::start_placed(bins, cfg, &dir, PROVIDERS + STEP + 10, Some(place)).await
-        })
-        .await?;
-    let cp_addr = tb.control_plane.addr();
-    assert_eq!(mesh.url(), format!("https://{cp_addr}:7400"));
-    let ca = mesh.ca_file().context("a TLS mesh has a CA file")?;
+    let members = (PROVIDERS + STEP).to_string();
+    let mut testbed = TestbedProc::start(
+        work.path(),
+        &[
+            "--hosts",
+            "4",
+            "--routers",
+            "2",
+            "--member-nat",
+            "eim",
+            "--control-plane-tls",
+            "--members",
+            &members,
+            "--max-up-secs",
+            "900",
+        ],
+    )?;
+    let tb = testbed.described().await?;
 
-    let fleet_host = &tb.members[0];
-    assert_ne!(fleet_host.addr(), fleet_host.public_addr(), "behind a NAT");
+    // What the file says: a TLS control plane on its host's address, its
+    // certificate, two routers, one member host behind a NAT.
+    assert_eq!(tb["tls"], true, "{tb:#}");
+    let url = s(&tb, "/control_plane_url");
+    let cp_addr = s(&tb, "/control_plane/grpc_addr");
+    assert_eq!(url, format!("https://{cp_addr}"), "{tb:#}");
+    assert!(cp_addr.ends_with(":7400"), "{tb:#}");
+    let ca = s(&tb, "/ca_file");
+    assert!(Path::new(ca).is_file(), "no CA file at {ca}");
+    assert_eq!(tb["routers"].as_array().map(Vec::len), Some(2), "{tb:#}");
+    let host = &tb["member_hosts"][0];
+    assert_ne!(
+        host["addr"], host["public_addr"],
+        "not behind a NAT: {tb:#}"
+    );
+    let prefix = s(&tb, "/prefix").to_string();
+    assert!(
+        !namespaces_of(&prefix).is_empty(),
+        "no namespace of {prefix}"
+    );
+
+    // The remote ladder on the member host, as the file says to start it.
+    let exec_prefix = strings(&tb, "/member_hosts/0/exec_prefix");
+    let (program, rest) = exec_prefix.split_first().context("an empty prefix")?;
     let report_path = work.path().join("report.json");
-    let mut cmd = fleet_host.command(&ladder);
-    cmd.args(["remote", "--control-plane", &mesh.url()])
-        .arg("--control-plane-ca")
-        .arg(&ca)
-        .arg("--token-file")
-        .arg(&mesh.member_token_file)
-        .args([
-            "--control-plane-http-addr",
-            &mesh.control_plane.http.to_string(),
-        ])
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(rest)
+        .arg(&ladder)
+        .arg("remote")
+        .args(strings(&tb, "/remote_args"))
         .args(["--providers", &PROVIDERS.to_string()])
         .args(["--step", &STEP.to_string(), "--steps", "1"])
         .args(["--member-routers", "2", "--members-per-worker", "10"])
@@ -93,32 +222,42 @@ async fn remote_ladder_on_a_natted_host_joins_a_tls_mesh_on_other_hosts() -> any
         .arg("--report")
         .arg(&report_path)
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    for r in &mesh.routers {
-        cmd.args(["--router-metrics-addr", &r.metrics.to_string()]);
-    }
-    let run = async {
-        let child = cmd.spawn().context("starting agentmesh-ladder remote")?;
-        let out = tokio::time::timeout(RUN_DEADLINE, child.wait_with_output())
-            .await
-            .context("the remote ladder did not finish within its deadline")??;
-        println!("{}", String::from_utf8_lossy(&out.stdout));
-        ensure!(
-            out.status.success(),
-            "agentmesh-ladder remote failed: {}",
-            out.status
-        );
-        let text = std::fs::read_to_string(&report_path).context("reading the report")?;
-        anyhow::Ok(serde_json::from_str::<Value>(&text)?)
-    };
-    let result = run.await;
-    tb.driver
-        .run(async move {
-            mesh.shutdown().await;
-            Ok(())
-        })
-        .await?;
-    let report = result?;
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    let child = cmd.spawn().context("starting agentmesh-ladder remote")?;
+    let out = tokio::time::timeout(RUN_DEADLINE, child.wait_with_output())
+        .await
+        .context("the remote ladder did not finish within its deadline")??;
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    ensure!(
+        out.status.success(),
+        "agentmesh-ladder remote failed: {}",
+        out.status
+    );
+    let report: Value = serde_json::from_str(
+        &std::fs::read_to_string(&report_path).context("reading the report")?,
+    )?;
+
+    // The testbed stops on SIGTERM, cleanly, and leaves nothing behind.
+    testbed.sigterm()?;
+    let status = testbed.exited().await?;
+    assert!(
+        status.success(),
+        "the testbed exited {status}:\n{}",
+        testbed.output()
+    );
+    let output = testbed.output();
+    assert!(output.contains("testbed: up"), "no summary:\n{output}");
+    assert!(output.contains("testbed: stopped"), "no stop:\n{output}");
+    let left = namespaces_of(&prefix);
+    assert!(
+        left.is_empty(),
+        "namespaces left after the testbed: {left:?}"
+    );
+    assert!(
+        !work.path().join("testbed").join("testbed.json").exists(),
+        "testbed.json outlived the testbed"
+    );
 
     assert_eq!(report["mode"], "remote", "{report:#}");
     assert_eq!(report["shape"]["control_plane_tls"], true, "{report:#}");
@@ -139,5 +278,46 @@ async fn remote_ladder_on_a_natted_host_joins_a_tls_mesh_on_other_hosts() -> any
         "a router's /metrics did not answer across the NAT: {step:#}"
     );
     assert_eq!(u(&report, "/hold/exits"), 0, "{report:#}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_testbed_whose_router_dies_stops_and_says_which() -> anyhow::Result<()> {
+    if skipped("hosts_remote_router_dies") {
+        return Ok(());
+    }
+    let work = tempfile::tempdir()?;
+    let mut testbed = TestbedProc::start(
+        work.path(),
+        &[
+            "--hosts",
+            "3",
+            "--routers",
+            "1",
+            "--members",
+            "10",
+            "--max-up-secs",
+            "900",
+        ],
+    )?;
+    let tb = testbed.described().await?;
+    let prefix = s(&tb, "/prefix").to_string();
+    let pid = tb
+        .pointer("/routers/0/pid")
+        .and_then(Value::as_u64)
+        .context("the router's pid")?;
+    agentmesh_ladder::children::signal(u32::try_from(pid)?, libc::SIGKILL)?;
+    let status = testbed.exited().await?;
+    let output = testbed.output();
+    assert!(!status.success(), "the testbed exited {status}:\n{output}");
+    assert!(
+        output.contains("router r0") && output.contains("exited unexpectedly"),
+        "the testbed did not say which program died:\n{output}"
+    );
+    let left = namespaces_of(&prefix);
+    assert!(
+        left.is_empty(),
+        "namespaces left after the testbed: {left:?}"
+    );
     Ok(())
 }
