@@ -4,14 +4,22 @@
 //!
 //! - plain TCP to the backend;
 //! - bare rust-libp2p, direct (TCP + noise + yamux, a raw stream): the floor;
-//! - bare rust-libp2p through a relay v2 circuit, limits lifted;
+//! - bare rust-libp2p through a relay v2 circuit, limits lifted (the
+//!   reference of the targets);
+//! - the same bare circuit with TCP ends, like for like with agentmesh's
+//!   path: client → TCP → a bare forwarder (one raw stream per connection)
+//!   → circuit on a second bare relay → a bare listener that splices each
+//!   stream to a TCP connection to the backend; both splices the node's
+//!   (8 KiB buffers each way, `TCP_NODELAY`);
 //! - agentmesh: a node's `--forward` → relayed call → a node's `--expose`
 //!   → the backend, through one router, and with caller and provider on
 //!   different routers (transit).
 //!
 //! For each: one stream's throughput, one-byte round trips (p50/p99), N
 //! concurrent streams' total throughput, and CPU seconds per GiB for each
-//! process (from `/proc/PID/stat`). Every process is a child of its own:
+//! process (from `/proc/PID/stat`; on the paths with TCP ends the caller is
+//! the forwarder, the provider the splicing listener, and the bench client
+//! and backend are counted apart). Every process is a child of its own:
 //! the floors' peers, the backend and the client are `bench-peer`
 //! processes ([`peer`]); the agentmesh processes are our real binaries.
 //!
@@ -94,7 +102,8 @@ struct Path {
     caller: Vec<u32>,
     router: Vec<u32>,
     provider: Vec<u32>,
-    /// agentmesh paths: the bench client and backend processes.
+    /// Paths with TCP ends (agentmesh, and the floor with TCP ends): the
+    /// bench client and backend processes.
     extra: Option<(u32, u32)>,
 }
 
@@ -148,6 +157,23 @@ async fn run_in(
         with(role("serve-p2p"), "--relay", &relay.addr),
     )
     .await?;
+    // The floor with TCP ends has a relay of its own: each relay's CPU is
+    // its own path's.
+    let ends_relay = start("p2p-relay-tcp-ends", role("relay")).await?;
+    let ends_listener = start(
+        "p2p-splice-listener",
+        with(
+            with(role("serve-p2p"), "--relay", &ends_relay.addr),
+            "--splice-to",
+            &backend.addr,
+        ),
+    )
+    .await?;
+    let ends_forward = start(
+        "p2p-forward",
+        with(role("forward"), "--target", &ends_listener.addr),
+    )
+    .await?;
     let mesh =
         agentmesh::Mesh::start(bins, &dir, backend_addr, &cfg.router_args, &cfg.node_args).await?;
 
@@ -180,6 +206,20 @@ async fn run_in(
         router: pid(&relay),
         provider: pid(&relayed),
         extra: None,
+    });
+    let c = client(
+        "client-relay-tcp-ends",
+        format!("tcp:{}", ends_forward.addr),
+    )
+    .await?;
+    let extra = c.pid().zip(backend.pid());
+    paths.push(Path {
+        name: report::BARE_RELAY_TCP_ENDS,
+        client: c,
+        caller: pid(&ends_forward),
+        router: pid(&ends_relay),
+        provider: pid(&ends_listener),
+        extra,
     });
     for (name, log, forward, pids) in [
         (
@@ -224,7 +264,15 @@ async fn run_in(
         p.client.stop().await;
     }
     mesh.shutdown().await;
-    for p in [relayed, relay, direct, backend] {
+    for p in [
+        ends_forward,
+        ends_listener,
+        ends_relay,
+        relayed,
+        relay,
+        direct,
+        backend,
+    ] {
         p.stop().await;
     }
     result?;

@@ -2,9 +2,11 @@
 //! programs use (TCP with `TCP_NODELAY` + noise + yamux, libp2p's default
 //! yamux settings; the relay client's transport beside it) and raw streams
 //! from `libp2p-stream`, no agentmesh logic. One swarm type serves every
-//! role: a listener (direct, or reachable through a relay circuit), a relay
-//! v2 server with its limits lifted, and a dialer.
+//! role: a listener (direct, or reachable through a relay circuit; serving
+//! the bench protocol, or splicing each stream to TCP), a relay v2 server
+//! with its limits lifted, and a dialer (the client, or the forwarder).
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -159,6 +161,37 @@ pub(super) fn serve_streams(mut control: libp2p_stream::Control) -> anyhow::Resu
                 use tokio_util::compat::FuturesAsyncReadCompatExt as _;
                 if let Err(e) = super::proto::serve(stream.compat()).await {
                     tracing::warn!(error = %e, "bench stream failed");
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+/// Splices every inbound raw stream with a new TCP connection to
+/// `backend`, each on a task, as a node's `--expose` serves a call: connect
+/// once the stream is in, `TCP_NODELAY`, then [`super::peer::splice`].
+pub(super) fn splice_streams(
+    mut control: libp2p_stream::Control,
+    backend: SocketAddr,
+) -> anyhow::Result<()> {
+    let mut incoming = control
+        .accept(PROTOCOL)
+        .map_err(|e| anyhow::anyhow!("accept: {e}"))?;
+    tokio::spawn(async move {
+        while let Some((_peer, stream)) = incoming.next().await {
+            tokio::spawn(async move {
+                use tokio_util::compat::FuturesAsyncReadCompatExt as _;
+                let mut tcp = match tokio::net::TcpStream::connect(backend).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "connecting to the backend failed");
+                        return;
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
+                if let Err(e) = super::peer::splice(&mut stream.compat(), &mut tcp).await {
+                    tracing::debug!(error = %e, "spliced stream ended with an error");
                 }
             });
         }

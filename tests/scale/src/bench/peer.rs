@@ -7,6 +7,12 @@
 //! [`Request`] per stdin line with one JSON [`Response`] line. Every role
 //! exits when its stdin closes, so a coordinator that dies takes its
 //! peers with it.
+//!
+//! The floor with TCP ends splices like a node: a `forward` peer turns each
+//! accepted TCP connection into a raw stream through the circuit (a node's
+//! `--forward`), and a `serve-p2p --splice-to ADDR` listener turns each
+//! inbound raw stream into a TCP connection to the backend (a node's
+//! `--expose`); both with [`splice`], the node's splice.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -33,6 +39,10 @@ pub enum Role {
     Relay,
     /// The measuring client: connects to `--target`, then runs requests.
     Client,
+    /// A bare libp2p forwarder: connects to the libp2p `--target`, then
+    /// splices each connection accepted on a loopback TCP listener to a new
+    /// raw stream to it (like a node's `--forward`).
+    Forward,
 }
 
 /// The flags of `bench-peer`.
@@ -45,9 +55,29 @@ pub struct PeerConfig {
     /// instead of on TCP directly (default: directly).
     #[arg(long)]
     pub relay: Option<Multiaddr>,
-    /// client: `tcp:IP:PORT`, or a libp2p address ending in `/p2p/ID`.
+    /// serve-p2p: splice each inbound raw stream to a new TCP connection to
+    /// this address (like a node's `--expose`) instead of serving the bench
+    /// protocol on it.
+    #[arg(long)]
+    pub splice_to: Option<SocketAddr>,
+    /// client: `tcp:IP:PORT`, or a libp2p address ending in `/p2p/ID`;
+    /// forward: a libp2p address ending in `/p2p/ID`.
     #[arg(long)]
     pub target: Option<String>,
+}
+
+/// Buffer of each direction of a splice, bytes: the node's default
+/// (`--splice-buffer-kib`).
+const SPLICE_BUFFER_BYTES: usize = agentmesh_node::config::DEFAULT_SPLICE_BUFFER_KIB * 1024;
+
+/// Splices `a` and `b` both ways as a node splices a call and its TCP
+/// connection; returns the bytes copied a → b and b → a.
+pub(super) async fn splice<A, B>(a: &mut A, b: &mut B) -> std::io::Result<(u64, u64)>
+where
+    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+{
+    tokio::io::copy_bidirectional_with_sizes(a, b, SPLICE_BUFFER_BYTES, SPLICE_BUFFER_BYTES).await
 }
 
 /// One measurement a client runs.
@@ -110,7 +140,10 @@ pub async fn run(cfg: PeerConfig) -> anyhow::Result<()> {
         Role::ServeP2p | Role::Relay => {
             let relay_server = cfg.role == Role::Relay;
             let mut swarm = p2p::swarm(relay_server)?;
-            p2p::serve_streams(p2p::control(&swarm))?;
+            match cfg.splice_to.filter(|_| !relay_server) {
+                Some(backend) => p2p::splice_streams(p2p::control(&swarm), backend)?,
+                None => p2p::serve_streams(p2p::control(&swarm))?,
+            }
             let circuit = cfg.relay.clone().filter(|_| !relay_server);
             match &circuit {
                 Some(relay) => {
@@ -141,6 +174,40 @@ pub async fn run(cfg: PeerConfig) -> anyhow::Result<()> {
             say("ready").await?;
             until_stdin_closes(Some(&target)).await
         }
+        Role::Forward => {
+            let target = cfg.target.as_deref().context("forward needs --target")?;
+            let Target::P2p { control, peer } = Target::connect(target).await? else {
+                anyhow::bail!("forward needs a libp2p --target, not {target:?}");
+            };
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .context("binding the forward")?;
+            say(&format!("listening {}", l.local_addr()?)).await?;
+            tokio::spawn(async move {
+                while let Ok((tcp, _)) = l.accept().await {
+                    tokio::spawn(forward_one(tcp, control.clone(), peer));
+                }
+            });
+            until_stdin_closes(None).await
+        }
+    }
+}
+
+/// One forwarded connection, as a node's `--forward` serves it: a new raw
+/// stream to `peer`, spliced with the connection.
+async fn forward_one(
+    mut tcp: tokio::net::TcpStream,
+    mut control: libp2p_stream::Control,
+    peer: PeerId,
+) {
+    let _ = tcp.set_nodelay(true);
+    match control.open_stream(peer, p2p::PROTOCOL).await {
+        Ok(stream) => {
+            if let Err(e) = splice(&mut tcp, &mut stream.compat()).await {
+                tracing::debug!(error = %e, "forwarded connection ended with an error");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "forwarded connection: opening a stream failed"),
     }
 }
 

@@ -1,6 +1,7 @@
 //! CI's bench: the real `agentmesh-ladder bench` in a tiny configuration
 //! (a few MiB, a few round trips) starts every path's processes (bare
-//! libp2p peers and relay, a real control plane, two real routers, three
+//! libp2p peers and relays, the bare forwarder and splicing listener of the
+//! circuit with TCP ends, a real control plane, two real routers, three
 //! real nodes) and writes its JSON report. Asserts only what cannot flake:
 //! every path is present with its bytes moved, round trips recorded and
 //! CPU read for each of its processes; no timing.
@@ -14,10 +15,11 @@ use serde_json::Value;
 
 /// The whole run must finish within this; below nextest's backstop.
 const RUN_DEADLINE: Duration = Duration::from_secs(5 * 60);
-const PATHS: [&str; 5] = [
+const PATHS: [&str; 6] = [
     "plain TCP to the backend",
     "bare libp2p, direct",
     "bare libp2p, relay v2 circuit",
+    "bare libp2p, relay v2 circuit with TCP ends",
     "agentmesh, same router",
     "agentmesh, transit (caller and provider on different routers)",
 ];
@@ -92,10 +94,18 @@ fn tiny_bench_has_every_path() -> anyhow::Result<()> {
             "{row:#}"
         );
         ensure!(cpu["router"].is_number() == want_router, "{row:#}");
+        // The paths with TCP ends count the bench client and backend apart.
+        let want_extra = path.ends_with("with TCP ends") || path.starts_with("agentmesh");
+        for k in ["client", "backend"] {
+            ensure!(cpu[k].is_number() == want_extra, "{k}: {row:#}");
+        }
     }
-    ensure!(
-        table.contains("Targets against the bare relay circuit"),
-        "{table}"
-    );
+    for heading in [
+        "Targets against the bare relay circuit",
+        "The TCP ends alone",
+        "agentmesh's own",
+    ] {
+        ensure!(table.contains(heading), "{heading}: {table}");
+    }
     Ok(())
 }
