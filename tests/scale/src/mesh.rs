@@ -342,6 +342,28 @@ impl LocalMesh {
         self.routers.get(i).and_then(|r| r.child.id())
     }
 
+    /// The first program that exited without the ladder stopping it (the
+    /// control plane, or a router neither killed nor drained): its name,
+    /// pid and log. Reaps it; `shutdown` still works after.
+    pub fn exited_unexpectedly(&mut self) -> Option<(String, Option<u32>, PathBuf)> {
+        let gone = |child: &mut Child| {
+            let pid = child.id();
+            (!matches!(child.try_wait(), Ok(None))).then_some(pid)
+        };
+        if let Some(pid) = gone(&mut self.control_plane.child) {
+            let log = self.control_plane.log.clone();
+            return Some(("the control plane".to_string(), pid, log));
+        }
+        self.routers
+            .iter_mut()
+            .filter(|r| r.state == RouterState::Running)
+            .find_map(|r| {
+                let pid = gone(&mut r.child)?;
+                let log = self.dir.join(format!("{}.log", r.name));
+                Some((format!("router {}", r.name), pid, log))
+            })
+    }
+
     /// SIGKILLs router `i`.
     pub async fn kill_router(&mut self, i: usize) -> Result<()> {
         let r = self.router_mut(i)?;

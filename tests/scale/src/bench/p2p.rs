@@ -151,49 +151,50 @@ pub(super) async fn wait_for<T>(
 }
 
 /// Serves every inbound raw stream with the bench protocol, each on a task.
-pub(super) fn serve_streams(mut control: libp2p_stream::Control) -> anyhow::Result<()> {
-    let mut incoming = control
-        .accept(PROTOCOL)
-        .map_err(|e| anyhow::anyhow!("accept: {e}"))?;
-    tokio::spawn(async move {
-        while let Some((_peer, stream)) = incoming.next().await {
-            tokio::spawn(async move {
-                use tokio_util::compat::FuturesAsyncReadCompatExt as _;
-                if let Err(e) = super::proto::serve(stream.compat()).await {
-                    tracing::warn!(error = %e, "bench stream failed");
-                }
-            });
+pub(super) fn serve_streams(control: libp2p_stream::Control) -> anyhow::Result<()> {
+    on_each_stream(control, |stream| async move {
+        if let Err(e) = super::proto::serve(stream).await {
+            tracing::warn!(error = %e, "bench stream failed");
         }
-    });
-    Ok(())
+    })
 }
 
 /// Splices every inbound raw stream with a new TCP connection to
 /// `backend`, each on a task, as a node's `--expose` serves a call: connect
 /// once the stream is in, `TCP_NODELAY`, then [`super::peer::splice`].
 pub(super) fn splice_streams(
-    mut control: libp2p_stream::Control,
+    control: libp2p_stream::Control,
     backend: SocketAddr,
 ) -> anyhow::Result<()> {
+    on_each_stream(control, move |mut stream| async move {
+        let mut tcp = match tokio::net::TcpStream::connect(backend).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "connecting to the backend failed");
+                return;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        if let Err(e) = super::peer::splice(&mut stream, &mut tcp).await {
+            tracing::debug!(error = %e, "spliced stream ended with an error");
+        }
+    })
+}
+
+/// Accepts the bench protocol's inbound raw streams and hands each to
+/// `handle` on a task of its own.
+fn on_each_stream<F, Fut>(mut control: libp2p_stream::Control, handle: F) -> anyhow::Result<()>
+where
+    F: Fn(tokio_util::compat::Compat<libp2p::Stream>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    use tokio_util::compat::FuturesAsyncReadCompatExt as _;
     let mut incoming = control
         .accept(PROTOCOL)
         .map_err(|e| anyhow::anyhow!("accept: {e}"))?;
     tokio::spawn(async move {
         while let Some((_peer, stream)) = incoming.next().await {
-            tokio::spawn(async move {
-                use tokio_util::compat::FuturesAsyncReadCompatExt as _;
-                let mut tcp = match tokio::net::TcpStream::connect(backend).await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "connecting to the backend failed");
-                        return;
-                    }
-                };
-                let _ = tcp.set_nodelay(true);
-                if let Err(e) = super::peer::splice(&mut stream.compat(), &mut tcp).await {
-                    tracing::debug!(error = %e, "spliced stream ended with an error");
-                }
-            });
+            tokio::spawn(handle(stream.compat()));
         }
     });
     Ok(())

@@ -271,11 +271,11 @@ async fn up(
     let start = tb
         .driver
         .run(async move { LocalMesh::start_placed(bins, local, &dir, uses, Some(place)).await });
-    let mesh = tokio::select! {
+    let mut mesh = tokio::select! {
         r = start => r?,
         why = stop.wait() => return Err(interrupted(why)),
     };
-    let result = hold(cfg, tb, &mesh, uses, file, stop).await;
+    let result = hold(cfg, tb, &mut mesh, uses, file, stop).await;
     let _ = std::fs::remove_file(file);
     eprintln!("testbed: stopping the mesh");
     let stopped = tokio::time::timeout(
@@ -298,7 +298,7 @@ async fn up(
 async fn hold(
     cfg: &TestbedConfig,
     tb: &HostsTestbed,
-    mesh: &LocalMesh,
+    mesh: &mut LocalMesh,
     uses: u64,
     file: &Path,
     stop: &mut Stop,
@@ -323,53 +323,15 @@ async fn hold(
     }
 }
 
-/// The first mesh program that exited, with its log's last lines.
-fn exited_program(mesh: &LocalMesh) -> Option<String> {
-    let said = |name: &str, pid: Option<u32>, log: PathBuf| {
-        format!(
-            "{name} (pid {}) exited unexpectedly, so the testbed stopped; last lines of {}:\n{}",
-            pid.map_or_else(|| "?".to_string(), |p| p.to_string()),
-            log.display(),
-            crate::children::tail(&log)
-        )
-    };
-    let pid = mesh.control_plane_pid();
-    if exited(pid) {
-        return Some(said(
-            "the control plane",
-            pid,
-            mesh.dir.join("control-plane.log"),
-        ));
-    }
-    for (i, r) in mesh.routers.iter().enumerate() {
-        let pid = mesh.router_pid(i);
-        if exited(pid) {
-            return Some(said(
-                &format!("router {}", r.name),
-                pid,
-                mesh.dir.join(format!("{}.log", r.name)),
-            ));
-        }
-    }
-    None
-}
-
-/// Whether the child `pid` has exited. Nothing reaps the mesh's children
-/// while the mesh holds them, so one that exited stays a zombie until then.
-fn exited(pid: Option<u32>) -> bool {
-    let Some(pid) = pid else {
-        return true;
-    };
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !matches!(process_state(&stat), Some(s) if s != "Z" && s != "X" && s != "x"),
-        Err(_) => true,
-    }
-}
-
-/// The state field of a `/proc/PID/stat` line (after the command name,
-/// which may hold spaces and parentheses).
-fn process_state(stat: &str) -> Option<&str> {
-    stat.rsplit_once(')')?.1.split_whitespace().next()
+/// The first mesh program that exited on its own, with its log's last lines.
+fn exited_program(mesh: &mut LocalMesh) -> Option<String> {
+    let (name, pid, log) = mesh.exited_unexpectedly()?;
+    Some(format!(
+        "{name} (pid {}) exited unexpectedly, so the testbed stopped; last lines of {}:\n{}",
+        pid.map_or_else(|| "?".to_string(), |p| p.to_string()),
+        log.display(),
+        crate::children::tail(&log)
+    ))
 }
 
 #[cfg(test)]
@@ -448,15 +410,5 @@ mod tests {
         assert_eq!(token_uses(10_003), 10_003 + 1_000 + 100);
         assert_eq!(token_uses(0), 100);
         assert_eq!(token_uses(u64::MAX), u64::MAX);
-    }
-
-    #[test]
-    fn a_zombie_or_a_missing_process_has_exited() {
-        assert_eq!(process_state("12 (agentmesh-router) S 1 2"), Some("S"));
-        assert_eq!(process_state("12 (a b) c) Z 1 2"), Some("Z"));
-        assert_eq!(process_state("garbage"), None);
-        assert!(!exited(Some(std::process::id())));
-        assert!(exited(None));
-        assert!(exited(Some(u32::MAX)));
     }
 }

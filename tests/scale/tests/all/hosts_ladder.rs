@@ -14,8 +14,11 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use agentmesh_ladder::hosts::testbed::namespaces_of;
 use anyhow::{Context, ensure};
 use serde_json::Value;
+
+use super::finish::u;
 
 /// The whole run must finish within this (about a minute and a half on a
 /// quiet 2-core box); below nextest's backstop.
@@ -25,40 +28,9 @@ const STEP: u64 = 9;
 const STEPS: u64 = 2;
 const MEMBER_HOSTS: u64 = 2;
 
-fn u(v: &Value, path: &str) -> u64 {
-    v.pointer(path)
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| panic!("report has no number at {path}: {v:#}"))
-}
-
-/// `None` (after printing `SKIPPED:`) when namespaces are unavailable here
-/// and not required; panics when they are required.
-fn skip_reason(test: &str) -> Option<String> {
-    let why = agentmesh_netns::unavailable()?;
-    assert!(
-        !agentmesh_netns::required(),
-        "{test}: {why}; {}=1 here, so the namespace tests fail rather than skip",
-        agentmesh_netns::REQUIRE_ENV
-    );
-    eprintln!("SKIPPED: {test}: {why}");
-    Some(why)
-}
-
-/// Namespaces whose name starts with `prefix`.
-fn namespaces_of(prefix: &str) -> Vec<String> {
-    std::fs::read_dir(agentmesh_netns::sweep::NETNS_DIR)
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| n.starts_with(prefix))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hosts_ladder_behind_eim_nats_with_a_router_kill() -> anyhow::Result<()> {
-    if skip_reason("hosts_ladder").is_some() {
+    if super::netns::skipped("hosts_ladder") {
         return Ok(());
     }
     let ladder = PathBuf::from(env!("CARGO_BIN_EXE_agentmesh-ladder"));
@@ -178,7 +150,7 @@ async fn hosts_ladder_behind_eim_nats_with_a_router_kill() -> anyhow::Result<()>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_hosts_ladder_is_swept_by_the_next_start() -> anyhow::Result<()> {
     use tokio::io::AsyncBufReadExt as _;
-    if skip_reason("hosts_ladder_killed").is_some() {
+    if super::netns::skipped("hosts_ladder_killed") {
         return Ok(());
     }
     let ladder = PathBuf::from(env!("CARGO_BIN_EXE_agentmesh-ladder"));

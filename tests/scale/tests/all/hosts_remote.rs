@@ -21,6 +21,8 @@ use std::time::Duration;
 use agentmesh_ladder::hosts::testbed::namespaces_of;
 use anyhow::{Context, bail, ensure};
 use serde_json::Value;
+
+use super::finish::{finish, u};
 use tokio::time::Instant;
 
 /// Until `testbed.json` appears: hosts built, mesh ready.
@@ -31,12 +33,6 @@ const STOP_DEADLINE: Duration = Duration::from_secs(2 * 60);
 const POLL: Duration = Duration::from_millis(200);
 const STEP: u64 = 6;
 const PROVIDERS: u64 = 1;
-
-fn u(v: &Value, path: &str) -> u64 {
-    v.pointer(path)
-        .and_then(Value::as_u64)
-        .unwrap_or_else(|| panic!("report has no number at {path}: {v:#}"))
-}
 
 fn s<'a>(v: &'a Value, path: &str) -> &'a str {
     v.pointer(path)
@@ -51,21 +47,6 @@ fn strings(v: &Value, path: &str) -> Vec<String> {
         .iter()
         .map(|a| a.as_str().expect("a string").to_string())
         .collect()
-}
-
-/// Whether the namespace tests are skipped here (after printing `SKIPPED:`);
-/// panics when they are required.
-fn skipped(test: &str) -> bool {
-    let Some(why) = agentmesh_netns::unavailable() else {
-        return false;
-    };
-    assert!(
-        !agentmesh_netns::required(),
-        "{test}: {why}; {}=1 here, so the namespace tests fail rather than skip",
-        agentmesh_netns::REQUIRE_ENV
-    );
-    eprintln!("SKIPPED: {test}: {why}");
-    true
 }
 
 /// A running `agentmesh-ladder testbed`, its stderr in `log`. Dropped while
@@ -159,7 +140,7 @@ impl Drop for TestbedProc {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_ladder_on_a_natted_host_joins_a_tls_mesh_on_other_hosts() -> anyhow::Result<()> {
-    if skipped("hosts_remote") {
+    if super::netns::skipped("hosts_remote") {
         return Ok(());
     }
     let ladder = PathBuf::from(env!("CARGO_BIN_EXE_agentmesh-ladder"));
@@ -208,8 +189,8 @@ async fn remote_ladder_on_a_natted_host_joins_a_tls_mesh_on_other_hosts() -> any
     let exec_prefix = strings(&tb, "/member_hosts/0/exec_prefix");
     let (program, rest) = exec_prefix.split_first().context("an empty prefix")?;
     let report_path = work.path().join("report.json");
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(rest)
+    let child = std::process::Command::new(program)
+        .args(rest)
         .arg(&ladder)
         .arg("remote")
         .args(strings(&tb, "/remote_args"))
@@ -223,20 +204,11 @@ async fn remote_ladder_on_a_natted_host_joins_a_tls_mesh_on_other_hosts() -> any
         .arg(&report_path)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-    let child = cmd.spawn().context("starting agentmesh-ladder remote")?;
-    let out = tokio::time::timeout(RUN_DEADLINE, child.wait_with_output())
-        .await
-        .context("the remote ladder did not finish within its deadline")??;
-    println!("{}", String::from_utf8_lossy(&out.stdout));
-    ensure!(
-        out.status.success(),
-        "agentmesh-ladder remote failed: {}",
-        out.status
-    );
-    let report: Value = serde_json::from_str(
-        &std::fs::read_to_string(&report_path).context("reading the report")?,
-    )?;
+        .spawn()
+        .context("starting agentmesh-ladder remote")?;
+    let report_file = report_path.clone();
+    let (_table, report) =
+        tokio::task::spawn_blocking(move || finish(child, &report_file, RUN_DEADLINE)).await??;
 
     // The testbed stops on SIGTERM, cleanly, and leaves nothing behind.
     testbed.sigterm()?;
@@ -283,7 +255,7 @@ async fn remote_ladder_on_a_natted_host_joins_a_tls_mesh_on_other_hosts() -> any
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_testbed_whose_router_dies_stops_and_says_which() -> anyhow::Result<()> {
-    if skipped("hosts_remote_router_dies") {
+    if super::netns::skipped("hosts_remote_router_dies") {
         return Ok(());
     }
     let work = tempfile::tempdir()?;

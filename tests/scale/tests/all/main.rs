@@ -8,6 +8,7 @@ mod drain_under_cap;
 mod finish;
 mod hosts_ladder;
 mod hosts_remote;
+mod netns;
 mod policy_ladder;
 mod postgres_ladder;
 mod remote_tls;
