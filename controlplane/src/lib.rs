@@ -59,6 +59,8 @@ pub mod status;
 #[cfg(feature = "server")]
 pub mod store;
 #[cfg(feature = "server")]
+pub mod token_index;
+#[cfg(feature = "server")]
 pub mod tokens;
 #[cfg(feature = "server")]
 pub mod watch;

@@ -82,6 +82,10 @@ pub const AUTH_REASONS: &[&str] = &[
     "credential_not_yet_valid",
 ];
 
+/// Results of a token index load, as label values of
+/// `token_index_loads_total{result}`.
+pub const TOKEN_INDEX_LOAD_RESULTS: &[&str] = &["complete", "truncated"];
+
 const CODES: &[tonic::Code] = &[
     tonic::Code::Ok,
     tonic::Code::Cancelled,
@@ -190,6 +194,8 @@ pub struct Metrics {
     policy_applies: Family<ResultLabel, Counter>,
     watchers: Gauge,
     watch_events: Counter,
+    token_index_tokens: Gauge,
+    token_index_loads: Family<ResultLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -231,6 +237,8 @@ impl Metrics {
             policy_applies: Family::default(),
             watchers: Gauge::default(),
             watch_events: Counter::default(),
+            token_index_tokens: Gauge::default(),
+            token_index_loads: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("agentmesh_control_plane");
         r.register("rpc", "gRPC calls by method and status code", m.rpc.clone());
@@ -368,6 +376,18 @@ impl Metrics {
             "Watch events sent, over every stream (the first full event of each stream included)",
             m.watch_events.clone(),
         );
+        r.register(
+            "token_index_tokens",
+            "Live enrollment token digests the failure guard's token index holds (loaded \
+             only while a source over its failures enrolls)",
+            m.token_index_tokens.clone(),
+        );
+        r.register(
+            "token_index_loads",
+            "Token index loads from the database: complete, or truncated at \
+             --token-index-max-tokens (the index then cannot refuse a token)",
+            m.token_index_loads.clone(),
+        );
         for method in METHODS {
             for code in CODES {
                 let _ = m.rpc.get_or_create(&MethodCode {
@@ -429,6 +449,11 @@ impl Metrics {
                 .policy_applies
                 .get_or_create(&ResultLabel { result: r.into() });
         }
+        for r in TOKEN_INDEX_LOAD_RESULTS {
+            let _ = m.token_index_loads.get_or_create(&ResultLabel {
+                result: (*r).into(),
+            });
+        }
         for r in ["enrolled", "re_enrolled"] {
             let _ = m
                 .enrollments
@@ -450,6 +475,18 @@ impl Metrics {
                 method: method.into(),
             })
             .observe(secs);
+    }
+
+    /// Records a token index load.
+    pub fn token_index_loaded(&self, tokens: usize, complete: bool) {
+        self.token_index_tokens
+            .set(i64::try_from(tokens).unwrap_or(i64::MAX));
+        let result = if complete { "complete" } else { "truncated" };
+        self.token_index_loads
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
     }
 
     /// Counts a limiter refusal.

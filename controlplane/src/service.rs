@@ -1,5 +1,5 @@
 //! The gRPC service: decodes requests, calls the state, records metrics, and
-//! maps errors through [`crate::status::to_status`].
+//! maps errors through [`crate::status::counted_status`].
 
 use std::sync::Arc;
 
@@ -17,8 +17,7 @@ use tonic::{Request, Response, Status};
 
 use crate::{
     state::State,
-    status::{ServiceError, to_status},
-    store::StoreError,
+    status::{ServiceError, counted_status},
 };
 
 /// The `ControlPlane` gRPC service.
@@ -40,19 +39,9 @@ impl Service {
         r: Result<T, ServiceError>,
     ) -> Result<Response<T>, Status> {
         let m = &self.state.metrics;
-        let r = r.map(Response::new).map_err(|e| {
-            match &e {
-                ServiceError::Limited { limiter, .. } => m.limited(limiter),
-                ServiceError::Store(StoreError::Timeout(_)) => m.limited("db_busy"),
-                _ => {}
-            }
-            if let Some(reason) = e.auth_reason() {
-                m.auth_failed(method, reason);
-            }
-            let status = to_status(&e);
-            tracing::debug!(method, code = ?status.code(), error = %e, "refused");
-            status
-        });
+        let r = r
+            .map(Response::new)
+            .map_err(|e| counted_status(m, method, &e));
         let code = r
             .as_ref()
             .map(|_| tonic::Code::Ok)

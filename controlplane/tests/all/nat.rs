@@ -8,7 +8,7 @@
 //! the guard is tripped. On both backends (every real call reaches the
 //! store).
 
-use crate::common::{self, TestDb, metric, metrics, token};
+use crate::common::{TestDb, metric, metrics, token};
 
 use std::{net::IpAddr, time::Duration};
 
@@ -29,8 +29,9 @@ const NAT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 const MEMBERS: usize = 8;
 /// The router's lease rounds during the attack, one a second.
 const ROUNDS: usize = 8;
-/// The lease's lifetime: a round that fails for longer lets it lapse.
-const LEASE_TTL_SECS: u64 = 6;
+/// The lease's lifetime: renewed every second, it lapses only if renewals
+/// fail (or stall) for this long.
+const LEASE_TTL_SECS: u64 = 15;
 /// A real call's retry budget. Under the old guard the source's refusals
 /// said "retry in ~60 s", past it.
 const BUDGET: Duration = Duration::from_secs(10);
@@ -64,18 +65,28 @@ struct RouterRun {
     lapsed: usize,
     /// Directory reads that did not list the router.
     missing: usize,
-    /// Whether a Watch opened during the attack delivered its first event.
-    watched: bool,
 }
 
-/// A router's control-plane loop during the attack: lease, read the
-/// directory, and once open a Watch with a fresh proof.
+/// A router's Watch opened during the attack: `Ok` once its first event
+/// arrived.
+async fn watcher(url: String, key: Keypair, cred: Credential) -> Result<(), String> {
+    let mut s = client(&url)
+        .watch(&cred, &key)
+        .await
+        .map_err(|e| format!("Watch: {e}"))?;
+    match tokio::time::timeout(Duration::from_secs(30), s.message()).await {
+        Ok(Ok(Some(_))) => Ok(()),
+        other => Err(format!("Watch's first event: {other:?}")),
+    }
+}
+
+/// A router's lease loop during the attack: lease, then read the directory.
 async fn router(url: String, key: Keypair, cred: Credential) -> RouterRun {
     let c = client(&url);
     let me = key.public().to_peer_id().to_bytes();
     let mut run = RouterRun::default();
     let mut expires_at: Option<i64> = None;
-    for round in 0..ROUNDS {
+    for _ in 0..ROUNDS {
         match c
             .router_lease(
                 &cred,
@@ -99,17 +110,6 @@ async fn router(url: String, key: Keypair, cred: Credential) -> RouterRun {
             Ok(d) if d.routers.iter().any(|r| r.peer_id == me) => {}
             Ok(_) => run.missing += 1,
             Err(e) => run.failures.push(format!("GetDirectory: {e}")),
-        }
-        if round == 1 {
-            match c.watch(&cred, &key).await {
-                Ok(mut s) => {
-                    match tokio::time::timeout(Duration::from_secs(10), s.message()).await {
-                        Ok(Ok(Some(_))) => run.watched = true,
-                        other => run.failures.push(format!("Watch's first event: {other:?}")),
-                    }
-                }
-                Err(e) => run.failures.push(format!("Watch: {e}")),
-            }
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -183,6 +183,11 @@ async fn an_attacker_behind_a_nat_takes_no_service_from_members_and_routers_behi
     }
     let tripped_at = failure_guard_refusals(&h).await;
 
+    let watch = tokio::spawn(watcher(
+        url.clone(),
+        router_key.clone(),
+        router_cred.clone(),
+    ));
     let router = tokio::spawn(router(url.clone(), router_key, router_cred));
     let members: Vec<_> = (0..MEMBERS)
         .map(|_| tokio::spawn(member(url.clone(), member_token.clone())))
@@ -194,6 +199,7 @@ async fn an_attacker_behind_a_nat_takes_no_service_from_members_and_routers_behi
         }
     }
     let run = router.await.expect("router task");
+    let watched = watch.await.expect("watch task");
     // The guard was still refusing the attacker when everyone was done.
     let refused_meanwhile = failure_guard_refusals(&h).await - tripped_at;
     let _ = stop_tx.send(true);
@@ -213,7 +219,7 @@ async fn an_attacker_behind_a_nat_takes_no_service_from_members_and_routers_behi
     assert!(run.failures.is_empty(), "the router failed: {run:?}");
     assert_eq!(run.lapsed, 0, "a lease lapsed: {run:?}");
     assert_eq!(run.missing, 0, "the router left the directory: {run:?}");
-    assert!(run.watched, "{run:?}");
+    assert_eq!(watched, Ok(()), "the router's Watch");
 
     // Made-up tokens reach the database only while the source is under its
     // failure limit (one window here): once it is over, they are refused in
@@ -230,9 +236,7 @@ async fn an_attacker_behind_a_nat_takes_no_service_from_members_and_routers_behi
         assert_eq!(
             metric(
                 &m,
-                &format!(
-                    "agentmesh_control_plane_limiter_refusals_total{{limiter=\"{limiter}\"}}"
-                )
+                &format!("agentmesh_control_plane_limiter_refusals_total{{limiter=\"{limiter}\"}}")
             ),
             Some(0.0),
             "{limiter}"
