@@ -8,13 +8,19 @@
 //! punishes requests, not addresses: it refuses only a request that fails
 //! to prove who sent it. Enroll, Refresh, RouterLease and Watch run:
 //!
+//! 0. **Decode** (tonic, before the handler): a request that does not
+//!    decode is answered, counted and charged by [`crate::malformed`]: one
+//!    token of its source's unauthenticated share and one failure for the
+//!    guard; `INVALID_ARGUMENT`, or the guard's or budget's refusal with
+//!    `retry-after`.
 //! 1. **Nothing to verify** (free: no credential or no proof; no token or
 //!    no proof for Enroll): from a source over its failures
 //!    (`--auth-failures-per-source-per-min` this minute, [`FailureGuard`])
 //!    it is refused by the guard at once, spending no budget; from another
 //!    source it goes on and is refused, and counted, in step 3.
 //! 2. **Unauthenticated budget** (`--unauth-rate-per-sec`; every RPC of the
-//!    ControlPlane service but the admin ones): a rate shared fairly by sources ([`FairRate`]) that pays
+//!    ControlPlane service but the admin ones, and every request that did
+//!    not decode): a rate shared fairly by sources ([`FairRate`]) that pays
 //!    for the work done before a caller is known: decoding, proof and
 //!    credential signatures, GetKeys, GetDirectory. A lone source may use
 //!    all of it; once more than half of its burst is spent, each active

@@ -37,6 +37,8 @@ pub mod keys;
 #[cfg(feature = "server")]
 pub mod limiter;
 #[cfg(feature = "server")]
+pub mod malformed;
+#[cfg(feature = "server")]
 pub mod metrics;
 #[cfg(feature = "server")]
 pub mod offline;

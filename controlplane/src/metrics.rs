@@ -82,6 +82,13 @@ pub const AUTH_REASONS: &[&str] = &[
     "credential_not_yet_valid",
 ];
 
+/// Why a request was refused before its handler saw it (tonic could not
+/// read it; see [`crate::malformed`]), as label values of
+/// `malformed_requests_total{reason}`: its message did not decode (or was
+/// missing), was larger than `--grpc-max-message-bytes`, or came in a
+/// compression the server does not accept.
+pub const MALFORMED_REASONS: &[&str] = &["undecodable", "too_large", "unsupported_encoding"];
+
 /// Results of a token index load, as label values of
 /// `token_index_loads_total{result}`.
 pub const TOKEN_INDEX_LOAD_RESULTS: &[&str] = &["complete", "truncated"];
@@ -124,6 +131,12 @@ struct LimiterLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AuthLabel {
+    method: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodReason {
     method: String,
     reason: String,
 }
@@ -194,6 +207,7 @@ pub struct Metrics {
     policy_applies: Family<ResultLabel, Counter>,
     watchers: Gauge,
     watch_events: Counter,
+    malformed: Family<MethodReason, Counter>,
     token_index_tokens: Gauge,
     token_index_loads: Family<ResultLabel, Counter>,
 }
@@ -237,6 +251,7 @@ impl Metrics {
             policy_applies: Family::default(),
             watchers: Gauge::default(),
             watch_events: Counter::default(),
+            malformed: Family::default(),
             token_index_tokens: Gauge::default(),
             token_index_loads: Family::default(),
         };
@@ -377,6 +392,14 @@ impl Metrics {
             m.watch_events.clone(),
         );
         r.register(
+            "malformed_requests",
+            "Requests refused before their handler because tonic could not read them, by \
+             method and reason (undecodable: answered INVALID_ARGUMENT; too_large: \
+             OUT_OF_RANGE; unsupported_encoding: UNIMPLEMENTED); each is a failure of its \
+             source for the failure guard and spends its unauthenticated share",
+            m.malformed.clone(),
+        );
+        r.register(
             "token_index_tokens",
             "Live enrollment token digests the failure guard's token index holds (loaded \
              only while a source over its failures enrolls)",
@@ -389,6 +412,12 @@ impl Metrics {
             m.token_index_loads.clone(),
         );
         for method in METHODS {
+            for reason in MALFORMED_REASONS {
+                let _ = m.malformed.get_or_create(&MethodReason {
+                    method: (*method).into(),
+                    reason: (*reason).into(),
+                });
+            }
             for code in CODES {
                 let _ = m.rpc.get_or_create(&MethodCode {
                     method: (*method).into(),
@@ -475,6 +504,17 @@ impl Metrics {
                 method: method.into(),
             })
             .observe(secs);
+    }
+
+    /// Counts a request refused before its handler (`reason`: one of
+    /// [`MALFORMED_REASONS`]).
+    pub fn malformed(&self, method: &str, reason: &'static str) {
+        self.malformed
+            .get_or_create(&MethodReason {
+                method: method.into(),
+                reason: reason.into(),
+            })
+            .inc();
     }
 
     /// Records a token index load.

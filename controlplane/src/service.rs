@@ -1,5 +1,7 @@
-//! The gRPC service: decodes requests, calls the state, records metrics, and
-//! maps errors through [`crate::status::counted_status`].
+//! The gRPC service: calls the state with each decoded request, records
+//! metrics, and maps errors through [`crate::status::counted_status`]
+//! (requests tonic could not decode never get here: see
+//! [`crate::malformed`]).
 
 use std::sync::Arc;
 
@@ -38,6 +40,7 @@ impl Service {
         started: Instant,
         r: Result<T, ServiceError>,
     ) -> Result<Response<T>, Status> {
+        crate::malformed::mark_handled();
         let m = &self.state.metrics;
         let r = r
             .map(Response::new)
