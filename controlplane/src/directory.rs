@@ -124,7 +124,7 @@ impl State {
         if claims.role() != Role::Router {
             return Err(ServiceError::denied(
                 "wrong_role",
-                "RouterLease needs a credential with role router",
+                format!("{} needs a credential with role router", rpc_of(purpose)),
             ));
         }
         Ok((claims, peer))
@@ -194,6 +194,16 @@ impl State {
     /// `GetKeys`.
     pub fn get_keys(&self) -> KeySet {
         self.keys.key_set(unix_now())
+    }
+}
+
+/// The RPC a router's proof was made for, as refusals name it.
+fn rpc_of(purpose: Purpose) -> &'static str {
+    match purpose {
+        Purpose::Watch => "Watch",
+        Purpose::Lease => "RouterLease",
+        Purpose::Enroll => "Enroll",
+        Purpose::Refresh => "Refresh",
     }
 }
 

@@ -67,7 +67,7 @@ pub(crate) fn node_refusal(r: NodeRefusal) -> ServiceError {
         NodeRefusal::Revoked => ServiceError::denied("revoked", "node is revoked"),
         NodeRefusal::NotARouter => ServiceError::denied(
             "wrong_role",
-            "RouterLease from a node not enrolled as a router",
+            "the node is not enrolled as a router (enroll with a router token)",
         ),
     }
 }
