@@ -78,20 +78,22 @@ impl TokenSpec {
 }
 
 impl State {
-    /// Checks `authorization: Bearer <token>` from `source`: the failure
-    /// guard first (a source over its failures is refused before the
-    /// compare), and a missing or wrong token is recorded as a failure.
+    /// Checks `authorization: Bearer <token>` from `source`: no header from
+    /// a source over its failures is refused by the failure guard at once;
+    /// a missing or wrong token is judged as a failure of the source (and
+    /// refused by the guard once the source is over its limit); the right
+    /// token is served whatever the source's failures.
     pub fn check_admin(
         &self,
         source: Option<IpAddr>,
         authorization: Option<&str>,
     ) -> Result<(), ServiceError> {
-        self.admission.check_failures(source)?;
-        let r = self.compare_admin(authorization);
-        if let Err(ServiceError::Unauthenticated { .. }) = &r {
-            self.admission.record_failure(source);
+        if authorization.is_none() {
+            self.admission
+                .refuse_unverifiable(source, "authorization: Bearer <admin token>")?;
         }
-        r
+        let r = self.compare_admin(authorization);
+        self.admission.judge(source, r)
     }
 
     fn compare_admin(&self, authorization: Option<&str>) -> Result<(), ServiceError> {
@@ -136,6 +138,8 @@ impl State {
         self.db
             .run(self.db.store().create_token(&digest, &row))
             .await?;
+        // A member may enroll with it from an address the guard refuses.
+        self.admission.token_minted();
         tracing::info!(%token_id, kind = ?spec.kind, role = ?spec.role, "token created");
         Ok((token, token_id, expires_at))
     }

@@ -61,6 +61,14 @@ pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 pub const DEFAULT_AUTH_FAILURES_PER_SOURCE_PER_MIN: u32 = 60;
 /// Default `--failure-guard-max-sources`.
 pub const DEFAULT_FAILURE_GUARD_MAX_SOURCES: usize = 100_000;
+/// Default `--token-index-max-tokens`: 100,000 live enrollment tokens
+/// (about 6 MiB in memory); tokens are minted by operators and reaped
+/// when expired or used up.
+pub const DEFAULT_TOKEN_INDEX_MAX_TOKENS: usize = 100_000;
+/// Default `--token-index-max-age-secs`: a token minted by another process
+/// is usable from an address the failure guard refuses within 5 s; while
+/// such an address is attacked the index is read at most this often.
+pub const DEFAULT_TOKEN_INDEX_MAX_AGE_SECS: u64 = 5;
 /// Default `--unauth-rate-per-sec`: what the work before a caller is known
 /// may cost (a Refresh verifies two ed25519 signatures); a 10,000-member
 /// fleet needs about 200/s (directory reads every minute, refreshes, leases).
@@ -253,6 +261,18 @@ pub struct Config {
         default_value_t = DEFAULT_FAILURE_GUARD_MAX_SOURCES
     )]
     pub failure_guard_max_sources: usize,
+    /// Live enrollment tokens the failure guard's token index keeps, tokens: an Enroll from
+    /// a source over its failures reaches the enroll budget and the database only with a
+    /// token the index holds. With more live tokens than this the index cannot refuse
+    /// (counted in token_index_loads_total{result="truncated"}); 0 turns it off. Default
+    /// 100000.
+    #[arg(long, default_value_t = DEFAULT_TOKEN_INDEX_MAX_TOKENS)]
+    pub token_index_max_tokens: usize,
+    /// Age after which the token index is read from the database again when a source over
+    /// its failures enrolls with a token it does not hold, seconds (a mint in this process
+    /// makes it stale at once). Default 5.
+    #[arg(long, default_value_t = DEFAULT_TOKEN_INDEX_MAX_AGE_SECS)]
+    pub token_index_max_age_secs: u64,
     /// Sources each per-source table (unauthenticated, enroll and refresh shares,
     /// connections, refusal logs) tracks at once, sources; aggregated and then shared as it
     /// fills, like the failure guard's. Default 100000.
@@ -401,6 +421,8 @@ impl Default for Config {
             unauth_burst: DEFAULT_UNAUTH_BURST,
             auth_failures_per_source_per_min: DEFAULT_AUTH_FAILURES_PER_SOURCE_PER_MIN,
             failure_guard_max_sources: DEFAULT_FAILURE_GUARD_MAX_SOURCES,
+            token_index_max_tokens: DEFAULT_TOKEN_INDEX_MAX_TOKENS,
+            token_index_max_age_secs: DEFAULT_TOKEN_INDEX_MAX_AGE_SECS,
             source_table_max_sources: DEFAULT_SOURCE_TABLE_MAX_SOURCES,
             ipv6_source_prefix_len: DEFAULT_IPV6_SOURCE_PREFIX_LEN,
             credential_ttl_secs: DEFAULT_CREDENTIAL_TTL_SECS,
@@ -518,6 +540,7 @@ impl Config {
                 "--failure-guard-max-sources",
                 self.failure_guard_max_sources as u64,
             ),
+            ("--token-index-max-age-secs", self.token_index_max_age_secs),
             (
                 "--grpc-keepalive-interval-secs",
                 self.grpc_keepalive_interval_secs,

@@ -31,25 +31,26 @@ pub const MAX_LEASE_ADDRS: usize = 32;
 pub const MAX_ADDR_LEN: usize = 512;
 
 impl State {
-    /// `RouterLease`: failure guard, the source's unauthenticated share,
-    /// decode and verify (role router), labels a subset of the
-    /// credential's, and only then the lease budget, which no member can
-    /// reach.
+    /// `RouterLease`, in [`crate::admission`]'s order: nothing to verify
+    /// from a source over its failures is refused at once; the source's
+    /// unauthenticated share; verify (role router; a failure is judged
+    /// against the source, a verified router is served whatever its
+    /// address's failures); labels a subset of the credential's; only then
+    /// the lease budget, which no member can reach.
     pub async fn router_lease(
         &self,
         source: Option<IpAddr>,
         req: RouterLeaseRequest,
     ) -> Result<RouterLeaseResponse, ServiceError> {
-        self.admission.check_failures(source)?;
+        if req.credential.is_none() || req.proof.is_none() {
+            self.admission
+                .refuse_unverifiable(source, "credential and proof of possession")?;
+        }
         self.admission.admit_unauth(source)?;
         let now = unix_now();
         let (claims, peer) = self
-            .verify_lease(&req, Purpose::Lease, now)
-            .inspect_err(|e| {
-                if e.is_failure() {
-                    self.admission.record_failure(source);
-                }
-            })?;
+            .admission
+            .judge(source, self.verify_lease(&req, Purpose::Lease, now))?;
         let allowed = claims.labels();
         let asked = labels_to_map(&req.labels);
         if let Some((k, v)) = asked.iter().find(|(k, v)| allowed.get(*k) != Some(*v)) {
@@ -123,7 +124,7 @@ impl State {
         if claims.role() != Role::Router {
             return Err(ServiceError::denied(
                 "wrong_role",
-                "RouterLease needs a credential with role router",
+                format!("{} needs a credential with role router", rpc_of(purpose)),
             ));
         }
         Ok((claims, peer))
@@ -193,6 +194,16 @@ impl State {
     /// `GetKeys`.
     pub fn get_keys(&self) -> KeySet {
         self.keys.key_set(unix_now())
+    }
+}
+
+/// The RPC a router's proof was made for, as refusals name it.
+fn rpc_of(purpose: Purpose) -> &'static str {
+    match purpose {
+        Purpose::Watch => "Watch",
+        Purpose::Lease => "RouterLease",
+        Purpose::Enroll => "Enroll",
+        Purpose::Refresh => "Refresh",
     }
 }
 

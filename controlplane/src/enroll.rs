@@ -1,11 +1,11 @@
 //! Enroll and Refresh: the two calls that issue credentials.
 //!
-//! Both pass the failure guard and the source's share of the
-//! unauthenticated budget, then decode and verify (a failure counts against
-//! the source in the guard), and only then take a token of their own
-//! budget ([`crate::admission`]), so a caller whose proof or credential does
-//! not check out never spends what members need. Role and labels come from
-//! the token.
+//! Both take the source's share of the unauthenticated budget, then
+//! verify (a failure counts against the source in the failure guard, which
+//! refuses only callers that do not prove themselves), and only then take a
+//! token of their own budget ([`crate::admission`]), so a caller whose proof
+//! or credential does not check out never spends what members need. Role
+//! and labels come from the token.
 
 use std::net::IpAddr;
 
@@ -67,7 +67,7 @@ pub(crate) fn node_refusal(r: NodeRefusal) -> ServiceError {
         NodeRefusal::Revoked => ServiceError::denied("revoked", "node is revoked"),
         NodeRefusal::NotARouter => ServiceError::denied(
             "wrong_role",
-            "RouterLease from a node not enrolled as a router",
+            "the node is not enrolled as a router (enroll with a router token)",
         ),
     }
 }
@@ -93,20 +93,23 @@ impl State {
         Ok(sign(&claims, &signer.key))
     }
 
-    /// `Enroll`: failure guard, the source's unauthenticated share, decode
-    /// and proof, the enroll budget, then the token (in the database).
+    /// `Enroll`, in [`crate::admission`]'s order: nothing to verify from a
+    /// source over its failures is refused at once; the source's
+    /// unauthenticated share; the proof; a token from a source over its
+    /// failures must be one the token index holds; the enroll budget; the
+    /// token in the database. Every failure is judged against the source.
     pub async fn enroll(
         &self,
         source: Option<IpAddr>,
         req: EnrollRequest,
     ) -> Result<EnrollResponse, ServiceError> {
-        self.admission.check_failures(source)?;
+        if req.token.trim().is_empty() || req.proof.is_none() {
+            self.admission
+                .refuse_unverifiable(source, "token and proof of possession")?;
+        }
         self.admission.admit_unauth(source)?;
         let r = self.enroll_checked(source, req).await;
-        if r.as_ref().is_err_and(ServiceError::is_failure) {
-            self.admission.record_failure(source);
-        }
-        r
+        self.admission.judge(source, r)
     }
 
     async fn enroll_checked(
@@ -127,6 +130,13 @@ impl State {
         let now = unix_now();
         let (_, peer) =
             verify_proof(Purpose::Enroll, &self.public_url, &proof, now).map_err(proof_error)?;
+        let digest = tokens::digest(&token);
+        self.admission
+            .admit_token(source, &digest, |limit| {
+                self.db
+                    .run(self.db.store().token_digests(unix_now(), limit))
+            })
+            .await?;
         self.admission.admit_enroll(source)?;
         if self.keys.signer(now).is_none() {
             return Err(ServiceError::NoSigningKey);
@@ -134,7 +144,6 @@ impl State {
         let mut id = [0u8; 8];
         rand::thread_rng().fill_bytes(&mut id);
         let new_node_id = format!("n-{}", hex::encode(id));
-        let digest = tokens::digest(&token);
         let peer_bytes = peer.to_bytes();
         let source_ip = source.map(|ip| ip.to_string()).unwrap_or_default();
         let exp = now + self.config.credential_ttl_secs as i64;
@@ -173,22 +182,25 @@ impl State {
     }
 
     /// `Refresh`: a current (or just-expired, within the grace) credential
-    /// plus a fresh proof from the same key. Failure guard, the source's
-    /// unauthenticated share, decode and verify, and only then the refresh
-    /// budget.
+    /// plus a fresh proof from the same key. In [`crate::admission`]'s
+    /// order: nothing to verify from a source over its failures is refused
+    /// at once; the source's unauthenticated share; verify (a failure is
+    /// judged against the source, a verified caller is served whatever its
+    /// address's failures); only then the refresh budget.
     pub async fn refresh(
         &self,
         source: Option<IpAddr>,
         req: RefreshRequest,
     ) -> Result<RefreshResponse, ServiceError> {
-        self.admission.check_failures(source)?;
+        if req.credential.is_none() || req.proof.is_none() {
+            self.admission
+                .refuse_unverifiable(source, "credential and proof of possession")?;
+        }
         self.admission.admit_unauth(source)?;
         let now = unix_now();
-        let peer = self.verify_refresh(req, now).inspect_err(|e| {
-            if e.is_failure() {
-                self.admission.record_failure(source);
-            }
-        })?;
+        let peer = self
+            .admission
+            .judge(source, self.verify_refresh(req, now))?;
         self.admission.admit_refresh(source)?;
         let peer_bytes = peer.to_bytes();
         let exp = now + self.config.credential_ttl_secs as i64;

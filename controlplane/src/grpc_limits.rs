@@ -482,7 +482,8 @@ impl<S> StreamLimit<S> {
     }
 }
 
-fn peer_of<B>(req: &http::Request<B>) -> Option<SocketAddr> {
+/// The remote address tonic put in a request's extensions (plain or TLS).
+pub(crate) fn peer_of<B>(req: &http::Request<B>) -> Option<SocketAddr> {
     let ext = req.extensions();
     ext.get::<TcpConnectInfo>()
         .and_then(TcpConnectInfo::remote_addr)

@@ -1,10 +1,14 @@
 //! The failure guard: failed authentications per source, in fixed
 //! one-minute windows; a source with `max_per_min` failures in its window is
-//! refused (cheaply, before any other check) until the window ends.
+//! over its limit until the window ends. What that costs the source's
+//! requests is decided in [`crate::admission`]: only requests that fail to
+//! prove who sent them are refused (a caller that proves itself is served
+//! whatever its address's count), so the members and routers behind a NAT
+//! are never refused for an attacker among them.
 //!
 //! Only failures count (a token, proof or credential that does not check
-//! out, a malformed request, a wrong admin token), so members behind one NAT
-//! are never throttled by it. Sources are keyed as everywhere else
+//! out, a malformed request, a wrong admin token), never a caller that
+//! proved itself and was refused all the same. Sources are keyed as everywhere else
 //! ([`agentmesh_fair::SourceKey`]: an IPv4 address, an IPv6 /64 by
 //! default), so one host cannot spread its failures over the addresses of
 //! its prefix.

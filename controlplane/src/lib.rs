@@ -37,6 +37,8 @@ pub mod keys;
 #[cfg(feature = "server")]
 pub mod limiter;
 #[cfg(feature = "server")]
+pub mod malformed;
+#[cfg(feature = "server")]
 pub mod metrics;
 #[cfg(feature = "server")]
 pub mod offline;
@@ -58,6 +60,8 @@ pub mod state;
 pub mod status;
 #[cfg(feature = "server")]
 pub mod store;
+#[cfg(feature = "server")]
+pub mod token_index;
 #[cfg(feature = "server")]
 pub mod tokens;
 #[cfg(feature = "server")]

@@ -82,6 +82,17 @@ pub const AUTH_REASONS: &[&str] = &[
     "credential_not_yet_valid",
 ];
 
+/// Why a request was refused before its handler saw it (tonic could not
+/// read it; see [`crate::malformed`]), as label values of
+/// `malformed_requests_total{reason}`: its message did not decode (or was
+/// missing), was larger than `--grpc-max-message-bytes`, or came in a
+/// compression the server does not accept.
+pub const MALFORMED_REASONS: &[&str] = &["undecodable", "too_large", "unsupported_encoding"];
+
+/// Results of a token index load, as label values of
+/// `token_index_loads_total{result}`.
+pub const TOKEN_INDEX_LOAD_RESULTS: &[&str] = &["complete", "truncated"];
+
 const CODES: &[tonic::Code] = &[
     tonic::Code::Ok,
     tonic::Code::Cancelled,
@@ -120,6 +131,12 @@ struct LimiterLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AuthLabel {
+    method: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodReason {
     method: String,
     reason: String,
 }
@@ -190,6 +207,9 @@ pub struct Metrics {
     policy_applies: Family<ResultLabel, Counter>,
     watchers: Gauge,
     watch_events: Counter,
+    malformed: Family<MethodReason, Counter>,
+    token_index_tokens: Gauge,
+    token_index_loads: Family<ResultLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -231,6 +251,9 @@ impl Metrics {
             policy_applies: Family::default(),
             watchers: Gauge::default(),
             watch_events: Counter::default(),
+            malformed: Family::default(),
+            token_index_tokens: Gauge::default(),
+            token_index_loads: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("agentmesh_control_plane");
         r.register("rpc", "gRPC calls by method and status code", m.rpc.clone());
@@ -368,7 +391,33 @@ impl Metrics {
             "Watch events sent, over every stream (the first full event of each stream included)",
             m.watch_events.clone(),
         );
+        r.register(
+            "malformed_requests",
+            "Requests refused before their handler because tonic could not read them, by \
+             method and reason (undecodable: answered INVALID_ARGUMENT; too_large: \
+             OUT_OF_RANGE; unsupported_encoding: UNIMPLEMENTED); each is a failure of its \
+             source for the failure guard and spends its unauthenticated share",
+            m.malformed.clone(),
+        );
+        r.register(
+            "token_index_tokens",
+            "Live enrollment token digests the failure guard's token index holds (loaded \
+             only while a source over its failures enrolls)",
+            m.token_index_tokens.clone(),
+        );
+        r.register(
+            "token_index_loads",
+            "Token index loads from the database: complete, or truncated at \
+             --token-index-max-tokens (the index then cannot refuse a token)",
+            m.token_index_loads.clone(),
+        );
         for method in METHODS {
+            for reason in MALFORMED_REASONS {
+                let _ = m.malformed.get_or_create(&MethodReason {
+                    method: (*method).into(),
+                    reason: (*reason).into(),
+                });
+            }
             for code in CODES {
                 let _ = m.rpc.get_or_create(&MethodCode {
                     method: (*method).into(),
@@ -429,6 +478,11 @@ impl Metrics {
                 .policy_applies
                 .get_or_create(&ResultLabel { result: r.into() });
         }
+        for r in TOKEN_INDEX_LOAD_RESULTS {
+            let _ = m.token_index_loads.get_or_create(&ResultLabel {
+                result: (*r).into(),
+            });
+        }
         for r in ["enrolled", "re_enrolled"] {
             let _ = m
                 .enrollments
@@ -450,6 +504,29 @@ impl Metrics {
                 method: method.into(),
             })
             .observe(secs);
+    }
+
+    /// Counts a request refused before its handler (`reason`: one of
+    /// [`MALFORMED_REASONS`]).
+    pub fn malformed(&self, method: &str, reason: &'static str) {
+        self.malformed
+            .get_or_create(&MethodReason {
+                method: method.into(),
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Records a token index load.
+    pub fn token_index_loaded(&self, tokens: usize, complete: bool) {
+        self.token_index_tokens
+            .set(i64::try_from(tokens).unwrap_or(i64::MAX));
+        let result = if complete { "complete" } else { "truncated" };
+        self.token_index_loads
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
     }
 
     /// Counts a limiter refusal.

@@ -27,6 +27,7 @@ use crate::{
     grpc_limits::{BoundedIncoming, Handshakes, StreamLimit},
     http::{HttpState, router},
     keys::{Keys, RotationPolicy},
+    malformed::Malformed,
     metrics::Metrics,
     policy::{Origin, PolicyStartError, StartPolicy, watch::run_policy_check},
     reaper::{run_key_check, run_reaper},
@@ -292,6 +293,9 @@ pub async fn spawn_with(
     let control_plane = ControlPlaneServer::new(Service::new(state.clone()))
         .max_decoding_message_size(max_request)
         .max_encoding_message_size(MAX_RESPONSE_BYTES);
+    // Requests tonic refuses before a handler (undecodable, too large) are
+    // answered, counted and charged to their source there.
+    let control_plane = Malformed::new(control_plane, state.clone());
     let health_svc = health_svc
         .max_decoding_message_size(max_request)
         .max_encoding_message_size(MAX_RESPONSE_BYTES);

@@ -1,5 +1,7 @@
-//! The gRPC service: decodes requests, calls the state, records metrics, and
-//! maps errors through [`crate::status::to_status`].
+//! The gRPC service: calls the state with each decoded request, records
+//! metrics, and maps errors through [`crate::status::counted_status`]
+//! (requests tonic could not decode never get here: see
+//! [`crate::malformed`]).
 
 use std::sync::Arc;
 
@@ -17,8 +19,7 @@ use tonic::{Request, Response, Status};
 
 use crate::{
     state::State,
-    status::{ServiceError, to_status},
-    store::StoreError,
+    status::{ServiceError, counted_status},
 };
 
 /// The `ControlPlane` gRPC service.
@@ -39,20 +40,11 @@ impl Service {
         started: Instant,
         r: Result<T, ServiceError>,
     ) -> Result<Response<T>, Status> {
+        crate::malformed::mark_handled();
         let m = &self.state.metrics;
-        let r = r.map(Response::new).map_err(|e| {
-            match &e {
-                ServiceError::Limited { limiter, .. } => m.limited(limiter),
-                ServiceError::Store(StoreError::Timeout(_)) => m.limited("db_busy"),
-                _ => {}
-            }
-            if let Some(reason) = e.auth_reason() {
-                m.auth_failed(method, reason);
-            }
-            let status = to_status(&e);
-            tracing::debug!(method, code = ?status.code(), error = %e, "refused");
-            status
-        });
+        let r = r
+            .map(Response::new)
+            .map_err(|e| counted_status(m, method, &e));
         let code = r
             .as_ref()
             .map(|_| tonic::Code::Ok)

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use tonic::{Code, Status, metadata::MetadataValue};
 
-use crate::{client::RETRY_AFTER_METADATA, limiter::retry_after_secs, store::StoreError};
+use crate::{
+    client::RETRY_AFTER_METADATA, limiter::retry_after_secs, metrics::Metrics, store::StoreError,
+};
 
 /// `Unauthenticated` reasons that come only after the caller's proof and
 /// our signature on its credential verified: not failures for the guard
@@ -21,6 +23,20 @@ pub enum ServiceError {
         limiter: &'static str,
         /// Time until a slot frees.
         wait: Duration,
+    },
+    /// The failure guard refused a request that did not prove who sent it,
+    /// from a source over `--auth-failures-per-source-per-min`; retry after
+    /// `wait` (the rest of the source's window). Counted as limiter
+    /// `failure_guard`; `cause` says what this request lacked.
+    #[error(
+        "failure_guard limit reached (too many failed authentications from this source); \
+         retry in {wait:?}; this request: {cause}"
+    )]
+    Blocked {
+        /// Until the source's window ends.
+        wait: Duration,
+        /// Why this request failed (it is not counted again).
+        cause: Box<ServiceError>,
     },
     /// The request is malformed.
     #[error("invalid request: {0}")]
@@ -83,6 +99,9 @@ impl ServiceError {
     /// credentials expired (the 10,003-member ladder of session 14,
     /// `tests/scale/RESULTS.md`). A proven caller's requests are bounded by
     /// the fair per-source budgets instead.
+    ///
+    /// Nor is [`Self::Blocked`]: its cause was judged (and counted) when
+    /// the guard refused it.
     pub fn is_failure(&self) -> bool {
         match self {
             Self::Invalid(_) => true,
@@ -95,6 +114,7 @@ impl ServiceError {
     pub fn auth_reason(&self) -> Option<&'static str> {
         match self {
             Self::Unauthenticated { reason, .. } | Self::Denied { reason, .. } => Some(reason),
+            Self::Blocked { cause, .. } => cause.auth_reason(),
             _ => None,
         }
     }
@@ -111,7 +131,7 @@ fn with_retry_after(mut status: Status, wait: Duration) -> Status {
 /// The gRPC status for an error: the only place errors become statuses.
 pub fn to_status(err: &ServiceError) -> Status {
     match err {
-        ServiceError::Limited { wait, .. } => {
+        ServiceError::Limited { wait, .. } | ServiceError::Blocked { wait, .. } => {
             with_retry_after(Status::new(Code::ResourceExhausted, err.to_string()), *wait)
         }
         ServiceError::Invalid(_) => Status::invalid_argument(err.to_string()),
@@ -130,6 +150,26 @@ pub fn to_status(err: &ServiceError) -> Status {
             Status::internal("control plane storage error")
         }
     }
+}
+
+/// The status for an error answered to `method`, counted: a limiter's
+/// refusal in `limiter_refusals_total` (the failure guard's under
+/// `failure_guard`, a full database queue under `db_busy`), an
+/// authentication or authorization refusal in `auth_failures_total` by
+/// reason.
+pub fn counted_status(m: &Metrics, method: &'static str, err: &ServiceError) -> Status {
+    match err {
+        ServiceError::Limited { limiter, .. } => m.limited(limiter),
+        ServiceError::Blocked { .. } => m.limited("failure_guard"),
+        ServiceError::Store(StoreError::Timeout(_)) => m.limited("db_busy"),
+        _ => {}
+    }
+    if let Some(reason) = err.auth_reason() {
+        m.auth_failed(method, reason);
+    }
+    let status = to_status(err);
+    tracing::debug!(method, code = ?status.code(), error = %err, "refused");
+    status
 }
 
 #[cfg(test)]

@@ -374,6 +374,9 @@ pub trait Store: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), StoreError>;
     /// Stores a token by its digest.
     async fn create_token(&self, digest: &[u8; 32], row: &TokenRow) -> Result<(), StoreError>;
+    /// The digests of at most `limit` tokens not expired at `now` (used up
+    /// or not), for the failure guard's token index.
+    async fn token_digests(&self, now: i64, limit: u64) -> Result<Vec<[u8; 32]>, StoreError>;
     /// One transaction: checks the token, re-enrolls a known key without
     /// spending a use or spends one for a new node (a guarded update, so
     /// concurrent enrollments never spend more than `max_uses`), records

@@ -282,6 +282,28 @@ async fn enrollment_refusals_and_re_enrollment_keep_the_counts(b: Backend) {
     assert_eq!(count(&counts, "revocations"), 1);
 }
 
+async fn token_digests_are_the_live_tokens_up_to_a_limit(b: Backend) {
+    let Some(t) = Target::new(b).await else {
+        return;
+    };
+    let s = t.open().await;
+    for (i, expires_at) in [(1u8, NOW + 10), (2, NOW + 20), (3, NOW)] {
+        s.create_token(&[i; 32], &token(&format!("t{i}"), 1, MEMBER, expires_at))
+            .await
+            .expect("token");
+    }
+    let mut live = s.token_digests(NOW, 10).await.expect("digests");
+    live.sort();
+    assert_eq!(live, vec![[1; 32], [2; 32]], "the expired one is left out");
+    assert_eq!(s.token_digests(NOW, 1).await.expect("digests").len(), 1);
+    assert!(
+        s.token_digests(NOW + 20, 10)
+            .await
+            .expect("digests")
+            .is_empty()
+    );
+}
+
 async fn a_backlog_is_reaped_in_bounded_batches(b: Backend) {
     let Some(t) = Target::new(b).await else {
         return;
@@ -437,6 +459,7 @@ on_both!(
     a_rotation_is_claimed_once_by_two_stores,
     a_lease_needs_a_live_router_and_a_revocation_removes_it,
     enrollment_refusals_and_re_enrollment_keep_the_counts,
+    token_digests_are_the_live_tokens_up_to_a_limit,
     a_backlog_is_reaped_in_bounded_batches,
     a_snapshot_restores_into_an_empty_database_of_the_other_backend,
     a_dump_of_the_keys_table_holds_no_private_key_bytes,

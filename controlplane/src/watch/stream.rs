@@ -102,14 +102,20 @@ async fn next_item(mut w: Watcher) -> Option<(Result<WatchEvent, Status>, Watche
 }
 
 impl State {
-    /// `Watch`: failure guard, the source's unauthenticated share, the
-    /// lease's checks, the node in the database, then a slot.
+    /// `Watch`, in [`crate::admission`]'s order: nothing to verify from a
+    /// source over its failures is refused at once; the source's
+    /// unauthenticated share; the lease's checks (a failure is judged
+    /// against the source, a verified router is served whatever its
+    /// address's failures); the node in the database; then a slot.
     pub async fn watch_stream(
         &self,
         source: Option<IpAddr>,
         req: WatchRequest,
     ) -> Result<WatchStream, ServiceError> {
-        self.admission.check_failures(source)?;
+        if req.credential.is_none() || req.proof.is_none() {
+            self.admission
+                .refuse_unverifiable(source, "credential and proof of possession")?;
+        }
         self.admission.admit_unauth(source)?;
         let now = unix_now();
         let lease_like = RouterLeaseRequest {
@@ -119,12 +125,8 @@ impl State {
         };
         // A proof made for `Watch`: a lease proof is refused (`bad_proof`).
         let (claims, peer) = self
-            .verify_lease(&lease_like, Purpose::Watch, now)
-            .inspect_err(|e| {
-                if e.is_failure() {
-                    self.admission.record_failure(source);
-                }
-            })?;
+            .admission
+            .judge(source, self.verify_lease(&lease_like, Purpose::Watch, now))?;
         let peer_id = peer.to_bytes();
         self.db
             .run(self.db.store().touch_node(&peer_id, now, None))

@@ -420,7 +420,9 @@ async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failure
             .await
             .expect("enrolls");
     }
-    // Three failures from this IP, then the guard refuses even a good token.
+    // Three failures from this IP (each spent an enroll token: a made-up
+    // token is looked up after the proof verified and the budget was
+    // charged) put it over its limit.
     for _ in 0..3 {
         let s = raw
             .enroll(enroll("amt_wrong", &Keypair::generate_ed25519()))
@@ -428,31 +430,43 @@ async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failure
             .expect_err("bad token");
         assert_eq!(s.code(), Code::Unauthenticated);
     }
-    // The guard then refuses even a good token, however often this IP asks,
-    // and, checked before the global limiter, spends none of its tokens.
+    // From then on the guard refuses its made-up tokens in memory (the
+    // token index holds no such digest), however often it asks, spending
+    // none of the enroll budget and never reaching the database; a request
+    // with nothing to verify is refused before any budget.
     for _ in 0..5 {
         let s = raw
-            .enroll(enroll(&tok, &Keypair::generate_ed25519()))
+            .enroll(enroll("amt_wrong", &Keypair::generate_ed25519()))
             .await
             .expect_err("guarded");
         assert_eq!(s.code(), Code::ResourceExhausted);
-        assert!(s.message().contains("failure_guard"), "{}", s.message());
+        assert!(s.message().starts_with("failure_guard"), "{}", s.message());
+        assert!(
+            s.message().contains("token not recognised"),
+            "{}",
+            s.message()
+        );
         let wait = agentmesh_controlplane::retry_after(&s).expect("retry-after");
         assert!(
             wait >= Duration::from_secs(1) && wait <= Duration::from_secs(60),
             "{wait:?}"
         );
     }
-    // 4 + 3 of the burst of 8 are spent (a bad token takes one: it is
-    // looked up after the proof verified and the budget was charged), so
-    // another source gets the 8th (the guarded IP took none); the budget
-    // refuses the next, before looking at the token. An empty request is
-    // refused before the budget.
-    let mut other = common::raw_client_from(&h, [127, 0, 0, 2]).await;
-    other
-        .enroll(enroll(&tok, &Keypair::generate_ed25519()))
+    let s = raw
+        .enroll(EnrollRequest::default())
         .await
-        .expect("the burst's last token is still there");
+        .expect_err("nothing to verify");
+    assert_eq!(s.code(), Code::ResourceExhausted);
+    assert!(s.message().contains("carries no token"), "{}", s.message());
+    // A member behind the same address with a real token is served: it
+    // takes the burst's 8th token.
+    raw.enroll(enroll(&tok, &Keypair::generate_ed25519()))
+        .await
+        .expect("a real token is served whatever its address's failures");
+    // Another source: an empty request is refused as malformed (its source
+    // is under its limit), and the spent budget refuses the next, before
+    // looking at the token.
+    let mut other = common::raw_client_from(&h, [127, 0, 0, 2]).await;
     let s = other
         .enroll(EnrollRequest::default())
         .await
@@ -468,13 +482,19 @@ async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failure
         agentmesh_controlplane::retry_after(&s),
         Some(Duration::from_secs(1))
     );
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM enrollment_requests WHERE outcome = 'unknown_token'")
+            .await,
+        3,
+        "only the made-up tokens sent under the limit reached the database"
+    );
     let m = metrics(&h).await;
     assert_eq!(
         metric(
             &m,
             "agentmesh_control_plane_limiter_refusals_total{limiter=\"failure_guard\"}"
         ),
-        Some(5.0)
+        Some(6.0)
     );
     assert_eq!(
         metric(
@@ -489,6 +509,14 @@ async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failure
             "agentmesh_control_plane_limiter_refusals_total{limiter=\"refresh\"}"
         ),
         Some(0.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "agentmesh_control_plane_token_index_loads_total{result=\"complete\"}"
+        ),
+        Some(1.0),
+        "loaded once: the clock is frozen and nothing was minted since"
     );
     h.shutdown().await;
 }
@@ -571,25 +599,36 @@ async fn refusals_of_proven_callers_do_not_block_their_source(db: TestDb) {
         Some(0.0)
     );
 
-    // Forgeries from the same address are failures: three block it.
+    // Forgeries from the same address are failures: three put it over its
+    // limit, and the guard refuses the next forgery (a raw client: ours
+    // would wait out the guard's retry-after).
     let mut forged = cred_m.clone();
     forged.signature[0] ^= 1;
     for _ in 0..3 {
         assert_eq!(code(c.refresh(&forged, &m).await), Code::Unauthenticated);
     }
-    // (A raw client: ours would wait out the guard's retry-after.)
     let mut raw = ControlPlaneClient::connect(h.public_url().to_string())
         .await
         .expect("connect");
+    let refresh = |cred: &Credential| RefreshRequest {
+        credential: Some(cred.clone()),
+        proof: Some(make_proof(Purpose::Refresh, h.public_url(), &m, unix_now())),
+    };
     let s = raw
-        .refresh(RefreshRequest {
-            credential: Some(cred_m),
-            proof: Some(make_proof(Purpose::Refresh, h.public_url(), &m, unix_now())),
-        })
+        .refresh(refresh(&forged))
         .await
-        .expect_err("the source is blocked");
+        .expect_err("the source is over its failures");
     assert_eq!(s.code(), Code::ResourceExhausted);
-    assert!(s.message().contains("failure_guard"), "{}", s.message());
+    assert!(s.message().starts_with("failure_guard"), "{}", s.message());
+    assert!(
+        s.message().contains("credential refused"),
+        "{}",
+        s.message()
+    );
+    // The bystander's real credential is still served from that address.
+    raw.refresh(refresh(&cred_m))
+        .await
+        .expect("a verified caller is served whatever its address's failures");
     h.shutdown().await;
 }
 
@@ -798,9 +837,10 @@ async fn refused_callers_get_successive_slots_up_to_the_cap_on_both_limiters() {
 }
 
 /// Wrong admin bearer tokens feed the same per-source failure guard as
-/// failed enrollments: after `--auth-failures-per-source-per-min` of them the
-/// source is refused even with the right token (and cannot enroll), while
-/// another source is served.
+/// failed enrollments: after `--auth-failures-per-source-per-min` of them a
+/// wrong or missing token from that source is refused by the guard (with
+/// `retry-after`), while the right token, and a member's real enrollment
+/// token, are still served from it.
 async fn wrong_admin_tokens_feed_the_failure_guard(db: TestDb) {
     let mut cfg = db.config();
     cfg.auth_failures_per_source_per_min = 3;
@@ -828,26 +868,29 @@ async fn wrong_admin_tokens_feed_the_failure_guard(db: TestDb) {
             .expect_err("wrong admin token");
         assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
     }
-    let s = raw
-        .rotate_key_now(rotate(Some(ADMIN)))
+    for bearer in [Some("wrong-admin-token-000001"), None] {
+        let s = raw
+            .rotate_key_now(rotate(bearer))
+            .await
+            .expect_err("guarded");
+        assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+        assert!(s.message().starts_with("failure_guard"), "{}", s.message());
+        assert!(agentmesh_controlplane::retry_after(&s).is_some());
+    }
+    raw.rotate_key_now(rotate(Some(ADMIN)))
         .await
-        .expect_err("guarded even with the right token");
-    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
-    assert!(s.message().contains("failure_guard"), "{}", s.message());
-    assert!(agentmesh_controlplane::retry_after(&s).is_some());
-    let s = raw
-        .enroll(EnrollRequest {
-            token: tok.clone(),
-            proof: Some(make_proof(
-                Purpose::Enroll,
-                h.public_url(),
-                &Keypair::generate_ed25519(),
-                unix_now(),
-            )),
-        })
-        .await
-        .expect_err("the same guard refuses enrollment from that source");
-    assert!(s.message().contains("failure_guard"), "{}", s.message());
+        .expect("the right token is served whatever its address's failures");
+    raw.enroll(EnrollRequest {
+        token: tok.clone(),
+        proof: Some(make_proof(
+            Purpose::Enroll,
+            h.public_url(),
+            &Keypair::generate_ed25519(),
+            unix_now(),
+        )),
+    })
+    .await
+    .expect("so is a member's real token from the same address");
     // Another source with the right token is served.
     let mut other = common::raw_client_from(&h, [127, 0, 0, 3]).await;
     other
@@ -860,7 +903,8 @@ async fn wrong_admin_tokens_feed_the_failure_guard(db: TestDb) {
             &m,
             "agentmesh_control_plane_auth_failures_total{method=\"RotateKeyNow\",reason=\"admin_token\"}"
         ),
-        Some(3.0)
+        Some(4.0),
+        "three before the guard, one wrong token after"
     );
     assert_eq!(
         metric(

@@ -243,7 +243,8 @@ async fn a_flood_from_one_host_takes_no_service_from_routers_and_members() {
         .unwrap_or_else(|| panic!("limiter {limiter} pre-created"))
     };
     // Its failed Refreshes and Enrolls are counted against it: after 60 in
-    // a minute the failure guard refuses the rest before anything is read.
+    // a minute the failure guard refuses the rest (its empty Refreshes at
+    // once, its made-up tokens after the proof, in memory).
     let guard = report.refused_by("failure_guard");
     assert!(guard >= 1_000, "{}", report.summary());
     assert!(refused("failure_guard") >= guard as f64);

@@ -12,6 +12,8 @@
 //! - [`fleet`]: a fleet of real clients meets the limiter on a simulated clock;
 //! - [`grpc_limits`]: the gRPC listener's connection, stream and message bounds;
 //! - [`hostile`]: a flood from one host takes no service from routers and members;
+//! - [`malformed`]: requests that do not decode are refused, counted and charged to their source;
+//! - [`nat`]: an attacker behind a NAT takes no service from the members and router behind it;
 //! - [`lifecycle`]: restarts, rotation, reapers, backups, the HTTP endpoints;
 //! - [`policy`]: applying, refusing, serving and distributing the policy,
 //!   its commands and the start-up rules (the real binary);
@@ -32,6 +34,8 @@ mod fleet;
 mod grpc_limits;
 mod hostile;
 mod lifecycle;
+mod malformed;
+mod nat;
 mod policy;
 mod storage;
 mod tls;

@@ -154,6 +154,10 @@ impl Store for PostgresStore {
         nodes::create_token(self, digest, t).await
     }
 
+    async fn token_digests(&self, now: i64, limit: u64) -> Result<Vec<[u8; 32]>, StoreError> {
+        nodes::token_digests(self, now, limit).await
+    }
+
     async fn enroll(
         &self,
         digest: &[u8; 32],

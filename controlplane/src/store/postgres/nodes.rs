@@ -40,6 +40,28 @@ pub(super) async fn create_token(
     Ok(())
 }
 
+pub(super) async fn token_digests(
+    store: &PostgresStore,
+    now: i64,
+    limit: u64,
+) -> Result<Vec<[u8; 32]>, StoreError> {
+    let (mut conn, ms) = store.conn().await?;
+    let tx = conn.build_transaction().read_only(true).start().await?;
+    PostgresStore::bound(&tx, ms).await?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = tx
+        .query(
+            "SELECT digest FROM tokens WHERE expires_at > $1 LIMIT $2",
+            &[&now, &limit],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| r.get::<_, &[u8]>(0).try_into().ok())
+        .collect())
+}
+
 pub(super) async fn enroll(
     store: &PostgresStore,
     digest: &[u8; 32],

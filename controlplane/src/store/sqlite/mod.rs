@@ -118,6 +118,10 @@ impl Store for SqliteStore {
         self.blocking(move |s| s.create_token(&digest, &t)).await
     }
 
+    async fn token_digests(&self, now: i64, limit: u64) -> Result<Vec<[u8; 32]>, StoreError> {
+        self.blocking(move |s| s.token_digests(now, limit)).await
+    }
+
     async fn enroll(
         &self,
         digest: &[u8; 32],

@@ -33,6 +33,20 @@ impl Inner {
         Ok(())
     }
 
+    pub(super) fn token_digests(&self, now: i64, limit: u64) -> Result<Vec<[u8; 32]>, StoreError> {
+        let conn = self.readers.get()?;
+        let mut st =
+            conn.prepare_cached("SELECT digest FROM tokens WHERE expires_at > ?1 LIMIT ?2")?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = st
+            .query_map(params![now, limit], |r| r.get::<_, Vec<u8>>(0))?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows
+            .iter()
+            .filter_map(|d| d.as_slice().try_into().ok())
+            .collect())
+    }
+
     pub(super) fn enroll(
         &self,
         digest: &[u8; 32],
