@@ -150,6 +150,19 @@ impl ConnectionClosed {
     pub fn wait(&self) -> WaitForCancellationFuture<'_> {
         self.0.cancelled()
     }
+
+    /// A signal of no connection, fired by [`ConnectionClosed::fire`]:
+    /// for tests of code that waits on one.
+    #[doc(hidden)]
+    pub fn unattached() -> Self {
+        Self(CancellationToken::new())
+    }
+
+    /// Fires a signal made by [`ConnectionClosed::unattached`].
+    #[doc(hidden)]
+    pub fn fire(&self) {
+        self.0.cancel();
+    }
 }
 
 fn closed(peer: PeerId) -> OpenStreamError {
