@@ -391,8 +391,10 @@ async fn serve(
         }
     };
     let out = splice::splice(&mut remote, &mut tcp, limits, stop).await;
-    // The backend connection and the slot go first; then the end is settled.
+    // The backend connection, the stream and the slot go first; then the
+    // end is settled.
     drop(tcp);
+    drop(remote);
     drop(slot);
     m.inbound_calls_active.dec();
     let out = out.settle(&closed).await;
