@@ -19,7 +19,8 @@
 //! - [`FairSlots`]: slots held for a while (streams in their handshake,
 //!   requests in flight). When all are taken, a source holding fewer than
 //!   the heaviest source takes one of the heaviest source's slots (its
-//!   oldest, most likely to be stalled); the holder sees
+//!   least recently active: the oldest, unless holders report activity
+//!   with [`Slot::touch`]; the idlest is the most likely stalled); the holder sees
 //!   [`Slot::revoked`] and stops. Sources are addresses, or any key the
 //!   program already trusts to name one party ([`FairSlots::keyed`], e.g.
 //!   the PeerId a connection proved).

@@ -4,9 +4,12 @@
 //! While a slot is free anyone gets it. When all are taken, a source that
 //! holds fewer slots than the heaviest source (by at least two, so two
 //! equal sources do not take slots from each other back and forth) takes
-//! the heaviest source's **oldest** slot: the longest-held slot is the one
-//! most likely stalled on purpose, and a peer that renews its stalled
-//! streams keeps losing its oldest. Otherwise the request is refused: the
+//! the heaviest source's **least recently active** slot: the one acquired
+//! longest ago, unless its holder reports activity ([`Slot::touch`], e.g.
+//! a call that moves bytes), in which case the one whose activity is
+//! oldest. The longest-idle slot is the one most likely stalled on
+//! purpose, and a peer that renews its stalled streams keeps losing its
+//! oldest, while a slot doing work is cut last. Otherwise the request is refused: the
 //! source already holds its share. The result is that under contention no
 //! source holds more than about `capacity / sources` while another source
 //! wants more, and without contention one source may hold all of them.
@@ -31,6 +34,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use tokio_util::sync::{
@@ -50,10 +54,22 @@ impl<T: Copy + Ord + Hash + fmt::Debug + Send + 'static> SlotKey for T {}
 #[derive(Debug, Clone)]
 pub struct FairSlots<K: SlotKey = SourceKey> {
     inner: Arc<Mutex<State<K>>>,
+    /// Orders acquisitions and activity: each takes the next tick, so the
+    /// lowest stamp is the least recently active slot (no clock needed).
+    ticks: Arc<AtomicU64>,
+}
+
+/// One held slot: its id, its revocation, and the tick of its last
+/// activity (its acquisition until [`Slot::touch`]).
+#[derive(Debug)]
+struct HeldSlot {
+    id: u64,
+    revoked: CancellationToken,
+    active: Arc<AtomicU64>,
 }
 
 /// Slots held by one source, oldest first.
-type Held = VecDeque<(u64, CancellationToken)>;
+type Held = VecDeque<HeldSlot>;
 
 #[derive(Debug)]
 struct State<K: SlotKey> {
@@ -121,9 +137,10 @@ impl FairSlots<SourceKey> {
         let mut guard = self.inner.lock();
         let st = &mut *guard;
         let key = st.address_key(ip);
+        let tick = self.tick();
         // After a preemption the table may key `ip` differently (it has
         // room again): the slot goes to the key it has now.
-        let r = st.acquire(key, |st| match &mut st.addresses {
+        let r = st.acquire(key, tick, |st| match &mut st.addresses {
             Some(a) => a.entry(ip).0,
             None => key,
         });
@@ -174,23 +191,31 @@ impl<K: SlotKey> FairSlots<K> {
                 next_id: 0,
                 preempted_total: 0,
             })),
+            ticks: Arc::default(),
         }
     }
 
     /// A slot for source `key`, taking the heaviest source's oldest slot
     /// when all are taken and `key` holds fewer (see the module docs).
     pub fn try_acquire_key(&self, key: K) -> Result<Acquired<K>, SlotRefusal<K>> {
-        let r = self.inner.lock().acquire(key, |_| key);
+        let tick = self.tick();
+        let r = self.inner.lock().acquire(key, tick, |_| key);
         r.map(|granted| self.granted(granted))
     }
 
-    fn granted(&self, (source, id, revoked, preempted): Granted<K>) -> Acquired<K> {
+    fn tick(&self) -> u64 {
+        self.ticks.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn granted(&self, (source, id, revoked, active, preempted): Granted<K>) -> Acquired<K> {
         Acquired {
             slot: Slot {
                 inner: self.inner.clone(),
+                ticks: self.ticks.clone(),
                 source,
                 id,
                 revoked,
+                active,
             },
             preempted,
         }
@@ -222,8 +247,9 @@ impl<K: SlotKey> FairSlots<K> {
     }
 }
 
-/// A slot booked under the lock: (source, id, revocation, preempted source).
-type Granted<K> = (K, u64, CancellationToken, Option<K>);
+/// A slot booked under the lock: (source, id, revocation, activity tick,
+/// preempted source).
+type Granted<K> = (K, u64, CancellationToken, Arc<AtomicU64>, Option<K>);
 
 impl State<SourceKey> {
     /// The key `ip` counts under now.
@@ -236,11 +262,13 @@ impl State<SourceKey> {
 }
 
 impl<K: SlotKey> State<K> {
-    /// Books a slot for `key` (preempting if the share allows); `rekey`
-    /// gives the key the slot is booked under once room is made.
+    /// Books a slot for `key` (preempting if the share allows), active as
+    /// of `tick`; `rekey` gives the key the slot is booked under once room
+    /// is made.
     fn acquire(
         &mut self,
         key: K,
+        tick: u64,
         rekey: impl FnOnce(&mut Self) -> K,
     ) -> Result<Granted<K>, SlotRefusal<K>> {
         let mine = self.held.get(&key).map_or(0, VecDeque::len);
@@ -249,7 +277,7 @@ impl<K: SlotKey> State<K> {
             let heaviest = self.by_held.iter().next_back().copied();
             match heaviest {
                 Some((max, heavy)) if mine + 1 < max => {
-                    self.take_oldest(heavy);
+                    self.take_least_active(heavy);
                     preempted = Some(heavy);
                 }
                 _ => {
@@ -266,25 +294,37 @@ impl<K: SlotKey> State<K> {
         let id = self.next_id;
         self.next_id += 1;
         let token = CancellationToken::new();
+        let active = Arc::new(AtomicU64::new(tick));
         let held = self.held.entry(key).or_default();
         let before = held.len();
-        held.push_back((id, token.clone()));
+        held.push_back(HeldSlot {
+            id,
+            revoked: token.clone(),
+            active: active.clone(),
+        });
         self.by_held.remove(&(before, key));
         self.by_held.insert((before + 1, key));
         self.used += 1;
-        Ok((key, id, token, preempted))
+        Ok((key, id, token, active, preempted))
     }
 
-    /// Takes `source`'s oldest slot: cancels its token and frees it here.
-    fn take_oldest(&mut self, source: K) {
+    /// Takes `source`'s least recently active slot (its oldest among
+    /// equals): cancels its token and frees it here. A scan of the
+    /// source's slots, at most `capacity`.
+    fn take_least_active(&mut self, source: K) {
         let Some(held) = self.held.get_mut(&source) else {
             return;
         };
         let before = held.len();
-        let Some((_, token)) = held.pop_front() else {
+        let idlest = held
+            .iter()
+            .enumerate()
+            .min_by_key(|(i, h)| (h.active.load(Ordering::Relaxed), *i))
+            .map(|(i, _)| i);
+        let Some(taken) = idlest.and_then(|i| held.remove(i)) else {
             return;
         };
-        token.cancel();
+        taken.revoked.cancel();
         self.after_release(source, before);
         self.preempted_total += 1;
     }
@@ -296,7 +336,7 @@ impl<K: SlotKey> State<K> {
         };
         let held = e.get_mut();
         let before = held.len();
-        let Some(pos) = held.iter().position(|(i, _)| *i == id) else {
+        let Some(pos) = held.iter().position(|h| h.id == id) else {
             return;
         };
         held.remove(pos);
@@ -323,12 +363,22 @@ impl<K: SlotKey> State<K> {
 #[derive(Debug)]
 pub struct Slot<K: SlotKey = SourceKey> {
     inner: Arc<Mutex<State<K>>>,
+    ticks: Arc<AtomicU64>,
     source: K,
     id: u64,
     revoked: CancellationToken,
+    active: Arc<AtomicU64>,
 }
 
 impl<K: SlotKey> Slot<K> {
+    /// Notes that what the slot pays for is doing work now (a call moved
+    /// bytes): when its source's slots are preempted, slots that were
+    /// active more recently go last. Two atomic operations, no lock.
+    pub fn touch(&self) {
+        let tick = self.ticks.fetch_add(1, Ordering::Relaxed);
+        self.active.fetch_max(tick, Ordering::Relaxed);
+    }
+
     /// The source this slot is charged to.
     pub fn source(&self) -> K {
         self.source
@@ -355,7 +405,7 @@ impl<K: SlotKey> Slot<K> {
 impl<K: SlotKey> Drop for Slot<K> {
     fn drop(&mut self) {
         if self.revoked.is_cancelled() {
-            return; // already freed by `take_oldest`
+            return; // already freed by `take_least_active`
         }
         self.inner.lock().release(self.source, self.id);
     }
@@ -401,6 +451,35 @@ mod tests {
         drop(attacker);
         assert_eq!(slots.in_use(), 1);
         assert_eq!(slots.preempted_total(), 1);
+    }
+
+    #[test]
+    fn the_slot_taken_is_the_least_recently_active_one() {
+        let slots: FairSlots<u8> = FairSlots::keyed(4);
+        let attacker: Vec<_> = (0..4)
+            .map(|_| slots.try_acquire_key(1).expect("free").slot)
+            .collect();
+        // The two oldest move bytes; the third was never active since it
+        // was acquired, so it is the idlest.
+        attacker[1].touch();
+        attacker[0].touch();
+        let first = slots.try_acquire_key(2).expect("newcomer");
+        assert_eq!(first.preempted, Some(1));
+        assert!(attacker[2].is_revoked(), "the idlest went first");
+        assert!(!attacker[0].is_revoked() && !attacker[1].is_revoked());
+        // Then the fourth (idle too), then the one active longest ago.
+        let _second = slots.try_acquire_key(3).expect("another newcomer");
+        assert!(attacker[3].is_revoked());
+        assert_eq!(slots.held_by_key(&1), 2);
+        let _third = slots.try_acquire_key(4).expect("a third");
+        assert!(attacker[1].is_revoked(), "touched before the other");
+        assert!(!attacker[0].is_revoked(), "the most recently active stays");
+        // Slots that never report activity go oldest first, as before.
+        let plain: FairSlots<u8> = FairSlots::keyed(2);
+        let a = plain.try_acquire_key(1).expect("a").slot;
+        let b = plain.try_acquire_key(1).expect("b").slot;
+        let _c = plain.try_acquire_key(2).expect("c");
+        assert!(a.is_revoked() && !b.is_revoked());
     }
 
     #[test]

@@ -117,12 +117,15 @@ pub struct RunArgs {
     /// Providers tried per call before giving up, within the call's budget, attempts.
     #[arg(long, default_value_t = Config::default().call_attempts)]
     pub call_attempts: usize,
-    /// Inbound calls served at once, all callers together, calls.
+    /// Inbound calls served at once, all callers together, calls; shared by the callers' enrollment tokens once all are taken (a caller whose token holds fewer takes the heaviest token's idlest call).
     #[arg(long, default_value_t = Config::default().max_inbound_calls)]
     pub max_inbound_calls: usize,
     /// Inbound calls served at once per caller, calls.
     #[arg(long, default_value_t = Config::default().max_inbound_calls_per_caller)]
     pub max_inbound_calls_per_caller: usize,
+    /// A call (inbound, --forward, the Unix socket) that moves no byte either way for this long is ended, seconds (0: no idle deadline; a call always ends with its connection).
+    #[arg(long, default_value_t = config::DEFAULT_CALL_IDLE_TIMEOUT_SECS)]
+    pub call_idle_timeout_secs: u64,
     /// Policy pushes from routers read at once; more are dropped unread (counted as overflow), pushes.
     #[arg(long, default_value_t = config::DEFAULT_MAX_POLICY_PUSHES_IN_FLIGHT)]
     pub max_policy_pushes_in_flight: usize,
@@ -204,6 +207,7 @@ impl RunArgs {
             call_attempts: self.call_attempts,
             max_inbound_calls: self.max_inbound_calls,
             max_inbound_calls_per_caller: self.max_inbound_calls_per_caller,
+            call_idle_timeout: Duration::from_secs(self.call_idle_timeout_secs),
             max_policy_pushes_in_flight: self.max_policy_pushes_in_flight,
             max_revocation_entries: self.max_revocation_entries,
             max_inbound_call_requests: self.max_inbound_call_requests,

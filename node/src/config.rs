@@ -64,6 +64,19 @@ pub const DEFAULT_MAX_INBOUND_CALL_REQUESTS: usize = 128;
 /// Default deadline of a call stream's first byte, milliseconds
 /// (`--call-first-byte-timeout-ms`).
 pub const DEFAULT_CALL_FIRST_BYTE_TIMEOUT_MS: u64 = 2000;
+/// Default `--call-idle-timeout-secs`: 15 min. A call that moves no byte
+/// either way for this long is ended. Sized for what services do over a
+/// call, not for attacks: a dead caller's calls end when its connection is
+/// found dead (pings: about 2 × `--ping-interval-secs` +
+/// `--ping-timeout-secs`), and under contention the token share takes
+/// idle calls' slots first, so the deadline is only the backstop for a
+/// caller that is alive and silent. It sits above the quiet periods of
+/// common long-lived calls: long-polls (10 min, the longest blocking
+/// query of common service registries, plus their jitter), and pooled
+/// database connections, whose pools close idle ones themselves after
+/// 10 min by default. A service quiet for longer (a watch without
+/// heartbeats, an interactive shell) raises it, or sets 0 for none.
+pub const DEFAULT_CALL_IDLE_TIMEOUT_SECS: u64 = 900;
 /// Default yamux streams open at once on one connection
 /// (`--yamux-max-streams`): yamux's and libp2p-yamux's own default.
 pub const DEFAULT_YAMUX_MAX_STREAMS: usize = 512;
@@ -150,10 +163,28 @@ pub struct Config {
     /// Providers tried per call before giving up, within the call's budget
     /// (`--call-attempts`, default 3).
     pub call_attempts: usize,
-    /// Inbound calls served at once, all callers (`--max-inbound-calls`, default 256).
+    /// Inbound calls served at once, all callers (`--max-inbound-calls`,
+    /// default 256). Shared by the callers' enrollment tokens (the
+    /// credential's `token_id`; the caller's PeerId without one), binding
+    /// only when all are taken: one token may use every slot while others
+    /// leave them free; once all are taken, a caller whose token holds
+    /// fewer than the heaviest token takes that token's least recently
+    /// active call (ended, `agentmesh_node_calls_ended_total{reason="preempted"}`),
+    /// and one whose token holds its share is refused
+    /// (`agentmesh_node_calls_total{direction="inbound",result="token_share"}`).
     pub max_inbound_calls: usize,
-    /// Inbound calls served at once per caller (`--max-inbound-calls-per-caller`, default 32).
+    /// Inbound calls served at once per caller PeerId
+    /// (`--max-inbound-calls-per-caller`, default 32; refused as
+    /// `too_many_calls`).
     pub max_inbound_calls_per_caller: usize,
+    /// A call (inbound, or spliced by `--forward` or the Unix socket) that
+    /// moves no byte in either direction for this long is ended and its
+    /// local TCP connection closed
+    /// (`--call-idle-timeout-secs`, default [`DEFAULT_CALL_IDLE_TIMEOUT_SECS`],
+    /// 900 s; zero: no idle deadline). Counted in
+    /// `agentmesh_node_calls_ended_total{reason="idle_timeout"}`. Whatever
+    /// this says, a call ends when the connection carrying it closes.
+    pub call_idle_timeout: Duration,
     /// Policy pushes from routers read at once (`--max-policy-pushes-in-flight`,
     /// default 16): a router pushes one per change, so more means a flood;
     /// the rest are dropped unread, `agentmesh_node_policy_pushes_total{result="overflow"}`.
@@ -280,6 +311,7 @@ impl Default for Config {
             call_attempts: 3,
             max_inbound_calls: 256,
             max_inbound_calls_per_caller: 32,
+            call_idle_timeout: Duration::from_secs(DEFAULT_CALL_IDLE_TIMEOUT_SECS),
             max_policy_pushes_in_flight: DEFAULT_MAX_POLICY_PUSHES_IN_FLIGHT,
             max_revocation_entries: DEFAULT_MAX_REVOCATION_ENTRIES,
             max_inbound_call_requests: DEFAULT_MAX_INBOUND_CALL_REQUESTS,
@@ -344,6 +376,11 @@ impl Config {
     /// The exchange timeout in force: [`Config::call_timeout`], at least 1 s.
     pub fn call_timeout(&self) -> Duration {
         self.call_timeout.max(MIN_TIMEOUT)
+    }
+
+    /// The idle deadline of a spliced call, `None` when off (zero).
+    pub(crate) fn call_idle_timeout(&self) -> Option<Duration> {
+        (!self.call_idle_timeout.is_zero()).then_some(self.call_idle_timeout)
     }
 
     pub(crate) fn call_first_byte_timeout(&self) -> Duration {

@@ -1,5 +1,7 @@
 //! `--forward LISTEN_ADDR=NAME`: a local TCP listener whose every accepted
-//! connection becomes a call to service NAME, spliced both ways.
+//! connection becomes a call to service NAME, spliced both ways until both
+//! are done, the call is idle for `--call-idle-timeout-secs`, or its
+//! connection to the provider closes (see `call::splice`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,16 +38,8 @@ async fn forward_one(
     let _ = tcp.set_nodelay(true);
     match crate::call::outbound::call(shared, service).await {
         Ok(mut stream) => {
-            if let Err(e) = tokio::io::copy_bidirectional_with_sizes(
-                &mut tcp,
-                &mut stream,
-                shared.config.splice_buffer_bytes(),
-                shared.config.splice_buffer_bytes(),
-            )
-            .await
-            {
-                tracing::debug!(%from, service, error = %e, "forwarded connection ended with an error");
-            }
+            let out = crate::call::splice::outbound(shared, &mut tcp, &mut stream).await;
+            tracing::debug!(%from, service, reason = out.end.label(), error = ?out.error, "forwarded connection ended");
         }
         Err(e) => {
             tracing::warn!(%from, service, error = %e, "forwarded connection: call failed");

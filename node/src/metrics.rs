@@ -42,6 +42,33 @@ pub const INBOUND_RESULTS: &[&str] = &[
     "caller_share",
     "preempted",
     "silent",
+    "token_share",
+];
+
+/// Why a spliced call ended (inbound, and outbound through `--forward` or
+/// the Unix socket): both sides finished (`finished`), no byte either way
+/// for `--call-idle-timeout-secs` (`idle_timeout`), the connection
+/// carrying it closed (`connection_closed`), its stream failed while the
+/// connection lived (`stream_error`: reset by the other member), the local
+/// TCP side failed (`local_error`); inbound only: its slot was taken for a
+/// caller of a token holding fewer (`preempted`), the policy or a
+/// revocation no longer allows it (`no_longer_allowed`).
+pub const CALL_END_REASONS: &[&str] = &[
+    "finished",
+    "idle_timeout",
+    "connection_closed",
+    "stream_error",
+    "local_error",
+    "preempted",
+    "no_longer_allowed",
+];
+/// Of [`CALL_END_REASONS`], those an outbound call can end with.
+pub const OUTBOUND_CALL_END_REASONS: &[&str] = &[
+    "finished",
+    "idle_timeout",
+    "connection_closed",
+    "stream_error",
+    "local_error",
 ];
 
 /// Results of auth exchanges with routers.
@@ -88,6 +115,15 @@ pub struct CallLabels {
     pub result: &'static str,
 }
 
+/// `{direction, reason}` of a call's end.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallEndLabels {
+    /// `outbound` or `inbound`.
+    pub direction: &'static str,
+    /// One of [`CALL_END_REASONS`].
+    pub reason: &'static str,
+}
+
 /// `{direction}` for bytes: `sent` or `received`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DirectionLabel {
@@ -128,6 +164,8 @@ pub struct Metrics {
     pub calls: Family<CallLabels, Counter>,
     /// Inbound calls being served.
     pub inbound_calls_active: Gauge,
+    /// Spliced calls that ended, by direction and reason ([`CALL_END_REASONS`]).
+    pub calls_ended: Family<CallEndLabels, Counter>,
     /// Call payload bytes by direction (as seen by this node).
     pub call_bytes: Family<DirectionLabel, Counter>,
     /// Auth exchanges with routers by result.
@@ -196,6 +234,18 @@ impl Metrics {
             let _ = m.calls.get_or_create(&CallLabels {
                 direction: "inbound",
                 result: r,
+            });
+        }
+        for reason in CALL_END_REASONS {
+            let _ = m.calls_ended.get_or_create(&CallEndLabels {
+                direction: "inbound",
+                reason,
+            });
+        }
+        for reason in OUTBOUND_CALL_END_REASONS {
+            let _ = m.calls_ended.get_or_create(&CallEndLabels {
+                direction: "outbound",
+                reason,
             });
         }
         for d in ["sent", "received"] {
@@ -275,6 +325,11 @@ impl Metrics {
             "inbound_calls_active",
             "Inbound calls being served",
             self.inbound_calls_active.clone(),
+        );
+        r.register(
+            "calls_ended",
+            "Spliced calls (inbound; --forward and the Unix socket) that ended, by direction and reason (finished, idle_timeout, connection_closed, stream_error, local_error; inbound also preempted, no_longer_allowed)",
+            self.calls_ended.clone(),
         );
         r.register(
             "call_bytes",
@@ -377,6 +432,13 @@ impl Metrics {
             .record(direction == "outbound", ok, tokio::time::Instant::now());
     }
 
+    /// Counts a spliced call's end.
+    pub(crate) fn call_ended(&self, direction: &'static str, reason: &'static str) {
+        self.calls_ended
+            .get_or_create(&CallEndLabels { direction, reason })
+            .inc();
+    }
+
     pub(crate) fn cp(&self, op: &'static str, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.control_plane
@@ -409,6 +471,20 @@ mod tests {
             out.contains(r#"agentmesh_node_control_plane_total{op="refresh",result="error"} 0"#)
         );
         assert!(out.contains("agentmesh_node_ready 0"));
+        assert!(
+            out.contains(
+                r#"agentmesh_node_calls_ended_total{direction="inbound",reason="connection_closed"} 0"#
+            ),
+            "{out}"
+        );
+        assert!(out.contains(
+            r#"agentmesh_node_calls_ended_total{direction="outbound",reason="idle_timeout"} 0"#
+        ));
+        assert!(
+            out.contains(
+                r#"agentmesh_node_calls_total{direction="inbound",result="token_share"} 0"#
+            )
+        );
         assert!(
             out.contains(r#"agentmesh_node_call_retries_total{reason="stream_failed"} 0"#),
             "{out}"

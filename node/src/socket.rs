@@ -142,7 +142,10 @@ async fn handle(shared: &Arc<Shared>, conn: UnixStream) -> std::io::Result<()> {
                 if !buffered.is_empty() {
                     stream.write_all(&buffered).await?;
                 }
-                tokio::io::copy_bidirectional(&mut conn, &mut stream).await?;
+                let out = crate::call::splice::outbound(shared, &mut conn, &mut stream).await;
+                if let Some(e) = out.error {
+                    return Err(e);
+                }
             }
             Err(e) => {
                 let msg = format!("ERR {}\n", e.to_string().replace('\n', " "));

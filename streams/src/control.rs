@@ -6,8 +6,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use libp2p::swarm::ConnectionId;
 use libp2p::{PeerId, Stream, StreamProtocol};
 use tokio::sync::oneshot;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::error::{AlreadyRegistered, OpenStreamError};
 use crate::info::ConnectionInfo;
@@ -105,6 +107,17 @@ impl Control {
         self.shared.request_close(info.connection)
     }
 
+    /// Tells when connection `conn` (a stream's
+    /// [`ConnectionInfo::connection`]) is gone: closed by either side,
+    /// found dead (failed pings), or failed. Already closed for a
+    /// connection that is not live. A stream whose connection is gone
+    /// fails when polled (see [`crate::yamux`]); this is for holders that
+    /// are not polling it (a call half-closed by its caller, waiting on its
+    /// backend).
+    pub fn closed(&self, conn: ConnectionId) -> ConnectionClosed {
+        ConnectionClosed(self.shared.closed(conn))
+    }
+
     /// How many opens were refused because `limit` was reached (same
     /// numbers as `agentmesh_streams_pending_opens_refused_total`).
     pub fn pending_opens_refused(&self, limit: PendingLimit) -> u64 {
@@ -119,6 +132,36 @@ impl Control {
     #[doc(hidden)]
     pub fn debug_sizes(&self) -> DebugSizes {
         self.shared.debug_sizes()
+    }
+}
+
+/// Whether a connection is gone, and a wait for it ([`Control::closed`]).
+/// Cheap to clone; every clone tells of the same connection.
+#[derive(Debug, Clone)]
+pub struct ConnectionClosed(CancellationToken);
+
+impl ConnectionClosed {
+    /// Whether the connection is gone now.
+    pub fn is_closed(&self) -> bool {
+        self.0.is_cancelled()
+    }
+
+    /// Completes once the connection is gone (at once if it is already).
+    pub fn wait(&self) -> WaitForCancellationFuture<'_> {
+        self.0.cancelled()
+    }
+
+    /// A signal of no connection, fired by [`ConnectionClosed::fire`]:
+    /// for tests of code that waits on one.
+    #[doc(hidden)]
+    pub fn unattached() -> Self {
+        Self(CancellationToken::new())
+    }
+
+    /// Fires a signal made by [`ConnectionClosed::unattached`].
+    #[doc(hidden)]
+    pub fn fire(&self) {
+        self.0.cancel();
     }
 }
 

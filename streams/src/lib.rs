@@ -31,7 +31,7 @@ mod upgrade;
 pub mod yamux;
 
 pub use behaviour::Behaviour;
-pub use control::{Control, IncomingStreams};
+pub use control::{ConnectionClosed, Control, IncomingStreams};
 pub use error::{AlreadyRegistered, OpenStreamError};
 pub use info::ConnectionInfo;
 pub use labels::{DropReason, PendingLimit};

@@ -18,6 +18,7 @@ use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use crate::error::{AlreadyRegistered, OpenStreamError};
 use crate::info::ConnectionInfo;
@@ -79,6 +80,8 @@ struct Conn {
     /// A close was asked for (at most one close is queued per connection,
     /// so the close queue is bounded by the live connections).
     closing: bool,
+    /// Cancelled when the connection goes (see [`Shared::closed`]).
+    closed: CancellationToken,
 }
 
 /// What the behaviour asks the swarm for next.
@@ -241,6 +244,7 @@ impl Shared {
                 requests,
                 refused: 0,
                 closing: false,
+                closed: CancellationToken::new(),
             },
         );
         inner.peers.entry(peer).or_default().push(conn);
@@ -257,6 +261,7 @@ impl Shared {
         let Some(c) = inner.connections.remove(&conn) else {
             return;
         };
+        c.closed.cancel();
         if let Some(list) = inner.peers.get_mut(&c.peer) {
             list.retain(|id| *id != conn);
             if list.is_empty() {
@@ -351,6 +356,22 @@ impl Shared {
         let c = inner.connections.get_mut(&conn)?;
         c.refused = c.refused.saturating_add(1);
         Some(c.refused)
+    }
+
+    /// The signal that connection `conn` is gone: cancelled when its
+    /// handler is dropped or the swarm reports it closed, whichever comes
+    /// first (for a close we or the swarm start, the handler goes before
+    /// the muxer's closing handshake, so this fires at the start of the
+    /// close). Already cancelled for a connection that is not live.
+    pub(crate) fn closed(&self, conn: ConnectionId) -> CancellationToken {
+        match self.inner.lock().connections.get(&conn) {
+            Some(c) => c.closed.clone(),
+            None => {
+                let gone = CancellationToken::new();
+                gone.cancel();
+                gone
+            }
+        }
     }
 
     /// Asks the swarm to close connection `conn`; true the first time for
@@ -451,6 +472,34 @@ mod tests {
         assert!(!shared.request_close(cb));
         shared.connection_down(ca);
         assert_eq!(shared.debug_sizes().queued_closes, 0);
+    }
+
+    #[test]
+    fn the_closed_signal_fires_when_the_connection_goes_and_at_once_for_one_gone() {
+        let shared = Shared::new(1, PendingOpenLimits::default());
+        let (a, ca, cb) = (
+            PeerId::random(),
+            ConnectionId::new_unchecked(1),
+            ConnectionId::new_unchecked(2),
+        );
+        let _ra = shared.connection_up(ca, a);
+        let _rb = shared.connection_up(cb, a);
+        let (closed_a, closed_b) = (shared.closed(ca), shared.closed(cb));
+        assert!(!closed_a.is_cancelled() && !closed_b.is_cancelled());
+        shared.connection_down(ca);
+        assert!(closed_a.is_cancelled(), "fires when its connection goes");
+        assert!(
+            !closed_b.is_cancelled(),
+            "the peer's other connection lives"
+        );
+        assert!(
+            shared.closed(ca).is_cancelled(),
+            "a gone connection: at once"
+        );
+        assert!(
+            shared.closed(ConnectionId::new_unchecked(9)).is_cancelled(),
+            "never known: at once"
+        );
     }
 
     #[test]

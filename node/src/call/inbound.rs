@@ -3,11 +3,18 @@
 //! first-byte deadline, verify the caller's credential offline (expected
 //! subject = the PeerId the connection proved; revocations), apply
 //! the access policy's grant (`may_call` of the caller's groups; refused
-//! `NOT_GRANTED`), `--allow` on top of it, the per-caller and total limits, then splice the stream to
-//! the backend. Every refusal is counted with its reason; those after the
-//! request is read are also answered. A live call is closed when a new
-//! policy or revocation no longer allows it (checked on each change,
-//! counted in `agentmesh_node_policy_calls_closed_total`).
+//! `NOT_GRANTED`), `--allow` on top of it, then take a call slot (shared
+//! fairly by the caller's enrollment token, capped per caller: see
+//! `slots.rs`) and splice the stream to the backend (`splice.rs`). Every
+//! refusal is counted with its reason; those after the request is read are
+//! also answered. A live call ends, counted in
+//! `agentmesh_node_calls_ended_total{direction="inbound"}` with its reason,
+//! when both sides are done, when it is idle for `--call-idle-timeout-secs`,
+//! when its connection closes (whatever the backend does), when its slot
+//! is taken for a token holding fewer, or when a new policy or revocation
+//! no longer allows it (checked on each change, also counted in
+//! `agentmesh_node_policy_calls_closed_total`); its backend connection is
+//! closed with it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -23,13 +30,13 @@ use agentmesh_wire::frame::FrameError;
 use futures::{AsyncWriteExt as _, StreamExt as _};
 use libp2p::swarm::ConnectionId;
 use libp2p::{PeerId, Stream};
-use parking_lot::Mutex;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::compat::FuturesAsyncReadCompatExt as _;
 use tracing::Instrument as _;
 
 use super::admission::{self, FirstByte, RequestSlot, RequestSlots};
+use super::slots::{CallSlot, CallSlots, CallerKey, NoSlot};
+use super::splice::{self, End, Limits};
 use crate::config::{AllowRule, is_allowed};
 use crate::metrics::DirectionLabel;
 use crate::policy::Denied;
@@ -39,9 +46,7 @@ use crate::shared::Shared;
 pub(crate) struct Inbound {
     services: HashMap<String, SocketAddr>,
     allow: Vec<AllowRule>,
-    total: Arc<Semaphore>,
-    per_caller: Mutex<HashMap<PeerId, usize>>,
-    max_per_caller: usize,
+    slots: CallSlots,
 }
 
 /// A refusal: what the caller is told and the metric label.
@@ -60,25 +65,6 @@ fn refusal(code: CallRefusal, label: &'static str, detail: impl Into<String>) ->
     }
 }
 
-/// Holds a caller's slot until dropped.
-pub(crate) struct CallerSlot<'a> {
-    inbound: &'a Inbound,
-    peer: PeerId,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl Drop for CallerSlot<'_> {
-    fn drop(&mut self) {
-        let mut m = self.inbound.per_caller.lock();
-        if let Some(n) = m.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&self.peer);
-            }
-        }
-    }
-}
-
 impl Inbound {
     pub(crate) fn new(
         services: &[(String, SocketAddr)],
@@ -89,9 +75,7 @@ impl Inbound {
         Self {
             services: services.iter().cloned().collect(),
             allow: allow.to_vec(),
-            total: Arc::new(Semaphore::new(max_total.max(1))),
-            per_caller: Mutex::new(HashMap::new()),
-            max_per_caller: max_per_caller.max(1),
+            slots: CallSlots::new(max_total, max_per_caller),
         }
     }
 
@@ -100,13 +84,20 @@ impl Inbound {
         self.services.contains_key(service)
     }
 
-    /// Checks service, allow rule and limits for a verified caller.
+    /// The share a verified caller counts against.
+    pub(crate) fn key_of(&self, claims: &VerifiedClaims) -> CallerKey {
+        self.slots.key_of(claims)
+    }
+
+    /// Checks service, allow rule and limits for a verified caller `peer`
+    /// whose calls count against `key`.
     pub(crate) fn admit(
         &self,
         service: &str,
         peer: PeerId,
+        key: CallerKey,
         labels: &BTreeMap<String, String>,
-    ) -> Result<(SocketAddr, CallerSlot<'_>), Refusal> {
+    ) -> Result<(SocketAddr, CallSlot<'_>), Refusal> {
         let Some(backend) = self.services.get(service).copied() else {
             return Err(refusal(
                 CallRefusal::UnknownService,
@@ -121,33 +112,21 @@ impl Inbound {
                 format!("the allow rules of {service:?} do not admit this caller"),
             ));
         }
-        let permit = self.total.clone().try_acquire_owned().map_err(|_| {
-            refusal(
+        let slot = self.slots.try_acquire(peer, key).map_err(|e| match e {
+            NoSlot::PerCaller { max } => refusal(
                 CallRefusal::TooManyCalls,
                 "too_many_calls",
-                "inbound call limit reached (--max-inbound-calls)",
-            )
+                format!("per-caller call limit reached: {max} (--max-inbound-calls-per-caller)"),
+            ),
+            NoSlot::TokenShare { held, fair_share } => refusal(
+                CallRefusal::TooManyCalls,
+                "token_share",
+                format!(
+                    "every inbound call slot is taken (--max-inbound-calls) and this caller's enrollment token holds {held} of them (fair share {fair_share})"
+                ),
+            ),
         })?;
-        {
-            let mut m = self.per_caller.lock();
-            let n = m.entry(peer).or_insert(0);
-            if *n >= self.max_per_caller {
-                return Err(refusal(
-                    CallRefusal::TooManyCalls,
-                    "too_many_calls",
-                    "per-caller call limit reached (--max-inbound-calls-per-caller)",
-                ));
-            }
-            *n += 1;
-        }
-        Ok((
-            backend,
-            CallerSlot {
-                inbound: self,
-                peer,
-                _permit: permit,
-            },
-        ))
+        Ok((backend, slot))
     }
 }
 
@@ -353,7 +332,8 @@ async fn serve(
         return refuse(&shared, &mut stream, peer, r).await;
     }
     let labels = claims.labels();
-    let (backend, _slot) = match inbound.admit(&req.service, peer, &labels) {
+    let key = inbound.key_of(&claims);
+    let (backend, slot) = match inbound.admit(&req.service, peer, key, &labels) {
         Ok(x) => x,
         Err(r) => return refuse(&shared, &mut stream, peer, r).await,
     };
@@ -387,40 +367,60 @@ async fn serve(
     tracing::debug!(%peer, service = %req.service, "inbound call accepted");
     let m = &shared.metrics;
     m.inbound_calls_active.inc();
+    let closed = shared.control.closed(conn);
     let mut remote = stream.compat();
     let mut tcp = tcp;
-    let spliced = tokio::select! {
-        r = tokio::io::copy_bidirectional_with_sizes(
-            &mut remote,
-            &mut tcp,
-            shared.config.splice_buffer_bytes(),
-            shared.config.splice_buffer_bytes(),
-        ) => r,
-        d = no_longer_allowed(&shared, &claims, &req.service) => {
-            tracing::info!(%peer, service = %req.service, reason = d.label(), "live call closed: the policy or a revocation no longer allows it");
-            m.policy
-                .calls_closed
-                .get_or_create(&crate::metrics::ReasonLabel { reason: d.label() })
-                .inc();
-            Err(std::io::Error::other("no longer allowed"))
+    let touch = || slot.touch();
+    let limits = Limits {
+        buffer: shared.config.splice_buffer_bytes(),
+        idle: shared.config.call_idle_timeout(),
+        closed: &closed,
+        on_activity: &touch,
+    };
+    let stop = async {
+        tokio::select! {
+            () = slot.preempted() => "preempted",
+            d = no_longer_allowed(&shared, &claims, &req.service) => {
+                tracing::info!(%peer, service = %req.service, reason = d.label(), "live call closed: the policy or a revocation no longer allows it");
+                m.policy
+                    .calls_closed
+                    .get_or_create(&crate::metrics::ReasonLabel { reason: d.label() })
+                    .inc();
+                "no_longer_allowed"
+            }
         }
     };
-    match spliced {
-        Ok((from_caller, to_caller)) => {
-            tracing::debug!(%peer, from_caller, to_caller, "inbound call bytes");
-            m.call_bytes
-                .get_or_create(&DirectionLabel {
-                    direction: "received",
-                })
-                .inc_by(from_caller);
-            m.call_bytes
-                .get_or_create(&DirectionLabel { direction: "sent" })
-                .inc_by(to_caller);
-        }
-        Err(e) => tracing::debug!(%peer, error = %e, "inbound call ended with an error"),
-    }
-    tracing::debug!(%peer, "inbound call finished");
+    let out = splice::splice(&mut remote, &mut tcp, limits, stop).await;
+    // The backend connection, the stream and the slot go first; then the
+    // end is settled.
+    drop(tcp);
+    drop(remote);
+    drop(slot);
     m.inbound_calls_active.dec();
+    let out = out.settle(&closed).await;
+    m.call_ended("inbound", out.end.label());
+    m.call_bytes
+        .get_or_create(&DirectionLabel {
+            direction: "received",
+        })
+        .inc_by(out.from_stream);
+    m.call_bytes
+        .get_or_create(&DirectionLabel { direction: "sent" })
+        .inc_by(out.to_stream);
+    let (from_caller, to_caller) = (out.from_stream, out.to_stream);
+    match (out.end, &out.error) {
+        (End::Finished, _) => {
+            tracing::debug!(%peer, from_caller, to_caller, "inbound call finished");
+        }
+        (end, error) => tracing::debug!(
+            %peer,
+            from_caller,
+            to_caller,
+            reason = end.label(),
+            error = ?error,
+            "inbound call ended"
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -439,26 +439,38 @@ mod tests {
         );
         let a = PeerId::random();
         let b = PeerId::random();
+        // One token: the total binds them together.
+        let (ka, kb) = (CallerKey::Token(1), CallerKey::Token(1));
         let data: BTreeMap<_, _> = [("team".to_string(), "data".to_string())].into();
         let none = BTreeMap::new();
 
-        let e = inbound.admit("nope", a, &none).err().expect("unknown");
+        let e = inbound.admit("nope", a, ka, &none).err().expect("unknown");
         assert_eq!(e.code, CallRefusal::UnknownService);
-        let e = inbound.admit("db", a, &none).err().expect("not allowed");
+        let e = inbound
+            .admit("db", a, ka, &none)
+            .err()
+            .expect("not allowed");
         assert_eq!(e.code, CallRefusal::NotAllowed);
 
         // Per caller: two for a, the third refused; b still gets one (total 3).
-        let s1 = inbound.admit("db", a, &data).expect("1");
-        let _s2 = inbound.admit("echo", a, &none).expect("2");
-        let e = inbound.admit("echo", a, &none).err().expect("per caller");
+        let s1 = inbound.admit("db", a, ka, &data).expect("1");
+        let _s2 = inbound.admit("echo", a, ka, &none).expect("2");
+        let e = inbound
+            .admit("echo", a, ka, &none)
+            .err()
+            .expect("per caller");
+        assert_eq!(e.label, "too_many_calls");
         assert!(e.detail.contains("per-caller"), "{}", e.detail);
-        let _s3 = inbound.admit("echo", b, &none).expect("3");
-        // Total: now full for everyone.
-        let e = inbound.admit("echo", b, &none).err().expect("total");
+        let _s3 = inbound.admit("echo", b, kb, &none).expect("3");
+        // Total: now full for that token, which holds every slot.
+        let e = inbound.admit("echo", b, kb, &none).err().expect("total");
+        assert_eq!(
+            (e.code, e.label),
+            (CallRefusal::TooManyCalls, "token_share")
+        );
         assert!(e.detail.contains("--max-inbound-calls)"), "{}", e.detail);
         // A finished call frees both its slots.
         drop(s1);
-        assert!(inbound.admit("echo", a, &none).is_ok());
-        assert_eq!(inbound.per_caller.lock().get(&a).copied(), Some(1));
+        assert!(inbound.admit("echo", a, ka, &none).is_ok());
     }
 }

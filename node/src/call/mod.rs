@@ -5,11 +5,14 @@
 pub(crate) mod admission;
 pub(crate) mod inbound;
 pub(crate) mod outbound;
+pub(crate) mod slots;
+pub(crate) mod splice;
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use libp2p::swarm::ConnectionId;
 use libp2p::{PeerId, Stream};
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -89,6 +92,8 @@ pub struct CallRoute {
 pub struct CallStream {
     inner: Compat<Stream>,
     route: CallRoute,
+    /// The connection to the provider carrying the stream.
+    conn: ConnectionId,
     sent: Counter,
     received: Counter,
     _in_flight: InFlight,
@@ -108,6 +113,7 @@ impl CallStream {
     pub(crate) fn new(
         stream: Stream,
         route: CallRoute,
+        conn: ConnectionId,
         sent: Counter,
         received: Counter,
         in_flight: InFlight,
@@ -116,6 +122,7 @@ impl CallStream {
         Self {
             inner: stream.compat(),
             route,
+            conn,
             sent,
             received,
             _in_flight: in_flight,
@@ -126,6 +133,11 @@ impl CallStream {
     /// How this call reached its provider.
     pub fn route(&self) -> &CallRoute {
         &self.route
+    }
+
+    /// The connection to the provider that carries this call.
+    pub(crate) fn connection(&self) -> ConnectionId {
+        self.conn
     }
 }
 

@@ -653,6 +653,7 @@ async fn attempt(
             via_router: via,
             transit: is_transit,
         },
+        conn,
         m.call_bytes
             .get_or_create(&DirectionLabel { direction: "sent" })
             .clone(),

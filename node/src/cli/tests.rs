@@ -112,6 +112,12 @@ fn seconds_flags_become_durations_of_that_many_seconds() {
     assert_eq!(c.connect_timeout(), s(1));
     assert_eq!(c.call_timeout(), s(1));
     assert_eq!(c.call_budget(), s(2));
+    // The call idle deadline: seconds, and zero turns it off.
+    let c = config(&["--call-idle-timeout-secs=7"]);
+    assert_eq!(c.call_idle_timeout(), Some(s(7)));
+    let c = config(&["--call-idle-timeout-secs=0"]);
+    assert_eq!(c.call_idle_timeout(), None);
+    assert_eq!(config(&[]).call_idle_timeout(), Some(s(900)));
 }
 
 #[test]

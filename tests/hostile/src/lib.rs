@@ -13,6 +13,8 @@
 //! - [`member`]: an enrolled member as a raw libp2p swarm (router auth,
 //!   relayed circuits, raw streams), obeying no limit of its own.
 //! - [`provider_calls`]: silent call streams to one provider.
+//! - [`held_calls`]: accepted calls held silent to one provider, from
+//!   several identities of one enrollment token.
 //! - [`provider_circuits`]: every circuit to one provider through a router.
 //!
 //! - [`dialed_router`]: not an attack but its mirror: a router of the
@@ -26,6 +28,7 @@
 pub mod control_plane;
 pub mod counts;
 pub mod dialed_router;
+pub mod held_calls;
 pub mod member;
 pub mod provider_calls;
 pub mod provider_circuits;

@@ -39,6 +39,9 @@ enum Command {
     /// As an enrolled member, hold silent call streams to one provider
     /// through a relayed circuit, renewing them as they close.
     ProviderCalls(agentmesh_hostile::provider_calls::Args),
+    /// As several identities enrolled with one token, hold accepted calls
+    /// to one provider's service silent, renewing them as they end.
+    ProviderHeldCalls(agentmesh_hostile::held_calls::Args),
     /// As an enrolled member, hold as many circuits to one provider through
     /// a router as it lets you, dialing new ones as they close.
     ProviderCircuits(agentmesh_hostile::provider_circuits::Args),
@@ -119,6 +122,7 @@ async fn main() -> anyhow::Result<()> {
             (r.summary(), r.counts())
         }
         Command::ProviderCalls(args) => text_and_counts(args.run().await?),
+        Command::ProviderHeldCalls(args) => text_and_counts(args.run().await?),
         Command::ProviderCircuits(args) => text_and_counts(args.run().await?),
     };
     if cli.json {

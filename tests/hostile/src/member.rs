@@ -1,5 +1,6 @@
 //! An enrolled member as a raw libp2p swarm (TCP + DNS + noise + yamux,
-//! relay client, our streams behaviour): it dials a router, shows its
+//! relay client, our streams behaviour, ping as every member answers it):
+//! it dials a router, shows its
 //! credential there and opens relayed circuits to other members, and then
 //! does whatever an attack wants with raw streams. Unlike a real node it
 //! obeys no limit of its own; unlike the testkit's peer it never panics, so
@@ -20,7 +21,7 @@ use libp2p::identity::Keypair;
 use libp2p::multiaddr::Protocol;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
-use libp2p::{Multiaddr, PeerId, Swarm, SwarmBuilder, noise, relay, tcp, yamux};
+use libp2p::{Multiaddr, PeerId, Swarm, SwarmBuilder, noise, ping, relay, tcp, yamux};
 use tokio::sync::{mpsc, watch};
 
 /// Commands the swarm task runs, bounded.
@@ -31,6 +32,9 @@ const COMMAND_QUEUE: usize = 64;
 struct Behaviour {
     relay: relay::client::Behaviour,
     stream: agentmesh_streams::Behaviour,
+    /// Answers pings as a real member does, so a member that stops
+    /// answering (a frozen process) is found dead by them.
+    ping: ping::Behaviour,
 }
 
 type Cmd = Box<dyn FnOnce(&mut Swarm<Behaviour>) + Send>;
@@ -82,6 +86,7 @@ impl Member {
             .with_behaviour(|_, relay| Behaviour {
                 relay,
                 stream: agentmesh_streams::Behaviour::new(),
+                ping: ping::Behaviour::default(),
             })
             .map_err(|e| anyhow!("behaviour: {e}"))?
             .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(300)))

@@ -10,6 +10,7 @@ mod failover;
 mod fresh_mesh;
 mod goaway_hold;
 mod goaway_routes;
+mod held_calls;
 mod hostile_calls;
 mod mesh;
 mod p2p_metrics;

@@ -302,3 +302,72 @@ pub async fn hanging_backend() -> HangingBackend {
         _queued: queued,
     }
 }
+
+/// A backend that never writes a byte and never closes (a long-poll with
+/// nothing to say, that ignores a half-close): it accepts every
+/// connection, reads and discards what comes, and keeps its end open until
+/// the test process ends. What it counts is the other side: how many
+/// connections to it the provider still holds a socket for (read from
+/// `/proc/self/net/tcp`, where a socket no process holds any more shows
+/// inode 0; the provider runs in the test's process), so a provider that
+/// only half-closes its side does not count as having closed it.
+pub struct SilentBackend {
+    /// The address to expose.
+    pub addr: std::net::SocketAddr,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl SilentBackend {
+    /// Binds on 127.0.0.1:0 and serves in a task.
+    pub async fn start() -> Self {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let a = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                a.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+                    // Half-closed or closed by the provider: hold on.
+                    std::future::pending::<()>().await;
+                    drop(s);
+                });
+            }
+        });
+        Self { addr, accepted }
+    }
+
+    /// Connections to the backend whose socket a process (the provider)
+    /// still holds.
+    pub fn open(&self) -> usize {
+        let std::net::SocketAddr::V4(v4) = self.addr else {
+            panic!("the backend binds IPv4");
+        };
+        let want = format!(
+            "{:08X}:{:04X}",
+            u32::from_ne_bytes(v4.ip().octets()),
+            v4.port()
+        );
+        let table = std::fs::read_to_string("/proc/self/net/tcp").expect("read /proc/self/net/tcp");
+        table
+            .lines()
+            .skip(1)
+            .filter(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.get(2) == Some(&want.as_str())
+                    && cols.get(9).is_some_and(|inode| *inode != "0")
+            })
+            .count()
+    }
+
+    /// Connections accepted since start.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
