@@ -15,6 +15,7 @@
 //! - [`lifecycle`]: restarts, rotation, reapers, backups, the HTTP endpoints;
 //! - [`policy`]: applying, refusing, serving and distributing the policy,
 //!   its commands and the start-up rules (the real binary);
+//! - [`proofs`]: proofs of possession moved onto other requests are refused;
 //! - [`storage`]: the database under pressure (a lock held elsewhere, a backlog);
 //! - [`tls`]: gRPC over TLS;
 //! - [`two_processes`]: two `agentmesh-control-plane` processes on one database;
@@ -33,6 +34,7 @@ mod grpc_limits;
 mod hostile;
 mod lifecycle;
 mod policy;
+mod proofs;
 mod storage;
 mod tls;
 mod two_processes;
