@@ -14,12 +14,12 @@ use agentmesh_proto::{
         },
         credential::{KeySet, Revocation, Role},
     },
-    proof::{Purpose, verify_proof},
+    proof::{Binding, Bound, verify_proof},
     unix_now,
 };
 
 use crate::{
-    enroll::{credential_error, node_refusal},
+    enroll::{credential_error, node_refusal, refused_proof},
     state::State,
     status::ServiceError,
     store::LeaseRow,
@@ -44,7 +44,7 @@ impl State {
         self.admission.admit_unauth(source)?;
         let now = unix_now();
         let (claims, peer) = self
-            .verify_lease(&req, Purpose::Lease, now)
+            .verify_lease(&req, &req.binding(), now)
             .inspect_err(|e| {
                 if e.is_failure() {
                     self.admission.record_failure(source);
@@ -85,11 +85,12 @@ impl State {
     }
 
     /// What a lease proves, checked without the database: bounds, the
-    /// proof, a router credential signed for the proof's key.
+    /// proof (bound to `bound`: the lease's fields, or a watch's), a router
+    /// credential signed for the proof's key.
     pub(crate) fn verify_lease(
         &self,
         req: &RouterLeaseRequest,
-        purpose: Purpose,
+        bound: &Binding,
         now: i64,
     ) -> Result<(VerifiedClaims, PeerId), ServiceError> {
         let cred = req
@@ -110,8 +111,7 @@ impl State {
                 "at most {MAX_LEASE_ADDRS} non-empty addresses of at most {MAX_ADDR_LEN} bytes"
             )));
         }
-        let (_, peer) = verify_proof(purpose, &self.public_url, proof, now)
-            .map_err(|e| ServiceError::unauth("bad_proof", format!("proof refused: {e}")))?;
+        let (_, peer) = verify_proof(bound, &self.public_url, proof, now).map_err(refused_proof)?;
         let claims = verify(
             cred,
             &self.keys.trust(now),

@@ -1,12 +1,13 @@
 //! One router's watch: the checks RouterLease makes (router credential,
-//! proof of possession, but made for `Watch`, so a lease proof cannot be
-//! replayed here; node enrolled and not revoked), a slot among `--watch-max-streams`, then the stream.
+//! proof of possession, but made for `Watch` and bound to the watch's
+//! credential, so a lease proof cannot be replayed here; node enrolled and
+//! not revoked), a slot among `--watch-max-streams`, then the stream.
 
 use std::{net::IpAddr, pin::Pin, sync::Arc, time::Duration};
 
 use agentmesh_proto::{
     pb::controlplane::{RouterLeaseRequest, WatchEvent, WatchRequest},
-    proof::Purpose,
+    proof::Bound,
     unix_now,
 };
 use futures::Stream;
@@ -112,14 +113,16 @@ impl State {
         self.admission.check_failures(source)?;
         self.admission.admit_unauth(source)?;
         let now = unix_now();
+        let bound = req.binding();
         let lease_like = RouterLeaseRequest {
             credential: req.credential,
             proof: req.proof,
             ..Default::default()
         };
-        // A proof made for `Watch`: a lease proof is refused (`bad_proof`).
+        // A proof made for `Watch` with this credential: a lease proof, or a
+        // watch proof seen with another credential, is refused (`bad_proof`).
         let (claims, peer) = self
-            .verify_lease(&lease_like, Purpose::Watch, now)
+            .verify_lease(&lease_like, &bound, now)
             .inspect_err(|e| {
                 if e.is_failure() {
                     self.admission.record_failure(source);

@@ -6,19 +6,21 @@
 //! nothing changed; replayed with its own request it does exactly what
 //! that request did (an idempotent re-enrollment, the same lease, a watch),
 //! nothing more. And the consequence side: a key enrolled as a router
-//! becomes a member only by its own, freshly bound proof.
+//! becomes a member only by its own, freshly bound proof; and an old,
+//! unbound proof is refused with a message that says why.
 
 use agentmesh_proto::{
     credential::{Trust, verify},
     identity::Keypair,
     pb::{
         controlplane::{
-            EnrollRequest, EnrollResponse, GetDirectoryRequest, RefreshRequest, RouterInfo,
-            RouterLeaseRequest, RouterLoad, WatchRequest, control_plane_client::ControlPlaneClient,
+            EnrollRequest, EnrollResponse, GetDirectoryRequest, ProofOfPossession, RefreshRequest,
+            RouterInfo, RouterLeaseRequest, RouterLoad, WatchRequest,
+            control_plane_client::ControlPlaneClient,
         },
         credential::{Credential, Label, Role, TokenKind},
     },
-    proof::{Purpose, make_proof},
+    proof::Bound,
     unix_now,
 };
 use tonic::{Code, Status, transport::Channel};
@@ -30,29 +32,32 @@ type Raw = ControlPlaneClient<Channel>;
 fn enroll_req(token: &str, key: &Keypair, url: &str) -> EnrollRequest {
     EnrollRequest {
         token: token.to_string(),
-        proof: Some(make_proof(Purpose::Enroll, url, key, unix_now())),
+        proof: None,
     }
+    .proven(url, key, unix_now())
 }
 
 fn refresh_req(cred: &Credential, key: &Keypair, url: &str) -> RefreshRequest {
     RefreshRequest {
         credential: Some(cred.clone()),
-        proof: Some(make_proof(Purpose::Refresh, url, key, unix_now())),
+        proof: None,
     }
+    .proven(url, key, unix_now())
 }
 
 fn watch_req(cred: &Credential, key: &Keypair, url: &str) -> WatchRequest {
     WatchRequest {
         credential: Some(cred.clone()),
-        proof: Some(make_proof(Purpose::Watch, url, key, unix_now())),
+        proof: None,
     }
+    .proven(url, key, unix_now())
 }
 
 /// A lease for `addrs`, labelled `zone=a`, not draining.
 fn lease_req(cred: &Credential, key: &Keypair, url: &str, addrs: &[&str]) -> RouterLeaseRequest {
     RouterLeaseRequest {
         credential: Some(cred.clone()),
-        proof: Some(make_proof(Purpose::Lease, url, key, unix_now())),
+        proof: None,
         addrs: addrs.iter().map(|a| a.to_string()).collect(),
         labels: vec![zone_a()],
         load: Some(RouterLoad {
@@ -63,6 +68,7 @@ fn lease_req(cred: &Credential, key: &Keypair, url: &str, addrs: &[&str]) -> Rou
         }),
         draining: false,
     }
+    .proven(url, key, unix_now())
 }
 
 fn zone_a() -> Label {
@@ -423,6 +429,52 @@ async fn a_router_key_becomes_a_member_only_by_its_own_proof(db: TestDb) {
     h.shutdown().await;
 }
 
+/// A program older than the control plane signs proofs in format v1 (no
+/// binding): refused `UNAUTHENTICATED` with a message that says to upgrade
+/// it, counted as `old_proof`, and nothing enrolled.
+async fn an_old_format_proof_is_refused_with_a_clear_error(db: TestDb) {
+    let h = db.start().await;
+    let url = h.public_url().to_string();
+    let tok = token(&h, TokenKind::Bootstrap, Role::Member, &[], 1).await;
+    let mut raw = raw(&h).await;
+    let key = Keypair::generate_ed25519();
+    let now = unix_now();
+    // The v1 message, as an older program wrote it: domain, endpoint,
+    // PeerId, time; nothing of the request.
+    let peer = key.public().to_peer_id().to_bytes();
+    let mut v1 = b"agentmesh enroll v1\0".to_vec();
+    v1.extend_from_slice(&(url.len() as u32).to_be_bytes());
+    v1.extend_from_slice(url.as_bytes());
+    v1.extend_from_slice(&(peer.len() as u32).to_be_bytes());
+    v1.extend_from_slice(&peer);
+    v1.extend_from_slice(&now.to_be_bytes());
+    let old = EnrollRequest {
+        token: tok,
+        proof: Some(ProofOfPossession {
+            public_key: key.public().encode_protobuf(),
+            timestamp_unix_secs: now,
+            signature: key.sign(&v1).expect("signs"),
+        }),
+    };
+    let s = raw.enroll(old).await.expect_err("an old-format proof");
+    assert_eq!(s.code(), Code::Unauthenticated, "{s:?}");
+    assert!(
+        s.message().contains("old v1 format") && s.message().contains("upgrade"),
+        "{}",
+        s.message()
+    );
+    assert_eq!(db.count("SELECT COUNT(*) FROM nodes").await, 0);
+    let m = metrics(&h).await;
+    assert_eq!(
+        metric(
+            &m,
+            r#"agentmesh_control_plane_auth_failures_total{method="Enroll",reason="old_proof"}"#
+        ),
+        Some(1.0)
+    );
+    h.shutdown().await;
+}
+
 on_both!(
     #[tokio::test]
     an_enroll_proof_moved_onto_another_token_is_refused,
@@ -430,4 +482,5 @@ on_both!(
     a_lease_proof_moved_onto_other_lease_fields_is_refused,
     a_watch_proof_moved_onto_another_credential_is_refused,
     a_router_key_becomes_a_member_only_by_its_own_proof,
+    an_old_format_proof_is_refused_with_a_clear_error,
 );
