@@ -13,7 +13,7 @@ use std::time::Duration;
 use agentmesh_proto::{
     identity::Keypair,
     pb::controlplane::{EnrollRequest, control_plane_client::ControlPlaneClient},
-    proof::{Purpose, make_proof},
+    proof::Bound,
     unix_now,
 };
 use tonic::transport::Endpoint;
@@ -45,8 +45,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         loop {
             let req = EnrollRequest {
                 token: token.clone(),
-                proof: Some(make_proof(Purpose::Enroll, url, &key, unix_now())),
-            };
+                proof: None,
+            }
+            .proven(url, &key, unix_now());
             match c.enroll(req).await {
                 Ok(_) => break,
                 Err(s) if s.code() == tonic::Code::ResourceExhausted && attempts < 50 => {

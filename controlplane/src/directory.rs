@@ -14,12 +14,12 @@ use agentmesh_proto::{
         },
         credential::{KeySet, Revocation, Role},
     },
-    proof::{Purpose, verify_proof},
+    proof::{Binding, Bound, Purpose, verify_proof},
     unix_now,
 };
 
 use crate::{
-    enroll::{credential_error, node_refusal},
+    enroll::{credential_error, node_refusal, refused_proof},
     state::State,
     status::ServiceError,
     store::LeaseRow,
@@ -50,7 +50,7 @@ impl State {
         let now = unix_now();
         let (claims, peer) = self
             .admission
-            .judge(source, self.verify_lease(&req, Purpose::Lease, now))?;
+            .judge(source, self.verify_lease(&req, &req.binding(), now))?;
         let allowed = claims.labels();
         let asked = labels_to_map(&req.labels);
         if let Some((k, v)) = asked.iter().find(|(k, v)| allowed.get(*k) != Some(*v)) {
@@ -86,11 +86,12 @@ impl State {
     }
 
     /// What a lease proves, checked without the database: bounds, the
-    /// proof, a router credential signed for the proof's key.
+    /// proof (bound to `bound`: the lease's fields, or a watch's), a router
+    /// credential signed for the proof's key.
     pub(crate) fn verify_lease(
         &self,
         req: &RouterLeaseRequest,
-        purpose: Purpose,
+        bound: &Binding,
         now: i64,
     ) -> Result<(VerifiedClaims, PeerId), ServiceError> {
         let cred = req
@@ -111,8 +112,7 @@ impl State {
                 "at most {MAX_LEASE_ADDRS} non-empty addresses of at most {MAX_ADDR_LEN} bytes"
             )));
         }
-        let (_, peer) = verify_proof(purpose, &self.public_url, proof, now)
-            .map_err(|e| ServiceError::unauth("bad_proof", format!("proof refused: {e}")))?;
+        let (_, peer) = verify_proof(bound, &self.public_url, proof, now).map_err(refused_proof)?;
         let claims = verify(
             cred,
             &self.keys.trust(now),
@@ -124,7 +124,7 @@ impl State {
         if claims.role() != Role::Router {
             return Err(ServiceError::denied(
                 "wrong_role",
-                format!("{} needs a credential with role router", rpc_of(purpose)),
+                format!("{} needs a credential with role router", rpc_of(bound.purpose())),
             ));
         }
         Ok((claims, peer))

@@ -16,7 +16,7 @@ use agentmesh_proto::{
         controlplane::{EnrollRequest, EnrollResponse, RefreshRequest, RefreshResponse},
         credential::{Claims, Credential},
     },
-    proof::{ProofError, Purpose, verify_proof},
+    proof::{Bound, ProofError, verify_proof},
     unix_now,
 };
 use rand::RngCore;
@@ -31,8 +31,20 @@ use crate::{
 fn proof_error(e: ProofError) -> ServiceError {
     match e {
         ProofError::BadKey => ServiceError::Invalid("proof public key does not decode".into()),
-        other => ServiceError::unauth("bad_proof", format!("proof of possession refused: {other}")),
+        other => refused_proof(other),
     }
+}
+
+/// A proof that does not verify for its request: `old_proof` when it is
+/// in the old, unbound format (its maker predates this control plane; the
+/// message says to upgrade it), else `bad_proof`. Both are failures for
+/// the failure guard: anyone can make an old-format proof with a fresh key.
+pub(crate) fn refused_proof(e: ProofError) -> ServiceError {
+    let reason = match e {
+        ProofError::OldFormat => "old_proof",
+        _ => "bad_proof",
+    };
+    ServiceError::unauth(reason, format!("proof of possession refused: {e}"))
 }
 
 /// Maps a credential refusal onto a service error.
@@ -126,10 +138,12 @@ impl State {
         }
         let proof = req
             .proof
+            .as_ref()
             .ok_or_else(|| ServiceError::Invalid("proof of possession missing".into()))?;
         let now = unix_now();
+        // Bound to the token as sent: a proof seen with another token fails.
         let (_, peer) =
-            verify_proof(Purpose::Enroll, &self.public_url, &proof, now).map_err(proof_error)?;
+            verify_proof(&req.binding(), &self.public_url, proof, now).map_err(proof_error)?;
         let digest = tokens::digest(&token);
         self.admission
             .admit_token(source, &digest, |limit| {
@@ -221,15 +235,18 @@ impl State {
     fn verify_refresh(&self, req: RefreshRequest, now: i64) -> Result<PeerId, ServiceError> {
         let cred = req
             .credential
+            .as_ref()
             .ok_or_else(|| ServiceError::Invalid("credential missing".into()))?;
         let proof = req
             .proof
+            .as_ref()
             .ok_or_else(|| ServiceError::Invalid("proof of possession missing".into()))?;
+        // Bound to this credential: a proof seen with another one fails.
         let (_, peer) =
-            verify_proof(Purpose::Refresh, &self.public_url, &proof, now).map_err(proof_error)?;
+            verify_proof(&req.binding(), &self.public_url, proof, now).map_err(proof_error)?;
         let skew = self.config.clock_skew_secs as i64;
         let grace = self.config.refresh_grace_secs as i64;
-        verify(&cred, &self.keys.trust(now), now, Some(&peer), skew + grace)
+        verify(cred, &self.keys.trust(now), now, Some(&peer), skew + grace)
             .map_err(credential_error)?;
         Ok(peer)
     }

@@ -70,6 +70,7 @@ pub const AUTH_REASONS: &[&str] = &[
     "token_expired",
     "token_used_up",
     "bad_proof",
+    "old_proof",
     "bad_credential",
     "wrong_peer",
     "wrong_role",

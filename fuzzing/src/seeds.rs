@@ -6,7 +6,7 @@
 
 use agentmesh_proto::identity::PeerId;
 use agentmesh_proto::pb::controlplane::{
-    EnrollRequest, GetDirectoryResponse, RefreshRequest, RouterLeaseRequest, RouterLoad,
+    EnrollRequest, GetDirectoryResponse, RefreshRequest, RouterLoad,
 };
 use agentmesh_proto::pb::credential::{
     KeySet, PolicyDocument, PublicKey as KeyEntry, Revocation, Role,
@@ -18,7 +18,7 @@ use agentmesh_proto::pb::mesh::{
     ServiceRecord, Withdraw, auth_response, catalog_request, catalog_response,
 };
 use agentmesh_proto::policy::sign_policy;
-use agentmesh_proto::proof::{Purpose, make_proof};
+use agentmesh_proto::proof::{Bound, Purpose};
 use agentmesh_proto::record::sign_record;
 use agentmesh_wire::frame::encode;
 use prost::Message;
@@ -262,159 +262,213 @@ fn credential_seeds() -> Vec<Seed> {
 }
 
 fn enroll_proof_seeds() -> Vec<Seed> {
-    use enroll_proof::{Breakage, CP_URL, Case, Mode, Verifier};
+    use enroll_proof::{Breakage, CP_URL, Case, Field, Req, Verifier};
     let t = "enroll_proof";
     let valid = Case::structured("http://cp.test:7400/", NOW, 0);
     let ok = [("proof", "ok")];
     let bad = [("proof", "bad_signature")];
-    let m0 = &peers()[0];
+    let structured = |name, case: Case, expect: &[(&'static str, &'static str)]| {
+        seed(t, name, case.encode(), expect)
+    };
+    // The harness's request of `purpose`, proven by its key, as a peer
+    // sends it (and the same with `moved` to move before the check).
+    let request = |purpose: Purpose, key: u8, moved: Field| Case {
+        moved,
+        ..Case::request(
+            purpose,
+            NOW + 5,
+            Req::fixed(purpose, key)
+                .proven(CP_URL, &peers()[usize::from(key)], NOW)
+                .encode(),
+        )
+    };
+    let lease = |moved: Field| Case {
+        signed: Purpose::Lease,
+        verified: Purpose::Lease,
+        key: 2,
+        moved,
+        ..valid.clone()
+    };
+    let moved = |purpose: Purpose, field: Field| Case {
+        signed: purpose,
+        verified: purpose,
+        moved: field,
+        ..valid.clone()
+    };
     vec![
-        seed(t, "valid", valid.encode(), &ok),
-        seed(
-            t,
+        structured("valid", valid.clone(), &ok),
+        structured(
             "trailing_slash",
             Case {
                 verifier: Verifier::Slash,
                 ..valid.clone()
-            }
-            .encode(),
+            },
             &ok,
         ),
-        seed(
-            t,
+        structured(
             "other_endpoint",
             Case {
                 verifier: Verifier::Other,
                 ..valid.clone()
-            }
-            .encode(),
+            },
             &bad,
         ),
-        seed(
-            t,
+        structured(
             "other_purpose",
             Case {
                 verified: Purpose::Refresh,
                 ..valid.clone()
-            }
-            .encode(),
+            },
             &bad,
         ),
-        seed(
-            t,
-            "lease",
+        structured(
+            "refresh_proof_as_watch",
             Case {
-                signed: Purpose::Lease,
-                verified: Purpose::Lease,
-                key: 2,
+                signed: Purpose::Refresh,
+                verified: Purpose::Watch,
                 ..valid.clone()
-            }
-            .encode(),
-            &ok,
+            },
+            &bad,
         ),
-        seed(
-            t,
+        structured("lease", lease(Field::None), &ok),
+        structured("watch", moved(Purpose::Watch, Field::None), &ok),
+        structured(
             "age_edge",
             Case {
                 now: 300,
                 ..valid.clone()
-            }
-            .encode(),
+            },
             &ok,
         ),
-        seed(
-            t,
+        structured(
             "future_edge",
             Case {
                 now: -300,
                 ..valid.clone()
-            }
-            .encode(),
+            },
             &ok,
         ),
-        seed(
-            t,
+        structured(
             "stale",
             Case {
                 now: 301,
                 ..valid.clone()
-            }
-            .encode(),
+            },
             &[("proof", "stale")],
         ),
-        seed(
-            t,
+        structured(
             "extreme_timestamp",
-            Case::structured(CP_URL, i64::MIN, i64::MAX).encode(),
+            Case::structured(CP_URL, i64::MIN, i64::MAX),
             &[("proof", "stale")],
         ),
-        seed(
-            t,
+        structured(
             "max_timestamp",
-            Case::structured(CP_URL, i64::MAX, -200).encode(),
+            Case::structured(CP_URL, i64::MAX, -200),
             &ok,
         ),
-        seed(
-            t,
+        structured(
             "flipped_signature",
             Case {
                 breakage: Breakage::Flipped,
                 ..valid.clone()
-            }
-            .encode(),
+            },
             &bad,
         ),
-        seed(
-            t,
+        structured(
             "no_signature",
             Case {
                 breakage: Breakage::Empty,
                 ..valid.clone()
-            }
-            .encode(),
+            },
             &bad,
         ),
-        seed(
-            t,
+        structured(
             "cut_signature",
             Case {
                 breakage: Breakage::Cut,
                 ..valid.clone()
-            }
-            .encode(),
+            },
             &bad,
         ),
-        seed(
-            t,
+        structured(
             "cut_key",
             Case {
                 cut_key: true,
                 ..valid.clone()
-            }
-            .encode(),
+            },
             &[("proof", "bad_key")],
+        ),
+        // Moved onto another request: refused when the request carries
+        // the field, accepted when it does not.
+        structured(
+            "enroll_other_token",
+            moved(Purpose::Enroll, Field::Token),
+            &bad,
+        ),
+        structured(
+            "enroll_moved_credential",
+            moved(Purpose::Enroll, Field::Credential),
+            &ok,
+        ),
+        structured(
+            "refresh_other_credential",
+            moved(Purpose::Refresh, Field::Credential),
+            &bad,
+        ),
+        structured(
+            "watch_other_credential",
+            moved(Purpose::Watch, Field::Credential),
+            &bad,
+        ),
+        structured("lease_other_credential", lease(Field::Credential), &bad),
+        structured("lease_other_addrs", lease(Field::Addrs), &bad),
+        structured("lease_other_labels", lease(Field::Labels), &bad),
+        structured("lease_other_load", lease(Field::Load), &bad),
+        structured("lease_no_load", lease(Field::LoadPresence), &bad),
+        structured("lease_draining", lease(Field::Draining), &bad),
+        structured("lease_moved_token", lease(Field::Token), &ok),
+        // The old, unbound format: named as such, whatever was moved.
+        structured(
+            "old_format",
+            Case {
+                old_format: true,
+                ..valid.clone()
+            },
+            &[("proof", "old_format")],
+        ),
+        structured(
+            "old_format_other_token",
+            Case {
+                old_format: true,
+                ..moved(Purpose::Enroll, Field::Token)
+            },
+            &[("proof", "old_format")],
+        ),
+        structured(
+            "old_format_other_endpoint",
+            Case {
+                old_format: true,
+                verifier: Verifier::Other,
+                ..valid.clone()
+            },
+            &bad,
         ),
         seed(
             t,
             "enroll_request",
-            Case::request(
-                Mode::Enroll,
-                Purpose::Enroll,
-                NOW + 5,
-                EnrollRequest {
-                    token: "tok-123".into(),
-                    proof: Some(make_proof(Purpose::Enroll, CP_URL, m0, NOW)),
-                }
-                .encode_to_vec(),
-            )
-            .encode(),
+            request(Purpose::Enroll, 0, Field::None).encode(),
             &[("decode", "ok"), ("proof", "ok")],
+        ),
+        seed(
+            t,
+            "enroll_request_other_token",
+            request(Purpose::Enroll, 0, Field::Token).encode(),
+            &[("proof", "ok"), ("moved", "bad_signature")],
         ),
         seed(
             t,
             "enroll_without_proof",
             Case::request(
-                Mode::Enroll,
                 Purpose::Enroll,
                 NOW,
                 EnrollRequest {
@@ -429,30 +483,30 @@ fn enroll_proof_seeds() -> Vec<Seed> {
         seed(
             t,
             "refresh_request",
-            Case::request(
-                Mode::Refresh,
-                Purpose::Refresh,
-                NOW,
-                RefreshRequest {
-                    credential: Some(keys::member_credential(0, Role::Member)),
-                    proof: Some(make_proof(Purpose::Refresh, CP_URL, m0, NOW)),
-                }
-                .encode_to_vec(),
-            )
-            .encode(),
+            request(Purpose::Refresh, 0, Field::None).encode(),
             &[("proof", "ok"), ("credential", "ok")],
+        ),
+        seed(
+            t,
+            "refresh_request_other_credential",
+            request(Purpose::Refresh, 0, Field::Credential).encode(),
+            &[
+                ("proof", "ok"),
+                ("credential", "ok"),
+                ("moved", "bad_signature"),
+            ],
         ),
         seed(
             t,
             "refresh_someone_elses_credential",
             Case::request(
-                Mode::Refresh,
                 Purpose::Refresh,
                 NOW,
                 RefreshRequest {
                     credential: Some(keys::member_credential(1, Role::Member)),
-                    proof: Some(make_proof(Purpose::Refresh, CP_URL, m0, NOW)),
+                    proof: None,
                 }
+                .proven(CP_URL, &peers()[0], NOW)
                 .encode_to_vec(),
             )
             .encode(),
@@ -461,32 +515,31 @@ fn enroll_proof_seeds() -> Vec<Seed> {
         seed(
             t,
             "lease_request",
-            Case::request(
-                Mode::Lease,
-                Purpose::Lease,
-                NOW,
-                RouterLeaseRequest {
-                    credential: Some(keys::member_credential(2, Role::Router)),
-                    proof: Some(make_proof(Purpose::Lease, CP_URL, &peers()[2], NOW)),
-                    addrs: vec!["/ip4/127.0.0.1/tcp/4001".into()],
-                    labels: vec![],
-                    load: Some(RouterLoad {
-                        attached_members: 3,
-                        transit_connections: 1,
-                        high_watermark: 100,
-                        low_watermark: 85,
-                    }),
-                    draining: false,
-                }
-                .encode_to_vec(),
-            )
-            .encode(),
+            request(Purpose::Lease, 2, Field::None).encode(),
+            &[("proof", "ok"), ("credential", "ok")],
+        ),
+        seed(
+            t,
+            "lease_request_draining",
+            request(Purpose::Lease, 2, Field::Draining).encode(),
+            &[("proof", "ok"), ("moved", "bad_signature")],
+        ),
+        seed(
+            t,
+            "lease_request_moved_token",
+            request(Purpose::Lease, 2, Field::Token).encode(),
+            &[("proof", "ok"), ("moved", "ok")],
+        ),
+        seed(
+            t,
+            "watch_request",
+            request(Purpose::Watch, 2, Field::None).encode(),
             &[("proof", "ok"), ("credential", "ok")],
         ),
         seed(
             t,
             "request_garbage",
-            Case::request(Mode::Refresh, Purpose::Refresh, NOW, vec![0x12, 0xff]).encode(),
+            Case::request(Purpose::Refresh, NOW, vec![0x12, 0xff]).encode(),
             &[("decode", "malformed")],
         ),
     ]

@@ -1,9 +1,48 @@
-//! Proof of possession: a member signs (purpose, endpoint, PeerId, time) with
-//! its libp2p key so a token or credential alone is not enough to act for it.
+//! Proof of possession bound to its request: a caller signs, with its
+//! libp2p key, what the proof is for, the control plane's endpoint, its
+//! PeerId, the time, and a digest of every other field of the request the
+//! proof travels in. A token or credential alone is then not enough to act
+//! for a key, and a proof seen in flight (valid for ±5 min) cannot be moved
+//! onto another request: replayed, it can only repeat the request it was
+//! made for.
+//!
+//! # What each proof signs (format v2)
+//!
+//! Every proof signs `domain ‖ url ‖ peer ‖ timestamp ‖ binding`
+//! ([`proof_message`]): the purpose's domain (`"agentmesh <purpose> v2\0"`),
+//! the endpoint without a trailing `/` and the PeerId's bytes (each with a
+//! 4-byte big-endian length), the timestamp (8 bytes, big-endian), and a
+//! 32-byte **binding**: SHA-256 over the request's fields other than the
+//! proof, exactly as sent, in field order, each framed (byte strings and
+//! counts with an 8-byte big-endian length, numbers fixed-width, optional
+//! messages behind a presence byte), so no two requests share a binding:
+//!
+//! | request | bound fields | so a seen proof cannot |
+//! |---|---|---|
+//! | `EnrollRequest` | `token` (only its digest is signed, never the secret) | enroll its key through another token, i.e. take another role or labels |
+//! | `RefreshRequest` | `credential` (claims bytes and signature) | refresh another credential of the key |
+//! | `RouterLeaseRequest` | `credential`; `addrs` and `labels`, in order; `load` (present or not, its four counts); `draining` | publish other addresses, labels, load or draining flag for the router |
+//! | `WatchRequest` | `credential` | open a watch on another credential |
+//!
+//! A new field in any of these messages fails to compile here until it is
+//! bound (the bindings destructure each message whole).
+//!
+//! Compatibility: format v1 signed no binding and no longer verifies. A v1
+//! proof that checks out under the v1 rules is refused as
+//! [`ProofError::OldFormat`], so a program older than the control plane
+//! hears why; a control plane older than its callers refuses their v2
+//! proofs as bad signatures. Every program in a mesh is upgraded together.
 
 use libp2p_identity::{Keypair, PeerId, PublicKey};
+use sha2::{Digest, Sha256};
 
-use crate::pb::controlplane::ProofOfPossession;
+use crate::pb::{
+    controlplane::{
+        EnrollRequest, ProofOfPossession, RefreshRequest, RouterLeaseRequest, RouterLoad,
+        WatchRequest,
+    },
+    credential::{Credential, Label},
+};
 
 /// What a proof is for; each signs under its own domain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +61,16 @@ pub enum Purpose {
 impl Purpose {
     fn domain(self) -> &'static [u8] {
         match self {
+            Self::Enroll => b"agentmesh enroll v2\0",
+            Self::Refresh => b"agentmesh refresh v2\0",
+            Self::Lease => b"agentmesh lease v2\0",
+            Self::Watch => b"agentmesh watch v2\0",
+        }
+    }
+
+    /// The unbound format's domain, only to recognise an old proof.
+    fn domain_v1(self) -> &'static [u8] {
+        match self {
             Self::Enroll => b"agentmesh enroll v1\0",
             Self::Refresh => b"agentmesh refresh v1\0",
             Self::Lease => b"agentmesh lease v1\0",
@@ -33,12 +82,197 @@ impl Purpose {
 /// How far a proof's timestamp may be from the verifier's clock (±5 min).
 pub const MAX_PROOF_AGE_SECS: i64 = 300;
 
-/// The bytes a proof signs.
-pub fn proof_message(purpose: Purpose, public_url: &str, peer: &PeerId, ts: i64) -> Vec<u8> {
+/// What a proof is bound to: its purpose and the digest of the other
+/// fields of its request (see the module docs for which).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Binding {
+    purpose: Purpose,
+    digest: [u8; 32],
+}
+
+impl Binding {
+    /// What the proof is for.
+    pub fn purpose(&self) -> Purpose {
+        self.purpose
+    }
+
+    /// The SHA-256 of the request's bound fields.
+    pub fn digest(&self) -> &[u8; 32] {
+        &self.digest
+    }
+}
+
+/// A request that carries a proof bound to its other fields.
+pub trait Bound: Sized {
+    /// The binding of this request's fields (its proof aside).
+    fn binding(&self) -> Binding;
+
+    /// The proof it carries.
+    fn proof(&self) -> Option<&ProofOfPossession>;
+
+    /// Replaces the proof it carries.
+    fn set_proof(&mut self, proof: ProofOfPossession);
+
+    /// This request with a fresh proof by `key` at `now` bound to it.
+    fn proven(mut self, public_url: &str, key: &Keypair, now: i64) -> Self {
+        let p = make_proof(&self.binding(), public_url, key, now);
+        self.set_proof(p);
+        self
+    }
+}
+
+impl Bound for EnrollRequest {
+    fn binding(&self) -> Binding {
+        let Self { token, proof: _ } = self;
+        let mut f = Fields::default();
+        f.bytes(token.as_bytes());
+        f.finish(Purpose::Enroll)
+    }
+    fn proof(&self) -> Option<&ProofOfPossession> {
+        self.proof.as_ref()
+    }
+    fn set_proof(&mut self, proof: ProofOfPossession) {
+        self.proof = Some(proof);
+    }
+}
+
+impl Bound for RefreshRequest {
+    fn binding(&self) -> Binding {
+        let Self {
+            credential,
+            proof: _,
+        } = self;
+        let mut f = Fields::default();
+        f.credential(credential.as_ref());
+        f.finish(Purpose::Refresh)
+    }
+    fn proof(&self) -> Option<&ProofOfPossession> {
+        self.proof.as_ref()
+    }
+    fn set_proof(&mut self, proof: ProofOfPossession) {
+        self.proof = Some(proof);
+    }
+}
+
+impl Bound for RouterLeaseRequest {
+    fn binding(&self) -> Binding {
+        let Self {
+            credential,
+            proof: _,
+            addrs,
+            labels,
+            load,
+            draining,
+        } = self;
+        let mut f = Fields::default();
+        f.credential(credential.as_ref());
+        f.count(addrs.len());
+        for a in addrs {
+            f.bytes(a.as_bytes());
+        }
+        f.count(labels.len());
+        for Label { key, value } in labels {
+            f.bytes(key.as_bytes());
+            f.bytes(value.as_bytes());
+        }
+        f.present(load.is_some());
+        if let Some(RouterLoad {
+            attached_members,
+            transit_connections,
+            high_watermark,
+            low_watermark,
+        }) = load
+        {
+            for n in [
+                attached_members,
+                transit_connections,
+                high_watermark,
+                low_watermark,
+            ] {
+                f.u32(*n);
+            }
+        }
+        f.present(*draining);
+        f.finish(Purpose::Lease)
+    }
+    fn proof(&self) -> Option<&ProofOfPossession> {
+        self.proof.as_ref()
+    }
+    fn set_proof(&mut self, proof: ProofOfPossession) {
+        self.proof = Some(proof);
+    }
+}
+
+impl Bound for WatchRequest {
+    fn binding(&self) -> Binding {
+        let Self {
+            credential,
+            proof: _,
+        } = self;
+        let mut f = Fields::default();
+        f.credential(credential.as_ref());
+        f.finish(Purpose::Watch)
+    }
+    fn proof(&self) -> Option<&ProofOfPossession> {
+        self.proof.as_ref()
+    }
+    fn set_proof(&mut self, proof: ProofOfPossession) {
+        self.proof = Some(proof);
+    }
+}
+
+/// The framed fields of one request, hashed as they are written.
+#[derive(Default)]
+struct Fields(Sha256);
+
+impl Fields {
+    fn count(&mut self, n: usize) {
+        self.0.update((n as u64).to_be_bytes());
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        self.count(b.len());
+        self.0.update(b);
+    }
+
+    fn u32(&mut self, n: u32) {
+        self.0.update(n.to_be_bytes());
+    }
+
+    fn present(&mut self, yes: bool) {
+        self.0.update([u8::from(yes)]);
+    }
+
+    fn credential(&mut self, c: Option<&Credential>) {
+        self.present(c.is_some());
+        if let Some(Credential { claims, signature }) = c {
+            self.bytes(claims);
+            self.bytes(signature);
+        }
+    }
+
+    fn finish(self, purpose: Purpose) -> Binding {
+        Binding {
+            purpose,
+            digest: self.0.finalize().into(),
+        }
+    }
+}
+
+/// The bytes a proof bound to `bound` signs.
+pub fn proof_message(bound: &Binding, public_url: &str, peer: &PeerId, ts: i64) -> Vec<u8> {
+    let mut m = head(bound.purpose.domain(), public_url, peer, ts);
+    m.extend_from_slice(&bound.digest);
+    m
+}
+
+/// Domain, endpoint, PeerId and time: what both formats sign first (v1
+/// signed only this).
+fn head(domain: &[u8], public_url: &str, peer: &PeerId, ts: i64) -> Vec<u8> {
     let url = normalize_url(public_url);
     let peer = peer.to_bytes();
-    let mut m = Vec::with_capacity(64 + url.len() + peer.len());
-    m.extend_from_slice(purpose.domain());
+    let mut m = Vec::with_capacity(96 + url.len() + peer.len());
+    m.extend_from_slice(domain);
     m.extend_from_slice(&(url.len() as u32).to_be_bytes());
     m.extend_from_slice(url.as_bytes());
     m.extend_from_slice(&(peer.len() as u32).to_be_bytes());
@@ -52,15 +286,11 @@ pub fn normalize_url(url: &str) -> &str {
     url.trim_end_matches('/')
 }
 
-/// Makes a proof with `key` at `now`.
-pub fn make_proof(
-    purpose: Purpose,
-    public_url: &str,
-    key: &Keypair,
-    now: i64,
-) -> ProofOfPossession {
+/// Makes a proof bound to `bound` with `key` at `now` (requests use
+/// [`Bound::proven`]).
+pub fn make_proof(bound: &Binding, public_url: &str, key: &Keypair, now: i64) -> ProofOfPossession {
     let peer = key.public().to_peer_id();
-    let msg = proof_message(purpose, public_url, &peer, now);
+    let msg = proof_message(bound, public_url, &peer, now);
     ProofOfPossession {
         public_key: key.public().encode_protobuf(),
         timestamp_unix_secs: now,
@@ -83,14 +313,22 @@ pub enum ProofError {
         /// Verifier's clock.
         now: i64,
     },
-    /// The signature does not verify.
-    #[error("proof signature does not verify")]
+    /// The signature does not verify for this request.
+    #[error("proof signature does not verify for this request")]
     BadSignature,
+    /// A proof in format v1, which binds no request: its maker predates
+    /// this verifier.
+    #[error(
+        "proof is in the old v1 format, which binds no request; upgrade the caller \
+         (every program in a mesh runs the same proof format, v2)"
+    )]
+    OldFormat,
 }
 
-/// Checks a proof and returns the prover's public key and PeerId.
+/// Checks a proof for the request whose binding is `bound` and returns the
+/// prover's public key and PeerId.
 pub fn verify_proof(
-    purpose: Purpose,
+    bound: &Binding,
     public_url: &str,
     proof: &ProofOfPossession,
     now: i64,
@@ -103,82 +341,19 @@ pub fn verify_proof(
         return Err(ProofError::Stale { ts, now });
     }
     let peer = key.to_peer_id();
-    let msg = proof_message(purpose, public_url, &peer, ts);
-    if !key.verify(&msg, &proof.signature) {
-        return Err(ProofError::BadSignature);
+    if key.verify(
+        &proof_message(bound, public_url, &peer, ts),
+        &proof.signature,
+    ) {
+        return Ok((key, peer));
     }
-    Ok((key, peer))
+    // Only a refused proof pays for this second check.
+    let v1 = head(bound.purpose.domain_v1(), public_url, &peer, ts);
+    if key.verify(&v1, &proof.signature) {
+        return Err(ProofError::OldFormat);
+    }
+    Err(ProofError::BadSignature)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn proof_round_trip_and_refusals() {
-        let k = Keypair::generate_ed25519();
-        let p = make_proof(Purpose::Enroll, "http://127.0.0.1:7400/", &k, 1000);
-        let (_, peer) =
-            verify_proof(Purpose::Enroll, "http://127.0.0.1:7400", &p, 1100).expect("valid");
-        assert_eq!(peer, k.public().to_peer_id());
-        // Other endpoint, other purpose, too old.
-        assert_eq!(
-            verify_proof(Purpose::Enroll, "http://evil:7400", &p, 1000),
-            Err(ProofError::BadSignature)
-        );
-        assert_eq!(
-            verify_proof(Purpose::Refresh, "http://127.0.0.1:7400", &p, 1000),
-            Err(ProofError::BadSignature)
-        );
-        assert!(matches!(
-            verify_proof(Purpose::Enroll, "http://127.0.0.1:7400", &p, 1000 + 301),
-            Err(ProofError::Stale { .. })
-        ));
-    }
-
-    /// A proof whose timestamp is any `i64` is refused as stale, never a panic
-    /// or a wrap-around that slips past the age check.
-    #[test]
-    fn extreme_timestamps_are_stale_not_a_panic() {
-        let k = Keypair::generate_ed25519();
-        for (ts, now) in [
-            (i64::MIN, 1_700_000_000),
-            (i64::MAX, 1_700_000_000),
-            (i64::MIN, i64::MAX),
-            (i64::MAX, i64::MIN),
-            (i64::MIN, 0),
-        ] {
-            let p = make_proof(Purpose::Enroll, "http://cp", &k, ts);
-            assert_eq!(
-                verify_proof(Purpose::Enroll, "http://cp", &p, now),
-                Err(ProofError::Stale { ts, now }),
-                "ts {ts}, now {now}"
-            );
-        }
-        // The boundary itself is still accepted, at both ends of the range.
-        for (ts, now) in [(i64::MIN, i64::MIN + 300), (i64::MAX, i64::MAX - 300)] {
-            let p = make_proof(Purpose::Enroll, "http://cp", &k, ts);
-            assert!(verify_proof(Purpose::Enroll, "http://cp", &p, now).is_ok());
-        }
-    }
-
-    proptest::proptest! {
-        /// Any timestamp and clock: accepted exactly when within the age
-        /// bound, and never a panic.
-        #[test]
-        fn staleness_matches_the_exact_distance(
-            now in proptest::prelude::any::<i64>(),
-            far in proptest::prelude::any::<i64>(),
-            delta in -1000i64..1000,
-            close in proptest::prelude::any::<bool>(),
-        ) {
-            // Half the cases near the boundary, half anywhere in the range.
-            let ts = if close { now.saturating_add(delta) } else { far };
-            let k = Keypair::generate_ed25519();
-            let p = make_proof(Purpose::Refresh, "http://cp", &k, ts);
-            let fresh = (i128::from(now) - i128::from(ts)).abs() <= i128::from(MAX_PROOF_AGE_SECS);
-            let r = verify_proof(Purpose::Refresh, "http://cp", &p, now);
-            proptest::prop_assert_eq!(r.is_ok(), fresh, "ts {} now {}: {:?}", ts, now, r);
-        }
-    }
-}
+mod tests;

@@ -40,7 +40,7 @@ use agentmesh_proto::{
         },
         credential::{Credential, KeySet, Label},
     },
-    proof::{Purpose, make_proof, normalize_url},
+    proof::{Bound, normalize_url},
     unix_now,
 };
 use tonic::{
@@ -299,15 +299,13 @@ impl Client {
     pub async fn enroll(&self, token: &str, key: &Keypair) -> Result<EnrollResponse, ClientError> {
         self.retrying("Enroll", Idempotency::Idempotent, || {
             let mut c = self.grpc();
-            let req = self.request(EnrollRequest {
-                token: token.to_string(),
-                proof: Some(make_proof(
-                    Purpose::Enroll,
-                    self.public_url(),
-                    key,
-                    unix_now(),
-                )),
-            });
+            let req = self.request(
+                EnrollRequest {
+                    token: token.to_string(),
+                    proof: None,
+                }
+                .proven(self.public_url(), key, unix_now()),
+            );
             async move { c.enroll(req).await }
         })
         .await
@@ -321,15 +319,13 @@ impl Client {
     ) -> Result<RefreshResponse, ClientError> {
         self.retrying("Refresh", Idempotency::Idempotent, || {
             let mut c = self.grpc();
-            let req = self.request(RefreshRequest {
-                credential: Some(cred.clone()),
-                proof: Some(make_proof(
-                    Purpose::Refresh,
-                    self.public_url(),
-                    key,
-                    unix_now(),
-                )),
-            });
+            let req = self.request(
+                RefreshRequest {
+                    credential: Some(cred.clone()),
+                    proof: None,
+                }
+                .proven(self.public_url(), key, unix_now()),
+            );
             async move { c.refresh(req).await }
         })
         .await
@@ -385,19 +381,17 @@ impl Client {
     ) -> Result<RouterLeaseResponse, ClientError> {
         self.retrying("RouterLease", Idempotency::Idempotent, || {
             let mut c = self.grpc();
-            let req = self.request(RouterLeaseRequest {
-                credential: Some(cred.clone()),
-                proof: Some(make_proof(
-                    Purpose::Lease,
-                    self.public_url(),
-                    key,
-                    unix_now(),
-                )),
-                addrs: addrs.clone(),
-                labels: labels.clone(),
-                load: Some(load),
-                draining,
-            });
+            let req = self.request(
+                RouterLeaseRequest {
+                    credential: Some(cred.clone()),
+                    proof: None,
+                    addrs: addrs.clone(),
+                    labels: labels.clone(),
+                    load: Some(load),
+                    draining,
+                }
+                .proven(self.public_url(), key, unix_now()),
+            );
             async move { c.router_lease(req).await }
         })
         .await

@@ -11,7 +11,7 @@ use agentmesh_proto::{
         controlplane::{RevokeTokenRequest, RevokeTokenResponse, WatchEvent, WatchRequest},
         credential::Credential,
     },
-    proof::{Purpose, make_proof},
+    proof::Bound,
     unix_now,
 };
 use tonic::{Request, Streaming};
@@ -20,7 +20,7 @@ use super::{Client, ClientError, Idempotency, bearer};
 
 impl Client {
     /// Opens a watch with a router credential and a fresh proof of
-    /// possession of `key` (purpose `Watch`). The first event is the
+    /// possession of `key` (purpose `Watch`, bound to the credential). The first event is the
     /// full state in force; each next one the full state after a change.
     pub async fn watch(
         &self,
@@ -30,15 +30,13 @@ impl Client {
         self.retrying("Watch", Idempotency::Idempotent, || {
             let mut c = self.grpc();
             // No per-call timeout: it would end the stream.
-            let req = Request::new(WatchRequest {
-                credential: Some(cred.clone()),
-                proof: Some(make_proof(
-                    Purpose::Watch,
-                    self.public_url(),
-                    key,
-                    unix_now(),
-                )),
-            });
+            let req = Request::new(
+                WatchRequest {
+                    credential: Some(cred.clone()),
+                    proof: None,
+                }
+                .proven(self.public_url(), key, unix_now()),
+            );
             async move { c.watch(req).await }
         })
         .await

@@ -1,12 +1,13 @@
 //! One router's watch: the checks RouterLease makes (router credential,
-//! proof of possession, but made for `Watch`, so a lease proof cannot be
-//! replayed here; node enrolled and not revoked), a slot among `--watch-max-streams`, then the stream.
+//! proof of possession, but made for `Watch` and bound to the watch's
+//! credential, so a lease proof cannot be replayed here; node enrolled and
+//! not revoked), a slot among `--watch-max-streams`, then the stream.
 
 use std::{net::IpAddr, pin::Pin, sync::Arc, time::Duration};
 
 use agentmesh_proto::{
     pb::controlplane::{RouterLeaseRequest, WatchEvent, WatchRequest},
-    proof::Purpose,
+    proof::Bound,
     unix_now,
 };
 use futures::Stream;
@@ -118,15 +119,17 @@ impl State {
         }
         self.admission.admit_unauth(source)?;
         let now = unix_now();
+        let bound = req.binding();
         let lease_like = RouterLeaseRequest {
             credential: req.credential,
             proof: req.proof,
             ..Default::default()
         };
-        // A proof made for `Watch`: a lease proof is refused (`bad_proof`).
+        // A proof made for `Watch` with this credential: a lease proof, or a
+        // watch proof seen with another credential, is refused (`bad_proof`).
         let (claims, peer) = self
             .admission
-            .judge(source, self.verify_lease(&lease_like, Purpose::Watch, now))?;
+            .judge(source, self.verify_lease(&lease_like, &bound, now))?;
         let peer_id = peer.to_bytes();
         self.db
             .run(self.db.store().touch_node(&peer_id, now, None))

@@ -21,7 +21,7 @@ use agentmesh_proto::{
         },
         credential::{Claims, Credential, Label, Role, TokenKind},
     },
-    proof::{Purpose, make_proof},
+    proof::Bound,
     unix_now,
 };
 use tonic::Code;
@@ -137,12 +137,15 @@ async fn malformed_requests_are_invalid_argument() {
         .await
         .expect("connect");
     let key = Keypair::generate_ed25519();
-    let proof = make_proof(Purpose::Enroll, h.public_url(), &key, unix_now());
+    let enroll = |token: &str, url: &str| {
+        EnrollRequest {
+            token: token.into(),
+            proof: None,
+        }
+        .proven(url, &key, unix_now())
+    };
     let no_token = raw
-        .enroll(EnrollRequest {
-            token: String::new(),
-            proof: Some(proof.clone()),
-        })
+        .enroll(enroll("", h.public_url()))
         .await
         .expect_err("empty token");
     assert_eq!(no_token.code(), Code::InvalidArgument);
@@ -154,44 +157,29 @@ async fn malformed_requests_are_invalid_argument() {
         .await
         .expect_err("no proof");
     assert_eq!(no_proof.code(), Code::InvalidArgument);
-    let mut bad_key = proof.clone();
-    bad_key.public_key = vec![1, 2, 3];
-    let r = raw
-        .enroll(EnrollRequest {
-            token: "amt_x".into(),
-            proof: Some(bad_key),
-        })
-        .await
-        .expect_err("bad key");
+    let mut bad_key = enroll("amt_x", h.public_url());
+    if let Some(p) = bad_key.proof.as_mut() {
+        p.public_key = vec![1, 2, 3];
+    }
+    let r = raw.enroll(bad_key).await.expect_err("bad key");
     assert_eq!(r.code(), Code::InvalidArgument);
     // A proof for another endpoint is a failed proof, not a malformed one.
-    let elsewhere = make_proof(
-        Purpose::Enroll,
-        "http://evil.example:7400",
-        &key,
-        unix_now(),
-    );
     let r = raw
-        .enroll(EnrollRequest {
-            token: "amt_x".into(),
-            proof: Some(elsewhere),
-        })
+        .enroll(enroll("amt_x", "http://evil.example:7400"))
         .await
         .expect_err("wrong endpoint");
     assert_eq!(r.code(), Code::Unauthenticated);
     let r = raw
-        .refresh(RefreshRequest {
-            credential: Some(Credential {
-                claims: vec![0xff; 10],
-                signature: vec![],
-            }),
-            proof: Some(make_proof(
-                Purpose::Refresh,
-                h.public_url(),
-                &key,
-                unix_now(),
-            )),
-        })
+        .refresh(
+            RefreshRequest {
+                credential: Some(Credential {
+                    claims: vec![0xff; 10],
+                    signature: vec![],
+                }),
+                proof: None,
+            }
+            .proven(h.public_url(), &key, unix_now()),
+        )
         .await
         .expect_err("garbage credential");
     assert_eq!(r.code(), Code::InvalidArgument);
@@ -410,9 +398,12 @@ async fn limiter_refusals_carry_retry_after_and_the_failure_guard_counts_failure
     let mut raw = ControlPlaneClient::connect(h.public_url().to_string())
         .await
         .expect("connect");
-    let enroll = |t: &str, k: &Keypair| EnrollRequest {
-        token: t.to_string(),
-        proof: Some(make_proof(Purpose::Enroll, h.public_url(), k, unix_now())),
+    let enroll = |t: &str, k: &Keypair| {
+        EnrollRequest {
+            token: t.to_string(),
+            proof: None,
+        }
+        .proven(h.public_url(), k, unix_now())
     };
     // Successes are not failures: four members from one IP get in.
     for _ in 0..4 {
@@ -610,9 +601,12 @@ async fn refusals_of_proven_callers_do_not_block_their_source(db: TestDb) {
     let mut raw = ControlPlaneClient::connect(h.public_url().to_string())
         .await
         .expect("connect");
-    let refresh = |cred: &Credential| RefreshRequest {
-        credential: Some(cred.clone()),
-        proof: Some(make_proof(Purpose::Refresh, h.public_url(), &m, unix_now())),
+    let refresh = |cred: &Credential| {
+        RefreshRequest {
+            credential: Some(cred.clone()),
+            proof: None,
+        }
+        .proven(h.public_url(), &m, unix_now())
     };
     let s = raw
         .refresh(refresh(&forged))
@@ -729,9 +723,12 @@ async fn refused_callers_get_successive_slots_up_to_the_cap_on_both_limiters() {
         .await
         .expect("connect");
     let url = h.public_url().to_string();
-    let enroll = |t: &str, k: &Keypair| EnrollRequest {
-        token: t.to_string(),
-        proof: Some(make_proof(Purpose::Enroll, &url, k, unix_now())),
+    let enroll = |t: &str, k: &Keypair| {
+        EnrollRequest {
+            token: t.to_string(),
+            proof: None,
+        }
+        .proven(&url, k, unix_now())
     };
     // A member and a router take two of the three enroll tokens.
     let (member, router) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
@@ -768,9 +765,12 @@ async fn refused_callers_get_successive_slots_up_to_the_cap_on_both_limiters() {
     }
     // 2/s: slots at 0.5, 1.0, 1.5, ... s, rounded up; past 3 s, the cap.
     assert_eq!(told, [1, 1, 2, 2, 3, 3, 3, 3]);
-    let refresh = || RefreshRequest {
-        credential: Some(member_cred.clone()),
-        proof: Some(make_proof(Purpose::Refresh, &url, &member, unix_now())),
+    let refresh = || {
+        RefreshRequest {
+            credential: Some(member_cred.clone()),
+            proof: None,
+        }
+        .proven(&url, &member, unix_now())
     };
     let mut told = Vec::new();
     for _ in 0..5 {
@@ -788,10 +788,12 @@ async fn refused_callers_get_successive_slots_up_to_the_cap_on_both_limiters() {
     // A router lease has its own budget, untouched by the refreshes; once it
     // is spent the router is told the next token (1 s at 1/s), never a slot
     // further ahead: its lease would expire waiting its turn.
-    let lease = || RouterLeaseRequest {
-        credential: Some(router_cred.clone()),
-        proof: Some(make_proof(Purpose::Lease, &url, &router, unix_now())),
-        ..RouterLeaseRequest::default()
+    let lease = || {
+        RouterLeaseRequest {
+            credential: Some(router_cred.clone()),
+            ..RouterLeaseRequest::default()
+        }
+        .proven(&url, &router, unix_now())
     };
     raw.router_lease(lease())
         .await
@@ -880,15 +882,13 @@ async fn wrong_admin_tokens_feed_the_failure_guard(db: TestDb) {
     raw.rotate_key_now(rotate(Some(ADMIN)))
         .await
         .expect("the right token is served whatever its address's failures");
-    raw.enroll(EnrollRequest {
-        token: tok.clone(),
-        proof: Some(make_proof(
-            Purpose::Enroll,
-            h.public_url(),
-            &Keypair::generate_ed25519(),
-            unix_now(),
-        )),
-    })
+    raw.enroll(
+        EnrollRequest {
+            token: tok.clone(),
+            proof: None,
+        }
+        .proven(h.public_url(), &Keypair::generate_ed25519(), unix_now()),
+    )
     .await
     .expect("so is a member's real token from the same address");
     // Another source with the right token is served.

@@ -17,6 +17,7 @@
 //! - [`lifecycle`]: restarts, rotation, reapers, backups, the HTTP endpoints;
 //! - [`policy`]: applying, refusing, serving and distributing the policy,
 //!   its commands and the start-up rules (the real binary);
+//! - [`proofs`]: proofs of possession moved onto other requests are refused;
 //! - [`storage`]: the database under pressure (a lock held elsewhere, a backlog);
 //! - [`tls`]: gRPC over TLS;
 //! - [`two_processes`]: two `agentmesh-control-plane` processes on one database;
@@ -37,6 +38,7 @@ mod lifecycle;
 mod malformed;
 mod nat;
 mod policy;
+mod proofs;
 mod storage;
 mod tls;
 mod two_processes;

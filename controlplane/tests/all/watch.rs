@@ -11,11 +11,13 @@ use agentmesh_proto::{
     credential::{Trust, peek_claims},
     identity::Keypair,
     pb::{
-        controlplane::{ApplyPolicyRequest, WatchEvent, WatchRequest},
+        controlplane::{
+            ApplyPolicyRequest, RefreshRequest, RouterLeaseRequest, WatchEvent, WatchRequest,
+        },
         credential::{Credential, PolicyDocument, Role, TokenKind},
     },
     policy::verify_policy,
-    proof::{Purpose, make_proof},
+    proof::{Bound, make_proof},
     unix_now,
 };
 use futures::StreamExt as _;
@@ -215,23 +217,25 @@ async fn lying_watchers_are_refused_and_counted(db: TestDb) {
     // A router's credential replayed with a proof from another key.
     let thief = Keypair::generate_ed25519();
     let stolen = raw
-        .watch(WatchRequest {
-            credential: Some(rcred.clone()),
-            proof: Some(make_proof(
-                Purpose::Watch,
-                h.public_url(),
-                &thief,
-                unix_now(),
-            )),
-        })
+        .watch(
+            WatchRequest {
+                credential: Some(rcred.clone()),
+                proof: None,
+            }
+            .proven(h.public_url(), &thief, unix_now()),
+        )
         .await;
     assert_eq!(stolen.err().map(|s| s.code()), Some(Code::Unauthenticated));
     // The right key, but its RouterLease proof replayed on Watch.
+    let lease = RouterLeaseRequest {
+        credential: Some(rcred.clone()),
+        ..RouterLeaseRequest::default()
+    };
     let lease_proof = raw
         .watch(WatchRequest {
             credential: Some(rcred.clone()),
             proof: Some(make_proof(
-                Purpose::Lease,
+                &lease.binding(),
                 h.public_url(),
                 &rkey,
                 unix_now(),
@@ -243,12 +247,17 @@ async fn lying_watchers_are_refused_and_counted(db: TestDb) {
         Some(Code::Unauthenticated),
         "a lease proof is not a watch proof"
     );
-    // The right key, but a proof made for another purpose.
+    // The right key, but a proof made for another purpose (a Refresh of
+    // the same credential: the same fields, another domain).
+    let refresh = RefreshRequest {
+        credential: Some(rcred.clone()),
+        proof: None,
+    };
     let wrong_purpose = raw
         .watch(WatchRequest {
             credential: Some(rcred.clone()),
             proof: Some(make_proof(
-                Purpose::Enroll,
+                &refresh.binding(),
                 h.public_url(),
                 &rkey,
                 unix_now(),
@@ -292,14 +301,12 @@ async fn watchers_past_the_bound_are_refused_and_counted(db: TestDb) {
     let h = agentmesh_controlplane::spawn(cfg).await.expect("starts");
     let (rkey, rcred, _) = enrolled(&h, Role::Router, &[]).await;
     let mut raw = common::raw_client_from(&h, [127, 0, 0, 1]).await;
-    let req = || WatchRequest {
-        credential: Some(rcred.clone()),
-        proof: Some(make_proof(
-            Purpose::Watch,
-            h.public_url(),
-            &rkey,
-            unix_now(),
-        )),
+    let req = || {
+        WatchRequest {
+            credential: Some(rcred.clone()),
+            proof: None,
+        }
+        .proven(h.public_url(), &rkey, unix_now())
     };
     let mut first = raw
         .watch(req())

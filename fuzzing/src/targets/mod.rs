@@ -2,7 +2,7 @@
 //!
 //! - [`credential`]: `credential::verify` on claims the harness signs.
 //! - [`enroll_proof`]: the proof of possession the control plane checks on
-//!   Enroll, Refresh and RouterLease.
+//!   Enroll, Refresh, RouterLease and Watch, bound to its request.
 //! - [`auth_frames`], [`goaway_frames`], [`catalog_frames`],
 //!   [`call_frames`]: each protocol's request and answer frames.
 //! - [`policy_frames`]: the policy push a member reads, its ack, and the

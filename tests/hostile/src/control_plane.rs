@@ -28,7 +28,7 @@ use agentmesh_proto::{
         },
         credential::Credential,
     },
-    proof::{Purpose, make_proof},
+    proof::Bound,
     unix_now,
 };
 use rand::RngCore;
@@ -275,10 +275,13 @@ async fn send(
             .await
             .map(drop),
         FloodKind::BadEnroll => client
-            .enroll(EnrollRequest {
-                token: format!("amt_hostile_{}", hex_of(&random_bytes(8))),
-                proof: Some(make_proof(Purpose::Enroll, url, enroll_key, unix_now())),
-            })
+            .enroll(
+                EnrollRequest {
+                    token: format!("amt_hostile_{}", hex_of(&random_bytes(8))),
+                    proof: None,
+                }
+                .proven(url, enroll_key, unix_now()),
+            )
             .await
             .map(drop),
         FloodKind::GetKeys => client.get_keys(GetKeysRequest {}).await.map(drop),
