@@ -381,8 +381,7 @@ pub async fn spawn(
         config.max_inbound_calls,
         config.max_inbound_calls_per_caller,
     ));
-    let member_policy =
-        policy::MemberPolicy::new(metrics.policy.clone(), config.max_revocation_entries);
+    let member_policy = policy::MemberPolicy::new(metrics.policy.clone());
     let shared = Arc::new(shared::Shared {
         config,
         key: stored.key,
