@@ -15,6 +15,9 @@
 //! - [`provider_calls`]: silent call streams to one provider.
 //! - [`provider_circuits`]: every circuit to one provider through a router.
 //!
+//! - [`lying_router`]: a compromised router (a real router credential, in
+//!   the directory) telling attached members a forged or rolled-back
+//!   revocation list, in its admission answers and its pushes.
 //! - [`dialed_router`]: not an attack but its mirror: a router of the
 //!   directory that the router under test dials, opening streams it
 //!   refuses before authenticating back (it must not be taken for one).
@@ -26,6 +29,7 @@
 pub mod control_plane;
 pub mod counts;
 pub mod dialed_router;
+pub mod lying_router;
 pub mod member;
 pub mod provider_calls;
 pub mod provider_circuits;
