@@ -123,7 +123,7 @@ impl PolicyMetrics {
         );
         r.register(
             "revocations_ignored",
-            "Signed revocation lists offered (directory, admission, push) and not taken, by reason: a forged list, a rollback to an older generation, a key unknown or retired",
+            "Signed revocation lists offered (admission, push; the directory's only when not stale) and not taken, by reason: bad_signature (forged or unsigned), stale (a rollback, or a router lagging behind the list held), unknown_key or key_retired, malformed, too_large",
             self.revocations_ignored.clone(),
         );
         r.register(
