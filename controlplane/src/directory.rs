@@ -12,7 +12,7 @@ use agentmesh_proto::{
             GetDirectoryRequest, GetDirectoryResponse, RouterInfo, RouterLeaseRequest,
             RouterLeaseResponse, RouterLoad,
         },
-        credential::{KeySet, Revocation, Role},
+        credential::{KeySet, Role},
     },
     proof::{Binding, Bound, Purpose, verify_proof},
     unix_now,
@@ -124,7 +124,10 @@ impl State {
         if claims.role() != Role::Router {
             return Err(ServiceError::denied(
                 "wrong_role",
-                format!("{} needs a credential with role router", rpc_of(bound.purpose())),
+                format!(
+                    "{} needs a credential with role router",
+                    rpc_of(bound.purpose())
+                ),
             ));
         }
         Ok((claims, peer))
@@ -146,8 +149,8 @@ impl State {
         Ok(d)
     }
 
-    /// `GetDirectory`: live leases, active revocations and the signed
-    /// policy in force (cached briefly).
+    /// `GetDirectory`: live leases, the signed revocation list and the
+    /// signed policy in force (cached briefly).
     pub async fn get_directory(&self) -> Result<GetDirectoryResponse, ServiceError> {
         if let Some(d) = self.cached_directory() {
             return Ok(d);
@@ -156,7 +159,8 @@ impl State {
         self.refresh_policy().await?;
         let now = unix_now();
         let policy = self.signed_policy(now)?;
-        let (leases, revs) = self.db.run(self.db.store().directory(now)).await?;
+        let leases = self.db.run(self.db.store().directory(now)).await?;
+        let revocations = self.signed_revocations(now).await?;
         let d = GetDirectoryResponse {
             routers: leases
                 .into_iter()
@@ -174,15 +178,7 @@ impl State {
                     lease_expires_at_unix_secs: l.expires_at,
                 })
                 .collect(),
-            revocations: revs
-                .into_iter()
-                .map(|r| Revocation {
-                    peer_id: r.peer_id,
-                    until_unix_secs: r.until,
-                    reason: r.reason,
-                    token_id: r.token_id,
-                })
-                .collect(),
+            revocations: Some(revocations),
             generated_at_unix_secs: now,
             policy: Some(policy),
             policy_unchanged: false,

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use agentmesh_proto::{identity::PeerId, unix_now};
+use agentmesh_proto::{identity::PeerId, revocations::peek_list, unix_now};
 use axum::{
     Json, Router,
     extract::{Query, State as AxState},
@@ -90,12 +90,21 @@ async fn info(AxState(s): AxState<HttpState>) -> Response {
             })
         })
         .collect();
-    let revocations: Vec<Value> = dir
+    // Our own signed list, read without verifying; entries in force only.
+    let list = dir
         .revocations
+        .as_ref()
+        .and_then(peek_list)
+        .unwrap_or_default();
+    let now = unix_now();
+    let revocations: Vec<Value> = list
+        .entries
         .iter()
+        .filter(|r| r.until_unix_secs >= now)
         .map(|r| {
             json!({
                 "peer_id": peer_string(&r.peer_id),
+                "token_id": r.token_id,
                 "until_unix_secs": r.until_unix_secs,
                 "reason": r.reason,
             })
@@ -107,6 +116,8 @@ async fn info(AxState(s): AxState<HttpState>) -> Response {
         "routers": routers,
         "keys": keys,
         "revocations": revocations,
+        "revocations_epoch": list.epoch,
+        "revocations_generation": list.generation,
         "next_key_rotation_unix_secs": s.state.keys.next_rotation_at(),
         "policy": crate::policy::page::info(&s.state),
     }))

@@ -55,6 +55,8 @@ pub mod service;
 #[cfg(feature = "server")]
 pub mod signed_policy;
 #[cfg(feature = "server")]
+pub mod signed_revocations;
+#[cfg(feature = "server")]
 pub mod state;
 #[cfg(feature = "server")]
 pub mod status;

@@ -90,8 +90,13 @@ impl State {
         for (table, rows) in counts {
             self.metrics.set_rows(&table, rows);
         }
-        if total.iter().any(|(t, _, n)| *t == "revocations" && *n > 0) {
-            self.invalidate_directory();
+        // Reaped revocations bumped the list's generation: routers take
+        // the smaller list now (watch) rather than at the next poll.
+        if total
+            .iter()
+            .any(|(t, _, n)| matches!(*t, "revocations" | "token_revocations") && *n > 0)
+        {
+            self.notify_directory_changed();
         }
         Ok(total)
     }

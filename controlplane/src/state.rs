@@ -9,7 +9,8 @@ use agentmesh_proto::pb::controlplane::GetDirectoryResponse;
 
 use crate::{
     admission::Admission, clock::SharedClock, config::Config, keys::Keys, metrics::Metrics,
-    signed_policy::HeldPolicy, store::Db, watch_hub::WatchHub,
+    signed_policy::HeldPolicy, signed_revocations::RevocationsSigner, status::ServiceError,
+    store::Db, watch_hub::WatchHub,
 };
 
 /// Shared server state.
@@ -32,6 +33,8 @@ pub struct State {
     pub admission: Admission,
     /// The policy in force (deny-all until start-up reads the database).
     pub policy: HeldPolicy,
+    /// The signed revocation list (see [`crate::signed_revocations`]).
+    pub revocations: RevocationsSigner,
     /// The event routers' watches stream (see [`crate::watch`]).
     pub watch: WatchHub,
     directory_cache: Mutex<Option<(Duration, GetDirectoryResponse)>>,
@@ -63,6 +66,7 @@ impl State {
         Arc::new(Self {
             admission: Admission::new(&config, clock.clone(), metrics.clone()),
             policy: HeldPolicy::default(),
+            revocations: RevocationsSigner::default(),
             watch: WatchHub::new(config.watch_max_streams),
             directory_cache: Mutex::new(None),
             config,
@@ -93,6 +97,18 @@ impl State {
     /// Drops the cached directory (after a lease or revocation changed it).
     pub fn invalidate_directory(&self) {
         *lock(&self.directory_cache) = None;
+    }
+
+    /// The revocation list as stored now, signed with the key that signs
+    /// now (one database read; signed again only when the list or the key
+    /// changed).
+    pub async fn signed_revocations(
+        &self,
+        now: i64,
+    ) -> Result<agentmesh_proto::pb::credential::SignedRevocations, ServiceError> {
+        let stored = self.db.run(self.db.store().revocations()).await?;
+        let signer = self.keys.signer(now).ok_or(ServiceError::NoSigningKey)?;
+        Ok(self.revocations.signed(&stored, &signer, now))
     }
 
     /// Something the directory carries changed (a policy was applied or

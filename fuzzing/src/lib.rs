@@ -31,6 +31,7 @@ pub const TARGETS: &[&str] = &[
     "policy_frames",
     "record",
     "trust_keys",
+    "revocation_list",
 ];
 
 /// What one input reached: `(step, outcome)` pairs such as
@@ -67,6 +68,7 @@ pub fn run(target: &str, data: &[u8]) -> Option<Report> {
         "policy_frames" => policy_frames::run(data),
         "record" => record::run(data),
         "trust_keys" => trust_keys::run(data),
+        "revocation_list" => revocation_list::run(data),
         _ => return None,
     })
 }

@@ -5,11 +5,9 @@
 //! past the signature to expiry, subject, revocation and key grace.
 
 use agentmesh_proto::identity::PeerId;
-use agentmesh_proto::pb::controlplane::{
-    EnrollRequest, GetDirectoryResponse, RefreshRequest, RouterLoad,
-};
+use agentmesh_proto::pb::controlplane::{EnrollRequest, RefreshRequest, RouterLoad};
 use agentmesh_proto::pb::credential::{
-    KeySet, PolicyDocument, PublicKey as KeyEntry, Revocation, Role,
+    KeySet, PolicyDocument, PublicKey as KeyEntry, Revocation, RevocationList, Role,
 };
 use agentmesh_proto::pb::mesh::{
     Admitted, Alternative, AuthRefusal, AuthRequest, AuthResponse, CallRefusal, CallRequest,
@@ -20,11 +18,14 @@ use agentmesh_proto::pb::mesh::{
 use agentmesh_proto::policy::sign_policy;
 use agentmesh_proto::proof::{Bound, Purpose};
 use agentmesh_proto::record::sign_record;
+use agentmesh_proto::revocations::sign_revocations;
 use agentmesh_wire::frame::encode;
 use prost::Message;
 
 use crate::keys::{self, NOW, peer, peers};
-use crate::targets::{credential, enroll_proof, policy_frames, record, trust_keys};
+use crate::targets::{
+    credential, enroll_proof, policy_frames, record, revocation_list, trust_keys,
+};
 
 /// One corpus file and what running it must reach.
 #[derive(Debug, Clone)]
@@ -65,6 +66,7 @@ pub fn all() -> Vec<Seed> {
     out.extend(policy_seeds());
     out.extend(record_seeds());
     out.extend(trust_keys_seeds());
+    out.extend(revocation_list_seeds());
     out
 }
 
@@ -806,7 +808,7 @@ fn policy_seeds() -> Vec<Seed> {
             &policy_document(HELD_EPOCH, HELD_VERSION + 1, keys::CURRENT_KEY_ID),
             &keys::signing().current,
         )),
-        revocations: keys::revocations(),
+        revocations: Some(revocation_list(1, 1, NOW, keys::CURRENT_KEY_ID)),
     };
     let push_frame = {
         let mut d = vec![0];
@@ -894,7 +896,7 @@ fn policy_seeds() -> Vec<Seed> {
             "push_without_policy",
             frame_of(encode(&PolicyPush {
                 policy: None,
-                revocations: vec![],
+                revocations: None,
             })),
             &[("push", "ok"), ("policy", "absent"), ("ack", "ok")],
         ),
@@ -905,6 +907,9 @@ fn policy_seeds() -> Vec<Seed> {
                 epoch: 5,
                 version: 6,
                 ignored: "stale".into(),
+                revocations_epoch: 5,
+                revocations_generation: 9,
+                revocations_ignored: "bad_signature".into(),
             })),
             &[("ack", "ok")],
         ),
@@ -1204,13 +1209,10 @@ fn record_seeds() -> Vec<Seed> {
 
 fn trust_keys_seeds() -> Vec<Seed> {
     let t = "trust_keys";
-    let dir = |revocations: Vec<Revocation>| {
-        GetDirectoryResponse {
-            routers: vec![],
-            revocations,
-            generated_at_unix_secs: NOW,
-            policy: None,
-            policy_unchanged: false,
+    let dir = |entries: Vec<Revocation>| {
+        RevocationList {
+            entries,
+            ..Default::default()
         }
         .encode_to_vec()
     };
@@ -1276,5 +1278,191 @@ fn trust_keys_seeds() -> Vec<Seed> {
             Vec::new(),
             &[("keys", "empty"), ("revocations", "none")],
         ),
+    ]
+}
+
+/// A revocation list signed with the current key (`keys::revocations()`).
+fn revocation_list(
+    epoch: u64,
+    generation: u64,
+    issued: i64,
+    key_id: &str,
+) -> agentmesh_proto::pb::credential::SignedRevocations {
+    sign_revocations(
+        &RevocationList {
+            epoch,
+            generation,
+            issued_at_unix_secs: issued,
+            entries: keys::revocations(),
+            key_id: key_id.into(),
+        },
+        &keys::signing().current,
+    )
+}
+
+/// Mode 2 of `revocation_list`: a one-entry list naming `token`.
+fn list_input(
+    signer: u8,
+    flags: u8,
+    held: u8,
+    epoch: u8,
+    generation: u8,
+    issued: i8,
+    token: &str,
+) -> Vec<u8> {
+    let mut d = vec![2, signer, flags, held, epoch, generation, issued as u8];
+    d.extend_from_slice(token.as_bytes());
+    d
+}
+
+fn revocation_list_seeds() -> Vec<Seed> {
+    use revocation_list::{HELD_EPOCH, HELD_GENERATION};
+    let t = "revocation_list";
+    let (e, g) = (HELD_EPOCH as u8, HELD_GENERATION as u8);
+    let frame_of = |bytes: Vec<u8>| {
+        let mut d = vec![0];
+        d.extend_from_slice(&bytes);
+        d
+    };
+    let push = |list| {
+        frame_of(encode(&PolicyPush {
+            policy: None,
+            revocations: Some(list),
+        }))
+    };
+    let raw = |signer: u8, flags: u8, held: u8, list: &RevocationList| {
+        let mut d = vec![1, signer, flags, held];
+        d.extend_from_slice(&list.encode_to_vec());
+        d
+    };
+    let newer_push = push(revocation_list(
+        HELD_EPOCH,
+        HELD_GENERATION + 1,
+        NOW,
+        keys::CURRENT_KEY_ID,
+    ));
+    vec![
+        seed(
+            t,
+            "newer_generation",
+            list_input(0, 0, 1, e, g + 1, -10, "t-leaked"),
+            &[("list", "accepted")],
+        ),
+        seed(
+            t,
+            "rollback_older_generation",
+            list_input(0, 0, 1, e, g - 1, 100, "t-leaked"),
+            &[("list", "stale")],
+        ),
+        seed(
+            t,
+            "same_generation_member_refuses_router_takes_resigned",
+            list_input(0, 0, 1, e, g, 10, "t-leaked"),
+            &[("list", "stale"), ("list", "accepted")],
+        ),
+        seed(
+            t,
+            "other_epoch_issued_earlier",
+            list_input(0, 0, 2, e, 200, 0, "t"),
+            &[("list", "stale")],
+        ),
+        seed(
+            t,
+            "new_epoch_issued_later",
+            list_input(0, 0, 1, e + 2, 0, 1, "t"),
+            &[("list", "accepted")],
+        ),
+        seed(
+            t,
+            "retired_key_past_grace",
+            list_input(1, 0, 0, 1, 1, 0, "t"),
+            &[("list", "key_retired")],
+        ),
+        seed(
+            t,
+            "retired_key_within_grace",
+            list_input(1, 2, 0, 1, 1, 0, "t"),
+            &[("list", "accepted")],
+        ),
+        seed(
+            t,
+            "stranger_key_forges",
+            list_input(2, 0, 1, e, 200, 0, "t-honest"),
+            &[("list", "bad_signature")],
+        ),
+        seed(
+            t,
+            "unknown_key_id",
+            list_input(3, 0, 0, 1, 1, 0, "t"),
+            &[("list", "unknown_key")],
+        ),
+        seed(
+            t,
+            "tampered_signature",
+            list_input(0, 1, 0, 1, 1, 0, "t"),
+            &[("list", "bad_signature")],
+        ),
+        seed(
+            t,
+            "raw_list",
+            raw(
+                0,
+                0,
+                0,
+                &RevocationList {
+                    epoch: 1,
+                    generation: 1,
+                    issued_at_unix_secs: NOW,
+                    entries: keys::revocations(),
+                    key_id: keys::CURRENT_KEY_ID.into(),
+                },
+            ),
+            &[("list", "accepted")],
+        ),
+        seed(
+            t,
+            "raw_not_a_list",
+            {
+                let mut d = vec![1, 0, 0, 0];
+                d.extend_from_slice(&[0xff; 8]);
+                d
+            },
+            &[("list", "malformed")],
+        ),
+        seed(
+            t,
+            "push_frame",
+            newer_push.clone(),
+            &[("push", "ok"), ("list", "accepted"), ("list", "stale")],
+        ),
+        seed(
+            t,
+            "push_unsigned",
+            push(agentmesh_proto::pb::credential::SignedRevocations {
+                list: RevocationList {
+                    epoch: HELD_EPOCH,
+                    generation: 99,
+                    entries: keys::revocations(),
+                    key_id: keys::CURRENT_KEY_ID.into(),
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+                signature: Vec::new(),
+            }),
+            &[("push", "ok"), ("list", "bad_signature")],
+        ),
+        seed(
+            t,
+            "push_without_list",
+            frame_of(encode(&PolicyPush::default())),
+            &[("push", "ok"), ("list", "absent")],
+        ),
+        seed(
+            t,
+            "truncated",
+            truncated(&newer_push),
+            &[("push", "length_mismatch")],
+        ),
+        seed(t, "short_header", vec![2, 0, 0], &[("header", "short")]),
     ]
 }

@@ -129,9 +129,6 @@ pub struct RunArgs {
     /// Policy pushes from routers read at once; more are dropped unread (counted as overflow), pushes.
     #[arg(long, default_value_t = config::DEFAULT_MAX_POLICY_PUSHES_IN_FLIGHT)]
     pub max_policy_pushes_in_flight: usize,
-    /// Revocations held after a router's push; beyond, those ending soonest are dropped (counted; the directory fetch restores the list), entries.
-    #[arg(long, default_value_t = config::DEFAULT_MAX_REVOCATION_ENTRIES)]
-    pub max_revocation_entries: usize,
     /// Inbound call streams still sending their request, all callers, shared fairly by caller PeerId when all are taken, streams.
     #[arg(long, default_value_t = config::DEFAULT_MAX_INBOUND_CALL_REQUESTS)]
     pub max_inbound_call_requests: usize,
@@ -209,7 +206,6 @@ impl RunArgs {
             max_inbound_calls_per_caller: self.max_inbound_calls_per_caller,
             call_idle_timeout: Duration::from_secs(self.call_idle_timeout_secs),
             max_policy_pushes_in_flight: self.max_policy_pushes_in_flight,
-            max_revocation_entries: self.max_revocation_entries,
             max_inbound_call_requests: self.max_inbound_call_requests,
             call_first_byte_timeout_ms: self.call_first_byte_timeout_ms,
             max_forward_connections: self.max_forward_connections,

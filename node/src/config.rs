@@ -47,9 +47,6 @@ pub const DEFAULT_STREAM_INBOUND_QUEUE_PER_PROTOCOL: usize =
     agentmesh_streams::DEFAULT_INBOUND_QUEUE_PER_PROTOCOL;
 /// Default `--max-policy-pushes-in-flight`.
 pub const DEFAULT_MAX_POLICY_PUSHES_IN_FLIGHT: usize = 16;
-/// Default `--max-revocation-entries`: a router cannot grow a member's
-/// memory without bound; the directory restores the exact list.
-pub const DEFAULT_MAX_REVOCATION_ENTRIES: usize = 100_000;
 /// Default opens waiting for a dial to one peer
 /// (`--stream-max-pending-opens-per-peer`): the streams crate's default.
 pub const DEFAULT_STREAM_MAX_PENDING_OPENS_PER_PEER: usize =
@@ -189,11 +186,6 @@ pub struct Config {
     /// default 16): a router pushes one per change, so more means a flood;
     /// the rest are dropped unread, `agentmesh_node_policy_pushes_total{result="overflow"}`.
     pub max_policy_pushes_in_flight: usize,
-    /// Revocation entries held after a push (`--max-revocation-entries`,
-    /// default 100,000): beyond, those ending soonest are dropped,
-    /// `agentmesh_node_policy_revocations_dropped_total`; the directory
-    /// fetch restores the control plane's exact list.
-    pub max_revocation_entries: usize,
     /// Inbound call streams whose request is still being read, all callers
     /// together (`--max-inbound-call-requests`, default 128; 0 acts as 1).
     /// Held from the stream's arrival, shared by the caller's PeerId (the
@@ -313,7 +305,6 @@ impl Default for Config {
             max_inbound_calls_per_caller: 32,
             call_idle_timeout: Duration::from_secs(DEFAULT_CALL_IDLE_TIMEOUT_SECS),
             max_policy_pushes_in_flight: DEFAULT_MAX_POLICY_PUSHES_IN_FLIGHT,
-            max_revocation_entries: DEFAULT_MAX_REVOCATION_ENTRIES,
             max_inbound_call_requests: DEFAULT_MAX_INBOUND_CALL_REQUESTS,
             call_first_byte_timeout_ms: DEFAULT_CALL_FIRST_BYTE_TIMEOUT_MS,
             max_forward_connections: 256,

@@ -152,6 +152,33 @@ impl NodeHandle {
         self.shared.policy.epoch_version()
     }
 
+    /// The `(epoch, generation)` of the signed revocation list this node
+    /// enforces; `(0, 0)` before one arrived.
+    pub fn revocations_generation(&self) -> (u64, u64) {
+        self.shared.policy.revocations_generation()
+    }
+
+    /// Whether this node refuses `credential` as revoked now, by the
+    /// revocation list it enforces: what it would answer a call from its
+    /// holder (`CALL_REFUSAL_REVOKED`). The credential is verified against
+    /// the node's own trust first; any other refusal is not "revoked".
+    pub fn refuses_as_revoked(
+        &self,
+        credential: &agentmesh_proto::pb::credential::Credential,
+    ) -> bool {
+        let skew = i64::try_from(self.shared.config.credential_skew.as_secs()).unwrap_or(i64::MAX);
+        matches!(
+            agentmesh_proto::credential::verify(
+                credential,
+                &self.shared.trust(),
+                agentmesh_proto::unix_now(),
+                None,
+                skew,
+            ),
+            Err(agentmesh_proto::credential::CredentialError::Revoked)
+        )
+    }
+
     /// Changes of the policy or of the revocations this node holds, as a
     /// counter that moves on every change: a harness that wants to know
     /// *when* a change reached this node waits on it instead of polling.
@@ -381,8 +408,7 @@ pub async fn spawn(
         config.max_inbound_calls,
         config.max_inbound_calls_per_caller,
     ));
-    let member_policy =
-        policy::MemberPolicy::new(metrics.policy.clone(), config.max_revocation_entries);
+    let member_policy = policy::MemberPolicy::new(metrics.policy.clone());
     let shared = Arc::new(shared::Shared {
         config,
         key: stored.key,

@@ -191,6 +191,12 @@ impl Trust {
         self.keys.get(key_id).map(|k| &k.key)
     }
 
+    /// The instant after which nothing signed by `key_id` verifies (0: no
+    /// end yet), `None` for an unknown key.
+    pub fn verify_until(&self, key_id: &str) -> Option<i64> {
+        self.keys.get(key_id).map(|k| k.verify_until)
+    }
+
     /// Number of keys held.
     pub fn key_count(&self) -> usize {
         self.keys.len()

@@ -11,6 +11,7 @@ pub mod policy;
 pub mod proof;
 pub mod protocols;
 pub mod record;
+pub mod revocations;
 
 /// Generated protobuf and gRPC code.
 #[allow(missing_docs, unreachable_pub, clippy::all)]

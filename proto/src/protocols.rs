@@ -15,8 +15,11 @@ pub const GOAWAY: &str = "/agentmesh/goaway/1";
 pub const POLICY: &str = "/agentmesh/policy/1";
 
 /// Largest `PolicyPush` (and `Admitted` carrying one): the policy
-/// document's own cap plus room for a long revocation list.
-pub const MAX_POLICY_FRAME_BYTES: usize = crate::policy::MAX_POLICY_DOCUMENT_BYTES + 256 * 1024;
+/// document's and the signed revocation list's own caps, plus room for
+/// their signatures and framing.
+pub const MAX_POLICY_FRAME_BYTES: usize = crate::policy::MAX_POLICY_DOCUMENT_BYTES
+    + crate::revocations::MAX_REVOCATIONS_LIST_BYTES
+    + 4096;
 
 /// Largest frame any of our protocols accepts (64 KiB).
 pub const MAX_FRAME_BYTES: usize = 64 * 1024;

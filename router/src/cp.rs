@@ -101,7 +101,7 @@ pub(crate) trait TakePolicy: Send + Sync {
     fn take(
         &self,
         policy: Option<&agentmesh_proto::pb::credential::SignedPolicy>,
-        revocations: &[agentmesh_proto::pb::credential::Revocation],
+        revocations: Option<&agentmesh_proto::pb::credential::SignedRevocations>,
         source: &'static str,
     );
 
@@ -367,7 +367,7 @@ async fn directory(cp: &Cp) {
     // The policy and revocations: verified, taken if newer, enforced at
     // once (the watch brings the same sooner when the control plane has it).
     cp.policy
-        .take(dir.policy.as_ref(), &dir.revocations, "directory");
+        .take(dir.policy.as_ref(), dir.revocations.as_ref(), "directory");
     cp.directory.wake_mesh();
 }
 

@@ -3,6 +3,7 @@
 //! happened reads 0.
 
 use agentmesh_proto::enforce::{OwnershipError, PolicyRejection};
+use agentmesh_proto::revocations::RevocationsRejection;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -53,6 +54,8 @@ pub(crate) struct PolicyMetrics {
     pub(crate) epoch: Gauge,
     pub(crate) applied: Family<L1, Counter>,
     pub(crate) ignored: Family<L1, Counter>,
+    pub(crate) revocations_generation: Gauge,
+    pub(crate) revocations_ignored: Family<L1, Counter>,
     pub(crate) catalog_refused: Family<L1, Counter>,
     pub(crate) catalog_dropped: Counter,
     pub(crate) records_without_credential: Counter,
@@ -73,6 +76,8 @@ impl Default for PolicyMetrics {
             epoch: Gauge::default(),
             applied: Family::default(),
             ignored: Family::default(),
+            revocations_generation: Gauge::default(),
+            revocations_ignored: Family::default(),
             catalog_refused: Family::default(),
             catalog_dropped: Counter::default(),
             records_without_credential: Counter::default(),
@@ -101,6 +106,9 @@ impl PolicyMetrics {
         let m = Self::default();
         for reason in PolicyRejection::REASONS {
             let _ = m.ignored.get_or_create(&[("reason", reason)]);
+        }
+        for reason in RevocationsRejection::REASONS {
+            let _ = m.revocations_ignored.get_or_create(&[("reason", reason)]);
         }
         for source in SOURCES {
             let _ = m.applied.get_or_create(&[("source", source)]);
@@ -138,6 +146,17 @@ impl PolicyMetrics {
             "agentmesh_router_policy_ignored",
             "Signed policies offered to the router and not taken, by reason (the held one stays)",
             m.ignored.clone(),
+        );
+        r.register(
+            "agentmesh_router_revocations_generation",
+            "Generation of the signed revocation list the router holds and forwards (0: none)",
+            m.revocations_generation.clone(),
+        );
+        r.register(
+            "agentmesh_router_revocations_ignored",
+            "Signed revocation lists from the control plane not taken, by reason (the held one \
+             stays; an older copy of the generation held is not counted)",
+            m.revocations_ignored.clone(),
         );
         r.register(
             "agentmesh_router_catalog_refused",

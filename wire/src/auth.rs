@@ -27,7 +27,8 @@ use crate::frame::{self, FrameError};
 #[derive(Debug, Clone, PartialEq)]
 pub enum AuthOutcome {
     /// Admitted until `until` (Unix seconds), with the router's policy and
-    /// revocations when they supersede what the request said it held.
+    /// signed revocation list when they supersede what the request said it
+    /// held.
     Admitted {
         until: i64,
         policy: Option<Box<PolicyPush>>,
@@ -62,6 +63,8 @@ pub fn request_for(credential: Credential, purpose: Purpose, attached: &[PeerId]
         policy_epoch: 0,
         policy_version: 0,
         policy_push_slot: 0,
+        revocations_epoch: 0,
+        revocations_generation: 0,
     }
 }
 
@@ -124,7 +127,7 @@ pub async fn read_request<S: AsyncRead + Unpin>(
 }
 
 /// Server: answers "admitted until `until`" (Unix seconds), with the
-/// policy and revocations when the member lacks them.
+/// policy and the signed revocation list when the member lacks them.
 pub async fn write_admitted<S: AsyncWrite + Unpin>(
     s: &mut S,
     until: i64,

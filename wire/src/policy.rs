@@ -1,6 +1,7 @@
-//! `/agentmesh/policy/1`: a router pushes the policy and revocations it
-//! holds to one member in one `PolicyPush` frame; the member answers one
-//! `PolicyAck` with the version it holds after it, and the stream closes.
+//! `/agentmesh/policy/1`: a router pushes the signed policy and signed
+//! revocation list it holds to one member in one `PolicyPush` frame; the
+//! member answers one `PolicyAck` with what it holds after it, and the
+//! stream closes.
 //! One short stream per push, never one held open per member, so a
 //! member costs the router nothing between pushes.
 //!
@@ -102,7 +103,7 @@ pub async fn acknowledge<S: AsyncWrite + Unpin>(
 mod tests {
     use super::*;
     use crate::testing::Silent;
-    use agentmesh_proto::pb::credential::{Revocation, SignedPolicy};
+    use agentmesh_proto::pb::credential::{SignedPolicy, SignedRevocations};
     use proptest::prelude::*;
 
     #[test]
@@ -112,17 +113,19 @@ mod tests {
                 document: vec![1; 300],
                 signature: vec![2; 64],
             }),
-            revocations: vec![Revocation {
-                token_id: "t".into(),
-                until_unix_secs: 9,
-                ..Default::default()
-            }],
+            revocations: Some(SignedRevocations {
+                list: vec![3; 120],
+                signature: vec![4; 64],
+            }),
         };
         assert_eq!(decode_push(&frame::encode(&p)).expect("push"), p);
         let a = PolicyAck {
             epoch: 3,
             version: 4,
             ignored: "stale".into(),
+            revocations_epoch: 3,
+            revocations_generation: 9,
+            revocations_ignored: "bad_signature".into(),
         };
         assert_eq!(decode_ack(&frame::encode(&a)).expect("ack"), a);
     }
@@ -134,7 +137,7 @@ mod tests {
                 document: vec![0; MAX_POLICY_FRAME_BYTES],
                 signature: vec![],
             }),
-            revocations: vec![],
+            revocations: None,
         };
         assert!(decode_push(&frame::encode(&p)).is_err());
     }

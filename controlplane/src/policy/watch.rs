@@ -1,9 +1,10 @@
 //! The loop that keeps the policy held current: every
 //! `--policy-check-interval-ms` it reads the version in force from the
 //! database (another process on the same database may have applied one)
-//! and checks that the signed copy was made with the key that signs now
-//! (after a rotation it is signed again and announced, so routers holding
-//! only the new key verify it). Errors are logged and the loop goes on.
+//! and checks that the signed copies (the policy's and the revocation
+//! list's) were made with the key that signs now (after a rotation they
+//! are signed again and announced, so routers holding only the new key
+//! verify them). Errors are logged and the loop goes on.
 
 use std::{sync::Arc, time::Duration};
 
@@ -28,6 +29,17 @@ impl State {
                     key_id = %signer.key_id,
                     "policy signed again with the new signing key"
                 );
+                self.notify_directory_changed();
+                changed = true;
+            }
+            // The list is signed again by whoever reads it next (the watch
+            // publisher, woken here, or a directory read).
+            if self
+                .revocations
+                .signed_with()
+                .is_some_and(|k| k != signer.key_id)
+            {
+                tracing::info!(key_id = %signer.key_id, "revocation list to be signed again with the new signing key");
                 self.notify_directory_changed();
                 changed = true;
             }

@@ -239,6 +239,53 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     ",
         oldest_compatible: 2,
     },
+    // 5: the revocation list's generation: one counter row, bumped by a
+    // trigger on every row written to or deleted from `revocations` and
+    // `token_revocations`, in the writing transaction. So it follows the
+    // commit order of revocation writes whoever makes them (a revocation,
+    // the reaper, a restore, a binary of schema 4 during a rolling
+    // upgrade), and a list read with its generation in one snapshot is the
+    // list of that generation. An expansion: older binaries ignore the
+    // table, and the triggers count their writes too.
+    Migration {
+        sqlite: "
+    CREATE TABLE revocation_generation (
+        id         INTEGER PRIMARY KEY CHECK (id = 1),
+        generation INTEGER NOT NULL
+    );
+    INSERT INTO revocation_generation (id, generation) VALUES (1, 0);
+    CREATE TRIGGER revocations_generation_insert AFTER INSERT ON revocations
+    BEGIN UPDATE revocation_generation SET generation = generation + 1 WHERE id = 1; END;
+    CREATE TRIGGER revocations_generation_update AFTER UPDATE ON revocations
+    BEGIN UPDATE revocation_generation SET generation = generation + 1 WHERE id = 1; END;
+    CREATE TRIGGER revocations_generation_delete AFTER DELETE ON revocations
+    BEGIN UPDATE revocation_generation SET generation = generation + 1 WHERE id = 1; END;
+    CREATE TRIGGER token_revocations_generation_insert AFTER INSERT ON token_revocations
+    BEGIN UPDATE revocation_generation SET generation = generation + 1 WHERE id = 1; END;
+    CREATE TRIGGER token_revocations_generation_update AFTER UPDATE ON token_revocations
+    BEGIN UPDATE revocation_generation SET generation = generation + 1 WHERE id = 1; END;
+    CREATE TRIGGER token_revocations_generation_delete AFTER DELETE ON token_revocations
+    BEGIN UPDATE revocation_generation SET generation = generation + 1 WHERE id = 1; END;
+    ",
+        postgres: "
+    CREATE TABLE revocation_generation (
+        id         BIGINT PRIMARY KEY CHECK (id = 1),
+        generation BIGINT NOT NULL
+    );
+    INSERT INTO revocation_generation (id, generation) VALUES (1, 0);
+    CREATE FUNCTION bump_revocation_generation() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        UPDATE revocation_generation SET generation = generation + 1 WHERE id = 1;
+        RETURN NULL;
+    END
+    $$;
+    CREATE TRIGGER revocations_generation AFTER INSERT OR UPDATE OR DELETE ON revocations
+        FOR EACH ROW EXECUTE FUNCTION bump_revocation_generation();
+    CREATE TRIGGER token_revocations_generation AFTER INSERT OR UPDATE OR DELETE ON token_revocations
+        FOR EACH ROW EXECUTE FUNCTION bump_revocation_generation();
+    ",
+        oldest_compatible: 2,
+    },
 ];
 
 /// The schema version this build writes.

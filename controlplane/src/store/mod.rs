@@ -27,6 +27,8 @@ mod policy_suite;
 mod pool;
 mod postgres;
 mod reap;
+#[cfg(test)]
+mod revocation_list_suite;
 mod seal;
 mod snapshot;
 mod sqlite;
@@ -275,6 +277,21 @@ pub struct RevocationRow {
     pub reason: String,
 }
 
+/// The whole revocation list as stored, read in one snapshot with its
+/// generation: what the control plane signs and distributes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoredRevocations {
+    /// The database's policy epoch (changes when the database is new or
+    /// restored).
+    pub epoch: u64,
+    /// Bumped in the transaction of every row written to or deleted from
+    /// the revocation tables (a trigger), so it follows their commit order.
+    pub generation: u64,
+    /// Every row, expired ones included until reaped: PeerId revocations
+    /// (by PeerId), then token revocations (by token id).
+    pub rows: Vec<RevocationRow>,
+}
+
 /// Why an enrollment was refused by what is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EnrollRefusal {
@@ -406,8 +423,10 @@ pub trait Store: Send + Sync + 'static {
         lease: &LeaseRow,
         now: i64,
     ) -> Result<Result<NodeRow, NodeRefusal>, StoreError>;
-    /// Live leases and active revocations at `now`.
-    async fn directory(&self, now: i64) -> Result<(Vec<LeaseRow>, Vec<RevocationRow>), StoreError>;
+    /// Live leases at `now`.
+    async fn directory(&self, now: i64) -> Result<Vec<LeaseRow>, StoreError>;
+    /// The revocation list with its epoch and generation, in one snapshot.
+    async fn revocations(&self) -> Result<StoredRevocations, StoreError>;
     /// Revokes a node until its last credential expires (or `default_until`,
     /// whichever is later), deletes its lease; returns the instant.
     async fn revoke(

@@ -100,6 +100,7 @@ async fn a_held_writer_fails_the_next_write_at_its_deadline_while_reads_go_on() 
     let s = f.db.store();
     f.db.run(s.ping()).await.expect("ping");
     f.db.run(s.directory(0)).await.expect("directory");
+    f.db.run(s.revocations()).await.expect("revocations");
     f.db.run(s.keys()).await.expect("keys");
     f.db.run(s.counts()).await.expect("counts");
     assert_eq!(f.timeouts(Wait::Reader), 0.0);

@@ -13,21 +13,12 @@ impl State {
     pub async fn publish_watch_once(&self) -> Result<bool, ServiceError> {
         let now = unix_now();
         let policy = self.signed_policy(now)?;
-        let (_, revs) = self.db.run(self.db.store().directory(now)).await?;
-        let mut revocations: Vec<_> = revs
-            .into_iter()
-            .map(|r| agentmesh_proto::pb::credential::Revocation {
-                peer_id: r.peer_id,
-                until_unix_secs: r.until,
-                reason: r.reason,
-                token_id: r.token_id,
-            })
-            .collect();
-        // A stable order, so an unchanged list compares equal.
-        revocations.sort_by(|a, b| (&a.peer_id, &a.token_id).cmp(&(&b.peer_id, &b.token_id)));
+        // The same copy while the generation and the key stay, so an
+        // unchanged list compares equal.
+        let revocations = self.signed_revocations(now).await?;
         Ok(self.watch.publish(WatchEvent {
             policy: Some(policy),
-            revocations,
+            revocations: Some(revocations),
             keys: Some(self.keys.key_set(now)),
             generated_at_unix_secs: now,
         }))

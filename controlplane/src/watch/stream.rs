@@ -8,6 +8,7 @@ use std::{net::IpAddr, pin::Pin, sync::Arc, time::Duration};
 use agentmesh_proto::{
     pb::controlplane::{RouterLeaseRequest, WatchEvent, WatchRequest},
     proof::Bound,
+    revocations::peek_list,
     unix_now,
 };
 use futures::Stream;
@@ -46,11 +47,18 @@ struct Watcher {
 }
 
 impl Watcher {
-    /// Whether `ev` revokes the watcher itself.
-    fn revoked_by(&self, ev: &WatchEvent) -> bool {
-        ev.revocations.iter().any(|r| {
-            (!r.peer_id.is_empty() && r.peer_id == self.peer_id)
-                || (r.peer_id.is_empty() && !r.token_id.is_empty() && r.token_id == self.token_id)
+    /// Whether `ev` revokes the watcher itself (the list is this
+    /// process's own, so it is read without verifying).
+    fn revoked_by(&self, ev: &WatchEvent, now: i64) -> bool {
+        let Some(list) = ev.revocations.as_ref().and_then(peek_list) else {
+            return false;
+        };
+        list.entries.iter().any(|r| {
+            r.until_unix_secs >= now
+                && ((!r.peer_id.is_empty() && r.peer_id == self.peer_id)
+                    || (r.peer_id.is_empty()
+                        && !r.token_id.is_empty()
+                        && r.token_id == self.token_id))
         })
     }
 }
@@ -67,7 +75,7 @@ async fn next_item(mut w: Watcher) -> Option<(Result<WatchEvent, Status>, Watche
         if std::mem::take(&mut w.unread) {
             let ev = w.current.borrow_and_update().clone();
             if let Some(ev) = ev {
-                if w.revoked_by(&ev) {
+                if w.revoked_by(&ev, unix_now()) {
                     w.done = true;
                     let s = Status::permission_denied("this router is revoked");
                     return Some((Err(s), w));

@@ -22,6 +22,7 @@ use agentmesh_proto::{
         credential::{Claims, Credential, Label, Role, TokenKind},
     },
     proof::Bound,
+    revocations::verify_revocations,
     unix_now,
 };
 use tonic::Code;
@@ -267,9 +268,20 @@ async fn expired_forged_other_peer_and_revoked_credentials_are_refused(db: TestD
     assert_eq!(code(c.refresh(&cred_a, &a).await), Code::PermissionDenied);
     assert_eq!(code(c.enroll(&tok, &a).await), Code::PermissionDenied);
     let dir_resp = c.get_directory().await.expect("directory");
-    assert!(
+    // The list is signed by a key of the key set; what it says is trusted
+    // only then.
+    let mut trust = Trust::new(&c.get_keys().await.expect("keys"));
+    let list = verify_revocations(
         dir_resp
             .revocations
+            .as_ref()
+            .expect("the directory carries the list"),
+        &trust,
+        unix_now(),
+    )
+    .expect("signed by the control plane");
+    assert!(
+        list.entries
             .iter()
             .any(|r| r.peer_id == peer_a.to_bytes() && r.reason == "lost laptop")
     );
@@ -277,8 +289,7 @@ async fn expired_forged_other_peer_and_revoked_credentials_are_refused(db: TestD
     assert_eq!(status, 200);
     assert!(info.contains(&peer_a.to_string()), "{info}");
     // Verifiers holding the revocation list refuse it offline too.
-    let mut trust = Trust::new(&c.get_keys().await.expect("keys"));
-    trust.set_revocations(&dir_resp.revocations);
+    trust.set_revocations(&list.entries);
     assert!(verify(&cred_a, &trust, unix_now(), Some(&peer_a), 0).is_err());
     h.shutdown().await;
 }

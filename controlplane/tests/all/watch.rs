@@ -14,10 +14,11 @@ use agentmesh_proto::{
         controlplane::{
             ApplyPolicyRequest, RefreshRequest, RouterLeaseRequest, WatchEvent, WatchRequest,
         },
-        credential::{Credential, PolicyDocument, Role, TokenKind},
+        credential::{Credential, PolicyDocument, RevocationList, Role, TokenKind},
     },
     policy::verify_policy,
     proof::{Bound, make_proof},
+    revocations::{peek_generation, verify_revocations},
     unix_now,
 };
 use futures::StreamExt as _;
@@ -65,6 +66,17 @@ async fn next(s: &mut Streaming<WatchEvent>) -> WatchEvent {
         .expect("an event, not an error")
 }
 
+/// The event's revocation list, verified with the keys it carries.
+fn revocations_of(ev: &WatchEvent) -> RevocationList {
+    let keys = ev.keys.as_ref().expect("the event carries the keys");
+    verify_revocations(
+        ev.revocations.as_ref().expect("the event carries the list"),
+        &Trust::new(keys),
+        unix_now(),
+    )
+    .expect("the list is signed by a key the event carries")
+}
+
 fn policy_of(ev: &WatchEvent) -> PolicyDocument {
     let keys = ev.keys.as_ref().expect("the event carries the keys");
     verify_policy(
@@ -95,7 +107,8 @@ async fn the_first_event_is_the_state_and_changes_follow(db: TestDb) {
     let first = next(&mut w).await;
     let v1 = policy_of(&first).version;
     assert!(v1 >= 1, "the allow-all policy is in force");
-    assert!(first.revocations.is_empty());
+    let empty = revocations_of(&first);
+    assert!(empty.entries.is_empty());
 
     // ApplyPolicy: the next event carries the new version.
     let r = c
@@ -146,8 +159,11 @@ async fn the_first_event_is_the_state_and_changes_follow(db: TestDb) {
     let expiry = peek_claims(&mcred).expect("claims").expires_at_unix_secs;
     assert!(until >= expiry, "kept until its credentials expired");
     let ev = next(&mut w).await;
-    assert_eq!(ev.revocations.len(), 1, "{:?}", ev.revocations);
-    let rev = &ev.revocations[0];
+    let list = revocations_of(&ev);
+    assert_eq!(list.entries.len(), 1, "{:?}", list.entries);
+    assert_eq!(list.epoch, empty.epoch);
+    assert!(list.generation > empty.generation, "a write moves it");
+    let rev = &list.entries[0];
     assert!(rev.peer_id.is_empty());
     assert_eq!(
         (rev.token_id.as_str(), rev.until_unix_secs),
@@ -155,10 +171,10 @@ async fn the_first_event_is_the_state_and_changes_follow(db: TestDb) {
     );
     assert_eq!(rev.reason, "leaked");
     let dir = c.get_directory().await.expect("directory");
-    assert!(
-        dir.revocations
-            .iter()
-            .any(|r| r.token_id == token_id && r.peer_id.is_empty())
+    assert_eq!(
+        peek_generation(dir.revocations.as_ref().expect("list")),
+        Some((list.epoch, list.generation)),
+        "the directory carries the same generation"
     );
 
     // The token enrolls no one; its member cannot refresh; both counted.
@@ -353,9 +369,60 @@ async fn watchers_past_the_bound_are_refused_and_counted(db: TestDb) {
     assert!(!matches!(end, Some(Ok(_))), "{end:?}");
 }
 
+/// After a rotation the list in force is signed again with the new key
+/// (same epoch and generation, issued later) and the watch carries it; the
+/// copy signed before still verifies with the new key set while the old
+/// key is within its grace.
+async fn the_revocation_list_is_signed_again_after_a_key_rotation(db: TestDb) {
+    let cfg = agentmesh_controlplane::Config {
+        key_publish_ahead_secs: 0,
+        ..db.config()
+    };
+    let h = agentmesh_controlplane::spawn(cfg).await.expect("starts");
+    let c = client(&h);
+    let (rkey, rcred, _) = enrolled(&h, Role::Router, &[]).await;
+    let (_, mcred, _) = enrolled(&h, Role::Member, &[]).await;
+    let mut w = c.watch(&rcred, &rkey).await.expect("a router may watch");
+    next(&mut w).await;
+    let peer = peek_claims(&mcred).expect("claims").subject;
+    let peer = agentmesh_proto::identity::PeerId::from_bytes(&peer).expect("peer");
+    c.revoke_node(ADMIN, &peer, "lost").await.expect("revokes");
+    let before = loop {
+        let ev = next(&mut w).await;
+        if !revocations_of(&ev).entries.is_empty() {
+            break ev;
+        }
+    };
+    let old = revocations_of(&before);
+
+    let rotated = c.rotate_key_now(ADMIN).await.expect("rotates");
+    let after = loop {
+        let ev = next(&mut w).await;
+        if revocations_of(&ev).key_id == rotated.key_id {
+            break ev;
+        }
+    };
+    let new = revocations_of(&after);
+    assert_eq!((new.epoch, new.generation), (old.epoch, old.generation));
+    assert_eq!(new.entries, old.entries);
+    assert!(new.issued_at_unix_secs >= old.issued_at_unix_secs);
+    assert_ne!(new.key_id, old.key_id);
+    // The old copy verifies with the new key set during the old key's grace.
+    let keys = Trust::new(after.keys.as_ref().expect("keys"));
+    let held = verify_revocations(
+        before.revocations.as_ref().expect("list"),
+        &keys,
+        unix_now(),
+    )
+    .expect("the old key is within its grace");
+    assert_eq!(held.key_id, old.key_id);
+    h.shutdown().await;
+}
+
 on_both!(
     #[tokio::test]
     the_first_event_is_the_state_and_changes_follow,
+    the_revocation_list_is_signed_again_after_a_key_rotation,
     lying_watchers_are_refused_and_counted,
     watchers_past_the_bound_are_refused_and_counted,
 );

@@ -7,6 +7,8 @@
 //!   [`call_frames`]: each protocol's request and answer frames.
 //! - [`policy_frames`]: the policy push a member reads, its ack, and the
 //!   held-policy acceptance of the policy it carries.
+//! - [`revocation_list`]: the signed revocation list a member or router is
+//!   offered, and which of two lists is current.
 //! - [`record`]: signed service records.
 //! - [`trust_keys`]: key sets and revocation lists given to `Trust`.
 
@@ -18,4 +20,5 @@ pub mod enroll_proof;
 pub mod goaway_frames;
 pub mod policy_frames;
 pub mod record;
+pub mod revocation_list;
 pub mod trust_keys;

@@ -19,7 +19,8 @@
 //!   reached without the fuzzer learning protobuf first.
 //!
 //! In modes 1 and 2 the push is encoded as a frame (with the fuzzed
-//! document and, if `flags & 2`, a revocation) and must decode to itself;
+//! document and, if `flags & 2`, a signed revocation list) and must decode
+//! to itself;
 //! then `accept` must agree with a plain model of its rules in order:
 //! size, decode, key id, signature (the retired key still verifies a
 //! policy), supersedes (same epoch: a higher version; another epoch: issued
@@ -29,10 +30,11 @@ use std::sync::OnceLock;
 
 use agentmesh_proto::enforce::{HeldPolicy, PolicyRejection};
 use agentmesh_proto::identity::ed25519;
-use agentmesh_proto::pb::credential::{PolicyDocument, Revocation, SignedPolicy};
+use agentmesh_proto::pb::credential::{PolicyDocument, RevocationList, SignedPolicy};
 use agentmesh_proto::pb::mesh::{PolicyAck, PolicyPush};
 use agentmesh_proto::policy::{MAX_POLICY_DOCUMENT_BYTES, sign_policy, supersedes, verify_policy};
 use agentmesh_proto::protocols::{MAX_FRAME_BYTES, MAX_POLICY_FRAME_BYTES};
+use agentmesh_proto::revocations::sign_revocations;
 use agentmesh_wire::{frame, policy};
 use prost::Message;
 
@@ -72,7 +74,8 @@ impl Signer {
         }
     }
 
-    fn key(self) -> &'static ed25519::Keypair {
+    /// The key that signs.
+    pub fn key(self) -> &'static ed25519::Keypair {
         let k = keys::signing();
         match self {
             Self::Current | Self::UnknownId => &k.current,
@@ -81,7 +84,8 @@ impl Signer {
         }
     }
 
-    fn key_id(self) -> &'static str {
+    /// The key id the document names.
+    pub fn key_id(self) -> &'static str {
         match self {
             Self::Current | Self::Stranger => CURRENT_KEY_ID,
             Self::Retired => RETIRED_KEY_ID,
@@ -199,16 +203,18 @@ fn signed(data: &[u8], structured: bool, report: &mut Report) {
     }
     let push = PolicyPush {
         policy: Some(signed.clone()),
-        revocations: if flags & 2 == 2 {
-            vec![Revocation {
-                peer_id: keys::peer(2).to_bytes(),
-                until_unix_secs: NOW + 60,
-                reason: "fuzz".into(),
-                token_id: String::new(),
-            }]
-        } else {
-            vec![]
-        },
+        revocations: (flags & 2 == 2).then(|| {
+            sign_revocations(
+                &RevocationList {
+                    epoch: HELD_EPOCH,
+                    generation: 1,
+                    issued_at_unix_secs: NOW,
+                    entries: keys::revocations(),
+                    key_id: CURRENT_KEY_ID.into(),
+                },
+                &keys::signing().current,
+            )
+        }),
     };
     let bytes = frame::encode(&push);
     match policy::decode_push(&bytes) {

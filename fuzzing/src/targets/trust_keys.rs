@@ -3,7 +3,8 @@
 //! entries that parse, later duplicates replacing earlier ones.
 //!
 //! Input: `now: i64`, `keys_len: u16`, that many bytes of an encoded
-//! `KeySet`, then an encoded `GetDirectoryResponse` (its revocations). Every
+//! `KeySet`, then an encoded `RevocationList` (its entries, as a verified
+//! list gives them to the trust; the signature is `revocation_list`'s). Every
 //! key of the set that is one of the fixed signing keys then signs a
 //! credential for `keys::peer(0)`, which must verify exactly when that key's
 //! grace and the peer's revocation allow.
@@ -12,8 +13,7 @@ use std::collections::{HashMap, HashSet};
 
 use agentmesh_proto::credential::{Trust, sign, verify};
 use agentmesh_proto::identity::{PeerId, ed25519};
-use agentmesh_proto::pb::controlplane::GetDirectoryResponse;
-use agentmesh_proto::pb::credential::{Claims, KeySet, Role};
+use agentmesh_proto::pb::credential::{Claims, KeySet, RevocationList, Role};
 use prost::Message;
 
 use crate::Report;
@@ -24,13 +24,13 @@ use crate::keys;
 /// signature and a verification).
 const MAX_SIGNING_CHECKS: usize = 4;
 
-/// The input bytes for `keys` and `directory` checked at `now`.
-pub fn encode(now: i64, keys: &[u8], directory: &[u8]) -> Vec<u8> {
+/// The input bytes for `keys` and the revocation `list` checked at `now`.
+pub fn encode(now: i64, keys: &[u8], list: &[u8]) -> Vec<u8> {
     Writer::new()
         .i64(now)
         .u16(keys.len() as u16)
         .bytes(keys)
-        .bytes(directory)
+        .bytes(list)
         .finish()
 }
 
@@ -45,13 +45,13 @@ pub fn run(data: &[u8]) -> Report {
         report.push("keys", "malformed");
         KeySet::default()
     });
-    let dir = GetDirectoryResponse::decode(r.rest()).unwrap_or_else(|_| {
+    let list = RevocationList::decode(r.rest()).unwrap_or_else(|_| {
         report.push("revocations", "malformed");
-        GetDirectoryResponse::default()
+        RevocationList::default()
     });
 
     let mut trust = Trust::new(&set);
-    trust.set_revocations(&dir.revocations);
+    trust.set_revocations(&list.entries);
 
     // The model: entries that parse, the last of each id or peer winning.
     let mut model_keys: HashMap<&str, (ed25519::PublicKey, i64)> = HashMap::new();
@@ -61,7 +61,7 @@ pub fn run(data: &[u8]) -> Report {
         }
     }
     let mut model_revoked: HashMap<PeerId, i64> = HashMap::new();
-    for rev in &dir.revocations {
+    for rev in &list.entries {
         if let Ok(p) = PeerId::from_bytes(&rev.peer_id) {
             model_revoked.insert(p, rev.until_unix_secs);
         }

@@ -191,10 +191,16 @@ impl Core {
             Ok((dir, keys)) => {
                 self.shared.metrics.cp("directory", true);
                 self.shared.set_keys(&keys);
-                // The control plane's whole list: replaces what pushes added.
-                self.shared
-                    .policy
-                    .set_revocations(&self.shared.trust, dir.revocations.clone());
+                // The control plane's signed list, verified with the keys
+                // just installed; taken only if newer than the one held.
+                if let Some(list) = dir.revocations.as_ref() {
+                    self.shared.policy.offer_revocations(
+                        &self.shared.trust,
+                        list,
+                        agentmesh_proto::unix_now(),
+                        crate::policy::DIRECTORY,
+                    );
+                }
                 let routers = dir
                     .routers
                     .iter()

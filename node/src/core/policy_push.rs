@@ -8,8 +8,9 @@
 //! malformed or late frame closes that stream only. The ack names the
 //! version held after the push, whatever became of it.
 //!
-//! The policy itself is judged by [`crate::policy::MemberPolicy`] with the
-//! node's own trust: the router is trusted to deliver, never to vouch.
+//! The policy and the revocation list are judged by
+//! [`crate::policy::MemberPolicy`] with the node's own trust: the router is
+//! trusted to deliver, never to vouch.
 //!
 //! **One router pushes us, the others stand by.** Each attach request
 //! names this router our primary or a fallback
@@ -93,18 +94,23 @@ impl Pushes {
     }
 }
 
-/// Says in `req` which policy we hold, so a router holding a newer one
-/// sends it with the admission, and (attach) which push slot the router is.
+/// Says in `req` which policy and revocation list we hold, so a router
+/// holding a newer one sends it with the admission, and (attach) which
+/// push slot the router is.
 pub(crate) fn stamp(shared: &Shared, mut req: AuthRequest, slot: PolicyPushSlot) -> AuthRequest {
     let (epoch, version) = shared.policy.epoch_version();
     req.policy_epoch = epoch;
     req.policy_version = version;
+    let (epoch, generation) = shared.policy.revocations_generation();
+    req.revocations_epoch = epoch;
+    req.revocations_generation = generation;
     req.policy_push_slot = slot as i32;
     req
 }
 
-/// An admission that carries a policy (and revocations): judged in the
-/// auth exchange's own task, off the core's loop, before the core learns
+/// An admission that carries a policy or a revocation list (each signed by
+/// the control plane, verified here like a push): judged in the auth
+/// exchange's own task, off the core's loop, before the core learns
 /// of the admission, so a member that (re)attaches holds the router's
 /// version by the time it counts as admitted (and so before it is ready).
 pub(crate) async fn take_admitted_policy(
@@ -116,7 +122,10 @@ pub(crate) async fn take_admitted_policy(
     }) = result
     {
         let push: PolicyPush = (**push).clone();
-        shared.policy.on_push(&shared.trust, push, unix_now()).await;
+        shared
+            .policy
+            .on_push(&shared.trust, push, unix_now(), "admission")
+            .await;
     }
 }
 
@@ -151,8 +160,10 @@ impl Core {
                     "malformed"
                 }
                 Ok(push) => {
-                    let (ack, result) =
-                        shared.policy.on_push(&shared.trust, push, unix_now()).await;
+                    let (ack, result) = shared
+                        .policy
+                        .on_push(&shared.trust, push, unix_now(), "push")
+                        .await;
                     if let Err(e) = policy_wire::acknowledge(&mut stream, &ack, deadline).await {
                         tracing::debug!(%peer, error = %e, "policy ack not sent");
                     }

@@ -2,6 +2,7 @@
 //! value created at start-up so a rate reads 0 rather than missing.
 
 use agentmesh_proto::enforce::{OwnershipError, PolicyRejection};
+use agentmesh_proto::revocations::RevocationsRejection;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -12,7 +13,8 @@ use crate::labels::{ReasonLabel, ResultLabel};
 /// Outcomes of an inbound `/agentmesh/policy/1` stream: `accepted` (a newer
 /// policy taken), `held` (the policy pushed is the one held already),
 /// `probe` (a push without the policy: a fallback router asking what we
-/// hold, or a router that holds none; its revocations applied),
+/// hold, or a router that holds none; its revocation list taken if it
+/// verifies and is newer),
 /// `ignored` (bad signature, stale, unparsable: see
 /// `policy_ignored_total`), `not_attached` (from a peer that is not a
 /// router we are attached to: dropped unread), `overflow` (too many pushes
@@ -50,9 +52,12 @@ pub(crate) struct PolicyMetrics {
     pub(crate) calls_closed: Family<ReasonLabel, Counter>,
     /// Revocations held now.
     pub(crate) revocations: Gauge,
-    /// Revocation entries a push brought past `--max-revocation-entries`
-    /// and dropped (those ending soonest): the bound biting.
-    pub(crate) revocations_dropped: Counter,
+    /// Generation of the signed revocation list held (0: none).
+    pub(crate) revocations_generation: Gauge,
+    /// Signed revocation lists offered (directory, admission, push) and
+    /// not taken, by reason (`RevocationsRejection::REASONS`): a forged
+    /// or rolled-back list from a router shows here.
+    pub(crate) revocations_ignored: Family<ReasonLabel, Counter>,
 }
 
 impl PolicyMetrics {
@@ -60,6 +65,11 @@ impl PolicyMetrics {
     pub(crate) fn precreate(&self) {
         for reason in PolicyRejection::REASONS {
             let _ = self.ignored.get_or_create(&ReasonLabel { reason });
+        }
+        for reason in RevocationsRejection::REASONS {
+            let _ = self
+                .revocations_ignored
+                .get_or_create(&ReasonLabel { reason });
         }
         for result in PUSH_RESULTS {
             let _ = self.pushes.get_or_create(&ResultLabel { result });
@@ -107,9 +117,14 @@ impl PolicyMetrics {
             self.revocations.clone(),
         );
         r.register(
-            "policy_revocations_dropped",
-            "Revocation entries pushed past --max-revocation-entries and dropped (those ending soonest; the next directory fetch restores the list)",
-            self.revocations_dropped.clone(),
+            "revocations_generation",
+            "Generation of the signed revocation list held (0: none)",
+            self.revocations_generation.clone(),
+        );
+        r.register(
+            "revocations_ignored",
+            "Signed revocation lists offered (admission, push; the directory's only when not stale) and not taken, by reason: bad_signature (forged or unsigned), stale (a rollback, or a router lagging behind the list held), unknown_key or key_retired, malformed, too_large",
+            self.revocations_ignored.clone(),
         );
         r.register(
             "policy_calls_closed",

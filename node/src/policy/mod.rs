@@ -11,12 +11,17 @@
 //! a lying router can withhold a policy but never forge or roll one back;
 //! one not taken is counted by reason (`agentmesh_node_policy_ignored_total`).
 //!
-//! Revocations: the directory's list is the control plane's whole list and
-//! replaces ours; a push's revocations are added to it (they only take
-//! rights away, so a router is trusted with them as it is with relaying),
-//! and the next directory fetch makes the list exact again. The directory
-//! fetch (`--directory-interval-secs`) is the fallback that also catches a
-//! push we missed; its interval is not shortened or lengthened by pushes,
+//! Revocations: the control plane's whole list, signed like the policy,
+//! arrives the same three ways through [`MemberPolicy::offer_revocations`]
+//! and replaces ours only when it verifies against our trust (a key of the
+//! set, within its grace) and supersedes the list held (a higher
+//! generation of the same epoch, or another epoch issued later). So a
+//! router can delay a revocation but never forge one (naming an honest
+//! provider) nor roll one back (an older list without a revocation in
+//! force); one not taken is counted by reason
+//! (`agentmesh_node_revocations_ignored_total`). The directory fetch
+//! (`--directory-interval-secs`) is the fallback that also catches a push
+//! we missed; its interval is not shortened or lengthened by pushes,
 //! because the same fetch also keeps the router directory.
 
 pub(crate) mod metrics;
@@ -26,17 +31,15 @@ use std::sync::Arc;
 use agentmesh_policy::Policy;
 use agentmesh_proto::credential::{Trust, VerifiedClaims};
 use agentmesh_proto::enforce::{HeldPolicy, OwnershipError, check_ownership, groups_of};
-use agentmesh_proto::pb::credential::{Revocation, SignedPolicy};
+use agentmesh_proto::pb::credential::{Revocation, SignedPolicy, SignedRevocations};
 use agentmesh_proto::pb::mesh::{PolicyAck, PolicyPush, ServiceRecord};
+use agentmesh_proto::revocations::{HeldRevocations, RevocationsRejection, SameGeneration};
 use libp2p::PeerId;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 
 use self::metrics::PolicyMetrics;
 use crate::labels::ReasonLabel;
-
-#[cfg(test)]
-pub(crate) use crate::config::DEFAULT_MAX_REVOCATION_ENTRIES;
 
 /// The `source` of a policy from the directory fetch.
 pub(crate) const DIRECTORY: &str = "directory";
@@ -75,28 +78,26 @@ impl Denied {
 pub(crate) struct MemberPolicy {
     held: RwLock<Option<Arc<HeldPolicy>>>,
     deny_all: Arc<Policy>,
-    revocations: Mutex<Vec<Revocation>>,
+    /// The verified revocation list held (none until one arrives).
+    revocations: Mutex<Option<HeldRevocations>>,
     /// One offer verified at a time, so two racing offers cannot both be
     /// judged against the same held version.
     offers: tokio::sync::Mutex<()>,
     /// Bumped on every change of the policy or the revocations.
     changed: watch::Sender<u64>,
-    /// Revocations held at most after a push (`--max-revocation-entries`).
-    max_revocations: usize,
     metrics: PolicyMetrics,
 }
 
 impl MemberPolicy {
-    /// None held: every call denied until a policy arrives; a push's
-    /// revocations are kept up to `max_revocations` entries.
-    pub(crate) fn new(metrics: PolicyMetrics, max_revocations: usize) -> Self {
+    /// None held: every call denied until a policy arrives, nobody revoked
+    /// until a signed list arrives.
+    pub(crate) fn new(metrics: PolicyMetrics) -> Self {
         Self {
             held: RwLock::new(None),
             deny_all: Arc::new(Policy::deny_all()),
-            revocations: Mutex::new(Vec::new()),
+            revocations: Mutex::new(None),
             offers: tokio::sync::Mutex::new(()),
             changed: watch::channel(0).0,
-            max_revocations: max_revocations.max(1),
             metrics,
         }
     }
@@ -115,6 +116,15 @@ impl MemberPolicy {
     /// `(epoch, version)` held; `(0, 0)` for none (what an auth request says).
     pub(crate) fn epoch_version(&self) -> (u64, u64) {
         self.held().map_or((0, 0), |h| (h.epoch, h.version))
+    }
+
+    /// `(epoch, generation)` of the revocation list held; `(0, 0)` for none
+    /// (what an auth request says).
+    pub(crate) fn revocations_generation(&self) -> (u64, u64) {
+        self.revocations
+            .lock()
+            .as_ref()
+            .map_or((0, 0), HeldRevocations::generation)
     }
 
     /// Changes of the policy or the revocations, as a counter.
@@ -185,59 +195,88 @@ impl MemberPolicy {
         }
     }
 
-    /// The control plane's whole list (from the directory): replaces ours.
-    pub(crate) fn set_revocations(&self, trust: &RwLock<Arc<Trust>>, list: Vec<Revocation>) {
-        let mut held = self.revocations.lock();
-        if *held == list {
-            return;
-        }
-        *held = list;
-        self.metrics.revocations.set(held.len() as i64);
-        install(trust, &held);
-        drop(held);
-        self.bump();
-    }
-
-    /// Revocations a router pushed: added to ours (never removing one);
-    /// those already over at `now` are dropped.
-    pub(crate) fn add_revocations(
+    /// Verifies the control plane's signed list with `trust` at `now` and
+    /// takes it if it supersedes the one held (the same generation, as
+    /// re-signed after a key rotation, changes nothing). Taken, its entries
+    /// replace the revocations in `trust`. Not taken, it is counted by
+    /// reason, except an older list from the directory fetch (a cached
+    /// answer behind a push: normal, not a lie).
+    pub(crate) fn offer_revocations(
         &self,
         trust: &RwLock<Arc<Trust>>,
-        more: &[Revocation],
+        signed: &SignedRevocations,
         now: i64,
-    ) {
+        source: &'static str,
+    ) -> Offer {
+        let current = trust.read().clone();
         let mut held = self.revocations.lock();
-        let (changed, dropped) = merge(&mut held, more, now, self.max_revocations);
-        if dropped > 0 {
-            tracing::warn!(
-                dropped,
-                max = self.max_revocations,
-                "revocations past --max-revocation-entries dropped (those ending soonest); the next directory fetch restores the list"
-            );
-            self.metrics.revocations_dropped.inc_by(dropped as u64);
+        if held.as_ref().is_some_and(|h| h.signed == *signed) {
+            return Offer::Held;
         }
-        self.metrics.revocations.set(held.len() as i64);
-        if !changed {
-            return;
+        match HeldRevocations::accept(signed, &current, held.as_ref(), now, SameGeneration::Refuse)
+        {
+            Ok(h) => {
+                let (epoch, generation) = h.generation();
+                tracing::info!(
+                    source,
+                    epoch,
+                    generation,
+                    entries = h.entries.len(),
+                    "revocation list in force"
+                );
+                install(trust, &h.entries);
+                self.metrics.revocations.set(h.entries.len() as i64);
+                self.metrics
+                    .revocations_generation
+                    .set(i64::try_from(generation).unwrap_or(i64::MAX));
+                *held = Some(h);
+                drop(held);
+                self.bump();
+                Offer::Accepted
+            }
+            Err(RevocationsRejection::Stale { epoch, generation })
+                if held.as_ref().map(HeldRevocations::generation) == Some((epoch, generation)) =>
+            {
+                Offer::Held
+            }
+            Err(e) => {
+                let reason = e.reason();
+                if source == DIRECTORY && reason == "stale" {
+                    tracing::debug!(error = %e, "directory revocation list older than the one held");
+                } else {
+                    tracing::warn!(source, reason, error = %e, "revocation list ignored; the held one stays");
+                    self.metrics
+                        .revocations_ignored
+                        .get_or_create(&ReasonLabel { reason })
+                        .inc();
+                }
+                Offer::Ignored(reason)
+            }
         }
-        install(trust, &held);
-        drop(held);
-        self.bump();
     }
 
-    /// A push from an attached router: its revocations, then its policy;
-    /// the ack names what is held after it. Returns the metric result too.
+    /// A push from an attached router (or an admission answer): its
+    /// revocation list, then its policy, each verified and taken only if
+    /// newer; the ack names what is held after it and why anything was
+    /// not taken. Returns the metric result too.
     pub(crate) async fn on_push(
         &self,
         trust: &RwLock<Arc<Trust>>,
         push: PolicyPush,
         now: i64,
+        source: &'static str,
     ) -> (PolicyAck, &'static str) {
-        self.add_revocations(trust, &push.revocations, now);
+        let list_ignored = match push.revocations.as_ref() {
+            Some(list) => match self.offer_revocations(trust, list, now, source) {
+                Offer::Ignored(why) => why,
+                Offer::Accepted | Offer::Held => "",
+            },
+            None => "",
+        };
         let (result, ignored) = match push.policy {
             Some(signed) => {
                 let current = trust.read().clone();
-                match self.offer(signed, current, "push").await {
+                match self.offer(signed, current, source).await {
                     Offer::Accepted => ("accepted", ""),
                     Offer::Held => ("held", ""),
                     Offer::Ignored(why) => ("ignored", why),
@@ -247,10 +286,14 @@ impl MemberPolicy {
             None => ("probe", ""),
         };
         let (epoch, version) = self.epoch_version();
+        let (revocations_epoch, revocations_generation) = self.revocations_generation();
         let ack = PolicyAck {
             epoch,
             version,
             ignored: ignored.to_string(),
+            revocations_epoch,
+            revocations_generation,
+            revocations_ignored: list_ignored.to_string(),
         };
         (ack, result)
     }
@@ -304,38 +347,6 @@ fn install(trust: &RwLock<Arc<Trust>>, list: &[Revocation]) {
     let mut t = (**w).clone();
     t.set_revocations(list);
     *w = Arc::new(t);
-}
-
-/// Adds `more` to `held` (same peer and token: the later end wins), drops
-/// entries over at `now`, keeps at most `max` (those ending last). Returns
-/// whether `held` changed and how many entries the bound dropped.
-fn merge(held: &mut Vec<Revocation>, more: &[Revocation], now: i64, max: usize) -> (bool, usize) {
-    let before = held.clone();
-    let mut index: std::collections::HashMap<(Vec<u8>, String), usize> = held
-        .iter()
-        .enumerate()
-        .map(|(i, h)| ((h.peer_id.clone(), h.token_id.clone()), i))
-        .collect();
-    for r in more {
-        if r.until_unix_secs < now || (r.peer_id.is_empty() && r.token_id.is_empty()) {
-            continue;
-        }
-        match index.get(&(r.peer_id.clone(), r.token_id.clone())) {
-            Some(&i) => held[i].until_unix_secs = held[i].until_unix_secs.max(r.until_unix_secs),
-            None => {
-                index.insert((r.peer_id.clone(), r.token_id.clone()), held.len());
-                held.push(r.clone());
-            }
-        }
-    }
-    held.retain(|h| h.until_unix_secs >= now);
-    let mut dropped = 0;
-    if held.len() > max {
-        held.sort_by_key(|h| std::cmp::Reverse(h.until_unix_secs));
-        dropped = held.len() - max;
-        held.truncate(max);
-    }
-    (*held != before, dropped)
 }
 
 #[cfg(test)]

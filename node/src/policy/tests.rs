@@ -1,9 +1,10 @@
 use super::*;
 use agentmesh_proto::credential::{sign, verify};
 use agentmesh_proto::pb::credential::{
-    Claims, Credential, KeySet, Label, PolicyDocument, PublicKey, Role, TokenKind,
+    Claims, Credential, KeySet, Label, PolicyDocument, PublicKey, RevocationList, Role, TokenKind,
 };
 use agentmesh_proto::policy::sign_policy;
+use agentmesh_proto::revocations::sign_revocations;
 use libp2p::identity::ed25519;
 
 const GRANTED: &str = r#"
@@ -62,6 +63,39 @@ fn signed_by(key: &ed25519::Keypair, epoch: u64, version: u64, text: &str) -> Si
     )
 }
 
+fn list_by(
+    key: &ed25519::Keypair,
+    epoch: u64,
+    generation: u64,
+    issued: i64,
+    entries: &[Revocation],
+) -> SignedRevocations {
+    sign_revocations(
+        &RevocationList {
+            epoch,
+            generation,
+            issued_at_unix_secs: issued,
+            entries: entries.to_vec(),
+            key_id: "k1".into(),
+        },
+        key,
+    )
+}
+
+fn token_revoked(token: &str) -> Revocation {
+    Revocation {
+        token_id: token.into(),
+        until_unix_secs: 9000,
+        ..Default::default()
+    }
+}
+
+fn list_ignored(m: &PolicyMetrics, reason: &'static str) -> u64 {
+    m.revocations_ignored
+        .get_or_create(&ReasonLabel { reason })
+        .get()
+}
+
 fn credential(cp: &Cp, peer: &PeerId, team: &str, token: &str) -> Credential {
     sign(
         &Claims {
@@ -96,7 +130,7 @@ fn ignored(m: &PolicyMetrics, reason: &'static str) -> u64 {
 async fn none_held_denies_every_call_and_a_grant_lets_one_through() {
     let cp = cp();
     let m = PolicyMetrics::default();
-    let p = MemberPolicy::new(m.clone(), DEFAULT_MAX_REVOCATION_ENTRIES);
+    let p = MemberPolicy::new(m.clone());
     let web = claims(&cp, "web", "t1");
     let trust = cp.trust.read().clone();
     assert_eq!(p.epoch_version(), (0, 0));
@@ -146,7 +180,7 @@ async fn forged_stale_and_unparsable_policies_are_ignored_and_counted() {
     let cp = cp();
     let m = PolicyMetrics::default();
     m.precreate();
-    let p = MemberPolicy::new(m.clone(), DEFAULT_MAX_REVOCATION_ENTRIES);
+    let p = MemberPolicy::new(m.clone());
     let trust = cp.trust.read().clone();
     assert_eq!(
         p.offer(signed_by(&cp.key, 1, 5, GRANTED), trust.clone(), "t")
@@ -183,72 +217,151 @@ async fn forged_stale_and_unparsable_policies_are_ignored_and_counted() {
 }
 
 #[tokio::test]
-async fn a_push_adds_revocations_and_the_directory_list_replaces_them() {
+async fn a_pushed_signed_list_revokes_and_a_newer_one_lifts_it() {
     let cp = cp();
-    let p = MemberPolicy::new(PolicyMetrics::default(), DEFAULT_MAX_REVOCATION_ENTRIES);
+    let m = PolicyMetrics::default();
+    m.precreate();
+    let p = MemberPolicy::new(m.clone());
     let trust = cp.trust.read().clone();
     p.offer(signed_by(&cp.key, 1, 1, GRANTED), trust, "t").await;
     let web = claims(&cp, "web", "tok-web");
-    let token_rev = Revocation {
-        token_id: "tok-web".into(),
-        until_unix_secs: 9000,
-        ..Default::default()
-    };
+    let changes = p.subscribe();
     let push = PolicyPush {
         policy: None,
-        revocations: vec![token_rev.clone()],
+        revocations: Some(list_by(&cp.key, 7, 3, 100, &[token_revoked("tok-web")])),
     };
-    let (ack, result) = p.on_push(&cp.trust, push, 2000).await;
+    let (ack, result) = p.on_push(&cp.trust, push, 2000, "push").await;
     assert_eq!((ack.epoch, ack.version, result), (1, 1, "probe"));
+    assert_eq!((ack.revocations_epoch, ack.revocations_generation), (7, 3));
+    assert!(ack.revocations_ignored.is_empty());
+    assert_eq!(p.revocations_generation(), (7, 3));
+    assert_eq!(m.revocations_generation.get(), 3);
+    assert_eq!(m.revocations.get(), 1);
+    assert!(changes.has_changed().expect("open"));
     assert_eq!(
         p.may_call(&cp.trust.read(), &web, "db", 2000),
         Err(Denied::Revoked)
     );
-    // The directory's whole list (without it) replaces what pushes added.
-    p.set_revocations(&cp.trust, vec![]);
+    // The control plane lifted it (the entry reaped): a newer generation.
+    let lifted = list_by(&cp.key, 7, 4, 50, &[]);
+    assert_eq!(
+        p.offer_revocations(&cp.trust, &lifted, 2000, DIRECTORY),
+        Offer::Accepted
+    );
     assert_eq!(p.may_call(&cp.trust.read(), &web, "db", 2000), Ok(()));
+    assert_eq!(
+        p.offer_revocations(&cp.trust, &lifted, 2000, "push"),
+        Offer::Held
+    );
+    for reason in RevocationsRejection::REASONS {
+        assert_eq!(list_ignored(&m, reason), 0, "{reason}");
+    }
 }
 
-#[test]
-fn merging_keeps_the_later_end_drops_ended_ones_and_is_bounded() {
-    let rev = |token: &str, until| Revocation {
-        token_id: token.into(),
-        until_unix_secs: until,
-        ..Default::default()
+/// A lying router: a forged list naming an honest member, an unsigned
+/// one, and a genuine older list without a revocation in force are all
+/// ignored and counted; what is held stays.
+#[tokio::test]
+async fn forged_unsigned_and_rolled_back_lists_are_ignored_and_counted() {
+    let cp = cp();
+    let m = PolicyMetrics::default();
+    m.precreate();
+    let p = MemberPolicy::new(m.clone());
+    let trust = cp.trust.read().clone();
+    p.offer(signed_by(&cp.key, 1, 1, GRANTED), trust, "t").await;
+    let (honest, revoked) = (
+        claims(&cp, "web", "tok-honest"),
+        claims(&cp, "web", "tok-bad"),
+    );
+    let old = list_by(&cp.key, 7, 3, 100, &[]);
+    let current = list_by(&cp.key, 7, 4, 200, &[token_revoked("tok-bad")]);
+    assert_eq!(
+        p.offer_revocations(&cp.trust, &old, 2000, "push"),
+        Offer::Accepted
+    );
+    assert_eq!(
+        p.offer_revocations(&cp.trust, &current, 2000, "push"),
+        Offer::Accepted
+    );
+
+    let forger = ed25519::Keypair::generate();
+    let forged = list_by(&forger, 7, 9, 300, &[token_revoked("tok-honest")]);
+    let (ack, _) = p
+        .on_push(
+            &cp.trust,
+            PolicyPush {
+                policy: None,
+                revocations: Some(forged.clone()),
+            },
+            2000,
+            "push",
+        )
+        .await;
+    assert_eq!(ack.revocations_ignored, "bad_signature");
+    assert_eq!((ack.revocations_epoch, ack.revocations_generation), (7, 4));
+    let unsigned = SignedRevocations {
+        list: forged.list,
+        signature: Vec::new(),
     };
-    let mut held = vec![rev("a", 100)];
-    let max = DEFAULT_MAX_REVOCATION_ENTRIES;
     assert_eq!(
-        merge(
-            &mut held,
-            &[rev("a", 200), rev("b", 50), rev("c", 300)],
-            60,
-            max
-        ),
-        (true, 0)
+        p.offer_revocations(&cp.trust, &unsigned, 2000, "admission"),
+        Offer::Ignored("bad_signature")
     );
-    assert_eq!(held, vec![rev("a", 200), rev("c", 300)]);
+    // The rollback: genuine, signed, older.
+    let (ack, _) = p
+        .on_push(
+            &cp.trust,
+            PolicyPush {
+                policy: None,
+                revocations: Some(old.clone()),
+            },
+            2000,
+            "push",
+        )
+        .await;
+    assert_eq!(ack.revocations_ignored, "stale");
+    assert_eq!(list_ignored(&m, "bad_signature"), 2);
+    assert_eq!(list_ignored(&m, "stale"), 1);
+    assert_eq!(p.revocations_generation(), (7, 4));
+    let t = cp.trust.read().clone();
+    assert_eq!(p.may_call(&t, &honest, "db", 2000), Ok(()), "never forged");
     assert_eq!(
-        merge(&mut held, &[rev("a", 150)], 60, max),
-        (false, 0),
-        "nothing new"
+        p.may_call(&t, &revoked, "db", 2000),
+        Err(Denied::Revoked),
+        "never rolled back"
+    );
+    // An older list from the (cached) directory is not a lie: not counted.
+    assert_eq!(
+        p.offer_revocations(&cp.trust, &old, 2000, DIRECTORY),
+        Offer::Ignored("stale")
+    );
+    assert_eq!(list_ignored(&m, "stale"), 1);
+    // The held generation signed again (a key rotation): nothing to do.
+    let resigned = list_by(&cp.key, 7, 4, 900, &[token_revoked("tok-bad")]);
+    assert_eq!(
+        p.offer_revocations(&cp.trust, &resigned, 2000, "push"),
+        Offer::Held
+    );
+}
+
+#[tokio::test]
+async fn a_restored_control_plane_list_of_a_new_epoch_issued_later_replaces_the_held_one() {
+    let cp = cp();
+    let p = MemberPolicy::new(PolicyMetrics::default());
+    let before = list_by(&cp.key, 7, 40, 100, &[token_revoked("a")]);
+    let restored = list_by(&cp.key, 8, 2, 200, &[token_revoked("b")]);
+    let replayed = list_by(&cp.key, 6, 90, 50, &[]);
+    assert_eq!(
+        p.offer_revocations(&cp.trust, &before, 2000, "t"),
+        Offer::Accepted
     );
     assert_eq!(
-        merge(&mut held, &[Revocation::default()], 60, max),
-        (false, 0),
-        "an empty entry"
+        p.offer_revocations(&cp.trust, &restored, 2000, "t"),
+        Offer::Accepted
     );
-    let flood: Vec<_> = (0..max + 10)
-        .map(|i| rev(&format!("t{i}"), 1000 + i as i64))
-        .collect();
+    assert_eq!(p.revocations_generation(), (8, 2));
     assert_eq!(
-        merge(&mut held, &flood, 60, max),
-        (true, 12),
-        "two held and ten more over the bound"
-    );
-    assert_eq!(held.len(), max);
-    assert!(
-        held.iter().all(|h| h.until_unix_secs >= 1010),
-        "those ending last kept"
+        p.offer_revocations(&cp.trust, &replayed, 2000, "t"),
+        Offer::Ignored("stale")
     );
 }

@@ -25,6 +25,7 @@ use crate::cp::{Link, fetch_keys_rate_limited};
 use crate::directory::Directory;
 use crate::goaway::{GoAways, Reason};
 use crate::metrics::Metrics;
+use crate::policy::state::Reported;
 use crate::resources::ResourceManager;
 use crate::resources::source::ip_of;
 
@@ -190,12 +191,16 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
             }
             ctx.metrics.auth_result(purpose, "admitted");
             tracing::debug!(%peer, purpose = purpose.as_str(), until, "admitted");
-            // A member (not a router) that lacks the held policy gets it
-            // (with the revocations) in the answer: current at once.
-            // Noted on its admission, so a push round for that state
+            // A member (not a router) that lacks the held policy or
+            // revocation list gets what it lacks in the answer: current at
+            // once. Noted on its admission, so a push round for that state
             // skips it.
+            let reported = Reported {
+                policy: (req.policy_epoch, req.policy_version),
+                revocations: (req.revocations_epoch, req.revocations_generation),
+            };
             let push = (purpose != Purpose::Router)
-                .then(|| ctx.policy.push_for(req.policy_epoch, req.policy_version))
+                .then(|| ctx.policy.push_for(reported))
                 .flatten()
                 .map(|(generation, push)| {
                     ctx.admissions.write().note_holds(&peer, generation);

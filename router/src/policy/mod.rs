@@ -1,8 +1,9 @@
 //! The access policy at the router: what it holds, how it learns a new
 //! version, and what it enforces.
 //!
-//! - `state`: the held policy and revocation list (one owner; none held =
-//!   deny all), verified with the router's `Trust`;
+//! - `state`: the held policy and revocation list, both signed by the
+//!   control plane (one owner; no policy held = deny all), verified with
+//!   the router's `Trust`;
 //! - this file: [`PolicyCtx`], which takes a state from the control plane
 //!   (directory poll or watch) and enforces a change at once: regroups the
 //!   admitted peers, drops catalog records no longer owned, cuts circuits
@@ -26,7 +27,7 @@ pub(crate) mod watch;
 
 use std::sync::Arc;
 
-use agentmesh_proto::pb::credential::{Revocation, SignedPolicy};
+use agentmesh_proto::pb::credential::{SignedPolicy, SignedRevocations};
 use agentmesh_proto::record::verify_record;
 use agentmesh_proto::unix_now;
 use libp2p::PeerId;
@@ -53,7 +54,7 @@ impl crate::cp::TakePolicy for PolicyCtx {
     fn take(
         &self,
         policy: Option<&SignedPolicy>,
-        revocations: &[Revocation],
+        revocations: Option<&SignedRevocations>,
         source: &'static str,
     ) {
         PolicyCtx::take(self, policy, revocations, source);
@@ -66,21 +67,28 @@ impl crate::cp::TakePolicy for PolicyCtx {
 
 impl PolicyCtx {
     /// Takes what the control plane sent (`source`: "directory" or
-    /// "watch"): installs the revocations in the router's trust, offers the
-    /// policy, and enforces whatever changed at once. Revoked peers
+    /// "watch"): offers the signed policy and revocation list (each
+    /// verified, taken if newer), installs the list held in the router's
+    /// trust, and enforces whatever changed at once. Revoked peers
     /// themselves are dropped (and their connections closed) by the swarm
     /// loop's next tick, which reads the same trust.
     pub(crate) fn take(
         &self,
         policy: Option<&SignedPolicy>,
-        revocations: &[Revocation],
+        revocations: Option<&SignedRevocations>,
         source: &'static str,
     ) -> Changed {
-        self.link.trust.write().set_revocations(revocations);
         let changed = {
             let trust = self.link.trust.read();
-            self.state.offer(policy, revocations, &trust, source)
+            self.state
+                .offer(policy, revocations, &trust, unix_now(), source)
         };
+        if changed.revocations_copy {
+            // What the state holds now, not what this call brought: a
+            // concurrent take (poll and watch) may have taken a newer one.
+            let entries = self.state.revocation_entries();
+            self.link.trust.write().set_revocations(&entries);
+        }
         if changed.any() {
             self.enforce();
         }

@@ -9,12 +9,11 @@
 //! - a primary, and a member that names nothing (one that predates the
 //!   field), is pushed the whole state at once;
 //! - a fallback is **probed** `--policy-push-fallback-delay-ms` after the
-//!   router took the state: a push without the policy (the revocations
-//!   only, which it adds), answered with the version it holds. Only if
-//!   that is older than the router's does the router push the policy on a
-//!   second stream (`fallback`): the primary died, withheld it, or is
-//!   stale. Old members answer a probe the same way (a revocations-only
-//!   push to them);
+//!   router took the state: a push without the policy (the signed
+//!   revocation list only, which it takes if newer), answered with the
+//!   version it holds. Only if that is older than the router's does the
+//!   router push the policy on a second stream (`fallback`): the primary
+//!   died, withheld it, or is stale;
 //! - a member whose admission answer already carried this state (it
 //!   attached after the change) is skipped.
 //!
@@ -85,9 +84,11 @@ impl Outcome {
 }
 
 /// What a member's answer says, against the `(epoch, version)` pushed
-/// (`(0, 0)`: no policy, only revocations). Pure.
+/// (`(0, 0)`: no policy, only revocations): acked when it took (or held)
+/// both the policy and the revocation list. Pure.
 pub(crate) fn judge(answer: Result<PolicyAck, PolicyPushError>, pushed: (u64, u64)) -> Outcome {
     match answer {
+        Ok(ack) if !ack.revocations_ignored.is_empty() => Outcome::Ignored,
         Ok(ack) if ack.ignored.is_empty() && (ack.epoch, ack.version) == pushed => Outcome::Acked,
         // A member that holds no policy acks revocations with (0, 0).
         Ok(ack) if ack.ignored.is_empty() && pushed == (0, 0) => Outcome::Acked,
@@ -320,6 +321,7 @@ mod tests {
             epoch,
             version,
             ignored: ignored.into(),
+            ..Default::default()
         })
     }
 
@@ -328,7 +330,7 @@ mod tests {
         let a = |epoch, version| PolicyAck {
             epoch,
             version,
-            ignored: String::new(),
+            ..Default::default()
         };
         assert!(probe_says_held(&a(1, 4), (1, 4)));
         assert!(probe_says_held(&a(1, 5), (1, 4)), "newer than this router");
@@ -362,6 +364,17 @@ mod tests {
             "kept an older one"
         );
         assert_eq!(judge(ack(1, 4, "bad_signature"), (1, 4)), Outcome::Ignored);
+        let list_refused = Ok(PolicyAck {
+            epoch: 1,
+            version: 4,
+            revocations_ignored: "unknown_key".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            judge(list_refused, (1, 4)),
+            Outcome::Ignored,
+            "the policy held, the list refused"
+        );
         assert_eq!(
             judge(ack(0, 0, ""), (0, 0)),
             Outcome::Acked,

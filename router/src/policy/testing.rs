@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use agentmesh_proto::credential::{Trust, VerifiedClaims, sign, verify};
 use agentmesh_proto::pb::credential::{
-    Claims, Credential, KeySet, Label, PolicyDocument, PublicKey, Role, SignedPolicy, TokenKind,
+    Claims, Credential, KeySet, Label, PolicyDocument, PublicKey, Revocation, RevocationList, Role,
+    SignedPolicy, SignedRevocations, TokenKind,
 };
 use agentmesh_proto::policy::sign_policy;
+use agentmesh_proto::revocations::sign_revocations;
 use libp2p::PeerId;
 use libp2p::identity::ed25519;
 
@@ -70,6 +72,27 @@ pub(crate) fn signed(cp: &Cp, epoch: u64, version: u64, text: &str) -> SignedPol
             version,
             issued_at_unix_secs: 1000 + i64::try_from(version).unwrap_or(0),
             text: text.into(),
+            key_id: "k1".into(),
+        },
+        &cp.key,
+    )
+}
+
+/// `entries` as revocation list (epoch, generation), issued at `issued`,
+/// signed by `cp`.
+pub(crate) fn signed_list(
+    cp: &Cp,
+    epoch: u64,
+    generation: u64,
+    issued: i64,
+    entries: &[Revocation],
+) -> SignedRevocations {
+    sign_revocations(
+        &RevocationList {
+            epoch,
+            generation,
+            issued_at_unix_secs: issued,
+            entries: entries.to_vec(),
             key_id: "k1".into(),
         },
         &cp.key,

@@ -5,7 +5,9 @@ use agentmesh_proto::unix_now;
 use libp2p::PeerId;
 use libp2p::identity::Keypair;
 
-use super::testing::{NO_GRANTS, WEB_TO_PAYMENTS, claims, cp, credential, record, signed};
+use super::testing::{
+    NO_GRANTS, WEB_TO_PAYMENTS, claims, cp, credential, record, signed, signed_list,
+};
 use crate::admission::{Admission, PeerGroups, Purpose};
 use crate::test_support::components;
 
@@ -52,7 +54,7 @@ fn circuits_need_a_grant_and_follow_each_new_policy() {
     assert!(!check(&web, &pay), "no policy: no circuit");
     let ctx = c.policy_ctx();
     assert!(
-        ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), &[], "directory")
+        ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), None, "directory")
             .policy
     );
     assert!(
@@ -64,7 +66,7 @@ fn circuits_need_a_grant_and_follow_each_new_policy() {
         !check(&stranger, &pay),
         "a peer not admitted is in no group"
     );
-    ctx.take(Some(&signed(&cp, 1, 2, NO_GRANTS)), &[], "watch");
+    ctx.take(Some(&signed(&cp, 1, 2, NO_GRANTS)), None, "watch");
     assert!(!check(&web, &pay), "the grant was removed");
     let refused = c
         .policy
@@ -93,7 +95,7 @@ fn records_not_owned_are_refused_and_dropped_when_ownership_goes() {
         own.check(&r, &pay, now).is_err(),
         "no policy: nobody owns anything"
     );
-    ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), &[], "directory");
+    ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), None, "directory");
     own.check(&r, &pay, now).expect("payments owns payments/*");
     c.catalog
         .store
@@ -138,7 +140,7 @@ fn records_not_owned_are_refused_and_dropped_when_ownership_goes() {
         );
     }
     // Ownership moves away: the stored record is dropped.
-    ctx.take(Some(&signed(&cp, 1, 2, PAYMENTS_UNOWNED)), &[], "watch");
+    ctx.take(Some(&signed(&cp, 1, 2, PAYMENTS_UNOWNED)), None, "watch");
     assert!(
         c.catalog
             .store
@@ -154,7 +156,7 @@ fn a_token_revocation_drops_every_member_of_that_token_and_their_records() {
     let (cp, c) = (cp(), components(|_| {}));
     *c.link.trust.write() = cp.trust.clone();
     let ctx = c.policy_ctx();
-    ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), &[], "directory");
+    ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), None, "directory");
     let pay_key = Keypair::generate_ed25519();
     let pay = pay_key.public().to_peer_id();
     let (other, web) = (PeerId::random(), PeerId::random());
@@ -177,7 +179,8 @@ fn a_token_revocation_drops_every_member_of_that_token_and_their_records() {
         until_unix_secs: now + 3600,
         ..Default::default()
     }];
-    assert!(ctx.take(None, &revoked, "watch").revocations);
+    let list = signed_list(&cp, 1, 1, now, &revoked);
+    assert!(ctx.take(None, Some(&list), "watch").revocations);
     // The push round that follows leaves out the members being dropped.
     let (now_list, later, _) = super::push::attached(&c.link, &c.admissions, u64::MAX);
     let pushed: Vec<PeerId> = now_list.into_iter().chain(later).collect();
@@ -198,7 +201,7 @@ fn a_token_revocation_drops_every_member_of_that_token_and_their_records() {
     assert!(c.admissions.read().get(&web).is_some());
     assert_eq!(
         c.policy.push_message().revocations,
-        revoked,
-        "members get it pushed"
+        Some(list),
+        "members get it pushed, signed as it came"
     );
 }

@@ -115,7 +115,8 @@ async fn attempt(w: &Watch, backoff: &mut Duration) -> WatchEnd {
                 if let Some(keys) = ev.keys.as_ref().filter(|k| !k.keys.is_empty()) {
                     w.ctx.link.trust.write().set_keys(keys);
                 }
-                w.ctx.take(ev.policy.as_ref(), &ev.revocations, "watch");
+                w.ctx
+                    .take(ev.policy.as_ref(), ev.revocations.as_ref(), "watch");
             }
             Ok(None) => return WatchEnd::Ended,
             Err(s) if s.code() == tonic::Code::Unimplemented => return WatchEnd::Unimplemented,

@@ -17,6 +17,9 @@
 //!   several identities of one enrollment token.
 //! - [`provider_circuits`]: every circuit to one provider through a router.
 //!
+//! - [`lying_router`]: a compromised router (a real router credential, in
+//!   the directory) telling attached members a forged or rolled-back
+//!   revocation list, in its admission answers and its pushes.
 //! - [`dialed_router`]: not an attack but its mirror: a router of the
 //!   directory that the router under test dials, opening streams it
 //!   refuses before authenticating back (it must not be taken for one).
@@ -29,6 +32,7 @@ pub mod control_plane;
 pub mod counts;
 pub mod dialed_router;
 pub mod held_calls;
+pub mod lying_router;
 pub mod member;
 pub mod provider_calls;
 pub mod provider_circuits;

@@ -8,7 +8,7 @@ use super::{
     rows::{LEASE_COLS, lease_from, node_from},
 };
 use crate::store::{
-    LeaseRow, NodeRefusal, NodeRow, ROUTER_ROLE, RevocationRow, StoreError,
+    LeaseRow, NodeRefusal, NodeRow, ROUTER_ROLE, StoreError,
     columns::{NODE_COLS, labels_json},
 };
 
@@ -53,14 +53,9 @@ pub(super) async fn router_lease(
 pub(super) async fn directory(
     store: &PostgresStore,
     now: i64,
-) -> Result<(Vec<LeaseRow>, Vec<RevocationRow>), StoreError> {
+) -> Result<Vec<LeaseRow>, StoreError> {
     let (mut conn, ms) = store.conn().await?;
-    let tx = conn
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
+    let tx = conn.build_transaction().read_only(true).start().await?;
     PostgresStore::bound(&tx, ms).await?;
     let st = tx
         .prepare_cached(&format!(
@@ -73,36 +68,8 @@ pub(super) async fn directory(
         .iter()
         .map(lease_from)
         .collect::<Result<Vec<_>, _>>()?;
-    let st = tx
-        .prepare_cached(
-            "SELECT peer_id, until, reason FROM revocations WHERE until > $1 ORDER BY until",
-        )
-        .await?;
-    let revs = tx
-        .query(&st, &[&now])
-        .await?
-        .iter()
-        .map(|r| RevocationRow {
-            peer_id: r.get(0),
-            token_id: String::new(),
-            until: r.get(1),
-            reason: r.get(2),
-        })
-        .collect::<Vec<_>>();
-    let st = tx
-        .prepare_cached(
-            "SELECT token_id, until, reason FROM token_revocations WHERE until > $1 ORDER BY until",
-        )
-        .await?;
-    let mut revs = revs;
-    revs.extend(tx.query(&st, &[&now]).await?.iter().map(|r| RevocationRow {
-        peer_id: Vec::new(),
-        token_id: r.get(0),
-        until: r.get(1),
-        reason: r.get(2),
-    }));
     tx.commit().await?;
-    Ok((leases, revs))
+    Ok(leases)
 }
 
 pub(super) async fn insert_lease(

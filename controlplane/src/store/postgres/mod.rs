@@ -42,8 +42,8 @@ pub use options::{PgOptions, Tls};
 
 use super::{
     AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy, NodeRefusal,
-    NodeRow, PolicyHead, PolicyRow, ReapPolicy, RevocationRow, SigningKeyRow, Snapshot, Store,
-    StoreError, TokenRow, Wait, deadline,
+    NodeRow, PolicyHead, PolicyRow, ReapPolicy, SigningKeyRow, Snapshot, Store, StoreError,
+    StoredRevocations, TokenRow, Wait, deadline,
 };
 
 /// Default `--db-pool-connections`: PostgreSQL's default `max_connections`
@@ -196,8 +196,12 @@ impl Store for PostgresStore {
         leases::router_lease(self, lease, now).await
     }
 
-    async fn directory(&self, now: i64) -> Result<(Vec<LeaseRow>, Vec<RevocationRow>), StoreError> {
+    async fn directory(&self, now: i64) -> Result<Vec<LeaseRow>, StoreError> {
         leases::directory(self, now).await
+    }
+
+    async fn revocations(&self) -> Result<StoredRevocations, StoreError> {
+        revocations::list(self).await
     }
 
     async fn revoke(

@@ -6,7 +6,58 @@
 //! statements after) or it re-reads the token as expired and stops.
 
 use super::PostgresStore;
-use crate::store::StoreError;
+use crate::store::policies::epoch_from;
+use crate::store::{RevocationRow, StoreError, StoredRevocations};
+
+/// The list, its generation and the epoch in one REPEATABLE READ snapshot:
+/// a revocation committing meanwhile is either in all three or in none.
+pub(super) async fn list(store: &PostgresStore) -> Result<StoredRevocations, StoreError> {
+    let (mut conn, ms) = store.conn().await?;
+    let tx = conn
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
+    PostgresStore::bound(&tx, ms).await?;
+    let head = tx
+        .query_one(
+            "SELECT (SELECT epoch FROM policy_epoch WHERE id = 1),
+                    (SELECT generation FROM revocation_generation WHERE id = 1)",
+            &[],
+        )
+        .await?;
+    let (epoch, generation): (Option<i64>, Option<i64>) = (head.get(0), head.get(1));
+    let st = tx
+        .prepare_cached("SELECT peer_id, until, reason FROM revocations ORDER BY peer_id")
+        .await?;
+    let mut rows: Vec<RevocationRow> = tx
+        .query(&st, &[])
+        .await?
+        .iter()
+        .map(|r| RevocationRow {
+            peer_id: r.get(0),
+            token_id: String::new(),
+            until: r.get(1),
+            reason: r.get(2),
+        })
+        .collect();
+    let st = tx
+        .prepare_cached("SELECT token_id, until, reason FROM token_revocations ORDER BY token_id")
+        .await?;
+    rows.extend(tx.query(&st, &[]).await?.iter().map(|r| RevocationRow {
+        peer_id: Vec::new(),
+        token_id: r.get(0),
+        until: r.get(1),
+        reason: r.get(2),
+    }));
+    tx.commit().await?;
+    Ok(StoredRevocations {
+        epoch: epoch_from(epoch.unwrap_or(0)),
+        generation: generation.unwrap_or(0).max(0) as u64,
+        rows,
+    })
+}
 
 pub(super) async fn revoke(
     store: &PostgresStore,

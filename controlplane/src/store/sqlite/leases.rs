@@ -8,7 +8,7 @@ use rusqlite::{Connection, TransactionBehavior, params};
 
 use super::Inner;
 use crate::store::{
-    LeaseRow, NodeRefusal, NodeRow, RevocationRow, StoreError,
+    LeaseRow, NodeRefusal, NodeRow, StoreError,
     columns::{labels_json, parse_addrs, parse_labels},
 };
 
@@ -28,40 +28,9 @@ impl Inner {
         Ok(out)
     }
 
-    pub(super) fn directory(
-        &self,
-        now: i64,
-    ) -> Result<(Vec<LeaseRow>, Vec<RevocationRow>), StoreError> {
+    pub(super) fn directory(&self, now: i64) -> Result<Vec<LeaseRow>, StoreError> {
         let conn = self.readers.get()?;
-        let leases = read_leases(&conn, Some(now))?;
-        let mut st = conn.prepare_cached(
-            "SELECT peer_id, until, reason FROM revocations WHERE until > ?1 ORDER BY until",
-        )?;
-        let revs = st
-            .query_map(params![now], |r| {
-                Ok(RevocationRow {
-                    peer_id: r.get(0)?,
-                    token_id: String::new(),
-                    until: r.get(1)?,
-                    reason: r.get(2)?,
-                })
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut st = conn.prepare_cached(
-            "SELECT token_id, until, reason FROM token_revocations WHERE until > ?1 ORDER BY until",
-        )?;
-        let mut revs = revs;
-        for r in st.query_map(params![now], |r| {
-            Ok(RevocationRow {
-                peer_id: Vec::new(),
-                token_id: r.get(0)?,
-                until: r.get(1)?,
-                reason: r.get(2)?,
-            })
-        })? {
-            revs.push(r?);
-        }
-        Ok((leases, revs))
+        read_leases(&conn, Some(now))
     }
 }
 

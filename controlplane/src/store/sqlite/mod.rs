@@ -18,8 +18,8 @@ use std::{path::Path, sync::Arc};
 
 use super::{
     AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy, NodeRefusal,
-    NodeRow, PolicyHead, PolicyRow, ReapPolicy, RevocationRow, SigningKeyRow, Snapshot, Store,
-    StoreError, TokenRow, Wait, deadline, pool::Pool,
+    NodeRow, PolicyHead, PolicyRow, ReapPolicy, SigningKeyRow, Snapshot, Store, StoreError,
+    StoredRevocations, TokenRow, Wait, deadline, pool::Pool,
 };
 
 mod backup;
@@ -161,8 +161,12 @@ impl Store for SqliteStore {
         self.blocking(move |s| s.router_lease(&lease, now)).await
     }
 
-    async fn directory(&self, now: i64) -> Result<(Vec<LeaseRow>, Vec<RevocationRow>), StoreError> {
+    async fn directory(&self, now: i64) -> Result<Vec<LeaseRow>, StoreError> {
         self.blocking(move |s| s.directory(now)).await
+    }
+
+    async fn revocations(&self) -> Result<StoredRevocations, StoreError> {
+        self.blocking(|s| s.revocations()).await
     }
 
     async fn revoke(

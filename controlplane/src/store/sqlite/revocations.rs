@@ -7,9 +7,59 @@
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 
 use super::Inner;
-use crate::store::StoreError;
+use crate::store::policies::epoch_from;
+use crate::store::{RevocationRow, StoreError, StoredRevocations};
 
 impl Inner {
+    /// The list, its generation and the epoch in one read transaction (a
+    /// WAL snapshot): a revocation committing meanwhile is either in all
+    /// three or in none.
+    pub(super) fn revocations(&self) -> Result<StoredRevocations, StoreError> {
+        let conn = self.readers.get()?;
+        let tx = conn.unchecked_transaction()?;
+        let (epoch, generation): (Option<i64>, Option<i64>) = tx.query_row(
+            "SELECT (SELECT epoch FROM policy_epoch WHERE id = 1),
+                    (SELECT generation FROM revocation_generation WHERE id = 1)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let mut rows = Vec::new();
+        {
+            let mut st = tx.prepare_cached(
+                "SELECT peer_id, until, reason FROM revocations ORDER BY peer_id",
+            )?;
+            for r in st.query_map([], |r| {
+                Ok(RevocationRow {
+                    peer_id: r.get(0)?,
+                    token_id: String::new(),
+                    until: r.get(1)?,
+                    reason: r.get(2)?,
+                })
+            })? {
+                rows.push(r?);
+            }
+            let mut st = tx.prepare_cached(
+                "SELECT token_id, until, reason FROM token_revocations ORDER BY token_id",
+            )?;
+            for r in st.query_map([], |r| {
+                Ok(RevocationRow {
+                    peer_id: Vec::new(),
+                    token_id: r.get(0)?,
+                    until: r.get(1)?,
+                    reason: r.get(2)?,
+                })
+            })? {
+                rows.push(r?);
+            }
+        }
+        tx.commit()?;
+        Ok(StoredRevocations {
+            epoch: epoch_from(epoch.unwrap_or(0)),
+            generation: generation.unwrap_or(0).max(0) as u64,
+            rows,
+        })
+    }
+
     pub(super) fn revoke(
         &self,
         peer_id: &[u8],

@@ -3,6 +3,11 @@
 //! poll, the watch), read by admission, publish, the circuit check and the
 //! push to members.
 //!
+//! Both are signed by the control plane and verified here before they are
+//! taken, each only when it supersedes the one held, so the poll and the
+//! watch racing each other never put back an older state. The router
+//! forwards both as they came; members verify them again themselves.
+//!
 //! No policy held means deny all: a control plane with no policy denies
 //! every call, and so does a router that has not heard one yet.
 
@@ -11,8 +16,9 @@ use std::sync::Arc;
 use agentmesh_policy::Policy;
 use agentmesh_proto::credential::Trust;
 use agentmesh_proto::enforce::{HeldPolicy, PolicyRejection};
-use agentmesh_proto::pb::credential::{Revocation, SignedPolicy};
+use agentmesh_proto::pb::credential::{Revocation, SignedPolicy, SignedRevocations};
 use agentmesh_proto::pb::mesh::PolicyPush;
+use agentmesh_proto::revocations::{HeldRevocations, RevocationsRejection, SameGeneration};
 use parking_lot::RwLock;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -24,15 +30,27 @@ use crate::policy_metrics::PolicyMetrics;
 pub(crate) struct Changed {
     /// A new policy version was taken.
     pub(crate) policy: bool,
-    /// The revocation list differs from the one held.
+    /// A newer revocation list (another generation) was taken.
     pub(crate) revocations: bool,
+    /// The revocation list held is another copy (newer, or the same
+    /// generation signed again): the trust must be given its entries.
+    pub(crate) revocations_copy: bool,
 }
 
 impl Changed {
-    /// Whether anything changed.
+    /// Whether anything changed that members must be pushed.
     pub(crate) fn any(self) -> bool {
         self.policy || self.revocations
     }
+}
+
+/// What a member says it holds in its auth request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Reported {
+    /// The policy's `(epoch, version)`, `(0, 0)` for none.
+    pub(crate) policy: (u64, u64),
+    /// The revocation list's `(epoch, generation)`, `(0, 0)` for none.
+    pub(crate) revocations: (u64, u64),
 }
 
 /// One state to push: its generation (bumped on every change) and when
@@ -54,7 +72,7 @@ pub(crate) struct PolicyState {
 #[derive(Default)]
 struct Held {
     policy: Option<HeldPolicy>,
-    revocations: Vec<Revocation>,
+    revocations: Option<HeldRevocations>,
 }
 
 impl PolicyState {
@@ -95,17 +113,41 @@ impl PolicyState {
             .map_or((0, 0), |h| (h.epoch, h.version))
     }
 
-    /// Offers what the control plane sent: `signed` (if any) is verified
-    /// against `trust` and taken only if it supersedes the held one; an
-    /// identical copy of the held one changes nothing and is not counted.
-    /// A policy not taken is counted by reason and the held one stays.
-    /// `revocations` replaces the held list when it differs. `source` is a
-    /// label of `agentmesh_router_policy_applied` (see `crate::policy_metrics::SOURCES`).
+    /// The held revocation list's `(epoch, generation)`, `(0, 0)` when none.
+    #[cfg(test)]
+    pub(crate) fn revocations_generation(&self) -> (u64, u64) {
+        self.held
+            .read()
+            .revocations
+            .as_ref()
+            .map_or((0, 0), HeldRevocations::generation)
+    }
+
+    /// The entries of the revocation list held (what the router's trust
+    /// enforces).
+    pub(crate) fn revocation_entries(&self) -> Arc<Vec<Revocation>> {
+        self.held
+            .read()
+            .revocations
+            .as_ref()
+            .map(|h| h.entries.clone())
+            .unwrap_or_default()
+    }
+
+    /// Offers what the control plane sent: `signed` (if any) and
+    /// `revocations` (if any) are verified against `trust` at `now` and
+    /// each taken only if it supersedes the one held (a revocation list of
+    /// the generation held, signed again later after a key rotation,
+    /// replaces the copy forwarded without being a change). An identical
+    /// copy changes nothing and is not counted; anything else not taken is
+    /// counted by reason and the held one stays. `source` is a label of
+    /// `agentmesh_router_policy_applied` (see `crate::policy_metrics::SOURCES`).
     pub(crate) fn offer(
         &self,
         signed: Option<&SignedPolicy>,
-        revocations: &[Revocation],
+        revocations: Option<&SignedRevocations>,
         trust: &Trust,
+        now: i64,
         source: &'static str,
     ) -> Changed {
         let mut held = self.held.write();
@@ -132,9 +174,47 @@ impl PolicyState {
                 Err(e) => self.ignored(&e, source),
             }
         }
-        if held.revocations != revocations {
-            held.revocations = revocations.to_vec();
-            changed.revocations = true;
+        if let Some(list) = revocations
+            && held.revocations.as_ref().is_none_or(|h| h.signed != *list)
+        {
+            let before = held.revocations.as_ref().map(HeldRevocations::generation);
+            match HeldRevocations::accept(
+                list,
+                trust,
+                held.revocations.as_ref(),
+                now,
+                SameGeneration::TakeResigned,
+            ) {
+                Ok(h) => {
+                    let (epoch, generation) = h.generation();
+                    changed.revocations = before != Some((epoch, generation));
+                    changed.revocations_copy = true;
+                    if changed.revocations {
+                        tracing::info!(
+                            epoch,
+                            generation,
+                            entries = h.entries.len(),
+                            source,
+                            "revocation list taken"
+                        );
+                    }
+                    self.metrics
+                        .revocations_generation
+                        .set(i64::try_from(generation).unwrap_or(i64::MAX));
+                    held.revocations = Some(h);
+                }
+                // An earlier copy of the generation held (another control
+                // plane signed it at another instant): nothing to say.
+                Err(RevocationsRejection::Stale { epoch, generation })
+                    if before == Some((epoch, generation)) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, reason = e.reason(), source, "revocation list from the control plane ignored; the held one stays");
+                    self.metrics
+                        .revocations_ignored
+                        .get_or_create(&[("reason", e.reason())])
+                        .inc();
+                }
+            }
         }
         drop(held);
         if changed.any() {
@@ -154,31 +234,44 @@ impl PolicyState {
             .inc();
     }
 
-    /// What a push (or an admission answer) carries: the held policy (if
-    /// any) and the revocation list.
+    /// What a push carries: the held policy and revocation list (each if
+    /// any), signed by the control plane, as they came.
     pub(crate) fn push_message(&self) -> PolicyPush {
         let held = self.held.read();
         PolicyPush {
             policy: held.policy.as_ref().map(|h| h.signed.clone()),
-            revocations: held.revocations.clone(),
+            revocations: held.revocations.as_ref().map(|h| h.signed.clone()),
         }
     }
 
     /// The push for an admission answer to a member that reported
-    /// `(epoch, version)`: `Some` only when the router holds a policy the
-    /// member lacks (see [`HeldPolicy::is_newer_than`]).
+    /// `member`: the policy `(epoch, version)` and revocation list
+    /// `(epoch, generation)` it holds. `Some` only when the router holds a
+    /// policy or a list the member lacks, carrying only those (see
+    /// [`HeldPolicy::is_newer_than`], [`HeldRevocations::is_newer_than`]).
     /// Also returns the generation the push is (at least) as new as: read
     /// before the message, so a change racing it leaves the member marked
     /// with the older generation and the next round still pushes to it.
-    pub(crate) fn push_for(&self, epoch: u64, version: u64) -> Option<(u64, PolicyPush)> {
+    pub(crate) fn push_for(&self, member: Reported) -> Option<(u64, PolicyPush)> {
         let generation = self.generation.borrow().number;
-        let newer = self
-            .held
-            .read()
+        let held = self.held.read();
+        let policy = held
             .policy
             .as_ref()
-            .is_some_and(|h| h.is_newer_than(epoch, version));
-        newer.then(|| (generation, self.push_message()))
+            .filter(|h| h.is_newer_than(member.policy.0, member.policy.1))
+            .map(|h| h.signed.clone());
+        let revocations = held
+            .revocations
+            .as_ref()
+            .filter(|h| h.is_newer_than(member.revocations.0, member.revocations.1))
+            .map(|h| h.signed.clone());
+        (policy.is_some() || revocations.is_some()).then_some((
+            generation,
+            PolicyPush {
+                policy,
+                revocations,
+            },
+        ))
     }
 
     /// Watches the generation: it changes on every new policy or list.

@@ -12,6 +12,7 @@ mod goaway_hold;
 mod goaway_routes;
 mod held_calls;
 mod hostile_calls;
+mod lying_router;
 mod mesh;
 mod p2p_metrics;
 mod policy;

@@ -141,13 +141,24 @@ async fn a_revoked_tokens_members_lose_their_router_and_calls_and_it_enrolls_no_
         Some(tonic::Code::PermissionDenied),
         "{e}"
     );
-    // One revocation entry, however many members it covers.
+    // One revocation entry, however many members it covers, in a list the
+    // control plane signed.
     let dir_resp = cp.client.get_directory().await.expect("directory");
-    let by_token: Vec<_> = dir_resp
-        .revocations
+    let trust = agentmesh_proto::credential::Trust::new(&cp.client.get_keys().await.expect("keys"));
+    let list = agentmesh_proto::revocations::verify_revocations(
+        dir_resp
+            .revocations
+            .as_ref()
+            .expect("the directory carries the list"),
+        &trust,
+        agentmesh_proto::unix_now(),
+    )
+    .expect("signed by the control plane");
+    let by_token: Vec<_> = list
+        .entries
         .iter()
         .filter(|rv| rv.token_id == leaked_id)
         .collect();
-    assert_eq!(by_token.len(), 1, "{:?}", dir_resp.revocations);
+    assert_eq!(by_token.len(), 1, "{:?}", list.entries);
     assert!(by_token[0].peer_id.is_empty());
 }

@@ -384,7 +384,7 @@ async fn a_policy_applied_at_the_control_plane_is_pushed_to_members_and_their_ac
     let ack = PolicyAck {
         epoch: held.epoch,
         version: held.version,
-        ignored: String::new(),
+        ..Default::default()
     };
     agentmesh_proto::framing::write_frame(&mut s, &ack)
         .await

@@ -112,7 +112,7 @@ async fn members_from_before_the_push_slot_or_before_policies_keep_working() {
             let ack = PolicyAck {
                 epoch,
                 version,
-                ignored: String::new(),
+                ..Default::default()
             };
             agentmesh_proto::framing::write_frame(&mut s, &ack)
                 .await
