@@ -28,9 +28,16 @@
 //!   half its burst is spent, each active source may take at most `rate / n`
 //!   per second.
 //!
+//! - [`handshakes`]: inbound connections in their handshake, shared by
+//!   source the same way, where a newcomer at its source's share takes the
+//!   place of the handshake that progressed least (and that one is closed);
+//!   with the libp2p transport wrappers that do it for a listener (feature
+//!   `transport`).
+//!
 //! The programs own their metrics and flags; this crate reports what it did
 //! ([`Acquired::preempted`], [`RateRefusal::reason`]) so they can count it.
 
+pub mod handshakes;
 mod map;
 mod rate;
 mod slots;

@@ -498,37 +498,6 @@ pub(crate) fn admit_inbound_connection(b: &Budgets, u: ConnectionUsage) -> Resul
     Ok(charge)
 }
 
-/// Live counts relevant to one inbound connection before its handshake,
-/// when only its source address is known.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct HandshakeUsage {
-    /// Inbound handshakes in progress from the same source.
-    pub(crate) pending_from_source: u32,
-    /// Established connections from the same source whose peers are not admitted.
-    pub(crate) unauthenticated_from_source: u32,
-    /// Whether the source is blocked for failed logins (`logins.rs`).
-    pub(crate) source_blocked: bool,
-}
-
-/// May an inbound connection start its handshake? Refused (cheaply, before
-/// any cryptography) when its source already holds its share of
-/// not-yet-admitted connections (handshakes included) or is blocked for
-/// failed logins. Admitted peers' connections are not counted, so members
-/// behind one NAT are not limited once admitted. Handshakes in progress
-/// across all sources are bounded by the fair `handshake` slots
-/// (`slots.rs`), taken after this check.
-pub(crate) fn admit_handshake(b: &Budgets, u: HandshakeUsage) -> Result<(), Refusal> {
-    if past_source_cap(
-        b,
-        u.pending_from_source
-            .saturating_add(u.unauthenticated_from_source),
-    ) || u.source_blocked
-    {
-        return Err(Refusal::new(Resource::Connection, Scope::Source));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -611,35 +580,6 @@ mod tests {
             admit_inbound_connection(&b, u),
             Err(Refusal::new(Resource::Connection, Scope::Source))
         );
-    }
-
-    #[test]
-    fn handshakes_are_refused_per_source_and_in_total() {
-        let b = budgets();
-        let ok = HandshakeUsage::default();
-        assert!(admit_handshake(&b, ok).is_ok());
-        let source = Err(Refusal::new(Resource::Connection, Scope::Source));
-        // 4 per IP (and one newcomer past it, who evicts the source's
-        // oldest): handshakes and unauthenticated connections together.
-        for (pending, unauth) in [(5, 0), (0, 5), (3, 2)] {
-            let u = HandshakeUsage {
-                pending_from_source: pending,
-                unauthenticated_from_source: unauth,
-                ..ok
-            };
-            assert_eq!(admit_handshake(&b, u), source);
-        }
-        let u = HandshakeUsage {
-            pending_from_source: 2,
-            unauthenticated_from_source: 2,
-            ..ok
-        };
-        assert!(admit_handshake(&b, u).is_ok(), "the newcomer past the cap");
-        let u = HandshakeUsage {
-            source_blocked: true,
-            ..ok
-        };
-        assert_eq!(admit_handshake(&b, u), source);
     }
 
     #[test]

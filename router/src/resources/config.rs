@@ -234,7 +234,7 @@ pub struct ResourceArgs {
     #[arg(long, default_value_t = DEFAULT_IPV6_SOURCE_PREFIX_LEN,
           value_parser = clap::value_parser!(u8).range(1..=128))]
     pub ipv6_source_prefix_len: u8,
-    /// Inbound connections in their handshake at once, all sources together, connections; shared fairly by source once all are taken (agentmesh_router_slots_refused_total{budget="handshake"}).
+    /// Inbound connections in their handshake at once, all sources together, connections; shared fairly by source once all are taken, a newcomer closing the handshake that progressed least (agentmesh_router_handshakes_shed_total{reason,progress}, _refused_total{reason}).
     #[arg(long, default_value_t = DEFAULT_PENDING_CONNECTIONS_MAX)]
     pub pending_connections_max: u32,
     /// Inbound yamux streams one connection buffers before the router takes

@@ -13,7 +13,10 @@
 //! - `source.rs`: where a connection comes from (the key is
 //!   `agentmesh_fair::SourceKey`: IPv6 per prefix).
 //! - `slots.rs`: the slot budgets strangers reach (auth and catalog streams
-//!   served, handshakes in progress), shared fairly by source.
+//!   served), shared fairly by source.
+//! - `pending.rs`: inbound connections in their handshake, shared fairly by
+//!   source and shed by progress (`agentmesh_fair::handshakes`, run by the
+//!   transport): what a source may hold, and the counters.
 //! - `strangers.rs`: the memory budget of peers not admitted.
 //! - `logins.rs`: the failed-login guard (short blocks per source).
 //! - `by_source.rs`: inbound connections per source, admitted or not.
@@ -53,6 +56,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
+use agentmesh_fair::handshakes::Handshakes;
 pub(crate) use budget::Watermarks;
 use budget::{
     Budgets, CircuitSourceUsage, ConnectionUsage, OutboundUsage, Proto, Refusal, StreamUsage,
@@ -60,7 +64,7 @@ use budget::{
 use logins::FailedLogins;
 pub(crate) use metrics::RefusedLabels;
 use metrics::{NO_PROTOCOL, ResourceMetrics};
-use slots::{FairBudget, HeldSlot, SlotBudget};
+use slots::{FairBudget, SlotBudget};
 use source::SourceKey;
 use strangers::StrangerPool;
 
@@ -116,18 +120,6 @@ struct State {
     /// What the connections and inbound streams of peers not admitted hold.
     strangers: StrangerPool,
     last_logged: HashMap<String, Instant>,
-    /// Inbound connections in their handshake: connection -> its source and
-    /// its slot of the `handshake` budget.
-    pending: HashMap<libp2p::swarm::ConnectionId, (SourceKey, HeldSlot)>,
-    /// Inbound handshakes in progress per source, not counting those
-    /// already upgraded (see `upgraded_by_ip`).
-    pending_by_ip: HashMap<SourceKey, u32>,
-    /// Inbound connections per source whose upgrade finished (they count
-    /// among `sources` now) but whose pending entry the swarm has not ended
-    /// yet: without this, such a connection counted twice against its
-    /// source's share for a moment, and a peer connecting right after it
-    /// was refused.
-    upgraded_by_ip: HashMap<SourceKey, u32>,
     /// Circuits (STOP streams) per destination, by the peer that asked for
     /// them (see [`ResourceManager::charge_circuit_source`]).
     circuit_sources: HashMap<PeerId, HashMap<PeerId, u32>>,
@@ -145,8 +137,12 @@ pub(crate) struct ResourceManager {
     /// The failed-login guard (its own lock: auth records failures while
     /// connections are admitted).
     logins: Mutex<FailedLogins>,
-    /// Inbound handshakes in progress, shared fairly by source.
-    handshakes: FairBudget,
+    /// Inbound connections in their handshake, shared fairly by source
+    /// (run by the transport, `pending.rs`).
+    handshakes: Handshakes,
+    /// Their counters (the table counts through its own clone).
+    #[cfg(test)]
+    handshake_metrics: pending::HandshakeMetrics,
 }
 
 impl std::fmt::Debug for ResourceManager {
@@ -280,27 +276,42 @@ impl ResourceManager {
         metrics
             .unauthenticated_memory_budget
             .set(i64::try_from(budgets.unauthenticated_memory_bytes).unwrap_or(i64::MAX));
-        let handshakes = FairBudget::new(
-            SlotBudget::Handshake,
-            usize::try_from(budgets.pending_connections_max).unwrap_or(usize::MAX),
-            budgets.ipv6_source_prefix_len,
-            metrics.slots.clone(),
-        );
+        let handshake_metrics = pending::HandshakeMetrics::new(registry, metrics.refused.clone());
         let logins = FailedLogins::new(
             budgets.failed_logins_per_ip_per_minute,
             budgets.failed_login_block,
             budgets.ipv6_source_prefix_len,
         );
-        Arc::new(Self {
-            budgets,
-            metrics,
-            admitted: OnceLock::new(),
-            circuit_policy: OnceLock::new(),
-            circuits: circuits::LiveCircuits::default(),
-            state: Mutex::new(State::default()),
-            logins: Mutex::new(logins),
-            handshakes,
+        let limits = pending::limits(
+            budgets.pending_connections_max,
+            budgets.ipv6_source_prefix_len,
+        );
+        Arc::new_cyclic(|mgr| {
+            let events = pending::RouterEvents(handshake_metrics.clone());
+            events.capacity(limits.max_pending.max(1));
+            let gate = pending::RouterGate {
+                mgr: mgr.clone(),
+                metrics: handshake_metrics.clone(),
+            };
+            Self {
+                budgets,
+                metrics,
+                admitted: OnceLock::new(),
+                circuit_policy: OnceLock::new(),
+                circuits: circuits::LiveCircuits::default(),
+                state: Mutex::new(State::default()),
+                logins: Mutex::new(logins),
+                handshakes: Handshakes::new(limits, gate, events),
+                #[cfg(test)]
+                handshake_metrics,
+            }
         })
+    }
+
+    /// The table of inbound connections in their handshake (the transport
+    /// runs it, `transport.rs`).
+    pub(crate) fn handshakes(&self) -> &Handshakes {
+        &self.handshakes
     }
 
     /// A slot budget of `capacity` shared fairly by source, counted with
@@ -419,9 +430,6 @@ impl ResourceManager {
                 self.attach_connection(&mut st, peer, ip, peer_admitted);
                 if !peer_admitted {
                     self.charge_stranger(&mut st, peer, ip, charge);
-                }
-                if let Some(ip) = ip {
-                    pending::upgraded(&mut st, ip);
                 }
                 let stranger = if peer_admitted {
                     Stranger::Inbound

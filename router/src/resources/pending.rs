@@ -1,261 +1,222 @@
-//! Refusing connection floods before the handshake: a small behaviour whose
-//! `handle_pending_inbound_connection` runs when a connection arrives, with
-//! only its addresses known, before noise (or QUIC's TLS) spends any CPU.
+//! Inbound connections in their handshake: the router's side of
+//! [`agentmesh_fair::handshakes`], which the transport runs
+//! (`transport.rs`) as each connection is accepted, before noise (or
+//! QUIC's TLS) spends any CPU and before the swarm sees it.
 //!
-//! It counts handshakes in progress per source (an IPv4 address or an IPv6
-//! prefix, `source.rs`) and refuses a connection when its source already
-//! holds `--unauthenticated-connections-per-ip` connections whose peers
-//! are not admitted (handshakes in progress included) or is blocked for
-//! failed logins (`logins.rs`), counted as
-//! `refused_total{resource="connection",scope="source",protocol="none"}`.
-//! Then it takes a slot of the fair `handshake` budget
-//! (`--pending-connections-max`, `slots.rs`): when all are taken, a source
-//! holding fewer than the heaviest takes that one's oldest handshake, which
-//! is denied when it ends; otherwise it is refused
-//! (`slots_refused_total{budget="handshake",reason="source_share"}`).
-//! Connections of admitted peers are never counted, so members behind one
-//! NAT are not limited once admitted. A handshake stops counting when its
-//! connection is established or fails (`ListenFailure`, which the swarm
-//! also reports for a denial by any behaviour or by the transport's own
-//! admission in `ResourceManager::open_connection`).
+//! The router decides what a source may hold ([`RouterGate`]): nothing
+//! while it is blocked for failed logins (`logins.rs`; unless members are
+//! admitted from it), otherwise `--unauthenticated-connections-per-ip`
+//! less its established connections whose peers are not admitted, plus one
+//! newcomer past the cap, who evicts the source's oldest unauthenticated
+//! connection once it is up (`admission::conns`). The table shares
+//! `--pending-connections-max` fairly by source and, when a newcomer finds
+//! its source's room (or the whole budget) full, closes the handshake that
+//! progressed least for it: a flood from a member's own address sheds its
+//! own stalled handshakes, and the member, whose handshake moves, gets in.
+//! Connections of admitted peers are never counted as unauthenticated, so
+//! members behind one NAT are not limited once admitted.
+//!
+//! Counted ([`HandshakeMetrics`]): `agentmesh_router_handshakes_shed_total
+//! {reason,progress}`, `_refused_total{reason}` (each refusal also in
+//! `agentmesh_router_refused_total{resource="connection",scope="source"}`),
+//! `_in_progress` and `_capacity`.
 
-use std::collections::HashMap;
-use std::convert::Infallible;
 use std::net::IpAddr;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::Weak;
 
-use libp2p::core::Endpoint;
-use libp2p::core::transport::PortUse;
-use libp2p::multiaddr::Protocol;
-use libp2p::swarm::{
-    ConnectionDenied, ConnectionId, FromSwarm, NetworkBehaviour, THandler, THandlerInEvent,
-    THandlerOutEvent, ToSwarm, dummy,
+use agentmesh_fair::handshakes::{
+    Events, Gate, Limits, Progressed, RefuseReason, Shed, ShedReason,
 };
-use libp2p::{Multiaddr, PeerId};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
-use super::budget::{self, HandshakeUsage, Refusal, Resource, Scope};
+use super::ResourceManager;
+use super::budget::{Refusal, Resource, Scope};
 use super::metrics::NO_PROTOCOL;
-use super::source::{self, SourceKey};
-use super::transport::ConnectionRefused;
-use super::{ResourceManager, State};
-use crate::shrink::ShrinkSparse;
 
-/// Takes one from `map[ip]` (dropping the entry at 0); false if there was none.
-fn decrement(map: &mut HashMap<SourceKey, u32>, ip: SourceKey) -> bool {
-    let Some(n) = map.get_mut(&ip) else {
-        return false;
-    };
-    *n = n.saturating_sub(1);
-    if *n == 0 {
-        map.remove(&ip);
-        map.shrink_sparse();
-    }
-    true
+/// A refusal of the router's own gate (the `reason` label), beside the
+/// table's [`RefuseReason`]s.
+const BLOCKED: &str = "blocked";
+
+/// The handshake counters (registered once, cloned into the table's events).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct HandshakeMetrics {
+    pub(super) shed: Family<[(&'static str, &'static str); 2], Counter>,
+    pub(super) refused: Family<[(&'static str, &'static str); 1], Counter>,
+    pub(super) in_progress: Gauge,
+    capacity: Gauge,
+    /// The router's refusal counter (`resource="connection",scope="source"`).
+    refused_total: Family<super::RefusedLabels, Counter>,
 }
 
-/// An inbound connection from `ip` finished its upgrade and now counts
-/// among the source's established connections: one of the source's
-/// handshakes stops counting as in progress, until the swarm ends its
-/// pending entry.
-pub(super) fn upgraded(st: &mut State, ip: SourceKey) {
-    if decrement(&mut st.pending_by_ip, ip) {
-        *st.upgraded_by_ip.entry(ip).or_default() += 1;
+impl HandshakeMetrics {
+    /// Registers the counters in `registry`, every label pre-created;
+    /// refusals are also counted in `refused_total`.
+    pub(crate) fn new(
+        registry: &mut Registry,
+        refused_total: Family<super::RefusedLabels, Counter>,
+    ) -> Self {
+        let m = Self {
+            refused_total,
+            ..Self::default()
+        };
+        registry.register(
+            "agentmesh_router_handshakes_shed",
+            "Inbound connections closed in their handshake to make room for a newcomer, by \
+             reason (source_full: its source held --unauthenticated-connections-per-ip; \
+             budget_full: --pending-connections-max were taken and its source held its share; \
+             lighter_source: taken for a source holding fewer) and by how far it had got \
+             (none: not a byte received; partial: started)",
+            m.shed.clone(),
+        );
+        for r in ShedReason::ALL {
+            for p in Progressed::ALL {
+                let _ = m
+                    .shed
+                    .get_or_create(&[("reason", r.as_str()), ("progress", p.as_str())]);
+            }
+        }
+        registry.register(
+            "agentmesh_router_handshakes_refused",
+            "Inbound connections refused before their handshake, by reason (blocked: its \
+             source is blocked for failed logins; source_full: its source's unauthenticated \
+             connections fill its share; budget_share: --pending-connections-max are taken \
+             and its source holds its share)",
+            m.refused.clone(),
+        );
+        for r in RefuseReason::ALL
+            .map(RefuseReason::as_str)
+            .into_iter()
+            .chain([BLOCKED])
+        {
+            let _ = m.refused.get_or_create(&[("reason", r)]);
+        }
+        registry.register(
+            "agentmesh_router_handshakes_in_progress",
+            "Inbound connections in their handshake now",
+            m.in_progress.clone(),
+        );
+        registry.register(
+            "agentmesh_router_handshakes_capacity",
+            "Inbound connections that may be in their handshake at once \
+             (--pending-connections-max)",
+            m.capacity.clone(),
+        );
+        m
+    }
+
+    fn refused(&self, reason: &'static str) {
+        self.refused.get_or_create(&[("reason", reason)]).inc();
+        let r = Refusal::new(Resource::Connection, Scope::Source);
+        self.refused_total
+            .get_or_create(&[
+                ("resource", r.resource.as_str()),
+                ("scope", r.scope.as_str()),
+                ("protocol", NO_PROTOCOL),
+            ])
+            .inc();
+    }
+}
+
+/// The table's budgets for the router's flags.
+pub(crate) fn limits(pending_connections_max: u32, ipv6_prefix_len: u8) -> Limits {
+    Limits {
+        max_pending: usize::try_from(pending_connections_max).unwrap_or(usize::MAX),
+        ipv6_prefix_len,
+    }
+}
+
+/// What a source may hold, from the resource manager's counts.
+pub(crate) struct RouterGate {
+    pub(crate) mgr: Weak<ResourceManager>,
+    pub(crate) metrics: HandshakeMetrics,
+}
+
+impl Gate for RouterGate {
+    fn room(&self, ip: IpAddr) -> Option<usize> {
+        // A router shutting down takes no new connection.
+        let mgr = self.mgr.upgrade()?;
+        let room = mgr.handshake_room(ip);
+        if room.is_none() {
+            self.metrics.refused(BLOCKED);
+        }
+        room
+    }
+}
+
+/// What the table tells the router to count.
+pub(crate) struct RouterEvents(pub(crate) HandshakeMetrics);
+
+impl Events for RouterEvents {
+    fn shed(&self, s: Shed) {
+        let labels = [
+            ("reason", s.reason.as_str()),
+            ("progress", s.progressed.as_str()),
+        ];
+        self.0.shed.get_or_create(&labels).inc();
+    }
+
+    fn refused(&self, reason: RefuseReason) {
+        self.0.refused(reason.as_str());
+    }
+
+    fn in_progress(&self, n: usize) {
+        self.0.in_progress.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+impl RouterEvents {
+    /// Sets the capacity gauge.
+    pub(crate) fn capacity(&self, n: usize) {
+        self.0.capacity.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 }
 
 impl ResourceManager {
-    /// Admits (and counts) an inbound connection from `ip` before its
-    /// handshake, or refuses it (counted, logged). `ip` counts under its
-    /// source key (IPv6 per prefix).
-    pub(crate) fn open_pending(&self, id: ConnectionId, addr: IpAddr) -> Result<(), Refusal> {
+    /// Handshakes the source of `addr` may hold now, or `None` when it is
+    /// blocked for failed logins (logged at most once a minute per source).
+    /// A source with members admitted from it is never blocked: in a
+    /// re-admission storm a CPU-starved member can miss the first-byte
+    /// deadline, and blocking its address would lock every member behind
+    /// it out before their handshake.
+    pub(crate) fn handshake_room(&self, addr: IpAddr) -> Option<usize> {
         let ip = self.source_key(addr);
         // The failed-login guard has its own lock: read it before ours.
         let source_blocked = self.source_blocked(addr);
         let mut st = self.state.lock();
         let from_source = st.sources.get(&ip);
-        // As for established connections (`open_connection`): a source
-        // with members admitted from it is never blocked for failed logins,
-        // or a re-admission storm would lock its members out here, before
-        // their handshake.
-        let blocked = source_blocked && !from_source.has_members();
-        let usage = HandshakeUsage {
-            pending_from_source: st.pending_by_ip.get(&ip).copied().unwrap_or(0),
-            unauthenticated_from_source: from_source.unauthenticated(),
-            source_blocked: blocked,
-        };
-        if let Err(r) = budget::admit_handshake(&self.budgets, usage) {
-            self.refuse(&mut st, r, NO_PROTOCOL, &ip.to_string(), None);
-            return Err(r);
-        }
-        match self.handshakes.try_acquire(Some(addr)) {
-            Ok(slot) => {
-                st.pending.insert(id, (ip, slot));
-                *st.pending_by_ip.entry(ip).or_default() += 1;
-                Ok(())
+        if source_blocked && !from_source.has_members() {
+            let key = ip.to_string();
+            if super::log_due(&mut st, &key) {
+                tracing::warn!(
+                    source = key,
+                    "connection refused before its handshake: the source is blocked for \
+                     failed logins (logged at most once a minute per source)"
+                );
             }
-            Err(refusal) => {
-                let key = ip.to_string();
-                if super::log_due(&mut st, &key) {
-                    tracing::warn!(
-                        source = key,
-                        held = refusal.held,
-                        fair_share = refusal.fair_share,
-                        "handshake refused: every handshake slot is taken and this source \
-                         holds its share (logged at most once a minute per source)"
-                    );
-                }
-                Err(Refusal::new(Resource::Connection, Scope::Source))
-            }
+            return None;
         }
-    }
-
-    /// The handshake of `id` ended (established or failed); idempotent.
-    /// Returns whether its slot had been taken for another source (the
-    /// connection is then denied).
-    pub(crate) fn close_pending(&self, id: ConnectionId) -> bool {
-        let mut st = self.state.lock();
-        let mut revoked = false;
-        if let Some((ip, slot)) = st.pending.remove(&id) {
-            revoked = slot.is_revoked();
-            // One handshake from `ip` ended: if an upgraded one is still
-            // waiting for this, it is that one (its share moved to
-            // `sources` already); otherwise one still in progress. Either
-            // way, pending_by_ip + upgraded_by_ip = pending entries of `ip`.
-            if !decrement(&mut st.upgraded_by_ip, ip) {
-                decrement(&mut st.pending_by_ip, ip);
-            }
-        }
-        st.pending.shrink_sparse();
-        revoked
+        // One newcomer past the cap: it evicts the source's oldest
+        // unauthenticated connection once it is up.
+        let cap = self.budgets.unauthenticated_connections_per_ip as usize + 1;
+        Some(cap.saturating_sub(from_source.unauthenticated() as usize))
     }
 
     /// Entries in the manager's per-peer, per-source and per-connection
     /// tables, by `agentmesh_router_table_entries` label.
     pub(crate) fn table_entries(&self) -> [(&'static str, usize); 6] {
         let failed_login_sources = self.logins.lock().len();
+        let pending = self.handshakes.in_progress();
         let st = self.state.lock();
         [
             ("resource_peers", st.peers.len()),
             ("resource_sources", st.sources.len()),
             ("stranger_sources", st.strangers.sources()),
-            ("resource_pending", st.pending.len()),
+            ("resource_pending", pending),
             ("failed_login_ips", failed_login_sources),
             ("log_sources", st.last_logged.len()),
         ]
-    }
-
-    /// Inbound handshakes in progress (for tests).
-    #[cfg(test)]
-    pub(crate) fn pending(&self) -> usize {
-        self.state.lock().pending.len()
-    }
-}
-
-/// The source IP of an inbound connection that arrived directly (not
-/// through a relay: the router is never a relay client).
-fn direct_source(local: &Multiaddr, remote: &Multiaddr) -> Option<IpAddr> {
-    if local.iter().any(|p| matches!(p, Protocol::P2pCircuit)) {
-        return None;
-    }
-    source::ip_of(remote)
-}
-
-/// The behaviour that refuses floods before the handshake (see the module
-/// docs). Put it first in the composed behaviour so it decides first.
-#[derive(Debug)]
-pub(crate) struct PendingLimits {
-    mgr: Arc<ResourceManager>,
-}
-
-impl PendingLimits {
-    /// Limits backed by `mgr`'s budgets and counts.
-    pub(crate) fn new(mgr: Arc<ResourceManager>) -> Self {
-        Self { mgr }
-    }
-}
-
-impl NetworkBehaviour for PendingLimits {
-    type ConnectionHandler = dummy::ConnectionHandler;
-    type ToSwarm = Infallible;
-
-    fn handle_pending_inbound_connection(
-        &mut self,
-        connection_id: ConnectionId,
-        local_addr: &Multiaddr,
-        remote_addr: &Multiaddr,
-    ) -> Result<(), ConnectionDenied> {
-        let Some(ip) = direct_source(local_addr, remote_addr) else {
-            return Ok(());
-        };
-        self.mgr
-            .open_pending(connection_id, ip)
-            .map_err(|r| ConnectionDenied::new(ConnectionRefused(r)))
-    }
-
-    fn handle_established_inbound_connection(
-        &mut self,
-        connection_id: ConnectionId,
-        _peer: PeerId,
-        _local_addr: &Multiaddr,
-        _remote_addr: &Multiaddr,
-    ) -> Result<THandler<Self>, ConnectionDenied> {
-        if self.mgr.close_pending(connection_id) {
-            // Its handshake slot went to a source holding fewer.
-            let r = Refusal::new(Resource::Connection, Scope::Source);
-            return Err(ConnectionDenied::new(ConnectionRefused(r)));
-        }
-        Ok(dummy::ConnectionHandler)
-    }
-
-    fn handle_established_outbound_connection(
-        &mut self,
-        _connection_id: ConnectionId,
-        _peer: PeerId,
-        _addr: &Multiaddr,
-        _role_override: Endpoint,
-        _port_use: PortUse,
-    ) -> Result<THandler<Self>, ConnectionDenied> {
-        Ok(dummy::ConnectionHandler)
-    }
-
-    fn on_swarm_event(&mut self, event: FromSwarm) {
-        if let FromSwarm::ListenFailure(f) = event {
-            self.mgr.close_pending(f.connection_id);
-        }
-    }
-
-    fn on_connection_handler_event(
-        &mut self,
-        _peer: PeerId,
-        _connection_id: ConnectionId,
-        event: THandlerOutEvent<Self>,
-    ) {
-        match event {}
-    }
-
-    fn poll(
-        &mut self,
-        _cx: &mut Context<'_>,
-    ) -> Poll<ToSwarm<Self::ToSwarm, THandlerInEvent<Self>>> {
-        Poll::Pending
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn relayed_connections_and_unknown_sources_are_not_counted_here() {
-        let local: Multiaddr = "/ip4/127.0.0.1/tcp/4001".parse().expect("addr");
-        let remote: Multiaddr = "/ip4/10.1.2.3/tcp/5000".parse().expect("addr");
-        assert_eq!(
-            direct_source(&local, &remote),
-            Some("10.1.2.3".parse().expect("ip"))
-        );
-        let relayed: Multiaddr = "/ip4/127.0.0.1/tcp/4001/p2p-circuit".parse().expect("addr");
-        assert_eq!(direct_source(&relayed, &remote), None);
-        assert_eq!(direct_source(&local, &Multiaddr::empty()), None);
     }
 }

@@ -4,15 +4,13 @@
 //! - `auth`: auth streams being served (`--auth-max-inflight-streams`);
 //! - `catalog`: catalog streams being served (`--catalog-max-inflight-streams`;
 //!   peers that are not admitted get none at all);
-//! - `handshake`: inbound connections in their handshake
-//!   (`--pending-connections-max`);
 //! - `auth_queue`: auth streams waiting for an `auth` slot
 //!   (`--auth-queue-max-streams`; see `crate::streams`).
 //!
 //! While a budget has a free slot anyone gets it. When all are taken, a
 //! source holding fewer than the heaviest source takes that source's
-//! oldest slot (its holder is told and stops: the stream is closed, the
-//! handshake denied when it ends); otherwise it is refused, since it holds
+//! oldest slot (its holder is told and stops: the stream is closed);
+//! otherwise it is refused, since it holds
 //! its share already. One source may use a whole budget while nobody else
 //! asks, so a ladder joining from a few addresses is never slowed.
 //!
@@ -45,27 +43,20 @@ pub(crate) enum SlotBudget {
     Auth,
     /// Catalog streams being served.
     Catalog,
-    /// Inbound connections in their handshake.
-    Handshake,
     /// Auth streams waiting for an `Auth` slot.
     AuthQueue,
 }
 
 impl SlotBudget {
     /// Every budget, to pre-create labels.
-    pub(crate) const ALL: [SlotBudget; 4] = [
-        SlotBudget::Auth,
-        SlotBudget::Catalog,
-        SlotBudget::Handshake,
-        SlotBudget::AuthQueue,
-    ];
+    pub(crate) const ALL: [SlotBudget; 3] =
+        [SlotBudget::Auth, SlotBudget::Catalog, SlotBudget::AuthQueue];
 
     /// The metric label.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Auth => "auth",
             Self::Catalog => "catalog",
-            Self::Handshake => "handshake",
             Self::AuthQueue => "auth_queue",
         }
     }
@@ -83,7 +74,7 @@ impl SlotBudget {
                 SlotRefusalReason::SourceShare,
                 SlotRefusalReason::NotAdmitted,
             ],
-            Self::Auth | Self::Handshake | Self::AuthQueue => &[SlotRefusalReason::SourceShare],
+            Self::Auth | Self::AuthQueue => &[SlotRefusalReason::SourceShare],
         }
     }
 }
@@ -205,6 +196,7 @@ impl HeldSlot {
     }
 
     /// Whether the slot was taken for another source.
+    #[cfg(test)]
     pub(crate) fn is_revoked(&self) -> bool {
         self.slot.is_revoked()
     }

@@ -5,7 +5,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use libp2p::core::{ConnectedPoint, Endpoint};
-use libp2p::swarm::ConnectionId;
 use libp2p::{Multiaddr, PeerId};
 use parking_lot::RwLock;
 use prometheus_client::registry::Registry;
@@ -266,21 +265,44 @@ fn a_source_with_admitted_members_is_not_blocked_before_the_handshake_either() {
     let (mgr, admitted) = manager(|c| c.unauthenticated_connections_per_ip = 100);
     let _m = member_from(&mgr, &admitted, "10.0.0.9");
     fail_logins(&mgr, "10.0.0.9", 5, "silent");
+    let h = mgr.handshakes();
     assert!(
-        mgr.open_pending(
-            ConnectionId::new_unchecked(1),
-            "10.0.0.9".parse().expect("ip")
-        )
-        .is_ok(),
+        h.admit(ip("10.0.0.9"), h.arriving()).is_some(),
         "a member re-attaching from its own address is not refused before its handshake"
     );
-    let other: std::net::IpAddr = "10.0.0.10".parse().expect("ip");
     fail_logins(&mgr, "10.0.0.10", 5, "silent");
     assert!(
-        mgr.open_pending(ConnectionId::new_unchecked(2), other)
-            .is_err(),
+        h.admit(ip("10.0.0.10"), h.arriving()).is_none(),
         "a source without members stays blocked"
     );
+    assert_eq!(handshakes_refused(&mgr, "blocked"), 1);
+    assert_eq!(
+        refused(&mgr, Resource::Connection, Scope::Source, "none"),
+        1
+    );
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("ip")
+}
+
+fn handshakes_refused(mgr: &ResourceManager, reason: &'static str) -> u64 {
+    mgr.handshake_metrics
+        .refused
+        .get_or_create(&[("reason", reason)])
+        .get()
+}
+
+fn handshakes_shed(mgr: &ResourceManager, reason: &'static str) -> u64 {
+    ["none", "partial"]
+        .into_iter()
+        .map(|p| {
+            mgr.handshake_metrics
+                .shed
+                .get_or_create(&[("reason", reason), ("progress", p)])
+                .get()
+        })
+        .sum()
 }
 
 #[test]
@@ -413,128 +435,45 @@ fn every_refusal_label_is_pre_created() {
 }
 
 #[test]
-fn handshakes_from_one_source_are_refused_before_they_start() {
-    use libp2p::swarm::ConnectionId;
+fn handshakes_share_their_sources_room_and_the_budget_and_shed_for_newcomers() {
     let (mgr, admitted) = manager(|c| c.pending_connections_max = 3);
-    let ip: IpAddr = "10.0.0.9".parse().expect("ip");
-    // Limit 2 per IP (see `manager`) and the newcomer past it: three
-    // handshakes, the fourth refused.
-    let (h1, h2) = (
-        ConnectionId::new_unchecked(1),
-        ConnectionId::new_unchecked(2),
-    );
-    mgr.open_pending(h1, ip).expect("1");
-    mgr.open_pending(h2, ip).expect("2");
-    mgr.open_pending(ConnectionId::new_unchecked(3), ip)
-        .expect("the newcomer");
-    let r = mgr
-        .open_pending(ConnectionId::new_unchecked(6), ip)
-        .expect_err("past the cap and its newcomer");
-    assert_eq!((r.resource, r.scope), (Resource::Connection, Scope::Source));
+    let h = mgr.handshakes();
+    let src = ip("10.0.0.9");
+    // Limit 2 per IP (see `manager`) and the newcomer past it: a room of 3.
+    assert_eq!(mgr.handshake_room(src), Some(3));
+    let first = h.admit(src, h.arriving()).expect("1");
+    let _second = h.admit(src, h.arriving()).expect("2");
+    let _third = h.admit(src, h.arriving()).expect("the newcomer");
+    // A fourth finds the room full: the oldest that has not started gives
+    // way to it (its upgrade is told and closes its socket).
+    let _fourth = h.admit(src, h.arriving()).expect("sheds the oldest");
+    assert!(first.is_shed());
+    assert_eq!(handshakes_shed(&mgr, "source_full"), 1);
+    assert_eq!(h.held_by(src), 3);
+    // The whole budget (3) is taken: sources holding fewer take the
+    // heaviest one's least progressed, until each holds one, and then a
+    // newcomer is refused its share (sources in /24s of their own: the
+    // table keys IPv4 sources per /24 as it fills).
+    let _other = h.admit(ip("10.0.1.1"), h.arriving()).expect("lighter");
+    let _third_source = h.admit(ip("10.0.2.1"), h.arriving()).expect("lighter");
+    assert_eq!(handshakes_shed(&mgr, "lighter_source"), 2);
+    assert!(h.admit(ip("10.0.3.1"), h.arriving()).is_none());
+    assert_eq!(handshakes_refused(&mgr, "budget_share"), 1);
     assert_eq!(
         refused(&mgr, Resource::Connection, Scope::Source, "none"),
         1
     );
-    // The newcomer's handshake fails: the source is back at its cap.
-    mgr.close_pending(ConnectionId::new_unchecked(3));
-    // Another IP still gets in. Once all 3 handshake slots are taken, a
-    // source holding fewer takes the heaviest source's oldest (h1, denied
-    // when it ends), and one holding as many as every other is refused.
-    let other: IpAddr = "10.0.0.10".parse().expect("ip");
-    mgr.open_pending(ConnectionId::new_unchecked(4), other)
-        .expect("other ip");
-    mgr.open_pending(
-        ConnectionId::new_unchecked(5),
-        "10.0.0.11".parse().expect("ip"),
-    )
-    .expect("takes the oldest handshake of 10.0.0.9");
-    let r = mgr
-        .open_pending(
-            ConnectionId::new_unchecked(10),
-            "10.0.0.12".parse().expect("ip"),
-        )
-        .expect_err("every source holds one: its share");
-    assert_eq!((r.resource, r.scope), (Resource::Connection, Scope::Source));
-    let slots = &mgr.metrics.slots;
-    let share = [("budget", "handshake"), ("reason", "source_share")];
-    assert_eq!(slots.refused.get_or_create(&share).get(), 1);
-    assert_eq!(
-        slots
-            .preempted
-            .get_or_create(&[("budget", "handshake")])
-            .get(),
-        1
-    );
-    // The taken handshake is denied when it ends; ending twice is harmless.
-    assert!(mgr.close_pending(h1), "its slot was taken");
-    assert!(!mgr.close_pending(h1));
-    assert_eq!(mgr.pending(), 3);
-    mgr.close_pending(ConnectionId::new_unchecked(5));
+    assert_eq!(h.in_progress(), 3);
     // An established connection from the IP whose peer is not admitted
-    // counts against it; once its peer is admitted it no longer does.
-    mgr.close_pending(h2);
+    // takes a place of its room; once its peer is admitted it no longer does.
     let peer = PeerId::random();
     let _c = mgr
         .open_connection(peer, &inbound_from("10.0.0.9"))
         .expect("conn");
-    mgr.open_pending(ConnectionId::new_unchecked(6), ip)
-        .expect("one unauthenticated + one handshake");
-    mgr.open_pending(ConnectionId::new_unchecked(7), ip)
-        .expect("the newcomer past the cap");
-    let r = mgr
-        .open_pending(ConnectionId::new_unchecked(11), ip)
-        .expect_err("past the cap and its newcomer");
-    assert_eq!(r.scope, Scope::Source);
+    assert_eq!(mgr.handshake_room(src), Some(2));
     admitted.write().insert(peer);
     mgr.peer_admitted(&peer);
-    mgr.close_pending(ConnectionId::new_unchecked(6));
-    mgr.close_pending(ConnectionId::new_unchecked(7));
-    mgr.close_pending(ConnectionId::new_unchecked(4));
-    mgr.open_pending(ConnectionId::new_unchecked(8), ip)
-        .expect("admitted peers do not count");
-    mgr.open_pending(ConnectionId::new_unchecked(9), ip)
-        .expect("admitted peers do not count");
-}
-
-#[test]
-fn an_upgraded_connection_counts_once_before_the_swarm_ends_its_handshake() {
-    use libp2p::swarm::ConnectionId;
-    let (mgr, _) = manager(|_| {});
-    let ip: IpAddr = "10.0.0.9".parse().expect("ip");
-    // Limit 2 per IP (see `manager`). Connection 1's handshake starts, and
-    // its upgrade finishes (it is established at the transport) before the
-    // swarm ends its pending entry: it counts once, not twice, so a second
-    // peer from the same IP may start its handshake meanwhile.
-    let h1 = ConnectionId::new_unchecked(1);
-    mgr.open_pending(h1, ip).expect("1");
-    let _c1 = mgr
-        .open_connection(PeerId::random(), &inbound_from("10.0.0.9"))
-        .expect("conn 1");
-    let h2 = ConnectionId::new_unchecked(2);
-    mgr.open_pending(h2, ip)
-        .expect("2 while 1 is still pending at the swarm");
-    let newcomer = ConnectionId::new_unchecked(4);
-    mgr.open_pending(newcomer, ip)
-        .expect("the newcomer past the cap");
-    // Three not yet admitted now: the next is refused, before and after
-    // the swarm ends the first handshake.
-    let h3 = ConnectionId::new_unchecked(3);
-    assert_eq!(
-        mgr.open_pending(h3, ip).expect_err("3").scope,
-        Scope::Source
-    );
-    mgr.close_pending(h1);
-    assert_eq!(
-        mgr.open_pending(h3, ip).expect_err("3").scope,
-        Scope::Source
-    );
-    // The counts come back to zero whatever order handshakes end in.
-    mgr.close_pending(h2);
-    mgr.close_pending(newcomer);
-    drop(_c1);
-    assert_eq!(mgr.pending(), 0);
-    let st = mgr.state.lock();
-    assert!(st.pending_by_ip.is_empty() && st.upgraded_by_ip.is_empty());
+    assert_eq!(mgr.handshake_room(src), Some(3));
 }
 
 #[test]
@@ -593,23 +532,18 @@ fn ipv6_sources_in_one_prefix_share_one_share() {
         refused(&mgr, Resource::Connection, Scope::Source, "none"),
         1
     );
-    // Handshakes from the /64 are refused too, before they start.
-    let r = mgr
-        .open_pending(
-            libp2p::swarm::ConnectionId::new_unchecked(1),
-            "2001:db8:1:2::77".parse().expect("ip"),
-        )
-        .expect_err("handshake from the same /64");
-    assert_eq!(r.scope, Scope::Source);
+    // Handshakes from the /64 are refused too, before they start: its
+    // room is full of connections and it holds no handshake to give.
+    let h = mgr.handshakes();
+    assert!(h.admit(ip("2001:db8:1:2::77"), h.arriving()).is_none());
+    assert_eq!(handshakes_refused(&mgr, "source_full"), 1);
     // Another /64 has its own share.
     let _c3 = mgr
         .open_connection(PeerId::random(), &inbound_from("2001:db8:1:3::1"))
         .expect("another /64");
-    mgr.open_pending(
-        libp2p::swarm::ConnectionId::new_unchecked(2),
-        "2001:db8:1:3::2".parse().expect("ip"),
-    )
-    .expect("handshake from another /64");
+    let _h = h
+        .admit(ip("2001:db8:1:3::2"), h.arriving())
+        .expect("handshake from another /64");
     assert_eq!(mgr.state.lock().sources.len(), 2, "one entry per /64");
 }
 

@@ -1,6 +1,8 @@
 //! The router's transport: TCP + noise + our bounded yamux, or QUIC with its
 //! stream and data limits set, behind DNS resolution for dials; every
-//! connection admitted and charged by the resource manager, every stream
+//! inbound connection admitted to its handshake as it is accepted (shared
+//! fairly by source, shed by progress: `pending.rs`), every connection
+//! admitted and charged by the resource manager once up, every stream
 //! accounted (`muxer.rs`).
 //!
 //! DNS: operators announce `/dns4/<service>/tcp/4001` (one Kubernetes Service
@@ -91,15 +93,24 @@ pub(crate) fn build(
         dropped: mgr.buffered_inbound_dropped(),
     };
     let quic_config = quic_config(key, r);
+    let handshakes = mgr.handshakes().clone();
     let ip_transport = || {
-        let tcp = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
-            .upgrade(Version::V1Lazy)
-            .authenticate(noise.clone())
-            .multiplex(yamux_upgrade(max_streams, inbound.clone()))
-            .timeout(UPGRADE_TIMEOUT)
-            .map(|(peer, m), _| (peer, StreamMuxerBox::new(m)));
-        let quic = quic::tokio::Transport::new(quic_config.clone())
-            .map(|(peer, m), _| (peer, StreamMuxerBox::new(m)));
+        // Handshakes are admitted as each connection is accepted, shed by
+        // progress on the raw socket (TCP) or oldest first (QUIC), and
+        // closed at once when they give way (`pending.rs`).
+        let raw = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true));
+        let tcp = handshakes.tcp(raw, |watched| {
+            watched
+                .upgrade(Version::V1Lazy)
+                .authenticate(noise.clone())
+                .multiplex(yamux_upgrade(max_streams, inbound.clone()))
+                .timeout(UPGRADE_TIMEOUT)
+                .map(|(peer, m), _| (peer, StreamMuxerBox::new(m)))
+        });
+        let quic = handshakes.guard(
+            quic::tokio::Transport::new(quic_config.clone())
+                .map(|(peer, m), _| (peer, StreamMuxerBox::new(m))),
+        );
         tcp.or_transport(quic).map(|either, _| either.into_inner())
     };
     let t = with_dns(ip_transport)

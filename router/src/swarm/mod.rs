@@ -101,9 +101,6 @@ impl Commands {
 #[derive(NetworkBehaviour)]
 #[behaviour(prelude = "libp2p::swarm::derive_prelude")]
 pub(crate) struct Behaviour {
-    /// First, so floods are refused before the handshake and before any
-    /// other behaviour sees the connection.
-    pub(crate) pending: crate::resources::pending::PendingLimits,
     pub(crate) relay: relay::Behaviour,
     pub(crate) stream: agentmesh_streams::Behaviour,
     pub(crate) kad: RouterOnly<kad::Behaviour<MemoryStore>>,
@@ -153,7 +150,6 @@ pub(crate) fn build(parts: BuildParts<'_>) -> Result<Swarm<Behaviour>, BuildErro
     };
     let resources = parts.resources.clone();
     let resources_config = config.resources.clone();
-    let pending = crate::resources::pending::PendingLimits::new(resources.clone());
     let swarm = SwarmBuilder::with_existing_identity(keypair)
         .with_tokio()
         .with_other_transport(|key| {
@@ -179,7 +175,6 @@ pub(crate) fn build(parts: BuildParts<'_>) -> Result<Swarm<Behaviour>, BuildErro
             let mut kad = kad::Behaviour::with_config(peer_id, store, kc);
             kad.set_mode(Some(kad::Mode::Server));
             Behaviour {
-                pending,
                 relay: relay::Behaviour::new(peer_id, relay_config),
                 stream: agentmesh_streams::Behaviour::with_limits(streams_config, pending_opens),
                 kad: RouterOnly::new(kad, router_set.clone()),

@@ -10,6 +10,8 @@
 //! - [`control_plane`]: unauthenticated RPC floods at the control plane.
 //! - [`router_auth`]: strangers holding a router's auth slots.
 //! - [`router_refused`]: a stranger reopening refused streams in a loop.
+//! - [`handshake_flood`]: TCP connections from one address, as fast as the
+//!   machine allows, that stall the noise handshake or never start it.
 //! - [`member`]: an enrolled member as a raw libp2p swarm (router auth,
 //!   relayed circuits, raw streams), obeying no limit of its own.
 //! - [`provider_calls`]: silent call streams to one provider.
@@ -31,6 +33,7 @@
 pub mod control_plane;
 pub mod counts;
 pub mod dialed_router;
+pub mod handshake_flood;
 pub mod held_calls;
 pub mod lying_router;
 pub mod member;

@@ -34,6 +34,9 @@ enum Command {
     RouterAuth(agentmesh_hostile::router_auth::Args),
     /// A stranger reopening streams the router refuses it, in a loop.
     RouterRefusedStreams(agentmesh_hostile::router_refused::Args),
+    /// TCP connections from one address, as fast as the machine allows,
+    /// that stall the noise handshake or never start it.
+    HandshakeFlood(agentmesh_hostile::handshake_flood::Args),
     /// Floods the control plane's unauthenticated RPCs from one source address.
     ControlPlaneFlood(ControlPlaneFlood),
     /// As an enrolled member, hold silent call streams to one provider
@@ -117,6 +120,7 @@ async fn main() -> anyhow::Result<()> {
     let (text, summary) = match cli.command {
         Command::RouterAuth(args) => text_and_counts(args.run().await?),
         Command::RouterRefusedStreams(args) => text_and_counts(args.run().await?),
+        Command::HandshakeFlood(args) => text_and_counts(args.run().await?),
         Command::ControlPlaneFlood(args) => {
             let r = args.run().await?;
             (r.summary(), r.counts())
