@@ -53,6 +53,9 @@ pub(crate) struct PolicyMetrics {
     /// Revocation entries a push brought past `--max-revocation-entries`
     /// and dropped (those ending soonest): the bound biting.
     pub(crate) revocations_dropped: Counter,
+    /// The node's log gate, keyed by where a policy came from (shares
+    /// `agentmesh_node_log_suppressed_total`; set by `Metrics::new`).
+    pub(crate) log: agentmesh_runtime::log_gate::LogGate<&'static str>,
 }
 
 impl PolicyMetrics {

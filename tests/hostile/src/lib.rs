@@ -12,6 +12,8 @@
 //! - [`router_refused`]: a stranger reopening refused streams in a loop.
 //! - [`member`]: an enrolled member as a raw libp2p swarm (router auth,
 //!   relayed circuits, raw streams), obeying no limit of its own.
+//! - [`member_noise`]: policy pushes and go-aways to a member over one
+//!   circuit, from a member that is not its router (refused, logged).
 //! - [`provider_calls`]: silent call streams to one provider.
 //! - [`provider_circuits`]: every circuit to one provider through a router.
 //!
@@ -27,6 +29,7 @@ pub mod control_plane;
 pub mod counts;
 pub mod dialed_router;
 pub mod member;
+pub mod member_noise;
 pub mod provider_calls;
 pub mod provider_circuits;
 pub mod router_auth;

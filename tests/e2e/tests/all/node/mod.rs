@@ -11,6 +11,7 @@ mod fresh_mesh;
 mod goaway_hold;
 mod goaway_routes;
 mod hostile_calls;
+mod log_noise;
 mod mesh;
 mod p2p_metrics;
 mod policy;
