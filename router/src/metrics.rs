@@ -55,6 +55,30 @@ pub(crate) const CLOSE_REASONS: &[&str] = &[
     "ping_failed",
 ];
 
+/// Kinds of log line a peer or source can cause, each logged at most once
+/// a minute per source (or peer) and kind (`agentmesh_runtime::log_gate`),
+/// the rest counted in `agentmesh_router_log_suppressed_total{kind}`.
+pub(crate) const LOG_KINDS: &[&str] = &[
+    // Per source: refusals of the resource manager and its guards.
+    "resource_refused",
+    "handshake_refused",
+    "login_blocked",
+    "stranger_streams_closed",
+    "stream_slot_refused",
+    "evicted_by_newcomer",
+    "auth_unreadable",
+    "auth_refused",
+    "auth_deadline",
+    "drain_refused",
+    // Per peer.
+    "auth_goaway",
+    "ping_failed",
+    "admission_dropped",
+    "record_refused",
+    // Once a minute in all.
+    "provider_query_late",
+];
+
 /// Catalog operations.
 pub(crate) const CATALOG_OPS: &[&str] = &["publish", "withdraw", "lookup", "local_lookup"];
 /// The op label of catalog requests that could not be read or name no
@@ -150,6 +174,9 @@ pub(crate) struct Metrics {
     pub(crate) goaway_waves_adjusted: Family<L2, Counter>,
     pub(crate) draining: Gauge,
     pub(crate) http_refused: Family<L2, Counter>,
+    /// The router's log gate (a clone of the resource manager's, see
+    /// `ResourceManager::log`; a default one until `spawn` sets it).
+    pub(crate) log: agentmesh_runtime::log_gate::LogGate<String>,
 }
 
 impl Metrics {

@@ -45,13 +45,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use agentmesh_runtime::log_gate::LogGate;
 use libp2p::PeerId;
 use libp2p::core::ConnectedPoint;
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use tokio::time::Instant;
 
 pub(crate) use budget::Watermarks;
 use budget::{
@@ -63,11 +63,6 @@ use metrics::{NO_PROTOCOL, ResourceMetrics};
 use slots::{FairBudget, HeldSlot, SlotBudget};
 use source::SourceKey;
 use strangers::StrangerPool;
-
-/// Refusals are logged at most this often per source.
-const LOG_EVERY: Duration = Duration::from_secs(60);
-/// Sources remembered for log rate limiting at most.
-const MAX_LOG_SOURCES: usize = 4096;
 
 /// A check whether a peer is admitted (set once the router's state exists).
 pub(crate) type AdmittedFn = Box<dyn Fn(&PeerId) -> bool + Send + Sync>;
@@ -115,7 +110,6 @@ struct State {
     sources: by_source::BySource,
     /// What the connections and inbound streams of peers not admitted hold.
     strangers: StrangerPool,
-    last_logged: HashMap<String, Instant>,
     /// Inbound connections in their handshake: connection -> its source and
     /// its slot of the `handshake` budget.
     pending: HashMap<libp2p::swarm::ConnectionId, (SourceKey, HeldSlot)>,
@@ -147,6 +141,8 @@ pub(crate) struct ResourceManager {
     logins: Mutex<FailedLogins>,
     /// Inbound handshakes in progress, shared fairly by source.
     handshakes: FairBudget,
+    /// See [`ResourceManager::log`].
+    log: LogGate<String>,
 }
 
 impl std::fmt::Debug for ResourceManager {
@@ -286,6 +282,8 @@ impl ResourceManager {
             budgets.ipv6_source_prefix_len,
             metrics.slots.clone(),
         );
+        let log = LogGate::new(crate::metrics::LOG_KINDS);
+        log.register(registry.sub_registry_with_prefix("agentmesh_router"));
         let logins = FailedLogins::new(
             budgets.failed_logins_per_ip_per_minute,
             budgets.failed_login_block,
@@ -300,6 +298,7 @@ impl ResourceManager {
             state: Mutex::new(State::default()),
             logins: Mutex::new(logins),
             handshakes,
+            log,
         })
     }
 
@@ -432,7 +431,7 @@ impl ResourceManager {
             }
             Err(r) => {
                 let key = ip.map_or_else(|| peer.to_string(), |ip| ip.to_string());
-                self.refuse(&mut st, r, NO_PROTOCOL, &key, Some(&peer));
+                self.refuse(r, NO_PROTOCOL, &key, Some(&peer));
                 Err(r)
             }
         }
@@ -656,7 +655,7 @@ impl ResourceManager {
                 let key = conn
                     .ip
                     .map_or_else(|| conn.peer.to_string(), |ip| ip.to_string());
-                self.refuse(&mut st, r, proto.as_str(), &key, Some(&conn.peer));
+                self.refuse(r, proto.as_str(), &key, Some(&conn.peer));
                 Err(r)
             }
         }
@@ -706,7 +705,6 @@ impl ResourceManager {
             }
             Err(r) => {
                 self.refuse(
-                    &mut st,
                     r,
                     Proto::RelayStop.as_str(),
                     &source.to_string(),
@@ -748,12 +746,30 @@ impl ResourceManager {
         self.metrics.stream_gauge(g.proto, g.inbound).dec();
     }
 
-    /// Whether a refusal concerning `source` may be logged now: at most
-    /// once a minute per source, across every kind of refusal (the table
-    /// of sources is bounded; beyond it, nothing new is logged).
-    pub(crate) fn log_due(&self, source: &str) -> bool {
-        let mut st = self.state.lock();
-        log_due(&mut st, source)
+    /// Whether a line of `kind` (one of `crate::metrics::LOG_KINDS`)
+    /// about `key` (a source, or a PeerId) may be logged now: `Some(lines
+    /// held back since the last one)`, at most once a minute per key and
+    /// kind (see [`ResourceManager::log`]).
+    pub(crate) fn log_pass(&self, key: &str, kind: &'static str) -> Option<u64> {
+        self.log.pass(&key.to_owned(), kind)
+    }
+
+    /// The key a line about a connection from `ip` (if known, else
+    /// `peer`) is logged under: its source (IPv6 per prefix), so a
+    /// stranger's fresh PeerIds share one key.
+    pub(crate) fn log_key(&self, ip: Option<IpAddr>, peer: &PeerId) -> String {
+        ip.map_or_else(
+            || peer.to_string(),
+            |ip| SourceKey::new(ip, self.budgets.ipv6_source_prefix_len).to_string(),
+        )
+    }
+
+    /// The router's log gate: every line a peer or source can cause goes
+    /// through it (`agentmesh_router_log_suppressed_total{kind}`). It lives
+    /// here because the resource manager's refusals were the first lines
+    /// so limited; `Metrics::log` is a clone for the sites without it.
+    pub(crate) fn log(&self) -> &LogGate<String> {
+        &self.log
     }
 
     fn charge(&self, st: &mut State, bytes: u64) {
@@ -771,22 +787,16 @@ impl ResourceManager {
     }
 
     /// Counts a refusal and logs it at most once a minute per source.
-    fn refuse(
-        &self,
-        st: &mut State,
-        r: Refusal,
-        protocol: &'static str,
-        key: &str,
-        peer: Option<&PeerId>,
-    ) {
+    fn refuse(&self, r: Refusal, protocol: &'static str, key: &str, peer: Option<&PeerId>) {
         self.metrics.refused(r, protocol);
-        if log_due(st, key) {
+        if let Some(suppressed) = self.log_pass(key, "resource_refused") {
             tracing::warn!(
                 source = key,
                 peer = peer.map(|p| p.to_string()),
                 resource = r.resource.as_str(),
                 scope = r.scope.as_str(),
                 protocol,
+                suppressed,
                 "refused for lack of a resource (logged at most once a minute per source)"
             );
         }
@@ -812,22 +822,6 @@ fn release_circuit_source(st: &mut State, dst: PeerId, source: PeerId) {
 
 /// Whether a line about `key` may be logged now (see
 /// [`ResourceManager::log_due`]); records it if so.
-fn log_due(st: &mut State, key: &str) -> bool {
-    let now = Instant::now();
-    if st.last_logged.len() >= MAX_LOG_SOURCES {
-        st.last_logged.retain(|_, t| now - *t < LOG_EVERY);
-    }
-    let due = st
-        .last_logged
-        .get(key)
-        .is_none_or(|t| now - *t >= LOG_EVERY);
-    if due && st.last_logged.len() < MAX_LOG_SOURCES {
-        st.last_logged.insert(key.to_string(), now);
-        return true;
-    }
-    false
-}
-
 /// How the strangers' pool sees a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stranger {

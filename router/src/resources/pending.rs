@@ -85,7 +85,7 @@ impl ResourceManager {
             source_blocked: blocked,
         };
         if let Err(r) = budget::admit_handshake(&self.budgets, usage) {
-            self.refuse(&mut st, r, NO_PROTOCOL, &ip.to_string(), None);
+            self.refuse(r, NO_PROTOCOL, &ip.to_string(), None);
             return Err(r);
         }
         match self.handshakes.try_acquire(Some(addr)) {
@@ -96,11 +96,12 @@ impl ResourceManager {
             }
             Err(refusal) => {
                 let key = ip.to_string();
-                if super::log_due(&mut st, &key) {
+                if let Some(suppressed) = self.log_pass(&key, "handshake_refused") {
                     tracing::warn!(
                         source = key,
                         held = refusal.held,
                         fair_share = refusal.fair_share,
+                        suppressed,
                         "handshake refused: every handshake slot is taken and this source \
                          holds its share (logged at most once a minute per source)"
                     );
@@ -141,7 +142,7 @@ impl ResourceManager {
             ("stranger_sources", st.strangers.sources()),
             ("resource_pending", st.pending.len()),
             ("failed_login_ips", failed_login_sources),
-            ("log_sources", st.last_logged.len()),
+            ("log_sources", self.log().tracked()),
         ]
     }
 
