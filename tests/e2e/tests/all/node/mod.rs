@@ -4,6 +4,7 @@
 mod support;
 
 mod call_budget;
+mod data_dir_modes;
 mod drain;
 mod drain_storm;
 mod failover;
