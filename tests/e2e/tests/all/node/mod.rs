@@ -3,6 +3,7 @@
 
 mod support;
 
+mod budget_refusal;
 mod call_budget;
 mod data_dir_modes;
 mod drain;
