@@ -55,30 +55,6 @@ pub(crate) const CLOSE_REASONS: &[&str] = &[
     "ping_failed",
 ];
 
-/// Kinds of log line a peer or source can cause, each logged at most once
-/// a minute per source (or peer) and kind (`agentmesh_runtime::log_gate`),
-/// the rest counted in `agentmesh_router_log_suppressed_total{kind}`.
-pub(crate) const LOG_KINDS: &[&str] = &[
-    // Per source: refusals of the resource manager and its guards.
-    "resource_refused",
-    "handshake_refused",
-    "login_blocked",
-    "stranger_streams_closed",
-    "stream_slot_refused",
-    "evicted_by_newcomer",
-    "auth_unreadable",
-    "auth_refused",
-    "auth_deadline",
-    "drain_refused",
-    // Per peer.
-    "auth_goaway",
-    "ping_failed",
-    "admission_dropped",
-    "record_refused",
-    // Once a minute in all.
-    "provider_query_late",
-];
-
 /// Catalog operations.
 pub(crate) const CATALOG_OPS: &[&str] = &["publish", "withdraw", "lookup", "local_lookup"];
 /// The op label of catalog requests that could not be read or name no
@@ -461,6 +437,10 @@ mod tests {
             r#"agentmesh_router_refused_total{resource="memory",scope="unauthenticated",protocol="auth"} 0"#,
             r#"agentmesh_router_refused_total{resource="memory",scope="source",protocol="none"} 0"#,
             r#"agentmesh_router_table_entries{table="stranger_sources"} 0"#,
+            // Log lines held back, one series per kind (the log gate).
+            r#"agentmesh_router_log_suppressed_total{kind="auth_refused"} 0"#,
+            r#"agentmesh_router_log_suppressed_total{kind="resource_refused"} 0"#,
+            r#"agentmesh_router_log_suppressed_total{kind="record_refused"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == series), "{series} missing");
         }

@@ -64,6 +64,30 @@ use slots::{FairBudget, HeldSlot, SlotBudget};
 use source::SourceKey;
 use strangers::StrangerPool;
 
+/// Kinds of log line a peer or source can cause, each logged at most once
+/// a minute per source (or peer) and kind (`agentmesh_runtime::log_gate`),
+/// the rest counted in `agentmesh_router_log_suppressed_total{kind}`.
+pub(crate) const LOG_KINDS: &[&str] = &[
+    // Per source: refusals of the resource manager and its guards.
+    "resource_refused",
+    "handshake_refused",
+    "login_blocked",
+    "stranger_streams_closed",
+    "stream_slot_refused",
+    "evicted_by_newcomer",
+    "auth_unreadable",
+    "auth_refused",
+    "auth_deadline",
+    "drain_refused",
+    // Per peer.
+    "auth_goaway",
+    "ping_failed",
+    "admission_dropped",
+    "record_refused",
+    // Once a minute in all.
+    "provider_query_late",
+];
+
 /// A check whether a peer is admitted (set once the router's state exists).
 pub(crate) type AdmittedFn = Box<dyn Fn(&PeerId) -> bool + Send + Sync>;
 
@@ -282,7 +306,7 @@ impl ResourceManager {
             budgets.ipv6_source_prefix_len,
             metrics.slots.clone(),
         );
-        let log = LogGate::new(crate::metrics::LOG_KINDS);
+        let log = LogGate::new(LOG_KINDS);
         log.register(registry.sub_registry_with_prefix("agentmesh_router"));
         let logins = FailedLogins::new(
             budgets.failed_logins_per_ip_per_minute,
@@ -746,7 +770,7 @@ impl ResourceManager {
         self.metrics.stream_gauge(g.proto, g.inbound).dec();
     }
 
-    /// Whether a line of `kind` (one of `crate::metrics::LOG_KINDS`)
+    /// Whether a line of `kind` (one of [`LOG_KINDS`])
     /// about `key` (a source, or a PeerId) may be logged now: `Some(lines
     /// held back since the last one)`, at most once a minute per key and
     /// kind (see [`ResourceManager::log`]).

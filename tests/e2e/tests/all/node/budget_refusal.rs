@@ -28,7 +28,7 @@ async fn a_catalog_stream_refused_for_a_budget_reads_as_refused() {
     let (a, _dir) = spawn_node(&cp, &token, "spawn a", |c| c).await;
     ready(&a, "a").await;
 
-    let err = a.call("echo").await.err().expect("no lookup gets through");
+    let err = a.call("echo").await.expect_err("no lookup gets through");
     let text = err.to_string();
     assert!(
         text.contains("/agentmesh/catalog/1")

@@ -12,5 +12,6 @@ mod hostile_auth;
 mod hostile_dialed;
 mod hostile_kit;
 mod hostile_refused;
+mod log_noise;
 mod policy;
 mod policy_push;
