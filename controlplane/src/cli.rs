@@ -27,6 +27,23 @@ pub enum CliError {
     /// An admin call (`token revoke`) was refused or could not be made.
     #[error("{0}")]
     Admin(String),
+    /// `token create --out FILE` could not write FILE (or it exists and
+    /// `--overwrite` was not given: then no token was minted).
+    #[error("token create --out: {0}")]
+    TokenOut(#[from] agentmesh_runtime::at_rest::AtRestError),
+    /// A token was minted but its `--out` file could not be written:
+    /// revoke it by its id.
+    #[error(
+        "token {token_id} was minted but not written to {path}: {source}; revoke it (`token revoke {token_id}`)"
+    )]
+    TokenNotWritten {
+        /// The minted token's id.
+        token_id: String,
+        /// The `--out` file.
+        path: PathBuf,
+        /// Why it was not written.
+        source: agentmesh_runtime::at_rest::AtRestError,
+    },
     /// A blocking task died.
     #[error("task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -106,7 +123,7 @@ enum StoreCmd {
 
 #[derive(Subcommand)]
 enum TokenCmd {
-    /// Mint a token and print it once.
+    /// Mint a token and print it once (or write it to --out).
     Create {
         /// Database, sqlite://PATH or postgres://…
         #[arg(long, default_value = DEFAULT_DB)]
@@ -126,6 +143,12 @@ enum TokenCmd {
         /// Token lifetime, seconds.
         #[arg(long, default_value_t = 86_400)]
         ttl_secs: u64,
+        /// Write the token to this file (mode 0600, a new file unless --overwrite) instead of stdout (default: stdout).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// With --out, replace an existing file (default: refuse, before minting).
+        #[arg(long, requires = "out")]
+        overwrite: bool,
     },
     /// Revoke a token through the admin API: it enrolls no one again and every member enrolled with it is refused.
     Revoke {
@@ -170,7 +193,15 @@ impl Cli {
                 labels,
                 max_uses,
                 ttl_secs,
+                out,
+                overwrite,
             })) => {
+                // Refused before anything is minted: no token is lost.
+                if let Some(path) = out.as_ref().filter(|p| !overwrite && p.exists()) {
+                    return Err(
+                        agentmesh_runtime::at_rest::AtRestError::Exists(path.clone()).into(),
+                    );
+                }
                 let spec = TokenSpec {
                     kind: match kind {
                         Kind::Bootstrap => TokenKind::Bootstrap,
@@ -185,11 +216,30 @@ impl Cli {
                     ttl_secs,
                 };
                 let t = offline::create_token(&db, spec).await?;
+                let Some(path) = out else {
+                    eprintln!(
+                        "token {} expires at {} (shown once; only its SHA-256 is stored)",
+                        t.token_id, t.expires_at
+                    );
+                    println!("{}", t.token);
+                    return Ok(());
+                };
+                let (p, line) = (path.clone(), format!("{}\n", t.token));
+                tokio::task::spawn_blocking(move || {
+                    agentmesh_runtime::at_rest::create_private(&p, line.as_bytes(), overwrite)
+                })
+                .await?
+                .map_err(|source| CliError::TokenNotWritten {
+                    token_id: t.token_id.clone(),
+                    path: path.clone(),
+                    source,
+                })?;
                 eprintln!(
-                    "token {} expires at {} (shown once; only its SHA-256 is stored)",
-                    t.token_id, t.expires_at
+                    "token {} expires at {}: written to {} (mode 0600; only its SHA-256 is stored)",
+                    t.token_id,
+                    t.expires_at,
+                    path.display()
                 );
-                println!("{}", t.token);
                 Ok(())
             }
             Some(Cmd::Token(TokenCmd::Revoke {

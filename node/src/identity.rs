@@ -2,12 +2,20 @@
 //! (`node.key`), the last credential (`credential.pb`) and the last key set
 //! (`keys.pb`), each written atomically with mode 0600.
 //!
+//! Before anything in it is read, the data dir and these files are checked
+//! (`agentmesh_runtime::at_rest`): a dir or file that others may write
+//! (group- or world-writable, or another user's) stops the node with an
+//! error naming the path and its mode, since a planted `keys.pb` would make
+//! it trust forged credentials; a file others may only read is set back to
+//! 0600 (and logged).
+//!
 //! All file I/O here is blocking; callers run it under `spawn_blocking`.
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+
+use agentmesh_runtime::at_rest::{self, AtRestError};
 
 use agentmesh_proto::pb::credential::{Credential, KeySet};
 use libp2p::identity::Keypair;
@@ -31,6 +39,9 @@ pub enum IdentityError {
         /// The failure.
         source: std::io::Error,
     },
+    /// The data dir or a file in it may be written by others.
+    #[error(transparent)]
+    AtRest(#[from] AtRestError),
     /// A file exists but does not hold what it should.
     #[error("{path}: {what}")]
     Corrupt {
@@ -62,9 +73,21 @@ pub struct Stored {
 }
 
 /// Loads the identity from `dir`, creating the dir (0700) and a new key
-/// (0600) on first run.
+/// (0600) on first run; refuses a dir or file others may write (see the
+/// module doc).
 pub fn load_or_create(dir: &Path) -> Result<Stored, IdentityError> {
     create_private_dir(dir)?;
+    at_rest::check_private_dir(dir, "data dir")?;
+    for (file, what) in [
+        (KEY_FILE, "key file"),
+        (CREDENTIAL_FILE, "credential file"),
+        (KEYS_FILE, "key set file"),
+    ] {
+        let path = dir.join(file);
+        if let Some(mode) = at_rest::check_private_file(&path, what)? {
+            tracing::warn!(path = %path.display(), was = format!("{mode:04o}"), "{what} was readable by others: set back to 0600");
+        }
+    }
     let key_path = dir.join(KEY_FILE);
     let (key, created) = match fs::read(&key_path) {
         Ok(bytes) => {
@@ -73,9 +96,6 @@ pub fn load_or_create(dir: &Path) -> Result<Stored, IdentityError> {
                     path: key_path.clone(),
                     what: format!("not a libp2p key: {e}"),
                 })?;
-            // Tighten permissions if someone loosened them.
-            fs::set_permissions(&key_path, fs::Permissions::from_mode(0o600))
-                .map_err(io_err(&key_path))?;
             (key, false)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -135,25 +155,15 @@ fn create_private_dir(dir: &Path) -> Result<(), IdentityError> {
         .map_err(io_err(dir))
 }
 
-/// Writes `bytes` to a temp file with mode 0600, syncs and renames it over `path`.
+/// Writes `bytes` to `path` atomically with mode 0600.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<(), IdentityError> {
-    let tmp = path.with_extension("tmp");
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io_err(&tmp))?;
-    f.write_all(bytes).map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
-    drop(f);
-    fs::rename(&tmp, path).map_err(io_err(path))
+    Ok(at_rest::write_private(path, bytes)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
 
     #[test]
     fn key_survives_a_restart_and_files_are_private() {
@@ -197,6 +207,37 @@ mod tests {
         load_or_create(&dir).expect("again");
         let mode = fs::metadata(&dir).expect("meta").permissions().mode();
         assert_eq!(mode & 0o777, 0o750);
+    }
+
+    #[test]
+    fn a_loosened_key_is_set_back_to_0600() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        load_or_create(dir.path()).expect("first");
+        let key = dir.path().join(KEY_FILE);
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).expect("chmod");
+        load_or_create(dir.path()).expect("again");
+        let mode = fs::metadata(&key).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_data_dir_or_key_set_others_may_write_is_refused_naming_path_and_mode() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        load_or_create(dir.path()).expect("first");
+        store_keys(dir.path(), &KeySet::default()).expect("keys");
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod");
+        let err = load_or_create(dir.path()).expect_err("world-writable dir");
+        let text = err.to_string();
+        assert!(
+            text.contains(&dir.path().display().to_string()) && text.contains("0777"),
+            "{text}"
+        );
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).expect("chmod");
+        let keys = dir.path().join(KEYS_FILE);
+        fs::set_permissions(&keys, fs::Permissions::from_mode(0o666)).expect("chmod");
+        let err = load_or_create(dir.path()).expect_err("world-writable keys.pb");
+        let text = err.to_string();
+        assert!(text.contains(KEYS_FILE) && text.contains("0666"), "{text}");
     }
 
     #[test]

@@ -103,6 +103,25 @@ pub const CALL_RETRY_REASONS: &[&str] = &["connect_failed", "stream_failed", "no
 /// The node's local listeners ([`ListenerLabel`]): the Unix socket, and
 /// every `--forward` listener together.
 pub const LISTENERS: &[&str] = &["socket", "forward"];
+/// Kinds of log line a peer can cause, each logged at most once a minute
+/// per peer (`agentmesh_runtime::log_gate`), the rest counted in
+/// `agentmesh_node_log_suppressed_total{kind}`: a push or go-away refused
+/// as not from a router we are attached to, dropped past the in-flight
+/// bound, or unreadable; a go-away obeyed; an inbound call stream refused
+/// before its request (`call_refused`, any reason); a connection closed
+/// for failed pings; a signed policy ignored (keyed by where it came from).
+pub const LOG_KINDS: &[&str] = &[
+    "policy_push_not_attached",
+    "policy_push_overflow",
+    "policy_push_malformed",
+    "goaway_ignored",
+    "goaway_overflow",
+    "goaway_malformed",
+    "goaway_obeyed",
+    "call_refused",
+    "ping_failed",
+    "policy_ignored",
+];
 /// Generic outcomes.
 pub const OUTCOMES: &[&str] = &["ok", "error"];
 
@@ -217,13 +236,17 @@ pub struct Metrics {
     pub(crate) recent: std::sync::Arc<crate::recent::RecentCalls>,
     /// The access policy's metrics (`policy_*`, `providers_skipped`).
     pub(crate) policy: crate::policy::metrics::PolicyMetrics,
+    /// The gate of log lines a peer can cause ([`LOG_KINDS`]).
+    pub(crate) log: agentmesh_runtime::log_gate::LogGate<libp2p::PeerId>,
 }
 
 impl Metrics {
     /// Creates the metrics with every label value pre-created.
     pub fn new() -> Self {
-        let m = Self::default();
+        let mut m = Self::default();
         m.policy.precreate();
+        m.log.precreate(LOG_KINDS);
+        m.policy.log = m.log.sharing();
         for r in OUTBOUND_RESULTS {
             let _ = m.calls.get_or_create(&CallLabels {
                 direction: "outbound",
@@ -299,6 +322,7 @@ impl Metrics {
     pub fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("agentmesh_node");
         self.policy.register(r);
+        self.log.register(r);
         r.register(
             "routers_attached",
             "Routers with an active relay reservation",

@@ -10,26 +10,20 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::drain::DrainState;
 use crate::metrics::Metrics;
 use crate::readiness::ReadinessState;
-
-/// Refused `/drain` requests are logged at most this often (each is counted).
-const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// What the metrics listener reads and drives.
 #[derive(Clone)]
@@ -44,17 +38,11 @@ pub(crate) struct Http {
 struct HttpState {
     registry: Arc<Registry>,
     ctx: Http,
-    /// When a refused `/drain` was last logged (a loop of them must not flood the log).
-    refusal_logged: Arc<Mutex<Option<Instant>>>,
 }
 
 impl HttpState {
     fn new(registry: Arc<Registry>, ctx: Http) -> Self {
-        Self {
-            registry,
-            ctx,
-            refusal_logged: Arc::default(),
-        }
+        Self { registry, ctx }
     }
 }
 
@@ -164,20 +152,17 @@ async fn drain(
 ) -> (StatusCode, String) {
     if let Err(why) = drain_allowed(peer.ip(), s.ctx.config.drain_http_allow_remote) {
         s.ctx.metrics.http_refused("drain", why.as_str());
-        let now = Instant::now();
-        let due = {
-            let mut last = s.refusal_logged.lock();
-            let due = last.is_none_or(|t| now - t >= REFUSAL_LOG_EVERY);
-            if due {
-                *last = Some(now);
-            }
-            due
-        };
-        if due {
+        if let Some(suppressed) = s
+            .ctx
+            .metrics
+            .log
+            .pass(&peer.ip().to_string(), "drain_refused")
+        {
             tracing::warn!(
                 %peer,
                 reason = why.as_str(),
-                "POST /drain refused: not from loopback (logged at most once a minute)"
+                suppressed,
+                "POST /drain refused: not from loopback (logged at most once a minute per address)"
             );
         }
         return (

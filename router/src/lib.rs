@@ -362,7 +362,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     })?;
 
     let mut registry = Registry::default();
-    let metrics = register_metrics(&mut registry);
+    let mut metrics = register_metrics(&mut registry);
     let p2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
     let (resources, sizing) = resources::start(
         &config.resources,
@@ -374,6 +374,8 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         metrics.refused.clone(),
     )
     .await?;
+    metrics.log = resources.log().clone();
+    metrics.policy.log = metrics.log.clone();
     tracing::info!(
         high_watermark = sizing.high_watermark,
         low_watermark = sizing.low_watermark,

@@ -150,6 +150,9 @@ pub(crate) struct Metrics {
     pub(crate) goaway_waves_adjusted: Family<L2, Counter>,
     pub(crate) draining: Gauge,
     pub(crate) http_refused: Family<L2, Counter>,
+    /// The router's log gate (a clone of the resource manager's, see
+    /// `ResourceManager::log`; a default one until `spawn` sets it).
+    pub(crate) log: agentmesh_runtime::log_gate::LogGate<String>,
 }
 
 impl Metrics {
@@ -438,6 +441,10 @@ mod tests {
             r#"agentmesh_router_refused_total{resource="memory",scope="unauthenticated",protocol="auth"} 0"#,
             r#"agentmesh_router_refused_total{resource="memory",scope="source",protocol="none"} 0"#,
             r#"agentmesh_router_table_entries{table="stranger_sources"} 0"#,
+            // Log lines held back, one series per kind (the log gate).
+            r#"agentmesh_router_log_suppressed_total{kind="auth_refused"} 0"#,
+            r#"agentmesh_router_log_suppressed_total{kind="resource_refused"} 0"#,
+            r#"agentmesh_router_log_suppressed_total{kind="record_refused"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == series), "{series} missing");
         }

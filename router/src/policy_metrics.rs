@@ -67,6 +67,8 @@ pub(crate) struct PolicyMetrics {
     pub(crate) push_in_flight: Gauge,
     pub(crate) watch_up: Gauge,
     pub(crate) watch_events: Counter,
+    /// The router's log gate (see `Metrics::log`).
+    pub(crate) log: agentmesh_runtime::log_gate::LogGate<String>,
 }
 
 impl Default for PolicyMetrics {
@@ -89,6 +91,7 @@ impl Default for PolicyMetrics {
             push_in_flight: Gauge::default(),
             watch_up: Gauge::default(),
             watch_events: Counter::default(),
+            log: Default::default(),
         }
     }
 }

@@ -126,11 +126,12 @@ impl RefusedStreams {
         let ip = ip_of(&info.remote_addr);
         self.resources.failed_login(ip, REFUSED_STREAMS);
         let key = ip.map_or_else(|| info.peer.to_string(), |ip| ip.to_string());
-        if self.resources.log_due(&key) {
+        if let Some(suppressed) = self.resources.log_pass(&key, "stranger_streams_closed") {
             tracing::warn!(
                 source = key,
                 peer = %info.peer,
                 refused = n,
+                suppressed,
                 max = self.max,
                 "stranger's connection closed: too many refused streams \
                  (--stranger-refused-streams-max; logged at most once a minute per source)"
@@ -276,11 +277,12 @@ fn log_refused(
     r: &agentmesh_fair::SlotRefusal,
 ) {
     let key = r.source.to_string();
-    if resources.log_due(&key) {
+    if let Some(suppressed) = resources.log_pass(&key, "stream_slot_refused") {
         tracing::warn!(
             source = key,
             peer = %info.peer,
             protocol,
+            suppressed,
             held = r.held,
             fair_share = r.fair_share,
             "stream refused: every slot is taken and this source holds \

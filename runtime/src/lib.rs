@@ -17,13 +17,21 @@
 //!   on `--pprof-addr`.
 //! - [`accept::AcceptBackoff`]: the growing, jittered pause every accept
 //!   loop takes after a failed `accept()` (out of file descriptors).
+//! - [`log_gate::LogGate`]: log lines a peer can cause, at most once a
+//!   minute per peer and kind, the lines held back counted in
+//!   `…_log_suppressed_total{kind}`.
+//! - [`at_rest`]: the data-dir and key-file checks every program makes
+//!   before it trusts what it stored (no group- or world-writable dir or
+//!   file, keys tightened back to 0600), and writing a private file.
 //! - [`cli`] (cargo feature `cli`): the flags the programs share, the
 //!   `--version` string with the git commit, and the help-text check.
 
 pub mod accept;
 pub mod allocator;
+pub mod at_rest;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod log_gate;
 pub mod profiling;
 pub mod watchdog;
 

@@ -10,8 +10,21 @@ use crate::labels::PendingLimit;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenStreamError {
-    /// The peer does not accept this protocol (negotiation failed).
-    #[error("failed to open stream: remote peer does not support {0}")]
+    /// The peer did not accept this protocol during negotiation: it does
+    /// not speak it, or it refused the stream there (a router's resource
+    /// manager refuses streams past its budgets by failing the
+    /// negotiation). The two cannot be told apart on the wire: the
+    /// multistream-select dialer maps an `na` and a stream closed or reset
+    /// before the answer to the same `NegotiationFailed` (a yamux 0.14
+    /// reset reads as end of stream, and yamux carries no reason or code
+    /// per stream); anything else the listener might write in its place is
+    /// a bare `InvalidMessage` I/O error that carries no text either, and
+    /// would be taken for a broken connection.
+    #[error(
+        "failed to open stream: remote peer refused {0} or does not support it \
+         (a router refuses streams past its budgets during negotiation: see its \
+         agentmesh_router_refused_total)"
+    )]
     UnsupportedProtocol(StreamProtocol),
     /// The connection (or the dial to the peer) failed, closed, or the
     /// negotiation timed out.

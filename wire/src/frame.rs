@@ -113,9 +113,21 @@ where
         .map_err(FrameError::from)
 }
 
+/// What a client's read of the answer fails with when the stream ended
+/// before a byte of it: the peer refused the stream (or the connection
+/// closed). Members open streams optimistically (multistream-select
+/// `V1Lazy`), so a stream the peer refused during negotiation fails here,
+/// at the first read, not at the open; a peer that does not speak the
+/// protocol answers `na` instead (read as "protocol negotiation failed").
+pub const CLOSED_UNANSWERED: &str = "the peer closed the stream without answering: it refused \
+     the stream (a router refuses streams past its budgets during negotiation, counted in \
+     its agentmesh_router_refused_total) or the connection closed";
+
 /// A client's half of one exchange: writes `request`, then reads the answer
 /// (at most `max` bytes). The outer deadline of each protocol's client
-/// bounds both; each frame gets the whole `deadline`.
+/// bounds both; each frame gets the whole `deadline`. A stream that ends
+/// before a byte of the answer fails as `Io(UnexpectedEof)` saying
+/// [`CLOSED_UNANSWERED`].
 pub async fn write_then_read<Req, Resp, S>(
     s: &mut S,
     request: &Req,
@@ -128,7 +140,39 @@ where
     S: AsyncRead + AsyncWrite + Unpin,
 {
     write(s, request, deadline).await?;
-    read(s, max, deadline).await
+    let mut counted = CountRead { inner: s, read: 0 };
+    match read(&mut counted, max, deadline).await {
+        Err(FrameError::Io(e))
+            if counted.read == 0 && e.kind() == std::io::ErrorKind::UnexpectedEof =>
+        {
+            Err(FrameError::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                CLOSED_UNANSWERED,
+            )))
+        }
+        other => other,
+    }
+}
+
+/// Counts the bytes read through it.
+struct CountRead<'a, S> {
+    inner: &'a mut S,
+    read: usize,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for CountRead<'_, S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut [u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = &mut *self;
+        let polled = std::pin::Pin::new(&mut *this.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = polled {
+            this.read += n;
+        }
+        polled
+    }
 }
 
 #[cfg(test)]
@@ -175,6 +219,61 @@ mod tests {
         assert!(err.is_malformed());
         let err = decode::<AuthRequest>(&bytes[..bytes.len() - 1], 1024).expect_err("short");
         assert!(matches!(err, FrameError::LengthMismatch { .. }), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_that_never_starts_reads_as_refused_and_a_cut_one_does_not() {
+        let t = Duration::from_secs(5);
+        // Through a reader that hands out the request's bytes as an answer
+        // cut short: an early end, not a refusal.
+        let mut cut = encode(&sample());
+        cut.truncate(cut.len() - 1);
+        let mut both = DuplexVec(Cursor::new(cut));
+        let err = write_then_read::<_, AuthRequest, _>(&mut both, &sample(), 1024, t)
+            .await
+            .expect_err("cut");
+        assert!(!err.to_string().contains("refused"), "{err}");
+        // Nothing at all to read: refused.
+        let mut none = DuplexVec(Cursor::new(Vec::new()));
+        let err = write_then_read::<_, AuthRequest, _>(&mut none, &sample(), 1024, t)
+            .await
+            .expect_err("nothing");
+        assert!(err.to_string().contains(CLOSED_UNANSWERED), "{err}");
+    }
+
+    /// Reads from its cursor, swallows writes.
+    struct DuplexVec(Cursor<Vec<u8>>);
+
+    impl AsyncRead for DuplexVec {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+            buf: &mut [u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+        }
+    }
+
+    impl AsyncWrite for DuplexVec {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_close(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
     }
 
     #[tokio::test]

@@ -6,7 +6,10 @@ use libp2p::{PeerId, Stream, StreamProtocol};
 /// Why a stream could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    /// The peer does not speak the protocol.
+    /// The peer refused the protocol during negotiation: it does not speak
+    /// it, or it refused the stream there for a budget (a router does);
+    /// see `agentmesh_streams::OpenStreamError::UnsupportedProtocol` for
+    /// why the two cannot be told apart.
     #[error("{0}")]
     Unsupported(String),
     /// Too many opens wait for a dial to the peer.

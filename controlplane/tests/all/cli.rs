@@ -129,6 +129,83 @@ on_both!(
     token_create_then_enroll_and_backup_while_serving,
 );
 
+/// `token create --out FILE` writes the token to a new file of mode 0600
+/// (not a shell redirect's 0644), and refuses an existing file before it
+/// mints anything unless `--overwrite` is given.
+#[tokio::test]
+async fn token_create_out_writes_a_private_file_and_overwrites_only_when_asked() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let db = common::TestDb::new(common::Backend::Sqlite)
+        .await
+        .expect("sqlite");
+    let env = db.binary_env();
+    let out_file = db.dir().join("member.token");
+    let path = out_file.to_str().expect("utf8");
+    let create = |extra: &'static [&'static str]| {
+        let mut args = vec![
+            "token",
+            "create",
+            "--db",
+            db.url(),
+            "--kind",
+            "bootstrap",
+            "--role",
+            "member",
+            "--out",
+            path,
+        ];
+        args.extend_from_slice(extra);
+        args
+    };
+    let out = run(&create(&[]), &env).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(out.stdout.is_empty(), "the token is not printed");
+    assert!(
+        stderr.contains("written to") && stderr.contains(path),
+        "{stderr}"
+    );
+    let token = std::fs::read_to_string(&out_file).expect("token file");
+    assert!(token.trim().starts_with("amt_"), "{token}");
+    let mode = std::fs::metadata(&out_file)
+        .expect("meta")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(db.count("SELECT COUNT(*) FROM tokens").await, 1);
+
+    // Again: refused, nothing minted, the file as it was.
+    let out = run(&create(&[]), &env).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "overwrote {path}");
+    assert!(
+        stderr.contains("already exists") && stderr.contains(path),
+        "{stderr}"
+    );
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM tokens").await,
+        1,
+        "no token minted"
+    );
+    assert_eq!(std::fs::read_to_string(&out_file).expect("read"), token);
+
+    // Asked: replaced, still 0600.
+    let out = run(&create(&["--overwrite"]), &env).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again = std::fs::read_to_string(&out_file).expect("read");
+    assert_ne!(again, token);
+    let mode = std::fs::metadata(&out_file)
+        .expect("meta")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert_eq!(db.count("SELECT COUNT(*) FROM tokens").await, 2);
+}
+
 #[tokio::test]
 async fn bad_flags_fail_with_a_clear_message() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -18,24 +18,19 @@
 //! once). The whole request still has `--call-timeout-secs`.
 //!
 //! Every refusal is counted in `agentmesh_node_calls_total{direction="inbound"}`
-//! with its reason and logged at most once a minute per caller.
+//! with its reason and logged at most once a minute per caller (the node's
+//! log gate, kind `call_refused`).
 
-use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use agentmesh_fair::{FairSlots, Slot, SlotRefusal};
+use agentmesh_runtime::log_gate::LogGate;
 use futures::AsyncRead;
 use libp2p::PeerId;
-use parking_lot::Mutex;
-use tokio::time::{Instant, Sleep};
-
-/// A caller's refusals are logged at most this often.
-const LOG_EVERY: Duration = Duration::from_secs(60);
-/// Callers remembered for log rate limiting at most.
-const MAX_LOG_SOURCES: usize = 4096;
+use tokio::time::Sleep;
 
 /// Reason a stream's slot was refused: every slot is taken and its caller
 /// holds at least its fair share.
@@ -49,15 +44,15 @@ pub(crate) const SILENT: &str = "silent";
 /// The request slots of one provider, shared by caller PeerId.
 pub(crate) struct RequestSlots {
     slots: FairSlots<PeerId>,
-    log: RefusalLog,
+    log: LogGate<PeerId>,
 }
 
 impl RequestSlots {
-    /// `capacity` request slots (at least 1).
-    pub(crate) fn new(capacity: usize) -> Self {
+    /// `capacity` request slots (at least 1), refusals logged through `log`.
+    pub(crate) fn new(capacity: usize, log: LogGate<PeerId>) -> Self {
         Self {
             slots: FairSlots::keyed(capacity),
-            log: RefusalLog::default(),
+            log,
         }
     }
 
@@ -77,11 +72,12 @@ impl RequestSlots {
 
     /// Logs a refusal of `peer` with `reason`, at most once a minute per caller.
     pub(crate) fn log_refusal(&self, peer: PeerId, reason: &'static str, detail: &str) {
-        if self.log.due(peer, Instant::now()) {
+        if let Some(suppressed) = self.log.pass(&peer, "call_refused") {
             tracing::warn!(
                 %peer,
                 reason,
                 detail,
+                suppressed,
                 "inbound call stream refused before its request (logged at most once a minute per caller)"
             );
         }
@@ -95,30 +91,6 @@ impl RequestSlot {
     /// Completes once the slot was taken for another caller: close the stream.
     pub(crate) async fn preempted(&self) {
         self.0.revoked().await;
-    }
-}
-
-/// When each caller's refusals were last logged.
-#[derive(Default)]
-struct RefusalLog {
-    last: Mutex<HashMap<PeerId, Instant>>,
-}
-
-impl RefusalLog {
-    /// Whether a refusal of `peer` at `now` is to be logged (and notes it).
-    fn due(&self, peer: PeerId, now: Instant) -> bool {
-        let mut last = self.last.lock();
-        if last.len() >= MAX_LOG_SOURCES {
-            last.retain(|_, t| now.duration_since(*t) < LOG_EVERY);
-        }
-        let due = last
-            .get(&peer)
-            .is_none_or(|t| now.duration_since(*t) >= LOG_EVERY);
-        if due && (last.len() < MAX_LOG_SOURCES || last.contains_key(&peer)) {
-            last.insert(peer, now);
-            return true;
-        }
-        false
     }
 }
 
@@ -182,7 +154,7 @@ mod tests {
 
     #[test]
     fn a_caller_alone_may_hold_every_slot_and_a_newcomer_takes_its_oldest() {
-        let slots = RequestSlots::new(3);
+        let slots = RequestSlots::new(3, LogGate::default());
         let (attacker, member) = (PeerId::random(), PeerId::random());
         let held: Vec<_> = (0..3)
             .map(|_| slots.try_acquire(attacker).expect("room"))
@@ -195,22 +167,6 @@ mod tests {
         assert_eq!(slots.in_use(), 3);
         drop(held);
         assert_eq!(slots.in_use(), 1);
-    }
-
-    #[test]
-    fn refusals_are_logged_once_a_minute_per_caller() {
-        let log = RefusalLog::default();
-        let (a, b) = (PeerId::random(), PeerId::random());
-        let t0 = Instant::now();
-        assert!(log.due(a, t0));
-        assert!(!log.due(a, t0 + Duration::from_secs(59)));
-        assert!(log.due(b, t0 + Duration::from_secs(1)), "per caller");
-        assert!(log.due(a, t0 + Duration::from_secs(60)));
-        // Bounded: a flood of callers never grows the table past its bound.
-        for _ in 0..MAX_LOG_SOURCES + 10 {
-            log.due(PeerId::random(), t0 + Duration::from_secs(61));
-        }
-        assert!(log.last.lock().len() <= MAX_LOG_SOURCES);
     }
 
     /// Real time, short deadlines: what is asserted is which read fails,

@@ -141,7 +141,7 @@ pub(crate) async fn accept_loop(
 ) {
     let mut calls = JoinSet::new();
     let requests = shared.config.max_inbound_call_requests.max(1);
-    let slots = Arc::new(RequestSlots::new(requests));
+    let slots = Arc::new(RequestSlots::new(requests, shared.metrics.log.clone()));
     let bound = shared.config.max_inbound_calls + requests;
     while let Some((info, stream)) = incoming.next().await {
         let (peer, conn) = (info.peer, info.connection);

@@ -42,6 +42,9 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     config.runtime_watchdog = true;
     let node = crate::spawn(config, None).await?;
     tracing::info!(peer = %node.peer_id(), "node running");
+    if let Some(addr) = node.metrics_addr() {
+        tracing::info!("metrics on http://{addr}");
+    }
     let mut term = signal(SignalKind::terminate()).map_err(RunError::Signal)?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}

@@ -147,16 +147,21 @@ impl Core {
         match self.goaway.arrive(admitted) {
             Verdict::Read => {}
             Verdict::Ignored => {
-                tracing::warn!(%peer, "go-away ignored: not from a router we are attached to");
+                if let Some(suppressed) = self.shared.metrics.log.pass(&peer, "goaway_ignored") {
+                    tracing::warn!(%peer, suppressed, "go-away ignored: not from a router we are attached to (logged at most once a minute per peer)");
+                }
                 self.count_goaway("ignored");
                 return;
             }
             Verdict::Overflow => {
-                tracing::warn!(
-                    %peer,
-                    pending = self.goaway.pending,
-                    "go-away dropped unread: {MAX_PENDING} go-away exchanges already in progress"
-                );
+                if let Some(suppressed) = self.shared.metrics.log.pass(&peer, "goaway_overflow") {
+                    tracing::warn!(
+                        %peer,
+                        pending = self.goaway.pending,
+                        suppressed,
+                        "go-away dropped unread: {MAX_PENDING} go-away exchanges already in progress (logged at most once a minute per peer)"
+                    );
+                }
                 self.count_goaway("overflow");
                 return;
             }
@@ -181,7 +186,10 @@ impl Core {
         let g = match result {
             Ok(g) => g,
             Err(e) => {
-                tracing::warn!(%router, error = %e, "bad go-away");
+                if let Some(suppressed) = self.shared.metrics.log.pass(&router, "goaway_malformed")
+                {
+                    tracing::warn!(%router, error = %e, suppressed, "bad go-away (logged at most once a minute per router)");
+                }
                 self.count_goaway("error");
                 return;
             }
@@ -196,7 +204,9 @@ impl Core {
             return;
         }
         let shun = shun_for(&g);
-        tracing::info!(%router, reason = label, alternatives = g.alternatives.len(), ?shun, "go-away: moving (make before break)");
+        if let Some(suppressed) = self.shared.metrics.log.pass(&router, "goaway_obeyed") {
+            tracing::info!(%router, reason = label, alternatives = g.alternatives.len(), ?shun, suppressed, "go-away: moving (make before break; logged at most once a minute per router)");
+        }
         self.note_error(
             router,
             format!(

@@ -420,7 +420,9 @@ impl Core {
                 connection,
                 result: Err(error),
             })) if !matches!(error, libp2p::ping::Failure::Unsupported) => {
-                tracing::info!(%peer, %error, "ping failed: closing the connection");
+                if let Some(suppressed) = self.shared.metrics.log.pass(&peer, "ping_failed") {
+                    tracing::info!(%peer, %error, suppressed, "ping failed: closing the connection (logged at most once a minute per peer)");
+                }
                 self.swarm.close_connection(connection);
             }
             _ => {}

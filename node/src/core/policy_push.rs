@@ -137,16 +137,28 @@ impl Core {
         match self.pushes.arrive(attached) {
             Verdict::Read => {}
             Verdict::NotAttached => {
-                tracing::warn!(%peer, "policy push refused: not from a router we are attached to");
+                if let Some(suppressed) = self
+                    .shared
+                    .metrics
+                    .log
+                    .pass(&peer, "policy_push_not_attached")
+                {
+                    tracing::warn!(%peer, suppressed, "policy push refused: not from a router we are attached to (logged at most once a minute per peer)");
+                }
                 m.push("not_attached");
                 return;
             }
             Verdict::Overflow => {
-                tracing::warn!(
-                    %peer,
-                    max = self.pushes.max,
-                    "policy push dropped unread: --max-policy-pushes-in-flight already in progress"
-                );
+                if let Some(suppressed) =
+                    self.shared.metrics.log.pass(&peer, "policy_push_overflow")
+                {
+                    tracing::warn!(
+                        %peer,
+                        max = self.pushes.max,
+                        suppressed,
+                        "policy push dropped unread: --max-policy-pushes-in-flight already in progress (logged at most once a minute per peer)"
+                    );
+                }
                 m.push("overflow");
                 return;
             }
@@ -156,7 +168,9 @@ impl Core {
         self.ops.push(Box::pin(async move {
             let result = match policy_wire::receive(&mut stream, deadline).await {
                 Err(e) => {
-                    tracing::warn!(%peer, error = %e, "bad policy push: stream closed");
+                    if let Some(suppressed) = shared.metrics.log.pass(&peer, "policy_push_malformed") {
+                        tracing::warn!(%peer, error = %e, suppressed, "bad policy push: stream closed (logged at most once a minute per peer)");
+                    }
                     "malformed"
                 }
                 Ok(push) => {

@@ -58,6 +58,9 @@ pub(crate) struct PolicyMetrics {
     /// not taken, by reason (`RevocationsRejection::REASONS`): a forged
     /// or rolled-back list from a router shows here.
     pub(crate) revocations_ignored: Family<ReasonLabel, Counter>,
+    /// The node's log gate, keyed by where a policy came from (shares
+    /// `agentmesh_node_log_suppressed_total`; set by `Metrics::new`).
+    pub(crate) log: agentmesh_runtime::log_gate::LogGate<&'static str>,
 }
 
 impl PolicyMetrics {

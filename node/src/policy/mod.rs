@@ -174,7 +174,9 @@ impl MemberPolicy {
                     // has yet: normal, not a lie.
                     tracing::debug!(error = %e, "directory policy older than the one held");
                 } else {
-                    tracing::warn!(source, reason, error = %e, "policy ignored");
+                    if let Some(suppressed) = self.metrics.log.pass(&source, "policy_ignored") {
+                        tracing::warn!(source, reason, error = %e, suppressed, "policy ignored (logged at most once a minute per source)");
+                    }
                     self.metrics
                         .ignored
                         .get_or_create(&ReasonLabel { reason })

@@ -119,7 +119,10 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
             let malformed = e.is_malformed();
             ctx.metrics
                 .auth_result(Purpose::Attach, if malformed { "malformed" } else { "io" });
-            tracing::info!(%peer, error = %e, "auth request unreadable");
+            let key = ctx.resources.log_key(source, &peer);
+            if let Some(suppressed) = ctx.resources.log_pass(&key, "auth_unreadable") {
+                tracing::info!(%peer, source = key, error = %e, suppressed, "auth request unreadable (logged at most once a minute per source)");
+            }
             if malformed {
                 ctx.resources.failed_login(source, "malformed");
                 let refusal = Refusal {
@@ -177,7 +180,9 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
             if let Some(reason) = reason {
                 ctx.metrics.auth_result(purpose, "go_away");
                 ctx.goaways.count(reason, "on_auth");
-                tracing::info!(%peer, reason = reason.as_str(), "go-away instead of admission");
+                if let Some(suppressed) = ctx.resources.log_pass(&peer.to_string(), "auth_goaway") {
+                    tracing::info!(%peer, reason = reason.as_str(), suppressed, "go-away instead of admission (logged at most once a minute per peer)");
+                }
                 let msg = ctx.goaways.message(reason);
                 if let Err(e) = wire::write_go_away(&mut stream, msg, t).await {
                     tracing::debug!(%peer, error = %e, "go-away answer not delivered");
@@ -211,7 +216,10 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
         Err(refusal) => {
             ctx.metrics.auth_result(label_purpose, refusal.label);
             ctx.resources.failed_login(source, refusal.label);
-            tracing::info!(%peer, reason = refusal.label, detail = %refusal.detail, "auth refused");
+            let key = ctx.resources.log_key(source, &peer);
+            if let Some(suppressed) = ctx.resources.log_pass(&key, "auth_refused") {
+                tracing::info!(%peer, source = key, reason = refusal.label, detail = %refusal.detail, suppressed, "auth refused (logged at most once a minute per source)");
+            }
             wire::write_refused(&mut stream, refusal.reason, refusal.detail, t).await
         }
     };

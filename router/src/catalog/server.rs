@@ -266,7 +266,13 @@ async fn providers(
         Ok(Ok(())) => {}
         Ok(Err(_)) => return None,
         Err(_) => {
-            tracing::warn!("swarm command queue full; lookup answers locally");
+            // Members' lookups come at their rate: once a minute in all.
+            if let Some(suppressed) = ctx.metrics.log.pass(&String::new(), "provider_query_late") {
+                tracing::warn!(
+                    suppressed,
+                    "swarm command queue full; lookup answers locally (logged at most once a minute)"
+                );
+            }
             return None;
         }
     }

@@ -111,7 +111,14 @@ impl Ownership {
                     .catalog_refused
                     .get_or_create(&[("reason", e.reason())])
                     .inc();
-                tracing::info!(%provider, reason = e.reason(), error = %e, "published record refused");
+                if let Some(suppressed) = self
+                    .state
+                    .metrics()
+                    .log
+                    .pass(&provider.to_string(), "record_refused")
+                {
+                    tracing::info!(%provider, reason = e.reason(), error = %e, suppressed, "published record refused (logged at most once a minute per member)");
+                }
                 Err(format!("{}: {e}", e.reason()))
             }
         }

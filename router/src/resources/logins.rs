@@ -196,9 +196,10 @@ impl ResourceManager {
         if let Some(source) = blocked {
             self.metrics.failed_login_blocks.inc();
             let key = source.to_string();
-            if self.log_due(&key) {
+            if let Some(suppressed) = self.log_pass(&key, "login_blocked") {
                 tracing::warn!(
                     source = key,
+                    suppressed,
                     failed_logins = self.budgets.failed_logins_per_ip_per_minute,
                     block_secs = self.budgets.failed_login_block.as_secs(),
                     "source blocked for failed logins (logged at most once a minute per source)"

@@ -48,13 +48,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use agentmesh_runtime::log_gate::LogGate;
 use libp2p::PeerId;
 use libp2p::core::ConnectedPoint;
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use tokio::time::Instant;
 
 use agentmesh_fair::handshakes::Handshakes;
 pub(crate) use budget::Watermarks;
@@ -68,10 +68,29 @@ use slots::{FairBudget, SlotBudget};
 use source::SourceKey;
 use strangers::StrangerPool;
 
-/// Refusals are logged at most this often per source.
-const LOG_EVERY: Duration = Duration::from_secs(60);
-/// Sources remembered for log rate limiting at most.
-const MAX_LOG_SOURCES: usize = 4096;
+/// Kinds of log line a peer or source can cause, each logged at most once
+/// a minute per source (or peer) and kind (`agentmesh_runtime::log_gate`),
+/// the rest counted in `agentmesh_router_log_suppressed_total{kind}`.
+pub(crate) const LOG_KINDS: &[&str] = &[
+    // Per source: refusals of the resource manager and its guards.
+    "resource_refused",
+    "handshake_refused",
+    "login_blocked",
+    "stranger_streams_closed",
+    "stream_slot_refused",
+    "evicted_by_newcomer",
+    "auth_unreadable",
+    "auth_refused",
+    "auth_deadline",
+    "drain_refused",
+    // Per peer.
+    "auth_goaway",
+    "ping_failed",
+    "admission_dropped",
+    "record_refused",
+    // Once a minute in all.
+    "provider_query_late",
+];
 
 /// A check whether a peer is admitted (set once the router's state exists).
 pub(crate) type AdmittedFn = Box<dyn Fn(&PeerId) -> bool + Send + Sync>;
@@ -119,7 +138,6 @@ struct State {
     sources: by_source::BySource,
     /// What the connections and inbound streams of peers not admitted hold.
     strangers: StrangerPool,
-    last_logged: HashMap<String, Instant>,
     /// Circuits (STOP streams) per destination, by the peer that asked for
     /// them (see [`ResourceManager::charge_circuit_source`]).
     circuit_sources: HashMap<PeerId, HashMap<PeerId, u32>>,
@@ -143,6 +161,8 @@ pub(crate) struct ResourceManager {
     /// Their counters (the table counts through its own clone).
     #[cfg(test)]
     handshake_metrics: pending::HandshakeMetrics,
+    /// See [`ResourceManager::log`].
+    log: LogGate<String>,
 }
 
 impl std::fmt::Debug for ResourceManager {
@@ -277,6 +297,8 @@ impl ResourceManager {
             .unauthenticated_memory_budget
             .set(i64::try_from(budgets.unauthenticated_memory_bytes).unwrap_or(i64::MAX));
         let handshake_metrics = pending::HandshakeMetrics::new(registry, metrics.refused.clone());
+        let log = LogGate::new(LOG_KINDS);
+        log.register(registry.sub_registry_with_prefix("agentmesh_router"));
         let logins = FailedLogins::new(
             budgets.failed_logins_per_ip_per_minute,
             budgets.failed_login_block,
@@ -302,6 +324,7 @@ impl ResourceManager {
                 state: Mutex::new(State::default()),
                 logins: Mutex::new(logins),
                 handshakes: Handshakes::new(limits, gate, events),
+                log,
                 #[cfg(test)]
                 handshake_metrics,
             }
@@ -440,7 +463,7 @@ impl ResourceManager {
             }
             Err(r) => {
                 let key = ip.map_or_else(|| peer.to_string(), |ip| ip.to_string());
-                self.refuse(&mut st, r, NO_PROTOCOL, &key, Some(&peer));
+                self.refuse(r, NO_PROTOCOL, &key, Some(&peer));
                 Err(r)
             }
         }
@@ -664,7 +687,7 @@ impl ResourceManager {
                 let key = conn
                     .ip
                     .map_or_else(|| conn.peer.to_string(), |ip| ip.to_string());
-                self.refuse(&mut st, r, proto.as_str(), &key, Some(&conn.peer));
+                self.refuse(r, proto.as_str(), &key, Some(&conn.peer));
                 Err(r)
             }
         }
@@ -714,7 +737,6 @@ impl ResourceManager {
             }
             Err(r) => {
                 self.refuse(
-                    &mut st,
                     r,
                     Proto::RelayStop.as_str(),
                     &source.to_string(),
@@ -756,12 +778,30 @@ impl ResourceManager {
         self.metrics.stream_gauge(g.proto, g.inbound).dec();
     }
 
-    /// Whether a refusal concerning `source` may be logged now: at most
-    /// once a minute per source, across every kind of refusal (the table
-    /// of sources is bounded; beyond it, nothing new is logged).
-    pub(crate) fn log_due(&self, source: &str) -> bool {
-        let mut st = self.state.lock();
-        log_due(&mut st, source)
+    /// Whether a line of `kind` (one of [`LOG_KINDS`])
+    /// about `key` (a source, or a PeerId) may be logged now: `Some(lines
+    /// held back since the last one)`, at most once a minute per key and
+    /// kind (see [`ResourceManager::log`]).
+    pub(crate) fn log_pass(&self, key: &str, kind: &'static str) -> Option<u64> {
+        self.log.pass(&key.to_owned(), kind)
+    }
+
+    /// The key a line about a connection from `ip` (if known, else
+    /// `peer`) is logged under: its source (IPv6 per prefix), so a
+    /// stranger's fresh PeerIds share one key.
+    pub(crate) fn log_key(&self, ip: Option<IpAddr>, peer: &PeerId) -> String {
+        ip.map_or_else(
+            || peer.to_string(),
+            |ip| SourceKey::new(ip, self.budgets.ipv6_source_prefix_len).to_string(),
+        )
+    }
+
+    /// The router's log gate: every line a peer or source can cause goes
+    /// through it (`agentmesh_router_log_suppressed_total{kind}`). It lives
+    /// here because the resource manager's refusals were the first lines
+    /// so limited; `Metrics::log` is a clone for the sites without it.
+    pub(crate) fn log(&self) -> &LogGate<String> {
+        &self.log
     }
 
     fn charge(&self, st: &mut State, bytes: u64) {
@@ -779,22 +819,16 @@ impl ResourceManager {
     }
 
     /// Counts a refusal and logs it at most once a minute per source.
-    fn refuse(
-        &self,
-        st: &mut State,
-        r: Refusal,
-        protocol: &'static str,
-        key: &str,
-        peer: Option<&PeerId>,
-    ) {
+    fn refuse(&self, r: Refusal, protocol: &'static str, key: &str, peer: Option<&PeerId>) {
         self.metrics.refused(r, protocol);
-        if log_due(st, key) {
+        if let Some(suppressed) = self.log_pass(key, "resource_refused") {
             tracing::warn!(
                 source = key,
                 peer = peer.map(|p| p.to_string()),
                 resource = r.resource.as_str(),
                 scope = r.scope.as_str(),
                 protocol,
+                suppressed,
                 "refused for lack of a resource (logged at most once a minute per source)"
             );
         }
@@ -816,24 +850,6 @@ fn release_circuit_source(st: &mut State, dst: PeerId, source: PeerId) {
         st.circuit_sources.remove(&dst);
         st.circuit_sources.shrink_sparse();
     }
-}
-
-/// Whether a line about `key` may be logged now (see
-/// [`ResourceManager::log_due`]); records it if so.
-fn log_due(st: &mut State, key: &str) -> bool {
-    let now = Instant::now();
-    if st.last_logged.len() >= MAX_LOG_SOURCES {
-        st.last_logged.retain(|_, t| now - *t < LOG_EVERY);
-    }
-    let due = st
-        .last_logged
-        .get(key)
-        .is_none_or(|t| now - *t >= LOG_EVERY);
-    if due && st.last_logged.len() < MAX_LOG_SOURCES {
-        st.last_logged.insert(key.to_string(), now);
-        return true;
-    }
-    false
 }
 
 /// How the strangers' pool sees a connection.

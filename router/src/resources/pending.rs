@@ -185,13 +185,14 @@ impl ResourceManager {
         let ip = self.source_key(addr);
         // The failed-login guard has its own lock: read it before ours.
         let source_blocked = self.source_blocked(addr);
-        let mut st = self.state.lock();
+        let st = self.state.lock();
         let from_source = st.sources.get(&ip);
         if source_blocked && !from_source.has_members() {
             let key = ip.to_string();
-            if super::log_due(&mut st, &key) {
+            if let Some(suppressed) = self.log_pass(&key, "handshake_refused") {
                 tracing::warn!(
                     source = key,
+                    suppressed,
                     "connection refused before its handshake: the source is blocked for \
                      failed logins (logged at most once a minute per source)"
                 );
@@ -216,7 +217,7 @@ impl ResourceManager {
             ("stranger_sources", st.strangers.sources()),
             ("resource_pending", pending),
             ("failed_login_ips", failed_login_sources),
-            ("log_sources", st.last_logged.len()),
+            ("log_sources", self.log().tracked()),
         ]
     }
 }

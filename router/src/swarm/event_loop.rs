@@ -221,7 +221,13 @@ impl EventLoop {
             .filter(|p| !self.swarm.is_connected(p))
             .collect();
         for p in &ghosts {
-            tracing::info!(peer = %p, "dropping an admission without a connection");
+            if let Some(suppressed) = self
+                .parts
+                .resources
+                .log_pass(&p.to_string(), "admission_dropped")
+            {
+                tracing::info!(peer = %p, suppressed, "dropping an admission without a connection (logged at most once a minute per peer)");
+            }
             self.parts
                 .metrics
                 .connections_closed
@@ -350,7 +356,13 @@ impl EventLoop {
         if matches!(error, libp2p::ping::Failure::Unsupported) {
             return;
         }
-        tracing::info!(peer = %event.peer, %error, "ping failed: closing the connection as dead");
+        if let Some(suppressed) = self
+            .parts
+            .resources
+            .log_pass(&event.peer.to_string(), "ping_failed")
+        {
+            tracing::info!(peer = %event.peer, %error, suppressed, "ping failed: closing the connection as dead (logged at most once a minute per peer)");
+        }
         if self.swarm.close_connection(event.connection) {
             self.parts
                 .metrics
@@ -522,10 +534,15 @@ impl EventLoop {
         };
         if let Some(peer) = self.conns.mark_closing(&victim) {
             let source = source.to_string();
-            if self.parts.resources.log_due(&source) {
+            if let Some(suppressed) = self
+                .parts
+                .resources
+                .log_pass(&source, "evicted_by_newcomer")
+            {
                 tracing::warn!(
                     source,
                     %peer,
+                    suppressed,
                     "source at its unauthenticated-connection cap: its oldest \
                      unauthenticated connection closed for a newcomer (logged at most \
                      once a minute per source)"
@@ -553,7 +570,13 @@ impl EventLoop {
             .past_auth_deadline(&parts.admissions.read(), now, deadline);
         for id in late {
             if let Some(peer) = self.conns.mark_closing(&id) {
-                tracing::info!(%peer, "closing connection: not admitted within the auth deadline");
+                let key = self
+                    .conns
+                    .source_of(&id)
+                    .map_or_else(|| peer.to_string(), |s| s.to_string());
+                if let Some(suppressed) = parts.resources.log_pass(&key, "auth_deadline") {
+                    tracing::info!(%peer, source = key, suppressed, "closing connection: not admitted within the auth deadline (logged at most once a minute per source)");
+                }
             }
             self.swarm.close_connection(id);
             parts
@@ -573,7 +596,12 @@ impl EventLoop {
         for (peers, reason) in [(expired, "expired"), (revoked, "revoked")] {
             let mut closing = HashSet::new();
             for p in peers {
-                tracing::info!(peer = %p, reason, "dropping admitted peer");
+                if let Some(suppressed) = parts
+                    .resources
+                    .log_pass(&p.to_string(), "admission_dropped")
+                {
+                    tracing::info!(peer = %p, reason, suppressed, "dropping admitted peer (logged at most once a minute per peer)");
+                }
                 if reason == "revoked" {
                     parts.metrics.revocations_enforced.inc();
                 }

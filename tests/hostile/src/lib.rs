@@ -14,6 +14,8 @@
 //!   machine allows, that stall the noise handshake or never start it.
 //! - [`member`]: an enrolled member as a raw libp2p swarm (router auth,
 //!   relayed circuits, raw streams), obeying no limit of its own.
+//! - [`member_noise`]: policy pushes and go-aways to a member over one
+//!   circuit, from a member that is not its router (refused, logged).
 //! - [`provider_calls`]: silent call streams to one provider.
 //! - [`held_calls`]: accepted calls held silent to one provider, from
 //!   several identities of one enrollment token.
@@ -37,6 +39,7 @@ pub mod handshake_flood;
 pub mod held_calls;
 pub mod lying_router;
 pub mod member;
+pub mod member_noise;
 pub mod provider_calls;
 pub mod provider_circuits;
 pub mod router_auth;

@@ -48,6 +48,9 @@ enum Command {
     /// As an enrolled member, hold as many circuits to one provider through
     /// a router as it lets you, dialing new ones as they close.
     ProviderCircuits(agentmesh_hostile::provider_circuits::Args),
+    /// As an enrolled member, open policy push and go-away streams to
+    /// another member over one circuit (it takes them only from its routers).
+    MemberNoise(agentmesh_hostile::member_noise::Args),
 }
 
 #[derive(Debug, clap::Args)]
@@ -128,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
         Command::ProviderCalls(args) => text_and_counts(args.run().await?),
         Command::ProviderHeldCalls(args) => text_and_counts(args.run().await?),
         Command::ProviderCircuits(args) => text_and_counts(args.run().await?),
+        Command::MemberNoise(args) => text_and_counts(args.run().await?),
     };
     if cli.json {
         println!("{}", summary.to_json());

@@ -3,7 +3,9 @@
 
 mod support;
 
+mod budget_refusal;
 mod call_budget;
+mod data_dir_modes;
 mod drain;
 mod drain_storm;
 mod failover;
@@ -12,6 +14,7 @@ mod goaway_hold;
 mod goaway_routes;
 mod held_calls;
 mod hostile_calls;
+mod log_noise;
 mod lying_router;
 mod mesh;
 mod p2p_metrics;

@@ -13,5 +13,6 @@ mod hostile_dialed;
 mod hostile_handshakes;
 mod hostile_kit;
 mod hostile_refused;
+mod log_noise;
 mod policy;
 mod policy_push;
