@@ -71,6 +71,18 @@ impl TestRouter {
             "agentmesh_router_refused_total{{resource=\"{resource}\",scope=\"{scope}\",protocol=\"{protocol}\"}}"
         ))
     }
+
+    /// Every `agentmesh_router_handshakes_shed_total` series summed: the
+    /// handshakes a per-source or global handshake limit cancelled for a
+    /// newcomer (the limit biting without a refusal).
+    pub fn handshakes_shed(&self) -> f64 {
+        self.handle
+            .metrics_text()
+            .lines()
+            .filter(|l| l.starts_with("agentmesh_router_handshakes_shed_total{"))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    }
 }
 
 /// Spawns a router from `config` and waits (up to [`DEADLINE`]) until it
