@@ -7,6 +7,23 @@
 //! the cached directory is used, so a router's death does not send the
 //! fleet to the control plane at once.
 //!
+//! A member the cached directory cannot help is in a hurry ([`Hurry`]):
+//! with no router held (every router it knew sent go-away, or none is
+//! reachable) it fetches again after 1–2 s, doubling per fetch up to
+//! [`HURRY_MAX`] (30 s, so 30–60 s with the jitter); short of K with no
+//! free candidate left, the same doubling up to the interval. Each pause
+//! is drawn from `[d, 2d]`, so members orphaned together (a whole mesh
+//! restarting) spread their fetches over the window, and the control
+//! plane's unauthenticated budget (GetDirectory and GetKeys, with
+//! retry-after, which the client honours) paces the rest: 10,000 orphaned
+//! members at the cap ask about 220 times a second. A fetch shows routers
+//! back (a restarted router under a new PeerId is simply a new
+//! candidate; one that kept its PeerId ends its draining shun, see
+//! [`super::shun::Choice::lift_returned`]), so members are back within
+//! seconds of the first router answering instead of after the interval.
+//! The hurry ends once K routers are held (or, for its no-router form,
+//! one), and its doubling starts over when the last router is lost.
+//!
 //! The key set is written to the data dir only when it changed: a write is
 //! an fsync, and a fleet of thousands of members sharing a disk rewrote
 //! the same bytes every interval.
@@ -24,6 +41,7 @@ use agentmesh_proto::pb::credential::KeySet;
 use libp2p::{Multiaddr, PeerId};
 use tokio::time::Instant;
 
+use super::slot::Phase;
 use super::{Core, Op, backoff, jittered};
 use crate::select::Candidate;
 
@@ -32,6 +50,35 @@ use crate::select::Candidate;
 const RETRY_MIN: Duration = Duration::from_secs(2);
 /// Longest pause before retrying a failed fetch, whatever the interval.
 const RETRY_MAX: Duration = Duration::from_secs(60);
+/// First pause of a hurry (drawn from `[d, 2d]`), doubling per fetch.
+pub(crate) const HURRY_MIN: Duration = Duration::from_secs(1);
+/// Longest pause of a hurry with no router held (before the `[d, 2d]` draw).
+pub(crate) const HURRY_MAX: Duration = Duration::from_secs(30);
+
+/// Why the cached directory cannot help, so the next fetch comes soon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hurry {
+    /// No router held: every one sent go-away, or none is reachable.
+    NoRouter,
+    /// Fewer than K held and no free candidate to try.
+    ShortOfK,
+}
+
+impl Hurry {
+    /// The metric label of fetches made in this hurry.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Hurry::NoRouter => "no_router",
+            Hurry::ShortOfK => "short_of_k",
+        }
+    }
+}
+
+/// The pause before fetch number `n` (0-based) of a hurry whose pauses
+/// grow up to `max`: `min(HURRY_MIN × 2^n, max)`, drawn from `[d, 2d]`.
+pub(crate) fn hurry_pause(n: u32, max: Duration) -> Duration {
+    jittered(HURRY_MIN.saturating_mul(1 << n.min(16)).min(max), 1.0)
+}
 
 /// The cached directory and when to fetch it next.
 #[derive(Debug, Clone)]
@@ -48,6 +95,10 @@ pub(crate) struct Directory {
     addrs: Arc<HashMap<PeerId, Vec<Multiaddr>>>,
     /// The key set last written to the data dir (by this schedule).
     keys_stored: Option<KeySet>,
+    /// The hurry in force, its fetches so far and when its next one is due.
+    hurry: Option<(Hurry, u32, Instant)>,
+    /// When the fetch in flight (or the last one) started.
+    started_at: Instant,
 }
 
 impl Directory {
@@ -62,17 +113,72 @@ impl Directory {
             candidates: Vec::new(),
             addrs: Arc::default(),
             keys_stored: None,
+            hurry: None,
+            started_at: now,
         }
     }
 
-    /// Whether a fetch should start now.
+    /// Whether a fetch should start now: the interval's (or a failure's
+    /// retry) is due, or the hurry's.
     pub(crate) fn due(&self, now: Instant) -> bool {
-        !self.in_flight && now >= self.next
+        !self.in_flight && (now >= self.next || self.hurry.is_some_and(|(_, _, at)| now >= at))
     }
 
-    /// A fetch started.
-    pub(crate) fn started(&mut self) {
+    /// A fetch started at `now`.
+    pub(crate) fn started(&mut self, now: Instant) {
         self.in_flight = true;
+        self.started_at = now;
+    }
+
+    /// When the fetch in flight (or the last one) started.
+    pub(crate) fn started_at(&self) -> Instant {
+        self.started_at
+    }
+
+    /// The hurry in force, if any.
+    pub(crate) fn hurry(&self) -> Option<Hurry> {
+        self.hurry.map(|(h, _, _)| h)
+    }
+
+    /// Says at `now` whether (and why) the member is in a hurry (see the
+    /// module docs). Entering one, or losing the last router, schedules a
+    /// fetch after the first pause; a hurry that ends lets the interval
+    /// schedule alone decide again. Returns whether a new hurry began.
+    pub(crate) fn set_hurry(&mut self, hurry: Option<Hurry>, now: Instant) -> bool {
+        match (self.hurry, hurry) {
+            (_, None) => {
+                self.hurry = None;
+                false
+            }
+            // Still in the same hurry, or back to one router of K: the
+            // doubling goes on.
+            (Some((old, n, at)), Some(new))
+                if old == new || (old, new) == (Hurry::NoRouter, Hurry::ShortOfK) =>
+            {
+                self.hurry = Some((new, n, at));
+                false
+            }
+            // A new hurry, or the last router lost: start over, soon.
+            (_, Some(new)) => {
+                self.hurry = Some((new, 0, now + hurry_pause(0, self.hurry_max(new))));
+                true
+            }
+        }
+    }
+
+    fn hurry_max(&self, h: Hurry) -> Duration {
+        match h {
+            Hurry::NoRouter => HURRY_MAX.min(self.interval),
+            Hurry::ShortOfK => self.interval,
+        }
+    }
+
+    /// The hurry's next fetch, after one ended at `now` (success or not).
+    fn hurry_next(&mut self, now: Instant) {
+        if let Some((h, n, _)) = self.hurry {
+            let n = n + 1;
+            self.hurry = Some((h, n, now + hurry_pause(n, self.hurry_max(h))));
+        }
     }
 
     /// A fetch at `now` returned `routers`: they replace the candidates.
@@ -85,6 +191,7 @@ impl Directory {
         self.reindex();
         let wait = jittered(self.interval.mul_f64(0.8), 0.5);
         self.next = now + wait;
+        self.hurry_next(now);
         wait
     }
 
@@ -94,6 +201,7 @@ impl Directory {
         self.failures += 1;
         let wait = backoff(self.failures, RETRY_MIN, self.interval.min(RETRY_MAX));
         self.next = now + wait;
+        self.hurry_next(now);
         wait
     }
 
@@ -154,8 +262,47 @@ impl Directory {
 }
 
 impl Core {
+    /// Tells the schedule at `now` whether the member is in a hurry (see
+    /// the module docs): no router held and none being acquired (only
+    /// reconnecting after failed connections, if any), or fewer than K
+    /// routers with no free candidate left.
+    pub(super) fn update_hurry(&mut self, now: Instant) {
+        let hurry = if !self.directory.have() || self.shared.is_shutting_down() {
+            None
+        } else {
+            let held = self.slots.values().any(|s| s.is_reserved());
+            let trying = self.slots.values().any(|s| {
+                s.leaving.is_none()
+                    && matches!(
+                        s.phase,
+                        Phase::Dialing | Phase::Authing | Phase::Reserving(_)
+                    )
+            });
+            let active = self.slots.values().filter(|s| s.leaving.is_none()).count();
+            if !held && !trying {
+                Some(Hurry::NoRouter)
+            } else if active < self.shared.config.routers && !self.has_free_candidate() {
+                Some(Hurry::ShortOfK)
+            } else {
+                None
+            }
+        };
+        if self.directory.set_hurry(hurry, now) {
+            tracing::debug!(
+                ?hurry,
+                "the cached directory offers no router: fetching it again soon"
+            );
+        }
+    }
+
     pub(super) fn start_directory(&mut self) {
-        self.directory.started();
+        let schedule = self.directory.hurry().map_or("interval", Hurry::label);
+        self.shared
+            .metrics
+            .directory_fetches
+            .get_or_create(&crate::metrics::ScheduleLabel { schedule })
+            .inc();
+        self.directory.started(Instant::now());
         let shared = self.shared.clone();
         self.ops.push(Box::pin(async move {
             let r = async {
@@ -203,6 +350,16 @@ impl Core {
                 self.directory.fetched(routers, Instant::now());
                 let known = self.directory.known();
                 self.choice.forget_unknown(&known);
+                // Routers that left (go-away, DRAINING) and are back: up
+                // and not draining in this directory, fetched after they
+                // were shunned.
+                let lifted = self
+                    .choice
+                    .lift_returned(self.directory.candidates(), self.directory.started_at());
+                if !lifted.is_empty() {
+                    tracing::info!(routers = ?lifted, "routers that had left are back in the directory: trying them again");
+                    self.shared.metrics.shuns_lifted.inc_by(lifted.len() as u64);
+                }
                 if self.directory.keys_to_store(&keys) {
                     let dir_path = self.shared.config.data_dir.clone();
                     tokio::task::spawn_blocking(move || {
@@ -234,6 +391,7 @@ mod tests {
             labels: Default::default(),
             load: 0.0,
             draining: false,
+            lease_expires_at_unix_secs: 0,
         }
     }
 
@@ -243,7 +401,7 @@ mod tests {
         let interval = Duration::from_secs(60);
         let mut d = Directory::new(interval, now);
         assert!(d.due(now) && !d.have());
-        d.started();
+        d.started(now);
         assert!(!d.due(now), "one fetch at a time");
         let a = cand();
         let wait = d.fetched(vec![a.clone()], now);
@@ -257,7 +415,7 @@ mod tests {
         // Failures back off from 2 s up to the interval (here below
         // RETRY_MAX), and keep what was fetched.
         for n in 1..=10u32 {
-            d.started();
+            d.started(now);
             let w = d.failed(now);
             let base = RETRY_MIN.saturating_mul(1 << n).min(interval);
             assert!(w >= base && w <= base.mul_f64(1.5), "{n}: {w:?}");
@@ -270,11 +428,84 @@ mod tests {
     }
 
     #[test]
+    fn with_no_router_held_the_directory_is_fetched_again_within_seconds_doubling_to_a_cap() {
+        let start = Instant::now();
+        let interval = Duration::from_secs(300);
+        let mut d = Directory::new(interval, start);
+        d.started(start);
+        d.fetched(vec![cand()], start);
+        // Attached: the interval alone decides.
+        assert!(!d.set_hurry(None, start));
+        assert!(!d.due(start + Duration::from_secs(200)));
+        // Every router left: the next fetch comes after 1-2 s, not 240-360 s.
+        let t0 = start + Duration::from_secs(10);
+        assert!(d.set_hurry(Some(Hurry::NoRouter), t0), "a hurry begins");
+        assert!(!d.due(t0 + HURRY_MIN - Duration::from_millis(1)));
+        assert!(d.due(t0 + HURRY_MIN * 2));
+        // Still none held after each fetch: pauses double from 1-2 s up to
+        // 30-60 s and stay there.
+        let mut now = t0 + HURRY_MIN * 2;
+        for n in 1..=12u32 {
+            assert_eq!(d.hurry(), Some(Hurry::NoRouter));
+            assert!(d.due(now), "{n}");
+            d.started(now);
+            assert!(!d.due(now), "one fetch at a time");
+            d.fetched(vec![cand()], now);
+            assert!(!d.set_hurry(Some(Hurry::NoRouter), now), "same hurry");
+            let base = HURRY_MIN.saturating_mul(1 << n).min(HURRY_MAX);
+            let due_at = (1..=200u64)
+                .map(|ms| now + Duration::from_millis(ms * 500))
+                .find(|t| d.due(*t))
+                .expect("due within 100 s");
+            let waited = due_at - now;
+            assert!(
+                waited >= base && waited <= base * 2 + Duration::from_millis(500),
+                "{n}: {waited:?} vs {base:?}"
+            );
+            now = due_at;
+        }
+        // A failed fetch in a hurry is retried no later than the hurry's
+        // pause (the failure backoff may come sooner).
+        d.started(now);
+        d.failed(now);
+        assert!(d.due(now + HURRY_MAX * 2));
+        // One router back (of K = 2), none free: the doubling goes on
+        // (up to the interval now), it does not start over.
+        assert!(!d.set_hurry(Some(Hurry::ShortOfK), now));
+        d.started(now);
+        d.fetched(vec![cand()], now);
+        assert!(!d.due(now + HURRY_MAX), "past 30 s now");
+        // The last router lost again: soon once more.
+        assert!(d.set_hurry(Some(Hurry::NoRouter), now));
+        assert!(d.due(now + HURRY_MIN * 2));
+        // K held: the hurry's fetch is forgotten, the interval decides.
+        assert!(!d.set_hurry(None, now));
+        assert_eq!(d.hurry(), None);
+        assert!(!d.due(now + HURRY_MIN * 2));
+    }
+
+    #[test]
+    fn a_fleet_orphaned_at_once_spreads_its_first_fetches_over_a_second() {
+        let now = Instant::now();
+        let mut buckets = [0usize; 10];
+        for _ in 0..2000 {
+            let p = hurry_pause(0, HURRY_MAX);
+            assert!(p >= HURRY_MIN && p <= HURRY_MIN * 2, "{p:?}");
+            let i = ((p - HURRY_MIN).as_secs_f64() * 10.0) as usize;
+            buckets[i.min(9)] += 1;
+        }
+        assert!(buckets.iter().all(|b| *b > 100 && *b < 300), "{buckets:?}");
+        // The cap holds whatever the count.
+        assert!(hurry_pause(40, HURRY_MAX) <= HURRY_MAX * 2);
+        let _ = now;
+    }
+
+    #[test]
     fn a_long_interval_does_not_stretch_the_retries_of_a_failed_fetch() {
         let now = Instant::now();
         let mut d = Directory::new(Duration::from_secs(3_600), now);
         for _ in 0..20 {
-            d.started();
+            d.started(now);
             let w = d.failed(now);
             assert!(w <= RETRY_MAX.mul_f64(1.5), "{w:?}");
         }

@@ -462,10 +462,11 @@ impl Core {
         if self.refresh.due(now) {
             self.start_refresh();
         }
+        self.top_up();
+        self.update_hurry(now);
         if self.directory.due(now) {
             self.start_directory();
         }
-        self.top_up();
         self.release_leaving();
         self.retry_reservations(now);
         self.retry_represent(now);

@@ -68,6 +68,7 @@ impl Core {
         let now = Instant::now();
         let until = now + jittered(wait, 0.5);
         let early = (now + jittered(base, 0.5)).min(until);
+        let lease_seen = self.lease_seen(&peer);
         self.choice.shunned.insert(
             peer,
             super::shun::Shun {
@@ -75,13 +76,24 @@ impl Core {
                 early,
                 draining,
                 until_new_credential,
+                since: now,
+                lease_seen,
             },
         );
     }
 
+    /// `router`'s lease expiry in our directory (0: not listed).
+    fn lease_seen(&self, router: &PeerId) -> i64 {
+        self.directory
+            .candidates()
+            .iter()
+            .find(|c| c.peer == *router)
+            .map_or(0, |c| c.lease_expires_at_unix_secs)
+    }
+
     /// Whether a router we could attach to instead is free: matches the
     /// selector, is not held and is not shunned.
-    fn has_free_candidate(&self) -> bool {
+    pub(super) fn has_free_candidate(&self) -> bool {
         self.directory.candidates().iter().any(|c| {
             crate::select::matches_selector(c, &self.shared.config.router_selector)
                 && !self.slots.contains_key(&c.peer)
@@ -408,15 +420,16 @@ impl Core {
             .redials
             .entry(router)
             .or_insert_with(|| super::redial::Redials::new(now));
-        if run.is_stale(now) {
-            *run = super::redial::Redials::new(now);
-        }
+        run.renew(now);
         let mut rng = rand::thread_rng();
         let next = match retry_after {
             Some(asked) => run.next_after(now, asked, &mut rng),
             None => run.next_delay(now, &mut rng),
         };
         let Some(delay) = next else {
+            // Kept: tried again early (nothing else left), the next run
+            // resumes at the delay this one reached (see `super::redial`).
+            run.spend();
             tracing::warn!(%router, %error, "connection to router keeps failing: passing it over");
             self.note_error(
                 router,
@@ -425,7 +438,6 @@ impl Core {
                     super::redial::BUDGET
                 ),
             );
-            self.choice.redials.remove(&router);
             self.drop_router(router, AUTH_FAILED_SHUN);
             self.top_up();
             return;
@@ -447,6 +459,7 @@ impl Core {
         if dialing && self.has_free_candidate() {
             tracing::info!(%router, %error, attempt, retry_in = ?delay, "connection to router failed: trying another router meanwhile");
             self.slots.remove(&router);
+            let lease_seen = self.lease_seen(&router);
             self.choice.shunned.insert(
                 router,
                 super::shun::Shun {
@@ -454,6 +467,8 @@ impl Core {
                     early: now + delay,
                     draining: false,
                     until_new_credential: false,
+                    since: now,
+                    lease_seen,
                 },
             );
             self.top_up();

@@ -12,6 +12,7 @@ mod goaway_hold;
 mod goaway_routes;
 mod hostile_calls;
 mod mesh;
+mod mesh_restart;
 mod p2p_metrics;
 mod policy;
 mod policy_push;
