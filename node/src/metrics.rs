@@ -17,6 +17,7 @@ pub const OUTBOUND_RESULTS: &[&str] = &[
     "lookup_failed",
     "connect_failed",
     "refused",
+    "denied",
     "timeout",
     "shutting_down",
 ];

@@ -131,6 +131,15 @@ impl Core {
         leaving.sort();
         let exposing = !self.shared.config.expose.is_empty();
         let records_accepted = self.slots.values().any(|s| s.is_reserved() && s.published);
+        let mut refusing: Vec<(&PeerId, &String)> = self
+            .slots
+            .iter()
+            .filter_map(|(p, s)| s.records_refused.as_ref().map(|why| (p, why)))
+            .collect();
+        refusing.sort();
+        let records_refused = refusing
+            .first()
+            .map(|(p, why)| format!("router {p}: {why}"));
         let claims =
             agentmesh_proto::credential::peek_claims(&self.shared.credential()).unwrap_or_default();
         NodeStatus {
@@ -151,6 +160,7 @@ impl Core {
                 .count(),
             exposing,
             records_accepted,
+            records_refused,
             stopping: self.shared.is_shutting_down(),
             last_router_error: self.last_router_error.clone(),
             failed: None,

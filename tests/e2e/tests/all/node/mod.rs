@@ -16,6 +16,7 @@ mod mesh_restart;
 mod p2p_metrics;
 mod policy;
 mod policy_push;
+mod policy_refusals;
 mod refusals;
 mod relayed_idle;
 mod revoke_token;
