@@ -7,22 +7,26 @@
 //! the cached directory is used, so a router's death does not send the
 //! fleet to the control plane at once.
 //!
-//! A member the cached directory cannot help is in a hurry ([`Hurry`]):
-//! with no router held (every router it knew sent go-away, or none is
-//! reachable) it fetches again after 1–2 s, doubling per fetch up to
-//! [`HURRY_MAX`] (30 s, so 30–60 s with the jitter); short of K with no
-//! free candidate left, the same doubling up to the interval. Each pause
-//! is drawn from `[d, 2d]`, so members orphaned together (a whole mesh
-//! restarting) spread their fetches over the window, and the control
-//! plane's unauthenticated budget (GetDirectory and GetKeys, with
-//! retry-after, which the client honours) paces the rest: 10,000 orphaned
-//! members at the cap ask about 220 times a second. A fetch shows routers
-//! back (a restarted router under a new PeerId is simply a new
+//! A member the cached directory cannot help is in a hurry ([`Hurry`]).
+//! With no router held (every router it knew sent go-away, or none is
+//! reachable) it fetches again after 1–2 s, doubling per fetch up to 4 s
+//! for the first [`HURRY_FAST_FOR`] (60 s: a restart is short, and a
+//! router back must be seen within seconds, so no pause passes 8 s), then
+//! up to [`HURRY_MAX`] (30 s) for as long as it lasts. Short of K with
+//! no free candidate left, the same doubling straight up to the interval.
+//! Each pause is drawn from `[d, 2d]`, so members orphaned together (a
+//! whole mesh restarting) spread their fetches over the window. The
+//! control plane's unauthenticated budget (GetDirectory and GetKeys, 1,000
+//! a second by default, answering the rest with retry-after, which the
+//! client honours within its time budget) paces them: 10,000 orphaned
+//! members ask about 1,700 times a second for the first minute (the
+//! budget sheds the excess), then about 220 times a second. A fetch shows
+//! routers back (a restarted router under a new PeerId is simply a new
 //! candidate; one that kept its PeerId ends its draining shun, see
 //! [`super::shun::Choice::lift_returned`]), so members are back within
 //! seconds of the first router answering instead of after the interval.
 //! The hurry ends once K routers are held (or, for its no-router form,
-//! one), and its doubling starts over when the last router is lost.
+//! one), and starts over when the last router is lost.
 //!
 //! The key set is written to the data dir only when it changed: a write is
 //! an fsync, and a fleet of thousands of members sharing a disk rewrote
@@ -52,7 +56,19 @@ const RETRY_MIN: Duration = Duration::from_secs(2);
 const RETRY_MAX: Duration = Duration::from_secs(60);
 /// First pause of a hurry (drawn from `[d, 2d]`), doubling per fetch.
 pub(crate) const HURRY_MIN: Duration = Duration::from_secs(1);
-/// Longest pause of a hurry with no router held (before the `[d, 2d]` draw).
+/// Longest pause (before the `[d, 2d]` draw) of the first
+/// [`HURRY_FAST_FOR`] with no router held.
+pub(crate) const HURRY_FAST_MAX: Duration = Duration::from_secs(4);
+/// How long a hurry with no router held keeps its pauses short.
+pub(crate) const HURRY_FAST_FOR: Duration = Duration::from_secs(60);
+/// Longest a fetch made in a hurry may take (the client's own retries of
+/// an unreachable control plane, honouring its retry-after, included):
+/// past it the fetch counts as failed and the hurry's schedule, not the
+/// client's backoff (up to 10 s a step for its 180 s budget), decides when
+/// to ask again, so a control plane back from a restart is seen soon.
+pub(crate) const HURRY_FETCH_LIMIT: Duration = Duration::from_secs(10);
+/// Longest pause of a hurry with no router held, after the first
+/// [`HURRY_FAST_FOR`] (before the `[d, 2d]` draw).
 pub(crate) const HURRY_MAX: Duration = Duration::from_secs(30);
 
 /// Why the cached directory cannot help, so the next fetch comes soon.
@@ -74,10 +90,33 @@ impl Hurry {
     }
 }
 
+/// A hurry in progress.
+#[derive(Debug, Clone, Copy)]
+struct HurryRun {
+    why: Hurry,
+    /// Fetches made in it so far.
+    fetches: u32,
+    /// When it began.
+    since: Instant,
+    /// When its next fetch is due.
+    at: Instant,
+}
+
 /// The pause before fetch number `n` (0-based) of a hurry whose pauses
 /// grow up to `max`: `min(HURRY_MIN × 2^n, max)`, drawn from `[d, 2d]`.
 pub(crate) fn hurry_pause(n: u32, max: Duration) -> Duration {
     jittered(HURRY_MIN.saturating_mul(1 << n.min(16)).min(max), 1.0)
+}
+
+/// Why a directory fetch failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FetchError {
+    /// The control plane client gave up.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// A fetch in a hurry took longer than [`HURRY_FETCH_LIMIT`].
+    #[error("no answer within {0:?} (a fetch with no router held)")]
+    TooSlow(Duration),
 }
 
 /// The cached directory and when to fetch it next.
@@ -95,8 +134,8 @@ pub(crate) struct Directory {
     addrs: Arc<HashMap<PeerId, Vec<Multiaddr>>>,
     /// The key set last written to the data dir (by this schedule).
     keys_stored: Option<KeySet>,
-    /// The hurry in force, its fetches so far and when its next one is due.
-    hurry: Option<(Hurry, u32, Instant)>,
+    /// The hurry in force, if any.
+    hurry: Option<HurryRun>,
     /// When the fetch in flight (or the last one) started.
     started_at: Instant,
 }
@@ -121,7 +160,7 @@ impl Directory {
     /// Whether a fetch should start now: the interval's (or a failure's
     /// retry) is due, or the hurry's.
     pub(crate) fn due(&self, now: Instant) -> bool {
-        !self.in_flight && (now >= self.next || self.hurry.is_some_and(|(_, _, at)| now >= at))
+        !self.in_flight && (now >= self.next || self.hurry.is_some_and(|h| now >= h.at))
     }
 
     /// A fetch started at `now`.
@@ -137,7 +176,7 @@ impl Directory {
 
     /// The hurry in force, if any.
     pub(crate) fn hurry(&self) -> Option<Hurry> {
-        self.hurry.map(|(h, _, _)| h)
+        self.hurry.map(|h| h.why)
     }
 
     /// Says at `now` whether (and why) the member is in a hurry (see the
@@ -152,32 +191,45 @@ impl Directory {
             }
             // Still in the same hurry, or back to one router of K: the
             // doubling goes on.
-            (Some((old, n, at)), Some(new))
-                if old == new || (old, new) == (Hurry::NoRouter, Hurry::ShortOfK) =>
+            (Some(run), Some(new))
+                if run.why == new || (run.why, new) == (Hurry::NoRouter, Hurry::ShortOfK) =>
             {
-                self.hurry = Some((new, n, at));
+                self.hurry = Some(HurryRun { why: new, ..run });
                 false
             }
             // A new hurry, or the last router lost: start over, soon.
-            (_, Some(new)) => {
-                self.hurry = Some((new, 0, now + hurry_pause(0, self.hurry_max(new))));
+            (_, Some(why)) => {
+                let mut run = HurryRun {
+                    why,
+                    fetches: 0,
+                    since: now,
+                    at: now,
+                };
+                run.at = now + hurry_pause(0, self.hurry_cap(&run, now));
+                self.hurry = Some(run);
                 true
             }
         }
     }
 
-    fn hurry_max(&self, h: Hurry) -> Duration {
-        match h {
-            Hurry::NoRouter => HURRY_MAX.min(self.interval),
+    /// The longest pause (before the draw) of `run` at `now`.
+    fn hurry_cap(&self, run: &HurryRun, now: Instant) -> Duration {
+        let cap = match run.why {
+            Hurry::NoRouter if now.saturating_duration_since(run.since) < HURRY_FAST_FOR => {
+                HURRY_FAST_MAX
+            }
+            Hurry::NoRouter => HURRY_MAX,
             Hurry::ShortOfK => self.interval,
-        }
+        };
+        cap.min(self.interval)
     }
 
     /// The hurry's next fetch, after one ended at `now` (success or not).
     fn hurry_next(&mut self, now: Instant) {
-        if let Some((h, n, _)) = self.hurry {
-            let n = n + 1;
-            self.hurry = Some((h, n, now + hurry_pause(n, self.hurry_max(h))));
+        if let Some(mut run) = self.hurry {
+            run.fetches += 1;
+            run.at = now + hurry_pause(run.fetches, self.hurry_cap(&run, now));
+            self.hurry = Some(run);
         }
     }
 
@@ -304,8 +356,9 @@ impl Core {
             .inc();
         self.directory.started(Instant::now());
         let shared = self.shared.clone();
+        let limit = self.directory.hurry().map(|_| HURRY_FETCH_LIMIT);
         self.ops.push(Box::pin(async move {
-            let r = async {
+            let fetch = async {
                 // Naming the copy we hold: an unchanged policy is not sent.
                 let held = shared.policy.held().map(|h| HeldPolicyVersion {
                     epoch: h.epoch,
@@ -323,16 +376,21 @@ impl Core {
                         .offer(signed, Arc::new(trust), crate::policy::DIRECTORY)
                         .await;
                 }
-                Ok((dir, keys))
-            }
-            .await;
+                Ok::<_, FetchError>((dir, keys))
+            };
+            let r = match limit {
+                None => fetch.await,
+                Some(limit) => tokio::time::timeout(limit, fetch)
+                    .await
+                    .unwrap_or(Err(FetchError::TooSlow(limit))),
+            };
             Op::Directory(Box::new(r))
         }));
     }
 
     pub(super) fn on_directory(
         &mut self,
-        result: Result<(GetDirectoryResponse, KeySet), ClientError>,
+        result: Result<(GetDirectoryResponse, KeySet), FetchError>,
     ) {
         match result {
             Ok((dir, keys)) => {
@@ -428,7 +486,7 @@ mod tests {
     }
 
     #[test]
-    fn with_no_router_held_the_directory_is_fetched_again_within_seconds_doubling_to_a_cap() {
+    fn with_no_router_held_the_directory_is_fetched_again_within_seconds_then_less_often() {
         let start = Instant::now();
         let interval = Duration::from_secs(300);
         let mut d = Directory::new(interval, start);
@@ -442,17 +500,25 @@ mod tests {
         assert!(d.set_hurry(Some(Hurry::NoRouter), t0), "a hurry begins");
         assert!(!d.due(t0 + HURRY_MIN - Duration::from_millis(1)));
         assert!(d.due(t0 + HURRY_MIN * 2));
-        // Still none held after each fetch: pauses double from 1-2 s up to
-        // 30-60 s and stay there.
+        // Still none held after each fetch: pauses double from 1-2 s to
+        // 4-8 s for the first minute, so a router back is seen within 8 s;
+        // then up to 30-60 s.
         let mut now = t0 + HURRY_MIN * 2;
-        for n in 1..=12u32 {
+        let mut fast = 0;
+        for n in 1..=20u32 {
             assert_eq!(d.hurry(), Some(Hurry::NoRouter));
             assert!(d.due(now), "{n}");
             d.started(now);
             assert!(!d.due(now), "one fetch at a time");
             d.fetched(vec![cand()], now);
             assert!(!d.set_hurry(Some(Hurry::NoRouter), now), "same hurry");
-            let base = HURRY_MIN.saturating_mul(1 << n).min(HURRY_MAX);
+            let cap = if now - t0 < HURRY_FAST_FOR {
+                fast += 1;
+                HURRY_FAST_MAX
+            } else {
+                HURRY_MAX
+            };
+            let base = HURRY_MIN.saturating_mul(1 << n).min(cap);
             let due_at = (1..=200u64)
                 .map(|ms| now + Duration::from_millis(ms * 500))
                 .find(|t| d.due(*t))
@@ -464,6 +530,8 @@ mod tests {
             );
             now = due_at;
         }
+        assert!(fast >= 7, "{fast} fetches in the first minute");
+        assert!(now - t0 > Duration::from_secs(300), "slower after a minute");
         // A failed fetch in a hurry is retried no later than the hurry's
         // pause (the failure backoff may come sooner).
         d.started(now);
@@ -482,6 +550,29 @@ mod tests {
         assert!(!d.set_hurry(None, now));
         assert_eq!(d.hurry(), None);
         assert!(!d.due(now + HURRY_MIN * 2));
+    }
+
+    #[test]
+    fn short_of_k_the_pauses_double_up_to_the_interval() {
+        let now = Instant::now();
+        let interval = Duration::from_secs(300);
+        let mut d = Directory::new(interval, now);
+        d.started(now);
+        d.fetched(vec![cand()], now);
+        assert!(d.set_hurry(Some(Hurry::ShortOfK), now));
+        let mut t = now;
+        for n in 1..=12u32 {
+            let due_at = (1..=1300u64)
+                .map(|ms| t + Duration::from_millis(ms * 500))
+                .find(|x| d.due(*x))
+                .expect("due within the interval");
+            t = due_at;
+            d.started(t);
+            d.fetched(vec![cand()], t);
+            let _ = n;
+        }
+        // Twelve fetches took far more than a minute: no fast phase.
+        assert!(t - now > Duration::from_secs(600), "{:?}", t - now);
     }
 
     #[test]

@@ -80,7 +80,7 @@ pub(crate) enum Op {
         router: PeerId,
         result: Result<agentmesh_proto::pb::mesh::GoAway, String>,
     },
-    Directory(Box<Result<(GetDirectoryResponse, KeySet), ClientError>>),
+    Directory(Box<Result<(GetDirectoryResponse, KeySet), directory::FetchError>>),
     Refresh(Box<Result<RefreshResponse, ClientError>>),
     /// A transit request's connection is up (or failed).
     TransitConnected {

@@ -601,6 +601,7 @@ impl Core {
         };
         if slot.reserved() {
             self.choice.failures.remove(&router);
+            self.choice.lifted.remove(&router);
             self.shared
                 .metrics
                 .reservations

@@ -13,8 +13,14 @@
 //! A leaving router's shun (up to an hour) would outlast its restart: after
 //! a whole mesh restarts every member would sit with no router while the
 //! routers answer again. So a directory fetched after the shun began that
-//! lists the router not draining, with a lease renewed since the shun
-//! began, ends it ([`Choice::lift_returned`]): the router is back. A router
+//! lists the router not draining, its lease no older than the one we knew,
+//! ends it ([`Choice::lift_returned`]): the router is back. (Leases are in
+//! whole seconds: a router restarted within the second of its last lease
+//! shows the same expiry, so "no older", not "newer".) A router whose last
+//! lease, saying DRAINING, never reached the control plane also looks
+//! back: it is tried once, and if it refuses again (or is gone, and its
+//! redials run out) a second lift needs a lease renewed since, so a stale
+//! entry costs each member one more try, not one per fetch. A router
 //! restarted under a new PeerId needs nothing of the kind: it is a new
 //! candidate, while its old entry stays draining until its lease ends.
 
@@ -41,6 +47,9 @@ pub(crate) struct Choice {
     /// A lost router is replaced from this instant on (while another
     /// serves; see [`crate::Config::router_replace_spread`]).
     pub(crate) replace_after: Option<Instant>,
+    /// Routers whose leaving shun a directory ended since they last
+    /// served us: ending another needs a lease renewed since.
+    pub(crate) lifted: HashSet<PeerId>,
 }
 
 impl Choice {
@@ -49,6 +58,7 @@ impl Choice {
     pub(crate) fn forget_unknown(&mut self, known: &HashSet<PeerId>) {
         self.failures.retain(|p, _| known.contains(p));
         self.redials.retain(|p, _| known.contains(p));
+        self.lifted.retain(|p| known.contains(p));
         self.warned_no_router = false;
     }
 
@@ -91,8 +101,9 @@ pub(crate) struct Shun {
 impl Choice {
     /// After a directory fetch that started at `fetched_at`: ends the
     /// shuns of leaving routers (`draining`) that `listed` shows back: not
-    /// draining, with a lease renewed since we shunned them, in a fetch
-    /// that began after the shun did (an answer under way when the
+    /// draining, with a lease no older than the one we knew (renewed
+    /// since, for a router lifted before and not served by since), in a
+    /// fetch that began after the shun did (an answer under way when the
     /// go-away came may predate it). Shuns for failures (they end early
     /// by themselves when the node is short) and for a revoked credential
     /// stay. Returns the routers lifted.
@@ -113,7 +124,10 @@ impl Choice {
                 s.draining
                     && !s.until_new_credential
                     && s.since < fetched_at
-                    && back.get(p).is_some_and(|lease| *lease > s.lease_seen)
+                    && back.get(p).is_some_and(|lease| {
+                        *lease > s.lease_seen
+                            || (*lease == s.lease_seen && !self.lifted.contains(p))
+                    })
             })
             .map(|(p, _)| *p)
             .collect();
@@ -122,6 +136,7 @@ impl Choice {
             self.shunned.remove(p);
             // Its failures were the leaving, not a fault: start afresh.
             self.failures.remove(p);
+            self.lifted.insert(*p);
         }
         lifted
     }
@@ -280,7 +295,8 @@ mod tests {
             // Killed after its last lease said draining: stays draining.
             listed(&dead, true, 1030),
             // Its last (draining) lease never reached the control plane:
-            // not draining, but nothing renewed since we shunned it.
+            // not draining, nothing renewed since we shunned it (or it
+            // restarted within the second of that lease).
             listed(&stale, false, 1000),
             listed(&failed, false, 1060),
             listed(&revoked, false, 1060),
@@ -291,12 +307,30 @@ mod tests {
         assert!(choice.lift_returned(&dir, before).is_empty());
         // A fetch begun after it: only the router that is back.
         let after = t0 + Duration::from_secs(2);
-        assert_eq!(choice.lift_returned(&dir, after), vec![left.peer]);
+        let mut both = vec![left.peer, stale.peer];
+        both.sort();
+        assert_eq!(choice.lift_returned(&dir, after), both);
         assert!(!choice.shunned.contains_key(&left.peer));
         assert!(!choice.failures.contains_key(&left.peer), "starts afresh");
-        for p in [dead.peer, stale.peer, failed.peer, revoked.peer, moved.peer] {
+        for p in [dead.peer, failed.peer, revoked.peer, moved.peer] {
             assert!(choice.shunned.contains_key(&p));
         }
+        // The stale one refused us again as draining (or was gone): the
+        // same entry does not lift it a second time, a renewed lease does.
+        choice.shunned.insert(stale.peer, leaving(1000));
+        assert!(choice.lift_returned(&dir, after).is_empty());
+        assert_eq!(
+            choice.lift_returned(&[listed(&stale, false, 1015)], after),
+            vec![stale.peer]
+        );
+        // Once it serves us again (`lifted` cleared), the next leaving
+        // starts over.
+        choice.lifted.remove(&stale.peer);
+        choice.shunned.insert(stale.peer, leaving(1015));
+        assert_eq!(
+            choice.lift_returned(&[listed(&stale, false, 1015)], after),
+            vec![stale.peer]
+        );
         // Not listed at all (its lease ended): stays shunned.
         assert!(choice.lift_returned(&[], after).is_empty());
         // A shun with no lease seen (a go-away alternative we never saw in

@@ -156,6 +156,7 @@ async fn members_until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_outside_are_back_within_seconds_after_agentmesh_one_restarts() {
+    agentmesh_testkit::init_tracing("agentmesh_node=info");
     let dir = tempfile::tempdir().expect("tempdir");
     let ports = Ports {
         grpc: free_pair(),
