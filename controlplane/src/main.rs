@@ -7,9 +7,14 @@ use clap::Parser;
 #[global_allocator]
 static ALLOC: agentmesh_runtime::Allocator = agentmesh_runtime::Allocator;
 
-fn main() -> anyhow::Result<()> {
-    agentmesh_runtime::block_on(async_main())
-        .map_err(|e| anyhow::anyhow!("building the async runtime: {e}"))?
+fn main() -> std::process::ExitCode {
+    // One line on an error, never a backtrace (see `exit_code`).
+    agentmesh_runtime::exit_code(
+        "agentmesh-control-plane",
+        agentmesh_runtime::block_on(async_main())
+            .map_err(|e| anyhow::anyhow!("building the async runtime: {e}"))
+            .and_then(|r| r),
+    )
 }
 
 async fn async_main() -> anyhow::Result<()> {

@@ -11,8 +11,13 @@ use clap::Parser as _;
 #[global_allocator]
 static ALLOC: agentmesh_runtime::Allocator = agentmesh_runtime::Allocator;
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    // An expected error (a refused call, no node running, a bad flag
+    // value) is one line, never a backtrace (see `exit_code`).
+    agentmesh_runtime::exit_code("agentmesh-node", run(Cli::parse()))
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Run(args) => agentmesh_runtime::block_on(async move {
             init_logs();
@@ -31,19 +36,11 @@ fn main() -> anyhow::Result<()> {
     .context("building the async runtime")?
 }
 
-/// Prints the node's answer, or one line saying why there is none and exits
-/// with status 1 (no backtrace, whatever `RUST_BACKTRACE` says).
+/// Prints the node's answer; an error is one line (see `main`).
 async fn ask(args: StatusArgs, what: Ask) -> anyhow::Result<()> {
-    match cli::ask(args, what).await {
-        Ok(text) => {
-            print!("{text}");
-            Ok(())
-        }
-        Err(e) => {
-            eprintln!("agentmesh-node: {e}");
-            std::process::exit(1);
-        }
-    }
+    let text = cli::ask(args, what).await?;
+    print!("{text}");
+    Ok(())
 }
 
 fn init_logs() {

@@ -17,6 +17,7 @@ pub const OUTBOUND_RESULTS: &[&str] = &[
     "lookup_failed",
     "connect_failed",
     "refused",
+    "denied",
     "timeout",
     "shutting_down",
 ];
@@ -124,6 +125,17 @@ pub const LOG_KINDS: &[&str] = &[
 ];
 /// Generic outcomes.
 pub const OUTCOMES: &[&str] = &["ok", "error"];
+/// Why a directory fetch started ([`Metrics::directory_fetches`]): its
+/// interval (or a failure's retry), or a hurry (`core::directory`): no
+/// router held, or short of K with no free candidate.
+pub const DIRECTORY_SCHEDULES: &[&str] = &["interval", "no_router", "short_of_k"];
+
+/// `{schedule}`: one of [`DIRECTORY_SCHEDULES`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScheduleLabel {
+    /// Why the fetch started.
+    pub schedule: &'static str,
+}
 
 /// `{direction, result}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -231,6 +243,14 @@ pub struct Metrics {
     /// Local connections that waited for a slot because their listener's
     /// bound (`--max-forward-connections`) was reached, by listener.
     pub local_connection_waits: Family<ListenerLabel, Counter>,
+    /// Directory fetches started, by schedule ([`DIRECTORY_SCHEDULES`]):
+    /// `no_router` and `short_of_k` rising show members the cached
+    /// directory could not help (e.g. after the whole mesh restarted).
+    pub directory_fetches: Family<ScheduleLabel, Counter>,
+    /// Shuns of routers that had left (go-away, DRAINING) ended because a
+    /// directory fetched since showed them back, not draining, their lease
+    /// renewed (`core::shun`).
+    pub shuns_lifted: Counter,
     /// Calls that ended in the last minutes (for `agentmesh-node status`;
     /// not exported).
     pub(crate) recent: std::sync::Arc<crate::recent::RecentCalls>,
@@ -308,6 +328,11 @@ impl Metrics {
             let _ = m.local_connections_active.get_or_create(&l);
             let _ = m.local_connection_waits.get_or_create(&l);
         }
+        for schedule in DIRECTORY_SCHEDULES {
+            let _ = m
+                .directory_fetches
+                .get_or_create(&ScheduleLabel { schedule });
+        }
         for r in OUTCOMES {
             let _ = m.reservations.get_or_create(&ResultLabel { result: r });
             let _ = m.publishes.get_or_create(&ResultLabel { result: r });
@@ -327,6 +352,16 @@ impl Metrics {
             "routers_attached",
             "Routers with an active relay reservation",
             self.routers_attached.clone(),
+        );
+        r.register(
+            "directory_fetches",
+            "Directory fetches started, by schedule (interval, no_router, short_of_k)",
+            self.directory_fetches.clone(),
+        );
+        r.register(
+            "router_shuns_lifted",
+            "Shuns of routers that had left ended because the directory showed them back",
+            self.shuns_lifted.clone(),
         );
         r.register(
             "routers_wanted",

@@ -25,6 +25,11 @@ pub struct RouterReport {
     pub draining: bool,
     /// It accepted our current records.
     pub records_accepted: bool,
+    /// Why it refused our records the last time (e.g. `not_owner:
+    /// provider does not own service "x"`). Defaulted when reading a node
+    /// that predates it.
+    #[serde(default)]
+    pub records_refused: Option<String>,
 }
 
 /// A service this node exposes.
@@ -88,6 +93,9 @@ pub struct Report {
     /// Epoch of the access policy held.
     #[serde(default)]
     pub policy_epoch: u64,
+    /// Why a router refuses our records, naming it; `None` while none does.
+    #[serde(default)]
+    pub records_refused: Option<String>,
 }
 
 /// A service seen in a lookup (there is no mesh-wide listing: a router
@@ -139,6 +147,13 @@ impl Report {
             }
             if r.records_accepted {
                 flags.push("records accepted");
+            }
+            let refused = r
+                .records_refused
+                .as_ref()
+                .map(|why| format!("records refused: {why}"));
+            if let Some(why) = &refused {
+                flags.push(why);
             }
             let flags = if flags.is_empty() {
                 String::new()
@@ -194,6 +209,9 @@ impl Report {
                 "policy      version {} (epoch {:016x})",
                 self.policy_version, self.policy_epoch
             );
+        }
+        if let Some(why) = &self.records_refused {
+            let _ = writeln!(o, "records     refused by {why}");
         }
         if let Some(e) = &self.last_router_error {
             let _ = writeln!(o, "last error  {e}");
@@ -271,6 +289,7 @@ mod tests {
                     leaving: true,
                     draining: false,
                     records_accepted: true,
+                    records_refused: None,
                 },
                 RouterReport {
                     peer_id: "12D3r2".into(),
@@ -279,6 +298,7 @@ mod tests {
                     leaving: false,
                     draining: false,
                     records_accepted: false,
+                    records_refused: Some(r#"not_owner: provider does not own service "x""#.into()),
                 },
             ],
             transit_routers: vec!["12D3r3".into()],
@@ -299,6 +319,9 @@ mod tests {
             last_router_error: None,
             policy_version: 7,
             policy_epoch: 0xab,
+            records_refused: Some(
+                r#"router 12D3r2: not_owner: provider does not own service "x""#.into(),
+            ),
         };
         let text = r.render();
         assert!(
@@ -320,6 +343,7 @@ mod tests {
         let o = old.as_object_mut().expect("object");
         o.remove("policy_version");
         o.remove("policy_epoch");
+        o.remove("records_refused");
         let read: Report = serde_json::from_value(old).expect("an older node's report reads");
         assert_eq!(read.policy_version, 0);
         assert!(
@@ -334,7 +358,18 @@ mod tests {
             text.contains("12D3r1  reserved at /ip4/127.0.0.1/tcp/1 [leaving, records accepted]"),
             "{text}"
         );
-        assert!(text.contains("12D3r2  dialing\n"), "{text}");
+        assert!(
+            text.contains(
+                r#"12D3r2  dialing [records refused: not_owner: provider does not own service "x"]"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"records     refused by router 12D3r2: not_owner: provider does not own service "x""#
+            ),
+            "{text}"
+        );
         assert!(text.contains("12D3r3  transit"), "{text}");
         assert!(text.contains("expires at 1000 (in 10m00s)"), "{text}");
         assert!(text.contains("exposed     echo -> 127.0.0.1:7"), "{text}");

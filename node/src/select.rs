@@ -22,6 +22,10 @@ pub struct Candidate {
     pub load: f64,
     /// Whether it is draining.
     pub draining: bool,
+    /// When its lease ends, Unix seconds (0: not from the directory, e.g.
+    /// a go-away's alternative). A live router renews it every lease
+    /// interval, so a later value than one seen before means it is up.
+    pub lease_expires_at_unix_secs: i64,
 }
 
 impl Candidate {
@@ -49,6 +53,7 @@ impl Candidate {
             labels: labels_to_map(&info.labels),
             load,
             draining: info.draining,
+            lease_expires_at_unix_secs: info.lease_expires_at_unix_secs,
         })
     }
 }
@@ -124,6 +129,7 @@ mod tests {
                 .collect(),
             load,
             draining: false,
+            lease_expires_at_unix_secs: 0,
         }
     }
 

@@ -46,7 +46,7 @@ pub(crate) enum Command {
         addrs: Vec<Multiaddr>,
         keep_via: Option<Vec<PeerId>>,
         listed: Option<Vec<PeerId>>,
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), ConnectFailure>>,
     },
     /// The routers a call may use now (see [`Routes`]).
     Routes { reply: oneshot::Sender<Routes> },
@@ -78,6 +78,27 @@ pub(crate) struct Routes {
     pub(crate) leaving: HashSet<PeerId>,
     /// Router addresses from the directory (and go-away alternatives).
     pub(crate) directory: Arc<HashMap<PeerId, Vec<Multiaddr>>>,
+}
+
+/// Why a connection request failed (see [`Command::Connect`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{detail}")]
+pub(crate) struct ConnectFailure {
+    /// What went wrong, as libp2p (or the core) said it.
+    pub(crate) detail: String,
+    /// The relay refused the circuit with PERMISSION_DENIED: the router
+    /// refused it by its access policy (its muxer answers the relay so).
+    pub(crate) denied: bool,
+}
+
+impl ConnectFailure {
+    /// A failure that is not a policy refusal.
+    pub(crate) fn other(detail: impl Into<String>) -> Self {
+        Self {
+            detail: detail.into(),
+            denied: false,
+        }
+    }
 }
 
 /// Why a transit admission failed (see [`Command::Transit`]).
@@ -213,7 +234,7 @@ impl Shared {
         keep_via: Option<Vec<PeerId>>,
         listed: Option<Vec<PeerId>>,
         limit: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), ConnectFailure> {
         self.ask(limit, |reply| Command::Connect {
             peer,
             addrs,
@@ -223,8 +244,10 @@ impl Shared {
         })
         .await
         .map_err(|e| match e {
-            Unanswered::Stopping => "node is stopping".to_string(),
-            Unanswered::TimedOut(d) => format!("no connection to {peer} within {d:?}"),
+            Unanswered::Stopping => ConnectFailure::other("node is stopping"),
+            Unanswered::TimedOut(d) => {
+                ConnectFailure::other(format!("no connection to {peer} within {d:?}"))
+            }
         })?
     }
 

@@ -24,6 +24,10 @@ pub struct NodeStatus {
     pub exposing: bool,
     /// Whether at least one reserved router accepted our current records.
     pub records_accepted: bool,
+    /// Why a router refused our records the last time it was asked,
+    /// naming it (e.g. `router R: not_owner: provider does not own
+    /// service "x"`); `None` while none refuses them.
+    pub records_refused: Option<String>,
     /// Ready: admitted with an active reservation on ≥ 1 router and, when
     /// exposing, records accepted (docs/architecture.md, "Readiness").
     pub ready: bool,
@@ -61,12 +65,19 @@ impl NodeStatus {
             "stopping".to_string()
         } else if !self.enrolled {
             "not enrolled".to_string()
+        } else if self.reserved.is_empty() && self.candidates == 0 {
+            format!(
+                "no router reservation: no router in the directory is available (none matches the selector, or all are draining; {} admitted)",
+                self.admitted.len()
+            )
         } else if self.reserved.is_empty() {
             format!(
                 "no router reservation yet ({} admitted, {} candidates)",
                 self.admitted.len(),
                 self.candidates
             )
+        } else if let Some(why) = &self.records_refused {
+            format!("records refused: {why}")
         } else {
             "records not yet accepted by any router".to_string()
         };
@@ -74,5 +85,51 @@ impl NodeStatus {
             Some(e) => format!("not ready: {why}; last router error: {e}\n"),
             None => format!("not ready: {why}\n"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_ready_says_which_router_refuses_the_records_and_why() {
+        let r = PeerId::random();
+        let s = NodeStatus {
+            enrolled: true,
+            routers_wanted: 1,
+            reserved: vec![r],
+            candidates: 1,
+            exposing: true,
+            records_refused: Some(format!(
+                r#"router {r}: not_owner: provider does not own service "payments/api""#
+            )),
+            ..Default::default()
+        };
+        assert_eq!(
+            s.readyz_line(),
+            format!(
+                "not ready: records refused: router {r}: not_owner: provider does not own service \"payments/api\"\n"
+            )
+        );
+        let pending = NodeStatus {
+            records_refused: None,
+            ..s.clone()
+        };
+        assert_eq!(
+            pending.readyz_line(),
+            "not ready: records not yet accepted by any router\n"
+        );
+        let none = NodeStatus {
+            reserved: vec![],
+            candidates: 0,
+            ..s
+        };
+        assert!(
+            none.readyz_line()
+                .contains("no router in the directory is available"),
+            "{}",
+            none.readyz_line()
+        );
     }
 }

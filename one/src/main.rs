@@ -49,9 +49,14 @@ struct Args {
     policy: Option<PathBuf>,
 }
 
-fn main() -> anyhow::Result<()> {
-    agentmesh_runtime::block_on(async_main())
-        .map_err(|e| anyhow::anyhow!("building the async runtime: {e}"))?
+fn main() -> std::process::ExitCode {
+    // One line on an error, never a backtrace (see `exit_code`).
+    agentmesh_runtime::exit_code(
+        "agentmesh-one",
+        agentmesh_runtime::block_on(async_main())
+            .map_err(|e| anyhow::anyhow!("building the async runtime: {e}"))
+            .and_then(|r| r),
+    )
 }
 
 async fn async_main() -> anyhow::Result<()> {

@@ -9,8 +9,13 @@ use clap::Parser as _;
 #[global_allocator]
 static ALLOC: agentmesh_runtime::Allocator = agentmesh_runtime::Allocator;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // One line on an error, never a backtrace (see `exit_code`).
+    agentmesh_runtime::exit_code("agentmesh-router", run(cli))
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     agentmesh_runtime::block_on(async move {
         init_logs();
         agentmesh_router::cli::run(cli).await

@@ -76,6 +76,34 @@ pub fn block_on_within<F: std::future::Future>(
     Ok(out)
 }
 
+/// The end of a program's `main`: `Ok` exits 0; an error is printed on
+/// stderr as one line, `PROGRAM: error: cause: …` (`{:#}`: anyhow's chain
+/// on one line), and exits 1. Never `{:?}`: returning an `anyhow::Result`
+/// from `main` prints "Caused by:" lines and, with `RUST_BACKTRACE` set,
+/// a backtrace, for errors that are expected (a refused call, a bad flag
+/// value, a control plane that cannot be reached).
+pub fn exit_code<E: std::fmt::Display>(
+    program: &str,
+    result: Result<(), E>,
+) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{}", one_line(program, &e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `PROGRAM: ERROR` on one line (line breaks inside the error become spaces).
+fn one_line(program: &str, e: &impl std::fmt::Display) -> String {
+    let text = format!("{e:#}");
+    format!(
+        "{program}: {}",
+        text.split_whitespace().collect::<Vec<_>>().join(" ")
+    )
+}
+
 // Unit tests read jemalloc's statistics: make it this test binary's
 // allocator too.
 #[cfg(test)]
@@ -84,6 +112,24 @@ static TEST_ALLOC: Allocator = Allocator;
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_error_is_one_line_naming_the_program() {
+        #[derive(Debug)]
+        struct Chain;
+        impl std::fmt::Display for Chain {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                if f.alternate() {
+                    write!(f, "call failed: refused\n  by policy")
+                } else {
+                    write!(f, "call failed")
+                }
+            }
+        }
+        assert_eq!(
+            super::one_line("agentmesh-node", &Chain),
+            "agentmesh-node: call failed: refused by policy"
+        );
+    }
     /// The runtime runs tasks with its timers and I/O drivers on, and its
     /// idle workers' park hook (the cache flush) runs without failing.
     #[test]

@@ -5,6 +5,7 @@
 pub(crate) mod admission;
 pub(crate) mod inbound;
 pub(crate) mod outbound;
+pub(crate) mod refusal;
 pub(crate) mod slots;
 pub(crate) mod splice;
 
@@ -24,9 +25,10 @@ use crate::shared::InFlight;
 /// Why an outbound call could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
-    /// The node holds no router to look the service up through.
-    #[error("not attached to any router yet")]
-    NotReady,
+    /// The node holds no router to look the service up through; carries
+    /// why (its `/readyz` line).
+    #[error("{0}")]
+    NotReady(String),
     /// The node is shutting down.
     #[error("node is shutting down")]
     ShuttingDown,
@@ -41,6 +43,16 @@ pub enum CallError {
     /// Nobody provides the service.
     #[error("no provider of {0:?}")]
     NoProviders(String),
+    /// A router refused the circuit by its access policy: final for this
+    /// caller and service (not retried on other providers or routers);
+    /// carries why, judged with the node's own copy of the policy.
+    #[error("call to {service:?} refused: {detail}")]
+    Denied {
+        /// The service.
+        service: String,
+        /// The policy version, this caller's groups, what is missing.
+        detail: String,
+    },
     /// Every provider tried failed or refused; carries the last reason.
     #[error("call to {service:?} failed after {attempts} provider(s): {last}")]
     Failed {
@@ -61,7 +73,8 @@ impl CallError {
     /// The `result` label counted for this failure.
     pub fn result_label(&self) -> &'static str {
         match self {
-            Self::NotReady => "not_ready",
+            Self::NotReady(_) => "not_ready",
+            Self::Denied { .. } => "denied",
             Self::ShuttingDown => "shutting_down",
             Self::LookupFailed { .. } => "lookup_failed",
             Self::NoProviders(_) => "no_providers",

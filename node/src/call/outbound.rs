@@ -23,7 +23,10 @@
 //! last, is retried up to [`MAX_ROUTE_RETRIES`] times: a fresh lookup,
 //! routes avoiding the routers that failed, after a pause that grows and is
 //! jittered, all within the call's deadline. Never after a provider
-//! answered: an answer (accepted or refused) is final. A lookup where every router
+//! answered: an answer (accepted or refused) is final, and so is a router's
+//! refusal of the circuit by its access policy (the relay's
+//! PERMISSION_DENIED): no other provider or router is tried, and the error
+//! says why with the node's own copy of the policy (`super::refusal`). A lookup where every router
 //! asked knew no provider is asked once more too (once, apart from the
 //! route retry), after a short pause: mid-move that is a gap in the catalog.
 
@@ -106,6 +109,8 @@ struct AttemptError {
     timed_out: bool,
     /// Set when the route failed (not the provider, not a timeout).
     route: Option<RouteFailure>,
+    /// The router refused the circuit by its access policy: final.
+    denied: bool,
 }
 
 impl AttemptError {
@@ -119,6 +124,7 @@ impl AttemptError {
             route: (timed_out || e.is_connection_failure()).then_some(RouteFailure { reason, via }),
             detail: e.to_string(),
             refused: false,
+            denied: false,
         }
     }
 }
@@ -136,6 +142,7 @@ fn connect_error(detail: String, via: PeerId) -> AttemptError {
         detail,
         refused: false,
         route,
+        denied: false,
     }
 }
 
@@ -146,6 +153,7 @@ fn other_error(detail: String) -> AttemptError {
         refused: false,
         timed_out: false,
         route: None,
+        denied: false,
     }
 }
 
@@ -397,7 +405,8 @@ async fn round(
     let avoid = &avoid;
     let mut attached = view.attached;
     if attached.is_empty() {
-        return Err(CallError::NotReady.into());
+        let why = shared.status.borrow().readyz_line();
+        return Err(CallError::NotReady(why.trim_end().to_string()).into());
     }
     attached.shuffle(&mut rand::thread_rng());
     attached.sort_by_key(|(r, _)| avoid.contains(r));
@@ -468,6 +477,16 @@ async fn round(
         };
         match attempt(shared, service, provider, &routers, route).await {
             Ok(s) => return Ok(s),
+            Err(e) if e.denied => {
+                // A policy refusal: every provider and router would say
+                // the same to this caller for this service.
+                tracing::debug!(%provider, service, error = %e.detail, "circuit refused by policy");
+                return Err(CallError::Denied {
+                    service: service.to_string(),
+                    detail: e.detail,
+                }
+                .into());
+            }
             Err(e) => {
                 tracing::debug!(%provider, service, error = %e.detail, "provider attempt failed");
                 routes.extend(e.route);
@@ -621,7 +640,19 @@ async fn attempt(
             budget.cap(shared.config.connect_timeout()),
         )
         .await
-        .map_err(|e| connect_error(explain_circuit_failure(e, via, provider), via))?;
+        .map_err(|e| {
+            if e.denied {
+                AttemptError {
+                    detail: super::refusal::explain(shared, service, via, provider),
+                    refused: false,
+                    timed_out: false,
+                    route: None,
+                    denied: true,
+                }
+            } else {
+                connect_error(explain_circuit_failure(e.detail, via, provider), via)
+            }
+        })?;
     let (answer, stream, conn) = call_wire::request(
         shared.control.clone(),
         provider,
@@ -643,6 +674,7 @@ async fn attempt(
             refused: true,
             timed_out: false,
             route: None,
+            denied: false,
         });
     }
     let m = &shared.metrics;

@@ -66,9 +66,11 @@ pub async fn call(args: CallArgs) -> Result<(), CallError> {
     let mut line = String::new();
     r.read_line(&mut line).await.map_err(io)?;
     if line.trim_end() != "OK" {
+        // `ERR reason` (see the socket's protocol): the reason alone.
+        let reason = line.trim_end();
         return Err(CallError::Refused {
             name,
-            reason: line.trim_end().to_string(),
+            reason: reason.strip_prefix("ERR ").unwrap_or(reason).to_string(),
         });
     }
     let up = async {

@@ -16,12 +16,55 @@ use libp2p::{Multiaddr, PeerId};
 use tokio::sync::oneshot;
 
 use super::Core;
+use crate::shared::ConnectFailure;
 
 /// Most connection waiters held at once (call tasks waiting for a dial).
 pub(crate) const MAX_WAITERS: usize = 4096;
 
 /// A reply to a connection request.
-pub(crate) type Reply = oneshot::Sender<Result<(), String>>;
+pub(crate) type Reply = oneshot::Sender<Result<(), ConnectFailure>>;
+
+/// What a failed dial tells its waiters: libp2p's words, and whether a
+/// relay refused the circuit with PERMISSION_DENIED (found anywhere in the
+/// nested transport errors: the relay client reports it as
+/// `ConnectError::PermissionDenied` inside the relayed dial's error).
+pub(crate) fn dial_failure(peer: &PeerId, error: &libp2p::swarm::DialError) -> ConnectFailure {
+    let denied = match error {
+        libp2p::swarm::DialError::Transport(errors) => errors
+            .iter()
+            .any(|(_, e)| permission_denied(e as &(dyn std::error::Error + 'static))),
+        _ => false,
+    };
+    ConnectFailure {
+        detail: format!("connect to {peer}: {error}"),
+        denied,
+    }
+}
+
+/// Whether `e` or anything it wraps is a relay's PERMISSION_DENIED.
+fn permission_denied(e: &(dyn std::error::Error + 'static)) -> bool {
+    use libp2p::relay::outbound::hop::ConnectError;
+    let mut next = Some(e);
+    // Bounded: error chains are short; a cycle would be a bug elsewhere.
+    for _ in 0..16 {
+        let Some(e) = next else {
+            return false;
+        };
+        if let Some(c) = e.downcast_ref::<ConnectError>() {
+            return matches!(c, ConnectError::PermissionDenied);
+        }
+        // `io::Error::source` skips the error it wraps: look inside.
+        if let Some(inner) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+            && permission_denied(inner)
+        {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
 
 /// A connect that waits for stale relayed connections to close first.
 struct FreshWait {
@@ -67,7 +110,7 @@ impl Core {
         if !stale.is_empty() {
             self.waits.fresh.retain(|w| !w.reply.is_closed());
             if self.waits.fresh.len() >= MAX_WAITERS {
-                let _ = reply.send(Err("too many connections pending".into()));
+                let _ = reply.send(Err(ConnectFailure::other("too many connections pending")));
                 return;
             }
             tracing::debug!(%peer, stale = stale.len(), "closing relayed connections through routers the peer left (or idle)");
@@ -108,7 +151,7 @@ impl Core {
             return;
         }
         if self.waits.dialing() >= MAX_WAITERS {
-            let _ = reply.send(Err("too many connections pending".into()));
+            let _ = reply.send(Err(ConnectFailure::other("too many connections pending")));
             return;
         }
         if anew && let Some(w) = self.waits.dials.get_mut(&peer) {
@@ -136,7 +179,7 @@ impl Core {
                 w.push(reply);
             }
             Err(e) => {
-                let _ = reply.send(Err(format!("dial {peer}: {e}")));
+                let _ = reply.send(Err(ConnectFailure::other(format!("dial {peer}: {e}"))));
             }
         }
     }
@@ -153,11 +196,47 @@ impl Core {
     }
 
     /// Answers everyone waiting for a connection to `peer`.
-    pub(super) fn resolve_waiters(&mut self, peer: &PeerId, result: Result<(), String>) {
+    pub(super) fn resolve_waiters(&mut self, peer: &PeerId, result: Result<(), ConnectFailure>) {
         if let Some(ws) = self.waits.dials.remove(peer) {
             for w in ws {
                 let _ = w.send(result.clone());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use libp2p::core::transport::TransportError;
+    use libp2p::relay::outbound::hop::ConnectError;
+    use libp2p::swarm::DialError;
+
+    use super::*;
+
+    fn relayed_dial_error(e: ConnectError) -> DialError {
+        // As the relay client's transport reports it, boxed in an io::Error
+        // by the node's transport stack.
+        let relay = libp2p::relay::client::transport::Error::Connect(e);
+        let io = std::io::Error::other(relay);
+        let addr: Multiaddr = "/ip4/127.0.0.1/tcp/1/p2p-circuit".parse().expect("addr");
+        DialError::Transport(vec![(addr, TransportError::Other(io))])
+    }
+
+    #[test]
+    fn only_a_relay_permission_denied_is_a_policy_refusal() {
+        let peer = PeerId::random();
+        let denied = dial_failure(&peer, &relayed_dial_error(ConnectError::PermissionDenied));
+        assert!(denied.denied, "{denied:?}");
+        assert!(denied.detail.contains(&peer.to_string()));
+        for other in [
+            ConnectError::ResourceLimitExceeded,
+            ConnectError::ConnectionFailed,
+            ConnectError::NoReservation,
+        ] {
+            let f = dial_failure(&peer, &relayed_dial_error(other));
+            assert!(!f.denied, "{f:?}");
+        }
+        let f = dial_failure(&peer, &DialError::Aborted);
+        assert!(!f.denied);
     }
 }

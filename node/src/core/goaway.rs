@@ -69,6 +69,7 @@ pub(crate) fn alternatives(alts: &[Alternative]) -> Vec<Candidate> {
                 labels: Default::default(),
                 load,
                 draining: false,
+                lease_expires_at_unix_secs: 0,
             })
         })
         .collect()

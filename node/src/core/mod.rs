@@ -80,7 +80,7 @@ pub(crate) enum Op {
         router: PeerId,
         result: Result<agentmesh_proto::pb::mesh::GoAway, String>,
     },
-    Directory(Box<Result<(GetDirectoryResponse, KeySet), ClientError>>),
+    Directory(Box<Result<(GetDirectoryResponse, KeySet), directory::FetchError>>),
     Refresh(Box<Result<RefreshResponse, ClientError>>),
     /// A transit request's connection is up (or failed).
     TransitConnected {
@@ -135,6 +135,18 @@ pub(crate) struct Core {
 
 /// Characters kept of [`crate::NodeStatus::last_router_error`].
 const MAX_ERROR_CHARS: usize = 240;
+
+/// `text` cut to at most [`MAX_ERROR_CHARS`] (on a character boundary).
+pub(crate) fn bounded(mut text: String) -> String {
+    if text.len() > MAX_ERROR_CHARS {
+        let mut end = MAX_ERROR_CHARS;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
 
 /// A random duration in `[base, base * (1 + spread)]`.
 pub(crate) fn jittered(base: Duration, spread: f64) -> Duration {
@@ -396,7 +408,7 @@ impl Core {
             } => {
                 // Waiters left while connected wait for a new connection
                 // (dialed anew): that dial failed too.
-                self.resolve_waiters(&peer, Err(format!("connect to {peer}: {error}")));
+                self.resolve_waiters(&peer, Err(connect::dial_failure(&peer, &error)));
                 self.on_router_dial_failed(peer, &error.to_string());
             }
             SwarmEvent::Behaviour(BehaviourEvent::Relay(
@@ -464,10 +476,11 @@ impl Core {
         if self.refresh.due(now) {
             self.start_refresh();
         }
+        self.top_up();
+        self.update_hurry(now);
         if self.directory.due(now) {
             self.start_directory();
         }
-        self.top_up();
         self.release_leaving();
         self.retry_reservations(now);
         self.retry_represent(now);
@@ -483,15 +496,7 @@ impl Core {
     /// last one only, at most [`MAX_ERROR_CHARS`]); shown from the next
     /// status change on.
     pub(super) fn note_error(&mut self, router: PeerId, what: impl std::fmt::Display) {
-        let mut text = format!("router {router}: {what}");
-        if text.len() > MAX_ERROR_CHARS {
-            let mut end = MAX_ERROR_CHARS;
-            while !text.is_char_boundary(end) {
-                end -= 1;
-            }
-            text.truncate(end);
-        }
-        self.last_router_error = Some(text);
+        self.last_router_error = Some(bounded(format!("router {router}: {what}")));
     }
 
     /// Recomputes readiness and the status watch from the slots.

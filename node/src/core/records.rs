@@ -132,6 +132,15 @@ impl Core {
         }
         if let Some(slot) = self.slots.get_mut(&router) {
             slot.published = ok;
+            match &result {
+                Ok(CatalogAnswer::Ack(_)) => slot.records_refused = None,
+                // Its words (e.g. `not_owner: provider does not own service
+                // "x"`), for the status: bounded, it is the router's text.
+                Ok(CatalogAnswer::Refused(why)) => {
+                    slot.records_refused = Some(super::bounded(why.clone()));
+                }
+                _ => {}
+            }
         }
         if ok {
             self.release_leaving();

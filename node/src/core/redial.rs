@@ -7,6 +7,13 @@
 //! retries after a jittered, exponentially growing delay (short base, a
 //! cap, a time budget), so the storm spreads itself out and most members
 //! are back within a second or two.
+//!
+//! Past the budget the router is passed over for a while; a member with
+//! nothing else left tries it again early (see `super::shun`). That next
+//! run resumes at the delay the spent one reached ([`Redials::renew`])
+//! rather than at the base: a router that keeps refusing (or is down
+//! while the whole mesh restarts) is asked about every [`CAP`] ± 50% by
+//! each member, never in a fresh burst of quick retries every cycle.
 
 use std::time::Duration;
 
@@ -31,6 +38,8 @@ pub(crate) struct Redials {
     first: Instant,
     /// Retries scheduled so far.
     attempts: u32,
+    /// The budget ran out and the router was passed over.
+    spent: bool,
 }
 
 impl Redials {
@@ -39,6 +48,7 @@ impl Redials {
         Self {
             first: now,
             attempts: 0,
+            spent: false,
         }
     }
 
@@ -46,6 +56,24 @@ impl Redials {
     /// failure then starts a fresh run.
     pub(crate) fn is_stale(&self, now: Instant) -> bool {
         now.saturating_duration_since(self.first) > BUDGET * 2
+    }
+
+    /// The budget ran out: the router is passed over (and tried again
+    /// early when nothing else is left).
+    pub(crate) fn spend(&mut self) {
+        self.spent = true;
+    }
+
+    /// A new failure at `now`: a stale run starts afresh at the base; a
+    /// spent one (the router tried again after being passed over) gets a
+    /// new budget but resumes at the delay it had reached.
+    pub(crate) fn renew(&mut self, now: Instant) {
+        if self.is_stale(now) {
+            *self = Self::new(now);
+        } else if self.spent {
+            self.first = now;
+            self.spent = false;
+        }
     }
 
     /// Retries scheduled so far.
@@ -215,6 +243,37 @@ mod tests {
         }
         assert!(n >= 3, "{n}");
         assert_eq!(r.attempts(), n);
+    }
+
+    #[test]
+    fn a_run_after_a_spent_one_resumes_at_its_delay_and_a_stale_one_starts_over() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+        let start = Instant::now();
+        let mut r = Redials::new(start);
+        let mut now = start;
+        while let Some(d) = r.next_delay(now, &mut rng) {
+            now += d;
+        }
+        let reached = r.attempts();
+        r.spend();
+        // Passed over, then tried again early (10-15 s later): a new
+        // budget, and the delays stay at the cap instead of 250 ms again.
+        let again = now + Duration::from_secs(12);
+        r.renew(again);
+        assert_eq!(r.attempts(), reached);
+        let d = r.next_delay(again, &mut rng).expect("a new budget");
+        assert!(d >= CAP.mul_f64(1.0 - JITTER), "{d:?}");
+        // A renewal of a run that is not spent changes nothing.
+        let before = r.attempts();
+        r.renew(again + Duration::from_secs(1));
+        assert_eq!(r.attempts(), before);
+        // Long after, a failure starts a fresh run at the base.
+        let later = again + BUDGET * 3;
+        r.spend();
+        r.renew(later);
+        assert_eq!(r.attempts(), 0);
+        let d = r.next_delay(later, &mut rng).expect("fresh");
+        assert!(d <= BASE.mul_f64(1.0 + JITTER), "{d:?}");
     }
 
     #[test]

@@ -25,6 +25,7 @@ impl Core {
                 leaving: s.leaving.is_some(),
                 draining: s.draining,
                 records_accepted: s.is_reserved() && s.published,
+                records_refused: s.records_refused.clone(),
             })
             .collect();
         routers.sort_by(|a, b| a.peer_id.cmp(&b.peer_id));
@@ -58,6 +59,7 @@ impl Core {
             last_router_error: status.last_router_error,
             policy_version,
             policy_epoch,
+            records_refused: status.records_refused,
         }
     }
 }

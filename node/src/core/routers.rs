@@ -68,6 +68,7 @@ impl Core {
         let now = Instant::now();
         let until = now + jittered(wait, 0.5);
         let early = (now + jittered(base, 0.5)).min(until);
+        let lease_seen = self.lease_seen(&peer);
         self.choice.shunned.insert(
             peer,
             super::shun::Shun {
@@ -75,13 +76,24 @@ impl Core {
                 early,
                 draining,
                 until_new_credential,
+                since: now,
+                lease_seen,
             },
         );
     }
 
+    /// `router`'s lease expiry in our directory (0: not listed).
+    fn lease_seen(&self, router: &PeerId) -> i64 {
+        self.directory
+            .candidates()
+            .iter()
+            .find(|c| c.peer == *router)
+            .map_or(0, |c| c.lease_expires_at_unix_secs)
+    }
+
     /// Whether a router we could attach to instead is free: matches the
     /// selector, is not held and is not shunned.
-    fn has_free_candidate(&self) -> bool {
+    pub(super) fn has_free_candidate(&self) -> bool {
         self.directory.candidates().iter().any(|c| {
             crate::select::matches_selector(c, &self.shared.config.router_selector)
                 && !self.slots.contains_key(&c.peer)
@@ -119,6 +131,15 @@ impl Core {
         leaving.sort();
         let exposing = !self.shared.config.expose.is_empty();
         let records_accepted = self.slots.values().any(|s| s.is_reserved() && s.published);
+        let mut refusing: Vec<(&PeerId, &String)> = self
+            .slots
+            .iter()
+            .filter_map(|(p, s)| s.records_refused.as_ref().map(|why| (p, why)))
+            .collect();
+        refusing.sort();
+        let records_refused = refusing
+            .first()
+            .map(|(p, why)| format!("router {p}: {why}"));
         let claims =
             agentmesh_proto::credential::peek_claims(&self.shared.credential()).unwrap_or_default();
         NodeStatus {
@@ -139,6 +160,7 @@ impl Core {
                 .count(),
             exposing,
             records_accepted,
+            records_refused,
             stopping: self.shared.is_shutting_down(),
             last_router_error: self.last_router_error.clone(),
             failed: None,
@@ -408,15 +430,16 @@ impl Core {
             .redials
             .entry(router)
             .or_insert_with(|| super::redial::Redials::new(now));
-        if run.is_stale(now) {
-            *run = super::redial::Redials::new(now);
-        }
+        run.renew(now);
         let mut rng = rand::thread_rng();
         let next = match retry_after {
             Some(asked) => run.next_after(now, asked, &mut rng),
             None => run.next_delay(now, &mut rng),
         };
         let Some(delay) = next else {
+            // Kept: tried again early (nothing else left), the next run
+            // resumes at the delay this one reached (see `super::redial`).
+            run.spend();
             tracing::warn!(%router, %error, "connection to router keeps failing: passing it over");
             self.note_error(
                 router,
@@ -425,7 +448,6 @@ impl Core {
                     super::redial::BUDGET
                 ),
             );
-            self.choice.redials.remove(&router);
             self.drop_router(router, AUTH_FAILED_SHUN);
             self.top_up();
             return;
@@ -447,6 +469,7 @@ impl Core {
         if dialing && self.has_free_candidate() {
             tracing::info!(%router, %error, attempt, retry_in = ?delay, "connection to router failed: trying another router meanwhile");
             self.slots.remove(&router);
+            let lease_seen = self.lease_seen(&router);
             self.choice.shunned.insert(
                 router,
                 super::shun::Shun {
@@ -454,6 +477,8 @@ impl Core {
                     early: now + delay,
                     draining: false,
                     until_new_credential: false,
+                    since: now,
+                    lease_seen,
                 },
             );
             self.top_up();
@@ -576,6 +601,7 @@ impl Core {
         };
         if slot.reserved() {
             self.choice.failures.remove(&router);
+            self.choice.lifted.remove(&router);
             self.shared
                 .metrics
                 .reservations

@@ -9,6 +9,20 @@
 //! revocations are mesh-wide and final, so asking again with the same
 //! credential only costs the router an auth; such a shun ends early only
 //! when the credential changes ([`Choice::new_credential`]).
+//!
+//! A leaving router's shun (up to an hour) would outlast its restart: after
+//! a whole mesh restarts every member would sit with no router while the
+//! routers answer again. So a directory fetched after the shun began that
+//! lists the router not draining, its lease no older than the one we knew,
+//! ends it ([`Choice::lift_returned`]): the router is back. (Leases are in
+//! whole seconds: a router restarted within the second of its last lease
+//! shows the same expiry, so "no older", not "newer".) A router whose last
+//! lease, saying DRAINING, never reached the control plane also looks
+//! back: it is tried once, and if it refuses again (or is gone, and its
+//! redials run out) a second lift needs a lease renewed since, so a stale
+//! entry costs each member one more try, not one per fetch. A router
+//! restarted under a new PeerId needs nothing of the kind: it is a new
+//! candidate, while its old entry stays draining until its lease ends.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -33,6 +47,9 @@ pub(crate) struct Choice {
     /// A lost router is replaced from this instant on (while another
     /// serves; see [`crate::Config::router_replace_spread`]).
     pub(crate) replace_after: Option<Instant>,
+    /// Routers whose leaving shun a directory ended since they last
+    /// served us: ending another needs a lease renewed since.
+    pub(crate) lifted: HashSet<PeerId>,
 }
 
 impl Choice {
@@ -41,6 +58,7 @@ impl Choice {
     pub(crate) fn forget_unknown(&mut self, known: &HashSet<PeerId>) {
         self.failures.retain(|p, _| known.contains(p));
         self.redials.retain(|p, _| known.contains(p));
+        self.lifted.retain(|p| known.contains(p));
         self.warned_no_router = false;
     }
 
@@ -73,6 +91,55 @@ pub(crate) struct Shun {
     /// The router refused our credential as revoked: never tried early,
     /// and tried again at once when the credential changes.
     pub(crate) until_new_credential: bool,
+    /// When the shun began.
+    pub(crate) since: Instant,
+    /// The router's lease expiry in our directory when the shun began
+    /// (0: not known): a later one shows it renewed its lease since.
+    pub(crate) lease_seen: i64,
+}
+
+impl Choice {
+    /// After a directory fetch that started at `fetched_at`: ends the
+    /// shuns of leaving routers (`draining`) that `listed` shows back: not
+    /// draining, with a lease no older than the one we knew (renewed
+    /// since, for a router lifted before and not served by since), in a
+    /// fetch that began after the shun did (an answer under way when the
+    /// go-away came may predate it). Shuns for failures (they end early
+    /// by themselves when the node is short) and for a revoked credential
+    /// stay. Returns the routers lifted.
+    pub(crate) fn lift_returned(
+        &mut self,
+        listed: &[Candidate],
+        fetched_at: Instant,
+    ) -> Vec<PeerId> {
+        let back: HashMap<PeerId, i64> = listed
+            .iter()
+            .filter(|c| !c.draining && c.lease_expires_at_unix_secs > 0)
+            .map(|c| (c.peer, c.lease_expires_at_unix_secs))
+            .collect();
+        let mut lifted: Vec<PeerId> = self
+            .shunned
+            .iter()
+            .filter(|(p, s)| {
+                s.draining
+                    && !s.until_new_credential
+                    && s.since < fetched_at
+                    && back.get(p).is_some_and(|lease| {
+                        *lease > s.lease_seen
+                            || (*lease == s.lease_seen && !self.lifted.contains(p))
+                    })
+            })
+            .map(|(p, _)| *p)
+            .collect();
+        lifted.sort();
+        for p in &lifted {
+            self.shunned.remove(p);
+            // Its failures were the leaving, not a fault: start afresh.
+            self.failures.remove(p);
+            self.lifted.insert(*p);
+        }
+        lifted
+    }
 }
 
 /// Shunned routers worth trying anyway because fewer than `n` free
@@ -116,6 +183,7 @@ mod tests {
             labels: Default::default(),
             load: 0.0,
             draining: false,
+            lease_expires_at_unix_secs: 0,
         }
     }
 
@@ -130,6 +198,8 @@ mod tests {
             early,
             draining,
             until_new_credential: false,
+            since: now,
+            lease_seen: 0,
         }
     }
 
@@ -187,6 +257,90 @@ mod tests {
         let sel: BTreeMap<String, String> = [("zone".to_string(), "x".to_string())].into();
         assert!(fallbacks(&all, &sel, &held_set, &shunned, now, 5).is_empty());
         let _ = e;
+    }
+
+    #[test]
+    fn a_leaving_router_back_in_a_later_directory_is_tried_again_at_once() {
+        let t0 = Instant::now();
+        let listed = |c: &Candidate, draining: bool, lease: i64| Candidate {
+            draining,
+            lease_expires_at_unix_secs: lease,
+            ..c.clone()
+        };
+        let (left, dead, stale, failed, revoked, moved) =
+            (cand(), cand(), cand(), cand(), cand(), cand());
+        let mut choice = Choice::default();
+        let leaving = |lease_seen| Shun {
+            lease_seen,
+            ..shun(t0, 300, 300, true)
+        };
+        // Each sent go-away DRAINING when its lease in our directory ran to 1000.
+        for c in [&left, &dead, &stale] {
+            choice.shunned.insert(c.peer, leaving(1000));
+            choice.failures.insert(c.peer, 1);
+        }
+        choice.shunned.insert(failed.peer, shun(t0, 40, 10, false));
+        choice.shunned.insert(
+            revoked.peer,
+            Shun {
+                until_new_credential: true,
+                ..leaving(1000)
+            },
+        );
+        // Restarted under a new PeerId: its old entry stays draining.
+        choice.shunned.insert(moved.peer, leaving(1000));
+        let dir = vec![
+            // Restarted with its key: not draining, lease renewed (1060).
+            listed(&left, false, 1060),
+            // Killed after its last lease said draining: stays draining.
+            listed(&dead, true, 1030),
+            // Its last (draining) lease never reached the control plane:
+            // not draining, nothing renewed since we shunned it (or it
+            // restarted within the second of that lease).
+            listed(&stale, false, 1000),
+            listed(&failed, false, 1060),
+            listed(&revoked, false, 1060),
+            listed(&moved, true, 1030),
+        ];
+        // An answer to a fetch that began before the go-away proves nothing.
+        let before = t0 - Duration::from_millis(1);
+        assert!(choice.lift_returned(&dir, before).is_empty());
+        // A fetch begun after it: only the router that is back.
+        let after = t0 + Duration::from_secs(2);
+        let mut both = vec![left.peer, stale.peer];
+        both.sort();
+        assert_eq!(choice.lift_returned(&dir, after), both);
+        assert!(!choice.shunned.contains_key(&left.peer));
+        assert!(!choice.failures.contains_key(&left.peer), "starts afresh");
+        for p in [dead.peer, failed.peer, revoked.peer, moved.peer] {
+            assert!(choice.shunned.contains_key(&p));
+        }
+        // The stale one refused us again as draining (or was gone): the
+        // same entry does not lift it a second time, a renewed lease does.
+        choice.shunned.insert(stale.peer, leaving(1000));
+        assert!(choice.lift_returned(&dir, after).is_empty());
+        assert_eq!(
+            choice.lift_returned(&[listed(&stale, false, 1015)], after),
+            vec![stale.peer]
+        );
+        // Once it serves us again (`lifted` cleared), the next leaving
+        // starts over.
+        choice.lifted.remove(&stale.peer);
+        choice.shunned.insert(stale.peer, leaving(1015));
+        assert_eq!(
+            choice.lift_returned(&[listed(&stale, false, 1015)], after),
+            vec![stale.peer]
+        );
+        // Not listed at all (its lease ended): stays shunned.
+        assert!(choice.lift_returned(&[], after).is_empty());
+        // A shun with no lease seen (a go-away alternative we never saw in
+        // the directory) ends once a listing shows it up.
+        let alt = cand();
+        choice.shunned.insert(alt.peer, leaving(0));
+        assert_eq!(
+            choice.lift_returned(&[listed(&alt, false, 50)], after),
+            vec![alt.peer]
+        );
     }
 
     #[test]

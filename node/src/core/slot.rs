@@ -118,6 +118,9 @@ pub(crate) struct Slot {
     pub(crate) linger_until: Option<Instant>,
     /// The router said it is draining: once dropped, never tried early.
     pub(crate) draining: bool,
+    /// The router's reason for refusing our records the last time it
+    /// answered a publication (cleared when it accepts them).
+    pub(crate) records_refused: Option<String>,
 }
 
 impl Default for Slot {
@@ -139,6 +142,7 @@ impl Slot {
             leaving: None,
             linger_until: None,
             draining: false,
+            records_refused: None,
         }
     }
 

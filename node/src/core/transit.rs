@@ -79,7 +79,7 @@ impl Core {
         self.on_connect(router, addrs, None, None, tx);
         self.ops.push(Box::pin(async move {
             let connected = match tokio::time::timeout(connect_limit, rx).await {
-                Ok(Ok(r)) => r,
+                Ok(Ok(r)) => r.map_err(|e| e.to_string()),
                 Ok(Err(_)) => Err("node is stopping".to_string()),
                 Err(_) => Err(format!(
                     "no connection to {router} within {connect_limit:?}"

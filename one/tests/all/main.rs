@@ -3,4 +3,5 @@
 //! its own process).
 
 mod demo;
+mod restart;
 mod stop;

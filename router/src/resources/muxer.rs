@@ -23,7 +23,7 @@ use futures::{AsyncRead, AsyncWrite, ready};
 use libp2p::core::muxing::{StreamMuxer, StreamMuxerEvent};
 
 use super::budget::{DATA_STREAM_CHARGE_BYTES, Proto};
-use super::relay::{MAX_STOP_REQUEST_BYTES, StopSource, stop_source};
+use super::relay::{MAX_STOP_REQUEST_BYTES, StopSource, stop_permission_denied, stop_source};
 use super::sniff::{Seen, Sniffer, accepted_reply_len};
 use super::{ConnectionGuard, StreamGuard};
 
@@ -121,6 +121,18 @@ enum Phase {
     Open(StreamGuard),
     /// Refused: every write fails.
     Refused,
+    /// An outbound STOP stream whose circuit the policy refused: the STOP
+    /// request never reaches the destination. Reads pass on what is left
+    /// of the destination's negotiation answer (`negotiation_left` bytes,
+    /// never more), then give the relay `answer` (STATUS
+    /// PERMISSION_DENIED) as if the destination had sent it, then end;
+    /// writes are swallowed. The relay then denies the source's HOP with
+    /// PERMISSION_DENIED: the caller sees a refusal, not a broken stream.
+    Denied {
+        negotiation_left: usize,
+        answer: Vec<u8>,
+        sent: usize,
+    },
 }
 
 /// A substream that holds its charge until dropped.
@@ -180,8 +192,11 @@ impl<S> AccountedStream<S> {
     /// after negotiation, `next` included) names the circuit's source,
     /// checks the policy (the source must be granted something the
     /// destination owns: this is the one place that sees both ends, see
-    /// `super::circuits`), then charges the circuit to it; either refusal
-    /// fails the stream (the relay then denies the circuit to its source).
+    /// `super::circuits`), then charges the circuit to it. A policy
+    /// refusal answers the relay in the destination's place
+    /// ([`Phase::Denied`]: the source is told PERMISSION_DENIED); a budget
+    /// refusal fails the stream (the relay denies the circuit to its
+    /// source as failed).
     fn charge_stop_source(&mut self, next: &[u8]) -> io::Result<()> {
         let (Some(written), Phase::Open(g)) = (&self.stop_request, &mut self.phase) else {
             return Ok(());
@@ -192,12 +207,8 @@ impl<S> AccountedStream<S> {
             StopSource::Source(source) => {
                 let sweeps = self.conn.manager().circuit_sweeps();
                 if !self.conn.manager().circuit_allowed(&source, &g.peer()) {
-                    self.stop_request = None;
-                    self.phase = Phase::Refused;
-                    return Err(io::Error::new(
-                        io::ErrorKind::PermissionDenied,
-                        "circuit refused: the policy grants its source nothing its destination owns",
-                    ));
+                    self.deny_stop();
+                    return Ok(());
                 }
                 if let Err(r) = self.conn.manager().charge_circuit_source(g, source) {
                     self.stop_request = None;
@@ -209,17 +220,26 @@ impl<S> AccountedStream<S> {
                 if self.conn.manager().circuit_sweeps() != sweeps
                     && !self.conn.manager().circuit_allowed(&source, &g.peer())
                 {
-                    self.stop_request = None;
-                    self.phase = Phase::Refused;
-                    return Err(io::Error::new(
-                        io::ErrorKind::PermissionDenied,
-                        "circuit refused: a new policy grants its source nothing its destination owns",
-                    ));
+                    self.deny_stop();
+                    return Ok(());
                 }
             }
         }
         self.stop_request = None;
         Ok(())
+    }
+}
+
+impl<S> AccountedStream<S> {
+    /// The policy refused this STOP stream's circuit: answer the relay
+    /// ourselves (see [`Phase::Denied`]); its charge is released.
+    fn deny_stop(&mut self) {
+        self.stop_request = None;
+        self.phase = Phase::Denied {
+            negotiation_left: self.reply_left,
+            answer: stop_permission_denied(),
+            sent: 0,
+        };
     }
 }
 
@@ -252,6 +272,24 @@ impl<S: AsyncRead + Unpin> AsyncRead for AccountedStream<S> {
         {
             return Poll::Ready(Err(circuit_cut()));
         }
+        if let Phase::Denied {
+            negotiation_left,
+            answer,
+            sent,
+        } = &mut this.phase
+        {
+            if *negotiation_left > 0 {
+                let cap = (*negotiation_left).min(buf.len());
+                let n = ready!(Pin::new(&mut this.inner).poll_read(cx, &mut buf[..cap]))?;
+                *negotiation_left = negotiation_left.saturating_sub(n);
+                return Poll::Ready(Ok(n));
+            }
+            let rest = &answer[(*sent).min(answer.len())..];
+            let n = rest.len().min(buf.len());
+            buf[..n].copy_from_slice(&rest[..n]);
+            *sent += n;
+            return Poll::Ready(Ok(n));
+        }
         let n = ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
         if let Phase::Open(g) = &mut this.phase
             && g.in_handshake()
@@ -279,6 +317,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AccountedStream<S> {
         {
             return Poll::Ready(Err(circuit_cut()));
         }
+        if matches!(this.phase, Phase::Denied { .. }) {
+            // Nothing more reaches the destination.
+            return Poll::Ready(Ok(buf.len()));
+        }
         let sniffing = matches!(this.phase, Phase::Sniffing(_));
         if let Phase::Sniffing(sniffer) = &this.phase {
             match sniffer.inspect(buf) {
@@ -288,6 +330,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AccountedStream<S> {
             }
         } else {
             this.charge_stop_source(buf)?;
+            if matches!(this.phase, Phase::Denied { .. }) {
+                // The STOP request, kept from the destination.
+                return Poll::Ready(Ok(buf.len()));
+            }
         }
         if matches!(this.phase, Phase::Refused) {
             return Poll::Ready(Err(io::Error::new(

@@ -8,6 +8,12 @@
 //! relay writes to the destination names the peer that asked for the
 //! circuit ([`stop_source`]), so the circuit can be charged to that
 //! source's share of the destination's circuits.
+//!
+//! And the answer the muxer gives the relay in the destination's place
+//! when the policy refuses a circuit ([`stop_permission_denied`]): a STOP
+//! STATUS `PERMISSION_DENIED`, which libp2p-relay passes on to the source
+//! as its HOP status, so the caller learns the circuit was refused by
+//! policy (`PermissionDenied`) instead of a garbled `MALFORMED_MESSAGE`.
 
 use libp2p::PeerId;
 use libp2p::relay::StatusCode;
@@ -129,9 +135,48 @@ pub(crate) fn stop_source(written: &[u8], next: &[u8]) -> StopSource {
     }
 }
 
+/// libp2p-relay's `StopMessage` as a status answer.
+#[derive(Clone, PartialEq, prost::Message)]
+struct StopStatus {
+    /// 1: STATUS.
+    #[prost(int32, tag = "1")]
+    r#type: i32,
+    /// The relay v2 `Status`.
+    #[prost(int32, tag = "4")]
+    status: i32,
+}
+
+/// relay v2 `StopMessage.Type.STATUS`.
+const STOP_TYPE_STATUS: i32 = 1;
+/// relay v2 `Status.PERMISSION_DENIED`.
+const STATUS_PERMISSION_DENIED: i32 = 202;
+
+/// A destination's length-prefixed answer to a STOP CONNECT refusing it
+/// with `PERMISSION_DENIED`.
+pub(crate) fn stop_permission_denied() -> Vec<u8> {
+    prost::Message::encode_length_delimited_to_vec(&StopStatus {
+        r#type: STOP_TYPE_STATUS,
+        status: STATUS_PERMISSION_DENIED,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_denial_is_a_stop_status_permission_denied() {
+        // Length 5; type (field 1) = STATUS (1); status (field 4) = 202.
+        assert_eq!(
+            stop_permission_denied(),
+            vec![5, 0x08, 0x01, 0x20, 0xca, 0x01]
+        );
+        // Not a CONNECT: it names no source.
+        assert_eq!(
+            stop_source(&[], &stop_permission_denied()),
+            StopSource::Unknown
+        );
+    }
 
     /// A STOP CONNECT from `src` as libp2p-relay frames it (with a limit
     /// and an address the decoder must skip).

@@ -252,11 +252,19 @@ async fn a_circuit_without_a_grant_is_refused_and_a_removed_grant_closes_the_liv
     // ops is granted nothing payments owns: refused, counted.
     let (mut ops, _) = member(&cp, &r, "ops", Purpose::Transit).await;
     ops.dial_through(&circuit, to).await;
-    ops.wait(
-        "the circuit from ops refused",
-        |e| matches!(e, Ev::DialFailed { peer: Some(p), .. } if *p == to),
-    )
-    .await;
+    let ev = ops
+        .wait(
+            "the circuit from ops refused",
+            |e| matches!(e, Ev::DialFailed { peer: Some(p), .. } if *p == to),
+        )
+        .await;
+    // Refused as a policy refusal (the relay's HOP status
+    // PERMISSION_DENIED), not a broken exchange (MALFORMED_MESSAGE).
+    let Ev::DialFailed { error, .. } = ev else {
+        unreachable!()
+    };
+    assert!(error.contains("Remote denied permission"), "{error}");
+    assert!(!error.contains("MALFORMED"), "{error}");
     assert!(!ops.is_connected(to).await);
     eventually("the refusal counted", || async {
         (not_granted() >= 1.0).then_some(())
