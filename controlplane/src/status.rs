@@ -97,7 +97,7 @@ impl ServiceError {
     /// again as members do, block their address for every member and
     /// router behind it, whose refreshes and leases then failed until
     /// credentials expired (the 10,003-member ladder of session 14,
-    /// `tests/scale/RESULTS.md`). A proven caller's requests are bounded by
+    /// `ladder/RESULTS.md`). A proven caller's requests are bounded by
     /// the fair per-source budgets instead.
     ///
     /// Nor is [`Self::Blocked`]: its cause was judged (and counted) when

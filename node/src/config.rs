@@ -34,7 +34,7 @@ pub const DEFAULT_DIRECTORY_INTERVAL: Duration = Duration::from_secs(300);
 /// ≈ 40% of what an idle member costs on both sides at libp2p-ping's 15 s
 /// (2,003 members, release, CPU-s per member-hour, member side / routers:
 /// 0.21 / 0.16 at 15 s, 0.17 / 0.12 at 30 s, 0.13 / 0.10 at 60 s; see
-/// tests/scale/RESULTS.md). The router's pings already keep a NAT's
+/// ladder/RESULTS.md). The router's pings already keep a NAT's
 /// mapping alive and free a dead member's connection; the member's find a
 /// dead router, which it holds beside K − 1 others, in about 90 s.
 pub const DEFAULT_PING_INTERVAL: Duration = Duration::from_secs(30);

@@ -35,14 +35,14 @@ pub const DEFAULT_DRAIN_GRACE_SECS: u64 = 30;
 /// Default go-away streams open at once. A go-away is one small frame and an
 /// ack; at 64 at once a router on a loaded 2-core machine sent ≈ 230 a
 /// second and could not drain 6,930 members within the 30 s grace (10,000-
-/// member ladder, tests/scale/RESULTS.md); 512 keeps a drain of the default
+/// member ladder, ladder/RESULTS.md); 512 keeps a drain of the default
 /// watermark inside the grace while staying a bound.
 pub const DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS: usize = 512;
 /// Default bound on policy push streams open at once. A round is about
 /// (members ÷ this) push round trips long, and a push's round trip is the
 /// member's time to answer: measured at 10,003 members (≈ 2,500 pushed
 /// per router) it was 90–200 ms on a loaded host, so 64 took a round to
-/// 3.7–6.9 s at p99 against the 5 s target (`tests/scale/RESULTS.md`,
+/// 3.7–6.9 s at p99 against the 5 s target (`ladder/RESULTS.md`,
 /// session 14); 256 keeps it near a second with a quarter of that round
 /// trip to spare, at a few MB of small frames in flight.
 pub const DEFAULT_POLICY_PUSH_CONCURRENCY: usize = 256;

@@ -435,7 +435,7 @@ const KEEP_CAPACITY: usize = 64;
 /// twice its length; hysteresis keeps the rehash cost amortised O(1) per
 /// removal). A `HashMap` otherwise keeps its largest table: after 5,000
 /// members left a router, these two tables alone held 1.8 MiB sized for
-/// them (heap profile, tests/scale/RESULTS.md).
+/// them (heap profile, ladder/RESULTS.md).
 fn shrink_sparse<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
     if map.capacity() > KEEP_CAPACITY && map.len().saturating_mul(4) < map.capacity() {
         map.shrink_to(map.len() * 2);

@@ -212,7 +212,7 @@ async fn a_bigger_fleet_over_a_longer_budget(db: TestDb) {
     run_table(&db, rate, burst, budget, &[(300, 300), (400, 320)]).await;
 }
 
-/// The ladder's burst (tests/scale/RESULTS.md): 1,500 joiners at one instant
+/// The ladder's burst (ladder/RESULTS.md): 1,500 joiners at one instant
 /// against the default limiter (10/s, burst 20, retry-after capped at 60 s)
 /// with the client's default 180 s budget. Before retry-after was assigned
 /// from the virtual queue this cost ~48 refused RPCs per joiner.

@@ -104,7 +104,7 @@ WRITTEN_FILE_FLAGS = {"--key-path", "--db", "--to"}
 # SIGTERM -> go-away fan-out -> grace -> close must fit in the pod's grace.
 DRAIN_MARGIN_SECS = 15
 # Members a draining router moves per second, measured: 5,829 re-attached
-# make-before-break within a 30 s grace (tests/scale/RESULTS.md,
+# make-before-break within a 30 s grace (ladder/RESULTS.md,
 # results/20261129T1339Z-release-10000-storm; 2 cores shared by the whole
 # mesh, so a floor). A grace shorter than the members it holds / this cuts
 # the rest (they re-attach after the cut instead of before it).

@@ -29,7 +29,7 @@ PING_STREAMS_PER_MEMBER = 2
 IDLE_MEMBER_CHARGE_BYTES = CONNECTION_CHARGE_BYTES + PING_STREAMS_PER_MEMBER * PING_STREAM_CHARGE_BYTES
 LOW_WATERMARK_PERCENT = 85
 
-# Measured, release build (tests/scale/RESULTS.md, run
+# Measured, release build (ladder/RESULTS.md, run
 # results/20261129T1151Z-release-10000: 10,003 members, K=2, 4 routers):
 # router RSS 17.7-18.0 MiB before members, then 52.3-60.5 KiB per attached
 # member (transit connections included), ~300 MiB at ~5,000 members.

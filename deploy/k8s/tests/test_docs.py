@@ -89,6 +89,6 @@ def test_scalability_measurements_name_their_source():
         value = r.rsplit(" | ", 1)[-1]
         assert re.search(SOURCE, value), r
     for run in set(re.findall(r"`results/([\w.-]+)`", section)):
-        assert os.path.isdir(os.path.join(REPO_ROOT, "tests", "scale", "results", run)), run
+        assert os.path.isdir(os.path.join(REPO_ROOT, "ladder", "results", run)), run
     assert f"`{sizing.MEASURED_RUN}`" in section
     assert "F × K / N" in text and "F × K / (N − 1)" in text

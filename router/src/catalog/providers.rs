@@ -6,7 +6,7 @@
 //! members look up the same service at once, so thousands of queries ran
 //! together, each asking up to three routers, and libp2p-kad's query table
 //! kept the capacity of that peak for good (1.5 MiB in the heap profile of a
-//! router after 5,000 members left, tests/scale/RESULTS.md). Here a lookup
+//! router after 5,000 members left, ladder/RESULTS.md). Here a lookup
 //! joins the search already running for its service, and a search that
 //! found providers is remembered for `--catalog-provider-cache-ms`: provider
 //! records are re-announced every two minutes and live six, so a few

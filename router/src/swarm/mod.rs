@@ -109,7 +109,7 @@ pub(crate) struct Behaviour {
     /// a per-connection handler and timer, and an entry in identify's
     /// connected-peers table, which keeps the capacity of the peak for good
     /// (1.25 MiB after 5,000 members left, heap profile in
-    /// tests/scale/results/20261129T1440Z-release-5000-memory).
+    /// ladder/results/20261129T1440Z-release-5000-memory).
     pub(crate) identify: RouterOnly<identify::Behaviour>,
     pub(crate) ping: ping::Behaviour,
 }

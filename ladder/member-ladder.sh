@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The member ladder (issue 5): builds release binaries, runs a local ladder and
-# writes its report, table and logs under tests/scale/results/<UTC stamp>/.
+# writes its report, table and logs under ladder/results/<UTC stamp>/.
 #
-#   tests/scale/member-ladder.sh                         # 10 x 1000 on 4 routers, 30 min hold
-#   STEP=500 STEPS=4 HOLD_SECS=120 tests/scale/member-ladder.sh --drain-router-at 60
-#   BURST=1500 STEPS=0 HOLD_SECS=0 tests/scale/member-ladder.sh
+#   ladder/member-ladder.sh                         # 10 x 1000 on 4 routers, 30 min hold
+#   STEP=500 STEPS=4 HOLD_SECS=120 ladder/member-ladder.sh --drain-router-at 60
+#   BURST=1500 STEPS=0 HOLD_SECS=0 ladder/member-ladder.sh
 #
 # Sizes come from the environment (defaults below); any further arguments are
 # passed to `agentmesh-ladder local` as they are (events, --after-secs, ...).
@@ -25,7 +25,7 @@ echo "==> cargo build --release (control plane, router, ladder, hostile harness)
 cargo build --release -p agentmesh-controlplane -p agentmesh-router -p agentmesh-ladder -p agentmesh-hostile
 
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
-out="tests/scale/results/${stamp}"
+out="ladder/results/${stamp}"
 mkdir -p "${out}"
 git rev-parse HEAD > "${out}/commit" 2>/dev/null || true
 echo "ulimit -n: $(ulimit -n); nproc: $(nproc)" > "${out}/machine"
