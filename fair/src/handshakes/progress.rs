@@ -60,6 +60,7 @@ impl Progress {
     /// its bytes came in is then not taken for a silent one: under a flood
     /// the tasks of new connections may wait their turn longer than a
     /// source's share of newcomers takes to arrive.
+    #[cfg_attr(not(feature = "transport"), allow(dead_code))] // used by the transport wrappers
     pub(crate) fn set_probe(&self, probe: Probe) {
         if !self.is_finished() {
             *self.probe.lock() = Some(probe);
@@ -107,6 +108,7 @@ impl Progress {
 }
 
 /// The direction of the last bytes a [`Turns`] saw.
+#[cfg_attr(not(feature = "transport"), allow(dead_code))] // used by the transport wrappers
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum Last {
     #[default]
@@ -117,11 +119,13 @@ enum Last {
 
 /// Counts turns from the bytes of one connection, as they are read and
 /// written; advances a [`Progress`] at each.
+#[cfg_attr(not(feature = "transport"), allow(dead_code))] // used by the transport wrappers
 #[derive(Debug, Default)]
 pub(crate) struct Turns {
     last: Last,
 }
 
+#[cfg_attr(not(feature = "transport"), allow(dead_code))] // used by the transport wrappers
 impl Turns {
     /// `n` bytes were received: a turn if the last bytes went the other
     /// way (or none came yet).

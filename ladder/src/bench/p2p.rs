@@ -175,7 +175,7 @@ pub(super) fn splice_streams(
             }
         };
         let _ = tcp.set_nodelay(true);
-        if let Err(e) = super::peer::splice(&mut stream, &mut tcp).await {
+        if let Err(e) = super::proto::splice(&mut stream, &mut tcp).await {
             tracing::debug!(error = %e, "spliced stream ended with an error");
         }
     })

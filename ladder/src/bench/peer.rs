@@ -12,7 +12,7 @@
 //! accepted TCP connection into a raw stream through the circuit (a node's
 //! `--forward`), and a `serve-p2p --splice-to ADDR` listener turns each
 //! inbound raw stream into a TCP connection to the backend (a node's
-//! `--expose`); both with [`splice`], the node's splice.
+//! `--expose`); both with [`proto::splice`], the node's splice.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
 use tokio_util::compat::FuturesAsyncReadCompatExt as _;
 
+use super::proto::splice;
 use super::{p2p, proto};
 
 /// Deadline for a libp2p dial, listener or reservation to come up.
@@ -64,20 +65,6 @@ pub struct PeerConfig {
     /// forward: a libp2p address ending in `/p2p/ID`.
     #[arg(long)]
     pub target: Option<String>,
-}
-
-/// Buffer of each direction of a splice, bytes: the node's default
-/// (`--splice-buffer-kib`).
-const SPLICE_BUFFER_BYTES: usize = agentmesh_node::config::DEFAULT_SPLICE_BUFFER_KIB * 1024;
-
-/// Splices `a` and `b` both ways as a node splices a call and its TCP
-/// connection; returns the bytes copied a → b and b → a.
-pub(super) async fn splice<A, B>(a: &mut A, b: &mut B) -> std::io::Result<(u64, u64)>
-where
-    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
-    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
-{
-    tokio::io::copy_bidirectional_with_sizes(a, b, SPLICE_BUFFER_BYTES, SPLICE_BUFFER_BYTES).await
 }
 
 /// One measurement a client runs.

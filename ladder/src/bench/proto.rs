@@ -152,6 +152,20 @@ where
     Ok(samples)
 }
 
+/// Buffer of each direction of a splice, bytes: the node's default
+/// (`--splice-buffer-kib`).
+const SPLICE_BUFFER_BYTES: usize = agentmesh_node::config::DEFAULT_SPLICE_BUFFER_KIB * 1024;
+
+/// Splices `a` and `b` both ways as a node splices a call and its TCP
+/// connection; returns the bytes copied a → b and b → a.
+pub(super) async fn splice<A, B>(a: &mut A, b: &mut B) -> std::io::Result<(u64, u64)>
+where
+    A: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    B: AsyncRead + AsyncWrite + Unpin + ?Sized,
+{
+    tokio::io::copy_bidirectional_with_sizes(a, b, SPLICE_BUFFER_BYTES, SPLICE_BUFFER_BYTES).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,8 +6,8 @@
 use agentmesh_netns::Host;
 
 use super::MemberNat;
-use super::driver::Driver;
-use crate::error::{LadderError, Result};
+use super::driver::{Driver, testbed_error};
+use crate::error::Result;
 use crate::placement::{HostRecord, HostsRecord, Placement, Spot};
 
 /// The coordinator's host name.
@@ -52,16 +52,6 @@ impl HostsTestbed {
     /// The testbed itself (more hosts, links).
     pub fn testbed(&self) -> &agentmesh_netns::Testbed {
         &self.testbed
-    }
-}
-
-/// A testbed error as the ladder's: no namespaces here is a usage error.
-pub fn testbed_error(e: agentmesh_netns::Error) -> LadderError {
-    match e {
-        agentmesh_netns::Error::Unavailable(why) => LadderError::Args(format!(
-            "--hosts needs network namespaces, which are unavailable here: {why}"
-        )),
-        other => LadderError::Process(format!("building the hosts: {other}")),
     }
 }
 

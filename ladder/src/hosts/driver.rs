@@ -11,7 +11,6 @@ use agentmesh_netns::Host;
 use tokio::runtime::Runtime;
 use tokio::task::AbortHandle;
 
-use super::build::testbed_error;
 use crate::error::{LadderError, Result};
 
 /// A runtime inside one host, shut down when dropped.
@@ -74,5 +73,15 @@ impl Drop for Driver {
         if let Some(rt) = self.rt.take() {
             rt.shutdown_background();
         }
+    }
+}
+
+/// A testbed error as the ladder's: no namespaces here is a usage error.
+pub fn testbed_error(e: agentmesh_netns::Error) -> LadderError {
+    match e {
+        agentmesh_netns::Error::Unavailable(why) => LadderError::Args(format!(
+            "--hosts needs network namespaces, which are unavailable here: {why}"
+        )),
+        other => LadderError::Process(format!("building the hosts: {other}")),
     }
 }

@@ -6,6 +6,7 @@ mod lifecycle;
 mod propagation;
 mod sampler;
 mod state;
+mod trace;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -61,7 +62,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
         window: Mutex::new(WindowAcc::default()),
         hold: Mutex::new(HoldAcc::default()),
         leaving: std::sync::atomic::AtomicBool::new(false),
-        propagation: propagation::Live::new(revocable_token),
+        propagation: trace::Live::new(revocable_token),
     });
 
     let writer = tokio::spawn(async move {

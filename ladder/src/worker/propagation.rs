@@ -3,14 +3,13 @@
 //! since when a member holds no router, and calls held open across an
 //! event. All instants are Unix ms, the clock the coordinator shares.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::state::{Shared, Slot};
+use super::trace::HeldCall;
 use crate::member::{self, Member};
 use crate::propagation::unix_ms;
 use crate::wire::{Event, PropagationStats, Reply, RevokedMembers};
@@ -23,47 +22,6 @@ const OPEN_PARALLELISM: usize = 128;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The worker's held calls and the revocable token.
-pub(crate) struct Live {
-    revocable_token: Option<String>,
-    /// Set by the report of the revocation: members started after it
-    /// enroll with the fleet's token (the revoked one enrolls no one, so
-    /// they would only exit, counted as the run's exits).
-    token_revoked: AtomicBool,
-    calls: Mutex<Vec<Arc<HeldCall>>>,
-    /// Moved to end every held call.
-    stop: watch::Sender<u64>,
-}
-
-impl Live {
-    /// With the revocable token, if the worker was given one.
-    pub(crate) fn new(revocable_token: Option<String>) -> Self {
-        Self {
-            revocable_token,
-            token_revoked: AtomicBool::new(false),
-            calls: Mutex::new(Vec::new()),
-            stop: watch::channel(0).0,
-        }
-    }
-}
-
-/// One held call: how and when it ended, if it did.
-#[derive(Default)]
-struct HeldCall {
-    ended: Mutex<Option<(u64, String)>>,
-}
-
-/// What one member's slot keeps for the propagation events.
-#[derive(Debug, Default)]
-pub(crate) struct SlotTrace {
-    /// Enrolled with the revocable token.
-    revocable: AtomicBool,
-    /// `(unix ms, version held)` at each change of its policy or revocations.
-    changes: Mutex<VecDeque<(u64, u64)>>,
-    /// Since when it holds no router, if it holds none now.
-    no_router_since: Mutex<Option<u64>>,
 }
 
 /// The token member `slot` enrolls with (the revocable one for the members

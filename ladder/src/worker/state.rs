@@ -26,7 +26,7 @@ pub(crate) struct Shared {
     pub(crate) hold: Mutex<HoldAcc>,
     pub(crate) leaving: AtomicBool,
     /// Held calls and the revocable token (`--policy-change-at`, `--revoke-token-at`).
-    pub(crate) propagation: super::propagation::Live,
+    pub(crate) propagation: super::trace::Live,
 }
 
 /// One member's place in the worker.
@@ -49,7 +49,7 @@ pub(crate) struct Slot {
     /// Its below-K record in the current window, if it fell below K.
     pub(crate) below_k: Mutex<Option<BelowKRecord>>,
     /// What the propagation events read of it.
-    pub(crate) trace: super::propagation::SlotTrace,
+    pub(crate) trace: super::trace::SlotTrace,
 }
 
 /// One member's view of the current window.
@@ -529,7 +529,7 @@ mod tests {
             window: Mutex::new(WindowAcc::default()),
             hold: Mutex::new(HoldAcc::default()),
             leaving: AtomicBool::new(false),
-            propagation: super::super::propagation::Live::new(None),
+            propagation: super::super::trace::Live::new(None),
         }
     }
 
