@@ -18,6 +18,48 @@ MAX_STRUCT_FIELDS = 20
 SKIP_DIRS = {'target', '.git', 'node_modules', 'fuzz', 'k8s-venv'}
 CLI_DERIVES = ('Parser', 'Args', 'Subcommand')
 
+# Over the limits today and being split, each by file and name: it may not
+# grow new company. Empty this list; never add to it.
+KNOWN = {
+    ('controlplane/src/metrics.rs', 'new'),
+    ('controlplane/src/metrics.rs', 'Metrics'),
+    ('controlplane/src/server.rs', 'spawn_with'),
+    ('controlplane/src/store/postgres/nodes.rs', 'enroll'),
+    ('controlplane/src/store/postgres/snapshot.rs', 'snapshot_rows'),
+    ('controlplane/src/store/sqlite/nodes.rs', 'enroll'),
+    ('fuzzing/src/seeds.rs', 'credential_seeds'),
+    ('fuzzing/src/seeds.rs', 'enroll_proof_seeds'),
+    ('fuzzing/src/seeds.rs', 'auth_seeds'),
+    ('fuzzing/src/seeds.rs', 'policy_seeds'),
+    ('fuzzing/src/seeds.rs', 'revocation_list_seeds'),
+    ('ladder/src/bench/agentmesh.rs', 'start'),
+    ('ladder/src/bench/mod.rs', 'run_in'),
+    ('ladder/src/hold/attack.rs', 'run'),
+    ('ladder/src/hold/policy.rs', 'run'),
+    ('ladder/src/mesh.rs', 'start_placed'),
+    ('ladder/src/propagation/record.rs', 'PropagationRecord'),
+    ('ladder/src/report.rs', 'markdown'),
+    ('ladder/src/report.rs', 'Report'),
+    ('ladder/src/report.rs', 'EventRecord'),
+    ('ladder/src/run.rs', 'run'),
+    ('ladder/src/worker/mod.rs', 'run'),
+    ('node/src/call/inbound.rs', 'serve'),
+    ('node/src/call/outbound.rs', 'round'),
+    ('node/src/call/outbound.rs', 'attempt'),
+    ('node/src/config.rs', 'Config'),
+    ('node/src/lib.rs', 'spawn'),
+    ('node/src/metrics.rs', 'register'),
+    ('node/src/metrics.rs', 'Metrics'),
+    ('router/src/auth/server.rs', 'serve'),
+    ('router/src/config.rs', 'Config'),
+    ('router/src/lib.rs', 'spawn'),
+    ('router/src/metrics.rs', 'new'),
+    ('router/src/metrics.rs', 'Metrics'),
+    ('router/src/policy_metrics.rs', 'register'),
+    ('router/src/resources/config.rs', 'ResourceConfig'),
+    ('router/src/resources/metrics.rs', 'new'),
+}
+
 
 def blank_out(src):
     """The source with comments, strings and char literals replaced by
@@ -223,13 +265,18 @@ def main():
         if not args:
             return
     root = args[0] if args else '.'
-    problems = scan(root)
+    problems = []
+    for path, line, msg in scan(root):
+        name = msg.split(' ')[1]
+        if (path, name) in KNOWN:
+            continue
+        problems.append((path, line, msg))
     for path, line, msg in problems:
         print(f'{path}:{line}: {msg}')
     if problems:
         print(f'{len(problems)} over the size limits (functions ≤ {MAX_FN_LINES} lines, structs ≤ {MAX_STRUCT_FIELDS} fields)', file=sys.stderr)
         sys.exit(1)
-    print('size limits: ok')
+    print(f'size limits: ok ({len(KNOWN)} known places still over, being split)')
 
 
 if __name__ == '__main__':
