@@ -22,7 +22,10 @@ pub use call::{CALL_EXIT_GRACE, CallError, call};
 pub use run::{RunError, run};
 
 /// Log filter when `RUST_LOG` is unset.
-pub const DEFAULT_LOG_FILTER: &str = "info,libp2p=warn";
+/// yamux warns when closing a connection whose socket the peer already
+/// dropped (a race every shutdown and every vanished peer can cause; not
+/// rate-limited, nothing to act on): errors only from it.
+pub const DEFAULT_LOG_FILTER: &str = "info,libp2p=warn,yamux::connection=error";
 
 /// The parsed command line of `agentmesh-node`.
 #[derive(Debug, clap::Parser)]

@@ -62,8 +62,9 @@ fn main() -> std::process::ExitCode {
 async fn async_main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,agentmesh_one=info,libp2p_kad::behaviour=error".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                "warn,agentmesh_one=info,libp2p_kad::behaviour=error,yamux::connection=error".into()
+            }),
         )
         .with_writer(std::io::stderr)
         .log_internal_errors(false)

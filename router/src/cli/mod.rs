@@ -27,7 +27,10 @@ pub use run::{RunError, run};
 /// bootstrap: No known peers" when a listen address appears before another
 /// router is known, normal for a mesh of one router, so its behaviour
 /// module logs errors only.
-pub const DEFAULT_LOG_FILTER: &str = "info,libp2p_kad::behaviour=error";
+/// yamux warns when closing a connection whose socket the peer already
+/// dropped (any peer can cause it at will; not rate-limited, nothing to act
+/// on): errors only from it.
+pub const DEFAULT_LOG_FILTER: &str = "info,libp2p_kad::behaviour=error,yamux::connection=error";
 
 /// The parsed command line of `agentmesh-router`.
 #[derive(Debug, clap::Parser)]
