@@ -19,7 +19,7 @@ use crate::error::{LadderError, Result};
 use crate::fleet::Fleet;
 use crate::mesh::{LocalMesh, RouterState};
 use crate::observe::RouterSnapshot;
-use crate::report::{EventRecord, Events, HoldRecord};
+use crate::report::{EventRecord, Events, FleetWindow, HoldRecord, WindowCalls};
 use crate::stats;
 use crate::target::Target;
 use crate::wire::{
@@ -236,7 +236,7 @@ async fn event(
         Kind::KillRouter => match target.local("--kill-router-at") {
             Ok(mesh) => match busiest_running_router(mesh, &before) {
                 Some(i) => {
-                    record.target = Some(mesh.routers[i].name.clone());
+                    record.target.target = Some(mesh.routers[i].name.clone());
                     while_pumping(fleet, mesh.kill_router(i)).await
                 }
                 None => Err(LadderError::Process("no running router to kill".into())),
@@ -246,7 +246,7 @@ async fn event(
         Kind::DrainRouter => match target.local("--drain-router-at") {
             Ok(mesh) => match busiest_running_router(mesh, &before) {
                 Some(i) => {
-                    record.target = Some(mesh.routers[i].name.clone());
+                    record.target.target = Some(mesh.routers[i].name.clone());
                     mesh.drain_router(i)
                 }
                 None => Err(LadderError::Process("no running router to drain".into())),
@@ -274,38 +274,52 @@ async fn event(
     let after = target.routers().await;
     let w = window_stats(fleet).await?;
     record.window_secs = marked.elapsed().as_secs_f64();
-    record.members = w.members;
-    record.lost_ready = w.lost_ready;
-    record.below_one_router = w.below_one_router;
-    record.below_k_routers = w.below_k_routers;
-    record.back_on_k_ms = stats::spread(&w.back_on_k_ms);
-    record.below_k_ms = stats::spread(&w.below_k_ms);
-    record.not_back_on_k = w.not_back_on_k;
-    record.calls_ok = w.calls_ok;
-    record.calls_failed = w.calls_failed;
-    record.call_errors = w.call_errors;
-    record.calls_unfinished = w.calls_unfinished;
-    if let Some(t) = record.target.clone() {
-        record.target_attached_before = attached_on(&before, &t);
-        record.target_attached_after = attached_on(&after, &t);
+    record.calls = window_calls(&w);
+    record.fleet = fleet_window(w, &router_names(target));
+    if let Some(t) = record.target.target.clone() {
+        record.target.target_attached_before = attached_on(&before, &t);
+        record.target.target_attached_after = attached_on(&after, &t);
     }
     record.router_refusals = delta(&before, &after, |r| &r.refusals);
     record.router_auth_failures = delta(&before, &after, |r| &r.auth_failures);
-    record.below_k_records = first_below_k(w.below_k_records, &router_names(target));
     if matches!(kind, Kind::KillRouter | Kind::DrainRouter) && window_end < hold_end {
         restart_target(fleet, target, &mut record).await;
     }
     eprintln!(
         "\rladder: event {kind:?} at {at} s: lost ready {}, below one router {}, below K {}, not back on K {}, calls ok/failed/unfinished {}/{}/{}",
-        record.lost_ready,
-        record.below_one_router,
-        record.below_k_routers,
-        record.not_back_on_k,
-        record.calls_ok,
-        record.calls_failed,
-        record.calls_unfinished
+        record.fleet.lost_ready,
+        record.fleet.below_one_router,
+        record.fleet.below_k_routers,
+        record.fleet.not_back_on_k,
+        record.calls.calls_ok,
+        record.calls.calls_failed,
+        record.calls.calls_unfinished
     );
     Ok(record)
+}
+
+/// The members' side of a window, routers named in its below-K records.
+fn fleet_window(w: WindowStats, names: &BTreeMap<String, String>) -> FleetWindow {
+    FleetWindow {
+        members: w.members,
+        lost_ready: w.lost_ready,
+        below_one_router: w.below_one_router,
+        below_k_routers: w.below_k_routers,
+        back_on_k_ms: stats::spread(&w.back_on_k_ms),
+        below_k_ms: stats::spread(&w.below_k_ms),
+        not_back_on_k: w.not_back_on_k,
+        below_k_records: first_below_k(w.below_k_records, names),
+    }
+}
+
+/// The echo calls of a window.
+fn window_calls(w: &WindowStats) -> WindowCalls {
+    WindowCalls {
+        calls_ok: w.calls_ok,
+        calls_failed: w.calls_failed,
+        call_errors: w.call_errors.clone(),
+        calls_unfinished: w.calls_unfinished,
+    }
 }
 
 /// Starts an observation window named `name` in every worker.
@@ -377,6 +391,7 @@ async fn restart_target(fleet: &mut Fleet, target: &mut Target, record: &mut Eve
         return;
     };
     let Some(i) = record
+        .target
         .target
         .as_ref()
         .and_then(|name| mesh.routers.iter().position(|r| &r.name == name))
