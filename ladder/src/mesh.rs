@@ -65,6 +65,26 @@ pub struct RouterProc {
     pub state: RouterState,
 }
 
+/// Every router stopped at once ([`LocalMesh::stop_all_routers`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AllStopped {
+    /// SIGTERM → the last router process gone.
+    pub exited_after: Duration,
+    /// Routers SIGKILLed after the deadline.
+    pub killed: u64,
+}
+
+/// One router ready again ([`LocalMesh::start_all_routers`]).
+#[derive(Debug, Clone)]
+pub struct RouterReady {
+    /// `r0`, `r1`…
+    pub name: String,
+    /// From the start of all routers until this one answered `/readyz`.
+    pub after: Duration,
+    /// When it was ready, Unix ms (the clock the workers share).
+    pub unix_ms: u64,
+}
+
 /// A running local mesh.
 pub struct LocalMesh {
     bins: Binaries,
@@ -325,6 +345,78 @@ impl LocalMesh {
         let fresh = self.start_router(i, metrics, listen_port).await?;
         self.routers[i] = fresh;
         Ok(start.elapsed())
+    }
+
+    /// SIGTERMs every running router at once (each drains, as in a
+    /// rollout or an `agentmesh-one` restart) and waits until every router
+    /// process has exited; one still running after `deadline` is SIGKILLed.
+    pub async fn stop_all_routers(&mut self, deadline: Duration) -> Result<AllStopped> {
+        let start = tokio::time::Instant::now();
+        for r in self
+            .routers
+            .iter_mut()
+            .filter(|r| r.state == RouterState::Running)
+        {
+            if let Some(pid) = r.child.id() {
+                children::sigterm(pid)?;
+            }
+            r.state = RouterState::Drained;
+        }
+        let end = start + deadline;
+        let mut killed = 0;
+        for r in &mut self.routers {
+            if tokio::time::timeout_at(end, r.child.wait()).await.is_err() {
+                killed += 1;
+                let _ = r.child.start_kill();
+                let _ = tokio::time::timeout(STOP_GRACE, r.child.wait()).await;
+            }
+        }
+        Ok(AllStopped {
+            exited_after: start.elapsed(),
+            killed,
+        })
+    }
+
+    /// Starts every stopped router again at once, each with its key and
+    /// ports, and waits until each is ready; returns when each was ready,
+    /// in router order. Routers that started are kept (and stopped at
+    /// shutdown) even when another failed, whose error is returned.
+    pub async fn start_all_routers(&mut self) -> Result<Vec<RouterReady>> {
+        let start = tokio::time::Instant::now();
+        let stopped: Vec<(usize, SocketAddr, u16)> = self
+            .routers
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.state != RouterState::Running)
+            .map(|(i, r)| (i, r.metrics, r.listen_port))
+            .collect();
+        let this = &*self;
+        let starts = stopped.into_iter().map(|(i, metrics, port)| async move {
+            let r = this.start_router(i, metrics, port).await?;
+            let ready = RouterReady {
+                name: r.name.clone(),
+                after: start.elapsed(),
+                unix_ms: crate::propagation::unix_ms(),
+            };
+            Ok::<_, LadderError>((i, r, ready))
+        });
+        let mut ready = Vec::new();
+        let mut failed = None;
+        for started in futures::future::join_all(starts).await {
+            match started {
+                Ok((i, r, at)) => {
+                    self.routers[i] = r;
+                    ready.push(at);
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(ready),
+        }
     }
 
     fn router_mut(&mut self, i: usize) -> Result<&mut RouterProc> {

@@ -147,6 +147,7 @@ pub async fn run_remote(remote: RemoteConfig, cfg: FleetConfig) -> Result<Report
             "--restart-control-plane-at",
             cfg.restart_control_plane_at_secs,
         ),
+        ("--restart-all-routers-at", cfg.restart_all_routers_at_secs),
         ("--attack-router-at", cfg.attack.router_at_secs),
         cfg.propagation.local_only()[0],
         cfg.propagation.local_only()[1],

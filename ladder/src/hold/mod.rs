@@ -1,12 +1,14 @@
 //! The hold: every member's readiness sampled each second by its worker, and
 //! the events (`--kill-router-at`, `--drain-router-at`,
-//! `--restart-control-plane-at`, `--rotate-key-at`, the attack of
-//! [`attack`], and the propagation events of [`policy`]), each observed from its instant until the next event or the
-//! end of the hold.
+//! `--restart-control-plane-at`, `--rotate-key-at`, the whole-mesh
+//! restart of [`restart_all`], the attack of [`attack`], and the
+//! propagation events of [`policy`]), each observed from its instant until
+//! the next event or the end of the hold.
 
 mod attack;
 pub mod policy;
 mod quiet;
+mod restart_all;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -36,6 +38,8 @@ enum Kind {
     DrainRouter,
     RestartControlPlane,
     RotateKey,
+    /// `--restart-all-routers-at`: see [`restart_all`].
+    RestartAllRouters,
     /// `--attack-router-at` / `--attack-control-plane-at`: see [`attack`].
     Attack,
     /// `--policy-change-at`: see [`policy`].
@@ -56,19 +60,7 @@ pub async fn run(
         .await?;
     let start = Instant::now();
     let end = start + Duration::from_secs(cfg.hold_secs);
-    let mut plan: Vec<(u64, Kind)> = [
-        (cfg.kill_router_at_secs, Kind::KillRouter),
-        (cfg.drain_router_at_secs, Kind::DrainRouter),
-        (cfg.restart_control_plane_at_secs, Kind::RestartControlPlane),
-        (cfg.rotate_key_at_secs, Kind::RotateKey),
-        (cfg.attack.starts_at(), Kind::Attack),
-        (cfg.propagation.policy_change_at_secs, Kind::PolicyChange),
-        (cfg.propagation.revoke_token_at_secs, Kind::RevokeToken),
-    ]
-    .into_iter()
-    .filter_map(|(at, k)| at.map(|at| (at, k)))
-    .collect();
-    plan.sort_by_key(|(at, _)| *at);
+    let plan = plan(cfg);
     // The quiet part first: until the first event, nothing but idling.
     let quiet_end = plan
         .first()
@@ -92,52 +84,18 @@ pub async fn run(
             .map(|(next, _)| start + Duration::from_secs(*next))
             .unwrap_or(end)
             .min(end);
-        if *kind == Kind::Attack {
-            events.attack = Some(attack::run(fleet, target, cfg, start, window_end).await?);
-            continue;
-        }
-        if matches!(kind, Kind::PolicyChange | Kind::RevokeToken) {
-            let what = match kind {
-                Kind::PolicyChange => policy::What::PolicyChange,
-                _ => policy::What::RevokeToken,
-            };
-            let revoked_before = events.revoke_token.is_some();
-            let r = policy::run(fleet, target, cfg, what, *at, window_end, revoked_before).await?;
-            match what {
-                policy::What::PolicyChange => events.policy_change = Some(r),
-                policy::What::RevokeToken => events.revoke_token = Some(r),
-            }
-            continue;
-        }
-        let record = event(fleet, target, *kind, *at, window_end, end).await?;
-        match kind {
-            Kind::KillRouter => events.kill_router = Some(record),
-            Kind::DrainRouter => events.drain_router = Some(record),
-            Kind::RestartControlPlane => events.restart_control_plane = Some(record),
-            Kind::RotateKey => events.rotate_key = Some(record),
-            Kind::Attack | Kind::PolicyChange | Kind::RevokeToken => {}
-        }
+        let window = Window {
+            hold_start: start,
+            end: window_end,
+            hold_end: end,
+        };
+        run_event(fleet, target, cfg, *kind, *at, window, &mut events).await?;
     }
     fleet.pump_until(end, |_| false).await;
     let replies = fleet
         .broadcast(|id| Command::HoldReport { id }, REPORT_DEADLINE)
         .await?;
-    let mut sum = HoldStats::default();
-    for r in replies {
-        if let Reply::Hold(h) = r {
-            sum.samples = sum.samples.max(h.samples);
-            sum.flaps += h.flaps;
-            sum.members_flapped += h.members_flapped;
-            sum.fewest_ready += h.fewest_ready;
-            sum.exits += h.exits;
-            sum.socket_checks += h.socket_checks;
-            sum.socket_mismatches += h.socket_mismatches;
-            sum.socket_unanswered += h.socket_unanswered;
-            sum.socket_changed += h.socket_changed;
-            sum.socket_read_max_ms = sum.socket_read_max_ms.max(h.socket_read_max_ms);
-            sum.flap_records.extend(h.flap_records);
-        }
-    }
+    let sum = sum_holds(replies);
     let flap_records = first_flaps(sum.flap_records, &router_names(target));
     let record = HoldRecord {
         secs: cfg.hold_secs,
@@ -162,6 +120,103 @@ pub async fn run(
         record.secs, record.flaps, record.fewest_ready, record.exits
     );
     Ok((record, events))
+}
+
+/// The events the flags ask for, earliest first.
+fn plan(cfg: &FleetConfig) -> Vec<(u64, Kind)> {
+    let mut plan: Vec<(u64, Kind)> = [
+        (cfg.kill_router_at_secs, Kind::KillRouter),
+        (cfg.drain_router_at_secs, Kind::DrainRouter),
+        (cfg.restart_control_plane_at_secs, Kind::RestartControlPlane),
+        (cfg.rotate_key_at_secs, Kind::RotateKey),
+        (cfg.restart_all_routers_at_secs, Kind::RestartAllRouters),
+        (cfg.attack.starts_at(), Kind::Attack),
+        (cfg.propagation.policy_change_at_secs, Kind::PolicyChange),
+        (cfg.propagation.revoke_token_at_secs, Kind::RevokeToken),
+    ]
+    .into_iter()
+    .filter_map(|(at, k)| at.map(|at| (at, k)))
+    .collect();
+    plan.sort_by_key(|(at, _)| *at);
+    plan
+}
+
+/// One event's window in the hold.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    /// The hold's start.
+    hold_start: Instant,
+    /// The window's end: the next event, or the hold's end.
+    end: Instant,
+    /// The hold's end.
+    hold_end: Instant,
+}
+
+/// Carries out the event `kind` at `at` s and records it in `events`.
+async fn run_event(
+    fleet: &mut Fleet,
+    target: &mut Target,
+    cfg: &FleetConfig,
+    kind: Kind,
+    at: u64,
+    window: Window,
+    events: &mut Events,
+) -> Result<()> {
+    let window_end = window.end;
+    match kind {
+        Kind::Attack => {
+            events.attack =
+                Some(attack::run(fleet, target, cfg, window.hold_start, window_end).await?);
+        }
+        Kind::RestartAllRouters => {
+            let r = restart_all::run(fleet, target, cfg, at, window_end).await?;
+            events.restart_all_routers = Some(r);
+        }
+        Kind::PolicyChange | Kind::RevokeToken => {
+            let what = match kind {
+                Kind::PolicyChange => policy::What::PolicyChange,
+                _ => policy::What::RevokeToken,
+            };
+            let revoked_before = events.revoke_token.is_some();
+            let r = policy::run(fleet, target, cfg, what, at, window_end, revoked_before).await?;
+            match what {
+                policy::What::PolicyChange => events.policy_change = Some(r),
+                policy::What::RevokeToken => events.revoke_token = Some(r),
+            }
+        }
+        Kind::KillRouter | Kind::DrainRouter | Kind::RestartControlPlane | Kind::RotateKey => {
+            let record = event(fleet, target, kind, at, window_end, window.hold_end).await?;
+            let slot = match kind {
+                Kind::KillRouter => &mut events.kill_router,
+                Kind::DrainRouter => &mut events.drain_router,
+                Kind::RestartControlPlane => &mut events.restart_control_plane,
+                _ => &mut events.rotate_key,
+            };
+            *slot = Some(record);
+        }
+    }
+    Ok(())
+}
+
+/// The workers' hold reports, summed.
+fn sum_holds(replies: Vec<Reply>) -> HoldStats {
+    let mut sum = HoldStats::default();
+    for r in replies {
+        if let Reply::Hold(h) = r {
+            sum.samples = sum.samples.max(h.samples);
+            sum.flaps += h.flaps;
+            sum.members_flapped += h.members_flapped;
+            sum.fewest_ready += h.fewest_ready;
+            sum.exits += h.exits;
+            sum.socket_checks += h.socket_checks;
+            sum.socket_mismatches += h.socket_mismatches;
+            sum.socket_unanswered += h.socket_unanswered;
+            sum.socket_changed += h.socket_changed;
+            sum.socket_read_max_ms = sum.socket_read_max_ms.max(h.socket_read_max_ms);
+            sum.flap_records.extend(h.flap_records);
+        }
+    }
+    sum
 }
 
 /// Router names by PeerId (local mode; empty for a remote mesh).
@@ -262,9 +317,12 @@ async fn event(
         Kind::RotateKey => while_pumping(fleet, target.rotate_key())
             .await
             .map(|k| record.key_id = Some(k)),
-        Kind::Attack | Kind::PolicyChange | Kind::RevokeToken => Err(LadderError::Args(
-            "the attack and the propagation events are events of their own".into(),
-        )),
+        Kind::RestartAllRouters | Kind::Attack | Kind::PolicyChange | Kind::RevokeToken => {
+            Err(LadderError::Args(
+                "the whole-mesh restart, the attack and the propagation events are events of their own"
+                    .into(),
+            ))
+        }
     };
     if let Err(e) = outcome {
         eprintln!("\rladder: event {kind:?}: {e}");
@@ -338,29 +396,49 @@ async fn mark(fleet: &mut Fleet, name: &str) -> Result<()> {
 
 /// Ends the workers' window and sums their reports.
 async fn window_stats(fleet: &mut Fleet) -> Result<WindowStats> {
+    Ok(sum_windows(window_replies(fleet).await?))
+}
+
+/// Ends the workers' window; returns each worker's report.
+async fn window_replies(fleet: &mut Fleet) -> Result<Vec<WindowStats>> {
     let replies = fleet
         .broadcast(|id| Command::WindowReport { id }, REPORT_DEADLINE)
         .await?;
+    Ok(replies
+        .into_iter()
+        .filter_map(|r| match r {
+            Reply::Window(x) => Some(x),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The workers' window reports, summed (`mark_unix_ms`: the earliest).
+fn sum_windows(replies: Vec<WindowStats>) -> WindowStats {
     let mut w = WindowStats::default();
-    for r in replies {
-        if let Reply::Window(x) = r {
-            w.members += x.members;
-            w.lost_ready += x.lost_ready;
-            w.below_one_router += x.below_one_router;
-            w.below_k_routers += x.below_k_routers;
-            w.back_on_k_ms.extend(x.back_on_k_ms);
-            w.below_k_ms.extend(x.below_k_ms);
-            w.not_back_on_k += x.not_back_on_k;
-            w.calls_ok += x.calls_ok;
-            w.calls_failed += x.calls_failed;
-            w.calls_unfinished += x.calls_unfinished;
-            for (k, v) in x.call_errors {
-                *w.call_errors.entry(k).or_insert(0) += v;
-            }
-            w.below_k_records.extend(x.below_k_records);
+    for x in replies {
+        w.members += x.members;
+        w.lost_ready += x.lost_ready;
+        w.ready_again_ms.extend(x.ready_again_ms);
+        w.not_ready_again += x.not_ready_again;
+        w.mark_unix_ms = match w.mark_unix_ms {
+            0 => x.mark_unix_ms,
+            m => m.min(x.mark_unix_ms),
+        };
+        w.below_one_router += x.below_one_router;
+        w.below_k_routers += x.below_k_routers;
+        w.back_on_k_ms.extend(x.back_on_k_ms);
+        w.below_k_ms.extend(x.below_k_ms);
+        w.not_back_on_k += x.not_back_on_k;
+        w.calls_ok += x.calls_ok;
+        w.calls_failed += x.calls_failed;
+        w.calls_unfinished += x.calls_unfinished;
+        for (k, v) in x.call_errors {
+            *w.call_errors.entry(k).or_insert(0) += v;
         }
+        w.below_k_records.extend(x.below_k_records);
     }
-    Ok(w)
+    w
 }
 
 /// Members attached to router `name` in `snapshot`, if it answered.

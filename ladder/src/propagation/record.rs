@@ -3,50 +3,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::stats::percentile;
-
-/// Count, p50, p95, p99 and max of millisecond samples.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
-pub struct Quantiles {
-    /// Samples.
-    pub count: u64,
-    /// Median, ms.
-    pub p50: Option<u64>,
-    /// 95th percentile, ms.
-    pub p95: Option<u64>,
-    /// 99th percentile, ms.
-    pub p99: Option<u64>,
-    /// Largest, ms.
-    pub max: Option<u64>,
-}
-
-impl Quantiles {
-    /// Of `samples` (nearest rank).
-    pub fn of(samples: &[u64]) -> Self {
-        Self {
-            count: samples.len() as u64,
-            p50: percentile(samples, 0.5),
-            p95: percentile(samples, 0.95),
-            p99: percentile(samples, 0.99),
-            max: samples.iter().copied().max(),
-        }
-    }
-
-    /// `p50/p95/p99/max (n)`.
-    fn cell(&self) -> String {
-        let f = |x: Option<u64>| x.map_or_else(|| "-".to_string(), |x| x.to_string());
-        format!(
-            "{}/{}/{}/{} ({})",
-            f(self.p50),
-            f(self.p95),
-            f(self.p99),
-            f(self.max),
-            self.count
-        )
-    }
-}
+pub use crate::stats::Quantiles;
 
 /// What one propagation event (`--policy-change-at` or `--revoke-token-at`)
 /// took, from the admin call to each member concerned.

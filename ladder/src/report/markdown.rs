@@ -84,6 +84,9 @@ impl Report {
             self.hold_section(&mut s, h);
         }
         self.events_table(&mut s);
+        if let Some(e) = &self.events.restart_all_routers {
+            super::restart_all::markdown(&mut s, e);
+        }
         if let Some(a) = &self.events.attack {
             a.markdown(&mut s);
         }
@@ -289,6 +292,7 @@ impl Report {
             ("drain router", &self.events.drain_router),
             ("restart control plane", &self.events.restart_control_plane),
             ("rotate key", &self.events.rotate_key),
+            ("restart all routers", &self.events.restart_all_routers),
         ];
         if events.iter().all(|(_, e)| e.is_none()) {
             return;

@@ -8,8 +8,11 @@ use crate::observe::{ControlPlaneStep, RouterSnapshot};
 use crate::stats::{P50P95, Spread};
 
 mod markdown;
+mod restart_all;
 #[cfg(test)]
 mod tests;
+
+pub use restart_all::RestartAllRecord;
 
 /// The whole run.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -261,6 +264,11 @@ pub struct Events {
     pub restart_control_plane: Option<EventRecord>,
     /// `--rotate-key-at`.
     pub rotate_key: Option<EventRecord>,
+    /// `--restart-all-routers-at`: every router drained and started again
+    /// at once; its record carries `restart_all`. For it `router_refusals`
+    /// and `router_auth_failures` are what the restarted routers counted
+    /// (their counters start again at 0), i.e. during the return.
+    pub restart_all_routers: Option<EventRecord>,
     /// `--attack-router-at` / `--attack-control-plane-at`.
     pub attack: Option<crate::attack::AttackRecord>,
     /// `--policy-change-at`.
@@ -302,6 +310,11 @@ pub struct EventRecord {
     pub router_refusals: BTreeMap<String, u64>,
     /// Router auth failures during the window by `router:purpose/result`.
     pub router_auth_failures: BTreeMap<String, u64>,
+    /// `--restart-all-routers-at`: the routers' restart, the members' way
+    /// back from the first router ready again and the control plane's load
+    /// (absent for the other events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart_all: Option<RestartAllRecord>,
 }
 
 /// The router an event acted on.
