@@ -12,6 +12,12 @@ use super::markdown::joined;
 use crate::observe::ControlPlaneLoad;
 use crate::stats::Quantiles;
 
+/// The way back a restart of the whole mesh is held to: members ready
+/// again (one router held) within this p95 after the first router is back, ms.
+const READY_AGAIN_P95_TARGET_MS: u64 = 10_000;
+/// … and within this at most, ms.
+const READY_AGAIN_MAX_TARGET_MS: u64 = 30_000;
+
 /// The whole mesh's routers restarted at once: the routers' side (drain,
 /// exit, start, ready again), the members' way back measured from the
 /// first router ready again, and the control plane's load meanwhile.
@@ -81,6 +87,25 @@ pub(super) fn markdown(s: &mut String, e: &EventRecord) {
         e.fleet.not_back_on_k,
         r.exits,
         joined(&e.router_refusals)
+    );
+    let q = &r.ready_after_first_router_ms;
+    let met = match (q.p95, q.max) {
+        _ if r.not_ready_again > 0 => "missed (not every member was ready again)",
+        (Some(p95), Some(max))
+            if p95 <= READY_AGAIN_P95_TARGET_MS && max <= READY_AGAIN_MAX_TARGET_MS =>
+        {
+            "met"
+        }
+        (Some(_), Some(_)) => "missed",
+        _ => "not measured",
+    };
+    let _ = writeln!(
+        s,
+        "- members ready again after the first router: p95 {} ms, max {} ms (target p95 ≤ {} s, max ≤ {} s: {met})",
+        n(q.p95),
+        n(q.max),
+        READY_AGAIN_P95_TARGET_MS / 1000,
+        READY_AGAIN_MAX_TARGET_MS / 1000
     );
     for (when, load) in [
         ("the drain", &r.control_plane_drain),
