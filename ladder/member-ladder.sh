@@ -9,7 +9,7 @@
 # Sizes come from the environment (defaults below); any further arguments are
 # passed to `agentmesh-ladder local` as they are (events, --after-secs, ...).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 
 STEP="${STEP:-1000}"
 STEPS="${STEPS:-10}"

@@ -38,6 +38,10 @@ pub const DEFAULT_WINDOW_CALLS_PER_SEC: u32 = 5;
 pub const DEFAULT_ROUTERS: usize = 4;
 /// Default deadline for a child program's `/readyz`, seconds.
 pub const DEFAULT_READY_DEADLINE_SECS: u64 = 60;
+/// Default wait for every router to exit after `--restart-all-routers-at`
+/// sent them SIGTERM, seconds: above the routers' own default drain grace
+/// (30 s, `--drain-grace-secs`), so a drain ends on its own first.
+pub const DEFAULT_RESTART_ALL_ROUTERS_EXIT_DEADLINE_SECS: u64 = 60;
 /// Default interval between router RSS samples after teardown, seconds.
 pub const DEFAULT_AFTER_INTERVAL_SECS: u64 = 5;
 
@@ -74,6 +78,18 @@ pub struct FleetConfig {
     /// Call RotateKeyNow this many seconds into the hold.
     #[arg(long = "rotate-key-at")]
     pub rotate_key_at_secs: Option<u64>,
+    /// Restart every router at once this many seconds into the hold (local
+    /// mode): SIGTERM (each drains, as a rollout or an `agentmesh-one`
+    /// restart does), wait until every router process exited, start them
+    /// again on the same ports and keys; the report measures each member's
+    /// way back from the first router ready again.
+    #[arg(long = "restart-all-routers-at")]
+    pub restart_all_routers_at_secs: Option<u64>,
+    /// How long `--restart-all-routers-at` waits for every router to exit
+    /// after SIGTERM before it SIGKILLs those still running, seconds
+    /// (default 60; the report counts them as `killed_after_deadline`).
+    #[arg(long, default_value_t = DEFAULT_RESTART_ALL_ROUTERS_EXIT_DEADLINE_SECS)]
+    pub restart_all_routers_exit_deadline_secs: u64,
     /// After the hold, start this many joiners at the same instant (0 = no burst).
     #[arg(long, default_value_t = 0)]
     pub burst: u64,
@@ -153,6 +169,8 @@ impl Default for FleetConfig {
             drain_router_at_secs: None,
             restart_control_plane_at_secs: None,
             rotate_key_at_secs: None,
+            restart_all_routers_at_secs: None,
+            restart_all_routers_exit_deadline_secs: DEFAULT_RESTART_ALL_ROUTERS_EXIT_DEADLINE_SECS,
             burst: 0,
             after_secs: 0,
             after_interval_secs: DEFAULT_AFTER_INTERVAL_SECS,

@@ -65,6 +65,26 @@ pub struct RouterProc {
     pub state: RouterState,
 }
 
+/// Every router stopped at once ([`LocalMesh::stop_all_routers`]).
+#[derive(Debug, Clone, Copy)]
+pub struct AllStopped {
+    /// SIGTERM → the last router process gone.
+    pub exited_after: Duration,
+    /// Routers SIGKILLed after the deadline.
+    pub killed: u64,
+}
+
+/// One router ready again ([`LocalMesh::start_all_routers`]).
+#[derive(Debug, Clone)]
+pub struct RouterReady {
+    /// `r0`, `r1`…
+    pub name: String,
+    /// From the start of all routers until this one answered `/readyz`.
+    pub after: Duration,
+    /// When it was ready, Unix ms (the clock the workers share).
+    pub unix_ms: u64,
+}
+
 /// A running local mesh.
 pub struct LocalMesh {
     bins: Binaries,
@@ -113,87 +133,9 @@ impl LocalMesh {
     ) -> Result<Self> {
         let admin_token = children::random_hex(32);
         let admin_file = children::write_secret(&dir.join("admin.token"), &admin_token)?;
-        let (grpc, http) = match &place {
-            Some(p) => (
-                p.control_plane.at(placement::CONTROL_PLANE_GRPC_PORT),
-                p.control_plane.at(placement::CONTROL_PLANE_HTTP_PORT),
-            ),
-            None => (ports::free_addr()?, ports::free_addr()?),
-        };
-        let tls = if cfg.control_plane_tls {
-            Some(self_signed(dir, grpc.ip())?)
-        } else {
-            None
-        };
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        let mut args = vec![
-            "--grpc-addr".to_string(),
-            grpc.to_string(),
-            "--http-addr".to_string(),
-            http.to_string(),
-            "--public-url".to_string(),
-            format!("{scheme}://{grpc}"),
-            "--db".to_string(),
-            cfg.control_plane_db
-                .clone()
-                .unwrap_or_else(|| format!("sqlite://{}", dir.join("control-plane.db").display())),
-            "--admin-token-file".to_string(),
-            admin_file.display().to_string(),
-        ];
-        if cfg.control_plane_db.is_some() {
-            // A database other than the work dir's SQLite file needs its
-            // key-encryption key given (SQLite keeps one beside its file).
-            let kek =
-                children::write_secret(&dir.join("control-plane.kek"), &children::random_hex(32))?;
-            args.extend([
-                "--key-encryption-key-file".to_string(),
-                kek.display().to_string(),
-            ]);
-        }
-        if let Some(ttl) = cfg.credential_ttl_secs {
-            args.extend(["--credential-ttl-secs".to_string(), ttl.to_string()]);
-        }
-        if tls.is_none() && place.is_some() {
-            // Plaintext off loopback: the testbed's own private network.
-            args.push("--insecure".to_string());
-        }
-        if let Some((cert, key)) = &tls {
-            args.extend([
-                "--tls-cert".to_string(),
-                cert.display().to_string(),
-                "--tls-key".to_string(),
-                key.display().to_string(),
-            ]);
-        }
-        // The ladder measures a mesh where every member may call every
-        // service, unless its control-plane arguments name a policy.
-        if !cfg
-            .control_plane_args
-            .iter()
-            .any(|a| a.starts_with("--policy"))
-        {
-            args.push("--policy-allow-all".to_string());
-        }
-        args.extend(cfg.control_plane_args.iter().cloned());
-        let log = dir.join("control-plane.log");
-        let at = place
-            .as_ref()
-            .map(|p| p.control_plane.prefix.clone())
-            .unwrap_or_default();
-        let env = cfg.control_plane_env.clone();
-        let mut child = children::spawn_with_env(&at, &bins.control_plane, &args, &env, &log)?;
-        let deadline = Duration::from_secs(cfg.ready_deadline_secs);
-        children::wait_ready("control plane", &mut child, http, deadline, &log).await?;
-        let control_plane = ControlPlaneProc {
-            child,
-            args,
-            env,
-            log,
-            grpc,
-            http,
-        };
-        let url = format!("{scheme}://{grpc}");
-        let ca_file = tls.map(|(cert, _)| cert);
+        let (control_plane, ca_file) =
+            start_control_plane(&bins, &cfg, dir, place.as_ref(), &admin_file).await?;
+        let url = control_plane.url(ca_file.is_some());
         let client = admin_client(&url, read_ca(ca_file.as_deref())?)?;
         let router_token = mint(
             &client,
@@ -295,12 +237,7 @@ impl LocalMesh {
 
     /// The control plane's gRPC URL.
     pub fn url(&self) -> String {
-        let scheme = if self.ca_file.is_some() {
-            "https"
-        } else {
-            "http"
-        };
-        format!("{scheme}://{}", self.control_plane.grpc)
+        self.control_plane.url(self.ca_file.is_some())
     }
 
     /// Where each program runs, when not all here (`--hosts`).
@@ -410,6 +347,78 @@ impl LocalMesh {
         Ok(start.elapsed())
     }
 
+    /// SIGTERMs every running router at once (each drains, as in a
+    /// rollout or an `agentmesh-one` restart) and waits until every router
+    /// process has exited; one still running after `deadline` is SIGKILLed.
+    pub async fn stop_all_routers(&mut self, deadline: Duration) -> Result<AllStopped> {
+        let start = tokio::time::Instant::now();
+        for r in self
+            .routers
+            .iter_mut()
+            .filter(|r| r.state == RouterState::Running)
+        {
+            if let Some(pid) = r.child.id() {
+                children::sigterm(pid)?;
+            }
+            r.state = RouterState::Drained;
+        }
+        let end = start + deadline;
+        let mut killed = 0;
+        for r in &mut self.routers {
+            if tokio::time::timeout_at(end, r.child.wait()).await.is_err() {
+                killed += 1;
+                let _ = r.child.start_kill();
+                let _ = tokio::time::timeout(STOP_GRACE, r.child.wait()).await;
+            }
+        }
+        Ok(AllStopped {
+            exited_after: start.elapsed(),
+            killed,
+        })
+    }
+
+    /// Starts every stopped router again at once, each with its key and
+    /// ports, and waits until each is ready; returns when each was ready,
+    /// in router order. Routers that started are kept (and stopped at
+    /// shutdown) even when another failed, whose error is returned.
+    pub async fn start_all_routers(&mut self) -> Result<Vec<RouterReady>> {
+        let start = tokio::time::Instant::now();
+        let stopped: Vec<(usize, SocketAddr, u16)> = self
+            .routers
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.state != RouterState::Running)
+            .map(|(i, r)| (i, r.metrics, r.listen_port))
+            .collect();
+        let this = &*self;
+        let starts = stopped.into_iter().map(|(i, metrics, port)| async move {
+            let r = this.start_router(i, metrics, port).await?;
+            let ready = RouterReady {
+                name: r.name.clone(),
+                after: start.elapsed(),
+                unix_ms: crate::propagation::unix_ms(),
+            };
+            Ok::<_, LadderError>((i, r, ready))
+        });
+        let mut ready = Vec::new();
+        let mut failed = None;
+        for started in futures::future::join_all(starts).await {
+            match started {
+                Ok((i, r, at)) => {
+                    self.routers[i] = r;
+                    ready.push(at);
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(ready),
+        }
+    }
+
     fn router_mut(&mut self, i: usize) -> Result<&mut RouterProc> {
         self.routers
             .get_mut(i)
@@ -454,6 +463,129 @@ impl LocalMesh {
         }
         children::stop(&mut self.control_plane.child, STOP_GRACE).await;
     }
+}
+
+impl ControlPlaneProc {
+    /// Its gRPC URL (`https://` when it serves TLS).
+    fn url(&self, tls: bool) -> String {
+        let scheme = if tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.grpc)
+    }
+}
+
+/// Starts the control plane (its ports chosen, or fixed on its host with
+/// `place`; a self-signed certificate with `--control-plane-tls`) and waits
+/// until it is ready; returns it and its certificate, if any.
+async fn start_control_plane(
+    bins: &Binaries,
+    cfg: &LocalConfig,
+    dir: &Path,
+    place: Option<&Placement>,
+    admin_file: &Path,
+) -> Result<(ControlPlaneProc, Option<PathBuf>)> {
+    let (grpc, http) = match place {
+        Some(p) => (
+            p.control_plane.at(placement::CONTROL_PLANE_GRPC_PORT),
+            p.control_plane.at(placement::CONTROL_PLANE_HTTP_PORT),
+        ),
+        None => (ports::free_addr()?, ports::free_addr()?),
+    };
+    let tls = if cfg.control_plane_tls {
+        Some(self_signed(dir, grpc.ip())?)
+    } else {
+        None
+    };
+    let args = control_plane_args(
+        cfg,
+        dir,
+        grpc,
+        http,
+        tls.as_ref(),
+        place.is_some(),
+        admin_file,
+    )?;
+    let log = dir.join("control-plane.log");
+    let at = place
+        .map(|p| p.control_plane.prefix.clone())
+        .unwrap_or_default();
+    let env = cfg.control_plane_env.clone();
+    let mut child = children::spawn_with_env(&at, &bins.control_plane, &args, &env, &log)?;
+    let deadline = Duration::from_secs(cfg.ready_deadline_secs);
+    children::wait_ready("control plane", &mut child, http, deadline, &log).await?;
+    let control_plane = ControlPlaneProc {
+        child,
+        args,
+        env,
+        log,
+        grpc,
+        http,
+    };
+    Ok((control_plane, tls.map(|(cert, _)| cert)))
+}
+
+/// The control plane's command line: its addresses, database (the work
+/// dir's SQLite file unless `--control-plane-db`), admin token, TLS, and
+/// the operator's `--control-plane-arg`s last.
+fn control_plane_args(
+    cfg: &LocalConfig,
+    dir: &Path,
+    grpc: SocketAddr,
+    http: SocketAddr,
+    tls: Option<&(PathBuf, PathBuf)>,
+    off_loopback: bool,
+    admin_file: &Path,
+) -> Result<Vec<String>> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut args = vec![
+        "--grpc-addr".to_string(),
+        grpc.to_string(),
+        "--http-addr".to_string(),
+        http.to_string(),
+        "--public-url".to_string(),
+        format!("{scheme}://{grpc}"),
+        "--db".to_string(),
+        cfg.control_plane_db
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", dir.join("control-plane.db").display())),
+        "--admin-token-file".to_string(),
+        admin_file.display().to_string(),
+    ];
+    if cfg.control_plane_db.is_some() {
+        // A database other than the work dir's SQLite file needs its
+        // key-encryption key given (SQLite keeps one beside its file).
+        let kek =
+            children::write_secret(&dir.join("control-plane.kek"), &children::random_hex(32))?;
+        args.extend([
+            "--key-encryption-key-file".to_string(),
+            kek.display().to_string(),
+        ]);
+    }
+    if let Some(ttl) = cfg.credential_ttl_secs {
+        args.extend(["--credential-ttl-secs".to_string(), ttl.to_string()]);
+    }
+    if tls.is_none() && off_loopback {
+        // Plaintext off loopback: the testbed's own private network.
+        args.push("--insecure".to_string());
+    }
+    if let Some((cert, key)) = tls {
+        args.extend([
+            "--tls-cert".to_string(),
+            cert.display().to_string(),
+            "--tls-key".to_string(),
+            key.display().to_string(),
+        ]);
+    }
+    // The ladder measures a mesh where every member may call every
+    // service, unless its control-plane arguments name a policy.
+    if !cfg
+        .control_plane_args
+        .iter()
+        .any(|a| a.starts_with("--policy"))
+    {
+        args.push("--policy-allow-all".to_string());
+    }
+    args.extend(cfg.control_plane_args.iter().cloned());
+    Ok(args)
 }
 
 /// Admin RotateKeyNow against `url`; returns the new key id.

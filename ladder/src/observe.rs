@@ -164,6 +164,8 @@ pub struct ControlPlaneRaw {
     pub rpc_buckets: Vec<(f64, f64)>,
     /// RPCs by gRPC code.
     pub codes: BTreeMap<String, f64>,
+    /// RPCs by `method/code`.
+    pub rpcs: BTreeMap<String, f64>,
     /// Rows per table.
     pub storage_rows: BTreeMap<String, f64>,
     /// Enrollments refused by the rate limiter, so far.
@@ -212,6 +214,7 @@ fn read_control_plane_metrics(raw: &mut ControlPlaneRaw, m: &Metrics) {
     raw.up = true;
     raw.rpc_buckets = m.buckets(names::CP_RPC_SECONDS);
     raw.codes = m.group_by(names::CP_RPCS, "code");
+    raw.rpcs = m.group_by_labels(names::CP_RPCS, &["method", "code"]);
     raw.storage_rows = m.group_by(names::CP_STORAGE_ROWS, "table");
     raw.enroll_limited = m.sum(names::CP_LIMITER_REFUSALS, &[("limiter", "enroll")]);
     raw.refresh_buckets = m.buckets_where(names::CP_RPC_SECONDS, REFRESH);
@@ -289,6 +292,75 @@ fn differences(
             (d > 0.0).then(|| (k.clone(), d as u64))
         })
         .collect()
+}
+
+/// The requests the control plane answered between two instants, by
+/// method and code, and what serving them cost: the load a whole fleet
+/// puts on it when it comes back (`--restart-all-routers-at`).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct ControlPlaneLoad {
+    /// Length of the interval, seconds.
+    pub secs: f64,
+    /// RPCs answered, every method and code.
+    pub requests: u64,
+    /// `requests` per second over the interval.
+    pub per_sec: f64,
+    /// RPCs by `method/code` (`GetDirectory/Ok`, `Enroll/ResourceExhausted`;
+    /// non-zero only): refusals show here.
+    pub by_method: BTreeMap<String, u64>,
+    /// RPC latency p99 over the interval, ms (bucket upper bound).
+    pub p99_ms: Option<f64>,
+    /// The control plane's CPU over the interval, seconds.
+    pub cpu_secs: Option<f64>,
+}
+
+/// The control plane's load between `before` and `after`, `secs` apart
+/// (`None` unless both answered: a restarted control plane's counters
+/// would not subtract).
+pub fn control_plane_load(
+    before: &ControlPlaneRaw,
+    after: &ControlPlaneRaw,
+    secs: f64,
+) -> Option<ControlPlaneLoad> {
+    if !(before.up && after.up) {
+        return None;
+    }
+    let by_method = differences(&before.rpcs, &after.rpcs);
+    let requests = by_method.values().sum();
+    Some(ControlPlaneLoad {
+        secs,
+        requests,
+        per_sec: if secs > 0.0 {
+            requests as f64 / secs
+        } else {
+            0.0
+        },
+        by_method,
+        p99_ms: quantile_ms(&before.rpc_buckets, &after.rpc_buckets, 0.99),
+        cpu_secs: cpu_between(before.cpu_secs, after.cpu_secs),
+    })
+}
+
+impl ControlPlaneLoad {
+    /// `N requests (R/s; p99 P ms; CPU C s): method/code=n, …`.
+    pub fn summary(&self) -> String {
+        let by = self
+            .by_method
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "{} requests in {:.1} s ({:.1}/s; p99 {} ms; CPU {}): {}",
+            self.requests,
+            self.secs,
+            self.per_sec,
+            crate::stats::ms_cell(self.p99_ms),
+            self.cpu_secs
+                .map_or_else(|| "-".into(), |c| format!("{c:.1} s")),
+            if by.is_empty() { "-".into() } else { by }
+        )
+    }
 }
 
 /// Credential refreshes the control plane answered over a window (the
@@ -513,6 +585,40 @@ mod tests {
         *later.refresh_codes.entry("Ok".into()).or_default() += 50.0;
         let r = refresh_between(&after, &later, 10.0);
         assert_eq!((r.refreshes, r.per_sec), (50, 5.0));
+    }
+
+    /// The same real page: the load between two readings counts every
+    /// request by method and code, refusals included; a control plane
+    /// that did not answer gives none.
+    #[test]
+    fn control_plane_load_is_by_method_and_code() {
+        let mut after = ControlPlaneRaw::default();
+        read_control_plane_metrics(
+            &mut after,
+            &Metrics::parse(include_str!("../testdata/control-plane-attacked.metrics")),
+        );
+        let before = ControlPlaneRaw {
+            up: true,
+            rpcs: [("GetDirectory/Ok".to_string(), 1_022.0)].into(),
+            ..ControlPlaneRaw::default()
+        };
+        let load = control_plane_load(&before, &after, 10.0).expect("both answered");
+        assert_eq!(load.by_method.get("GetDirectory/Ok"), Some(&10_000));
+        assert_eq!(load.by_method.get("Enroll/ResourceExhausted"), Some(&9_989));
+        assert_eq!(
+            load.by_method.get("Refresh/ResourceExhausted"),
+            Some(&19_967)
+        );
+        assert!(!load.by_method.contains_key("RouterLease/AlreadyExists"));
+        assert_eq!(load.requests, load.by_method.values().sum::<u64>());
+        assert_eq!(load.per_sec, load.requests as f64 / 10.0);
+        assert!(
+            load.summary().contains("GetDirectory/Ok=10000"),
+            "{}",
+            load.summary()
+        );
+        let down = ControlPlaneRaw::default();
+        assert_eq!(control_plane_load(&down, &after, 10.0), None);
     }
 
     #[test]

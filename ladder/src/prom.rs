@@ -76,6 +76,22 @@ impl Metrics {
         out
     }
 
+    /// Sums of the samples named `name`, grouped by the values of the
+    /// labels `by` joined with `/` (`GetDirectory/Ok`; a missing label is
+    /// empty).
+    pub fn group_by_labels(&self, name: &str, by: &[&str]) -> BTreeMap<String, f64> {
+        let mut out = BTreeMap::new();
+        for s in self.select(name, &[]) {
+            let key = by
+                .iter()
+                .map(|l| s.labels.get(*l).map(String::as_str).unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join("/");
+            *out.entry(key).or_insert(0.0) += s.value;
+        }
+        out
+    }
+
     /// Cumulative bucket counts of histogram `base` (summed over all other labels), by upper bound.
     pub fn buckets(&self, base: &str) -> Vec<(f64, f64)> {
         self.buckets_where(base, &[])

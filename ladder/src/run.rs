@@ -18,8 +18,8 @@ use crate::placement::Placement;
 use crate::postgres::{Postgres, StoreKind, StoreRecord};
 use crate::procstat;
 use crate::report::{
-    AfterRecord, AfterSample, BurstRecord, ControlPlaneMemory, PhaseRecord, Report, RoundRecord,
-    Shape, StepRecord,
+    AfterRecord, AfterSample, BurstRecord, ControlPlaneMemory, Failures, PhaseRecord, Report,
+    RoundRecord, Shape, StepRecord,
 };
 use crate::tally::{Phase, PhaseSummary};
 use crate::target::Target;
@@ -63,11 +63,11 @@ pub async fn run_local_at(
         None => external_store(db.as_deref(), &dir),
     };
     if let Ok(r) = report.as_mut() {
-        r.hosts = hosts;
-        r.store = Some(store);
+        r.environment.hosts = hosts;
+        r.environment.store = Some(store);
     }
     if let (Some(cap), Ok(r)) = (cap, report.as_mut()) {
-        r.cpu_cap = Some(cap.finish());
+        r.environment.cpu_cap = Some(cap.finish());
     }
     report
 }
@@ -147,6 +147,7 @@ pub async fn run_remote(remote: RemoteConfig, cfg: FleetConfig) -> Result<Report
             "--restart-control-plane-at",
             cfg.restart_control_plane_at_secs,
         ),
+        ("--restart-all-routers-at", cfg.restart_all_routers_at_secs),
         ("--attack-router-at", cfg.attack.router_at_secs),
         cfg.propagation.local_only()[0],
         cfg.propagation.local_only()[1],
@@ -310,9 +311,62 @@ async fn run(
         ..Report::default()
     };
     let control_plane_pre_ladder_rss = target.control_plane().await.and_then(|c| c.rss_bytes);
-    let step_deadline = Duration::from_secs(cfg.step_deadline_secs);
+    join_providers(&mut fleet, &cfg, &mut report).await?;
+    join_steps(&mut fleet, &target, &cfg, &mut report).await?;
+    if cfg.hold_secs > 0 {
+        hold(
+            &mut fleet,
+            &mut target,
+            &cfg,
+            &mut report,
+            control_plane_pre_ladder_rss,
+        )
+        .await?;
+    }
+    if cfg.burst > 0 {
+        report.burst = Some(burst(&mut fleet, &target, &cfg).await?);
+    }
 
-    // Providers.
+    // Teardown and after.
+    fleet.label = "leaving".into();
+    report.failures = Failures {
+        exits: fleet.tally.exits(),
+        exit_reasons: fleet.tally.exit_reasons.clone(),
+        first_call_errors: fleet.tally.call_errors.clone(),
+    };
+    report.shape.workers = fleet.worker_count();
+    eprintln!("\rladder: the fleet leaves");
+    if let Err(e) = fleet.leave().await {
+        eprintln!("ladder: leaving: {e}");
+    }
+    if cfg.after_secs > 0 {
+        report.after = Some(after(&target, &cfg, &report.pre_ladder).await);
+    }
+
+    // Further rounds: a fresh fleet of the same size joins and leaves.
+    if cfg.rounds > 1 {
+        let completed = report.stopped_early.is_none();
+        report.rounds.push(round_record(
+            1,
+            &fleet,
+            cfg.steps,
+            completed,
+            report.after.clone(),
+        ));
+        restart_stopped_routers(&mut target).await;
+        for k in 2..=cfg.rounds {
+            let r = extra_round(k, &target, &cfg, &ladder, &base, dir, capacity, &report).await?;
+            report.failures.exits += r.exits;
+            report.rounds.push(r);
+        }
+    }
+    target.shutdown().await;
+    report.duration_secs = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// The providers join before the first step.
+async fn join_providers(fleet: &mut Fleet, cfg: &FleetConfig, report: &mut Report) -> Result<()> {
     let t0 = Instant::now();
     fleet.label = "providers".into();
     let done = fleet
@@ -320,7 +374,7 @@ async fn run(
             cfg.providers,
             cfg.join_rate_per_sec,
             Phase::Provider,
-            step_deadline,
+            Duration::from_secs(cfg.step_deadline_secs),
         )
         .await?;
     report.providers = phase_record(fleet.tally.summary(Phase::Provider), done, t0);
@@ -328,8 +382,18 @@ async fn run(
         "\rladder: {} of {} providers ready",
         report.providers.ready, cfg.providers
     );
+    Ok(())
+}
 
-    // Steps.
+/// Every step, each recorded with the routers, the fleet and the control
+/// plane at its end; a step past its deadline ends the stepping.
+async fn join_steps(
+    fleet: &mut Fleet,
+    target: &Target,
+    cfg: &FleetConfig,
+    report: &mut Report,
+) -> Result<()> {
+    let step_deadline = Duration::from_secs(cfg.step_deadline_secs);
     for n in 1..=cfg.steps {
         let resident_before = fleet
             .tally
@@ -385,80 +449,49 @@ async fn run(
             break;
         }
     }
+    Ok(())
+}
 
-    // Hold and its events.
-    if cfg.hold_secs > 0 {
-        fleet.label = "hold".into();
-        let cp_before = target.control_plane().await;
-        let t0 = Instant::now();
-        let (mut h, events) = hold::run(&mut fleet, &mut target, &cfg).await?;
-        let secs = t0.elapsed().as_secs_f64();
-        if let (Some(b), Some(a)) = (cp_before, target.control_plane().await)
-            && b.up
-            && a.up
-        {
-            report.refresh = Some(observe::refresh_between(&b, &a, secs));
-        }
-        h.control_plane_memory = ControlPlaneMemory::between(
-            control_plane_pre_ladder_rss,
-            target.control_plane().await.and_then(|c| c.rss_bytes),
-            fleet.tally.alive(),
-        );
-        if let Some(m) = &h.control_plane_memory {
-            eprintln!("\rladder: {}", m.summary());
-        }
-        report.hold = Some(h);
-        report.events = events;
-        for r in [
-            report.events.policy_change.as_mut(),
-            report.events.revoke_token.as_mut(),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            r.set_rss_baseline(control_plane_pre_ladder_rss);
-        }
+/// The hold and its events, the refreshes answered in it and the control
+/// plane's memory at its end.
+async fn hold(
+    fleet: &mut Fleet,
+    target: &mut Target,
+    cfg: &FleetConfig,
+    report: &mut Report,
+    control_plane_pre_ladder_rss: Option<u64>,
+) -> Result<()> {
+    fleet.label = "hold".into();
+    let cp_before = target.control_plane().await;
+    let t0 = Instant::now();
+    let (mut h, events) = hold::run(fleet, target, cfg).await?;
+    let secs = t0.elapsed().as_secs_f64();
+    if let (Some(b), Some(a)) = (cp_before, target.control_plane().await)
+        && b.up
+        && a.up
+    {
+        report.refresh = Some(observe::refresh_between(&b, &a, secs));
     }
-
-    // Burst.
-    if cfg.burst > 0 {
-        report.burst = Some(burst(&mut fleet, &target, &cfg).await?);
+    h.control_plane_memory = ControlPlaneMemory::between(
+        control_plane_pre_ladder_rss,
+        target.control_plane().await.and_then(|c| c.rss_bytes),
+        fleet.tally.alive(),
+    );
+    if let Some(m) = &h.control_plane_memory {
+        eprintln!("\rladder: {}", m.summary());
     }
-
-    // Teardown and after.
-    fleet.label = "leaving".into();
-    report.exits = fleet.tally.exits();
-    report.exit_reasons = fleet.tally.exit_reasons.clone();
-    report.first_call_errors = fleet.tally.call_errors.clone();
-    report.shape.workers = fleet.worker_count();
-    eprintln!("\rladder: the fleet leaves");
-    if let Err(e) = fleet.leave().await {
-        eprintln!("ladder: leaving: {e}");
+    report.hold = Some(h);
+    report.events = events;
+    for r in [
+        report.events.policy_change.as_mut(),
+        report.events.revoke_token.as_mut(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        r.set_rss_baseline(control_plane_pre_ladder_rss);
     }
-    if cfg.after_secs > 0 {
-        report.after = Some(after(&target, &cfg, &report.pre_ladder).await);
-    }
-
-    // Further rounds: a fresh fleet of the same size joins and leaves.
-    if cfg.rounds > 1 {
-        let completed = report.stopped_early.is_none();
-        report.rounds.push(round_record(
-            1,
-            &fleet,
-            cfg.steps,
-            completed,
-            report.after.clone(),
-        ));
-        restart_stopped_routers(&mut target).await;
-        for k in 2..=cfg.rounds {
-            let r = extra_round(k, &target, &cfg, &ladder, &base, dir, capacity, &report).await?;
-            report.exits += r.exits;
-            report.rounds.push(r);
-        }
-    }
-    target.shutdown().await;
-    report.duration_secs = started.elapsed().as_secs_f64();
-    Ok(report)
+    Ok(())
 }
 
 async fn burst(fleet: &mut Fleet, target: &Target, cfg: &FleetConfig) -> Result<BurstRecord> {

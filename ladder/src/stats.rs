@@ -1,6 +1,6 @@
 //! Percentiles of latency samples.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// p50 and p95 of a set of millisecond samples.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
@@ -20,6 +20,47 @@ pub struct Spread {
     pub p95: Option<u64>,
     /// Largest, ms.
     pub max: Option<u64>,
+}
+
+/// Count, p50, p95, p99 and max of millisecond samples.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Quantiles {
+    /// Samples.
+    pub count: u64,
+    /// Median, ms.
+    pub p50: Option<u64>,
+    /// 95th percentile, ms.
+    pub p95: Option<u64>,
+    /// 99th percentile, ms.
+    pub p99: Option<u64>,
+    /// Largest, ms.
+    pub max: Option<u64>,
+}
+
+impl Quantiles {
+    /// Of `samples` (nearest rank).
+    pub fn of(samples: &[u64]) -> Self {
+        Self {
+            count: samples.len() as u64,
+            p50: percentile(samples, 0.5),
+            p95: percentile(samples, 0.95),
+            p99: percentile(samples, 0.99),
+            max: samples.iter().copied().max(),
+        }
+    }
+
+    /// `p50/p95/p99/max (n)`.
+    pub fn cell(&self) -> String {
+        let f = |x: Option<u64>| x.map_or_else(|| "-".to_string(), |x| x.to_string());
+        format!(
+            "{}/{}/{}/{} ({})",
+            f(self.p50),
+            f(self.p95),
+            f(self.p99),
+            f(self.max),
+            self.count
+        )
+    }
 }
 
 /// A latency in ms for a table cell: `-` when unknown, one decimal below

@@ -225,6 +225,18 @@ pub struct WindowStats {
     pub members: u64,
     /// Members that were not ready at some point in the window.
     pub lost_ready: u64,
+    /// For members that lost readiness: ms from the mark until ready again
+    /// (after their last loss in the window).
+    #[serde(default)]
+    pub ready_again_ms: Vec<u64>,
+    /// Members that lost readiness and were not ready again by the report.
+    #[serde(default)]
+    pub not_ready_again: u64,
+    /// The worker's wall clock at the mark, Unix ms: the coordinator
+    /// rebases the ms-from-the-mark lists of each worker to an instant of
+    /// its own (a router ready again) with it.
+    #[serde(default)]
+    pub mark_unix_ms: u64,
     /// Members that had no router at some point.
     pub below_one_router: u64,
     /// Members that had fewer than K routers at some point.

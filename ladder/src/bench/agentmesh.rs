@@ -94,104 +94,35 @@ impl Mesh {
             ..LocalConfig::default()
         };
         let mesh = LocalMesh::start(bins, cfg, dir, 3).await?;
-        let client = Client::new(ClientConfig {
-            url: mesh.url(),
-            retry_budget: Duration::from_secs(60),
-            ..ClientConfig::default()
-        })?;
-        let labels = ["bench-r0", "bench-r1"].map(|k| Label {
-            key: k.to_string(),
-            value: "1".to_string(),
-        });
-        let token = client
-            .create_token(
-                &mesh.admin_token,
-                CreateTokenRequest {
-                    kind: TokenKind::Bootstrap as i32,
-                    role: Role::Router as i32,
-                    labels: labels.to_vec(),
-                    max_uses: 2,
-                    ttl_secs: 24 * 3600,
-                },
-            )
-            .await
-            .map_err(|e| anyhow::anyhow!("CreateToken (routers): {e}"))?
-            .token;
-        let token_file = children::write_secret(&dir.join("bench-router.token"), &token)?;
-        let mut routers = Vec::new();
-        for i in 0..2 {
-            let metrics = ports::free_addr()?;
-            let port = ports::free_port()?;
-            let mut args: Vec<String> = [
-                "--control-plane",
-                &mesh.url(),
-                "--token-file",
-                &token_file.display().to_string(),
-                "--key-path",
-                &dir.join(format!("bench-r{i}.key")).display().to_string(),
-                "--listen",
-                &format!("/ip4/127.0.0.1/tcp/{port}"),
-                "--metrics-addr",
-                &metrics.to_string(),
-                "--label",
-                &format!("bench-r{i}=1"),
-            ]
-            .map(String::from)
-            .to_vec();
-            args.extend(router_args.iter().cloned());
-            routers.push(start(&router_bin, &args, dir, &format!("bench-r{i}"), metrics).await?);
-        }
-        let node = |name: &str, router: usize, extra: Vec<String>| {
-            let data = dir.join(name);
-            let mut args: Vec<String> = [
-                "run",
-                "--control-plane",
-                &mesh.url(),
-                "--token-file",
-                &mesh.member_token_file.display().to_string(),
-                "--data-dir",
-                &data.display().to_string(),
-                "--no-socket",
-                "--routers",
-                "1",
-                "--router-selector",
-                &format!("bench-r{router}=1"),
-            ]
-            .map(String::from)
-            .to_vec();
-            args.extend(extra);
-            args.extend(node_args.iter().cloned());
-            (data, args)
-        };
-        let mut procs = Vec::new();
+        let routers = start_routers(&mesh, &router_bin, dir, router_args).await?;
         let forward_same = ports::free_addr()?;
         let forward_transit = ports::free_addr()?;
-        for (name, router, extra) in [
-            ("bench-same", 0, vec![format!("--expose={SAME}={backend}")]),
-            (
+        let nodes = Nodes {
+            bin: &node_bin,
+            mesh: &mesh,
+            dir,
+            node_args,
+        };
+        let same = nodes
+            .start("bench-same", 0, vec![format!("--expose={SAME}={backend}")])
+            .await?;
+        let transit = nodes
+            .start(
                 "bench-transit",
                 1,
                 vec![format!("--expose={TRANSIT}={backend}")],
-            ),
-            (
+            )
+            .await?;
+        let caller = nodes
+            .start(
                 "bench-caller",
                 0,
                 vec![
                     format!("--forward={forward_same}={SAME}"),
                     format!("--forward={forward_transit}={TRANSIT}"),
                 ],
-            ),
-        ] {
-            let (data, mut args) = node(name, router, extra);
-            std::fs::create_dir_all(&data)
-                .with_context(|| format!("creating {}", data.display()))?;
-            let metrics = ports::free_addr()?;
-            args.extend(["--metrics-addr".to_string(), metrics.to_string()]);
-            procs.push(start(&node_bin, &args, dir, name, metrics).await?);
-        }
-        let caller = procs.pop().context("caller")?;
-        let transit = procs.pop().context("transit provider")?;
-        let same = procs.pop().context("same provider")?;
+            )
+            .await?;
         for addr in [forward_same, forward_transit] {
             first_call(addr).await?;
         }
@@ -233,6 +164,103 @@ impl Mesh {
             children::stop(&mut p.child, STOP_GRACE).await;
         }
         self.mesh.shutdown().await;
+    }
+}
+
+/// Mints a token for two routers labelled `bench-r0=1` and `bench-r1=1`
+/// and starts them.
+async fn start_routers(
+    mesh: &LocalMesh,
+    router_bin: &Path,
+    dir: &Path,
+    router_args: &[String],
+) -> anyhow::Result<Vec<Proc>> {
+    let client = Client::new(ClientConfig {
+        url: mesh.url(),
+        retry_budget: Duration::from_secs(60),
+        ..ClientConfig::default()
+    })?;
+    let labels = ["bench-r0", "bench-r1"].map(|k| Label {
+        key: k.to_string(),
+        value: "1".to_string(),
+    });
+    let token = client
+        .create_token(
+            &mesh.admin_token,
+            CreateTokenRequest {
+                kind: TokenKind::Bootstrap as i32,
+                role: Role::Router as i32,
+                labels: labels.to_vec(),
+                max_uses: 2,
+                ttl_secs: 24 * 3600,
+            },
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("CreateToken (routers): {e}"))?
+        .token;
+    let token_file = children::write_secret(&dir.join("bench-router.token"), &token)?;
+    let mut routers = Vec::new();
+    for i in 0..2 {
+        let metrics = ports::free_addr()?;
+        let port = ports::free_port()?;
+        let mut args: Vec<String> = [
+            "--control-plane",
+            &mesh.url(),
+            "--token-file",
+            &token_file.display().to_string(),
+            "--key-path",
+            &dir.join(format!("bench-r{i}.key")).display().to_string(),
+            "--listen",
+            &format!("/ip4/127.0.0.1/tcp/{port}"),
+            "--metrics-addr",
+            &metrics.to_string(),
+            "--label",
+            &format!("bench-r{i}=1"),
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(router_args.iter().cloned());
+        routers.push(start(router_bin, &args, dir, &format!("bench-r{i}"), metrics).await?);
+    }
+    Ok(routers)
+}
+
+/// What every bench node shares: the binary, the mesh, the run's dir and
+/// the operator's `--node-arg`s.
+struct Nodes<'a> {
+    bin: &'a Path,
+    mesh: &'a LocalMesh,
+    dir: &'a Path,
+    node_args: &'a [String],
+}
+
+impl Nodes<'_> {
+    /// Starts node `name` pinned to router `bench-r{router}` with `extra`
+    /// arguments (its `--expose` or `--forward`s) and waits until it is ready.
+    async fn start(&self, name: &str, router: usize, extra: Vec<String>) -> anyhow::Result<Proc> {
+        let data = self.dir.join(name);
+        let mut args: Vec<String> = [
+            "run",
+            "--control-plane",
+            &self.mesh.url(),
+            "--token-file",
+            &self.mesh.member_token_file.display().to_string(),
+            "--data-dir",
+            &data.display().to_string(),
+            "--no-socket",
+            "--routers",
+            "1",
+            "--router-selector",
+            &format!("bench-r{router}=1"),
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(extra);
+        args.extend(self.node_args.iter().cloned());
+        std::fs::create_dir_all(&data).with_context(|| format!("creating {}", data.display()))?;
+        let metrics = ports::free_addr()?;
+        args.extend(["--metrics-addr".to_string(), metrics.to_string()]);
+        start(self.bin, &args, self.dir, name, metrics).await
     }
 }
 

@@ -136,116 +136,21 @@ async fn run_in(
     bins: Binaries,
     dir: &std::path::Path,
 ) -> anyhow::Result<Vec<Row>> {
-    let dir = dir.to_path_buf();
-    let ladder = bins.ladder.clone();
-    let start = |name: &'static str, args: Vec<String>| {
-        let (ladder, dir) = (ladder.clone(), dir.clone());
-        async move { Peer::start(&ladder, &dir, name, &args).await }
+    let starter = Starter {
+        ladder: bins.ladder.clone(),
+        dir: dir.to_path_buf(),
     };
-    let role = |r: &str| vec!["--role".to_string(), r.to_string()];
-    let with = |mut v: Vec<String>, k: &str, val: &str| {
-        v.extend([k.to_string(), val.to_string()]);
-        v
-    };
-
-    let backend = start("backend", role("serve-tcp")).await?;
-    let backend_addr: std::net::SocketAddr = backend.addr.parse().context("backend address")?;
-    let direct = start("p2p-listener", role("serve-p2p")).await?;
-    let relay = start("p2p-relay", role("relay")).await?;
-    let relayed = start(
-        "p2p-relayed-listener",
-        with(role("serve-p2p"), "--relay", &relay.addr),
+    let floors = Floors::start(&starter).await?;
+    let mesh = agentmesh::Mesh::start(
+        bins,
+        dir,
+        floors.backend_addr,
+        &cfg.router_args,
+        &cfg.node_args,
     )
     .await?;
-    // The floor with TCP ends has a relay of its own: each relay's CPU is
-    // its own path's.
-    let ends_relay = start("p2p-relay-tcp-ends", role("relay")).await?;
-    let ends_listener = start(
-        "p2p-splice-listener",
-        with(
-            with(role("serve-p2p"), "--relay", &ends_relay.addr),
-            "--splice-to",
-            &backend.addr,
-        ),
-    )
-    .await?;
-    let ends_forward = start(
-        "p2p-forward",
-        with(role("forward"), "--target", &ends_listener.addr),
-    )
-    .await?;
-    let mesh =
-        agentmesh::Mesh::start(bins, &dir, backend_addr, &cfg.router_args, &cfg.node_args).await?;
-
-    let pid = |p: &Peer| p.pid().into_iter().collect::<Vec<_>>();
-    let client = |name, target: String| start(name, with(role("client"), "--target", &target));
-    let mut paths = Vec::new();
-    let c = client("client-tcp", format!("tcp:{}", backend.addr)).await?;
-    paths.push(Path {
-        name: "plain TCP to the backend",
-        caller: pid(&c),
-        client: c,
-        router: Vec::new(),
-        provider: pid(&backend),
-        extra: None,
-    });
-    let c = client("client-direct", direct.addr.clone()).await?;
-    paths.push(Path {
-        name: "bare libp2p, direct",
-        caller: pid(&c),
-        client: c,
-        router: Vec::new(),
-        provider: pid(&direct),
-        extra: None,
-    });
-    let c = client("client-relay", relayed.addr.clone()).await?;
-    paths.push(Path {
-        name: report::BARE_RELAY,
-        caller: pid(&c),
-        client: c,
-        router: pid(&relay),
-        provider: pid(&relayed),
-        extra: None,
-    });
-    let c = client(
-        "client-relay-tcp-ends",
-        format!("tcp:{}", ends_forward.addr),
-    )
-    .await?;
-    let extra = c.pid().zip(backend.pid());
-    paths.push(Path {
-        name: report::BARE_RELAY_TCP_ENDS,
-        client: c,
-        caller: pid(&ends_forward),
-        router: pid(&ends_relay),
-        provider: pid(&ends_listener),
-        extra,
-    });
-    for (name, log, forward, pids) in [
-        (
-            "agentmesh, same router",
-            "client-agentmesh-same",
-            mesh.forward_same,
-            mesh.same_pids(),
-        ),
-        (
-            "agentmesh, transit (caller and provider on different routers)",
-            "client-agentmesh-transit",
-            mesh.forward_transit,
-            mesh.transit_pids(),
-        ),
-    ] {
-        let c = client(log, format!("tcp:{forward}")).await?;
-        let extra = c.pid().zip(backend.pid());
-        paths.push(Path {
-            name,
-            client: c,
-            caller: pids.caller.into_iter().collect(),
-            router: pids.routers,
-            provider: pids.provider.into_iter().collect(),
-            extra,
-        });
-    }
+    let mut paths = floors.paths(&starter).await?;
+    paths.extend(agentmesh_paths(&starter, &mesh, &floors.backend).await?);
 
     let mut rows = Vec::new();
     let mut result = Ok(());
@@ -264,19 +169,198 @@ async fn run_in(
         p.client.stop().await;
     }
     mesh.shutdown().await;
-    for p in [
-        ends_forward,
-        ends_listener,
-        ends_relay,
-        relayed,
-        relay,
-        direct,
-        backend,
-    ] {
-        p.stop().await;
-    }
+    floors.stop().await;
     result?;
     Ok(rows)
+}
+
+/// Starts `bench-peer` children of the ladder with their logs in the run's dir.
+struct Starter {
+    ladder: PathBuf,
+    dir: PathBuf,
+}
+
+impl Starter {
+    async fn start(&self, name: &str, args: Vec<String>) -> anyhow::Result<Peer> {
+        Peer::start(&self.ladder, &self.dir, name, &args).await
+    }
+
+    /// A bench client of `target`.
+    async fn client(&self, name: &str, target: String) -> anyhow::Result<Peer> {
+        self.start(name, with(role("client"), "--target", &target))
+            .await
+    }
+}
+
+/// `--role r`.
+fn role(r: &str) -> Vec<String> {
+    vec!["--role".to_string(), r.to_string()]
+}
+
+/// `v` with `k val` appended.
+fn with(mut v: Vec<String>, k: &str, val: &str) -> Vec<String> {
+    v.extend([k.to_string(), val.to_string()]);
+    v
+}
+
+/// A peer's pid as a list (empty once it is gone).
+fn pid(p: &Peer) -> Vec<u32> {
+    p.pid().into_iter().collect()
+}
+
+/// The backend and the bare libp2p floors' peers.
+struct Floors {
+    backend: Peer,
+    backend_addr: std::net::SocketAddr,
+    direct: Peer,
+    relay: Peer,
+    relayed: Peer,
+    ends_relay: Peer,
+    ends_listener: Peer,
+    ends_forward: Peer,
+}
+
+impl Floors {
+    async fn start(s: &Starter) -> anyhow::Result<Self> {
+        let backend = s.start("backend", role("serve-tcp")).await?;
+        let backend_addr = backend.addr.parse().context("backend address")?;
+        let direct = s.start("p2p-listener", role("serve-p2p")).await?;
+        let relay = s.start("p2p-relay", role("relay")).await?;
+        let relayed = s
+            .start(
+                "p2p-relayed-listener",
+                with(role("serve-p2p"), "--relay", &relay.addr),
+            )
+            .await?;
+        // The floor with TCP ends has a relay of its own: each relay's CPU is
+        // its own path's.
+        let ends_relay = s.start("p2p-relay-tcp-ends", role("relay")).await?;
+        let ends_listener = s
+            .start(
+                "p2p-splice-listener",
+                with(
+                    with(role("serve-p2p"), "--relay", &ends_relay.addr),
+                    "--splice-to",
+                    &backend.addr,
+                ),
+            )
+            .await?;
+        let ends_forward = s
+            .start(
+                "p2p-forward",
+                with(role("forward"), "--target", &ends_listener.addr),
+            )
+            .await?;
+        Ok(Self {
+            backend,
+            backend_addr,
+            direct,
+            relay,
+            relayed,
+            ends_relay,
+            ends_listener,
+            ends_forward,
+        })
+    }
+
+    /// The plain-TCP path and the three bare libp2p floors, each with a client.
+    async fn paths(&self, s: &Starter) -> anyhow::Result<Vec<Path>> {
+        let mut paths = Vec::new();
+        let c = s
+            .client("client-tcp", format!("tcp:{}", self.backend.addr))
+            .await?;
+        paths.push(Path {
+            name: "plain TCP to the backend",
+            caller: pid(&c),
+            client: c,
+            router: Vec::new(),
+            provider: pid(&self.backend),
+            extra: None,
+        });
+        let c = s.client("client-direct", self.direct.addr.clone()).await?;
+        paths.push(Path {
+            name: "bare libp2p, direct",
+            caller: pid(&c),
+            client: c,
+            router: Vec::new(),
+            provider: pid(&self.direct),
+            extra: None,
+        });
+        let c = s.client("client-relay", self.relayed.addr.clone()).await?;
+        paths.push(Path {
+            name: report::BARE_RELAY,
+            caller: pid(&c),
+            client: c,
+            router: pid(&self.relay),
+            provider: pid(&self.relayed),
+            extra: None,
+        });
+        let c = s
+            .client(
+                "client-relay-tcp-ends",
+                format!("tcp:{}", self.ends_forward.addr),
+            )
+            .await?;
+        let extra = c.pid().zip(self.backend.pid());
+        paths.push(Path {
+            name: report::BARE_RELAY_TCP_ENDS,
+            client: c,
+            caller: pid(&self.ends_forward),
+            router: pid(&self.ends_relay),
+            provider: pid(&self.ends_listener),
+            extra,
+        });
+        Ok(paths)
+    }
+
+    async fn stop(self) {
+        for p in [
+            self.ends_forward,
+            self.ends_listener,
+            self.ends_relay,
+            self.relayed,
+            self.relay,
+            self.direct,
+            self.backend,
+        ] {
+            p.stop().await;
+        }
+    }
+}
+
+/// The two agentmesh paths (same router, transit), each with a client.
+async fn agentmesh_paths(
+    s: &Starter,
+    mesh: &agentmesh::Mesh,
+    backend: &Peer,
+) -> anyhow::Result<Vec<Path>> {
+    let mut paths = Vec::new();
+    for (name, log, forward, pids) in [
+        (
+            "agentmesh, same router",
+            "client-agentmesh-same",
+            mesh.forward_same,
+            mesh.same_pids(),
+        ),
+        (
+            "agentmesh, transit (caller and provider on different routers)",
+            "client-agentmesh-transit",
+            mesh.forward_transit,
+            mesh.transit_pids(),
+        ),
+    ] {
+        let c = s.client(log, format!("tcp:{forward}")).await?;
+        let extra = c.pid().zip(backend.pid());
+        paths.push(Path {
+            name,
+            client: c,
+            caller: pids.caller.into_iter().collect(),
+            router: pids.routers,
+            provider: pids.provider.into_iter().collect(),
+            extra,
+        });
+    }
+    Ok(paths)
 }
 
 fn tempfile_dir() -> anyhow::Result<PathBuf> {

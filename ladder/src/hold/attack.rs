@@ -64,28 +64,7 @@ pub(super) async fn run(
     let at = a.starts_at().unwrap_or(0);
     let bin = Binaries::locate()?.hostile()?;
     let before_routers = target.routers().await;
-    let mesh = {
-        let local = target.local("--attack-router-at / --attack-control-plane-at")?;
-        let i = super::busiest_running_router(local, &before_routers)
-            .ok_or_else(|| LadderError::Process("no running router to attack".into()))?;
-        let r = &local.routers[i];
-        let id = local
-            .router_names()
-            .into_iter()
-            .find_map(|(id, name)| (name == r.name).then_some(id))
-            .ok_or_else(|| LadderError::Process(format!("{}: PeerId not known", r.name)))?;
-        Mesh {
-            router_name: r.name.clone(),
-            router_addr: format!("/ip4/127.0.0.1/tcp/{}/p2p/{id}", r.listen_port),
-            control_plane_url: local.url(),
-            router_metrics: local
-                .routers
-                .iter()
-                .map(|r| (r.name.clone(), r.metrics))
-                .collect(),
-            control_plane_http: local.control_plane.http,
-        }
-    };
+    let mesh = read_mesh(target, &before_routers)?;
     let mut record = AttackRecord {
         at_secs: at,
         target_router: a.router_at_secs.map(|_| mesh.router_name.clone()),
@@ -98,64 +77,19 @@ pub(super) async fn run(
     let marked = Instant::now();
     let attached_before = super::attached_on(&before_routers, &mesh.router_name);
 
-    let mut plan = plan(a, &mesh);
-    plan.sort_by_key(|p| p.at);
-    let mut running = Vec::new();
-    for p in plan {
-        fleet
-            .pump_until(hold_start + Duration::from_secs(p.at), |_| false)
-            .await;
-        let now = Instant::now();
-        let left = window_end.saturating_duration_since(now).as_secs();
-        let secs = a.duration_secs.min(left);
-        let started = now.duration_since(hold_start).as_secs_f64();
-        if secs == 0 {
-            record.errors.push(format!(
-                "{} at {} s: no time left in its window; not started",
-                p.part.name, p.at
-            ));
-            continue;
-        }
-        let mut part = p.part;
-        part.args
-            .extend(["--duration-secs".into(), secs.to_string()]);
-        part.duration = Duration::from_secs(secs);
-        let log = format!("attack-{}", running.len());
-        match Running::start(&bin, part.clone(), &target_dir(target), &log) {
-            Ok(r) => {
-                eprintln!("\rladder: attack {} started for {secs} s", part.name);
-                running.push((started, r));
-            }
-            Err(e) => record.parts.push(PartRecord {
-                name: part.name,
-                started_at_secs: started,
-                duration_secs: secs,
-                error: Some(e.to_string()),
-                ..PartRecord::default()
-            }),
-        }
-    }
-
-    let last_step = (1..=cfg.steps)
-        .rev()
-        .map(Phase::Step)
-        .find(|p| fleet.tally.summary(*p).joining > 0);
-    if let Some(p) = last_step {
-        let s = fleet.tally.summary(p);
-        record.unattacked_enroll_ms = s.enroll_ms;
-        record.unattacked_ready_ms = s.ready_ms;
-    }
-    if a.joiners > 0 && !running.is_empty() {
-        fleet.pump_for(JOIN_AFTER).await;
-        let t0 = Instant::now();
-        let label = std::mem::replace(&mut fleet.label, "attack joiners".into());
-        let timeout = window_end.saturating_duration_since(t0);
-        let done = fleet
-            .join_phase(a.joiners, cfg.join_rate_per_sec, Phase::Attack, timeout)
-            .await?;
-        fleet.label = label;
-        record.joiners = Joiners::of(&fleet.tally.summary(Phase::Attack), done);
-    }
+    let dir = target_dir(target);
+    let running = start_parts(
+        fleet,
+        a,
+        &mesh,
+        &bin,
+        &dir,
+        hold_start,
+        window_end,
+        &mut record,
+    )
+    .await;
+    join_meanwhile(fleet, cfg, &running, window_end, &mut record).await?;
     fleet.pump_until(window_end, |_| false).await;
     for (started, r) in running {
         let name = r.part.name.clone();
@@ -179,17 +113,7 @@ pub(super) async fn run(
     let after_routers = target.routers().await;
     record.window.target_attached_after = super::attached_on(&after_routers, &mesh.router_name);
     let after = scrape_all(&mesh).await;
-    for (name, b) in &before.routers {
-        if let Some(a) = after.routers.get(name) {
-            let g = counters::grown(b, a);
-            if !g.is_empty() {
-                record.router_refusals.insert(name.clone(), g);
-            }
-        }
-    }
-    if let (Some(b), Some(a)) = (&before.control_plane, &after.control_plane) {
-        record.control_plane_refusals = counters::grown(b, a);
-    }
+    refusals_grown(&before, &after, &mut record);
     let (flaps_after, flapped) = flaps_since(fleet, &flaps_before);
     record.flaps = flaps_after;
     record.members_flapped = flapped;
@@ -204,6 +128,132 @@ pub(super) async fn run(
         record.window.calls_failed
     );
     Ok(record)
+}
+
+/// What the attack aims at: the busiest running router, the control plane.
+fn read_mesh(target: &mut Target, routers: &[crate::observe::RouterSnapshot]) -> Result<Mesh> {
+    let local = target.local("--attack-router-at / --attack-control-plane-at")?;
+    let i = super::busiest_running_router(local, routers)
+        .ok_or_else(|| LadderError::Process("no running router to attack".into()))?;
+    let r = &local.routers[i];
+    let id = local
+        .router_names()
+        .into_iter()
+        .find_map(|(id, name)| (name == r.name).then_some(id))
+        .ok_or_else(|| LadderError::Process(format!("{}: PeerId not known", r.name)))?;
+    Ok(Mesh {
+        router_name: r.name.clone(),
+        router_addr: format!("/ip4/127.0.0.1/tcp/{}/p2p/{id}", r.listen_port),
+        control_plane_url: local.url(),
+        router_metrics: local
+            .routers
+            .iter()
+            .map(|r| (r.name.clone(), r.metrics))
+            .collect(),
+        control_plane_http: local.control_plane.http,
+    })
+}
+
+/// Starts each planned harness process at its time (cut to what is left
+/// of the window); returns those running with their start (seconds into
+/// the hold). A part that could not start is recorded with its error.
+#[allow(clippy::too_many_arguments)]
+async fn start_parts(
+    fleet: &mut Fleet,
+    a: &AttackConfig,
+    mesh: &Mesh,
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    hold_start: Instant,
+    window_end: Instant,
+    record: &mut AttackRecord,
+) -> Vec<(f64, Running)> {
+    let mut plan = plan(a, mesh);
+    plan.sort_by_key(|p| p.at);
+    let mut running = Vec::new();
+    for p in plan {
+        fleet
+            .pump_until(hold_start + Duration::from_secs(p.at), |_| false)
+            .await;
+        let now = Instant::now();
+        let left = window_end.saturating_duration_since(now).as_secs();
+        let secs = a.duration_secs.min(left);
+        let started = now.duration_since(hold_start).as_secs_f64();
+        if secs == 0 {
+            record.errors.push(format!(
+                "{} at {} s: no time left in its window; not started",
+                p.part.name, p.at
+            ));
+            continue;
+        }
+        let mut part = p.part;
+        part.args
+            .extend(["--duration-secs".into(), secs.to_string()]);
+        part.duration = Duration::from_secs(secs);
+        let log = format!("attack-{}", running.len());
+        match Running::start(bin, part.clone(), dir, &log) {
+            Ok(r) => {
+                eprintln!("\rladder: attack {} started for {secs} s", part.name);
+                running.push((started, r));
+            }
+            Err(e) => record.parts.push(PartRecord {
+                name: part.name,
+                started_at_secs: started,
+                duration_secs: secs,
+                error: Some(e.to_string()),
+                ..PartRecord::default()
+            }),
+        }
+    }
+    running
+}
+
+/// The last step's (unattacked) figures for comparison, and
+/// `--attack-joiners` members joining while the attack runs.
+async fn join_meanwhile(
+    fleet: &mut Fleet,
+    cfg: &FleetConfig,
+    running: &[(f64, Running)],
+    window_end: Instant,
+    record: &mut AttackRecord,
+) -> Result<()> {
+    let last_step = (1..=cfg.steps)
+        .rev()
+        .map(Phase::Step)
+        .find(|p| fleet.tally.summary(*p).joining > 0);
+    if let Some(p) = last_step {
+        let s = fleet.tally.summary(p);
+        record.unattacked_enroll_ms = s.enroll_ms;
+        record.unattacked_ready_ms = s.ready_ms;
+    }
+    let joiners = cfg.attack.joiners;
+    if joiners > 0 && !running.is_empty() {
+        fleet.pump_for(JOIN_AFTER).await;
+        let t0 = Instant::now();
+        let label = std::mem::replace(&mut fleet.label, "attack joiners".into());
+        let timeout = window_end.saturating_duration_since(t0);
+        let done = fleet
+            .join_phase(joiners, cfg.join_rate_per_sec, Phase::Attack, timeout)
+            .await?;
+        fleet.label = label;
+        record.joiners = Joiners::of(&fleet.tally.summary(Phase::Attack), done);
+    }
+    Ok(())
+}
+
+/// The routers' and the control plane's refusal counters that grew.
+fn refusals_grown(before: &Scrape, after: &Scrape, record: &mut AttackRecord) {
+    for (name, b) in &before.routers {
+        if let Some(a) = after.routers.get(name) {
+            let g = counters::grown(b, a);
+            if !g.is_empty() {
+                record.router_refusals.insert(name.clone(), g);
+            }
+        }
+    }
+    if let (Some(b), Some(a)) = (&before.control_plane, &after.control_plane) {
+        record.control_plane_refusals = counters::grown(b, a);
+    }
 }
 
 /// The harness processes the flags ask for.

@@ -1,12 +1,14 @@
 //! The hold: every member's readiness sampled each second by its worker, and
 //! the events (`--kill-router-at`, `--drain-router-at`,
-//! `--restart-control-plane-at`, `--rotate-key-at`, the attack of
-//! [`attack`], and the propagation events of [`policy`]), each observed from its instant until the next event or the
-//! end of the hold.
+//! `--restart-control-plane-at`, `--rotate-key-at`, the whole-mesh
+//! restart of [`restart_all`], the attack of [`attack`], and the
+//! propagation events of [`policy`]), each observed from its instant until
+//! the next event or the end of the hold.
 
 mod attack;
 pub mod policy;
 mod quiet;
+mod restart_all;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -19,7 +21,7 @@ use crate::error::{LadderError, Result};
 use crate::fleet::Fleet;
 use crate::mesh::{LocalMesh, RouterState};
 use crate::observe::RouterSnapshot;
-use crate::report::{EventRecord, Events, HoldRecord};
+use crate::report::{EventRecord, Events, FleetWindow, HoldRecord, WindowCalls};
 use crate::stats;
 use crate::target::Target;
 use crate::wire::{
@@ -36,6 +38,8 @@ enum Kind {
     DrainRouter,
     RestartControlPlane,
     RotateKey,
+    /// `--restart-all-routers-at`: see [`restart_all`].
+    RestartAllRouters,
     /// `--attack-router-at` / `--attack-control-plane-at`: see [`attack`].
     Attack,
     /// `--policy-change-at`: see [`policy`].
@@ -56,19 +60,7 @@ pub async fn run(
         .await?;
     let start = Instant::now();
     let end = start + Duration::from_secs(cfg.hold_secs);
-    let mut plan: Vec<(u64, Kind)> = [
-        (cfg.kill_router_at_secs, Kind::KillRouter),
-        (cfg.drain_router_at_secs, Kind::DrainRouter),
-        (cfg.restart_control_plane_at_secs, Kind::RestartControlPlane),
-        (cfg.rotate_key_at_secs, Kind::RotateKey),
-        (cfg.attack.starts_at(), Kind::Attack),
-        (cfg.propagation.policy_change_at_secs, Kind::PolicyChange),
-        (cfg.propagation.revoke_token_at_secs, Kind::RevokeToken),
-    ]
-    .into_iter()
-    .filter_map(|(at, k)| at.map(|at| (at, k)))
-    .collect();
-    plan.sort_by_key(|(at, _)| *at);
+    let plan = plan(cfg);
     // The quiet part first: until the first event, nothing but idling.
     let quiet_end = plan
         .first()
@@ -92,52 +84,18 @@ pub async fn run(
             .map(|(next, _)| start + Duration::from_secs(*next))
             .unwrap_or(end)
             .min(end);
-        if *kind == Kind::Attack {
-            events.attack = Some(attack::run(fleet, target, cfg, start, window_end).await?);
-            continue;
-        }
-        if matches!(kind, Kind::PolicyChange | Kind::RevokeToken) {
-            let what = match kind {
-                Kind::PolicyChange => policy::What::PolicyChange,
-                _ => policy::What::RevokeToken,
-            };
-            let revoked_before = events.revoke_token.is_some();
-            let r = policy::run(fleet, target, cfg, what, *at, window_end, revoked_before).await?;
-            match what {
-                policy::What::PolicyChange => events.policy_change = Some(r),
-                policy::What::RevokeToken => events.revoke_token = Some(r),
-            }
-            continue;
-        }
-        let record = event(fleet, target, *kind, *at, window_end, end).await?;
-        match kind {
-            Kind::KillRouter => events.kill_router = Some(record),
-            Kind::DrainRouter => events.drain_router = Some(record),
-            Kind::RestartControlPlane => events.restart_control_plane = Some(record),
-            Kind::RotateKey => events.rotate_key = Some(record),
-            Kind::Attack | Kind::PolicyChange | Kind::RevokeToken => {}
-        }
+        let window = Window {
+            hold_start: start,
+            end: window_end,
+            hold_end: end,
+        };
+        run_event(fleet, target, cfg, *kind, *at, window, &mut events).await?;
     }
     fleet.pump_until(end, |_| false).await;
     let replies = fleet
         .broadcast(|id| Command::HoldReport { id }, REPORT_DEADLINE)
         .await?;
-    let mut sum = HoldStats::default();
-    for r in replies {
-        if let Reply::Hold(h) = r {
-            sum.samples = sum.samples.max(h.samples);
-            sum.flaps += h.flaps;
-            sum.members_flapped += h.members_flapped;
-            sum.fewest_ready += h.fewest_ready;
-            sum.exits += h.exits;
-            sum.socket_checks += h.socket_checks;
-            sum.socket_mismatches += h.socket_mismatches;
-            sum.socket_unanswered += h.socket_unanswered;
-            sum.socket_changed += h.socket_changed;
-            sum.socket_read_max_ms = sum.socket_read_max_ms.max(h.socket_read_max_ms);
-            sum.flap_records.extend(h.flap_records);
-        }
-    }
+    let sum = sum_holds(replies);
     let flap_records = first_flaps(sum.flap_records, &router_names(target));
     let record = HoldRecord {
         secs: cfg.hold_secs,
@@ -162,6 +120,103 @@ pub async fn run(
         record.secs, record.flaps, record.fewest_ready, record.exits
     );
     Ok((record, events))
+}
+
+/// The events the flags ask for, earliest first.
+fn plan(cfg: &FleetConfig) -> Vec<(u64, Kind)> {
+    let mut plan: Vec<(u64, Kind)> = [
+        (cfg.kill_router_at_secs, Kind::KillRouter),
+        (cfg.drain_router_at_secs, Kind::DrainRouter),
+        (cfg.restart_control_plane_at_secs, Kind::RestartControlPlane),
+        (cfg.rotate_key_at_secs, Kind::RotateKey),
+        (cfg.restart_all_routers_at_secs, Kind::RestartAllRouters),
+        (cfg.attack.starts_at(), Kind::Attack),
+        (cfg.propagation.policy_change_at_secs, Kind::PolicyChange),
+        (cfg.propagation.revoke_token_at_secs, Kind::RevokeToken),
+    ]
+    .into_iter()
+    .filter_map(|(at, k)| at.map(|at| (at, k)))
+    .collect();
+    plan.sort_by_key(|(at, _)| *at);
+    plan
+}
+
+/// One event's window in the hold.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    /// The hold's start.
+    hold_start: Instant,
+    /// The window's end: the next event, or the hold's end.
+    end: Instant,
+    /// The hold's end.
+    hold_end: Instant,
+}
+
+/// Carries out the event `kind` at `at` s and records it in `events`.
+async fn run_event(
+    fleet: &mut Fleet,
+    target: &mut Target,
+    cfg: &FleetConfig,
+    kind: Kind,
+    at: u64,
+    window: Window,
+    events: &mut Events,
+) -> Result<()> {
+    let window_end = window.end;
+    match kind {
+        Kind::Attack => {
+            events.attack =
+                Some(attack::run(fleet, target, cfg, window.hold_start, window_end).await?);
+        }
+        Kind::RestartAllRouters => {
+            let r = restart_all::run(fleet, target, cfg, at, window_end).await?;
+            events.restart_all_routers = Some(r);
+        }
+        Kind::PolicyChange | Kind::RevokeToken => {
+            let what = match kind {
+                Kind::PolicyChange => policy::What::PolicyChange,
+                _ => policy::What::RevokeToken,
+            };
+            let revoked_before = events.revoke_token.is_some();
+            let r = policy::run(fleet, target, cfg, what, at, window_end, revoked_before).await?;
+            match what {
+                policy::What::PolicyChange => events.policy_change = Some(r),
+                policy::What::RevokeToken => events.revoke_token = Some(r),
+            }
+        }
+        Kind::KillRouter | Kind::DrainRouter | Kind::RestartControlPlane | Kind::RotateKey => {
+            let record = event(fleet, target, kind, at, window_end, window.hold_end).await?;
+            let slot = match kind {
+                Kind::KillRouter => &mut events.kill_router,
+                Kind::DrainRouter => &mut events.drain_router,
+                Kind::RestartControlPlane => &mut events.restart_control_plane,
+                _ => &mut events.rotate_key,
+            };
+            *slot = Some(record);
+        }
+    }
+    Ok(())
+}
+
+/// The workers' hold reports, summed.
+fn sum_holds(replies: Vec<Reply>) -> HoldStats {
+    let mut sum = HoldStats::default();
+    for r in replies {
+        if let Reply::Hold(h) = r {
+            sum.samples = sum.samples.max(h.samples);
+            sum.flaps += h.flaps;
+            sum.members_flapped += h.members_flapped;
+            sum.fewest_ready += h.fewest_ready;
+            sum.exits += h.exits;
+            sum.socket_checks += h.socket_checks;
+            sum.socket_mismatches += h.socket_mismatches;
+            sum.socket_unanswered += h.socket_unanswered;
+            sum.socket_changed += h.socket_changed;
+            sum.socket_read_max_ms = sum.socket_read_max_ms.max(h.socket_read_max_ms);
+            sum.flap_records.extend(h.flap_records);
+        }
+    }
+    sum
 }
 
 /// Router names by PeerId (local mode; empty for a remote mesh).
@@ -236,7 +291,7 @@ async fn event(
         Kind::KillRouter => match target.local("--kill-router-at") {
             Ok(mesh) => match busiest_running_router(mesh, &before) {
                 Some(i) => {
-                    record.target = Some(mesh.routers[i].name.clone());
+                    record.target.target = Some(mesh.routers[i].name.clone());
                     while_pumping(fleet, mesh.kill_router(i)).await
                 }
                 None => Err(LadderError::Process("no running router to kill".into())),
@@ -246,7 +301,7 @@ async fn event(
         Kind::DrainRouter => match target.local("--drain-router-at") {
             Ok(mesh) => match busiest_running_router(mesh, &before) {
                 Some(i) => {
-                    record.target = Some(mesh.routers[i].name.clone());
+                    record.target.target = Some(mesh.routers[i].name.clone());
                     mesh.drain_router(i)
                 }
                 None => Err(LadderError::Process("no running router to drain".into())),
@@ -262,9 +317,12 @@ async fn event(
         Kind::RotateKey => while_pumping(fleet, target.rotate_key())
             .await
             .map(|k| record.key_id = Some(k)),
-        Kind::Attack | Kind::PolicyChange | Kind::RevokeToken => Err(LadderError::Args(
-            "the attack and the propagation events are events of their own".into(),
-        )),
+        Kind::RestartAllRouters | Kind::Attack | Kind::PolicyChange | Kind::RevokeToken => {
+            Err(LadderError::Args(
+                "the whole-mesh restart, the attack and the propagation events are events of their own"
+                    .into(),
+            ))
+        }
     };
     if let Err(e) = outcome {
         eprintln!("\rladder: event {kind:?}: {e}");
@@ -274,38 +332,52 @@ async fn event(
     let after = target.routers().await;
     let w = window_stats(fleet).await?;
     record.window_secs = marked.elapsed().as_secs_f64();
-    record.members = w.members;
-    record.lost_ready = w.lost_ready;
-    record.below_one_router = w.below_one_router;
-    record.below_k_routers = w.below_k_routers;
-    record.back_on_k_ms = stats::spread(&w.back_on_k_ms);
-    record.below_k_ms = stats::spread(&w.below_k_ms);
-    record.not_back_on_k = w.not_back_on_k;
-    record.calls_ok = w.calls_ok;
-    record.calls_failed = w.calls_failed;
-    record.call_errors = w.call_errors;
-    record.calls_unfinished = w.calls_unfinished;
-    if let Some(t) = record.target.clone() {
-        record.target_attached_before = attached_on(&before, &t);
-        record.target_attached_after = attached_on(&after, &t);
+    record.calls = window_calls(&w);
+    record.fleet = fleet_window(w, &router_names(target));
+    if let Some(t) = record.target.target.clone() {
+        record.target.target_attached_before = attached_on(&before, &t);
+        record.target.target_attached_after = attached_on(&after, &t);
     }
     record.router_refusals = delta(&before, &after, |r| &r.refusals);
     record.router_auth_failures = delta(&before, &after, |r| &r.auth_failures);
-    record.below_k_records = first_below_k(w.below_k_records, &router_names(target));
     if matches!(kind, Kind::KillRouter | Kind::DrainRouter) && window_end < hold_end {
         restart_target(fleet, target, &mut record).await;
     }
     eprintln!(
         "\rladder: event {kind:?} at {at} s: lost ready {}, below one router {}, below K {}, not back on K {}, calls ok/failed/unfinished {}/{}/{}",
-        record.lost_ready,
-        record.below_one_router,
-        record.below_k_routers,
-        record.not_back_on_k,
-        record.calls_ok,
-        record.calls_failed,
-        record.calls_unfinished
+        record.fleet.lost_ready,
+        record.fleet.below_one_router,
+        record.fleet.below_k_routers,
+        record.fleet.not_back_on_k,
+        record.calls.calls_ok,
+        record.calls.calls_failed,
+        record.calls.calls_unfinished
     );
     Ok(record)
+}
+
+/// The members' side of a window, routers named in its below-K records.
+fn fleet_window(w: WindowStats, names: &BTreeMap<String, String>) -> FleetWindow {
+    FleetWindow {
+        members: w.members,
+        lost_ready: w.lost_ready,
+        below_one_router: w.below_one_router,
+        below_k_routers: w.below_k_routers,
+        back_on_k_ms: stats::spread(&w.back_on_k_ms),
+        below_k_ms: stats::spread(&w.below_k_ms),
+        not_back_on_k: w.not_back_on_k,
+        below_k_records: first_below_k(w.below_k_records, names),
+    }
+}
+
+/// The echo calls of a window.
+fn window_calls(w: &WindowStats) -> WindowCalls {
+    WindowCalls {
+        calls_ok: w.calls_ok,
+        calls_failed: w.calls_failed,
+        call_errors: w.call_errors.clone(),
+        calls_unfinished: w.calls_unfinished,
+    }
 }
 
 /// Starts an observation window named `name` in every worker.
@@ -324,29 +396,49 @@ async fn mark(fleet: &mut Fleet, name: &str) -> Result<()> {
 
 /// Ends the workers' window and sums their reports.
 async fn window_stats(fleet: &mut Fleet) -> Result<WindowStats> {
+    Ok(sum_windows(window_replies(fleet).await?))
+}
+
+/// Ends the workers' window; returns each worker's report.
+async fn window_replies(fleet: &mut Fleet) -> Result<Vec<WindowStats>> {
     let replies = fleet
         .broadcast(|id| Command::WindowReport { id }, REPORT_DEADLINE)
         .await?;
+    Ok(replies
+        .into_iter()
+        .filter_map(|r| match r {
+            Reply::Window(x) => Some(x),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The workers' window reports, summed (`mark_unix_ms`: the earliest).
+fn sum_windows(replies: Vec<WindowStats>) -> WindowStats {
     let mut w = WindowStats::default();
-    for r in replies {
-        if let Reply::Window(x) = r {
-            w.members += x.members;
-            w.lost_ready += x.lost_ready;
-            w.below_one_router += x.below_one_router;
-            w.below_k_routers += x.below_k_routers;
-            w.back_on_k_ms.extend(x.back_on_k_ms);
-            w.below_k_ms.extend(x.below_k_ms);
-            w.not_back_on_k += x.not_back_on_k;
-            w.calls_ok += x.calls_ok;
-            w.calls_failed += x.calls_failed;
-            w.calls_unfinished += x.calls_unfinished;
-            for (k, v) in x.call_errors {
-                *w.call_errors.entry(k).or_insert(0) += v;
-            }
-            w.below_k_records.extend(x.below_k_records);
+    for x in replies {
+        w.members += x.members;
+        w.lost_ready += x.lost_ready;
+        w.ready_again_ms.extend(x.ready_again_ms);
+        w.not_ready_again += x.not_ready_again;
+        w.mark_unix_ms = match w.mark_unix_ms {
+            0 => x.mark_unix_ms,
+            m => m.min(x.mark_unix_ms),
+        };
+        w.below_one_router += x.below_one_router;
+        w.below_k_routers += x.below_k_routers;
+        w.back_on_k_ms.extend(x.back_on_k_ms);
+        w.below_k_ms.extend(x.below_k_ms);
+        w.not_back_on_k += x.not_back_on_k;
+        w.calls_ok += x.calls_ok;
+        w.calls_failed += x.calls_failed;
+        w.calls_unfinished += x.calls_unfinished;
+        for (k, v) in x.call_errors {
+            *w.call_errors.entry(k).or_insert(0) += v;
         }
+        w.below_k_records.extend(x.below_k_records);
     }
-    Ok(w)
+    w
 }
 
 /// Members attached to router `name` in `snapshot`, if it answered.
@@ -377,6 +469,7 @@ async fn restart_target(fleet: &mut Fleet, target: &mut Target, record: &mut Eve
         return;
     };
     let Some(i) = record
+        .target
         .target
         .as_ref()
         .and_then(|name| mesh.routers.iter().position(|r| &r.name == name))

@@ -19,6 +19,7 @@ use crate::fleet::Fleet;
 use crate::member::ECHO;
 use crate::mesh::{LocalMesh, TOKEN_TTL_SECS, admin_client, read_ca};
 use crate::procstat;
+use crate::propagation::record::{MeshCost, Revoked};
 use crate::propagation::{
     CHANGED_POLICY, HELD_SERVICE, PropagationRecord, PropagationWorkerConfig, Quantiles,
     START_POLICY, unix_ms,
@@ -134,58 +135,7 @@ pub(super) async fn run(
         at_secs: at,
         ..PropagationRecord::default()
     };
-    let (service, count, revocable_only) = match what {
-        What::PolicyChange => (
-            HELD_SERVICE,
-            cfg.propagation
-                .live_calls
-                .div_ceil(fleet.worker_count().max(1) as u64),
-            false,
-        ),
-        What::RevokeToken => (ECHO, u64::MAX, true),
-    };
-    // Revoked members cannot open calls: after an earlier revocation the
-    // change's held calls come from the others only (they are not revocable).
-    let replies = fleet
-        .broadcast(
-            |id| Command::LiveCalls {
-                id,
-                service: service.to_string(),
-                count,
-                revocable_only,
-            },
-            OPEN_DEADLINE,
-        )
-        .await?;
-    let mut opened = 0;
-    for r in replies {
-        if let Reply::LiveCalls { opened: o, failed } = r {
-            opened += o;
-            record.live_calls_not_opened += failed;
-        }
-    }
-    // A worker with fewer ready callers than its share leaves the rest to
-    // the others: asked one by one for what is still missing.
-    if what == What::PolicyChange {
-        for w in 0..fleet.worker_count() {
-            let missing = cfg.propagation.live_calls.saturating_sub(opened);
-            if missing == 0 {
-                break;
-            }
-            if let Ok(Reply::LiveCalls { opened: o, failed }) = fleet
-                .request(w, |id| Command::LiveCalls {
-                    id,
-                    service: service.to_string(),
-                    count: missing,
-                    revocable_only,
-                })
-                .await
-            {
-                opened += o;
-                record.live_calls_not_opened += failed;
-            }
-        }
-    }
+    record.held.live_calls_not_opened = open_held_calls(fleet, cfg, what).await?;
     super::mark(fleet, &format!("{what:?}")).await?;
     let marked = Instant::now();
     let cpu_before = cpu(target);
@@ -224,59 +174,138 @@ pub(super) async fn run(
             REPORT_DEADLINE,
         )
         .await?;
-    let sum = sum(replies);
     record.window_secs = marked.elapsed().as_secs_f64();
+    take_sums(&mut record, sum(replies));
+    record.calls_ok = w.calls_ok;
+    record.calls_failed = w.calls_failed;
+    record.cost = cost(cpu_before, cpu_after, target, fleet).await;
+    log_event(what, &record);
+    Ok(record)
+}
+
+/// Opens the calls the event will forbid and holds them (see
+/// [`Command::LiveCalls`]); returns the attempts that failed.
+async fn open_held_calls(fleet: &mut Fleet, cfg: &FleetConfig, what: What) -> Result<u64> {
+    let (service, count, revocable_only) = match what {
+        What::PolicyChange => (
+            HELD_SERVICE,
+            cfg.propagation
+                .live_calls
+                .div_ceil(fleet.worker_count().max(1) as u64),
+            false,
+        ),
+        What::RevokeToken => (ECHO, u64::MAX, true),
+    };
+    // Revoked members cannot open calls: after an earlier revocation the
+    // change's held calls come from the others only (they are not revocable).
+    let replies = fleet
+        .broadcast(
+            |id| Command::LiveCalls {
+                id,
+                service: service.to_string(),
+                count,
+                revocable_only,
+            },
+            OPEN_DEADLINE,
+        )
+        .await?;
+    let mut opened = 0;
+    let mut not_opened = 0;
+    for r in replies {
+        if let Reply::LiveCalls { opened: o, failed } = r {
+            opened += o;
+            not_opened += failed;
+        }
+    }
+    // A worker with fewer ready callers than its share leaves the rest to
+    // the others: asked one by one for what is still missing.
+    if what == What::PolicyChange {
+        for w in 0..fleet.worker_count() {
+            let missing = cfg.propagation.live_calls.saturating_sub(opened);
+            if missing == 0 {
+                break;
+            }
+            if let Ok(Reply::LiveCalls { opened: o, failed }) = fleet
+                .request(w, |id| Command::LiveCalls {
+                    id,
+                    service: service.to_string(),
+                    count: missing,
+                    revocable_only,
+                })
+                .await
+            {
+                opened += o;
+                not_opened += failed;
+            }
+        }
+    }
+    Ok(not_opened)
+}
+
+/// The workers' summed propagation report into `record`.
+fn take_sums(record: &mut PropagationRecord, sum: PropagationStats) {
     record.members = sum.members;
     record.took_ms = Quantiles::of(&sum.took_ms);
     record.not_taken = sum.not_taken;
-    record.live_calls = sum.live_calls;
-    record.live_calls_ended_before = sum.ended_before;
-    record.closed_ms = Quantiles::of(&sum.closed_ms);
-    record.still_open = sum.still_open;
-    record.close_reasons = sum.close_reasons;
-    record.revoked_members = sum.revoked_members;
-    record.dropped_ms = Quantiles::of(&sum.dropped_ms);
-    record.not_dropped = sum.not_dropped;
-    record.calls_ok = w.calls_ok;
-    record.calls_failed = w.calls_failed;
-    if let (Some(b), Some(a)) = (&cpu_before, &cpu_after) {
-        record.control_plane_cpu_secs = match (b.control_plane, a.control_plane) {
+    let held = &mut record.held;
+    held.live_calls = sum.live_calls;
+    held.live_calls_ended_before = sum.ended_before;
+    held.closed_ms = Quantiles::of(&sum.closed_ms);
+    held.still_open = sum.still_open;
+    held.close_reasons = sum.close_reasons;
+    record.revoked = Revoked {
+        revoked_members: sum.revoked_members,
+        dropped_ms: Quantiles::of(&sum.dropped_ms),
+        not_dropped: sum.not_dropped,
+    };
+}
+
+/// CPU over the window (between two readings) and the control plane's
+/// memory at its end; the pre-ladder baseline is set by the run.
+async fn cost(
+    before: Option<Cpu>,
+    after: Option<Cpu>,
+    target: &mut Target,
+    fleet: &Fleet,
+) -> MeshCost {
+    let mut cost = MeshCost::default();
+    if let (Some(b), Some(a)) = (&before, &after) {
+        cost.control_plane_cpu_secs = match (b.control_plane, a.control_plane) {
             (Some(b), Some(a)) => Some((a - b).max(0.0)),
             _ => None,
         };
         for (name, after) in &a.routers {
             if let Some(before) = b.routers.get(name) {
-                record
-                    .router_cpu_secs
+                cost.router_cpu_secs
                     .insert(name.clone(), (after - before).max(0.0));
             }
         }
     }
-    record.control_plane_rss_bytes = target.control_plane().await.and_then(|c| c.rss_bytes);
-    record.enrolled_members = fleet
+    cost.control_plane_rss_bytes = target.control_plane().await.and_then(|c| c.rss_bytes);
+    cost.enrolled_members = fleet
         .tally
         .members
         .values()
         .filter(|m| m.enrolled_ms.is_some())
         .count() as u64;
+    cost
+}
+
+/// The event's progress line.
+fn log_event(what: What, record: &PropagationRecord) {
+    let p99 = |q: &Quantiles| q.p99.map_or_else(|| "-".into(), |v| v.to_string());
     eprintln!(
-        "\rladder: event {what:?} at {at} s: {} of {} members took it (p99 {} ms), {} of {} forbidden calls closed (p99 {} ms), {} of {} revoked members dropped",
+        "\rladder: event {what:?} at {} s: {} of {} members took it (p99 {} ms), {} of {} forbidden calls closed (p99 {} ms), {} of {} revoked members dropped",
+        record.at_secs,
         record.took_ms.count,
         record.members,
-        record
-            .took_ms
-            .p99
-            .map_or_else(|| "-".into(), |v| v.to_string()),
-        record.closed_ms.count,
-        record.live_calls,
-        record
-            .closed_ms
-            .p99
-            .map_or_else(|| "-".into(), |v| v.to_string()),
-        record.dropped_ms.count,
-        record.revoked_members
+        p99(&record.took_ms),
+        record.held.closed_ms.count,
+        record.held.live_calls,
+        p99(&record.held.closed_ms),
+        record.revoked.dropped_ms.count,
+        record.revoked.revoked_members
     );
-    Ok(record)
 }
 
 /// Applies [`CHANGED_POLICY`]; returns the version now in force.

@@ -3,50 +3,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::stats::percentile;
-
-/// Count, p50, p95, p99 and max of millisecond samples.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
-pub struct Quantiles {
-    /// Samples.
-    pub count: u64,
-    /// Median, ms.
-    pub p50: Option<u64>,
-    /// 95th percentile, ms.
-    pub p95: Option<u64>,
-    /// 99th percentile, ms.
-    pub p99: Option<u64>,
-    /// Largest, ms.
-    pub max: Option<u64>,
-}
-
-impl Quantiles {
-    /// Of `samples` (nearest rank).
-    pub fn of(samples: &[u64]) -> Self {
-        Self {
-            count: samples.len() as u64,
-            p50: percentile(samples, 0.5),
-            p95: percentile(samples, 0.95),
-            p99: percentile(samples, 0.99),
-            max: samples.iter().copied().max(),
-        }
-    }
-
-    /// `p50/p95/p99/max (n)`.
-    fn cell(&self) -> String {
-        let f = |x: Option<u64>| x.map_or_else(|| "-".to_string(), |x| x.to_string());
-        format!(
-            "{}/{}/{}/{} ({})",
-            f(self.p50),
-            f(self.p95),
-            f(self.p99),
-            f(self.max),
-            self.count
-        )
-    }
-}
+pub use crate::stats::Quantiles;
 
 /// What one propagation event (`--policy-change-at` or `--revoke-token-at`)
 /// took, from the admin call to each member concerned.
@@ -71,8 +30,36 @@ pub struct PropagationRecord {
     pub took_ms: Quantiles,
     /// Members concerned that had not taken it by the window's end.
     pub not_taken: u64,
-    /// Calls held open at the event that it forbids: on the removed grant
-    /// (policy change), by the revoked members (revocation).
+    /// The calls held open across the event (JSON: `live_calls`,
+    /// `live_calls_not_opened`, `live_calls_ended_before`, `closed_ms`,
+    /// `still_open`, `close_reasons` at this level).
+    #[serde(flatten)]
+    pub held: HeldCalls,
+    /// The routers' policy pushes over the window, summed over routers:
+    /// `outcome=acked|ignored|failed|timeout|dropped` and
+    /// `decision=pushed|probed|…` (`agentmesh_router_policy_push_total`,
+    /// `…_decisions_total`).
+    pub router_pushes: BTreeMap<String, u64>,
+    /// The members enrolled with the revoked token (JSON:
+    /// `revoked_members`, `dropped_ms`, `not_dropped` at this level).
+    #[serde(flatten)]
+    pub revoked: Revoked,
+    /// The fleet's echo calls in the window (still granted): ok, failed.
+    pub calls_ok: u64,
+    /// See `calls_ok`.
+    pub calls_failed: u64,
+    /// What the window cost the control plane and the routers (JSON:
+    /// `control_plane_cpu_secs`, `router_cpu_secs`, `control_plane_rss_*`,
+    /// `enrolled_members` at this level).
+    #[serde(flatten)]
+    pub cost: MeshCost,
+}
+
+/// The calls held open across a propagation event that it forbids: on
+/// the removed grant (policy change), by the revoked members (revocation).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct HeldCalls {
+    /// Such calls open at the event.
     pub live_calls: u64,
     /// Such calls that could not be opened before the event.
     pub live_calls_not_opened: u64,
@@ -84,21 +71,22 @@ pub struct PropagationRecord {
     pub still_open: u64,
     /// How the held calls ended, by reason.
     pub close_reasons: BTreeMap<String, u64>,
-    /// The routers' policy pushes over the window, summed over routers:
-    /// `outcome=acked|ignored|failed|timeout|dropped` and
-    /// `decision=pushed|probed|…` (`agentmesh_router_policy_push_total`,
-    /// `…_decisions_total`).
-    pub router_pushes: BTreeMap<String, u64>,
+}
+
+/// The members a revocation concerns.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Revoked {
     /// Live members enrolled with the revoked token (revocation).
     pub revoked_members: u64,
     /// Admin call → the revoked member held no router, per member.
     pub dropped_ms: Quantiles,
     /// Revoked members still holding a router at the window's end.
     pub not_dropped: u64,
-    /// The fleet's echo calls in the window (still granted): ok, failed.
-    pub calls_ok: u64,
-    /// See `calls_ok`.
-    pub calls_failed: u64,
+}
+
+/// What a propagation window cost the control plane and the routers.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct MeshCost {
     /// Control-plane CPU over the window, seconds.
     pub control_plane_cpu_secs: Option<f64>,
     /// Each router's CPU over the window, seconds.
@@ -116,10 +104,11 @@ pub struct PropagationRecord {
 impl PropagationRecord {
     /// Sets the pre-ladder RSS and the per-member figure from it.
     pub fn set_rss_baseline(&mut self, pre_ladder: Option<u64>) {
-        self.control_plane_rss_pre_ladder_bytes = pre_ladder;
-        self.control_plane_rss_per_member_bytes = match (self.control_plane_rss_bytes, pre_ladder) {
-            (Some(now), Some(pre)) if self.enrolled_members > 0 => {
-                Some(now.saturating_sub(pre) / self.enrolled_members)
+        let c = &mut self.cost;
+        c.control_plane_rss_pre_ladder_bytes = pre_ladder;
+        c.control_plane_rss_per_member_bytes = match (c.control_plane_rss_bytes, pre_ladder) {
+            (Some(now), Some(pre)) if c.enrolled_members > 0 => {
+                Some(now.saturating_sub(pre) / c.enrolled_members)
             }
             _ => None,
         };
@@ -149,17 +138,21 @@ pub fn markdown(s: &mut String, rows: &[(&str, &Option<PropagationRecord>)]) {
         if let Some(t) = &r.token_id {
             notes.push(format!("token {t}"));
         }
-        if r.live_calls_not_opened > 0 {
-            notes.push(format!("{} held calls not opened", r.live_calls_not_opened));
-        }
-        if r.live_calls_ended_before > 0 {
+        if r.held.live_calls_not_opened > 0 {
             notes.push(format!(
-                "{} held calls ended before the event",
-                r.live_calls_ended_before
+                "{} held calls not opened",
+                r.held.live_calls_not_opened
             ));
         }
-        if !r.close_reasons.is_empty() {
+        if r.held.live_calls_ended_before > 0 {
+            notes.push(format!(
+                "{} held calls ended before the event",
+                r.held.live_calls_ended_before
+            ));
+        }
+        if !r.held.close_reasons.is_empty() {
             let reasons: Vec<String> = r
+                .held
                 .close_reasons
                 .iter()
                 .map(|(k, v)| format!("{k}: {v}"))
@@ -178,9 +171,13 @@ pub fn markdown(s: &mut String, rows: &[(&str, &Option<PropagationRecord>)]) {
             "echo calls ok/failed {}/{}",
             r.calls_ok, r.calls_failed
         ));
-        let routers_cpu: f64 = r.router_cpu_secs.values().sum();
-        let revoked = if r.revoked_members > 0 || r.token_id.is_some() {
-            format!("{} of {}", r.dropped_ms.cell(), r.revoked_members)
+        let routers_cpu: f64 = r.cost.router_cpu_secs.values().sum();
+        let revoked = if r.revoked.revoked_members > 0 || r.token_id.is_some() {
+            format!(
+                "{} of {}",
+                r.revoked.dropped_ms.cell(),
+                r.revoked.revoked_members
+            )
         } else {
             "-".to_string()
         };
@@ -191,15 +188,17 @@ pub fn markdown(s: &mut String, rows: &[(&str, &Option<PropagationRecord>)]) {
             r.members,
             r.took_ms.cell(),
             r.not_taken,
-            r.closed_ms.cell(),
-            r.live_calls,
-            r.still_open,
+            r.held.closed_ms.cell(),
+            r.held.live_calls,
+            r.held.still_open,
             revoked,
-            r.not_dropped,
-            r.control_plane_cpu_secs
+            r.revoked.not_dropped,
+            r.cost
+                .control_plane_cpu_secs
                 .map_or_else(|| "-".into(), |c| format!("{c:.2}")),
             routers_cpu,
-            r.control_plane_rss_per_member_bytes
+            r.cost
+                .control_plane_rss_per_member_bytes
                 .map_or_else(|| "-".into(), |b| format!("{:.1}", b as f64 / 1024.0)),
             notes.join("; ")
         );
@@ -222,14 +221,20 @@ mod tests {
             at_secs: 5,
             members: 20,
             took_ms: Quantiles::of(&[10, 20]),
-            live_calls: 2,
-            closed_ms: Quantiles::of(&[30, 40]),
-            control_plane_rss_bytes: Some(10_000),
-            enrolled_members: 10,
+            held: HeldCalls {
+                live_calls: 2,
+                closed_ms: Quantiles::of(&[30, 40]),
+                ..HeldCalls::default()
+            },
+            cost: MeshCost {
+                control_plane_rss_bytes: Some(10_000),
+                enrolled_members: 10,
+                ..MeshCost::default()
+            },
             ..PropagationRecord::default()
         };
         r.set_rss_baseline(Some(5_000));
-        assert_eq!(r.control_plane_rss_per_member_bytes, Some(500));
+        assert_eq!(r.cost.control_plane_rss_per_member_bytes, Some(500));
         let mut s = String::new();
         markdown(
             &mut s,

@@ -31,28 +31,18 @@ const LEAVE_DEADLINE: Duration = Duration::from_secs(120);
 
 /// Runs a worker until the coordinator says `leave` or closes stdin.
 pub async fn run(cfg: WorkerConfig) -> Result<()> {
-    let token = tokio::fs::read_to_string(&cfg.token_file)
-        .await
-        .map_err(|e| LadderError::io(format!("reading {}", cfg.token_file.display()), e))?
-        .trim()
-        .to_string();
+    let token = read_token(&cfg.token_file).await?;
     tokio::fs::create_dir_all(&cfg.data_dir)
         .await
         .map_err(|e| LadderError::io(format!("creating {}", cfg.data_dir.display()), e))?;
     let revocable_token = match &cfg.propagation.revocable_token_file {
-        Some(f) => Some(
-            tokio::fs::read_to_string(f)
-                .await
-                .map_err(|e| LadderError::io(format!("reading {}", f.display()), e))?
-                .trim()
-                .to_string(),
-        ),
+        Some(f) => Some(read_token(f).await?),
         None => None,
     };
     let echo = echo::spawn_echo()
         .await
         .map_err(|e| LadderError::io("binding the echo backend", e))?;
-    let (out, mut out_rx) = mpsc::channel::<Event>(EVENT_QUEUE);
+    let (out, out_rx) = mpsc::channel::<Event>(EVENT_QUEUE);
     let shared = Arc::new(Shared {
         cfg,
         token,
@@ -64,20 +54,7 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
         leaving: std::sync::atomic::AtomicBool::new(false),
         propagation: trace::Live::new(revocable_token),
     });
-
-    let writer = tokio::spawn(async move {
-        let mut stdout = tokio::io::stdout();
-        while let Some(ev) = out_rx.recv().await {
-            let mut buf = Vec::new();
-            push_line(&mut buf, &ev);
-            while let Ok(ev) = out_rx.try_recv() {
-                push_line(&mut buf, &ev);
-            }
-            if stdout.write_all(&buf).await.is_err() || stdout.flush().await.is_err() {
-                return;
-            }
-        }
-    });
+    let writer = tokio::spawn(write_events(out_rx));
     tokio::spawn(sampler::sample_forever(shared.clone()));
 
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
@@ -93,76 +70,106 @@ pub async fn run(cfg: WorkerConfig) -> Result<()> {
                 continue;
             }
         };
-        let (id, body) = match cmd {
-            Command::Join {
-                id,
-                first,
-                count,
-                rate_per_sec,
-                provider,
-            } => {
-                tokio::spawn(join(shared.clone(), first, count, rate_per_sec, provider));
-                (id, Reply::Done)
-            }
-            Command::Mark { id, name } => {
-                tracing::info!(window = name, "window starts");
-                shared.mark();
-                tokio::spawn(sampler::window_calls(shared.clone()));
-                (id, Reply::Done)
-            }
-            Command::WindowReport { id } => (id, Reply::Window(shared.window_report())),
-            Command::HoldStart { id } => {
-                shared.hold_start();
-                (id, Reply::Done)
-            }
-            Command::HoldReport { id } => (id, Reply::Hold(shared.hold_report())),
-            Command::LiveCalls {
-                id,
-                service,
-                count,
-                revocable_only,
-            } => {
-                // Replies itself once the calls are open.
-                tokio::spawn(propagation::open_live(
-                    shared.clone(),
-                    id,
-                    service,
-                    count,
-                    revocable_only,
-                ));
-                continue;
-            }
-            Command::PropagationReport {
-                id,
-                since_unix_ms,
-                min_version,
-                revoked,
-            } => (
-                id,
-                Reply::Propagation(propagation::report(
-                    &shared,
-                    since_unix_ms,
-                    min_version,
-                    revoked,
-                )),
-            ),
-            Command::Leave { id } => {
-                leave(&shared).await;
-                shared
-                    .emit(Event::Reply {
-                        id,
-                        body: Reply::Done,
-                    })
-                    .await;
-                break;
-            }
-        };
-        shared.emit(Event::Reply { id, body }).await;
+        let last = matches!(cmd, Command::Leave { .. });
+        if let Some((id, body)) = handle(&shared, cmd).await {
+            shared.emit(Event::Reply { id, body }).await;
+        }
+        if last {
+            break;
+        }
     }
     shared.leaving.store(true, Ordering::SeqCst);
     drop(shared);
     let _ = tokio::time::timeout(Duration::from_secs(10), writer).await;
     Ok(())
+}
+
+/// A token file's contents, trimmed.
+async fn read_token(path: &std::path::Path) -> Result<String> {
+    Ok(tokio::fs::read_to_string(path)
+        .await
+        .map_err(|e| LadderError::io(format!("reading {}", path.display()), e))?
+        .trim()
+        .to_string())
+}
+
+/// Writes events to stdout as JSON lines, as many as are queued at once,
+/// until the queue closes or stdout fails.
+async fn write_events(mut out_rx: mpsc::Receiver<Event>) {
+    let mut stdout = tokio::io::stdout();
+    while let Some(ev) = out_rx.recv().await {
+        let mut buf = Vec::new();
+        push_line(&mut buf, &ev);
+        while let Ok(ev) = out_rx.try_recv() {
+            push_line(&mut buf, &ev);
+        }
+        if stdout.write_all(&buf).await.is_err() || stdout.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Carries out one command; returns the reply to send now, or `None` when
+/// a task replies later itself.
+async fn handle(shared: &Arc<Shared>, cmd: Command) -> Option<(u64, Reply)> {
+    Some(match cmd {
+        Command::Join {
+            id,
+            first,
+            count,
+            rate_per_sec,
+            provider,
+        } => {
+            tokio::spawn(join(shared.clone(), first, count, rate_per_sec, provider));
+            (id, Reply::Done)
+        }
+        Command::Mark { id, name } => {
+            tracing::info!(window = name, "window starts");
+            shared.mark();
+            tokio::spawn(sampler::window_calls(shared.clone()));
+            (id, Reply::Done)
+        }
+        Command::WindowReport { id } => (id, Reply::Window(shared.window_report())),
+        Command::HoldStart { id } => {
+            shared.hold_start();
+            (id, Reply::Done)
+        }
+        Command::HoldReport { id } => (id, Reply::Hold(shared.hold_report())),
+        Command::LiveCalls {
+            id,
+            service,
+            count,
+            revocable_only,
+        } => {
+            // Replies itself once the calls are open.
+            tokio::spawn(propagation::open_live(
+                shared.clone(),
+                id,
+                service,
+                count,
+                revocable_only,
+            ));
+            return None;
+        }
+        Command::PropagationReport {
+            id,
+            since_unix_ms,
+            min_version,
+            revoked,
+        } => (
+            id,
+            Reply::Propagation(propagation::report(
+                shared,
+                since_unix_ms,
+                min_version,
+                revoked,
+            )),
+        ),
+        Command::Leave { id } => {
+            leave(shared).await;
+            (id, Reply::Done)
+        }
+    })
 }
 
 fn push_line(buf: &mut Vec<u8>, ev: &Event) {

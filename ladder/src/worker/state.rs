@@ -57,6 +57,9 @@ pub(crate) struct Slot {
 pub(crate) struct SlotWindow {
     active: bool,
     lost_ready: bool,
+    /// When it was ready again after its last loss in this window (ms
+    /// into the window; none: not ready again yet).
+    ready_again_ms: Option<u64>,
     below_one: bool,
     below_k: bool,
     back_ms: Option<u64>,
@@ -71,6 +74,8 @@ pub(crate) struct SlotWindow {
 pub(crate) struct WindowAcc {
     pub(crate) active: bool,
     pub(crate) start: Option<Instant>,
+    /// The wall clock at `start`, Unix ms (see [`WindowStats::mark_unix_ms`]).
+    pub(crate) start_unix_ms: u64,
     pub(crate) members: u64,
     pub(crate) calls_ok: u64,
     pub(crate) calls_failed: u64,
@@ -162,6 +167,7 @@ impl Shared {
             *acc = WindowAcc {
                 active: true,
                 start: Some(now),
+                start_unix_ms: crate::propagation::unix_ms(),
                 members,
                 generation: acc.generation + 1,
                 ..WindowAcc::default()
@@ -263,29 +269,23 @@ impl Shared {
 
     /// Ends the window and sums it up.
     pub(crate) fn window_report(&self) -> WindowStats {
-        let (members, calls_ok, calls_failed, call_errors, calls_unfinished, now_ms) = {
+        let (mut stats, now_ms) = {
             let mut acc = lock(&self.window);
             acc.active = false;
             let now_ms = acc
                 .start
                 .take()
                 .map_or(0, |s| s.elapsed().as_millis() as u64);
-            (
-                acc.members,
-                acc.calls_ok,
-                acc.calls_failed,
-                std::mem::take(&mut acc.call_errors),
-                acc.in_flight,
-                now_ms,
-            )
-        };
-        let mut stats = WindowStats {
-            members,
-            calls_ok,
-            calls_failed,
-            call_errors,
-            calls_unfinished,
-            ..WindowStats::default()
+            let stats = WindowStats {
+                members: acc.members,
+                calls_ok: acc.calls_ok,
+                calls_failed: acc.calls_failed,
+                call_errors: std::mem::take(&mut acc.call_errors),
+                calls_unfinished: acc.in_flight,
+                mark_unix_ms: acc.start_unix_ms,
+                ..WindowStats::default()
+            };
+            (stats, now_ms)
         };
         for s in self.slots() {
             let rec = lock(&s.below_k).take();
@@ -295,7 +295,13 @@ impl Shared {
             }
             w.active = false;
             stats.below_k_records.extend(rec);
-            stats.lost_ready += u64::from(w.lost_ready);
+            if w.lost_ready {
+                stats.lost_ready += 1;
+                match w.ready_again_ms {
+                    Some(ms) => stats.ready_again_ms.push(ms),
+                    None => stats.not_ready_again += 1,
+                }
+            }
             stats.below_one_router += u64::from(w.below_one);
             if w.below_k {
                 stats.below_k_routers += 1;
@@ -425,6 +431,9 @@ impl SlotWindow {
         }
         if !v.ready {
             self.lost_ready = true;
+            self.ready_again_ms = None;
+        } else if self.lost_ready && self.ready_again_ms.is_none() {
+            self.ready_again_ms = Some(ms);
         }
         if v.routers == 0 {
             self.below_one = true;
@@ -594,6 +603,62 @@ mod tests {
         let mut idle = SlotWindow::default();
         idle.apply(v(false, 0), 2, 5);
         assert!(!idle.lost_ready);
+    }
+
+    #[test]
+    fn window_tracks_the_way_back_to_ready() {
+        let mut w = SlotWindow {
+            active: true,
+            ..SlotWindow::default()
+        };
+        let v = |ready, routers| View {
+            enrolled: true,
+            ready,
+            routers,
+            stopping: false,
+        };
+        w.apply(v(true, 2), 2, 0);
+        assert_eq!((w.lost_ready, w.ready_again_ms), (false, None));
+        w.apply(v(false, 0), 2, 30);
+        w.apply(v(false, 0), 2, 900);
+        assert_eq!((w.lost_ready, w.ready_again_ms), (true, None));
+        w.apply(v(true, 1), 2, 4_000);
+        assert_eq!(w.ready_again_ms, Some(4_000));
+        // Back on K later does not move the way back to ready.
+        w.apply(v(true, 2), 2, 4_500);
+        assert_eq!(w.ready_again_ms, Some(4_000));
+        // Lost again: ready again is from the last loss.
+        w.apply(v(false, 0), 2, 9_000);
+        assert_eq!(w.ready_again_ms, None);
+        w.apply(v(true, 1), 2, 9_200);
+        assert_eq!(w.ready_again_ms, Some(9_200));
+    }
+
+    #[test]
+    fn window_report_counts_members_not_ready_again() {
+        let s = shared();
+        let view = |ready, routers| View {
+            enrolled: true,
+            ready,
+            routers,
+            stopping: false,
+        };
+        let back = Arc::new(Slot::new(1, false));
+        let gone = Arc::new(Slot::new(2, false));
+        s.add(back.clone());
+        s.add(gone.clone());
+        s.mark();
+        let before = crate::propagation::unix_ms();
+        for slot in [&back, &gone] {
+            lock(&slot.win).active = true;
+            s.observe(slot, view(false, 0), Held::default());
+        }
+        s.observe(&back, view(true, 1), Held::default());
+        let w = s.window_report();
+        assert_eq!(w.lost_ready, 2);
+        assert_eq!(w.ready_again_ms.len(), 1);
+        assert_eq!(w.not_ready_again, 1);
+        assert!(w.mark_unix_ms > 0 && w.mark_unix_ms <= before, "{w:?}");
     }
 
     #[test]

@@ -12,5 +12,6 @@ mod netns;
 mod policy_ladder;
 mod postgres_ladder;
 mod remote_tls;
+mod restart_all_ladder;
 mod small_ladder;
 mod worker_protocol;
