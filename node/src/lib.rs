@@ -5,7 +5,7 @@
 //! The node is a value: [`spawn`] starts one and returns a [`NodeHandle`].
 //! Nothing is process-global (no registry, logger or listener unless the
 //! [`Config`] asks for one), so thousands of nodes can run in one process;
-//! each costs a swarm and two tasks (the core loop and the inbound-call
+//! each costs a swarm and two tasks (the engine and the inbound-call
 //! acceptor) plus one per listener asked for (Unix socket, metrics,
 //! forwards) and one per call in progress.
 
@@ -14,7 +14,7 @@
 mod call;
 pub mod cli;
 pub mod config;
-mod core;
+mod engine;
 mod enroll;
 mod forward;
 mod http;
@@ -22,16 +22,13 @@ pub mod identity;
 mod labels;
 mod local;
 pub mod metrics;
+mod node;
 mod peer_calls;
 mod policy;
-mod recent;
-pub mod report;
 mod seen;
 pub mod select;
-mod shared;
 mod socket;
-mod status;
-pub mod status_cmd;
+pub mod status;
 mod transport;
 
 use std::collections::HashSet;
@@ -94,7 +91,7 @@ pub enum SpawnError {
 /// A running node. Dropping it aborts every task; [`NodeHandle::shutdown`]
 /// stops gracefully.
 pub struct NodeHandle {
-    shared: Arc<shared::Shared>,
+    node: Arc<node::Node>,
     shutdown_tx: watch::Sender<bool>,
     core: JoinSet<()>,
     tasks: JoinSet<()>,
@@ -106,7 +103,7 @@ pub struct NodeHandle {
 impl std::fmt::Debug for NodeHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeHandle")
-            .field("peer_id", &self.shared.peer_id)
+            .field("peer_id", &self.node.peer_id)
             .finish()
     }
 }
@@ -114,17 +111,17 @@ impl std::fmt::Debug for NodeHandle {
 impl NodeHandle {
     /// This node's PeerId.
     pub fn peer_id(&self) -> PeerId {
-        self.shared.peer_id
+        self.node.peer_id
     }
 
     /// Whether the node is ready now (see [`NodeStatus::ready`]).
     pub fn is_ready(&self) -> bool {
-        self.shared.status.borrow().ready
+        self.node.status.borrow().ready
     }
 
     /// The node's status as it changes, readiness included.
     pub fn status(&self) -> watch::Receiver<NodeStatus> {
-        self.shared.status.subscribe()
+        self.node.status.subscribe()
     }
 
     /// Waits until ready, up to `deadline`; returns whether it became ready.
@@ -142,20 +139,20 @@ impl NodeHandle {
     /// route retries on a fresh lookup after a route failed, and one more
     /// lookup after one that found no provider.
     pub async fn call(&self, service: &str) -> Result<CallStream, CallError> {
-        call::outbound::call(&self.shared, service).await
+        call::outbound::call(&self.node, service).await
     }
 
     /// The `(epoch, version)` of the access policy this node holds; `(0, 0)`
     /// before one arrived (every call denied). What a member acknowledges
     /// when a router pushes it a policy.
     pub fn policy_version(&self) -> (u64, u64) {
-        self.shared.policy.epoch_version()
+        self.node.policy.epoch_version()
     }
 
     /// The `(epoch, generation)` of the signed revocation list this node
     /// enforces; `(0, 0)` before one arrived.
     pub fn revocations_generation(&self) -> (u64, u64) {
-        self.shared.policy.revocations_generation()
+        self.node.policy.revocations_generation()
     }
 
     /// Whether this node refuses `credential` as revoked now, by the
@@ -166,11 +163,11 @@ impl NodeHandle {
         &self,
         credential: &agentmesh_proto::pb::credential::Credential,
     ) -> bool {
-        let skew = i64::try_from(self.shared.config.credential_skew.as_secs()).unwrap_or(i64::MAX);
+        let skew = i64::try_from(self.node.config.credential_skew.as_secs()).unwrap_or(i64::MAX);
         matches!(
             agentmesh_proto::credential::verify(
                 credential,
-                &self.shared.trust(),
+                &self.node.trust(),
                 agentmesh_proto::unix_now(),
                 None,
                 skew,
@@ -183,10 +180,10 @@ impl NodeHandle {
     /// counter that moves on every change: a harness that wants to know
     /// *when* a change reached this node waits on it instead of polling.
     pub fn policy_changes(&self) -> watch::Receiver<u64> {
-        self.shared.policy.subscribe()
+        self.node.policy.subscribe()
     }
 
-    /// Resolves with the panic message if the node's core fails (see
+    /// Resolves with the panic message if the node's engine fails (see
     /// [`NodeStatus::failed`]); pending while it runs or stops normally.
     pub async fn failed(&self) -> String {
         let mut s = self.status();
@@ -215,7 +212,7 @@ impl NodeHandle {
     /// flight finish within `--shutdown-grace-secs`, then stop everything.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown_tx.send(true);
-        let c = &self.shared.config;
+        let c = &self.node.config;
         let limit = c.shutdown_grace + c.call_timeout + Duration::from_secs(5);
         let _ = tokio::time::timeout(limit, async {
             while self.core.join_next().await.is_some() {}
@@ -375,7 +372,7 @@ pub async fn spawn(
         metrics.register(&mut r);
         swarm.behaviour().stream.register_metrics(&mut r);
         // libp2p's own families (`libp2p_swarm_*`, `libp2p_ping_*`: one
-        // registry for everything a program serves), recorded by the core loop. Only in the registry
+        // registry for everything a program serves), recorded by the engine. Only in the registry
         // this node serves: an embedder running thousands of nodes without
         // `--metrics-addr` (the ladder) allocates none of them per node.
         p2p_metrics = Some(libp2p::metrics::Metrics::new(&mut r));
@@ -399,7 +396,7 @@ pub async fn spawn(
         .accept(StreamProtocol::new(POLICY))
         .map_err(|e| SpawnError::Swarm(e.to_string()))?;
 
-    let (cmd_tx, cmd_rx) = mpsc::channel(shared::COMMAND_QUEUE);
+    let (cmd_tx, cmd_rx) = mpsc::channel(node::COMMAND_QUEUE);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (status_tx, _) = watch::channel(NodeStatus::default());
     let inbound = Arc::new(call::inbound::Inbound::new(
@@ -409,7 +406,7 @@ pub async fn spawn(
         config.max_inbound_calls_per_caller,
     ));
     let member_policy = policy::MemberPolicy::new(metrics.policy.clone());
-    let shared = Arc::new(shared::Shared {
+    let node = Arc::new(node::Node {
         config,
         key: stored.key,
         peer_id,
@@ -430,18 +427,18 @@ pub async fn spawn(
     });
 
     let mut core_set = JoinSet::new();
-    let core = core::Core::new(
-        shared.clone(),
+    let engine = engine::Engine::new(
+        node.clone(),
         swarm,
         cmd_rx,
         goaways,
         policy_pushes,
         p2p_metrics,
     );
-    core_set.spawn(supervised(shared.clone(), core.run()).instrument(span.clone()));
+    core_set.spawn(supervised(node.clone(), engine.run()).instrument(span.clone()));
     let mut tasks = JoinSet::new();
     tasks.spawn(
-        call::inbound::accept_loop(shared.clone(), inbound, incoming).instrument(span.clone()),
+        call::inbound::accept_loop(node.clone(), inbound, incoming).instrument(span.clone()),
     );
     if let Some(stalls) = watchdog {
         let probe = agentmesh_runtime::watchdog::spawn(stalls);
@@ -453,21 +450,21 @@ pub async fn spawn(
         });
     }
     if let (Some(l), Some(reg)) = (metrics_listener, own_registry) {
-        tasks.spawn(http::serve(shared.clone(), reg, l).instrument(span.clone()));
+        tasks.spawn(http::serve(node.clone(), reg, l).instrument(span.clone()));
     }
-    let max_local = shared.config.max_forward_connections;
+    let max_local = node.config.max_forward_connections;
     if let Some(l) = socket_listener {
-        let limit = local::Limit::new(max_local, "socket", &shared.metrics);
-        tasks.spawn(socket::serve(shared.clone(), l, limit).instrument(span.clone()));
+        let limit = local::Limit::new(max_local, "socket", &node.metrics);
+        tasks.spawn(socket::serve(node.clone(), l, limit).instrument(span.clone()));
     }
     // One total for every --forward listener.
-    let forward_limit = local::Limit::new(max_local, "forward", &shared.metrics);
+    let forward_limit = local::Limit::new(max_local, "forward", &node.metrics);
     for (l, name) in forward_listeners {
         let limit = forward_limit.clone();
-        tasks.spawn(forward::serve(shared.clone(), l, name, limit).instrument(span.clone()));
+        tasks.spawn(forward::serve(node.clone(), l, name, limit).instrument(span.clone()));
     }
     Ok(NodeHandle {
-        shared,
+        node,
         shutdown_tx,
         core: core_set,
         tasks,
@@ -477,14 +474,14 @@ pub async fn spawn(
     })
 }
 
-/// Runs the node's core; if it panics (a bug here or in libp2p), the node
+/// Runs the node's engine; if it panics (a bug here or in libp2p), the node
 /// says so instead of looking alive: not ready, `failed` and `stopping` in
 /// its status (`/readyz` names the panic), an error in the log. Without
 /// this a member whose swarm task died kept its last status for good.
-async fn supervised(shared: Arc<shared::Shared>, core: impl std::future::Future<Output = ()>) {
+async fn supervised(node: Arc<node::Node>, core: impl std::future::Future<Output = ()>) {
     if let Err(why) = catch_panic(core).await {
-        tracing::error!(%why, "node core panicked: no router is held any more");
-        shared.status.send_modify(|s| {
+        tracing::error!(%why, "node engine panicked: no router is held any more");
+        node.status.send_modify(|s| {
             s.ready = false;
             s.stopping = true;
             s.failed = Some(why.chars().take(240).collect());

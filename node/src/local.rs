@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
 use crate::metrics::{ListenerLabel, Metrics};
-use crate::shared::Shared;
+use crate::node::Node;
 
 /// A listener of ours: what `accept()` hands out.
 pub(crate) trait Listener: Send + 'static {
@@ -114,7 +114,7 @@ impl Drop for Slot {
 /// an [`AcceptBackoff`] pause. On stop the listener closes first, then
 /// connections in progress get `--shutdown-grace-secs` to finish.
 pub(crate) async fn serve<L, H, F>(
-    shared: Arc<Shared>,
+    node: Arc<Node>,
     name: &'static str,
     listener: L,
     limit: Arc<Limit>,
@@ -124,14 +124,14 @@ pub(crate) async fn serve<L, H, F>(
     H: Fn(L::Conn) -> F,
     F: Future<Output = ()> + Send + 'static,
 {
-    let errors = shared
+    let errors = node
         .metrics
         .accept_errors
         .get_or_create(&ListenerLabel { listener: name })
         .clone();
     let mut backoff = AcceptBackoff::new();
     let mut conns = JoinSet::new();
-    let mut shutdown = shared.shutdown.clone();
+    let mut shutdown = node.shutdown.clone();
     loop {
         let accepted = tokio::select! {
             r = listener.next() => r,
@@ -168,7 +168,7 @@ pub(crate) async fn serve<L, H, F>(
     }
     // Stopping: accept nothing new; connections in progress finish within the grace.
     drop(listener);
-    let grace = shared.config.shutdown_grace;
+    let grace = node.config.shutdown_grace;
     let _ = tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
 }
 

@@ -91,7 +91,7 @@ pub const GOAWAY_RESULTS: &[&str] = &[
 /// reserved (`replaced`), or it closed our connection first (`router_closed`).
 pub const GOAWAY_RELEASE_REASONS: &[&str] = &["replaced", "router_closed"];
 /// How the connection to a router let go while calls streamed through it
-/// ended (see `core::linger`): its last call ended (`calls_done`), its
+/// ended (see `engine::linger`): its last call ended (`calls_done`), its
 /// go-away's retry-after ran out first (`deadline`, calls cut), or the
 /// router closed it (`router_closed`, at the end of its grace).
 pub const GOAWAY_LINGER_ENDS: &[&str] = &["calls_done", "deadline", "router_closed"];
@@ -126,7 +126,7 @@ pub const LOG_KINDS: &[&str] = &[
 /// Generic outcomes.
 pub const OUTCOMES: &[&str] = &["ok", "error"];
 /// Why a directory fetch started ([`Metrics::directory_fetches`]): its
-/// interval (or a failure's retry), or a hurry (`core::directory`): no
+/// interval (or a failure's retry), or a hurry (`engine::directory`): no
 /// router held, or short of K with no free candidate.
 pub const DIRECTORY_SCHEDULES: &[&str] = &["interval", "no_router", "short_of_k"];
 
@@ -212,7 +212,7 @@ pub struct Metrics {
     /// Routers that sent go-away let go, by reason ([`GOAWAY_RELEASE_REASONS`]).
     pub goaway_releases: Family<ReasonLabel, Counter>,
     /// Routers let go after their go-away but still connected because a
-    /// relayed connection through them carries a call (`core::linger`).
+    /// relayed connection through them carries a call (`engine::linger`).
     pub goaway_lingering: Gauge,
     /// How each such linger ended, by reason ([`GOAWAY_LINGER_ENDS`]).
     pub goaway_linger_ends: Family<ReasonLabel, Counter>,
@@ -249,11 +249,11 @@ pub struct Metrics {
     pub directory_fetches: Family<ScheduleLabel, Counter>,
     /// Shuns of routers that had left (go-away, DRAINING) ended because a
     /// directory fetched since showed them back, not draining, their lease
-    /// renewed (`core::shun`).
+    /// renewed (`engine::shun`).
     pub shuns_lifted: Counter,
     /// Calls that ended in the last minutes (for `agentmesh-node status`;
     /// not exported).
-    pub(crate) recent: std::sync::Arc<crate::recent::RecentCalls>,
+    pub(crate) recent: std::sync::Arc<crate::status::recent::RecentCalls>,
     /// The access policy's metrics (`policy_*`, `providers_skipped`).
     pub(crate) policy: crate::policy::metrics::PolicyMetrics,
     /// The gate of log lines a peer can cause ([`LOG_KINDS`]).

@@ -47,9 +47,9 @@ use rand::seq::SliceRandom as _;
 use tokio::time::Instant;
 
 use super::{CallError, CallRoute, CallStream};
-use crate::core::router_base;
+use crate::engine::router_base;
 use crate::metrics::DirectionLabel;
-use crate::shared::{Command, Shared, TransitError, Unanswered};
+use crate::node::{Command, Node, TransitError, Unanswered};
 use agentmesh_wire::ExchangeFailure;
 use agentmesh_wire::call::{self as call_wire, CallAnswer};
 use agentmesh_wire::catalog::{self, CatalogAnswer};
@@ -129,7 +129,7 @@ impl AttemptError {
     }
 }
 
-/// A failure to connect (see `Shared::connect`): a route failure through
+/// A failure to connect (see `Node::connect`): a route failure through
 /// `via` unless it timed out or the node is stopping.
 fn connect_error(detail: String, via: PeerId) -> AttemptError {
     let timed_out = detail.contains("within");
@@ -158,13 +158,13 @@ fn other_error(detail: String) -> AttemptError {
 }
 
 /// Calls `service`, counting the result.
-pub(crate) async fn call(shared: &Arc<Shared>, service: &str) -> Result<CallStream, CallError> {
-    let r = call_inner(shared, service).await;
+pub(crate) async fn call(node: &Arc<Node>, service: &str) -> Result<CallStream, CallError> {
+    let r = call_inner(node, service).await;
     let label = match &r {
         Ok(_) => "ok",
         Err(e) => e.result_label(),
     };
-    shared.metrics.call("outbound", label);
+    node.metrics.call("outbound", label);
     if let Err(e) = &r {
         tracing::debug!(service, error = %e, "call failed");
     }
@@ -172,7 +172,7 @@ pub(crate) async fn call(shared: &Arc<Shared>, service: &str) -> Result<CallStre
 }
 
 async fn lookup(
-    shared: &Arc<Shared>,
+    node: &Arc<Node>,
     service: &str,
     attached: &[(PeerId, Multiaddr)],
     budget: Budget,
@@ -188,10 +188,10 @@ async fn lookup(
             break;
         }
         match catalog::request(
-            shared.control.clone(),
+            node.control.clone(),
             *router,
             catalog::lookup(service, LOOKUP_LIMIT),
-            budget.cap(shared.config.call_timeout()),
+            budget.cap(node.config.call_timeout()),
         )
         .await
         {
@@ -231,17 +231,17 @@ impl From<CallError> for RoundError {
     }
 }
 
-async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, CallError> {
-    if shared.is_shutting_down() {
+async fn call_inner(node: &Arc<Node>, service: &str) -> Result<CallStream, CallError> {
+    if node.is_shutting_down() {
         return Err(CallError::ShuttingDown);
     }
-    let limit = shared.config.call_budget();
+    let limit = node.config.call_budget();
     let budget = Budget {
         deadline: Instant::now() + limit,
     };
     // Every step inside is cut to the deadline; this bounds what is not
-    // (the command queue to the core loop, anything added later).
-    match tokio::time::timeout_at(budget.deadline, rounds(shared, service, budget)).await {
+    // (the command queue to the engine, anything added later).
+    match tokio::time::timeout_at(budget.deadline, rounds(node, service, budget)).await {
         Ok(r) => r,
         Err(_) => Err(CallError::Failed {
             service: service.to_string(),
@@ -255,11 +255,7 @@ async fn call_inner(shared: &Arc<Shared>, service: &str) -> Result<CallStream, C
 
 /// A first round, up to [`MAX_ROUTE_RETRIES`] route retries and one retry
 /// after an empty lookup, all by `budget`.
-async fn rounds(
-    shared: &Arc<Shared>,
-    service: &str,
-    budget: Budget,
-) -> Result<CallStream, CallError> {
+async fn rounds(node: &Arc<Node>, service: &str, budget: Budget) -> Result<CallStream, CallError> {
     let mut avoid: HashSet<PeerId> = HashSet::new();
     let (mut route_retries, mut lookup_retried) = (0u32, false);
     // A stream failed on some connection to the provider: which one is not
@@ -268,7 +264,7 @@ async fn rounds(
     let mut earlier: Vec<String> = Vec::new();
     loop {
         let retry = route_retries > 0 || lookup_retried;
-        let failed = match round(shared, service, &avoid, retry, close_all, budget).await {
+        let failed = match round(node, service, &avoid, retry, close_all, budget).await {
             Ok(s) => return Ok(s),
             Err(e) => e,
         };
@@ -288,13 +284,12 @@ async fn rounds(
             }
             _ => return Err(with_earlier(failed.error, &earlier)),
         };
-        if shared.is_shutting_down() || Instant::now() + MIN_RETRY_TIME > budget.deadline {
+        if node.is_shutting_down() || Instant::now() + MIN_RETRY_TIME > budget.deadline {
             return Err(with_earlier(failed.error, &earlier));
         }
         // No provider answered: once more, on a fresh lookup, avoiding the
         // routers whose routes failed.
-        shared
-            .metrics
+        node.metrics
             .call_retries
             .get_or_create(&crate::metrics::ReasonLabel { reason })
             .inc();
@@ -333,17 +328,15 @@ fn with_earlier(error: CallError, earlier: &[String]) -> CallError {
 /// signed by a key we do not know yet re-fetches the keys once (rate
 /// limited) and is checked again.
 async fn owners(
-    shared: &Shared,
+    node: &Node,
     verified: Vec<(ServiceRecord, PeerId)>,
     now: i64,
 ) -> Vec<(ServiceRecord, PeerId)> {
-    let skew = shared.config.credential_skew.as_secs() as i64;
+    let skew = node.config.credential_skew.as_secs() as i64;
     let check = |record: &ServiceRecord, provider: &PeerId, trust: &Trust| {
-        shared
-            .policy
-            .check_record(record, provider, trust, now, skew)
+        node.policy.check_record(record, provider, trust, now, skew)
     };
-    let trust = shared.trust();
+    let trust = node.trust();
     let unknown_key = |r: &Result<(), OwnershipError>| {
         matches!(
             r,
@@ -357,8 +350,8 @@ async fn owners(
             (record, provider, r)
         })
         .collect();
-    let retry = first.iter().any(|(_, _, r)| unknown_key(r)) && shared.refetch_keys().await;
-    let trust = shared.trust();
+    let retry = first.iter().any(|(_, _, r)| unknown_key(r)) && node.refetch_keys().await;
+    let trust = node.trust();
     first
         .into_iter()
         .filter_map(|(record, provider, r)| {
@@ -383,19 +376,19 @@ async fn owners(
 /// relayed connections to a provider through routers it no longer lists
 /// (or in `avoid`) are closed before the new circuit.
 async fn round(
-    shared: &Arc<Shared>,
+    node: &Arc<Node>,
     service: &str,
     avoid: &HashSet<PeerId>,
     retry: bool,
     close_all: bool,
     budget: Budget,
 ) -> Result<CallStream, RoundError> {
-    let view = shared
-        .routes(budget.cap(shared.config.connect_timeout()))
+    let view = node
+        .routes(budget.cap(node.config.connect_timeout()))
         .await
         .map_err(|e| match e {
-            crate::shared::Unanswered::Stopping => CallError::ShuttingDown,
-            e @ crate::shared::Unanswered::TimedOut(_) => CallError::LookupFailed {
+            crate::node::Unanswered::Stopping => CallError::ShuttingDown,
+            e @ crate::node::Unanswered::TimedOut(_) => CallError::LookupFailed {
                 service: service.to_string(),
                 detail: e.to_string(),
             },
@@ -405,12 +398,12 @@ async fn round(
     let avoid = &avoid;
     let mut attached = view.attached;
     if attached.is_empty() {
-        let why = shared.status.borrow().readyz_line();
+        let why = node.status.borrow().readyz_line();
         return Err(CallError::NotReady(why.trim_end().to_string()).into());
     }
     attached.shuffle(&mut rand::thread_rng());
     attached.sort_by_key(|(r, _)| avoid.contains(r));
-    let found = lookup(shared, service, &attached, budget).await?;
+    let found = lookup(node, service, &attached, budget).await?;
 
     // Verified records naming the service that prove their provider owns
     // it, newest per provider, never us.
@@ -420,12 +413,12 @@ async fn round(
         let Ok((record, provider)) = verify_record(signed, now) else {
             continue;
         };
-        if provider == shared.peer_id || !record.services.iter().any(|s| s == service) {
+        if provider == node.peer_id || !record.services.iter().any(|s| s == service) {
             continue;
         }
         verified.push((record, provider));
     }
-    let owned = owners(shared, verified, now).await;
+    let owned = owners(node, verified, now).await;
     let mut by_provider: HashMap<PeerId, (i64, Vec<PeerId>)> = HashMap::new();
     for (record, provider) in owned {
         let routers: Vec<PeerId> = record
@@ -440,8 +433,7 @@ async fn round(
             *e = (record.issued_at_unix_secs, routers);
         }
     }
-    shared
-        .seen
+    node.seen
         .looked_up(service, by_provider.len(), Instant::now());
     let attached_map: HashMap<PeerId, Multiaddr> = attached.into_iter().collect();
     let mut providers: Vec<(PeerId, Vec<PeerId>)> =
@@ -458,7 +450,7 @@ async fn round(
             .any(|r| attached_map.contains_key(r) && !avoid.contains(r))
     });
 
-    let attempts = shared.config.call_attempts.max(1);
+    let attempts = node.config.call_attempts.max(1);
     let mut last = None;
     let mut routes = Vec::new();
     let mut tried = 0;
@@ -475,7 +467,7 @@ async fn round(
             close_all,
             budget,
         };
-        match attempt(shared, service, provider, &routers, route).await {
+        match attempt(node, service, provider, &routers, route).await {
             Ok(s) => return Ok(s),
             Err(e) if e.denied => {
                 // A policy refusal: every provider and router would say
@@ -511,18 +503,18 @@ async fn round(
     })
 }
 
-/// Becomes admitted for transit at `router`: the core loop, which owns
+/// Becomes admitted for transit at `router`: the engine, which owns
 /// every admission, connects and authenticates (or reuses an admission
 /// it holds on the same connection, or a router it holds for attach).
 async fn transit(
-    shared: &Arc<Shared>,
+    node: &Arc<Node>,
     router: PeerId,
     addrs: Vec<Multiaddr>,
     budget: Budget,
 ) -> Result<(), AttemptError> {
-    let connect_limit = budget.cap(shared.config.connect_timeout());
-    let auth_limit = budget.cap(shared.config.call_timeout());
-    let answer = shared
+    let connect_limit = budget.cap(node.config.connect_timeout());
+    let auth_limit = budget.cap(node.config.call_timeout());
+    let answer = node
         .ask(connect_limit + auth_limit, |reply| Command::Transit {
             router,
             addrs,
@@ -563,7 +555,7 @@ struct Route<'a> {
 }
 
 async fn attempt(
-    shared: &Arc<Shared>,
+    node: &Arc<Node>,
     service: &str,
     provider: PeerId,
     routers: &[PeerId],
@@ -597,7 +589,7 @@ async fn attempt(
     let (via, addr, is_transit) = if let Some(r) = fresh {
         (*r, attached[r].clone(), false)
     } else if let Some((t, addrs)) = transit_via {
-        transit(shared, t, addrs.clone(), budget).await?;
+        transit(node, t, addrs.clone(), budget).await?;
         (t, addrs[0].clone(), true)
     } else if let Some(r) = shared_with_us.first() {
         // Only avoided routers are left: better them than nothing.
@@ -613,7 +605,7 @@ async fn attempt(
         .with(Protocol::P2p(provider));
     // From here until the call ends, the connection to the provider is in
     // use: never closed for idleness (see `crate::peer_calls`).
-    let mut peer_call = shared.peer_calls.begin(provider);
+    let mut peer_call = node.peer_calls.begin(provider);
     let keep_via = retry.then(|| {
         routers
             .iter()
@@ -631,39 +623,38 @@ async fn attempt(
         .filter(|r| **r == via || !avoid.contains(r))
         .copied()
         .collect();
-    shared
-        .connect(
-            provider,
-            vec![circuit],
-            keep_via,
-            Some(listed),
-            budget.cap(shared.config.connect_timeout()),
-        )
-        .await
-        .map_err(|e| {
-            if e.denied {
-                AttemptError {
-                    detail: super::refusal::explain(shared, service, via, provider),
-                    refused: false,
-                    timed_out: false,
-                    route: None,
-                    denied: true,
-                }
-            } else {
-                connect_error(explain_circuit_failure(e.detail, via, provider), via)
+    node.connect(
+        provider,
+        vec![circuit],
+        keep_via,
+        Some(listed),
+        budget.cap(node.config.connect_timeout()),
+    )
+    .await
+    .map_err(|e| {
+        if e.denied {
+            AttemptError {
+                detail: super::refusal::explain(node, service, via, provider),
+                refused: false,
+                timed_out: false,
+                route: None,
+                denied: true,
             }
-        })?;
+        } else {
+            connect_error(explain_circuit_failure(e.detail, via, provider), via)
+        }
+    })?;
     let (answer, stream, conn) = call_wire::request(
-        shared.control.clone(),
+        node.control.clone(),
         provider,
         service,
-        shared.credential(),
-        budget.cap(shared.config.call_timeout()),
+        node.credential(),
+        budget.cap(node.config.call_timeout()),
     )
     .await
     .map_err(|e| AttemptError::wire(e, "stream_failed", via))?;
     // Counted on its connection: a router let go after its go-away stays
-    // connected while this call streams through it (`core::linger`).
+    // connected while this call streams through it (`engine::linger`).
     peer_call.carried_by(conn);
     if let CallAnswer::Refused(refusal, detail) = answer {
         return Err(AttemptError {
@@ -677,7 +668,7 @@ async fn attempt(
             denied: false,
         });
     }
-    let m = &shared.metrics;
+    let m = &node.metrics;
     Ok(CallStream::new(
         stream,
         CallRoute {
@@ -694,7 +685,7 @@ async fn attempt(
                 direction: "received",
             })
             .clone(),
-        shared.in_flight_guard(),
+        node.in_flight_guard(),
         peer_call,
     ))
 }

@@ -23,7 +23,7 @@ pub enum RunError {
     /// The signal handlers could not be installed.
     #[error("installing signal handlers: {0}")]
     Signal(#[source] std::io::Error),
-    /// The node's core stopped; exiting lets a supervisor restart a node
+    /// The node's engine stopped; exiting lets a supervisor restart a node
     /// that can no longer attach.
     #[error("node core failed: {0}")]
     CoreFailed(String),

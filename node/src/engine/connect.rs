@@ -6,7 +6,7 @@
 //! bounded ([`MAX_WAITERS`]); each is answered when its connection comes
 //! up, its dial fails, or (the asker having given up) dropped.
 //!
-//! [`Command::Connect`]: crate::shared::Command::Connect
+//! [`Command::Connect`]: crate::node::Command::Connect
 
 use std::collections::HashMap;
 
@@ -15,8 +15,8 @@ use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::{Multiaddr, PeerId};
 use tokio::sync::oneshot;
 
-use super::Core;
-use crate::shared::ConnectFailure;
+use super::Engine;
+use crate::node::ConnectFailure;
 
 /// Most connection waiters held at once (call tasks waiting for a dial).
 pub(crate) const MAX_WAITERS: usize = 4096;
@@ -90,7 +90,7 @@ impl Waits {
     }
 }
 
-impl Core {
+impl Engine {
     pub(super) fn on_connect(
         &mut self,
         peer: PeerId,

@@ -1,8 +1,9 @@
-//! State shared by the node's tasks: identity, credential, trust, and the
-//! bounded command queue to the core loop, which owns everything about
+//! [`Node`]: one node as each of its tasks holds it (`Arc<Node>`): its
+//! identity, credential, trust, configuration, metrics and status, and its
+//! bounded command queue to the engine, which owns everything about
 //! routers, connections and admissions (transit included). Call tasks ask
-//! the core and wait for its answer with a deadline; nothing the core holds
-//! is copied here.
+//! the engine and wait for its answer with a deadline; nothing the engine
+//! holds is copied here.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -23,14 +24,14 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::status::NodeStatus;
 
-/// Queue of commands to the core loop.
+/// Queue of commands to the engine.
 pub(crate) const COMMAND_QUEUE: usize = 256;
 /// Keys are re-fetched for an unknown key id at most this often.
 pub(crate) const KEY_REFETCH_INTERVAL: Duration = Duration::from_secs(30);
 
-/// What other tasks ask of the core loop (which owns the swarm). Each
+/// What other tasks ask of the engine (which owns the swarm). Each
 /// carries its reply channel; the asker bounds its wait (see
-/// [`Shared::ask`]), and a reply whose asker gave up is dropped.
+/// [`Node::ask`]), and a reply whose asker gave up is dropped.
 #[derive(Debug)]
 pub(crate) enum Command {
     /// Be connected to `peer` (dial `addrs` unless already connected).
@@ -63,18 +64,18 @@ pub(crate) enum Command {
     },
     /// What the node holds, for `agentmesh-node status`.
     Report {
-        reply: oneshot::Sender<crate::report::Report>,
+        reply: oneshot::Sender<crate::status::report::Report>,
     },
 }
 
-/// The core's answer to [`Command::Routes`]: a snapshot for one call round.
+/// The engine's answer to [`Command::Routes`]: a snapshot for one call round.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Routes {
     /// Routers with an active reservation, with the address we reached them at.
     pub(crate) attached: Vec<(PeerId, Multiaddr)>,
     /// Held routers that sent go-away (being replaced), and routers let go
     /// after it that stay connected for the calls through them
-    /// (`core::linger`): calls route around them when they can.
+    /// (`engine::linger`): calls route around them when they can.
     pub(crate) leaving: HashSet<PeerId>,
     /// Router addresses from the directory (and go-away alternatives).
     pub(crate) directory: Arc<HashMap<PeerId, Vec<Multiaddr>>>,
@@ -84,7 +85,7 @@ pub(crate) struct Routes {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{detail}")]
 pub(crate) struct ConnectFailure {
-    /// What went wrong, as libp2p (or the core) said it.
+    /// What went wrong, as libp2p (or the engine) said it.
     pub(crate) detail: String,
     /// The relay refused the circuit with PERMISSION_DENIED: the router
     /// refused it by its access policy (its muxer answers the relay so).
@@ -105,7 +106,7 @@ impl ConnectFailure {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum TransitError {
     /// No connection to the router (the detail says why, as
-    /// [`Shared::connect`] does).
+    /// [`Node::connect`] does).
     #[error("{0}")]
     Connect(String),
     /// The auth exchange failed.
@@ -121,8 +122,8 @@ pub(crate) enum TransitError {
     },
 }
 
-/// Everything the node's tasks share.
-pub(crate) struct Shared {
+/// One node as its tasks hold it.
+pub(crate) struct Node {
     pub(crate) config: Config,
     pub(crate) key: Keypair,
     pub(crate) peer_id: PeerId,
@@ -134,8 +135,8 @@ pub(crate) struct Shared {
     pub(crate) keys_fetched_at: Mutex<Option<Instant>>,
     pub(crate) cmd: mpsc::Sender<Command>,
     pub(crate) shutdown: watch::Receiver<bool>,
-    /// The node's status, readiness included, published by the core loop
-    /// (and by the supervisor when the core panics).
+    /// The node's status, readiness included, published by the engine
+    /// (and by the supervisor when the engine panics).
     pub(crate) status: watch::Sender<NodeStatus>,
     /// Calls in flight (inbound, forwarded, handed out); shutdown waits for 0.
     pub(crate) in_flight: Arc<AtomicUsize>,
@@ -150,7 +151,7 @@ pub(crate) struct Shared {
     pub(crate) policy: crate::policy::MemberPolicy,
 }
 
-impl Shared {
+impl Node {
     pub(crate) fn credential(&self) -> Credential {
         self.credential.read().clone()
     }
@@ -196,9 +197,9 @@ impl Shared {
         }
     }
 
-    /// Sends `cmd` (built around a fresh reply channel) to the core loop
+    /// Sends `cmd` (built around a fresh reply channel) to the engine
     /// and waits for the answer, both within `limit`. `None`: the node is
-    /// stopping or the core did not answer in time (`timed_out`).
+    /// stopping or the engine did not answer in time (`timed_out`).
     pub(crate) async fn ask<T>(
         &self,
         limit: Duration,
@@ -217,12 +218,12 @@ impl Shared {
             .map_err(|_| Unanswered::TimedOut(limit))?
     }
 
-    /// The routers a call may use now, asked of the core within `limit`.
+    /// The routers a call may use now, asked of the engine within `limit`.
     pub(crate) async fn routes(&self, limit: Duration) -> Result<Routes, Unanswered> {
         self.ask(limit, |reply| Command::Routes { reply }).await
     }
 
-    /// Asks the core loop to connect to `peer` and waits, up to `limit`
+    /// Asks the engine to connect to `peer` and waits, up to `limit`
     /// (the connect timeout, or less: what is left of a call's budget).
     /// With `keep_via`, relayed connections to `peer` through other
     /// routers are closed first; with `listed`, a peer reached only through
@@ -252,11 +253,11 @@ impl Shared {
     }
 
     /// The services this node exposes, for the status.
-    pub(crate) fn exposed(&self) -> Vec<crate::report::Exposed> {
+    pub(crate) fn exposed(&self) -> Vec<crate::status::report::Exposed> {
         self.config
             .expose
             .iter()
-            .map(|(name, backend)| crate::report::Exposed {
+            .map(|(name, backend)| crate::status::report::Exposed {
                 name: name.clone(),
                 backend: backend.to_string(),
             })
@@ -264,10 +265,10 @@ impl Shared {
     }
 
     /// The `--forward` listeners, for the status.
-    pub(crate) fn forwarded(&self) -> Vec<crate::report::Forwarded> {
+    pub(crate) fn forwarded(&self) -> Vec<crate::status::report::Forwarded> {
         self.forwards
             .iter()
-            .map(|(listen, service)| crate::report::Forwarded {
+            .map(|(listen, service)| crate::status::report::Forwarded {
                 listen: listen.to_string(),
                 service: service.clone(),
             })
@@ -275,16 +276,16 @@ impl Shared {
     }
 
     /// What `agentmesh-node services` lists.
-    pub(crate) fn services(&self) -> crate::report::Services {
+    pub(crate) fn services(&self) -> crate::status::report::Services {
         let now = Instant::now();
-        crate::report::Services {
+        crate::status::report::Services {
             exposed: self.exposed(),
             forwarded: self.forwarded(),
             seen: self
                 .seen
                 .list()
                 .into_iter()
-                .map(|(name, providers, at)| crate::report::SeenService {
+                .map(|(name, providers, at)| crate::status::report::SeenService {
                     name,
                     providers,
                     looked_up_secs_ago: now.saturating_duration_since(at).as_secs(),
@@ -299,14 +300,14 @@ impl Shared {
     }
 }
 
-/// The core loop gave no answer.
+/// The engine gave no answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Unanswered {
-    /// The command queue or the reply channel closed: the core is stopping.
+    /// The command queue or the reply channel closed: the engine is stopping.
     #[error("node is stopping")]
     Stopping,
     /// No answer within the deadline.
-    #[error("the node's core did not answer within {0:?}")]
+    #[error("the node's engine did not answer within {0:?}")]
     TimedOut(Duration),
 }
 
