@@ -44,8 +44,6 @@ KNOWN = {
     ('ladder/src/run.rs', 'run'),
     ('ladder/src/worker/mod.rs', 'run'),
     ('node/src/call/inbound.rs', 'serve'),
-    ('node/src/call/outbound.rs', 'round'),
-    ('node/src/call/outbound.rs', 'attempt'),
     ('node/src/config.rs', 'Config'),
     ('node/src/lib.rs', 'spawn'),
     ('node/src/metrics.rs', 'register'),

@@ -13,6 +13,7 @@
 
 mod call;
 pub mod cli;
+mod command;
 pub mod config;
 mod engine;
 mod enroll;
@@ -396,7 +397,7 @@ pub async fn spawn(
         .accept(StreamProtocol::new(POLICY))
         .map_err(|e| SpawnError::Swarm(e.to_string()))?;
 
-    let (cmd_tx, cmd_rx) = mpsc::channel(node::COMMAND_QUEUE);
+    let (cmd_tx, cmd_rx) = mpsc::channel(command::COMMAND_QUEUE);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (status_tx, _) = watch::channel(NodeStatus::default());
     let inbound = Arc::new(call::inbound::Inbound::new(

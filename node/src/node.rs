@@ -5,7 +5,6 @@
 //! the engine and wait for its answer with a deadline; nothing the engine
 //! holds is copied here.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -20,107 +19,13 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use crate::command::{Command, ConnectError, Routes, Unanswered};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::status::NodeStatus;
 
-/// Queue of commands to the engine.
-pub(crate) const COMMAND_QUEUE: usize = 256;
 /// Keys are re-fetched for an unknown key id at most this often.
 pub(crate) const KEY_REFETCH_INTERVAL: Duration = Duration::from_secs(30);
-
-/// What other tasks ask of the engine (which owns the swarm). Each
-/// carries its reply channel; the asker bounds its wait (see
-/// [`Node::ask`]), and a reply whose asker gave up is dropped.
-#[derive(Debug)]
-pub(crate) enum Command {
-    /// Be connected to `peer` (dial `addrs` unless already connected).
-    /// With `keep_via`, relayed connections to `peer` through other routers
-    /// are closed first, and the reply waits until they are gone. With
-    /// `listed` (the routers the peer's record names), a peer we reach only
-    /// through other routers (ones it left or is leaving) is dialed anew
-    /// and the reply waits for the new connection, which the next stream
-    /// uses (`agentmesh-streams` opens on the newest); the old ones are left
-    /// to finish their calls.
-    Connect {
-        peer: PeerId,
-        addrs: Vec<Multiaddr>,
-        keep_via: Option<Vec<PeerId>>,
-        listed: Option<Vec<PeerId>>,
-        reply: oneshot::Sender<Result<(), ConnectFailure>>,
-    },
-    /// The routers a call may use now (see [`Routes`]).
-    Routes { reply: oneshot::Sender<Routes> },
-    /// Be connected to `router` (at `addrs`) and admitted there for
-    /// transit, unless it is one we hold (admitted for attach) or already
-    /// admitted us for transit on this connection. The connect waits at
-    /// most `connect_limit`, the auth exchange at most `auth_limit`.
-    Transit {
-        router: PeerId,
-        addrs: Vec<Multiaddr>,
-        connect_limit: Duration,
-        auth_limit: Duration,
-        reply: oneshot::Sender<Result<(), TransitError>>,
-    },
-    /// What the node holds, for `agentmesh-node status`.
-    Report {
-        reply: oneshot::Sender<crate::status::report::Report>,
-    },
-}
-
-/// The engine's answer to [`Command::Routes`]: a snapshot for one call round.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Routes {
-    /// Routers with an active reservation, with the address we reached them at.
-    pub(crate) attached: Vec<(PeerId, Multiaddr)>,
-    /// Held routers that sent go-away (being replaced), and routers let go
-    /// after it that stay connected for the calls through them
-    /// (`engine::linger`): calls route around them when they can.
-    pub(crate) leaving: HashSet<PeerId>,
-    /// Router addresses from the directory (and go-away alternatives).
-    pub(crate) directory: Arc<HashMap<PeerId, Vec<Multiaddr>>>,
-}
-
-/// Why a connection request failed (see [`Command::Connect`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{detail}")]
-pub(crate) struct ConnectFailure {
-    /// What went wrong, as libp2p (or the engine) said it.
-    pub(crate) detail: String,
-    /// The relay refused the circuit with PERMISSION_DENIED: the router
-    /// refused it by its access policy (its muxer answers the relay so).
-    pub(crate) denied: bool,
-}
-
-impl ConnectFailure {
-    /// A failure that is not a policy refusal.
-    pub(crate) fn other(detail: impl Into<String>) -> Self {
-        Self {
-            detail: detail.into(),
-            denied: false,
-        }
-    }
-}
-
-/// Why a transit admission failed (see [`Command::Transit`]).
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum TransitError {
-    /// No connection to the router (the detail says why, as
-    /// [`Node::connect`] does).
-    #[error("{0}")]
-    Connect(String),
-    /// The auth exchange failed.
-    #[error(transparent)]
-    Wire(#[from] agentmesh_wire::auth::AuthError),
-    /// The router answered, and not with an admission.
-    #[error("router {router} refused transit: {outcome}")]
-    Refused {
-        /// The router.
-        router: PeerId,
-        /// Its answer.
-        outcome: String,
-    },
-}
 
 /// One node as its tasks hold it.
 pub(crate) struct Node {
@@ -235,7 +140,7 @@ impl Node {
         keep_via: Option<Vec<PeerId>>,
         listed: Option<Vec<PeerId>>,
         limit: Duration,
-    ) -> Result<(), ConnectFailure> {
+    ) -> Result<(), ConnectError> {
         self.ask(limit, |reply| Command::Connect {
             peer,
             addrs,
@@ -244,12 +149,7 @@ impl Node {
             reply,
         })
         .await
-        .map_err(|e| match e {
-            Unanswered::Stopping => ConnectFailure::other("node is stopping"),
-            Unanswered::TimedOut(d) => {
-                ConnectFailure::other(format!("no connection to {peer} within {d:?}"))
-            }
-        })?
+        .map_err(|e| ConnectError::unanswered(peer, e))?
     }
 
     /// The services this node exposes, for the status.
@@ -298,17 +198,6 @@ impl Node {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(self.in_flight.clone())
     }
-}
-
-/// The engine gave no answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum Unanswered {
-    /// The command queue or the reply channel closed: the engine is stopping.
-    #[error("node is stopping")]
-    Stopping,
-    /// No answer within the deadline.
-    #[error("the node's engine did not answer within {0:?}")]
-    TimedOut(Duration),
 }
 
 /// Counts one call in flight while alive.

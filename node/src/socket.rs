@@ -115,7 +115,7 @@ async fn handle(node: &Arc<Node>, conn: UnixStream) -> std::io::Result<()> {
         let body = if line == "STATUS" {
             let limit = node.config.call_timeout();
             match node
-                .ask(limit, |reply| crate::node::Command::Report { reply })
+                .ask(limit, |reply| crate::command::Command::Report { reply })
                 .await
             {
                 Ok(report) => serde_json::to_string(&report).map_err(std::io::Error::other)?,

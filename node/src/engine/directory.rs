@@ -130,7 +130,7 @@ pub(crate) struct Directory {
     have: bool,
     /// Routers from the directory, then go-away alternatives not in it.
     candidates: Vec<Candidate>,
-    /// Their addresses, shared with call tasks in [`crate::node::Routes`].
+    /// Their addresses, shared with call tasks in [`crate::command::Routes`].
     addrs: Arc<HashMap<PeerId, Vec<Multiaddr>>>,
     /// The key set last written to the data dir (by this schedule).
     keys_stored: Option<KeySet>,

@@ -169,12 +169,7 @@ impl Engine {
         }
         let deadline = self.node.config.call_timeout();
         self.ops.push(Box::pin(async move {
-            let result = goaway::receive(&mut stream, deadline)
-                .await
-                .map_err(|e| match e {
-                    GoAwayError::Timeout(_) => "go-away not received in time".to_string(),
-                    e => e.to_string(),
-                });
+            let result = goaway::receive(&mut stream, deadline).await;
             Op::GoAway {
                 router: peer,
                 result,
@@ -182,7 +177,7 @@ impl Engine {
         }));
     }
 
-    pub(super) fn on_goaway(&mut self, router: PeerId, result: Result<GoAway, String>) {
+    pub(super) fn on_goaway(&mut self, router: PeerId, result: Result<GoAway, GoAwayError>) {
         self.goaway.finished();
         let g = match result {
             Ok(g) => g,

@@ -46,7 +46,8 @@ use rand::Rng;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::node::{Command, Node, Routes};
+use crate::command::{Command, Routes};
+use crate::node::Node;
 use crate::transport::{Behaviour, BehaviourEvent};
 use agentmesh_wire::auth::{AuthError, AuthOutcome};
 use agentmesh_wire::catalog::{CatalogAnswer, CatalogError};
@@ -78,14 +79,14 @@ pub(crate) enum Op {
     TopUp,
     GoAway {
         router: PeerId,
-        result: Result<agentmesh_proto::pb::mesh::GoAway, String>,
+        result: Result<agentmesh_proto::pb::mesh::GoAway, agentmesh_wire::goaway::GoAwayError>,
     },
     Directory(Box<Result<(GetDirectoryResponse, KeySet), directory::FetchError>>),
     Refresh(Box<Result<RefreshResponse, ClientError>>),
     /// A transit request's connection is up (or failed).
     TransitConnected {
         router: PeerId,
-        connected: Result<(), String>,
+        connected: Result<(), crate::command::ConnectError>,
         auth_limit: Duration,
         reply: transit::Reply,
     },

@@ -1,7 +1,7 @@
 //! The engine's answer to [`Command::Report`]: what it holds, for
 //! `agentmesh-node status`.
 //!
-//! [`Command::Report`]: crate::node::Command::Report
+//! [`Command::Report`]: crate::command::Command::Report
 
 use std::sync::atomic::Ordering;
 

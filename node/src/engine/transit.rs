@@ -7,7 +7,7 @@
 //! router keeps the latest purpose, and transit would cost us the
 //! reservation.
 //!
-//! [`Command::Transit`]: crate::node::Command::Transit
+//! [`Command::Transit`]: crate::command::Command::Transit
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -17,7 +17,7 @@ use libp2p::{Multiaddr, PeerId};
 use tokio::sync::oneshot;
 
 use super::{Engine, Op};
-use crate::node::TransitError;
+use crate::command::{ConnectError, TransitError};
 use agentmesh_wire::auth::{self, AuthError, AuthOutcome};
 
 /// A reply to a transit request.
@@ -79,11 +79,12 @@ impl Engine {
         self.on_connect(router, addrs, None, None, tx);
         self.ops.push(Box::pin(async move {
             let connected = match tokio::time::timeout(connect_limit, rx).await {
-                Ok(Ok(r)) => r.map_err(|e| e.to_string()),
-                Ok(Err(_)) => Err("node is stopping".to_string()),
-                Err(_) => Err(format!(
-                    "no connection to {router} within {connect_limit:?}"
-                )),
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(ConnectError::Stopping),
+                Err(_) => Err(ConnectError::TimedOut {
+                    peer: router,
+                    after: connect_limit,
+                }),
             };
             Op::TransitConnected {
                 router,
@@ -97,7 +98,7 @@ impl Engine {
     pub(super) fn on_transit_connected(
         &mut self,
         router: PeerId,
-        connected: Result<(), String>,
+        connected: Result<(), ConnectError>,
         auth_limit: Duration,
         reply: Reply,
     ) {
@@ -140,7 +141,7 @@ impl Engine {
             }
             Ok(other) => Err(TransitError::Refused {
                 router,
-                outcome: format!("{other:?}"),
+                outcome: Box::new(other),
             }),
             Err(e) => Err(TransitError::Wire(e)),
         };
