@@ -61,10 +61,15 @@ impl Limit {
         Arc::new(Self {
             slots: Arc::new(Semaphore::new(max.max(1))),
             active: metrics
+                .local
                 .local_connections_active
                 .get_or_create(&label)
                 .clone(),
-            waits: metrics.local_connection_waits.get_or_create(&label).clone(),
+            waits: metrics
+                .local
+                .local_connection_waits
+                .get_or_create(&label)
+                .clone(),
         })
     }
 
@@ -126,6 +131,7 @@ pub(crate) async fn serve<L, H, F>(
 {
     let errors = node
         .metrics
+        .local
         .accept_errors
         .get_or_create(&ListenerLabel { listener: name })
         .clone();
@@ -185,22 +191,43 @@ mod tests {
             listener: "forward",
         };
         let first = limit.acquire().now_or_never().expect("a free slot");
-        assert_eq!(m.local_connections_active.get_or_create(&label).get(), 1);
-        assert_eq!(m.local_connection_waits.get_or_create(&label).get(), 0);
+        assert_eq!(
+            m.local.local_connections_active.get_or_create(&label).get(),
+            1
+        );
+        assert_eq!(
+            m.local.local_connection_waits.get_or_create(&label).get(),
+            0
+        );
 
         let mut second = Box::pin(limit.acquire());
         assert!(
             (&mut second).now_or_never().is_none(),
             "over the bound: waits"
         );
-        assert_eq!(m.local_connection_waits.get_or_create(&label).get(), 1);
+        assert_eq!(
+            m.local.local_connection_waits.get_or_create(&label).get(),
+            1
+        );
         drop(first);
         let second = second.now_or_never().expect("the freed slot");
-        assert_eq!(m.local_connections_active.get_or_create(&label).get(), 1);
+        assert_eq!(
+            m.local.local_connections_active.get_or_create(&label).get(),
+            1
+        );
         drop(second);
-        assert_eq!(m.local_connections_active.get_or_create(&label).get(), 0);
+        assert_eq!(
+            m.local.local_connections_active.get_or_create(&label).get(),
+            0
+        );
         // The other listener's series is its own.
         let socket = ListenerLabel { listener: "socket" };
-        assert_eq!(m.local_connections_active.get_or_create(&socket).get(), 0);
+        assert_eq!(
+            m.local
+                .local_connections_active
+                .get_or_create(&socket)
+                .get(),
+            0
+        );
     }
 }

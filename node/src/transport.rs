@@ -77,6 +77,50 @@ fn direct(
     Ok((direct, relay_client))
 }
 
+/// The yamux receive-window limits `config` asks for.
+pub(crate) fn window_limits(config: &crate::config::Config) -> WindowLimits {
+    WindowLimits {
+        max_streams: config.yamux_max_streams,
+        connection_window_bytes: config.yamux_connection_window_kib.saturating_mul(1024),
+    }
+}
+
+/// Builds the node's swarm from its config, `yamux_inbound_streams_dropped`
+/// counting in `metrics`.
+pub(crate) async fn build(
+    config: &crate::config::Config,
+    key: &Keypair,
+    metrics: &crate::metrics::Metrics,
+) -> Result<Swarm<Behaviour>, crate::SpawnError> {
+    use crate::config::MIN_TIMEOUT;
+    let yamux_dropped = metrics
+        .yamux_inbound_streams_dropped
+        .get_or_create(&crate::metrics::ReasonLabel {
+            reason: "buffer_full",
+        })
+        .clone();
+    build_swarm(
+        key,
+        config.dial_source_ip,
+        config.connect_timeout(),
+        config.idle_connection.max(MIN_TIMEOUT),
+        ping::Config::new()
+            .with_interval(config.ping_interval.max(MIN_TIMEOUT))
+            .with_timeout(config.ping_timeout.max(MIN_TIMEOUT)),
+        agentmesh_streams::Config {
+            inbound_queue_per_protocol: config.stream_inbound_queue_per_protocol,
+        },
+        agentmesh_streams::PendingOpenLimits {
+            max_pending_opens_per_peer: config.stream_max_pending_opens_per_peer,
+            max_pending_opens_total: config.stream_max_pending_opens_total,
+        },
+        window_limits(config),
+        yamux_dropped,
+    )
+    .await
+    .map_err(|e| crate::SpawnError::Swarm(e.to_string()))
+}
+
 /// Builds the swarm for `key`. `idle` closes connections without streams or
 /// reservations after that long (transit connections, finished circuits).
 ///

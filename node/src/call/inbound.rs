@@ -134,11 +134,23 @@ impl Inbound {
 /// task holding a request slot until its request is read. Tasks are
 /// bounded by the call limit plus the request slots; a stream refused here
 /// (no slot for its caller, or that bound) is dropped unanswered, counted.
-pub(crate) async fn accept_loop(
+/// Starts the inbound-call acceptor, watched as task `inbound_calls`.
+pub(crate) fn spawn(
     node: Arc<Node>,
-    inbound: Arc<Inbound>,
-    mut incoming: IncomingStreams,
+    incoming: IncomingStreams,
+    tasks: &mut crate::supervise::Tasks,
 ) {
+    let c = &node.config;
+    let inbound = Arc::new(Inbound::new(
+        &c.expose,
+        &c.allow,
+        c.max_inbound_calls,
+        c.max_inbound_calls_per_caller,
+    ));
+    tasks.spawn("inbound_calls", accept_loop(node, inbound, incoming));
+}
+
+async fn accept_loop(node: Arc<Node>, inbound: Arc<Inbound>, mut incoming: IncomingStreams) {
     let mut calls = JoinSet::new();
     let requests = node.config.max_inbound_call_requests.max(1);
     let slots = Arc::new(RequestSlots::new(requests, node.metrics.log.clone()));
@@ -366,7 +378,7 @@ async fn serve(
     let _ = call_wire::write_accepted(&mut stream, deadline).await;
     tracing::debug!(%peer, service = %req.service, "inbound call accepted");
     let m = &node.metrics;
-    m.inbound_calls_active.inc();
+    m.calls.inbound_calls_active.inc();
     let closed = node.control.closed(conn);
     let mut remote = stream.compat();
     let mut tcp = tcp;
@@ -396,15 +408,17 @@ async fn serve(
     drop(tcp);
     drop(remote);
     drop(slot);
-    m.inbound_calls_active.dec();
+    m.calls.inbound_calls_active.dec();
     let out = out.settle(&closed).await;
     m.call_ended("inbound", out.end.label());
-    m.call_bytes
+    m.calls
+        .call_bytes
         .get_or_create(&DirectionLabel {
             direction: "received",
         })
         .inc_by(out.from_stream);
-    m.call_bytes
+    m.calls
+        .call_bytes
         .get_or_create(&DirectionLabel { direction: "sent" })
         .inc_by(out.to_stream);
     let (from_caller, to_caller) = (out.from_stream, out.to_stream);

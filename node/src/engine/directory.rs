@@ -351,6 +351,7 @@ impl Engine {
         let schedule = self.directory.hurry().map_or("interval", Hurry::label);
         self.node
             .metrics
+            .routers
             .directory_fetches
             .get_or_create(&crate::metrics::ScheduleLabel { schedule })
             .inc();
@@ -421,7 +422,11 @@ impl Engine {
                     .lift_returned(self.directory.candidates(), self.directory.started_at());
                 if !lifted.is_empty() {
                     tracing::info!(routers = ?lifted, "routers that had left are back in the directory: trying them again");
-                    self.node.metrics.shuns_lifted.inc_by(lifted.len() as u64);
+                    self.node
+                        .metrics
+                        .routers
+                        .shuns_lifted
+                        .inc_by(lifted.len() as u64);
                 }
                 if self.directory.keys_to_store(&keys) {
                     let dir_path = self.node.config.data_dir.clone();

@@ -137,6 +137,7 @@ impl Engine {
     fn count_goaway(&self, result: &'static str) {
         self.node
             .metrics
+            .routers
             .goaways
             .get_or_create(&ResultLabel { result })
             .inc();
@@ -257,6 +258,7 @@ impl Engine {
     pub(super) fn count_release(&self, reason: &'static str) {
         self.node
             .metrics
+            .routers
             .goaway_releases
             .get_or_create(&crate::metrics::ReasonLabel { reason })
             .inc();

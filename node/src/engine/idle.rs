@@ -41,6 +41,7 @@ impl Engine {
             tracing::debug!(peer = %r.peer, direction, "closing an idle relayed connection");
             self.node
                 .metrics
+                .calls
                 .relayed_idle_closed
                 .get_or_create(&DirectionLabel { direction })
                 .inc();

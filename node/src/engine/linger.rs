@@ -131,6 +131,7 @@ impl Engine {
         }
         self.node
             .metrics
+            .routers
             .goaway_lingering
             .set(i64::try_from(self.lingering.until.len()).unwrap_or(i64::MAX));
     }
@@ -141,6 +142,7 @@ impl Engine {
             self.count_linger_end("router_closed");
             self.node
                 .metrics
+                .routers
                 .goaway_lingering
                 .set(i64::try_from(self.lingering.until.len()).unwrap_or(i64::MAX));
         }
@@ -149,6 +151,7 @@ impl Engine {
     fn count_linger_end(&self, reason: &'static str) {
         self.node
             .metrics
+            .routers
             .goaway_linger_ends
             .get_or_create(&ReasonLabel { reason })
             .inc();

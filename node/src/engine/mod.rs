@@ -171,8 +171,60 @@ fn record_p2p(m: &libp2p::metrics::Metrics, event: &SwarmEvent<BehaviourEvent>) 
     }
 }
 
+/// The inbound streams of the protocols the engine answers (go-away,
+/// policy pushes), registered with the streams behaviour before the swarm
+/// runs.
+pub(crate) struct Streams {
+    goaways: agentmesh_streams::IncomingStreams,
+    policy_pushes: agentmesh_streams::IncomingStreams,
+}
+
+impl Streams {
+    /// Registers to accept calls (returned first, for the inbound-call
+    /// acceptor), go-aways and policy pushes.
+    pub(crate) fn accept(
+        control: &mut agentmesh_streams::Control,
+    ) -> Result<(agentmesh_streams::IncomingStreams, Self), crate::SpawnError> {
+        use agentmesh_proto::protocols::{CALL, GOAWAY, POLICY};
+        let mut accept = |p: &'static str| {
+            control
+                .accept(libp2p::StreamProtocol::new(p))
+                .map_err(|e| crate::SpawnError::Swarm(e.to_string()))
+        };
+        let calls = accept(CALL)?;
+        Ok((
+            calls,
+            Self {
+                goaways: accept(GOAWAY)?,
+                policy_pushes: accept(POLICY)?,
+            },
+        ))
+    }
+}
+
+/// Starts the engine, watched as task `engine`: a panic in it (a bug here
+/// or in libp2p) or its end before shutdown fails the node.
+pub(crate) fn spawn(
+    node: Arc<Node>,
+    swarm: Swarm<Behaviour>,
+    cmd_rx: mpsc::Receiver<Command>,
+    streams: Streams,
+    p2p_metrics: Option<libp2p::metrics::Metrics>,
+    tasks: &mut crate::supervise::Tasks,
+) {
+    let engine = Engine::new(
+        node,
+        swarm,
+        cmd_rx,
+        streams.goaways,
+        streams.policy_pushes,
+        p2p_metrics,
+    );
+    tasks.spawn("engine", engine.run());
+}
+
 impl Engine {
-    pub(crate) fn new(
+    fn new(
         node: Arc<Node>,
         swarm: Swarm<Behaviour>,
         cmd_rx: mpsc::Receiver<Command>,
@@ -249,7 +301,7 @@ impl Engine {
             s.stopping = true;
             s.ready = false;
         });
-        self.node.metrics.ready.set(0);
+        self.node.metrics.routers.ready.set(0);
         self.withdraw_all();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {
@@ -502,13 +554,15 @@ impl Engine {
 
     /// Recomputes readiness and the status watch from the slots.
     fn publish_status(&mut self) {
-        let s = self.status_snapshot();
+        // A failed task keeps the node failed and not ready (`supervise`).
+        let s = crate::supervise::keep_failure(self.status_snapshot(), &self.node.status.borrow());
         let m = &self.node.metrics;
-        m.routers_attached.set(s.reserved.len() as i64);
-        m.routers_wanted.set(s.routers_wanted as i64);
-        m.router_candidates.set(s.candidates as i64);
-        m.ready.set(i64::from(s.ready));
+        m.routers.routers_attached.set(s.reserved.len() as i64);
+        m.routers.routers_wanted.set(s.routers_wanted as i64);
+        m.routers.router_candidates.set(s.candidates as i64);
+        m.routers.ready.set(i64::from(s.ready));
         self.node.status.send_if_modified(|old| {
+            let s = crate::supervise::keep_failure(s, old);
             if *old == s {
                 false
             } else {

@@ -124,6 +124,7 @@ impl Engine {
         let label = if ok { "ok" } else { "error" };
         self.node
             .metrics
+            .routers
             .publishes
             .get_or_create(&crate::metrics::ResultLabel { result: label })
             .inc();

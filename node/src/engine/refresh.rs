@@ -104,6 +104,7 @@ impl Engine {
         );
         self.node
             .metrics
+            .routers
             .credential_expires_at
             .set(claims.expires_at_unix_secs);
     }

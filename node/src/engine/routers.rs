@@ -301,7 +301,8 @@ impl Engine {
             Ok(AuthOutcome::GoAway(_)) => "go_away",
             Err(_) => "error",
         };
-        m.auth
+        m.routers
+            .auth
             .get_or_create(&crate::metrics::ResultLabel { result: label })
             .inc();
         let Some(slot) = self.slots.get_mut(&router) else {
@@ -343,7 +344,7 @@ impl Engine {
                     _ => Duration::from_secs(30),
                 };
                 if reason == AuthRefusal::Revoked {
-                    self.node.metrics.router_revoked_refusals.inc();
+                    self.node.metrics.routers.router_revoked_refusals.inc();
                     self.forget_router_as(router, wait, true);
                     let _ = self.swarm.disconnect_peer_id(router);
                 } else {
@@ -455,7 +456,7 @@ impl Engine {
         let attempt = run.attempts();
         if retry_after.is_none() {
             // Busy answers are counted as auth results of their own.
-            self.node.metrics.auth_conn_retries.inc();
+            self.node.metrics.routers.auth_conn_retries.inc();
         }
         let what = if retry_after.is_some() {
             "answered busy"
@@ -604,6 +605,7 @@ impl Engine {
             self.choice.lifted.remove(&router);
             self.node
                 .metrics
+                .routers
                 .reservations
                 .get_or_create(&crate::metrics::ResultLabel { result: "ok" })
                 .inc();
@@ -637,6 +639,7 @@ impl Engine {
         self.records.dirty = true;
         self.node
             .metrics
+            .routers
             .reservations
             .get_or_create(&crate::metrics::ResultLabel { result: "error" })
             .inc();
@@ -671,6 +674,7 @@ impl Engine {
             tracing::warn!(%router, error = ?error, failures, "relay reservation refused again: replacing the router");
             self.node
                 .metrics
+                .routers
                 .routers_replaced
                 .get_or_create(&crate::metrics::ReasonLabel {
                     reason: "reservation_refused",

@@ -46,9 +46,10 @@ pub struct NodeStatus {
     /// router; kept until the next one, so it explains a node below K or
     /// not ready. At most 240 characters.
     pub last_router_error: Option<String>,
-    /// The node's engine (its swarm and routers) ended on a panic, with the
-    /// panic's message: it holds no router and serves no call any more, and
-    /// the process should be restarted (the binary exits). Never cleared.
+    /// A long-lived task of the node ended or panicked outside shutdown,
+    /// naming it and why (e.g. `task engine panicked: …`, `task socket
+    /// ended`): the node is not ready and should be stopped and started
+    /// again (the binary exits non-zero). The first failure; never cleared.
     pub failed: Option<String>,
 }
 

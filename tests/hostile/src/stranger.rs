@@ -79,20 +79,6 @@ pub(crate) fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_router_address_must_name_its_peer() {
-        let a: Multiaddr = "/ip4/127.0.0.1/tcp/1".parse().expect("addr");
-        assert_eq!(peer_of(&a), None);
-        let id = PeerId::random();
-        let a = a.with(Protocol::P2p(id));
-        assert_eq!(peer_of(&a), Some(id));
-    }
-}
-
 /// Deadline of one dial's TCP connect, noise and yamux handshakes.
 const UPGRADE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
@@ -115,4 +101,18 @@ fn source_transport(
     .timeout(UPGRADE_TIMEOUT)
     .map(|(peer, muxer), _| (peer, libp2p::core::muxing::StreamMuxerBox::new(muxer)))
     .boxed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_router_address_must_name_its_peer() {
+        let a: Multiaddr = "/ip4/127.0.0.1/tcp/1".parse().expect("addr");
+        assert_eq!(peer_of(&a), None);
+        let id = PeerId::random();
+        let a = a.with(Protocol::P2p(id));
+        assert_eq!(peer_of(&a), Some(id));
+    }
 }

@@ -130,10 +130,12 @@ pub(super) async fn attempt(
             transit: via.transit,
         },
         conn,
-        m.call_bytes
+        m.calls
+            .call_bytes
             .get_or_create(&DirectionLabel { direction: "sent" })
             .clone(),
-        m.call_bytes
+        m.calls
+            .call_bytes
             .get_or_create(&DirectionLabel {
                 direction: "received",
             })

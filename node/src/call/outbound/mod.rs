@@ -155,6 +155,7 @@ async fn rounds(node: &Arc<Node>, service: &str, budget: Budget) -> Result<CallS
         // No provider answered: once more, on a fresh lookup, avoiding the
         // routers whose routes failed.
         node.metrics
+            .calls
             .call_retries
             .get_or_create(&crate::metrics::ReasonLabel { reason })
             .inc();
