@@ -43,7 +43,6 @@ KNOWN = {
     ('ladder/src/report.rs', 'EventRecord'),
     ('ladder/src/run.rs', 'run'),
     ('ladder/src/worker/mod.rs', 'run'),
-    ('node/src/call/inbound.rs', 'serve'),
     ('node/src/config.rs', 'Config'),
     ('router/src/auth/server.rs', 'serve'),
     ('router/src/config.rs', 'Config'),

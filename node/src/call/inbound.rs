@@ -251,21 +251,29 @@ async fn no_longer_allowed(node: &Node, claims: &VerifiedClaims, service: &str) 
     }
 }
 
-async fn serve(
-    node: Arc<Node>,
-    inbound: Arc<Inbound>,
+/// What reading a call's request came to.
+enum Read {
+    /// The request.
+    Request(CallRequest),
+    /// Refused before it was read whole (malformed, late).
+    Refused(Refusal),
+    /// The stream was closed unanswered (its slot taken, or silent):
+    /// counted and logged already.
+    Closed,
+}
+
+/// Reads the call's request within the call timeout, its first byte within
+/// `--call-first-byte-timeout-ms`, unless `slot` is taken for a caller
+/// holding fewer first; the request slot is freed once done.
+async fn read_request(
+    node: &Node,
     slots: &RequestSlots,
-    (peer, conn): (PeerId, ConnectionId),
-    mut stream: Stream,
+    peer: PeerId,
+    stream: &mut Stream,
     slot: RequestSlot,
-) {
-    let _guard = node.in_flight_guard();
-    // The caller's circuit stays open while its call lives, and so does the
-    // router under it, even once let go after its go-away (`engine::linger`).
-    let mut peer_call = node.peer_calls.begin(peer);
-    peer_call.carried_by(conn);
+) -> Read {
     let deadline = node.config.call_timeout();
-    let mut first = FirstByte::new(&mut stream, node.config.call_first_byte_timeout());
+    let mut first = FirstByte::new(stream, node.config.call_first_byte_timeout());
     let read = tokio::select! {
         r = call_wire::read_request(&mut first, deadline) => Some(r),
         () = slot.preempted() => None,
@@ -280,7 +288,7 @@ async fn serve(
             admission::PREEMPTED,
             "closed before its request: its slot was taken for a caller holding fewer",
         );
-        return;
+        return Read::Closed;
     };
     if silent {
         node.metrics.call("inbound", admission::SILENT);
@@ -289,39 +297,41 @@ async fn serve(
             admission::SILENT,
             "no byte within --call-first-byte-timeout-ms",
         );
-        return;
+        return Read::Closed;
     }
-    let req: CallRequest = match read {
-        Ok(r) => r,
-        Err(FrameError::Timeout(_)) => {
-            let r = refusal(
-                CallRefusal::Malformed,
-                "malformed",
-                "no call request in time",
-            );
-            return refuse(&node, &mut stream, peer, r).await;
-        }
-        Err(e) => {
-            let r = refusal(
-                CallRefusal::Malformed,
-                "malformed",
-                format!("bad call request: {e}"),
-            );
-            return refuse(&node, &mut stream, peer, r).await;
-        }
-    };
+    match read {
+        Ok(r) => Read::Request(r),
+        Err(FrameError::Timeout(_)) => Read::Refused(refusal(
+            CallRefusal::Malformed,
+            "malformed",
+            "no call request in time",
+        )),
+        Err(e) => Read::Refused(refusal(
+            CallRefusal::Malformed,
+            "malformed",
+            format!("bad call request: {e}"),
+        )),
+    }
+}
+
+/// Whether the call may go ahead: the node is not stopping, the caller's
+/// credential verifies, the policy grants it the service, then (in
+/// `admit`) the provider's own `--allow` on top and a call slot. Returns
+/// the caller's claims, the service's backend and the call's slot.
+async fn judge<'a>(
+    node: &Node,
+    inbound: &'a Inbound,
+    req: &CallRequest,
+    peer: PeerId,
+) -> Result<(VerifiedClaims, SocketAddr, CallSlot<'a>), Refusal> {
     if node.is_shutting_down() {
-        let r = refusal(
+        return Err(refusal(
             CallRefusal::ShuttingDown,
             "shutting_down",
             "provider is shutting down",
-        );
-        return refuse(&node, &mut stream, peer, r).await;
+        ));
     }
-    let claims = match verify_caller(&node, &req, peer).await {
-        Ok(c) => c,
-        Err(r) => return refuse(&node, &mut stream, peer, r).await,
-    };
+    let claims = verify_caller(node, req, peer).await?;
     // The policy's grant, then (in `admit`) the provider's own `--allow`
     // on top: a call needs both.
     if inbound.exposes(&req.service)
@@ -329,7 +339,7 @@ async fn serve(
             .policy
             .may_call(&node.trust(), &claims, &req.service, unix_now())
     {
-        let r = match d {
+        return Err(match d {
             Denied::NotGranted => refusal(
                 CallRefusal::NotGranted,
                 "not_granted",
@@ -340,38 +350,65 @@ async fn serve(
                 ),
             ),
             Denied::Revoked => refusal(CallRefusal::Revoked, "revoked", "caller is revoked"),
-        };
-        return refuse(&node, &mut stream, peer, r).await;
+        });
     }
     let labels = claims.labels();
     let key = inbound.key_of(&claims);
-    let (backend, slot) = match inbound.admit(&req.service, peer, key, &labels) {
-        Ok(x) => x,
-        Err(r) => return refuse(&node, &mut stream, peer, r).await,
-    };
-    let tcp = match tokio::time::timeout(
+    let (backend, slot) = inbound.admit(&req.service, peer, key, &labels)?;
+    Ok((claims, backend, slot))
+}
+
+/// Connects to the service's backend within the connect timeout.
+async fn connect_backend(
+    node: &Node,
+    backend: SocketAddr,
+) -> Result<tokio::net::TcpStream, Refusal> {
+    match tokio::time::timeout(
         node.config.connect_timeout(),
         tokio::net::TcpStream::connect(backend),
     )
     .await
     {
-        Ok(Ok(t)) => t,
-        Ok(Err(e)) => {
-            let r = refusal(
-                CallRefusal::BackendUnavailable,
-                "backend_unavailable",
-                format!("backend: {e}"),
-            );
-            return refuse(&node, &mut stream, peer, r).await;
-        }
-        Err(_) => {
-            let r = refusal(
-                CallRefusal::BackendUnavailable,
-                "backend_unavailable",
-                "backend connect timed out",
-            );
-            return refuse(&node, &mut stream, peer, r).await;
-        }
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(refusal(
+            CallRefusal::BackendUnavailable,
+            "backend_unavailable",
+            format!("backend: {e}"),
+        )),
+        Err(_) => Err(refusal(
+            CallRefusal::BackendUnavailable,
+            "backend_unavailable",
+            "backend connect timed out",
+        )),
+    }
+}
+
+async fn serve(
+    node: Arc<Node>,
+    inbound: Arc<Inbound>,
+    slots: &RequestSlots,
+    (peer, conn): (PeerId, ConnectionId),
+    mut stream: Stream,
+    slot: RequestSlot,
+) {
+    let _guard = node.in_flight_guard();
+    // The caller's circuit stays open while its call lives, and so does the
+    // router under it, even once let go after its go-away (`engine::linger`).
+    let mut peer_call = node.peer_calls.begin(peer);
+    peer_call.carried_by(conn);
+    let deadline = node.config.call_timeout();
+    let req = match read_request(&node, slots, peer, &mut stream, slot).await {
+        Read::Request(req) => req,
+        Read::Refused(r) => return refuse(&node, &mut stream, peer, r).await,
+        Read::Closed => return,
+    };
+    let (claims, backend, slot) = match judge(&node, &inbound, &req, peer).await {
+        Ok(x) => x,
+        Err(r) => return refuse(&node, &mut stream, peer, r).await,
+    };
+    let tcp = match connect_backend(&node, backend).await {
+        Ok(t) => t,
+        Err(r) => return refuse(&node, &mut stream, peer, r).await,
     };
     let _ = tcp.set_nodelay(true);
     node.metrics.call("inbound", "accepted");
