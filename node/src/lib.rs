@@ -7,7 +7,9 @@
 //! [`Config`] asks for one), so thousands of nodes can run in one process;
 //! each costs a swarm and two tasks (the engine and the inbound-call
 //! acceptor) plus one per listener asked for (Unix socket, metrics,
-//! forwards) and one per call in progress.
+//! forwards) and one per call in progress. No task ends the process:
+//! every long-lived one is watched, and one that ends or panics outside
+//! shutdown fails the node (not ready, [`NodeHandle::failed`] names it).
 
 #![warn(missing_docs)]
 
