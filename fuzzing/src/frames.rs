@@ -1,12 +1,11 @@
 //! One frame through both of our frame decoders: the pure one of
-//! `agentmesh-wire` (a whole frame, nothing after it) and the stream reader
-//! of `agentmesh-proto` that the programs read streams with. They must agree
+//! `agentmesh-wire` (a whole frame, nothing after it) and its stream reader
+//! (`frame::read_frame`) that the programs read streams with. They must agree
 //! on every input, and what they decode must survive a round trip.
 
 use std::fmt::Debug;
 
-use agentmesh_proto::framing::{self, read_frame};
-use agentmesh_wire::frame::{self, FrameError};
+use agentmesh_wire::frame::{self, FrameError, read_frame};
 use futures::executor::block_on;
 use futures::io::Cursor;
 use prost::Message;
@@ -51,11 +50,11 @@ where
         (Err(a), Err(b)) => {
             if let FrameError::TooLarge { len, .. } = a {
                 assert!(
-                    matches!(b, framing::FrameError::TooLarge { len: l, .. } if l == len),
+                    matches!(b, FrameError::TooLarge { len: l, .. } if l == len),
                     "pure decoder: {a}; stream reader: {b}"
                 );
             }
-            if let framing::FrameError::TooLarge { len, .. } = b {
+            if let FrameError::TooLarge { len, .. } = b {
                 assert!(
                     matches!(a, FrameError::TooLarge { len: l, .. } if l == len),
                     "pure decoder: {a}; stream reader: {b}"

@@ -282,11 +282,11 @@ impl StatusArgs {
 /// why there is none (no node at that data dir, a timeout, a bad answer).
 pub async fn ask(
     args: StatusArgs,
-    what: crate::status_cmd::Ask,
-) -> Result<String, crate::status_cmd::StatusCmdError> {
+    what: crate::status::cmd::Ask,
+) -> Result<String, crate::status::cmd::StatusCmdError> {
     let limit = Duration::from_secs(args.timeout_secs.max(1));
     let socket = args.socket_path();
-    crate::status_cmd::ask(&socket, &args.data_dir, what, args.json, limit).await
+    crate::status::cmd::ask(&socket, &args.data_dir, what, args.json, limit).await
 }
 
 #[cfg(test)]

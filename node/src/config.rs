@@ -344,24 +344,9 @@ impl Config {
         self.connect_timeout.max(MIN_TIMEOUT)
     }
 
-    /// The streams crate's bounds of opens waiting for a dial.
     /// The splice buffer per direction, bytes (at least 1 KiB).
     pub(crate) fn splice_buffer_bytes(&self) -> usize {
         self.splice_buffer_kib.clamp(1, 16 * 1024) * 1024
-    }
-
-    pub(crate) fn yamux_limits(&self) -> crate::transport::WindowLimits {
-        crate::transport::WindowLimits {
-            max_streams: self.yamux_max_streams,
-            connection_window_bytes: self.yamux_connection_window_kib.saturating_mul(1024),
-        }
-    }
-
-    pub(crate) fn pending_open_limits(&self) -> agentmesh_streams::PendingOpenLimits {
-        agentmesh_streams::PendingOpenLimits {
-            max_pending_opens_per_peer: self.stream_max_pending_opens_per_peer,
-            max_pending_opens_total: self.stream_max_pending_opens_total,
-        }
     }
 
     /// The exchange timeout in force: [`Config::call_timeout`], at least 1 s.

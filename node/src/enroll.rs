@@ -1,7 +1,7 @@
 //! Getting a credential at start-up: reuse the stored one while it is still
 //! valid (no re-enrollment), else refresh it, else enroll with the token.
 
-use agentmesh_controlplane::client::Client;
+use agentmesh_controlplane::client::{Client, ClientConfig, Connections};
 use agentmesh_proto::credential::peek_claims;
 use agentmesh_proto::pb::credential::{Credential, KeySet};
 use agentmesh_proto::unix_now;
@@ -14,6 +14,28 @@ use crate::metrics::Metrics;
 /// A stored credential is reused (not refreshed, not re-enrolled) while it
 /// has at least this long to live.
 const MIN_REMAINING_SECS: i64 = 30;
+
+/// The control-plane client a member uses: the CA file read if given, and
+/// a connection per call (a member talks to the control plane a few
+/// times an hour, so it holds none at rest).
+pub(crate) async fn client(config: &Config) -> Result<Client, SpawnError> {
+    let ca_pem = match &config.control_plane_ca {
+        Some(p) => Some(tokio::fs::read(p).await.map_err(|source| SpawnError::Ca {
+            path: p.clone(),
+            source,
+        })?),
+        None => None,
+    };
+    Ok(Client::with_connections(
+        ClientConfig {
+            url: config.control_plane.clone(),
+            ca_pem,
+            retry_budget: config.retry_budget,
+            rpc_timeout: config.rpc_timeout.max(crate::config::MIN_TIMEOUT),
+        },
+        Connections::PerCall,
+    )?)
+}
 
 async fn store(config: &Config, cred: &Credential, keys: &KeySet) -> Result<(), SpawnError> {
     let (dir, c, k) = (config.data_dir.clone(), cred.clone(), keys.clone());

@@ -9,36 +9,36 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::local::Limit;
-use crate::shared::Shared;
+use crate::node::Node;
 
 /// Accepts on `listener` until the node stops; at most
 /// `--max-forward-connections` forwarded connections at once across every
 /// `--forward` listener (`limit`, shared; see [`crate::local`]).
 pub(crate) async fn serve(
-    shared: Arc<Shared>,
+    node: Arc<Node>,
     listener: TcpListener,
     service: String,
     limit: Arc<Limit>,
 ) {
-    let conns = shared.clone();
-    crate::local::serve(shared, "forward", listener, limit, move |(tcp, from)| {
-        let shared = conns.clone();
+    let conns = node.clone();
+    crate::local::serve(node, "forward", listener, limit, move |(tcp, from)| {
+        let node = conns.clone();
         let service = service.clone();
-        async move { forward_one(&shared, tcp, from, &service).await }
+        async move { forward_one(&node, tcp, from, &service).await }
     })
     .await;
 }
 
 async fn forward_one(
-    shared: &Arc<Shared>,
+    node: &Arc<Node>,
     mut tcp: tokio::net::TcpStream,
     from: SocketAddr,
     service: &str,
 ) {
     let _ = tcp.set_nodelay(true);
-    match crate::call::outbound::call(shared, service).await {
+    match crate::call::outbound::call(node, service).await {
         Ok(mut stream) => {
-            let out = crate::call::splice::outbound(shared, &mut tcp, &mut stream).await;
+            let out = crate::call::splice::outbound(node, &mut tcp, &mut stream).await;
             tracing::debug!(%from, service, reason = out.end.label(), error = ?out.error, "forwarded connection ended");
         }
         Err(e) => {

@@ -10,16 +10,16 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
-use crate::shared::Shared;
+use crate::node::Node;
 
 #[derive(Clone)]
 struct AppState {
-    shared: Arc<Shared>,
+    node: Arc<Node>,
     registry: Arc<Registry>,
 }
 
 async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
-    let st = s.shared.status.borrow().clone();
+    let st = s.node.status.borrow().clone();
     let code = if st.ready {
         StatusCode::OK
     } else {
@@ -48,12 +48,12 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
 }
 
 /// Serves until the node stops.
-pub(crate) async fn serve(shared: Arc<Shared>, registry: Arc<Registry>, listener: TcpListener) {
-    let mut shutdown = shared.shutdown.clone();
+pub(crate) async fn serve(node: Arc<Node>, registry: Arc<Registry>, listener: TcpListener) {
+    let mut shutdown = node.shutdown.clone();
     let app = Router::new()
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(AppState { shared, registry });
+        .with_state(AppState { node, registry });
     let r = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let _ = shutdown.wait_for(|s| *s).await;

@@ -5,33 +5,35 @@
 //! The node is a value: [`spawn`] starts one and returns a [`NodeHandle`].
 //! Nothing is process-global (no registry, logger or listener unless the
 //! [`Config`] asks for one), so thousands of nodes can run in one process;
-//! each costs a swarm and two tasks (the core loop and the inbound-call
+//! each costs a swarm and two tasks (the engine and the inbound-call
 //! acceptor) plus one per listener asked for (Unix socket, metrics,
-//! forwards) and one per call in progress.
+//! forwards) and one per call in progress. No task ends the process:
+//! every long-lived one is watched, and one that ends or panics outside
+//! shutdown fails the node (not ready, [`NodeHandle::failed`] names it).
 
 #![warn(missing_docs)]
 
 mod call;
 pub mod cli;
+mod command;
 pub mod config;
-mod core;
+mod engine;
 mod enroll;
 mod forward;
 mod http;
 pub mod identity;
 mod labels;
+mod listeners;
 mod local;
 pub mod metrics;
+mod node;
 mod peer_calls;
 mod policy;
-mod recent;
-pub mod report;
 mod seen;
 pub mod select;
-mod shared;
 mod socket;
-mod status;
-pub mod status_cmd;
+pub mod status;
+mod supervise;
 mod transport;
 
 use std::collections::HashSet;
@@ -41,14 +43,12 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use agentmesh_controlplane::client::{Client, ClientConfig, ClientError, Connections};
+use agentmesh_controlplane::client::ClientError;
 use agentmesh_proto::credential::Trust;
-use agentmesh_proto::protocols::{CALL, GOAWAY, POLICY};
-use libp2p::{PeerId, StreamProtocol};
+use libp2p::PeerId;
 use parking_lot::{Mutex, RwLock};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
 pub use call::{CallError, CallRoute, CallStream};
@@ -94,10 +94,12 @@ pub enum SpawnError {
 /// A running node. Dropping it aborts every task; [`NodeHandle::shutdown`]
 /// stops gracefully.
 pub struct NodeHandle {
-    shared: Arc<shared::Shared>,
+    node: Arc<node::Node>,
     shutdown_tx: watch::Sender<bool>,
-    core: JoinSet<()>,
-    tasks: JoinSet<()>,
+    /// The engine, which a graceful stop waits for.
+    engine: supervise::Tasks,
+    /// Every other long-lived task, aborted once the engine is done.
+    tasks: supervise::Tasks,
     metrics_addr: Option<SocketAddr>,
     socket_path: Option<PathBuf>,
     forward_addrs: Vec<SocketAddr>,
@@ -106,7 +108,7 @@ pub struct NodeHandle {
 impl std::fmt::Debug for NodeHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeHandle")
-            .field("peer_id", &self.shared.peer_id)
+            .field("peer_id", &self.node.peer_id)
             .finish()
     }
 }
@@ -114,17 +116,17 @@ impl std::fmt::Debug for NodeHandle {
 impl NodeHandle {
     /// This node's PeerId.
     pub fn peer_id(&self) -> PeerId {
-        self.shared.peer_id
+        self.node.peer_id
     }
 
     /// Whether the node is ready now (see [`NodeStatus::ready`]).
     pub fn is_ready(&self) -> bool {
-        self.shared.status.borrow().ready
+        self.node.status.borrow().ready
     }
 
     /// The node's status as it changes, readiness included.
     pub fn status(&self) -> watch::Receiver<NodeStatus> {
-        self.shared.status.subscribe()
+        self.node.status.subscribe()
     }
 
     /// Waits until ready, up to `deadline`; returns whether it became ready.
@@ -142,20 +144,20 @@ impl NodeHandle {
     /// route retries on a fresh lookup after a route failed, and one more
     /// lookup after one that found no provider.
     pub async fn call(&self, service: &str) -> Result<CallStream, CallError> {
-        call::outbound::call(&self.shared, service).await
+        call::outbound::call(&self.node, service).await
     }
 
     /// The `(epoch, version)` of the access policy this node holds; `(0, 0)`
     /// before one arrived (every call denied). What a member acknowledges
     /// when a router pushes it a policy.
     pub fn policy_version(&self) -> (u64, u64) {
-        self.shared.policy.epoch_version()
+        self.node.policy.epoch_version()
     }
 
     /// The `(epoch, generation)` of the signed revocation list this node
     /// enforces; `(0, 0)` before one arrived.
     pub fn revocations_generation(&self) -> (u64, u64) {
-        self.shared.policy.revocations_generation()
+        self.node.policy.revocations_generation()
     }
 
     /// Whether this node refuses `credential` as revoked now, by the
@@ -166,11 +168,11 @@ impl NodeHandle {
         &self,
         credential: &agentmesh_proto::pb::credential::Credential,
     ) -> bool {
-        let skew = i64::try_from(self.shared.config.credential_skew.as_secs()).unwrap_or(i64::MAX);
+        let skew = i64::try_from(self.node.config.credential_skew.as_secs()).unwrap_or(i64::MAX);
         matches!(
             agentmesh_proto::credential::verify(
                 credential,
-                &self.shared.trust(),
+                &self.node.trust(),
                 agentmesh_proto::unix_now(),
                 None,
                 skew,
@@ -183,10 +185,12 @@ impl NodeHandle {
     /// counter that moves on every change: a harness that wants to know
     /// *when* a change reached this node waits on it instead of polling.
     pub fn policy_changes(&self) -> watch::Receiver<u64> {
-        self.shared.policy.subscribe()
+        self.node.policy.subscribe()
     }
 
-    /// Resolves with the panic message if the node's core fails (see
+    /// Resolves with the failure if one of the node's long-lived tasks (the
+    /// engine, the inbound-call acceptor, a local listener's server) ends
+    /// or panics outside shutdown, naming the task and why (see
     /// [`NodeStatus::failed`]); pending while it runs or stops normally.
     pub async fn failed(&self) -> String {
         let mut s = self.status();
@@ -215,14 +219,10 @@ impl NodeHandle {
     /// flight finish within `--shutdown-grace-secs`, then stop everything.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown_tx.send(true);
-        let c = &self.shared.config;
+        let c = &self.node.config;
         let limit = c.shutdown_grace + c.call_timeout + Duration::from_secs(5);
-        let _ = tokio::time::timeout(limit, async {
-            while self.core.join_next().await.is_some() {}
-        })
-        .await;
-        self.tasks.abort_all();
-        while self.tasks.join_next().await.is_some() {}
+        let _ = tokio::time::timeout(limit, self.engine.join_all()).await;
+        self.tasks.abort_all().await;
         if let Some(p) = &self.socket_path {
             let _ = tokio::fs::remove_file(p).await;
         }
@@ -255,11 +255,17 @@ fn validate(config: &Config) -> Result<(), SpawnError> {
 /// Starts a node: loads or creates its identity, enrolls unless the data
 /// dir holds a credential that is still valid, binds the listeners the
 /// config asks for and starts attaching to routers. Returns once running;
-/// readiness follows (see [`NodeHandle::ready`]). Metrics are registered in
+/// readiness follows (see [`NodeHandle::wait_ready`]). Metrics are registered in
 /// `registry` when given (use a sub-registry with a label per node when
 /// embedding many) and are also served on `--metrics-addr` when set; only
 /// the served registry adds libp2p's own metrics (`libp2p_*`), so a fleet
 /// embedded in one process does not carry those families per node.
+///
+/// Each subsystem builds itself from the config: the identity and the
+/// control-plane client, enrollment, the local listeners (bound before
+/// anything runs, so a taken port fails the start), the swarm, then the
+/// tasks: the engine, the inbound-call acceptor and the listeners' servers,
+/// each watched (`supervise`).
 pub async fn spawn(
     config: Config,
     registry: Option<&mut Registry>,
@@ -271,145 +277,22 @@ pub async fn spawn(
         .map_err(|e| SpawnError::Config(format!("identity task: {e}")))??;
     let peer_id = stored.key.public().to_peer_id();
     let span = tracing::info_span!("node", peer = %peer_id);
-
-    let ca_pem = match &config.control_plane_ca {
-        Some(p) => Some(tokio::fs::read(p).await.map_err(|source| SpawnError::Ca {
-            path: p.clone(),
-            source,
-        })?),
-        None => None,
-    };
-    // A member talks to the control plane a few times an hour: a
-    // connection per call, so that it holds none at rest.
-    let client = Client::with_connections(
-        ClientConfig {
-            url: config.control_plane.clone(),
-            ca_pem,
-            retry_budget: config.retry_budget,
-            rpc_timeout: config.rpc_timeout.max(config::MIN_TIMEOUT),
-        },
-        Connections::PerCall,
-    )?;
-
+    let client = enroll::client(&config).await?;
     let metrics = metrics::Metrics::new();
     let (credential, keys) = enroll::obtain(&client, &config, &stored, &metrics)
         .instrument(span.clone())
         .await?;
-
-    // Listeners the config asks for.
-    let metrics_listener = match config.metrics_addr {
-        Some(a) => {
-            Some(
-                tokio::net::TcpListener::bind(a)
-                    .await
-                    .map_err(|source| SpawnError::Bind {
-                        what: format!("--metrics-addr {a}"),
-                        source,
-                    })?,
-            )
-        }
-        None => None,
-    };
-    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
-    let mut forward_listeners = Vec::new();
-    for (addr, name) in &config.forward {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| SpawnError::Bind {
-                what: format!("--forward {addr}={name}"),
-                source,
-            })?;
-        forward_listeners.push((l, name.clone()));
-    }
-    let forwards: Vec<(SocketAddr, String)> = forward_listeners
-        .iter()
-        .filter_map(|(l, name)| l.local_addr().ok().map(|a| (a, name.clone())))
-        .collect();
-    let forward_addrs = forwards.iter().map(|(a, _)| *a).collect();
-    let socket_path = config.effective_socket_path();
-    let socket_listener = match &socket_path {
-        Some(p) => Some(socket::bind(p).await.map_err(|source| SpawnError::Bind {
-            what: format!("--socket-path {}", p.display()),
-            source,
-        })?),
-        None => None,
-    };
-
-    // A let of its own: the family's guard must not live across the await.
-    let yamux_dropped = metrics
-        .yamux_inbound_streams_dropped
-        .get_or_create(&crate::metrics::ReasonLabel {
-            reason: "buffer_full",
-        })
-        .clone();
-    let swarm = transport::build_swarm(
-        &stored.key,
-        config.dial_source_ip,
-        config.connect_timeout(),
-        config.idle_connection.max(config::MIN_TIMEOUT),
-        libp2p::ping::Config::new()
-            .with_interval(config.ping_interval.max(config::MIN_TIMEOUT))
-            .with_timeout(config.ping_timeout.max(config::MIN_TIMEOUT)),
-        agentmesh_streams::Config {
-            inbound_queue_per_protocol: config.stream_inbound_queue_per_protocol,
-        },
-        config.pending_open_limits(),
-        config.yamux_limits(),
-        yamux_dropped,
-    )
-    .await
-    .map_err(|e| SpawnError::Swarm(e.to_string()))?;
-
-    // After the swarm: its streams behaviour owns
-    // `agentmesh_streams_inbound_dropped_total` and
-    // `agentmesh_streams_pending_opens_refused_total`, registered next to the
-    // node's own metrics (so per node when embedders pass sub-registries).
-    if let Some(r) = registry {
-        metrics.register(r);
-        swarm.behaviour().stream.register_metrics(r);
-    }
-    let mut watchdog = None;
-    let mut p2p_metrics = None;
-    let own_registry = metrics_listener.as_ref().map(|_| {
-        let mut r = Registry::default();
-        metrics.register(&mut r);
-        swarm.behaviour().stream.register_metrics(&mut r);
-        // libp2p's own families (`libp2p_swarm_*`, `libp2p_ping_*`: one
-        // registry for everything a program serves), recorded by the core loop. Only in the registry
-        // this node serves: an embedder running thousands of nodes without
-        // `--metrics-addr` (the ladder) allocates none of them per node.
-        p2p_metrics = Some(libp2p::metrics::Metrics::new(&mut r));
-        if config.runtime_watchdog {
-            watchdog = Some(agentmesh_runtime::watchdog::StallMetrics::register(&mut r));
-            // Same process-wide switch (the binary, whose allocator is
-            // jemalloc): `agentmesh_runtime_allocator_*` gauges.
-            agentmesh_runtime::allocator::register(&mut r);
-        }
-        Arc::new(r)
-    });
+    let listeners = listeners::Listeners::bind(&config).await?;
+    let swarm = transport::build(&config, &stored.key, &metrics).await?;
+    let mut served = listeners::register_metrics(&config, &metrics, &swarm, registry, &listeners);
     let mut control = swarm.behaviour().stream.new_control();
-    let incoming = control
-        .accept(StreamProtocol::new(CALL))
-        .map_err(|e| SpawnError::Swarm(e.to_string()))?;
-    let goaways = control
-        .accept(StreamProtocol::new(GOAWAY))
-        .map_err(|e| SpawnError::Swarm(e.to_string()))?;
+    let (incoming, streams) = engine::Streams::accept(&mut control)?;
 
-    let policy_pushes = control
-        .accept(StreamProtocol::new(POLICY))
-        .map_err(|e| SpawnError::Swarm(e.to_string()))?;
-
-    let (cmd_tx, cmd_rx) = mpsc::channel(shared::COMMAND_QUEUE);
+    let (cmd_tx, cmd_rx) = mpsc::channel(command::COMMAND_QUEUE);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (status_tx, _) = watch::channel(NodeStatus::default());
-    let inbound = Arc::new(call::inbound::Inbound::new(
-        &config.expose,
-        &config.allow,
-        config.max_inbound_calls,
-        config.max_inbound_calls_per_caller,
-    ));
     let member_policy = policy::MemberPolicy::new(metrics.policy.clone());
-    let shared = Arc::new(shared::Shared {
+    let node = Arc::new(node::Node {
         config,
         key: stored.key,
         peer_id,
@@ -424,122 +307,30 @@ pub async fn spawn(
         status: status_tx,
         in_flight: Arc::new(AtomicUsize::new(0)),
         peer_calls: Default::default(),
-        forwards,
+        forwards: listeners.forwards(),
         seen: Default::default(),
         policy: member_policy,
     });
-
-    let mut core_set = JoinSet::new();
-    let core = core::Core::new(
-        shared.clone(),
-        swarm,
-        cmd_rx,
-        goaways,
-        policy_pushes,
-        p2p_metrics,
-    );
-    core_set.spawn(supervised(shared.clone(), core.run()).instrument(span.clone()));
-    let mut tasks = JoinSet::new();
-    tasks.spawn(
-        call::inbound::accept_loop(shared.clone(), inbound, incoming).instrument(span.clone()),
-    );
-    if let Some(stalls) = watchdog {
-        let probe = agentmesh_runtime::watchdog::spawn(stalls);
-        tasks.spawn(async move {
-            // The probe runs until the node stops; aborting `tasks` aborts this
-            // waiter, and the guard aborts the probe with it.
-            let _guard = AbortOnDrop(probe);
-            std::future::pending::<()>().await;
-        });
-    }
-    if let (Some(l), Some(reg)) = (metrics_listener, own_registry) {
-        tasks.spawn(http::serve(shared.clone(), reg, l).instrument(span.clone()));
-    }
-    let max_local = shared.config.max_forward_connections;
-    if let Some(l) = socket_listener {
-        let limit = local::Limit::new(max_local, "socket", &shared.metrics);
-        tasks.spawn(socket::serve(shared.clone(), l, limit).instrument(span.clone()));
-    }
-    // One total for every --forward listener.
-    let forward_limit = local::Limit::new(max_local, "forward", &shared.metrics);
-    for (l, name) in forward_listeners {
-        let limit = forward_limit.clone();
-        tasks.spawn(forward::serve(shared.clone(), l, name, limit).instrument(span.clone()));
-    }
+    let watched = |node: &node::Node| {
+        supervise::Tasks::new(
+            node.status.clone(),
+            node.shutdown.clone(),
+            node.metrics.routers.ready.clone(),
+            span.clone(),
+        )
+    };
+    let (mut engine_task, mut tasks) = (watched(&node), watched(&node));
+    let p2p = served.p2p.take();
+    engine::spawn(node.clone(), swarm, cmd_rx, streams, p2p, &mut engine_task);
+    call::inbound::spawn(node.clone(), incoming, &mut tasks);
+    let addrs = listeners.spawn(node.clone(), served, &mut tasks);
     Ok(NodeHandle {
-        shared,
+        node,
         shutdown_tx,
-        core: core_set,
+        engine: engine_task,
         tasks,
-        metrics_addr,
-        socket_path,
-        forward_addrs,
+        metrics_addr: addrs.metrics,
+        socket_path: addrs.socket,
+        forward_addrs: addrs.forwards,
     })
-}
-
-/// Runs the node's core; if it panics (a bug here or in libp2p), the node
-/// says so instead of looking alive: not ready, `failed` and `stopping` in
-/// its status (`/readyz` names the panic), an error in the log. Without
-/// this a member whose swarm task died kept its last status for good.
-async fn supervised(shared: Arc<shared::Shared>, core: impl std::future::Future<Output = ()>) {
-    if let Err(why) = catch_panic(core).await {
-        tracing::error!(%why, "node core panicked: no router is held any more");
-        shared.status.send_modify(|s| {
-            s.ready = false;
-            s.stopping = true;
-            s.failed = Some(why.chars().take(240).collect());
-        });
-    }
-}
-
-/// Runs `fut`; a panic comes back as its message.
-async fn catch_panic(fut: impl std::future::Future<Output = ()>) -> Result<(), String> {
-    use futures::FutureExt as _;
-    std::panic::AssertUnwindSafe(fut)
-        .catch_unwind()
-        .await
-        .map_err(|panic| {
-            panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-text panic payload".to_string())
-        })
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::catch_panic;
-
-    #[tokio::test]
-    async fn a_panicking_core_comes_back_as_its_message() {
-        assert_eq!(catch_panic(async {}).await, Ok(()));
-        let text = catch_panic(async { panic!("Relay connection exist") }).await;
-        assert_eq!(text, Err("Relay connection exist".to_string()));
-        let n = 3;
-        let formatted = catch_panic(async move { panic!("slot {n} gone") }).await;
-        assert_eq!(formatted, Err("slot 3 gone".to_string()));
-    }
-
-    #[test]
-    fn a_failed_node_is_not_ready_and_readyz_names_the_panic() {
-        let s = super::NodeStatus {
-            failed: Some("Relay connection exist".into()),
-            stopping: true,
-            ..Default::default()
-        };
-        assert_eq!(
-            s.readyz_line(),
-            "not ready: failed: Relay connection exist\n"
-        );
-    }
 }

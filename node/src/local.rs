@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument as _;
 
 use crate::metrics::{ListenerLabel, Metrics};
-use crate::shared::Shared;
+use crate::node::Node;
 
 /// A listener of ours: what `accept()` hands out.
 pub(crate) trait Listener: Send + 'static {
@@ -61,10 +61,15 @@ impl Limit {
         Arc::new(Self {
             slots: Arc::new(Semaphore::new(max.max(1))),
             active: metrics
+                .local
                 .local_connections_active
                 .get_or_create(&label)
                 .clone(),
-            waits: metrics.local_connection_waits.get_or_create(&label).clone(),
+            waits: metrics
+                .local
+                .local_connection_waits
+                .get_or_create(&label)
+                .clone(),
         })
     }
 
@@ -114,7 +119,7 @@ impl Drop for Slot {
 /// an [`AcceptBackoff`] pause. On stop the listener closes first, then
 /// connections in progress get `--shutdown-grace-secs` to finish.
 pub(crate) async fn serve<L, H, F>(
-    shared: Arc<Shared>,
+    node: Arc<Node>,
     name: &'static str,
     listener: L,
     limit: Arc<Limit>,
@@ -124,14 +129,15 @@ pub(crate) async fn serve<L, H, F>(
     H: Fn(L::Conn) -> F,
     F: Future<Output = ()> + Send + 'static,
 {
-    let errors = shared
+    let errors = node
         .metrics
+        .local
         .accept_errors
         .get_or_create(&ListenerLabel { listener: name })
         .clone();
     let mut backoff = AcceptBackoff::new();
     let mut conns = JoinSet::new();
-    let mut shutdown = shared.shutdown.clone();
+    let mut shutdown = node.shutdown.clone();
     loop {
         let accepted = tokio::select! {
             r = listener.next() => r,
@@ -168,7 +174,7 @@ pub(crate) async fn serve<L, H, F>(
     }
     // Stopping: accept nothing new; connections in progress finish within the grace.
     drop(listener);
-    let grace = shared.config.shutdown_grace;
+    let grace = node.config.shutdown_grace;
     let _ = tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
 }
 
@@ -185,22 +191,43 @@ mod tests {
             listener: "forward",
         };
         let first = limit.acquire().now_or_never().expect("a free slot");
-        assert_eq!(m.local_connections_active.get_or_create(&label).get(), 1);
-        assert_eq!(m.local_connection_waits.get_or_create(&label).get(), 0);
+        assert_eq!(
+            m.local.local_connections_active.get_or_create(&label).get(),
+            1
+        );
+        assert_eq!(
+            m.local.local_connection_waits.get_or_create(&label).get(),
+            0
+        );
 
         let mut second = Box::pin(limit.acquire());
         assert!(
             (&mut second).now_or_never().is_none(),
             "over the bound: waits"
         );
-        assert_eq!(m.local_connection_waits.get_or_create(&label).get(), 1);
+        assert_eq!(
+            m.local.local_connection_waits.get_or_create(&label).get(),
+            1
+        );
         drop(first);
         let second = second.now_or_never().expect("the freed slot");
-        assert_eq!(m.local_connections_active.get_or_create(&label).get(), 1);
+        assert_eq!(
+            m.local.local_connections_active.get_or_create(&label).get(),
+            1
+        );
         drop(second);
-        assert_eq!(m.local_connections_active.get_or_create(&label).get(), 0);
+        assert_eq!(
+            m.local.local_connections_active.get_or_create(&label).get(),
+            0
+        );
         // The other listener's series is its own.
         let socket = ListenerLabel { listener: "socket" };
-        assert_eq!(m.local_connections_active.get_or_create(&socket).get(), 0);
+        assert_eq!(
+            m.local
+                .local_connections_active
+                .get_or_create(&socket)
+                .get(),
+            0
+        );
     }
 }

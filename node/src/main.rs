@@ -4,7 +4,7 @@
 //! and `services` ask a running node).
 
 use agentmesh_node::cli::{self, Cli, Command, StatusArgs};
-use agentmesh_node::status_cmd::Ask;
+use agentmesh_node::status::cmd::Ask;
 use anyhow::Context as _;
 use clap::Parser as _;
 

@@ -1,5 +1,5 @@
 //! Calls in flight per peer (either direction), and since when a peer has
-//! had none. The core loop closes a relayed connection to a peer once the
+//! had none. The engine closes a relayed connection to a peer once the
 //! peer has been idle for `--relayed-idle-secs` (see
 //! [`crate::config::Config::relayed_idle`]): a router caps the circuits
 //! to one destination, and a popular provider would otherwise be held at
@@ -9,7 +9,7 @@
 //! A call is also counted on the connection that carries it, once known
 //! ([`PeerCall::carried_by`]): a router let go after its go-away is kept
 //! connected while a relayed connection through it carries a call (see
-//! `core::linger`), so a drain never cuts a call already streaming.
+//! `engine::linger`), so a drain never cuts a call already streaming.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,7 +39,7 @@ struct Entry {
     idle_since: Instant,
 }
 
-/// What a relayed connection carries, as `core::linger` asks.
+/// What a relayed connection carries, as `engine::linger` asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Carries {
     /// A call whose stream is on this connection.

@@ -8,10 +8,10 @@
 //!   `OK\n` and from then on the connection carries the call's raw bytes
 //!   both ways (half-close is passed on), or `ERR <reason>\n` and closes.
 //!   `agentmesh-node call NAME` is a client of exactly this.
-//! - `STATUS\n`: one JSON line, the node's [`crate::report::Report`]
-//!   (asked of the core loop), then closed; `ERR <reason>\n` when the core
+//! - `STATUS\n`: one JSON line, the node's [`crate::status::report::Report`]
+//!   (asked of the engine), then closed; `ERR <reason>\n` when the engine
 //!   does not answer. `agentmesh-node status` is its client.
-//! - `SERVICES\n`: one JSON line, [`crate::report::Services`], then
+//! - `SERVICES\n`: one JSON line, [`crate::status::report::Services`], then
 //!   closed. `agentmesh-node services` is its client.
 
 use std::os::unix::fs::PermissionsExt as _;
@@ -22,7 +22,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, Buf
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::local::Limit;
-use crate::shared::Shared;
+use crate::node::Node;
 
 /// Longest first line accepted.
 const MAX_LINE: u64 = 1024;
@@ -46,12 +46,12 @@ pub(crate) async fn bind(path: &Path) -> std::io::Result<UnixListener> {
 
 /// Serves the socket until the node stops, at most `limit` connections at
 /// once (see [`crate::local`]).
-pub(crate) async fn serve(shared: Arc<Shared>, listener: UnixListener, limit: Arc<Limit>) {
-    let conns = shared.clone();
-    crate::local::serve(shared, "socket", listener, limit, move |conn| {
-        let shared = conns.clone();
+pub(crate) async fn serve(node: Arc<Node>, listener: UnixListener, limit: Arc<Limit>) {
+    let conns = node.clone();
+    crate::local::serve(node, "socket", listener, limit, move |conn| {
+        let node = conns.clone();
         async move {
-            if let Err(e) = handle(&shared, conn).await {
+            if let Err(e) = handle(&node, conn).await {
                 tracing::debug!(error = %e, "unix socket connection failed");
             }
         }
@@ -59,11 +59,11 @@ pub(crate) async fn serve(shared: Arc<Shared>, listener: UnixListener, limit: Ar
     .await;
 }
 
-async fn handle(shared: &Arc<Shared>, conn: UnixStream) -> std::io::Result<()> {
+async fn handle(node: &Arc<Node>, conn: UnixStream) -> std::io::Result<()> {
     let mut reader = BufReader::new(conn);
     let mut line = String::new();
     let read = async { (&mut reader).take(MAX_LINE).read_line(&mut line).await };
-    match tokio::time::timeout(shared.config.call_timeout(), read).await {
+    match tokio::time::timeout(node.config.call_timeout(), read).await {
         Ok(r) => {
             r?;
         }
@@ -83,7 +83,7 @@ async fn handle(shared: &Arc<Shared>, conn: UnixStream) -> std::io::Result<()> {
                 }
             }
         };
-        if tokio::time::timeout(shared.config.call_timeout(), drain)
+        if tokio::time::timeout(node.config.call_timeout(), drain)
             .await
             .is_err()
         {
@@ -91,7 +91,7 @@ async fn handle(shared: &Arc<Shared>, conn: UnixStream) -> std::io::Result<()> {
         }
         let path = rest.split_whitespace().next().unwrap_or("");
         let (code, body) = if path == "/readyz" {
-            let st = shared.status.borrow().clone();
+            let st = node.status.borrow().clone();
             (
                 if st.ready {
                     "200 OK"
@@ -113,19 +113,19 @@ async fn handle(shared: &Arc<Shared>, conn: UnixStream) -> std::io::Result<()> {
     }
     if line == "STATUS" || line == "SERVICES" {
         let body = if line == "STATUS" {
-            let limit = shared.config.call_timeout();
-            match shared
-                .ask(limit, |reply| crate::shared::Command::Report { reply })
+            let limit = node.config.call_timeout();
+            match node
+                .ask(limit, |reply| crate::command::Command::Report { reply })
                 .await
             {
                 Ok(report) => serde_json::to_string(&report).map_err(std::io::Error::other)?,
                 Err(e) => {
-                    let st = shared.status.borrow().clone();
+                    let st = node.status.borrow().clone();
                     format!("ERR {e}: {}", st.readyz_line().trim_end())
                 }
             }
         } else {
-            serde_json::to_string(&shared.services()).map_err(std::io::Error::other)?
+            serde_json::to_string(&node.services()).map_err(std::io::Error::other)?
         };
         let mut conn = reader.into_inner();
         conn.write_all(format!("{body}\n").as_bytes()).await?;
@@ -136,13 +136,13 @@ async fn handle(shared: &Arc<Shared>, conn: UnixStream) -> std::io::Result<()> {
         // Bytes the client sent after the line are kept in the reader's buffer.
         let buffered = reader.buffer().to_vec();
         let mut conn = reader.into_inner();
-        match crate::call::outbound::call(shared, name).await {
+        match crate::call::outbound::call(node, name).await {
             Ok(mut stream) => {
                 conn.write_all(b"OK\n").await?;
                 if !buffered.is_empty() {
                     stream.write_all(&buffered).await?;
                 }
-                let out = crate::call::splice::outbound(shared, &mut conn, &mut stream).await;
+                let out = crate::call::splice::outbound(node, &mut conn, &mut stream).await;
                 if let Some(e) = out.error {
                     return Err(e);
                 }

@@ -1,25 +1,19 @@
 //! The node's libp2p swarm: a dial-only TCP transport (optionally bound to a
-//! source IP) plus the relay-client transport, noise and yamux on both, and
+//! source IP: `agentmesh_streams::dial::DialTcp`) plus the relay-client transport, noise and yamux on both, and
 //! QUIC as a fallback (dial only, from the source IP too: see [`quic`]);
 //! the relay client, `agentmesh-streams` (our protocols) and ping as behaviours.
 //!
 //! A member never listens on TCP: everything reaches it through a relayed
 //! circuit on one of its routers, so the TCP side only dials.
 
-use std::future::Future;
-use std::io;
-use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::net::IpAddr;
 use std::time::Duration;
 
-use futures::FutureExt as _;
-use libp2p::core::multiaddr::Protocol;
+use agentmesh_streams::dial::DialTcp;
+use libp2p::core::Transport;
 use libp2p::core::muxing::StreamMuxerBox;
 use libp2p::core::transport::timeout::TransportTimeout;
-use libp2p::core::transport::{DialOpts, ListenerId, TransportError, TransportEvent};
 use libp2p::core::upgrade::Version;
-use libp2p::core::{Multiaddr, Transport};
 use libp2p::identity::Keypair;
 use libp2p::swarm::NetworkBehaviour;
 use libp2p::{Swarm, noise, ping, relay};
@@ -81,6 +75,50 @@ fn direct(
         .map(|either, _| either.into_inner())
         .boxed();
     Ok((direct, relay_client))
+}
+
+/// The yamux receive-window limits `config` asks for.
+pub(crate) fn window_limits(config: &crate::config::Config) -> WindowLimits {
+    WindowLimits {
+        max_streams: config.yamux_max_streams,
+        connection_window_bytes: config.yamux_connection_window_kib.saturating_mul(1024),
+    }
+}
+
+/// Builds the node's swarm from its config, `yamux_inbound_streams_dropped`
+/// counting in `metrics`.
+pub(crate) async fn build(
+    config: &crate::config::Config,
+    key: &Keypair,
+    metrics: &crate::metrics::Metrics,
+) -> Result<Swarm<Behaviour>, crate::SpawnError> {
+    use crate::config::MIN_TIMEOUT;
+    let yamux_dropped = metrics
+        .yamux_inbound_streams_dropped
+        .get_or_create(&crate::metrics::ReasonLabel {
+            reason: "buffer_full",
+        })
+        .clone();
+    build_swarm(
+        key,
+        config.dial_source_ip,
+        config.connect_timeout(),
+        config.idle_connection.max(MIN_TIMEOUT),
+        ping::Config::new()
+            .with_interval(config.ping_interval.max(MIN_TIMEOUT))
+            .with_timeout(config.ping_timeout.max(MIN_TIMEOUT)),
+        agentmesh_streams::Config {
+            inbound_queue_per_protocol: config.stream_inbound_queue_per_protocol,
+        },
+        agentmesh_streams::PendingOpenLimits {
+            max_pending_opens_per_peer: config.stream_max_pending_opens_per_peer,
+            max_pending_opens_total: config.stream_max_pending_opens_total,
+        },
+        window_limits(config),
+        yamux_dropped,
+    )
+    .await
+    .map_err(|e| crate::SpawnError::Swarm(e.to_string()))
 }
 
 /// Builds the swarm for `key`. `idle` closes connections without streams or
@@ -156,173 +194,6 @@ fn swarm_config(idle: Duration) -> libp2p::swarm::Config {
     libp2p::swarm::Config::with_tokio_executor()
         .with_idle_connection_timeout(idle)
         .with_substream_upgrade_protocol_override(Version::V1Lazy)
-}
-
-/// Dial-only TCP over tokio. With `source_ip`, every outgoing socket is bound
-/// to `source_ip:0` first, so one process can hold more connections to one
-/// router than a single source address has ephemeral ports. `/dns*`
-/// addresses are resolved with the system resolver (when the DNS transport
-/// in front has not already).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DialTcp {
-    pub(crate) source_ip: Option<IpAddr>,
-}
-
-/// Where a dial goes: an IP or a name to resolve, and a port.
-enum Target {
-    Ip(SocketAddr),
-    Dns(String, u16),
-}
-
-fn target_of(addr: &Multiaddr) -> Option<Target> {
-    let mut iter = addr.iter();
-    let host = iter.next()?;
-    let port = match iter.next()? {
-        Protocol::Tcp(p) => p,
-        _ => return None,
-    };
-    // Only `/p2p/ID` may follow; anything else (p2p-circuit, ws...) is not ours.
-    for rest in iter {
-        if !matches!(rest, Protocol::P2p(_)) {
-            return None;
-        }
-    }
-    if port == 0 {
-        return None;
-    }
-    match host {
-        Protocol::Ip4(ip) if !ip.is_unspecified() => {
-            Some(Target::Ip(SocketAddr::new(ip.into(), port)))
-        }
-        Protocol::Ip6(ip) if !ip.is_unspecified() => {
-            Some(Target::Ip(SocketAddr::new(ip.into(), port)))
-        }
-        Protocol::Dns(h) | Protocol::Dns4(h) | Protocol::Dns6(h) => {
-            Some(Target::Dns(h.to_string(), port))
-        }
-        _ => None,
-    }
-}
-
-async fn connect(target: Target, source_ip: Option<IpAddr>) -> io::Result<tokio::net::TcpStream> {
-    let addr = match target {
-        Target::Ip(a) => a,
-        Target::Dns(host, port) => {
-            let mut addrs = tokio::net::lookup_host((host.as_str(), port)).await?;
-            let want_v4 = source_ip.map(|ip| ip.is_ipv4());
-            addrs
-                .find(|a| want_v4.is_none_or(|v4| a.is_ipv4() == v4))
-                .ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::NotFound,
-                        format!("{host} has no usable address"),
-                    )
-                })?
-        }
-    };
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    socket.set_nodelay(true)?;
-    if let Some(ip) = source_ip {
-        socket.bind(SocketAddr::new(ip, 0))?;
-    }
-    socket.connect(addr).await
-}
-
-impl Transport for DialTcp {
-    type Output = libp2p::tcp::tokio::TcpStream;
-    type Error = io::Error;
-    type ListenerUpgrade = futures::future::Pending<Result<Self::Output, io::Error>>;
-    type Dial = Pin<Box<dyn Future<Output = Result<Self::Output, io::Error>> + Send>>;
-
-    fn listen_on(
-        &mut self,
-        _id: ListenerId,
-        addr: Multiaddr,
-    ) -> Result<(), TransportError<io::Error>> {
-        Err(TransportError::MultiaddrNotSupported(addr))
-    }
-
-    fn remove_listener(&mut self, _id: ListenerId) -> bool {
-        false
-    }
-
-    fn dial(
-        &mut self,
-        addr: Multiaddr,
-        _opts: DialOpts,
-    ) -> Result<Self::Dial, TransportError<io::Error>> {
-        let Some(target) = target_of(&addr) else {
-            return Err(TransportError::MultiaddrNotSupported(addr));
-        };
-        let source_ip = self.source_ip;
-        Ok(async move {
-            let s = connect(target, source_ip).await?;
-            Ok(libp2p::tcp::tokio::TcpStream(s))
-        }
-        .boxed())
-    }
-
-    fn poll(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<TransportEvent<Self::ListenerUpgrade, io::Error>> {
-        Poll::Pending
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_plain_tcp_addresses_are_ours() {
-        let ok: Multiaddr =
-            "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA"
-                .parse()
-                .expect("addr");
-        assert!(target_of(&ok).is_some());
-        let dns: Multiaddr = "/dns4/router.example/tcp/4001".parse().expect("addr");
-        assert!(matches!(target_of(&dns), Some(Target::Dns(_, 4001))));
-        for bad in [
-            "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA/p2p-circuit",
-            "/ip4/0.0.0.0/tcp/4001",
-            "/ip4/127.0.0.1/tcp/0",
-            "/ip4/127.0.0.1/udp/4001/quic-v1",
-        ] {
-            let a: Multiaddr = bad.parse().expect("addr");
-            assert!(target_of(&a).is_none(), "{bad}");
-        }
-    }
-
-    #[tokio::test]
-    async fn dials_bind_to_the_source_ip() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let source: IpAddr = "127.0.0.2".parse().expect("ip");
-        let mut t = DialTcp {
-            source_ip: Some(source),
-        };
-        let addr: Multiaddr = format!("/ip4/127.0.0.1/tcp/{port}").parse().expect("addr");
-        let dial = t
-            .dial(
-                addr,
-                DialOpts {
-                    role: libp2p::core::Endpoint::Dialer,
-                    port_use: libp2p::core::transport::PortUse::New,
-                },
-            )
-            .expect("ours");
-        let (dialed, accepted) = tokio::join!(dial, listener.accept());
-        let _s = dialed.expect("connected");
-        let (_, peer) = accepted.expect("accepted");
-        assert_eq!(peer.ip(), source);
-    }
 }
 
 #[cfg(test)]

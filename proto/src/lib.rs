@@ -1,12 +1,12 @@
 //! Everything agentmesh puts on the wire: the control plane's gRPC service, the
 //! messages of our libp2p protocols, the credential and its offline check.
 //!
-//! This crate does no I/O of its own: framing helpers are generic over
-//! `AsyncRead`/`AsyncWrite` and every decoder caps its input size.
+//! This crate does no I/O: it holds the messages and how to check them;
+//! how a message travels on a stream (framing, deadlines) is
+//! `agentmesh-wire`'s.
 
 pub mod credential;
 pub mod enforce;
-pub mod framing;
 pub mod policy;
 pub mod proof;
 pub mod protocols;

@@ -12,7 +12,7 @@
 //! A call streaming over a circuit through this router is never cut by a
 //! member: after its go-away a member opens no new call or circuit through
 //! here, and once it has let go of this router it keeps its connection
-//! while a circuit through it carries a call (`node/src/core/linger.rs`),
+//! while a circuit through it carries a call (`node/src/engine/linger.rs`),
 //! so "no member left" also means "no call of theirs left here". The grace
 //! is the one deadline of those calls: what still runs when it ends is cut
 //! by the close below (see docs/architecture.md, "Draining without cutting

@@ -21,6 +21,7 @@
 
 mod behaviour;
 mod control;
+pub mod dial;
 mod error;
 mod handler;
 mod info;

@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use agentmesh_proto::framing::{read_frame, write_frame};
 use agentmesh_proto::pb::credential::Credential;
 use agentmesh_proto::pb::mesh::{
     AuthRequest, AuthResponse, CallRequest, CallResponse, CatalogRequest, CatalogResponse, GoAway,
@@ -14,6 +13,7 @@ use agentmesh_proto::pb::mesh::{
 use agentmesh_proto::protocols::{
     AUTH, CALL, CATALOG, GOAWAY, MAX_CATALOG_FRAME_BYTES, MAX_FRAME_BYTES,
 };
+use agentmesh_wire::frame::{read_frame, write_frame};
 use futures::{AsyncReadExt as _, AsyncWriteExt as _, StreamExt as _};
 use libp2p::identity::Keypair;
 use libp2p::swarm::{NetworkBehaviour, SwarmEvent};

@@ -32,7 +32,7 @@ pub enum CallAnswer {
 
 /// Why a call exchange failed (not a refusal: those are answers); the
 /// peer is the provider.
-pub type CallError = ExchangeError;
+pub type CallExchangeError = ExchangeError;
 
 /// The request for `service`, showing `credential`.
 pub fn request_for(service: &str, credential: Credential) -> CallRequest {
@@ -75,7 +75,7 @@ pub async fn request(
     service: &str,
     credential: Credential,
     deadline: Duration,
-) -> Result<(CallAnswer, Stream, ConnectionId), CallError> {
+) -> Result<(CallAnswer, Stream, ConnectionId), CallExchangeError> {
     let req = request_for(service, credential);
     let ex = Exchange::new(CALL, provider);
     ex.within(deadline, async move {
@@ -93,7 +93,7 @@ pub async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     provider: PeerId,
     request: &CallRequest,
     deadline: Duration,
-) -> Result<CallAnswer, CallError> {
+) -> Result<CallAnswer, CallExchangeError> {
     let ex = Exchange::new(CALL, provider);
     ex.within(deadline, async {
         let resp: CallResponse = ex.ask(s, request, MAX_FRAME_BYTES, deadline).await?;
@@ -262,7 +262,7 @@ mod tests {
         let req = request_for("db", credential());
         let (got, ()) = tokio::join!(exchange(&mut client, PeerId::random(), &req, T), serve);
         match got.expect_err("garbage") {
-            CallError::Frame { source, .. } => assert!(source.is_malformed(), "{source}"),
+            CallExchangeError::Frame { source, .. } => assert!(source.is_malformed(), "{source}"),
             other => panic!("unexpected {other}"),
         }
     }

@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use agentmesh_proto::framing::{self, read_frame, write_frame};
-use futures::{AsyncRead, AsyncWrite};
+use futures::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use prost::Message;
 
 /// Why a frame could not be read or written.
@@ -51,17 +50,6 @@ impl FrameError {
     }
 }
 
-impl From<framing::FrameError> for FrameError {
-    fn from(e: framing::FrameError) -> Self {
-        match e {
-            framing::FrameError::Io(e) => Self::Io(e),
-            framing::FrameError::BadLength => Self::BadLength,
-            framing::FrameError::TooLarge { len, max } => Self::TooLarge { len, max },
-            framing::FrameError::Decode(e) => Self::Decode(e),
-        }
-    }
-}
-
 /// Decodes one whole frame (prefix and body, nothing after) of at most
 /// `max` body bytes. Pure: the same check the stream reader makes.
 pub fn decode<M: Message + Default>(bytes: &[u8], max: usize) -> Result<M, FrameError> {
@@ -89,6 +77,50 @@ pub fn encode<M: Message>(msg: &M) -> Vec<u8> {
     out
 }
 
+/// Reads one length-prefixed frame of at most `max` bytes and decodes it,
+/// with no deadline of its own (the caller bounds it; [`read`] does). An
+/// announced length over `max` is refused before a byte of the body is
+/// read or allocated.
+pub async fn read_frame<M, S>(stream: &mut S, max: usize) -> Result<M, FrameError>
+where
+    M: Message + Default,
+    S: AsyncRead + Unpin,
+{
+    let len = read_len(stream).await?;
+    if len > max {
+        return Err(FrameError::TooLarge { len, max });
+    }
+    let mut buf = vec![0u8; len];
+    stream.read_exact(&mut buf).await?;
+    Ok(M::decode(buf.as_slice())?)
+}
+
+/// Encodes `msg` and writes it as one frame, then flushes, with no
+/// deadline of its own (the caller bounds it; [`write`] does).
+pub async fn write_frame<M, S>(stream: &mut S, msg: &M) -> Result<(), FrameError>
+where
+    M: Message,
+    S: AsyncWrite + Unpin,
+{
+    stream.write_all(&encode(msg)).await?;
+    stream.flush().await?;
+    Ok(())
+}
+
+/// Reads the varint length prefix, one byte at a time (never past it).
+async fn read_len<S: AsyncRead + Unpin>(stream: &mut S) -> Result<usize, FrameError> {
+    let mut buf = [0u8; 10];
+    for i in 0..buf.len() {
+        stream.read_exact(&mut buf[i..=i]).await?;
+        if buf[i] & 0x80 == 0 {
+            let (len, _) =
+                unsigned_varint::decode::usize(&buf[..=i]).map_err(|_| FrameError::BadLength)?;
+            return Ok(len);
+        }
+    }
+    Err(FrameError::BadLength)
+}
+
 /// Reads one frame of at most `max` bytes within `deadline`.
 pub async fn read<M, S>(s: &mut S, max: usize, deadline: Duration) -> Result<M, FrameError>
 where
@@ -98,7 +130,6 @@ where
     tokio::time::timeout(deadline, read_frame(s, max))
         .await
         .map_err(|_| FrameError::Timeout(deadline))?
-        .map_err(FrameError::from)
 }
 
 /// Writes one frame (and flushes) within `deadline`.
@@ -110,7 +141,6 @@ where
     tokio::time::timeout(deadline, write_frame(s, msg))
         .await
         .map_err(|_| FrameError::Timeout(deadline))?
-        .map_err(FrameError::from)
 }
 
 /// What a client's read of the answer fails with when the stream ended
@@ -180,6 +210,7 @@ mod tests {
     use super::*;
     use crate::testing::Silent;
     use agentmesh_proto::pb::mesh::{AuthRequest, Purpose};
+    use futures::executor::block_on;
     use futures::io::Cursor;
     use proptest::prelude::*;
 
@@ -283,6 +314,43 @@ mod tests {
             .expect_err("nothing sent");
         assert!(matches!(err, FrameError::Timeout(_)), "{err}");
         assert!(!err.is_malformed());
+    }
+
+    #[test]
+    fn round_trip() {
+        let msg = AuthRequest {
+            credential: None,
+            purpose: Purpose::Attach as i32,
+            attached_routers: vec![vec![1, 2, 3]],
+            ..Default::default()
+        };
+        let mut buf = Cursor::new(Vec::new());
+        block_on(write_frame(&mut buf, &msg)).expect("write");
+        buf.set_position(0);
+        let got: AuthRequest = block_on(read_frame(&mut buf, 1024)).expect("read");
+        assert_eq!(got, msg);
+    }
+
+    #[test]
+    fn oversized_frame_is_refused_before_reading_it() {
+        // Prefix says 1 MiB, cap is 64 KiB: refused without allocating.
+        let mut prefix = unsigned_varint::encode::usize_buffer();
+        let p = unsigned_varint::encode::usize(1 << 20, &mut prefix).to_vec();
+        let mut cur = Cursor::new(p);
+        let err = block_on(read_frame::<AuthRequest, _>(&mut cur, 64 * 1024))
+            .expect_err("oversized frame must be refused");
+        assert!(
+            matches!(err, FrameError::TooLarge { len: 1048576, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        let mut cur = Cursor::new(vec![0xff; 12]);
+        assert!(block_on(read_frame::<AuthRequest, _>(&mut cur, 1024)).is_err());
+        let mut cur = Cursor::new(vec![3, 0xff, 0xff, 0xff]);
+        assert!(block_on(read_frame::<AuthRequest, _>(&mut cur, 1024)).is_err());
     }
 
     proptest! {

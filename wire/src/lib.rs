@@ -16,7 +16,7 @@
 //!
 //! The client halves of auth, catalog and call fail as one
 //! [`exchange::ExchangeError`] (named [`auth::AuthError`],
-//! [`catalog::CatalogError`] and [`call::CallError`] there), go-away and
+//! [`catalog::CatalogError`] and [`call::CallExchangeError`] there), go-away and
 //! policy each as their own; server halves return the [`frame::FrameError`]
 //! of the frame they could not read or write, which says whether the peer
 //! sent garbage ([`frame::FrameError::is_malformed`]) or went silent.

@@ -39,8 +39,8 @@ use super::slots::{CallSlot, CallSlots, CallerKey, NoSlot};
 use super::splice::{self, End, Limits};
 use crate::config::{AllowRule, is_allowed};
 use crate::metrics::DirectionLabel;
+use crate::node::Node;
 use crate::policy::Denied;
-use crate::shared::Shared;
 
 /// The provider side's policy and counters.
 pub(crate) struct Inbound {
@@ -134,20 +134,32 @@ impl Inbound {
 /// task holding a request slot until its request is read. Tasks are
 /// bounded by the call limit plus the request slots; a stream refused here
 /// (no slot for its caller, or that bound) is dropped unanswered, counted.
-pub(crate) async fn accept_loop(
-    shared: Arc<Shared>,
-    inbound: Arc<Inbound>,
-    mut incoming: IncomingStreams,
+/// Starts the inbound-call acceptor, watched as task `inbound_calls`.
+pub(crate) fn spawn(
+    node: Arc<Node>,
+    incoming: IncomingStreams,
+    tasks: &mut crate::supervise::Tasks,
 ) {
+    let c = &node.config;
+    let inbound = Arc::new(Inbound::new(
+        &c.expose,
+        &c.allow,
+        c.max_inbound_calls,
+        c.max_inbound_calls_per_caller,
+    ));
+    tasks.spawn("inbound_calls", accept_loop(node, inbound, incoming));
+}
+
+async fn accept_loop(node: Arc<Node>, inbound: Arc<Inbound>, mut incoming: IncomingStreams) {
     let mut calls = JoinSet::new();
-    let requests = shared.config.max_inbound_call_requests.max(1);
-    let slots = Arc::new(RequestSlots::new(requests, shared.metrics.log.clone()));
-    let bound = shared.config.max_inbound_calls + requests;
+    let requests = node.config.max_inbound_call_requests.max(1);
+    let slots = Arc::new(RequestSlots::new(requests, node.metrics.log.clone()));
+    let bound = node.config.max_inbound_calls + requests;
     while let Some((info, stream)) = incoming.next().await {
         let (peer, conn) = (info.peer, info.connection);
         while calls.try_join_next().is_some() {}
         if calls.len() >= bound {
-            shared.metrics.call("inbound", "overflow");
+            node.metrics.call("inbound", "overflow");
             slots.log_refusal(peer, "overflow", "calls in any phase at their bound");
             drop(stream);
             continue;
@@ -155,7 +167,7 @@ pub(crate) async fn accept_loop(
         let slot = match slots.try_acquire(peer) {
             Ok(slot) => slot,
             Err(r) => {
-                shared.metrics.call("inbound", admission::CALLER_SHARE);
+                node.metrics.call("inbound", admission::CALLER_SHARE);
                 let detail = format!(
                     "every request slot is taken and this caller holds {} (fair share {}; --max-inbound-call-requests)",
                     r.held, r.fair_share
@@ -165,27 +177,27 @@ pub(crate) async fn accept_loop(
                 continue;
             }
         };
-        let shared = shared.clone();
+        let node = node.clone();
         let inbound = inbound.clone();
         let slots = slots.clone();
         calls.spawn(
-            async move { serve(shared, inbound, &slots, (peer, conn), stream, slot).await }
+            async move { serve(node, inbound, &slots, (peer, conn), stream, slot).await }
                 .in_current_span(),
         );
     }
 }
 
-async fn refuse(shared: &Shared, stream: &mut Stream, peer: PeerId, r: Refusal) {
+async fn refuse(node: &Node, stream: &mut Stream, peer: PeerId, r: Refusal) {
     tracing::debug!(%peer, reason = r.label, detail = %r.detail, "inbound call refused");
-    shared.metrics.call("inbound", r.label);
-    let t = shared.config.call_timeout();
+    node.metrics.call("inbound", r.label);
+    let t = node.config.call_timeout();
     let _ = call_wire::write_refused(stream, r.code, r.detail, t).await;
     let _ = tokio::time::timeout(t, stream.close()).await;
 }
 
 /// Verifies the caller's credential, re-fetching keys once for an unknown key id.
 async fn verify_caller(
-    shared: &Shared,
+    node: &Node,
     req: &CallRequest,
     peer: PeerId,
 ) -> Result<VerifiedClaims, Refusal> {
@@ -196,10 +208,10 @@ async fn verify_caller(
             "no credential in the call request",
         ));
     };
-    let skew = shared.config.credential_skew.as_secs() as i64;
-    let mut r = verify(cred, &shared.trust(), unix_now(), Some(&peer), skew);
-    if matches!(r, Err(CredentialError::UnknownKey(_))) && shared.refetch_keys().await {
-        r = verify(cred, &shared.trust(), unix_now(), Some(&peer), skew);
+    let skew = node.config.credential_skew.as_secs() as i64;
+    let mut r = verify(cred, &node.trust(), unix_now(), Some(&peer), skew);
+    if matches!(r, Err(CredentialError::UnknownKey(_))) && node.refetch_keys().await {
+        r = verify(cred, &node.trust(), unix_now(), Some(&peer), skew);
     }
     match r {
         Ok(v) if v.role() == Role::Member => Ok(v),
@@ -224,36 +236,44 @@ async fn verify_caller(
 /// Completes once a change of the policy or of the revocations no longer
 /// lets the caller with `claims` call `service` (checked at each change,
 /// never polled); pending while it does.
-async fn no_longer_allowed(shared: &Shared, claims: &VerifiedClaims, service: &str) -> Denied {
-    let mut changes = shared.policy.subscribe();
+async fn no_longer_allowed(node: &Node, claims: &VerifiedClaims, service: &str) -> Denied {
+    let mut changes = node.policy.subscribe();
     loop {
         if changes.changed().await.is_err() {
             return std::future::pending().await;
         }
-        if let Err(d) = shared
+        if let Err(d) = node
             .policy
-            .may_call(&shared.trust(), claims, service, unix_now())
+            .may_call(&node.trust(), claims, service, unix_now())
         {
             return d;
         }
     }
 }
 
-async fn serve(
-    shared: Arc<Shared>,
-    inbound: Arc<Inbound>,
+/// What reading a call's request came to.
+enum Read {
+    /// The request.
+    Request(CallRequest),
+    /// Refused before it was read whole (malformed, late).
+    Refused(Refusal),
+    /// The stream was closed unanswered (its slot taken, or silent):
+    /// counted and logged already.
+    Closed,
+}
+
+/// Reads the call's request within the call timeout, its first byte within
+/// `--call-first-byte-timeout-ms`, unless `slot` is taken for a caller
+/// holding fewer first; the request slot is freed once done.
+async fn read_request(
+    node: &Node,
     slots: &RequestSlots,
-    (peer, conn): (PeerId, ConnectionId),
-    mut stream: Stream,
+    peer: PeerId,
+    stream: &mut Stream,
     slot: RequestSlot,
-) {
-    let _guard = shared.in_flight_guard();
-    // The caller's circuit stays open while its call lives, and so does the
-    // router under it, even once let go after its go-away (`core::linger`).
-    let mut peer_call = shared.peer_calls.begin(peer);
-    peer_call.carried_by(conn);
-    let deadline = shared.config.call_timeout();
-    let mut first = FirstByte::new(&mut stream, shared.config.call_first_byte_timeout());
+) -> Read {
+    let deadline = node.config.call_timeout();
+    let mut first = FirstByte::new(stream, node.config.call_first_byte_timeout());
     let read = tokio::select! {
         r = call_wire::read_request(&mut first, deadline) => Some(r),
         () = slot.preempted() => None,
@@ -262,125 +282,154 @@ async fn serve(
     // The request is read (or the stream is done): its slot is free.
     drop(slot);
     let Some(read) = read else {
-        shared.metrics.call("inbound", admission::PREEMPTED);
+        node.metrics.call("inbound", admission::PREEMPTED);
         slots.log_refusal(
             peer,
             admission::PREEMPTED,
             "closed before its request: its slot was taken for a caller holding fewer",
         );
-        return;
+        return Read::Closed;
     };
     if silent {
-        shared.metrics.call("inbound", admission::SILENT);
+        node.metrics.call("inbound", admission::SILENT);
         slots.log_refusal(
             peer,
             admission::SILENT,
             "no byte within --call-first-byte-timeout-ms",
         );
-        return;
+        return Read::Closed;
     }
-    let req: CallRequest = match read {
-        Ok(r) => r,
-        Err(FrameError::Timeout(_)) => {
-            let r = refusal(
-                CallRefusal::Malformed,
-                "malformed",
-                "no call request in time",
-            );
-            return refuse(&shared, &mut stream, peer, r).await;
-        }
-        Err(e) => {
-            let r = refusal(
-                CallRefusal::Malformed,
-                "malformed",
-                format!("bad call request: {e}"),
-            );
-            return refuse(&shared, &mut stream, peer, r).await;
-        }
-    };
-    if shared.is_shutting_down() {
-        let r = refusal(
+    match read {
+        Ok(r) => Read::Request(r),
+        Err(FrameError::Timeout(_)) => Read::Refused(refusal(
+            CallRefusal::Malformed,
+            "malformed",
+            "no call request in time",
+        )),
+        Err(e) => Read::Refused(refusal(
+            CallRefusal::Malformed,
+            "malformed",
+            format!("bad call request: {e}"),
+        )),
+    }
+}
+
+/// Whether the call may go ahead: the node is not stopping, the caller's
+/// credential verifies, the policy grants it the service, then (in
+/// `admit`) the provider's own `--allow` on top and a call slot. Returns
+/// the caller's claims, the service's backend and the call's slot.
+async fn judge<'a>(
+    node: &Node,
+    inbound: &'a Inbound,
+    req: &CallRequest,
+    peer: PeerId,
+) -> Result<(VerifiedClaims, SocketAddr, CallSlot<'a>), Refusal> {
+    if node.is_shutting_down() {
+        return Err(refusal(
             CallRefusal::ShuttingDown,
             "shutting_down",
             "provider is shutting down",
-        );
-        return refuse(&shared, &mut stream, peer, r).await;
+        ));
     }
-    let claims = match verify_caller(&shared, &req, peer).await {
-        Ok(c) => c,
-        Err(r) => return refuse(&shared, &mut stream, peer, r).await,
-    };
+    let claims = verify_caller(node, req, peer).await?;
     // The policy's grant, then (in `admit`) the provider's own `--allow`
     // on top: a call needs both.
     if inbound.exposes(&req.service)
-        && let Err(d) = shared
+        && let Err(d) = node
             .policy
-            .may_call(&shared.trust(), &claims, &req.service, unix_now())
+            .may_call(&node.trust(), &claims, &req.service, unix_now())
     {
-        let r = match d {
+        return Err(match d {
             Denied::NotGranted => refusal(
                 CallRefusal::NotGranted,
                 "not_granted",
                 format!(
                     "the access policy (version {}) grants none of this caller's groups {:?}",
-                    shared.policy.epoch_version().1,
+                    node.policy.epoch_version().1,
                     req.service
                 ),
             ),
             Denied::Revoked => refusal(CallRefusal::Revoked, "revoked", "caller is revoked"),
-        };
-        return refuse(&shared, &mut stream, peer, r).await;
+        });
     }
     let labels = claims.labels();
     let key = inbound.key_of(&claims);
-    let (backend, slot) = match inbound.admit(&req.service, peer, key, &labels) {
-        Ok(x) => x,
-        Err(r) => return refuse(&shared, &mut stream, peer, r).await,
-    };
-    let tcp = match tokio::time::timeout(
-        shared.config.connect_timeout(),
+    let (backend, slot) = inbound.admit(&req.service, peer, key, &labels)?;
+    Ok((claims, backend, slot))
+}
+
+/// Connects to the service's backend within the connect timeout.
+async fn connect_backend(
+    node: &Node,
+    backend: SocketAddr,
+) -> Result<tokio::net::TcpStream, Refusal> {
+    match tokio::time::timeout(
+        node.config.connect_timeout(),
         tokio::net::TcpStream::connect(backend),
     )
     .await
     {
-        Ok(Ok(t)) => t,
-        Ok(Err(e)) => {
-            let r = refusal(
-                CallRefusal::BackendUnavailable,
-                "backend_unavailable",
-                format!("backend: {e}"),
-            );
-            return refuse(&shared, &mut stream, peer, r).await;
-        }
-        Err(_) => {
-            let r = refusal(
-                CallRefusal::BackendUnavailable,
-                "backend_unavailable",
-                "backend connect timed out",
-            );
-            return refuse(&shared, &mut stream, peer, r).await;
-        }
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(refusal(
+            CallRefusal::BackendUnavailable,
+            "backend_unavailable",
+            format!("backend: {e}"),
+        )),
+        Err(_) => Err(refusal(
+            CallRefusal::BackendUnavailable,
+            "backend_unavailable",
+            "backend connect timed out",
+        )),
+    }
+}
+
+async fn serve(
+    node: Arc<Node>,
+    inbound: Arc<Inbound>,
+    slots: &RequestSlots,
+    (peer, conn): (PeerId, ConnectionId),
+    mut stream: Stream,
+    slot: RequestSlot,
+) {
+    let _guard = node.in_flight_guard();
+    // The caller's circuit stays open while its call lives, and so does the
+    // router under it, even once let go after its go-away (`engine::linger`).
+    let mut peer_call = node.peer_calls.begin(peer);
+    peer_call.carried_by(conn);
+    let deadline = node.config.call_timeout();
+    let req = match read_request(&node, slots, peer, &mut stream, slot).await {
+        Read::Request(req) => req,
+        Read::Refused(r) => return refuse(&node, &mut stream, peer, r).await,
+        Read::Closed => return,
+    };
+    let (claims, backend, slot) = match judge(&node, &inbound, &req, peer).await {
+        Ok(x) => x,
+        Err(r) => return refuse(&node, &mut stream, peer, r).await,
+    };
+    let tcp = match connect_backend(&node, backend).await {
+        Ok(t) => t,
+        Err(r) => return refuse(&node, &mut stream, peer, r).await,
     };
     let _ = tcp.set_nodelay(true);
-    shared.metrics.call("inbound", "accepted");
+    node.metrics.call("inbound", "accepted");
     let _ = call_wire::write_accepted(&mut stream, deadline).await;
     tracing::debug!(%peer, service = %req.service, "inbound call accepted");
-    let m = &shared.metrics;
-    m.inbound_calls_active.inc();
-    let closed = shared.control.closed(conn);
+    let m = &node.metrics;
+    m.calls.inbound_calls_active.inc();
+    let closed = node.control.closed(conn);
     let mut remote = stream.compat();
     let mut tcp = tcp;
     let touch = || slot.touch();
     let limits = Limits {
-        buffer: shared.config.splice_buffer_bytes(),
-        idle: shared.config.call_idle_timeout(),
+        buffer: node.config.splice_buffer_bytes(),
+        idle: node.config.call_idle_timeout(),
         closed: &closed,
         on_activity: &touch,
     };
     let stop = async {
         tokio::select! {
             () = slot.preempted() => "preempted",
-            d = no_longer_allowed(&shared, &claims, &req.service) => {
+            d = no_longer_allowed(&node, &claims, &req.service) => {
                 tracing::info!(%peer, service = %req.service, reason = d.label(), "live call closed: the policy or a revocation no longer allows it");
                 m.policy
                     .calls_closed
@@ -396,15 +445,17 @@ async fn serve(
     drop(tcp);
     drop(remote);
     drop(slot);
-    m.inbound_calls_active.dec();
+    m.calls.inbound_calls_active.dec();
     let out = out.settle(&closed).await;
     m.call_ended("inbound", out.end.label());
-    m.call_bytes
+    m.calls
+        .call_bytes
         .get_or_create(&DirectionLabel {
             direction: "received",
         })
         .inc_by(out.from_stream);
-    m.call_bytes
+    m.calls
+        .call_bytes
         .get_or_create(&DirectionLabel { direction: "sent" })
         .inc_by(out.to_stream);
     let (from_caller, to_caller) = (out.from_stream, out.to_stream);

@@ -19,8 +19,8 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt as _};
 
+use crate::node::InFlight;
 use crate::peer_calls::PeerCall;
-use crate::shared::InFlight;
 
 /// Why an outbound call could not be set up.
 #[derive(Debug, thiserror::Error)]

@@ -13,20 +13,20 @@ use agentmesh_proto::enforce::groups_of;
 use agentmesh_proto::unix_now;
 use libp2p::PeerId;
 
-use crate::shared::Shared;
+use crate::node::Node;
 
 /// Why `router` refused our circuit to `provider` when we called
 /// `service`, judged with our own copy of the policy and our credential.
-pub(crate) fn explain(shared: &Shared, service: &str, router: PeerId, provider: PeerId) -> String {
-    let skew = shared.config.credential_skew.as_secs() as i64;
+pub(crate) fn explain(node: &Node, service: &str, router: PeerId, provider: PeerId) -> String {
+    let skew = node.config.credential_skew.as_secs() as i64;
     let mine = verify(
-        &shared.credential(),
-        &shared.trust(),
+        &node.credential(),
+        &node.trust(),
         unix_now(),
-        Some(&shared.peer_id),
+        Some(&node.peer_id),
         skew,
     );
-    let held = shared.policy.held().map(|h| (h.version, h.policy.clone()));
+    let held = node.policy.held().map(|h| (h.version, h.policy.clone()));
     let why = judge(held.as_ref().map(|(v, p)| (*v, p.as_ref())), mine, service);
     format!("{why} (router {router} refused the circuit to provider {provider}; not retried)")
 }

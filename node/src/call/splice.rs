@@ -164,23 +164,23 @@ where
 /// but those), counts its end in `agentmesh_node_calls_ended_total{direction="outbound"}`
 /// and returns it. Bytes are counted by the [`CallStream`] itself.
 pub(crate) async fn outbound<L>(
-    shared: &crate::shared::Shared,
+    node: &crate::node::Node,
     local: &mut L,
     stream: &mut super::CallStream,
 ) -> Outcome
 where
     L: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
-    let closed = shared.control.closed(stream.connection());
+    let closed = node.control.closed(stream.connection());
     let limits = Limits {
-        buffer: shared.config.splice_buffer_bytes(),
-        idle: shared.config.call_idle_timeout(),
+        buffer: node.config.splice_buffer_bytes(),
+        idle: node.config.call_idle_timeout(),
         closed: &closed,
         on_activity: &|| {},
     };
     let out = splice(stream, local, limits, std::future::pending()).await;
     let out = out.settle(&closed).await;
-    shared.metrics.call_ended("outbound", out.end.label());
+    node.metrics.call_ended("outbound", out.end.label());
     out
 }
 

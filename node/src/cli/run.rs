@@ -23,10 +23,10 @@ pub enum RunError {
     /// The signal handlers could not be installed.
     #[error("installing signal handlers: {0}")]
     Signal(#[source] std::io::Error),
-    /// The node's core stopped; exiting lets a supervisor restart a node
-    /// that can no longer attach.
-    #[error("node core failed: {0}")]
-    CoreFailed(String),
+    /// A long-lived task of the node ended or panicked (the failure names
+    /// it); exiting non-zero lets a supervisor restart the node.
+    #[error("node failed: {0}")]
+    TaskFailed(String),
 }
 
 /// Runs the node `args` describe, with the process's stall watchdog, until
@@ -49,7 +49,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
-        why = node.failed() => return Err(RunError::CoreFailed(why)),
+        why = node.failed() => return Err(RunError::TaskFailed(why)),
     }
     tracing::info!("stopping: withdrawing records, finishing calls");
     node.shutdown().await;

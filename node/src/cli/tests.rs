@@ -194,7 +194,7 @@ fn yamux_and_splice_flags_map_to_the_config() {
         "64",
     ]);
     assert_eq!(
-        c.yamux_limits(),
+        crate::transport::window_limits(&c),
         crate::transport::WindowLimits {
             max_streams: 4,
             connection_window_bytes: 2048 * 1024,
@@ -203,7 +203,7 @@ fn yamux_and_splice_flags_map_to_the_config() {
     assert_eq!(c.splice_buffer_bytes(), 64 * 1024);
     // The default bounds the window far below libp2p-yamux's 1 GiB and
     // still gives every stream yamux's 256 KiB.
-    let d = Config::default().yamux_limits();
+    let d = crate::transport::window_limits(&Config::default());
     assert!(d.connection_window_bytes < 1 << 30);
     assert!(d.connection_window_bytes >= d.max_streams as u64 * 256 * 1024);
     assert!(run_args(&["--splice-buffer-kib", "0"]).is_err());

@@ -6,7 +6,7 @@
 //! directory the node fetches (`GetDirectoryResponse.policy`), in a
 //! router's admission (`Admitted.policy`, set when the router holds a newer
 //! one than the request said we hold), and pushed by an attached router on
-//! `/agentmesh/policy/1` (see `core/policy_push.rs`). Every offer is
+//! `/agentmesh/policy/1` (see `engine/policy_push.rs`). Every offer is
 //! verified against the node's own [`Trust`] (the control plane's keys), so
 //! a lying router can withhold a policy but never forge or roll one back;
 //! one not taken is counted by reason (`agentmesh_node_policy_ignored_total`).

@@ -136,12 +136,12 @@ mod tests {
     /// yamux's auto-tuning grows the stream's window as far as it may) and
     /// then stops reading: what the peer could still push into the member
     /// is bounded by the window (256 KiB guaranteed plus the room above
-    /// `max_streams` × 256 KiB), not libp2p-yamux's 1 GiB. Over a real TCP
-    /// socket pair, the member's upgrade on one end and a stock yamux on
-    /// the other (as a lying peer would run). The writer stops once one
-    /// write stays blocked; the assertion is a bound, so a slow machine
-    /// only makes the unread count smaller.
-    #[tokio::test]
+    /// `max_streams` × 256 KiB), not libp2p-yamux's 1 GiB. Over an
+    /// in-memory pipe, the member's upgrade on one end and a stock yamux on
+    /// the other (as a lying peer would run), in paused time: the writer's
+    /// pause elapses only once every task is idle, that is once its write
+    /// is blocked by the window, so "blocked" is exact, not a guess.
+    #[tokio::test(start_paused = true)]
     async fn a_flooding_peer_is_held_to_the_window() {
         const CHUNK: usize = 16 * 1024;
         const READ_FIRST: usize = 8 * 1024 * 1024;
@@ -150,19 +150,14 @@ mod tests {
             max_streams: 4,
             connection_window_bytes: 4 * STREAM_CREDIT_BYTES + extra,
         };
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = l.local_addr().expect("addr");
-        let (dialed, accepted) = tokio::join!(tokio::net::TcpStream::connect(addr), l.accept());
-        let (accepted, _) = accepted.expect("accept");
+        let (dialed, accepted) = tokio::io::duplex(64 * 1024);
         let upgrade = yamux_upgrade(limits, Counter::default()).expect("limits");
         let mut member = upgrade
             .upgrade_inbound(accepted.compat(), YAMUX_PROTOCOL)
             .await
             .expect("member side");
         let mut flooder = yamux::Connection::new(
-            dialed.expect("connect").compat(),
+            dialed.compat(),
             yamux::Config::default(),
             yamux::Mode::Client,
         );

@@ -80,20 +80,10 @@ impl DialQuic {
 /// The IP a QUIC address (`/ip4|ip6/…/udp/PORT/quic-v1[/p2p/…]`) points at;
 /// `None` for anything the QUIC transport would not dial.
 fn quic_target(addr: &Multiaddr) -> Option<IpAddr> {
-    let mut iter = addr.iter();
-    let ip: IpAddr = match iter.next()? {
-        Protocol::Ip4(ip) => ip.into(),
-        Protocol::Ip6(ip) => ip.into(),
-        _ => return None,
-    };
-    if !matches!(iter.next()?, Protocol::Udp(p) if p != 0) {
-        return None;
+    match agentmesh_streams::dial::ip_target(addr)? {
+        agentmesh_streams::dial::IpTarget::Quic(sa) => Some(sa.ip()),
+        agentmesh_streams::dial::IpTarget::Tcp(_) => None,
     }
-    if !matches!(iter.next()?, Protocol::QuicV1) {
-        return None;
-    }
-    iter.all(|rest| matches!(rest, Protocol::P2p(_)))
-        .then_some(ip)
 }
 
 impl Transport for DialQuic {

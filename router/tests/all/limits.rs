@@ -377,8 +377,8 @@ async fn a_silent_auth_stream_is_a_failed_login_and_a_slow_one_is_not() {
 /// and is no failed login; a stranger's is closed at the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admitted_members_late_re_presentation_is_served_and_no_failed_login() {
-    use agentmesh_proto::framing::{read_frame, write_frame};
     use agentmesh_proto::pb::mesh::{AuthRequest, AuthResponse};
+    use agentmesh_wire::frame::{read_frame, write_frame};
     let cp = start_cp().await;
     let r = start_router(&cp, |c| {
         c.auth_first_byte_timeout = Duration::from_millis(200);

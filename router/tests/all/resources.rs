@@ -13,7 +13,6 @@ use crate::support;
 
 use std::time::Duration;
 
-use agentmesh_proto::framing::{read_frame, write_frame};
 use agentmesh_proto::pb::credential::{Credential, Role};
 use agentmesh_proto::pb::mesh::{
     AuthRequest, AuthResponse, CatalogRequest, CatalogResponse, Lookup, Purpose, auth_response,
@@ -21,6 +20,7 @@ use agentmesh_proto::pb::mesh::{
 };
 use agentmesh_proto::protocols::{AUTH, CATALOG, MAX_CATALOG_FRAME_BYTES, MAX_FRAME_BYTES};
 use agentmesh_router::Config;
+use agentmesh_wire::frame::{read_frame, write_frame};
 use futures::{AsyncWriteExt, StreamExt};
 use libp2p::identity::Keypair;
 use libp2p::multiaddr::Protocol;

@@ -44,6 +44,5 @@ pub mod provider_calls;
 pub mod provider_circuits;
 pub mod router_auth;
 pub mod router_refused;
-mod source_tcp;
 mod stranger;
 pub mod summary;

@@ -1,5 +1,5 @@
 //! A stranger's connection to a router: a fresh PeerId each time, TCP from
-//! one source address ([`source_tcp`]), our streams behaviour and nothing
+//! one source address (`agentmesh_streams::dial::DialTcp`), our streams behaviour and nothing
 //! else (no credential is ever shown). The router attacks dial with it and
 //! then do with the connection what their attack is about.
 
@@ -15,8 +15,6 @@ use libp2p::swarm::SwarmEvent;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::{Multiaddr, PeerId, Swarm};
 use tokio::time::Instant;
-
-use crate::source_tcp;
 
 /// A stranger connected to the router; the caller drives `swarm`.
 pub(crate) struct Stranger {
@@ -47,7 +45,7 @@ pub(crate) async fn dial(
     deadline: Instant,
 ) -> anyhow::Result<Dialed> {
     let key = Keypair::generate_ed25519();
-    let transport = source_tcp::transport(&key, source_ip).context("noise")?;
+    let transport = source_transport(&key, source_ip).context("noise")?;
     let behaviour = Behaviour::new();
     let control = behaviour.new_control();
     let config = libp2p::swarm::Config::with_tokio_executor().with_idle_connection_timeout(idle);
@@ -79,6 +77,30 @@ pub(crate) fn peer_of(addr: &Multiaddr) -> Option<PeerId> {
         Protocol::P2p(id) => Some(id),
         _ => None,
     })
+}
+
+/// Deadline of one dial's TCP connect, noise and yamux handshakes.
+const UPGRADE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// TCP from `source_ip` (an address of the attack's own), noise with
+/// `key`, yamux.
+fn source_transport(
+    key: &libp2p::identity::Keypair,
+    source_ip: std::net::IpAddr,
+) -> Result<
+    libp2p::core::transport::Boxed<(libp2p::PeerId, libp2p::core::muxing::StreamMuxerBox)>,
+    libp2p::noise::Error,
+> {
+    use libp2p::Transport as _;
+    Ok(agentmesh_streams::dial::DialTcp {
+        source_ip: Some(source_ip),
+    }
+    .upgrade(libp2p::core::upgrade::Version::V1Lazy)
+    .authenticate(libp2p::noise::Config::new(key)?)
+    .multiplex(libp2p::yamux::Config::default())
+    .timeout(UPGRADE_TIMEOUT)
+    .map(|(peer, muxer), _| (peer, libp2p::core::muxing::StreamMuxerBox::new(muxer)))
+    .boxed())
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use agentmesh_controlplane::client::{Client, ClientConfig};
 use agentmesh_netns::{Host, Nat, NatKind, Proc, Testbed, testbed_or_skip};
-use agentmesh_node::report::Report;
+use agentmesh_node::status::report::Report;
 use agentmesh_proto::credential::map_to_labels;
 use agentmesh_proto::pb::controlplane::CreateTokenRequest;
 use agentmesh_proto::pb::credential::{Role, TokenKind};

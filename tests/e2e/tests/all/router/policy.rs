@@ -334,10 +334,10 @@ async fn a_policy_applied_at_the_control_plane_is_pushed_to_members_and_their_ac
         purpose: Purpose::Attach as i32,
         ..Default::default()
     };
-    agentmesh_proto::framing::write_frame(&mut s, &req)
+    agentmesh_wire::frame::write_frame(&mut s, &req)
         .await
         .expect("auth request");
-    let resp: AuthResponse = agentmesh_proto::framing::read_frame(&mut s, MAX_POLICY_FRAME_BYTES)
+    let resp: AuthResponse = agentmesh_wire::frame::read_frame(&mut s, MAX_POLICY_FRAME_BYTES)
         .await
         .expect("auth answer");
     let Some(auth_response::Result::Admitted(a)) = resp.result else {
@@ -383,7 +383,7 @@ async fn a_policy_applied_at_the_control_plane_is_pushed_to_members_and_their_ac
         .await
         .expect("pushed in time")
         .expect("a push stream");
-    let push: PolicyPush = agentmesh_proto::framing::read_frame(&mut s, MAX_POLICY_FRAME_BYTES)
+    let push: PolicyPush = agentmesh_wire::frame::read_frame(&mut s, MAX_POLICY_FRAME_BYTES)
         .await
         .expect("push frame");
     let signed = push.policy.expect("the push carries the policy");
@@ -394,7 +394,7 @@ async fn a_policy_applied_at_the_control_plane_is_pushed_to_members_and_their_ac
         version: held.version,
         ..Default::default()
     };
-    agentmesh_proto::framing::write_frame(&mut s, &ack)
+    agentmesh_wire::frame::write_frame(&mut s, &ack)
         .await
         .expect("ack");
     eventually("the ack counted", || async {

@@ -101,7 +101,7 @@ async fn members_from_before_the_push_slot_or_before_policies_keep_working() {
     let answering = tokio::spawn(async move {
         while let Some((router, mut s)) = incoming.next().await {
             let push: PolicyPush =
-                agentmesh_proto::framing::read_frame(&mut s, MAX_POLICY_FRAME_BYTES)
+                agentmesh_wire::frame::read_frame(&mut s, MAX_POLICY_FRAME_BYTES)
                     .await
                     .expect("push frame");
             let (epoch, version) = push
@@ -114,7 +114,7 @@ async fn members_from_before_the_push_slot_or_before_policies_keep_working() {
                 version,
                 ..Default::default()
             };
-            agentmesh_proto::framing::write_frame(&mut s, &ack)
+            agentmesh_wire::frame::write_frame(&mut s, &ack)
                 .await
                 .expect("ack");
             let _ = bodies_tx.send((router.peer, version)).await;
@@ -179,11 +179,11 @@ async fn members_from_before_the_push_slot_or_before_policies_keep_working() {
         purpose: Purpose::Attach as i32,
         ..Default::default()
     };
-    agentmesh_proto::framing::write_frame(&mut s, &req)
+    agentmesh_wire::frame::write_frame(&mut s, &req)
         .await
         .expect("auth request");
     let resp: agentmesh_proto::pb::mesh::AuthResponse =
-        agentmesh_proto::framing::read_frame(&mut s, MAX_POLICY_FRAME_BYTES)
+        agentmesh_wire::frame::read_frame(&mut s, MAX_POLICY_FRAME_BYTES)
             .await
             .expect("auth answer");
     let Some(auth_response::Result::Admitted(a)) = resp.result else {

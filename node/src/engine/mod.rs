@@ -1,4 +1,4 @@
-//! The core loop: the one task that owns the swarm and every admission
+//! The engine: the one task that owns the swarm and every admission
 //! (attach and transit). It keeps K routers (dial → auth → reserve →
 //! publish), refreshes the credential, polls the directory, obeys go-away,
 //! answers call tasks' commands (connect, routes, transit, report), and
@@ -46,7 +46,8 @@ use rand::Rng;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::shared::{Command, Routes, Shared};
+use crate::command::{Command, Routes};
+use crate::node::Node;
 use crate::transport::{Behaviour, BehaviourEvent};
 use agentmesh_wire::auth::{AuthError, AuthOutcome};
 use agentmesh_wire::catalog::{CatalogAnswer, CatalogError};
@@ -78,14 +79,14 @@ pub(crate) enum Op {
     TopUp,
     GoAway {
         router: PeerId,
-        result: Result<agentmesh_proto::pb::mesh::GoAway, String>,
+        result: Result<agentmesh_proto::pb::mesh::GoAway, agentmesh_wire::goaway::GoAwayError>,
     },
     Directory(Box<Result<(GetDirectoryResponse, KeySet), directory::FetchError>>),
     Refresh(Box<Result<RefreshResponse, ClientError>>),
     /// A transit request's connection is up (or failed).
     TransitConnected {
         router: PeerId,
-        connected: Result<(), String>,
+        connected: Result<(), crate::command::ConnectError>,
         auth_limit: Duration,
         reply: transit::Reply,
     },
@@ -101,9 +102,9 @@ pub(crate) enum Op {
     },
 }
 
-/// The core loop's state.
-pub(crate) struct Core {
-    shared: Arc<Shared>,
+/// The engine's state.
+pub(crate) struct Engine {
+    node: Arc<Node>,
     swarm: Swarm<Behaviour>,
     cmd_rx: mpsc::Receiver<Command>,
     ops: FuturesUnordered<BoxFuture<'static, Op>>,
@@ -170,9 +171,61 @@ fn record_p2p(m: &libp2p::metrics::Metrics, event: &SwarmEvent<BehaviourEvent>) 
     }
 }
 
-impl Core {
-    pub(crate) fn new(
-        shared: Arc<Shared>,
+/// The inbound streams of the protocols the engine answers (go-away,
+/// policy pushes), registered with the streams behaviour before the swarm
+/// runs.
+pub(crate) struct Streams {
+    goaways: agentmesh_streams::IncomingStreams,
+    policy_pushes: agentmesh_streams::IncomingStreams,
+}
+
+impl Streams {
+    /// Registers to accept calls (returned first, for the inbound-call
+    /// acceptor), go-aways and policy pushes.
+    pub(crate) fn accept(
+        control: &mut agentmesh_streams::Control,
+    ) -> Result<(agentmesh_streams::IncomingStreams, Self), crate::SpawnError> {
+        use agentmesh_proto::protocols::{CALL, GOAWAY, POLICY};
+        let mut accept = |p: &'static str| {
+            control
+                .accept(libp2p::StreamProtocol::new(p))
+                .map_err(|e| crate::SpawnError::Swarm(e.to_string()))
+        };
+        let calls = accept(CALL)?;
+        Ok((
+            calls,
+            Self {
+                goaways: accept(GOAWAY)?,
+                policy_pushes: accept(POLICY)?,
+            },
+        ))
+    }
+}
+
+/// Starts the engine, watched as task `engine`: a panic in it (a bug here
+/// or in libp2p) or its end before shutdown fails the node.
+pub(crate) fn spawn(
+    node: Arc<Node>,
+    swarm: Swarm<Behaviour>,
+    cmd_rx: mpsc::Receiver<Command>,
+    streams: Streams,
+    p2p_metrics: Option<libp2p::metrics::Metrics>,
+    tasks: &mut crate::supervise::Tasks,
+) {
+    let engine = Engine::new(
+        node,
+        swarm,
+        cmd_rx,
+        streams.goaways,
+        streams.policy_pushes,
+        p2p_metrics,
+    );
+    tasks.spawn("engine", engine.run());
+}
+
+impl Engine {
+    fn new(
+        node: Arc<Node>,
         swarm: Swarm<Behaviour>,
         cmd_rx: mpsc::Receiver<Command>,
         goaways: agentmesh_streams::IncomingStreams,
@@ -180,10 +233,10 @@ impl Core {
         p2p_metrics: Option<libp2p::metrics::Metrics>,
     ) -> Self {
         let now = Instant::now();
-        let interval = shared.config.directory_interval;
-        let max_pushes = shared.config.max_policy_pushes_in_flight;
+        let interval = node.config.directory_interval;
+        let max_pushes = node.config.max_policy_pushes_in_flight;
         let mut core = Self {
-            shared,
+            node,
             swarm,
             cmd_rx,
             ops: FuturesUnordered::new(),
@@ -213,7 +266,7 @@ impl Core {
     pub(crate) async fn run(mut self) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut shutdown = self.shared.shutdown.clone();
+        let mut shutdown = self.node.shutdown.clone();
         loop {
             tokio::select! {
                 biased;
@@ -239,20 +292,20 @@ impl Core {
     /// routers' connections that carry those circuits.
     async fn stop(mut self) {
         tracing::debug!(
-            in_flight = self.shared.in_flight.load(Ordering::SeqCst),
+            in_flight = self.node.in_flight.load(Ordering::SeqCst),
             "shutdown begins"
         );
-        let grace = self.shared.config.shutdown_grace;
+        let grace = self.node.config.shutdown_grace;
         let deadline = Instant::now() + grace;
-        self.shared.status.send_modify(|s| {
+        self.node.status.send_modify(|s| {
             s.stopping = true;
             s.ready = false;
         });
-        self.shared.metrics.ready.set(0);
+        self.node.metrics.routers.ready.set(0);
         self.withdraw_all();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {
-            let idle = self.shared.in_flight.load(Ordering::SeqCst) == 0;
+            let idle = self.node.in_flight.load(Ordering::SeqCst) == 0;
             let withdrawn = self.records.withdraws_pending == 0;
             if (idle && withdrawn) || Instant::now() >= deadline {
                 tracing::debug!(idle, withdrawn, "shutdown: swarm stops");
@@ -270,7 +323,7 @@ impl Core {
                 _ = tick.tick() => {}
             }
         }
-        let left = self.shared.in_flight.load(Ordering::SeqCst);
+        let left = self.node.in_flight.load(Ordering::SeqCst);
         if left > 0 {
             tracing::warn!(calls = left, "shutdown grace over with calls in flight");
         }
@@ -432,7 +485,7 @@ impl Core {
                 connection,
                 result: Err(error),
             })) if !matches!(error, libp2p::ping::Failure::Unsupported) => {
-                if let Some(suppressed) = self.shared.metrics.log.pass(&peer, "ping_failed") {
+                if let Some(suppressed) = self.node.metrics.log.pass(&peer, "ping_failed") {
                     tracing::info!(%peer, %error, suppressed, "ping failed: closing the connection (logged at most once a minute per peer)");
                 }
                 self.swarm.close_connection(connection);
@@ -486,7 +539,7 @@ impl Core {
         self.retry_represent(now);
         self.close_idle_relayed(now);
         self.step_lingering(now);
-        let ttl = self.shared.config.record_ttl.max(Duration::from_secs(3));
+        let ttl = self.node.config.record_ttl.max(Duration::from_secs(3));
         if self.records.due(now, ttl) {
             self.publish_records();
         }
@@ -501,13 +554,15 @@ impl Core {
 
     /// Recomputes readiness and the status watch from the slots.
     fn publish_status(&mut self) {
-        let s = self.status_snapshot();
-        let m = &self.shared.metrics;
-        m.routers_attached.set(s.reserved.len() as i64);
-        m.routers_wanted.set(s.routers_wanted as i64);
-        m.router_candidates.set(s.candidates as i64);
-        m.ready.set(i64::from(s.ready));
-        self.shared.status.send_if_modified(|old| {
+        // A failed task keeps the node failed and not ready (`supervise`).
+        let s = crate::supervise::keep_failure(self.status_snapshot(), &self.node.status.borrow());
+        let m = &self.node.metrics;
+        m.routers.routers_attached.set(s.reserved.len() as i64);
+        m.routers.routers_wanted.set(s.routers_wanted as i64);
+        m.routers.router_candidates.set(s.candidates as i64);
+        m.routers.ready.set(i64::from(s.ready));
+        self.node.status.send_if_modified(|old| {
+            let s = crate::supervise::keep_failure(s, old);
             if *old == s {
                 false
             } else {

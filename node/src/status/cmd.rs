@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 
-use crate::report::{Report, Services};
+use crate::status::report::{Report, Services};
 
 /// Longest answer read (a report with many routers and services stays far below).
 const MAX_ANSWER_BYTES: u64 = 1 << 20;

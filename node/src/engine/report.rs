@@ -1,7 +1,7 @@
-//! The core's answer to [`Command::Report`]: what it holds, for
+//! The engine's answer to [`Command::Report`]: what it holds, for
 //! `agentmesh-node status`.
 //!
-//! [`Command::Report`]: crate::shared::Command::Report
+//! [`Command::Report`]: crate::command::Command::Report
 
 use std::sync::atomic::Ordering;
 
@@ -9,10 +9,10 @@ use agentmesh_proto::credential::peek_claims;
 use agentmesh_proto::unix_now;
 use tokio::time::Instant;
 
-use super::Core;
-use crate::report::{Report, RouterReport};
+use super::Engine;
+use crate::status::report::{Report, RouterReport};
 
-impl Core {
+impl Engine {
     pub(super) fn report(&self) -> Report {
         let status = self.status_snapshot();
         let mut routers: Vec<RouterReport> = self
@@ -36,12 +36,12 @@ impl Core {
             .map(ToString::to_string)
             .collect();
         transit_routers.sort();
-        let (policy_epoch, policy_version) = self.shared.policy.epoch_version();
-        let expires = peek_claims(&self.shared.credential())
+        let (policy_epoch, policy_version) = self.node.policy.epoch_version();
+        let expires = peek_claims(&self.node.credential())
             .unwrap_or_default()
             .expires_at_unix_secs;
         Report {
-            peer_id: self.shared.peer_id.to_string(),
+            peer_id: self.node.peer_id.to_string(),
             ready: status.ready,
             readiness: status.readyz_line(),
             routers_wanted: status.routers_wanted,
@@ -50,11 +50,11 @@ impl Core {
             transit_routers,
             credential_expires_at_unix_secs: expires,
             credential_expires_in_secs: expires - unix_now(),
-            exposed: self.shared.exposed(),
-            forwarded: self.shared.forwarded(),
-            calls_in_flight: self.shared.in_flight.load(Ordering::SeqCst),
-            recent_calls: self.shared.metrics.recent.counts(Instant::now()),
-            recent_window_secs: crate::recent::WINDOW.as_secs(),
+            exposed: self.node.exposed(),
+            forwarded: self.node.forwarded(),
+            calls_in_flight: self.node.in_flight.load(Ordering::SeqCst),
+            recent_calls: self.node.metrics.recent.counts(Instant::now()),
+            recent_window_secs: crate::status::recent::WINDOW.as_secs(),
             stopping: status.stopping,
             last_router_error: status.last_router_error,
             policy_version,

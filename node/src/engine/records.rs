@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use agentmesh_wire::catalog::{self, CatalogAnswer, CatalogError};
 
-use super::{Core, Op, jittered};
+use super::{Engine, Op, jittered};
 
 /// Where our records stand.
 #[derive(Debug, Default)]
@@ -58,13 +58,13 @@ pub(crate) fn record_expiry(now: i64, ttl: Duration, credential: &Credential) ->
     peek_claims(credential).map_or(wanted, |c| wanted.min(c.expires_at_unix_secs))
 }
 
-impl Core {
+impl Engine {
     /// Signs our record naming the reserved routers (but those leaving, when
     /// others are reserved) and publishes it to each reserved router.
     pub(super) fn publish_records(&mut self) {
         self.records.dirty = false;
         let services: Vec<String> = self
-            .shared
+            .node
             .config
             .expose
             .iter()
@@ -88,26 +88,26 @@ impl Core {
             &staying
         };
         let now = unix_now();
-        let credential = self.shared.credential();
+        let credential = self.node.credential();
         let record = ServiceRecord {
-            provider: self.shared.peer_id.to_bytes(),
+            provider: self.node.peer_id.to_bytes(),
             services,
             routers: named.iter().map(|p| p.to_bytes()).collect(),
             issued_at_unix_secs: now,
-            expires_at_unix_secs: record_expiry(now, self.shared.config.record_ttl, &credential),
+            expires_at_unix_secs: record_expiry(now, self.node.config.record_ttl, &credential),
             credential: Some(credential),
         };
-        let signed = sign_record(&record, &self.shared.key);
+        let signed = sign_record(&record, &self.node.key);
         self.records.last_publish = Some(Instant::now());
         for router in reserved {
-            let shared = self.shared.clone();
+            let node = self.node.clone();
             let req = catalog::publish(signed.clone());
             self.ops.push(Box::pin(async move {
                 let result = catalog::request(
-                    shared.control.clone(),
+                    node.control.clone(),
                     router,
                     req,
-                    shared.config.call_timeout(),
+                    node.config.call_timeout(),
                 )
                 .await;
                 Op::Publish { router, result }
@@ -122,8 +122,9 @@ impl Core {
     ) {
         let ok = matches!(&result, Ok(CatalogAnswer::Ack(_)));
         let label = if ok { "ok" } else { "error" };
-        self.shared
+        self.node
             .metrics
+            .routers
             .publishes
             .get_or_create(&crate::metrics::ResultLabel { result: label })
             .inc();
@@ -153,19 +154,19 @@ impl Core {
 
     /// Shutdown: withdraw our records from every reserved router.
     pub(super) fn withdraw_all(&mut self) {
-        if self.shared.config.expose.is_empty() {
+        if self.node.config.expose.is_empty() {
             return;
         }
         for router in self.reserved_peers() {
-            let shared = self.shared.clone();
+            let node = self.node.clone();
             let req = catalog::withdraw();
             self.records.withdraws_pending += 1;
             self.ops.push(Box::pin(async move {
                 if let Err(e) = catalog::request(
-                    shared.control.clone(),
+                    node.control.clone(),
                     router,
                     req,
-                    shared.config.call_timeout(),
+                    node.config.call_timeout(),
                 )
                 .await
                 {

@@ -34,7 +34,7 @@ use libp2p::PeerId;
 use libp2p::swarm::ConnectionId;
 use tokio::time::Instant;
 
-use super::Core;
+use super::Engine;
 use crate::metrics::ReasonLabel;
 use crate::peer_calls::Carries;
 
@@ -79,7 +79,7 @@ pub(crate) fn step(now: Instant, until: Instant, conns: &[(ConnectionId, Carries
     )
 }
 
-impl Core {
+impl Engine {
     /// `router`, released after its go-away (its slot already gone): keep
     /// its connection while calls go through it, until `until` at the
     /// latest; disconnect it now if none does.
@@ -106,7 +106,7 @@ impl Core {
                 .conns
                 .through(&router)
                 .into_iter()
-                .map(|(peer, id)| (id, self.shared.peer_calls.carries(&peer, id)))
+                .map(|(peer, id)| (id, self.node.peer_calls.carries(&peer, id)))
                 .collect();
             match step(now, until, &conns) {
                 Step::Keep(idle) => {
@@ -129,8 +129,9 @@ impl Core {
                 }
             }
         }
-        self.shared
+        self.node
             .metrics
+            .routers
             .goaway_lingering
             .set(i64::try_from(self.lingering.until.len()).unwrap_or(i64::MAX));
     }
@@ -139,16 +140,18 @@ impl Core {
     pub(super) fn lingering_closed(&mut self, router: &PeerId) {
         if self.lingering.until.remove(router).is_some() {
             self.count_linger_end("router_closed");
-            self.shared
+            self.node
                 .metrics
+                .routers
                 .goaway_lingering
                 .set(i64::try_from(self.lingering.until.len()).unwrap_or(i64::MAX));
         }
     }
 
     fn count_linger_end(&self, reason: &'static str) {
-        self.shared
+        self.node
             .metrics
+            .routers
             .goaway_linger_ends
             .get_or_create(&ReasonLabel { reason })
             .inc();

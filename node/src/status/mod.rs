@@ -1,4 +1,12 @@
-//! What a node reports about itself, as a watch value.
+//! What a node says about itself: [`NodeStatus`], the watch value its
+//! engine publishes (readiness, what `/readyz` answers); [`report`], the
+//! fuller account `agentmesh-node status` and `services` print, asked over
+//! the Unix socket by [`cmd`]; and [`recent`], the recent call counts both
+//! carry. What the engine contributes is built in `engine::report`.
+
+pub mod cmd;
+pub(crate) mod recent;
+pub mod report;
 
 use libp2p::PeerId;
 
@@ -38,9 +46,10 @@ pub struct NodeStatus {
     /// router; kept until the next one, so it explains a node below K or
     /// not ready. At most 240 characters.
     pub last_router_error: Option<String>,
-    /// The node's core (its swarm and routers) ended on a panic, with the
-    /// panic's message: it holds no router and serves no call any more, and
-    /// the process should be restarted (the binary exits). Never cleared.
+    /// A long-lived task of the node ended or panicked outside shutdown,
+    /// naming it and why (e.g. `task engine panicked: …`, `task socket
+    /// ended`): the node is not ready and should be stopped and started
+    /// again (the binary exits non-zero). The first failure; never cleared.
     pub failed: Option<String>,
 }
 

@@ -1,12 +1,19 @@
 //! The node's metrics, prefix `agentmesh_node_`. Every label value is
 //! created at start-up so rates read 0 rather than missing.
 
+mod calls;
+mod local;
+mod routers;
+
 use prometheus_client::encoding::EncodeLabelSet;
+
+pub use calls::CallMetrics;
+pub use local::LocalMetrics;
+pub use routers::RouterMetrics;
 
 pub use crate::labels::{ReasonLabel, ResultLabel};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 /// Results of outbound calls.
@@ -91,7 +98,7 @@ pub const GOAWAY_RESULTS: &[&str] = &[
 /// reserved (`replaced`), or it closed our connection first (`router_closed`).
 pub const GOAWAY_RELEASE_REASONS: &[&str] = &["replaced", "router_closed"];
 /// How the connection to a router let go while calls streamed through it
-/// ended (see `core::linger`): its last call ended (`calls_done`), its
+/// ended (see `engine::linger`): its last call ended (`calls_done`), its
 /// go-away's retry-after ran out first (`deadline`, calls cut), or the
 /// router closed it (`router_closed`, at the end of its grace).
 pub const GOAWAY_LINGER_ENDS: &[&str] = &["calls_done", "deadline", "router_closed"];
@@ -126,7 +133,7 @@ pub const LOG_KINDS: &[&str] = &[
 /// Generic outcomes.
 pub const OUTCOMES: &[&str] = &["ok", "error"];
 /// Why a directory fetch started ([`Metrics::directory_fetches`]): its
-/// interval (or a failure's retry), or a hurry (`core::directory`): no
+/// interval (or a failure's retry), or a hurry (`engine::directory`): no
 /// router held, or short of K with no free candidate.
 pub const DIRECTORY_SCHEDULES: &[&str] = &["interval", "no_router", "short_of_k"];
 
@@ -181,79 +188,18 @@ pub struct OpLabels {
 /// All metrics of one node. Cloning shares the underlying values.
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
-    /// Routers with an active reservation.
-    pub routers_attached: Gauge,
-    /// Routers wanted (K).
-    pub routers_wanted: Gauge,
-    /// Routers in the directory matching the selector.
-    pub router_candidates: Gauge,
-    /// 1 while ready.
-    pub ready: Gauge,
-    /// Expiry of the current credential, Unix seconds.
-    pub credential_expires_at: Gauge,
-    /// Calls by direction and result.
-    pub calls: Family<CallLabels, Counter>,
-    /// Inbound calls being served.
-    pub inbound_calls_active: Gauge,
-    /// Spliced calls that ended, by direction and reason ([`CALL_END_REASONS`]).
-    pub calls_ended: Family<CallEndLabels, Counter>,
-    /// Call payload bytes by direction (as seen by this node).
-    pub call_bytes: Family<DirectionLabel, Counter>,
-    /// Auth exchanges with routers by result.
-    pub auth: Family<ResultLabel, Counter>,
-    /// Relay reservations by result (`ok`: accepted, `error`: refused or lost).
-    pub reservations: Family<ResultLabel, Counter>,
-    /// Record publications by result.
-    pub publishes: Family<ResultLabel, Counter>,
-    /// Control-plane operations by op and result.
-    pub control_plane: Family<OpLabels, Counter>,
-    /// Go-aways received by result ([`GOAWAY_RESULTS`]).
-    pub goaways: Family<ResultLabel, Counter>,
-    /// Routers that sent go-away let go, by reason ([`GOAWAY_RELEASE_REASONS`]).
-    pub goaway_releases: Family<ReasonLabel, Counter>,
-    /// Routers let go after their go-away but still connected because a
-    /// relayed connection through them carries a call (`core::linger`).
-    pub goaway_lingering: Gauge,
-    /// How each such linger ended, by reason ([`GOAWAY_LINGER_ENDS`]).
-    pub goaway_linger_ends: Family<ReasonLabel, Counter>,
-    /// Held routers given up for another one, by reason ([`REPLACE_REASONS`]).
-    pub routers_replaced: Family<ReasonLabel, Counter>,
+    /// What the engine counts holding routers.
+    pub routers: RouterMetrics,
+    /// What calls count.
+    pub calls: CallMetrics,
+    /// What the local listeners count.
+    pub local: LocalMetrics,
     /// Inbound yamux streams dropped before the swarm took them, by reason
     /// (`buffer_full`: more than the muxer buffers were waiting).
     pub yamux_inbound_streams_dropped: Family<ReasonLabel, Counter>,
-    /// Connections to a router retried after a backoff because the dial or
-    /// the first auth's connection was refused or closed.
-    pub auth_conn_retries: Counter,
-    /// Routers that refused our credential as revoked; each is then passed
-    /// over until the credential changes (at most `REVOKED_SHUN`).
-    pub router_revoked_refusals: Counter,
-    /// Outbound call retries on a fresh route after a route failure (up to 3 per call),
-    /// by reason ([`CALL_RETRY_REASONS`]).
-    pub call_retries: Family<ReasonLabel, Counter>,
-    /// Relayed connections closed because no call used them for
-    /// `--relayed-idle-secs`, by `direction` (`outbound`: we dialed the
-    /// circuit, `inbound`: a caller did).
-    pub relayed_idle_closed: Family<DirectionLabel, Counter>,
-    /// Failed `accept()`s of local listeners (e.g. out of file
-    /// descriptors), each followed by a growing pause, by listener.
-    pub accept_errors: Family<ListenerLabel, Counter>,
-    /// Local connections open (each holds a slot of its listener's bound),
-    /// by listener.
-    pub local_connections_active: Family<ListenerLabel, Gauge>,
-    /// Local connections that waited for a slot because their listener's
-    /// bound (`--max-forward-connections`) was reached, by listener.
-    pub local_connection_waits: Family<ListenerLabel, Counter>,
-    /// Directory fetches started, by schedule ([`DIRECTORY_SCHEDULES`]):
-    /// `no_router` and `short_of_k` rising show members the cached
-    /// directory could not help (e.g. after the whole mesh restarted).
-    pub directory_fetches: Family<ScheduleLabel, Counter>,
-    /// Shuns of routers that had left (go-away, DRAINING) ended because a
-    /// directory fetched since showed them back, not draining, their lease
-    /// renewed (`core::shun`).
-    pub shuns_lifted: Counter,
     /// Calls that ended in the last minutes (for `agentmesh-node status`;
     /// not exported).
-    pub(crate) recent: std::sync::Arc<crate::recent::RecentCalls>,
+    pub(crate) recent: std::sync::Arc<crate::status::recent::RecentCalls>,
     /// The access policy's metrics (`policy_*`, `providers_skipped`).
     pub(crate) policy: crate::policy::metrics::PolicyMetrics,
     /// The gate of log lines a peer can cause ([`LOG_KINDS`]).
@@ -268,51 +214,64 @@ impl Metrics {
         m.log.precreate(LOG_KINDS);
         m.policy.log = m.log.sharing();
         for r in OUTBOUND_RESULTS {
-            let _ = m.calls.get_or_create(&CallLabels {
+            let _ = m.calls.calls.get_or_create(&CallLabels {
                 direction: "outbound",
                 result: r,
             });
         }
         for r in INBOUND_RESULTS {
-            let _ = m.calls.get_or_create(&CallLabels {
+            let _ = m.calls.calls.get_or_create(&CallLabels {
                 direction: "inbound",
                 result: r,
             });
         }
         for reason in CALL_END_REASONS {
-            let _ = m.calls_ended.get_or_create(&CallEndLabels {
+            let _ = m.calls.calls_ended.get_or_create(&CallEndLabels {
                 direction: "inbound",
                 reason,
             });
         }
         for reason in OUTBOUND_CALL_END_REASONS {
-            let _ = m.calls_ended.get_or_create(&CallEndLabels {
+            let _ = m.calls.calls_ended.get_or_create(&CallEndLabels {
                 direction: "outbound",
                 reason,
             });
         }
         for d in ["sent", "received"] {
-            let _ = m.call_bytes.get_or_create(&DirectionLabel { direction: d });
+            let _ = m
+                .calls
+                .call_bytes
+                .get_or_create(&DirectionLabel { direction: d });
         }
         for d in ["outbound", "inbound"] {
             let _ = m
+                .calls
                 .relayed_idle_closed
                 .get_or_create(&DirectionLabel { direction: d });
         }
         for r in AUTH_RESULTS {
-            let _ = m.auth.get_or_create(&ResultLabel { result: r });
+            let _ = m.routers.auth.get_or_create(&ResultLabel { result: r });
         }
         for r in GOAWAY_RESULTS {
-            let _ = m.goaways.get_or_create(&ResultLabel { result: r });
+            let _ = m.routers.goaways.get_or_create(&ResultLabel { result: r });
         }
         for reason in GOAWAY_RELEASE_REASONS {
-            let _ = m.goaway_releases.get_or_create(&ReasonLabel { reason });
+            let _ = m
+                .routers
+                .goaway_releases
+                .get_or_create(&ReasonLabel { reason });
         }
         for reason in GOAWAY_LINGER_ENDS {
-            let _ = m.goaway_linger_ends.get_or_create(&ReasonLabel { reason });
+            let _ = m
+                .routers
+                .goaway_linger_ends
+                .get_or_create(&ReasonLabel { reason });
         }
         for reason in REPLACE_REASONS {
-            let _ = m.routers_replaced.get_or_create(&ReasonLabel { reason });
+            let _ = m
+                .routers
+                .routers_replaced
+                .get_or_create(&ReasonLabel { reason });
         }
         for reason in YAMUX_DROP_REASONS {
             let _ = m
@@ -320,24 +279,34 @@ impl Metrics {
                 .get_or_create(&ReasonLabel { reason });
         }
         for reason in CALL_RETRY_REASONS {
-            let _ = m.call_retries.get_or_create(&ReasonLabel { reason });
+            let _ = m.calls.call_retries.get_or_create(&ReasonLabel { reason });
         }
         for listener in LISTENERS {
             let l = ListenerLabel { listener };
-            let _ = m.accept_errors.get_or_create(&l);
-            let _ = m.local_connections_active.get_or_create(&l);
-            let _ = m.local_connection_waits.get_or_create(&l);
+            let _ = m.local.accept_errors.get_or_create(&l);
+            let _ = m.local.local_connections_active.get_or_create(&l);
+            let _ = m.local.local_connection_waits.get_or_create(&l);
         }
         for schedule in DIRECTORY_SCHEDULES {
             let _ = m
+                .routers
                 .directory_fetches
                 .get_or_create(&ScheduleLabel { schedule });
         }
         for r in OUTCOMES {
-            let _ = m.reservations.get_or_create(&ResultLabel { result: r });
-            let _ = m.publishes.get_or_create(&ResultLabel { result: r });
+            let _ = m
+                .routers
+                .reservations
+                .get_or_create(&ResultLabel { result: r });
+            let _ = m
+                .routers
+                .publishes
+                .get_or_create(&ResultLabel { result: r });
             for op in CP_OPS {
-                let _ = m.control_plane.get_or_create(&OpLabels { op, result: r });
+                let _ = m
+                    .routers
+                    .control_plane
+                    .get_or_create(&OpLabels { op, result: r });
             }
         }
         m
@@ -348,142 +317,19 @@ impl Metrics {
         let r = registry.sub_registry_with_prefix("agentmesh_node");
         self.policy.register(r);
         self.log.register(r);
-        r.register(
-            "routers_attached",
-            "Routers with an active relay reservation",
-            self.routers_attached.clone(),
-        );
-        r.register(
-            "directory_fetches",
-            "Directory fetches started, by schedule (interval, no_router, short_of_k)",
-            self.directory_fetches.clone(),
-        );
-        r.register(
-            "router_shuns_lifted",
-            "Shuns of routers that had left ended because the directory showed them back",
-            self.shuns_lifted.clone(),
-        );
-        r.register(
-            "routers_wanted",
-            "Routers wanted (K)",
-            self.routers_wanted.clone(),
-        );
-        r.register(
-            "router_candidates",
-            "Routers in the directory matching the selector",
-            self.router_candidates.clone(),
-        );
-        r.register("ready", "1 while the node is ready", self.ready.clone());
-        r.register(
-            "credential_expires_at_seconds",
-            "Expiry of the current credential (Unix seconds)",
-            self.credential_expires_at.clone(),
-        );
-        r.register("calls", "Calls by direction and result", self.calls.clone());
-        r.register(
-            "inbound_calls_active",
-            "Inbound calls being served",
-            self.inbound_calls_active.clone(),
-        );
-        r.register(
-            "calls_ended",
-            "Spliced calls (inbound; --forward and the Unix socket) that ended, by direction and reason (finished, idle_timeout, connection_closed, stream_error, local_error; inbound also preempted, no_longer_allowed)",
-            self.calls_ended.clone(),
-        );
-        r.register(
-            "call_bytes",
-            "Call payload bytes by direction",
-            self.call_bytes.clone(),
-        );
-        r.register(
-            "auth",
-            "Auth exchanges with routers by result",
-            self.auth.clone(),
-        );
-        r.register(
-            "reservations",
-            "Relay reservations by result",
-            self.reservations.clone(),
-        );
-        r.register(
-            "publishes",
-            "Service record publications by result",
-            self.publishes.clone(),
-        );
+        self.routers.register(r);
+        self.calls.register(r);
+        self.local.register(r);
         r.register(
             "yamux_inbound_streams_dropped",
             "Inbound yamux streams dropped before the node took them, by reason",
             self.yamux_inbound_streams_dropped.clone(),
         );
-        r.register(
-            "routers_replaced",
-            "Held routers given up for another one, by reason",
-            self.routers_replaced.clone(),
-        );
-        r.register(
-            "auth_connection_retries",
-            "Connections to a router retried after a backoff because the dial or the first auth's connection failed",
-            self.auth_conn_retries.clone(),
-        );
-        r.register(
-            "router_revoked_refusals",
-            "Routers that refused our credential as revoked; each is passed over until the credential changes (at most 30 min)",
-            self.router_revoked_refusals.clone(),
-        );
-        r.register(
-            "call_retries",
-            "Outbound call retries on a fresh route after a route failure (at most 3 per call, within its budget), by reason",
-            self.call_retries.clone(),
-        );
-        r.register(
-            "relayed_idle_closed",
-            "Relayed connections closed after --relayed-idle-secs without a call, by direction",
-            self.relayed_idle_closed.clone(),
-        );
-        r.register(
-            "goaways",
-            "Go-aways received by result (reason obeyed, ignored, overflow, error)",
-            self.goaways.clone(),
-        );
-        r.register(
-            "goaway_releases",
-            "Routers that sent go-away let go, by reason (replaced: K others reserved; router_closed: it closed us first)",
-            self.goaway_releases.clone(),
-        );
-        r.register(
-            "goaway_lingering",
-            "Routers let go after go-away, kept connected while a relayed connection through them carries a call",
-            self.goaway_lingering.clone(),
-        );
-        r.register(
-            "goaway_linger_ends",
-            "How the connection to a router let go with calls through it ended, by reason (calls_done, deadline: calls cut, router_closed)",
-            self.goaway_linger_ends.clone(),
-        );
-        r.register(
-            "accept_errors",
-            "Failed accepts of local listeners (e.g. out of file descriptors), each followed by a growing pause, by listener",
-            self.accept_errors.clone(),
-        );
-        r.register(
-            "local_connections_active",
-            "Local connections open (Unix socket, or all --forward listeners together), by listener",
-            self.local_connections_active.clone(),
-        );
-        r.register(
-            "local_connection_waits",
-            "Local connections that waited for a slot because --max-forward-connections was reached, by listener",
-            self.local_connection_waits.clone(),
-        );
-        r.register(
-            "control_plane",
-            "Control-plane operations by op and result",
-            self.control_plane.clone(),
-        );
     }
 
     pub(crate) fn call(&self, direction: &'static str, result: &'static str) {
         self.calls
+            .calls
             .get_or_create(&CallLabels { direction, result })
             .inc();
         let ok = matches!(result, "ok" | "accepted");
@@ -493,14 +339,16 @@ impl Metrics {
 
     /// Counts a spliced call's end.
     pub(crate) fn call_ended(&self, direction: &'static str, reason: &'static str) {
-        self.calls_ended
+        self.calls
+            .calls_ended
             .get_or_create(&CallEndLabels { direction, reason })
             .inc();
     }
 
     pub(crate) fn cp(&self, op: &'static str, ok: bool) {
         let result = if ok { "ok" } else { "error" };
-        self.control_plane
+        self.routers
+            .control_plane
             .get_or_create(&OpLabels { op, result })
             .inc();
     }

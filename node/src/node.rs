@@ -1,10 +1,10 @@
-//! State shared by the node's tasks: identity, credential, trust, and the
-//! bounded command queue to the core loop, which owns everything about
+//! [`Node`]: one node as each of its tasks holds it (`Arc<Node>`): its
+//! identity, credential, trust, configuration, metrics and status, and its
+//! bounded command queue to the engine, which owns everything about
 //! routers, connections and admissions (transit included). Call tasks ask
-//! the core and wait for its answer with a deadline; nothing the core holds
-//! is copied here.
+//! the engine and wait for its answer with a deadline; nothing the engine
+//! holds is copied here.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -19,110 +19,16 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use crate::command::{Command, ConnectError, Routes, Unanswered};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::status::NodeStatus;
 
-/// Queue of commands to the core loop.
-pub(crate) const COMMAND_QUEUE: usize = 256;
 /// Keys are re-fetched for an unknown key id at most this often.
 pub(crate) const KEY_REFETCH_INTERVAL: Duration = Duration::from_secs(30);
 
-/// What other tasks ask of the core loop (which owns the swarm). Each
-/// carries its reply channel; the asker bounds its wait (see
-/// [`Shared::ask`]), and a reply whose asker gave up is dropped.
-#[derive(Debug)]
-pub(crate) enum Command {
-    /// Be connected to `peer` (dial `addrs` unless already connected).
-    /// With `keep_via`, relayed connections to `peer` through other routers
-    /// are closed first, and the reply waits until they are gone. With
-    /// `listed` (the routers the peer's record names), a peer we reach only
-    /// through other routers (ones it left or is leaving) is dialed anew
-    /// and the reply waits for the new connection, which the next stream
-    /// uses (`agentmesh-streams` opens on the newest); the old ones are left
-    /// to finish their calls.
-    Connect {
-        peer: PeerId,
-        addrs: Vec<Multiaddr>,
-        keep_via: Option<Vec<PeerId>>,
-        listed: Option<Vec<PeerId>>,
-        reply: oneshot::Sender<Result<(), ConnectFailure>>,
-    },
-    /// The routers a call may use now (see [`Routes`]).
-    Routes { reply: oneshot::Sender<Routes> },
-    /// Be connected to `router` (at `addrs`) and admitted there for
-    /// transit, unless it is one we hold (admitted for attach) or already
-    /// admitted us for transit on this connection. The connect waits at
-    /// most `connect_limit`, the auth exchange at most `auth_limit`.
-    Transit {
-        router: PeerId,
-        addrs: Vec<Multiaddr>,
-        connect_limit: Duration,
-        auth_limit: Duration,
-        reply: oneshot::Sender<Result<(), TransitError>>,
-    },
-    /// What the node holds, for `agentmesh-node status`.
-    Report {
-        reply: oneshot::Sender<crate::report::Report>,
-    },
-}
-
-/// The core's answer to [`Command::Routes`]: a snapshot for one call round.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Routes {
-    /// Routers with an active reservation, with the address we reached them at.
-    pub(crate) attached: Vec<(PeerId, Multiaddr)>,
-    /// Held routers that sent go-away (being replaced), and routers let go
-    /// after it that stay connected for the calls through them
-    /// (`core::linger`): calls route around them when they can.
-    pub(crate) leaving: HashSet<PeerId>,
-    /// Router addresses from the directory (and go-away alternatives).
-    pub(crate) directory: Arc<HashMap<PeerId, Vec<Multiaddr>>>,
-}
-
-/// Why a connection request failed (see [`Command::Connect`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{detail}")]
-pub(crate) struct ConnectFailure {
-    /// What went wrong, as libp2p (or the core) said it.
-    pub(crate) detail: String,
-    /// The relay refused the circuit with PERMISSION_DENIED: the router
-    /// refused it by its access policy (its muxer answers the relay so).
-    pub(crate) denied: bool,
-}
-
-impl ConnectFailure {
-    /// A failure that is not a policy refusal.
-    pub(crate) fn other(detail: impl Into<String>) -> Self {
-        Self {
-            detail: detail.into(),
-            denied: false,
-        }
-    }
-}
-
-/// Why a transit admission failed (see [`Command::Transit`]).
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum TransitError {
-    /// No connection to the router (the detail says why, as
-    /// [`Shared::connect`] does).
-    #[error("{0}")]
-    Connect(String),
-    /// The auth exchange failed.
-    #[error(transparent)]
-    Wire(#[from] agentmesh_wire::auth::AuthError),
-    /// The router answered, and not with an admission.
-    #[error("router {router} refused transit: {outcome}")]
-    Refused {
-        /// The router.
-        router: PeerId,
-        /// Its answer.
-        outcome: String,
-    },
-}
-
-/// Everything the node's tasks share.
-pub(crate) struct Shared {
+/// One node as its tasks hold it.
+pub(crate) struct Node {
     pub(crate) config: Config,
     pub(crate) key: Keypair,
     pub(crate) peer_id: PeerId,
@@ -134,8 +40,8 @@ pub(crate) struct Shared {
     pub(crate) keys_fetched_at: Mutex<Option<Instant>>,
     pub(crate) cmd: mpsc::Sender<Command>,
     pub(crate) shutdown: watch::Receiver<bool>,
-    /// The node's status, readiness included, published by the core loop
-    /// (and by the supervisor when the core panics).
+    /// The node's status, readiness included, published by the engine
+    /// (and by the supervisor when the engine panics).
     pub(crate) status: watch::Sender<NodeStatus>,
     /// Calls in flight (inbound, forwarded, handed out); shutdown waits for 0.
     pub(crate) in_flight: Arc<AtomicUsize>,
@@ -150,7 +56,7 @@ pub(crate) struct Shared {
     pub(crate) policy: crate::policy::MemberPolicy,
 }
 
-impl Shared {
+impl Node {
     pub(crate) fn credential(&self) -> Credential {
         self.credential.read().clone()
     }
@@ -196,9 +102,9 @@ impl Shared {
         }
     }
 
-    /// Sends `cmd` (built around a fresh reply channel) to the core loop
+    /// Sends `cmd` (built around a fresh reply channel) to the engine
     /// and waits for the answer, both within `limit`. `None`: the node is
-    /// stopping or the core did not answer in time (`timed_out`).
+    /// stopping or the engine did not answer in time (`timed_out`).
     pub(crate) async fn ask<T>(
         &self,
         limit: Duration,
@@ -217,12 +123,12 @@ impl Shared {
             .map_err(|_| Unanswered::TimedOut(limit))?
     }
 
-    /// The routers a call may use now, asked of the core within `limit`.
+    /// The routers a call may use now, asked of the engine within `limit`.
     pub(crate) async fn routes(&self, limit: Duration) -> Result<Routes, Unanswered> {
         self.ask(limit, |reply| Command::Routes { reply }).await
     }
 
-    /// Asks the core loop to connect to `peer` and waits, up to `limit`
+    /// Asks the engine to connect to `peer` and waits, up to `limit`
     /// (the connect timeout, or less: what is left of a call's budget).
     /// With `keep_via`, relayed connections to `peer` through other
     /// routers are closed first; with `listed`, a peer reached only through
@@ -234,7 +140,7 @@ impl Shared {
         keep_via: Option<Vec<PeerId>>,
         listed: Option<Vec<PeerId>>,
         limit: Duration,
-    ) -> Result<(), ConnectFailure> {
+    ) -> Result<(), ConnectError> {
         self.ask(limit, |reply| Command::Connect {
             peer,
             addrs,
@@ -243,20 +149,15 @@ impl Shared {
             reply,
         })
         .await
-        .map_err(|e| match e {
-            Unanswered::Stopping => ConnectFailure::other("node is stopping"),
-            Unanswered::TimedOut(d) => {
-                ConnectFailure::other(format!("no connection to {peer} within {d:?}"))
-            }
-        })?
+        .map_err(|e| ConnectError::unanswered(peer, e))?
     }
 
     /// The services this node exposes, for the status.
-    pub(crate) fn exposed(&self) -> Vec<crate::report::Exposed> {
+    pub(crate) fn exposed(&self) -> Vec<crate::status::report::Exposed> {
         self.config
             .expose
             .iter()
-            .map(|(name, backend)| crate::report::Exposed {
+            .map(|(name, backend)| crate::status::report::Exposed {
                 name: name.clone(),
                 backend: backend.to_string(),
             })
@@ -264,10 +165,10 @@ impl Shared {
     }
 
     /// The `--forward` listeners, for the status.
-    pub(crate) fn forwarded(&self) -> Vec<crate::report::Forwarded> {
+    pub(crate) fn forwarded(&self) -> Vec<crate::status::report::Forwarded> {
         self.forwards
             .iter()
-            .map(|(listen, service)| crate::report::Forwarded {
+            .map(|(listen, service)| crate::status::report::Forwarded {
                 listen: listen.to_string(),
                 service: service.clone(),
             })
@@ -275,16 +176,16 @@ impl Shared {
     }
 
     /// What `agentmesh-node services` lists.
-    pub(crate) fn services(&self) -> crate::report::Services {
+    pub(crate) fn services(&self) -> crate::status::report::Services {
         let now = Instant::now();
-        crate::report::Services {
+        crate::status::report::Services {
             exposed: self.exposed(),
             forwarded: self.forwarded(),
             seen: self
                 .seen
                 .list()
                 .into_iter()
-                .map(|(name, providers, at)| crate::report::SeenService {
+                .map(|(name, providers, at)| crate::status::report::SeenService {
                     name,
                     providers,
                     looked_up_secs_ago: now.saturating_duration_since(at).as_secs(),
@@ -297,17 +198,6 @@ impl Shared {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight(self.in_flight.clone())
     }
-}
-
-/// The core loop gave no answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum Unanswered {
-    /// The command queue or the reply channel closed: the core is stopping.
-    #[error("node is stopping")]
-    Stopping,
-    /// No answer within the deadline.
-    #[error("the node's core did not answer within {0:?}")]
-    TimedOut(Duration),
 }
 
 /// Counts one call in flight while alive.

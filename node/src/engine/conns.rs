@@ -3,7 +3,7 @@
 //! connections to a provider through routers it no longer lists (or whose
 //! route just failed) and to wait until they are gone: `agentmesh-streams`
 //! opens a stream on the peer's newest connection, which may be a dying
-//! one, so leaving it in place could take the retry down with it. The core also closes relayed
+//! one, so leaving it in place could take the retry down with it. The engine also closes relayed
 //! connections to peers without calls for `--relayed-idle-secs`
 //! ([`Conns::relayed`]).
 

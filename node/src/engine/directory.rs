@@ -33,7 +33,7 @@
 //! the same bytes every interval.
 //!
 //! [`Directory`] is the schedule and the cache: pure transitions taking
-//! `now`, tested without a swarm; the fetch runs as a core op.
+//! `now`, tested without a swarm; the fetch runs as an engine op.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -46,7 +46,7 @@ use libp2p::{Multiaddr, PeerId};
 use tokio::time::Instant;
 
 use super::slot::Phase;
-use super::{Core, Op, backoff, jittered};
+use super::{Engine, Op, backoff, jittered};
 use crate::select::Candidate;
 
 /// Shortest pause before retrying a failed fetch (doubling per failure, up
@@ -130,7 +130,7 @@ pub(crate) struct Directory {
     have: bool,
     /// Routers from the directory, then go-away alternatives not in it.
     candidates: Vec<Candidate>,
-    /// Their addresses, shared with call tasks in [`crate::shared::Routes`].
+    /// Their addresses, shared with call tasks in [`crate::command::Routes`].
     addrs: Arc<HashMap<PeerId, Vec<Multiaddr>>>,
     /// The key set last written to the data dir (by this schedule).
     keys_stored: Option<KeySet>,
@@ -313,13 +313,13 @@ impl Directory {
     }
 }
 
-impl Core {
+impl Engine {
     /// Tells the schedule at `now` whether the member is in a hurry (see
     /// the module docs): no router held and none being acquired (only
     /// reconnecting after failed connections, if any), or fewer than K
     /// routers with no free candidate left.
     pub(super) fn update_hurry(&mut self, now: Instant) {
-        let hurry = if !self.directory.have() || self.shared.is_shutting_down() {
+        let hurry = if !self.directory.have() || self.node.is_shutting_down() {
             None
         } else {
             let held = self.slots.values().any(|s| s.is_reserved());
@@ -333,7 +333,7 @@ impl Core {
             let active = self.slots.values().filter(|s| s.leaving.is_none()).count();
             if !held && !trying {
                 Some(Hurry::NoRouter)
-            } else if active < self.shared.config.routers && !self.has_free_candidate() {
+            } else if active < self.node.config.routers && !self.has_free_candidate() {
                 Some(Hurry::ShortOfK)
             } else {
                 None
@@ -349,30 +349,30 @@ impl Core {
 
     pub(super) fn start_directory(&mut self) {
         let schedule = self.directory.hurry().map_or("interval", Hurry::label);
-        self.shared
+        self.node
             .metrics
+            .routers
             .directory_fetches
             .get_or_create(&crate::metrics::ScheduleLabel { schedule })
             .inc();
         self.directory.started(Instant::now());
-        let shared = self.shared.clone();
+        let node = self.node.clone();
         let limit = self.directory.hurry().map(|_| HURRY_FETCH_LIMIT);
         self.ops.push(Box::pin(async move {
             let fetch = async {
                 // Naming the copy we hold: an unchanged policy is not sent.
-                let held = shared.policy.held().map(|h| HeldPolicyVersion {
+                let held = node.policy.held().map(|h| HeldPolicyVersion {
                     epoch: h.epoch,
                     version: h.version,
                 });
-                let dir = shared.client.get_directory_holding(held.as_ref()).await?;
-                let keys = shared.client.get_keys().await?;
+                let dir = node.client.get_directory_holding(held.as_ref()).await?;
+                let keys = node.client.get_keys().await?;
                 // The policy served beside the directory, verified with the
                 // keys just fetched (a rotation may have re-signed it).
                 if let Some(signed) = dir.policy.clone() {
-                    let mut trust = (*shared.trust()).clone();
+                    let mut trust = (*node.trust()).clone();
                     trust.set_keys(&keys);
-                    shared
-                        .policy
+                    node.policy
                         .offer(signed, Arc::new(trust), crate::policy::DIRECTORY)
                         .await;
                 }
@@ -394,13 +394,13 @@ impl Core {
     ) {
         match result {
             Ok((dir, keys)) => {
-                self.shared.metrics.cp("directory", true);
-                self.shared.set_keys(&keys);
+                self.node.metrics.cp("directory", true);
+                self.node.set_keys(&keys);
                 // The control plane's signed list, verified with the keys
                 // just installed; taken only if newer than the one held.
                 if let Some(list) = dir.revocations.as_ref() {
-                    self.shared.policy.offer_revocations(
-                        &self.shared.trust,
+                    self.node.policy.offer_revocations(
+                        &self.node.trust,
                         list,
                         agentmesh_proto::unix_now(),
                         crate::policy::DIRECTORY,
@@ -422,10 +422,14 @@ impl Core {
                     .lift_returned(self.directory.candidates(), self.directory.started_at());
                 if !lifted.is_empty() {
                     tracing::info!(routers = ?lifted, "routers that had left are back in the directory: trying them again");
-                    self.shared.metrics.shuns_lifted.inc_by(lifted.len() as u64);
+                    self.node
+                        .metrics
+                        .routers
+                        .shuns_lifted
+                        .inc_by(lifted.len() as u64);
                 }
                 if self.directory.keys_to_store(&keys) {
-                    let dir_path = self.shared.config.data_dir.clone();
+                    let dir_path = self.node.config.data_dir.clone();
                     tokio::task::spawn_blocking(move || {
                         if let Err(e) = crate::identity::store_keys(&dir_path, &keys) {
                             tracing::warn!(error = %e, "could not store the key set");
@@ -436,7 +440,7 @@ impl Core {
                 self.publish_status();
             }
             Err(e) => {
-                self.shared.metrics.cp("directory", false);
+                self.node.metrics.cp("directory", false);
                 let wait = self.directory.failed(Instant::now());
                 tracing::warn!(error = %e, retry_in = ?wait, "directory fetch failed");
             }

@@ -16,7 +16,7 @@
 //!
 //! The decisions are pure and tested without a swarm: [`GoAways`] (which
 //! arriving stream is read, bounded), [`shun_for`], [`alternatives`] and
-//! [`release_due`]; the core performs the exchange and the moves.
+//! [`release_due`]; the engine performs the exchange and the moves.
 
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ use agentmesh_wire::goaway::{self, GoAwayError};
 use libp2p::{Multiaddr, PeerId, Stream};
 
 use super::slot::Slot;
-use super::{Core, Op};
+use super::{Engine, Op};
 use crate::metrics::ResultLabel;
 use crate::select::Candidate;
 
@@ -133,10 +133,11 @@ pub(crate) fn release_due<'a>(
     slots.filter(|s| s.serves(exposing)).count() >= k
 }
 
-impl Core {
+impl Engine {
     fn count_goaway(&self, result: &'static str) {
-        self.shared
+        self.node
             .metrics
+            .routers
             .goaways
             .get_or_create(&ResultLabel { result })
             .inc();
@@ -148,14 +149,14 @@ impl Core {
         match self.goaway.arrive(admitted) {
             Verdict::Read => {}
             Verdict::Ignored => {
-                if let Some(suppressed) = self.shared.metrics.log.pass(&peer, "goaway_ignored") {
+                if let Some(suppressed) = self.node.metrics.log.pass(&peer, "goaway_ignored") {
                     tracing::warn!(%peer, suppressed, "go-away ignored: not from a router we are attached to (logged at most once a minute per peer)");
                 }
                 self.count_goaway("ignored");
                 return;
             }
             Verdict::Overflow => {
-                if let Some(suppressed) = self.shared.metrics.log.pass(&peer, "goaway_overflow") {
+                if let Some(suppressed) = self.node.metrics.log.pass(&peer, "goaway_overflow") {
                     tracing::warn!(
                         %peer,
                         pending = self.goaway.pending,
@@ -167,14 +168,9 @@ impl Core {
                 return;
             }
         }
-        let deadline = self.shared.config.call_timeout();
+        let deadline = self.node.config.call_timeout();
         self.ops.push(Box::pin(async move {
-            let result = goaway::receive(&mut stream, deadline)
-                .await
-                .map_err(|e| match e {
-                    GoAwayError::Timeout(_) => "go-away not received in time".to_string(),
-                    e => e.to_string(),
-                });
+            let result = goaway::receive(&mut stream, deadline).await;
             Op::GoAway {
                 router: peer,
                 result,
@@ -182,13 +178,12 @@ impl Core {
         }));
     }
 
-    pub(super) fn on_goaway(&mut self, router: PeerId, result: Result<GoAway, String>) {
+    pub(super) fn on_goaway(&mut self, router: PeerId, result: Result<GoAway, GoAwayError>) {
         self.goaway.finished();
         let g = match result {
             Ok(g) => g,
             Err(e) => {
-                if let Some(suppressed) = self.shared.metrics.log.pass(&router, "goaway_malformed")
-                {
+                if let Some(suppressed) = self.node.metrics.log.pass(&router, "goaway_malformed") {
                     tracing::warn!(%router, error = %e, suppressed, "bad go-away (logged at most once a minute per router)");
                 }
                 self.count_goaway("error");
@@ -205,7 +200,7 @@ impl Core {
             return;
         }
         let shun = shun_for(&g);
-        if let Some(suppressed) = self.shared.metrics.log.pass(&router, "goaway_obeyed") {
+        if let Some(suppressed) = self.node.metrics.log.pass(&router, "goaway_obeyed") {
             tracing::info!(%router, reason = label, alternatives = g.alternatives.len(), ?shun, suppressed, "go-away: moving (make before break; logged at most once a minute per router)");
         }
         self.note_error(
@@ -246,8 +241,8 @@ impl Core {
         if leaving.is_empty() {
             return;
         }
-        let exposing = !self.shared.config.expose.is_empty();
-        if release_due(self.slots.values(), self.shared.config.routers, exposing) {
+        let exposing = !self.node.config.expose.is_empty();
+        if release_due(self.slots.values(), self.node.config.routers, exposing) {
             for (router, shun, until) in leaving {
                 tracing::info!(%router, "released after go-away: replaced");
                 self.count_release("replaced");
@@ -261,8 +256,9 @@ impl Core {
 
     /// Counts a leaving router let go, by [`crate::metrics::GOAWAY_RELEASE_REASONS`].
     pub(super) fn count_release(&self, reason: &'static str) {
-        self.shared
+        self.node
             .metrics
+            .routers
             .goaway_releases
             .get_or_create(&crate::metrics::ReasonLabel { reason })
             .inc();

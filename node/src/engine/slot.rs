@@ -1,8 +1,8 @@
 //! One router slot: where one of the routers we hold (or are acquiring)
 //! stands, from the dial to an active relay reservation, and its
 //! re-presentations of a refreshed credential. Transitions are pure (they
-//! take `now` and return what the core must do next), so the slot is
-//! tested without a swarm; the core performs the dials, auths and
+//! take `now` and return what the engine must do next), so the slot is
+//! tested without a swarm; the engine performs the dials, auths and
 //! reservations they call for.
 //!
 //! ```text

@@ -1,12 +1,12 @@
 //! Credential refresh: two thirds through the credential's lifetime (minus
-//! up to a tenth of it as jitter) the core asks the control plane for a new
+//! up to a tenth of it as jitter) the engine asks the control plane for a new
 //! one; a failure is retried after a jittered exponential backoff (5 s
 //! doubling to 2 min). A refusal for good (unknown node, expired past the
 //! grace) enrolls again when the node still has its token. A new
 //! credential is stored in the data dir and re-presented to every router.
 //!
 //! [`Refresh`] is the schedule: pure transitions taking `now`, so it is
-//! tested without a swarm; the exchange runs as a core op.
+//! tested without a swarm; the exchange runs as an engine op.
 
 use std::time::Duration;
 
@@ -17,7 +17,7 @@ use agentmesh_proto::unix_now;
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::{Core, Op, backoff};
+use super::{Engine, Op, backoff};
 
 /// Shortest pause before retrying a failed refresh (doubling per failure).
 const RETRY_MIN: Duration = Duration::from_secs(5);
@@ -90,10 +90,10 @@ impl Refresh {
     }
 }
 
-impl Core {
+impl Engine {
     /// Schedules the next refresh from the current credential and shows its expiry.
     pub(super) fn schedule_refresh(&mut self) {
-        let claims = peek_claims(&self.shared.credential()).unwrap_or_default();
+        let claims = peek_claims(&self.node.credential()).unwrap_or_default();
         let jitter = rand::thread_rng().gen_range(0.0..=1.0);
         self.refresh.schedule(
             claims.issued_at_unix_secs,
@@ -102,27 +102,25 @@ impl Core {
             Instant::now(),
             jitter,
         );
-        self.shared
+        self.node
             .metrics
+            .routers
             .credential_expires_at
             .set(claims.expires_at_unix_secs);
     }
 
     pub(super) fn start_refresh(&mut self) {
         self.refresh.started();
-        let shared = self.shared.clone();
+        let node = self.node.clone();
         self.ops.push(Box::pin(async move {
-            let cred = shared.credential();
-            let r = match shared.client.refresh(&cred, &shared.key).await {
+            let cred = node.credential();
+            let r = match node.client.refresh(&cred, &node.key).await {
                 // Refused for good (unknown node, expired past the grace):
                 // enroll again if we still have a token.
-                Err(ClientError::Refused(status)) if !shared.config.token.is_empty() => {
+                Err(ClientError::Refused(status)) if !node.config.token.is_empty() => {
                     tracing::warn!(%status, "refresh refused: enrolling again with the token");
-                    let e = shared
-                        .client
-                        .enroll(&shared.config.token, &shared.key)
-                        .await;
-                    shared.metrics.cp("enroll", e.is_ok());
+                    let e = node.client.enroll(&node.config.token, &node.key).await;
+                    node.metrics.cp("enroll", e.is_ok());
                     e.map(|e| RefreshResponse {
                         credential: e.credential,
                         keys: e.keys,
@@ -141,13 +139,13 @@ impl Core {
         });
         match fresh {
             Ok((cred, keys)) => {
-                self.shared.metrics.cp("refresh", true);
+                self.node.metrics.cp("refresh", true);
                 self.refresh.succeeded();
-                *self.shared.credential.write() = cred.clone();
+                *self.node.credential.write() = cred.clone();
                 if let Some(keys) = &keys {
-                    self.shared.set_keys(keys);
+                    self.node.set_keys(keys);
                 }
-                let dir = self.shared.config.data_dir.clone();
+                let dir = self.node.config.data_dir.clone();
                 tokio::task::spawn_blocking(move || {
                     if let Err(e) = crate::identity::store_credential(&dir, &cred) {
                         tracing::warn!(error = %e, "could not store the refreshed credential");
@@ -168,7 +166,7 @@ impl Core {
                 self.publish_status();
             }
             Err(e) => {
-                self.shared.metrics.cp("refresh", false);
+                self.node.metrics.cp("refresh", false);
                 let wait = self.refresh.failed(Instant::now());
                 tracing::warn!(error = %e, retry_in = ?wait, "credential refresh failed");
             }

@@ -1,13 +1,13 @@
 //! Transit admissions ([`Command::Transit`]): a call whose provider shares
 //! none of our routers goes through one of the provider's routers, and
-//! that router must admit us for transit first. The core owns these
+//! that router must admit us for transit first. The engine owns these
 //! admissions like every other: it connects, runs the auth (purpose
 //! transit) and remembers the admission for the life of the connection.
 //! A router we hold (or are acquiring) is never authed for transit: the
 //! router keeps the latest purpose, and transit would cost us the
 //! reservation.
 //!
-//! [`Command::Transit`]: crate::shared::Command::Transit
+//! [`Command::Transit`]: crate::command::Command::Transit
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -16,8 +16,8 @@ use agentmesh_proto::pb::mesh::{PolicyPushSlot, Purpose};
 use libp2p::{Multiaddr, PeerId};
 use tokio::sync::oneshot;
 
-use super::{Core, Op};
-use crate::shared::TransitError;
+use super::{Engine, Op};
+use crate::command::{ConnectError, TransitError};
 use agentmesh_wire::auth::{self, AuthError, AuthOutcome};
 
 /// A reply to a transit request.
@@ -64,7 +64,7 @@ impl Transit {
     }
 }
 
-impl Core {
+impl Engine {
     /// Connects to `router` (within `connect_limit`), then admits us there
     /// for transit if it needs it (within `auth_limit`); answers `reply`.
     pub(super) fn on_transit(
@@ -79,11 +79,12 @@ impl Core {
         self.on_connect(router, addrs, None, None, tx);
         self.ops.push(Box::pin(async move {
             let connected = match tokio::time::timeout(connect_limit, rx).await {
-                Ok(Ok(r)) => r.map_err(|e| e.to_string()),
-                Ok(Err(_)) => Err("node is stopping".to_string()),
-                Err(_) => Err(format!(
-                    "no connection to {router} within {connect_limit:?}"
-                )),
+                Ok(Ok(r)) => r,
+                Ok(Err(_)) => Err(ConnectError::Stopping),
+                Err(_) => Err(ConnectError::TimedOut {
+                    peer: router,
+                    after: connect_limit,
+                }),
             };
             Op::TransitConnected {
                 router,
@@ -97,7 +98,7 @@ impl Core {
     pub(super) fn on_transit_connected(
         &mut self,
         router: PeerId,
-        connected: Result<(), String>,
+        connected: Result<(), ConnectError>,
         auth_limit: Duration,
         reply: Reply,
     ) {
@@ -109,13 +110,13 @@ impl Core {
             let _ = reply.send(Ok(()));
             return;
         }
-        let shared = self.shared.clone();
+        let node = self.node.clone();
         let attached = self.reserved_peers();
         self.ops.push(Box::pin(async move {
-            let req = auth::request_for(shared.credential(), Purpose::Transit, &attached);
-            let req = super::policy_push::stamp(&shared, req, PolicyPushSlot::Unspecified);
-            let result = auth::request(shared.control.clone(), router, req, auth_limit).await;
-            super::policy_push::take_admitted_policy(&shared, &result).await;
+            let req = auth::request_for(node.credential(), Purpose::Transit, &attached);
+            let req = super::policy_push::stamp(&node, req, PolicyPushSlot::Unspecified);
+            let result = auth::request(node.control.clone(), router, req, auth_limit).await;
+            super::policy_push::take_admitted_policy(&node, &result).await;
             Op::TransitAuth {
                 router,
                 result,
@@ -140,7 +141,7 @@ impl Core {
             }
             Ok(other) => Err(TransitError::Refused {
                 router,
-                outcome: format!("{other:?}"),
+                outcome: Box::new(other),
             }),
             Err(e) => Err(TransitError::Wire(e)),
         };

@@ -30,8 +30,8 @@ use agentmesh_wire::auth::{AuthError, AuthOutcome};
 use agentmesh_wire::policy as policy_wire;
 use libp2p::{PeerId, Stream};
 
-use super::{Core, Op};
-use crate::shared::Shared;
+use super::{Engine, Op};
+use crate::node::Node;
 
 /// Push exchanges in progress, and which router pushes us first.
 #[derive(Debug)]
@@ -97,11 +97,11 @@ impl Pushes {
 /// Says in `req` which policy and revocation list we hold, so a router
 /// holding a newer one sends it with the admission, and (attach) which
 /// push slot the router is.
-pub(crate) fn stamp(shared: &Shared, mut req: AuthRequest, slot: PolicyPushSlot) -> AuthRequest {
-    let (epoch, version) = shared.policy.epoch_version();
+pub(crate) fn stamp(node: &Node, mut req: AuthRequest, slot: PolicyPushSlot) -> AuthRequest {
+    let (epoch, version) = node.policy.epoch_version();
     req.policy_epoch = epoch;
     req.policy_version = version;
-    let (epoch, generation) = shared.policy.revocations_generation();
+    let (epoch, generation) = node.policy.revocations_generation();
     req.revocations_epoch = epoch;
     req.revocations_generation = generation;
     req.policy_push_slot = slot as i32;
@@ -110,11 +110,11 @@ pub(crate) fn stamp(shared: &Shared, mut req: AuthRequest, slot: PolicyPushSlot)
 
 /// An admission that carries a policy or a revocation list (each signed by
 /// the control plane, verified here like a push): judged in the auth
-/// exchange's own task, off the core's loop, before the core learns
+/// exchange's own task, off the engine's loop, before the engine learns
 /// of the admission, so a member that (re)attaches holds the router's
 /// version by the time it counts as admitted (and so before it is ready).
 pub(crate) async fn take_admitted_policy(
-    shared: &Arc<Shared>,
+    node: &Arc<Node>,
     result: &Result<AuthOutcome, AuthError>,
 ) {
     if let Ok(AuthOutcome::Admitted {
@@ -122,23 +122,22 @@ pub(crate) async fn take_admitted_policy(
     }) = result
     {
         let push: PolicyPush = (**push).clone();
-        shared
-            .policy
-            .on_push(&shared.trust, push, unix_now(), "admission")
+        node.policy
+            .on_push(&node.trust, push, unix_now(), "admission")
             .await;
     }
 }
 
-impl Core {
+impl Engine {
     /// A policy push stream arrived from `peer`.
     pub(super) fn on_policy_stream(&mut self, peer: PeerId, mut stream: Stream) {
         let attached = self.slots.get(&peer).is_some_and(|s| s.phase.is_admitted());
-        let m = &self.shared.metrics.policy;
+        let m = &self.node.metrics.policy;
         match self.pushes.arrive(attached) {
             Verdict::Read => {}
             Verdict::NotAttached => {
                 if let Some(suppressed) = self
-                    .shared
+                    .node
                     .metrics
                     .log
                     .pass(&peer, "policy_push_not_attached")
@@ -149,8 +148,7 @@ impl Core {
                 return;
             }
             Verdict::Overflow => {
-                if let Some(suppressed) =
-                    self.shared.metrics.log.pass(&peer, "policy_push_overflow")
+                if let Some(suppressed) = self.node.metrics.log.pass(&peer, "policy_push_overflow")
                 {
                     tracing::warn!(
                         %peer,
@@ -163,20 +161,20 @@ impl Core {
                 return;
             }
         }
-        let shared = self.shared.clone();
-        let deadline = shared.config.call_timeout();
+        let node = self.node.clone();
+        let deadline = node.config.call_timeout();
         self.ops.push(Box::pin(async move {
             let result = match policy_wire::receive(&mut stream, deadline).await {
                 Err(e) => {
-                    if let Some(suppressed) = shared.metrics.log.pass(&peer, "policy_push_malformed") {
+                    if let Some(suppressed) = node.metrics.log.pass(&peer, "policy_push_malformed") {
                         tracing::warn!(%peer, error = %e, suppressed, "bad policy push: stream closed (logged at most once a minute per peer)");
                     }
                     "malformed"
                 }
                 Ok(push) => {
-                    let (ack, result) = shared
+                    let (ack, result) = node
                         .policy
-                        .on_push(&shared.trust, push, unix_now(), "push")
+                        .on_push(&node.trust, push, unix_now(), "push")
                         .await;
                     if let Err(e) = policy_wire::acknowledge(&mut stream, &ack, deadline).await {
                         tracing::debug!(%peer, error = %e, "policy ack not sent");
@@ -190,7 +188,7 @@ impl Core {
 
     pub(super) fn on_policy_pushed(&mut self, result: &'static str) {
         self.pushes.finished();
-        self.shared.metrics.policy.push(result);
+        self.node.metrics.policy.push(result);
     }
 }
 

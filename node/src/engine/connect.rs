@@ -6,7 +6,7 @@
 //! bounded ([`MAX_WAITERS`]); each is answered when its connection comes
 //! up, its dial fails, or (the asker having given up) dropped.
 //!
-//! [`Command::Connect`]: crate::shared::Command::Connect
+//! [`Command::Connect`]: crate::command::Command::Connect
 
 use std::collections::HashMap;
 
@@ -15,55 +15,60 @@ use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::{Multiaddr, PeerId};
 use tokio::sync::oneshot;
 
-use super::Core;
-use crate::shared::ConnectFailure;
+use super::Engine;
+use crate::command::{CircuitRefusal, ConnectError};
 
 /// Most connection waiters held at once (call tasks waiting for a dial).
 pub(crate) const MAX_WAITERS: usize = 4096;
 
 /// A reply to a connection request.
-pub(crate) type Reply = oneshot::Sender<Result<(), ConnectFailure>>;
+pub(crate) type Reply = oneshot::Sender<Result<(), ConnectError>>;
 
-/// What a failed dial tells its waiters: libp2p's words, and whether a
-/// relay refused the circuit with PERMISSION_DENIED (found anywhere in the
-/// nested transport errors: the relay client reports it as
-/// `ConnectError::PermissionDenied` inside the relayed dial's error).
-pub(crate) fn dial_failure(peer: &PeerId, error: &libp2p::swarm::DialError) -> ConnectFailure {
-    let denied = match error {
+/// What a failed dial tells its waiters: libp2p's words, and how a relay
+/// refused the circuit when one did (found anywhere in the nested
+/// transport errors: the relay client reports it as a
+/// `hop::ConnectError` inside the relayed dial's error).
+pub(crate) fn dial_failure(peer: &PeerId, error: &libp2p::swarm::DialError) -> ConnectError {
+    let circuit = match error {
         libp2p::swarm::DialError::Transport(errors) => errors
             .iter()
-            .any(|(_, e)| permission_denied(e as &(dyn std::error::Error + 'static))),
-        _ => false,
+            .find_map(|(_, e)| circuit_refusal(e as &(dyn std::error::Error + 'static))),
+        _ => None,
     };
-    ConnectFailure {
+    ConnectError::Dial {
+        peer: *peer,
+        circuit,
         detail: format!("connect to {peer}: {error}"),
-        denied,
     }
 }
 
-/// Whether `e` or anything it wraps is a relay's PERMISSION_DENIED.
-fn permission_denied(e: &(dyn std::error::Error + 'static)) -> bool {
-    use libp2p::relay::outbound::hop::ConnectError;
+/// The relay's refusal of a circuit, if `e` or anything it wraps is one.
+fn circuit_refusal(e: &(dyn std::error::Error + 'static)) -> Option<CircuitRefusal> {
+    use libp2p::relay::outbound::hop::ConnectError as Hop;
     let mut next = Some(e);
     // Bounded: error chains are short; a cycle would be a bug elsewhere.
     for _ in 0..16 {
-        let Some(e) = next else {
-            return false;
-        };
-        if let Some(c) = e.downcast_ref::<ConnectError>() {
-            return matches!(c, ConnectError::PermissionDenied);
+        let e = next?;
+        if let Some(c) = e.downcast_ref::<Hop>() {
+            return match c {
+                Hop::PermissionDenied => Some(CircuitRefusal::PermissionDenied),
+                Hop::ResourceLimitExceeded => Some(CircuitRefusal::ResourceLimitExceeded),
+                Hop::ConnectionFailed => Some(CircuitRefusal::ConnectionFailed),
+                Hop::NoReservation => Some(CircuitRefusal::NoReservation),
+                _ => None,
+            };
         }
         // `io::Error::source` skips the error it wraps: look inside.
-        if let Some(inner) = e
+        if let Some(found) = e
             .downcast_ref::<std::io::Error>()
             .and_then(std::io::Error::get_ref)
-            && permission_denied(inner)
+            .and_then(|inner| circuit_refusal(inner))
         {
-            return true;
+            return Some(found);
         }
         next = e.source();
     }
-    false
+    None
 }
 
 /// A connect that waits for stale relayed connections to close first.
@@ -90,7 +95,7 @@ impl Waits {
     }
 }
 
-impl Core {
+impl Engine {
     pub(super) fn on_connect(
         &mut self,
         peer: PeerId,
@@ -110,7 +115,7 @@ impl Core {
         if !stale.is_empty() {
             self.waits.fresh.retain(|w| !w.reply.is_closed());
             if self.waits.fresh.len() >= MAX_WAITERS {
-                let _ = reply.send(Err(ConnectFailure::other("too many connections pending")));
+                let _ = reply.send(Err(ConnectError::TooManyPending));
                 return;
             }
             tracing::debug!(%peer, stale = stale.len(), "closing relayed connections through routers the peer left (or idle)");
@@ -151,7 +156,7 @@ impl Core {
             return;
         }
         if self.waits.dialing() >= MAX_WAITERS {
-            let _ = reply.send(Err(ConnectFailure::other("too many connections pending")));
+            let _ = reply.send(Err(ConnectError::TooManyPending));
             return;
         }
         if anew && let Some(w) = self.waits.dials.get_mut(&peer) {
@@ -179,7 +184,11 @@ impl Core {
                 w.push(reply);
             }
             Err(e) => {
-                let _ = reply.send(Err(ConnectFailure::other(format!("dial {peer}: {e}"))));
+                let _ = reply.send(Err(ConnectError::Dial {
+                    peer,
+                    circuit: None,
+                    detail: format!("dial {peer}: {e}"),
+                }));
             }
         }
     }
@@ -196,7 +205,7 @@ impl Core {
     }
 
     /// Answers everyone waiting for a connection to `peer`.
-    pub(super) fn resolve_waiters(&mut self, peer: &PeerId, result: Result<(), ConnectFailure>) {
+    pub(super) fn resolve_waiters(&mut self, peer: &PeerId, result: Result<(), ConnectError>) {
         if let Some(ws) = self.waits.dials.remove(peer) {
             for w in ws {
                 let _ = w.send(result.clone());
@@ -208,12 +217,12 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use libp2p::core::transport::TransportError;
-    use libp2p::relay::outbound::hop::ConnectError;
+    use libp2p::relay::outbound::hop::ConnectError as Hop;
     use libp2p::swarm::DialError;
 
     use super::*;
 
-    fn relayed_dial_error(e: ConnectError) -> DialError {
+    fn relayed_dial_error(e: Hop) -> DialError {
         // As the relay client's transport reports it, boxed in an io::Error
         // by the node's transport stack.
         let relay = libp2p::relay::client::transport::Error::Connect(e);
@@ -225,18 +234,25 @@ mod tests {
     #[test]
     fn only_a_relay_permission_denied_is_a_policy_refusal() {
         let peer = PeerId::random();
-        let denied = dial_failure(&peer, &relayed_dial_error(ConnectError::PermissionDenied));
-        assert!(denied.denied, "{denied:?}");
-        assert!(denied.detail.contains(&peer.to_string()));
-        for other in [
-            ConnectError::ResourceLimitExceeded,
-            ConnectError::ConnectionFailed,
-            ConnectError::NoReservation,
+        let denied = dial_failure(&peer, &relayed_dial_error(Hop::PermissionDenied));
+        assert!(denied.is_denied(), "{denied:?}");
+        assert!(denied.to_string().contains(&peer.to_string()));
+        for (other, refusal) in [
+            (
+                Hop::ResourceLimitExceeded,
+                CircuitRefusal::ResourceLimitExceeded,
+            ),
+            (Hop::ConnectionFailed, CircuitRefusal::ConnectionFailed),
+            (Hop::NoReservation, CircuitRefusal::NoReservation),
         ] {
             let f = dial_failure(&peer, &relayed_dial_error(other));
-            assert!(!f.denied, "{f:?}");
+            assert!(!f.is_denied(), "{f:?}");
+            assert!(
+                matches!(f, ConnectError::Dial { circuit: Some(c), .. } if c == refusal),
+                "{f:?}"
+            );
         }
         let f = dial_failure(&peer, &DialError::Aborted);
-        assert!(!f.denied);
+        assert!(!f.is_denied());
     }
 }

@@ -8,17 +8,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Core;
+use super::Engine;
 use crate::metrics::DirectionLabel;
 use crate::peer_calls::Activity;
 
 /// Idle peers are forgotten this long after the window (bounds the map).
 const FORGET_AFTER: Duration = Duration::from_secs(60);
 
-impl Core {
+impl Engine {
     /// Closes relayed connections whose peer has had no call for the window.
     pub(super) fn close_idle_relayed(&mut self, now: Instant) {
-        let window = self.shared.config.relayed_idle;
+        let window = self.node.config.relayed_idle;
         if window.is_zero() {
             return;
         }
@@ -26,7 +26,7 @@ impl Core {
             if self.idle_closing.contains(&r.id) {
                 continue;
             }
-            let idle_since = match self.shared.peer_calls.idle(&r.peer) {
+            let idle_since = match self.node.peer_calls.idle(&r.peer) {
                 Activity::Busy => continue,
                 Activity::IdleSince(t) => t.max(r.since),
                 Activity::Unknown => r.since,
@@ -39,14 +39,15 @@ impl Core {
             }
             let direction = if r.outbound { "outbound" } else { "inbound" };
             tracing::debug!(peer = %r.peer, direction, "closing an idle relayed connection");
-            self.shared
+            self.node
                 .metrics
+                .calls
                 .relayed_idle_closed
                 .get_or_create(&DirectionLabel { direction })
                 .inc();
             self.swarm.close_connection(r.id);
             self.idle_closing.insert(r.id);
         }
-        self.shared.peer_calls.prune(now, window * 2 + FORGET_AFTER);
+        self.node.peer_calls.prune(now, window * 2 + FORGET_AFTER);
     }
 }

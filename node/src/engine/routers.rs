@@ -12,7 +12,7 @@ use libp2p::{Multiaddr, PeerId};
 use tokio::time::Instant;
 
 use super::slot::{Lost, Phase, Slot};
-use super::{Core, Op, jittered};
+use super::{Engine, Op, jittered};
 use crate::status::NodeStatus;
 use agentmesh_wire::ExchangeFailure as _;
 use agentmesh_wire::auth::{self, AuthError, AuthOutcome};
@@ -44,7 +44,7 @@ pub(crate) fn router_base(addr: &Multiaddr, router: PeerId) -> Multiaddr {
     a.with(Protocol::P2p(router))
 }
 
-impl Core {
+impl Engine {
     /// Keeps `peer` out of the choice for `base`, doubled for each failure
     /// in a row (capped at [`MAX_SHUN_FAILURES`] doublings), jittered. When
     /// short of K it may be tried again after `base` alone, unless
@@ -95,7 +95,7 @@ impl Core {
     /// selector, is not held and is not shunned.
     pub(super) fn has_free_candidate(&self) -> bool {
         self.directory.candidates().iter().any(|c| {
-            crate::select::matches_selector(c, &self.shared.config.router_selector)
+            crate::select::matches_selector(c, &self.node.config.router_selector)
                 && !self.slots.contains_key(&c.peer)
                 && !self.choice.shunned.contains_key(&c.peer)
         })
@@ -129,7 +129,7 @@ impl Core {
             .map(|(p, _)| *p)
             .collect();
         leaving.sort();
-        let exposing = !self.shared.config.expose.is_empty();
+        let exposing = !self.node.config.expose.is_empty();
         let records_accepted = self.slots.values().any(|s| s.is_reserved() && s.published);
         let mut refusing: Vec<(&PeerId, &String)> = self
             .slots
@@ -141,14 +141,14 @@ impl Core {
             .first()
             .map(|(p, why)| format!("router {p}: {why}"));
         let claims =
-            agentmesh_proto::credential::peek_claims(&self.shared.credential()).unwrap_or_default();
+            agentmesh_proto::credential::peek_claims(&self.node.credential()).unwrap_or_default();
         NodeStatus {
-            enrolled: !self.shared.credential().claims.is_empty(),
+            enrolled: !self.node.credential().claims.is_empty(),
             credential_expires_at_unix_secs: claims.expires_at_unix_secs,
-            routers_wanted: self.shared.config.routers,
+            routers_wanted: self.node.config.routers,
             ready: !reserved.is_empty()
                 && (!exposing || records_accepted)
-                && !self.shared.is_shutting_down(),
+                && !self.node.is_shutting_down(),
             admitted,
             reserved,
             leaving,
@@ -156,12 +156,12 @@ impl Core {
                 .directory
                 .candidates()
                 .iter()
-                .filter(|c| crate::select::matches_selector(c, &self.shared.config.router_selector))
+                .filter(|c| crate::select::matches_selector(c, &self.node.config.router_selector))
                 .count(),
             exposing,
             records_accepted,
             records_refused,
-            stopping: self.shared.is_shutting_down(),
+            stopping: self.node.is_shutting_down(),
             last_router_error: self.last_router_error.clone(),
             failed: None,
         }
@@ -169,9 +169,9 @@ impl Core {
 
     /// Dials new routers until K are held or being acquired.
     pub(super) fn top_up(&mut self) {
-        let want = self.shared.config.routers;
+        let want = self.node.config.routers;
         let active = self.slots.values().filter(|s| s.leaving.is_none()).count();
-        if !self.directory.have() || active >= want || self.shared.is_shutting_down() {
+        if !self.directory.have() || active >= want || self.node.is_shutting_down() {
             return;
         }
         if let Some(at) = self.choice.replace_after {
@@ -186,8 +186,8 @@ impl Core {
         exclude.extend(self.choice.shunned.keys().copied());
         let mut chosen = crate::select::choose(
             self.directory.candidates(),
-            &self.shared.config.router_selector,
-            &self.shared.config.router_prefer,
+            &self.node.config.router_selector,
+            &self.node.config.router_prefer,
             &exclude,
             want - active,
             &mut rand::thread_rng(),
@@ -200,7 +200,7 @@ impl Core {
             held.extend(chosen.iter().map(|c| c.peer));
             let extra = super::shun::fallbacks(
                 self.directory.candidates(),
-                &self.shared.config.router_selector,
+                &self.node.config.router_selector,
                 &held,
                 &self.choice.shunned,
                 Instant::now(),
@@ -222,7 +222,7 @@ impl Core {
                 .map(|c| (c.peer, &c.labels, c.draining))
                 .collect();
             tracing::warn!(
-                selector = ?self.shared.config.router_selector,
+                selector = ?self.node.config.router_selector,
                 shunned = self.choice.shunned.len(),
                 ?seen,
                 "no router to attach to: none matches the selector or all are shunned"
@@ -260,7 +260,7 @@ impl Core {
     }
 
     fn start_auth(&mut self, router: PeerId, initial: bool) {
-        let shared = self.shared.clone();
+        let node = self.node.clone();
         let attached: Vec<PeerId> = self
             .admitted_peers()
             .into_iter()
@@ -269,16 +269,16 @@ impl Core {
         let slots = &self.slots;
         let slot = self.pushes.slot_for(router, |p| slots.contains_key(p));
         self.ops.push(Box::pin(async move {
-            let req = auth::request_for(shared.credential(), Purpose::Attach, &attached);
-            let req = super::policy_push::stamp(&shared, req, slot);
+            let req = auth::request_for(node.credential(), Purpose::Attach, &attached);
+            let req = super::policy_push::stamp(&node, req, slot);
             let result = auth::request(
-                shared.control.clone(),
+                node.control.clone(),
                 router,
                 req,
-                shared.config.call_timeout(),
+                node.config.call_timeout(),
             )
             .await;
-            super::policy_push::take_admitted_policy(&shared, &result).await;
+            super::policy_push::take_admitted_policy(&node, &result).await;
             Op::Auth {
                 router,
                 initial,
@@ -293,7 +293,7 @@ impl Core {
         initial: bool,
         result: Result<AuthOutcome, AuthError>,
     ) {
-        let m = &self.shared.metrics;
+        let m = &self.node.metrics;
         let label = match &result {
             Ok(AuthOutcome::Admitted { .. }) => "admitted",
             Ok(AuthOutcome::Refused(..)) => "refused",
@@ -301,7 +301,8 @@ impl Core {
             Ok(AuthOutcome::GoAway(_)) => "go_away",
             Err(_) => "error",
         };
-        m.auth
+        m.routers
+            .auth
             .get_or_create(&crate::metrics::ResultLabel { result: label })
             .inc();
         let Some(slot) = self.slots.get_mut(&router) else {
@@ -343,7 +344,7 @@ impl Core {
                     _ => Duration::from_secs(30),
                 };
                 if reason == AuthRefusal::Revoked {
-                    self.shared.metrics.router_revoked_refusals.inc();
+                    self.node.metrics.routers.router_revoked_refusals.inc();
                     self.forget_router_as(router, wait, true);
                     let _ = self.swarm.disconnect_peer_id(router);
                 } else {
@@ -455,7 +456,7 @@ impl Core {
         let attempt = run.attempts();
         if retry_after.is_none() {
             // Busy answers are counted as auth results of their own.
-            self.shared.metrics.auth_conn_retries.inc();
+            self.node.metrics.routers.auth_conn_retries.inc();
         }
         let what = if retry_after.is_some() {
             "answered busy"
@@ -602,15 +603,16 @@ impl Core {
         if slot.reserved() {
             self.choice.failures.remove(&router);
             self.choice.lifted.remove(&router);
-            self.shared
+            self.node
                 .metrics
+                .routers
                 .reservations
                 .get_or_create(&crate::metrics::ResultLabel { result: "ok" })
                 .inc();
             tracing::info!(%router, "relay reservation active");
             self.records.dirty = true;
             self.release_leaving();
-            if self.shared.config.expose.is_empty() {
+            if self.node.config.expose.is_empty() {
                 self.publish_status();
             } else {
                 self.publish_records();
@@ -635,8 +637,9 @@ impl Core {
         };
         let lost = slot.reservation_lost(error.as_deref(), connected, now);
         self.records.dirty = true;
-        self.shared
+        self.node
             .metrics
+            .routers
             .reservations
             .get_or_create(&crate::metrics::ResultLabel { result: "error" })
             .inc();
@@ -669,8 +672,9 @@ impl Core {
             // A router that keeps refusing reservations (e.g. its relay is
             // full) would hold this slot forever: move to another router.
             tracing::warn!(%router, error = ?error, failures, "relay reservation refused again: replacing the router");
-            self.shared
+            self.node
                 .metrics
+                .routers
                 .routers_replaced
                 .get_or_create(&crate::metrics::ReasonLabel {
                     reason: "reservation_refused",
@@ -772,7 +776,7 @@ impl Core {
     /// survivors in the same instant (the wait is cut short if the last
     /// serving router goes too).
     fn replace_lost_later(&mut self) {
-        let spread = self.shared.config.router_replace_spread;
+        let spread = self.node.config.router_replace_spread;
         if spread.is_zero()
             || self.reserved_peers().is_empty()
             || self.choice.replace_after.is_some()

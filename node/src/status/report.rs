@@ -1,5 +1,5 @@
 //! What `agentmesh-node status` and `agentmesh-node services` show: the
-//! node's own account of what it holds, asked of the core loop over the
+//! node's own account of what it holds, asked of the engine over the
 //! node's Unix socket (`STATUS`, `SERVICES`) and sent as one JSON line.
 //! [`Report::render`] and [`Services::render`] give the human form.
 
@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::recent::CallCounts;
+pub use crate::status::recent::CallCounts;
 
 /// One router the node holds or is acquiring.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
