@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::{AfterRecord, BurstRecord, EventRecord, EventTarget, FleetWindow, HoldRecord, Report};
+use super::{joined, AfterRecord, BurstRecord, EventRecord, EventTarget, FleetWindow, HoldRecord, Report};
 use crate::stats::pair;
 
 /// `name=ratio` per router, two decimals.
@@ -54,16 +54,6 @@ fn target_cell(e: &EventTarget) -> String {
     }
 }
 
-/// `key=value` pairs, `-` when empty.
-pub(crate) fn joined(m: &BTreeMap<String, u64>) -> String {
-    if m.is_empty() {
-        return "-".into();
-    }
-    m.iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
 
 impl Report {
     /// The markdown rendering printed on stdout.

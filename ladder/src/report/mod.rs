@@ -477,3 +477,14 @@ impl AfterSample {
         s
     }
 }
+
+/// `key=value` pairs, `-` when empty.
+pub(crate) fn joined(m: &BTreeMap<String, u64>) -> String {
+    if m.is_empty() {
+        return "-".into();
+    }
+    m.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::EventRecord;
-use super::markdown::joined;
+use super::joined;
 use crate::observe::ControlPlaneLoad;
 use crate::stats::Quantiles;
 
