@@ -40,7 +40,6 @@ KNOWN = {
     ('router/src/metrics.rs', 'new'),
     ('router/src/metrics.rs', 'Metrics'),
     ('router/src/policy_metrics.rs', 'register'),
-    ('router/src/resources/config.rs', 'ResourceConfig'),
     ('router/src/resources/metrics.rs', 'new'),
 }
 

@@ -394,6 +394,8 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     if config.runtime_watchdog {
         // Same process-wide switch: the binary's allocator is jemalloc.
         agentmesh_runtime::allocator::register(&mut registry);
+        // Namespace-wide too: whether --listen-backlog-connections bites.
+        agentmesh_runtime::listen_queue::register(&mut registry);
         relay_capacity::register(
             &mut registry,
             metrics

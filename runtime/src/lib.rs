@@ -20,6 +20,8 @@
 //! - [`log_gate::LogGate`]: log lines a peer can cause, at most once a
 //!   minute per peer and kind, the lines held back counted in
 //!   `…_log_suppressed_total{kind}`.
+//! - [`listen_queue`]: the kernel's count of connections turned away at a
+//!   full listen backlog, `agentmesh_runtime_tcp_listen_{overflows,drops}_total`.
 //! - [`at_rest`]: the data-dir and key-file checks every program makes
 //!   before it trusts what it stored (no group- or world-writable dir or
 //!   file, keys tightened back to 0600), and writing a private file.
@@ -31,6 +33,7 @@ pub mod allocator;
 pub mod at_rest;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod listen_queue;
 pub mod log_gate;
 pub mod profiling;
 pub mod watchdog;

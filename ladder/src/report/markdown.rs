@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::{joined, AfterRecord, BurstRecord, EventRecord, EventTarget, FleetWindow, HoldRecord, Report};
+use super::{
+    AfterRecord, BurstRecord, EventRecord, EventTarget, FleetWindow, HoldRecord, Report, joined,
+};
 use crate::stats::pair;
 
 /// `name=ratio` per router, two decimals.
@@ -53,7 +55,6 @@ fn target_cell(e: &EventTarget) -> String {
         (b, a) => format!("{t} ({} → {})", n(b), n(a)),
     }
 }
-
 
 impl Report {
     /// The markdown rendering printed on stdout.

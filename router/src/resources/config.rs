@@ -64,6 +64,10 @@ pub const DEFAULT_IPV6_SOURCE_PREFIX_LEN: u8 = 64;
 /// all sources together: a handshake is cheap, but a flood from many IPs
 /// must not queue without bound (each takes at most 20 s).
 pub const DEFAULT_PENDING_CONNECTIONS_MAX: u32 = 1024;
+/// Listen backlog of each TCP listening socket, connections: libp2p-tcp's
+/// own default, well above what an accept loop that never blocks leaves
+/// queued, and below the usual `net.core.somaxconn` (4096) cap.
+pub const DEFAULT_LISTEN_BACKLOG_CONNECTIONS: u32 = 1024;
 /// Inbound yamux streams one connection buffers while the swarm has not
 /// taken them yet (libp2p-yamux's own bound); more are dropped (the remote
 /// sees a reset) and counted in
@@ -135,6 +139,20 @@ pub struct ResourceConfig {
     pub ipv6_source_prefix_len: u8,
     /// Inbound connections in their handshake at once, all sources. Default 1024.
     pub pending_connections_max: u32,
+    /// What the listening sockets and the muxers accept before our budgets
+    /// see a stream.
+    pub transport: TransportLimits,
+}
+
+/// The limits the transport itself enforces: the kernel's accept queue,
+/// yamux's buffer of streams not yet taken, QUIC's windows. A section of
+/// its own because [`super::transport::build`] is its only reader.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportLimits {
+    /// Connections the kernel queues on a TCP listening socket before the
+    /// router accepts them (the `listen()` backlog; the kernel caps it at
+    /// `net.core.somaxconn`). Default 1024.
+    pub listen_backlog_connections: u32,
     /// Inbound yamux streams one connection buffers before the swarm takes
     /// them; more are dropped and counted. At least 1. Default 256.
     pub yamux_max_buffered_inbound_streams: u32,
@@ -144,6 +162,18 @@ pub struct ResourceConfig {
     pub quic_max_stream_data_bytes: u32,
     /// QUIC receive window per connection, bytes. Default 16 MiB.
     pub quic_max_connection_data_bytes: u32,
+}
+
+impl Default for TransportLimits {
+    fn default() -> Self {
+        Self {
+            listen_backlog_connections: DEFAULT_LISTEN_BACKLOG_CONNECTIONS,
+            yamux_max_buffered_inbound_streams: DEFAULT_YAMUX_MAX_BUFFERED_INBOUND_STREAMS,
+            quic_max_concurrent_streams: DEFAULT_QUIC_MAX_CONCURRENT_STREAMS,
+            quic_max_stream_data_bytes: DEFAULT_QUIC_MAX_STREAM_DATA_BYTES,
+            quic_max_connection_data_bytes: DEFAULT_QUIC_MAX_CONNECTION_DATA_BYTES,
+        }
+    }
 }
 
 impl Default for ResourceConfig {
@@ -166,10 +196,7 @@ impl Default for ResourceConfig {
             unauthenticated_memory_max_percent: DEFAULT_UNAUTHENTICATED_MEMORY_MAX_PERCENT,
             ipv6_source_prefix_len: DEFAULT_IPV6_SOURCE_PREFIX_LEN,
             pending_connections_max: DEFAULT_PENDING_CONNECTIONS_MAX,
-            yamux_max_buffered_inbound_streams: DEFAULT_YAMUX_MAX_BUFFERED_INBOUND_STREAMS,
-            quic_max_concurrent_streams: DEFAULT_QUIC_MAX_CONCURRENT_STREAMS,
-            quic_max_stream_data_bytes: DEFAULT_QUIC_MAX_STREAM_DATA_BYTES,
-            quic_max_connection_data_bytes: DEFAULT_QUIC_MAX_CONNECTION_DATA_BYTES,
+            transport: TransportLimits::default(),
         }
     }
 }
@@ -237,6 +264,13 @@ pub struct ResourceArgs {
     /// Inbound connections in their handshake at once, all sources together, connections; shared fairly by source once all are taken, a newcomer closing the handshake that progressed least (agentmesh_router_handshakes_shed_total{reason,progress}, _refused_total{reason}).
     #[arg(long, default_value_t = DEFAULT_PENDING_CONNECTIONS_MAX)]
     pub pending_connections_max: u32,
+    /// Connections the kernel queues on each TCP listening socket before the
+    /// router accepts them (the listen() backlog, capped by the kernel at
+    /// net.core.somaxconn), connections; more are refused by the kernel and
+    /// counted in agentmesh_runtime_tcp_listen_overflows_total.
+    #[arg(long, default_value_t = DEFAULT_LISTEN_BACKLOG_CONNECTIONS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub listen_backlog_connections: u32,
     /// Inbound yamux streams one connection buffers before the router takes
     /// them; more are dropped (reset) and counted in agentmesh_router_refused_total
     /// {resource="stream",scope="connection",protocol="none"}.
@@ -275,10 +309,13 @@ impl ResourceArgs {
             unauthenticated_memory_max_percent: self.unauthenticated_memory_max_percent,
             ipv6_source_prefix_len: self.ipv6_source_prefix_len,
             pending_connections_max: self.pending_connections_max,
-            yamux_max_buffered_inbound_streams: self.yamux_max_buffered_inbound_streams,
-            quic_max_concurrent_streams: self.quic_max_concurrent_streams,
-            quic_max_stream_data_bytes: self.quic_max_stream_data_bytes,
-            quic_max_connection_data_bytes: self.quic_max_connection_data_bytes,
+            transport: TransportLimits {
+                listen_backlog_connections: self.listen_backlog_connections,
+                yamux_max_buffered_inbound_streams: self.yamux_max_buffered_inbound_streams,
+                quic_max_concurrent_streams: self.quic_max_concurrent_streams,
+                quic_max_stream_data_bytes: self.quic_max_stream_data_bytes,
+                quic_max_connection_data_bytes: self.quic_max_connection_data_bytes,
+            },
         }
     }
 }
@@ -340,7 +377,16 @@ mod tests {
             .expect("parse")
             .r
             .into_config();
-        assert_eq!(c.yamux_max_buffered_inbound_streams, 8);
+        assert_eq!(c.transport.yamux_max_buffered_inbound_streams, 8);
+        let c = Cli::try_parse_from(["x", "--listen-backlog-connections", "64"])
+            .expect("parse")
+            .r
+            .into_config();
+        assert_eq!(c.transport.listen_backlog_connections, 64);
+        assert!(
+            Cli::try_parse_from(["x", "--listen-backlog-connections", "0"]).is_err(),
+            "a backlog of 0 is the kernel's minimum, not a choice anyone means"
+        );
         assert!(
             Cli::try_parse_from(["x", "--yamux-max-buffered-inbound-streams", "0"]).is_err(),
             "a buffer of 0 would drop every inbound stream"

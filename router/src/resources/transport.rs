@@ -71,9 +71,9 @@ pub(crate) fn yamux_max_streams(r: &ResourceConfig) -> usize {
 /// The QUIC configuration with the limits from `r`.
 pub(crate) fn quic_config(key: &Keypair, r: &ResourceConfig) -> quic::Config {
     let mut c = quic::Config::new(key);
-    c.max_concurrent_stream_limit = r.quic_max_concurrent_streams;
-    c.max_stream_data = r.quic_max_stream_data_bytes;
-    c.max_connection_data = r.quic_max_connection_data_bytes;
+    c.max_concurrent_stream_limit = r.transport.quic_max_concurrent_streams;
+    c.max_stream_data = r.transport.quic_max_stream_data_bytes;
+    c.max_connection_data = r.transport.quic_max_connection_data_bytes;
     c
 }
 
@@ -87,7 +87,7 @@ pub(crate) fn build(
     let noise = noise::Config::new(key)?;
     let max_streams = yamux_max_streams(r);
     let inbound = InboundBuffer {
-        max: usize::try_from(r.yamux_max_buffered_inbound_streams)
+        max: usize::try_from(r.transport.yamux_max_buffered_inbound_streams)
             .unwrap_or(usize::MAX)
             .max(1),
         dropped: mgr.buffered_inbound_dropped(),
@@ -98,7 +98,11 @@ pub(crate) fn build(
         // Handshakes are admitted as each connection is accepted, shed by
         // progress on the raw socket (TCP) or oldest first (QUIC), and
         // closed at once when they give way (`pending.rs`).
-        let raw = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true));
+        let raw = tcp::tokio::Transport::new(
+            tcp::Config::default()
+                .nodelay(true)
+                .listen_backlog(r.transport.listen_backlog_connections),
+        );
         let tcp = handshakes.tcp(raw, |watched| {
             watched
                 .upgrade(Version::V1Lazy)

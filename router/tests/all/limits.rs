@@ -426,3 +426,35 @@ async fn an_admitted_members_late_re_presentation_is_served_and_no_failed_login(
     assert_eq!(r.metric(silent_logins), 1.0);
     r.handle.shutdown().await;
 }
+
+/// `--listen-backlog-connections` reaches the kernel: the router's TCP
+/// listening socket is created with that backlog (what `ss` shows as the
+/// listener's Send-Q), and the kernel's overflow counter is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listen_backlog_flag_reaches_the_listening_socket() {
+    let cp = start_cp().await;
+    let router = Router::start(&cp, &[], |c: &mut Config| {
+        c.resources.transport.listen_backlog_connections = 37;
+        // The process-wide collectors (allocator, listen queue) are
+        // registered under the watchdog switch, as in the binary.
+        c.runtime_watchdog = true;
+    })
+    .await;
+    let port = router.socket_addr().port();
+    let out = std::process::Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{port}")])
+        .output()
+        .expect("ss (iproute2) runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // State Recv-Q Send-Q Local Peer: for a listener Send-Q is the backlog.
+    let backlogs: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    assert_eq!(backlogs, ["37"], "ss output: {text}");
+    let text = router.handle.metrics_text();
+    assert!(
+        text.contains("agentmesh_runtime_tcp_listen_overflows_total "),
+        "{text}"
+    );
+}
