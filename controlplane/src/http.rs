@@ -137,7 +137,7 @@ async fn policy(AxState(s): AxState<HttpState>, Query(q): Query<PolicyQuery>) ->
 }
 
 async fn metrics(AxState(s): AxState<HttpState>) -> Response {
-    for (table, stats) in s.state.admission.source_tables() {
+    for (table, stats) in s.state.limits.source_tables() {
         s.state.metrics.set_source_table(table, stats);
     }
     let mut body = String::new();

@@ -17,8 +17,6 @@ pub use client::{Client, ClientConfig, ClientError, Connections, retry_after};
 #[cfg(feature = "server")]
 pub mod admin;
 #[cfg(feature = "server")]
-pub mod admission;
-#[cfg(feature = "server")]
 pub mod cli;
 #[cfg(feature = "server")]
 pub mod config;
@@ -48,6 +46,8 @@ pub mod policy;
 pub mod reaper;
 #[cfg(feature = "server")]
 pub mod refusal_log;
+#[cfg(feature = "server")]
+pub mod request_limits;
 #[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "server")]

@@ -33,7 +33,7 @@ pub const METHODS: &[&str] = &[
 /// Limiters, as metric label values: each budget (global, spent) and its
 /// per-source share (`*_source_share`: the budget was contended and the
 /// source used its share), the failure guard, the database queue and the
-/// per-connection call bound. See [`crate::admission`].
+/// per-connection call bound. See [`crate::request_limits`].
 pub const LIMITERS: &[&str] = &[
     "unauth",
     "unauth_source_share",

@@ -320,11 +320,11 @@ pub async fn spawn_with(
     warn_if_fd_limit_below(config.grpc_max_connections).await;
     let incoming = BoundedIncoming::new(
         grpc_listener,
-        state.admission.connection_slots(),
+        state.limits.connection_slots(),
         handshake_timeout,
         handshakes,
         state.metrics.clone(),
-        state.admission.refusal_log(),
+        state.limits.refusal_log(),
     );
     let mut grpc_stop = stop_rx.clone();
     tasks.spawn(async move {
