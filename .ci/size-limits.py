@@ -23,7 +23,6 @@ CLI_DERIVES = ('Parser', 'Args', 'Subcommand')
 KNOWN = {
     ('controlplane/src/metrics.rs', 'new'),
     ('controlplane/src/metrics.rs', 'Metrics'),
-    ('controlplane/src/server.rs', 'spawn_with'),
     ('controlplane/src/store/postgres/nodes.rs', 'enroll'),
     ('controlplane/src/store/postgres/snapshot.rs', 'snapshot_rows'),
     ('controlplane/src/store/sqlite/nodes.rs', 'enroll'),

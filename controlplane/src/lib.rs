@@ -27,6 +27,8 @@ pub mod enroll;
 #[cfg(feature = "server")]
 pub mod grpc_limits;
 #[cfg(feature = "server")]
+pub mod grpc_server;
+#[cfg(feature = "server")]
 pub mod guard;
 #[cfg(feature = "server")]
 pub mod http;
@@ -57,11 +59,15 @@ pub mod signed_policy;
 #[cfg(feature = "server")]
 pub mod signed_revocations;
 #[cfg(feature = "server")]
+mod spawn_error;
+#[cfg(feature = "server")]
 pub mod state;
 #[cfg(feature = "server")]
 pub mod status;
 #[cfg(feature = "server")]
 pub mod store;
+#[cfg(feature = "server")]
+pub mod supervisor;
 #[cfg(feature = "server")]
 pub mod token_index;
 #[cfg(feature = "server")]

@@ -137,6 +137,22 @@ async fn every<F, Fut, T>(
     }
 }
 
+/// Spawns the reaper (`reaper`) and the key-rotation check (`key_check`)
+/// as supervised tasks; their deletions and rotations are counted in
+/// [`crate::metrics::Metrics`].
+pub fn spawn(state: &Arc<State>, tasks: &mut crate::supervisor::Tasks) {
+    let (s, stop) = (state.clone(), tasks.stop_signal());
+    tasks.spawn("reaper", async move {
+        run_reaper(s, stop).await;
+        Ok(())
+    });
+    let (s, stop) = (state.clone(), tasks.stop_signal());
+    tasks.spawn("key_check", async move {
+        run_key_check(s, stop).await;
+        Ok(())
+    });
+}
+
 /// The reaper loop.
 pub async fn run_reaper(state: Arc<State>, stop: watch::Receiver<bool>) {
     let period = Duration::from_secs(state.config.reap_interval_secs);
