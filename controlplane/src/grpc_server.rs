@@ -3,7 +3,7 @@
 //! keepalive, connection age, and the connection and stream bounds of
 //! [`crate::grpc_limits`]. Runs as the supervised task `grpc`.
 
-use std::{net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, sync::Arc};
 
 use agentmesh_proto::pb::{
     FILE_DESCRIPTOR_SET, controlplane::control_plane_server::ControlPlaneServer,
@@ -15,7 +15,7 @@ use tonic::{
 };
 
 use crate::{
-    config::Config,
+    config::GrpcServerConfig,
     grpc_limits::{BoundedIncoming, Handshakes, StreamLimit},
     malformed::Malformed,
     service::Service,
@@ -41,28 +41,26 @@ pub struct Bound {
 
 impl Bound {
     /// Binds `--grpc-addr` and reads the TLS files.
-    pub async fn bind(config: &Config) -> Result<Self, SpawnError> {
-        let listener = TcpListener::bind(config.grpc_addr)
+    pub async fn bind(config: &GrpcServerConfig) -> Result<Self, SpawnError> {
+        let listener = TcpListener::bind(config.addr)
             .await
             .map_err(|source| SpawnError::Bind {
-                addr: config.grpc_addr,
+                addr: config.addr,
                 source,
             })?;
-        let tls = match (&config.tls_cert, &config.tls_key) {
-            (Some(c), Some(k)) => {
-                Some(Identity::from_pem(read_file(c).await?, read_file(k).await?))
-            }
-            _ => None,
+        let tls = match &config.tls {
+            Some((c, k)) => Some(Identity::from_pem(read_file(c).await?, read_file(k).await?)),
+            None => None,
         };
         Ok(Self { listener, tls })
     }
 
     /// The bound address.
-    pub fn local_addr(&self, config: &Config) -> Result<SocketAddr, SpawnError> {
+    pub fn local_addr(&self, config: &GrpcServerConfig) -> Result<SocketAddr, SpawnError> {
         self.listener
             .local_addr()
             .map_err(|source| SpawnError::Bind {
-                addr: config.grpc_addr,
+                addr: config.addr,
                 source,
             })
     }
@@ -98,8 +96,8 @@ async fn warn_if_fd_limit_below(max_connections: usize) {
 }
 
 /// The transport: stream bound, HTTP/2 keepalive, connection age, TLS.
-fn builder(config: &Config, tls: Option<Identity>) -> Result<Server, SpawnError> {
-    let max_streams = config.grpc_max_concurrent_streams_per_connection;
+fn builder(config: &GrpcServerConfig, tls: Option<Identity>) -> Result<Server, SpawnError> {
+    let max_streams = config.max_streams_per_connection;
     // HTTP/2 keepalive closes a connection whose peer stopped answering
     // PINGs (vanished laptop, dropped NAT mapping), freeing its slot. TCP
     // keepalive is not set: tonic applies it only to listeners it binds
@@ -108,28 +106,22 @@ fn builder(config: &Config, tls: Option<Identity>) -> Result<Server, SpawnError>
         .max_concurrent_streams(Some(
             u32::try_from(max_streams.saturating_mul(2)).unwrap_or(u32::MAX),
         ))
-        .http2_keepalive_interval(Some(Duration::from_secs(
-            config.grpc_keepalive_interval_secs,
-        )))
-        .http2_keepalive_timeout(Some(Duration::from_secs(
-            config.grpc_keepalive_timeout_secs,
-        )));
+        .http2_keepalive_interval(Some(config.keepalive_interval))
+        .http2_keepalive_timeout(Some(config.keepalive_timeout));
     // Idle members' connections are what the control plane holds per
     // member (see DEFAULT_GRPC_MAX_CONNECTION_AGE_SECS); no grace: a
     // connection with a call in flight (a router's Watch) stays until the
     // call ends, which a Watch does at its credential's expiry.
-    if config.grpc_max_connection_age_secs > 0 {
-        builder =
-            builder.max_connection_age(Duration::from_secs(config.grpc_max_connection_age_secs));
+    if let Some(age) = config.max_connection_age {
+        builder = builder.max_connection_age(age);
     }
     if let Some(identity) = tls {
         crate::tls::ensure_crypto_provider();
-        let handshake_timeout = Duration::from_secs(config.grpc_handshake_timeout_secs);
         builder = builder
             .tls_config(
                 ServerTlsConfig::new()
                     .identity(identity)
-                    .timeout(handshake_timeout),
+                    .timeout(config.handshake_timeout),
             )
             .map_err(|e| SpawnError::Tls(e.to_string()))?;
     }
@@ -137,7 +129,7 @@ fn builder(config: &Config, tls: Option<Identity>) -> Result<Server, SpawnError>
 }
 
 /// The services: ControlPlane (behind [`Malformed`]), health, reflection.
-async fn routes(config: &Config, state: &Arc<State>) -> Result<Routes, SpawnError> {
+async fn routes(config: &GrpcServerConfig, state: &Arc<State>) -> Result<Routes, SpawnError> {
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<ControlPlaneServer<Service>>().await;
     let reflection = || {
@@ -153,7 +145,7 @@ async fn routes(config: &Config, state: &Arc<State>) -> Result<Routes, SpawnErro
     // Requests are refused past --grpc-max-message-bytes before they are
     // read (OUT_OF_RANGE); answers are held to what tonic clients decode by
     // default, so an oversized answer fails here with a clear status.
-    let max_request = config.grpc_max_message_bytes;
+    let max_request = config.max_message_bytes;
     let control_plane = ControlPlaneServer::new(Service::new(state.clone()))
         .max_decoding_message_size(max_request)
         .max_encoding_message_size(MAX_RESPONSE_BYTES);
@@ -181,7 +173,7 @@ async fn routes(config: &Config, state: &Arc<State>) -> Result<Routes, SpawnErro
 
 /// Serves `bound` as the task `grpc` until the stop signal.
 pub async fn spawn(
-    config: &Config,
+    config: &GrpcServerConfig,
     bound: Bound,
     state: &Arc<State>,
     tasks: &mut Tasks,
@@ -191,15 +183,15 @@ pub async fn spawn(
     let handshakes = Arc::new(Handshakes::default());
     let grpc = StreamLimit::new(
         routes,
-        config.grpc_max_concurrent_streams_per_connection,
+        config.max_streams_per_connection,
         handshakes.clone(),
         state.metrics.clone(),
     );
-    warn_if_fd_limit_below(config.grpc_max_connections).await;
+    warn_if_fd_limit_below(config.max_connections).await;
     let incoming = BoundedIncoming::new(
         bound.listener,
         state.limits.connection_slots(),
-        Duration::from_secs(config.grpc_handshake_timeout_secs),
+        config.handshake_timeout,
         handshakes,
         state.metrics.clone(),
         state.limits.refusal_log(),

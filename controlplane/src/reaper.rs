@@ -140,29 +140,25 @@ async fn every<F, Fut, T>(
 /// Spawns the reaper (`reaper`) and the key-rotation check (`key_check`)
 /// as supervised tasks; their deletions and rotations are counted in
 /// [`crate::metrics::Metrics`].
-pub fn spawn(state: &Arc<State>, tasks: &mut crate::supervisor::Tasks) {
-    let (s, stop) = (state.clone(), tasks.stop_signal());
+pub fn spawn(
+    schedule: &crate::config::ScheduleConfig,
+    state: &Arc<State>,
+    tasks: &mut crate::supervisor::Tasks,
+) {
+    let (s, stop, period) = (state.clone(), tasks.stop_signal(), schedule.reap_interval);
     tasks.spawn("reaper", async move {
-        run_reaper(s, stop).await;
+        every("reaper", period, stop, || s.reap_once()).await;
         Ok(())
     });
-    let (s, stop) = (state.clone(), tasks.stop_signal());
+    let (s, stop, period) = (
+        state.clone(),
+        tasks.stop_signal(),
+        schedule.key_check_interval,
+    );
     tasks.spawn("key_check", async move {
-        run_key_check(s, stop).await;
+        every("key_check", period, stop, || s.check_keys_once()).await;
         Ok(())
     });
-}
-
-/// The reaper loop.
-pub async fn run_reaper(state: Arc<State>, stop: watch::Receiver<bool>) {
-    let period = Duration::from_secs(state.config.reap_interval_secs);
-    every("reaper", period, stop, || state.reap_once()).await;
-}
-
-/// The key-rotation check loop.
-pub async fn run_key_check(state: Arc<State>, stop: watch::Receiver<bool>) {
-    let period = Duration::from_secs(state.config.key_check_interval_secs);
-    every("key_check", period, stop, || state.check_keys_once()).await;
 }
 
 #[cfg(test)]

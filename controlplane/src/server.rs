@@ -127,9 +127,10 @@ async fn build_state(
         grace_secs: config.key_grace_secs as i64,
     };
     let keys = Keys::open(&db, policy, unix_now()).await?;
-    let grpc = grpc_server::Bound::bind(config).await?;
-    let grpc_addr = grpc.local_addr(config)?;
-    let http_listener = bind(config.http_addr).await?;
+    let sections = config.sections();
+    let grpc = grpc_server::Bound::bind(&sections.grpc).await?;
+    let grpc_addr = grpc.local_addr(&sections.grpc)?;
+    let http_listener = bind(sections.http_addr).await?;
     let scheme = if grpc.is_tls() { "https" } else { "http" };
     let public_url = config
         .public_url
@@ -161,25 +162,29 @@ pub async fn spawn_with(
     mut registry: Registry,
 ) -> Result<Handle, SpawnError> {
     config.validate().map_err(SpawnError::Config)?;
+    let sections = config.sections();
     let (state, grpc, http_listener) = build_state(&config, clock, &mut registry).await?;
-    let grpc_addr = grpc.local_addr(&config)?;
+    let grpc_addr = grpc.local_addr(&sections.grpc)?;
     let http_addr = http_listener
         .local_addr()
         .map_err(|source| SpawnError::Bind {
-            addr: config.http_addr,
+            addr: sections.http_addr,
             source,
         })?;
     let mut tasks = Tasks::new();
-    grpc_server::spawn(&config, grpc, &state, &mut tasks).await?;
-    crate::reaper::spawn(&state, &mut tasks);
+    grpc_server::spawn(&sections.grpc, grpc, &state, &mut tasks).await?;
+    crate::reaper::spawn(&sections.schedule, &state, &mut tasks);
     crate::policy::watch::spawn(&state, &mut tasks);
     crate::watch::spawn(&state, &mut tasks);
     let registry = Arc::new(registry);
     crate::http::spawn(http_listener, state.clone(), registry.clone(), &mut tasks);
-    if let Some(ms) = config.fault_end_task_after_ms {
+    if let Some(after) = sections.fault_end_task_after {
         tasks.spawn("fault_injection", async move {
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-            Err(format!("--fault-end-task-after-ms {ms} elapsed"))
+            tokio::time::sleep(after).await;
+            Err(format!(
+                "--fault-end-task-after-ms {} elapsed",
+                after.as_millis()
+            ))
         });
     }
     if let Some(addr) = config.pprof_addr {

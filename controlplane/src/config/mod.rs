@@ -6,6 +6,9 @@
 
 use std::{net::SocketAddr, path::PathBuf};
 
+mod sections;
+pub use sections::{GrpcServerConfig, ScheduleConfig, Sections};
+
 /// Default `--grpc-addr`.
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:7400";
 /// Default `--http-addr`.
