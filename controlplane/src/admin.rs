@@ -89,11 +89,11 @@ impl State {
         authorization: Option<&str>,
     ) -> Result<(), ServiceError> {
         if authorization.is_none() {
-            self.admission
+            self.limits
                 .refuse_unverifiable(source, "authorization: Bearer <admin token>")?;
         }
         let r = self.compare_admin(authorization);
-        self.admission.judge(source, r)
+        self.limits.judge(source, r)
     }
 
     fn compare_admin(&self, authorization: Option<&str>) -> Result<(), ServiceError> {
@@ -139,7 +139,7 @@ impl State {
             .run(self.db.store().create_token(&digest, &row))
             .await?;
         // A member may enroll with it from an address the guard refuses.
-        self.admission.token_minted();
+        self.limits.token_minted();
         tracing::info!(%token_id, kind = ?spec.kind, role = ?spec.role, "token created");
         Ok((token, token_id, expires_at))
     }

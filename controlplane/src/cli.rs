@@ -47,6 +47,9 @@ pub enum CliError {
     /// A blocking task died.
     #[error("task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// A long-lived task stopped outside a shutdown (the supervisor's report).
+    #[error("{0}; the control plane stopped")]
+    TaskStopped(crate::supervisor::TaskFailure),
     /// Signal handlers could not be installed.
     #[error("signals: {0}")]
     Signal(#[from] std::io::Error),
@@ -318,14 +321,20 @@ async fn serve(config: Config) -> Result<(), CliError> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let handle = spawn_with(config, TokioClock::shared(), registry).await?;
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
-    }
+    // A task that stops outside a shutdown leaves a half-dead process:
+    // stop with its name and a non-zero status.
+    let failed = tokio::select! {
+        _ = int.recv() => None,
+        _ = term.recv() => None,
+        f = handle.failed() => Some(f),
+    };
     tracing::info!("shutting down");
     handle.shutdown().await;
     probe.abort();
-    Ok(())
+    match failed {
+        Some(f) => Err(CliError::TaskStopped(f)),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ pub const MAX_LEASE_ADDRS: usize = 32;
 pub const MAX_ADDR_LEN: usize = 512;
 
 impl State {
-    /// `RouterLease`, in [`crate::admission`]'s order: nothing to verify
+    /// `RouterLease`, in [`crate::request_limits`]'s order: nothing to verify
     /// from a source over its failures is refused at once; the source's
     /// unauthenticated share; verify (role router; a failure is judged
     /// against the source, a verified router is served whatever its
@@ -43,13 +43,13 @@ impl State {
         req: RouterLeaseRequest,
     ) -> Result<RouterLeaseResponse, ServiceError> {
         if req.credential.is_none() || req.proof.is_none() {
-            self.admission
+            self.limits
                 .refuse_unverifiable(source, "credential and proof of possession")?;
         }
-        self.admission.admit_unauth(source)?;
+        self.limits.check_unauth(source)?;
         let now = unix_now();
         let (claims, peer) = self
-            .admission
+            .limits
             .judge(source, self.verify_lease(&req, &req.binding(), now))?;
         let allowed = claims.labels();
         let asked = labels_to_map(&req.labels);
@@ -59,7 +59,7 @@ impl State {
                 format!("label {k}={v} is not in the router's credential"),
             ));
         }
-        self.admission.admit_lease(source)?;
+        self.limits.check_lease(source)?;
         let load = req.load.unwrap_or_default();
         let ttl = self.config.lease_ttl_secs as i64;
         let lease = LeaseRow {

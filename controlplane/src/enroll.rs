@@ -3,7 +3,7 @@
 //! Both take the source's share of the unauthenticated budget, then
 //! verify (a failure counts against the source in the failure guard, which
 //! refuses only callers that do not prove themselves), and only then take a
-//! token of their own budget ([`crate::admission`]), so a caller whose proof
+//! token of their own budget ([`crate::request_limits`]), so a caller whose proof
 //! or credential does not check out never spends what members need. Role
 //! and labels come from the token.
 
@@ -105,7 +105,7 @@ impl State {
         Ok(sign(&claims, &signer.key))
     }
 
-    /// `Enroll`, in [`crate::admission`]'s order: nothing to verify from a
+    /// `Enroll`, in [`crate::request_limits`]'s order: nothing to verify from a
     /// source over its failures is refused at once; the source's
     /// unauthenticated share; the proof; a token from a source over its
     /// failures must be one the token index holds; the enroll budget; the
@@ -116,12 +116,12 @@ impl State {
         req: EnrollRequest,
     ) -> Result<EnrollResponse, ServiceError> {
         if req.token.trim().is_empty() || req.proof.is_none() {
-            self.admission
+            self.limits
                 .refuse_unverifiable(source, "token and proof of possession")?;
         }
-        self.admission.admit_unauth(source)?;
+        self.limits.check_unauth(source)?;
         let r = self.enroll_checked(source, req).await;
-        self.admission.judge(source, r)
+        self.limits.judge(source, r)
     }
 
     async fn enroll_checked(
@@ -145,13 +145,13 @@ impl State {
         let (_, peer) =
             verify_proof(&req.binding(), &self.public_url, proof, now).map_err(proof_error)?;
         let digest = tokens::digest(&token);
-        self.admission
-            .admit_token(source, &digest, |limit| {
+        self.limits
+            .check_token(source, &digest, |limit| {
                 self.db
                     .run(self.db.store().token_digests(unix_now(), limit))
             })
             .await?;
-        self.admission.admit_enroll(source)?;
+        self.limits.check_enroll(source)?;
         if self.keys.signer(now).is_none() {
             return Err(ServiceError::NoSigningKey);
         }
@@ -196,7 +196,7 @@ impl State {
     }
 
     /// `Refresh`: a current (or just-expired, within the grace) credential
-    /// plus a fresh proof from the same key. In [`crate::admission`]'s
+    /// plus a fresh proof from the same key. In [`crate::request_limits`]'s
     /// order: nothing to verify from a source over its failures is refused
     /// at once; the source's unauthenticated share; verify (a failure is
     /// judged against the source, a verified caller is served whatever its
@@ -207,15 +207,13 @@ impl State {
         req: RefreshRequest,
     ) -> Result<RefreshResponse, ServiceError> {
         if req.credential.is_none() || req.proof.is_none() {
-            self.admission
+            self.limits
                 .refuse_unverifiable(source, "credential and proof of possession")?;
         }
-        self.admission.admit_unauth(source)?;
+        self.limits.check_unauth(source)?;
         let now = unix_now();
-        let peer = self
-            .admission
-            .judge(source, self.verify_refresh(req, now))?;
-        self.admission.admit_refresh(source)?;
+        let peer = self.limits.judge(source, self.verify_refresh(req, now))?;
+        self.limits.check_refresh(source)?;
         let peer_bytes = peer.to_bytes();
         let exp = now + self.config.credential_ttl_secs as i64;
         let node = self

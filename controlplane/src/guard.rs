@@ -1,7 +1,7 @@
 //! The failure guard: failed authentications per source, in fixed
 //! one-minute windows; a source with `max_per_min` failures in its window is
 //! over its limit until the window ends. What that costs the source's
-//! requests is decided in [`crate::admission`]: only requests that fail to
+//! requests is decided in [`crate::request_limits`]: only requests that fail to
 //! prove who sent them are refused (a caller that proves itself is served
 //! whatever its address's count), so the members and routers behind a NAT
 //! are never refused for an attacker among them.

@@ -1,7 +1,7 @@
 //! HTTP: `/info` (routers, keys, revocations, the policy in force as
 //! JSON), `/policy` (read-only: the policy's version, epoch, text and
-//! summary), `/metrics`, `/healthz` (process up) and `/readyz` (database
-//! answers).
+//! summary), `/metrics`, `/healthz` (process up) and `/readyz` (every
+//! long-lived task runs and the database answers).
 
 use std::sync::Arc;
 
@@ -17,7 +17,13 @@ use base64::{Engine, engine::general_purpose::STANDARD};
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
-use crate::{state::State, status::to_status};
+use tokio::{net::TcpListener, sync::watch};
+
+use crate::{
+    state::State,
+    status::to_status,
+    supervisor::{TaskFailure, Tasks},
+};
 
 /// What the HTTP handlers share.
 #[derive(Clone)]
@@ -26,6 +32,28 @@ pub struct HttpState {
     pub state: Arc<State>,
     /// The metrics registry.
     pub registry: Arc<Registry>,
+    /// The supervisor's record of a task that stopped (then not ready).
+    pub failure: watch::Receiver<Option<TaskFailure>>,
+}
+
+/// Serves the HTTP listener as the task `http` until the stop signal;
+/// `registry` is final here (every other subsystem registered first).
+pub fn spawn(listener: TcpListener, state: Arc<State>, registry: Arc<Registry>, tasks: &mut Tasks) {
+    let app = router(HttpState {
+        state,
+        registry,
+        failure: tasks.failure(),
+    });
+    let mut stop = tasks.stop_signal();
+    tasks.spawn("http", async move {
+        let shutdown = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|e| format!("HTTP server: {e}"))
+    });
 }
 
 /// The HTTP router.
@@ -137,7 +165,7 @@ async fn policy(AxState(s): AxState<HttpState>, Query(q): Query<PolicyQuery>) ->
 }
 
 async fn metrics(AxState(s): AxState<HttpState>) -> Response {
-    for (table, stats) in s.state.admission.source_tables() {
+    for (table, stats) in s.state.limits.source_tables() {
         s.state.metrics.set_source_table(table, stats);
     }
     let mut body = String::new();
@@ -155,6 +183,9 @@ async fn metrics(AxState(s): AxState<HttpState>) -> Response {
 }
 
 async fn readyz(AxState(s): AxState<HttpState>) -> Response {
+    if let Some(f) = s.failure.borrow().clone() {
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {f}\n")).into_response();
+    }
     match s.state.db.run(s.state.db.store().ping()).await {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
         Err(e) => (

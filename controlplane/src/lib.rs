@@ -17,8 +17,6 @@ pub use client::{Client, ClientConfig, ClientError, Connections, retry_after};
 #[cfg(feature = "server")]
 pub mod admin;
 #[cfg(feature = "server")]
-pub mod admission;
-#[cfg(feature = "server")]
 pub mod cli;
 #[cfg(feature = "server")]
 pub mod config;
@@ -28,6 +26,8 @@ pub mod directory;
 pub mod enroll;
 #[cfg(feature = "server")]
 pub mod grpc_limits;
+#[cfg(feature = "server")]
+pub mod grpc_server;
 #[cfg(feature = "server")]
 pub mod guard;
 #[cfg(feature = "server")]
@@ -49,6 +49,8 @@ pub mod reaper;
 #[cfg(feature = "server")]
 pub mod refusal_log;
 #[cfg(feature = "server")]
+pub mod request_limits;
+#[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "server")]
 pub mod service;
@@ -57,11 +59,15 @@ pub mod signed_policy;
 #[cfg(feature = "server")]
 pub mod signed_revocations;
 #[cfg(feature = "server")]
+mod spawn_error;
+#[cfg(feature = "server")]
 pub mod state;
 #[cfg(feature = "server")]
 pub mod status;
 #[cfg(feature = "server")]
 pub mod store;
+#[cfg(feature = "server")]
+pub mod supervisor;
 #[cfg(feature = "server")]
 pub mod token_index;
 #[cfg(feature = "server")]

@@ -13,7 +13,7 @@
 //! `rpc_total{method,code}` and `malformed_requests_total{method,reason}`,
 //! spends the source's unauthenticated share (the decoding was work done
 //! before the caller was known) and is a failure of the source for the
-//! failure guard ([`crate::admission`]). It is answered with, in order: the
+//! failure guard ([`crate::request_limits`]). It is answered with, in order: the
 //! guard's refusal when the source was already over its failures, the
 //! unauthenticated budget's when its share is spent (both
 //! `RESOURCE_EXHAUSTED` with `retry-after`), else `INVALID_ARGUMENT` naming
@@ -64,7 +64,7 @@ pub struct Malformed<S> {
 }
 
 impl<S> Malformed<S> {
-    /// Wraps `inner`, charging refusals to `state`'s admission.
+    /// Wraps `inner`, charging refusals to `state`'s request limits.
     pub fn new(inner: S, state: Arc<State>) -> Self {
         Self { inner, state }
     }
@@ -143,13 +143,13 @@ fn refused_by_tonic(
         _ => return None,
     };
     state.metrics.malformed(method, reason);
-    let admission = &state.admission;
-    let charged = admission.admit_unauth(source);
+    let limits = &state.limits;
+    let charged = limits.check_unauth(source);
     let detail = format!(
         "the {method} request could not be read: {}",
         status.message()
     );
-    let judged = admission.judge::<()>(source, Err(ServiceError::Invalid(detail)));
+    let judged = limits.judge::<()>(source, Err(ServiceError::Invalid(detail)));
     let refusal = match (judged, charged) {
         (Err(e @ ServiceError::Blocked { .. }), _) | (_, Err(e)) => e,
         (Err(e), Ok(())) if reason == "undecodable" => e,

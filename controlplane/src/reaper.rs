@@ -137,16 +137,28 @@ async fn every<F, Fut, T>(
     }
 }
 
-/// The reaper loop.
-pub async fn run_reaper(state: Arc<State>, stop: watch::Receiver<bool>) {
-    let period = Duration::from_secs(state.config.reap_interval_secs);
-    every("reaper", period, stop, || state.reap_once()).await;
-}
-
-/// The key-rotation check loop.
-pub async fn run_key_check(state: Arc<State>, stop: watch::Receiver<bool>) {
-    let period = Duration::from_secs(state.config.key_check_interval_secs);
-    every("key_check", period, stop, || state.check_keys_once()).await;
+/// Spawns the reaper (`reaper`) and the key-rotation check (`key_check`)
+/// as supervised tasks; their deletions and rotations are counted in
+/// [`crate::metrics::Metrics`].
+pub fn spawn(
+    schedule: &crate::config::ScheduleConfig,
+    state: &Arc<State>,
+    tasks: &mut crate::supervisor::Tasks,
+) {
+    let (s, stop, period) = (state.clone(), tasks.stop_signal(), schedule.reap_interval);
+    tasks.spawn("reaper", async move {
+        every("reaper", period, stop, || s.reap_once()).await;
+        Ok(())
+    });
+    let (s, stop, period) = (
+        state.clone(),
+        tasks.stop_signal(),
+        schedule.key_check_interval,
+    );
+    tasks.spawn("key_check", async move {
+        every("key_check", period, stop, || s.check_keys_once()).await;
+        Ok(())
+    });
 }
 
 #[cfg(test)]

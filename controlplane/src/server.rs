@@ -1,79 +1,37 @@
-//! The control plane as a value: [`spawn`] binds, opens the database, starts
-//! every task and returns a [`Handle`]. Every task lives in the handle's
-//! `JoinSet`, so dropping the handle aborts them; [`Handle::shutdown`] stops
-//! them gracefully within `--shutdown-grace-secs`.
+//! The control plane as a value: [`spawn`] binds, opens the database, has
+//! each subsystem (gRPC server, HTTP, reapers and key check, policy check,
+//! watch publisher) spawn its own tasks, and returns a [`Handle`]. Every
+//! task is named and watched by the [`crate::supervisor`]: one that stops
+//! outside a shutdown is reported through [`Handle::failed`] and makes
+//! `/readyz` not ready. Dropping the handle aborts them all;
+//! [`Handle::shutdown`] stops them gracefully within `--shutdown-grace-secs`.
 
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use agentmesh_proto::{
-    pb::{
-        FILE_DESCRIPTOR_SET,
-        controlplane::control_plane_server::ControlPlaneServer,
-        credential::{Role, TokenKind},
-    },
+    pb::credential::{Role, TokenKind},
     unix_now,
 };
 use prometheus_client::registry::Registry;
-use tokio::{net::TcpListener, sync::watch, task::JoinSet};
-use tonic::{
-    service::Routes,
-    transport::{Identity, Server, ServerTlsConfig},
-};
+use tokio::net::TcpListener;
 
 use crate::{
     admin::TokenSpec,
     clock::{SharedClock, TokioClock},
     config::{Config, MIN_ADMIN_TOKEN_LEN},
-    grpc_limits::{BoundedIncoming, Handshakes, StreamLimit},
-    http::{HttpState, router},
+    grpc_server,
     keys::{Keys, RotationPolicy},
-    malformed::Malformed,
     metrics::Metrics,
-    policy::{Origin, PolicyStartError, StartPolicy, watch::run_policy_check},
-    reaper::{run_key_check, run_reaper},
-    service::Service,
+    policy::{Origin, StartPolicy},
     signed_policy::PolicyInForce,
     state::State,
     status::ServiceError,
     store::{AppliedPolicy, Db, Deleted, StoreError},
+    supervisor::{SupervisorHandle, TaskFailure, TaskResult, Tasks},
 };
 
-/// Why the control plane did not start.
-#[derive(Debug, thiserror::Error)]
-pub enum SpawnError {
-    /// The configuration is inconsistent.
-    #[error("configuration: {0}")]
-    Config(String),
-    /// A listener could not bind.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// A file (TLS, admin token) could not be read.
-    #[error("cannot read {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The cause.
-        source: std::io::Error,
-    },
-    /// TLS setup failed.
-    #[error("tls: {0}")]
-    Tls(String),
-    /// The profiling listener could not start.
-    #[error("profiling: {0}")]
-    Profiling(#[from] agentmesh_runtime::profiling::ProfilingError),
-    /// The database could not be opened or initialised.
-    #[error("database: {0}")]
-    Store(#[from] StoreError),
-    /// The policy stopped the start (a `--policy` file that does not pass,
-    /// or a database with members and no policy and no flag choosing one).
-    #[error("policy: {0}")]
-    Policy(#[from] PolicyStartError),
-}
+pub use crate::spawn_error::SpawnError;
+use crate::spawn_error::read_file;
 
 /// A running control plane.
 pub struct Handle {
@@ -81,8 +39,7 @@ pub struct Handle {
     http_addr: SocketAddr,
     state: Arc<State>,
     registry: Arc<Registry>,
-    stop: watch::Sender<bool>,
-    tasks: JoinSet<()>,
+    supervisor: SupervisorHandle,
 }
 
 impl std::fmt::Debug for Handle {
@@ -94,51 +51,14 @@ impl std::fmt::Debug for Handle {
     }
 }
 
-async fn read_file(path: &std::path::Path) -> Result<Vec<u8>, SpawnError> {
-    tokio::fs::read(path)
-        .await
-        .map_err(|source| SpawnError::Read {
-            path: path.display().to_string(),
-            source,
-        })
-}
-
 async fn bind(addr: SocketAddr) -> Result<TcpListener, SpawnError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| SpawnError::Bind { addr, source })
 }
 
-/// Largest gRPC answer sent: tonic clients (ours among them) refuse to decode
-/// more than 4 MiB by default, so a larger answer could never be read.
-pub const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
-
-/// Descriptors kept aside for the database, the HTTP listener and the rest.
-const FD_HEADROOM: u64 = 256;
-
-/// Warns when the open-files limit cannot hold `--grpc-max-connections`:
-/// accepting then fails with `EMFILE` first (counted and survived, but
-/// clients see refused connections below the configured bound). Reads the
-/// soft limit from `/proc/self/limits` (Linux; elsewhere it says nothing).
-async fn warn_if_fd_limit_below(max_connections: usize) {
-    let Ok(limits) = tokio::fs::read_to_string("/proc/self/limits").await else {
-        return;
-    };
-    let soft: Option<u64> = limits
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .and_then(|l| l.split_whitespace().nth(3))
-        .and_then(|v| v.parse().ok());
-    let need = (max_connections as u64).saturating_add(FD_HEADROOM);
-    if let Some(soft) = soft.filter(|s| *s < need) {
-        tracing::warn!(
-            open_files_limit = soft,
-            grpc_max_connections = max_connections,
-            "the open-files limit is below --grpc-max-connections + {FD_HEADROOM}: raise it \
-             (ulimit -n) or lower the flag; accept errors show in grpc_accept_errors_total"
-        );
-    }
-}
+/// Largest gRPC answer sent (see [`crate::grpc_server::MAX_RESPONSE_BYTES`]).
+pub const MAX_RESPONSE_BYTES: usize = crate::grpc_server::MAX_RESPONSE_BYTES;
 
 /// Starts a control plane with the real clock and its own metrics registry.
 pub async fn spawn(config: Config) -> Result<Handle, SpawnError> {
@@ -151,22 +71,12 @@ pub async fn spawn_with_clock(config: Config, clock: SharedClock) -> Result<Hand
     spawn_with(config, clock, Registry::default()).await
 }
 
-/// Starts a control plane with a clock and a registry that may already hold
-/// other metrics (the binary adds the runtime watchdog's); `/metrics` serves
-/// all of it.
-pub async fn spawn_with(
-    config: Config,
-    clock: SharedClock,
-    mut registry: Registry,
-) -> Result<Handle, SpawnError> {
-    config.validate().map_err(SpawnError::Config)?;
-    // A `--policy` file is checked before the database is opened: a bad
-    // one stops the start with nothing changed.
-    let start_policy = StartPolicy::read(&config).await?;
-    // Both paths hold the token to MIN_ADMIN_TOKEN_LEN: the embedded one in
-    // `Config::validate` above, the file here once it is read.
-    let admin_token = match (&config.admin_token, &config.admin_token_file) {
-        (Some(t), _) => Some(t.trim().to_string()),
+/// The admin token, embedded or read from its file. Both paths hold it to
+/// MIN_ADMIN_TOKEN_LEN: the embedded one in `Config::validate`, the file's
+/// here once it is read.
+async fn admin_token(config: &Config) -> Result<Option<String>, SpawnError> {
+    match (&config.admin_token, &config.admin_token_file) {
+        (Some(t), _) => Ok(Some(t.trim().to_string())),
         (None, Some(path)) => {
             let raw = read_file(path).await?;
             let t = String::from_utf8_lossy(&raw).trim().to_string();
@@ -176,58 +86,60 @@ pub async fn spawn_with(
                     path.display()
                 )));
             }
-            Some(t)
+            Ok(Some(t))
         }
-        (None, None) => None,
-    };
+        (None, None) => Ok(None),
+    }
+}
+
+/// Opens the database (options resolved off the runtime: they may read a
+/// key file) behind the `--db-max-inflight` slots and the wait deadline.
+async fn open_db(config: &Config, metrics: Metrics) -> Result<Db, SpawnError> {
     let store_config = config.clone();
     let options = tokio::task::spawn_blocking(move || store_config.store_options())
         .await
         .map_err(|e| StoreError::Task(e.to_string()))??;
     let store = crate::store::open(&options).await?;
-    let metrics = Metrics::new(&mut registry);
-    let db = Db::new(
+    Ok(Db::new(
         store,
         config.db_max_inflight,
         Duration::from_secs(config.db_wait_timeout_secs),
-        metrics.clone(),
-    );
+        metrics,
+    ))
+}
+
+/// Opens the database and the keys, binds both listeners and builds the
+/// shared state; brings keys, reaped tables and the policy up to date.
+async fn build_state(
+    config: &Config,
+    clock: SharedClock,
+    registry: &mut Registry,
+) -> Result<(Arc<State>, grpc_server::Bound, TcpListener), SpawnError> {
+    // A `--policy` file is checked before the database is opened: a bad
+    // one stops the start with nothing changed.
+    let start_policy = StartPolicy::read(config).await?;
+    let admin_token = admin_token(config).await?;
+    let metrics = Metrics::new(registry);
+    let db = open_db(config, metrics.clone()).await?;
     let policy = RotationPolicy {
         interval_secs: config.key_rotation_interval_secs as i64,
         publish_ahead_secs: config.key_publish_ahead_secs as i64,
         grace_secs: config.key_grace_secs as i64,
     };
     let keys = Keys::open(&db, policy, unix_now()).await?;
-
-    let grpc_listener = bind(config.grpc_addr).await?;
-    let grpc_addr = grpc_listener
-        .local_addr()
-        .map_err(|source| SpawnError::Bind {
-            addr: config.grpc_addr,
-            source,
-        })?;
-    let http_listener = bind(config.http_addr).await?;
-    let http_addr = http_listener
-        .local_addr()
-        .map_err(|source| SpawnError::Bind {
-            addr: config.http_addr,
-            source,
-        })?;
-    let tls = match (&config.tls_cert, &config.tls_key) {
-        (Some(c), Some(k)) => Some(Identity::from_pem(read_file(c).await?, read_file(k).await?)),
-        _ => None,
-    };
-    let scheme = if tls.is_some() { "https" } else { "http" };
+    let sections = config.sections();
+    let grpc = grpc_server::Bound::bind(&sections.grpc).await?;
+    let grpc_addr = grpc.local_addr(&sections.grpc)?;
+    let http_listener = bind(sections.http_addr).await?;
+    let scheme = if grpc.is_tls() { "https" } else { "http" };
     let public_url = config
         .public_url
         .clone()
         .map(|u| agentmesh_proto::proof::normalize_url(&u).to_string())
         .unwrap_or_else(|| format!("{scheme}://{grpc_addr}"));
-
-    let registry = Arc::new(registry);
     let state = State::new(
         config.clone(),
-        public_url.clone(),
+        public_url,
         db,
         keys,
         metrics,
@@ -238,142 +150,55 @@ pub async fn spawn_with(
     state.check_keys_once().await?;
     state.reap_once().await?;
     state.start_policy(start_policy).await?;
+    Ok((state, grpc, http_listener))
+}
 
-    let (stop, stop_rx) = watch::channel(false);
-    let mut tasks = JoinSet::new();
-
-    let (health, health_svc) = tonic_health::server::health_reporter();
-    health.set_serving::<ControlPlaneServer<Service>>().await;
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| SpawnError::Config(format!("reflection: {e}")))?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
-        .build_v1alpha()
-        .map_err(|e| SpawnError::Config(format!("reflection: {e}")))?;
-    let max_streams = config.grpc_max_concurrent_streams_per_connection;
-    let handshake_timeout = Duration::from_secs(config.grpc_handshake_timeout_secs);
-    // HTTP/2 keepalive closes a connection whose peer stopped answering
-    // PINGs (vanished laptop, dropped NAT mapping), freeing its slot. TCP
-    // keepalive is not set: tonic applies it only to listeners it binds
-    // itself, and the PINGs find the same dead peers sooner, through TLS.
-    let mut builder = Server::builder()
-        .max_concurrent_streams(Some(
-            u32::try_from(max_streams.saturating_mul(2)).unwrap_or(u32::MAX),
-        ))
-        .http2_keepalive_interval(Some(Duration::from_secs(
-            config.grpc_keepalive_interval_secs,
-        )))
-        .http2_keepalive_timeout(Some(Duration::from_secs(
-            config.grpc_keepalive_timeout_secs,
-        )));
-    // Idle members' connections are what the control plane holds per
-    // member (see DEFAULT_GRPC_MAX_CONNECTION_AGE_SECS); no grace: a
-    // connection with a call in flight (a router's Watch) stays until the
-    // call ends, which a Watch does at its credential's expiry.
-    if config.grpc_max_connection_age_secs > 0 {
-        builder =
-            builder.max_connection_age(Duration::from_secs(config.grpc_max_connection_age_secs));
+/// Starts a control plane with a clock and a registry that may already hold
+/// other metrics (the binary adds the runtime watchdog's); `/metrics` serves
+/// all of it. Each subsystem spawns its own supervised tasks.
+pub async fn spawn_with(
+    config: Config,
+    clock: SharedClock,
+    mut registry: Registry,
+) -> Result<Handle, SpawnError> {
+    config.validate().map_err(SpawnError::Config)?;
+    let sections = config.sections();
+    let (state, grpc, http_listener) = build_state(&config, clock, &mut registry).await?;
+    let grpc_addr = grpc.local_addr(&sections.grpc)?;
+    let http_addr = http_listener
+        .local_addr()
+        .map_err(|source| SpawnError::Bind {
+            addr: sections.http_addr,
+            source,
+        })?;
+    let mut tasks = Tasks::new();
+    grpc_server::spawn(&sections.grpc, grpc, &state, &mut tasks).await?;
+    crate::reaper::spawn(&sections.schedule, &state, &mut tasks);
+    crate::policy::watch::spawn(&state, &mut tasks);
+    crate::watch::spawn(&state, &mut tasks);
+    let registry = Arc::new(registry);
+    crate::http::spawn(http_listener, state.clone(), registry.clone(), &mut tasks);
+    if let Some(after) = sections.fault_end_task_after {
+        tasks.spawn("fault_injection", async move {
+            tokio::time::sleep(after).await;
+            Err(format!(
+                "--fault-end-task-after-ms {} elapsed",
+                after.as_millis()
+            ))
+        });
     }
-    if let Some(identity) = tls {
-        crate::tls::ensure_crypto_provider();
-        builder = builder
-            .tls_config(
-                ServerTlsConfig::new()
-                    .identity(identity)
-                    .timeout(handshake_timeout),
-            )
-            .map_err(|e| SpawnError::Tls(e.to_string()))?;
-    }
-    // Requests are refused past --grpc-max-message-bytes before they are
-    // read (OUT_OF_RANGE); answers are held to what tonic clients decode by
-    // default, so an oversized answer fails here with a clear status.
-    let max_request = config.grpc_max_message_bytes;
-    let control_plane = ControlPlaneServer::new(Service::new(state.clone()))
-        .max_decoding_message_size(max_request)
-        .max_encoding_message_size(MAX_RESPONSE_BYTES);
-    // Requests tonic refuses before a handler (undecodable, too large) are
-    // answered, counted and charged to their source there.
-    let control_plane = Malformed::new(control_plane, state.clone());
-    let health_svc = health_svc
-        .max_decoding_message_size(max_request)
-        .max_encoding_message_size(MAX_RESPONSE_BYTES);
-    let reflection_v1 = reflection_v1
-        .max_decoding_message_size(max_request)
-        .max_encoding_message_size(MAX_RESPONSE_BYTES);
-    let reflection_v1alpha = reflection_v1alpha
-        .max_decoding_message_size(max_request)
-        .max_encoding_message_size(MAX_RESPONSE_BYTES);
-    let routes = Routes::new(control_plane)
-        .add_service(health_svc)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .prepare();
-    let handshakes = Arc::new(Handshakes::default());
-    let grpc = StreamLimit::new(
-        routes,
-        max_streams,
-        handshakes.clone(),
-        state.metrics.clone(),
-    );
-    warn_if_fd_limit_below(config.grpc_max_connections).await;
-    let incoming = BoundedIncoming::new(
-        grpc_listener,
-        state.admission.connection_slots(),
-        handshake_timeout,
-        handshakes,
-        state.metrics.clone(),
-        state.admission.refusal_log(),
-    );
-    let mut grpc_stop = stop_rx.clone();
-    tasks.spawn(async move {
-        let shutdown = async move {
-            let _ = grpc_stop.changed().await;
-        };
-        if let Err(e) = builder
-            .serve_with_incoming_shutdown(grpc, incoming, shutdown)
-            .await
-        {
-            tracing::error!(error = %e, "gRPC server stopped");
-        }
-    });
-
-    let app = router(HttpState {
-        state: state.clone(),
-        registry: registry.clone(),
-    });
-    let mut http_stop = stop_rx.clone();
-    tasks.spawn(async move {
-        let shutdown = async move {
-            let _ = http_stop.changed().await;
-        };
-        if let Err(e) = axum::serve(http_listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!(error = %e, "HTTP server stopped");
-        }
-    });
-    tasks.spawn(run_reaper(state.clone(), stop_rx.clone()));
-    tasks.spawn(run_policy_check(state.clone(), stop_rx.clone()));
-    tasks.spawn(crate::watch::run_watch_publisher(
-        state.clone(),
-        stop_rx.clone(),
-    ));
-    tasks.spawn(run_key_check(state.clone(), stop_rx));
     if let Some(addr) = config.pprof_addr {
         let bound = agentmesh_runtime::profiling::serve(addr).await?;
         tracing::info!(%bound, "profiling endpoint listening");
     }
+    let public_url = &state.public_url;
     tracing::info!(%grpc_addr, %http_addr, %public_url, "control plane started");
     Ok(Handle {
         grpc_addr,
         http_addr,
         state,
         registry,
-        stop,
-        tasks,
+        supervisor: tasks.supervise(),
     })
 }
 
@@ -456,18 +281,34 @@ impl Handle {
         self.state.check_keys_once().await
     }
 
+    /// The first long-lived task that stopped outside a shutdown, if any
+    /// (then `/readyz` answers not ready).
+    pub fn failure(&self) -> Option<TaskFailure> {
+        self.supervisor.failure()
+    }
+
+    /// Waits until a long-lived task stops outside a shutdown: the
+    /// embedding program should then stop (the binary exits non-zero).
+    pub async fn failed(&self) -> TaskFailure {
+        self.supervisor.failed().await
+    }
+
+    /// Supervises `task` beside the control plane's own tasks: when it ends
+    /// outside a shutdown, it is reported like them. For an embedding
+    /// program's tasks that the control plane's readiness depends on.
+    pub async fn supervise<F>(&self, name: &'static str, task: F)
+    where
+        F: std::future::Future<Output = TaskResult> + Send + 'static,
+    {
+        self.supervisor.add(name, task).await;
+    }
+
     /// Stops serving: in-flight calls get `--shutdown-grace-secs`, then
     /// every task is aborted.
     pub async fn shutdown(mut self) {
-        let _ = self.stop.send(true);
         let grace = Duration::from_secs(self.state.config.shutdown_grace_secs);
-        let drained = tokio::time::timeout(grace, async {
-            while self.tasks.join_next().await.is_some() {}
-        })
-        .await;
-        if drained.is_err() {
+        if !self.supervisor.stop(grace).await {
             tracing::warn!("control plane tasks did not stop within the grace; aborting");
-            self.tasks.abort_all();
         }
     }
 }

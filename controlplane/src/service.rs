@@ -93,8 +93,8 @@ impl ControlPlane for Service {
         let source = request.remote_addr().map(|a| a.ip());
         let r = self
             .state
-            .admission
-            .admit_unauth(source)
+            .limits
+            .check_unauth(source)
             .map(|()| GetKeysResponse {
                 keys: Some(self.state.get_keys()),
             });
@@ -107,7 +107,7 @@ impl ControlPlane for Service {
     ) -> Result<Response<GetDirectoryResponse>, Status> {
         let t = Instant::now();
         let source = request.remote_addr().map(|a| a.ip());
-        let r = match self.state.admission.admit_unauth(source) {
+        let r = match self.state.limits.check_unauth(source) {
             Ok(()) => self.state.get_directory_for(request.get_ref()).await,
             Err(e) => Err(e),
         };

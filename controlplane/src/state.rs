@@ -8,9 +8,9 @@ use std::{
 use agentmesh_proto::pb::controlplane::GetDirectoryResponse;
 
 use crate::{
-    admission::Admission, clock::SharedClock, config::Config, keys::Keys, metrics::Metrics,
-    signed_policy::HeldPolicy, signed_revocations::RevocationsSigner, status::ServiceError,
-    store::Db, watch_hub::WatchHub,
+    clock::SharedClock, config::Config, keys::Keys, metrics::Metrics,
+    request_limits::RequestLimits, signed_policy::HeldPolicy,
+    signed_revocations::RevocationsSigner, status::ServiceError, store::Db, watch_hub::WatchHub,
 };
 
 /// Shared server state.
@@ -30,7 +30,7 @@ pub struct State {
     /// The admin bearer token, if admin RPCs are enabled.
     pub admin_token: Option<String>,
     /// Every limit a request passes, in order.
-    pub admission: Admission,
+    pub limits: RequestLimits,
     /// The policy in force (deny-all until start-up reads the database).
     pub policy: HeldPolicy,
     /// The signed revocation list (see [`crate::signed_revocations`]).
@@ -64,7 +64,7 @@ impl State {
         admin_token: Option<String>,
     ) -> Arc<Self> {
         Arc::new(Self {
-            admission: Admission::new(&config, clock.clone(), metrics.clone()),
+            limits: RequestLimits::new(&config, clock.clone(), metrics.clone()),
             policy: HeldPolicy::default(),
             revocations: RevocationsSigner::default(),
             watch: WatchHub::new(config.watch_max_streams),

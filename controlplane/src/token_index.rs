@@ -64,7 +64,7 @@ pub struct Loaded {
 #[derive(Debug, Default)]
 struct Held {
     digests: HashSet<Digest>,
-    /// When the last load ran (the admission clock).
+    /// When the last load ran (the clock of the request limits).
     at: Option<Duration>,
     complete: bool,
 }

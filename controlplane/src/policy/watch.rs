@@ -48,6 +48,15 @@ impl State {
     }
 }
 
+/// Spawns [`run_policy_check`] as the supervised task `policy_check`.
+pub fn spawn(state: &Arc<State>, tasks: &mut crate::supervisor::Tasks) {
+    let (s, stop) = (state.clone(), tasks.stop_signal());
+    tasks.spawn("policy_check", async move {
+        run_policy_check(s, stop).await;
+        Ok(())
+    });
+}
+
 /// Runs [`State::check_policy_once`] every `--policy-check-interval-ms`
 /// until `stop` turns true.
 pub async fn run_policy_check(state: Arc<State>, mut stop: watch::Receiver<bool>) {

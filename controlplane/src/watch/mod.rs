@@ -20,5 +20,5 @@ mod publisher;
 mod stream;
 
 pub use crate::watch_hub::WatchHub;
-pub use publisher::run_watch_publisher;
+pub use publisher::{run_watch_publisher, spawn};
 pub use stream::WatchStream;

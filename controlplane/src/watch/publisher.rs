@@ -25,6 +25,15 @@ impl State {
     }
 }
 
+/// Spawns [`run_watch_publisher`] as the supervised task `watch_publisher`.
+pub fn spawn(state: &Arc<State>, tasks: &mut crate::supervisor::Tasks) {
+    let (s, stop) = (state.clone(), tasks.stop_signal());
+    tasks.spawn("watch_publisher", async move {
+        run_watch_publisher(s, stop).await;
+        Ok(())
+    });
+}
+
 /// Rebuilds the watch event at start, on every [`super::WatchHub::changed`]
 /// and every `--policy-check-interval-ms` while a router watches; on `stop`
 /// ends every stream. Errors are logged and the next change or tick

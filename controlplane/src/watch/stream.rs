@@ -111,7 +111,7 @@ async fn next_item(mut w: Watcher) -> Option<(Result<WatchEvent, Status>, Watche
 }
 
 impl State {
-    /// `Watch`, in [`crate::admission`]'s order: nothing to verify from a
+    /// `Watch`, in [`crate::request_limits`]'s order: nothing to verify from a
     /// source over its failures is refused at once; the source's
     /// unauthenticated share; the lease's checks (a failure is judged
     /// against the source, a verified router is served whatever its
@@ -122,10 +122,10 @@ impl State {
         req: WatchRequest,
     ) -> Result<WatchStream, ServiceError> {
         if req.credential.is_none() || req.proof.is_none() {
-            self.admission
+            self.limits
                 .refuse_unverifiable(source, "credential and proof of possession")?;
         }
-        self.admission.admit_unauth(source)?;
+        self.limits.check_unauth(source)?;
         let now = unix_now();
         let bound = req.binding();
         let lease_like = RouterLeaseRequest {
@@ -136,7 +136,7 @@ impl State {
         // A proof made for `Watch` with this credential: a lease proof, or a
         // watch proof seen with another credential, is refused (`bad_proof`).
         let (claims, peer) = self
-            .admission
+            .limits
             .judge(source, self.verify_lease(&lease_like, &bound, now))?;
         let peer_id = peer.to_bytes();
         self.db

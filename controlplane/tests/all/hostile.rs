@@ -198,8 +198,25 @@ async fn a_flood_from_one_host_takes_no_service_from_routers_and_members() {
             let _ = stop_flood.wait_for(|s| *s).await;
         },
     ));
-    // Let the flood take hold before the real callers start.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The real callers start once the flood has taken hold: its failures
+    // have tripped the failure guard (seen in `/metrics`, not assumed after
+    // a fixed wait).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, body) = common::http_get(served.http_addr, "/metrics").await;
+        let guard = common::metric(
+            &body,
+            "agentmesh_control_plane_limiter_refusals_total{limiter=\"failure_guard\"}",
+        );
+        if guard.is_some_and(|n| n >= 1.0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the flood never tripped the failure guard"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let router = tokio::spawn(router_loop(url.clone(), router_token, members_done));
     let members: Vec<_> = (0..MEMBERS)
         .map(|n| tokio::spawn(member(url.clone(), member_token.clone(), n)))

@@ -40,6 +40,7 @@ mod nat;
 mod policy;
 mod proofs;
 mod storage;
+mod supervisor;
 mod tls;
 mod two_processes;
 mod watch;

@@ -1,5 +1,7 @@
 //! Who may spend what, in which order: the one owner of every limit an RPC
-//! passes before it is served.
+//! passes before it is served. (Not to be confused with a router's
+//! admission of a member over libp2p: these are the control plane's own
+//! budgets and guards for gRPC requests.)
 //!
 //! Cheap checks go first and global budgets last, so a caller that fails a
 //! check never spends what the callers who pass it need; and a caller that
@@ -26,14 +28,14 @@
 //!    all of it; once more than half of its burst is spent, each active
 //!    source gets at most its share.
 //! 3. **Verify** (the proof, the credential's signature, in memory;
-//!    [`Admission::judge`]): a failure is counted against the source; once
+//!    [`RequestLimits::judge`]): a failure is counted against the source; once
 //!    the source is over its limit the failure is answered as the guard's
 //!    refusal, naming it, with the rest of the source's window as
 //!    `retry-after`. A request that verifies passes whatever its source's
 //!    count: refreshes, router leases and watches never depend on their
 //!    address's failures.
 //! 4. **Enroll's token, from a source over its limit**
-//!    ([`Admission::admit_token`]): anyone can sign an enrollment proof, so
+//!    ([`RequestLimits::check_token`]): anyone can sign an enrollment proof, so
 //!    only the token tells an attacker from a member, and only the database
 //!    knows tokens. The token must be one the in-memory [`TokenIndex`]
 //!    holds; a made-up one is refused here (a failure, answered by the
@@ -93,7 +95,7 @@ use crate::{
 const NO_ADDRESS: IpAddr = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
 
 /// Every limit a request passes; see the module docs.
-pub struct Admission {
+pub struct RequestLimits {
     clock: SharedClock,
     metrics: Metrics,
     log: RefusalLog,
@@ -106,9 +108,9 @@ pub struct Admission {
     connections: FairSlots,
 }
 
-impl std::fmt::Debug for Admission {
+impl std::fmt::Debug for RequestLimits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Admission").finish_non_exhaustive()
+        f.debug_struct("RequestLimits").finish_non_exhaustive()
     }
 }
 
@@ -116,7 +118,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Admission {
+impl RequestLimits {
     /// Every limit as configured.
     pub fn new(config: &Config, clock: SharedClock, metrics: Metrics) -> Self {
         let sources = config.source_table_max_sources;
@@ -226,7 +228,7 @@ impl Admission {
     /// before the enroll budget and the database (counted as the failure
     /// it is). `load(limit)` reads the live token digests when the index
     /// needs loading. A source under its limit passes untouched.
-    pub async fn admit_token<F, Fut>(
+    pub async fn check_token<F, Fut>(
         &self,
         source: Option<IpAddr>,
         digest: &Digest,
@@ -269,7 +271,7 @@ impl Admission {
     }
 
     /// Takes the source's share of the unauthenticated budget.
-    pub fn admit_unauth(&self, source: Option<IpAddr>) -> Result<(), ServiceError> {
+    pub fn check_unauth(&self, source: Option<IpAddr>) -> Result<(), ServiceError> {
         let ip = source.unwrap_or(NO_ADDRESS);
         let r = lock(&self.unauth).try_acquire(ip, self.clock.now());
         r.map(drop).map_err(|r| {
@@ -283,14 +285,14 @@ impl Admission {
 
     /// Takes an Enroll token (after the proof verified), or refuses with
     /// the wait until the slot this caller's source queue assigns it.
-    pub fn admit_enroll(&self, source: Option<IpAddr>) -> Result<(), ServiceError> {
+    pub fn check_enroll(&self, source: Option<IpAddr>) -> Result<(), ServiceError> {
         let ip = source.unwrap_or(NO_ADDRESS);
         let r = lock(&self.enroll).try_acquire(ip, self.clock.now());
         self.spread(ip, "enroll", "enroll_source_share", r)
     }
 
     /// Takes a Refresh token (after the credential verified).
-    pub fn admit_refresh(&self, source: Option<IpAddr>) -> Result<(), ServiceError> {
+    pub fn check_refresh(&self, source: Option<IpAddr>) -> Result<(), ServiceError> {
         let ip = source.unwrap_or(NO_ADDRESS);
         let r = lock(&self.refresh).try_acquire(ip, self.clock.now());
         self.spread(ip, "refresh", "refresh_source_share", r)
@@ -299,7 +301,7 @@ impl Admission {
     /// Takes a lease token (after a router credential verified), or refuses
     /// with the wait for the next one: a lease lives `--lease-ttl-secs`, so a
     /// router is told the next token, never a slot further ahead.
-    pub fn admit_lease(&self, source: Option<IpAddr>) -> Result<(), ServiceError> {
+    pub fn check_lease(&self, source: Option<IpAddr>) -> Result<(), ServiceError> {
         let ip = source.unwrap_or(NO_ADDRESS);
         let r = lock(&self.lease).try_acquire(self.clock.now());
         r.map_err(|wait| self.refused(ip, "lease", wait))

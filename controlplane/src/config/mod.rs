@@ -6,6 +6,9 @@
 
 use std::{net::SocketAddr, path::PathBuf};
 
+mod sections;
+pub use sections::{GrpcServerConfig, ScheduleConfig, Sections};
+
 /// Default `--grpc-addr`.
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:7400";
 /// Default `--http-addr`.
@@ -352,6 +355,9 @@ pub struct Config {
     /// Listen address for CPU and heap profiles (binary built with `--features pprof`). Default none.
     #[arg(long)]
     pub pprof_addr: Option<SocketAddr>,
+    /// Testing only: a supervised task that ends after this many milliseconds, so the supervisor stops the program. Default none.
+    #[arg(long, hide = true)]
+    pub fault_end_task_after_ms: Option<u64>,
     /// File holding the admin bearer token (admin RPCs are disabled without one). Default none.
     #[arg(long)]
     pub admin_token_file: Option<PathBuf>,
@@ -445,6 +451,7 @@ impl Default for Config {
             directory_cache_ms: DEFAULT_DIRECTORY_CACHE_MS,
             shutdown_grace_secs: DEFAULT_SHUTDOWN_GRACE_SECS,
             pprof_addr: None,
+            fault_end_task_after_ms: None,
             admin_token_file: None,
             admin_token: None,
             policy: None,

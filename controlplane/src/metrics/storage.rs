@@ -1,0 +1,87 @@
+//! Storage metrics: rows per table, the reapers' deletions and batches,
+//! database waits that ran out, the PostgreSQL pool, the next key rotation.
+
+use prometheus_client::{
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use super::{DELETE_REASONS, StateLabel, TABLES, TableLabel, TableReason, Wait, WaitLabel};
+
+#[derive(Clone)]
+pub(super) struct StorageMetrics {
+    pub(super) storage_rows: Family<TableLabel, Gauge>,
+    pub(super) deleted: Family<TableReason, Counter>,
+    pub(super) reap_batches: Counter,
+    pub(super) db_wait_timeouts: Family<WaitLabel, Counter>,
+    pub(super) db_pool_connections: Family<StateLabel, Gauge>,
+    pub(super) next_rotation: Gauge,
+}
+
+impl StorageMetrics {
+    /// Registers these metrics under `r` with every label value created.
+    pub(super) fn register(r: &mut Registry) -> Self {
+        let m = Self {
+            storage_rows: Family::default(),
+            deleted: Family::default(),
+            reap_batches: Counter::default(),
+            db_wait_timeouts: Family::default(),
+            db_pool_connections: Family::default(),
+            next_rotation: Gauge::default(),
+        };
+        r.register(
+            "storage_rows",
+            "Rows per table (COUNT per table at each reaper pass)",
+            m.storage_rows.clone(),
+        );
+        r.register(
+            "deleted",
+            "Rows deleted by the reapers, by table and reason",
+            m.deleted.clone(),
+        );
+        r.register(
+            "reap_batches",
+            "Reaper transactions, each deleting at most --reap-batch-rows rows",
+            m.reap_batches.clone(),
+        );
+        r.register(
+            "db_wait_timeouts",
+            "Database operations refused because a wait passed --db-wait-timeout-secs: \
+             for a slot (--db-max-inflight), the writer connection, a read connection \
+             (--db-read-connections) or the file lock (another connection or process)",
+            m.db_wait_timeouts.clone(),
+        );
+        r.register(
+            "db_pool_connections",
+            "PostgreSQL pool connections: open, idle, max (--db-pool-connections); 0 on SQLite",
+            m.db_pool_connections.clone(),
+        );
+        r.register(
+            "next_key_rotation_timestamp_seconds",
+            "Unix time of the next signing-key rotation (stored in the database)",
+            m.next_rotation.clone(),
+        );
+        for t in TABLES {
+            let _ = m
+                .storage_rows
+                .get_or_create(&TableLabel { table: (*t).into() });
+        }
+        for (t, reason) in DELETE_REASONS {
+            let _ = m.deleted.get_or_create(&TableReason {
+                table: (*t).into(),
+                reason: (*reason).into(),
+            });
+        }
+        for w in Wait::ALL {
+            let _ = m.db_wait_timeouts.get_or_create(&WaitLabel {
+                wait: w.as_str().into(),
+            });
+        }
+        for state in ["open", "idle", "max"] {
+            let _ = m.db_pool_connections.get_or_create(&StateLabel {
+                state: state.into(),
+            });
+        }
+        m
+    }
+}
