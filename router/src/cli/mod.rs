@@ -43,6 +43,11 @@ pub struct Cli {
     /// What the router runs with.
     #[command(flatten)]
     pub args: RouterArgs,
+    /// Test hook, hidden from --help: once ready, abort the named long-lived
+    /// task (e.g. `event_loop`), as a crash would; the supervisor reports it
+    /// and the binary exits non-zero.
+    #[arg(long, hide = true)]
+    pub test_stop_task_when_ready: Option<String>,
 }
 
 /// Every flag of the router, one per [`Config`] field (`--token-file` is
