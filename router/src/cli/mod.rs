@@ -43,9 +43,7 @@ pub struct Cli {
     /// What the router runs with.
     #[command(flatten)]
     pub args: RouterArgs,
-    /// Test hook, hidden from --help: once ready, abort the named long-lived
-    /// task (e.g. `event_loop`), as a crash would; the supervisor reports it
-    /// and the binary exits non-zero.
+    /// Test hook (hidden from --help): once ready, abort the named long-lived task as a crash would, so the binary exits non-zero (default: none).
     #[arg(long, hide = true)]
     pub test_stop_task_when_ready: Option<String>,
 }
