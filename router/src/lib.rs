@@ -4,8 +4,11 @@
 //!
 //! The program is a value: [`spawn`] binds its listeners and starts its
 //! tasks, returning a [`RouterHandle`] with the bound addresses, readiness
-//! and a graceful [`RouterHandle::shutdown`]. Every task lives in the
-//! handle's `JoinSet`, so dropping the handle aborts them all.
+//! and a graceful [`RouterHandle::shutdown`]. Every long-lived task is
+//! spawned under a name and joined by the supervisor ([`supervisor`]), which
+//! reports one that stops outside a drain or shutdown through
+//! [`RouterHandle::failed`] and `/readyz`; dropping the handle aborts them
+//! all.
 
 mod addrs;
 pub mod admission;
@@ -29,6 +32,7 @@ mod relay_capacity;
 mod resources;
 mod shrink;
 mod streams;
+mod supervisor;
 mod swarm;
 #[cfg(test)]
 mod test_support;
@@ -56,6 +60,7 @@ pub use identity::IdentityError;
 pub use protocols::KAD_PROTOCOL;
 pub use relay_capacity::capacity_layer as relay_capacity_layer;
 pub use resources::config as resource_config;
+pub use supervisor::TaskFailure;
 pub use swarm::BuildError;
 
 use resources::slots::{SlotBudget, SlotRefusalReason};
@@ -118,7 +123,11 @@ pub struct RouterHandle {
     ready: watch::Receiver<bool>,
     registry: Arc<Registry>,
     cancel: CancellationToken,
-    tasks: JoinSet<()>,
+    /// The supervisor, which owns every other task (a set of one, so
+    /// dropping the handle aborts it and with it every task).
+    supervisor: JoinSet<()>,
+    failed: watch::Receiver<Option<TaskFailure>>,
+    aborts: Arc<parking_lot::Mutex<HashMap<&'static str, tokio::task::AbortHandle>>>,
 }
 
 impl RouterHandle {
@@ -180,17 +189,38 @@ impl RouterHandle {
         self.drain.finished()
     }
 
+    /// The first long-lived task that stopped outside a drain or shutdown,
+    /// once one did (the router is then unready for good; the owner should
+    /// shut it down: the binary exits non-zero).
+    pub fn failed(&self) -> watch::Receiver<Option<TaskFailure>> {
+        self.failed.clone()
+    }
+
+    /// Test hook: aborts the long-lived task `name` as if it had died
+    /// (the supervisor's tests). Returns whether such a task was running.
+    #[doc(hidden)]
+    pub fn stop_task_for_test(&self, name: &str) -> bool {
+        match self.aborts.lock().get(name) {
+            Some(abort) => {
+                abort.abort();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Stops every task, waiting up to a short grace period.
     pub async fn shutdown(mut self) {
         self.cancel.cancel();
-        let tasks = &mut self.tasks;
+        let supervisor = &mut self.supervisor;
         let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
-            while tasks.join_next().await.is_some() {}
+            while supervisor.join_next().await.is_some() {}
         })
         .await;
         if drained.is_err() {
             tracing::warn!("router tasks did not stop within the grace period; aborting");
-            self.tasks.shutdown().await;
+            // Aborting the supervisor drops its set, which aborts the rest.
+            self.supervisor.shutdown().await;
         }
     }
 }
@@ -513,7 +543,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     });
 
     let cancel = CancellationToken::new();
-    let mut tasks = JoinSet::new();
+    let mut tasks = supervisor::Tasks::default();
 
     let metrics_addr = match c.config.metrics_addr {
         Some(addr) => {
@@ -529,12 +559,10 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
                 readiness: c.readiness.clone(),
                 drain: c.drain.clone(),
             };
-            tasks.spawn(http::serve(
-                listener,
-                registry.clone(),
-                http,
-                cancel.clone(),
-            ));
+            tasks.spawn(
+                "http",
+                http::serve(listener, registry.clone(), http, cancel.clone()),
+            );
             Some(bound)
         }
         None => None,
@@ -555,12 +583,12 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     if let Some(stalls) = stall_probe {
         let probe = agentmesh_runtime::watchdog::spawn(stalls);
         let cancel = cancel.clone();
-        tasks.spawn(async move {
+        tasks.spawn("stall_watchdog", async move {
             cancel.cancelled().await;
             probe.abort();
         });
     }
-    tasks.spawn(event_loop.run(cancel.clone()));
+    tasks.spawn("event_loop", event_loop.run(cancel.clone()));
     let trim = trim::Trim {
         config: c.config.clone(),
         sizing: c.sizing,
@@ -572,7 +600,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         control: control.clone(),
         commands: commands.clone(),
     };
-    tasks.spawn(trim::run(trim, cancel.clone()));
+    tasks.spawn("trim", trim::run(trim, cancel.clone()));
     let drain = drain::Drain {
         config: c.config.clone(),
         state: c.drain.clone(),
@@ -584,8 +612,8 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         control: control.clone(),
         commands,
     };
-    tasks.spawn(drain::run(drain, cancel.clone()));
-    tasks.spawn(cp::run(c.cp(), cancel.clone()));
+    tasks.spawn("drain", drain::run(drain, cancel.clone()));
+    tasks.spawn("cp", cp::run(c.cp(), cancel.clone()));
     let auth = auth::server::AuthServer {
         config: c.config.clone(),
         sizing: c.sizing,
@@ -626,13 +654,16 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         queue: auth_queue,
         refusals: refusals.clone(),
     };
-    tasks.spawn(streams::accept_loop(
-        auth_accept,
-        auth_in,
-        cancel.clone(),
-        |_| Ok(()),
-        move |info, stream| auth::server::serve(auth.clone(), info, stream),
-    ));
+    tasks.spawn(
+        "auth_accept",
+        streams::accept_loop(
+            auth_accept,
+            auth_in,
+            cancel.clone(),
+            |_| Ok(()),
+            move |info, stream| auth::server::serve(auth.clone(), info, stream),
+        ),
+    );
     let ctx = catalog::server::CatalogCtx {
         config: c.config.clone(),
         me: peer_id,
@@ -643,28 +674,34 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         control: control.clone(),
         ownership: Arc::new(c.ownership()),
     };
-    tasks.spawn(policy::push::run(
-        policy::push::Push {
-            state: c.policy.clone(),
-            admissions: c.admissions.clone(),
-            link: c.link.clone(),
-            control,
-            concurrency: c.config.policy_push_concurrency,
-            deadline: c.config.policy_push_deadline,
-            fallback_delay: c.config.policy_push_fallback_delay,
-        },
-        cancel.clone(),
-    ));
-    if c.config.policy_watch {
-        tasks.spawn(policy::watch::run(
-            policy::watch::Watch {
-                ctx: c.policy_ctx(),
-                keypair: c.keypair.clone(),
-                client: c.link.client.clone(),
-                backoff_max: c.config.policy_watch_backoff_max,
+    tasks.spawn(
+        "policy_push",
+        policy::push::run(
+            policy::push::Push {
+                state: c.policy.clone(),
+                admissions: c.admissions.clone(),
+                link: c.link.clone(),
+                control,
+                concurrency: c.config.policy_push_concurrency,
+                deadline: c.config.policy_push_deadline,
+                fallback_delay: c.config.policy_push_fallback_delay,
             },
             cancel.clone(),
-        ));
+        ),
+    );
+    if c.config.policy_watch {
+        tasks.spawn(
+            "policy_watch",
+            policy::watch::run(
+                policy::watch::Watch {
+                    ctx: c.policy_ctx(),
+                    keypair: c.keypair.clone(),
+                    client: c.link.client.clone(),
+                    backoff_max: c.config.policy_watch_backoff_max,
+                },
+                cancel.clone(),
+            ),
+        );
     }
     let catalog_accept = streams::Accept {
         slots: c
@@ -677,18 +714,35 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     // Every catalog operation needs an admitted peer (withdraw has nothing
     // to withdraw otherwise): strangers get no catalog slot at all.
     let admitted = c.admissions.clone();
-    tasks.spawn(streams::accept_loop(
-        catalog_accept,
-        catalog_in,
-        cancel.clone(),
-        move |info| {
-            admitted
-                .read()
-                .is_admitted(&info.peer, agentmesh_proto::unix_now())
-                .then_some(())
-                .ok_or(SlotRefusalReason::NotAdmitted)
+    tasks.spawn(
+        "catalog_accept",
+        streams::accept_loop(
+            catalog_accept,
+            catalog_in,
+            cancel.clone(),
+            move |info| {
+                admitted
+                    .read()
+                    .is_admitted(&info.peer, agentmesh_proto::unix_now())
+                    .then_some(())
+                    .ok_or(SlotRefusalReason::NotAdmitted)
+            },
+            move |info, stream| catalog::server::serve(ctx.clone(), info.peer, stream),
+        ),
+    );
+
+    let failed = watch::channel(None).0;
+    let failed_rx = failed.subscribe();
+    let aborts = tasks.aborts();
+    let mut supervisor = JoinSet::new();
+    supervisor.spawn(supervisor::supervise(
+        tasks,
+        supervisor::Supervisor {
+            cancel: cancel.clone(),
+            drain_requested: c.drain.requested(),
+            readiness: c.readiness.clone(),
+            failed,
         },
-        move |info, stream| catalog::server::serve(ctx.clone(), info.peer, stream),
     ));
 
     tracing::info!(%peer_id, listen = ?c.addrs.listen.read(), "router started");
@@ -701,6 +755,8 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         ready,
         registry,
         cancel,
-        tasks,
+        supervisor,
+        failed: failed_rx,
+        aborts,
     })
 }

@@ -4,6 +4,8 @@
 //! control-plane outage (only draining counts afterwards), so an outage does
 //! not take a working router out of service.
 
+use std::borrow::Cow;
+
 use parking_lot::Mutex;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
@@ -19,33 +21,40 @@ pub(crate) struct Readiness {
     /// Set once every condition held; afterwards only draining matters, so a
     /// control-plane outage does not make a ready router unready.
     pub(crate) latched: bool,
+    /// A long-lived task that stopped outside a drain or shutdown (set by
+    /// the supervisor): unready for good.
+    pub(crate) failed_task: Option<&'static str>,
 }
 
 impl Readiness {
     /// Whether the router is ready now.
     pub(crate) fn is_ready(&self) -> bool {
-        self.latched && !self.draining
+        self.latched && !self.draining && self.failed_task.is_none()
     }
 
     /// Why the router is not ready (for `/readyz`), or `None` if it is.
-    pub(crate) fn reason(&self) -> Option<&'static str> {
+    pub(crate) fn reason(&self) -> Option<Cow<'static, str>> {
+        if let Some(task) = self.failed_task {
+            return Some(format!("router task {task} stopped").into());
+        }
         if self.draining {
-            return Some("draining");
+            return Some("draining".into());
         }
         if self.latched {
             return None;
         }
-        if !self.listening {
-            Some("not listening")
+        let why = if !self.listening {
+            "not listening"
         } else if !self.external_addr {
-            Some("no external address (set --external-addr)")
+            "no external address (set --external-addr)"
         } else if !self.keys {
-            Some("no control-plane keys yet")
+            "no control-plane keys yet"
         } else if !self.lease_accepted {
-            Some("no lease accepted yet")
+            "no lease accepted yet"
         } else {
-            None
-        }
+            return None;
+        };
+        Some(why.into())
     }
 }
 
@@ -73,7 +82,13 @@ impl ReadinessState {
         let ready = {
             let mut r = self.parts.lock();
             f(&mut r);
-            if r.listening && r.external_addr && r.keys && r.lease_accepted && !r.draining {
+            if r.listening
+                && r.external_addr
+                && r.keys
+                && r.lease_accepted
+                && !r.draining
+                && r.failed_task.is_none()
+            {
                 r.latched = true;
             }
             r.is_ready()
@@ -110,7 +125,7 @@ mod tests {
             p.external_addr = true;
             p.keys = true;
         });
-        assert_eq!(r.get().reason(), Some("no lease accepted yet"));
+        assert_eq!(r.get().reason().as_deref(), Some("no lease accepted yet"));
         assert!(!*rx.borrow());
         r.update(|p| p.lease_accepted = true);
         assert!(*rx.borrow() && r.get().reason().is_none());
@@ -118,6 +133,6 @@ mod tests {
         assert!(*rx.borrow(), "latched: a lost part does not unready it");
         r.update(|p| p.draining = true);
         assert!(!*rx.borrow());
-        assert_eq!(r.get().reason(), Some("draining"));
+        assert_eq!(r.get().reason().as_deref(), Some("draining"));
     }
 }

@@ -43,6 +43,9 @@ pub struct Cli {
     /// What the router runs with.
     #[command(flatten)]
     pub args: RouterArgs,
+    /// Test hook (hidden from --help): once ready, abort the named long-lived task as a crash would, so the binary exits non-zero (default: none).
+    #[arg(long, hide = true)]
+    pub test_stop_task_when_ready: Option<String>,
 }
 
 /// Every flag of the router, one per [`Config`] field (`--token-file` is

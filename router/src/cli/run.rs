@@ -20,6 +20,9 @@ pub enum RunError {
     /// The router did not start.
     #[error("starting the router: {0}")]
     Spawn(#[from] SpawnError),
+    /// A long-lived task stopped outside a drain or shutdown.
+    #[error(transparent)]
+    TaskFailed(#[from] crate::TaskFailure),
     /// The signal handlers could not be installed.
     #[error("installing signal handlers: {0}")]
     Signal(#[source] std::io::Error),
@@ -30,6 +33,7 @@ pub enum RunError {
 /// `--drain-grace-secs`, and a second signal stops at once.
 pub async fn run(cli: Cli) -> Result<(), RunError> {
     let listeners = cli.args.listeners.clone();
+    let stop_task = cli.test_stop_task_when_ready.clone();
     let mut config = cli.args.into_config()?;
     if let Some(bound) = listeners.serve_pprof().await? {
         tracing::info!(%bound, "profiles on /debug/pprof/profile and /debug/pprof/heap");
@@ -43,10 +47,26 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     }
     let mut term = signal(SignalKind::terminate()).map_err(RunError::Signal)?;
     let mut drained = router.drained();
+    let mut failed = router.failed();
+    if let Some(task) = stop_task {
+        let mut ready = router.ready();
+        let router = &router;
+        if ready.wait_for(|r| *r).await.is_ok() && !router.stop_task_for_test(&task) {
+            tracing::warn!(task, "--test-stop-task-when-ready: no such task");
+        }
+    }
     tokio::select! {
         _ = tokio::signal::ctrl_c() => router.drain(),
         _ = term.recv() => router.drain(),
         _ = drained.wait_for(|d| *d) => {} // POST /drain
+        f = failed.wait_for(Option::is_some) => {
+            let failure = f.ok().and_then(|f| (*f).clone());
+            router.shutdown().await;
+            return match failure {
+                Some(failure) => Err(failure.into()),
+                None => Ok(()),
+            };
+        }
     }
     // Drain (go-away, grace, close); a second signal stops at once.
     tokio::select! {

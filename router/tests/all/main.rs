@@ -14,3 +14,4 @@ mod ghost;
 mod integration;
 mod limits;
 mod resources;
+mod supervisor;
