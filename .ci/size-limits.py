@@ -24,11 +24,6 @@ KNOWN = {
     ('controlplane/src/store/postgres/nodes.rs', 'enroll'),
     ('controlplane/src/store/postgres/snapshot.rs', 'snapshot_rows'),
     ('controlplane/src/store/sqlite/nodes.rs', 'enroll'),
-    ('fuzzing/src/seeds.rs', 'credential_seeds'),
-    ('fuzzing/src/seeds.rs', 'enroll_proof_seeds'),
-    ('fuzzing/src/seeds.rs', 'auth_seeds'),
-    ('fuzzing/src/seeds.rs', 'policy_seeds'),
-    ('fuzzing/src/seeds.rs', 'revocation_list_seeds'),
 
     ('node/src/config.rs', 'Config'),
     ('router/src/auth/server.rs', 'serve'),

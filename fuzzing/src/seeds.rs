@@ -71,6 +71,13 @@ pub fn all() -> Vec<Seed> {
 }
 
 fn credential_seeds() -> Vec<Seed> {
+    let mut out = credential_validity_seeds();
+    out.extend(credential_key_seeds());
+    out
+}
+
+/// Valid credentials and the time, subject and revocation checks.
+fn credential_validity_seeds() -> Vec<Seed> {
     use credential::{Case, Expect, Signer};
     let t = "credential";
     let c0 = keys::member_claims(0, Role::Member);
@@ -79,18 +86,6 @@ fn credential_seeds() -> Vec<Seed> {
         relative: true,
         now,
         ..valid.clone()
-    };
-    let with = |f: &dyn Fn(&mut agentmesh_proto::pb::credential::Claims)| {
-        let mut c = c0.clone();
-        f(&mut c);
-        Case::signed(&c, Signer::Current, Expect::Subject, NOW)
-    };
-    let retired = |now| {
-        let mut c = c0.clone();
-        c.key_id = keys::RETIRED_KEY_ID.into();
-        c.issued_at_unix_secs = NOW - 7_200;
-        c.expires_at_unix_secs = NOW - 3_000;
-        Case::signed(&c, Signer::Retired, Expect::Subject, now)
     };
     let ok = [("credential", "ok")];
     vec![
@@ -173,6 +168,29 @@ fn credential_seeds() -> Vec<Seed> {
             .encode(),
             &[("credential", "bad_signature")],
         ),
+    ]
+}
+
+/// Signatures, signing keys and malformed credentials.
+fn credential_key_seeds() -> Vec<Seed> {
+    use credential::{Case, Expect, Signer};
+    let t = "credential";
+    let c0 = keys::member_claims(0, Role::Member);
+    let valid = Case::signed(&c0, Signer::Current, Expect::Subject, NOW);
+    let with = |f: &dyn Fn(&mut agentmesh_proto::pb::credential::Claims)| {
+        let mut c = c0.clone();
+        f(&mut c);
+        Case::signed(&c, Signer::Current, Expect::Subject, NOW)
+    };
+    let retired = |now| {
+        let mut c = c0.clone();
+        c.key_id = keys::RETIRED_KEY_ID.into();
+        c.issued_at_unix_secs = NOW - 7_200;
+        c.expires_at_unix_secs = NOW - 3_000;
+        Case::signed(&c, Signer::Retired, Expect::Subject, now)
+    };
+    let ok = [("credential", "ok")];
+    vec![
         seed(
             t,
             "flipped_signature",
@@ -264,7 +282,17 @@ fn credential_seeds() -> Vec<Seed> {
 }
 
 fn enroll_proof_seeds() -> Vec<Seed> {
-    use enroll_proof::{Breakage, CP_URL, Case, Field, Req, Verifier};
+    let mut out = enroll_proof_binding_seeds();
+    out.extend(enroll_proof_broken_seeds());
+    out.extend(enroll_proof_moved_seeds());
+    out.extend(enroll_proof_enroll_request_seeds());
+    out.extend(enroll_proof_request_seeds());
+    out
+}
+
+/// What a proof is bound to: endpoint, purpose and age.
+fn enroll_proof_binding_seeds() -> Vec<Seed> {
+    use enroll_proof::{CP_URL, Case, Field, Verifier};
     let t = "enroll_proof";
     let valid = Case::structured("http://cp.test:7400/", NOW, 0);
     let ok = [("proof", "ok")];
@@ -274,16 +302,6 @@ fn enroll_proof_seeds() -> Vec<Seed> {
     };
     // The harness's request of `purpose`, proven by its key, as a peer
     // sends it (and the same with `moved` to move before the check).
-    let request = |purpose: Purpose, key: u8, moved: Field| Case {
-        moved,
-        ..Case::request(
-            purpose,
-            NOW + 5,
-            Req::fixed(purpose, key)
-                .proven(CP_URL, &peers()[usize::from(key)], NOW)
-                .encode(),
-        )
-    };
     let lease = |moved: Field| Case {
         signed: Purpose::Lease,
         verified: Purpose::Lease,
@@ -368,6 +386,19 @@ fn enroll_proof_seeds() -> Vec<Seed> {
             Case::structured(CP_URL, i64::MAX, -200),
             &ok,
         ),
+    ]
+}
+
+/// Proofs with a broken signature or key.
+fn enroll_proof_broken_seeds() -> Vec<Seed> {
+    use enroll_proof::{Breakage, Case};
+    let t = "enroll_proof";
+    let valid = Case::structured("http://cp.test:7400/", NOW, 0);
+    let bad = [("proof", "bad_signature")];
+    let structured = |name, case: Case, expect: &[(&'static str, &'static str)]| {
+        seed(t, name, case.encode(), expect)
+    };
+    vec![
         structured(
             "flipped_signature",
             Case {
@@ -400,6 +431,35 @@ fn enroll_proof_seeds() -> Vec<Seed> {
             },
             &[("proof", "bad_key")],
         ),
+    ]
+}
+
+/// Proofs moved onto another request, and the old unbound format.
+fn enroll_proof_moved_seeds() -> Vec<Seed> {
+    use enroll_proof::{Case, Field, Verifier};
+    let t = "enroll_proof";
+    let valid = Case::structured("http://cp.test:7400/", NOW, 0);
+    let ok = [("proof", "ok")];
+    let bad = [("proof", "bad_signature")];
+    let structured = |name, case: Case, expect: &[(&'static str, &'static str)]| {
+        seed(t, name, case.encode(), expect)
+    };
+    // The harness's request of `purpose`, proven by its key, as a peer
+    // sends it (and the same with `moved` to move before the check).
+    let lease = |moved: Field| Case {
+        signed: Purpose::Lease,
+        verified: Purpose::Lease,
+        key: 2,
+        moved,
+        ..valid.clone()
+    };
+    let moved = |purpose: Purpose, field: Field| Case {
+        signed: purpose,
+        verified: purpose,
+        moved: field,
+        ..valid.clone()
+    };
+    vec![
         // Moved onto another request: refused when the request carries
         // the field, accepted when it does not.
         structured(
@@ -455,12 +515,50 @@ fn enroll_proof_seeds() -> Vec<Seed> {
             },
             &bad,
         ),
-        seed(
-            t,
-            "enroll_request",
-            request(Purpose::Enroll, 0, Field::None).encode(),
-            &[("decode", "ok"), ("proof", "ok")],
-        ),
+    ]
+}
+
+/// A whole enrollment request, as a peer sends it.
+fn enroll_proof_enroll_request_seeds() -> Vec<Seed> {
+    use enroll_proof::{CP_URL, Case, Field, Req};
+    let t = "enroll_proof";
+    // The harness's request of `purpose`, proven by its key, as a peer
+    // sends it (and the same with `moved` to move before the check).
+    let request = |purpose: Purpose, key: u8, moved: Field| Case {
+        moved,
+        ..Case::request(
+            purpose,
+            NOW + 5,
+            Req::fixed(purpose, key)
+                .proven(CP_URL, &peers()[usize::from(key)], NOW)
+                .encode(),
+        )
+    };
+    vec![seed(
+        t,
+        "enroll_request",
+        request(Purpose::Enroll, 0, Field::None).encode(),
+        &[("decode", "ok"), ("proof", "ok")],
+    )]
+}
+
+/// The other whole requests (enroll, refresh, lease, watch) and garbage.
+fn enroll_proof_request_seeds() -> Vec<Seed> {
+    use enroll_proof::{CP_URL, Case, Field, Req};
+    let t = "enroll_proof";
+    // The harness's request of `purpose`, proven by its key, as a peer
+    // sends it (and the same with `moved` to move before the check).
+    let request = |purpose: Purpose, key: u8, moved: Field| Case {
+        moved,
+        ..Case::request(
+            purpose,
+            NOW + 5,
+            Req::fixed(purpose, key)
+                .proven(CP_URL, &peers()[usize::from(key)], NOW)
+                .encode(),
+        )
+    };
+    vec![
         seed(
             t,
             "enroll_request_other_token",
@@ -563,6 +661,13 @@ fn too_large() -> Vec<u8> {
 }
 
 fn auth_seeds() -> Vec<Seed> {
+    let mut out = auth_request_seeds();
+    out.extend(auth_answer_and_framing_seeds());
+    out
+}
+
+/// Auth requests: purposes, roles and bad credentials.
+fn auth_request_seeds() -> Vec<Seed> {
     let t = "auth_frames";
     let req = |i: usize, role: Role, purpose: AuthPurpose| AuthRequest {
         credential: Some(keys::member_credential(i, role)),
@@ -578,7 +683,6 @@ fn auth_seeds() -> Vec<Seed> {
         &keys::member_claims(0, Role::Member),
         &keys::signing().stranger,
     ));
-    let answer = |r: auth_response::Result| encode(&AuthResponse { result: Some(r) });
     vec![
         seed(
             t,
@@ -629,6 +733,28 @@ fn auth_seeds() -> Vec<Seed> {
             }),
             &[("purpose", "malformed"), ("credential", "missing")],
         ),
+    ]
+}
+
+/// Auth answers, and frames cut, padded or oversized.
+fn auth_answer_and_framing_seeds() -> Vec<Seed> {
+    let t = "auth_frames";
+    let req = |i: usize, role: Role, purpose: AuthPurpose| AuthRequest {
+        credential: Some(keys::member_credential(i, role)),
+        purpose: purpose as i32,
+        attached_routers: vec![peer(1).to_bytes(), b"not a peer".to_vec()],
+        ..Default::default()
+    };
+    let attach = encode(&req(0, Role::Member, AuthPurpose::Attach));
+    let mut expired = keys::member_claims(0, Role::Member);
+    expired.expires_at_unix_secs = NOW - 61;
+    let mut forged = req(0, Role::Member, AuthPurpose::Attach);
+    forged.credential = Some(agentmesh_proto::credential::sign(
+        &keys::member_claims(0, Role::Member),
+        &keys::signing().stranger,
+    ));
+    let answer = |r: auth_response::Result| encode(&AuthResponse { result: Some(r) });
+    vec![
         seed(
             t,
             "admitted",
@@ -795,29 +921,19 @@ to = ["echo"]
 "#;
 
 fn policy_seeds() -> Vec<Seed> {
+    let mut out = policy_document_seeds();
+    out.extend(policy_frame_seeds());
+    out
+}
+
+/// Policy documents: versions, epochs, keys and signatures.
+fn policy_document_seeds() -> Vec<Seed> {
     use policy_frames::{HELD_EPOCH, HELD_VERSION};
     let t = "policy_frames";
     let (e, v) = (HELD_EPOCH as u8, HELD_VERSION as u8);
     let raw = |signer: u8, flags: u8, held: u8, doc: &PolicyDocument| {
         let mut d = vec![1, signer, flags, held];
         d.extend_from_slice(&doc.encode_to_vec());
-        d
-    };
-    let pushed = PolicyPush {
-        policy: Some(sign_policy(
-            &policy_document(HELD_EPOCH, HELD_VERSION + 1, keys::CURRENT_KEY_ID),
-            &keys::signing().current,
-        )),
-        revocations: Some(revocation_list(1, 1, NOW, keys::CURRENT_KEY_ID)),
-    };
-    let push_frame = {
-        let mut d = vec![0];
-        d.extend_from_slice(&encode(&pushed));
-        d
-    };
-    let frame_of = |bytes: Vec<u8>| {
-        let mut d = vec![0];
-        d.extend_from_slice(&bytes);
         d
     };
     vec![
@@ -875,6 +991,31 @@ fn policy_seeds() -> Vec<Seed> {
             raw(0, 0, 0, &policy_document(1, 1, keys::CURRENT_KEY_ID)),
             &[("policy", "accepted")],
         ),
+    ]
+}
+
+/// Policy pushes and acks as frames, whole and broken.
+fn policy_frame_seeds() -> Vec<Seed> {
+    use policy_frames::{HELD_EPOCH, HELD_VERSION};
+    let t = "policy_frames";
+    let pushed = PolicyPush {
+        policy: Some(sign_policy(
+            &policy_document(HELD_EPOCH, HELD_VERSION + 1, keys::CURRENT_KEY_ID),
+            &keys::signing().current,
+        )),
+        revocations: Some(revocation_list(1, 1, NOW, keys::CURRENT_KEY_ID)),
+    };
+    let push_frame = {
+        let mut d = vec![0];
+        d.extend_from_slice(&encode(&pushed));
+        d
+    };
+    let frame_of = |bytes: Vec<u8>| {
+        let mut d = vec![0];
+        d.extend_from_slice(&bytes);
+        d
+    };
+    vec![
         seed(
             t,
             "raw_not_a_document",
@@ -1316,31 +1457,16 @@ fn list_input(
 }
 
 fn revocation_list_seeds() -> Vec<Seed> {
+    let mut out = revocation_list_document_seeds();
+    out.extend(revocation_list_frame_seeds());
+    out
+}
+
+/// Revocation lists: generations, epochs, keys and signatures.
+fn revocation_list_document_seeds() -> Vec<Seed> {
     use revocation_list::{HELD_EPOCH, HELD_GENERATION};
     let t = "revocation_list";
     let (e, g) = (HELD_EPOCH as u8, HELD_GENERATION as u8);
-    let frame_of = |bytes: Vec<u8>| {
-        let mut d = vec![0];
-        d.extend_from_slice(&bytes);
-        d
-    };
-    let push = |list| {
-        frame_of(encode(&PolicyPush {
-            policy: None,
-            revocations: Some(list),
-        }))
-    };
-    let raw = |signer: u8, flags: u8, held: u8, list: &RevocationList| {
-        let mut d = vec![1, signer, flags, held];
-        d.extend_from_slice(&list.encode_to_vec());
-        d
-    };
-    let newer_push = push(revocation_list(
-        HELD_EPOCH,
-        HELD_GENERATION + 1,
-        NOW,
-        keys::CURRENT_KEY_ID,
-    ));
     vec![
         seed(
             t,
@@ -1402,6 +1528,36 @@ fn revocation_list_seeds() -> Vec<Seed> {
             list_input(0, 1, 0, 1, 1, 0, "t"),
             &[("list", "bad_signature")],
         ),
+    ]
+}
+
+/// Revocation lists raw and as pushes, whole and broken.
+fn revocation_list_frame_seeds() -> Vec<Seed> {
+    use revocation_list::{HELD_EPOCH, HELD_GENERATION};
+    let t = "revocation_list";
+    let frame_of = |bytes: Vec<u8>| {
+        let mut d = vec![0];
+        d.extend_from_slice(&bytes);
+        d
+    };
+    let push = |list| {
+        frame_of(encode(&PolicyPush {
+            policy: None,
+            revocations: Some(list),
+        }))
+    };
+    let raw = |signer: u8, flags: u8, held: u8, list: &RevocationList| {
+        let mut d = vec![1, signer, flags, held];
+        d.extend_from_slice(&list.encode_to_vec());
+        d
+    };
+    let newer_push = push(revocation_list(
+        HELD_EPOCH,
+        HELD_GENERATION + 1,
+        NOW,
+        keys::CURRENT_KEY_ID,
+    ));
+    vec![
         seed(
             t,
             "raw_list",
