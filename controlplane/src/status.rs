@@ -145,9 +145,22 @@ pub fn to_status(err: &ServiceError) -> Status {
             Status::unavailable(format!("control plane database busy: {wait}")),
             Duration::from_secs(1),
         ),
+        ServiceError::Store(StoreError::Conflict(e)) => with_retry_after(
+            Status::unavailable(format!("control plane database conflict, retry: {e}")),
+            Duration::from_secs(1),
+        ),
+        // Unknown whether the work committed (the connection may have
+        // dropped during COMMIT): no retry-after promise; the caller
+        // retries with its request id, on this or another replica.
+        ServiceError::Store(e @ StoreError::Unreachable(_)) => {
+            tracing::warn!(error = %e, "database connection lost");
+            Status::unavailable(format!("control plane database unavailable: {e}"))
+        }
+        // Never INTERNAL: every storage failure is this replica's database
+        // trouble, and another replica (or a later try) may not have it.
         ServiceError::Store(e) => {
             tracing::error!(error = %e, "storage error");
-            Status::internal("control plane storage error")
+            Status::unavailable(format!("control plane storage error: {e}"))
         }
     }
 }
@@ -162,6 +175,7 @@ pub fn counted_status(m: &Metrics, method: &'static str, err: &ServiceError) -> 
         ServiceError::Limited { limiter, .. } => m.limited(limiter),
         ServiceError::Blocked { .. } => m.limited("failure_guard"),
         ServiceError::Store(StoreError::Timeout(_)) => m.limited("db_busy"),
+        ServiceError::Store(StoreError::Conflict(_)) => m.limited("db_conflict"),
         _ => {}
     }
     if let Some(reason) = err.auth_reason() {
@@ -190,5 +204,23 @@ mod tests {
         ));
         assert_eq!(s.code(), Code::Unauthenticated);
         assert!(s.message().contains("token not recognised"));
+    }
+
+    #[test]
+    fn database_failures_are_unavailable_and_only_a_conflict_or_a_busy_wait_promise_a_retry() {
+        let conflict = to_status(&ServiceError::Store(StoreError::Conflict("40001".into())));
+        assert_eq!(conflict.code(), Code::Unavailable);
+        assert_eq!(
+            crate::client::retry_after(&conflict),
+            Some(Duration::from_secs(1))
+        );
+        // The connection lost, maybe during COMMIT: no promise.
+        let lost = to_status(&ServiceError::Store(StoreError::Unreachable(
+            "57P01".into(),
+        )));
+        assert_eq!(lost.code(), Code::Unavailable);
+        assert_eq!(crate::client::retry_after(&lost), None);
+        let query = to_status(&ServiceError::Store(StoreError::Query("42P01".into())));
+        assert_eq!(query.code(), Code::Unavailable, "never INTERNAL");
     }
 }

@@ -113,9 +113,16 @@ pub enum StoreError {
     /// A wait for the database passed its deadline; the caller should retry.
     #[error("database busy within --db-wait-timeout-secs: {0}")]
     Timeout(Wait),
-    /// The database server cannot be reached or refused the login.
+    /// The database server cannot be reached, refused the login, or the
+    /// connection was lost (mid-transaction or during COMMIT: whether the
+    /// work committed is unknown, so no retry is promised).
     #[error("database unreachable: {0}")]
     Unreachable(String),
+    /// The database aborted the transaction to resolve a conflict with
+    /// another (serialization failure, deadlock): nothing was written and
+    /// the same request can be retried.
+    #[error("database conflict, retry: {0}")]
+    Conflict(String),
     /// The database refused or failed a statement.
     #[error("database: {0}")]
     Query(String),

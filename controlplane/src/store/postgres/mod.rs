@@ -21,6 +21,7 @@
 //! [`rows`] maps rows to the store's types, [`options`] reads the URL and
 //! the `PG*` variables.
 
+mod errors;
 mod keys;
 mod leases;
 mod nodes;
@@ -34,8 +35,9 @@ mod snapshot;
 
 use std::{path::Path, time::Instant};
 
-use deadpool_postgres::{Pool, PoolError, Timeouts};
-use tokio_postgres::error::SqlState;
+use deadpool_postgres::{Pool, Timeouts};
+
+use errors::pool_err;
 
 pub(crate) use options::process_env;
 pub use options::{PgOptions, Tls};
@@ -69,28 +71,6 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
-impl From<tokio_postgres::Error> for StoreError {
-    fn from(e: tokio_postgres::Error) -> Self {
-        match e.code() {
-            Some(c) if *c == SqlState::QUERY_CANCELED => Self::Timeout(Wait::Statement),
-            Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE => Self::Timeout(Wait::Lock),
-            _ if e.is_closed() => Self::Unreachable(e.to_string()),
-            _ => match e.as_db_error() {
-                Some(db) => Self::Query(format!("{}: {}", db.code().code(), db.message())),
-                None => Self::Unreachable(e.to_string()),
-            },
-        }
-    }
-}
-
-fn pool_err(e: PoolError) -> StoreError {
-    match e {
-        PoolError::Timeout(_) => StoreError::Timeout(Wait::Connection),
-        PoolError::Backend(e) => e.into(),
-        other => StoreError::Unreachable(other.to_string()),
-    }
-}
-
 type Tx<'a> = deadpool_postgres::Transaction<'a>;
 
 impl PostgresStore {
@@ -116,10 +96,15 @@ impl PostgresStore {
         Ok((conn, u64::try_from(ms).unwrap_or(u64::MAX)))
     }
 
-    /// Bounds the transaction's statements and lock waits by `ms`.
-    async fn bound(tx: &Tx<'_>, ms: u64) -> Result<(), StoreError> {
+    /// Bounds the transaction's statements and lock waits by `ms`, and
+    /// the time it may sit idle holding its locks: a replica stopped
+    /// mid-transaction (SIGSTOP, a frozen VM, a lost network) has its
+    /// session ended by the server after `ms`, never holding locks the
+    /// other replicas wait on for longer than one operation's deadline.
+    pub(super) async fn bound(tx: &Tx<'_>, ms: u64) -> Result<(), StoreError> {
         tx.batch_execute(&format!(
-            "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}"
+            "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}; \
+             SET LOCAL idle_in_transaction_session_timeout = {ms}"
         ))
         .await?;
         Ok(())

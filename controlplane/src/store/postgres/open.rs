@@ -18,8 +18,13 @@ impl PostgresStore {
         pool_connections: usize,
         kek: Kek,
     ) -> Result<Self, StoreError> {
+        // Every connection is checked with an empty query before it is
+        // handed out again: `Fast` only sees a connection whose task has
+        // already ended, and one that just failed (its backend terminated,
+        // its socket reset) may not have yet, so the next operation would
+        // fail on it too. One round trip per operation is the price.
         let mgr_config = ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
+            recycling_method: RecyclingMethod::Verified,
         };
         let mgr = match &opts.tls {
             Tls::Disable => Manager::from_config(opts.config.clone(), NoTls, mgr_config),

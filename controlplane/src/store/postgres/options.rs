@@ -16,6 +16,15 @@ use std::{collections::BTreeMap, path::PathBuf, str::FromStr, sync::Arc, time::D
 
 use super::super::StoreError;
 
+/// tokio-postgres's keepalive idle time when the URL sets none.
+const DEFAULT_KEEPALIVES_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
+/// TCP keepalive: first probe after this much silence.
+pub(super) const KEEPALIVES_IDLE: Duration = Duration::from_secs(15);
+/// TCP keepalive: between probes.
+const KEEPALIVES_INTERVAL: Duration = Duration::from_secs(5);
+/// TCP keepalive: unanswered probes before the socket is declared dead.
+const KEEPALIVES_RETRIES: u32 = 3;
+
 /// The libpq variables we read.
 pub(crate) const PG_ENV: &[&str] = &[
     "PGHOST",
@@ -130,6 +139,16 @@ impl PgOptions {
                 None => 10,
             };
             config.connect_timeout(Duration::from_secs(secs));
+        }
+        // A server that vanished without a reset (a host down, a network
+        // partition) is noticed in ~30 s rather than the kernel's 2 hours,
+        // unless the URL says otherwise.
+        if config.get_keepalives_idle() == DEFAULT_KEEPALIVES_IDLE {
+            config
+                .keepalives(true)
+                .keepalives_idle(KEEPALIVES_IDLE)
+                .keepalives_interval(KEEPALIVES_INTERVAL)
+                .keepalives_retries(KEEPALIVES_RETRIES);
         }
         let mode = ssl_mode
             .or_else(|| var("PGSSLMODE"))
