@@ -20,6 +20,8 @@
 //! - [`log_gate::LogGate`]: log lines a peer can cause, at most once a
 //!   minute per peer and kind, the lines held back counted in
 //!   `…_log_suppressed_total{kind}`.
+//! - [`logging`]: the log every program writes to stderr, `--log-format
+//!   text|json`, colours only on a terminal, the level from `RUST_LOG`.
 //! - [`at_rest`]: the data-dir and key-file checks every program makes
 //!   before it trusts what it stored (no group- or world-writable dir or
 //!   file, keys tightened back to 0600), and writing a private file.
@@ -32,6 +34,7 @@ pub mod at_rest;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod log_gate;
+pub mod logging;
 pub mod profiling;
 pub mod watchdog;
 

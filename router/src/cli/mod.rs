@@ -43,6 +43,9 @@ pub struct Cli {
     /// What the router runs with.
     #[command(flatten)]
     pub args: RouterArgs,
+    /// `--log-format`.
+    #[command(flatten)]
+    pub log: agentmesh_runtime::cli::LogArgs,
 }
 
 /// Every flag of the router, one per [`Config`] field (`--token-file` is
