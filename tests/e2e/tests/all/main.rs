@@ -9,9 +9,14 @@
 //!   moved from SQLite to PostgreSQL);
 //! - [`router`]: what a router does to real nodes (go-away, drain of the
 //!   router binary under a fleet);
+//! - [`logging`]: the programs' log on a pipe (no colour codes, JSON
+//!   lines that parse);
 //! - [`netns`]: the binaries on hosts of their own, members behind NATs
-//!   (network namespaces; skipped without root).
+//!   (network namespaces; skipped without root);
+//! - [`walkthrough`]: README.md's first walk through, run as written.
 
+mod logging;
 mod netns;
 mod node;
 mod router;
+mod walkthrough;
