@@ -73,6 +73,9 @@ pub struct Cli {
     cmd: Option<Cmd>,
     #[command(flatten)]
     serve: Config,
+    /// `--log-format`.
+    #[command(flatten)]
+    pub log: agentmesh_runtime::cli::LogArgs,
 }
 
 #[derive(Subcommand)]

@@ -18,15 +18,8 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn async_main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        // A closed log pipe must not take the control plane down.
-        .log_internal_errors(false)
-        .init();
-    Cli::parse().run().await?;
+    let cli = Cli::parse();
+    cli.log.init("info");
+    cli.run().await?;
     Ok(())
 }

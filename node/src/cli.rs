@@ -38,6 +38,9 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+    /// `--log-format`.
+    #[command(flatten)]
+    pub log: agentmesh_runtime::cli::LogArgs,
 }
 
 /// The subcommands.

@@ -18,14 +18,15 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    let log = cli.log;
     match cli.command {
         Command::Run(args) => agentmesh_runtime::block_on(async move {
-            init_logs();
+            log.init(cli::DEFAULT_LOG_FILTER);
             cli::run(*args).await.map_err(anyhow::Error::from)
         }),
         Command::Call(args) => agentmesh_runtime::block_on_within(
             async move {
-                init_logs();
+                log.init(cli::DEFAULT_LOG_FILTER);
                 cli::call(args).await.map_err(anyhow::Error::from)
             },
             cli::CALL_EXIT_GRACE,
@@ -41,15 +42,4 @@ async fn ask(args: StatusArgs, what: Ask) -> anyhow::Result<()> {
     let text = cli::ask(args, what).await?;
     print!("{text}");
     Ok(())
-}
-
-fn init_logs() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| cli::DEFAULT_LOG_FILTER.into()),
-        )
-        .with_writer(std::io::stderr)
-        .log_internal_errors(false)
-        .init();
 }

@@ -47,6 +47,9 @@ struct Args {
     /// Policy file (TOML) the control plane applies at start (default: none, the built-in allow-all policy while the database holds none).
     #[arg(long)]
     policy: Option<PathBuf>,
+    /// `--log-format`.
+    #[command(flatten)]
+    log: agentmesh_runtime::cli::LogArgs,
 }
 
 fn main() -> std::process::ExitCode {
@@ -60,16 +63,9 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn async_main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                "warn,agentmesh_one=info,libp2p_kad::behaviour=error,yamux::connection=error".into()
-            }),
-        )
-        .with_writer(std::io::stderr)
-        .log_internal_errors(false)
-        .init();
     let args = Args::parse();
+    args.log
+        .init("warn,agentmesh_one=info,libp2p_kad::behaviour=error,yamux::connection=error");
     // Registered once, first: a SIGINT or SIGTERM from here on drains the
     // mesh (see `agentmesh_one::signals`).
     let mut stop = StopSignals::install()?;

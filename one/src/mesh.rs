@@ -94,6 +94,9 @@ pub struct OneHandle {
     pub token_file: PathBuf,
     /// The member token itself.
     pub member_token: String,
+    /// File holding the admin bearer token (policy and revocation
+    /// commands, `--admin-token-file`).
+    pub admin_token_file: PathBuf,
 }
 
 impl OneHandle {
@@ -160,6 +163,13 @@ impl OneHandle {
         let _ = writeln!(out, "member token   {}", self.token_file.display());
         let _ = writeln!(
             out,
+            "admin token    {} (e.g. agentmesh-control-plane policy show --control-plane {} --admin-token-file {})",
+            self.admin_token_file.display(),
+            self.control_plane_url,
+            self.admin_token_file.display()
+        );
+        let _ = writeln!(
+            out,
             "join with      agentmesh-node run --control-plane {} --token-file {} --data-dir ./my-node --routers {}",
             self.control_plane_url,
             self.token_file.display(),
@@ -183,12 +193,15 @@ pub async fn spawn(config: Config) -> Result<OneHandle, SpawnError> {
     let data = config.data_dir.clone();
     create_dir(&data).await?;
     let db = data.join("controlplane.db");
+    let admin_token_file = data.join("admin-token");
+    let admin_token = admin_token(&admin_token_file).await?;
     let cp_config = cp::Config {
         grpc_addr: config.grpc_addr,
         http_addr: config.http_addr,
         db: format!("sqlite://{}", db.display()),
         policy_allow_all: config.policy.is_none(),
         policy: config.policy.clone(),
+        admin_token: Some(admin_token),
         ..cp::Config::default()
     };
     let control_plane = cp::spawn(cp_config)
@@ -253,7 +266,30 @@ pub async fn spawn(config: Config) -> Result<OneHandle, SpawnError> {
         control_plane_url,
         token_file,
         member_token,
+        admin_token_file,
     })
+}
+
+/// The admin token in `path`, or a new random one (256 bits, hex) written
+/// there (mode 0600) when the file does not exist yet: a restart keeps the
+/// token the operator already holds.
+async fn admin_token(path: &Path) -> Result<String, SpawnError> {
+    match tokio::fs::read_to_string(path).await {
+        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(SpawnError::Io {
+                what: "reading",
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    }
+    let bytes: [u8; 32] = rand::random();
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    write_secret(path, &token).await?;
+    Ok(token)
 }
 
 fn offset_port(base: u16, index: usize) -> u16 {

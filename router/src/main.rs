@@ -17,24 +17,20 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     agentmesh_runtime::block_on(async move {
-        init_logs();
+        init_logs(cli.log.log_format);
         agentmesh_router::cli::run(cli).await
     })
     .context("building the async runtime")??;
     Ok(())
 }
 
-fn init_logs() {
+fn init_logs(format: agentmesh_runtime::logging::LogFormat) {
     use tracing_subscriber::prelude::*;
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| DEFAULT_LOG_FILTER.into());
     tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .log_internal_errors(false)
-                .with_filter(filter),
-        )
+        .with(agentmesh_runtime::logging::layer(
+            format,
+            DEFAULT_LOG_FILTER,
+        ))
         // Counts libp2p-relay's silent STOP-stream drops (its log is the
         // only trace of them).
         .with(agentmesh_router::relay_capacity_layer())

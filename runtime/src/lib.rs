@@ -22,6 +22,8 @@
 //!   `…_log_suppressed_total{kind}`.
 //! - [`listen_queue`]: the kernel's count of connections turned away at a
 //!   full listen backlog, `agentmesh_runtime_tcp_listen_{overflows,drops}_total`.
+//! - [`logging`]: the log every program writes to stderr, `--log-format
+//!   text|json`, colours only on a terminal, the level from `RUST_LOG`.
 //! - [`at_rest`]: the data-dir and key-file checks every program makes
 //!   before it trusts what it stored (no group- or world-writable dir or
 //!   file, keys tightened back to 0600), and writing a private file.
@@ -35,6 +37,7 @@ pub mod at_rest;
 pub mod cli;
 pub mod listen_queue;
 pub mod log_gate;
+pub mod logging;
 pub mod profiling;
 pub mod watchdog;
 

@@ -1,5 +1,7 @@
 //! CPU and heap profiles over HTTP (`--pprof-addr`), behind the `pprof`
-//! cargo feature so tests and CI do not build the profilers.
+//! cargo feature so a program built without it carries no profiler. CI
+//! builds it through tests/e2e, whose `pprof` test fetches and decodes both
+//! profiles from each program.
 //!
 //! - `GET /debug/pprof/profile?seconds=N` (default 30, at most 300): a CPU
 //!   profile in pprof protobuf, sampled at 99 Hz. Costs memory for the rest

@@ -51,6 +51,7 @@ pub const LIMITERS: &[&str] = &[
     "lease",
     "failure_guard",
     "db_busy",
+    "db_conflict",
     "streams_per_connection",
     "watch_streams",
 ];

@@ -83,6 +83,12 @@ KNOWN_FLAGS: dict[str, set[str]] = {
         "--failed-logins-per-ip-per-minute", "--quic-max-concurrent-streams", "--quic-max-stream-data-bytes",
         "--quic-max-connection-data-bytes", "--pending-connections-max", "--high-watermark-memory-percent",
     },
+    # A member (examples/member-sidecar); node/src/cli.rs
+    "agentmesh-node run": {
+        "--control-plane", "--control-plane-ca", "--token-file", "--data-dir", "--routers",
+        "--router-selector", "--router-prefer", "--expose", "--forward", "--allow", "--metrics-addr",
+        "--socket-path", "--shutdown-grace-secs", "--log-format",
+    },
 }
 # fmt: on
 
@@ -650,6 +656,7 @@ EXTERNAL_OBJECTS = {
     ("Secret", "agentmesh-control-plane-tls"),
     ("Secret", "agentmesh-admin-token"),
     ("Secret", "agentmesh-router-token"),
+    ("Secret", "agentmesh-member-token"),
     ("ConfigMap", "agentmesh-control-plane-ca"),
 }
 

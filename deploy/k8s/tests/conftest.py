@@ -29,7 +29,12 @@ KUBERNETES_VERSION = "1.33.0"
 OVERLAYS = sorted(
     os.path.relpath(p, K8S_DIR) for p in glob.glob(os.path.join(K8S_DIR, "overlays", "*")) if os.path.isdir(p)
 )
-TARGETS = ["base", "monitoring", *OVERLAYS]
+# Examples users copy (deploy/k8s/examples/*): rendered and checked as the
+# overlays are.
+EXAMPLES = sorted(
+    os.path.relpath(p, K8S_DIR) for p in glob.glob(os.path.join(K8S_DIR, "examples", "*")) if os.path.isdir(p)
+)
+TARGETS = ["base", "monitoring", *OVERLAYS, *EXAMPLES]
 
 
 @functools.lru_cache(maxsize=None)

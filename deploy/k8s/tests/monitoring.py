@@ -8,12 +8,41 @@ export (or `up` / kube-state-metrics), with labels those metrics have.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 from model import HTTP_LISTENER_FLAG, addr_port, containers, pod_label_sets, selector_matches
 
 MONITORING_API = "monitoring.coreos.com/v1"
+
+# Every alert's runbook: a section of deploy/k8s/README.md, by its anchor.
+RUNBOOK_DOC = "deploy/k8s/README.md"
+README_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+
+
+def anchor(heading: str) -> str:
+    """The anchor GitHub (and most Markdown renderers) give a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def readme_anchors(path: str = README_PATH) -> set[str]:
+    """Anchors of every heading in the README."""
+    with open(path, encoding="utf-8") as f:
+        return {anchor(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", f.read(), re.MULTILINE)}
+
+
+def runbook_problems(alert: str, url: Any, anchors: set[str]) -> list[str]:
+    """An alert's runbook_url must name a section of the README that exists."""
+    if not url:
+        return [f"{alert}: no runbook_url annotation"]
+    m = re.fullmatch(re.escape(RUNBOOK_DOC) + r"#([\w-]+)", str(url))
+    if not m:
+        return [f"{alert}: runbook_url {url!r} is not {RUNBOOK_DOC}#<section>"]
+    if m.group(1) not in anchors:
+        return [f"{alert}: runbook_url {url!r}: no such section in {RUNBOOK_DOC}"]
+    return []
 MONITORING_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
 
 # Labels Prometheus attaches to every scraped series (operator relabeling).
@@ -193,6 +222,7 @@ def check_rules(objects: list[dict[str, Any]]) -> list[str]:
         return problems
     names: set[str] = set()
     covered: set[str] = set()
+    anchors = readme_anchors()
     for r in rules:
         where = f"PrometheusRule/{r['metadata']['name']}"
         if r.get("apiVersion") != MONITORING_API:
@@ -225,6 +255,7 @@ def check_rules(objects: list[dict[str, Any]]) -> list[str]:
                 for key in ("summary", "description"):
                     if not str(ann.get(key, "")).strip():
                         problems.append(f"{alert}: no {key} annotation")
+                problems += runbook_problems(alert, ann.get("runbook_url"), anchors)
     for m in sorted(REQUIRED_METRICS - covered):
         problems.append(f"no alert reads {m}")
     return problems

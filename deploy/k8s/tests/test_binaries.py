@@ -12,14 +12,14 @@ import subprocess
 
 from binaries import bin_dirs, find_binary, missing_flags
 from checks import KNOWN_FLAGS
-from conftest import OVERLAYS, TARGETS, render
+from conftest import EXAMPLES, OVERLAYS, TARGETS, render
 from model import containers
 
 
 def manifest_flags():
-    """program (with subcommand) -> flags the rendered overlays pass to it."""
+    """program (with subcommand) -> flags the rendered overlays and examples pass to it."""
     out: dict[str, set[str]] = {}
-    for overlay in OVERLAYS:
+    for overlay in [*OVERLAYS, *EXAMPLES]:
         for c in containers(render(overlay)):
             if c.binary:
                 key = c.binary + (f" {c.subcommand}" if c.subcommand else "")
@@ -42,7 +42,7 @@ def test_built_program_accepts_every_manifest_flag(program):
     assert not missing, f"`{program} --help` does not list {missing}: the manifests would not start it"
 
 
-@pytest.mark.parametrize("target_name", [t for t in TARGETS if t != "monitoring"])
+@pytest.mark.parametrize("target_name", [t for t in TARGETS if t != "monitoring" and t not in EXAMPLES])
 def test_the_policy_configmap_passes_policy_check(target_name, tmp_path):
     """The policy each kustomization applies at start passes the control
     plane's own checks (a refused one would stop it starting)."""

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conftest import render
-from monitoring import MONITORING_KINDS, check_monitors, check_rules, promql_problems
+from monitoring import MONITORING_KINDS, check_monitors, check_rules, promql_problems, readme_anchors
 
 
 def test_monitoring_objects_are_well_formed(target):
@@ -67,6 +67,17 @@ def test_rules_check_catches_a_missing_alert():
     [
         ("labels", {}, "severity must be one of"),
         ("annotations", {"summary": "x"}, "no description annotation"),
+        ("annotations", {"summary": "x", "description": "y"}, "no runbook_url annotation"),
+        (
+            "annotations",
+            {"summary": "x", "description": "y", "runbook_url": "deploy/k8s/README.md#agentmeshroutertrimmin"},
+            "no such section in deploy/k8s/README.md",
+        ),
+        (
+            "annotations",
+            {"summary": "x", "description": "y", "runbook_url": "https://example.com/runbook"},
+            "is not deploy/k8s/README.md#<section>",
+        ),
         ("for", "ten minutes", "bad `for`"),
         ("alert", "router refusing", "is not AgentmeshCamelCase"),
         ("expression", "up == 0", "unknown fields ['expression']"),
@@ -76,6 +87,15 @@ def test_rules_check_catches_a_malformed_alert(field, value, expected):
     objects = render("monitoring")
     alert(objects, "AgentmeshRouterTrimming")[field] = value
     assert any(expected in p for p in check_rules(objects)), check_rules(objects)
+
+
+def test_every_alert_has_a_runbook_section_that_says_what_to_do():
+    anchors = readme_anchors()
+    for g in rules(render("monitoring")):
+        for r in g["rules"]:
+            url = r["annotations"]["runbook_url"]
+            assert url == f"deploy/k8s/README.md#{r['alert'].lower()}", url
+            assert url.split("#")[1] in anchors
 
 
 def test_monitors_check_catches_a_wrong_port():

@@ -46,6 +46,9 @@ pub struct Cli {
     /// Test hook (hidden from --help): once ready, abort the named long-lived task as a crash would, so the binary exits non-zero (default: none).
     #[arg(long, hide = true)]
     pub test_stop_task_when_ready: Option<String>,
+    /// `--log-format`.
+    #[command(flatten)]
+    pub log: agentmesh_runtime::cli::LogArgs,
 }
 
 /// Every flag of the router, one per [`Config`] field (`--token-file` is

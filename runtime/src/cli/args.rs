@@ -70,6 +70,22 @@ impl ListenerArgs {
     }
 }
 
+/// How the program logs (every program takes it, before or after a
+/// subcommand). The level is `RUST_LOG`'s, not a flag: one way to set it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
+pub struct LogArgs {
+    /// Log line format on stderr: text or json, one JSON object per line (default: text; colours only on a terminal; level from RUST_LOG).
+    #[arg(long, global = true, value_enum, default_value_t = crate::logging::LogFormat::Text)]
+    pub log_format: crate::logging::LogFormat,
+}
+
+impl LogArgs {
+    /// Installs the program's log ([`crate::logging::init`]).
+    pub fn init(&self, default_filter: &str) {
+        crate::logging::init(self.log_format, default_filter);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

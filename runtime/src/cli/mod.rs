@@ -7,6 +7,7 @@
 //! - [`ControlPlaneArgs`]: `--control-plane`, `--control-plane-ca`,
 //!   `--token-file` (router and node).
 //! - [`ListenerArgs`]: `--metrics-addr`, `--pprof-addr` (router and node).
+//! - [`LogArgs`]: `--log-format` (every program).
 //! - [`StreamLimitArgs`] (feature `cli-streams`): the streams crate's bounds
 //!   (router and node).
 //! - [`VERSION`]: what `--version` prints, with the git commit.
@@ -20,7 +21,7 @@ mod help;
 mod streams;
 mod version;
 
-pub use args::{ControlPlaneArgs, DEFAULT_CONTROL_PLANE, ListenerArgs, TokenFileError};
+pub use args::{ControlPlaneArgs, DEFAULT_CONTROL_PLANE, ListenerArgs, LogArgs, TokenFileError};
 pub use help::{flag_table, flags_missing_from, help_problems};
 #[cfg(feature = "cli-streams")]
 pub use streams::StreamLimitArgs;

@@ -7,11 +7,18 @@
 //! - [`node`]: what a node does against real routers (calls, drains,
 //!   go-aways, failover, refusals, transports, storms, its control plane
 //!   moved from SQLite to PostgreSQL);
+//! - [`pprof`]: each program's CPU and heap profiles (`--pprof-addr`);
 //! - [`router`]: what a router does to real nodes (go-away, drain of the
 //!   router binary under a fleet);
+//! - [`logging`]: the programs' log on a pipe (no colour codes, JSON
+//!   lines that parse);
 //! - [`netns`]: the binaries on hosts of their own, members behind NATs
-//!   (network namespaces; skipped without root).
+//!   (network namespaces; skipped without root);
+//! - [`walkthrough`]: README.md's first walk through, run as written.
 
+mod logging;
 mod netns;
 mod node;
+mod pprof;
 mod router;
+mod walkthrough;
