@@ -12,6 +12,7 @@
 
 use std::{collections::HashMap, future::Future, pin::Pin};
 
+use agentmesh_runtime::supervise;
 use tokio::{
     sync::{mpsc, watch},
     task::{JoinHandle, JoinSet},
@@ -26,20 +27,7 @@ type BoxedTask = Pin<Box<dyn Future<Output = TaskResult> + Send + 'static>>;
 /// queue makes [`SupervisorHandle::add`] wait (it is only used at start).
 const ADD_QUEUE: usize = 16;
 
-/// A long-lived task that ended outside a shutdown.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskFailure {
-    /// The task's name (`grpc`, `http`, `reaper`, ...).
-    pub task: &'static str,
-    /// Why: its error, "panicked: ...", or "ended" when it returned.
-    pub reason: String,
-}
-
-impl std::fmt::Display for TaskFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "task {} stopped: {}", self.task, self.reason)
-    }
-}
+pub use agentmesh_runtime::supervise::TaskFailure;
 
 /// The named tasks of a control plane being built, with the stop signal
 /// they all watch.
@@ -129,8 +117,7 @@ impl Tasks {
         let (id, reason) = match joined {
             Ok((id, Ok(()))) => (id, "ended".to_string()),
             Ok((id, Err(e))) => (id, e),
-            Err(e) if e.is_panic() => (e.id(), format!("panicked: {}", panic_text(e))),
-            Err(e) => (e.id(), "cancelled".to_string()),
+            Err(e) => supervise::join_error(e),
         };
         let task = self.names.remove(&id).unwrap_or("unnamed");
         if *self.stop_tx.borrow() {
@@ -142,24 +129,8 @@ impl Tasks {
             %reason,
             "a long-lived control-plane task stopped outside a shutdown; not ready from now on"
         );
-        // The first failure is the one reported; later ones are logged only.
-        self.failure_tx.send_if_modified(|f| {
-            if f.is_some() {
-                return false;
-            }
-            *f = Some(TaskFailure { task, reason });
-            true
-        });
+        supervise::report_first(&self.failure_tx, TaskFailure { task, reason });
     }
-}
-
-fn panic_text(e: tokio::task::JoinError) -> String {
-    let payload = e.into_panic();
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "(no message)".into())
 }
 
 /// The running supervisor: stop signal, failure, and a way to add tasks.

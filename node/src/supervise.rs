@@ -123,13 +123,7 @@ async fn catch_panic(fut: impl Future<Output = ()>) -> Result<(), String> {
     std::panic::AssertUnwindSafe(fut)
         .catch_unwind()
         .await
-        .map_err(|panic| {
-            panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-text panic payload".to_string())
-        })
+        .map_err(agentmesh_runtime::supervise::panic_text)
 }
 
 #[cfg(test)]

@@ -22,22 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::readiness::ReadinessState;
 
-/// Which long-lived task stopped the router, and how.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskFailure {
-    /// The task's name (`event_loop`, `auth_accept`, `cp`, ...).
-    pub task: &'static str,
-    /// How it stopped: `ended`, `aborted` or `panicked: <message>`.
-    pub reason: String,
-}
-
-impl std::fmt::Display for TaskFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "router task {} stopped: {}", self.task, self.reason)
-    }
-}
-
-impl std::error::Error for TaskFailure {}
+use agentmesh_runtime::supervise;
+pub use agentmesh_runtime::supervise::TaskFailure;
 
 /// The router's long-lived tasks, each under a name.
 #[derive(Default)]
@@ -84,11 +70,7 @@ pub(crate) async fn supervise(mut tasks: Tasks, s: Supervisor) {
     while let Some(joined) = tasks.set.join_next_with_id().await {
         let (id, reason) = match joined {
             Ok((id, ())) => (id, "ended".to_string()),
-            Err(e) if e.is_panic() => {
-                let id = e.id();
-                (id, format!("panicked: {}", panic_message(e.into_panic())))
-            }
-            Err(e) => (e.id(), "aborted".to_string()),
+            Err(e) => supervise::join_error(e),
         };
         let task = tasks.names.remove(&id).unwrap_or("unknown");
         tasks.aborts.lock().remove(task);
@@ -104,23 +86,7 @@ pub(crate) async fn supervise(mut tasks: Tasks, s: Supervisor) {
                 r.failed_task = Some(task);
             }
         });
-        s.failed.send_if_modified(|f| {
-            if f.is_some() {
-                return false;
-            }
-            *f = Some(failure);
-            true
-        });
-    }
-}
-
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_string()
+        supervise::report_first(&s.failed, failure);
     }
 }
 

@@ -24,6 +24,8 @@
 //!   full listen backlog, `agentmesh_runtime_tcp_listen_{overflows,drops}_total`.
 //! - [`logging`]: the log every program writes to stderr, `--log-format
 //!   text|json`, colours only on a terminal, the level from `RUST_LOG`.
+//! - [`supervise`]: what the programs' supervisors share: a stopped
+//!   task's [`supervise::TaskFailure`], panic text, first failure reported.
 //! - [`at_rest`]: the data-dir and key-file checks every program makes
 //!   before it trusts what it stored (no group- or world-writable dir or
 //!   file, keys tightened back to 0600), and writing a private file.
@@ -39,6 +41,7 @@ pub mod listen_queue;
 pub mod log_gate;
 pub mod logging;
 pub mod profiling;
+pub mod supervise;
 pub mod watchdog;
 
 /// The allocator of the agentmesh binaries (jemalloc, background threads on).

@@ -133,7 +133,7 @@ mod tests {
         let mut r = Registry::default();
         register(&mut r);
         let mut text = String::new();
-        encode(&mut text, &r).unwrap();
+        encode(&mut text, &r).expect("encode");
         assert!(
             text.contains("agentmesh_runtime_tcp_listen_overflows_total "),
             "{text}"

@@ -21,7 +21,7 @@ pub enum RunError {
     #[error("starting the router: {0}")]
     Spawn(#[from] SpawnError),
     /// A long-lived task stopped outside a drain or shutdown.
-    #[error(transparent)]
+    #[error("router {0}")]
     TaskFailed(#[from] crate::TaskFailure),
     /// The signal handlers could not be installed.
     #[error("installing signal handlers: {0}")]

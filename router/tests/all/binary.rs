@@ -1,7 +1,6 @@
 //! The real `agentmesh-router` binary: flags, token file, readiness over
 //! HTTP, graceful exit on SIGTERM.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use agentmesh_controlplane::client::{Client, ClientConfig};
@@ -57,20 +56,10 @@ async fn binary_becomes_ready_and_exits_on_sigterm() {
     let token_file = dir.path().join("router.token");
     std::fs::write(&token_file, format!("{token}\n")).expect("write token");
 
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentmesh-router"))
-        .args(["--control-plane", &url])
-        .arg("--token-file")
-        .arg(&token_file)
-        .arg("--key-path")
-        .arg(dir.path().join("router.key"))
-        .args(["--listen", "/ip4/127.0.0.1/tcp/0"])
+    let mut child = crate::support::router_binary(&url, &token_file, dir.path())
         .args(["--metrics-addr", "127.0.0.1:0"])
         .args(["--lease-interval-secs", "1"])
         .args(["--stream-inbound-queue-per-protocol", "1"])
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("start router binary");
     let metrics = agentmesh_testkit::scan_stderr(&mut child, "metrics address", |line| {
@@ -137,19 +126,9 @@ async fn sigterm_during_enrollment_retries_stops_them_without_aborting() {
     drop(closed);
     let token_file = dir.path().join("router.token");
     std::fs::write(&token_file, "never-used-token\n").expect("write token");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentmesh-router"))
-        .args(["--control-plane", &url])
-        .arg("--token-file")
-        .arg(&token_file)
-        .arg("--key-path")
-        .arg(dir.path().join("router.key"))
-        .args(["--listen", "/ip4/127.0.0.1/tcp/0"])
+    let mut child = crate::support::router_binary(&url, &token_file, dir.path())
         .args(["--metrics-addr", "127.0.0.1:0"])
         .args(["--control-plane-retry-budget-secs", "600"])
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("start router binary");
     let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();

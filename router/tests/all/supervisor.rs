@@ -3,7 +3,6 @@
 //! ready and names it, and the binary exits non-zero saying which task.
 
 use std::net::SocketAddr;
-use std::process::Stdio;
 
 use agentmesh_proto::pb::credential::Role;
 use agentmesh_testkit::{DEADLINE, TestRouter, http_get};
@@ -48,19 +47,9 @@ async fn the_binary_exits_non_zero_naming_the_dead_task() {
     let dir = tempfile::tempdir().expect("tempdir");
     let token_file = dir.path().join("router.token");
     std::fs::write(&token_file, format!("{}\n", cp.token(Role::Router).await)).expect("token");
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentmesh-router"))
-        .args(["--control-plane", &cp.url])
-        .arg("--token-file")
-        .arg(&token_file)
-        .arg("--key-path")
-        .arg(dir.path().join("router.key"))
-        .args(["--listen", "/ip4/127.0.0.1/tcp/0"])
+    let child = crate::support::router_binary(&cp.url, &token_file, dir.path())
         .args(["--lease-interval-secs", "1"])
         .args(["--test-stop-task-when-ready", "trim"])
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("start router binary");
     let out = tokio::time::timeout(DEADLINE, child.wait_with_output())
