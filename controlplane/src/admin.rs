@@ -1,4 +1,5 @@
-//! Admin RPCs: CreateToken, RevokeNode, RotateKeyNow, behind a bearer token
+//! Admin RPCs: CreateToken, RevokeNode, RevokeToken, RotateKeyNow (the
+//! first and last with request ids, see [`crate::request_ids`]), behind a bearer token
 //! compared in constant time. A missing or wrong token counts against the
 //! caller's source IP in the same failure guard as failed enrollments, so
 //! the token cannot be guessed at line rate.
@@ -10,14 +11,14 @@ use agentmesh_proto::{
     pb::{
         controlplane::{
             CreateTokenRequest, CreateTokenResponse, RevokeNodeRequest, RevokeNodeResponse,
-            RevokeTokenRequest, RevokeTokenResponse, RotateKeyNowResponse,
+            RevokeTokenRequest, RevokeTokenResponse, RotateKeyNowRequest, RotateKeyNowResponse,
         },
         credential::{Role, TokenKind},
     },
     unix_now,
 };
 
-use crate::{state::State, status::ServiceError, store::TokenRow, tokens};
+use crate::{request_ids, state::State, status::ServiceError, store::TokenRow, tokens};
 
 /// Most labels a token may carry.
 pub const MAX_TOKEN_LABELS: usize = 32;
@@ -120,6 +121,20 @@ impl State {
 
     /// Mints a token; returns (token, token_id, expires_at).
     pub async fn mint_token(&self, spec: TokenSpec) -> Result<(String, String, i64), ServiceError> {
+        let r = self.mint(spec, None).await?;
+        Ok((r.token, r.token_id, r.expires_at_unix_secs))
+    }
+
+    /// Mints a token, with `request` (its id and digest) recorded in the
+    /// same transaction when given: a request id recorded already mints
+    /// nothing and gets its first answer (or a refusal, for another
+    /// request).
+    async fn mint(
+        &self,
+        spec: TokenSpec,
+        request: Option<(String, [u8; 32])>,
+    ) -> Result<CreateTokenResponse, ServiceError> {
+        const METHOD: &str = "CreateToken";
         spec.validate()?;
         let now = unix_now();
         let (token, token_id) = tokens::generate();
@@ -133,22 +148,42 @@ impl State {
             created_at: now,
             expires_at: now + spec.ttl_secs as i64,
         };
-        let expires_at = row.expires_at;
         let digest = tokens::digest(&token);
-        self.db
-            .run(self.db.store().create_token(&digest, &row))
-            .await?;
+        let answer = CreateTokenResponse {
+            token,
+            token_id: token_id.clone(),
+            expires_at_unix_secs: row.expires_at,
+        };
+        let store = self.db.store();
+        match request {
+            None => self.db.run(store.create_token(&digest, &row)).await?,
+            Some((id, req_digest)) => {
+                let rec = request_ids::record(&id, METHOD, req_digest, now, &answer);
+                if let Err(prior) = self
+                    .db
+                    .run(store.create_token_once(&digest, &row, &rec))
+                    .await?
+                {
+                    return request_ids::replay(&id, METHOD, req_digest, prior);
+                }
+            }
+        }
         // A member may enroll with it from an address the guard refuses.
         self.limits.token_minted();
         tracing::info!(%token_id, kind = ?spec.kind, role = ?spec.role, "token created");
-        Ok((token, token_id, expires_at))
+        Ok(answer)
     }
 
-    /// `CreateToken`.
+    /// `CreateToken`, with the caller's request id if it sent one.
     pub async fn create_token(
         &self,
         req: CreateTokenRequest,
+        request_id: Option<String>,
     ) -> Result<CreateTokenResponse, ServiceError> {
+        let request = request_id.map(|id| {
+            let d = request_ids::digest("CreateToken", &req);
+            (id, d)
+        });
         let mut labels = BTreeMap::new();
         for l in &req.labels {
             if labels.insert(l.key.clone(), l.value.clone()).is_some() {
@@ -165,12 +200,7 @@ impl State {
             max_uses: req.max_uses,
             ttl_secs: req.ttl_secs,
         };
-        let (token, token_id, expires_at) = self.mint_token(spec).await?;
-        Ok(CreateTokenResponse {
-            token,
-            token_id,
-            expires_at_unix_secs: expires_at,
-        })
+        self.mint(spec, request).await
     }
 
     /// `RevokeNode`.
@@ -244,9 +274,32 @@ impl State {
         })
     }
 
-    /// `RotateKeyNow`.
-    pub async fn rotate_key_now(&self) -> Result<RotateKeyNowResponse, ServiceError> {
-        let (key_id, active_from) = self.keys.rotate_now(&self.db, unix_now()).await?;
+    /// `RotateKeyNow`, with the caller's request id if it sent one: a
+    /// retry with it answers the first rotation's key and rotates nothing.
+    pub async fn rotate_key_now(
+        &self,
+        req: RotateKeyNowRequest,
+        request_id: Option<String>,
+    ) -> Result<RotateKeyNowResponse, ServiceError> {
+        const METHOD: &str = "RotateKeyNow";
+        let now = unix_now();
+        let (key_id, active_from) = match request_id {
+            None => self.keys.rotate_now(&self.db, now).await?,
+            Some(id) => {
+                let d = request_ids::digest(METHOD, &req);
+                let record = |key_id: &str, active_from: i64| {
+                    let answer = RotateKeyNowResponse {
+                        key_id: key_id.to_string(),
+                        active_from_unix_secs: active_from,
+                    };
+                    request_ids::record(&id, METHOD, d, now, &answer)
+                };
+                match self.keys.rotate_now_once(&self.db, now, record).await? {
+                    Ok(done) => done,
+                    Err(prior) => return request_ids::replay(&id, METHOD, d, prior),
+                }
+            }
+        };
         if let Some(next) = self.keys.next_rotation_at() {
             self.metrics.set_next_rotation(next);
         }

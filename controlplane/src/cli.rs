@@ -24,6 +24,9 @@ pub enum CliError {
     /// A `policy` command failed (a refused policy among them).
     #[error(transparent)]
     Policy(#[from] crate::policy::cli::PolicyCliError),
+    /// An admin command (`token list|create`, `node list|revoke`, `key rotate`) failed.
+    #[error(transparent)]
+    AdminCli(#[from] crate::admin_cli::AdminCliError),
     /// An admin call (`token revoke`) was refused or could not be made.
     #[error("{0}")]
     Admin(String),
@@ -100,6 +103,12 @@ enum Cmd {
     /// Policy operations: check a file, apply it, show or diff versions.
     #[command(subcommand)]
     Policy(crate::policy::cli::PolicyCmd),
+    /// Node operations through the admin API: list, revoke.
+    #[command(subcommand)]
+    Node(NodeCmd),
+    /// Signing-key operations through the admin API.
+    #[command(subcommand)]
+    Key(KeyCmd),
 }
 
 #[derive(Subcommand)]
@@ -129,32 +138,16 @@ enum StoreCmd {
 
 #[derive(Subcommand)]
 enum TokenCmd {
-    /// Mint a token and print it once (or write it to --out).
-    Create {
-        /// Database, sqlite://PATH or postgres://…
-        #[arg(long, default_value = DEFAULT_DB)]
-        db: String,
-        /// Bootstrap (reusable up to --max-uses) or ephemeral (its members are deleted once they stop refreshing).
-        #[arg(long, value_enum)]
-        kind: Kind,
-        /// Role of the members enrolling with it.
-        #[arg(long, value_enum)]
-        role: RoleArg,
-        /// Label key=value members of this token get, repeatable (default: none).
-        #[arg(long = "label", value_parser = parse_label)]
-        labels: Vec<(String, String)>,
-        /// Enrollments the token allows, enrollments.
-        #[arg(long, default_value_t = 1)]
-        max_uses: u32,
-        /// Token lifetime, seconds.
-        #[arg(long, default_value_t = 86_400)]
-        ttl_secs: u64,
-        /// Write the token to this file (mode 0600, a new file unless --overwrite) instead of stdout (default: stdout).
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// With --out, replace an existing file (default: refuse, before minting).
-        #[arg(long, requires = "out")]
-        overwrite: bool,
+    /// Mint a token and print it once (or write it to --out): in the database (--db), or through the admin API (--admin-token-file).
+    Create(Box<CreateArgs>),
+    /// List the tokens through the admin API: what each grants, its uses, expiry and revocation (never a secret).
+    List {
+        #[allow(missing_docs)]
+        #[command(flatten)]
+        list: crate::admin_cli::ListArgs,
+        #[allow(missing_docs)]
+        #[command(flatten)]
+        admin: crate::policy::cli::AdminArgs,
     },
     /// Revoke a token through the admin API: it enrolls no one again and every member enrolled with it is refused.
     Revoke {
@@ -163,6 +156,87 @@ enum TokenCmd {
         /// Why, recorded with the revocation and published with it (default: none).
         #[arg(long, default_value = "")]
         reason: String,
+        #[allow(missing_docs)]
+        #[command(flatten)]
+        admin: crate::policy::cli::AdminArgs,
+    },
+}
+
+/// `token create`.
+#[derive(clap::Args)]
+struct CreateArgs {
+    /// Database, sqlite://PATH or postgres://…
+    #[arg(long, default_value = DEFAULT_DB)]
+    db: String,
+    /// Bootstrap (reusable up to --max-uses) or ephemeral (its members are deleted once they stop refreshing).
+    #[arg(long, value_enum)]
+    kind: Kind,
+    /// Role of the members enrolling with it.
+    #[arg(long, value_enum)]
+    role: RoleArg,
+    /// Label key=value members of this token get, repeatable (default: none).
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+    /// Enrollments the token allows, enrollments.
+    #[arg(long, default_value_t = 1)]
+    max_uses: u32,
+    /// Token lifetime, seconds.
+    #[arg(long, default_value_t = 86_400)]
+    ttl_secs: u64,
+    /// Write the token to this file (mode 0600, a new file unless --overwrite) instead of stdout (default: stdout).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// With --out, replace an existing file (default: refuse, before minting).
+    #[arg(long, requires = "out")]
+    overwrite: bool,
+    /// Mint through the admin API of a running control plane, with the admin token in this file, instead of writing --db (default: none, write --db).
+    #[arg(long, conflicts_with = "db")]
+    admin_token_file: Option<PathBuf>,
+    /// With --admin-token-file: control-plane gRPC URL, http:// or https:// (default http://127.0.0.1:7400).
+    #[arg(long, default_value = crate::client::DEFAULT_URL, requires = "admin_token_file")]
+    control_plane: String,
+    /// With --admin-token-file: PEM file of the CA that signs an https:// control plane's certificate (default: none).
+    #[arg(long, requires = "admin_token_file")]
+    control_plane_ca: Option<PathBuf>,
+    /// With --admin-token-file: time bound on the call with its retries, seconds.
+    #[arg(long, default_value_t = crate::policy::cli::DEFAULT_TIMEOUT_SECS, requires = "admin_token_file")]
+    timeout_secs: u64,
+    /// With --admin-token-file: the request id, to retry an earlier invocation that got no answer without minting twice (default: a new one, printed).
+    #[arg(long, requires = "admin_token_file")]
+    request_id: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum NodeCmd {
+    /// List the enrolled nodes through the admin API: PeerId, labels and groups, enrollment, last refresh, revocation.
+    List {
+        #[allow(missing_docs)]
+        #[command(flatten)]
+        list: crate::admin_cli::ListArgs,
+        #[allow(missing_docs)]
+        #[command(flatten)]
+        admin: crate::policy::cli::AdminArgs,
+    },
+    /// Revoke a node through the admin API: its refreshes, leases and admissions are refused until its last credential expires.
+    Revoke {
+        /// The node's PeerId (the PEER_ID column of `node list`).
+        peer_id: String,
+        /// Why, recorded with the revocation and published with it (default: none).
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[allow(missing_docs)]
+        #[command(flatten)]
+        admin: crate::policy::cli::AdminArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCmd {
+    /// Start a signing-key rotation now through the admin API (the new key is published before it signs).
+    Rotate {
+        /// The request id, to retry an earlier invocation that got no answer without rotating twice (default: a new one, printed).
+        #[arg(long)]
+        request_id: Option<String>,
         #[allow(missing_docs)]
         #[command(flatten)]
         admin: crate::policy::cli::AdminArgs,
@@ -192,61 +266,20 @@ impl Cli {
         match cli.cmd {
             None => serve(cli.serve).await,
             Some(Cmd::Serve(c)) => serve(*c).await,
-            Some(Cmd::Token(TokenCmd::Create {
-                db,
-                kind,
-                role,
-                labels,
-                max_uses,
-                ttl_secs,
-                out,
-                overwrite,
-            })) => {
-                // Refused before anything is minted: no token is lost.
-                if let Some(path) = out.as_ref().filter(|p| !overwrite && p.exists()) {
-                    return Err(
-                        agentmesh_runtime::at_rest::AtRestError::Exists(path.clone()).into(),
-                    );
-                }
-                let spec = TokenSpec {
-                    kind: match kind {
-                        Kind::Bootstrap => TokenKind::Bootstrap,
-                        Kind::Ephemeral => TokenKind::Ephemeral,
-                    },
-                    role: match role {
-                        RoleArg::Member => Role::Member,
-                        RoleArg::Router => Role::Router,
-                    },
-                    labels: labels.into_iter().collect::<BTreeMap<_, _>>(),
-                    max_uses,
-                    ttl_secs,
-                };
-                let t = offline::create_token(&db, spec).await?;
-                let Some(path) = out else {
-                    eprintln!(
-                        "token {} expires at {} (shown once; only its SHA-256 is stored)",
-                        t.token_id, t.expires_at
-                    );
-                    println!("{}", t.token);
-                    return Ok(());
-                };
-                let (p, line) = (path.clone(), format!("{}\n", t.token));
-                tokio::task::spawn_blocking(move || {
-                    agentmesh_runtime::at_rest::create_private(&p, line.as_bytes(), overwrite)
-                })
-                .await?
-                .map_err(|source| CliError::TokenNotWritten {
-                    token_id: t.token_id.clone(),
-                    path: path.clone(),
-                    source,
-                })?;
-                eprintln!(
-                    "token {} expires at {}: written to {} (mode 0600; only its SHA-256 is stored)",
-                    t.token_id,
-                    t.expires_at,
-                    path.display()
-                );
-                Ok(())
+            Some(Cmd::Token(TokenCmd::Create(args))) => create_token(*args).await,
+            Some(Cmd::Token(TokenCmd::List { list, admin })) => {
+                Ok(crate::admin_cli::token_list(list, &admin).await?)
+            }
+            Some(Cmd::Node(NodeCmd::List { list, admin })) => {
+                Ok(crate::admin_cli::node_list(list, &admin).await?)
+            }
+            Some(Cmd::Node(NodeCmd::Revoke {
+                peer_id,
+                reason,
+                admin,
+            })) => Ok(crate::admin_cli::node_revoke(&peer_id, &reason, &admin).await?),
+            Some(Cmd::Key(KeyCmd::Rotate { request_id, admin })) => {
+                Ok(crate::admin_cli::key_rotate(request_id, &admin).await?)
             }
             Some(Cmd::Token(TokenCmd::Revoke {
                 token_id,
@@ -287,6 +320,86 @@ impl Cli {
             Some(Cmd::Policy(cmd)) => Ok(cmd.run().await?),
         }
     }
+}
+
+/// `token create`: mints in the database (`--db`) or through the admin API
+/// (`--admin-token-file`), then prints the token once or writes `--out`.
+async fn create_token(a: CreateArgs) -> Result<(), CliError> {
+    // Refused before anything is minted: no token is lost.
+    if let Some(path) = a.out.as_ref().filter(|p| !a.overwrite && p.exists()) {
+        return Err(agentmesh_runtime::at_rest::AtRestError::Exists(path.clone()).into());
+    }
+    let kind = match a.kind {
+        Kind::Bootstrap => TokenKind::Bootstrap,
+        Kind::Ephemeral => TokenKind::Ephemeral,
+    };
+    let role = match a.role {
+        RoleArg::Member => Role::Member,
+        RoleArg::Router => Role::Router,
+    };
+    let t = match a.admin_token_file {
+        None => {
+            let spec = TokenSpec {
+                kind,
+                role,
+                labels: a.labels.into_iter().collect::<BTreeMap<_, _>>(),
+                max_uses: a.max_uses,
+                ttl_secs: a.ttl_secs,
+            };
+            offline::create_token(&a.db, spec).await?
+        }
+        Some(admin_token_file) => {
+            let admin = crate::policy::cli::AdminArgs {
+                control_plane: a.control_plane,
+                control_plane_ca: a.control_plane_ca,
+                admin_token_file,
+                timeout_secs: a.timeout_secs,
+            };
+            let req = agentmesh_proto::pb::controlplane::CreateTokenRequest {
+                kind: kind as i32,
+                role: role as i32,
+                labels: a
+                    .labels
+                    .into_iter()
+                    .map(|(key, value)| agentmesh_proto::pb::credential::Label { key, value })
+                    .collect(),
+                max_uses: a.max_uses,
+                ttl_secs: a.ttl_secs,
+            };
+            let m = crate::admin_cli::token_create(req, a.request_id, &admin).await?;
+            offline::MintedToken {
+                token: m.token,
+                token_id: m.token_id,
+                expires_at: m.expires_at,
+            }
+        }
+    };
+    let Some(path) = a.out else {
+        eprintln!(
+            "token {} expires at {} (shown once; only its SHA-256 is stored)",
+            t.token_id, t.expires_at
+        );
+        println!("{}", t.token);
+        return Ok(());
+    };
+    let (p, line) = (path.clone(), format!("{}\n", t.token));
+    let overwrite = a.overwrite;
+    tokio::task::spawn_blocking(move || {
+        agentmesh_runtime::at_rest::create_private(&p, line.as_bytes(), overwrite)
+    })
+    .await?
+    .map_err(|source| CliError::TokenNotWritten {
+        token_id: t.token_id.clone(),
+        path: path.clone(),
+        source,
+    })?;
+    eprintln!(
+        "token {} expires at {}: written to {} (mode 0600; only its SHA-256 is stored)",
+        t.token_id,
+        t.expires_at,
+        path.display()
+    );
+    Ok(())
 }
 
 /// `token revoke`: one admin call; prints until when the revocation is
@@ -388,7 +501,7 @@ mod tests {
         ])
         .expect("parses");
         assert!(
-            matches!(cli.cmd, Some(Cmd::Token(TokenCmd::Create { labels, .. })) if labels == vec![("zone".into(), "a".into())])
+            matches!(cli.cmd, Some(Cmd::Token(TokenCmd::Create(a))) if a.labels == vec![("zone".into(), "a".into())] && a.admin_token_file.is_none())
         );
     }
 }

@@ -28,7 +28,7 @@ use agentmesh_proto::{
 };
 use rand::RngCore;
 
-use crate::store::{Db, SigningKeyRow, StoreError};
+use crate::store::{AdminRequest, Db, PriorRequest, SigningKeyRow, StoreError};
 
 /// Rotation timing, seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,6 +224,37 @@ impl Keys {
         let id = self.rotate(db, None, now).await?.unwrap_or_default();
         let active_from = now + self.policy.publish_ahead_secs;
         Ok((id, active_from))
+    }
+
+    /// As [`Keys::rotate_now`], recorded as one admin request: `record`
+    /// makes its record from the new key's id and first signing instant,
+    /// and the store writes it with the key in one transaction. When the
+    /// request's id was recorded already nothing rotates and the earlier
+    /// record is returned.
+    pub async fn rotate_now_once(
+        &self,
+        db: &Db,
+        now: i64,
+        record: impl FnOnce(&str, i64) -> AdminRequest,
+    ) -> Result<Result<(String, i64), PriorRequest>, StoreError> {
+        let p = self.policy;
+        let key = new_key(now + p.publish_ahead_secs);
+        let (id, active_from) = (key.key_id.clone(), key.active_from);
+        let request = record(&id, active_from);
+        let done = db
+            .run(db.store().rotate_once(
+                now + p.interval_secs,
+                &key,
+                active_from + p.grace_secs,
+                &request,
+            ))
+            .await?;
+        self.reload(db).await?;
+        if let Err(prior) = done {
+            return Ok(Err(prior));
+        }
+        tracing::info!(key_id = %id, active_from, "signing key rotation: new key published");
+        Ok(Ok((id, active_from)))
     }
 
     async fn rotate(

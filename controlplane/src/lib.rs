@@ -17,6 +17,8 @@ pub use client::{Client, ClientConfig, ClientError, Connections, retry_after};
 #[cfg(feature = "server")]
 pub mod admin;
 #[cfg(feature = "server")]
+pub mod admin_cli;
+#[cfg(feature = "server")]
 pub mod cli;
 #[cfg(feature = "server")]
 pub mod config;
@@ -48,6 +50,10 @@ pub mod policy;
 pub mod reaper;
 #[cfg(feature = "server")]
 pub mod refusal_log;
+#[cfg(feature = "server")]
+pub mod admin_list;
+#[cfg(feature = "server")]
+pub mod request_ids;
 #[cfg(feature = "server")]
 pub mod request_limits;
 #[cfg(feature = "server")]

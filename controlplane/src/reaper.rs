@@ -21,6 +21,7 @@ impl State {
             enrollment_retention_secs: c.enrollment_retention_secs as i64,
             used_token_retention_secs: c.used_token_retention_secs as i64,
             policy_retention_secs: c.policy_retention_secs as i64,
+            admin_request_retention_secs: c.admin_request_retention_secs as i64,
         }
     }
 

@@ -10,7 +10,8 @@ use tokio::time::Instant;
 use agentmesh_proto::pb::controlplane::{
     ApplyPolicyRequest, ApplyPolicyResponse, CreateTokenRequest, CreateTokenResponse,
     EnrollRequest, EnrollResponse, GetDirectoryRequest, GetDirectoryResponse, GetKeysRequest,
-    GetKeysResponse, GetPolicyRequest, GetPolicyResponse, RefreshRequest, RefreshResponse,
+    GetKeysResponse, GetPolicyRequest, GetPolicyResponse, ListNodesRequest, ListNodesResponse,
+    ListTokensRequest, ListTokensResponse, RefreshRequest, RefreshResponse,
     RevokeNodeRequest, RevokeNodeResponse, RevokeTokenRequest, RevokeTokenResponse,
     RotateKeyNowRequest, RotateKeyNowResponse, RouterLeaseRequest, RouterLeaseResponse,
     WatchRequest, control_plane_server::ControlPlane,
@@ -60,6 +61,12 @@ impl Service {
             .and_then(|v| v.to_str().ok());
         let source = req.remote_addr().map(|a| a.ip());
         self.state.check_admin(source, auth)
+    }
+
+    /// [`Service::admin`], then the request id the caller sent, if any.
+    fn admin_with_request_id<T>(&self, req: &Request<T>) -> Result<Option<String>, ServiceError> {
+        self.admin(req)?;
+        crate::request_ids::from_metadata(req.metadata())
     }
 }
 
@@ -129,8 +136,8 @@ impl ControlPlane for Service {
         request: Request<CreateTokenRequest>,
     ) -> Result<Response<CreateTokenResponse>, Status> {
         let t = Instant::now();
-        let r = match self.admin(&request) {
-            Ok(()) => self.state.create_token(request.into_inner()).await,
+        let r = match self.admin_with_request_id(&request) {
+            Ok(id) => self.state.create_token(request.into_inner(), id).await,
             Err(e) => Err(e),
         };
         self.finish("CreateToken", t, r)
@@ -153,8 +160,8 @@ impl ControlPlane for Service {
         request: Request<RotateKeyNowRequest>,
     ) -> Result<Response<RotateKeyNowResponse>, Status> {
         let t = Instant::now();
-        let r = match self.admin(&request) {
-            Ok(()) => self.state.rotate_key_now().await,
+        let r = match self.admin_with_request_id(&request) {
+            Ok(id) => self.state.rotate_key_now(request.into_inner(), id).await,
             Err(e) => Err(e),
         };
         self.finish("RotateKeyNow", t, r)
@@ -199,6 +206,30 @@ impl ControlPlane for Service {
             Err(e) => Err(e),
         };
         self.finish("RevokeToken", t, r)
+    }
+
+    async fn list_tokens(
+        &self,
+        request: Request<ListTokensRequest>,
+    ) -> Result<Response<ListTokensResponse>, Status> {
+        let t = Instant::now();
+        let r = match self.admin(&request) {
+            Ok(()) => self.state.list_tokens(request.into_inner()).await,
+            Err(e) => Err(e),
+        };
+        self.finish("ListTokens", t, r)
+    }
+
+    async fn list_nodes(
+        &self,
+        request: Request<ListNodesRequest>,
+    ) -> Result<Response<ListNodesResponse>, Status> {
+        let t = Instant::now();
+        let r = match self.admin(&request) {
+            Ok(()) => self.state.list_nodes(request.into_inner()).await,
+            Err(e) => Err(e),
+        };
+        self.finish("ListNodes", t, r)
     }
 
     type WatchStream = crate::watch::WatchStream;

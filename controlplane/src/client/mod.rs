@@ -6,7 +6,9 @@
 //! that are not idempotent (`CreateToken`, `RotateKeyNow`) retry only when
 //! the server certainly did not act ([`is_retryable_unsent`]): a second
 //! attempt after a lost answer would mint a token nobody sees or rotate
-//! twice. A retry waits the
+//! twice; sent with a request id (`create_token_once`,
+//! `rotate_key_now_once`) they are retried like idempotent calls, the
+//! control plane answering a retry with the first answer. A retry waits the
 //! server's `retry-after` plus up to one second of random jitter (the server
 //! spreads a refused fleet over whole-second slots; the jitter spreads each
 //! slot's callers across its second), or, when there is no `retry-after`, an
@@ -19,6 +21,7 @@
 //!
 //! This module compiles without the `server` feature: no SQLite, no axum.
 
+mod admin;
 mod policy;
 mod retry;
 mod watch;
@@ -49,6 +52,7 @@ use tonic::{
     transport::{Certificate, Channel, ClientTlsConfig, Endpoint},
 };
 
+pub use admin::{REQUEST_ID_METADATA, new_request_id};
 pub use retry::{
     INITIAL_BACKOFF, MAX_BACKOFF, RETRY_AFTER_JITTER, RETRY_AFTER_METADATA, is_retryable,
     is_retryable_unsent, jitter_bound, retry_after,

@@ -109,6 +109,10 @@ pub const DEFAULT_EPHEMERAL_RETENTION_SECS: u64 = 3600;
 pub const DEFAULT_ENROLLMENT_RETENTION_SECS: u64 = 7 * 86_400;
 /// Default `--used-token-retention-secs` (one day).
 pub const DEFAULT_USED_TOKEN_RETENTION_SECS: u64 = 86_400;
+/// Default `--admin-request-retention-secs` (one day): an admin call
+/// retried within a day with its request id gets its first answer; an
+/// operator retrying later chooses to do it again.
+pub const DEFAULT_ADMIN_REQUEST_RETENTION_SECS: u64 = 86_400;
 /// Default `--lease-ttl-secs`.
 pub const DEFAULT_LEASE_TTL_SECS: u64 = 30;
 /// Default `--reap-interval-secs`.
@@ -319,6 +323,9 @@ pub struct Config {
     /// A used-up token is kept this long after its last use (so its holders can re-enroll), seconds. Default 86400.
     #[arg(long, default_value_t = DEFAULT_USED_TOKEN_RETENTION_SECS)]
     pub used_token_retention_secs: u64,
+    /// An admin call's request id, digest and answer are kept this long, so a retry with the id gets the first answer, seconds. Default 86400.
+    #[arg(long, default_value_t = DEFAULT_ADMIN_REQUEST_RETENTION_SECS)]
+    pub admin_request_retention_secs: u64,
     /// Lifetime of a router lease, seconds. Default 30.
     #[arg(long, default_value_t = DEFAULT_LEASE_TTL_SECS)]
     pub lease_ttl_secs: u64,
@@ -442,6 +449,7 @@ impl Default for Config {
             ephemeral_retention_secs: DEFAULT_EPHEMERAL_RETENTION_SECS,
             enrollment_retention_secs: DEFAULT_ENROLLMENT_RETENTION_SECS,
             used_token_retention_secs: DEFAULT_USED_TOKEN_RETENTION_SECS,
+            admin_request_retention_secs: DEFAULT_ADMIN_REQUEST_RETENTION_SECS,
             lease_ttl_secs: DEFAULT_LEASE_TTL_SECS,
             reap_interval_secs: DEFAULT_REAP_INTERVAL_SECS,
             reap_batch_rows: DEFAULT_REAP_BATCH_ROWS,
@@ -531,6 +539,10 @@ impl Config {
             ("--lease-ttl-secs", self.lease_ttl_secs),
             ("--reap-interval-secs", self.reap_interval_secs),
             ("--policy-retention-secs", self.policy_retention_secs),
+            (
+                "--admin-request-retention-secs",
+                self.admin_request_retention_secs,
+            ),
             ("--policy-check-interval-ms", self.policy_check_interval_ms),
             ("--watch-max-streams", self.watch_max_streams as u64),
             ("--db-max-inflight", self.db_max_inflight as u64),

@@ -35,6 +35,8 @@ pub const METHODS: &[&str] = &[
     "GetPolicy",
     "RevokeToken",
     "Watch",
+    "ListTokens",
+    "ListNodes",
 ];
 
 /// Limiters, as metric label values: each budget (global, spent) and its

@@ -286,6 +286,32 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     ",
         oldest_compatible: 2,
     },
+    // 6: admin requests recorded with their effect (request ids), and an
+    // index for their reaper. An expansion: older binaries ignore the
+    // table (and do not record their own admin calls in it).
+    Migration {
+        sqlite: "
+    CREATE TABLE admin_requests (
+        request_id TEXT PRIMARY KEY,
+        method     TEXT NOT NULL,
+        digest     BLOB NOT NULL,
+        response   BLOB NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE INDEX admin_requests_created_at ON admin_requests (created_at);
+    ",
+        postgres: "
+    CREATE TABLE admin_requests (
+        request_id TEXT PRIMARY KEY,
+        method     TEXT NOT NULL,
+        digest     BYTEA NOT NULL,
+        response   BYTEA NOT NULL,
+        created_at BIGINT NOT NULL
+    );
+    CREATE INDEX admin_requests_created_at ON admin_requests (created_at);
+    ",
+        oldest_compatible: 2,
+    },
 ];
 
 /// The schema version this build writes.

@@ -17,9 +17,13 @@
 //! under the writer lock (SQLite) or an advisory lock (PostgreSQL), so
 //! two processes applying at once never number two policies alike.
 
+mod admin_requests;
+#[cfg(test)]
+mod admin_suite;
 mod columns;
 pub mod copy;
 mod deadline;
+mod listing;
 mod migrations;
 mod policies;
 #[cfg(test)]
@@ -44,7 +48,9 @@ mod token_revocation_suite;
 
 use std::{collections::BTreeMap, future::Future, path::Path, sync::Arc, time::Duration};
 
+pub use admin_requests::{AdminRequest, MAX_REQUEST_ID_LEN, PriorRequest};
 pub use deadline::DEFAULT_WAIT;
+pub use listing::{MAX_LIST_ROWS, NodeListing, TokenListing};
 pub use policies::{AppliedPolicy, NewPolicy, PolicyHead, PolicyRow};
 pub use postgres::{DEFAULT_POOL_CONNECTIONS, PgOptions, PostgresStore, Tls};
 pub use seal::{KEK_ENV, Kek};
@@ -348,6 +354,8 @@ pub struct ReapPolicy {
     /// Policy versions go this long after a newer one replaced them (the
     /// one in force is never reaped).
     pub policy_retention_secs: i64,
+    /// Recorded admin requests go this long after they were made.
+    pub admin_request_retention_secs: i64,
 }
 
 /// Rows deleted in one pass: (table, reason, count).
@@ -364,6 +372,7 @@ pub const TABLES: &[&str] = &[
     "revocations",
     "policies",
     "token_revocations",
+    "admin_requests",
 ];
 
 /// Every (table, reason) pair a reaper can report, in the order a reap
@@ -380,6 +389,7 @@ pub const DELETE_REASONS: &[(&str, &str)] = &[
     ("signing_keys", "grace_ended"),
     ("policies", "replaced"),
     ("token_revocations", "expired"),
+    ("admin_requests", "expired"),
 ];
 
 /// The role value a lease's node must have (`Role::Router`).
@@ -398,6 +408,21 @@ pub trait Store: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), StoreError>;
     /// Stores a token by its digest.
     async fn create_token(&self, digest: &[u8; 32], row: &TokenRow) -> Result<(), StoreError>;
+    /// One transaction: records `request` and stores the token, unless
+    /// its request id is recorded already: then nothing is written and
+    /// the earlier request is returned.
+    async fn create_token_once(
+        &self,
+        digest: &[u8; 32],
+        row: &TokenRow,
+        request: &AdminRequest,
+    ) -> Result<Result<(), PriorRequest>, StoreError>;
+    /// At most `limit` (capped at [`MAX_LIST_ROWS`]) tokens with an id
+    /// after `after`, in id order, each with its revocation.
+    async fn list_tokens(&self, after: &str, limit: u32) -> Result<Vec<TokenListing>, StoreError>;
+    /// At most `limit` (capped at [`MAX_LIST_ROWS`]) nodes with an id
+    /// after `after`, in id order, each with its PeerId's revocation.
+    async fn list_nodes(&self, after: &str, limit: u32) -> Result<Vec<NodeListing>, StoreError>;
     /// The digests of at most `limit` tokens not expired at `now` (used up
     /// or not), for the failure guard's token index.
     async fn token_digests(&self, now: i64, limit: u64) -> Result<Vec<[u8; 32]>, StoreError>;
@@ -480,6 +505,17 @@ pub trait Store: Send + Sync + 'static {
         new_key: &SigningKeyRow,
         retire_until: i64,
     ) -> Result<bool, StoreError>;
+    /// One transaction: records `request` and forces a rotation as
+    /// [`Store::rotate`] with `expected = None` does, unless its request
+    /// id is recorded already: then nothing is written and the earlier
+    /// request is returned.
+    async fn rotate_once(
+        &self,
+        next: i64,
+        new_key: &SigningKeyRow,
+        retire_until: i64,
+        request: &AdminRequest,
+    ) -> Result<Result<(), PriorRequest>, StoreError>;
     /// One reaper batch, one transaction: deletes at most `max_rows` stale
     /// rows, reason after reason in [`DELETE_REASONS`] order; returns a count for
     /// every reason in that order. Fewer than `max_rows` deleted means

@@ -133,6 +133,7 @@ async fn replaced_versions_are_reaped_after_the_retention_and_the_one_in_force_n
                 enrollment_retention_secs: 86_400,
                 used_token_retention_secs: 86_400,
                 policy_retention_secs: 500,
+                admin_request_retention_secs: 500,
             };
             s.reap_batch(now, &policy, 100)
                 .await

@@ -31,6 +31,7 @@ impl Rule {
             "signing_keys" => "key_id",
             "policies" => "version",
             "token_revocations" => "token_id",
+            "admin_requests" => "request_id",
             _ => "peer_id",
         };
         format!(
@@ -42,7 +43,7 @@ impl Rule {
 }
 
 /// The rules at `now`, in [`DELETE_REASONS`] order.
-pub(super) fn rules(now: i64, p: &ReapPolicy) -> [Rule; 10] {
+pub(super) fn rules(now: i64, p: &ReapPolicy) -> [Rule; 11] {
     let ephemeral = agentmesh_proto::pb::credential::TokenKind::Ephemeral as i64;
     let rule = |table, reason, cond, args| Rule {
         table,
@@ -99,6 +100,13 @@ pub(super) fn rules(now: i64, p: &ReapPolicy) -> [Rule; 10] {
             vec![now - p.policy_retention_secs],
         ),
         rule("token_revocations", "expired", "until <= ?2", vec![now]),
+        // A retry after this finds no record and is done again.
+        rule(
+            "admin_requests",
+            "expired",
+            "created_at < ?2",
+            vec![now - p.admin_request_retention_secs],
+        ),
     ]
 }
 
@@ -142,6 +150,7 @@ mod tests {
             enrollment_retention_secs: 1,
             used_token_retention_secs: 1,
             policy_retention_secs: 1,
+            admin_request_retention_secs: 1,
         };
         let got: Vec<_> = rules(0, &p).iter().map(|r| (r.table, r.reason)).collect();
         assert_eq!(got, DELETE_REASONS);

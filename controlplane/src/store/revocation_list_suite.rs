@@ -33,6 +33,7 @@ fn reap_policy() -> ReapPolicy {
         enrollment_retention_secs: 10 * 86_400,
         used_token_retention_secs: 10 * 86_400,
         policy_retention_secs: 10 * 86_400,
+        admin_request_retention_secs: 10 * 86_400,
     }
 }
 

@@ -321,6 +321,7 @@ async fn a_backlog_is_reaped_in_bounded_batches(b: Backend) {
         enrollment_retention_secs: 86_400,
         used_token_retention_secs: 86_400,
         policy_retention_secs: 86_400,
+        admin_request_retention_secs: 86_400,
     };
     let mut per_batch = Vec::new();
     loop {

@@ -178,6 +178,7 @@ async fn a_backlog_is_reaped_in_batches_of_at_most_max_rows() {
         enrollment_retention_secs: day,
         used_token_retention_secs: day,
         policy_retention_secs: day,
+        admin_request_retention_secs: day,
     };
     let now = 10 * day;
     let mut batches = Vec::new();

@@ -6,6 +6,7 @@
 //! database of its own (see [`common::backend`]); the others run on SQLite
 //! and say why in their module.
 //!
+//! - [`admin`]: the admin commands (`token list|create`, `node list|revoke`, `key rotate`) and request ids;
 //! - [`cli`]: the binary's commands and refusals;
 //! - [`connection_age`]: idle connections are closed at `--grpc-max-connection-age-secs`;
 //! - [`enroll`]: enrollment, refresh, leases, admin calls and the limiters;
@@ -28,6 +29,7 @@
 #[macro_use]
 mod common;
 
+mod admin;
 mod cli;
 mod connection_age;
 mod enroll;

@@ -147,6 +147,23 @@ pub(super) async fn rotate(
     let (mut conn, ms) = store.conn().await?;
     let tx = conn.transaction().await?;
     PostgresStore::bound(&tx, ms).await?;
+    if !rotate_in(store, &tx, expected, next, new_key, retire_until).await? {
+        return Ok(false);
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// The rotation inside `tx`: claims it, retires every key without an end
+/// and stores `new_key`. Returns whether claimed.
+pub(super) async fn rotate_in(
+    store: &PostgresStore,
+    tx: &Tx<'_>,
+    expected: Option<i64>,
+    next: i64,
+    new_key: &SigningKeyRow,
+    retire_until: i64,
+) -> Result<bool, StoreError> {
     // The claim: of two processes seeing the same deadline pass, the
     // second's UPDATE waits for the first's row lock and then matches
     // nothing, the deadline having moved.
@@ -176,8 +193,7 @@ pub(super) async fn rotate(
     )
     .await?;
     store
-        .insert_key(&tx, new_key, agentmesh_proto::unix_now())
+        .insert_key(tx, new_key, agentmesh_proto::unix_now())
         .await?;
-    tx.commit().await?;
     Ok(true)
 }

@@ -14,13 +14,15 @@
 //!
 //! The operations are grouped by table: [`nodes`] (tokens and nodes),
 //! [`leases`] (leases and the directory), [`revocations`], [`keys`]
-//! (signing keys and the rotation deadline), [`reap`] (reaper batches and
+//! (signing keys and the rotation deadline), [`admin`] (admin requests
+//! recorded with their effect, and the admin listings), [`reap`] (reaper batches and
 //! row counts), [`policies`] (policy versions and the epoch) and
 //! [`snapshot`] (`store copy`), each a function the
 //! [`Store`] impl below calls; [`open`] builds the pool and migrates,
 //! [`rows`] maps rows to the store's types, [`options`] reads the URL and
 //! the `PG*` variables.
 
+mod admin;
 mod errors;
 mod keys;
 mod leases;
@@ -43,9 +45,9 @@ pub(crate) use options::process_env;
 pub use options::{PgOptions, Tls};
 
 use super::{
-    AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy, NodeRefusal,
+    AdminRequest, AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy, NodeRefusal,
     NodeRow, PolicyHead, PolicyRow, ReapPolicy, SigningKeyRow, Snapshot, Store, StoreError,
-    StoredRevocations, TokenRow, Wait, deadline,
+    StoredRevocations, TokenRow, Wait, deadline, NodeListing, PriorRequest, TokenListing,
 };
 
 /// Default `--db-pool-connections`: PostgreSQL's default `max_connections`
@@ -137,6 +139,23 @@ impl Store for PostgresStore {
 
     async fn create_token(&self, digest: &[u8; 32], t: &TokenRow) -> Result<(), StoreError> {
         nodes::create_token(self, digest, t).await
+    }
+
+    async fn create_token_once(
+        &self,
+        digest: &[u8; 32],
+        t: &TokenRow,
+        request: &AdminRequest,
+    ) -> Result<Result<(), PriorRequest>, StoreError> {
+        admin::create_token_once(self, digest, t, request).await
+    }
+
+    async fn list_tokens(&self, after: &str, limit: u32) -> Result<Vec<TokenListing>, StoreError> {
+        admin::list_tokens(self, after, limit).await
+    }
+
+    async fn list_nodes(&self, after: &str, limit: u32) -> Result<Vec<NodeListing>, StoreError> {
+        admin::list_nodes(self, after, limit).await
     }
 
     async fn token_digests(&self, now: i64, limit: u64) -> Result<Vec<[u8; 32]>, StoreError> {
@@ -233,6 +252,16 @@ impl Store for PostgresStore {
         retire_until: i64,
     ) -> Result<bool, StoreError> {
         keys::rotate(self, expected, next, new_key, retire_until).await
+    }
+
+    async fn rotate_once(
+        &self,
+        next: i64,
+        new_key: &SigningKeyRow,
+        retire_until: i64,
+        request: &AdminRequest,
+    ) -> Result<Result<(), PriorRequest>, StoreError> {
+        admin::rotate_once(self, next, new_key, retire_until, request).await
     }
 
     async fn reap_batch(

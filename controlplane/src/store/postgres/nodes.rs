@@ -21,6 +21,17 @@ pub(super) async fn create_token(
     let (mut conn, ms) = store.conn().await?;
     let tx = conn.transaction().await?;
     PostgresStore::bound(&tx, ms).await?;
+    insert_token(&tx, digest, t).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Inserts a token inside `tx`.
+pub(super) async fn insert_token(
+    tx: &Tx<'_>,
+    digest: &[u8; 32],
+    t: &TokenRow,
+) -> Result<(), StoreError> {
     tx.execute(
         "INSERT INTO tokens (token_id, digest, kind, role, labels, max_uses, uses, created_at, expires_at)
          VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $8)",
@@ -36,7 +47,6 @@ pub(super) async fn create_token(
         ],
     )
     .await?;
-    tx.commit().await?;
     Ok(())
 }
 

@@ -66,28 +66,44 @@ impl Inner {
     ) -> Result<bool, StoreError> {
         let mut conn = self.writer.get()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let claimed = match expected {
-            Some(old) => tx.execute(
-                "UPDATE rotation_state SET next_rotation_at = ?2 WHERE id = 1 AND next_rotation_at = ?1",
-                params![old, next],
-            )?,
-            None => tx.execute(
-                "INSERT INTO rotation_state (id, next_rotation_at) VALUES (1, ?1)
-                 ON CONFLICT(id) DO UPDATE SET next_rotation_at = excluded.next_rotation_at",
-                params![next],
-            )?,
-        };
-        if claimed != 1 {
+        if !rotate_in(&tx, &self.kek, expected, next, new_key, retire_until)? {
             return Ok(false);
         }
-        tx.execute(
-            "UPDATE signing_keys SET verify_until = ?1 WHERE verify_until = 0",
-            params![retire_until],
-        )?;
-        insert_key(&tx, &self.kek, new_key, agentmesh_proto::unix_now())?;
         tx.commit()?;
         Ok(true)
     }
+}
+
+/// The rotation inside `tx`: claims it (see [`Inner::rotate`]), retires
+/// every key without an end and stores `new_key`. Returns whether claimed.
+pub(super) fn rotate_in(
+    tx: &rusqlite::Transaction<'_>,
+    kek: &Kek,
+    expected: Option<i64>,
+    next: i64,
+    new_key: &SigningKeyRow,
+    retire_until: i64,
+) -> Result<bool, StoreError> {
+    let claimed = match expected {
+        Some(old) => tx.execute(
+            "UPDATE rotation_state SET next_rotation_at = ?2 WHERE id = 1 AND next_rotation_at = ?1",
+            params![old, next],
+        )?,
+        None => tx.execute(
+            "INSERT INTO rotation_state (id, next_rotation_at) VALUES (1, ?1)
+             ON CONFLICT(id) DO UPDATE SET next_rotation_at = excluded.next_rotation_at",
+            params![next],
+        )?,
+    };
+    if claimed != 1 {
+        return Ok(false);
+    }
+    tx.execute(
+        "UPDATE signing_keys SET verify_until = ?1 WHERE verify_until = 0",
+        params![retire_until],
+    )?;
+    insert_key(tx, kek, new_key, agentmesh_proto::unix_now())?;
+    Ok(true)
 }
 
 /// Seals, in one transaction, every signing key stored in the clear or

@@ -8,8 +8,9 @@
 //!
 //! The operations are grouped by table: [`nodes`] (tokens and nodes),
 //! [`leases`] (leases and the directory), [`revocations`], [`keys`]
-//! (signing keys and the rotation deadline), [`reap`] (reaper batches and
-//! row counts), [`policies`] (policy versions and the epoch) and
+//! (signing keys and the rotation deadline), [`admin`] (admin requests
+//! recorded with their effect, and the admin listings), [`reap`] (reaper
+//! batches and row counts), [`policies`] (policy versions and the epoch) and
 //! [`snapshot`] (`store copy`); [`open`] creates the file
 //! and [`backup`] copies it. Each is a method of [`Inner`], run by the
 //! [`Store`] impl below on the blocking pool.
@@ -17,11 +18,12 @@
 use std::{path::Path, sync::Arc};
 
 use super::{
-    AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy, NodeRefusal,
+    AdminRequest, AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy, NodeRefusal,
     NodeRow, PolicyHead, PolicyRow, ReapPolicy, SigningKeyRow, Snapshot, Store, StoreError,
-    StoredRevocations, TokenRow, Wait, deadline, pool::Pool,
+    StoredRevocations, TokenRow, Wait, deadline, pool::Pool, NodeListing, PriorRequest, TokenListing,
 };
 
+mod admin;
 mod backup;
 mod keys;
 mod leases;
@@ -116,6 +118,27 @@ impl Store for SqliteStore {
     async fn create_token(&self, digest: &[u8; 32], t: &TokenRow) -> Result<(), StoreError> {
         let (digest, t) = (*digest, t.clone());
         self.blocking(move |s| s.create_token(&digest, &t)).await
+    }
+
+    async fn create_token_once(
+        &self,
+        digest: &[u8; 32],
+        t: &TokenRow,
+        request: &AdminRequest,
+    ) -> Result<Result<(), PriorRequest>, StoreError> {
+        let (digest, t, request) = (*digest, t.clone(), request.clone());
+        self.blocking(move |s| s.create_token_once(&digest, &t, &request))
+            .await
+    }
+
+    async fn list_tokens(&self, after: &str, limit: u32) -> Result<Vec<TokenListing>, StoreError> {
+        let after = after.to_string();
+        self.blocking(move |s| s.list_tokens(&after, limit)).await
+    }
+
+    async fn list_nodes(&self, after: &str, limit: u32) -> Result<Vec<NodeListing>, StoreError> {
+        let after = after.to_string();
+        self.blocking(move |s| s.list_nodes(&after, limit)).await
     }
 
     async fn token_digests(&self, now: i64, limit: u64) -> Result<Vec<[u8; 32]>, StoreError> {
@@ -220,6 +243,18 @@ impl Store for SqliteStore {
     ) -> Result<bool, StoreError> {
         let key = new_key.clone();
         self.blocking(move |s| s.rotate(expected, next, &key, retire_until))
+            .await
+    }
+
+    async fn rotate_once(
+        &self,
+        next: i64,
+        new_key: &SigningKeyRow,
+        retire_until: i64,
+        request: &AdminRequest,
+    ) -> Result<Result<(), PriorRequest>, StoreError> {
+        let (key, request) = (new_key.clone(), request.clone());
+        self.blocking(move |s| s.rotate_once(next, &key, retire_until, &request))
             .await
     }
 

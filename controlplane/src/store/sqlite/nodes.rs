@@ -16,21 +16,7 @@ use crate::store::{
 
 impl Inner {
     pub(super) fn create_token(&self, digest: &[u8; 32], t: &TokenRow) -> Result<(), StoreError> {
-        self.writer.get()?.execute(
-            "INSERT INTO tokens (token_id, digest, kind, role, labels, max_uses, uses, created_at, expires_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8)",
-            params![
-                t.token_id,
-                &digest[..],
-                t.kind,
-                t.role,
-                labels_json(&t.labels),
-                t.max_uses,
-                t.created_at,
-                t.expires_at
-            ],
-        )?;
-        Ok(())
+        insert_token(&*self.writer.get()?, digest, t)
     }
 
     pub(super) fn token_digests(&self, now: i64, limit: u64) -> Result<Vec<[u8; 32]>, StoreError> {
@@ -238,4 +224,27 @@ impl Inner {
         }
         Ok(out)
     }
+}
+
+/// Inserts a token (on the writer, or inside a transaction).
+pub(super) fn insert_token(
+    conn: &rusqlite::Connection,
+    digest: &[u8; 32],
+    t: &TokenRow,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO tokens (token_id, digest, kind, role, labels, max_uses, uses, created_at, expires_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8)",
+        params![
+            t.token_id,
+            &digest[..],
+            t.kind,
+            t.role,
+            labels_json(&t.labels),
+            t.max_uses,
+            t.created_at,
+            t.expires_at
+        ],
+    )?;
+    Ok(())
 }

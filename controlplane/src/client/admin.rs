@@ -1,0 +1,194 @@
+//! Admin calls with request ids, and the admin listings.
+//!
+//! `CreateToken` and `RotateKeyNow` sent with a request id (the metadata
+//! `request-id`, the same on every attempt) are retried like idempotent
+//! calls: after a lost answer (a deadline, a reset, UNAVAILABLE without
+//! `retry-after`) the control plane answers a retry with the first
+//! attempt's answer and does nothing twice, so the retry is safe. Without
+//! an id they keep the cautious policy of [`super::Idempotency::NotIdempotent`].
+//! The listings are reads and retried as such.
+
+use agentmesh_proto::pb::controlplane::{
+    CreateTokenRequest, CreateTokenResponse, ListNodesRequest, ListNodesResponse,
+    ListTokensRequest, ListTokensResponse, RotateKeyNowRequest, RotateKeyNowResponse,
+};
+use rand::Rng;
+use tonic::metadata::{Ascii, MetadataValue};
+
+use super::{Client, ClientError, Idempotency, bearer};
+
+/// The gRPC metadata key carrying a request id (the control plane's
+/// `request_ids::REQUEST_ID_METADATA`).
+pub const REQUEST_ID_METADATA: &str = "request-id";
+
+/// A new request id: `PREFIX-` and 128 random bits in hex, unique for
+/// every practical purpose.
+pub fn new_request_id(prefix: &str) -> String {
+    format!("{prefix}-{:032x}", rand::thread_rng().r#gen::<u128>())
+}
+
+fn request_id_value(id: &str) -> Result<MetadataValue<Ascii>, ClientError> {
+    MetadataValue::try_from(id)
+        .map_err(|_| ClientError::Config(format!("request id {id:?} is not printable ASCII")))
+}
+
+impl Client {
+    /// Admin: mints a token under `request_id`, retrying until the budget
+    /// is spent: every attempt carries the id, so however many reach the
+    /// control plane, one token is minted and each answer names it.
+    pub async fn create_token_once(
+        &self,
+        admin_token: &str,
+        req: CreateTokenRequest,
+        request_id: &str,
+    ) -> Result<CreateTokenResponse, ClientError> {
+        let (bearer, id) = (bearer(admin_token)?, request_id_value(request_id)?);
+        self.retrying("CreateToken", Idempotency::Idempotent, || {
+            let mut c = self.grpc();
+            let mut r = self.admin_request(req.clone(), &bearer);
+            r.metadata_mut().insert(REQUEST_ID_METADATA, id.clone());
+            async move { c.create_token(r).await }
+        })
+        .await
+    }
+
+    /// Admin: starts a key rotation under `request_id` (see
+    /// [`Client::create_token_once`]): one rotation however many attempts.
+    pub async fn rotate_key_now_once(
+        &self,
+        admin_token: &str,
+        request_id: &str,
+    ) -> Result<RotateKeyNowResponse, ClientError> {
+        let (bearer, id) = (bearer(admin_token)?, request_id_value(request_id)?);
+        self.retrying("RotateKeyNow", Idempotency::Idempotent, || {
+            let mut c = self.grpc();
+            let mut r = self.admin_request(RotateKeyNowRequest {}, &bearer);
+            r.metadata_mut().insert(REQUEST_ID_METADATA, id.clone());
+            async move { c.rotate_key_now(r).await }
+        })
+        .await
+    }
+
+    /// Admin: one page of tokens (`page_token` empty for the first).
+    pub async fn list_tokens(
+        &self,
+        admin_token: &str,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<ListTokensResponse, ClientError> {
+        let bearer = bearer(admin_token)?;
+        self.retrying("ListTokens", Idempotency::Idempotent, || {
+            let mut c = self.grpc();
+            let r = self.admin_request(
+                ListTokensRequest {
+                    page_size,
+                    page_token: page_token.to_string(),
+                },
+                &bearer,
+            );
+            async move { c.list_tokens(r).await }
+        })
+        .await
+    }
+
+    /// Admin: one page of enrolled nodes (`page_token` empty for the first).
+    pub async fn list_nodes(
+        &self,
+        admin_token: &str,
+        page_size: u32,
+        page_token: &str,
+    ) -> Result<ListNodesResponse, ClientError> {
+        let bearer = bearer(admin_token)?;
+        self.retrying("ListNodes", Idempotency::Idempotent, || {
+            let mut c = self.grpc();
+            let r = self.admin_request(
+                ListNodesRequest {
+                    page_size,
+                    page_token: page_token.to_string(),
+                },
+                &bearer,
+            );
+            async move { c.list_nodes(r).await }
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{sync::Arc, time::Duration};
+
+    use super::*;
+    use crate::ClientConfig;
+
+    #[test]
+    fn request_ids_are_fresh_and_valid_metadata() {
+        let a = new_request_id("cli");
+        let b = new_request_id("cli");
+        assert_ne!(a, b);
+        assert!(a.starts_with("cli-") && a.len() == 4 + 32, "{a}");
+        assert!(request_id_value(&a).is_ok());
+        assert!(request_id_value("bad\nid").is_err());
+    }
+
+    /// A clock for one caller: sleeping advances time at once.
+    #[derive(Debug, Default)]
+    struct SkipClock(std::sync::Mutex<Duration>);
+
+    impl crate::clock::Clock for SkipClock {
+        fn now(&self) -> Duration {
+            *self.0.lock().expect("not poisoned")
+        }
+        fn sleep(&self, dur: Duration) -> crate::clock::SleepFuture {
+            *self.0.lock().expect("not poisoned") += dur;
+            Box::pin(std::future::ready(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_create_token_with_a_request_id_is_retried_after_a_lost_answer() {
+        // A listener that accepts and never answers: every attempt's
+        // outcome is ambiguous, which only a request id makes safe to retry.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", l.local_addr().expect("addr"));
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((s, _)) = l.accept().await {
+                held.push(s);
+            }
+        });
+        let c = Client::with_clock(
+            ClientConfig {
+                url,
+                retry_budget: Duration::from_secs(5),
+                rpc_timeout: Duration::from_millis(200),
+                ca_pem: None,
+            },
+            Arc::new(SkipClock::default()),
+        )
+        .expect("valid config");
+        let r = tokio::time::timeout(
+            Duration::from_secs(60),
+            c.create_token_once("admin-token-0123456789", CreateTokenRequest::default(), "id-1"),
+        )
+        .await
+        .expect("returns within the deadline");
+        assert!(
+            matches!(r, Err(ClientError::BudgetExhausted { attempts, .. }) if attempts >= 2),
+            "{r:?}"
+        );
+        let r = tokio::time::timeout(
+            Duration::from_secs(60),
+            c.rotate_key_now_once("admin-token-0123456789", "id-2"),
+        )
+        .await
+        .expect("returns within the deadline");
+        assert!(
+            matches!(r, Err(ClientError::BudgetExhausted { attempts, .. }) if attempts >= 2),
+            "{r:?}"
+        );
+        task.abort();
+    }
+}
