@@ -92,11 +92,7 @@ impl<W: Write> Printer<W> {
         } else {
             writeln!(out, "{header}")?;
         }
-        Ok(Self {
-            out,
-            json,
-            rows: 0,
-        })
+        Ok(Self { out, json, rows: 0 })
     }
 
     fn row(&mut self, text: String, json: serde_json::Value) -> Result<(), AdminCliError> {
@@ -207,7 +203,8 @@ fn token_row(t: &TokenInfo, now: i64) -> (String, serde_json::Value) {
 }
 
 fn peer_text(bytes: &[u8]) -> String {
-    PeerId::from_bytes(bytes).map_or_else(|_| format!("0x{}", hex::encode(bytes)), |p| p.to_string())
+    PeerId::from_bytes(bytes)
+        .map_or_else(|_| format!("0x{}", hex::encode(bytes)), |p| p.to_string())
 }
 
 fn node_row(n: &NodeInfo) -> (String, serde_json::Value) {
@@ -243,7 +240,11 @@ fn node_row(n: &NodeInfo) -> (String, serde_json::Value) {
 }
 
 /// A page token that does not move on would loop forever: refuse it.
-fn next_page(call: &'static str, prev: &str, next: String) -> Result<Option<String>, AdminCliError> {
+fn next_page(
+    call: &'static str,
+    prev: &str,
+    next: String,
+) -> Result<Option<String>, AdminCliError> {
     if next.is_empty() {
         return Ok(None);
     }
@@ -431,14 +432,20 @@ mod tests {
         p.finish().expect("finish");
         let out = String::from_utf8(buf).expect("utf8");
         assert_eq!(out.lines().next(), Some("H"));
-        assert!(out.contains("t1  bootstrap") || out.contains("t1  unspecified"), "{out}");
+        assert!(
+            out.contains("t1  bootstrap") || out.contains("t1  unspecified"),
+            "{out}"
+        );
         assert!(out.contains("zone=a"), "{out}");
     }
 
     #[test]
     fn a_page_token_that_does_not_move_on_is_refused() {
         assert_eq!(next_page("L", "", String::new()).expect("last"), None);
-        assert_eq!(next_page("L", "", "b".into()).expect("first"), Some("b".into()));
+        assert_eq!(
+            next_page("L", "", "b".into()).expect("first"),
+            Some("b".into())
+        );
         assert!(next_page("L", "b", "b".into()).is_err());
     }
 }

@@ -194,7 +194,10 @@ mod tests {
 
     #[test]
     fn pages_are_bounded_in_rows_and_bytes() {
-        assert_eq!(page(0, "").expect("default"), (DEFAULT_PAGE_ROWS, String::new()));
+        assert_eq!(
+            page(0, "").expect("default"),
+            (DEFAULT_PAGE_ROWS, String::new())
+        );
         assert_eq!(page(7, "t1").expect("asked"), (7, "t1".to_string()));
         assert!(page(MAX_LIST_ROWS + 1, "").is_err());
         assert!(page(1, &"x".repeat(MAX_PAGE_TOKEN_LEN + 1)).is_err());

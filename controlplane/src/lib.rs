@@ -19,6 +19,8 @@ pub mod admin;
 #[cfg(feature = "server")]
 pub mod admin_cli;
 #[cfg(feature = "server")]
+pub mod admin_list;
+#[cfg(feature = "server")]
 pub mod cli;
 #[cfg(feature = "server")]
 pub mod config;
@@ -50,8 +52,6 @@ pub mod policy;
 pub mod reaper;
 #[cfg(feature = "server")]
 pub mod refusal_log;
-#[cfg(feature = "server")]
-pub mod admin_list;
 #[cfg(feature = "server")]
 pub mod request_ids;
 #[cfg(feature = "server")]

@@ -90,7 +90,12 @@ pub fn replay<R: Message + Default>(
             prior.at, prior.method
         )));
     }
-    tracing::info!(request_id, method, at = prior.at, "admin request retried: first answer returned");
+    tracing::info!(
+        request_id,
+        method,
+        at = prior.at,
+        "admin request retried: first answer returned"
+    );
     R::decode(prior.response.as_slice()).map_err(|e| {
         ServiceError::Store(crate::store::StoreError::Corrupt {
             table: "admin_requests",
@@ -106,11 +111,19 @@ mod tests {
 
     #[test]
     fn ids_are_checked() {
-        for ok in ["a", "cli-0123abcd", "A.b_c:d-e", &"x".repeat(MAX_REQUEST_ID_LEN)] {
+        for ok in [
+            "a",
+            "cli-0123abcd",
+            "A.b_c:d-e",
+            &"x".repeat(MAX_REQUEST_ID_LEN),
+        ] {
             assert!(check(ok).is_ok(), "{ok}");
         }
         for bad in ["", " x", "a/b", "é", &"x".repeat(MAX_REQUEST_ID_LEN + 1)] {
-            assert!(matches!(check(bad), Err(ServiceError::Invalid(_))), "{bad:?}");
+            assert!(
+                matches!(check(bad), Err(ServiceError::Invalid(_))),
+                "{bad:?}"
+            );
         }
     }
 

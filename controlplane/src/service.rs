@@ -11,10 +11,10 @@ use agentmesh_proto::pb::controlplane::{
     ApplyPolicyRequest, ApplyPolicyResponse, CreateTokenRequest, CreateTokenResponse,
     EnrollRequest, EnrollResponse, GetDirectoryRequest, GetDirectoryResponse, GetKeysRequest,
     GetKeysResponse, GetPolicyRequest, GetPolicyResponse, ListNodesRequest, ListNodesResponse,
-    ListTokensRequest, ListTokensResponse, RefreshRequest, RefreshResponse,
-    RevokeNodeRequest, RevokeNodeResponse, RevokeTokenRequest, RevokeTokenResponse,
-    RotateKeyNowRequest, RotateKeyNowResponse, RouterLeaseRequest, RouterLeaseResponse,
-    WatchRequest, control_plane_server::ControlPlane,
+    ListTokensRequest, ListTokensResponse, RefreshRequest, RefreshResponse, RevokeNodeRequest,
+    RevokeNodeResponse, RevokeTokenRequest, RevokeTokenResponse, RotateKeyNowRequest,
+    RotateKeyNowResponse, RouterLeaseRequest, RouterLeaseResponse, WatchRequest,
+    control_plane_server::ControlPlane,
 };
 use tonic::{Request, Response, Status};
 

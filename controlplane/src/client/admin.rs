@@ -171,7 +171,11 @@ mod tests {
         .expect("valid config");
         let r = tokio::time::timeout(
             Duration::from_secs(60),
-            c.create_token_once("admin-token-0123456789", CreateTokenRequest::default(), "id-1"),
+            c.create_token_once(
+                "admin-token-0123456789",
+                CreateTokenRequest::default(),
+                "id-1",
+            ),
         )
         .await
         .expect("returns within the deadline");

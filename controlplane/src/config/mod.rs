@@ -483,27 +483,9 @@ impl Config {
         }
     }
 
-    /// Checks values that cannot work together; the error says which flag.
-    pub fn validate(&self) -> Result<(), String> {
-        // Refresh accepts a credential up to skew + refresh grace after it
-        // expires, so the key that signed it must verify at least that long
-        // after it stopped signing.
-        let need = self
-            .credential_ttl_secs
-            .saturating_add(self.clock_skew_secs)
-            .saturating_add(self.refresh_grace_secs);
-        if self.key_grace_secs < need {
-            return Err(format!(
-                "--key-grace-secs {} must be >= --credential-ttl-secs + --clock-skew-secs + \
-                 --refresh-grace-secs ({need}), or a credential signed just before a rotation \
-                 would stop verifying while Refresh should still accept it",
-                self.key_grace_secs
-            ));
-        }
-        if !(1..=60).contains(&self.key_check_interval_secs) {
-            return Err("--key-check-interval-secs must be between 1 and 60".into());
-        }
-        for (name, v) in [
+    /// Every value that must be positive, with its flag.
+    fn positive_values(&self) -> [(&'static str, u64); 33] {
+        [
             ("--enroll-rate-per-sec", u64::from(self.enroll_rate_per_sec)),
             ("--enroll-burst", u64::from(self.enroll_burst)),
             (
@@ -576,7 +558,30 @@ impl Config {
                 "--grpc-max-message-bytes",
                 self.grpc_max_message_bytes as u64,
             ),
-        ] {
+        ]
+    }
+
+    /// Checks values that cannot work together; the error says which flag.
+    pub fn validate(&self) -> Result<(), String> {
+        // Refresh accepts a credential up to skew + refresh grace after it
+        // expires, so the key that signed it must verify at least that long
+        // after it stopped signing.
+        let need = self
+            .credential_ttl_secs
+            .saturating_add(self.clock_skew_secs)
+            .saturating_add(self.refresh_grace_secs);
+        if self.key_grace_secs < need {
+            return Err(format!(
+                "--key-grace-secs {} must be >= --credential-ttl-secs + --clock-skew-secs + \
+                 --refresh-grace-secs ({need}), or a credential signed just before a rotation \
+                 would stop verifying while Refresh should still accept it",
+                self.key_grace_secs
+            ));
+        }
+        if !(1..=60).contains(&self.key_check_interval_secs) {
+            return Err("--key-check-interval-secs must be between 1 and 60".into());
+        }
+        for (name, v) in self.positive_values() {
             if v == 0 {
                 return Err(format!("{name} must be positive"));
             }

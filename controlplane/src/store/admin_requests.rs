@@ -70,10 +70,8 @@ pub(super) fn seal_id(request_id: &str) -> String {
 
 /// A stored digest as 32 bytes.
 pub(super) fn digest_from(stored: &[u8]) -> Result<[u8; 32], super::StoreError> {
-    stored
-        .try_into()
-        .map_err(|_| super::StoreError::Corrupt {
-            table: "admin_requests",
-            what: format!("digest of {} bytes", stored.len()),
-        })
+    stored.try_into().map_err(|_| super::StoreError::Corrupt {
+        table: "admin_requests",
+        what: format!("digest of {} bytes", stored.len()),
+    })
 }

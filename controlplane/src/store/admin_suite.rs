@@ -74,14 +74,22 @@ async fn tokens_and_nodes_are_listed_a_page_at_a_time_with_their_revocations(b: 
     assert_eq!(ids, ["t-a", "t-b"]);
     assert_eq!(first[0].row.uses, 3, "three enrollments spent three uses");
     assert_eq!(first[0].last_used_at, Some(NOW));
-    assert_eq!(first[0].row.labels.get("team").map(String::as_str), Some("t-a"));
+    assert_eq!(
+        first[0].row.labels.get("team").map(String::as_str),
+        Some("t-a")
+    );
     assert_eq!(first[1].last_used_at, None);
     assert!(first.iter().all(|t| t.revoked.is_none()));
     let second = s.list_tokens("t-b", 2).await.expect("page 2");
     assert_eq!(second.len(), 1);
     assert_eq!(second[0].row.token_id, "t-c");
     assert_eq!(second[0].revoked, Some((NOW + 9000, "leaked".to_string())));
-    assert!(s.list_tokens("t-c", 2).await.expect("past the end").is_empty());
+    assert!(
+        s.list_tokens("t-c", 2)
+            .await
+            .expect("past the end")
+            .is_empty()
+    );
     // Whatever is asked, a call reads at most MAX_LIST_ROWS.
     assert_eq!(s.list_tokens("", u32::MAX).await.expect("all").len(), 3);
 
@@ -92,7 +100,10 @@ async fn tokens_and_nodes_are_listed_a_page_at_a_time_with_their_revocations(b: 
     assert!(nodes[1].row.revoked);
     assert_eq!(nodes[1].revoked_until, Some(NOW + 7200));
     assert!(!nodes[0].row.revoked && nodes[0].revoked_until.is_none());
-    assert_eq!(nodes[0].row.labels.get("team").map(String::as_str), Some("t-a"));
+    assert_eq!(
+        nodes[0].row.labels.get("team").map(String::as_str),
+        Some("t-a")
+    );
     assert_eq!(nodes[0].row.enrolled_at, NOW);
     let rest = s.list_nodes("n-1", 1).await.expect("page");
     assert_eq!(rest.len(), 1);

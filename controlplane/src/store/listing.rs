@@ -30,14 +30,16 @@ pub struct NodeListing {
 
 /// The SQL of a token page, `?1` the last id seen and `?2` the limit
 /// (SQLite's placeholders; PostgreSQL's are these with `$`).
-pub(super) const TOKEN_PAGE: &str = "SELECT t.token_id, t.kind, t.role, t.labels, t.max_uses, t.uses, t.created_at,
+pub(super) const TOKEN_PAGE: &str =
+    "SELECT t.token_id, t.kind, t.role, t.labels, t.max_uses, t.uses, t.created_at,
         t.expires_at, t.last_used_at, r.until, r.reason
      FROM tokens t LEFT JOIN token_revocations r ON r.token_id = t.token_id
      WHERE t.token_id > ?1 ORDER BY t.token_id LIMIT ?2";
 
 /// The SQL of a node page (see [`TOKEN_PAGE`]); the node's columns are
 /// [`super::columns::NODE_COLS`] in order, then the revocation's `until`.
-pub(super) const NODE_PAGE: &str = "SELECT n.node_id, n.peer_id, n.role, n.token_kind, n.token_id, n.labels,
+pub(super) const NODE_PAGE: &str =
+    "SELECT n.node_id, n.peer_id, n.role, n.token_kind, n.token_id, n.labels,
         n.enrolled_at, n.last_seen, n.cred_expires_at, n.revoked, r.until
      FROM nodes n LEFT JOIN revocations r ON r.peer_id = n.peer_id
      WHERE n.node_id > ?1 ORDER BY n.node_id LIMIT ?2";

@@ -59,7 +59,14 @@ async fn cp(url: &str, admin: &str, args: &[&str]) -> Out {
 /// `token create` through the API: (secret, token id).
 async fn create(url: &str, admin: &str, extra: &[&str]) -> (String, String) {
     let mut args = vec![
-        "token", "create", "--kind", "bootstrap", "--role", "member", "--label", "team=web",
+        "token",
+        "create",
+        "--kind",
+        "bootstrap",
+        "--role",
+        "member",
+        "--label",
+        "team=web",
     ];
     args.extend_from_slice(extra);
     let o = cp(url, admin, &args).await;
@@ -103,24 +110,53 @@ async fn tokens_and_nodes_are_listed_and_revoked_through_the_binary(db: TestDb) 
     let o = cp(&url, &admin, &["token", "list", "--page-size", "1"]).await;
     assert!(o.ok, "{}", o.stderr);
     assert!(o.stdout.starts_with("TOKEN_ID"), "{}", o.stdout);
-    assert!(o.stdout.contains(&id_a) && o.stdout.contains(&id_b), "{}", o.stdout);
-    assert!(o.stdout.contains("team=web") && o.stdout.contains("  web\n"), "{}", o.stdout);
+    assert!(
+        o.stdout.contains(&id_a) && o.stdout.contains(&id_b),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("team=web") && o.stdout.contains("  web\n"),
+        "{}",
+        o.stdout
+    );
     for secret in [&secret_a, &secret_b] {
         assert!(!o.stdout.contains(secret.as_str()) && !o.stderr.contains(secret.as_str()));
     }
     assert!(o.stderr.contains("2 token(s)"), "{}", o.stderr);
-    let rows = json(&cp(&url, &admin, &["token", "list", "--json", "--page-size", "1"]).await);
+    let rows = json(
+        &cp(
+            &url,
+            &admin,
+            &["token", "list", "--json", "--page-size", "1"],
+        )
+        .await,
+    );
     assert_eq!(rows.len(), 2);
-    assert!(rows.iter().all(|r| r["state"] == "active" && r["groups"][0] == "web"));
+    assert!(
+        rows.iter()
+            .all(|r| r["state"] == "active" && r["groups"][0] == "web")
+    );
 
     // Revoke one: the list says so.
-    let o = cp(&url, &admin, &["token", "revoke", &id_b, "--reason", "leaked"]).await;
+    let o = cp(
+        &url,
+        &admin,
+        &["token", "revoke", &id_b, "--reason", "leaked"],
+    )
+    .await;
     assert!(o.ok, "{}", o.stderr);
     let rows = json(&cp(&url, &admin, &["token", "list", "--json"]).await);
-    let b = rows.iter().find(|r| r["token_id"] == id_b.as_str()).expect("b listed");
+    let b = rows
+        .iter()
+        .find(|r| r["token_id"] == id_b.as_str())
+        .expect("b listed");
     assert_eq!(b["state"], "revoked");
     assert_eq!(b["revoked_reason"], "leaked");
-    let a = rows.iter().find(|r| r["token_id"] == id_a.as_str()).expect("a listed");
+    let a = rows
+        .iter()
+        .find(|r| r["token_id"] == id_a.as_str())
+        .expect("a listed");
     assert_eq!(a["state"], "active");
 
     // A member enrolls over the real protocol; node list shows it.
@@ -137,17 +173,33 @@ async fn tokens_and_nodes_are_listed_and_revoked_through_the_binary(db: TestDb) 
     assert_eq!(rows[0]["labels"]["team"], "web");
     assert_eq!(rows[0]["groups"][0], "web");
     assert_eq!(rows[0]["revoked"], false);
-    member.refresh(&cred, &key).await.expect("refreshes while enrolled");
+    member
+        .refresh(&cred, &key)
+        .await
+        .expect("refreshes while enrolled");
 
     // node revoke: listed as revoked, and its next refresh is refused.
     let o = cp(&url, &admin, &["node", "revoke", "not-a-peer-id"]).await;
     assert!(!o.ok && o.stderr.contains("not a PeerId"), "{}", o.stderr);
-    let o = cp(&url, &admin, &["node", "revoke", &peer, "--reason", "stolen"]).await;
+    let o = cp(
+        &url,
+        &admin,
+        &["node", "revoke", &peer, "--reason", "stolen"],
+    )
+    .await;
     assert!(o.ok, "{}", o.stderr);
-    assert!(o.stdout.contains(&format!("node {peer} revoked")), "{}", o.stdout);
+    assert!(
+        o.stdout.contains(&format!("node {peer} revoked")),
+        "{}",
+        o.stdout
+    );
     let o = cp(&url, &admin, &["node", "list"]).await;
     assert!(o.ok, "{}", o.stderr);
-    let line = o.stdout.lines().find(|l| l.contains(&peer)).expect("listed");
+    let line = o
+        .stdout
+        .lines()
+        .find(|l| l.contains(&peer))
+        .expect("listed");
     assert!(line.contains("  revoked  "), "{line}");
     let refused = member.refresh(&cred, &key).await.expect_err("refused");
     let code = refused.status().map(|s| s.code());
@@ -159,7 +211,11 @@ async fn tokens_and_nodes_are_listed_and_revoked_through_the_binary(db: TestDb) 
     // A wrong admin token lists nothing.
     let wrong = write(&dir, "wrong.token", "wrong-admin-token-0000");
     let o = cp(&url, &wrong, &["node", "list"]).await;
-    assert!(!o.ok && o.stderr.contains("Unauthenticated"), "{}", o.stderr);
+    assert!(
+        !o.ok && o.stderr.contains("Unauthenticated"),
+        "{}",
+        o.stderr
+    );
     assert!(served.terminate().await.success());
 }
 
@@ -171,7 +227,12 @@ async fn a_retried_request_id_does_the_work_once(db: TestDb) {
     let tokens = "SELECT COUNT(*) FROM tokens";
 
     // Every invocation has a request id of its own, printed.
-    let o = cp(&url, &admin, &["token", "create", "--kind", "bootstrap", "--role", "member"]).await;
+    let o = cp(
+        &url,
+        &admin,
+        &["token", "create", "--kind", "bootstrap", "--role", "member"],
+    )
+    .await;
     assert!(o.ok && o.stderr.contains("request id cli-"), "{}", o.stderr);
     assert_eq!(db.count(tokens).await, 1);
 
@@ -189,13 +250,25 @@ async fn a_retried_request_id_does_the_work_once(db: TestDb) {
         &url,
         &admin,
         &[
-            "token", "create", "--kind", "bootstrap", "--role", "member", "--max-uses", "4",
-            "--request-id", "retry-me-1",
+            "token",
+            "create",
+            "--kind",
+            "bootstrap",
+            "--role",
+            "member",
+            "--max-uses",
+            "4",
+            "--request-id",
+            "retry-me-1",
         ],
     )
     .await;
     assert!(!o.ok, "{}", o.stdout);
-    assert!(o.stderr.contains("InvalidArgument") && o.stderr.contains("new request id"), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("InvalidArgument") && o.stderr.contains("new request id"),
+        "{}",
+        o.stderr
+    );
     assert_eq!(db.count(tokens).await, 2);
 
     // A rotation retried with its id rotates once.
@@ -209,7 +282,12 @@ async fn a_retried_request_id_does_the_work_once(db: TestDb) {
     assert_eq!(a.stdout, b.stdout);
     assert_eq!(db.count(keys).await, before + 1);
     // A bad id is refused before anything is done.
-    let o = cp(&url, &admin, &["key", "rotate", "--request-id", "no spaces"]).await;
+    let o = cp(
+        &url,
+        &admin,
+        &["key", "rotate", "--request-id", "no spaces"],
+    )
+    .await;
     assert!(!o.ok && o.stderr.contains("request-id"), "{}", o.stderr);
     assert_eq!(db.count(keys).await, before + 1);
     assert!(served.terminate().await.success());

@@ -45,9 +45,10 @@ pub(crate) use options::process_env;
 pub use options::{PgOptions, Tls};
 
 use super::{
-    AdminRequest, AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy, NodeRefusal,
-    NodeRow, PolicyHead, PolicyRow, ReapPolicy, SigningKeyRow, Snapshot, Store, StoreError,
-    StoredRevocations, TokenRow, Wait, deadline, NodeListing, PriorRequest, TokenListing,
+    AdminRequest, AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy,
+    NodeListing, NodeRefusal, NodeRow, PolicyHead, PolicyRow, PriorRequest, ReapPolicy,
+    SigningKeyRow, Snapshot, Store, StoreError, StoredRevocations, TokenListing, TokenRow, Wait,
+    deadline,
 };
 
 /// Default `--db-pool-connections`: PostgreSQL's default `max_connections`

@@ -94,7 +94,11 @@ impl Inner {
             .collect()
     }
 
-    pub(super) fn list_nodes(&self, after: &str, limit: u32) -> Result<Vec<NodeListing>, StoreError> {
+    pub(super) fn list_nodes(
+        &self,
+        after: &str,
+        limit: u32,
+    ) -> Result<Vec<NodeListing>, StoreError> {
         let conn = self.readers.get()?;
         let mut st = conn.prepare_cached(NODE_PAGE)?;
         let rows = st

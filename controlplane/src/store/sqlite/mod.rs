@@ -18,9 +18,10 @@
 use std::{path::Path, sync::Arc};
 
 use super::{
-    AdminRequest, AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy, NodeRefusal,
-    NodeRow, PolicyHead, PolicyRow, ReapPolicy, SigningKeyRow, Snapshot, Store, StoreError,
-    StoredRevocations, TokenRow, Wait, deadline, pool::Pool, NodeListing, PriorRequest, TokenListing,
+    AdminRequest, AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy,
+    NodeListing, NodeRefusal, NodeRow, PolicyHead, PolicyRow, PriorRequest, ReapPolicy,
+    SigningKeyRow, Snapshot, Store, StoreError, StoredRevocations, TokenListing, TokenRow, Wait,
+    deadline, pool::Pool,
 };
 
 mod admin;
