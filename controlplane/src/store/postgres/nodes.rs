@@ -150,14 +150,47 @@ pub(super) async fn enroll(
             return Ok(Err(EnrollRefusal::TokenUsedUp));
         }
     }
-    let node_id = existing
-        .as_ref()
-        .map(|n| n.node_id.clone())
-        .unwrap_or_else(|| new_node_id.to_string());
-    let enrolled_at = existing.as_ref().map(|n| n.enrolled_at).unwrap_or(now);
-    let last_seen = now.max(1);
-    // RETURNING: a node inserted by a concurrent enrollment of the same
-    // key keeps its id; the revoked flag is never reset here.
+    let mut node = NodeRow {
+        node_id: existing
+            .as_ref()
+            .map(|n| n.node_id.clone())
+            .unwrap_or_else(|| new_node_id.to_string()),
+        peer_id: peer_id.to_vec(),
+        role,
+        token_kind: kind,
+        token_id,
+        labels: parse_labels("tokens", &labels)?,
+        enrolled_at: existing.as_ref().map(|n| n.enrolled_at).unwrap_or(now),
+        last_seen: now.max(1),
+        cred_expires_at,
+        revoked: false,
+    };
+    let revoked;
+    (node.node_id, node.enrolled_at, revoked) = upsert_node(&tx, &node, &labels).await?;
+    if revoked {
+        // Revoked between our check and our write: nothing is spent.
+        tx.rollback().await?;
+        return Ok(Err(EnrollRefusal::Revoked));
+    }
+    let outcome = if re_enrolled {
+        "re_enrolled"
+    } else {
+        "enrolled"
+    };
+    record(&tx, peer_id, Some(&node.token_id), source, outcome, now).await?;
+    tx.commit().await?;
+    Ok(Ok(Enrolled { node, re_enrolled }))
+}
+
+/// Writes the node, new or re-enrolled: its (node_id, enrolled_at,
+/// revoked) as stored. RETURNING: a node inserted by a concurrent
+/// enrollment of the same key keeps its id; the revoked flag is never
+/// reset here.
+async fn upsert_node(
+    tx: &Tx<'_>,
+    n: &NodeRow,
+    labels: &str,
+) -> Result<(String, i64, bool), StoreError> {
     let st = tx
         .prepare_cached(
             "INSERT INTO nodes (node_id, peer_id, role, token_kind, token_id, labels, enrolled_at, last_seen, cred_expires_at, revoked)
@@ -172,53 +205,19 @@ pub(super) async fn enroll(
         .query_one(
             &st,
             &[
-                &node_id,
-                &peer_id,
-                &i64::from(role),
-                &i64::from(kind),
-                &token_id,
+                &n.node_id,
+                &n.peer_id,
+                &i64::from(n.role),
+                &i64::from(n.token_kind),
+                &n.token_id,
                 &labels,
-                &enrolled_at,
-                &last_seen,
-                &cred_expires_at,
+                &n.enrolled_at,
+                &n.last_seen,
+                &n.cred_expires_at,
             ],
         )
         .await?;
-    let (node_id, enrolled_at, revoked): (String, i64, bool) = (row.get(0), row.get(1), row.get(2));
-    if revoked {
-        // Revoked between our check and our write: nothing is spent.
-        tx.rollback().await?;
-        return Ok(Err(EnrollRefusal::Revoked));
-    }
-    record(
-        &tx,
-        peer_id,
-        Some(&token_id),
-        source,
-        if re_enrolled {
-            "re_enrolled"
-        } else {
-            "enrolled"
-        },
-        now,
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(Ok(Enrolled {
-        node: NodeRow {
-            node_id,
-            peer_id: peer_id.to_vec(),
-            role,
-            token_kind: kind,
-            token_id,
-            labels: parse_labels("tokens", &labels)?,
-            enrolled_at,
-            last_seen,
-            cred_expires_at,
-            revoked: false,
-        },
-        re_enrolled,
-    }))
+    Ok((row.get(0), row.get(1), row.get(2)))
 }
 
 pub(super) async fn touch_node(

@@ -5,7 +5,7 @@
 use tokio_postgres::IsolationLevel;
 
 use super::{
-    LOCK_KEYS, PostgresStore,
+    LOCK_KEYS, PostgresStore, Tx,
     leases::insert_lease,
     policies::{insert_policy, read_policies, replace_epoch},
     rows::{LEASE_COLS, int, lease_from, node_from},
@@ -26,30 +26,7 @@ impl PostgresStore {
             .start()
             .await?;
         Self::bound(&tx, ms).await?;
-        let mut tokens = Vec::new();
-        for r in tx
-            .query(
-                "SELECT token_id, digest, kind, role, labels, max_uses, uses, created_at, expires_at, last_used_at
-                 FROM tokens ORDER BY created_at, token_id",
-                &[],
-            )
-            .await?
-        {
-            tokens.push(TokenEntry {
-                digest: r.get(1),
-                row: TokenRow {
-                    token_id: r.get(0),
-                    kind: int("tokens", "kind", r.get(2))?,
-                    role: int("tokens", "role", r.get(3))?,
-                    labels: parse_labels("tokens", r.get(4))?,
-                    max_uses: int("tokens", "max_uses", r.get(5))?,
-                    uses: int("tokens", "uses", r.get(6))?,
-                    created_at: r.get(7),
-                    expires_at: r.get(8),
-                },
-                last_used_at: r.get(9),
-            });
-        }
+        let tokens = read_tokens(&tx).await?;
         let nodes = tx
             .query(
                 &format!("SELECT {NODE_COLS} FROM nodes ORDER BY node_id"),
@@ -91,40 +68,7 @@ impl PostgresStore {
             )
             .await?
             .map(|r| r.get(0));
-        let revocations = tx
-            .query(
-                "SELECT peer_id, until, reason, created_at FROM revocations ORDER BY peer_id",
-                &[],
-            )
-            .await?
-            .iter()
-            .map(|r| RevocationEntry {
-                row: RevocationRow {
-                    peer_id: r.get(0),
-                    token_id: String::new(),
-                    until: r.get(1),
-                    reason: r.get(2),
-                },
-                created_at: r.get(3),
-            })
-            .collect();
-        let token_revocations = tx
-            .query(
-                "SELECT token_id, until, reason, created_at FROM token_revocations ORDER BY token_id",
-                &[],
-            )
-            .await?
-            .iter()
-            .map(|r| RevocationEntry {
-                row: RevocationRow {
-                    peer_id: Vec::new(),
-                    token_id: r.get(0),
-                    until: r.get(1),
-                    reason: r.get(2),
-                },
-                created_at: r.get(3),
-            })
-            .collect();
+        let (revocations, token_revocations) = read_revocations(&tx).await?;
         let policies = read_policies(&tx).await?;
         tx.commit().await?;
         Ok(Snapshot {
@@ -238,4 +182,74 @@ impl PostgresStore {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// Every token with its digest and last use, oldest first.
+async fn read_tokens(tx: &Tx<'_>) -> Result<Vec<TokenEntry>, StoreError> {
+    let mut tokens = Vec::new();
+    for r in tx
+        .query(
+            "SELECT token_id, digest, kind, role, labels, max_uses, uses, created_at, expires_at, last_used_at
+             FROM tokens ORDER BY created_at, token_id",
+            &[],
+        )
+        .await?
+    {
+        tokens.push(TokenEntry {
+            digest: r.get(1),
+            row: TokenRow {
+                token_id: r.get(0),
+                kind: int("tokens", "kind", r.get(2))?,
+                role: int("tokens", "role", r.get(3))?,
+                labels: parse_labels("tokens", r.get(4))?,
+                max_uses: int("tokens", "max_uses", r.get(5))?,
+                uses: int("tokens", "uses", r.get(6))?,
+                created_at: r.get(7),
+                expires_at: r.get(8),
+            },
+            last_used_at: r.get(9),
+        });
+    }
+    Ok(tokens)
+}
+
+/// Every PeerId revocation, then every token revocation.
+async fn read_revocations(
+    tx: &Tx<'_>,
+) -> Result<(Vec<RevocationEntry>, Vec<RevocationEntry>), StoreError> {
+    let revocations = tx
+        .query(
+            "SELECT peer_id, until, reason, created_at FROM revocations ORDER BY peer_id",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| RevocationEntry {
+            row: RevocationRow {
+                peer_id: r.get(0),
+                token_id: String::new(),
+                until: r.get(1),
+                reason: r.get(2),
+            },
+            created_at: r.get(3),
+        })
+        .collect();
+    let token_revocations = tx
+        .query(
+            "SELECT token_id, until, reason, created_at FROM token_revocations ORDER BY token_id",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| RevocationEntry {
+            row: RevocationRow {
+                peer_id: Vec::new(),
+                token_id: r.get(0),
+                until: r.get(1),
+                reason: r.get(2),
+            },
+            created_at: r.get(3),
+        })
+        .collect();
+    Ok((revocations, token_revocations))
 }

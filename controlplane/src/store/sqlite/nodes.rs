@@ -44,21 +44,7 @@ impl Inner {
     ) -> Result<Result<Enrolled, EnrollRefusal>, StoreError> {
         let mut conn = self.writer.get()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let token = tx
-            .query_row(
-                "SELECT token_id, kind, role, labels, expires_at FROM tokens WHERE digest = ?1",
-                params![&digest[..]],
-                |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, i32>(1)?,
-                        r.get::<_, i32>(2)?,
-                        r.get::<_, String>(3)?,
-                        r.get::<_, i64>(4)?,
-                    ))
-                },
-            )
-            .optional()?;
+        let token = token_by_digest(&tx, digest)?;
         let record = |tx: &rusqlite::Transaction<'_>, token_id: Option<&str>, outcome: &str| {
             tx.execute(
                 "INSERT INTO enrollment_requests (peer_id, token_id, source, outcome, at) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -70,15 +56,11 @@ impl Inner {
             tx.commit()?;
             return Ok(Err(EnrollRefusal::UnknownToken));
         };
-        let token_revoked = tx
-            .query_row(
-                "SELECT 1 FROM token_revocations WHERE token_id = ?1",
-                params![token_id],
-                |_| Ok(()),
-            )
-            .optional()?
-            .is_some();
-        if token_revoked {
+        if exists(
+            &tx,
+            "SELECT 1 FROM token_revocations WHERE token_id = ?1",
+            params![token_id],
+        )? {
             record(&tx, Some(&token_id), "token_revoked")?;
             tx.commit()?;
             return Ok(Err(EnrollRefusal::TokenRevoked));
@@ -97,14 +79,7 @@ impl Inner {
             .optional()?
             .map(finish_node)
             .transpose()?;
-        let revoked_now: bool = tx
-            .query_row(
-                "SELECT 1 FROM revocations WHERE peer_id = ?1 AND until > ?2",
-                params![peer_id, now],
-                |_| Ok(()),
-            )
-            .optional()?
-            .is_some();
+        let revoked_now = exists(&tx, PEER_REVOKED, params![peer_id, now])?;
         if revoked_now || existing.as_ref().is_some_and(|n| n.revoked) {
             record(&tx, Some(&token_id), "revoked")?;
             tx.commit()?;
@@ -185,14 +160,7 @@ impl Inner {
         let Some(mut node) = node else {
             return Ok(Err(NodeRefusal::UnknownNode));
         };
-        let revoked_now = tx
-            .query_row(
-                "SELECT 1 FROM revocations WHERE peer_id = ?1 AND until > ?2",
-                params![peer_id, now],
-                |_| Ok(()),
-            )
-            .optional()?
-            .is_some();
+        let revoked_now = exists(tx, PEER_REVOKED, params![peer_id, now])?;
         if node.revoked || revoked_now {
             return Ok(Err(NodeRefusal::Revoked));
         }
@@ -247,4 +215,34 @@ pub(super) fn insert_token(
         ],
     )?;
     Ok(())
+}
+
+/// Whether `peer_id` (`?1`) has a revocation in force at `?2`.
+const PEER_REVOKED: &str = "SELECT 1 FROM revocations WHERE peer_id = ?1 AND until > ?2";
+
+/// Whether `sql` finds a row.
+fn exists(
+    conn: &rusqlite::Connection,
+    sql: &str,
+    args: impl rusqlite::Params,
+) -> Result<bool, StoreError> {
+    Ok(conn.query_row(sql, args, |_| Ok(())).optional()?.is_some())
+}
+
+/// A token as enrollment reads it: (token_id, kind, role, labels JSON,
+/// expires_at).
+type TokenTerms = (String, i32, i32, String, i64);
+
+/// The token behind `digest`.
+fn token_by_digest(
+    conn: &rusqlite::Connection,
+    digest: &[u8; 32],
+) -> Result<Option<TokenTerms>, StoreError> {
+    Ok(conn
+        .query_row(
+            "SELECT token_id, kind, role, labels, expires_at FROM tokens WHERE digest = ?1",
+            params![&digest[..]],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )
+        .optional()?)
 }
