@@ -27,6 +27,8 @@ pub mod config;
 #[cfg(feature = "server")]
 pub mod directory;
 #[cfg(feature = "server")]
+pub mod duty;
+#[cfg(feature = "server")]
 pub mod enroll;
 #[cfg(feature = "server")]
 pub mod grpc_limits;

@@ -7,8 +7,9 @@ use agentmesh_proto::unix_now;
 use tokio::sync::watch;
 
 use crate::{
+    duty::Duty,
     state::State,
-    store::{DELETE_REASONS, Deleted, ReapPolicy, StoreError},
+    store::{DELETE_REASONS, Deleted, REAPER_DUTY, ReapPolicy, StoreError},
 };
 
 impl State {
@@ -102,6 +103,20 @@ impl State {
         Ok(total)
     }
 
+    /// One reaper pass if this replica holds the reaper's duty (claimed
+    /// or renewed first); `None` where another replica holds it.
+    pub async fn reap_if_duty(&self, duty: &Duty) -> Result<Option<Deleted>, StoreError> {
+        if !duty.claim(&self.db).await {
+            // The pool is this replica's own: its gauges are kept current
+            // on every replica, holder or not.
+            if let Some(pool) = self.db.store().pool_connections() {
+                self.metrics.set_pool(pool);
+            }
+            return Ok(None);
+        }
+        self.reap_once().await.map(Some)
+    }
+
     /// One key check: rotates when the stored deadline has passed.
     pub async fn check_keys_once(&self) -> Result<Option<String>, StoreError> {
         let rotated = self.keys.check(&self.db, unix_now()).await?;
@@ -147,8 +162,10 @@ pub fn spawn(
     tasks: &mut crate::supervisor::Tasks,
 ) {
     let (s, stop, period) = (state.clone(), tasks.stop_signal(), schedule.reap_interval);
+    let duty = Duty::new(REAPER_DUTY, period * 3, state.metrics.clone());
     tasks.spawn("reaper", async move {
-        every("reaper", period, stop, || s.reap_once()).await;
+        every("reaper", period, stop, || s.reap_if_duty(&duty)).await;
+        duty.release(&s.db).await;
         Ok(())
     });
     let (s, stop, period) = (

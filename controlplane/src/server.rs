@@ -148,7 +148,14 @@ async fn build_state(
     );
     // A control plane restarted past the deadline rotates now, not a tick later.
     state.check_keys_once().await?;
-    state.reap_once().await?;
+    // The first pass claims the reaper's duty like every later one: a
+    // replica starting beside a holder leaves the work to it.
+    let reaper = crate::duty::Duty::new(
+        crate::store::REAPER_DUTY,
+        Duration::from_secs(config.reap_interval_secs) * 3,
+        state.metrics.clone(),
+    );
+    state.reap_if_duty(&reaper).await?;
     state.start_policy(start_policy).await?;
     Ok((state, grpc, http_listener))
 }

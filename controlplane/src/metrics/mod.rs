@@ -59,7 +59,7 @@ pub const LIMITERS: &[&str] = &[
 ];
 
 /// Results of a policy apply, as label values of `policy_applies_total{result}`.
-pub const POLICY_APPLY_RESULTS: &[&str] = &["applied", "unchanged", "refused"];
+pub const POLICY_APPLY_RESULTS: &[&str] = &["applied", "unchanged", "superseded", "refused"];
 
 /// Per-source tables, as label values of `source_table_*{table}`.
 pub const SOURCE_TABLES: &[&str] = &[
@@ -155,6 +155,11 @@ struct MethodReason {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TableLabel {
     table: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DutyLabel {
+    duty: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -360,6 +365,14 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc_by(n);
+    }
+
+    /// Whether this replica holds `duty`'s lease (1) or not (0).
+    pub fn set_duty_held(&self, duty: &str, held: bool) {
+        self.storage
+            .duty_held
+            .get_or_create(&DutyLabel { duty: duty.into() })
+            .set(i64::from(held));
     }
 
     /// Counts one reaper transaction.

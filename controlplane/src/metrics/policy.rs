@@ -33,7 +33,8 @@ impl PolicyMetrics {
         r.register(
             "policy_applies",
             "Policy applies by result: applied (a new version), unchanged (the text in force), \
-             refused (did not pass its checks; nothing applied)",
+             superseded (a start-up --policy file holding a text replaced since; nothing \
+             applied), refused (did not pass its checks; nothing applied)",
             m.policy_applies.clone(),
         );
         r.register(

@@ -6,7 +6,9 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::{DELETE_REASONS, StateLabel, TABLES, TableLabel, TableReason, Wait, WaitLabel};
+use super::{
+    DELETE_REASONS, DutyLabel, StateLabel, TABLES, TableLabel, TableReason, Wait, WaitLabel,
+};
 
 #[derive(Clone)]
 pub(super) struct StorageMetrics {
@@ -16,6 +18,7 @@ pub(super) struct StorageMetrics {
     pub(super) db_wait_timeouts: Family<WaitLabel, Counter>,
     pub(super) db_pool_connections: Family<StateLabel, Gauge>,
     pub(super) next_rotation: Gauge,
+    pub(super) duty_held: Family<DutyLabel, Gauge>,
 }
 
 impl StorageMetrics {
@@ -28,6 +31,7 @@ impl StorageMetrics {
             db_wait_timeouts: Family::default(),
             db_pool_connections: Family::default(),
             next_rotation: Gauge::default(),
+            duty_held: Family::default(),
         };
         r.register(
             "storage_rows",
@@ -61,6 +65,17 @@ impl StorageMetrics {
             "Unix time of the next signing-key rotation (stored in the database)",
             m.next_rotation.clone(),
         );
+        r.register(
+            "duty_held",
+            "1 where this replica holds the lease on a duty that runs once per control \
+             plane (reaper: deletions and the storage_rows counts), else 0",
+            m.duty_held.clone(),
+        );
+        for duty in crate::store::DUTIES {
+            let _ = m.duty_held.get_or_create(&DutyLabel {
+                duty: (*duty).into(),
+            });
+        }
         for t in TABLES {
             let _ = m
                 .storage_rows

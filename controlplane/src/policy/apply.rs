@@ -5,7 +5,9 @@
 //! written; a refused text leaves the database and the version in force as
 //! they were. A text equal to the one in force stores nothing (so an apply
 //! retried after a lost answer, or the same `--policy FILE` at every start,
-//! is a no-op). A new version is held, counted and announced through
+//! is a no-op); a start-up file whose text was in force before and has been
+//! replaced since stores nothing either (it is older than the database's
+//! policy). A new version is held, counted and announced through
 //! [`State::notify_directory_changed`] before the call returns.
 
 use std::sync::Arc;
@@ -63,6 +65,26 @@ impl State {
         text: &str,
         origin: Origin,
     ) -> Result<(AppliedPolicy, Summary), ApplyError> {
+        self.apply_policy_as(text, origin, false).await
+    }
+
+    /// [`Self::apply_policy`] unless the text is one this database held
+    /// and replaced since (`--policy FILE` at start: an older file never
+    /// undoes a newer apply).
+    pub(crate) async fn apply_policy_unless_replaced(
+        &self,
+        text: &str,
+        origin: Origin,
+    ) -> Result<(AppliedPolicy, Summary), ApplyError> {
+        self.apply_policy_as(text, origin, true).await
+    }
+
+    async fn apply_policy_as(
+        &self,
+        text: &str,
+        origin: Origin,
+        unless_replaced: bool,
+    ) -> Result<(AppliedPolicy, Summary), ApplyError> {
         let policy = match Policy::parse(text) {
             Ok(p) => p,
             Err(e) => {
@@ -77,6 +99,7 @@ impl State {
             applied_at: unix_now(),
             applied_by: origin.by,
             applied_from: origin.from,
+            unless_replaced,
         };
         let done = self.db.run(self.db.store().apply_policy(&new)).await?;
         match done {
@@ -102,6 +125,20 @@ impl State {
                 );
                 self.install_policy(PolicyInForce::checked(epoch, &row, policy));
                 self.metrics.policy_applied("applied");
+            }
+            AppliedPolicy::Superseded { was, head } => {
+                self.metrics.policy_applied("superseded");
+                tracing::warn!(
+                    was,
+                    in_force = head,
+                    from = %new.applied_from,
+                    "policy not applied: this text is version {was}, replaced since; version \
+                     {head} stays in force (a start-up file older than the database's policy \
+                     never undoes a later apply; `policy apply` it to go back on purpose)"
+                );
+                if self.policy.get().version != head {
+                    self.refresh_policy().await?;
+                }
             }
             AppliedPolicy::Unchanged(version) => {
                 self.metrics.policy_applied("unchanged");

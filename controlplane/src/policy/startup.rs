@@ -3,8 +3,13 @@
 //! - `--policy FILE` is read and checked before the database is opened: a
 //!   file that does not pass stops the start with every problem listed and
 //!   nothing applied. Once the database is open the file is applied when
-//!   it differs from the version in force (a file kept in git or a
-//!   ConfigMap is the source of truth at every start).
+//!   its text is new to the database: not the version in force, and not a
+//!   version that was in force and has been replaced since (that file is
+//!   older than the database's policy: a replica restarted with it, or an
+//!   old pod during a rolling update, must not undo a later `policy apply`
+//!   or a newer ConfigMap; logged and counted as `superseded`). A file kept
+//!   in git or a ConfigMap is the source of truth whenever it changes; to
+//!   go back to an earlier text on purpose, `policy apply` it.
 //! - `--policy-allow-all` applies the built-in allow-all policy when the
 //!   database holds no policy yet; a policy applied before stays (so a unit
 //!   file keeping the flag never undoes a policy applied since).
@@ -151,15 +156,17 @@ impl State {
             };
             let text = text.to_string();
             async move {
-                self.apply_policy(&text, origin).await.map_err(|e| match e {
-                    super::ApplyError::Store(s) => PolicyStartError::Store(s),
-                    // Checked by `StartPolicy::read`; this binary's checks do not change.
-                    super::ApplyError::Refused(errors) => PolicyStartError::Refused {
-                        path: String::new(),
-                        problems: errors.to_string(),
-                        errors,
-                    },
-                })
+                self.apply_policy_unless_replaced(&text, origin)
+                    .await
+                    .map_err(|e| match e {
+                        super::ApplyError::Store(s) => PolicyStartError::Store(s),
+                        // Checked by `StartPolicy::read`; this binary's checks do not change.
+                        super::ApplyError::Refused(errors) => PolicyStartError::Refused {
+                            path: String::new(),
+                            problems: errors.to_string(),
+                            errors,
+                        },
+                    })
             }
         };
         match start {

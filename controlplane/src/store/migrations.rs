@@ -312,6 +312,28 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     ",
         oldest_compatible: 2,
     },
+    // 7: duty leases: which replica does the work that must run once per
+    // control plane (the reaper and the row counts), timed by the
+    // database's clock so replicas' clocks never disagree about expiry
+    // (`crate::store::duty`). An expansion: older binaries ignore it and
+    // reap as before, which stays safe (every deletion is conditional).
+    Migration {
+        sqlite: "
+    CREATE TABLE duty_leases (
+        duty          TEXT PRIMARY KEY,
+        holder        TEXT NOT NULL,
+        expires_at_ms INTEGER NOT NULL
+    );
+    ",
+        postgres: "
+    CREATE TABLE duty_leases (
+        duty          TEXT PRIMARY KEY,
+        holder        TEXT NOT NULL,
+        expires_at_ms BIGINT NOT NULL
+    );
+    ",
+        oldest_compatible: 2,
+    },
 ];
 
 /// The schema version this build writes.

@@ -23,6 +23,8 @@ mod admin_suite;
 mod columns;
 pub mod copy;
 mod deadline;
+#[cfg(test)]
+mod duty_suite;
 mod listing;
 mod migrations;
 mod policies;
@@ -392,6 +394,13 @@ pub const DELETE_REASONS: &[(&str, &str)] = &[
     ("admin_requests", "expired"),
 ];
 
+/// The duties that run on one replica at a time, each under a lease in
+/// `duty_leases` (see [`Store::claim_duty`]).
+pub const DUTIES: &[&str] = &[REAPER_DUTY];
+
+/// The reaper's duty: deletions and the row counts.
+pub const REAPER_DUTY: &str = "reaper";
+
 /// The role value a lease's node must have (`Role::Router`).
 pub(crate) const ROUTER_ROLE: i32 = agentmesh_proto::pb::credential::Role::Router as i32;
 
@@ -528,6 +537,14 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Deleted, StoreError>;
     /// Row counts per table.
     async fn counts(&self) -> Result<Vec<(String, i64)>, StoreError>;
+    /// Claims or renews the lease on `duty` for `holder` until `ttl_ms`
+    /// from now by the database's clock: true when `holder` holds it
+    /// afterwards (it was free, lapsed or already `holder`'s). One
+    /// conditional upsert, so two replicas claiming at once get one winner.
+    async fn claim_duty(&self, duty: &str, holder: &str, ttl_ms: i64) -> Result<bool, StoreError>;
+    /// Gives `duty` up if `holder` holds it (a replica stopping), so the
+    /// next claimant need not wait for the lease to lapse.
+    async fn release_duty(&self, duty: &str, holder: &str) -> Result<(), StoreError>;
     /// A consistent copy of the database in the new file `to` while serving
     /// (SQLite; PostgreSQL is backed up with `pg_dump`).
     async fn backup_to(&self, to: &Path) -> Result<(), StoreError>;

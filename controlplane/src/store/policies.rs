@@ -31,6 +31,13 @@ pub struct NewPolicy {
     /// From where: the admin call's source address, or the file applied
     /// at start.
     pub applied_from: String,
+    /// Apply only a text this database never held: one that a later
+    /// version replaced is older than the policy in force and is left
+    /// ([`AppliedPolicy::Superseded`]). The `--policy FILE` rule at start,
+    /// so neither a restarted replica nor an old pod in a rolling update
+    /// undoes a newer apply; `policy apply` sets it false (an operator
+    /// may go back on purpose).
+    pub unless_replaced: bool,
 }
 
 /// A stored policy version.
@@ -66,13 +73,24 @@ pub enum AppliedPolicy {
     Applied(u64),
     /// The text is the version in force already: nothing stored.
     Unchanged(u64),
+    /// The text is that of version `was`, since replaced, and the call
+    /// asked for [`NewPolicy::unless_replaced`]: nothing stored, `head`
+    /// stays in force.
+    Superseded {
+        /// The newest earlier version with this text.
+        was: u64,
+        /// The version in force.
+        head: u64,
+    },
 }
 
 impl AppliedPolicy {
     /// The version in force after the call.
     pub fn version(self) -> u64 {
         match self {
-            AppliedPolicy::Applied(v) | AppliedPolicy::Unchanged(v) => v,
+            AppliedPolicy::Applied(v)
+            | AppliedPolicy::Unchanged(v)
+            | AppliedPolicy::Superseded { head: v, .. } => v,
         }
     }
 }

@@ -13,7 +13,64 @@ fn new(text: &str, at: i64) -> NewPolicy {
         applied_at: at,
         applied_by: "tester".into(),
         applied_from: "10.0.0.9".into(),
+        unless_replaced: false,
     }
+}
+
+/// The `--policy FILE` rule: a text the database held and replaced is
+/// older than the policy in force and is not applied; a new text is; the
+/// text in force is unchanged; an operator's apply may still go back.
+async fn a_replaced_text_is_not_applied_unless_replaced(b: Backend) {
+    let Some(t) = Target::new(b).await else {
+        return;
+    };
+    let s = t.open().await;
+    let at_start = |text: &str, at: i64| NewPolicy {
+        unless_replaced: true,
+        ..new(text, at)
+    };
+    // A fresh database takes the file.
+    assert_eq!(
+        s.apply_policy(&at_start("file v1", 100))
+            .await
+            .expect("first"),
+        AppliedPolicy::Applied(1)
+    );
+    // A newer ConfigMap (or `policy apply`) replaces it.
+    assert_eq!(
+        s.apply_policy(&new("applied v2", 200))
+            .await
+            .expect("apply"),
+        AppliedPolicy::Applied(2)
+    );
+    // An old pod restarting with the old file changes nothing.
+    assert_eq!(
+        s.apply_policy(&at_start("file v1", 300))
+            .await
+            .expect("old file"),
+        AppliedPolicy::Superseded { was: 1, head: 2 }
+    );
+    assert_eq!(s.policy_head().await.expect("head").version, Some(2));
+    // The text in force is unchanged, a new text is applied.
+    assert_eq!(
+        s.apply_policy(&at_start("applied v2", 400))
+            .await
+            .expect("same"),
+        AppliedPolicy::Unchanged(2)
+    );
+    assert_eq!(
+        s.apply_policy(&at_start("file v3", 500))
+            .await
+            .expect("new file"),
+        AppliedPolicy::Applied(3)
+    );
+    // An operator going back on purpose is obeyed.
+    assert_eq!(
+        s.apply_policy(&new("file v1", 600))
+            .await
+            .expect("rollback"),
+        AppliedPolicy::Applied(4)
+    );
 }
 
 async fn versions_number_up_and_an_unchanged_text_stores_nothing(b: Backend) {
@@ -190,6 +247,7 @@ async fn a_copy_keeps_the_versions_under_a_new_epoch(b: Backend) {
 }
 
 on_both!(
+    a_replaced_text_is_not_applied_unless_replaced,
     versions_number_up_and_an_unchanged_text_stores_nothing,
     two_stores_applying_at_once_never_number_two_versions_alike,
     replaced_versions_are_reaped_after_the_retention_and_the_one_in_force_never,

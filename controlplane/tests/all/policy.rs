@@ -553,6 +553,28 @@ async fn a_database_with_members_and_no_policy_refuses_to_start_until_told(db: T
         .count("SELECT COUNT(*) FROM policies WHERE version = 2 AND applied_by = 'start-up (--policy)'")
         .await;
     assert_eq!(applied_by, 1);
+
+    // A newer file (a new ConfigMap) is applied; a replica restarted with
+    // the older one (an old pod in a rolling update) leaves it in force.
+    let newer = write(&dir, "newer.toml", &format!("# the next revision\n{GOOD}"));
+    let served = serve_with(&db, &["--policy", &newer]).await;
+    assert_eq!(directory_policy(&client_at(&served.url)).await.version, 3);
+    assert!(served.terminate().await.success());
+    let served = serve_with(&db, &["--policy", &good]).await;
+    let doc = directory_policy(&client_at(&served.url)).await;
+    assert_eq!(doc.version, 3, "an older file never undoes a newer policy");
+    assert!(doc.text.starts_with("# the next revision"), "{}", doc.text);
+    let (_, metrics) = common::http_get(served.http_addr, "/metrics").await;
+    assert_eq!(
+        common::metric(
+            &metrics,
+            "agentmesh_control_plane_policy_applies_total{result=\"superseded\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert!(served.terminate().await.success());
+    assert_eq!(db.count("SELECT COUNT(*) FROM policies").await, 3);
 }
 
 on_both!(

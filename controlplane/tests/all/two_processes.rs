@@ -2,7 +2,8 @@
 //! database, on both backends, as two replicas would run: started together
 //! on an empty database, both come up serving exactly one signing key; a
 //! single-use token presented by two enrollments at once, one to each
-//! process, enrolls exactly one member.
+//! process, enrolls exactly one member; one of the two holds the reaper's
+//! duty.
 
 use agentmesh_proto::{
     identity::Keypair,
@@ -45,6 +46,23 @@ async fn two_processes_starting_together_share_one_key_and_spend_a_token_once(db
         }
         Backend::Sqlite => assert_eq!(pool("max"), Some(0.0), "no pool on SQLite"),
     }
+    // The reaper's duty: exactly one of the two holds it (each claimed it
+    // at start, one conditional upsert on the database's clock won).
+    let (_, body_b) = common::http_get(b.http_addr, "/metrics").await;
+    let held = |body: &str| {
+        common::metric(body, "agentmesh_control_plane_duty_held{duty=\"reaper\"}")
+            .expect("duty_held is pre-created")
+    };
+    assert_eq!(
+        held(&body) + held(&body_b),
+        1.0,
+        "one reaper between two replicas"
+    );
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM duty_leases WHERE duty = 'reaper'")
+            .await,
+        1
+    );
 
     // One single-use token (from `token create`, a third process), presented
     // at once by two members, one to each control plane.

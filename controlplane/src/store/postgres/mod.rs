@@ -23,6 +23,7 @@
 //! the `PG*` variables.
 
 mod admin;
+mod duties;
 mod errors;
 mod keys;
 mod leases;
@@ -276,6 +277,14 @@ impl Store for PostgresStore {
 
     async fn counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
         reap::counts(self).await
+    }
+
+    async fn claim_duty(&self, duty: &str, holder: &str, ttl_ms: i64) -> Result<bool, StoreError> {
+        duties::claim(self, duty, holder, ttl_ms).await
+    }
+
+    async fn release_duty(&self, duty: &str, holder: &str) -> Result<(), StoreError> {
+        duties::release(self, duty, holder).await
     }
 
     async fn backup_to(&self, _to: &Path) -> Result<(), StoreError> {

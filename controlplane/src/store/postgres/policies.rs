@@ -141,6 +141,22 @@ pub(super) async fn apply(
         tx.commit().await?;
         return Ok(AppliedPolicy::Unchanged(v));
     }
+    if let Some((head, _)) = &current
+        && new.unless_replaced
+    {
+        let was: Option<i64> = tx
+            .query_one(
+                "SELECT MAX(version) FROM policies WHERE text = $1",
+                &[&new.text],
+            )
+            .await?
+            .get(0);
+        if let Some(was) = was {
+            let (was, head) = (version_from(was)?, version_from(*head)?);
+            tx.commit().await?;
+            return Ok(AppliedPolicy::Superseded { was, head });
+        }
+    }
     let next = current.as_ref().map_or(1, |(v, _)| v + 1);
     if let Some((v, _)) = &current {
         tx.execute(

@@ -26,6 +26,7 @@ use super::{
 
 mod admin;
 mod backup;
+mod duties;
 mod keys;
 mod leases;
 mod nodes;
@@ -272,6 +273,17 @@ impl Store for SqliteStore {
 
     async fn counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
         self.blocking(|s| s.counts()).await
+    }
+
+    async fn claim_duty(&self, duty: &str, holder: &str, ttl_ms: i64) -> Result<bool, StoreError> {
+        let (duty, holder) = (duty.to_string(), holder.to_string());
+        self.blocking(move |s| s.claim_duty(&duty, &holder, ttl_ms))
+            .await
+    }
+
+    async fn release_duty(&self, duty: &str, holder: &str) -> Result<(), StoreError> {
+        let (duty, holder) = (duty.to_string(), holder.to_string());
+        self.blocking(move |s| s.release_duty(&duty, &holder)).await
     }
 
     async fn backup_to(&self, to: &Path) -> Result<(), StoreError> {

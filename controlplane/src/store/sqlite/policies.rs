@@ -122,6 +122,21 @@ impl Inner {
         {
             return Ok(AppliedPolicy::Unchanged(version_from(*v)?));
         }
+        if let Some((head, _)) = &current
+            && new.unless_replaced
+        {
+            let was: Option<i64> = tx.query_row(
+                "SELECT MAX(version) FROM policies WHERE text = ?1",
+                params![new.text],
+                |r| r.get(0),
+            )?;
+            if let Some(was) = was {
+                return Ok(AppliedPolicy::Superseded {
+                    was: version_from(was)?,
+                    head: version_from(*head)?,
+                });
+            }
+        }
         let next = current.as_ref().map_or(1, |(v, _)| v + 1);
         if let Some((v, _)) = &current {
             tx.execute(
