@@ -3,7 +3,7 @@
 //! summary), `/metrics`, `/healthz` (process up) and `/readyz` (every
 //! long-lived task runs and the database answers).
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Instant};
 
 use agentmesh_proto::{identity::PeerId, revocations::peek_list, unix_now};
 use axum::{
@@ -20,6 +20,8 @@ use serde_json::{Value, json};
 use tokio::{net::TcpListener, sync::watch};
 
 use crate::{
+    config::HttpConfig,
+    readiness::{DbHealth, DbVerdict},
     state::State,
     status::to_status,
     supervisor::{TaskFailure, Tasks},
@@ -34,15 +36,24 @@ pub struct HttpState {
     pub registry: Arc<Registry>,
     /// The supervisor's record of a task that stopped (then not ready).
     pub failure: watch::Receiver<Option<TaskFailure>>,
+    /// The database's health as `/readyz` saw it (the grace rule).
+    pub db_health: Arc<DbHealth>,
 }
 
 /// Serves the HTTP listener as the task `http` until the stop signal;
 /// `registry` is final here (every other subsystem registered first).
-pub fn spawn(listener: TcpListener, state: Arc<State>, registry: Arc<Registry>, tasks: &mut Tasks) {
+pub fn spawn(
+    config: &HttpConfig,
+    listener: TcpListener,
+    state: Arc<State>,
+    registry: Arc<Registry>,
+    tasks: &mut Tasks,
+) {
     let app = router(HttpState {
         state,
         registry,
         failure: tasks.failure(),
+        db_health: Arc::new(DbHealth::new(config.db_unready_after)),
     });
     let mut stop = tasks.stop_signal();
     tasks.spawn("http", async move {
@@ -186,11 +197,23 @@ async fn readyz(AxState(s): AxState<HttpState>) -> Response {
     if let Some(f) = s.failure.borrow().clone() {
         return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {f}\n")).into_response();
     }
-    match s.state.db.run(s.state.db.store().ping()).await {
-        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
-        Err(e) => (
+    let ping = s.state.db.run(s.state.db.store().ping()).await;
+    match (s.db_health.observe(ping.is_ok(), Instant::now()), ping) {
+        (DbVerdict::Ready, _) | (_, Ok(())) => (StatusCode::OK, "ready\n").into_response(),
+        (DbVerdict::Failing { for_ }, Err(e)) => (
+            StatusCode::OK,
+            format!(
+                "ready: database failing for {:.1} s (not ready after --db-unready-after-secs): {e}\n",
+                for_.as_secs_f64()
+            ),
+        )
+            .into_response(),
+        (DbVerdict::Unready { for_ }, Err(e)) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: database: {e}\n"),
+            format!(
+                "not ready: database failing for {:.1} s: {e}\n",
+                for_.as_secs_f64()
+            ),
         )
             .into_response(),
     }

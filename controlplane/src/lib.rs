@@ -51,6 +51,8 @@ pub mod offline;
 #[cfg(feature = "server")]
 pub mod policy;
 #[cfg(feature = "server")]
+pub mod readiness;
+#[cfg(feature = "server")]
 pub mod reaper;
 #[cfg(feature = "server")]
 pub mod refusal_log;

@@ -130,7 +130,7 @@ async fn build_state(
     let sections = config.sections();
     let grpc = grpc_server::Bound::bind(&sections.grpc).await?;
     let grpc_addr = grpc.local_addr(&sections.grpc)?;
-    let http_listener = bind(sections.http_addr).await?;
+    let http_listener = bind(sections.http.addr).await?;
     let scheme = if grpc.is_tls() { "https" } else { "http" };
     let public_url = config
         .public_url
@@ -175,7 +175,7 @@ pub async fn spawn_with(
     let http_addr = http_listener
         .local_addr()
         .map_err(|source| SpawnError::Bind {
-            addr: sections.http_addr,
+            addr: sections.http.addr,
             source,
         })?;
     let mut tasks = Tasks::new();
@@ -184,7 +184,13 @@ pub async fn spawn_with(
     crate::policy::watch::spawn(&state, &mut tasks);
     crate::watch::spawn(&state, &mut tasks);
     let registry = Arc::new(registry);
-    crate::http::spawn(http_listener, state.clone(), registry.clone(), &mut tasks);
+    crate::http::spawn(
+        &sections.http,
+        http_listener,
+        state.clone(),
+        registry.clone(),
+        &mut tasks,
+    );
     if let Some(after) = sections.fault_end_task_after {
         tasks.spawn("fault_injection", async move {
             tokio::time::sleep(after).await;

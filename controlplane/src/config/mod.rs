@@ -7,7 +7,7 @@
 use std::{net::SocketAddr, path::PathBuf};
 
 mod sections;
-pub use sections::{GrpcServerConfig, ScheduleConfig, Sections};
+pub use sections::{GrpcServerConfig, HttpConfig, ScheduleConfig, Sections};
 
 /// Default `--grpc-addr`.
 pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:7400";
@@ -129,6 +129,8 @@ pub const DEFAULT_DB_POOL_CONNECTIONS: usize = crate::store::DEFAULT_POOL_CONNEC
 pub const DEFAULT_DB_MAX_INFLIGHT: usize = 64;
 /// Default `--db-wait-timeout-secs`.
 pub const DEFAULT_DB_WAIT_TIMEOUT_SECS: u64 = 5;
+/// Default `--db-unready-after-secs`.
+pub const DEFAULT_DB_UNREADY_AFTER_SECS: u64 = 10;
 /// Default `--directory-cache-ms`.
 pub const DEFAULT_DIRECTORY_CACHE_MS: u64 = 1000;
 /// Default `--shutdown-grace-secs`.
@@ -353,6 +355,11 @@ pub struct Config {
     /// under one deadline; past it, UNAVAILABLE + retry-after. Default 5.
     #[arg(long, default_value_t = DEFAULT_DB_WAIT_TIMEOUT_SECS)]
     pub db_wait_timeout_secs: u64,
+    /// How long the database must fail every `/readyz` ping before this replica reports not
+    /// ready, seconds (0: at the first failure); a shorter blip keeps every replica in
+    /// service. Default 10.
+    #[arg(long, default_value_t = DEFAULT_DB_UNREADY_AFTER_SECS)]
+    pub db_unready_after_secs: u64,
     /// How long a GetDirectory answer is reused, milliseconds. Default 1000.
     #[arg(long, default_value_t = DEFAULT_DIRECTORY_CACHE_MS)]
     pub directory_cache_ms: u64,
@@ -456,6 +463,7 @@ impl Default for Config {
             db_read_connections: DEFAULT_DB_READ_CONNECTIONS,
             db_max_inflight: DEFAULT_DB_MAX_INFLIGHT,
             db_wait_timeout_secs: DEFAULT_DB_WAIT_TIMEOUT_SECS,
+            db_unready_after_secs: DEFAULT_DB_UNREADY_AFTER_SECS,
             directory_cache_ms: DEFAULT_DIRECTORY_CACHE_MS,
             shutdown_grace_secs: DEFAULT_SHUTDOWN_GRACE_SECS,
             pprof_addr: None,
@@ -580,6 +588,9 @@ impl Config {
         }
         if !(1..=60).contains(&self.key_check_interval_secs) {
             return Err("--key-check-interval-secs must be between 1 and 60".into());
+        }
+        if self.db_unready_after_secs > 3600 {
+            return Err("--db-unready-after-secs must be at most 3600".into());
         }
         for (name, v) in self.positive_values() {
             if v == 0 {

@@ -40,13 +40,23 @@ pub struct ScheduleConfig {
     pub key_check_interval: Duration,
 }
 
+/// The HTTP server: `/info`, `/policy`, `/metrics`, `/healthz`, `/readyz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// `--http-addr`.
+    pub addr: SocketAddr,
+    /// `--db-unready-after-secs`: how long the database must fail every
+    /// ping before `/readyz` says not ready.
+    pub db_unready_after: Duration,
+}
+
 /// Every section.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sections {
     /// The gRPC server.
     pub grpc: GrpcServerConfig,
-    /// `--http-addr`: `/info`, `/policy`, `/metrics`, `/healthz`, `/readyz`.
-    pub http_addr: SocketAddr,
+    /// The HTTP server.
+    pub http: HttpConfig,
     /// The reaper and the key check.
     pub schedule: ScheduleConfig,
     /// `--fault-end-task-after-ms` (testing only).
@@ -70,7 +80,10 @@ impl Config {
                 handshake_timeout: secs(self.grpc_handshake_timeout_secs),
                 max_message_bytes: self.grpc_max_message_bytes,
             },
-            http_addr: self.http_addr,
+            http: HttpConfig {
+                addr: self.http_addr,
+                db_unready_after: secs(self.db_unready_after_secs),
+            },
             schedule: ScheduleConfig {
                 reap_interval: secs(self.reap_interval_secs),
                 key_check_interval: secs(self.key_check_interval_secs),
