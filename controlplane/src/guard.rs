@@ -37,6 +37,9 @@ struct Window {
 /// Failures per source (see the module docs).
 #[derive(Debug)]
 pub struct FailureGuard {
+    /// `--auth-failures-per-source-per-min`, for the whole control plane.
+    base_per_min: u32,
+    /// This replica's part of it.
     max_per_min: u32,
     windows: SourceMap<Window>,
     /// (window start, source) of every entry, oldest first: each entry has
@@ -60,10 +63,18 @@ impl FailureGuard {
     /// bits while the table has room.
     pub fn new(max_per_min: u32, max_sources: usize, ipv6_prefix_len: u8) -> Self {
         Self {
+            base_per_min: max_per_min,
             max_per_min,
             windows: SourceMap::new(max_sources, ipv6_prefix_len),
             order: VecDeque::new(),
         }
+    }
+
+    /// Allows `1 / parts` of the configured failures per source (at least
+    /// 1): a source's requests spread over `parts` replicas, so each
+    /// replica's part adds up to the limit for the whole control plane.
+    pub fn set_share(&mut self, parts: u32) {
+        self.max_per_min = (self.base_per_min / parts.max(1)).max(1);
     }
 
     /// `Err` when `ip`'s source has used up its failures for this window.

@@ -57,6 +57,8 @@ pub mod reaper;
 #[cfg(feature = "server")]
 pub mod refusal_log;
 #[cfg(feature = "server")]
+pub mod replicas;
+#[cfg(feature = "server")]
 pub mod request_ids;
 #[cfg(feature = "server")]
 pub mod request_limits;

@@ -14,6 +14,10 @@ use agentmesh_fair::{FairRate, MapStats, RateReason, SourceKey, SourceMap};
 /// `t`, at most `burst + floor(t * rate)` requests have been admitted.
 #[derive(Debug, Clone)]
 pub struct TokenBucket {
+    /// Nanoseconds per token of the whole budget.
+    base_interval: u128,
+    /// The whole budget's burst.
+    base_burst: u32,
     /// Nanoseconds per token.
     interval: u128,
     /// How far ahead of `now` the arrival time may run: `(burst - 1) * interval`.
@@ -27,10 +31,20 @@ impl TokenBucket {
     pub fn new(rate_per_sec: u32, burst: u32) -> Self {
         let interval = 1_000_000_000u128 / u128::from(rate_per_sec.max(1));
         Self {
+            base_interval: interval,
+            base_burst: burst.max(1),
             interval,
             tolerance: interval * u128::from(burst.max(1) - 1),
             tat: 0,
         }
+    }
+
+    /// Serves `1 / parts` of the configured rate and burst (at least 1),
+    /// as [`FairRate::set_share`] does.
+    pub fn set_share(&mut self, parts: u32) {
+        let parts = parts.max(1);
+        self.interval = self.base_interval.saturating_mul(u128::from(parts));
+        self.tolerance = self.interval * u128::from((self.base_burst / parts).max(1) - 1);
     }
 
     /// Takes one token at `now`, or says how long until one is free.
@@ -103,6 +117,8 @@ pub struct Refusal {
 #[derive(Debug)]
 pub struct SpreadingBucket {
     rate: FairRate,
+    /// Nanoseconds per token of the whole budget.
+    base_interval: u128,
     /// Nanoseconds per token.
     interval: u128,
     /// Longest wait handed out, nanoseconds.
@@ -133,11 +149,19 @@ impl SpreadingBucket {
                 max_sources,
                 ipv6_prefix_len,
             ),
+            base_interval: 1_000_000_000u128 / u128::from(rate_per_sec.max(1)),
             interval: 1_000_000_000u128 / u128::from(rate_per_sec.max(1)),
             max_wait: max_wait.max(Duration::from_secs(1)).as_nanos(),
             slots: SourceMap::new(max_sources, ipv6_prefix_len),
             order: VecDeque::new(),
         }
+    }
+
+    /// Serves `1 / parts` of the configured budget (see
+    /// [`FairRate::set_share`]); the slots it hands out space by the share.
+    pub fn set_share(&mut self, parts: u32) {
+        self.rate.set_share(parts);
+        self.interval = self.base_interval.saturating_mul(u128::from(parts.max(1)));
     }
 
     /// Takes one token for a caller from `ip` at `now`, or assigns it a slot

@@ -66,8 +66,11 @@
 //! reported with the rest. Every refusal is a [`ServiceError::Limited`]
 //! naming its limit, or [`ServiceError::Blocked`] for the guard (counted
 //! per limit in `limiter_refusals_total`), with a `retry-after`, and is
-//! logged at most once a minute per source ([`RefusalLog`]). All limits
-//! are per control-plane process.
+//! logged at most once a minute per source ([`RefusalLog`]). The budgets
+//! and the guard's count are for the whole control plane: each of the N
+//! live replicas serves 1/N of them ([`RequestLimits::set_replicas`],
+//! N from [`crate::replicas`]); connection and stream slots are per
+//! process.
 
 use std::{
     future::Future,
@@ -163,6 +166,20 @@ impl RequestLimits {
             clock,
             metrics,
         }
+    }
+
+    /// Serves `1 / replicas` of every budget the whole control plane
+    /// shares (unauthenticated, enroll, refresh, lease, and the failure
+    /// guard's count): the replicas live now (see [`crate::replicas`])
+    /// each hold an equal part, so the configured numbers hold for the
+    /// control plane, not per process. Connection and stream slots stay
+    /// per process: they bound this process's own memory.
+    pub fn set_replicas(&self, replicas: u32) {
+        lock(&self.unauth).set_share(replicas);
+        lock(&self.enroll).set_share(replicas);
+        lock(&self.refresh).set_share(replicas);
+        lock(&self.lease).set_share(replicas);
+        lock(&self.guard).set_share(replicas);
     }
 
     /// The connection slots (`--grpc-max-connections`), for the listener.

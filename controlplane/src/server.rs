@@ -181,6 +181,7 @@ pub async fn spawn_with(
     let mut tasks = Tasks::new();
     grpc_server::spawn(&sections.grpc, grpc, &state, &mut tasks).await?;
     crate::reaper::spawn(&sections.schedule, &state, &mut tasks);
+    crate::replicas::spawn(&state, &mut tasks);
     crate::policy::watch::spawn(&state, &mut tasks);
     crate::watch::spawn(&state, &mut tasks);
     let registry = Arc::new(registry);

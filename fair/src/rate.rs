@@ -67,6 +67,10 @@ struct SourceRate {
 /// A rate shared fairly by sources (see the module docs).
 #[derive(Debug)]
 pub struct FairRate {
+    /// Nanoseconds per token of the whole budget (`rate_per_sec`).
+    base_interval: u128,
+    /// The whole budget's burst.
+    base_burst: u32,
     interval: u128,
     tolerance: u128,
     burst: u32,
@@ -93,6 +97,8 @@ impl FairRate {
         let interval = 1_000_000_000u128 / u128::from(rate_per_sec.max(1));
         let burst = burst.max(1);
         Self {
+            base_interval: interval,
+            base_burst: burst,
             interval,
             tolerance: interval * u128::from(burst - 1),
             burst,
@@ -101,6 +107,17 @@ impl FairRate {
             sources: SourceMap::new(max_sources, ipv6_prefix_len),
             order: VecDeque::new(),
         }
+    }
+
+    /// Serves `1 / parts` of the configured budget: the rate divided by
+    /// `parts`, the burst too (at least 1), so `parts` processes each
+    /// holding a share admit at most the configured budget between them
+    /// (the control plane's replicas). `parts` 1 is the whole budget.
+    pub fn set_share(&mut self, parts: u32) {
+        let parts = parts.max(1);
+        self.interval = self.base_interval.saturating_mul(u128::from(parts));
+        self.burst = (self.base_burst / parts).max(1);
+        self.tolerance = self.interval * u128::from(self.burst - 1);
     }
 
     /// Takes one token for a request from `ip` at `now`.
@@ -191,6 +208,36 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_share_admits_its_part_of_the_rate_and_burst() {
+        // 100/s, burst 10, one of 4 parts (25/s, burst 2): in 1 s a lone
+        // source gets its burst at once, then one every 40 ms (40..=960).
+        let mut r = FairRate::new(100, 10, Duration::from_secs(2), 64, 64);
+        r.set_share(4);
+        let ok = (0..1000u64)
+            .filter(|i| {
+                r.try_acquire(ip(1), Duration::from_micros(i * 1000))
+                    .is_ok()
+            })
+            .count();
+        assert_eq!(ok, 2 + 24, "burst 2 then one every 40 ms below 1 s");
+        // Back to the whole budget.
+        let mut r = FairRate::new(100, 10, Duration::from_secs(2), 64, 64);
+        r.set_share(4);
+        r.set_share(1);
+        let ok = (0..1000u64)
+            .filter(|i| {
+                r.try_acquire(ip(1), Duration::from_micros(i * 1000))
+                    .is_ok()
+            })
+            .count();
+        assert_eq!(
+            ok,
+            10 + 99,
+            "the whole budget again: burst 10, then one every 10 ms"
+        );
     }
 
     #[test]

@@ -367,6 +367,11 @@ impl Metrics {
             .inc_by(n);
     }
 
+    /// The live replicas this one counted (its share is 1/N).
+    pub fn set_live_replicas(&self, n: u32) {
+        self.storage.live_replicas.set(i64::from(n));
+    }
+
     /// Whether this replica holds `duty`'s lease (1) or not (0).
     pub fn set_duty_held(&self, duty: &str, held: bool) {
         self.storage

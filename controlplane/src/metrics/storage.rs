@@ -19,6 +19,7 @@ pub(super) struct StorageMetrics {
     pub(super) db_pool_connections: Family<StateLabel, Gauge>,
     pub(super) next_rotation: Gauge,
     pub(super) duty_held: Family<DutyLabel, Gauge>,
+    pub(super) live_replicas: Gauge,
 }
 
 impl StorageMetrics {
@@ -32,6 +33,7 @@ impl StorageMetrics {
             db_pool_connections: Family::default(),
             next_rotation: Gauge::default(),
             duty_held: Family::default(),
+            live_replicas: Gauge::default(),
         };
         r.register(
             "storage_rows",
@@ -70,6 +72,13 @@ impl StorageMetrics {
             "1 where this replica holds the lease on a duty that runs once per control \
              plane (reaper: deletions and the storage_rows counts), else 0",
             m.duty_held.clone(),
+        );
+        r.register(
+            "live_replicas",
+            "Control-plane replicas live on this database as this replica last counted them \
+             (a presence renewed every 2 s, lapsing after 6 s); each serves 1/N of the \
+             enroll, refresh, lease and unauthenticated budgets and of the failure guard",
+            m.live_replicas.clone(),
         );
         for duty in crate::store::DUTIES {
             let _ = m.duty_held.get_or_create(&DutyLabel {

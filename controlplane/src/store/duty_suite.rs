@@ -98,7 +98,35 @@ async fn a_lapsed_or_released_duty_passes_to_the_next_claimant(b: Backend) {
     );
 }
 
+/// Replicas' presence: each heartbeat counts the live ones; a lapsed one
+/// is forgotten; a released one at once.
+async fn replicas_count_each_other_until_one_lapses_or_leaves(b: Backend) {
+    let Some(t) = Target::new(b).await else {
+        return;
+    };
+    let (a, b2) = (t.open().await, t.open().await);
+    assert_eq!(a.replica_heartbeat("a", 60_000).await.expect("a"), 1);
+    assert_eq!(b2.replica_heartbeat("b", 200).await.expect("b"), 2);
+    assert_eq!(a.replica_heartbeat("a", 60_000).await.expect("a again"), 2);
+    // b stops beating: after its 200 ms it is forgotten (bounded: 10 s).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.replica_heartbeat("a", 60_000).await.expect("a") != 1 {
+        assert!(tokio::time::Instant::now() < deadline, "b never lapsed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // b comes back, then leaves on purpose.
+    assert_eq!(b2.replica_heartbeat("b", 60_000).await.expect("b"), 2);
+    b2.release_duty(&super::replica_duty("b"), "b")
+        .await
+        .expect("leave");
+    assert_eq!(a.replica_heartbeat("a", 60_000).await.expect("a"), 1);
+    // Presence is not a duty: the reaper's lease is untouched by it.
+    assert!(a.claim_duty("reaper", "a", 60_000).await.expect("reaper"));
+    assert_eq!(a.replica_heartbeat("a", 60_000).await.expect("a"), 1);
+}
+
 on_both!(
+    replicas_count_each_other_until_one_lapses_or_leaves,
     a_duty_has_one_holder_while_its_lease_runs,
     a_lapsed_or_released_duty_passes_to_the_next_claimant,
 );

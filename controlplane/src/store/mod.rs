@@ -401,6 +401,14 @@ pub const DUTIES: &[&str] = &[REAPER_DUTY];
 /// The reaper's duty: deletions and the row counts.
 pub const REAPER_DUTY: &str = "reaper";
 
+/// A replica's presence is a lease on its own name in `duty_leases`.
+pub const REPLICA_DUTY_PREFIX: &str = "replica:";
+
+/// The duty name of `holder`'s presence.
+pub fn replica_duty(holder: &str) -> String {
+    format!("{REPLICA_DUTY_PREFIX}{holder}")
+}
+
 /// The role value a lease's node must have (`Role::Router`).
 pub(crate) const ROUTER_ROLE: i32 = agentmesh_proto::pb::credential::Role::Router as i32;
 
@@ -545,6 +553,11 @@ pub trait Store: Send + Sync + 'static {
     /// Gives `duty` up if `holder` holds it (a replica stopping), so the
     /// next claimant need not wait for the lease to lapse.
     async fn release_duty(&self, duty: &str, holder: &str) -> Result<(), StoreError>;
+    /// Renews `holder`'s presence (a lease on its own name,
+    /// [`replica_duty`]) for `ttl_ms` by the database's clock, forgets
+    /// replicas whose presence lapsed, and returns how many are live,
+    /// `holder` included. One transaction.
+    async fn replica_heartbeat(&self, holder: &str, ttl_ms: i64) -> Result<u32, StoreError>;
     /// A consistent copy of the database in the new file `to` while serving
     /// (SQLite; PostgreSQL is backed up with `pg_dump`).
     async fn backup_to(&self, to: &Path) -> Result<(), StoreError>;

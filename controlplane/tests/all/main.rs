@@ -41,6 +41,7 @@ mod malformed;
 mod nat;
 mod policy;
 mod proofs;
+mod replica_budgets;
 mod storage;
 mod supervisor;
 mod tls;

@@ -63,6 +63,22 @@ async fn two_processes_starting_together_share_one_key_and_spend_a_token_once(db
             .await,
         1
     );
+    // Each counts the other within a few heartbeats (2 s each; bounded
+    // wait), and so serves half of every shared budget.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    for served in [&a, &b] {
+        loop {
+            let (_, body) = common::http_get(served.http_addr, "/metrics").await;
+            if common::metric(&body, "agentmesh_control_plane_live_replicas") == Some(2.0) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never counted 2 replicas: {body}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
 
     // One single-use token (from `token create`, a third process), presented
     // at once by two members, one to each control plane.

@@ -283,6 +283,10 @@ impl Store for PostgresStore {
         duties::claim(self, duty, holder, ttl_ms).await
     }
 
+    async fn replica_heartbeat(&self, holder: &str, ttl_ms: i64) -> Result<u32, StoreError> {
+        duties::heartbeat(self, holder, ttl_ms).await
+    }
+
     async fn release_duty(&self, duty: &str, holder: &str) -> Result<(), StoreError> {
         duties::release(self, duty, holder).await
     }

@@ -281,6 +281,12 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn replica_heartbeat(&self, holder: &str, ttl_ms: i64) -> Result<u32, StoreError> {
+        let holder = holder.to_string();
+        self.blocking(move |s| s.replica_heartbeat(&holder, ttl_ms))
+            .await
+    }
+
     async fn release_duty(&self, duty: &str, holder: &str) -> Result<(), StoreError> {
         let (duty, holder) = (duty.to_string(), holder.to_string());
         self.blocking(move |s| s.release_duty(&duty, &holder)).await
