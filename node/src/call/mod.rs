@@ -12,7 +12,9 @@ pub(crate) mod splice;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
+use agentmesh_proto::pb::mesh::CallRefusal;
 use libp2p::swarm::ConnectionId;
 use libp2p::{PeerId, Stream};
 use prometheus_client::metrics::counter::Counter;
@@ -64,6 +66,9 @@ pub enum CallError {
         last: String,
         /// Whether the last failure was a refusal by a provider (vs connect/timeout).
         refused: bool,
+        /// The provider's refusal when it was one (`refused`): its typed
+        /// reason, as the provider counts it.
+        refusal: Option<CallRefusal>,
         /// Whether the last failure was a timeout.
         timed_out: bool,
     },
@@ -84,6 +89,40 @@ impl CallError {
             } => "timeout",
             Self::Failed { .. } => "connect_failed",
         }
+    }
+
+    /// The typed reason of this failure: the provider's refusal as the
+    /// provider counts it (`not_granted`, `not_allowed`, `revoked`,
+    /// `too_many_calls`, `backend_unavailable`, ...) when a provider
+    /// refused, else [`CallError::result_label`] (`denied` for a router's
+    /// refusal by policy, `no_providers`, `timeout`, ...).
+    pub fn reason(&self) -> String {
+        match self {
+            Self::Failed {
+                refusal: Some(r), ..
+            } => refusal_name(*r),
+            other => other.result_label().to_string(),
+        }
+    }
+}
+
+/// `CALL_REFUSAL_NOT_GRANTED` as `not_granted`: the name the provider's
+/// `agentmesh_node_calls_total{direction="inbound",result}` uses.
+pub(crate) fn refusal_name(r: CallRefusal) -> String {
+    let name = r.as_str_name();
+    name.strip_prefix("CALL_REFUSAL_")
+        .unwrap_or(name)
+        .to_ascii_lowercase()
+}
+
+impl CallError {
+    /// Whether the call was refused (by a router's policy or by the
+    /// provider), as opposed to failing to reach an answer.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            Self::Denied { .. } | Self::Failed { refused: true, .. }
+        )
     }
 }
 
@@ -107,6 +146,8 @@ pub struct CallStream {
     route: CallRoute,
     /// The connection to the provider carrying the stream.
     conn: ConnectionId,
+    /// From sending the call request to reading the provider's answer.
+    answered_in: Duration,
     sent: Counter,
     received: Counter,
     _in_flight: InFlight,
@@ -127,6 +168,7 @@ impl CallStream {
         stream: Stream,
         route: CallRoute,
         conn: ConnectionId,
+        answered_in: Duration,
         sent: Counter,
         received: Counter,
         in_flight: InFlight,
@@ -136,6 +178,7 @@ impl CallStream {
             inner: stream.compat(),
             route,
             conn,
+            answered_in,
             sent,
             received,
             _in_flight: in_flight,
@@ -146,6 +189,13 @@ impl CallStream {
     /// How this call reached its provider.
     pub fn route(&self) -> &CallRoute {
         &self.route
+    }
+
+    /// How long the provider took to answer the call request: one round
+    /// trip over the route plus the provider's checks and its connect to
+    /// its backend (what `agentmesh-node ping` reports as the round trip).
+    pub fn answered_in(&self) -> Duration {
+        self.answered_in
     }
 
     /// The connection to the provider that carries this call.

@@ -99,6 +99,7 @@ pub(super) async fn attempt(
             }
         });
     }
+    let asked = tokio::time::Instant::now();
     let (answer, stream, conn) = call_wire::request(
         node.control.clone(),
         provider,
@@ -111,6 +112,7 @@ pub(super) async fn attempt(
         via: via.router,
         error,
     })?;
+    let answered_in = asked.elapsed();
     // Counted on its connection: a router let go after its go-away stays
     // connected while this call streams through it (`engine::linger`).
     peer_call.carried_by(conn);
@@ -130,6 +132,7 @@ pub(super) async fn attempt(
             transit: via.transit,
         },
         conn,
+        answered_in,
         m.calls
             .call_bytes
             .get_or_create(&DirectionLabel { direction: "sent" })
