@@ -21,6 +21,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt as _};
 
+use crate::metrics::{CallMetrics, DirectionLabel};
 use crate::node::InFlight;
 use crate::peer_calls::PeerCall;
 
@@ -169,11 +170,17 @@ impl CallStream {
         route: CallRoute,
         conn: ConnectionId,
         answered_in: Duration,
-        sent: Counter,
-        received: Counter,
+        metrics: &CallMetrics,
         in_flight: InFlight,
         peer_call: PeerCall,
     ) -> Self {
+        let bytes = |direction| {
+            metrics
+                .call_bytes
+                .get_or_create(&DirectionLabel { direction })
+                .clone()
+        };
+        let (sent, received) = (bytes("sent"), bytes("received"));
         Self {
             inner: stream.compat(),
             route,

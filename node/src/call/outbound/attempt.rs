@@ -15,7 +15,6 @@ use super::failure::AttemptError;
 use crate::call::{CallRoute, CallStream};
 use crate::command::{Command, TransitError};
 use crate::engine::router_base;
-use crate::metrics::DirectionLabel;
 use crate::node::Node;
 
 /// What an attempt needs to choose its route.
@@ -123,7 +122,6 @@ pub(super) async fn attempt(
             detail,
         });
     }
-    let m = &node.metrics;
     Ok(CallStream::new(
         stream,
         CallRoute {
@@ -133,16 +131,7 @@ pub(super) async fn attempt(
         },
         conn,
         answered_in,
-        m.calls
-            .call_bytes
-            .get_or_create(&DirectionLabel { direction: "sent" })
-            .clone(),
-        m.calls
-            .call_bytes
-            .get_or_create(&DirectionLabel {
-                direction: "received",
-            })
-            .clone(),
+        &node.metrics.calls,
         node.in_flight_guard(),
         peer_call,
     ))
