@@ -62,7 +62,7 @@ pub struct PingRoute {
 impl From<&CallRoute> for PingRoute {
     fn from(r: &CallRoute) -> Self {
         Self {
-            path: "relayed".to_string(),
+            path: r.path().to_string(),
             router: Some(r.via_router.to_string()),
             transit: r.transit,
             provider: r.provider.to_string(),

@@ -139,6 +139,16 @@ pub struct CallRoute {
     pub transit: bool,
 }
 
+impl CallRoute {
+    /// The kind of path the call took: `relayed` (a circuit through
+    /// `via_router`), the only kind today. Direct connections between
+    /// members (a relayed connection upgraded by DCUtR) will add `direct`;
+    /// `agentmesh-node ping` reports this value as is.
+    pub fn path(&self) -> &'static str {
+        "relayed"
+    }
+}
+
 /// An accepted call: raw bytes to and from the provider's backend, relayed
 /// and end-to-end encrypted. Implements tokio's `AsyncRead + AsyncWrite`.
 /// Shut down the write side to signal end of request.
