@@ -10,7 +10,8 @@
 //! - `status --json`: every 64-bit id a string, labels and groups; the text
 //!   with RFC 3339 times.
 //!
-//! A ping refused by a router's policy is in `policy_refusals.rs`.
+//! A ping refused by a router's policy is in `policy_refusals.rs`; one
+//! through a transit route in `mesh.rs`.
 
 use super::support;
 
