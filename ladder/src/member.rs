@@ -423,6 +423,7 @@ mod tests {
                     attempts: 2,
                     last: "deadline".into(),
                     refused: false,
+                    refusal: None,
                     timed_out: true,
                 })
             },

@@ -1,14 +1,18 @@
 //! The command line of `agentmesh-node`: `run` starts a member, its flags
 //! mapping one to one onto [`Config`] fields ([`RunArgs::into_config`]);
 //! `call NAME` pipes stdin and stdout to a service through a running node's
-//! Unix socket; `status` and `services` ask a running node what it holds
-//! and what it sees.
+//! Unix socket (after waiting for the node to be ready with
+//! `--wait-ready-secs`); `ping NAME` sets up calls and reports their route,
+//! round trip and verdict; `wait` waits until a node is ready; `status`
+//! and `services` ask a running node what it holds and what it sees.
 //!
 //! Flags shared with the router (control-plane client, listeners, stream
 //! limits) come from `agentmesh_runtime::cli`.
 
 mod call;
+mod ping;
 mod run;
+mod wait;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -19,7 +23,9 @@ use agentmesh_runtime::cli::{ControlPlaneArgs, ListenerArgs, StreamLimitArgs, To
 use crate::config::{self, AllowRule, Config};
 
 pub use call::{CALL_EXIT_GRACE, CallError, call};
+pub use ping::{PingError, ping};
 pub use run::{RunError, run};
+pub use wait::{WaitError, wait_ready};
 
 /// Log filter when `RUST_LOG` is unset.
 /// yamux warns when closing a connection whose socket the peer already
@@ -50,6 +56,10 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Pipe stdin/stdout to service NAME through a running node.
     Call(CallArgs),
+    /// Set up calls to service NAME and close them: route, round trip, verdict per attempt.
+    Ping(PingArgs),
+    /// Wait until a running node is ready (its socket answers /readyz 200).
+    Wait(WaitArgs),
     /// Show what a running node holds: routers and their state, readiness
     /// and why, credential expiry, services, recent calls.
     Status(StatusArgs),
@@ -174,6 +184,9 @@ pub struct RunArgs {
     /// Buffer of each direction of a call's splice between its stream and the local TCP connection (--forward, --expose), KiB; two per live call.
     #[arg(long, default_value_t = config::DEFAULT_SPLICE_BUFFER_KIB, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16384))]
     pub splice_buffer_kib: usize,
+    /// Services given a label of their own in agentmesh_node_call_duration_seconds (the --forward ones first), services; the rest count as service="other".
+    #[arg(long, default_value_t = crate::metrics::DEFAULT_MAX_CALL_METRIC_SERVICES)]
+    pub max_call_metric_services: usize,
     /// Inbound queue and pending-open bounds of the streams behaviour.
     #[command(flatten)]
     pub streams: StreamLimitArgs,
@@ -228,6 +241,7 @@ impl RunArgs {
             yamux_max_streams: self.yamux_max_streams,
             yamux_connection_window_kib: self.yamux_connection_window_kib,
             splice_buffer_kib: self.splice_buffer_kib,
+            max_call_metric_services: self.max_call_metric_services,
             runtime_watchdog: false,
         })
     }
@@ -244,6 +258,9 @@ pub struct CallArgs {
     /// The running node's data directory, where its socket is.
     #[arg(long, default_value = config::DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
+    /// Before calling, wait up to this long for the node's socket to exist and the node to be ready, seconds (default: no wait).
+    #[arg(long, visible_alias = "wait-ready")]
+    pub wait_ready_secs: Option<u64>,
 }
 
 impl CallArgs {
@@ -252,6 +269,70 @@ impl CallArgs {
         self.socket_path
             .clone()
             .unwrap_or_else(|| self.data_dir.join(config::SOCKET_FILE))
+    }
+}
+
+/// The flags of `ping`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PingArgs {
+    /// The service to ping.
+    pub service: String,
+    /// Attempts, pings.
+    #[arg(long, default_value_t = 3)]
+    pub count: u32,
+    /// Pause between attempts, milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub interval_ms: u64,
+    /// Longest wait for one attempt's answer, milliseconds (above the node's call budget, connect + call timeout, 20 s by default).
+    #[arg(long, default_value_t = 25_000)]
+    pub timeout_ms: u64,
+    /// Print each attempt as one JSON line instead of text (default: text).
+    #[arg(long)]
+    pub json: bool,
+    /// The node's Unix socket (default: DATA_DIR/agentmesh.sock).
+    #[arg(long)]
+    pub socket_path: Option<PathBuf>,
+    /// The running node's data directory, where its socket is.
+    #[arg(long, default_value = config::DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+}
+
+impl PingArgs {
+    /// The socket to connect to: `--socket-path`, else the data dir's.
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket_path
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join(config::SOCKET_FILE))
+    }
+}
+
+/// The flags of `wait`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WaitArgs {
+    /// Longest wait for the node's socket to exist and the node to be ready, seconds.
+    #[arg(long, default_value_t = 30)]
+    pub timeout_secs: u64,
+    /// The node's Unix socket (default: DATA_DIR/agentmesh.sock).
+    #[arg(long)]
+    pub socket_path: Option<PathBuf>,
+    /// The running node's data directory, where its socket is.
+    #[arg(long, default_value = config::DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+}
+
+impl WaitArgs {
+    /// Waits until the node is ready, at most `--timeout-secs`.
+    pub async fn wait(&self) -> Result<(), WaitError> {
+        let socket = self
+            .socket_path
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join(config::SOCKET_FILE));
+        wait_ready(
+            &socket,
+            &self.data_dir,
+            Duration::from_secs(self.timeout_secs),
+        )
+        .await
     }
 }
 

@@ -267,6 +267,12 @@ pub struct Config {
     /// [`DEFAULT_SPLICE_BUFFER_KIB`]; 0 acts as 1). Larger buffers mean
     /// fewer reads and writes per byte moved.
     pub splice_buffer_kib: usize,
+    /// Services with a `service` label of their own in
+    /// `agentmesh_node_call_duration_seconds`, the `--forward` ones first;
+    /// the rest are counted as `other` (`--max-call-metric-services`,
+    /// default [`crate::metrics::DEFAULT_MAX_CALL_METRIC_SERVICES`]). Bounds
+    /// the series a member exports however many names are called.
+    pub max_call_metric_services: usize,
     /// Run the runtime stall watchdog and serve `agentmesh_runtime_stalls_total`
     /// on `metrics_addr`. One per process: the binary sets it; embedders
     /// running many nodes leave it off (default) and run their own.
@@ -321,6 +327,7 @@ impl Default for Config {
             yamux_max_streams: DEFAULT_YAMUX_MAX_STREAMS,
             yamux_connection_window_kib: DEFAULT_YAMUX_CONNECTION_WINDOW_KIB,
             splice_buffer_kib: DEFAULT_SPLICE_BUFFER_KIB,
+            max_call_metric_services: crate::metrics::DEFAULT_MAX_CALL_METRIC_SERVICES,
             runtime_watchdog: false,
         }
     }

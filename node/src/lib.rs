@@ -28,6 +28,7 @@ mod local;
 pub mod metrics;
 mod node;
 mod peer_calls;
+pub mod ping;
 mod policy;
 mod seen;
 pub mod select;
@@ -278,7 +279,11 @@ pub async fn spawn(
     let peer_id = stored.key.public().to_peer_id();
     let span = tracing::info_span!("node", peer = %peer_id);
     let client = enroll::client(&config).await?;
-    let metrics = metrics::Metrics::new();
+    let mut metrics = metrics::Metrics::new();
+    metrics.name_call_services(
+        config.max_call_metric_services,
+        config.forward.iter().map(|(_, service)| service.as_str()),
+    );
     let (credential, keys) = enroll::obtain(&client, &config, &stored, &metrics)
         .instrument(span.clone())
         .await?;

@@ -1,7 +1,8 @@
 //! `agentmesh-node`: parses the command line, sets up logging and the
 //! runtime, and runs the subcommand from `agentmesh_node::cli` (`run`
-//! starts a member, `call NAME` pipes stdin/stdout to a service, `status`
-//! and `services` ask a running node).
+//! starts a member, `call NAME` pipes stdin/stdout to a service, `ping
+//! NAME` reports route, round trip and verdict, `wait` waits until a node
+//! is ready, `status` and `services` ask a running node).
 
 use agentmesh_node::cli::{self, Cli, Command, StatusArgs};
 use agentmesh_node::status::cmd::Ask;
@@ -31,6 +32,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             },
             cli::CALL_EXIT_GRACE,
         ),
+        Command::Ping(args) => agentmesh_runtime::block_on(async move {
+            cli::ping(args, |line| {
+                use std::io::Write as _;
+                let mut out = std::io::stdout().lock();
+                let _ = out.write_all(line.as_bytes());
+                let _ = out.flush();
+            })
+            .await
+            .map_err(anyhow::Error::from)
+        }),
+        Command::Wait(args) => {
+            agentmesh_runtime::block_on(
+                async move { args.wait().await.map_err(anyhow::Error::from) },
+            )
+        }
         Command::Status(args) => agentmesh_runtime::block_on(ask(args, Ask::Status)),
         Command::Services(args) => agentmesh_runtime::block_on(ask(args, Ask::Services)),
     }

@@ -13,6 +13,9 @@
 //!   does not answer. `agentmesh-node status` is its client.
 //! - `SERVICES\n`: one JSON line, [`crate::status::report::Services`], then
 //!   closed. `agentmesh-node services` is its client.
+//! - `PING <name>\n`: the node sets up a call to `<name>` and closes it at
+//!   once; one JSON line, [`crate::ping::PingReply`] (route, round trip,
+//!   verdict), then closed. `agentmesh-node ping` is its client.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
@@ -131,6 +134,13 @@ async fn handle(node: &Arc<Node>, conn: UnixStream) -> std::io::Result<()> {
         conn.write_all(format!("{body}\n").as_bytes()).await?;
         return conn.shutdown().await;
     }
+    if let Some(name) = line.strip_prefix("PING ") {
+        let reply = crate::ping::ping(node, name.trim()).await;
+        let body = serde_json::to_string(&reply).map_err(std::io::Error::other)?;
+        let mut conn = reader.into_inner();
+        conn.write_all(format!("{body}\n").as_bytes()).await?;
+        return conn.shutdown().await;
+    }
     if let Some(name) = line.strip_prefix("CALL ") {
         let name = name.trim();
         // Bytes the client sent after the line are kept in the reader's buffer.
@@ -156,7 +166,9 @@ async fn handle(node: &Arc<Node>, conn: UnixStream) -> std::io::Result<()> {
         return Ok(());
     }
     let mut conn = reader.into_inner();
-    conn.write_all(b"ERR expected `CALL <name>`, `STATUS`, `SERVICES` or an HTTP GET\n")
-        .await?;
+    conn.write_all(
+        b"ERR expected `CALL <name>`, `PING <name>`, `STATUS`, `SERVICES` or an HTTP GET\n",
+    )
+    .await?;
     conn.shutdown().await
 }

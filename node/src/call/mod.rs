@@ -12,13 +12,16 @@ pub(crate) mod splice;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
+use agentmesh_proto::pb::mesh::CallRefusal;
 use libp2p::swarm::ConnectionId;
 use libp2p::{PeerId, Stream};
 use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt as _};
 
+use crate::metrics::{CallMetrics, DirectionLabel};
 use crate::node::InFlight;
 use crate::peer_calls::PeerCall;
 
@@ -64,6 +67,9 @@ pub enum CallError {
         last: String,
         /// Whether the last failure was a refusal by a provider (vs connect/timeout).
         refused: bool,
+        /// The provider's refusal when it was one (`refused`): its typed
+        /// reason, as the provider counts it.
+        refusal: Option<CallRefusal>,
         /// Whether the last failure was a timeout.
         timed_out: bool,
     },
@@ -85,6 +91,40 @@ impl CallError {
             Self::Failed { .. } => "connect_failed",
         }
     }
+
+    /// The typed reason of this failure: the provider's refusal as the
+    /// provider counts it (`not_granted`, `not_allowed`, `revoked`,
+    /// `too_many_calls`, `backend_unavailable`, ...) when a provider
+    /// refused, else [`CallError::result_label`] (`denied` for a router's
+    /// refusal by policy, `no_providers`, `timeout`, ...).
+    pub fn reason(&self) -> String {
+        match self {
+            Self::Failed {
+                refusal: Some(r), ..
+            } => refusal_name(*r),
+            other => other.result_label().to_string(),
+        }
+    }
+}
+
+/// `CALL_REFUSAL_NOT_GRANTED` as `not_granted`: the name the provider's
+/// `agentmesh_node_calls_total{direction="inbound",result}` uses.
+pub(crate) fn refusal_name(r: CallRefusal) -> String {
+    let name = r.as_str_name();
+    name.strip_prefix("CALL_REFUSAL_")
+        .unwrap_or(name)
+        .to_ascii_lowercase()
+}
+
+impl CallError {
+    /// Whether the call was refused (by a router's policy or by the
+    /// provider), as opposed to failing to reach an answer.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            Self::Denied { .. } | Self::Failed { refused: true, .. }
+        )
+    }
 }
 
 /// How a call reached its provider.
@@ -99,6 +139,16 @@ pub struct CallRoute {
     pub transit: bool,
 }
 
+impl CallRoute {
+    /// The kind of path the call took: `relayed` (a circuit through
+    /// `via_router`), the only kind today. Direct connections between
+    /// members (a relayed connection upgraded by DCUtR) will add `direct`;
+    /// `agentmesh-node ping` reports this value as is.
+    pub fn path(&self) -> &'static str {
+        "relayed"
+    }
+}
+
 /// An accepted call: raw bytes to and from the provider's backend, relayed
 /// and end-to-end encrypted. Implements tokio's `AsyncRead + AsyncWrite`.
 /// Shut down the write side to signal end of request.
@@ -107,6 +157,8 @@ pub struct CallStream {
     route: CallRoute,
     /// The connection to the provider carrying the stream.
     conn: ConnectionId,
+    /// From sending the call request to reading the provider's answer.
+    answered_in: Duration,
     sent: Counter,
     received: Counter,
     _in_flight: InFlight,
@@ -127,15 +179,23 @@ impl CallStream {
         stream: Stream,
         route: CallRoute,
         conn: ConnectionId,
-        sent: Counter,
-        received: Counter,
+        answered_in: Duration,
+        metrics: &CallMetrics,
         in_flight: InFlight,
         peer_call: PeerCall,
     ) -> Self {
+        let bytes = |direction| {
+            metrics
+                .call_bytes
+                .get_or_create(&DirectionLabel { direction })
+                .clone()
+        };
+        let (sent, received) = (bytes("sent"), bytes("received"));
         Self {
             inner: stream.compat(),
             route,
             conn,
+            answered_in,
             sent,
             received,
             _in_flight: in_flight,
@@ -146,6 +206,13 @@ impl CallStream {
     /// How this call reached its provider.
     pub fn route(&self) -> &CallRoute {
         &self.route
+    }
+
+    /// How long the provider took to answer the call request: one round
+    /// trip over the route plus the provider's checks and its connect to
+    /// its backend (what `agentmesh-node ping` reports as the round trip).
+    pub fn answered_in(&self) -> Duration {
+        self.answered_in
     }
 
     /// The connection to the provider that carries this call.

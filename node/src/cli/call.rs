@@ -1,5 +1,7 @@
 //! `agentmesh-node call NAME`: stdin and stdout piped to a service through
-//! a running node's Unix socket (`CALL NAME`, then `OK` or the reason).
+//! a running node's Unix socket (`CALL NAME`, then `OK` or the reason),
+//! with `--wait-ready-secs` first waiting (bounded) for the node to be
+//! ready, so a script can call right after starting its node.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -33,6 +35,15 @@ pub enum CallError {
         /// The node's answer.
         reason: String,
     },
+    /// `--wait-ready-secs` ran out before the node was ready.
+    #[error("call {name}: {wait}")]
+    NotReady {
+        /// The service.
+        name: String,
+        /// Why (not a `source`: the message already says it, and the
+        /// binary's one error line would say it twice).
+        wait: super::WaitError,
+    },
     /// Reading or writing the call failed.
     #[error("call {name}: {source}")]
     Io {
@@ -47,6 +58,14 @@ pub enum CallError {
 /// service and its answer to stdout, until the service has answered.
 pub async fn call(args: CallArgs) -> Result<(), CallError> {
     let path = args.socket_path();
+    if let Some(secs) = args.wait_ready_secs {
+        super::wait_ready(&path, &args.data_dir, Duration::from_secs(secs))
+            .await
+            .map_err(|wait| CallError::NotReady {
+                name: args.name.clone(),
+                wait,
+            })?;
+    }
     let name = args.name;
     let io = |source| CallError::Io {
         name: name.clone(),

@@ -1,3 +1,5 @@
+use std::path::Path;
+
 use clap::{CommandFactory as _, Parser as _};
 
 use super::*;
@@ -207,4 +209,61 @@ fn yamux_and_splice_flags_map_to_the_config() {
     assert!(d.connection_window_bytes < 1 << 30);
     assert!(d.connection_window_bytes >= d.max_streams as u64 * 256 * 1024);
     assert!(run_args(&["--splice-buffer-kib", "0"]).is_err());
+}
+
+#[test]
+fn the_member_tools_parse_their_flags() {
+    let parse = |args: &[&str]| {
+        Cli::try_parse_from(["agentmesh-node"].into_iter().chain(args.iter().copied()))
+            .expect("parse")
+            .command
+    };
+    for flag in ["--wait-ready-secs", "--wait-ready"] {
+        match parse(&["call", "upper", flag, "30"]) {
+            Command::Call(c) => assert_eq!(c.wait_ready_secs, Some(30), "{flag}"),
+            other => panic!("not call: {other:?}"),
+        }
+    }
+    match parse(&["call", "upper"]) {
+        Command::Call(c) => assert_eq!(c.wait_ready_secs, None),
+        other => panic!("not call: {other:?}"),
+    }
+    match parse(&["ping", "upper"]) {
+        Command::Ping(p) => {
+            assert_eq!(
+                (p.count, p.interval_ms, p.timeout_ms, p.json),
+                (3, 1000, 25_000, false)
+            );
+            assert_eq!(
+                p.socket_path(),
+                Path::new(config::DEFAULT_DATA_DIR).join(config::SOCKET_FILE)
+            );
+        }
+        other => panic!("not ping: {other:?}"),
+    }
+    match parse(&[
+        "ping",
+        "upper",
+        "--count",
+        "1",
+        "--interval-ms",
+        "5",
+        "--timeout-ms",
+        "70",
+        "--json",
+    ]) {
+        Command::Ping(p) => assert_eq!(
+            (p.count, p.interval_ms, p.timeout_ms, p.json),
+            (1, 5, 70, true)
+        ),
+        other => panic!("not ping: {other:?}"),
+    }
+    match parse(&["wait"]) {
+        Command::Wait(w) => assert_eq!(w.timeout_secs, 30),
+        other => panic!("not wait: {other:?}"),
+    }
+    assert_eq!(
+        config(&["--max-call-metric-services", "3"]).max_call_metric_services,
+        3
+    );
 }

@@ -5,12 +5,15 @@
 
 use std::sync::atomic::Ordering;
 
-use agentmesh_proto::credential::peek_claims;
+use agentmesh_proto::credential::{labels_to_map, peek_claims, verify};
+use agentmesh_proto::enforce::groups_of;
+use agentmesh_proto::pb::credential::Role;
 use agentmesh_proto::unix_now;
 use tokio::time::Instant;
 
 use super::Engine;
-use crate::status::report::{Report, RouterReport};
+use crate::node::Node;
+use crate::status::report::{IdentityReport, PolicyReport, Report, RouterReport};
 
 impl Engine {
     pub(super) fn report(&self) -> Report {
@@ -37,10 +40,10 @@ impl Engine {
             .collect();
         transit_routers.sort();
         let (policy_epoch, policy_version) = self.node.policy.epoch_version();
-        let expires = peek_claims(&self.node.credential())
-            .unwrap_or_default()
-            .expires_at_unix_secs;
+        let (revocations_epoch, revocations_generation) = self.node.policy.revocations_generation();
+        let now = unix_now();
         Report {
+            at_unix_secs: now,
             peer_id: self.node.peer_id.to_string(),
             ready: status.ready,
             readiness: status.readyz_line(),
@@ -48,8 +51,7 @@ impl Engine {
             router_candidates: status.candidates,
             routers,
             transit_routers,
-            credential_expires_at_unix_secs: expires,
-            credential_expires_in_secs: expires - unix_now(),
+            identity: identity(&self.node, now),
             exposed: self.node.exposed(),
             forwarded: self.node.forwarded(),
             calls_in_flight: self.node.in_flight.load(Ordering::SeqCst),
@@ -57,9 +59,50 @@ impl Engine {
             recent_window_secs: crate::status::recent::WINDOW.as_secs(),
             stopping: status.stopping,
             last_router_error: status.last_router_error,
-            policy_version,
-            policy_epoch,
+            policy: PolicyReport {
+                policy_version,
+                policy_epoch,
+                revocations_epoch,
+                revocations_generation,
+            },
             records_refused: status.records_refused,
         }
+    }
+}
+
+/// Who the node is by its current credential at `now`; its groups are
+/// those of the policy held, judged on the credential as verified (none
+/// when it does not verify: then no grant applies to it either).
+fn identity(node: &Node, now: i64) -> IdentityReport {
+    let credential = node.credential();
+    let claims = peek_claims(&credential).unwrap_or_default();
+    let skew = node.config.credential_skew.as_secs() as i64;
+    let groups = match (
+        node.policy.held(),
+        verify(&credential, &node.trust(), now, Some(&node.peer_id), skew),
+    ) {
+        (Some(held), Ok(verified)) => {
+            let g = groups_of(&held.policy, &verified);
+            held.policy
+                .group_names(&g)
+                .into_iter()
+                .map(str::to_string)
+                .collect()
+        }
+        _ => Vec::new(),
+    };
+    let role = match Role::try_from(claims.role).unwrap_or(Role::Unspecified) {
+        Role::Member => "member",
+        Role::Router => "router",
+        Role::Unspecified => "unspecified",
+    };
+    IdentityReport {
+        node_id: claims.node_id.clone(),
+        role: role.to_string(),
+        labels: labels_to_map(&claims.labels),
+        groups,
+        credential_issued_at_unix_secs: claims.issued_at_unix_secs,
+        credential_expires_at_unix_secs: claims.expires_at_unix_secs,
+        credential_expires_in_secs: claims.expires_at_unix_secs - now,
     }
 }

@@ -1,4 +1,5 @@
-//! What calls count, both directions: results, ends, bytes, retries, idle relayed connections closed.
+//! What calls count, both directions: results, ends, bytes, retries, idle relayed connections closed,
+//! and how long outbound calls take to set up (`call_duration`).
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -25,6 +26,8 @@ pub struct CallMetrics {
     /// `--relayed-idle-secs`, by `direction` (`outbound`: we dialed the
     /// circuit, `inbound`: a caller did).
     pub relayed_idle_closed: Family<DirectionLabel, Counter>,
+    /// Outbound call set-up time by service (bounded) and result.
+    pub durations: CallDurations,
 }
 
 impl CallMetrics {
@@ -56,5 +59,6 @@ impl CallMetrics {
             "Relayed connections closed after --relayed-idle-secs without a call, by direction",
             self.relayed_idle_closed.clone(),
         );
+        self.durations.register(r);
     }
 }

@@ -1,12 +1,16 @@
 //! The node's metrics, prefix `agentmesh_node_`. Every label value is
 //! created at start-up so rates read 0 rather than missing.
 
+mod call_duration;
 mod calls;
 mod local;
 mod routers;
 
 use prometheus_client::encoding::EncodeLabelSet;
 
+pub use call_duration::{
+    CallDurations, DEFAULT_MAX_CALL_METRIC_SERVICES, OTHER_SERVICE, ServiceResultLabels,
+};
 pub use calls::CallMetrics;
 pub use local::LocalMetrics;
 pub use routers::RouterMetrics;
@@ -325,6 +329,19 @@ impl Metrics {
             "Inbound yamux streams dropped before the node took them, by reason",
             self.yamux_inbound_streams_dropped.clone(),
         );
+    }
+
+    /// Gives at most `cap` services a `service` label of their own in
+    /// `call_duration_seconds`, the `known` ones (those this member is
+    /// configured to call) first, pre-created. Called once, before the
+    /// metrics are shared.
+    pub(crate) fn name_call_services<'a>(
+        &mut self,
+        cap: usize,
+        known: impl IntoIterator<Item = &'a str>,
+    ) {
+        self.calls.durations = CallDurations::new(cap);
+        self.calls.durations.precreate(known);
     }
 
     pub(crate) fn call(&self, direction: &'static str, result: &'static str) {

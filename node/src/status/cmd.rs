@@ -106,27 +106,39 @@ pub async fn ask(
     Ok(text)
 }
 
-async fn exchange(socket: &Path, data_dir: &Path, what: Ask) -> Result<String, StatusCmdError> {
-    let io = |e: std::io::Error| StatusCmdError::Io {
-        socket: socket.to_path_buf(),
-        detail: e.to_string(),
-    };
-    let mut conn = match tokio::net::UnixStream::connect(socket).await {
-        Ok(c) => c,
+/// Connects to the node's socket; nothing listening there (no socket, or
+/// a stale one) is [`StatusCmdError::NoNode`].
+pub(crate) async fn connect(
+    socket: &Path,
+    data_dir: &Path,
+) -> Result<tokio::net::UnixStream, StatusCmdError> {
+    match tokio::net::UnixStream::connect(socket).await {
+        Ok(c) => Ok(c),
         Err(e)
             if matches!(
                 e.kind(),
                 std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
             ) =>
         {
-            return Err(StatusCmdError::NoNode {
+            Err(StatusCmdError::NoNode {
                 data_dir: data_dir.to_path_buf(),
                 socket: socket.to_path_buf(),
                 reason: e.to_string(),
-            });
+            })
         }
-        Err(e) => return Err(io(e)),
+        Err(e) => Err(StatusCmdError::Io {
+            socket: socket.to_path_buf(),
+            detail: e.to_string(),
+        }),
+    }
+}
+
+async fn exchange(socket: &Path, data_dir: &Path, what: Ask) -> Result<String, StatusCmdError> {
+    let io = |e: std::io::Error| StatusCmdError::Io {
+        socket: socket.to_path_buf(),
+        detail: e.to_string(),
     };
+    let mut conn = connect(socket, data_dir).await?;
     let request: &[u8] = match what {
         Ask::Status => b"STATUS\n",
         Ask::Services => b"SERVICES\n",

@@ -2,11 +2,16 @@
 //! engine publishes (readiness, what `/readyz` answers); [`report`], the
 //! fuller account `agentmesh-node status` and `services` print, asked over
 //! the Unix socket by [`cmd`]; and [`recent`], the recent call counts both
-//! carry. What the engine contributes is built in `engine::report`.
+//! carry; [`render`] their human form, with [`time`] for instants and
+//! spans and `id_string` for 64-bit ids in JSON. What the engine
+//! contributes is built in `engine::report`.
 
 pub mod cmd;
+mod id_string;
 pub(crate) mod recent;
+mod render;
 pub mod report;
+pub(crate) mod time;
 
 use libp2p::PeerId;
 

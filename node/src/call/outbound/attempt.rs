@@ -15,7 +15,6 @@ use super::failure::AttemptError;
 use crate::call::{CallRoute, CallStream};
 use crate::command::{Command, TransitError};
 use crate::engine::router_base;
-use crate::metrics::DirectionLabel;
 use crate::node::Node;
 
 /// What an attempt needs to choose its route.
@@ -99,6 +98,7 @@ pub(super) async fn attempt(
             }
         });
     }
+    let asked = tokio::time::Instant::now();
     let (answer, stream, conn) = call_wire::request(
         node.control.clone(),
         provider,
@@ -111,6 +111,7 @@ pub(super) async fn attempt(
         via: via.router,
         error,
     })?;
+    let answered_in = asked.elapsed();
     // Counted on its connection: a router let go after its go-away stays
     // connected while this call streams through it (`engine::linger`).
     peer_call.carried_by(conn);
@@ -121,7 +122,6 @@ pub(super) async fn attempt(
             detail,
         });
     }
-    let m = &node.metrics;
     Ok(CallStream::new(
         stream,
         CallRoute {
@@ -130,16 +130,8 @@ pub(super) async fn attempt(
             transit: via.transit,
         },
         conn,
-        m.calls
-            .call_bytes
-            .get_or_create(&DirectionLabel { direction: "sent" })
-            .clone(),
-        m.calls
-            .call_bytes
-            .get_or_create(&DirectionLabel {
-                direction: "received",
-            })
-            .clone(),
+        answered_in,
+        &node.metrics.calls,
         node.in_flight_guard(),
         peer_call,
     ))

@@ -105,6 +105,14 @@ impl AttemptError {
     pub(super) fn refused(&self) -> bool {
         matches!(self, Self::Refused { .. })
     }
+
+    /// The provider's refusal, when it refused.
+    pub(super) fn refusal(&self) -> Option<CallRefusal> {
+        match self {
+            Self::Refused { refusal, .. } => Some(*refusal),
+            _ => None,
+        }
+    }
 }
 
 /// Whether a transit auth failed on its route (timed out or lost its

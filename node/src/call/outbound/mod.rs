@@ -82,14 +82,20 @@ impl Budget {
     }
 }
 
-/// Calls `service`, counting the result.
+/// Calls `service`, counting the result and how long it took to set up
+/// (`agentmesh_node_call_duration_seconds{service, result}`).
 pub(crate) async fn call(node: &Arc<Node>, service: &str) -> Result<CallStream, CallError> {
+    let started = Instant::now();
     let r = call_inner(node, service).await;
     let label = match &r {
         Ok(_) => "ok",
         Err(e) => e.result_label(),
     };
     node.metrics.call("outbound", label);
+    node.metrics
+        .calls
+        .durations
+        .observe(service, label, started.elapsed());
     if let Err(e) = &r {
         tracing::debug!(service, error = %e, "call failed");
     }
@@ -113,6 +119,7 @@ async fn call_inner(node: &Arc<Node>, service: &str) -> Result<CallStream, CallE
             attempts: 0,
             last: format!("the call's budget of {limit:?} (connect + call timeout) ran out"),
             refused: false,
+            refusal: None,
             timed_out: true,
         }),
     }
@@ -175,12 +182,14 @@ fn with_earlier(error: CallError, earlier: &[String]) -> CallError {
             attempts,
             last,
             refused,
+            refusal,
             timed_out,
         } if !earlier.is_empty() => CallError::Failed {
             service,
             attempts,
             last: format!("{last} (retried after: {})", earlier.join("; ")),
             refused,
+            refusal,
             timed_out,
         },
         other => other,

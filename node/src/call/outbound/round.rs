@@ -121,6 +121,7 @@ pub(super) async fn round(
             attempts: tried,
             last: last.to_string(),
             refused: last.refused(),
+            refusal: last.refusal(),
             timed_out: last.timed_out(),
         },
         routes,

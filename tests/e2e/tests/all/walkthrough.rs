@@ -11,7 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The walk-through must finish well within this (it polls for at most
-/// 30 s for the token and 30 s for the call).
+/// 30 s for the token, waits at most 30 s for each node to be ready, and
+/// the ping takes one call's budget at most).
 const DEADLINE: Duration = Duration::from_secs(120);
 
 /// The programs the walk-through runs, under the names it uses.
@@ -140,6 +141,14 @@ fn the_readme_walk_through_runs_as_written() {
     assert!(
         stdout.lines().any(|l| l == "HELLO MESH"),
         "no HELLO MESH\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    // `ping` names the route and the verdict (a refused or failed ping
+    // exits non-zero, failing the script above).
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("upper granted by ") && l.contains(" via router ")),
+        "no granted ping\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
     // The banner names the admin token, and `policy show` worked with it.
     assert!(stdout.contains("admin token"), "{stdout}");

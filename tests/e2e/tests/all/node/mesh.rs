@@ -46,6 +46,16 @@ async fn a_on_r1_calls_b_on_r2_through_transit_and_a_relay() {
     assert!(s.route().transit, "route: {:?}", s.route());
     round_trip(&mut s, 1 << 20).await;
     drop(s);
+    // `agentmesh-node ping` tells the same route: through R2, for transit.
+    let (ok, out, err) = node_cli(&["ping", "echo", "--count", "1", "--json"], adir.path()).await;
+    assert!(ok, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim_end()).expect("ping JSON");
+    assert_eq!(v["verdict"], "granted", "{v}");
+    assert_eq!(v["route"]["transit"], true, "{v}");
+    assert_eq!(v["route"]["router"], r2.handle.peer_id().to_string(), "{v}");
+    let (ok, out, err) = node_cli(&["ping", "echo", "--count", "1"], adir.path()).await;
+    assert!(ok, "{err}");
+    assert!(out.contains(" (relayed, transit) in "), "{out}");
 
     // The allow rule refuses A (no team=x label), with a reason.
     match a.call("secret").await {

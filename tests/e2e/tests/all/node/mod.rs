@@ -16,6 +16,7 @@ mod held_calls;
 mod hostile_calls;
 mod log_noise;
 mod lying_router;
+mod member_tools;
 mod mesh;
 mod mesh_restart;
 mod p2p_metrics;

@@ -1,6 +1,6 @@
 //! Refusals that say why, as an operator sees them through the real
 //! `agentmesh-node` binary:
-//! - a caller with no grant runs `agentmesh-node call`: the router refuses
+//! - a caller with no grant runs `agentmesh-node call` (and `ping`): the router refuses
 //!   the circuit by policy (its muxer answers the relay PERMISSION_DENIED
 //!   in the provider's place), the caller names the policy version, its
 //!   groups and the service on ONE line (no backtrace, `RUST_BACKTRACE=1`
@@ -89,7 +89,11 @@ async fn status_json(data: &Path) -> serde_json::Value {
 /// Waits until the node binary at `data` holds a policy.
 async fn holds_policy(data: &Path) {
     eventually("the caller holds the policy", || async {
-        (status_json(data).await["policy_version"].as_u64() >= Some(1)).then_some(())
+        // A string: 64-bit ids are strings in the status JSON.
+        let v = status_json(data).await["policy_version"]
+            .as_str()
+            .and_then(|s| s.parse::<u64>().ok());
+        (v >= Some(1)).then_some(())
     })
     .await;
 }
@@ -173,6 +177,19 @@ async fn a_caller_without_a_grant_gets_one_line_naming_the_policy_and_it_is_not_
     // One circuit refused, counted by the router: no retry on another
     // route or provider.
     assert_eq!(r.metric(REFUSED), 1.0, "{err}");
+
+    // `ping` says the same: refused, typed `denied`, why on one line, a
+    // failing exit; one more circuit refused, again not retried.
+    let (ok, out, err) = node_cli(&["ping", SERVICE, "--count", "1"], &data).await;
+    assert!(!ok, "a ping without a grant succeeded: {out}");
+    assert!(
+        out.starts_with(&format!("{SERVICE} refused (denied): ")),
+        "{out}"
+    );
+    one_clean_line(&err);
+    assert!(err.contains("not granted; last: refused (denied)"), "{err}");
+    assert!(err.contains(r#"this caller's groups ["ops"]"#), "{err}");
+    assert_eq!(r.metric(REFUSED), 2.0, "{err}");
     // Nothing reached the provider.
     let t = http_get(provider.metrics_addr().expect("metrics"), "/metrics")
         .await
