@@ -21,6 +21,8 @@ pub mod admin_cli;
 #[cfg(feature = "server")]
 pub mod admin_list;
 #[cfg(feature = "server")]
+pub mod changes;
+#[cfg(feature = "server")]
 pub mod cli;
 #[cfg(feature = "server")]
 pub mod config;

@@ -182,6 +182,7 @@ pub async fn spawn_with(
     grpc_server::spawn(&sections.grpc, grpc, &state, &mut tasks).await?;
     crate::reaper::spawn(&sections.schedule, &state, &mut tasks);
     crate::replicas::spawn(&state, &mut tasks);
+    crate::changes::spawn(&state, &mut tasks);
     crate::policy::watch::spawn(&state, &mut tasks);
     crate::watch::spawn(&state, &mut tasks);
     let registry = Arc::new(registry);

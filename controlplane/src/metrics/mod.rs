@@ -158,6 +158,11 @@ struct TableLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DutyLabel {
     duty: String,
 }
@@ -365,6 +370,19 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc_by(n);
+    }
+
+    /// Counts one change notification from the database, by kind.
+    pub fn change_notification(&self, kind: &str) {
+        self.storage
+            .change_notifications
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .inc();
+    }
+
+    /// Whether the change listener holds its LISTEN connection.
+    pub fn set_change_listener_up(&self, up: bool) {
+        self.storage.change_listener_up.set(i64::from(up));
     }
 
     /// The live replicas this one counted (its share is 1/N).

@@ -7,7 +7,8 @@ use prometheus_client::{
 };
 
 use super::{
-    DELETE_REASONS, DutyLabel, StateLabel, TABLES, TableLabel, TableReason, Wait, WaitLabel,
+    DELETE_REASONS, DutyLabel, KindLabel, StateLabel, TABLES, TableLabel, TableReason, Wait,
+    WaitLabel,
 };
 
 #[derive(Clone)]
@@ -20,6 +21,8 @@ pub(super) struct StorageMetrics {
     pub(super) next_rotation: Gauge,
     pub(super) duty_held: Family<DutyLabel, Gauge>,
     pub(super) live_replicas: Gauge,
+    pub(super) change_notifications: Family<KindLabel, Counter>,
+    pub(super) change_listener_up: Gauge,
 }
 
 impl StorageMetrics {
@@ -34,6 +37,8 @@ impl StorageMetrics {
             next_rotation: Gauge::default(),
             duty_held: Family::default(),
             live_replicas: Gauge::default(),
+            change_notifications: Family::default(),
+            change_listener_up: Gauge::default(),
         };
         r.register(
             "storage_rows",
@@ -80,6 +85,23 @@ impl StorageMetrics {
              enroll, refresh, lease and unauthenticated budgets and of the failure guard",
             m.live_replicas.clone(),
         );
+        r.register(
+            "change_notifications",
+            "Change notifications from the database (PostgreSQL), by kind: keys, policy, \
+             revocations, directory; all: the listener (re)connected and re-read everything",
+            m.change_notifications.clone(),
+        );
+        r.register(
+            "change_listener_up",
+            "1 while the change listener holds its LISTEN connection (PostgreSQL); 0 on \
+             SQLite and while it reconnects (the polls carry changes meanwhile)",
+            m.change_listener_up.clone(),
+        );
+        for kind in crate::changes::KINDS {
+            let _ = m.change_notifications.get_or_create(&KindLabel {
+                kind: (*kind).into(),
+            });
+        }
         for duty in crate::store::DUTIES {
             let _ = m.duty_held.get_or_create(&DutyLabel {
                 duty: (*duty).into(),

@@ -334,6 +334,36 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     ",
         oldest_compatible: 2,
     },
+    // 8: change notifications (PostgreSQL only): every statement that
+    // writes the signing keys, the policies, the revocations or the router
+    // leases sends `NOTIFY agentmesh_changes` with what changed, delivered
+    // to every replica's listener when the transaction commits, whichever
+    // replica or binary wrote it (`crate::changes`). SQLite serves one
+    // process; there the polls alone carry changes. An expansion.
+    Migration {
+        sqlite: "",
+        postgres: "
+    CREATE FUNCTION agentmesh_notify_change() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_notify('agentmesh_changes', TG_ARGV[0]);
+        RETURN NULL;
+    END
+    $$;
+    CREATE TRIGGER signing_keys_changed AFTER INSERT OR UPDATE OR DELETE ON signing_keys
+        FOR EACH STATEMENT EXECUTE FUNCTION agentmesh_notify_change('keys');
+    CREATE TRIGGER rotation_state_changed AFTER INSERT OR UPDATE OR DELETE ON rotation_state
+        FOR EACH STATEMENT EXECUTE FUNCTION agentmesh_notify_change('keys');
+    CREATE TRIGGER policies_changed AFTER INSERT OR UPDATE OR DELETE ON policies
+        FOR EACH STATEMENT EXECUTE FUNCTION agentmesh_notify_change('policy');
+    CREATE TRIGGER revocations_changed AFTER INSERT OR UPDATE OR DELETE ON revocations
+        FOR EACH STATEMENT EXECUTE FUNCTION agentmesh_notify_change('revocations');
+    CREATE TRIGGER token_revocations_changed AFTER INSERT OR UPDATE OR DELETE ON token_revocations
+        FOR EACH STATEMENT EXECUTE FUNCTION agentmesh_notify_change('revocations');
+    CREATE TRIGGER router_leases_changed AFTER INSERT OR UPDATE OR DELETE ON router_leases
+        FOR EACH STATEMENT EXECUTE FUNCTION agentmesh_notify_change('directory');
+    ",
+        oldest_compatible: 2,
+    },
 ];
 
 /// The schema version this build writes.

@@ -401,6 +401,35 @@ pub const DUTIES: &[&str] = &[REAPER_DUTY];
 /// The reaper's duty: deletions and the row counts.
 pub const REAPER_DUTY: &str = "reaper";
 
+/// What another process changed, as its notification says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Signing keys or the rotation deadline.
+    Keys,
+    /// A policy version.
+    Policy,
+    /// Node or token revocations.
+    Revocations,
+    /// Router leases (the directory).
+    Directory,
+    /// Anything may have changed (the listener just (re)connected).
+    All,
+}
+
+impl Change {
+    /// The notification payload's meaning; `None` for a payload this
+    /// binary does not know (a newer one's), which callers treat as `All`.
+    pub fn from_payload(payload: &str) -> Option<Self> {
+        Some(match payload {
+            "keys" => Change::Keys,
+            "policy" => Change::Policy,
+            "revocations" => Change::Revocations,
+            "directory" => Change::Directory,
+            _ => return None,
+        })
+    }
+}
+
 /// A replica's presence is a lease on its own name in `duty_leases`.
 pub const REPLICA_DUTY_PREFIX: &str = "replica:";
 
@@ -558,6 +587,21 @@ pub trait Store: Send + Sync + 'static {
     /// replicas whose presence lapsed, and returns how many are live,
     /// `holder` included. One transaction.
     async fn replica_heartbeat(&self, holder: &str, ttl_ms: i64) -> Result<u32, StoreError>;
+    /// Listens for other processes' changes on a connection of its own and
+    /// calls `on_change` for each (then [`Change::All`] once listening, so
+    /// a caller that missed changes while reconnecting re-reads
+    /// everything); returns only when that connection fails.
+    /// [`StoreError::Unsupported`] where the backend has no notifications
+    /// (SQLite: one process per file; the polls carry changes there).
+    async fn listen_changes(
+        &self,
+        on_change: &(dyn Fn(Change) + Send + Sync),
+    ) -> Result<(), StoreError> {
+        let _ = on_change;
+        Err(StoreError::Unsupported(
+            "change notifications need PostgreSQL",
+        ))
+    }
     /// A consistent copy of the database in the new file `to` while serving
     /// (SQLite; PostgreSQL is backed up with `pg_dump`).
     async fn backup_to(&self, to: &Path) -> Result<(), StoreError>;

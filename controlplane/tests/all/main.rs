@@ -30,6 +30,7 @@
 mod common;
 
 mod admin;
+mod changes;
 mod cli;
 mod connection_age;
 mod enroll;

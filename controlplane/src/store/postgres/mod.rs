@@ -23,6 +23,7 @@
 //! the `PG*` variables.
 
 mod admin;
+mod changes;
 mod duties;
 mod errors;
 mod keys;
@@ -46,8 +47,8 @@ pub(crate) use options::process_env;
 pub use options::{PgOptions, Tls};
 
 use super::{
-    AdminRequest, AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy,
-    NodeListing, NodeRefusal, NodeRow, PolicyHead, PolicyRow, PriorRequest, ReapPolicy,
+    AdminRequest, AppliedPolicy, Change, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow,
+    NewPolicy, NodeListing, NodeRefusal, NodeRow, PolicyHead, PolicyRow, PriorRequest, ReapPolicy,
     SigningKeyRow, Snapshot, Store, StoreError, StoredRevocations, TokenListing, TokenRow, Wait,
     deadline,
 };
@@ -67,6 +68,8 @@ const LOCK_POLICY: i64 = 0x616d_0003;
 pub struct PostgresStore {
     pool: Pool,
     kek: Kek,
+    /// For the change listener's own connection (never a pooled one).
+    opts: PgOptions,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -281,6 +284,13 @@ impl Store for PostgresStore {
 
     async fn claim_duty(&self, duty: &str, holder: &str, ttl_ms: i64) -> Result<bool, StoreError> {
         duties::claim(self, duty, holder, ttl_ms).await
+    }
+
+    async fn listen_changes(
+        &self,
+        on_change: &(dyn Fn(Change) + Send + Sync),
+    ) -> Result<(), StoreError> {
+        changes::listen(&self.opts, on_change).await
     }
 
     async fn replica_heartbeat(&self, holder: &str, ttl_ms: i64) -> Result<u32, StoreError> {

@@ -37,7 +37,7 @@ impl PostgresStore {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::Config(format!("database pool: {e}")))?;
-        let store = Self { pool, kek };
+        let store = Self { pool, kek, opts };
         store.migrate().await?;
         store.ensure_epoch().await?;
         store.reseal_keys().await?;
