@@ -42,19 +42,6 @@ fn bits(c: Change) -> u8 {
     }
 }
 
-/// Label values of `change_notifications_total{kind}`.
-pub const KINDS: &[&str] = &["keys", "policy", "revocations", "directory", "all"];
-
-fn kind(c: Change) -> &'static str {
-    match c {
-        Change::Keys => "keys",
-        Change::Policy => "policy",
-        Change::Revocations => "revocations",
-        Change::Directory => "directory",
-        Change::All => "all",
-    }
-}
-
 /// Takes up what `pending` names.
 async fn apply(s: &State, pending: u8) {
     if pending & KEYS != 0 {
@@ -89,7 +76,7 @@ pub fn spawn(state: &Arc<State>, tasks: &mut Tasks) {
         loop {
             let (p, w, m) = (pending.clone(), wake.clone(), s.metrics.clone());
             let on_change = move |c: Change| {
-                m.change_notification(kind(c));
+                m.change_notification(c.kind());
                 p.fetch_or(bits(c), Ordering::AcqRel);
                 w.notify_one();
             };

@@ -97,7 +97,7 @@ impl StorageMetrics {
              SQLite and while it reconnects (the polls carry changes meanwhile)",
             m.change_listener_up.clone(),
         );
-        for kind in crate::changes::KINDS {
+        for kind in crate::store::CHANGE_KINDS {
             let _ = m.change_notifications.get_or_create(&KindLabel {
                 kind: (*kind).into(),
             });

@@ -416,7 +416,22 @@ pub enum Change {
     All,
 }
 
+/// Label values of `change_notifications_total{kind}`: every
+/// [`Change::kind`].
+pub const CHANGE_KINDS: &[&str] = &["keys", "policy", "revocations", "directory", "all"];
+
 impl Change {
+    /// Its label value (and, but for `all`, its notification payload).
+    pub fn kind(self) -> &'static str {
+        match self {
+            Change::Keys => "keys",
+            Change::Policy => "policy",
+            Change::Revocations => "revocations",
+            Change::Directory => "directory",
+            Change::All => "all",
+        }
+    }
+
     /// The notification payload's meaning; `None` for a payload this
     /// binary does not know (a newer one's), which callers treat as `All`.
     pub fn from_payload(payload: &str) -> Option<Self> {
