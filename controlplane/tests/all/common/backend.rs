@@ -224,9 +224,12 @@ impl TestDb {
     /// the file lock; on PostgreSQL `statement_timeout` and `lock_timeout`
     /// are both what is left of the deadline, and which fires first is the
     /// server's (the statement's timer starts a moment before the lock wait).
+    /// On SQLite also `writer`: a background write (the replica heartbeat,
+    /// the reaper's duty claim) may hold the one writer connection while it
+    /// waits for the file lock, and the request then waits for the writer.
     pub fn lock_waits(&self) -> &'static [&'static str] {
         match self.backend {
-            Backend::Sqlite => &["lock"],
+            Backend::Sqlite => &["lock", "writer"],
             Backend::Postgres => &["lock", "statement"],
         }
     }
