@@ -27,7 +27,10 @@ mod retry;
 mod watch;
 
 use std::{
-    sync::{Arc, OnceLock},
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -179,12 +182,22 @@ pub struct Client {
 
 struct Inner {
     url: String,
-    endpoint: Endpoint,
-    channel: OnceLock<Channel>,
+    /// Where calls go: the URL itself, or the replicas' own addresses
+    /// ([`Client::with_endpoints`]), tried in turn.
+    endpoints: Vec<Dial>,
+    /// The endpoint calls use now; moved on when one fails to answer.
+    current: AtomicUsize,
     connections: Connections,
     retry_budget: Duration,
     rpc_timeout: Duration,
     clock: SharedClock,
+}
+
+/// One address to dial and its held channel.
+struct Dial {
+    address: String,
+    endpoint: Endpoint,
+    channel: OnceLock<Channel>,
 }
 
 impl std::fmt::Debug for Client {
@@ -206,56 +219,67 @@ impl Client {
         cfg: ClientConfig,
         connections: Connections,
     ) -> Result<Self, ClientError> {
-        Self::build(cfg, TokioClock::shared(), connections)
+        Self::build(cfg, TokioClock::shared(), connections, &[])
     }
 
     /// Like [`Client::new`], with the clock that times backoff and the retry
     /// budget (tests share a simulated clock with the server's limiter).
     pub fn with_clock(cfg: ClientConfig, clock: SharedClock) -> Result<Self, ClientError> {
-        Self::build(cfg, clock, Connections::Held)
+        Self::build(cfg, clock, Connections::Held, &[])
+    }
+
+    /// Like [`Client::with_connections`], dialling `endpoints` (the
+    /// control plane's replicas, `http(s)://host:port` each) instead of
+    /// `cfg.url`, which stays the one logical URL proofs sign and TLS
+    /// verifies the server's name against. A call starts on the endpoint
+    /// the last one ended on; an attempt that gets no answer (a refused or
+    /// lost connection, `UNAVAILABLE` without `retry-after`, a deadline)
+    /// moves it to the next, so a retry never goes back to the replica that
+    /// just timed out while another is untried (a frozen replica keeps its
+    /// TCP connections open). Empty: `cfg.url` alone.
+    pub fn with_endpoints(
+        cfg: ClientConfig,
+        connections: Connections,
+        endpoints: &[String],
+    ) -> Result<Self, ClientError> {
+        Self::build(cfg, TokioClock::shared(), connections, endpoints)
     }
 
     fn build(
         cfg: ClientConfig,
         clock: SharedClock,
         connections: Connections,
+        endpoints: &[String],
     ) -> Result<Self, ClientError> {
         let url = normalize_url(cfg.url.trim()).to_string();
-        let mut endpoint = Endpoint::from_shared(url.clone())
-            .map_err(|e| ClientError::Config(format!("bad url {url:?}: {e}")))?
-            .connect_timeout(cfg.rpc_timeout)
-            .timeout(cfg.rpc_timeout)
-            // A stream held open (a router's `Watch`) learns that the control
-            // plane is gone within interval + timeout. Only while a call is
-            // open: an idle member's connection sends nothing and is closed
-            // by the control plane's connection age as before.
-            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(false);
-        if url.starts_with("https://") {
-            let pem = cfg.ca_pem.as_ref().ok_or_else(|| {
-                ClientError::Config(format!("{url} is https but no CA certificate was given"))
-            })?;
-            crate::tls::ensure_crypto_provider();
-            let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
-            endpoint = endpoint
-                .tls_config(tls)
-                .map_err(|e| ClientError::Config(format!("tls for {url}: {e}")))?;
-        } else if !url.starts_with("http://") {
-            return Err(ClientError::Config(format!(
-                "url {url:?} must start with http:// or https://"
-            )));
-        }
         if cfg.retry_budget.is_zero() || cfg.rpc_timeout.is_zero() {
             return Err(ClientError::Config(
                 "retry budget and rpc timeout must be positive".into(),
             ));
         }
+        let addresses: Vec<String> = if endpoints.is_empty() {
+            vec![url.clone()]
+        } else {
+            endpoints
+                .iter()
+                .map(|e| normalize_url(e.trim()).to_string())
+                .collect()
+        };
+        let endpoints = addresses
+            .into_iter()
+            .map(|address| {
+                Ok(Dial {
+                    endpoint: dial_endpoint(&address, &url, &cfg)?,
+                    address,
+                    channel: OnceLock::new(),
+                })
+            })
+            .collect::<Result<Vec<_>, ClientError>>()?;
         Ok(Self {
             inner: Arc::new(Inner {
                 url,
-                endpoint,
-                channel: OnceLock::new(),
+                endpoints,
+                current: AtomicUsize::new(0),
                 connections,
                 retry_budget: cfg.retry_budget,
                 rpc_timeout: cfg.rpc_timeout,
@@ -264,6 +288,91 @@ impl Client {
         })
     }
 
+    /// The endpoint calls use now.
+    fn dial(&self) -> &Dial {
+        let i = self.inner.current.load(Ordering::Relaxed) % self.inner.endpoints.len();
+        &self.inner.endpoints[i]
+    }
+
+    /// Moves calls to the next endpoint (no-op with one).
+    fn next_endpoint(&self, failed: &str) {
+        let n = self.inner.endpoints.len();
+        if n > 1 {
+            let i = self
+                .inner
+                .current
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1)
+                % n;
+            tracing::debug!(failed, next = %self.inner.endpoints[i].address, "control plane endpoint did not answer; trying the next");
+        }
+    }
+}
+
+/// Whether an attempt's failure says the endpoint did not answer (so the
+/// next attempt should go elsewhere), rather than that it answered no.
+fn endpoint_failed(status: &Status) -> bool {
+    match status.code() {
+        tonic::Code::DeadlineExceeded | tonic::Code::Cancelled | tonic::Code::Unknown => true,
+        tonic::Code::Unavailable => retry_after(status).is_none(),
+        _ => false,
+    }
+}
+
+/// The tonic endpoint dialling `address` for the control plane whose
+/// logical URL is `url` (the name TLS verifies).
+fn dial_endpoint(address: &str, url: &str, cfg: &ClientConfig) -> Result<Endpoint, ClientError> {
+    let mut endpoint = Endpoint::from_shared(address.to_string())
+        .map_err(|e| ClientError::Config(format!("bad url {address:?}: {e}")))?
+        .connect_timeout(cfg.rpc_timeout)
+        .timeout(cfg.rpc_timeout)
+        // A stream held open (a router's `Watch`) learns that the control
+        // plane is gone within interval + timeout. Only while a call is
+        // open: an idle member's connection sends nothing and is closed
+        // by the control plane's connection age as before.
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(false);
+    if !url.starts_with("http://") && !url.starts_with("https://") {
+        return Err(ClientError::Config(format!(
+            "url {url:?} must start with http:// or https://"
+        )));
+    }
+    if address.starts_with("https://") {
+        let pem = cfg.ca_pem.as_ref().ok_or_else(|| {
+            ClientError::Config(format!(
+                "{address} is https but no CA certificate was given"
+            ))
+        })?;
+        crate::tls::ensure_crypto_provider();
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem));
+        if let Some(host) = host_of(url) {
+            tls = tls.domain_name(host);
+        }
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|e| ClientError::Config(format!("tls for {address}: {e}")))?;
+    } else if !address.starts_with("http://") {
+        return Err(ClientError::Config(format!(
+            "url {address:?} must start with http:// or https://"
+        )));
+    }
+    Ok(endpoint)
+}
+
+/// The host of `url` (`https://host:port/…` → `host`), without IPv6
+/// brackets.
+fn host_of(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split('/').next()?;
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next()?,
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    (!host.is_empty()).then(|| host.to_string())
+}
+
+impl Client {
     /// The endpoint string proofs sign (the URL without a trailing slash).
     pub fn public_url(&self) -> &str {
         &self.inner.url
@@ -272,13 +381,13 @@ impl Client {
     /// A stub on the held channel, or on a channel of its own that closes
     /// its connection when the call's last clone of it is dropped.
     fn grpc(&self) -> ControlPlaneClient<Channel> {
+        let dial = self.dial();
         let ch = match self.inner.connections {
-            Connections::Held => self
-                .inner
+            Connections::Held => dial
                 .channel
-                .get_or_init(|| self.inner.endpoint.connect_lazy())
+                .get_or_init(|| dial.endpoint.connect_lazy())
                 .clone(),
-            Connections::PerCall => self.inner.endpoint.connect_lazy(),
+            Connections::PerCall => dial.endpoint.connect_lazy(),
         };
         ControlPlaneClient::new(ch)
     }
@@ -474,14 +583,18 @@ impl Client {
         };
         loop {
             attempts = attempts.saturating_add(1);
+            let address = self.dial().address.clone();
             let status = match tokio::time::timeout(self.inner.rpc_timeout, attempt()).await {
                 Ok(Ok(resp)) => return Ok(resp.into_inner()),
                 Ok(Err(status)) => status,
                 Err(_) => Status::deadline_exceeded(format!(
-                    "{method}: no answer from {} within {:?}",
-                    self.inner.url, self.inner.rpc_timeout
+                    "{method}: no answer from {address} within {:?}",
+                    self.inner.rpc_timeout
                 )),
             };
+            if endpoint_failed(&status) {
+                self.next_endpoint(&address);
+            }
             if !retryable(&status) {
                 return Err(ClientError::Refused(status));
             }
@@ -514,6 +627,39 @@ fn bearer(admin_token: &str) -> Result<MetadataValue<tonic::metadata::Ascii>, Cl
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_logical_host_is_what_tls_verifies() {
+        assert_eq!(
+            host_of("https://cp.example:7400").as_deref(),
+            Some("cp.example")
+        );
+        assert_eq!(host_of("https://cp.example").as_deref(), Some("cp.example"));
+        assert_eq!(host_of("https://[::1]:7400/").as_deref(), Some("::1"));
+        assert_eq!(host_of("nonsense"), None);
+        // Several endpoints under one logical URL, each checked.
+        let c = Client::with_endpoints(
+            ClientConfig {
+                url: "http://cp.example:7400".into(),
+                ..ClientConfig::default()
+            },
+            Connections::PerCall,
+            &[
+                "http://10.0.0.1:7400".into(),
+                "http://10.0.0.2:7400/".into(),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(c.public_url(), "http://cp.example:7400");
+        assert!(matches!(
+            Client::with_endpoints(
+                ClientConfig::default(),
+                Connections::PerCall,
+                &["ftp://x".into()]
+            ),
+            Err(ClientError::Config(_))
+        ));
+    }
 
     #[test]
     fn config_errors_are_clear() {

@@ -33,6 +33,7 @@ mod admin;
 mod changes;
 mod cli;
 mod connection_age;
+mod endpoints;
 mod enroll;
 mod fleet;
 mod grpc_limits;

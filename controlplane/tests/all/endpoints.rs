@@ -1,0 +1,92 @@
+//! A client given several control-plane endpoints (two replicas on one
+//! database and a frozen one that accepts connections and never answers,
+//! as a SIGSTOPped replica does): calls skip the endpoint that timed out,
+//! proofs stay bound to the one logical URL both replicas serve as their
+//! `--public-url`, and a replica that stops costs a retry, never an error.
+
+use std::time::Duration;
+
+use agentmesh_controlplane::{Client, ClientConfig, Connections, spawn};
+use agentmesh_proto::{
+    identity::Keypair,
+    pb::credential::{Role, TokenKind},
+};
+
+use crate::common::{Backend, TestDb};
+
+/// The name members and routers are configured with; it resolves nowhere:
+/// only the endpoints are dialled.
+const LOGICAL: &str = "http://agentmesh-control-plane.invalid:7400";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_skip_a_frozen_or_stopped_replica_and_proofs_name_the_logical_url() {
+    let db = TestDb::new(Backend::Sqlite).await.expect("sqlite");
+    let mut cfg = db.config();
+    cfg.public_url = Some(LOGICAL.into());
+    let a = spawn(cfg.clone()).await.expect("a");
+    let b = spawn(cfg).await.expect("b");
+    // Accepts, never answers; its connections stay open until the test ends.
+    let frozen = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let frozen_addr = frozen.local_addr().expect("addr");
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = frozen.accept().await {
+            conns.push(c);
+        }
+    });
+    let endpoints = [
+        format!("http://{frozen_addr}"),
+        format!("http://{}", a.grpc_addr()),
+        format!("http://{}", b.grpc_addr()),
+    ];
+    let client = Client::with_endpoints(
+        ClientConfig {
+            url: LOGICAL.into(),
+            retry_budget: Duration::from_secs(30),
+            rpc_timeout: Duration::from_millis(500),
+            ca_pem: None,
+        },
+        Connections::PerCall,
+        &endpoints,
+    )
+    .expect("client");
+    assert_eq!(client.public_url(), LOGICAL);
+
+    // The frozen endpoint times out once; the call goes on to a.
+    let keys = client
+        .get_keys()
+        .await
+        .expect("keys past the frozen endpoint");
+    assert!(!keys.keys.is_empty());
+
+    // An enrollment's proof names the logical URL, which both serve.
+    let token = a
+        .create_token(
+            TokenKind::Bootstrap,
+            Role::Member,
+            Default::default(),
+            10,
+            Duration::from_secs(600),
+        )
+        .await
+        .expect("token");
+    let first = client
+        .enroll(&token, &Keypair::generate_ed25519())
+        .await
+        .expect("enrolls through a");
+    assert!(first.credential.is_some());
+
+    // a stops: the next call costs a retry and lands on b (the frozen one
+    // is skipped again after its timeout).
+    a.shutdown().await;
+    let again = client
+        .enroll(&token, &Keypair::generate_ed25519())
+        .await
+        .expect("enrolls through b");
+    assert!(again.credential.is_some());
+    assert_eq!(db.count("SELECT COUNT(*) FROM nodes").await, 2);
+    b.shutdown().await;
+    held.abort();
+}
