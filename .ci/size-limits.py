@@ -31,8 +31,6 @@ KNOWN = {
     ('router/src/lib.rs', 'spawn'),
     ('router/src/metrics.rs', 'new'),
     ('router/src/metrics.rs', 'Metrics'),
-    ('router/src/policy_metrics.rs', 'register'),
-    ('router/src/resources/metrics.rs', 'new'),
 }
 
 

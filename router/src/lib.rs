@@ -23,31 +23,30 @@ mod goaway;
 mod http;
 pub mod identity;
 mod metrics;
+mod owned;
 mod policy;
 mod policy_metrics;
 mod protocols;
 mod readiness;
 mod relay;
-mod relay_capacity;
 mod resources;
 mod shrink;
 mod streams;
 mod supervisor;
 mod swarm;
+mod tables;
 #[cfg(test)]
 mod test_support;
 mod trim;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use agentmesh_controlplane::client::{Client, ClientConfig, ClientError};
-use futures::StreamExt;
 use libp2p::identity::Keypair;
-use libp2p::swarm::SwarmEvent;
 use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
@@ -58,7 +57,7 @@ pub use catalog::service_key;
 pub use config::Config;
 pub use identity::IdentityError;
 pub use protocols::KAD_PROTOCOL;
-pub use relay_capacity::capacity_layer as relay_capacity_layer;
+pub use relay::capacity::capacity_layer as relay_capacity_layer;
 pub use resources::config as resource_config;
 pub use supervisor::TaskFailure;
 pub use swarm::BuildError;
@@ -67,8 +66,6 @@ use resources::slots::{SlotBudget, SlotRefusalReason};
 
 /// Commands queued to the swarm loop at most (and, apart, provider searches).
 const COMMAND_QUEUE: usize = 256;
-/// How long `spawn` waits for every listener to report its address.
-const LISTEN_DEADLINE: Duration = Duration::from_secs(10);
 /// How long `shutdown` waits for tasks to finish before aborting them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -128,6 +125,15 @@ pub struct RouterHandle {
     supervisor: JoinSet<()>,
     failed: watch::Receiver<Option<TaskFailure>>,
     aborts: Arc<parking_lot::Mutex<HashMap<&'static str, tokio::task::AbortHandle>>>,
+}
+
+impl From<addrs::BindError> for SpawnError {
+    fn from(e: addrs::BindError) -> Self {
+        Self::Listen {
+            addr: e.addr,
+            reason: e.reason,
+        }
+    }
 }
 
 impl RouterHandle {
@@ -234,7 +240,12 @@ pub(crate) struct Components {
     pub(crate) peer_id: PeerId,
     pub(crate) metrics: metrics::Metrics,
     pub(crate) link: Arc<cp::Link>,
+    /// The admission table (the swarm loop's; read-only here).
     pub(crate) admissions: admission::Admissions,
+    /// Asks the swarm loop to change its tables.
+    pub(crate) tables: tables::Handle,
+    /// Circuits relayed now, as the swarm loop publishes them.
+    pub(crate) circuits: watch::Receiver<usize>,
     pub(crate) catalog: Arc<catalog::Catalog>,
     pub(crate) directory: Arc<directory::Directory>,
     pub(crate) addrs: Arc<addrs::Addrs>,
@@ -245,6 +256,53 @@ pub(crate) struct Components {
     pub(crate) policy: Arc<policy::state::PolicyState>,
 }
 
+/// What exists before the resource manager, which reads it: the swarm
+/// loop's tables (their owner goes to the loop, their views and a handle to
+/// everyone else), the policy state, the link and the log gate.
+pub(crate) struct Shared {
+    views: tables::Views,
+    tables: tables::Handle,
+    policy: Arc<policy::state::PolicyState>,
+    link: cp::Link,
+}
+
+impl Shared {
+    /// The tables (returning their owner for the swarm loop) and what reads
+    /// them; `metrics.log` becomes the router's one log gate. Registers the
+    /// tables' metrics.
+    pub(crate) fn new(
+        config: &Config,
+        metrics: &mut metrics::Metrics,
+        registry: &mut Registry,
+        client: Client,
+    ) -> (Self, tables::Owner) {
+        let (owner, views, tables) = tables::Owner::new(registry, config.state_command_deadline);
+        metrics.log = agentmesh_runtime::log_gate::LogGate::new(resources::LOG_KINDS);
+        metrics.policy.log = metrics.log.clone();
+        let shared = Self {
+            policy: Arc::new(policy::state::PolicyState::new(metrics.policy.clone())),
+            link: cp::Link::new(client, views.trust.clone()),
+            views,
+            tables,
+        };
+        (shared, owner)
+    }
+
+    /// What the resource manager reads: the admission table and the
+    /// policy's circuit check, handed over when it is built.
+    pub(crate) fn resource_deps(&self, metrics: &metrics::Metrics) -> resources::Deps {
+        let admissions = self.views.admissions.clone();
+        resources::Deps {
+            admitted: Arc::new(admissions.clone()),
+            circuit_policy: Arc::new(policy::CircuitCheck {
+                state: self.policy.clone(),
+                admissions,
+            }),
+            log: metrics.log.clone(),
+        }
+    }
+}
+
 impl Components {
     /// The components of a router that has not started anything yet.
     pub(crate) fn new(
@@ -252,14 +310,11 @@ impl Components {
         sizing: config::Sizing,
         keypair: Keypair,
         metrics: metrics::Metrics,
-        link: cp::Link,
+        shared: Shared,
         resources: Arc<resources::ResourceManager>,
     ) -> Self {
-        let admissions = admission::Admissions::default();
-        let table = admissions.clone();
-        resources.set_admitted(Box::new(move |peer| table.read().get(peer).is_some()));
-        let c = Self {
-            policy: Arc::new(policy::state::PolicyState::new(metrics.policy.clone())),
+        Self {
+            policy: shared.policy,
             catalog: Arc::new(catalog::Catalog::new(config.catalog_max_records)),
             config: Arc::new(config),
             sizing,
@@ -267,16 +322,15 @@ impl Components {
             keypair,
             readiness: Arc::new(readiness::ReadinessState::new(metrics.ready.clone())),
             metrics,
-            link: Arc::new(link),
-            admissions,
-            directory: Arc::default(),
+            link: Arc::new(shared.link),
+            admissions: shared.views.admissions,
+            tables: shared.tables,
+            circuits: shared.views.circuits,
+            directory: Arc::new(directory::Directory::new(shared.views.router_set)),
             addrs: Arc::default(),
             resources,
             drain: Arc::default(),
-        };
-        c.resources
-            .set_circuit_policy(c.policy_ctx().circuit_check());
-        c
+        }
     }
 
     fn skew_secs(&self) -> i64 {
@@ -288,6 +342,7 @@ impl Components {
             state: self.policy.clone(),
             link: self.link.clone(),
             admissions: self.admissions.clone(),
+            tables: self.tables.clone(),
             catalog: self.catalog.clone(),
             resources: self.resources.clone(),
             skew_secs: self.skew_secs(),
@@ -318,6 +373,7 @@ impl Components {
             keypair: self.keypair.clone(),
             sizing: self.sizing,
             link: self.link.clone(),
+            tables: self.tables.clone(),
             metrics: self.metrics.clone(),
             admissions: self.admissions.clone(),
             directory: self.directory.clone(),
@@ -394,6 +450,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     let mut registry = Registry::default();
     let mut metrics = register_metrics(&mut registry);
     let p2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
+    let (shared, owner) = Shared::new(&config, &mut metrics, &mut registry, client);
     let (resources, sizing) = resources::start(
         &config.resources,
         |budget| {
@@ -402,10 +459,9 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         },
         &mut registry,
         metrics.refused.clone(),
+        shared.resource_deps(&metrics),
     )
     .await?;
-    metrics.log = resources.log().clone();
-    metrics.policy.log = metrics.log.clone();
     tracing::info!(
         high_watermark = sizing.high_watermark,
         low_watermark = sizing.low_watermark,
@@ -426,24 +482,17 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         agentmesh_runtime::allocator::register(&mut registry);
         // Namespace-wide too: whether --listen-backlog-connections bites.
         agentmesh_runtime::listen_queue::register(&mut registry);
-        relay_capacity::register(
+        relay::capacity::register(
             &mut registry,
             metrics
                 .refused
-                .get_or_create(&relay_capacity::RELAY_STOP_REFUSAL)
+                .get_or_create(&relay::capacity::RELAY_STOP_REFUSAL)
                 .clone(),
         );
     }
     config::check_watermarks(&sizing, resources.budgets());
     metrics::register_sizing(&mut registry, &sizing);
-    let c = Components::new(
-        config,
-        sizing,
-        keypair,
-        metrics,
-        cp::Link::new(client),
-        resources,
-    );
+    let c = Components::new(config, sizing, keypair, metrics, shared, resources);
     let peer_id = c.peer_id;
     let ready = c.readiness.watch();
 
@@ -465,72 +514,13 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         })?;
 
     // Bind every listener and wait for its first address.
-    let mut listeners = HashMap::new();
-    for addr in &c.config.listen {
-        let id = swarm
-            .listen_on(addr.clone())
-            .map_err(|e| SpawnError::Listen {
-                addr: addr.clone(),
-                reason: e.to_string(),
-            })?;
-        listeners.insert(id, addr.clone());
-    }
-    let mut pending: HashSet<_> = listeners.keys().copied().collect();
-    let deadline = tokio::time::Instant::now() + LISTEN_DEADLINE;
-    while !pending.is_empty() {
-        let ev = tokio::time::timeout_at(deadline, swarm.select_next_some())
-            .await
-            .map_err(|_| SpawnError::Listen {
-                addr: Multiaddr::empty(),
-                reason: "no listen address within 10 s".into(),
-            })?;
-        match ev {
-            SwarmEvent::NewListenAddr {
-                listener_id,
-                address,
-            } => {
-                pending.remove(&listener_id);
-                c.addrs.listen.write().push(address.clone());
-                if c.config.external_addr.is_empty()
-                    && let Some(ext) = listeners
-                        .get(&listener_id)
-                        .and_then(|l| addrs::derive_external(l, &address))
-                {
-                    swarm.add_external_address(ext.clone());
-                    c.addrs.external.write().push(ext);
-                }
-            }
-            SwarmEvent::ListenerClosed {
-                listener_id,
-                reason,
-                ..
-            } => {
-                let addr = listeners
-                    .get(&listener_id)
-                    .cloned()
-                    .unwrap_or_else(Multiaddr::empty);
-                return Err(SpawnError::Listen {
-                    addr,
-                    reason: format!("listener closed: {reason:?}"),
-                });
-            }
-            SwarmEvent::ListenerError { listener_id, error } => {
-                let addr = listeners
-                    .get(&listener_id)
-                    .cloned()
-                    .unwrap_or_else(Multiaddr::empty);
-                return Err(SpawnError::Listen {
-                    addr,
-                    reason: error.to_string(),
-                });
-            }
-            _ => {}
-        }
-    }
-    for ext in &c.config.external_addr {
-        swarm.add_external_address(ext.clone());
-        c.addrs.external.write().push(ext.clone());
-    }
+    let listeners = addrs::bind(
+        &mut swarm,
+        &c.config.listen,
+        &c.config.external_addr,
+        &c.addrs,
+    )
+    .await?;
     let has_external = !c.addrs.external.read().is_empty();
     if !has_external {
         tracing::warn!(
@@ -574,8 +564,11 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     let event_loop = swarm::event_loop::EventLoop::new(
         swarm,
         c.swarm_parts(),
-        cmd_rx,
-        query_rx,
+        swarm::event_loop::Inputs {
+            owner,
+            commands: cmd_rx,
+            provider_queries: query_rx,
+        },
         p2p_metrics,
         control.clone(),
         listeners,
@@ -605,6 +598,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         config: c.config.clone(),
         state: c.drain.clone(),
         admissions: c.admissions.clone(),
+        circuits: c.circuits.clone(),
         readiness: c.readiness.clone(),
         metrics: c.metrics.clone(),
         cp: c.cp(),
@@ -619,6 +613,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         sizing: c.sizing,
         link: c.link.clone(),
         admissions: c.admissions.clone(),
+        tables: c.tables.clone(),
         resources: c.resources.clone(),
         directory: c.directory.clone(),
         goaways: c.goaways(),

@@ -414,8 +414,12 @@ mod tests {
         let mut registry = Registry::default();
         let m = Metrics::new(&mut registry);
         let budgets = crate::resources::budgets_of(&Default::default(), 64 << 20);
-        let _resources =
-            crate::resources::ResourceManager::new(budgets, &mut registry, m.refused.clone());
+        let _resources = crate::resources::ResourceManager::new(
+            budgets,
+            &mut registry,
+            m.refused.clone(),
+            crate::resources::Deps::nobody(),
+        );
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
         for series in [

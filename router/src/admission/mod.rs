@@ -1,14 +1,15 @@
 //! Admission: who is admitted, for what, until when, and every rule that
 //! decides it.
 //!
-//! - this file: the table of admitted peers, shared by the auth server
-//!   (writes after a credential verifies), the relay ACL (reads on every
-//!   reservation and circuit request) and the swarm loop (drops peers on
-//!   disconnect, expiry and revocation);
+//! - this file: the table of admitted peers. The swarm loop owns it
+//!   (`crate::tables`): it admits when the auth server asks (after a
+//!   credential verifies, through the gate), regroups when the policy asks,
+//!   and drops peers on disconnect, expiry and revocation. Everyone else
+//!   reads it through [`Admissions`], a view: the relay ACL on every
+//!   reservation and circuit request, the resource manager on every stream;
 //! - `gate`: the drain and high-watermark gate in front of a new admission;
 //! - `conns`: the swarm loop's connections as admission sees them, and the
 //!   auth-deadline sweep over them;
-//! - `relay`: the relay ACL (who may reserve, who may open a circuit);
 //! - `groups`: an admitted peer's claims and policy groups.
 //!
 //! Pure data and policy: callers pass `now` and act on the answers.
@@ -16,22 +17,28 @@
 pub(crate) mod conns;
 pub(crate) mod gate;
 pub mod groups;
-pub(crate) mod relay;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use agentmesh_policy::Policy;
 use agentmesh_proto::credential::Trust;
 use libp2p::PeerId;
 
-pub use groups::PeerGroups;
-use parking_lot::RwLock;
-
+use crate::owned::View;
 use crate::shrink::ShrinkSparse;
+pub use groups::PeerGroups;
 
-/// The admission table as the router's tasks share it.
-pub(crate) type Admissions = Arc<RwLock<AdmissionTable>>;
+/// The admission table as every task but its owner (the swarm loop) sees
+/// it: read-only.
+pub(crate) type Admissions = View<AdmissionTable>;
+
+/// The resource manager counts a peer's charges as a member's while the
+/// table lists it (expired or not: the swarm loop's sweep removes it).
+impl crate::resources::AdmittedPeers for Admissions {
+    fn is_admitted(&self, peer: &PeerId) -> bool {
+        self.read().get(peer).is_some()
+    }
+}
 
 /// What a peer was admitted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -281,4 +281,6 @@ impl PolicyState {
 }
 
 #[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
 mod tests;
