@@ -26,9 +26,7 @@ KNOWN = {
     ('controlplane/src/store/sqlite/nodes.rs', 'enroll'),
 
     ('node/src/config.rs', 'Config'),
-    ('router/src/auth/server.rs', 'serve'),
     ('router/src/config.rs', 'Config'),
-    ('router/src/lib.rs', 'spawn'),
     ('router/src/metrics.rs', 'new'),
     ('router/src/metrics.rs', 'Metrics'),
 }

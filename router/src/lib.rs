@@ -31,6 +31,7 @@ mod readiness;
 mod relay;
 mod resources;
 mod shrink;
+mod start;
 mod streams;
 mod supervisor;
 mod swarm;
@@ -62,7 +63,8 @@ pub use resources::config as resource_config;
 pub use supervisor::TaskFailure;
 pub use swarm::BuildError;
 
-use resources::slots::{SlotBudget, SlotRefusalReason};
+use agentmesh_runtime::watchdog::StallMetrics;
+use agentmesh_streams::IncomingStreams;
 
 /// Commands queued to the swarm loop at most (and, apart, provider searches).
 const COMMAND_QUEUE: usize = 256;
@@ -422,10 +424,9 @@ pub(crate) fn register_metrics(registry: &mut Registry) -> metrics::Metrics {
     m
 }
 
-/// Starts a router: loads (or creates) its key, binds its listeners and the
-/// metrics listener, and starts enrollment, leasing, the mesh and the
-/// protocols in the background. Returns once every listener is bound.
-pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
+/// Loads (or creates) the identity key and builds the control-plane client
+/// (which connects lazily).
+async fn identity_and_client(config: &Config) -> Result<(Keypair, Client), SpawnError> {
     let key_path = config.key_path.clone();
     let keypair =
         tokio::task::spawn_blocking(move || identity::load_or_create(&key_path)).await??;
@@ -446,18 +447,27 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         retry_budget: config.control_plane_retry_budget,
         rpc_timeout: config.control_plane_rpc_timeout,
     })?;
+    Ok((keypair, client))
+}
 
-    let mut registry = Registry::default();
-    let mut metrics = register_metrics(&mut registry);
-    let p2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
-    let (shared, owner) = Shared::new(&config, &mut metrics, &mut registry, client);
+/// The router's components, sized from the memory budget, with every
+/// metric registered in `registry`; the owner of the swarm loop's tables
+/// and the runtime's stall probe (binary only) come back apart.
+async fn components(
+    config: Config,
+    keypair: Keypair,
+    client: Client,
+    registry: &mut Registry,
+) -> Result<(Components, tables::Owner, Option<StallMetrics>), SpawnError> {
+    let mut metrics = register_metrics(registry);
+    let (shared, owner) = Shared::new(&config, &mut metrics, registry, client);
     let (resources, sizing) = resources::start(
         &config.resources,
         |budget| {
             let sizing = config.sizing(budget);
             (sizing, config.watermarks(&sizing))
         },
-        &mut registry,
+        registry,
         metrics.refused.clone(),
         shared.resource_deps(&metrics),
     )
@@ -476,14 +486,14 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     );
     let stall_probe = config
         .runtime_watchdog
-        .then(|| agentmesh_runtime::watchdog::StallMetrics::register(&mut registry));
+        .then(|| StallMetrics::register(registry));
     if config.runtime_watchdog {
         // Same process-wide switch: the binary's allocator is jemalloc.
-        agentmesh_runtime::allocator::register(&mut registry);
+        agentmesh_runtime::allocator::register(registry);
         // Namespace-wide too: whether --listen-backlog-connections bites.
-        agentmesh_runtime::listen_queue::register(&mut registry);
+        agentmesh_runtime::listen_queue::register(registry);
         relay::capacity::register(
-            &mut registry,
+            registry,
             metrics
                 .refused
                 .get_or_create(&relay::capacity::RELAY_STOP_REFUSAL)
@@ -491,8 +501,36 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         );
     }
     config::check_watermarks(&sizing, resources.budgets());
-    metrics::register_sizing(&mut registry, &sizing);
+    metrics::register_sizing(registry, &sizing);
     let c = Components::new(config, sizing, keypair, metrics, shared, resources);
+    Ok((c, owner, stall_probe))
+}
+
+/// Registers our two accepted protocols (auth, catalog) on `control`.
+fn accept_protocols(
+    control: &mut agentmesh_streams::Control,
+) -> Result<(IncomingStreams, IncomingStreams), SpawnError> {
+    let mut accept = |id: &'static str, name: &str| {
+        control
+            .accept(StreamProtocol::new(id))
+            .map_err(|_| SpawnError::Listen {
+                addr: Multiaddr::empty(),
+                reason: format!("{name} protocol registered twice"),
+            })
+    };
+    let auth = accept(agentmesh_proto::protocols::AUTH, "auth")?;
+    let catalog = accept(agentmesh_proto::protocols::CATALOG, "catalog")?;
+    Ok((auth, catalog))
+}
+
+/// Starts a router: loads (or creates) its key, binds its listeners and the
+/// metrics listener, and starts enrollment, leasing, the mesh and the
+/// protocols in the background. Returns once every listener is bound.
+pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
+    let (keypair, client) = identity_and_client(&config).await?;
+    let mut registry = Registry::default();
+    let p2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
+    let (c, owner, stall_probe) = components(config, keypair, client, &mut registry).await?;
     let peer_id = c.peer_id;
     let ready = c.readiness.watch();
 
@@ -500,18 +538,7 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     swarm.behaviour().stream.register_metrics(&mut registry);
     let registry = Arc::new(registry);
     let mut control = swarm.behaviour().stream.new_control();
-    let auth_in = control
-        .accept(StreamProtocol::new(agentmesh_proto::protocols::AUTH))
-        .map_err(|_| SpawnError::Listen {
-            addr: Multiaddr::empty(),
-            reason: "auth protocol registered twice".into(),
-        })?;
-    let catalog_in = control
-        .accept(StreamProtocol::new(agentmesh_proto::protocols::CATALOG))
-        .map_err(|_| SpawnError::Listen {
-            addr: Multiaddr::empty(),
-            reason: "catalog protocol registered twice".into(),
-        })?;
+    let (auth_in, catalog_in) = accept_protocols(&mut control)?;
 
     // Bind every listener and wait for its first address.
     let listeners = addrs::bind(
@@ -534,33 +561,16 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
 
     let cancel = CancellationToken::new();
     let mut tasks = supervisor::Tasks::default();
-
-    let metrics_addr = match c.config.metrics_addr {
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|source| SpawnError::Metrics { addr, source })?;
-            let bound = listener
-                .local_addr()
-                .map_err(|source| SpawnError::Metrics { addr, source })?;
-            let http = http::Http {
-                config: c.config.clone(),
-                metrics: c.metrics.clone(),
-                readiness: c.readiness.clone(),
-                drain: c.drain.clone(),
-            };
-            tasks.spawn(
-                "http",
-                http::serve(listener, registry.clone(), http, cancel.clone()),
-            );
-            Some(bound)
-        }
-        None => None,
+    let mut s = start::Start {
+        c: &c,
+        control: &control,
+        cancel: &cancel,
+        tasks: &mut tasks,
     };
+    let metrics_addr = start::http(&mut s, registry.clone()).await?;
 
     let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
     let (query_tx, query_rx) = mpsc::channel(COMMAND_QUEUE);
-    let commands = swarm::Commands(cmd_tx);
     let event_loop = swarm::event_loop::EventLoop::new(
         swarm,
         c.swarm_parts(),
@@ -576,155 +586,17 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     if let Some(stalls) = stall_probe {
         let probe = agentmesh_runtime::watchdog::spawn(stalls);
         let cancel = cancel.clone();
-        tasks.spawn("stall_watchdog", async move {
+        s.tasks.spawn("stall_watchdog", async move {
             cancel.cancelled().await;
             probe.abort();
         });
     }
-    tasks.spawn("event_loop", event_loop.run(cancel.clone()));
-    let trim = trim::Trim {
-        config: c.config.clone(),
-        sizing: c.sizing,
-        me: peer_id,
-        admissions: c.admissions.clone(),
-        drain: c.drain.clone(),
-        goaways: c.goaways(),
-        metrics: c.metrics.clone(),
-        control: control.clone(),
-        commands: commands.clone(),
-    };
-    tasks.spawn("trim", trim::run(trim, cancel.clone()));
-    let drain = drain::Drain {
-        config: c.config.clone(),
-        state: c.drain.clone(),
-        admissions: c.admissions.clone(),
-        circuits: c.circuits.clone(),
-        readiness: c.readiness.clone(),
-        metrics: c.metrics.clone(),
-        cp: c.cp(),
-        goaways: c.goaways(),
-        control: control.clone(),
-        commands,
-    };
-    tasks.spawn("drain", drain::run(drain, cancel.clone()));
-    tasks.spawn("cp", cp::run(c.cp(), cancel.clone()));
-    let auth = auth::server::AuthServer {
-        config: c.config.clone(),
-        sizing: c.sizing,
-        link: c.link.clone(),
-        admissions: c.admissions.clone(),
-        tables: c.tables.clone(),
-        resources: c.resources.clone(),
-        directory: c.directory.clone(),
-        goaways: c.goaways(),
-        metrics: c.metrics.clone(),
-        draining: c.drain.requested(),
-        policy: c.policy.clone(),
-    };
-    let auth_queue = (c.config.auth_queue_max_streams > 0).then(|| {
-        let busy = auth.clone();
-        streams::Queue {
-            places: c
-                .resources
-                .fair_budget(SlotBudget::AuthQueue, c.config.auth_queue_max_streams),
-            wait: c.config.auth_queue_wait,
-            retry_after: c.config.auth_busy_retry_after,
-            answer: Arc::new(move |info, stream, retry_after| {
-                Box::pin(auth::server::busy(busy.clone(), info, stream, retry_after))
-            }),
-        }
-    });
-    let refusals = Arc::new(streams::RefusedStreams {
-        control: control.clone(),
-        max: c.config.stranger_refused_streams_max,
-        admissions: c.admissions.clone(),
-        resources: c.resources.clone(),
-        metrics: c.metrics.clone(),
-    });
-    let auth_accept = streams::Accept {
-        slots: c
-            .resources
-            .fair_budget(SlotBudget::Auth, c.config.auth_max_inflight_streams),
-        resources: c.resources.clone(),
-        queue: auth_queue,
-        refusals: refusals.clone(),
-    };
-    tasks.spawn(
-        "auth_accept",
-        streams::accept_loop(
-            auth_accept,
-            auth_in,
-            cancel.clone(),
-            |_| Ok(()),
-            move |info, stream| auth::server::serve(auth.clone(), info, stream),
-        ),
-    );
-    let ctx = catalog::server::CatalogCtx {
-        config: c.config.clone(),
-        me: peer_id,
-        metrics: c.metrics.clone(),
-        admissions: c.admissions.clone(),
-        catalog: c.catalog.clone(),
-        providers: query_tx,
-        control: control.clone(),
-        ownership: Arc::new(c.ownership()),
-    };
-    tasks.spawn(
-        "policy_push",
-        policy::push::run(
-            policy::push::Push {
-                state: c.policy.clone(),
-                admissions: c.admissions.clone(),
-                link: c.link.clone(),
-                control,
-                concurrency: c.config.policy_push_concurrency,
-                deadline: c.config.policy_push_deadline,
-                fallback_delay: c.config.policy_push_fallback_delay,
-            },
-            cancel.clone(),
-        ),
-    );
-    if c.config.policy_watch {
-        tasks.spawn(
-            "policy_watch",
-            policy::watch::run(
-                policy::watch::Watch {
-                    ctx: c.policy_ctx(),
-                    keypair: c.keypair.clone(),
-                    client: c.link.client.clone(),
-                    backoff_max: c.config.policy_watch_backoff_max,
-                },
-                cancel.clone(),
-            ),
-        );
-    }
-    let catalog_accept = streams::Accept {
-        slots: c
-            .resources
-            .fair_budget(SlotBudget::Catalog, c.config.catalog_max_inflight_streams),
-        resources: c.resources.clone(),
-        queue: None,
-        refusals,
-    };
-    // Every catalog operation needs an admitted peer (withdraw has nothing
-    // to withdraw otherwise): strangers get no catalog slot at all.
-    let admitted = c.admissions.clone();
-    tasks.spawn(
-        "catalog_accept",
-        streams::accept_loop(
-            catalog_accept,
-            catalog_in,
-            cancel.clone(),
-            move |info| {
-                admitted
-                    .read()
-                    .is_admitted(&info.peer, agentmesh_proto::unix_now())
-                    .then_some(())
-                    .ok_or(SlotRefusalReason::NotAdmitted)
-            },
-            move |info, stream| catalog::server::serve(ctx.clone(), info.peer, stream),
-        ),
-    );
+    s.tasks.spawn("event_loop", event_loop.run(cancel.clone()));
+    start::trim_and_drain(&mut s, swarm::Commands(cmd_tx));
+    s.tasks.spawn("cp", cp::run(c.cp(), cancel.clone()));
+    let refusals = start::auth(&mut s, auth_in);
+    start::policy(&mut s);
+    start::catalog(&mut s, catalog_in, query_tx, refusals);
 
     let failed = watch::channel(None).0;
     let failed_rx = failed.subscribe();
