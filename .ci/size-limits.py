@@ -27,8 +27,6 @@ KNOWN = {
 
     ('node/src/config.rs', 'Config'),
     ('router/src/config.rs', 'Config'),
-    ('router/src/metrics.rs', 'new'),
-    ('router/src/metrics.rs', 'Metrics'),
 }
 
 

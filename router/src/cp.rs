@@ -134,12 +134,17 @@ pub(crate) async fn fetch_keys_rate_limited(
         // asker refuses this once; the next fetch installs them.
         Ok(Ok(keys)) => {
             let installed = tables.set_keys(keys).await.is_ok();
-            metrics.key_fetch.get_or_create(&[("result", "ok")]).inc();
+            metrics
+                .cp
+                .key_fetch
+                .get_or_create(&[("result", "ok")])
+                .inc();
             installed
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "key fetch failed");
             metrics
+                .cp
                 .key_fetch
                 .get_or_create(&[("result", "error")])
                 .inc();
@@ -148,6 +153,7 @@ pub(crate) async fn fetch_keys_rate_limited(
         Err(_) => {
             tracing::warn!("key fetch timed out");
             metrics
+                .cp
                 .key_fetch
                 .get_or_create(&[("result", "error")])
                 .inc();
@@ -235,6 +241,7 @@ async fn sync_once(cp: &Cp) {
         Ok(keys) => {
             let _ = cp.tables.set_keys(keys).await;
             cp.metrics
+                .cp
                 .key_fetch
                 .get_or_create(&[("result", "ok")])
                 .inc();
@@ -242,6 +249,7 @@ async fn sync_once(cp: &Cp) {
         Err(e) => {
             tracing::warn!(error = %e, "key sync failed");
             cp.metrics
+                .cp
                 .key_fetch
                 .get_or_create(&[("result", "error")])
                 .inc();
@@ -317,12 +325,16 @@ pub(crate) async fn lease(cp: &Cp) {
         .await;
     match result {
         Ok(_) => {
-            cp.metrics.lease.get_or_create(&[("result", "ok")]).inc();
+            cp.metrics.cp.lease.get_or_create(&[("result", "ok")]).inc();
             cp.readiness.update(|r| r.lease_accepted = true);
         }
         Err(e) => {
             tracing::warn!(error = %e, "lease refused or failed");
-            cp.metrics.lease.get_or_create(&[("result", "error")]).inc();
+            cp.metrics
+                .cp
+                .lease
+                .get_or_create(&[("result", "error")])
+                .inc();
         }
     }
 }
@@ -338,6 +350,7 @@ async fn directory(cp: &Cp) {
         Err(e) => {
             tracing::warn!(error = %e, "directory fetch failed");
             cp.metrics
+                .cp
                 .directory_sync
                 .get_or_create(&[("result", "error")])
                 .inc();
@@ -345,6 +358,7 @@ async fn directory(cp: &Cp) {
         }
     };
     cp.metrics
+        .cp
         .directory_sync
         .get_or_create(&[("result", "ok")])
         .inc();

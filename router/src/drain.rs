@@ -163,7 +163,8 @@ pub(crate) async fn run(d: Drain, cancel: CancellationToken) {
     // grace is over.
     let moving = d
         .metrics
-        .goaway_wave_members
+        .goaway
+        .wave_members
         .get_or_create(&[("reason", Reason::Draining.as_str()), ("state", "moving")])
         .clone();
     loop {

@@ -845,9 +845,10 @@ impl ResourceManager {
     }
 
     /// The router's log gate: every line a peer or source can cause goes
-    /// through it (`agentmesh_router_log_suppressed_total{kind}`). It lives
-    /// here because the resource manager's refusals were the first lines
-    /// so limited; `Metrics::log` is a clone for the sites without it.
+    /// through it (`agentmesh_router_log_suppressed_total{kind}`). Created
+    /// with the router's shared state and handed over in [`Deps`]; the
+    /// manager registers it, and `Metrics::log` is a clone for the sites
+    /// without a manager.
     pub(crate) fn log(&self) -> &LogGate<String> {
         &self.log
     }

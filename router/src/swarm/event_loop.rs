@@ -411,11 +411,12 @@ impl EventLoop {
                 src_peer_id,
                 renewed,
             } => {
-                m.reservation_requests
+                m.relay
+                    .reservation_requests
                     .get_or_create(&[("result", "accepted")])
                     .inc();
                 self.reservations.accepted(src_peer_id, renewed);
-                m.reservations.set(self.reservations.total() as i64);
+                m.relay.reservations.set(self.reservations.total() as i64);
             }
             relay::Event::ReservationReqDenied {
                 src_peer_id,
@@ -434,24 +435,26 @@ impl EventLoop {
                     full,
                 );
                 tracing::debug!(peer = %src_peer_id, "reservation denied");
-                m.reservation_requests
+                m.relay
+                    .reservation_requests
                     .get_or_create(&[("result", "denied")])
                     .inc();
             }
             relay::Event::ReservationClosed { src_peer_id }
             | relay::Event::ReservationTimedOut { src_peer_id } => {
                 self.reservations.ended(&src_peer_id);
-                m.reservations.set(self.reservations.total() as i64);
+                m.relay.reservations.set(self.reservations.total() as i64);
             }
             relay::Event::CircuitReqAccepted {
                 src_peer_id,
                 dst_peer_id,
             } => {
-                m.circuit_requests
+                m.relay
+                    .circuit_requests
                     .get_or_create(&[("result", "accepted")])
                     .inc();
                 self.circuits.accepted(src_peer_id, dst_peer_id);
-                m.circuits.set(self.circuits.total() as i64);
+                m.relay.circuits.set(self.circuits.total() as i64);
                 self.owner.tables.set_circuits(self.circuits.total());
             }
             relay::Event::CircuitReqDenied {
@@ -472,7 +475,8 @@ impl EventLoop {
                     full,
                 );
                 tracing::debug!(src = %src_peer_id, dst = %dst_peer_id, "circuit denied");
-                m.circuit_requests
+                m.relay
+                    .circuit_requests
                     .get_or_create(&[("result", "denied")])
                     .inc();
             }
@@ -482,7 +486,7 @@ impl EventLoop {
                 ..
             } => {
                 self.circuits.closed(src_peer_id, dst_peer_id);
-                m.circuits.set(self.circuits.total() as i64);
+                m.relay.circuits.set(self.circuits.total() as i64);
                 self.owner.tables.set_circuits(self.circuits.total());
             }
             _ => {}
@@ -524,6 +528,7 @@ impl EventLoop {
         let out = self.provided.reconcile(&self.parts.catalog.store, all, kad);
         self.parts
             .metrics
+            .catalog
             .provide_failures
             .inc_by(out.failed as u64);
     }
@@ -686,7 +691,7 @@ impl EventLoop {
         m.transit_connections.set(i64::from(counts.transit));
         m.admitted_routers.set(i64::from(counts.routers));
         let catalog = self.parts.catalog.store.lock().len();
-        m.catalog_records.set(catalog as i64);
+        m.catalog.records.set(catalog as i64);
         let tables = [
             ("admission", self.parts.admissions.read().len()),
             ("connections", self.conns.len()),
