@@ -201,8 +201,9 @@ pub struct Config {
     /// Deadline of one policy push to one member (open, write, ack).
     /// Default 5 s.
     pub policy_push_deadline: Duration,
-    /// Deadline of one command to the swarm loop's tables (admit, keys,
-    /// revocations, regroup; queue and answer). Default 5 s.
+    /// Deadline of one command to the swarm loop (the tables' admit, keys,
+    /// revocations, regroup, router set; trim's and drain's disconnects;
+    /// queue and answer). Default 5 s.
     pub state_command_deadline: Duration,
     /// How long after taking a new state the router probes the members
     /// that named it a fallback (`AuthRequest.policy_push_slot`), and

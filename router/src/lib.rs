@@ -592,7 +592,8 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         });
     }
     s.tasks.spawn("event_loop", event_loop.run(cancel.clone()));
-    start::trim_and_drain(&mut s, swarm::Commands(cmd_tx));
+    let commands = swarm::Commands::new(cmd_tx, c.config.state_command_deadline);
+    start::trim_and_drain(&mut s, commands);
     s.tasks.spawn("cp", cp::run(c.cp(), cancel.clone()));
     let refusals = start::auth(&mut s, auth_in);
     start::policy(&mut s);

@@ -103,7 +103,7 @@ pub struct RouterArgs {
     /// Deadline of one policy push to one member (open, write, ack), milliseconds (outcome timeout when it bites).
     #[arg(long, default_value_t = d::DEFAULT_POLICY_PUSH_DEADLINE_MS)]
     pub policy_push_deadline_ms: u64,
-    /// Deadline of one command to the swarm loop's tables (admit, keys, revocations, regroup), milliseconds (agentmesh_router_state_commands_total{result=timeout} shows it bite).
+    /// Deadline of one command to the swarm loop (admit, keys, revocations, regroup, router set, disconnects), milliseconds (agentmesh_router_state_commands_total{result=timeout} shows it bite).
     #[arg(long, default_value_t = d::DEFAULT_STATE_COMMAND_DEADLINE_MS)]
     pub state_command_deadline_ms: u64,
     /// Wait before probing the members that named this router a fallback for policy pushes (and pushing to those still lacking the version), milliseconds (agentmesh_router_policy_push_decisions_total{decision=fallback} shows it bite).

@@ -89,7 +89,7 @@ async fn a_trimmed_member_is_not_counted_as_missing_the_auth_deadline() {
     );
     // The trim loop's last step after the grace, answered by the loop.
     let (tx, mut rx) = mpsc::channel(1);
-    let commands = Commands(tx);
+    let commands = Commands::new(tx, Duration::from_secs(60));
     let trim = commands.disconnect(vec![member]);
     let serve = async {
         let cmd = rx.recv().await.expect("command");
