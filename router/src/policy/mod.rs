@@ -85,16 +85,23 @@ impl PolicyCtx {
             self.state
                 .offer(policy, revocations, &trust, unix_now(), source)
         };
-        if changed.revocations_copy {
+        let retry = self.state.take_revocations_unapplied();
+        let mut reinstalled = false;
+        if changed.revocations_copy || retry {
             // What the state holds now, not what this call brought: a
             // concurrent take (poll and watch) may have taken a newer one.
             // Not installed in time (logged and counted by the handle):
-            // the state still holds it, and the swarm loop's next tick
-            // still drops what its trust lists; the next take installs it.
+            // noted, and the next take (the next directory poll at the
+            // latest) installs it again; until then the trust lists the
+            // previous list.
             let entries = self.state.revocation_entries();
-            let _ = self.tables.set_revocations(entries).await;
+            if self.tables.set_revocations(entries).await.is_err() {
+                self.state.revocations_unapplied();
+            } else {
+                reinstalled = retry;
+            }
         }
-        if changed.any() {
+        if changed.any() || reinstalled {
             self.enforce().await;
         }
         changed
@@ -104,9 +111,9 @@ impl PolicyCtx {
     /// relayed.
     async fn enforce(&self) {
         let policy = self.state.policy();
-        // Not regrouped in time (logged and counted by the handle): the
-        // checks below read the groups as they were, which the policy's
-        // next take regroups again.
+        // Not regrouped in time (logged and counted by the handle): never
+        // wrong, only slower: `PeerGroups::under` computes a peer's groups
+        // under the new policy on each check until a later change regroups.
         let _ = self.tables.regroup(policy.clone()).await;
         let now = unix_now();
         let dropped = {

@@ -235,3 +235,39 @@ async fn a_token_revocation_drops_every_member_of_that_token_and_their_records()
         "members get it pushed, signed as it came"
     );
 }
+
+#[tokio::test]
+async fn a_revocation_list_the_swarm_loop_did_not_install_is_installed_by_the_next_take() {
+    let (cp, (c, mut owner)) = (cp(), components(|_| {}));
+    *owner.tables.trust.write() = cp.trust.clone();
+    let now = unix_now();
+    let peer = PeerId::random();
+    let revoked = vec![Revocation {
+        peer_id: peer.to_bytes(),
+        until_unix_secs: now + 3600,
+        ..Default::default()
+    }];
+    let list = signed_list(&cp, 1, 1, now, &revoked);
+    // A swarm loop that cannot answer (gone): the list is taken, not installed.
+    let (gone, _, dead) = Owner::new(
+        &mut prometheus_client::registry::Registry::default(),
+        std::time::Duration::from_secs(60),
+    );
+    drop(gone);
+    let stalled = super::PolicyCtx {
+        tables: dead,
+        ..c.policy_ctx()
+    };
+    assert!(stalled.take(None, Some(&list), "watch").await.revocations);
+    assert!(!owner.tables.trust.read().is_revoked(&peer, now));
+    // The next take brings nothing new, and installs it.
+    let ctx = c.policy_ctx();
+    let changed = owner
+        .serve_while(ctx.take(None, Some(&list), "directory"))
+        .await;
+    assert!(!changed.any(), "nothing new was taken");
+    assert!(
+        owner.tables.trust.read().is_revoked(&peer, now),
+        "the list held is in the trust"
+    );
+}
