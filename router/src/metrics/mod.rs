@@ -45,7 +45,9 @@ pub(crate) const AUTH_RESULTS: &[&str] = &[
     "silent",
     "go_away",
     // Waited for an auth slot past --auth-queue-wait-ms (or its queue place
-    // was taken): answered busy with a retry-after, the request unread.
+    // was taken): answered busy with a retry-after, the request unread; or
+    // verified, but the swarm loop did not record the admission within
+    // --state-command-deadline-ms: answered busy too.
     "busy",
     // Verified, but the peer had left meanwhile (no answer, no admission).
     "disconnected",
