@@ -5,7 +5,7 @@
 //!   (`crate::tables`): it admits when the auth server asks (after a
 //!   credential verifies, through the gate), regroups when the policy asks,
 //!   and drops peers on disconnect, expiry and revocation. Everyone else
-//!   reads it through [`Admissions`], a view: the relay ACL on every
+//!   reads it through `Admissions`, a view: the relay ACL on every
 //!   reservation and circuit request, the resource manager on every stream;
 //! - `gate`: the drain and high-watermark gate in front of a new admission;
 //! - `conns`: the swarm loop's connections as admission sees them, and the
