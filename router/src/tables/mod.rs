@@ -5,15 +5,15 @@
 //! state"): the admission table, the trust set (the control plane's keys
 //! and revocations) and the router set (the peers that get the router DHT)
 //! are written only by the swarm loop, which holds [`Owner`]; it also
-//! publishes the live-circuit count. The auth server,
-//! the policy tasks and the control-plane loop hold a [`Handle`] and ask:
-//! each command carries a reply channel and a deadline
-//! (`--state-command-deadline-ms`) over a bounded queue. A command not
-//! answered in time is an error the caller logs and
-//! `agentmesh_router_state_commands_total{command,result="timeout"}`
-//! counts; the owner skips a command whose asker already gave up
-//! (`result="expired"`), so a late answer never changes a table behind a
-//! caller's back. Readers use the [`Views`] (see `crate::owned`).
+//! publishes the live-circuit count. The auth server, the policy tasks and
+//! the control-plane loop hold a [`Handle`] and ask: each command carries a
+//! reply channel and a deadline (`--state-command-deadline-ms`) over a
+//! bounded queue. A command not answered in time is an error the caller
+//! logs and `agentmesh_router_state_commands_total{command,
+//! result="timeout"}` counts; a command the owner reaches after its asker
+//! gave up is skipped (`result="expired"`), so a stale command does not
+//! change a table long after its caller moved on. Readers use the
+//! [`Views`] (see `crate::owned`).
 //!
 //! This mirrors rust-libp2p's relay, whose behaviour alone holds
 //! reservations and circuits and answers its handlers with commands.
