@@ -1,9 +1,31 @@
 //! The router's own addresses: those its listeners are bound to and those it
 //! announces (external addresses, which members dial and the lease carries).
 
-use libp2p::Multiaddr;
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use futures::StreamExt;
+use libp2p::core::transport::ListenerId;
 use libp2p::multiaddr::Protocol;
+use libp2p::swarm::{NetworkBehaviour, SwarmEvent};
+use libp2p::{Multiaddr, Swarm};
 use parking_lot::RwLock;
+
+/// How long start-up waits for every listener to report its address.
+pub(crate) const LISTEN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The configured address of each listener (to derive external addresses).
+pub(crate) type Listeners = HashMap<ListenerId, Multiaddr>;
+
+/// A listen address that could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[error("listening on {addr}: {reason}")]
+pub(crate) struct BindError {
+    /// The address (empty when no one listener is to blame).
+    pub(crate) addr: Multiaddr,
+    /// What failed.
+    pub(crate) reason: String,
+}
 
 /// Bound and announced addresses, written by start-up and the swarm loop.
 #[derive(Debug, Default)]
@@ -25,6 +47,77 @@ pub(crate) fn derive_external(configured: &Multiaddr, bound: &Multiaddr) -> Opti
         _ => false,
     });
     specific.then(|| bound.clone())
+}
+
+/// Binds `listen` on `swarm` and waits (within [`LISTEN_DEADLINE`]) for
+/// each listener's first address, recording it in `addrs` (and, with no
+/// `external` given, the external address a specific listen address
+/// implies); then announces `external`. Runs before any task starts, so
+/// start-up is the one writer until the swarm loop takes over.
+pub(crate) async fn bind<B: NetworkBehaviour>(
+    swarm: &mut Swarm<B>,
+    listen: &[Multiaddr],
+    external: &[Multiaddr],
+    addrs: &Addrs,
+) -> Result<Listeners, BindError> {
+    let mut listeners = HashMap::new();
+    for addr in listen {
+        let id = swarm.listen_on(addr.clone()).map_err(|e| BindError {
+            addr: addr.clone(),
+            reason: e.to_string(),
+        })?;
+        listeners.insert(id, addr.clone());
+    }
+    let configured = |id: &ListenerId| listeners.get(id).cloned().unwrap_or_else(Multiaddr::empty);
+    let mut pending: HashSet<_> = listeners.keys().copied().collect();
+    let deadline = tokio::time::Instant::now() + LISTEN_DEADLINE;
+    while !pending.is_empty() {
+        let ev = tokio::time::timeout_at(deadline, swarm.select_next_some())
+            .await
+            .map_err(|_| BindError {
+                addr: Multiaddr::empty(),
+                reason: "no listen address within 10 s".into(),
+            })?;
+        match ev {
+            SwarmEvent::NewListenAddr {
+                listener_id,
+                address,
+            } => {
+                pending.remove(&listener_id);
+                addrs.listen.write().push(address.clone());
+                if external.is_empty()
+                    && let Some(ext) = listeners
+                        .get(&listener_id)
+                        .and_then(|l| derive_external(l, &address))
+                {
+                    swarm.add_external_address(ext.clone());
+                    addrs.external.write().push(ext);
+                }
+            }
+            SwarmEvent::ListenerClosed {
+                listener_id,
+                reason,
+                ..
+            } => {
+                return Err(BindError {
+                    addr: configured(&listener_id),
+                    reason: format!("listener closed: {reason:?}"),
+                });
+            }
+            SwarmEvent::ListenerError { listener_id, error } => {
+                return Err(BindError {
+                    addr: configured(&listener_id),
+                    reason: error.to_string(),
+                });
+            }
+            _ => {}
+        }
+    }
+    for ext in external {
+        swarm.add_external_address(ext.clone());
+        addrs.external.write().push(ext.clone());
+    }
+    Ok(listeners)
 }
 
 #[cfg(test)]

@@ -48,6 +48,10 @@ pub const DEFAULT_GOAWAY_MAX_CONCURRENT_STREAMS: usize = 512;
 pub const DEFAULT_POLICY_PUSH_CONCURRENCY: usize = 256;
 /// Default deadline of one policy push (open, write, ack), milliseconds.
 pub const DEFAULT_POLICY_PUSH_DEADLINE_MS: u64 = 5_000;
+/// Default deadline of one command to the swarm loop's tables (queue and
+/// answer), milliseconds: the loop answers in microseconds unless it is
+/// stalled, and an auth stream's own timeout is longer.
+pub const DEFAULT_STATE_COMMAND_DEADLINE_MS: u64 = 5_000;
 /// Default wait before a router probes the members that named it a
 /// fallback, milliseconds: past the time their primaries need to push
 /// 10,000 members, so the probes never compete with those pushes, and
@@ -197,6 +201,10 @@ pub struct Config {
     /// Deadline of one policy push to one member (open, write, ack).
     /// Default 5 s.
     pub policy_push_deadline: Duration,
+    /// Deadline of one command to the swarm loop (the tables' admit, keys,
+    /// revocations, regroup, router set; trim's and drain's disconnects;
+    /// queue and answer). Default 5 s.
+    pub state_command_deadline: Duration,
     /// How long after taking a new state the router probes the members
     /// that named it a fallback (`AuthRequest.policy_push_slot`), and
     /// pushes the policy to those that still lack it. Default 5 s.
@@ -331,6 +339,7 @@ impl Default for Config {
             goaway_retry_after: Duration::from_secs(DEFAULT_GOAWAY_RETRY_AFTER_SECS),
             policy_push_concurrency: DEFAULT_POLICY_PUSH_CONCURRENCY,
             policy_push_deadline: Duration::from_millis(DEFAULT_POLICY_PUSH_DEADLINE_MS),
+            state_command_deadline: Duration::from_millis(DEFAULT_STATE_COMMAND_DEADLINE_MS),
             policy_push_fallback_delay: Duration::from_millis(
                 DEFAULT_POLICY_PUSH_FALLBACK_DELAY_MS,
             ),

@@ -27,7 +27,9 @@ use crate::admission::Admissions;
 use crate::config::{Config, Sizing};
 use crate::directory::{Directory, DirectoryRouter};
 use crate::metrics::Metrics;
+use crate::owned::View;
 use crate::readiness::ReadinessState;
+use crate::tables::Handle;
 
 /// Keys are fetched on an unknown key id at most this often (per process).
 pub(crate) const KEY_FETCH_MIN_INTERVAL: Duration = Duration::from_secs(30);
@@ -47,24 +49,26 @@ pub(crate) const DIRECTORY_REFRESH_MIN_INTERVAL: Duration = Duration::from_milli
 
 /// The link to the control plane: the client, the key-fetch rate limit, and
 /// what the control plane gave this router (its keys and revocations, this
-/// router's credential). The control-plane loop writes them; the auth
-/// server and the swarm loop read them.
+/// router's credential). The credential has one writer, the control-plane
+/// loop; the trust set is the swarm loop's (`crate::tables`): key fetches
+/// here and the policy's revocation lists reach it as commands, and every
+/// reader holds this view.
 pub(crate) struct Link {
     pub(crate) client: Client,
     last_key_fetch: tokio::sync::Mutex<Option<Instant>>,
-    /// The control plane's keys and revocations.
-    pub(crate) trust: RwLock<Trust>,
+    /// The control plane's keys and revocations (read-only here).
+    pub(crate) trust: View<Trust>,
     /// This router's credential, once enrolled.
     pub(crate) credential: RwLock<Option<Credential>>,
 }
 
 impl Link {
-    /// Wraps a client; no keys and no credential yet.
-    pub(crate) fn new(client: Client) -> Self {
+    /// Wraps a client and a view of the trust set; no credential yet.
+    pub(crate) fn new(client: Client, trust: View<Trust>) -> Self {
         Self {
             client,
             last_key_fetch: tokio::sync::Mutex::new(None),
-            trust: RwLock::new(Trust::default()),
+            trust,
             credential: RwLock::new(None),
         }
     }
@@ -77,6 +81,8 @@ pub(crate) struct Cp {
     pub(crate) keypair: Keypair,
     pub(crate) sizing: Sizing,
     pub(crate) link: Arc<Link>,
+    /// Installs keys in the trust set (the swarm loop's).
+    pub(crate) tables: Handle,
     pub(crate) metrics: Metrics,
     pub(crate) admissions: Admissions,
     pub(crate) directory: Arc<Directory>,
@@ -98,12 +104,12 @@ impl Cp {
 /// holds, does not depend on it.
 pub(crate) trait TakePolicy: Send + Sync {
     /// Takes what the control plane sent; `source` labels the metric.
-    fn take(
-        &self,
-        policy: Option<&agentmesh_proto::pb::credential::SignedPolicy>,
-        revocations: Option<&agentmesh_proto::pb::credential::SignedRevocations>,
+    fn take<'a>(
+        &'a self,
+        policy: Option<&'a agentmesh_proto::pb::credential::SignedPolicy>,
+        revocations: Option<&'a agentmesh_proto::pb::credential::SignedRevocations>,
         source: &'static str,
-    );
+    ) -> futures::future::BoxFuture<'a, ()>;
 
     /// The `(epoch, version)` of the policy held (`(0, 0)`: none).
     fn held(&self) -> (u64, u64);
@@ -114,6 +120,7 @@ pub(crate) trait TakePolicy: Send + Sync {
 /// Concurrent callers wait for one fetch instead of each fetching.
 pub(crate) async fn fetch_keys_rate_limited(
     link: &Link,
+    tables: &Handle,
     metrics: &Metrics,
     deadline: Duration,
 ) -> bool {
@@ -123,14 +130,21 @@ pub(crate) async fn fetch_keys_rate_limited(
     }
     *last = Some(Instant::now());
     match tokio::time::timeout(deadline, link.client.get_keys()).await {
+        // Not installed in time (logged and counted by the handle): the
+        // asker refuses this once; the next fetch installs them.
         Ok(Ok(keys)) => {
-            link.trust.write().set_keys(&keys);
-            metrics.key_fetch.get_or_create(&[("result", "ok")]).inc();
-            true
+            let installed = tables.set_keys(keys).await.is_ok();
+            metrics
+                .cp
+                .key_fetch
+                .get_or_create(&[("result", "ok")])
+                .inc();
+            installed
         }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "key fetch failed");
             metrics
+                .cp
                 .key_fetch
                 .get_or_create(&[("result", "error")])
                 .inc();
@@ -139,6 +153,7 @@ pub(crate) async fn fetch_keys_rate_limited(
         Err(_) => {
             tracing::warn!("key fetch timed out");
             metrics
+                .cp
                 .key_fetch
                 .get_or_create(&[("result", "error")])
                 .inc();
@@ -195,8 +210,10 @@ pub(crate) async fn run(cp: Cp, cancel: CancellationToken) {
 
 async fn enroll(cp: &Cp) -> Result<(), ClientError> {
     let resp = cp.link.client.enroll(&cp.config.token, &cp.keypair).await?;
-    if let Some(keys) = resp.keys.as_ref() {
-        cp.link.trust.write().set_keys(keys);
+    if let Some(keys) = resp.keys {
+        // A failure is logged and counted by the handle; the next round's
+        // key sync installs them.
+        let _ = cp.tables.set_keys(keys).await;
     }
     let has_keys = cp.link.trust.read().key_count() > 0;
     cp.readiness.update(|r| r.keys = has_keys);
@@ -222,8 +239,9 @@ async fn sync_once(cp: &Cp) {
     lease(cp).await;
     match cp.link.client.get_keys().await {
         Ok(keys) => {
-            cp.link.trust.write().set_keys(&keys);
+            let _ = cp.tables.set_keys(keys).await;
             cp.metrics
+                .cp
                 .key_fetch
                 .get_or_create(&[("result", "ok")])
                 .inc();
@@ -231,6 +249,7 @@ async fn sync_once(cp: &Cp) {
         Err(e) => {
             tracing::warn!(error = %e, "key sync failed");
             cp.metrics
+                .cp
                 .key_fetch
                 .get_or_create(&[("result", "error")])
                 .inc();
@@ -256,8 +275,8 @@ async fn refresh_if_due(cp: &Cp) {
     }
     match cp.link.client.refresh(&cred, &cp.keypair).await {
         Ok(resp) => {
-            if let Some(keys) = resp.keys.as_ref() {
-                cp.link.trust.write().set_keys(keys);
+            if let Some(keys) = resp.keys {
+                let _ = cp.tables.set_keys(keys).await;
             }
             if resp.credential.is_some() {
                 *cp.link.credential.write() = resp.credential;
@@ -306,12 +325,16 @@ pub(crate) async fn lease(cp: &Cp) {
         .await;
     match result {
         Ok(_) => {
-            cp.metrics.lease.get_or_create(&[("result", "ok")]).inc();
+            cp.metrics.cp.lease.get_or_create(&[("result", "ok")]).inc();
             cp.readiness.update(|r| r.lease_accepted = true);
         }
         Err(e) => {
             tracing::warn!(error = %e, "lease refused or failed");
-            cp.metrics.lease.get_or_create(&[("result", "error")]).inc();
+            cp.metrics
+                .cp
+                .lease
+                .get_or_create(&[("result", "error")])
+                .inc();
         }
     }
 }
@@ -327,6 +350,7 @@ async fn directory(cp: &Cp) {
         Err(e) => {
             tracing::warn!(error = %e, "directory fetch failed");
             cp.metrics
+                .cp
                 .directory_sync
                 .get_or_create(&[("result", "error")])
                 .inc();
@@ -334,6 +358,7 @@ async fn directory(cp: &Cp) {
         }
     };
     cp.metrics
+        .cp
         .directory_sync
         .get_or_create(&[("result", "ok")])
         .inc();
@@ -357,17 +382,17 @@ async fn directory(cp: &Cp) {
         })
         .filter(|r| r.peer != me)
         .collect();
-    let admitted_routers: Vec<PeerId> = cp.admissions.read().routers().copied().collect();
-    *cp.directory.router_set.write() = routers
-        .iter()
-        .map(|r| r.peer)
-        .chain(admitted_routers)
-        .collect();
+    // The swarm loop adds the routers admitted now; not answered in time
+    // (logged and counted by the handle), the set stays as it was until
+    // the next fetch.
+    let peers = routers.iter().map(|r| r.peer).collect();
+    let _ = cp.tables.set_directory_routers(peers).await;
     *cp.directory.routers.write() = routers;
     // The policy and revocations: verified, taken if newer, enforced at
     // once (the watch brings the same sooner when the control plane has it).
     cp.policy
-        .take(dir.policy.as_ref(), dir.revocations.as_ref(), "directory");
+        .take(dir.policy.as_ref(), dir.revocations.as_ref(), "directory")
+        .await;
     cp.directory.wake_mesh();
 }
 

@@ -7,11 +7,12 @@
 //! way) wakes it.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
 use libp2p::{Multiaddr, PeerId};
 use parking_lot::RwLock;
 use tokio::sync::Notify;
+
+use crate::owned::View;
 
 /// A router as the directory lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,13 +24,16 @@ pub(crate) struct DirectoryRouter {
     pub(crate) load: Option<agentmesh_proto::pb::controlplane::RouterLoad>,
 }
 
-/// The peers whose connections get the router DHT (Kademlia, identify).
-pub(crate) type RouterSet = Arc<RwLock<HashSet<PeerId>>>;
+/// The peers whose connections get the router DHT (Kademlia, identify):
+/// the directory's routers plus the routers admitted. The swarm loop owns
+/// it (`crate::tables`); this is its read-only view.
+pub(crate) type RouterSet = View<HashSet<PeerId>>;
 
 /// The routers this router knows of.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Directory {
-    /// Routers from the last directory fetch (self excluded).
+    /// Routers from the last directory fetch (self excluded; written only
+    /// by the control-plane loop).
     pub(crate) routers: RwLock<Vec<DirectoryRouter>>,
     /// The directory's routers plus routers admitted with purpose router.
     pub(crate) router_set: RouterSet,
@@ -40,6 +44,16 @@ pub(crate) struct Directory {
 }
 
 impl Directory {
+    /// No routers yet; `router_set` is the view of the swarm loop's set.
+    pub(crate) fn new(router_set: RouterSet) -> Self {
+        Self {
+            routers: RwLock::default(),
+            router_set,
+            refresh: Notify::new(),
+            mesh: Notify::new(),
+        }
+    }
+
     /// Whether the last directory names `peer`.
     pub(crate) fn lists(&self, peer: &PeerId) -> bool {
         self.routers.read().iter().any(|r| r.peer == *peer)
@@ -65,12 +79,13 @@ impl Directory {
         self.mesh.notified().await;
     }
 
-    /// A router authenticated to us with purpose router: its next
-    /// connections get the router DHT even before the directory names it; if
-    /// the directory does not name it yet, it is fetched now (so the mesh
-    /// dials the router back instead of waiting for the next lease round).
+    /// A router authenticated to us with purpose router (the swarm loop
+    /// added it to the router set when it admitted it, so its next
+    /// connections get the router DHT even before the directory names it):
+    /// if the directory does not name it yet, it is fetched now (so the
+    /// mesh dials the router back instead of waiting for the next lease
+    /// round).
     pub(crate) fn router_admitted(&self, peer: PeerId) {
-        self.router_set.write().insert(peer);
         if !self.lists(&peer) {
             self.want_refresh();
         }
@@ -86,7 +101,7 @@ mod tests {
 
     #[test]
     fn only_a_router_the_directory_does_not_name_asks_for_the_directory() {
-        let d = Directory::default();
+        let d = Directory::new(RouterSet::default());
         let listed = PeerId::random();
         d.routers.write().push(DirectoryRouter {
             peer: listed,
@@ -104,7 +119,5 @@ mod tests {
         d.router_admitted(unlisted);
         assert!(d.refresh_wanted().now_or_never().is_some());
         assert!(d.mesh_woken().now_or_never().is_some());
-        let set = d.router_set.read();
-        assert!(set.contains(&listed) && set.contains(&unlisted));
     }
 }

@@ -107,6 +107,8 @@ pub(crate) struct Drain {
     pub(crate) config: Arc<Config>,
     pub(crate) state: Arc<DrainState>,
     pub(crate) admissions: Admissions,
+    /// Circuits relayed now, as the swarm loop publishes them.
+    pub(crate) circuits: watch::Receiver<usize>,
     pub(crate) readiness: Arc<ReadinessState>,
     pub(crate) metrics: Metrics,
     /// For the last lease.
@@ -161,14 +163,15 @@ pub(crate) async fn run(d: Drain, cancel: CancellationToken) {
     // grace is over.
     let moving = d
         .metrics
-        .goaway_wave_members
+        .goaway
+        .wave_members
         .get_or_create(&[("reason", Reason::Draining.as_str()), ("state", "moving")])
         .clone();
     loop {
         let left = attached(&d.admissions.read()).len();
         moving.set(i64::try_from(left).unwrap_or(i64::MAX));
-        let circuits = d.metrics.circuits.get();
-        if left == 0 && circuits <= 0 {
+        let circuits = *d.circuits.borrow();
+        if left == 0 && circuits == 0 {
             tracing::info!("every member moved and no circuit is left");
             break;
         }

@@ -23,31 +23,31 @@ mod goaway;
 mod http;
 pub mod identity;
 mod metrics;
+mod owned;
 mod policy;
 mod policy_metrics;
 mod protocols;
 mod readiness;
 mod relay;
-mod relay_capacity;
 mod resources;
 mod shrink;
+mod start;
 mod streams;
 mod supervisor;
 mod swarm;
+mod tables;
 #[cfg(test)]
 mod test_support;
 mod trim;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use agentmesh_controlplane::client::{Client, ClientConfig, ClientError};
-use futures::StreamExt;
 use libp2p::identity::Keypair;
-use libp2p::swarm::SwarmEvent;
 use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
@@ -58,17 +58,16 @@ pub use catalog::service_key;
 pub use config::Config;
 pub use identity::IdentityError;
 pub use protocols::KAD_PROTOCOL;
-pub use relay_capacity::capacity_layer as relay_capacity_layer;
+pub use relay::capacity::capacity_layer as relay_capacity_layer;
 pub use resources::config as resource_config;
 pub use supervisor::TaskFailure;
 pub use swarm::BuildError;
 
-use resources::slots::{SlotBudget, SlotRefusalReason};
+use agentmesh_runtime::watchdog::StallMetrics;
+use agentmesh_streams::IncomingStreams;
 
 /// Commands queued to the swarm loop at most (and, apart, provider searches).
 const COMMAND_QUEUE: usize = 256;
-/// How long `spawn` waits for every listener to report its address.
-const LISTEN_DEADLINE: Duration = Duration::from_secs(10);
 /// How long `shutdown` waits for tasks to finish before aborting them.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -128,6 +127,15 @@ pub struct RouterHandle {
     supervisor: JoinSet<()>,
     failed: watch::Receiver<Option<TaskFailure>>,
     aborts: Arc<parking_lot::Mutex<HashMap<&'static str, tokio::task::AbortHandle>>>,
+}
+
+impl From<addrs::BindError> for SpawnError {
+    fn from(e: addrs::BindError) -> Self {
+        Self::Listen {
+            addr: e.addr,
+            reason: e.reason,
+        }
+    }
 }
 
 impl RouterHandle {
@@ -234,7 +242,12 @@ pub(crate) struct Components {
     pub(crate) peer_id: PeerId,
     pub(crate) metrics: metrics::Metrics,
     pub(crate) link: Arc<cp::Link>,
+    /// The admission table (the swarm loop's; read-only here).
     pub(crate) admissions: admission::Admissions,
+    /// Asks the swarm loop to change its tables.
+    pub(crate) tables: tables::Handle,
+    /// Circuits relayed now, as the swarm loop publishes them.
+    pub(crate) circuits: watch::Receiver<usize>,
     pub(crate) catalog: Arc<catalog::Catalog>,
     pub(crate) directory: Arc<directory::Directory>,
     pub(crate) addrs: Arc<addrs::Addrs>,
@@ -245,6 +258,53 @@ pub(crate) struct Components {
     pub(crate) policy: Arc<policy::state::PolicyState>,
 }
 
+/// What exists before the resource manager, which reads it: the swarm
+/// loop's tables (their owner goes to the loop, their views and a handle to
+/// everyone else), the policy state, the link and the log gate.
+pub(crate) struct Shared {
+    views: tables::Views,
+    tables: tables::Handle,
+    policy: Arc<policy::state::PolicyState>,
+    link: cp::Link,
+}
+
+impl Shared {
+    /// The tables (returning their owner for the swarm loop) and what reads
+    /// them; `metrics.log` becomes the router's one log gate. Registers the
+    /// tables' metrics.
+    pub(crate) fn new(
+        config: &Config,
+        metrics: &mut metrics::Metrics,
+        registry: &mut Registry,
+        client: Client,
+    ) -> (Self, tables::Owner) {
+        let (owner, views, tables) = tables::Owner::new(registry, config.state_command_deadline);
+        metrics.log = agentmesh_runtime::log_gate::LogGate::new(resources::LOG_KINDS);
+        metrics.policy.log = metrics.log.clone();
+        let shared = Self {
+            policy: Arc::new(policy::state::PolicyState::new(metrics.policy.clone())),
+            link: cp::Link::new(client, views.trust.clone()),
+            views,
+            tables,
+        };
+        (shared, owner)
+    }
+
+    /// What the resource manager reads: the admission table and the
+    /// policy's circuit check, handed over when it is built.
+    pub(crate) fn resource_deps(&self, metrics: &metrics::Metrics) -> resources::Deps {
+        let admissions = self.views.admissions.clone();
+        resources::Deps {
+            admitted: Arc::new(admissions.clone()),
+            circuit_policy: Arc::new(policy::CircuitCheck {
+                state: self.policy.clone(),
+                admissions,
+            }),
+            log: metrics.log.clone(),
+        }
+    }
+}
+
 impl Components {
     /// The components of a router that has not started anything yet.
     pub(crate) fn new(
@@ -252,14 +312,11 @@ impl Components {
         sizing: config::Sizing,
         keypair: Keypair,
         metrics: metrics::Metrics,
-        link: cp::Link,
+        shared: Shared,
         resources: Arc<resources::ResourceManager>,
     ) -> Self {
-        let admissions = admission::Admissions::default();
-        let table = admissions.clone();
-        resources.set_admitted(Box::new(move |peer| table.read().get(peer).is_some()));
-        let c = Self {
-            policy: Arc::new(policy::state::PolicyState::new(metrics.policy.clone())),
+        Self {
+            policy: shared.policy,
             catalog: Arc::new(catalog::Catalog::new(config.catalog_max_records)),
             config: Arc::new(config),
             sizing,
@@ -267,16 +324,15 @@ impl Components {
             keypair,
             readiness: Arc::new(readiness::ReadinessState::new(metrics.ready.clone())),
             metrics,
-            link: Arc::new(link),
-            admissions,
-            directory: Arc::default(),
+            link: Arc::new(shared.link),
+            admissions: shared.views.admissions,
+            tables: shared.tables,
+            circuits: shared.views.circuits,
+            directory: Arc::new(directory::Directory::new(shared.views.router_set)),
             addrs: Arc::default(),
             resources,
             drain: Arc::default(),
-        };
-        c.resources
-            .set_circuit_policy(c.policy_ctx().circuit_check());
-        c
+        }
     }
 
     fn skew_secs(&self) -> i64 {
@@ -288,6 +344,7 @@ impl Components {
             state: self.policy.clone(),
             link: self.link.clone(),
             admissions: self.admissions.clone(),
+            tables: self.tables.clone(),
             catalog: self.catalog.clone(),
             resources: self.resources.clone(),
             skew_secs: self.skew_secs(),
@@ -318,6 +375,7 @@ impl Components {
             keypair: self.keypair.clone(),
             sizing: self.sizing,
             link: self.link.clone(),
+            tables: self.tables.clone(),
             metrics: self.metrics.clone(),
             admissions: self.admissions.clone(),
             directory: self.directory.clone(),
@@ -366,10 +424,9 @@ pub(crate) fn register_metrics(registry: &mut Registry) -> metrics::Metrics {
     m
 }
 
-/// Starts a router: loads (or creates) its key, binds its listeners and the
-/// metrics listener, and starts enrollment, leasing, the mesh and the
-/// protocols in the background. Returns once every listener is bound.
-pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
+/// Loads (or creates) the identity key and builds the control-plane client
+/// (which connects lazily).
+async fn identity_and_client(config: &Config) -> Result<(Keypair, Client), SpawnError> {
     let key_path = config.key_path.clone();
     let keypair =
         tokio::task::spawn_blocking(move || identity::load_or_create(&key_path)).await??;
@@ -390,22 +447,31 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
         retry_budget: config.control_plane_retry_budget,
         rpc_timeout: config.control_plane_rpc_timeout,
     })?;
+    Ok((keypair, client))
+}
 
-    let mut registry = Registry::default();
-    let mut metrics = register_metrics(&mut registry);
-    let p2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
+/// The router's components, sized from the memory budget, with every
+/// metric registered in `registry`; the owner of the swarm loop's tables
+/// and the runtime's stall probe (binary only) come back apart.
+async fn components(
+    config: Config,
+    keypair: Keypair,
+    client: Client,
+    registry: &mut Registry,
+) -> Result<(Components, tables::Owner, Option<StallMetrics>), SpawnError> {
+    let mut metrics = register_metrics(registry);
+    let (shared, owner) = Shared::new(&config, &mut metrics, registry, client);
     let (resources, sizing) = resources::start(
         &config.resources,
         |budget| {
             let sizing = config.sizing(budget);
             (sizing, config.watermarks(&sizing))
         },
-        &mut registry,
+        registry,
         metrics.refused.clone(),
+        shared.resource_deps(&metrics),
     )
     .await?;
-    metrics.log = resources.log().clone();
-    metrics.policy.log = metrics.log.clone();
     tracing::info!(
         high_watermark = sizing.high_watermark,
         low_watermark = sizing.low_watermark,
@@ -420,30 +486,51 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     );
     let stall_probe = config
         .runtime_watchdog
-        .then(|| agentmesh_runtime::watchdog::StallMetrics::register(&mut registry));
+        .then(|| StallMetrics::register(registry));
     if config.runtime_watchdog {
         // Same process-wide switch: the binary's allocator is jemalloc.
-        agentmesh_runtime::allocator::register(&mut registry);
+        agentmesh_runtime::allocator::register(registry);
         // Namespace-wide too: whether --listen-backlog-connections bites.
-        agentmesh_runtime::listen_queue::register(&mut registry);
-        relay_capacity::register(
-            &mut registry,
+        agentmesh_runtime::listen_queue::register(registry);
+        relay::capacity::register(
+            registry,
             metrics
                 .refused
-                .get_or_create(&relay_capacity::RELAY_STOP_REFUSAL)
+                .get_or_create(&relay::capacity::RELAY_STOP_REFUSAL)
                 .clone(),
         );
     }
     config::check_watermarks(&sizing, resources.budgets());
-    metrics::register_sizing(&mut registry, &sizing);
-    let c = Components::new(
-        config,
-        sizing,
-        keypair,
-        metrics,
-        cp::Link::new(client),
-        resources,
-    );
+    metrics::register_sizing(registry, &sizing);
+    let c = Components::new(config, sizing, keypair, metrics, shared, resources);
+    Ok((c, owner, stall_probe))
+}
+
+/// Registers our two accepted protocols (auth, catalog) on `control`.
+fn accept_protocols(
+    control: &mut agentmesh_streams::Control,
+) -> Result<(IncomingStreams, IncomingStreams), SpawnError> {
+    let mut accept = |id: &'static str, name: &str| {
+        control
+            .accept(StreamProtocol::new(id))
+            .map_err(|_| SpawnError::Listen {
+                addr: Multiaddr::empty(),
+                reason: format!("{name} protocol registered twice"),
+            })
+    };
+    let auth = accept(agentmesh_proto::protocols::AUTH, "auth")?;
+    let catalog = accept(agentmesh_proto::protocols::CATALOG, "catalog")?;
+    Ok((auth, catalog))
+}
+
+/// Starts a router: loads (or creates) its key, binds its listeners and the
+/// metrics listener, and starts enrollment, leasing, the mesh and the
+/// protocols in the background. Returns once every listener is bound.
+pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
+    let (keypair, client) = identity_and_client(&config).await?;
+    let mut registry = Registry::default();
+    let p2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
+    let (c, owner, stall_probe) = components(config, keypair, client, &mut registry).await?;
     let peer_id = c.peer_id;
     let ready = c.readiness.watch();
 
@@ -451,86 +538,16 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     swarm.behaviour().stream.register_metrics(&mut registry);
     let registry = Arc::new(registry);
     let mut control = swarm.behaviour().stream.new_control();
-    let auth_in = control
-        .accept(StreamProtocol::new(agentmesh_proto::protocols::AUTH))
-        .map_err(|_| SpawnError::Listen {
-            addr: Multiaddr::empty(),
-            reason: "auth protocol registered twice".into(),
-        })?;
-    let catalog_in = control
-        .accept(StreamProtocol::new(agentmesh_proto::protocols::CATALOG))
-        .map_err(|_| SpawnError::Listen {
-            addr: Multiaddr::empty(),
-            reason: "catalog protocol registered twice".into(),
-        })?;
+    let (auth_in, catalog_in) = accept_protocols(&mut control)?;
 
     // Bind every listener and wait for its first address.
-    let mut listeners = HashMap::new();
-    for addr in &c.config.listen {
-        let id = swarm
-            .listen_on(addr.clone())
-            .map_err(|e| SpawnError::Listen {
-                addr: addr.clone(),
-                reason: e.to_string(),
-            })?;
-        listeners.insert(id, addr.clone());
-    }
-    let mut pending: HashSet<_> = listeners.keys().copied().collect();
-    let deadline = tokio::time::Instant::now() + LISTEN_DEADLINE;
-    while !pending.is_empty() {
-        let ev = tokio::time::timeout_at(deadline, swarm.select_next_some())
-            .await
-            .map_err(|_| SpawnError::Listen {
-                addr: Multiaddr::empty(),
-                reason: "no listen address within 10 s".into(),
-            })?;
-        match ev {
-            SwarmEvent::NewListenAddr {
-                listener_id,
-                address,
-            } => {
-                pending.remove(&listener_id);
-                c.addrs.listen.write().push(address.clone());
-                if c.config.external_addr.is_empty()
-                    && let Some(ext) = listeners
-                        .get(&listener_id)
-                        .and_then(|l| addrs::derive_external(l, &address))
-                {
-                    swarm.add_external_address(ext.clone());
-                    c.addrs.external.write().push(ext);
-                }
-            }
-            SwarmEvent::ListenerClosed {
-                listener_id,
-                reason,
-                ..
-            } => {
-                let addr = listeners
-                    .get(&listener_id)
-                    .cloned()
-                    .unwrap_or_else(Multiaddr::empty);
-                return Err(SpawnError::Listen {
-                    addr,
-                    reason: format!("listener closed: {reason:?}"),
-                });
-            }
-            SwarmEvent::ListenerError { listener_id, error } => {
-                let addr = listeners
-                    .get(&listener_id)
-                    .cloned()
-                    .unwrap_or_else(Multiaddr::empty);
-                return Err(SpawnError::Listen {
-                    addr,
-                    reason: error.to_string(),
-                });
-            }
-            _ => {}
-        }
-    }
-    for ext in &c.config.external_addr {
-        swarm.add_external_address(ext.clone());
-        c.addrs.external.write().push(ext.clone());
-    }
+    let listeners = addrs::bind(
+        &mut swarm,
+        &c.config.listen,
+        &c.config.external_addr,
+        &c.addrs,
+    )
+    .await?;
     let has_external = !c.addrs.external.read().is_empty();
     if !has_external {
         tracing::warn!(
@@ -544,38 +561,24 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
 
     let cancel = CancellationToken::new();
     let mut tasks = supervisor::Tasks::default();
-
-    let metrics_addr = match c.config.metrics_addr {
-        Some(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|source| SpawnError::Metrics { addr, source })?;
-            let bound = listener
-                .local_addr()
-                .map_err(|source| SpawnError::Metrics { addr, source })?;
-            let http = http::Http {
-                config: c.config.clone(),
-                metrics: c.metrics.clone(),
-                readiness: c.readiness.clone(),
-                drain: c.drain.clone(),
-            };
-            tasks.spawn(
-                "http",
-                http::serve(listener, registry.clone(), http, cancel.clone()),
-            );
-            Some(bound)
-        }
-        None => None,
+    let mut s = start::Start {
+        c: &c,
+        control: &control,
+        cancel: &cancel,
+        tasks: &mut tasks,
     };
+    let metrics_addr = start::http(&mut s, registry.clone()).await?;
 
     let (cmd_tx, cmd_rx) = mpsc::channel(COMMAND_QUEUE);
     let (query_tx, query_rx) = mpsc::channel(COMMAND_QUEUE);
-    let commands = swarm::Commands(cmd_tx);
     let event_loop = swarm::event_loop::EventLoop::new(
         swarm,
         c.swarm_parts(),
-        cmd_rx,
-        query_rx,
+        swarm::event_loop::Inputs {
+            owner,
+            commands: cmd_rx,
+            provider_queries: query_rx,
+        },
         p2p_metrics,
         control.clone(),
         listeners,
@@ -583,153 +586,18 @@ pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
     if let Some(stalls) = stall_probe {
         let probe = agentmesh_runtime::watchdog::spawn(stalls);
         let cancel = cancel.clone();
-        tasks.spawn("stall_watchdog", async move {
+        s.tasks.spawn("stall_watchdog", async move {
             cancel.cancelled().await;
             probe.abort();
         });
     }
-    tasks.spawn("event_loop", event_loop.run(cancel.clone()));
-    let trim = trim::Trim {
-        config: c.config.clone(),
-        sizing: c.sizing,
-        me: peer_id,
-        admissions: c.admissions.clone(),
-        drain: c.drain.clone(),
-        goaways: c.goaways(),
-        metrics: c.metrics.clone(),
-        control: control.clone(),
-        commands: commands.clone(),
-    };
-    tasks.spawn("trim", trim::run(trim, cancel.clone()));
-    let drain = drain::Drain {
-        config: c.config.clone(),
-        state: c.drain.clone(),
-        admissions: c.admissions.clone(),
-        readiness: c.readiness.clone(),
-        metrics: c.metrics.clone(),
-        cp: c.cp(),
-        goaways: c.goaways(),
-        control: control.clone(),
-        commands,
-    };
-    tasks.spawn("drain", drain::run(drain, cancel.clone()));
-    tasks.spawn("cp", cp::run(c.cp(), cancel.clone()));
-    let auth = auth::server::AuthServer {
-        config: c.config.clone(),
-        sizing: c.sizing,
-        link: c.link.clone(),
-        admissions: c.admissions.clone(),
-        resources: c.resources.clone(),
-        directory: c.directory.clone(),
-        goaways: c.goaways(),
-        metrics: c.metrics.clone(),
-        draining: c.drain.requested(),
-        policy: c.policy.clone(),
-    };
-    let auth_queue = (c.config.auth_queue_max_streams > 0).then(|| {
-        let busy = auth.clone();
-        streams::Queue {
-            places: c
-                .resources
-                .fair_budget(SlotBudget::AuthQueue, c.config.auth_queue_max_streams),
-            wait: c.config.auth_queue_wait,
-            retry_after: c.config.auth_busy_retry_after,
-            answer: Arc::new(move |info, stream, retry_after| {
-                Box::pin(auth::server::busy(busy.clone(), info, stream, retry_after))
-            }),
-        }
-    });
-    let refusals = Arc::new(streams::RefusedStreams {
-        control: control.clone(),
-        max: c.config.stranger_refused_streams_max,
-        admissions: c.admissions.clone(),
-        resources: c.resources.clone(),
-        metrics: c.metrics.clone(),
-    });
-    let auth_accept = streams::Accept {
-        slots: c
-            .resources
-            .fair_budget(SlotBudget::Auth, c.config.auth_max_inflight_streams),
-        resources: c.resources.clone(),
-        queue: auth_queue,
-        refusals: refusals.clone(),
-    };
-    tasks.spawn(
-        "auth_accept",
-        streams::accept_loop(
-            auth_accept,
-            auth_in,
-            cancel.clone(),
-            |_| Ok(()),
-            move |info, stream| auth::server::serve(auth.clone(), info, stream),
-        ),
-    );
-    let ctx = catalog::server::CatalogCtx {
-        config: c.config.clone(),
-        me: peer_id,
-        metrics: c.metrics.clone(),
-        admissions: c.admissions.clone(),
-        catalog: c.catalog.clone(),
-        providers: query_tx,
-        control: control.clone(),
-        ownership: Arc::new(c.ownership()),
-    };
-    tasks.spawn(
-        "policy_push",
-        policy::push::run(
-            policy::push::Push {
-                state: c.policy.clone(),
-                admissions: c.admissions.clone(),
-                link: c.link.clone(),
-                control,
-                concurrency: c.config.policy_push_concurrency,
-                deadline: c.config.policy_push_deadline,
-                fallback_delay: c.config.policy_push_fallback_delay,
-            },
-            cancel.clone(),
-        ),
-    );
-    if c.config.policy_watch {
-        tasks.spawn(
-            "policy_watch",
-            policy::watch::run(
-                policy::watch::Watch {
-                    ctx: c.policy_ctx(),
-                    keypair: c.keypair.clone(),
-                    client: c.link.client.clone(),
-                    backoff_max: c.config.policy_watch_backoff_max,
-                },
-                cancel.clone(),
-            ),
-        );
-    }
-    let catalog_accept = streams::Accept {
-        slots: c
-            .resources
-            .fair_budget(SlotBudget::Catalog, c.config.catalog_max_inflight_streams),
-        resources: c.resources.clone(),
-        queue: None,
-        refusals,
-    };
-    // Every catalog operation needs an admitted peer (withdraw has nothing
-    // to withdraw otherwise): strangers get no catalog slot at all.
-    let admitted = c.admissions.clone();
-    tasks.spawn(
-        "catalog_accept",
-        streams::accept_loop(
-            catalog_accept,
-            catalog_in,
-            cancel.clone(),
-            move |info| {
-                admitted
-                    .read()
-                    .is_admitted(&info.peer, agentmesh_proto::unix_now())
-                    .then_some(())
-                    .ok_or(SlotRefusalReason::NotAdmitted)
-            },
-            move |info, stream| catalog::server::serve(ctx.clone(), info.peer, stream),
-        ),
-    );
+    s.tasks.spawn("event_loop", event_loop.run(cancel.clone()));
+    let commands = swarm::Commands::new(cmd_tx, c.config.state_command_deadline);
+    start::trim_and_drain(&mut s, commands);
+    s.tasks.spawn("cp", cp::run(c.cp(), cancel.clone()));
+    let refusals = start::auth(&mut s, auth_in);
+    start::policy(&mut s);
+    start::catalog(&mut s, catalog_in, query_tx, refusals);
 
     let failed = watch::channel(None).0;
     let failed_rx = failed.subscribe();

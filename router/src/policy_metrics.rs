@@ -97,16 +97,9 @@ impl Default for PolicyMetrics {
 }
 
 impl PolicyMetrics {
-    /// The counter of one push decision (a value of [`PUSH_DECISIONS`]).
-    pub(crate) fn decision(&self, decision: &'static str) -> Counter {
-        self.push_decisions
-            .get_or_create(&[("decision", decision)])
-            .clone()
-    }
-
-    /// Registers every metric in `r` with its label values pre-created.
-    pub(crate) fn register(r: &mut Registry) -> Self {
-        let m = Self::default();
+    /// Every label value at 0, so rates read 0 before anything happens.
+    fn precreate_labels(&self) {
+        let m = self;
         for reason in PolicyRejection::REASONS {
             let _ = m.ignored.get_or_create(&[("reason", reason)]);
         }
@@ -130,6 +123,19 @@ impl PolicyMetrics {
         for decision in PUSH_DECISIONS {
             let _ = m.push_decisions.get_or_create(&[("decision", decision)]);
         }
+    }
+
+    /// The counter of one push decision (a value of [`PUSH_DECISIONS`]).
+    pub(crate) fn decision(&self, decision: &'static str) -> Counter {
+        self.push_decisions
+            .get_or_create(&[("decision", decision)])
+            .clone()
+    }
+
+    /// Registers every metric in `r` with its label values pre-created.
+    pub(crate) fn register(r: &mut Registry) -> Self {
+        let m = Self::default();
+        m.precreate_labels();
         r.register(
             "agentmesh_router_policy_version",
             "Version of the policy the router holds (0: none, every call denied)",

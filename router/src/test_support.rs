@@ -10,25 +10,20 @@ use prometheus_client::registry::Registry;
 
 use crate::admission::{Admission, Purpose};
 use crate::config::Config;
-use crate::cp::Link;
 use crate::resources::ResourceManager;
+use crate::tables::Owner;
 
 /// The memory budget test routers are sized with: 64 MiB.
 const MEMORY_BUDGET_BYTES: u64 = 64 << 20;
 
-/// The components for the default config after `adjust`.
-pub(crate) fn components(adjust: impl FnOnce(&mut Config)) -> crate::Components {
+/// The components for the default config after `adjust`, and the owner of
+/// their tables (the swarm loop's part: the test holds it, or hands it to
+/// an `EventLoop`).
+pub(crate) fn components(adjust: impl FnOnce(&mut Config)) -> (crate::Components, Owner) {
     let mut config = Config::default();
     adjust(&mut config);
     let mut registry = Registry::default();
-    let metrics = crate::register_metrics(&mut registry);
-    let sizing = config.sizing(MEMORY_BUDGET_BYTES);
-    let budgets = crate::resources::budgets(
-        &config.resources,
-        config.watermarks(&sizing),
-        MEMORY_BUDGET_BYTES,
-    );
-    let resources = ResourceManager::new(budgets, &mut registry, metrics.refused.clone());
+    let mut metrics = crate::register_metrics(&mut registry);
     let client = Client::new(ClientConfig {
         // Nothing listens here; no test calls the control plane.
         url: "http://127.0.0.1:9".into(),
@@ -37,14 +32,28 @@ pub(crate) fn components(adjust: impl FnOnce(&mut Config)) -> crate::Components 
         rpc_timeout: Duration::from_secs(1),
     })
     .expect("client");
-    crate::Components::new(
+    let (shared, owner) = crate::Shared::new(&config, &mut metrics, &mut registry, client);
+    let sizing = config.sizing(MEMORY_BUDGET_BYTES);
+    let budgets = crate::resources::budgets(
+        &config.resources,
+        config.watermarks(&sizing),
+        MEMORY_BUDGET_BYTES,
+    );
+    let resources = ResourceManager::new(
+        budgets,
+        &mut registry,
+        metrics.refused.clone(),
+        shared.resource_deps(&metrics),
+    );
+    let c = crate::Components::new(
         config,
         sizing,
         Keypair::generate_ed25519(),
         metrics,
-        Link::new(client),
+        shared,
         resources,
-    )
+    );
+    (c, owner)
 }
 
 /// An admission of `purpose` until far in the future.

@@ -3,7 +3,6 @@
 //! router drains or holds its high watermark of members.
 
 use libp2p::PeerId;
-use parking_lot::RwLock;
 
 use super::{Admission, AdmissionTable, Purpose};
 
@@ -25,9 +24,10 @@ pub(crate) enum NotAdmitted {
 /// What the gate looks at besides the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Conditions {
-    /// Whether the peer still has a live connection (asked before the
-    /// table's lock: the resource manager takes its own lock and reads
-    /// admissions without holding it).
+    /// Whether the peer still has a live connection (the auth task asks
+    /// the resource manager before it sends the admission to the table's
+    /// owner: the resource manager reads admissions, so the owner never
+    /// waits on it).
     pub(crate) connected: bool,
     /// Whether a drain was requested.
     pub(crate) draining: bool,
@@ -39,11 +39,11 @@ pub(crate) struct Conditions {
 /// while the router drains or holds at least the high watermark of
 /// members; then returns why not (and records nothing). Re-presentations
 /// of an admitted member, transit peers and routers are always admitted
-/// while connected. Checked and recorded under one lock, so concurrent
-/// logins cannot overshoot. A peer that drops right after is removed by
+/// while connected. Run by the table's one owner (the swarm loop), one
+/// admission at a time, so concurrent logins cannot overshoot. A peer that drops right after is removed by
 /// the swarm loop (on its close, or its next sweep).
 pub(crate) fn admit_or_refuse(
-    table: &RwLock<AdmissionTable>,
+    table: &mut AdmissionTable,
     peer: PeerId,
     admission: Admission,
     when: Conditions,
@@ -51,7 +51,6 @@ pub(crate) fn admit_or_refuse(
     if !when.connected {
         return Err(NotAdmitted::Disconnected);
     }
-    let mut table = table.write();
     let new_member = admission.purpose == Purpose::Attach
         && table
             .get(&peer)

@@ -1,14 +1,15 @@
 //! Admission: who is admitted, for what, until when, and every rule that
 //! decides it.
 //!
-//! - this file: the table of admitted peers, shared by the auth server
-//!   (writes after a credential verifies), the relay ACL (reads on every
-//!   reservation and circuit request) and the swarm loop (drops peers on
-//!   disconnect, expiry and revocation);
+//! - this file: the table of admitted peers. The swarm loop owns it
+//!   (`crate::tables`): it admits when the auth server asks (after a
+//!   credential verifies, through the gate), regroups when the policy asks,
+//!   and drops peers on disconnect, expiry and revocation. Everyone else
+//!   reads it through `Admissions`, a view: the relay ACL on every
+//!   reservation and circuit request, the resource manager on every stream;
 //! - `gate`: the drain and high-watermark gate in front of a new admission;
 //! - `conns`: the swarm loop's connections as admission sees them, and the
 //!   auth-deadline sweep over them;
-//! - `relay`: the relay ACL (who may reserve, who may open a circuit);
 //! - `groups`: an admitted peer's claims and policy groups.
 //!
 //! Pure data and policy: callers pass `now` and act on the answers.
@@ -16,22 +17,28 @@
 pub(crate) mod conns;
 pub(crate) mod gate;
 pub mod groups;
-pub(crate) mod relay;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use agentmesh_policy::Policy;
 use agentmesh_proto::credential::Trust;
 use libp2p::PeerId;
 
-pub use groups::PeerGroups;
-use parking_lot::RwLock;
-
+use crate::owned::View;
 use crate::shrink::ShrinkSparse;
+pub use groups::PeerGroups;
 
-/// The admission table as the router's tasks share it.
-pub(crate) type Admissions = Arc<RwLock<AdmissionTable>>;
+/// The admission table as every task but its owner (the swarm loop) sees
+/// it: read-only.
+pub(crate) type Admissions = View<AdmissionTable>;
+
+/// The resource manager counts a peer's charges as a member's while the
+/// table lists it (expired or not: the swarm loop's sweep removes it).
+impl crate::resources::AdmittedPeers for Admissions {
+    fn is_admitted(&self, peer: &PeerId) -> bool {
+        self.read().get(peer).is_some()
+    }
+}
 
 /// What a peer was admitted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -118,6 +125,28 @@ pub struct Counts {
 #[derive(Debug, Default)]
 pub struct AdmissionTable {
     peers: HashMap<PeerId, Admission>,
+    /// `peers` by purpose, kept in step with every change: the gate asks
+    /// for it on each new member's admission, in the swarm loop.
+    counts: Counts,
+}
+
+impl Counts {
+    fn slot(&mut self, purpose: Purpose) -> &mut u32 {
+        match purpose {
+            Purpose::Attach => &mut self.attached,
+            Purpose::Transit => &mut self.transit,
+            Purpose::Router => &mut self.routers,
+        }
+    }
+
+    fn add(&mut self, purpose: Purpose) {
+        *self.slot(purpose) += 1;
+    }
+
+    fn sub(&mut self, purpose: Purpose) {
+        let n = self.slot(purpose);
+        *n = n.saturating_sub(1);
+    }
 }
 
 /// Whether `trust` lists `peer`'s admission `a` as revoked, by PeerId or
@@ -132,7 +161,12 @@ pub fn is_revoked(peer: &PeerId, a: &Admission, trust: &Trust, now: i64) -> bool
 impl AdmissionTable {
     /// Records (or replaces) `peer`'s admission; returns the previous one.
     pub fn admit(&mut self, peer: PeerId, admission: Admission) -> Option<Admission> {
-        self.peers.insert(peer, admission)
+        self.counts.add(admission.purpose);
+        let previous = self.peers.insert(peer, admission);
+        if let Some(p) = &previous {
+            self.counts.sub(p.purpose);
+        }
+        previous
     }
 
     /// The admission of `peer`, if any.
@@ -143,6 +177,9 @@ impl AdmissionTable {
     /// Forgets `peer`; returns what it was admitted for.
     pub fn remove(&mut self, peer: &PeerId) -> Option<Admission> {
         let gone = self.peers.remove(peer);
+        if let Some(a) = &gone {
+            self.counts.sub(a.purpose);
+        }
         self.peers.shrink_sparse();
         gone
     }
@@ -188,7 +225,7 @@ impl AdmissionTable {
             .map(|(p, _)| *p)
             .collect();
         for p in &gone {
-            self.peers.remove(p);
+            self.remove(p);
         }
         gone
     }
@@ -203,7 +240,7 @@ impl AdmissionTable {
             .map(|(p, _)| *p)
             .collect();
         for p in &gone {
-            self.peers.remove(p);
+            self.remove(p);
         }
         gone
     }
@@ -220,15 +257,7 @@ impl AdmissionTable {
 
     /// Admitted peers by purpose.
     pub fn counts(&self) -> Counts {
-        let mut c = Counts::default();
-        for a in self.peers.values() {
-            match a.purpose {
-                Purpose::Attach => c.attached += 1,
-                Purpose::Transit => c.transit += 1,
-                Purpose::Router => c.routers += 1,
-            }
-        }
-        c
+        self.counts
     }
 
     /// Every admitted peer with its admission.
@@ -311,6 +340,42 @@ mod tests {
                 routers: 1
             }
         );
+    }
+
+    #[test]
+    fn counts_stay_equal_to_a_recount_through_every_change() {
+        let recount = |t: &AdmissionTable| {
+            let mut c = Counts::default();
+            for (_, a) in t.iter() {
+                c.add(a.purpose);
+            }
+            c
+        };
+        let mut t = AdmissionTable::default();
+        let peers: Vec<PeerId> = (0..6).map(|_| PeerId::random()).collect();
+        let purposes = [Purpose::Attach, Purpose::Transit, Purpose::Router];
+        for (i, p) in peers.iter().enumerate() {
+            t.admit(*p, adm(purposes[i % 3], 100 + i as i64));
+            assert_eq!(t.counts(), recount(&t));
+        }
+        // A re-presentation with another purpose moves the peer's count.
+        t.admit(peers[0], adm(Purpose::Transit, 300));
+        assert_eq!(t.counts(), recount(&t));
+        t.remove(&peers[1]);
+        t.remove(&peers[1]);
+        assert_eq!(t.counts(), recount(&t));
+        assert_eq!(t.expire(103, 0), vec![peers[2]], "until 102 ended");
+        assert_eq!(t.counts(), recount(&t));
+        let mut trust = Trust::new(&KeySet::default());
+        trust.set_revocations(&[Revocation {
+            peer_id: peers[5].to_bytes(),
+            until_unix_secs: 500,
+            reason: "test".into(),
+            token_id: String::new(),
+        }]);
+        assert_eq!(t.revoke(&trust, 50), vec![peers[5]]);
+        assert_eq!(t.counts(), recount(&t));
+        assert_eq!(t.len(), 3);
     }
 
     #[test]

@@ -3,22 +3,24 @@
 //! failed login of its source), read the request, verify (fetching keys once on an unknown key
 //! id), pass the admission gate, record the admission, answer.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentmesh_proto::pb::mesh::AuthRefusal;
+use agentmesh_proto::pb::mesh::{AuthRefusal, AuthRequest};
 use agentmesh_proto::unix_now;
 use agentmesh_streams::ConnectionInfo;
 use futures::{AsyncReadExt as _, AsyncWriteExt};
-use libp2p::Stream;
+use libp2p::{PeerId, Stream};
 use tokio::sync::watch;
 
 use agentmesh_wire::auth as wire;
+use agentmesh_wire::frame::FrameError;
 
 use super::first_byte::{FirstByte, first_byte};
 
 use super::{Refusal, decide, purpose_of};
-use crate::admission::gate::{self, Conditions, NotAdmitted};
+use crate::admission::gate::{Conditions, NotAdmitted};
 use crate::admission::{Admissions, Purpose};
 use crate::config::{Config, Sizing};
 use crate::cp::{Link, fetch_keys_rate_limited};
@@ -36,6 +38,8 @@ pub(crate) struct AuthServer {
     pub(crate) sizing: Sizing,
     pub(crate) link: Arc<Link>,
     pub(crate) admissions: Admissions,
+    /// Admissions are recorded by the table's owner (the swarm loop).
+    pub(crate) tables: crate::tables::Handle,
     pub(crate) resources: Arc<ResourceManager>,
     pub(crate) directory: Arc<Directory>,
     pub(crate) goaways: GoAways,
@@ -71,9 +75,16 @@ pub(crate) async fn busy(
     let _ = tokio::time::timeout(t, stream.close()).await;
 }
 
-/// Serves one auth stream from `info.peer` (proved by the noise handshake).
-pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Stream) {
-    let (peer, source) = (info.peer, ip_of(&info.remote_addr));
+/// Reads the auth request of `peer` (from `source`), within the
+/// first-byte deadline of a stranger or the stream timeout of an admitted
+/// peer; `None` once the stream was answered (malformed), counted and
+/// closed.
+async fn read_request(
+    ctx: &AuthServer,
+    peer: PeerId,
+    source: Option<IpAddr>,
+    stream: &mut Stream,
+) -> Option<AuthRequest> {
     let t = ctx.config.stream_timeout;
     // A member re-presenting its credential on a connection it is admitted
     // on is no stranger holding a slot: its request may be late because
@@ -89,32 +100,32 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
     } else {
         ctx.config.auth_first_byte_timeout
     };
-    let first = first_byte(&mut stream, first_deadline).await;
+    let first = first_byte(stream, first_deadline).await;
     let first = match first {
         FirstByte::Byte(b) => b,
         FirstByte::Silent if admitted => {
             ctx.metrics.auth_result(Purpose::Attach, "io");
             tracing::debug!(%peer, "admitted peer's auth stream sent nothing within the stream timeout; closed");
-            return;
+            return None;
         }
         FirstByte::Silent => {
             ctx.metrics.auth_result(Purpose::Attach, "silent");
             ctx.resources.failed_login(source, "silent");
             tracing::debug!(%peer, ?source, "auth stream silent past the first-byte deadline; closed");
-            return;
+            return None;
         }
         FirstByte::Closed(e) => {
             ctx.metrics.auth_result(Purpose::Attach, "io");
             tracing::debug!(%peer, error = ?e, "auth stream closed before its request");
-            return;
+            return None;
         }
     };
     let read = {
-        let mut whole = futures::io::Cursor::new([first]).chain(&mut stream);
+        let mut whole = futures::io::Cursor::new([first]).chain(&mut *stream);
         wire::read_request(&mut whole, t).await
     };
-    let req = match read {
-        Ok(r) => r,
+    match read {
+        Ok(r) => Some(r),
         Err(e) => {
             let malformed = e.is_malformed();
             ctx.metrics
@@ -130,10 +141,19 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
                     label: "malformed",
                     detail: e.to_string(),
                 };
-                let _ = wire::write_refused(&mut stream, refusal.reason, refusal.detail, t).await;
+                let _ = wire::write_refused(stream, refusal.reason, refusal.detail, t).await;
             }
-            return;
+            None
         }
+    }
+}
+
+/// Serves one auth stream from `info.peer` (proved by the noise handshake).
+pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Stream) {
+    let (peer, source) = (info.peer, ip_of(&info.remote_addr));
+    let t = ctx.config.stream_timeout;
+    let Some(req) = read_request(&ctx, peer, source, &mut stream).await else {
+        return;
     };
     let label_purpose = purpose_of(&req).unwrap_or(Purpose::Attach);
     let skew = i64::try_from(ctx.config.clock_skew.as_secs()).unwrap_or(i64::MAX);
@@ -147,7 +167,7 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
         &policy,
     );
     if matches!(&outcome, Err(r) if r.is_unknown_key())
-        && fetch_keys_rate_limited(&ctx.link, &ctx.metrics, t).await
+        && fetch_keys_rate_limited(&ctx.link, &ctx.tables, &ctx.metrics, t).await
     {
         outcome = decide(
             &req,
@@ -159,60 +179,10 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
         );
     }
     let written = match outcome {
-        Ok(admission) => {
-            let (until, purpose) = (admission.until, admission.purpose);
-            let when = Conditions {
-                connected: ctx.resources.is_connected(&peer),
-                draining: *ctx.draining.borrow(),
-                high_watermark: ctx.sizing.high_watermark,
-            };
-            let reason = match gate::admit_or_refuse(&ctx.admissions, peer, admission, when) {
-                Ok(()) => None,
-                Err(NotAdmitted::Disconnected) => {
-                    // Nobody is left to answer.
-                    ctx.metrics.auth_result(purpose, "disconnected");
-                    tracing::debug!(%peer, "verified, but the peer left meanwhile: not admitted");
-                    return;
-                }
-                Err(NotAdmitted::Draining) => Some(Reason::Draining),
-                Err(NotAdmitted::Overloaded) => Some(Reason::Overloaded),
-            };
-            if let Some(reason) = reason {
-                ctx.metrics.auth_result(purpose, "go_away");
-                ctx.goaways.count(reason, "on_auth");
-                if let Some(suppressed) = ctx.resources.log_pass(&peer.to_string(), "auth_goaway") {
-                    tracing::info!(%peer, reason = reason.as_str(), suppressed, "go-away instead of admission (logged at most once a minute per peer)");
-                }
-                let msg = ctx.goaways.message(reason);
-                if let Err(e) = wire::write_go_away(&mut stream, msg, t).await {
-                    tracing::debug!(%peer, error = %e, "go-away answer not delivered");
-                }
-                let _ = tokio::time::timeout(t, stream.close()).await;
-                return;
-            }
-            ctx.resources.peer_admitted(&peer);
-            if purpose == Purpose::Router {
-                ctx.directory.router_admitted(peer);
-            }
-            ctx.metrics.auth_result(purpose, "admitted");
-            tracing::debug!(%peer, purpose = purpose.as_str(), until, "admitted");
-            // A member (not a router) that lacks the held policy or
-            // revocation list gets what it lacks in the answer: current at
-            // once. Noted on its admission, so a push round for that state
-            // skips it.
-            let reported = Reported {
-                policy: (req.policy_epoch, req.policy_version),
-                revocations: (req.revocations_epoch, req.revocations_generation),
-            };
-            let push = (purpose != Purpose::Router)
-                .then(|| ctx.policy.push_for(reported))
-                .flatten()
-                .map(|(generation, push)| {
-                    ctx.admissions.write().note_holds(&peer, generation);
-                    push
-                });
-            wire::write_admitted(&mut stream, until, push, t).await
-        }
+        Ok(admission) => match admit(&ctx, peer, &req, admission, &mut stream).await {
+            Some(written) => written,
+            None => return,
+        },
         Err(refusal) => {
             ctx.metrics.auth_result(label_purpose, refusal.label);
             ctx.resources.failed_login(source, refusal.label);
@@ -227,4 +197,85 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
         tracing::debug!(%peer, error = %e, "auth answer not delivered");
     }
     let _ = tokio::time::timeout(t, stream.close()).await;
+}
+
+/// Records `peer`'s verified `admission` through the table's owner and
+/// answers: admitted (with what it lacks of the policy), go-away, or busy
+/// when the owner did not answer in time. `None` when the stream was
+/// answered and closed here (or nobody is left to answer).
+async fn admit(
+    ctx: &AuthServer,
+    peer: PeerId,
+    req: &AuthRequest,
+    mut admission: crate::admission::Admission,
+    stream: &mut Stream,
+) -> Option<Result<(), FrameError>> {
+    let t = ctx.config.stream_timeout;
+    let (until, purpose) = (admission.until, admission.purpose);
+    // A member (not a router) that lacks the held policy or
+    // revocation list gets what it lacks in the answer: current at
+    // once. Noted on its admission, so a push round for that state
+    // skips it.
+    let reported = Reported {
+        policy: (req.policy_epoch, req.policy_version),
+        revocations: (req.revocations_epoch, req.revocations_generation),
+    };
+    let push = (purpose != Purpose::Router)
+        .then(|| ctx.policy.push_for(reported))
+        .flatten()
+        .map(|(generation, push)| {
+            admission.push.holds_generation = Some(generation);
+            push
+        });
+    let when = Conditions {
+        connected: ctx.resources.is_connected(&peer),
+        draining: *ctx.draining.borrow(),
+        high_watermark: ctx.sizing.high_watermark,
+    };
+    let gate = match ctx.tables.admit(peer, admission, when).await {
+        Ok(gate) => gate,
+        Err(e) => {
+            // The swarm loop did not record it in time (counted
+            // and logged by the handle): busy, ask again later.
+            ctx.metrics.auth_result(purpose, "busy");
+            let detail = format!("router busy: {e}");
+            let retry = ctx.config.auth_busy_retry_after;
+            if let Err(e) = wire::write_busy(&mut *stream, retry, detail, t).await {
+                tracing::debug!(%peer, error = %e, "busy answer not delivered");
+            }
+            let _ = tokio::time::timeout(t, stream.close()).await;
+            return None;
+        }
+    };
+    let reason = match gate {
+        Ok(()) => None,
+        Err(NotAdmitted::Disconnected) => {
+            // Nobody is left to answer.
+            ctx.metrics.auth_result(purpose, "disconnected");
+            tracing::debug!(%peer, "verified, but the peer left meanwhile: not admitted");
+            return None;
+        }
+        Err(NotAdmitted::Draining) => Some(Reason::Draining),
+        Err(NotAdmitted::Overloaded) => Some(Reason::Overloaded),
+    };
+    if let Some(reason) = reason {
+        ctx.metrics.auth_result(purpose, "go_away");
+        ctx.goaways.count(reason, "on_auth");
+        if let Some(suppressed) = ctx.resources.log_pass(&peer.to_string(), "auth_goaway") {
+            tracing::info!(%peer, reason = reason.as_str(), suppressed, "go-away instead of admission (logged at most once a minute per peer)");
+        }
+        let msg = ctx.goaways.message(reason);
+        if let Err(e) = wire::write_go_away(&mut *stream, msg, t).await {
+            tracing::debug!(%peer, error = %e, "go-away answer not delivered");
+        }
+        let _ = tokio::time::timeout(t, stream.close()).await;
+        return None;
+    }
+    ctx.resources.peer_admitted(&peer);
+    if purpose == Purpose::Router {
+        ctx.directory.router_admitted(peer);
+    }
+    ctx.metrics.auth_result(purpose, "admitted");
+    tracing::debug!(%peer, purpose = purpose.as_str(), until, "admitted");
+    Some(wire::write_admitted(stream, until, push, t).await)
 }

@@ -63,6 +63,7 @@ pub(crate) struct ProviderQuery {
 pub(crate) fn precreate_labels(metrics: &Metrics) {
     for o in providers::Outcome::ALL {
         let _ = metrics
+            .catalog
             .provider_searches
             .get_or_create(&[("outcome", o.as_str())]);
     }

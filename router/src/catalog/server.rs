@@ -326,7 +326,8 @@ mod tests {
 
     fn count(ctx: &CatalogCtx, op: &'static str) -> u64 {
         ctx.metrics
-            .catalog_requests
+            .catalog
+            .requests
             .get_or_create(&[("op", op), ("result", "malformed")])
             .get()
     }

@@ -103,6 +103,9 @@ pub struct RouterArgs {
     /// Deadline of one policy push to one member (open, write, ack), milliseconds (outcome timeout when it bites).
     #[arg(long, default_value_t = d::DEFAULT_POLICY_PUSH_DEADLINE_MS)]
     pub policy_push_deadline_ms: u64,
+    /// Deadline of one command to the swarm loop (admit, keys, revocations, regroup, router set, disconnects), milliseconds (agentmesh_router_state_commands_total{result=timeout} shows it bite).
+    #[arg(long, default_value_t = d::DEFAULT_STATE_COMMAND_DEADLINE_MS)]
+    pub state_command_deadline_ms: u64,
     /// Wait before probing the members that named this router a fallback for policy pushes (and pushing to those still lacking the version), milliseconds (agentmesh_router_policy_push_decisions_total{decision=fallback} shows it bite).
     #[arg(long, default_value_t = d::DEFAULT_POLICY_PUSH_FALLBACK_DELAY_MS)]
     pub policy_push_fallback_delay_ms: u64,
@@ -234,6 +237,7 @@ impl RouterArgs {
             goaway_retry_after: s(self.goaway_retry_after_secs),
             policy_push_concurrency: self.policy_push_concurrency.max(1),
             policy_push_deadline: ms(self.policy_push_deadline_ms.max(1)),
+            state_command_deadline: ms(self.state_command_deadline_ms.max(1)),
             policy_push_fallback_delay: ms(self.policy_push_fallback_delay_ms),
             policy_watch_backoff_max: ms(self.policy_watch_backoff_max_ms.max(1)),
             policy_watch: self.policy_watch,

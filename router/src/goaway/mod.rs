@@ -63,7 +63,8 @@ pub(crate) fn precreate_labels(metrics: &Metrics) {
     for reason in REASONS {
         for res in RESULTS {
             let _ = metrics
-                .goaway_sent
+                .goaway
+                .sent
                 .get_or_create(&[("reason", reason.as_str()), ("result", res)]);
         }
     }
@@ -140,7 +141,8 @@ impl GoAways {
     /// Counts one go-away by reason and result.
     pub(crate) fn count(&self, reason: Reason, result: &'static str) {
         self.metrics
-            .goaway_sent
+            .goaway
+            .sent
             .get_or_create(&[("reason", reason.as_str()), ("result", result)])
             .inc();
     }

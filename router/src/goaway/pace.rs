@@ -175,17 +175,19 @@ pub(crate) fn wave(rate_per_survivor: u32, input: WaveInput) -> Wave {
 pub(crate) fn precreate_labels(metrics: &Metrics) {
     for reason in REASONS {
         let r = reason.as_str();
-        let _ = metrics.goaway_waves.get_or_create(&[("reason", r)]);
-        let _ = metrics.goaway_wave_rate.get_or_create(&[("reason", r)]);
-        let _ = metrics.goaway_wave_reattach.get_or_create(&[("reason", r)]);
+        let _ = metrics.goaway.waves.get_or_create(&[("reason", r)]);
+        let _ = metrics.goaway.wave_rate.get_or_create(&[("reason", r)]);
+        let _ = metrics.goaway.wave_reattach.get_or_create(&[("reason", r)]);
         for s in STATES {
             let _ = metrics
-                .goaway_wave_members
+                .goaway
+                .wave_members
                 .get_or_create(&[("reason", r), ("state", s)]);
         }
         for why in ADJUSTMENTS {
             let _ = metrics
-                .goaway_waves_adjusted
+                .goaway
+                .waves_adjusted
                 .get_or_create(&[("reason", r), ("why", why)]);
         }
     }
@@ -261,16 +263,19 @@ pub(crate) async fn send_paced(p: Pacer<'_>, peers: Vec<PeerId>, deadline: Insta
     let m = &p.goaways.metrics;
     let r = p.reason.as_str();
     let waiting_gauge = m
-        .goaway_wave_members
+        .goaway
+        .wave_members
         .get_or_create(&[("reason", r), ("state", "waiting")])
         .clone();
     let moving_gauge = m
-        .goaway_wave_members
+        .goaway
+        .wave_members
         .get_or_create(&[("reason", r), ("state", "moving")])
         .clone();
-    let rate_gauge = m.goaway_wave_rate.get_or_create(&[("reason", r)]).clone();
+    let rate_gauge = m.goaway.wave_rate.get_or_create(&[("reason", r)]).clone();
     let reattach_gauge = m
-        .goaway_wave_reattach
+        .goaway
+        .wave_reattach
         .get_or_create(&[("reason", r)])
         .clone();
 
@@ -302,12 +307,12 @@ pub(crate) async fn send_paced(p: Pacer<'_>, peers: Vec<PeerId>, deadline: Insta
                 });
                 rate_gauge.set(w.rate.round() as i64);
                 if let Some(why) = w.adjusted {
-                    m.goaway_waves_adjusted.get_or_create(&[("reason", r), ("why", why)]).inc();
+                    m.goaway.waves_adjusted.get_or_create(&[("reason", r), ("why", why)]).inc();
                 }
                 if w.size > 0 {
                     msg = p.goaways.message(p.reason);
                     summary.waves += 1;
-                    m.goaway_waves.get_or_create(&[("reason", r)]).inc();
+                    m.goaway.waves.get_or_create(&[("reason", r)]).inc();
                     tracing::debug!(reason = r, size = w.size, waiting = waiting.len(), moving, rate = w.rate, adjusted = ?w.adjusted, "go-away wave");
                     for peer in waiting.drain(..w.size) {
                         told_set.insert(peer);

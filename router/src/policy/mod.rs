@@ -16,13 +16,11 @@
 //!   module of its own: `crate::metrics` holds them).
 //!
 //! The circuit check itself runs in the muxer (`resources::circuits`
-//! explains why) through [`PolicyCtx::circuit_check`].
+//! explains why) through [`CircuitCheck`].
 
 pub(crate) mod publish;
 pub(crate) mod push;
 pub(crate) mod state;
-#[cfg(test)]
-pub(crate) mod testing;
 pub(crate) mod watch;
 
 use std::sync::Arc;
@@ -35,7 +33,7 @@ use libp2p::PeerId;
 use crate::admission::Admissions;
 use crate::catalog::Catalog;
 use crate::cp::Link;
-use crate::resources::{CircuitPolicyFn, ResourceManager};
+use crate::resources::{CircuitPolicy, ResourceManager};
 use state::{Changed, PolicyState};
 
 /// What taking and enforcing a policy needs.
@@ -44,6 +42,8 @@ pub(crate) struct PolicyCtx {
     pub(crate) state: Arc<PolicyState>,
     pub(crate) link: Arc<Link>,
     pub(crate) admissions: Admissions,
+    /// Regroups admissions and installs revocations (the swarm loop's).
+    pub(crate) tables: crate::tables::Handle,
     pub(crate) catalog: Arc<Catalog>,
     pub(crate) resources: Arc<ResourceManager>,
     /// The clock skew tolerated on credentials, seconds.
@@ -51,13 +51,15 @@ pub(crate) struct PolicyCtx {
 }
 
 impl crate::cp::TakePolicy for PolicyCtx {
-    fn take(
-        &self,
-        policy: Option<&SignedPolicy>,
-        revocations: Option<&SignedRevocations>,
+    fn take<'a>(
+        &'a self,
+        policy: Option<&'a SignedPolicy>,
+        revocations: Option<&'a SignedRevocations>,
         source: &'static str,
-    ) {
-        PolicyCtx::take(self, policy, revocations, source);
+    ) -> futures::future::BoxFuture<'a, ()> {
+        Box::pin(async move {
+            PolicyCtx::take(self, policy, revocations, source).await;
+        })
     }
 
     fn held(&self) -> (u64, u64) {
@@ -68,11 +70,11 @@ impl crate::cp::TakePolicy for PolicyCtx {
 impl PolicyCtx {
     /// Takes what the control plane sent (`source`: "directory" or
     /// "watch"): offers the signed policy and revocation list (each
-    /// verified, taken if newer), installs the list held in the router's
-    /// trust, and enforces whatever changed at once. Revoked peers
-    /// themselves are dropped (and their connections closed) by the swarm
-    /// loop's next tick, which reads the same trust.
-    pub(crate) fn take(
+    /// verified, taken if newer), has the swarm loop install the list held
+    /// in the router's trust, and enforces whatever changed at once.
+    /// Revoked peers themselves are dropped (and their connections closed)
+    /// by the swarm loop's next tick, which reads the same trust.
+    pub(crate) async fn take(
         &self,
         policy: Option<&SignedPolicy>,
         revocations: Option<&SignedRevocations>,
@@ -83,23 +85,36 @@ impl PolicyCtx {
             self.state
                 .offer(policy, revocations, &trust, unix_now(), source)
         };
-        if changed.revocations_copy {
+        let retry = self.state.take_revocations_unapplied();
+        let mut reinstalled = false;
+        if changed.revocations_copy || retry {
             // What the state holds now, not what this call brought: a
             // concurrent take (poll and watch) may have taken a newer one.
+            // Not installed in time (logged and counted by the handle):
+            // noted, and the next take (the next directory poll at the
+            // latest) installs it again; until then the trust lists the
+            // previous list.
             let entries = self.state.revocation_entries();
-            self.link.trust.write().set_revocations(&entries);
+            if self.tables.set_revocations(entries).await.is_err() {
+                self.state.revocations_unapplied();
+            } else {
+                reinstalled = retry;
+            }
         }
-        if changed.any() {
-            self.enforce();
+        if changed.any() || reinstalled {
+            self.enforce().await;
         }
         changed
     }
 
     /// Enforces the state held on what is already admitted, stored and
     /// relayed.
-    fn enforce(&self) {
+    async fn enforce(&self) {
         let policy = self.state.policy();
-        self.admissions.write().regroup(&policy);
+        // Not regrouped in time (logged and counted by the handle): never
+        // wrong, only slower: `PeerGroups::under` computes a peer's groups
+        // under the new policy on each check until a later change regroups.
+        let _ = self.tables.regroup(policy.clone()).await;
         let now = unix_now();
         let dropped = {
             let trust = self.link.trust.read().clone();
@@ -147,25 +162,32 @@ impl PolicyCtx {
                 .inc_by(cut as u64);
         }
     }
+}
 
-    /// The check the muxer runs on every circuit (see
-    /// `resources::circuits`): `source` must be granted some service
-    /// `destination` owns. Refusals are counted (`not_granted`).
-    pub(crate) fn circuit_check(&self) -> CircuitPolicyFn {
-        let (state, admissions) = (self.state.clone(), self.admissions.clone());
-        Box::new(move |source: &PeerId, destination: &PeerId| {
-            let policy = state.policy();
-            let ok = admissions.read().may_reach(source, destination, &policy);
-            if !ok {
-                tracing::debug!(%source, %destination, "circuit refused: not granted");
-                state
-                    .metrics()
-                    .circuits_refused
-                    .get_or_create(&[("reason", "not_granted")])
-                    .inc();
-            }
-            ok
-        })
+/// The check the muxer runs on every circuit (see `resources::circuits`):
+/// `source` must be granted some service `destination` owns. Refusals are
+/// counted (`not_granted`). Handed to the resource manager when it is built.
+pub(crate) struct CircuitCheck {
+    pub(crate) state: Arc<PolicyState>,
+    pub(crate) admissions: Admissions,
+}
+
+impl CircuitPolicy for CircuitCheck {
+    fn allows(&self, source: &PeerId, destination: &PeerId) -> bool {
+        let policy = self.state.policy();
+        let ok = self
+            .admissions
+            .read()
+            .may_reach(source, destination, &policy);
+        if !ok {
+            tracing::debug!(%source, %destination, "circuit refused: not granted");
+            self.state
+                .metrics()
+                .circuits_refused
+                .get_or_create(&[("reason", "not_granted")])
+                .inc();
+        }
+        ok
     }
 }
 

@@ -5,10 +5,12 @@ use agentmesh_proto::unix_now;
 use libp2p::PeerId;
 use libp2p::identity::Keypair;
 
-use super::testing::{
+use super::state::testing::{
     NO_GRANTS, WEB_TO_PAYMENTS, claims, cp, credential, record, signed, signed_list,
 };
 use crate::admission::{Admission, PeerGroups, Purpose};
+use crate::resources::CircuitPolicy as _;
+use crate::tables::Owner;
 use crate::test_support::components;
 
 /// Only `payments/*` of other teams' making: nobody owns payments.
@@ -27,9 +29,17 @@ from = ["payments"]
 to = ["web/*"]
 "#;
 
-fn admit(c: &crate::Components, cp: &super::testing::Cp, peer: PeerId, team: &str, token: &str) {
+/// Admits `peer` as the swarm loop would: the test holds the tables' owner.
+fn admit(
+    c: &crate::Components,
+    owner: &mut Owner,
+    cp: &super::state::testing::Cp,
+    peer: PeerId,
+    team: &str,
+    token: &str,
+) {
     let policy = c.policy.policy();
-    c.admissions.write().admit(
+    owner.tables.admissions.write().admit(
         peer,
         Admission {
             purpose: Purpose::Attach,
@@ -42,19 +52,25 @@ fn admit(c: &crate::Components, cp: &super::testing::Cp, peer: PeerId, team: &st
     );
 }
 
-#[test]
-fn circuits_need_a_grant_and_follow_each_new_policy() {
-    let (cp, c) = (cp(), components(|_| {}));
-    *c.link.trust.write() = cp.trust.clone();
+#[tokio::test]
+async fn circuits_need_a_grant_and_follow_each_new_policy() {
+    let (cp, (c, mut owner)) = (cp(), components(|_| {}));
+    *owner.tables.trust.write() = cp.trust.clone();
     let (web, pay, stranger) = (PeerId::random(), PeerId::random(), PeerId::random());
     // Admitted before any policy: deny all.
-    admit(&c, &cp, web, "web", "tw");
-    admit(&c, &cp, pay, "payments", "tp");
-    let check = c.policy_ctx().circuit_check();
+    admit(&c, &mut owner, &cp, web, "web", "tw");
+    admit(&c, &mut owner, &cp, pay, "payments", "tp");
+    let circuit = super::CircuitCheck {
+        state: c.policy.clone(),
+        admissions: c.admissions.clone(),
+    };
+    let check = |s: &PeerId, d: &PeerId| circuit.allows(s, d);
     assert!(!check(&web, &pay), "no policy: no circuit");
     let ctx = c.policy_ctx();
     assert!(
-        ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), None, "directory")
+        owner
+            .serve_while(ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), None, "directory"))
+            .await
             .policy
     );
     assert!(
@@ -66,7 +82,9 @@ fn circuits_need_a_grant_and_follow_each_new_policy() {
         !check(&stranger, &pay),
         "a peer not admitted is in no group"
     );
-    ctx.take(Some(&signed(&cp, 1, 2, NO_GRANTS)), None, "watch");
+    owner
+        .serve_while(ctx.take(Some(&signed(&cp, 1, 2, NO_GRANTS)), None, "watch"))
+        .await;
     assert!(!check(&web, &pay), "the grant was removed");
     let refused = c
         .policy
@@ -77,10 +95,10 @@ fn circuits_need_a_grant_and_follow_each_new_policy() {
     assert_eq!(refused, 4, "every refusal counted");
 }
 
-#[test]
-fn records_not_owned_are_refused_and_dropped_when_ownership_goes() {
-    let (cp, c) = (cp(), components(|_| {}));
-    *c.link.trust.write() = cp.trust.clone();
+#[tokio::test]
+async fn records_not_owned_are_refused_and_dropped_when_ownership_goes() {
+    let (cp, (c, mut owner)) = (cp(), components(|_| {}));
+    *owner.tables.trust.write() = cp.trust.clone();
     let ctx = c.policy_ctx();
     let own = c.ownership();
     let (pay_key, web_key) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
@@ -95,7 +113,9 @@ fn records_not_owned_are_refused_and_dropped_when_ownership_goes() {
         own.check(&r, &pay, now).is_err(),
         "no policy: nobody owns anything"
     );
-    ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), None, "directory");
+    owner
+        .serve_while(ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), None, "directory"))
+        .await;
     own.check(&r, &pay, now).expect("payments owns payments/*");
     c.catalog
         .store
@@ -140,7 +160,9 @@ fn records_not_owned_are_refused_and_dropped_when_ownership_goes() {
         );
     }
     // Ownership moves away: the stored record is dropped.
-    ctx.take(Some(&signed(&cp, 1, 2, PAYMENTS_UNOWNED)), None, "watch");
+    owner
+        .serve_while(ctx.take(Some(&signed(&cp, 1, 2, PAYMENTS_UNOWNED)), None, "watch"))
+        .await;
     assert!(
         c.catalog
             .store
@@ -151,18 +173,20 @@ fn records_not_owned_are_refused_and_dropped_when_ownership_goes() {
     assert_eq!(m.catalog_dropped.get(), 1);
 }
 
-#[test]
-fn a_token_revocation_drops_every_member_of_that_token_and_their_records() {
-    let (cp, c) = (cp(), components(|_| {}));
-    *c.link.trust.write() = cp.trust.clone();
+#[tokio::test]
+async fn a_token_revocation_drops_every_member_of_that_token_and_their_records() {
+    let (cp, (c, mut owner)) = (cp(), components(|_| {}));
+    *owner.tables.trust.write() = cp.trust.clone();
     let ctx = c.policy_ctx();
-    ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), None, "directory");
+    owner
+        .serve_while(ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), None, "directory"))
+        .await;
     let pay_key = Keypair::generate_ed25519();
     let pay = pay_key.public().to_peer_id();
     let (other, web) = (PeerId::random(), PeerId::random());
-    admit(&c, &cp, pay, "payments", "bad-token");
-    admit(&c, &cp, other, "payments", "bad-token");
-    admit(&c, &cp, web, "web", "good-token");
+    admit(&c, &mut owner, &cp, pay, "payments", "bad-token");
+    admit(&c, &mut owner, &cp, other, "payments", "bad-token");
+    admit(&c, &mut owner, &cp, web, "web", "good-token");
     let now = unix_now();
     let (r, s) = record(
         &pay_key,
@@ -180,7 +204,12 @@ fn a_token_revocation_drops_every_member_of_that_token_and_their_records() {
         ..Default::default()
     }];
     let list = signed_list(&cp, 1, 1, now, &revoked);
-    assert!(ctx.take(None, Some(&list), "watch").revocations);
+    assert!(
+        owner
+            .serve_while(ctx.take(None, Some(&list), "watch"))
+            .await
+            .revocations
+    );
     // The push round that follows leaves out the members being dropped.
     let (now_list, later, _) = super::push::attached(&c.link, &c.admissions, u64::MAX);
     let pushed: Vec<PeerId> = now_list.into_iter().chain(later).collect();
@@ -193,7 +222,8 @@ fn a_token_revocation_drops_every_member_of_that_token_and_their_records() {
             .is_empty(),
         "its record goes at once"
     );
-    let mut gone = c.admissions.write().revoke(&c.link.trust.read(), now);
+    let trust = owner.tables.trust.read().clone();
+    let mut gone = owner.tables.admissions.write().revoke(&trust, now);
     gone.sort();
     let mut want = vec![pay, other];
     want.sort();
@@ -203,5 +233,41 @@ fn a_token_revocation_drops_every_member_of_that_token_and_their_records() {
         c.policy.push_message().revocations,
         Some(list),
         "members get it pushed, signed as it came"
+    );
+}
+
+#[tokio::test]
+async fn a_revocation_list_the_swarm_loop_did_not_install_is_installed_by_the_next_take() {
+    let (cp, (c, mut owner)) = (cp(), components(|_| {}));
+    *owner.tables.trust.write() = cp.trust.clone();
+    let now = unix_now();
+    let peer = PeerId::random();
+    let revoked = vec![Revocation {
+        peer_id: peer.to_bytes(),
+        until_unix_secs: now + 3600,
+        ..Default::default()
+    }];
+    let list = signed_list(&cp, 1, 1, now, &revoked);
+    // A swarm loop that cannot answer (gone): the list is taken, not installed.
+    let (gone, _, dead) = Owner::new(
+        &mut prometheus_client::registry::Registry::default(),
+        std::time::Duration::from_secs(60),
+    );
+    drop(gone);
+    let stalled = super::PolicyCtx {
+        tables: dead,
+        ..c.policy_ctx()
+    };
+    assert!(stalled.take(None, Some(&list), "watch").await.revocations);
+    assert!(!owner.tables.trust.read().is_revoked(&peer, now));
+    // The next take brings nothing new, and installs it.
+    let ctx = c.policy_ctx();
+    let changed = owner
+        .serve_while(ctx.take(None, Some(&list), "directory"))
+        .await;
+    assert!(!changed.any(), "nothing new was taken");
+    assert!(
+        owner.tables.trust.read().is_revoked(&peer, now),
+        "the list held is in the trust"
     );
 }

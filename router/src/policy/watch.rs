@@ -112,11 +112,14 @@ async fn attempt(w: &Watch, backoff: &mut Duration) -> WatchEnd {
         match stream.message().await {
             Ok(Some(ev)) => {
                 w.ctx.state.metrics().watch_events.inc();
-                if let Some(keys) = ev.keys.as_ref().filter(|k| !k.keys.is_empty()) {
-                    w.ctx.link.trust.write().set_keys(keys);
+                if let Some(keys) = ev.keys.clone().filter(|k| !k.keys.is_empty()) {
+                    // A failure is logged and counted by the handle; the
+                    // lease round's key sync installs them.
+                    let _ = w.ctx.tables.set_keys(keys).await;
                 }
                 w.ctx
-                    .take(ev.policy.as_ref(), ev.revocations.as_ref(), "watch");
+                    .take(ev.policy.as_ref(), ev.revocations.as_ref(), "watch")
+                    .await;
             }
             Ok(None) => return WatchEnd::Ended,
             Err(s) if s.code() == tonic::Code::Unimplemented => return WatchEnd::Unimplemented,

@@ -125,6 +125,15 @@ impl ResourceMetrics {
              --failed-logins-per-ip-per-minute failed logins",
             m.failed_login_blocks.clone(),
         );
+        m.register_slots(registry);
+        m.slots.precreate();
+        m.precreate_labels();
+        m
+    }
+
+    /// Registers the slot budgets' metrics.
+    fn register_slots(&self, registry: &mut Registry) {
+        let m = self;
         registry.register(
             "agentmesh_router_slots_refused",
             "Slots of a budget strangers reach (auth, catalog: streams served; handshake: \
@@ -157,7 +166,11 @@ impl ResourceMetrics {
              full (no queue place for its source: dropped unanswered)",
             m.slots.waits.clone(),
         );
-        m.slots.precreate();
+    }
+
+    /// Every stream and refusal label at 0.
+    fn precreate_labels(&self) {
+        let m = self;
         for p in Proto::ALL {
             for d in DIRECTIONS {
                 let _ = m
@@ -181,7 +194,6 @@ impl ResourceMetrics {
                 }
             }
         }
-        m
     }
 
     /// Counts one refusal.

@@ -4,7 +4,8 @@
 //! muxer-level accounting that sees every stream open and close, built-in
 //! protocols' included.
 //!
-//! - `budget.rs`: the pure policy (counts in, decision out).
+//! - `budget/`: the pure policy (counts in, decision out), with the
+//!   strangers' pool and its fair shares by source (`budget/stranger_pool.rs`).
 //! - `muxer.rs`: our yamux `StreamMuxer` with bounded windows, and the
 //!   accounting wrapper around any muxer (yamux and QUIC) whose substreams
 //!   learn their protocol from multistream-select and release on drop.
@@ -17,7 +18,8 @@
 //! - `pending.rs`: inbound connections in their handshake, shared fairly by
 //!   source and shed by progress (`agentmesh_fair::handshakes`, run by the
 //!   transport): what a source may hold, and the counters.
-//! - `strangers.rs`: the memory budget of peers not admitted.
+//! - `strangers.rs`: the strangers' pool at the connection level: each
+//!   peer's charges booked in it, and moved out when it is admitted.
 //! - `logins.rs`: the failed-login guard (short blocks per source).
 //! - `by_source.rs`: inbound connections per source, admitted or not.
 //!
@@ -44,8 +46,8 @@ pub(crate) mod transport;
 use crate::shrink::ShrinkSparse;
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use agentmesh_runtime::log_gate::LogGate;
@@ -58,6 +60,7 @@ use prometheus_client::registry::Registry;
 
 use agentmesh_fair::handshakes::Handshakes;
 pub(crate) use budget::Watermarks;
+use budget::stranger_pool::StrangerPool;
 use budget::{
     Budgets, CircuitSourceUsage, ConnectionUsage, OutboundUsage, Proto, Refusal, StreamUsage,
 };
@@ -66,7 +69,6 @@ pub(crate) use metrics::RefusedLabels;
 use metrics::{NO_PROTOCOL, ResourceMetrics};
 use slots::{FairBudget, SlotBudget};
 use source::SourceKey;
-use strangers::StrangerPool;
 
 /// Kinds of log line a peer or source can cause, each logged at most once
 /// a minute per source (or peer) and kind (`agentmesh_runtime::log_gate`),
@@ -92,12 +94,69 @@ pub(crate) const LOG_KINDS: &[&str] = &[
     "provider_query_late",
 ];
 
-/// A check whether a peer is admitted (set once the router's state exists).
-pub(crate) type AdmittedFn = Box<dyn Fn(&PeerId) -> bool + Send + Sync>;
+/// Whether a peer is admitted now: the admission table's view (its owner,
+/// the swarm loop, writes it; the manager only reads).
+pub(crate) trait AdmittedPeers: Send + Sync {
+    /// Whether `peer` is in the admission table.
+    fn is_admitted(&self, peer: &PeerId) -> bool;
+}
 
-/// A check whether the policy lets a circuit run from the first peer to the
-/// second (set once the router's state exists; it counts its refusals).
-pub(crate) type CircuitPolicyFn = Box<dyn Fn(&PeerId, &PeerId) -> bool + Send + Sync>;
+/// Whether the policy lets a circuit run from `source` to `destination`
+/// (the access policy's check; it counts its refusals).
+pub(crate) trait CircuitPolicy: Send + Sync {
+    /// Whether the circuit may run.
+    fn allows(&self, source: &PeerId, destination: &PeerId) -> bool;
+}
+
+/// What the manager reads from the rest of the router, handed over when
+/// it is built (never set afterwards): the admission table's view and the
+/// policy's circuit check, both read-only to it, and the router's log gate
+/// (created first, so every part shares it; the manager registers it).
+#[derive(Clone)]
+pub(crate) struct Deps {
+    pub(crate) admitted: Arc<dyn AdmittedPeers>,
+    pub(crate) circuit_policy: Arc<dyn CircuitPolicy>,
+    pub(crate) log: LogGate<String>,
+}
+
+/// Every circuit allowed (tests of the manager without a policy).
+#[cfg(test)]
+pub(crate) struct AllCircuits;
+
+#[cfg(test)]
+impl CircuitPolicy for AllCircuits {
+    fn allows(&self, _: &PeerId, _: &PeerId) -> bool {
+        true
+    }
+}
+
+/// No peer admitted (tests of the manager without an admission table).
+#[cfg(test)]
+pub(crate) struct Nobody;
+
+#[cfg(test)]
+impl AdmittedPeers for Nobody {
+    fn is_admitted(&self, _: &PeerId) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+impl Deps {
+    /// `admitted`, and every circuit allowed.
+    pub(crate) fn for_tests(admitted: Arc<dyn AdmittedPeers>) -> Self {
+        Self {
+            admitted,
+            circuit_policy: Arc::new(AllCircuits),
+            log: LogGate::new(LOG_KINDS),
+        }
+    }
+
+    /// Nobody admitted, every circuit allowed.
+    pub(crate) fn nobody() -> Self {
+        Self::for_tests(Arc::new(Nobody))
+    }
+}
 
 #[derive(Debug, Default)]
 struct PeerUsage {
@@ -147,8 +206,8 @@ struct State {
 pub(crate) struct ResourceManager {
     budgets: Budgets,
     metrics: ResourceMetrics,
-    admitted: OnceLock<AdmittedFn>,
-    circuit_policy: OnceLock<CircuitPolicyFn>,
+    admitted: Arc<dyn AdmittedPeers>,
+    circuit_policy: Arc<dyn CircuitPolicy>,
     /// Live circuits, to close those a policy change no longer allows.
     circuits: circuits::LiveCircuits,
     state: Mutex<State>,
@@ -196,7 +255,7 @@ pub(crate) fn budgets(
             memory_budget_bytes,
             r.memory_per_peer_max_percent,
         ),
-        unauthenticated_memory_bytes: strangers::pool_bytes(
+        unauthenticated_memory_bytes: budget::stranger_pool::pool_bytes(
             memory_budget_bytes,
             r.unauthenticated_memory_max_percent,
             r.connection_charge_bytes,
@@ -248,6 +307,7 @@ pub(crate) async fn start(
     size: impl FnOnce(u64) -> (sizing::Sizing, Watermarks),
     registry: &mut Registry,
     refused: Family<RefusedLabels, Counter>,
+    deps: Deps,
 ) -> Result<(Arc<ResourceManager>, sizing::Sizing), tokio::task::JoinError> {
     let (flag, default) = (r.memory_limit_bytes, r.memory_default_limit_bytes);
     let (limit, source) = tokio::task::spawn_blocking(move || memory::limit(flag, default)).await?;
@@ -264,7 +324,7 @@ pub(crate) async fn start(
         idle_member_charge_bytes = sizing.idle_member_charge_bytes,
         "memory budget"
     );
-    Ok((ResourceManager::new(b, registry, refused), sizing))
+    Ok((ResourceManager::new(b, registry, refused, deps), sizing))
 }
 
 /// The IP a connection comes from (inbound TCP or QUIC), if known.
@@ -276,12 +336,13 @@ fn source_ip(endpoint: &ConnectedPoint) -> Option<IpAddr> {
 }
 
 impl ResourceManager {
-    /// A manager with `budgets`; registers its gauges in `registry` and
-    /// pre-creates every label of `refused`.
+    /// A manager with `budgets` reading `deps`; registers its gauges in
+    /// `registry` and pre-creates every label of `refused`.
     pub(crate) fn new(
         budgets: Budgets,
         registry: &mut Registry,
         refused: Family<RefusedLabels, Counter>,
+        deps: Deps,
     ) -> Arc<Self> {
         let metrics = ResourceMetrics::new(registry, refused);
         metrics
@@ -297,7 +358,7 @@ impl ResourceManager {
             .unauthenticated_memory_budget
             .set(i64::try_from(budgets.unauthenticated_memory_bytes).unwrap_or(i64::MAX));
         let handshake_metrics = pending::HandshakeMetrics::new(registry, metrics.refused.clone());
-        let log = LogGate::new(LOG_KINDS);
+        let log = deps.log;
         log.register(registry.sub_registry_with_prefix("agentmesh_router"));
         let logins = FailedLogins::new(
             budgets.failed_logins_per_ip_per_minute,
@@ -318,8 +379,8 @@ impl ResourceManager {
             Self {
                 budgets,
                 metrics,
-                admitted: OnceLock::new(),
-                circuit_policy: OnceLock::new(),
+                admitted: deps.admitted,
+                circuit_policy: deps.circuit_policy,
                 circuits: circuits::LiveCircuits::default(),
                 state: Mutex::new(State::default()),
                 logins: Mutex::new(logins),
@@ -357,23 +418,10 @@ impl ResourceManager {
             .clone()
     }
 
-    /// Sets how to tell whether a peer is admitted (once; later calls are ignored).
-    pub(crate) fn set_admitted(&self, f: AdmittedFn) {
-        let _ = self.admitted.set(f);
-    }
-
-    /// Sets the policy's circuit check (once; later calls are ignored).
-    pub(crate) fn set_circuit_policy(&self, f: CircuitPolicyFn) {
-        let _ = self.circuit_policy.set(f);
-    }
-
     /// Whether the policy lets a circuit run from `source` to
-    /// `destination`. With no check set (unit tests of this module only;
-    /// the router always sets one) every circuit is let through.
+    /// `destination`.
     pub(crate) fn circuit_allowed(&self, source: &PeerId, destination: &PeerId) -> bool {
-        self.circuit_policy
-            .get()
-            .is_none_or(|f| f(source, destination))
+        self.circuit_policy.allows(source, destination)
     }
 
     /// Sweeps of live circuits started so far (see `circuits`).
@@ -405,7 +453,7 @@ impl ResourceManager {
     }
 
     fn is_admitted(&self, peer: &PeerId) -> bool {
-        self.admitted.get().is_some_and(|f| f(peer))
+        self.admitted.is_admitted(peer)
     }
 
     /// Admits (and charges) a new connection, or refuses it (counted, logged).
@@ -797,9 +845,10 @@ impl ResourceManager {
     }
 
     /// The router's log gate: every line a peer or source can cause goes
-    /// through it (`agentmesh_router_log_suppressed_total{kind}`). It lives
-    /// here because the resource manager's refusals were the first lines
-    /// so limited; `Metrics::log` is a clone for the sites without it.
+    /// through it (`agentmesh_router_log_suppressed_total{kind}`). Created
+    /// with the router's shared state and handed over in [`Deps`]; the
+    /// manager registers it, and `Metrics::log` is a clone for the sites
+    /// without a manager.
     pub(crate) fn log(&self) -> &LogGate<String> {
         &self.log
     }

@@ -393,6 +393,7 @@ mod tests {
             crate::resources::budgets_of(&Default::default(), 64 << 20),
             &mut prometheus_client::registry::Registry::default(),
             Default::default(),
+            crate::resources::Deps::nobody(),
         );
         let peer = libp2p::PeerId::random();
         let endpoint = libp2p::core::ConnectedPoint::Listener {

@@ -3,8 +3,15 @@
 //! that defaults from the watermarks (stream budgets, the reservation cap)
 //! derives from this, so it sits below the budgets.
 
-use super::budget::idle_member_charge_bytes;
+use super::budget::{IDLE_MEMBER_PING_STREAMS, PING_STREAM_CHARGE_BYTES};
 use super::config::ResourceConfig;
+
+/// Memory charged for one idle attached member: its connection and its
+/// ping streams (what the default high watermark is sized with).
+pub(crate) fn idle_member_charge_bytes(r: &ResourceConfig) -> u64 {
+    r.connection_charge_bytes
+        .saturating_add(IDLE_MEMBER_PING_STREAMS * PING_STREAM_CHARGE_BYTES)
+}
 
 /// The watermarks and relay reservation cap in effect: explicit flags win,
 /// else they are sized from the memory budget. Computed once at start,

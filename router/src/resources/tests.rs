@@ -22,11 +22,33 @@ pub(super) fn manager(
     };
     f(&mut config);
     let mut reg = Registry::default();
-    let mgr = ResourceManager::new(budgets_of(&config, 64 << 20), &mut reg, Family::default());
     let admitted = Arc::new(RwLock::new(HashSet::new()));
-    let a = admitted.clone();
-    mgr.set_admitted(Box::new(move |p| a.read().contains(p)));
+    let deps = Deps::for_tests(Arc::new(Admitted(admitted.clone())));
+    let mgr = ResourceManager::new(
+        budgets_of(&config, 64 << 20),
+        &mut reg,
+        Family::default(),
+        deps,
+    );
     (mgr, admitted)
+}
+
+/// The admitted peers as a test writes them.
+struct Admitted(Arc<RwLock<HashSet<PeerId>>>);
+
+impl AdmittedPeers for Admitted {
+    fn is_admitted(&self, peer: &PeerId) -> bool {
+        self.0.read().contains(peer)
+    }
+}
+
+/// Every peer admitted.
+pub(super) struct Everyone;
+
+impl AdmittedPeers for Everyone {
+    fn is_admitted(&self, _: &PeerId) -> bool {
+        true
+    }
 }
 
 /// An inbound connection from `ip` (IPv4, or IPv6 when it has a colon).
@@ -314,10 +336,14 @@ fn memory_budget_refuses_and_counts() {
     let mut reg = Registry::default();
     // Room for two connections and one data stream.
     let budget = (2 << 20) + Proto::RelayHop.charge_bytes();
-    let mgr = ResourceManager::new(budgets_of(&config, budget), &mut reg, Family::default());
     // Members (admitted): the router's budget alone applies, not the
     // strangers' pool.
-    mgr.set_admitted(Box::new(|_| true));
+    let mgr = ResourceManager::new(
+        budgets_of(&config, budget),
+        &mut reg,
+        Family::default(),
+        Deps::for_tests(Arc::new(Everyone)),
+    );
     let c1 = mgr
         .open_connection(PeerId::random(), &inbound_from("10.0.0.1"))
         .expect("1");
@@ -405,6 +431,7 @@ fn every_refusal_label_is_pre_created() {
         },
         &mut reg,
         refused,
+        Deps::nobody(),
     );
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &reg).expect("encode");

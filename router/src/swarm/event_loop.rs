@@ -1,8 +1,11 @@
 //! The swarm loop: owns the swarm, never waits on anything but its inputs.
-//! Every second it enforces admission's sweeps (the auth deadline, expiry
-//! and revocations), drops admissions whose peer has no connection left,
-//! drives the mesh and refreshes gauges; it runs the catalog's provider
-//! searches and announcements in the router DHT.
+//! It also owns the router's tables (`crate::tables`: admissions, trust,
+//! the live-circuit count) and is their one writer: it applies the other
+//! tasks' commands first in its loop, so a storm of swarm events never
+//! starves an admission. Every second it enforces admission's sweeps (the
+//! auth deadline, expiry and revocations), drops admissions whose peer has
+//! no connection left, drives the mesh and refreshes gauges; it runs the
+//! catalog's provider searches and announcements in the router DHT.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -33,6 +36,7 @@ use crate::directory::Directory;
 use crate::metrics::Metrics;
 use crate::relay::{Circuits, Reservations};
 use crate::resources::ResourceManager;
+use crate::tables::Owner;
 
 /// How often deadlines, expiry, revocations and the mesh are checked.
 const TICK: Duration = Duration::from_secs(1);
@@ -51,6 +55,8 @@ pub(crate) struct Parts {
     pub(crate) config: Arc<Config>,
     pub(crate) sizing: Sizing,
     pub(crate) metrics: Metrics,
+    /// The admission table as others see it (the loop writes it through
+    /// its [`Owner`]).
     pub(crate) admissions: Admissions,
     /// Trust (revocations) and this router's credential (the mesh's auth).
     pub(crate) link: Arc<Link>,
@@ -64,6 +70,8 @@ pub(crate) struct Parts {
 pub(crate) struct EventLoop {
     swarm: Swarm<Behaviour>,
     parts: Parts,
+    /// The tables this loop alone writes, and the commands to them.
+    owner: Owner,
     commands: mpsc::Receiver<Command>,
     provider_queries: mpsc::Receiver<ProviderQuery>,
     p2p_metrics: libp2p::metrics::Metrics,
@@ -87,13 +95,20 @@ pub(crate) struct EventLoop {
     circuits: Circuits,
 }
 
+/// What other tasks send the loop: changes to the tables it owns, swarm
+/// commands and provider searches.
+pub(crate) struct Inputs {
+    pub(crate) owner: Owner,
+    pub(crate) commands: mpsc::Receiver<Command>,
+    pub(crate) provider_queries: mpsc::Receiver<ProviderQuery>,
+}
+
 impl EventLoop {
     /// Wraps a listening swarm.
     pub(crate) fn new(
         swarm: Swarm<Behaviour>,
         parts: Parts,
-        commands: mpsc::Receiver<Command>,
-        provider_queries: mpsc::Receiver<ProviderQuery>,
+        inputs: Inputs,
         p2p_metrics: libp2p::metrics::Metrics,
         control: agentmesh_streams::Control,
         listeners: HashMap<libp2p::core::transport::ListenerId, Multiaddr>,
@@ -109,8 +124,9 @@ impl EventLoop {
                 control,
             ),
             parts,
-            commands,
-            provider_queries,
+            owner: inputs.owner,
+            commands: inputs.commands,
+            provider_queries: inputs.provider_queries,
             p2p_metrics,
             conns: Connections::default(),
             dialed_addrs: HashMap::new(),
@@ -132,6 +148,9 @@ impl EventLoop {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => break,
+                // Bounded (`tables::COMMAND_QUEUE`) and each cheap: first,
+                // so an asker's deadline is never spent behind events.
+                Some(req) = self.owner.next() => self.owner.tables.apply(req),
                 ev = self.swarm.select_next_some() => {
                     self.on_event(ev);
                     // In a storm (thousands of members re-attaching at
@@ -175,7 +194,7 @@ impl EventLoop {
             }
             Command::Disconnect { peers, reply } => {
                 let still: HashSet<PeerId> = {
-                    let mut adm = self.parts.admissions.write();
+                    let mut adm = self.owner.tables.admissions.write();
                     peers
                         .into_iter()
                         .filter(|p| adm.remove(p).is_some())
@@ -374,7 +393,7 @@ impl EventLoop {
 
     /// A peer's last connection closed: it is no longer admitted or listed.
     fn on_peer_gone(&mut self, peer: &PeerId) {
-        self.parts.admissions.write().remove(peer);
+        self.owner.tables.admissions.write().remove(peer);
         self.parts.resources.peer_removed(peer);
         if self.parts.catalog.store.lock().remove(peer) {
             self.reconcile_providers(false);
@@ -392,11 +411,12 @@ impl EventLoop {
                 src_peer_id,
                 renewed,
             } => {
-                m.reservation_requests
+                m.relay
+                    .reservation_requests
                     .get_or_create(&[("result", "accepted")])
                     .inc();
                 self.reservations.accepted(src_peer_id, renewed);
-                m.reservations.set(self.reservations.total() as i64);
+                m.relay.reservations.set(self.reservations.total() as i64);
             }
             relay::Event::ReservationReqDenied {
                 src_peer_id,
@@ -415,24 +435,27 @@ impl EventLoop {
                     full,
                 );
                 tracing::debug!(peer = %src_peer_id, "reservation denied");
-                m.reservation_requests
+                m.relay
+                    .reservation_requests
                     .get_or_create(&[("result", "denied")])
                     .inc();
             }
             relay::Event::ReservationClosed { src_peer_id }
             | relay::Event::ReservationTimedOut { src_peer_id } => {
                 self.reservations.ended(&src_peer_id);
-                m.reservations.set(self.reservations.total() as i64);
+                m.relay.reservations.set(self.reservations.total() as i64);
             }
             relay::Event::CircuitReqAccepted {
                 src_peer_id,
                 dst_peer_id,
             } => {
-                m.circuit_requests
+                m.relay
+                    .circuit_requests
                     .get_or_create(&[("result", "accepted")])
                     .inc();
                 self.circuits.accepted(src_peer_id, dst_peer_id);
-                m.circuits.set(self.circuits.total() as i64);
+                m.relay.circuits.set(self.circuits.total() as i64);
+                self.owner.tables.set_circuits(self.circuits.total());
             }
             relay::Event::CircuitReqDenied {
                 src_peer_id,
@@ -452,7 +475,8 @@ impl EventLoop {
                     full,
                 );
                 tracing::debug!(src = %src_peer_id, dst = %dst_peer_id, "circuit denied");
-                m.circuit_requests
+                m.relay
+                    .circuit_requests
                     .get_or_create(&[("result", "denied")])
                     .inc();
             }
@@ -462,7 +486,8 @@ impl EventLoop {
                 ..
             } => {
                 self.circuits.closed(src_peer_id, dst_peer_id);
-                m.circuits.set(self.circuits.total() as i64);
+                m.relay.circuits.set(self.circuits.total() as i64);
+                self.owner.tables.set_circuits(self.circuits.total());
             }
             _ => {}
         }
@@ -503,6 +528,7 @@ impl EventLoop {
         let out = self.provided.reconcile(&self.parts.catalog.store, all, kad);
         self.parts
             .metrics
+            .catalog
             .provide_failures
             .inc_by(out.failed as u64);
     }
@@ -587,10 +613,11 @@ impl EventLoop {
         }
 
         // Expired admissions and revocations.
-        let expired = parts.admissions.write().expire(now, skew);
+        let expired = self.owner.tables.admissions.write().expire(now, skew);
         let revoked = {
-            let trust = parts.link.trust.read();
-            parts.admissions.write().revoke(&trust, now)
+            let tables = &mut self.owner.tables;
+            let trust = tables.trust.read();
+            tables.admissions.write().revoke(&trust, now)
         };
         let mut catalog_changed = false;
         for (peers, reason) in [(expired, "expired"), (revoked, "revoked")] {
@@ -664,7 +691,7 @@ impl EventLoop {
         m.transit_connections.set(i64::from(counts.transit));
         m.admitted_routers.set(i64::from(counts.routers));
         let catalog = self.parts.catalog.store.lock().len();
-        m.catalog_records.set(catalog as i64);
+        m.catalog.records.set(catalog as i64);
         let tables = [
             ("admission", self.parts.admissions.read().len()),
             ("connections", self.conns.len()),

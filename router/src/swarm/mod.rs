@@ -36,9 +36,6 @@ const MAX_PROVIDED_KEYS: usize = 65_536;
 /// Providers stored per service key at most (routers, not members).
 const MAX_PROVIDERS_PER_KEY: usize = 64;
 
-/// Deadline of one request to the swarm loop.
-const COMMAND_DEADLINE: Duration = Duration::from_secs(5);
-
 /// A request to the swarm loop from another task.
 #[derive(Debug)]
 pub(crate) enum Command {
@@ -55,11 +52,20 @@ pub(crate) enum Command {
     },
 }
 
-/// Sends commands to the swarm loop, each within [`COMMAND_DEADLINE`].
+/// Sends commands to the swarm loop, each queued and answered within one
+/// deadline (`--state-command-deadline-ms`, as the tables' commands).
 #[derive(Debug, Clone)]
-pub(crate) struct Commands(pub(crate) mpsc::Sender<Command>);
+pub(crate) struct Commands {
+    tx: mpsc::Sender<Command>,
+    deadline: Duration,
+}
 
 impl Commands {
+    /// Commands over `tx`, each within `deadline`.
+    pub(crate) fn new(tx: mpsc::Sender<Command>, deadline: Duration) -> Self {
+        Self { tx, deadline }
+    }
+
     /// Asks the swarm loop to drop the admissions of `peers` and close their
     /// connections, within a deadline; returns how many were still admitted
     /// (0 if the loop did not answer in time).
@@ -86,11 +92,11 @@ impl Commands {
     }
 
     async fn ask<T>(&self, cmd: Command, rx: oneshot::Receiver<T>) -> Option<T> {
-        let asked = tokio::time::timeout(COMMAND_DEADLINE, self.0.send(cmd)).await;
+        let asked = tokio::time::timeout(self.deadline, self.tx.send(cmd)).await;
         if !matches!(asked, Ok(Ok(()))) {
             return None;
         }
-        tokio::time::timeout(COMMAND_DEADLINE, rx)
+        tokio::time::timeout(self.deadline, rx)
             .await
             .ok()
             .and_then(Result::ok)

@@ -36,6 +36,7 @@ const CHECK_EVERY: Duration = Duration::from_secs(1);
 pub(crate) fn precreate_labels(metrics: &Metrics) {
     for reason in plan::REASONS {
         let _ = metrics
+            .goaway
             .trimmed
             .get_or_create(&[("reason", reason.as_str())]);
     }
@@ -86,11 +87,13 @@ pub(crate) async fn run(t: Trim, cancel: CancellationToken) {
         }
         let closed = t.commands.close_unauthenticated().await;
         let m = &t.metrics;
-        m.trimmed
+        m.goaway
+            .trimmed
             .get_or_create(&[("reason", TrimReason::Unauthenticated.as_str())])
             .inc_by(closed as u64);
         for (_, reason) in &plan {
-            m.trimmed
+            m.goaway
+                .trimmed
                 .get_or_create(&[("reason", reason.as_str())])
                 .inc();
         }

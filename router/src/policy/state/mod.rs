@@ -67,6 +67,9 @@ pub(crate) struct PolicyState {
     deny_all: Arc<Policy>,
     generation: watch::Sender<Generation>,
     metrics: PolicyMetrics,
+    /// The revocation list held is not in the router's trust yet: the
+    /// swarm loop did not install it in time (see `PolicyCtx::take`).
+    revocations_unapplied: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -87,7 +90,22 @@ impl PolicyState {
             deny_all: Arc::new(Policy::deny_all()),
             generation,
             metrics,
+            revocations_unapplied: Default::default(),
         }
+    }
+
+    /// Notes that the revocation list held could not be installed in the
+    /// router's trust (the next take installs it again).
+    pub(crate) fn revocations_unapplied(&self) {
+        self.revocations_unapplied
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Whether an earlier install failed (and forgets it: the caller tries
+    /// again, and notes a new failure).
+    pub(crate) fn take_revocations_unapplied(&self) -> bool {
+        self.revocations_unapplied
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
     }
 
     /// The metrics the policy counts in.
@@ -280,5 +298,7 @@ impl PolicyState {
     }
 }
 
+#[cfg(test)]
+pub(crate) mod testing;
 #[cfg(test)]
 mod tests;

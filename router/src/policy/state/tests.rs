@@ -1,5 +1,5 @@
+use super::testing::{NO_GRANTS, WEB_TO_PAYMENTS, cp, signed, signed_list, state};
 use super::*;
-use crate::policy::testing::{NO_GRANTS, WEB_TO_PAYMENTS, cp, signed, signed_list, state};
 use agentmesh_proto::pb::credential::Revocation;
 
 const NOW: i64 = 2000;
@@ -79,7 +79,7 @@ fn a_lying_control_plane_copy_is_ignored_and_counted() {
     assert!(!s.offer(Some(&v1), None, &cp.trust, NOW, "directory").any());
     assert_eq!(ignored(&s, "stale"), 1);
     // Signed by another key under the same key id: bad signature.
-    let forger = crate::policy::testing::Cp {
+    let forger = super::testing::Cp {
         key: libp2p::identity::ed25519::Keypair::generate(),
         trust: cp.trust.clone(),
     };
@@ -117,7 +117,7 @@ fn a_newer_revocation_list_is_a_change_and_pushed_an_older_or_forged_one_is_not(
     );
     assert_eq!(list_ignored(&s, "stale"), 1);
     // Forged under the control plane's key id.
-    let forger = crate::policy::testing::Cp {
+    let forger = super::testing::Cp {
         key: libp2p::identity::ed25519::Keypair::generate(),
         trust: cp.trust.clone(),
     };

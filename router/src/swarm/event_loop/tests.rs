@@ -18,7 +18,7 @@ use crate::swarm::Commands;
 use crate::test_support::{admission, components};
 
 fn event_loop(adjust: impl FnOnce(&mut Config)) -> (EventLoop, Arc<Parts>) {
-    let c = components(adjust);
+    let (c, owner) = components(adjust);
     let swarm = c.build_swarm().expect("swarm");
     let control = swarm.behaviour().stream.new_control();
     let p2p = libp2p::metrics::Metrics::new(&mut Registry::default());
@@ -27,8 +27,11 @@ fn event_loop(adjust: impl FnOnce(&mut Config)) -> (EventLoop, Arc<Parts>) {
     let el = EventLoop::new(
         swarm,
         c.swarm_parts(),
-        rx,
-        qrx,
+        super::Inputs {
+            owner,
+            commands: rx,
+            provider_queries: qrx,
+        },
         p2p,
         control,
         HashMap::new(),
@@ -50,7 +53,8 @@ async fn an_admission_without_a_connection_is_dropped_and_counted() {
     // Verified while the member was leaving: recorded after the swarm
     // reported its last connection closed.
     let ghost = PeerId::random();
-    parts
+    el.owner
+        .tables
         .admissions
         .write()
         .admit(ghost, admission(Purpose::Attach));
@@ -68,7 +72,8 @@ async fn a_trimmed_member_is_not_counted_as_missing_the_auth_deadline() {
     // Every unadmitted connection is past a zero deadline.
     let (mut el, parts) = event_loop(|c| c.auth_deadline = Duration::ZERO);
     let member = PeerId::random();
-    parts
+    el.owner
+        .tables
         .admissions
         .write()
         .admit(member, admission(Purpose::Attach));
@@ -84,7 +89,7 @@ async fn a_trimmed_member_is_not_counted_as_missing_the_auth_deadline() {
     );
     // The trim loop's last step after the grace, answered by the loop.
     let (tx, mut rx) = mpsc::channel(1);
-    let commands = Commands(tx);
+    let commands = Commands::new(tx, Duration::from_secs(60));
     let trim = commands.disconnect(vec![member]);
     let serve = async {
         let cmd = rx.recv().await.expect("command");

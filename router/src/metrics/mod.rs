@@ -9,8 +9,17 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+mod catalog;
+mod cp;
+mod goaway;
+mod relay;
+
 use crate::admission::Purpose;
 use crate::admission::conns;
+use catalog::CatalogMetrics;
+use cp::CpMetrics;
+use goaway::GoAwayMetrics;
+use relay::RelayMetrics;
 
 /// Two labels.
 pub(crate) type L2 = [(&'static str, &'static str); 2];
@@ -36,7 +45,9 @@ pub(crate) const AUTH_RESULTS: &[&str] = &[
     "silent",
     "go_away",
     // Waited for an auth slot past --auth-queue-wait-ms (or its queue place
-    // was taken): answered busy with a retry-after, the request unread.
+    // was taken): answered busy with a retry-after, the request unread; or
+    // verified, but the swarm loop did not record the admission within
+    // --state-command-deadline-ms: answered busy too.
     "busy",
     // Verified, but the peer had left meanwhile (no answer, no admission).
     "disconnected",
@@ -120,46 +131,43 @@ pub(crate) fn register_sizing(registry: &mut Registry, sizing: &crate::config::S
 pub(crate) struct Metrics {
     /// The access policy's metrics (`crate::policy_metrics`).
     pub(crate) policy: crate::policy_metrics::PolicyMetrics,
+    /// The relay's (`relay.rs`).
+    pub(crate) relay: RelayMetrics,
+    /// Go-aways, trims and paced waves (`goaway.rs`).
+    pub(crate) goaway: GoAwayMetrics,
+    /// The control-plane link's (`cp.rs`).
+    pub(crate) cp: CpMetrics,
+    /// The catalog's (`catalog.rs`).
+    pub(crate) catalog: CatalogMetrics,
     pub(crate) attached_members: Gauge,
     pub(crate) transit_connections: Gauge,
     pub(crate) admitted_routers: Gauge,
     pub(crate) connections: Family<L2, Gauge>,
     pub(crate) connections_closed: Family<L1, Counter>,
     pub(crate) auth: Family<L2, Counter>,
-    pub(crate) reservations: Gauge,
-    pub(crate) reservation_requests: Family<L1, Counter>,
-    pub(crate) circuits: Gauge,
-    pub(crate) circuit_requests: Family<L1, Counter>,
-    pub(crate) catalog_records: Gauge,
     pub(crate) table_entries: Family<L1, Gauge>,
-    pub(crate) catalog_requests: Family<L2, Counter>,
-    pub(crate) provider_searches: Family<L1, Counter>,
-    pub(crate) provide_failures: Counter,
-    pub(crate) lease: Family<L1, Counter>,
-    pub(crate) directory_sync: Family<L1, Counter>,
-    pub(crate) key_fetch: Family<L1, Counter>,
     pub(crate) revocations_enforced: Counter,
     pub(crate) refused: Family<L3, Counter>,
     pub(crate) ready: Gauge,
-    pub(crate) goaway_sent: Family<L2, Counter>,
-    pub(crate) trimmed: Family<L1, Counter>,
-    pub(crate) goaway_waves: Family<L1, Counter>,
-    pub(crate) goaway_wave_members: Family<L2, Gauge>,
-    pub(crate) goaway_wave_rate: Family<L1, Gauge>,
-    pub(crate) goaway_wave_reattach: Family<L1, Gauge>,
-    pub(crate) goaway_waves_adjusted: Family<L2, Counter>,
     pub(crate) draining: Gauge,
     pub(crate) http_refused: Family<L2, Counter>,
-    /// The router's log gate (a clone of the resource manager's, see
-    /// `ResourceManager::log`; a default one until `spawn` sets it).
+    /// The router's one log gate, created with the router's shared state
+    /// (`Shared::new`) and handed to the resource manager, which registers
+    /// it (a default one in tests that build metrics alone).
     pub(crate) log: agentmesh_runtime::log_gate::LogGate<String>,
 }
 
 impl Metrics {
     /// Registers every metric in `registry` and pre-creates label values.
     pub(crate) fn new(registry: &mut Registry) -> Self {
-        let m = Self::default();
         let r = registry;
+        let m = Self {
+            relay: RelayMetrics::register(r),
+            goaway: GoAwayMetrics::register(r),
+            cp: CpMetrics::register(r),
+            catalog: CatalogMetrics::register(r),
+            ..Self::default()
+        };
         r.register(
             "agentmesh_router_attached_members",
             "Members admitted with purpose attach",
@@ -197,31 +205,6 @@ impl Metrics {
             m.auth.clone(),
         );
         r.register(
-            "agentmesh_router_reservations",
-            "Active relay reservations",
-            m.reservations.clone(),
-        );
-        r.register(
-            "agentmesh_router_reservation_requests",
-            "Relay reservation requests by result",
-            m.reservation_requests.clone(),
-        );
-        r.register(
-            "agentmesh_router_circuits",
-            "Active relayed circuits",
-            m.circuits.clone(),
-        );
-        r.register(
-            "agentmesh_router_circuit_requests",
-            "Relay circuit requests by result",
-            m.circuit_requests.clone(),
-        );
-        r.register(
-            "agentmesh_router_catalog_records",
-            "Service records held for attached members",
-            m.catalog_records.clone(),
-        );
-        r.register(
             "agentmesh_router_table_entries",
             "Entries in each per-peer or per-connection table (0 once every peer has left, \
              except failed_login_ips and log_sources, which age out)",
@@ -230,40 +213,6 @@ impl Metrics {
         for t in TABLES {
             let _ = m.table_entries.get_or_create(&[("table", t)]);
         }
-        r.register(
-            "agentmesh_router_catalog_requests",
-            "Catalog requests by op and result",
-            m.catalog_requests.clone(),
-        );
-        r.register(
-            "agentmesh_router_catalog_provider_searches",
-            "Requests for a service's provider routers by outcome: started a DHT query, \
-             joined the one running for that service, or answered from a recent one \
-             (--catalog-provider-cache-ms)",
-            m.provider_searches.clone(),
-        );
-        r.register(
-            "agentmesh_router_catalog_provide_failures",
-            "Service keys the router DHT refused to announce (its store of distinct keys, \
-             other routers' included, was full); each is retried on the next catalog \
-             change and periodically",
-            m.provide_failures.clone(),
-        );
-        r.register(
-            "agentmesh_router_lease",
-            "Router leases by result",
-            m.lease.clone(),
-        );
-        r.register(
-            "agentmesh_router_directory_sync",
-            "Directory fetches by result",
-            m.directory_sync.clone(),
-        );
-        r.register(
-            "agentmesh_router_key_fetch",
-            "Key-set fetches by result",
-            m.key_fetch.clone(),
-        );
         r.register(
             "agentmesh_router_revocations_enforced",
             "Admitted peers dropped because they were revoked",
@@ -278,46 +227,6 @@ impl Metrics {
             "agentmesh_router_ready",
             "1 when the router is ready",
             m.ready.clone(),
-        );
-        r.register(
-            "agentmesh_router_goaway_sent",
-            "Go-aways sent to members, by reason and result",
-            m.goaway_sent.clone(),
-        );
-        r.register(
-            "agentmesh_router_trimmed",
-            "Connections shed above the high watermark, by reason",
-            m.trimmed.clone(),
-        );
-        r.register(
-            "agentmesh_router_goaway_waves",
-            "Waves of paced go-aways sent, by reason (draining: the drain; overloaded: the trim)",
-            m.goaway_waves.clone(),
-        );
-        r.register(
-            "agentmesh_router_goaway_wave_members",
-            "Members of the current paced go-away, by reason and state (waiting: not told yet, \
-             still served here; moving: told, not left yet)",
-            m.goaway_wave_members.clone(),
-        );
-        r.register(
-            "agentmesh_router_goaway_wave_rate_members_per_sec",
-            "Pace of the current paced go-away, members per second \
-             (--drain-rate-members-per-sec times the surviving routers; 0 unpaced)",
-            m.goaway_wave_rate.clone(),
-        );
-        r.register(
-            "agentmesh_router_goaway_wave_reattach_members_per_sec",
-            "Members told to go that left this router over the last 5 s, per second: \
-             the re-attach rate the survivors achieve",
-            m.goaway_wave_reattach.clone(),
-        );
-        r.register(
-            "agentmesh_router_goaway_waves_adjusted",
-            "Waves the pacing rule changed, by reason and why (held_back: members moving \
-             exceeded 5 s of the pace; room: the survivors' advertised room; deadline: \
-             enlarged to tell everyone within the grace)",
-            m.goaway_waves_adjusted.clone(),
         );
         r.register(
             "agentmesh_router_draining",
@@ -354,25 +263,6 @@ impl Metrics {
                     .get_or_create(&[("purpose", p.as_str()), ("result", res)]);
             }
         }
-        for res in ["accepted", "denied"] {
-            let _ = m.reservation_requests.get_or_create(&[("result", res)]);
-            let _ = m.circuit_requests.get_or_create(&[("result", res)]);
-        }
-        for op in CATALOG_OPS {
-            for res in CATALOG_RESULTS {
-                let _ = m
-                    .catalog_requests
-                    .get_or_create(&[("op", op), ("result", res)]);
-            }
-        }
-        let _ = m
-            .catalog_requests
-            .get_or_create(&[("op", UNKNOWN_OP), ("result", "malformed")]);
-        for res in CP_RESULTS {
-            let _ = m.lease.get_or_create(&[("result", res)]);
-            let _ = m.directory_sync.get_or_create(&[("result", res)]);
-            let _ = m.key_fetch.get_or_create(&[("result", res)]);
-        }
         m
     }
 
@@ -385,14 +275,16 @@ impl Metrics {
 
     /// Counts one request for a service's provider routers by its outcome label.
     pub(crate) fn provider_search(&self, outcome: &'static str) {
-        self.provider_searches
+        self.catalog
+            .provider_searches
             .get_or_create(&[("outcome", outcome)])
             .inc();
     }
 
     /// Counts one catalog request.
     pub(crate) fn catalog(&self, op: &'static str, result: &'static str) {
-        self.catalog_requests
+        self.catalog
+            .requests
             .get_or_create(&[("op", op), ("result", result)])
             .inc();
     }
@@ -414,8 +306,12 @@ mod tests {
         let mut registry = Registry::default();
         let m = Metrics::new(&mut registry);
         let budgets = crate::resources::budgets_of(&Default::default(), 64 << 20);
-        let _resources =
-            crate::resources::ResourceManager::new(budgets, &mut registry, m.refused.clone());
+        let _resources = crate::resources::ResourceManager::new(
+            budgets,
+            &mut registry,
+            m.refused.clone(),
+            crate::resources::Deps::nobody(),
+        );
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
         for series in [

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use agentmesh_proto::protocols;
 
-use super::strangers::{self, StrangerUsage};
+pub(crate) mod stranger_pool;
+
+use stranger_pool::StrangerUsage;
 
 /// Memory charged for a stream that carries data (relay circuits, calls): its
 /// full yamux receive window.
@@ -36,13 +38,6 @@ pub(crate) fn peer_memory_bytes(memory_budget_bytes: u64, percent: u8) -> u64 {
 
 /// Long-lived streams of an idle attached member: a ping stream each way.
 pub(crate) const IDLE_MEMBER_PING_STREAMS: u64 = 2;
-
-/// Memory charged for one idle attached member: its connection and its
-/// ping streams (what the default high watermark is sized with).
-pub(crate) fn idle_member_charge_bytes(r: &crate::resources::config::ResourceConfig) -> u64 {
-    r.connection_charge_bytes
-        .saturating_add(IDLE_MEMBER_PING_STREAMS * PING_STREAM_CHARGE_BYTES)
-}
 
 /// A protocol as the resource manager sees it (a metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -370,7 +365,7 @@ pub(crate) fn admit_inbound_stream(b: &Budgets, p: Proto, u: StreamUsage) -> Res
         return Err(Refusal::new(Resource::Memory, Scope::System));
     }
     if let Some(s) = u.stranger {
-        strangers::admit(b.unauthenticated_memory_bytes, s, charge)?;
+        stranger_pool::admit(b.unauthenticated_memory_bytes, s, charge)?;
     }
     if u.peer_memory_bytes.saturating_add(charge) > b.peer_memory_bytes {
         return Err(Refusal::new(Resource::Memory, Scope::Peer));
@@ -494,7 +489,7 @@ pub(crate) fn admit_inbound_connection(b: &Budgets, u: ConnectionUsage) -> Resul
     if past_source_cap(b, u.unauthenticated_from_source) || u.source_blocked {
         return Err(Refusal::new(Resource::Connection, Scope::Source));
     }
-    strangers::admit(b.unauthenticated_memory_bytes, u.stranger, charge)?;
+    stranger_pool::admit(b.unauthenticated_memory_bytes, u.stranger, charge)?;
     Ok(charge)
 }
 

@@ -13,7 +13,7 @@ use agentmesh_proto::revocations::sign_revocations;
 use libp2p::PeerId;
 use libp2p::identity::ed25519;
 
-use super::state::PolicyState;
+use super::PolicyState;
 use crate::policy_metrics::PolicyMetrics;
 
 /// Web may call payments/api; payments owns payments/*.

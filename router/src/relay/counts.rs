@@ -1,33 +1,7 @@
-//! The relay v2 server's configuration, with admission's relay ACL
-//! (`admission::relay`) as its first rate limiters, and the counts of live
-//! reservations and circuits behind their gauges.
-
-use libp2p::relay;
-
-use crate::admission::{Admissions, relay as acl};
-use crate::config::{Config, Sizing};
-
-/// Builds the relay configuration from the router's config, the sizing in
-/// effect and the admission table its ACL reads.
-pub(crate) fn config(c: &Config, sizing: &Sizing, admissions: &Admissions) -> relay::Config {
-    let for_reservations = admissions.clone();
-    let for_circuits = admissions.clone();
-    relay::Config {
-        max_reservations: sizing.relay_max_reservations,
-        max_reservations_per_peer: c.relay_max_reservations_per_peer,
-        reservation_duration: c.relay_reservation_duration,
-        reservation_rate_limiters: vec![Box::new(move |peer, _addr: &libp2p::Multiaddr, _now| {
-            acl::may_reserve(&for_reservations, &peer)
-        })],
-        max_circuits: c.relay_max_circuits,
-        max_circuits_per_peer: c.relay_max_circuits_per_peer,
-        max_circuit_duration: c.relay_circuit_duration,
-        max_circuit_bytes: c.effective_circuit_bytes(),
-        circuit_src_rate_limiters: vec![Box::new(move |peer, _addr: &libp2p::Multiaddr, _now| {
-            acl::may_open_circuit(&for_circuits, &peer)
-        })],
-    }
-}
+//! Live relay reservations and circuits, counted from the relay's events
+//! by the swarm loop (behind `agentmesh_router_reservations` and
+//! `agentmesh_router_circuits`; the loop publishes the circuit count to the
+//! drain through its tables).
 
 /// Active relay reservations per peer, from the relay's events.
 ///
@@ -121,20 +95,6 @@ impl Circuits {
 mod tests {
     use super::*;
     use libp2p::PeerId;
-
-    #[test]
-    fn reservations_per_peer_come_from_the_config() {
-        let config_of = |c: &Config| config(c, &c.sizing(64 << 20), &Admissions::default());
-        let c = Config {
-            relay_max_reservations_per_peer: 2,
-            ..Default::default()
-        };
-        assert_eq!(config_of(&c).max_reservations_per_peer, 2);
-        assert_eq!(
-            config_of(&Config::default()).max_reservations_per_peer,
-            crate::config::DEFAULT_RELAY_MAX_RESERVATIONS_PER_PEER
-        );
-    }
 
     #[test]
     fn closes_without_a_reservation_and_renewals_do_not_move_the_count() {

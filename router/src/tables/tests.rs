@@ -1,0 +1,192 @@
+//! The owner's command handling: answers within the deadline or an error,
+//! stale commands skipped, one writer.
+
+use std::time::Duration;
+
+use agentmesh_proto::pb::credential::{KeySet, PublicKey, Revocation};
+use libp2p::PeerId;
+use prometheus_client::registry::Registry;
+
+use super::*;
+use crate::admission::Purpose;
+
+/// An admission of `purpose` until far in the future.
+fn admission(purpose: Purpose) -> Admission {
+    Admission {
+        purpose,
+        until: i64::MAX / 2,
+        node_id: "test".into(),
+        attached_routers: vec![],
+        groups: None,
+        push: Default::default(),
+    }
+}
+
+/// Short: the tests that wait it out serve nothing, so they cannot flake.
+const DEADLINE: Duration = Duration::from_millis(50);
+
+/// Long: the tests that serve must never see it pass on a loaded machine.
+const SERVED_DEADLINE: Duration = Duration::from_secs(60);
+
+fn owner_with(deadline: Duration) -> (Owner, Views, Handle) {
+    Owner::new(&mut Registry::default(), deadline)
+}
+
+fn owner() -> (Owner, Views, Handle) {
+    owner_with(SERVED_DEADLINE)
+}
+
+fn open() -> Conditions {
+    Conditions {
+        connected: true,
+        draining: false,
+        high_watermark: u32::MAX,
+    }
+}
+
+#[tokio::test]
+async fn a_command_not_answered_within_its_deadline_is_an_error_and_never_applied_later() {
+    let (mut owner, views, handle) = owner_with(DEADLINE);
+    let peer = PeerId::random();
+    // Nobody serves the queue: the ask runs out its deadline.
+    let asked = handle.admit(peer, admission(Purpose::Attach), open()).await;
+    assert_eq!(
+        asked,
+        Err(AskError::Timeout {
+            command: "admit",
+            deadline: DEADLINE
+        })
+    );
+    assert_eq!(owner.tables.metrics.get("admit", "timeout"), 1);
+    // The owner reaches it late: the asker gave up, so it is skipped.
+    let late = owner.next().await.expect("queued");
+    owner.tables.apply(late);
+    assert!(
+        views.admissions.read().is_empty(),
+        "not applied behind the asker's back"
+    );
+    assert_eq!(owner.tables.metrics.get("admit", "expired"), 1);
+    assert_eq!(owner.tables.metrics.get("admit", "ok"), 0);
+}
+
+#[tokio::test]
+async fn a_command_to_a_stopped_owner_is_an_error() {
+    let (owner, _views, handle) = owner_with(DEADLINE);
+    drop(owner);
+    let asked = handle.set_keys(KeySet::default()).await;
+    assert_eq!(
+        asked,
+        Err(AskError::Closed {
+            command: "set_keys"
+        })
+    );
+}
+
+#[tokio::test]
+async fn commands_change_the_tables_the_views_read() {
+    let (mut owner, views, handle) = owner();
+    let peer = PeerId::random();
+    let keys = KeySet {
+        keys: vec![PublicKey {
+            key_id: "k1".into(),
+            ed25519: libp2p::identity::ed25519::Keypair::generate()
+                .public()
+                .to_bytes()
+                .to_vec(),
+            active_from_unix_secs: 0,
+            verify_until_unix_secs: 0,
+        }],
+    };
+    let revoked = Arc::new(vec![Revocation {
+        peer_id: peer.to_bytes(),
+        until_unix_secs: i64::MAX / 2,
+        reason: "test".into(),
+        token_id: String::new(),
+    }]);
+    let asks = async {
+        let admitted = handle.admit(peer, admission(Purpose::Attach), open()).await;
+        handle.set_keys(keys).await.expect("keys");
+        handle.set_revocations(revoked).await.expect("revocations");
+        admitted
+    };
+    let admitted = owner.serve_while(asks).await;
+    assert_eq!(admitted, Ok(Ok(())));
+    assert!(views.admissions.read().get(&peer).is_some());
+    assert_eq!(views.trust.read().key_count(), 1);
+    assert!(views.trust.read().is_revoked(&peer, 1));
+    assert_eq!(owner.tables.metrics.get("admit", "ok"), 1);
+}
+
+#[tokio::test]
+async fn concurrent_admissions_go_through_one_writer_and_one_gate() {
+    let (mut owner, views, handle) = owner();
+    let full_at_one = Conditions {
+        high_watermark: 1,
+        ..open()
+    };
+    let (a, b) = (PeerId::random(), PeerId::random());
+    let (h1, h2) = (handle.clone(), handle);
+    let both = async {
+        tokio::join!(
+            h1.admit(a, admission(Purpose::Attach), full_at_one),
+            h2.admit(b, admission(Purpose::Attach), full_at_one),
+        )
+    };
+    let (ra, rb) = owner.serve_while(both).await;
+    let answers = [ra.expect("answered"), rb.expect("answered")];
+    assert_eq!(
+        answers.iter().filter(|r| r.is_ok()).count(),
+        1,
+        "the gate sees the first admission before the second: {answers:?}"
+    );
+    assert!(answers.contains(&Err(NotAdmitted::Overloaded)));
+    assert_eq!(views.admissions.read().counts().attached, 1);
+}
+
+/// `Owned` must not be `Clone`: a second writer could then exist. This
+/// fails to compile (the call is ambiguous) if someone derives it.
+#[test]
+fn the_writer_cannot_be_cloned() {
+    trait AmbiguousIfClone<A> {
+        fn check() {}
+    }
+    impl<T> AmbiguousIfClone<()> for T {}
+    #[allow(dead_code)]
+    struct IsClone;
+    impl<T: Clone> AmbiguousIfClone<IsClone> for T {}
+    <Owned<AdmissionTable> as AmbiguousIfClone<_>>::check();
+    <Owned<Trust> as AmbiguousIfClone<_>>::check();
+    <Owned<HashSet<PeerId>> as AmbiguousIfClone<_>>::check();
+}
+
+#[tokio::test]
+async fn the_router_set_is_the_directory_plus_the_routers_admitted() {
+    let (mut owner, views, handle) = owner();
+    let (listed, admitted, member) = (PeerId::random(), PeerId::random(), PeerId::random());
+    let asks = async {
+        let r = handle
+            .admit(admitted, admission(Purpose::Router), open())
+            .await;
+        let m = handle
+            .admit(member, admission(Purpose::Attach), open())
+            .await;
+        (r, m)
+    };
+    let (r, m) = owner.serve_while(asks).await;
+    assert_eq!((r, m), (Ok(Ok(())), Ok(Ok(()))));
+    {
+        let set = views.router_set.read();
+        assert!(
+            set.contains(&admitted),
+            "an admitted router gets the DHT at once"
+        );
+        assert!(!set.contains(&member), "a member never does");
+    }
+    owner
+        .serve_while(handle.set_directory_routers(vec![listed]))
+        .await
+        .expect("answered");
+    let set = views.router_set.read();
+    assert!(set.contains(&listed) && set.contains(&admitted));
+    assert_eq!(set.len(), 2);
+}
