@@ -269,16 +269,32 @@ async fn measure() {
         dial(&mut swarm);
     }
     until_established(&mut swarm, 8 + CONNECTIONS).await;
+    // Every measured connection holds its ping streams (one each way)
+    // before the reading: ping opens them a moment after the connection,
+    // later still on a loaded machine (bounded wait).
+    let ping =
+        |dir: &str| format!("agentmesh_router_streams{{protocol=\"ping\",direction=\"{dir}\"}}");
+    scrape_until(
+        &mut swarm,
+        metrics,
+        "ping streams on every connection",
+        |body| {
+            ["inbound", "outbound"]
+                .iter()
+                .all(|d| support::metric(body, &ping(d)) >= CONNECTIONS as f64)
+        },
+    )
+    .await;
     let after = settled_rss(&mut swarm, pid, Duration::from_millis(500), SETTLE_READINGS).await;
     let per_connection = after.saturating_sub(before) / CONNECTIONS as u64;
     println!(
         "router RSS {before} -> {after} bytes over {CONNECTIONS} idle connections: {per_connection} bytes per connection"
     );
     assert!(after > before, "connections cost something");
-    // The measured connections held their ping streams (one each way).
+    // The measured connections still hold their ping streams.
     let text = scrape(&mut swarm, metrics).await;
     for dir in ["inbound", "outbound"] {
-        let series = format!("agentmesh_router_streams{{protocol=\"ping\",direction=\"{dir}\"}}");
+        let series = ping(dir);
         let n = support::metric(text.split("\r\n\r\n").nth(1).unwrap_or(&text), &series);
         println!("{series} {n}");
         assert!(
