@@ -177,6 +177,33 @@ pub struct RunArgs {
     /// Inbound queue and pending-open bounds of the streams behaviour.
     #[command(flatten)]
     pub streams: StreamLimitArgs,
+    /// Direct connections between members.
+    #[command(flatten)]
+    pub direct: DirectArgs,
+}
+
+/// The flags of direct connections ([`config::DirectConfig`]).
+#[derive(Debug, Clone, clap::Args)]
+pub struct DirectArgs {
+    /// Direct connections: listen on one TCP port, dial from it, learn the address routers observe and upgrade relayed connections by hole punching, true|false (default: false, every call relayed).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub direct: bool,
+    /// TCP port of direct connections, for listening and every dial, port (default: 0, any free port).
+    #[arg(long, default_value_t = 0)]
+    pub listen_port: u16,
+    /// Address the direct-connection port binds (default: 0.0.0.0).
+    #[arg(long, default_value = "0.0.0.0")]
+    pub listen_ip: IpAddr,
+}
+
+impl From<DirectArgs> for config::DirectConfig {
+    fn from(a: DirectArgs) -> Self {
+        Self {
+            enabled: a.direct,
+            listen_port: a.listen_port,
+            listen_ip: a.listen_ip,
+        }
+    }
 }
 
 impl RunArgs {
@@ -228,6 +255,7 @@ impl RunArgs {
             yamux_max_streams: self.yamux_max_streams,
             yamux_connection_window_kib: self.yamux_connection_window_kib,
             splice_buffer_kib: self.splice_buffer_kib,
+            direct: self.direct.into(),
             runtime_watchdog: false,
         })
     }

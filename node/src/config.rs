@@ -267,6 +267,9 @@ pub struct Config {
     /// [`DEFAULT_SPLICE_BUFFER_KIB`]; 0 acts as 1). Larger buffers mean
     /// fewer reads and writes per byte moved.
     pub splice_buffer_kib: usize,
+    /// Direct connections between members (`--direct`, `--listen-port`,
+    /// `--listen-ip`): see [`DirectConfig`].
+    pub direct: DirectConfig,
     /// Run the runtime stall watchdog and serve `agentmesh_runtime_stalls_total`
     /// on `metrics_addr`. One per process: the binary sets it; embedders
     /// running many nodes leave it off (default) and run their own.
@@ -321,7 +324,34 @@ impl Default for Config {
             yamux_max_streams: DEFAULT_YAMUX_MAX_STREAMS,
             yamux_connection_window_kib: DEFAULT_YAMUX_CONNECTION_WINDOW_KIB,
             splice_buffer_kib: DEFAULT_SPLICE_BUFFER_KIB,
+            direct: DirectConfig::default(),
             runtime_watchdog: false,
+        }
+    }
+}
+
+/// Direct connections between members (`docs/direct.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectConfig {
+    /// Listen on one TCP port, dial every router and peer from it, learn
+    /// the address routers observe, and upgrade relayed connections to
+    /// direct ones by hole punching (`--direct`, default off: every call
+    /// is relayed, the member listens on nothing).
+    pub enabled: bool,
+    /// The TCP port direct connections use, for listening and for every
+    /// dial (`--listen-port`, default 0: a free port chosen at start).
+    pub listen_port: u16,
+    /// The address that port binds (`--listen-ip`, default `0.0.0.0`);
+    /// with `--dial-source-ip`, dials leave from the source IP on that port.
+    pub listen_ip: IpAddr,
+}
+
+impl Default for DirectConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            listen_port: 0,
+            listen_ip: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
         }
     }
 }

@@ -60,6 +60,7 @@ impl Engine {
             policy_version,
             policy_epoch,
             records_refused: status.records_refused,
+            direct: self.direct_report(),
         }
     }
 }

@@ -96,6 +96,35 @@ pub struct Report {
     /// Why a router refuses our records, naming it; `None` while none does.
     #[serde(default)]
     pub records_refused: Option<String>,
+    /// Direct connections: where we listen, what routers observed, the
+    /// NAT kind, the peers reached directly; `None` with `--direct=false`
+    /// (and from a node that predates it).
+    #[serde(default)]
+    pub direct: Option<DirectReport>,
+}
+
+/// What `status` says about direct connections.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectReport {
+    /// The listening address (`/ip4/A/tcp/P`), once bound.
+    pub listening: Option<String>,
+    /// The NAT kind the routers' observations show: `unknown` (none yet),
+    /// `one_observation`, `endpoint_independent` (punches are tried),
+    /// `endpoint_dependent` (no punch: calls stay relayed).
+    pub nat: String,
+    /// Each router's observation of our address.
+    pub observed: Vec<Observation>,
+    /// Peers we hold a direct connection to now.
+    pub direct_peers: Vec<String>,
+}
+
+/// One router's observation of our address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    /// The router's PeerId.
+    pub router: String,
+    /// The address it saw us at (`IP:PORT`).
+    pub addr: String,
 }
 
 /// A service seen in a lookup (there is no mesh-wide listing: a router
@@ -213,6 +242,16 @@ impl Report {
         if let Some(why) = &self.records_refused {
             let _ = writeln!(o, "records     refused by {why}");
         }
+        if let Some(d) = &self.direct {
+            let listening = d.listening.as_deref().unwrap_or("not yet");
+            let _ = writeln!(o, "direct      listening {listening}; NAT {}", d.nat);
+            for ob in &d.observed {
+                let _ = writeln!(o, "observed    {} by router {}", ob.addr, ob.router);
+            }
+            if !d.direct_peers.is_empty() {
+                let _ = writeln!(o, "direct to   {}", d.direct_peers.join(", "));
+            }
+        }
         if let Some(e) = &self.last_router_error {
             let _ = writeln!(o, "last error  {e}");
         }
@@ -322,8 +361,31 @@ mod tests {
             records_refused: Some(
                 r#"router 12D3r2: not_owner: provider does not own service "x""#.into(),
             ),
+            direct: Some(DirectReport {
+                listening: Some("/ip4/0.0.0.0/tcp/4500".into()),
+                nat: "endpoint_dependent".into(),
+                observed: vec![
+                    Observation {
+                        router: "12D3r1".into(),
+                        addr: "10.0.0.5:4500".into(),
+                    },
+                    Observation {
+                        router: "12D3r2".into(),
+                        addr: "10.0.0.5:61000".into(),
+                    },
+                ],
+                direct_peers: vec![],
+            }),
         };
         let text = r.render();
+        assert!(
+            text.contains("direct      listening /ip4/0.0.0.0/tcp/4500; NAT endpoint_dependent\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("observed    10.0.0.5:61000 by router 12D3r2\n"),
+            "{text}"
+        );
         assert!(
             text.contains("policy      version 7 (epoch 00000000000000ab)\n"),
             "{text}"

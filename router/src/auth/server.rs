@@ -211,7 +211,10 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
                     ctx.admissions.write().note_holds(&peer, generation);
                     push
                 });
-            wire::write_admitted(&mut stream, until, push, t).await
+            // The member learns the address we observed it at (its NAT
+            // mapping, for direct connections), not through identify.
+            let observed = (!info.dialed).then_some(&info.remote_addr);
+            wire::write_admitted_observed(&mut stream, until, push, observed, t).await
         }
         Err(refusal) => {
             ctx.metrics.auth_result(label_purpose, refusal.label);

@@ -1,0 +1,90 @@
+//! The punch decision and its backoff, without a swarm.
+
+use super::*;
+
+fn behaviour(enabled: bool) -> (Behaviour, DirectMetrics) {
+    let m = DirectMetrics::default();
+    (
+        Behaviour::new(PeerId::random(), enabled, m.clone(), ReuseLog::default()),
+        m,
+    )
+}
+
+fn count(m: &DirectMetrics, result: &'static str) -> u64 {
+    m.upgrade_attempts
+        .get_or_create(&crate::metrics::ResultLabel { result })
+        .get()
+}
+
+#[test]
+fn punches_only_where_they_can_land_and_not_again_right_after_a_failure() {
+    let (mut b, m) = behaviour(true);
+    let peer = PeerId::random();
+    let now = Instant::now();
+    // No observed address yet: skipped.
+    assert!(!b.should_punch(&peer, now));
+    assert_eq!(count(&m, "skipped_no_address"), 1);
+    let seen: SocketAddr = "10.0.0.5:4500".parse().expect("sa");
+    let (r1, r2) = (PeerId::random(), PeerId::random());
+    assert!(b.observe(r1, Some(seen)));
+    assert_eq!(b.observations().kind(), NatKind::Single);
+    assert!(b.should_punch(&peer, now));
+    // The candidate goes to dcutr once, as /ip4/A/tcp/P.
+    assert_eq!(
+        b.queued.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        vec!["/ip4/10.0.0.5/tcp/4500".to_string()]
+    );
+    assert!(b.observe(r2, Some(seen)));
+    assert_eq!(b.observations().kind(), NatKind::EndpointIndependent);
+    assert_eq!(b.queued.len(), 1, "unchanged candidate not queued again");
+    // A failure backs that peer off (≥ 30 s), not others.
+    b.punched(peer, false, now);
+    assert_eq!(count(&m, "failed"), 1);
+    assert!(!b.should_punch(&peer, now + Duration::from_secs(29)));
+    assert_eq!(count(&m, "skipped_backoff"), 1);
+    assert!(b.should_punch(&PeerId::random(), now));
+    assert!(b.should_punch(&peer, now + BACKOFF_MAX.mul_f64(1.6)));
+    // A second failure doubles it; a success clears it.
+    b.punched(peer, false, now);
+    assert!(b.backoff[&peer].until >= now + Duration::from_secs(60));
+    b.punched(peer, true, now);
+    assert_eq!(count(&m, "direct"), 1);
+    assert!(b.should_punch(&peer, now));
+    // An endpoint-dependent NAT: no punch at all.
+    assert!(b.observe(r2, Some("10.0.0.5:61000".parse().expect("sa"))));
+    assert_eq!(b.observations().kind(), NatKind::EndpointDependent);
+    assert!(!b.should_punch(&peer, now));
+    assert_eq!(count(&m, "skipped_endpoint_dependent"), 1);
+}
+
+#[test]
+fn off_never_punches_and_counts_nothing() {
+    let (mut b, m) = behaviour(false);
+    b.observe(PeerId::random(), Some("10.0.0.5:4500".parse().expect("sa")));
+    assert!(!b.should_punch(&PeerId::random(), Instant::now()));
+    for r in crate::metrics::UPGRADE_RESULTS {
+        assert_eq!(count(&m, r), 0, "{r}");
+    }
+}
+
+#[test]
+fn backoff_grows_and_stays_bounded() {
+    for failures in 1..40 {
+        let d = jittered_backoff(failures);
+        assert!(d >= BACKOFF_MIN, "{failures}: {d:?}");
+        assert!(d <= BACKOFF_MAX.mul_f64(1.5), "{failures}: {d:?}");
+    }
+}
+
+#[test]
+fn punch_ids_are_remembered_within_a_bound() {
+    let (mut b, _) = behaviour(true);
+    let first = ConnectionId::new_unchecked(1);
+    b.note_punch(first);
+    assert!(b.is_punch(&first));
+    for i in 2..(MAX_PUNCH_IDS + 2) {
+        b.note_punch(ConnectionId::new_unchecked(i));
+    }
+    assert!(!b.is_punch(&first), "oldest forgotten");
+    assert_eq!(b.punches.len(), MAX_PUNCH_IDS);
+}

@@ -1,0 +1,178 @@
+//! Direct connections across NATs (`docs/direct.md`): two routers and the
+//! control plane on public hosts, a caller and a provider each behind a
+//! NAT of its own, both with `--direct=true` on a fixed `--listen-port`
+//! and attached to both routers (two observations of each member's
+//! mapping).
+//!
+//! - Both behind endpoint-independent NATs: warm calls end up on a direct
+//!   connection (the caller's `calls_by_path_total{path="direct"}`, its
+//!   `status` naming the provider as a direct peer, a punch counted as
+//!   `direct`); and a SYN to a member's public port from a public host is
+//!   dropped by its NAT (the connect times out), never answered with a
+//!   reset.
+//! - The provider behind a symmetric NAT: its routers see two ports, its
+//!   `status` says `endpoint_dependent`, it skips every punch (counted)
+//!   and every call stays relayed and succeeds.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use agentmesh_netns::NatKind;
+use rand::RngCore as _;
+
+use super::support::*;
+
+/// The port both members listen on and dial from.
+const LISTEN_PORT: u16 = 4500;
+
+fn direct_spec(expose: Option<&str>, forwards: &[&str]) -> MemberSpec {
+    MemberSpec {
+        routers: 2,
+        expose: expose.map(str::to_string),
+        forwards: forwards.iter().map(|s| s.to_string()).collect(),
+        args: vec![
+            "--direct=true".to_string(),
+            format!("--listen-port={LISTEN_PORT}"),
+        ],
+        ..Default::default()
+    }
+}
+
+/// The NAT kind `m`'s status names, once two routers observed it.
+async fn nat_kind(m: &Member) -> String {
+    eventually(&format!("{}: two routers observed it", m.name), || async {
+        let d = m.status().await?.direct?;
+        (d.observed.len() == 2).then_some(d.nat)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_calls_between_members_behind_eim_nats_go_direct() {
+    let Some(mut net) = Net::start("direct_eim", &[]).await else {
+        return;
+    };
+    net.add_router("r1").await;
+    net.add_router("r2").await;
+    let (ph, pgw) = net
+        .member_host("prov", Some(NatKind::EndpointIndependent))
+        .await;
+    let (ch, _cgw) = net
+        .member_host("caller", Some(NatKind::EndpointIndependent))
+        .await;
+    let mut provider = net
+        .member("prov", ph, &direct_spec(Some("echo-prov"), &[]))
+        .await;
+    let mut caller = net
+        .member("caller", ch, &direct_spec(None, &["echo-prov"]))
+        .await;
+    provider.wait_ready().await;
+    caller.wait_ready().await;
+    assert_eq!(nat_kind(&provider).await, "endpoint_independent");
+    assert_eq!(nat_kind(&caller).await, "endpoint_independent");
+
+    // Calls until one is carried by a direct connection: the first goes
+    // relayed (it never waits for a punch), the punch runs on that
+    // relayed connection, and a later call opens its stream on the
+    // direct connection once it is up.
+    let mut payload = vec![0u8; 16 * 1024];
+    rand::thread_rng().fill_bytes(&mut payload);
+    let direct = r#"agentmesh_node_calls_by_path_total{path="direct"}"#;
+    let relayed = r#"agentmesh_node_calls_by_path_total{path="relayed"}"#;
+    let mut calls = 0u32;
+    eventually("a call on the direct connection", || {
+        calls += 1;
+        let (caller, payload) = (&caller, &payload);
+        async move {
+            caller.call_until_echoed("echo-prov", payload).await;
+            (caller.metric(direct).await >= 1.0).then_some(())
+        }
+    })
+    .await;
+    assert!(
+        caller.metric(relayed).await >= 1.0,
+        "the first call went relayed"
+    );
+    let punched = caller
+        .metric(r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#)
+        .await
+        + provider
+            .metric(r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#)
+            .await;
+    assert!(punched >= 1.0, "a punch counted as direct");
+    let status = caller.status().await.expect("caller status");
+    let peers = status.direct.expect("direct section").direct_peers;
+    eprintln!("{calls} calls until one went direct; caller's direct peers {peers:?}");
+    // No call failed on the way.
+    let failed_out = caller
+        .metric(r#"agentmesh_node_calls_total{direction="outbound",result="connect_failed"}"#)
+        .await;
+    assert_eq!(failed_out, 0.0);
+
+    // Unsolicited inbound to the provider's public mapping is dropped by
+    // its NAT: the connect neither completes nor is refused.
+    let outsider = net.tb.public_host("outsider").await.expect("host");
+    let target = SocketAddr::new(pgw.expect("gw").public_addr().into(), LISTEN_PORT);
+    let attempt = tokio::time::timeout(Duration::from_secs(3), outsider.connect(target)).await;
+    match attempt {
+        Err(_elapsed) => {}
+        Ok(Ok(_)) => panic!("an unsolicited connection got through the NAT"),
+        Ok(Err(e)) => panic!("the NAT answered an unsolicited SYN ({e}): it must drop it"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_symmetric_nat_calls_stay_relayed_and_succeed() {
+    let Some(mut net) = Net::start("direct_sym", &[]).await else {
+        return;
+    };
+    net.add_router("r1").await;
+    net.add_router("r2").await;
+    let (ph, _pgw) = net
+        .member_host("prov", Some(NatKind::EndpointDependent))
+        .await;
+    let (ch, _cgw) = net
+        .member_host("caller", Some(NatKind::EndpointIndependent))
+        .await;
+    let mut provider = net
+        .member("prov", ph, &direct_spec(Some("echo-prov"), &[]))
+        .await;
+    let mut caller = net
+        .member("caller", ch, &direct_spec(None, &["echo-prov"]))
+        .await;
+    provider.wait_ready().await;
+    caller.wait_ready().await;
+    assert_eq!(nat_kind(&provider).await, "endpoint_dependent");
+    let text = provider.status().await.expect("status").render();
+    assert!(text.contains("NAT endpoint_dependent"), "{text}");
+
+    let mut payload = vec![0u8; 16 * 1024];
+    rand::thread_rng().fill_bytes(&mut payload);
+    let skipped = r#"agentmesh_node_upgrade_attempts_total{result="skipped_endpoint_dependent"}"#;
+    // Calls until the provider has declined a punch on a relayed
+    // connection, then more on that warm connection.
+    eventually("the provider skips a punch", || {
+        let (caller, provider, payload) = (&caller, &provider, &payload);
+        async move {
+            caller.call_until_echoed("echo-prov", payload).await;
+            (provider.metric(skipped).await >= 1.0).then_some(())
+        }
+    })
+    .await;
+    for _ in 0..5 {
+        let back = caller.call("echo-prov", &payload).await.expect("a call");
+        assert_eq!(back, payload);
+    }
+    let direct = caller
+        .metric(r#"agentmesh_node_calls_by_path_total{path="direct"}"#)
+        .await;
+    let relayed = caller
+        .metric(r#"agentmesh_node_calls_by_path_total{path="relayed"}"#)
+        .await;
+    assert_eq!(direct, 0.0, "no call went direct");
+    assert!(relayed >= 6.0, "{relayed} relayed calls");
+    let punched = provider
+        .metric(r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#)
+        .await;
+    assert_eq!(punched, 0.0);
+}
