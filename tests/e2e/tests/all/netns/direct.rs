@@ -10,6 +10,10 @@
 //!   `direct`); and a SYN to a member's public port from a public host is
 //!   dropped by its NAT (the connect times out), never answered with a
 //!   reset.
+//! - A stranger (a libp2p peer with a key of its own, holding no relayed
+//!   connection to the member) dials a public member's listening port: it
+//!   completes the handshake and is closed at once, counted in
+//!   `agentmesh_node_inbound_refused_total{reason="no_relayed_connection"}`.
 //! - The provider behind a symmetric NAT: its routers see two ports, its
 //!   `status` says `endpoint_dependent`, it skips every punch (counted)
 //!   and every call stays relayed and succeeds.
@@ -93,6 +97,10 @@ async fn warm_calls_between_members_behind_eim_nats_go_direct() {
         caller.metric(relayed).await >= 1.0,
         "the first call went relayed"
     );
+    // Once up, the direct connection carries the next call too.
+    let before = caller.metric(direct).await;
+    caller.call_until_echoed("echo-prov", &payload).await;
+    assert_eq!(caller.metric(direct).await, before + 1.0);
     let punched = caller
         .metric(r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#)
         .await
@@ -175,4 +183,63 @@ async fn behind_a_symmetric_nat_calls_stay_relayed_and_succeed() {
         .metric(r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#)
         .await;
     assert_eq!(punched, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_dialing_a_members_listening_port_is_closed_and_counted() {
+    use libp2p::core::muxing::StreamMuxerExt as _;
+    use libp2p::core::transport::{DialOpts, PortUse};
+    use libp2p::core::upgrade::Version;
+    use libp2p::core::{Endpoint, Transport as _};
+
+    let Some(mut net) = Net::start("direct_stranger", &[]).await else {
+        return;
+    };
+    net.add_router("r1").await;
+    let (host, _) = net.member_host("m", None).await;
+    let member_ip = host.addr();
+    let mut m = net.member("m", host, &direct_spec(None, &[])).await;
+    m.wait_ready().await;
+    let refused = r#"agentmesh_node_inbound_refused_total{reason="no_relayed_connection"}"#;
+    assert_eq!(m.metric(refused).await, 0.0);
+
+    let stranger = net.tb.public_host("stranger").await.expect("host");
+    let target: libp2p::Multiaddr = format!("/ip4/{member_ip}/tcp/{LISTEN_PORT}")
+        .parse()
+        .expect("addr");
+    let outcome = stranger
+        .spawn(async move {
+            let key = libp2p::identity::Keypair::generate_ed25519();
+            let mut t = libp2p::tcp::tokio::Transport::new(libp2p::tcp::Config::default())
+                .upgrade(Version::V1)
+                .authenticate(libp2p::noise::Config::new(&key).expect("noise"))
+                .multiplex(libp2p::yamux::Config::default())
+                .boxed();
+            let opts = DialOpts {
+                role: Endpoint::Dialer,
+                port_use: PortUse::New,
+            };
+            let (_peer, mut muxer) =
+                tokio::time::timeout(DEADLINE, t.dial(target, opts).expect("dial"))
+                    .await
+                    .map_err(|_| "no handshake in time".to_string())?
+                    .map_err(|e| format!("handshake: {e}"))?;
+            // The member closes it: the stranger's muxer ends.
+            tokio::time::timeout(DEADLINE, async {
+                while futures::future::poll_fn(|cx| muxer.poll_inbound_unpin(cx))
+                    .await
+                    .is_ok()
+                {}
+            })
+            .await
+            .map_err(|_| "the member kept the connection".to_string())
+        })
+        .await
+        .expect("stranger task");
+    outcome.expect("the stranger is closed");
+    eventually("the refusal counted", || async {
+        (m.metric(refused).await == 1.0).then_some(())
+    })
+    .await;
+    assert!(m.is_ready().await, "the member is unharmed");
 }
