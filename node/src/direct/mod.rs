@@ -134,7 +134,7 @@ impl Behaviour {
     /// than the listening one (what a router observed on it is not our
     /// listening port's mapping).
     pub(crate) fn left_from_fresh_port(&self, to: &SocketAddr) -> bool {
-        self.log.from_fresh_port(to)
+        self.log.dialled_from_fresh_port(to)
     }
 
     /// Whether direct connections are on.

@@ -22,7 +22,7 @@ pub(crate) struct ReuseLog {
 
 impl ReuseLog {
     /// Whether the last dial to `to` left from a fresh port.
-    pub(crate) fn from_fresh_port(&self, to: &SocketAddr) -> bool {
+    pub(crate) fn dialled_from_fresh_port(&self, to: &SocketAddr) -> bool {
         self.fresh.lock().contains(to)
     }
 

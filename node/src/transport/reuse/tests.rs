@@ -75,7 +75,7 @@ async fn dials_leave_from_the_listening_port_unless_a_new_one_is_asked() {
     let (_b, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::New), server.accept());
     assert_ne!(accepted.expect("accept").1.port(), port);
     assert_eq!(fallbacks.get(), 0);
-    assert!(!log.from_fresh_port(&to));
+    assert!(!log.dialled_from_fresh_port(&to));
 }
 
 #[tokio::test]
@@ -92,7 +92,7 @@ async fn a_taken_tuple_falls_back_to_a_fresh_port_counted_and_noted() {
     let (_second, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
     assert_ne!(accepted.expect("accept").1.port(), port, "a fresh port");
     assert_eq!(fallbacks.get(), 1);
-    assert!(log.from_fresh_port(&to));
+    assert!(log.dialled_from_fresh_port(&to));
     // Another destination still leaves from the listening port, and a
     // reusing dial that succeeds clears the note.
     let other = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -101,7 +101,7 @@ async fn a_taken_tuple_falls_back_to_a_fresh_port_counted_and_noted() {
     let to2 = other.local_addr().expect("addr");
     let (_c, accepted) = tokio::join!(dial_from(&mut t, to2, PortUse::Reuse), other.accept());
     assert_eq!(accepted.expect("accept").1.port(), port);
-    assert!(!log.from_fresh_port(&to2));
+    assert!(!log.dialled_from_fresh_port(&to2));
     drop(_held);
 }
 
