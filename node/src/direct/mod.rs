@@ -58,6 +58,8 @@ use nat::NatKind;
 const MAX_PUNCH_IDS: usize = 1024;
 /// Peers whose punch backoff is remembered, at most.
 const MAX_BACKOFF_PEERS: usize = 4096;
+/// Addresses a peer may ask one punch to dial, at most.
+const MAX_PUNCH_ADDRS: usize = 8;
 /// Backoff after a peer's first failed punch; doubles per failure.
 const BACKOFF_MIN: Duration = Duration::from_secs(30);
 /// Longest backoff between punches to one peer.
@@ -72,6 +74,10 @@ pub(crate) enum Refused {
     /// Direct connections are off.
     #[error("inbound direct connection from {0}: direct connections are off")]
     DirectOff(PeerId),
+    /// A punch to addresses we do not dial (loopback, link-local, names,
+    /// too many).
+    #[error("punch to {0:?}: addresses we do not dial")]
+    BadTarget(Option<PeerId>),
 }
 
 /// One peer's punch backoff.
@@ -103,6 +109,32 @@ pub(crate) struct Behaviour {
 
 fn is_relayed(addr: &Multiaddr) -> bool {
     addr.iter().any(|p| p == Protocol::P2pCircuit)
+}
+
+/// Whether a punch may dial `addr`: a plain TCP address (QUIC punches
+/// are not built yet) of a unicast IP that is not loopback, unspecified
+/// or link-local. The addresses come from the peer (dcutr's exchange),
+/// and a lying peer must not make us dial our own host or link.
+fn punch_target_allowed(addr: &Multiaddr) -> bool {
+    use agentmesh_streams::dial::{IpTarget, ip_target};
+    let Some(IpTarget::Tcp(sa)) = ip_target(addr) else {
+        return false;
+    };
+    match sa.ip() {
+        std::net::IpAddr::V4(ip) => {
+            !(ip.is_loopback()
+                || ip.is_unspecified()
+                || ip.is_link_local()
+                || ip.is_multicast()
+                || ip.is_broadcast())
+        }
+        std::net::IpAddr::V6(ip) => {
+            !(ip.is_loopback()
+                || ip.is_unspecified()
+                || ip.is_multicast()
+                || (ip.segments()[0] & 0xffc0) == 0xfe80)
+        }
+    }
 }
 
 fn jittered_backoff(failures: u32) -> Duration {
@@ -239,6 +271,31 @@ type InnerHandler = THandler<dcutr::Behaviour>;
 impl NetworkBehaviour for Behaviour {
     type ConnectionHandler = Either<InnerHandler, dummy::ConnectionHandler>;
     type ToSwarm = dcutr::Event;
+
+    /// A punch's dial is refused whole when the peer gave more than
+    /// [`MAX_PUNCH_ADDRS`] addresses or any we must not dial (see
+    /// [`punch_target_allowed`]); counted as `bad_target`. Other dials
+    /// (routers, circuits) are not ours to judge.
+    fn handle_pending_outbound_connection(
+        &mut self,
+        id: ConnectionId,
+        peer: Option<PeerId>,
+        addresses: &[Multiaddr],
+        _role: Endpoint,
+    ) -> Result<Vec<Multiaddr>, ConnectionDenied> {
+        if self.is_punch(&id)
+            && (addresses.len() > MAX_PUNCH_ADDRS || !addresses.iter().all(punch_target_allowed))
+        {
+            self.metrics.upgrade("bad_target");
+            tracing::debug!(
+                ?peer,
+                ?addresses,
+                "punch to addresses we do not dial: refused"
+            );
+            return Err(ConnectionDenied::new(Refused::BadTarget(peer)));
+        }
+        Ok(Vec::new())
+    }
 
     fn handle_established_inbound_connection(
         &mut self,

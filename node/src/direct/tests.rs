@@ -88,3 +88,59 @@ fn punch_ids_are_remembered_within_a_bound() {
     assert!(!b.is_punch(&first), "oldest forgotten");
     assert_eq!(b.punches.len(), MAX_PUNCH_IDS);
 }
+
+#[test]
+fn a_punch_to_addresses_we_must_not_dial_is_refused_and_counted() {
+    let (mut b, m) = behaviour(true);
+    let peer = PeerId::random();
+    let punch = ConnectionId::new_unchecked(7);
+    b.note_punch(punch);
+    let ok: Multiaddr = format!("/ip4/10.0.0.5/tcp/4500/p2p/{peer}")
+        .parse()
+        .expect("addr");
+    assert!(
+        b.handle_pending_outbound_connection(
+            punch,
+            Some(peer),
+            std::slice::from_ref(&ok),
+            Endpoint::Dialer,
+        )
+        .is_ok()
+    );
+    // What a lying peer may send instead.
+    for bad in [
+        "/ip4/127.0.0.1/tcp/22",
+        "/ip4/169.254.169.254/tcp/80",
+        "/ip4/0.0.0.0/tcp/4500",
+        "/ip4/224.0.0.1/tcp/4500",
+        "/ip6/::1/tcp/4500",
+        "/ip6/fe80::1/tcp/4500",
+        "/dns4/internal.example/tcp/443",
+        "/ip4/10.0.0.5/udp/4500/quic-v1",
+    ] {
+        let a: Multiaddr = bad.parse().expect("addr");
+        let mixed = [ok.clone(), a];
+        assert!(
+            b.handle_pending_outbound_connection(punch, Some(peer), &mixed, Endpoint::Dialer)
+                .is_err(),
+            "{bad}"
+        );
+    }
+    let many = vec![ok.clone(); MAX_PUNCH_ADDRS + 1];
+    assert!(
+        b.handle_pending_outbound_connection(punch, Some(peer), &many, Endpoint::Dialer)
+            .is_err()
+    );
+    assert_eq!(count(&m, "bad_target"), 9);
+    // Dials that are not punches (routers on loopback in tests) pass.
+    let router: Multiaddr = "/ip4/127.0.0.1/tcp/4001".parse().expect("addr");
+    assert!(
+        b.handle_pending_outbound_connection(
+            ConnectionId::new_unchecked(8),
+            None,
+            &[router],
+            Endpoint::Dialer
+        )
+        .is_ok()
+    );
+}

@@ -74,7 +74,7 @@ impl DirectMetrics {
     pub(super) fn register(&self, r: &mut Registry) {
         r.register(
             "upgrade_attempts",
-            "Upgrades of relayed connections to direct ones (DCUtR hole punches), by result (direct, failed, skipped_endpoint_dependent, skipped_backoff, skipped_no_address)",
+            "Upgrades of relayed connections to direct ones (DCUtR hole punches), by result (direct, failed, skipped_endpoint_dependent, skipped_backoff, skipped_no_address, bad_target)",
             self.upgrade_attempts.clone(),
         );
         r.register(
