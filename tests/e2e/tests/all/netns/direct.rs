@@ -7,9 +7,10 @@
 //! - Both behind endpoint-independent NATs: warm calls end up on a direct
 //!   connection (the caller's `calls_by_path_total{path="direct"}`, its
 //!   `status` naming the provider as a direct peer, a punch counted as
-//!   `direct`); and a SYN to a member's public port from a public host is
-//!   dropped by its NAT (the connect times out), never answered with a
-//!   reset.
+//!   `direct`), a call open across the upgrade ends whole (it started
+//!   relayed and stays there); and a SYN to a member's public port from a
+//!   public host is dropped by its NAT (the connect times out), never
+//!   answered with a reset.
 //! - A stranger (a libp2p peer with a key of its own, holding no relayed
 //!   connection to the member) dials a public member's listening port: it
 //!   completes the handshake and is closed at once, counted in
@@ -23,6 +24,7 @@ use std::time::Duration;
 
 use agentmesh_netns::NatKind;
 use rand::RngCore as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::support::*;
 
@@ -78,9 +80,22 @@ async fn warm_calls_between_members_behind_eim_nats_go_direct() {
     // Calls until one is carried by a direct connection: the first goes
     // relayed (it never waits for a punch), the punch runs on that
     // relayed connection, and a later call opens its stream on the
-    // direct connection once it is up.
+    // direct connection once it is up. One call stays open across the
+    // upgrade: it started relayed and must end whole.
     let mut payload = vec![0u8; 16 * 1024];
     rand::thread_rng().fill_bytes(&mut payload);
+    let forward = caller.forwards["echo-prov"];
+    let mut in_flight = caller.host.connect(forward).await.expect("connect");
+    in_flight
+        .write_all(&payload[..8 * 1024])
+        .await
+        .expect("first half");
+    let mut echoed = vec![0u8; 8 * 1024];
+    tokio::time::timeout(DEADLINE, in_flight.read_exact(&mut echoed))
+        .await
+        .expect("first half echoed in time")
+        .expect("first half echoed");
+    assert_eq!(echoed, payload[..8 * 1024]);
     let direct = r#"agentmesh_node_calls_by_path_total{path="direct"}"#;
     let relayed = r#"agentmesh_node_calls_by_path_total{path="relayed"}"#;
     let mut calls = 0u32;
@@ -96,6 +111,22 @@ async fn warm_calls_between_members_behind_eim_nats_go_direct() {
     assert!(
         caller.metric(relayed).await >= 1.0,
         "the first call went relayed"
+    );
+    // The call that started before the upgrade still works, to its end.
+    in_flight
+        .write_all(&payload[8 * 1024..])
+        .await
+        .expect("second half");
+    in_flight.shutdown().await.expect("half-close");
+    let mut rest = Vec::new();
+    tokio::time::timeout(DEADLINE, in_flight.read_to_end(&mut rest))
+        .await
+        .expect("the rest echoed in time")
+        .expect("the rest echoed");
+    assert_eq!(
+        rest,
+        payload[8 * 1024..],
+        "the call in flight was not broken"
     );
     // Once up, the direct connection carries the next call too.
     let before = caller.metric(direct).await;
