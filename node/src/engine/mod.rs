@@ -462,8 +462,9 @@ impl Engine {
                 ..
             } if self.swarm.behaviour().direct.is_punch(&connection_id) => {
                 // A hole punch that did not get through: the relayed
-                // connection stays, and no caller waits on this dial.
+                // connection stays, and its failure is no caller's.
                 tracing::debug!(%peer, "punch dial failed");
+                self.after_punch_failed(peer);
             }
             SwarmEvent::OutgoingConnectionError {
                 peer_id: Some(peer),
