@@ -15,6 +15,8 @@
 //!   connection to the member) dials a public member's listening port: it
 //!   completes the handshake and is closed at once, counted in
 //!   `agentmesh_node_inbound_refused_total{reason="no_relayed_connection"}`.
+//! - TIME_WAIT: a punch right after the last direct connection between
+//!   the same two ports closed (its tuple seen in TIME_WAIT) succeeds.
 //! - The provider behind a symmetric NAT: its routers see two ports, its
 //!   `status` says `endpoint_dependent`, it skips every punch (counted)
 //!   and every call stays relayed and succeeds.
@@ -273,4 +275,117 @@ async fn a_stranger_dialing_a_members_listening_port_is_closed_and_counted() {
     })
     .await;
     assert!(m.is_ready().await, "the member is unharmed");
+}
+
+/// TIME_WAIT: with fixed ports on both ends, the side that closed the
+/// direct connection first holds its 4-tuple in TIME_WAIT for 60 s. The
+/// test makes that happen (the direct connection closed for idleness,
+/// the TIME_WAIT socket seen with `ss`), then calls again well within
+/// the 60 s: the call succeeds and the new punch brings a direct
+/// connection up again on the same ports. Linux lets a `connect` from an
+/// explicitly bound port take over a TIME_WAIT tuple when that connection
+/// used TCP timestamps (the default), so the dial leaves from the
+/// listening port; where it cannot (timestamps off, a live socket on the
+/// tuple) the dial falls back to a fresh port (unit-tested in
+/// `node/src/transport/reuse/tests.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_punch_within_time_wait_of_the_last_direct_connection_succeeds() {
+    let Some(mut net) = Net::start("direct_tw", &[]).await else {
+        return;
+    };
+    net.add_router("r1").await;
+    net.add_router("r2").await;
+    let (ph, _pgw) = net
+        .member_host("prov", Some(NatKind::EndpointIndependent))
+        .await;
+    let (ch, _cgw) = net
+        .member_host("caller", Some(NatKind::EndpointIndependent))
+        .await;
+    let idle = ["--idle-connection-secs=2".to_string()];
+    let mut pspec = direct_spec(Some("echo-prov"), &[]);
+    pspec.args.extend(idle.clone());
+    let mut cspec = direct_spec(None, &["echo-prov"]);
+    cspec.args.extend(idle);
+    let mut provider = net.member("prov", ph, &pspec).await;
+    let mut caller = net.member("caller", ch, &cspec).await;
+    provider.wait_ready().await;
+    caller.wait_ready().await;
+    assert_eq!(nat_kind(&caller).await, "endpoint_independent");
+    let mut payload = vec![0u8; 4 * 1024];
+    rand::thread_rng().fill_bytes(&mut payload);
+    let direct = r#"agentmesh_node_calls_by_path_total{path="direct"}"#;
+    let punched = r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#;
+    eventually("a call on the direct connection", || {
+        let (caller, payload) = (&caller, &payload);
+        async move {
+            caller.call_until_echoed("echo-prov", payload).await;
+            (caller.metric(direct).await >= 1.0).then_some(())
+        }
+    })
+    .await;
+    let punches = caller.metric(punched).await;
+    // Both connections to the provider gone: the direct one closed for
+    // idleness, the relayed one after `--relayed-idle-secs`, so the next
+    // call makes a new relayed connection and a new punch.
+    let relayed_closed = r#"agentmesh_node_relayed_idle_closed_total{direction="outbound"}"#;
+    eventually(
+        "the direct and relayed connections closed for idleness",
+        || async {
+            let d = caller.status().await?.direct?;
+            let relayed_gone = caller.metric(relayed_closed).await >= 1.0;
+            (d.direct_peers.is_empty() && relayed_gone).then_some(())
+        },
+    )
+    .await;
+    let closed_at = tokio::time::Instant::now();
+    let mut time_wait = false;
+    for m in [&caller, &provider] {
+        let out = m
+            .host
+            .command("ss")
+            .args(["-tanH", "state", "time-wait"])
+            .output()
+            .await
+            .expect("ss");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        time_wait |= text.lines().any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.len() >= 4
+                && cols[cols.len() - 2].ends_with(&format!(":{LISTEN_PORT}"))
+                && cols[cols.len() - 1].ends_with(&format!(":{LISTEN_PORT}"))
+        });
+        eprintln!("{} TIME_WAIT sockets:\n{text}", m.name);
+    }
+    assert!(
+        time_wait,
+        "the direct connection's tuple is in TIME_WAIT on one side"
+    );
+    // Within TIME_WAIT: the call goes through, and a new punch brings the
+    // direct path back.
+    let before = caller.metric(direct).await;
+    eventually("a direct call again", || {
+        let (caller, payload) = (&caller, &payload);
+        async move {
+            caller.call_until_echoed("echo-prov", payload).await;
+            (caller.metric(direct).await > before).then_some(())
+        }
+    })
+    .await;
+    assert!(caller.metric(punched).await > punches, "a second punch");
+    assert!(
+        closed_at.elapsed() < Duration::from_secs(60),
+        "the second punch came too late to test TIME_WAIT"
+    );
+    eprintln!(
+        "port reuse fallbacks: caller {}, provider {}",
+        caller
+            .metric("agentmesh_node_port_reuse_fallbacks_total")
+            .await,
+        provider
+            .metric("agentmesh_node_port_reuse_fallbacks_total")
+            .await
+    );
+    // Nothing made either side misread its NAT.
+    assert_eq!(nat_kind(&caller).await, "endpoint_independent");
+    assert_eq!(nat_kind(&provider).await, "endpoint_independent");
 }
