@@ -144,3 +144,25 @@ async fn the_listener_reports_its_address_and_accepts() {
         .is_err()
     );
 }
+
+#[tokio::test]
+async fn with_a_source_ip_dials_leave_from_it_on_the_listening_port() {
+    // Listening on every address; dials bound to 127.0.0.2 on that port.
+    let (log, fallbacks) = (ReuseLog::default(), Counter::default());
+    let source: IpAddr = "127.0.0.2".parse().expect("ip");
+    let mut t = ReuseTcp::new(Some(source), log, fallbacks.clone());
+    t.listen_on(
+        ListenerId::next(),
+        "/ip4/0.0.0.0/tcp/0".parse().expect("addr"),
+    )
+    .expect("listen");
+    let port = (*t.bound.lock()).expect("bound").port();
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let to = server.local_addr().expect("addr");
+    let (_s, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
+    let from = accepted.expect("accept").1;
+    assert_eq!(from, SocketAddr::new(source, port));
+    assert_eq!(fallbacks.get(), 0);
+}
