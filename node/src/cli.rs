@@ -194,6 +194,12 @@ pub struct DirectArgs {
     /// Address the direct-connection port binds (default: 0.0.0.0).
     #[arg(long, default_value = "0.0.0.0")]
     pub listen_ip: IpAddr,
+    /// Pause before punching a peer again after its punch failed, doubled per failure up to --punch-backoff-max-secs, plus 0-50% jitter, seconds.
+    #[arg(long, default_value_t = config::DEFAULT_PUNCH_BACKOFF_MIN_SECS)]
+    pub punch_backoff_min_secs: u64,
+    /// Longest pause between punches to one peer, seconds.
+    #[arg(long, default_value_t = config::DEFAULT_PUNCH_BACKOFF_MAX_SECS)]
+    pub punch_backoff_max_secs: u64,
 }
 
 impl From<DirectArgs> for config::DirectConfig {
@@ -202,6 +208,8 @@ impl From<DirectArgs> for config::DirectConfig {
             enabled: a.direct,
             listen_port: a.listen_port,
             listen_ip: a.listen_ip,
+            punch_backoff_min: Duration::from_secs(a.punch_backoff_min_secs),
+            punch_backoff_max: Duration::from_secs(a.punch_backoff_max_secs),
         }
     }
 }

@@ -344,7 +344,19 @@ pub struct DirectConfig {
     /// The address that port binds (`--listen-ip`, default `0.0.0.0`);
     /// with `--dial-source-ip`, dials leave from the source IP on that port.
     pub listen_ip: IpAddr,
+    /// Pause before punching a peer again after its punch failed
+    /// (`--punch-backoff-min-secs`, default 30 s), doubled per failure in
+    /// a row up to `punch_backoff_max`, plus 0–50% jitter; skipped
+    /// punches are counted as `skipped_backoff`.
+    pub punch_backoff_min: Duration,
+    /// Longest such pause (`--punch-backoff-max-secs`, default 900 s).
+    pub punch_backoff_max: Duration,
 }
+
+/// Default [`DirectConfig::punch_backoff_min`], seconds.
+pub const DEFAULT_PUNCH_BACKOFF_MIN_SECS: u64 = 30;
+/// Default [`DirectConfig::punch_backoff_max`], seconds.
+pub const DEFAULT_PUNCH_BACKOFF_MAX_SECS: u64 = 900;
 
 impl Default for DirectConfig {
     fn default() -> Self {
@@ -352,6 +364,8 @@ impl Default for DirectConfig {
             enabled: false,
             listen_port: 0,
             listen_ip: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            punch_backoff_min: Duration::from_secs(DEFAULT_PUNCH_BACKOFF_MIN_SECS),
+            punch_backoff_max: Duration::from_secs(DEFAULT_PUNCH_BACKOFF_MAX_SECS),
         }
     }
 }

@@ -79,6 +79,8 @@ pub(crate) struct Dialing {
     pub(crate) listen: Option<(SocketAddr, reuse::ReuseLog)>,
     /// What direct connections count (used even when off: refusals).
     pub(crate) metrics: crate::metrics::DirectMetrics,
+    /// Pauses between punches to one peer after failures (least, most).
+    pub(crate) punch_backoff: crate::direct::Backoffs,
 }
 
 /// Plain TCP: dial-only [`DialTcp`], or with `reuse` [`reuse::ReuseTcp`]
@@ -156,6 +158,10 @@ pub(crate) async fn build(
             (at, reuse::ReuseLog::default())
         }),
         metrics: metrics.direct.clone(),
+        punch_backoff: crate::direct::Backoffs {
+            min: config.direct.punch_backoff_min,
+            max: config.direct.punch_backoff_max,
+        },
     };
     build_swarm(
         key,
@@ -239,7 +245,8 @@ pub(crate) async fn build_swarm(
                 .as_ref()
                 .map(|(_, log)| log.clone())
                 .unwrap_or_default(),
-        ),
+        )
+        .with_backoff(dialing.punch_backoff),
         relay: relay_client,
         stream: agentmesh_streams::Behaviour::with_limits(streams, pending),
         ping: ping::Behaviour::new(ping),

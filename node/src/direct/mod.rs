@@ -60,10 +60,24 @@ const MAX_PUNCH_IDS: usize = 1024;
 const MAX_BACKOFF_PEERS: usize = 4096;
 /// Addresses a peer may ask one punch to dial, at most.
 const MAX_PUNCH_ADDRS: usize = 8;
-/// Backoff after a peer's first failed punch; doubles per failure.
-const BACKOFF_MIN: Duration = Duration::from_secs(30);
-/// Longest backoff between punches to one peer.
-const BACKOFF_MAX: Duration = Duration::from_secs(15 * 60);
+/// Pauses between punches to one peer after failures
+/// (`--punch-backoff-min-secs`, `--punch-backoff-max-secs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Backoffs {
+    /// After the first failure; doubles per failure in a row.
+    pub(crate) min: Duration,
+    /// At most.
+    pub(crate) max: Duration,
+}
+
+impl Default for Backoffs {
+    fn default() -> Self {
+        Self {
+            min: Duration::from_secs(30),
+            max: Duration::from_secs(15 * 60),
+        }
+    }
+}
 
 /// Why an inbound direct connection was closed at once.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +119,7 @@ pub(crate) struct Behaviour {
     queued: VecDeque<Multiaddr>,
     /// Destinations the transport dialled from a fresh port (read only).
     log: ReuseLog,
+    backoffs: Backoffs,
 }
 
 fn is_relayed(addr: &Multiaddr) -> bool {
@@ -137,10 +152,11 @@ fn punch_target_allowed(addr: &Multiaddr) -> bool {
     }
 }
 
-fn jittered_backoff(failures: u32) -> Duration {
-    let d = BACKOFF_MIN
-        .saturating_mul(1u32 << failures.saturating_sub(1).min(8))
-        .min(BACKOFF_MAX);
+fn jittered_backoff(failures: u32, b: Backoffs) -> Duration {
+    let d = b
+        .min
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(b.max.max(b.min));
     d.mul_f64(1.0 + rand::thread_rng().gen_range(0.0..0.5))
 }
 
@@ -159,7 +175,14 @@ impl Behaviour {
             candidate: None,
             queued: VecDeque::new(),
             log,
+            backoffs: Backoffs::default(),
         }
+    }
+
+    /// The same with `backoffs` between punches to one peer.
+    pub(crate) fn with_backoff(mut self, backoffs: Backoffs) -> Self {
+        self.backoffs = backoffs;
+        self
     }
 
     /// Whether our last connection to `to` left from a fresh port rather
@@ -250,12 +273,13 @@ impl Behaviour {
                 return;
             }
         }
+        let backoffs = self.backoffs;
         let b = self.backoff.entry(peer).or_insert(Backoff {
             failures: 0,
             until: now,
         });
         b.failures = b.failures.saturating_add(1);
-        b.until = now + jittered_backoff(b.failures);
+        b.until = now + jittered_backoff(b.failures, backoffs);
     }
 
     fn note_punch(&mut self, id: ConnectionId) {

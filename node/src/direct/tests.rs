@@ -43,7 +43,7 @@ fn punches_only_where_they_can_land_and_not_again_right_after_a_failure() {
     assert!(!b.should_punch(&peer, now + Duration::from_secs(29)));
     assert_eq!(count(&m, "skipped_backoff"), 1);
     assert!(b.should_punch(&PeerId::random(), now));
-    assert!(b.should_punch(&peer, now + BACKOFF_MAX.mul_f64(1.6)));
+    assert!(b.should_punch(&peer, now + Backoffs::default().max.mul_f64(1.6)));
     // A second failure doubles it; a success clears it.
     b.punched(peer, false, now);
     assert!(b.backoff[&peer].until >= now + Duration::from_secs(60));
@@ -69,11 +69,25 @@ fn off_never_punches_and_counts_nothing() {
 
 #[test]
 fn backoff_grows_and_stays_bounded() {
+    let b = Backoffs::default();
     for failures in 1..40 {
-        let d = jittered_backoff(failures);
-        assert!(d >= BACKOFF_MIN, "{failures}: {d:?}");
-        assert!(d <= BACKOFF_MAX.mul_f64(1.5), "{failures}: {d:?}");
+        let d = jittered_backoff(failures, b);
+        assert!(d >= b.min, "{failures}: {d:?}");
+        assert!(d <= b.max.mul_f64(1.5), "{failures}: {d:?}");
     }
+    // The flags' values are what bounds it.
+    let short = Backoffs {
+        min: Duration::from_secs(2),
+        max: Duration::from_secs(5),
+    };
+    assert!(jittered_backoff(1, short) <= Duration::from_secs(3));
+    assert!(jittered_backoff(30, short) <= Duration::from_millis(7_500));
+    // A max below the min acts as the min.
+    let odd = Backoffs {
+        min: Duration::from_secs(10),
+        max: Duration::from_secs(1),
+    };
+    assert!(jittered_backoff(3, odd) >= Duration::from_secs(10));
 }
 
 #[test]
