@@ -27,6 +27,11 @@
 //! **Dial failures of punches** must not fail callers waiting for a
 //! connection to that peer: [`Behaviour::is_punch`] names the connection
 //! ids of the dials dcutr made, and the engine leaves those alone.
+//!
+//! **Punch targets** come from the peer: a punch dials only plain TCP to
+//! unicast addresses that are not loopback, unspecified or link-local, at
+//! most [`MAX_PUNCH_ADDRS`] of them; anything else refuses that dial whole
+//! (`result="bad_target"`).
 
 pub(crate) mod nat;
 mod reuse_log;
