@@ -200,6 +200,12 @@ pub struct DirectArgs {
     /// Longest pause between punches to one peer, seconds.
     #[arg(long, default_value_t = config::DEFAULT_PUNCH_BACKOFF_MAX_SECS)]
     pub punch_backoff_max_secs: u64,
+    /// Inbound direct connections in their handshake at once, connections; more are refused at accept.
+    #[arg(long, default_value_t = config::DEFAULT_DIRECT_MAX_PENDING_INBOUND)]
+    pub direct_max_pending_inbound: usize,
+    /// Inbound direct connections in their handshake at once from one source IP, connections.
+    #[arg(long, default_value_t = config::DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE)]
+    pub direct_max_pending_inbound_per_source: usize,
 }
 
 impl From<DirectArgs> for config::DirectConfig {
@@ -210,6 +216,8 @@ impl From<DirectArgs> for config::DirectConfig {
             listen_ip: a.listen_ip,
             punch_backoff_min: Duration::from_secs(a.punch_backoff_min_secs),
             punch_backoff_max: Duration::from_secs(a.punch_backoff_max_secs),
+            max_pending_inbound: a.direct_max_pending_inbound,
+            max_pending_inbound_per_source: a.direct_max_pending_inbound_per_source,
         }
     }
 }

@@ -351,12 +351,23 @@ pub struct DirectConfig {
     pub punch_backoff_min: Duration,
     /// Longest such pause (`--punch-backoff-max-secs`, default 900 s).
     pub punch_backoff_max: Duration,
+    /// Inbound direct connections in their handshake at once
+    /// (`--direct-max-pending-inbound`, default 64; 0 acts as 1); more
+    /// are refused at accept, `inbound_refused_total{reason="pending_full"}`.
+    pub max_pending_inbound: usize,
+    /// The same from one source IP (`--direct-max-pending-inbound-per-source`,
+    /// default 8; `reason="source_pending_full"`).
+    pub max_pending_inbound_per_source: usize,
 }
 
 /// Default [`DirectConfig::punch_backoff_min`], seconds.
 pub const DEFAULT_PUNCH_BACKOFF_MIN_SECS: u64 = 30;
 /// Default [`DirectConfig::punch_backoff_max`], seconds.
 pub const DEFAULT_PUNCH_BACKOFF_MAX_SECS: u64 = 900;
+/// Default [`DirectConfig::max_pending_inbound`], connections.
+pub const DEFAULT_DIRECT_MAX_PENDING_INBOUND: usize = 64;
+/// Default [`DirectConfig::max_pending_inbound_per_source`], connections.
+pub const DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE: usize = 8;
 
 impl Default for DirectConfig {
     fn default() -> Self {
@@ -366,6 +377,8 @@ impl Default for DirectConfig {
             listen_ip: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             punch_backoff_min: Duration::from_secs(DEFAULT_PUNCH_BACKOFF_MIN_SECS),
             punch_backoff_max: Duration::from_secs(DEFAULT_PUNCH_BACKOFF_MAX_SECS),
+            max_pending_inbound: DEFAULT_DIRECT_MAX_PENDING_INBOUND,
+            max_pending_inbound_per_source: DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE,
         }
     }
 }

@@ -81,6 +81,8 @@ pub(crate) struct Dialing {
     pub(crate) metrics: crate::metrics::DirectMetrics,
     /// Pauses between punches to one peer after failures (least, most).
     pub(crate) punch_backoff: crate::direct::Backoffs,
+    /// Inbound direct handshakes at once: in total, per source IP.
+    pub(crate) max_pending_inbound: (usize, usize),
 }
 
 /// Plain TCP: dial-only [`DialTcp`], or with `reuse` [`reuse::ReuseTcp`]
@@ -162,6 +164,10 @@ pub(crate) async fn build(
             min: config.direct.punch_backoff_min,
             max: config.direct.punch_backoff_max,
         },
+        max_pending_inbound: (
+            config.direct.max_pending_inbound,
+            config.direct.max_pending_inbound_per_source,
+        ),
     };
     build_swarm(
         key,
@@ -246,7 +252,8 @@ pub(crate) async fn build_swarm(
                 .map(|(_, log)| log.clone())
                 .unwrap_or_default(),
         )
-        .with_backoff(dialing.punch_backoff),
+        .with_backoff(dialing.punch_backoff)
+        .with_pending_limits(dialing.max_pending_inbound.0, dialing.max_pending_inbound.1),
         relay: relay_client,
         stream: agentmesh_streams::Behaviour::with_limits(streams, pending),
         ping: ping::Behaviour::new(ping),

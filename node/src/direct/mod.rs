@@ -34,6 +34,7 @@
 //! (`result="bad_target"`).
 
 pub(crate) mod nat;
+mod pending;
 mod reuse_log;
 
 pub(crate) use reuse_log::ReuseLog;
@@ -93,6 +94,9 @@ pub(crate) enum Refused {
     /// Direct connections are off.
     #[error("inbound direct connection from {0}: direct connections are off")]
     DirectOff(PeerId),
+    /// Too many inbound handshakes in progress (in total or from its source).
+    #[error("inbound connection from {0}: {1}")]
+    Pending(Multiaddr, &'static str),
     /// A punch to addresses we do not dial (loopback, link-local, names,
     /// too many).
     #[error("punch to {0:?}: addresses we do not dial")]
@@ -125,6 +129,8 @@ pub(crate) struct Behaviour {
     /// Destinations the transport dialled from a fresh port (read only).
     log: ReuseLog,
     backoffs: Backoffs,
+    /// Inbound direct connections in their handshake.
+    pending: pending::PendingInbound,
 }
 
 fn is_relayed(addr: &Multiaddr) -> bool {
@@ -181,7 +187,18 @@ impl Behaviour {
             queued: VecDeque::new(),
             log,
             backoffs: Backoffs::default(),
+            pending: pending::PendingInbound::new(
+                crate::config::DEFAULT_DIRECT_MAX_PENDING_INBOUND,
+                crate::config::DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE,
+            ),
         }
+    }
+
+    /// The same with at most `total` inbound direct handshakes at once,
+    /// `per_source` from one IP.
+    pub(crate) fn with_pending_limits(mut self, total: usize, per_source: usize) -> Self {
+        self.pending = pending::PendingInbound::new(total, per_source);
+        self
     }
 
     /// The same with `backoffs` between punches to one peer.
@@ -326,6 +343,31 @@ impl NetworkBehaviour for Behaviour {
         Ok(Vec::new())
     }
 
+    /// A direct connection arriving takes a handshake slot (see
+    /// [`pending`]) until it is established or fails.
+    fn handle_pending_inbound_connection(
+        &mut self,
+        id: ConnectionId,
+        local_addr: &Multiaddr,
+        remote_addr: &Multiaddr,
+    ) -> Result<(), ConnectionDenied> {
+        if is_relayed(local_addr) {
+            return Ok(());
+        }
+        let ip = remote_addr.iter().find_map(|p| match p {
+            Protocol::Ip4(ip) => Some(std::net::IpAddr::V4(ip)),
+            Protocol::Ip6(ip) => Some(std::net::IpAddr::V6(ip)),
+            _ => None,
+        });
+        let Some(ip) = ip else {
+            return Ok(());
+        };
+        self.pending.admit(id, ip).map_err(|reason| {
+            self.metrics.refused(reason);
+            ConnectionDenied::new(Refused::Pending(remote_addr.clone(), reason))
+        })
+    }
+
     fn handle_established_inbound_connection(
         &mut self,
         id: ConnectionId,
@@ -333,6 +375,7 @@ impl NetworkBehaviour for Behaviour {
         local_addr: &Multiaddr,
         remote_addr: &Multiaddr,
     ) -> Result<THandler<Self>, ConnectionDenied> {
+        self.pending.release(&id);
         if is_relayed(local_addr) {
             self.relayed_up(peer, id);
             if !self.should_punch(&peer, Instant::now()) {
@@ -371,6 +414,9 @@ impl NetworkBehaviour for Behaviour {
     }
 
     fn on_swarm_event(&mut self, event: FromSwarm) {
+        if let FromSwarm::ListenFailure(f) = &event {
+            self.pending.release(&f.connection_id);
+        }
         if let FromSwarm::ConnectionClosed(ConnectionClosed {
             peer_id,
             connection_id,

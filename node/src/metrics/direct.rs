@@ -27,8 +27,15 @@ pub const UPGRADE_RESULTS: &[&str] = &[
 /// Why an inbound direct connection was closed at once:
 /// `no_relayed_connection` (the peer holds no relayed connection to us
 /// through a router), `direct_off` (`--direct=false`: nothing is accepted
-/// on the listening port).
-pub const INBOUND_REFUSED_REASONS: &[&str] = &["no_relayed_connection", "direct_off"];
+/// on the listening port), `pending_full` / `source_pending_full` (at
+/// accept: `--direct-max-pending-inbound` handshakes in progress, or
+/// `--direct-max-pending-inbound-per-source` from that IP).
+pub const INBOUND_REFUSED_REASONS: &[&str] = &[
+    "no_relayed_connection",
+    "direct_off",
+    "pending_full",
+    "source_pending_full",
+];
 
 /// The paths a call's stream can take.
 pub const CALL_PATHS: &[&str] = &["direct", "relayed"];
@@ -79,7 +86,7 @@ impl DirectMetrics {
         );
         r.register(
             "inbound_refused",
-            "Inbound direct connections closed at once, by reason (no_relayed_connection: the peer holds no relayed connection to us; direct_off)",
+            "Inbound direct connections closed at once, by reason (no_relayed_connection: the peer holds no relayed connection to us; direct_off; pending_full and source_pending_full: too many handshakes in progress, in total or from that IP)",
             self.inbound_refused.clone(),
         );
         r.register(
