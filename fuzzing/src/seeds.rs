@@ -761,6 +761,7 @@ fn auth_answer_and_framing_seeds() -> Vec<Seed> {
             answer(auth_response::Result::Admitted(Admitted {
                 until_unix_secs: NOW + 3_600,
                 policy: None,
+                observed_addr: Vec::new(),
             })),
             &[("response", "admitted")],
         ),

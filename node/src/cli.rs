@@ -190,6 +190,49 @@ pub struct RunArgs {
     /// Inbound queue and pending-open bounds of the streams behaviour.
     #[command(flatten)]
     pub streams: StreamLimitArgs,
+    /// Direct connections between members.
+    #[command(flatten)]
+    pub direct: DirectArgs,
+}
+
+/// The flags of direct connections ([`config::DirectConfig`]).
+#[derive(Debug, Clone, clap::Args)]
+pub struct DirectArgs {
+    /// Direct connections: listen on one TCP port, dial from it, learn the address routers observe and upgrade relayed connections by hole punching, true|false (default: false, every call relayed).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub direct: bool,
+    /// TCP port of direct connections, for listening and every dial, port (default: 0, any free port).
+    #[arg(long, default_value_t = 0)]
+    pub listen_port: u16,
+    /// Address the direct-connection port binds (default: 0.0.0.0).
+    #[arg(long, default_value = "0.0.0.0")]
+    pub listen_ip: IpAddr,
+    /// Pause before punching a peer again after its punch failed, doubled per failure up to --punch-backoff-max-secs, plus 0-50% jitter, seconds.
+    #[arg(long, default_value_t = config::DEFAULT_PUNCH_BACKOFF_MIN_SECS)]
+    pub punch_backoff_min_secs: u64,
+    /// Longest pause between punches to one peer, seconds.
+    #[arg(long, default_value_t = config::DEFAULT_PUNCH_BACKOFF_MAX_SECS)]
+    pub punch_backoff_max_secs: u64,
+    /// Inbound direct connections in their handshake at once, connections; more are refused at accept.
+    #[arg(long, default_value_t = config::DEFAULT_DIRECT_MAX_PENDING_INBOUND)]
+    pub direct_max_pending_inbound: usize,
+    /// Inbound direct connections in their handshake at once from one source IP, connections.
+    #[arg(long, default_value_t = config::DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE)]
+    pub direct_max_pending_inbound_per_source: usize,
+}
+
+impl From<DirectArgs> for config::DirectConfig {
+    fn from(a: DirectArgs) -> Self {
+        Self {
+            enabled: a.direct,
+            listen_port: a.listen_port,
+            listen_ip: a.listen_ip,
+            punch_backoff_min: Duration::from_secs(a.punch_backoff_min_secs),
+            punch_backoff_max: Duration::from_secs(a.punch_backoff_max_secs),
+            max_pending_inbound: a.direct_max_pending_inbound,
+            max_pending_inbound_per_source: a.direct_max_pending_inbound_per_source,
+        }
+    }
 }
 
 impl RunArgs {
@@ -242,6 +285,7 @@ impl RunArgs {
             yamux_connection_window_kib: self.yamux_connection_window_kib,
             splice_buffer_kib: self.splice_buffer_kib,
             max_call_metric_services: self.max_call_metric_services,
+            direct: self.direct.into(),
             runtime_watchdog: false,
         })
     }

@@ -273,6 +273,9 @@ pub struct Config {
     /// default [`crate::metrics::DEFAULT_MAX_CALL_METRIC_SERVICES`]). Bounds
     /// the series a member exports however many names are called.
     pub max_call_metric_services: usize,
+    /// Direct connections between members (`--direct`, `--listen-port`,
+    /// `--listen-ip`): see [`DirectConfig`].
+    pub direct: DirectConfig,
     /// Run the runtime stall watchdog and serve `agentmesh_runtime_stalls_total`
     /// on `metrics_addr`. One per process: the binary sets it; embedders
     /// running many nodes leave it off (default) and run their own.
@@ -328,7 +331,61 @@ impl Default for Config {
             yamux_connection_window_kib: DEFAULT_YAMUX_CONNECTION_WINDOW_KIB,
             splice_buffer_kib: DEFAULT_SPLICE_BUFFER_KIB,
             max_call_metric_services: crate::metrics::DEFAULT_MAX_CALL_METRIC_SERVICES,
+            direct: DirectConfig::default(),
             runtime_watchdog: false,
+        }
+    }
+}
+
+/// Direct connections between members (`docs/direct.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectConfig {
+    /// Listen on one TCP port, dial every router and peer from it, learn
+    /// the address routers observe, and upgrade relayed connections to
+    /// direct ones by hole punching (`--direct`, default off: every call
+    /// is relayed, the member listens on nothing).
+    pub enabled: bool,
+    /// The TCP port direct connections use, for listening and for every
+    /// dial (`--listen-port`, default 0: a free port chosen at start).
+    pub listen_port: u16,
+    /// The address that port binds (`--listen-ip`, default `0.0.0.0`);
+    /// with `--dial-source-ip`, dials leave from the source IP on that port.
+    pub listen_ip: IpAddr,
+    /// Pause before punching a peer again after its punch failed
+    /// (`--punch-backoff-min-secs`, default 30 s), doubled per failure in
+    /// a row up to `punch_backoff_max`, plus 0–50% jitter; skipped
+    /// punches are counted as `skipped_backoff`.
+    pub punch_backoff_min: Duration,
+    /// Longest such pause (`--punch-backoff-max-secs`, default 900 s).
+    pub punch_backoff_max: Duration,
+    /// Inbound direct connections in their handshake at once
+    /// (`--direct-max-pending-inbound`, default 64; 0 acts as 1); more
+    /// are refused at accept, `inbound_refused_total{reason="pending_full"}`.
+    pub max_pending_inbound: usize,
+    /// The same from one source IP (`--direct-max-pending-inbound-per-source`,
+    /// default 8; `reason="source_pending_full"`).
+    pub max_pending_inbound_per_source: usize,
+}
+
+/// Default [`DirectConfig::punch_backoff_min`], seconds.
+pub const DEFAULT_PUNCH_BACKOFF_MIN_SECS: u64 = 30;
+/// Default [`DirectConfig::punch_backoff_max`], seconds.
+pub const DEFAULT_PUNCH_BACKOFF_MAX_SECS: u64 = 900;
+/// Default [`DirectConfig::max_pending_inbound`], connections.
+pub const DEFAULT_DIRECT_MAX_PENDING_INBOUND: usize = 64;
+/// Default [`DirectConfig::max_pending_inbound_per_source`], connections.
+pub const DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE: usize = 8;
+
+impl Default for DirectConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            listen_port: 0,
+            listen_ip: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            punch_backoff_min: Duration::from_secs(DEFAULT_PUNCH_BACKOFF_MIN_SECS),
+            punch_backoff_max: Duration::from_secs(DEFAULT_PUNCH_BACKOFF_MAX_SECS),
+            max_pending_inbound: DEFAULT_DIRECT_MAX_PENDING_INBOUND,
+            max_pending_inbound_per_source: DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE,
         }
     }
 }

@@ -17,6 +17,7 @@ mod call;
 pub mod cli;
 mod command;
 pub mod config;
+mod direct;
 mod engine;
 mod enroll;
 mod forward;

@@ -1,12 +1,15 @@
-//! The node's libp2p swarm: a dial-only TCP transport (optionally bound to a
+//! The node's libp2p swarm: a TCP transport (optionally bound to a
 //! source IP: `agentmesh_streams::dial::DialTcp`) plus the relay-client transport, noise and yamux on both, and
 //! QUIC as a fallback (dial only, from the source IP too: see [`quic`]);
-//! the relay client, `agentmesh-streams` (our protocols) and ping as behaviours.
+//! the direct-connection gate and upgrade (`crate::direct`), the relay
+//! client, `agentmesh-streams` (our protocols) and ping as behaviours.
 //!
-//! A member never listens on TCP: everything reaches it through a relayed
-//! circuit on one of its routers, so the TCP side only dials.
+//! With `--direct=false` (the default) a member never listens: everything
+//! reaches it through a relayed circuit on one of its routers, so TCP only
+//! dials. With `--direct=true` TCP is [`reuse::ReuseTcp`]: one listening
+//! port, and every dial leaves from it.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use agentmesh_streams::dial::DialTcp;
@@ -21,13 +24,17 @@ use prometheus_client::metrics::counter::Counter;
 
 mod muxer;
 mod quic;
+pub(crate) mod reuse;
 
 pub(crate) use muxer::WindowLimits;
 
-/// The node's behaviours.
+/// The node's behaviours. `direct` comes first: it refuses inbound
+/// direct connections from strangers before any other behaviour keeps
+/// state for them.
 #[derive(NetworkBehaviour)]
 #[behaviour(prelude = "libp2p::swarm::derive_prelude")]
 pub(crate) struct Behaviour {
+    pub(crate) direct: crate::direct::Behaviour,
     pub(crate) relay: relay::client::Behaviour,
     pub(crate) stream: agentmesh_streams::Behaviour,
     pub(crate) ping: ping::Behaviour,
@@ -42,12 +49,58 @@ pub(crate) enum BuildError {
     /// The yamux limits cannot be used.
     #[error("yamux: {0}")]
     Yamux(#[from] muxer::LimitsError),
+    /// The direct-connection port could not be bound.
+    #[error("listen on {0} for direct connections: {1}")]
+    Listen(SocketAddr, String),
     /// The task building the transport failed.
     #[error("transport set-up task: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
 
 type Direct = libp2p::core::transport::Boxed<(libp2p::PeerId, StreamMuxerBox)>;
+
+/// How TCP listens and dials when direct connections are on: the log of
+/// dials that could not reuse the port, and their counter.
+#[derive(Clone, Debug)]
+pub(crate) struct Reuse {
+    /// Where dials that fell back to a fresh port are noted.
+    pub(crate) log: reuse::ReuseLog,
+    /// `agentmesh_node_port_reuse_fallbacks_total`.
+    pub(crate) fallbacks: Counter,
+}
+
+/// Where the member's connections leave from, and whether it listens.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Dialing {
+    /// `--dial-source-ip`.
+    pub(crate) source_ip: Option<IpAddr>,
+    /// Direct connections on: the address to listen on (`--listen-ip`,
+    /// `--listen-port`) and the fallback log. `None`: dial only.
+    pub(crate) listen: Option<(SocketAddr, reuse::ReuseLog)>,
+    /// What direct connections count (used even when off: refusals).
+    pub(crate) metrics: crate::metrics::DirectMetrics,
+    /// Pauses between punches to one peer after failures (least, most).
+    pub(crate) punch_backoff: crate::direct::Backoffs,
+    /// Inbound direct handshakes at once: in total, per source IP.
+    pub(crate) max_pending_inbound: (usize, usize),
+}
+
+/// Plain TCP: dial-only [`DialTcp`], or with `reuse` [`reuse::ReuseTcp`]
+/// for IP addresses ([`DialTcp`] still resolving `/dns` ones).
+fn tcp(
+    source_ip: Option<IpAddr>,
+    reuse: Option<Reuse>,
+) -> libp2p::core::transport::Boxed<libp2p::tcp::tokio::TcpStream> {
+    let dial = DialTcp { source_ip };
+    match reuse {
+        None => dial.boxed(),
+        Some(r) => reuse::ReuseTcp::new(source_ip, r.log, r.fallbacks)
+            .or_transport(dial)
+            .map(|s, _| s.into_inner())
+            .map_err(|e| e.into_inner())
+            .boxed(),
+    }
+}
 
 /// TCP (with the relay client's transport) or QUIC, upgraded; and the
 /// relay client behaviour paired with it.
@@ -56,12 +109,13 @@ type Direct = libp2p::core::transport::Boxed<(libp2p::PeerId, StreamMuxerBox)>;
 fn direct(
     key: &Keypair,
     source_ip: Option<IpAddr>,
+    reuse: Option<Reuse>,
     yamux: muxer::YamuxUpgrade,
 ) -> Result<(Direct, relay::client::Behaviour), noise::Error> {
     let peer_id = key.public().to_peer_id();
     let (relay_transport, relay_client) = relay::client::new(peer_id);
     let tcp = relay_transport
-        .or_transport(DialTcp { source_ip })
+        .or_transport(tcp(source_ip, reuse))
         .upgrade(Version::V1Lazy)
         .authenticate(noise::Config::new(key)?)
         .multiplex(yamux)
@@ -99,9 +153,25 @@ pub(crate) async fn build(
             reason: "buffer_full",
         })
         .clone();
+    let dialing = Dialing {
+        source_ip: config.dial_source_ip,
+        listen: config.direct.enabled.then(|| {
+            let at = SocketAddr::new(config.direct.listen_ip, config.direct.listen_port);
+            (at, reuse::ReuseLog::default())
+        }),
+        metrics: metrics.direct.clone(),
+        punch_backoff: crate::direct::Backoffs {
+            min: config.direct.punch_backoff_min,
+            max: config.direct.punch_backoff_max,
+        },
+        max_pending_inbound: (
+            config.direct.max_pending_inbound,
+            config.direct.max_pending_inbound_per_source,
+        ),
+    };
     build_swarm(
         key,
-        config.dial_source_ip,
+        dialing,
         config.connect_timeout(),
         config.idle_connection.max(MIN_TIMEOUT),
         ping::Config::new()
@@ -136,7 +206,7 @@ pub(crate) async fn build(
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn build_swarm(
     key: &Keypair,
-    source_ip: Option<IpAddr>,
+    dialing: Dialing,
     connect_timeout: Duration,
     idle: Duration,
     ping: ping::Config,
@@ -149,14 +219,19 @@ pub(crate) async fn build_swarm(
     let k = key.clone();
     let upgrade = muxer::yamux_upgrade(yamux, yamux_dropped)?;
     tracing::debug!(?yamux, "yamux limits");
+    let source_ip = dialing.source_ip;
+    let reuse = dialing.listen.as_ref().map(|(_, log)| Reuse {
+        log: log.clone(),
+        fallbacks: dialing.metrics.port_reuse_fallbacks.clone(),
+    });
     let (transport, relay_client) = tokio::task::spawn_blocking(move || {
-        let (inner, relay_client) = direct(&k, source_ip, upgrade.clone())?;
+        let (inner, relay_client) = direct(&k, source_ip, reuse.clone(), upgrade.clone())?;
         let transport = match libp2p::dns::tokio::Transport::system(inner) {
             Ok(dns) => TransportTimeout::new(dns, connect_timeout).boxed(),
             Err(e) => {
                 tracing::warn!(error = %e, "no system DNS configuration: /dns addresses are dialed over TCP only");
                 // `system` consumed the first transport: make another.
-                let (inner, relay_client) = direct(&k, source_ip, upgrade)?;
+                let (inner, relay_client) = direct(&k, source_ip, reuse, upgrade)?;
                 return Ok::<_, BuildError>((
                     TransportTimeout::new(inner, connect_timeout).boxed(),
                     relay_client,
@@ -167,16 +242,31 @@ pub(crate) async fn build_swarm(
     })
     .await??;
     let behaviour = Behaviour {
+        direct: crate::direct::Behaviour::new(
+            peer_id,
+            dialing.listen.is_some(),
+            dialing.metrics.clone(),
+            dialing
+                .listen
+                .as_ref()
+                .map(|(_, log)| log.clone())
+                .unwrap_or_default(),
+        )
+        .with_backoff(dialing.punch_backoff)
+        .with_pending_limits(dialing.max_pending_inbound.0, dialing.max_pending_inbound.1),
         relay: relay_client,
         stream: agentmesh_streams::Behaviour::with_limits(streams, pending),
         ping: ping::Behaviour::new(ping),
     };
-    Ok(Swarm::new(
-        transport,
-        behaviour,
-        peer_id,
-        swarm_config(idle),
-    ))
+    let mut swarm = Swarm::new(transport, behaviour, peer_id, swarm_config(idle));
+    if let Some((at, _)) = dialing.listen {
+        // Bound here, so a taken port fails the start.
+        swarm
+            .listen_on(reuse::tcp_multiaddr(at))
+            .map_err(|e| BuildError::Listen(at, e.to_string()))?;
+        tracing::debug!(%at, "listening for direct connections");
+    }
+    Ok(swarm)
 }
 
 /// The swarm's settings. Streams the member opens negotiate their protocol
@@ -196,5 +286,7 @@ fn swarm_config(idle: Duration) -> libp2p::swarm::Config {
         .with_substream_upgrade_protocol_override(Version::V1Lazy)
 }
 
+#[cfg(test)]
+mod tests_direct;
 #[cfg(test)]
 mod tests_optimistic;

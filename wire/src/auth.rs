@@ -32,6 +32,10 @@ pub enum AuthOutcome {
     Admitted {
         until: i64,
         policy: Option<Box<PolicyPush>>,
+        /// The address the router observed us at, when it said one
+        /// (undecodable bytes read as none: a router's mistake there must
+        /// not cost the admission).
+        observed: Option<libp2p::Multiaddr>,
     },
     /// Refused, with the reason and detail.
     Refused(AuthRefusal, String),
@@ -74,6 +78,9 @@ pub fn outcome(resp: AuthResponse) -> Option<AuthOutcome> {
         auth_response::Result::Admitted(a) => AuthOutcome::Admitted {
             until: a.until_unix_secs,
             policy: a.policy.map(Box::new),
+            observed: (!a.observed_addr.is_empty())
+                .then(|| libp2p::Multiaddr::try_from(a.observed_addr).ok())
+                .flatten(),
         },
         auth_response::Result::Refused(r) if r.retry_after_ms > 0 => AuthOutcome::Busy {
             retry_after: Duration::from_millis(u64::from(r.retry_after_ms)),
@@ -134,9 +141,26 @@ pub async fn write_admitted<S: AsyncWrite + Unpin>(
     policy: Option<PolicyPush>,
     deadline: Duration,
 ) -> Result<(), FrameError> {
+    write_admitted_observed(s, until, policy, None, deadline).await
+}
+
+/// [`write_admitted`], telling the member the address its connection was
+/// observed coming from (only plain TCP or QUIC addresses are sent).
+pub async fn write_admitted_observed<S: AsyncWrite + Unpin>(
+    s: &mut S,
+    until: i64,
+    policy: Option<PolicyPush>,
+    observed: Option<&libp2p::Multiaddr>,
+    deadline: Duration,
+) -> Result<(), FrameError> {
+    let observed_addr = observed
+        .filter(|a| agentmesh_streams::dial::ip_target(a).is_some())
+        .map(|a| a.to_vec())
+        .unwrap_or_default();
     let result = auth_response::Result::Admitted(Admitted {
         until_unix_secs: until,
         policy,
+        observed_addr,
     });
     write_result(s, result, deadline).await
 }
@@ -212,7 +236,53 @@ mod tests {
             decode_response(&bytes).expect("decode"),
             Some(AuthOutcome::Admitted {
                 until: 42,
-                policy: None
+                policy: None,
+                observed: None,
+            })
+        );
+        // The observed address travels; anything but plain TCP or QUIC
+        // is not sent.
+        let seen: libp2p::Multiaddr = "/ip4/10.0.0.5/tcp/4500".parse().expect("addr");
+        let mut cur = Cursor::new(Vec::new());
+        write_admitted_observed(&mut cur, 42, None, Some(&seen), T)
+            .await
+            .expect("write");
+        assert_eq!(
+            decode_response(cur.get_ref()).expect("decode"),
+            Some(AuthOutcome::Admitted {
+                until: 42,
+                policy: None,
+                observed: Some(seen),
+            })
+        );
+        let circuit: libp2p::Multiaddr = format!(
+            "/ip4/10.0.0.5/tcp/4500/p2p/{}/p2p-circuit",
+            libp2p::PeerId::random()
+        )
+        .parse()
+        .expect("addr");
+        let mut cur = Cursor::new(Vec::new());
+        write_admitted_observed(&mut cur, 42, None, Some(&circuit), T)
+            .await
+            .expect("write");
+        assert!(matches!(
+            decode_response(cur.get_ref()).expect("decode"),
+            Some(AuthOutcome::Admitted { observed: None, .. })
+        ));
+        // Undecodable observed bytes read as none, the admission stands.
+        let bad = AuthResponse {
+            result: Some(auth_response::Result::Admitted(Admitted {
+                until_unix_secs: 7,
+                policy: None,
+                observed_addr: vec![0xff, 0xff, 0xff],
+            })),
+        };
+        assert_eq!(
+            outcome(bad),
+            Some(AuthOutcome::Admitted {
+                until: 7,
+                policy: None,
+                observed: None,
             })
         );
         let mut cur = Cursor::new(Vec::new());

@@ -13,9 +13,8 @@ use std::time::Duration;
 use agentmesh_proto::pb::credential::Credential;
 use agentmesh_proto::pb::mesh::{CallRefusal, CallRequest, CallResponse};
 use agentmesh_proto::protocols::{CALL, MAX_FRAME_BYTES};
-use agentmesh_streams::Control;
+use agentmesh_streams::{ConnectionInfo, Control};
 use futures::{AsyncRead, AsyncWrite};
-use libp2p::swarm::ConnectionId;
 use libp2p::{PeerId, Stream};
 
 use crate::exchange::{Exchange, ExchangeError};
@@ -67,21 +66,21 @@ pub fn decode_response(bytes: &[u8]) -> Result<CallAnswer, FrameError> {
 
 /// Client: opens `/agentmesh/call/1` to `provider`, asks for `service`
 /// showing `credential` and reads the answer, all within `deadline`. The
-/// stream comes back with the answer and the connection carrying it: after
-/// an acceptance it carries the call's bytes.
+/// stream comes back with the answer and the connection carrying it
+/// (direct or relayed): after an acceptance it carries the call's bytes.
 pub async fn request(
     mut control: Control,
     provider: PeerId,
     service: &str,
     credential: Credential,
     deadline: Duration,
-) -> Result<(CallAnswer, Stream, ConnectionId), CallExchangeError> {
+) -> Result<(CallAnswer, Stream, ConnectionInfo), CallExchangeError> {
     let req = request_for(service, credential);
     let ex = Exchange::new(CALL, provider);
     ex.within(deadline, async move {
         let (info, mut s) = ex.open_with_info(&mut control).await?;
         let a = exchange(&mut s, provider, &req, deadline).await?;
-        Ok((a, s, info.connection))
+        Ok((a, s, info))
     })
     .await
 }

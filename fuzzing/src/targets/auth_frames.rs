@@ -61,10 +61,18 @@ pub fn run(data: &[u8]) -> Report {
                 (None, None) => "empty",
                 (
                     Some(auth_response::Result::Admitted(a)),
-                    Some(AuthOutcome::Admitted { until, policy }),
+                    Some(AuthOutcome::Admitted {
+                        until,
+                        policy,
+                        observed,
+                    }),
                 ) => {
                     assert_eq!(a.until_unix_secs, *until);
                     assert_eq!(a.policy.as_ref(), policy.as_deref());
+                    // An observed address is only ever what the bytes say.
+                    if let Some(o) = observed {
+                        assert_eq!(o.to_vec(), a.observed_addr);
+                    }
                     "admitted"
                 }
                 (Some(auth_response::Result::Refused(r)), Some(AuthOutcome::Refused(_, d))) => {

@@ -84,6 +84,9 @@ struct FreshWait {
 pub(crate) struct Waits {
     /// Waiting for a connection to the peer to come up.
     dials: HashMap<PeerId, Vec<Reply>>,
+    /// The addresses the waiters of each peer in `dials` asked to dial:
+    /// dialed again when the dial they waited on was a punch that failed.
+    addrs: HashMap<PeerId, Vec<Multiaddr>>,
     /// Waiting for stale connections to close (at most [`MAX_WAITERS`]).
     fresh: Vec<FreshWait>,
 }
@@ -173,6 +176,7 @@ impl Engine {
         } else {
             PeerCondition::DisconnectedAndNotDialing
         };
+        let addrs_kept = addrs.clone();
         let opts = DialOpts::peer_id(peer)
             .addresses(addrs)
             .condition(condition)
@@ -182,6 +186,7 @@ impl Engine {
                 let w = self.waits.dials.entry(peer).or_default();
                 w.retain(|s| !s.is_closed());
                 w.push(reply);
+                self.waits.addrs.insert(peer, addrs_kept);
             }
             Err(e) => {
                 let _ = reply.send(Err(ConnectError::Dial {
@@ -204,8 +209,41 @@ impl Engine {
         }
     }
 
+    /// A punch dial to `peer` failed. Callers that asked to connect while
+    /// it was under way waited on it (their own dial found one in
+    /// progress); its failure is not theirs, so their dial is made now,
+    /// unless a connection or another dial is there for them.
+    pub(super) fn after_punch_failed(&mut self, peer: PeerId) {
+        let waiting = self.waits.dials.get_mut(&peer).is_some_and(|w| {
+            w.retain(|s| !s.is_closed());
+            !w.is_empty()
+        });
+        if !waiting || self.swarm.is_connected(&peer) {
+            return;
+        }
+        let addrs = self.waits.addrs.get(&peer).cloned().unwrap_or_default();
+        let opts = DialOpts::peer_id(peer)
+            .addresses(addrs)
+            .condition(PeerCondition::DisconnectedAndNotDialing)
+            .build();
+        match self.swarm.dial(opts) {
+            Ok(()) | Err(libp2p::swarm::DialError::DialPeerConditionFalse(_)) => {
+                tracing::debug!(%peer, "a punch failed under waiting callers: their dial made now");
+            }
+            Err(e) => self.resolve_waiters(
+                &peer,
+                Err(ConnectError::Dial {
+                    peer,
+                    circuit: None,
+                    detail: format!("dial {peer}: {e}"),
+                }),
+            ),
+        }
+    }
+
     /// Answers everyone waiting for a connection to `peer`.
     pub(super) fn resolve_waiters(&mut self, peer: &PeerId, result: Result<(), ConnectError>) {
+        self.waits.addrs.remove(peer);
         if let Some(ws) = self.waits.dials.remove(peer) {
             for w in ws {
                 let _ = w.send(result.clone());

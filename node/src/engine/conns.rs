@@ -141,6 +141,14 @@ impl Conns {
             .collect()
     }
 
+    /// Peers with at least one direct (not relayed) connection.
+    pub(crate) fn direct_peers(&self) -> impl Iterator<Item = &PeerId> {
+        self.by_peer
+            .iter()
+            .filter(|(_, v)| v.iter().any(|c| c.via.is_none()))
+            .map(|(p, _)| p)
+    }
+
     /// Every relayed connection, either direction.
     pub(crate) fn relayed(&self) -> Vec<Relayed> {
         self.by_peer
@@ -220,6 +228,8 @@ mod tests {
         through.sort_by_key(|(_, id)| *id);
         assert_eq!(through, vec![(p, a), (q, d)]);
         assert_eq!(conns.through(&r2), vec![(p, b)]);
+        // Only p has a direct connection (c).
+        assert_eq!(conns.direct_peers().collect::<Vec<_>>(), vec![&p]);
         conns.closed(q, d);
         assert!(conns.any_open(&p, &[a]));
         conns.closed(p, a);

@@ -18,6 +18,7 @@ mod directory;
 mod goaway;
 mod idle;
 mod linger;
+mod observed;
 mod policy_push;
 mod records;
 mod redial;
@@ -448,11 +449,22 @@ impl Engine {
                 self.conns.closed(peer_id, connection_id);
                 self.idle_closing.remove(&connection_id);
                 if num_established == 0 {
+                    self.forget_observed(&peer_id);
                     self.transit.disconnected(&peer_id);
                     self.lingering_closed(&peer_id);
                     self.on_router_lost(peer_id);
                 }
                 self.resume_fresh(peer_id);
+            }
+            SwarmEvent::OutgoingConnectionError {
+                connection_id,
+                peer_id: Some(peer),
+                ..
+            } if self.swarm.behaviour().direct.is_punch(&connection_id) => {
+                // A hole punch that did not get through: the relayed
+                // connection stays, and its failure is no caller's.
+                tracing::debug!(%peer, "punch dial failed");
+                self.after_punch_failed(peer);
             }
             SwarmEvent::OutgoingConnectionError {
                 peer_id: Some(peer),

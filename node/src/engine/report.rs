@@ -66,6 +66,7 @@ impl Engine {
                 revocations_generation,
             },
             records_refused: status.records_refused,
+            direct: self.direct_report(),
         }
     }
 }

@@ -309,8 +309,14 @@ impl Engine {
             return;
         };
         match result {
-            Ok(AuthOutcome::Admitted { until, .. }) => {
-                tracing::debug!(%router, until, initial, "admitted");
+            Ok(AuthOutcome::Admitted {
+                until, observed, ..
+            }) => {
+                tracing::debug!(%router, until, initial, ?observed, "admitted");
+                self.on_observed(router, observed);
+                let Some(slot) = self.slots.get_mut(&router) else {
+                    return;
+                };
                 let reserve = slot.admitted(initial);
                 self.choice.redials.remove(&router);
                 if reserve {

@@ -3,6 +3,7 @@
 
 mod call_duration;
 mod calls;
+mod direct;
 mod local;
 mod routers;
 
@@ -12,6 +13,7 @@ pub use call_duration::{
     CallDurations, DEFAULT_MAX_CALL_METRIC_SERVICES, OTHER_SERVICE, ServiceResultLabels,
 };
 pub use calls::CallMetrics;
+pub use direct::{CALL_PATHS, DirectMetrics, INBOUND_REFUSED_REASONS, PathLabel, UPGRADE_RESULTS};
 pub use local::LocalMetrics;
 pub use routers::RouterMetrics;
 
@@ -198,6 +200,8 @@ pub struct Metrics {
     pub calls: CallMetrics,
     /// What the local listeners count.
     pub local: LocalMetrics,
+    /// What direct connections count (upgrades, inbound refusals, paths).
+    pub direct: DirectMetrics,
     /// Inbound yamux streams dropped before the swarm took them, by reason
     /// (`buffer_full`: more than the muxer buffers were waiting).
     pub yamux_inbound_streams_dropped: Family<ReasonLabel, Counter>,
@@ -215,6 +219,7 @@ impl Metrics {
     pub fn new() -> Self {
         let mut m = Self::default();
         m.policy.precreate();
+        m.direct.precreate();
         m.log.precreate(LOG_KINDS);
         m.policy.log = m.log.sharing();
         for r in OUTBOUND_RESULTS {
@@ -324,6 +329,7 @@ impl Metrics {
         self.routers.register(r);
         self.calls.register(r);
         self.local.register(r);
+        self.direct.register(r);
         r.register(
             "yamux_inbound_streams_dropped",
             "Inbound yamux streams dropped before the node took them, by reason",
@@ -435,5 +441,14 @@ mod tests {
             out.contains(r#"agentmesh_node_goaways_total{result="overflow"} 0"#),
             "{out}"
         );
+        for series in [
+            r#"agentmesh_node_upgrade_attempts_total{result="skipped_endpoint_dependent"} 0"#,
+            r#"agentmesh_node_inbound_refused_total{reason="no_relayed_connection"} 0"#,
+            r#"agentmesh_node_calls_by_path_total{path="direct"} 0"#,
+            r#"agentmesh_node_calls_by_path_total{path="relayed"} 0"#,
+            "agentmesh_node_port_reuse_fallbacks_total 0",
+        ] {
+            assert!(out.contains(series), "{series}: {out}");
+        }
     }
 }

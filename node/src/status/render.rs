@@ -78,6 +78,16 @@ impl Report {
         if let Some(why) = &self.records_refused {
             let _ = writeln!(o, "records     refused by {why}");
         }
+        if let Some(d) = &self.direct {
+            let listening = d.listening.as_deref().unwrap_or("not yet");
+            let _ = writeln!(o, "direct      listening {listening}; NAT {}", d.nat);
+            for ob in &d.observed {
+                let _ = writeln!(o, "observed    {} by router {}", ob.addr, ob.router);
+            }
+            if !d.direct_peers.is_empty() {
+                let _ = writeln!(o, "direct to   {}", d.direct_peers.join(", "));
+            }
+        }
         if let Some(e) = &self.last_router_error {
             let _ = writeln!(o, "last error  {e}");
         }

@@ -148,6 +148,35 @@ pub struct Report {
     /// Why a router refuses our records, naming it; `None` while none does.
     #[serde(default)]
     pub records_refused: Option<String>,
+    /// Direct connections: where we listen, what routers observed, the
+    /// NAT kind, the peers reached directly; `None` with `--direct=false`
+    /// (and from a node that predates it).
+    #[serde(default)]
+    pub direct: Option<DirectReport>,
+}
+
+/// What `status` says about direct connections.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirectReport {
+    /// The listening address (`/ip4/A/tcp/P`), once bound.
+    pub listening: Option<String>,
+    /// The NAT kind the routers' observations show: `unknown` (none yet),
+    /// `one_observation`, `endpoint_independent` (punches are tried),
+    /// `endpoint_dependent` (no punch: calls stay relayed).
+    pub nat: String,
+    /// Each router's observation of our address.
+    pub observed: Vec<Observation>,
+    /// Peers we hold a direct connection to now.
+    pub direct_peers: Vec<String>,
+}
+
+/// One router's observation of our address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    /// The router's PeerId.
+    pub router: String,
+    /// The address it saw us at (`IP:PORT`).
+    pub addr: String,
 }
 
 /// A service seen in a lookup (there is no mesh-wide listing: a router

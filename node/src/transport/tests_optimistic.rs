@@ -74,7 +74,7 @@ async fn a_members_stream_carries_its_request_before_any_answer() {
     let member = Keypair::generate_ed25519();
     let mut swarm = build_swarm(
         &member,
-        None,
+        super::Dialing::default(),
         Duration::from_secs(10),
         Duration::from_secs(60),
         ping::Config::new(),

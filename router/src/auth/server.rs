@@ -179,7 +179,7 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
         );
     }
     let written = match outcome {
-        Ok(admission) => match admit(&ctx, peer, &req, admission, &mut stream).await {
+        Ok(admission) => match admit(&ctx, &info, &req, admission, &mut stream).await {
             Some(written) => written,
             None => return,
         },
@@ -205,12 +205,12 @@ pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Str
 /// answered and closed here (or nobody is left to answer).
 async fn admit(
     ctx: &AuthServer,
-    peer: PeerId,
+    info: &ConnectionInfo,
     req: &AuthRequest,
     mut admission: crate::admission::Admission,
     stream: &mut Stream,
 ) -> Option<Result<(), FrameError>> {
-    let t = ctx.config.stream_timeout;
+    let (t, peer) = (ctx.config.stream_timeout, info.peer);
     let (until, purpose) = (admission.until, admission.purpose);
     // A member (not a router) that lacks the held policy or
     // revocation list gets what it lacks in the answer: current at
@@ -277,5 +277,8 @@ async fn admit(
     }
     ctx.metrics.auth_result(purpose, "admitted");
     tracing::debug!(%peer, purpose = purpose.as_str(), until, "admitted");
-    Some(wire::write_admitted(stream, until, push, t).await)
+    // The member learns the address we observed it at (its NAT mapping,
+    // for direct connections), not through identify.
+    let observed = (!info.dialed).then_some(&info.remote_addr);
+    Some(wire::write_admitted_observed(stream, until, push, observed, t).await)
 }

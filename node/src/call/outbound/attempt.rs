@@ -99,7 +99,7 @@ pub(super) async fn attempt(
         });
     }
     let asked = tokio::time::Instant::now();
-    let (answer, stream, conn) = call_wire::request(
+    let (answer, stream, info) = call_wire::request(
         node.control.clone(),
         provider,
         service,
@@ -112,6 +112,7 @@ pub(super) async fn attempt(
         error,
     })?;
     let answered_in = asked.elapsed();
+    let conn = info.connection;
     // Counted on its connection: a router let go after its go-away stays
     // connected while this call streams through it (`engine::linger`).
     peer_call.carried_by(conn);
@@ -122,6 +123,9 @@ pub(super) async fn attempt(
             detail,
         });
     }
+    // Streams open on the peer's newest connection: the direct one once
+    // a punch brought it up, the relayed one before.
+    node.metrics.direct.call_path(!info.relayed);
     Ok(CallStream::new(
         stream,
         CallRoute {

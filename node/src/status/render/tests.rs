@@ -65,6 +65,21 @@ fn report() -> Report {
         records_refused: Some(
             r#"router 12D3r2: not_owner: provider does not own service "x""#.into(),
         ),
+        direct: Some(DirectReport {
+            listening: Some("/ip4/0.0.0.0/tcp/4500".into()),
+            nat: "endpoint_dependent".into(),
+            observed: vec![
+                Observation {
+                    router: "12D3r1".into(),
+                    addr: "10.0.0.5:4500".into(),
+                },
+                Observation {
+                    router: "12D3r2".into(),
+                    addr: "10.0.0.5:61000".into(),
+                },
+            ],
+            direct_peers: vec![],
+        }),
     }
 }
 
@@ -80,6 +95,8 @@ fn the_human_report_names_each_router_and_its_state() {
         "records     refused by router 12D3r2: not_owner: provider does not own service \"x\"\n",
         "  12D3r3  transit\n",
         "exposed     echo -> 127.0.0.1:7\n",
+        "direct      listening /ip4/0.0.0.0/tcp/4500; NAT endpoint_dependent\n",
+        "observed    10.0.0.5:61000 by router 12D3r2\n",
     ] {
         assert!(text.contains(line), "{line:?} in:\n{text}");
     }

@@ -49,6 +49,7 @@ async fn members_call_each_other_across_public_hosts_and_both_kinds_of_nat() {
                     .filter(|n| **n != name)
                     .map(|n| format!("echo-{n}"))
                     .collect(),
+                args: Vec::new(),
             };
             members.push(net.member(&name, host, &spec).await);
         }

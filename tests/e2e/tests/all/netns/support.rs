@@ -127,6 +127,8 @@ pub(crate) struct MemberSpec {
     pub(crate) forwards: Vec<String>,
     /// `--router-selector name=…`.
     pub(crate) router: Option<String>,
+    /// More `run` arguments (e.g. `--direct=true`).
+    pub(crate) args: Vec<String>,
 }
 
 /// The mesh: the testbed, the control plane and the routers.
@@ -325,6 +327,7 @@ impl Net {
         if let Some(r) = &spec.router {
             p = p.args(["--router-selector", &format!("name={r}")]);
         }
+        p = p.args(&spec.args);
         if let Some(service) = &spec.expose {
             let l = host
                 .bind_tcp(ECHO.parse().expect("addr"))
@@ -438,6 +441,11 @@ impl Member {
             .await
             .ok()
             .flatten()
+    }
+
+    /// The value of its metric series `series` (0 if absent).
+    pub(crate) async fn metric(&self, series: &str) -> f64 {
+        agentmesh_testkit::metric(&self.metrics().await, series)
     }
 
     /// The routers it holds a reservation on.

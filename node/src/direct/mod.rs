@@ -1,0 +1,475 @@
+//! Direct connections between members: the swarm behaviour that gates
+//! inbound direct connections and runs the upgrade (DCUtR hole punch) of
+//! relayed ones, and what routers observed of us ([`nat`]).
+//!
+//! [`Behaviour`] wraps libp2p-dcutr 0.15 rather than forking it. dcutr
+//! punches on every relayed connection and retries three times at once;
+//! the wrapper decides per relayed connection whether dcutr sees it at
+//! all, so a punch is skipped where it cannot work (our NAT is
+//! endpoint-dependent, or no router told us our address yet) or where it
+//! just failed (a jittered backoff per peer), each skip counted in
+//! `agentmesh_node_upgrade_attempts_total{result}`. The address dcutr
+//! offers the peer is the one our routers observed, fed to it as an
+//! external address candidate (dcutr reads candidates only).
+//!
+//! **Who may connect directly.** An inbound direct connection (one that
+//! arrived on the listening port) is accepted only from a peer that holds
+//! a relayed connection to us at that moment: routers admit both ends of
+//! every circuit, so that peer is an admitted member that was let through
+//! by a router's policy. Anything else is closed at once, before any
+//! other behaviour keeps state for it, and counted in
+//! `agentmesh_node_inbound_refused_total{reason}`. This behaviour must be
+//! the swarm's first field for that (the derive asks behaviours in field
+//! order and stops at the first refusal). Calls on a direct connection
+//! pass the same per-stream checks as relayed ones (credential, policy,
+//! `--allow`: `crate::call::inbound`).
+//!
+//! **Dial failures of punches** must not fail callers waiting for a
+//! connection to that peer: [`Behaviour::is_punch`] names the connection
+//! ids of the dials dcutr made, and the engine leaves those alone.
+//!
+//! **Punch targets** come from the peer: a punch dials only plain TCP to
+//! unicast addresses that are not loopback, unspecified or link-local, at
+//! most [`MAX_PUNCH_ADDRS`] of them; anything else refuses that dial whole
+//! (`result="bad_target"`).
+
+pub(crate) mod nat;
+mod pending;
+mod reuse_log;
+
+pub(crate) use reuse_log::ReuseLog;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use either::Either;
+use libp2p::PeerId;
+use libp2p::core::transport::PortUse;
+use libp2p::core::{Endpoint, Multiaddr, multiaddr::Protocol};
+use libp2p::dcutr;
+use libp2p::swarm::behaviour::{ConnectionClosed, FromSwarm};
+use libp2p::swarm::{
+    ConnectionDenied, ConnectionId, NetworkBehaviour, THandler, THandlerInEvent, THandlerOutEvent,
+    ToSwarm, dummy,
+};
+use rand::Rng as _;
+use tokio::time::Instant;
+
+use crate::metrics::DirectMetrics;
+use nat::NatKind;
+
+/// Punch dial ids remembered for [`Behaviour::is_punch`].
+const MAX_PUNCH_IDS: usize = 1024;
+/// Peers whose punch backoff is remembered, at most.
+const MAX_BACKOFF_PEERS: usize = 4096;
+/// Addresses a peer may ask one punch to dial, at most.
+const MAX_PUNCH_ADDRS: usize = 8;
+/// Pauses between punches to one peer after failures
+/// (`--punch-backoff-min-secs`, `--punch-backoff-max-secs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Backoffs {
+    /// After the first failure; doubles per failure in a row.
+    pub(crate) min: Duration,
+    /// At most.
+    pub(crate) max: Duration,
+}
+
+impl Default for Backoffs {
+    fn default() -> Self {
+        Self {
+            min: Duration::from_secs(30),
+            max: Duration::from_secs(15 * 60),
+        }
+    }
+}
+
+/// Why an inbound direct connection was closed at once.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refused {
+    /// The peer holds no relayed connection to us.
+    #[error("inbound direct connection from {0}, which holds no relayed connection to us")]
+    NoRelayedConnection(PeerId),
+    /// Direct connections are off.
+    #[error("inbound direct connection from {0}: direct connections are off")]
+    DirectOff(PeerId),
+    /// Too many inbound handshakes in progress (in total or from its source).
+    #[error("inbound connection from {0}: {1}")]
+    Pending(Multiaddr, &'static str),
+    /// A punch to addresses we do not dial (loopback, link-local, names,
+    /// too many).
+    #[error("punch to {0:?}: addresses we do not dial")]
+    BadTarget(Option<PeerId>),
+}
+
+/// One peer's punch backoff.
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    failures: u32,
+    until: Instant,
+}
+
+/// See the module doc.
+pub(crate) struct Behaviour {
+    enabled: bool,
+    inner: dcutr::Behaviour,
+    metrics: DirectMetrics,
+    /// Open relayed connections by peer.
+    relayed: HashMap<PeerId, HashSet<ConnectionId>>,
+    /// Dials dcutr made, newest last (at most [`MAX_PUNCH_IDS`]).
+    punches: VecDeque<ConnectionId>,
+    backoff: HashMap<PeerId, Backoff>,
+    /// Each router's observation of our address (the engine writes them,
+    /// through the swarm it owns).
+    observed: nat::Observed,
+    /// The candidate last handed to dcutr.
+    candidate: Option<SocketAddr>,
+    queued: VecDeque<Multiaddr>,
+    /// Destinations the transport dialled from a fresh port (read only).
+    log: ReuseLog,
+    backoffs: Backoffs,
+    /// Inbound direct connections in their handshake.
+    pending: pending::PendingInbound,
+}
+
+fn is_relayed(addr: &Multiaddr) -> bool {
+    addr.iter().any(|p| p == Protocol::P2pCircuit)
+}
+
+/// Whether a punch may dial `addr`: a plain TCP address (QUIC punches
+/// are not built yet) of a unicast IP that is not loopback, unspecified
+/// or link-local. The addresses come from the peer (dcutr's exchange),
+/// and a lying peer must not make us dial our own host or link.
+fn punch_target_allowed(addr: &Multiaddr) -> bool {
+    use agentmesh_streams::dial::{IpTarget, ip_target};
+    let Some(IpTarget::Tcp(sa)) = ip_target(addr) else {
+        return false;
+    };
+    match sa.ip() {
+        std::net::IpAddr::V4(ip) => {
+            !(ip.is_loopback()
+                || ip.is_unspecified()
+                || ip.is_link_local()
+                || ip.is_multicast()
+                || ip.is_broadcast())
+        }
+        std::net::IpAddr::V6(ip) => {
+            !(ip.is_loopback()
+                || ip.is_unspecified()
+                || ip.is_multicast()
+                || (ip.segments()[0] & 0xffc0) == 0xfe80)
+        }
+    }
+}
+
+fn jittered_backoff(failures: u32, b: Backoffs) -> Duration {
+    let d = b
+        .min
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+        .min(b.max.max(b.min));
+    d.mul_f64(1.0 + rand::thread_rng().gen_range(0.0..0.5))
+}
+
+impl Behaviour {
+    /// The behaviour for `me`; `enabled` false refuses every inbound
+    /// direct connection and never punches.
+    pub(crate) fn new(me: PeerId, enabled: bool, metrics: DirectMetrics, log: ReuseLog) -> Self {
+        Self {
+            enabled,
+            inner: dcutr::Behaviour::new(me),
+            metrics,
+            relayed: HashMap::new(),
+            punches: VecDeque::new(),
+            backoff: HashMap::new(),
+            observed: nat::Observed::default(),
+            candidate: None,
+            queued: VecDeque::new(),
+            log,
+            backoffs: Backoffs::default(),
+            pending: pending::PendingInbound::new(
+                crate::config::DEFAULT_DIRECT_MAX_PENDING_INBOUND,
+                crate::config::DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE,
+            ),
+        }
+    }
+
+    /// The same with at most `total` inbound direct handshakes at once,
+    /// `per_source` from one IP.
+    pub(crate) fn with_pending_limits(mut self, total: usize, per_source: usize) -> Self {
+        self.pending = pending::PendingInbound::new(total, per_source);
+        self
+    }
+
+    /// The same with `backoffs` between punches to one peer.
+    pub(crate) fn with_backoff(mut self, backoffs: Backoffs) -> Self {
+        self.backoffs = backoffs;
+        self
+    }
+
+    /// Whether our last connection to `to` left from a fresh port rather
+    /// than the listening one (what a router observed on it is not our
+    /// listening port's mapping).
+    pub(crate) fn left_from_fresh_port(&self, to: &SocketAddr) -> bool {
+        self.log.dialled_from_fresh_port(to)
+    }
+
+    /// Whether direct connections are on.
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// `router` observed us at `seen` (`None`: its observation no longer
+    /// holds). Returns whether the observations changed; the address
+    /// peers should punch to goes to dcutr when it is new.
+    pub(crate) fn observe(&mut self, router: PeerId, seen: Option<SocketAddr>) -> bool {
+        let changed = match seen {
+            Some(a) => self.observed.set(router, a),
+            None => self.observed.remove(&router),
+        };
+        let candidate = self.observed.candidate();
+        if candidate != self.candidate {
+            self.candidate = candidate;
+            if let Some(a) = candidate {
+                let addr = Multiaddr::from(a.ip()).with(Protocol::Tcp(a.port()));
+                self.queued.push_back(addr);
+            }
+        }
+        changed
+    }
+
+    /// The routers' observations of our address.
+    pub(crate) fn observations(&self) -> &nat::Observed {
+        &self.observed
+    }
+
+    /// Whether `id` is a dial dcutr made (a punch): its failure is no
+    /// caller's.
+    pub(crate) fn is_punch(&self, id: &ConnectionId) -> bool {
+        self.punches.contains(id)
+    }
+
+    /// Whether `peer` holds a relayed connection to us now.
+    pub(crate) fn has_relayed(&self, peer: &PeerId) -> bool {
+        self.relayed.contains_key(peer)
+    }
+
+    /// Whether a relayed connection to `peer` should be punched; counts
+    /// the skip when not.
+    fn should_punch(&mut self, peer: &PeerId, now: Instant) -> bool {
+        if !self.enabled {
+            return false;
+        }
+        let skip = if self.observed.kind() == NatKind::EndpointDependent {
+            Some("skipped_endpoint_dependent")
+        } else if self.candidate.is_none() {
+            Some("skipped_no_address")
+        } else if self.backoff.get(peer).is_some_and(|b| now < b.until) {
+            Some("skipped_backoff")
+        } else {
+            None
+        };
+        if let Some(why) = skip {
+            self.metrics.upgrade(why);
+            tracing::debug!(%peer, why, "no punch on this relayed connection");
+        }
+        skip.is_none()
+    }
+
+    fn relayed_up(&mut self, peer: PeerId, id: ConnectionId) {
+        self.relayed.entry(peer).or_default().insert(id);
+    }
+
+    fn punched(&mut self, peer: PeerId, ok: bool, now: Instant) {
+        if ok {
+            self.metrics.upgrade("direct");
+            self.backoff.remove(&peer);
+            return;
+        }
+        self.metrics.upgrade("failed");
+        if self.backoff.len() >= MAX_BACKOFF_PEERS && !self.backoff.contains_key(&peer) {
+            self.backoff.retain(|_, b| b.until > now);
+            if self.backoff.len() >= MAX_BACKOFF_PEERS {
+                // Full of live backoffs: this peer may be punched again
+                // sooner than its backoff; nothing else is lost.
+                return;
+            }
+        }
+        let backoffs = self.backoffs;
+        let b = self.backoff.entry(peer).or_insert(Backoff {
+            failures: 0,
+            until: now,
+        });
+        b.failures = b.failures.saturating_add(1);
+        b.until = now + jittered_backoff(b.failures, backoffs);
+    }
+
+    fn note_punch(&mut self, id: ConnectionId) {
+        if self.punches.len() >= MAX_PUNCH_IDS {
+            self.punches.pop_front();
+        }
+        self.punches.push_back(id);
+    }
+}
+
+type InnerHandler = THandler<dcutr::Behaviour>;
+
+impl NetworkBehaviour for Behaviour {
+    type ConnectionHandler = Either<InnerHandler, dummy::ConnectionHandler>;
+    type ToSwarm = dcutr::Event;
+
+    /// A punch's dial is refused whole when the peer gave more than
+    /// [`MAX_PUNCH_ADDRS`] addresses or any we must not dial (see
+    /// [`punch_target_allowed`]); counted as `bad_target`. Other dials
+    /// (routers, circuits) are not ours to judge.
+    fn handle_pending_outbound_connection(
+        &mut self,
+        id: ConnectionId,
+        peer: Option<PeerId>,
+        addresses: &[Multiaddr],
+        _role: Endpoint,
+    ) -> Result<Vec<Multiaddr>, ConnectionDenied> {
+        if self.is_punch(&id)
+            && (addresses.len() > MAX_PUNCH_ADDRS || !addresses.iter().all(punch_target_allowed))
+        {
+            self.metrics.upgrade("bad_target");
+            tracing::debug!(
+                ?peer,
+                ?addresses,
+                "punch to addresses we do not dial: refused"
+            );
+            return Err(ConnectionDenied::new(Refused::BadTarget(peer)));
+        }
+        Ok(Vec::new())
+    }
+
+    /// A direct connection arriving takes a handshake slot (see
+    /// [`pending`]) until it is established or fails.
+    fn handle_pending_inbound_connection(
+        &mut self,
+        id: ConnectionId,
+        local_addr: &Multiaddr,
+        remote_addr: &Multiaddr,
+    ) -> Result<(), ConnectionDenied> {
+        if is_relayed(local_addr) {
+            return Ok(());
+        }
+        let ip = remote_addr.iter().find_map(|p| match p {
+            Protocol::Ip4(ip) => Some(std::net::IpAddr::V4(ip)),
+            Protocol::Ip6(ip) => Some(std::net::IpAddr::V6(ip)),
+            _ => None,
+        });
+        let Some(ip) = ip else {
+            return Ok(());
+        };
+        self.pending.admit(id, ip).map_err(|reason| {
+            self.metrics.refused(reason);
+            ConnectionDenied::new(Refused::Pending(remote_addr.clone(), reason))
+        })
+    }
+
+    fn handle_established_inbound_connection(
+        &mut self,
+        id: ConnectionId,
+        peer: PeerId,
+        local_addr: &Multiaddr,
+        remote_addr: &Multiaddr,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        self.pending.release(&id);
+        if is_relayed(local_addr) {
+            self.relayed_up(peer, id);
+            if !self.should_punch(&peer, Instant::now()) {
+                return Ok(Either::Right(dummy::ConnectionHandler));
+            }
+        } else if !self.enabled {
+            self.metrics.refused("direct_off");
+            return Err(ConnectionDenied::new(Refused::DirectOff(peer)));
+        } else if !self.has_relayed(&peer) {
+            self.metrics.refused("no_relayed_connection");
+            tracing::debug!(%peer, %remote_addr, "inbound direct connection from a peer without a relayed connection: closed");
+            return Err(ConnectionDenied::new(Refused::NoRelayedConnection(peer)));
+        }
+        self.inner
+            .handle_established_inbound_connection(id, peer, local_addr, remote_addr)
+            .map(Either::Left)
+    }
+
+    fn handle_established_outbound_connection(
+        &mut self,
+        id: ConnectionId,
+        peer: PeerId,
+        addr: &Multiaddr,
+        role_override: Endpoint,
+        port_use: PortUse,
+    ) -> Result<THandler<Self>, ConnectionDenied> {
+        if is_relayed(addr) {
+            self.relayed_up(peer, id);
+            if !self.should_punch(&peer, Instant::now()) {
+                return Ok(Either::Right(dummy::ConnectionHandler));
+            }
+        }
+        self.inner
+            .handle_established_outbound_connection(id, peer, addr, role_override, port_use)
+            .map(Either::Left)
+    }
+
+    fn on_swarm_event(&mut self, event: FromSwarm) {
+        if let FromSwarm::ListenFailure(f) = &event {
+            self.pending.release(&f.connection_id);
+        }
+        if let FromSwarm::ConnectionClosed(ConnectionClosed {
+            peer_id,
+            connection_id,
+            ..
+        }) = &event
+            && let Some(set) = self.relayed.get_mut(peer_id)
+        {
+            set.remove(connection_id);
+            if set.is_empty() {
+                self.relayed.remove(peer_id);
+            }
+        }
+        self.inner.on_swarm_event(event);
+    }
+
+    fn on_connection_handler_event(
+        &mut self,
+        peer: PeerId,
+        id: ConnectionId,
+        event: THandlerOutEvent<Self>,
+    ) {
+        match event {
+            Either::Left(e) => self.inner.on_connection_handler_event(peer, id, e),
+            Either::Right(never) => libp2p::core::util::unreachable(never),
+        }
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<ToSwarm<dcutr::Event, THandlerInEvent<Self>>> {
+        if let Some(addr) = self.queued.pop_front() {
+            return Poll::Ready(ToSwarm::NewExternalAddrCandidate(addr));
+        }
+        let event = match self.inner.poll(cx) {
+            Poll::Ready(e) => e,
+            Poll::Pending => return Poll::Pending,
+        };
+        match &event {
+            ToSwarm::GenerateEvent(e) => {
+                match &e.result {
+                    Ok(_) => {
+                        tracing::debug!(peer = %e.remote_peer_id, "punched: direct connection up")
+                    }
+                    Err(err) => {
+                        tracing::debug!(peer = %e.remote_peer_id, error = %err, "punch failed")
+                    }
+                }
+                self.punched(e.remote_peer_id, e.result.is_ok(), Instant::now());
+            }
+            ToSwarm::Dial { opts } => self.note_punch(opts.connection_id()),
+            _ => {}
+        }
+        Poll::Ready(event.map_in(Either::Left))
+    }
+}
+
+#[cfg(test)]
+mod tests;

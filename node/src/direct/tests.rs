@@ -1,0 +1,222 @@
+//! The punch decision and its backoff, without a swarm.
+
+use super::*;
+
+fn behaviour(enabled: bool) -> (Behaviour, DirectMetrics) {
+    let m = DirectMetrics::default();
+    (
+        Behaviour::new(PeerId::random(), enabled, m.clone(), ReuseLog::default()),
+        m,
+    )
+}
+
+fn count(m: &DirectMetrics, result: &'static str) -> u64 {
+    m.upgrade_attempts
+        .get_or_create(&crate::metrics::ResultLabel { result })
+        .get()
+}
+
+#[test]
+fn punches_only_where_they_can_land_and_not_again_right_after_a_failure() {
+    let (mut b, m) = behaviour(true);
+    let peer = PeerId::random();
+    let now = Instant::now();
+    // No observed address yet: skipped.
+    assert!(!b.should_punch(&peer, now));
+    assert_eq!(count(&m, "skipped_no_address"), 1);
+    let seen: SocketAddr = "10.0.0.5:4500".parse().expect("sa");
+    let (r1, r2) = (PeerId::random(), PeerId::random());
+    assert!(b.observe(r1, Some(seen)));
+    assert_eq!(b.observations().kind(), NatKind::Single);
+    assert!(b.should_punch(&peer, now));
+    // The candidate goes to dcutr once, as /ip4/A/tcp/P.
+    assert_eq!(
+        b.queued.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        vec!["/ip4/10.0.0.5/tcp/4500".to_string()]
+    );
+    assert!(b.observe(r2, Some(seen)));
+    assert_eq!(b.observations().kind(), NatKind::EndpointIndependent);
+    assert_eq!(b.queued.len(), 1, "unchanged candidate not queued again");
+    // A failure backs that peer off (≥ 30 s), not others.
+    b.punched(peer, false, now);
+    assert_eq!(count(&m, "failed"), 1);
+    assert!(!b.should_punch(&peer, now + Duration::from_secs(29)));
+    assert_eq!(count(&m, "skipped_backoff"), 1);
+    assert!(b.should_punch(&PeerId::random(), now));
+    assert!(b.should_punch(&peer, now + Backoffs::default().max.mul_f64(1.6)));
+    // A second failure doubles it; a success clears it.
+    b.punched(peer, false, now);
+    assert!(b.backoff[&peer].until >= now + Duration::from_secs(60));
+    b.punched(peer, true, now);
+    assert_eq!(count(&m, "direct"), 1);
+    assert!(b.should_punch(&peer, now));
+    // An endpoint-dependent NAT: no punch at all.
+    assert!(b.observe(r2, Some("10.0.0.5:61000".parse().expect("sa"))));
+    assert_eq!(b.observations().kind(), NatKind::EndpointDependent);
+    assert!(!b.should_punch(&peer, now));
+    assert_eq!(count(&m, "skipped_endpoint_dependent"), 1);
+}
+
+#[test]
+fn off_never_punches_and_counts_nothing() {
+    let (mut b, m) = behaviour(false);
+    b.observe(PeerId::random(), Some("10.0.0.5:4500".parse().expect("sa")));
+    assert!(!b.should_punch(&PeerId::random(), Instant::now()));
+    for r in crate::metrics::UPGRADE_RESULTS {
+        assert_eq!(count(&m, r), 0, "{r}");
+    }
+}
+
+#[test]
+fn backoff_grows_and_stays_bounded() {
+    let b = Backoffs::default();
+    for failures in 1..40 {
+        let d = jittered_backoff(failures, b);
+        assert!(d >= b.min, "{failures}: {d:?}");
+        assert!(d <= b.max.mul_f64(1.5), "{failures}: {d:?}");
+    }
+    // The flags' values are what bounds it.
+    let short = Backoffs {
+        min: Duration::from_secs(2),
+        max: Duration::from_secs(5),
+    };
+    assert!(jittered_backoff(1, short) <= Duration::from_secs(3));
+    assert!(jittered_backoff(30, short) <= Duration::from_millis(7_500));
+    // A max below the min acts as the min.
+    let odd = Backoffs {
+        min: Duration::from_secs(10),
+        max: Duration::from_secs(1),
+    };
+    assert!(jittered_backoff(3, odd) >= Duration::from_secs(10));
+}
+
+#[test]
+fn punch_ids_are_remembered_within_a_bound() {
+    let (mut b, _) = behaviour(true);
+    let first = ConnectionId::new_unchecked(1);
+    b.note_punch(first);
+    assert!(b.is_punch(&first));
+    for i in 2..(MAX_PUNCH_IDS + 2) {
+        b.note_punch(ConnectionId::new_unchecked(i));
+    }
+    assert!(!b.is_punch(&first), "oldest forgotten");
+    assert_eq!(b.punches.len(), MAX_PUNCH_IDS);
+}
+
+#[test]
+fn a_punch_to_addresses_we_must_not_dial_is_refused_and_counted() {
+    let (mut b, m) = behaviour(true);
+    let peer = PeerId::random();
+    let punch = ConnectionId::new_unchecked(7);
+    b.note_punch(punch);
+    let ok: Multiaddr = format!("/ip4/10.0.0.5/tcp/4500/p2p/{peer}")
+        .parse()
+        .expect("addr");
+    assert!(
+        b.handle_pending_outbound_connection(
+            punch,
+            Some(peer),
+            std::slice::from_ref(&ok),
+            Endpoint::Dialer,
+        )
+        .is_ok()
+    );
+    // What a lying peer may send instead.
+    for bad in [
+        "/ip4/127.0.0.1/tcp/22",
+        "/ip4/169.254.169.254/tcp/80",
+        "/ip4/0.0.0.0/tcp/4500",
+        "/ip4/224.0.0.1/tcp/4500",
+        "/ip6/::1/tcp/4500",
+        "/ip6/fe80::1/tcp/4500",
+        "/dns4/internal.example/tcp/443",
+        "/ip4/10.0.0.5/udp/4500/quic-v1",
+    ] {
+        let a: Multiaddr = bad.parse().expect("addr");
+        let mixed = [ok.clone(), a];
+        assert!(
+            b.handle_pending_outbound_connection(punch, Some(peer), &mixed, Endpoint::Dialer)
+                .is_err(),
+            "{bad}"
+        );
+    }
+    let many = vec![ok.clone(); MAX_PUNCH_ADDRS + 1];
+    assert!(
+        b.handle_pending_outbound_connection(punch, Some(peer), &many, Endpoint::Dialer)
+            .is_err()
+    );
+    assert_eq!(count(&m, "bad_target"), 9);
+    // Dials that are not punches (routers on loopback in tests) pass.
+    let router: Multiaddr = "/ip4/127.0.0.1/tcp/4001".parse().expect("addr");
+    assert!(
+        b.handle_pending_outbound_connection(
+            ConnectionId::new_unchecked(8),
+            None,
+            &[router],
+            Endpoint::Dialer
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn handshakes_on_the_listening_port_are_bounded_per_source_and_freed() {
+    let (b, m) = behaviour(true);
+    let mut b = b.with_pending_limits(4, 2);
+    let local: Multiaddr = "/ip4/10.1.0.2/tcp/4500".parse().expect("addr");
+    let from = |ip: &str, port: u16| -> Multiaddr {
+        format!("/ip4/{ip}/tcp/{port}").parse().expect("addr")
+    };
+    let id = ConnectionId::new_unchecked;
+    // One source floods: its third handshake is refused at accept.
+    for i in 1..=2 {
+        assert!(
+            b.handle_pending_inbound_connection(id(i), &local, &from("10.0.0.66", 1000 + i as u16))
+                .is_ok()
+        );
+    }
+    assert!(
+        b.handle_pending_inbound_connection(id(3), &local, &from("10.0.0.66", 1003))
+            .is_err()
+    );
+    // Another source still gets in, up to the total.
+    for i in 4..=5 {
+        assert!(
+            b.handle_pending_inbound_connection(id(i), &local, &from("10.0.0.7", 1000 + i as u16))
+                .is_ok()
+        );
+    }
+    assert!(
+        b.handle_pending_inbound_connection(id(6), &local, &from("10.0.0.8", 1006))
+            .is_err()
+    );
+    let refused = |reason: &'static str| {
+        m.inbound_refused
+            .get_or_create(&crate::metrics::ReasonLabel { reason })
+            .get()
+    };
+    assert_eq!(refused("source_pending_full"), 1);
+    assert_eq!(refused("pending_full"), 1);
+    // A handshake that ends (here refused once established: a stranger)
+    // frees its slot.
+    let stranger = PeerId::random();
+    assert!(
+        b.handle_established_inbound_connection(id(1), stranger, &local, &from("10.0.0.66", 1001))
+            .is_err()
+    );
+    assert!(
+        b.handle_pending_inbound_connection(id(7), &local, &from("10.0.0.8", 1007))
+            .is_ok()
+    );
+    // Relayed connections never take a slot.
+    let circuit: Multiaddr = format!(
+        "/ip4/10.0.0.3/tcp/4001/p2p/{}/p2p-circuit",
+        PeerId::random()
+    )
+    .parse()
+    .expect("addr");
+    assert!(
+        b.handle_pending_inbound_connection(id(8), &circuit, &from("10.0.0.9", 1))
+            .is_ok()
+    );
+}

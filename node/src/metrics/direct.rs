@@ -1,0 +1,123 @@
+//! What direct connections count: upgrade attempts by result, inbound
+//! direct connections refused by reason, calls by path, dials whose port
+//! could not be reused.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use super::{ReasonLabel, ResultLabel};
+use prometheus_client::encoding::EncodeLabelSet;
+
+/// Results of an upgrade (hole punch) of a relayed connection:
+/// `direct` (a direct connection came up), `failed` (dcutr gave up or its
+/// exchange failed), `skipped_endpoint_dependent` (our NAT maps each
+/// destination to its own port: a punch cannot land, none is tried),
+/// `skipped_backoff` (the last punch to that peer failed and its backoff
+/// has not run out), `skipped_no_address` (no router has told us our
+/// observed address yet).
+pub const UPGRADE_RESULTS: &[&str] = &[
+    "direct",
+    "failed",
+    "skipped_endpoint_dependent",
+    "skipped_backoff",
+    "skipped_no_address",
+];
+
+/// Why an inbound direct connection was closed at once:
+/// `no_relayed_connection` (the peer holds no relayed connection to us
+/// through a router), `direct_off` (`--direct=false`: nothing is accepted
+/// on the listening port), `pending_full` / `source_pending_full` (at
+/// accept: `--direct-max-pending-inbound` handshakes in progress, or
+/// `--direct-max-pending-inbound-per-source` from that IP).
+pub const INBOUND_REFUSED_REASONS: &[&str] = &[
+    "no_relayed_connection",
+    "direct_off",
+    "pending_full",
+    "source_pending_full",
+];
+
+/// The paths a call's stream can take.
+pub const CALL_PATHS: &[&str] = &["direct", "relayed"];
+
+/// `{path}`: one of [`CALL_PATHS`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PathLabel {
+    /// `direct` or `relayed`.
+    pub path: &'static str,
+}
+
+/// What direct connections count.
+#[derive(Clone, Debug, Default)]
+pub struct DirectMetrics {
+    /// Upgrades of relayed connections by result ([`UPGRADE_RESULTS`]).
+    pub upgrade_attempts: Family<ResultLabel, Counter>,
+    /// Inbound direct connections closed at once, by reason
+    /// ([`INBOUND_REFUSED_REASONS`]).
+    pub inbound_refused: Family<ReasonLabel, Counter>,
+    /// Outbound calls by the path their stream took ([`CALL_PATHS`]).
+    pub call_paths: Family<PathLabel, Counter>,
+    /// Dials that asked to leave from the listening port but could not
+    /// (the tuple still in TIME_WAIT, or the port taken) and left from a
+    /// fresh port instead.
+    pub port_reuse_fallbacks: Counter,
+}
+
+impl DirectMetrics {
+    /// Pre-creates every label value.
+    pub(super) fn precreate(&self) {
+        for result in UPGRADE_RESULTS {
+            let _ = self.upgrade_attempts.get_or_create(&ResultLabel { result });
+        }
+        for reason in INBOUND_REFUSED_REASONS {
+            let _ = self.inbound_refused.get_or_create(&ReasonLabel { reason });
+        }
+        for path in CALL_PATHS {
+            let _ = self.call_paths.get_or_create(&PathLabel { path });
+        }
+    }
+
+    /// Registers each metric in `r` (already prefixed).
+    pub(super) fn register(&self, r: &mut Registry) {
+        r.register(
+            "upgrade_attempts",
+            "Upgrades of relayed connections to direct ones (DCUtR hole punches), by result (direct, failed, skipped_endpoint_dependent, skipped_backoff, skipped_no_address, bad_target)",
+            self.upgrade_attempts.clone(),
+        );
+        r.register(
+            "inbound_refused",
+            "Inbound direct connections closed at once, by reason (no_relayed_connection: the peer holds no relayed connection to us; direct_off; pending_full and source_pending_full: too many handshakes in progress, in total or from that IP)",
+            self.inbound_refused.clone(),
+        );
+        r.register(
+            "calls_by_path",
+            "Outbound calls by the path their stream took (direct or relayed through a router)",
+            self.call_paths.clone(),
+        );
+        r.register(
+            "port_reuse_fallbacks",
+            "Dials that could not leave from the listening port (tuple in TIME_WAIT, port taken) and used a fresh port",
+            self.port_reuse_fallbacks.clone(),
+        );
+    }
+
+    /// Counts one upgrade result (one of [`UPGRADE_RESULTS`]).
+    pub(crate) fn upgrade(&self, result: &'static str) {
+        self.upgrade_attempts
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// Counts one inbound direct connection refused.
+    pub(crate) fn refused(&self, reason: &'static str) {
+        self.inbound_refused
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// Counts one outbound call's path.
+    pub(crate) fn call_path(&self, direct: bool) {
+        let path = if direct { "direct" } else { "relayed" };
+        self.call_paths.get_or_create(&PathLabel { path }).inc();
+    }
+}

@@ -1,0 +1,287 @@
+//! [`ReuseTcp`]: the member's TCP transport when direct connections are
+//! on. It listens on one port (`--listen-port`, on `--listen-ip`) and
+//! every dial asking for port reuse (libp2p's default, so routers,
+//! transit routers and hole punches alike) leaves from that same port,
+//! bound to `--dial-source-ip` when one is given.
+//!
+//! Why: a NAT maps one internal (address, port) to a public one. The
+//! routers observe the mapping of the connection the member made to them
+//! and tell the member (admission answer); a punch works only if it
+//! leaves from the socket address that mapping belongs to. libp2p-tcp's
+//! own port reuse binds dials to `0.0.0.0:PORT` (never to a source IP)
+//! and, when the tuple is still taken, quietly dials from a new port, so
+//! the punch leaves from a port nobody observed.
+//!
+//! **TIME_WAIT.** With a fixed local port every redial of one
+//! destination reuses one 4-tuple; the side that closed it first holds it
+//! in TIME_WAIT for 60 s and `connect` fails with `EADDRNOTAVAIL`
+//! (`EADDRINUSE` when another live socket holds it). The dial then leaves
+//! from a fresh port (a call or an attach must not wait a minute), counted
+//! in `agentmesh_node_port_reuse_fallbacks_total`, and the destination is
+//! noted in [`ReuseLog`]: the address a router observes on such a
+//! connection is not the listening port's mapping, so the engine leaves it
+//! out of the NAT classification rather than misread the NAT as
+//! endpoint-dependent. A punch that falls back fails (its NAT mapping is
+//! new) and the call stays relayed; the next punch, after the backoff,
+//! leaves from the listening port again.
+
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+
+pub(crate) use crate::direct::ReuseLog;
+use std::task::{Context, Poll};
+
+use agentmesh_streams::dial::{IpTarget, ip_target};
+use futures::FutureExt as _;
+use libp2p::core::multiaddr::Protocol;
+use libp2p::core::transport::{DialOpts, ListenerId, PortUse, TransportError, TransportEvent};
+use libp2p::core::{Multiaddr, Transport};
+use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
+
+/// Connections the listening socket queues before the swarm accepts them.
+const LISTEN_BACKLOG: u32 = 128;
+
+/// The one listener.
+struct Listener {
+    id: ListenerId,
+    socket: tokio::net::TcpListener,
+    /// Its bound address (port resolved when 0 was asked).
+    local: SocketAddr,
+    /// `NewAddress` not reported yet.
+    announce: bool,
+}
+
+/// TCP that listens on one port and dials from it; see the module doc.
+pub(crate) struct ReuseTcp {
+    source_ip: Option<IpAddr>,
+    listener: Option<Listener>,
+    /// The bound listening address, shared with dial futures.
+    bound: Arc<Mutex<Option<SocketAddr>>>,
+    log: ReuseLog,
+    fallbacks: Counter,
+}
+
+impl ReuseTcp {
+    /// A transport whose dials leave from `source_ip` (if any), counting
+    /// fallbacks to a fresh port in `fallbacks` and noting them in `log`.
+    pub(crate) fn new(source_ip: Option<IpAddr>, log: ReuseLog, fallbacks: Counter) -> Self {
+        Self {
+            source_ip,
+            listener: None,
+            bound: Arc::new(Mutex::new(None)),
+            log,
+            fallbacks,
+        }
+    }
+}
+
+/// A TCP socket of `addr`'s family with `SO_REUSEADDR` and `SO_REUSEPORT`
+/// (the listener and every dial from its port must all set both).
+fn reusable_socket(addr: &SocketAddr) -> io::Result<tokio::net::TcpSocket> {
+    let s = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    s.set_reuseaddr(true)?;
+    s.set_reuseport(true)?;
+    s.set_nodelay(true)?;
+    Ok(s)
+}
+
+/// The local address a dial to `to` binds, if any: the listening port
+/// (when reuse is asked and a listener of that family exists) on the
+/// source IP, else the listener's IP when it is specific, else the
+/// unspecified address; without reuse, the source IP and any port.
+fn bind_for(
+    to: &SocketAddr,
+    port_use: PortUse,
+    listening: Option<SocketAddr>,
+    source_ip: Option<IpAddr>,
+) -> Option<SocketAddr> {
+    let same_family = |ip: &IpAddr| ip.is_ipv4() == to.is_ipv4();
+    let source_ip = source_ip.filter(same_family);
+    match listening.filter(|l| same_family(&l.ip())) {
+        Some(l) if port_use == PortUse::Reuse => {
+            let ip = source_ip
+                .or(Some(l.ip()).filter(|ip| !ip.is_unspecified()))
+                .unwrap_or(if to.is_ipv4() {
+                    IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+                } else {
+                    IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+                });
+            Some(SocketAddr::new(ip, l.port()))
+        }
+        _ => source_ip.map(|ip| SocketAddr::new(ip, 0)),
+    }
+}
+
+/// Whether a connect from a fixed port failed because its tuple is taken.
+fn tuple_taken(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::AddrNotAvailable | io::ErrorKind::AddrInUse
+    )
+}
+
+async fn connect(
+    to: SocketAddr,
+    bind: Option<SocketAddr>,
+    source_ip: Option<IpAddr>,
+    log: ReuseLog,
+    fallbacks: Counter,
+) -> io::Result<tokio::net::TcpStream> {
+    let reused = bind.is_some_and(|b| b.port() != 0);
+    let s = reusable_socket(&to)?;
+    if let Some(b) = bind {
+        s.bind(b)?;
+    }
+    match s.connect(to).await {
+        Ok(stream) => {
+            if reused {
+                log.note(to, false);
+            }
+            Ok(stream)
+        }
+        Err(e) if reused && tuple_taken(&e) => {
+            tracing::debug!(%to, ?bind, error = %e, "the listening port cannot reach this destination now (tuple in TIME_WAIT or taken): dialing from a fresh port");
+            fallbacks.inc();
+            log.note(to, true);
+            let s = reusable_socket(&to)?;
+            if let Some(ip) = source_ip.filter(|ip| ip.is_ipv4() == to.is_ipv4()) {
+                s.bind(SocketAddr::new(ip, 0))?;
+            }
+            s.connect(to).await
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn listen_target(addr: &Multiaddr) -> Option<SocketAddr> {
+    let mut it = addr.iter();
+    let ip: IpAddr = match it.next()? {
+        Protocol::Ip4(ip) => ip.into(),
+        Protocol::Ip6(ip) => ip.into(),
+        _ => return None,
+    };
+    let Protocol::Tcp(port) = it.next()? else {
+        return None;
+    };
+    it.next().is_none().then_some(SocketAddr::new(ip, port))
+}
+
+/// `/ip4|ip6/A/tcp/P` of a socket address.
+pub(crate) fn tcp_multiaddr(a: SocketAddr) -> Multiaddr {
+    Multiaddr::from(a.ip()).with(Protocol::Tcp(a.port()))
+}
+
+impl ReuseTcp {
+    fn bind_listener(&mut self, id: ListenerId, at: SocketAddr) -> io::Result<()> {
+        let s = reusable_socket(&at)?;
+        s.bind(at)?;
+        let socket = s.listen(LISTEN_BACKLOG)?;
+        let local = socket.local_addr()?;
+        *self.bound.lock() = Some(local);
+        self.listener = Some(Listener {
+            id,
+            socket,
+            local,
+            announce: true,
+        });
+        Ok(())
+    }
+}
+
+impl Transport for ReuseTcp {
+    type Output = libp2p::tcp::tokio::TcpStream;
+    type Error = io::Error;
+    type ListenerUpgrade = futures::future::Ready<Result<Self::Output, io::Error>>;
+    type Dial = Pin<Box<dyn Future<Output = Result<Self::Output, io::Error>> + Send>>;
+
+    fn listen_on(
+        &mut self,
+        id: ListenerId,
+        addr: Multiaddr,
+    ) -> Result<(), TransportError<io::Error>> {
+        let Some(at) = listen_target(&addr) else {
+            return Err(TransportError::MultiaddrNotSupported(addr));
+        };
+        if self.listener.is_some() {
+            // One listening port per member: its mapping is the one
+            // routers observe.
+            return Err(TransportError::Other(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "the member listens on one TCP port only",
+            )));
+        }
+        self.bind_listener(id, at).map_err(TransportError::Other)
+    }
+
+    fn remove_listener(&mut self, id: ListenerId) -> bool {
+        if self.listener.as_ref().is_some_and(|l| l.id == id) {
+            self.listener = None;
+            *self.bound.lock() = None;
+            return true;
+        }
+        false
+    }
+
+    fn dial(
+        &mut self,
+        addr: Multiaddr,
+        opts: DialOpts,
+    ) -> Result<Self::Dial, TransportError<io::Error>> {
+        let Some(IpTarget::Tcp(to)) = ip_target(&addr) else {
+            return Err(TransportError::MultiaddrNotSupported(addr));
+        };
+        let bind = bind_for(&to, opts.port_use, *self.bound.lock(), self.source_ip);
+        let (source_ip, log, fallbacks) =
+            (self.source_ip, self.log.clone(), self.fallbacks.clone());
+        Ok(async move {
+            let s = connect(to, bind, source_ip, log, fallbacks).await?;
+            Ok(libp2p::tcp::tokio::TcpStream(s))
+        }
+        .boxed())
+    }
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<TransportEvent<Self::ListenerUpgrade, io::Error>> {
+        let Some(l) = self.listener.as_mut() else {
+            return Poll::Pending;
+        };
+        if l.announce {
+            l.announce = false;
+            return Poll::Ready(TransportEvent::NewAddress {
+                listener_id: l.id,
+                listen_addr: tcp_multiaddr(l.local),
+            });
+        }
+        match l.socket.poll_accept(cx) {
+            Poll::Ready(Ok((stream, remote))) => {
+                let _ = stream.set_nodelay(true);
+                Poll::Ready(TransportEvent::Incoming {
+                    listener_id: l.id,
+                    upgrade: futures::future::ready(Ok(libp2p::tcp::tokio::TcpStream(stream))),
+                    local_addr: tcp_multiaddr(l.local),
+                    send_back_addr: tcp_multiaddr(remote),
+                })
+            }
+            // A failed accept (out of descriptors, a connection reset
+            // before it was taken) does not end the listener.
+            Poll::Ready(Err(error)) => Poll::Ready(TransportEvent::ListenerError {
+                listener_id: l.id,
+                error,
+            }),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,168 @@
+//! [`ReuseTcp`] on loopback: dials leave from the listening port, fall
+//! back to a fresh one when the tuple is taken (counted and logged), and
+//! the listener accepts.
+
+use std::net::SocketAddr;
+
+use libp2p::core::Endpoint;
+use libp2p::core::transport::{DialOpts, ListenerId, PortUse, Transport, TransportEvent};
+
+use super::*;
+
+fn opts(port_use: PortUse) -> DialOpts {
+    DialOpts {
+        role: Endpoint::Dialer,
+        port_use,
+    }
+}
+
+/// A transport listening on 127.0.0.1 (any port), with its port.
+async fn listening() -> (ReuseTcp, ReuseLog, Counter, u16) {
+    let (log, fallbacks) = (ReuseLog::default(), Counter::default());
+    let mut t = ReuseTcp::new(None, log.clone(), fallbacks.clone());
+    t.listen_on(
+        ListenerId::next(),
+        "/ip4/127.0.0.1/tcp/0".parse().expect("addr"),
+    )
+    .expect("listen");
+    let port = (*t.bound.lock()).expect("bound").port();
+    (t, log, fallbacks, port)
+}
+
+async fn dial_from(
+    t: &mut ReuseTcp,
+    to: SocketAddr,
+    port_use: PortUse,
+) -> libp2p::tcp::tokio::TcpStream {
+    t.dial(tcp_multiaddr(to), opts(port_use))
+        .expect("ours")
+        .await
+        .expect("connected")
+}
+
+#[test]
+fn a_reusing_dial_binds_the_listening_port_on_the_source_ip() {
+    let to: SocketAddr = "10.0.0.9:4001".parse().expect("sa");
+    let any: SocketAddr = "0.0.0.0:5555".parse().expect("sa");
+    let lan: SocketAddr = "10.1.0.2:5555".parse().expect("sa");
+    let src: IpAddr = "10.1.0.3".parse().expect("ip");
+    assert_eq!(bind_for(&to, PortUse::Reuse, Some(any), None), Some(any));
+    assert_eq!(bind_for(&to, PortUse::Reuse, Some(lan), None), Some(lan));
+    assert_eq!(
+        bind_for(&to, PortUse::Reuse, Some(any), Some(src)),
+        Some(SocketAddr::new(src, 5555))
+    );
+    // No reuse asked, or no listener: the source IP, any port.
+    assert_eq!(
+        bind_for(&to, PortUse::New, Some(any), Some(src)),
+        Some(SocketAddr::new(src, 0))
+    );
+    assert_eq!(bind_for(&to, PortUse::Reuse, None, None), None);
+    // Another family's listener is no use.
+    let v6: SocketAddr = "[::]:5555".parse().expect("sa");
+    assert_eq!(bind_for(&to, PortUse::Reuse, Some(v6), None), None);
+}
+
+#[tokio::test]
+async fn dials_leave_from_the_listening_port_unless_a_new_one_is_asked() {
+    let (mut t, log, fallbacks, port) = listening().await;
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let to = server.local_addr().expect("addr");
+    let (_a, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
+    assert_eq!(accepted.expect("accept").1.port(), port);
+    let (_b, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::New), server.accept());
+    assert_ne!(accepted.expect("accept").1.port(), port);
+    assert_eq!(fallbacks.get(), 0);
+    assert!(!log.dialled_from_fresh_port(&to));
+}
+
+#[tokio::test]
+async fn a_taken_tuple_falls_back_to_a_fresh_port_counted_and_noted() {
+    let (mut t, log, fallbacks, port) = listening().await;
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let to = server.local_addr().expect("addr");
+    // The first connection holds (listening port → to) open: a second
+    // dial of the same tuple fails as one in TIME_WAIT does.
+    let (_held, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
+    assert_eq!(accepted.expect("accept").1.port(), port);
+    let (_second, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
+    assert_ne!(accepted.expect("accept").1.port(), port, "a fresh port");
+    assert_eq!(fallbacks.get(), 1);
+    assert!(log.dialled_from_fresh_port(&to));
+    // Another destination still leaves from the listening port, and a
+    // reusing dial that succeeds clears the note.
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let to2 = other.local_addr().expect("addr");
+    let (_c, accepted) = tokio::join!(dial_from(&mut t, to2, PortUse::Reuse), other.accept());
+    assert_eq!(accepted.expect("accept").1.port(), port);
+    assert!(!log.dialled_from_fresh_port(&to2));
+    drop(_held);
+}
+
+#[tokio::test]
+async fn the_listener_reports_its_address_and_accepts() {
+    let (mut t, _log, _fallbacks, port) = listening().await;
+    let first = futures::future::poll_fn(|cx| Pin::new(&mut t).poll(cx)).await;
+    match first {
+        TransportEvent::NewAddress { listen_addr, .. } => {
+            assert_eq!(
+                listen_addr,
+                tcp_multiaddr(SocketAddr::from(([127, 0, 0, 1], port)))
+            );
+        }
+        _ => panic!("expected NewAddress first"),
+    }
+    let to = SocketAddr::from(([127, 0, 0, 1], port));
+    let client = tokio::net::TcpStream::connect(to);
+    let incoming = futures::future::poll_fn(|cx| Pin::new(&mut t).poll(cx));
+    let (c, ev) = tokio::join!(client, incoming);
+    let c = c.expect("connect");
+    match ev {
+        TransportEvent::Incoming { send_back_addr, .. } => {
+            assert_eq!(send_back_addr, tcp_multiaddr(c.local_addr().expect("addr")));
+        }
+        _ => panic!("expected Incoming"),
+    }
+    // A second listener is refused: one port per member.
+    let mut t2 = ReuseTcp::new(None, ReuseLog::default(), Counter::default());
+    t2.listen_on(
+        ListenerId::next(),
+        "/ip4/127.0.0.1/tcp/0".parse().expect("addr"),
+    )
+    .expect("first");
+    assert!(
+        t2.listen_on(
+            ListenerId::next(),
+            "/ip4/127.0.0.1/tcp/0".parse().expect("addr")
+        )
+        .is_err()
+    );
+}
+
+#[tokio::test]
+async fn with_a_source_ip_dials_leave_from_it_on_the_listening_port() {
+    // Listening on every address; dials bound to 127.0.0.2 on that port.
+    let (log, fallbacks) = (ReuseLog::default(), Counter::default());
+    let source: IpAddr = "127.0.0.2".parse().expect("ip");
+    let mut t = ReuseTcp::new(Some(source), log, fallbacks.clone());
+    t.listen_on(
+        ListenerId::next(),
+        "/ip4/0.0.0.0/tcp/0".parse().expect("addr"),
+    )
+    .expect("listen");
+    let port = (*t.bound.lock()).expect("bound").port();
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let to = server.local_addr().expect("addr");
+    let (_s, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
+    let from = accepted.expect("accept").1;
+    assert_eq!(from, SocketAddr::new(source, port));
+    assert_eq!(fallbacks.get(), 0);
+}

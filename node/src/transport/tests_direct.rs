@@ -1,0 +1,116 @@
+//! The attack on a member's listening port: a stranger (any libp2p peer
+//! with a key of its own, holding no relayed connection to the member)
+//! dials it, completes the noise handshake, and is closed at once and
+//! counted in `agentmesh_node_inbound_refused_total{reason="no_relayed_connection"}`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use libp2p::core::muxing::StreamMuxerExt as _;
+use libp2p::core::transport::{DialOpts, PortUse};
+use libp2p::core::upgrade::Version;
+use libp2p::core::{Endpoint, Transport};
+use libp2p::identity::Keypair;
+use libp2p::swarm::SwarmEvent;
+use libp2p::{noise, ping, yamux};
+use prometheus_client::metrics::counter::Counter;
+
+use super::{Dialing, WindowLimits, build_swarm, reuse};
+use crate::metrics::{DirectMetrics, ReasonLabel};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+#[tokio::test]
+async fn a_stranger_dialing_the_listening_port_is_closed_and_counted() {
+    let metrics = DirectMetrics::default();
+    let at: SocketAddr = "127.0.0.1:0".parse().expect("sa");
+    let dialing = Dialing {
+        source_ip: None,
+        listen: Some((at, reuse::ReuseLog::default())),
+        metrics: metrics.clone(),
+        punch_backoff: Default::default(),
+        max_pending_inbound: (64, 8),
+    };
+    let member = Keypair::generate_ed25519();
+    let mut swarm = build_swarm(
+        &member,
+        dialing,
+        Duration::from_secs(10),
+        Duration::from_secs(60),
+        ping::Config::new(),
+        agentmesh_streams::Config::default(),
+        agentmesh_streams::PendingOpenLimits::default(),
+        WindowLimits {
+            max_streams: 16,
+            connection_window_bytes: 16 * super::muxer::STREAM_CREDIT_BYTES,
+        },
+        Counter::default(),
+    )
+    .await
+    .expect("swarm");
+    let addr = tokio::time::timeout(DEADLINE, async {
+        loop {
+            if let SwarmEvent::NewListenAddr { address, .. } = swarm.select_next_some().await {
+                break address;
+            }
+        }
+    })
+    .await
+    .expect("the member listens");
+    let (events_tx, mut events) = tokio::sync::mpsc::channel(64);
+    let driver = tokio::spawn(async move {
+        loop {
+            let e = swarm.select_next_some().await;
+            let closed = matches!(e, SwarmEvent::ConnectionClosed { .. });
+            let established = matches!(e, SwarmEvent::ConnectionEstablished { .. });
+            if (closed || established) && events_tx.send(established).await.is_err() {
+                return;
+            }
+        }
+    });
+
+    let stranger = Keypair::generate_ed25519();
+    let mut t = libp2p::tcp::tokio::Transport::new(libp2p::tcp::Config::default())
+        .upgrade(Version::V1)
+        .authenticate(noise::Config::new(&stranger).expect("noise"))
+        .multiplex(yamux::Config::default())
+        .boxed();
+    let dial = t
+        .dial(
+            addr,
+            DialOpts {
+                role: Endpoint::Dialer,
+                port_use: PortUse::New,
+            },
+        )
+        .expect("dial");
+    let (peer, mut muxer) = tokio::time::timeout(DEADLINE, dial)
+        .await
+        .expect("handshake in time")
+        .expect("the handshake itself completes");
+    assert_eq!(peer, member.public().to_peer_id());
+    // The member closes the connection: the stranger's muxer ends.
+    let ended = tokio::time::timeout(DEADLINE, async {
+        loop {
+            if futures::future::poll_fn(|cx| muxer.poll_inbound_unpin(cx))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the member kept the stranger's connection");
+    let refused = metrics
+        .inbound_refused
+        .get_or_create(&ReasonLabel {
+            reason: "no_relayed_connection",
+        })
+        .get();
+    assert_eq!(refused, 1);
+    // Denied before it was established: no behaviour ever saw it.
+    assert!(events.try_recv().is_err(), "the connection was established");
+    driver.abort();
+}

@@ -1,0 +1,391 @@
+//! Direct connections across NATs (`docs/direct.md`): two routers and the
+//! control plane on public hosts, a caller and a provider each behind a
+//! NAT of its own, both with `--direct=true` on a fixed `--listen-port`
+//! and attached to both routers (two observations of each member's
+//! mapping).
+//!
+//! - Both behind endpoint-independent NATs: warm calls end up on a direct
+//!   connection (the caller's `calls_by_path_total{path="direct"}`, its
+//!   `status` naming the provider as a direct peer, a punch counted as
+//!   `direct`), a call open across the upgrade ends whole (it started
+//!   relayed and stays there); and a SYN to a member's public port from a
+//!   public host is dropped by its NAT (the connect times out), never
+//!   answered with a reset.
+//! - A stranger (a libp2p peer with a key of its own, holding no relayed
+//!   connection to the member) dials a public member's listening port: it
+//!   completes the handshake and is closed at once, counted in
+//!   `agentmesh_node_inbound_refused_total{reason="no_relayed_connection"}`.
+//! - TIME_WAIT: a punch right after the last direct connection between
+//!   the same two ports closed (its tuple seen in TIME_WAIT) succeeds.
+//! - The provider behind a symmetric NAT: its routers see two ports, its
+//!   `status` says `endpoint_dependent`, it skips every punch (counted)
+//!   and every call stays relayed and succeeds.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use agentmesh_netns::NatKind;
+use rand::RngCore as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use super::support::*;
+
+/// The port both members listen on and dial from.
+const LISTEN_PORT: u16 = 4500;
+
+fn direct_spec(expose: Option<&str>, forwards: &[&str]) -> MemberSpec {
+    MemberSpec {
+        routers: 2,
+        expose: expose.map(str::to_string),
+        forwards: forwards.iter().map(|s| s.to_string()).collect(),
+        args: vec![
+            "--direct=true".to_string(),
+            format!("--listen-port={LISTEN_PORT}"),
+        ],
+        ..Default::default()
+    }
+}
+
+/// The NAT kind `m`'s status names, once two routers observed it.
+async fn nat_kind(m: &Member) -> String {
+    eventually(&format!("{}: two routers observed it", m.name), || async {
+        let d = m.status().await?.direct?;
+        (d.observed.len() == 2).then_some(d.nat)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_calls_between_members_behind_eim_nats_go_direct() {
+    let Some(mut net) = Net::start("direct_eim", &[]).await else {
+        return;
+    };
+    net.add_router("r1").await;
+    net.add_router("r2").await;
+    let (ph, pgw) = net
+        .member_host("prov", Some(NatKind::EndpointIndependent))
+        .await;
+    let (ch, _cgw) = net
+        .member_host("caller", Some(NatKind::EndpointIndependent))
+        .await;
+    let mut provider = net
+        .member("prov", ph, &direct_spec(Some("echo-prov"), &[]))
+        .await;
+    let mut caller = net
+        .member("caller", ch, &direct_spec(None, &["echo-prov"]))
+        .await;
+    provider.wait_ready().await;
+    caller.wait_ready().await;
+    assert_eq!(nat_kind(&provider).await, "endpoint_independent");
+    assert_eq!(nat_kind(&caller).await, "endpoint_independent");
+
+    // Calls until one is carried by a direct connection: the first goes
+    // relayed (it never waits for a punch), the punch runs on that
+    // relayed connection, and a later call opens its stream on the
+    // direct connection once it is up. One call stays open across the
+    // upgrade: it started relayed and must end whole.
+    let mut payload = vec![0u8; 16 * 1024];
+    rand::thread_rng().fill_bytes(&mut payload);
+    let forward = caller.forwards["echo-prov"];
+    let mut in_flight = caller.host.connect(forward).await.expect("connect");
+    in_flight
+        .write_all(&payload[..8 * 1024])
+        .await
+        .expect("first half");
+    let mut echoed = vec![0u8; 8 * 1024];
+    tokio::time::timeout(DEADLINE, in_flight.read_exact(&mut echoed))
+        .await
+        .expect("first half echoed in time")
+        .expect("first half echoed");
+    assert_eq!(echoed, payload[..8 * 1024]);
+    let direct = r#"agentmesh_node_calls_by_path_total{path="direct"}"#;
+    let relayed = r#"agentmesh_node_calls_by_path_total{path="relayed"}"#;
+    let mut calls = 0u32;
+    eventually("a call on the direct connection", || {
+        calls += 1;
+        let (caller, payload) = (&caller, &payload);
+        async move {
+            caller.call_until_echoed("echo-prov", payload).await;
+            (caller.metric(direct).await >= 1.0).then_some(())
+        }
+    })
+    .await;
+    assert!(
+        caller.metric(relayed).await >= 1.0,
+        "the first call went relayed"
+    );
+    // The call that started before the upgrade still works, to its end.
+    in_flight
+        .write_all(&payload[8 * 1024..])
+        .await
+        .expect("second half");
+    in_flight.shutdown().await.expect("half-close");
+    let mut rest = Vec::new();
+    tokio::time::timeout(DEADLINE, in_flight.read_to_end(&mut rest))
+        .await
+        .expect("the rest echoed in time")
+        .expect("the rest echoed");
+    assert_eq!(
+        rest,
+        payload[8 * 1024..],
+        "the call in flight was not broken"
+    );
+    // Once up, the direct connection carries the next call too.
+    let before = caller.metric(direct).await;
+    caller.call_until_echoed("echo-prov", &payload).await;
+    assert_eq!(caller.metric(direct).await, before + 1.0);
+    let punched = caller
+        .metric(r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#)
+        .await
+        + provider
+            .metric(r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#)
+            .await;
+    assert!(punched >= 1.0, "a punch counted as direct");
+    let status = caller.status().await.expect("caller status");
+    let peers = status.direct.expect("direct section").direct_peers;
+    eprintln!("{calls} calls until one went direct; caller's direct peers {peers:?}");
+    // No call failed on the way.
+    let failed_out = caller
+        .metric(r#"agentmesh_node_calls_total{direction="outbound",result="connect_failed"}"#)
+        .await;
+    assert_eq!(failed_out, 0.0);
+
+    // Unsolicited inbound to the provider's public mapping is dropped by
+    // its NAT: the connect neither completes nor is refused.
+    let outsider = net.tb.public_host("outsider").await.expect("host");
+    let target = SocketAddr::new(pgw.expect("gw").public_addr().into(), LISTEN_PORT);
+    let attempt = tokio::time::timeout(Duration::from_secs(3), outsider.connect(target)).await;
+    match attempt {
+        Err(_elapsed) => {}
+        Ok(Ok(_)) => panic!("an unsolicited connection got through the NAT"),
+        Ok(Err(e)) => panic!("the NAT answered an unsolicited SYN ({e}): it must drop it"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_symmetric_nat_calls_stay_relayed_and_succeed() {
+    let Some(mut net) = Net::start("direct_sym", &[]).await else {
+        return;
+    };
+    net.add_router("r1").await;
+    net.add_router("r2").await;
+    let (ph, _pgw) = net
+        .member_host("prov", Some(NatKind::EndpointDependent))
+        .await;
+    let (ch, _cgw) = net
+        .member_host("caller", Some(NatKind::EndpointIndependent))
+        .await;
+    let mut provider = net
+        .member("prov", ph, &direct_spec(Some("echo-prov"), &[]))
+        .await;
+    let mut caller = net
+        .member("caller", ch, &direct_spec(None, &["echo-prov"]))
+        .await;
+    provider.wait_ready().await;
+    caller.wait_ready().await;
+    assert_eq!(nat_kind(&provider).await, "endpoint_dependent");
+    let text = provider.status().await.expect("status").render();
+    assert!(text.contains("NAT endpoint_dependent"), "{text}");
+
+    let mut payload = vec![0u8; 16 * 1024];
+    rand::thread_rng().fill_bytes(&mut payload);
+    let skipped = r#"agentmesh_node_upgrade_attempts_total{result="skipped_endpoint_dependent"}"#;
+    // Calls until the provider has declined a punch on a relayed
+    // connection, then more on that warm connection.
+    eventually("the provider skips a punch", || {
+        let (caller, provider, payload) = (&caller, &provider, &payload);
+        async move {
+            caller.call_until_echoed("echo-prov", payload).await;
+            (provider.metric(skipped).await >= 1.0).then_some(())
+        }
+    })
+    .await;
+    for _ in 0..5 {
+        let back = caller.call("echo-prov", &payload).await.expect("a call");
+        assert_eq!(back, payload);
+    }
+    let direct = caller
+        .metric(r#"agentmesh_node_calls_by_path_total{path="direct"}"#)
+        .await;
+    let relayed = caller
+        .metric(r#"agentmesh_node_calls_by_path_total{path="relayed"}"#)
+        .await;
+    assert_eq!(direct, 0.0, "no call went direct");
+    assert!(relayed >= 6.0, "{relayed} relayed calls");
+    let punched = provider
+        .metric(r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#)
+        .await;
+    assert_eq!(punched, 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_dialing_a_members_listening_port_is_closed_and_counted() {
+    use libp2p::core::muxing::StreamMuxerExt as _;
+    use libp2p::core::transport::{DialOpts, PortUse};
+    use libp2p::core::upgrade::Version;
+    use libp2p::core::{Endpoint, Transport as _};
+
+    let Some(mut net) = Net::start("direct_stranger", &[]).await else {
+        return;
+    };
+    net.add_router("r1").await;
+    let (host, _) = net.member_host("m", None).await;
+    let member_ip = host.addr();
+    let mut m = net.member("m", host, &direct_spec(None, &[])).await;
+    m.wait_ready().await;
+    let refused = r#"agentmesh_node_inbound_refused_total{reason="no_relayed_connection"}"#;
+    assert_eq!(m.metric(refused).await, 0.0);
+
+    let stranger = net.tb.public_host("stranger").await.expect("host");
+    let target: libp2p::Multiaddr = format!("/ip4/{member_ip}/tcp/{LISTEN_PORT}")
+        .parse()
+        .expect("addr");
+    let outcome = stranger
+        .spawn(async move {
+            let key = libp2p::identity::Keypair::generate_ed25519();
+            let mut t = libp2p::tcp::tokio::Transport::new(libp2p::tcp::Config::default())
+                .upgrade(Version::V1)
+                .authenticate(libp2p::noise::Config::new(&key).expect("noise"))
+                .multiplex(libp2p::yamux::Config::default())
+                .boxed();
+            let opts = DialOpts {
+                role: Endpoint::Dialer,
+                port_use: PortUse::New,
+            };
+            let (_peer, mut muxer) =
+                tokio::time::timeout(DEADLINE, t.dial(target, opts).expect("dial"))
+                    .await
+                    .map_err(|_| "no handshake in time".to_string())?
+                    .map_err(|e| format!("handshake: {e}"))?;
+            // The member closes it: the stranger's muxer ends.
+            tokio::time::timeout(DEADLINE, async {
+                while futures::future::poll_fn(|cx| muxer.poll_inbound_unpin(cx))
+                    .await
+                    .is_ok()
+                {}
+            })
+            .await
+            .map_err(|_| "the member kept the connection".to_string())
+        })
+        .await
+        .expect("stranger task");
+    outcome.expect("the stranger is closed");
+    eventually("the refusal counted", || async {
+        (m.metric(refused).await == 1.0).then_some(())
+    })
+    .await;
+    assert!(m.is_ready().await, "the member is unharmed");
+}
+
+/// TIME_WAIT: with fixed ports on both ends, the side that closed the
+/// direct connection first holds its 4-tuple in TIME_WAIT for 60 s. The
+/// test makes that happen (the direct connection closed for idleness,
+/// the TIME_WAIT socket seen with `ss`), then calls again well within
+/// the 60 s: the call succeeds and the new punch brings a direct
+/// connection up again on the same ports. Linux lets a `connect` from an
+/// explicitly bound port take over a TIME_WAIT tuple when that connection
+/// used TCP timestamps (the default), so the dial leaves from the
+/// listening port; where it cannot (timestamps off, a live socket on the
+/// tuple) the dial falls back to a fresh port (unit-tested in
+/// `node/src/transport/reuse/tests.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_punch_within_time_wait_of_the_last_direct_connection_succeeds() {
+    let Some(mut net) = Net::start("direct_tw", &[]).await else {
+        return;
+    };
+    net.add_router("r1").await;
+    net.add_router("r2").await;
+    let (ph, _pgw) = net
+        .member_host("prov", Some(NatKind::EndpointIndependent))
+        .await;
+    let (ch, _cgw) = net
+        .member_host("caller", Some(NatKind::EndpointIndependent))
+        .await;
+    let idle = ["--idle-connection-secs=2".to_string()];
+    let mut pspec = direct_spec(Some("echo-prov"), &[]);
+    pspec.args.extend(idle.clone());
+    let mut cspec = direct_spec(None, &["echo-prov"]);
+    cspec.args.extend(idle);
+    let mut provider = net.member("prov", ph, &pspec).await;
+    let mut caller = net.member("caller", ch, &cspec).await;
+    provider.wait_ready().await;
+    caller.wait_ready().await;
+    assert_eq!(nat_kind(&caller).await, "endpoint_independent");
+    let mut payload = vec![0u8; 4 * 1024];
+    rand::thread_rng().fill_bytes(&mut payload);
+    let direct = r#"agentmesh_node_calls_by_path_total{path="direct"}"#;
+    let punched = r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#;
+    eventually("a call on the direct connection", || {
+        let (caller, payload) = (&caller, &payload);
+        async move {
+            caller.call_until_echoed("echo-prov", payload).await;
+            (caller.metric(direct).await >= 1.0).then_some(())
+        }
+    })
+    .await;
+    let punches = caller.metric(punched).await;
+    // Both connections to the provider gone: the direct one closed for
+    // idleness, the relayed one after `--relayed-idle-secs`, so the next
+    // call makes a new relayed connection and a new punch.
+    let relayed_closed = r#"agentmesh_node_relayed_idle_closed_total{direction="outbound"}"#;
+    eventually(
+        "the direct and relayed connections closed for idleness",
+        || async {
+            let d = caller.status().await?.direct?;
+            let relayed_gone = caller.metric(relayed_closed).await >= 1.0;
+            (d.direct_peers.is_empty() && relayed_gone).then_some(())
+        },
+    )
+    .await;
+    let closed_at = tokio::time::Instant::now();
+    let mut time_wait = false;
+    for m in [&caller, &provider] {
+        let out = m
+            .host
+            .command("ss")
+            .args(["-tanH", "state", "time-wait"])
+            .output()
+            .await
+            .expect("ss");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        time_wait |= text.lines().any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.len() >= 4
+                && cols[cols.len() - 2].ends_with(&format!(":{LISTEN_PORT}"))
+                && cols[cols.len() - 1].ends_with(&format!(":{LISTEN_PORT}"))
+        });
+        eprintln!("{} TIME_WAIT sockets:\n{text}", m.name);
+    }
+    assert!(
+        time_wait,
+        "the direct connection's tuple is in TIME_WAIT on one side"
+    );
+    // Within TIME_WAIT: the call goes through, and a new punch brings the
+    // direct path back.
+    let before = caller.metric(direct).await;
+    eventually("a direct call again", || {
+        let (caller, payload) = (&caller, &payload);
+        async move {
+            caller.call_until_echoed("echo-prov", payload).await;
+            (caller.metric(direct).await > before).then_some(())
+        }
+    })
+    .await;
+    assert!(caller.metric(punched).await > punches, "a second punch");
+    assert!(
+        closed_at.elapsed() < Duration::from_secs(60),
+        "the second punch came too late to test TIME_WAIT"
+    );
+    eprintln!(
+        "port reuse fallbacks: caller {}, provider {}",
+        caller
+            .metric("agentmesh_node_port_reuse_fallbacks_total")
+            .await,
+        provider
+            .metric("agentmesh_node_port_reuse_fallbacks_total")
+            .await
+    );
+    // Nothing made either side misread its NAT.
+    assert_eq!(nat_kind(&caller).await, "endpoint_independent");
+    assert_eq!(nat_kind(&provider).await, "endpoint_independent");
+}
