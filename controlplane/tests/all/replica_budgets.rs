@@ -12,7 +12,7 @@ use agentmesh_proto::identity::Keypair;
 
 use crate::common::{
     self, TestDb,
-    binary::{run, serve},
+    binary::{member_token, serve, until_live_replicas},
 };
 
 /// One attempt (a budget too short for any retry): what the budget does
@@ -34,45 +34,8 @@ async fn enrollment_budget_is_shared_by_the_live_replicas(db: TestDb) {
     let env = db.binary_env();
     let flags = ["--enroll-rate-per-sec", "1", "--enroll-burst", "20"];
     let (a, b) = tokio::join!(serve(db.url(), &flags, &env), serve(db.url(), &flags, &env));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    for served in [&a, &b] {
-        loop {
-            let (_, body) = common::http_get(served.http_addr, "/metrics").await;
-            if common::metric(&body, "agentmesh_control_plane_live_replicas") == Some(2.0) {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "never counted 2 replicas"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    let out = run(
-        &[
-            "token",
-            "create",
-            "--db",
-            db.url(),
-            "--kind",
-            "bootstrap",
-            "--role",
-            "member",
-            "--max-uses",
-            "1000",
-        ],
-        &env,
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let tok = String::from_utf8(out.stdout)
-        .expect("utf8")
-        .trim()
-        .to_string();
+    until_live_replicas(&[&a, &b], 2.0).await;
+    let tok = member_token(db.url(), 1000, &env).await;
 
     let started = Instant::now();
     let mut calls = Vec::new();

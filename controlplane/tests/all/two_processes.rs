@@ -12,7 +12,7 @@ use agentmesh_proto::{
 
 use crate::common::{
     self, Backend, TestDb,
-    binary::{run, serve},
+    binary::{member_token, serve, until_live_replicas},
     client_at,
 };
 
@@ -65,48 +65,11 @@ async fn two_processes_starting_together_share_one_key_and_spend_a_token_once(db
     );
     // Each counts the other within a few heartbeats (2 s each; bounded
     // wait), and so serves half of every shared budget.
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    for served in [&a, &b] {
-        loop {
-            let (_, body) = common::http_get(served.http_addr, "/metrics").await;
-            if common::metric(&body, "agentmesh_control_plane_live_replicas") == Some(2.0) {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "never counted 2 replicas: {body}"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        }
-    }
+    until_live_replicas(&[&a, &b], 2.0).await;
 
     // One single-use token (from `token create`, a third process), presented
     // at once by two members, one to each control plane.
-    let out = run(
-        &[
-            "token",
-            "create",
-            "--db",
-            db.url(),
-            "--kind",
-            "bootstrap",
-            "--role",
-            "member",
-            "--max-uses",
-            "1",
-        ],
-        &env,
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let tok = String::from_utf8(out.stdout)
-        .expect("utf8")
-        .trim()
-        .to_string();
+    let tok = member_token(db.url(), 1, &env).await;
     let (ma, mb) = (Keypair::generate_ed25519(), Keypair::generate_ed25519());
     let (ra, rb) = tokio::join!(ca.enroll(&tok, &ma), cb.enroll(&tok, &mb));
     assert!(

@@ -103,3 +103,50 @@ impl Served {
             .expect("wait")
     }
 }
+
+/// A bootstrap member token of `max_uses` uses, made by `token create` (a
+/// process of its own, as an operator would) on the database at `db`.
+pub async fn member_token(db: &str, max_uses: u32, env: &[(&str, String)]) -> String {
+    let uses = max_uses.to_string();
+    let args = [
+        "token",
+        "create",
+        "--db",
+        db,
+        "--kind",
+        "bootstrap",
+        "--role",
+        "member",
+        "--max-uses",
+        &uses,
+    ];
+    let out = run(&args, env).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf8")
+        .trim()
+        .to_string()
+}
+
+/// Waits (bounded: 30 s) until every one of `served` counts `n` live
+/// replicas (a heartbeat every 2 s).
+pub async fn until_live_replicas(served: &[&Served], n: f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    for s in served {
+        loop {
+            let (_, body) = super::http_get(s.http_addr, "/metrics").await;
+            if super::metric(&body, "agentmesh_control_plane_live_replicas") == Some(n) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never counted {n} replicas: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
