@@ -70,7 +70,9 @@ KNOWN_FLAGS: dict[str, set[str]] = {
     },
     "agentmesh-control-plane backup": {"--db", "--to"},
     # controlplane/src/cli.rs, StoreCmd::Copy
-    "agentmesh-control-plane store copy": {"--from", "--to", "--from-key-encryption-key-file", "--key-encryption-key-file"},
+    "agentmesh-control-plane store copy": {
+        "--from", "--to", "--from-key-encryption-key-file", "--key-encryption-key-file",
+    },
     "agentmesh-router": {
         # issues 3 and 4
         "--control-plane", "--control-plane-ca", "--token-file", "--key-path", "--listen",
