@@ -243,8 +243,6 @@ def sqlite_path(db: str | None) -> str | None:
     return None
 
 
-POSTGRES_SCHEMES = ("postgres://", "postgresql://")
-
 # The control plane's --db default (controlplane/src/config/mod.rs).
 DEFAULT_DB = "sqlite://./agentmesh-data/controlplane.db"
 
