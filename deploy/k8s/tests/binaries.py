@@ -30,7 +30,7 @@ def find_binary(name: str) -> str | None:
 
 def help_text(binary: str, subcommand: str | None) -> str:
     """`binary [subcommand] --help`."""
-    cmd = [binary] + ([subcommand] if subcommand else []) + ["--help"]
+    cmd = [binary] + (subcommand.split() if subcommand else []) + ["--help"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {out.stderr}")

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import math
 import posixpath
+import re
+import urllib.parse
 from typing import Any, Callable
 
 from addresses import address_problems
 from model import (
+    DEFAULT_DB,
     HTTP_LISTENER_FLAG,
     VAR_REF,
     Container,
@@ -24,6 +27,7 @@ from model import (
     pod_template,
     selector_matches,
     sqlite_path,
+    store_kind,
     workloads,
 )
 
@@ -60,8 +64,15 @@ KNOWN_FLAGS: dict[str, set[str]] = {
         "--ipv6-source-prefix-len",
         # issue 18
         "--policy", "--policy-allow-all", "--policy-retention-secs", "--policy-check-interval-ms",
+        # the replicas issue (PostgreSQL, controlplane/src/config/mod.rs)
+        "--key-encryption-key-file", "--previous-key-encryption-key-file", "--db-pool-connections",
+        "--db-read-connections", "--db-unready-after-secs", "--grpc-max-connection-age-secs",
     },
     "agentmesh-control-plane backup": {"--db", "--to"},
+    # controlplane/src/cli.rs, StoreCmd::Copy
+    "agentmesh-control-plane store copy": {
+        "--from", "--to", "--from-key-encryption-key-file", "--key-encryption-key-file",
+    },
     "agentmesh-router": {
         # issues 3 and 4
         "--control-plane", "--control-plane-ca", "--token-file", "--key-path", "--listen",
@@ -100,12 +111,19 @@ FILE_FLAGS = {
     "--token-file",
     "--control-plane-ca",
     "--key-path",
-    "--db",
     "--to",
     "--policy",
+    "--key-encryption-key-file",
+    "--previous-key-encryption-key-file",
+    "--from-key-encryption-key-file",
 }
 # Of those, the ones the program writes (their directory must be writable).
-WRITTEN_FILE_FLAGS = {"--key-path", "--db", "--to"}
+WRITTEN_FILE_FLAGS = {"--key-path", "--to"}
+# Flags whose value is a database URL: a sqlite:// one names a file the
+# program writes (beside it the WAL, and the .kek by default); a
+# postgres:// one names none. `store copy` takes URLs in --from and --to.
+DB_URL_FLAGS = {"--db", "--from"}
+PROGRAM_DB_URL_FLAGS = {"agentmesh-control-plane store copy": {"--from", "--to"}}
 
 # SIGTERM -> go-away fan-out -> grace -> close must fit in the pod's grace.
 DRAIN_MARGIN_SECS = 15
@@ -123,6 +141,9 @@ ENROLL_RETRY_BUDGET_SECS = 180
 # The control plane's --shutdown-grace-secs default (controlplane/src/config.rs).
 CONTROL_PLANE_SHUTDOWN_GRACE_SECS = 10
 SHUTDOWN_MARGIN_SECS = 5
+# The variable the control plane reads a key-encryption key from
+# (controlplane/src/store/seal.rs, KEK_ENV).
+KEK_ENV = "AGENTMESH_KEY_ENCRYPTION_KEY"
 FLEET_ANNOTATION = "agentmesh/sized-for-members"
 K_ANNOTATION = "agentmesh/routers-per-member"
 
@@ -137,13 +158,6 @@ RESTRICTED_VOLUME_TYPES = {
     "csi",
     "ephemeral",
 }
-
-
-def file_of(flag: str, value: str) -> str:
-    """The file a file flag names (`--db` takes a sqlite:// URL)."""
-    if flag == "--db":
-        return sqlite_path(value) or value
-    return value
 
 
 def mount_for(c: Container, path: str) -> dict[str, Any] | None:
@@ -263,8 +277,13 @@ def check_flags(objects: list[dict[str, Any]]) -> list[str]:
                 "--peer-stream-budget",
             ):
                 problems.append(f"{c.where}: {name} given {len(values)} times")
-            if name in FILE_FLAGS:
-                path = file_of(name, c.expand(values[-1]))
+            url_flags = PROGRAM_DB_URL_FLAGS.get(program, DB_URL_FLAGS)
+            if name in FILE_FLAGS or name in url_flags:
+                path = c.expand(values[-1])
+                if name in url_flags:
+                    if sqlite_path(path) is None:
+                        continue  # PostgreSQL: no file (check_database_secrets judges the URL)
+                    path = sqlite_path(path) or ""
                 m = mount_for(c, path)
                 if m is None:
                     problems.append(f"{c.where}: {name} {path} is on no volume")
@@ -274,7 +293,7 @@ def check_flags(objects: list[dict[str, Any]]) -> list[str]:
                 rel = posixpath.relpath(path, m["mountPath"])
                 if items is not None and rel not in {i["path"] for i in items}:
                     problems.append(f"{c.where}: {name} {path} is not an item of volume {m['name']}")
-                if name in WRITTEN_FILE_FLAGS and (
+                if (name in WRITTEN_FILE_FLAGS or name in url_flags) and (
                     m.get("readOnly") or not ({"persistentVolumeClaim", "emptyDir"} & set(vol))
                 ):
                     problems.append(f"{c.where}: {name} {path} is written but its volume is not writable storage")
@@ -476,7 +495,10 @@ def _fleet_problems(c: Container, sts: dict[str, Any], low: int, cps: list[Conta
 
 
 def check_control_plane(objects: list[dict[str, Any]]) -> list[str]:
-    """Control plane: one pod over SQLite, key grace long enough, probes, backups."""
+    """Control plane: the shape its store needs (SQLite: one pod, Recreate, a
+    claim, backups; PostgreSQL: several replicas rolled without losing one,
+    spread, a PDB, a preStop, the DSN and key from Secrets, a headless
+    Service), grace periods, probes, key grace, policy, the public URL."""
     problems: list[str] = []
     cps = [c for c in containers(objects) if c.binary == "agentmesh-control-plane" and not c.subcommand]
     if not cps:
@@ -484,21 +506,12 @@ def check_control_plane(objects: list[dict[str, Any]]) -> list[str]:
     c = _single(cps, "control-plane container", problems)
     if c is None:
         return problems
-    w = c.workload
-    if sqlite_path(c.flag("--db")):
-        if (
-            w["kind"] != "Deployment"
-            or w["spec"].get("replicas", 1) != 1
-            or (w["spec"].get("strategy") or {}).get("type") != "Recreate"
-        ):
-            problems.append(f"{c.where}: SQLite needs a single-replica Deployment with strategy Recreate")
+    if store_kind(c) == "sqlite":
+        problems += _sqlite_problems(c, objects)
+    else:
+        problems += _postgres_problems(c, objects)
     problems += _probe_problems(c, HTTP_LISTENER_FLAG["agentmesh-control-plane"])
-    grace = (pod_template(w) or {}).get("spec", {}).get("terminationGracePeriodSeconds", 30)
-    shutdown = int(c.flag("--shutdown-grace-secs") or CONTROL_PLANE_SHUTDOWN_GRACE_SECS)
-    if grace < shutdown + SHUTDOWN_MARGIN_SECS:
-        problems.append(
-            f"{c.where}: terminationGracePeriodSeconds {grace} < shutdown grace {shutdown} + {SHUTDOWN_MARGIN_SECS}"
-        )
+    problems += _grace_problems(c)
     if "cpu" in ((c.spec.get("resources") or {}).get("limits") or {}):
         problems.append(f"{c.where}: has a CPU limit")
     try:
@@ -511,21 +524,70 @@ def check_control_plane(objects: list[dict[str, Any]]) -> list[str]:
             )
     except ValueError:
         problems.append(f"{c.where}: TTL, skew and key grace must be integers")
-
     problems += _policy_problems(c, objects)
+    problems += _public_url_problems(c, objects)
+    return problems
 
+
+def pre_stop_secs(c: Container) -> int | None:
+    """The seconds a preStop hook waits (a sleep action, or an exec of `sleep N`);
+    None without a hook, 0 for a hook whose length is not known."""
+    hook = (c.spec.get("lifecycle") or {}).get("preStop")
+    if not hook:
+        return None
+    if "sleep" in hook:
+        return int(hook["sleep"].get("seconds", 0))
+    cmd = [str(x) for x in (hook.get("exec") or {}).get("command") or []]
+    if len(cmd) == 2 and cmd[0].rsplit("/", 1)[-1] == "sleep" and cmd[1].isdigit():
+        return int(cmd[1])
+    return 0
+
+
+def _grace_problems(c: Container) -> list[str]:
+    """SIGTERM comes after the preStop hook; both fit in the pod's grace period."""
+    grace = c.pod_spec.get("terminationGracePeriodSeconds", 30)
+    shutdown = int(c.flag("--shutdown-grace-secs") or CONTROL_PLANE_SHUTDOWN_GRACE_SECS)
+    pre = pre_stop_secs(c) or 0
+    if grace < pre + shutdown + SHUTDOWN_MARGIN_SECS:
+        before = f"preStop {pre} + " if pre else ""
+        return [
+            f"{c.where}: terminationGracePeriodSeconds {grace} < {before}shutdown grace {shutdown} "
+            f"+ {SHUTDOWN_MARGIN_SECS}"
+        ]
+    return []
+
+
+def _claim_of(c: Container, path: str | None) -> str | None:
+    """The claim of the volume holding `path`, if it is a PersistentVolumeClaim."""
+    m = mount_for(c, path or "") if path and path.startswith("/") else None
+    return ((c.volume(m["name"]) or {}).get("persistentVolumeClaim") or {}).get("claimName") if m else None
+
+
+def _sqlite_problems(c: Container, objects: list[dict[str, Any]]) -> list[str]:
+    """One pod, replaced with Recreate, its file on a rendered claim, backed up
+    by a job on the same claim and node."""
+    problems = []
+    w = c.workload
+    if (
+        w["kind"] != "Deployment"
+        or w["spec"].get("replicas", 1) != 1
+        or (w["spec"].get("strategy") or {}).get("type") != "Recreate"
+    ):
+        problems.append(f"{c.where}: SQLite needs a single-replica Deployment with strategy Recreate")
+    db = c.flag("--db") or DEFAULT_DB
+    db_claim = _claim_of(c, sqlite_path(db))
+    if db_claim is None or find(objects, "PersistentVolumeClaim", db_claim) is None:
+        problems.append(
+            f"{c.where}: SQLite file {sqlite_path(db)} is not on a rendered PersistentVolumeClaim "
+            "(the database would go with the pod)"
+        )
     backups = [x for x in containers(objects) if x.binary == "agentmesh-control-plane" and x.subcommand == "backup"]
     if not backups:
         problems.append(f"{c.where}: no backup job")
-    db_mount = mount_for(c, sqlite_path(c.flag("--db")) or "")
-    db_claim = (
-        ((c.volume(db_mount["name"]) or {}).get("persistentVolumeClaim") or {}).get("claimName") if db_mount else None
-    )
     for b in backups:
         if b.flag("--db") != c.flag("--db"):
             problems.append(f"{b.where}: backs up {b.flag('--db')}, the control plane uses {c.flag('--db')}")
-        bm = mount_for(b, sqlite_path(b.flag("--db")) or "")
-        claim = ((b.volume(bm["name"]) or {}).get("persistentVolumeClaim") or {}).get("claimName") if bm else None
+        claim = _claim_of(b, sqlite_path(b.flag("--db")))
         if claim != db_claim:
             problems.append(f"{b.where}: mounts claim {claim}, the control plane's data is {db_claim}")
         pvc = find(objects, "PersistentVolumeClaim", db_claim or "")
@@ -541,6 +603,181 @@ def check_control_plane(objects: list[dict[str, Any]]) -> list[str]:
                 problems.append(f"{b.where}: ReadWriteOnce data but no required affinity to the control plane's node")
         if b.workload["kind"] == "CronJob" and b.workload["spec"].get("concurrencyPolicy") != "Forbid":
             problems.append(f"{b.where}: concurrencyPolicy is not Forbid")
+    return problems
+
+
+def _postgres_problems(c: Container, objects: list[dict[str, Any]]) -> list[str]:
+    """Several interchangeable replicas on one database (docs/storage.md)."""
+    problems = []
+    w = c.workload
+    if w["kind"] != "Deployment":
+        return [f"{c.where}: PostgreSQL replicas are interchangeable: run them as a Deployment, not a {w['kind']}"]
+    replicas = int(w["spec"].get("replicas", 1))
+    if replicas < 2:
+        problems.append(
+            f"{c.where}: {replicas} replica on PostgreSQL: run at least 2, so a restart or a node loss "
+            "leaves one serving"
+        )
+    strategy = w["spec"].get("strategy") or {}
+    rolling = strategy.get("rollingUpdate") or {}
+    if strategy.get("type", "RollingUpdate") != "RollingUpdate":
+        problems.append(f"{c.where}: strategy {strategy.get('type')}: replicas on PostgreSQL roll (RollingUpdate)")
+    elif str(rolling.get("maxUnavailable", "25%")) not in ("0", "0%"):
+        problems.append(
+            f"{c.where}: rollingUpdate.maxUnavailable {rolling.get('maxUnavailable', '25% (default)')}, "
+            "should be 0: a rollout would stop a replica before its replacement is ready"
+        )
+    problems += _pdb_problems(c, objects, replicas)
+    if not _spread_over_nodes(c):
+        problems.append(
+            f"{c.where}: no pod anti-affinity (or topology spread) over kubernetes.io/hostname: replicas may share "
+            "the node whose loss takes them together"
+        )
+    if pre_stop_secs(c) is None:
+        problems.append(
+            f"{c.where}: no preStop hook: SIGTERM would close the listener while the Services still send it "
+            "new connections"
+        )
+    if c.secret_ref((c.flags().get("--db") or [""])[-1]) is None:
+        problems.append(
+            f"{c.where}: --db is not $(VAR) of an env item from a Secret: the PostgreSQL DSN (user, host, "
+            "maybe password) is a secret, never a literal in args or a ConfigMap"
+        )
+    problems += _kek_problems(c)
+    for v in c.pod_spec.get("volumes", []) or []:
+        if "persistentVolumeClaim" in v:
+            problems.append(
+                f"{c.where}: mounts claim {v['persistentVolumeClaim']['claimName']}: the state is in PostgreSQL, "
+                "and a ReadWriteOnce claim would hold every replica on one node"
+            )
+    for b in containers(objects):
+        if b.binary == "agentmesh-control-plane" and b.subcommand == "backup":
+            problems.append(
+                f"{b.where}: a SQLite backup job, but the control plane runs on PostgreSQL "
+                "(back it up with the server's own tools)"
+            )
+    problems += _headless_problems(c, objects)
+    return problems
+
+
+def _pdb_problems(c: Container, objects: list[dict[str, Any]], replicas: int) -> list[str]:
+    """A PDB that lets node drains take one replica at a time, never all."""
+    pdbs = [
+        p
+        for p in objects
+        if p["kind"] == "PodDisruptionBudget" and selector_matches(p["spec"].get("selector"), c.pod_labels)
+    ]
+    if not pdbs:
+        return [f"{c.where}: no PodDisruptionBudget: a node drain may evict every replica at once"]
+    problems = []
+    for p in pdbs:
+        where = f"PodDisruptionBudget/{p['metadata']['name']}"
+        spec = p["spec"]
+        value = spec.get("maxUnavailable", spec.get("minAvailable"))
+        if not isinstance(value, int):
+            problems.append(f"{where}: give a number of replicas, not {value!r}")
+            continue
+        unavailable = value if "maxUnavailable" in spec else replicas - value
+        if unavailable < 1:
+            problems.append(f"{where}: allows no eviction of {replicas} replicas: node drains would block")
+        elif unavailable > replicas - 1:
+            problems.append(f"{where}: lets every one of {replicas} replicas be evicted at once")
+    return problems
+
+
+def _spread_over_nodes(c: Container) -> bool:
+    """Anti-affinity (preferred or required) or a topology spread over nodes."""
+    anti = (c.pod_spec.get("affinity") or {}).get("podAntiAffinity") or {}
+    terms = list(anti.get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+    terms += [t.get("podAffinityTerm") or {} for t in anti.get("preferredDuringSchedulingIgnoredDuringExecution") or []]
+    terms += c.pod_spec.get("topologySpreadConstraints") or []
+    return any(
+        t.get("topologyKey") == "kubernetes.io/hostname" and selector_matches(t.get("labelSelector"), c.pod_labels)
+        for t in terms
+    )
+
+
+def _kek_problems(c: Container) -> list[str]:
+    """PostgreSQL has no default key-encryption key: a file from a Secret, or
+    the variable from a Secret (docs/storage.md, "Signing keys at rest")."""
+    path = c.flag("--key-encryption-key-file")
+    if path is not None:
+        m = mount_for(c, path)
+        if m is None or "secret" not in (c.volume(m["name"]) or {}):
+            return [f"{c.where}: --key-encryption-key-file {path} is not on a Secret volume"]
+        return []
+    if c.secret_ref(f"$({KEK_ENV})") is not None:
+        return []
+    return [
+        f"{c.where}: no key-encryption key: PostgreSQL needs --key-encryption-key-file on a Secret volume "
+        f"or {KEK_ENV} from a Secret, or the control plane refuses to start"
+    ]
+
+
+def _headless_problems(c: Container, objects: list[dict[str, Any]]) -> list[str]:
+    """A headless Service over the ready replicas' gRPC port: their own
+    addresses, for clients that balance themselves."""
+    grpc = addr_port(c.flag("--grpc-addr"))
+    headless = [
+        s
+        for s in objects
+        if s["kind"] == "Service"
+        and s["spec"].get("clusterIP") == "None"
+        and selector_matches(s["spec"].get("selector"), c.pod_labels)
+    ]
+    if not headless:
+        return [f"{c.where}: no headless Service over the replicas (clients balancing themselves need their addresses)"]
+    problems = []
+    for s in headless:
+        where = f"Service/{s['metadata']['name']}"
+        if s["spec"].get("publishNotReadyAddresses"):
+            problems.append(f"{where}: publishes replicas that are not ready")
+        if not any(c.port_number(p.get("targetPort", p.get("port"))) == grpc for p in s["spec"].get("ports", [])):
+            problems.append(f"{where}: no port to the gRPC port {grpc}")
+    return problems
+
+
+def _public_url_problems(c: Container, objects: list[dict[str, Any]]) -> list[str]:
+    """The URL members sign is served by a Service that balances over every
+    replica (by its name or the name external-dns publishes for it), on a
+    port to the gRPC port; not by the headless one, whose name would hold a
+    client to the replica DNS gave it first."""
+    url = c.flag("--public-url")
+    if not url:
+        return [f"{c.where}: no --public-url: members would sign the bound address"]
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    grpc = addr_port(c.flag("--grpc-addr"))
+    ns = c.workload["metadata"].get("namespace")
+
+    def names(svc: dict[str, Any]) -> set[str]:
+        name = svc["metadata"]["name"]
+        out = {name}
+        for n in [ns] if ns else []:
+            out |= {f"{name}.{n}", f"{name}.{n}.svc", f"{name}.{n}.svc.cluster.local"}
+        ann = (svc["metadata"].get("annotations") or {}).get("external-dns.alpha.kubernetes.io/hostname", "")
+        return out | {h.strip() for h in ann.split(",") if h.strip()}
+
+    services = [
+        s for s in objects if s["kind"] == "Service" and selector_matches(s["spec"].get("selector"), c.pod_labels)
+    ]
+    named = [s for s in services if host in names(s)]
+    balancing = [s for s in named if s["spec"].get("clusterIP") != "None"]
+    if not balancing:
+        if named:
+            return [
+                f"{c.where}: --public-url host {host} is the headless Service {named[0]['metadata']['name']}: "
+                "clients would stay on the replica DNS gave them first; name the balancing Service"
+            ]
+        return [f"{c.where}: --public-url host {host} is no Service over the control plane (name or external-dns)"]
+    problems = []
+    for s in balancing:
+        if not any(
+            p.get("port") == port and c.port_number(p.get("targetPort", p.get("port"))) == grpc
+            for p in s["spec"].get("ports", [])
+        ):
+            problems.append(f"Service/{s['metadata']['name']}: no port {port} to the gRPC port {grpc} (--public-url)")
     return problems
 
 
@@ -658,6 +895,13 @@ EXTERNAL_OBJECTS = {
     ("Secret", "agentmesh-router-token"),
     ("Secret", "agentmesh-member-token"),
     ("ConfigMap", "agentmesh-control-plane-ca"),
+    # PostgreSQL (overlays/ha-postgres, examples/sqlite-to-postgres).
+    ("Secret", "agentmesh-control-plane-db"),
+    ("Secret", "agentmesh-key-encryption-key"),
+    # The SQLite control plane's claim, which examples/sqlite-to-postgres
+    # reads (a serving control plane's own claim must be rendered with it:
+    # check_control_plane).
+    ("PersistentVolumeClaim", "agentmesh-control-plane-data"),
 }
 
 
@@ -668,19 +912,65 @@ def check_volumes(objects: list[dict[str, Any]]) -> list[str]:
         for m in c.mounts():
             if c.volume(m["name"]) is None:
                 problems.append(f"{c.where}: mount {m['mountPath']} names no volume {m['name']}")
+    claimed = set()
     for w in workloads(objects):
         where = f"{w['kind']}/{w['metadata']['name']}"
-        for v in (pod_template(w) or {}).get("spec", {}).get("volumes", []) or []:
-            refs = []
+        spec = (pod_template(w) or {}).get("spec", {})
+        refs = []
+        for v in spec.get("volumes", []) or []:
             if "persistentVolumeClaim" in v:
-                refs.append(("PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]))
+                refs.append((f"volume {v['name']}", "PersistentVolumeClaim", v["persistentVolumeClaim"]["claimName"]))
+                claimed.add(v["persistentVolumeClaim"]["claimName"])
             if "configMap" in v:
-                refs.append(("ConfigMap", v["configMap"]["name"]))
+                refs.append((f"volume {v['name']}", "ConfigMap", v["configMap"]["name"]))
             if "secret" in v:
-                refs.append(("Secret", v["secret"]["secretName"]))
-            for kind, name in refs:
-                if find(objects, kind, name) is None and (kind, name) not in EXTERNAL_OBJECTS:
-                    problems.append(f"{where}: volume {v['name']} needs {kind}/{name}, neither rendered nor documented")
+                refs.append((f"volume {v['name']}", "Secret", v["secret"]["secretName"]))
+        for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+            for e in c.get("env", []) or []:
+                src = e.get("valueFrom") or {}
+                if "secretKeyRef" in src:
+                    refs.append((f"env {e['name']}", "Secret", src["secretKeyRef"]["name"]))
+                if "configMapKeyRef" in src:
+                    refs.append((f"env {e['name']}", "ConfigMap", src["configMapKeyRef"]["name"]))
+        for what, kind, name in refs:
+            if find(objects, kind, name) is None and (kind, name) not in EXTERNAL_OBJECTS:
+                problems.append(f"{where}: {what} needs {kind}/{name}, neither rendered nor documented")
+    for o in objects:
+        if o["kind"] == "PersistentVolumeClaim" and o["metadata"]["name"] not in claimed:
+            problems.append(f"PersistentVolumeClaim/{o['metadata']['name']}: mounted by no workload")
+    return problems
+
+
+# A PostgreSQL URL, wherever it is written.
+POSTGRES_URL = re.compile(r"postgres(?:ql)?://")
+# Variables holding a secret themselves.
+SECRET_ENV = {"PGPASSWORD", KEK_ENV}
+
+
+def check_database_secrets(objects: list[dict[str, Any]]) -> list[str]:
+    """A PostgreSQL DSN (user, host, maybe password), its password and the
+    key-encryption key come from Secrets: never a literal in args, in an env
+    value or in a ConfigMap, which anyone who can read the manifests (or
+    `kubectl get configmap`) sees."""
+    problems = []
+    for o in objects:
+        if o["kind"] == "ConfigMap":
+            for k, v in (o.get("data") or {}).items():
+                if POSTGRES_URL.search(str(v)):
+                    problems.append(
+                        f"ConfigMap/{o['metadata']['name']}: key {k} holds a PostgreSQL URL: put the DSN in a Secret"
+                    )
+    for c in containers(objects):
+        for a in (c.spec.get("command") or []) + (c.spec.get("args") or []):
+            if POSTGRES_URL.search(str(a)):
+                problems.append(f"{c.where}: argument {a!r} is a literal PostgreSQL URL: give $(VAR) from a Secret")
+        for e in c.spec.get("env", []) or []:
+            if "value" not in e:
+                continue
+            if e["name"] in SECRET_ENV:
+                problems.append(f"{c.where}: env {e['name']} is a literal: read it from a Secret (secretKeyRef)")
+            elif POSTGRES_URL.search(str(e["value"])):
+                problems.append(f"{c.where}: env {e['name']} is a literal PostgreSQL URL: read it from a Secret")
     return problems
 
 
@@ -693,4 +983,5 @@ ALL_CHECKS: dict[str, Callable[[list[dict[str, Any]]], list[str]]] = {
     "selectors": check_selectors,
     "network_policies": check_network_policies,
     "volumes": check_volumes,
+    "database_secrets": check_database_secrets,
 }

@@ -10,7 +10,10 @@ Supported kustomization fields (anything else is an error, never ignored):
   directories holding a kustomization), namespace, labels (pairs with
   includeSelectors: false; labels go to metadata.labels only), images (name,
   newName, newTag, digest) and patches given by `path` holding strategic-merge
-  patches that name their target by kind and metadata.name.
+  patches that name their target by kind and metadata.name. One directive:
+  `$patch: delete`, on a whole object (alone in its patch file: kustomize
+  5.5 crashes on a file holding it beside other patches) or on an item of a
+  keyed list (the item names only its merge key).
 
 Transformers run in kustomize's order: patches, namespace, labels, images.
 """
@@ -136,7 +139,8 @@ def apply_patch_entry(objects: list[dict[str, Any]], directory: str, kpath: str,
     ppath = os.path.join(directory, entry["path"])
     if not os.path.isfile(ppath):
         raise KustomizeError(f"{kpath}: patch {entry['path']} does not exist")
-    for patch in load_documents(ppath):
+    patches = load_documents(ppath)
+    for patch in patches:
         targets = [
             o
             for o in objects
@@ -148,6 +152,15 @@ def apply_patch_entry(objects: list[dict[str, Any]], directory: str, kpath: str,
             raise KustomizeError(
                 f"{ppath}: patch for {patch['kind']}/{patch['metadata']['name']} matches {len(targets)} objects"
             )
+        if "$patch" in patch:
+            if patch["$patch"] != "delete" or set(patch) != {"apiVersion", "kind", "metadata", "$patch"}:
+                raise KustomizeError(f"{ppath}: only `$patch: delete` of a whole object (nothing else) is supported")
+            if len(patches) > 1:
+                raise KustomizeError(
+                    f"{ppath}: `$patch: delete` must be alone in its patch file (kustomize 5.5 crashes otherwise)"
+                )
+            objects.remove(targets[0])
+            continue
         body = {k: v for k, v in patch.items() if k not in ("apiVersion", "kind")}
         merged = strategic_merge(targets[0], body, [])
         targets[0].clear()
@@ -181,8 +194,16 @@ def merge_list(orig: list[Any], patch: list[Any], key: str, path: list[str]) -> 
         if not isinstance(item, dict) or key not in item:
             raise KustomizeError(f"list {'.'.join(path)}: patch item without merge key {key}")
         match = [o for o in orig if isinstance(o, dict) and o.get(key) == item[key]]
-        out.append(strategic_merge(match[0], item, path) if match else copy.deepcopy(item))
         used.add(item[key])
+        if "$patch" in item:
+            if item["$patch"] != "delete" or set(item) != {key, "$patch"}:
+                raise KustomizeError(
+                    f"list {'.'.join(path)}: only `{{{key}: ..., $patch: delete}}` is supported, got {item!r}"
+                )
+            if not match:
+                raise KustomizeError(f"list {'.'.join(path)}: `$patch: delete` of {item[key]!r} deletes nothing")
+            continue
+        out.append(strategic_merge(match[0], item, path) if match else copy.deepcopy(item))
     out.extend(copy.deepcopy(o) for o in orig if not (isinstance(o, dict) and o.get(key) in used))
     return out
 

@@ -52,11 +52,18 @@ class Container:
 
     @property
     def subcommand(self) -> str | None:
-        """The first positional argument (e.g. `backup`), if any."""
-        args = self.spec.get("args") or []
-        if args and not str(args[0]).startswith("-"):
-            return str(args[0])
-        return None
+        """The positional arguments before the first flag (e.g. `backup`,
+        `store copy`), if any."""
+        words = self._subcommand_words()
+        return " ".join(words) if words else None
+
+    def _subcommand_words(self) -> list[str]:
+        words = []
+        for a in self.spec.get("args") or []:
+            if str(a).startswith("-"):
+                break
+            words.append(str(a))
+        return words
 
     def port_number(self, port: Any) -> int | None:
         """Resolves a named or numbered container port."""
@@ -69,8 +76,7 @@ class Container:
         """Flag name -> raw values as written in args (before expansion)."""
         out: dict[str, list[str]] = {}
         args = [str(a) for a in self.spec.get("args", []) or []]
-        if self.subcommand:
-            args = args[1:]
+        args = args[len(self._subcommand_words()) :]
         i = 0
         while i < len(args):
             a = args[i]
@@ -99,6 +105,21 @@ class Container:
         """The expanded value of a single-valued flag, or None when absent."""
         values = self.flags().get(name)
         return self.expand(values[-1]) if values else None
+
+    def env_entry(self, name: str) -> dict[str, Any] | None:
+        """The container's own `env` item named `name`, if any."""
+        for e in self.spec.get("env", []) or []:
+            if e.get("name") == name:
+                return e
+        return None
+
+    def secret_ref(self, value: str | None) -> tuple[str, str] | None:
+        """(Secret, key) when `value` is exactly `$(VAR)` and VAR is an env item
+        read from a Secret (`valueFrom.secretKeyRef`), else None."""
+        m = VAR_REF.fullmatch(value or "")
+        e = self.env_entry(m.group(1)) if m else None
+        ref = ((e or {}).get("valueFrom") or {}).get("secretKeyRef")
+        return (ref["name"], ref["key"]) if ref else None
 
     def mounts(self) -> list[dict[str, Any]]:
         return list(self.spec.get("volumeMounts", []) or [])
@@ -220,6 +241,19 @@ def sqlite_path(db: str | None) -> str | None:
     if db and db.startswith("sqlite://"):
         return db[len("sqlite://") :]
     return None
+
+
+# The control plane's --db default (controlplane/src/config/mod.rs).
+DEFAULT_DB = "sqlite://./agentmesh-data/controlplane.db"
+
+
+def store_kind(c: Container) -> str:
+    """Which store a control-plane container runs on: `sqlite` (a sqlite://
+    URL, or no --db: the default is a SQLite file), else `postgres` (the only
+    other scheme `--db` takes; its URL may be known only at run time, from a
+    Secret)."""
+    db = c.flag("--db")
+    return "sqlite" if sqlite_path(db if db is not None else DEFAULT_DB) else "postgres"
 
 
 def addr_port(addr: str | None) -> int | None:

@@ -292,12 +292,12 @@ def check_monitors(objects: list[dict[str, Any]]) -> list[str]:
         if not flag or c.subcommand:
             continue
         port = addr_port(c.flag(flag))
-        scraped = False
+        scraped = 0
         for mon in monitors:
             spec = mon.get("spec") or {}
             if mon["kind"] == "PodMonitor":
                 if selector_matches(spec.get("selector"), c.pod_labels):
-                    scraped |= any(
+                    scraped += sum(
                         c.port_number(ep.get("port")) == port for ep in spec.get("podMetricsEndpoints") or []
                     )
             else:
@@ -311,9 +311,14 @@ def check_monitors(objects: list[dict[str, Any]]) -> list[str]:
                     for ep in spec.get("endpoints") or []:
                         for sp in svc["spec"].get("ports", []):
                             if sp.get("name") == ep.get("port") and c.port_number(sp.get("targetPort")) == port:
-                                scraped = True
+                                scraped += 1
         if not scraped:
             problems.append(f"{c.where}: no monitor scrapes its metrics listener (port {port})")
+        elif scraped > 1:
+            problems.append(
+                f"{c.where}: its metrics listener (port {port}) is scraped {scraped} times (e.g. through two "
+                "Services): every series would be doubled"
+            )
     return problems
 
 

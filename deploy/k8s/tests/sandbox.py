@@ -83,9 +83,21 @@ class Sandbox:
         prefixes = "|".join(re.escape(p) for p in MOUNT_PREFIXES)
         return re.sub(rf"(^|=|sqlite://)({prefixes})(?=/|$)", lambda m: m.group(1) + self.root + m.group(2), value)
 
-    def argv(self, c: Container, pod_name: str) -> list[str]:
-        """The container's command and args, expanded and remapped."""
+    def secret_env(self, c: Container, files: dict[str, dict[str, bytes]]) -> dict[str, str]:
+        """The container's env items read from Secrets (`secretKeyRef`), from
+        `files[secret][key]`, as the kubelet puts them in the process's env."""
+        out = {}
+        for e in c.spec.get("env", []) or []:
+            ref = (e.get("valueFrom") or {}).get("secretKeyRef")
+            if ref and ref["key"] in files.get(ref["name"], {}):
+                out[e["name"]] = files[ref["name"]][ref["key"]].decode()
+        return out
+
+    def argv(self, c: Container, pod_name: str, files: dict[str, dict[str, bytes]] | None = None) -> list[str]:
+        """The container's command and args, expanded (Secrets' values from
+        `files`) and remapped."""
         env = {k: v for k, v in c.env_values.items() if v is not None}
+        env.update(self.secret_env(c, files or {}))
         for e in c.spec.get("env", []) or []:
             ref = e.get("valueFrom") or {}
             if (ref.get("fieldRef") or {}).get("fieldPath") == "metadata.name":
@@ -137,10 +149,11 @@ class Sandbox:
                         f.write(data[item["key"]])
                     os.chmod(os.path.join(target, item["path"]), 0o600)
 
-    def start(self, argv: list[str], log_name: str) -> subprocess.Popen:
-        """Starts a program, logging to the sandbox."""
+    def start(self, argv: list[str], log_name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Starts a program, logging to the sandbox; `env` adds to the environment."""
         log = open(os.path.join(self.root, log_name + ".log"), "wb")  # noqa: SIM115 (closed with the process)
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "info"})
+        env = {**os.environ, "RUST_LOG": "info", **(env or {})}
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.procs.append(proc)
         return proc
 

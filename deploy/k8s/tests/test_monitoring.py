@@ -120,3 +120,14 @@ def test_promtool_accepts_the_rules(tmp_path):
         ["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=120, check=False
     )
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_listener_scraped_through_two_services_is_caught():
+    """overlays/ha-postgres's headless Service carries only the gRPC port: with
+    the HTTP port too, the ServiceMonitor would scrape every replica twice."""
+    objects = render("overlays/ha-postgres")
+    assert check_monitors(objects) == []
+    name = "agentmesh-control-plane-headless"
+    svc = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == name)
+    svc["spec"]["ports"].append({"name": "http", "port": 7401, "targetPort": "http", "protocol": "TCP"})
+    assert any("is scraped 2 times" in p for p in check_monitors(objects)), check_monitors(objects)

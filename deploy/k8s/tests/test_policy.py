@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import checks
-from conftest import TARGETS, render
+from conftest import OVERLAYS, TARGETS, render
+from model import containers, store_kind
 
 
 @pytest.mark.parametrize("target_name", TARGETS)
@@ -294,3 +295,252 @@ def test_quic_announced_and_exposed_everywhere_passes():
         svc = get(objects, "Service", f"agentmesh-router-{i}")
         svc["spec"]["ports"].append({"name": "p2p-quic", "port": 4001, "targetPort": "p2p-quic", "protocol": "UDP"})
     assert checks.check_router(objects) == []
+
+
+# --- the shape each store needs -----------------------------------------------
+
+
+def test_the_overlays_cover_both_stores():
+    def store(overlay):
+        return store_kind(next(c for c in containers(render(overlay)) if c.binary == "agentmesh-control-plane"))
+
+    stores = {o: store(o) for o in OVERLAYS}
+    assert stores["overlays/dev"] == stores["overlays/production"] == "sqlite"
+    assert stores["overlays/ha-postgres"] == "postgres"
+
+
+def cp_three_replicas(o):
+    get(o, "Deployment")["spec"]["replicas"] = 3
+
+
+def sqlite_on_empty_dir(o):
+    pod = get(o, "Deployment")["spec"]["template"]["spec"]
+    data = next(v for v in pod["volumes"] if v["name"] == "data")
+    del data["persistentVolumeClaim"]
+    data["emptyDir"] = {}
+
+
+SQLITE_MUTATIONS = [
+    (cp_three_replicas, "SQLite needs a single-replica Deployment with strategy Recreate"),
+    (sqlite_on_empty_dir, "SQLite file /var/lib/agentmesh/controlplane.db is not on a rendered PersistentVolumeClaim"),
+]
+
+
+@pytest.mark.parametrize("mutate, expected", SQLITE_MUTATIONS, ids=[m.__name__ for m, _ in SQLITE_MUTATIONS])
+def test_sqlite_rules_catch(mutate, expected):
+    objects = render("overlays/production")
+    mutate(objects)
+    problems = [p for check in checks.ALL_CHECKS.values() for p in check(objects)]
+    assert any(expected in p for p in problems), problems
+
+
+# Each breaks one rule of several replicas on PostgreSQL, on a copy of
+# overlays/ha-postgres.
+
+
+def cp_pod(o):
+    return get(o, "Deployment")["spec"]["template"]["spec"]
+
+
+def env_item(o, name):
+    return next(e for e in cp(o)["env"] if e["name"] == name)
+
+
+def back_on_sqlite(o):
+    set_arg(cp(o), "--db", "sqlite:///tmp/controlplane.db")
+
+
+def one_replica(o):
+    get(o, "Deployment")["spec"]["replicas"] = 1
+
+
+def max_unavailable_one(o):
+    get(o, "Deployment")["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] = 1
+
+
+def default_rolling(o):
+    del get(o, "Deployment")["spec"]["strategy"]["rollingUpdate"]
+
+
+def recreate(o):
+    get(o, "Deployment")["spec"]["strategy"] = {"type": "Recreate"}
+
+
+def as_statefulset(o):
+    get(o, "Deployment")["kind"] = "StatefulSet"
+
+
+def no_cp_pdb(o):
+    o.remove(get(o, "PodDisruptionBudget", "agentmesh-control-plane"))
+
+
+def pdb_blocks_drains(o):
+    spec = get(o, "PodDisruptionBudget", "agentmesh-control-plane")["spec"]
+    del spec["maxUnavailable"]
+    spec["minAvailable"] = 3
+
+
+def pdb_lets_all_go(o):
+    get(o, "PodDisruptionBudget", "agentmesh-control-plane")["spec"]["maxUnavailable"] = 3
+
+
+def pdb_percent(o):
+    get(o, "PodDisruptionBudget", "agentmesh-control-plane")["spec"]["maxUnavailable"] = "34%"
+
+
+def no_anti_affinity(o):
+    del cp_pod(o)["affinity"]
+
+
+def anti_affinity_per_zone(o):
+    term = cp_pod(o)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    term["podAffinityTerm"]["topologyKey"] = "topology.kubernetes.io/zone"
+
+
+def no_pre_stop(o):
+    del cp(o)["lifecycle"]
+
+
+def pre_stop_beyond_grace(o):
+    cp(o)["lifecycle"]["preStop"]["sleep"]["seconds"] = 20
+
+
+def dsn_literal_arg(o):
+    set_arg(cp(o), "--db", "postgres://agentmesh:hunter2@db.internal:5432/agentmesh")
+
+
+def dsn_in_configmap(o):
+    get(o, "ConfigMap", "agentmesh-control-plane-flags")["data"]["DATABASE_URL"] = "postgresql://agentmesh@db/agentmesh"
+    set_arg(cp(o), "--db", "$(DATABASE_URL)")
+
+
+def dsn_env_literal(o):
+    env_item(o, "AGENTMESH_DB_URL").update({"value": "postgres://agentmesh@db.internal/agentmesh"})
+    del env_item(o, "AGENTMESH_DB_URL")["valueFrom"]
+
+
+def password_literal(o):
+    env_item(o, "PGPASSWORD").update({"value": "hunter2"})
+    del env_item(o, "PGPASSWORD")["valueFrom"]
+
+
+def no_kek(o):
+    cp(o)["args"] = [a for a in cp(o)["args"] if not a.startswith("--key-encryption-key-file=")]
+
+
+def kek_on_configmap(o):
+    vol = next(v for v in cp_pod(o)["volumes"] if v["name"] == "key-encryption-key")
+    vol["configMap"] = {"name": "agentmesh-policy", "items": [{"key": "policy.toml", "path": "key"}]}
+    del vol["secret"]
+
+
+def kek_env_literal(o):
+    no_kek(o)
+    cp(o)["env"].append({"name": "AGENTMESH_KEY_ENCRYPTION_KEY", "value": "00" * 32})
+
+
+def data_claim_kept(o):
+    cp_pod(o)["volumes"].append(
+        {"name": "data", "persistentVolumeClaim": {"claimName": "agentmesh-control-plane-data"}}
+    )
+    cp(o)["volumeMounts"].append({"name": "data", "mountPath": "/var/lib/agentmesh"})
+
+
+def backup_job_kept(o):
+    o.append(get(render("overlays/production"), "CronJob"))
+
+
+def orphan_claim(o):
+    o.append(get(render("overlays/production"), "PersistentVolumeClaim", "agentmesh-control-plane-data"))
+
+
+def no_headless(o):
+    o.remove(get(o, "Service", "agentmesh-control-plane-headless"))
+
+
+def headless_not_ready(o):
+    get(o, "Service", "agentmesh-control-plane-headless")["spec"]["publishNotReadyAddresses"] = True
+
+
+def headless_http_only(o):
+    get(o, "Service", "agentmesh-control-plane-headless")["spec"]["ports"] = [
+        {"name": "http", "port": 7401, "targetPort": "http", "protocol": "TCP"}
+    ]
+
+
+def url_on_headless(o):
+    url = "https://agentmesh-control-plane-headless.agentmesh.svc:7400"
+    get(o, "ConfigMap", "agentmesh-shared")["data"]["CONTROL_PLANE_URL"] = url
+
+
+def url_nowhere(o):
+    get(o, "ConfigMap", "agentmesh-shared")["data"]["CONTROL_PLANE_URL"] = "https://cp.example.org:7400"
+
+
+def url_wrong_port(o):
+    get(o, "ConfigMap", "agentmesh-shared")["data"]["CONTROL_PLANE_URL"] = "https://mesh.example.com"
+
+
+def undocumented_db_secret(o):
+    env_item(o, "AGENTMESH_DB_URL")["valueFrom"]["secretKeyRef"]["name"] = "agentmesh-db"
+
+
+POSTGRES_MUTATIONS = [
+    (back_on_sqlite, "SQLite needs a single-replica Deployment with strategy Recreate"),
+    (one_replica, "1 replica on PostgreSQL: run at least 2"),
+    (max_unavailable_one, "rollingUpdate.maxUnavailable 1, should be 0"),
+    (default_rolling, "rollingUpdate.maxUnavailable 25% (default), should be 0"),
+    (recreate, "strategy Recreate: replicas on PostgreSQL roll"),
+    (as_statefulset, "run them as a Deployment, not a StatefulSet"),
+    (no_cp_pdb, "no PodDisruptionBudget: a node drain may evict every replica at once"),
+    (pdb_blocks_drains, "allows no eviction of 3 replicas"),
+    (pdb_lets_all_go, "lets every one of 3 replicas be evicted at once"),
+    (pdb_percent, "give a number of replicas, not '34%'"),
+    (no_anti_affinity, "no pod anti-affinity"),
+    (anti_affinity_per_zone, "no pod anti-affinity"),
+    (no_pre_stop, "no preStop hook"),
+    (pre_stop_beyond_grace, "terminationGracePeriodSeconds 30 < preStop 20 + shutdown grace 10 + 5"),
+    (dsn_literal_arg, "is a literal PostgreSQL URL"),
+    (dsn_literal_arg, "--db is not $(VAR) of an env item from a Secret"),
+    (dsn_in_configmap, "key DATABASE_URL holds a PostgreSQL URL"),
+    (dsn_in_configmap, "--db is not $(VAR) of an env item from a Secret"),
+    (dsn_env_literal, "env AGENTMESH_DB_URL is a literal PostgreSQL URL"),
+    (password_literal, "env PGPASSWORD is a literal"),
+    (no_kek, "no key-encryption key"),
+    (kek_on_configmap, "--key-encryption-key-file /etc/agentmesh/key-encryption-key/key is not on a Secret volume"),
+    (kek_env_literal, "env AGENTMESH_KEY_ENCRYPTION_KEY is a literal"),
+    (data_claim_kept, "mounts claim agentmesh-control-plane-data: the state is in PostgreSQL"),
+    (backup_job_kept, "a SQLite backup job, but the control plane runs on PostgreSQL"),
+    (orphan_claim, "PersistentVolumeClaim/agentmesh-control-plane-data: mounted by no workload"),
+    (no_headless, "no headless Service over the replicas"),
+    (headless_not_ready, "publishes replicas that are not ready"),
+    (headless_http_only, "no port to the gRPC port 7400"),
+    (url_on_headless, "is the headless Service agentmesh-control-plane-headless"),
+    (url_nowhere, "--public-url host cp.example.org is no Service over the control plane"),
+    (url_wrong_port, "no port 443 to the gRPC port 7400"),
+    (undocumented_db_secret, "env AGENTMESH_DB_URL needs Secret/agentmesh-db, neither rendered nor documented"),
+]
+
+
+@pytest.mark.parametrize("mutate, expected", POSTGRES_MUTATIONS, ids=[m.__name__ for m, _ in POSTGRES_MUTATIONS])
+def test_postgres_rules_catch(mutate, expected):
+    objects = render("overlays/ha-postgres")
+    mutate(objects)
+    problems = [p for check in checks.ALL_CHECKS.values() for p in check(objects)]
+    assert any(expected in p for p in problems), problems
+
+
+def test_the_store_copy_example_reads_the_sqlite_claim_and_writes_postgres():
+    """examples/sqlite-to-postgres copies from the SQLite file production's
+    control plane writes into the DSN and key the replicas read."""
+    job = next(c for c in containers(render("examples/sqlite-to-postgres")) if c.subcommand == "store copy")
+    prod = next(c for c in containers(render("overlays/production")) if c.binary == "agentmesh-control-plane")
+    ha = next(c for c in containers(render("overlays/ha-postgres")) if c.binary == "agentmesh-control-plane")
+    assert job.flag("--from") == prod.flag("--db")
+    assert (job.volume("data") or {})["persistentVolumeClaim"] == (prod.volume("data") or {})["persistentVolumeClaim"]
+    assert job.secret_ref(job.flags()["--to"][-1]) == ha.secret_ref(ha.flags()["--db"][-1])
+    assert job.flag("--key-encryption-key-file") == ha.flag("--key-encryption-key-file")
+    assert job.volume("key-encryption-key") == ha.volume("key-encryption-key")
+    assert [e for e in job.spec["env"] if e["name"] == "PGPASSWORD"] == [
+        e for e in ha.spec["env"] if e["name"] == "PGPASSWORD"
+    ]

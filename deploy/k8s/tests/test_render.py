@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 
 import pytest
@@ -15,8 +16,8 @@ def by_id(objects):
     return {kustomize_lite.object_id(o): o for o in objects}
 
 
-def test_overlays_for_dev_and_production_exist():
-    assert {"overlays/dev", "overlays/production"} <= set(OVERLAYS)
+def test_overlays_for_dev_production_and_postgres_exist():
+    assert {"overlays/dev", "overlays/production", "overlays/ha-postgres"} <= set(OVERLAYS)
 
 
 def test_target_renders_named_objects(target):
@@ -160,4 +161,99 @@ def test_renderer_refuses_what_it_does_not_support(tmp_path, kustomization, mess
 def test_renderer_refuses_a_document_that_is_not_an_object(tmp_path):
     write_tree(tmp_path, {"kustomization.yaml": "resources: [bad.yaml]\n", "bad.yaml": "just: a map\n"})
     with pytest.raises(kustomize_lite.KustomizeError, match="not a Kubernetes object"):
+        kustomize_lite.render(str(tmp_path))
+
+
+POD_WITH_CLAIM = """
+    apiVersion: apps/v1
+    kind: Deployment
+    metadata: {name: app}
+    spec:
+      selector: {matchLabels: {app: x}}
+      template:
+        metadata: {labels: {app: x}}
+        spec:
+          containers:
+            - name: c
+              image: img
+              volumeMounts:
+                - {name: data, mountPath: /data}
+                - {name: tmp, mountPath: /tmp}
+          volumes:
+            - {name: data, persistentVolumeClaim: {claimName: data}}
+            - {name: tmp, emptyDir: {}}
+    ---
+    apiVersion: v1
+    kind: PersistentVolumeClaim
+    metadata: {name: data}
+    spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+"""
+
+DELETE_CLAIM = """
+    apiVersion: v1
+    kind: PersistentVolumeClaim
+    metadata: {name: data}
+    $patch: delete
+"""
+
+DELETE_MOUNT = """
+    apiVersion: apps/v1
+    kind: Deployment
+    metadata: {name: app}
+    spec:
+      template:
+        spec:
+          containers:
+            - name: c
+              volumeMounts:
+                - {mountPath: /data, $patch: delete}
+                - {name: key, mountPath: /key}
+          volumes:
+            - {name: data, $patch: delete}
+            - {name: key, secret: {secretName: key}}
+"""
+
+
+def test_patch_delete_removes_objects_and_list_items_like_kustomize(tmp_path):
+    """What overlays/ha-postgres does to base's SQLite claim and volume."""
+    write_tree(
+        tmp_path,
+        {
+            "base/kustomization.yaml": "resources: [app.yaml]\n",
+            "base/app.yaml": POD_WITH_CLAIM,
+            "o/kustomization.yaml": "resources: [../base]\npatches:\n  - path: mount.yaml\n  - path: claim.yaml\n",
+            "o/mount.yaml": DELETE_MOUNT,
+            "o/claim.yaml": DELETE_CLAIM,
+        },
+    )
+    objects = kustomize_lite.render(str(tmp_path / "o"))
+    assert [o["kind"] for o in objects] == ["Deployment"]
+    spec = objects[0]["spec"]["template"]["spec"]
+    assert [m["mountPath"] for m in spec["containers"][0]["volumeMounts"]] == ["/key", "/tmp"]
+    assert [v["name"] for v in spec["volumes"]] == ["key", "tmp"]
+    if HAVE_KUBECTL:
+        assert kubectl_render(str(tmp_path / "o")) == objects
+
+
+@pytest.mark.parametrize(
+    "patch, message",
+    [
+        # kustomize 5.5 crashes (nil pointer) on a file holding a delete beside another patch.
+        (DELETE_CLAIM + "---\n" + DELETE_MOUNT, "must be alone in its patch file"),
+        (DELETE_CLAIM.replace("delete", "replace"), "only `$patch: delete` of a whole object"),
+        (DELETE_CLAIM.replace("$patch: delete", "$patch: delete\n    spec: {}"), "only `$patch: delete` of a whole"),
+        (DELETE_MOUNT.replace("{name: data, $patch", "{name: data, emptyDir: {}, $patch"), "only `{name"),
+        (DELETE_MOUNT.replace("{name: data, $patch", "{name: nope, $patch"), "deletes nothing"),
+    ],
+)
+def test_renderer_refuses_deletes_it_does_not_support(tmp_path, patch, message):
+    write_tree(
+        tmp_path,
+        {
+            "kustomization.yaml": "resources: [app.yaml]\npatches:\n  - path: p.yaml\n",
+            "app.yaml": POD_WITH_CLAIM,
+            "p.yaml": patch,
+        },
+    )
+    with pytest.raises(kustomize_lite.KustomizeError, match=re.escape(message)):
         kustomize_lite.render(str(tmp_path))
