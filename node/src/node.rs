@@ -132,13 +132,15 @@ impl Node {
     /// (the connect timeout, or less: what is left of a call's budget).
     /// With `keep_via`, relayed connections to `peer` through other
     /// routers are closed first; with `listed`, a peer reached only through
-    /// routers it does not list is dialed anew (see [`Command::Connect`]).
+    /// routers it does not list is dialed anew; with `suspect`, a direct
+    /// connection a call's stream just failed on is closed first (see
+    /// [`Command::Connect`]).
     pub(crate) async fn connect(
         &self,
         peer: PeerId,
         addrs: Vec<Multiaddr>,
-        keep_via: Option<Vec<PeerId>>,
-        listed: Option<Vec<PeerId>>,
+        (keep_via, listed): (Option<Vec<PeerId>>, Option<Vec<PeerId>>),
+        suspect: Option<libp2p::swarm::ConnectionId>,
         limit: Duration,
     ) -> Result<(), ConnectError> {
         self.ask(limit, |reply| Command::Connect {
@@ -146,6 +148,7 @@ impl Node {
             addrs,
             keep_via,
             listed,
+            suspect,
             reply,
         })
         .await

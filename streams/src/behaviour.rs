@@ -1,5 +1,6 @@
 //! The network behaviour: creates a [`Handler`] per connection, dials peers
-//! that `open_stream` asked for, fails their requests when the dial fails,
+//! that `open_stream` asked for, fails their requests when every dial to
+//! the peer failed (see [`crate::in_flight`]),
 //! closes connections its caller asked to close
 //! ([`Control::close_connection`]), and forgets connections when they close.
 
@@ -19,6 +20,7 @@ use prometheus_client::registry::Registry;
 
 use crate::control::Control;
 use crate::handler::Handler;
+use crate::in_flight::InFlight;
 use crate::info::ConnectionInfo;
 use crate::shared::{DebugSizes, Next, Shared};
 use crate::{Config, PendingOpenLimits};
@@ -26,6 +28,8 @@ use crate::{Config, PendingOpenLimits};
 /// Raw streams of our own protocols; see the crate doc.
 pub struct Behaviour {
     shared: Arc<Shared>,
+    /// Outbound dials under way per peer (only the swarm's events write it).
+    dials: InFlight,
 }
 
 impl Default for Behaviour {
@@ -51,6 +55,7 @@ impl Behaviour {
     pub fn with_limits(config: Config, pending: PendingOpenLimits) -> Self {
         Self {
             shared: Arc::new(Shared::new(config.inbound_queue_per_protocol, pending)),
+            dials: InFlight::default(),
         }
     }
 
@@ -91,8 +96,8 @@ impl Behaviour {
         remote_addr: &Multiaddr,
         dialed: bool,
     ) -> Handler {
-        let (requests, waiting) = self.shared.connection_up(conn, peer);
         let info = ConnectionInfo::new(peer, conn, remote_addr.clone(), dialed);
+        let (requests, waiting) = self.shared.connection_up(conn, peer, info.relayed);
         Handler::new(info, self.shared.clone(), requests, waiting)
     }
 }
@@ -111,6 +116,19 @@ impl NetworkBehaviour for Behaviour {
         Ok(self.handler(conn, peer, remote_addr, false))
     }
 
+    fn handle_pending_outbound_connection(
+        &mut self,
+        conn: ConnectionId,
+        peer: Option<PeerId>,
+        _: &[Multiaddr],
+        _: Endpoint,
+    ) -> Result<Vec<Multiaddr>, ConnectionDenied> {
+        if let Some(peer) = peer {
+            self.dials.started(peer, conn);
+        }
+        Ok(Vec::new())
+    }
+
     fn handle_established_outbound_connection(
         &mut self,
         conn: ConnectionId,
@@ -119,6 +137,7 @@ impl NetworkBehaviour for Behaviour {
         _: Endpoint,
         _: PortUse,
     ) -> Result<THandler<Self>, ConnectionDenied> {
+        self.dials.ended(peer, conn);
         Ok(self.handler(conn, peer, addr, true))
     }
 
@@ -128,13 +147,18 @@ impl NetworkBehaviour for Behaviour {
                 self.shared.connection_down(connection_id);
             }
             // Refused only because the peer is already being dialed: that
-            // other dial's outcome settles the waiting requests.
+            // other dial's outcome settles the waiting requests. Any other
+            // failure fails them only when no other dial to the peer is
+            // still under way (a failed punch beside a caller's dial).
             FromSwarm::DialFailure(DialFailure {
                 peer_id: Some(peer),
                 error,
-                ..
-            }) if !matches!(error, DialError::DialPeerConditionFalse(_)) => {
-                self.shared.dial_failed(peer, &error.to_string());
+                connection_id,
+            }) => {
+                let others = self.dials.ended(peer, connection_id);
+                if !others && !matches!(error, DialError::DialPeerConditionFalse(_)) {
+                    self.shared.dial_failed(peer, &error.to_string());
+                }
             }
             _ => {}
         }

@@ -62,6 +62,14 @@ impl Control {
         answer.await.map_err(|_| closed(peer))?
     }
 
+    /// The connection a stream opened to `peer` now would go on (the
+    /// newest), and whether it is relayed; `None` when not connected. A
+    /// caller whose stream then fails learns which path to suspect (a new
+    /// connection may come up in between: this is a hint, not a promise).
+    pub fn newest_connection(&self, peer: &PeerId) -> Option<(ConnectionId, bool)> {
+        self.shared.newest(peer)
+    }
+
     /// Accepts inbound streams of `protocol` until the returned
     /// [`IncomingStreams`] is dropped; afterwards the protocol is no longer
     /// offered, so peers get "unsupported protocol".

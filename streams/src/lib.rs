@@ -24,6 +24,7 @@ mod control;
 pub mod dial;
 mod error;
 mod handler;
+mod in_flight;
 mod info;
 mod labels;
 mod queue;

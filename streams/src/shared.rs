@@ -73,6 +73,8 @@ struct Registration {
 
 struct Conn {
     peer: PeerId,
+    /// A relayed circuit rather than a direct connection.
+    relayed: bool,
     requests: mpsc::Sender<OpenRequest>,
     /// Inbound streams our caller refused on this connection (see
     /// [`Shared::count_refused`]); forgotten with the connection.
@@ -234,6 +236,7 @@ impl Shared {
         &self,
         conn: ConnectionId,
         peer: PeerId,
+        relayed: bool,
     ) -> (mpsc::Receiver<OpenRequest>, Vec<OpenRequest>) {
         let (requests, receiver) = mpsc::channel(OPEN_QUEUE_PER_CONNECTION);
         let mut inner = self.inner.lock();
@@ -241,6 +244,7 @@ impl Shared {
             conn,
             Conn {
                 peer,
+                relayed,
                 requests,
                 refused: 0,
                 closing: false,
@@ -270,6 +274,14 @@ impl Shared {
         }
         shrink_sparse(&mut inner.connections);
         shrink_sparse(&mut inner.peers);
+    }
+
+    /// The connection the next stream to `peer` opens on (its newest), and
+    /// whether it is relayed.
+    pub(crate) fn newest(&self, peer: &PeerId) -> Option<(ConnectionId, bool)> {
+        let inner = self.inner.lock();
+        let id = *inner.peers.get(peer)?.last()?;
+        inner.connections.get(&id).map(|c| (id, c.relayed))
     }
 
     /// Picks the newest connection to `peer`, or parks the request and asks
@@ -454,8 +466,8 @@ mod tests {
             ConnectionId::new_unchecked(1),
             ConnectionId::new_unchecked(2),
         );
-        let _ra = shared.connection_up(ca, a);
-        let _rb = shared.connection_up(cb, b);
+        let _ra = shared.connection_up(ca, a, false);
+        let _rb = shared.connection_up(cb, b, false);
         assert_eq!(shared.count_refused(ca), Some(1));
         assert_eq!(shared.count_refused(ca), Some(2));
         assert_eq!(shared.count_refused(cb), Some(1), "counted per connection");
@@ -482,8 +494,8 @@ mod tests {
             ConnectionId::new_unchecked(1),
             ConnectionId::new_unchecked(2),
         );
-        let _ra = shared.connection_up(ca, a);
-        let _rb = shared.connection_up(cb, a);
+        let _ra = shared.connection_up(ca, a, false);
+        let _rb = shared.connection_up(cb, a, false);
         let (closed_a, closed_b) = (shared.closed(ca), shared.closed(cb));
         assert!(!closed_a.is_cancelled() && !closed_b.is_cancelled());
         shared.connection_down(ca);
@@ -508,7 +520,7 @@ mod tests {
         let peers: Vec<PeerId> = (0..2_000).map(|_| PeerId::random()).collect();
         let mut receivers = Vec::new();
         for (i, p) in peers.iter().enumerate() {
-            receivers.push(shared.connection_up(ConnectionId::new_unchecked(i), *p));
+            receivers.push(shared.connection_up(ConnectionId::new_unchecked(i), *p, false));
         }
         let peak = shared.inner.lock().connections.capacity();
         assert!(peak >= 2_000);

@@ -1,5 +1,7 @@
 //! Real swarms (TCP on 127.0.0.1, noise, yamux) exercising the behaviour.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agentmesh_streams::{Behaviour, Config, Control, DebugSizes, DropReason, OpenStreamError};
@@ -21,6 +23,8 @@ struct Peer {
     control: Control,
     cmd: mpsc::Sender<Cmd>,
     task: tokio::task::JoinHandle<()>,
+    /// Outgoing connections that failed (the swarm's own count of them).
+    dial_failures: Arc<AtomicUsize>,
 }
 
 impl Drop for Peer {
@@ -54,12 +58,15 @@ impl Peer {
         let id = *swarm.local_peer_id();
         let control = swarm.behaviour().new_control();
         let (cmd, mut rx) = mpsc::channel::<Cmd>(64);
+        let dial_failures = Arc::new(AtomicUsize::new(0));
+        let failures = dial_failures.clone();
         let task = tokio::spawn(async move {
             loop {
                 tokio::select! {
                     ev = swarm.select_next_some() => match ev {
                         SwarmEvent::OutgoingConnectionError { error, .. } => {
                             eprintln!("{id}: dial failed: {error}");
+                            failures.fetch_add(1, Ordering::SeqCst);
                         }
                         SwarmEvent::IncomingConnectionError { error, .. } => {
                             eprintln!("{id}: incoming connection failed: {error}");
@@ -79,6 +86,7 @@ impl Peer {
             control,
             cmd,
             task,
+            dial_failures,
         }
     }
 
@@ -589,4 +597,96 @@ async fn a_connection_whose_refusals_are_counted_can_be_closed_from_a_control() 
     b.wait_connections("closed for b", |n| n == 0).await;
     assert_eq!(a.control.count_refused(&info), None, "gone with it");
     assert_eq!(a.control.debug_sizes().queued_closes, 0);
+}
+
+/// A TCP forwarder to `to` that accepts one connection and holds it until
+/// `go` fires, then splices it through: a dial through it stays in flight
+/// for exactly as long as the test wants.
+async fn held_forwarder(to: Multiaddr, go: oneshot::Receiver<()>) -> Multiaddr {
+    use libp2p::multiaddr::Protocol;
+    let mut it = to.iter();
+    let (Some(Protocol::Ip4(ip)), Some(Protocol::Tcp(port))) = (it.next(), it.next()) else {
+        panic!("not a tcp address: {to}");
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind forwarder");
+    let at = listener.local_addr().expect("forwarder address");
+    tokio::spawn(async move {
+        let (mut inbound, _) = listener.accept().await.expect("accept");
+        let _ = go.await;
+        let mut outbound = tokio::net::TcpStream::connect((ip, port))
+            .await
+            .expect("connect through");
+        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+    });
+    format!("/ip4/127.0.0.1/tcp/{}", at.port())
+        .parse()
+        .expect("addr")
+}
+
+#[tokio::test]
+async fn a_failed_dial_beside_another_dial_to_the_peer_fails_no_waiting_open() {
+    let a = Peer::new(Config::default()).await;
+    let b = Peer::new(Config::default()).await;
+    let _server = serve_echo(&a, "/test/echo/1");
+    let (go, held) = oneshot::channel();
+    let through = held_forwarder(a.addr.clone(), held).await;
+    // A port nothing listens on: a dial there is refused at once.
+    let refused_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let nowhere: Multiaddr = format!("/ip4/127.0.0.1/tcp/{refused_port}")
+        .parse()
+        .expect("addr");
+
+    // The dial that will succeed, held at the forwarder.
+    let id = a.id;
+    b.with_swarm(move |s| {
+        s.dial(
+            DialOpts::peer_id(id)
+                .addresses(vec![through])
+                .allocate_new_port()
+                .build(),
+        )
+    })
+    .await
+    .expect("dial through the forwarder");
+    // An open waiting for that connection (its own dial: "already dialing").
+    let mut control = b.control.clone();
+    let open = tokio::spawn(async move { echo(&mut control, id, "/test/echo/1", b"kept").await });
+    let until = tokio::time::Instant::now() + DEADLINE;
+    while b.control.debug_sizes().pending_opens == 0 {
+        assert!(tokio::time::Instant::now() < until, "the open never waited");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // A second dial to the same peer (as a hole punch would be) fails.
+    b.with_swarm(move |s| {
+        s.dial(
+            DialOpts::peer_id(id)
+                .addresses(vec![nowhere])
+                .condition(libp2p::swarm::dial_opts::PeerCondition::Always)
+                .allocate_new_port()
+                .build(),
+        )
+    })
+    .await
+    .expect("second dial started");
+    while b.dial_failures.load(Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the second dial never failed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The open still waits (it was not failed with the other dial) ...
+    assert_eq!(b.control.debug_sizes().pending_opens, 1);
+    // ... and is served once the first dial's connection is up.
+    go.send(()).expect("forwarder waiting");
+    let back = tokio::time::timeout(DEADLINE, open)
+        .await
+        .expect("open served in time")
+        .expect("open task");
+    assert_eq!(back, b"kept");
 }

@@ -287,6 +287,19 @@ impl Behaviour {
             return;
         }
         self.metrics.upgrade("failed");
+        self.back_off(peer, now);
+    }
+
+    /// A call's stream failed on the direct connection to `peer` (it is
+    /// being closed): counted, and the next punch to `peer` waits out a
+    /// backoff as after a failed punch, so a path that punches but carries
+    /// nothing is not taken again at once.
+    pub(crate) fn path_failed(&mut self, peer: PeerId) {
+        self.metrics.direct_fallbacks.inc();
+        self.back_off(peer, Instant::now());
+    }
+
+    fn back_off(&mut self, peer: PeerId, now: Instant) {
         if self.backoff.len() >= MAX_BACKOFF_PEERS && !self.backoff.contains_key(&peer) {
             self.backoff.retain(|_, b| b.until > now);
             if self.backoff.len() >= MAX_BACKOFF_PEERS {

@@ -103,13 +103,22 @@ impl Engine {
         &mut self,
         peer: PeerId,
         addrs: Vec<Multiaddr>,
-        keep_via: Option<Vec<PeerId>>,
-        listed: Option<Vec<PeerId>>,
+        (mut keep_via, listed): (Option<Vec<PeerId>>, Option<Vec<PeerId>>),
+        suspect: Option<ConnectionId>,
         reply: Reply,
     ) {
         // Connections being closed for idleness must be gone
         // before the call opens its stream.
         let mut stale = self.conns.open_among(&peer, &self.idle_closing);
+        if let Some(id) = suspect.filter(|id| self.conns.is_direct(&peer, *id)) {
+            // The stream failed on the direct connection: the relay worked
+            // before the punch and is the fallback, so only the direct one
+            // goes, and punches to this peer back off.
+            tracing::debug!(%peer, connection = %id, "a call's stream failed on the direct connection: closing it, the call retries relayed");
+            stale.push(id);
+            keep_via = None;
+            self.swarm.behaviour_mut().direct.path_failed(peer);
+        }
         if let Some(keep) = keep_via {
             stale.extend(self.conns.stale(&peer, &keep));
             stale.sort();

@@ -108,6 +108,13 @@ impl Conns {
             .is_some_and(|c| c.via.is_none_or(|r| routers.contains(&r)))
     }
 
+    /// Whether `id` is an open direct (not relayed) connection to `peer`.
+    pub(crate) fn is_direct(&self, peer: &PeerId, id: ConnectionId) -> bool {
+        self.by_peer
+            .get(peer)
+            .is_some_and(|v| v.iter().any(|c| c.id == id && c.via.is_none()))
+    }
+
     /// Whether any of `ids` is still open to `peer`.
     pub(crate) fn any_open(&self, peer: &PeerId, ids: &[ConnectionId]) -> bool {
         self.by_peer
@@ -230,6 +237,12 @@ mod tests {
         assert_eq!(conns.through(&r2), vec![(p, b)]);
         // Only p has a direct connection (c).
         assert_eq!(conns.direct_peers().collect::<Vec<_>>(), vec![&p]);
+        // What a failed call's retry may close as a suspect direct path:
+        // c only (not a relayed one, not another peer's, not one unknown).
+        assert!(conns.is_direct(&p, c));
+        assert!(!conns.is_direct(&p, a));
+        assert!(!conns.is_direct(&q, c));
+        assert!(!conns.is_direct(&p, ConnectionId::new_unchecked(99)));
         conns.closed(q, d);
         assert!(conns.any_open(&p, &[a]));
         conns.closed(p, a);

@@ -376,8 +376,9 @@ impl Engine {
                 addrs,
                 keep_via,
                 listed,
+                suspect,
                 reply,
-            } => self.on_connect(peer, addrs, keep_via, listed, reply),
+            } => self.on_connect(peer, addrs, (keep_via, listed), suspect, reply),
             Command::Routes { reply } => {
                 let _ = reply.send(self.routes());
             }

@@ -76,7 +76,7 @@ impl Engine {
         reply: Reply,
     ) {
         let (tx, rx) = oneshot::channel();
-        self.on_connect(router, addrs, None, None, tx);
+        self.on_connect(router, addrs, (None, None), None, tx);
         self.ops.push(Box::pin(async move {
             let connected = match tokio::time::timeout(connect_limit, rx).await {
                 Ok(Ok(r)) => r,

@@ -15,13 +15,15 @@ use prometheus_client::encoding::EncodeLabelSet;
 /// destination to its own port: a punch cannot land, none is tried),
 /// `skipped_backoff` (the last punch to that peer failed and its backoff
 /// has not run out), `skipped_no_address` (no router has told us our
-/// observed address yet).
+/// observed address yet), `bad_target` (the peer asked the punch to dial
+/// addresses we never dial).
 pub const UPGRADE_RESULTS: &[&str] = &[
     "direct",
     "failed",
     "skipped_endpoint_dependent",
     "skipped_backoff",
     "skipped_no_address",
+    "bad_target",
 ];
 
 /// Why an inbound direct connection was closed at once:
@@ -61,6 +63,9 @@ pub struct DirectMetrics {
     /// (the tuple still in TIME_WAIT, or the port taken) and left from a
     /// fresh port instead.
     pub port_reuse_fallbacks: Counter,
+    /// Calls whose stream failed on a direct connection: it was closed
+    /// and the call retried relayed within its budget.
+    pub direct_fallbacks: Counter,
 }
 
 impl DirectMetrics {
@@ -98,6 +103,11 @@ impl DirectMetrics {
             "port_reuse_fallbacks",
             "Dials that could not leave from the listening port (tuple in TIME_WAIT, port taken) and used a fresh port",
             self.port_reuse_fallbacks.clone(),
+        );
+        r.register(
+            "direct_fallbacks",
+            "Calls whose stream failed on a direct connection: that connection was closed, punches to the peer backed off, and the call retried on a relayed connection within its budget",
+            self.direct_fallbacks.clone(),
         );
     }
 

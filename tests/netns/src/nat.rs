@@ -129,6 +129,27 @@ pub fn ruleset(kind: NatKind, wan: &str, lan: &str, wan_addr: Ipv4Addr, hairpin:
     text
 }
 
+/// The chain [`cut_rules`] fills: forward hook, ahead of the NAT's own
+/// filter (which accepts established flows first).
+const CUT_CHAIN: &str = "cut";
+
+/// Rules dropping everything forwarded to or from `peer`, silently.
+pub fn cut_rules(peer: Ipv4Addr) -> String {
+    format!(
+        "add chain ip {TABLE} {CUT_CHAIN} {{ type filter hook forward priority filter - 10; policy accept; }}\n\
+         add rule ip {TABLE} {CUT_CHAIN} ip daddr {peer} drop\n\
+         add rule ip {TABLE} {CUT_CHAIN} ip saddr {peer} drop\n"
+    )
+}
+
+/// Rules undoing every [`cut_rules`].
+pub fn heal_rules() -> String {
+    format!(
+        "add chain ip {TABLE} {CUT_CHAIN} {{ type filter hook forward priority filter - 10; policy accept; }}\n\
+         flush chain ip {TABLE} {CUT_CHAIN}\n"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

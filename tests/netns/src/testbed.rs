@@ -72,6 +72,22 @@ impl Nat {
     pub async fn set_wan(&self, up: bool) -> Result<(), Error> {
         self.inner.gateway.set_uplink(up).await
     }
+
+    /// Drops every packet it forwards to or from `peer` (`cut` true), or
+    /// stops dropping them: a path between two hosts dies silently (no
+    /// reset, no ICMP) while every other path through this gateway keeps
+    /// working, as when a middlebox starts dropping one flow.
+    pub async fn cut_to(&self, peer: Ipv4Addr, cut: bool) -> Result<(), Error> {
+        let ns = self.inner.gateway.namespace();
+        let rules = if cut {
+            nat::cut_rules(peer)
+        } else {
+            nat::heal_rules()
+        };
+        cmd::run("ip", &["netns", "exec", ns, "nft", "-f", "-"], Some(&rules)).await?;
+        tracing::info!(nat = self.inner.gateway.name(), %peer, cut, "path cut");
+        Ok(())
+    }
 }
 
 /// Hosts and NATs from network namespaces, all removed when this is

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use agentmesh_wire::call::{self as call_wire, CallAnswer};
 use libp2p::core::multiaddr::Protocol;
+use libp2p::swarm::ConnectionId;
 use libp2p::{Multiaddr, PeerId};
 use rand::seq::SliceRandom as _;
 
@@ -31,6 +32,9 @@ pub(super) struct Route<'a> {
     /// A retry after a failed stream: every relayed connection to the
     /// provider is closed first.
     pub(super) close_all: bool,
+    /// A retry after a stream failed on this direct connection to the
+    /// provider: it is closed first, the relayed ones kept.
+    pub(super) suspect: Option<ConnectionId>,
     /// The call's deadline.
     pub(super) budget: Budget,
 }
@@ -55,6 +59,7 @@ pub(super) async fn attempt(
         avoid,
         retry,
         close_all,
+        suspect,
         budget,
         ..
     } = route;
@@ -83,7 +88,13 @@ pub(super) async fn attempt(
         .collect();
     let limit = budget.cap(node.config.connect_timeout());
     if let Err(error) = node
-        .connect(provider, vec![circuit], keep_via, Some(listed), limit)
+        .connect(
+            provider,
+            vec![circuit],
+            (keep_via, Some(listed)),
+            suspect,
+            limit,
+        )
         .await
     {
         return Err(if error.is_denied() {
@@ -99,6 +110,9 @@ pub(super) async fn attempt(
         });
     }
     let asked = tokio::time::Instant::now();
+    // Where the stream will open (the newest connection): if it fails, a
+    // direct connection is what the retry drops.
+    let on = node.control.newest_connection(&provider);
     let (answer, stream, info) = call_wire::request(
         node.control.clone(),
         provider,
@@ -110,6 +124,7 @@ pub(super) async fn attempt(
     .map_err(|error| AttemptError::Stream {
         via: via.router,
         error,
+        on,
     })?;
     let answered_in = asked.elapsed();
     let conn = info.connection;

@@ -8,6 +8,7 @@ use agentmesh_wire::ExchangeFailure as _;
 use agentmesh_wire::auth::AuthError;
 use agentmesh_wire::call::CallExchangeError;
 use libp2p::PeerId;
+use libp2p::swarm::ConnectionId;
 
 use crate::command::{CircuitRefusal, ConnectError, TransitError};
 
@@ -23,6 +24,10 @@ pub(super) struct RouteFailure {
     pub(super) reason: &'static str,
     /// The router the route went through.
     pub(super) via: PeerId,
+    /// The direct connection a stream failed on, when it was one: the
+    /// router was not on the path, and the retry drops only this
+    /// connection (the relayed ones are the fallback).
+    pub(super) direct: Option<ConnectionId>,
 }
 
 /// One failed attempt at one provider.
@@ -36,10 +41,13 @@ pub(super) enum AttemptError {
     },
     /// No transit admission at the provider's router `via`.
     Transit { via: PeerId, error: TransitError },
-    /// The call exchange with the provider failed, on the route through `via`.
+    /// The call exchange with the provider failed, on the route through
+    /// `via`; `on`: the connection the stream was to open on (the
+    /// provider's newest when it was asked) and whether it is relayed.
     Stream {
         via: PeerId,
         error: CallExchangeError,
+        on: Option<(ConnectionId, bool)>,
     },
     /// The provider answered with a refusal.
     Refused {
@@ -62,22 +70,29 @@ impl AttemptError {
     /// timed out is not one; an exchange that timed out is (a circuit
     /// that died without a reset).
     pub(super) fn route(&self) -> Option<RouteFailure> {
-        let (reason, via) = match self {
+        let (reason, via, direct) = match self {
             Self::Circuit { via, error, .. }
             | Self::Transit {
                 via,
                 error: TransitError::Connect(error),
-            } if error.is_route_failure() => (CONNECT_FAILED, *via),
+            } if error.is_route_failure() => (CONNECT_FAILED, *via, None),
             Self::Transit {
                 via,
                 error: TransitError::Wire(e),
-            } if auth_route_failed(e) => (CONNECT_FAILED, *via),
-            Self::Stream { via, error } if error.is_timeout() || error.is_connection_failure() => {
-                (STREAM_FAILED, *via)
+            } if auth_route_failed(e) => (CONNECT_FAILED, *via, None),
+            Self::Stream { via, error, on }
+                if error.is_timeout() || error.is_connection_failure() =>
+            {
+                let direct = on.and_then(|(id, relayed)| (!relayed).then_some(id));
+                (STREAM_FAILED, *via, direct)
             }
             _ => return None,
         };
-        Some(RouteFailure { reason, via })
+        Some(RouteFailure {
+            reason,
+            via,
+            direct,
+        })
     }
 
     /// Whether the attempt timed out.

@@ -130,19 +130,23 @@ async fn call_inner(node: &Arc<Node>, service: &str) -> Result<CallStream, CallE
 async fn rounds(node: &Arc<Node>, service: &str, budget: Budget) -> Result<CallStream, CallError> {
     let mut avoid: HashSet<PeerId> = HashSet::new();
     let (mut route_retries, mut lookup_retried) = (0u32, false);
-    // A stream failed on some connection to the provider: which one is not
-    // known, so the retry closes every relayed connection to it.
+    // A stream failed on a relayed connection to the provider: which one
+    // is not known, so the retry closes every relayed connection to it.
     let mut close_all = false;
+    // A stream failed on this direct connection: the retry closes it
+    // alone and goes relayed (the fallback), still within the budget.
+    let mut suspect = None;
     let mut earlier: Vec<String> = Vec::new();
     loop {
         let retry = route_retries > 0 || lookup_retried;
-        let failed = match round(node, service, &avoid, retry, close_all, budget).await {
+        let failed = match round(node, service, &avoid, retry, (close_all, suspect), budget).await {
             Ok(s) => return Ok(s),
             Err(e) => e,
         };
         let (reason, pause) = match (&failed.error, failed.routes.last()) {
             (_, Some(f)) if route_retries < MAX_ROUTE_RETRIES => {
-                close_all = f.reason == failure::STREAM_FAILED;
+                close_all = f.reason == failure::STREAM_FAILED && f.direct.is_none();
+                suspect = f.direct;
                 let pause = RETRY_PAUSE * 4u32.pow(route_retries);
                 route_retries += 1;
                 (f.reason, pause)
@@ -166,7 +170,14 @@ async fn rounds(node: &Arc<Node>, service: &str, budget: Budget) -> Result<CallS
             .call_retries
             .get_or_create(&crate::metrics::ReasonLabel { reason })
             .inc();
-        avoid.extend(failed.routes.iter().map(|r| r.via));
+        // A failure on a direct connection is not its router's.
+        avoid.extend(
+            failed
+                .routes
+                .iter()
+                .filter(|r| r.direct.is_none())
+                .map(|r| r.via),
+        );
         tracing::debug!(service, error = %failed.error, ?avoid, "retrying the call on a fresh route");
         earlier.push(failed.error.to_string());
         let pause = pause.mul_f64(1.0 + rand::thread_rng().gen_range(0.0..=2.0));

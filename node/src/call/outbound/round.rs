@@ -58,7 +58,7 @@ pub(super) async fn round(
     service: &str,
     avoid: &HashSet<PeerId>,
     retry: bool,
-    close_all: bool,
+    (close_all, suspect): (bool, Option<libp2p::swarm::ConnectionId>),
     budget: Budget,
 ) -> Result<CallStream, RoundError> {
     let view = node
@@ -80,6 +80,7 @@ pub(super) async fn round(
         avoid: &avoid,
         retry,
         close_all,
+        suspect,
         budget,
     };
     let attempts = node.config.call_attempts.max(1);

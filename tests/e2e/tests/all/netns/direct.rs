@@ -389,3 +389,107 @@ async fn a_punch_within_time_wait_of_the_last_direct_connection_succeeds() {
     assert_eq!(nat_kind(&caller).await, "endpoint_independent");
     assert_eq!(nat_kind(&provider).await, "endpoint_independent");
 }
+
+/// The direct path between two members behind EIM NATs dies silently in
+/// the middle of a stream of calls (the caller's NAT starts dropping every
+/// packet to and from the provider's NAT; the routers stay reachable):
+/// every call after the cut still succeeds, on the relay, within its
+/// budget. The first one's stream opens on the dead direct connection,
+/// times out, and its retry closes that connection alone (the relayed ones
+/// are the fallback), backs punches off and goes relayed. The call in
+/// flight at the cut is the only one allowed to fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_continue_on_the_relay_when_the_direct_path_is_cut() {
+    let Some(mut net) = Net::start("direct_cut", &[]).await else {
+        return;
+    };
+    net.add_router("r1").await;
+    net.add_router("r2").await;
+    let (ph, pgw) = net
+        .member_host("prov", Some(NatKind::EndpointIndependent))
+        .await;
+    let (ch, cgw) = net
+        .member_host("caller", Some(NatKind::EndpointIndependent))
+        .await;
+    let mut provider = net
+        .member("prov", ph, &direct_spec(Some("echo-prov"), &[]))
+        .await;
+    let mut cspec = direct_spec(None, &["echo-prov"]);
+    // A dead direct stream is noticed at the call's timeout: keep it short.
+    cspec.args.push("--call-timeout-secs=4".to_string());
+    let mut caller = net.member("caller", ch, &cspec).await;
+    provider.wait_ready().await;
+    caller.wait_ready().await;
+    let mut payload = vec![0u8; 8 * 1024];
+    rand::thread_rng().fill_bytes(&mut payload);
+    let direct = r#"agentmesh_node_calls_by_path_total{path="direct"}"#;
+    let relayed = r#"agentmesh_node_calls_by_path_total{path="relayed"}"#;
+    let fallbacks = "agentmesh_node_direct_fallbacks_total";
+    eventually("a call on the direct connection", || {
+        let (caller, payload) = (&caller, &payload);
+        async move {
+            caller.call_until_echoed("echo-prov", payload).await;
+            (caller.metric(direct).await >= 1.0).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(caller.metric(fallbacks).await, 0.0);
+
+    // A call in flight on the direct connection when the path dies.
+    let before = caller.metric(direct).await;
+    let forward = caller.forwards["echo-prov"];
+    let mut in_flight = caller.host.connect(forward).await.expect("connect");
+    in_flight.write_all(&payload).await.expect("first bytes");
+    let mut echoed = vec![0u8; payload.len()];
+    tokio::time::timeout(DEADLINE, in_flight.read_exact(&mut echoed))
+        .await
+        .expect("echoed in time")
+        .expect("echoed");
+    assert_eq!(
+        caller.metric(direct).await,
+        before + 1.0,
+        "the call in flight is on the direct connection"
+    );
+
+    let cgw = cgw.expect("the caller's NAT");
+    let pgw = pgw.expect("the provider's NAT");
+    cgw.cut_to(pgw.public_addr(), true).await.expect("cut");
+    let ok = r#"agentmesh_node_calls_total{direction="outbound",result="ok"}"#;
+    let ok_before = caller.metric(ok).await;
+    let relayed_before = caller.metric(relayed).await;
+    const CALLS: usize = 4;
+    for i in 0..CALLS {
+        let back = caller
+            .call("echo-prov", &payload)
+            .await
+            .unwrap_or_else(|e| panic!("call {i} after the cut failed: {e}"));
+        assert_eq!(back, payload, "call {i} after the cut echoed whole");
+    }
+    assert!(
+        caller.metric(fallbacks).await >= 1.0,
+        "a call's retry closed the dead direct connection"
+    );
+    assert!(
+        caller.metric(relayed).await >= relayed_before + CALLS as f64,
+        "every call after the cut went relayed"
+    );
+    assert_eq!(
+        caller.metric(ok).await,
+        ok_before + CALLS as f64,
+        "each call after the cut counted ok once"
+    );
+    let status = caller.status().await.expect("status");
+    assert!(
+        status
+            .direct
+            .expect("direct section")
+            .direct_peers
+            .is_empty(),
+        "no direct peer left"
+    );
+    // The call in flight died with its path (or ends now): it may fail,
+    // it must not hang past its own bound.
+    let mut rest = Vec::new();
+    let ended = tokio::time::timeout(DEADLINE, in_flight.read_to_end(&mut rest)).await;
+    assert!(ended.is_ok(), "the call in flight ended");
+}
