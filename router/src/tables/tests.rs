@@ -96,6 +96,7 @@ async fn commands_change_the_tables_the_views_read() {
             active_from_unix_secs: 0,
             verify_until_unix_secs: 0,
         }],
+        ..Default::default()
     };
     let revoked = Arc::new(vec![Revocation {
         peer_id: peer.to_bytes(),
@@ -189,4 +190,70 @@ async fn the_router_set_is_the_directory_plus_the_routers_admitted() {
     let set = views.router_set.read();
     assert!(set.contains(&listed) && set.contains(&admitted));
     assert_eq!(set.len(), 2);
+}
+
+/// A key set of epoch 7, generation `generation`, holding one key `id`.
+fn key_set(id: &str, generation: u64) -> KeySet {
+    KeySet {
+        keys: vec![PublicKey {
+            key_id: id.into(),
+            ed25519: libp2p::identity::ed25519::Keypair::generate()
+                .public()
+                .to_bytes()
+                .to_vec(),
+            active_from_unix_secs: 0,
+            verify_until_unix_secs: 0,
+        }],
+        epoch: 7,
+        generation,
+    }
+}
+
+/// Failing over to a control-plane replica that has not reloaded its keys:
+/// the older set it serves is answered, counted `stale` and not installed;
+/// a newer one (and one of the generation held) is.
+#[tokio::test]
+async fn an_older_key_set_after_a_newer_one_is_not_installed() {
+    let (mut owner, views, handle) = owner();
+    let asks = async {
+        let newer = handle.set_keys(key_set("new", 5)).await;
+        let older = handle.set_keys(key_set("old", 4)).await;
+        (newer, older)
+    };
+    let (newer, older) = owner.serve_while(asks).await;
+    assert_eq!((newer, older), (Ok(true), Ok(false)));
+    {
+        let trust = views.trust.read();
+        assert!(trust.has_key("new") && !trust.has_key("old"));
+        assert_eq!(trust.key_order(), (7, 5));
+    }
+    assert_eq!(owner.tables.metrics.get("set_keys", "stale"), 1);
+    assert_eq!(owner.tables.metrics.get("set_keys", "ok"), 1);
+
+    let asks = async {
+        let same = handle.set_keys(key_set("same", 5)).await;
+        let next = handle.set_keys(key_set("next", 6)).await;
+        (same, next)
+    };
+    let (same, next) = owner.serve_while(asks).await;
+    assert_eq!((same, next), (Ok(true), Ok(true)));
+    let trust = views.trust.read();
+    assert!(trust.has_key("next") && !trust.has_key("new"));
+    assert_eq!(trust.key_order(), (7, 6));
+    assert_eq!(owner.tables.metrics.get("set_keys", "stale"), 1);
+    assert_eq!(owner.tables.metrics.get("set_keys", "ok"), 3);
+}
+
+#[test]
+fn the_stale_key_set_count_is_pre_created() {
+    let mut registry = Registry::default();
+    let _ = Owner::new(&mut registry, DEADLINE);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    assert!(
+        text.contains(
+            "agentmesh_router_state_commands_total{command=\"set_keys\",result=\"stale\"} 0"
+        ),
+        "{text}"
+    );
 }

@@ -5,7 +5,8 @@
 //! key-encryption key on the way in and opened on the way out.
 
 use super::{LOCK_KEYS, PostgresStore, Tx};
-use crate::store::{SigningKeyRow, StoreError, snapshot::KeyEntry};
+use crate::store::policies::epoch_from;
+use crate::store::{SigningKeyRow, StoreError, StoredKeys, snapshot::KeyEntry};
 
 impl PostgresStore {
     pub(super) async fn reseal_keys(&self) -> Result<(), StoreError> {
@@ -75,13 +76,32 @@ impl PostgresStore {
     }
 }
 
-pub(super) async fn keys(store: &PostgresStore) -> Result<Vec<SigningKeyRow>, StoreError> {
+/// The keys, their generation and the epoch in one REPEATABLE READ
+/// snapshot: a key write committing meanwhile is in all three or in none.
+pub(super) async fn keys(store: &PostgresStore) -> Result<StoredKeys, StoreError> {
     let (mut conn, ms) = store.conn().await?;
-    let tx = conn.transaction().await?;
+    let tx = conn
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await?;
     PostgresStore::bound(&tx, ms).await?;
+    let head = tx
+        .query_one(
+            "SELECT (SELECT epoch FROM policy_epoch WHERE id = 1),
+                    (SELECT generation FROM key_generation WHERE id = 1)",
+            &[],
+        )
+        .await?;
+    let (epoch, generation): (Option<i64>, Option<i64>) = (head.get(0), head.get(1));
     let keys = store.read_keys(&tx).await?;
     tx.commit().await?;
-    Ok(keys.into_iter().map(|k| k.row).collect())
+    Ok(StoredKeys {
+        epoch: epoch_from(epoch.unwrap_or(0)),
+        generation: generation.unwrap_or(0).max(0) as u64,
+        rows: keys.into_iter().map(|k| k.row).collect(),
+    })
 }
 
 pub(super) async fn init_keys(

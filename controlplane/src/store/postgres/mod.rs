@@ -49,7 +49,7 @@ pub use options::{PgOptions, Tls};
 use super::{
     AdminRequest, AppliedPolicy, Change, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow,
     NewPolicy, NodeListing, NodeRefusal, NodeRow, PolicyHead, PolicyRow, PriorRequest, ReapPolicy,
-    SigningKeyRow, Snapshot, Store, StoreError, StoredRevocations, TokenListing, TokenRow, Wait,
+    SigningKeyRow, Snapshot, Store, StoreError, StoredKeys, StoredRevocations, TokenListing, TokenRow, Wait,
     deadline,
 };
 
@@ -233,7 +233,7 @@ impl Store for PostgresStore {
         revocations::revoke_token(self, token_id, reason, now, until).await
     }
 
-    async fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError> {
+    async fn keys(&self) -> Result<StoredKeys, StoreError> {
         keys::keys(self).await
     }
 

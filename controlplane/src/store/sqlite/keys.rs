@@ -6,15 +6,32 @@
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::Inner;
-use crate::store::{Kek, SigningKeyRow, StoreError, snapshot::KeyEntry};
+use crate::store::policies::epoch_from;
+use crate::store::{Kek, SigningKeyRow, StoreError, StoredKeys, snapshot::KeyEntry};
 
 impl Inner {
-    pub(super) fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError> {
+    /// The keys, their generation and the epoch in one read transaction
+    /// (a WAL snapshot): a key write committing meanwhile is in all three
+    /// or in none.
+    pub(super) fn keys(&self) -> Result<StoredKeys, StoreError> {
         let conn = self.readers.get()?;
-        Ok(read_keys(&conn, &self.kek)?
+        let tx = conn.unchecked_transaction()?;
+        let (epoch, generation): (Option<i64>, Option<i64>) = tx.query_row(
+            "SELECT (SELECT epoch FROM policy_epoch WHERE id = 1),
+                    (SELECT generation FROM key_generation WHERE id = 1)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let rows = read_keys(&tx, &self.kek)?
             .into_iter()
             .map(|k| k.row)
-            .collect())
+            .collect();
+        tx.commit()?;
+        Ok(StoredKeys {
+            epoch: epoch_from(epoch.unwrap_or(0)),
+            generation: generation.unwrap_or(0).max(0) as u64,
+            rows,
+        })
     }
 
     pub(super) fn init_keys(
