@@ -451,7 +451,10 @@ mod tests {
         let rotated_set = keys.key_set(now + 10);
         assert_eq!(rotated_set.keys.len(), 2);
         assert_eq!(rotated_set.epoch, before.epoch);
-        assert!(rotated_set.generation > before.generation, "{rotated_set:?}");
+        assert!(
+            rotated_set.generation > before.generation,
+            "{rotated_set:?}"
+        );
         assert!(
             !Trust::new(&rotated_set).takes_keys(&before),
             "never backwards"

@@ -153,7 +153,10 @@ pub fn supersedes(incoming: ListOrder, held: Option<ListOrder>) -> bool {
     let Some(h) = held else {
         return true;
     };
-    match within_epoch((h.epoch, h.generation), (incoming.epoch, incoming.generation)) {
+    match within_epoch(
+        (h.epoch, h.generation),
+        (incoming.epoch, incoming.generation),
+    ) {
         Some(o) => o.is_gt(),
         None => incoming.issued_at_unix_secs > h.issued_at_unix_secs,
     }

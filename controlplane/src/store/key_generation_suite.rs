@@ -175,7 +175,11 @@ async fn two_stores_read_one_key_set_per_generation(b: Backend) {
         return;
     };
     let (one, two) = (t.open().await, t.open().await);
-    assert!(one.init_keys(&key("k1", NOW), NOW + 100).await.expect("init"));
+    assert!(
+        one.init_keys(&key("k1", NOW), NOW + 100)
+            .await
+            .expect("init")
+    );
     let first = two.keys().await.expect("keys");
     assert_eq!(one.keys().await.expect("keys"), first);
     // A rotation through one store is what the other reads next, at a

@@ -49,8 +49,8 @@ pub use options::{PgOptions, Tls};
 use super::{
     AdminRequest, AppliedPolicy, Change, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow,
     NewPolicy, NodeListing, NodeRefusal, NodeRow, PolicyHead, PolicyRow, PriorRequest, ReapPolicy,
-    SigningKeyRow, Snapshot, Store, StoreError, StoredKeys, StoredRevocations, TokenListing, TokenRow, Wait,
-    deadline,
+    SigningKeyRow, Snapshot, Store, StoreError, StoredKeys, StoredRevocations, TokenListing,
+    TokenRow, Wait, deadline,
 };
 
 /// Default `--db-pool-connections`: PostgreSQL's default `max_connections`
