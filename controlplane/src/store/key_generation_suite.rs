@@ -5,50 +5,19 @@
 //! without one, the keys read with it are the keys of that generation,
 //! and a database upgraded with keys in it starts above 0.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::time::Duration;
 
 use super::*;
 
-use super::suite_kit::{Backend, Target, on_both};
+use super::suite_kit::{Backend, Target, key, member_token, on_both, reap_policy};
 
-const MEMBER: i32 = agentmesh_proto::pb::credential::Role::Member as i32;
 const NOW: i64 = 1_000_000;
 
 /// The schema before `key_generation` (migration 9).
 const BEFORE_KEY_GENERATION: u32 = 8;
 
-fn key(id: &str, active_from: i64) -> SigningKeyRow {
-    SigningKeyRow {
-        key_id: id.into(),
-        secret: (0..64).map(|i| (i * 3 + 1) as u8).collect(),
-        public: vec![4; 32],
-        active_from,
-        verify_until: 0,
-    }
-}
-
 fn token(id: &str) -> TokenRow {
-    TokenRow {
-        token_id: id.into(),
-        kind: agentmesh_proto::pb::credential::TokenKind::Bootstrap as i32,
-        role: MEMBER,
-        labels: BTreeMap::new(),
-        max_uses: 10,
-        uses: 0,
-        created_at: 1,
-        expires_at: NOW + 86_400,
-    }
-}
-
-fn reap_policy() -> ReapPolicy {
-    ReapPolicy {
-        node_retention_secs: 10 * 86_400,
-        ephemeral_retention_secs: 10 * 86_400,
-        enrollment_retention_secs: 10 * 86_400,
-        used_token_retention_secs: 10 * 86_400,
-        policy_retention_secs: 10 * 86_400,
-        admin_request_retention_secs: 10 * 86_400,
-    }
+    member_token(id, NOW + 86_400)
 }
 
 fn rotation_request(id: &str) -> AdminRequest {

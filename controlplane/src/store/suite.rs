@@ -8,17 +8,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use super::*;
 
-use super::suite_kit::{Backend, Target, on_both};
-
-fn key(id: &str, active_from: i64) -> SigningKeyRow {
-    SigningKeyRow {
-        key_id: id.into(),
-        secret: (0..64).map(|i| (i * 7 + 3) as u8).collect(),
-        public: vec![2; 32],
-        active_from,
-        verify_until: 0,
-    }
-}
+use super::suite_kit::{Backend, Target, key, on_both};
 
 fn token(id: &str, max_uses: u32, role: i32, expires_at: i64) -> TokenRow {
     TokenRow {

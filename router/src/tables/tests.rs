@@ -44,6 +44,23 @@ fn open() -> Conditions {
     }
 }
 
+/// A key set of epoch 7, generation `generation`, holding one key `id`.
+fn key_set(id: &str, generation: u64) -> KeySet {
+    KeySet {
+        keys: vec![PublicKey {
+            key_id: id.into(),
+            ed25519: libp2p::identity::ed25519::Keypair::generate()
+                .public()
+                .to_bytes()
+                .to_vec(),
+            active_from_unix_secs: 0,
+            verify_until_unix_secs: 0,
+        }],
+        epoch: 7,
+        generation,
+    }
+}
+
 #[tokio::test]
 async fn a_command_not_answered_within_its_deadline_is_an_error_and_never_applied_later() {
     let (mut owner, views, handle) = owner_with(DEADLINE);
@@ -86,18 +103,7 @@ async fn a_command_to_a_stopped_owner_is_an_error() {
 async fn commands_change_the_tables_the_views_read() {
     let (mut owner, views, handle) = owner();
     let peer = PeerId::random();
-    let keys = KeySet {
-        keys: vec![PublicKey {
-            key_id: "k1".into(),
-            ed25519: libp2p::identity::ed25519::Keypair::generate()
-                .public()
-                .to_bytes()
-                .to_vec(),
-            active_from_unix_secs: 0,
-            verify_until_unix_secs: 0,
-        }],
-        ..Default::default()
-    };
+    let keys = key_set("k1", 1);
     let revoked = Arc::new(vec![Revocation {
         peer_id: peer.to_bytes(),
         until_unix_secs: i64::MAX / 2,
@@ -192,54 +198,29 @@ async fn the_router_set_is_the_directory_plus_the_routers_admitted() {
     assert_eq!(set.len(), 2);
 }
 
-/// A key set of epoch 7, generation `generation`, holding one key `id`.
-fn key_set(id: &str, generation: u64) -> KeySet {
-    KeySet {
-        keys: vec![PublicKey {
-            key_id: id.into(),
-            ed25519: libp2p::identity::ed25519::Keypair::generate()
-                .public()
-                .to_bytes()
-                .to_vec(),
-            active_from_unix_secs: 0,
-            verify_until_unix_secs: 0,
-        }],
-        epoch: 7,
-        generation,
-    }
-}
-
 /// Failing over to a control-plane replica that has not reloaded its keys:
 /// the older set it serves is answered, counted `stale` and not installed;
 /// a newer one (and one of the generation held) is.
 #[tokio::test]
 async fn an_older_key_set_after_a_newer_one_is_not_installed() {
     let (mut owner, views, handle) = owner();
-    let asks = async {
-        let newer = handle.set_keys(key_set("new", 5)).await;
-        let older = handle.set_keys(key_set("old", 4)).await;
-        (newer, older)
-    };
-    let (newer, older) = owner.serve_while(asks).await;
-    assert_eq!((newer, older), (Ok(true), Ok(false)));
-    {
+    // (key, generation offered, installed, generation held after)
+    let steps = [
+        ("new", 5, true, 5),
+        ("old", 4, false, 5),
+        ("same", 5, true, 5),
+        ("next", 6, true, 6),
+    ];
+    for (id, generation, installed, held) in steps {
+        let asked = owner
+            .serve_while(handle.set_keys(key_set(id, generation)))
+            .await;
+        assert_eq!(asked, Ok(installed), "{id}");
         let trust = views.trust.read();
-        assert!(trust.has_key("new") && !trust.has_key("old"));
-        assert_eq!(trust.key_order(), (7, 5));
+        assert_eq!(trust.has_key(id), installed, "{id}");
+        assert_eq!(trust.key_order(), (7, held), "{id}");
     }
-    assert_eq!(owner.tables.metrics.get("set_keys", "stale"), 1);
-    assert_eq!(owner.tables.metrics.get("set_keys", "ok"), 1);
-
-    let asks = async {
-        let same = handle.set_keys(key_set("same", 5)).await;
-        let next = handle.set_keys(key_set("next", 6)).await;
-        (same, next)
-    };
-    let (same, next) = owner.serve_while(asks).await;
-    assert_eq!((same, next), (Ok(true), Ok(true)));
-    let trust = views.trust.read();
-    assert!(trust.has_key("next") && !trust.has_key("new"));
-    assert_eq!(trust.key_order(), (7, 6));
+    assert!(!views.trust.read().has_key("new"), "replaced by the next");
     assert_eq!(owner.tables.metrics.get("set_keys", "stale"), 1);
     assert_eq!(owner.tables.metrics.get("set_keys", "ok"), 3);
 }

@@ -4,8 +4,7 @@
 //! update of the deadline, and every secret is sealed with the
 //! key-encryption key on the way in and opened on the way out.
 
-use super::{LOCK_KEYS, PostgresStore, Tx};
-use crate::store::policies::epoch_from;
+use super::{LOCK_KEYS, PostgresStore, Tx, rows::epoch_and_generation};
 use crate::store::{SigningKeyRow, StoreError, StoredKeys, snapshot::KeyEntry};
 
 impl PostgresStore {
@@ -80,26 +79,13 @@ impl PostgresStore {
 /// snapshot: a key write committing meanwhile is in all three or in none.
 pub(super) async fn keys(store: &PostgresStore) -> Result<StoredKeys, StoreError> {
     let (mut conn, ms) = store.conn().await?;
-    let tx = conn
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
-    PostgresStore::bound(&tx, ms).await?;
-    let head = tx
-        .query_one(
-            "SELECT (SELECT epoch FROM policy_epoch WHERE id = 1),
-                    (SELECT generation FROM key_generation WHERE id = 1)",
-            &[],
-        )
-        .await?;
-    let (epoch, generation): (Option<i64>, Option<i64>) = (head.get(0), head.get(1));
+    let tx = PostgresStore::read_snapshot(&mut conn, ms).await?;
+    let (epoch, generation) = epoch_and_generation(&tx, "key_generation").await?;
     let keys = store.read_keys(&tx).await?;
     tx.commit().await?;
     Ok(StoredKeys {
-        epoch: epoch_from(epoch.unwrap_or(0)),
-        generation: generation.unwrap_or(0).max(0) as u64,
+        epoch,
+        generation,
         rows: keys.into_iter().map(|k| k.row).collect(),
     })
 }

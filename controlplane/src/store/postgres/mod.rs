@@ -103,6 +103,22 @@ impl PostgresStore {
         Ok((conn, u64::try_from(ms).unwrap_or(u64::MAX)))
     }
 
+    /// A read-only REPEATABLE READ transaction on `conn`, bounded as
+    /// [`Self::bound`] does: every statement in it reads one snapshot.
+    pub(super) async fn read_snapshot(
+        conn: &mut deadpool_postgres::Object,
+        ms: u64,
+    ) -> Result<Tx<'_>, StoreError> {
+        let tx = conn
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        Self::bound(&tx, ms).await?;
+        Ok(tx)
+    }
+
     /// Bounds the transaction's statements and lock waits by `ms`, and
     /// the time it may sit idle holding its locks: a replica stopped
     /// mid-transaction (SIGSTOP, a frozen VM, a lost network) has its

@@ -5,8 +5,7 @@
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::Inner;
-use crate::store::policies::epoch_from;
+use super::{Inner, rows::epoch_and_generation};
 use crate::store::{Kek, SigningKeyRow, StoreError, StoredKeys, snapshot::KeyEntry};
 
 impl Inner {
@@ -16,20 +15,15 @@ impl Inner {
     pub(super) fn keys(&self) -> Result<StoredKeys, StoreError> {
         let conn = self.readers.get()?;
         let tx = conn.unchecked_transaction()?;
-        let (epoch, generation): (Option<i64>, Option<i64>) = tx.query_row(
-            "SELECT (SELECT epoch FROM policy_epoch WHERE id = 1),
-                    (SELECT generation FROM key_generation WHERE id = 1)",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
+        let (epoch, generation) = epoch_and_generation(&tx, "key_generation")?;
         let rows = read_keys(&tx, &self.kek)?
             .into_iter()
             .map(|k| k.row)
             .collect();
         tx.commit()?;
         Ok(StoredKeys {
-            epoch: epoch_from(epoch.unwrap_or(0)),
-            generation: generation.unwrap_or(0).max(0) as u64,
+            epoch,
+            generation,
             rows,
         })
     }
