@@ -172,8 +172,15 @@ impl Tables {
                 Reply::Admitted(gate)
             }
             Command::SetKeys(keys) => {
-                let held = self.trust.read().key_order();
-                if self.trust.write().offer_keys(&keys) {
+                // Judged under the read lock (the owner is the one writer,
+                // so nothing changes before the write): a stale set never
+                // makes the hot-path readers wait.
+                let (held, takes) = {
+                    let trust = self.trust.read();
+                    (trust.key_order(), trust.takes_keys(&keys))
+                };
+                if takes {
+                    self.trust.write().set_keys(&keys);
                     Reply::Done
                 } else {
                     tracing::info!(
