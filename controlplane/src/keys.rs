@@ -15,6 +15,13 @@
 //! call: a reload that finds other rows drops it, and it is rebuilt when the
 //! first key in it reaches the end of its grace. A rotation made here reloads
 //! before it returns, so the next call already sees the new key.
+//!
+//! Every [`KeySet`] served carries the database's epoch and the keys'
+//! generation (a counter bumped in the transaction of every key write),
+//! read in one snapshot with the keys: routers and members never replace a
+//! set with an older one (`agentmesh_proto::order::key_set_replaces`), so
+//! one failing over to a replica whose view has not reloaded yet keeps the
+//! newer keys it holds.
 
 use std::sync::{
     Arc, RwLock, RwLockReadGuard, RwLockWriteGuard,
@@ -67,7 +74,7 @@ struct Verifiers {
 }
 
 impl Verifiers {
-    fn build(keys: &[LoadedKey], now: i64) -> Self {
+    fn build(keys: &[LoadedKey], (epoch, generation): (u64, u64), now: i64) -> Self {
         let live = keys
             .iter()
             .filter(|k| k.row.verify_until == 0 || k.row.verify_until > now);
@@ -81,6 +88,8 @@ impl Verifiers {
                     verify_until_unix_secs: k.row.verify_until,
                 })
                 .collect(),
+            epoch,
+            generation,
         };
         let until = live
             .filter(|k| k.row.verify_until != 0)
@@ -107,6 +116,8 @@ struct Loaded {
     /// The number of the reload that installed this.
     reload: u64,
     keys: Vec<LoadedKey>,
+    /// `(epoch, generation)` read with `keys`.
+    order: (u64, u64),
     next_rotation_at: Option<i64>,
     verifiers: Option<Verifiers>,
 }
@@ -189,17 +200,20 @@ impl Keys {
         // AcqRel: a later number also sees every commit the earlier reload saw.
         let reload = self.reloads.fetch_add(1, Ordering::AcqRel) + 1;
         let s = db.store();
-        let (rows, next) = db
+        let (stored, next) = db
             .run(async { Ok((s.keys().await?, s.next_rotation_at().await?)) })
             .await?;
         let mut loaded = write(&self.loaded);
         if reload <= loaded.reload {
             return Ok(());
         }
-        // Unchanged rows keep the view; changed ones drop it, so no call
-        // after this one sees the old keys.
-        if !loaded.keys.iter().map(|k| &k.row).eq(rows.iter()) {
-            loaded.keys = parse_keys(rows)?;
+        // Unchanged rows of the same generation keep the view; anything
+        // else drops it, so no call after this one sees the old keys (or
+        // the old generation: a reseal rewrites rows that open the same).
+        let order = (stored.epoch, stored.generation);
+        if loaded.order != order || !loaded.keys.iter().map(|k| &k.row).eq(stored.rows.iter()) {
+            loaded.keys = parse_keys(stored.rows)?;
+            loaded.order = order;
             loaded.verifiers = None;
         }
         loaded.reload = reload;
@@ -314,7 +328,7 @@ impl Keys {
         if let Some(v) = loaded.verifiers.as_ref().filter(|v| v.covers(now)) {
             return f(v);
         }
-        let v = Verifiers::build(&loaded.keys, now);
+        let v = Verifiers::build(&loaded.keys, loaded.order, now);
         f(loaded.verifiers.insert(v))
     }
 
@@ -412,6 +426,9 @@ mod tests {
         let now = 1_000_000;
         let (db, keys) = keys(dir.path(), now).await;
         let first = keys.trust(now);
+        let before = keys.key_set(now);
+        assert!(before.epoch != 0 && before.generation != 0, "{before:?}");
+        assert_eq!(first.key_order(), (before.epoch, before.generation));
         assert!(Arc::ptr_eq(&first, &keys.trust(now + 5)), "reused");
         keys.reload(&db).await.expect("reload");
         assert!(
@@ -431,7 +448,17 @@ mod tests {
             2,
             "the old key verifies within its grace"
         );
-        assert_eq!(keys.key_set(now + 10).keys.len(), 2);
+        let rotated_set = keys.key_set(now + 10);
+        assert_eq!(rotated_set.keys.len(), 2);
+        assert_eq!(rotated_set.epoch, before.epoch);
+        assert!(
+            rotated_set.generation > before.generation,
+            "{rotated_set:?}"
+        );
+        assert!(
+            !Trust::new(&rotated_set).takes_keys(&before),
+            "never backwards"
+        );
 
         let end = active_from + GRACE;
         assert!(
@@ -442,7 +469,12 @@ mod tests {
         assert!(!Arc::ptr_eq(&rotated, &after), "the grace end rebuilds");
         assert_eq!(after.key_count(), 1);
         assert!(after.has_key(&new_id));
-        assert_eq!(keys.key_set(end).keys.len(), 1);
+        let ended = keys.key_set(end);
+        assert_eq!(ended.keys.len(), 1);
+        assert_eq!(
+            ended.generation, rotated_set.generation,
+            "a grace ending writes nothing (the reaper's delete will)"
+        );
         assert!(Arc::ptr_eq(&after, &keys.trust(end + 1000)));
     }
 }

@@ -221,6 +221,7 @@ mod tests {
                 active_from_unix_secs: 0,
                 verify_until_unix_secs: 0,
             }],
+            ..Default::default()
         })
     }
 

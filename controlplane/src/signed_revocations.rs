@@ -129,6 +129,7 @@ mod tests {
                     verify_until_unix_secs: 0,
                 })
                 .collect(),
+            ..Default::default()
         })
     }
 

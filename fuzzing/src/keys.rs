@@ -99,6 +99,7 @@ pub fn key_set() -> KeySet {
                 verify_until_unix_secs: 0,
             },
         ],
+        ..Default::default()
     }
 }
 

@@ -1377,6 +1377,7 @@ fn trust_keys_seeds() -> Vec<Seed> {
             entry(keys::CURRENT_KEY_ID, &k.stranger),
             entry(keys::CURRENT_KEY_ID, &k.current),
         ],
+        ..Default::default()
     }
     .encode_to_vec();
     vec![

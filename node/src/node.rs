@@ -69,18 +69,29 @@ impl Node {
         *self.shutdown.borrow()
     }
 
-    /// Replaces the trusted keys, keeping the revocations.
-    pub(crate) fn set_keys(&self, keys: &KeySet) {
+    /// Replaces the trusted keys, keeping the revocations, unless `keys`
+    /// is older than the set held (`Trust::takes_keys`: a control-plane
+    /// replica that has not reloaded its keys yet). Returns whether it did.
+    pub(crate) fn set_keys(&self, keys: &KeySet) -> bool {
         // Under the write lock: a revocation update racing with this is not lost.
         let mut w = self.trust.write();
+        if !w.takes_keys(keys) {
+            tracing::info!(
+                held = ?w.key_order(),
+                offered = ?(keys.epoch, keys.generation),
+                "a key set older than the one held was not taken (a control-plane replica behind the others)"
+            );
+            return false;
+        }
         let mut t = (**w).clone();
         t.set_keys(keys);
         *w = Arc::new(t);
+        true
     }
 
     /// Re-fetches the key set (for a credential signed by a key we do not
     /// know yet), at most once per [`KEY_REFETCH_INTERVAL`]. Returns whether
-    /// a fetch happened and succeeded.
+    /// a fetch happened, succeeded and its keys were taken.
     pub(crate) async fn refetch_keys(&self) -> bool {
         {
             let mut last = self.keys_fetched_at.lock();
@@ -90,10 +101,7 @@ impl Node {
             *last = Some(Instant::now());
         }
         match tokio::time::timeout(self.config.call_timeout(), self.client.get_keys()).await {
-            Ok(Ok(keys)) => {
-                self.set_keys(&keys);
-                true
-            }
+            Ok(Ok(keys)) => self.set_keys(&keys),
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "key re-fetch failed");
                 false

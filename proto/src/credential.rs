@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use libp2p_identity::{PeerId, ed25519};
 use prost::Message;
 
+use crate::order::key_set_replaces;
 use crate::pb::credential::{Claims, Credential, KeySet, Label, Revocation, Role, TokenKind};
 
 /// Domain separation: a credential signature can never be mistaken for any
@@ -116,6 +117,9 @@ pub struct Trust {
     /// Token ids revoked, each until its last credential's expiry: one
     /// entry however many members enrolled through the token.
     revoked_tokens: HashMap<String, i64>,
+    /// `(epoch, generation)` of the key set held ((0, 0): none, or one
+    /// from a control plane that predates them).
+    key_order: (u64, u64),
 }
 
 #[derive(Debug, Clone)]
@@ -132,8 +136,33 @@ impl Trust {
         t
     }
 
-    /// Replaces the keys.
+    /// `(epoch, generation)` of the key set held ((0, 0): none, or one
+    /// from a control plane that predates them).
+    pub fn key_order(&self) -> (u64, u64) {
+        self.key_order
+    }
+
+    /// Whether `keys` would replace the set held: it does not go back
+    /// ([`key_set_replaces`], the one rule every holder applies).
+    pub fn takes_keys(&self, keys: &KeySet) -> bool {
+        key_set_replaces(self.key_order, (keys.epoch, keys.generation))
+    }
+
+    /// Replaces the keys with `keys` if it does not go back (see
+    /// [`Trust::takes_keys`]); returns whether it did. Routers and members
+    /// install every key set the control plane serves through this.
+    pub fn offer_keys(&mut self, keys: &KeySet) -> bool {
+        let takes = self.takes_keys(keys);
+        if takes {
+            self.set_keys(keys);
+        }
+        takes
+    }
+
+    /// Replaces the keys, whatever their order (the control plane's own
+    /// view, and a holder's first set).
     pub fn set_keys(&mut self, keys: &KeySet) {
+        self.key_order = (keys.epoch, keys.generation);
         self.keys = keys
             .keys
             .iter()

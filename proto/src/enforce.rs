@@ -12,6 +12,7 @@ use agentmesh_policy::{Groups, Identity, Policy, Role as PolicyRole};
 use libp2p_identity::PeerId;
 
 use crate::credential::{CredentialError, Trust, VerifiedClaims, verify};
+use crate::order::holder_lacks;
 use crate::pb::credential::{PolicyDocument, Role, SignedPolicy};
 use crate::pb::mesh::ServiceRecord;
 use crate::policy::{PolicyVerifyError, supersedes, verify_policy};
@@ -91,7 +92,7 @@ impl HeldPolicy {
     /// Whether a holder reporting `(epoch, version)` lacks this policy:
     /// `(0, 0)` (none, or a member that predates policies) always does.
     pub fn is_newer_than(&self, epoch: u64, version: u64) -> bool {
-        (epoch, version) == (0, 0) || epoch != self.epoch || version < self.version
+        holder_lacks((self.epoch, self.version), (epoch, version))
     }
 
     /// The document's ordering fields (no text), for [`supersedes`].

@@ -7,6 +7,7 @@
 
 pub mod credential;
 pub mod enforce;
+pub mod order;
 pub mod policy;
 pub mod proof;
 pub mod protocols;

@@ -10,6 +10,7 @@ use libp2p_identity::ed25519;
 use prost::Message;
 
 use crate::credential::Trust;
+use crate::order::within_epoch;
 use crate::pb::credential::{PolicyDocument, SignedPolicy};
 
 /// Domain separation: a policy signature can never pass as a credential's
@@ -97,10 +98,12 @@ pub fn peek_version(signed: &SignedPolicy) -> Option<(u64, u64)> {
 /// restored database is not ignored for holding lower versions than the
 /// members saw before the restore.
 pub fn supersedes(incoming: &PolicyDocument, held: Option<&PolicyDocument>) -> bool {
-    match held {
-        None => true,
-        Some(h) if h.epoch == incoming.epoch => incoming.version > h.version,
-        Some(h) => incoming.issued_at_unix_secs > h.issued_at_unix_secs,
+    let Some(h) = held else {
+        return true;
+    };
+    match within_epoch((h.epoch, h.version), (incoming.epoch, incoming.version)) {
+        Some(o) => o.is_gt(),
+        None => incoming.issued_at_unix_secs > h.issued_at_unix_secs,
     }
 }
 
@@ -125,6 +128,7 @@ mod tests {
                 active_from_unix_secs: 0,
                 verify_until_unix_secs: 0,
             }],
+            ..Default::default()
         });
         (key, trust)
     }

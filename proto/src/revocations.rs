@@ -23,6 +23,7 @@ use libp2p_identity::ed25519;
 use prost::Message;
 
 use crate::credential::Trust;
+use crate::order::{holder_lacks, within_epoch};
 use crate::pb::credential::{Revocation, RevocationList, SignedRevocations};
 
 /// Domain separation: a list's signature can never pass as a credential's,
@@ -149,10 +150,15 @@ impl From<&RevocationList> for ListOrder {
 /// again); another epoch (a new or restored database) only if issued
 /// later, so a replayed list of an old epoch never rolls a holder back.
 pub fn supersedes(incoming: ListOrder, held: Option<ListOrder>) -> bool {
-    match held {
-        None => true,
-        Some(h) if h.epoch == incoming.epoch => incoming.generation > h.generation,
-        Some(h) => incoming.issued_at_unix_secs > h.issued_at_unix_secs,
+    let Some(h) = held else {
+        return true;
+    };
+    match within_epoch(
+        (h.epoch, h.generation),
+        (incoming.epoch, incoming.generation),
+    ) {
+        Some(o) => o.is_gt(),
+        None => incoming.issued_at_unix_secs > h.issued_at_unix_secs,
     }
 }
 
@@ -251,9 +257,7 @@ impl HeldRevocations {
     /// Whether a holder reporting `(epoch, generation)` lacks this list:
     /// `(0, 0)` (none held) always does.
     pub fn is_newer_than(&self, epoch: u64, generation: u64) -> bool {
-        (epoch, generation) == (0, 0)
-            || epoch != self.order.epoch
-            || generation < self.order.generation
+        holder_lacks(self.generation(), (epoch, generation))
     }
 }
 

@@ -133,7 +133,7 @@ pub(crate) async fn fetch_keys_rate_limited(
         // Not installed in time (logged and counted by the handle): the
         // asker refuses this once; the next fetch installs them.
         Ok(Ok(keys)) => {
-            let installed = tables.set_keys(keys).await.is_ok();
+            let installed = tables.set_keys(keys).await.unwrap_or(false);
             metrics
                 .cp
                 .key_fetch

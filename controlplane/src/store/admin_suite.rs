@@ -180,7 +180,7 @@ async fn a_request_id_rotates_once_and_its_records_are_reaped(b: Backend) {
         .expect("no storage error")
         .expect_err("recorded already");
     assert_eq!(prior.response, b"k-2 answer");
-    let keys = s.keys().await.expect("keys");
+    let keys = s.keys().await.expect("keys").rows;
     assert_eq!(keys.len(), 2, "one rotation: {keys:?}");
     assert_eq!(s.next_rotation_at().await.expect("next"), Some(NOW + 500));
     // Records go once their retention has passed, not before.

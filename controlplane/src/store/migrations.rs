@@ -364,6 +364,46 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     ",
         oldest_compatible: 2,
     },
+    // 9: the key set's generation, as the revocation list's (5): one
+    // counter row, bumped by a trigger on every row written to or deleted
+    // from `signing_keys`, in the writing transaction, whoever writes it
+    // (a rotation, the reaper, a reseal, a restore, a binary of schema 8
+    // during a rolling upgrade); the keys read with it in one snapshot
+    // are the keys of that generation. It starts at the number of keys
+    // stored, so an upgraded database holding keys starts above 0. An
+    // expansion: older binaries ignore the table, and the triggers count
+    // their writes too.
+    Migration {
+        sqlite: "
+    CREATE TABLE key_generation (
+        id         INTEGER PRIMARY KEY CHECK (id = 1),
+        generation INTEGER NOT NULL
+    );
+    INSERT INTO key_generation (id, generation) SELECT 1, COUNT(*) FROM signing_keys;
+    CREATE TRIGGER signing_keys_generation_insert AFTER INSERT ON signing_keys
+    BEGIN UPDATE key_generation SET generation = generation + 1 WHERE id = 1; END;
+    CREATE TRIGGER signing_keys_generation_update AFTER UPDATE ON signing_keys
+    BEGIN UPDATE key_generation SET generation = generation + 1 WHERE id = 1; END;
+    CREATE TRIGGER signing_keys_generation_delete AFTER DELETE ON signing_keys
+    BEGIN UPDATE key_generation SET generation = generation + 1 WHERE id = 1; END;
+    ",
+        postgres: "
+    CREATE TABLE key_generation (
+        id         BIGINT PRIMARY KEY CHECK (id = 1),
+        generation BIGINT NOT NULL
+    );
+    INSERT INTO key_generation (id, generation) SELECT 1, COUNT(*) FROM signing_keys;
+    CREATE FUNCTION bump_key_generation() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        UPDATE key_generation SET generation = generation + 1 WHERE id = 1;
+        RETURN NULL;
+    END
+    $$;
+    CREATE TRIGGER signing_keys_generation AFTER INSERT OR UPDATE OR DELETE ON signing_keys
+        FOR EACH ROW EXECUTE FUNCTION bump_key_generation();
+    ",
+        oldest_compatible: 2,
+    },
 ];
 
 /// The schema version this build writes.

@@ -25,6 +25,8 @@ pub mod copy;
 mod deadline;
 #[cfg(test)]
 mod duty_suite;
+#[cfg(test)]
+mod key_generation_suite;
 mod listing;
 mod migrations;
 mod policies;
@@ -251,6 +253,19 @@ impl std::fmt::Debug for SigningKeyRow {
             .field("verify_until", &self.verify_until)
             .finish_non_exhaustive()
     }
+}
+
+/// Every signing key as stored, read in one snapshot with its generation:
+/// what the control plane's key view (`crate::keys`) is built from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoredKeys {
+    /// The database's policy epoch (as [`StoredRevocations::epoch`]).
+    pub epoch: u64,
+    /// Bumped in the transaction of every row written to or deleted from
+    /// `signing_keys` (a trigger), so it follows their commit order.
+    pub generation: u64,
+    /// Every key, opened, in signing order.
+    pub rows: Vec<SigningKeyRow>,
 }
 
 /// A router's lease.
@@ -543,8 +558,9 @@ pub trait Store: Send + Sync + 'static {
         now: i64,
         until: i64,
     ) -> Result<Option<i64>, StoreError>;
-    /// Every signing key, opened.
-    async fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError>;
+    /// Every signing key, opened, with the epoch and the keys' generation,
+    /// in one snapshot.
+    async fn keys(&self) -> Result<StoredKeys, StoreError>;
     /// If there are no keys yet, stores `first` and the first rotation
     /// deadline, under a lock so two processes starting together store one.
     /// Returns whether it did.

@@ -4,37 +4,14 @@
 //! (a revocation, a token's revocation, the reaper, a restore), never
 //! without one, and a list read with it is the list of that generation.
 
-use std::collections::BTreeMap;
-
 use super::*;
 
-use super::suite_kit::{Backend, Target, on_both};
+use super::suite_kit::{Backend, Target, member_token, on_both, reap_policy};
 
-const MEMBER: i32 = agentmesh_proto::pb::credential::Role::Member as i32;
 const NOW: i64 = 1_000_000;
 
 fn token(id: &str) -> TokenRow {
-    TokenRow {
-        token_id: id.into(),
-        kind: agentmesh_proto::pb::credential::TokenKind::Bootstrap as i32,
-        role: MEMBER,
-        labels: BTreeMap::new(),
-        max_uses: 10,
-        uses: 0,
-        created_at: 1,
-        expires_at: NOW + 86_400,
-    }
-}
-
-fn reap_policy() -> ReapPolicy {
-    ReapPolicy {
-        node_retention_secs: 10 * 86_400,
-        ephemeral_retention_secs: 10 * 86_400,
-        enrollment_retention_secs: 10 * 86_400,
-        used_token_retention_secs: 10 * 86_400,
-        policy_retention_secs: 10 * 86_400,
-        admin_request_retention_secs: 10 * 86_400,
-    }
+    member_token(id, NOW + 86_400)
 }
 
 async fn the_generation_moves_with_every_revocation_write_and_only_then(b: Backend) {

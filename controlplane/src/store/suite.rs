@@ -8,17 +8,7 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use super::*;
 
-use super::suite_kit::{Backend, Target, on_both};
-
-fn key(id: &str, active_from: i64) -> SigningKeyRow {
-    SigningKeyRow {
-        key_id: id.into(),
-        secret: (0..64).map(|i| (i * 7 + 3) as u8).collect(),
-        public: vec![2; 32],
-        active_from,
-        verify_until: 0,
-    }
-}
+use super::suite_kit::{Backend, Target, key, on_both};
 
 fn token(id: &str, max_uses: u32, role: i32, expires_at: i64) -> TokenRow {
     TokenRow {
@@ -108,6 +98,7 @@ async fn two_stores_starting_together_on_an_empty_database_make_one_key(b: Backe
     let ((a, made_a), (b2, made_b)) = tokio::join!(start("ka"), start("kb"));
     assert!(made_a ^ made_b, "exactly one made a key: {made_a} {made_b}");
     let (ka, kb) = (a.keys().await.expect("a"), b2.keys().await.expect("b"));
+    let (ka, kb) = (ka.rows, kb.rows);
     assert_eq!(ka.len(), 1);
     assert_eq!(ka, kb, "both see the same one key");
     assert_eq!(a.next_rotation_at().await.expect("deadline"), Some(5000));
@@ -126,7 +117,7 @@ async fn a_rotation_is_claimed_once_by_two_stores(b: Backend) {
     );
     let (won_a, won_b) = (won_a.expect("a"), won_b.expect("b"));
     assert!(won_a ^ won_b, "exactly one claims: a={won_a} b={won_b}");
-    let keys = a.keys().await.expect("keys");
+    let keys = a.keys().await.expect("keys").rows;
     assert_eq!(keys.len(), 2);
     assert_eq!(keys[0].key_id, "k1");
     assert_eq!(keys[0].verify_until, 9000, "old key got its grace end");
@@ -440,7 +431,7 @@ async fn a_dump_of_the_keys_table_holds_no_private_key_bytes(b: Backend) {
         );
     }
     // The key opens with the KEK; another KEK cannot open the store.
-    assert_eq!(s.keys().await.expect("keys")[0].secret, k.secret);
+    assert_eq!(s.keys().await.expect("keys").rows[0].secret, k.secret);
     let without = open(&OpenOptions {
         url: t.url.clone(),
         read_connections: 1,

@@ -1,11 +1,51 @@
 //! What every two-backend store suite (`suite`, `policy_suite`,
-//! `token_revocation_suite`) starts from: the backend a case runs on and a
-//! database of its own there (a SQLite file in a temp dir, or a fresh
-//! PostgreSQL database from `testing`), with its own key-encryption key.
+//! `token_revocation_suite`, ...) starts from: the backend a case runs on
+//! and a database of its own there (a SQLite file in a temp dir, or a
+//! fresh PostgreSQL database from `testing`), with its own key-encryption
+//! key; and the rows and reap policy several suites share.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use super::*;
+
+/// A signing key row `id` (fixed bytes, no end yet).
+pub(super) fn key(id: &str, active_from: i64) -> SigningKeyRow {
+    SigningKeyRow {
+        key_id: id.into(),
+        secret: (0..64).map(|i| (i * 7 + 3) as u8).collect(),
+        public: vec![2; 32],
+        active_from,
+        verify_until: 0,
+    }
+}
+
+/// A bootstrap token of role member, no labels, 10 uses, until `expires_at`.
+pub(super) fn member_token(id: &str, expires_at: i64) -> TokenRow {
+    TokenRow {
+        token_id: id.into(),
+        kind: agentmesh_proto::pb::credential::TokenKind::Bootstrap as i32,
+        role: agentmesh_proto::pb::credential::Role::Member as i32,
+        labels: BTreeMap::new(),
+        max_uses: 10,
+        uses: 0,
+        created_at: 1,
+        expires_at,
+    }
+}
+
+/// Ten days' retention for every table that has one: a reap at an instant
+/// soon after the rows were written deletes only what ends by its own
+/// instant (revocations, keys past their grace, leases).
+pub(super) fn reap_policy() -> ReapPolicy {
+    ReapPolicy {
+        node_retention_secs: 10 * 86_400,
+        ephemeral_retention_secs: 10 * 86_400,
+        enrollment_retention_secs: 10 * 86_400,
+        used_token_retention_secs: 10 * 86_400,
+        policy_retention_secs: 10 * 86_400,
+        admin_request_retention_secs: 10 * 86_400,
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Backend {

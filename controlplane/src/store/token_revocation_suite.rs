@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 
-use super::suite_kit::{Backend, Target, on_both};
+use super::suite_kit::{Backend, Target, on_both, reap_policy};
 
 const MEMBER: i32 = agentmesh_proto::pb::credential::Role::Member as i32;
 const NOW: i64 = 1_000_000;
@@ -23,17 +23,6 @@ fn token(id: &str, max_uses: u32, role: i32) -> TokenRow {
         uses: 0,
         created_at: 1,
         expires_at: NOW + 86_400,
-    }
-}
-
-fn reap_policy() -> ReapPolicy {
-    ReapPolicy {
-        node_retention_secs: 10 * 86_400,
-        ephemeral_retention_secs: 10 * 86_400,
-        enrollment_retention_secs: 10 * 86_400,
-        used_token_retention_secs: 10 * 86_400,
-        policy_retention_secs: 10 * 86_400,
-        admin_request_retention_secs: 10 * 86_400,
     }
 }
 

@@ -274,13 +274,20 @@ async fn a_retried_request_id_does_the_work_once(db: TestDb) {
     // A rotation retried with its id rotates once.
     let keys = "SELECT COUNT(*) FROM signing_keys";
     let before = db.count(keys).await;
+    let served_keys = client_at(&url);
+    let held = served_keys.get_keys().await.expect("keys");
     let rotate = ["key", "rotate", "--request-id", "rot-1"];
     let a = cp(&url, &admin, &rotate).await;
+    let after_a = served_keys.get_keys().await.expect("keys");
     let b = cp(&url, &admin, &rotate).await;
     assert!(a.ok && b.ok, "{} {}", a.stderr, b.stderr);
     assert!(a.stdout.starts_with("signing key k-"), "{}", a.stdout);
     assert_eq!(a.stdout, b.stdout);
     assert_eq!(db.count(keys).await, before + 1);
+    // GetKeys's generation rose with the rotation, and not with its retry.
+    assert_eq!(after_a.epoch, held.epoch);
+    assert!(after_a.generation > held.generation, "{after_a:?}");
+    assert_eq!(served_keys.get_keys().await.expect("keys"), after_a);
     // A bad id is refused before anything is done.
     let o = cp(
         &url,

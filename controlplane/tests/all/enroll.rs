@@ -196,7 +196,7 @@ async fn malformed_requests_are_invalid_argument() {
 /// The server's current signing key, read from its database and opened
 /// with its key-encryption key.
 async fn server_key(db: &TestDb) -> (String, ed25519::Keypair) {
-    let mut keys = db.store().await.keys().await.expect("keys");
+    let mut keys = db.store().await.keys().await.expect("keys").rows;
     keys.sort_by_key(|k| k.active_from);
     let k = keys.pop().expect("a key");
     let mut secret = k.secret;

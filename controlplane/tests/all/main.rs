@@ -13,6 +13,7 @@
 //! - [`fleet`]: a fleet of real clients meets the limiter on a simulated clock;
 //! - [`grpc_limits`]: the gRPC listener's connection, stream and message bounds;
 //! - [`hostile`]: a flood from one host takes no service from routers and members;
+//! - [`key_order`]: every key set served carries its generation, and a holder never takes an older one;
 //! - [`malformed`]: requests that do not decode are refused, counted and charged to their source;
 //! - [`nat`]: an attacker behind a NAT takes no service from the members and router behind it;
 //! - [`lifecycle`]: restarts, rotation, reapers, backups, the HTTP endpoints;
@@ -38,6 +39,7 @@ mod enroll;
 mod fleet;
 mod grpc_limits;
 mod hostile;
+mod key_order;
 mod lifecycle;
 mod malformed;
 mod nat;

@@ -368,10 +368,11 @@ impl Engine {
                 let dir = node.client.get_directory_holding(held.as_ref()).await?;
                 let keys = node.client.get_keys().await?;
                 // The policy served beside the directory, verified with the
-                // keys just fetched (a rotation may have re-signed it).
+                // keys just fetched (a rotation may have re-signed it),
+                // unless they are older than the ones held.
                 if let Some(signed) = dir.policy.clone() {
                     let mut trust = (*node.trust()).clone();
-                    trust.set_keys(&keys);
+                    trust.offer_keys(&keys);
                     node.policy
                         .offer(signed, Arc::new(trust), crate::policy::DIRECTORY)
                         .await;
@@ -395,7 +396,7 @@ impl Engine {
         match result {
             Ok((dir, keys)) => {
                 self.node.metrics.cp("directory", true);
-                self.node.set_keys(&keys);
+                let taken = self.node.set_keys(&keys);
                 // The control plane's signed list, verified with the keys
                 // just installed; taken only if newer than the one held.
                 if let Some(list) = dir.revocations.as_ref() {
@@ -428,7 +429,7 @@ impl Engine {
                         .shuns_lifted
                         .inc_by(lifted.len() as u64);
                 }
-                if self.directory.keys_to_store(&keys) {
+                if taken && self.directory.keys_to_store(&keys) {
                     let dir_path = self.node.config.data_dir.clone();
                     tokio::task::spawn_blocking(move || {
                         if let Err(e) = crate::identity::store_keys(&dir_path, &keys) {
@@ -622,6 +623,7 @@ mod tests {
                 key_id: "k1".into(),
                 ..Default::default()
             }],
+            ..Default::default()
         };
         assert!(d.keys_to_store(&one), "first fetch: stored");
         assert!(!d.keys_to_store(&one.clone()), "same bytes: not again");

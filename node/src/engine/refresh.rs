@@ -142,9 +142,8 @@ impl Engine {
                 self.node.metrics.cp("refresh", true);
                 self.refresh.succeeded();
                 *self.node.credential.write() = cred.clone();
-                if let Some(keys) = &keys {
-                    self.node.set_keys(keys);
-                }
+                // Stored only when taken: an older set is not kept.
+                let keys = keys.filter(|k| self.node.set_keys(k));
                 let dir = self.node.config.data_dir.clone();
                 tokio::task::spawn_blocking(move || {
                     if let Err(e) = crate::identity::store_credential(&dir, &cred) {

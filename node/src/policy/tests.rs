@@ -43,6 +43,7 @@ fn cp() -> Cp {
             active_from_unix_secs: 0,
             verify_until_unix_secs: 0,
         }],
+        ..Default::default()
     });
     Cp {
         key,

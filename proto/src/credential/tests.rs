@@ -11,6 +11,7 @@ fn setup() -> (ed25519::Keypair, KeySet, PeerId, libp2p_identity::Keypair) {
             active_from_unix_secs: 0,
             verify_until_unix_secs: 0,
         }],
+        ..Default::default()
     };
     let member = libp2p_identity::Keypair::generate_ed25519();
     (cp, keys, member.public().to_peer_id(), member)
@@ -166,6 +167,47 @@ fn key_past_its_grace_verifies_nothing() {
         verify(&cred, &trust, 1501, Some(&peer), 60),
         Err(CredentialError::Expired { .. })
     ));
+}
+
+/// A holder offered an older key set (a replica that has not reloaded)
+/// keeps the newer one and its revocations; a newer one replaces it.
+#[test]
+fn an_older_key_set_is_not_taken() {
+    let (cp, newer, peer, _) = setup();
+    let newer = KeySet {
+        epoch: 7,
+        generation: 5,
+        ..newer
+    };
+    let mut trust = Trust::new(&newer);
+    trust.set_revocations(&[Revocation {
+        peer_id: PeerId::random().to_bytes(),
+        until_unix_secs: 2000,
+        reason: "r".into(),
+        token_id: String::new(),
+    }]);
+    let older = KeySet {
+        epoch: 7,
+        generation: 4,
+        ..KeySet::default()
+    };
+    assert!(!trust.takes_keys(&older));
+    assert!(!trust.offer_keys(&older), "stale");
+    assert_eq!(trust.key_order(), (7, 5));
+    assert!(trust.has_key("k1"), "the newer keys stay");
+    assert_eq!(trust.revoked_peers(1000).count(), 1);
+    let cred = sign(&claims_for(&peer, 1000), &cp);
+    assert!(verify(&cred, &trust, 1001, Some(&peer), 60).is_ok());
+
+    let next = KeySet {
+        epoch: 7,
+        generation: 6,
+        ..KeySet::default()
+    };
+    assert!(trust.offer_keys(&next));
+    assert_eq!(trust.key_order(), (7, 6));
+    assert_eq!(trust.key_count(), 0, "replaced");
+    assert_eq!(trust.revoked_peers(1000).count(), 1, "revocations kept");
 }
 
 #[test]

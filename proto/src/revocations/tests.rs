@@ -16,6 +16,7 @@ fn key(id: &str, verify_until: i64) -> (ed25519::Keypair, PublicKey) {
 fn trust(keys: &[&PublicKey]) -> Trust {
     Trust::new(&KeySet {
         keys: keys.iter().map(|k| (*k).clone()).collect(),
+        ..Default::default()
     })
 }
 

@@ -18,6 +18,7 @@ fn fixture() -> Fixture {
             active_from_unix_secs: 0,
             verify_until_unix_secs: 0,
         }],
+        ..Default::default()
     });
     Fixture { key, trust }
 }

@@ -22,6 +22,10 @@ pub(crate) const COMMANDS: &[&str] = &[
 /// (the loop reached it after its asker gave up, and skipped it).
 pub(crate) const RESULTS: &[&str] = &["ok", "timeout", "closed", "expired"];
 
+/// Outcomes of one command only: `set_keys` `stale` (answered, not
+/// installed: a key set older than the one held).
+pub(crate) const ONLY: &[(&str, &str)] = &[("set_keys", "stale")];
+
 /// The commands' counters.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct CommandMetrics {
@@ -32,16 +36,17 @@ impl CommandMetrics {
     /// Registers the counters with every label at 0.
     pub(crate) fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
-        for command in COMMANDS {
-            for result in RESULTS {
-                let _ = m
-                    .commands
-                    .get_or_create(&[("command", command), ("result", result)]);
-            }
+        let every = COMMANDS
+            .iter()
+            .flat_map(|c| RESULTS.iter().map(move |r| (*c, *r)));
+        for (command, result) in every.chain(ONLY.iter().copied()) {
+            let _ = m
+                .commands
+                .get_or_create(&[("command", command), ("result", result)]);
         }
         registry.register(
             "agentmesh_router_state_commands",
-            "Commands to the swarm loop's tables (admissions, trust, router set) by outcome; timeout: not answered within --state-command-deadline-ms",
+            "Commands to the swarm loop's tables (admissions, trust, router set) by outcome; timeout: not answered within --state-command-deadline-ms; stale: a key set older than the one held, not installed",
             m.commands.clone(),
         );
         m

@@ -12,8 +12,11 @@
 //! logs and `agentmesh_router_state_commands_total{command,
 //! result="timeout"}` counts; a command the owner reaches after its asker
 //! gave up is skipped (`result="expired"`), so a stale command does not
-//! change a table long after its caller moved on. Readers use the
-//! [`Views`] (see `crate::owned`).
+//! change a table long after its caller moved on. A key set older than the
+//! one held (a control-plane replica that has not reloaded its keys yet)
+//! is answered and not installed (`result="stale"`,
+//! `agentmesh_proto::order::key_set_replaces`). Readers use the [`Views`]
+//! (see `crate::owned`).
 //!
 //! This mirrors rust-libp2p's relay, whose behaviour alone holds
 //! reservations and circuits and answers its handlers with commands.
@@ -53,7 +56,8 @@ pub(crate) enum Command {
         admission: Box<Admission>,
         when: Conditions,
     },
-    /// Install the control plane's key set.
+    /// Install the control plane's key set unless it is older than the one
+    /// held (see `Trust::offer_keys`); replies [`Reply::Stale`] then.
     SetKeys(KeySet),
     /// Install the revocation list the policy state holds.
     SetRevocations(Arc<Vec<Revocation>>),
@@ -84,6 +88,8 @@ pub(crate) enum Reply {
     Admitted(Result<(), NotAdmitted>),
     /// Any other command was applied.
     Done,
+    /// A key set older than the one held: not installed.
+    Stale,
 }
 
 /// A command on its way to the owner.
@@ -166,8 +172,24 @@ impl Tables {
                 Reply::Admitted(gate)
             }
             Command::SetKeys(keys) => {
-                self.trust.write().set_keys(&keys);
-                Reply::Done
+                // Judged under the read lock (the owner is the one writer,
+                // so nothing changes before the write): a stale set never
+                // makes the hot-path readers wait.
+                let (held, takes) = {
+                    let trust = self.trust.read();
+                    (trust.key_order(), trust.takes_keys(&keys))
+                };
+                if takes {
+                    self.trust.write().set_keys(&keys);
+                    Reply::Done
+                } else {
+                    tracing::info!(
+                        ?held,
+                        offered = ?(keys.epoch, keys.generation),
+                        "a key set older than the one held was not installed (a control-plane replica behind the others)"
+                    );
+                    Reply::Stale
+                }
             }
             Command::SetRevocations(entries) => {
                 self.trust.write().set_revocations(&entries);
@@ -274,13 +296,14 @@ impl Handle {
         };
         match self.ask(command).await? {
             Reply::Admitted(r) => Ok(r),
-            Reply::Done => Ok(Ok(())),
+            Reply::Done | Reply::Stale => Ok(Ok(())),
         }
     }
 
-    /// Installs the control plane's key set.
-    pub(crate) async fn set_keys(&self, keys: KeySet) -> Result<(), AskError> {
-        self.ask(Command::SetKeys(keys)).await.map(drop)
+    /// Installs the control plane's key set unless it is older than the
+    /// one held; returns whether it did.
+    pub(crate) async fn set_keys(&self, keys: KeySet) -> Result<bool, AskError> {
+        Ok(self.ask(Command::SetKeys(keys)).await? != Reply::Stale)
     }
 
     /// Installs a revocation list.
@@ -328,6 +351,7 @@ impl Handle {
             }),
         };
         match &result {
+            Ok(Reply::Stale) => self.metrics.count(label, "stale"),
             Ok(_) => self.metrics.count(label, "ok"),
             Err(e @ AskError::Timeout { .. }) => {
                 self.metrics.count(label, "timeout");

@@ -44,6 +44,23 @@ fn open() -> Conditions {
     }
 }
 
+/// A key set of epoch 7, generation `generation`, holding one key `id`.
+fn key_set(id: &str, generation: u64) -> KeySet {
+    KeySet {
+        keys: vec![PublicKey {
+            key_id: id.into(),
+            ed25519: libp2p::identity::ed25519::Keypair::generate()
+                .public()
+                .to_bytes()
+                .to_vec(),
+            active_from_unix_secs: 0,
+            verify_until_unix_secs: 0,
+        }],
+        epoch: 7,
+        generation,
+    }
+}
+
 #[tokio::test]
 async fn a_command_not_answered_within_its_deadline_is_an_error_and_never_applied_later() {
     let (mut owner, views, handle) = owner_with(DEADLINE);
@@ -86,17 +103,7 @@ async fn a_command_to_a_stopped_owner_is_an_error() {
 async fn commands_change_the_tables_the_views_read() {
     let (mut owner, views, handle) = owner();
     let peer = PeerId::random();
-    let keys = KeySet {
-        keys: vec![PublicKey {
-            key_id: "k1".into(),
-            ed25519: libp2p::identity::ed25519::Keypair::generate()
-                .public()
-                .to_bytes()
-                .to_vec(),
-            active_from_unix_secs: 0,
-            verify_until_unix_secs: 0,
-        }],
-    };
+    let keys = key_set("k1", 1);
     let revoked = Arc::new(vec![Revocation {
         peer_id: peer.to_bytes(),
         until_unix_secs: i64::MAX / 2,
@@ -189,4 +196,45 @@ async fn the_router_set_is_the_directory_plus_the_routers_admitted() {
     let set = views.router_set.read();
     assert!(set.contains(&listed) && set.contains(&admitted));
     assert_eq!(set.len(), 2);
+}
+
+/// Failing over to a control-plane replica that has not reloaded its keys:
+/// the older set it serves is answered, counted `stale` and not installed;
+/// a newer one (and one of the generation held) is.
+#[tokio::test]
+async fn an_older_key_set_after_a_newer_one_is_not_installed() {
+    let (mut owner, views, handle) = owner();
+    // (key, generation offered, installed, generation held after)
+    let steps = [
+        ("new", 5, true, 5),
+        ("old", 4, false, 5),
+        ("same", 5, true, 5),
+        ("next", 6, true, 6),
+    ];
+    for (id, generation, installed, held) in steps {
+        let asked = owner
+            .serve_while(handle.set_keys(key_set(id, generation)))
+            .await;
+        assert_eq!(asked, Ok(installed), "{id}");
+        let trust = views.trust.read();
+        assert_eq!(trust.has_key(id), installed, "{id}");
+        assert_eq!(trust.key_order(), (7, held), "{id}");
+    }
+    assert!(!views.trust.read().has_key("new"), "replaced by the next");
+    assert_eq!(owner.tables.metrics.get("set_keys", "stale"), 1);
+    assert_eq!(owner.tables.metrics.get("set_keys", "ok"), 3);
+}
+
+#[test]
+fn the_stale_key_set_count_is_pre_created() {
+    let mut registry = Registry::default();
+    let _ = Owner::new(&mut registry, DEADLINE);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    assert!(
+        text.contains(
+            "agentmesh_router_state_commands_total{command=\"set_keys\",result=\"stale\"} 0"
+        ),
+        "{text}"
+    );
 }

@@ -4,8 +4,8 @@
 //! update of the deadline, and every secret is sealed with the
 //! key-encryption key on the way in and opened on the way out.
 
-use super::{LOCK_KEYS, PostgresStore, Tx};
-use crate::store::{SigningKeyRow, StoreError, snapshot::KeyEntry};
+use super::{LOCK_KEYS, PostgresStore, Tx, rows::epoch_and_generation};
+use crate::store::{SigningKeyRow, StoreError, StoredKeys, snapshot::KeyEntry};
 
 impl PostgresStore {
     pub(super) async fn reseal_keys(&self) -> Result<(), StoreError> {
@@ -75,13 +75,19 @@ impl PostgresStore {
     }
 }
 
-pub(super) async fn keys(store: &PostgresStore) -> Result<Vec<SigningKeyRow>, StoreError> {
+/// The keys, their generation and the epoch in one REPEATABLE READ
+/// snapshot: a key write committing meanwhile is in all three or in none.
+pub(super) async fn keys(store: &PostgresStore) -> Result<StoredKeys, StoreError> {
     let (mut conn, ms) = store.conn().await?;
-    let tx = conn.transaction().await?;
-    PostgresStore::bound(&tx, ms).await?;
+    let tx = PostgresStore::read_snapshot(&mut conn, ms).await?;
+    let (epoch, generation) = epoch_and_generation(&tx, "key_generation").await?;
     let keys = store.read_keys(&tx).await?;
     tx.commit().await?;
-    Ok(keys.into_iter().map(|k| k.row).collect())
+    Ok(StoredKeys {
+        epoch,
+        generation,
+        rows: keys.into_iter().map(|k| k.row).collect(),
+    })
 }
 
 pub(super) async fn init_keys(

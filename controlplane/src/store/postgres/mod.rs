@@ -49,8 +49,8 @@ pub use options::{PgOptions, Tls};
 use super::{
     AdminRequest, AppliedPolicy, Change, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow,
     NewPolicy, NodeListing, NodeRefusal, NodeRow, PolicyHead, PolicyRow, PriorRequest, ReapPolicy,
-    SigningKeyRow, Snapshot, Store, StoreError, StoredRevocations, TokenListing, TokenRow, Wait,
-    deadline,
+    SigningKeyRow, Snapshot, Store, StoreError, StoredKeys, StoredRevocations, TokenListing,
+    TokenRow, Wait, deadline,
 };
 
 /// Default `--db-pool-connections`: PostgreSQL's default `max_connections`
@@ -101,6 +101,22 @@ impl PostgresStore {
             return Err(StoreError::Timeout(Wait::Connection));
         }
         Ok((conn, u64::try_from(ms).unwrap_or(u64::MAX)))
+    }
+
+    /// A read-only REPEATABLE READ transaction on `conn`, bounded as
+    /// [`Self::bound`] does: every statement in it reads one snapshot.
+    pub(super) async fn read_snapshot(
+        conn: &mut deadpool_postgres::Object,
+        ms: u64,
+    ) -> Result<Tx<'_>, StoreError> {
+        let tx = conn
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        Self::bound(&tx, ms).await?;
+        Ok(tx)
     }
 
     /// Bounds the transaction's statements and lock waits by `ms`, and
@@ -233,7 +249,7 @@ impl Store for PostgresStore {
         revocations::revoke_token(self, token_id, reason, now, until).await
     }
 
-    async fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError> {
+    async fn keys(&self) -> Result<StoredKeys, StoreError> {
         keys::keys(self).await
     }
 

@@ -5,29 +5,15 @@
 //! so either it committed before (and its node is found and revoked by the
 //! statements after) or it re-reads the token as expired and stops.
 
-use super::PostgresStore;
-use crate::store::policies::epoch_from;
+use super::{PostgresStore, rows::epoch_and_generation};
 use crate::store::{RevocationRow, StoreError, StoredRevocations};
 
 /// The list, its generation and the epoch in one REPEATABLE READ snapshot:
 /// a revocation committing meanwhile is either in all three or in none.
 pub(super) async fn list(store: &PostgresStore) -> Result<StoredRevocations, StoreError> {
     let (mut conn, ms) = store.conn().await?;
-    let tx = conn
-        .build_transaction()
-        .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-        .read_only(true)
-        .start()
-        .await?;
-    PostgresStore::bound(&tx, ms).await?;
-    let head = tx
-        .query_one(
-            "SELECT (SELECT epoch FROM policy_epoch WHERE id = 1),
-                    (SELECT generation FROM revocation_generation WHERE id = 1)",
-            &[],
-        )
-        .await?;
-    let (epoch, generation): (Option<i64>, Option<i64>) = (head.get(0), head.get(1));
+    let tx = PostgresStore::read_snapshot(&mut conn, ms).await?;
+    let (epoch, generation) = epoch_and_generation(&tx, "revocation_generation").await?;
     let st = tx
         .prepare_cached("SELECT peer_id, until, reason FROM revocations ORDER BY peer_id")
         .await?;
@@ -53,8 +39,8 @@ pub(super) async fn list(store: &PostgresStore) -> Result<StoredRevocations, Sto
     }));
     tx.commit().await?;
     Ok(StoredRevocations {
-        epoch: epoch_from(epoch.unwrap_or(0)),
-        generation: generation.unwrap_or(0).max(0) as u64,
+        epoch,
+        generation,
         rows,
     })
 }

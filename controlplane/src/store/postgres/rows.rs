@@ -4,10 +4,31 @@
 
 use tokio_postgres::Row;
 
+use super::Tx;
 use crate::store::{
     LeaseRow, NodeRow, StoreError,
     columns::{parse_addrs, parse_labels},
+    policies::epoch_from,
 };
+
+/// The database's policy epoch and the generation in the counter row of
+/// `counter` (`revocation_generation`, `key_generation`), as read in the
+/// caller's transaction, with what they order (0 for a row not made yet).
+pub(super) async fn epoch_and_generation(
+    tx: &Tx<'_>,
+    counter: &'static str,
+) -> Result<(u64, u64), StoreError> {
+    let sql = format!(
+        "SELECT (SELECT epoch FROM policy_epoch WHERE id = 1),
+                (SELECT generation FROM {counter} WHERE id = 1)"
+    );
+    let head = tx.query_one(sql.as_str(), &[]).await?;
+    let (epoch, generation): (Option<i64>, Option<i64>) = (head.get(0), head.get(1));
+    Ok((
+        epoch_from(epoch.unwrap_or(0)),
+        generation.unwrap_or(0).max(0) as u64,
+    ))
+}
 
 pub(super) fn int<T: TryFrom<i64>>(
     table: &'static str,

@@ -2,8 +2,6 @@
 //! transaction, and written into an empty one in one transaction (under a
 //! new policy epoch): what `store copy` moves.
 
-use tokio_postgres::IsolationLevel;
-
 use super::{
     LOCK_KEYS, PostgresStore, Tx,
     leases::insert_lease,
@@ -19,13 +17,7 @@ use crate::store::{
 impl PostgresStore {
     pub(super) async fn snapshot_rows(&self) -> Result<Snapshot, StoreError> {
         let (mut conn, ms) = self.conn().await?;
-        let tx = conn
-            .build_transaction()
-            .isolation_level(IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
-        Self::bound(&tx, ms).await?;
+        let tx = Self::read_snapshot(&mut conn, ms).await?;
         let tokens = read_tokens(&tx).await?;
         let nodes = tx
             .query(

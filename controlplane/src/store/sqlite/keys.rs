@@ -5,16 +5,27 @@
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::Inner;
-use crate::store::{Kek, SigningKeyRow, StoreError, snapshot::KeyEntry};
+use super::{Inner, rows::epoch_and_generation};
+use crate::store::{Kek, SigningKeyRow, StoreError, StoredKeys, snapshot::KeyEntry};
 
 impl Inner {
-    pub(super) fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError> {
+    /// The keys, their generation and the epoch in one read transaction
+    /// (a WAL snapshot): a key write committing meanwhile is in all three
+    /// or in none.
+    pub(super) fn keys(&self) -> Result<StoredKeys, StoreError> {
         let conn = self.readers.get()?;
-        Ok(read_keys(&conn, &self.kek)?
+        let tx = conn.unchecked_transaction()?;
+        let (epoch, generation) = epoch_and_generation(&tx, "key_generation")?;
+        let rows = read_keys(&tx, &self.kek)?
             .into_iter()
             .map(|k| k.row)
-            .collect())
+            .collect();
+        tx.commit()?;
+        Ok(StoredKeys {
+            epoch,
+            generation,
+            rows,
+        })
     }
 
     pub(super) fn init_keys(

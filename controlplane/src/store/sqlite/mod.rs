@@ -20,8 +20,8 @@ use std::{path::Path, sync::Arc};
 use super::{
     AdminRequest, AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy,
     NodeListing, NodeRefusal, NodeRow, PolicyHead, PolicyRow, PriorRequest, ReapPolicy,
-    SigningKeyRow, Snapshot, Store, StoreError, StoredRevocations, TokenListing, TokenRow, Wait,
-    deadline, pool::Pool,
+    SigningKeyRow, Snapshot, Store, StoreError, StoredKeys, StoredRevocations, TokenListing,
+    TokenRow, Wait, deadline, pool::Pool,
 };
 
 mod admin;
@@ -218,7 +218,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn keys(&self) -> Result<Vec<SigningKeyRow>, StoreError> {
+    async fn keys(&self) -> Result<StoredKeys, StoreError> {
         self.blocking(|s| s.keys()).await
     }
 

@@ -6,8 +6,7 @@
 
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 
-use super::Inner;
-use crate::store::policies::epoch_from;
+use super::{Inner, rows::epoch_and_generation};
 use crate::store::{RevocationRow, StoreError, StoredRevocations};
 
 impl Inner {
@@ -17,12 +16,7 @@ impl Inner {
     pub(super) fn revocations(&self) -> Result<StoredRevocations, StoreError> {
         let conn = self.readers.get()?;
         let tx = conn.unchecked_transaction()?;
-        let (epoch, generation): (Option<i64>, Option<i64>) = tx.query_row(
-            "SELECT (SELECT epoch FROM policy_epoch WHERE id = 1),
-                    (SELECT generation FROM revocation_generation WHERE id = 1)",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
+        let (epoch, generation) = epoch_and_generation(&tx, "revocation_generation")?;
         let mut rows = Vec::new();
         {
             let mut st = tx.prepare_cached(
@@ -54,8 +48,8 @@ impl Inner {
         }
         tx.commit()?;
         Ok(StoredRevocations {
-            epoch: epoch_from(epoch.unwrap_or(0)),
-            generation: generation.unwrap_or(0).max(0) as u64,
+            epoch,
+            generation,
             rows,
         })
     }

@@ -1,12 +1,33 @@
 //! SQLite rows into the store's types: a node row, whose labels are
 //! parsed apart so a corrupt label is a [`StoreError::Corrupt`] and not a
-//! driver error.
+//! driver error; the epoch and a generation counter.
 
 use std::collections::BTreeMap;
 
-use rusqlite::Row;
+use rusqlite::{Connection, Row};
 
-use crate::store::{NodeRow, StoreError, columns::parse_labels};
+use crate::store::{NodeRow, StoreError, columns::parse_labels, policies::epoch_from};
+
+/// The database's policy epoch and the generation in the counter row of
+/// `counter` (`revocation_generation`, `key_generation`), as read in the
+/// caller's transaction, with what they order (0 for a row not made yet).
+pub(super) fn epoch_and_generation(
+    conn: &Connection,
+    counter: &'static str,
+) -> Result<(u64, u64), StoreError> {
+    let (epoch, generation): (Option<i64>, Option<i64>) = conn.query_row(
+        &format!(
+            "SELECT (SELECT epoch FROM policy_epoch WHERE id = 1),
+                    (SELECT generation FROM {counter} WHERE id = 1)"
+        ),
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    Ok((
+        epoch_from(epoch.unwrap_or(0)),
+        generation.unwrap_or(0).max(0) as u64,
+    ))
+}
 
 pub(super) fn node_from_row(r: &Row<'_>) -> rusqlite::Result<(NodeRow, String)> {
     Ok((
