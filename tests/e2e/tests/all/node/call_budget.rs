@@ -32,9 +32,12 @@ async fn a_call_through_silent_providers_returns_within_its_budget() {
     let mut providers = Vec::new();
     for i in 0..SILENT_PROVIDERS {
         let (p, dir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
-            expose: vec![("slow".into(), backend.addr)],
             // The provider waits for the backend far longer than the caller waits for it.
             connect_timeout: Duration::from_secs(600),
+            services: agentmesh_node::config::ServicesConfig {
+                expose: vec![("slow".into(), backend.addr)],
+                ..base.services
+            },
             ..base
         })
         .await;
@@ -44,7 +47,10 @@ async fn a_call_through_silent_providers_returns_within_its_budget() {
     let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |base| Config {
         connect_timeout: CONNECT_TIMEOUT,
         call_timeout: CALL_TIMEOUT,
-        call_attempts: SILENT_PROVIDERS,
+        calls: agentmesh_node::config::CallsConfig {
+            attempts: SILENT_PROVIDERS,
+            ..base.calls
+        },
         ..base
     })
     .await;
@@ -106,7 +112,10 @@ async fn a_relay_denying_circuits_is_retried_three_times_then_the_call_fails() {
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
-        expose: vec![("echo".into(), backend)],
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend)],
+            ..base.services
+        },
         ..base
     })
     .await;

@@ -27,13 +27,22 @@ async fn the_first_call_from_the_other_fresh_router_finds_the_provider() {
     let backend = echo_backend().await;
 
     let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
-        router_selector: selector("r1"),
-        expose: vec![("echo".into(), backend)],
+        routers: agentmesh_node::config::RoutersConfig {
+            selector: selector("r1"),
+            ..base.routers
+        },
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend)],
+            ..base.services
+        },
         ..base
     })
     .await;
     let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |base| Config {
-        router_selector: selector("r2"),
+        routers: agentmesh_node::config::RoutersConfig {
+            selector: selector("r2"),
+            ..base.routers
+        },
         ..base
     })
     .await;

@@ -33,23 +33,35 @@ async fn calls_made_while_the_providers_router_is_leaving_avoid_it_and_outlive_i
     let cp = start_cp().await;
     let a = Router::start(&cp, &[("name", "a"), ("p", "1")], |c| {
         c.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")];
-        c.drain_grace = DRAIN_GRACE;
+        c.drain.grace = DRAIN_GRACE;
     })
     .await;
     let c = Router::start(&cp, &[("name", "c"), ("c", "1")], |_| {}).await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
-        routers: 2,
-        router_selector: labels("p"),
-        expose: vec![("echo".into(), backend)],
+        routers: agentmesh_node::config::RoutersConfig {
+            count: 2,
+            selector: labels("p"),
+            ..base.routers
+        },
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend)],
+            ..base.services
+        },
         ..base
     })
     .await;
     let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |base| Config {
-        router_selector: labels("c"),
-        // The circuit through a stays open (no idle close) for the test.
-        relayed_idle: Duration::from_secs(3600),
+        routers: agentmesh_node::config::RoutersConfig {
+            selector: labels("c"),
+            ..base.routers
+        },
+        connections: agentmesh_node::config::ConnectionConfig {
+            // The circuit through a stays open (no idle close) for the test.
+            relayed_idle: Duration::from_secs(3600),
+            ..base.connections
+        },
         ..base
     })
     .await;
@@ -74,7 +86,7 @@ async fn calls_made_while_the_providers_router_is_leaving_avoid_it_and_outlive_i
         .unwrap_or_else(|_| panic!("provider not on a + x: {:?}", provider.status().borrow()))
         .expect("status");
     let b = Router::start(&cp, &[("name", "b"), ("p", "1")], |c| {
-        c.high_watermark = Some(0);
+        c.watermarks.high = Some(0);
     })
     .await;
     tokio::time::timeout(DEADLINE, st.wait_for(|s| s.candidates == 3))

@@ -71,7 +71,10 @@ async fn provider(
     let echo = echo_backend().await;
     let (p, dir) = spawn_node(cp, token, "spawn provider", |base| {
         tweak(Config {
-            expose: vec![("quiet".into(), quiet.addr), ("echo".into(), echo)],
+            services: agentmesh_node::config::ServicesConfig {
+                expose: vec![("quiet".into(), quiet.addr), ("echo".into(), echo)],
+                ..base.services
+            },
             ..base
         })
     })
@@ -159,9 +162,15 @@ async fn a_frozen_caller_loses_its_calls_when_its_connection_is_found_dead() {
     let cp = start_cp().await;
     let token = cp.token(Role::Member).await;
     let (r, p, dir, backend) = provider(&cp, &token, |c| Config {
-        ping_interval: PING,
-        ping_timeout: PING,
-        call_idle_timeout: LONG_IDLE,
+        connections: agentmesh_node::config::ConnectionConfig {
+            ping_interval: PING,
+            ping_timeout: PING,
+            ..c.connections
+        },
+        calls: agentmesh_node::config::CallsConfig {
+            idle_timeout: LONG_IDLE,
+            ..c.calls
+        },
         ..c
     })
     .await;
@@ -182,9 +191,15 @@ async fn a_killed_caller_loses_its_calls_when_its_connection_goes() {
     let cp = start_cp().await;
     let token = cp.token(Role::Member).await;
     let (r, p, dir, backend) = provider(&cp, &token, |c| Config {
-        ping_interval: PING,
-        ping_timeout: PING,
-        call_idle_timeout: LONG_IDLE,
+        connections: agentmesh_node::config::ConnectionConfig {
+            ping_interval: PING,
+            ping_timeout: PING,
+            ..c.connections
+        },
+        calls: agentmesh_node::config::CallsConfig {
+            idle_timeout: LONG_IDLE,
+            ..c.calls
+        },
         ..c
     })
     .await;
@@ -215,8 +230,11 @@ async fn one_tokens_identities_cannot_keep_another_tokens_members_out() {
     let (attacker_token, fleet_token) =
         (cp.token(Role::Member).await, cp.token(Role::Member).await);
     let (r, p, _pdir, backend) = provider(&cp, &fleet_token, |c| Config {
-        max_inbound_calls: SLOTS,
-        max_inbound_calls_per_caller: PER_CALLER,
+        calls: agentmesh_node::config::CallsConfig {
+            max_inbound: SLOTS,
+            max_inbound_per_caller: PER_CALLER,
+            ..c.calls
+        },
         ..c
     })
     .await;
@@ -329,12 +347,18 @@ async fn a_call_idle_past_the_deadline_ends_and_is_counted() {
     let cp = start_cp().await;
     let token = cp.token(Role::Member).await;
     let (r, p, _pdir, backend) = provider(&cp, &token, |c| Config {
-        call_idle_timeout: Duration::from_secs(2),
+        calls: agentmesh_node::config::CallsConfig {
+            idle_timeout: Duration::from_secs(2),
+            ..c.calls
+        },
         ..c
     })
     .await;
     let (a, _adir) = spawn_node(&cp, &token, "spawn a", |c| Config {
-        forward: vec![("127.0.0.1:0".parse().expect("addr"), "quiet".into())],
+        local: agentmesh_node::config::LocalConfig {
+            forward: vec![("127.0.0.1:0".parse().expect("addr"), "quiet".into())],
+            ..c.local
+        },
         ..c
     })
     .await;

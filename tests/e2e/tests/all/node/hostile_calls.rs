@@ -56,7 +56,10 @@ async fn silent_call_streams_of_one_member_leave_the_provider_to_the_others() {
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
-        expose: vec![("echo".into(), backend)],
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend)],
+            ..base.services
+        },
         ..base
     })
     .await;
@@ -185,7 +188,10 @@ async fn one_member_cannot_take_every_circuit_to_a_provider() {
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
-        expose: vec![("echo".into(), backend)],
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend)],
+            ..base.services
+        },
         ..base
     })
     .await;

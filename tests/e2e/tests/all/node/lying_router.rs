@@ -95,8 +95,14 @@ async fn a_lying_router_can_neither_forge_nor_roll_back_a_members_revocations() 
     // The honest provider holds the two honest routers (the liar is not
     // in the directory yet).
     let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |c| Config {
-        routers: 2,
-        expose: vec![("echo".into(), backend)],
+        routers: agentmesh_node::config::RoutersConfig {
+            count: 2,
+            ..c.routers
+        },
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend)],
+            ..c.services
+        },
         ..c
     })
     .await;
@@ -149,8 +155,14 @@ async fn a_lying_router_can_neither_forge_nor_roll_back_a_members_revocations() 
     // The member attaches to all three routers; the liar's admission
     // answer carries the forgery.
     let (victim, _vdir) = spawn_node(&cp, &member, "spawn victim", |c| Config {
-        routers: 3,
-        directory_interval: Duration::from_secs(3600),
+        routers: agentmesh_node::config::RoutersConfig {
+            count: 3,
+            ..c.routers
+        },
+        control_plane: agentmesh_node::config::ControlPlaneConfig {
+            directory_interval: Duration::from_secs(3600),
+            ..c.control_plane
+        },
         ..c
     })
     .await;

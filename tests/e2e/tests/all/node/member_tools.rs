@@ -57,13 +57,16 @@ async fn ping_names_route_round_trip_and_verdict_and_pings_land_in_the_histogram
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |c| Config {
-        expose: vec![
-            ("echo".into(), backend),
-            // Only members labelled team=nobody may call it: the provider
-            // refuses ours.
-            ("guarded".into(), backend),
-        ],
-        allow: vec!["guarded=label:team=nobody".parse().expect("allow rule")],
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![
+                ("echo".into(), backend),
+                // Only members labelled team=nobody may call it: the provider
+                // refuses ours.
+                ("guarded".into(), backend),
+            ],
+            allow: vec!["guarded=label:team=nobody".parse().expect("allow rule")],
+            ..c.services
+        },
         ..c
     })
     .await;
@@ -71,8 +74,14 @@ async fn ping_names_route_round_trip_and_verdict_and_pings_land_in_the_histogram
     // The caller is configured to call `echo` (a --forward), and gives one
     // service a label of its own in the histogram.
     let (caller, cdir) = spawn_node(&cp, &member, "spawn caller", |c| Config {
-        forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
-        max_call_metric_services: 1,
+        local: agentmesh_node::config::LocalConfig {
+            forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
+            ..c.local
+        },
+        calls: agentmesh_node::config::CallsConfig {
+            max_metric_services: 1,
+            ..c.calls
+        },
         ..c
     })
     .await;
@@ -174,7 +183,10 @@ async fn call_wait_ready_started_before_the_node_calls_once_it_is_up() {
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |c| Config {
-        expose: vec![("echo".into(), backend)],
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend)],
+            ..c.services
+        },
         ..c
     })
     .await;

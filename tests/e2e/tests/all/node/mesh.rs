@@ -22,15 +22,27 @@ async fn a_on_r1_calls_b_on_r2_through_transit_and_a_relay() {
     let backend = echo_backend().await;
 
     let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        router_selector: selector("r2"),
-        expose: vec![("echo".into(), backend), ("secret".into(), backend)],
-        allow: vec!["secret=label:team=x".parse().expect("rule")],
+        routers: agentmesh_node::config::RoutersConfig {
+            selector: selector("r2"),
+            ..base.routers
+        },
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend), ("secret".into(), backend)],
+            allow: vec!["secret=label:team=x".parse().expect("rule")],
+            ..base.services
+        },
         ..base
     })
     .await;
     let (a, adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
-        router_selector: selector("r1"),
-        forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
+        routers: agentmesh_node::config::RoutersConfig {
+            selector: selector("r1"),
+            ..base.routers
+        },
+        local: agentmesh_node::config::LocalConfig {
+            forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
+            ..base.local
+        },
         ..base
     })
     .await;
@@ -144,7 +156,10 @@ async fn a_on_r1_calls_b_on_r2_through_transit_and_a_relay() {
 
     // A member sharing B's router calls without transit.
     let (c, _cdir) = spawn_node(&cp, &member, "spawn c", |base| Config {
-        router_selector: selector("r2"),
+        routers: agentmesh_node::config::RoutersConfig {
+            selector: selector("r2"),
+            ..base.routers
+        },
         ..base
     })
     .await;
@@ -160,9 +175,10 @@ async fn a_on_r1_calls_b_on_r2_through_transit_and_a_relay() {
     let a_id = a.peer_id();
     a.shutdown().await;
     let a2 = agentmesh_node::spawn(
-        Config {
-            router_selector: selector("r1"),
-            ..node_config(&cp, "", adir.path())
+        {
+            let mut c = node_config(&cp, "", adir.path());
+            c.routers.selector = selector("r1");
+            c
         },
         None,
     )
@@ -188,8 +204,11 @@ async fn a_member_whose_router_dies_reattaches_elsewhere() {
     let r2 = start_router(&cp, "r2").await;
     let member = cp.token(Role::Member).await;
     let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config {
-        // Outgoing TCP from another loopback address, as the ladder does.
-        dial_source_ip: Some("127.0.0.3".parse().expect("ip")),
+        connections: agentmesh_node::config::ConnectionConfig {
+            // Outgoing TCP from another loopback address, as the ladder does.
+            dial_source_ip: Some("127.0.0.3".parse().expect("ip")),
+            ..base.connections
+        },
         ..base
     })
     .await;
@@ -222,7 +241,10 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
     let backend = echo_backend().await;
     let once = one_line_backend().await;
     let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        expose: vec![("echo".into(), backend), ("once".into(), once)],
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend), ("once".into(), once)],
+            ..base.services
+        },
         ..base
     })
     .await;
@@ -315,7 +337,10 @@ async fn credentials_are_refreshed_and_re_presented_before_they_expire() {
         &cp,
         &member,
         |base| Config {
-            credential_skew: Duration::ZERO,
+            control_plane: agentmesh_node::config::ControlPlaneConfig {
+                credential_skew: Duration::ZERO,
+                ..base.control_plane
+            },
             ..base
         },
         |base| base,
@@ -404,10 +429,11 @@ async fn many_nodes_share_a_process_and_a_registry() {
         let dir = tempfile::tempdir().expect("tempdir");
         let sub = registry.sub_registry_with_label(("member".into(), i.to_string().into()));
         let n = agentmesh_node::spawn(
-            Config {
-                no_socket: true,
-                metrics_addr: None,
-                ..node_config(&cp, &member, dir.path())
+            {
+                let mut c = node_config(&cp, &member, dir.path());
+                c.metrics_addr = None;
+                c.local.no_socket = true;
+                c
             },
             Some(sub),
         )
@@ -461,12 +487,21 @@ async fn a_transit_connection_closes_once_idle() {
         &cp,
         &member,
         |base| Config {
-            router_selector: selector("r2"),
+            routers: agentmesh_node::config::RoutersConfig {
+                selector: selector("r2"),
+                ..base.routers
+            },
             ..base
         },
         |base| Config {
-            router_selector: selector("r1"),
-            idle_connection: Duration::from_secs(1),
+            routers: agentmesh_node::config::RoutersConfig {
+                selector: selector("r1"),
+                ..base.routers
+            },
+            connections: agentmesh_node::config::ConnectionConfig {
+                idle: Duration::from_secs(1),
+                ..base.connections
+            },
             ..base
         },
     )
@@ -508,7 +543,10 @@ async fn a_forwarded_connection_finishes_while_its_node_stops() {
         &member,
         |base| base,
         |base| Config {
-            forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
+            local: agentmesh_node::config::LocalConfig {
+                forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
+                ..base.local
+            },
             ..base
         },
     )
@@ -539,8 +577,11 @@ async fn forward_listeners_share_one_connection_bound_and_count_the_waits() {
         &member,
         |base| base,
         |base| Config {
-            forward: vec![(any, "echo".into()), (any, "echo".into())],
-            max_forward_connections: 1,
+            local: agentmesh_node::config::LocalConfig {
+                forward: vec![(any, "echo".into()), (any, "echo".into())],
+                max_forward_connections: 1,
+                ..base.local
+            },
             ..base
         },
     )
@@ -609,8 +650,14 @@ async fn go_away_makes_before_it_breaks() {
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config {
-        routers: 2,
-        expose: vec![("echo".into(), backend)],
+        routers: agentmesh_node::config::RoutersConfig {
+            count: 2,
+            ..base.routers
+        },
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend)],
+            ..base.services
+        },
         ..base
     })
     .await;
@@ -679,7 +726,10 @@ async fn status_and_services_show_what_a_running_node_holds() {
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        expose: vec![("echo".into(), backend)],
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend)],
+            ..base.services
+        },
         ..base
     })
     .await;

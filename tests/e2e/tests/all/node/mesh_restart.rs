@@ -179,8 +179,14 @@ async fn members_return_after_every_router_restarts(same_keys: bool) {
     for i in 0..MEMBERS {
         members.push(
             spawn_node(&cp, &member, &format!("member {i}"), |c| Config {
-                routers: K,
-                directory_interval: Config::default().directory_interval,
+                routers: agentmesh_node::config::RoutersConfig {
+                    count: K,
+                    ..c.routers
+                },
+                control_plane: agentmesh_node::config::ControlPlaneConfig {
+                    directory_interval: Config::default().control_plane.directory_interval,
+                    ..c.control_plane
+                },
                 ..c
             })
             .await,

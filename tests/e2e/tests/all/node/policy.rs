@@ -230,13 +230,19 @@ async fn a_caller_reaches_only_the_owner_of_a_service_never_an_impostor() {
     let (owner_backend, owner_hits) = tag_backend("owner").await;
     let (impostor_backend, impostor_hits) = tag_backend("impostor").await;
     let (owner, _odir) = spawn_node(&cp, &db_team, "spawn owner", |c| agentmesh_node::Config {
-        expose: vec![("db".into(), owner_backend)],
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("db".into(), owner_backend)],
+            ..c.services
+        },
         ..c
     })
     .await;
     let (impostor, _idir) = spawn_node(&cp, &web_team, "spawn impostor", |c| {
         agentmesh_node::Config {
-            expose: vec![("db".into(), impostor_backend)],
+            services: agentmesh_node::config::ServicesConfig {
+                expose: vec![("db".into(), impostor_backend)],
+                ..c.services
+            },
             ..c
         }
     })
@@ -341,7 +347,10 @@ async fn a_policy_push_from_a_peer_that_is_not_an_attached_router_is_refused() {
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |c| agentmesh_node::Config {
-        expose: vec![("echo".into(), backend)],
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend)],
+            ..c.services
+        },
         ..c
     })
     .await;

@@ -146,7 +146,10 @@ async fn a_caller_without_a_grant_gets_one_line_naming_the_policy_and_it_is_not_
     let (ops, _) = team_token(&cp, "ops").await;
     let backend = echo_backend().await;
     let (provider, _pdir) = spawn_node(&cp, &payments, "spawn provider", |c| Config {
-        expose: vec![(SERVICE.into(), backend)],
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![(SERVICE.into(), backend)],
+            ..c.services
+        },
         ..c
     })
     .await;

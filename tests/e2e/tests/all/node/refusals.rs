@@ -31,8 +31,14 @@ async fn the_provider_refuses_bad_credentials_with_reasons_and_counters() {
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| agentmesh_node::Config {
-        expose: vec![("echo".into(), backend)],
-        credential_skew: Duration::ZERO,
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend)],
+            ..base.services
+        },
+        control_plane: agentmesh_node::config::ControlPlaneConfig {
+            credential_skew: Duration::ZERO,
+            ..base.control_plane
+        },
         ..base
     })
     .await;

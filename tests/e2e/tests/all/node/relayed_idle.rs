@@ -20,14 +20,23 @@ const CIRCUITS: &str = "agentmesh_router_circuits";
 async fn node(cp: &Cp, adjust: impl FnOnce(Config) -> Config) -> (NodeHandle, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = adjust(Config {
-        control_plane: cp.url.clone(),
-        token: cp.token(Role::Member).await,
         data_dir: dir.path().to_path_buf(),
-        routers: 1,
-        directory_interval: Duration::from_secs(1),
         metrics_addr: Some("127.0.0.1:0".parse().expect("addr")),
-        // Far beyond the deadline: only the relayed-idle close can act.
-        idle_connection: Duration::from_secs(3600),
+        control_plane: agentmesh_node::config::ControlPlaneConfig {
+            url: cp.url.clone(),
+            token: cp.token(Role::Member).await,
+            directory_interval: Duration::from_secs(1),
+            ..Default::default()
+        },
+        routers: agentmesh_node::config::RoutersConfig {
+            count: 1,
+            ..Default::default()
+        },
+        connections: agentmesh_node::config::ConnectionConfig {
+            // Far beyond the deadline: only the relayed-idle close can act.
+            idle: Duration::from_secs(3600),
+            ..Default::default()
+        },
         ..Config::default()
     });
     let n = agentmesh_node::spawn(config, None).await.expect("spawn");
@@ -68,13 +77,22 @@ async fn setup_with(
     let r = TestRouter::start(&cp, &[("name", "r")], router).await;
     let backend = echo_backend().await;
     let (p, pd) = node(&cp, |c| Config {
-        expose: vec![("echo".into(), backend)],
-        relayed_idle: Duration::from_secs(provider_idle_secs),
+        services: agentmesh_node::config::ServicesConfig {
+            expose: vec![("echo".into(), backend)],
+            ..c.services
+        },
+        connections: agentmesh_node::config::ConnectionConfig {
+            relayed_idle: Duration::from_secs(provider_idle_secs),
+            ..c.connections
+        },
         ..c
     })
     .await;
     let (c, cd) = node(&cp, |c| Config {
-        relayed_idle: Duration::from_secs(caller_idle_secs),
+        connections: agentmesh_node::config::ConnectionConfig {
+            relayed_idle: Duration::from_secs(caller_idle_secs),
+            ..c.connections
+        },
         ..c
     })
     .await;
@@ -199,7 +217,10 @@ async fn a_refused_circuit_is_a_clear_error_and_frees_up_after_the_idle_close() 
     })
     .await;
     let (b, bd) = node(&cp, |c| Config {
-        relayed_idle: Duration::from_secs(1),
+        connections: agentmesh_node::config::ConnectionConfig {
+            relayed_idle: Duration::from_secs(1),
+            ..c.connections
+        },
         ..c
     })
     .await;

@@ -44,11 +44,17 @@ async fn call_over_quic(b_source: Option<IpAddr>, a_source: Option<IpAddr>) {
         &cp,
         &member,
         |base| Config {
-            dial_source_ip: b_source,
+            connections: agentmesh_node::config::ConnectionConfig {
+                dial_source_ip: b_source,
+                ..base.connections
+            },
             ..base
         },
         |base| Config {
-            dial_source_ip: a_source,
+            connections: agentmesh_node::config::ConnectionConfig {
+                dial_source_ip: a_source,
+                ..base.connections
+            },
             ..base
         },
     )
@@ -98,12 +104,21 @@ async fn the_quic_socket_is_opened_by_the_first_quic_dial() {
         &cp,
         &member,
         |base| Config {
-            router_selector: selector("quic"),
+            routers: agentmesh_node::config::RoutersConfig {
+                selector: selector("quic"),
+                ..base.routers
+            },
             ..base
         },
         |base| Config {
-            router_selector: selector("tcp"),
-            dial_source_ip: Some(source.into()),
+            routers: agentmesh_node::config::RoutersConfig {
+                selector: selector("tcp"),
+                ..base.routers
+            },
+            connections: agentmesh_node::config::ConnectionConfig {
+                dial_source_ip: Some(source.into()),
+                ..base.connections
+            },
             ..base
         },
     )
@@ -179,7 +194,10 @@ async fn members_dial_routers_that_announce_dns_names() {
             "{name} router announces {announced:?}"
         );
         let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config {
-            router_selector: selector(name),
+            routers: agentmesh_node::config::RoutersConfig {
+                selector: selector(name),
+                ..base.routers
+            },
             ..base
         })
         .await;

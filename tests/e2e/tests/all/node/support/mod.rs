@@ -52,7 +52,7 @@ pub async fn start_router_tweaked(
 ) -> Router {
     Router::start(cp, &[("name", name)], |c| {
         c.listen = vec![listen.parse().expect("addr")];
-        c.lease_interval = lease_interval;
+        c.control_plane.lease_interval = lease_interval;
         tweak(c);
     })
     .await
@@ -62,12 +62,18 @@ pub async fn start_router_tweaked(
 /// directory poll, metrics on loopback port 0, data in `dir`.
 pub fn node_config(cp: &Cp, token: &str, dir: &Path) -> Config {
     Config {
-        control_plane: cp.url.clone(),
-        token: token.to_string(),
         data_dir: dir.to_path_buf(),
-        routers: 1,
-        directory_interval: Duration::from_secs(1),
         metrics_addr: Some("127.0.0.1:0".parse().expect("addr")),
+        control_plane: agentmesh_node::config::ControlPlaneConfig {
+            url: cp.url.clone(),
+            token: token.to_string(),
+            directory_interval: Duration::from_secs(1),
+            ..Default::default()
+        },
+        routers: agentmesh_node::config::RoutersConfig {
+            count: 1,
+            ..Default::default()
+        },
         ..Config::default()
     }
 }
@@ -104,7 +110,10 @@ pub async fn echo_pair(
     let backend = echo_backend().await;
     let b = spawn_node(cp, token, "spawn b", |base| {
         b_config(Config {
-            expose: vec![("echo".into(), backend)],
+            services: agentmesh_node::config::ServicesConfig {
+                expose: vec![("echo".into(), backend)],
+                ..base.services
+            },
             ..base
         })
     })
@@ -119,9 +128,15 @@ pub async fn echo_pair(
 /// socket (many of them share one test process).
 pub async fn storm_member(cp: &Cp, token: String) -> (NodeHandle, tempfile::TempDir) {
     spawn_node(cp, &token, "spawn", |c| Config {
-        routers: 2,
         metrics_addr: None,
-        no_socket: true,
+        routers: agentmesh_node::config::RoutersConfig {
+            count: 2,
+            ..c.routers
+        },
+        local: agentmesh_node::config::LocalConfig {
+            no_socket: true,
+            ..c.local
+        },
         ..c
     })
     .await
