@@ -7,7 +7,6 @@ use super::support;
 
 use std::time::Duration;
 
-use agentmesh_node::Config;
 use agentmesh_proto::pb::credential::Role;
 use support::*;
 
@@ -25,12 +24,9 @@ async fn a_router_refusing_reservations_is_replaced_once_another_is_free() {
     .await;
     let ok = start_router(&cp, "ok").await;
     let member = cp.token(Role::Member).await;
-    let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config {
-        routers: agentmesh_node::config::RoutersConfig {
-            count: 2,
-            ..base.routers
-        },
-        ..base
+    let (n, _dir) = spawn_node(&cp, &member, "spawn", |mut base| {
+        base.routers.count = 2;
+        base
     })
     .await;
     ready(&n, "n").await;

@@ -7,7 +7,6 @@ use super::support;
 
 use std::time::Duration;
 
-use agentmesh_node::Config;
 use agentmesh_proto::pb::credential::Role;
 use support::*;
 
@@ -29,12 +28,9 @@ async fn a_member_keeps_its_draining_router_while_the_only_alternative_refuses_i
     let a = start_router_tweaked(&cp, "a", lease, listen, |c| c.drain.grace = DRAIN_GRACE).await;
     let x = start_router(&cp, "x").await;
     let member = cp.token(Role::Member).await;
-    let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config {
-        routers: agentmesh_node::config::RoutersConfig {
-            count: 2,
-            ..base.routers
-        },
-        ..base
+    let (n, _dir) = spawn_node(&cp, &member, "spawn", |mut base| {
+        base.routers.count = 2;
+        base
     })
     .await;
     let (a_id, x_id) = (a.handle.peer_id(), x.handle.peer_id());

@@ -8,7 +8,6 @@ use super::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use agentmesh_node::Config;
 use agentmesh_proto::pb::credential::Role;
 use support::*;
 
@@ -39,30 +38,18 @@ async fn calls_made_while_the_providers_router_is_leaving_avoid_it_and_outlive_i
     let c = Router::start(&cp, &[("name", "c"), ("c", "1")], |_| {}).await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
-        routers: agentmesh_node::config::RoutersConfig {
-            count: 2,
-            selector: labels("p"),
-            ..base.routers
-        },
-        services: agentmesh_node::config::ServicesConfig {
-            expose: vec![("echo".into(), backend)],
-            ..base.services
-        },
-        ..base
+    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |mut base| {
+        base.routers.count = 2;
+        base.routers.selector = labels("p");
+        base.services.expose = vec![("echo".into(), backend)];
+        base
     })
     .await;
-    let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |base| Config {
-        routers: agentmesh_node::config::RoutersConfig {
-            selector: labels("c"),
-            ..base.routers
-        },
-        connections: agentmesh_node::config::ConnectionConfig {
-            // The circuit through a stays open (no idle close) for the test.
-            relayed_idle: Duration::from_secs(3600),
-            ..base.connections
-        },
-        ..base
+    let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |mut base| {
+        base.routers.selector = labels("c");
+        // The circuit through a stays open (no idle close) for the test.
+        base.connections.relayed_idle = Duration::from_secs(3600);
+        base
     })
     .await;
     ready(&provider, "provider").await;

@@ -88,16 +88,10 @@ async fn router(cp: &Cp, name: &str) -> Router {
 /// A member on `k` routers that polls the directory only at start.
 async fn member(cp: &Cp, k: usize) -> (NodeHandle, tempfile::TempDir) {
     let token = cp.token(Role::Member).await;
-    spawn_node(cp, &token, "spawn member", |c| agentmesh_node::Config {
-        routers: agentmesh_node::config::RoutersConfig {
-            count: k,
-            ..c.routers
-        },
-        control_plane: agentmesh_node::config::ControlPlaneConfig {
-            directory_interval: Duration::from_secs(3600),
-            ..c.control_plane
-        },
-        ..c
+    spawn_node(cp, &token, "spawn member", |mut c| {
+        c.routers.count = k;
+        c.control_plane.directory_interval = Duration::from_secs(3600);
+        c
     })
     .await
 }

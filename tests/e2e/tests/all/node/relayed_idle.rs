@@ -76,24 +76,15 @@ async fn setup_with(
     let cp = start_cp().await;
     let r = TestRouter::start(&cp, &[("name", "r")], router).await;
     let backend = echo_backend().await;
-    let (p, pd) = node(&cp, |c| Config {
-        services: agentmesh_node::config::ServicesConfig {
-            expose: vec![("echo".into(), backend)],
-            ..c.services
-        },
-        connections: agentmesh_node::config::ConnectionConfig {
-            relayed_idle: Duration::from_secs(provider_idle_secs),
-            ..c.connections
-        },
-        ..c
+    let (p, pd) = node(&cp, |mut c| {
+        c.services.expose = vec![("echo".into(), backend)];
+        c.connections.relayed_idle = Duration::from_secs(provider_idle_secs);
+        c
     })
     .await;
-    let (c, cd) = node(&cp, |c| Config {
-        connections: agentmesh_node::config::ConnectionConfig {
-            relayed_idle: Duration::from_secs(caller_idle_secs),
-            ..c.connections
-        },
-        ..c
+    let (c, cd) = node(&cp, |mut c| {
+        c.connections.relayed_idle = Duration::from_secs(caller_idle_secs);
+        c
     })
     .await;
     (cp, r, p, c, vec![pd, cd])
@@ -216,12 +207,9 @@ async fn a_refused_circuit_is_a_clear_error_and_frees_up_after_the_idle_close() 
         c.resources.circuits_per_destination = 1;
     })
     .await;
-    let (b, bd) = node(&cp, |c| Config {
-        connections: agentmesh_node::config::ConnectionConfig {
-            relayed_idle: Duration::from_secs(1),
-            ..c.connections
-        },
-        ..c
+    let (b, bd) = node(&cp, |mut c| {
+        c.connections.relayed_idle = Duration::from_secs(1);
+        c
     })
     .await;
     dirs.push(bd);

@@ -108,14 +108,9 @@ pub async fn echo_pair(
     (NodeHandle, tempfile::TempDir),
 ) {
     let backend = echo_backend().await;
-    let b = spawn_node(cp, token, "spawn b", |base| {
-        b_config(Config {
-            services: agentmesh_node::config::ServicesConfig {
-                expose: vec![("echo".into(), backend)],
-                ..base.services
-            },
-            ..base
-        })
+    let b = spawn_node(cp, token, "spawn b", |mut base| {
+        base.services.expose = vec![("echo".into(), backend)];
+        b_config(base)
     })
     .await;
     let a = spawn_node(cp, token, "spawn a", a_config).await;
@@ -127,17 +122,11 @@ pub async fn echo_pair(
 /// A member of a storm test: K = 2 routers, no metrics listener, no Unix
 /// socket (many of them share one test process).
 pub async fn storm_member(cp: &Cp, token: String) -> (NodeHandle, tempfile::TempDir) {
-    spawn_node(cp, &token, "spawn", |c| Config {
-        metrics_addr: None,
-        routers: agentmesh_node::config::RoutersConfig {
-            count: 2,
-            ..c.routers
-        },
-        local: agentmesh_node::config::LocalConfig {
-            no_socket: true,
-            ..c.local
-        },
-        ..c
+    spawn_node(cp, &token, "spawn", |mut c| {
+        c.metrics_addr = None;
+        c.routers.count = 2;
+        c.local.no_socket = true;
+        c
     })
     .await
 }
