@@ -7,6 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use agentmesh_node::config as node_config;
 use rand::RngCore;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{RwLock, watch};
@@ -238,25 +239,40 @@ impl Member {
     pub async fn start(spec: MemberSpec) -> Result<Self, String> {
         let socket = spec.data_dir.join(agentmesh_node::config::SOCKET_FILE);
         let config = agentmesh_node::Config {
-            control_plane: spec.control_plane,
-            control_plane_ca: spec.control_plane_ca,
-            token: spec.token,
+            control_plane: node_config::ControlPlaneConfig {
+                url: spec.control_plane,
+                ca: spec.control_plane_ca,
+                token: spec.token,
+                ..Default::default()
+            },
             data_dir: spec.data_dir,
-            routers: spec.routers,
-            expose: spec
-                .expose_echo
-                .map(|a| {
-                    std::iter::once(ECHO.to_string())
-                        .chain(spec.expose_also.clone())
-                        .map(|name| (name, a))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            no_socket: !spec.socket,
-            socket_path: None,
-            dial_source_ip: spec.dial_source_ip,
+            routers: node_config::RoutersConfig {
+                count: spec.routers,
+                ..Default::default()
+            },
+            services: node_config::ServicesConfig {
+                expose: spec
+                    .expose_echo
+                    .map(|a| {
+                        std::iter::once(ECHO.to_string())
+                            .chain(spec.expose_also.clone())
+                            .map(|name| (name, a))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                ..Default::default()
+            },
+            local: node_config::LocalConfig {
+                no_socket: !spec.socket,
+                socket_path: None,
+                ..Default::default()
+            },
+            connections: node_config::ConnectionConfig {
+                dial_source_ip: spec.dial_source_ip,
+                ping_interval: spec.ping_interval,
+                ..Default::default()
+            },
             call_timeout: spec.call_timeout,
-            ping_interval: spec.ping_interval,
             ..agentmesh_node::Config::default()
         };
         let deadlines = CallDeadlines::of(&config);

@@ -1,5 +1,6 @@
-//! The command line of `agentmesh-node`: `run` starts a member, its flags
-//! mapping one to one onto [`Config`] fields ([`RunArgs::into_config`]);
+//! The command line of `agentmesh-node`: `run` starts a member, its flat
+//! flags mapping one to one onto [`Config`] fields, sorted into its
+//! sections once ([`RunArgs::into_config`]);
 //! `call NAME` pipes stdin and stdout to a service through a running node's
 //! Unix socket (after waiting for the node to be ready with
 //! `--wait-ready-secs`); `ping NAME` sets up calls and reports their route,
@@ -73,7 +74,8 @@ fn label(s: &str) -> Result<(String, String), String> {
 }
 
 /// The flags of `run`, one per [`Config`] field (`--token-file` is read
-/// into [`Config::token`]; `--pprof-addr` is the binary's own).
+/// into [`config::ControlPlaneConfig::token`]; `--pprof-addr` is the
+/// binary's own).
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// Control plane, CA and token file.
@@ -113,13 +115,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub dial_source_ip: Option<IpAddr>,
     /// Deadline of one control-plane RPC, seconds.
-    #[arg(long, default_value_t = Config::default().rpc_timeout.as_secs())]
+    #[arg(long, default_value_t = Config::default().control_plane.rpc_timeout.as_secs())]
     pub rpc_timeout_secs: u64,
     /// Time budget of the retries of one control-plane operation, seconds.
-    #[arg(long, default_value_t = Config::default().retry_budget.as_secs())]
+    #[arg(long, default_value_t = Config::default().control_plane.retry_budget.as_secs())]
     pub retry_budget_secs: u64,
     /// How often the key set and router directory are re-read (±20% jitter), seconds.
-    #[arg(long, default_value_t = Config::default().directory_interval.as_secs())]
+    #[arg(long, default_value_t = Config::default().control_plane.directory_interval.as_secs())]
     pub directory_interval_secs: u64,
     /// Longest random wait before replacing a lost router while another still serves, milliseconds (spreads a killed router's members over the survivors; 0 = at once; a node left with no router replaces at once).
     #[arg(long, default_value_t = config::DEFAULT_ROUTER_REPLACE_SPREAD_MS)]
@@ -131,13 +133,13 @@ pub struct RunArgs {
     #[arg(long, default_value_t = Config::default().call_timeout.as_secs())]
     pub call_timeout_secs: u64,
     /// Providers tried per call before giving up, within the call's budget, attempts.
-    #[arg(long, default_value_t = Config::default().call_attempts)]
+    #[arg(long, default_value_t = Config::default().calls.attempts)]
     pub call_attempts: usize,
     /// Inbound calls served at once, all callers together, calls; shared by the callers' enrollment tokens once all are taken (a caller whose token holds fewer takes the heaviest token's idlest call).
-    #[arg(long, default_value_t = Config::default().max_inbound_calls)]
+    #[arg(long, default_value_t = Config::default().calls.max_inbound)]
     pub max_inbound_calls: usize,
     /// Inbound calls served at once per caller, calls.
-    #[arg(long, default_value_t = Config::default().max_inbound_calls_per_caller)]
+    #[arg(long, default_value_t = Config::default().calls.max_inbound_per_caller)]
     pub max_inbound_calls_per_caller: usize,
     /// A call (inbound, --forward, the Unix socket) that moves no byte either way for this long is ended, seconds (0: no idle deadline; a call always ends with its connection).
     #[arg(long, default_value_t = config::DEFAULT_CALL_IDLE_TIMEOUT_SECS)]
@@ -152,10 +154,10 @@ pub struct RunArgs {
     #[arg(long, default_value_t = config::DEFAULT_CALL_FIRST_BYTE_TIMEOUT_MS)]
     pub call_first_byte_timeout_ms: u64,
     /// Forwarded local connections open at once across every --forward listener, connections; more wait in the backlog.
-    #[arg(long, default_value_t = Config::default().max_forward_connections)]
+    #[arg(long, default_value_t = Config::default().local.max_forward_connections)]
     pub max_forward_connections: usize,
     /// Connections (transit, finished circuits) idle this long are closed, seconds.
-    #[arg(long, default_value_t = Config::default().idle_connection.as_secs())]
+    #[arg(long, default_value_t = Config::default().connections.idle.as_secs())]
     pub idle_connection_secs: u64,
     /// A relayed connection closes this long after the last call with its peer (provider side: twice), seconds (0: off).
     #[arg(long, default_value_t = config::DEFAULT_RELAYED_IDLE.as_secs())]
@@ -167,13 +169,13 @@ pub struct RunArgs {
     #[arg(long, default_value_t = config::DEFAULT_PING_TIMEOUT.as_secs())]
     pub ping_timeout_secs: u64,
     /// Lifetime of published service records, republished at a third of it, seconds.
-    #[arg(long, default_value_t = Config::default().record_ttl.as_secs())]
+    #[arg(long, default_value_t = Config::default().services.record_ttl.as_secs())]
     pub record_ttl_secs: u64,
     /// Grace for calls in flight on shutdown, seconds.
     #[arg(long, default_value_t = Config::default().shutdown_grace.as_secs())]
     pub shutdown_grace_secs: u64,
     /// Clock skew tolerated when verifying callers' credentials, seconds.
-    #[arg(long, default_value_t = Config::default().credential_skew.as_secs())]
+    #[arg(long, default_value_t = Config::default().control_plane.credential_skew.as_secs())]
     pub credential_skew_secs: u64,
     /// Streams open at once on one yamux connection (to a router or a relayed peer), streams; yamux resets more.
     #[arg(long, default_value_t = config::DEFAULT_YAMUX_MAX_STREAMS)]
@@ -236,55 +238,69 @@ impl From<DirectArgs> for config::DirectConfig {
 }
 
 impl RunArgs {
-    /// The [`Config`] these flags give, `--token-file` read into
-    /// [`Config::token`] and each `--*-secs` flag made a `Duration` (the
-    /// one place they are converted). The stall watchdog stays off: [`run`]
+    /// The [`Config`] these flags give, sorted into its sections,
+    /// `--token-file` read into [`config::ControlPlaneConfig::token`] and
+    /// each `--*-secs` flag made a `Duration` (the one place they are
+    /// converted). The stall watchdog stays off: [`run`]
     /// turns it on.
     pub fn into_config(self) -> Result<Config, TokenFileError> {
         let token = self.control_plane.read_token()?;
+        let s = Duration::from_secs;
         Ok(Config {
-            control_plane: self.control_plane.control_plane,
-            control_plane_ca: self.control_plane.control_plane_ca,
-            token,
+            control_plane: config::ControlPlaneConfig {
+                url: self.control_plane.control_plane,
+                ca: self.control_plane.control_plane_ca,
+                token,
+                rpc_timeout: s(self.rpc_timeout_secs),
+                retry_budget: s(self.retry_budget_secs),
+                directory_interval: s(self.directory_interval_secs),
+                credential_skew: s(self.credential_skew_secs),
+            },
             data_dir: self.data_dir,
-            routers: self.routers,
-            router_selector: self.router_selector.into_iter().collect(),
-            router_prefer: self.router_prefer.into_iter().collect(),
-            expose: self.expose,
-            forward: self.forward,
-            allow: self.allow,
+            routers: config::RoutersConfig {
+                count: self.routers,
+                selector: self.router_selector.into_iter().collect(),
+                prefer: self.router_prefer.into_iter().collect(),
+                replace_spread: Duration::from_millis(self.router_replace_spread_ms),
+                max_policy_pushes_in_flight: self.max_policy_pushes_in_flight,
+            },
+            services: config::ServicesConfig {
+                expose: self.expose,
+                allow: self.allow,
+                record_ttl: s(self.record_ttl_secs),
+            },
+            local: config::LocalConfig {
+                forward: self.forward,
+                socket_path: self.socket_path,
+                no_socket: self.no_socket,
+                max_forward_connections: self.max_forward_connections,
+            },
             metrics_addr: self.listeners.metrics_addr,
-            socket_path: self.socket_path,
-            no_socket: self.no_socket,
-            dial_source_ip: self.dial_source_ip,
-            rpc_timeout: Duration::from_secs(self.rpc_timeout_secs),
-            retry_budget: Duration::from_secs(self.retry_budget_secs),
-            directory_interval: Duration::from_secs(self.directory_interval_secs),
-            router_replace_spread: Duration::from_millis(self.router_replace_spread_ms),
-            connect_timeout: Duration::from_secs(self.connect_timeout_secs),
-            call_timeout: Duration::from_secs(self.call_timeout_secs),
-            call_attempts: self.call_attempts,
-            max_inbound_calls: self.max_inbound_calls,
-            max_inbound_calls_per_caller: self.max_inbound_calls_per_caller,
-            call_idle_timeout: Duration::from_secs(self.call_idle_timeout_secs),
-            max_policy_pushes_in_flight: self.max_policy_pushes_in_flight,
-            max_inbound_call_requests: self.max_inbound_call_requests,
-            call_first_byte_timeout_ms: self.call_first_byte_timeout_ms,
-            max_forward_connections: self.max_forward_connections,
-            idle_connection: Duration::from_secs(self.idle_connection_secs),
-            relayed_idle: Duration::from_secs(self.relayed_idle_secs),
-            ping_interval: Duration::from_secs(self.ping_interval_secs),
-            ping_timeout: Duration::from_secs(self.ping_timeout_secs),
-            record_ttl: Duration::from_secs(self.record_ttl_secs),
-            shutdown_grace: Duration::from_secs(self.shutdown_grace_secs),
-            credential_skew: Duration::from_secs(self.credential_skew_secs),
-            stream_inbound_queue_per_protocol: self.streams.stream_inbound_queue_per_protocol,
-            stream_max_pending_opens_per_peer: self.streams.stream_max_pending_opens_per_peer,
-            stream_max_pending_opens_total: self.streams.stream_max_pending_opens_total,
-            yamux_max_streams: self.yamux_max_streams,
-            yamux_connection_window_kib: self.yamux_connection_window_kib,
-            splice_buffer_kib: self.splice_buffer_kib,
-            max_call_metric_services: self.max_call_metric_services,
+            connect_timeout: s(self.connect_timeout_secs),
+            call_timeout: s(self.call_timeout_secs),
+            calls: config::CallsConfig {
+                attempts: self.call_attempts,
+                max_inbound: self.max_inbound_calls,
+                max_inbound_per_caller: self.max_inbound_calls_per_caller,
+                max_inbound_requests: self.max_inbound_call_requests,
+                first_byte_timeout_ms: self.call_first_byte_timeout_ms,
+                idle_timeout: s(self.call_idle_timeout_secs),
+                splice_buffer_kib: self.splice_buffer_kib,
+                max_metric_services: self.max_call_metric_services,
+            },
+            shutdown_grace: s(self.shutdown_grace_secs),
+            connections: config::ConnectionConfig {
+                dial_source_ip: self.dial_source_ip,
+                idle: s(self.idle_connection_secs),
+                relayed_idle: s(self.relayed_idle_secs),
+                ping_interval: s(self.ping_interval_secs),
+                ping_timeout: s(self.ping_timeout_secs),
+                stream_inbound_queue_per_protocol: self.streams.stream_inbound_queue_per_protocol,
+                stream_max_pending_opens_per_peer: self.streams.stream_max_pending_opens_per_peer,
+                stream_max_pending_opens_total: self.streams.stream_max_pending_opens_total,
+                yamux_max_streams: self.yamux_max_streams,
+                yamux_connection_window_kib: self.yamux_connection_window_kib,
+            },
             direct: self.direct.into(),
             runtime_watchdog: false,
         })

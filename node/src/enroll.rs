@@ -7,7 +7,7 @@ use agentmesh_proto::pb::credential::{Credential, KeySet};
 use agentmesh_proto::unix_now;
 
 use crate::SpawnError;
-use crate::config::Config;
+use crate::config::{Config, ControlPlaneConfig};
 use crate::identity::{self, Stored};
 use crate::metrics::Metrics;
 
@@ -15,11 +15,11 @@ use crate::metrics::Metrics;
 /// has at least this long to live.
 const MIN_REMAINING_SECS: i64 = 30;
 
-/// The control-plane client a member uses: the CA file read if given, and
-/// a connection per call (a member talks to the control plane a few
-/// times an hour, so it holds none at rest).
-pub(crate) async fn client(config: &Config) -> Result<Client, SpawnError> {
-    let ca_pem = match &config.control_plane_ca {
+/// The control-plane client a member uses, from the control-plane section:
+/// the CA file read if given, and a connection per call (a member talks to
+/// the control plane a few times an hour, so it holds none at rest).
+pub(crate) async fn client(config: &ControlPlaneConfig) -> Result<Client, SpawnError> {
+    let ca_pem = match &config.ca {
         Some(p) => Some(tokio::fs::read(p).await.map_err(|source| SpawnError::Ca {
             path: p.clone(),
             source,
@@ -28,7 +28,7 @@ pub(crate) async fn client(config: &Config) -> Result<Client, SpawnError> {
     };
     Ok(Client::with_connections(
         ClientConfig {
-            url: config.control_plane.clone(),
+            url: config.url.clone(),
             ca_pem,
             retry_budget: config.retry_budget,
             rpc_timeout: config.rpc_timeout.max(crate::config::MIN_TIMEOUT),
@@ -80,20 +80,20 @@ pub(crate) async fn obtain(
             }
             Err(e) => {
                 metrics.cp("refresh", false);
-                if config.token.is_empty() {
+                if config.control_plane.token.is_empty() {
                     return Err(e.into());
                 }
                 tracing::warn!(error = %e, "stored credential not refreshed: enrolling with the token");
             }
         }
     }
-    if config.token.is_empty() {
+    if config.control_plane.token.is_empty() {
         return Err(SpawnError::Config(
             "no valid credential in the data dir and no token to enroll with".into(),
         ));
     }
     let resp = client
-        .enroll(&config.token, &stored.key)
+        .enroll(&config.control_plane.token, &stored.key)
         .await
         .inspect_err(|_| metrics.cp("enroll", false))?;
     metrics.cp("enroll", true);

@@ -170,7 +170,8 @@ impl NodeHandle {
         &self,
         credential: &agentmesh_proto::pb::credential::Credential,
     ) -> bool {
-        let skew = i64::try_from(self.node.config.credential_skew.as_secs()).unwrap_or(i64::MAX);
+        let skew = i64::try_from(self.node.config.control_plane.credential_skew.as_secs())
+            .unwrap_or(i64::MAX);
         matches!(
             agentmesh_proto::credential::verify(
                 credential,
@@ -232,18 +233,18 @@ impl NodeHandle {
 }
 
 fn validate(config: &Config) -> Result<(), SpawnError> {
-    if config.routers == 0 {
+    if config.routers.count == 0 {
         return Err(SpawnError::Config("--routers must be at least 1".into()));
     }
     let mut seen = HashSet::new();
-    for (name, _) in &config.expose {
+    for (name, _) in &config.services.expose {
         if !seen.insert(name) {
             return Err(SpawnError::Config(format!(
                 "service {name:?} exposed twice"
             )));
         }
     }
-    for rule in &config.allow {
+    for rule in &config.services.allow {
         if !seen.contains(&rule.service) {
             return Err(SpawnError::Config(format!(
                 "--allow names {:?}, which is not exposed",
@@ -279,11 +280,15 @@ pub async fn spawn(
         .map_err(|e| SpawnError::Config(format!("identity task: {e}")))??;
     let peer_id = stored.key.public().to_peer_id();
     let span = tracing::info_span!("node", peer = %peer_id);
-    let client = enroll::client(&config).await?;
+    let client = enroll::client(&config.control_plane).await?;
     let mut metrics = metrics::Metrics::new();
     metrics.name_call_services(
-        config.max_call_metric_services,
-        config.forward.iter().map(|(_, service)| service.as_str()),
+        config.calls.max_metric_services,
+        config
+            .local
+            .forward
+            .iter()
+            .map(|(_, service)| service.as_str()),
     );
     let (credential, keys) = enroll::obtain(&client, &config, &stored, &metrics)
         .instrument(span.clone())

@@ -55,7 +55,7 @@ impl Listeners {
             None => None,
         };
         let mut forwards = Vec::new();
-        for (addr, name) in &config.forward {
+        for (addr, name) in &config.local.forward {
             let l = TcpListener::bind(addr)
                 .await
                 .map_err(|source| SpawnError::Bind {
@@ -111,7 +111,7 @@ impl Listeners {
         if let (Some(l), Some(reg)) = (self.metrics, served.registry) {
             tasks.spawn("metrics_http", crate::http::serve(node.clone(), reg, l));
         }
-        let max_local = node.config.max_forward_connections;
+        let max_local = node.config.local.max_forward_connections;
         if let Some((l, _)) = self.socket {
             let limit = crate::local::Limit::new(max_local, "socket", &node.metrics);
             tasks.spawn("socket", crate::socket::serve(node.clone(), l, limit));

@@ -166,6 +166,7 @@ impl Node {
     /// The services this node exposes, for the status.
     pub(crate) fn exposed(&self) -> Vec<crate::status::report::Exposed> {
         self.config
+            .services
             .expose
             .iter()
             .map(|(name, backend)| crate::status::report::Exposed {

@@ -1,7 +1,7 @@
 //! Calls in flight per peer (either direction), and since when a peer has
 //! had none. The engine closes a relayed connection to a peer once the
 //! peer has been idle for `--relayed-idle-secs` (see
-//! [`crate::config::Config::relayed_idle`]): a router caps the circuits
+//! [`crate::config::ConnectionConfig::relayed_idle`]): a router caps the circuits
 //! to one destination, and a popular provider would otherwise be held at
 //! that cap by callers whose connections merely wait for the 30 s idle
 //! timeout. A caller that calls again within the window reuses the circuit.

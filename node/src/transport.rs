@@ -131,8 +131,8 @@ fn direct(
     Ok((direct, relay_client))
 }
 
-/// The yamux receive-window limits `config` asks for.
-pub(crate) fn window_limits(config: &crate::config::Config) -> WindowLimits {
+/// The yamux receive-window limits the connection section asks for.
+pub(crate) fn window_limits(config: &crate::config::ConnectionConfig) -> WindowLimits {
     WindowLimits {
         max_streams: config.yamux_max_streams,
         connection_window_bytes: config.yamux_connection_window_kib.saturating_mul(1024),
@@ -154,7 +154,7 @@ pub(crate) async fn build(
         })
         .clone();
     let dialing = Dialing {
-        source_ip: config.dial_source_ip,
+        source_ip: config.connections.dial_source_ip,
         listen: config.direct.enabled.then(|| {
             let at = SocketAddr::new(config.direct.listen_ip, config.direct.listen_port);
             (at, reuse::ReuseLog::default())
@@ -173,18 +173,18 @@ pub(crate) async fn build(
         key,
         dialing,
         config.connect_timeout(),
-        config.idle_connection.max(MIN_TIMEOUT),
+        config.connections.idle.max(MIN_TIMEOUT),
         ping::Config::new()
-            .with_interval(config.ping_interval.max(MIN_TIMEOUT))
-            .with_timeout(config.ping_timeout.max(MIN_TIMEOUT)),
+            .with_interval(config.connections.ping_interval.max(MIN_TIMEOUT))
+            .with_timeout(config.connections.ping_timeout.max(MIN_TIMEOUT)),
         agentmesh_streams::Config {
-            inbound_queue_per_protocol: config.stream_inbound_queue_per_protocol,
+            inbound_queue_per_protocol: config.connections.stream_inbound_queue_per_protocol,
         },
         agentmesh_streams::PendingOpenLimits {
-            max_pending_opens_per_peer: config.stream_max_pending_opens_per_peer,
-            max_pending_opens_total: config.stream_max_pending_opens_total,
+            max_pending_opens_per_peer: config.connections.stream_max_pending_opens_per_peer,
+            max_pending_opens_total: config.connections.stream_max_pending_opens_total,
         },
-        window_limits(config),
+        window_limits(&config.connections),
         yamux_dropped,
     )
     .await

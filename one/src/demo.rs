@@ -122,12 +122,24 @@ impl Demo {
         let mut nodes = Vec::with_capacity(config.members);
         for index in 0..config.members {
             let nc = node::Config {
-                control_plane: config.control_plane.clone(),
-                token: config.token.clone(),
+                control_plane: node::config::ControlPlaneConfig {
+                    url: config.control_plane.clone(),
+                    token: config.token.clone(),
+                    ..Default::default()
+                },
                 data_dir: config.data_dir.join(format!("member-{index}")),
-                routers: config.routers,
-                expose: vec![(service_name(index), echo_addr)],
-                no_socket: true,
+                routers: node::config::RoutersConfig {
+                    count: config.routers,
+                    ..Default::default()
+                },
+                services: node::config::ServicesConfig {
+                    expose: vec![(service_name(index), echo_addr)],
+                    ..Default::default()
+                },
+                local: node::config::LocalConfig {
+                    no_socket: true,
+                    ..Default::default()
+                },
                 ..node::Config::default()
             };
             let handle = node::spawn(nc, None).await.map_err(|e| DemoError::Member {

@@ -239,8 +239,11 @@ pub async fn spawn(config: Config) -> Result<OneHandle, SpawnError> {
         let dir = data.join(format!("router-{index}"));
         create_dir(&dir).await?;
         let rc = router::Config {
-            control_plane: control_plane_url.clone(),
-            token: router_token.clone(),
+            control_plane: router::config::ControlPlaneConfig {
+                url: control_plane_url.clone(),
+                token: router_token.clone(),
+                ..Default::default()
+            },
             key_path: dir.join("router.key"),
             listen: vec![format!("/ip4/127.0.0.1/tcp/{port}").parse().map_err(|e| {
                 SpawnError::Router {

@@ -189,7 +189,7 @@ pub(crate) async fn run(cp: Cp, cancel: CancellationToken) {
         }
         sync_once(&cp).await;
         let mut last_directory = Instant::now();
-        let next_round = Instant::now() + jitter(cp.config.lease_interval);
+        let next_round = Instant::now() + jitter(cp.config.control_plane.lease_interval);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -209,7 +209,11 @@ pub(crate) async fn run(cp: Cp, cancel: CancellationToken) {
 }
 
 async fn enroll(cp: &Cp) -> Result<(), ClientError> {
-    let resp = cp.link.client.enroll(&cp.config.token, &cp.keypair).await?;
+    let resp = cp
+        .link
+        .client
+        .enroll(&cp.config.control_plane.token, &cp.keypair)
+        .await?;
     if let Some(keys) = resp.keys {
         // A failure is logged and counted by the handle; the next round's
         // key sync installs them.

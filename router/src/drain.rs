@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::{AdmissionTable, Admissions, Purpose};
-use crate::config::Config;
+use crate::config::DrainConfig;
 use crate::cp::Cp;
 use crate::goaway::pace::{self, Pacer};
 use crate::goaway::{GoAways, Reason};
@@ -104,7 +104,9 @@ fn wave_order(table: &AdmissionTable, me: PeerId) -> Vec<PeerId> {
 
 /// What a drain works with.
 pub(crate) struct Drain {
-    pub(crate) config: Arc<Config>,
+    pub(crate) config: DrainConfig,
+    /// The deadline of one control-plane call, for the last lease.
+    pub(crate) rpc_timeout: Duration,
     pub(crate) state: Arc<DrainState>,
     pub(crate) admissions: Admissions,
     /// Circuits relayed now, as the swarm loop publishes them.
@@ -126,18 +128,15 @@ pub(crate) async fn run(d: Drain, cancel: CancellationToken) {
         r = requested.wait_for(|v| *v) => if r.is_err() { return },
     }
     let members = wave_order(&d.admissions.read(), d.goaways.me);
-    tracing::info!(members = members.len(), grace = ?d.config.drain_grace, "draining");
+    tracing::info!(members = members.len(), grace = ?d.config.grace, "draining");
     // The whole drain (lease, go-aways, moving) fits in the grace, so the
     // process ends within `drain_grace` plus the shutdown grace.
-    let end = tokio::time::Instant::now() + d.config.drain_grace;
+    let end = tokio::time::Instant::now() + d.config.grace;
     d.readiness.update(|r| r.draining = true);
     d.metrics.draining.set(1);
 
     // A last lease, so the directory shows this router draining.
-    let lease_deadline = d
-        .config
-        .control_plane_rpc_timeout
-        .min(d.config.drain_grace / 4);
+    let lease_deadline = d.rpc_timeout.min(d.config.grace / 4);
     if tokio::time::timeout(lease_deadline, crate::cp::lease(&d.cp))
         .await
         .is_err()
@@ -146,7 +145,7 @@ pub(crate) async fn run(d: Drain, cancel: CancellationToken) {
     }
 
     // Paced: every member is told by the settling time before the end.
-    let told_by = end - pace::settle_time(d.config.drain_grace);
+    let told_by = end - pace::settle_time(d.config.grace);
     let pacer = Pacer {
         goaways: &d.goaways,
         control: &d.control,

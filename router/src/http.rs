@@ -150,7 +150,7 @@ async fn drain(
     State(s): State<HttpState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
 ) -> (StatusCode, String) {
-    if let Err(why) = drain_allowed(peer.ip(), s.ctx.config.drain_http_allow_remote) {
+    if let Err(why) = drain_allowed(peer.ip(), s.ctx.config.drain.http_allow_remote) {
         s.ctx.metrics.http_refused("drain", why.as_str());
         if let Some(suppressed) = s
             .ctx
@@ -271,7 +271,7 @@ mod tests {
 
     #[tokio::test]
     async fn with_remote_allowed_any_peer_drains() {
-        let ctx = http(|c| c.drain_http_allow_remote = true);
+        let ctx = http(|c| c.drain.http_allow_remote = true);
         let (status, body) = post_drain(&ctx, "10.0.0.7").await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
         assert!(ctx.drain.is_requested());

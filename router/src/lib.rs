@@ -317,7 +317,7 @@ impl Components {
     ) -> Self {
         Self {
             policy: shared.policy,
-            catalog: Arc::new(catalog::Catalog::new(config.catalog_max_records)),
+            catalog: Arc::new(catalog::Catalog::new(config.catalog.max_records)),
             config: Arc::new(config),
             sizing,
             peer_id: keypair.public().to_peer_id(),
@@ -335,10 +335,6 @@ impl Components {
         }
     }
 
-    fn skew_secs(&self) -> i64 {
-        i64::try_from(self.config.clock_skew.as_secs()).unwrap_or(i64::MAX)
-    }
-
     fn policy_ctx(&self) -> policy::PolicyCtx {
         policy::PolicyCtx {
             state: self.policy.clone(),
@@ -347,7 +343,7 @@ impl Components {
             tables: self.tables.clone(),
             catalog: self.catalog.clone(),
             resources: self.resources.clone(),
-            skew_secs: self.skew_secs(),
+            skew_secs: self.config.control_plane.skew_secs(),
         }
     }
 
@@ -356,13 +352,14 @@ impl Components {
             state: self.policy.clone(),
             link: self.link.clone(),
             admissions: self.admissions.clone(),
-            skew_secs: self.skew_secs(),
+            skew_secs: self.config.control_plane.skew_secs(),
         }
     }
 
     fn goaways(&self) -> goaway::GoAways {
         goaway::GoAways {
-            config: self.config.clone(),
+            config: self.config.drain,
+            stream_timeout: self.config.connections.stream_timeout,
             me: self.peer_id,
             directory: self.directory.clone(),
             metrics: self.metrics.clone(),
@@ -424,13 +421,16 @@ pub(crate) fn register_metrics(registry: &mut Registry) -> metrics::Metrics {
     m
 }
 
-/// Loads (or creates) the identity key and builds the control-plane client
-/// (which connects lazily).
-async fn identity_and_client(config: &Config) -> Result<(Keypair, Client), SpawnError> {
-    let key_path = config.key_path.clone();
+/// Loads (or creates) the identity key at `key_path` and builds the
+/// control-plane client (which connects lazily) from its section.
+async fn identity_and_client(
+    key_path: &std::path::Path,
+    config: &config::ControlPlaneConfig,
+) -> Result<(Keypair, Client), SpawnError> {
+    let key_path = key_path.to_path_buf();
     let keypair =
         tokio::task::spawn_blocking(move || identity::load_or_create(&key_path)).await??;
-    let ca_pem = match &config.control_plane_ca {
+    let ca_pem = match &config.ca {
         Some(path) => Some(
             tokio::fs::read(path)
                 .await
@@ -442,10 +442,10 @@ async fn identity_and_client(config: &Config) -> Result<(Keypair, Client), Spawn
         None => None,
     };
     let client = Client::new(ClientConfig {
-        url: config.control_plane.clone(),
+        url: config.url.clone(),
         ca_pem,
-        retry_budget: config.control_plane_retry_budget,
-        rpc_timeout: config.control_plane_rpc_timeout,
+        retry_budget: config.retry_budget,
+        rpc_timeout: config.rpc_timeout,
     })?;
     Ok((keypair, client))
 }
@@ -465,7 +465,7 @@ async fn components(
         &config.resources,
         |budget| {
             let sizing = config.sizing(budget);
-            (sizing, config.watermarks(&sizing))
+            (sizing, config.budget_watermarks(&sizing))
         },
         registry,
         metrics.refused.clone(),
@@ -481,7 +481,7 @@ async fn components(
         } else {
             "--high-watermark"
         },
-        high_watermark_memory_percent = config.high_watermark_memory_percent,
+        high_watermark_memory_percent = config.watermarks.high_memory_percent,
         "watermarks"
     );
     let stall_probe = config
@@ -527,7 +527,7 @@ fn accept_protocols(
 /// metrics listener, and starts enrollment, leasing, the mesh and the
 /// protocols in the background. Returns once every listener is bound.
 pub async fn spawn(config: Config) -> Result<RouterHandle, SpawnError> {
-    let (keypair, client) = identity_and_client(&config).await?;
+    let (keypair, client) = identity_and_client(&config.key_path, &config.control_plane).await?;
     let mut registry = Registry::default();
     let p2p_metrics = libp2p::metrics::Metrics::new(&mut registry);
     let (c, owner, stall_probe) = components(config, keypair, client, &mut registry).await?;

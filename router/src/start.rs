@@ -59,7 +59,7 @@ pub(crate) async fn http(
 pub(crate) fn trim_and_drain(s: &mut Start<'_>, commands: crate::swarm::Commands) {
     let c = s.c;
     let trim = trim::Trim {
-        config: c.config.clone(),
+        config: c.config.watermarks,
         sizing: c.sizing,
         me: c.peer_id,
         admissions: c.admissions.clone(),
@@ -71,7 +71,8 @@ pub(crate) fn trim_and_drain(s: &mut Start<'_>, commands: crate::swarm::Commands
     };
     s.tasks.spawn("trim", trim::run(trim, s.cancel.clone()));
     let drain = drain::Drain {
-        config: c.config.clone(),
+        config: c.config.drain,
+        rpc_timeout: c.config.control_plane.rpc_timeout,
         state: c.drain.clone(),
         admissions: c.admissions.clone(),
         circuits: c.circuits.clone(),
@@ -103,14 +104,14 @@ pub(crate) fn auth(s: &mut Start<'_>, incoming: IncomingStreams) -> Arc<streams:
         draining: c.drain.requested(),
         policy: c.policy.clone(),
     };
-    let queue = (c.config.auth_queue_max_streams > 0).then(|| {
+    let queue = (c.config.auth.queue_max_streams > 0).then(|| {
         let busy = auth.clone();
         streams::Queue {
             places: c
                 .resources
-                .fair_budget(SlotBudget::AuthQueue, c.config.auth_queue_max_streams),
-            wait: c.config.auth_queue_wait,
-            retry_after: c.config.auth_busy_retry_after,
+                .fair_budget(SlotBudget::AuthQueue, c.config.auth.queue_max_streams),
+            wait: c.config.auth.queue_wait,
+            retry_after: c.config.auth.busy_retry_after,
             answer: Arc::new(move |info, stream, retry_after| {
                 Box::pin(auth::server::busy(busy.clone(), info, stream, retry_after))
             }),
@@ -118,7 +119,7 @@ pub(crate) fn auth(s: &mut Start<'_>, incoming: IncomingStreams) -> Arc<streams:
     });
     let refusals = Arc::new(streams::RefusedStreams {
         control: s.control.clone(),
-        max: c.config.stranger_refused_streams_max,
+        max: c.config.auth.stranger_refused_streams_max,
         admissions: c.admissions.clone(),
         resources: c.resources.clone(),
         metrics: c.metrics.clone(),
@@ -126,7 +127,7 @@ pub(crate) fn auth(s: &mut Start<'_>, incoming: IncomingStreams) -> Arc<streams:
     let accept = streams::Accept {
         slots: c
             .resources
-            .fair_budget(SlotBudget::Auth, c.config.auth_max_inflight_streams),
+            .fair_budget(SlotBudget::Auth, c.config.auth.max_inflight_streams),
         resources: c.resources.clone(),
         queue,
         refusals: refusals.clone(),
@@ -153,18 +154,18 @@ pub(crate) fn policy(s: &mut Start<'_>) {
         admissions: c.admissions.clone(),
         link: c.link.clone(),
         control: s.control.clone(),
-        concurrency: c.config.policy_push_concurrency,
-        deadline: c.config.policy_push_deadline,
-        fallback_delay: c.config.policy_push_fallback_delay,
+        concurrency: c.config.policy.push_concurrency,
+        deadline: c.config.policy.push_deadline,
+        fallback_delay: c.config.policy.push_fallback_delay,
     };
     s.tasks
         .spawn("policy_push", policy::push::run(push, s.cancel.clone()));
-    if c.config.policy_watch {
+    if c.config.policy.watch {
         let watch = policy::watch::Watch {
             ctx: c.policy_ctx(),
             keypair: c.keypair.clone(),
             client: c.link.client.clone(),
-            backoff_max: c.config.policy_watch_backoff_max,
+            backoff_max: c.config.policy.watch_backoff_max,
         };
         s.tasks
             .spawn("policy_watch", policy::watch::run(watch, s.cancel.clone()));
@@ -193,7 +194,7 @@ pub(crate) fn catalog(
     let accept = streams::Accept {
         slots: c
             .resources
-            .fair_budget(SlotBudget::Catalog, c.config.catalog_max_inflight_streams),
+            .fair_budget(SlotBudget::Catalog, c.config.catalog.max_inflight_streams),
         resources: c.resources.clone(),
         queue: None,
         refusals,

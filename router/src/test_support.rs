@@ -36,7 +36,7 @@ pub(crate) fn components(adjust: impl FnOnce(&mut Config)) -> (crate::Components
     let sizing = config.sizing(MEMORY_BUDGET_BYTES);
     let budgets = crate::resources::budgets(
         &config.resources,
-        config.watermarks(&sizing),
+        config.budget_watermarks(&sizing),
         MEMORY_BUDGET_BYTES,
     );
     let resources = ResourceManager::new(

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use agentmesh_proto::pb::credential::Role;
+use agentmesh_router::config::ControlPlaneConfig;
 use agentmesh_router::{Config, RouterHandle};
 use libp2p::{Multiaddr, PeerId};
 
@@ -31,13 +32,16 @@ impl TestRouter {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let mut config = Config {
-            control_plane: cp.url.clone(),
-            token: cp.token_labelled(Role::Router, &labels).await,
+            control_plane: ControlPlaneConfig {
+                url: cp.url.clone(),
+                token: cp.token_labelled(Role::Router, &labels).await,
+                lease_interval: Duration::from_secs(1),
+                clock_skew: Duration::ZERO,
+                ..Default::default()
+            },
             key_path: dir.path().join("router.key"),
             listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")],
             labels,
-            lease_interval: Duration::from_secs(1),
-            clock_skew: Duration::ZERO,
             ..Default::default()
         };
         adjust(&mut config);

@@ -16,7 +16,7 @@ from typing import Callable
 
 MIB = 2**20
 
-# The router's rule (router/src/config.rs `Config::sizing`,
+# The router's rule (router/src/config/mod.rs `Config::sizing`,
 # router/src/resources/budget.rs, router/src/resources/memory.rs): memory
 # budget = limit x --memory-budget-percent; default high watermark = budget x
 # --high-watermark-memory-percent / idle member charge (at least 1); low = 85%
@@ -69,7 +69,7 @@ class RouterSizing:
 
 
 def high_watermark_for_budget(budget_bytes: int, percent: int, idle_member_charge_bytes: int) -> int:
-    """router/src/config.rs `high_watermark_for_budget`."""
+    """router/src/resources/sizing.rs `high_watermark_for_budget`."""
     return max(1, budget_bytes * min(percent, 100) // 100 // max(idle_member_charge_bytes, 1))
 
 

@@ -142,19 +142,19 @@ pub(crate) fn spawn(
 ) {
     let c = &node.config;
     let inbound = Arc::new(Inbound::new(
-        &c.expose,
-        &c.allow,
-        c.max_inbound_calls,
-        c.max_inbound_calls_per_caller,
+        &c.services.expose,
+        &c.services.allow,
+        c.calls.max_inbound,
+        c.calls.max_inbound_per_caller,
     ));
     tasks.spawn("inbound_calls", accept_loop(node, inbound, incoming));
 }
 
 async fn accept_loop(node: Arc<Node>, inbound: Arc<Inbound>, mut incoming: IncomingStreams) {
     let mut calls = JoinSet::new();
-    let requests = node.config.max_inbound_call_requests.max(1);
+    let requests = node.config.calls.max_inbound_requests.max(1);
     let slots = Arc::new(RequestSlots::new(requests, node.metrics.log.clone()));
-    let bound = node.config.max_inbound_calls + requests;
+    let bound = node.config.calls.max_inbound + requests;
     while let Some((info, stream)) = incoming.next().await {
         let (peer, conn) = (info.peer, info.connection);
         while calls.try_join_next().is_some() {}
@@ -208,7 +208,7 @@ async fn verify_caller(
             "no credential in the call request",
         ));
     };
-    let skew = node.config.credential_skew.as_secs() as i64;
+    let skew = node.config.control_plane.credential_skew.as_secs() as i64;
     let mut r = verify(cred, &node.trust(), unix_now(), Some(&peer), skew);
     if matches!(r, Err(CredentialError::UnknownKey(_))) && node.refetch_keys().await {
         r = verify(cred, &node.trust(), unix_now(), Some(&peer), skew);
@@ -273,7 +273,7 @@ async fn read_request(
     slot: RequestSlot,
 ) -> Read {
     let deadline = node.config.call_timeout();
-    let mut first = FirstByte::new(stream, node.config.call_first_byte_timeout());
+    let mut first = FirstByte::new(stream, node.config.calls.first_byte_timeout());
     let read = tokio::select! {
         r = call_wire::read_request(&mut first, deadline) => Some(r),
         () = slot.preempted() => None,
@@ -421,8 +421,8 @@ async fn serve(
     let mut tcp = tcp;
     let touch = || slot.touch();
     let limits = Limits {
-        buffer: node.config.splice_buffer_bytes(),
-        idle: node.config.call_idle_timeout(),
+        buffer: node.config.calls.splice_buffer_bytes(),
+        idle: node.config.calls.idle_deadline(),
         closed: &closed,
         on_activity: &touch,
     };

@@ -18,7 +18,7 @@ use crate::node::Node;
 /// Why `router` refused our circuit to `provider` when we called
 /// `service`, judged with our own copy of the policy and our credential.
 pub(crate) fn explain(node: &Node, service: &str, router: PeerId, provider: PeerId) -> String {
-    let skew = node.config.credential_skew.as_secs() as i64;
+    let skew = node.config.control_plane.credential_skew.as_secs() as i64;
     let mine = verify(
         &node.credential(),
         &node.trust(),

@@ -173,8 +173,8 @@ where
 {
     let closed = node.control.closed(stream.connection());
     let limits = Limits {
-        buffer: node.config.splice_buffer_bytes(),
-        idle: node.config.call_idle_timeout(),
+        buffer: node.config.calls.splice_buffer_bytes(),
+        idle: node.config.calls.idle_deadline(),
         closed: &closed,
         on_activity: &|| {},
     };

@@ -63,14 +63,14 @@ fn shared_flags_map_one_to_one() {
         "--metrics-addr=127.0.0.1:9100",
         "--retry-budget-secs=7",
     ]);
-    assert_eq!(c.control_plane, "https://cp.example:7400");
-    assert_eq!(c.control_plane_ca, Some(PathBuf::from("/ca.pem")));
-    assert_eq!(c.token, "amt_member");
+    assert_eq!(c.control_plane.url, "https://cp.example:7400");
+    assert_eq!(c.control_plane.ca, Some(PathBuf::from("/ca.pem")));
+    assert_eq!(c.control_plane.token, "amt_member");
     assert_eq!(
         c.metrics_addr,
         Some("127.0.0.1:9100".parse().expect("addr"))
     );
-    assert_eq!(c.retry_budget, Duration::from_secs(7));
+    assert_eq!(c.control_plane.retry_budget, Duration::from_secs(7));
     let missing = dir.path().join("missing").display().to_string();
     let err = run_args(&["--token-file", &missing])
         .expect("parse")
@@ -96,16 +96,16 @@ fn seconds_flags_become_durations_of_that_many_seconds() {
     let s = Duration::from_secs;
     assert_eq!(
         [
-            c.rpc_timeout,
-            c.retry_budget,
-            c.directory_interval,
+            c.control_plane.rpc_timeout,
+            c.control_plane.retry_budget,
+            c.control_plane.directory_interval,
             c.connect_timeout,
             c.call_timeout,
-            c.idle_connection,
-            c.relayed_idle,
-            c.record_ttl,
+            c.connections.idle,
+            c.connections.relayed_idle,
+            c.services.record_ttl,
             c.shutdown_grace,
-            c.credential_skew,
+            c.control_plane.credential_skew,
         ],
         [s(1), s(2), s(3), s(4), s(5), s(6), s(0), s(8), s(9), s(10)]
     );
@@ -116,10 +116,10 @@ fn seconds_flags_become_durations_of_that_many_seconds() {
     assert_eq!(c.call_budget(), s(2));
     // The call idle deadline: seconds, and zero turns it off.
     let c = config(&["--call-idle-timeout-secs=7"]);
-    assert_eq!(c.call_idle_timeout(), Some(s(7)));
+    assert_eq!(c.calls.idle_deadline(), Some(s(7)));
     let c = config(&["--call-idle-timeout-secs=0"]);
-    assert_eq!(c.call_idle_timeout(), None);
-    assert_eq!(config(&[]).call_idle_timeout(), Some(s(900)));
+    assert_eq!(c.calls.idle_deadline(), None);
+    assert_eq!(config(&[]).calls.idle_deadline(), Some(s(900)));
 }
 
 #[test]
@@ -137,29 +137,29 @@ fn repeatable_flags_parse() {
         "127.0.0.2",
     ]);
     assert_eq!(
-        c.router_selector.get("region").map(String::as_str),
+        c.routers.selector.get("region").map(String::as_str),
         Some("eu")
     );
-    assert_eq!(c.expose.len(), 1);
-    assert_eq!(c.allow.len(), 1);
-    assert_eq!(c.forward[0].1, "echo");
-    assert!(c.dial_source_ip.is_some());
+    assert_eq!(c.services.expose.len(), 1);
+    assert_eq!(c.services.allow.len(), 1);
+    assert_eq!(c.local.forward[0].1, "echo");
+    assert!(c.connections.dial_source_ip.is_some());
     assert!(run_args(&["--expose", "bad"]).is_err());
 }
 
 #[test]
 fn stream_inbound_queue_flag_maps_and_refuses_zero() {
     let c = config(&["--stream-inbound-queue-per-protocol", "3"]);
-    assert_eq!(c.stream_inbound_queue_per_protocol, 3);
+    assert_eq!(c.connections.stream_inbound_queue_per_protocol, 3);
     assert!(run_args(&["--stream-inbound-queue-per-protocol", "0"]).is_err());
 }
 
 #[test]
 fn pending_open_flags_map_and_refuse_zero() {
     let c = config(&["--stream-max-pending-opens-per-peer", "5"]);
-    assert_eq!(c.stream_max_pending_opens_per_peer, 5);
+    assert_eq!(c.connections.stream_max_pending_opens_per_peer, 5);
     let c = config(&["--stream-max-pending-opens-total", "7"]);
-    assert_eq!(c.stream_max_pending_opens_total, 7);
+    assert_eq!(c.connections.stream_max_pending_opens_total, 7);
     assert!(run_args(&["--stream-max-pending-opens-per-peer", "0"]).is_err());
     assert!(run_args(&["--stream-max-pending-opens-total", "0"]).is_err());
 }
@@ -196,16 +196,16 @@ fn yamux_and_splice_flags_map_to_the_config() {
         "64",
     ]);
     assert_eq!(
-        crate::transport::window_limits(&c),
+        crate::transport::window_limits(&c.connections),
         crate::transport::WindowLimits {
             max_streams: 4,
             connection_window_bytes: 2048 * 1024,
         }
     );
-    assert_eq!(c.splice_buffer_bytes(), 64 * 1024);
+    assert_eq!(c.calls.splice_buffer_bytes(), 64 * 1024);
     // The default bounds the window far below libp2p-yamux's 1 GiB and
     // still gives every stream yamux's 256 KiB.
-    let d = crate::transport::window_limits(&Config::default());
+    let d = crate::transport::window_limits(&Config::default().connections);
     assert!(d.connection_window_bytes < 1 << 30);
     assert!(d.connection_window_bytes >= d.max_streams as u64 * 256 * 1024);
     assert!(run_args(&["--splice-buffer-kib", "0"]).is_err());
@@ -263,7 +263,9 @@ fn the_member_tools_parse_their_flags() {
         other => panic!("not wait: {other:?}"),
     }
     assert_eq!(
-        config(&["--max-call-metric-services", "3"]).max_call_metric_services,
+        config(&["--max-call-metric-services", "3"])
+            .calls
+            .max_metric_services,
         3
     );
 }

@@ -333,7 +333,7 @@ impl Engine {
             let active = self.slots.values().filter(|s| s.leaving.is_none()).count();
             if !held && !trying {
                 Some(Hurry::NoRouter)
-            } else if active < self.node.config.routers && !self.has_free_candidate() {
+            } else if active < self.node.config.routers.count && !self.has_free_candidate() {
                 Some(Hurry::ShortOfK)
             } else {
                 None

@@ -241,8 +241,12 @@ impl Engine {
         if leaving.is_empty() {
             return;
         }
-        let exposing = !self.node.config.expose.is_empty();
-        if release_due(self.slots.values(), self.node.config.routers, exposing) {
+        let exposing = !self.node.config.services.expose.is_empty();
+        if release_due(
+            self.slots.values(),
+            self.node.config.routers.count,
+            exposing,
+        ) {
             for (router, shun, until) in leaving {
                 tracing::info!(%router, "released after go-away: replaced");
                 self.count_release("replaced");

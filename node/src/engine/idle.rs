@@ -18,7 +18,7 @@ const FORGET_AFTER: Duration = Duration::from_secs(60);
 impl Engine {
     /// Closes relayed connections whose peer has had no call for the window.
     pub(super) fn close_idle_relayed(&mut self, now: Instant) {
-        let window = self.node.config.relayed_idle;
+        let window = self.node.config.connections.relayed_idle;
         if window.is_zero() {
             return;
         }

@@ -234,8 +234,8 @@ impl Engine {
         p2p_metrics: Option<libp2p::metrics::Metrics>,
     ) -> Self {
         let now = Instant::now();
-        let interval = node.config.directory_interval;
-        let max_pushes = node.config.max_policy_pushes_in_flight;
+        let interval = node.config.control_plane.directory_interval;
+        let max_pushes = node.config.routers.max_policy_pushes_in_flight;
         let mut core = Self {
             node,
             swarm,
@@ -552,7 +552,12 @@ impl Engine {
         self.retry_represent(now);
         self.close_idle_relayed(now);
         self.step_lingering(now);
-        let ttl = self.node.config.record_ttl.max(Duration::from_secs(3));
+        let ttl = self
+            .node
+            .config
+            .services
+            .record_ttl
+            .max(Duration::from_secs(3));
         if self.records.due(now, ttl) {
             self.publish_records();
         }

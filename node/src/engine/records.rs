@@ -66,6 +66,7 @@ impl Engine {
         let services: Vec<String> = self
             .node
             .config
+            .services
             .expose
             .iter()
             .map(|(n, _)| n.clone())
@@ -94,7 +95,11 @@ impl Engine {
             services,
             routers: named.iter().map(|p| p.to_bytes()).collect(),
             issued_at_unix_secs: now,
-            expires_at_unix_secs: record_expiry(now, self.node.config.record_ttl, &credential),
+            expires_at_unix_secs: record_expiry(
+                now,
+                self.node.config.services.record_ttl,
+                &credential,
+            ),
             credential: Some(credential),
         };
         let signed = sign_record(&record, &self.node.key);
@@ -154,7 +159,7 @@ impl Engine {
 
     /// Shutdown: withdraw our records from every reserved router.
     pub(super) fn withdraw_all(&mut self) {
-        if self.node.config.expose.is_empty() {
+        if self.node.config.services.expose.is_empty() {
             return;
         }
         for router in self.reserved_peers() {

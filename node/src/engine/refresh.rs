@@ -117,9 +117,14 @@ impl Engine {
             let r = match node.client.refresh(&cred, &node.key).await {
                 // Refused for good (unknown node, expired past the grace):
                 // enroll again if we still have a token.
-                Err(ClientError::Refused(status)) if !node.config.token.is_empty() => {
+                Err(ClientError::Refused(status))
+                    if !node.config.control_plane.token.is_empty() =>
+                {
                     tracing::warn!(%status, "refresh refused: enrolling again with the token");
-                    let e = node.client.enroll(&node.config.token, &node.key).await;
+                    let e = node
+                        .client
+                        .enroll(&node.config.control_plane.token, &node.key)
+                        .await;
                     node.metrics.cp("enroll", e.is_ok());
                     e.map(|e| RefreshResponse {
                         credential: e.credential,

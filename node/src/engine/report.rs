@@ -77,7 +77,7 @@ impl Engine {
 fn identity(node: &Node, now: i64) -> IdentityReport {
     let credential = node.credential();
     let claims = peek_claims(&credential).unwrap_or_default();
-    let skew = node.config.credential_skew.as_secs() as i64;
+    let skew = node.config.control_plane.credential_skew.as_secs() as i64;
     let groups = match (
         node.policy.held(),
         verify(&credential, &node.trust(), now, Some(&node.peer_id), skew),

@@ -95,7 +95,7 @@ impl Engine {
     /// selector, is not held and is not shunned.
     pub(super) fn has_free_candidate(&self) -> bool {
         self.directory.candidates().iter().any(|c| {
-            crate::select::matches_selector(c, &self.node.config.router_selector)
+            crate::select::matches_selector(c, &self.node.config.routers.selector)
                 && !self.slots.contains_key(&c.peer)
                 && !self.choice.shunned.contains_key(&c.peer)
         })
@@ -129,7 +129,7 @@ impl Engine {
             .map(|(p, _)| *p)
             .collect();
         leaving.sort();
-        let exposing = !self.node.config.expose.is_empty();
+        let exposing = !self.node.config.services.expose.is_empty();
         let records_accepted = self.slots.values().any(|s| s.is_reserved() && s.published);
         let mut refusing: Vec<(&PeerId, &String)> = self
             .slots
@@ -145,7 +145,7 @@ impl Engine {
         NodeStatus {
             enrolled: !self.node.credential().claims.is_empty(),
             credential_expires_at_unix_secs: claims.expires_at_unix_secs,
-            routers_wanted: self.node.config.routers,
+            routers_wanted: self.node.config.routers.count,
             ready: !reserved.is_empty()
                 && (!exposing || records_accepted)
                 && !self.node.is_shutting_down(),
@@ -156,7 +156,7 @@ impl Engine {
                 .directory
                 .candidates()
                 .iter()
-                .filter(|c| crate::select::matches_selector(c, &self.node.config.router_selector))
+                .filter(|c| crate::select::matches_selector(c, &self.node.config.routers.selector))
                 .count(),
             exposing,
             records_accepted,
@@ -169,7 +169,7 @@ impl Engine {
 
     /// Dials new routers until K are held or being acquired.
     pub(super) fn top_up(&mut self) {
-        let want = self.node.config.routers;
+        let want = self.node.config.routers.count;
         let active = self.slots.values().filter(|s| s.leaving.is_none()).count();
         if !self.directory.have() || active >= want || self.node.is_shutting_down() {
             return;
@@ -186,8 +186,8 @@ impl Engine {
         exclude.extend(self.choice.shunned.keys().copied());
         let mut chosen = crate::select::choose(
             self.directory.candidates(),
-            &self.node.config.router_selector,
-            &self.node.config.router_prefer,
+            &self.node.config.routers.selector,
+            &self.node.config.routers.prefer,
             &exclude,
             want - active,
             &mut rand::thread_rng(),
@@ -200,7 +200,7 @@ impl Engine {
             held.extend(chosen.iter().map(|c| c.peer));
             let extra = super::shun::fallbacks(
                 self.directory.candidates(),
-                &self.node.config.router_selector,
+                &self.node.config.routers.selector,
                 &held,
                 &self.choice.shunned,
                 Instant::now(),
@@ -222,7 +222,7 @@ impl Engine {
                 .map(|c| (c.peer, &c.labels, c.draining))
                 .collect();
             tracing::warn!(
-                selector = ?self.node.config.router_selector,
+                selector = ?self.node.config.routers.selector,
                 shunned = self.choice.shunned.len(),
                 ?seen,
                 "no router to attach to: none matches the selector or all are shunned"
@@ -618,7 +618,7 @@ impl Engine {
             tracing::info!(%router, "relay reservation active");
             self.records.dirty = true;
             self.release_leaving();
-            if self.node.config.expose.is_empty() {
+            if self.node.config.services.expose.is_empty() {
                 self.publish_status();
             } else {
                 self.publish_records();
@@ -782,7 +782,7 @@ impl Engine {
     /// survivors in the same instant (the wait is cut short if the last
     /// serving router goes too).
     fn replace_lost_later(&mut self) {
-        let spread = self.node.config.router_replace_spread;
+        let spread = self.node.config.routers.replace_spread;
         if spread.is_zero()
             || self.reserved_peers().is_empty()
             || self.choice.replace_after.is_some()

@@ -171,11 +171,20 @@ async fn members_outside_are_back_within_seconds_after_agentmesh_one_restarts() 
         let data = tempfile::tempdir().expect("tempdir");
         let node = agentmesh_node::spawn(
             Config {
-                control_plane: banner.control_plane.clone(),
-                token: token.trim().to_string(),
                 data_dir: data.path().to_path_buf(),
-                routers: 2,
-                no_socket: true,
+                control_plane: agentmesh_node::config::ControlPlaneConfig {
+                    url: banner.control_plane.clone(),
+                    token: token.trim().to_string(),
+                    ..Default::default()
+                },
+                routers: agentmesh_node::config::RoutersConfig {
+                    count: 2,
+                    ..Default::default()
+                },
+                local: agentmesh_node::config::LocalConfig {
+                    no_socket: true,
+                    ..Default::default()
+                },
                 ..Config::default()
             },
             None,

@@ -64,10 +64,14 @@ pub(crate) async fn busy(
     retry_after: Duration,
 ) {
     ctx.metrics.auth_result(Purpose::Attach, "busy");
-    let t = ctx.config.stream_timeout.min(BUSY_ANSWER_DEADLINE);
+    let t = ctx
+        .config
+        .connections
+        .stream_timeout
+        .min(BUSY_ANSWER_DEADLINE);
     let detail = format!(
         "router busy admitting others: no auth slot within {:?}",
-        ctx.config.auth_queue_wait
+        ctx.config.auth.queue_wait
     );
     if let Err(e) = wire::write_busy(&mut stream, retry_after, detail, t).await {
         tracing::debug!(peer = %info.peer, error = %e, "busy answer not delivered");
@@ -85,7 +89,7 @@ async fn read_request(
     source: Option<IpAddr>,
     stream: &mut Stream,
 ) -> Option<AuthRequest> {
-    let t = ctx.config.stream_timeout;
+    let t = ctx.config.connections.stream_timeout;
     // A member re-presenting its credential on a connection it is admitted
     // on is no stranger holding a slot: its request may be late because
     // the member or this router is short of CPU (credentials refreshed
@@ -98,7 +102,7 @@ async fn read_request(
     let first_deadline = if admitted {
         t
     } else {
-        ctx.config.auth_first_byte_timeout
+        ctx.config.auth.first_byte_timeout
     };
     let first = first_byte(stream, first_deadline).await;
     let first = match first {
@@ -151,12 +155,12 @@ async fn read_request(
 /// Serves one auth stream from `info.peer` (proved by the noise handshake).
 pub(crate) async fn serve(ctx: AuthServer, info: ConnectionInfo, mut stream: Stream) {
     let (peer, source) = (info.peer, ip_of(&info.remote_addr));
-    let t = ctx.config.stream_timeout;
+    let t = ctx.config.connections.stream_timeout;
     let Some(req) = read_request(&ctx, peer, source, &mut stream).await else {
         return;
     };
     let label_purpose = purpose_of(&req).unwrap_or(Purpose::Attach);
-    let skew = i64::try_from(ctx.config.clock_skew.as_secs()).unwrap_or(i64::MAX);
+    let skew = ctx.config.control_plane.skew_secs();
     let policy = ctx.policy.policy();
     let mut outcome = decide(
         &req,
@@ -210,7 +214,7 @@ async fn admit(
     mut admission: crate::admission::Admission,
     stream: &mut Stream,
 ) -> Option<Result<(), FrameError>> {
-    let (t, peer) = (ctx.config.stream_timeout, info.peer);
+    let (t, peer) = (ctx.config.connections.stream_timeout, info.peer);
     let (until, purpose) = (admission.until, admission.purpose);
     // A member (not a router) that lacks the held policy or
     // revocation list gets what it lacks in the answer: current at
@@ -239,7 +243,7 @@ async fn admit(
             // and logged by the handle): busy, ask again later.
             ctx.metrics.auth_result(purpose, "busy");
             let detail = format!("router busy: {e}");
-            let retry = ctx.config.auth_busy_retry_after;
+            let retry = ctx.config.auth.busy_retry_after;
             if let Err(e) = wire::write_busy(&mut *stream, retry, detail, t).await {
                 tracing::debug!(%peer, error = %e, "busy answer not delivered");
             }

@@ -63,7 +63,7 @@ pub(crate) async fn serve<S>(ctx: CatalogCtx, peer: PeerId, mut stream: S)
 where
     S: futures::AsyncRead + futures::AsyncWrite + Unpin,
 {
-    let t = ctx.config.stream_timeout;
+    let t = ctx.config.connections.stream_timeout;
     let req = match wire::read_request(&mut stream, t).await {
         Ok(r) => r,
         Err(e) => {
@@ -165,7 +165,7 @@ fn publish(
 }
 
 fn limit_of(ctx: &CatalogCtx, l: &Lookup) -> usize {
-    let max = ctx.config.catalog_max_results;
+    let max = ctx.config.catalog.max_results;
     match l.limit {
         0 => max,
         n => (n as usize).min(max),
@@ -197,11 +197,11 @@ async fn lookup(ctx: &CatalogCtx, l: &Lookup) -> (Vec<SignedRecord>, bool) {
     // One deadline for the whole remote phase (finding provider routers and
     // asking them), so no slow or dead router holds a lookup past the
     // member's own deadline.
-    let deadline = tokio::time::Instant::now() + ctx.config.catalog_remote_lookup_budget;
+    let deadline = tokio::time::Instant::now() + ctx.config.catalog.remote_lookup_budget;
     let limit = limit_of(ctx, l);
     let now = unix_now();
     // A zero budget means: answer from this router's own records only.
-    let ask_others = !ctx.config.catalog_remote_lookup_budget.is_zero();
+    let ask_others = !ctx.config.catalog.remote_lookup_budget.is_zero();
     let mut complete = ask_others;
     let mut found: HashMap<PeerId, SignedRecord> = HashMap::new();
     // Local records were verified when published.
@@ -355,7 +355,7 @@ mod tests {
     async fn requests_without_an_operation_count_as_unknown_not_publish() {
         let config = Config::default();
         let ctx = CatalogCtx {
-            catalog: Arc::new(Catalog::new(config.catalog_max_records)),
+            catalog: Arc::new(Catalog::new(config.catalog.max_records)),
             config: Arc::new(config),
             me: PeerId::random(),
             metrics: Metrics::new(&mut prometheus_client::registry::Registry::default()),

@@ -1,7 +1,7 @@
-//! The command line of `agentmesh-router`: flags map one to one onto
-//! [`Config`] fields, converted once by [`RouterArgs::into_config`]
-//! (seconds and milliseconds become `Duration`s); [`run`] is what the
-//! binary does with them.
+//! The command line of `agentmesh-router`: flat flags mapping one to one
+//! onto [`Config`] fields, converted once into its sections by
+//! [`RouterArgs::into_config`] (seconds and milliseconds become
+//! `Duration`s); [`run`] is what the binary does with them.
 //!
 //! Flags shared with the node (control-plane client, listeners, stream
 //! limits) come from `agentmesh_runtime::cli`; the resource flags from
@@ -18,7 +18,10 @@ use agentmesh_runtime::cli::{ControlPlaneArgs, ListenerArgs, StreamLimitArgs, To
 use clap::builder::RangedU64ValueParser;
 use libp2p::Multiaddr;
 
-use crate::config::{self as d, Config};
+use crate::config::{
+    self as d, AuthConfig, CatalogConfig, Config, ConnectionConfig, ControlPlaneConfig,
+    DrainConfig, PolicyConfig, RelayConfig, WatermarkConfig,
+};
 use crate::resource_config::ResourceArgs;
 
 pub use run::{RunError, run};
@@ -52,7 +55,8 @@ pub struct Cli {
 }
 
 /// Every flag of the router, one per [`Config`] field (`--token-file` is
-/// read into [`Config::token`]; `--pprof-addr` is the binary's own).
+/// read into [`ControlPlaneConfig::token`]; `--pprof-addr` is the binary's
+/// own).
 #[derive(Debug, Clone, clap::Args)]
 pub struct RouterArgs {
     /// Control plane, CA and token file.
@@ -213,65 +217,81 @@ pub struct RouterArgs {
 
 impl RouterArgs {
     /// The [`Config`] these flags give, `--token-file` read into
-    /// [`Config::token`]. The stall watchdog stays off: [`run`] turns it on.
+    /// [`ControlPlaneConfig::token`]. The stall watchdog stays off: [`run`] turns it on.
     pub fn into_config(self) -> Result<Config, TokenFileError> {
         let s = Duration::from_secs;
         let ms = Duration::from_millis;
         let token = self.control_plane.read_token()?;
         Ok(Config {
-            control_plane: self.control_plane.control_plane,
-            control_plane_ca: self.control_plane.control_plane_ca,
-            token,
+            control_plane: ControlPlaneConfig {
+                url: self.control_plane.control_plane,
+                ca: self.control_plane.control_plane_ca,
+                token,
+                retry_budget: s(self.control_plane_retry_budget_secs),
+                rpc_timeout: s(self.control_plane_rpc_timeout_secs),
+                lease_interval: s(self.lease_interval_secs),
+                clock_skew: s(self.clock_skew_secs),
+            },
             key_path: self.key_path,
             listen: self.listen,
             external_addr: self.external_addr,
             labels: self.labels.into_iter().collect(),
             metrics_addr: self.listeners.metrics_addr,
-            auth_deadline: s(self.auth_deadline_secs),
-            high_watermark: self.high_watermark,
-            high_watermark_memory_percent: self.high_watermark_memory_percent,
-            low_watermark: self.low_watermark,
-            drain_grace: s(self.drain_grace_secs),
-            drain_http_allow_remote: self.drain_http_allow_remote,
-            goaway_max_concurrent_streams: self.goaway_max_concurrent_streams,
-            goaway_retry_after: s(self.goaway_retry_after_secs),
-            policy_push_concurrency: self.policy_push_concurrency.max(1),
-            policy_push_deadline: ms(self.policy_push_deadline_ms.max(1)),
             state_command_deadline: ms(self.state_command_deadline_ms.max(1)),
-            policy_push_fallback_delay: ms(self.policy_push_fallback_delay_ms),
-            policy_watch_backoff_max: ms(self.policy_watch_backoff_max_ms.max(1)),
-            policy_watch: self.policy_watch,
-            drain_rate_members_per_sec: self.drain_rate_members_per_sec,
-            trim_close_grace: s(self.trim_close_grace_secs),
-            relay_max_reservations: self.relay_max_reservations,
-            relay_max_reservations_per_peer: self.relay_max_reservations_per_peer,
-            relay_max_circuits: self.relay_max_circuits,
-            relay_max_circuits_per_peer: self.relay_max_circuits_per_peer,
-            relay_circuit_duration: s(self.relay_circuit_duration_secs),
-            relay_circuit_bytes: self.relay_circuit_bytes,
-            relay_reservation_duration: s(self.relay_reservation_duration_secs),
-            lease_interval: s(self.lease_interval_secs),
-            clock_skew: s(self.clock_skew_secs),
-            stream_timeout: s(self.stream_timeout_secs),
-            auth_first_byte_timeout: ms(self.auth_first_byte_timeout_ms),
-            stranger_refused_streams_max: self.stranger_refused_streams_max,
-            auth_max_inflight_streams: self.auth_max_inflight_streams,
-            auth_queue_max_streams: self.auth_queue_max_streams,
-            auth_queue_wait: Duration::from_millis(self.auth_queue_wait_ms),
-            auth_busy_retry_after: Duration::from_millis(self.auth_busy_retry_after_ms),
-            catalog_max_inflight_streams: self.catalog_max_inflight_streams,
-            catalog_max_records: self.catalog_max_records,
-            catalog_max_results: self.catalog_max_results,
-            catalog_remote_lookup_budget: ms(self.catalog_remote_lookup_budget_ms),
-            catalog_provider_cache: ms(self.catalog_provider_cache_ms),
-            idle_connection_timeout: s(self.idle_connection_timeout_secs),
-            ping_interval: s(self.ping_interval_secs),
-            ping_timeout: s(self.ping_timeout_secs),
-            control_plane_retry_budget: s(self.control_plane_retry_budget_secs),
-            control_plane_rpc_timeout: s(self.control_plane_rpc_timeout_secs),
-            stream_inbound_queue_per_protocol: self.streams.stream_inbound_queue_per_protocol,
-            stream_max_pending_opens_per_peer: self.streams.stream_max_pending_opens_per_peer,
-            stream_max_pending_opens_total: self.streams.stream_max_pending_opens_total,
+            auth: AuthConfig {
+                deadline: s(self.auth_deadline_secs),
+                first_byte_timeout: ms(self.auth_first_byte_timeout_ms),
+                stranger_refused_streams_max: self.stranger_refused_streams_max,
+                max_inflight_streams: self.auth_max_inflight_streams,
+                queue_max_streams: self.auth_queue_max_streams,
+                queue_wait: ms(self.auth_queue_wait_ms),
+                busy_retry_after: ms(self.auth_busy_retry_after_ms),
+            },
+            watermarks: WatermarkConfig {
+                high: self.high_watermark,
+                high_memory_percent: self.high_watermark_memory_percent,
+                low: self.low_watermark,
+                trim_close_grace: s(self.trim_close_grace_secs),
+            },
+            drain: DrainConfig {
+                grace: s(self.drain_grace_secs),
+                http_allow_remote: self.drain_http_allow_remote,
+                rate_members_per_sec: self.drain_rate_members_per_sec,
+                goaway_max_concurrent_streams: self.goaway_max_concurrent_streams,
+                goaway_retry_after: s(self.goaway_retry_after_secs),
+            },
+            policy: PolicyConfig {
+                push_concurrency: self.policy_push_concurrency.max(1),
+                push_deadline: ms(self.policy_push_deadline_ms.max(1)),
+                push_fallback_delay: ms(self.policy_push_fallback_delay_ms),
+                watch_backoff_max: ms(self.policy_watch_backoff_max_ms.max(1)),
+                watch: self.policy_watch,
+            },
+            relay: RelayConfig {
+                max_reservations: self.relay_max_reservations,
+                max_reservations_per_peer: self.relay_max_reservations_per_peer,
+                max_circuits: self.relay_max_circuits,
+                max_circuits_per_peer: self.relay_max_circuits_per_peer,
+                circuit_duration: s(self.relay_circuit_duration_secs),
+                circuit_bytes: self.relay_circuit_bytes,
+                reservation_duration: s(self.relay_reservation_duration_secs),
+            },
+            catalog: CatalogConfig {
+                max_inflight_streams: self.catalog_max_inflight_streams,
+                max_records: self.catalog_max_records,
+                max_results: self.catalog_max_results,
+                remote_lookup_budget: ms(self.catalog_remote_lookup_budget_ms),
+                provider_cache: ms(self.catalog_provider_cache_ms),
+            },
+            connections: ConnectionConfig {
+                idle_timeout: s(self.idle_connection_timeout_secs),
+                ping_interval: s(self.ping_interval_secs),
+                ping_timeout: s(self.ping_timeout_secs),
+                stream_timeout: s(self.stream_timeout_secs),
+                stream_inbound_queue_per_protocol: self.streams.stream_inbound_queue_per_protocol,
+                stream_max_pending_opens_per_peer: self.streams.stream_max_pending_opens_per_peer,
+                stream_max_pending_opens_total: self.streams.stream_max_pending_opens_total,
+            },
             resources: self.resources.into_config(),
             runtime_watchdog: false,
         })

@@ -100,14 +100,14 @@ fn shared_flags_map_one_to_one() {
         "--catalog-remote-lookup-budget-ms=250",
         "--memory-limit-bytes=1000",
     ]);
-    assert_eq!(c.control_plane, "https://cp.example:7400");
-    assert_eq!(c.control_plane_ca, Some(PathBuf::from("/ca.pem")));
-    assert_eq!(c.token, "amt_router");
+    assert_eq!(c.control_plane.url, "https://cp.example:7400");
+    assert_eq!(c.control_plane.ca, Some(PathBuf::from("/ca.pem")));
+    assert_eq!(c.control_plane.token, "amt_router");
     assert_eq!(
         c.metrics_addr,
         Some("127.0.0.1:9100".parse().expect("addr"))
     );
-    assert_eq!(c.catalog_remote_lookup_budget, Duration::from_millis(250));
+    assert_eq!(c.catalog.remote_lookup_budget, Duration::from_millis(250));
     assert_eq!(c.resources.memory_limit_bytes, Some(1000));
     let missing = dir.path().join("missing").display().to_string();
     let err = Cli::try_parse_from(["agentmesh-router", "--token-file", &missing])
@@ -126,8 +126,8 @@ fn pending_open_flags_map_one_to_one_and_refuse_zero() {
     ]);
     assert_eq!(
         (
-            c.stream_max_pending_opens_per_peer,
-            c.stream_max_pending_opens_total
+            c.connections.stream_max_pending_opens_per_peer,
+            c.connections.stream_max_pending_opens_total
         ),
         (5, 7)
     );
@@ -142,7 +142,7 @@ fn pending_open_flags_map_one_to_one_and_refuse_zero() {
 #[test]
 fn stream_inbound_queue_flag_maps_one_to_one_and_refuses_zero() {
     let c = config(&["--stream-inbound-queue-per-protocol=3"]);
-    assert_eq!(c.stream_inbound_queue_per_protocol, 3);
+    assert_eq!(c.connections.stream_inbound_queue_per_protocol, 3);
     let err = refused(&["--stream-inbound-queue-per-protocol=0"]);
     assert!(err.contains("stream-inbound-queue-per-protocol"), "{err}");
 }
@@ -150,7 +150,7 @@ fn stream_inbound_queue_flag_maps_one_to_one_and_refuses_zero() {
 #[test]
 fn relay_reservations_per_peer_flag_maps_one_to_one_and_refuses_zero() {
     let c = config(&["--relay-max-reservations-per-peer=2"]);
-    assert_eq!(c.relay_max_reservations_per_peer, 2);
+    assert_eq!(c.relay.max_reservations_per_peer, 2);
     let err = refused(&["--relay-max-reservations-per-peer=0"]);
     assert!(err.contains("relay-max-reservations-per-peer"), "{err}");
 }
@@ -169,13 +169,13 @@ fn watermark_goaway_and_drain_flags_map_one_to_one() {
     let s = c.sizing(1 << 30);
     assert_eq!((s.high_watermark, s.low_watermark), (200, 150));
     assert!(!s.sized_from_memory);
-    assert_eq!(c.drain_grace, Duration::from_secs(5));
-    assert_eq!(c.goaway_max_concurrent_streams, 8);
-    assert_eq!(c.goaway_retry_after, Duration::from_secs(60));
-    assert_eq!(c.trim_close_grace, Duration::from_secs(3));
-    assert!(c.drain_http_allow_remote);
+    assert_eq!(c.drain.grace, Duration::from_secs(5));
+    assert_eq!(c.drain.goaway_max_concurrent_streams, 8);
+    assert_eq!(c.drain.goaway_retry_after, Duration::from_secs(60));
+    assert_eq!(c.watermarks.trim_close_grace, Duration::from_secs(3));
+    assert!(c.drain.http_allow_remote);
     let c = config(&["--high-watermark-memory-percent=25"]);
-    assert_eq!(c.high_watermark, None);
-    assert_eq!(c.high_watermark_memory_percent, 25);
+    assert_eq!(c.watermarks.high, None);
+    assert_eq!(c.watermarks.high_memory_percent, 25);
     refused(&["--high-watermark-memory-percent=0"]);
 }

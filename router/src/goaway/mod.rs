@@ -16,7 +16,7 @@ use std::sync::Arc;
 use agentmesh_proto::pb::mesh::{Alternative, GoAway, GoAwayReason};
 use libp2p::PeerId;
 
-use crate::config::Config;
+use crate::config::DrainConfig;
 use crate::directory::{Directory, DirectoryRouter};
 use crate::metrics::Metrics;
 
@@ -120,7 +120,10 @@ pub(crate) fn alternatives(directory: &Directory, me: PeerId) -> Vec<Alternative
 /// What building, sending and counting go-aways needs.
 #[derive(Clone)]
 pub(crate) struct GoAways {
-    pub(crate) config: Arc<Config>,
+    /// Their pace, fan-out and stay-away.
+    pub(crate) config: DrainConfig,
+    /// The deadline of each exchange's reads and writes.
+    pub(crate) stream_timeout: std::time::Duration,
     /// This router.
     pub(crate) me: PeerId,
     pub(crate) directory: Arc<Directory>,

@@ -257,9 +257,9 @@ fn attached(admissions: &Admissions) -> HashSet<PeerId> {
 /// longer attached when their wave comes are skipped.
 pub(crate) async fn send_paced(p: Pacer<'_>, peers: Vec<PeerId>, deadline: Instant) -> Summary {
     let config = &p.goaways.config;
-    let rate_per_survivor = config.drain_rate_members_per_sec;
+    let rate_per_survivor = config.rate_members_per_sec;
     let fanout = config.goaway_max_concurrent_streams.max(1);
-    let stream_deadline = config.stream_timeout;
+    let stream_deadline = p.goaways.stream_timeout;
     let m = &p.goaways.metrics;
     let r = p.reason.as_str();
     let waiting_gauge = m

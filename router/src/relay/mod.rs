@@ -22,24 +22,25 @@ pub(crate) mod counts;
 use libp2p::relay;
 
 use crate::admission::Admissions;
-use crate::config::{Config, Sizing};
+use crate::config::{RelayConfig, Sizing};
 pub(crate) use counts::{Circuits, Reservations};
 
-/// Builds the relay configuration from the router's config, the sizing in
-/// effect and the admission table its ACL reads.
-pub(crate) fn config(c: &Config, sizing: &Sizing, admissions: &Admissions) -> relay::Config {
+/// Builds the relay configuration from the router's relay section, the
+/// sizing in effect (the reservation cap) and the admission table its ACL
+/// reads.
+pub(crate) fn config(c: &RelayConfig, sizing: &Sizing, admissions: &Admissions) -> relay::Config {
     let for_reservations = admissions.clone();
     let for_circuits = admissions.clone();
     relay::Config {
         max_reservations: sizing.relay_max_reservations,
-        max_reservations_per_peer: c.relay_max_reservations_per_peer,
-        reservation_duration: c.relay_reservation_duration,
+        max_reservations_per_peer: c.max_reservations_per_peer,
+        reservation_duration: c.reservation_duration,
         reservation_rate_limiters: vec![Box::new(move |peer, _addr: &libp2p::Multiaddr, _now| {
             acl::may_reserve(&for_reservations, &peer)
         })],
-        max_circuits: c.relay_max_circuits,
-        max_circuits_per_peer: c.relay_max_circuits_per_peer,
-        max_circuit_duration: c.relay_circuit_duration,
+        max_circuits: c.max_circuits,
+        max_circuits_per_peer: c.max_circuits_per_peer,
+        max_circuit_duration: c.circuit_duration,
         max_circuit_bytes: c.effective_circuit_bytes(),
         circuit_src_rate_limiters: vec![Box::new(move |peer, _addr: &libp2p::Multiaddr, _now| {
             acl::may_open_circuit(&for_circuits, &peer)
@@ -50,12 +51,16 @@ pub(crate) fn config(c: &Config, sizing: &Sizing, admissions: &Admissions) -> re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     #[test]
     fn reservations_per_peer_come_from_the_config() {
-        let config_of = |c: &Config| config(c, &c.sizing(64 << 20), &Admissions::default());
+        let config_of = |c: &Config| config(&c.relay, &c.sizing(64 << 20), &Admissions::default());
         let c = Config {
-            relay_max_reservations_per_peer: 2,
+            relay: RelayConfig {
+                max_reservations_per_peer: 2,
+                ..Default::default()
+            },
             ..Default::default()
         };
         assert_eq!(config_of(&c).max_reservations_per_peer, 2);

@@ -115,7 +115,7 @@ impl EventLoop {
     ) -> Self {
         Self {
             swarm,
-            searches: providers::Searches::new(parts.config.catalog_provider_cache),
+            searches: providers::Searches::new(parts.config.catalog.provider_cache),
             mesh: Mesh::new(
                 parts.config.clone(),
                 parts.link.clone(),
@@ -467,7 +467,7 @@ impl EventLoop {
                     .admissions
                     .read()
                     .may_open_circuit(&src_peer_id, unix_now());
-                let full = self.circuits.total() >= self.parts.config.relay_max_circuits;
+                let full = self.circuits.total() >= self.parts.config.relay.max_circuits;
                 crate::resources::relay::circuit_denied(
                     &self.parts.resources,
                     &status,
@@ -587,10 +587,10 @@ impl EventLoop {
         self.searches.expire(Instant::now());
         let now = unix_now();
         let parts = self.parts.clone();
-        let skew = i64::try_from(parts.config.clock_skew.as_secs()).unwrap_or(i64::MAX);
+        let skew = parts.config.control_plane.skew_secs();
 
         // Auth deadline: inbound connections whose peer is not admitted.
-        let deadline = parts.config.auth_deadline;
+        let deadline = parts.config.auth.deadline;
         let late = self
             .conns
             .past_auth_deadline(&parts.admissions.read(), now, deadline);

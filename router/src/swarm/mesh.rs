@@ -88,7 +88,7 @@ impl Mesh {
         addrs_of: &HashMap<PeerId, Multiaddr>,
     ) -> bool {
         while self.auth_tasks.try_join_next().is_some() {}
-        let interval = self.config.lease_interval;
+        let interval = self.config.control_plane.lease_interval;
         let directory = self.directory.routers.read().clone();
         let cred_expiry = self
             .link
@@ -136,7 +136,7 @@ impl Mesh {
         let Some(cred_expiry) = cred_expiry else {
             return;
         };
-        let interval = self.config.lease_interval;
+        let interval = self.config.control_plane.lease_interval;
         let due = match self.out_auth.lock().get(&peer) {
             None => true,
             Some(OutAuth::InFlight) => false,
@@ -149,7 +149,7 @@ impl Mesh {
         self.out_auth.lock().insert(peer, OutAuth::InFlight);
         let link = self.link.clone();
         let directory = self.directory.clone();
-        let t = self.config.stream_timeout;
+        let t = self.config.connections.stream_timeout;
         let mut control = self.control.clone();
         let out_auth = self.out_auth.clone();
         self.auth_tasks.spawn(async move {

@@ -140,19 +140,19 @@ pub(crate) fn build(parts: BuildParts<'_>) -> Result<Swarm<Behaviour>, BuildErro
     let config = parts.config;
     let keypair = parts.keypair.clone();
     let peer_id = keypair.public().to_peer_id();
-    let relay_config = crate::relay::config(config, parts.sizing, parts.admissions);
+    let relay_config = crate::relay::config(&config.relay, parts.sizing, parts.admissions);
     let router_set = parts.router_set.clone();
-    let stream_timeout = config.stream_timeout;
-    let idle = config.idle_connection_timeout;
+    let stream_timeout = config.connections.stream_timeout;
+    let idle = config.connections.idle_timeout;
     let ping_config = ping::Config::new()
-        .with_interval(config.ping_interval)
-        .with_timeout(config.ping_timeout);
+        .with_interval(config.connections.ping_interval)
+        .with_timeout(config.connections.ping_timeout);
     let streams_config = agentmesh_streams::Config {
-        inbound_queue_per_protocol: config.stream_inbound_queue_per_protocol,
+        inbound_queue_per_protocol: config.connections.stream_inbound_queue_per_protocol,
     };
     let pending_opens = agentmesh_streams::PendingOpenLimits {
-        max_pending_opens_per_peer: config.stream_max_pending_opens_per_peer,
-        max_pending_opens_total: config.stream_max_pending_opens_total,
+        max_pending_opens_per_peer: config.connections.stream_max_pending_opens_per_peer,
+        max_pending_opens_total: config.connections.stream_max_pending_opens_total,
     };
     let resources = parts.resources.clone();
     let resources_config = config.resources.clone();

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admission::AdmissionTable;
 use crate::admission::Admissions;
-use crate::config::{Config, Sizing};
+use crate::config::{Sizing, WatermarkConfig};
 use crate::drain::DrainState;
 use crate::goaway::pace::{self, Pacer};
 use crate::goaway::{GoAways, Reason};
@@ -56,7 +56,8 @@ pub(crate) fn candidates(table: &AdmissionTable, me: PeerId) -> Vec<Candidate> {
 
 /// What the trim loop works with.
 pub(crate) struct Trim {
-    pub(crate) config: Arc<Config>,
+    /// Trimming's own section: how long a trimmed member keeps its connection.
+    pub(crate) config: WatermarkConfig,
     pub(crate) sizing: Sizing,
     pub(crate) me: PeerId,
     pub(crate) admissions: Admissions,

@@ -19,12 +19,12 @@ const WAIT: Duration = Duration::from_secs(2);
 const RETRY_AFTER: Duration = Duration::from_millis(1500);
 
 fn one_slot(c: &mut Config) {
-    c.auth_deadline = Duration::from_secs(60);
-    c.control_plane_retry_budget = Duration::from_secs(10);
-    c.auth_max_inflight_streams = 1;
-    c.auth_queue_wait = WAIT;
-    c.auth_busy_retry_after = RETRY_AFTER;
-    c.stream_timeout = Duration::from_secs(30);
+    c.auth.deadline = Duration::from_secs(60);
+    c.control_plane.retry_budget = Duration::from_secs(10);
+    c.auth.max_inflight_streams = 1;
+    c.auth.queue_wait = WAIT;
+    c.auth.busy_retry_after = RETRY_AFTER;
+    c.connections.stream_timeout = Duration::from_secs(30);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

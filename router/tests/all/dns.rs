@@ -42,14 +42,17 @@ async fn start_router(
     external: Vec<Multiaddr>,
 ) -> RouterHandle {
     let config = Config {
-        control_plane: cp.url.clone(),
-        token: cp.token(Role::Router).await,
         key_path: dir.path().join("router.key"),
         listen,
         external_addr: external,
-        lease_interval: Duration::from_secs(1),
-        clock_skew: Duration::ZERO,
-        control_plane_retry_budget: Duration::from_secs(10),
+        control_plane: agentmesh_router::config::ControlPlaneConfig {
+            url: cp.url.clone(),
+            token: cp.token(Role::Router).await,
+            lease_interval: Duration::from_secs(1),
+            clock_skew: Duration::ZERO,
+            retry_budget: Duration::from_secs(10),
+            ..Default::default()
+        },
         ..Default::default()
     };
     support::spawn_ready(config).await

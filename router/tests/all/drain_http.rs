@@ -47,16 +47,22 @@ async fn start(ip: IpAddr, dir: &std::path::Path, allow_remote: bool) -> RouterH
         IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
     };
     agentmesh_router::spawn(Config {
-        // Nothing listens here: enrollment retries in the background.
-        control_plane: "http://127.0.0.1:9".into(),
-        // Short, so shutdown does not wait out an enrollment attempt.
-        control_plane_retry_budget: Duration::from_secs(1),
-        control_plane_rpc_timeout: Duration::from_secs(1),
         key_path: dir.join("router.key"),
         listen: vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")],
         metrics_addr: Some(SocketAddr::new(any, 0)),
-        drain_grace: Duration::from_secs(4),
-        drain_http_allow_remote: allow_remote,
+        control_plane: agentmesh_router::config::ControlPlaneConfig {
+            // Nothing listens here: enrollment retries in the background.
+            url: "http://127.0.0.1:9".into(),
+            // Short, so shutdown does not wait out an enrollment attempt.
+            retry_budget: Duration::from_secs(1),
+            rpc_timeout: Duration::from_secs(1),
+            ..Default::default()
+        },
+        drain: agentmesh_router::config::DrainConfig {
+            grace: Duration::from_secs(4),
+            http_allow_remote: allow_remote,
+            ..Default::default()
+        },
         ..Default::default()
     })
     .await

@@ -102,13 +102,13 @@ async fn a_member_gone_during_a_key_fetch_is_not_admitted() {
     // every wait on the control plane outlasts the test's hold.
     let r = TestRouter::start(&cp, &[], |c| {
         c.metrics_addr = Some("127.0.0.1:0".parse().expect("addr"));
-        c.lease_interval = Duration::from_secs(3600);
-        c.auth_deadline = Duration::from_secs(120);
-        c.stream_timeout = Duration::from_secs(120);
-        c.control_plane_rpc_timeout = Duration::from_secs(120);
-        c.control_plane_retry_budget = Duration::from_secs(120);
+        c.control_plane.lease_interval = Duration::from_secs(3600);
+        c.auth.deadline = Duration::from_secs(120);
+        c.connections.stream_timeout = Duration::from_secs(120);
+        c.control_plane.rpc_timeout = Duration::from_secs(120);
+        c.control_plane.retry_budget = Duration::from_secs(120);
         // The new key must come by the fetch under test, not by the watch.
-        c.policy_watch = false;
+        c.policy.watch = false;
     })
     .await;
     let fetched = eventually("start-up key sync", || async {

@@ -48,8 +48,8 @@ async fn start_router(cp: &Cp) -> Router {
 async fn start_router_with(cp: &Cp, adjust: impl FnOnce(&mut Config)) -> Router {
     TestRouter::start(cp, &[], |c| {
         c.metrics_addr = Some("127.0.0.1:0".parse().expect("addr"));
-        c.auth_deadline = Duration::from_secs(2);
-        c.control_plane_retry_budget = Duration::from_secs(10);
+        c.auth.deadline = Duration::from_secs(2);
+        c.control_plane.retry_budget = Duration::from_secs(10);
         adjust(c);
     })
     .await
@@ -111,8 +111,8 @@ async fn router_is_ready_and_serves_metrics() {
 async fn control_plane_outage_does_not_make_a_ready_router_unready() {
     let cp = start_cp(3600).await;
     let r = start_router_with(&cp, |c| {
-        c.control_plane_retry_budget = Duration::from_secs(1);
-        c.control_plane_rpc_timeout = Duration::from_secs(1);
+        c.control_plane.retry_budget = Duration::from_secs(1);
+        c.control_plane.rpc_timeout = Duration::from_secs(1);
     })
     .await;
     let member_token = cp.token(Role::Member).await;
@@ -220,8 +220,8 @@ async fn unknown_signing_key_is_fetched_once_and_the_member_admitted() {
     .await;
     let started = unix_now();
     let r = start_router_with(&cp, |c| {
-        c.lease_interval = Duration::from_secs(3600);
-        c.policy_watch = false;
+        c.control_plane.lease_interval = Duration::from_secs(3600);
+        c.policy.watch = false;
     })
     .await;
     // The start-up sync has fetched the keys once; nothing else will.
@@ -358,7 +358,7 @@ async fn relay_needs_admission_and_carries_a_mebibyte() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservation_gauge_counts_only_reservations_held() {
     let cp = start_cp(3600).await;
-    let r = start_router_with(&cp, |c| c.relay_max_reservations = Some(1)).await;
+    let r = start_router_with(&cp, |c| c.relay.max_reservations = Some(1)).await;
     let member_token = cp.token(Role::Member).await;
     let circuit: Multiaddr = r
         .addr
@@ -746,7 +746,7 @@ async fn a_lookup_answers_local_records_when_the_remote_budget_runs_out() {
     let cp = start_cp(3600).await;
     // R1 may not spend any time on other routers: every lookup there is
     // answered from its own records and counted as partial.
-    let r1 = start_router_with(&cp, |c| c.catalog_remote_lookup_budget = Duration::ZERO).await;
+    let r1 = start_router_with(&cp, |c| c.catalog.remote_lookup_budget = Duration::ZERO).await;
     let r2 = start_router(&cp).await;
     routers_admit_each_other(&r1, &r2).await;
     let member_token = cp.token(Role::Member).await;
@@ -781,7 +781,7 @@ async fn lookups_reuse_a_recent_provider_search_instead_of_querying_the_dht_agai
     let cp = start_cp(3600).await;
     // A ttl no test run outlasts, so reuse does not depend on timing.
     let r1 = start_router_with(&cp, |c| {
-        c.catalog_provider_cache = Duration::from_secs(3600);
+        c.catalog.provider_cache = Duration::from_secs(3600);
     })
     .await;
     let r2 = start_router(&cp).await;

@@ -64,8 +64,8 @@ impl LimitsRouter for TestRouter {
 /// budget; `adjust` changes anything else.
 async fn start_router(cp: &Cp, adjust: impl FnOnce(&mut Config)) -> Router {
     TestRouter::start(cp, &[], |c| {
-        c.auth_deadline = Duration::from_secs(60);
-        c.control_plane_retry_budget = Duration::from_secs(10);
+        c.auth.deadline = Duration::from_secs(60);
+        c.control_plane.retry_budget = Duration::from_secs(10);
         adjust(c);
     })
     .await
@@ -177,8 +177,8 @@ async fn the_high_watermark_sized_from_the_memory_budget_answers_go_away() {
         // trimming does not make room while the test fills the router.
         c.resources.memory_limit_bytes = Some(8 << 20);
         c.resources.memory_budget_percent = 100;
-        c.high_watermark_memory_percent = 3;
-        c.low_watermark = Some(3);
+        c.watermarks.high_memory_percent = 3;
+        c.watermarks.low = Some(3);
     })
     .await;
     let s = r.handle.sizing();
@@ -324,8 +324,8 @@ async fn stream_closed_by_router(mut s: libp2p::Stream) {
 async fn a_silent_auth_stream_is_a_failed_login_and_a_slow_one_is_not() {
     let cp = start_cp().await;
     let r = start_router(&cp, |c| {
-        c.auth_first_byte_timeout = Duration::from_millis(200);
-        c.stream_timeout = Duration::from_secs(1);
+        c.auth.first_byte_timeout = Duration::from_millis(200);
+        c.connections.stream_timeout = Duration::from_secs(1);
         c.resources.failed_logins_per_ip_per_minute = 3;
         // The block outlasts the test.
         c.resources.failed_login_block_secs = 3600;
@@ -381,8 +381,8 @@ async fn an_admitted_members_late_re_presentation_is_served_and_no_failed_login(
     use agentmesh_wire::frame::{read_frame, write_frame};
     let cp = start_cp().await;
     let r = start_router(&cp, |c| {
-        c.auth_first_byte_timeout = Duration::from_millis(200);
-        c.stream_timeout = Duration::from_secs(5);
+        c.auth.first_byte_timeout = Duration::from_millis(200);
+        c.connections.stream_timeout = Duration::from_secs(5);
     })
     .await;
     let silent_logins = r#"agentmesh_router_failed_logins_total{reason="silent"}"#;

@@ -41,9 +41,9 @@ async fn start_router(cp: &Cp, f: impl FnOnce(&mut Config)) -> Router {
             "/ip4/127.0.0.1/tcp/0".parse().expect("addr"),
             "/ip4/127.0.0.1/udp/0/quic-v1".parse().expect("addr"),
         ];
-        c.auth_deadline = Duration::from_secs(60);
-        c.stream_timeout = Duration::from_secs(60);
-        c.control_plane_retry_budget = Duration::from_secs(10);
+        c.auth.deadline = Duration::from_secs(60);
+        c.connections.stream_timeout = Duration::from_secs(60);
+        c.control_plane.retry_budget = Duration::from_secs(10);
         f(c);
     })
     .await
@@ -393,7 +393,7 @@ async fn a_memory_budget_refuses_and_counts() {
         c.resources.connection_charge_bytes = charge;
         c.resources.memory_budget_percent = 100;
         // The memory budget, not the watermark (sized to 1 here), refuses.
-        c.high_watermark = Some(10);
+        c.watermarks.high = Some(10);
         // Two connections and a few control streams fit; a third connection does not.
         c.resources.memory_limit_bytes = Some(2 * charge + 512 * 1024);
     })

@@ -83,7 +83,7 @@ pub(super) async fn round(
         suspect,
         budget,
     };
-    let attempts = node.config.call_attempts.max(1);
+    let attempts = node.config.calls.attempts.max(1);
     let mut last = None;
     let mut routes = Vec::new();
     let mut tried = 0;
@@ -255,7 +255,7 @@ async fn owners(
     verified: Vec<(ServiceRecord, PeerId)>,
     now: i64,
 ) -> Vec<(ServiceRecord, PeerId)> {
-    let skew = node.config.credential_skew.as_secs() as i64;
+    let skew = node.config.control_plane.credential_skew.as_secs() as i64;
     let check = |record: &ServiceRecord, provider: &PeerId, trust: &Trust| {
         node.policy.check_record(record, provider, trust, now, skew)
     };

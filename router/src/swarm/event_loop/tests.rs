@@ -70,7 +70,7 @@ async fn an_admission_without_a_connection_is_dropped_and_counted() {
 #[tokio::test]
 async fn a_trimmed_member_is_not_counted_as_missing_the_auth_deadline() {
     // Every unadmitted connection is past a zero deadline.
-    let (mut el, parts) = event_loop(|c| c.auth_deadline = Duration::ZERO);
+    let (mut el, parts) = event_loop(|c| c.auth.deadline = Duration::ZERO);
     let member = PeerId::random();
     el.owner
         .tables
@@ -105,7 +105,7 @@ async fn a_trimmed_member_is_not_counted_as_missing_the_auth_deadline() {
 
 #[tokio::test]
 async fn an_unadmitted_connection_past_the_deadline_is_still_closed() {
-    let (mut el, parts) = event_loop(|c| c.auth_deadline = Duration::ZERO);
+    let (mut el, parts) = event_loop(|c| c.auth.deadline = Duration::ZERO);
     el.conns.insert(
         ConnectionId::new_unchecked(1),
         ConnInfo {

@@ -18,7 +18,7 @@ async fn a_catalog_stream_refused_for_a_budget_reads_as_refused() {
     let cp = start_cp().await;
     let r = Router::start(&cp, &[("name", "r1")], |c| {
         c.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")];
-        c.lease_interval = std::time::Duration::from_secs(1);
+        c.control_plane.lease_interval = std::time::Duration::from_secs(1);
         c.resources
             .peer_stream_budgets
             .insert("catalog".to_string(), 0);

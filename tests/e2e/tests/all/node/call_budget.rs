@@ -7,7 +7,7 @@ use super::support;
 
 use std::time::Duration;
 
-use agentmesh_node::{CallError, Config};
+use agentmesh_node::CallError;
 use agentmesh_proto::pb::credential::Role;
 use support::*;
 
@@ -31,21 +31,21 @@ async fn a_call_through_silent_providers_returns_within_its_budget() {
     let backend = hanging_backend().await;
     let mut providers = Vec::new();
     for i in 0..SILENT_PROVIDERS {
-        let (p, dir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
-            expose: vec![("slow".into(), backend.addr)],
+        let (p, dir) = spawn_node(&cp, &member, "spawn provider", |mut base| {
             // The provider waits for the backend far longer than the caller waits for it.
-            connect_timeout: Duration::from_secs(600),
-            ..base
+            base.connect_timeout = Duration::from_secs(600);
+            base.services.expose = vec![("slow".into(), backend.addr)];
+            base
         })
         .await;
         ready(&p, &format!("provider {i}")).await;
         providers.push((p, dir));
     }
-    let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |base| Config {
-        connect_timeout: CONNECT_TIMEOUT,
-        call_timeout: CALL_TIMEOUT,
-        call_attempts: SILENT_PROVIDERS,
-        ..base
+    let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |mut base| {
+        base.connect_timeout = CONNECT_TIMEOUT;
+        base.call_timeout = CALL_TIMEOUT;
+        base.calls.attempts = SILENT_PROVIDERS;
+        base
     })
     .await;
     ready(&caller, "caller").await;
@@ -105,16 +105,16 @@ async fn a_relay_denying_circuits_is_retried_three_times_then_the_call_fails() {
     .await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
-        expose: vec![("echo".into(), backend)],
-        ..base
+    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |mut base| {
+        base.services.expose = vec![("echo".into(), backend)];
+        base
     })
     .await;
     ready(&provider, "provider").await;
-    let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |base| Config {
-        connect_timeout: CONNECT_TIMEOUT,
-        call_timeout: CALL_TIMEOUT,
-        ..base
+    let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |mut base| {
+        base.connect_timeout = CONNECT_TIMEOUT;
+        base.call_timeout = CALL_TIMEOUT;
+        base
     })
     .await;
     ready(&caller, "caller").await;

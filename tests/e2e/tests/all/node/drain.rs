@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use agentmesh_node::{Config, NodeHandle};
+use agentmesh_node::NodeHandle;
 use agentmesh_proto::pb::credential::Role;
 use libp2p::PeerId;
 use support::*;
@@ -96,12 +96,10 @@ async fn calls_succeed_first_time_and_everyone_is_back_on_k_while_a_router_drain
     let mut dirs = Vec::new();
     let mut spawn = async |expose: bool| {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut config = Config {
-            routers: 2,
-            ..node_config(&cp, &member, dir.path())
-        };
+        let mut config = node_config(&cp, &member, dir.path());
+        config.routers.count = 2;
         if expose {
-            config.expose = vec![("echo".into(), backend)];
+            config.services.expose = vec![("echo".into(), backend)];
         }
         dirs.push(dir);
         agentmesh_node::spawn(config, None).await.expect("spawn")

@@ -37,7 +37,7 @@ async fn members_refused_while_their_router_drains_keep_it_and_get_back_on_k() {
     })
     .await;
     let victim = TestRouter::start(&cp, &[("name", "victim")], |c| {
-        c.drain_grace = DRAIN_GRACE;
+        c.drain.grace = DRAIN_GRACE;
     })
     .await;
     let first = TestRouter::start(&cp, &[("name", "first")], |_| {}).await;

@@ -7,7 +7,6 @@ use super::support;
 
 use std::time::Duration;
 
-use agentmesh_node::Config;
 use agentmesh_proto::pb::credential::Role;
 use support::*;
 
@@ -20,12 +19,16 @@ async fn a_router_refusing_reservations_is_replaced_once_another_is_free() {
     let cp = start_cp().await;
     let listen = "/ip4/127.0.0.1/tcp/0";
     let full = start_router_tweaked(&cp, "full", Duration::from_secs(1), listen, |c| {
-        c.relay_max_reservations = Some(0);
+        c.relay.max_reservations = Some(0);
     })
     .await;
     let ok = start_router(&cp, "ok").await;
     let member = cp.token(Role::Member).await;
-    let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config { routers: 2, ..base }).await;
+    let (n, _dir) = spawn_node(&cp, &member, "spawn", |mut base| {
+        base.routers.count = 2;
+        base
+    })
+    .await;
     ready(&n, "n").await;
     let (full_id, ok_id) = (full.handle.peer_id(), ok.handle.peer_id());
     // Only two routers exist: the node holds both, reserved on one.

@@ -9,7 +9,6 @@ use super::support;
 
 use std::time::Duration;
 
-use agentmesh_node::Config;
 use agentmesh_proto::pb::credential::Role;
 use support::*;
 
@@ -26,15 +25,15 @@ async fn the_first_call_from_the_other_fresh_router_finds_the_provider() {
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
 
-    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
-        router_selector: selector("r1"),
-        expose: vec![("echo".into(), backend)],
-        ..base
+    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |mut base| {
+        base.routers.selector = selector("r1");
+        base.services.expose = vec![("echo".into(), backend)];
+        base
     })
     .await;
-    let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |base| Config {
-        router_selector: selector("r2"),
-        ..base
+    let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |mut base| {
+        base.routers.selector = selector("r2");
+        base
     })
     .await;
     ready(&provider, "provider").await;

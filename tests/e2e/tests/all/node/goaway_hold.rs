@@ -7,7 +7,6 @@ use super::support;
 
 use std::time::Duration;
 
-use agentmesh_node::Config;
 use agentmesh_proto::pb::credential::Role;
 use support::*;
 
@@ -26,10 +25,14 @@ async fn a_member_keeps_its_draining_router_while_the_only_alternative_refuses_i
     let cp = start_cp().await;
     let listen = "/ip4/127.0.0.1/tcp/0";
     let lease = Duration::from_secs(1);
-    let a = start_router_tweaked(&cp, "a", lease, listen, |c| c.drain_grace = DRAIN_GRACE).await;
+    let a = start_router_tweaked(&cp, "a", lease, listen, |c| c.drain.grace = DRAIN_GRACE).await;
     let x = start_router(&cp, "x").await;
     let member = cp.token(Role::Member).await;
-    let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config { routers: 2, ..base }).await;
+    let (n, _dir) = spawn_node(&cp, &member, "spawn", |mut base| {
+        base.routers.count = 2;
+        base
+    })
+    .await;
     let (a_id, x_id) = (a.handle.peer_id(), x.handle.peer_id());
     let mut both = vec![a_id, x_id];
     both.sort();
@@ -40,7 +43,7 @@ async fn a_member_keeps_its_draining_router_while_the_only_alternative_refuses_i
         .expect("status");
 
     // The only alternative, started now: every new member gets go-away.
-    let b = start_router_tweaked(&cp, "b", lease, listen, |c| c.high_watermark = Some(0)).await;
+    let b = start_router_tweaked(&cp, "b", lease, listen, |c| c.watermarks.high = Some(0)).await;
     let mut st = n.status();
     tokio::time::timeout(DEADLINE, st.wait_for(|s| s.candidates == 3))
         .await

@@ -8,7 +8,6 @@ use super::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use agentmesh_node::Config;
 use agentmesh_proto::pb::credential::Role;
 use support::*;
 
@@ -33,24 +32,24 @@ async fn calls_made_while_the_providers_router_is_leaving_avoid_it_and_outlive_i
     let cp = start_cp().await;
     let a = Router::start(&cp, &[("name", "a"), ("p", "1")], |c| {
         c.listen = vec!["/ip4/127.0.0.1/tcp/0".parse().expect("addr")];
-        c.drain_grace = DRAIN_GRACE;
+        c.drain.grace = DRAIN_GRACE;
     })
     .await;
     let c = Router::start(&cp, &[("name", "c"), ("c", "1")], |_| {}).await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
-        routers: 2,
-        router_selector: labels("p"),
-        expose: vec![("echo".into(), backend)],
-        ..base
+    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |mut base| {
+        base.routers.count = 2;
+        base.routers.selector = labels("p");
+        base.services.expose = vec![("echo".into(), backend)];
+        base
     })
     .await;
-    let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |base| Config {
-        router_selector: labels("c"),
+    let (caller, _cdir) = spawn_node(&cp, &member, "spawn caller", |mut base| {
+        base.routers.selector = labels("c");
         // The circuit through a stays open (no idle close) for the test.
-        relayed_idle: Duration::from_secs(3600),
-        ..base
+        base.connections.relayed_idle = Duration::from_secs(3600);
+        base
     })
     .await;
     ready(&provider, "provider").await;
@@ -74,7 +73,7 @@ async fn calls_made_while_the_providers_router_is_leaving_avoid_it_and_outlive_i
         .unwrap_or_else(|_| panic!("provider not on a + x: {:?}", provider.status().borrow()))
         .expect("status");
     let b = Router::start(&cp, &[("name", "b"), ("p", "1")], |c| {
-        c.high_watermark = Some(0);
+        c.watermarks.high = Some(0);
     })
     .await;
     tokio::time::timeout(DEADLINE, st.wait_for(|s| s.candidates == 3))

@@ -69,11 +69,9 @@ async fn provider(
     let r = start_router(cp, "r1").await;
     let quiet = SilentBackend::start().await;
     let echo = echo_backend().await;
-    let (p, dir) = spawn_node(cp, token, "spawn provider", |base| {
-        tweak(Config {
-            expose: vec![("quiet".into(), quiet.addr), ("echo".into(), echo)],
-            ..base
-        })
+    let (p, dir) = spawn_node(cp, token, "spawn provider", |mut base| {
+        base.services.expose = vec![("quiet".into(), quiet.addr), ("echo".into(), echo)];
+        tweak(base)
     })
     .await;
     ready(&p, "provider").await;
@@ -158,11 +156,11 @@ async fn wait_released(p: &NodeHandle, backend: &SilentBackend, n: usize) -> Dur
 async fn a_frozen_caller_loses_its_calls_when_its_connection_is_found_dead() {
     let cp = start_cp().await;
     let token = cp.token(Role::Member).await;
-    let (r, p, dir, backend) = provider(&cp, &token, |c| Config {
-        ping_interval: PING,
-        ping_timeout: PING,
-        call_idle_timeout: LONG_IDLE,
-        ..c
+    let (r, p, dir, backend) = provider(&cp, &token, |mut c| {
+        c.connections.ping_interval = PING;
+        c.connections.ping_timeout = PING;
+        c.calls.idle_timeout = LONG_IDLE;
+        c
     })
     .await;
     let child = hostile_process(&cp, &r, &p, dir.path(), &token, 2, 3).await;
@@ -181,11 +179,11 @@ async fn a_frozen_caller_loses_its_calls_when_its_connection_is_found_dead() {
 async fn a_killed_caller_loses_its_calls_when_its_connection_goes() {
     let cp = start_cp().await;
     let token = cp.token(Role::Member).await;
-    let (r, p, dir, backend) = provider(&cp, &token, |c| Config {
-        ping_interval: PING,
-        ping_timeout: PING,
-        call_idle_timeout: LONG_IDLE,
-        ..c
+    let (r, p, dir, backend) = provider(&cp, &token, |mut c| {
+        c.connections.ping_interval = PING;
+        c.connections.ping_timeout = PING;
+        c.calls.idle_timeout = LONG_IDLE;
+        c
     })
     .await;
     let mut child = hostile_process(&cp, &r, &p, dir.path(), &token, 2, 3).await;
@@ -214,10 +212,10 @@ async fn one_tokens_identities_cannot_keep_another_tokens_members_out() {
     let cp = start_cp().await;
     let (attacker_token, fleet_token) =
         (cp.token(Role::Member).await, cp.token(Role::Member).await);
-    let (r, p, _pdir, backend) = provider(&cp, &fleet_token, |c| Config {
-        max_inbound_calls: SLOTS,
-        max_inbound_calls_per_caller: PER_CALLER,
-        ..c
+    let (r, p, _pdir, backend) = provider(&cp, &fleet_token, |mut c| {
+        c.calls.max_inbound = SLOTS;
+        c.calls.max_inbound_per_caller = PER_CALLER;
+        c
     })
     .await;
     let (a, _adir) = spawn_node(&cp, &fleet_token, "spawn a", |c| c).await;
@@ -328,14 +326,14 @@ async fn one_tokens_identities_cannot_keep_another_tokens_members_out() {
 async fn a_call_idle_past_the_deadline_ends_and_is_counted() {
     let cp = start_cp().await;
     let token = cp.token(Role::Member).await;
-    let (r, p, _pdir, backend) = provider(&cp, &token, |c| Config {
-        call_idle_timeout: Duration::from_secs(2),
-        ..c
+    let (r, p, _pdir, backend) = provider(&cp, &token, |mut c| {
+        c.calls.idle_timeout = Duration::from_secs(2);
+        c
     })
     .await;
-    let (a, _adir) = spawn_node(&cp, &token, "spawn a", |c| Config {
-        forward: vec![("127.0.0.1:0".parse().expect("addr"), "quiet".into())],
-        ..c
+    let (a, _adir) = spawn_node(&cp, &token, "spawn a", |mut c| {
+        c.local.forward = vec![("127.0.0.1:0".parse().expect("addr"), "quiet".into())];
+        c
     })
     .await;
     ready(&a, "a").await;

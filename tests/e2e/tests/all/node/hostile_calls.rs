@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use agentmesh_hostile::provider_calls::{self, Attack, Progress};
 use agentmesh_hostile::provider_circuits::{self, CircuitAttack, CircuitProgress};
-use agentmesh_node::{Config, NodeHandle};
+use agentmesh_node::NodeHandle;
 use agentmesh_proto::pb::credential::Role;
 use agentmesh_testkit::eventually;
 use libp2p::identity::Keypair;
@@ -55,9 +55,9 @@ async fn silent_call_streams_of_one_member_leave_the_provider_to_the_others() {
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
-        expose: vec![("echo".into(), backend)],
-        ..base
+    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |mut base| {
+        base.services.expose = vec![("echo".into(), backend)];
+        base
     })
     .await;
     ready(&provider, "provider").await;
@@ -184,9 +184,9 @@ async fn one_member_cannot_take_every_circuit_to_a_provider() {
     .await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |base| Config {
-        expose: vec![("echo".into(), backend)],
-        ..base
+    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |mut base| {
+        base.services.expose = vec![("echo".into(), backend)];
+        base
     })
     .await;
     ready(&provider, "provider").await;

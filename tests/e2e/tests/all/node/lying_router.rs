@@ -26,7 +26,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use agentmesh_hostile::lying_router::{LyingRouter, Setup};
-use agentmesh_node::{Config, NodeHandle};
+use agentmesh_node::NodeHandle;
 use agentmesh_proto::credential::Trust;
 use agentmesh_proto::identity::ed25519;
 use agentmesh_proto::pb::controlplane::CreateTokenRequest;
@@ -94,10 +94,10 @@ async fn a_lying_router_can_neither_forge_nor_roll_back_a_members_revocations() 
     let backend = echo_backend().await;
     // The honest provider holds the two honest routers (the liar is not
     // in the directory yet).
-    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |c| Config {
-        routers: 2,
-        expose: vec![("echo".into(), backend)],
-        ..c
+    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |mut c| {
+        c.routers.count = 2;
+        c.services.expose = vec![("echo".into(), backend)];
+        c
     })
     .await;
     ready(&provider, "provider").await;
@@ -148,10 +148,10 @@ async fn a_lying_router_can_neither_forge_nor_roll_back_a_members_revocations() 
 
     // The member attaches to all three routers; the liar's admission
     // answer carries the forgery.
-    let (victim, _vdir) = spawn_node(&cp, &member, "spawn victim", |c| Config {
-        routers: 3,
-        directory_interval: Duration::from_secs(3600),
-        ..c
+    let (victim, _vdir) = spawn_node(&cp, &member, "spawn victim", |mut c| {
+        c.routers.count = 3;
+        c.control_plane.directory_interval = Duration::from_secs(3600);
+        c
     })
     .await;
     ready(&victim, "victim").await;

@@ -19,7 +19,6 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use agentmesh_node::Config;
 use agentmesh_proto::pb::credential::Role;
 use support::binary::*;
 use support::*;
@@ -56,24 +55,24 @@ async fn ping_names_route_round_trip_and_verdict_and_pings_land_in_the_histogram
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |c| Config {
-        expose: vec![
+    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |mut c| {
+        c.services.expose = vec![
             ("echo".into(), backend),
             // Only members labelled team=nobody may call it: the provider
             // refuses ours.
             ("guarded".into(), backend),
-        ],
-        allow: vec!["guarded=label:team=nobody".parse().expect("allow rule")],
-        ..c
+        ];
+        c.services.allow = vec!["guarded=label:team=nobody".parse().expect("allow rule")];
+        c
     })
     .await;
     ready(&provider, "provider").await;
     // The caller is configured to call `echo` (a --forward), and gives one
     // service a label of its own in the histogram.
-    let (caller, cdir) = spawn_node(&cp, &member, "spawn caller", |c| Config {
-        forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
-        max_call_metric_services: 1,
-        ..c
+    let (caller, cdir) = spawn_node(&cp, &member, "spawn caller", |mut c| {
+        c.local.forward = vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())];
+        c.calls.max_metric_services = 1;
+        c
     })
     .await;
     ready(&caller, "caller").await;
@@ -173,9 +172,9 @@ async fn call_wait_ready_started_before_the_node_calls_once_it_is_up() {
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |c| Config {
-        expose: vec![("echo".into(), backend)],
-        ..c
+    let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |mut c| {
+        c.services.expose = vec![("echo".into(), backend)];
+        c
     })
     .await;
     ready(&provider, "provider").await;

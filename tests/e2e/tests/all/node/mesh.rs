@@ -6,7 +6,7 @@ use super::support;
 
 use std::time::Duration;
 
-use agentmesh_node::{CallError, Config};
+use agentmesh_node::CallError;
 use agentmesh_proto::pb::credential::Role;
 use support::binary::*;
 use support::*;
@@ -21,17 +21,17 @@ async fn a_on_r1_calls_b_on_r2_through_transit_and_a_relay() {
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
 
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        router_selector: selector("r2"),
-        expose: vec![("echo".into(), backend), ("secret".into(), backend)],
-        allow: vec!["secret=label:team=x".parse().expect("rule")],
-        ..base
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |mut base| {
+        base.routers.selector = selector("r2");
+        base.services.expose = vec![("echo".into(), backend), ("secret".into(), backend)];
+        base.services.allow = vec!["secret=label:team=x".parse().expect("rule")];
+        base
     })
     .await;
-    let (a, adir) = spawn_node(&cp, &member, "spawn a", |base| Config {
-        router_selector: selector("r1"),
-        forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
-        ..base
+    let (a, adir) = spawn_node(&cp, &member, "spawn a", |mut base| {
+        base.routers.selector = selector("r1");
+        base.local.forward = vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())];
+        base
     })
     .await;
     ready(&b, "b").await;
@@ -143,9 +143,9 @@ async fn a_on_r1_calls_b_on_r2_through_transit_and_a_relay() {
     );
 
     // A member sharing B's router calls without transit.
-    let (c, _cdir) = spawn_node(&cp, &member, "spawn c", |base| Config {
-        router_selector: selector("r2"),
-        ..base
+    let (c, _cdir) = spawn_node(&cp, &member, "spawn c", |mut base| {
+        base.routers.selector = selector("r2");
+        base
     })
     .await;
     ready(&c, "c").await;
@@ -160,9 +160,10 @@ async fn a_on_r1_calls_b_on_r2_through_transit_and_a_relay() {
     let a_id = a.peer_id();
     a.shutdown().await;
     let a2 = agentmesh_node::spawn(
-        Config {
-            router_selector: selector("r1"),
-            ..node_config(&cp, "", adir.path())
+        {
+            let mut c = node_config(&cp, "", adir.path());
+            c.routers.selector = selector("r1");
+            c
         },
         None,
     )
@@ -187,10 +188,10 @@ async fn a_member_whose_router_dies_reattaches_elsewhere() {
     let r1 = start_router(&cp, "r1").await;
     let r2 = start_router(&cp, "r2").await;
     let member = cp.token(Role::Member).await;
-    let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config {
+    let (n, _dir) = spawn_node(&cp, &member, "spawn", |mut base| {
         // Outgoing TCP from another loopback address, as the ladder does.
-        dial_source_ip: Some("127.0.0.3".parse().expect("ip")),
-        ..base
+        base.connections.dial_source_ip = Some("127.0.0.3".parse().expect("ip"));
+        base
     })
     .await;
     ready(&n, "n").await;
@@ -221,9 +222,9 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
     let once = one_line_backend().await;
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        expose: vec![("echo".into(), backend), ("once".into(), once)],
-        ..base
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |mut base| {
+        base.services.expose = vec![("echo".into(), backend), ("once".into(), once)];
+        base
     })
     .await;
     ready(&b, "b").await;
@@ -314,9 +315,9 @@ async fn credentials_are_refreshed_and_re_presented_before_they_expire() {
     let ((b, _bdir), (a, _adir)) = echo_pair(
         &cp,
         &member,
-        |base| Config {
-            credential_skew: Duration::ZERO,
-            ..base
+        |mut base| {
+            base.control_plane.credential_skew = Duration::ZERO;
+            base
         },
         |base| base,
     )
@@ -404,10 +405,11 @@ async fn many_nodes_share_a_process_and_a_registry() {
         let dir = tempfile::tempdir().expect("tempdir");
         let sub = registry.sub_registry_with_label(("member".into(), i.to_string().into()));
         let n = agentmesh_node::spawn(
-            Config {
-                no_socket: true,
-                metrics_addr: None,
-                ..node_config(&cp, &member, dir.path())
+            {
+                let mut c = node_config(&cp, &member, dir.path());
+                c.metrics_addr = None;
+                c.local.no_socket = true;
+                c
             },
             Some(sub),
         )
@@ -460,14 +462,14 @@ async fn a_transit_connection_closes_once_idle() {
     let ((b, _bdir), (a, _adir)) = echo_pair(
         &cp,
         &member,
-        |base| Config {
-            router_selector: selector("r2"),
-            ..base
+        |mut base| {
+            base.routers.selector = selector("r2");
+            base
         },
-        |base| Config {
-            router_selector: selector("r1"),
-            idle_connection: Duration::from_secs(1),
-            ..base
+        |mut base| {
+            base.routers.selector = selector("r1");
+            base.connections.idle = Duration::from_secs(1);
+            base
         },
     )
     .await;
@@ -507,9 +509,9 @@ async fn a_forwarded_connection_finishes_while_its_node_stops() {
         &cp,
         &member,
         |base| base,
-        |base| Config {
-            forward: vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())],
-            ..base
+        |mut base| {
+            base.local.forward = vec![("127.0.0.1:0".parse().expect("addr"), "echo".into())];
+            base
         },
     )
     .await;
@@ -538,10 +540,10 @@ async fn forward_listeners_share_one_connection_bound_and_count_the_waits() {
         &cp,
         &member,
         |base| base,
-        |base| Config {
-            forward: vec![(any, "echo".into()), (any, "echo".into())],
-            max_forward_connections: 1,
-            ..base
+        |mut base| {
+            base.local.forward = vec![(any, "echo".into()), (any, "echo".into())];
+            base.local.max_forward_connections = 1;
+            base
         },
     )
     .await;
@@ -608,10 +610,10 @@ async fn go_away_makes_before_it_breaks() {
     ];
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config {
-        routers: 2,
-        expose: vec![("echo".into(), backend)],
-        ..base
+    let (n, _dir) = spawn_node(&cp, &member, "spawn", |mut base| {
+        base.routers.count = 2;
+        base.services.expose = vec![("echo".into(), backend)];
+        base
     })
     .await;
     let mut st = n.status();
@@ -678,9 +680,9 @@ async fn status_and_services_show_what_a_running_node_holds() {
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| Config {
-        expose: vec![("echo".into(), backend)],
-        ..base
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |mut base| {
+        base.services.expose = vec![("echo".into(), backend)];
+        base
     })
     .await;
     ready(&b, "b").await;

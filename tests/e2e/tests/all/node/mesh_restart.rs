@@ -178,10 +178,11 @@ async fn members_return_after_every_router_restarts(same_keys: bool) {
     let mut members: Vec<(NodeHandle, tempfile::TempDir)> = Vec::new();
     for i in 0..MEMBERS {
         members.push(
-            spawn_node(&cp, &member, &format!("member {i}"), |c| Config {
-                routers: K,
-                directory_interval: Config::default().directory_interval,
-                ..c
+            spawn_node(&cp, &member, &format!("member {i}"), |mut c| {
+                c.routers.count = K;
+                c.control_plane.directory_interval =
+                    Config::default().control_plane.directory_interval;
+                c
             })
             .await,
         );

@@ -4,7 +4,6 @@
 
 use super::support;
 
-use agentmesh_node::Config;
 use agentmesh_proto::pb::credential::Role;
 use agentmesh_testkit::eventually;
 use prometheus_client::registry::Registry;
@@ -64,10 +63,11 @@ async fn metrics_include_libp2p_swarm_families_once_connected() {
     let mut registry = Registry::default();
     let dir = tempfile::tempdir().expect("tempdir");
     let embedded = agentmesh_node::spawn(
-        Config {
-            metrics_addr: None,
-            no_socket: true,
-            ..node_config(&cp, &member, dir.path())
+        {
+            let mut c = node_config(&cp, &member, dir.path());
+            c.metrics_addr = None;
+            c.local.no_socket = true;
+            c
         },
         Some(&mut registry),
     )

@@ -229,16 +229,14 @@ async fn a_caller_reaches_only_the_owner_of_a_service_never_an_impostor() {
     let web_team = cp.token_labelled(Role::Member, &team("web")).await;
     let (owner_backend, owner_hits) = tag_backend("owner").await;
     let (impostor_backend, impostor_hits) = tag_backend("impostor").await;
-    let (owner, _odir) = spawn_node(&cp, &db_team, "spawn owner", |c| agentmesh_node::Config {
-        expose: vec![("db".into(), owner_backend)],
-        ..c
+    let (owner, _odir) = spawn_node(&cp, &db_team, "spawn owner", |mut c| {
+        c.services.expose = vec![("db".into(), owner_backend)];
+        c
     })
     .await;
-    let (impostor, _idir) = spawn_node(&cp, &web_team, "spawn impostor", |c| {
-        agentmesh_node::Config {
-            expose: vec![("db".into(), impostor_backend)],
-            ..c
-        }
+    let (impostor, _idir) = spawn_node(&cp, &web_team, "spawn impostor", |mut c| {
+        c.services.expose = vec![("db".into(), impostor_backend)];
+        c
     })
     .await;
     let (caller, _cdir) = spawn_node(&cp, &web_team, "spawn caller", |c| c).await;
@@ -340,9 +338,9 @@ async fn a_policy_push_from_a_peer_that_is_not_an_attached_router_is_refused() {
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |c| agentmesh_node::Config {
-        expose: vec![("echo".into(), backend)],
-        ..c
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |mut c| {
+        c.services.expose = vec![("echo".into(), backend)];
+        c
     })
     .await;
     ready(&b, "b").await;

@@ -80,7 +80,7 @@ async fn router(cp: &Cp, name: &str) -> Router {
         name,
         Duration::from_secs(1),
         "/ip4/127.0.0.1/tcp/0",
-        |c| c.policy_push_fallback_delay = FALLBACK,
+        |c| c.policy.push_fallback_delay = FALLBACK,
     )
     .await
 }
@@ -88,10 +88,10 @@ async fn router(cp: &Cp, name: &str) -> Router {
 /// A member on `k` routers that polls the directory only at start.
 async fn member(cp: &Cp, k: usize) -> (NodeHandle, tempfile::TempDir) {
     let token = cp.token(Role::Member).await;
-    spawn_node(cp, &token, "spawn member", |c| agentmesh_node::Config {
-        routers: k,
-        directory_interval: Duration::from_secs(3600),
-        ..c
+    spawn_node(cp, &token, "spawn member", |mut c| {
+        c.routers.count = k;
+        c.control_plane.directory_interval = Duration::from_secs(3600);
+        c
     })
     .await
 }
@@ -182,9 +182,10 @@ async fn a_member_offline_during_a_change_is_current_as_soon_as_it_is_ready_agai
     let r = router(&cp, "r1").await;
     let token = cp.token(Role::Member).await;
     let ndir = tempfile::tempdir().expect("tempdir");
-    let config = || agentmesh_node::Config {
-        directory_interval: Duration::from_secs(3600),
-        ..node_config(&cp, &token, ndir.path())
+    let config = || {
+        let mut c = node_config(&cp, &token, ndir.path());
+        c.control_plane.directory_interval = Duration::from_secs(3600);
+        c
     };
     let node = agentmesh_node::spawn(config(), None).await.expect("spawn");
     ready(&node, "member").await;

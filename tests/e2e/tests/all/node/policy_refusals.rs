@@ -20,7 +20,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
 
-use agentmesh_node::Config;
 use agentmesh_proto::credential::map_to_labels;
 use agentmesh_proto::pb::controlplane::CreateTokenRequest;
 use agentmesh_proto::pb::credential::{Role, TokenKind};
@@ -145,9 +144,9 @@ async fn a_caller_without_a_grant_gets_one_line_naming_the_policy_and_it_is_not_
     let (payments, _) = team_token(&cp, "payments").await;
     let (ops, _) = team_token(&cp, "ops").await;
     let backend = echo_backend().await;
-    let (provider, _pdir) = spawn_node(&cp, &payments, "spawn provider", |c| Config {
-        expose: vec![(SERVICE.into(), backend)],
-        ..c
+    let (provider, _pdir) = spawn_node(&cp, &payments, "spawn provider", |mut c| {
+        c.services.expose = vec![(SERVICE.into(), backend)];
+        c
     })
     .await;
     // Ready: its record is accepted by the router the caller asks.

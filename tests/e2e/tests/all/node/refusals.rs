@@ -30,10 +30,10 @@ async fn the_provider_refuses_bad_credentials_with_reasons_and_counters() {
     let r = start_router_with(&cp, "r1", Duration::from_secs(30)).await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
-    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |base| agentmesh_node::Config {
-        expose: vec![("echo".into(), backend)],
-        credential_skew: Duration::ZERO,
-        ..base
+    let (b, _bdir) = spawn_node(&cp, &member, "spawn b", |mut base| {
+        base.services.expose = vec![("echo".into(), backend)];
+        base.control_plane.credential_skew = Duration::ZERO;
+        base
     })
     .await;
     ready(&b, "b").await;

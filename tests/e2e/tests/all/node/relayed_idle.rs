@@ -20,14 +20,23 @@ const CIRCUITS: &str = "agentmesh_router_circuits";
 async fn node(cp: &Cp, adjust: impl FnOnce(Config) -> Config) -> (NodeHandle, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = adjust(Config {
-        control_plane: cp.url.clone(),
-        token: cp.token(Role::Member).await,
         data_dir: dir.path().to_path_buf(),
-        routers: 1,
-        directory_interval: Duration::from_secs(1),
         metrics_addr: Some("127.0.0.1:0".parse().expect("addr")),
-        // Far beyond the deadline: only the relayed-idle close can act.
-        idle_connection: Duration::from_secs(3600),
+        control_plane: agentmesh_node::config::ControlPlaneConfig {
+            url: cp.url.clone(),
+            token: cp.token(Role::Member).await,
+            directory_interval: Duration::from_secs(1),
+            ..Default::default()
+        },
+        routers: agentmesh_node::config::RoutersConfig {
+            count: 1,
+            ..Default::default()
+        },
+        connections: agentmesh_node::config::ConnectionConfig {
+            // Far beyond the deadline: only the relayed-idle close can act.
+            idle: Duration::from_secs(3600),
+            ..Default::default()
+        },
         ..Config::default()
     });
     let n = agentmesh_node::spawn(config, None).await.expect("spawn");
@@ -67,15 +76,15 @@ async fn setup_with(
     let cp = start_cp().await;
     let r = TestRouter::start(&cp, &[("name", "r")], router).await;
     let backend = echo_backend().await;
-    let (p, pd) = node(&cp, |c| Config {
-        expose: vec![("echo".into(), backend)],
-        relayed_idle: Duration::from_secs(provider_idle_secs),
-        ..c
+    let (p, pd) = node(&cp, |mut c| {
+        c.services.expose = vec![("echo".into(), backend)];
+        c.connections.relayed_idle = Duration::from_secs(provider_idle_secs);
+        c
     })
     .await;
-    let (c, cd) = node(&cp, |c| Config {
-        relayed_idle: Duration::from_secs(caller_idle_secs),
-        ..c
+    let (c, cd) = node(&cp, |mut c| {
+        c.connections.relayed_idle = Duration::from_secs(caller_idle_secs);
+        c
     })
     .await;
     (cp, r, p, c, vec![pd, cd])
@@ -198,9 +207,9 @@ async fn a_refused_circuit_is_a_clear_error_and_frees_up_after_the_idle_close() 
         c.resources.circuits_per_destination = 1;
     })
     .await;
-    let (b, bd) = node(&cp, |c| Config {
-        relayed_idle: Duration::from_secs(1),
-        ..c
+    let (b, bd) = node(&cp, |mut c| {
+        c.connections.relayed_idle = Duration::from_secs(1);
+        c
     })
     .await;
     dirs.push(bd);

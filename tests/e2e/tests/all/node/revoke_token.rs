@@ -65,14 +65,14 @@ async fn a_revoked_tokens_members_lose_their_router_and_calls_and_it_enrolls_no_
     let (kept, _) = member_token(&cp).await;
     let backend = echo_backend().await;
     // Two providers through the leaked token, one caller through the other.
-    let (p1, _d1) = spawn_node(&cp, &leaked, "spawn p1", |c| agentmesh_node::Config {
-        expose: vec![("echo".into(), backend)],
-        ..c
+    let (p1, _d1) = spawn_node(&cp, &leaked, "spawn p1", |mut c| {
+        c.services.expose = vec![("echo".into(), backend)];
+        c
     })
     .await;
-    let (p2, _d2) = spawn_node(&cp, &leaked, "spawn p2", |c| agentmesh_node::Config {
-        expose: vec![("echo".into(), backend)],
-        ..c
+    let (p2, _d2) = spawn_node(&cp, &leaked, "spawn p2", |mut c| {
+        c.services.expose = vec![("echo".into(), backend)];
+        c
     })
     .await;
     let (caller, _d3) = spawn_node(&cp, &kept, "spawn caller", |c| c).await;

@@ -7,7 +7,6 @@ use super::support;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use agentmesh_node::Config;
 use agentmesh_proto::pb::credential::Role;
 use agentmesh_testkit::udp_sockets_on;
 use support::*;
@@ -43,13 +42,13 @@ async fn call_over_quic(b_source: Option<IpAddr>, a_source: Option<IpAddr>) {
     let ((b, _bdir), (a, _adir)) = echo_pair(
         &cp,
         &member,
-        |base| Config {
-            dial_source_ip: b_source,
-            ..base
+        |mut base| {
+            base.connections.dial_source_ip = b_source;
+            base
         },
-        |base| Config {
-            dial_source_ip: a_source,
-            ..base
+        |mut base| {
+            base.connections.dial_source_ip = a_source;
+            base
         },
     )
     .await;
@@ -97,14 +96,14 @@ async fn the_quic_socket_is_opened_by_the_first_quic_dial() {
     let ((b, _bdir), (a, _adir)) = echo_pair(
         &cp,
         &member,
-        |base| Config {
-            router_selector: selector("quic"),
-            ..base
+        |mut base| {
+            base.routers.selector = selector("quic");
+            base
         },
-        |base| Config {
-            router_selector: selector("tcp"),
-            dial_source_ip: Some(source.into()),
-            ..base
+        |mut base| {
+            base.routers.selector = selector("tcp");
+            base.connections.dial_source_ip = Some(source.into());
+            base
         },
     )
     .await;
@@ -178,9 +177,9 @@ async fn members_dial_routers_that_announce_dns_names() {
                 .all(|a| a.to_string().starts_with("/dns4/localhost/")),
             "{name} router announces {announced:?}"
         );
-        let (n, _dir) = spawn_node(&cp, &member, "spawn", |base| Config {
-            router_selector: selector(name),
-            ..base
+        let (n, _dir) = spawn_node(&cp, &member, "spawn", |mut base| {
+            base.routers.selector = selector(name);
+            base
         })
         .await;
         ready(&n, name).await;

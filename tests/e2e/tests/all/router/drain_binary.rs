@@ -227,10 +227,10 @@ async fn start_on_binary(
     expose: Vec<(String, std::net::SocketAddr)>,
 ) -> NodeHandle {
     start_node_with(cp, dir, registry, name, |c| {
-        c.routers = k;
-        c.router_selector = selector("tier", "mesh");
-        c.router_prefer = selector("name", "bin");
-        c.expose = expose;
+        c.routers.count = k;
+        c.routers.selector = selector("tier", "mesh");
+        c.routers.prefer = selector("name", "bin");
+        c.services.expose = expose;
     })
     .await
 }

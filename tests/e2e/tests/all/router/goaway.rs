@@ -31,8 +31,8 @@ async fn admission_at_the_high_watermark_gets_go_away_naming_an_alternative() {
     let cp = start_cp().await;
     // low == high: trimming off, so only admission is tested here.
     let a = start_router(&cp, "a", |c| {
-        c.high_watermark = Some(2);
-        c.low_watermark = Some(2);
+        c.watermarks.high = Some(2);
+        c.watermarks.low = Some(2);
     })
     .await;
     let b = start_router(&cp, "b", |_| {}).await;
@@ -103,12 +103,12 @@ async fn reaching_the_high_watermark_sheds_fifteen_percent_each_after_a_go_away(
     const LOW: usize = 17; // 15% below 20
     let cp = start_cp().await;
     let a = start_router(&cp, "a", |c| {
-        c.high_watermark = Some(MEMBERS as u32);
-        c.trim_close_grace = Duration::from_secs(2);
+        c.watermarks.high = Some(MEMBERS as u32);
+        c.watermarks.trim_close_grace = Duration::from_secs(2);
         // Shed members stay away for the whole test.
-        c.goaway_retry_after = Duration::from_secs(3600);
+        c.drain.goaway_retry_after = Duration::from_secs(3600);
         // The unauthenticated peer below stays until trimming closes it.
-        c.auth_deadline = Duration::from_secs(600);
+        c.auth.deadline = Duration::from_secs(600);
     })
     .await;
     // A connection that never authenticates: shed first.
@@ -181,7 +181,7 @@ async fn draining_one_of_three_routers_keeps_members_on_k_routers_and_calls_work
     let cp = start_cp().await;
     let mut routers = Vec::new();
     for name in ["r1", "r2", "r3"] {
-        routers.push(start_router(&cp, name, |c| c.drain_grace = Duration::from_secs(30)).await);
+        routers.push(start_router(&cp, name, |c| c.drain.grace = Duration::from_secs(30)).await);
     }
     let backend = echo_backend().await;
     let mut registry = Registry::default();

@@ -147,15 +147,30 @@ pub(super) async fn start_member_from(
 ) -> NodeHandle {
     agentmesh_node::spawn(
         agentmesh_node::Config {
-            control_plane: cp.url.clone(),
-            token: cp.token(Role::Member).await,
             data_dir: dir.to_path_buf(),
-            routers: 1,
-            expose,
-            directory_interval: std::time::Duration::from_secs(1),
-            no_socket: true,
             metrics_addr: None,
-            dial_source_ip: Some(IpAddr::V4(source)),
+            control_plane: agentmesh_node::config::ControlPlaneConfig {
+                url: cp.url.clone(),
+                token: cp.token(Role::Member).await,
+                directory_interval: std::time::Duration::from_secs(1),
+                ..Default::default()
+            },
+            routers: agentmesh_node::config::RoutersConfig {
+                count: 1,
+                ..Default::default()
+            },
+            services: agentmesh_node::config::ServicesConfig {
+                expose,
+                ..Default::default()
+            },
+            local: agentmesh_node::config::LocalConfig {
+                no_socket: true,
+                ..Default::default()
+            },
+            connections: agentmesh_node::config::ConnectionConfig {
+                dial_source_ip: Some(IpAddr::V4(source)),
+                ..Default::default()
+            },
             ..agentmesh_node::Config::default()
         },
         None,

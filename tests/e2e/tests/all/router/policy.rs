@@ -303,7 +303,7 @@ async fn a_policy_applied_at_the_control_plane_is_pushed_to_members_and_their_ac
     let (cp, _dir) = cp_with_v1().await;
     // A short push deadline, so the silent member below costs little.
     let r = router_holding(&cp, 1.0, |c| {
-        c.policy_push_deadline = std::time::Duration::from_millis(500);
+        c.policy.push_deadline = std::time::Duration::from_millis(500);
     })
     .await;
     let v1 = r.metric("agentmesh_router_policy_version");

@@ -52,7 +52,7 @@ pub async fn start_router_tweaked(
 ) -> Router {
     Router::start(cp, &[("name", name)], |c| {
         c.listen = vec![listen.parse().expect("addr")];
-        c.lease_interval = lease_interval;
+        c.control_plane.lease_interval = lease_interval;
         tweak(c);
     })
     .await
@@ -62,12 +62,18 @@ pub async fn start_router_tweaked(
 /// directory poll, metrics on loopback port 0, data in `dir`.
 pub fn node_config(cp: &Cp, token: &str, dir: &Path) -> Config {
     Config {
-        control_plane: cp.url.clone(),
-        token: token.to_string(),
         data_dir: dir.to_path_buf(),
-        routers: 1,
-        directory_interval: Duration::from_secs(1),
         metrics_addr: Some("127.0.0.1:0".parse().expect("addr")),
+        control_plane: agentmesh_node::config::ControlPlaneConfig {
+            url: cp.url.clone(),
+            token: token.to_string(),
+            directory_interval: Duration::from_secs(1),
+            ..Default::default()
+        },
+        routers: agentmesh_node::config::RoutersConfig {
+            count: 1,
+            ..Default::default()
+        },
         ..Config::default()
     }
 }
@@ -102,11 +108,9 @@ pub async fn echo_pair(
     (NodeHandle, tempfile::TempDir),
 ) {
     let backend = echo_backend().await;
-    let b = spawn_node(cp, token, "spawn b", |base| {
-        b_config(Config {
-            expose: vec![("echo".into(), backend)],
-            ..base
-        })
+    let b = spawn_node(cp, token, "spawn b", |mut base| {
+        base.services.expose = vec![("echo".into(), backend)];
+        b_config(base)
     })
     .await;
     let a = spawn_node(cp, token, "spawn a", a_config).await;
@@ -118,11 +122,11 @@ pub async fn echo_pair(
 /// A member of a storm test: K = 2 routers, no metrics listener, no Unix
 /// socket (many of them share one test process).
 pub async fn storm_member(cp: &Cp, token: String) -> (NodeHandle, tempfile::TempDir) {
-    spawn_node(cp, &token, "spawn", |c| Config {
-        routers: 2,
-        metrics_addr: None,
-        no_socket: true,
-        ..c
+    spawn_node(cp, &token, "spawn", |mut c| {
+        c.metrics_addr = None;
+        c.routers.count = 2;
+        c.local.no_socket = true;
+        c
     })
     .await
 }

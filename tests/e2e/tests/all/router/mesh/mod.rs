@@ -76,9 +76,9 @@ pub(crate) async fn start_node(
     expose: Vec<(String, SocketAddr)>,
 ) -> NodeHandle {
     start_node_with(cp, dir, registry, name, |c| {
-        c.routers = routers;
-        c.router_selector = selector;
-        c.expose = expose;
+        c.routers.count = routers;
+        c.routers.selector = selector;
+        c.services.expose = expose;
     })
     .await
 }
@@ -95,12 +95,18 @@ pub(crate) async fn start_node_with(
     let token = cp.token(Role::Member).await;
     let sub = registry.sub_registry_with_label(("member".into(), name.to_string().into()));
     let mut config = agentmesh_node::Config {
-        control_plane: cp.url.clone(),
-        token,
         data_dir: dir.to_path_buf(),
-        directory_interval: Duration::from_secs(1),
-        no_socket: true,
         metrics_addr: None,
+        control_plane: agentmesh_node::config::ControlPlaneConfig {
+            url: cp.url.clone(),
+            token,
+            directory_interval: Duration::from_secs(1),
+            ..Default::default()
+        },
+        local: agentmesh_node::config::LocalConfig {
+            no_socket: true,
+            ..Default::default()
+        },
         ..agentmesh_node::Config::default()
     };
     adjust(&mut config);
