@@ -250,6 +250,7 @@ impl RunArgs {
             control_plane: config::ControlPlaneConfig {
                 url: self.control_plane.control_plane,
                 ca: self.control_plane.control_plane_ca,
+                endpoints: self.control_plane.control_plane_endpoints,
                 token,
                 rpc_timeout: s(self.rpc_timeout_secs),
                 retry_budget: s(self.retry_budget_secs),

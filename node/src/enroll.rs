@@ -26,7 +26,7 @@ pub(crate) async fn client(config: &ControlPlaneConfig) -> Result<Client, SpawnE
         })?),
         None => None,
     };
-    Ok(Client::with_connections(
+    Ok(Client::with_endpoints(
         ClientConfig {
             url: config.url.clone(),
             ca_pem,
@@ -34,6 +34,7 @@ pub(crate) async fn client(config: &ControlPlaneConfig) -> Result<Client, SpawnE
             rpc_timeout: config.rpc_timeout.max(crate::config::MIN_TIMEOUT),
         },
         Connections::PerCall,
+        &config.endpoints,
     )?)
 }
 

@@ -46,7 +46,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentmesh_controlplane::client::{Client, ClientConfig, ClientError};
+use agentmesh_controlplane::client::{Client, ClientConfig, ClientError, Connections};
 use libp2p::identity::Keypair;
 use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use prometheus_client::registry::Registry;
@@ -441,12 +441,16 @@ async fn identity_and_client(
         ),
         None => None,
     };
-    let client = Client::new(ClientConfig {
-        url: config.url.clone(),
-        ca_pem,
-        retry_budget: config.retry_budget,
-        rpc_timeout: config.rpc_timeout,
-    })?;
+    let client = Client::with_endpoints(
+        ClientConfig {
+            url: config.url.clone(),
+            ca_pem,
+            retry_budget: config.retry_budget,
+            rpc_timeout: config.rpc_timeout,
+        },
+        Connections::Held,
+        &config.endpoints,
+    )?;
     Ok((keypair, client))
 }
 

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use agentmesh_controlplane::client::{Client, ClientConfig};
+use agentmesh_controlplane::client::{Client, ClientConfig, Connections};
 use agentmesh_proto::credential::map_to_labels;
 use agentmesh_proto::pb::controlplane::CreateTokenRequest;
 use agentmesh_proto::pb::credential::{Credential, Role, TokenKind};
@@ -20,7 +20,10 @@ pub const ADMIN: &str = "test-admin-token-0123456789abcdef";
 pub struct Cp {
     /// The running control plane.
     pub handle: agentmesh_controlplane::Handle,
-    /// Its gRPC URL, as routers and nodes are configured with it.
+    /// Its gRPC URL, as routers and nodes are configured with it: its
+    /// `--public-url`, which a test may set to a name that does not
+    /// answer (then routers and nodes need `endpoints`, see
+    /// [`Cp::endpoint`]).
     pub url: String,
     /// A client for admin calls and enrollment.
     pub client: Client,
@@ -52,12 +55,17 @@ pub async fn start_cp_with(adjust: impl FnOnce(&mut agentmesh_controlplane::Conf
         .await
         .expect("control plane");
     let url = handle.public_url().to_string();
-    let client = Client::new(ClientConfig {
-        url: url.clone(),
-        ca_pem: None,
-        retry_budget: Duration::from_secs(30),
-        rpc_timeout: Duration::from_secs(10),
-    })
+    // Dials the address it listens on, whatever its public URL says.
+    let client = Client::with_endpoints(
+        ClientConfig {
+            url: url.clone(),
+            ca_pem: None,
+            retry_budget: Duration::from_secs(30),
+            rpc_timeout: Duration::from_secs(10),
+        },
+        Connections::Held,
+        &[format!("http://{}", handle.grpc_addr())],
+    )
     .expect("client");
     Cp {
         handle,
@@ -68,6 +76,12 @@ pub async fn start_cp_with(adjust: impl FnOnce(&mut agentmesh_controlplane::Conf
 }
 
 impl Cp {
+    /// The address it listens on, as an endpoint to dial
+    /// (`--control-plane-endpoint`).
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.handle.grpc_addr())
+    }
+
     /// A bootstrap token of `role` without labels (100 uses, 1 h).
     pub async fn token(&self, role: Role) -> String {
         self.token_labelled(role, &BTreeMap::new()).await

@@ -38,6 +38,12 @@ pub struct ControlPlaneConfig {
     pub url: String,
     /// PEM CA certificate for a TLS control plane (`--control-plane-ca`); `None`: system roots / plain on loopback.
     pub ca: Option<PathBuf>,
+    /// The control plane's replicas to dial (`--control-plane-endpoint`,
+    /// repeatable; empty: `url` alone). A call moves to the next one when
+    /// the one it is on does not answer; `url` stays the logical name
+    /// proofs are bound to and TLS verifies, so every replica serves the
+    /// same `--public-url`.
+    pub endpoints: Vec<String>,
     /// Enrollment token (the command line reads it from `--token-file`). Empty is fine
     /// while the data dir holds a credential that can still be refreshed.
     pub token: String,
@@ -60,6 +66,7 @@ impl Default for ControlPlaneConfig {
         Self {
             url: DEFAULT_CONTROL_PLANE.to_string(),
             ca: None,
+            endpoints: Vec::new(),
             token: String::new(),
             rpc_timeout: Duration::from_secs(10),
             retry_budget: Duration::from_secs(180),

@@ -226,6 +226,7 @@ impl RouterArgs {
             control_plane: ControlPlaneConfig {
                 url: self.control_plane.control_plane,
                 ca: self.control_plane.control_plane_ca,
+                endpoints: self.control_plane.control_plane_endpoints,
                 token,
                 retry_budget: s(self.control_plane_retry_budget_secs),
                 rpc_timeout: s(self.control_plane_rpc_timeout_secs),

@@ -94,6 +94,9 @@ fn shared_flags_map_one_to_one() {
     let c = config(&[
         "--control-plane=https://cp.example:7400",
         "--control-plane-ca=/ca.pem",
+        "--control-plane-endpoint=https://cp-0.example:7400",
+        "--control-plane-endpoint",
+        "https://cp-1.example:7400",
         "--token-file",
         &token,
         "--metrics-addr=127.0.0.1:9100",
@@ -102,6 +105,10 @@ fn shared_flags_map_one_to_one() {
     ]);
     assert_eq!(c.control_plane.url, "https://cp.example:7400");
     assert_eq!(c.control_plane.ca, Some(PathBuf::from("/ca.pem")));
+    assert_eq!(
+        c.control_plane.endpoints,
+        ["https://cp-0.example:7400", "https://cp-1.example:7400"]
+    );
     assert_eq!(c.control_plane.token, "amt_router");
     assert_eq!(
         c.metrics_addr,

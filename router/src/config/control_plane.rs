@@ -48,6 +48,12 @@ pub struct ControlPlaneConfig {
     pub url: String,
     /// PEM file of the CA that signs the control plane's TLS certificate. Default none.
     pub ca: Option<PathBuf>,
+    /// The control plane's replicas to dial (`--control-plane-endpoint`,
+    /// repeatable; empty: `url` alone). A call moves to the next one when
+    /// the one it is on does not answer; `url` stays the logical name
+    /// proofs are bound to and TLS verifies, so every replica serves the
+    /// same `--public-url`.
+    pub endpoints: Vec<String>,
     /// The router-role enrollment token (the command line reads `--token-file` into it). Default empty.
     pub token: String,
     /// Time budget of one control-plane call, retries included. Default 30 s.
@@ -65,6 +71,7 @@ impl Default for ControlPlaneConfig {
         Self {
             url: DEFAULT_CONTROL_PLANE.to_string(),
             ca: None,
+            endpoints: Vec::new(),
             token: String::new(),
             retry_budget: Duration::from_secs(DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS),
             rpc_timeout: Duration::from_secs(DEFAULT_CONTROL_PLANE_RPC_TIMEOUT_SECS),

@@ -5,6 +5,7 @@ mod support;
 
 mod budget_refusal;
 mod call_budget;
+mod cp_endpoints;
 mod data_dir_modes;
 mod drain;
 mod drain_storm;
