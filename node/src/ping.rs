@@ -43,12 +43,12 @@ pub enum Verdict {
     Failed,
 }
 
-/// How the call travelled. Today every call is relayed; when members
-/// connect directly (DCUtR), `path` becomes `direct` and `router` is none.
+/// How the call travelled: through a router's relay, or on a direct
+/// connection between the two members (then `router` is none).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PingRoute {
-    /// `relayed` (through `router`'s relay); `direct` is reserved for
-    /// direct connections between members.
+    /// `relayed` (through `router`'s relay) or `direct` (a connection
+    /// between the members, punched through their NATs).
     pub path: String,
     /// The router whose relay carried the circuit (`None` on a direct path).
     pub router: Option<String>,
@@ -63,7 +63,7 @@ impl From<&CallRoute> for PingRoute {
     fn from(r: &CallRoute) -> Self {
         Self {
             path: r.path().to_string(),
-            router: Some(r.via_router.to_string()),
+            router: (!r.direct).then(|| r.via_router.to_string()),
             transit: r.transit,
             provider: r.provider.to_string(),
         }
@@ -178,6 +178,27 @@ mod tests {
         assert!(json.contains(r#""verdict":"refused""#), "{json}");
         assert_eq!(serde_json::from_str::<PingReply>(&json).expect("read"), r);
         assert_eq!(ms(Duration::from_micros(1_234_567)), 1234.567);
+    }
+
+    #[test]
+    fn a_direct_call_reports_the_direct_path_and_no_router() {
+        let (provider, router) = (libp2p::PeerId::random(), libp2p::PeerId::random());
+        let relayed = CallRoute {
+            provider,
+            via_router: router,
+            transit: false,
+            direct: false,
+        };
+        let r = PingRoute::from(&relayed);
+        assert_eq!(
+            (r.path.as_str(), r.router),
+            ("relayed", Some(router.to_string()))
+        );
+        let r = PingRoute::from(&CallRoute {
+            direct: true,
+            ..relayed
+        });
+        assert_eq!((r.path.as_str(), r.router), ("direct", None));
     }
 
     #[test]

@@ -132,20 +132,23 @@ impl CallError {
 pub struct CallRoute {
     /// The provider.
     pub provider: PeerId,
-    /// The router whose relay carries the circuit.
+    /// The router the call was routed through: its relay carries the
+    /// circuit, unless the stream went on a direct connection.
     pub via_router: PeerId,
     /// Whether that router is one we reached with a transit connection
     /// (the provider shares none of our routers).
     pub transit: bool,
+    /// Whether the stream went on a direct connection to the provider (a
+    /// relayed one upgraded by a hole punch) rather than through the relay.
+    pub direct: bool,
 }
 
 impl CallRoute {
     /// The kind of path the call took: `relayed` (a circuit through
-    /// `via_router`), the only kind today. Direct connections between
-    /// members (a relayed connection upgraded by DCUtR) will add `direct`;
-    /// `agentmesh-node ping` reports this value as is.
+    /// `via_router`) or `direct` (a connection between the two members,
+    /// `docs/direct.md`); `agentmesh-node ping` reports this value as is.
     pub fn path(&self) -> &'static str {
-        "relayed"
+        if self.direct { "direct" } else { "relayed" }
     }
 }
 

@@ -208,6 +208,15 @@ mod tests {
             "upper granted by 12D3P via router 12D3R (relayed) in 1.2 ms (set-up 9.9 ms)\n"
         );
         assert!(render(&granted(true)).contains("(relayed, transit)"));
+        let mut direct = granted(false);
+        if let Some(route) = direct.route.as_mut() {
+            route.path = "direct".into();
+            route.router = None;
+        }
+        assert_eq!(
+            render(&direct),
+            "upper granted by 12D3P (direct) in 1.2 ms (set-up 9.9 ms)\n"
+        );
         let refused = PingReply {
             verdict: Verdict::Refused,
             reason: Some("not_granted".into()),

@@ -147,6 +147,7 @@ pub(super) async fn attempt(
             provider,
             via_router: via.router,
             transit: via.transit,
+            direct: !info.relayed,
         },
         conn,
         answered_in,

@@ -134,6 +134,11 @@ async fn warm_calls_between_members_behind_eim_nats_go_direct() {
     let before = caller.metric(direct).await;
     caller.call_until_echoed("echo-prov", &payload).await;
     assert_eq!(caller.metric(direct).await, before + 1.0);
+    // And `agentmesh-node ping` says so: the path is direct, no router.
+    let pinged = caller.ping("echo-prov").await.expect("a ping answer");
+    let route = pinged.route.expect("a granted ping names its route");
+    assert_eq!(route.path, "direct", "{route:?}");
+    assert_eq!(route.router, None, "{route:?}");
     let punched = caller
         .metric(r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#)
         .await

@@ -443,6 +443,28 @@ impl Member {
             .flatten()
     }
 
+    /// One `agentmesh-node ping SERVICE` attempt through its socket (a
+    /// call set up and closed): the path and round trip it reports.
+    pub(crate) async fn ping(&self, service: &str) -> Option<agentmesh_node::ping::PingReply> {
+        let path = self.dir.join(agentmesh_node::config::SOCKET_FILE);
+        let exchange = async {
+            let mut u = tokio::net::UnixStream::connect(&path).await.ok()?;
+            u.write_all(format!("PING {service}\n").as_bytes())
+                .await
+                .ok()?;
+            let mut line = String::new();
+            tokio::io::BufReader::new(u)
+                .read_line(&mut line)
+                .await
+                .ok()?;
+            serde_json::from_str(&line).ok()
+        };
+        tokio::time::timeout(DEADLINE, exchange)
+            .await
+            .ok()
+            .flatten()
+    }
+
     /// The value of its metric series `series` (0 if absent).
     pub(crate) async fn metric(&self, series: &str) -> f64 {
         agentmesh_testkit::metric(&self.metrics().await, series)
