@@ -35,9 +35,9 @@ pub(crate) enum Command {
         addrs: Vec<Multiaddr>,
         keep_via: Option<Vec<PeerId>>,
         listed: Option<Vec<PeerId>>,
-        /// A call's stream just failed on this connection to `peer`: when
-        /// it is a direct one, it is closed (its path is suspect; the
-        /// relayed ones, the fallback, are kept) and punches to `peer` back
+        /// A call's stream just failed on this direct connection to
+        /// `peer`: it is closed if still open (its path is suspect; the
+        /// relayed ones, the fallback, are kept), punches to `peer` back
         /// off, and the reply waits until it is gone.
         suspect: Option<libp2p::swarm::ConnectionId>,
         reply: oneshot::Sender<Result<(), ConnectError>>,

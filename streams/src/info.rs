@@ -49,6 +49,21 @@ impl ConnectionInfo {
             dialed,
         }
     }
+
+    /// The info of a connection this side accepted on `local_addr`. An
+    /// inbound circuit is relayed by the address it arrived on
+    /// (`/…/p2p/R/p2p-circuit`, our reservation at R): its remote address
+    /// names only the peer (`/p2p/P`).
+    pub fn accepted(
+        peer: PeerId,
+        connection: ConnectionId,
+        local_addr: &Multiaddr,
+        remote_addr: Multiaddr,
+    ) -> Self {
+        let mut info = Self::new(peer, connection, remote_addr, false);
+        info.relayed |= local_addr.iter().any(|p| matches!(p, Protocol::P2pCircuit));
+        info
+    }
 }
 
 #[cfg(test)]
@@ -68,6 +83,19 @@ mod tests {
         let id = ConnectionId::new_unchecked(7);
         let accepted = ConnectionInfo::new(peer, id, direct.clone(), false);
         assert!(!accepted.relayed && !accepted.dialed);
+        // An inbound circuit: relayed by the address it arrived on, though
+        // its remote address names only the peer.
+        let listen: Multiaddr = format!(
+            "/ip4/10.0.0.1/tcp/4001/p2p/{}/p2p-circuit",
+            PeerId::random()
+        )
+        .parse()
+        .expect("addr");
+        let only_peer: Multiaddr = format!("/p2p/{peer}").parse().expect("addr");
+        let inbound_circuit = ConnectionInfo::accepted(peer, id, &listen, only_peer.clone());
+        assert!(inbound_circuit.relayed && !inbound_circuit.dialed);
+        let inbound_direct = ConnectionInfo::accepted(peer, id, &direct, only_peer);
+        assert!(!inbound_direct.relayed);
         assert!(ConnectionInfo::new(peer, id, direct, true).dialed);
         let relayed = ConnectionInfo::new(peer, id, circuit, true);
         assert!(relayed.relayed);

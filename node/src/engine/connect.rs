@@ -110,12 +110,16 @@ impl Engine {
         // Connections being closed for idleness must be gone
         // before the call opens its stream.
         let mut stale = self.conns.open_among(&peer, &self.idle_closing);
-        if let Some(id) = suspect.filter(|id| self.conns.is_direct(&peer, *id)) {
-            // The stream failed on the direct connection: the relay worked
-            // before the punch and is the fallback, so only the direct one
-            // goes, and punches to this peer back off.
-            tracing::debug!(%peer, connection = %id, "a call's stream failed on the direct connection: closing it, the call retries relayed");
-            stale.push(id);
+        if let Some(id) = suspect {
+            // The stream failed on a direct connection (the caller saw it
+            // was one): the relay worked before the punch and is the
+            // fallback, so no relayed connection is closed, the direct one
+            // goes if it has not already, and punches to this peer back
+            // off either way.
+            tracing::debug!(%peer, connection = %id, "a call's stream failed on a direct connection: closing it, the call retries relayed");
+            if self.conns.is_direct(&peer, id) {
+                stale.push(id);
+            }
             keep_via = None;
             self.swarm.behaviour_mut().direct.path_failed(peer);
         }
