@@ -221,6 +221,9 @@ pub struct DirectArgs {
     /// Inbound direct connections in their handshake at once from one source IP, connections.
     #[arg(long, default_value_t = config::DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE)]
     pub direct_max_pending_inbound_per_source: usize,
+    /// With --direct: how long written bytes may stay unacknowledged on a TCP connection before the kernel drops it (TCP_USER_TIMEOUT; a dead direct path fails its calls over to the relay), seconds (0: the kernel's default).
+    #[arg(long, default_value_t = config::DEFAULT_DIRECT_TCP_USER_TIMEOUT_SECS)]
+    pub direct_tcp_user_timeout_secs: u64,
 }
 
 impl From<DirectArgs> for config::DirectConfig {
@@ -233,6 +236,7 @@ impl From<DirectArgs> for config::DirectConfig {
             punch_backoff_max: Duration::from_secs(a.punch_backoff_max_secs),
             max_pending_inbound: a.direct_max_pending_inbound,
             max_pending_inbound_per_source: a.direct_max_pending_inbound_per_source,
+            tcp_user_timeout: Duration::from_secs(a.direct_tcp_user_timeout_secs),
         }
     }
 }

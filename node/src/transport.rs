@@ -67,6 +67,8 @@ pub(crate) struct Reuse {
     pub(crate) log: reuse::ReuseLog,
     /// `agentmesh_node_port_reuse_fallbacks_total`.
     pub(crate) fallbacks: Counter,
+    /// `TCP_USER_TIMEOUT` of every socket (`None`: the kernel's default).
+    pub(crate) user_timeout: Option<std::time::Duration>,
 }
 
 /// Where the member's connections leave from, and whether it listens.
@@ -83,6 +85,8 @@ pub(crate) struct Dialing {
     pub(crate) punch_backoff: crate::direct::Backoffs,
     /// Inbound direct handshakes at once: in total, per source IP.
     pub(crate) max_pending_inbound: (usize, usize),
+    /// `TCP_USER_TIMEOUT` of the listening port's sockets, when listening.
+    pub(crate) tcp_user_timeout: Option<std::time::Duration>,
 }
 
 /// Plain TCP: dial-only [`DialTcp`], or with `reuse` [`reuse::ReuseTcp`]
@@ -95,6 +99,7 @@ fn tcp(
     match reuse {
         None => dial.boxed(),
         Some(r) => reuse::ReuseTcp::new(source_ip, r.log, r.fallbacks)
+            .with_user_timeout(r.user_timeout)
             .or_transport(dial)
             .map(|s, _| s.into_inner())
             .map_err(|e| e.into_inner())
@@ -168,6 +173,7 @@ pub(crate) async fn build(
             config.direct.max_pending_inbound,
             config.direct.max_pending_inbound_per_source,
         ),
+        tcp_user_timeout: Some(config.direct.tcp_user_timeout).filter(|d| !d.is_zero()),
     };
     build_swarm(
         key,
@@ -223,6 +229,7 @@ pub(crate) async fn build_swarm(
     let reuse = dialing.listen.as_ref().map(|(_, log)| Reuse {
         log: log.clone(),
         fallbacks: dialing.metrics.port_reuse_fallbacks.clone(),
+        user_timeout: dialing.tcp_user_timeout,
     });
     let (transport, relay_client) = tokio::task::spawn_blocking(move || {
         let (inner, relay_client) = direct(&k, source_ip, reuse.clone(), upgrade.clone())?;

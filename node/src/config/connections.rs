@@ -143,6 +143,15 @@ pub struct DirectConfig {
     /// The same from one source IP (`--direct-max-pending-inbound-per-source`,
     /// default 8; `reason="source_pending_full"`).
     pub max_pending_inbound_per_source: usize,
+    /// How long bytes written on a member's TCP socket may stay
+    /// unacknowledged before the kernel drops the connection
+    /// (`TCP_USER_TIMEOUT`; `--direct-tcp-user-timeout-secs`, default 10 s;
+    /// zero: the kernel's default, about 15 minutes of retransmissions).
+    /// A direct path that stops carrying bytes then fails the streams on
+    /// it within this bound instead of hanging them, and the calls move to
+    /// the relay. Counted in
+    /// `agentmesh_node_direct_closed_total{reason="timed_out"}`.
+    pub tcp_user_timeout: Duration,
 }
 
 /// Default [`DirectConfig::punch_backoff_min`], seconds.
@@ -153,6 +162,8 @@ pub const DEFAULT_PUNCH_BACKOFF_MAX_SECS: u64 = 900;
 pub const DEFAULT_DIRECT_MAX_PENDING_INBOUND: usize = 64;
 /// Default [`DirectConfig::max_pending_inbound_per_source`], connections.
 pub const DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE: usize = 8;
+/// Default [`DirectConfig::tcp_user_timeout`], seconds.
+pub const DEFAULT_DIRECT_TCP_USER_TIMEOUT_SECS: u64 = 10;
 
 impl Default for DirectConfig {
     fn default() -> Self {
@@ -164,6 +175,7 @@ impl Default for DirectConfig {
             punch_backoff_max: Duration::from_secs(DEFAULT_PUNCH_BACKOFF_MAX_SECS),
             max_pending_inbound: DEFAULT_DIRECT_MAX_PENDING_INBOUND,
             max_pending_inbound_per_source: DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE,
+            tcp_user_timeout: Duration::from_secs(DEFAULT_DIRECT_TCP_USER_TIMEOUT_SECS),
         }
     }
 }

@@ -163,6 +163,43 @@ fn punch_target_allowed(addr: &Multiaddr) -> bool {
     }
 }
 
+/// The address a connection is known by on our side: the one it arrived
+/// on for an accepted one (an inbound circuit arrives on
+/// `/…/p2p/R/p2p-circuit`), else the one dialed.
+fn local_or_remote(endpoint: &libp2p::core::ConnectedPoint) -> &Multiaddr {
+    match endpoint {
+        libp2p::core::ConnectedPoint::Listener { local_addr, .. } => local_addr,
+        libp2p::core::ConnectedPoint::Dialer { address, .. } => address,
+    }
+}
+
+/// Why a direct connection closed, as `direct_closed_total` counts it:
+/// `timed_out` when anything in its error chain is a timed-out I/O error
+/// (the socket's `TCP_USER_TIMEOUT` or the kernel's retransmissions gave
+/// up: the path stopped carrying bytes), `error` for any other error,
+/// `closed` without one (idle, a close by either side).
+pub(crate) fn close_reason(cause: Option<&libp2p::swarm::ConnectionError>) -> &'static str {
+    let Some(cause) = cause else {
+        return "closed";
+    };
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(cause);
+    // Bounded: error chains are short.
+    for _ in 0..16 {
+        let Some(e) = next else { break };
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                return "timed_out";
+            }
+            if let Some(inner) = io.get_ref() {
+                next = Some(inner);
+                continue;
+            }
+        }
+        next = e.source();
+    }
+    "error"
+}
+
 fn jittered_backoff(failures: u32, b: Backoffs) -> Duration {
     let d = b
         .min
@@ -429,6 +466,14 @@ impl NetworkBehaviour for Behaviour {
     fn on_swarm_event(&mut self, event: FromSwarm) {
         if let FromSwarm::ListenFailure(f) = &event {
             self.pending.release(&f.connection_id);
+        }
+        if let FromSwarm::ConnectionClosed(ConnectionClosed {
+            endpoint, cause, ..
+        }) = &event
+            && !is_relayed(endpoint.get_remote_address())
+            && !is_relayed(local_or_remote(endpoint))
+        {
+            self.metrics.direct_closed(close_reason(*cause));
         }
         if let FromSwarm::ConnectionClosed(ConnectionClosed {
             peer_id,

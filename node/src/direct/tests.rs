@@ -220,3 +220,22 @@ fn handshakes_on_the_listening_port_are_bounded_per_source_and_freed() {
             .is_ok()
     );
 }
+
+#[test]
+fn a_direct_connection_closed_by_a_timed_out_path_is_told_from_other_closes() {
+    use super::close_reason;
+    use libp2p::swarm::ConnectionError;
+    use std::io::{Error, ErrorKind};
+    assert_eq!(close_reason(None), "closed");
+    let timed_out = ConnectionError::IO(Error::from(ErrorKind::TimedOut));
+    assert_eq!(close_reason(Some(&timed_out)), "timed_out");
+    // As the muxer wraps the socket's error.
+    let wrapped = ConnectionError::IO(Error::other(Error::from(ErrorKind::TimedOut)));
+    assert_eq!(close_reason(Some(&wrapped)), "timed_out");
+    let reset = ConnectionError::IO(Error::from(ErrorKind::ConnectionReset));
+    assert_eq!(close_reason(Some(&reset)), "error");
+    assert_eq!(
+        close_reason(Some(&ConnectionError::KeepAliveTimeout)),
+        "error"
+    );
+}

@@ -39,6 +39,12 @@ pub const INBOUND_REFUSED_REASONS: &[&str] = &[
     "source_pending_full",
 ];
 
+/// Why a direct connection closed: `timed_out` (bytes stayed
+/// unacknowledged past `--direct-tcp-user-timeout-secs`, or the kernel gave
+/// up retransmitting: the path died), `error` (another connection error),
+/// `closed` (no error: idle, or closed by either side).
+pub const DIRECT_CLOSE_REASONS: &[&str] = &["timed_out", "error", "closed"];
+
 /// The paths a call's stream can take.
 pub const CALL_PATHS: &[&str] = &["direct", "relayed"];
 
@@ -66,6 +72,8 @@ pub struct DirectMetrics {
     /// Calls whose stream failed on a direct connection: it was closed
     /// and the call retried relayed within its budget.
     pub direct_fallbacks: Counter,
+    /// Direct connections closed, by reason ([`DIRECT_CLOSE_REASONS`]).
+    pub direct_closed: Family<ReasonLabel, Counter>,
 }
 
 impl DirectMetrics {
@@ -79,6 +87,9 @@ impl DirectMetrics {
         }
         for path in CALL_PATHS {
             let _ = self.call_paths.get_or_create(&PathLabel { path });
+        }
+        for reason in DIRECT_CLOSE_REASONS {
+            let _ = self.direct_closed.get_or_create(&ReasonLabel { reason });
         }
     }
 
@@ -109,6 +120,11 @@ impl DirectMetrics {
             "Calls whose stream failed on a direct connection: that connection was closed, punches to the peer backed off, and the call retried on a relayed connection within its budget",
             self.direct_fallbacks.clone(),
         );
+        r.register(
+            "direct_closed",
+            "Direct connections closed, by reason (timed_out: bytes stayed unacknowledged past --direct-tcp-user-timeout-secs or the kernel gave up, the path died; error: another connection error; closed: no error, idle or closed by either side)",
+            self.direct_closed.clone(),
+        );
     }
 
     /// Counts one upgrade result (one of [`UPGRADE_RESULTS`]).
@@ -121,6 +137,13 @@ impl DirectMetrics {
     /// Counts one inbound direct connection refused.
     pub(crate) fn refused(&self, reason: &'static str) {
         self.inbound_refused
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// Counts one direct connection closed (one of [`DIRECT_CLOSE_REASONS`]).
+    pub(crate) fn direct_closed(&self, reason: &'static str) {
+        self.direct_closed
             .get_or_create(&ReasonLabel { reason })
             .inc();
     }

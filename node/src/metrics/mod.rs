@@ -13,7 +13,10 @@ pub use call_duration::{
     CallDurations, DEFAULT_MAX_CALL_METRIC_SERVICES, OTHER_SERVICE, ServiceResultLabels,
 };
 pub use calls::CallMetrics;
-pub use direct::{CALL_PATHS, DirectMetrics, INBOUND_REFUSED_REASONS, PathLabel, UPGRADE_RESULTS};
+pub use direct::{
+    CALL_PATHS, DIRECT_CLOSE_REASONS, DirectMetrics, INBOUND_REFUSED_REASONS, PathLabel,
+    UPGRADE_RESULTS,
+};
 pub use local::LocalMetrics;
 pub use routers::RouterMetrics;
 

@@ -63,6 +63,8 @@ pub(crate) struct ReuseTcp {
     bound: Arc<Mutex<Option<SocketAddr>>>,
     log: ReuseLog,
     fallbacks: Counter,
+    /// `TCP_USER_TIMEOUT` of every socket, dialed or accepted.
+    user_timeout: Option<std::time::Duration>,
 }
 
 impl ReuseTcp {
@@ -75,7 +77,27 @@ impl ReuseTcp {
             bound: Arc::new(Mutex::new(None)),
             log,
             fallbacks,
+            user_timeout: None,
         }
+    }
+
+    /// The same, every socket's unacknowledged bytes bounded by
+    /// `user_timeout` (`TCP_USER_TIMEOUT`; `None`: the kernel's default):
+    /// a path that stops carrying bytes fails its connection within it.
+    pub(crate) fn with_user_timeout(mut self, user_timeout: Option<std::time::Duration>) -> Self {
+        self.user_timeout = user_timeout;
+        self
+    }
+}
+
+/// Sets `TCP_USER_TIMEOUT` on `socket` when a bound is given.
+fn bound_unacked<S: std::os::fd::AsFd>(
+    socket: &S,
+    user_timeout: Option<std::time::Duration>,
+) -> io::Result<()> {
+    match user_timeout {
+        Some(d) => socket2::SockRef::from(socket).set_tcp_user_timeout(Some(d)),
+        None => Ok(()),
     }
 }
 
@@ -128,15 +150,30 @@ fn tuple_taken(e: &io::Error) -> bool {
     )
 }
 
-async fn connect(
-    to: SocketAddr,
-    bind: Option<SocketAddr>,
+/// Where a dial leaves from and what it notes: the source IP, the log of
+/// fallbacks to a fresh port and their counter, the user timeout.
+#[derive(Clone)]
+struct DialSide {
     source_ip: Option<IpAddr>,
     log: ReuseLog,
     fallbacks: Counter,
+    user_timeout: Option<std::time::Duration>,
+}
+
+async fn connect(
+    to: SocketAddr,
+    bind: Option<SocketAddr>,
+    side: DialSide,
 ) -> io::Result<tokio::net::TcpStream> {
+    let DialSide {
+        source_ip,
+        log,
+        fallbacks,
+        user_timeout,
+    } = side;
     let reused = bind.is_some_and(|b| b.port() != 0);
     let s = reusable_socket(&to)?;
+    bound_unacked(&s, user_timeout)?;
     if let Some(b) = bind {
         s.bind(b)?;
     }
@@ -152,6 +189,7 @@ async fn connect(
             fallbacks.inc();
             log.note(to, true);
             let s = reusable_socket(&to)?;
+            bound_unacked(&s, user_timeout)?;
             if let Some(ip) = source_ip.filter(|ip| ip.is_ipv4() == to.is_ipv4()) {
                 s.bind(SocketAddr::new(ip, 0))?;
             }
@@ -239,10 +277,14 @@ impl Transport for ReuseTcp {
             return Err(TransportError::MultiaddrNotSupported(addr));
         };
         let bind = bind_for(&to, opts.port_use, *self.bound.lock(), self.source_ip);
-        let (source_ip, log, fallbacks) =
-            (self.source_ip, self.log.clone(), self.fallbacks.clone());
+        let side = DialSide {
+            source_ip: self.source_ip,
+            log: self.log.clone(),
+            fallbacks: self.fallbacks.clone(),
+            user_timeout: self.user_timeout,
+        };
         Ok(async move {
-            let s = connect(to, bind, source_ip, log, fallbacks).await?;
+            let s = connect(to, bind, side).await?;
             Ok(libp2p::tcp::tokio::TcpStream(s))
         }
         .boxed())
@@ -252,6 +294,7 @@ impl Transport for ReuseTcp {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<TransportEvent<Self::ListenerUpgrade, io::Error>> {
+        let user_timeout = self.user_timeout;
         let Some(l) = self.listener.as_mut() else {
             return Poll::Pending;
         };
@@ -265,6 +308,9 @@ impl Transport for ReuseTcp {
         match l.socket.poll_accept(cx) {
             Poll::Ready(Ok((stream, remote))) => {
                 let _ = stream.set_nodelay(true);
+                if let Err(error) = bound_unacked(&stream, user_timeout) {
+                    tracing::debug!(%remote, %error, "TCP_USER_TIMEOUT not set on an accepted connection");
+                }
                 Poll::Ready(TransportEvent::Incoming {
                     listener_id: l.id,
                     upgrade: futures::future::ready(Ok(libp2p::tcp::tokio::TcpStream(stream))),

@@ -166,3 +166,44 @@ async fn with_a_source_ip_dials_leave_from_it_on_the_listening_port() {
     assert_eq!(from, SocketAddr::new(source, port));
     assert_eq!(fallbacks.get(), 0);
 }
+
+#[tokio::test]
+async fn every_socket_dialed_or_accepted_carries_the_user_timeout() {
+    let bound = std::time::Duration::from_millis(2_500);
+    let user_timeout = |s: &tokio::net::TcpStream| {
+        socket2::SockRef::from(s)
+            .tcp_user_timeout()
+            .expect("read TCP_USER_TIMEOUT")
+    };
+    let (t, _log, _fallbacks, port) = listening().await;
+    let mut t = t.with_user_timeout(Some(bound));
+    // Dialed, from the listening port and from a fresh one.
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let to = server.local_addr().expect("addr");
+    for port_use in [PortUse::Reuse, PortUse::New] {
+        let (dialed, accepted) = tokio::join!(dial_from(&mut t, to, port_use), server.accept());
+        assert_eq!(user_timeout(&dialed.0), Some(bound), "{port_use:?}");
+        // The other end is not ours: the kernel's default.
+        assert_eq!(user_timeout(&accepted.expect("accept").0), None);
+    }
+    // Accepted on the listening port.
+    let _ = futures::future::poll_fn(|cx| Pin::new(&mut t).poll(cx)).await;
+    let client = tokio::net::TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port)));
+    let incoming = futures::future::poll_fn(|cx| Pin::new(&mut t).poll(cx));
+    let (_c, ev) = tokio::join!(client, incoming);
+    match ev {
+        TransportEvent::Incoming { upgrade, .. } => {
+            let accepted = upgrade.await.expect("accepted");
+            assert_eq!(user_timeout(&accepted.0), Some(bound));
+        }
+        _ => panic!("expected Incoming"),
+    }
+    // Without a bound, the kernel's default.
+    let (plain, _log, _fallbacks, _port) = listening().await;
+    let mut plain = plain.with_user_timeout(None);
+    let (dialed, _accepted) =
+        tokio::join!(dial_from(&mut plain, to, PortUse::New), server.accept());
+    assert_eq!(user_timeout(&dialed.0), None);
+}

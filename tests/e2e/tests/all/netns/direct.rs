@@ -399,10 +399,12 @@ async fn a_punch_within_time_wait_of_the_last_direct_connection_succeeds() {
 /// the middle of a stream of calls (the caller's NAT starts dropping every
 /// packet to and from the provider's NAT; the routers stay reachable):
 /// every call after the cut still succeeds, on the relay, within its
-/// budget. The first one's stream opens on the dead direct connection,
-/// times out, and its retry closes that connection alone (the relayed ones
-/// are the fallback), backs punches off and goes relayed. The call in
-/// flight at the cut is the only one allowed to fail.
+/// budget. The first one's stream opens on the dead direct connection;
+/// its bytes stay unacknowledged until the socket's `TCP_USER_TIMEOUT`
+/// (2 s here) drops the connection (counted `timed_out`), and the call's
+/// retry backs punches off and goes relayed, leaving the relayed
+/// connections (the fallback) alone. The call in flight at the cut is the
+/// only one allowed to fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_continue_on_the_relay_when_the_direct_path_is_cut() {
     let Some(mut net) = Net::start("direct_cut", &[]).await else {
@@ -420,8 +422,11 @@ async fn calls_continue_on_the_relay_when_the_direct_path_is_cut() {
         .member("prov", ph, &direct_spec(Some("echo-prov"), &[]))
         .await;
     let mut cspec = direct_spec(None, &["echo-prov"]);
-    // A dead direct stream is noticed at the call's timeout: keep it short.
+    // A dead direct path is noticed when bytes written on it stay
+    // unacknowledged (TCP_USER_TIMEOUT), or at the call's timeout: keep
+    // both short.
     cspec.args.push("--call-timeout-secs=4".to_string());
+    cspec.args.push("--direct-tcp-user-timeout-secs=2".to_string());
     let mut caller = net.member("caller", ch, &cspec).await;
     provider.wait_ready().await;
     caller.wait_ready().await;
@@ -472,7 +477,15 @@ async fn calls_continue_on_the_relay_when_the_direct_path_is_cut() {
     }
     assert!(
         caller.metric(fallbacks).await >= 1.0,
-        "a call's retry closed the dead direct connection"
+        "a call's retry left the dead direct connection"
+    );
+    // The kernel gave up on the bytes the first call wrote on it.
+    assert_eq!(
+        caller
+            .metric(r#"agentmesh_node_direct_closed_total{reason="timed_out"}"#)
+            .await,
+        1.0,
+        "the direct connection closed as timed out"
     );
     assert!(
         caller.metric(relayed).await >= relayed_before + CALLS as f64,
