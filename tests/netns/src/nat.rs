@@ -3,7 +3,7 @@
 //!
 //! | kind | mapping | filtering | port choice |
 //! |---|---|---|---|
-//! | [`NatKind::EndpointIndependent`] (`eim`) | endpoint-independent | address-and-port-dependent | its own port if free, else one port for every destination (learned map `ports`, then `masquerade`) |
+//! | [`NatKind::EndpointIndependent`] (`eim`) | endpoint-independent | address-and-port-dependent | its own port unless another internal socket holds it, else a random one; then that port for every destination (learned map `ports`) |
 //! | [`NatKind::FullCone`] (`full-cone`) | endpoint-independent | endpoint-independent: new inbound to a mapped public port is DNAT-ed to its owner | as `eim` |
 //! | [`NatKind::EndpointDependentPortPreserving`] (`edm-pp`) | endpoint-dependent | address-and-port-dependent | its own port unless another internal socket holds it, then a random port per flow (`masquerade random,fully-random`), else `masquerade` |
 //! | [`NatKind::EndpointDependent`] (`symmetric`) | endpoint-dependent | address-and-port-dependent | a random port per flow (`masquerade random,fully-random`) |
@@ -14,13 +14,21 @@
 //!   the same for every destination (measured: four destinations, one
 //!   port). That is neither kind for sure, so every kind says what
 //!   happens on a collision itself.
-//! - **`eim`** records every flow leaving on the WAN as internal
-//!   (protocol, address, port) → public (address, port) in the dynamic map
-//!   `ports`; a later flow from the same socket is SNAT-ed to that mapping
-//!   before `masquerade` is asked, so one socket shows one public port to
-//!   every destination, also when its first mapping was not its own port.
-//! - **`edm-pp`** keeps the source port as long as no other internal socket
-//!   holds that public port (`mappings`, `owners`); once one does, each of
+//! - **Who holds a public port.** Every flow leaving on the WAN records
+//!   public (protocol, port) → internal (address, port) in the dynamic map
+//!   `mappings` and the pair in the set `owners`. A flow whose source port
+//!   is held by another internal socket is not given that port (`masquerade
+//!   random,fully-random`), so a public port has one owner, as RFC 4787
+//!   asks of an endpoint-independent mapping (plain `masquerade` would
+//!   give it to a second host for the destinations the first does not
+//!   use). Symmetric NATs keep no such record.
+//! - **`eim`** also records internal (protocol, address, port) → public
+//!   (address, port) in the dynamic map `ports`; a later flow from the
+//!   same socket is SNAT-ed to that mapping before anything else is asked,
+//!   so one socket shows one public port to every destination, also when
+//!   its first mapping was not its own port.
+//! - **`edm-pp`** keeps no `ports`: it keeps the source port as long as no
+//!   other internal socket holds that public port; once one does, each of
 //!   its flows gets a random port, one per destination. Without a
 //!   collision it is indistinguishable from `eim`; the difference shows
 //!   when two hosts behind it use one source port.
@@ -49,7 +57,7 @@ use std::net::Ipv4Addr;
 /// The nftables table the gateway's rules live in.
 pub const TABLE: &str = "amt_nat";
 
-/// How long an idle mapping is remembered (`mappings`, `ports`, `owners`), seconds.
+/// How long an idle mapping is remembered (`mappings`, `owners`, `ports`), seconds.
 pub const MAPPING_TIMEOUT_SECS: u32 = 300;
 
 /// Mappings remembered at most, entries per map.
@@ -145,11 +153,13 @@ fn learned(name: &str, key: &str, value: &str) -> [String; 6] {
 /// The gateway's ruleset: `wan` and `lan` its interfaces, `wan_addr` its
 /// public address; `hairpin` adds the hairpinning rules.
 pub fn ruleset(kind: NatKind, wan: &str, lan: &str, wan_addr: Ipv4Addr, hairpin: bool) -> String {
-    let pp = kind == NatKind::EndpointDependentPortPreserving;
+    // Who holds each public port: every kind but symmetric gives a port
+    // one owner.
+    let owned = kind != NatKind::EndpointDependent;
     let cone = kind.endpoint_independent_filtering();
     // Public (protocol, port) → owner: hairpinning, the full cone's
-    // inbound, and which ports `edm-pp` must not preserve.
-    let mappings = hairpin || cone || pp;
+    // inbound, and which ports are held.
+    let mappings = hairpin || owned;
     // Owner → public (address, port): the endpoint-independent mapping.
     let ports = kind.endpoint_independent_mapping();
     let l4 = "meta l4proto { tcp, udp }";
@@ -161,7 +171,7 @@ pub fn ruleset(kind: NatKind, wan: &str, lan: &str, wan_addr: Ipv4Addr, hairpin:
             "ipv4_addr . inet_service",
         ));
     }
-    if pp {
+    if owned {
         // (protocol, public port, owner): who holds each public port.
         r.extend(learned(
             "owners",
@@ -205,8 +215,8 @@ pub fn ruleset(kind: NatKind, wan: &str, lan: &str, wan_addr: Ipv4Addr, hairpin:
         // A socket already mapped keeps its mapping; a miss falls through.
         r.push(format!("        oifname \"{wan}\" {l4} {keep}"));
     }
-    if pp {
-        // Its port is held by another internal socket: a port per flow.
+    if owned {
+        // Its port is held by another internal socket: not that one.
         r.push(format!(
             "        oifname \"{wan}\" {l4} meta l4proto . th sport @mappings \
              meta l4proto . th sport . ip saddr . th sport != @owners masquerade random,fully-random"
@@ -236,7 +246,7 @@ pub fn ruleset(kind: NatKind, wan: &str, lan: &str, wan_addr: Ipv4Addr, hairpin:
                 "        {from_lan} update @mappings {{ {public} : {owner} }}"
             ));
         }
-        if pp {
+        if owned {
             r.push(format!(
                 "        {from_lan} update @owners {{ {public} . {owner} }}"
             ));
@@ -309,11 +319,12 @@ mod tests {
             for hairpin in [false, true] {
                 let r = rules(kind, hairpin);
                 let eim = kind.endpoint_independent_mapping();
-                let pp = kind == NatKind::EndpointDependentPortPreserving;
+                // Every kind but symmetric gives a public port one owner.
+                let owned = kind != NatKind::EndpointDependent;
                 assert_eq!(r.contains(KEEP_MAPPING), eim, "{kind:?}: {r}");
                 assert_eq!(r.contains(LEARN_MAPPING), eim, "{kind:?}: {r}");
-                assert_eq!(r.contains(PORT_HELD), pp, "{kind:?}: {r}");
-                assert_eq!(r.contains("update @owners"), pp, "{kind:?}: {r}");
+                assert_eq!(r.contains(PORT_HELD), owned, "{kind:?}: {r}");
+                assert_eq!(r.contains("update @owners"), owned, "{kind:?}: {r}");
                 // What the kind decides comes before the last rule, which
                 // maps what is left.
                 let last = if kind == NatKind::EndpointDependent {
@@ -325,7 +336,11 @@ mod tests {
                 for rule in [KEEP_MAPPING, PORT_HELD] {
                     assert!(r.find(rule).is_none_or(|k| k < at), "{r}");
                 }
-                assert_eq!(r.matches("masquerade").count(), 1 + usize::from(pp), "{r}");
+                assert_eq!(
+                    r.matches("masquerade").count(),
+                    1 + usize::from(owned),
+                    "{r}"
+                );
             }
         }
         // A full cone maps as an EIM NAT does.

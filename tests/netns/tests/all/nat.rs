@@ -147,8 +147,9 @@ async fn a_symmetric_nat_maps_each_destination_to_its_own_port() {
 const COLLIDING_PORT: u16 = 40_000;
 
 /// Two hosts behind one NAT of `kind` bind the same UDP port; `first`
-/// sends to four public hosts, then `second` does. Returns the sources
-/// the public hosts saw of each.
+/// sends to four public hosts, then `second` sends to those four and a
+/// fifth that `first` never used. Returns the sources the public hosts saw
+/// of each.
 async fn collision(kind: NatKind) -> Option<(Vec<SocketAddr>, Vec<SocketAddr>)> {
     let tb = testbed_or_skip(&format!("collision_{}", kind.as_str())).await?;
     let nat = tb.nat("gw", kind).await.expect("nat");
@@ -159,13 +160,13 @@ async fn collision(kind: NatKind) -> Option<(Vec<SocketAddr>, Vec<SocketAddr>)> 
         sockets.push(h.bind_udp(at).await.expect("bind"));
     }
     let mut publics = Vec::new();
-    for i in 0..4 {
+    for i in 0..5 {
         let p = tb.public_host(&format!("p{i}")).await.expect("public");
         publics.push(udp_on(&p).await);
     }
     let mut seen = [Vec::new(), Vec::new()];
-    for (s, seen) in sockets.iter().zip(seen.iter_mut()) {
-        for p in &publics {
+    for (n, (s, seen)) in sockets.iter().zip(seen.iter_mut()).enumerate() {
+        for p in &publics[..4 + n] {
             let src = deliver(s, p.local_addr().expect("addr"), p, b"hello").await;
             assert_eq!(src.ip(), nat.public_addr());
             // The answer reaches the right host.
@@ -204,8 +205,9 @@ async fn a_port_preserving_edm_nat_maps_each_destination_to_its_own_port_when_it
     let Some((_, second)) = collision(NatKind::EndpointDependentPortPreserving).await else {
         return;
     };
-    // Each destination's tuple with the port is taken: a random port per
-    // destination (four equal ones: odds of 1 in 64,511^3).
+    // The port is held by the first host, also towards the fifth host it
+    // never used: a random port per destination (five equal ones: odds of
+    // 1 in 64,511^4).
     assert!(
         ports(&second).len() > 1,
         "a mapping per destination: {second:?}"
