@@ -89,14 +89,8 @@ impl Behaviour {
         self.shared.debug_sizes()
     }
 
-    fn handler(
-        &self,
-        conn: ConnectionId,
-        peer: PeerId,
-        remote_addr: &Multiaddr,
-        dialed: bool,
-    ) -> Handler {
-        let info = ConnectionInfo::new(peer, conn, remote_addr.clone(), dialed);
+    fn handler(&self, info: ConnectionInfo) -> Handler {
+        let (conn, peer) = (info.connection, info.peer);
         let (requests, waiting) = self.shared.connection_up(conn, peer, info.relayed);
         Handler::new(info, self.shared.clone(), requests, waiting)
     }
@@ -110,10 +104,15 @@ impl NetworkBehaviour for Behaviour {
         &mut self,
         conn: ConnectionId,
         peer: PeerId,
-        _local_addr: &Multiaddr,
+        local_addr: &Multiaddr,
         remote_addr: &Multiaddr,
     ) -> Result<THandler<Self>, ConnectionDenied> {
-        Ok(self.handler(conn, peer, remote_addr, false))
+        Ok(self.handler(ConnectionInfo::accepted(
+            peer,
+            conn,
+            local_addr,
+            remote_addr.clone(),
+        )))
     }
 
     fn handle_pending_outbound_connection(
@@ -138,7 +137,7 @@ impl NetworkBehaviour for Behaviour {
         _: PortUse,
     ) -> Result<THandler<Self>, ConnectionDenied> {
         self.dials.ended(peer, conn);
-        Ok(self.handler(conn, peer, addr, true))
+        Ok(self.handler(ConnectionInfo::new(peer, conn, addr.clone(), true)))
     }
 
     fn on_swarm_event(&mut self, event: FromSwarm) {
