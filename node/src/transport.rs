@@ -67,6 +67,8 @@ pub(crate) struct Reuse {
     pub(crate) log: reuse::ReuseLog,
     /// `agentmesh_node_port_reuse_fallbacks_total`.
     pub(crate) fallbacks: Counter,
+    /// `agentmesh_node_port_reuse_adopted_total`.
+    pub(crate) adopted: Counter,
 }
 
 /// Where the member's connections leave from, and whether it listens.
@@ -95,6 +97,7 @@ fn tcp(
     match reuse {
         None => dial.boxed(),
         Some(r) => reuse::ReuseTcp::new(source_ip, r.log, r.fallbacks)
+            .with_adopted(r.adopted)
             .or_transport(dial)
             .map(|s, _| s.into_inner())
             .map_err(|e| e.into_inner())
@@ -223,6 +226,7 @@ pub(crate) async fn build_swarm(
     let reuse = dialing.listen.as_ref().map(|(_, log)| Reuse {
         log: log.clone(),
         fallbacks: dialing.metrics.port_reuse_fallbacks.clone(),
+        adopted: dialing.metrics.port_reuse_adopted.clone(),
     });
     let (transport, relay_client) = tokio::task::spawn_blocking(move || {
         let (inner, relay_client) = direct(&k, source_ip, reuse.clone(), upgrade.clone())?;
