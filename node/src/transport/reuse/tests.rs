@@ -218,7 +218,7 @@ async fn a_dial_whose_destination_connected_to_the_listening_port_first_takes_th
         .expect("ours");
     let (dialed, inbound) = tokio::join!(dial, upgrade);
     let mut dialed = dialed.expect("the dial has a connection").0;
-    let inbound = inbound.err().expect("the inbound upgrade fails");
+    let inbound = inbound.expect_err("the inbound upgrade fails");
     assert!(inbound.to_string().contains("taken over"), "{inbound}");
     assert_eq!(
         dialed.local_addr().expect("addr"),
