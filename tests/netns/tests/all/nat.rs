@@ -98,37 +98,33 @@ fn ports(seen: &[SocketAddr]) -> BTreeSet<u16> {
     seen.iter().map(|s| s.port()).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_eim_nat_shows_one_public_port_to_every_destination() {
-    let Some(seen) = sources_seen(NatKind::EndpointIndependent).await else {
+/// A host behind a NAT of `kind` shows one public port to every
+/// destination ([`sources_seen`]).
+async fn shows_one_public_port(kind: NatKind) {
+    let Some(seen) = sources_seen(kind).await else {
         return;
     };
     assert_eq!(
         ports(&seen).len(),
         1,
-        "one mapping for every destination: {seen:?}"
+        "{kind:?}: one mapping for every destination: {seen:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eim_nat_shows_one_public_port_to_every_destination() {
+    shows_one_public_port(NatKind::EndpointIndependent).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_cone_nat_shows_one_public_port_to_every_destination_and_lets_anyone_reach_it() {
-    let Some(seen) = sources_seen(NatKind::FullCone).await else {
-        return;
-    };
-    assert_eq!(
-        ports(&seen).len(),
-        1,
-        "one mapping for every destination: {seen:?}"
-    );
+    shows_one_public_port(NatKind::FullCone).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_port_preserving_edm_nat_without_a_collision_shows_one_public_port() {
-    let Some(seen) = sources_seen(NatKind::EndpointDependentPortPreserving).await else {
-        return;
-    };
     // Nothing else behind it uses the port: indistinguishable from EIM.
-    assert_eq!(ports(&seen).len(), 1, "{seen:?}");
+    shows_one_public_port(NatKind::EndpointDependentPortPreserving).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

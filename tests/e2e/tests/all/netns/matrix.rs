@@ -328,14 +328,7 @@ async fn run_cell(net: &Net, i: usize, cell: Cell) -> Outcome {
 async fn punches(m: &Member) -> String {
     let text = m.metrics().await;
     let mut out = Vec::new();
-    for result in [
-        "direct",
-        "failed",
-        "skipped_endpoint_dependent",
-        "skipped_backoff",
-        "skipped_no_address",
-        "bad_target",
-    ] {
+    for result in agentmesh_node::metrics::UPGRADE_RESULTS {
         let n = agentmesh_testkit::metric(
             &text,
             &format!(r#"agentmesh_node_upgrade_attempts_total{{result="{result}"}}"#),
