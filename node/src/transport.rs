@@ -69,6 +69,8 @@ pub(crate) struct Reuse {
     pub(crate) fallbacks: Counter,
     /// `TCP_USER_TIMEOUT` of every socket (`None`: the kernel's default).
     pub(crate) user_timeout: Option<std::time::Duration>,
+    /// `agentmesh_node_port_reuse_adopted_total`.
+    pub(crate) adopted: Counter,
 }
 
 /// Where the member's connections leave from, and whether it listens.
@@ -100,6 +102,7 @@ fn tcp(
         None => dial.boxed(),
         Some(r) => reuse::ReuseTcp::new(source_ip, r.log, r.fallbacks)
             .with_user_timeout(r.user_timeout)
+            .with_adopted(r.adopted)
             .or_transport(dial)
             .map(|s, _| s.into_inner())
             .map_err(|e| e.into_inner())
@@ -230,6 +233,7 @@ pub(crate) async fn build_swarm(
         log: log.clone(),
         fallbacks: dialing.metrics.port_reuse_fallbacks.clone(),
         user_timeout: dialing.tcp_user_timeout,
+        adopted: dialing.metrics.port_reuse_adopted.clone(),
     });
     let (transport, relay_client) = tokio::task::spawn_blocking(move || {
         let (inner, relay_client) = direct(&k, source_ip, reuse.clone(), upgrade.clone())?;

@@ -18,8 +18,10 @@ pub struct ConnectionInfo {
     /// The remote address: the address dialed for an outbound connection,
     /// the address the remote connected from for an inbound one.
     pub remote_addr: Multiaddr,
-    /// Whether the connection is a relayed circuit (`/p2p-circuit` in its
-    /// remote address) rather than a direct one.
+    /// Whether the connection is a relayed circuit rather than a direct
+    /// one: `/p2p-circuit` in the address dialed, or, for an accepted
+    /// connection, in the local address it arrived on (an inbound circuit's
+    /// remote address is only `/p2p/PEER`).
     pub relayed: bool,
     /// Whether this side dialed the connection (the remote is a peer we
     /// chose) rather than accepted it. Limits meant for strangers reaching
@@ -27,6 +29,10 @@ pub struct ConnectionInfo {
     /// connections only: for a dialed one, `remote_addr` is where we went,
     /// not where anyone came from.
     pub dialed: bool,
+}
+
+fn is_circuit(addr: &Multiaddr) -> bool {
+    addr.iter().any(|p| matches!(p, Protocol::P2pCircuit))
 }
 
 impl ConnectionInfo {
@@ -38,22 +44,19 @@ impl ConnectionInfo {
         remote_addr: Multiaddr,
         dialed: bool,
     ) -> Self {
-        let relayed = remote_addr
-            .iter()
-            .any(|p| matches!(p, Protocol::P2pCircuit));
         Self {
             peer,
             connection,
+            relayed: is_circuit(&remote_addr),
             remote_addr,
-            relayed,
             dialed,
         }
     }
 
-    /// The info of a connection this side accepted on `local_addr`. An
-    /// inbound circuit is relayed by the address it arrived on
-    /// (`/…/p2p/R/p2p-circuit`, our reservation at R): its remote address
-    /// names only the peer (`/p2p/P`).
+    /// The info of connection `connection` from `peer`, accepted on
+    /// `local_addr` from `remote_addr`: relayed when either address is a
+    /// circuit (the relay client gives an inbound circuit the local address
+    /// `…/p2p/RELAY/p2p-circuit` and the remote address `/p2p/PEER`).
     pub fn accepted(
         peer: PeerId,
         connection: ConnectionId,
@@ -61,7 +64,7 @@ impl ConnectionInfo {
         remote_addr: Multiaddr,
     ) -> Self {
         let mut info = Self::new(peer, connection, remote_addr, false);
-        info.relayed |= local_addr.iter().any(|p| matches!(p, Protocol::P2pCircuit));
+        info.relayed |= is_circuit(local_addr);
         info
     }
 }
@@ -83,22 +86,31 @@ mod tests {
         let id = ConnectionId::new_unchecked(7);
         let accepted = ConnectionInfo::new(peer, id, direct.clone(), false);
         assert!(!accepted.relayed && !accepted.dialed);
-        // An inbound circuit: relayed by the address it arrived on, though
-        // its remote address names only the peer.
-        let listen: Multiaddr = format!(
+        assert!(ConnectionInfo::new(peer, id, direct, true).dialed);
+        let relayed = ConnectionInfo::new(peer, id, circuit, true);
+        assert!(relayed.relayed);
+        assert_eq!((relayed.peer, relayed.connection), (peer, id));
+    }
+
+    #[test]
+    fn an_accepted_circuit_is_relayed_though_its_remote_address_names_only_the_peer() {
+        let peer = PeerId::random();
+        let id = ConnectionId::new_unchecked(7);
+        // What libp2p-relay's client transport hands the swarm for an
+        // inbound circuit.
+        let local: Multiaddr = format!(
             "/ip4/10.0.0.1/tcp/4001/p2p/{}/p2p-circuit",
             PeerId::random()
         )
         .parse()
         .expect("addr");
-        let only_peer: Multiaddr = format!("/p2p/{peer}").parse().expect("addr");
-        let inbound_circuit = ConnectionInfo::accepted(peer, id, &listen, only_peer.clone());
-        assert!(inbound_circuit.relayed && !inbound_circuit.dialed);
-        let inbound_direct = ConnectionInfo::accepted(peer, id, &direct, only_peer);
-        assert!(!inbound_direct.relayed);
-        assert!(ConnectionInfo::new(peer, id, direct, true).dialed);
-        let relayed = ConnectionInfo::new(peer, id, circuit, true);
-        assert!(relayed.relayed);
-        assert_eq!((relayed.peer, relayed.connection), (peer, id));
+        let remote: Multiaddr = format!("/p2p/{peer}").parse().expect("addr");
+        let inbound = ConnectionInfo::accepted(peer, id, &local, remote.clone());
+        assert!(inbound.relayed && !inbound.dialed);
+        assert_eq!(inbound.remote_addr, remote);
+        // An accepted direct connection is not.
+        let listening: Multiaddr = "/ip4/10.0.0.2/tcp/4500".parse().expect("addr");
+        let from: Multiaddr = "/ip4/10.0.0.3/tcp/4500".parse().expect("addr");
+        assert!(!ConnectionInfo::accepted(peer, id, &listening, from).relayed);
     }
 }

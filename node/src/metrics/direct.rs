@@ -69,6 +69,10 @@ pub struct DirectMetrics {
     /// (the tuple still in TIME_WAIT, or the port taken) and left from a
     /// fresh port instead.
     pub port_reuse_fallbacks: Counter,
+    /// Dials from the listening port whose destination had just connected
+    /// to that port (a punch landing on the listener first): the dial took
+    /// that connection over.
+    pub port_reuse_adopted: Counter,
     /// Calls whose stream failed on a direct connection: it was closed
     /// and the call retried relayed within its budget.
     pub direct_fallbacks: Counter,
@@ -114,6 +118,11 @@ impl DirectMetrics {
             "port_reuse_fallbacks",
             "Dials that could not leave from the listening port (tuple in TIME_WAIT, port taken) and used a fresh port",
             self.port_reuse_fallbacks.clone(),
+        );
+        r.register(
+            "port_reuse_adopted",
+            "Dials from the listening port whose destination had just connected to that port (a punch landing on the listener first): the dial took that connection over as its own",
+            self.port_reuse_adopted.clone(),
         );
         r.register(
             "direct_fallbacks",

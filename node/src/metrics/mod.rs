@@ -450,6 +450,7 @@ mod tests {
             r#"agentmesh_node_calls_by_path_total{path="direct"} 0"#,
             r#"agentmesh_node_calls_by_path_total{path="relayed"} 0"#,
             "agentmesh_node_port_reuse_fallbacks_total 0",
+            "agentmesh_node_port_reuse_adopted_total 0",
         ] {
             assert!(out.contains(series), "{series}: {out}");
         }

@@ -24,15 +24,37 @@
 //! endpoint-dependent. A punch that falls back fails (its NAT mapping is
 //! new) and the call stays relayed; the next punch, after the backoff,
 //! leaves from the listening port again.
+//!
+//! **A punch that lands on the listening port.** In a punch both sides
+//! dial at once from their listening ports, the side the relayed
+//! connection reached in the listener's role (libp2p-dcutr's role
+//! override), the other as the dialer. When one side can be reached
+//! unsolicited (a public host, a full-cone NAT) the other's SYN may arrive
+//! before its own dial left: the listener accepts it, and its own dial
+//! finds the tuple taken. Upgraded as an inbound connection it would pair
+//! two listeners (neither speaks first, the handshake hangs until the
+//! connect timeout) and the fallback from a fresh port is dropped by a
+//! filtering NAT on the far side. So a connection accepted on the
+//! listening port is held back from the swarm (`held`) until its remote
+//! sends a byte (a dialer speaks first: an ordinary inbound connection)
+//! or for at most [`held::HOLD`]; a dial from the listening port whose
+//! tuple is taken first waits up to [`CLAIM_WAIT`] for a held connection
+//! from its destination and, if one comes, takes it as its own (counted in
+//! `agentmesh_node_port_reuse_adopted_total`): the 4-tuple the punch was
+//! meant to open, in the role the punch gave this side. The swarm's
+//! upgrade of that inbound connection fails (it is the dial's now). Where
+//! none comes (TIME_WAIT) the dial falls back as above, [`CLAIM_WAIT`]
+//! later.
 
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 pub(crate) use crate::direct::ReuseLog;
-use std::task::{Context, Poll};
 
 use agentmesh_streams::dial::{IpTarget, ip_target};
 use futures::FutureExt as _;
@@ -42,8 +64,15 @@ use libp2p::core::{Multiaddr, Transport};
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 
+mod held;
+
 /// Connections the listening socket queues before the swarm accepts them.
 const LISTEN_BACKLOG: u32 = 128;
+
+/// How long a dial from the listening port whose tuple is taken waits for
+/// a connection from its destination to be accepted and held (about one
+/// round trip: the far side's SYN arrived, its handshake is completing).
+pub(crate) const CLAIM_WAIT: Duration = Duration::from_millis(500);
 
 /// The one listener.
 struct Listener {
@@ -63,6 +92,9 @@ pub(crate) struct ReuseTcp {
     bound: Arc<Mutex<Option<SocketAddr>>>,
     log: ReuseLog,
     fallbacks: Counter,
+    /// Accepted connections a dial may take over.
+    held: held::Held,
+    adopted: Counter,
     /// `TCP_USER_TIMEOUT` of every socket, dialed or accepted.
     user_timeout: Option<std::time::Duration>,
 }
@@ -77,6 +109,8 @@ impl ReuseTcp {
             bound: Arc::new(Mutex::new(None)),
             log,
             fallbacks,
+            held: held::Held::default(),
+            adopted: Counter::default(),
             user_timeout: None,
         }
     }
@@ -86,6 +120,13 @@ impl ReuseTcp {
     /// a path that stops carrying bytes fails its connection within it.
     pub(crate) fn with_user_timeout(mut self, user_timeout: Option<std::time::Duration>) -> Self {
         self.user_timeout = user_timeout;
+        self
+    }
+
+    /// The same, counting in `adopted` the dials that took over a
+    /// connection accepted from their destination.
+    pub(crate) fn with_adopted(mut self, adopted: Counter) -> Self {
+        self.adopted = adopted;
         self
     }
 }
@@ -150,27 +191,30 @@ fn tuple_taken(e: &io::Error) -> bool {
     )
 }
 
-/// Where a dial leaves from and what it notes: the source IP, the log of
-/// fallbacks to a fresh port and their counter, the user timeout.
+/// What a dial shares with the transport.
 #[derive(Clone)]
-struct DialSide {
+struct Shared {
     source_ip: Option<IpAddr>,
     log: ReuseLog,
     fallbacks: Counter,
+    held: held::Held,
+    adopted: Counter,
     user_timeout: Option<std::time::Duration>,
 }
 
 async fn connect(
     to: SocketAddr,
     bind: Option<SocketAddr>,
-    side: DialSide,
+    shared: Shared,
 ) -> io::Result<tokio::net::TcpStream> {
-    let DialSide {
+    let Shared {
         source_ip,
         log,
         fallbacks,
+        held,
+        adopted,
         user_timeout,
-    } = side;
+    } = shared;
     let reused = bind.is_some_and(|b| b.port() != 0);
     let s = reusable_socket(&to)?;
     bound_unacked(&s, user_timeout)?;
@@ -185,6 +229,12 @@ async fn connect(
             Ok(stream)
         }
         Err(e) if reused && tuple_taken(&e) => {
+            if let Some(stream) = held.claim(to, CLAIM_WAIT).await {
+                tracing::debug!(%to, "the destination connected to the listening port first (a punch): the dial takes that connection");
+                adopted.inc();
+                log.note(to, false);
+                return Ok(stream);
+            }
             tracing::debug!(%to, ?bind, error = %e, "the listening port cannot reach this destination now (tuple in TIME_WAIT or taken): dialing from a fresh port");
             fallbacks.inc();
             log.note(to, true);
@@ -237,7 +287,7 @@ impl ReuseTcp {
 impl Transport for ReuseTcp {
     type Output = libp2p::tcp::tokio::TcpStream;
     type Error = io::Error;
-    type ListenerUpgrade = futures::future::Ready<Result<Self::Output, io::Error>>;
+    type ListenerUpgrade = Pin<Box<dyn Future<Output = Result<Self::Output, io::Error>> + Send>>;
     type Dial = Pin<Box<dyn Future<Output = Result<Self::Output, io::Error>> + Send>>;
 
     fn listen_on(
@@ -277,14 +327,16 @@ impl Transport for ReuseTcp {
             return Err(TransportError::MultiaddrNotSupported(addr));
         };
         let bind = bind_for(&to, opts.port_use, *self.bound.lock(), self.source_ip);
-        let side = DialSide {
+        let shared = Shared {
             source_ip: self.source_ip,
             log: self.log.clone(),
             fallbacks: self.fallbacks.clone(),
+            held: self.held.clone(),
+            adopted: self.adopted.clone(),
             user_timeout: self.user_timeout,
         };
         Ok(async move {
-            let s = connect(to, bind, side).await?;
+            let s = connect(to, bind, shared).await?;
             Ok(libp2p::tcp::tokio::TcpStream(s))
         }
         .boxed())
@@ -294,8 +346,8 @@ impl Transport for ReuseTcp {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<TransportEvent<Self::ListenerUpgrade, io::Error>> {
-        let user_timeout = self.user_timeout;
-        let Some(l) = self.listener.as_mut() else {
+        let this = &mut *self;
+        let Some(l) = this.listener.as_mut() else {
             return Poll::Pending;
         };
         if l.announce {
@@ -308,12 +360,16 @@ impl Transport for ReuseTcp {
         match l.socket.poll_accept(cx) {
             Poll::Ready(Ok((stream, remote))) => {
                 let _ = stream.set_nodelay(true);
-                if let Err(error) = bound_unacked(&stream, user_timeout) {
+                if let Err(error) = bound_unacked(&stream, this.user_timeout) {
                     tracing::debug!(%remote, %error, "TCP_USER_TIMEOUT not set on an accepted connection");
                 }
+                let upgrade = this
+                    .held
+                    .hold(remote, stream, held::HOLD)
+                    .map(|r| r.map(libp2p::tcp::tokio::TcpStream));
                 Poll::Ready(TransportEvent::Incoming {
                     listener_id: l.id,
-                    upgrade: futures::future::ready(Ok(libp2p::tcp::tokio::TcpStream(stream))),
+                    upgrade: upgrade.boxed(),
                     local_addr: tcp_multiaddr(l.local),
                     send_back_addr: tcp_multiaddr(remote),
                 })

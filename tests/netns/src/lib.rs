@@ -8,9 +8,12 @@
 //!   per NAT) and exist only inside its namespaces; nothing is ever added
 //!   to, or routed through, the machine's own network namespace.
 //! - **NAT gateways** ([`Nat`], [`nat`]): nftables in the gateway's
-//!   namespace; endpoint-independent mapping (`masquerade`) or
-//!   endpoint-dependent ("symmetric", `masquerade random,fully-random`),
-//!   hairpinning for hosts behind one NAT.
+//!   namespace, four kinds ([`NatKind`]): endpoint-independent mapping
+//!   with address-and-port-dependent filtering (`eim`) or with
+//!   endpoint-independent filtering (`full-cone`), endpoint-dependent
+//!   mapping that keeps the port when it can (`edm-pp`, plain
+//!   `masquerade`) or picks a random one (`symmetric`); hairpinning for
+//!   hosts behind one NAT.
 //! - **Links**: [`Host::set_uplink`] takes a host's (or a gateway's WAN)
 //!   link down and up. There is no delay emulation (this kernel has no
 //!   `netem`); nothing here depends on it.

@@ -207,3 +207,94 @@ async fn every_socket_dialed_or_accepted_carries_the_user_timeout() {
         tokio::join!(dial_from(&mut plain, to, PortUse::New), server.accept());
     assert_eq!(user_timeout(&dialed.0), None);
 }
+
+/// The listener's next `Incoming`: the held upgrade and its source.
+async fn next_incoming(t: &mut ReuseTcp) -> (<ReuseTcp as Transport>::ListenerUpgrade, SocketAddr) {
+    loop {
+        match futures::future::poll_fn(|cx| Pin::new(&mut *t).poll(cx)).await {
+            TransportEvent::NewAddress { .. } => continue,
+            TransportEvent::Incoming {
+                upgrade,
+                send_back_addr,
+                ..
+            } => {
+                let from = listen_target(&send_back_addr).expect("an IP and port");
+                return (upgrade, from);
+            }
+            _ => panic!("expected Incoming"),
+        }
+    }
+}
+
+/// A punch in the listener's role: a socket on a port of its own connects
+/// to the listening port and says nothing.
+async fn silent_peer(port: u16) -> tokio::net::TcpStream {
+    let s = reusable_socket(&SocketAddr::from(([127, 0, 0, 1], 0))).expect("socket");
+    s.bind(SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind");
+    s.connect(SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .expect("connect")
+}
+
+#[tokio::test]
+async fn a_dial_whose_destination_connected_to_the_listening_port_first_takes_that_connection() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (log, fallbacks, adopted) = (ReuseLog::default(), Counter::default(), Counter::default());
+    let mut t = ReuseTcp::new(None, log.clone(), fallbacks.clone()).with_adopted(adopted.clone());
+    t.listen_on(
+        ListenerId::next(),
+        "/ip4/127.0.0.1/tcp/0".parse().expect("addr"),
+    )
+    .expect("listen");
+    let port = (*t.bound.lock()).expect("bound").port();
+    let mut peer = silent_peer(port).await;
+    let peer_addr = peer.local_addr().expect("addr");
+    let (upgrade, from) = next_incoming(&mut t).await;
+    assert_eq!(from, peer_addr);
+    // Our dial to the peer's port from the listening port: the tuple is
+    // the accepted connection's, and the dial takes it over. The swarm
+    // polls the inbound upgrade meanwhile; it fails.
+    let dial = t
+        .dial(tcp_multiaddr(peer_addr), opts(PortUse::Reuse))
+        .expect("ours");
+    let (dialed, inbound) = tokio::join!(dial, upgrade);
+    let mut dialed = dialed.expect("the dial has a connection").0;
+    let inbound = inbound.expect_err("the inbound upgrade fails");
+    assert!(inbound.to_string().contains("taken over"), "{inbound}");
+    assert_eq!(
+        dialed.local_addr().expect("addr"),
+        SocketAddr::from(([127, 0, 0, 1], port))
+    );
+    dialed.write_all(b"ping").await.expect("write");
+    let mut buf = [0u8; 4];
+    peer.read_exact(&mut buf).await.expect("read");
+    assert_eq!(&buf, b"ping");
+    assert_eq!((adopted.get(), fallbacks.get()), (1, 0));
+    assert!(!log.dialled_from_fresh_port(&peer_addr));
+}
+
+#[tokio::test]
+async fn an_accepted_connection_goes_to_the_swarm_when_it_speaks_or_after_the_hold() {
+    use tokio::io::AsyncWriteExt as _;
+    let (mut t, _log, _fallbacks, port) = listening().await;
+    // A dialer speaks first: released at once.
+    let mut talker = silent_peer(port).await;
+    talker
+        .write_all(b"/multistream/1.0.0\n")
+        .await
+        .expect("write");
+    let (upgrade, _) = next_incoming(&mut t).await;
+    let started = tokio::time::Instant::now();
+    upgrade.await.expect("released to the swarm");
+    assert!(
+        started.elapsed() < held::HOLD / 2,
+        "{:?}",
+        started.elapsed()
+    );
+    // A silent one nobody dials: released after the hold.
+    let _silent = silent_peer(port).await;
+    let (upgrade, _) = next_incoming(&mut t).await;
+    let started = tokio::time::Instant::now();
+    upgrade.await.expect("released to the swarm");
+    assert!(started.elapsed() >= held::HOLD, "{:?}", started.elapsed());
+}

@@ -50,7 +50,9 @@ async fn public_hosts_reach_each_other_and_have_no_route_elsewhere() {
 }
 
 /// A host behind a NAT of `kind` sends from one socket to four public
-/// hosts; returns the sources they saw.
+/// hosts; returns the sources they saw. Each answers through the mapping,
+/// and a stranger sends to it: at a full cone that reaches the host, from
+/// the stranger's own address; at the other kinds it is dropped.
 async fn sources_seen(kind: NatKind) -> Option<Vec<SocketAddr>> {
     let tb = testbed_or_skip(&format!("sources_seen_{}", kind.as_str())).await?;
     let nat = tb.nat("gw", kind).await.expect("nat");
@@ -73,27 +75,56 @@ async fn sources_seen(kind: NatKind) -> Option<Vec<SocketAddr>> {
         ps.send_to(b"back", src).await.expect("answer");
         let (got, from) = recv(&s, DEADLINE).await.expect("the answer arrives");
         assert_eq!((got.as_slice(), from), (&b"back"[..], to));
-        // Another public host sending to the same mapping is filtered.
+        // Another public host sending to the same mapping.
         let stranger = tb.public_host(&format!("s{i}")).await.expect("stranger");
         let ss = udp_on(&stranger).await;
-        ss.send_to(b"unsolicited", src).await.expect("send");
-        assert_silent(&s, b"unsolicited", "an unsolicited datagram got in").await;
+        if kind.endpoint_independent_filtering() {
+            let from = deliver(&ss, src, &s, b"unsolicited").await;
+            assert_eq!(
+                from,
+                ss.local_addr().expect("addr"),
+                "a full cone forwards it with the stranger's own source"
+            );
+        } else {
+            ss.send_to(b"unsolicited", src).await.expect("send");
+            assert_silent(&s, b"unsolicited", "an unsolicited datagram got in").await;
+        }
         seen.push(src);
     }
     Some(seen)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_eim_nat_shows_one_public_port_to_every_destination() {
-    let Some(seen) = sources_seen(NatKind::EndpointIndependent).await else {
+fn ports(seen: &[SocketAddr]) -> BTreeSet<u16> {
+    seen.iter().map(|s| s.port()).collect()
+}
+
+/// A host behind a NAT of `kind` shows one public port to every
+/// destination ([`sources_seen`]).
+async fn shows_one_public_port(kind: NatKind) {
+    let Some(seen) = sources_seen(kind).await else {
         return;
     };
-    let ports: BTreeSet<u16> = seen.iter().map(|s| s.port()).collect();
     assert_eq!(
-        ports.len(),
+        ports(&seen).len(),
         1,
-        "one mapping for every destination: {seen:?}"
+        "{kind:?}: one mapping for every destination: {seen:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eim_nat_shows_one_public_port_to_every_destination() {
+    shows_one_public_port(NatKind::EndpointIndependent).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_cone_nat_shows_one_public_port_to_every_destination_and_lets_anyone_reach_it() {
+    shows_one_public_port(NatKind::FullCone).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_preserving_edm_nat_without_a_collision_shows_one_public_port() {
+    // Nothing else behind it uses the port: indistinguishable from EIM.
+    shows_one_public_port(NatKind::EndpointDependentPortPreserving).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,12 +133,169 @@ async fn a_symmetric_nat_maps_each_destination_to_its_own_port() {
         return;
     };
     // Random ports: four equal ones would have odds of 1 in 64,511^3.
-    let ports: BTreeSet<u16> = seen.iter().map(|s| s.port()).collect();
-    assert!(ports.len() > 1, "a mapping per destination: {seen:?}");
+    assert!(
+        ports(&seen).len() > 1,
+        "a mapping per destination: {seen:?}"
+    );
 }
 
-/// Host `a` behind the NAT learns its public mapping from a public host;
-/// `b` behind the same NAT sends to that mapping and `a` answers.
+/// The source port both hosts of [`collision`] bind.
+const COLLIDING_PORT: u16 = 40_000;
+
+/// Two hosts behind one NAT of `kind` bind the same UDP port; `first`
+/// sends to four public hosts, then `second` sends to those four and a
+/// fifth that `first` never used. Returns the sources the public hosts saw
+/// of each.
+async fn collision(kind: NatKind) -> Option<(Vec<SocketAddr>, Vec<SocketAddr>)> {
+    let tb = testbed_or_skip(&format!("collision_{}", kind.as_str())).await?;
+    let nat = tb.nat("gw", kind).await.expect("nat");
+    let mut sockets = Vec::new();
+    for name in ["first", "second"] {
+        let h = tb.host_behind(&nat, name).await.expect("host");
+        let at = SocketAddr::new(h.addr().into(), COLLIDING_PORT);
+        sockets.push(h.bind_udp(at).await.expect("bind"));
+    }
+    let mut publics = Vec::new();
+    for i in 0..5 {
+        let p = tb.public_host(&format!("p{i}")).await.expect("public");
+        publics.push(udp_on(&p).await);
+    }
+    let mut seen = [Vec::new(), Vec::new()];
+    for (n, (s, seen)) in sockets.iter().zip(seen.iter_mut()).enumerate() {
+        for p in &publics[..4 + n] {
+            let src = deliver(s, p.local_addr().expect("addr"), p, b"hello").await;
+            assert_eq!(src.ip(), nat.public_addr());
+            // The answer reaches the right host.
+            p.send_to(b"back", src).await.expect("answer");
+            let (got, _) = recv(s, DEADLINE).await.expect("the answer arrives");
+            assert_eq!(got, b"back");
+            seen.push(src);
+        }
+    }
+    let [first, second] = seen;
+    assert!(
+        first.iter().all(|s| s.port() == COLLIDING_PORT),
+        "the first host keeps its port: {first:?}"
+    );
+    Some((first, second))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eim_nat_keeps_one_public_port_per_socket_when_its_port_was_taken() {
+    for kind in [NatKind::EndpointIndependent, NatKind::FullCone] {
+        let Some((_, second)) = collision(kind).await else {
+            return;
+        };
+        let p = ports(&second);
+        assert_eq!(
+            p.len(),
+            1,
+            "{kind:?}: one mapping for every destination: {second:?}"
+        );
+        assert!(!p.contains(&COLLIDING_PORT), "{kind:?}: {second:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_preserving_edm_nat_maps_each_destination_to_its_own_port_when_its_port_was_taken() {
+    let Some((_, second)) = collision(NatKind::EndpointDependentPortPreserving).await else {
+        return;
+    };
+    // The port is held by the first host, also towards the fifth host it
+    // never used: a random port per destination (five equal ones: odds of
+    // 1 in 64,511^4).
+    assert!(
+        ports(&second).len() > 1,
+        "a mapping per destination: {second:?}"
+    );
+    assert!(!ports(&second).contains(&COLLIDING_PORT), "{second:?}");
+}
+
+/// TCP at a NAT of `kind`: a host behind it listens on a port and connects
+/// out from that same port (as a member does); a stranger on the internet
+/// then connects to the public mapping, and to a public port nothing is
+/// mapped to. Returns the stranger's connect to the mapping: `Ok(source
+/// the host saw)`, or `Err` when it timed out. The unmapped port always
+/// times out (dropped silently, never refused).
+async fn tcp_inbound(kind: NatKind) -> Option<Result<SocketAddr, String>> {
+    const PORT: u16 = 4500;
+    let tb = testbed_or_skip(&format!("tcp_inbound_{}", kind.as_str())).await?;
+    let nat = tb.nat("gw", kind).await.expect("nat");
+    let inside = tb.host_behind(&nat, "inside").await.expect("host");
+    let p = tb.public_host("p").await.expect("public");
+    let stranger = tb.public_host("stranger").await.expect("stranger");
+    let pl = p
+        .bind_tcp(SocketAddr::new(p.addr().into(), 0))
+        .await
+        .expect("bind");
+    let to = pl.local_addr().expect("addr");
+    let at = SocketAddr::new(inside.addr().into(), PORT);
+    let (listener, _out) = inside
+        .spawn(async move {
+            let reusable = || {
+                let s = tokio::net::TcpSocket::new_v4()?;
+                s.set_reuseaddr(true)?;
+                s.set_reuseport(true)?;
+                s.bind(at)?;
+                Ok::<_, std::io::Error>(s)
+            };
+            let l = reusable()?.listen(16)?;
+            let out = reusable()?.connect(to).await?;
+            Ok::<_, std::io::Error>((l, out))
+        })
+        .await
+        .expect("task")
+        .expect("listen and connect out");
+    let (_accepted, mapped) = pl.accept().await.expect("accept");
+    assert_eq!(mapped, SocketAddr::new(nat.public_addr().into(), PORT));
+    let unmapped = SocketAddr::new(nat.public_addr().into(), PORT + 1);
+    match tokio::time::timeout(SILENCE * 3, stranger.connect(unmapped)).await {
+        Err(_) => {}
+        Ok(r) => panic!("{kind:?}: a SYN to an unmapped port was answered: {r:?}"),
+    }
+    let outcome = match tokio::time::timeout(SILENCE * 3, stranger.connect(mapped)).await {
+        Err(_) => Err("timed out".to_string()),
+        Ok(Ok(_c)) => {
+            let (_s, from) = tokio::time::timeout(DEADLINE, listener.accept())
+                .await
+                .expect("the host accepts in time")
+                .expect("accept");
+            assert_eq!(
+                from.ip(),
+                stranger.addr(),
+                "{kind:?}: the stranger's own source"
+            );
+            Ok(from)
+        }
+        Ok(Err(e)) => panic!("{kind:?}: a SYN to the mapping was refused: {e}"),
+    };
+    Some(outcome)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_cone_nat_forwards_a_connection_to_a_mapped_port_and_drops_the_rest() {
+    let Some(r) = tcp_inbound(NatKind::FullCone).await else {
+        return;
+    };
+    r.expect("the stranger's connection reaches the host");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eim_nat_drops_a_connection_to_a_mapped_port_from_a_stranger() {
+    for kind in [
+        NatKind::EndpointIndependent,
+        NatKind::EndpointDependentPortPreserving,
+    ] {
+        let Some(r) = tcp_inbound(kind).await else {
+            return;
+        };
+        assert!(r.is_err(), "{kind:?}: a stranger got in: {r:?}");
+    }
+}
+
+/// Hosts `a` and `b` behind the NAT learn their public mappings from a
+/// public host; `b` sends to `a`'s mapping and `a` answers. Where the NAT
+/// keeps one mapping per socket `a` sees `b` at `b`'s mapping.
 async fn hairpin(kind: NatKind) {
     let Some(tb) = testbed_or_skip(&format!("hairpin_{}", kind.as_str())).await else {
         return;
@@ -117,14 +305,19 @@ async fn hairpin(kind: NatKind) {
     let b = tb.host_behind(&nat, "b").await.expect("b");
     let p = tb.public_host("p").await.expect("p");
     let (sa, sb, sp) = (udp_on(&a).await, udp_on(&b).await, udp_on(&p).await);
-    let mapped = deliver(&sa, sp.local_addr().expect("addr"), &sp, b"who am i").await;
+    let to_p = sp.local_addr().expect("addr");
+    let mapped = deliver(&sa, to_p, &sp, b"who am i").await;
     assert_eq!(mapped.ip(), nat.public_addr());
+    let b_mapped = deliver(&sb, to_p, &sp, b"and who am i").await;
     let from_b = deliver(&sb, mapped, &sa, b"via the public side").await;
     assert_eq!(
         from_b.ip(),
         nat.public_addr(),
         "a sees b from the NAT's public side"
     );
+    if kind.endpoint_independent_mapping() {
+        assert_eq!(from_b, b_mapped, "a sees b at b's own mapping");
+    }
     sa.send_to(b"and back", from_b).await.expect("answer");
     let (got, from) = recv(&sb, DEADLINE).await.expect("the answer arrives");
     assert_eq!((got.as_slice(), from), (&b"and back"[..], mapped));
@@ -138,6 +331,13 @@ async fn hosts_behind_one_eim_nat_reach_each_other_at_their_public_mapping() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hosts_behind_one_symmetric_nat_reach_each_other_at_their_public_mapping() {
     hairpin(NatKind::EndpointDependent).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_behind_one_full_cone_or_port_preserving_nat_reach_each_other_at_their_public_mapping()
+ {
+    hairpin(NatKind::FullCone).await;
+    hairpin(NatKind::EndpointDependentPortPreserving).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -30,31 +30,6 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::support::*;
 
-/// The port both members listen on and dial from.
-const LISTEN_PORT: u16 = 4500;
-
-fn direct_spec(expose: Option<&str>, forwards: &[&str]) -> MemberSpec {
-    MemberSpec {
-        routers: 2,
-        expose: expose.map(str::to_string),
-        forwards: forwards.iter().map(|s| s.to_string()).collect(),
-        args: vec![
-            "--direct=true".to_string(),
-            format!("--listen-port={LISTEN_PORT}"),
-        ],
-        ..Default::default()
-    }
-}
-
-/// The NAT kind `m`'s status names, once two routers observed it.
-async fn nat_kind(m: &Member) -> String {
-    eventually(&format!("{}: two routers observed it", m.name), || async {
-        let d = m.status().await?.direct?;
-        (d.observed.len() == 2).then_some(d.nat)
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_calls_between_members_behind_eim_nats_go_direct() {
     let Some(mut net) = Net::start("direct_eim", &[]).await else {
@@ -426,7 +401,9 @@ async fn calls_continue_on_the_relay_when_the_direct_path_is_cut() {
     // unacknowledged (TCP_USER_TIMEOUT), or at the call's timeout: keep
     // both short.
     cspec.args.push("--call-timeout-secs=4".to_string());
-    cspec.args.push("--direct-tcp-user-timeout-secs=2".to_string());
+    cspec
+        .args
+        .push("--direct-tcp-user-timeout-secs=2".to_string());
     let mut caller = net.member("caller", ch, &cspec).await;
     provider.wait_ready().await;
     caller.wait_ready().await;

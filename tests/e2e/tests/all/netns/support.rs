@@ -102,6 +102,13 @@ pub(crate) struct RouterOnHost {
     pub(crate) metrics: SocketAddr,
 }
 
+impl RouterOnHost {
+    /// Where members dial it.
+    pub(crate) fn listen_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.host.addr().into(), ROUTER_PORT)
+    }
+}
+
 /// A member binary on a host of its own.
 pub(crate) struct Member {
     /// Its name (host and log).
@@ -539,4 +546,32 @@ pub(crate) async fn all_ready(members: &mut [Member]) {
     for m in members.iter_mut() {
         m.wait_ready().await;
     }
+}
+
+/// The port members with `--direct=true` listen on and dial from.
+pub(crate) const LISTEN_PORT: u16 = 4500;
+
+/// A member with direct connections on, on [`LISTEN_PORT`], attached to
+/// two routers (two observations of its mapping), exposing `expose` and
+/// forwarding to `forwards`.
+pub(crate) fn direct_spec(expose: Option<&str>, forwards: &[&str]) -> MemberSpec {
+    MemberSpec {
+        routers: 2,
+        expose: expose.map(str::to_string),
+        forwards: forwards.iter().map(|s| s.to_string()).collect(),
+        args: vec![
+            "--direct=true".to_string(),
+            format!("--listen-port={LISTEN_PORT}"),
+        ],
+        ..Default::default()
+    }
+}
+
+/// The NAT kind `m`'s status names, once two routers observed it.
+pub(crate) async fn nat_kind(m: &Member) -> String {
+    eventually(&format!("{}: two routers observed it", m.name), || async {
+        let d = m.status().await?.direct?;
+        (d.observed.len() == 2).then_some(d.nat)
+    })
+    .await
 }

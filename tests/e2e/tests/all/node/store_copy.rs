@@ -168,7 +168,10 @@ async fn a_member_copied_from_sqlite_to_postgres_refreshes_and_its_router_keeps_
     let copied = client.get_keys().await.expect("keys");
     let original = enrolled.keys.clone().expect("key set");
     assert_eq!(copied.keys, original.keys, "the same signing key");
-    assert_ne!(copied.epoch, original.epoch, "a copied database's epoch is its own");
+    assert_ne!(
+        copied.epoch, original.epoch,
+        "a copied database's epoch is its own"
+    );
     let refreshed = client
         .refresh(&cred, &key)
         .await
