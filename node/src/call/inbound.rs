@@ -156,7 +156,7 @@ async fn accept_loop(node: Arc<Node>, inbound: Arc<Inbound>, mut incoming: Incom
     let slots = Arc::new(RequestSlots::new(requests, node.metrics.log.clone()));
     let bound = node.config.calls.max_inbound + requests;
     while let Some((info, stream)) = incoming.next().await {
-        let (peer, conn) = (info.peer, info.connection);
+        let (peer, conn, relayed) = (info.peer, info.connection, info.relayed);
         while calls.try_join_next().is_some() {}
         if calls.len() >= bound {
             node.metrics.call("inbound", "overflow");
@@ -181,7 +181,7 @@ async fn accept_loop(node: Arc<Node>, inbound: Arc<Inbound>, mut incoming: Incom
         let inbound = inbound.clone();
         let slots = slots.clone();
         calls.spawn(
-            async move { serve(node, inbound, &slots, (peer, conn), stream, slot).await }
+            async move { serve(node, inbound, &slots, (peer, conn, relayed), stream, slot).await }
                 .in_current_span(),
         );
     }
@@ -387,7 +387,7 @@ async fn serve(
     node: Arc<Node>,
     inbound: Arc<Inbound>,
     slots: &RequestSlots,
-    (peer, conn): (PeerId, ConnectionId),
+    (peer, conn, relayed): (PeerId, ConnectionId, bool),
     mut stream: Stream,
     slot: RequestSlot,
 ) {
@@ -458,6 +458,9 @@ async fn serve(
         .call_bytes
         .get_or_create(&DirectionLabel { direction: "sent" })
         .inc_by(out.to_stream);
+    let (path_sent, path_received) = m.direct.path_bytes(!relayed);
+    path_received.inc_by(out.from_stream);
+    path_sent.inc_by(out.to_stream);
     let (from_caller, to_caller) = (out.from_stream, out.to_stream);
     match (out.end, &out.error) {
         (End::Finished, _) => {

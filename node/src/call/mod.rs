@@ -164,6 +164,9 @@ pub struct CallStream {
     answered_in: Duration,
     sent: Counter,
     received: Counter,
+    /// The same bytes, on the counters of the call's path.
+    path_sent: Counter,
+    path_received: Counter,
     _in_flight: InFlight,
     /// Keeps the relayed connection to the provider open while the call lives.
     _peer_call: PeerCall,
@@ -183,10 +186,11 @@ impl CallStream {
         route: CallRoute,
         conn: ConnectionId,
         answered_in: Duration,
-        metrics: &CallMetrics,
+        (metrics, direct): (&CallMetrics, &crate::metrics::DirectMetrics),
         in_flight: InFlight,
         peer_call: PeerCall,
     ) -> Self {
+        let (path_sent, path_received) = direct.path_bytes(route.direct);
         let bytes = |direction| {
             metrics
                 .call_bytes
@@ -201,6 +205,8 @@ impl CallStream {
             answered_in,
             sent,
             received,
+            path_sent,
+            path_received,
             _in_flight: in_flight,
             _peer_call: peer_call,
         }
@@ -235,6 +241,7 @@ impl AsyncRead for CallStream {
         let n = buf.filled().len() - before;
         if n > 0 {
             self.received.inc_by(n as u64);
+            self.path_received.inc_by(n as u64);
         }
         r
     }
@@ -249,6 +256,7 @@ impl AsyncWrite for CallStream {
         let r = Pin::new(&mut self.inner).poll_write(cx, data);
         if let Poll::Ready(Ok(n)) = &r {
             self.sent.inc_by(*n as u64);
+            self.path_sent.inc_by(*n as u64);
         }
         r
     }

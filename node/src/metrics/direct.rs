@@ -48,6 +48,15 @@ pub const DIRECT_CLOSE_REASONS: &[&str] = &["timed_out", "error", "closed"];
 /// The paths a call's stream can take.
 pub const CALL_PATHS: &[&str] = &["direct", "relayed"];
 
+/// `{path, direction}`: one of [`CALL_PATHS`], `sent` or `received`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PathDirectionLabel {
+    /// `direct` or `relayed`.
+    pub path: &'static str,
+    /// `sent` or `received` (as seen by this node).
+    pub direction: &'static str,
+}
+
 /// `{path}`: one of [`CALL_PATHS`].
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PathLabel {
@@ -78,6 +87,9 @@ pub struct DirectMetrics {
     pub direct_fallbacks: Counter,
     /// Direct connections closed, by reason ([`DIRECT_CLOSE_REASONS`]).
     pub direct_closed: Family<ReasonLabel, Counter>,
+    /// Call payload bytes by path and direction, inbound and outbound
+    /// calls alike.
+    pub call_bytes_by_path: Family<PathDirectionLabel, Counter>,
 }
 
 impl DirectMetrics {
@@ -94,6 +106,13 @@ impl DirectMetrics {
         }
         for reason in DIRECT_CLOSE_REASONS {
             let _ = self.direct_closed.get_or_create(&ReasonLabel { reason });
+        }
+        for path in CALL_PATHS {
+            for direction in ["sent", "received"] {
+                let _ = self
+                    .call_bytes_by_path
+                    .get_or_create(&PathDirectionLabel { path, direction });
+            }
         }
     }
 
@@ -130,6 +149,11 @@ impl DirectMetrics {
             self.direct_fallbacks.clone(),
         );
         r.register(
+            "call_bytes_by_path",
+            "Call payload bytes by the path the call's stream took (direct or relayed) and direction (sent or received, as seen by this node), inbound and outbound calls alike",
+            self.call_bytes_by_path.clone(),
+        );
+        r.register(
             "direct_closed",
             "Direct connections closed, by reason (timed_out: bytes stayed unacknowledged past --direct-tcp-user-timeout-secs or the kernel gave up, the path died; error: another connection error; closed: no error, idle or closed by either side)",
             self.direct_closed.clone(),
@@ -155,6 +179,18 @@ impl DirectMetrics {
         self.direct_closed
             .get_or_create(&ReasonLabel { reason })
             .inc();
+    }
+
+    /// The byte counters (sent, received) of a call whose stream went
+    /// `direct` or relayed.
+    pub(crate) fn path_bytes(&self, direct: bool) -> (Counter, Counter) {
+        let path = if direct { "direct" } else { "relayed" };
+        let get = |direction| {
+            self.call_bytes_by_path
+                .get_or_create(&PathDirectionLabel { path, direction })
+                .clone()
+        };
+        (get("sent"), get("received"))
     }
 
     /// Counts one outbound call's path.

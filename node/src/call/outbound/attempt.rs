@@ -151,7 +151,7 @@ pub(super) async fn attempt(
         },
         conn,
         answered_in,
-        &node.metrics.calls,
+        (&node.metrics.calls, &node.metrics.direct),
         node.in_flight_guard(),
         peer_call,
     ))

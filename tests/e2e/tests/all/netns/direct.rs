@@ -109,6 +109,28 @@ async fn warm_calls_between_members_behind_eim_nats_go_direct() {
     let before = caller.metric(direct).await;
     caller.call_until_echoed("echo-prov", &payload).await;
     assert_eq!(caller.metric(direct).await, before + 1.0);
+    // Its bytes are counted on the direct path, on both sides; the first
+    // call's on the relayed one.
+    let bytes = |path: &str, direction: &str| {
+        format!(
+            r#"agentmesh_node_call_bytes_by_path_total{{path="{path}",direction="{direction}"}}"#
+        )
+    };
+    let n = payload.len() as f64;
+    assert!(caller.metric(&bytes("direct", "sent")).await >= n);
+    assert!(caller.metric(&bytes("direct", "received")).await >= n);
+    assert!(caller.metric(&bytes("relayed", "sent")).await >= 8.0 * 1024.0);
+    // The provider counts a call's bytes when its splice ends, a moment
+    // after the caller read the last byte.
+    eventually("the provider counted the direct call's bytes", || {
+        let (provider, bytes) = (&provider, &bytes);
+        async move {
+            let received = provider.metric(&bytes("direct", "received")).await;
+            let sent = provider.metric(&bytes("direct", "sent")).await;
+            (received >= n && sent >= n).then_some(())
+        }
+    })
+    .await;
     // And `agentmesh-node ping` says so: the path is direct, no router.
     let pinged = caller.ping("echo-prov").await.expect("a ping answer");
     let route = pinged.route.expect("a granted ping names its route");
