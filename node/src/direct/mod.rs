@@ -49,7 +49,7 @@ use libp2p::PeerId;
 use libp2p::core::transport::PortUse;
 use libp2p::core::{Endpoint, Multiaddr, multiaddr::Protocol};
 use libp2p::dcutr;
-use libp2p::swarm::behaviour::{ConnectionClosed, FromSwarm};
+use libp2p::swarm::behaviour::{ConnectionClosed, ConnectionEstablished, FromSwarm};
 use libp2p::swarm::{
     ConnectionDenied, ConnectionId, NetworkBehaviour, THandler, THandlerInEvent, THandlerOutEvent,
     ToSwarm, dummy,
@@ -131,6 +131,11 @@ pub(crate) struct Behaviour {
     backoffs: Backoffs,
     /// Inbound direct connections in their handshake.
     pending: pending::PendingInbound,
+    /// Open direct connections to members (a punch's dial, or accepted
+    /// from a peer holding a relayed connection to us; never a router's):
+    /// what `direct_connections{nat}` and `direct_closed_total` count.
+    /// Bounded by the open connections.
+    direct: HashSet<ConnectionId>,
 }
 
 fn is_relayed(addr: &Multiaddr) -> bool {
@@ -224,6 +229,7 @@ impl Behaviour {
             queued: VecDeque::new(),
             log,
             backoffs: Backoffs::default(),
+            direct: HashSet::new(),
             pending: pending::PendingInbound::new(
                 crate::config::DEFAULT_DIRECT_MAX_PENDING_INBOUND,
                 crate::config::DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE,
@@ -264,6 +270,7 @@ impl Behaviour {
             Some(a) => self.observed.set(router, a),
             None => self.observed.remove(&router),
         };
+        self.count_direct();
         let candidate = self.observed.candidate();
         if candidate != self.candidate {
             self.candidate = candidate;
@@ -352,6 +359,13 @@ impl Behaviour {
         });
         b.failures = b.failures.saturating_add(1);
         b.until = now + jittered_backoff(b.failures, backoffs);
+    }
+
+    /// Sets `direct_connections{nat}`: the open direct connections under
+    /// our NAT kind as now classified, zero under the others.
+    fn count_direct(&self) {
+        self.metrics
+            .set_direct_connections(self.observed.kind().as_str(), self.direct.len());
     }
 
     fn note_punch(&mut self, id: ConnectionId) {
@@ -467,13 +481,28 @@ impl NetworkBehaviour for Behaviour {
         if let FromSwarm::ListenFailure(f) = &event {
             self.pending.release(&f.connection_id);
         }
-        if let FromSwarm::ConnectionClosed(ConnectionClosed {
-            endpoint, cause, ..
+        if let FromSwarm::ConnectionEstablished(ConnectionEstablished {
+            peer_id,
+            connection_id,
+            endpoint,
+            ..
         }) = &event
             && !is_relayed(endpoint.get_remote_address())
             && !is_relayed(local_or_remote(endpoint))
+            && (self.is_punch(connection_id) || self.has_relayed(peer_id))
+        {
+            self.direct.insert(*connection_id);
+            self.count_direct();
+        }
+        if let FromSwarm::ConnectionClosed(ConnectionClosed {
+            connection_id,
+            cause,
+            ..
+        }) = &event
+            && self.direct.remove(connection_id)
         {
             self.metrics.direct_closed(close_reason(*cause));
+            self.count_direct();
         }
         if let FromSwarm::ConnectionClosed(ConnectionClosed {
             peer_id,

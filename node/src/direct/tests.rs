@@ -239,3 +239,105 @@ fn a_direct_connection_closed_by_a_timed_out_path_is_told_from_other_closes() {
         "error"
     );
 }
+
+#[test]
+fn direct_connections_to_members_are_counted_under_our_nat_kind_and_routers_never() {
+    use libp2p::core::ConnectedPoint;
+    use libp2p::swarm::ConnectionError;
+    let (mut b, m) = behaviour(true);
+    let gauge = |nat: &'static str| {
+        m.direct_connections
+            .get_or_create(&crate::metrics::NatLabel { nat })
+            .get()
+    };
+    let closed = |reason: &'static str| {
+        m.direct_closed
+            .get_or_create(&crate::metrics::ReasonLabel { reason })
+            .get()
+    };
+    let (member, router) = (PeerId::random(), PeerId::random());
+    b.relayed_up(member, ConnectionId::new_unchecked(1));
+    let from_member = ConnectedPoint::Listener {
+        local_addr: "/ip4/0.0.0.0/tcp/4500".parse().expect("addr"),
+        send_back_addr: "/ip4/10.0.0.9/tcp/4500".parse().expect("addr"),
+    };
+    let to_router = ConnectedPoint::Dialer {
+        address: "/ip4/10.0.0.1/tcp/4001".parse().expect("addr"),
+        role_override: libp2p::core::Endpoint::Dialer,
+        port_use: libp2p::core::transport::PortUse::Reuse,
+    };
+    // As the swarm does: the handler first (dcutr tracks the connection
+    // there), then the event.
+    let up = |b: &mut Behaviour, peer_id, id, endpoint: &ConnectedPoint| {
+        let connection_id = ConnectionId::new_unchecked(id);
+        let handler = match endpoint {
+            ConnectedPoint::Listener {
+                local_addr,
+                send_back_addr,
+            } => b.handle_established_inbound_connection(
+                connection_id,
+                peer_id,
+                local_addr,
+                send_back_addr,
+            ),
+            ConnectedPoint::Dialer {
+                address,
+                role_override,
+                port_use,
+            } => b.handle_established_outbound_connection(
+                connection_id,
+                peer_id,
+                address,
+                *role_override,
+                *port_use,
+            ),
+        };
+        assert!(handler.is_ok(), "connection {id} accepted");
+        b.on_swarm_event(FromSwarm::ConnectionEstablished(ConnectionEstablished {
+            peer_id,
+            connection_id: ConnectionId::new_unchecked(id),
+            endpoint,
+            failed_addresses: &[],
+            other_established: 0,
+        }));
+    };
+    let down = |b: &mut Behaviour, peer_id, id, endpoint: &ConnectedPoint, cause| {
+        b.on_swarm_event(FromSwarm::ConnectionClosed(ConnectionClosed {
+            peer_id,
+            connection_id: ConnectionId::new_unchecked(id),
+            endpoint,
+            cause,
+            remaining_established: 0,
+        }));
+    };
+    up(&mut b, member, 2, &from_member);
+    up(&mut b, router, 3, &to_router);
+    assert_eq!((gauge("unknown"), gauge("endpoint_independent")), (1, 0));
+    // Our NAT classified: the count moves to the new kind.
+    let seen: SocketAddr = "192.0.2.7:4500".parse().expect("sa");
+    b.observe(PeerId::random(), Some(seen));
+    b.observe(PeerId::random(), Some(seen));
+    assert_eq!((gauge("unknown"), gauge("endpoint_independent")), (0, 1));
+    // The router's connection closing is none of this metric's business.
+    let timed_out = ConnectionError::IO(std::io::Error::from(std::io::ErrorKind::TimedOut));
+    down(&mut b, router, 3, &to_router, Some(&timed_out));
+    assert_eq!(closed("timed_out"), 0);
+    down(&mut b, member, 2, &from_member, Some(&timed_out));
+    assert_eq!((closed("timed_out"), gauge("endpoint_independent")), (1, 0));
+}
+
+#[test]
+fn the_nat_kind_label_values_are_the_kinds_status_names() {
+    for kind in [
+        NatKind::Unknown,
+        NatKind::Single,
+        NatKind::EndpointIndependent,
+        NatKind::EndpointDependent,
+    ] {
+        assert!(
+            crate::metrics::NAT_KINDS.contains(&kind.as_str()),
+            "{kind:?}"
+        );
+    }
+    assert_eq!(crate::metrics::NAT_KINDS.len(), 4);
+}

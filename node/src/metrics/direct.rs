@@ -4,6 +4,7 @@
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::{ReasonLabel, ResultLabel};
@@ -39,11 +40,28 @@ pub const INBOUND_REFUSED_REASONS: &[&str] = &[
     "source_pending_full",
 ];
 
-/// Why a direct connection closed: `timed_out` (bytes stayed
+/// Why a direct connection to a member closed: `timed_out` (bytes stayed
 /// unacknowledged past `--direct-tcp-user-timeout-secs`, or the kernel gave
 /// up retransmitting: the path died), `error` (another connection error),
 /// `closed` (no error: idle, or closed by either side).
 pub const DIRECT_CLOSE_REASONS: &[&str] = &["timed_out", "error", "closed"];
+
+/// Our NAT kind as the routers' observations classify it (`status` shows
+/// the same): `unknown`, `one_observation`, `endpoint_independent`,
+/// `endpoint_dependent`.
+pub const NAT_KINDS: &[&str] = &[
+    "unknown",
+    "one_observation",
+    "endpoint_independent",
+    "endpoint_dependent",
+];
+
+/// `{nat}`: one of [`NAT_KINDS`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NatLabel {
+    /// Our NAT kind.
+    pub nat: &'static str,
+}
 
 /// The paths a call's stream can take.
 pub const CALL_PATHS: &[&str] = &["direct", "relayed"];
@@ -90,6 +108,9 @@ pub struct DirectMetrics {
     /// Call payload bytes by path and direction, inbound and outbound
     /// calls alike.
     pub call_bytes_by_path: Family<PathDirectionLabel, Counter>,
+    /// Open direct connections to members, under our NAT kind
+    /// ([`NAT_KINDS`]; the others read zero).
+    pub direct_connections: Family<NatLabel, Gauge>,
 }
 
 impl DirectMetrics {
@@ -106,6 +127,9 @@ impl DirectMetrics {
         }
         for reason in DIRECT_CLOSE_REASONS {
             let _ = self.direct_closed.get_or_create(&ReasonLabel { reason });
+        }
+        for nat in NAT_KINDS {
+            let _ = self.direct_connections.get_or_create(&NatLabel { nat });
         }
         for path in CALL_PATHS {
             for direction in ["sent", "received"] {
@@ -154,6 +178,11 @@ impl DirectMetrics {
             self.call_bytes_by_path.clone(),
         );
         r.register(
+            "direct_connections",
+            "Open direct connections to other members, labelled by our NAT kind as the routers' observations classify it (unknown, one_observation, endpoint_independent, endpoint_dependent; the kinds we are not read zero)",
+            self.direct_connections.clone(),
+        );
+        r.register(
             "direct_closed",
             "Direct connections closed, by reason (timed_out: bytes stayed unacknowledged past --direct-tcp-user-timeout-secs or the kernel gave up, the path died; error: another connection error; closed: no error, idle or closed by either side)",
             self.direct_closed.clone(),
@@ -191,6 +220,17 @@ impl DirectMetrics {
                 .clone()
         };
         (get("sent"), get("received"))
+    }
+
+    /// Sets the open direct connections (`n`) under `nat`, the other NAT
+    /// kinds to zero.
+    pub(crate) fn set_direct_connections(&self, nat: &'static str, n: usize) {
+        for kind in NAT_KINDS {
+            let v = if *kind == nat { n as i64 } else { 0 };
+            self.direct_connections
+                .get_or_create(&NatLabel { nat: kind })
+                .set(v);
+        }
     }
 
     /// Counts one outbound call's path.
