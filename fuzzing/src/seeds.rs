@@ -1191,6 +1191,7 @@ fn call_seeds() -> Vec<Seed> {
         encode(&CallRequest {
             service: "echo".into(),
             credential: cred,
+            probe: false,
         })
     };
     let call = req(Some(keys::member_credential(0, Role::Member)));

@@ -1,17 +1,18 @@
 //! `agentmesh-node ping SERVICE`: one call set up to SERVICE exactly as
 //! `call` sets it up (lookup, route, circuit, the provider's checks of
-//! credential, policy and `--allow`, its connect to its backend), then
-//! closed at once. What it reports: which way the call went (the provider,
+//! credential, policy, `--allow` and a call slot), marked as a probe so the
+//! provider answers it without connecting to its backend, then closed at
+//! once. What it reports: which way the call went (the provider,
 //! the router the circuit went through, whether that router is one we hold
 //! or one we reached for transit), the round trip of the call request (from
 //! sending it to the provider's answer), the whole set-up time, and the
 //! verdict with its typed reason when refused or failed.
 //!
 //! Asked over the node's Unix socket (`PING <name>`, one [`PingReply`] JSON
-//! line back); `crate::cli::ping` is the client. A ping is a call: it is
-//! counted in `agentmesh_node_calls_total` and
-//! `agentmesh_node_call_duration_seconds` like one, and the provider's
-//! backend sees one connection opened and closed.
+//! line back); `crate::cli::ping` is the client. The caller counts a ping
+//! in `agentmesh_node_calls_total` and
+//! `agentmesh_node_call_duration_seconds` like a call; the provider counts
+//! it as `result="probe"` and its backend sees nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -132,7 +133,8 @@ fn ms(d: Duration) -> f64 {
 /// Pings `service` once through `node`: a call set up and closed.
 pub(crate) async fn ping(node: &Arc<Node>, service: &str) -> PingReply {
     let started = Instant::now();
-    match crate::call::outbound::call(node, service).await {
+    match crate::call::outbound::call_as(node, service, crate::call::outbound::Intent::Probe).await
+    {
         Err(e) => PingReply::from_error(service, &e, started.elapsed()),
         Ok(mut stream) => {
             let setup = started.elapsed();

@@ -38,6 +38,7 @@ pub fn request_for(service: &str, credential: Credential) -> CallRequest {
     CallRequest {
         service: service.to_string(),
         credential: Some(credential),
+        probe: false,
     }
 }
 
@@ -69,13 +70,29 @@ pub fn decode_response(bytes: &[u8]) -> Result<CallAnswer, FrameError> {
 /// stream comes back with the answer and the connection carrying it
 /// (direct or relayed): after an acceptance it carries the call's bytes.
 pub async fn request(
-    mut control: Control,
+    control: Control,
     provider: PeerId,
     service: &str,
     credential: Credential,
     deadline: Duration,
 ) -> Result<(CallAnswer, Stream, ConnectionInfo), CallExchangeError> {
-    let req = request_for(service, credential);
+    send(
+        control,
+        provider,
+        request_for(service, credential),
+        deadline,
+    )
+    .await
+}
+
+/// [`request`] with a request built by the caller (a probe sets
+/// [`CallRequest::probe`]).
+pub async fn send(
+    mut control: Control,
+    provider: PeerId,
+    req: CallRequest,
+    deadline: Duration,
+) -> Result<(CallAnswer, Stream, ConnectionInfo), CallExchangeError> {
     let ex = Exchange::new(CALL, provider);
     ex.within(deadline, async move {
         let (info, mut s) = ex.open_with_info(&mut control).await?;

@@ -406,6 +406,16 @@ async fn serve(
         Ok(x) => x,
         Err(r) => return refuse(&node, &mut stream, peer, r).await,
     };
+    if req.probe {
+        // `agentmesh-node ping`: judged as a call, answered, and ended;
+        // the backend sees nothing.
+        drop((claims, backend, slot));
+        node.metrics.call("inbound", "probe");
+        let _ = call_wire::write_accepted(&mut stream, deadline).await;
+        let _ = tokio::time::timeout(deadline, stream.close()).await;
+        tracing::debug!(%peer, service = %req.service, "inbound probe answered");
+        return;
+    }
     let tcp = match connect_backend(&node, backend).await {
         Ok(t) => t,
         Err(r) => return refuse(&node, &mut stream, peer, r).await,

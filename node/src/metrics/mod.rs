@@ -43,9 +43,11 @@ pub const OUTBOUND_RESULTS: &[&str] = &[
 /// `--max-inbound-call-requests`), `caller_share` (every request slot taken
 /// and the caller holds its share), `preempted` (the stream's request slot
 /// was taken for a caller holding fewer), `silent` (no byte within
-/// `--call-first-byte-timeout-ms`).
+/// `--call-first-byte-timeout-ms`). `probe`: an `agentmesh-node ping`
+/// judged as a call and granted, answered without the backend.
 pub const INBOUND_RESULTS: &[&str] = &[
     "accepted",
+    "probe",
     "malformed",
     "unknown_service",
     "bad_credential",
@@ -358,7 +360,7 @@ impl Metrics {
             .calls
             .get_or_create(&CallLabels { direction, result })
             .inc();
-        let ok = matches!(result, "ok" | "accepted");
+        let ok = matches!(result, "ok" | "accepted" | "probe");
         self.recent
             .record(direction == "outbound", ok, tokio::time::Instant::now());
     }

@@ -35,6 +35,8 @@ pub(super) struct Route<'a> {
     /// A retry after a stream failed on this direct connection to the
     /// provider: it is closed first, the relayed ones kept.
     pub(super) suspect: Option<ConnectionId>,
+    /// A call, or a probe the provider answers without its backend.
+    pub(super) intent: super::Intent,
     /// The call's deadline.
     pub(super) budget: Budget,
 }
@@ -60,6 +62,7 @@ pub(super) async fn attempt(
         retry,
         close_all,
         suspect,
+        intent,
         budget,
         ..
     } = route;
@@ -113,11 +116,12 @@ pub(super) async fn attempt(
     // Where the stream will open (the newest connection): if it fails, a
     // direct connection is what the retry drops.
     let on = node.control.newest_connection(&provider);
-    let (answer, stream, info) = call_wire::request(
+    let mut req = call_wire::request_for(service, node.credential());
+    req.probe = intent == super::Intent::Probe;
+    let (answer, stream, info) = call_wire::send(
         node.control.clone(),
         provider,
-        service,
-        node.credential(),
+        req,
         budget.cap(node.config.call_timeout()),
     )
     .await

@@ -82,11 +82,30 @@ impl Budget {
     }
 }
 
+/// What an outbound call is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Intent {
+    /// A call: the provider connects its backend and bytes flow.
+    Call,
+    /// A probe (`agentmesh-node ping`): set up and judged by the provider
+    /// exactly as a call, which answers without touching its backend.
+    Probe,
+}
+
 /// Calls `service`, counting the result and how long it took to set up
 /// (`agentmesh_node_call_duration_seconds{service, result}`).
 pub(crate) async fn call(node: &Arc<Node>, service: &str) -> Result<CallStream, CallError> {
+    call_as(node, service, Intent::Call).await
+}
+
+/// [`call`] for `intent`.
+pub(crate) async fn call_as(
+    node: &Arc<Node>,
+    service: &str,
+    intent: Intent,
+) -> Result<CallStream, CallError> {
     let started = Instant::now();
-    let r = call_inner(node, service).await;
+    let r = call_inner(node, service, intent).await;
     let label = match &r {
         Ok(_) => "ok",
         Err(e) => e.result_label(),
@@ -102,7 +121,11 @@ pub(crate) async fn call(node: &Arc<Node>, service: &str) -> Result<CallStream, 
     r
 }
 
-async fn call_inner(node: &Arc<Node>, service: &str) -> Result<CallStream, CallError> {
+async fn call_inner(
+    node: &Arc<Node>,
+    service: &str,
+    intent: Intent,
+) -> Result<CallStream, CallError> {
     if node.is_shutting_down() {
         return Err(CallError::ShuttingDown);
     }
@@ -112,7 +135,7 @@ async fn call_inner(node: &Arc<Node>, service: &str) -> Result<CallStream, CallE
     };
     // Every step inside is cut to the deadline; this bounds what is not
     // (the command queue to the engine, anything added later).
-    match tokio::time::timeout_at(budget.deadline, rounds(node, service, budget)).await {
+    match tokio::time::timeout_at(budget.deadline, rounds(node, service, intent, budget)).await {
         Ok(r) => r,
         Err(_) => Err(CallError::Failed {
             service: service.to_string(),
@@ -127,7 +150,12 @@ async fn call_inner(node: &Arc<Node>, service: &str) -> Result<CallStream, CallE
 
 /// A first round, up to [`MAX_ROUTE_RETRIES`] route retries and one retry
 /// after an empty lookup, all by `budget`.
-async fn rounds(node: &Arc<Node>, service: &str, budget: Budget) -> Result<CallStream, CallError> {
+async fn rounds(
+    node: &Arc<Node>,
+    service: &str,
+    intent: Intent,
+    budget: Budget,
+) -> Result<CallStream, CallError> {
     let mut avoid: HashSet<PeerId> = HashSet::new();
     let (mut route_retries, mut lookup_retried) = (0u32, false);
     // A stream failed on a relayed connection to the provider: which one
@@ -139,7 +167,17 @@ async fn rounds(node: &Arc<Node>, service: &str, budget: Budget) -> Result<CallS
     let mut earlier: Vec<String> = Vec::new();
     loop {
         let retry = route_retries > 0 || lookup_retried;
-        let failed = match round(node, service, &avoid, retry, (close_all, suspect), budget).await {
+        let failed = match round(
+            node,
+            service,
+            &avoid,
+            retry,
+            (close_all, suspect),
+            intent,
+            budget,
+        )
+        .await
+        {
             Ok(s) => return Ok(s),
             Err(e) => e,
         };

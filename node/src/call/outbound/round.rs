@@ -59,6 +59,7 @@ pub(super) async fn round(
     avoid: &HashSet<PeerId>,
     retry: bool,
     (close_all, suspect): (bool, Option<libp2p::swarm::ConnectionId>),
+    intent: super::Intent,
     budget: Budget,
 ) -> Result<CallStream, RoundError> {
     let view = node
@@ -81,6 +82,7 @@ pub(super) async fn round(
         retry,
         close_all,
         suspect,
+        intent,
         budget,
     };
     let attempts = node.config.calls.attempts.max(1);

@@ -1,5 +1,6 @@
 //! The member's tools, through the real `agentmesh-node` binary:
-//! - `ping SERVICE` against a running node: granted (the route names the
+//! - `ping SERVICE` against a running node (a probe the provider answers
+//!   without touching its backend): granted (the route names the
 //!   router the circuit went through, a round trip, text and `--json`),
 //!   refused by the provider with its typed reason (one line, non-zero
 //!   exit), and the call-duration histogram the pings land in, with a
@@ -55,9 +56,13 @@ async fn ping_names_route_round_trip_and_verdict_and_pings_land_in_the_histogram
     let r = start_router(&cp, "r1").await;
     let member = cp.token(Role::Member).await;
     let backend = echo_backend().await;
+    let quiet = SilentBackend::start().await;
+    let quiet_addr = quiet.addr;
     let (provider, _pdir) = spawn_node(&cp, &member, "spawn provider", |mut c| {
         c.services.expose = vec![
             ("echo".into(), backend),
+            // Counts the connections it gets: a ping must make none.
+            ("quiet".into(), quiet_addr),
             // Only members labelled team=nobody may call it: the provider
             // refuses ours.
             ("guarded".into(), backend),
@@ -113,6 +118,21 @@ async fn ping_names_route_round_trip_and_verdict_and_pings_land_in_the_histogram
         v["setup_ms"].as_f64().expect("setup"),
     );
     assert!(rtt > 0.0 && rtt <= setup, "{v}");
+
+    // A ping is judged as a call but never reaches the backend: the
+    // provider answers it itself (counted as a probe).
+    let (ok, out, err) = ping(&["quiet", "--count", "2"], data).await;
+    assert!(ok, "{out}\n{err}");
+    assert!(out.starts_with("quiet granted by "), "{out}");
+    assert_eq!(quiet.accepted(), 0, "the backend saw a connection");
+    let (_, pm) = http_get(provider.metrics_addr().expect("metrics"), "/metrics").await;
+    assert!(
+        metric(
+            &pm,
+            r#"agentmesh_node_calls_total{direction="inbound",result="probe"}"#
+        ) >= 2.0,
+        "{pm}"
+    );
 
     // Refused by the provider (its --allow): the typed reason, one line on
     // stderr, a failing exit, no backtrace.

@@ -19,6 +19,7 @@ fn request(credential: Option<Credential>) -> CallRequest {
     CallRequest {
         service: "echo".into(),
         credential,
+        probe: false,
     }
 }
 
@@ -106,6 +107,7 @@ async fn the_provider_refuses_bad_credentials_with_reasons_and_counters() {
             CallRequest {
                 service: "nope".into(),
                 credential: Some(cred_x.clone()),
+                probe: false,
             },
         )
         .await;
