@@ -210,6 +210,10 @@ pub struct Metrics {
     /// Inbound yamux streams dropped before the swarm took them, by reason
     /// (`buffer_full`: more than the muxer buffers were waiting).
     pub yamux_inbound_streams_dropped: Family<ReasonLabel, Counter>,
+    /// Key sets from the control plane not taken because they were older
+    /// than the one held (same epoch, lower generation: a replica that had
+    /// not reloaded its keys yet).
+    pub key_sets_stale: Counter,
     /// Calls that ended in the last minutes (for `agentmesh-node status`;
     /// not exported).
     pub(crate) recent: std::sync::Arc<crate::status::recent::RecentCalls>,
@@ -339,6 +343,11 @@ impl Metrics {
             "yamux_inbound_streams_dropped",
             "Inbound yamux streams dropped before the node took them, by reason",
             self.yamux_inbound_streams_dropped.clone(),
+        );
+        r.register(
+            "key_sets_stale",
+            "Key sets from the control plane not taken because they were older than the one held (same epoch, lower generation: a control-plane replica behind the others)",
+            self.key_sets_stale.clone(),
         );
     }
 
