@@ -435,6 +435,32 @@ mod tests {
         );
         assert!(out.contains("agentmesh_node_auth_connection_retries_total 0"));
         assert!(
+            out.contains("agentmesh_node_key_sets_stale_total 0"),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"agentmesh_node_calls_total{direction="inbound",result="probe"} 0"#),
+            "{out}"
+        );
+        for nat in NAT_KINDS {
+            assert!(
+                out.contains(&format!(
+                    r#"agentmesh_node_direct_connections{{nat="{nat}"}} 0"#
+                )),
+                "{out}"
+            );
+        }
+        assert!(
+            out.contains(
+                r#"agentmesh_node_call_bytes_by_path_total{path="direct",direction="sent"} 0"#
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"agentmesh_node_direct_closed_total{reason="timed_out"} 0"#),
+            "{out}"
+        );
+        assert!(
             out.contains(r#"agentmesh_node_goaway_releases_total{reason="router_closed"} 0"#),
             "{out}"
         );
