@@ -81,6 +81,7 @@ impl Node {
                 offered = ?(keys.epoch, keys.generation),
                 "a key set older than the one held was not taken (a control-plane replica behind the others)"
             );
+            self.metrics.key_sets_stale.inc();
             return false;
         }
         let mut t = (**w).clone();

@@ -210,6 +210,10 @@ pub struct Metrics {
     /// Inbound yamux streams dropped before the swarm took them, by reason
     /// (`buffer_full`: more than the muxer buffers were waiting).
     pub yamux_inbound_streams_dropped: Family<ReasonLabel, Counter>,
+    /// Key sets from the control plane not taken because they were older
+    /// than the one held (same epoch, lower generation: a replica that had
+    /// not reloaded its keys yet).
+    pub key_sets_stale: Counter,
     /// Calls that ended in the last minutes (for `agentmesh-node status`;
     /// not exported).
     pub(crate) recent: std::sync::Arc<crate::status::recent::RecentCalls>,
@@ -340,6 +344,11 @@ impl Metrics {
             "Inbound yamux streams dropped before the node took them, by reason",
             self.yamux_inbound_streams_dropped.clone(),
         );
+        r.register(
+            "key_sets_stale",
+            "Key sets from the control plane not taken because they were older than the one held (same epoch, lower generation: a control-plane replica behind the others)",
+            self.key_sets_stale.clone(),
+        );
     }
 
     /// Gives at most `cap` services a `service` label of their own in
@@ -425,6 +434,32 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("agentmesh_node_auth_connection_retries_total 0"));
+        assert!(
+            out.contains("agentmesh_node_key_sets_stale_total 0"),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"agentmesh_node_calls_total{direction="inbound",result="probe"} 0"#),
+            "{out}"
+        );
+        for nat in NAT_KINDS {
+            assert!(
+                out.contains(&format!(
+                    r#"agentmesh_node_direct_connections{{nat="{nat}"}} 0"#
+                )),
+                "{out}"
+            );
+        }
+        assert!(
+            out.contains(
+                r#"agentmesh_node_call_bytes_by_path_total{path="direct",direction="sent"} 0"#
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains(r#"agentmesh_node_direct_closed_total{reason="timed_out"} 0"#),
+            "{out}"
+        );
         assert!(
             out.contains(r#"agentmesh_node_goaway_releases_total{reason="router_closed"} 0"#),
             "{out}"
