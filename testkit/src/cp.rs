@@ -64,7 +64,7 @@ pub async fn start_cp_with(adjust: impl FnOnce(&mut agentmesh_controlplane::Conf
             rpc_timeout: Duration::from_secs(10),
         },
         Connections::Held,
-        &[format!("http://{}", handle.grpc_addr())],
+        &[endpoint_of(&handle)],
     )
     .expect("client");
     Cp {
@@ -75,11 +75,16 @@ pub async fn start_cp_with(adjust: impl FnOnce(&mut agentmesh_controlplane::Conf
     }
 }
 
+/// The address `handle` listens on, as a URL to dial.
+fn endpoint_of(handle: &agentmesh_controlplane::Handle) -> String {
+    format!("http://{}", handle.grpc_addr())
+}
+
 impl Cp {
     /// The address it listens on, as an endpoint to dial
     /// (`--control-plane-endpoint`).
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.handle.grpc_addr())
+        endpoint_of(&self.handle)
     }
 
     /// A bootstrap token of `role` without labels (100 uses, 1 h).

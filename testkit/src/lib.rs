@@ -91,6 +91,15 @@ pub fn udp_sockets_on(ip: std::net::Ipv4Addr) -> usize {
 }
 
 /// A TCP echo backend on 127.0.0.1:0 (a real socket a node exposes as a
+/// A loopback TCP port free now (bound once, then released): for a
+/// program the test starts on it, or as an address nothing answers on.
+pub fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
 /// service); each connection is echoed until the caller half-closes.
 pub async fn echo_backend() -> SocketAddr {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")

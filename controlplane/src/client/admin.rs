@@ -131,19 +131,7 @@ mod tests {
         assert!(request_id_value("bad\nid").is_err());
     }
 
-    /// A clock for one caller: sleeping advances time at once.
-    #[derive(Debug, Default)]
-    struct SkipClock(std::sync::Mutex<Duration>);
-
-    impl crate::clock::Clock for SkipClock {
-        fn now(&self) -> Duration {
-            *self.0.lock().expect("not poisoned")
-        }
-        fn sleep(&self, dur: Duration) -> crate::clock::SleepFuture {
-            *self.0.lock().expect("not poisoned") += dur;
-            Box::pin(std::future::ready(()))
-        }
-    }
+    use crate::clock::SkipClock;
 
     #[tokio::test]
     async fn a_create_token_with_a_request_id_is_retried_after_a_lost_answer() {

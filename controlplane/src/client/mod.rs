@@ -681,19 +681,7 @@ mod tests {
         assert_eq!(ok.public_url(), "http://127.0.0.1:7400");
     }
 
-    /// A clock for one caller: sleeping advances time at once.
-    #[derive(Debug, Default)]
-    struct SkipClock(std::sync::Mutex<Duration>);
-
-    impl crate::clock::Clock for SkipClock {
-        fn now(&self) -> Duration {
-            *self.0.lock().expect("not poisoned")
-        }
-        fn sleep(&self, dur: Duration) -> crate::clock::SleepFuture {
-            *self.0.lock().expect("not poisoned") += dur;
-            Box::pin(std::future::ready(()))
-        }
-    }
+    use crate::clock::SkipClock;
 
     #[tokio::test]
     async fn unreachable_server_spends_the_budget_then_reports_the_last_status() {

@@ -148,7 +148,7 @@ impl CallRoute {
     /// `via_router`) or `direct` (a connection between the two members,
     /// `docs/direct.md`); `agentmesh-node ping` reports this value as is.
     pub fn path(&self) -> &'static str {
-        if self.direct { "direct" } else { "relayed" }
+        crate::metrics::direct_path_name(self.direct)
     }
 }
 

@@ -495,25 +495,21 @@ impl NetworkBehaviour for Behaviour {
             self.count_direct();
         }
         if let FromSwarm::ConnectionClosed(ConnectionClosed {
+            peer_id,
             connection_id,
             cause,
             ..
         }) = &event
-            && self.direct.remove(connection_id)
         {
-            self.metrics.direct_closed(close_reason(*cause));
-            self.count_direct();
-        }
-        if let FromSwarm::ConnectionClosed(ConnectionClosed {
-            peer_id,
-            connection_id,
-            ..
-        }) = &event
-            && let Some(set) = self.relayed.get_mut(peer_id)
-        {
-            set.remove(connection_id);
-            if set.is_empty() {
-                self.relayed.remove(peer_id);
+            if self.direct.remove(connection_id) {
+                self.metrics.direct_closed(close_reason(*cause));
+                self.count_direct();
+            }
+            if let Some(set) = self.relayed.get_mut(peer_id) {
+                set.remove(connection_id);
+                if set.is_empty() {
+                    self.relayed.remove(peer_id);
+                }
             }
         }
         self.inner.on_swarm_event(event);

@@ -66,6 +66,11 @@ pub struct NatLabel {
 /// The paths a call's stream can take.
 pub const CALL_PATHS: &[&str] = &["direct", "relayed"];
 
+/// The [`CALL_PATHS`] value of a stream that went `direct` or not.
+pub(crate) fn path_name(direct: bool) -> &'static str {
+    if direct { "direct" } else { "relayed" }
+}
+
 /// `{path, direction}`: one of [`CALL_PATHS`], `sent` or `received`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PathDirectionLabel {
@@ -213,7 +218,7 @@ impl DirectMetrics {
     /// The byte counters (sent, received) of a call whose stream went
     /// `direct` or relayed.
     pub(crate) fn path_bytes(&self, direct: bool) -> (Counter, Counter) {
-        let path = if direct { "direct" } else { "relayed" };
+        let path = path_name(direct);
         let get = |direction| {
             self.call_bytes_by_path
                 .get_or_create(&PathDirectionLabel { path, direction })
@@ -235,7 +240,10 @@ impl DirectMetrics {
 
     /// Counts one outbound call's path.
     pub(crate) fn call_path(&self, direct: bool) {
-        let path = if direct { "direct" } else { "relayed" };
-        self.call_paths.get_or_create(&PathLabel { path }).inc();
+        self.call_paths
+            .get_or_create(&PathLabel {
+                path: path_name(direct),
+            })
+            .inc();
     }
 }

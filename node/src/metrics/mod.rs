@@ -13,6 +13,7 @@ pub use call_duration::{
     CallDurations, DEFAULT_MAX_CALL_METRIC_SERVICES, OTHER_SERVICE, ServiceResultLabels,
 };
 pub use calls::CallMetrics;
+pub(crate) use direct::path_name as direct_path_name;
 pub use direct::{
     CALL_PATHS, DIRECT_CLOSE_REASONS, DirectMetrics, INBOUND_REFUSED_REASONS, NAT_KINDS, NatLabel,
     PathDirectionLabel, PathLabel, UPGRADE_RESULTS,

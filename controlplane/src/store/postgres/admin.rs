@@ -60,14 +60,9 @@ pub(super) async fn list_tokens(
     after: &str,
     limit: u32,
 ) -> Result<Vec<TokenListing>, StoreError> {
-    let (mut conn, ms) = store.conn().await?;
-    let tx = conn.build_transaction().read_only(true).start().await?;
-    PostgresStore::bound(&tx, ms).await?;
-    let st = tx.prepare_cached(&postgres(TOKEN_PAGE)).await?;
-    let limit = i64::from(limit.min(MAX_LIST_ROWS));
-    let rows = tx.query(&st, &[&after, &limit]).await?;
-    tx.commit().await?;
-    rows.iter()
+    page(store, TOKEN_PAGE, after, limit)
+        .await?
+        .iter()
         .map(|r| {
             let until: Option<i64> = r.get(9);
             let reason: Option<String> = r.get(10);
@@ -94,14 +89,9 @@ pub(super) async fn list_nodes(
     after: &str,
     limit: u32,
 ) -> Result<Vec<NodeListing>, StoreError> {
-    let (mut conn, ms) = store.conn().await?;
-    let tx = conn.build_transaction().read_only(true).start().await?;
-    PostgresStore::bound(&tx, ms).await?;
-    let st = tx.prepare_cached(&postgres(NODE_PAGE)).await?;
-    let limit = i64::from(limit.min(MAX_LIST_ROWS));
-    let rows = tx.query(&st, &[&after, &limit]).await?;
-    tx.commit().await?;
-    rows.iter()
+    page(store, NODE_PAGE, after, limit)
+        .await?
+        .iter()
         .map(|r| {
             Ok(NodeListing {
                 row: node_from(r)?,
@@ -109,6 +99,25 @@ pub(super) async fn list_nodes(
             })
         })
         .collect()
+}
+
+/// One page of a listing: `sql` (a page query of `crate::store::listing`,
+/// keyed after `after`) read in a read-only transaction, at most
+/// `MAX_LIST_ROWS` rows.
+async fn page(
+    store: &PostgresStore,
+    sql: &str,
+    after: &str,
+    limit: u32,
+) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+    let (mut conn, ms) = store.conn().await?;
+    let tx = conn.build_transaction().read_only(true).start().await?;
+    PostgresStore::bound(&tx, ms).await?;
+    let st = tx.prepare_cached(&postgres(sql)).await?;
+    let limit = i64::from(limit.min(MAX_LIST_ROWS));
+    let rows = tx.query(&st, &[&after, &limit]).await?;
+    tx.commit().await?;
+    Ok(rows)
 }
 
 /// Records `request` inside `tx`; when its id is recorded already,

@@ -3,7 +3,6 @@
 //! (`B=target/release`) and ports are changed. A README edit that breaks the
 //! walk-through breaks this test.
 
-use std::net::TcpListener;
 use std::os::unix::fs::symlink;
 use std::os::unix::process::CommandExt as _;
 use std::path::Path;
@@ -41,14 +40,6 @@ fn sh_blocks(readme: &str, heading: &str) -> Vec<String> {
     blocks
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("walk-through set-up")
-        .local_addr()
-        .expect("walk-through set-up")
-        .port()
-}
-
 /// The walk-through block with this machine's binaries and free ports.
 fn script(block: &str, bin_dir: &Path) -> String {
     assert!(
@@ -59,9 +50,9 @@ fn script(block: &str, bin_dir: &Path) -> String {
     // Routers and their metrics on any free port (0); the control plane and
     // the backend on ports free now.
     for (port, with) in [
-        ("7400", free_port()),
-        ("7401", free_port()),
-        ("9000", free_port()),
+        ("7400", agentmesh_testkit::free_tcp_port()),
+        ("7401", agentmesh_testkit::free_tcp_port()),
+        ("9000", agentmesh_testkit::free_tcp_port()),
         ("7410", 0),
         ("7420", 0),
     ] {

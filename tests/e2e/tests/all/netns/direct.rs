@@ -75,16 +75,7 @@ async fn warm_calls_between_members_behind_eim_nats_go_direct() {
     assert_eq!(echoed, payload[..8 * 1024]);
     let direct = r#"agentmesh_node_calls_by_path_total{path="direct"}"#;
     let relayed = r#"agentmesh_node_calls_by_path_total{path="relayed"}"#;
-    let mut calls = 0u32;
-    eventually("a call on the direct connection", || {
-        calls += 1;
-        let (caller, payload) = (&caller, &payload);
-        async move {
-            caller.call_until_echoed("echo-prov", payload).await;
-            (caller.metric(direct).await >= 1.0).then_some(())
-        }
-    })
-    .await;
+    let calls = call_until_direct(&caller, "echo-prov", &payload).await;
     assert!(
         caller.metric(relayed).await >= 1.0,
         "the first call went relayed"
@@ -317,14 +308,7 @@ async fn a_punch_within_time_wait_of_the_last_direct_connection_succeeds() {
     rand::thread_rng().fill_bytes(&mut payload);
     let direct = r#"agentmesh_node_calls_by_path_total{path="direct"}"#;
     let punched = r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#;
-    eventually("a call on the direct connection", || {
-        let (caller, payload) = (&caller, &payload);
-        async move {
-            caller.call_until_echoed("echo-prov", payload).await;
-            (caller.metric(direct).await >= 1.0).then_some(())
-        }
-    })
-    .await;
+    call_until_direct(&caller, "echo-prov", &payload).await;
     let punches = caller.metric(punched).await;
     // Both connections to the provider gone: the direct one closed for
     // idleness, the relayed one after `--relayed-idle-secs`, so the next
@@ -434,14 +418,7 @@ async fn calls_continue_on_the_relay_when_the_direct_path_is_cut() {
     let direct = r#"agentmesh_node_calls_by_path_total{path="direct"}"#;
     let relayed = r#"agentmesh_node_calls_by_path_total{path="relayed"}"#;
     let fallbacks = "agentmesh_node_direct_fallbacks_total";
-    eventually("a call on the direct connection", || {
-        let (caller, payload) = (&caller, &payload);
-        async move {
-            caller.call_until_echoed("echo-prov", payload).await;
-            (caller.metric(direct).await >= 1.0).then_some(())
-        }
-    })
-    .await;
+    call_until_direct(&caller, "echo-prov", &payload).await;
     assert_eq!(caller.metric(fallbacks).await, 0.0);
 
     // A call in flight on the direct connection when the path dies.

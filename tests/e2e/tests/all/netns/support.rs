@@ -568,6 +568,24 @@ pub(crate) fn direct_spec(expose: Option<&str>, forwards: &[&str]) -> MemberSpec
 }
 
 /// The NAT kind `m`'s status names, once two routers observed it.
+/// Calls `service` through `caller` with `payload` until one call's
+/// stream went on a direct connection (the caller's
+/// `calls_by_path_total{path="direct"}` counts it), up to [`DEADLINE`];
+/// returns how many calls that took.
+pub(crate) async fn call_until_direct(caller: &Member, service: &str, payload: &[u8]) -> u32 {
+    let direct = r#"agentmesh_node_calls_by_path_total{path="direct"}"#;
+    let calls = std::cell::Cell::new(0u32);
+    eventually("a call on the direct connection", || {
+        calls.set(calls.get() + 1);
+        async {
+            caller.call_until_echoed(service, payload).await;
+            (caller.metric(direct).await >= 1.0).then_some(())
+        }
+    })
+    .await;
+    calls.get()
+}
+
 pub(crate) async fn nat_kind(m: &Member) -> String {
     eventually(&format!("{}: two routers observed it", m.name), || async {
         let d = m.status().await?.direct?;

@@ -13,12 +13,7 @@ use agentmesh_proto::pb::credential::Role;
 
 /// A URL on a loopback port nothing listens on: connections are refused.
 fn refusing_url() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    format!("http://127.0.0.1:{port}")
+    format!("http://127.0.0.1:{}", agentmesh_testkit::free_tcp_port())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -35,14 +35,6 @@ const K: usize = 2;
 /// reserve); the old behaviour took the 300 s shun and interval.
 const BACK_WITHIN: Duration = Duration::from_secs(20);
 
-/// A free loopback TCP port (bound once, then released for the router).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-}
-
 /// One router binary, restartable on the same port and data dir.
 struct RouterBin {
     name: &'static str,
@@ -58,8 +50,8 @@ impl RouterBin {
         Self {
             name,
             dir: dir.to_path_buf(),
-            port: free_port(),
-            metrics: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            port: agentmesh_testkit::free_tcp_port(),
+            metrics: SocketAddr::from(([127, 0, 0, 1], agentmesh_testkit::free_tcp_port())),
             child: None,
             peer: None,
         }
