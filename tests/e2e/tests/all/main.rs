@@ -8,6 +8,8 @@
 //!   go-aways, failover, refusals, transports, storms, its control plane
 //!   moved from SQLite to PostgreSQL);
 //! - [`pprof`]: each program's CPU and heap profiles (`--pprof-addr`);
+//! - [`replicas`]: control-plane replicas on one PostgreSQL database,
+//!   killed in turn under a router and members;
 //! - [`router`]: what a router does to real nodes (go-away, drain of the
 //!   router binary under a fleet);
 //! - [`logging`]: the programs' log on a pipe (no colour codes, JSON
@@ -20,5 +22,6 @@ mod logging;
 mod netns;
 mod node;
 mod pprof;
+mod replicas;
 mod router;
 mod walkthrough;

@@ -1,0 +1,241 @@
+//! A set of real `agentmesh-control-plane` processes on one PostgreSQL
+//! database, as an operator runs replicas: the same `--public-url` (a
+//! logical name that resolves nowhere, so clients reach them only through
+//! their endpoints, as they would through a headless Service), the same
+//! key-encryption key and admin token, each on a loopback address of its
+//! own that it keeps across restarts. A replica can be SIGKILLed and
+//! started again on its address; every wait is bounded; the processes are
+//! killed when the set is dropped, and their logs are printed then if the
+//! test is failing.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use agentmesh_controlplane::client::{Client, ClientConfig, Connections};
+use agentmesh_controlplane::store::{KEK_ENV, Kek, testing};
+use agentmesh_testkit::{ADMIN, DEADLINE, free_tcp_port, metric};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+const BIN: &str = env!("CARGO_BIN_EXE_e2e-agentmesh-control-plane");
+
+/// The URL every replica serves as its `--public-url` (proofs are bound to
+/// it); `.invalid` never resolves, so only endpoints are dialled.
+pub(super) const LOGICAL_URL: &str = "http://agentmesh-control-plane.invalid:7400";
+
+/// One replica: its fixed addresses and, while it runs, its process.
+pub(super) struct Replica {
+    pub(super) grpc: SocketAddr,
+    pub(super) http: SocketAddr,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Replica {
+    /// Its endpoint, as `--control-plane-endpoint` names it.
+    pub(super) fn endpoint(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+}
+
+/// The replicas and what they share.
+pub(super) struct Replicas {
+    pub(super) db: testing::TestDb,
+    kek: String,
+    args: Vec<String>,
+    admin_file: PathBuf,
+    pub(super) all: Vec<Replica>,
+    dir: tempfile::TempDir,
+}
+
+impl Replicas {
+    /// Starts `n` replicas on a fresh database of the test server with
+    /// `args` added to each, and waits until each is ready and counts `n`
+    /// live replicas. `None` where there is no PostgreSQL server and it is
+    /// not required (CI fails instead, see `store::testing`).
+    pub(super) async fn start(n: usize, args: &[&str]) -> Option<Self> {
+        let db = testing::fresh_database().await?;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let admin_file = dir.path().join("admin-token");
+        std::fs::write(&admin_file, ADMIN).expect("admin token file");
+        let mut set = Self {
+            db,
+            kek: Kek::generate_hex(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            admin_file,
+            all: Vec::new(),
+            dir,
+        };
+        for i in 0..n {
+            let replica = Replica {
+                grpc: SocketAddr::from(([127, 0, 0, 1], free_tcp_port())),
+                http: SocketAddr::from(([127, 0, 0, 1], free_tcp_port())),
+                child: None,
+                log: set.dir.path().join(format!("replica-{i}.log")),
+            };
+            set.all.push(replica);
+            set.spawn(i);
+        }
+        for i in 0..n {
+            set.until_ready(i).await;
+        }
+        set.until_live(n).await;
+        Some(set)
+    }
+
+    /// Starts replica `i`'s process on its addresses (its log appended).
+    fn spawn(&mut self, i: usize) {
+        let r = &mut self.all[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&r.log)
+            .expect("replica log");
+        let child = Command::new(BIN)
+            .args(["--db", &self.db.url, "--public-url", LOGICAL_URL])
+            .args(["--grpc-addr", &r.grpc.to_string()])
+            .args(["--http-addr", &r.http.to_string()])
+            .arg("--admin-token-file")
+            .arg(&self.admin_file)
+            .args(&self.args)
+            .env(KEK_ENV, &self.kek)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run the control plane");
+        r.child = Some(child);
+    }
+
+    /// Every replica's endpoint, in order.
+    pub(super) fn endpoints(&self) -> Vec<String> {
+        self.all.iter().map(Replica::endpoint).collect()
+    }
+
+    /// A client of the logical URL dialling `endpoints` (retries within
+    /// 30 s, 5 s per attempt, a connection per call as members use).
+    pub(super) fn client_of(&self, endpoints: &[String]) -> Client {
+        Client::with_endpoints(
+            ClientConfig {
+                url: LOGICAL_URL.to_string(),
+                ca_pem: None,
+                retry_budget: Duration::from_secs(30),
+                rpc_timeout: Duration::from_secs(5),
+            },
+            Connections::PerCall,
+            endpoints,
+        )
+        .expect("client")
+    }
+
+    /// A client of every replica.
+    pub(super) fn client(&self) -> Client {
+        self.client_of(&self.endpoints())
+    }
+
+    /// SIGKILLs replica `i` and waits for it to be gone.
+    pub(super) async fn kill(&mut self, i: usize) {
+        let mut child = self.all[i].child.take().expect("replica running");
+        child.start_kill().expect("SIGKILL");
+        tokio::time::timeout(DEADLINE, child.wait())
+            .await
+            .expect("a killed replica exits")
+            .expect("wait");
+    }
+
+    /// Starts replica `i` again on its addresses and waits until it is
+    /// ready and every replica counts all of them live again.
+    pub(super) async fn restart(&mut self, i: usize) {
+        self.spawn(i);
+        self.until_ready(i).await;
+        self.until_live(self.all.len()).await;
+    }
+
+    /// One series of replica `i`'s metrics (0 when absent or unreachable).
+    pub(super) async fn metric(&self, i: usize, series: &str) -> f64 {
+        match get(self.all[i].http, "/metrics").await {
+            Some((_, body)) => metric(&body, series),
+            None => 0.0,
+        }
+    }
+
+    /// Waits (bounded) until replica `i` answers `/readyz` with 200.
+    async fn until_ready(&mut self, i: usize) {
+        let end = Instant::now() + DEADLINE;
+        loop {
+            if get(self.all[i].http, "/readyz")
+                .await
+                .is_some_and(|(status, _)| status == 200)
+            {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.all[i].child.as_mut().map(Child::try_wait) {
+                panic!("replica {i} exited ({status}) before it was ready");
+            }
+            assert!(Instant::now() < end, "replica {i} never became ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits (bounded) until every running replica counts `n` live ones
+    /// (each renews its presence every 2 s).
+    pub(super) async fn until_live(&self, n: usize) {
+        let end = Instant::now() + DEADLINE;
+        for i in (0..self.all.len()).filter(|&i| self.all[i].child.is_some()) {
+            while self
+                .metric(i, "agentmesh_control_plane_live_replicas")
+                .await
+                != n as f64
+            {
+                assert!(
+                    Instant::now() < end,
+                    "replica {i} never counted {n} live replicas"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+impl Drop for Replicas {
+    /// A failing test shows what each replica logged last.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for (i, r) in self.all.iter().enumerate() {
+            let text = std::fs::read_to_string(&r.log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(40).collect();
+            eprintln!("--- replica {i} ({}), last lines of its log:", r.grpc);
+            for line in tail.into_iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+/// A plain HTTP GET (`connection: close`) with a 5 s bound; `None` when
+/// nothing answers (a killed replica) or the answer does not come in time.
+async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let exchange = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        let status = out.split_whitespace().nth(1)?.parse().ok()?;
+        Some((status, out))
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .ok()
+        .flatten()
+}
