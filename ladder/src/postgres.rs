@@ -245,21 +245,7 @@ impl Postgres {
         let _ = std::fs::remove_file(&pwfile);
 
         self.port = crate::ports::free_port()?;
-        let mut server = self.command("postgres", owner)?;
-        server
-            .arg("-D")
-            .arg(&data)
-            .args(["-c", "listen_addresses=127.0.0.1"])
-            .arg("-c")
-            .arg(format!("port={}", self.port))
-            .arg("-c")
-            .arg(format!("unix_socket_directories={}", self.dir.display()))
-            .kill_on_drop(true);
-        self.child = Some(
-            server
-                .spawn()
-                .map_err(|e| LadderError::io("starting postgres", e))?,
-        );
+        self.spawn_server(owner)?;
         self.wait_ready(deadline.saturating_sub(started.elapsed()))
             .await?;
 
@@ -294,6 +280,49 @@ impl Postgres {
             self.log.display()
         );
         Ok(())
+    }
+
+    /// Starts the postmaster on the cluster's data and port.
+    fn spawn_server(&mut self, owner: Option<(u32, u32)>) -> Result<()> {
+        let mut server = self.command("postgres", owner)?;
+        server
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .arg("-c")
+            .arg(format!("port={}", self.port))
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", self.dir.display()))
+            .kill_on_drop(true);
+        self.child = Some(
+            server
+                .spawn()
+                .map_err(|e| LadderError::io("starting postgres", e))?,
+        );
+        Ok(())
+    }
+
+    /// Stops the server as `pg_ctl stop -m immediate` does (SIGQUIT to the
+    /// postmaster: backends end at once, no checkpoint, so the next start
+    /// replays the WAL as after a crash), waits `down` with the port
+    /// closed, and starts it again on the same port and data, ready within
+    /// `deadline`: what a server failover or a crash costs its clients.
+    pub async fn restart_immediate(&mut self, down: Duration, deadline: Duration) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            if let Some(pid) = child.id() {
+                let _ = children::signal(pid, libc::SIGQUIT);
+            }
+            if tokio::time::timeout(STOP_GRACE, child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.start_kill();
+                let _ = tokio::time::timeout(STOP_GRACE, child.wait()).await;
+            }
+        }
+        tokio::time::sleep(down).await;
+        self.spawn_server(server_owner()?)?;
+        self.wait_ready(deadline).await
     }
 
     /// `bin_dir/tool` with output appended to the log, run as `owner`.

@@ -231,7 +231,7 @@ async fn each_replica_killed_in_turn_costs_members_and_the_router_only_retries()
         set.restart(i).await;
     }
     let enrolled = load.enrolled();
-    let errors = load.stop().await;
+    let errors = load.stop().await.errors;
     assert!(errors.is_empty(), "the load saw errors: {errors:?}");
     assert!(enrolled >= 15, "{enrolled} enrollments");
 

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use agentmesh_controlplane::client::Client;
+use agentmesh_proto::pb::credential::Credential;
 use libp2p::identity::Keypair;
 use tokio::sync::watch;
 
@@ -29,7 +30,16 @@ pub(super) struct Counts {
 pub(super) struct Load {
     pub(super) counts: Arc<Counts>,
     stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<Vec<String>>,
+    task: tokio::task::JoinHandle<Outcome>,
+}
+
+/// What the load ends with.
+pub(super) struct Outcome {
+    /// Every error that reached the caller.
+    pub(super) errors: Vec<String>,
+    /// Each acknowledged enrollment's key and the credential its refresh
+    /// returned: writes the control plane said it made.
+    pub(super) acked: Vec<(Keypair, Credential)>,
 }
 
 impl Load {
@@ -46,8 +56,8 @@ impl Load {
         self.counts.enrolled.load(Ordering::Relaxed)
     }
 
-    /// Ends the load after the round under way; returns the errors seen.
-    pub(super) async fn stop(self) -> Vec<String> {
+    /// Ends the load after the round under way.
+    pub(super) async fn stop(self) -> Outcome {
         let _ = self.stop.send(true);
         tokio::time::timeout(agentmesh_testkit::DEADLINE, self.task)
             .await
@@ -61,8 +71,9 @@ async fn rounds(
     token: String,
     counts: Arc<Counts>,
     mut stopped: watch::Receiver<bool>,
-) -> Vec<String> {
+) -> Outcome {
     let mut errors = Vec::new();
+    let mut acked = Vec::new();
     while !*stopped.borrow() {
         let key = Keypair::generate_ed25519();
         match client.enroll(&token, &key).await {
@@ -70,8 +81,10 @@ async fn rounds(
                 counts.enrolled.fetch_add(1, Ordering::Relaxed);
                 let cred = resp.credential.expect("an enrollment carries a credential");
                 match client.refresh(&cred, &key).await {
-                    Ok(_) => {
+                    Ok(resp) => {
                         counts.refreshed.fetch_add(1, Ordering::Relaxed);
+                        let cred = resp.credential.expect("a refresh carries a credential");
+                        acked.push((key, cred));
                     }
                     Err(e) => errors.push(format!("refresh: {e}")),
                 }
@@ -84,5 +97,5 @@ async fn rounds(
             _ = tokio::time::sleep(PAUSE) => {}
         }
     }
-    errors
+    Outcome { errors, acked }
 }

@@ -43,8 +43,9 @@ impl Replica {
 
 /// The replicas and what they share.
 pub(super) struct Replicas {
-    pub(super) db: testing::TestDb,
-    kek: String,
+    db: String,
+    /// The key-encryption key and anything else every replica is given.
+    env: Vec<(String, String)>,
     args: Vec<String>,
     admin_file: PathBuf,
     pub(super) all: Vec<Replica>,
@@ -58,12 +59,24 @@ impl Replicas {
     /// not required (CI fails instead, see `store::testing`).
     pub(super) async fn start(n: usize, args: &[&str]) -> Option<Self> {
         let db = testing::fresh_database().await?;
+        Some(Self::start_on(db.url, Vec::new(), n, args).await)
+    }
+
+    /// As [`Replicas::start`] on the database at `db`, each replica given
+    /// `env` (a fresh key-encryption key is added).
+    pub(super) async fn start_on(
+        db: String,
+        mut env: Vec<(String, String)>,
+        n: usize,
+        args: &[&str],
+    ) -> Self {
+        env.push((KEK_ENV.to_string(), Kek::generate_hex()));
         let dir = tempfile::tempdir().expect("tempdir");
         let admin_file = dir.path().join("admin-token");
         std::fs::write(&admin_file, ADMIN).expect("admin token file");
         let mut set = Self {
             db,
-            kek: Kek::generate_hex(),
+            env,
             args: args.iter().map(|a| a.to_string()).collect(),
             admin_file,
             all: Vec::new(),
@@ -83,7 +96,7 @@ impl Replicas {
             set.until_ready(i).await;
         }
         set.until_live(n).await;
-        Some(set)
+        set
     }
 
     /// Starts replica `i`'s process on its addresses (its log appended).
@@ -95,13 +108,13 @@ impl Replicas {
             .open(&r.log)
             .expect("replica log");
         let child = Command::new(BIN)
-            .args(["--db", &self.db.url, "--public-url", LOGICAL_URL])
+            .args(["--db", &self.db, "--public-url", LOGICAL_URL])
             .args(["--grpc-addr", &r.grpc.to_string()])
             .args(["--http-addr", &r.http.to_string()])
             .arg("--admin-token-file")
             .arg(&self.admin_file)
             .args(&self.args)
-            .env(KEK_ENV, &self.kek)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -162,6 +175,24 @@ impl Replicas {
             Some((_, body)) => metric(&body, series),
             None => 0.0,
         }
+    }
+
+    /// The lines of replica `i`'s metrics that start with `prefix`.
+    pub(super) async fn series(&self, i: usize, prefix: &str) -> Vec<String> {
+        let Some((_, body)) = get(self.all[i].http, "/metrics").await else {
+            return Vec::new();
+        };
+        body.lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Replica `i`'s `/readyz` status (`None`: no answer within 5 s).
+    pub(super) async fn readyz(&self, i: usize) -> Option<u16> {
+        get(self.all[i].http, "/readyz")
+            .await
+            .map(|(status, _)| status)
     }
 
     /// Waits (bounded) until replica `i` answers `/readyz` with 200.
