@@ -13,6 +13,8 @@ pub mod proof;
 pub mod protocols;
 pub mod record;
 pub mod revocations;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 /// Generated protobuf and gRPC code.
 #[allow(missing_docs, unreachable_pub, clippy::all)]

@@ -22,6 +22,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
 
+/// The signing fixtures every crate's tests share: a control plane's key
+/// and trust, signed policies, revocation lists and member credentials.
+pub use agentmesh_proto::testing as fixtures;
 pub use cp::{ADMIN, Cp, start_cp, start_cp_with};
 pub use peer::{Ev, Frozen, PeerBehaviour, TestPeer};
 #[cfg(feature = "router")]

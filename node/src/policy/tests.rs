@@ -1,11 +1,7 @@
 use super::*;
-use agentmesh_proto::credential::{sign, verify};
-use agentmesh_proto::pb::credential::{
-    Claims, Credential, KeySet, Label, PolicyDocument, PublicKey, RevocationList, Role, TokenKind,
-};
-use agentmesh_proto::policy::sign_policy;
-use agentmesh_proto::revocations::sign_revocations;
-use libp2p::identity::ed25519;
+use agentmesh_proto::credential::verify;
+use agentmesh_proto::pb::credential::Credential;
+use agentmesh_proto::testing::TestCp;
 
 const GRANTED: &str = r#"
 format = 1
@@ -29,66 +25,26 @@ services = ["*"]
 groups = ["members"]
 "#;
 
+/// The fixture control plane, its trust behind the lock the node's
+/// policy reads it through.
 struct Cp {
-    key: ed25519::Keypair,
+    fx: TestCp,
     trust: RwLock<Arc<Trust>>,
 }
 
 fn cp() -> Cp {
-    let key = ed25519::Keypair::generate();
-    let trust = Trust::new(&KeySet {
-        keys: vec![PublicKey {
-            key_id: "k1".into(),
-            ed25519: key.public().to_bytes().to_vec(),
-            active_from_unix_secs: 0,
-            verify_until_unix_secs: 0,
-        }],
-        ..Default::default()
-    });
-    Cp {
-        key,
-        trust: RwLock::new(Arc::new(trust)),
-    }
+    let fx = TestCp::new();
+    let trust = RwLock::new(Arc::new(fx.trust.clone()));
+    Cp { fx, trust }
 }
 
-fn signed_by(key: &ed25519::Keypair, epoch: u64, version: u64, text: &str) -> SignedPolicy {
-    sign_policy(
-        &PolicyDocument {
-            epoch,
-            version,
-            issued_at_unix_secs: 1000 + version as i64,
-            text: text.into(),
-            key_id: "k1".into(),
-        },
-        key,
-    )
-}
-
-fn list_by(
-    key: &ed25519::Keypair,
-    epoch: u64,
-    generation: u64,
-    issued: i64,
-    entries: &[Revocation],
-) -> SignedRevocations {
-    sign_revocations(
-        &RevocationList {
-            epoch,
-            generation,
-            issued_at_unix_secs: issued,
-            entries: entries.to_vec(),
-            key_id: "k1".into(),
-        },
-        key,
-    )
+/// A policy issued at `1000 + version`.
+fn signed_by(fx: &TestCp, epoch: u64, version: u64, text: &str) -> SignedPolicy {
+    fx.policy(epoch, version, 1000 + version as i64, text)
 }
 
 fn token_revoked(token: &str) -> Revocation {
-    Revocation {
-        token_id: token.into(),
-        until_unix_secs: 9000,
-        ..Default::default()
-    }
+    agentmesh_proto::testing::token_revoked(token, 9000)
 }
 
 fn list_ignored(m: &PolicyMetrics, reason: &'static str) -> u64 {
@@ -97,24 +53,9 @@ fn list_ignored(m: &PolicyMetrics, reason: &'static str) -> u64 {
         .get()
 }
 
+/// Credentials of these tests are valid from 1000 to 5000.
 fn credential(cp: &Cp, peer: &PeerId, team: &str, token: &str) -> Credential {
-    sign(
-        &Claims {
-            subject: peer.to_bytes(),
-            node_id: "n".into(),
-            role: Role::Member as i32,
-            token_kind: TokenKind::Bootstrap as i32,
-            labels: vec![Label {
-                key: "team".into(),
-                value: team.into(),
-            }],
-            issued_at_unix_secs: 1000,
-            expires_at_unix_secs: 5000,
-            key_id: "k1".into(),
-            token_id: token.into(),
-        },
-        &cp.key,
-    )
+    cp.fx.member(peer, team, token, 1000..5000)
 }
 
 fn claims(cp: &Cp, team: &str, token: &str) -> VerifiedClaims {
@@ -141,7 +82,7 @@ async fn none_held_denies_every_call_and_a_grant_lets_one_through() {
     );
 
     let mut changes = p.subscribe();
-    let offer = p.offer(signed_by(&cp.key, 1, 1, GRANTED), trust.clone(), "test");
+    let offer = p.offer(signed_by(&cp.fx, 1, 1, GRANTED), trust.clone(), "test");
     assert_eq!(offer.await, Offer::Accepted);
     assert!(
         changes.has_changed().expect("open"),
@@ -162,9 +103,9 @@ async fn none_held_denies_every_call_and_a_grant_lets_one_through() {
     );
 
     // The same policy again is held, not counted; the grant removed takes effect.
-    let again = p.offer(signed_by(&cp.key, 1, 1, GRANTED), trust.clone(), "test");
+    let again = p.offer(signed_by(&cp.fx, 1, 1, GRANTED), trust.clone(), "test");
     assert_eq!(again.await, Offer::Held);
-    let removed = p.offer(signed_by(&cp.key, 1, 2, NO_GRANT), trust.clone(), "test");
+    let removed = p.offer(signed_by(&cp.fx, 1, 2, NO_GRANT), trust.clone(), "test");
     assert_eq!(removed.await, Offer::Accepted);
     assert_eq!(
         p.may_call(&trust, &web, "db", 2000),
@@ -184,16 +125,16 @@ async fn forged_stale_and_unparsable_policies_are_ignored_and_counted() {
     let p = MemberPolicy::new(m.clone());
     let trust = cp.trust.read().clone();
     assert_eq!(
-        p.offer(signed_by(&cp.key, 1, 5, GRANTED), trust.clone(), "t")
+        p.offer(signed_by(&cp.fx, 1, 5, GRANTED), trust.clone(), "t")
             .await,
         Offer::Accepted
     );
-    let forger = ed25519::Keypair::generate();
+    let forger = TestCp::new();
     let forged = p.offer(signed_by(&forger, 1, 9, NO_GRANT), trust.clone(), "t");
     assert_eq!(forged.await, Offer::Ignored("bad_signature"));
-    let older = p.offer(signed_by(&cp.key, 1, 4, NO_GRANT), trust.clone(), "t");
+    let older = p.offer(signed_by(&cp.fx, 1, 4, NO_GRANT), trust.clone(), "t");
     assert_eq!(older.await, Offer::Ignored("stale"));
-    let garbage = p.offer(signed_by(&cp.key, 1, 6, "format = 99"), trust.clone(), "t");
+    let garbage = p.offer(signed_by(&cp.fx, 1, 6, "format = 99"), trust.clone(), "t");
     assert_eq!(garbage.await, Offer::Ignored("unparsable"));
     let bytes = SignedPolicy {
         document: vec![0xff; 40],
@@ -209,7 +150,7 @@ async fn forged_stale_and_unparsable_policies_are_ignored_and_counted() {
     assert_eq!(ignored(&m, "unparsable"), 1);
     // An older one from the (cached) directory is not a lie: not counted.
     let cached = p.offer(
-        signed_by(&cp.key, 1, 4, NO_GRANT),
+        signed_by(&cp.fx, 1, 4, NO_GRANT),
         cp.trust.read().clone(),
         DIRECTORY,
     );
@@ -224,12 +165,12 @@ async fn a_pushed_signed_list_revokes_and_a_newer_one_lifts_it() {
     m.precreate();
     let p = MemberPolicy::new(m.clone());
     let trust = cp.trust.read().clone();
-    p.offer(signed_by(&cp.key, 1, 1, GRANTED), trust, "t").await;
+    p.offer(signed_by(&cp.fx, 1, 1, GRANTED), trust, "t").await;
     let web = claims(&cp, "web", "tok-web");
     let changes = p.subscribe();
     let push = PolicyPush {
         policy: None,
-        revocations: Some(list_by(&cp.key, 7, 3, 100, &[token_revoked("tok-web")])),
+        revocations: Some(cp.fx.revocations(7, 3, 100, &[token_revoked("tok-web")])),
     };
     let (ack, result) = p.on_push(&cp.trust, push, 2000, "push").await;
     assert_eq!((ack.epoch, ack.version, result), (1, 1, "probe"));
@@ -244,7 +185,7 @@ async fn a_pushed_signed_list_revokes_and_a_newer_one_lifts_it() {
         Err(Denied::Revoked)
     );
     // The control plane lifted it (the entry reaped): a newer generation.
-    let lifted = list_by(&cp.key, 7, 4, 50, &[]);
+    let lifted = cp.fx.revocations(7, 4, 50, &[]);
     assert_eq!(
         p.offer_revocations(&cp.trust, &lifted, 2000, DIRECTORY),
         Offer::Accepted
@@ -269,13 +210,13 @@ async fn forged_unsigned_and_rolled_back_lists_are_ignored_and_counted() {
     m.precreate();
     let p = MemberPolicy::new(m.clone());
     let trust = cp.trust.read().clone();
-    p.offer(signed_by(&cp.key, 1, 1, GRANTED), trust, "t").await;
+    p.offer(signed_by(&cp.fx, 1, 1, GRANTED), trust, "t").await;
     let (honest, revoked) = (
         claims(&cp, "web", "tok-honest"),
         claims(&cp, "web", "tok-bad"),
     );
-    let old = list_by(&cp.key, 7, 3, 100, &[]);
-    let current = list_by(&cp.key, 7, 4, 200, &[token_revoked("tok-bad")]);
+    let old = cp.fx.revocations(7, 3, 100, &[]);
+    let current = cp.fx.revocations(7, 4, 200, &[token_revoked("tok-bad")]);
     assert_eq!(
         p.offer_revocations(&cp.trust, &old, 2000, "push"),
         Offer::Accepted
@@ -285,8 +226,8 @@ async fn forged_unsigned_and_rolled_back_lists_are_ignored_and_counted() {
         Offer::Accepted
     );
 
-    let forger = ed25519::Keypair::generate();
-    let forged = list_by(&forger, 7, 9, 300, &[token_revoked("tok-honest")]);
+    let forger = TestCp::new();
+    let forged = forger.revocations(7, 9, 300, &[token_revoked("tok-honest")]);
     let (ack, _) = p
         .on_push(
             &cp.trust,
@@ -338,7 +279,7 @@ async fn forged_unsigned_and_rolled_back_lists_are_ignored_and_counted() {
     );
     assert_eq!(list_ignored(&m, "stale"), 1);
     // The held generation signed again (a key rotation): nothing to do.
-    let resigned = list_by(&cp.key, 7, 4, 900, &[token_revoked("tok-bad")]);
+    let resigned = cp.fx.revocations(7, 4, 900, &[token_revoked("tok-bad")]);
     assert_eq!(
         p.offer_revocations(&cp.trust, &resigned, 2000, "push"),
         Offer::Held
@@ -349,9 +290,9 @@ async fn forged_unsigned_and_rolled_back_lists_are_ignored_and_counted() {
 async fn a_restored_control_plane_list_of_a_new_epoch_issued_later_replaces_the_held_one() {
     let cp = cp();
     let p = MemberPolicy::new(PolicyMetrics::default());
-    let before = list_by(&cp.key, 7, 40, 100, &[token_revoked("a")]);
-    let restored = list_by(&cp.key, 8, 2, 200, &[token_revoked("b")]);
-    let replayed = list_by(&cp.key, 6, 90, 50, &[]);
+    let before = cp.fx.revocations(7, 40, 100, &[token_revoked("a")]);
+    let restored = cp.fx.revocations(8, 2, 200, &[token_revoked("b")]);
+    let replayed = cp.fx.revocations(6, 90, 50, &[]);
     assert_eq!(
         p.offer_revocations(&cp.trust, &before, 2000, "t"),
         Offer::Accepted

@@ -1,74 +1,14 @@
 use super::*;
-use crate::credential::sign;
-use crate::pb::credential::{Claims, Credential, KeySet, Label, PublicKey, Revocation, TokenKind};
-use crate::policy::sign_policy;
-use libp2p_identity::ed25519;
-
-const POLICY: &str = r#"
-format = 1
-[groups]
-payments = { labels = { team = "payments" } }
-web = { labels = { team = "web" } }
-
-[[owners]]
-services = ["payments/*"]
-groups = ["payments"]
-
-[[grants]]
-from = ["web"]
-to = ["payments/api"]
-"#;
-
-struct Cp {
-    key: ed25519::Keypair,
-    trust: Trust,
-}
+use crate::pb::credential::{Credential, Revocation};
+use crate::testing::{TestCp as Cp, WEB_TO_PAYMENTS as POLICY};
 
 fn cp() -> Cp {
-    let key = ed25519::Keypair::generate();
-    let trust = Trust::new(&KeySet {
-        keys: vec![PublicKey {
-            key_id: "k1".into(),
-            ed25519: key.public().to_bytes().to_vec(),
-            active_from_unix_secs: 0,
-            verify_until_unix_secs: 0,
-        }],
-        ..Default::default()
-    });
-    Cp { key, trust }
+    Cp::new()
 }
 
+/// Credentials of these tests are valid from 1000 to 5000.
 fn credential(cp: &Cp, peer: &PeerId, team: &str, token: &str) -> Credential {
-    sign(
-        &Claims {
-            subject: peer.to_bytes(),
-            node_id: "n".into(),
-            role: Role::Member as i32,
-            token_kind: TokenKind::Bootstrap as i32,
-            labels: vec![Label {
-                key: "team".into(),
-                value: team.into(),
-            }],
-            issued_at_unix_secs: 1000,
-            expires_at_unix_secs: 5000,
-            key_id: "k1".into(),
-            token_id: token.into(),
-        },
-        &cp.key,
-    )
-}
-
-fn signed(cp: &Cp, epoch: u64, version: u64, issued_at: i64, text: &str) -> SignedPolicy {
-    sign_policy(
-        &PolicyDocument {
-            epoch,
-            version,
-            issued_at_unix_secs: issued_at,
-            text: text.into(),
-            key_id: "k1".into(),
-        },
-        &cp.key,
-    )
+    cp.member(peer, team, token, 1000..5000)
 }
 
 fn record(
@@ -96,27 +36,27 @@ fn peer() -> PeerId {
 #[test]
 fn a_policy_is_taken_only_verified_parsed_and_newer() {
     let cp = cp();
-    let v1 = HeldPolicy::accept(&signed(&cp, 7, 1, 100, POLICY), &cp.trust, None).expect("v1");
+    let v1 = HeldPolicy::accept(&cp.policy(7, 1, 100, POLICY), &cp.trust, None).expect("v1");
     assert_eq!((v1.epoch, v1.version), (7, 1));
-    let v2 = HeldPolicy::accept(&signed(&cp, 7, 2, 200, POLICY), &cp.trust, Some(&v1)).expect("v2");
+    let v2 = HeldPolicy::accept(&cp.policy(7, 2, 200, POLICY), &cp.trust, Some(&v1)).expect("v2");
     // Older or equal versions of the same epoch are stale.
     for v in [1, 2] {
-        let r = HeldPolicy::accept(&signed(&cp, 7, v, 300, POLICY), &cp.trust, Some(&v2));
+        let r = HeldPolicy::accept(&cp.policy(7, v, 300, POLICY), &cp.trust, Some(&v2));
         assert_eq!(r.expect_err("refused").reason(), "stale");
     }
     // A replayed document of an older epoch is stale; a later epoch is taken.
-    let r = HeldPolicy::accept(&signed(&cp, 6, 9, 150, POLICY), &cp.trust, Some(&v2));
+    let r = HeldPolicy::accept(&cp.policy(6, 9, 150, POLICY), &cp.trust, Some(&v2));
     assert_eq!(r.expect_err("refused").reason(), "stale");
-    assert!(HeldPolicy::accept(&signed(&cp, 8, 1, 400, POLICY), &cp.trust, Some(&v2)).is_ok());
+    assert!(HeldPolicy::accept(&cp.policy(8, 1, 400, POLICY), &cp.trust, Some(&v2)).is_ok());
     // Another signer, a tampered document, a text this build cannot parse.
     let other = self::cp();
-    let r = HeldPolicy::accept(&signed(&other, 7, 3, 300, POLICY), &cp.trust, Some(&v2));
+    let r = HeldPolicy::accept(&other.policy(7, 3, 300, POLICY), &cp.trust, Some(&v2));
     assert_eq!(r.expect_err("refused").reason(), "bad_signature");
-    let mut tampered = signed(&cp, 7, 3, 300, POLICY);
+    let mut tampered = cp.policy(7, 3, 300, POLICY);
     let last = tampered.document.len() - 1;
     tampered.document[last] ^= 1;
     assert!(HeldPolicy::accept(&tampered, &cp.trust, Some(&v2)).is_err());
-    let r = HeldPolicy::accept(&signed(&cp, 7, 3, 300, "format = 99"), &cp.trust, Some(&v2));
+    let r = HeldPolicy::accept(&cp.policy(7, 3, 300, "format = 99"), &cp.trust, Some(&v2));
     assert_eq!(r.expect_err("refused").reason(), "unparsable");
     // What a holder reporting a version lacks.
     assert!(v2.is_newer_than(0, 0));

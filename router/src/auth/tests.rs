@@ -1,26 +1,14 @@
 use super::*;
 use agentmesh_proto::credential::sign;
-use agentmesh_proto::pb::credential::{Claims, KeySet, PublicKey, Revocation, TokenKind};
+use agentmesh_proto::pb::credential::{Claims, Revocation, TokenKind};
 use agentmesh_proto::pb::mesh::Purpose as P;
 use libp2p::identity::ed25519;
 
-struct Fixture {
-    key: ed25519::Keypair,
-    trust: Trust,
-}
+/// The control plane: its key and trust (the shared fixture).
+type Fixture = agentmesh_proto::testing::TestCp;
 
 fn fixture() -> Fixture {
-    let key = ed25519::Keypair::generate();
-    let trust = Trust::new(&KeySet {
-        keys: vec![PublicKey {
-            key_id: "k1".into(),
-            ed25519: key.public().to_bytes().to_vec(),
-            active_from_unix_secs: 0,
-            verify_until_unix_secs: 0,
-        }],
-        ..Default::default()
-    });
-    Fixture { key, trust }
+    Fixture::new()
 }
 
 fn claims(peer: &PeerId, role: Role, iat: i64, exp: i64) -> Claims {
