@@ -32,8 +32,6 @@ const ROUTER_TOKEN_USES: u32 = 1_000;
 /// The control plane's default `--lease-ttl-secs` (the ladder links only
 /// its client, not its configuration).
 const CONTROL_PLANE_LEASE_TTL_SECS: u64 = 30;
-/// The control plane's default `--key-rotation-interval-secs` (one day).
-const CONTROL_PLANE_KEY_ROTATION_INTERVAL_SECS: i64 = 86_400;
 
 /// What happened to a router.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,17 +293,6 @@ impl LocalMesh {
             lease_ttl: Duration::from_secs(ttl),
             psql,
         }
-    }
-
-    /// The control plane's signing-key rotation interval, seconds (its
-    /// `--key-rotation-interval-secs`, as the ladder passed it).
-    pub fn key_rotation_interval_secs(&self) -> i64 {
-        crate::replicas::config::arg_value(
-            &self.cfg.control_plane_args,
-            "--key-rotation-interval-secs",
-        )
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(CONTROL_PLANE_KEY_ROTATION_INTERVAL_SECS)
     }
 
     /// Where each program runs, when not all here (`--hosts`).

@@ -404,12 +404,7 @@ async fn control_planes_record(
     cfg: &FleetConfig,
     report: &Report,
 ) -> ControlPlanesRecord {
-    let watched = monitor
-        .finish(
-            &mesh.admin_rotations_unix,
-            mesh.key_rotation_interval_secs(),
-        )
-        .await;
+    let watched = monitor.finish(&mesh.admin_rotations_unix).await;
     let kills = &report.events.kill_control_plane;
     let ready: Vec<u64> = kills
         .iter()

@@ -582,6 +582,32 @@ fn delta(
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_plan_has_every_kill_and_the_replica_events_in_time_order() {
+        let mut cfg = FleetConfig {
+            hold_secs: 100,
+            ..FleetConfig::default()
+        };
+        cfg.replicas.kill_every_secs = Some(30);
+        cfg.replicas.rolling_restart_at_secs = Some(45);
+        cfg.replicas.stop_at_secs = Some(10);
+        cfg.propagation.policy_change_at_secs = Some(50);
+        let p = plan(&cfg);
+        assert_eq!(
+            p,
+            vec![
+                (10, Kind::StopControlPlane),
+                (30, Kind::KillControlPlane),
+                (45, Kind::RollingRestartControlPlanes),
+                (50, Kind::PolicyChange),
+                (60, Kind::KillControlPlane),
+                (90, Kind::KillControlPlane),
+            ]
+        );
+        cfg.replicas = crate::replicas::ReplicaEventsConfig::default();
+        assert_eq!(plan(&cfg), vec![(50, Kind::PolicyChange)]);
+    }
+
     fn flap(member: u64, at_secs: f64) -> FlapRecord {
         FlapRecord {
             member,

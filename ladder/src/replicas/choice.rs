@@ -101,38 +101,33 @@ pub fn most_watched(watchers: &[(String, Option<u64>)]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// Signing-key rotations due between `start` and `end` (Unix seconds):
-/// one per admin rotation (`admin`, Unix seconds) and one per scheduled
-/// deadline passed, where the first deadline is `next_at_start` and each
-/// rotation, scheduled or admin, sets the next to its time plus
-/// `interval_secs` (as the control plane does). The target is one new key
-/// per rotation however many replicas race for it.
-pub fn rotations_due(
-    next_at_start: Option<i64>,
-    interval_secs: i64,
-    admin: &[i64],
-    end: i64,
-) -> u64 {
-    let interval = interval_secs.max(1);
-    let mut admin: Vec<i64> = admin.iter().copied().filter(|a| *a <= end).collect();
-    admin.sort_unstable();
-    let mut due = 0u64;
-    let mut deadline = next_at_start;
-    let scheduled_until = |deadline: &mut Option<i64>, until: i64, due: &mut u64| {
-        while let Some(d) = *deadline
-            && d <= until
-        {
-            *due += 1;
-            *deadline = Some(d + interval);
+/// Scheduled signing-key rotations seen in `readings` of the stored
+/// rotation deadline (`(unix_secs, deadline)`, oldest first, the start's
+/// and the end's included): each time the deadline changed, the old one
+/// counts when it had come by the change, unless one of the ladder's admin
+/// rotations (`admin`, Unix seconds) fell between the two readings before
+/// it (an admin rotation moves the deadline too). Every rotation stores a
+/// new deadline, so one that had come and was replaced is one rotation
+/// due; a deadline that has come but is still stored at the end has not
+/// been taken yet (the replicas check it every `--key-check-interval-secs`)
+/// and is not counted. Two rotations between readings count as one: the
+/// readings come far more often than any rotation interval a run uses.
+pub fn scheduled_rotations(readings: &[(i64, Option<i64>)], admin: &[i64]) -> u64 {
+    let mut passed = 0;
+    for pair in readings.windows(2) {
+        let ((t0, before), (t1, after)) = (pair[0], pair[1]);
+        let (Some(d), Some(new)) = (before, after) else {
+            continue;
+        };
+        if new == d {
+            continue;
         }
-    };
-    for a in admin {
-        scheduled_until(&mut deadline, a, &mut due);
-        due += 1;
-        deadline = Some(a + interval);
+        let admin_first = admin.iter().any(|a| *a > t0 && *a <= t1 && *a < d);
+        if d <= t1 && !admin_first {
+            passed += 1;
+        }
     }
-    scheduled_until(&mut deadline, end, &mut due);
-    due
+    passed
 }
 
 #[cfg(test)]
@@ -215,15 +210,36 @@ mod tests {
     }
 
     #[test]
-    fn rotations_due_count_admin_calls_and_deadlines_passed() {
-        // A day's interval, a short run: only the admin rotation.
-        assert_eq!(rotations_due(Some(1_000_000), 86_400, &[500], 2_000), 1);
-        // A deadline inside the run, and the next one a period later.
-        assert_eq!(rotations_due(Some(100), 50, &[], 249), 3);
-        // An admin rotation moves the next deadline to its time + interval.
-        assert_eq!(rotations_due(Some(100), 50, &[120], 200), 3);
-        assert_eq!(rotations_due(Some(100), 50, &[120], 169), 2);
-        // No stored deadline yet, admin calls after the end not counted.
-        assert_eq!(rotations_due(None, 50, &[300], 200), 0);
+    fn scheduled_rotations_count_deadlines_replaced_after_they_came() {
+        // A deadline at 100 taken at 101 (the next at 116), then at 116
+        // taken at 118; the next, 133, has not come by the end.
+        let r = [
+            (90, Some(100)),
+            (95, Some(100)),
+            (105, Some(116)),
+            (120, Some(133)),
+            (125, Some(133)),
+        ];
+        assert_eq!(scheduled_rotations(&r, &[]), 2);
+        // An admin rotation at 99 moved the deadline (to 111) just before
+        // it came; the reading after it is at 105.
+        let r = [(95, Some(100)), (105, Some(111)), (110, Some(111))];
+        assert_eq!(scheduled_rotations(&r, &[99]), 0);
+        // The same readings without the admin call: the deadline was taken.
+        assert_eq!(scheduled_rotations(&r, &[]), 1);
+        // An admin call before the deadline but after the change's reading
+        // does not excuse it.
+        assert_eq!(scheduled_rotations(&r, &[106]), 1);
+        // A deadline that came and is still stored at the end.
+        assert_eq!(
+            scheduled_rotations(&[(90, Some(100)), (130, Some(100))], &[]),
+            0
+        );
+        // Unknown readings count nothing; a day's interval in a short run.
+        assert_eq!(scheduled_rotations(&[(1, None), (2, Some(5))], &[]), 0);
+        assert_eq!(
+            scheduled_rotations(&[(0, Some(86_400)), (1_800, Some(87_000))], &[600]),
+            0
+        );
     }
 }

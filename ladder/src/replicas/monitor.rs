@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::choice::rotations_due;
+use super::choice::scheduled_rotations;
 use super::leases::{LeaseRecord, LeaseTracker, lease_counters};
 use crate::postgres::psql::Psql;
 use crate::prom::Metrics;
@@ -24,10 +24,12 @@ pub const PG_POLL: Duration = Duration::from_secs(5);
 /// Deadline of one router's `/metrics` read.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Client connections in use (the sampler's own left out) and the limit.
+/// Client connections in use (the sampler's own left out), the limit,
+/// and the stored signing-key rotation deadline.
 const CONNECTIONS_SQL: &str = "SELECT (SELECT count(*) FROM pg_stat_activity \
      WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()), \
-     current_setting('max_connections')::bigint";
+     current_setting('max_connections')::bigint, \
+     (SELECT max(next_rotation_at) FROM rotation_state)";
 
 /// What to watch.
 #[derive(Debug, Clone)]
@@ -58,7 +60,7 @@ pub struct PgConnectionsRecord {
 }
 
 impl PgConnectionsRecord {
-    fn add(&mut self, reading: crate::Result<Vec<Option<i64>>>) {
+    fn add(&mut self, reading: &crate::Result<Vec<Option<i64>>>) {
         match reading {
             Ok(v) => {
                 let n = v.first().copied().flatten().map(|n| n.max(0) as u64);
@@ -88,9 +90,11 @@ pub struct SigningKeysRecord {
     pub created: Option<u64>,
     /// Admin rotations the ladder asked for (`--rotate-key-at`).
     pub admin_rotations: u64,
-    /// Rotations due: one per admin rotation and one per scheduled
-    /// deadline passed (the stored deadline at the start, then every
-    /// `--key-rotation-interval-secs`).
+    /// Scheduled rotation deadlines that came and were replaced by the
+    /// next during the run (from the stored deadline, read at every
+    /// connection sample).
+    pub scheduled_rotations: u64,
+    /// Rotations due: the admin ones and the scheduled ones.
     pub rotations_due: u64,
     /// Whether exactly one key was created per rotation due.
     pub one_per_rotation: Option<bool>,
@@ -117,6 +121,17 @@ pub struct Watched {
 struct State {
     leases: LeaseTracker,
     pg: PgConnectionsRecord,
+    /// The stored rotation deadline at each reading: (Unix secs, deadline).
+    deadlines: Vec<(i64, Option<i64>)>,
+}
+
+impl State {
+    /// Keeps a reading's rotation deadline (column `col`).
+    fn deadline(&mut self, at: i64, reading: &crate::Result<Vec<Option<i64>>>, col: usize) {
+        if let Ok(v) = reading {
+            self.deadlines.push((at, v.get(col).copied().flatten()));
+        }
+    }
 }
 
 /// A running monitor; see the module docs.
@@ -136,10 +151,15 @@ impl Monitor {
             Some(p) => Some(p.numbers(&keys_sql(started_unix)).await),
             None => None,
         };
-        let state = Arc::new(Mutex::new(State {
+        let mut state = State {
             leases: LeaseTracker::new(cfg.lease_ttl, LEASE_POLL),
             pg: PgConnectionsRecord::default(),
-        }));
+            deadlines: Vec::new(),
+        };
+        if let Some(r) = &keys_at_start {
+            state.deadline(started_unix, r, 2);
+        }
+        let state = Arc::new(Mutex::new(state));
         let cancel = CancellationToken::new();
         tokio::spawn(poll_leases(cfg.routers, state.clone(), cancel.clone()));
         if let Some(p) = &cfg.psql {
@@ -155,27 +175,33 @@ impl Monitor {
     }
 
     /// Stops polling and reads the keys again; `admin_rotations` are the
-    /// Unix times of the ladder's RotateKeyNow calls, `interval_secs` the
-    /// control plane's rotation interval.
-    pub async fn finish(self, admin_rotations: &[i64], interval_secs: i64) -> Watched {
+    /// Unix times of the ladder's RotateKeyNow calls.
+    pub async fn finish(self, admin_rotations: &[i64]) -> Watched {
         self.cancel.cancel();
-        let (leases, pg) = {
-            let s = self
-                .state
+        let lock = || {
+            self.state
                 .lock()
-                .expect("monitor state lock is never poisoned");
-            (s.leases.record(), s.pg.clone())
+                .expect("monitor state lock is never poisoned")
+        };
+        let (Some(psql), Some(start)) = (&self.psql, &self.keys_at_start) else {
+            return Watched {
+                leases: lock().leases.record(),
+                ..Watched::default()
+            };
+        };
+        let end_unix = agentmesh_proto::unix_now();
+        let end = psql.numbers(&keys_sql(self.started_unix)).await;
+        let (leases, pg, scheduled) = {
+            let mut s = lock();
+            s.deadline(end_unix, &end, 2);
+            let scheduled = scheduled_rotations(&s.deadlines, admin_rotations);
+            (s.leases.record(), s.pg.clone(), scheduled)
         };
         let mut watched = Watched {
             leases,
+            postgres_connections: Some(pg),
             ..Watched::default()
         };
-        let (Some(psql), Some(start)) = (&self.psql, &self.keys_at_start) else {
-            return watched;
-        };
-        watched.postgres_connections = Some(pg);
-        let end_unix = agentmesh_proto::unix_now();
-        let end = psql.numbers(&keys_sql(self.started_unix)).await;
         let mut keys = SigningKeysRecord {
             admin_rotations: admin_rotations.len() as u64,
             ..SigningKeysRecord::default()
@@ -193,12 +219,8 @@ impl Monitor {
         keys.created = col(&end, 1).map(|n| n as u64);
         keys.next_rotation_at_start = col(start, 2);
         keys.next_rotation_at_end = col(&end, 2);
-        keys.rotations_due = rotations_due(
-            keys.next_rotation_at_start,
-            interval_secs,
-            admin_rotations,
-            end_unix,
-        );
+        keys.scheduled_rotations = scheduled;
+        keys.rotations_due = keys.admin_rotations + scheduled;
         keys.one_per_rotation = keys.created.map(|c| c == keys.rotations_due);
         watched.signing_keys = Some(keys);
         watched
@@ -259,11 +281,9 @@ async fn poll_connections(psql: Psql, state: Arc<Mutex<State>>, cancel: Cancella
             () = cancel.cancelled() => return,
             r = psql.numbers(CONNECTIONS_SQL) => r,
         };
-        state
-            .lock()
-            .expect("monitor state lock is never poisoned")
-            .pg
-            .add(reading);
+        let mut s = state.lock().expect("monitor state lock is never poisoned");
+        s.pg.add(&reading);
+        s.deadline(agentmesh_proto::unix_now(), &reading, 2);
     }
 }
 
@@ -284,10 +304,10 @@ mod tests {
     #[test]
     fn connection_samples_keep_the_peak_the_last_and_the_limit() {
         let mut r = PgConnectionsRecord::default();
-        r.add(Ok(vec![Some(12), Some(100)]));
-        r.add(Ok(vec![Some(30), Some(100)]));
-        r.add(Err(crate::LadderError::Process("psql failed".into())));
-        r.add(Ok(vec![Some(9), Some(100)]));
+        r.add(&Ok(vec![Some(12), Some(100)]));
+        r.add(&Ok(vec![Some(30), Some(100)]));
+        r.add(&Err(crate::LadderError::Process("psql failed".into())));
+        r.add(&Ok(vec![Some(9), Some(100)]));
         assert_eq!(
             (r.peak, r.last, r.max_connections, r.samples, r.errors),
             (Some(30), Some(9), Some(100), 3, 1)

@@ -170,11 +170,12 @@ impl ControlPlanesRecord {
             let n = |v: Option<u64>| v.map_or_else(|| "-".into(), |v| v.to_string());
             let _ = writeln!(
                 s,
-                "- signing keys: {} at the start, {} at the end, {} created; rotations due {} ({} admin){}{}",
+                "- signing keys: {} at the start, {} at the end, {} created; rotations due {} ({} scheduled, {} admin){}{}",
                 n(k.at_start),
                 n(k.at_end),
                 n(k.created),
                 k.rotations_due,
+                k.scheduled_rotations,
                 k.admin_rotations,
                 match k.one_per_rotation {
                     Some(true) => ": one key per rotation",
