@@ -188,8 +188,10 @@ const REFRESH: &[(&str, &str)] = &[("method", "Refresh")];
 
 /// Reads the control plane's `/metrics` at `http_addr` (and `/proc` for `pid`).
 /// `store_pid` is the database server's, when the ladder started one.
+/// `http_addr` None: `/proc` only, not `up` (a SIGSTOPped replica, whose
+/// listener would hold the read until its deadline).
 pub async fn control_plane(
-    http_addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
     pid: Option<u32>,
     store_pid: Option<u32>,
 ) -> ControlPlaneRaw {
@@ -198,6 +200,9 @@ pub async fn control_plane(
         cpu_secs: pid.and_then(procstat::cpu_secs),
         store_server: store_pid.and_then(procstat::tree_usage),
         ..ControlPlaneRaw::default()
+    };
+    let Some(http_addr) = http_addr else {
+        return raw;
     };
     let Ok(page) = http::get(http_addr, "/metrics", SCRAPE_TIMEOUT).await else {
         return raw;

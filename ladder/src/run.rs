@@ -88,7 +88,12 @@ fn check_replicas(local: &LocalConfig, cfg: &FleetConfig) -> Result<()> {
         postgres,
         hold_secs: cfg.hold_secs,
         restart_control_plane: cfg.restart_control_plane_at_secs.is_some(),
-    })
+    })?;
+    let revoke_at = cfg.propagation.revoke_token_at_secs;
+    if let Some(w) = cfg.replicas.after_revocation(revoke_at, cfg.hold_secs) {
+        eprintln!("ladder: warning: {w}");
+    }
+    Ok(())
 }
 
 /// `--control-plane-store postgres`: starts the run's server and points the

@@ -95,18 +95,18 @@ impl Target {
         match self {
             Self::Local(m) => {
                 let store = m.store_server_pid();
-                let reads = m
-                    .control_planes
-                    .replicas
-                    .iter()
-                    .map(|r| observe::control_plane(r.http, r.pid(), store));
+                let set = &m.control_planes;
+                let reads = set.replicas.iter().enumerate().map(|(i, r)| {
+                    let http = (!set.is_stopped(i)).then_some(r.http);
+                    observe::control_plane(http, r.pid(), store)
+                });
                 let parts = futures::future::join_all(reads).await;
                 Some(observe::merge_control_planes(parts))
             }
             Self::Remote {
                 control_plane_http, ..
             } => match control_plane_http {
-                Some(a) => Some(observe::control_plane(*a, None, None).await),
+                Some(a) => Some(observe::control_plane(Some(*a), None, None).await),
                 None => None,
             },
         }

@@ -130,6 +130,30 @@ impl ReplicaEventsConfig {
     }
 }
 
+impl ReplicaEventsConfig {
+    /// A warning when a replica event falls after `--revoke-token-at`
+    /// `revoke_at` in a hold of `hold_secs`: the revoked members hold no
+    /// router from then on, so every later window counts them as lost.
+    pub fn after_revocation(&self, revoke_at: Option<u64>, hold_secs: u64) -> Option<String> {
+        let revoke_at = revoke_at?;
+        let kills = self
+            .kill_every_secs
+            .map(|every| super::choice::kill_times(every, hold_secs))
+            .unwrap_or_default();
+        let later = kills
+            .into_iter()
+            .chain(self.rolling_restart_at_secs)
+            .chain(self.stop_at_secs)
+            .filter(|at| *at > revoke_at && *at < hold_secs)
+            .min()?;
+        Some(format!(
+            "the replica event at {later} s comes after --revoke-token-at {revoke_at}: its \
+             window counts the revoked members as lost (put the revocation after the last \
+             replica event to keep them apart)"
+        ))
+    }
+}
+
 /// Whether `--control-plane-db` names a PostgreSQL database.
 pub fn is_postgres_url(url: &str) -> bool {
     url.starts_with("postgres://") || url.starts_with("postgresql://")
@@ -225,6 +249,21 @@ mod tests {
             ..ReplicaEventsConfig::default()
         };
         ok.check(shape(3, true)).expect("one kill at 59 s");
+    }
+
+    #[test]
+    fn a_replica_event_after_the_revocation_is_warned_about() {
+        let cfg = ReplicaEventsConfig {
+            kill_every_secs: Some(30),
+            stop_at_secs: Some(75),
+            ..ReplicaEventsConfig::default()
+        };
+        let w = cfg.after_revocation(Some(140), 180).expect("kill at 150");
+        assert!(w.contains("at 150 s"), "{w}");
+        assert_eq!(cfg.after_revocation(Some(160), 180), None);
+        assert_eq!(cfg.after_revocation(None, 180), None);
+        let w = cfg.after_revocation(Some(70), 180).expect("stop at 75");
+        assert!(w.contains("at 75 s"), "{w}");
     }
 
     #[test]
