@@ -224,11 +224,12 @@ pub struct LocalConfig {
     /// Routers to start.
     #[arg(long, default_value_t = DEFAULT_ROUTERS)]
     pub routers: usize,
-    /// Control-plane replicas to start on the one database, each on loopback
-    /// ports of its own, all serving the first one's URL as `--public-url`;
-    /// routers and members get each as a `--control-plane-endpoint`. Above 1
-    /// needs PostgreSQL (`--control-plane-store postgres` or
-    /// `--control-plane-db postgres://…`), replicas. Default 1.
+    /// Control-plane replicas to start on the one database, replicas (each on
+    /// loopback ports of its own, all serving the first one's URL as
+    /// `--public-url`; routers and members get each as a
+    /// `--control-plane-endpoint`). Above 1 needs PostgreSQL
+    /// (`--control-plane-store postgres` or `--control-plane-db postgres://…`).
+    /// Default 1.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_CONTROL_PLANES))]
     pub control_planes: u32,
     /// Extra argument for the control plane (repeatable), e.g. `--control-plane-arg=--enroll-rate-per-sec=50`.

@@ -358,7 +358,7 @@ async fn revoke(target: &mut Target, client: &Client) -> Result<String> {
     Ok(id)
 }
 
-/// CPU seconds of the control plane and of each router, now.
+/// CPU seconds of the control plane (its replicas added up) and of each router, now.
 struct Cpu {
     control_plane: Option<f64>,
     routers: BTreeMap<String, f64>,
@@ -418,8 +418,16 @@ fn cpu(target: &mut Target) -> Option<Cpu> {
             Some((mesh.routers[i].name.clone(), secs))
         })
         .collect();
+    // Every replica's: the change goes through one the routers do not
+    // watch and reaches them through another.
+    let replicas: Vec<f64> = mesh
+        .control_planes
+        .replicas
+        .iter()
+        .filter_map(|r| r.pid().and_then(procstat::cpu_secs))
+        .collect();
     Some(Cpu {
-        control_plane: mesh.control_plane_pid().and_then(procstat::cpu_secs),
+        control_plane: (!replicas.is_empty()).then(|| replicas.iter().sum()),
         routers,
     })
 }
