@@ -44,6 +44,9 @@ pub const DEFAULT_READY_DEADLINE_SECS: u64 = 60;
 pub const DEFAULT_RESTART_ALL_ROUTERS_EXIT_DEADLINE_SECS: u64 = 60;
 /// Default interval between router RSS samples after teardown, seconds.
 pub const DEFAULT_AFTER_INTERVAL_SECS: u64 = 5;
+/// Most control-plane replicas a local run starts (each holds its own
+/// pool of database connections).
+pub const MAX_CONTROL_PLANES: i64 = 16;
 
 /// What the fleet does: steps, hold, events, burst, after. Shared by both modes.
 #[derive(Debug, Clone, PartialEq, clap::Args)]
@@ -154,6 +157,9 @@ pub struct FleetConfig {
     /// Policy change and token revocation during the hold.
     #[command(flatten)]
     pub propagation: crate::propagation::PropagationConfig,
+    /// Control-plane replica events during the hold.
+    #[command(flatten)]
+    pub replicas: crate::replicas::ReplicaEventsConfig,
 }
 
 impl Default for FleetConfig {
@@ -189,6 +195,7 @@ impl Default for FleetConfig {
             admin_token_file: None,
             attack: crate::attack::AttackConfig::default(),
             propagation: crate::propagation::PropagationConfig::default(),
+            replicas: crate::replicas::ReplicaEventsConfig::default(),
         }
     }
 }
@@ -217,6 +224,14 @@ pub struct LocalConfig {
     /// Routers to start.
     #[arg(long, default_value_t = DEFAULT_ROUTERS)]
     pub routers: usize,
+    /// Control-plane replicas to start on the one database, replicas (each on
+    /// loopback ports of its own, all serving the first one's URL as
+    /// `--public-url`; routers and members get each as a
+    /// `--control-plane-endpoint`). Above 1 needs PostgreSQL
+    /// (`--control-plane-store postgres` or `--control-plane-db postgres://…`).
+    /// Default 1.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_CONTROL_PLANES))]
+    pub control_planes: u32,
     /// Extra argument for the control plane (repeatable), e.g. `--control-plane-arg=--enroll-rate-per-sec=50`.
     #[arg(long = "control-plane-arg", allow_hyphen_values = true)]
     pub control_plane_args: Vec<String>,
@@ -279,6 +294,7 @@ impl Default for LocalConfig {
     fn default() -> Self {
         Self {
             routers: DEFAULT_ROUTERS,
+            control_planes: 1,
             control_plane_args: Vec::new(),
             router_args: Vec::new(),
             ready_deadline_secs: DEFAULT_READY_DEADLINE_SECS,
@@ -324,6 +340,11 @@ pub struct WorkerConfig {
     /// The control plane's gRPC URL.
     #[arg(long)]
     pub control_plane: String,
+    /// A control-plane replica to dial (repeatable; default: none, the URL
+    /// alone). Each member starts on a different one, as a Service would
+    /// spread them.
+    #[arg(long = "control-plane-endpoint")]
+    pub control_plane_endpoints: Vec<String>,
     /// PEM CA certificate of an `https://` control plane.
     #[arg(long)]
     pub control_plane_ca: Option<PathBuf>,

@@ -153,6 +153,9 @@ impl Fleet {
         if let Some(ca) = &c.control_plane_ca {
             args.extend(["--control-plane-ca".into(), ca.display().to_string()]);
         }
+        for e in &c.control_plane_endpoints {
+            args.extend(["--control-plane-endpoint".into(), e.clone()]);
+        }
         args.extend(c.propagation.args());
         let log = self.dir.join(format!("worker-{index}.log"));
         let log_file = std::fs::File::create(&log)

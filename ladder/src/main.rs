@@ -44,6 +44,7 @@ enum Mode {
         mut_arg("restart_routers", |a| a.hide(true)),
         mut_arg("control_plane_db", |a| a.hide(true)),
         mut_arg("control_plane_store", |a| a.hide(true)),
+        mut_arg("control_planes", |a| a.hide(true)),
         mut_arg("postgres_bin_dir", |a| a.hide(true)),
         mut_arg("cpu_quota", |a| a.help(
             "Cap the testbed and its mesh (control plane, routers; not the remote runs' \

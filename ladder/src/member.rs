@@ -22,6 +22,8 @@ const ECHO_PAYLOAD_BYTES: usize = 64;
 pub struct MemberSpec {
     /// Control-plane gRPC URL.
     pub control_plane: String,
+    /// The control plane's replicas to dial (empty: the URL alone).
+    pub control_plane_endpoints: Vec<String>,
     /// PEM CA of an `https://` control plane.
     pub control_plane_ca: Option<PathBuf>,
     /// Enrollment token.
@@ -242,6 +244,7 @@ impl Member {
             control_plane: node_config::ControlPlaneConfig {
                 url: spec.control_plane,
                 ca: spec.control_plane_ca,
+                endpoints: spec.control_plane_endpoints,
                 token: spec.token,
                 ..Default::default()
             },

@@ -18,6 +18,7 @@ use tokio::process::Child;
 use crate::binaries::Binaries;
 use crate::children;
 use crate::config::LocalConfig;
+use crate::control_planes::ControlPlanes;
 use crate::error::{LadderError, Result};
 use crate::placement::{self, Placement};
 use crate::ports;
@@ -28,18 +29,9 @@ const STOP_GRACE: Duration = Duration::from_secs(30);
 pub(crate) const TOKEN_TTL_SECS: u64 = 7 * 24 * 3600;
 /// Router token uses: every router start (and restart) may enroll once.
 const ROUTER_TOKEN_USES: u32 = 1_000;
-
-/// The control plane child.
-pub struct ControlPlaneProc {
-    child: Child,
-    args: Vec<String>,
-    env: Vec<(String, String)>,
-    log: PathBuf,
-    /// gRPC address.
-    pub grpc: SocketAddr,
-    /// HTTP address (`/readyz`, `/metrics`, `/info`).
-    pub http: SocketAddr,
-}
+/// The control plane's default `--lease-ttl-secs` (the ladder links only
+/// its client, not its configuration).
+const CONTROL_PLANE_LEASE_TTL_SECS: u64 = 30;
 
 /// What happened to a router.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,8 +83,8 @@ pub struct LocalMesh {
     cfg: LocalConfig,
     /// The run's directory.
     pub dir: PathBuf,
-    /// The control plane.
-    pub control_plane: ControlPlaneProc,
+    /// The control plane's replicas (one unless `--control-planes`).
+    pub control_planes: ControlPlanes,
     /// The routers, in start order.
     pub routers: Vec<RouterProc>,
     /// The admin bearer token.
@@ -109,6 +101,8 @@ pub struct LocalMesh {
     ca_file: Option<PathBuf>,
     /// Where each program runs (`None`: here, on loopback).
     place: Option<Placement>,
+    /// When the ladder's RotateKeyNow calls were made, Unix seconds.
+    pub admin_rotations_unix: Vec<i64>,
 }
 
 impl LocalMesh {
@@ -133,10 +127,13 @@ impl LocalMesh {
     ) -> Result<Self> {
         let admin_token = children::random_hex(32);
         let admin_file = children::write_secret(&dir.join("admin.token"), &admin_token)?;
-        let (control_plane, ca_file) =
-            start_control_plane(&bins, &cfg, dir, place.as_ref(), &admin_file).await?;
-        let url = control_plane.url(ca_file.is_some());
-        let client = admin_client(&url, read_ca(ca_file.as_deref())?)?;
+        let (control_planes, ca_file) =
+            ControlPlanes::start(&bins, &cfg, dir, place.as_ref(), &admin_file).await?;
+        let client = admin_client_at(
+            &control_planes.url(),
+            &control_planes.endpoints(),
+            read_ca(ca_file.as_deref())?,
+        )?;
         let router_token = mint(
             &client,
             &admin_token,
@@ -162,7 +159,7 @@ impl LocalMesh {
             bins,
             cfg,
             dir: dir.to_path_buf(),
-            control_plane,
+            control_planes,
             routers: Vec::new(),
             admin_token,
             member_token_file,
@@ -170,6 +167,7 @@ impl LocalMesh {
             revocable_token: None,
             ca_file,
             place,
+            admin_rotations_unix: Vec::new(),
         };
         for i in 0..mesh.cfg.routers {
             let (metrics, port) = match &mesh.place {
@@ -209,6 +207,12 @@ impl LocalMesh {
         if let Some(ca) = &self.ca_file {
             args.extend(["--control-plane-ca".to_string(), ca.display().to_string()]);
         }
+        // Every router lists the replicas in the same order: their Watch
+        // streams start on the first, so the others hold none (what a
+        // change sent through an unwatched replica needs).
+        for e in self.control_planes.endpoints() {
+            args.extend(["--control-plane-endpoint".to_string(), e]);
+        }
         args.extend(self.cfg.router_args.iter().cloned());
         let log = self.dir.join(format!("{name}.log"));
         let at = self
@@ -235,9 +239,60 @@ impl LocalMesh {
         })
     }
 
-    /// The control plane's gRPC URL.
+    /// The control plane's gRPC URL (with replicas, the one URL all serve).
     pub fn url(&self) -> String {
-        self.control_plane.url(self.ca_file.is_some())
+        self.control_planes.url()
+    }
+
+    /// The replicas' own addresses to dial (none with one control plane).
+    pub fn endpoints(&self) -> Vec<String> {
+        self.control_planes.endpoints()
+    }
+
+    /// An admin client dialling every replica, starting with replica
+    /// `first` (the one the call is meant to go through).
+    pub fn admin_client_via(&self, first: usize) -> Result<Client> {
+        let mut endpoints = self.endpoints();
+        let n = endpoints.len();
+        if n > 0 {
+            endpoints.rotate_left(first % n);
+        }
+        admin_client_at(&self.url(), &endpoints, read_ca(self.ca_file.as_deref())?)
+    }
+
+    /// An admin client dialling every replica, the first replica first.
+    pub fn admin_client(&self) -> Result<Client> {
+        self.admin_client_via(0)
+    }
+
+    /// What the run's monitor watches: the routers' leases and, on
+    /// PostgreSQL, the database.
+    pub fn monitor_config(&self) -> crate::replicas::monitor::MonitorConfig {
+        use crate::replicas::config::{arg_value, is_postgres_url};
+        let ttl = arg_value(&self.cfg.control_plane_args, "--lease-ttl-secs")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(CONTROL_PLANE_LEASE_TTL_SECS);
+        let psql = self
+            .cfg
+            .control_plane_db
+            .as_deref()
+            .filter(|u| is_postgres_url(u))
+            .map(|u| {
+                crate::postgres::psql::Psql::new(
+                    self.cfg.postgres_bin_dir.as_deref(),
+                    u,
+                    &self.cfg.control_plane_env,
+                )
+            });
+        crate::replicas::monitor::MonitorConfig {
+            routers: self
+                .routers
+                .iter()
+                .map(|r| (r.name.clone(), r.metrics))
+                .collect(),
+            lease_ttl: Duration::from_secs(ttl),
+            psql,
+        }
     }
 
     /// Where each program runs, when not all here (`--hosts`).
@@ -269,9 +324,9 @@ impl LocalMesh {
         self.cfg.store_server_pid
     }
 
-    /// The control plane's pid.
+    /// The first control-plane replica's pid.
     pub fn control_plane_pid(&self) -> Option<u32> {
-        self.control_plane.child.id()
+        self.control_planes.first().pid()
     }
 
     /// A router's pid (None once it has exited).
@@ -287,9 +342,8 @@ impl LocalMesh {
             let pid = child.id();
             (!matches!(child.try_wait(), Ok(None))).then_some(pid)
         };
-        if let Some(pid) = gone(&mut self.control_plane.child) {
-            let log = self.control_plane.log.clone();
-            return Some(("the control plane".to_string(), pid, log));
+        if let Some(cp) = self.control_planes.exited_unexpectedly() {
+            return Some(cp);
         }
         self.routers
             .iter_mut()
@@ -428,32 +482,13 @@ impl LocalMesh {
     /// Stops the control plane (SIGTERM) and starts it again on the same
     /// ports and database; returns the time until it was ready again.
     pub async fn restart_control_plane(&mut self) -> Result<Duration> {
-        let start = tokio::time::Instant::now();
-        children::stop(&mut self.control_plane.child, STOP_GRACE).await;
-        let cp = &mut self.control_plane;
-        let at = self
-            .place
-            .as_ref()
-            .map(|p| p.control_plane.prefix.clone())
-            .unwrap_or_default();
-        cp.child =
-            children::spawn_with_env(&at, &self.bins.control_plane, &cp.args, &cp.env, &cp.log)?;
-        let deadline = Duration::from_secs(self.cfg.ready_deadline_secs);
-        children::wait_ready(
-            "control plane (restarted)",
-            &mut cp.child,
-            cp.http,
-            deadline,
-            &cp.log,
-        )
-        .await?;
-        Ok(start.elapsed())
+        self.control_planes.restart(0).await
     }
 
-    /// Admin RotateKeyNow; returns the new key id.
-    pub async fn rotate_key(&self) -> Result<String> {
-        let ca = read_ca(self.ca_file.as_deref())?;
-        rotate_key(&self.url(), ca, &self.admin_token).await
+    /// Admin RotateKeyNow through any replica; returns the new key id.
+    pub async fn rotate_key(&mut self) -> Result<String> {
+        self.admin_rotations_unix.push(agentmesh_proto::unix_now());
+        rotate_key_with(&self.admin_client()?, &self.admin_token).await
     }
 
     /// Stops every router and the control plane.
@@ -461,137 +496,18 @@ impl LocalMesh {
         for r in &mut self.routers {
             children::stop(&mut r.child, STOP_GRACE).await;
         }
-        children::stop(&mut self.control_plane.child, STOP_GRACE).await;
+        self.control_planes.shutdown().await;
     }
-}
-
-impl ControlPlaneProc {
-    /// Its gRPC URL (`https://` when it serves TLS).
-    fn url(&self, tls: bool) -> String {
-        let scheme = if tls { "https" } else { "http" };
-        format!("{scheme}://{}", self.grpc)
-    }
-}
-
-/// Starts the control plane (its ports chosen, or fixed on its host with
-/// `place`; a self-signed certificate with `--control-plane-tls`) and waits
-/// until it is ready; returns it and its certificate, if any.
-async fn start_control_plane(
-    bins: &Binaries,
-    cfg: &LocalConfig,
-    dir: &Path,
-    place: Option<&Placement>,
-    admin_file: &Path,
-) -> Result<(ControlPlaneProc, Option<PathBuf>)> {
-    let (grpc, http) = match place {
-        Some(p) => (
-            p.control_plane.at(placement::CONTROL_PLANE_GRPC_PORT),
-            p.control_plane.at(placement::CONTROL_PLANE_HTTP_PORT),
-        ),
-        None => (ports::free_addr()?, ports::free_addr()?),
-    };
-    let tls = if cfg.control_plane_tls {
-        Some(self_signed(dir, grpc.ip())?)
-    } else {
-        None
-    };
-    let args = control_plane_args(
-        cfg,
-        dir,
-        grpc,
-        http,
-        tls.as_ref(),
-        place.is_some(),
-        admin_file,
-    )?;
-    let log = dir.join("control-plane.log");
-    let at = place
-        .map(|p| p.control_plane.prefix.clone())
-        .unwrap_or_default();
-    let env = cfg.control_plane_env.clone();
-    let mut child = children::spawn_with_env(&at, &bins.control_plane, &args, &env, &log)?;
-    let deadline = Duration::from_secs(cfg.ready_deadline_secs);
-    children::wait_ready("control plane", &mut child, http, deadline, &log).await?;
-    let control_plane = ControlPlaneProc {
-        child,
-        args,
-        env,
-        log,
-        grpc,
-        http,
-    };
-    Ok((control_plane, tls.map(|(cert, _)| cert)))
-}
-
-/// The control plane's command line: its addresses, database (the work
-/// dir's SQLite file unless `--control-plane-db`), admin token, TLS, and
-/// the operator's `--control-plane-arg`s last.
-fn control_plane_args(
-    cfg: &LocalConfig,
-    dir: &Path,
-    grpc: SocketAddr,
-    http: SocketAddr,
-    tls: Option<&(PathBuf, PathBuf)>,
-    off_loopback: bool,
-    admin_file: &Path,
-) -> Result<Vec<String>> {
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let mut args = vec![
-        "--grpc-addr".to_string(),
-        grpc.to_string(),
-        "--http-addr".to_string(),
-        http.to_string(),
-        "--public-url".to_string(),
-        format!("{scheme}://{grpc}"),
-        "--db".to_string(),
-        cfg.control_plane_db
-            .clone()
-            .unwrap_or_else(|| format!("sqlite://{}", dir.join("control-plane.db").display())),
-        "--admin-token-file".to_string(),
-        admin_file.display().to_string(),
-    ];
-    if cfg.control_plane_db.is_some() {
-        // A database other than the work dir's SQLite file needs its
-        // key-encryption key given (SQLite keeps one beside its file).
-        let kek =
-            children::write_secret(&dir.join("control-plane.kek"), &children::random_hex(32))?;
-        args.extend([
-            "--key-encryption-key-file".to_string(),
-            kek.display().to_string(),
-        ]);
-    }
-    if let Some(ttl) = cfg.credential_ttl_secs {
-        args.extend(["--credential-ttl-secs".to_string(), ttl.to_string()]);
-    }
-    if tls.is_none() && off_loopback {
-        // Plaintext off loopback: the testbed's own private network.
-        args.push("--insecure".to_string());
-    }
-    if let Some((cert, key)) = tls {
-        args.extend([
-            "--tls-cert".to_string(),
-            cert.display().to_string(),
-            "--tls-key".to_string(),
-            key.display().to_string(),
-        ]);
-    }
-    // The ladder measures a mesh where every member may call every
-    // service, unless its control-plane arguments name a policy.
-    if !cfg
-        .control_plane_args
-        .iter()
-        .any(|a| a.starts_with("--policy"))
-    {
-        args.push("--policy-allow-all".to_string());
-    }
-    args.extend(cfg.control_plane_args.iter().cloned());
-    Ok(args)
 }
 
 /// Admin RotateKeyNow against `url`; returns the new key id.
 /// (`ca_pem`: the CA of an `https://` control plane, if not the system roots).
 pub async fn rotate_key(url: &str, ca_pem: Option<Vec<u8>>, admin_token: &str) -> Result<String> {
-    let client = admin_client(url, ca_pem)?;
+    rotate_key_with(&admin_client(url, ca_pem)?, admin_token).await
+}
+
+/// Admin RotateKeyNow with `client`; returns the new key id.
+async fn rotate_key_with(client: &Client, admin_token: &str) -> Result<String> {
     client
         .rotate_key_now(admin_token)
         .await
@@ -603,12 +519,27 @@ pub async fn rotate_key(url: &str, ca_pem: Option<Vec<u8>>, admin_token: &str) -
 }
 
 pub(crate) fn admin_client(url: &str, ca_pem: Option<Vec<u8>>) -> Result<Client> {
-    Client::new(ClientConfig {
-        url: url.to_string(),
-        ca_pem,
-        retry_budget: Duration::from_secs(60),
-        ..ClientConfig::default()
-    })
+    admin_client_at(url, &[], ca_pem)
+}
+
+/// An admin client for the control plane at `url` dialling `endpoints`
+/// (its replicas; empty: `url` itself), moving to the next when one does
+/// not answer.
+pub(crate) fn admin_client_at(
+    url: &str,
+    endpoints: &[String],
+    ca_pem: Option<Vec<u8>>,
+) -> Result<Client> {
+    Client::with_endpoints(
+        ClientConfig {
+            url: url.to_string(),
+            ca_pem,
+            retry_budget: Duration::from_secs(60),
+            ..ClientConfig::default()
+        },
+        agentmesh_controlplane::Connections::Held,
+        endpoints,
+    )
     .map_err(|e| LadderError::Grpc {
         call: "client",
         status: e.to_string(),
@@ -645,23 +576,4 @@ pub(crate) fn read_ca(path: Option<&Path>) -> Result<Option<Vec<u8>>> {
         std::fs::read(p).map_err(|e| LadderError::io(format!("reading {}", p.display()), e))
     })
     .transpose()
-}
-
-/// Writes a self-signed certificate for 127.0.0.1, localhost and `ip` (the
-/// control plane's address) and its key (0600) into `dir`; returns their paths.
-fn self_signed(dir: &Path, ip: std::net::IpAddr) -> Result<(PathBuf, PathBuf)> {
-    let mut names = vec!["127.0.0.1".to_string(), "localhost".to_string()];
-    if !ip.is_loopback() {
-        names.push(ip.to_string());
-    }
-    let cert = rcgen::generate_simple_self_signed(names)
-        .map_err(|e| LadderError::Args(format!("making a TLS certificate: {e}")))?;
-    let cert_path = dir.join("control-plane-tls.crt");
-    std::fs::write(&cert_path, cert.cert.pem())
-        .map_err(|e| LadderError::io(format!("writing {}", cert_path.display()), e))?;
-    let key_path = children::write_secret(
-        &dir.join("control-plane-tls.key"),
-        &cert.key_pair.serialize_pem(),
-    )?;
-    Ok((cert_path, key_path))
 }

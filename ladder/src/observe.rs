@@ -188,8 +188,10 @@ const REFRESH: &[(&str, &str)] = &[("method", "Refresh")];
 
 /// Reads the control plane's `/metrics` at `http_addr` (and `/proc` for `pid`).
 /// `store_pid` is the database server's, when the ladder started one.
+/// `http_addr` None: `/proc` only, not `up` (a SIGSTOPped replica, whose
+/// listener would hold the read until its deadline).
 pub async fn control_plane(
-    http_addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
     pid: Option<u32>,
     store_pid: Option<u32>,
 ) -> ControlPlaneRaw {
@@ -198,6 +200,9 @@ pub async fn control_plane(
         cpu_secs: pid.and_then(procstat::cpu_secs),
         store_server: store_pid.and_then(procstat::tree_usage),
         ..ControlPlaneRaw::default()
+    };
+    let Some(http_addr) = http_addr else {
+        return raw;
     };
     let Ok(page) = http::get(http_addr, "/metrics", SCRAPE_TIMEOUT).await else {
         return raw;
@@ -219,6 +224,57 @@ fn read_control_plane_metrics(raw: &mut ControlPlaneRaw, m: &Metrics) {
     raw.enroll_limited = m.sum(names::CP_LIMITER_REFUSALS, &[("limiter", "enroll")]);
     raw.refresh_buckets = m.buckets_where(names::CP_RPC_SECONDS, REFRESH);
     raw.refresh_codes = m.group_by_where(names::CP_RPCS, "code", REFRESH);
+}
+
+/// Several replicas' readings at one instant as one control plane's:
+/// counters and histograms added up (every replica runs the same binary,
+/// so the buckets match), memory and CPU added up, table rows the largest
+/// reading (only the replica holding the reaper's lease counts them), up
+/// only if every replica answered. One reading is returned as it is.
+pub fn merge_control_planes(parts: Vec<ControlPlaneRaw>) -> ControlPlaneRaw {
+    let mut it = parts.into_iter();
+    let Some(mut out) = it.next() else {
+        return ControlPlaneRaw::default();
+    };
+    for p in it {
+        out.up &= p.up;
+        add_buckets(&mut out.rpc_buckets, &p.rpc_buckets);
+        add_buckets(&mut out.refresh_buckets, &p.refresh_buckets);
+        for (mine, theirs) in [
+            (&mut out.codes, &p.codes),
+            (&mut out.rpcs, &p.rpcs),
+            (&mut out.refresh_codes, &p.refresh_codes),
+        ] {
+            for (k, v) in theirs {
+                *mine.entry(k.clone()).or_insert(0.0) += v;
+            }
+        }
+        for (k, v) in &p.storage_rows {
+            let e = out.storage_rows.entry(k.clone()).or_insert(0.0);
+            *e = e.max(*v);
+        }
+        out.enroll_limited += p.enroll_limited;
+        out.rss_bytes = add(out.rss_bytes, p.rss_bytes);
+        out.cpu_secs = add(out.cpu_secs, p.cpu_secs);
+        out.store_server = out.store_server.or(p.store_server);
+    }
+    out
+}
+
+/// Both added, or None when either is unknown.
+fn add<T: std::ops::Add<Output = T>>(a: Option<T>, b: Option<T>) -> Option<T> {
+    Some(a? + b?)
+}
+
+/// Adds `more`'s cumulative bucket counts to `into`'s, bound by bound.
+fn add_buckets(into: &mut Vec<(f64, f64)>, more: &[(f64, f64)]) {
+    for (bound, n) in more {
+        match into.iter_mut().find(|(b, _)| b == bound) {
+            Some((_, m)) => *m += n,
+            None => into.push((*bound, *n)),
+        }
+    }
+    into.sort_by(|a, b| a.0.total_cmp(&b.0));
 }
 
 /// What the control plane did between two instants.
@@ -523,6 +579,30 @@ mod tests {
             assert!(json[key].is_null(), "{key}: {json}");
             assert!(json.as_object().expect("object").contains_key(key));
         }
+    }
+
+    #[test]
+    fn replicas_add_up_as_one_control_plane() {
+        let one = |ok: f64, rows: f64, up: bool| ControlPlaneRaw {
+            up,
+            rpc_buckets: vec![(0.001, ok), (f64::INFINITY, ok)],
+            codes: [("Ok".to_string(), ok)].into(),
+            storage_rows: [("nodes".to_string(), rows)].into(),
+            rss_bytes: Some(100),
+            cpu_secs: Some(1.5),
+            ..ControlPlaneRaw::default()
+        };
+        let m = merge_control_planes(vec![one(10.0, 0.0, true), one(5.0, 42.0, true)]);
+        assert!(m.up);
+        assert_eq!(m.codes["Ok"], 15.0);
+        assert_eq!(m.rpc_buckets, vec![(0.001, 15.0), (f64::INFINITY, 15.0)]);
+        assert_eq!(m.storage_rows["nodes"], 42.0);
+        assert_eq!((m.rss_bytes, m.cpu_secs), (Some(200), Some(3.0)));
+        let down = merge_control_planes(vec![one(1.0, 0.0, true), one(0.0, 0.0, false)]);
+        assert!(!down.up);
+        let single = merge_control_planes(vec![one(3.0, 7.0, true)]);
+        assert_eq!(single.codes["Ok"], 3.0);
+        assert!(!merge_control_planes(Vec::new()).up);
     }
 
     #[test]

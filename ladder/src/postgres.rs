@@ -34,6 +34,8 @@ use tokio::time::Instant;
 use crate::children;
 use crate::error::{LadderError, Result};
 
+pub mod psql;
+
 /// Name prefix of the ladder's cluster directories (`<prefix><pid>`).
 pub const DIR_PREFIX: &str = "agentmesh-ladder-pg.";
 /// The database the control plane gets.

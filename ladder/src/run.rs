@@ -17,6 +17,8 @@ use crate::observe::RouterSnapshot;
 use crate::placement::Placement;
 use crate::postgres::{Postgres, StoreKind, StoreRecord};
 use crate::procstat;
+use crate::replicas::monitor::Monitor;
+use crate::replicas::record::ControlPlanesRecord;
 use crate::report::{
     AfterRecord, AfterSample, BurstRecord, ControlPlaneMemory, Failures, PhaseRecord, Report,
     RoundRecord, Shape, StepRecord,
@@ -42,6 +44,7 @@ pub async fn run_local_at(
     place: Option<Placement>,
 ) -> Result<Report> {
     validate(&cfg)?;
+    check_replicas(&local, &cfg)?;
     // First, so everything the run starts is inside the cap.
     let cap = local
         .cpu_quota
@@ -70,6 +73,27 @@ pub async fn run_local_at(
         r.environment.cpu_cap = Some(cap.finish());
     }
     report
+}
+
+/// Refuses replicas without PostgreSQL and replica events without
+/// replicas (see [`crate::replicas::config`]).
+fn check_replicas(local: &LocalConfig, cfg: &FleetConfig) -> Result<()> {
+    let postgres = local.control_plane_store == StoreKind::Postgres
+        || local
+            .control_plane_db
+            .as_deref()
+            .is_some_and(crate::replicas::config::is_postgres_url);
+    cfg.replicas.check(crate::replicas::config::MeshShape {
+        control_planes: local.control_planes,
+        postgres,
+        hold_secs: cfg.hold_secs,
+        restart_control_plane: cfg.restart_control_plane_at_secs.is_some(),
+    })?;
+    let revoke_at = cfg.propagation.revoke_token_at_secs;
+    if let Some(w) = cfg.replicas.after_revocation(revoke_at, cfg.hold_secs) {
+        eprintln!("ladder: warning: {w}");
+    }
+    Ok(())
 }
 
 /// `--control-plane-store postgres`: starts the run's server and points the
@@ -124,8 +148,9 @@ async fn run_local_capped(
     let mut mesh = LocalMesh::start_placed(bins.clone(), local, &dir, uses, place).await?;
     hold::policy::prepare_token(&mut mesh, &cfg).await?;
     eprintln!(
-        "ladder: control plane {} and {routers} routers ready",
-        mesh.url()
+        "ladder: control plane {} ({} replica(s)) and {routers} routers ready",
+        mesh.url(),
+        mesh.control_planes.replicas.len()
     );
     run(
         Target::Local(Box::new(mesh)),
@@ -155,6 +180,9 @@ pub async fn run_remote(remote: RemoteConfig, cfg: FleetConfig) -> Result<Report
             "--attack-control-plane-at",
             cfg.attack.control_plane_at_secs,
         ),
+        cfg.replicas.local_only()[0],
+        cfg.replicas.local_only()[1],
+        cfg.replicas.local_only()[2],
     ] {
         if v.is_some() {
             return Err(LadderError::Args(format!("{flag} needs local mode")));
@@ -277,6 +305,7 @@ async fn run(
     let base = WorkerConfig {
         index: 0,
         control_plane: target.url(),
+        control_plane_endpoints: target.endpoints(),
         control_plane_ca: target.ca_file(),
         token_file: target.token_file(),
         data_dir: dir.to_path_buf(),
@@ -311,6 +340,10 @@ async fn run(
         ..Report::default()
     };
     let control_plane_pre_ladder_rss = target.control_plane().await.and_then(|c| c.rss_bytes);
+    let monitor = match &target {
+        Target::Local(m) => Some(Monitor::start(m.monitor_config()).await),
+        Target::Remote { .. } => None,
+    };
     join_providers(&mut fleet, &cfg, &mut report).await?;
     join_steps(&mut fleet, &target, &cfg, &mut report).await?;
     if cfg.hold_secs > 0 {
@@ -325,6 +358,9 @@ async fn run(
     }
     if cfg.burst > 0 {
         report.burst = Some(burst(&mut fleet, &target, &cfg).await?);
+    }
+    if let (Some(monitor), Target::Local(mesh)) = (monitor, &target) {
+        report.control_planes = Some(control_planes_record(monitor, mesh, &cfg, &report).await);
     }
 
     // Teardown and after.
@@ -363,6 +399,49 @@ async fn run(
     target.shutdown().await;
     report.duration_secs = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// The control plane's replicas over the run: what the monitor watched,
+/// the kills, and each replica now.
+async fn control_planes_record(
+    monitor: Monitor,
+    mesh: &LocalMesh,
+    cfg: &FleetConfig,
+    report: &Report,
+) -> ControlPlanesRecord {
+    let watched = monitor.finish(&mesh.admin_rotations_unix).await;
+    let kills = &report.events.kill_control_plane;
+    let ready: Vec<u64> = kills
+        .iter()
+        .filter_map(|k| k.control_plane_ready_ms)
+        .collect();
+    let set = &mesh.control_planes;
+    let record = ControlPlanesRecord {
+        replicas: set.replicas.len() as u32,
+        public_url: set.url(),
+        endpoints: set.addresses(),
+        kill_every_secs: cfg.replicas.kill_every_secs,
+        kill_seed: kills
+            .iter()
+            .find_map(|k| k.replica.as_ref().and_then(|r| r.seed)),
+        kills: kills.iter().filter(|k| k.error.is_none()).count() as u64,
+        kill_ready_ms: crate::stats::Quantiles::of(&ready),
+        router_leases: watched.leases,
+        signing_keys: watched.signing_keys,
+        postgres_connections: watched.postgres_connections,
+        at_end: crate::control_planes::probe::states(set).await,
+    };
+    eprintln!(
+        "\rladder: control planes: {} kills, {} lapsed router leases, PostgreSQL connections peak {}",
+        record.kills,
+        record.router_leases.lapses,
+        record
+            .postgres_connections
+            .as_ref()
+            .and_then(|c| c.peak)
+            .map_or_else(|| "-".into(), |p| p.to_string())
+    );
+    record
 }
 
 /// The providers join before the first step.

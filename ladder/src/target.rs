@@ -37,6 +37,15 @@ impl Target {
         }
     }
 
+    /// The control plane's replicas to dial (`--control-plane-endpoint`;
+    /// empty: the URL alone).
+    pub fn endpoints(&self) -> Vec<String> {
+        match self {
+            Self::Local(m) => m.endpoints(),
+            Self::Remote { .. } => Vec::new(),
+        }
+    }
+
     /// The PEM CA members and admin calls trust the control plane with, if
     /// it serves TLS with its own CA.
     pub fn ca_file(&self) -> Option<PathBuf> {
@@ -80,21 +89,24 @@ impl Target {
         out
     }
 
-    /// The control plane, now (remote mode: only with its HTTP address).
+    /// The control plane, now (remote mode: only with its HTTP address;
+    /// with replicas, all of them added up).
     pub async fn control_plane(&self) -> Option<ControlPlaneRaw> {
         match self {
-            Self::Local(m) => Some(
-                observe::control_plane(
-                    m.control_plane.http,
-                    m.control_plane_pid(),
-                    m.store_server_pid(),
-                )
-                .await,
-            ),
+            Self::Local(m) => {
+                let store = m.store_server_pid();
+                let set = &m.control_planes;
+                let reads = set.replicas.iter().enumerate().map(|(i, r)| {
+                    let http = (!set.is_stopped(i)).then_some(r.http);
+                    observe::control_plane(http, r.pid(), store)
+                });
+                let parts = futures::future::join_all(reads).await;
+                Some(observe::merge_control_planes(parts))
+            }
             Self::Remote {
                 control_plane_http, ..
             } => match control_plane_http {
-                Some(a) => Some(observe::control_plane(*a, None, None).await),
+                Some(a) => Some(observe::control_plane(Some(*a), None, None).await),
                 None => None,
             },
         }
@@ -130,7 +142,7 @@ impl Target {
     }
 
     /// Admin RotateKeyNow; returns the new key id.
-    pub async fn rotate_key(&self) -> Result<String> {
+    pub async fn rotate_key(&mut self) -> Result<String> {
         match self {
             Self::Local(m) => m.rotate_key().await,
             Self::Remote {

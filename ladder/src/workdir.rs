@@ -19,7 +19,9 @@ fn numbered(name: &str, prefix: &str) -> bool {
 
 /// Whether the entry `name` of a work directory belongs to an earlier run.
 pub fn is_previous_run_entry(name: &str) -> bool {
-    let log_of = |stem: &str| numbered(stem, "r") || numbered(stem, "worker-");
+    let log_of = |stem: &str| {
+        numbered(stem, "r") || numbered(stem, "worker-") || numbered(stem, "control-plane-")
+    };
     name.strip_suffix(".log")
         .is_some_and(|stem| log_of(stem) || stem == "control-plane" || stem == "postgres")
         || numbered(name, "w")
@@ -69,6 +71,7 @@ mod tests {
             "r12.log",
             "worker-3.log",
             "control-plane.log",
+            "control-plane-2.log",
             "postgres.log",
             "control-plane.db",
             "control-plane.db-wal",
@@ -93,6 +96,7 @@ mod tests {
             "round",
             "report.json",
             "control-plane.db.bak",
+            "control-plane-x.log",
         ] {
             assert!(!is_previous_run_entry(name), "{name}");
         }

@@ -150,7 +150,7 @@ fn read_mesh(target: &mut Target, routers: &[crate::observe::RouterSnapshot]) ->
             .iter()
             .map(|r| (r.name.clone(), r.metrics))
             .collect(),
-        control_plane_http: local.control_plane.http,
+        control_plane_http: local.control_planes.first().http,
     })
 }
 

@@ -1,13 +1,15 @@
 //! The hold: every member's readiness sampled each second by its worker, and
 //! the events (`--kill-router-at`, `--drain-router-at`,
 //! `--restart-control-plane-at`, `--rotate-key-at`, the whole-mesh
-//! restart of [`restart_all`], the attack of [`attack`], and the
-//! propagation events of [`policy`]), each observed from its instant until
-//! the next event or the end of the hold.
+//! restart of [`restart_all`], the attack of [`attack`], the
+//! propagation events of [`policy`] and the control-plane replica events
+//! of [`replicas`]), each observed from its instant until the next event
+//! or the end of the hold.
 
 mod attack;
 pub mod policy;
 mod quiet;
+mod replicas;
 mod restart_all;
 
 use std::collections::BTreeMap;
@@ -21,6 +23,7 @@ use crate::error::{LadderError, Result};
 use crate::fleet::Fleet;
 use crate::mesh::{LocalMesh, RouterState};
 use crate::observe::RouterSnapshot;
+use crate::replicas::choice::{KillPicker, kill_times};
 use crate::report::{EventRecord, Events, FleetWindow, HoldRecord, WindowCalls};
 use crate::stats;
 use crate::target::Target;
@@ -46,6 +49,18 @@ enum Kind {
     PolicyChange,
     /// `--revoke-token-at`: see [`policy`].
     RevokeToken,
+    /// One kill of `--kill-control-plane-every-secs`: see [`replicas`].
+    KillControlPlane,
+    /// `--rolling-restart-control-planes-at`: see [`replicas`].
+    RollingRestartControlPlanes,
+    /// `--stop-control-plane-at`: see [`replicas`].
+    StopControlPlane,
+}
+
+/// The events recorded so far, and the kills' draws.
+struct Progress {
+    events: Events,
+    picker: KillPicker,
 }
 
 /// Runs the hold; returns its record and the events'.
@@ -68,7 +83,16 @@ pub async fn run(
         .unwrap_or(end)
         .min(end);
     let idle = quiet::measure(fleet, target, members, quiet_end).await;
-    let mut events = Events::default();
+    let seed = cfg.replicas.kill_seed.unwrap_or_else(rand::random);
+    if let Some(every) = cfg.replicas.kill_every_secs {
+        eprintln!(
+            "\rladder: a control-plane replica is killed every {every} s, draws seeded with {seed}"
+        );
+    }
+    let mut progress = Progress {
+        events: Events::default(),
+        picker: KillPicker::new(seed),
+    };
     for (i, (at, kind)) in plan.iter().enumerate() {
         let at_instant = start + Duration::from_secs(*at);
         if at_instant >= end {
@@ -89,8 +113,9 @@ pub async fn run(
             end: window_end,
             hold_end: end,
         };
-        run_event(fleet, target, cfg, *kind, *at, window, &mut events).await?;
+        run_event(fleet, target, cfg, *kind, *at, window, &mut progress).await?;
     }
+    let events = progress.events;
     fleet.pump_until(end, |_| false).await;
     let replies = fleet
         .broadcast(|id| Command::HoldReport { id }, REPORT_DEADLINE)
@@ -133,10 +158,22 @@ fn plan(cfg: &FleetConfig) -> Vec<(u64, Kind)> {
         (cfg.attack.starts_at(), Kind::Attack),
         (cfg.propagation.policy_change_at_secs, Kind::PolicyChange),
         (cfg.propagation.revoke_token_at_secs, Kind::RevokeToken),
+        (
+            cfg.replicas.rolling_restart_at_secs,
+            Kind::RollingRestartControlPlanes,
+        ),
+        (cfg.replicas.stop_at_secs, Kind::StopControlPlane),
     ]
     .into_iter()
     .filter_map(|(at, k)| at.map(|at| (at, k)))
     .collect();
+    if let Some(every) = cfg.replicas.kill_every_secs {
+        plan.extend(
+            kill_times(every, cfg.hold_secs)
+                .into_iter()
+                .map(|at| (at, Kind::KillControlPlane)),
+        );
+    }
     plan.sort_by_key(|(at, _)| *at);
     plan
 }
@@ -160,10 +197,26 @@ async fn run_event(
     kind: Kind,
     at: u64,
     window: Window,
-    events: &mut Events,
+    progress: &mut Progress,
 ) -> Result<()> {
     let window_end = window.end;
+    let events = &mut progress.events;
     match kind {
+        Kind::KillControlPlane | Kind::RollingRestartControlPlanes | Kind::StopControlPlane => {
+            let what = match kind {
+                Kind::KillControlPlane => replicas::What::Kill,
+                Kind::RollingRestartControlPlanes => replicas::What::RollingRestart,
+                _ => replicas::What::Stop,
+            };
+            let stop_secs = cfg.replicas.stop_secs;
+            let picker = &mut progress.picker;
+            let r = replicas::run(fleet, target, what, stop_secs, picker, at, window_end).await?;
+            match what {
+                replicas::What::Kill => events.kill_control_plane.push(r),
+                replicas::What::RollingRestart => events.rolling_restart_control_planes = Some(r),
+                replicas::What::Stop => events.stop_control_plane = Some(r),
+            }
+        }
         Kind::Attack => {
             events.attack =
                 Some(attack::run(fleet, target, cfg, window.hold_start, window_end).await?);
@@ -317,12 +370,17 @@ async fn event(
         Kind::RotateKey => while_pumping(fleet, target.rotate_key())
             .await
             .map(|k| record.key_id = Some(k)),
-        Kind::RestartAllRouters | Kind::Attack | Kind::PolicyChange | Kind::RevokeToken => {
-            Err(LadderError::Args(
-                "the whole-mesh restart, the attack and the propagation events are events of their own"
-                    .into(),
-            ))
-        }
+        Kind::RestartAllRouters
+        | Kind::Attack
+        | Kind::PolicyChange
+        | Kind::RevokeToken
+        | Kind::KillControlPlane
+        | Kind::RollingRestartControlPlanes
+        | Kind::StopControlPlane => Err(LadderError::Args(
+            "the whole-mesh restart, the attack, the propagation and the replica events are \
+             events of their own"
+                .into(),
+        )),
     };
     if let Err(e) = outcome {
         eprintln!("\rladder: event {kind:?}: {e}");
@@ -523,6 +581,32 @@ fn delta(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_plan_has_every_kill_and_the_replica_events_in_time_order() {
+        let mut cfg = FleetConfig {
+            hold_secs: 100,
+            ..FleetConfig::default()
+        };
+        cfg.replicas.kill_every_secs = Some(30);
+        cfg.replicas.rolling_restart_at_secs = Some(45);
+        cfg.replicas.stop_at_secs = Some(10);
+        cfg.propagation.policy_change_at_secs = Some(50);
+        let p = plan(&cfg);
+        assert_eq!(
+            p,
+            vec![
+                (10, Kind::StopControlPlane),
+                (30, Kind::KillControlPlane),
+                (45, Kind::RollingRestartControlPlanes),
+                (50, Kind::PolicyChange),
+                (60, Kind::KillControlPlane),
+                (90, Kind::KillControlPlane),
+            ]
+        );
+        cfg.replicas = crate::replicas::ReplicaEventsConfig::default();
+        assert_eq!(plan(&cfg), vec![(50, Kind::PolicyChange)]);
+    }
 
     fn flap(member: u64, at_secs: f64) -> FlapRecord {
         FlapRecord {

@@ -17,7 +17,7 @@ use crate::config::{FleetConfig, LocalConfig};
 use crate::error::{LadderError, Result};
 use crate::fleet::Fleet;
 use crate::member::ECHO;
-use crate::mesh::{LocalMesh, TOKEN_TTL_SECS, admin_client, read_ca};
+use crate::mesh::{LocalMesh, TOKEN_TTL_SECS};
 use crate::procstat;
 use crate::propagation::record::{MeshCost, Revoked};
 use crate::propagation::{
@@ -26,6 +26,7 @@ use crate::propagation::{
 };
 use crate::target::Target;
 use crate::wire::{Command, PropagationStats, Reply, RevokedMembers};
+use agentmesh_controlplane::Client;
 
 /// Deadline for the workers to open their held calls (each call's own
 /// deadline is the members' call budget; they open 128 at a time).
@@ -77,7 +78,7 @@ pub async fn prepare_token(mesh: &mut LocalMesh, cfg: &FleetConfig) -> Result<()
         return Ok(());
     }
     let uses = cfg.total_members() / cfg.propagation.revoke_every.max(1) + TOKEN_SLACK;
-    let client = admin_client(&mesh.url(), read_ca(mesh.ca_file().as_deref())?)?;
+    let client = mesh.admin_client()?;
     let r = client
         .create_token(
             &mesh.admin_token,
@@ -141,13 +142,19 @@ pub(super) async fn run(
     let cpu_before = cpu(target);
     let pushes_before = pushes(target).await;
     let since = unix_ms();
-    let outcome = match what {
-        What::PolicyChange => super::while_pumping(fleet, apply_changed(target))
-            .await
-            .map(|v| record.version = Some(v)),
-        What::RevokeToken => super::while_pumping(fleet, revoke(target)).await.map(|id| {
-            record.token_id = Some(id);
-        }),
+    let outcome = match super::replicas::unwatched_client(target).await {
+        Ok((client, via)) => {
+            record.via = via;
+            match what {
+                What::PolicyChange => super::while_pumping(fleet, apply_changed(target, &client))
+                    .await
+                    .map(|v| record.version = Some(v)),
+                What::RevokeToken => super::while_pumping(fleet, revoke(target, &client))
+                    .await
+                    .map(|id| record.token_id = Some(id)),
+            }
+        }
+        Err(e) => Err(e),
     };
     if let Err(e) = outcome {
         eprintln!("\rladder: event {what:?}: {e}");
@@ -308,10 +315,9 @@ fn log_event(what: What, record: &PropagationRecord) {
     );
 }
 
-/// Applies [`CHANGED_POLICY`]; returns the version now in force.
-async fn apply_changed(target: &mut Target) -> Result<u64> {
+/// Applies [`CHANGED_POLICY`] through `client`; returns the version now in force.
+async fn apply_changed(target: &mut Target, client: &Client) -> Result<u64> {
     let mesh = target.local("--policy-change-at")?;
-    let client = admin_client(&mesh.url(), read_ca(mesh.ca_file().as_deref())?)?;
     let r = client
         .apply_policy(
             &mesh.admin_token,
@@ -335,14 +341,13 @@ async fn apply_changed(target: &mut Target) -> Result<u64> {
     Ok(r.version)
 }
 
-/// Revokes the revocable token; returns its id.
-async fn revoke(target: &mut Target) -> Result<String> {
+/// Revokes the revocable token through `client`; returns its id.
+async fn revoke(target: &mut Target, client: &Client) -> Result<String> {
     let mesh = target.local("--revoke-token-at")?;
     let (_, id) = mesh
         .revocable_token
         .clone()
         .ok_or_else(|| LadderError::Process("no revocable token was minted".into()))?;
-    let client = admin_client(&mesh.url(), read_ca(mesh.ca_file().as_deref())?)?;
     client
         .revoke_token(&mesh.admin_token, &id, "agentmesh-ladder --revoke-token-at")
         .await
@@ -353,7 +358,7 @@ async fn revoke(target: &mut Target) -> Result<String> {
     Ok(id)
 }
 
-/// CPU seconds of the control plane and of each router, now.
+/// CPU seconds of the control plane (its replicas added up) and of each router, now.
 struct Cpu {
     control_plane: Option<f64>,
     routers: BTreeMap<String, f64>,
@@ -413,8 +418,16 @@ fn cpu(target: &mut Target) -> Option<Cpu> {
             Some((mesh.routers[i].name.clone(), secs))
         })
         .collect();
+    // Every replica's: the change goes through one the routers do not
+    // watch and reaches them through another.
+    let replicas: Vec<f64> = mesh
+        .control_planes
+        .replicas
+        .iter()
+        .filter_map(|r| r.pid().and_then(procstat::cpu_secs))
+        .collect();
     Some(Cpu {
-        control_plane: mesh.control_plane_pid().and_then(procstat::cpu_secs),
+        control_plane: (!replicas.is_empty()).then(|| replicas.iter().sum()),
         routers,
     })
 }

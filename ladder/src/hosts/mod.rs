@@ -127,6 +127,13 @@ fn check(local: &LocalConfig, fleet: &FleetConfig) -> Result<()> {
             "--attack-* with --hosts: the hostile peers dial from 127.0.0.x of this machine".into(),
         ));
     }
+    if local.control_planes > 1 {
+        return Err(LadderError::Args(
+            "--control-planes with --hosts: the control plane has one host of its own \
+             (and replicas need PostgreSQL, which --hosts cannot reach)"
+                .into(),
+        ));
+    }
     if local.control_plane_store != crate::postgres::StoreKind::Sqlite {
         return Err(LadderError::Args(
             "--control-plane-store postgres with --hosts: the server would listen on this \

@@ -231,7 +231,7 @@ impl TestbedFile {
             &url,
             ca_file.as_deref(),
             &mesh.member_token_file,
-            mesh.control_plane.http,
+            mesh.control_planes.first().http,
             &router_metrics,
         );
         let routers = mesh
@@ -294,8 +294,8 @@ impl TestbedFile {
             control_plane: ControlPlaneEntry {
                 host: tb.control_plane.name().to_string(),
                 namespace: tb.control_plane.namespace().to_string(),
-                grpc_addr: mesh.control_plane.grpc,
-                http_addr: mesh.control_plane.http,
+                grpc_addr: mesh.control_planes.first().grpc,
+                http_addr: mesh.control_planes.first().http,
                 pid: mesh.control_plane_pid(),
                 log: mesh.dir.join("control-plane.log"),
             },

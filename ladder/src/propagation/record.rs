@@ -21,6 +21,9 @@ pub struct PropagationRecord {
     pub version: Option<u64>,
     /// The token revoked (revocation).
     pub token_id: Option<String>,
+    /// With replicas: the one the admin call was sent through, chosen
+    /// among those holding no router's Watch stream.
+    pub via: Option<crate::replicas::choice::ReplicaChoice>,
     /// Members concerned by taking the change: every live member (policy
     /// change), every live member not revoked (revocation).
     pub members: u64,
@@ -137,6 +140,13 @@ pub fn markdown(s: &mut String, rows: &[(&str, &Option<PropagationRecord>)]) {
         }
         if let Some(t) = &r.token_id {
             notes.push(format!("token {t}"));
+        }
+        if let Some(v) = &r.via {
+            notes.push(format!(
+                "sent through {} ({} watch streams on it)",
+                v.replica,
+                v.watchers.map_or_else(|| "-".into(), |w| w.to_string())
+            ));
         }
         if r.held.live_calls_not_opened > 0 {
             notes.push(format!(

@@ -75,6 +75,9 @@ impl Report {
             self.hold_section(&mut s, h);
         }
         self.events_table(&mut s);
+        if let Some(c) = &self.control_planes {
+            c.markdown(&mut s);
+        }
         if let Some(e) = &self.events.restart_all_routers {
             super::restart_all::markdown(&mut s, e);
         }
@@ -278,29 +281,43 @@ impl Report {
     /// The router and control-plane events: one row each, then their call
     /// failures and below-K records.
     fn events_table(&self, s: &mut String) {
-        let events = [
-            ("kill router", &self.events.kill_router),
-            ("drain router", &self.events.drain_router),
-            ("restart control plane", &self.events.restart_control_plane),
-            ("rotate key", &self.events.rotate_key),
-            ("restart all routers", &self.events.restart_all_routers),
-        ];
-        if events.iter().all(|(_, e)| e.is_none()) {
+        let e = &self.events;
+        let mut events: Vec<(String, &EventRecord)> = [
+            ("kill router", &e.kill_router),
+            ("drain router", &e.drain_router),
+            ("restart control plane", &e.restart_control_plane),
+            ("rotate key", &e.rotate_key),
+            ("restart all routers", &e.restart_all_routers),
+            (
+                "rolling restart control planes",
+                &e.rolling_restart_control_planes,
+            ),
+            ("stop control plane", &e.stop_control_plane),
+        ]
+        .into_iter()
+        .filter_map(|(name, r)| r.as_ref().map(|r| (name.to_string(), r)))
+        .chain(
+            e.kill_control_plane
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (format!("kill control plane #{}", i + 1), r)),
+        )
+        .collect();
+        if events.is_empty() {
             return;
         }
+        events.sort_by_key(|(_, r)| r.at_secs);
         let _ = writeln!(s);
         let _ = writeln!(
             s,
             "| event | at s | target (attached before → after) | lost ready | below 1 router | below K | back on K p50/p95/max ms | time below K p50/p95/max ms | not back | calls ok/failed | notes |"
         );
         let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
-        for (name, e) in events {
-            if let Some(e) = e {
-                let _ = writeln!(s, "{}", event_row(name, e));
-            }
+        for (name, e) in &events {
+            let _ = writeln!(s, "{}", event_row(name, e));
         }
-        for (name, e) in events {
-            if let Some(e) = e.as_ref().filter(|e| !e.calls.call_errors.is_empty()) {
+        for (name, e) in &events {
+            if !e.calls.call_errors.is_empty() {
                 let _ = writeln!(
                     s,
                     "- {name}: window call failures by reason: {}",
@@ -308,10 +325,8 @@ impl Report {
                 );
             }
         }
-        for (name, e) in events {
-            if let Some(e) = e.as_ref() {
-                below_k_lines(s, name, &e.fleet);
-            }
+        for (name, e) in &events {
+            below_k_lines(s, name, &e.fleet);
         }
     }
 
@@ -425,6 +440,9 @@ fn event_row(name: &str, e: &EventRecord) -> String {
     }
     if let Some(k) = &e.key_id {
         notes.push(format!("key {k}"));
+    }
+    if let Some(r) = &e.replica {
+        notes.extend(r.notes());
     }
     if e.calls.calls_unfinished > 0 {
         notes.push(format!(

@@ -58,6 +58,9 @@ pub struct Report {
     /// Credential refreshes the control plane answered during the hold
     /// (a short `--credential-ttl-secs` makes the fleet refresh in it).
     pub refresh: Option<crate::observe::RefreshRecord>,
+    /// Local mode: the control plane's replicas, the routers' leases, the
+    /// database's connections and signing keys over the run.
+    pub control_planes: Option<crate::replicas::record::ControlPlanesRecord>,
 }
 
 /// What went wrong for members over the whole run.
@@ -275,6 +278,13 @@ pub struct Events {
     pub policy_change: Option<crate::propagation::PropagationRecord>,
     /// `--revoke-token-at`.
     pub revoke_token: Option<crate::propagation::PropagationRecord>,
+    /// `--kill-control-plane-every-secs`: one record per kill, its window
+    /// until the next event.
+    pub kill_control_plane: Vec<EventRecord>,
+    /// `--rolling-restart-control-planes-at`.
+    pub rolling_restart_control_planes: Option<EventRecord>,
+    /// `--stop-control-plane-at`.
+    pub stop_control_plane: Option<EventRecord>,
 }
 
 /// What one event did to the fleet, from the event until the next one (or the hold's end).
@@ -315,6 +325,10 @@ pub struct EventRecord {
     /// (absent for the other events).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restart_all: Option<RestartAllRecord>,
+    /// The control-plane replica events: the draw, the rolling restart's
+    /// steps, the stop (absent for the other events).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica: Option<crate::replicas::record::ReplicaEvent>,
 }
 
 /// The router an event acted on.

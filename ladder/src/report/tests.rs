@@ -254,3 +254,124 @@ fn control_plane_memory_per_member_is_the_growth_over_the_members() {
     assert_eq!(ControlPlaneMemory::between(None, Some(1), 1), None);
     assert_eq!(ControlPlaneMemory::between(Some(1), Some(1), 0), None);
 }
+
+/// Replica events: one row per kill in time order beside the other events,
+/// their details in the notes, the `control_planes` lines and JSON.
+#[test]
+fn replica_events_and_the_control_planes_record_are_rendered() {
+    use crate::replicas::leases::{LeaseRecord, RouterLeases};
+    use crate::replicas::monitor::{PgConnectionsRecord, SigningKeysRecord};
+    use crate::replicas::record::{ControlPlanesRecord, ReplicaEvent, RollingStep};
+    let kill = |at: u64, target: &str| EventRecord {
+        at_secs: at,
+        target: EventTarget {
+            target: Some(target.into()),
+            ..EventTarget::default()
+        },
+        control_plane_ready_ms: Some(250),
+        calls: WindowCalls {
+            calls_ok: 30,
+            ..WindowCalls::default()
+        },
+        replica: Some(ReplicaEvent {
+            seed: Some(35),
+            live: vec!["cp0".into(), "cp1".into(), "cp2".into()],
+            target_watchers: Some(4),
+            ..ReplicaEvent::default()
+        }),
+        ..EventRecord::default()
+    };
+    let rolling = EventRecord {
+        at_secs: 45,
+        replica: Some(ReplicaEvent {
+            rolling: vec![RollingStep {
+                replica: "cp1".into(),
+                exited_ms: 17,
+                ready_ms: Some(221),
+                ..RollingStep::default()
+            }],
+            ..ReplicaEvent::default()
+        }),
+        ..EventRecord::default()
+    };
+    let report = Report {
+        events: Events {
+            kill_control_plane: vec![kill(30, "cp0"), kill(60, "cp2")],
+            rolling_restart_control_planes: Some(rolling),
+            ..Events::default()
+        },
+        control_planes: Some(ControlPlanesRecord {
+            replicas: 3,
+            public_url: "http://127.0.0.1:7400".into(),
+            kill_every_secs: Some(30),
+            kill_seed: Some(35),
+            kills: 2,
+            router_leases: LeaseRecord {
+                lease_ttl_secs: 30,
+                lapses: 1,
+                routers_lapsed: 1,
+                by_router: [(
+                    "r0".to_string(),
+                    RouterLeases {
+                        lapses: 1,
+                        max_gap_ms: 31_000,
+                        ..RouterLeases::default()
+                    },
+                )]
+                .into(),
+                ..LeaseRecord::default()
+            },
+            signing_keys: Some(SigningKeysRecord {
+                created: Some(2),
+                rotations_due: 1,
+                scheduled_rotations: 1,
+                one_per_rotation: Some(false),
+                ..SigningKeysRecord::default()
+            }),
+            postgres_connections: Some(PgConnectionsRecord {
+                max_connections: Some(100),
+                peak: Some(25),
+                last: Some(13),
+                samples: 40,
+                ..PgConnectionsRecord::default()
+            }),
+            ..ControlPlanesRecord::default()
+        }),
+        ..Report::default()
+    };
+    let md = report.markdown();
+    let first = md.find("| kill control plane #1 | 30 | cp0 |").expect(&md);
+    let rolled = md
+        .find("| rolling restart control planes | 45 |")
+        .expect(&md);
+    let second = md.find("| kill control plane #2 | 60 | cp2 |").expect(&md);
+    assert!(first < rolled && rolled < second, "{md}");
+    assert!(
+        md.contains("seed 35, drawn among cp0 cp1 cp2; 4 watch streams on it"),
+        "{md}"
+    );
+    assert!(md.contains("cp1: exited 17 ms, ready 221 ms"), "{md}");
+    assert!(
+        md.contains("lapsed router leases: 1 (1 routers; TTL 30 s"),
+        "{md}"
+    );
+    assert!(md.contains("r0=31.0"), "{md}");
+    assert!(md.contains("NOT one key per rotation"), "{md}");
+    assert!(
+        md.contains("peak 25, last 13 of max_connections 100"),
+        "{md}"
+    );
+    let json = serde_json::to_value(&report).expect("json");
+    assert_eq!(
+        json["events"]["kill_control_plane"][1]["replica"]["seed"],
+        35
+    );
+    assert_eq!(json["control_planes"]["router_leases"]["lapses"], 1);
+    assert_eq!(
+        json["control_planes"]["signing_keys"]["one_per_rotation"],
+        false
+    );
+    // Events without replica details carry no `replica` key.
+    let plain = serde_json::to_value(EventRecord::default()).expect("json");
+    assert!(plain.get("replica").is_none(), "{plain}");
+}

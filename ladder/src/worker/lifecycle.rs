@@ -22,11 +22,25 @@ const CALL_RETRY_MAX: Duration = Duration::from_secs(5);
 /// One member in this many serves its Unix socket (the 1% checked over it).
 pub(crate) const SOCKET_EVERY: u64 = 100;
 
+/// The replicas member `index` dials, starting with replica `index mod N`:
+/// its calls go to the first and move on only when it does not answer, so
+/// the fleet spreads over the replicas as a Service would spread it (each
+/// replica serves 1/N of the shared budgets).
+fn spread(endpoints: &[String], index: u64) -> Vec<String> {
+    let mut out = endpoints.to_vec();
+    if !out.is_empty() {
+        let n = out.len() as u64;
+        out.rotate_left((index % n) as usize);
+    }
+    out
+}
+
 /// Runs member `slot` from start to end.
 pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
     let t0 = Instant::now();
     let spec = MemberSpec {
         control_plane: shared.cfg.control_plane.clone(),
+        control_plane_endpoints: spread(&shared.cfg.control_plane_endpoints, slot.index),
         control_plane_ca: shared.cfg.control_plane_ca.clone(),
         token: super::propagation::token_for(&shared, &slot),
         data_dir: shared.cfg.data_dir.join(format!("m{}", slot.index)),

@@ -12,6 +12,7 @@ mod netns;
 mod policy_ladder;
 mod postgres_ladder;
 mod remote_tls;
+mod replicas_ladder;
 mod restart_all_ladder;
 mod small_ladder;
 mod worker_protocol;

@@ -43,7 +43,7 @@ async fn run_remote(
         "--token-file".into(),
         mesh.member_token_file.display().to_string(),
         "--control-plane-http-addr".into(),
-        mesh.control_plane.http.to_string(),
+        mesh.control_planes.first().http.to_string(),
         "--providers".into(),
         PROVIDERS.to_string(),
         "--step".into(),
