@@ -50,8 +50,7 @@ impl Client {
         request_id: &str,
     ) -> Result<CreateTokenResponse, ClientError> {
         let (bearer, id) = (bearer(admin_token)?, request_id_value(request_id)?);
-        self.retrying("CreateToken", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("CreateToken", Idempotency::Idempotent, |mut c| {
             let r = self.admin_request_once(req.clone(), &bearer, &id);
             async move { c.create_token(r).await }
         })
@@ -66,8 +65,7 @@ impl Client {
         request_id: &str,
     ) -> Result<RotateKeyNowResponse, ClientError> {
         let (bearer, id) = (bearer(admin_token)?, request_id_value(request_id)?);
-        self.retrying("RotateKeyNow", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("RotateKeyNow", Idempotency::Idempotent, |mut c| {
             let r = self.admin_request_once(RotateKeyNowRequest {}, &bearer, &id);
             async move { c.rotate_key_now(r).await }
         })
@@ -85,8 +83,7 @@ impl Client {
         request_id: &str,
     ) -> Result<ApplyPolicyResponse, ClientError> {
         let (bearer, id) = (bearer(admin_token)?, request_id_value(request_id)?);
-        self.retrying("ApplyPolicy", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("ApplyPolicy", Idempotency::Idempotent, |mut c| {
             let r = self.admin_request_once(req.clone(), &bearer, &id);
             async move { c.apply_policy(r).await }
         })
@@ -107,8 +104,7 @@ impl Client {
             peer_id: peer.to_bytes(),
             reason: reason.to_string(),
         };
-        self.retrying("RevokeNode", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("RevokeNode", Idempotency::Idempotent, |mut c| {
             let r = self.admin_request_once(msg.clone(), &bearer, &id);
             async move { c.revoke_node(r).await }
         })
@@ -129,8 +125,7 @@ impl Client {
             token_id: token_id.to_string(),
             reason: reason.to_string(),
         };
-        self.retrying("RevokeToken", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("RevokeToken", Idempotency::Idempotent, |mut c| {
             let r = self.admin_request_once(msg.clone(), &bearer, &id);
             async move { c.revoke_token(r).await }
         })
@@ -158,8 +153,7 @@ impl Client {
         page_token: &str,
     ) -> Result<ListTokensResponse, ClientError> {
         let bearer = bearer(admin_token)?;
-        self.retrying("ListTokens", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("ListTokens", Idempotency::Idempotent, |mut c| {
             let r = self.admin_request(
                 ListTokensRequest {
                     page_size,
@@ -180,8 +174,7 @@ impl Client {
         page_token: &str,
     ) -> Result<ListNodesResponse, ClientError> {
         let bearer = bearer(admin_token)?;
-        self.retrying("ListNodes", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("ListNodes", Idempotency::Idempotent, |mut c| {
             let r = self.admin_request(
                 ListNodesRequest {
                     page_size,
