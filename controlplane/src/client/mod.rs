@@ -158,6 +158,8 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// Default time an unanswered keep-alive ping may wait before the
 /// connection is closed.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+// The promise: a half-open connection noticed within 10 s by default.
+const _: () = assert!(KEEPALIVE_INTERVAL.as_secs() + KEEPALIVE_TIMEOUT.as_secs() <= 10);
 
 /// How a client dials, beyond its [`ClientConfig`] (kept apart so that
 /// struct literals of `ClientConfig` keep compiling as it grows).

@@ -15,12 +15,20 @@
 //!   reaches every one (PostgreSQL: a frozen SQLite process may hold the
 //!   file's write lock).
 //!
-//! Failures are counted (opens that failed, ends that were errors), never
-//! timed.
+//! - a replica frozen with SIGSTOP under an open watch (a half-open
+//!   connection: nothing closes it) is noticed by the client's HTTP/2
+//!   keep-alive (default 5 s + 5 s; the wait is bounded at twice that),
+//!   and the watch opens again on the other replica (PostgreSQL, as
+//!   above).
+//!
+//! Failures are counted (opens that failed, ends that were errors); the
+//! only time bound is the keep-alive's promise.
 
 use std::{collections::BTreeMap, time::Duration};
 
-use agentmesh_controlplane::client::{Client, ClientConfig, Connections, Dialing, WatchMove};
+use agentmesh_controlplane::client::{
+    Client, ClientConfig, Connections, Dialing, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, WatchMove,
+};
 use agentmesh_proto::{
     identity::Keypair,
     pb::{
@@ -255,6 +263,47 @@ async fn watches_spread_over_the_replicas_after_one_max_age() {
     );
     assert!(max_age.is_some_and(|n| n >= WATCHERS as f64), "{max_age:?}");
     drop(watchers);
+    for s in served {
+        assert!(s.terminate().await.success());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_replica_is_noticed_by_keepalive_and_the_watch_moves() {
+    let Some(db) = TestDb::new(Backend::Postgres).await else {
+        return;
+    };
+    let served = replicas(&db, 2, &[]).await;
+    let all: Vec<&Served> = served.iter().collect();
+    // The default keep-alive (what routers get), the watch starting on a.
+    let c = client(&all, 0, Duration::from_secs(5));
+    let (key, cred) = routers(&c, 1).await.pop().expect("one router");
+    let w = Watcher::spawn(c, cred, key);
+    let first = w.until("the first watch", |s| !s.opens.is_empty()).await;
+    assert_eq!(first.opens[0].endpoint, served[0].endpoint());
+
+    served[0].signal("STOP").await;
+    let frozen_at = tokio::time::Instant::now();
+    let bound = 2 * (KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT);
+    let deadline = frozen_at + bound;
+    let noticed = loop {
+        let s = w.seen();
+        if !s.errors.is_empty() {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the frozen replica was not noticed within {bound:?}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(noticed.errors.len(), 1, "{:?}", noticed.errors);
+    assert!(noticed.moves.is_empty(), "a frozen replica says nothing");
+    let moved = w.until("the watch on b", |s| s.opens.len() >= 2).await;
+    assert_eq!(moved.opens[1].endpoint, served[1].endpoint());
+    assert!(moved.failed_opens.is_empty(), "{:?}", moved.failed_opens);
+    drop(w);
+    served[0].signal("CONT").await;
     for s in served {
         assert!(s.terminate().await.success());
     }

@@ -25,6 +25,11 @@ pub const DEFAULT_CONTROL_PLANE_KEEPALIVE_INTERVAL_SECS: u64 = 5;
 /// Default time a keep-alive ping may go unanswered before the connection
 /// is closed, seconds.
 pub const DEFAULT_CONTROL_PLANE_KEEPALIVE_TIMEOUT_SECS: u64 = 5;
+// The promise: a half-open connection noticed within 10 s by default.
+const _: () = assert!(
+    DEFAULT_CONTROL_PLANE_KEEPALIVE_INTERVAL_SECS + DEFAULT_CONTROL_PLANE_KEEPALIVE_TIMEOUT_SECS
+        <= 10
+);
 /// Default bound on policy push streams open at once. A round is about
 /// (members ÷ this) push round trips long, and a push's round trip is the
 /// member's time to answer: measured at 10,003 members (≈ 2,500 pushed

@@ -189,3 +189,38 @@ async fn attempt(w: &Watch, backoff: &mut Duration) -> WatchEnd {
 fn jittered(d: Duration) -> Duration {
     d.mul_f64(rand::thread_rng().gen_range(0.8..1.2))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_end_is_counted_under_its_reason() {
+        let moved = WatchMove::Stopping.status("stopping");
+        assert_eq!(
+            WatchEnd::Moved(WatchMove::of(&moved).expect("a move")).reason(),
+            "stopping"
+        );
+        assert_eq!(WatchEnd::Moved(WatchMove::MaxAge).reason(), "max_age");
+        // A status the control plane sent (from the trailers: no source).
+        let refused = tonic::Status::unauthenticated("the watch's credential expired");
+        assert_eq!(WatchEnd::Status(refused).reason(), "refused");
+        // The connection broke under the stream (tonic keeps the cause).
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        let lost = tonic::Status::from_error(Box::new(io));
+        assert_eq!(WatchEnd::Status(lost).reason(), "connection_lost");
+        assert_eq!(WatchEnd::Ended.reason(), "ended");
+        assert_eq!(WatchEnd::Unimplemented.reason(), "open_failed");
+        // Every reason is a pre-created label.
+        for r in [
+            "stopping",
+            "max_age",
+            "connection_lost",
+            "refused",
+            "ended",
+            "open_failed",
+        ] {
+            assert!(crate::policy_metrics::WATCH_ENDS.contains(&r), "{r}");
+        }
+    }
+}
