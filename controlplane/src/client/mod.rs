@@ -7,8 +7,10 @@
 //! the server certainly did not act ([`is_retryable_unsent`]): a second
 //! attempt after a lost answer would mint a token nobody sees or rotate
 //! twice; sent with a request id (`create_token_once`,
-//! `rotate_key_now_once`) they are retried like idempotent calls, the
-//! control plane answering a retry with the first answer. A retry waits the
+//! `rotate_key_now_once`, and `apply_policy_once`, `revoke_node_once`,
+//! `revoke_token_once`, whose retries would otherwise answer differently)
+//! they are retried like idempotent calls, the control plane answering a
+//! retry with the first answer. A retry waits the
 //! server's `retry-after` plus up to one second of random jitter (the server
 //! spreads a refused fleet over whole-second slots; the jitter spreads each
 //! slot's callers across its second), or, when there is no `retry-after`, an
@@ -18,6 +20,12 @@
 //! budget, the attempt made there is the last one, and its refusal is returned
 //! as [`ClientError::BudgetExhausted`]. Proofs of possession are made afresh
 //! for every attempt.
+//!
+//! Over several replicas (`endpoints`): calls stay on one endpoint and move
+//! on, at once while an untried one is left, when it gives no answer; each
+//! watch is placed by the client's own rotation, and a replica that said it
+//! is stopping is avoided for a while ([`STOPPING_AVOID`]; see `watch` for
+//! the move statuses).
 //!
 //! This module compiles without the `server` feature: no SQLite, no axum.
 
