@@ -1,5 +1,6 @@
-//! Admin RPCs: CreateToken, RevokeNode, RevokeToken, RotateKeyNow (the
-//! first and last with request ids, see [`crate::request_ids`]), behind a bearer token
+//! Admin RPCs: CreateToken, RevokeNode, RevokeToken, RotateKeyNow (each
+//! with a request id when the caller sends one, see
+//! [`crate::request_ids`]), behind a bearer token
 //! compared in constant time. A missing or wrong token counts against the
 //! caller's source IP in the same failure guard as failed enrollments, so
 //! the token cannot be guessed at line rate.
@@ -76,6 +77,16 @@ impl TokenSpec {
         }
         Ok(())
     }
+}
+
+/// Refuses a revocation reason over [`MAX_REASON_LEN`].
+fn check_reason(reason: &str) -> Result<(), ServiceError> {
+    if reason.len() > MAX_REASON_LEN {
+        return Err(ServiceError::Invalid(format!(
+            "reason is longer than {MAX_REASON_LEN} bytes"
+        )));
+    }
+    Ok(())
 }
 
 impl State {
@@ -203,27 +214,40 @@ impl State {
         self.mint(spec, request).await
     }
 
-    /// `RevokeNode`.
+    /// `RevokeNode`, with the caller's request id if it sent one: a retry
+    /// with it answers the first revocation's end and revokes nothing more.
     pub async fn revoke_node(
         &self,
         req: RevokeNodeRequest,
+        request_id: Option<String>,
     ) -> Result<RevokeNodeResponse, ServiceError> {
+        const METHOD: &str = "RevokeNode";
         let peer = PeerId::from_bytes(&req.peer_id)
             .map_err(|_| ServiceError::Invalid("peer_id is not a PeerId".into()))?;
-        if req.reason.len() > MAX_REASON_LEN {
-            return Err(ServiceError::Invalid(format!(
-                "reason is longer than {MAX_REASON_LEN} bytes"
-            )));
-        }
+        check_reason(&req.reason)?;
         let now = unix_now();
         let default_until =
             now + (self.config.credential_ttl_secs + self.config.clock_skew_secs) as i64;
-        let reason = req.reason;
-        let bytes = peer.to_bytes();
-        let until = self
-            .db
-            .run(self.db.store().revoke(&bytes, &reason, now, default_until))
-            .await?;
+        let (bytes, store) = (peer.to_bytes(), self.db.store());
+        let until = match request_id {
+            None => {
+                let revoke = store.revoke(&bytes, &req.reason, now, default_until);
+                self.db.run(revoke).await?
+            }
+            Some(id) => {
+                let d = request_ids::digest(METHOD, &req);
+                let rec = request_ids::once(&id, METHOD, d, now, |until: &i64| {
+                    Some(RevokeNodeResponse {
+                        until_unix_secs: *until,
+                    })
+                });
+                let revoke = store.revoke_once(&bytes, &req.reason, now, default_until, &rec);
+                match self.db.run(revoke).await? {
+                    Ok(until) => until,
+                    Err(prior) => return request_ids::replay(&id, METHOD, d, prior),
+                }
+            }
+        };
         self.invalidate_directory();
         self.watch.changed();
         tracing::info!(%peer, until, "node revoked");
@@ -236,11 +260,15 @@ impl State {
     /// and the directory (and every watcher) carries one revocation by
     /// token id until every credential it could cover has expired: the
     /// credential lifetime plus the clock skew from now, or the last
-    /// expiry of a credential issued to one of its nodes if later.
+    /// expiry of a credential issued to one of its nodes if later. With
+    /// the caller's request id, a retry answers the first revocation's end
+    /// (an unknown id records nothing: its retry is judged afresh).
     pub async fn revoke_token(
         &self,
         req: RevokeTokenRequest,
+        request_id: Option<String>,
     ) -> Result<RevokeTokenResponse, ServiceError> {
+        const METHOD: &str = "RevokeToken";
         let token_id = req.token_id.trim();
         if token_id.is_empty() || token_id.len() > tokens::MAX_TOKEN_LEN {
             return Err(ServiceError::Invalid(format!(
@@ -248,24 +276,30 @@ impl State {
                 tokens::MAX_TOKEN_LEN
             )));
         }
-        if req.reason.len() > MAX_REASON_LEN {
-            return Err(ServiceError::Invalid(format!(
-                "reason is longer than {MAX_REASON_LEN} bytes"
-            )));
-        }
+        check_reason(&req.reason)?;
         let now = unix_now();
         let until = now + (self.config.credential_ttl_secs + self.config.clock_skew_secs) as i64;
-        let until = self
-            .db
-            .run(
-                self.db
-                    .store()
-                    .revoke_token(token_id, &req.reason, now, until),
-            )
-            .await?
-            .ok_or_else(|| {
-                ServiceError::NotFound(format!("no token, node or revocation has id {token_id:?}"))
-            })?;
+        let store = self.db.store();
+        let until = match request_id {
+            None => {
+                let revoke = store.revoke_token(token_id, &req.reason, now, until);
+                self.db.run(revoke).await?
+            }
+            Some(id) => {
+                let d = request_ids::digest(METHOD, &req);
+                let rec = request_ids::once(&id, METHOD, d, now, |until: &Option<i64>| {
+                    until.map(|u| RevokeTokenResponse { until_unix_secs: u })
+                });
+                let revoke = store.revoke_token_once(token_id, &req.reason, now, until, &rec);
+                match self.db.run(revoke).await? {
+                    Ok(until) => until,
+                    Err(prior) => return request_ids::replay(&id, METHOD, d, prior),
+                }
+            }
+        }
+        .ok_or_else(|| {
+            ServiceError::NotFound(format!("no token, node or revocation has id {token_id:?}"))
+        })?;
         self.invalidate_directory();
         self.watch.changed();
         tracing::info!(%token_id, until, "token revoked");

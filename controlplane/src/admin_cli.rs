@@ -309,20 +309,51 @@ pub async fn node_list(list: ListArgs, admin: &AdminArgs) -> Result<(), AdminCli
 }
 
 /// `node revoke PEER_ID`: the node is refused from then on (refresh,
-/// leases, routers' admission) until its last credential has expired.
-pub async fn node_revoke(peer: &str, reason: &str, admin: &AdminArgs) -> Result<(), AdminCliError> {
+/// leases, routers' admission) until its last credential has expired. One
+/// revocation under one request id, retried within the budget.
+pub async fn node_revoke(
+    peer: &str,
+    reason: &str,
+    given_id: Option<String>,
+    admin: &AdminArgs,
+) -> Result<(), AdminCliError> {
     let peer_id: PeerId = peer.trim().parse().map_err(|_| {
         AdminCliError::Argument(format!(
             "{peer:?} is not a PeerId: give the PEER_ID column of `node list`"
         ))
     })?;
     let (client, token) = connect(admin)?;
+    let id = request_id(given_id);
+    eprintln!("request id {id} (give it as --request-id to retry this revocation)");
     let r = client
-        .revoke_node(&token, &peer_id, reason)
+        .revoke_node_once(&token, &peer_id, reason, &id)
         .await
         .map_err(|e| call_err("RevokeNode", e))?;
     println!(
         "node {peer_id} revoked; the revocation is published until unix {}",
+        r.until_unix_secs
+    );
+    Ok(())
+}
+
+/// `token revoke TOKEN_ID`: the token enrolls no one again and every
+/// credential it led to is refused. One revocation under one request id,
+/// retried within the budget.
+pub async fn token_revoke(
+    token_id: &str,
+    reason: &str,
+    given_id: Option<String>,
+    admin: &AdminArgs,
+) -> Result<(), AdminCliError> {
+    let (client, token) = connect(admin)?;
+    let id = request_id(given_id);
+    eprintln!("request id {id} (give it as --request-id to retry this revocation)");
+    let r = client
+        .revoke_token_once(&token, token_id, reason, &id)
+        .await
+        .map_err(|e| call_err("RevokeToken", e))?;
+    println!(
+        "token {token_id} revoked; the revocation is published until unix {}",
         r.until_unix_secs
     );
     Ok(())

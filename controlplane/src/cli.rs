@@ -24,12 +24,9 @@ pub enum CliError {
     /// A `policy` command failed (a refused policy among them).
     #[error(transparent)]
     Policy(#[from] crate::policy::cli::PolicyCliError),
-    /// An admin command (`token list|create`, `node list|revoke`, `key rotate`) failed.
+    /// An admin command (`token list|create|revoke`, `node list|revoke`, `key rotate`) failed.
     #[error(transparent)]
     AdminCli(#[from] crate::admin_cli::AdminCliError),
-    /// An admin call (`token revoke`) was refused or could not be made.
-    #[error("{0}")]
-    Admin(String),
     /// `token create --out FILE` could not write FILE (or it exists and
     /// `--overwrite` was not given: then no token was minted).
     #[error("token create --out: {0}")]
@@ -156,6 +153,9 @@ enum TokenCmd {
         /// Why, recorded with the revocation and published with it (default: none).
         #[arg(long, default_value = "")]
         reason: String,
+        /// The request id, to retry an earlier invocation that got no answer and get its answer (default: a new one, printed).
+        #[arg(long)]
+        request_id: Option<String>,
         #[allow(missing_docs)]
         #[command(flatten)]
         admin: crate::policy::cli::AdminArgs,
@@ -224,6 +224,9 @@ enum NodeCmd {
         /// Why, recorded with the revocation and published with it (default: none).
         #[arg(long, default_value = "")]
         reason: String,
+        /// The request id, to retry an earlier invocation that got no answer and get its answer (default: a new one, printed).
+        #[arg(long)]
+        request_id: Option<String>,
         #[allow(missing_docs)]
         #[command(flatten)]
         admin: crate::policy::cli::AdminArgs,
@@ -276,16 +279,20 @@ impl Cli {
             Some(Cmd::Node(NodeCmd::Revoke {
                 peer_id,
                 reason,
+                request_id,
                 admin,
-            })) => Ok(crate::admin_cli::node_revoke(&peer_id, &reason, &admin).await?),
+            })) => Ok(crate::admin_cli::node_revoke(&peer_id, &reason, request_id, &admin).await?),
             Some(Cmd::Key(KeyCmd::Rotate { request_id, admin })) => {
                 Ok(crate::admin_cli::key_rotate(request_id, &admin).await?)
             }
             Some(Cmd::Token(TokenCmd::Revoke {
                 token_id,
                 reason,
+                request_id,
                 admin,
-            })) => revoke_token(&token_id, &reason, &admin).await,
+            })) => {
+                Ok(crate::admin_cli::token_revoke(&token_id, &reason, request_id, &admin).await?)
+            }
             Some(Cmd::Backup { db, to }) => {
                 let shown = to.display().to_string();
                 offline::backup(&db, &to).await?;
@@ -398,28 +405,6 @@ async fn create_token(a: CreateArgs) -> Result<(), CliError> {
         t.token_id,
         t.expires_at,
         path.display()
-    );
-    Ok(())
-}
-
-/// `token revoke`: one admin call; prints until when the revocation is
-/// published (every credential the token led to has expired by then).
-async fn revoke_token(
-    token_id: &str,
-    reason: &str,
-    admin: &crate::policy::cli::AdminArgs,
-) -> Result<(), CliError> {
-    let (client, token) = admin.connect()?;
-    let r = client
-        .revoke_token(&token, token_id, reason)
-        .await
-        .map_err(|e| match e.status() {
-            Some(s) => CliError::Admin(format!("{:?}: {}", s.code(), s.message())),
-            None => CliError::Admin(e.to_string()),
-        })?;
-    println!(
-        "token {token_id} revoked; the revocation is published until unix {}",
-        r.until_unix_secs
     );
     Ok(())
 }

@@ -111,7 +111,8 @@ fn builder(config: &GrpcServerConfig, tls: Option<Identity>) -> Result<Server, S
     // Idle members' connections are what the control plane holds per
     // member (see DEFAULT_GRPC_MAX_CONNECTION_AGE_SECS); no grace: a
     // connection with a call in flight (a router's Watch) stays until the
-    // call ends, which a Watch does at its credential's expiry.
+    // call ends, which a Watch does at --watch-max-age-secs at the latest
+    // (or its credential's expiry, if sooner).
     if let Some(age) = config.max_connection_age {
         builder = builder.max_connection_age(age);
     }

@@ -1,7 +1,9 @@
-//! Request ids of the admin calls that are not idempotent (`CreateToken`,
-//! `RotateKeyNow`): a client retrying after a lost answer sends the same
-//! `request-id` metadata, and the control plane answers the first
-//! attempt's answer instead of minting a second token or rotating twice.
+//! Request ids of the admin calls that change something (`CreateToken`,
+//! `RotateKeyNow`, `ApplyPolicy`, `RevokeNode`, `RevokeToken`): a client
+//! retrying after a lost answer sends the same `request-id` metadata, and
+//! the control plane answers the first attempt's answer instead of minting
+//! a second token, rotating twice, applying a text again that another
+//! admin replaced meanwhile, or answering a revocation with a later end.
 //!
 //! The store records (id, method, digest of the request, answer) in the
 //! transaction that does the work (see `store::admin_requests`), so the
@@ -14,7 +16,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::{
     status::ServiceError,
-    store::{AdminRequest, MAX_REQUEST_ID_LEN, PriorRequest},
+    store::{AdminRequest, MAX_REQUEST_ID_LEN, PriorRequest, RequestOnce},
 };
 
 /// The gRPC metadata key carrying a request id.
@@ -72,6 +74,24 @@ pub fn record(
         digest,
         at,
         response: response.encode_to_vec(),
+    }
+}
+
+/// The record of a request whose answer its work gives: `answer` makes it
+/// from the work's result (`None`: nothing was done, nothing recorded).
+pub fn once<T, R: Message>(
+    request_id: &str,
+    method: &'static str,
+    digest: [u8; 32],
+    at: i64,
+    answer: impl Fn(&T) -> Option<R> + Send + Sync + 'static,
+) -> RequestOnce<T> {
+    RequestOnce {
+        request_id: request_id.to_string(),
+        method,
+        digest,
+        at,
+        answer: std::sync::Arc::new(move |done: &T| answer(done).map(|r| r.encode_to_vec())),
     }
 }
 

@@ -318,9 +318,19 @@ impl Handle {
         self.supervisor.add(name, task).await;
     }
 
-    /// Stops serving: in-flight calls get `--shutdown-grace-secs`, then
-    /// every task is aborted.
+    /// Stops serving. First every Watch ends with a "move" status
+    /// ([`crate::client::WatchMove::Stopping`]), so routers watch again on
+    /// another replica while this one still answers; then the gRPC server
+    /// stops accepting (its listener closes: new connections are refused at
+    /// once), sends GOAWAY, and in-flight calls get `--shutdown-grace-secs`
+    /// to finish; then every task is aborted.
     pub async fn shutdown(mut self) {
+        let watchers = self.state.watch.watchers();
+        self.state.watch.stop();
+        tracing::info!(
+            watchers,
+            "stopping: watches sent to other replicas; finishing calls in flight"
+        );
         let grace = Duration::from_secs(self.state.config.shutdown_grace_secs);
         if !self.supervisor.stop(grace).await {
             tracing::warn!("control plane tasks did not stop within the grace; aborting");

@@ -148,8 +148,8 @@ impl ControlPlane for Service {
         request: Request<RevokeNodeRequest>,
     ) -> Result<Response<RevokeNodeResponse>, Status> {
         let t = Instant::now();
-        let r = match self.admin(&request) {
-            Ok(()) => self.state.revoke_node(request.into_inner()).await,
+        let r = match self.admin_with_request_id(&request) {
+            Ok(id) => self.state.revoke_node(request.into_inner(), id).await,
             Err(e) => Err(e),
         };
         self.finish("RevokeNode", t, r)
@@ -173,10 +173,10 @@ impl ControlPlane for Service {
     ) -> Result<Response<ApplyPolicyResponse>, Status> {
         let t = Instant::now();
         let source = request.remote_addr().map(|a| a.ip());
-        let r = match self.admin(&request) {
-            Ok(()) => {
+        let r = match self.admin_with_request_id(&request) {
+            Ok(id) => {
                 self.state
-                    .apply_policy_rpc(source, request.into_inner())
+                    .apply_policy_rpc(source, request.into_inner(), id)
                     .await
             }
             Err(e) => Err(e),
@@ -201,8 +201,8 @@ impl ControlPlane for Service {
         request: Request<RevokeTokenRequest>,
     ) -> Result<Response<RevokeTokenResponse>, Status> {
         let t = Instant::now();
-        let r = match self.admin(&request) {
-            Ok(()) => self.state.revoke_token(request.into_inner()).await,
+        let r = match self.admin_with_request_id(&request) {
+            Ok(id) => self.state.revoke_token(request.into_inner(), id).await,
             Err(e) => Err(e),
         };
         self.finish("RevokeToken", t, r)

@@ -46,7 +46,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentmesh_controlplane::client::{Client, ClientConfig, ClientError, Connections};
+use agentmesh_controlplane::client::{Client, ClientConfig, ClientError, Connections, Dialing};
 use libp2p::identity::Keypair;
 use libp2p::{Multiaddr, PeerId, StreamProtocol};
 use prometheus_client::registry::Registry;
@@ -441,15 +441,21 @@ async fn identity_and_client(
         ),
         None => None,
     };
-    let client = Client::with_endpoints(
+    let client = Client::with_dialing(
         ClientConfig {
             url: config.url.clone(),
             ca_pem,
             retry_budget: config.retry_budget,
             rpc_timeout: config.rpc_timeout,
         },
-        Connections::Held,
-        &config.endpoints,
+        Dialing {
+            connections: Connections::Held,
+            endpoints: config.endpoints.clone(),
+            keepalive_interval: config.keepalive_interval,
+            keepalive_timeout: config.keepalive_timeout,
+            // A random replica first, then the next one at each move.
+            watch_start: None,
+        },
     )?;
     Ok((keypair, client))
 }

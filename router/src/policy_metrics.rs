@@ -39,6 +39,23 @@ pub(crate) const PUSH_DECISIONS: [&str; 6] = [
     "probe_failed",
 ];
 
+/// Why the router's control-plane Watch ended (or did not open):
+/// `stopping` (the replica is stopping: watched again at once on another),
+/// `max_age` (the replica moved it at its maximum age: watched again at
+/// once on the next replica), `connection_lost` (the connection broke: a
+/// replica gone, or no HTTP/2 keep-alive answer within
+/// `--control-plane-keepalive-*`), `refused` (another status: an expired
+/// credential, a revocation, a limit), `ended` (the stream ended without a
+/// status), `open_failed` (no replica opened it within the retry budget).
+pub(crate) const WATCH_ENDS: [&str; 6] = [
+    "stopping",
+    "max_age",
+    "connection_lost",
+    "refused",
+    "ended",
+    "open_failed",
+];
+
 /// Where a policy offered to the router came from.
 pub(crate) const SOURCES: [&str; 2] = ["directory", "watch"];
 
@@ -67,6 +84,7 @@ pub(crate) struct PolicyMetrics {
     pub(crate) push_in_flight: Gauge,
     pub(crate) watch_up: Gauge,
     pub(crate) watch_events: Counter,
+    pub(crate) watch_ends: Family<L1, Counter>,
     /// The router's log gate (see `Metrics::log`).
     pub(crate) log: agentmesh_runtime::log_gate::LogGate<String>,
 }
@@ -91,6 +109,7 @@ impl Default for PolicyMetrics {
             push_in_flight: Gauge::default(),
             watch_up: Gauge::default(),
             watch_events: Counter::default(),
+            watch_ends: Family::default(),
             log: Default::default(),
         }
     }
@@ -123,6 +142,14 @@ impl PolicyMetrics {
         for decision in PUSH_DECISIONS {
             let _ = m.push_decisions.get_or_create(&[("decision", decision)]);
         }
+        for reason in WATCH_ENDS {
+            let _ = m.watch_ends.get_or_create(&[("reason", reason)]);
+        }
+    }
+
+    /// Counts a Watch end (a value of [`WATCH_ENDS`]).
+    pub(crate) fn watch_ended(&self, reason: &'static str) {
+        self.watch_ends.get_or_create(&[("reason", reason)]).inc();
     }
 
     /// The counter of one push decision (a value of [`PUSH_DECISIONS`]).
@@ -229,6 +256,13 @@ impl PolicyMetrics {
             "agentmesh_router_policy_watch_events",
             "Events received on the control-plane Watch stream",
             m.watch_events.clone(),
+        );
+        r.register(
+            "agentmesh_router_policy_watch_ends",
+            "Control-plane Watch streams ended, by reason: stopping and max_age (the control \
+             plane moved it: watched again at once), connection_lost (a replica gone or \
+             silent past the keep-alive), refused, ended, open_failed (backed off)",
+            m.watch_ends.clone(),
         );
         m
     }

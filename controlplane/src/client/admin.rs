@@ -1,16 +1,23 @@
 //! Admin calls with request ids, and the admin listings.
 //!
-//! `CreateToken` and `RotateKeyNow` sent with a request id (the metadata
-//! `request-id`, the same on every attempt) are retried like idempotent
-//! calls: after a lost answer (a deadline, a reset, UNAVAILABLE without
-//! `retry-after`) the control plane answers a retry with the first
-//! attempt's answer and does nothing twice, so the retry is safe. Without
-//! an id they keep the cautious policy of [`super::Idempotency::NotIdempotent`].
-//! The listings are reads and retried as such.
+//! `CreateToken`, `RotateKeyNow`, `ApplyPolicy`, `RevokeNode` and
+//! `RevokeToken` sent with a request id (the metadata `request-id`, the
+//! same on every attempt) are retried like idempotent calls: after a lost
+//! answer (a deadline, a reset, UNAVAILABLE without `retry-after`) the
+//! control plane answers a retry with the first attempt's answer and does
+//! nothing twice, so the retry is safe. Without an id `CreateToken` and
+//! `RotateKeyNow` keep the cautious policy of
+//! [`super::Idempotency::NotIdempotent`]. The listings are reads and
+//! retried as such.
 
-use agentmesh_proto::pb::controlplane::{
-    CreateTokenRequest, CreateTokenResponse, ListNodesRequest, ListNodesResponse,
-    ListTokensRequest, ListTokensResponse, RotateKeyNowRequest, RotateKeyNowResponse,
+use agentmesh_proto::{
+    identity::PeerId,
+    pb::controlplane::{
+        ApplyPolicyRequest, ApplyPolicyResponse, CreateTokenRequest, CreateTokenResponse,
+        ListNodesRequest, ListNodesResponse, ListTokensRequest, ListTokensResponse,
+        RevokeNodeRequest, RevokeNodeResponse, RevokeTokenRequest, RevokeTokenResponse,
+        RotateKeyNowRequest, RotateKeyNowResponse,
+    },
 };
 use rand::Rng;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -43,10 +50,8 @@ impl Client {
         request_id: &str,
     ) -> Result<CreateTokenResponse, ClientError> {
         let (bearer, id) = (bearer(admin_token)?, request_id_value(request_id)?);
-        self.retrying("CreateToken", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
-            let mut r = self.admin_request(req.clone(), &bearer);
-            r.metadata_mut().insert(REQUEST_ID_METADATA, id.clone());
+        self.retrying("CreateToken", Idempotency::Idempotent, |mut c| {
+            let r = self.admin_request_once(req.clone(), &bearer, &id);
             async move { c.create_token(r).await }
         })
         .await
@@ -60,13 +65,84 @@ impl Client {
         request_id: &str,
     ) -> Result<RotateKeyNowResponse, ClientError> {
         let (bearer, id) = (bearer(admin_token)?, request_id_value(request_id)?);
-        self.retrying("RotateKeyNow", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
-            let mut r = self.admin_request(RotateKeyNowRequest {}, &bearer);
-            r.metadata_mut().insert(REQUEST_ID_METADATA, id.clone());
+        self.retrying("RotateKeyNow", Idempotency::Idempotent, |mut c| {
+            let r = self.admin_request_once(RotateKeyNowRequest {}, &bearer, &id);
             async move { c.rotate_key_now(r).await }
         })
         .await
+    }
+
+    /// Admin: applies a policy under `request_id` (see
+    /// [`Client::create_token_once`]): however many attempts reach the
+    /// control plane, the text is applied once and each answer is the
+    /// first one's, even if another admin applied another text meanwhile.
+    pub async fn apply_policy_once(
+        &self,
+        admin_token: &str,
+        req: ApplyPolicyRequest,
+        request_id: &str,
+    ) -> Result<ApplyPolicyResponse, ClientError> {
+        let (bearer, id) = (bearer(admin_token)?, request_id_value(request_id)?);
+        self.retrying("ApplyPolicy", Idempotency::Idempotent, |mut c| {
+            let r = self.admin_request_once(req.clone(), &bearer, &id);
+            async move { c.apply_policy(r).await }
+        })
+        .await
+    }
+
+    /// Admin: revokes `peer` under `request_id`: one revocation, and each
+    /// answer names the first attempt's end.
+    pub async fn revoke_node_once(
+        &self,
+        admin_token: &str,
+        peer: &PeerId,
+        reason: &str,
+        request_id: &str,
+    ) -> Result<RevokeNodeResponse, ClientError> {
+        let (bearer, id) = (bearer(admin_token)?, request_id_value(request_id)?);
+        let msg = RevokeNodeRequest {
+            peer_id: peer.to_bytes(),
+            reason: reason.to_string(),
+        };
+        self.retrying("RevokeNode", Idempotency::Idempotent, |mut c| {
+            let r = self.admin_request_once(msg.clone(), &bearer, &id);
+            async move { c.revoke_node(r).await }
+        })
+        .await
+    }
+
+    /// Admin: revokes the token `token_id` under `request_id`: one
+    /// revocation, and each answer names the first attempt's end.
+    pub async fn revoke_token_once(
+        &self,
+        admin_token: &str,
+        token_id: &str,
+        reason: &str,
+        request_id: &str,
+    ) -> Result<RevokeTokenResponse, ClientError> {
+        let (bearer, id) = (bearer(admin_token)?, request_id_value(request_id)?);
+        let msg = RevokeTokenRequest {
+            token_id: token_id.to_string(),
+            reason: reason.to_string(),
+        };
+        self.retrying("RevokeToken", Idempotency::Idempotent, |mut c| {
+            let r = self.admin_request_once(msg.clone(), &bearer, &id);
+            async move { c.revoke_token(r).await }
+        })
+        .await
+    }
+
+    /// An admin request carrying `request_id`.
+    fn admin_request_once<T>(
+        &self,
+        msg: T,
+        bearer: &MetadataValue<Ascii>,
+        request_id: &MetadataValue<Ascii>,
+    ) -> tonic::Request<T> {
+        let mut r = self.admin_request(msg, bearer);
+        r.metadata_mut()
+            .insert(REQUEST_ID_METADATA, request_id.clone());
+        r
     }
 
     /// Admin: one page of tokens (`page_token` empty for the first).
@@ -77,8 +153,7 @@ impl Client {
         page_token: &str,
     ) -> Result<ListTokensResponse, ClientError> {
         let bearer = bearer(admin_token)?;
-        self.retrying("ListTokens", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("ListTokens", Idempotency::Idempotent, |mut c| {
             let r = self.admin_request(
                 ListTokensRequest {
                     page_size,
@@ -99,8 +174,7 @@ impl Client {
         page_token: &str,
     ) -> Result<ListNodesResponse, ClientError> {
         let bearer = bearer(admin_token)?;
-        self.retrying("ListNodes", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("ListNodes", Idempotency::Idempotent, |mut c| {
             let r = self.admin_request(
                 ListNodesRequest {
                     page_size,
@@ -134,7 +208,7 @@ mod tests {
     use crate::clock::SkipClock;
 
     #[tokio::test]
-    async fn a_create_token_with_a_request_id_is_retried_after_a_lost_answer() {
+    async fn every_call_with_a_request_id_is_retried_after_a_lost_answer() {
         // A listener that accepts and never answers: every attempt's
         // outcome is ambiguous, which only a request id makes safe to retry.
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -181,6 +255,23 @@ mod tests {
             matches!(r, Err(ClientError::BudgetExhausted { attempts, .. }) if attempts >= 2),
             "{r:?}"
         );
+        // The revocations and the apply, each under its id, alike.
+        let admin = "admin-token-0123456789";
+        let peer = agentmesh_proto::identity::Keypair::generate_ed25519()
+            .public()
+            .to_peer_id();
+        let attempts = |r: Result<(), ClientError>| match r {
+            Err(ClientError::BudgetExhausted { attempts, .. }) => attempts,
+            other => panic!("expected retries until the budget, got {other:?}"),
+        };
+        let within = Duration::from_secs(60);
+        let r = tokio::time::timeout(within, c.revoke_node_once(admin, &peer, "x", "id-3"));
+        assert!(attempts(r.await.expect("bounded").map(drop)) >= 2);
+        let r = tokio::time::timeout(within, c.revoke_token_once(admin, "t-1", "x", "id-4"));
+        assert!(attempts(r.await.expect("bounded").map(drop)) >= 2);
+        let req = ApplyPolicyRequest::default();
+        let r = tokio::time::timeout(within, c.apply_policy_once(admin, req, "id-5"));
+        assert!(attempts(r.await.expect("bounded").map(drop)) >= 2);
         task.abort();
     }
 }

@@ -7,8 +7,10 @@
 //! the server certainly did not act ([`is_retryable_unsent`]): a second
 //! attempt after a lost answer would mint a token nobody sees or rotate
 //! twice; sent with a request id (`create_token_once`,
-//! `rotate_key_now_once`) they are retried like idempotent calls, the
-//! control plane answering a retry with the first answer. A retry waits the
+//! `rotate_key_now_once`, and `apply_policy_once`, `revoke_node_once`,
+//! `revoke_token_once`, whose retries would otherwise answer differently)
+//! they are retried like idempotent calls, the control plane answering a
+//! retry with the first answer. A retry waits the
 //! server's `retry-after` plus up to one second of random jitter (the server
 //! spreads a refused fleet over whole-second slots; the jitter spreads each
 //! slot's callers across its second), or, when there is no `retry-after`, an
@@ -19,20 +21,21 @@
 //! as [`ClientError::BudgetExhausted`]. Proofs of possession are made afresh
 //! for every attempt.
 //!
+//! Over several replicas (`endpoints`): calls stay on one endpoint and move
+//! on, at once while an untried one is left, when it gives no answer; each
+//! watch is placed by the client's own rotation, and a replica that said it
+//! is stopping is avoided for a while ([`STOPPING_AVOID`]; see `watch` for
+//! the move statuses).
+//!
 //! This module compiles without the `server` feature: no SQLite, no axum.
 
 mod admin;
+mod endpoints;
 mod policy;
 mod retry;
 mod watch;
 
-use std::{
-    sync::{
-        Arc, OnceLock,
-        atomic::{AtomicUsize, Ordering},
-    },
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use agentmesh_proto::{
     identity::{Keypair, PeerId},
@@ -56,12 +59,15 @@ use tonic::{
 };
 
 pub use admin::{REQUEST_ID_METADATA, new_request_id};
+pub use endpoints::STOPPING_AVOID;
 pub use retry::{
     INITIAL_BACKOFF, MAX_BACKOFF, RETRY_AFTER_JITTER, RETRY_AFTER_METADATA, is_retryable,
     is_retryable_unsent, jitter_bound, retry_after,
 };
+pub use watch::{MOVE_JITTER_MAX, WATCH_MOVE_METADATA, WatchMove, Watching, move_jitter};
 
 use crate::clock::{SharedClock, TokioClock};
+use endpoints::{Dial, Endpoints};
 
 /// Default for [`ClientConfig::retry_budget`]: 180 s.
 pub const DEFAULT_RETRY_BUDGET: Duration = Duration::from_secs(180);
@@ -151,11 +157,51 @@ impl ClientError {
     }
 }
 
-/// HTTP/2 keep-alive ping interval on the client's connection while a call
-/// (or a stream) is open.
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(15);
-/// An unanswered keep-alive ping closes the connection after this.
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default HTTP/2 keep-alive ping interval on the client's connection
+/// while a call (or a stream) is open: with [`KEEPALIVE_TIMEOUT`], a
+/// router notices a half-open connection to a replica (a host gone, a
+/// dropped NAT mapping, a partition) within 10 s and moves its watch and
+/// calls to another.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// Default time an unanswered keep-alive ping may wait before the
+/// connection is closed.
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+// The promise: a half-open connection noticed within 10 s by default.
+const _: () = assert!(KEEPALIVE_INTERVAL.as_secs() + KEEPALIVE_TIMEOUT.as_secs() <= 10);
+
+/// How a client dials, beyond its [`ClientConfig`] (kept apart so that
+/// struct literals of `ClientConfig` keep compiling as it grows).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dialing {
+    /// Held connections or one per call. Default [`Connections::Held`].
+    pub connections: Connections,
+    /// The replicas to dial (`http(s)://host:port` each) instead of the
+    /// config's URL, which stays the one logical URL proofs sign and TLS
+    /// verifies. Default none: the URL alone.
+    pub endpoints: Vec<String>,
+    /// HTTP/2 keep-alive ping interval while a call or stream is open.
+    /// Default [`KEEPALIVE_INTERVAL`].
+    pub keepalive_interval: Duration,
+    /// How long a keep-alive ping may go unanswered before the connection
+    /// is closed. Default [`KEEPALIVE_TIMEOUT`].
+    pub keepalive_timeout: Duration,
+    /// The endpoint (an index into `endpoints`) this client's first watch
+    /// opens on; each later watch opens on the next. Default `None`: a
+    /// random one, so a fleet's watches spread over the replicas.
+    pub watch_start: Option<usize>,
+}
+
+impl Default for Dialing {
+    fn default() -> Self {
+        Self {
+            connections: Connections::Held,
+            endpoints: Vec::new(),
+            keepalive_interval: KEEPALIVE_INTERVAL,
+            keepalive_timeout: KEEPALIVE_TIMEOUT,
+            watch_start: None,
+        }
+    }
+}
 
 /// How a [`Client`] uses connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,21 +229,19 @@ pub struct Client {
 struct Inner {
     url: String,
     /// Where calls go: the URL itself, or the replicas' own addresses
-    /// ([`Client::with_endpoints`]), tried in turn.
-    endpoints: Vec<Dial>,
-    /// The endpoint calls use now; moved on when one fails to answer.
-    current: AtomicUsize,
+    /// ([`Client::with_endpoints`]), and which one each call uses.
+    endpoints: Endpoints,
     connections: Connections,
     retry_budget: Duration,
     rpc_timeout: Duration,
     clock: SharedClock,
 }
 
-/// One address to dial and its held channel.
-struct Dial {
-    address: String,
-    endpoint: Endpoint,
-    channel: OnceLock<Channel>,
+/// A call's answer, with the endpoint that gave it and the attempts made.
+struct Answered<T> {
+    answer: T,
+    endpoint: usize,
+    attempts: u32,
 }
 
 impl std::fmt::Debug for Client {
@@ -219,13 +263,17 @@ impl Client {
         cfg: ClientConfig,
         connections: Connections,
     ) -> Result<Self, ClientError> {
-        Self::build(cfg, TokioClock::shared(), connections, &[])
+        let dialing = Dialing {
+            connections,
+            ..Dialing::default()
+        };
+        Self::build(cfg, TokioClock::shared(), dialing)
     }
 
     /// Like [`Client::new`], with the clock that times backoff and the retry
     /// budget (tests share a simulated clock with the server's limiter).
     pub fn with_clock(cfg: ClientConfig, clock: SharedClock) -> Result<Self, ClientError> {
-        Self::build(cfg, clock, Connections::Held, &[])
+        Self::build(cfg, clock, Dialing::default())
     }
 
     /// Like [`Client::with_connections`], dialling `endpoints` (the
@@ -236,51 +284,63 @@ impl Client {
     /// lost connection, `UNAVAILABLE` without `retry-after`, a deadline)
     /// moves it to the next, so a retry never goes back to the replica that
     /// just timed out while another is untried (a frozen replica keeps its
-    /// TCP connections open). Empty: `cfg.url` alone.
+    /// TCP connections open), and goes there at once, without a backoff,
+    /// while this call has not tried every endpoint. Empty: `cfg.url`
+    /// alone.
     pub fn with_endpoints(
         cfg: ClientConfig,
         connections: Connections,
         endpoints: &[String],
     ) -> Result<Self, ClientError> {
-        Self::build(cfg, TokioClock::shared(), connections, endpoints)
+        let dialing = Dialing {
+            connections,
+            endpoints: endpoints.to_vec(),
+            ..Dialing::default()
+        };
+        Self::build(cfg, TokioClock::shared(), dialing)
     }
 
-    fn build(
-        cfg: ClientConfig,
-        clock: SharedClock,
-        connections: Connections,
-        endpoints: &[String],
-    ) -> Result<Self, ClientError> {
+    /// Like [`Client::with_endpoints`], with every dialing choice given
+    /// (keep-alive, where watches start).
+    pub fn with_dialing(cfg: ClientConfig, dialing: Dialing) -> Result<Self, ClientError> {
+        Self::build(cfg, TokioClock::shared(), dialing)
+    }
+
+    fn build(cfg: ClientConfig, clock: SharedClock, dialing: Dialing) -> Result<Self, ClientError> {
         let url = normalize_url(cfg.url.trim()).to_string();
         if cfg.retry_budget.is_zero() || cfg.rpc_timeout.is_zero() {
             return Err(ClientError::Config(
                 "retry budget and rpc timeout must be positive".into(),
             ));
         }
-        let addresses: Vec<String> = if endpoints.is_empty() {
+        if dialing.keepalive_interval.is_zero() || dialing.keepalive_timeout.is_zero() {
+            return Err(ClientError::Config(
+                "keep-alive interval and timeout must be positive".into(),
+            ));
+        }
+        let addresses: Vec<String> = if dialing.endpoints.is_empty() {
             vec![url.clone()]
         } else {
-            endpoints
+            dialing
+                .endpoints
                 .iter()
                 .map(|e| normalize_url(e.trim()).to_string())
                 .collect()
         };
-        let endpoints = addresses
+        let dials = addresses
             .into_iter()
             .map(|address| {
-                Ok(Dial {
-                    endpoint: dial_endpoint(&address, &url, &cfg)?,
-                    address,
-                    channel: OnceLock::new(),
-                })
+                Ok(Dial::new(
+                    address.clone(),
+                    dial_endpoint(&address, &url, &cfg, &dialing)?,
+                ))
             })
             .collect::<Result<Vec<_>, ClientError>>()?;
         Ok(Self {
             inner: Arc::new(Inner {
                 url,
-                endpoints,
-                current: AtomicUsize::new(0),
-                connections,
+                endpoints: Endpoints::new(dials, dialing.watch_start),
+                connections: dialing.connections,
                 retry_budget: cfg.retry_budget,
                 rpc_timeout: cfg.rpc_timeout,
                 clock,
@@ -288,24 +348,9 @@ impl Client {
         })
     }
 
-    /// The endpoint calls use now.
-    fn dial(&self) -> &Dial {
-        let i = self.inner.current.load(Ordering::Relaxed) % self.inner.endpoints.len();
-        &self.inner.endpoints[i]
-    }
-
-    /// Moves calls to the next endpoint (no-op with one).
-    fn next_endpoint(&self, failed: &str) {
-        let n = self.inner.endpoints.len();
-        if n > 1 {
-            let i = self
-                .inner
-                .current
-                .fetch_add(1, Ordering::Relaxed)
-                .wrapping_add(1)
-                % n;
-            tracing::debug!(failed, next = %self.inner.endpoints[i].address, "control plane endpoint did not answer; trying the next");
-        }
+    /// The client's clock now.
+    fn now(&self) -> Duration {
+        self.inner.clock.now()
     }
 }
 
@@ -321,7 +366,12 @@ fn endpoint_failed(status: &Status) -> bool {
 
 /// The tonic endpoint dialling `address` for the control plane whose
 /// logical URL is `url` (the name TLS verifies).
-fn dial_endpoint(address: &str, url: &str, cfg: &ClientConfig) -> Result<Endpoint, ClientError> {
+fn dial_endpoint(
+    address: &str,
+    url: &str,
+    cfg: &ClientConfig,
+    dialing: &Dialing,
+) -> Result<Endpoint, ClientError> {
     let mut endpoint = Endpoint::from_shared(address.to_string())
         .map_err(|e| ClientError::Config(format!("bad url {address:?}: {e}")))?
         .connect_timeout(cfg.rpc_timeout)
@@ -330,8 +380,8 @@ fn dial_endpoint(address: &str, url: &str, cfg: &ClientConfig) -> Result<Endpoin
         // plane is gone within interval + timeout. Only while a call is
         // open: an idle member's connection sends nothing and is closed
         // by the control plane's connection age as before.
-        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .http2_keep_alive_interval(dialing.keepalive_interval)
+        .keep_alive_timeout(dialing.keepalive_timeout)
         .keep_alive_while_idle(false);
     if !url.starts_with("http://") && !url.starts_with("https://") {
         return Err(ClientError::Config(format!(
@@ -378,10 +428,11 @@ impl Client {
         &self.inner.url
     }
 
-    /// A stub on the held channel, or on a channel of its own that closes
-    /// its connection when the call's last clone of it is dropped.
-    fn grpc(&self) -> ControlPlaneClient<Channel> {
-        let dial = self.dial();
+    /// A stub for endpoint `i` on its held channel, or on a channel of its
+    /// own that closes its connection when the call's last clone of it is
+    /// dropped.
+    fn grpc_at(&self, i: usize) -> ControlPlaneClient<Channel> {
+        let dial = self.inner.endpoints.get(i);
         let ch = match self.inner.connections {
             Connections::Held => dial
                 .channel
@@ -410,8 +461,7 @@ impl Client {
 
     /// Exchanges a token and a proof of possession of `key` for a credential.
     pub async fn enroll(&self, token: &str, key: &Keypair) -> Result<EnrollResponse, ClientError> {
-        self.retrying("Enroll", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("Enroll", Idempotency::Idempotent, |mut c| {
             let req = self.request(
                 EnrollRequest {
                     token: token.to_string(),
@@ -430,8 +480,7 @@ impl Client {
         cred: &Credential,
         key: &Keypair,
     ) -> Result<RefreshResponse, ClientError> {
-        self.retrying("Refresh", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("Refresh", Idempotency::Idempotent, |mut c| {
             let req = self.request(
                 RefreshRequest {
                     credential: Some(cred.clone()),
@@ -447,8 +496,7 @@ impl Client {
     /// The control plane's current signing keys.
     pub async fn get_keys(&self) -> Result<KeySet, ClientError> {
         let resp = self
-            .retrying("GetKeys", Idempotency::Idempotent, || {
-                let mut c = self.grpc();
+            .retrying("GetKeys", Idempotency::Idempotent, |mut c| {
                 let req = self.request(GetKeysRequest {});
                 async move { c.get_keys(req).await }
             })
@@ -473,8 +521,7 @@ impl Client {
             policy_epoch: h.epoch,
             policy_version: h.version,
         });
-        self.retrying("GetDirectory", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("GetDirectory", Idempotency::Idempotent, |mut c| {
             let req = self.request(msg);
             async move { c.get_directory(req).await }
         })
@@ -492,8 +539,7 @@ impl Client {
         load: RouterLoad,
         draining: bool,
     ) -> Result<RouterLeaseResponse, ClientError> {
-        self.retrying("RouterLease", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("RouterLease", Idempotency::Idempotent, |mut c| {
             let req = self.request(
                 RouterLeaseRequest {
                     credential: Some(cred.clone()),
@@ -517,8 +563,7 @@ impl Client {
         req: CreateTokenRequest,
     ) -> Result<CreateTokenResponse, ClientError> {
         let bearer = bearer(admin_token)?;
-        self.retrying("CreateToken", Idempotency::NotIdempotent, || {
-            let mut c = self.grpc();
+        self.retrying("CreateToken", Idempotency::NotIdempotent, |mut c| {
             let r = self.admin_request(req.clone(), &bearer);
             async move { c.create_token(r).await }
         })
@@ -533,8 +578,7 @@ impl Client {
         reason: &str,
     ) -> Result<RevokeNodeResponse, ClientError> {
         let bearer = bearer(admin_token)?;
-        self.retrying("RevokeNode", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("RevokeNode", Idempotency::Idempotent, |mut c| {
             let r = self.admin_request(
                 RevokeNodeRequest {
                     peer_id: peer.to_bytes(),
@@ -553,29 +597,53 @@ impl Client {
         admin_token: &str,
     ) -> Result<RotateKeyNowResponse, ClientError> {
         let bearer = bearer(admin_token)?;
-        self.retrying("RotateKeyNow", Idempotency::NotIdempotent, || {
-            let mut c = self.grpc();
+        self.retrying("RotateKeyNow", Idempotency::NotIdempotent, |mut c| {
             let r = self.admin_request(RotateKeyNowRequest {}, &bearer);
             async move { c.rotate_key_now(r).await }
         })
         .await
     }
 
-    /// Runs `attempt` until it succeeds, is refused for good, or the budget is spent.
+    /// Runs `attempt` (given a stub for the endpoint to try) until it
+    /// succeeds, is refused for good, or the budget is spent; starts on the
+    /// endpoint unary calls use now.
     async fn retrying<T, F, Fut>(
         &self,
         method: &'static str,
         idempotency: Idempotency,
-        mut attempt: F,
+        attempt: F,
     ) -> Result<T, ClientError>
     where
-        F: FnMut() -> Fut,
+        F: FnMut(ControlPlaneClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let first = self.inner.endpoints.for_call(self.now());
+        let a = self
+            .retrying_from(method, idempotency, first, attempt)
+            .await?;
+        Ok(a.answer)
+    }
+
+    /// [`Client::retrying`] starting on endpoint `first`; the answer comes
+    /// with the endpoint that gave it and the attempts it took.
+    async fn retrying_from<T, F, Fut>(
+        &self,
+        method: &'static str,
+        idempotency: Idempotency,
+        first: usize,
+        mut attempt: F,
+    ) -> Result<Answered<T>, ClientError>
+    where
+        F: FnMut(ControlPlaneClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let clock = &self.inner.clock;
         let budget = self.inner.retry_budget;
         let start = clock.now();
-        let mut attempts: u32 = 0;
+        let (mut attempts, mut at) = (0u32, first);
+        // Endpoints moved past since the last wait: another one not tried
+        // yet is tried at once.
+        let mut moved = 0;
         let mut backoff = INITIAL_BACKOFF;
         let retryable = match idempotency {
             Idempotency::Idempotent => is_retryable,
@@ -583,24 +651,28 @@ impl Client {
         };
         loop {
             attempts = attempts.saturating_add(1);
-            let address = self.dial().address.clone();
-            let status = match tokio::time::timeout(self.inner.rpc_timeout, attempt()).await {
-                Ok(Ok(resp)) => return Ok(resp.into_inner()),
+            let call = attempt(self.grpc_at(at));
+            let status = match tokio::time::timeout(self.inner.rpc_timeout, call).await {
+                Ok(Ok(resp)) => {
+                    return Ok(Answered {
+                        answer: resp.into_inner(),
+                        endpoint: at,
+                        attempts,
+                    });
+                }
                 Ok(Err(status)) => status,
                 Err(_) => Status::deadline_exceeded(format!(
-                    "{method}: no answer from {address} within {:?}",
+                    "{method}: no answer from {} within {:?}",
+                    self.inner.endpoints.get(at).address,
                     self.inner.rpc_timeout
                 )),
             };
-            if endpoint_failed(&status) {
-                self.next_endpoint(&address);
+            let elsewhere = endpoint_failed(&status);
+            if elsewhere {
+                at = self.inner.endpoints.after_failure(at, clock.now());
             }
             if !retryable(&status) {
                 return Err(ClientError::Refused(status));
-            }
-            let (wait, from_server) = retry::next_wait(&status, backoff);
-            if !from_server {
-                backoff = (backoff * 2).min(MAX_BACKOFF);
             }
             let elapsed = clock.now().saturating_sub(start);
             let remaining = budget.saturating_sub(elapsed);
@@ -611,6 +683,16 @@ impl Client {
                     attempts,
                     elapsed,
                 });
+            }
+            if elsewhere && moved + 1 < self.inner.endpoints.len() {
+                moved += 1;
+                tracing::debug!(method, attempts, code = ?status.code(), msg = status.message(), "control plane call goes to the next endpoint at once");
+                continue;
+            }
+            moved = 0;
+            let (wait, from_server) = retry::next_wait(&status, backoff);
+            if !from_server {
+                backoff = (backoff * 2).min(MAX_BACKOFF);
             }
             let wait = wait.min(remaining);
             tracing::debug!(method, attempts, ?wait, code = ?status.code(), msg = status.message(), "control plane call will retry");

@@ -18,8 +18,7 @@ impl Client {
         req: ApplyPolicyRequest,
     ) -> Result<ApplyPolicyResponse, ClientError> {
         let bearer = bearer(admin_token)?;
-        self.retrying("ApplyPolicy", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("ApplyPolicy", Idempotency::Idempotent, |mut c| {
             let r = self.admin_request(req.clone(), &bearer);
             async move { c.apply_policy(r).await }
         })
@@ -33,8 +32,7 @@ impl Client {
         version: u64,
     ) -> Result<GetPolicyResponse, ClientError> {
         let bearer = bearer(admin_token)?;
-        self.retrying("GetPolicy", Idempotency::Idempotent, || {
-            let mut c = self.grpc();
+        self.retrying("GetPolicy", Idempotency::Idempotent, |mut c| {
             let r = self.admin_request(GetPolicyRequest { version }, &bearer);
             async move { c.get_policy(r).await }
         })

@@ -146,6 +146,12 @@ pub const DEFAULT_POLICY_CHECK_INTERVAL_MS: u64 = 1000;
 /// 10,000 members needs tens of routers, and each watcher costs one
 /// HTTP/2 stream and a shared reference to the current event.
 pub const DEFAULT_WATCH_MAX_STREAMS: usize = 1024;
+/// Default `--watch-max-age-secs`: routers' watches stay where they opened
+/// (after a rollout, on the replicas that came up first) unless ended; an
+/// end every 2.5-5 minutes per router re-balances a fleet within minutes
+/// at one reopen (a proof check, a node read, one full event) per router
+/// per few minutes.
+pub const DEFAULT_WATCH_MAX_AGE_SECS: u64 = 300;
 
 /// Configuration of one control plane.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
@@ -401,6 +407,11 @@ pub struct Config {
     /// more are refused with RESOURCE_EXHAUSTED and counted (limiter watch_streams), streams. Default 1024.
     #[arg(long, default_value_t = DEFAULT_WATCH_MAX_STREAMS)]
     pub watch_max_streams: usize,
+    /// A Watch stream is ended with a "move" status (the router watches again at once, on the
+    /// next replica it rotates to) at a random age between half of this and this, so routers'
+    /// watches spread over the replicas after a rollout; 0 never, seconds. Default 300.
+    #[arg(long, default_value_t = DEFAULT_WATCH_MAX_AGE_SECS)]
+    pub watch_max_age_secs: u64,
 }
 
 fn addr(s: &str) -> SocketAddr {
@@ -475,6 +486,7 @@ impl Default for Config {
             policy_retention_secs: DEFAULT_POLICY_RETENTION_SECS,
             policy_check_interval_ms: DEFAULT_POLICY_CHECK_INTERVAL_MS,
             watch_max_streams: DEFAULT_WATCH_MAX_STREAMS,
+            watch_max_age_secs: DEFAULT_WATCH_MAX_AGE_SECS,
         }
     }
 }

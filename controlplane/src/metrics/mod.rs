@@ -61,6 +61,19 @@ pub const LIMITERS: &[&str] = &[
 /// Results of a policy apply, as label values of `policy_applies_total{result}`.
 pub const POLICY_APPLY_RESULTS: &[&str] = &["applied", "unchanged", "superseded", "refused"];
 
+/// Why a Watch stream ended, as label values of `watch_ends_total{reason}`:
+/// the replica is stopping and sent the router elsewhere, the stream
+/// reached its `--watch-max-age-secs` age and was moved, the router's
+/// credential expired, an event revoked the router, or the router (or its
+/// connection) went away.
+pub const WATCH_END_REASONS: &[&str] = &[
+    "stopping",
+    "max_age",
+    "credential_expired",
+    "revoked",
+    "closed",
+];
+
 /// Per-source tables, as label values of `source_table_*{table}`.
 pub const SOURCE_TABLES: &[&str] = &[
     "unauth",
@@ -186,6 +199,11 @@ struct StateLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -321,6 +339,16 @@ impl Metrics {
     /// Counts one watch event sent.
     pub fn watch_event_sent(&self) {
         self.policy.watch_events.inc();
+    }
+
+    /// Counts a watch stream that ended, by why (one of [`WATCH_END_REASONS`]).
+    pub fn watch_ended(&self, reason: &'static str) {
+        self.policy
+            .watch_ends
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
     }
 
     /// Counts a successful enrollment.

@@ -1,12 +1,12 @@
 //! Policy and watch metrics: the version in force, applies by result,
-//! open watch streams and events sent.
+//! open watch streams, events sent and streams ended by why.
 
 use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
 
-use super::{POLICY_APPLY_RESULTS, ResultLabel};
+use super::{POLICY_APPLY_RESULTS, ReasonLabel, ResultLabel, WATCH_END_REASONS};
 
 #[derive(Clone)]
 pub(super) struct PolicyMetrics {
@@ -14,6 +14,7 @@ pub(super) struct PolicyMetrics {
     pub(super) policy_applies: Family<ResultLabel, Counter>,
     pub(super) watchers: Gauge,
     pub(super) watch_events: Counter,
+    pub(super) watch_ends: Family<ReasonLabel, Counter>,
 }
 
 impl PolicyMetrics {
@@ -24,6 +25,7 @@ impl PolicyMetrics {
             policy_applies: Family::default(),
             watchers: Gauge::default(),
             watch_events: Counter::default(),
+            watch_ends: Family::default(),
         };
         r.register(
             "policy_version",
@@ -47,6 +49,19 @@ impl PolicyMetrics {
             "Watch events sent, over every stream (the first full event of each stream included)",
             m.watch_events.clone(),
         );
+        r.register(
+            "watch_ends",
+            "Watch streams ended, by reason: stopping (this replica is stopping; the router was \
+             told to watch again elsewhere), max_age (moved at --watch-max-age-secs so watches \
+             spread over replicas), credential_expired, revoked (the router itself), closed (the \
+             router or its connection went away)",
+            m.watch_ends.clone(),
+        );
+        for reason in WATCH_END_REASONS.iter().copied() {
+            let _ = m.watch_ends.get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            });
+        }
         for r in POLICY_APPLY_RESULTS.iter().copied() {
             let _ = m
                 .policy_applies

@@ -31,6 +31,17 @@ pub struct Origin {
     pub from: String,
 }
 
+/// The version row an apply writes.
+pub(super) fn new_policy(text: &str, origin: Origin, unless_replaced: bool) -> NewPolicy {
+    NewPolicy {
+        text: text.to_string(),
+        applied_at: unix_now(),
+        applied_by: origin.by,
+        applied_from: origin.from,
+        unless_replaced,
+    }
+}
+
 /// Why a policy was not applied.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -85,23 +96,32 @@ impl State {
         origin: Origin,
         unless_replaced: bool,
     ) -> Result<(AppliedPolicy, Summary), ApplyError> {
-        let policy = match Policy::parse(text) {
-            Ok(p) => p,
-            Err(e) => {
-                self.metrics.policy_applied("refused");
-                tracing::warn!(by = %origin.by, from = %origin.from, problems = e.problems.len(), "policy refused: {e}");
-                return Err(ApplyError::Refused(e));
-            }
-        };
+        let policy = self.checked_policy(text, &origin)?;
         let summary = policy.summary();
-        let new = NewPolicy {
-            text: text.to_string(),
-            applied_at: unix_now(),
-            applied_by: origin.by,
-            applied_from: origin.from,
-            unless_replaced,
-        };
+        let new = new_policy(text, origin, unless_replaced);
         let done = self.db.run(self.db.store().apply_policy(&new)).await?;
+        self.took_effect(done, new, policy).await?;
+        Ok((done, summary))
+    }
+
+    /// `text` checked whole, or refused (counted and logged).
+    pub(super) fn checked_policy(&self, text: &str, origin: &Origin) -> Result<Policy, ApplyError> {
+        Policy::parse(text).map_err(|e| {
+            self.metrics.policy_applied("refused");
+            tracing::warn!(by = %origin.by, from = %origin.from, problems = e.problems.len(), "policy refused: {e}");
+            ApplyError::Refused(e)
+        })
+    }
+
+    /// What follows an apply the store did: a new version held, counted
+    /// and announced; a version another process holds taken up.
+    pub(super) async fn took_effect(
+        &self,
+        done: AppliedPolicy,
+        new: NewPolicy,
+        policy: Policy,
+    ) -> Result<(), StoreError> {
+        let summary = policy.summary();
         match done {
             AppliedPolicy::Applied(version) => {
                 let epoch = self.policy.get().epoch;
@@ -152,7 +172,7 @@ impl State {
                 }
             }
         }
-        Ok((done, summary))
+        Ok(())
     }
 
     /// Holds `next` (unless a later version is held already) and announces

@@ -35,6 +35,9 @@ pub enum PolicyCmd {
         /// Who applies it, recorded with the version (default: $USER).
         #[arg(long)]
         author: Option<String>,
+        /// The request id, to retry an earlier invocation that got no answer without applying twice (default: a new one, printed).
+        #[arg(long)]
+        request_id: Option<String>,
         #[allow(missing_docs)]
         #[command(flatten)]
         admin: AdminArgs,
@@ -210,6 +213,7 @@ impl PolicyCmd {
             PolicyCmd::Apply {
                 file,
                 author,
+                request_id,
                 admin,
             } => {
                 let text = read(&file)?;
@@ -219,15 +223,15 @@ impl PolicyCmd {
                     .or_else(|| std::env::var("USER").ok())
                     .unwrap_or_default();
                 let bytes = text.len();
+                let id = request_id.unwrap_or_else(|| crate::client::new_request_id("cli"));
+                eprintln!("request id {id} (give it as --request-id to retry this apply)");
+                let req = ApplyPolicyRequest {
+                    text,
+                    dry_run: false,
+                    author,
+                };
                 let r = client
-                    .apply_policy(
-                        &token,
-                        ApplyPolicyRequest {
-                            text,
-                            dry_run: false,
-                            author,
-                        },
-                    )
+                    .apply_policy_once(&token, req, &id)
                     .await
                     .map_err(|e| client_error(e, bytes))?;
                 if r.applied {

@@ -2,6 +2,11 @@
 //! bearer token first, as for `CreateToken`). A refused policy is
 //! `INVALID_ARGUMENT` listing every problem with its line and column; it
 //! is not a failed login, so it never counts against the admin's source.
+//! An apply with a request id is recorded with its answer in the
+//! transaction that applies it ([`crate::request_ids`]): a retry with the
+//! id answers what the first attempt did, even when another admin applied
+//! another text meanwhile (without it, the retry would apply the first
+//! text again on top). A dry run does nothing and records nothing.
 
 use std::net::IpAddr;
 
@@ -10,9 +15,13 @@ use agentmesh_proto::pb::controlplane::{
     ApplyPolicyRequest, ApplyPolicyResponse, GetPolicyRequest, GetPolicyResponse, PolicySummary,
 };
 
-use super::Origin;
+use super::{
+    Origin,
+    apply::{ApplyError, new_policy},
+};
 use crate::{
-    signed_policy::PolicyInForce, state::State, status::ServiceError, store::AppliedPolicy,
+    request_ids, signed_policy::PolicyInForce, state::State, status::ServiceError,
+    store::AppliedPolicy,
 };
 
 /// Longest `author` an apply may record, bytes.
@@ -46,6 +55,7 @@ impl State {
         &self,
         source: Option<IpAddr>,
         req: ApplyPolicyRequest,
+        request_id: Option<String>,
     ) -> Result<ApplyPolicyResponse, ServiceError> {
         if req.author.len() > MAX_AUTHOR_BYTES || req.author.chars().any(|c| c.is_control()) {
             return Err(ServiceError::Invalid(format!(
@@ -69,6 +79,9 @@ impl State {
             by: applied_by(&req.author),
             from: source.map_or_else(|| "unknown".to_string(), |ip| ip.to_string()),
         };
+        if let Some(id) = request_id {
+            return self.apply_policy_once(&req, origin, &id).await;
+        }
         let (done, summary) = self.apply_policy(&req.text, origin).await?;
         let held = self.policy_in_force();
         Ok(ApplyPolicyResponse {
@@ -77,6 +90,42 @@ impl State {
             applied: matches!(done, AppliedPolicy::Applied(_)),
             summary: Some(summary_pb(summary)),
         })
+    }
+
+    /// An apply under `request_id`: the answer is recorded in the
+    /// transaction that applies (or finds the text in force), and a retry
+    /// gets it back.
+    async fn apply_policy_once(
+        &self,
+        req: &ApplyPolicyRequest,
+        origin: Origin,
+        request_id: &str,
+    ) -> Result<ApplyPolicyResponse, ServiceError> {
+        const METHOD: &str = "ApplyPolicy";
+        let d = request_ids::digest(METHOD, req);
+        let policy = self.checked_policy(&req.text, &origin)?;
+        let summary = summary_pb(policy.summary());
+        let epoch = self.policy_in_force().epoch;
+        let new = new_policy(&req.text, origin, false);
+        let answer = move |done: &AppliedPolicy| ApplyPolicyResponse {
+            version: done.version(),
+            epoch,
+            applied: matches!(done, AppliedPolicy::Applied(_)),
+            summary: Some(summary),
+        };
+        let rec = request_ids::once(request_id, METHOD, d, new.applied_at, move |done| {
+            Some(answer(done))
+        });
+        let stored = self.db.store().apply_policy_once(&new, &rec);
+        match self.db.run(stored).await? {
+            Ok(done) => {
+                self.took_effect(done, new, policy)
+                    .await
+                    .map_err(ApplyError::from)?;
+                Ok(answer(&done))
+            }
+            Err(prior) => request_ids::replay(request_id, METHOD, d, prior),
+        }
     }
 
     /// `GetPolicy` (after the admin check): the version in force (0) or a

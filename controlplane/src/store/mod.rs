@@ -17,6 +17,8 @@
 //! under the writer lock (SQLite) or an advisory lock (PostgreSQL), so
 //! two processes applying at once never number two policies alike.
 
+#[cfg(test)]
+mod admin_once_suite;
 mod admin_requests;
 #[cfg(test)]
 mod admin_suite;
@@ -52,7 +54,7 @@ mod token_revocation_suite;
 
 use std::{collections::BTreeMap, future::Future, path::Path, sync::Arc, time::Duration};
 
-pub use admin_requests::{AdminRequest, MAX_REQUEST_ID_LEN, PriorRequest};
+pub use admin_requests::{AdminRequest, MAX_REQUEST_ID_LEN, PriorRequest, RequestOnce};
 pub use deadline::DEFAULT_WAIT;
 pub use listing::{MAX_LIST_ROWS, NodeListing, TokenListing};
 pub use policies::{AppliedPolicy, NewPolicy, PolicyHead, PolicyRow};
@@ -558,6 +560,28 @@ pub trait Store: Send + Sync + 'static {
         now: i64,
         until: i64,
     ) -> Result<Option<i64>, StoreError>;
+    /// [`Store::revoke`] in the transaction that records `request`, its
+    /// answer made from the instant; unless its id is recorded already:
+    /// then nothing is written and the earlier request is returned.
+    async fn revoke_once(
+        &self,
+        peer_id: &[u8],
+        reason: &str,
+        now: i64,
+        default_until: i64,
+        request: &RequestOnce<i64>,
+    ) -> Result<Result<i64, PriorRequest>, StoreError>;
+    /// [`Store::revoke_token`] in the transaction that records `request`
+    /// (as [`Store::revoke_once`]); an unknown id records nothing (its
+    /// answer is `None`).
+    async fn revoke_token_once(
+        &self,
+        token_id: &str,
+        reason: &str,
+        now: i64,
+        until: i64,
+        request: &RequestOnce<Option<i64>>,
+    ) -> Result<Result<Option<i64>, PriorRequest>, StoreError>;
     /// Every signing key, opened, with the epoch and the keys' generation,
     /// in one snapshot.
     async fn keys(&self) -> Result<StoredKeys, StoreError>;
@@ -652,6 +676,15 @@ pub trait Store: Send + Sync + 'static {
     /// as the next version and marks the one it replaces; the version is
     /// numbered under a lock, so concurrent writers never collide.
     async fn apply_policy(&self, new: &NewPolicy) -> Result<AppliedPolicy, StoreError>;
+    /// [`Store::apply_policy`] in the transaction that records `request`
+    /// (an unchanged text is recorded too: its retry answers the same);
+    /// unless its id is recorded already: then nothing is written and the
+    /// earlier request is returned.
+    async fn apply_policy_once(
+        &self,
+        new: &NewPolicy,
+        request: &RequestOnce<AppliedPolicy>,
+    ) -> Result<Result<AppliedPolicy, PriorRequest>, StoreError>;
     /// Starts a new policy epoch (after a database was restored from a
     /// dump); returns it.
     async fn new_policy_epoch(&self) -> Result<u64, StoreError>;

@@ -2,6 +2,15 @@
 //! proof of possession, but made for `Watch` and bound to the watch's
 //! credential, so a lease proof cannot be replayed here; node enrolled and
 //! not revoked), a slot among `--watch-max-streams`, then the stream.
+//!
+//! A stream ends with a "move" status ([`WatchMove`]: UNAVAILABLE and the
+//! `watch-move` metadata) when the router should watch again at once:
+//! this replica is stopping (`stopping`, sent before the gRPC server
+//! drains, so routers move while their connection still answers), or the
+//! stream reached its age (`max_age`: between half of
+//! `--watch-max-age-secs` and all of it, drawn per stream, so a fleet
+//! that opened together does not move together). Every end is counted in
+//! `watch_ends_total{reason}`.
 
 use std::{net::IpAddr, pin::Pin, sync::Arc, time::Duration};
 
@@ -12,10 +21,16 @@ use agentmesh_proto::{
     unix_now,
 };
 use futures::Stream;
-use tokio::sync::{OwnedSemaphorePermit, watch};
+use rand::Rng as _;
+use tokio::{
+    sync::{OwnedSemaphorePermit, watch},
+    time::Instant,
+};
 use tonic::Status;
 
-use crate::{enroll::node_refusal, metrics::Metrics, state::State, status::ServiceError};
+use crate::{
+    client::WatchMove, enroll::node_refusal, metrics::Metrics, state::State, status::ServiceError,
+};
 
 /// The stream the `Watch` RPC answers with.
 pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
@@ -36,14 +51,34 @@ struct Watcher {
     current: watch::Receiver<Option<Arc<WatchEvent>>>,
     stopped: watch::Receiver<bool>,
     /// The credential's expiry, on the runtime's clock.
-    expires: tokio::time::Instant,
+    expires: Instant,
+    /// When the stream is moved (`--watch-max-age-secs`); `None`: never.
+    move_at: Option<Instant>,
     peer_id: Vec<u8>,
     token_id: String,
     metrics: Metrics,
     /// The current value has not been looked at yet.
     unread: bool,
-    done: bool,
+    /// Why the stream ended (a label of `watch_ends_total`), once it did.
+    ended: Option<&'static str>,
     _slot: Slot,
+}
+
+impl Drop for Watcher {
+    /// Counts the end; a stream dropped before it ended was closed by the
+    /// router or with its connection.
+    fn drop(&mut self) {
+        self.metrics.watch_ended(self.ended.unwrap_or("closed"));
+    }
+}
+
+/// A stream's age at which it is moved: uniform between half of `max` and
+/// `max` (`None` when `max` is zero: never).
+fn move_after(max: Duration) -> Option<Duration> {
+    if max.is_zero() {
+        return None;
+    }
+    Some(max.mul_f64(rand::thread_rng().gen_range(0.5..=1.0)))
 }
 
 impl Watcher {
@@ -64,11 +99,12 @@ impl Watcher {
 }
 
 /// The next item: the latest event once it changed (the first is the one
-/// current when the stream opened), or an end: the control plane stops,
-/// the credential expires (UNAUTHENTICATED: watch again), or an event
-/// revokes the router itself (PERMISSION_DENIED).
+/// current when the stream opened), or an end: the control plane stops
+/// (a move elsewhere), the stream reaches its age (a move), the
+/// credential expires (UNAUTHENTICATED: watch again), or an event revokes
+/// the router itself (PERMISSION_DENIED).
 async fn next_item(mut w: Watcher) -> Option<(Result<WatchEvent, Status>, Watcher)> {
-    if w.done {
+    if w.ended.is_some() {
         return None;
     }
     loop {
@@ -76,7 +112,7 @@ async fn next_item(mut w: Watcher) -> Option<(Result<WatchEvent, Status>, Watche
             let ev = w.current.borrow_and_update().clone();
             if let Some(ev) = ev {
                 if w.revoked_by(&ev, unix_now()) {
-                    w.done = true;
+                    w.ended = Some("revoked");
                     let s = Status::permission_denied("this router is revoked");
                     return Some((Err(s), w));
                 }
@@ -87,26 +123,51 @@ async fn next_item(mut w: Watcher) -> Option<(Result<WatchEvent, Status>, Watche
         enum Woke {
             Stopped,
             Expired,
-            Changed(bool),
+            Aged,
+            Changed,
         }
+        let move_at = w.move_at;
         let woke = tokio::select! {
             biased;
             _ = w.stopped.wait_for(|s| *s) => Woke::Stopped,
             _ = tokio::time::sleep_until(w.expires) => Woke::Expired,
-            r = w.current.changed() => Woke::Changed(r.is_ok()),
+            _ = sleep_until_some(move_at) => Woke::Aged,
+            r = w.current.changed() => if r.is_ok() { Woke::Changed } else { Woke::Stopped },
         };
-        match woke {
-            Woke::Stopped | Woke::Changed(false) => return None,
-            Woke::Expired => {
-                w.done = true;
-                let s = Status::unauthenticated(
-                    "the watch's credential expired; watch again with the refreshed one",
-                );
-                return Some((Err(s), w));
-            }
+        let (reason, status) = match woke {
             // `changed` marked the value seen: read it on the next turn.
-            Woke::Changed(true) => w.unread = true,
-        }
+            Woke::Changed => {
+                w.unread = true;
+                continue;
+            }
+            Woke::Stopped => (
+                "stopping",
+                WatchMove::Stopping
+                    .status("this control-plane replica is stopping: watch again on another"),
+            ),
+            Woke::Aged => (
+                "max_age",
+                WatchMove::MaxAge.status(
+                    "this watch reached --watch-max-age-secs: watch again (the next replica)",
+                ),
+            ),
+            Woke::Expired => (
+                "credential_expired",
+                Status::unauthenticated(
+                    "the watch's credential expired; watch again with the refreshed one",
+                ),
+            ),
+        };
+        w.ended = Some(reason);
+        return Some((Err(status), w));
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -157,17 +218,36 @@ impl State {
         if current.borrow().is_none() {
             self.watch.changed();
         }
+        let opened = Instant::now();
+        let max_age = Duration::from_secs(self.config.watch_max_age_secs);
         let w = Watcher {
             current,
             stopped: self.watch.stopped.subscribe(),
-            expires: tokio::time::Instant::now() + Duration::from_secs(left),
+            expires: opened + Duration::from_secs(left),
+            move_at: move_after(max_age).map(|age| opened + age),
             peer_id,
             token_id: claims.claims.token_id.clone(),
             metrics: self.metrics.clone(),
             unread: true,
-            done: false,
+            ended: None,
             _slot: slot,
         };
         Ok(Box::pin(futures::stream::unfold(w, next_item)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_moves_between_half_its_max_age_and_all_of_it() {
+        assert_eq!(move_after(Duration::ZERO), None, "0: never");
+        let max = Duration::from_secs(300);
+        let ages: Vec<_> = (0..500).map(|_| move_after(max).expect("an age")).collect();
+        assert!(ages.iter().all(|a| *a >= max / 2 && *a <= max));
+        let early = ages.iter().filter(|a| **a < max * 3 / 4).count();
+        // Uniform: about half below three quarters; far from all or none.
+        assert!((100..400).contains(&early), "spread: {early} of 500");
     }
 }

@@ -3,7 +3,10 @@
 //! mints one token, a reused id with another request is refused), `token
 //! list` (never a secret; a revoked token shows revoked), `node list` with
 //! a member enrolled over the real protocol, `node revoke` (the member's
-//! next refresh is refused), and `key rotate` (one rotation per request id).
+//! next refresh is refused), `key rotate` (one rotation per request id),
+//! and `token revoke`, `node revoke` and `policy apply` retried under their
+//! request id (the first answer again, nothing done twice, even after
+//! another admin's apply).
 
 use std::path::Path;
 
@@ -300,8 +303,161 @@ async fn a_retried_request_id_does_the_work_once(db: TestDb) {
     assert!(served.terminate().await.success());
 }
 
+/// The request id an invocation printed on stderr.
+fn printed_id(o: &Out) -> String {
+    o.stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("request id "))
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no request id printed: {}", o.stderr))
+        .to_string()
+}
+
+/// Waits (bounded: 5 s) until the wall clock's second is past `t`: a
+/// revocation made now ends later than one made at `t`.
+async fn until_second_after(t: i64) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while agentmesh_proto::unix_now() <= t {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the clock stands still"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+async fn revocations_and_applies_retried_with_their_request_id_are_done_once(db: TestDb) {
+    let dir = db.dir().to_path_buf();
+    let admin = write(&dir, "admin.token", ADMIN);
+    let policy = write(&dir, "policy.toml", POLICY);
+    let served = serve(
+        db.url(),
+        &["--admin-token-file", &admin, "--policy", &policy],
+        &db.binary_env(),
+    )
+    .await;
+    let url = served.url.clone();
+
+    // token revoke: an id of its own per invocation; retried with it, the
+    // first answer and one revocation; the id with another reason refused.
+    let (_, token_id) = create(&url, &admin, &["--max-uses", "3"]).await;
+    let first = cp(
+        &url,
+        &admin,
+        &["token", "revoke", &token_id, "--reason", "leaked"],
+    )
+    .await;
+    assert!(first.ok, "{}", first.stderr);
+    let id = printed_id(&first);
+    until_second_after(agentmesh_proto::unix_now()).await;
+    let retry = [
+        "token",
+        "revoke",
+        &token_id,
+        "--reason",
+        "leaked",
+        "--request-id",
+        &id,
+    ];
+    let again = cp(&url, &admin, &retry).await;
+    assert!(again.ok, "{}", again.stderr);
+    assert_eq!(first.stdout, again.stdout, "the first answer");
+    let other = [
+        "token",
+        "revoke",
+        &token_id,
+        "--reason",
+        "other",
+        "--request-id",
+        &id,
+    ];
+    let o = cp(&url, &admin, &other).await;
+    assert!(
+        !o.ok && o.stderr.contains("InvalidArgument") && o.stderr.contains("new request id"),
+        "{}",
+        o.stderr
+    );
+    assert_eq!(db.count("SELECT COUNT(*) FROM token_revocations").await, 1);
+
+    // node revoke: a member enrolled over the real protocol; the retry a
+    // second later answers the first end, and the end stored is not moved.
+    let (secret, _) = create(&url, &admin, &[]).await;
+    let key = Keypair::generate_ed25519();
+    client_at(&url)
+        .enroll(&secret, &key)
+        .await
+        .expect("enrolls");
+    let peer = key.public().to_peer_id().to_string();
+    let until = "SELECT until FROM revocations";
+    let first = cp(
+        &url,
+        &admin,
+        &["node", "revoke", &peer, "--request-id", "nr-1"],
+    )
+    .await;
+    assert!(first.ok, "{}", first.stderr);
+    let stored = db.count(until).await;
+    until_second_after(agentmesh_proto::unix_now()).await;
+    let again = cp(
+        &url,
+        &admin,
+        &["node", "revoke", &peer, "--request-id", "nr-1"],
+    )
+    .await;
+    assert!(again.ok, "{}", again.stderr);
+    assert_eq!(first.stdout, again.stdout, "the first answer");
+    assert_eq!(db.count(until).await, stored, "the retry extended nothing");
+
+    // policy apply: a retry after another admin's apply answers the first
+    // version and leaves the later one in force (without the id it would
+    // apply the first text again, on top).
+    let wider = write(
+        &dir,
+        "wider.toml",
+        &POLICY.replace("[\"web\"]", "[\"web\", \"payments\"]"),
+    );
+    let versions = "SELECT COUNT(*) FROM policies";
+    let before = db.count(versions).await;
+    let a = cp(
+        &url,
+        &admin,
+        &["policy", "apply", &wider, "--request-id", "pa-1"],
+    )
+    .await;
+    assert!(
+        a.ok && a.stdout.contains("as policy version"),
+        "{} {}",
+        a.stdout,
+        a.stderr
+    );
+    let b = cp(&url, &admin, &["policy", "apply", &policy]).await;
+    assert!(
+        b.ok && b.stdout.contains("as policy version"),
+        "{} {}",
+        b.stdout,
+        b.stderr
+    );
+    let retried = cp(
+        &url,
+        &admin,
+        &["policy", "apply", &wider, "--request-id", "pa-1"],
+    )
+    .await;
+    assert!(retried.ok, "{}", retried.stderr);
+    assert_eq!(a.stdout, retried.stdout, "the first answer");
+    assert_eq!(
+        db.count(versions).await,
+        before + 2,
+        "applied twice, not three times"
+    );
+    let shown = cp(&url, &admin, &["policy", "show"]).await;
+    assert_eq!(shown.stdout, POLICY, "the later apply stays in force");
+    assert!(served.terminate().await.success());
+}
+
 on_both!(
     #[tokio::test]
     tokens_and_nodes_are_listed_and_revoked_through_the_binary,
-    a_retried_request_id_does_the_work_once;
+    a_retried_request_id_does_the_work_once,
+    revocations_and_applies_retried_with_their_request_id_are_done_once;
 );

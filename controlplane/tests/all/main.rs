@@ -6,7 +6,7 @@
 //! database of its own (see [`common::backend`]); the others run on SQLite
 //! and say why in their module.
 //!
-//! - [`admin`]: the admin commands (`token list|create`, `node list|revoke`, `key rotate`) and request ids;
+//! - [`admin`]: the admin commands (`token list|create|revoke`, `node list|revoke`, `key rotate`, `policy apply`) and request ids;
 //! - [`cli`]: the binary's commands and refusals;
 //! - [`connection_age`]: idle connections are closed at `--grpc-max-connection-age-secs`;
 //! - [`enroll`]: enrollment, refresh, leases, admin calls and the limiters;
@@ -20,6 +20,7 @@
 //! - [`policy`]: applying, refusing, serving and distributing the policy,
 //!   its commands and the start-up rules (the real binary);
 //! - [`proofs`]: proofs of possession moved onto other requests are refused;
+//! - [`replicas`]: replicas' watches: sent elsewhere on SIGTERM, spread after a maximum age;
 //! - [`storage`]: the database under pressure (a lock held elsewhere, a backlog);
 //! - [`tls`]: gRPC over TLS;
 //! - [`two_processes`]: two `agentmesh-control-plane` processes on one database;
@@ -46,6 +47,7 @@ mod nat;
 mod policy;
 mod proofs;
 mod replica_budgets;
+mod replicas;
 mod storage;
 mod supervisor;
 mod tls;

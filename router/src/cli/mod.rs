@@ -207,6 +207,12 @@ pub struct RouterArgs {
     /// Timeout of one control-plane RPC attempt, seconds.
     #[arg(long, default_value_t = d::DEFAULT_CONTROL_PLANE_RPC_TIMEOUT_SECS)]
     pub control_plane_rpc_timeout_secs: u64,
+    /// HTTP/2 keep-alive ping interval on control-plane connections while a call or the Watch is open, seconds; with the timeout, how long a half-open connection goes unnoticed at most (agentmesh_router_policy_watch_ends_total{reason="connection_lost"}).
+    #[arg(long, default_value_t = d::DEFAULT_CONTROL_PLANE_KEEPALIVE_INTERVAL_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub control_plane_keepalive_interval_secs: u64,
+    /// Time a control-plane keep-alive ping may go unanswered before the connection is closed and the Watch opened on another replica, seconds.
+    #[arg(long, default_value_t = d::DEFAULT_CONTROL_PLANE_KEEPALIVE_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub control_plane_keepalive_timeout_secs: u64,
     /// Inbound queue and pending-open bounds of the streams behaviour.
     #[command(flatten)]
     pub streams: StreamLimitArgs,
@@ -230,6 +236,8 @@ impl RouterArgs {
                 token,
                 retry_budget: s(self.control_plane_retry_budget_secs),
                 rpc_timeout: s(self.control_plane_rpc_timeout_secs),
+                keepalive_interval: s(self.control_plane_keepalive_interval_secs),
+                keepalive_timeout: s(self.control_plane_keepalive_timeout_secs),
                 lease_interval: s(self.lease_interval_secs),
                 clock_skew: s(self.clock_skew_secs),
             },

@@ -17,6 +17,19 @@ pub const DEFAULT_CLOCK_SKEW_SECS: u64 = 60;
 pub const DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS: u64 = 30;
 /// Default timeout of one control-plane RPC attempt.
 pub const DEFAULT_CONTROL_PLANE_RPC_TIMEOUT_SECS: u64 = 10;
+/// Default HTTP/2 keep-alive ping interval on the router's control-plane
+/// connections while a call or the Watch is open, seconds: with the
+/// timeout, a half-open connection (a replica's host gone, a dropped NAT
+/// mapping) is noticed within 10 s and the watch moves to another replica.
+pub const DEFAULT_CONTROL_PLANE_KEEPALIVE_INTERVAL_SECS: u64 = 5;
+/// Default time a keep-alive ping may go unanswered before the connection
+/// is closed, seconds.
+pub const DEFAULT_CONTROL_PLANE_KEEPALIVE_TIMEOUT_SECS: u64 = 5;
+// The promise: a half-open connection noticed within 10 s by default.
+const _: () = assert!(
+    DEFAULT_CONTROL_PLANE_KEEPALIVE_INTERVAL_SECS + DEFAULT_CONTROL_PLANE_KEEPALIVE_TIMEOUT_SECS
+        <= 10
+);
 /// Default bound on policy push streams open at once. A round is about
 /// (members ÷ this) push round trips long, and a push's round trip is the
 /// member's time to answer: measured at 10,003 members (≈ 2,500 pushed
@@ -60,6 +73,12 @@ pub struct ControlPlaneConfig {
     pub retry_budget: Duration,
     /// Timeout of one control-plane RPC attempt. Default 10 s.
     pub rpc_timeout: Duration,
+    /// HTTP/2 keep-alive ping interval while a call or the Watch is open.
+    /// Default 5 s.
+    pub keepalive_interval: Duration,
+    /// An unanswered keep-alive ping closes the connection after this.
+    /// Default 5 s.
+    pub keepalive_timeout: Duration,
     /// Time between leases, directory syncs and key syncs. Default 15 s.
     pub lease_interval: Duration,
     /// Allowed clock difference when checking credential validity. Default 60 s.
@@ -75,6 +94,8 @@ impl Default for ControlPlaneConfig {
             token: String::new(),
             retry_budget: Duration::from_secs(DEFAULT_CONTROL_PLANE_RETRY_BUDGET_SECS),
             rpc_timeout: Duration::from_secs(DEFAULT_CONTROL_PLANE_RPC_TIMEOUT_SECS),
+            keepalive_interval: Duration::from_secs(DEFAULT_CONTROL_PLANE_KEEPALIVE_INTERVAL_SECS),
+            keepalive_timeout: Duration::from_secs(DEFAULT_CONTROL_PLANE_KEEPALIVE_TIMEOUT_SECS),
             lease_interval: Duration::from_secs(DEFAULT_LEASE_INTERVAL_SECS),
             clock_skew: Duration::from_secs(DEFAULT_CLOCK_SKEW_SECS),
         }

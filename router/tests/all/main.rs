@@ -8,6 +8,7 @@ mod support;
 mod auth_queue;
 mod binary;
 mod connection_charge;
+mod cp_replicas;
 mod dns;
 mod drain_http;
 mod ghost;

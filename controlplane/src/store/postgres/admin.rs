@@ -1,5 +1,6 @@
-//! Admin requests and listings: a token minted or a key rotated in the
-//! transaction that records its request. The record goes first, with
+//! Admin requests and listings: a token minted, a key rotated, a policy
+//! applied or a node or token revoked in the transaction that records its
+//! request. The record goes first, with
 //! `ON CONFLICT DO NOTHING`: of two requests racing with one id, the
 //! second's insert waits for the first's row, then inserts nothing and
 //! reads the first's record, so the work is done once. Also the token and
@@ -9,11 +10,13 @@ use super::{
     PostgresStore, Tx,
     keys::rotate_in,
     nodes::insert_token,
+    policies::apply_in,
+    revocations::{revoke_in, revoke_token_in},
     rows::{int, node_from},
 };
 use crate::store::{
-    AdminRequest, MAX_LIST_ROWS, NodeListing, PriorRequest, SigningKeyRow, StoreError,
-    TokenListing, TokenRow,
+    AdminRequest, AppliedPolicy, MAX_LIST_ROWS, NewPolicy, NodeListing, PriorRequest, RequestOnce,
+    SigningKeyRow, StoreError, TokenListing, TokenRow,
     admin_requests::{digest_from, seal_id},
     columns::parse_labels,
     listing::{NODE_PAGE, TOKEN_PAGE, postgres},
@@ -53,6 +56,90 @@ pub(super) async fn rotate_once(
     rotate_in(store, &tx, None, next, new_key, retire_until).await?;
     tx.commit().await?;
     Ok(Ok(()))
+}
+
+pub(super) async fn revoke_once(
+    store: &PostgresStore,
+    peer_id: &[u8],
+    reason: &str,
+    now: i64,
+    default_until: i64,
+    request: &RequestOnce<i64>,
+) -> Result<Result<i64, PriorRequest>, StoreError> {
+    let (mut conn, ms) = store.conn().await?;
+    let tx = conn.transaction().await?;
+    PostgresStore::bound(&tx, ms).await?;
+    if let Some(prior) = record(store, &tx, &request.claim()).await? {
+        return Ok(Err(prior));
+    }
+    let until = revoke_in(&tx, peer_id, reason, now, default_until).await?;
+    finish(store, tx, request, &until).await?;
+    Ok(Ok(until))
+}
+
+pub(super) async fn revoke_token_once(
+    store: &PostgresStore,
+    token_id: &str,
+    reason: &str,
+    now: i64,
+    until: i64,
+    request: &RequestOnce<Option<i64>>,
+) -> Result<Result<Option<i64>, PriorRequest>, StoreError> {
+    let (mut conn, ms) = store.conn().await?;
+    let tx = conn.transaction().await?;
+    PostgresStore::bound(&tx, ms).await?;
+    if let Some(prior) = record(store, &tx, &request.claim()).await? {
+        return Ok(Err(prior));
+    }
+    let until = revoke_token_in(&tx, token_id, reason, now, until).await?;
+    finish(store, tx, request, &until).await?;
+    Ok(Ok(until))
+}
+
+pub(super) async fn apply_policy_once(
+    store: &PostgresStore,
+    new: &NewPolicy,
+    request: &RequestOnce<AppliedPolicy>,
+) -> Result<Result<AppliedPolicy, PriorRequest>, StoreError> {
+    let (mut conn, ms) = store.conn().await?;
+    let tx = conn.transaction().await?;
+    PostgresStore::bound(&tx, ms).await?;
+    if let Some(prior) = record(store, &tx, &request.claim()).await? {
+        return Ok(Err(prior));
+    }
+    let done = apply_in(&tx, new).await?;
+    finish(store, tx, request, &done).await?;
+    Ok(Ok(done))
+}
+
+/// Ends a transaction that claimed `request`'s id and did its work:
+/// records the answer `done` gives and commits, or, when `done` has none
+/// (nothing was done), rolls back, the claim included.
+async fn finish<T>(
+    store: &PostgresStore,
+    tx: Tx<'_>,
+    request: &RequestOnce<T>,
+    done: &T,
+) -> Result<(), StoreError> {
+    let Some(answer) = (request.answer)(done) else {
+        tx.rollback().await?;
+        return Ok(());
+    };
+    let id = &request.request_id;
+    let sealed = store.kek.seal(&seal_id(id), &answer)?;
+    let n = tx
+        .execute(
+            "UPDATE admin_requests SET response = $2 WHERE request_id = $1",
+            &[id, &sealed],
+        )
+        .await?;
+    if n != 1 {
+        return Err(StoreError::Query(format!(
+            "admin request {id:?} claimed but not found to record its answer"
+        )));
+    }
+    tx.commit().await?;
+    Ok(())
 }
 
 pub(super) async fn list_tokens(

@@ -49,8 +49,8 @@ pub use options::{PgOptions, Tls};
 use super::{
     AdminRequest, AppliedPolicy, Change, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow,
     NewPolicy, NodeListing, NodeRefusal, NodeRow, PolicyHead, PolicyRow, PriorRequest, ReapPolicy,
-    SigningKeyRow, Snapshot, Store, StoreError, StoredKeys, StoredRevocations, TokenListing,
-    TokenRow, Wait, deadline,
+    RequestOnce, SigningKeyRow, Snapshot, Store, StoreError, StoredKeys, StoredRevocations,
+    TokenListing, TokenRow, Wait, deadline,
 };
 
 /// Default `--db-pool-connections`: PostgreSQL's default `max_connections`
@@ -249,6 +249,28 @@ impl Store for PostgresStore {
         revocations::revoke_token(self, token_id, reason, now, until).await
     }
 
+    async fn revoke_once(
+        &self,
+        peer_id: &[u8],
+        reason: &str,
+        now: i64,
+        default_until: i64,
+        request: &RequestOnce<i64>,
+    ) -> Result<Result<i64, PriorRequest>, StoreError> {
+        admin::revoke_once(self, peer_id, reason, now, default_until, request).await
+    }
+
+    async fn revoke_token_once(
+        &self,
+        token_id: &str,
+        reason: &str,
+        now: i64,
+        until: i64,
+        request: &RequestOnce<Option<i64>>,
+    ) -> Result<Result<Option<i64>, PriorRequest>, StoreError> {
+        admin::revoke_token_once(self, token_id, reason, now, until, request).await
+    }
+
     async fn keys(&self) -> Result<StoredKeys, StoreError> {
         keys::keys(self).await
     }
@@ -341,6 +363,14 @@ impl Store for PostgresStore {
 
     async fn apply_policy(&self, new: &NewPolicy) -> Result<AppliedPolicy, StoreError> {
         policies::apply(self, new).await
+    }
+
+    async fn apply_policy_once(
+        &self,
+        new: &NewPolicy,
+        request: &RequestOnce<AppliedPolicy>,
+    ) -> Result<Result<AppliedPolicy, PriorRequest>, StoreError> {
+        admin::apply_policy_once(self, new, request).await
     }
 
     async fn new_policy_epoch(&self) -> Result<u64, StoreError> {

@@ -125,6 +125,15 @@ pub(super) async fn apply(
     let (mut conn, ms) = store.conn().await?;
     let tx = conn.transaction().await?;
     PostgresStore::bound(&tx, ms).await?;
+    let done = apply_in(&tx, new).await?;
+    tx.commit().await?;
+    Ok(done)
+}
+
+/// An apply inside `tx`, under the policy lock: the next version, unless
+/// the text is in force (or, [`NewPolicy::unless_replaced`], was replaced
+/// since).
+pub(super) async fn apply_in(tx: &Tx<'_>, new: &NewPolicy) -> Result<AppliedPolicy, StoreError> {
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK_POLICY])
         .await?;
     let current = tx
@@ -137,9 +146,7 @@ pub(super) async fn apply(
     if let Some((v, text)) = &current
         && *text == new.text
     {
-        let v = version_from(*v)?;
-        tx.commit().await?;
-        return Ok(AppliedPolicy::Unchanged(v));
+        return Ok(AppliedPolicy::Unchanged(version_from(*v)?));
     }
     if let Some((head, _)) = &current
         && new.unless_replaced
@@ -153,7 +160,6 @@ pub(super) async fn apply(
             .get(0);
         if let Some(was) = was {
             let (was, head) = (version_from(was)?, version_from(*head)?);
-            tx.commit().await?;
             return Ok(AppliedPolicy::Superseded { was, head });
         }
     }
@@ -176,7 +182,6 @@ pub(super) async fn apply(
         ],
     )
     .await?;
-    tx.commit().await?;
     Ok(AppliedPolicy::Applied(version_from(next)?))
 }
 

@@ -5,7 +5,7 @@
 //! so either it committed before (and its node is found and revoked by the
 //! statements after) or it re-reads the token as expired and stops.
 
-use super::{PostgresStore, rows::epoch_and_generation};
+use super::{PostgresStore, Tx, rows::epoch_and_generation};
 use crate::store::{RevocationRow, StoreError, StoredRevocations};
 
 /// The list, its generation and the epoch in one REPEATABLE READ snapshot:
@@ -55,6 +55,19 @@ pub(super) async fn revoke(
     let (mut conn, ms) = store.conn().await?;
     let tx = conn.transaction().await?;
     PostgresStore::bound(&tx, ms).await?;
+    let until = revoke_in(&tx, peer_id, reason, now, default_until).await?;
+    tx.commit().await?;
+    Ok(until)
+}
+
+/// A node's revocation inside `tx`; returns until when it is published.
+pub(super) async fn revoke_in(
+    tx: &Tx<'_>,
+    peer_id: &[u8],
+    reason: &str,
+    now: i64,
+    default_until: i64,
+) -> Result<i64, StoreError> {
     // The node's row first: a lease or touch in flight holds or waits for it.
     let last_expiry: Option<i64> = tx
         .query_opt(
@@ -76,7 +89,6 @@ pub(super) async fn revoke(
         .get(0);
     tx.execute("DELETE FROM router_leases WHERE peer_id = $1", &[&peer_id])
         .await?;
-    tx.commit().await?;
     Ok(until)
 }
 
@@ -90,6 +102,24 @@ pub(super) async fn revoke_token(
     let (mut conn, ms) = store.conn().await?;
     let tx = conn.transaction().await?;
     PostgresStore::bound(&tx, ms).await?;
+    let until = revoke_token_in(&tx, token_id, reason, now, until).await?;
+    if until.is_some() {
+        tx.commit().await?;
+    } else {
+        tx.rollback().await?;
+    }
+    Ok(until)
+}
+
+/// A token's revocation inside `tx`; `None` when no token, node or
+/// revocation has the id (the caller rolls back: nothing is written).
+pub(super) async fn revoke_token_in(
+    tx: &Tx<'_>,
+    token_id: &str,
+    reason: &str,
+    now: i64,
+    until: i64,
+) -> Result<Option<i64>, StoreError> {
     // The token's row first: an enrollment spending a use holds or waits for it.
     let token = tx
         .execute(
@@ -107,7 +137,6 @@ pub(super) async fn revoke_token(
             .await?
             .is_some();
     if !known {
-        tx.rollback().await?;
         return Ok(None);
     }
     let last_expiry: Option<i64> = tx
@@ -138,6 +167,5 @@ pub(super) async fn revoke_token(
         )
         .await?
         .get(0);
-    tx.commit().await?;
     Ok(Some(until))
 }

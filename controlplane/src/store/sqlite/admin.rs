@@ -1,9 +1,10 @@
-//! Admin requests and listings: a token minted or a key rotated in the
-//! `BEGIN IMMEDIATE` transaction that records its request (the record goes
-//! first, so an id already recorded writes nothing), and the token and node
-//! pages of `token list` / `node list`.
+//! Admin requests and listings: a token minted, a key rotated, a policy
+//! applied or a node or token revoked in the `BEGIN IMMEDIATE` transaction
+//! that records its request (the record goes first, so an id already
+//! recorded writes nothing), and the token and node pages of `token list`
+//! / `node list`.
 
-use rusqlite::{OptionalExtension, TransactionBehavior, params};
+use rusqlite::{OptionalExtension, Transaction, TransactionBehavior, params};
 
 use super::{
     Inner,
@@ -12,8 +13,8 @@ use super::{
     rows::{finish_node, node_from_row},
 };
 use crate::store::{
-    AdminRequest, Kek, MAX_LIST_ROWS, NodeListing, PriorRequest, SigningKeyRow, StoreError,
-    TokenListing, TokenRow,
+    AdminRequest, Kek, MAX_LIST_ROWS, NodeListing, PriorRequest, RequestOnce, SigningKeyRow,
+    StoreError, TokenListing, TokenRow,
     admin_requests::{digest_from, seal_id},
     columns::parse_labels,
     listing::{NODE_PAGE, TOKEN_PAGE},
@@ -52,6 +53,30 @@ impl Inner {
         rotate_in(&tx, &self.kek, None, next, new_key, retire_until)?;
         tx.commit()?;
         Ok(Ok(()))
+    }
+
+    /// Runs `work` in a `BEGIN IMMEDIATE` transaction that claims
+    /// `request`'s id first and records the answer `work`'s result gives
+    /// before committing. An id recorded already runs nothing and returns
+    /// the earlier request; a result with no answer (nothing done, e.g. an
+    /// unknown token) rolls everything back, the claim included.
+    pub(super) fn once<T>(
+        &self,
+        request: &RequestOnce<T>,
+        work: impl FnOnce(&Transaction<'_>) -> Result<T, StoreError>,
+    ) -> Result<Result<T, PriorRequest>, StoreError> {
+        let mut conn = self.writer.get()?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if let Some(prior) = record(&tx, &self.kek, &request.claim())? {
+            return Ok(Err(prior));
+        }
+        let done = work(&tx)?;
+        // Without an answer `tx` is dropped: rolled back.
+        if let Some(answer) = (request.answer)(&done) {
+            complete(&tx, &self.kek, &request.request_id, &answer)?;
+            tx.commit()?;
+        }
+        Ok(Ok(done))
     }
 
     pub(super) fn list_tokens(
@@ -117,10 +142,25 @@ impl Inner {
     }
 }
 
+/// Writes the answer of the request `id` claimed earlier in `tx`.
+fn complete(tx: &Transaction<'_>, kek: &Kek, id: &str, response: &[u8]) -> Result<(), StoreError> {
+    let sealed = kek.seal(&seal_id(id), response)?;
+    let n = tx.execute(
+        "UPDATE admin_requests SET response = ?2 WHERE request_id = ?1",
+        params![id, sealed],
+    )?;
+    if n != 1 {
+        return Err(StoreError::Query(format!(
+            "admin request {id:?} claimed but not found to record its answer"
+        )));
+    }
+    Ok(())
+}
+
 /// Records `request` inside `tx`; when its id is recorded already,
 /// returns that request instead (and `tx`, dropped, writes nothing).
 fn record(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Transaction<'_>,
     kek: &Kek,
     request: &AdminRequest,
 ) -> Result<Option<PriorRequest>, StoreError> {

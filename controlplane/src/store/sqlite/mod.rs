@@ -20,8 +20,8 @@ use std::{path::Path, sync::Arc};
 use super::{
     AdminRequest, AppliedPolicy, Deleted, EnrollRefusal, Enrolled, Kek, LeaseRow, NewPolicy,
     NodeListing, NodeRefusal, NodeRow, PolicyHead, PolicyRow, PriorRequest, ReapPolicy,
-    SigningKeyRow, Snapshot, Store, StoreError, StoredKeys, StoredRevocations, TokenListing,
-    TokenRow, Wait, deadline, pool::Pool,
+    RequestOnce, SigningKeyRow, Snapshot, Store, StoreError, StoredKeys, StoredRevocations,
+    TokenListing, TokenRow, Wait, deadline, pool::Pool,
 };
 
 mod admin;
@@ -218,6 +218,40 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn revoke_once(
+        &self,
+        peer_id: &[u8],
+        reason: &str,
+        now: i64,
+        default_until: i64,
+        request: &RequestOnce<i64>,
+    ) -> Result<Result<i64, PriorRequest>, StoreError> {
+        let (peer, reason, request) = (peer_id.to_vec(), reason.to_string(), request.clone());
+        self.blocking(move |s| {
+            s.once(&request, |tx| {
+                revocations::revoke_in(tx, &peer, &reason, now, default_until)
+            })
+        })
+        .await
+    }
+
+    async fn revoke_token_once(
+        &self,
+        token_id: &str,
+        reason: &str,
+        now: i64,
+        until: i64,
+        request: &RequestOnce<Option<i64>>,
+    ) -> Result<Result<Option<i64>, PriorRequest>, StoreError> {
+        let (id, reason, request) = (token_id.to_string(), reason.to_string(), request.clone());
+        self.blocking(move |s| {
+            s.once(&request, |tx| {
+                revocations::revoke_token_in(tx, &id, &reason, now, until)
+            })
+        })
+        .await
+    }
+
     async fn keys(&self) -> Result<StoredKeys, StoreError> {
         self.blocking(|s| s.keys()).await
     }
@@ -318,6 +352,16 @@ impl Store for SqliteStore {
     async fn apply_policy(&self, new: &NewPolicy) -> Result<AppliedPolicy, StoreError> {
         let new = new.clone();
         self.blocking(move |s| s.apply_policy(&new)).await
+    }
+
+    async fn apply_policy_once(
+        &self,
+        new: &NewPolicy,
+        request: &RequestOnce<AppliedPolicy>,
+    ) -> Result<Result<AppliedPolicy, PriorRequest>, StoreError> {
+        let (new, request) = (new.clone(), request.clone());
+        self.blocking(move |s| s.once(&request, |tx| policies::apply_in(tx, &new)))
+            .await
     }
 
     async fn new_policy_epoch(&self) -> Result<u64, StoreError> {

@@ -4,7 +4,7 @@
 //! processes applying at once are serialised and number their versions
 //! apart.
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 use super::Inner;
 use crate::store::{
@@ -110,52 +110,9 @@ impl Inner {
     pub(super) fn apply_policy(&self, new: &NewPolicy) -> Result<AppliedPolicy, StoreError> {
         let mut conn = self.writer.get()?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let current: Option<(i64, String)> = tx
-            .query_row(
-                "SELECT version, text FROM policies ORDER BY version DESC LIMIT 1",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
-        if let Some((v, text)) = &current
-            && *text == new.text
-        {
-            return Ok(AppliedPolicy::Unchanged(version_from(*v)?));
-        }
-        if let Some((head, _)) = &current
-            && new.unless_replaced
-        {
-            let was: Option<i64> = tx.query_row(
-                "SELECT MAX(version) FROM policies WHERE text = ?1",
-                params![new.text],
-                |r| r.get(0),
-            )?;
-            if let Some(was) = was {
-                return Ok(AppliedPolicy::Superseded {
-                    was: version_from(was)?,
-                    head: version_from(*head)?,
-                });
-            }
-        }
-        let next = current.as_ref().map_or(1, |(v, _)| v + 1);
-        if let Some((v, _)) = &current {
-            tx.execute(
-                "UPDATE policies SET replaced_at = ?2 WHERE version = ?1",
-                params![v, new.applied_at],
-            )?;
-        }
-        tx.execute(
-            &format!("INSERT INTO policies ({COLS}) VALUES (?1, ?2, ?3, ?4, ?5, NULL)"),
-            params![
-                next,
-                new.text,
-                new.applied_at,
-                new.applied_by,
-                new.applied_from
-            ],
-        )?;
+        let done = apply_in(&tx, new)?;
         tx.commit()?;
-        Ok(AppliedPolicy::Applied(version_from(next)?))
+        Ok(done)
     }
 
     pub(super) fn new_policy_epoch(&self) -> Result<u64, StoreError> {
@@ -165,4 +122,55 @@ impl Inner {
         tx.commit()?;
         Ok(epoch)
     }
+}
+
+/// An apply inside `tx` (which holds the write lock): the next version,
+/// unless the text is in force (or, [`NewPolicy::unless_replaced`], was
+/// replaced since).
+pub(super) fn apply_in(tx: &Transaction<'_>, new: &NewPolicy) -> Result<AppliedPolicy, StoreError> {
+    let current: Option<(i64, String)> = tx
+        .query_row(
+            "SELECT version, text FROM policies ORDER BY version DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    if let Some((v, text)) = &current
+        && *text == new.text
+    {
+        return Ok(AppliedPolicy::Unchanged(version_from(*v)?));
+    }
+    if let Some((head, _)) = &current
+        && new.unless_replaced
+    {
+        let was: Option<i64> = tx.query_row(
+            "SELECT MAX(version) FROM policies WHERE text = ?1",
+            params![new.text],
+            |r| r.get(0),
+        )?;
+        if let Some(was) = was {
+            return Ok(AppliedPolicy::Superseded {
+                was: version_from(was)?,
+                head: version_from(*head)?,
+            });
+        }
+    }
+    let next = current.as_ref().map_or(1, |(v, _)| v + 1);
+    if let Some((v, _)) = &current {
+        tx.execute(
+            "UPDATE policies SET replaced_at = ?2 WHERE version = ?1",
+            params![v, new.applied_at],
+        )?;
+    }
+    tx.execute(
+        &format!("INSERT INTO policies ({COLS}) VALUES (?1, ?2, ?3, ?4, ?5, NULL)"),
+        params![
+            next,
+            new.text,
+            new.applied_at,
+            new.applied_by,
+            new.applied_from
+        ],
+    )?;
+    Ok(AppliedPolicy::Applied(version_from(next)?))
 }

@@ -30,6 +30,9 @@ pub struct Served {
     pub url: String,
     /// Its `/metrics`, `/readyz` listener.
     pub http_addr: SocketAddr,
+    /// Its gRPC listener (what a client dials when the public URL is a
+    /// logical name several replicas share).
+    pub grpc_addr: SocketAddr,
 }
 
 /// Starts the binary serving `--db db` on loopback port 0 (plus `args`),
@@ -53,7 +56,7 @@ pub async fn serve(db: &str, args: &[&str], env: &[(&str, String)]) -> Served {
         .spawn()
         .expect("serve");
     let stderr = child.stderr.take().expect("stderr");
-    let (url, http_addr) = tokio::time::timeout(Duration::from_secs(60), async {
+    let (url, http_addr, grpc_addr) = tokio::time::timeout(Duration::from_secs(60), async {
         use tokio::io::AsyncBufReadExt;
         let mut lines = tokio::io::BufReader::new(stderr).lines();
         let after = |line: &str, key: &str| {
@@ -64,12 +67,15 @@ pub async fn serve(db: &str, args: &[&str], env: &[(&str, String)]) -> Served {
         };
         let mut seen = Vec::new();
         while let Some(line) = lines.next_line().await.expect("read log") {
-            if let (Some(url), Some(http)) =
-                (after(&line, "public_url="), after(&line, "http_addr="))
-            {
+            if let (Some(url), Some(http), Some(grpc)) = (
+                after(&line, "public_url="),
+                after(&line, "http_addr="),
+                after(&line, "grpc_addr="),
+            ) {
                 // The rest of the log goes nowhere: the pipe closes, which
                 // the control plane must (and does) survive.
-                return (url, http.parse::<SocketAddr>().expect("http_addr"));
+                let http = http.parse::<SocketAddr>().expect("http_addr");
+                return (url, http, grpc.parse::<SocketAddr>().expect("grpc_addr"));
             }
             seen.push(line);
         }
@@ -84,19 +90,30 @@ pub async fn serve(db: &str, args: &[&str], env: &[(&str, String)]) -> Served {
         child,
         url,
         http_addr,
+        grpc_addr,
     }
 }
 
 impl Served {
-    /// SIGTERM, then the exit status (within 60 s).
-    pub async fn terminate(mut self) -> std::process::ExitStatus {
+    /// The gRPC address as a URL to dial.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.grpc_addr)
+    }
+
+    /// Sends `signal` (`TERM`, `STOP`, `CONT`) to the process.
+    pub async fn signal(&self, signal: &str) {
         let pid = self.child.id().expect("pid").to_string();
-        let killed = Command::new("kill")
-            .args(["-TERM", &pid])
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
             .status()
             .await
             .expect("kill runs");
-        assert!(killed.success());
+        assert!(sent.success(), "kill -{signal} {pid}");
+    }
+
+    /// SIGTERM, then the exit status (within 60 s).
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        self.signal("TERM").await;
         tokio::time::timeout(Duration::from_secs(60), self.child.wait())
             .await
             .expect("stops within 60 s of SIGTERM")

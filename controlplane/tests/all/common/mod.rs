@@ -7,6 +7,7 @@
 #[macro_use]
 pub mod backend;
 pub mod binary;
+pub mod watcher;
 
 pub use backend::{Backend, TestDb};
 
