@@ -244,8 +244,10 @@ fn check_events(events: &Value) -> anyhow::Result<()> {
     }
     let stop = &events["stop_control_plane"];
     assert_eq!(u(stop, "/replica/stopped_ms"), 5_000, "{stop:#}");
-    // The routers' Watch streams start on the first replica: it is stopped.
-    assert_eq!(stop["target"], "cp0", "{stop:#}");
+    // The replica holding the most of the routers' Watch streams is the
+    // one stopped (each router's client places its watch from a random
+    // start, so which replica that is varies): it holds at least one.
+    assert!(u(stop, "/replica/target_watchers") >= 1, "{stop:#}");
     let change = &events["policy_change"];
     assert_eq!(change["via"]["unwatched"], true, "{change:#}");
     assert_eq!(u(change, "/not_taken"), 0, "{change:#}");
