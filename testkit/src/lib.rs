@@ -162,21 +162,37 @@ pub async fn http_post(addr: SocketAddr, path: &str) -> (u16, String) {
 }
 
 async fn http_request(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    exchange(addr, method, path)
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"))
+}
+
+/// As [`http_get`] for a server that may be gone or frozen (a killed or
+/// stopped process): `None` when nothing answers within `within`.
+pub async fn try_http_get(addr: SocketAddr, path: &str, within: Duration) -> Option<(u16, String)> {
+    tokio::time::timeout(within, exchange(addr, "GET", path))
+        .await
+        .ok()?
+        .ok()
+}
+
+/// One request and its whole answer: the status code (0 if unparsable)
+/// and the response.
+async fn exchange(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
     s.write_all(
         format!(
             "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
         )
         .as_bytes(),
     )
-    .await
-    .expect("write");
+    .await?;
     let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
+    s.read_to_string(&mut out).await?;
     let code = out
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    (code, out)
+    Ok((code, out))
 }

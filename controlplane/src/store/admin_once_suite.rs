@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::*;
 
-use super::suite_kit::{Backend, Target, member_token, on_both};
+use super::suite_kit::{Backend, Target, member_token, new_policy, on_both};
 
 const NOW: i64 = 1_000_000;
 
@@ -22,16 +22,6 @@ fn until_request(id: &str, method: &'static str, digest: u8) -> RequestOnce<i64>
         digest: [digest; 32],
         at: NOW,
         answer: Arc::new(|until: &i64| Some(until.to_be_bytes().to_vec())),
-    }
-}
-
-fn new_policy(text: &str, at: i64) -> NewPolicy {
-    NewPolicy {
-        text: text.into(),
-        applied_at: at,
-        applied_by: "tester".into(),
-        applied_from: "10.0.0.9".into(),
-        unless_replaced: false,
     }
 }
 

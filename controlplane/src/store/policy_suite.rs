@@ -5,17 +5,7 @@
 
 use super::*;
 
-use super::suite_kit::{Backend, Target, on_both};
-
-fn new(text: &str, at: i64) -> NewPolicy {
-    NewPolicy {
-        text: text.into(),
-        applied_at: at,
-        applied_by: "tester".into(),
-        applied_from: "10.0.0.9".into(),
-        unless_replaced: false,
-    }
-}
+use super::suite_kit::{Backend, Target, new_policy, on_both};
 
 /// The `--policy FILE` rule: a text the database held and replaced is
 /// older than the policy in force and is not applied; a new text is; the
@@ -27,7 +17,7 @@ async fn a_replaced_text_is_not_applied_unless_replaced(b: Backend) {
     let s = t.open().await;
     let at_start = |text: &str, at: i64| NewPolicy {
         unless_replaced: true,
-        ..new(text, at)
+        ..new_policy(text, at)
     };
     // A fresh database takes the file.
     assert_eq!(
@@ -38,7 +28,7 @@ async fn a_replaced_text_is_not_applied_unless_replaced(b: Backend) {
     );
     // A newer ConfigMap (or `policy apply`) replaces it.
     assert_eq!(
-        s.apply_policy(&new("applied v2", 200))
+        s.apply_policy(&new_policy("applied v2", 200))
             .await
             .expect("apply"),
         AppliedPolicy::Applied(2)
@@ -66,7 +56,7 @@ async fn a_replaced_text_is_not_applied_unless_replaced(b: Backend) {
     );
     // An operator going back on purpose is obeyed.
     assert_eq!(
-        s.apply_policy(&new("file v1", 600))
+        s.apply_policy(&new_policy("file v1", 600))
             .await
             .expect("rollback"),
         AppliedPolicy::Applied(4)
@@ -82,20 +72,26 @@ async fn versions_number_up_and_an_unchanged_text_stores_nothing(b: Backend) {
     assert_eq!(head.version, None, "a new database holds no policy");
     assert_ne!(head.epoch, 0, "and has an epoch");
     assert_eq!(
-        s.apply_policy(&new("a", 100)).await.expect("apply"),
+        s.apply_policy(&new_policy("a", 100)).await.expect("apply"),
         AppliedPolicy::Applied(1)
     );
     assert_eq!(
-        s.apply_policy(&new("a", 101)).await.expect("apply again"),
+        s.apply_policy(&new_policy("a", 101))
+            .await
+            .expect("apply again"),
         AppliedPolicy::Unchanged(1)
     );
     assert_eq!(
-        s.apply_policy(&new("b", 200)).await.expect("apply b"),
+        s.apply_policy(&new_policy("b", 200))
+            .await
+            .expect("apply b"),
         AppliedPolicy::Applied(2)
     );
     // Back to an earlier text: a new version, never a step back.
     assert_eq!(
-        s.apply_policy(&new("a", 300)).await.expect("apply a again"),
+        s.apply_policy(&new_policy("a", 300))
+            .await
+            .expect("apply a again"),
         AppliedPolicy::Applied(3)
     );
     let one = s.policy(1).await.expect("read").expect("kept");
@@ -139,7 +135,7 @@ async fn two_stores_applying_at_once_never_number_two_versions_alike(b: Backend)
         let store = if i % 2 == 0 { one.clone() } else { two.clone() };
         tasks.spawn(async move {
             store
-                .apply_policy(&new(&format!("text {i}"), 1000 + i64::from(i)))
+                .apply_policy(&new_policy(&format!("text {i}"), 1000 + i64::from(i)))
                 .await
                 .expect("no storage error")
         });
@@ -163,7 +159,7 @@ async fn two_stores_applying_at_once_never_number_two_versions_alike(b: Backend)
     assert_eq!(in_force.len(), 1, "exactly one version in force");
     assert_eq!(in_force[0].version, 16);
     // The same text from both at once: one version, one unchanged.
-    let same = new("same", 5000);
+    let same = new_policy("same", 5000);
     let (a, b) = tokio::join!(one.apply_policy(&same), two.apply_policy(&same));
     let mut got = [a.expect("a"), b.expect("b")];
     got.sort_by_key(|r| matches!(r, AppliedPolicy::Unchanged(_)));
@@ -179,7 +175,7 @@ async fn replaced_versions_are_reaped_after_the_retention_and_the_one_in_force_n
     };
     let s = t.open().await;
     for (text, at) in [("v1", 1000), ("v2", 2000), ("v3", 3000)] {
-        s.apply_policy(&new(text, at)).await.expect("apply");
+        s.apply_policy(&new_policy(text, at)).await.expect("apply");
     }
     let reap = |now: i64| {
         let s = s.clone();
@@ -210,7 +206,9 @@ async fn replaced_versions_are_reaped_after_the_retention_and_the_one_in_force_n
     assert!(s.policy(3).await.expect("read").is_some());
     assert_eq!(reap(1_000_000).await, 0);
     assert_eq!(
-        s.apply_policy(&new("v4", 1_000_001)).await.expect("apply"),
+        s.apply_policy(&new_policy("v4", 1_000_001))
+            .await
+            .expect("apply"),
         AppliedPolicy::Applied(4)
     );
 }
@@ -223,8 +221,12 @@ async fn a_copy_keeps_the_versions_under_a_new_epoch(b: Backend) {
         return;
     };
     let s = src.open().await;
-    s.apply_policy(&new("first", 10)).await.expect("apply");
-    s.apply_policy(&new("second", 20)).await.expect("apply");
+    s.apply_policy(&new_policy("first", 10))
+        .await
+        .expect("apply");
+    s.apply_policy(&new_policy("second", 20))
+        .await
+        .expect("apply");
     let snap = s.snapshot().await.expect("snapshot");
     assert_eq!(snap.policies.len(), 2);
     let d = dst.open().await;
@@ -241,7 +243,9 @@ async fn a_copy_keeps_the_versions_under_a_new_epoch(b: Backend) {
     assert_ne!(head.epoch, fresh_epoch, "made anew by the restore");
     // The copy numbers on from the copied history.
     assert_eq!(
-        d.apply_policy(&new("third", 30)).await.expect("apply"),
+        d.apply_policy(&new_policy("third", 30))
+            .await
+            .expect("apply"),
         AppliedPolicy::Applied(3)
     );
 }
@@ -260,7 +264,9 @@ on_both!(
 async fn a_sqlite_backup_has_an_epoch_of_its_own() {
     let t = Target::new(Backend::Sqlite).await.expect("sqlite");
     let s = t.open().await;
-    s.apply_policy(&new("kept", 10)).await.expect("apply");
+    s.apply_policy(&new_policy("kept", 10))
+        .await
+        .expect("apply");
     let dir = tempfile::tempdir().expect("tempdir");
     let to = dir.path().join("backup.db");
     s.backup_to(&to).await.expect("backup");

@@ -36,6 +36,17 @@ pub(super) fn member_token(id: &str, expires_at: i64) -> TokenRow {
 /// Ten days' retention for every table that has one: a reap at an instant
 /// soon after the rows were written deletes only what ends by its own
 /// instant (revocations, keys past their grace, leases).
+/// `text` applied at `at` by an operator (`unless_replaced` off).
+pub(super) fn new_policy(text: &str, at: i64) -> NewPolicy {
+    NewPolicy {
+        text: text.into(),
+        applied_at: at,
+        applied_by: "tester".into(),
+        applied_from: "10.0.0.9".into(),
+        unless_replaced: false,
+    }
+}
+
 pub(super) fn reap_policy() -> ReapPolicy {
     ReapPolicy {
         node_retention_secs: 10 * 86_400,

@@ -16,9 +16,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use agentmesh_node::NodeHandle;
-use agentmesh_proto::credential::map_to_labels;
-use agentmesh_proto::pb::controlplane::{ApplyPolicyRequest, CreateTokenRequest};
-use agentmesh_proto::pb::credential::{Role, TokenKind};
+use agentmesh_proto::pb::controlplane::ApplyPolicyRequest;
+use agentmesh_proto::pb::credential::Role;
 use agentmesh_testkit::{ADMIN, DEADLINE, echo_backend, eventually, http_get, metric, spawn_ready};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::time::Instant;
@@ -83,30 +82,6 @@ const ATTACHED: &str = "agentmesh_router_attached_members";
 const POLICY_VERSION: &str = "agentmesh_router_policy_version";
 const DIRECTORY_READ: &str = "agentmesh_node_control_plane_total{op=\"directory\",result=\"ok\"}";
 const APPLIED_BY_WATCH: &str = "agentmesh_router_policy_applied_total{source=\"watch\"}";
-
-/// A bootstrap token of `role` (labels `labels`, `uses` uses): (secret, id).
-async fn token(
-    set: &Replicas,
-    role: Role,
-    labels: &BTreeMap<String, String>,
-    uses: u32,
-) -> (String, String) {
-    let r = set
-        .client()
-        .create_token(
-            ADMIN,
-            CreateTokenRequest {
-                kind: TokenKind::Bootstrap as i32,
-                role: role as i32,
-                labels: map_to_labels(labels),
-                max_uses: uses,
-                ttl_secs: 3600,
-            },
-        )
-        .await
-        .expect("create token");
-    (r.token, r.token_id)
-}
 
 /// A member of `token` that knows the replicas as endpoints (K = 1, a
 /// directory poll every second), exposing `echo` on `backend` if given.
@@ -176,9 +151,9 @@ async fn each_replica_killed_in_turn_costs_members_and_the_router_only_retries()
         return;
     };
     let name: BTreeMap<String, String> = [("name".to_string(), "r1".to_string())].into();
-    let (router_token, _) = token(&set, Role::Router, &name, 10).await;
-    let (members_token, _) = token(&set, Role::Member, &BTreeMap::new(), 1000).await;
-    let (victim_token, victim_token_id) = token(&set, Role::Member, &BTreeMap::new(), 10).await;
+    let (router_token, _) = set.token(Role::Router, &name, 10).await;
+    let (members_token, _) = set.token(Role::Member, &BTreeMap::new(), 1000).await;
+    let (victim_token, victim_token_id) = set.token(Role::Member, &BTreeMap::new(), 10).await;
     let router_dir = tempfile::tempdir().expect("tempdir");
     let router = spawn_ready(agentmesh_router::Config {
         control_plane: agentmesh_router::config::ControlPlaneConfig {

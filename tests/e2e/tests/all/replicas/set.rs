@@ -8,6 +8,7 @@
 //! killed when the set is dropped, and their logs are printed then if the
 //! test is failing.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -15,8 +16,10 @@ use std::time::Duration;
 
 use agentmesh_controlplane::client::{Client, ClientConfig, Connections};
 use agentmesh_controlplane::store::{KEK_ENV, Kek, testing};
-use agentmesh_testkit::{ADMIN, DEADLINE, free_tcp_port, metric};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use agentmesh_proto::credential::map_to_labels;
+use agentmesh_proto::pb::controlplane::CreateTokenRequest;
+use agentmesh_proto::pb::credential::{Role, TokenKind};
+use agentmesh_testkit::{ADMIN, DEADLINE, free_tcp_port, metric, try_http_get};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -151,6 +154,31 @@ impl Replicas {
         self.client_of(&self.endpoints())
     }
 
+    /// A bootstrap token of `role` (labels `labels`, `uses` uses, 1 h),
+    /// minted through every replica: (secret, id).
+    pub(super) async fn token(
+        &self,
+        role: Role,
+        labels: &BTreeMap<String, String>,
+        uses: u32,
+    ) -> (String, String) {
+        let r = self
+            .client()
+            .create_token(
+                ADMIN,
+                CreateTokenRequest {
+                    kind: TokenKind::Bootstrap as i32,
+                    role: role as i32,
+                    labels: map_to_labels(labels),
+                    max_uses: uses,
+                    ttl_secs: 3600,
+                },
+            )
+            .await
+            .expect("create token");
+        (r.token, r.token_id)
+    }
+
     /// SIGKILLs replica `i` and waits for it to be gone.
     pub(super) async fn kill(&mut self, i: usize) {
         let mut child = self.all[i].child.take().expect("replica running");
@@ -250,23 +278,8 @@ impl Drop for Replicas {
     }
 }
 
-/// A plain HTTP GET (`connection: close`) with a 5 s bound; `None` when
-/// nothing answers (a killed replica) or the answer does not come in time.
+/// `/path` of a replica that may be gone (killed) or frozen: `None` when
+/// nothing answers within 5 s.
 async fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let exchange = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        s.write_all(
-            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.ok()?;
-        let status = out.split_whitespace().nth(1)?.parse().ok()?;
-        Some((status, out))
-    };
-    tokio::time::timeout(Duration::from_secs(5), exchange)
-        .await
-        .ok()
-        .flatten()
+    try_http_get(addr, path, Duration::from_secs(5)).await
 }

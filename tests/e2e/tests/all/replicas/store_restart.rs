@@ -16,13 +16,13 @@
 //! binaries are missing, the test fails; elsewhere it notes that it did
 //! not run.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use agentmesh_controlplane::store::testing;
 use agentmesh_ladder::postgres::{Postgres, unavailable};
-use agentmesh_proto::pb::controlplane::CreateTokenRequest;
-use agentmesh_proto::pb::credential::{Role, TokenKind};
-use agentmesh_testkit::{ADMIN, DEADLINE, eventually};
+use agentmesh_proto::pb::credential::Role;
+use agentmesh_testkit::{DEADLINE, eventually};
 
 use super::load::Load;
 use super::set::Replicas;
@@ -74,21 +74,7 @@ async fn a_postgres_restart_under_enrollments_costs_retries_and_loses_no_acknowl
         "30",
     ];
     let set = Replicas::start_on(pg.url(), pg.env(), 2, &args).await;
-    let token = set
-        .client()
-        .create_token(
-            ADMIN,
-            CreateTokenRequest {
-                kind: TokenKind::Bootstrap as i32,
-                role: Role::Member as i32,
-                labels: vec![],
-                max_uses: 1000,
-                ttl_secs: 3600,
-            },
-        )
-        .await
-        .expect("create token")
-        .token;
+    let (token, _) = set.token(Role::Member, &BTreeMap::new(), 1000).await;
     let load = Load::start(set.client(), token);
     eventually("enrollments under way", || async {
         (load.enrolled() >= 5).then_some(())
