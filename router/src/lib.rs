@@ -248,7 +248,8 @@ pub(crate) struct Components {
     pub(crate) tables: tables::Handle,
     /// Circuits relayed now, as the swarm loop publishes them.
     pub(crate) circuits: watch::Receiver<usize>,
-    pub(crate) catalog: Arc<catalog::Catalog>,
+    /// The catalog's records (the swarm loop's; read-only here).
+    pub(crate) records: owned::View<catalog::store::CatalogStore>,
     pub(crate) directory: Arc<directory::Directory>,
     pub(crate) addrs: Arc<addrs::Addrs>,
     pub(crate) resources: Arc<resources::ResourceManager>,
@@ -278,7 +279,11 @@ impl Shared {
         registry: &mut Registry,
         client: Client,
     ) -> (Self, tables::Owner) {
-        let (owner, views, tables) = tables::Owner::new(registry, config.state_command_deadline);
+        let (owner, views, tables) = tables::Owner::new(
+            registry,
+            config.state_command_deadline,
+            config.catalog.max_records,
+        );
         metrics.log = agentmesh_runtime::log_gate::LogGate::new(resources::LOG_KINDS);
         metrics.policy.log = metrics.log.clone();
         let shared = Self {
@@ -317,7 +322,7 @@ impl Components {
     ) -> Self {
         Self {
             policy: shared.policy,
-            catalog: Arc::new(catalog::Catalog::new(config.catalog.max_records)),
+            records: shared.views.catalog,
             config: Arc::new(config),
             sizing,
             peer_id: keypair.public().to_peer_id(),
@@ -341,7 +346,6 @@ impl Components {
             link: self.link.clone(),
             admissions: self.admissions.clone(),
             tables: self.tables.clone(),
-            catalog: self.catalog.clone(),
             resources: self.resources.clone(),
             skew_secs: self.config.control_plane.skew_secs(),
         }
@@ -390,7 +394,6 @@ impl Components {
             metrics: self.metrics.clone(),
             admissions: self.admissions.clone(),
             link: self.link.clone(),
-            catalog: self.catalog.clone(),
             directory: self.directory.clone(),
             resources: self.resources.clone(),
             addrs: self.addrs.clone(),

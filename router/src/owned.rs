@@ -36,7 +36,6 @@ impl<T: Default> Default for View<T> {
 
 impl<T> Owned<T> {
     /// Takes ownership of `table`.
-    #[cfg(test)]
     pub(crate) fn new(table: T) -> Self {
         Self(Arc::new(RwLock::new(table)))
     }

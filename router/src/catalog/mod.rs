@@ -3,15 +3,17 @@
 //! router, which answers from its own members' records and from the
 //! routers the router DHT names as providers.
 //!
-//! - `store`: the records of this router's members (pure).
+//! - `store`: the records of this router's members (pure), and the
+//!   [`store::RecordWriter`] by which the server asks the store's one
+//!   writer, the swarm loop (`crate::tables`), to change it.
 //! - `provided`: which service keys this router announces in the DHT.
 //! - `providers`: provider searches in the DHT, one per service at a time.
 //! - `server`: serving one stream (publish, withdraw, lookup, local lookup);
 //!   the frames and the client are `agentmesh_wire::catalog`.
 //!
-//! The swarm loop owns the DHT: it runs the searches [`ProviderQuery`]
-//! asks for and announces what the store holds when [`Catalog::changed`]
-//! wakes it.
+//! The swarm loop owns the DHT and the store: it runs the searches
+//! [`ProviderQuery`] asks for, and announces what the store holds after
+//! each change it makes.
 
 pub(crate) mod provided;
 pub(crate) mod providers;
@@ -20,35 +22,14 @@ pub(crate) mod store;
 
 use libp2p::PeerId;
 use libp2p::kad::RecordKey;
-use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 
 use crate::metrics::Metrics;
-use store::CatalogStore;
 
 /// The DHT key under which routers provide service `name`: SHA-256 of it.
 pub fn service_key(name: &str) -> RecordKey {
     RecordKey::new(&Sha256::digest(name.as_bytes()))
-}
-
-/// The records of this router's members, as the catalog server (writes)
-/// and the swarm loop (expiry, announcements) share them.
-#[derive(Debug)]
-pub(crate) struct Catalog {
-    pub(crate) store: Mutex<CatalogStore>,
-    /// Woken when the set of services held changes.
-    pub(crate) changed: Notify,
-}
-
-impl Catalog {
-    /// An empty catalog of at most `max_records` records.
-    pub(crate) fn new(max_records: usize) -> Self {
-        Self {
-            store: Mutex::new(CatalogStore::new(max_records)),
-            changed: Notify::new(),
-        }
-    }
 }
 
 /// A request to the swarm loop for the routers that provide `key` per the

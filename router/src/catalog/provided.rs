@@ -2,9 +2,10 @@
 //! the service names its catalog holds.
 //!
 //! Reconciling runs in the swarm loop on every catalog change (every member
-//! that leaves may change it), so it stays cheap: under the catalog lock it
-//! only compares names with what is announced (hash-map lookups); SHA-256
-//! keys are computed outside the lock, for new names only, and remembered
+//! that leaves may change it), so it stays cheap: it only compares the
+//! store's names with what is announced (hash-map lookups; the loop is the
+//! store's only writer, so its read blocks no reader); SHA-256 keys are
+//! computed for new names only, and remembered
 //! per name until the name goes. A key that `start_providing` refuses (the
 //! store already holds `MAX_PROVIDED_KEYS` distinct keys, other routers'
 //! included) is not remembered as announced, so the next reconcile tries it
@@ -13,7 +14,6 @@
 use std::collections::HashMap;
 
 use libp2p::kad::{self, RecordKey, store::MemoryStore};
-use parking_lot::Mutex;
 
 use super::service_key;
 use super::store::CatalogStore;
@@ -49,7 +49,7 @@ impl Provided {
     /// re-announces every one (a router joined).
     pub(crate) fn reconcile(
         &mut self,
-        catalog: &Mutex<CatalogStore>,
+        catalog: &CatalogStore,
         all: bool,
         kad: &mut kad::Behaviour<MemoryStore>,
     ) -> Outcome {
@@ -59,13 +59,12 @@ impl Provided {
     /// [`Self::reconcile`] with the key function given (tests count calls).
     fn reconcile_with(
         &mut self,
-        catalog: &Mutex<CatalogStore>,
+        c: &CatalogStore,
         all: bool,
         kad: &mut kad::Behaviour<MemoryStore>,
         key_of: impl Fn(&str) -> RecordKey,
     ) -> Outcome {
         let (new, gone): (Vec<String>, Vec<String>) = {
-            let c = catalog.lock();
             let new = c
                 .services()
                 .filter(|s| !self.announced.contains_key(s.as_str()))
@@ -154,7 +153,7 @@ mod tests {
         )
     }
 
-    fn publish(c: &Mutex<CatalogStore>, peer: PeerId, services: &[&str]) {
+    fn publish(c: &mut CatalogStore, peer: PeerId, services: &[&str]) {
         let r = ServiceRecord {
             provider: peer.to_bytes(),
             services: services.iter().map(|s| s.to_string()).collect(),
@@ -167,7 +166,7 @@ mod tests {
             record: peer.to_bytes(),
             signature: vec![],
         };
-        c.lock().publish(peer, s, &r, 0).expect("stored");
+        c.publish(peer, s, &r, 0).expect("stored");
     }
 
     fn provided(k: &mut kad::Behaviour<MemoryStore>, name: &str) -> bool {
@@ -177,13 +176,13 @@ mod tests {
 
     #[test]
     fn a_refused_key_is_retried_until_it_is_announced() {
-        let catalog = Mutex::new(CatalogStore::new(10));
+        let mut catalog = CatalogStore::new(10);
         let mut kad = kad(1);
         let mut p = Provided::default();
         let (a, b) = (PeerId::random(), PeerId::random());
-        publish(&catalog, a, &["first"]);
+        publish(&mut catalog, a, &["first"]);
         assert_eq!(p.reconcile(&catalog, false, &mut kad).started, 1);
-        publish(&catalog, b, &["second"]);
+        publish(&mut catalog, b, &["second"]);
         // The store holds one key: "second" is refused and stays pending.
         let out = p.reconcile(&catalog, false, &mut kad);
         assert_eq!((out.started, out.failed), (0, 1));
@@ -194,7 +193,7 @@ mod tests {
             "tried again, not marked provided"
         );
         // "first" goes: its slot frees and "second" is announced.
-        catalog.lock().remove(&a);
+        catalog.remove(&a);
         let out = p.reconcile(&catalog, false, &mut kad);
         assert_eq!((out.stopped, out.started, out.failed), (1, 1, 0));
         assert!(provided(&mut kad, "second") && !provided(&mut kad, "first"));
@@ -204,7 +203,7 @@ mod tests {
 
     #[test]
     fn keys_are_hashed_once_per_name_and_only_changes_touch_the_dht() {
-        let catalog = Mutex::new(CatalogStore::new(10));
+        let mut catalog = CatalogStore::new(10);
         let mut kad = kad(100);
         let mut p = Provided::default();
         let hashed = Cell::new(0);
@@ -213,15 +212,15 @@ mod tests {
             service_key(n)
         };
         let (a, b) = (PeerId::random(), PeerId::random());
-        publish(&catalog, a, &["x", "y"]);
-        publish(&catalog, b, &["y", "z"]);
+        publish(&mut catalog, a, &["x", "y"]);
+        publish(&mut catalog, b, &["y", "z"]);
         let out = p.reconcile_with(&catalog, false, &mut kad, key_of);
         assert_eq!((out.started, hashed.get()), (3, 3));
         // Nothing changed: nothing hashed, nothing announced.
         let out = p.reconcile_with(&catalog, false, &mut kad, key_of);
         assert_eq!((out, hashed.get()), (Outcome::default(), 3));
         // b leaves: only z goes (y is still a's).
-        catalog.lock().remove(&b);
+        catalog.remove(&b);
         let out = p.reconcile_with(&catalog, false, &mut kad, key_of);
         assert_eq!((out.stopped, out.started, hashed.get()), (1, 0, 3));
         assert!(provided(&mut kad, "y") && !provided(&mut kad, "z"));

@@ -4,6 +4,10 @@
 //!   name the peer as provider and prove it owns every service it names
 //!   under the policy held (`crate::policy::publish`).
 //! - withdraw: drops the peer's record.
+//!
+//! The server never writes the store: it reads the swarm loop's store
+//! through a view and asks the loop to write (`RecordWriter`), which
+//! re-checks at the write that the publisher is still admitted.
 //! - lookup (any admitted peer): own members' records, then the routers the
 //!   DHT names as providers, asked with `local_lookup`; merged, verified,
 //!   capped.
@@ -23,10 +27,12 @@ use libp2p::PeerId;
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Catalog, ProviderQuery, service_key};
+use super::store::{CatalogStore, Publish, RecordWriter, WriteError};
+use super::{ProviderQuery, service_key};
 use crate::admission::Admissions;
 use crate::config::Config;
 use crate::metrics::{Metrics, UNKNOWN_OP};
+use crate::owned::View;
 
 /// Provider routers asked per lookup at most.
 const MAX_ROUTERS_PER_LOOKUP: usize = 8;
@@ -50,7 +56,10 @@ pub(crate) struct CatalogCtx {
     pub(crate) me: PeerId,
     pub(crate) metrics: Metrics,
     pub(crate) admissions: Admissions,
-    pub(crate) catalog: Arc<Catalog>,
+    /// The records held (the swarm loop's store, read-only here).
+    pub(crate) records: View<CatalogStore>,
+    /// Asks the swarm loop to write the store.
+    pub(crate) writer: Arc<dyn RecordWriter>,
     /// Provider searches, run by the swarm loop.
     pub(crate) providers: mpsc::Sender<ProviderQuery>,
     pub(crate) control: agentmesh_streams::Control,
@@ -79,20 +88,23 @@ where
     let now = unix_now();
     let result = match req.op {
         Some(catalog_request::Op::Publish(signed)) => {
-            let r = publish(&ctx, peer, signed, now);
+            let r = publish(&ctx, peer, signed, now).await;
             ctx.metrics.catalog("publish", result_label(&r));
             match r {
                 Ok(exp) => wire::write_ack(&mut stream, exp, t).await,
                 Err((_, reason)) => wire::write_refused(&mut stream, reason, t).await,
             }
         }
-        Some(catalog_request::Op::Withdraw(_)) => {
-            if ctx.catalog.store.lock().remove(&peer) {
-                ctx.catalog.changed.notify_one();
+        Some(catalog_request::Op::Withdraw(_)) => match ctx.writer.withdraw(peer).await {
+            Ok(()) => {
+                ctx.metrics.catalog("withdraw", "ok");
+                wire::write_ack(&mut stream, 0, t).await
             }
-            ctx.metrics.catalog("withdraw", "ok");
-            wire::write_ack(&mut stream, 0, t).await
-        }
+            Err(e) => {
+                ctx.metrics.catalog("withdraw", "error");
+                wire::write_refused(&mut stream, format!("withdraw not done: {e}"), t).await
+            }
+        },
         Some(catalog_request::Op::Lookup(l)) => {
             if !ctx.admissions.read().is_admitted(&peer, now) {
                 ctx.metrics.catalog("lookup", "refused");
@@ -137,7 +149,7 @@ fn result_label(r: &Result<i64, (&'static str, String)>) -> &'static str {
     }
 }
 
-fn publish(
+async fn publish(
     ctx: &CatalogCtx,
     peer: PeerId,
     signed: SignedRecord,
@@ -154,14 +166,16 @@ fn publish(
     ctx.ownership
         .check(&record, &provider, now)
         .map_err(|reason| ("refused", reason))?;
-    let exp = ctx
-        .catalog
-        .store
-        .lock()
-        .publish(peer, signed, &record, now)
-        .map_err(|e| ("refused", e.to_string()))?;
-    ctx.catalog.changed.notify_one();
-    Ok(exp)
+    let publish = Publish {
+        provider: peer,
+        signed,
+        record,
+        now,
+    };
+    ctx.writer.publish(publish).await.map_err(|e| match e {
+        WriteError::Store(e) => ("refused", e.to_string()),
+        WriteError::Unanswered(e) => ("error", format!("not stored, try again: {e}")),
+    })
 }
 
 fn limit_of(ctx: &CatalogCtx, l: &Lookup) -> usize {
@@ -174,7 +188,7 @@ fn limit_of(ctx: &CatalogCtx, l: &Lookup) -> usize {
 
 fn local(ctx: &CatalogCtx, l: &Lookup, now: i64) -> Vec<SignedRecord> {
     let limit = limit_of(ctx, l);
-    let records = ctx.catalog.store.lock().lookup(&l.service, now, limit);
+    let records = ctx.records.read().lookup(&l.service, now, limit);
     cap_bytes(records.into_iter().map(|(_, r)| r).collect())
 }
 
@@ -205,7 +219,7 @@ async fn lookup(ctx: &CatalogCtx, l: &Lookup) -> (Vec<SignedRecord>, bool) {
     let mut complete = ask_others;
     let mut found: HashMap<PeerId, SignedRecord> = HashMap::new();
     // Local records were verified when published.
-    found.extend(ctx.catalog.store.lock().lookup(&l.service, now, limit));
+    found.extend(ctx.records.read().lookup(&l.service, now, limit));
     if ask_others && found.len() < limit {
         let routers = providers(ctx, &l.service, deadline)
             .await
@@ -324,6 +338,18 @@ mod tests {
         }
     }
 
+    /// Answers every write unanswered: these tests never write.
+    struct NoWrites;
+
+    impl RecordWriter for NoWrites {
+        fn publish(&self, _: Publish) -> futures::future::BoxFuture<'_, Result<i64, WriteError>> {
+            Box::pin(async { Err(WriteError::Unanswered("no store in this test".into())) })
+        }
+        fn withdraw(&self, _: PeerId) -> futures::future::BoxFuture<'_, Result<(), WriteError>> {
+            Box::pin(async { Err(WriteError::Unanswered("no store in this test".into())) })
+        }
+    }
+
     fn count(ctx: &CatalogCtx, op: &'static str) -> u64 {
         ctx.metrics
             .catalog
@@ -355,7 +381,8 @@ mod tests {
     async fn requests_without_an_operation_count_as_unknown_not_publish() {
         let config = Config::default();
         let ctx = CatalogCtx {
-            catalog: Arc::new(Catalog::new(config.catalog.max_records)),
+            records: crate::owned::Owned::new(CatalogStore::new(1)).view(),
+            writer: Arc::new(NoWrites),
             config: Arc::new(config),
             me: PeerId::random(),
             metrics: Metrics::new(&mut prometheus_client::registry::Registry::default()),

@@ -1,11 +1,16 @@
 //! The records of this router's own attached members, indexed by service.
-//! Pure data: callers pass `now`.
+//! Pure data: callers pass `now`. The swarm loop owns the one store
+//! (`crate::tables`); the catalog server and the policy ask it to write
+//! through [`RecordWriter`] and the tables' handle.
 
 use std::collections::{HashMap, HashSet};
 
+use agentmesh_proto::credential::Trust;
 use agentmesh_proto::pb::mesh::{ServiceRecord, SignedRecord};
+use futures::future::BoxFuture;
 use libp2p::PeerId;
 
+use crate::admission::AdmissionTable;
 use crate::shrink::ShrinkSparse;
 
 /// A record is kept at most this long past publication, whatever it claims;
@@ -18,6 +23,53 @@ pub(crate) enum StoreError {
     /// The store holds its maximum number of records.
     #[error("catalog is full ({0} records)")]
     Full(usize),
+    /// The publisher is no longer admitted to attach (it left, or was
+    /// dropped, between the server's check and the owner's write).
+    #[error("publish needs an admitted attach")]
+    NotAdmitted,
+}
+
+/// A verified record to store for `provider`, who published it.
+#[derive(Debug)]
+pub(crate) struct Publish {
+    pub(crate) provider: PeerId,
+    pub(crate) signed: SignedRecord,
+    pub(crate) record: ServiceRecord,
+    pub(crate) now: i64,
+}
+
+/// Why a write was not done.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum WriteError {
+    /// The store refused it.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The store's owner did not answer in time, or is gone.
+    #[error("{0}")]
+    Unanswered(String),
+}
+
+/// Asks the store's owner to write. A trait so the catalog does not depend
+/// on the module that owns its store (`crate::tables` implements it).
+pub(crate) trait RecordWriter: Send + Sync {
+    /// Stores (or replaces) a record; when it expires here.
+    fn publish(&self, p: Publish) -> BoxFuture<'_, Result<i64, WriteError>>;
+    /// Drops `provider`'s record.
+    fn withdraw(&self, provider: PeerId) -> BoxFuture<'_, Result<(), WriteError>>;
+}
+
+/// Which records a policy change keeps: `keep(provider, record, trust,
+/// admissions)`, called by the store's owner with the trust set and the
+/// admission table as it holds them.
+pub(crate) type Keep = dyn FnMut(&PeerId, &SignedRecord, &Trust, &AdmissionTable) -> bool + Send;
+
+/// A [`Keep`] on its way to the store's owner.
+pub(crate) struct RecordFilter(pub(crate) Box<Keep>);
+
+impl std::fmt::Debug for RecordFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecordFilter")
+    }
 }
 
 #[derive(Debug, Clone)]

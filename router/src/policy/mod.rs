@@ -25,13 +25,14 @@ pub(crate) mod watch;
 
 use std::sync::Arc;
 
+use agentmesh_proto::credential::Trust;
 use agentmesh_proto::pb::credential::{SignedPolicy, SignedRevocations};
+use agentmesh_proto::pb::mesh::SignedRecord;
 use agentmesh_proto::record::verify_record;
 use agentmesh_proto::unix_now;
 use libp2p::PeerId;
 
-use crate::admission::Admissions;
-use crate::catalog::Catalog;
+use crate::admission::{AdmissionTable, Admissions};
 use crate::cp::Link;
 use crate::resources::{CircuitPolicy, ResourceManager};
 use state::{Changed, PolicyState};
@@ -42,9 +43,9 @@ pub(crate) struct PolicyCtx {
     pub(crate) state: Arc<PolicyState>,
     pub(crate) link: Arc<Link>,
     pub(crate) admissions: Admissions,
-    /// Regroups admissions and installs revocations (the swarm loop's).
+    /// Regroups admissions, installs revocations and drops records no
+    /// longer owned (the swarm loop's tables).
     pub(crate) tables: crate::tables::Handle,
-    pub(crate) catalog: Arc<Catalog>,
     pub(crate) resources: Arc<ResourceManager>,
     /// The clock skew tolerated on credentials, seconds.
     pub(crate) skew_secs: i64,
@@ -116,37 +117,40 @@ impl PolicyCtx {
         // under the new policy on each check until a later change regroups.
         let _ = self.tables.regroup(policy.clone()).await;
         let now = unix_now();
-        let dropped = {
-            let trust = self.link.trust.read().clone();
-            // Lock order: admissions, then the catalog store.
-            let admissions = self.admissions.read();
-            let mut store = self.catalog.store.lock();
-            store.retain(|provider, signed| {
-                verify_record(signed, now).is_ok_and(|(record, p)| {
-                    p == *provider
-                        && publish::owns(
-                            &record,
-                            provider,
-                            &trust,
-                            &policy,
-                            &admissions,
-                            now,
-                            self.skew_secs,
-                        )
-                        .is_ok()
-                })
+        let skew_secs = self.skew_secs;
+        let owned_under = policy.clone();
+        // The swarm loop applies it with the trust set and admissions it
+        // holds at that moment: never an older view than the check's.
+        let keep = move |provider: &PeerId,
+                         signed: &SignedRecord,
+                         trust: &Trust,
+                         admissions: &AdmissionTable| {
+            verify_record(signed, now).is_ok_and(|(record, p)| {
+                p == *provider
+                    && publish::owns(
+                        &record,
+                        provider,
+                        trust,
+                        &owned_under,
+                        admissions,
+                        now,
+                        skew_secs,
+                    )
+                    .is_ok()
             })
         };
-        if !dropped.is_empty() {
-            tracing::info!(
-                records = dropped.len(),
-                "catalog records no longer owned under the new policy: dropped"
-            );
-            self.state
-                .metrics()
-                .catalog_dropped
-                .inc_by(dropped.len() as u64);
-            self.catalog.changed.notify_one();
+        match self.tables.drop_records(keep).await {
+            Ok(0) => {}
+            Ok(dropped) => {
+                tracing::info!(
+                    records = dropped,
+                    "catalog records no longer owned under the new policy: dropped"
+                );
+                self.state.metrics().catalog_dropped.inc_by(dropped as u64);
+            }
+            // Logged and counted by the handle; the records stay until the
+            // next policy change, their member's departure or their expiry.
+            Err(_) => {}
         }
         let cut = {
             let admissions = self.admissions.read();

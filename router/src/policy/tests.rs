@@ -117,9 +117,10 @@ async fn records_not_owned_are_refused_and_dropped_when_ownership_goes() {
         .serve_while(ctx.take(Some(&signed(&cp, 1, 1, WEB_TO_PAYMENTS)), None, "directory"))
         .await;
     own.check(&r, &pay, now).expect("payments owns payments/*");
-    c.catalog
-        .store
-        .lock()
+    owner
+        .tables
+        .catalog
+        .write()
         .publish(pay, s, &r, now)
         .expect("stored");
     // The impostor: web publishing payments/api with its own credential.
@@ -163,13 +164,7 @@ async fn records_not_owned_are_refused_and_dropped_when_ownership_goes() {
     owner
         .serve_while(ctx.take(Some(&signed(&cp, 1, 2, PAYMENTS_UNOWNED)), None, "watch"))
         .await;
-    assert!(
-        c.catalog
-            .store
-            .lock()
-            .lookup("payments/api", now, 10)
-            .is_empty()
-    );
+    assert!(c.records.read().lookup("payments/api", now, 10).is_empty());
     assert_eq!(m.catalog_dropped.get(), 1);
 }
 
@@ -193,9 +188,10 @@ async fn a_token_revocation_drops_every_member_of_that_token_and_their_records()
         &["payments/api"],
         Some(credential(&cp, &pay, "payments", "bad-token")),
     );
-    c.catalog
-        .store
-        .lock()
+    owner
+        .tables
+        .catalog
+        .write()
         .publish(pay, s, &r, now)
         .expect("stored");
     let revoked = vec![Revocation {
@@ -215,11 +211,7 @@ async fn a_token_revocation_drops_every_member_of_that_token_and_their_records()
     let pushed: Vec<PeerId> = now_list.into_iter().chain(later).collect();
     assert_eq!(pushed, vec![web], "revoked members are not pushed");
     assert!(
-        c.catalog
-            .store
-            .lock()
-            .lookup("payments/api", now, 10)
-            .is_empty(),
+        c.records.read().lookup("payments/api", now, 10).is_empty(),
         "its record goes at once"
     );
     let trust = owner.tables.trust.read().clone();
@@ -252,6 +244,7 @@ async fn a_revocation_list_the_swarm_loop_did_not_install_is_installed_by_the_ne
     let (gone, _, dead) = Owner::new(
         &mut prometheus_client::registry::Registry::default(),
         std::time::Duration::from_secs(60),
+        16,
     );
     drop(gone);
     let stalled = super::PolicyCtx {

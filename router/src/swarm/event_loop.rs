@@ -29,7 +29,7 @@ use super::{Behaviour, BehaviourEvent, Command};
 use crate::addrs::{Addrs, derive_external};
 use crate::admission::Admissions;
 use crate::admission::conns::{ConnInfo, Connections};
-use crate::catalog::{Catalog, ProviderQuery, provided, providers};
+use crate::catalog::{ProviderQuery, provided, providers};
 use crate::config::{Config, Sizing};
 use crate::cp::Link;
 use crate::directory::Directory;
@@ -60,7 +60,6 @@ pub(crate) struct Parts {
     pub(crate) admissions: Admissions,
     /// Trust (revocations) and this router's credential (the mesh's auth).
     pub(crate) link: Arc<Link>,
-    pub(crate) catalog: Arc<Catalog>,
     pub(crate) directory: Arc<Directory>,
     pub(crate) resources: Arc<ResourceManager>,
     pub(crate) addrs: Arc<Addrs>,
@@ -143,14 +142,19 @@ impl EventLoop {
     pub(crate) async fn run(mut self, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let (catalog, directory) = (self.parts.catalog.clone(), self.parts.directory.clone());
+        let directory = self.parts.directory.clone();
         loop {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => break,
                 // Bounded (`tables::COMMAND_QUEUE`) and each cheap: first,
                 // so an asker's deadline is never spent behind events.
-                Some(req) = self.owner.next() => self.owner.tables.apply(req),
+                Some(req) = self.owner.next() => {
+                    self.owner.tables.apply(req);
+                    if self.owner.tables.take_catalog_changed() {
+                        self.reconcile_providers(false);
+                    }
+                }
                 ev = self.swarm.select_next_some() => {
                     self.on_event(ev);
                     // In a storm (thousands of members re-attaching at
@@ -163,7 +167,6 @@ impl EventLoop {
                 }
                 Some(cmd) = self.commands.recv() => self.on_command(cmd),
                 Some(q) = self.provider_queries.recv() => self.on_provider_query(q),
-                _ = catalog.changed.notified() => self.reconcile_providers(false),
                 _ = directory.mesh_woken() => self.mesh_round(),
                 _ = tick.tick() => self.on_tick(),
             }
@@ -395,7 +398,7 @@ impl EventLoop {
     fn on_peer_gone(&mut self, peer: &PeerId) {
         self.owner.tables.admissions.write().remove(peer);
         self.parts.resources.peer_removed(peer);
-        if self.parts.catalog.store.lock().remove(peer) {
+        if self.owner.tables.catalog.write().remove(peer) {
             self.reconcile_providers(false);
         }
         self.dialed_addrs.remove(peer);
@@ -525,7 +528,9 @@ impl EventLoop {
     /// are counted and retried (see `provided.rs`).
     fn reconcile_providers(&mut self, all: bool) {
         let kad = self.swarm.behaviour_mut().kad.inner_mut();
-        let out = self.provided.reconcile(&self.parts.catalog.store, all, kad);
+        let out = self
+            .provided
+            .reconcile(&self.owner.tables.catalog.read(), all, kad);
         self.parts
             .metrics
             .catalog
@@ -637,14 +642,14 @@ impl EventLoop {
                     .connections_closed
                     .get_or_create(&[("reason", reason)])
                     .inc();
-                catalog_changed |= parts.catalog.store.lock().remove(&p);
+                catalog_changed |= self.owner.tables.catalog.write().remove(&p);
                 parts.resources.peer_removed(&p);
                 closing.insert(p);
             }
             self.close_peers(&closing);
         }
         self.drop_ghost_admissions();
-        let dropped = parts.catalog.store.lock().expire(now);
+        let dropped = self.owner.tables.catalog.write().expire(now);
         if dropped > 0 {
             tracing::debug!(dropped, "catalog records expired");
         }
@@ -690,7 +695,7 @@ impl EventLoop {
         m.attached_members.set(i64::from(counts.attached));
         m.transit_connections.set(i64::from(counts.transit));
         m.admitted_routers.set(i64::from(counts.routers));
-        let catalog = self.parts.catalog.store.lock().len();
+        let catalog = self.owner.tables.catalog.read().len();
         m.catalog.records.set(catalog as i64);
         let tables = [
             ("admission", self.parts.admissions.read().len()),

@@ -15,6 +15,9 @@ pub(crate) const COMMANDS: &[&str] = &[
     "set_revocations",
     "regroup",
     "set_directory_routers",
+    "publish",
+    "withdraw",
+    "drop_records",
 ];
 
 /// Every outcome: `ok`; `timeout` (not answered within
@@ -46,7 +49,7 @@ impl CommandMetrics {
         }
         registry.register(
             "agentmesh_router_state_commands",
-            "Commands to the swarm loop's tables (admissions, trust, router set) by outcome; timeout: not answered within --state-command-deadline-ms; stale: a key set older than the one held, not installed",
+            "Commands to the swarm loop's tables (admissions, trust, router set, catalog records) by outcome; timeout: not answered within --state-command-deadline-ms; stale: a key set older than the one held, not installed",
             m.commands.clone(),
         );
         m

@@ -3,10 +3,11 @@
 //!
 //! One writer per table (docs/architecture.md, "Who owns the router's
 //! state"): the admission table, the trust set (the control plane's keys
-//! and revocations) and the router set (the peers that get the router DHT)
-//! are written only by the swarm loop, which holds [`Owner`]; it also
-//! publishes the live-circuit count. The auth server, the policy tasks and
-//! the control-plane loop hold a [`Handle`] and ask: each command carries a
+//! and revocations), the router set (the peers that get the router DHT)
+//! and the catalog's record store are written only by the swarm loop,
+//! which holds [`Owner`]; it also publishes the live-circuit count. The
+//! auth server, the catalog server, the policy tasks and the control-plane
+//! loop hold a [`Handle`] and ask: each command carries a
 //! reply channel and a deadline (`--state-command-deadline-ms`) over a
 //! bounded queue. A command not answered in time is an error the caller
 //! logs and `agentmesh_router_state_commands_total{command,
@@ -21,6 +22,7 @@
 //! This mirrors rust-libp2p's relay, whose behaviour alone holds
 //! reservations and circuits and answers its handlers with commands.
 
+mod catalog;
 mod metrics;
 #[cfg(test)]
 mod tests;
@@ -39,6 +41,7 @@ use tokio::time::Instant;
 
 use crate::admission::gate::{self, Conditions, NotAdmitted};
 use crate::admission::{Admission, AdmissionTable, Purpose};
+use crate::catalog::store::{CatalogStore, Publish, RecordFilter, StoreError};
 use crate::owned::{Owned, View};
 pub(crate) use metrics::CommandMetrics;
 
@@ -66,6 +69,14 @@ pub(crate) enum Command {
     /// The directory's routers (self excluded) were fetched: the router set
     /// becomes them plus the routers admitted now.
     SetDirectoryRouters(Vec<PeerId>),
+    /// Store a member's verified record if the member may still publish
+    /// (admitted to attach); replies [`Reply::Published`].
+    Publish(Box<Publish>),
+    /// Drop a member's record.
+    Withdraw(PeerId),
+    /// Drop every record the filter says no to (a policy change: records
+    /// no longer owned); replies [`Reply::Dropped`].
+    DropRecords(RecordFilter),
 }
 
 impl Command {
@@ -77,6 +88,9 @@ impl Command {
             Self::SetRevocations(_) => "set_revocations",
             Self::Regroup(_) => "regroup",
             Self::SetDirectoryRouters(_) => "set_directory_routers",
+            Self::Publish(_) => "publish",
+            Self::Withdraw(_) => "withdraw",
+            Self::DropRecords(_) => "drop_records",
         }
     }
 }
@@ -90,6 +104,11 @@ pub(crate) enum Reply {
     Done,
     /// A key set older than the one held: not installed.
     Stale,
+    /// The store's answer to a [`Command::Publish`]: when the record
+    /// expires here.
+    Published(Result<i64, StoreError>),
+    /// Records a [`Command::DropRecords`] dropped.
+    Dropped(usize),
 }
 
 /// A command on its way to the owner.
@@ -131,6 +150,8 @@ pub(crate) struct Views {
     pub(crate) circuits: watch::Receiver<usize>,
     /// The peers whose connections get the router DHT (Kademlia, identify).
     pub(crate) router_set: View<HashSet<PeerId>>,
+    /// The records of this router's members.
+    pub(crate) catalog: View<CatalogStore>,
 }
 
 /// The tables themselves, written only by their owner.
@@ -142,6 +163,11 @@ pub(crate) struct Tables {
     pub(crate) trust: Owned<Trust>,
     /// The directory's routers plus the routers admitted.
     pub(crate) router_set: Owned<HashSet<PeerId>>,
+    /// The records of this router's members.
+    pub(crate) catalog: Owned<CatalogStore>,
+    /// A command changed the services the store holds since the loop
+    /// last looked ([`Tables::take_catalog_changed`]).
+    catalog_changed: bool,
     circuits: watch::Sender<usize>,
     metrics: CommandMetrics,
 }
@@ -204,6 +230,9 @@ impl Tables {
                 *self.router_set.write() = routers.into_iter().chain(admitted).collect();
                 Reply::Done
             }
+            Command::Publish(p) => self.publish(*p),
+            Command::Withdraw(peer) => self.withdraw(&peer),
+            Command::DropRecords(filter) => self.drop_records(filter),
         };
         // The asker may give up between the check above and here: the
         // change stands (it was asked for), the answer is lost.
@@ -226,9 +255,14 @@ pub(crate) struct Owner {
 }
 
 impl Owner {
-    /// Empty tables, their views and a handle to change them, each command
-    /// answered within `deadline`; registers the command counters.
-    pub(crate) fn new(registry: &mut Registry, deadline: Duration) -> (Self, Views, Handle) {
+    /// Empty tables (a record store of at most `max_records`), their views
+    /// and a handle to change them, each command answered within
+    /// `deadline`; registers the command counters.
+    pub(crate) fn new(
+        registry: &mut Registry,
+        deadline: Duration,
+        max_records: usize,
+    ) -> (Self, Views, Handle) {
         let metrics = CommandMetrics::register(registry);
         let (tx, commands) = mpsc::channel(COMMAND_QUEUE);
         let (circuits, circuits_rx) = watch::channel(0);
@@ -236,6 +270,8 @@ impl Owner {
             admissions: Owned::default(),
             trust: Owned::default(),
             router_set: Owned::default(),
+            catalog: Owned::new(CatalogStore::new(max_records)),
+            catalog_changed: false,
             circuits,
             metrics: metrics.clone(),
         };
@@ -244,6 +280,7 @@ impl Owner {
             trust: tables.trust.view(),
             circuits: circuits_rx,
             router_set: tables.router_set.view(),
+            catalog: tables.catalog.view(),
         };
         let handle = Handle {
             tx,
@@ -296,7 +333,7 @@ impl Handle {
         };
         match self.ask(command).await? {
             Reply::Admitted(r) => Ok(r),
-            Reply::Done | Reply::Stale => Ok(Ok(())),
+            _ => Ok(Ok(())),
         }
     }
 
@@ -328,7 +365,7 @@ impl Handle {
 
     /// Queues `command` and waits for its answer, both within the deadline;
     /// counts the outcome and logs a failure.
-    async fn ask(&self, command: Command) -> Result<Reply, AskError> {
+    pub(super) async fn ask(&self, command: Command) -> Result<Reply, AskError> {
         let label = command.label();
         let deadline = Instant::now() + self.deadline;
         let (reply, rx) = oneshot::channel();

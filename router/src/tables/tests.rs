@@ -29,7 +29,7 @@ const DEADLINE: Duration = Duration::from_millis(50);
 const SERVED_DEADLINE: Duration = Duration::from_secs(60);
 
 fn owner_with(deadline: Duration) -> (Owner, Views, Handle) {
-    Owner::new(&mut Registry::default(), deadline)
+    Owner::new(&mut Registry::default(), deadline, 16)
 }
 
 fn owner() -> (Owner, Views, Handle) {
@@ -164,6 +164,7 @@ fn the_writer_cannot_be_cloned() {
     <Owned<AdmissionTable> as AmbiguousIfClone<_>>::check();
     <Owned<Trust> as AmbiguousIfClone<_>>::check();
     <Owned<HashSet<PeerId>> as AmbiguousIfClone<_>>::check();
+    <Owned<CatalogStore> as AmbiguousIfClone<_>>::check();
 }
 
 #[tokio::test]
@@ -228,7 +229,7 @@ async fn an_older_key_set_after_a_newer_one_is_not_installed() {
 #[test]
 fn the_stale_key_set_count_is_pre_created() {
     let mut registry = Registry::default();
-    let _ = Owner::new(&mut registry, DEADLINE);
+    let _ = Owner::new(&mut registry, DEADLINE, 16);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
     assert!(
@@ -237,4 +238,101 @@ fn the_stale_key_set_count_is_pre_created() {
         ),
         "{text}"
     );
+}
+
+/// A record and its signed form for `peer` naming `services` (the store
+/// does not verify: the catalog server did before asking).
+fn record(peer: &PeerId, services: &[&str]) -> Publish {
+    Publish {
+        provider: *peer,
+        signed: agentmesh_proto::pb::mesh::SignedRecord {
+            record: peer.to_bytes(),
+            signature: vec![],
+        },
+        record: agentmesh_proto::pb::mesh::ServiceRecord {
+            provider: peer.to_bytes(),
+            services: services.iter().map(|s| s.to_string()).collect(),
+            expires_at_unix_secs: i64::MAX / 4,
+            ..Default::default()
+        },
+        now: 1,
+    }
+}
+
+/// The race a lock-per-writer store had: the server checked the member's
+/// admission, the member left (the loop dropped its records), then the
+/// server stored the record, which stayed until it expired. The owner
+/// checks the admission at the write.
+#[tokio::test]
+async fn a_record_is_stored_only_for_a_member_still_admitted_when_the_owner_writes() {
+    use crate::catalog::store::{RecordWriter as _, StoreError, WriteError};
+    let (mut owner, views, handle) = owner();
+    let (member, gone) = (PeerId::random(), PeerId::random());
+    let asks = async {
+        handle
+            .admit(member, admission(Purpose::Attach), open())
+            .await
+            .expect("answered")
+            .expect("admitted");
+        let stored = handle.publish(record(&member, &["echo"])).await;
+        let refused = handle.publish(record(&gone, &["echo"])).await;
+        (stored, refused)
+    };
+    let (stored, refused) = owner.serve_while(asks).await;
+    assert!(stored.is_ok(), "{stored:?}");
+    assert_eq!(refused, Err(WriteError::Store(StoreError::NotAdmitted)));
+    assert_eq!(views.catalog.read().lookup("echo", 1, 10).len(), 1);
+    assert!(
+        owner.tables.take_catalog_changed(),
+        "the loop re-announces after a stored record"
+    );
+    assert!(!owner.tables.take_catalog_changed(), "once");
+    owner
+        .serve_while(handle.withdraw(member))
+        .await
+        .expect("withdrawn");
+    assert!(views.catalog.read().lookup("echo", 1, 10).is_empty());
+    assert!(owner.tables.take_catalog_changed());
+    assert_eq!(owner.tables.metrics.get("publish", "ok"), 2);
+    assert_eq!(owner.tables.metrics.get("withdraw", "ok"), 1);
+}
+
+#[tokio::test]
+async fn a_policy_drops_records_with_the_trust_and_admissions_the_owner_holds() {
+    let (mut owner, views, handle) = owner();
+    let (keep, drop_me) = (PeerId::random(), PeerId::random());
+    for p in [keep, drop_me] {
+        owner
+            .tables
+            .admissions
+            .write()
+            .admit(p, admission(Purpose::Attach));
+        let stored = owner.tables.publish(record(&p, &["echo"]));
+        assert!(matches!(stored, Reply::Published(Ok(_))), "{stored:?}");
+    }
+    owner.tables.take_catalog_changed();
+    let dropped = owner
+        .serve_while(handle.drop_records(move |p, _, trust, admissions| {
+            // The owner hands over the tables it holds.
+            assert_eq!(trust.key_count(), 0);
+            assert!(admissions.get(p).is_some());
+            *p == keep
+        }))
+        .await;
+    assert_eq!(dropped, Ok(1));
+    let left: Vec<PeerId> = views
+        .catalog
+        .read()
+        .lookup("echo", 1, 10)
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(left, vec![keep]);
+    assert!(owner.tables.take_catalog_changed());
+    // Nothing dropped: nothing to re-announce.
+    let none = owner
+        .serve_while(handle.drop_records(|_, _, _, _| true))
+        .await;
+    assert_eq!(none, Ok(0));
+    assert!(!owner.tables.take_catalog_changed());
 }
