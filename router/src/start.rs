@@ -63,6 +63,7 @@ pub(crate) fn trim_and_drain(s: &mut Start<'_>, commands: crate::swarm::Commands
         sizing: c.sizing,
         me: c.peer_id,
         admissions: c.admissions.clone(),
+        routers: c.directory.router_set.clone(),
         drain: c.drain.clone(),
         goaways: c.goaways(),
         metrics: c.metrics.clone(),

@@ -12,6 +12,7 @@
 
 pub(crate) mod plan;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::AdmissionTable;
 use crate::admission::Admissions;
 use crate::config::{Sizing, WatermarkConfig};
+use crate::directory::RouterSet;
 use crate::drain::DrainState;
 use crate::goaway::pace::{self, Pacer};
 use crate::goaway::{GoAways, Reason};
@@ -43,13 +45,28 @@ pub(crate) fn precreate_labels(metrics: &Metrics) {
 }
 
 /// Admitted peers as trimming sees them (`me` is this router).
-pub(crate) fn candidates(table: &AdmissionTable, me: PeerId) -> Vec<Candidate> {
+///
+/// A member reports its other routers once, when it is admitted; one of
+/// them may have died since (a router killed and not replaced). Only the
+/// routers this router knows now (`live`: the directory's routers and the
+/// routers admitted here, which a dead router leaves within its lease and
+/// our directory poll) count, so a member whose other router is gone is
+/// not shed ahead of the others as if it had somewhere to stay.
+pub(crate) fn candidates(
+    table: &AdmissionTable,
+    me: PeerId,
+    live: &HashSet<PeerId>,
+) -> Vec<Candidate> {
     table
         .iter()
         .map(|(peer, a)| Candidate {
             peer: *peer,
             purpose: a.purpose,
-            other_routers: a.attached_routers.iter().filter(|r| **r != me).count(),
+            other_routers: a
+                .attached_routers
+                .iter()
+                .filter(|r| **r != me && live.contains(*r))
+                .count(),
         })
         .collect()
 }
@@ -61,6 +78,8 @@ pub(crate) struct Trim {
     pub(crate) sizing: Sizing,
     pub(crate) me: PeerId,
     pub(crate) admissions: Admissions,
+    /// The routers known now (see [`candidates`]).
+    pub(crate) routers: RouterSet,
     pub(crate) drain: Arc<DrainState>,
     pub(crate) goaways: GoAways,
     pub(crate) metrics: Metrics,
@@ -81,7 +100,7 @@ pub(crate) async fn run(t: Trim, cancel: CancellationToken) {
             continue;
         }
         let (high, low) = (t.sizing.high_watermark, t.sizing.low_watermark);
-        let candidates = candidates(&t.admissions.read(), t.me);
+        let candidates = candidates(&t.admissions.read(), t.me, &t.routers.read());
         let plan = plan::plan(&candidates, high, low);
         if plan.is_empty() {
             continue;
@@ -126,5 +145,45 @@ pub(crate) async fn run(t: Trim, cancel: CancellationToken) {
         // peer stops counting at once (the next check does not pick it
         // again) and is never counted as missing the auth deadline.
         t.commands.disconnect(peers).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::Purpose;
+    use crate::test_support::admission;
+
+    /// The capacity case of the ladder: a router killed and left down is
+    /// still in what its members reported on admission; trimming must not
+    /// count it as somewhere they can stay.
+    #[test]
+    fn only_routers_known_now_count_as_somewhere_else_to_stay() {
+        let (me, live, dead) = (PeerId::random(), PeerId::random(), PeerId::random());
+        let (on_dead, on_live, on_both) = (PeerId::random(), PeerId::random(), PeerId::random());
+        let mut table = AdmissionTable::default();
+        for (peer, reported) in [
+            (on_dead, vec![me, dead]),
+            (on_live, vec![me, live]),
+            (on_both, vec![dead, live]),
+        ] {
+            let mut a = admission(Purpose::Attach);
+            a.attached_routers = reported;
+            table.admit(peer, a);
+        }
+        let known: HashSet<PeerId> = [live, me].into();
+        let mut got: Vec<(PeerId, usize)> = candidates(&table, me, &known)
+            .into_iter()
+            .map(|c| (c.peer, c.other_routers))
+            .collect();
+        got.sort();
+        let mut want = vec![(on_dead, 0), (on_live, 1), (on_both, 1)];
+        want.sort();
+        assert_eq!(got, want);
+        // The plan sheds the member whose only other router is dead last.
+        let c = candidates(&table, me, &known);
+        let order: Vec<PeerId> = plan::plan(&c, 3, 1).into_iter().map(|(p, _)| p).collect();
+        assert_eq!(order.len(), 2);
+        assert!(!order.contains(&on_dead), "{order:?}");
     }
 }
