@@ -17,16 +17,28 @@
 //! and watch for [`STOPPING_AVOID`] (it closes its listener and exits
 //! within its shutdown grace; a restarted one is tried again after it).
 //! When every endpoint is avoided, the one whose mark ends first is used.
+//!
+//! The set changes when a name given as `dns+http://NAME:PORT` resolves to
+//! other addresses (see `resolve`): an address kept keeps its [`Dial`]
+//! (its held connection and its avoid mark); indices given out before a
+//! change are hints, read modulo the new count (a call or watch placed on
+//! an index that moved lands on another endpoint, never on none).
 
 use std::{
     sync::{
-        OnceLock,
+        Arc, OnceLock, RwLock,
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
 
 use tonic::transport::{Channel, Endpoint};
+
+use super::ClientError;
+use super::resolve::{RESOLVE_EVERY, Source};
+
+/// Builds the tonic endpoint for one address.
+pub(super) type MakeEndpoint = Box<dyn Fn(&str) -> Result<Endpoint, ClientError> + Send + Sync>;
 
 /// How long calls avoid an endpoint whose replica said it is stopping:
 /// past a replica's shutdown grace (default 10 s), short enough that a
@@ -58,9 +70,24 @@ impl Dial {
     }
 }
 
+/// What the sources stood for at the last resolution.
+struct Resolved {
+    /// When, on the client's clock (`None`: never).
+    at: Option<Duration>,
+    /// Each source's addresses (a name not resolved yet: the name itself).
+    per_source: Vec<Vec<String>>,
+}
+
 /// The endpoints and where calls and watches go.
 pub(super) struct Endpoints {
-    dials: Vec<Dial>,
+    /// The addresses dialled now, in order (never empty).
+    dials: RwLock<Arc<Vec<Arc<Dial>>>>,
+    /// The list as given: fixed addresses and names to resolve.
+    sources: Vec<Source>,
+    make: MakeEndpoint,
+    /// What names resolved to last; the lock also keeps resolutions one
+    /// at a time.
+    resolved: tokio::sync::Mutex<Resolved>,
     /// The endpoint unary calls use now; moved on when one fails to answer.
     current: AtomicUsize,
     /// Where the next watch opens first (before avoided endpoints are
@@ -73,45 +100,120 @@ fn ms(d: Duration) -> u64 {
 }
 
 impl Endpoints {
-    /// `dials` (at least one); watches start at `watch_start`, or at a
-    /// random endpoint.
-    pub(super) fn new(dials: Vec<Dial>, watch_start: Option<usize>) -> Self {
+    /// The endpoints `sources` name (at least one; a name is dialled as
+    /// itself until it first resolves), each built by `make`; watches start
+    /// at `watch_start`, or at a random endpoint.
+    pub(super) fn new(
+        sources: Vec<Source>,
+        make: MakeEndpoint,
+        watch_start: Option<usize>,
+    ) -> Result<Self, ClientError> {
         let start = watch_start.unwrap_or_else(|| rand::random::<u32>() as usize);
-        Self {
-            dials,
+        let per_source: Vec<Vec<String>> = sources.iter().map(|s| vec![s.unresolved()]).collect();
+        let dials = merge(&[], per_source.concat(), &make)?;
+        Ok(Self {
+            dials: RwLock::new(Arc::new(dials)),
+            sources,
+            make,
+            resolved: tokio::sync::Mutex::new(Resolved {
+                at: None,
+                per_source,
+            }),
             current: AtomicUsize::new(0),
             next_watch: AtomicUsize::new(start),
-        }
+        })
+    }
+
+    fn dials(&self) -> Arc<Vec<Arc<Dial>>> {
+        self.dials.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub(super) fn len(&self) -> usize {
-        self.dials.len()
+        self.dials().len()
     }
 
-    pub(super) fn get(&self, i: usize) -> &Dial {
-        &self.dials[i % self.dials.len()]
+    pub(super) fn get(&self, i: usize) -> Arc<Dial> {
+        let dials = self.dials();
+        dials[i % dials.len()].clone()
+    }
+
+    /// The addresses dialled now, in order.
+    pub(super) fn addresses(&self) -> Vec<String> {
+        self.dials().iter().map(|d| d.address.clone()).collect()
     }
 
     /// The index of `address`, if it is one of ours.
     pub(super) fn index_of(&self, address: &str) -> Option<usize> {
-        self.dials.iter().position(|d| d.address == address)
+        self.dials().iter().position(|d| d.address == address)
+    }
+
+    /// Resolves the names among the sources again when they were never
+    /// resolved or [`RESOLVE_EVERY`] has passed (`now` on the client's
+    /// clock), one resolution at a time: a call that finds one running
+    /// goes on with the endpoints held. A name that does not answer keeps
+    /// the addresses it gave last. Nothing to do without names.
+    pub(super) async fn refresh(&self, now: Duration) {
+        if !self.sources.iter().any(Source::is_name) {
+            return;
+        }
+        let Ok(mut resolved) = self.resolved.try_lock() else {
+            return;
+        };
+        if resolved
+            .at
+            .is_some_and(|at| now.saturating_sub(at) < RESOLVE_EVERY)
+        {
+            return;
+        }
+        resolved.at = Some(now);
+        for (source, last) in self.sources.iter().zip(resolved.per_source.iter_mut()) {
+            if let Some(got) = source.resolve().await {
+                *last = got;
+            }
+        }
+        let addresses = resolved.per_source.concat();
+        let held = self.dials();
+        let dials = match merge(&held, addresses, &self.make) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "control plane endpoints not changed");
+                return;
+            }
+        };
+        let same = dials.len() == held.len()
+            && dials
+                .iter()
+                .zip(held.iter())
+                .all(|(a, b)| a.address == b.address);
+        if same || dials.is_empty() {
+            return;
+        }
+        tracing::info!(endpoints = ?dials.iter().map(|d| d.address.as_str()).collect::<Vec<_>>(), "control plane endpoints resolved");
+        // Unary calls stay on the replica they were on, if it is still one.
+        let current = held
+            .get(self.current.load(Ordering::Relaxed) % held.len())
+            .and_then(|d| dials.iter().position(|n| n.address == d.address))
+            .unwrap_or(0);
+        *self.dials.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(dials);
+        self.current.store(current, Ordering::Relaxed);
     }
 
     /// From `from` round the ring, the first endpoint not avoided at `now`;
     /// when every one is, the one whose mark ends first.
     fn usable_from(&self, from: usize, now: Duration) -> usize {
-        let (n, now) = (self.dials.len(), ms(now));
+        let dials = self.dials();
+        let (n, now) = (dials.len(), ms(now));
         let ring = (0..n).map(|k| (from + k) % n);
         ring.clone()
-            .find(|&i| self.dials[i].avoided_until() <= now)
-            .or_else(|| ring.min_by_key(|&i| self.dials[i].avoided_until()))
+            .find(|&i| dials[i].avoided_until() <= now)
+            .or_else(|| ring.min_by_key(|&i| dials[i].avoided_until()))
             .unwrap_or(0)
     }
 
     /// Where a unary call starts: the current endpoint, or past it when it
     /// is avoided (which makes the one chosen current).
     pub(super) fn for_call(&self, now: Duration) -> usize {
-        let current = self.current.load(Ordering::Relaxed) % self.dials.len();
+        let current = self.current.load(Ordering::Relaxed) % self.len();
         let i = self.usable_from(current, now);
         if i != current {
             self.current.store(i, Ordering::Relaxed);
@@ -122,7 +224,7 @@ impl Endpoints {
     /// Where the next watch opens first: the next of the rotation, past
     /// avoided endpoints.
     pub(super) fn for_watch(&self, now: Duration) -> usize {
-        let k = self.next_watch.fetch_add(1, Ordering::Relaxed) % self.dials.len();
+        let k = self.next_watch.fetch_add(1, Ordering::Relaxed) % self.len();
         self.usable_from(k, now)
     }
 
@@ -130,7 +232,8 @@ impl Endpoints {
     /// made current so later calls go there too. With one endpoint, that
     /// one.
     pub(super) fn after_failure(&self, failed: usize, now: Duration) -> usize {
-        let n = self.dials.len();
+        let dials = self.dials();
+        let n = dials.len();
         if n == 1 {
             return 0;
         }
@@ -139,31 +242,127 @@ impl Endpoints {
         let _ =
             self.current
                 .compare_exchange(failed % n, next, Ordering::Relaxed, Ordering::Relaxed);
-        tracing::debug!(failed = %self.dials[failed % n].address, next = %self.dials[next].address, "control plane endpoint did not answer; trying the next");
+        tracing::debug!(failed = %dials[failed % n].address, next = %dials[next % n].address, "control plane endpoint did not answer; trying the next");
         next
     }
 
     /// Avoids endpoint `i` until `until` on the client's clock.
     pub(super) fn avoid(&self, i: usize, until: Duration) {
-        self.dials[i % self.dials.len()]
+        self.get(i)
             .avoid_until_ms
             .fetch_max(ms(until), Ordering::Relaxed);
     }
+}
+
+/// The dials for `addresses` (duplicates once, in order): a held one kept
+/// as it is (its connection, its avoid mark), others built by `make`.
+fn merge(
+    held: &[Arc<Dial>],
+    addresses: Vec<String>,
+    make: &MakeEndpoint,
+) -> Result<Vec<Arc<Dial>>, ClientError> {
+    let mut out: Vec<Arc<Dial>> = Vec::with_capacity(addresses.len());
+    for address in addresses {
+        if out.iter().any(|d| d.address == address) {
+            continue;
+        }
+        let dial = match held.iter().find(|d| d.address == address) {
+            Some(d) => d.clone(),
+            None => Arc::new(Dial::new(address.clone(), make(&address)?)),
+        };
+        out.push(dial);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn make() -> MakeEndpoint {
+        Box::new(|a: &str| {
+            Endpoint::from_shared(a.to_string()).map_err(|e| ClientError::Config(e.to_string()))
+        })
+    }
+
     fn endpoints(n: usize, watch_start: Option<usize>) -> Endpoints {
-        let dials = (0..n)
-            .map(|i| {
-                let address = format!("http://10.0.0.{i}:7400");
-                let endpoint = Endpoint::from_shared(address.clone()).expect("url");
-                Dial::new(address, endpoint)
-            })
+        let sources = (0..n)
+            .map(|i| Source::Fixed(format!("http://10.0.0.{i}:7400")))
             .collect();
-        Endpoints::new(dials, watch_start)
+        Endpoints::new(sources, make(), watch_start).expect("endpoints")
+    }
+
+    #[tokio::test]
+    async fn a_name_is_dialled_as_itself_until_it_resolves_then_as_its_addresses() {
+        let sources = vec![
+            Source::Fixed("http://10.0.0.9:7400".into()),
+            Source::parse("dns+http://localhost:7400").expect("parses"),
+        ];
+        let e = Endpoints::new(sources, make(), Some(0)).expect("endpoints");
+        assert_eq!(
+            e.addresses(),
+            ["http://10.0.0.9:7400", "http://localhost:7400"]
+        );
+        let fixed = e.get(0);
+        e.avoid(0, T0 + STOPPING_AVOID);
+        e.refresh(T0).await;
+        let got = e.addresses();
+        assert_eq!(got[0], "http://10.0.0.9:7400");
+        assert!(got.len() >= 2, "{got:?}");
+        assert!(
+            got[1..]
+                .iter()
+                .all(|a| a == "http://127.0.0.1:7400" || a == "http://[::1]:7400"),
+            "localhost's addresses replace the name: {got:?}"
+        );
+        assert!(
+            Arc::ptr_eq(&fixed, &e.get(0)),
+            "an address kept keeps its dial (connection, avoid mark)"
+        );
+        assert_eq!(e.for_call(T0), 1, "its avoid mark too");
+        // Not due again before RESOLVE_EVERY: the same set, untouched.
+        let before = e.get(1);
+        e.refresh(T0 + RESOLVE_EVERY / 2).await;
+        assert!(Arc::ptr_eq(&before, &e.get(1)));
+    }
+
+    #[tokio::test]
+    async fn a_name_that_stops_resolving_keeps_its_last_addresses() {
+        let sources = vec![Source::parse("dns+http://agentmesh-cp.invalid:7400").expect("parses")];
+        let e = Endpoints::new(sources, make(), Some(0)).expect("endpoints");
+        e.refresh(T0).await;
+        assert_eq!(
+            e.addresses(),
+            ["http://agentmesh-cp.invalid:7400"],
+            "never resolved: still the name itself, never nothing"
+        );
+    }
+
+    #[test]
+    fn merge_keeps_held_dials_drops_gone_ones_and_duplicates() {
+        let held = vec![
+            Arc::new(Dial::new(
+                "http://a:1".into(),
+                make()("http://a:1").expect("url"),
+            )),
+            Arc::new(Dial::new(
+                "http://b:1".into(),
+                make()("http://b:1").expect("url"),
+            )),
+        ];
+        let out = merge(
+            &held,
+            vec![
+                "http://b:1".into(),
+                "http://c:1".into(),
+                "http://b:1".into(),
+            ],
+            &make(),
+        )
+        .expect("merged");
+        let names: Vec<&str> = out.iter().map(|d| d.address.as_str()).collect();
+        assert_eq!(names, ["http://b:1", "http://c:1"]);
+        assert!(Arc::ptr_eq(&out[0], &held[1]));
     }
 
     const T0: Duration = Duration::from_secs(100);

@@ -32,6 +32,7 @@
 mod admin;
 mod endpoints;
 mod policy;
+mod resolve;
 mod retry;
 mod watch;
 
@@ -60,6 +61,7 @@ use tonic::{
 
 pub use admin::{REQUEST_ID_METADATA, new_request_id};
 pub use endpoints::STOPPING_AVOID;
+pub use resolve::RESOLVE_EVERY;
 pub use retry::{
     INITIAL_BACKOFF, MAX_BACKOFF, RETRY_AFTER_JITTER, RETRY_AFTER_METADATA, is_retryable,
     is_retryable_unsent, jitter_bound, retry_after,
@@ -67,7 +69,8 @@ pub use retry::{
 pub use watch::{MOVE_JITTER_MAX, WATCH_MOVE_METADATA, WatchMove, Watching, move_jitter};
 
 use crate::clock::{SharedClock, TokioClock};
-use endpoints::{Dial, Endpoints};
+use endpoints::Endpoints;
+use resolve::Source;
 
 /// Default for [`ClientConfig::retry_budget`]: 180 s.
 pub const DEFAULT_RETRY_BUDGET: Duration = Duration::from_secs(180);
@@ -318,28 +321,24 @@ impl Client {
                 "keep-alive interval and timeout must be positive".into(),
             ));
         }
-        let addresses: Vec<String> = if dialing.endpoints.is_empty() {
-            vec![url.clone()]
+        let sources: Vec<Source> = if dialing.endpoints.is_empty() {
+            vec![Source::Fixed(url.clone())]
         } else {
             dialing
                 .endpoints
                 .iter()
-                .map(|e| normalize_url(e.trim()).to_string())
-                .collect()
+                .map(|e| Source::parse(normalize_url(e.trim())).map_err(ClientError::Config))
+                .collect::<Result<_, _>>()?
         };
-        let dials = addresses
-            .into_iter()
-            .map(|address| {
-                Ok(Dial::new(
-                    address.clone(),
-                    dial_endpoint(&address, &url, &cfg, &dialing)?,
-                ))
-            })
-            .collect::<Result<Vec<_>, ClientError>>()?;
+        let make = {
+            let (url, cfg, dialing) = (url.clone(), cfg.clone(), dialing.clone());
+            Box::new(move |address: &str| dial_endpoint(address, &url, &cfg, &dialing))
+        };
+        let endpoints = Endpoints::new(sources, make, dialing.watch_start)?;
         Ok(Self {
             inner: Arc::new(Inner {
                 url,
-                endpoints: Endpoints::new(dials, dialing.watch_start),
+                endpoints,
                 connections: dialing.connections,
                 retry_budget: cfg.retry_budget,
                 rpc_timeout: cfg.rpc_timeout,
@@ -426,6 +425,13 @@ impl Client {
     /// The endpoint string proofs sign (the URL without a trailing slash).
     pub fn public_url(&self) -> &str {
         &self.inner.url
+    }
+
+    /// The addresses dialled now, in order: the endpoints given, a
+    /// `dns+` name as the addresses it last resolved to (the name itself
+    /// before its first answer).
+    pub fn endpoints(&self) -> Vec<String> {
+        self.inner.endpoints.addresses()
     }
 
     /// A stub for endpoint `i` on its held channel, or on a channel of its
@@ -617,6 +623,7 @@ impl Client {
         F: FnMut(ControlPlaneClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
     {
+        self.inner.endpoints.refresh(self.now()).await;
         let first = self.inner.endpoints.for_call(self.now());
         let a = self
             .retrying_from(method, idempotency, first, attempt)

@@ -120,6 +120,7 @@ impl Client {
         cred: &Credential,
         key: &Keypair,
     ) -> Result<Watching, ClientError> {
+        self.inner.endpoints.refresh(self.now()).await;
         let first = self.inner.endpoints.for_watch(self.now());
         let opened = self
             .retrying_from("Watch", Idempotency::Idempotent, first, |mut c| {

@@ -90,3 +90,93 @@ async fn calls_skip_a_frozen_or_stopped_replica_and_proofs_name_the_logical_url(
     b.shutdown().await;
     held.abort();
 }
+
+/// `dns+http://NAME:PORT` stands for every address NAME resolves to:
+/// `localhost` (the hosts file, on any machine) becomes its loopback
+/// address(es) at the first call, the proof still names the logical URL;
+/// a name that resolves nowhere beside a real endpoint costs a failover,
+/// never an error, and stays dialled as itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dns_name_endpoint_is_dialled_as_the_addresses_it_resolves_to() {
+    let db = TestDb::new(Backend::Sqlite).await.expect("sqlite");
+    let mut cfg = db.config();
+    cfg.public_url = Some(LOGICAL.into());
+    let a = spawn(cfg).await.expect("a");
+    let port = a.grpc_addr().port();
+    let config = ClientConfig {
+        url: LOGICAL.into(),
+        retry_budget: Duration::from_secs(30),
+        rpc_timeout: Duration::from_secs(5),
+        ca_pem: None,
+    };
+    let by_name = Client::with_endpoints(
+        config.clone(),
+        Connections::PerCall,
+        &[format!("dns+http://localhost:{port}")],
+    )
+    .expect("client");
+    assert_eq!(
+        by_name.endpoints(),
+        [format!("http://localhost:{port}")],
+        "before its first call: the name itself"
+    );
+    let token = a
+        .create_token(
+            TokenKind::Bootstrap,
+            Role::Member,
+            Default::default(),
+            10,
+            Duration::from_secs(600),
+        )
+        .await
+        .expect("token");
+    let enrolled = by_name
+        .enroll(&token, &Keypair::generate_ed25519())
+        .await
+        .expect("enrolls through the resolved address");
+    assert!(enrolled.credential.is_some());
+    let resolved = by_name.endpoints();
+    assert!(
+        resolved.contains(&format!("http://127.0.0.1:{port}")),
+        "{resolved:?}"
+    );
+    assert!(
+        resolved.iter().all(|e| !e.contains("localhost")),
+        "the name is replaced by its addresses: {resolved:?}"
+    );
+
+    let nowhere = Client::with_endpoints(
+        config,
+        Connections::PerCall,
+        &[
+            format!("dns+http://agentmesh-control-plane.invalid:{port}"),
+            format!("http://{}", a.grpc_addr()),
+        ],
+    )
+    .expect("client");
+    nowhere
+        .get_keys()
+        .await
+        .expect("keys past a name that resolves nowhere");
+    assert_eq!(
+        nowhere.endpoints()[0],
+        format!("http://agentmesh-control-plane.invalid:{port}"),
+        "never resolved: kept as it is, never dropped to nothing"
+    );
+    a.shutdown().await;
+}
+
+#[test]
+fn a_malformed_dns_endpoint_is_refused_at_start() {
+    let Err(err) = Client::with_endpoints(
+        ClientConfig {
+            url: LOGICAL.into(),
+            ..ClientConfig::default()
+        },
+        Connections::PerCall,
+        &["dns+http://cp-without-a-port".to_string()],
+    ) else {
+        panic!("a dns+ endpoint without a port is refused");
+    };
+    assert!(err.to_string().contains("NAME:PORT"), "{err}");
+}

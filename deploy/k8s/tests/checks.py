@@ -77,6 +77,8 @@ KNOWN_FLAGS: dict[str, set[str]] = {
         # issues 3 and 4
         "--control-plane", "--control-plane-ca", "--token-file", "--key-path", "--listen",
         "--external-addr", "--label", "--metrics-addr", "--auth-deadline-secs",
+        # runtime/src/cli/args.rs (replicas; ha-postgres dials them by the headless name)
+        "--control-plane-endpoint",
         "--relay-max-reservations", "--relay-max-circuits-per-peer", "--relay-circuit-duration-secs",
         "--relay-circuit-bytes", "--lease-interval-secs", "--high-watermark", "--low-watermark",
         "--memory-limit-bytes", "--drain-grace-secs", "--pprof-addr",
@@ -657,6 +659,52 @@ def _postgres_problems(c: Container, objects: list[dict[str, Any]]) -> list[str]
                 "(back it up with the server's own tools)"
             )
     problems += _headless_problems(c, objects)
+    problems += _router_endpoint_problems(c, objects)
+    return problems
+
+
+def _router_endpoint_problems(c: Container, objects: list[dict[str, Any]]) -> list[str]:
+    """Routers of several replicas dial them through the headless Service
+    (`--control-plane-endpoint=dns+SCHEME://HEADLESS:PORT`), so a frozen
+    replica is skipped and their watches spread; the scheme is the logical
+    URL's (TLS checks the logical name on every address)."""
+    grpc = addr_port(c.flag("--grpc-addr"))
+    ns = c.workload["metadata"].get("namespace")
+    headless = {}
+    for s in objects:
+        if (
+            s["kind"] == "Service"
+            and s["spec"].get("clusterIP") == "None"
+            and selector_matches(s["spec"].get("selector"), c.pod_labels)
+        ):
+            name = s["metadata"]["name"]
+            ports = {p.get("port") for p in s["spec"].get("ports", []) if c.port_number(p.get("targetPort", p.get("port"))) == grpc}
+            for n in [name] + ([f"{name}.{ns}", f"{name}.{ns}.svc", f"{name}.{ns}.svc.cluster.local"] if ns else []):
+                headless[n] = ports
+    problems = []
+    for r in containers(objects):
+        if r.binary != "agentmesh-router":
+            continue
+        logical = urllib.parse.urlsplit(r.flag("--control-plane") or "").scheme
+        names = [r.expand(v) for v in r.flags().get("--control-plane-endpoint", [])]
+        by_dns = [urllib.parse.urlsplit(v.removeprefix("dns+")) for v in names if v.startswith("dns+")]
+        if not by_dns:
+            problems.append(
+                f"{r.where}: no --control-plane-endpoint=dns+{logical or 'https'}://<headless Service>:<port>: "
+                "routers would reach the replicas only through the balancing Service, held on one replica "
+                "(frozen or not) per connection"
+            )
+            continue
+        for u in by_dns:
+            if u.hostname not in headless:
+                problems.append(f"{r.where}: --control-plane-endpoint host {u.hostname} is no headless Service over the replicas")
+            elif u.port not in headless[u.hostname]:
+                problems.append(f"{r.where}: --control-plane-endpoint port {u.port} does not reach the gRPC port {grpc}")
+            if logical and u.scheme != logical:
+                problems.append(
+                    f"{r.where}: --control-plane-endpoint is {u.scheme}, --control-plane {logical}: "
+                    "one scheme, since TLS checks the logical name on every address"
+                )
     return problems
 
 

@@ -481,6 +481,22 @@ def url_wrong_port(o):
     get(o, "ConfigMap", "agentmesh-shared")["data"]["CONTROL_PLANE_URL"] = "https://mesh.example.com"
 
 
+def routers_through_balancing_only(o):
+    router(o)["args"] = [a for a in router(o)["args"] if not a.startswith("--control-plane-endpoint=")]
+
+
+def routers_endpoint_not_headless(o):
+    set_arg(router(o), "--control-plane-endpoint", "dns+https://agentmesh-control-plane:7400")
+
+
+def routers_endpoint_wrong_port(o):
+    set_arg(router(o), "--control-plane-endpoint", "dns+https://agentmesh-control-plane-headless:7401")
+
+
+def routers_endpoint_plain_http(o):
+    set_arg(router(o), "--control-plane-endpoint", "dns+http://agentmesh-control-plane-headless:7400")
+
+
 def undocumented_db_secret(o):
     env_item(o, "AGENTMESH_DB_URL")["valueFrom"]["secretKeyRef"]["name"] = "agentmesh-db"
 
@@ -518,6 +534,10 @@ POSTGRES_MUTATIONS = [
     (url_on_headless, "is the headless Service agentmesh-control-plane-headless"),
     (url_nowhere, "--public-url host cp.example.org is no Service over the control plane"),
     (url_wrong_port, "no port 443 to the gRPC port 7400"),
+    (routers_through_balancing_only, "no --control-plane-endpoint=dns+https://<headless Service>:<port>"),
+    (routers_endpoint_not_headless, "--control-plane-endpoint host agentmesh-control-plane is no headless Service"),
+    (routers_endpoint_wrong_port, "--control-plane-endpoint port 7401 does not reach the gRPC port 7400"),
+    (routers_endpoint_plain_http, "--control-plane-endpoint is http, --control-plane https"),
     (undocumented_db_secret, "env AGENTMESH_DB_URL needs Secret/agentmesh-db, neither rendered nor documented"),
 ]
 

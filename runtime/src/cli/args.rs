@@ -15,7 +15,7 @@ pub struct ControlPlaneArgs {
     /// PEM file of the CA that signs an https:// control plane's certificate (default: none, the system roots).
     #[arg(long)]
     pub control_plane_ca: Option<PathBuf>,
-    /// A control-plane replica to dial, http:// or https://HOST:PORT (repeatable; default: none, --control-plane alone). Calls go to one replica and move to the next when it does not answer; --control-plane stays the one name proofs are bound to and TLS checks.
+    /// A control-plane replica to dial, http:// or https://HOST:PORT, or dns+http(s)://NAME:PORT for every address NAME resolves to (a headless Service; resolved again every 30 s) (repeatable; default: none, --control-plane alone). Calls go to one replica and move to the next when it does not answer; --control-plane stays the one name proofs are bound to and TLS checks.
     #[arg(long = "control-plane-endpoint", value_name = "URL")]
     pub control_plane_endpoints: Vec<String>,
     /// File holding the enrollment token, router-role for a router; a node with a valid credential in its data dir needs none (default: none).
