@@ -89,6 +89,8 @@ pub(crate) struct Dialing {
     pub(crate) max_pending_inbound: (usize, usize),
     /// `TCP_USER_TIMEOUT` of the listening port's sockets, when listening.
     pub(crate) tcp_user_timeout: Option<std::time::Duration>,
+    /// How long the peer of a direct connection has to authenticate.
+    pub(crate) auth_timeout: Duration,
 }
 
 /// Plain TCP: dial-only [`DialTcp`], or with `reuse` [`reuse::ReuseTcp`]
@@ -177,6 +179,7 @@ pub(crate) async fn build(
             config.direct.max_pending_inbound_per_source,
         ),
         tcp_user_timeout: Some(config.direct.tcp_user_timeout).filter(|d| !d.is_zero()),
+        auth_timeout: config.direct.auth_timeout,
     };
     build_swarm(
         key,
@@ -264,7 +267,8 @@ pub(crate) async fn build_swarm(
                 .unwrap_or_default(),
         )
         .with_backoff(dialing.punch_backoff)
-        .with_pending_limits(dialing.max_pending_inbound.0, dialing.max_pending_inbound.1),
+        .with_pending_limits(dialing.max_pending_inbound.0, dialing.max_pending_inbound.1)
+        .with_auth_timeout(dialing.auth_timeout),
         relay: relay_client,
         stream: agentmesh_streams::Behaviour::with_limits(streams, pending),
         ping: ping::Behaviour::new(ping),

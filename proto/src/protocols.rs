@@ -14,6 +14,12 @@ pub const GOAWAY: &str = "/agentmesh/goaway/1";
 /// Policy push: router to member, one `PolicyPush`, one `PolicyAck`.
 pub const POLICY: &str = "/agentmesh/policy/1";
 
+/// Direct-connection hello: on a direct connection between two members,
+/// each side opens one stream and sends one `Credential` frame (at most
+/// [`MAX_FRAME_BYTES`]), the credential its calls carry; nothing is
+/// answered. One per connection and direction.
+pub const DIRECT_HELLO: &str = "/agentmesh/direct-hello/1";
+
 /// Largest `PolicyPush` (and `Admitted` carrying one): the policy
 /// document's and the signed revocation list's own caps, plus room for
 /// their signatures and framing.

@@ -152,6 +152,16 @@ pub struct DirectConfig {
     /// the relay. Counted in
     /// `agentmesh_node_direct_closed_total{reason="timed_out"}`.
     pub tcp_user_timeout: Duration,
+    /// How long a direct connection to a member may stay open before the
+    /// peer's credential arrives on it and verifies
+    /// (`--direct-auth-timeout-ms`, default 5 s; less than 1 ms acts as
+    /// 1 ms). Past it the connection is closed and counted in
+    /// `agentmesh_node_direct_closed_total{reason="unauthenticated"}`.
+    /// Its own flag rather than `--call-first-byte-timeout-ms`: the hello
+    /// crosses a path punched a moment ago and its check may re-fetch the
+    /// control plane's keys, and closing an honest connection costs a
+    /// punch, so it is longer than a call's first byte.
+    pub auth_timeout: Duration,
 }
 
 /// Default [`DirectConfig::punch_backoff_min`], seconds.
@@ -164,6 +174,8 @@ pub const DEFAULT_DIRECT_MAX_PENDING_INBOUND: usize = 64;
 pub const DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE: usize = 8;
 /// Default [`DirectConfig::tcp_user_timeout`], seconds.
 pub const DEFAULT_DIRECT_TCP_USER_TIMEOUT_SECS: u64 = 10;
+/// Default [`DirectConfig::auth_timeout`], milliseconds.
+pub const DEFAULT_DIRECT_AUTH_TIMEOUT_MS: u64 = 5000;
 
 impl Default for DirectConfig {
     fn default() -> Self {
@@ -176,6 +188,7 @@ impl Default for DirectConfig {
             max_pending_inbound: DEFAULT_DIRECT_MAX_PENDING_INBOUND,
             max_pending_inbound_per_source: DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE,
             tcp_user_timeout: Duration::from_secs(DEFAULT_DIRECT_TCP_USER_TIMEOUT_SECS),
+            auth_timeout: Duration::from_millis(DEFAULT_DIRECT_AUTH_TIMEOUT_MS),
         }
     }
 }

@@ -16,13 +16,33 @@
 //! arrived on the listening port) is accepted only from a peer that holds
 //! a relayed connection to us at that moment: routers admit both ends of
 //! every circuit, so that peer is an admitted member that was let through
-//! by a router's policy. Anything else is closed at once, before any
-//! other behaviour keeps state for it, and counted in
+//! by a router's policy, and that is in a punch with us right now: dcutr's
+//! exchange with it started on a relayed connection (the connection came
+//! up and was handed to dcutr) or dcutr dialed it for a punch, within
+//! [`gate::PUNCH_WINDOW`]. A peer that merely holds a circuit cannot
+//! connect directly whenever it likes: not on a relayed connection whose
+//! punch we skip, nor later than that after the exchange. (The dial alone
+//! would be too late a mark on the side that sent CONNECT: dcutr reports
+//! its exchange there only after waiting half a round trip past SYNC, by
+//! when the peer's dial may have landed.)
+//! Anything else is closed at once, before any other behaviour keeps
+//! state for it, and counted in
 //! `agentmesh_node_inbound_refused_total{reason}`. This behaviour must be
 //! the swarm's first field for that (the derive asks behaviours in field
 //! order and stops at the first refusal). Calls on a direct connection
 //! pass the same per-stream checks as relayed ones (credential, policy,
 //! `--allow`: `crate::call::inbound`).
+//!
+//! **Authentication right after the punch.** Every direct connection to a
+//! member (a punch's, or accepted as above; never a router's) runs the
+//! hello ([`hello`]): each side sends its credential, the engine verifies
+//! the peer's as a call's is verified and hands the claims back
+//! ([`Behaviour::authenticated`]); [`gate`] keeps them per connection. A
+//! connection whose peer has not authenticated within
+//! `--direct-auth-timeout-ms` is closed, `direct_closed_total{reason=
+//! "unauthenticated"}`. The engine judges every authenticated connection
+//! again on each new policy or revocation list and closes those no longer
+//! allowed ([`Behaviour::close_direct`], `reason="policy"|"revoked"`).
 //!
 //! **Dial failures of punches** must not fail callers waiting for a
 //! connection to that peer: [`Behaviour::is_punch`] names the connection
@@ -33,6 +53,8 @@
 //! most [`MAX_PUNCH_ADDRS`] of them; anything else refuses that dial whole
 //! (`result="bad_target"`).
 
+mod gate;
+pub(crate) mod hello;
 pub(crate) mod nat;
 mod pending;
 mod reuse_log;
@@ -51,8 +73,8 @@ use libp2p::core::{Endpoint, Multiaddr, multiaddr::Protocol};
 use libp2p::dcutr;
 use libp2p::swarm::behaviour::{ConnectionClosed, ConnectionEstablished, FromSwarm};
 use libp2p::swarm::{
-    ConnectionDenied, ConnectionId, NetworkBehaviour, THandler, THandlerInEvent, THandlerOutEvent,
-    ToSwarm, dummy,
+    CloseConnection, ConnectionDenied, ConnectionId, NetworkBehaviour, THandler, THandlerInEvent,
+    THandlerOutEvent, ToSwarm, dummy,
 };
 use rand::Rng as _;
 use tokio::time::Instant;
@@ -94,6 +116,9 @@ pub(crate) enum Refused {
     /// Direct connections are off.
     #[error("inbound direct connection from {0}: direct connections are off")]
     DirectOff(PeerId),
+    /// The peer holds a relayed connection to us but is in no punch with us.
+    #[error("inbound direct connection from {0}, which is in no punch with us")]
+    NotPunching(PeerId),
     /// Too many inbound handshakes in progress (in total or from its source).
     #[error("inbound connection from {0}: {1}")]
     Pending(Multiaddr, &'static str),
@@ -136,6 +161,22 @@ pub(crate) struct Behaviour {
     /// what `direct_connections{nat}` and `direct_closed_total` count.
     /// Bounded by the open connections.
     direct: HashSet<ConnectionId>,
+    /// Their authentication, and the punches under way.
+    gate: gate::Gate,
+}
+
+/// What the behaviour reports to the engine.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// A punch ended (dcutr's own event).
+    Punched(dcutr::Event),
+    /// The peer's hello on a direct connection, for the engine to verify
+    /// (then [`Behaviour::authenticated`] or [`Behaviour::close_direct`]).
+    Hello {
+        peer: PeerId,
+        connection: ConnectionId,
+        heard: hello::Heard,
+    },
 }
 
 fn is_relayed(addr: &Multiaddr) -> bool {
@@ -234,7 +275,53 @@ impl Behaviour {
                 crate::config::DEFAULT_DIRECT_MAX_PENDING_INBOUND,
                 crate::config::DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE,
             ),
+            gate: gate::Gate::new(Duration::from_millis(
+                crate::config::DEFAULT_DIRECT_AUTH_TIMEOUT_MS,
+            )),
         }
+    }
+
+    /// The same with peers of direct connections given `timeout` to
+    /// authenticate (`--direct-auth-timeout-ms`).
+    pub(crate) fn with_auth_timeout(mut self, timeout: Duration) -> Self {
+        self.gate = gate::Gate::new(timeout);
+        self
+    }
+
+    /// The credential our hellos send from now on (the node's, set at
+    /// start and on each refresh).
+    pub(crate) fn set_credential(&mut self, ours: agentmesh_proto::pb::credential::Credential) {
+        self.gate.set_credential(ours);
+    }
+
+    /// The peer of direct connection `id` authenticated with `claims`
+    /// (verified by the engine). False when `id` no longer waits for it.
+    pub(crate) fn authenticated(
+        &mut self,
+        id: ConnectionId,
+        claims: agentmesh_proto::credential::VerifiedClaims,
+    ) -> bool {
+        self.gate.authenticated(id, claims)
+    }
+
+    /// The authenticated direct connections with their peer's claims.
+    pub(crate) fn verified(
+        &self,
+    ) -> impl Iterator<Item = (ConnectionId, &agentmesh_proto::credential::VerifiedClaims)> {
+        self.gate.verified()
+    }
+
+    /// Closes direct connection `id`, counted under `reason` once closed
+    /// (one of `DIRECT_CLOSE_REASONS`). False when it is no direct
+    /// connection to a member, or already closing.
+    pub(crate) fn close_direct(&mut self, id: ConnectionId, reason: &'static str) -> bool {
+        self.gate.close(id, reason)
+    }
+
+    /// Closes the direct connections whose peer has not authenticated by
+    /// `now`; returns how many.
+    pub(crate) fn expire_unauthenticated(&mut self, now: Instant) -> usize {
+        self.gate.expire(now)
     }
 
     /// The same with at most `total` inbound direct handshakes at once,
@@ -324,6 +411,15 @@ impl Behaviour {
         self.relayed.entry(peer).or_default().insert(id);
     }
 
+    /// As if `peer` held a relayed connection to us and a punch with it
+    /// were under way (what needs a router and dcutr's exchange), so a
+    /// test's peer can open a direct connection with real handshakes.
+    #[cfg(test)]
+    pub(crate) fn as_if_punching(&mut self, peer: PeerId) {
+        self.relayed_up(peer, ConnectionId::new_unchecked(usize::MAX));
+        self.gate.punch_started(peer, Instant::now());
+    }
+
     fn punched(&mut self, peer: PeerId, ok: bool, now: Instant) {
         if ok {
             self.metrics.upgrade("direct");
@@ -378,9 +474,17 @@ impl Behaviour {
 
 type InnerHandler = THandler<dcutr::Behaviour>;
 
+/// A relayed connection's (dcutr's or none), or a direct connection to a
+/// member's (the hello).
+type Handler = Either<InnerHandler, Either<hello::Handler, dummy::ConnectionHandler>>;
+
+fn no_handler() -> Handler {
+    Either::Right(Either::Right(dummy::ConnectionHandler))
+}
+
 impl NetworkBehaviour for Behaviour {
-    type ConnectionHandler = Either<InnerHandler, dummy::ConnectionHandler>;
-    type ToSwarm = dcutr::Event;
+    type ConnectionHandler = Handler;
+    type ToSwarm = Event;
 
     /// A punch's dial is refused whole when the peer gave more than
     /// [`MAX_PUNCH_ADDRS`] addresses or any we must not dial (see
@@ -443,8 +547,14 @@ impl NetworkBehaviour for Behaviour {
         if is_relayed(local_addr) {
             self.relayed_up(peer, id);
             if !self.should_punch(&peer, Instant::now()) {
-                return Ok(Either::Right(dummy::ConnectionHandler));
+                return Ok(no_handler());
             }
+            // dcutr's exchange with the peer starts on it now.
+            self.gate.punch_started(peer, Instant::now());
+            return self
+                .inner
+                .handle_established_inbound_connection(id, peer, local_addr, remote_addr)
+                .map(Either::Left);
         } else if !self.enabled {
             self.metrics.refused("direct_off");
             return Err(ConnectionDenied::new(Refused::DirectOff(peer)));
@@ -452,10 +562,18 @@ impl NetworkBehaviour for Behaviour {
             self.metrics.refused("no_relayed_connection");
             tracing::debug!(%peer, %remote_addr, "inbound direct connection from a peer without a relayed connection: closed");
             return Err(ConnectionDenied::new(Refused::NoRelayedConnection(peer)));
+        } else if !self.gate.is_punching(&peer, Instant::now()) {
+            self.metrics.refused("not_punching");
+            tracing::debug!(%peer, %remote_addr, "inbound direct connection from a peer in no punch with us: closed");
+            return Err(ConnectionDenied::new(Refused::NotPunching(peer)));
         }
+        // dcutr keeps its own account of direct connections; its handler
+        // for them does nothing, the hello's takes its place.
         self.inner
-            .handle_established_inbound_connection(id, peer, local_addr, remote_addr)
-            .map(Either::Left)
+            .handle_established_inbound_connection(id, peer, local_addr, remote_addr)?;
+        Ok(Either::Right(Either::Left(hello::Handler::new(
+            self.gate.credential(),
+        ))))
     }
 
     fn handle_established_outbound_connection(
@@ -469,12 +587,28 @@ impl NetworkBehaviour for Behaviour {
         if is_relayed(addr) {
             self.relayed_up(peer, id);
             if !self.should_punch(&peer, Instant::now()) {
-                return Ok(Either::Right(dummy::ConnectionHandler));
+                return Ok(no_handler());
             }
+            self.gate.punch_started(peer, Instant::now());
+            return self
+                .inner
+                .handle_established_outbound_connection(id, peer, addr, role_override, port_use)
+                .map(Either::Left);
         }
-        self.inner
-            .handle_established_outbound_connection(id, peer, addr, role_override, port_use)
-            .map(Either::Left)
+        self.inner.handle_established_outbound_connection(
+            id,
+            peer,
+            addr,
+            role_override,
+            port_use,
+        )?;
+        if self.is_punch(&id) || self.has_relayed(&peer) {
+            // A direct connection to a member: the hello.
+            return Ok(Either::Right(Either::Left(hello::Handler::new(
+                self.gate.credential(),
+            ))));
+        }
+        Ok(no_handler())
     }
 
     fn on_swarm_event(&mut self, event: FromSwarm) {
@@ -492,6 +626,7 @@ impl NetworkBehaviour for Behaviour {
             && (self.is_punch(connection_id) || self.has_relayed(peer_id))
         {
             self.direct.insert(*connection_id);
+            self.gate.opened(*connection_id, *peer_id, Instant::now());
             self.count_direct();
         }
         if let FromSwarm::ConnectionClosed(ConnectionClosed {
@@ -501,8 +636,10 @@ impl NetworkBehaviour for Behaviour {
             ..
         }) = &event
         {
+            let ours = self.gate.closed(connection_id);
             if self.direct.remove(connection_id) {
-                self.metrics.direct_closed(close_reason(*cause));
+                self.metrics
+                    .direct_closed(ours.unwrap_or_else(|| close_reason(*cause)));
                 self.count_direct();
             }
             if let Some(set) = self.relayed.get_mut(peer_id) {
@@ -523,13 +660,27 @@ impl NetworkBehaviour for Behaviour {
     ) {
         match event {
             Either::Left(e) => self.inner.on_connection_handler_event(peer, id, e),
-            Either::Right(never) => libp2p::core::util::unreachable(never),
+            Either::Right(Either::Left(heard)) => self.gate.heard(peer, id, heard),
+            Either::Right(Either::Right(never)) => libp2p::core::util::unreachable(never),
         }
     }
 
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<ToSwarm<dcutr::Event, THandlerInEvent<Self>>> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<ToSwarm<Event, THandlerInEvent<Self>>> {
         if let Some(addr) = self.queued.pop_front() {
             return Poll::Ready(ToSwarm::NewExternalAddrCandidate(addr));
+        }
+        if let Some((peer_id, id)) = self.gate.next_close() {
+            return Poll::Ready(ToSwarm::CloseConnection {
+                peer_id,
+                connection: CloseConnection::One(id),
+            });
+        }
+        if let Some((peer, connection, heard)) = self.gate.next_heard() {
+            return Poll::Ready(ToSwarm::GenerateEvent(Event::Hello {
+                peer,
+                connection,
+                heard,
+            }));
         }
         let event = match self.inner.poll(cx) {
             Poll::Ready(e) => e,
@@ -547,10 +698,17 @@ impl NetworkBehaviour for Behaviour {
                 }
                 self.punched(e.remote_peer_id, e.result.is_ok(), Instant::now());
             }
-            ToSwarm::Dial { opts } => self.note_punch(opts.connection_id()),
+            ToSwarm::Dial { opts } => {
+                // dcutr dials once its exchange with the peer on the
+                // relayed connection is done: a punch with it is under way.
+                self.note_punch(opts.connection_id());
+                if let Some(peer) = opts.get_peer_id() {
+                    self.gate.punch_started(peer, Instant::now());
+                }
+            }
             _ => {}
         }
-        Poll::Ready(event.map_in(Either::Left))
+        Poll::Ready(event.map_in(Either::Left).map_out(Event::Punched))
     }
 }
 

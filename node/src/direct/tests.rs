@@ -257,6 +257,7 @@ fn direct_connections_to_members_are_counted_under_our_nat_kind_and_routers_neve
     };
     let (member, router) = (PeerId::random(), PeerId::random());
     b.relayed_up(member, ConnectionId::new_unchecked(1));
+    b.gate.punch_started(member, Instant::now());
     let from_member = ConnectedPoint::Listener {
         local_addr: "/ip4/0.0.0.0/tcp/4500".parse().expect("addr"),
         send_back_addr: "/ip4/10.0.0.9/tcp/4500".parse().expect("addr"),
@@ -340,4 +341,227 @@ fn the_nat_kind_label_values_are_the_kinds_status_names() {
         );
     }
     assert_eq!(crate::metrics::NAT_KINDS.len(), 4);
+}
+
+/// A peer's direct connection from the listening port, as the swarm
+/// establishes it: the handler first, then the event. Returns whether it
+/// was accepted.
+fn inbound_direct(b: &mut Behaviour, peer: PeerId, id: u32) -> bool {
+    use libp2p::core::ConnectedPoint;
+    let local: Multiaddr = "/ip4/0.0.0.0/tcp/4500".parse().expect("addr");
+    let remote: Multiaddr = "/ip4/10.0.0.9/tcp/4500".parse().expect("addr");
+    let connection_id = ConnectionId::new_unchecked(id as usize);
+    if b.handle_established_inbound_connection(connection_id, peer, &local, &remote)
+        .is_err()
+    {
+        return false;
+    }
+    b.on_swarm_event(FromSwarm::ConnectionEstablished(ConnectionEstablished {
+        peer_id: peer,
+        connection_id,
+        endpoint: &ConnectedPoint::Listener {
+            local_addr: local,
+            send_back_addr: remote,
+        },
+        failed_addresses: &[],
+        other_established: 0,
+    }));
+    true
+}
+
+fn direct_closed(b: &mut Behaviour, peer: PeerId, id: u32) {
+    use libp2p::core::ConnectedPoint;
+    b.on_swarm_event(FromSwarm::ConnectionClosed(ConnectionClosed {
+        peer_id: peer,
+        connection_id: ConnectionId::new_unchecked(id as usize),
+        endpoint: &ConnectedPoint::Listener {
+            local_addr: "/ip4/0.0.0.0/tcp/4500".parse().expect("addr"),
+            send_back_addr: "/ip4/10.0.0.9/tcp/4500".parse().expect("addr"),
+        },
+        cause: None,
+        remaining_established: 0,
+    }));
+}
+
+/// What the behaviour hands the swarm next, other than dcutr's.
+fn next_out(b: &mut Behaviour) -> Option<ToSwarm<Event, THandlerInEvent<Behaviour>>> {
+    let waker = futures::task::noop_waker();
+    match b.poll(&mut Context::from_waker(&waker)) {
+        Poll::Ready(e) => Some(e),
+        Poll::Pending => None,
+    }
+}
+
+fn closed_count(m: &DirectMetrics, reason: &'static str) -> u64 {
+    m.direct_closed
+        .get_or_create(&crate::metrics::ReasonLabel { reason })
+        .get()
+}
+
+#[test]
+fn an_inbound_direct_connection_needs_a_punch_with_that_peer_under_way() {
+    let (mut b, m) = behaviour(true);
+    let refused = |reason: &'static str| {
+        m.inbound_refused
+            .get_or_create(&crate::metrics::ReasonLabel { reason })
+            .get()
+    };
+    let peer = PeerId::random();
+    b.relayed_up(peer, ConnectionId::new_unchecked(1));
+    // A circuit alone is not enough: closed at once, counted.
+    assert!(!inbound_direct(&mut b, peer, 2));
+    assert_eq!(refused("not_punching"), 1);
+    // A circuit whose punch we skip (no address of ours known yet) starts
+    // no punch either.
+    let circuit: Multiaddr = format!(
+        "/ip4/192.0.2.1/tcp/4001/p2p/{}/p2p-circuit/p2p/{peer}",
+        PeerId::random()
+    )
+    .parse()
+    .expect("addr");
+    let relayed = |b: &mut Behaviour, id| {
+        b.handle_established_outbound_connection(
+            ConnectionId::new_unchecked(id),
+            peer,
+            &circuit,
+            Endpoint::Dialer,
+            PortUse::Reuse,
+        )
+        .is_ok()
+    };
+    assert!(relayed(&mut b, 20));
+    assert!(!inbound_direct(&mut b, peer, 21));
+    assert_eq!(refused("not_punching"), 2);
+    // Once dcutr runs its exchange on a relayed connection to the peer, a
+    // punch is under way and its connection is taken.
+    b.observe(
+        PeerId::random(),
+        Some("192.0.2.7:4500".parse().expect("sa")),
+    );
+    assert!(relayed(&mut b, 22));
+    assert!(inbound_direct(&mut b, peer, 3));
+    // So it is after dcutr's dial (the exchange done).
+    b.gate.punch_started(peer, Instant::now());
+    assert!(inbound_direct(&mut b, peer, 23));
+    // Another peer with a circuit is still in no punch.
+    let other = PeerId::random();
+    b.relayed_up(other, ConnectionId::new_unchecked(4));
+    assert!(!inbound_direct(&mut b, other, 5));
+    assert_eq!(refused("not_punching"), 3);
+    // A punch long over no longer lets the peer in.
+    let long_ago = Instant::now()
+        .checked_sub(gate::PUNCH_WINDOW + Duration::from_secs(1))
+        .expect("uptime");
+    b.gate.punch_started(peer, long_ago);
+    assert!(!inbound_direct(&mut b, peer, 6));
+    assert_eq!(refused("not_punching"), 4);
+    assert_eq!(refused("no_relayed_connection"), 0);
+}
+
+#[test]
+fn the_punching_peers_are_bounded() {
+    let mut g = gate::Gate::new(Duration::from_secs(5));
+    let now = Instant::now();
+    let old = now.checked_sub(gate::PUNCH_WINDOW).expect("uptime");
+    for _ in 0..gate::MAX_PUNCHING {
+        g.punch_started(PeerId::random(), old);
+    }
+    // Full of stale punches: pruned, the new one is kept.
+    let fresh = PeerId::random();
+    g.punch_started(fresh, now);
+    assert!(g.is_punching(&fresh, now));
+    for _ in 0..gate::MAX_PUNCHING {
+        g.punch_started(PeerId::random(), now);
+    }
+    // Full of live ones: the next is not kept (its connection would be
+    // refused; the call stays relayed).
+    let late = PeerId::random();
+    g.punch_started(late, now);
+    assert!(!g.is_punching(&late, now));
+}
+
+#[test]
+fn a_direct_connection_whose_peer_does_not_authenticate_in_time_is_closed_and_counted() {
+    let (b, m) = behaviour(true);
+    let mut b = b.with_auth_timeout(Duration::from_secs(5));
+    let (silent, honest) = (PeerId::random(), PeerId::random());
+    for (peer, relayed) in [(silent, 1), (honest, 2)] {
+        b.relayed_up(peer, ConnectionId::new_unchecked(relayed));
+        b.gate.punch_started(peer, Instant::now());
+    }
+    let start = Instant::now();
+    assert!(inbound_direct(&mut b, silent, 10));
+    assert!(inbound_direct(&mut b, honest, 11));
+    // The honest peer's hello arrives; the engine verifies it.
+    let claims = agentmesh_proto::credential::VerifiedClaims {
+        peer: honest,
+        claims: Default::default(),
+    };
+    b.gate.heard(
+        honest,
+        ConnectionId::new_unchecked(11),
+        hello::Heard::Credential(Box::default()),
+    );
+    match next_out(&mut b) {
+        Some(ToSwarm::GenerateEvent(Event::Hello {
+            peer, connection, ..
+        })) => {
+            assert_eq!(
+                (peer, connection),
+                (honest, ConnectionId::new_unchecked(11))
+            );
+        }
+        other => panic!("the hello goes to the engine: {other:?}"),
+    }
+    assert!(b.authenticated(ConnectionId::new_unchecked(11), claims.clone()));
+    assert!(
+        !b.authenticated(ConnectionId::new_unchecked(11), claims),
+        "once"
+    );
+    // Before the deadline nothing closes.
+    assert_eq!(b.expire_unauthenticated(start + Duration::from_secs(4)), 0);
+    assert!(next_out(&mut b).is_none());
+    // Past it, the silent peer's connection closes; the honest one stays.
+    assert_eq!(b.expire_unauthenticated(start + Duration::from_secs(6)), 1);
+    match next_out(&mut b) {
+        Some(ToSwarm::CloseConnection {
+            peer_id,
+            connection,
+        }) => {
+            assert_eq!(peer_id, silent);
+            assert!(
+                matches!(connection, CloseConnection::One(id) if id == ConnectionId::new_unchecked(10))
+            );
+        }
+        other => panic!("the silent connection is closed: {other:?}"),
+    }
+    assert!(next_out(&mut b).is_none());
+    // A hello arriving late changes nothing.
+    b.gate.heard(
+        silent,
+        ConnectionId::new_unchecked(10),
+        hello::Heard::Unreadable("late".into()),
+    );
+    assert!(next_out(&mut b).is_none());
+    direct_closed(&mut b, silent, 10);
+    assert_eq!(closed_count(&m, "unauthenticated"), 1);
+    assert_eq!(closed_count(&m, "closed"), 0);
+    assert_eq!(b.verified().count(), 1);
+    // A policy change no longer allowing the honest peer: closed, counted
+    // under that reason.
+    assert!(b.close_direct(ConnectionId::new_unchecked(11), "policy"));
+    assert!(
+        !b.close_direct(ConnectionId::new_unchecked(11), "policy"),
+        "once"
+    );
+    assert!(matches!(
+        next_out(&mut b),
+        Some(ToSwarm::CloseConnection { peer_id, .. }) if peer_id == honest
+    ));
+    direct_closed(&mut b, honest, 11);
+    assert_eq!(closed_count(&m, "policy"), 1);
+    assert_eq!(b.verified().count(), 0);
+    // Nothing else is counted, and nothing is left.
+    assert_eq!(closed_count(&m, "closed"), 0);
+    assert!(b.gate.next_close().is_none());
 }

@@ -14,6 +14,7 @@
 
 mod connect;
 mod conns;
+mod direct_auth;
 mod directory;
 mod goaway;
 mod idle;
@@ -100,6 +101,13 @@ pub(crate) enum Op {
     /// A policy push exchange ended, with its metric result.
     PolicyPushed {
         result: &'static str,
+    },
+    /// A direct connection's hello, to verify again now that the keys
+    /// were fetched anew.
+    DirectHello {
+        peer: PeerId,
+        conn: libp2p::swarm::ConnectionId,
+        heard: crate::direct::hello::Heard,
     },
 }
 
@@ -258,6 +266,8 @@ impl Engine {
             last_router_error: None,
             p2p_metrics,
         };
+        let ours = core.node.credential();
+        core.swarm.behaviour_mut().direct.set_credential(ours);
         core.schedule_refresh();
         core.publish_status();
         core
@@ -268,6 +278,9 @@ impl Engine {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut shutdown = self.node.shutdown.clone();
+        // Each new policy or revocation list judges the direct connections
+        // again (`direct_auth`).
+        let mut policy_changes = self.node.policy.subscribe();
         loop {
             tokio::select! {
                 biased;
@@ -276,6 +289,7 @@ impl Engine {
                         break;
                     }
                 }
+                Ok(()) = policy_changes.changed() => self.recheck_direct(),
                 event = self.swarm.select_next_some() => self.on_swarm_event(event),
                 Some(cmd) = self.cmd_rx.recv() => self.on_command(cmd),
                 Some((info, stream)) = self.goaways.next() => self.on_goaway_stream(info.peer, stream),
@@ -477,6 +491,14 @@ impl Engine {
                 self.resolve_waiters(&peer, Err(connect::dial_failure(&peer, &error)));
                 self.on_router_dial_failed(peer, &error.to_string());
             }
+            SwarmEvent::Behaviour(BehaviourEvent::Direct(crate::direct::Event::Hello {
+                peer,
+                connection,
+                heard,
+            })) => self.on_direct_hello(peer, connection, heard, false),
+            SwarmEvent::Behaviour(BehaviourEvent::Direct(crate::direct::Event::Punched(e))) => {
+                tracing::trace!(peer = %e.remote_peer_id, ok = e.result.is_ok(), "punch ended");
+            }
             SwarmEvent::Behaviour(BehaviourEvent::Relay(
                 libp2p::relay::client::Event::ReservationReqAccepted { relay_peer_id, .. },
             )) => self.on_reserved(relay_peer_id),
@@ -520,6 +542,7 @@ impl Engine {
             Op::TopUp => self.top_up(),
             Op::GoAway { router, result } => self.on_goaway(router, result),
             Op::PolicyPushed { result } => self.on_policy_pushed(result),
+            Op::DirectHello { peer, conn, heard } => self.on_direct_hello(peer, conn, heard, true),
             Op::Directory(result) => self.on_directory(*result),
             Op::Refresh(result) => self.on_refresh(*result),
             Op::TransitConnected {
@@ -551,6 +574,10 @@ impl Engine {
         self.retry_reservations(now);
         self.retry_represent(now);
         self.close_idle_relayed(now);
+        self.swarm
+            .behaviour_mut()
+            .direct
+            .expire_unauthenticated(now);
         self.step_lingering(now);
         let ttl = self
             .node

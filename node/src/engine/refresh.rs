@@ -147,6 +147,10 @@ impl Engine {
                 self.node.metrics.cp("refresh", true);
                 self.refresh.succeeded();
                 *self.node.credential.write() = cred.clone();
+                self.swarm
+                    .behaviour_mut()
+                    .direct
+                    .set_credential(cred.clone());
                 // Stored only when taken: an older set is not kept.
                 let keys = keys.filter(|k| self.node.set_keys(k));
                 let dir = self.node.config.data_dir.clone();

@@ -32,19 +32,35 @@ pub const UPGRADE_RESULTS: &[&str] = &[
 /// through a router), `direct_off` (`--direct=false`: nothing is accepted
 /// on the listening port), `pending_full` / `source_pending_full` (at
 /// accept: `--direct-max-pending-inbound` handshakes in progress, or
-/// `--direct-max-pending-inbound-per-source` from that IP).
+/// `--direct-max-pending-inbound-per-source` from that IP),
+/// `not_punching` (the peer holds a relayed connection to us but no punch
+/// with it is under way: dcutr's exchange with it did not end in the last
+/// 10 s).
 pub const INBOUND_REFUSED_REASONS: &[&str] = &[
     "no_relayed_connection",
     "direct_off",
     "pending_full",
     "source_pending_full",
+    "not_punching",
 ];
 
 /// Why a direct connection to a member closed: `timed_out` (bytes stayed
 /// unacknowledged past `--direct-tcp-user-timeout-secs`, or the kernel gave
 /// up retransmitting: the path died), `error` (another connection error),
-/// `closed` (no error: idle, or closed by either side).
-pub const DIRECT_CLOSE_REASONS: &[&str] = &["timed_out", "error", "closed"];
+/// `closed` (no error: idle, or closed by either side), and closed by us
+/// for what the peer is: `unauthenticated` (no credential that verifies
+/// within `--direct-auth-timeout-ms`, or a bad one), `revoked` (its
+/// credential's node or token is revoked, at the hello or by a later
+/// revocation list), `policy` (the access policy in force grants neither
+/// of us a service of the other).
+pub const DIRECT_CLOSE_REASONS: &[&str] = &[
+    "timed_out",
+    "error",
+    "closed",
+    "unauthenticated",
+    "revoked",
+    "policy",
+];
 
 /// Our NAT kind as the routers' observations classify it (`status` shows
 /// the same): `unknown`, `one_observation`, `endpoint_independent`,
@@ -154,7 +170,7 @@ impl DirectMetrics {
         );
         r.register(
             "inbound_refused",
-            "Inbound direct connections closed at once, by reason (no_relayed_connection: the peer holds no relayed connection to us; direct_off; pending_full and source_pending_full: too many handshakes in progress, in total or from that IP)",
+            "Inbound direct connections closed at once, by reason (no_relayed_connection: the peer holds no relayed connection to us; direct_off; pending_full and source_pending_full: too many handshakes in progress, in total or from that IP; not_punching: the peer holds a relayed connection but no punch with it is under way)",
             self.inbound_refused.clone(),
         );
         r.register(
@@ -189,7 +205,7 @@ impl DirectMetrics {
         );
         r.register(
             "direct_closed",
-            "Direct connections closed, by reason (timed_out: bytes stayed unacknowledged past --direct-tcp-user-timeout-secs or the kernel gave up, the path died; error: another connection error; closed: no error, idle or closed by either side)",
+            "Direct connections closed, by reason (timed_out: bytes stayed unacknowledged past --direct-tcp-user-timeout-secs or the kernel gave up, the path died; error: another connection error; closed: no error, idle or closed by either side; unauthenticated: no verified credential within --direct-auth-timeout-ms, or a bad one; revoked: the peer's node or token is revoked; policy: the access policy grants neither side a service of the other)",
             self.direct_closed.clone(),
         );
     }

@@ -324,7 +324,8 @@ async fn run_cell(net: &Net, i: usize, cell: Cell) -> Outcome {
 }
 
 /// `m`'s punch results (`agentmesh_node_upgrade_attempts_total` by result,
-/// those above zero) and port-reuse fallbacks, for the report.
+/// those above zero), port-reuse fallbacks, and direct connections refused
+/// or closed for what their peer is, for the report.
 async fn punches(m: &Member) -> String {
     let text = m.metrics().await;
     let mut out = Vec::new();
@@ -341,6 +342,22 @@ async fn punches(m: &Member) -> String {
         let n = agentmesh_testkit::metric(&text, &format!("agentmesh_node_{counter}_total"));
         if n > 0.0 {
             out.push(format!("{counter}={n}"));
+        }
+    }
+    // Direct connections refused at once, or closed for what the peer is
+    // (none expected between honest members).
+    for reason in agentmesh_node::metrics::INBOUND_REFUSED_REASONS {
+        let series = format!(r#"agentmesh_node_inbound_refused_total{{reason="{reason}"}}"#);
+        let n = agentmesh_testkit::metric(&text, &series);
+        if n > 0.0 {
+            out.push(format!("refused_{reason}={n}"));
+        }
+    }
+    for reason in ["unauthenticated", "revoked", "policy"] {
+        let series = format!(r#"agentmesh_node_direct_closed_total{{reason="{reason}"}}"#);
+        let n = agentmesh_testkit::metric(&text, &series);
+        if n > 0.0 {
+            out.push(format!("closed_{reason}={n}"));
         }
     }
     out.join(" ")

@@ -10,6 +10,7 @@ mod support;
 
 mod across_nats;
 mod direct;
+mod direct_rules;
 mod matrix;
 mod nat_link;
 mod router_link;

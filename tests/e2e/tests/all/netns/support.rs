@@ -17,7 +17,7 @@ use agentmesh_controlplane::client::{Client, ClientConfig};
 use agentmesh_netns::{Host, Nat, NatKind, Proc, Testbed, testbed_or_skip};
 use agentmesh_node::status::report::Report;
 use agentmesh_proto::credential::map_to_labels;
-use agentmesh_proto::pb::controlplane::CreateTokenRequest;
+use agentmesh_proto::pb::controlplane::{ApplyPolicyRequest, CreateTokenRequest};
 use agentmesh_proto::pb::credential::{Role, TokenKind};
 use libp2p::PeerId;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
@@ -241,6 +241,57 @@ impl Net {
             })
             .await
             .expect("token task")
+    }
+
+    /// A client of the control plane's admin API, on its host.
+    async fn admin<T, F, Fut>(&self, f: F) -> T
+    where
+        F: FnOnce(Client) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let url = self.cp_url.clone();
+        self.cp_host
+            .spawn(async move {
+                let client = Client::new(ClientConfig {
+                    url,
+                    ca_pem: None,
+                    retry_budget: Duration::from_secs(30),
+                    rpc_timeout: Duration::from_secs(10),
+                })
+                .expect("client");
+                f(client).await
+            })
+            .await
+            .expect("admin task")
+    }
+
+    /// Applies the access policy `text` through the admin API.
+    pub(crate) async fn apply_policy(&self, text: &str) {
+        let text = text.to_string();
+        self.admin(|c| async move {
+            c.apply_policy(
+                ADMIN,
+                ApplyPolicyRequest {
+                    text,
+                    dry_run: false,
+                    author: "netns test".into(),
+                },
+            )
+            .await
+            .expect("policy applied");
+        })
+        .await;
+    }
+
+    /// Revokes the member `peer` through the admin API.
+    pub(crate) async fn revoke_node(&self, peer: PeerId) {
+        self.admin(move |c| async move {
+            c.revoke_node(ADMIN, &peer, "netns test")
+                .await
+                .expect("revoked");
+        })
+        .await;
     }
 
     /// Starts router `name` (labelled `name=NAME`) on a public host of its
