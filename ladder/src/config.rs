@@ -143,6 +143,12 @@ pub struct FleetConfig {
     /// Echo calls per second per worker during an event window.
     #[arg(long, default_value_t = DEFAULT_WINDOW_CALLS_PER_SEC)]
     pub window_calls_per_sec: u32,
+    /// Members run with direct connections on (node `--direct`): each
+    /// listens on one TCP port and dials from it, so its cost in memory
+    /// and file descriptors shows beside a run without. On one host's
+    /// loopback no punch is made (punches never dial loopback).
+    #[arg(long)]
+    pub member_direct: bool,
     /// Directory for data, tokens and logs (default: a new directory under the
     /// system temp dir). An earlier run's database, logs and member data there
     /// are removed first; router keys are kept.
@@ -191,6 +197,7 @@ impl Default for FleetConfig {
             call_budget_secs: DEFAULT_CALL_BUDGET_SECS,
             member_ping_interval_secs: DEFAULT_MEMBER_PING_INTERVAL_SECS,
             window_calls_per_sec: DEFAULT_WINDOW_CALLS_PER_SEC,
+            member_direct: false,
             work_dir: None,
             admin_token_file: None,
             attack: crate::attack::AttackConfig::default(),
@@ -375,6 +382,9 @@ pub struct WorkerConfig {
     /// Echo calls per second during an event window.
     #[arg(long, default_value_t = DEFAULT_WINDOW_CALLS_PER_SEC)]
     pub window_calls_per_sec: u32,
+    /// Members run with direct connections on (node `--direct`).
+    #[arg(long)]
+    pub member_direct: bool,
     /// The propagation events' part (second service, revocable token).
     #[command(flatten)]
     pub propagation: crate::propagation::PropagationWorkerConfig,

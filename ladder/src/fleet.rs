@@ -156,6 +156,9 @@ impl Fleet {
         for e in &c.control_plane_endpoints {
             args.extend(["--control-plane-endpoint".into(), e.clone()]);
         }
+        if c.member_direct {
+            args.push("--member-direct".into());
+        }
         args.extend(c.propagation.args());
         let log = self.dir.join(format!("worker-{index}.log"));
         let log_file = std::fs::File::create(&log)

@@ -44,6 +44,8 @@ pub struct MemberSpec {
     pub ping_interval: Duration,
     /// A second service name exposed on the echo backend, for providers.
     pub expose_also: Option<String>,
+    /// Direct connections on (node `--direct`).
+    pub direct: bool,
 }
 
 /// Time the node's own `call()` may take past its budget before the ladder
@@ -273,6 +275,10 @@ impl Member {
             connections: node_config::ConnectionConfig {
                 dial_source_ip: spec.dial_source_ip,
                 ping_interval: spec.ping_interval,
+                ..Default::default()
+            },
+            direct: node_config::DirectConfig {
+                enabled: spec.direct,
                 ..Default::default()
             },
             call_timeout: spec.call_timeout,

@@ -315,6 +315,7 @@ async fn run(
         call_budget_secs: cfg.call_budget_secs,
         member_ping_interval_secs: cfg.member_ping_interval_secs,
         window_calls_per_sec: cfg.window_calls_per_sec,
+        member_direct: cfg.member_direct,
         propagation: hold::policy::worker_config(&target, &cfg),
     };
     let mut fleet = Fleet::new(ladder.clone(), base.clone(), dir, capacity);

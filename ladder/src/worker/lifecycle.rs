@@ -51,6 +51,7 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
         call_timeout: Duration::from_secs(shared.cfg.call_timeout_secs.max(1)),
         ping_interval: Duration::from_secs(shared.cfg.member_ping_interval_secs.max(1)),
         expose_also: shared.cfg.propagation.expose_also.clone(),
+        direct: shared.cfg.member_direct,
     };
     let member = match Member::start(spec).await {
         Ok(m) => Arc::new(m),
