@@ -322,9 +322,12 @@ pub(crate) async fn lease(cp: &Cp) {
         .collect();
     let labels = map_to_labels(&cp.config.labels);
     let draining = cp.readiness.get().draining;
-    let result = cp
+    // A frozen replica costs one short attempt, then the next replica.
+    let client = cp
         .link
         .client
+        .with_attempt_timeout(cp.config.control_plane.lease_attempt_timeout());
+    let result = client
         .router_lease(&cred, &cp.keypair, addrs, labels, load(cp), draining)
         .await;
     match result {

@@ -227,6 +227,9 @@ pub enum Connections {
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+    /// Deadline of one attempt: the config's `rpc_timeout`, or less for a
+    /// client made by [`Client::with_attempt_timeout`].
+    rpc_timeout: Duration,
 }
 
 struct Inner {
@@ -236,7 +239,6 @@ struct Inner {
     endpoints: Endpoints,
     connections: Connections,
     retry_budget: Duration,
-    rpc_timeout: Duration,
     clock: SharedClock,
 }
 
@@ -341,10 +343,27 @@ impl Client {
                 endpoints,
                 connections: dialing.connections,
                 retry_budget: cfg.retry_budget,
-                rpc_timeout: cfg.rpc_timeout,
                 clock,
             }),
+            rpc_timeout: cfg.rpc_timeout,
         })
+    }
+
+    /// This client (the same endpoints, connections and retry budget) with
+    /// each attempt ending within `attempt` (at most the configured rpc
+    /// timeout): for a call that must not wait a whole rpc timeout on one
+    /// frozen replica before it tries the next, as a router's lease, which
+    /// must land within its TTL.
+    pub fn with_attempt_timeout(&self, attempt: Duration) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            rpc_timeout: attempt.min(self.rpc_timeout).max(Duration::from_millis(1)),
+        }
+    }
+
+    /// The deadline of one attempt.
+    pub fn attempt_timeout(&self) -> Duration {
+        self.rpc_timeout
     }
 
     /// The client's clock now.
@@ -451,7 +470,7 @@ impl Client {
 
     fn request<T>(&self, msg: T) -> Request<T> {
         let mut r = Request::new(msg);
-        r.set_timeout(self.inner.rpc_timeout);
+        r.set_timeout(self.rpc_timeout);
         r
     }
 
@@ -659,7 +678,7 @@ impl Client {
         loop {
             attempts = attempts.saturating_add(1);
             let call = attempt(self.grpc_at(at));
-            let status = match tokio::time::timeout(self.inner.rpc_timeout, call).await {
+            let status = match tokio::time::timeout(self.rpc_timeout, call).await {
                 Ok(Ok(resp)) => {
                     return Ok(Answered {
                         answer: resp.into_inner(),
@@ -671,7 +690,7 @@ impl Client {
                 Err(_) => Status::deadline_exceeded(format!(
                     "{method}: no answer from {} within {:?}",
                     self.inner.endpoints.get(at).address,
-                    self.inner.rpc_timeout
+                    self.rpc_timeout
                 )),
             };
             let elsewhere = endpoint_failed(&status);

@@ -180,3 +180,60 @@ fn a_malformed_dns_endpoint_is_refused_at_start() {
     };
     assert!(err.to_string().contains("NAME:PORT"), "{err}");
 }
+
+/// A client made with a shorter attempt timeout (a router's lease) leaves
+/// a frozen replica after that, not after the configured rpc timeout: the
+/// call past the frozen endpoint ends well before one rpc timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_attempt_timeout_leaves_a_frozen_replica_before_the_rpc_timeout() {
+    let db = TestDb::new(Backend::Sqlite).await.expect("sqlite");
+    let mut cfg = db.config();
+    cfg.public_url = Some(LOGICAL.into());
+    let a = spawn(cfg).await.expect("a");
+    let frozen = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let frozen_addr = frozen.local_addr().expect("addr");
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = frozen.accept().await {
+            conns.push(c);
+        }
+    });
+    let rpc_timeout = Duration::from_secs(10);
+    let client = Client::with_endpoints(
+        ClientConfig {
+            url: LOGICAL.into(),
+            retry_budget: Duration::from_secs(60),
+            rpc_timeout,
+            ca_pem: None,
+        },
+        Connections::PerCall,
+        &[
+            format!("http://{frozen_addr}"),
+            format!("http://{}", a.grpc_addr()),
+        ],
+    )
+    .expect("client");
+    let short = client.with_attempt_timeout(Duration::from_millis(300));
+    assert_eq!(short.attempt_timeout(), Duration::from_millis(300));
+    assert_eq!(
+        client
+            .with_attempt_timeout(Duration::from_secs(60))
+            .attempt_timeout(),
+        rpc_timeout,
+        "never longer than the configured one"
+    );
+    let started = tokio::time::Instant::now();
+    short
+        .get_keys()
+        .await
+        .expect("keys past the frozen replica");
+    assert!(
+        started.elapsed() < rpc_timeout,
+        "the frozen replica held the call {:?}, as long as a whole rpc timeout",
+        started.elapsed()
+    );
+    held.abort();
+    a.shutdown().await;
+}

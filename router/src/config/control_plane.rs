@@ -108,6 +108,46 @@ impl ControlPlaneConfig {
     pub(crate) fn skew_secs(&self) -> i64 {
         i64::try_from(self.clock_skew.as_secs()).unwrap_or(i64::MAX)
     }
+
+    /// Deadline of one lease attempt: a third of the lease interval (5 s
+    /// by default), at most the rpc timeout. A lease sent to a replica
+    /// that froze keeps its connection open and answers nothing; waiting
+    /// the whole rpc timeout there (10 s) before the next replica would
+    /// leave a lease sent 15 s after the last only 5 s of its 30 s TTL.
+    pub fn lease_attempt_timeout(&self) -> Duration {
+        (self.lease_interval / 3)
+            .min(self.rpc_timeout)
+            .max(Duration::from_secs(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_attempt_ends_within_a_third_of_the_interval() {
+        let c = ControlPlaneConfig::default();
+        assert_eq!(c.lease_attempt_timeout(), Duration::from_secs(5));
+        let slow = ControlPlaneConfig {
+            lease_interval: Duration::from_secs(60),
+            ..ControlPlaneConfig::default()
+        };
+        assert_eq!(
+            slow.lease_attempt_timeout(),
+            slow.rpc_timeout,
+            "never above the rpc timeout"
+        );
+        let fast = ControlPlaneConfig {
+            lease_interval: Duration::from_secs(1),
+            ..ControlPlaneConfig::default()
+        };
+        assert_eq!(
+            fast.lease_attempt_timeout(),
+            Duration::from_secs(1),
+            "at least a second"
+        );
+    }
 }
 
 /// How the policy reaches the router and goes on to its members: the
