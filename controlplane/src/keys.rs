@@ -23,6 +23,7 @@
 //! one failing over to a replica whose view has not reloaded yet keeps the
 //! newer keys it holds.
 
+use agentmesh_proto::order::KeyOrder;
 use std::sync::{
     Arc, RwLock, RwLockReadGuard, RwLockWriteGuard,
     atomic::{AtomicU64, Ordering},
@@ -74,7 +75,7 @@ struct Verifiers {
 }
 
 impl Verifiers {
-    fn build(keys: &[LoadedKey], (epoch, generation): (u64, u64), now: i64) -> Self {
+    fn build(keys: &[LoadedKey], order: KeyOrder, now: i64) -> Self {
         let live = keys
             .iter()
             .filter(|k| k.row.verify_until == 0 || k.row.verify_until > now);
@@ -88,8 +89,9 @@ impl Verifiers {
                     verify_until_unix_secs: k.row.verify_until,
                 })
                 .collect(),
-            epoch,
-            generation,
+            epoch: order.epoch,
+            generation: order.generation,
+            epoch_created_at_unix_secs: order.epoch_created_at,
         };
         let until = live
             .filter(|k| k.row.verify_until != 0)
@@ -116,8 +118,8 @@ struct Loaded {
     /// The number of the reload that installed this.
     reload: u64,
     keys: Vec<LoadedKey>,
-    /// `(epoch, generation)` read with `keys`.
-    order: (u64, u64),
+    /// The epoch (and when it began) and generation read with `keys`.
+    order: KeyOrder,
     next_rotation_at: Option<i64>,
     verifiers: Option<Verifiers>,
 }
@@ -210,7 +212,11 @@ impl Keys {
         // Unchanged rows of the same generation keep the view; anything
         // else drops it, so no call after this one sees the old keys (or
         // the old generation: a reseal rewrites rows that open the same).
-        let order = (stored.epoch, stored.generation);
+        let order = KeyOrder {
+            epoch: stored.epoch,
+            generation: stored.generation,
+            epoch_created_at: stored.epoch_created_at,
+        };
         if loaded.order != order || !loaded.keys.iter().map(|k| &k.row).eq(stored.rows.iter()) {
             loaded.keys = parse_keys(stored.rows)?;
             loaded.order = order;

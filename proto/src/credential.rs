@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use libp2p_identity::{PeerId, ed25519};
 use prost::Message;
 
-use crate::order::key_set_replaces;
+use crate::order::{KeyOrder, key_set_replaces};
 use crate::pb::credential::{Claims, Credential, KeySet, Label, Revocation, Role, TokenKind};
 
 /// Domain separation: a credential signature can never be mistaken for any
@@ -117,9 +117,9 @@ pub struct Trust {
     /// Token ids revoked, each until its last credential's expiry: one
     /// entry however many members enrolled through the token.
     revoked_tokens: HashMap<String, i64>,
-    /// `(epoch, generation)` of the key set held ((0, 0): none, or one
-    /// from a control plane that predates them).
-    key_order: (u64, u64),
+    /// The order of the key set held ((0, 0): none, or one from a control
+    /// plane that predates it).
+    key_order: KeyOrder,
 }
 
 #[derive(Debug, Clone)]
@@ -139,13 +139,13 @@ impl Trust {
     /// `(epoch, generation)` of the key set held ((0, 0): none, or one
     /// from a control plane that predates them).
     pub fn key_order(&self) -> (u64, u64) {
-        self.key_order
+        self.key_order.pair()
     }
 
     /// Whether `keys` would replace the set held: it does not go back
     /// ([`key_set_replaces`], the one rule every holder applies).
     pub fn takes_keys(&self, keys: &KeySet) -> bool {
-        key_set_replaces(self.key_order, (keys.epoch, keys.generation))
+        key_set_replaces(self.key_order, KeyOrder::from(keys))
     }
 
     /// Replaces the keys with `keys` if it does not go back (see
@@ -162,7 +162,7 @@ impl Trust {
     /// Replaces the keys, whatever their order (the control plane's own
     /// view, and a holder's first set).
     pub fn set_keys(&mut self, keys: &KeySet) {
-        self.key_order = (keys.epoch, keys.generation);
+        self.key_order = KeyOrder::from(keys);
         self.keys = keys
             .keys
             .iter()

@@ -133,10 +133,14 @@ async fn the_generation_moves_with_every_key_write_and_only_then(b: Backend) {
 
     // A new epoch (after a restore from a dump) is the set's epoch, with
     // the generation it had.
+    // It carries when the epoch began: never before the one it replaced,
+    // so a holder of the new set refuses a lagging replica's old one.
+    assert!(g4.epoch_created_at > 0, "{g4:?}");
     let epoch = s.new_policy_epoch().await.expect("epoch");
     let g5 = s.keys().await.expect("keys");
     assert_eq!((g5.epoch, g5.generation), (epoch, g4.generation));
     assert_eq!(g5.rows, g4.rows);
+    assert!(g5.epoch_created_at >= g4.epoch_created_at, "{g5:?} {g4:?}");
 }
 
 async fn two_stores_read_one_key_set_per_generation(b: Backend) {

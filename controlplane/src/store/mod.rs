@@ -266,6 +266,8 @@ pub struct StoredKeys {
     /// Bumped in the transaction of every row written to or deleted from
     /// `signing_keys` (a trigger), so it follows their commit order.
     pub generation: u64,
+    /// When the epoch began (`policy_epoch.created_at`; 0: no epoch yet).
+    pub epoch_created_at: i64,
     /// Every key, opened, in signing order.
     pub rows: Vec<SigningKeyRow>,
 }

@@ -106,9 +106,52 @@ async fn a_holder_of_one_replicas_newer_keys_refuses_a_lagging_replicas_set(db: 
     b.shutdown().await;
 }
 
+/// `store new-policy-epoch` while a replica runs: the set it serves
+/// afterwards (once it reloaded) is of the new epoch, which began later;
+/// a holder of it refuses the old epoch's set a lagging replica would
+/// still serve (before, any other epoch replaced the set held, so holders
+/// flipped between the two until every replica reloaded).
+async fn a_holder_of_a_new_epochs_keys_refuses_the_old_epochs_set(db: TestDb) {
+    let mut cfg = db.config();
+    cfg.key_check_interval_secs = 1;
+    let a = spawn(cfg).await.expect("replica");
+    let ca = client(&a);
+    let old = ca.get_keys().await.expect("keys");
+    assert!(old.epoch_created_at_unix_secs > 0, "{old:?}");
+    // The epoch's beginning is in whole seconds: let one pass, so the new
+    // epoch begins strictly later (polled, not assumed after a sleep).
+    while agentmesh_proto::unix_now() <= old.epoch_created_at_unix_secs {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let epoch = agentmesh_controlplane::offline::new_policy_epoch(db.url())
+        .await
+        .expect("new epoch");
+    let deadline = tokio::time::Instant::now() + CATCH_UP;
+    let new = loop {
+        let k = ca.get_keys().await.expect("keys");
+        if k.epoch == epoch {
+            break k;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the replica never served the new epoch"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(new.epoch_created_at_unix_secs > old.epoch_created_at_unix_secs);
+    let mut holder = Trust::new(&KeySet::default());
+    assert!(holder.offer_keys(&old));
+    assert!(holder.offer_keys(&new), "the new epoch replaces the old");
+    assert!(!holder.offer_keys(&old), "the old epoch never comes back");
+    assert_eq!(holder.key_order(), (new.epoch, new.generation));
+    a.shutdown().await;
+}
+
 on_both!(
     #[tokio::test]
     every_key_set_served_carries_a_generation_that_rises_with_a_rotation;
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     a_holder_of_one_replicas_newer_keys_refuses_a_lagging_replicas_set;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_holder_of_a_new_epochs_keys_refuses_the_old_epochs_set;
 );

@@ -58,6 +58,7 @@ fn key_set(id: &str, generation: u64) -> KeySet {
         }],
         epoch: 7,
         generation,
+        epoch_created_at_unix_secs: 1_000,
     }
 }
 

@@ -4,7 +4,10 @@
 //! update of the deadline, and every secret is sealed with the
 //! key-encryption key on the way in and opened on the way out.
 
-use super::{LOCK_KEYS, PostgresStore, Tx, rows::epoch_and_generation};
+use super::{
+    LOCK_KEYS, PostgresStore, Tx,
+    rows::{epoch_and_generation, epoch_created_at},
+};
 use crate::store::{SigningKeyRow, StoreError, StoredKeys, snapshot::KeyEntry};
 
 impl PostgresStore {
@@ -81,11 +84,13 @@ pub(super) async fn keys(store: &PostgresStore) -> Result<StoredKeys, StoreError
     let (mut conn, ms) = store.conn().await?;
     let tx = PostgresStore::read_snapshot(&mut conn, ms).await?;
     let (epoch, generation) = epoch_and_generation(&tx, "key_generation").await?;
+    let epoch_created_at = epoch_created_at(&tx).await?;
     let keys = store.read_keys(&tx).await?;
     tx.commit().await?;
     Ok(StoredKeys {
         epoch,
         generation,
+        epoch_created_at,
         rows: keys.into_iter().map(|k| k.row).collect(),
     })
 }

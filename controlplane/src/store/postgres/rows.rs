@@ -30,6 +30,19 @@ pub(super) async fn epoch_and_generation(
     ))
 }
 
+/// When the database's epoch began, as read in the caller's transaction
+/// (0 before it has one).
+pub(super) async fn epoch_created_at(tx: &Tx<'_>) -> Result<i64, StoreError> {
+    let row = tx
+        .query_one(
+            "SELECT (SELECT created_at FROM policy_epoch WHERE id = 1)",
+            &[],
+        )
+        .await?;
+    let at: Option<i64> = row.get(0);
+    Ok(at.unwrap_or(0).max(0))
+}
+
 pub(super) fn int<T: TryFrom<i64>>(
     table: &'static str,
     col: &str,

@@ -5,7 +5,10 @@
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::{Inner, rows::epoch_and_generation};
+use super::{
+    Inner,
+    rows::{epoch_and_generation, epoch_created_at},
+};
 use crate::store::{Kek, SigningKeyRow, StoreError, StoredKeys, snapshot::KeyEntry};
 
 impl Inner {
@@ -16,6 +19,7 @@ impl Inner {
         let conn = self.readers.get()?;
         let tx = conn.unchecked_transaction()?;
         let (epoch, generation) = epoch_and_generation(&tx, "key_generation")?;
+        let epoch_created_at = epoch_created_at(&tx)?;
         let rows = read_keys(&tx, &self.kek)?
             .into_iter()
             .map(|k| k.row)
@@ -24,6 +28,7 @@ impl Inner {
         Ok(StoredKeys {
             epoch,
             generation,
+            epoch_created_at,
             rows,
         })
     }

@@ -29,6 +29,17 @@ pub(super) fn epoch_and_generation(
     ))
 }
 
+/// When the database's epoch began, as read in the caller's transaction
+/// (0 before it has one).
+pub(super) fn epoch_created_at(conn: &Connection) -> Result<i64, StoreError> {
+    let at: Option<i64> = conn.query_row(
+        "SELECT (SELECT created_at FROM policy_epoch WHERE id = 1)",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(at.unwrap_or(0).max(0))
+}
+
 pub(super) fn node_from_row(r: &Row<'_>) -> rusqlite::Result<(NodeRow, String)> {
     Ok((
         NodeRow {
