@@ -224,6 +224,9 @@ pub struct DirectArgs {
     /// With --direct: how long written bytes may stay unacknowledged on a TCP connection before the kernel drops it (TCP_USER_TIMEOUT; a dead direct path fails its calls over to the relay), seconds (0: the kernel's default).
     #[arg(long, default_value_t = config::DEFAULT_DIRECT_TCP_USER_TIMEOUT_SECS)]
     pub direct_tcp_user_timeout_secs: u64,
+    /// For tests and benches with every member on one host only: let punches dial loopback addresses, true|false (default: false; needs --direct=true; a peer could then make this node dial any port of its own host).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub direct_allow_loopback_targets: bool,
 }
 
 impl From<DirectArgs> for config::DirectConfig {
@@ -237,6 +240,7 @@ impl From<DirectArgs> for config::DirectConfig {
             max_pending_inbound: a.direct_max_pending_inbound,
             max_pending_inbound_per_source: a.direct_max_pending_inbound_per_source,
             tcp_user_timeout: Duration::from_secs(a.direct_tcp_user_timeout_secs),
+            allow_loopback_targets: a.direct_allow_loopback_targets,
         }
     }
 }

@@ -236,6 +236,11 @@ fn validate(config: &Config) -> Result<(), SpawnError> {
     if config.routers.count == 0 {
         return Err(SpawnError::Config("--routers must be at least 1".into()));
     }
+    if config.direct.allow_loopback_targets && !config.direct.enabled {
+        return Err(SpawnError::Config(
+            "--direct-allow-loopback-targets needs --direct=true (it is about punches)".into(),
+        ));
+    }
     let mut seen = HashSet::new();
     for (name, _) in &config.services.expose {
         if !seen.insert(name) {

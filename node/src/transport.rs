@@ -89,6 +89,8 @@ pub(crate) struct Dialing {
     pub(crate) max_pending_inbound: (usize, usize),
     /// `TCP_USER_TIMEOUT` of the listening port's sockets, when listening.
     pub(crate) tcp_user_timeout: Option<std::time::Duration>,
+    /// Punches may dial loopback (`--direct-allow-loopback-targets`).
+    pub(crate) loopback_targets: bool,
 }
 
 /// Plain TCP: dial-only [`DialTcp`], or with `reuse` [`reuse::ReuseTcp`]
@@ -177,6 +179,7 @@ pub(crate) async fn build(
             config.direct.max_pending_inbound_per_source,
         ),
         tcp_user_timeout: Some(config.direct.tcp_user_timeout).filter(|d| !d.is_zero()),
+        loopback_targets: config.direct.allow_loopback_targets,
     };
     build_swarm(
         key,
@@ -264,6 +267,7 @@ pub(crate) async fn build_swarm(
                 .unwrap_or_default(),
         )
         .with_backoff(dialing.punch_backoff)
+        .with_loopback_targets(dialing.loopback_targets)
         .with_pending_limits(dialing.max_pending_inbound.0, dialing.max_pending_inbound.1),
         relay: relay_client,
         stream: agentmesh_streams::Behaviour::with_limits(streams, pending),
