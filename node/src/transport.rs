@@ -149,6 +149,15 @@ pub(crate) fn window_limits(config: &crate::config::ConnectionConfig) -> WindowL
     }
 }
 
+/// The yamux upgrade of a member with `connections`: its receive-window
+/// limits and inbound-stream buffer (drops counted nowhere). For the
+/// ladder's bench, whose bare libp2p floor must mux as a member does.
+pub(crate) fn member_yamux(
+    connections: &crate::config::ConnectionConfig,
+) -> Result<muxer::YamuxUpgrade, muxer::LimitsError> {
+    muxer::yamux_upgrade(window_limits(connections), Counter::default())
+}
+
 /// Builds the node's swarm from its config, `yamux_inbound_streams_dropped`
 /// counting in `metrics`.
 pub(crate) async fn build(
