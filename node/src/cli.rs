@@ -227,6 +227,9 @@ pub struct DirectArgs {
     /// With --direct: how long a direct connection to a member may stay open before the peer's credential arrives on it and verifies; then it is closed (direct_closed_total{reason="unauthenticated"}), milliseconds.
     #[arg(long, default_value_t = config::DEFAULT_DIRECT_AUTH_TIMEOUT_MS)]
     pub direct_auth_timeout_ms: u64,
+    /// For tests and benches with every member on one host only: let punches dial loopback addresses, true|false (default: false; needs --direct=true; a peer could then make this node dial any port of its own host).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub direct_allow_loopback_targets: bool,
 }
 
 impl From<DirectArgs> for config::DirectConfig {
@@ -241,6 +244,7 @@ impl From<DirectArgs> for config::DirectConfig {
             max_pending_inbound_per_source: a.direct_max_pending_inbound_per_source,
             tcp_user_timeout: Duration::from_secs(a.direct_tcp_user_timeout_secs),
             auth_timeout: Duration::from_millis(a.direct_auth_timeout_ms.max(1)),
+            allow_loopback_targets: a.direct_allow_loopback_targets,
         }
     }
 }

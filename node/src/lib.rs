@@ -232,9 +232,26 @@ impl NodeHandle {
     }
 }
 
+/// The yamux upgrade a member puts on every TCP and relayed connection,
+/// with the receive-window limits of `connections` (`--yamux-max-streams`,
+/// `--yamux-connection-window-kib`) and the member's bound on inbound
+/// streams it buffers. For benches whose bare libp2p floor must mux as a
+/// member does (`agentmesh-ladder bench`); an error names the limits yamux
+/// cannot take.
+pub fn member_yamux(
+    connections: &config::ConnectionConfig,
+) -> Result<agentmesh_streams::yamux::YamuxUpgrade, String> {
+    transport::member_yamux(connections).map_err(|e| e.to_string())
+}
+
 fn validate(config: &Config) -> Result<(), SpawnError> {
     if config.routers.count == 0 {
         return Err(SpawnError::Config("--routers must be at least 1".into()));
+    }
+    if config.direct.allow_loopback_targets && !config.direct.enabled {
+        return Err(SpawnError::Config(
+            "--direct-allow-loopback-targets needs --direct=true (it is about punches)".into(),
+        ));
     }
     let mut seen = HashSet::new();
     for (name, _) in &config.services.expose {

@@ -91,6 +91,8 @@ pub(crate) struct Dialing {
     pub(crate) tcp_user_timeout: Option<std::time::Duration>,
     /// How long the peer of a direct connection has to authenticate.
     pub(crate) auth_timeout: Duration,
+    /// Punches may dial loopback (`--direct-allow-loopback-targets`).
+    pub(crate) loopback_targets: bool,
 }
 
 /// Plain TCP: dial-only [`DialTcp`], or with `reuse` [`reuse::ReuseTcp`]
@@ -149,6 +151,15 @@ pub(crate) fn window_limits(config: &crate::config::ConnectionConfig) -> WindowL
     }
 }
 
+/// The yamux upgrade of a member with `connections`: its receive-window
+/// limits and inbound-stream buffer (drops counted nowhere). For the
+/// ladder's bench, whose bare libp2p floor must mux as a member does.
+pub(crate) fn member_yamux(
+    connections: &crate::config::ConnectionConfig,
+) -> Result<muxer::YamuxUpgrade, muxer::LimitsError> {
+    muxer::yamux_upgrade(window_limits(connections), Counter::default())
+}
+
 /// Builds the node's swarm from its config, `yamux_inbound_streams_dropped`
 /// counting in `metrics`.
 pub(crate) async fn build(
@@ -180,6 +191,7 @@ pub(crate) async fn build(
         ),
         tcp_user_timeout: Some(config.direct.tcp_user_timeout).filter(|d| !d.is_zero()),
         auth_timeout: config.direct.auth_timeout,
+        loopback_targets: config.direct.allow_loopback_targets,
     };
     build_swarm(
         key,
@@ -267,6 +279,7 @@ pub(crate) async fn build_swarm(
                 .unwrap_or_default(),
         )
         .with_backoff(dialing.punch_backoff)
+        .with_loopback_targets(dialing.loopback_targets)
         .with_pending_limits(dialing.max_pending_inbound.0, dialing.max_pending_inbound.1)
         .with_auth_timeout(dialing.auth_timeout),
         relay: relay_client,

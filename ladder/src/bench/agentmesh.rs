@@ -5,7 +5,10 @@
 //! (`bench-same`: the call is relayed by the router both members hold)
 //! and a provider on r1 (`bench-transit`: the caller reaches r1 over a
 //! transit connection and is relayed there). Both providers `--expose`
-//! the bench's backend.
+//! the bench's backend. A second pair on r0 runs with `--direct=true` and
+//! `--direct-allow-loopback-targets=true` (`bench-direct`): its calls go
+//! relayed first, then over the connection their punch opened
+//! ([`super::direct`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -30,6 +33,14 @@ const NODE: &str = "agentmesh-node";
 pub(super) const SAME: &str = "bench-same";
 /// The service of the provider on the other router.
 pub(super) const TRANSIT: &str = "bench-transit";
+/// The service of the provider of the direct pair.
+pub(super) const DIRECT: &str = "bench-direct";
+/// What the direct pair runs with beyond the others: direct connections,
+/// and punches to loopback (every member of the bench is on one host).
+const DIRECT_ARGS: [&str; 2] = ["--direct=true", "--direct-allow-loopback-targets=true"];
+/// Members that enroll: caller, two providers, the direct pair (a
+/// restarted member reuses its credential).
+const MEMBERS: u64 = 5;
 /// Time budget for the first call through each forward (publishing and
 /// lookups settle), with a pause between attempts.
 const FIRST_CALL_BUDGET: Duration = Duration::from_secs(90);
@@ -39,9 +50,10 @@ const PROBE_DEADLINE: Duration = Duration::from_secs(15);
 /// Grace for a child to exit after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 
-/// A child program with its name, metrics address and log.
+/// A child program and its metrics address.
 struct Proc {
     child: Child,
+    metrics: SocketAddr,
 }
 
 impl Proc {
@@ -61,6 +73,15 @@ pub(super) struct Mesh {
     pub(super) forward_same: SocketAddr,
     /// The caller's `--forward` to [`TRANSIT`].
     pub(super) forward_transit: SocketAddr,
+    /// The direct pair's caller (restarted for each time-to-direct sample).
+    direct_caller: Proc,
+    direct_provider: Proc,
+    /// The direct caller's `--forward` to [`DIRECT`] (new at each restart).
+    pub(super) forward_direct: SocketAddr,
+    /// What starting a node again needs.
+    node_bin: PathBuf,
+    node_args: Vec<String>,
+    dir: PathBuf,
 }
 
 /// The pids of one agentmesh path: caller node, the routers, provider node.
@@ -93,7 +114,7 @@ impl Mesh {
             routers: 0,
             ..LocalConfig::default()
         };
-        let mesh = LocalMesh::start(bins, cfg, dir, 3).await?;
+        let mesh = LocalMesh::start(bins, cfg, dir, MEMBERS).await?;
         let routers = start_routers(&mesh, &router_bin, dir, router_args).await?;
         let forward_same = ports::free_addr()?;
         let forward_transit = ports::free_addr()?;
@@ -123,7 +144,16 @@ impl Mesh {
                 ],
             )
             .await?;
-        for addr in [forward_same, forward_transit] {
+        let direct_provider = nodes
+            .start(
+                "bench-direct-provider",
+                0,
+                direct_args(vec![format!("--expose={DIRECT}={backend}")]),
+            )
+            .await?;
+        let forward_direct = ports::free_addr()?;
+        let direct_caller = nodes.start_direct_caller(forward_direct).await?;
+        for addr in [forward_same, forward_transit, forward_direct] {
             first_call(addr).await?;
         }
         Ok(Self {
@@ -134,7 +164,45 @@ impl Mesh {
             transit,
             forward_same,
             forward_transit,
+            direct_caller,
+            direct_provider,
+            forward_direct,
+            node_bin,
+            node_args: node_args.to_vec(),
+            dir: dir.to_path_buf(),
         })
+    }
+
+    /// The pids of the direct path.
+    pub(super) fn direct_pids(&self) -> Pids {
+        Pids {
+            caller: self.direct_caller.pid(),
+            routers: self.routers.iter().filter_map(Proc::pid).collect(),
+            provider: self.direct_provider.pid(),
+        }
+    }
+
+    /// The direct caller's metrics address.
+    pub(super) fn direct_caller_metrics(&self) -> SocketAddr {
+        self.direct_caller.metrics
+    }
+
+    /// Stops the direct pair's caller and starts it again (same key and
+    /// credential, a new listening port and `--forward` port), waiting
+    /// until it is ready: a member with no connection to the provider,
+    /// whose next call opens a new circuit and a new punch.
+    pub(super) async fn restart_direct_caller(&mut self) -> anyhow::Result<()> {
+        children::stop(&mut self.direct_caller.child, STOP_GRACE).await;
+        let nodes = Nodes {
+            bin: &self.node_bin,
+            mesh: &self.mesh,
+            dir: &self.dir,
+            node_args: &self.node_args,
+        };
+        let forward = ports::free_addr()?;
+        self.direct_caller = nodes.start_direct_caller(forward).await?;
+        self.forward_direct = forward;
+        Ok(())
     }
 
     /// The pids of the same-router path.
@@ -157,9 +225,15 @@ impl Mesh {
 
     /// Stops the nodes, the routers and the control plane.
     pub(super) async fn shutdown(mut self) {
-        for p in [&mut self.caller, &mut self.same, &mut self.transit]
-            .into_iter()
-            .chain(self.routers.iter_mut())
+        for p in [
+            &mut self.caller,
+            &mut self.same,
+            &mut self.transit,
+            &mut self.direct_caller,
+            &mut self.direct_provider,
+        ]
+        .into_iter()
+        .chain(self.routers.iter_mut())
         {
             children::stop(&mut p.child, STOP_GRACE).await;
         }
@@ -234,7 +308,23 @@ struct Nodes<'a> {
     node_args: &'a [String],
 }
 
+/// `extra` and [`DIRECT_ARGS`].
+fn direct_args(mut extra: Vec<String>) -> Vec<String> {
+    extra.extend(DIRECT_ARGS.map(String::from));
+    extra
+}
+
 impl Nodes<'_> {
+    /// The direct pair's caller, forwarding `forward` to [`DIRECT`].
+    async fn start_direct_caller(&self, forward: SocketAddr) -> anyhow::Result<Proc> {
+        self.start(
+            "bench-direct-caller",
+            0,
+            direct_args(vec![format!("--forward={forward}={DIRECT}")]),
+        )
+        .await
+    }
+
     /// Starts node `name` pinned to router `bench-r{router}` with `extra`
     /// arguments (its `--expose` or `--forward`s) and waits until it is ready.
     async fn start(&self, name: &str, router: usize, extra: Vec<String>) -> anyhow::Result<Proc> {
@@ -275,27 +365,35 @@ async fn start(
     let log: PathBuf = dir.join(format!("{name}.log"));
     let mut child = children::spawn(bin, args, &log)?;
     children::wait_ready(name, &mut child, metrics, Duration::from_secs(60), &log).await?;
-    Ok(Proc { child })
+    Ok(Proc { child, metrics })
 }
 
 /// Calls through a forward until one small sink succeeds, within
 /// [`FIRST_CALL_BUDGET`]: the provider's record reaches the caller a
 /// little after both are ready.
-async fn first_call(addr: SocketAddr) -> anyhow::Result<()> {
+pub(super) async fn first_call(addr: SocketAddr) -> anyhow::Result<()> {
     let start = Instant::now();
     let mut last = String::new();
     while start.elapsed() < FIRST_CALL_BUDGET {
-        let probe = async {
-            let mut s = tokio::net::TcpStream::connect(addr).await?;
-            super::proto::hello(&mut s, super::proto::MODE_SINK).await?;
-            super::proto::sink(s, 1024).await
-        };
-        match tokio::time::timeout(PROBE_DEADLINE, probe).await {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => last = e.to_string(),
-            Err(_) => last = format!("no answer within {PROBE_DEADLINE:?}"),
+        match probe(addr).await {
+            Ok(()) => return Ok(()),
+            Err(e) => last = format!("{e:#}"),
         }
         tokio::time::sleep(FIRST_CALL_PAUSE).await;
     }
     bail!("no call through the forward at {addr} succeeded within {FIRST_CALL_BUDGET:?}: {last}")
+}
+
+/// One call through the forward at `addr`: a sink of 1 KiB on a new
+/// connection, within [`PROBE_DEADLINE`].
+pub(super) async fn probe(addr: SocketAddr) -> anyhow::Result<()> {
+    let call = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        super::proto::hello(&mut s, super::proto::MODE_SINK).await?;
+        super::proto::sink(s, 1024).await
+    };
+    match tokio::time::timeout(PROBE_DEADLINE, call).await {
+        Ok(r) => Ok(r.map(|_| ())?),
+        Err(_) => bail!("no answer within {PROBE_DEADLINE:?}"),
+    }
 }

@@ -13,7 +13,20 @@
 //!   (8 KiB buffers each way, `TCP_NODELAY`);
 //! - agentmesh: a node's `--forward` → relayed call → a node's `--expose`
 //!   → the backend, through one router, and with caller and provider on
-//!   different routers (transit).
+//!   different routers (transit);
+//! - agentmesh direct (issue 36): the same with both nodes on
+//!   `--direct=true --direct-allow-loopback-targets=true`, measured once
+//!   calls go over the punched connection (each round waits for a call to
+//!   go direct first, and a row whose bytes did not all go direct fails:
+//!   [`direct`]); against its floor like for like, a bare direct libp2p
+//!   connection with the same TCP ends (a bare forwarder and a bare
+//!   splicing listener) and the member's own muxer and limits. Then the
+//!   time from the first relayed call to the first direct one over
+//!   `--time-to-direct-samples` fresh punches.
+//!
+//! Rounds are interleaved: round 1 measures every path once, then round
+//! 2, and so on, so a path's rounds are spread over the run as its
+//! floor's are.
 //!
 //! For each: one stream's throughput, one-byte round trips (p50/p99), N
 //! concurrent streams' total throughput, and CPU seconds per GiB for each
@@ -25,14 +38,20 @@
 //!
 //! - `proto.rs`: the bytes on every path; `peer.rs`: the `bench-peer`
 //!   roles; `child.rs`: driving one from here; `p2p.rs`: the bare libp2p
-//!   swarm; `agentmesh.rs`: our programs; `report.rs`: rows, table, targets.
+//!   swarm; `agentmesh.rs`: our programs; `direct.rs`: the direct path's
+//!   checks and time to direct; `report.rs`: rows, table, targets;
+//!   `report_direct.rs`: the direct targets; `row.rs`: what one path and
+//!   round measured.
 
 mod agentmesh;
 mod child;
+pub mod direct;
 mod p2p;
 pub mod peer;
 pub mod proto;
 pub mod report;
+pub mod report_direct;
+pub mod row;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -55,6 +74,8 @@ pub const DEFAULT_STREAMS: u32 = 16;
 pub const DEFAULT_CONCURRENT_MIB: u64 = 256;
 /// Default deadline of one measurement request, seconds.
 pub const DEFAULT_REQUEST_DEADLINE_SECS: u64 = 600;
+/// Default samples of the time from the first relayed call to the first direct one.
+pub const DEFAULT_TIME_TO_DIRECT_SAMPLES: u32 = 20;
 /// Unrecorded round trips before the recorded ones.
 const WARMUP_ROUND_TRIPS: u32 = 20;
 const MIB: u64 = 1024 * 1024;
@@ -78,13 +99,16 @@ pub struct BenchConfig {
     /// Times every path is measured, rounds (one set of processes).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,
+    /// Fresh punches timed from the first relayed call to the first direct one, samples (0: none).
+    #[arg(long, default_value_t = DEFAULT_TIME_TO_DIRECT_SAMPLES)]
+    pub time_to_direct_samples: u32,
     /// Deadline of one measurement (a run of bytes or of round trips), seconds.
     #[arg(long, default_value_t = DEFAULT_REQUEST_DEADLINE_SECS)]
     pub request_deadline_secs: u64,
     /// Extra argument for both routers (repeatable).
     #[arg(long = "router-arg", allow_hyphen_values = true)]
     pub router_args: Vec<String>,
-    /// Extra argument for the three nodes' `run` (repeatable).
+    /// Extra argument for the five nodes' `run` (repeatable).
     #[arg(long = "node-arg", allow_hyphen_values = true)]
     pub node_args: Vec<String>,
     /// Write the JSON report here.
@@ -105,6 +129,8 @@ struct Path {
     /// Paths with TCP ends (agentmesh, and the floor with TCP ends): the
     /// bench client and backend processes.
     extra: Option<(u32, u32)>,
+    /// The agentmesh direct path: its `--forward` and its caller's metrics.
+    direct: Option<(std::net::SocketAddr, std::net::SocketAddr)>,
 }
 
 /// Runs the bench; children are stopped before it returns, error or not.
@@ -127,21 +153,26 @@ pub async fn run(cfg: BenchConfig, command: String) -> anyhow::Result<BenchRepor
         Ok(_) => {}
         Err(_) => eprintln!("bench: logs kept in {}", dir.display()),
     }
-    let rows = result?;
-    Ok(BenchReport { command, rows })
+    let (rows, time_to_direct) = result?;
+    Ok(BenchReport {
+        command,
+        direct: report_direct::direct_targets(&rows),
+        time_to_direct,
+        rows,
+    })
 }
 
 async fn run_in(
     cfg: &BenchConfig,
     bins: Binaries,
     dir: &std::path::Path,
-) -> anyhow::Result<Vec<Row>> {
+) -> anyhow::Result<(Vec<Row>, Option<report_direct::TimeToDirect>)> {
     let starter = Starter {
         ladder: bins.ladder.clone(),
         dir: dir.to_path_buf(),
     };
     let floors = Floors::start(&starter).await?;
-    let mesh = agentmesh::Mesh::start(
+    let mut mesh = agentmesh::Mesh::start(
         bins,
         dir,
         floors.backend_addr,
@@ -156,7 +187,7 @@ async fn run_in(
     let mut result = Ok(());
     'rounds: for round in 1..=cfg.rounds {
         for p in &mut paths {
-            match measure(cfg, p, round).await {
+            match measure_path(cfg, p, round).await {
                 Ok(r) => rows.push(r),
                 Err(e) => {
                     result = Err(e.context(format!("round {round}, {}", p.name)));
@@ -168,10 +199,32 @@ async fn run_in(
     for p in paths {
         p.client.stop().await;
     }
+    // After the rounds: the samples restart the direct caller.
+    let time_to_direct = match (&result, cfg.time_to_direct_samples) {
+        (Ok(()), n) if n > 0 => Some(direct::time_to_direct(&mut mesh, n).await),
+        _ => None,
+    };
     mesh.shutdown().await;
     floors.stop().await;
     result?;
-    Ok(rows)
+    Ok((rows, time_to_direct))
+}
+
+/// [`measure`], and on the agentmesh direct path first calls until one
+/// goes direct, then the check that every byte of the run did.
+async fn measure_path(cfg: &BenchConfig, p: &mut Path, round: u32) -> anyhow::Result<Row> {
+    let Some((forward, metrics)) = p.direct else {
+        return measure(cfg, p, round).await;
+    };
+    let before = direct::until_direct(forward, metrics).await?;
+    let mut row = measure(cfg, p, round).await?;
+    let after = direct::PathCounts::read(metrics).await?;
+    row.path_bytes = Some(direct::check_direct(
+        before,
+        after,
+        row.single_bytes + row.concurrent_bytes,
+    )?);
+    Ok(row)
 }
 
 /// Starts `bench-peer` children of the ladder with their logs in the run's dir.
@@ -218,6 +271,8 @@ struct Floors {
     ends_relay: Peer,
     ends_listener: Peer,
     ends_forward: Peer,
+    direct_listener: Peer,
+    direct_forward: Peer,
 }
 
 impl Floors {
@@ -251,6 +306,20 @@ impl Floors {
                 with(role("forward"), "--target", &ends_listener.addr),
             )
             .await?;
+        // The direct floor with TCP ends, muxed as a member muxes.
+        let member_yamux = |v| with(v, "--member-yamux", "true");
+        let direct_listener = s
+            .start(
+                "p2p-direct-splice-listener",
+                member_yamux(with(role("serve-p2p"), "--splice-to", &backend.addr)),
+            )
+            .await?;
+        let direct_forward = s
+            .start(
+                "p2p-direct-forward",
+                member_yamux(with(role("forward"), "--target", &direct_listener.addr)),
+            )
+            .await?;
         Ok(Self {
             backend,
             backend_addr,
@@ -260,6 +329,8 @@ impl Floors {
             ends_relay,
             ends_listener,
             ends_forward,
+            direct_listener,
+            direct_forward,
         })
     }
 
@@ -276,6 +347,7 @@ impl Floors {
             router: Vec::new(),
             provider: pid(&self.backend),
             extra: None,
+            direct: None,
         });
         let c = s.client("client-direct", self.direct.addr.clone()).await?;
         paths.push(Path {
@@ -285,6 +357,7 @@ impl Floors {
             router: Vec::new(),
             provider: pid(&self.direct),
             extra: None,
+            direct: None,
         });
         let c = s.client("client-relay", self.relayed.addr.clone()).await?;
         paths.push(Path {
@@ -294,6 +367,7 @@ impl Floors {
             router: pid(&self.relay),
             provider: pid(&self.relayed),
             extra: None,
+            direct: None,
         });
         let c = s
             .client(
@@ -309,12 +383,31 @@ impl Floors {
             router: pid(&self.ends_relay),
             provider: pid(&self.ends_listener),
             extra,
+            direct: None,
+        });
+        let c = s
+            .client(
+                "client-direct-tcp-ends",
+                format!("tcp:{}", self.direct_forward.addr),
+            )
+            .await?;
+        let extra = c.pid().zip(self.backend.pid());
+        paths.push(Path {
+            name: report_direct::BARE_DIRECT_TCP_ENDS,
+            client: c,
+            caller: pid(&self.direct_forward),
+            router: Vec::new(),
+            provider: pid(&self.direct_listener),
+            extra,
+            direct: None,
         });
         Ok(paths)
     }
 
     async fn stop(self) {
         for p in [
+            self.direct_forward,
+            self.direct_listener,
             self.ends_forward,
             self.ends_listener,
             self.ends_relay,
@@ -328,7 +421,7 @@ impl Floors {
     }
 }
 
-/// The two agentmesh paths (same router, transit), each with a client.
+/// The three agentmesh paths (same router, transit, direct), each with a client.
 async fn agentmesh_paths(
     s: &Starter,
     mesh: &agentmesh::Mesh,
@@ -358,8 +451,26 @@ async fn agentmesh_paths(
             router: pids.routers,
             provider: pids.provider.into_iter().collect(),
             extra,
+            direct: None,
         });
     }
+    let c = s
+        .client(
+            "client-agentmesh-direct",
+            format!("tcp:{}", mesh.forward_direct),
+        )
+        .await?;
+    let pids = mesh.direct_pids();
+    let extra = c.pid().zip(backend.pid());
+    paths.push(Path {
+        name: report_direct::AGENTMESH_DIRECT,
+        client: c,
+        caller: pids.caller.into_iter().collect(),
+        router: pids.routers,
+        provider: pids.provider.into_iter().collect(),
+        extra,
+        direct: Some((mesh.forward_direct, mesh.direct_caller_metrics())),
+    });
     Ok(paths)
 }
 
@@ -470,6 +581,7 @@ async fn measure(cfg: &BenchConfig, p: &mut Path, round: u32) -> anyhow::Result<
         concurrent_mib_per_sec: concurrent_bytes as f64 / MIB as f64 / concurrent,
         cpu_secs_per_gib: cpu,
         peak_rss_mib,
+        path_bytes: None,
     })
 }
 

@@ -1,7 +1,9 @@
 //! The bare rust-libp2p floors: a swarm with the transport stack our
 //! programs use (TCP with `TCP_NODELAY` + noise + yamux, libp2p's default
 //! yamux settings; the relay client's transport beside it) and raw streams
-//! from `libp2p-stream`, no agentmesh logic. One swarm type serves every
+//! from `libp2p-stream`, no agentmesh logic; or, for the direct floor
+//! like for like with a member ([`Mux::Member`]), the member's own yamux
+//! with its window and buffer limits in place of libp2p-yamux). One swarm type serves every
 //! role: a listener (direct, or reachable through a relay circuit; serving
 //! the bench protocol, or splicing each stream to TCP), a relay v2 server
 //! with its limits lifted, and a dialer (the client, or the forwarder).
@@ -45,8 +47,73 @@ fn relay_config() -> relay::Config {
     }
 }
 
+/// The stream muxer of a bare swarm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum Mux {
+    /// libp2p-yamux with its defaults (the floors recorded since issue 19).
+    #[default]
+    Libp2p,
+    /// The muxer a member puts on its connections
+    /// ([`agentmesh_node::member_yamux`]: the yamux crate behind
+    /// agentmesh-streams' upgrade, the member's default receive-window
+    /// limits and inbound-stream buffer): the direct floor like for like.
+    Member,
+}
+
 /// Builds a swarm; `relay_server` adds the relay v2 server behaviour.
-pub(super) fn swarm(relay_server: bool) -> anyhow::Result<Swarm<Behaviour>> {
+pub(super) fn swarm(relay_server: bool, mux: Mux) -> anyhow::Result<Swarm<Behaviour>> {
+    match mux {
+        Mux::Libp2p => libp2p_swarm(relay_server),
+        Mux::Member => member_swarm(relay_server),
+    }
+}
+
+/// Every role's behaviours for `key`.
+fn behaviour(
+    key: &libp2p::identity::Keypair,
+    relay_client: relay::client::Behaviour,
+    relay_server: bool,
+) -> Behaviour {
+    Behaviour {
+        stream: libp2p_stream::Behaviour::new(),
+        relay_client,
+        relay: Toggle::from(
+            relay_server.then(|| relay::Behaviour::new(key.public().to_peer_id(), relay_config())),
+        ),
+    }
+}
+
+/// The same transports as [`libp2p_swarm`] (TCP with `TCP_NODELAY` and
+/// the relay client's, each upgraded with noise and a muxer), the muxer
+/// the member's.
+fn member_swarm(relay_server: bool) -> anyhow::Result<Swarm<Behaviour>> {
+    use libp2p::core::Transport as _;
+    use libp2p::core::muxing::StreamMuxerBox;
+    use libp2p::core::upgrade::Version;
+    let key = libp2p::identity::Keypair::generate_ed25519();
+    let me = key.public().to_peer_id();
+    let mux = agentmesh_node::member_yamux(&agentmesh_node::config::ConnectionConfig::default())
+        .map_err(|e| anyhow::anyhow!("the member's yamux: {e}"))?;
+    let (relay_transport, relay_client) = relay::client::new(me);
+    let transport = relay_transport
+        .or_transport(tcp::tokio::Transport::new(
+            tcp::Config::default().nodelay(true),
+        ))
+        .upgrade(Version::V1Lazy)
+        .authenticate(noise::Config::new(&key)?)
+        .multiplex(mux)
+        .map(|(p, m), _| (p, StreamMuxerBox::new(m)))
+        .boxed();
+    Ok(Swarm::new(
+        transport,
+        behaviour(&key, relay_client, relay_server),
+        me,
+        libp2p::swarm::Config::with_tokio_executor().with_idle_connection_timeout(IDLE_TIMEOUT),
+    ))
+}
+
+/// A swarm from libp2p's builder with libp2p-yamux's defaults.
+fn libp2p_swarm(relay_server: bool) -> anyhow::Result<Swarm<Behaviour>> {
     let swarm = libp2p::SwarmBuilder::with_new_identity()
         .with_tokio()
         .with_tcp(
@@ -55,14 +122,7 @@ pub(super) fn swarm(relay_server: bool) -> anyhow::Result<Swarm<Behaviour>> {
             yamux::Config::default,
         )?
         .with_relay_client(noise::Config::new, yamux::Config::default)?
-        .with_behaviour(|key, relay_client| Behaviour {
-            stream: libp2p_stream::Behaviour::new(),
-            relay_client,
-            relay: Toggle::from(
-                relay_server
-                    .then(|| relay::Behaviour::new(key.public().to_peer_id(), relay_config())),
-            ),
-        })
+        .with_behaviour(|key, relay_client| behaviour(key, relay_client, relay_server))
         .map_err(|e| anyhow::anyhow!("behaviour: {e}"))?
         .with_swarm_config(|c| c.with_idle_connection_timeout(IDLE_TIMEOUT))
         .build();

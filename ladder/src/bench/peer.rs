@@ -65,6 +65,10 @@ pub struct PeerConfig {
     /// forward: a libp2p address ending in `/p2p/ID`.
     #[arg(long)]
     pub target: Option<String>,
+    /// Mux libp2p connections with the member's yamux and its limits
+    /// instead of libp2p-yamux's defaults, true|false (default: false).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub member_yamux: bool,
 }
 
 /// One measurement a client runs.
@@ -106,6 +110,11 @@ pub enum Response {
 
 /// Runs a peer until its stdin closes.
 pub async fn run(cfg: PeerConfig) -> anyhow::Result<()> {
+    let mux = if cfg.member_yamux {
+        p2p::Mux::Member
+    } else {
+        p2p::Mux::Libp2p
+    };
     match cfg.role {
         Role::ServeTcp => {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -126,7 +135,7 @@ pub async fn run(cfg: PeerConfig) -> anyhow::Result<()> {
         }
         Role::ServeP2p | Role::Relay => {
             let relay_server = cfg.role == Role::Relay;
-            let mut swarm = p2p::swarm(relay_server)?;
+            let mut swarm = p2p::swarm(relay_server, mux)?;
             match cfg.splice_to.filter(|_| !relay_server) {
                 Some(backend) => p2p::splice_streams(p2p::control(&swarm), backend)?,
                 None => p2p::serve_streams(p2p::control(&swarm))?,
@@ -157,13 +166,13 @@ pub async fn run(cfg: PeerConfig) -> anyhow::Result<()> {
         }
         Role::Client => {
             let target = cfg.target.as_deref().context("client needs --target")?;
-            let target = Target::connect(target).await?;
+            let target = Target::connect(target, mux).await?;
             say("ready").await?;
             until_stdin_closes(Some(&target)).await
         }
         Role::Forward => {
             let target = cfg.target.as_deref().context("forward needs --target")?;
-            let Target::P2p { control, peer } = Target::connect(target).await? else {
+            let Target::P2p { control, peer } = Target::connect(target, mux).await? else {
                 anyhow::bail!("forward needs a libp2p --target, not {target:?}");
             };
             let l = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -241,13 +250,13 @@ enum Target {
 impl Target {
     /// Parses `tcp:ADDR` or a libp2p address, and for libp2p dials it and
     /// waits for the connection (a circuit address goes through its relay).
-    async fn connect(target: &str) -> anyhow::Result<Self> {
+    async fn connect(target: &str, mux: p2p::Mux) -> anyhow::Result<Self> {
         if let Some(addr) = target.strip_prefix("tcp:") {
             return Ok(Self::Tcp(addr.parse().context("--target tcp:ADDR")?));
         }
         let addr: Multiaddr = target.parse().context("--target multiaddr")?;
         let peer = p2p::last_peer(&addr).context("--target must end in /p2p/ID")?;
-        let mut swarm = p2p::swarm(false)?;
+        let mut swarm = p2p::swarm(false, mux)?;
         let control = p2p::control(&swarm);
         swarm.dial(addr.clone())?;
         let mut events = p2p::drive(swarm, false);

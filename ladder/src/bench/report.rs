@@ -6,6 +6,8 @@
 
 use serde::Serialize;
 
+pub use super::row::{CpuPerGib, PeakRss, Row, quantile};
+
 /// The bare relay circuit's path name (the targets' reference).
 pub const BARE_RELAY: &str = "bare libp2p, relay v2 circuit";
 /// The bare relay circuit with TCP ends' path name: the like-for-like floor
@@ -18,66 +20,6 @@ pub const TARGET_RTT_FACTOR: f64 = 1.2;
 /// Target: the router's CPU per GiB at most this many times the bare relay's.
 pub const TARGET_ROUTER_CPU_FACTOR: f64 = 1.2;
 
-/// CPU seconds per GiB moved, per process of a path (`None`: the path has
-/// no such process).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct CpuPerGib {
-    /// The calling side: the bench client for the raw-stream floors, the
-    /// bare forwarder for the floor with TCP ends, the `--forward` node for
-    /// agentmesh.
-    pub caller: Option<f64>,
-    /// The relay: the bare relay, or the routers (summed).
-    pub router: Option<f64>,
-    /// The serving side: the libp2p listener or backend for the raw-stream
-    /// floors, the splicing listener for the floor with TCP ends, the
-    /// `--expose` node for agentmesh.
-    pub provider: Option<f64>,
-    /// Paths with TCP ends: the bench client talking to the forward.
-    pub client: Option<f64>,
-    /// Paths with TCP ends: the backend behind the expose.
-    pub backend: Option<f64>,
-}
-
-/// Peak RSS so far (`VmHWM`) of a path's processes after its round, MiB
-/// (`None`: the path has no such process). A process shared by paths (the
-/// `--forward` node of both agentmesh paths) keeps its peak across them.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct PeakRss {
-    /// The calling side, as in [`CpuPerGib::caller`].
-    pub caller: Option<f64>,
-    /// The serving side, as in [`CpuPerGib::provider`].
-    pub provider: Option<f64>,
-}
-
-/// One path, one round.
-#[derive(Debug, Clone, Serialize)]
-pub struct Row {
-    /// What carried the bytes.
-    pub path: String,
-    /// Round number, from 1.
-    pub round: u32,
-    /// Bytes of the single-stream run.
-    pub single_bytes: u64,
-    /// Single-stream throughput, MiB/s.
-    pub single_mib_per_sec: f64,
-    /// Recorded one-byte round trips.
-    pub round_trips: usize,
-    /// Round trip p50, milliseconds.
-    pub rtt_p50_ms: f64,
-    /// Round trip p99, milliseconds.
-    pub rtt_p99_ms: f64,
-    /// Streams of the concurrent run.
-    pub streams: u32,
-    /// Bytes of the concurrent run, all streams.
-    pub concurrent_bytes: u64,
-    /// Concurrent throughput, all streams, MiB/s.
-    pub concurrent_mib_per_sec: f64,
-    /// CPU per GiB over the single and concurrent runs.
-    pub cpu_secs_per_gib: CpuPerGib,
-    /// Peak RSS of the caller and provider processes after the round.
-    pub peak_rss_mib: PeakRss,
-}
-
 /// The whole bench.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -85,17 +27,16 @@ pub struct BenchReport {
     pub command: String,
     /// Every row, rounds in order.
     pub rows: Vec<Row>,
+    /// The agentmesh direct path against its floor
+    /// ([`super::report_direct`]).
+    pub direct: Option<super::report_direct::DirectTargets>,
+    /// Time from the first relayed call to the first direct one.
+    pub time_to_direct: Option<super::report_direct::TimeToDirect>,
 }
 
-/// The `q` quantile (0..=1) of samples, nearest rank; 0 for none.
-pub fn quantile(samples: &[f64], q: f64) -> f64 {
-    if samples.is_empty() {
-        return 0.0;
-    }
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
-    s[rank - 1]
+/// An agentmesh path through a router (the direct one has its own floor).
+fn relayed_agentmesh(r: &Row) -> bool {
+    r.path.starts_with("agentmesh") && r.path != super::report_direct::AGENTMESH_DIRECT
 }
 
 fn cell(v: Option<f64>) -> String {
@@ -143,7 +84,7 @@ impl BenchReport {
         out.push_str(&format!(
             "| round | path | throughput share (≥ {TARGET_THROUGHPUT_SHARE}) | RTT p50 factor (≤ {TARGET_RTT_FACTOR}) | router CPU/GiB factor (≤ {TARGET_ROUTER_CPU_FACTOR}) |\n|---|---|---|---|---|\n"
         ));
-        for r in self.rows.iter().filter(|r| r.path.starts_with("agentmesh")) {
+        for r in self.rows.iter().filter(|r| relayed_agentmesh(r)) {
             let Some(bare) = self.find(r.round, BARE_RELAY) else {
                 continue;
             };
@@ -162,6 +103,10 @@ impl BenchReport {
             ));
         }
         self.push_tcp_ends(&mut out);
+        out.push_str(&super::report_direct::markdown(
+            self.direct.as_ref(),
+            self.time_to_direct.as_ref(),
+        ));
         out
     }
 
@@ -205,7 +150,7 @@ impl BenchReport {
              | round | path | throughput share, 1 stream | N streams | RTT p50 factor | CPU/GiB factor caller | router | provider |\n\
              |---|---|---|---|---|---|---|---|\n",
         );
-        for r in self.rows.iter().filter(|r| r.path.starts_with("agentmesh")) {
+        for r in self.rows.iter().filter(|r| relayed_agentmesh(r)) {
             let Some(f) = self.find(r.round, BARE_RELAY_TCP_ENDS) else {
                 continue;
             };
@@ -253,6 +198,7 @@ mod tests {
             concurrent_mib_per_sec: mib,
             cpu_secs_per_gib: cpu,
             peak_rss_mib: PeakRss::default(),
+            path_bytes: None,
         }
     }
 
@@ -269,6 +215,8 @@ mod tests {
     fn targets_compare_with_the_bare_relay_of_the_round() {
         let report = BenchReport {
             command: String::new(),
+            direct: None,
+            time_to_direct: None,
             rows: vec![
                 row(BARE_RELAY, 100.0, 0.2, Some(2.0)),
                 row("agentmesh, same router", 95.0, 0.3, Some(2.2)),
@@ -291,6 +239,8 @@ mod tests {
         };
         let report = BenchReport {
             command: String::new(),
+            direct: None,
+            time_to_direct: None,
             rows: vec![
                 row(BARE_RELAY, 200.0, 0.2, Some(2.0)),
                 cpu_row(BARE_RELAY_TCP_ENDS, 180.0, 0.24, cpu(2.0, 2.5, 4.0)),

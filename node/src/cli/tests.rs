@@ -276,3 +276,14 @@ fn the_member_tools_parse_their_flags() {
         3
     );
 }
+
+#[test]
+fn loopback_punch_targets_are_off_by_default_and_refused_without_direct() {
+    assert!(!config(&[]).direct.allow_loopback_targets);
+    let on = config(&["--direct=true", "--direct-allow-loopback-targets=true"]);
+    assert!(on.direct.allow_loopback_targets);
+    assert!(crate::validate(&on).is_ok());
+    let alone = config(&["--direct-allow-loopback-targets=true"]);
+    let err = crate::validate(&alone).expect_err("refused without --direct");
+    assert!(err.to_string().contains("needs --direct=true"), "{err}");
+}

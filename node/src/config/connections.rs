@@ -162,6 +162,12 @@ pub struct DirectConfig {
     /// control plane's keys, and closing an honest connection costs a
     /// punch, so it is longer than a call's first byte.
     pub auth_timeout: Duration,
+    /// Let punches dial loopback addresses (`--direct-allow-loopback-targets`,
+    /// default off): for tests and benches with every member on one host,
+    /// where peers see each other only on loopback. Off, a punch never
+    /// dials loopback (a lying peer must not make us dial our own host);
+    /// refused without [`DirectConfig::enabled`].
+    pub allow_loopback_targets: bool,
 }
 
 /// Default [`DirectConfig::punch_backoff_min`], seconds.
@@ -189,6 +195,7 @@ impl Default for DirectConfig {
             max_pending_inbound_per_source: DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE,
             tcp_user_timeout: Duration::from_secs(DEFAULT_DIRECT_TCP_USER_TIMEOUT_SECS),
             auth_timeout: Duration::from_millis(DEFAULT_DIRECT_AUTH_TIMEOUT_MS),
+            allow_loopback_targets: false,
         }
     }
 }

@@ -51,13 +51,15 @@
 //! **Punch targets** come from the peer: a punch dials only plain TCP to
 //! unicast addresses that are not loopback, unspecified or link-local, at
 //! most [`MAX_PUNCH_ADDRS`] of them; anything else refuses that dial whole
-//! (`result="bad_target"`).
+//! (`result="bad_target"`). Loopback only with the test flag
+//! `--direct-allow-loopback-targets` ([`targets`]).
 
 mod gate;
 pub(crate) mod hello;
 pub(crate) mod nat;
 mod pending;
 mod reuse_log;
+mod targets;
 
 pub(crate) use reuse_log::ReuseLog;
 
@@ -163,6 +165,9 @@ pub(crate) struct Behaviour {
     direct: HashSet<ConnectionId>,
     /// Their authentication, and the punches under way.
     gate: gate::Gate,
+    /// Punches may dial loopback (`--direct-allow-loopback-targets`,
+    /// tests and benches only: [`targets`]).
+    loopback_targets: bool,
 }
 
 /// What the behaviour reports to the engine.
@@ -181,32 +186,6 @@ pub(crate) enum Event {
 
 fn is_relayed(addr: &Multiaddr) -> bool {
     addr.iter().any(|p| p == Protocol::P2pCircuit)
-}
-
-/// Whether a punch may dial `addr`: a plain TCP address (QUIC punches
-/// are not built yet) of a unicast IP that is not loopback, unspecified
-/// or link-local. The addresses come from the peer (dcutr's exchange),
-/// and a lying peer must not make us dial our own host or link.
-fn punch_target_allowed(addr: &Multiaddr) -> bool {
-    use agentmesh_streams::dial::{IpTarget, ip_target};
-    let Some(IpTarget::Tcp(sa)) = ip_target(addr) else {
-        return false;
-    };
-    match sa.ip() {
-        std::net::IpAddr::V4(ip) => {
-            !(ip.is_loopback()
-                || ip.is_unspecified()
-                || ip.is_link_local()
-                || ip.is_multicast()
-                || ip.is_broadcast())
-        }
-        std::net::IpAddr::V6(ip) => {
-            !(ip.is_loopback()
-                || ip.is_unspecified()
-                || ip.is_multicast()
-                || (ip.segments()[0] & 0xffc0) == 0xfe80)
-        }
-    }
 }
 
 /// The address a connection is known by on our side: the one it arrived
@@ -271,6 +250,7 @@ impl Behaviour {
             log,
             backoffs: Backoffs::default(),
             direct: HashSet::new(),
+            loopback_targets: false,
             pending: pending::PendingInbound::new(
                 crate::config::DEFAULT_DIRECT_MAX_PENDING_INBOUND,
                 crate::config::DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE,
@@ -334,6 +314,13 @@ impl Behaviour {
     /// The same with `backoffs` between punches to one peer.
     pub(crate) fn with_backoff(mut self, backoffs: Backoffs) -> Self {
         self.backoffs = backoffs;
+        self
+    }
+
+    /// The same with punches allowed to dial loopback (tests and benches
+    /// on one host only: [`targets`]).
+    pub(crate) fn with_loopback_targets(mut self, allow: bool) -> Self {
+        self.loopback_targets = allow;
         self
     }
 
@@ -488,7 +475,7 @@ impl NetworkBehaviour for Behaviour {
 
     /// A punch's dial is refused whole when the peer gave more than
     /// [`MAX_PUNCH_ADDRS`] addresses or any we must not dial (see
-    /// [`punch_target_allowed`]); counted as `bad_target`. Other dials
+    /// [`targets::punch_target_allowed`]); counted as `bad_target`. Other dials
     /// (routers, circuits) are not ours to judge.
     fn handle_pending_outbound_connection(
         &mut self,
@@ -497,8 +484,12 @@ impl NetworkBehaviour for Behaviour {
         addresses: &[Multiaddr],
         _role: Endpoint,
     ) -> Result<Vec<Multiaddr>, ConnectionDenied> {
+        let loopback = self.loopback_targets;
         if self.is_punch(&id)
-            && (addresses.len() > MAX_PUNCH_ADDRS || !addresses.iter().all(punch_target_allowed))
+            && (addresses.len() > MAX_PUNCH_ADDRS
+                || !addresses
+                    .iter()
+                    .all(|a| targets::punch_target_allowed(a, loopback)))
         {
             self.metrics.upgrade("bad_target");
             tracing::debug!(

@@ -33,6 +33,7 @@ async fn a_stranger_dialing_the_listening_port_is_closed_and_counted() {
         max_pending_inbound: (64, 8),
         tcp_user_timeout: None,
         auth_timeout: Duration::from_secs(5),
+        loopback_targets: false,
     };
     let member = Keypair::generate_ed25519();
     let mut swarm = build_swarm(

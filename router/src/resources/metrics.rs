@@ -30,6 +30,10 @@ pub(crate) const BUFFER_FULL_REFUSAL: RefusedLabels = [
 /// Directions of streams.
 pub(crate) const DIRECTIONS: [&str; 2] = ["inbound", "outbound"];
 
+/// Directions of the bytes a circuit carries: from its source towards its
+/// destination, and back.
+pub(crate) const RELAYED_DIRECTIONS: [&str; 2] = ["to_destination", "to_source"];
+
 /// Gauges and counters of the resource manager.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ResourceMetrics {
@@ -46,6 +50,7 @@ pub(crate) struct ResourceMetrics {
     pub(crate) failed_login_blocks: Counter,
     pub(crate) slots: SlotMetrics,
     pub(crate) refused: Family<RefusedLabels, Counter>,
+    pub(crate) relayed_bytes: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
 impl ResourceMetrics {
@@ -125,6 +130,17 @@ impl ResourceMetrics {
              --failed-logins-per-ip-per-minute failed logins",
             m.failed_login_blocks.clone(),
         );
+        registry.register(
+            "agentmesh_router_relayed_bytes",
+            "Bytes this router copied between the two ends of its circuits once each \
+             circuit's STOP handshake was answered, by direction (to_destination: \
+             written to the circuit's destination; to_source: read from the destination \
+             for its source); counted on the destination's stream, so each byte once",
+            m.relayed_bytes.clone(),
+        );
+        for d in RELAYED_DIRECTIONS {
+            let _ = m.relayed_bytes.get_or_create(&[("direction", d)]);
+        }
         m.register_slots(registry);
         m.slots.precreate();
         m.precreate_labels();
@@ -205,6 +221,16 @@ impl ResourceMetrics {
                 ("protocol", protocol),
             ])
             .inc();
+    }
+
+    /// The relayed-byte counters: towards the destination, towards the source.
+    pub(crate) fn relayed_counters(&self) -> (Counter, Counter) {
+        let get = |d| {
+            self.relayed_bytes
+                .get_or_create(&[("direction", d)])
+                .clone()
+        };
+        (get(RELAYED_DIRECTIONS[0]), get(RELAYED_DIRECTIONS[1]))
     }
 
     /// The live-stream gauge of `p` in direction `inbound`.

@@ -149,6 +149,27 @@ pub(crate) struct AccountedStream<S> {
     /// Outbound STOP streams: the STOP request's bytes written so far,
     /// until it names the circuit's source (then `None`).
     stop_request: Option<Vec<u8>>,
+    /// An outbound STOP stream whose destination answered: the circuit's
+    /// bytes from then on, written (towards the destination) and read
+    /// (towards the source). See [`RelayedBytes`].
+    relayed: Option<RelayedBytes>,
+}
+
+/// The bytes a circuit carries, counted on its destination's STOP stream
+/// (`agentmesh_router_relayed_bytes_total{direction}`). libp2p-relay copies
+/// the circuit's bytes between the source's HOP stream and this stream
+/// inside its own handler, out of our reach; this stream is the nearest
+/// point that is ours. Counted: every byte the relay writes to it after
+/// the destination's answer to the STOP request (the source's bytes), and
+/// every byte read from it after the read that carried that answer (the
+/// destination's bytes for the source). Not counted: the handshakes, and
+/// any bytes of the destination that arrive in the same read as its answer
+/// (in agentmesh's protocols the source speaks first). Each byte is
+/// counted once: the source's HOP stream is not counted.
+#[derive(Debug)]
+struct RelayedBytes {
+    to_destination: prometheus_client::metrics::counter::Counter,
+    to_source: prometheus_client::metrics::counter::Counter,
 }
 
 impl<S> AccountedStream<S> {
@@ -160,6 +181,7 @@ impl<S> AccountedStream<S> {
             phase: Phase::Sniffing(Sniffer::default()),
             reply_left: 0,
             stop_request: None,
+            relayed: None,
         }
     }
 
@@ -291,12 +313,24 @@ impl<S: AsyncRead + Unpin> AsyncRead for AccountedStream<S> {
             return Poll::Ready(Ok(n));
         }
         let n = ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        if let Some(r) = &this.relayed {
+            r.to_source.inc_by(n as u64);
+        }
         if let Phase::Open(g) = &mut this.phase
             && g.in_handshake()
         {
             // EOF (n = 0) ends it too: the stream is done either way.
             if n > this.reply_left || (n == 0 && !buf.is_empty()) {
                 g.end_handshake();
+                if n > this.reply_left {
+                    // The destination answered: the circuit's bytes follow.
+                    let (to_destination, to_source) =
+                        this.conn.manager().metrics.relayed_counters();
+                    this.relayed = Some(RelayedBytes {
+                        to_destination,
+                        to_source,
+                    });
+                }
             } else {
                 this.reply_left -= n;
             }
@@ -342,6 +376,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AccountedStream<S> {
             )));
         }
         let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
+        if let Some(r) = &this.relayed {
+            r.to_destination.inc_by(n as u64);
+        }
         if let Phase::Sniffing(sniffer) = &mut this.phase {
             sniffer.wrote(&buf[..n]);
         }
@@ -476,5 +513,60 @@ mod tests {
         assert!(polled.is_ok(), "dropped {} of {want}", dropped.get());
         assert_eq!(dropped.get(), want);
         assert_eq!(server.buffered(), BUFFERED);
+    }
+
+    /// A multistream-select message (length-prefixed line).
+    fn ms(line: &str) -> Vec<u8> {
+        let mut out = vec![u8::try_from(line.len() + 1).expect("short")];
+        out.extend_from_slice(line.as_bytes());
+        out.push(b'\n');
+        out
+    }
+
+    /// An outbound STOP stream as the relay drives it: negotiation and the
+    /// STOP request (not counted), the destination's answer (not counted),
+    /// then the circuit's bytes each way, counted by direction.
+    #[tokio::test]
+    async fn a_circuits_bytes_after_its_stop_handshake_are_counted_by_direction() {
+        use futures::{AsyncReadExt as _, AsyncWriteExt as _};
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        const STOP: &str = "/libp2p/circuit/relay/0.2.0/stop";
+        let (mgr, _) = crate::resources::tests::manager(|_| {});
+        let dst = mgr
+            .open_connection(
+                libp2p::PeerId::random(),
+                &crate::resources::tests::inbound_from("10.0.0.1"),
+            )
+            .expect("conn");
+        let (ours, mut theirs) = tokio::io::duplex(1 << 20);
+        let mut s = AccountedStream::new(ours.compat(), dst.clone(), false);
+        let counted = || {
+            let (d, s) = mgr.metrics.relayed_counters();
+            (d.get(), s.get())
+        };
+        let mut hello = ms("/multistream/1.0.0");
+        hello.extend(ms(STOP));
+        s.write_all(&hello).await.expect("negotiate");
+        let request = super::super::relay::tests::connect_from(libp2p::PeerId::random());
+        s.write_all(&request).await.expect("STOP request");
+        assert!(matches!(s.phase, Phase::Open(_)), "{:?}", s.phase);
+        // The destination accepts the protocol and answers STATUS OK.
+        let mut answer = hello.clone();
+        answer.extend([4, 0x08, 0x01, 0x20, 100]);
+        theirs.write_all(&answer).await.expect("answer");
+        let mut got = vec![0u8; answer.len()];
+        s.read_exact(&mut got).await.expect("read the answer");
+        assert_eq!(counted(), (0, 0), "handshakes are not the circuit's bytes");
+        // The circuit's bytes: 3000 from the source, 1000 back.
+        s.write_all(&[7u8; 3000]).await.expect("to the destination");
+        theirs.write_all(&[9u8; 1000]).await.expect("to the source");
+        let mut back = vec![0u8; 1000];
+        s.read_exact(&mut back).await.expect("read");
+        let mut seen = vec![0u8; hello.len() + request.len() + 3000];
+        theirs
+            .read_exact(&mut seen)
+            .await
+            .expect("destination reads");
+        assert_eq!(counted(), (3000, 1000));
     }
 }

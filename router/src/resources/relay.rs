@@ -161,7 +161,7 @@ pub(crate) fn stop_permission_denied() -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -180,7 +180,7 @@ mod tests {
 
     /// A STOP CONNECT from `src` as libp2p-relay frames it (with a limit
     /// and an address the decoder must skip).
-    fn connect_from(src: PeerId) -> Vec<u8> {
+    pub(crate) fn connect_from(src: PeerId) -> Vec<u8> {
         #[derive(Clone, PartialEq, prost::Message)]
         struct Limit {
             #[prost(uint32, tag = "1")]

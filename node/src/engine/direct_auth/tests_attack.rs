@@ -50,6 +50,7 @@ async fn swarm(
         max_pending_inbound: (64, 8),
         tcp_user_timeout: None,
         auth_timeout: AUTH_TIMEOUT,
+        loopback_targets: false,
     };
     build_swarm(
         key,

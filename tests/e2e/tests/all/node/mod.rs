@@ -25,6 +25,7 @@ mod policy;
 mod policy_push;
 mod policy_refusals;
 mod refusals;
+mod relayed_bytes;
 mod relayed_idle;
 mod revoke_token;
 mod store_copy;
