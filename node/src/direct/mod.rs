@@ -12,13 +12,21 @@
 //! offers the peer is the one our routers observed, fed to it as an
 //! external address candidate (dcutr reads candidates only).
 //!
+//! **Connection reversal** ([`reversal`], [`reversing`]): behind an
+//! endpoint-dependent NAT we never punch; instead every relayed connection
+//! asks the peer, on our own small protocol, to take a direct dial from us,
+//! and the peer answers with the address its routers agree on (or refuses
+//! when it has none); we then dial it. A peer reachable unsolicited
+//! (public, full-cone) is so reached directly.
+//!
 //! **Who may connect directly.** An inbound direct connection (one that
 //! arrived on the listening port) is accepted only from a peer that holds
 //! a relayed connection to us at that moment: routers admit both ends of
 //! every circuit, so that peer is an admitted member that was let through
 //! by a router's policy, and that is in a punch with us right now: dcutr's
 //! exchange with it started on a relayed connection (the connection came
-//! up and was handed to dcutr) or dcutr dialed it for a punch, within
+//! up and was handed to dcutr), dcutr dialed it for a punch, or we agreed
+//! to its reversal on its relayed connection, within
 //! [`gate::PUNCH_WINDOW`]. A peer that merely holds a circuit cannot
 //! connect directly whenever it likes: not on a relayed connection whose
 //! punch we skip, nor later than that after the exchange. (The dial alone
@@ -58,6 +66,8 @@ pub(crate) mod hello;
 pub(crate) mod nat;
 mod pending;
 mod reuse_log;
+pub(crate) mod reversal;
+mod reversing;
 
 pub(crate) use reuse_log::ReuseLog;
 
@@ -73,8 +83,8 @@ use libp2p::core::{Endpoint, Multiaddr, multiaddr::Protocol};
 use libp2p::dcutr;
 use libp2p::swarm::behaviour::{ConnectionClosed, ConnectionEstablished, FromSwarm};
 use libp2p::swarm::{
-    CloseConnection, ConnectionDenied, ConnectionId, NetworkBehaviour, THandler, THandlerInEvent,
-    THandlerOutEvent, ToSwarm, dummy,
+    CloseConnection, ConnectionDenied, ConnectionHandler as _, ConnectionHandlerSelect,
+    ConnectionId, NetworkBehaviour, THandler, THandlerInEvent, THandlerOutEvent, ToSwarm, dummy,
 };
 use rand::Rng as _;
 use tokio::time::Instant;
@@ -163,6 +173,20 @@ pub(crate) struct Behaviour {
     direct: HashSet<ConnectionId>,
     /// Their authentication, and the punches under way.
     gate: gate::Gate,
+    /// Connection reversals (`reversing.rs`).
+    reversals: reversing::Reversals,
+}
+
+/// What a new relayed connection to a peer gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Upgrade {
+    /// dcutr's punch.
+    Punch,
+    /// Our NAT is endpoint-dependent: ask the peer to take our dial
+    /// (connection reversal, `reversal.rs`).
+    Reverse,
+    /// Neither (counted).
+    Skip,
 }
 
 /// What the behaviour reports to the engine.
@@ -278,6 +302,7 @@ impl Behaviour {
             gate: gate::Gate::new(Duration::from_millis(
                 crate::config::DEFAULT_DIRECT_AUTH_TIMEOUT_MS,
             )),
+            reversals: reversing::Reversals::default(),
         }
     }
 
@@ -387,24 +412,57 @@ impl Behaviour {
 
     /// Whether a relayed connection to `peer` should be punched; counts
     /// the skip when not.
+    #[cfg(test)]
     fn should_punch(&mut self, peer: &PeerId, now: Instant) -> bool {
+        self.upgrade_for(peer, now) == Upgrade::Punch
+    }
+
+    /// What a new relayed connection to `peer` gets: a punch, a reversal
+    /// (our NAT is endpoint-dependent), or nothing (the skip counted).
+    fn upgrade_for(&mut self, peer: &PeerId, now: Instant) -> Upgrade {
         if !self.enabled {
-            return false;
+            return Upgrade::Skip;
         }
-        let skip = if self.observed.kind() == NatKind::EndpointDependent {
+        let dependent = self.observed.kind() == NatKind::EndpointDependent;
+        let skip = if self.backoff.get(peer).is_some_and(|b| now < b.until) {
+            Some("skipped_backoff")
+        } else if dependent && self.reversing(peer) {
             Some("skipped_endpoint_dependent")
+        } else if dependent {
+            return Upgrade::Reverse;
         } else if self.candidate.is_none() {
             Some("skipped_no_address")
-        } else if self.backoff.get(peer).is_some_and(|b| now < b.until) {
-            Some("skipped_backoff")
         } else {
             None
         };
         if let Some(why) = skip {
             self.metrics.upgrade(why);
             tracing::debug!(%peer, why, "no punch on this relayed connection");
+            return Upgrade::Skip;
         }
-        skip.is_none()
+        Upgrade::Punch
+    }
+
+    /// The handler of a new relayed connection `id` to `peer`: dcutr's when
+    /// it punches (its exchange starts now: a punch is under way), else
+    /// none of dcutr's; ours for reversal either way (asking when our NAT
+    /// is endpoint-dependent, answering always).
+    fn relayed_handler(
+        &mut self,
+        peer: PeerId,
+        id: ConnectionId,
+        dcutr: impl FnOnce(&mut dcutr::Behaviour) -> Result<InnerHandler, ConnectionDenied>,
+    ) -> Result<Handler, ConnectionDenied> {
+        self.relayed_up(peer, id);
+        let upgrade = self.upgrade_for(&peer, Instant::now());
+        let inner = if upgrade == Upgrade::Punch {
+            self.gate.punch_started(peer, Instant::now());
+            dcutr(&mut self.inner)?
+        } else {
+            Either::Right(dummy::ConnectionHandler)
+        };
+        let ask = upgrade == Upgrade::Reverse;
+        Ok(Either::Left(inner.select(reversal::Handler::new(ask))))
     }
 
     fn relayed_up(&mut self, peer: PeerId, id: ConnectionId) {
@@ -474,9 +532,12 @@ impl Behaviour {
 
 type InnerHandler = THandler<dcutr::Behaviour>;
 
-/// A relayed connection's (dcutr's or none), or a direct connection to a
-/// member's (the hello).
-type Handler = Either<InnerHandler, Either<hello::Handler, dummy::ConnectionHandler>>;
+/// A relayed connection's (dcutr's or none, beside reversal's), or a
+/// direct connection to a member's (the hello).
+type Handler = Either<
+    ConnectionHandlerSelect<InnerHandler, reversal::Handler>,
+    Either<hello::Handler, dummy::ConnectionHandler>,
+>;
 
 fn no_handler() -> Handler {
     Either::Right(Either::Right(dummy::ConnectionHandler))
@@ -545,16 +606,9 @@ impl NetworkBehaviour for Behaviour {
     ) -> Result<THandler<Self>, ConnectionDenied> {
         self.pending.release(&id);
         if is_relayed(local_addr) {
-            self.relayed_up(peer, id);
-            if !self.should_punch(&peer, Instant::now()) {
-                return Ok(no_handler());
-            }
-            // dcutr's exchange with the peer starts on it now.
-            self.gate.punch_started(peer, Instant::now());
-            return self
-                .inner
-                .handle_established_inbound_connection(id, peer, local_addr, remote_addr)
-                .map(Either::Left);
+            return self.relayed_handler(peer, id, |d| {
+                d.handle_established_inbound_connection(id, peer, local_addr, remote_addr)
+            });
         } else if !self.enabled {
             self.metrics.refused("direct_off");
             return Err(ConnectionDenied::new(Refused::DirectOff(peer)));
@@ -585,15 +639,9 @@ impl NetworkBehaviour for Behaviour {
         port_use: PortUse,
     ) -> Result<THandler<Self>, ConnectionDenied> {
         if is_relayed(addr) {
-            self.relayed_up(peer, id);
-            if !self.should_punch(&peer, Instant::now()) {
-                return Ok(no_handler());
-            }
-            self.gate.punch_started(peer, Instant::now());
-            return self
-                .inner
-                .handle_established_outbound_connection(id, peer, addr, role_override, port_use)
-                .map(Either::Left);
+            return self.relayed_handler(peer, id, |d| {
+                d.handle_established_outbound_connection(id, peer, addr, role_override, port_use)
+            });
         }
         self.inner.handle_established_outbound_connection(
             id,
@@ -614,6 +662,12 @@ impl NetworkBehaviour for Behaviour {
     fn on_swarm_event(&mut self, event: FromSwarm) {
         if let FromSwarm::ListenFailure(f) = &event {
             self.pending.release(&f.connection_id);
+        }
+        if let FromSwarm::DialFailure(f) = &event {
+            self.reversal_dialed(&f.connection_id, false, Instant::now());
+        }
+        if let FromSwarm::ConnectionEstablished(e) = &event {
+            self.reversal_dialed(&e.connection_id, true, Instant::now());
         }
         if let FromSwarm::ConnectionEstablished(ConnectionEstablished {
             peer_id,
@@ -659,7 +713,13 @@ impl NetworkBehaviour for Behaviour {
         event: THandlerOutEvent<Self>,
     ) {
         match event {
-            Either::Left(e) => self.inner.on_connection_handler_event(peer, id, e),
+            Either::Left(Either::Left(e)) => self.inner.on_connection_handler_event(peer, id, e),
+            Either::Left(Either::Right(reversal::Out::Asked)) => {
+                self.reversal_asked(peer, id, Instant::now())
+            }
+            Either::Left(Either::Right(reversal::Out::Answered(a))) => {
+                self.reversal_answered(peer, a, Instant::now())
+            }
             Either::Right(Either::Left(heard)) => self.gate.heard(peer, id, heard),
             Either::Right(Either::Right(never)) => libp2p::core::util::unreachable(never),
         }
@@ -674,6 +734,9 @@ impl NetworkBehaviour for Behaviour {
                 peer_id,
                 connection: CloseConnection::One(id),
             });
+        }
+        if let Some(next) = self.reversals.next() {
+            return Poll::Ready(next);
         }
         if let Some((peer, connection, heard)) = self.gate.next_heard() {
             return Poll::Ready(ToSwarm::GenerateEvent(Event::Hello {
@@ -708,9 +771,15 @@ impl NetworkBehaviour for Behaviour {
             }
             _ => {}
         }
-        Poll::Ready(event.map_in(Either::Left).map_out(Event::Punched))
+        Poll::Ready(
+            event
+                .map_in(|e| Either::Left(Either::Left(e)))
+                .map_out(Event::Punched),
+        )
     }
 }
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_reversal;
