@@ -65,6 +65,7 @@ mod gate;
 pub(crate) mod hello;
 pub(crate) mod nat;
 mod pending;
+mod repunch;
 mod reuse_log;
 pub(crate) mod reversal;
 mod reversing;
@@ -175,6 +176,10 @@ pub(crate) struct Behaviour {
     gate: gate::Gate,
     /// Connection reversals (`reversing.rs`).
     reversals: reversing::Reversals,
+    /// Our address changing: dcutr replaced, peers punched again.
+    repunch: repunch::Repunch,
+    /// Our peer id (a replacement dcutr behaviour's).
+    me: PeerId,
 }
 
 /// What a new relayed connection to a peer gets.
@@ -201,6 +206,11 @@ pub(crate) enum Event {
         connection: ConnectionId,
         heard: hello::Heard,
     },
+}
+
+/// Our address `a` as dcutr's candidate.
+fn candidate_addr(a: SocketAddr) -> Multiaddr {
+    Multiaddr::from(a.ip()).with(Protocol::Tcp(a.port()))
 }
 
 fn is_relayed(addr: &Multiaddr) -> bool {
@@ -303,6 +313,8 @@ impl Behaviour {
                 crate::config::DEFAULT_DIRECT_AUTH_TIMEOUT_MS,
             )),
             reversals: reversing::Reversals::default(),
+            repunch: repunch::Repunch::default(),
+            me,
         }
     }
 
@@ -387,8 +399,14 @@ impl Behaviour {
         if candidate != self.candidate {
             self.candidate = candidate;
             if let Some(a) = candidate {
-                let addr = Multiaddr::from(a.ip()).with(Protocol::Tcp(a.port()));
-                self.queued.push_back(addr);
+                if self.repunch.offer(a, Instant::now()) {
+                    // dcutr never drops a candidate: a fresh one knows
+                    // only the new address (`repunch.rs`).
+                    tracing::info!(new = %a, "our observed address changed: punches offer only the new one, and peers are punched again");
+                    self.inner = dcutr::Behaviour::new(self.me);
+                    self.queued.clear();
+                }
+                self.queued.push_back(candidate_addr(a));
             }
         }
         changed
@@ -424,11 +442,13 @@ impl Behaviour {
             return Upgrade::Skip;
         }
         let dependent = self.observed.kind() == NatKind::EndpointDependent;
-        let skip = if self.backoff.get(peer).is_some_and(|b| now < b.until) {
+        let backed_off = self.backoff.get(peer).is_some_and(|b| now < b.until);
+        let skip = if backed_off && !self.repunch.may_skip_backoff(peer) {
             Some("skipped_backoff")
         } else if dependent && self.reversing(peer) {
             Some("skipped_endpoint_dependent")
         } else if dependent {
+            self.starting(*peer, now, backed_off);
             return Upgrade::Reverse;
         } else if self.candidate.is_none() {
             Some("skipped_no_address")
@@ -440,7 +460,18 @@ impl Behaviour {
             tracing::debug!(%peer, why, "no punch on this relayed connection");
             return Upgrade::Skip;
         }
+        self.starting(*peer, now, backed_off);
         Upgrade::Punch
+    }
+
+    /// A punch or reversal to `peer` starts; counted as a re-punch when we
+    /// punched it before our address changed (`early`: past its backoff).
+    fn starting(&mut self, peer: PeerId, now: Instant, early: bool) {
+        if self.repunch.due(&peer) {
+            self.metrics.upgrade("repunched");
+            tracing::debug!(%peer, early, "punching again after our address changed");
+        }
+        self.repunch.started(peer, now, early);
     }
 
     /// The handler of a new relayed connection `id` to `peer`: dcutr's when
@@ -482,6 +513,7 @@ impl Behaviour {
         if ok {
             self.metrics.upgrade("direct");
             self.backoff.remove(&peer);
+            self.repunch.succeeded(&peer);
             return;
         }
         self.metrics.upgrade("failed");
@@ -531,6 +563,25 @@ impl Behaviour {
 }
 
 type InnerHandler = THandler<dcutr::Behaviour>;
+
+impl Behaviour {
+    /// Whether the current dcutr behaviour may see `event`: not a
+    /// candidate other than the one we offer now (one queued before a
+    /// change), not the close of a direct connection it never saw
+    /// established (one from before it replaced the last: dcutr panics on
+    /// those).
+    fn for_inner(&mut self, event: &FromSwarm) -> bool {
+        match event {
+            FromSwarm::NewExternalAddrCandidate(c) => {
+                self.candidate.map(candidate_addr).as_ref() == Some(c.addr)
+            }
+            FromSwarm::ConnectionClosed(c) if !c.endpoint.is_relayed() => {
+                self.repunch.inner_knows(&c.connection_id)
+            }
+            _ => true,
+        }
+    }
+}
 
 /// A relayed connection's (dcutr's or none, beside reversal's), or a
 /// direct connection to a member's (the hello).
@@ -625,6 +676,7 @@ impl NetworkBehaviour for Behaviour {
         // for them does nothing, the hello's takes its place.
         self.inner
             .handle_established_inbound_connection(id, peer, local_addr, remote_addr)?;
+        self.repunch.inner_saw(id);
         Ok(Either::Right(Either::Left(hello::Handler::new(
             self.gate.credential(),
         ))))
@@ -650,6 +702,7 @@ impl NetworkBehaviour for Behaviour {
             role_override,
             port_use,
         )?;
+        self.repunch.inner_saw(id);
         if self.is_punch(&id) || self.has_relayed(&peer) {
             // A direct connection to a member: the hello.
             return Ok(Either::Right(Either::Left(hello::Handler::new(
@@ -662,9 +715,11 @@ impl NetworkBehaviour for Behaviour {
     fn on_swarm_event(&mut self, event: FromSwarm) {
         if let FromSwarm::ListenFailure(f) = &event {
             self.pending.release(&f.connection_id);
+            self.repunch.inner_knows(&f.connection_id);
         }
         if let FromSwarm::DialFailure(f) = &event {
             self.reversal_dialed(&f.connection_id, false, Instant::now());
+            self.repunch.inner_knows(&f.connection_id);
         }
         if let FromSwarm::ConnectionEstablished(e) = &event {
             self.reversal_dialed(&e.connection_id, true, Instant::now());
@@ -702,6 +757,9 @@ impl NetworkBehaviour for Behaviour {
                     self.relayed.remove(peer_id);
                 }
             }
+        }
+        if !self.for_inner(&event) {
+            return;
         }
         self.inner.on_swarm_event(event);
     }
@@ -781,5 +839,7 @@ impl NetworkBehaviour for Behaviour {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_repunch;
 #[cfg(test)]
 mod tests_reversal;

@@ -120,6 +120,7 @@ impl Behaviour {
         if ok {
             self.metrics.upgrade("reversed");
             self.backoff.remove(&peer);
+            self.repunch.succeeded(&peer);
         } else {
             self.metrics.upgrade("reversal_failed");
             self.back_off(peer, now);

@@ -23,7 +23,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 /// peer's address came up), `reversal_failed` (that dial or the exchange
 /// failed), `reversal_refused` (the peer would not take our dial); on the
 /// side asked: `reversal_agreed`, `reversal_declined` (our NAT is
-/// endpoint-dependent too, or no address of ours is known).
+/// endpoint-dependent too, or no address of ours is known);
+/// `repunched` (a punch or reversal to a peer we punched before our
+/// observed address last changed, past its backoff if it had one).
 pub const UPGRADE_RESULTS: &[&str] = &[
     "direct",
     "failed",
@@ -36,6 +38,7 @@ pub const UPGRADE_RESULTS: &[&str] = &[
     "reversal_refused",
     "reversal_agreed",
     "reversal_declined",
+    "repunched",
 ];
 
 /// Why an inbound direct connection was closed at once:
@@ -176,7 +179,7 @@ impl DirectMetrics {
     pub(super) fn register(&self, r: &mut Registry) {
         r.register(
             "upgrade_attempts",
-            "Upgrades of relayed connections to direct ones (DCUtR hole punches and connection reversals), by result (direct, failed, skipped_endpoint_dependent, skipped_backoff, skipped_no_address, bad_target; reversal: reversed, reversal_failed, reversal_refused, reversal_agreed, reversal_declined)",
+            "Upgrades of relayed connections to direct ones (DCUtR hole punches and connection reversals), by result (direct, failed, skipped_endpoint_dependent, skipped_backoff, skipped_no_address, bad_target; reversal: reversed, reversal_failed, reversal_refused, reversal_agreed, reversal_declined; repunched: punched again after our observed address changed)",
             self.upgrade_attempts.clone(),
         );
         r.register(
