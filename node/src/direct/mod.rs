@@ -180,6 +180,9 @@ pub(crate) struct Behaviour {
     repunch: repunch::Repunch,
     /// Our peer id (a replacement dcutr behaviour's).
     me: PeerId,
+    /// The streams behaviour's control: direct connections to members are
+    /// held back from new streams until their peer authenticated.
+    streams: Option<agentmesh_streams::Control>,
 }
 
 /// What a new relayed connection to a peer gets.
@@ -315,7 +318,28 @@ impl Behaviour {
             reversals: reversing::Reversals::default(),
             repunch: repunch::Repunch::default(),
             me,
+            streams: None,
         }
+    }
+
+    /// The same with new streams kept off a direct connection to a member
+    /// while its peer has not authenticated, when the peer has another
+    /// connection (the relayed one): calls then go relayed until the hello
+    /// verified (`agentmesh_streams::Control::hold`).
+    pub(crate) fn with_streams(mut self, streams: agentmesh_streams::Control) -> Self {
+        self.streams = Some(streams);
+        self
+    }
+
+    /// A direct connection to a member comes up: its hello runs, and new
+    /// streams keep off it until the peer authenticated.
+    fn hello_handler(&mut self, id: ConnectionId) -> Handler {
+        if let Some(s) = &self.streams
+            && !s.hold(id)
+        {
+            tracing::debug!(connection = %id, "too many connections held back: calls may use this one before its hello");
+        }
+        Either::Right(Either::Left(hello::Handler::new(self.gate.credential())))
     }
 
     /// The same with peers of direct connections given `timeout` to
@@ -338,7 +362,11 @@ impl Behaviour {
         id: ConnectionId,
         claims: agentmesh_proto::credential::VerifiedClaims,
     ) -> bool {
-        self.gate.authenticated(id, claims)
+        let ok = self.gate.authenticated(id, claims);
+        if ok && let Some(s) = &self.streams {
+            s.release(id);
+        }
+        ok
     }
 
     /// The authenticated direct connections with their peer's claims.
@@ -677,9 +705,7 @@ impl NetworkBehaviour for Behaviour {
         self.inner
             .handle_established_inbound_connection(id, peer, local_addr, remote_addr)?;
         self.repunch.inner_saw(id);
-        Ok(Either::Right(Either::Left(hello::Handler::new(
-            self.gate.credential(),
-        ))))
+        Ok(self.hello_handler(id))
     }
 
     fn handle_established_outbound_connection(
@@ -705,9 +731,7 @@ impl NetworkBehaviour for Behaviour {
         self.repunch.inner_saw(id);
         if self.is_punch(&id) || self.has_relayed(&peer) {
             // A direct connection to a member: the hello.
-            return Ok(Either::Right(Either::Left(hello::Handler::new(
-                self.gate.credential(),
-            ))));
+            return Ok(self.hello_handler(id));
         }
         Ok(no_handler())
     }
@@ -843,3 +867,5 @@ mod tests;
 mod tests_repunch;
 #[cfg(test)]
 mod tests_reversal;
+#[cfg(test)]
+mod tests_streams;
