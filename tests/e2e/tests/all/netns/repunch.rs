@@ -1,13 +1,16 @@
 //! Punching again when a member's observed address changes
 //! (`docs/direct.md`, `node/src/direct/repunch.rs`): two members behind
-//! endpoint-independent NATs go direct; then the caller's host moves to
+//! endpoint-independent NATs go direct; the path between their NATs is
+//! cut, so the caller's calls fall back to the relay and its punches to
+//! the provider back off for `--punch-backoff-min-secs` (600 s here,
+//! longer than the test); the cut heals; then the caller's host moves to
 //! another address on its LAN (a new lease, a new network:
 //! `agentmesh_netns::Nat::move_host`), so its connections from the old
 //! address stop carrying bytes and its NAT gives its new flows another
 //! public port. The caller's routers observe the new port, its calls keep
-//! working (relayed while nothing direct is up), and a punch with the
-//! provider's is made again, counted as `repunched`, after which calls are
-//! direct again.
+//! working (relayed while nothing direct is up), and it punches the
+//! provider again at once despite the backoff, counted as `repunched`,
+//! after which calls are direct again.
 
 use agentmesh_netns::NatKind;
 use rand::RngCore as _;
@@ -31,7 +34,7 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
     };
     net.add_router("r1").await;
     net.add_router("r2").await;
-    let (ph, _pgw) = net
+    let (ph, pgw) = net
         .member_host("prov", Some(NatKind::EndpointIndependent))
         .await;
     let (ch, cgw) = net
@@ -41,9 +44,19 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
     let mut provider = net
         .member("prov", ph, &direct_spec(Some("echo-prov"), &[]))
         .await;
-    let mut caller = net
-        .member("caller", ch.clone(), &direct_spec(None, &["echo-prov"]))
-        .await;
+    let mut cspec = direct_spec(None, &["echo-prov"]);
+    // The dead path noticed quickly (as in `direct.rs`), and a backoff
+    // after the fallback that outlasts the test.
+    cspec.args.extend(
+        [
+            "--call-timeout-secs=4",
+            "--direct-tcp-user-timeout-secs=2",
+            "--punch-backoff-min-secs=600",
+            "--punch-backoff-max-secs=600",
+        ]
+        .map(String::from),
+    );
+    let mut caller = net.member("caller", ch.clone(), &cspec).await;
     provider.wait_ready().await;
     caller.wait_ready().await;
     assert_eq!(nat_kind(&caller).await, "endpoint_independent");
@@ -55,6 +68,21 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
     let punched = r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#;
     let repunched = r#"agentmesh_node_upgrade_attempts_total{result="repunched"}"#;
     assert_eq!(caller.metric(repunched).await, 0.0);
+
+    // The direct path dies: calls fall back to the relay, and punches to
+    // the provider back off.
+    let pgw = pgw.expect("the provider's NAT");
+    let fallbacks = "agentmesh_node_direct_fallbacks_total";
+    cgw.cut_to(pgw.public_addr(), true).await.expect("cut");
+    eventually("a call falls back to the relay", || {
+        let (caller, payload) = (&caller, &payload);
+        async move {
+            caller.call_until_echoed("echo-prov", payload).await;
+            (caller.metric(fallbacks).await >= 1.0).then_some(())
+        }
+    })
+    .await;
+    cgw.cut_to(pgw.public_addr(), false).await.expect("heal");
 
     let old = ch.addr();
     let new = cgw.move_host(&ch).await.expect("move the caller's host");
@@ -103,7 +131,7 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
     for series in [
         r#"agentmesh_node_upgrade_attempts_total{result="skipped_backoff"}"#,
         r#"agentmesh_node_upgrade_attempts_total{result="failed"}"#,
-        "agentmesh_node_direct_fallbacks_total",
+        fallbacks,
     ] {
         counts.push(format!("{series}={}", caller.metric(series).await));
     }
