@@ -19,6 +19,12 @@
 //! when it has none); we then dial it. A peer reachable unsolicited
 //! (public, full-cone) is so reached directly.
 //!
+//! **Our address changing** ([`repunch`]): when the routers agree on a new
+//! address of ours, dcutr is replaced by a fresh one fed only that one
+//! (dcutr never drops a candidate), and peers punched before the change
+//! are punched again on their next relayed connection, past their backoff
+//! (bounded, counted `repunched`).
+//!
 //! **Who may connect directly.** An inbound direct connection (one that
 //! arrived on the listening port) is accepted only from a peer that holds
 //! a relayed connection to us at that moment: routers admit both ends of
@@ -51,6 +57,9 @@
 //! "unauthenticated"}`. The engine judges every authenticated connection
 //! again on each new policy or revocation list and closes those no longer
 //! allowed ([`Behaviour::close_direct`], `reason="policy"|"revoked"`).
+//! Until its peer authenticated, a direct connection is held back from new
+//! streams (`agentmesh_streams::Control::hold`): calls keep to the relayed
+//! connection meanwhile.
 //!
 //! **Dial failures of punches** must not fail callers waiting for a
 //! connection to that peer: [`Behaviour::is_punch`] names the connection
