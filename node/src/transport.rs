@@ -267,6 +267,7 @@ pub(crate) async fn build_swarm(
         Ok((transport, relay_client))
     })
     .await??;
+    let stream = agentmesh_streams::Behaviour::with_limits(streams, pending);
     let behaviour = Behaviour {
         direct: crate::direct::Behaviour::new(
             peer_id,
@@ -281,9 +282,10 @@ pub(crate) async fn build_swarm(
         .with_backoff(dialing.punch_backoff)
         .with_loopback_targets(dialing.loopback_targets)
         .with_pending_limits(dialing.max_pending_inbound.0, dialing.max_pending_inbound.1)
-        .with_auth_timeout(dialing.auth_timeout),
+        .with_auth_timeout(dialing.auth_timeout)
+        .with_streams(stream.new_control()),
         relay: relay_client,
-        stream: agentmesh_streams::Behaviour::with_limits(streams, pending),
+        stream,
         ping: ping::Behaviour::new(ping),
     };
     let mut swarm = Swarm::new(transport, behaviour, peer_id, swarm_config(idle));

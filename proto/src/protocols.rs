@@ -20,6 +20,12 @@ pub const POLICY: &str = "/agentmesh/policy/1";
 /// answered. One per connection and direction.
 pub const DIRECT_HELLO: &str = "/agentmesh/direct-hello/1";
 
+/// Connection reversal: on a relayed connection between two members, the
+/// one behind an endpoint-dependent NAT asks the other to accept a direct
+/// dial from it; one request byte, answered by the address to dial (or a
+/// refusal). See the node's `direct/reversal.rs`.
+pub const DIRECT_REVERSE: &str = "/agentmesh/direct-reverse/1";
+
 /// Largest `PolicyPush` (and `Admitted` carrying one): the policy
 /// document's and the signed revocation list's own caps, plus room for
 /// their signatures and framing.

@@ -28,7 +28,8 @@ impl Control {
         Self { shared }
     }
 
-    /// Opens a `protocol` stream to `peer` on its newest connection; when
+    /// Opens a `protocol` stream to `peer` on its newest connection (not
+    /// held back, see [`Control::hold`]); when
     /// not connected, asks the swarm to dial the peer (addresses come from
     /// the other behaviours) and fails if that dial fails. The caller bounds
     /// the wait (the negotiation itself times out after the swarm's
@@ -62,8 +63,26 @@ impl Control {
         answer.await.map_err(|_| closed(peer))?
     }
 
+    /// Holds connection `conn` back from new streams while its peer has
+    /// another connection: opens go on the peer's newest connection that
+    /// is not held, and on a held one only when every connection of the
+    /// peer is held. For a connection that may not carry streams yet (a
+    /// direct connection whose peer has not authenticated); may be called
+    /// before the connection is established (from another behaviour's
+    /// `handle_established_*`, which runs before ours when it is an
+    /// earlier field). Forgotten when the connection closes. False when
+    /// too many (4,096) are held already: it is then not held.
+    pub fn hold(&self, conn: ConnectionId) -> bool {
+        self.shared.hold(conn)
+    }
+
+    /// New streams may go on `conn` again (see [`Control::hold`]).
+    pub fn release(&self, conn: ConnectionId) {
+        self.shared.release(conn);
+    }
+
     /// The connection a stream opened to `peer` now would go on (the
-    /// newest), and whether it is relayed; `None` when not connected. A
+    /// newest not held back, see [`Control::hold`]), and whether it is relayed; `None` when not connected. A
     /// caller whose stream then fails learns which path to suspect (a new
     /// connection may come up in between: this is a hint, not a promise).
     pub fn newest_connection(&self, peer: &PeerId) -> Option<(ConnectionId, bool)> {

@@ -7,7 +7,7 @@
 //! when that handler is dropped (or the swarm reports the connection
 //! closed, whichever comes first), so nothing outlives its connection.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::sync::Arc;
 use std::task::Waker;
@@ -112,6 +112,24 @@ struct Inner {
     /// The behaviour's waker, for a dial or a close to hand out.
     dial_waker: Option<Waker>,
     next_registration: u64,
+    /// Connections held back from new streams while the peer has another
+    /// (see [`Shared::hold`]); may name one not registered yet. At most
+    /// [`MAX_HELD`].
+    held: HashSet<ConnectionId>,
+}
+
+/// Connections held back at most (see [`Shared::hold`]).
+pub(crate) const MAX_HELD: usize = 4096;
+
+/// The connection a new stream to `peer` goes on: its newest that is not
+/// held back, else its newest.
+fn pick(inner: &Inner, peer: &PeerId) -> Option<ConnectionId> {
+    let list = inner.peers.get(peer)?;
+    list.iter()
+        .rev()
+        .find(|id| !inner.held.contains(id))
+        .or(list.last())
+        .copied()
 }
 
 /// See the module doc.
@@ -262,6 +280,7 @@ impl Shared {
     /// on the swarm's connection-closed event).
     pub(crate) fn connection_down(&self, conn: ConnectionId) {
         let mut inner = self.inner.lock();
+        inner.held.remove(&conn);
         let Some(c) = inner.connections.remove(&conn) else {
             return;
         };
@@ -280,8 +299,32 @@ impl Shared {
     /// whether it is relayed.
     pub(crate) fn newest(&self, peer: &PeerId) -> Option<(ConnectionId, bool)> {
         let inner = self.inner.lock();
-        let id = *inner.peers.get(peer)?.last()?;
+        let id = pick(&inner, peer)?;
         inner.connections.get(&id).map(|c| (id, c.relayed))
+    }
+
+    /// Holds connection `conn` back from new streams while its peer has
+    /// another connection (it is still used when it is the peer's only
+    /// one); may be called before the connection registers. False when
+    /// [`MAX_HELD`] connections are held already (it is then not held).
+    pub(crate) fn hold(&self, conn: ConnectionId) -> bool {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        if inner.held.len() >= MAX_HELD && !inner.held.contains(&conn) {
+            // Held ids of connections that never came up or are gone.
+            let live = &inner.connections;
+            inner.held.retain(|id| live.contains_key(id));
+            if inner.held.len() >= MAX_HELD {
+                return false;
+            }
+        }
+        inner.held.insert(conn);
+        true
+    }
+
+    /// New streams may go on `conn` again.
+    pub(crate) fn release(&self, conn: ConnectionId) {
+        self.inner.lock().held.remove(&conn);
     }
 
     /// Picks the newest connection to `peer`, or parks the request and asks
@@ -290,7 +333,7 @@ impl Shared {
     /// peer cannot queue without end while each dial runs to its timeout.
     pub(crate) fn route(&self, peer: PeerId, req: OpenRequest) -> Route {
         let mut inner = self.inner.lock();
-        let conn = inner.peers.get(&peer).and_then(|l| l.last().copied());
+        let conn = pick(&inner, &peer);
         if let Some(c) = conn.and_then(|id| inner.connections.get(&id)) {
             return Route::Connection(c.requests.clone(), req);
         }
@@ -457,6 +500,72 @@ fn shrink_sparse<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn open_on(shared: &Shared, peer: PeerId) -> Option<Route> {
+        let (reply, _answer) = oneshot::channel();
+        let req = OpenRequest {
+            protocol: StreamProtocol::new("/t/1"),
+            reply,
+        };
+        Some(shared.route(peer, req))
+    }
+
+    #[test]
+    fn a_held_connection_is_passed_over_while_the_peer_has_another() {
+        let shared = Shared::new(1, PendingOpenLimits::default());
+        let peer = PeerId::random();
+        let (relayed, direct, later) = (
+            ConnectionId::new_unchecked(1),
+            ConnectionId::new_unchecked(2),
+            ConnectionId::new_unchecked(3),
+        );
+        // Held before it registers, as the direct behaviour does while the
+        // swarm sets the connection up.
+        assert!(shared.hold(direct));
+        let (mut on_relayed, _) = shared.connection_up(relayed, peer, true);
+        let (mut on_direct, _) = shared.connection_up(direct, peer, false);
+        assert_eq!(shared.newest(&peer), Some((relayed, true)));
+        let Some(Route::Connection(tx, req)) = open_on(&shared, peer) else {
+            panic!("routed to a connection");
+        };
+        tx.try_send(req).expect("queued");
+        assert!(on_relayed.try_recv().is_ok(), "the open went relayed");
+        assert!(on_direct.try_recv().is_err());
+        // Released (its peer authenticated): the newest again.
+        shared.release(direct);
+        assert_eq!(shared.newest(&peer), Some((direct, false)));
+        // Every connection held: the newest is still used.
+        assert!(shared.hold(direct));
+        assert!(shared.hold(relayed));
+        assert_eq!(shared.newest(&peer), Some((direct, false)));
+        // A newer unheld one wins; a closed connection's hold is forgotten.
+        let _l = shared.connection_up(later, peer, false);
+        assert_eq!(shared.newest(&peer), Some((later, false)));
+        shared.connection_down(direct);
+        shared.connection_down(relayed);
+        assert!(shared.inner.lock().held.is_empty());
+    }
+
+    #[test]
+    fn held_connections_are_bounded() {
+        let shared = Shared::new(1, PendingOpenLimits::default());
+        for i in 0..MAX_HELD {
+            assert!(shared.hold(ConnectionId::new_unchecked(i)));
+        }
+        // None of those came up: pruned to make room.
+        assert!(shared.hold(ConnectionId::new_unchecked(MAX_HELD)));
+        assert_eq!(shared.inner.lock().held.len(), 1);
+        // Live ones are kept: past the bound a new one is not held.
+        let peer = PeerId::random();
+        let mut keep = Vec::new();
+        for i in 0..MAX_HELD {
+            let id = ConnectionId::new_unchecked(MAX_HELD + 1 + i);
+            keep.push(shared.connection_up(id, peer, false));
+            shared.hold(id);
+        }
+        assert!(!shared.hold(ConnectionId::new_unchecked(usize::MAX)));
+        assert!(shared.inner.lock().held.len() <= MAX_HELD);
+    }
 
     #[test]
     fn refusals_and_closes_are_per_live_connection_and_queued_once() {

@@ -147,7 +147,8 @@ impl Gate {
     }
 
     /// A punch with `peer` is under way at `now` (dcutr's exchange began on
-    /// a relayed connection to it, or dcutr dials it).
+    /// a relayed connection to it, or dcutr dials it, or we agreed to its
+    /// reversal on its relayed connection: `reversing.rs`).
     pub(crate) fn punch_started(&mut self, peer: PeerId, now: Instant) {
         if self.punching.len() >= MAX_PUNCHING && !self.punching.contains_key(&peer) {
             self.punching

@@ -12,13 +12,27 @@
 //! offers the peer is the one our routers observed, fed to it as an
 //! external address candidate (dcutr reads candidates only).
 //!
+//! **Connection reversal** ([`reversal`], [`reversing`]): behind an
+//! endpoint-dependent NAT we never punch; instead every relayed connection
+//! asks the peer, on our own small protocol, to take a direct dial from us,
+//! and the peer answers with the address its routers agree on (or refuses
+//! when it has none); we then dial it. A peer reachable unsolicited
+//! (public, full-cone) is so reached directly.
+//!
+//! **Our address changing** ([`repunch`]): when the routers agree on a new
+//! address of ours, dcutr is replaced by a fresh one fed only that one
+//! (dcutr never drops a candidate), and peers punched before the change
+//! are punched again on their next relayed connection, past their backoff
+//! (bounded, counted `repunched`).
+//!
 //! **Who may connect directly.** An inbound direct connection (one that
 //! arrived on the listening port) is accepted only from a peer that holds
 //! a relayed connection to us at that moment: routers admit both ends of
 //! every circuit, so that peer is an admitted member that was let through
 //! by a router's policy, and that is in a punch with us right now: dcutr's
 //! exchange with it started on a relayed connection (the connection came
-//! up and was handed to dcutr) or dcutr dialed it for a punch, within
+//! up and was handed to dcutr), dcutr dialed it for a punch, or we agreed
+//! to its reversal on its relayed connection, within
 //! [`gate::PUNCH_WINDOW`]. A peer that merely holds a circuit cannot
 //! connect directly whenever it likes: not on a relayed connection whose
 //! punch we skip, nor later than that after the exchange. (The dial alone
@@ -43,6 +57,9 @@
 //! "unauthenticated"}`. The engine judges every authenticated connection
 //! again on each new policy or revocation list and closes those no longer
 //! allowed ([`Behaviour::close_direct`], `reason="policy"|"revoked"`).
+//! Until its peer authenticated, a direct connection is held back from new
+//! streams (`agentmesh_streams::Control::hold`): calls keep to the relayed
+//! connection meanwhile.
 //!
 //! **Dial failures of punches** must not fail callers waiting for a
 //! connection to that peer: [`Behaviour::is_punch`] names the connection
@@ -58,7 +75,10 @@ mod gate;
 pub(crate) mod hello;
 pub(crate) mod nat;
 mod pending;
+mod repunch;
 mod reuse_log;
+pub(crate) mod reversal;
+mod reversing;
 mod targets;
 
 pub(crate) use reuse_log::ReuseLog;
@@ -75,8 +95,8 @@ use libp2p::core::{Endpoint, Multiaddr, multiaddr::Protocol};
 use libp2p::dcutr;
 use libp2p::swarm::behaviour::{ConnectionClosed, ConnectionEstablished, FromSwarm};
 use libp2p::swarm::{
-    CloseConnection, ConnectionDenied, ConnectionId, NetworkBehaviour, THandler, THandlerInEvent,
-    THandlerOutEvent, ToSwarm, dummy,
+    CloseConnection, ConnectionDenied, ConnectionHandler as _, ConnectionHandlerSelect,
+    ConnectionId, NetworkBehaviour, THandler, THandlerInEvent, THandlerOutEvent, ToSwarm, dummy,
 };
 use rand::Rng as _;
 use tokio::time::Instant;
@@ -168,6 +188,27 @@ pub(crate) struct Behaviour {
     /// Punches may dial loopback (`--direct-allow-loopback-targets`,
     /// tests and benches only: [`targets`]).
     loopback_targets: bool,
+    /// Connection reversals (`reversing.rs`).
+    reversals: reversing::Reversals,
+    /// Our address changing: dcutr replaced, peers punched again.
+    repunch: repunch::Repunch,
+    /// Our peer id (a replacement dcutr behaviour's).
+    me: PeerId,
+    /// The streams behaviour's control: direct connections to members are
+    /// held back from new streams until their peer authenticated.
+    streams: Option<agentmesh_streams::Control>,
+}
+
+/// What a new relayed connection to a peer gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Upgrade {
+    /// dcutr's punch.
+    Punch,
+    /// Our NAT is endpoint-dependent: ask the peer to take our dial
+    /// (connection reversal, `reversal.rs`).
+    Reverse,
+    /// Neither (counted).
+    Skip,
 }
 
 /// What the behaviour reports to the engine.
@@ -182,6 +223,11 @@ pub(crate) enum Event {
         connection: ConnectionId,
         heard: hello::Heard,
     },
+}
+
+/// Our address `a` as dcutr's candidate.
+fn candidate_addr(a: SocketAddr) -> Multiaddr {
+    Multiaddr::from(a.ip()).with(Protocol::Tcp(a.port()))
 }
 
 fn is_relayed(addr: &Multiaddr) -> bool {
@@ -258,7 +304,31 @@ impl Behaviour {
             gate: gate::Gate::new(Duration::from_millis(
                 crate::config::DEFAULT_DIRECT_AUTH_TIMEOUT_MS,
             )),
+            reversals: reversing::Reversals::default(),
+            repunch: repunch::Repunch::default(),
+            me,
+            streams: None,
         }
+    }
+
+    /// The same with new streams kept off a direct connection to a member
+    /// while its peer has not authenticated, when the peer has another
+    /// connection (the relayed one): calls then go relayed until the hello
+    /// verified (`agentmesh_streams::Control::hold`).
+    pub(crate) fn with_streams(mut self, streams: agentmesh_streams::Control) -> Self {
+        self.streams = Some(streams);
+        self
+    }
+
+    /// A direct connection to a member comes up: its hello runs, and new
+    /// streams keep off it until the peer authenticated.
+    fn hello_handler(&mut self, id: ConnectionId) -> Handler {
+        if let Some(s) = &self.streams
+            && !s.hold(id)
+        {
+            tracing::debug!(connection = %id, "too many connections held back: calls may use this one before its hello");
+        }
+        Either::Right(Either::Left(hello::Handler::new(self.gate.credential())))
     }
 
     /// The same with peers of direct connections given `timeout` to
@@ -281,7 +351,11 @@ impl Behaviour {
         id: ConnectionId,
         claims: agentmesh_proto::credential::VerifiedClaims,
     ) -> bool {
-        self.gate.authenticated(id, claims)
+        let ok = self.gate.authenticated(id, claims);
+        if ok && let Some(s) = &self.streams {
+            s.release(id);
+        }
+        ok
     }
 
     /// The authenticated direct connections with their peer's claims.
@@ -349,8 +423,14 @@ impl Behaviour {
         if candidate != self.candidate {
             self.candidate = candidate;
             if let Some(a) = candidate {
-                let addr = Multiaddr::from(a.ip()).with(Protocol::Tcp(a.port()));
-                self.queued.push_back(addr);
+                if self.repunch.offer(a, Instant::now()) {
+                    // dcutr never drops a candidate: a fresh one knows
+                    // only the new address (`repunch.rs`).
+                    tracing::info!(new = %a, "our observed address changed: punches offer only the new one, and peers are punched again");
+                    self.inner = dcutr::Behaviour::new(self.me);
+                    self.queued.clear();
+                }
+                self.queued.push_back(candidate_addr(a));
             }
         }
         changed
@@ -374,24 +454,70 @@ impl Behaviour {
 
     /// Whether a relayed connection to `peer` should be punched; counts
     /// the skip when not.
+    #[cfg(test)]
     fn should_punch(&mut self, peer: &PeerId, now: Instant) -> bool {
+        self.upgrade_for(peer, now) == Upgrade::Punch
+    }
+
+    /// What a new relayed connection to `peer` gets: a punch, a reversal
+    /// (our NAT is endpoint-dependent), or nothing (the skip counted).
+    fn upgrade_for(&mut self, peer: &PeerId, now: Instant) -> Upgrade {
         if !self.enabled {
-            return false;
+            return Upgrade::Skip;
         }
-        let skip = if self.observed.kind() == NatKind::EndpointDependent {
+        let dependent = self.observed.kind() == NatKind::EndpointDependent;
+        let backed_off = self.backoff.get(peer).is_some_and(|b| now < b.until);
+        let skip = if backed_off && !self.repunch.may_skip_backoff(peer) {
+            Some("skipped_backoff")
+        } else if dependent && self.reversing(peer) {
             Some("skipped_endpoint_dependent")
+        } else if dependent {
+            self.starting(*peer, now, backed_off);
+            return Upgrade::Reverse;
         } else if self.candidate.is_none() {
             Some("skipped_no_address")
-        } else if self.backoff.get(peer).is_some_and(|b| now < b.until) {
-            Some("skipped_backoff")
         } else {
             None
         };
         if let Some(why) = skip {
             self.metrics.upgrade(why);
             tracing::debug!(%peer, why, "no punch on this relayed connection");
+            return Upgrade::Skip;
         }
-        skip.is_none()
+        self.starting(*peer, now, backed_off);
+        Upgrade::Punch
+    }
+
+    /// A punch or reversal to `peer` starts; counted as a re-punch when we
+    /// punched it before our address changed (`early`: past its backoff).
+    fn starting(&mut self, peer: PeerId, now: Instant, early: bool) {
+        if self.repunch.due(&peer) {
+            self.metrics.upgrade("repunched");
+            tracing::debug!(%peer, early, "punching again after our address changed");
+        }
+        self.repunch.started(peer, now, early);
+    }
+
+    /// The handler of a new relayed connection `id` to `peer`: dcutr's when
+    /// it punches (its exchange starts now: a punch is under way), else
+    /// none of dcutr's; ours for reversal either way (asking when our NAT
+    /// is endpoint-dependent, answering always).
+    fn relayed_handler(
+        &mut self,
+        peer: PeerId,
+        id: ConnectionId,
+        dcutr: impl FnOnce(&mut dcutr::Behaviour) -> Result<InnerHandler, ConnectionDenied>,
+    ) -> Result<Handler, ConnectionDenied> {
+        self.relayed_up(peer, id);
+        let upgrade = self.upgrade_for(&peer, Instant::now());
+        let inner = if upgrade == Upgrade::Punch {
+            self.gate.punch_started(peer, Instant::now());
+            dcutr(&mut self.inner)?
+        } else {
+            Either::Right(dummy::ConnectionHandler)
+        };
+        let ask = upgrade == Upgrade::Reverse;
+        Ok(Either::Left(inner.select(reversal::Handler::new(ask))))
     }
 
     fn relayed_up(&mut self, peer: PeerId, id: ConnectionId) {
@@ -411,6 +537,7 @@ impl Behaviour {
         if ok {
             self.metrics.upgrade("direct");
             self.backoff.remove(&peer);
+            self.repunch.succeeded(&peer);
             return;
         }
         self.metrics.upgrade("failed");
@@ -461,9 +588,31 @@ impl Behaviour {
 
 type InnerHandler = THandler<dcutr::Behaviour>;
 
-/// A relayed connection's (dcutr's or none), or a direct connection to a
-/// member's (the hello).
-type Handler = Either<InnerHandler, Either<hello::Handler, dummy::ConnectionHandler>>;
+impl Behaviour {
+    /// Whether the current dcutr behaviour may see `event`: not a
+    /// candidate other than the one we offer now (one queued before a
+    /// change), not the close of a direct connection it never saw
+    /// established (one from before it replaced the last: dcutr panics on
+    /// those).
+    fn for_inner(&mut self, event: &FromSwarm) -> bool {
+        match event {
+            FromSwarm::NewExternalAddrCandidate(c) => {
+                self.candidate.map(candidate_addr).as_ref() == Some(c.addr)
+            }
+            FromSwarm::ConnectionClosed(c) if !c.endpoint.is_relayed() => {
+                self.repunch.inner_knows(&c.connection_id)
+            }
+            _ => true,
+        }
+    }
+}
+
+/// A relayed connection's (dcutr's or none, beside reversal's), or a
+/// direct connection to a member's (the hello).
+type Handler = Either<
+    ConnectionHandlerSelect<InnerHandler, reversal::Handler>,
+    Either<hello::Handler, dummy::ConnectionHandler>,
+>;
 
 fn no_handler() -> Handler {
     Either::Right(Either::Right(dummy::ConnectionHandler))
@@ -536,16 +685,9 @@ impl NetworkBehaviour for Behaviour {
     ) -> Result<THandler<Self>, ConnectionDenied> {
         self.pending.release(&id);
         if is_relayed(local_addr) {
-            self.relayed_up(peer, id);
-            if !self.should_punch(&peer, Instant::now()) {
-                return Ok(no_handler());
-            }
-            // dcutr's exchange with the peer starts on it now.
-            self.gate.punch_started(peer, Instant::now());
-            return self
-                .inner
-                .handle_established_inbound_connection(id, peer, local_addr, remote_addr)
-                .map(Either::Left);
+            return self.relayed_handler(peer, id, |d| {
+                d.handle_established_inbound_connection(id, peer, local_addr, remote_addr)
+            });
         } else if !self.enabled {
             self.metrics.refused("direct_off");
             return Err(ConnectionDenied::new(Refused::DirectOff(peer)));
@@ -562,9 +704,8 @@ impl NetworkBehaviour for Behaviour {
         // for them does nothing, the hello's takes its place.
         self.inner
             .handle_established_inbound_connection(id, peer, local_addr, remote_addr)?;
-        Ok(Either::Right(Either::Left(hello::Handler::new(
-            self.gate.credential(),
-        ))))
+        self.repunch.inner_saw(id);
+        Ok(self.hello_handler(id))
     }
 
     fn handle_established_outbound_connection(
@@ -576,15 +717,9 @@ impl NetworkBehaviour for Behaviour {
         port_use: PortUse,
     ) -> Result<THandler<Self>, ConnectionDenied> {
         if is_relayed(addr) {
-            self.relayed_up(peer, id);
-            if !self.should_punch(&peer, Instant::now()) {
-                return Ok(no_handler());
-            }
-            self.gate.punch_started(peer, Instant::now());
-            return self
-                .inner
-                .handle_established_outbound_connection(id, peer, addr, role_override, port_use)
-                .map(Either::Left);
+            return self.relayed_handler(peer, id, |d| {
+                d.handle_established_outbound_connection(id, peer, addr, role_override, port_use)
+            });
         }
         self.inner.handle_established_outbound_connection(
             id,
@@ -593,11 +728,10 @@ impl NetworkBehaviour for Behaviour {
             role_override,
             port_use,
         )?;
+        self.repunch.inner_saw(id);
         if self.is_punch(&id) || self.has_relayed(&peer) {
             // A direct connection to a member: the hello.
-            return Ok(Either::Right(Either::Left(hello::Handler::new(
-                self.gate.credential(),
-            ))));
+            return Ok(self.hello_handler(id));
         }
         Ok(no_handler())
     }
@@ -605,6 +739,14 @@ impl NetworkBehaviour for Behaviour {
     fn on_swarm_event(&mut self, event: FromSwarm) {
         if let FromSwarm::ListenFailure(f) = &event {
             self.pending.release(&f.connection_id);
+            self.repunch.inner_knows(&f.connection_id);
+        }
+        if let FromSwarm::DialFailure(f) = &event {
+            self.reversal_dialed(&f.connection_id, false, Instant::now());
+            self.repunch.inner_knows(&f.connection_id);
+        }
+        if let FromSwarm::ConnectionEstablished(e) = &event {
+            self.reversal_dialed(&e.connection_id, true, Instant::now());
         }
         if let FromSwarm::ConnectionEstablished(ConnectionEstablished {
             peer_id,
@@ -640,6 +782,9 @@ impl NetworkBehaviour for Behaviour {
                 }
             }
         }
+        if !self.for_inner(&event) {
+            return;
+        }
         self.inner.on_swarm_event(event);
     }
 
@@ -650,7 +795,13 @@ impl NetworkBehaviour for Behaviour {
         event: THandlerOutEvent<Self>,
     ) {
         match event {
-            Either::Left(e) => self.inner.on_connection_handler_event(peer, id, e),
+            Either::Left(Either::Left(e)) => self.inner.on_connection_handler_event(peer, id, e),
+            Either::Left(Either::Right(reversal::Out::Asked)) => {
+                self.reversal_asked(peer, id, Instant::now())
+            }
+            Either::Left(Either::Right(reversal::Out::Answered(a))) => {
+                self.reversal_answered(peer, a, Instant::now())
+            }
             Either::Right(Either::Left(heard)) => self.gate.heard(peer, id, heard),
             Either::Right(Either::Right(never)) => libp2p::core::util::unreachable(never),
         }
@@ -665,6 +816,9 @@ impl NetworkBehaviour for Behaviour {
                 peer_id,
                 connection: CloseConnection::One(id),
             });
+        }
+        if let Some(next) = self.reversals.next() {
+            return Poll::Ready(next);
         }
         if let Some((peer, connection, heard)) = self.gate.next_heard() {
             return Poll::Ready(ToSwarm::GenerateEvent(Event::Hello {
@@ -699,9 +853,19 @@ impl NetworkBehaviour for Behaviour {
             }
             _ => {}
         }
-        Poll::Ready(event.map_in(Either::Left).map_out(Event::Punched))
+        Poll::Ready(
+            event
+                .map_in(|e| Either::Left(Either::Left(e)))
+                .map_out(Event::Punched),
+        )
     }
 }
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_repunch;
+#[cfg(test)]
+mod tests_reversal;
+#[cfg(test)]
+mod tests_streams;

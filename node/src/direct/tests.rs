@@ -2,7 +2,7 @@
 
 use super::*;
 
-fn behaviour(enabled: bool) -> (Behaviour, DirectMetrics) {
+pub(super) fn behaviour(enabled: bool) -> (Behaviour, DirectMetrics) {
     let m = DirectMetrics::default();
     (
         Behaviour::new(PeerId::random(), enabled, m.clone(), ReuseLog::default()),
@@ -10,7 +10,7 @@ fn behaviour(enabled: bool) -> (Behaviour, DirectMetrics) {
     )
 }
 
-fn count(m: &DirectMetrics, result: &'static str) -> u64 {
+pub(super) fn count(m: &DirectMetrics, result: &'static str) -> u64 {
     m.upgrade_attempts
         .get_or_create(&crate::metrics::ResultLabel { result })
         .get()
@@ -53,8 +53,11 @@ fn punches_only_where_they_can_land_and_not_again_right_after_a_failure() {
     // An endpoint-dependent NAT: no punch at all.
     assert!(b.observe(r2, Some("10.0.0.5:61000".parse().expect("sa"))));
     assert_eq!(b.observations().kind(), NatKind::EndpointDependent);
+    // An endpoint-dependent NAT: no punch; a reversal is asked instead
+    // (`tests_reversal.rs`).
     assert!(!b.should_punch(&peer, now));
-    assert_eq!(count(&m, "skipped_endpoint_dependent"), 1);
+    assert_eq!(b.upgrade_for(&peer, now), Upgrade::Reverse);
+    assert_eq!(count(&m, "skipped_endpoint_dependent"), 0);
 }
 
 #[test]
@@ -346,7 +349,7 @@ fn the_nat_kind_label_values_are_the_kinds_status_names() {
 /// A peer's direct connection from the listening port, as the swarm
 /// establishes it: the handler first, then the event. Returns whether it
 /// was accepted.
-fn inbound_direct(b: &mut Behaviour, peer: PeerId, id: u32) -> bool {
+pub(super) fn inbound_direct(b: &mut Behaviour, peer: PeerId, id: u32) -> bool {
     use libp2p::core::ConnectedPoint;
     let local: Multiaddr = "/ip4/0.0.0.0/tcp/4500".parse().expect("addr");
     let remote: Multiaddr = "/ip4/10.0.0.9/tcp/4500".parse().expect("addr");
@@ -384,7 +387,7 @@ fn direct_closed(b: &mut Behaviour, peer: PeerId, id: u32) {
 }
 
 /// What the behaviour hands the swarm next, other than dcutr's.
-fn next_out(b: &mut Behaviour) -> Option<ToSwarm<Event, THandlerInEvent<Behaviour>>> {
+pub(super) fn next_out(b: &mut Behaviour) -> Option<ToSwarm<Event, THandlerInEvent<Behaviour>>> {
     let waker = futures::task::noop_waker();
     match b.poll(&mut Context::from_waker(&waker)) {
         Poll::Ready(e) => Some(e),

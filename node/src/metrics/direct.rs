@@ -10,14 +10,22 @@ use prometheus_client::registry::Registry;
 use super::{ReasonLabel, ResultLabel};
 use prometheus_client::encoding::EncodeLabelSet;
 
-/// Results of an upgrade (hole punch) of a relayed connection:
-/// `direct` (a direct connection came up), `failed` (dcutr gave up or its
-/// exchange failed), `skipped_endpoint_dependent` (our NAT maps each
-/// destination to its own port: a punch cannot land, none is tried),
-/// `skipped_backoff` (the last punch to that peer failed and its backoff
-/// has not run out), `skipped_no_address` (no router has told us our
-/// observed address yet), `bad_target` (the peer asked the punch to dial
-/// addresses we never dial).
+/// Results of an upgrade (hole punch or connection reversal) of a
+/// relayed connection: `direct` (a punch's direct connection came up),
+/// `failed` (dcutr gave up or its exchange failed),
+/// `skipped_endpoint_dependent` (our NAT maps each destination to its own
+/// port, so we do not punch, and a reversal to that peer is already under
+/// way), `skipped_backoff` (the last punch or reversal to that peer failed
+/// and its backoff has not run out), `skipped_no_address` (no router has
+/// told us our observed address yet), `bad_target` (the peer asked a
+/// punch or reversal to dial addresses we never dial); reversal, on the
+/// side behind an endpoint-dependent NAT: `reversed` (our dial to the
+/// peer's address came up), `reversal_failed` (that dial or the exchange
+/// failed), `reversal_refused` (the peer would not take our dial); on the
+/// side asked: `reversal_agreed`, `reversal_declined` (our NAT is
+/// endpoint-dependent too, or no address of ours is known);
+/// `repunched` (a punch or reversal to a peer we punched before our
+/// observed address last changed, past its backoff if it had one).
 pub const UPGRADE_RESULTS: &[&str] = &[
     "direct",
     "failed",
@@ -25,6 +33,12 @@ pub const UPGRADE_RESULTS: &[&str] = &[
     "skipped_backoff",
     "skipped_no_address",
     "bad_target",
+    "reversed",
+    "reversal_failed",
+    "reversal_refused",
+    "reversal_agreed",
+    "reversal_declined",
+    "repunched",
 ];
 
 /// Why an inbound direct connection was closed at once:
@@ -165,7 +179,7 @@ impl DirectMetrics {
     pub(super) fn register(&self, r: &mut Registry) {
         r.register(
             "upgrade_attempts",
-            "Upgrades of relayed connections to direct ones (DCUtR hole punches), by result (direct, failed, skipped_endpoint_dependent, skipped_backoff, skipped_no_address, bad_target)",
+            "Upgrades of relayed connections to direct ones (DCUtR hole punches and connection reversals), by result (direct, failed, skipped_endpoint_dependent, skipped_backoff, skipped_no_address, bad_target; reversal: reversed, reversal_failed, reversal_refused, reversal_agreed, reversal_declined; repunched: punched again after our observed address changed)",
             self.upgrade_attempts.clone(),
         );
         r.register(

@@ -90,6 +90,52 @@ impl Nat {
     }
 }
 
+impl Nat {
+    /// `host` (one behind this NAT) moves to a new address on the LAN, as
+    /// after a new lease or on another network: its old address is gone,
+    /// so its connections from it stop carrying bytes (silently: the NAT
+    /// still maps the old address, the host no longer has it), and its new
+    /// flows get a new mapping from this NAT (the old one keeps the old
+    /// public port until it times out, so the new one gets another).
+    /// Returns the new address.
+    pub async fn move_host(&self, host: &Host) -> Result<Ipv4Addr, Error> {
+        let n = &self.inner;
+        match host.placement() {
+            Placement::BehindNat { gateway, .. } if gateway == n.gateway.name() => {}
+            _ => {
+                return Err(Error::Name {
+                    name: host.name().into(),
+                    why: format!("not behind {}", n.gateway.name()),
+                });
+            }
+        }
+        let i = n.next_host.fetch_add(1, Ordering::Relaxed);
+        let new = plan::lan_addr(n.lan_octet, i)
+            .ok_or_else(|| Error::Exhausted(format!("the LAN of {} is full", n.gateway.name())))?;
+        let old = host.addr();
+        let (near, len, gw) = (
+            &host.inner.uplink.near_link,
+            plan::PREFIX_LEN,
+            plan::lan_gateway(n.lan_octet),
+        );
+        // Deleting the address takes its routes with it: the default
+        // route is added again.
+        batch(
+            host.namespace(),
+            &format!(
+                "addr del {old}/{len} dev {near}
+addr add {new}/{len} dev {near}
+                 route replace default via {gw} dev {near}
+"
+            ),
+        )
+        .await?;
+        *host.inner.addr.lock().expect("lock") = new;
+        tracing::info!(host = host.name(), %old, %new, "host moved");
+        Ok(new)
+    }
+}
+
 /// Hosts and NATs from network namespaces, all removed when this is
 /// dropped (also while a test panics).
 #[derive(Debug)]
@@ -353,7 +399,7 @@ impl Testbed {
             inner: Arc::new(HostInner {
                 name: name.to_string(),
                 ns,
-                addr,
+                addr: std::sync::Mutex::new(addr),
                 placement,
                 uplink: Uplink {
                     far_ns: far_ns.to_string(),

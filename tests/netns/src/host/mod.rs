@@ -59,7 +59,8 @@ pub(crate) struct Uplink {
 pub(crate) struct HostInner {
     pub(crate) name: String,
     pub(crate) ns: String,
-    pub(crate) addr: Ipv4Addr,
+    /// Changed only by [`crate::Nat::move_host`].
+    pub(crate) addr: std::sync::Mutex<Ipv4Addr>,
     pub(crate) placement: Placement,
     pub(crate) uplink: Uplink,
     pub(crate) logs: PathBuf,
@@ -79,7 +80,7 @@ impl std::fmt::Debug for Host {
         f.debug_struct("Host")
             .field("name", &self.inner.name)
             .field("namespace", &self.inner.ns)
-            .field("addr", &self.inner.addr)
+            .field("addr", &self.addr())
             .field("placement", &self.inner.placement)
             .finish()
     }
@@ -96,9 +97,10 @@ impl Host {
         &self.inner.ns
     }
 
-    /// Its own address (public, or private on its NAT's LAN).
+    /// Its own address (public, or private on its NAT's LAN; a host
+    /// behind a NAT may move to another, [`crate::Nat::move_host`]).
     pub fn addr(&self) -> Ipv4Addr {
-        self.inner.addr
+        *self.inner.addr.lock().expect("lock")
     }
 
     /// Where it is.
@@ -109,7 +111,7 @@ impl Host {
     /// The address the internet sees it from: its own, or its NAT's.
     pub fn public_addr(&self) -> Ipv4Addr {
         match &self.inner.placement {
-            Placement::Public => self.inner.addr,
+            Placement::Public => self.addr(),
             Placement::BehindNat { public_addr, .. } => *public_addr,
         }
     }

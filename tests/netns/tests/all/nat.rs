@@ -364,3 +364,41 @@ async fn without_hairpinning_the_public_mapping_is_not_reachable_from_the_lan() 
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_moves_on_its_lan_gets_another_public_port_from_the_same_socket() {
+    let Some(tb) = testbed_or_skip("host_moves").await else {
+        return;
+    };
+    let nat = tb
+        .nat("gw", NatKind::EndpointIndependent)
+        .await
+        .expect("nat");
+    let inside = tb.host_behind(&nat, "inside").await.expect("host");
+    let p = tb.public_host("p").await.expect("public");
+    let ps = udp_on(&p).await;
+    let to = ps.local_addr().expect("addr");
+    // One socket bound to every address of the host, as a member's.
+    let s = inside
+        .bind_udp("0.0.0.0:0".parse().expect("addr"))
+        .await
+        .expect("bind");
+    let first = deliver(&s, to, &ps, b"before").await;
+    let old = inside.addr();
+    let new = nat.move_host(&inside).await.expect("move");
+    assert_ne!(old, new);
+    assert_eq!(inside.addr(), new);
+    let second = deliver(&s, to, &ps, b"after").await;
+    assert_eq!(second.ip(), nat.public_addr());
+    assert_ne!(
+        second.port(),
+        first.port(),
+        "the old mapping still holds its port: the new flow gets another"
+    );
+    // Moving a host to a NAT it is not behind is refused.
+    let other = tb
+        .nat("gw2", NatKind::EndpointIndependent)
+        .await
+        .expect("nat");
+    assert!(other.move_host(&inside).await.is_err());
+}

@@ -182,14 +182,16 @@ async fn behind_a_symmetric_nat_calls_stay_relayed_and_succeed() {
 
     let mut payload = vec![0u8; 16 * 1024];
     rand::thread_rng().fill_bytes(&mut payload);
-    let skipped = r#"agentmesh_node_upgrade_attempts_total{result="skipped_endpoint_dependent"}"#;
-    // Calls until the provider has declined a punch on a relayed
-    // connection, then more on that warm connection.
-    eventually("the provider skips a punch", || {
-        let (caller, provider, payload) = (&caller, &provider, &payload);
+    // The provider never punches; it asks the caller to take its dial
+    // instead (connection reversal), which the caller agrees to, and the
+    // caller's `eim` NAT drops that unsolicited dial. Calls until the
+    // caller has agreed, then more on that warm connection.
+    let agreed = r#"agentmesh_node_upgrade_attempts_total{result="reversal_agreed"}"#;
+    eventually("the provider asks for a reversal", || {
+        let (caller, payload) = (&caller, &payload);
         async move {
             caller.call_until_echoed("echo-prov", payload).await;
-            (provider.metric(skipped).await >= 1.0).then_some(())
+            (caller.metric(agreed).await >= 1.0).then_some(())
         }
     })
     .await;
@@ -209,6 +211,10 @@ async fn behind_a_symmetric_nat_calls_stay_relayed_and_succeed() {
         .metric(r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#)
         .await;
     assert_eq!(punched, 0.0);
+    let reversed = provider
+        .metric(r#"agentmesh_node_upgrade_attempts_total{result="reversed"}"#)
+        .await;
+    assert_eq!(reversed, 0.0, "the eim NAT let a reversed dial in");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

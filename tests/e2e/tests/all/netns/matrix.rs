@@ -110,11 +110,11 @@ use Path::{Direct as D, Relayed as R};
 /// provider's calls back take the same path (the same connections).
 const EXPECTED: [[Path; 5]; 5] = [
     // public eim full-cone edm-pp symmetric   <- provider
-    [D, D, D, R, R], // public caller
+    [D, D, D, D, D], // public caller
     [D, D, D, R, R], // eim
-    [D, D, D, R, R], // full-cone
-    [R, R, R, R, R], // edm-pp (port taken)
-    [R, R, R, R, R], // symmetric
+    [D, D, D, D, D], // full-cone
+    [D, R, D, R, R], // edm-pp (port taken)
+    [D, R, D, R, R], // symmetric
 ];
 
 /// Two members behind one `eim` NAT that hairpins.
@@ -130,9 +130,13 @@ const REASONS: &[&str] = &[
      listener's role) it is an ordinary inbound connection; if it reaches the caller, \
      the caller's dial finds its tuple taken and takes that connection over \
      (port_reuse_adopted), since upgraded as inbound it would pair two listeners",
-    "relayed wherever an endpoint-dependent mapping is involved (edm-pp whose port is \
-     taken, symmetric): its routers see two ports, it never takes part in a punch \
-     (skipped_endpoint_dependent), so the peer has no port to aim at",
+    "an endpoint-dependent side (edm-pp whose port is taken, symmetric) never punches: its \
+     routers see two ports, so the peer has no port to aim at; it asks the peer over the \
+     relayed connection to take its dial instead (connection reversal) and dials the \
+     address the peer's routers agree on: direct when that address takes an unsolicited \
+     connection (public, full-cone: reversed / reversal_agreed), relayed behind eim \
+     (its filtering drops the dial: reversal_failed) or when both sides are \
+     endpoint-dependent (no address to give: reversal_refused / reversal_declined)",
     "hairpin: both behind one eim NAT on one listening port, so the second gets another \
      public port (one owner per port); the punch to each other's mapping is hairpinned \
      with the sender's own mapping as source",

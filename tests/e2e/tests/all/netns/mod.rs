@@ -13,4 +13,5 @@ mod direct;
 mod direct_rules;
 mod matrix;
 mod nat_link;
+mod repunch;
 mod router_link;
