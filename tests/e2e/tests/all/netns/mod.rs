@@ -14,3 +14,4 @@ mod direct_rules;
 mod matrix;
 mod nat_link;
 mod router_link;
+mod upgraded;
