@@ -192,6 +192,7 @@ pub(crate) fn catalog(
         providers,
         control: s.control.clone(),
         ownership: Arc::new(c.ownership()),
+        upgrades: c.resources.clone(),
     };
     let accept = streams::Accept {
         slots: c

@@ -4,7 +4,8 @@
 //!
 //! - client: [`request`] (a member publishing, withdrawing or looking up;
 //!   a router asking another router for its own members' records), built
-//!   from [`publish`], [`withdraw`], [`lookup`] or [`local_lookup`];
+//!   from [`publish`], [`withdraw`], [`lookup`] or [`local_lookup`]; a
+//!   member telling its router a circuit was upgraded away, [`upgraded`];
 //!   [`exchange`] on a stream already open;
 //! - server: [`read_request`], then one of [`write_ack`],
 //!   [`write_records`], [`write_refused`];
@@ -77,6 +78,22 @@ pub fn local_lookup(service: &str, limit: u32) -> CatalogRequest {
             limit,
         })),
     }
+}
+
+/// A member's notice that its circuit through the router with `peer` was
+/// replaced by a direct connection (acked, or refused with the reason).
+pub fn upgraded(peer: &PeerId) -> CatalogRequest {
+    CatalogRequest {
+        op: Some(catalog_request::Op::Upgraded(pb::Upgraded {
+            peer: peer.to_bytes(),
+        })),
+    }
+}
+
+/// The peer an upgrade notice names; `None` when its bytes are not a
+/// PeerId (the router refuses it as malformed).
+pub fn upgraded_peer(u: &pb::Upgraded) -> Option<PeerId> {
+    agentmesh_proto::protocols::peer_id_from_bytes(&u.peer)
 }
 
 /// The answer a response carries; `None` when it names no result.
@@ -202,6 +219,20 @@ mod tests {
             record: vec![n; 40],
             signature: vec![n; 64],
         }
+    }
+
+    #[test]
+    fn an_upgrade_notice_names_its_peer_and_garbage_names_none() {
+        let peer = PeerId::random();
+        let req = decode_request(&frame::encode(&upgraded(&peer))).expect("decode");
+        let Some(catalog_request::Op::Upgraded(u)) = req.op else {
+            panic!("not an upgrade notice: {req:?}");
+        };
+        assert_eq!(upgraded_peer(&u), Some(peer));
+        let garbage = pb::Upgraded {
+            peer: vec![0xff; 7],
+        };
+        assert_eq!(upgraded_peer(&garbage), None);
     }
 
     #[tokio::test]

@@ -31,6 +31,14 @@ pub fn run(data: &[u8]) -> Report {
         Ok(Some(catalog_request::Op::Withdraw(_))) => report.push("request", "withdraw"),
         Ok(Some(catalog_request::Op::Lookup(_))) => report.push("request", "lookup"),
         Ok(Some(catalog_request::Op::LocalLookup(_))) => report.push("request", "local_lookup"),
+        Ok(Some(catalog_request::Op::Upgraded(u))) => report.push(
+            "request",
+            if catalog::upgraded_peer(&u).is_some() {
+                "upgraded"
+            } else {
+                "upgraded_malformed"
+            },
+        ),
         Ok(None) => report.push("request", "empty"),
         Err(e) => report.push("request", e),
     }

@@ -38,6 +38,9 @@ struct Conn {
     outbound: bool,
     /// When it came up.
     since: Instant,
+    /// Its router was told it was upgraded away (see
+    /// [`Conns::circuits_to_notice`]).
+    noticed: bool,
 }
 
 /// A relayed connection, as [`Conns::relayed`] lists it.
@@ -76,6 +79,7 @@ impl Conns {
             via,
             outbound,
             since: now,
+            noticed: false,
         });
     }
 
@@ -156,6 +160,24 @@ impl Conns {
             .map(|(p, _)| p)
     }
 
+    /// The relayed connections we dialed to `peer` whose router was not
+    /// told yet that a direct connection replaced them, with that router;
+    /// each is returned once (marked here), so a circuit is noticed at most
+    /// once (`super::upgrade_notice`).
+    pub(crate) fn circuits_to_notice(&mut self, peer: &PeerId) -> Vec<(ConnectionId, PeerId)> {
+        let Some(v) = self.by_peer.get_mut(peer) else {
+            return Vec::new();
+        };
+        v.iter_mut()
+            .filter(|c| c.outbound && !c.noticed)
+            .filter_map(|c| {
+                let router = c.via?;
+                c.noticed = true;
+                Some((c.id, router))
+            })
+            .collect()
+    }
+
     /// Every relayed connection, either direction.
     pub(crate) fn relayed(&self) -> Vec<Relayed> {
         self.by_peer
@@ -175,6 +197,61 @@ impl Conns {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_circuit_we_dialed_is_to_be_noticed_once_and_only_ours() {
+        let (r1, r2, p, q) = (
+            PeerId::random(),
+            PeerId::random(),
+            PeerId::random(),
+            PeerId::random(),
+        );
+        let dialer = |address: String| ConnectedPoint::Dialer {
+            address: address.parse().expect("addr"),
+            role_override: libp2p::core::Endpoint::Dialer,
+            port_use: libp2p::core::transport::PortUse::New,
+        };
+        let id = ConnectionId::new_unchecked;
+        let now = Instant::now();
+        let mut conns = Conns::default();
+        conns.established(
+            p,
+            id(1),
+            &dialer(format!("/ip4/127.0.0.1/tcp/1/p2p/{r1}/p2p-circuit/p2p/{p}")),
+            now,
+        );
+        conns.established(
+            p,
+            id(2),
+            &dialer(format!("/ip4/127.0.0.1/tcp/1/p2p/{r2}/p2p-circuit/p2p/{p}")),
+            now,
+        );
+        conns.established(p, id(3), &dialer("/ip4/127.0.0.1/tcp/1".into()), now);
+        // q's circuit to us: its router hears from q, not from us.
+        let inbound = ConnectedPoint::Listener {
+            local_addr: format!("/ip4/127.0.0.1/tcp/1/p2p/{r1}/p2p-circuit")
+                .parse()
+                .expect("addr"),
+            send_back_addr: format!("/p2p/{q}").parse().expect("addr"),
+        };
+        conns.established(q, id(4), &inbound, now);
+        let mut first = conns.circuits_to_notice(&p);
+        first.sort_by_key(|(c, _)| *c);
+        assert_eq!(first, vec![(id(1), r1), (id(2), r2)], "relayed ones only");
+        assert!(conns.circuits_to_notice(&p).is_empty(), "each once");
+        assert!(
+            conns.circuits_to_notice(&q).is_empty(),
+            "not circuits to us"
+        );
+        // A new circuit to p is a new notice.
+        conns.established(
+            p,
+            id(5),
+            &dialer(format!("/ip4/127.0.0.1/tcp/1/p2p/{r1}/p2p-circuit/p2p/{p}")),
+            now,
+        );
+        assert_eq!(conns.circuits_to_notice(&p), vec![(id(5), r1)]);
+    }
 
     #[test]
     fn relayed_connections_through_routers_not_kept_are_stale() {

@@ -147,6 +147,7 @@ impl Engine {
             .authenticated(conn, claims)
         {
             tracing::debug!(%peer, "direct connection authenticated");
+            self.notice_upgraded(peer);
         }
     }
 

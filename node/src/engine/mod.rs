@@ -29,6 +29,7 @@ mod routers;
 mod shun;
 mod slot;
 mod transit;
+mod upgrade_notice;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -109,6 +110,8 @@ pub(crate) enum Op {
         conn: libp2p::swarm::ConnectionId,
         heard: crate::direct::hello::Heard,
     },
+    /// A notice of a circuit upgraded away ended (counted in its future).
+    UpgradeNoticed,
 }
 
 /// The engine's state.
@@ -537,7 +540,7 @@ impl Engine {
                 result,
             } => self.on_auth(router, initial, result),
             Op::Publish { router, result } => self.on_published(router, result),
-            Op::Withdrawn => {}
+            Op::Withdrawn | Op::UpgradeNoticed => {}
             Op::Redial(router) => self.redial(router),
             Op::TopUp => self.top_up(),
             Op::GoAway { router, result } => self.on_goaway(router, result),

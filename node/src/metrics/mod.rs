@@ -6,6 +6,7 @@ mod calls;
 mod direct;
 mod local;
 mod routers;
+mod upgrade_notices;
 
 use prometheus_client::encoding::EncodeLabelSet;
 
@@ -20,6 +21,7 @@ pub use direct::{
 };
 pub use local::LocalMetrics;
 pub use routers::RouterMetrics;
+pub use upgrade_notices::{UPGRADE_NOTICE_RESULTS, UpgradeNoticeMetrics};
 
 pub use crate::labels::{ReasonLabel, ResultLabel};
 use prometheus_client::metrics::counter::Counter;
@@ -208,6 +210,8 @@ pub struct Metrics {
     pub local: LocalMetrics,
     /// What direct connections count (upgrades, inbound refusals, paths).
     pub direct: DirectMetrics,
+    /// Notices to routers of circuits upgraded away, by result.
+    pub upgrade_notices: UpgradeNoticeMetrics,
     /// Inbound yamux streams dropped before the swarm took them, by reason
     /// (`buffer_full`: more than the muxer buffers were waiting).
     pub yamux_inbound_streams_dropped: Family<ReasonLabel, Counter>,
@@ -230,6 +234,7 @@ impl Metrics {
         let mut m = Self::default();
         m.policy.precreate();
         m.direct.precreate();
+        m.upgrade_notices.precreate();
         m.log.precreate(LOG_KINDS);
         m.policy.log = m.log.sharing();
         for r in OUTBOUND_RESULTS {
@@ -340,6 +345,7 @@ impl Metrics {
         self.calls.register(r);
         self.local.register(r);
         self.direct.register(r);
+        self.upgrade_notices.register(r);
         r.register(
             "yamux_inbound_streams_dropped",
             "Inbound yamux streams dropped before the node took them, by reason",
@@ -416,6 +422,10 @@ mod tests {
             out.contains(r#"agentmesh_node_control_plane_total{op="refresh",result="error"} 0"#)
         );
         assert!(out.contains("agentmesh_node_ready 0"));
+        for result in UPGRADE_NOTICE_RESULTS {
+            let line = format!(r#"agentmesh_node_upgrade_notices_total{{result="{result}"}} 0"#);
+            assert!(out.contains(&line), "{line}");
+        }
         assert!(
             out.contains(
                 r#"agentmesh_node_calls_ended_total{direction="inbound",reason="connection_closed"} 0"#

@@ -8,8 +8,10 @@
 //!   writer, the swarm loop (`crate::tables`), to change it.
 //! - `provided`: which service keys this router announces in the DHT.
 //! - `providers`: provider searches in the DHT, one per service at a time.
-//! - `server`: serving one stream (publish, withdraw, lookup, local lookup);
-//!   the frames and the client are `agentmesh_wire::catalog`.
+//! - `server`: serving one stream (publish, withdraw, lookup, local lookup,
+//!   upgraded); the frames and the client are `agentmesh_wire::catalog`.
+//! - `upgraded`: a member's notice that a circuit through us was replaced
+//!   by a direct connection, checked against the live circuits and counted.
 //!
 //! The swarm loop owns the DHT and the store: it runs the searches
 //! [`ProviderQuery`] asks for, and announces what the store holds after
@@ -19,6 +21,9 @@ pub(crate) mod provided;
 pub(crate) mod providers;
 pub(crate) mod server;
 pub(crate) mod store;
+pub(crate) mod upgraded;
+#[cfg(test)]
+mod upgraded_tests;
 
 use libp2p::PeerId;
 use libp2p::kad::RecordKey;

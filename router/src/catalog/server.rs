@@ -12,6 +12,8 @@
 //!   DHT names as providers, asked with `local_lookup`; merged, verified,
 //!   capped.
 //! - local_lookup (admitted routers only): own members' records.
+//! - upgraded (admitted members): a circuit through us was replaced by a
+//!   direct connection; checked and counted in `super::upgraded`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -65,6 +67,8 @@ pub(crate) struct CatalogCtx {
     pub(crate) control: agentmesh_streams::Control,
     /// The policy's ownership check on published records.
     pub(crate) ownership: Arc<dyn PublishCheck>,
+    /// The live circuits upgrade notices mark.
+    pub(crate) upgrades: Arc<dyn super::upgraded::UpgradeMarks>,
 }
 
 /// Serves one catalog stream from `peer` (any byte stream: tests use a pipe).
@@ -129,6 +133,31 @@ where
                 let records = local(&ctx, &l, now);
                 ctx.metrics.catalog("local_lookup", "ok");
                 wire::write_records(&mut stream, records, t).await
+            }
+        }
+        Some(catalog_request::Op::Upgraded(u)) => {
+            let r = super::upgraded::judge(
+                ctx.upgrades.as_ref(),
+                &ctx.admissions,
+                &ctx.metrics,
+                &peer,
+                &u,
+                now,
+            );
+            match r {
+                Ok(()) => {
+                    ctx.metrics.catalog("upgraded", "ok");
+                    wire::write_ack(&mut stream, 0, t).await
+                }
+                Err((label, reason)) => {
+                    let result = if label == "malformed" {
+                        "malformed"
+                    } else {
+                        "refused"
+                    };
+                    ctx.metrics.catalog("upgraded", result);
+                    wire::write_refused(&mut stream, reason, t).await
+                }
             }
         }
         None => {
@@ -390,6 +419,7 @@ mod tests {
             providers: mpsc::channel(1).0,
             control: agentmesh_streams::Behaviour::new().new_control(),
             ownership: Arc::new(RefuseAll),
+            upgrades: Arc::new(crate::resources::circuits::LiveCircuits::default()),
         };
         assert_eq!(count(&ctx, UNKNOWN_OP), 0, "pre-created at 0");
         // A length prefix past the frame limit: unreadable.

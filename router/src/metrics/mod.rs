@@ -20,6 +20,8 @@ use catalog::CatalogMetrics;
 use cp::CpMetrics;
 use goaway::GoAwayMetrics;
 use relay::RelayMetrics;
+#[cfg(test)]
+pub(crate) use relay::UPGRADE_REFUSALS;
 
 /// Two labels.
 pub(crate) type L2 = [(&'static str, &'static str); 2];
@@ -67,7 +69,8 @@ pub(crate) const CLOSE_REASONS: &[&str] = &[
 ];
 
 /// Catalog operations.
-pub(crate) const CATALOG_OPS: &[&str] = &["publish", "withdraw", "lookup", "local_lookup"];
+pub(crate) const CATALOG_OPS: &[&str] =
+    &["publish", "withdraw", "lookup", "local_lookup", "upgraded"];
 /// The op label of catalog requests that could not be read or name no
 /// operation (only ever with result `malformed`).
 pub(crate) const UNKNOWN_OP: &str = "unknown";

@@ -15,6 +15,13 @@
 //! closes the gap: a sweep counts itself before its snapshot, and the muxer
 //! checks again when a sweep started between its check and its
 //! registration (the new policy is in place before any sweep starts).
+//!
+//! The registry also marks circuits upgraded away ([`LiveCircuits::mark_upgraded`]):
+//! a member whose circuit was replaced by a direct connection says so, and
+//! only it can (the circuit is end-to-end encrypted, the direct connection
+//! never touches us). A mark needs a live circuit between that member and
+//! the peer it names, either end, not marked before: a lying member can
+//! mark only its own live circuits, each once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -65,7 +72,26 @@ pub(crate) struct LiveCircuits {
 #[derive(Debug, Default)]
 struct Inner {
     next: u64,
-    circuits: HashMap<u64, (PeerId, PeerId, Arc<Cut>)>,
+    circuits: HashMap<u64, Entry>,
+}
+
+/// One live circuit: its source, its destination, its off switch, and
+/// whether a member at one of its ends said it was upgraded away.
+#[derive(Debug)]
+struct Entry {
+    source: PeerId,
+    destination: PeerId,
+    cut: Arc<Cut>,
+    upgraded: bool,
+}
+
+/// Why an upgrade notice marked no circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MarkRefusal {
+    /// No live circuit runs between the member and the peer it named.
+    NoSuchCircuit,
+    /// Every live circuit between them is marked already.
+    Duplicate,
 }
 
 impl LiveCircuits {
@@ -75,8 +101,39 @@ impl LiveCircuits {
         g.next += 1;
         let id = g.next;
         let cut = Arc::new(Cut::default());
-        g.circuits.insert(id, (source, destination, cut.clone()));
+        g.circuits.insert(
+            id,
+            Entry {
+                source,
+                destination,
+                cut: cut.clone(),
+                upgraded: false,
+            },
+        );
         Registered { id, cut }
+    }
+
+    /// Marks one live circuit between `member` and `peer` (either end) as
+    /// upgraded away, the oldest not marked yet (see the module doc).
+    pub(crate) fn mark_upgraded(&self, member: &PeerId, peer: &PeerId) -> Result<(), MarkRefusal> {
+        let mut g = self.inner.lock();
+        let mut between = g
+            .circuits
+            .iter_mut()
+            .filter(|(_, e)| {
+                (e.source == *member && e.destination == *peer)
+                    || (e.source == *peer && e.destination == *member)
+            })
+            .peekable();
+        if between.peek().is_none() {
+            return Err(MarkRefusal::NoSuchCircuit);
+        }
+        let oldest = between
+            .filter(|(_, e)| !e.upgraded)
+            .min_by_key(|(id, _)| **id)
+            .ok_or(MarkRefusal::Duplicate)?;
+        oldest.1.upgraded = true;
+        Ok(())
     }
 
     /// Sweeps started so far.
@@ -100,7 +157,7 @@ impl LiveCircuits {
             .lock()
             .circuits
             .iter()
-            .map(|(id, (s, d, c))| (*id, *s, *d, c.clone()))
+            .map(|(id, e)| (*id, e.source, e.destination, e.cut.clone()))
             .collect();
         let mut n = 0;
         for (_, s, d, c) in live {
@@ -149,6 +206,27 @@ mod tests {
         live.release(ab.id);
         live.release(cb.id);
         assert_eq!(live.len(), 0, "released circuits leave the registry");
+    }
+
+    #[test]
+    fn a_member_marks_only_its_own_live_circuits_each_once() {
+        let live = LiveCircuits::default();
+        let (a, b, c) = (PeerId::random(), PeerId::random(), PeerId::random());
+        let ab = live.register(a, b);
+        // c names a's circuit with b: not its own.
+        assert_eq!(live.mark_upgraded(&c, &b), Err(MarkRefusal::NoSuchCircuit));
+        assert_eq!(live.mark_upgraded(&c, &a), Err(MarkRefusal::NoSuchCircuit));
+        // Either end may mark it, once.
+        assert_eq!(live.mark_upgraded(&b, &a), Ok(()));
+        assert_eq!(live.mark_upgraded(&a, &b), Err(MarkRefusal::Duplicate));
+        // A second circuit between them is a second mark, and no more.
+        let ba = live.register(b, a);
+        assert_eq!(live.mark_upgraded(&a, &b), Ok(()));
+        assert_eq!(live.mark_upgraded(&a, &b), Err(MarkRefusal::Duplicate));
+        // A circuit gone is no circuit.
+        live.release(ab.id);
+        live.release(ba.id);
+        assert_eq!(live.mark_upgraded(&a, &b), Err(MarkRefusal::NoSuchCircuit));
     }
 
     fn waker_counting(n: Arc<std::sync::atomic::AtomicUsize>) -> std::task::Waker {

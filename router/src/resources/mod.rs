@@ -435,6 +435,16 @@ impl ResourceManager {
         self.circuits.cut_unless(allowed)
     }
 
+    /// Marks a live circuit between `member` and `peer` upgraded away
+    /// (see `circuits`).
+    pub(crate) fn mark_upgraded(
+        &self,
+        member: &PeerId,
+        peer: &PeerId,
+    ) -> Result<(), circuits::MarkRefusal> {
+        self.circuits.mark_upgraded(member, peer)
+    }
+
     /// The effective budgets.
     pub(crate) fn budgets(&self) -> &Budgets {
         &self.budgets

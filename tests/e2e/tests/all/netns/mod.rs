@@ -15,3 +15,4 @@ mod matrix;
 mod nat_link;
 mod repunch;
 mod router_link;
+mod upgraded;
