@@ -18,6 +18,22 @@ use crate::common::{Backend, TestDb};
 /// only the endpoints are dialled.
 const LOGICAL: &str = "http://agentmesh-control-plane.invalid:7400";
 
+/// A listener that accepts and never answers, as a SIGSTOPped replica
+/// does; its connections stay open until the returned task is aborted.
+async fn frozen_replica() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let frozen = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = frozen.local_addr().expect("addr");
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = frozen.accept().await {
+            conns.push(c);
+        }
+    });
+    (addr, held)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_skip_a_frozen_or_stopped_replica_and_proofs_name_the_logical_url() {
     let db = TestDb::new(Backend::Sqlite).await.expect("sqlite");
@@ -25,17 +41,7 @@ async fn calls_skip_a_frozen_or_stopped_replica_and_proofs_name_the_logical_url(
     cfg.public_url = Some(LOGICAL.into());
     let a = spawn(cfg.clone()).await.expect("a");
     let b = spawn(cfg).await.expect("b");
-    // Accepts, never answers; its connections stay open until the test ends.
-    let frozen = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let frozen_addr = frozen.local_addr().expect("addr");
-    let held = tokio::spawn(async move {
-        let mut conns = Vec::new();
-        while let Ok((c, _)) = frozen.accept().await {
-            conns.push(c);
-        }
-    });
+    let (frozen_addr, held) = frozen_replica().await;
     let endpoints = [
         format!("http://{frozen_addr}"),
         format!("http://{}", a.grpc_addr()),
@@ -190,16 +196,7 @@ async fn a_short_attempt_timeout_leaves_a_frozen_replica_before_the_rpc_timeout(
     let mut cfg = db.config();
     cfg.public_url = Some(LOGICAL.into());
     let a = spawn(cfg).await.expect("a");
-    let frozen = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let frozen_addr = frozen.local_addr().expect("addr");
-    let held = tokio::spawn(async move {
-        let mut conns = Vec::new();
-        while let Ok((c, _)) = frozen.accept().await {
-            conns.push(c);
-        }
-    });
+    let (frozen_addr, held) = frozen_replica().await;
     let rpc_timeout = Duration::from_secs(10);
     let client = Client::with_endpoints(
         ClientConfig {

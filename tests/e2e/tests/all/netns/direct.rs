@@ -35,22 +35,12 @@ async fn warm_calls_between_members_behind_eim_nats_go_direct() {
     let Some(mut net) = Net::start("direct_eim", &[]).await else {
         return;
     };
-    net.add_router("r1").await;
-    net.add_router("r2").await;
-    let (ph, pgw) = net
-        .member_host("prov", Some(NatKind::EndpointIndependent))
-        .await;
-    let (ch, _cgw) = net
-        .member_host("caller", Some(NatKind::EndpointIndependent))
-        .await;
-    let mut provider = net
-        .member("prov", ph, &direct_spec(Some("echo-prov"), &[]))
-        .await;
-    let mut caller = net
-        .member("caller", ch, &direct_spec(None, &["echo-prov"]))
-        .await;
-    provider.wait_ready().await;
-    caller.wait_ready().await;
+    let EimPair {
+        provider,
+        caller,
+        provider_nat: pgw,
+        ..
+    } = net.eim_pair(&[], &[]).await;
     assert_eq!(nat_kind(&provider).await, "endpoint_independent");
     assert_eq!(nat_kind(&caller).await, "endpoint_independent");
 
@@ -146,7 +136,7 @@ async fn warm_calls_between_members_behind_eim_nats_go_direct() {
     // Unsolicited inbound to the provider's public mapping is dropped by
     // its NAT: the connect neither completes nor is refused.
     let outsider = net.tb.public_host("outsider").await.expect("host");
-    let target = SocketAddr::new(pgw.expect("gw").public_addr().into(), LISTEN_PORT);
+    let target = SocketAddr::new(pgw.public_addr().into(), LISTEN_PORT);
     let attempt = tokio::time::timeout(Duration::from_secs(3), outsider.connect(target)).await;
     match attempt {
         Err(_elapsed) => {}
@@ -292,23 +282,10 @@ async fn a_punch_within_time_wait_of_the_last_direct_connection_succeeds() {
     let Some(mut net) = Net::start("direct_tw", &[]).await else {
         return;
     };
-    net.add_router("r1").await;
-    net.add_router("r2").await;
-    let (ph, _pgw) = net
-        .member_host("prov", Some(NatKind::EndpointIndependent))
-        .await;
-    let (ch, _cgw) = net
-        .member_host("caller", Some(NatKind::EndpointIndependent))
-        .await;
-    let idle = ["--idle-connection-secs=2".to_string()];
-    let mut pspec = direct_spec(Some("echo-prov"), &[]);
-    pspec.args.extend(idle.clone());
-    let mut cspec = direct_spec(None, &["echo-prov"]);
-    cspec.args.extend(idle);
-    let mut provider = net.member("prov", ph, &pspec).await;
-    let mut caller = net.member("caller", ch, &cspec).await;
-    provider.wait_ready().await;
-    caller.wait_ready().await;
+    let idle = ["--idle-connection-secs=2"];
+    let EimPair {
+        provider, caller, ..
+    } = net.eim_pair(&idle, &idle).await;
     assert_eq!(nat_kind(&caller).await, "endpoint_independent");
     let mut payload = vec![0u8; 4 * 1024];
     rand::thread_rng().fill_bytes(&mut payload);
@@ -397,28 +374,20 @@ async fn calls_continue_on_the_relay_when_the_direct_path_is_cut() {
     let Some(mut net) = Net::start("direct_cut", &[]).await else {
         return;
     };
-    net.add_router("r1").await;
-    net.add_router("r2").await;
-    let (ph, pgw) = net
-        .member_host("prov", Some(NatKind::EndpointIndependent))
-        .await;
-    let (ch, cgw) = net
-        .member_host("caller", Some(NatKind::EndpointIndependent))
-        .await;
-    let mut provider = net
-        .member("prov", ph, &direct_spec(Some("echo-prov"), &[]))
-        .await;
-    let mut cspec = direct_spec(None, &["echo-prov"]);
     // A dead direct path is noticed when bytes written on it stay
     // unacknowledged (TCP_USER_TIMEOUT), or at the call's timeout: keep
     // both short.
-    cspec.args.push("--call-timeout-secs=4".to_string());
-    cspec
-        .args
-        .push("--direct-tcp-user-timeout-secs=2".to_string());
-    let mut caller = net.member("caller", ch, &cspec).await;
-    provider.wait_ready().await;
-    caller.wait_ready().await;
+    let EimPair {
+        provider: _provider,
+        caller,
+        provider_nat: pgw,
+        caller_nat: cgw,
+    } = net
+        .eim_pair(
+            &[],
+            &["--call-timeout-secs=4", "--direct-tcp-user-timeout-secs=2"],
+        )
+        .await;
     let mut payload = vec![0u8; 8 * 1024];
     rand::thread_rng().fill_bytes(&mut payload);
     let direct = r#"agentmesh_node_calls_by_path_total{path="direct"}"#;
@@ -443,8 +412,6 @@ async fn calls_continue_on_the_relay_when_the_direct_path_is_cut() {
         "the call in flight is on the direct connection"
     );
 
-    let cgw = cgw.expect("the caller's NAT");
-    let pgw = pgw.expect("the provider's NAT");
     cgw.cut_to(pgw.public_addr(), true).await.expect("cut");
     let ok = r#"agentmesh_node_calls_total{direction="outbound",result="ok"}"#;
     let ok_before = caller.metric(ok).await;

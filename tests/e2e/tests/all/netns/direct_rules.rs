@@ -15,7 +15,6 @@
 //! Either way `agentmesh_node_direct_connections` goes back to 0 and
 //! `status` names no direct peer on either side.
 
-use agentmesh_netns::NatKind;
 use libp2p::PeerId;
 use rand::RngCore as _;
 
@@ -39,22 +38,9 @@ fn closed(reason: &str) -> String {
 /// Two members behind EIM NATs on two routers, the caller forwarding to
 /// the provider's `echo-prov`, with a direct connection between them.
 async fn direct_pair(net: &mut Net) -> (Member, Member) {
-    net.add_router("r1").await;
-    net.add_router("r2").await;
-    let (ph, _) = net
-        .member_host("prov", Some(NatKind::EndpointIndependent))
-        .await;
-    let (ch, _) = net
-        .member_host("caller", Some(NatKind::EndpointIndependent))
-        .await;
-    let mut provider = net
-        .member("prov", ph, &direct_spec(Some("echo-prov"), &[]))
-        .await;
-    let mut caller = net
-        .member("caller", ch, &direct_spec(None, &["echo-prov"]))
-        .await;
-    provider.wait_ready().await;
-    caller.wait_ready().await;
+    let EimPair {
+        provider, caller, ..
+    } = net.eim_pair(&[], &[]).await;
     let mut payload = vec![0u8; 4 * 1024];
     rand::thread_rng().fill_bytes(&mut payload);
     call_until_direct(&caller, "echo-prov", &payload).await;

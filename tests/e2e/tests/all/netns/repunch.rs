@@ -12,7 +12,6 @@
 //! provider again at once despite the backoff, counted as `repunched`,
 //! after which calls are direct again.
 
-use agentmesh_netns::NatKind;
 use rand::RngCore as _;
 
 use super::support::*;
@@ -32,33 +31,25 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
     let Some(mut net) = Net::start("direct_repunch", &[]).await else {
         return;
     };
-    net.add_router("r1").await;
-    net.add_router("r2").await;
-    let (ph, pgw) = net
-        .member_host("prov", Some(NatKind::EndpointIndependent))
-        .await;
-    let (ch, cgw) = net
-        .member_host("caller", Some(NatKind::EndpointIndependent))
-        .await;
-    let cgw = cgw.expect("the caller's NAT");
-    let mut provider = net
-        .member("prov", ph, &direct_spec(Some("echo-prov"), &[]))
-        .await;
-    let mut cspec = direct_spec(None, &["echo-prov"]);
     // The dead path noticed quickly (as in `direct.rs`), and a backoff
     // after the fallback that outlasts the test.
-    cspec.args.extend(
-        [
-            "--call-timeout-secs=4",
-            "--direct-tcp-user-timeout-secs=2",
-            "--punch-backoff-min-secs=600",
-            "--punch-backoff-max-secs=600",
-        ]
-        .map(String::from),
-    );
-    let mut caller = net.member("caller", ch.clone(), &cspec).await;
-    provider.wait_ready().await;
-    caller.wait_ready().await;
+    let EimPair {
+        provider: _provider,
+        caller,
+        provider_nat: pgw,
+        caller_nat: cgw,
+    } = net
+        .eim_pair(
+            &[],
+            &[
+                "--call-timeout-secs=4",
+                "--direct-tcp-user-timeout-secs=2",
+                "--punch-backoff-min-secs=600",
+                "--punch-backoff-max-secs=600",
+            ],
+        )
+        .await;
+    let ch = caller.host.clone();
     assert_eq!(nat_kind(&caller).await, "endpoint_independent");
     let before = observed_once_agreed(&caller).await;
 
@@ -71,7 +62,6 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
 
     // The direct path dies: calls fall back to the relay, and punches to
     // the provider back off.
-    let pgw = pgw.expect("the provider's NAT");
     let fallbacks = "agentmesh_node_direct_fallbacks_total";
     cgw.cut_to(pgw.public_addr(), true).await.expect("cut");
     eventually("a call falls back to the relay", || {

@@ -618,6 +618,62 @@ pub(crate) fn direct_spec(expose: Option<&str>, forwards: &[&str]) -> MemberSpec
     }
 }
 
+/// Two members behind their own EIM NATs on two routers, as most direct
+/// tests start: the provider exposing `echo-prov`, the caller forwarding
+/// to it (each [`direct_spec`] plus its extra arguments), both ready.
+pub(crate) struct EimPair {
+    pub(crate) provider: Member,
+    pub(crate) caller: Member,
+    /// The provider's NAT gateway.
+    pub(crate) provider_nat: Nat,
+    /// The caller's NAT gateway.
+    pub(crate) caller_nat: Nat,
+}
+
+impl Net {
+    /// Starts [`EimPair`]: two routers, two EIM hosts, their members.
+    pub(crate) async fn eim_pair(
+        &mut self,
+        provider_args: &[&str],
+        caller_args: &[&str],
+    ) -> EimPair {
+        self.add_router("r1").await;
+        self.add_router("r2").await;
+        let (ph, pgw) = self
+            .member_host("prov", Some(NatKind::EndpointIndependent))
+            .await;
+        let (ch, cgw) = self
+            .member_host("caller", Some(NatKind::EndpointIndependent))
+            .await;
+        let with = |mut spec: MemberSpec, args: &[&str]| {
+            spec.args.extend(args.iter().map(|a| a.to_string()));
+            spec
+        };
+        let mut provider = self
+            .member(
+                "prov",
+                ph,
+                &with(direct_spec(Some("echo-prov"), &[]), provider_args),
+            )
+            .await;
+        let mut caller = self
+            .member(
+                "caller",
+                ch,
+                &with(direct_spec(None, &["echo-prov"]), caller_args),
+            )
+            .await;
+        provider.wait_ready().await;
+        caller.wait_ready().await;
+        EimPair {
+            provider,
+            caller,
+            provider_nat: pgw.expect("the provider's NAT"),
+            caller_nat: cgw.expect("the caller's NAT"),
+        }
+    }
+}
+
 /// The NAT kind `m`'s status names, once two routers observed it.
 /// Calls `service` through `caller` with `payload` until one call's
 /// stream went on a direct connection (the caller's

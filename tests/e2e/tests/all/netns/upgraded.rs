@@ -10,8 +10,6 @@
 //! provider (the end the circuits reached) tells nothing, and later calls
 //! on the direct connection count nothing more.
 
-use agentmesh_netns::NatKind;
-
 use super::support::*;
 
 const UPGRADED: &str = "agentmesh_router_circuits_upgraded_total";
@@ -41,37 +39,17 @@ async fn notices_sent(m: &Member) -> f64 {
     sum
 }
 
-/// [`direct_spec`], with relayed connections kept open for the test.
-fn keeping_circuits(expose: Option<&str>, forwards: &[&str]) -> MemberSpec {
-    let mut spec = direct_spec(expose, forwards);
-    spec.args.extend([
-        "--relayed-idle-secs=0".to_string(),
-        "--idle-connection-secs=3600".to_string(),
-    ]);
-    spec
-}
+/// Relayed connections kept open for the test.
+const KEEP_CIRCUITS: &[&str] = &["--relayed-idle-secs=0", "--idle-connection-secs=3600"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routers_count_each_circuit_upgraded_away_once() {
     let Some(mut net) = Net::start("upgraded", &[]).await else {
         return;
     };
-    net.add_router("r1").await;
-    net.add_router("r2").await;
-    let (ph, _pgw) = net
-        .member_host("prov", Some(NatKind::EndpointIndependent))
-        .await;
-    let (ch, _cgw) = net
-        .member_host("caller", Some(NatKind::EndpointIndependent))
-        .await;
-    let mut provider = net
-        .member("prov", ph, &keeping_circuits(Some("echo-prov"), &[]))
-        .await;
-    let mut caller = net
-        .member("caller", ch, &keeping_circuits(None, &["echo-prov"]))
-        .await;
-    provider.wait_ready().await;
-    caller.wait_ready().await;
+    let EimPair {
+        provider, caller, ..
+    } = net.eim_pair(KEEP_CIRCUITS, KEEP_CIRCUITS).await;
     assert_eq!(nat_kind(&provider).await, "endpoint_independent");
     assert_eq!(nat_kind(&caller).await, "endpoint_independent");
     assert_eq!(routers_sum(&net, UPGRADED).await, 0.0, "pre-created at 0");
