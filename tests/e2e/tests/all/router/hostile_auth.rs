@@ -126,11 +126,18 @@ async fn strangers_holding_the_auth_slots_do_not_keep_members_out() {
         series(r#"agentmesh_router_slots_refused_total{budget="auth",reason="source_share"}"#);
     let silent_logins = series(r#"agentmesh_router_failed_logins_total{reason="silent"}"#);
     let blocks = series("agentmesh_router_failed_login_blocks_total");
+    let auth_silent = r#"agentmesh_router_auth_total{purpose="attach",result="silent"}"#;
+    // One scrape is not a snapshot (the auth tasks count while families
+    // are encoded, `auth_total` before `failed_logins`): wait until every
+    // series read below has reached its bound in the same scrape.
     let m = eventually(
         "the silent streams counted and their source blocked",
         || async {
             let m = r.metrics_text().await;
-            (metric(&m, &silent_logins) >= 30.0 && metric(&m, &blocks) >= 1.0).then_some(m)
+            (metric(&m, &silent_logins) >= 30.0
+                && metric(&m, auth_silent) >= 30.0
+                && metric(&m, &blocks) >= 1.0)
+                .then_some(m)
         },
     )
     .await;
@@ -157,7 +164,6 @@ async fn strangers_holding_the_auth_slots_do_not_keep_members_out() {
         metric(&m, &share) + metric(&m, &queue_share) + metric(&m, &busy) + waits >= 1.0,
         "renewals held back: {m}"
     );
-    let auth_silent = r#"agentmesh_router_auth_total{purpose="attach",result="silent"}"#;
     assert!(metric(&m, auth_silent) >= 30.0, "{m}");
     // The stalled streams that sent a length byte are slow, not failed logins.
     for reason in ["malformed", "bad_signature", "wrong_peer"] {
