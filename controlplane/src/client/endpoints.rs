@@ -84,6 +84,9 @@ pub(super) struct Endpoints {
     dials: RwLock<Arc<Vec<Arc<Dial>>>>,
     /// The list as given: fixed addresses and names to resolve.
     sources: Vec<Source>,
+    /// Whether any source is a name (else [`Endpoints::refresh`], called
+    /// before every call, returns at once).
+    has_names: bool,
     make: MakeEndpoint,
     /// What names resolved to last; the lock also keeps resolutions one
     /// at a time.
@@ -113,6 +116,7 @@ impl Endpoints {
         let dials = merge(&[], per_source.concat(), &make)?;
         Ok(Self {
             dials: RwLock::new(Arc::new(dials)),
+            has_names: sources.iter().any(Source::is_name),
             sources,
             make,
             resolved: tokio::sync::Mutex::new(Resolved {
@@ -153,7 +157,7 @@ impl Endpoints {
     /// goes on with the endpoints held. A name that does not answer keeps
     /// the addresses it gave last. Nothing to do without names.
     pub(super) async fn refresh(&self, now: Duration) {
-        if !self.sources.iter().any(Source::is_name) {
+        if !self.has_names {
             return;
         }
         let Ok(mut resolved) = self.resolved.try_lock() else {

@@ -12,11 +12,18 @@ use agentmesh_proto::{
     pb::credential::{Role, TokenKind},
 };
 
-use crate::common::{Backend, TestDb};
+use crate::common::{Backend, TestDb, token};
 
 /// The name members and routers are configured with; it resolves nowhere:
 /// only the endpoints are dialled.
 const LOGICAL: &str = "http://agentmesh-control-plane.invalid:7400";
+
+/// A replica of `db` serving the logical URL.
+async fn replica(db: &TestDb) -> agentmesh_controlplane::Handle {
+    let mut cfg = db.config();
+    cfg.public_url = Some(LOGICAL.into());
+    spawn(cfg).await.expect("a replica starts")
+}
 
 /// A listener that accepts and never answers, as a SIGSTOPped replica
 /// does; its connections stay open until the returned task is aborted.
@@ -37,10 +44,7 @@ async fn frozen_replica() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_skip_a_frozen_or_stopped_replica_and_proofs_name_the_logical_url() {
     let db = TestDb::new(Backend::Sqlite).await.expect("sqlite");
-    let mut cfg = db.config();
-    cfg.public_url = Some(LOGICAL.into());
-    let a = spawn(cfg.clone()).await.expect("a");
-    let b = spawn(cfg).await.expect("b");
+    let (a, b) = (replica(&db).await, replica(&db).await);
     let (frozen_addr, held) = frozen_replica().await;
     let endpoints = [
         format!("http://{frozen_addr}"),
@@ -68,16 +72,7 @@ async fn calls_skip_a_frozen_or_stopped_replica_and_proofs_name_the_logical_url(
     assert!(!keys.keys.is_empty());
 
     // An enrollment's proof names the logical URL, which both serve.
-    let token = a
-        .create_token(
-            TokenKind::Bootstrap,
-            Role::Member,
-            Default::default(),
-            10,
-            Duration::from_secs(600),
-        )
-        .await
-        .expect("token");
+    let token = token(&a, TokenKind::Bootstrap, Role::Member, &[], 10).await;
     let first = client
         .enroll(&token, &Keypair::generate_ed25519())
         .await
@@ -105,9 +100,7 @@ async fn calls_skip_a_frozen_or_stopped_replica_and_proofs_name_the_logical_url(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dns_name_endpoint_is_dialled_as_the_addresses_it_resolves_to() {
     let db = TestDb::new(Backend::Sqlite).await.expect("sqlite");
-    let mut cfg = db.config();
-    cfg.public_url = Some(LOGICAL.into());
-    let a = spawn(cfg).await.expect("a");
+    let a = replica(&db).await;
     let port = a.grpc_addr().port();
     let config = ClientConfig {
         url: LOGICAL.into(),
@@ -126,16 +119,7 @@ async fn a_dns_name_endpoint_is_dialled_as_the_addresses_it_resolves_to() {
         [format!("http://localhost:{port}")],
         "before its first call: the name itself"
     );
-    let token = a
-        .create_token(
-            TokenKind::Bootstrap,
-            Role::Member,
-            Default::default(),
-            10,
-            Duration::from_secs(600),
-        )
-        .await
-        .expect("token");
+    let token = token(&a, TokenKind::Bootstrap, Role::Member, &[], 10).await;
     let enrolled = by_name
         .enroll(&token, &Keypair::generate_ed25519())
         .await
@@ -193,9 +177,7 @@ fn a_malformed_dns_endpoint_is_refused_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_attempt_timeout_leaves_a_frozen_replica_before_the_rpc_timeout() {
     let db = TestDb::new(Backend::Sqlite).await.expect("sqlite");
-    let mut cfg = db.config();
-    cfg.public_url = Some(LOGICAL.into());
-    let a = spawn(cfg).await.expect("a");
+    let a = replica(&db).await;
     let (frozen_addr, held) = frozen_replica().await;
     let rpc_timeout = Duration::from_secs(10);
     let client = Client::with_endpoints(

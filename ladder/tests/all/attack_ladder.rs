@@ -8,7 +8,7 @@
 //! ready, called, and stayed.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
@@ -41,46 +41,37 @@ fn a_ladder_under_attack_reports_the_attack_and_keeps_its_members() -> anyhow::R
         );
     }
     let work = tempfile::tempdir()?;
-    let report_path = work.path().join("report.json");
-    let child = Command::new(&ladder)
-        .args([
-            "local",
-            "--routers",
-            "2",
-            "--providers",
-            "1",
-            "--step",
-            &STEP.to_string(),
-            "--steps",
-            "1",
-            "--members-per-worker",
-            "40",
-            "--hold-secs",
-            "40",
-            "--attack-router-at",
-            "2",
-            "--attack-control-plane-at",
-            "2",
-            "--attack-duration-secs",
-            "20",
-            "--attack-router-peers",
-            "16",
-            "--attack-control-plane-rate-per-sec",
-            "200",
-            "--attack-joiners",
-            &JOINERS.to_string(),
-            "--step-deadline-secs",
-            "300",
-        ])
-        .arg("--work-dir")
-        .arg(work.path().join("run"))
-        .arg("--report")
-        .arg(&report_path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting agentmesh-ladder")?;
-    let (_table, report) = super::finish::finish(child, &report_path, RUN_DEADLINE)?;
+    let mut cmd = Command::new(&ladder);
+    cmd.args([
+        "local",
+        "--routers",
+        "2",
+        "--providers",
+        "1",
+        "--step",
+        &STEP.to_string(),
+        "--steps",
+        "1",
+        "--members-per-worker",
+        "40",
+        "--hold-secs",
+        "40",
+        "--attack-router-at",
+        "2",
+        "--attack-control-plane-at",
+        "2",
+        "--attack-duration-secs",
+        "20",
+        "--attack-router-peers",
+        "16",
+        "--attack-control-plane-rate-per-sec",
+        "200",
+        "--attack-joiners",
+        &JOINERS.to_string(),
+        "--step-deadline-secs",
+        "300",
+    ]);
+    let (_table, report) = super::finish::run(&mut cmd, work.path(), RUN_DEADLINE)?;
     let attack = &report["events"]["attack"];
     assert!(attack.is_object(), "no attack in the report: {report:#}");
     assert!(

@@ -21,7 +21,7 @@
 //! where it fails instead, as the namespace tests do.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
@@ -147,9 +147,8 @@ fn a_paced_drain_under_a_cpu_cap_keeps_every_member_on_a_router() -> anyhow::Res
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64 * CAP_SHARE;
     let work = tempfile::tempdir()?;
     let run_dir = work.path().join("run");
-    let report_path = work.path().join("report.json");
-    let child = Command::new(&ladder)
-        .args(["local", "--routers", "3", "--member-routers", "2"])
+    let mut cmd = Command::new(&ladder);
+    cmd.args(["local", "--routers", "3", "--member-routers", "2"])
         .args(["--providers", &PROVIDERS.to_string()])
         .args(["--step", &STEP.to_string(), "--steps", "1"])
         .args(["--join-rate", "20", "--members-per-worker", "40"])
@@ -162,16 +161,8 @@ fn a_paced_drain_under_a_cpu_cap_keeps_every_member_on_a_router() -> anyhow::Res
         ))
         .arg(format!(
             "--router-arg=--drain-rate-members-per-sec={DRAIN_RATE}"
-        ))
-        .arg("--work-dir")
-        .arg(&run_dir)
-        .arg("--report")
-        .arg(&report_path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting agentmesh-ladder")?;
-    let (table, report) = super::finish::finish(child, &report_path, RUN_DEADLINE)?;
+        ));
+    let (table, report) = super::finish::run(&mut cmd, work.path(), RUN_DEADLINE)?;
 
     // The run was capped, and the ladder removed its cgroup.
     let cap = &report["cpu_cap"];

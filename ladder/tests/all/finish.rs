@@ -4,11 +4,31 @@
 //! JSON report read.
 
 use std::path::Path;
-use std::process::Child;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use serde_json::Value;
+
+/// Runs the ladder `cmd` (its flags given) with its data in `work/run` and
+/// its report at `work/report.json`, and [`finish`]es it within `deadline`.
+pub(crate) fn run(
+    cmd: &mut Command,
+    work: &Path,
+    deadline: Duration,
+) -> anyhow::Result<(String, Value)> {
+    let report = work.join("report.json");
+    let child = cmd
+        .arg("--work-dir")
+        .arg(work.join("run"))
+        .arg("--report")
+        .arg(&report)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting agentmesh-ladder")?;
+    finish(child, &report, deadline)
+}
 
 /// Waits for `child` (spawned with its stdout piped) within `deadline` and
 /// returns the table it printed and the report it wrote at `report_path`.

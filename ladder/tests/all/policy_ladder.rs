@@ -7,7 +7,7 @@
 //! closed, every revoked member lost its routers.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
@@ -37,44 +37,35 @@ fn a_policy_change_and_a_token_revocation_reach_every_member_concerned() -> anyh
         );
     }
     let work = tempfile::tempdir()?;
-    let report_path = work.path().join("report.json");
-    let child = Command::new(&ladder)
-        .args([
-            "local",
-            "--routers",
-            "2",
-            "--providers",
-            &PROVIDERS.to_string(),
-            "--step",
-            &STEP.to_string(),
-            "--steps",
-            "1",
-            "--join-rate",
-            "10",
-            "--members-per-worker",
-            "12",
-            "--hold-secs",
-            "40",
-            "--policy-change-at",
-            "5",
-            "--policy-live-calls",
-            &LIVE_CALLS.to_string(),
-            "--revoke-token-at",
-            "20",
-            "--revoke-token-every",
-            &REVOKE_EVERY.to_string(),
-            "--step-deadline-secs",
-            "300",
-        ])
-        .arg("--work-dir")
-        .arg(work.path().join("run"))
-        .arg("--report")
-        .arg(&report_path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting agentmesh-ladder")?;
-    let (table, report) = super::finish::finish(child, &report_path, RUN_DEADLINE)?;
+    let mut cmd = Command::new(&ladder);
+    cmd.args([
+        "local",
+        "--routers",
+        "2",
+        "--providers",
+        &PROVIDERS.to_string(),
+        "--step",
+        &STEP.to_string(),
+        "--steps",
+        "1",
+        "--join-rate",
+        "10",
+        "--members-per-worker",
+        "12",
+        "--hold-secs",
+        "40",
+        "--policy-change-at",
+        "5",
+        "--policy-live-calls",
+        &LIVE_CALLS.to_string(),
+        "--revoke-token-at",
+        "20",
+        "--revoke-token-every",
+        &REVOKE_EVERY.to_string(),
+        "--step-deadline-secs",
+        "300",
+    ]);
+    let (table, report) = super::finish::run(&mut cmd, work.path(), RUN_DEADLINE)?;
     let members = PROVIDERS + STEP;
     assert_eq!(u(&report, "/steps/0/ready"), STEP, "{report:#}");
     // Step members are numbered after the providers; one in five enrolls

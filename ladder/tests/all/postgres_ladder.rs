@@ -14,7 +14,7 @@
 //! where it fails instead.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -44,40 +44,31 @@ fn ladder_on_its_own_postgres_refreshes_and_removes_the_cluster() -> anyhow::Res
     }
     let ladder = PathBuf::from(env!("CARGO_BIN_EXE_agentmesh-ladder"));
     let work = tempfile::tempdir()?;
-    let report_path = work.path().join("report.json");
-    let child = Command::new(&ladder)
-        .args([
-            "local",
-            "--control-plane-store",
-            "postgres",
-            "--credential-ttl-secs",
-            &CREDENTIAL_TTL_SECS.to_string(),
-            "--routers",
-            "2",
-            "--member-routers",
-            "2",
-            "--providers",
-            &PROVIDERS.to_string(),
-            "--step",
-            &STEP.to_string(),
-            "--steps",
-            "1",
-            "--join-rate",
-            "10",
-            "--hold-secs",
-            &HOLD_SECS.to_string(),
-            "--step-deadline-secs",
-            "240",
-        ])
-        .arg("--work-dir")
-        .arg(work.path().join("run"))
-        .arg("--report")
-        .arg(&report_path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting agentmesh-ladder")?;
-    let (table, report) = super::finish::finish(child, &report_path, RUN_DEADLINE)?;
+    let mut cmd = Command::new(&ladder);
+    cmd.args([
+        "local",
+        "--control-plane-store",
+        "postgres",
+        "--credential-ttl-secs",
+        &CREDENTIAL_TTL_SECS.to_string(),
+        "--routers",
+        "2",
+        "--member-routers",
+        "2",
+        "--providers",
+        &PROVIDERS.to_string(),
+        "--step",
+        &STEP.to_string(),
+        "--steps",
+        "1",
+        "--join-rate",
+        "10",
+        "--hold-secs",
+        &HOLD_SECS.to_string(),
+        "--step-deadline-secs",
+        "240",
+    ]);
+    let (table, report) = super::finish::run(&mut cmd, work.path(), RUN_DEADLINE)?;
 
     let members = PROVIDERS + STEP;
     assert_eq!(u(&report, "/steps/0/ready"), STEP, "{report:#}");

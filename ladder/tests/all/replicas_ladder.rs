@@ -162,10 +162,9 @@ fn three_replicas_killed_stopped_and_restarted_fail_no_call() -> anyhow::Result<
         );
     }
     let work = tempfile::tempdir()?;
-    let report_path = work.path().join("report.json");
     let n = |v: u64| v.to_string();
-    let child = Command::new(ladder())
-        .args(["local", "--control-planes", "3"])
+    let mut cmd = Command::new(ladder());
+    cmd.args(["local", "--control-planes", "3"])
         .args(["--control-plane-store", "postgres", "--routers", "2"])
         .args(["--providers", &n(PROVIDERS), "--step", &n(STEP)])
         .args(["--steps", "1", "--join-rate", "20"])
@@ -180,16 +179,8 @@ fn three_replicas_killed_stopped_and_restarted_fail_no_call() -> anyhow::Result<
         // Signing-key rotations every 15 s, each replica checking the
         // deadline every 2 s: one key per deadline however many race.
         .arg("--control-plane-arg=--key-rotation-interval-secs=15")
-        .arg("--control-plane-arg=--key-check-interval-secs=2")
-        .arg("--work-dir")
-        .arg(work.path().join("run"))
-        .arg("--report")
-        .arg(&report_path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting agentmesh-ladder")?;
-    let (table, report) = super::finish::finish(child, &report_path, RUN_DEADLINE)?;
+        .arg("--control-plane-arg=--key-check-interval-secs=2");
+    let (table, report) = super::finish::run(&mut cmd, work.path(), RUN_DEADLINE)?;
 
     let members = PROVIDERS + STEP;
     assert_eq!(u(&report, "/steps/0/ready"), STEP, "{report:#}");

@@ -8,7 +8,7 @@
 //! fetched the directory from the control plane during the return.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
@@ -33,40 +33,31 @@ fn every_member_comes_back_after_all_routers_restart_at_once() -> anyhow::Result
         );
     }
     let work = tempfile::tempdir()?;
-    let report_path = work.path().join("report.json");
-    let child = Command::new(&ladder)
-        .args([
-            "local",
-            "--routers",
-            &ROUTERS.to_string(),
-            "--member-routers",
-            "2",
-            "--providers",
-            &PROVIDERS.to_string(),
-            "--step",
-            &STEP.to_string(),
-            "--steps",
-            "1",
-            "--join-rate",
-            "20",
-            "--members-per-worker",
-            "8",
-            "--hold-secs",
-            "20",
-            "--restart-all-routers-at",
-            "2",
-            // The routers' drain ends at its grace: no member has a router to go to.
-            "--router-arg=--drain-grace-secs=2",
-        ])
-        .arg("--work-dir")
-        .arg(work.path().join("run"))
-        .arg("--report")
-        .arg(&report_path)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting agentmesh-ladder")?;
-    let (table, report) = super::finish::finish(child, &report_path, RUN_DEADLINE)?;
+    let mut cmd = Command::new(&ladder);
+    cmd.args([
+        "local",
+        "--routers",
+        &ROUTERS.to_string(),
+        "--member-routers",
+        "2",
+        "--providers",
+        &PROVIDERS.to_string(),
+        "--step",
+        &STEP.to_string(),
+        "--steps",
+        "1",
+        "--join-rate",
+        "20",
+        "--members-per-worker",
+        "8",
+        "--hold-secs",
+        "20",
+        "--restart-all-routers-at",
+        "2",
+        // The routers' drain ends at its grace: no member has a router to go to.
+        "--router-arg=--drain-grace-secs=2",
+    ]);
+    let (table, report) = super::finish::run(&mut cmd, work.path(), RUN_DEADLINE)?;
 
     let members = PROVIDERS + STEP;
     assert_eq!(u(&report, "/hold/members"), members, "{report:#}");

@@ -382,12 +382,7 @@ async fn calls_continue_on_the_relay_when_the_direct_path_is_cut() {
         caller,
         provider_nat: pgw,
         caller_nat: cgw,
-    } = net
-        .eim_pair(
-            &[],
-            &["--call-timeout-secs=4", "--direct-tcp-user-timeout-secs=2"],
-        )
-        .await;
+    } = net.eim_pair(&[], &DEAD_PATH_NOTICED_FAST).await;
     let mut payload = vec![0u8; 8 * 1024];
     rand::thread_rng().fill_bytes(&mut payload);
     let direct = r#"agentmesh_node_calls_by_path_total{path="direct"}"#;

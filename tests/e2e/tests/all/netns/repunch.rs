@@ -42,11 +42,13 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
         .eim_pair(
             &[],
             &[
-                "--call-timeout-secs=4",
-                "--direct-tcp-user-timeout-secs=2",
-                "--punch-backoff-min-secs=600",
-                "--punch-backoff-max-secs=600",
-            ],
+                &DEAD_PATH_NOTICED_FAST[..],
+                &[
+                    "--punch-backoff-min-secs=600",
+                    "--punch-backoff-max-secs=600",
+                ],
+            ]
+            .concat(),
         )
         .await;
     let ch = caller.host.clone();

@@ -618,6 +618,12 @@ pub(crate) fn direct_spec(expose: Option<&str>, forwards: &[&str]) -> MemberSpec
     }
 }
 
+/// A caller's flags that notice a dead direct path within seconds: bytes
+/// unacknowledged for 2 s fail the connection (TCP_USER_TIMEOUT), a call
+/// gives up after 4 s.
+pub(crate) const DEAD_PATH_NOTICED_FAST: [&str; 2] =
+    ["--call-timeout-secs=4", "--direct-tcp-user-timeout-secs=2"];
+
 /// Two members behind their own EIM NATs on two routers, as most direct
 /// tests start: the provider exposing `echo-prov`, the caller forwarding
 /// to it (each [`direct_spec`] plus its extra arguments), both ready.
