@@ -253,6 +253,12 @@ fn validate(config: &Config) -> Result<(), SpawnError> {
             "--direct-allow-loopback-targets needs --direct=true (it is about punches)".into(),
         ));
     }
+    if config.direct.transport != config::DirectTransport::Tcp && !config.direct.enabled {
+        return Err(SpawnError::Config(
+            "--direct-transport needs --direct=true (it is the transport of direct connections)"
+                .into(),
+        ));
+    }
     let mut seen = HashSet::new();
     for (name, _) in &config.services.expose {
         if !seen.insert(name) {

@@ -34,7 +34,9 @@ impl Candidate {
     pub fn from_info(info: &RouterInfo) -> Option<Self> {
         let peer = PeerId::from_bytes(&info.peer_id).ok()?;
         let mut addrs: Vec<Multiaddr> = info.addrs.iter().filter_map(|a| a.parse().ok()).collect();
-        // TCP first: QUIC is the fallback (the swarm tries addresses in order).
+        // TCP first. The swarm dials up to 8 of a peer's addresses at once,
+        // so this alone does not make QUIC a fallback: whichever handshake
+        // ends first wins (`direct_attach_addrs` picks where it matters).
         addrs.sort_by_key(is_quic);
         if addrs.is_empty() {
             return None;
@@ -55,6 +57,25 @@ impl Candidate {
             draining: info.draining,
             lease_expires_at_unix_secs: info.lease_expires_at_unix_secs,
         })
+    }
+}
+
+/// The addresses a member with direct connections on dials to attach to a
+/// router: only those of its direct transport (`quic`:
+/// `--direct-transport=quic`) when the router offers any, since what the
+/// router observes of that connection is the mapping punches use; all of
+/// them otherwise. The swarm dials a peer's addresses at once, not in
+/// order, so a TCP-first order alone would let a QUIC handshake win.
+pub fn direct_attach_addrs(addrs: &[Multiaddr], quic: bool) -> Vec<Multiaddr> {
+    let ours: Vec<Multiaddr> = addrs
+        .iter()
+        .filter(|a| is_quic(a) == quic)
+        .cloned()
+        .collect();
+    if ours.is_empty() {
+        addrs.to_vec()
+    } else {
+        ours
     }
 }
 
@@ -199,6 +220,19 @@ mod tests {
         assert!(emptiest > fullest, "{emptiest} vs {fullest}");
         assert!(emptiest < 1000, "every member herded onto one router");
         assert_eq!(fullest, 0, "the fullest router can never win a pair");
+    }
+
+    #[test]
+    fn direct_members_attach_over_their_direct_transport_where_offered() {
+        let tcp: Multiaddr = "/ip4/10.0.0.1/tcp/4001".parse().expect("addr");
+        let quic: Multiaddr = "/ip4/10.0.0.1/udp/4001/quic-v1".parse().expect("addr");
+        let addrs = [tcp.clone(), quic.clone()];
+        let (only_tcp, only_quic) = (vec![tcp], vec![quic]);
+        assert_eq!(direct_attach_addrs(&addrs, false), only_tcp);
+        assert_eq!(direct_attach_addrs(&addrs, true), only_quic);
+        // Not offered: every address, as without direct connections.
+        assert_eq!(direct_attach_addrs(&only_tcp, true), only_tcp);
+        assert_eq!(direct_attach_addrs(&only_quic, false), only_quic);
     }
 
     #[test]

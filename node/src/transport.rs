@@ -1,13 +1,16 @@
 //! The node's libp2p swarm: a TCP transport (optionally bound to a
 //! source IP: `agentmesh_streams::dial::DialTcp`) plus the relay-client transport, noise and yamux on both, and
-//! QUIC as a fallback (dial only, from the source IP too: see [`quic`]);
+//! QUIC for routers that announce it (dial only, from the source IP too:
+//! see [`quic`]);
 //! the direct-connection gate and upgrade (`crate::direct`), the relay
 //! client, `agentmesh-streams` (our protocols) and ping as behaviours.
 //!
 //! With `--direct=false` (the default) a member never listens: everything
 //! reaches it through a relayed circuit on one of its routers, so TCP only
 //! dials. With `--direct=true` TCP is [`reuse::ReuseTcp`]: one listening
-//! port, and every dial leaves from it.
+//! port, and every dial leaves from it; with `--direct-transport=quic` QUIC
+//! listens instead ([`quic::DialQuic::listening`]: one UDP socket, every
+//! QUIC dial from it) and TCP only dials.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -93,6 +96,8 @@ pub(crate) struct Dialing {
     pub(crate) auth_timeout: Duration,
     /// Punches may dial loopback (`--direct-allow-loopback-targets`).
     pub(crate) loopback_targets: bool,
+    /// `--direct-transport=quic`: the listening socket is QUIC's, not TCP's.
+    pub(crate) quic: bool,
 }
 
 /// Plain TCP: dial-only [`DialTcp`], or with `reuse` [`reuse::ReuseTcp`]
@@ -122,6 +127,7 @@ fn direct(
     key: &Keypair,
     source_ip: Option<IpAddr>,
     reuse: Option<Reuse>,
+    quic_listens: bool,
     yamux: muxer::YamuxUpgrade,
 ) -> Result<(Direct, relay::client::Behaviour), noise::Error> {
     let peer_id = key.public().to_peer_id();
@@ -133,9 +139,15 @@ fn direct(
         .multiplex(yamux)
         .map(|(p, m), _| (p, StreamMuxerBox::new(m)));
     // QUIC (dial only, from the source IP when given): routers may announce
-    // it; `Candidate` puts TCP addresses first, so QUIC is the fallback.
-    let quic = quic::DialQuic::new(libp2p::quic::Config::new(key), source_ip)
-        .map(|(p, c), _| (p, StreamMuxerBox::new(c)));
+    // it beside TCP (the swarm dials both at once; the first handshake wins).
+    // Listening with `--direct-transport=quic` (routers then dialled over
+    // QUIC where they offer it: `select::direct_attach_addrs`).
+    let quic = if quic_listens {
+        quic::DialQuic::listening(libp2p::quic::Config::new(key))
+    } else {
+        quic::DialQuic::new(libp2p::quic::Config::new(key), source_ip)
+    }
+    .map(|(p, c), _| (p, StreamMuxerBox::new(c)));
     let direct = tcp
         .or_transport(quic)
         .map(|either, _| either.into_inner())
@@ -192,6 +204,7 @@ pub(crate) async fn build(
         tcp_user_timeout: Some(config.direct.tcp_user_timeout).filter(|d| !d.is_zero()),
         auth_timeout: config.direct.auth_timeout,
         loopback_targets: config.direct.allow_loopback_targets,
+        quic: config.direct.transport == crate::config::DirectTransport::Quic,
     };
     build_swarm(
         key,
@@ -244,20 +257,26 @@ pub(crate) async fn build_swarm(
     let upgrade = muxer::yamux_upgrade(yamux, yamux_dropped)?;
     tracing::debug!(?yamux, "yamux limits");
     let source_ip = dialing.source_ip;
-    let reuse = dialing.listen.as_ref().map(|(_, log)| Reuse {
-        log: log.clone(),
-        fallbacks: dialing.metrics.port_reuse_fallbacks.clone(),
-        user_timeout: dialing.tcp_user_timeout,
-        adopted: dialing.metrics.port_reuse_adopted.clone(),
-    });
+    let quic_listens = dialing.quic && dialing.listen.is_some();
+    let reuse = dialing
+        .listen
+        .as_ref()
+        .filter(|_| !quic_listens)
+        .map(|(_, log)| Reuse {
+            log: log.clone(),
+            fallbacks: dialing.metrics.port_reuse_fallbacks.clone(),
+            user_timeout: dialing.tcp_user_timeout,
+            adopted: dialing.metrics.port_reuse_adopted.clone(),
+        });
     let (transport, relay_client) = tokio::task::spawn_blocking(move || {
-        let (inner, relay_client) = direct(&k, source_ip, reuse.clone(), upgrade.clone())?;
+        let (inner, relay_client) =
+            direct(&k, source_ip, reuse.clone(), quic_listens, upgrade.clone())?;
         let transport = match libp2p::dns::tokio::Transport::system(inner) {
             Ok(dns) => TransportTimeout::new(dns, connect_timeout).boxed(),
             Err(e) => {
                 tracing::warn!(error = %e, "no system DNS configuration: /dns addresses are dialed over TCP only");
                 // `system` consumed the first transport: make another.
-                let (inner, relay_client) = direct(&k, source_ip, reuse, upgrade)?;
+                let (inner, relay_client) = direct(&k, source_ip, reuse, quic_listens, upgrade)?;
                 return Ok::<_, BuildError>((
                     TransportTimeout::new(inner, connect_timeout).boxed(),
                     relay_client,
@@ -283,18 +302,29 @@ pub(crate) async fn build_swarm(
         .with_loopback_targets(dialing.loopback_targets)
         .with_pending_limits(dialing.max_pending_inbound.0, dialing.max_pending_inbound.1)
         .with_auth_timeout(dialing.auth_timeout)
+        .with_quic(quic_listens)
         .with_streams(stream.new_control()),
         relay: relay_client,
         stream,
         ping: ping::Behaviour::new(ping),
     };
     let mut swarm = Swarm::new(transport, behaviour, peer_id, swarm_config(idle));
-    if let Some((at, _)) = dialing.listen {
+    if let Some((mut at, _)) = dialing.listen {
+        let addr = if quic_listens {
+            // QUIC dials leave from the listening socket: with
+            // `--dial-source-ip` and no `--listen-ip`, bind the source IP.
+            if let (true, Some(ip)) = (at.ip().is_unspecified(), source_ip) {
+                at.set_ip(ip);
+            }
+            crate::direct::quic_multiaddr(at)
+        } else {
+            reuse::tcp_multiaddr(at)
+        };
         // Bound here, so a taken port fails the start.
         swarm
-            .listen_on(reuse::tcp_multiaddr(at))
+            .listen_on(addr)
             .map_err(|e| BuildError::Listen(at, e.to_string()))?;
-        tracing::debug!(%at, "listening for direct connections");
+        tracing::debug!(%at, quic = quic_listens, "listening for direct connections");
     }
     Ok(swarm)
 }

@@ -287,3 +287,15 @@ fn loopback_punch_targets_are_off_by_default_and_refused_without_direct() {
     let err = crate::validate(&alone).expect_err("refused without --direct");
     assert!(err.to_string().contains("needs --direct=true"), "{err}");
 }
+
+#[test]
+fn the_direct_transport_is_tcp_by_default_and_quic_needs_direct() {
+    use crate::config::DirectTransport;
+    assert_eq!(config(&[]).direct.transport, DirectTransport::Tcp);
+    let quic = config(&["--direct=true", "--direct-transport=quic"]);
+    assert_eq!(quic.direct.transport, DirectTransport::Quic);
+    assert!(crate::validate(&quic).is_ok());
+    let alone = config(&["--direct-transport=quic"]);
+    let err = crate::validate(&alone).expect_err("refused without --direct");
+    assert!(err.to_string().contains("needs --direct=true"), "{err}");
+}

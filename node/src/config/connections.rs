@@ -168,6 +168,35 @@ pub struct DirectConfig {
     /// dials loopback (a lying peer must not make us dial our own host);
     /// refused without [`DirectConfig::enabled`].
     pub allow_loopback_targets: bool,
+    /// Which transport direct connections use (`--direct-transport`,
+    /// default TCP): see [`DirectTransport`].
+    pub transport: DirectTransport,
+}
+
+/// The transport of a member's direct connections, and so of the
+/// connections to its routers that show its NAT mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum DirectTransport {
+    /// One listening TCP port; routers are dialled over TCP from it and
+    /// punches are TCP simultaneous opens.
+    #[default]
+    Tcp,
+    /// One listening UDP socket (QUIC); routers are dialled over QUIC from
+    /// it where they offer QUIC (their UDP mapping is what they observe),
+    /// and punches are QUIC: one side sends random datagrams to open its
+    /// NAT while the other's QUIC handshake comes in, so each punch makes
+    /// exactly one connection. TCP then only dials, from any port.
+    Quic,
+}
+
+impl DirectTransport {
+    /// Its name in flags, `status` and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::Quic => "quic",
+        }
+    }
 }
 
 /// Default [`DirectConfig::punch_backoff_min`], seconds.
@@ -196,6 +225,7 @@ impl Default for DirectConfig {
             tcp_user_timeout: Duration::from_secs(DEFAULT_DIRECT_TCP_USER_TIMEOUT_SECS),
             auth_timeout: Duration::from_millis(DEFAULT_DIRECT_AUTH_TIMEOUT_MS),
             allow_loopback_targets: false,
+            transport: DirectTransport::Tcp,
         }
     }
 }

@@ -5,6 +5,13 @@
 //! crate's framing of at most 64 KiB, and hands what it read to the
 //! behaviour; the engine verifies it (`engine/direct_auth.rs`).
 //!
+//! Each side closes its stream once done (the sender after writing, the
+//! reader after reading) and the sender keeps its stream until the reader's
+//! close arrives (at most [`LINGER`]): over QUIC, dropping a stream whose
+//! peer has not finished its protocol negotiation tells the peer to stop
+//! sending, and its negotiation (which writes the protocol's
+//! confirmation) fails before it reads the hello.
+//!
 //! One hello each way per connection: inbound streams after the first are
 //! dropped unread. The handler keeps the connection open until the peer's
 //! hello is read (or failed) and no longer after: an authenticated direct
@@ -19,7 +26,7 @@ use agentmesh_proto::pb::credential::Credential;
 use agentmesh_proto::protocols::{DIRECT_HELLO, MAX_FRAME_BYTES};
 use agentmesh_wire::frame;
 use futures::future::BoxFuture;
-use futures::{AsyncWriteExt as _, FutureExt as _};
+use futures::{AsyncReadExt as _, AsyncWriteExt as _, FutureExt as _};
 use libp2p::StreamProtocol;
 use libp2p::core::upgrade::ReadyUpgrade;
 use libp2p::swarm::handler::{ConnectionEvent, FullyNegotiatedInbound, FullyNegotiatedOutbound};
@@ -27,6 +34,21 @@ use libp2p::swarm::{ConnectionHandler, ConnectionHandlerEvent, SubstreamProtocol
 
 /// The protocol's id.
 pub(crate) const PROTOCOL: StreamProtocol = StreamProtocol::new(DIRECT_HELLO);
+
+/// How long the sender of a hello waits for the reader's close before
+/// dropping its stream.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads `stream` to its end, discarding what comes (the reader sends
+/// nothing but its close).
+async fn until_closed(stream: &mut libp2p::Stream) {
+    let mut buf = [0u8; 64];
+    while let Ok(n) = stream.read(&mut buf).await {
+        if n == 0 {
+            return;
+        }
+    }
+}
 
 /// What the handler read from the peer.
 #[derive(Debug)]
@@ -136,6 +158,7 @@ impl ConnectionHandler for Handler {
                             tracing::debug!(error = %e, "direct hello not sent");
                         }
                         let _ = stream.close().await;
+                        let _ = tokio::time::timeout(LINGER, until_closed(&mut stream)).await;
                     }
                     .boxed(),
                 );
@@ -151,7 +174,10 @@ impl ConnectionHandler for Handler {
                 stream.ignore_for_keep_alive();
                 self.receiving = Some(
                     async move {
-                        frame::read_frame::<Credential, _>(&mut stream, MAX_FRAME_BYTES).await
+                        let read =
+                            frame::read_frame::<Credential, _>(&mut stream, MAX_FRAME_BYTES).await;
+                        let _ = stream.close().await;
+                        read
                     }
                     .boxed(),
                 );

@@ -65,8 +65,8 @@
 //! connection to that peer: [`Behaviour::is_punch`] names the connection
 //! ids of the dials dcutr made, and the engine leaves those alone.
 //!
-//! **Punch targets** come from the peer: a punch dials only plain TCP to
-//! unicast addresses that are not loopback, unspecified or link-local, at
+//! **Punch targets** come from the peer: a punch dials only plain TCP or
+//! QUIC to unicast addresses that are not loopback, unspecified or link-local, at
 //! most [`MAX_PUNCH_ADDRS`] of them; anything else refuses that dial whole
 //! (`result="bad_target"`). Loopback only with the test flag
 //! `--direct-allow-loopback-targets` ([`targets`]).
@@ -74,6 +74,7 @@
 mod gate;
 pub(crate) mod hello;
 pub(crate) mod nat;
+mod open;
 mod pending;
 mod repunch;
 mod reuse_log;
@@ -180,9 +181,9 @@ pub(crate) struct Behaviour {
     pending: pending::PendingInbound,
     /// Open direct connections to members (a punch's dial, or accepted
     /// from a peer holding a relayed connection to us; never a router's):
-    /// what `direct_connections{nat}` and `direct_closed_total` count.
-    /// Bounded by the open connections.
-    direct: HashSet<ConnectionId>,
+    /// what `direct_connections{nat}` and `direct_closed_total` count; and
+    /// the punches under way ([`open`]).
+    open: open::Open,
     /// Their authentication, and the punches under way.
     gate: gate::Gate,
     /// Punches may dial loopback (`--direct-allow-loopback-targets`,
@@ -194,6 +195,9 @@ pub(crate) struct Behaviour {
     repunch: repunch::Repunch,
     /// Our peer id (a replacement dcutr behaviour's).
     me: PeerId,
+    /// Direct connections are QUIC (`--direct-transport=quic`): our
+    /// observed address is a UDP mapping and peers dial it over QUIC.
+    quic: bool,
     /// The streams behaviour's control: direct connections to members are
     /// held back from new streams until their peer authenticated.
     streams: Option<agentmesh_streams::Control>,
@@ -225,8 +229,20 @@ pub(crate) enum Event {
     },
 }
 
-/// Our address `a` as dcutr's candidate.
-fn candidate_addr(a: SocketAddr) -> Multiaddr {
+/// `/ip4|ip6/IP/udp/PORT/quic-v1` for `at` (the QUIC listening socket's
+/// address, and ours as peers dial it over QUIC).
+pub(crate) fn quic_multiaddr(at: SocketAddr) -> Multiaddr {
+    Multiaddr::from(at.ip())
+        .with(Protocol::Udp(at.port()))
+        .with(Protocol::QuicV1)
+}
+
+/// Our address `a` as peers dial it: TCP, or with `quic` QUIC on UDP
+/// (`--direct-transport`); dcutr's candidate and a reversal's answer.
+fn path_addr(a: SocketAddr, quic: bool) -> Multiaddr {
+    if quic {
+        return quic_multiaddr(a);
+    }
     Multiaddr::from(a.ip()).with(Protocol::Tcp(a.port()))
 }
 
@@ -295,7 +311,7 @@ impl Behaviour {
             queued: VecDeque::new(),
             log,
             backoffs: Backoffs::default(),
-            direct: HashSet::new(),
+            open: open::Open::default(),
             loopback_targets: false,
             pending: pending::PendingInbound::new(
                 crate::config::DEFAULT_DIRECT_MAX_PENDING_INBOUND,
@@ -307,8 +323,22 @@ impl Behaviour {
             reversals: reversing::Reversals::default(),
             repunch: repunch::Repunch::default(),
             me,
+            quic: false,
             streams: None,
         }
+    }
+
+    /// The same with direct connections over QUIC
+    /// (`--direct-transport=quic`): what the routers observe of us is our
+    /// UDP socket's mapping, offered to peers as a QUIC address.
+    pub(crate) fn with_quic(mut self, quic: bool) -> Self {
+        self.quic = quic;
+        self
+    }
+
+    /// Whether direct connections are QUIC.
+    pub(crate) fn quic(&self) -> bool {
+        self.quic
     }
 
     /// The same with new streams kept off a direct connection to a member
@@ -430,7 +460,7 @@ impl Behaviour {
                     self.inner = dcutr::Behaviour::new(self.me);
                     self.queued.clear();
                 }
-                self.queued.push_back(candidate_addr(a));
+                self.queued.push_back(path_addr(a, self.quic));
             }
         }
         changed
@@ -469,6 +499,10 @@ impl Behaviour {
         let backed_off = self.backoff.get(peer).is_some_and(|b| now < b.until);
         let skip = if backed_off && !self.repunch.may_skip_backoff(peer) {
             Some("skipped_backoff")
+        } else if self.open.punch_under_way(peer, now) {
+            // Another relayed connection to it while a punch is under way
+            // would punch twice.
+            Some("skipped_in_progress")
         } else if dependent && self.reversing(peer) {
             Some("skipped_endpoint_dependent")
         } else if dependent {
@@ -511,7 +545,9 @@ impl Behaviour {
         self.relayed_up(peer, id);
         let upgrade = self.upgrade_for(&peer, Instant::now());
         let inner = if upgrade == Upgrade::Punch {
-            self.gate.punch_started(peer, Instant::now());
+            let now = Instant::now();
+            self.gate.punch_started(peer, now);
+            self.open.punch_began(peer, now);
             dcutr(&mut self.inner)?
         } else {
             Either::Right(dummy::ConnectionHandler)
@@ -534,10 +570,20 @@ impl Behaviour {
     }
 
     fn punched(&mut self, peer: PeerId, ok: bool, now: Instant) {
+        let lost_to_the_peer = self.open.direct_since_punch_began(&peer);
+        self.open.punch_ended(&peer);
         if ok {
             self.metrics.upgrade("direct");
             self.backoff.remove(&peer);
             self.repunch.succeeded(&peer);
+            return;
+        }
+        if lost_to_the_peer {
+            // Our dial lost to the peer's, which brought the direct
+            // connection up (it arrived as inbound before our dial, or
+            // dcutr tried again and we refused its dial: one connection per
+            // peer). Not a failure, and no backoff.
+            tracing::debug!(%peer, "punch ended without our dial: a direct connection is up");
             return;
         }
         self.metrics.upgrade("failed");
@@ -554,6 +600,7 @@ impl Behaviour {
     }
 
     fn back_off(&mut self, peer: PeerId, now: Instant) {
+        self.open.punch_ended(&peer);
         if self.backoff.len() >= MAX_BACKOFF_PEERS && !self.backoff.contains_key(&peer) {
             self.backoff.retain(|_, b| b.until > now);
             if self.backoff.len() >= MAX_BACKOFF_PEERS {
@@ -575,7 +622,7 @@ impl Behaviour {
     /// our NAT kind as now classified, zero under the others.
     fn count_direct(&self) {
         self.metrics
-            .set_direct_connections(self.observed.kind().as_str(), self.direct.len());
+            .set_direct_connections(self.observed.kind().as_str(), self.open.len());
     }
 
     fn note_punch(&mut self, id: ConnectionId) {
@@ -597,7 +644,7 @@ impl Behaviour {
     fn for_inner(&mut self, event: &FromSwarm) -> bool {
         match event {
             FromSwarm::NewExternalAddrCandidate(c) => {
-                self.candidate.map(candidate_addr).as_ref() == Some(c.addr)
+                self.candidate.map(|a| path_addr(a, self.quic)).as_ref() == Some(c.addr)
             }
             FromSwarm::ConnectionClosed(c) if !c.endpoint.is_relayed() => {
                 self.repunch.inner_knows(&c.connection_id)
@@ -758,7 +805,7 @@ impl NetworkBehaviour for Behaviour {
             && !is_relayed(local_or_remote(endpoint))
             && (self.is_punch(connection_id) || self.has_relayed(peer_id))
         {
-            self.direct.insert(*connection_id);
+            self.open.opened(*connection_id, *peer_id, Instant::now());
             self.gate.opened(*connection_id, *peer_id, Instant::now());
             self.count_direct();
         }
@@ -770,7 +817,7 @@ impl NetworkBehaviour for Behaviour {
         }) = &event
         {
             let ours = self.gate.closed(connection_id);
-            if self.direct.remove(connection_id) {
+            if self.open.closed(connection_id).is_some() {
                 self.metrics
                     .direct_closed(ours.unwrap_or_else(|| close_reason(*cause)));
                 self.count_direct();
@@ -827,9 +874,29 @@ impl NetworkBehaviour for Behaviour {
                 heard,
             }));
         }
-        let event = match self.inner.poll(cx) {
-            Poll::Ready(e) => e,
-            Poll::Pending => return Poll::Pending,
+        let event = loop {
+            let event = match self.inner.poll(cx) {
+                Poll::Ready(e) => e,
+                Poll::Pending => return Poll::Pending,
+            };
+            // dcutr's only handler notification: try the punch again after
+            // our dial failed. Not when the peer's dial already brought a
+            // direct connection up during this punch (over QUIC its
+            // handshake can arrive before our hole punch waits for it;
+            // over TCP at our listening port): another attempt would make
+            // the peer dial again, a second connection.
+            if let ToSwarm::NotifyHandler { peer_id, .. } = &event
+                && self.open.direct_since_punch_began(peer_id)
+            {
+                let peer = *peer_id;
+                self.metrics.upgrade("skipped_direct");
+                tracing::debug!(%peer, "punch not tried again: the peer's dial connected us");
+                self.open.punch_ended(&peer);
+                self.backoff.remove(&peer);
+                self.repunch.succeeded(&peer);
+                continue;
+            }
+            break event;
         };
         match &event {
             ToSwarm::GenerateEvent(e) => {

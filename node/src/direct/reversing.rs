@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use libp2p::PeerId;
-use libp2p::core::{Multiaddr, multiaddr::Protocol};
+use libp2p::core::Multiaddr;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{ConnectionId, NotifyHandler, ToSwarm};
 use tokio::time::Instant;
@@ -60,7 +60,7 @@ impl Behaviour {
         let offer = self
             .candidate
             .filter(|_| self.enabled && on_relayed)
-            .map(|a| Multiaddr::from(a.ip()).with(Protocol::Tcp(a.port())));
+            .map(|a| super::path_addr(a, self.quic));
         if offer.is_some() {
             // Its dial is this reversal's: taken like a punch's.
             self.gate.punch_started(peer, now);

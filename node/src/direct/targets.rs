@@ -1,7 +1,7 @@
 //! Which addresses a punch may dial. The addresses come from the peer
 //! (dcutr's exchange), and a lying peer must not make us dial our own
-//! host or link: a punch dials only plain TCP (QUIC punches are not built
-//! yet) to a unicast IP that is not loopback, unspecified or link-local.
+//! host or link: a punch dials only plain TCP or QUIC (`/udp/…/quic-v1`)
+//! to a unicast IP that is not loopback, unspecified or link-local.
 //!
 //! **Loopback, for tests and benches only.** Members on one host (the
 //! bench on loopback, tests without namespaces) see each other only at
@@ -18,7 +18,7 @@ use libp2p::Multiaddr;
 /// Whether a punch may dial `addr` (see the module doc); `loopback`
 /// (`--direct-allow-loopback-targets`) lets loopback addresses through.
 pub(super) fn punch_target_allowed(addr: &Multiaddr, loopback: bool) -> bool {
-    let Some(IpTarget::Tcp(sa)) = ip_target(addr) else {
+    let (Some(IpTarget::Tcp(sa)) | Some(IpTarget::Quic(sa))) = ip_target(addr) else {
         return false;
     };
     let ip = sa.ip();
@@ -44,14 +44,16 @@ mod tests {
     }
 
     /// What a lying peer may send besides loopback: refused either way.
-    const NEVER: [&str; 7] = [
+    const NEVER: [&str; 9] = [
         "/ip4/169.254.169.254/tcp/80",
         "/ip4/0.0.0.0/tcp/4500",
         "/ip4/224.0.0.1/tcp/4500",
         "/ip4/255.255.255.255/tcp/4500",
         "/ip6/fe80::1/tcp/4500",
         "/dns4/internal.example/tcp/443",
-        "/ip4/10.0.0.5/udp/4500/quic-v1",
+        "/ip4/10.0.0.5/udp/4500",
+        "/ip4/169.254.169.254/udp/80/quic-v1",
+        "/ip6/fe80::1/udp/4500/quic-v1",
     ];
 
     #[test]
@@ -60,6 +62,7 @@ mod tests {
             "/ip4/127.0.0.1/tcp/22",
             "/ip4/127.9.9.9/tcp/1",
             "/ip6/::1/tcp/4500",
+            "/ip4/127.0.0.1/udp/4500/quic-v1",
         ] {
             assert!(!allowed(a, false), "{a} refused by default");
             assert!(allowed(a, true), "{a} allowed with the flag");
@@ -76,6 +79,7 @@ mod tests {
                 "/ip4/10.0.0.5/tcp/4500",
                 "/ip4/203.0.113.7/tcp/1",
                 "/ip6/2001:db8::1/tcp/9",
+                "/ip4/10.0.0.5/udp/4500/quic-v1",
             ] {
                 assert!(allowed(a, loopback), "{a} (loopback {loopback})");
             }

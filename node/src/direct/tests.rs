@@ -133,7 +133,8 @@ fn a_punch_to_addresses_we_must_not_dial_is_refused_and_counted() {
         "/ip6/::1/tcp/4500",
         "/ip6/fe80::1/tcp/4500",
         "/dns4/internal.example/tcp/443",
-        "/ip4/10.0.0.5/udp/4500/quic-v1",
+        "/ip4/127.0.0.1/udp/4500/quic-v1",
+        "/ip4/169.254.169.254/udp/80/quic-v1",
     ] {
         let a: Multiaddr = bad.parse().expect("addr");
         let mixed = [ok.clone(), a];
@@ -148,7 +149,7 @@ fn a_punch_to_addresses_we_must_not_dial_is_refused_and_counted() {
         b.handle_pending_outbound_connection(punch, Some(peer), &many, Endpoint::Dialer)
             .is_err()
     );
-    assert_eq!(count(&m, "bad_target"), 9);
+    assert_eq!(count(&m, "bad_target"), 10);
     // Dials that are not punches (routers on loopback in tests) pass.
     let router: Multiaddr = "/ip4/127.0.0.1/tcp/4001".parse().expect("addr");
     assert!(
@@ -567,4 +568,81 @@ fn a_direct_connection_whose_peer_does_not_authenticate_in_time_is_closed_and_co
     // Nothing else is counted, and nothing is left.
     assert_eq!(closed_count(&m, "closed"), 0);
     assert!(b.gate.next_close().is_none());
+}
+
+/// One direct connection per punch: a second relayed connection to a peer
+/// while a punch with it is under way is not punched as well, and when
+/// our dial fails after the peer's dial already brought a direct
+/// connection up, dcutr does not try again (no failure counted). Once the
+/// punch has its result, a new relayed connection punches again even with
+/// that direct connection open (its peer has likely lost the path).
+#[test]
+fn a_punch_under_way_or_won_by_the_peers_dial_makes_no_second_connection() {
+    use libp2p::core::ConnectedPoint;
+    let (mut b, m) = behaviour(true);
+    let seen: SocketAddr = "10.0.0.5:4500".parse().expect("sa");
+    b.observe(PeerId::random(), Some(seen));
+    let peer = PeerId::random();
+    let relayed: Multiaddr = format!(
+        "/ip4/10.0.0.1/tcp/4001/p2p/{}/p2p-circuit",
+        PeerId::random()
+    )
+    .parse()
+    .expect("addr");
+    let dcutr_keeps = |b: &mut Behaviour, id: usize| -> bool {
+        let h = b
+            .relayed_handler(peer, ConnectionId::new_unchecked(id), |d| {
+                d.handle_established_outbound_connection(
+                    ConnectionId::new_unchecked(id),
+                    peer,
+                    &relayed,
+                    Endpoint::Dialer,
+                    PortUse::Reuse,
+                )
+            })
+            .expect("handler");
+        // dcutr's handler is on the left of the select when it punches.
+        let Either::Left(select) = h else {
+            panic!("a relayed connection gets the relayed handler")
+        };
+        matches!(select.into_inner().0, Either::Left(_))
+    };
+    assert!(
+        dcutr_keeps(&mut b, 1),
+        "the first relayed connection punches"
+    );
+    assert!(!dcutr_keeps(&mut b, 2), "a punch is under way");
+    assert_eq!(count(&m, "skipped_in_progress"), 1);
+    // The peer's dial brings the direct connection up.
+    let direct = ConnectedPoint::Listener {
+        local_addr: "/ip4/0.0.0.0/udp/4500/quic-v1".parse().expect("addr"),
+        send_back_addr: "/ip4/10.0.0.9/udp/4500/quic-v1".parse().expect("addr"),
+    };
+    b.on_swarm_event(FromSwarm::ConnectionEstablished(ConnectionEstablished {
+        peer_id: peer,
+        connection_id: ConnectionId::new_unchecked(3),
+        endpoint: &direct,
+        failed_addresses: &[],
+        other_established: 1,
+    }));
+    // Our dial failed: dcutr's next attempt would make the peer dial again
+    // (a second connection); the poll drops it when this holds (dcutr's
+    // retry needs its real exchange: the NAT matrices count one direct
+    // connection per cell). Its failure is no failure and no backoff.
+    assert!(b.open.direct_since_punch_began(&peer));
+    b.punched(peer, false, Instant::now());
+    assert_eq!(count(&m, "failed"), 0);
+    assert!(!b.backoff.contains_key(&peer));
+    assert!(!b.open.direct_since_punch_began(&peer), "the punch is over");
+    // The punch ended: a new relayed connection punches, the direct
+    // connection open or not.
+    assert_eq!(b.upgrade_for(&peer, Instant::now()), Upgrade::Punch);
+    b.on_swarm_event(FromSwarm::ConnectionClosed(ConnectionClosed {
+        peer_id: peer,
+        connection_id: ConnectionId::new_unchecked(3),
+        endpoint: &direct,
+        cause: None,
+        remaining_established: 1,
+    }));
+    assert!(b.open.none_to(&peer));
 }

@@ -38,7 +38,7 @@ fn a_new_observed_address_replaces_the_candidate_and_only_it_reaches_dcutr() {
     let (mut b, _m) = behaviour(true);
     let routers = [PeerId::random(), PeerId::random()];
     let (a, new) = (sa("198.51.100.4:4500"), sa("198.51.100.4:61234"));
-    assert_eq!(both_observe(&mut b, routers, a), vec![candidate_addr(a)]);
+    assert_eq!(both_observe(&mut b, routers, a), vec![path_addr(a, false)]);
 
     // A direct connection dcutr saw come up before the change.
     let peer = PeerId::random();
@@ -57,9 +57,9 @@ fn a_new_observed_address_replaces_the_candidate_and_only_it_reaches_dcutr() {
     // kept from dcutr.
     assert_eq!(
         both_observe(&mut b, routers, new),
-        vec![candidate_addr(new)]
+        vec![path_addr(new, false)]
     );
-    let old = candidate_addr(a);
+    let old = path_addr(a, false);
     assert!(!b.for_inner(&FromSwarm::NewExternalAddrCandidate(
         NewExternalAddrCandidate { addr: &old }
     )));
@@ -110,4 +110,16 @@ fn a_peer_backed_off_before_our_address_changed_is_punched_again_once_counted() 
     // Once: the next relayed connection waits out the backoff again.
     assert_eq!(relayed(&mut b, failed), Upgrade::Skip);
     assert_eq!(count(&m, "skipped_backoff"), 2);
+}
+
+/// With `--direct-transport=quic` the observed address is our UDP
+/// socket's mapping: dcutr offers it as a QUIC address.
+#[test]
+fn a_quic_member_offers_its_observed_address_as_quic() {
+    let (b, _m) = behaviour(true);
+    let mut b = b.with_quic(true);
+    let routers = [PeerId::random(), PeerId::random()];
+    let a = sa("198.51.100.4:4500");
+    let want: Multiaddr = "/ip4/198.51.100.4/udp/4500/quic-v1".parse().expect("addr");
+    assert_eq!(both_observe(&mut b, routers, a), vec![want]);
 }

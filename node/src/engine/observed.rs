@@ -12,13 +12,19 @@ use crate::status::report::{DirectReport, Observation};
 impl Engine {
     /// `router` admitted us (purpose attach) and said it observed us at
     /// `observed`. Taken as our listening port's mapping only when our
-    /// connection to it left from the listening port.
+    /// connection to it left from the listening port: over the direct
+    /// transport (`--direct-transport`), and for TCP not from a fresh port
+    /// (every QUIC dial leaves from the listening socket).
     pub(super) fn on_observed(&mut self, router: PeerId, observed: Option<Multiaddr>) {
-        if !self.swarm.behaviour().direct.enabled() {
+        let direct = &self.swarm.behaviour().direct;
+        if !direct.enabled() {
             return;
         }
-        let Some(IpTarget::Tcp(seen)) = observed.as_ref().and_then(ip_target) else {
-            return;
+        let quic = direct.quic();
+        let seen = match observed.as_ref().and_then(ip_target) {
+            Some(IpTarget::Tcp(seen)) if !quic => seen,
+            Some(IpTarget::Quic(seen)) if quic => seen,
+            _ => return,
         };
         let fresh = self
             .slots
@@ -26,9 +32,8 @@ impl Engine {
             .and_then(|s| s.addr.as_ref())
             .and_then(ip_target)
             .is_some_and(|t| match t {
-                IpTarget::Tcp(to) => self.swarm.behaviour().direct.left_from_fresh_port(&to),
-                // QUIC is not on the listening port at all.
-                IpTarget::Quic(_) => true,
+                IpTarget::Tcp(to) => quic || direct.left_from_fresh_port(&to),
+                IpTarget::Quic(_) => !quic,
             });
         if fresh {
             tracing::debug!(%router, %seen, "observed on a connection that did not leave from the listening port: not our mapping");

@@ -228,9 +228,16 @@ impl Engine {
                 "no router to attach to: none matches the selector or all are shunned"
             );
         }
+        let direct = &self.swarm.behaviour().direct;
+        let (direct_on, quic) = (direct.enabled(), direct.quic());
         for c in chosen {
+            let addrs = if direct_on {
+                crate::select::direct_attach_addrs(&c.addrs, quic)
+            } else {
+                c.addrs.clone()
+            };
             let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(c.peer)
-                .addresses(c.addrs.clone())
+                .addresses(addrs)
                 .build();
             let already = self.swarm.is_connected(&c.peer);
             self.slots.insert(c.peer, Slot::new());

@@ -25,7 +25,12 @@ use prometheus_client::encoding::EncodeLabelSet;
 /// side asked: `reversal_agreed`, `reversal_declined` (our NAT is
 /// endpoint-dependent too, or no address of ours is known);
 /// `repunched` (a punch or reversal to a peer we punched before our
-/// observed address last changed, past its backoff if it had one).
+/// observed address last changed, past its backoff if it had one);
+/// `skipped_direct` (our punch's dial failed but the peer's dial brought
+/// a direct connection up during that punch: dcutr's next attempt is not
+/// made, one connection per punch), `skipped_in_progress` (a punch with that peer began
+/// on another relayed connection and has no result yet, within the last
+/// 10 s).
 pub const UPGRADE_RESULTS: &[&str] = &[
     "direct",
     "failed",
@@ -39,6 +44,8 @@ pub const UPGRADE_RESULTS: &[&str] = &[
     "reversal_agreed",
     "reversal_declined",
     "repunched",
+    "skipped_direct",
+    "skipped_in_progress",
 ];
 
 /// Why an inbound direct connection was closed at once:

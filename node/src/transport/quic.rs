@@ -1,18 +1,29 @@
-//! QUIC for a member: dial only, optionally from a source IP.
+//! QUIC for a member: dial only (optionally from a source IP), or, with
+//! `--direct-transport=quic`, one listening UDP socket that every QUIC dial
+//! leaves from.
 //!
-//! libp2p-quic 0.14 dials from a listener's UDP socket when one of the same
-//! address family (and, for a loopback target, a loopback address) exists
-//! and the dial asks for port reuse; otherwise from a fresh socket bound to
-//! `0.0.0.0:0`. So with `--dial-source-ip IP` this wrapper listens on
-//! `/ip4/IP/udp/0/quic-v1` by itself (hidden from the swarm: a member never
-//! listens) and forces port reuse, and every QUIC dial leaves from `IP` on
+//! **Dial only.** libp2p-quic 0.14 dials from a listener's UDP socket when
+//! one of the same address family (and, for a loopback target, a loopback
+//! address) exists and the dial asks for port reuse; otherwise from a
+//! fresh socket bound to `0.0.0.0:0`. So with `--dial-source-ip IP` this
+//! wrapper listens on `/ip4/IP/udp/0/quic-v1` by itself (hidden from the
+//! swarm) and forces port reuse, and every QUIC dial leaves from `IP` on
 //! that one socket. Connections arriving on that socket are dropped
-//! unanswered.
+//! unanswered. The socket is opened on the first QUIC dial, not at start:
+//! a fleet process hosts thousands of members, most of which only ever
+//! dial TCP routers, and each socket costs about two file descriptors and
+//! 30–50 KiB. Once open it is kept (and opened again if it ever closes).
 //!
-//! The socket is opened on the first QUIC dial, not at start: a fleet
-//! process hosts thousands of members, most of which only ever dial TCP
-//! routers, and each socket costs about two file descriptors and 30–50 KiB.
-//! Once open it is kept (and opened again if it ever closes).
+//! **Listening** ([`DialQuic::listening`]): the swarm's listener is the
+//! member's one UDP socket. Dials in the dialer's role leave from it
+//! (port reuse), so the mapping a router observes is the one a punch
+//! uses. A punch's dial in the listener's role (dcutr asks for port
+//! reuse) is made with a fresh-port request instead: that is what makes
+//! libp2p-quic run its hole puncher (random datagrams from the listening
+//! socket towards the peer, opening our NAT, while the peer's handshake
+//! comes in on the listener and is handed to this dial). With port reuse
+//! both ends would send a client's handshake and a punch could make two
+//! connections or none.
 
 use std::io;
 use std::net::IpAddr;
@@ -25,7 +36,7 @@ use libp2p::core::{Multiaddr, Transport};
 
 type Inner = libp2p::quic::tokio::Transport;
 
-/// Dial-only QUIC, bound to a source IP when one is given.
+/// Dial-only QUIC, bound to a source IP when one is given; or listening.
 pub(crate) struct DialQuic {
     inner: Inner,
     /// Where dials leave from (`--dial-source-ip`), if anywhere in particular.
@@ -33,6 +44,8 @@ pub(crate) struct DialQuic {
     /// Our own listener giving dials their source address, once the first
     /// QUIC dial opened it.
     source: Option<ListenerId>,
+    /// The swarm's listener is ours (`--direct-transport=quic`).
+    listening: bool,
 }
 
 impl DialQuic {
@@ -44,6 +57,18 @@ impl DialQuic {
             inner: Inner::new(config),
             source_ip,
             source: None,
+            listening: false,
+        }
+    }
+
+    /// QUIC that listens where the swarm asks (the member's direct port)
+    /// and dials from there (see the module doc).
+    pub(crate) fn listening(config: libp2p::quic::Config) -> Self {
+        Self {
+            inner: Inner::new(config),
+            source_ip: None,
+            source: None,
+            listening: true,
         }
     }
 
@@ -94,14 +119,17 @@ impl Transport for DialQuic {
 
     fn listen_on(
         &mut self,
-        _id: ListenerId,
+        id: ListenerId,
         addr: Multiaddr,
     ) -> Result<(), TransportError<Self::Error>> {
-        Err(TransportError::MultiaddrNotSupported(addr))
+        if !self.listening {
+            return Err(TransportError::MultiaddrNotSupported(addr));
+        }
+        self.inner.listen_on(id, addr)
     }
 
-    fn remove_listener(&mut self, _id: ListenerId) -> bool {
-        false
+    fn remove_listener(&mut self, id: ListenerId) -> bool {
+        self.listening && self.inner.remove_listener(id)
     }
 
     fn dial(
@@ -109,6 +137,15 @@ impl Transport for DialQuic {
         addr: Multiaddr,
         mut opts: DialOpts,
     ) -> Result<Self::Dial, TransportError<Self::Error>> {
+        if self.listening {
+            opts.port_use = match opts.role {
+                // From the listening socket: the mapping routers observe.
+                libp2p::core::Endpoint::Dialer => PortUse::Reuse,
+                // A punch in the listener's role: the hole puncher.
+                libp2p::core::Endpoint::Listener => PortUse::New,
+            };
+            return self.inner.dial(addr, opts);
+        }
         if let (Some(ip), Some(target)) = (self.source_ip, quic_target(&addr)) {
             if ip.is_ipv4() == target.is_ipv4() {
                 self.open_source(ip)?;
@@ -123,6 +160,9 @@ impl Transport for DialQuic {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<TransportEvent<Self::ListenerUpgrade, Self::Error>> {
+        if self.listening {
+            return Pin::new(&mut self.inner).poll(cx);
+        }
         // Every event is our own listener's: none goes to the swarm.
         while let Poll::Ready(event) = Pin::new(&mut self.inner).poll(cx) {
             match event {

@@ -1,13 +1,14 @@
-//! The attack on a member's listening port: a stranger (any libp2p peer
-//! with a key of its own, holding no relayed connection to the member)
-//! dials it, completes the noise handshake, and is closed at once and
-//! counted in `agentmesh_node_inbound_refused_total{reason="no_relayed_connection"}`.
+//! The attack on a member's listening port, TCP and QUIC: a stranger (any
+//! libp2p peer with a key of its own, holding no relayed connection to the
+//! member) dials it, completes the handshake (noise, or QUIC's TLS), and is
+//! closed at once and counted in
+//! `agentmesh_node_inbound_refused_total{reason="no_relayed_connection"}`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use libp2p::core::muxing::StreamMuxerExt as _;
+use libp2p::core::muxing::{StreamMuxerBox, StreamMuxerExt as _};
 use libp2p::core::transport::{DialOpts, PortUse};
 use libp2p::core::upgrade::Version;
 use libp2p::core::{Endpoint, Transport};
@@ -23,6 +24,33 @@ const DEADLINE: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn a_stranger_dialing_the_listening_port_is_closed_and_counted() {
+    stranger_dials_the_listening_port(false).await;
+}
+
+#[tokio::test]
+async fn a_stranger_dialing_the_listening_quic_socket_is_closed_and_counted() {
+    stranger_dials_the_listening_port(true).await;
+}
+
+/// A stranger's libp2p transport: TCP + noise + yamux, or QUIC.
+fn stranger_transport(
+    key: &Keypair,
+    quic: bool,
+) -> libp2p::core::transport::Boxed<(libp2p::PeerId, StreamMuxerBox)> {
+    if quic {
+        return libp2p::quic::tokio::Transport::new(libp2p::quic::Config::new(key))
+            .map(|(p, c), _| (p, StreamMuxerBox::new(c)))
+            .boxed();
+    }
+    libp2p::tcp::tokio::Transport::new(libp2p::tcp::Config::default())
+        .upgrade(Version::V1)
+        .authenticate(noise::Config::new(key).expect("noise"))
+        .multiplex(yamux::Config::default())
+        .map(|(p, m), _| (p, StreamMuxerBox::new(m)))
+        .boxed()
+}
+
+async fn stranger_dials_the_listening_port(quic: bool) {
     let metrics = DirectMetrics::default();
     let at: SocketAddr = "127.0.0.1:0".parse().expect("sa");
     let dialing = Dialing {
@@ -34,6 +62,7 @@ async fn a_stranger_dialing_the_listening_port_is_closed_and_counted() {
         tcp_user_timeout: None,
         auth_timeout: Duration::from_secs(5),
         loopback_targets: false,
+        quic,
     };
     let member = Keypair::generate_ed25519();
     let mut swarm = build_swarm(
@@ -74,11 +103,7 @@ async fn a_stranger_dialing_the_listening_port_is_closed_and_counted() {
     });
 
     let stranger = Keypair::generate_ed25519();
-    let mut t = libp2p::tcp::tokio::Transport::new(libp2p::tcp::Config::default())
-        .upgrade(Version::V1)
-        .authenticate(noise::Config::new(&stranger).expect("noise"))
-        .multiplex(yamux::Config::default())
-        .boxed();
+    let mut t = stranger_transport(&stranger, quic);
     let dial = t
         .dial(
             addr,

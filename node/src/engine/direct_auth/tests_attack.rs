@@ -51,6 +51,7 @@ async fn swarm(
         tcp_user_timeout: None,
         auth_timeout: AUTH_TIMEOUT,
         loopback_targets: false,
+        quic: false,
     };
     build_swarm(
         key,

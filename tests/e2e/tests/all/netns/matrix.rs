@@ -1,7 +1,8 @@
 //! The NAT matrix (`docs/direct.md`, "What each NAT kind gets"): which
-//! path warm calls take between two members with `--direct=true` (TCP),
-//! for every pair of places a member can be: a public host, or behind a
-//! NAT of each testbed kind (`agentmesh_netns::nat`):
+//! path warm calls take between two members with `--direct=true`, over TCP
+//! and over QUIC (`--direct-transport=quic`, one test each), for every pair
+//! of places a member can be: a public host, or behind a NAT of each
+//! testbed kind (`agentmesh_netns::nat`):
 //!
 //! - `public`: no NAT;
 //! - `eim`: endpoint-independent mapping, address-and-port-dependent
@@ -36,6 +37,12 @@
 //! members, 41 NATs, 10 squatters, about 110 namespaces, in 12 to 30 s on
 //! two cores (the cells' set-up and warm waits overlap).
 //!
+//! Over QUIC the punch differs (the side dialling in the listener's role
+//! sends random datagrams to open its NAT while the other's QUIC handshake
+//! comes in; no simultaneous open) but what each NAT lets through does not:
+//! [`EXPECTED`] holds for both, written down for QUIC before its first run
+//! too. The `edm-pp` squatter then holds the port's UDP mappings.
+//!
 //! What the first runs found, both fixed in the node: calls a provider
 //! made back over the caller's circuit counted as direct (an accepted
 //! circuit's remote address names only the peer: `agentmesh-streams`
@@ -60,6 +67,38 @@ use super::support::*;
 const WARM: Duration = Duration::from_secs(2);
 /// Warm calls per direction of a cell.
 const WARM_CALLS: u32 = 3;
+
+/// The transport of the members' direct connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Over {
+    Tcp,
+    Quic,
+}
+
+impl Over {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Quic => "QUIC",
+        }
+    }
+
+    /// Host names of its cells start with this: a member's logs say which
+    /// matrix it was in.
+    fn prefix(self) -> &'static str {
+        match self {
+            Self::Tcp => "m",
+            Self::Quic => "q",
+        }
+    }
+
+    fn spec(self, expose: &str, forward: &str) -> MemberSpec {
+        match self {
+            Self::Tcp => direct_spec(Some(expose), &[forward]),
+            Self::Quic => direct_quic_spec(Some(expose), &[forward]),
+        }
+    }
+}
 
 /// Where a member of the matrix is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,7 +163,9 @@ const HAIRPIN: Path = D;
 const REASONS: &[&str] = &[
     "direct wherever both mappings are endpoint-independent (public hosts included: \
      a public host's mapping is itself): each side punches from the port its routers \
-     observed and a TCP simultaneous open passes both NATs",
+     observed; over TCP a simultaneous open passes both NATs, over QUIC the side \
+     dialling in the listener's role sends datagrams that open its NAT while the \
+     other's handshake comes in (one connection either way)",
     "with a public or full-cone side a punch may reach the other's listening port before \
      that side's own dial leaves: if it reaches the provider (whose dial takes the \
      listener's role) it is an ordinary inbound connection; if it reaches the caller, \
@@ -206,44 +247,97 @@ struct Outcome {
     back: Seen,
     /// Each member's punch results and port-reuse fallbacks, at the end.
     punches: [String; 2],
+    /// Each member's open direct connections after the warm calls: one
+    /// punch (or reversal) makes exactly one, none on a relayed cell.
+    direct_conns: [f64; 2],
     took: Duration,
 }
 
 impl Outcome {
     fn matches(&self, cell: &Cell) -> bool {
+        let conns = match cell.expected {
+            Path::Direct => 1.0,
+            Path::Relayed => 0.0,
+        };
         self.classified == cell.classified()
             && self.forward == Seen::Path(cell.expected)
             && self.back == Seen::Path(cell.expected)
+            && self.direct_conns == [conns; 2]
+    }
+}
+
+/// What holds a squatter's mappings open.
+enum Squat {
+    /// The connections (held until dropped).
+    Tcp(#[allow(dead_code)] Vec<std::net::TcpStream>),
+    /// The socket, and the task sending on it.
+    Udp(tokio::task::JoinHandle<()>),
+}
+
+impl Drop for Squat {
+    fn drop(&mut self) {
+        if let Self::Udp(task) = self {
+            task.abort();
+        }
     }
 }
 
 /// Holds `LISTEN_PORT`'s public mapping towards every router from `host`
-/// (behind the member's NAT): TCP connections from that port, kept open.
-async fn squat(host: &Host, routers: Vec<SocketAddr>) -> Vec<std::net::TcpStream> {
+/// (behind the member's NAT): TCP connections from that port, kept open;
+/// or over QUIC a UDP socket on that port sending a datagram to each
+/// router's port every 2 s (the routers drop them; the NAT keeps the
+/// mappings).
+async fn squat(host: &Host, routers: Vec<SocketAddr>, over: Over) -> Squat {
     let at = SocketAddr::new(host.addr().into(), LISTEN_PORT);
-    host.spawn(async move {
-        let mut held = Vec::new();
-        for r in routers {
-            let s = tokio::net::TcpSocket::new_v4()?;
-            s.set_reuseaddr(true)?;
-            s.set_reuseport(true)?;
-            s.bind(at)?;
-            held.push(s.connect(r).await?.into_std()?);
+    if over == Over::Quic {
+        let socket = host
+            .spawn(async move {
+                let s = std::net::UdpSocket::bind(at)?;
+                s.set_nonblocking(true)?;
+                Ok::<_, std::io::Error>(s)
+            })
+            .await
+            .expect("squatter task")
+            .expect("the squatter binds the port");
+        let socket = tokio::net::UdpSocket::from_std(socket).expect("tokio socket");
+        for r in &routers {
+            socket.send_to(b"squat", r).await.expect("first datagram");
         }
-        Ok::<_, std::io::Error>(held)
-    })
-    .await
-    .expect("squatter task")
-    .expect("the squatter connects to every router")
+        return Squat::Udp(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                for r in &routers {
+                    let _ = socket.send_to(b"squat", r).await;
+                }
+            }
+        }));
+    }
+    let held = host
+        .spawn(async move {
+            let mut held = Vec::new();
+            for r in routers {
+                let s = tokio::net::TcpSocket::new_v4()?;
+                s.set_reuseaddr(true)?;
+                s.set_reuseport(true)?;
+                s.bind(at)?;
+                held.push(s.connect(r).await?.into_std()?);
+            }
+            Ok::<_, std::io::Error>(held)
+        })
+        .await
+        .expect("squatter task")
+        .expect("the squatter connects to every router");
+    Squat::Tcp(held)
 }
 
 /// The hosts of cell `i`'s two members, and what must stay open meanwhile.
-async fn hosts(net: &Net, i: usize, cell: Cell) -> ([Host; 2], Vec<std::net::TcpStream>) {
-    let names = [format!("m{i}a"), format!("m{i}b")];
+async fn hosts(net: &Net, i: usize, cell: Cell, over: Over) -> ([Host; 2], Vec<Squat>) {
+    let p = over.prefix();
+    let names = [format!("{p}{i}a"), format!("{p}{i}b")];
     if cell.hairpin {
         let gw = net
             .tb
-            .nat(&format!("m{i}-gw"), NatKind::EndpointIndependent)
+            .nat(&format!("{p}{i}-gw"), NatKind::EndpointIndependent)
             .await
             .expect("nat");
         assert!(gw.hairpin());
@@ -267,7 +361,7 @@ async fn hosts(net: &Net, i: usize, cell: Cell) -> ([Host; 2], Vec<std::net::Tcp
                 .host_behind(&gw, &format!("{name}-sq"))
                 .await
                 .expect("squatter host");
-            held.extend(squat(&sq, routers.clone()).await);
+            held.push(squat(&sq, routers.clone(), over).await);
         }
         hosts.push(host);
     }
@@ -301,17 +395,14 @@ async fn warm_path(caller: &Member, service: &str, payload: &[u8]) -> Seen {
     }
 }
 
-async fn run_cell(net: &Net, i: usize, cell: Cell) -> Outcome {
+async fn run_cell(net: &Net, i: usize, cell: Cell, over: Over) -> Outcome {
     let start = Instant::now();
-    let ([ha, hb], _held) = hosts(net, i, cell).await;
-    let (an, bn) = (format!("m{i}a"), format!("m{i}b"));
+    let ([ha, hb], _held) = hosts(net, i, cell, over).await;
+    let p = over.prefix();
+    let (an, bn) = (format!("{p}{i}a"), format!("{p}{i}b"));
     let (sa, sb) = (format!("echo-{an}"), format!("echo-{bn}"));
-    let mut a = net
-        .member(&an, ha, &direct_spec(Some(&sa), &[sb.as_str()]))
-        .await;
-    let mut b = net
-        .member(&bn, hb, &direct_spec(Some(&sb), &[sa.as_str()]))
-        .await;
+    let mut a = net.member(&an, ha, &over.spec(&sa, &sb)).await;
+    let mut b = net.member(&bn, hb, &over.spec(&sb, &sa)).await;
     a.wait_ready().await;
     b.wait_ready().await;
     let classified = [nat_kind(&a).await, nat_kind(&b).await];
@@ -323,8 +414,24 @@ async fn run_cell(net: &Net, i: usize, cell: Cell) -> Outcome {
         forward,
         back,
         punches: [punches(&a).await, punches(&b).await],
+        direct_conns: [direct_conns(&a).await, direct_conns(&b).await],
         took: start.elapsed(),
     }
+}
+
+/// `m`'s open direct connections (`agentmesh_node_direct_connections`,
+/// every NAT kind).
+async fn direct_conns(m: &Member) -> f64 {
+    let text = m.metrics().await;
+    agentmesh_node::metrics::NAT_KINDS
+        .iter()
+        .map(|nat| {
+            agentmesh_testkit::metric(
+                &text,
+                &format!(r#"agentmesh_node_direct_connections{{nat="{nat}"}}"#),
+            )
+        })
+        .sum()
 }
 
 /// `m`'s punch results (`agentmesh_node_upgrade_attempts_total` by result,
@@ -368,13 +475,14 @@ async fn punches(m: &Member) -> String {
 }
 
 /// The table as printed: expected / observed per cell.
-fn table(cells: &[Cell], outcomes: &[Result<Outcome, String>]) -> String {
+fn table(cells: &[Cell], outcomes: &[Result<Outcome, String>], over: Over) -> String {
     const W: usize = 18;
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "NAT matrix, TCP, warm calls: expected path / observed caller->provider, provider->caller \
-         (D direct, R relayed; `!!` a cell that differs; `*` a member whose NAT status differs)"
+        "NAT matrix, {}, warm calls: expected path / observed caller->provider, provider->caller \
+         (D direct, R relayed; `!!` a cell that differs; `*` a member whose NAT status differs)",
+        over.name()
     );
     let _ = write!(t, "{:<W$}", "caller \\ provider");
     for s in SIDES {
@@ -421,19 +529,21 @@ fn table(cells: &[Cell], outcomes: &[Result<Outcome, String>]) -> String {
     let _ = writeln!(
         t,
         "per cell: NAT status caller/provider; punch results and port-reuse counters \
-         caller | provider; time"
+         caller | provider; direct connections caller/provider; time"
     );
     for (cell, o) in cells.iter().zip(outcomes) {
         let _ = match o {
             Err(e) => writeln!(t, "  {}: panicked: {e}", cell.name()),
             Ok(o) => writeln!(
                 t,
-                "  {}: {}/{}; {} | {}; {:.1} s",
+                "  {}: {}/{}; {} | {}; {}/{}; {:.1} s",
                 cell.name(),
                 o.classified[0],
                 o.classified[1],
                 o.punches[0],
                 o.punches[1],
+                o.direct_conns[0],
+                o.direct_conns[1],
                 o.took.as_secs_f64()
             ),
         };
@@ -443,7 +553,20 @@ fn table(cells: &[Cell], outcomes: &[Result<Outcome, String>]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_nat_matrix_takes_the_expected_path_in_every_cell_and_direction() {
-    let Some(mut net) = Net::start("direct_matrix", &[]).await else {
+    matrix(Over::Tcp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quic_nat_matrix_takes_the_expected_path_in_every_cell_and_direction() {
+    matrix(Over::Quic).await;
+}
+
+async fn matrix(over: Over) {
+    let name = match over {
+        Over::Tcp => "direct_matrix",
+        Over::Quic => "quic_matrix",
+    };
+    let Some(mut net) = Net::start(name, &[]).await else {
         return;
     };
     let start = Instant::now();
@@ -470,7 +593,7 @@ async fn the_nat_matrix_takes_the_expected_path_in_every_cell_and_direction() {
     let net = &net;
     let outcomes: Vec<Result<Outcome, String>> =
         futures::future::join_all(cells.iter().enumerate().map(|(i, cell)| {
-            AssertUnwindSafe(run_cell(net, i, *cell))
+            AssertUnwindSafe(run_cell(net, i, *cell, over))
                 .catch_unwind()
                 .map(|r| {
                     r.map_err(|p| {
@@ -482,7 +605,7 @@ async fn the_nat_matrix_takes_the_expected_path_in_every_cell_and_direction() {
                 })
         }))
         .await;
-    let printed = table(&cells, &outcomes);
+    let printed = table(&cells, &outcomes, over);
     eprintln!("{printed}");
     let mut wrong = Vec::new();
     for (cell, o) in cells.iter().zip(&outcomes) {
@@ -503,7 +626,8 @@ async fn the_nat_matrix_takes_the_expected_path_in_every_cell_and_direction() {
         .max()
         .unwrap_or_default();
     eprintln!(
-        "matrix: {} cells in {:?} (the slowest cell {slowest:?})",
+        "{} matrix: {} cells in {:?} (the slowest cell {slowest:?})",
+        over.name(),
         cells.len(),
         start.elapsed()
     );

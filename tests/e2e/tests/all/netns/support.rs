@@ -319,6 +319,12 @@ impl Net {
                 "--listen",
                 &format!("/ip4/{}/tcp/{ROUTER_PORT}", host.addr()),
             ])
+            // QUIC on the same port number (UDP): members with
+            // `--direct-transport=quic` attach over it.
+            .args([
+                "--listen",
+                &format!("/ip4/{}/udp/{ROUTER_PORT}/quic-v1", host.addr()),
+            ])
             .args(["--metrics-addr", &metrics.to_string()])
             .args(["--label", &format!("name={name}")])
             .args(["--lease-interval-secs", "1", "--clock-skew-secs", "0"])
@@ -380,7 +386,10 @@ impl Net {
             // 10 s (see the flag's help), not after the default 60 s.
             .args(["--ping-interval-secs", "2", "--ping-timeout-secs", "5"])
             .args(["--metrics-addr", MEMBER_METRICS])
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("AGENTMESH_NETNS_MEMBER_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env("NO_COLOR", "1");
         if let Some(r) = &spec.router {
             p = p.args(["--router-selector", &format!("name={r}")]);
@@ -616,6 +625,13 @@ pub(crate) fn direct_spec(expose: Option<&str>, forwards: &[&str]) -> MemberSpec
         ],
         ..Default::default()
     }
+}
+
+/// [`direct_spec`] with direct connections over QUIC.
+pub(crate) fn direct_quic_spec(expose: Option<&str>, forwards: &[&str]) -> MemberSpec {
+    let mut spec = direct_spec(expose, forwards);
+    spec.args.push("--direct-transport=quic".to_string());
+    spec
 }
 
 /// A caller's flags that notice a dead direct path within seconds: bytes

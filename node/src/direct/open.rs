@@ -1,0 +1,158 @@
+//! The direct connections to members that are open, and the punches under
+//! way, by peer: what keeps one punch to one connection. One owner: the
+//! direct behaviour.
+//!
+//! A punch under way is remembered from its start until its result (at
+//! most [`gate::PUNCH_WINDOW`]): a second relayed connection to that peer
+//! meanwhile is not punched as well. A direct connection that came up
+//! since the punch began means the punch succeeded whatever our own dial
+//! does: dcutr's next attempt after our dial failed would make the peer
+//! dial again, a second connection, so it is not made.
+
+use std::collections::HashMap;
+
+use libp2p::PeerId;
+use libp2p::swarm::ConnectionId;
+use tokio::time::Instant;
+
+use super::gate;
+
+/// Peers with a punch under way, at most (past it a new punch is not
+/// remembered: another relayed connection to that peer may punch too).
+const MAX_UNDER_WAY: usize = 4096;
+
+/// See the module doc.
+#[derive(Debug, Default)]
+pub(super) struct Open {
+    /// Open direct connections to members: their peer, when they came up.
+    /// Bounded by the open connections.
+    by_id: HashMap<ConnectionId, (PeerId, Instant)>,
+    /// The same by peer: how many, and when the newest came up.
+    by_peer: HashMap<PeerId, (usize, Instant)>,
+    /// Punches we started, by peer, until their result.
+    under_way: HashMap<PeerId, Instant>,
+}
+
+impl Open {
+    /// Direct connection `id` to `peer` came up at `now`; false if known.
+    pub(super) fn opened(&mut self, id: ConnectionId, peer: PeerId, now: Instant) -> bool {
+        if self.by_id.insert(id, (peer, now)).is_some() {
+            return false;
+        }
+        let e = self.by_peer.entry(peer).or_insert((0, now));
+        *e = (e.0 + 1, now);
+        true
+    }
+
+    /// Direct connection `id` closed: its peer, if it was one of ours.
+    pub(super) fn closed(&mut self, id: &ConnectionId) -> Option<PeerId> {
+        let (peer, _) = self.by_id.remove(id)?;
+        let Some((n, _)) = self.by_peer.get(&peer).copied() else {
+            return Some(peer);
+        };
+        let newest = self
+            .by_id
+            .values()
+            .filter(|(p, _)| *p == peer)
+            .map(|(_, at)| *at)
+            .max();
+        match newest {
+            Some(at) if n > 1 => {
+                self.by_peer.insert(peer, (n - 1, at));
+            }
+            _ => {
+                self.by_peer.remove(&peer);
+            }
+        }
+        Some(peer)
+    }
+
+    /// Open direct connections.
+    pub(super) fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    /// Whether no direct connection to `peer` is open.
+    #[cfg(test)]
+    pub(super) fn none_to(&self, peer: &PeerId) -> bool {
+        !self.by_peer.contains_key(peer)
+    }
+
+    /// A punch with `peer` began at `now`.
+    pub(super) fn punch_began(&mut self, peer: PeerId, now: Instant) {
+        if self.under_way.len() >= MAX_UNDER_WAY {
+            self.under_way
+                .retain(|_, at| now.saturating_duration_since(*at) < gate::PUNCH_WINDOW);
+        }
+        if self.under_way.len() < MAX_UNDER_WAY {
+            self.under_way.insert(peer, now);
+        }
+    }
+
+    /// The punch with `peer` has its result (or was given up).
+    pub(super) fn punch_ended(&mut self, peer: &PeerId) {
+        self.under_way.remove(peer);
+    }
+
+    /// Whether a punch with `peer` began within [`gate::PUNCH_WINDOW`]
+    /// before `now` and has no result yet.
+    pub(super) fn punch_under_way(&self, peer: &PeerId, now: Instant) -> bool {
+        self.under_way
+            .get(peer)
+            .is_some_and(|at| now.saturating_duration_since(*at) < gate::PUNCH_WINDOW)
+    }
+
+    /// Whether a direct connection to `peer` came up (and is open) since
+    /// the punch with it under way began. One from before does not count:
+    /// a peer making a new relayed connection while one is open has likely
+    /// lost that path (its host moved, say) before we noticed.
+    pub(super) fn direct_since_punch_began(&self, peer: &PeerId) -> bool {
+        match (self.under_way.get(peer), self.by_peer.get(peer)) {
+            (Some(began), Some((_, newest))) => newest >= began,
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn connections_are_counted_by_peer_and_the_newest_kept() {
+        let mut o = Open::default();
+        let (p, q) = (PeerId::random(), PeerId::random());
+        let t0 = Instant::now();
+        let id = ConnectionId::new_unchecked;
+        assert!(o.opened(id(1), p, t0));
+        assert!(!o.opened(id(1), p, t0), "known");
+        assert!(o.opened(id(2), p, t0 + Duration::from_secs(5)));
+        assert!(o.opened(id(3), q, t0));
+        assert_eq!(o.len(), 3);
+        // A punch that began between the two: the newer one counts.
+        o.punch_began(p, t0 + Duration::from_secs(1));
+        assert!(o.direct_since_punch_began(&p));
+        // The newer closes: only one from before the punch is left.
+        assert_eq!(o.closed(&id(2)), Some(p));
+        assert!(!o.direct_since_punch_began(&p));
+        assert_eq!(o.closed(&id(1)), Some(p));
+        assert!(o.none_to(&p));
+        assert_eq!(o.closed(&id(1)), None);
+        assert_eq!(o.len(), 1);
+    }
+
+    #[test]
+    fn a_punch_is_under_way_until_its_result_or_the_window() {
+        let mut o = Open::default();
+        let p = PeerId::random();
+        let t0 = Instant::now();
+        assert!(!o.punch_under_way(&p, t0));
+        o.punch_began(p, t0);
+        assert!(o.punch_under_way(&p, t0 + Duration::from_secs(1)));
+        assert!(!o.punch_under_way(&p, t0 + gate::PUNCH_WINDOW));
+        o.punch_ended(&p);
+        assert!(!o.punch_under_way(&p, t0));
+    }
+}
