@@ -230,6 +230,9 @@ pub struct DirectArgs {
     /// For tests and benches with every member on one host only: let punches dial loopback addresses, true|false (default: false; needs --direct=true; a peer could then make this node dial any port of its own host).
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     pub direct_allow_loopback_targets: bool,
+    /// With --direct: direct connections to members open at once, connections; past it relayed connections are not punched and inbound direct connections are refused (calls stay relayed).
+    #[arg(long, default_value_t = config::DEFAULT_DIRECT_MAX_CONNECTIONS)]
+    pub direct_max_connections: usize,
     /// With --direct: the transport of direct connections and of the router connections that show this member's NAT mapping, tcp|quic (default: tcp; quic listens on UDP --listen-port and dials routers over QUIC where they offer it).
     #[arg(long, value_enum, default_value_t = config::DirectTransport::Tcp)]
     pub direct_transport: config::DirectTransport,
@@ -249,6 +252,7 @@ impl From<DirectArgs> for config::DirectConfig {
             auth_timeout: Duration::from_millis(a.direct_auth_timeout_ms.max(1)),
             allow_loopback_targets: a.direct_allow_loopback_targets,
             transport: a.direct_transport,
+            max_connections: a.direct_max_connections,
         }
     }
 }

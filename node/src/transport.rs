@@ -98,6 +98,8 @@ pub(crate) struct Dialing {
     pub(crate) loopback_targets: bool,
     /// `--direct-transport=quic`: the listening socket is QUIC's, not TCP's.
     pub(crate) quic: bool,
+    /// Direct connections to members open at once.
+    pub(crate) max_connections: usize,
 }
 
 /// Plain TCP: dial-only [`DialTcp`], or with `reuse` [`reuse::ReuseTcp`]
@@ -205,6 +207,7 @@ pub(crate) async fn build(
         auth_timeout: config.direct.auth_timeout,
         loopback_targets: config.direct.allow_loopback_targets,
         quic: config.direct.transport == crate::config::DirectTransport::Quic,
+        max_connections: config.direct.max_connections,
     };
     build_swarm(
         key,
@@ -303,6 +306,7 @@ pub(crate) async fn build_swarm(
         .with_pending_limits(dialing.max_pending_inbound.0, dialing.max_pending_inbound.1)
         .with_auth_timeout(dialing.auth_timeout)
         .with_quic(quic_listens)
+        .with_max_connections(dialing.max_connections)
         .with_streams(stream.new_control()),
         relay: relay_client,
         stream,

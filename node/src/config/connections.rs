@@ -168,6 +168,14 @@ pub struct DirectConfig {
     /// dials loopback (a lying peer must not make us dial our own host);
     /// refused without [`DirectConfig::enabled`].
     pub allow_loopback_targets: bool,
+    /// Direct connections to members open at once
+    /// (`--direct-max-connections`, default 1024; 0 acts as 1). Past it
+    /// relayed connections are not punched (`result="skipped_full"`),
+    /// reversals are declined and inbound direct connections refused
+    /// (`inbound_refused_total{reason="direct_full"}`): calls stay relayed.
+    /// Each direct TCP connection holds a file descriptor and its yamux
+    /// windows, and a popular provider would otherwise hold one per caller.
+    pub max_connections: usize,
     /// Which transport direct connections use (`--direct-transport`,
     /// default TCP): see [`DirectTransport`].
     pub transport: DirectTransport,
@@ -209,6 +217,8 @@ pub const DEFAULT_DIRECT_MAX_PENDING_INBOUND: usize = 64;
 pub const DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE: usize = 8;
 /// Default [`DirectConfig::tcp_user_timeout`], seconds.
 pub const DEFAULT_DIRECT_TCP_USER_TIMEOUT_SECS: u64 = 10;
+/// Default [`DirectConfig::max_connections`], connections.
+pub const DEFAULT_DIRECT_MAX_CONNECTIONS: usize = 1024;
 /// Default [`DirectConfig::auth_timeout`], milliseconds.
 pub const DEFAULT_DIRECT_AUTH_TIMEOUT_MS: u64 = 5000;
 
@@ -226,6 +236,7 @@ impl Default for DirectConfig {
             auth_timeout: Duration::from_millis(DEFAULT_DIRECT_AUTH_TIMEOUT_MS),
             allow_loopback_targets: false,
             transport: DirectTransport::Tcp,
+            max_connections: DEFAULT_DIRECT_MAX_CONNECTIONS,
         }
     }
 }

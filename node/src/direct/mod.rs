@@ -145,6 +145,9 @@ pub(crate) enum Refused {
     /// Too many inbound handshakes in progress (in total or from its source).
     #[error("inbound connection from {0}: {1}")]
     Pending(Multiaddr, &'static str),
+    /// `--direct-max-connections` direct connections are open.
+    #[error("direct connection to {0:?}: --direct-max-connections are open")]
+    Full(Option<PeerId>),
     /// A punch to addresses we do not dial (loopback, link-local, names,
     /// too many).
     #[error("punch to {0:?}: addresses we do not dial")]
@@ -421,6 +424,15 @@ impl Behaviour {
         self
     }
 
+    /// The same with at most `max` direct connections to members open at
+    /// once (`--direct-max-connections`): each holds a socket (over TCP)
+    /// and muxer windows, and a popular provider would otherwise take one
+    /// from every caller.
+    pub(crate) fn with_max_connections(mut self, max: usize) -> Self {
+        self.open = open::Open::with_max(max);
+        self
+    }
+
     /// The same with punches allowed to dial loopback (tests and benches
     /// on one host only: [`targets`]).
     pub(crate) fn with_loopback_targets(mut self, allow: bool) -> Self {
@@ -499,6 +511,8 @@ impl Behaviour {
         let backed_off = self.backoff.get(peer).is_some_and(|b| now < b.until);
         let skip = if backed_off && !self.repunch.may_skip_backoff(peer) {
             Some("skipped_backoff")
+        } else if self.open.full() {
+            Some("skipped_full")
         } else if self.open.punch_under_way(peer, now) {
             // Another relayed connection to it while a punch is under way
             // would punch twice.
@@ -681,6 +695,11 @@ impl NetworkBehaviour for Behaviour {
         _role: Endpoint,
     ) -> Result<Vec<Multiaddr>, ConnectionDenied> {
         let loopback = self.loopback_targets;
+        if self.is_punch(&id) && self.open.full() {
+            // Filled up since the punch began.
+            self.metrics.upgrade("skipped_full");
+            return Err(ConnectionDenied::new(Refused::Full(peer)));
+        }
         if self.is_punch(&id)
             && (addresses.len() > MAX_PUNCH_ADDRS
                 || !addresses
@@ -746,6 +765,10 @@ impl NetworkBehaviour for Behaviour {
             self.metrics.refused("not_punching");
             tracing::debug!(%peer, %remote_addr, "inbound direct connection from a peer in no punch with us: closed");
             return Err(ConnectionDenied::new(Refused::NotPunching(peer)));
+        } else if self.open.full() {
+            self.metrics.refused("direct_full");
+            tracing::debug!(%peer, %remote_addr, "inbound direct connection past --direct-max-connections: closed");
+            return Err(ConnectionDenied::new(Refused::Full(Some(peer))));
         }
         // dcutr keeps its own account of direct connections; its handler
         // for them does nothing, the hello's takes its place.

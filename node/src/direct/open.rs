@@ -22,8 +22,10 @@ use super::gate;
 const MAX_UNDER_WAY: usize = 4096;
 
 /// See the module doc.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Open {
+    /// Open direct connections at most (`--direct-max-connections`).
+    max: usize,
     /// Open direct connections to members: their peer, when they came up.
     /// Bounded by the open connections.
     by_id: HashMap<ConnectionId, (PeerId, Instant)>,
@@ -33,7 +35,29 @@ pub(super) struct Open {
     under_way: HashMap<PeerId, Instant>,
 }
 
+impl Default for Open {
+    fn default() -> Self {
+        Self::with_max(crate::config::DEFAULT_DIRECT_MAX_CONNECTIONS)
+    }
+}
+
 impl Open {
+    /// At most `max` open direct connections (0 acts as 1).
+    pub(super) fn with_max(max: usize) -> Self {
+        Self {
+            max: max.max(1),
+            by_id: HashMap::new(),
+            by_peer: HashMap::new(),
+            under_way: HashMap::new(),
+        }
+    }
+
+    /// Whether `max` direct connections are open: no punch, reversal or
+    /// inbound direct connection is taken until one closes.
+    pub(super) fn full(&self) -> bool {
+        self.by_id.len() >= self.max
+    }
+
     /// Direct connection `id` to `peer` came up at `now`; false if known.
     pub(super) fn opened(&mut self, id: ConnectionId, peer: PeerId, now: Instant) -> bool {
         if self.by_id.insert(id, (peer, now)).is_some() {
@@ -141,6 +165,20 @@ mod tests {
         assert!(o.none_to(&p));
         assert_eq!(o.closed(&id(1)), None);
         assert_eq!(o.len(), 1);
+    }
+
+    #[test]
+    fn full_at_the_cap_and_not_after_a_close() {
+        let mut o = Open::with_max(2);
+        let id = ConnectionId::new_unchecked;
+        let now = Instant::now();
+        o.opened(id(1), PeerId::random(), now);
+        assert!(!o.full());
+        o.opened(id(2), PeerId::random(), now);
+        assert!(o.full());
+        o.closed(&id(1));
+        assert!(!o.full());
+        assert!(!Open::with_max(0).full(), "0 acts as 1");
     }
 
     #[test]

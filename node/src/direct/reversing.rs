@@ -59,7 +59,7 @@ impl Behaviour {
         let on_relayed = self.relayed.get(&peer).is_some_and(|s| s.contains(&id));
         let offer = self
             .candidate
-            .filter(|_| self.enabled && on_relayed)
+            .filter(|_| self.enabled && on_relayed && !self.open.full())
             .map(|a| super::path_addr(a, self.quic));
         if offer.is_some() {
             // Its dial is this reversal's: taken like a punch's.

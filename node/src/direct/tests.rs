@@ -646,3 +646,58 @@ fn a_punch_under_way_or_won_by_the_peers_dial_makes_no_second_connection() {
     }));
     assert!(b.open.none_to(&peer));
 }
+
+/// `--direct-max-connections`: once that many direct connections are open,
+/// relayed connections are not punched, an inbound direct connection from
+/// a punching peer is refused and a reversal is declined, each counted;
+/// calls stay relayed. A close makes room again.
+#[test]
+fn past_the_direct_connection_cap_nothing_more_goes_direct() {
+    use libp2p::core::ConnectedPoint;
+    let (b, m) = behaviour(true);
+    let mut b = b.with_max_connections(1);
+    b.observe(PeerId::random(), Some("10.0.0.5:4500".parse().expect("sa")));
+    let (first, second) = (PeerId::random(), PeerId::random());
+    b.relayed_up(first, ConnectionId::new_unchecked(1));
+    let direct = ConnectedPoint::Dialer {
+        address: "/ip4/10.0.0.9/tcp/4500".parse().expect("addr"),
+        role_override: Endpoint::Dialer,
+        port_use: PortUse::Reuse,
+    };
+    b.on_swarm_event(FromSwarm::ConnectionEstablished(ConnectionEstablished {
+        peer_id: first,
+        connection_id: ConnectionId::new_unchecked(2),
+        endpoint: &direct,
+        failed_addresses: &[],
+        other_established: 1,
+    }));
+    let now = Instant::now();
+    assert_eq!(b.upgrade_for(&second, now), Upgrade::Skip);
+    assert_eq!(count(&m, "skipped_full"), 1);
+    // A punching peer's inbound direct connection: refused.
+    b.relayed_up(second, ConnectionId::new_unchecked(3));
+    b.gate.punch_started(second, now);
+    let refused = b.handle_established_inbound_connection(
+        ConnectionId::new_unchecked(4),
+        second,
+        &"/ip4/0.0.0.0/tcp/4500".parse().expect("addr"),
+        &"/ip4/10.0.0.10/tcp/4500".parse().expect("addr"),
+    );
+    assert!(refused.is_err());
+    let full = m
+        .inbound_refused
+        .get_or_create(&crate::metrics::ReasonLabel {
+            reason: "direct_full",
+        })
+        .get();
+    assert_eq!(full, 1);
+    // A close makes room.
+    b.on_swarm_event(FromSwarm::ConnectionClosed(ConnectionClosed {
+        peer_id: first,
+        connection_id: ConnectionId::new_unchecked(2),
+        endpoint: &direct,
+        cause: None,
+        remaining_established: 1,
+    }));
+    assert_eq!(b.upgrade_for(&second, now), Upgrade::Punch);
+}

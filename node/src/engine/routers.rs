@@ -228,16 +228,9 @@ impl Engine {
                 "no router to attach to: none matches the selector or all are shunned"
             );
         }
-        let direct = &self.swarm.behaviour().direct;
-        let (direct_on, quic) = (direct.enabled(), direct.quic());
         for c in chosen {
-            let addrs = if direct_on {
-                crate::select::direct_attach_addrs(&c.addrs, quic)
-            } else {
-                c.addrs.clone()
-            };
             let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(c.peer)
-                .addresses(addrs)
+                .addresses(self.attach_addrs(&c.addrs))
                 .build();
             let already = self.swarm.is_connected(&c.peer);
             self.slots.insert(c.peer, Slot::new());
@@ -538,7 +531,7 @@ impl Engine {
             .or_else(|| slot.addr.clone().map(|a| vec![a]))
             .unwrap_or_default();
         let opts = libp2p::swarm::dial_opts::DialOpts::peer_id(router)
-            .addresses(addrs)
+            .addresses(self.attach_addrs(&addrs))
             .build();
         match self.swarm.dial(opts) {
             // Connected (ConnectionEstablished starts the auth), or a dial
@@ -549,6 +542,19 @@ impl Engine {
                 self.drop_router(router, AUTH_FAILED_SHUN);
                 self.top_up();
             }
+        }
+    }
+
+    /// The addresses of a router we dial to attach to it: with direct
+    /// connections on, only those of our direct transport where it offers
+    /// any (what it observes is then our listening socket's mapping:
+    /// `select::direct_attach_addrs`); else all.
+    fn attach_addrs(&self, addrs: &[libp2p::Multiaddr]) -> Vec<libp2p::Multiaddr> {
+        let direct = &self.swarm.behaviour().direct;
+        if direct.enabled() {
+            crate::select::direct_attach_addrs(addrs, direct.quic())
+        } else {
+            addrs.to_vec()
         }
     }
 

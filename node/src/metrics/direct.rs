@@ -30,7 +30,8 @@ use prometheus_client::encoding::EncodeLabelSet;
 /// a direct connection up during that punch: dcutr's next attempt is not
 /// made, one connection per punch), `skipped_in_progress` (a punch with that peer began
 /// on another relayed connection and has no result yet, within the last
-/// 10 s).
+/// 10 s), `skipped_full` (`--direct-max-connections` direct connections
+/// are open: the relayed path stays).
 pub const UPGRADE_RESULTS: &[&str] = &[
     "direct",
     "failed",
@@ -46,6 +47,7 @@ pub const UPGRADE_RESULTS: &[&str] = &[
     "repunched",
     "skipped_direct",
     "skipped_in_progress",
+    "skipped_full",
 ];
 
 /// Why an inbound direct connection was closed at once:
@@ -63,6 +65,7 @@ pub const INBOUND_REFUSED_REASONS: &[&str] = &[
     "pending_full",
     "source_pending_full",
     "not_punching",
+    "direct_full",
 ];
 
 /// Why a direct connection to a member closed: `timed_out` (bytes stayed

@@ -63,6 +63,7 @@ async fn stranger_dials_the_listening_port(quic: bool) {
         auth_timeout: Duration::from_secs(5),
         loopback_targets: false,
         quic,
+        max_connections: 1024,
     };
     let member = Keypair::generate_ed25519();
     let mut swarm = build_swarm(

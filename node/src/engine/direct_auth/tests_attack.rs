@@ -52,6 +52,7 @@ async fn swarm(
         auth_timeout: AUTH_TIMEOUT,
         loopback_targets: false,
         quic: false,
+        max_connections: 1024,
     };
     build_swarm(
         key,
