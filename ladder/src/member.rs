@@ -48,6 +48,20 @@ pub struct MemberSpec {
     pub direct: bool,
 }
 
+/// How an echo call reached its provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EchoRoute {
+    /// The provider's PeerId.
+    pub provider: String,
+    /// The stream went on a direct connection.
+    pub direct: bool,
+}
+
+/// How long after its first window call a member calls again (a warm call:
+/// the relayed connection to that provider has existed this long, the
+/// definition of issue 36's "warm call").
+pub const WARM_AFTER: Duration = Duration::from_secs(2);
+
 /// Time the node's own `call()` may take past its budget before the ladder
 /// calls it stuck: the node ends its attempts by its deadline, then returns.
 const CALL_RETURN_GRACE: Duration = Duration::from_secs(2);
@@ -322,10 +336,24 @@ impl Member {
 
     /// One echo call through the mesh: random bytes out, the same bytes back.
     /// A failure says which phase failed (see [`CallFailure`]).
-    pub async fn call_echo(&self) -> Result<(), CallFailure> {
+    pub async fn call_echo(&self) -> Result<EchoRoute, CallFailure> {
         let guard = self.handle.read().await;
         let handle = guard.as_ref().ok_or(CallFailure::ShutDown)?;
-        echo_over(handle.call(ECHO), self.deadlines).await
+        let route = std::sync::Mutex::new(None);
+        let call = async {
+            let s = handle.call(ECHO).await?;
+            if let Ok(mut r) = route.lock() {
+                *r = Some(EchoRoute {
+                    provider: s.route().provider.to_string(),
+                    direct: s.route().direct,
+                });
+            }
+            Ok(s)
+        };
+        echo_over(call, self.deadlines).await?;
+        let route = route.into_inner().ok().flatten();
+        // `echo_over` succeeds only through the call above, which set it.
+        route.ok_or(CallFailure::ShutDown)
     }
     /// Opens a call to `service` (its set-up under the call deadline) and
     /// returns the stream, for a call held open ([`hold_open`]).

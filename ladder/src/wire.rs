@@ -258,6 +258,17 @@ pub struct WindowStats {
     /// Calls still running when the window was reported (neither ok nor failed).
     #[serde(default)]
     pub calls_unfinished: u64,
+    /// Of `calls_ok`, those whose stream went on a direct connection.
+    #[serde(default)]
+    pub calls_direct: u64,
+    /// Warm calls (`--member-direct`: each window caller calls again
+    /// [`crate::member::WARM_AFTER`] after its first call, to the same
+    /// provider): those that went direct.
+    #[serde(default)]
+    pub warm_direct: u64,
+    /// Warm calls that went relayed.
+    #[serde(default)]
+    pub warm_relayed: u64,
     /// Members that fell below K in the window, as picked by
     /// [`pick_below_k`] (at most [`MAX_BELOW_K_RECORDS`] per worker).
     #[serde(default)]

@@ -435,6 +435,9 @@ fn window_calls(w: &WindowStats) -> WindowCalls {
         calls_failed: w.calls_failed,
         call_errors: w.call_errors.clone(),
         calls_unfinished: w.calls_unfinished,
+        calls_direct: w.calls_direct,
+        warm_direct: w.warm_direct,
+        warm_relayed: w.warm_relayed,
     }
 }
 
@@ -491,6 +494,9 @@ fn sum_windows(replies: Vec<WindowStats>) -> WindowStats {
         w.calls_ok += x.calls_ok;
         w.calls_failed += x.calls_failed;
         w.calls_unfinished += x.calls_unfinished;
+        w.calls_direct += x.calls_direct;
+        w.warm_direct += x.warm_direct;
+        w.warm_relayed += x.warm_relayed;
         for (k, v) in x.call_errors {
             *w.call_errors.entry(k).or_insert(0) += v;
         }

@@ -450,6 +450,18 @@ fn event_row(name: &str, e: &EventRecord) -> String {
             e.calls.calls_unfinished
         ));
     }
+    let c = &e.calls;
+    if c.calls_direct + c.warm_direct + c.warm_relayed > 0 {
+        let warm = c.warm_direct + c.warm_relayed;
+        notes.push(format!(
+            "direct {} of {} ok calls; warm calls direct {} of {} ({:.1}%)",
+            c.calls_direct,
+            c.calls_ok,
+            c.warm_direct,
+            warm,
+            100.0 * c.warm_direct as f64 / warm.max(1) as f64
+        ));
+    }
     if !e.router_refusals.is_empty() {
         notes.push(format!("refusals {}", joined(&e.router_refusals)));
     }

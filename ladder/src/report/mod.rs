@@ -306,7 +306,8 @@ pub struct EventRecord {
     #[serde(flatten)]
     pub fleet: FleetWindow,
     /// The echo calls made in the window (JSON: `calls_ok`, `calls_failed`,
-    /// `call_errors`, `calls_unfinished`).
+    /// `call_errors`, `calls_unfinished`, `calls_direct`, `warm_direct`,
+    /// `warm_relayed`).
     #[serde(flatten)]
     pub calls: WindowCalls,
     /// Control plane: time until ready again (restart).
@@ -383,6 +384,13 @@ pub struct WindowCalls {
     /// Calls still running when the window ended (started less than a call
     /// deadline before it), counted neither ok nor failed.
     pub calls_unfinished: u64,
+    /// Of `calls_ok`, those that went on a direct connection.
+    pub calls_direct: u64,
+    /// Warm calls (`--member-direct`: a window caller's second call, made
+    /// 2 s after its first, to the same provider) that went direct.
+    pub warm_direct: u64,
+    /// Warm calls that went relayed.
+    pub warm_relayed: u64,
 }
 
 /// The enrollment burst.

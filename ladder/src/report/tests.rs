@@ -59,6 +59,9 @@ fn markdown_and_json_carry_the_issue_fields() {
                         ("echo not returned within 10s".to_string(), 1),
                     ]
                     .into(),
+                    calls_direct: 30,
+                    warm_direct: 19,
+                    warm_relayed: 1,
                 },
                 fleet: FleetWindow {
                     below_k_routers: 3,
@@ -156,7 +159,7 @@ fn markdown_and_json_carry_the_issue_fields() {
         "{md}"
     );
     assert!(
-        md.contains("| 40/2 | 3 calls unfinished at window end |"),
+        md.contains("| 40/2 | 3 calls unfinished at window end; direct 30 of 40 ok calls; warm calls direct 19 of 20 (95.0%) |"),
         "{md}"
     );
     assert!(

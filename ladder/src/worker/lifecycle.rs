@@ -156,7 +156,7 @@ async fn first_call(shared: &Shared, slot: &Slot, member: &Member, ready_at: Ins
     let (ok, error) = loop {
         attempts += 1;
         match member.call_echo().await {
-            Ok(()) => break (true, None),
+            Ok(_) => break (true, None),
             Err(e) => {
                 let jitter = rand::thread_rng().gen_range(0..=delay.as_millis() as u64 / 2);
                 let wait = delay + Duration::from_millis(jitter);

@@ -104,8 +104,27 @@ pub(crate) async fn window_calls(shared: Arc<Shared>) {
                 return;
             };
             let shared = shared.clone();
+            let warm = shared.cfg.member_direct;
             tokio::spawn(async move {
                 let r = member.call_echo().await;
+                let first = r.as_ref().ok().map(|route| route.provider.clone());
+                shared.window_call(generation, r);
+                // With direct connections on: a warm call after the first
+                // (its relayed connection has existed WARM_AFTER), counted
+                // by path when it reached the same provider.
+                let Some(first) = first.filter(|_| warm) else {
+                    return;
+                };
+                tokio::time::sleep(crate::member::WARM_AFTER).await;
+                let Some(generation) = shared.window_call_started() else {
+                    return;
+                };
+                let r = member.call_echo().await;
+                if let Ok(route) = &r
+                    && route.provider == first
+                {
+                    shared.window_warm(generation, route.direct);
+                }
                 shared.window_call(generation, r);
             });
         }

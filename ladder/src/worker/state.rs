@@ -84,6 +84,11 @@ pub(crate) struct WindowAcc {
     pub(crate) generation: u64,
     /// Calls started in this window that have not ended.
     pub(crate) in_flight: u64,
+    /// Of `calls_ok`, those that went direct.
+    pub(crate) calls_direct: u64,
+    /// Warm calls by path (see `WindowStats::warm_direct`).
+    pub(crate) warm_direct: u64,
+    pub(crate) warm_relayed: u64,
 }
 
 /// Hold counters since `HoldStart`.
@@ -249,14 +254,21 @@ impl Shared {
     }
 
     /// Records one window call's result (ignored once its window has ended).
-    pub(crate) fn window_call(&self, generation: u64, result: Result<(), CallFailure>) {
+    pub(crate) fn window_call(
+        &self,
+        generation: u64,
+        result: Result<crate::member::EchoRoute, CallFailure>,
+    ) {
         let mut acc = lock(&self.window);
         if !acc.active || acc.generation != generation {
             return;
         }
         acc.in_flight = acc.in_flight.saturating_sub(1);
         match result {
-            Ok(()) => acc.calls_ok += 1,
+            Ok(route) => {
+                acc.calls_ok += 1;
+                acc.calls_direct += u64::from(route.direct);
+            }
             Err(e) => {
                 acc.calls_failed += 1;
                 let key: String = e.to_string().chars().take(MAX_ERROR_CHARS).collect();
@@ -264,6 +276,19 @@ impl Shared {
                     *acc.call_errors.entry(key).or_insert(0) += 1;
                 }
             }
+        }
+    }
+
+    /// A warm call of `generation`'s window took the direct path or not.
+    pub(crate) fn window_warm(&self, generation: u64, direct: bool) {
+        let mut acc = lock(&self.window);
+        if !acc.active || acc.generation != generation {
+            return;
+        }
+        if direct {
+            acc.warm_direct += 1;
+        } else {
+            acc.warm_relayed += 1;
         }
     }
 
@@ -282,6 +307,9 @@ impl Shared {
                 calls_failed: acc.calls_failed,
                 call_errors: std::mem::take(&mut acc.call_errors),
                 calls_unfinished: acc.in_flight,
+                calls_direct: acc.calls_direct,
+                warm_direct: acc.warm_direct,
+                warm_relayed: acc.warm_relayed,
                 mark_unix_ms: acc.start_unix_ms,
                 ..WindowStats::default()
             };
@@ -550,13 +578,20 @@ mod tests {
         let g = s.window_call_started().expect("window active");
         let _slow = s.window_call_started().expect("window active");
         let _ = s.window_call_started().expect("window active");
-        s.window_call(g, Ok(()));
+        let route = |direct| crate::member::EchoRoute {
+            provider: "p".into(),
+            direct,
+        };
+        s.window_call(g, Ok(route(true)));
+        s.window_warm(g, true);
+        s.window_warm(g, false);
         s.window_call(
             g,
             Err(CallFailure::EchoNotReturned(Duration::from_secs(10))),
         );
         let w = s.window_report();
         assert_eq!((w.calls_ok, w.calls_failed, w.calls_unfinished), (1, 1, 1));
+        assert_eq!((w.calls_direct, w.warm_direct, w.warm_relayed), (1, 1, 1));
         assert_eq!(
             w.call_errors.get("echo not returned within 10s"),
             Some(&1),
