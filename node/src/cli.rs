@@ -215,10 +215,10 @@ pub struct DirectArgs {
     /// Longest pause between punches to one peer, seconds.
     #[arg(long, default_value_t = config::DEFAULT_PUNCH_BACKOFF_MAX_SECS)]
     pub punch_backoff_max_secs: u64,
-    /// Inbound direct connections in their handshake at once, connections; more are refused at accept.
+    /// Inbound connections in their handshake on the direct-connection port at once, all sources together, connections; when all are taken a newcomer closes the least progressed handshake of the source holding most (or of its own, when it holds its fair share), or is refused at accept when its source holds none and every source holds its share.
     #[arg(long, default_value_t = config::DEFAULT_DIRECT_MAX_PENDING_INBOUND)]
     pub direct_max_pending_inbound: usize,
-    /// Inbound direct connections in their handshake at once from one source IP, connections.
+    /// Inbound connections in their handshake on the direct-connection port at once from one source (an IPv4 address, an IPv6 /64), connections; a newcomer past it closes that source's least progressed handshake, so a flood of stalled connections sheds its own.
     #[arg(long, default_value_t = config::DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE)]
     pub direct_max_pending_inbound_per_source: usize,
     /// With --direct: how long written bytes may stay unacknowledged on a TCP connection before the kernel drops it (TCP_USER_TIMEOUT; a dead direct path fails its calls over to the relay), seconds (0: the kernel's default).

@@ -10,7 +10,9 @@
 //! dials. With `--direct=true` TCP is [`reuse::ReuseTcp`]: one listening
 //! port, and every dial leaves from it; with `--direct-transport=quic` QUIC
 //! listens instead ([`quic::DialQuic::listening`]: one UDP socket, every
-//! QUIC dial from it) and TCP only dials.
+//! QUIC dial from it) and TCP only dials. The listening transport's
+//! inbound handshakes are shared fairly by source, the least progressed
+//! shed for a newcomer ([`handshakes`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -25,6 +27,7 @@ use libp2p::swarm::NetworkBehaviour;
 use libp2p::{Swarm, noise, ping, relay};
 use prometheus_client::metrics::counter::Counter;
 
+mod handshakes;
 mod muxer;
 mod quic;
 pub(crate) mod reuse;
@@ -88,7 +91,8 @@ pub(crate) struct Dialing {
     pub(crate) metrics: crate::metrics::DirectMetrics,
     /// Pauses between punches to one peer after failures (least, most).
     pub(crate) punch_backoff: crate::direct::Backoffs,
-    /// Inbound direct handshakes at once: in total, per source IP.
+    /// Inbound direct handshakes at once: in total, from one source (the
+    /// listener's handshake table, `handshakes.rs`).
     pub(crate) max_pending_inbound: (usize, usize),
     /// `TCP_USER_TIMEOUT` of the listening port's sockets, when listening.
     pub(crate) tcp_user_timeout: Option<std::time::Duration>,
@@ -121,36 +125,72 @@ fn tcp(
     }
 }
 
+/// `t` with noise and the member's yamux, boxed.
+fn upgraded<T>(t: T, noise: noise::Config, yamux: muxer::YamuxUpgrade) -> Direct
+where
+    T: Transport + Send + Unpin + 'static,
+    T::Output: futures::AsyncRead + futures::AsyncWrite + Unpin + Send + 'static,
+    T::Error: Send + Sync + 'static,
+    T::Dial: Send + 'static,
+    T::ListenerUpgrade: Send + 'static,
+{
+    t.upgrade(Version::V1Lazy)
+        .authenticate(noise)
+        .multiplex(yamux)
+        .map(|(p, m), _| (p, StreamMuxerBox::new(m)))
+        .boxed()
+}
+
 /// TCP (with the relay client's transport) or QUIC, upgraded; and the
 /// relay client behaviour paired with it.
 /// `yamux` is the member's bounded yamux for TCP and relayed connections
-/// alike (QUIC has its own flow control).
+/// alike (QUIC has its own flow control). `handshakes`, given when the
+/// member listens, guards the listening transport (TCP with `reuse`, or
+/// QUIC with `quic_listens`): each inbound connection is admitted to its
+/// handshake as it is accepted ([`handshakes`]). Dial-only transports and
+/// the relay client's, whose inbound circuits come over a router's
+/// connection, are not guarded.
 fn direct(
     key: &Keypair,
     source_ip: Option<IpAddr>,
     reuse: Option<Reuse>,
     quic_listens: bool,
     yamux: muxer::YamuxUpgrade,
+    handshakes: Option<&agentmesh_fair::handshakes::Handshakes>,
 ) -> Result<(Direct, relay::client::Behaviour), noise::Error> {
     let peer_id = key.public().to_peer_id();
+    let noise = noise::Config::new(key)?;
     let (relay_transport, relay_client) = relay::client::new(peer_id);
-    let tcp = relay_transport
-        .or_transport(tcp(source_ip, reuse))
-        .upgrade(Version::V1Lazy)
-        .authenticate(noise::Config::new(key)?)
-        .multiplex(yamux)
-        .map(|(p, m), _| (p, StreamMuxerBox::new(m)));
+    let relayed = upgraded(relay_transport, noise.clone(), yamux.clone());
+    let tcp_listens = reuse.is_some();
+    let raw = tcp(source_ip, reuse);
+    let tcp = match handshakes.filter(|_| tcp_listens) {
+        // Progress watched on the raw socket, under noise.
+        Some(h) => h
+            .tcp(raw, |watched| upgraded(watched, noise, yamux))
+            .boxed(),
+        None => upgraded(raw, noise, yamux),
+    };
     // QUIC (dial only, from the source IP when given): routers may announce
     // it beside TCP (the swarm dials both at once; the first handshake wins).
     // Listening with `--direct-transport=quic` (routers then dialled over
     // QUIC where they offer it: `select::direct_attach_addrs`).
     let quic = if quic_listens {
-        quic::DialQuic::listening(libp2p::quic::Config::new(key))
+        let listening = quic::DialQuic::listening(libp2p::quic::Config::new(key))
+            .map(|(p, c), _| (p, StreamMuxerBox::new(c)));
+        match handshakes {
+            // Its packets share one socket: handshakes give way oldest first.
+            Some(h) => h.guard(listening).boxed(),
+            None => listening.boxed(),
+        }
     } else {
         quic::DialQuic::new(libp2p::quic::Config::new(key), source_ip)
-    }
-    .map(|(p, c), _| (p, StreamMuxerBox::new(c)));
-    let direct = tcp
+            .map(|(p, c), _| (p, StreamMuxerBox::new(c)))
+            .boxed()
+    };
+    let direct = relayed
+        .or_transport(tcp)
+        .map(|either, _| either.into_inner())
         .or_transport(quic)
         .map(|either, _| either.into_inner())
         .boxed();
@@ -271,15 +311,33 @@ pub(crate) async fn build_swarm(
             user_timeout: dialing.tcp_user_timeout,
             adopted: dialing.metrics.port_reuse_adopted.clone(),
         });
+    // One table for the listener's handshakes (`handshakes.rs`).
+    let handshakes = dialing.listen.as_ref().map(|_| {
+        let (total, per_source) = dialing.max_pending_inbound;
+        handshakes::table(total, per_source, dialing.metrics.clone())
+    });
     let (transport, relay_client) = tokio::task::spawn_blocking(move || {
-        let (inner, relay_client) =
-            direct(&k, source_ip, reuse.clone(), quic_listens, upgrade.clone())?;
+        let (inner, relay_client) = direct(
+            &k,
+            source_ip,
+            reuse.clone(),
+            quic_listens,
+            upgrade.clone(),
+            handshakes.as_ref(),
+        )?;
         let transport = match libp2p::dns::tokio::Transport::system(inner) {
             Ok(dns) => TransportTimeout::new(dns, connect_timeout).boxed(),
             Err(e) => {
                 tracing::warn!(error = %e, "no system DNS configuration: /dns addresses are dialed over TCP only");
                 // `system` consumed the first transport: make another.
-                let (inner, relay_client) = direct(&k, source_ip, reuse, quic_listens, upgrade)?;
+                let (inner, relay_client) = direct(
+                    &k,
+                    source_ip,
+                    reuse,
+                    quic_listens,
+                    upgrade,
+                    handshakes.as_ref(),
+                )?;
                 return Ok::<_, BuildError>((
                     TransportTimeout::new(inner, connect_timeout).boxed(),
                     relay_client,
@@ -303,7 +361,6 @@ pub(crate) async fn build_swarm(
         )
         .with_backoff(dialing.punch_backoff)
         .with_loopback_targets(dialing.loopback_targets)
-        .with_pending_limits(dialing.max_pending_inbound.0, dialing.max_pending_inbound.1)
         .with_auth_timeout(dialing.auth_timeout)
         .with_quic(quic_listens)
         .with_max_connections(dialing.max_connections)
@@ -352,5 +409,7 @@ fn swarm_config(idle: Duration) -> libp2p::swarm::Config {
 
 #[cfg(test)]
 mod tests_direct;
+#[cfg(test)]
+mod tests_handshakes;
 #[cfg(test)]
 mod tests_optimistic;

@@ -136,12 +136,23 @@ pub struct DirectConfig {
     pub punch_backoff_min: Duration,
     /// Longest such pause (`--punch-backoff-max-secs`, default 900 s).
     pub punch_backoff_max: Duration,
-    /// Inbound direct connections in their handshake at once
-    /// (`--direct-max-pending-inbound`, default 64; 0 acts as 1); more
-    /// are refused at accept, `inbound_refused_total{reason="pending_full"}`.
+    /// Inbound connections in their handshake on the listening port at
+    /// once, all sources together (`--direct-max-pending-inbound`,
+    /// default 64; 0 acts as 1). When all are taken, a newcomer from a
+    /// source holding fewer than the heaviest source closes that source's
+    /// least progressed handshake
+    /// (`inbound_refused_total{reason="handshake_shed_lighter_source"}`),
+    /// one from a source holding its fair share closes its own source's
+    /// (`"handshake_shed_budget_full"`), and one whose source holds none
+    /// while every source holds its share is refused at accept
+    /// (`"pending_full"`). See `transport/handshakes.rs`.
     pub max_pending_inbound: usize,
-    /// The same from one source IP (`--direct-max-pending-inbound-per-source`,
-    /// default 8; `reason="source_pending_full"`).
+    /// Inbound handshakes one source (an IPv4 address, an IPv6 /64) may
+    /// hold at once (`--direct-max-pending-inbound-per-source`, default 8;
+    /// 0 acts as 1): a newcomer past it closes its source's least
+    /// progressed handshake (`"handshake_shed_source_full"`), so a flood
+    /// of stalled connections sheds its own and a peer's punch, whose
+    /// handshake moves at once, still completes.
     pub max_pending_inbound_per_source: usize,
     /// How long bytes written on a member's TCP socket may stay
     /// unacknowledged before the kernel drops the connection

@@ -75,7 +75,6 @@ mod gate;
 pub(crate) mod hello;
 pub(crate) mod nat;
 mod open;
-mod pending;
 mod repunch;
 mod reuse_log;
 pub(crate) mod reversal;
@@ -142,9 +141,6 @@ pub(crate) enum Refused {
     /// The peer holds a relayed connection to us but is in no punch with us.
     #[error("inbound direct connection from {0}, which is in no punch with us")]
     NotPunching(PeerId),
-    /// Too many inbound handshakes in progress (in total or from its source).
-    #[error("inbound connection from {0}: {1}")]
-    Pending(Multiaddr, &'static str),
     /// `--direct-max-connections` direct connections are open.
     #[error("direct connection to {0:?}: --direct-max-connections are open")]
     Full(Option<PeerId>),
@@ -180,8 +176,6 @@ pub(crate) struct Behaviour {
     /// Destinations the transport dialled from a fresh port (read only).
     log: ReuseLog,
     backoffs: Backoffs,
-    /// Inbound direct connections in their handshake.
-    pending: pending::PendingInbound,
     /// Open direct connections to members (a punch's dial, or accepted
     /// from a peer holding a relayed connection to us; never a router's):
     /// what `direct_connections{nat}` and `direct_closed_total` count; and
@@ -316,10 +310,6 @@ impl Behaviour {
             backoffs: Backoffs::default(),
             open: open::Open::default(),
             loopback_targets: false,
-            pending: pending::PendingInbound::new(
-                crate::config::DEFAULT_DIRECT_MAX_PENDING_INBOUND,
-                crate::config::DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE,
-            ),
             gate: gate::Gate::new(Duration::from_millis(
                 crate::config::DEFAULT_DIRECT_AUTH_TIMEOUT_MS,
             )),
@@ -409,13 +399,6 @@ impl Behaviour {
     /// `now`; returns how many.
     pub(crate) fn expire_unauthenticated(&mut self, now: Instant) -> usize {
         self.gate.expire(now)
-    }
-
-    /// The same with at most `total` inbound direct handshakes at once,
-    /// `per_source` from one IP.
-    pub(crate) fn with_pending_limits(mut self, total: usize, per_source: usize) -> Self {
-        self.pending = pending::PendingInbound::new(total, per_source);
-        self
     }
 
     /// The same with `backoffs` between punches to one peer.
@@ -717,30 +700,11 @@ impl NetworkBehaviour for Behaviour {
         Ok(Vec::new())
     }
 
-    /// A direct connection arriving takes a handshake slot (see
-    /// [`pending`]) until it is established or fails.
-    fn handle_pending_inbound_connection(
-        &mut self,
-        id: ConnectionId,
-        local_addr: &Multiaddr,
-        remote_addr: &Multiaddr,
-    ) -> Result<(), ConnectionDenied> {
-        if is_relayed(local_addr) {
-            return Ok(());
-        }
-        let ip = remote_addr.iter().find_map(|p| match p {
-            Protocol::Ip4(ip) => Some(std::net::IpAddr::V4(ip)),
-            Protocol::Ip6(ip) => Some(std::net::IpAddr::V6(ip)),
-            _ => None,
-        });
-        let Some(ip) = ip else {
-            return Ok(());
-        };
-        self.pending.admit(id, ip).map_err(|reason| {
-            self.metrics.refused(reason);
-            ConnectionDenied::new(Refused::Pending(remote_addr.clone(), reason))
-        })
-    }
+    // No `handle_pending_inbound_connection`: inbound handshakes on the
+    // listening port are bounded by the transport, which admits each
+    // connection as it is accepted, before the swarm sees it, and sheds
+    // the least progressed for a newcomer (`transport/handshakes.rs`);
+    // one owner of that count, so nothing here counts them again.
 
     fn handle_established_inbound_connection(
         &mut self,
@@ -749,7 +713,6 @@ impl NetworkBehaviour for Behaviour {
         local_addr: &Multiaddr,
         remote_addr: &Multiaddr,
     ) -> Result<THandler<Self>, ConnectionDenied> {
-        self.pending.release(&id);
         if is_relayed(local_addr) {
             return self.relayed_handler(peer, id, |d| {
                 d.handle_established_inbound_connection(id, peer, local_addr, remote_addr)
@@ -808,7 +771,6 @@ impl NetworkBehaviour for Behaviour {
 
     fn on_swarm_event(&mut self, event: FromSwarm) {
         if let FromSwarm::ListenFailure(f) = &event {
-            self.pending.release(&f.connection_id);
             self.repunch.inner_knows(&f.connection_id);
         }
         if let FromSwarm::DialFailure(f) = &event {

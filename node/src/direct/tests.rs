@@ -164,68 +164,6 @@ fn a_punch_to_addresses_we_must_not_dial_is_refused_and_counted() {
 }
 
 #[test]
-fn handshakes_on_the_listening_port_are_bounded_per_source_and_freed() {
-    let (b, m) = behaviour(true);
-    let mut b = b.with_pending_limits(4, 2);
-    let local: Multiaddr = "/ip4/10.1.0.2/tcp/4500".parse().expect("addr");
-    let from = |ip: &str, port: u16| -> Multiaddr {
-        format!("/ip4/{ip}/tcp/{port}").parse().expect("addr")
-    };
-    let id = ConnectionId::new_unchecked;
-    // One source floods: its third handshake is refused at accept.
-    for i in 1..=2 {
-        assert!(
-            b.handle_pending_inbound_connection(id(i), &local, &from("10.0.0.66", 1000 + i as u16))
-                .is_ok()
-        );
-    }
-    assert!(
-        b.handle_pending_inbound_connection(id(3), &local, &from("10.0.0.66", 1003))
-            .is_err()
-    );
-    // Another source still gets in, up to the total.
-    for i in 4..=5 {
-        assert!(
-            b.handle_pending_inbound_connection(id(i), &local, &from("10.0.0.7", 1000 + i as u16))
-                .is_ok()
-        );
-    }
-    assert!(
-        b.handle_pending_inbound_connection(id(6), &local, &from("10.0.0.8", 1006))
-            .is_err()
-    );
-    let refused = |reason: &'static str| {
-        m.inbound_refused
-            .get_or_create(&crate::metrics::ReasonLabel { reason })
-            .get()
-    };
-    assert_eq!(refused("source_pending_full"), 1);
-    assert_eq!(refused("pending_full"), 1);
-    // A handshake that ends (here refused once established: a stranger)
-    // frees its slot.
-    let stranger = PeerId::random();
-    assert!(
-        b.handle_established_inbound_connection(id(1), stranger, &local, &from("10.0.0.66", 1001))
-            .is_err()
-    );
-    assert!(
-        b.handle_pending_inbound_connection(id(7), &local, &from("10.0.0.8", 1007))
-            .is_ok()
-    );
-    // Relayed connections never take a slot.
-    let circuit: Multiaddr = format!(
-        "/ip4/10.0.0.3/tcp/4001/p2p/{}/p2p-circuit",
-        PeerId::random()
-    )
-    .parse()
-    .expect("addr");
-    assert!(
-        b.handle_pending_inbound_connection(id(8), &circuit, &from("10.0.0.9", 1))
-            .is_ok()
-    );
-}
-
-#[test]
 fn a_direct_connection_closed_by_a_timed_out_path_is_told_from_other_closes() {
     use super::close_reason;
     use libp2p::swarm::ConnectionError;

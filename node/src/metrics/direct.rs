@@ -1,6 +1,7 @@
 //! What direct connections count: upgrade attempts by result, inbound
-//! direct connections refused by reason, calls by path, dials whose port
-//! could not be reused.
+//! direct connections refused by reason (in their handshake or once it
+//! is done), handshakes in progress on the listening port, calls by path,
+//! dials whose port could not be reused.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -53,18 +54,29 @@ pub const UPGRADE_RESULTS: &[&str] = &[
 /// Why an inbound direct connection was closed at once:
 /// `no_relayed_connection` (the peer holds no relayed connection to us
 /// through a router), `direct_off` (`--direct=false`: nothing is accepted
-/// on the listening port), `pending_full` / `source_pending_full` (at
-/// accept: `--direct-max-pending-inbound` handshakes in progress, or
-/// `--direct-max-pending-inbound-per-source` from that IP),
-/// `not_punching` (the peer holds a relayed connection to us but no punch
-/// with it is under way: dcutr's exchange with it did not end in the last
-/// 10 s).
+/// on the listening port), `not_punching` (the peer holds a relayed
+/// connection to us but no punch with it is under way: dcutr's exchange
+/// with it did not end in the last 10 s); and in its handshake, by the
+/// listening port's handshake table (`transport/handshakes.rs`): closed to
+/// make room for a newcomer, the least progressed of its source,
+/// `handshake_shed_source_full` (its source, an IPv4 address or an IPv6
+/// /64, held `--direct-max-pending-inbound-per-source` and the newcomer
+/// came from it), `handshake_shed_budget_full` (all
+/// `--direct-max-pending-inbound` were taken and the newcomer's source,
+/// its own, held its fair share), `handshake_shed_lighter_source` (all
+/// were taken and the newcomer's source held fewer: the heaviest source
+/// gave one); or refused at accept, `pending_full` (all were taken, every
+/// source held its fair share and the newcomer's none); and once
+/// established, `direct_full` (`--direct-max-connections` direct
+/// connections are open).
 pub const INBOUND_REFUSED_REASONS: &[&str] = &[
     "no_relayed_connection",
     "direct_off",
-    "pending_full",
-    "source_pending_full",
     "not_punching",
+    "handshake_shed_source_full",
+    "handshake_shed_budget_full",
+    "handshake_shed_lighter_source",
+    "pending_full",
     "direct_full",
 ];
 
@@ -156,6 +168,9 @@ pub struct DirectMetrics {
     /// Open direct connections to members, under our NAT kind
     /// ([`NAT_KINDS`]; the others read zero).
     pub direct_connections: Family<NatLabel, Gauge>,
+    /// Inbound connections in their handshake on the listening port now
+    /// (at most `--direct-max-pending-inbound`).
+    pub direct_handshakes_in_progress: Gauge,
 }
 
 impl DirectMetrics {
@@ -194,7 +209,7 @@ impl DirectMetrics {
         );
         r.register(
             "inbound_refused",
-            "Inbound direct connections closed at once, by reason (no_relayed_connection: the peer holds no relayed connection to us; direct_off; pending_full and source_pending_full: too many handshakes in progress, in total or from that IP; not_punching: the peer holds a relayed connection but no punch with it is under way)",
+            "Inbound direct connections closed at once, by reason (no_relayed_connection: the peer holds no relayed connection to us; direct_off; not_punching: the peer holds a relayed connection but no punch with it is under way; closed in their handshake, the least progressed of their source, to make room for a newcomer: handshake_shed_source_full: its source held --direct-max-pending-inbound-per-source, handshake_shed_budget_full: --direct-max-pending-inbound were taken and the newcomer's source held its share, handshake_shed_lighter_source: they were taken and a source holding fewer came; pending_full: refused at accept, they were taken and every source held its share)",
             self.inbound_refused.clone(),
         );
         r.register(
@@ -226,6 +241,11 @@ impl DirectMetrics {
             "direct_connections",
             "Open direct connections to other members, labelled by our NAT kind as the routers' observations classify it (unknown, one_observation, endpoint_independent, endpoint_dependent; the kinds we are not read zero)",
             self.direct_connections.clone(),
+        );
+        r.register(
+            "direct_handshakes_in_progress",
+            "Inbound connections in their handshake on the direct-connection listening port now (at most --direct-max-pending-inbound)",
+            self.direct_handshakes_in_progress.clone(),
         );
         r.register(
             "direct_closed",

@@ -499,6 +499,10 @@ mod tests {
             r#"agentmesh_node_calls_by_path_total{path="relayed"} 0"#,
             "agentmesh_node_port_reuse_fallbacks_total 0",
             "agentmesh_node_port_reuse_adopted_total 0",
+            r#"agentmesh_node_inbound_refused_total{reason="handshake_shed_source_full"} 0"#,
+            r#"agentmesh_node_inbound_refused_total{reason="handshake_shed_lighter_source"} 0"#,
+            r#"agentmesh_node_inbound_refused_total{reason="pending_full"} 0"#,
+            "agentmesh_node_direct_handshakes_in_progress 0",
         ] {
             assert!(out.contains(series), "{series}: {out}");
         }

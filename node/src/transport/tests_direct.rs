@@ -14,13 +14,13 @@ use libp2p::core::upgrade::Version;
 use libp2p::core::{Endpoint, Transport};
 use libp2p::identity::Keypair;
 use libp2p::swarm::SwarmEvent;
-use libp2p::{noise, ping, yamux};
+use libp2p::{Multiaddr, Swarm, noise, ping, yamux};
 use prometheus_client::metrics::counter::Counter;
 
-use super::{Dialing, WindowLimits, build_swarm, reuse};
+use super::{Behaviour, Dialing, WindowLimits, build_swarm, reuse};
 use crate::metrics::{DirectMetrics, ReasonLabel};
 
-const DEADLINE: Duration = Duration::from_secs(20);
+pub(super) const DEADLINE: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn a_stranger_dialing_the_listening_port_is_closed_and_counted() {
@@ -33,7 +33,7 @@ async fn a_stranger_dialing_the_listening_quic_socket_is_closed_and_counted() {
 }
 
 /// A stranger's libp2p transport: TCP + noise + yamux, or QUIC.
-fn stranger_transport(
+pub(super) fn stranger_transport(
     key: &Keypair,
     quic: bool,
 ) -> libp2p::core::transport::Boxed<(libp2p::PeerId, StreamMuxerBox)> {
@@ -50,26 +50,34 @@ fn stranger_transport(
         .boxed()
 }
 
-async fn stranger_dials_the_listening_port(quic: bool) {
-    let metrics = DirectMetrics::default();
+/// A member listening on 127.0.0.1 (TCP, or QUIC with `quic`) with
+/// `max_pending_inbound` handshakes (in all, from one source) and
+/// `connect_timeout` (every handshake's deadline), counting in `metrics`;
+/// and the address it listens on.
+pub(super) async fn listening_member(
+    member: &Keypair,
+    quic: bool,
+    metrics: DirectMetrics,
+    max_pending_inbound: (usize, usize),
+    connect_timeout: Duration,
+) -> (Swarm<Behaviour>, Multiaddr) {
     let at: SocketAddr = "127.0.0.1:0".parse().expect("sa");
     let dialing = Dialing {
         source_ip: None,
         listen: Some((at, reuse::ReuseLog::default())),
-        metrics: metrics.clone(),
+        metrics,
         punch_backoff: Default::default(),
-        max_pending_inbound: (64, 8),
+        max_pending_inbound,
         tcp_user_timeout: None,
         auth_timeout: Duration::from_secs(5),
         loopback_targets: false,
         quic,
         max_connections: 1024,
     };
-    let member = Keypair::generate_ed25519();
     let mut swarm = build_swarm(
-        &member,
+        member,
         dialing,
-        Duration::from_secs(10),
+        connect_timeout,
         Duration::from_secs(60),
         ping::Config::new(),
         agentmesh_streams::Config::default(),
@@ -91,6 +99,20 @@ async fn stranger_dials_the_listening_port(quic: bool) {
     })
     .await
     .expect("the member listens");
+    (swarm, addr)
+}
+
+async fn stranger_dials_the_listening_port(quic: bool) {
+    let metrics = DirectMetrics::default();
+    let member = Keypair::generate_ed25519();
+    let (mut swarm, addr) = listening_member(
+        &member,
+        quic,
+        metrics.clone(),
+        (64, 8),
+        Duration::from_secs(10),
+    )
+    .await;
     let (events_tx, mut events) = tokio::sync::mpsc::channel(64);
     let driver = tokio::spawn(async move {
         loop {

@@ -7,9 +7,10 @@
 //! as its remote sends a byte (a dialer speaks first: it is not a punch in
 //! the listener's role), or after [`HOLD`]; a dial that takes it first
 //! gets it instead and the swarm's upgrade of it fails. Bounded by what
-//! is accepted and not yet upgraded (the swarm's pending inbound limit):
-//! an entry leaves the registry when its upgrade future ends or is
-//! dropped.
+//! is accepted and not yet upgraded (the listener's handshake table,
+//! `transport/handshakes.rs`, which drops the upgrade of a connection it
+//! refuses or sheds): an entry leaves the registry when its upgrade
+//! future ends or is dropped.
 
 use std::collections::HashMap;
 use std::future::Future;
