@@ -34,6 +34,8 @@ pub const DEFAULT_MEMBER_PING_INTERVAL_SECS: u64 =
 pub const DEFAULT_CALL_BUDGET_SECS: u64 = 120;
 /// Default echo calls per second per worker during an event window.
 pub const DEFAULT_WINDOW_CALLS_PER_SEC: u32 = 5;
+/// Default `--warm-call-after-secs`: issue 36's warm call.
+pub const DEFAULT_WARM_CALL_AFTER_SECS: u64 = 2;
 /// Default number of routers in local mode.
 pub const DEFAULT_ROUTERS: usize = 4;
 /// Default deadline for a child program's `/readyz`, seconds.
@@ -149,6 +151,11 @@ pub struct FleetConfig {
     /// loopback no punch is made (punches never dial loopback).
     #[arg(long)]
     pub member_direct: bool,
+    /// With --member-direct: how long after its first window call a caller
+    /// makes its warm call (counted by path), seconds (issue 36's warm
+    /// call: the relayed connection has existed this long).
+    #[arg(long, default_value_t = DEFAULT_WARM_CALL_AFTER_SECS)]
+    pub warm_call_after_secs: u64,
     /// Directory for data, tokens and logs (default: a new directory under the
     /// system temp dir). An earlier run's database, logs and member data there
     /// are removed first; router keys are kept.
@@ -198,6 +205,7 @@ impl Default for FleetConfig {
             member_ping_interval_secs: DEFAULT_MEMBER_PING_INTERVAL_SECS,
             window_calls_per_sec: DEFAULT_WINDOW_CALLS_PER_SEC,
             member_direct: false,
+            warm_call_after_secs: DEFAULT_WARM_CALL_AFTER_SECS,
             work_dir: None,
             admin_token_file: None,
             attack: crate::attack::AttackConfig::default(),
@@ -385,6 +393,9 @@ pub struct WorkerConfig {
     /// Members run with direct connections on (node `--direct`).
     #[arg(long)]
     pub member_direct: bool,
+    /// Seconds from a window caller's first call to its warm call.
+    #[arg(long, default_value_t = DEFAULT_WARM_CALL_AFTER_SECS)]
+    pub warm_call_after_secs: u64,
     /// The propagation events' part (second service, revocable token).
     #[command(flatten)]
     pub propagation: crate::propagation::PropagationWorkerConfig,

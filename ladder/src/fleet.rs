@@ -158,6 +158,10 @@ impl Fleet {
         }
         if c.member_direct {
             args.push("--member-direct".into());
+            args.extend([
+                "--warm-call-after-secs".into(),
+                c.warm_call_after_secs.to_string(),
+            ]);
         }
         args.extend(c.propagation.args());
         let log = self.dir.join(format!("worker-{index}.log"));

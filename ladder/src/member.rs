@@ -57,11 +57,6 @@ pub struct EchoRoute {
     pub direct: bool,
 }
 
-/// How long after its first window call a member calls again (a warm call:
-/// the relayed connection to that provider has existed this long, the
-/// definition of issue 36's "warm call").
-pub const WARM_AFTER: Duration = Duration::from_secs(2);
-
 /// Time the node's own `call()` may take past its budget before the ladder
 /// calls it stuck: the node ends its attempts by its deadline, then returns.
 const CALL_RETURN_GRACE: Duration = Duration::from_secs(2);

@@ -316,6 +316,7 @@ async fn run(
         member_ping_interval_secs: cfg.member_ping_interval_secs,
         window_calls_per_sec: cfg.window_calls_per_sec,
         member_direct: cfg.member_direct,
+        warm_call_after_secs: cfg.warm_call_after_secs,
         propagation: hold::policy::worker_config(&target, &cfg),
     };
     let mut fleet = Fleet::new(ladder.clone(), base.clone(), dir, capacity);

@@ -262,7 +262,7 @@ pub struct WindowStats {
     #[serde(default)]
     pub calls_direct: u64,
     /// Warm calls (`--member-direct`: each window caller calls again
-    /// [`crate::member::WARM_AFTER`] after its first call, to the same
+    /// `--warm-call-after-secs` after its first call, to the same
     /// provider): those that went direct.
     #[serde(default)]
     pub warm_direct: u64,

@@ -110,12 +110,14 @@ pub(crate) async fn window_calls(shared: Arc<Shared>) {
                 let first = r.as_ref().ok().map(|route| route.provider.clone());
                 shared.window_call(generation, r);
                 // With direct connections on: a warm call after the first
-                // (its relayed connection has existed WARM_AFTER), counted
-                // by path when it reached the same provider.
+                // (its relayed connection has existed
+                // `--warm-call-after-secs`), counted by path when it
+                // reached the same provider.
                 let Some(first) = first.filter(|_| warm) else {
                     return;
                 };
-                tokio::time::sleep(crate::member::WARM_AFTER).await;
+                let after = std::time::Duration::from_secs(shared.cfg.warm_call_after_secs);
+                tokio::time::sleep(after).await;
                 let Some(generation) = shared.window_call_started() else {
                     return;
                 };
