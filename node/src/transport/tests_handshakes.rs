@@ -115,18 +115,25 @@ async fn closed_by_the_member(s: &mut tokio::net::TcpStream, which: &str) {
     );
 }
 
-/// An honest peer's TCP handshake from `ip` (noise and yamux over a real
-/// socket) to the member `member` at `to`; returns once it completed.
-async fn honest_tcp(ip: Ipv4Addr, to: Multiaddr, member: PeerId) {
+/// An honest peer's handshake from `ip` (TCP with noise and yamux over a
+/// real socket, or with `quic` QUIC from a socket bound there, as a member
+/// dials) to the member `member` at `to`; returns once it completed.
+async fn honest(ip: Ipv4Addr, to: Multiaddr, member: PeerId, quic: bool) {
     let key = Keypair::generate_ed25519();
-    let mut t = DialTcp {
-        source_ip: Some(ip.into()),
-    }
-    .upgrade(Version::V1)
-    .authenticate(noise::Config::new(&key).expect("noise"))
-    .multiplex(yamux::Config::default())
-    .map(|(p, m), _| (p, StreamMuxerBox::new(m)))
-    .boxed();
+    let mut t = if quic {
+        quic::DialQuic::new(libp2p::quic::Config::new(&key), Some(IpAddr::V4(ip)))
+            .map(|(p, c), _| (p, StreamMuxerBox::new(c)))
+            .boxed()
+    } else {
+        DialTcp {
+            source_ip: Some(ip.into()),
+        }
+        .upgrade(Version::V1)
+        .authenticate(noise::Config::new(&key).expect("noise"))
+        .multiplex(yamux::Config::default())
+        .map(|(p, m), _| (p, StreamMuxerBox::new(m)))
+        .boxed()
+    };
     let dial = t
         .dial(
             to,
@@ -136,10 +143,20 @@ async fn honest_tcp(ip: Ipv4Addr, to: Multiaddr, member: PeerId) {
             },
         )
         .expect("dial");
-    let (peer, _muxer) = tokio::time::timeout(DEADLINE, dial)
-        .await
-        .expect("the honest handshake in time")
-        .expect("the honest handshake completes");
+    // The transport's own events (QUIC's socket), alongside.
+    let socket = poll_fn(|cx| {
+        let _ = Pin::new(&mut t).poll(cx);
+        Poll::<()>::Pending
+    });
+    let done = tokio::time::timeout(DEADLINE, async {
+        tokio::select! {
+            r = dial => r,
+            () = socket => unreachable!("polls forever"),
+        }
+    })
+    .await
+    .expect("the honest handshake in time");
+    let (peer, _connection) = done.expect("the honest handshake completes");
     assert_eq!(peer, member);
 }
 
@@ -178,7 +195,7 @@ async fn a_flood_of_stalled_tcp_handshakes_sheds_its_own_and_honest_peers_comple
 
     // An honest peer behind the flood's own address: its handshake sheds
     // the flood's oldest there, moves at once, and completes.
-    honest_tcp(A, addr.clone(), member).await;
+    honest(A, addr.clone(), member, false).await;
     until("the honest handshake from A counted", &m, |m| {
         refused(m, HONEST_DONE) == 1 && in_progress(m) == 3
     })
@@ -191,7 +208,7 @@ async fn a_flood_of_stalled_tcp_handshakes_sheds_its_own_and_honest_peers_comple
     until("A's renewal taken", &m, |m| in_progress(m) == 4).await;
     // ...and an honest peer from a third host, holding nothing, takes the
     // place of a flooding host's oldest.
-    honest_tcp(C, addr, member).await;
+    honest(C, addr, member, false).await;
     until("the honest handshake from C counted", &m, |m| {
         refused(m, HONEST_DONE) == 2
     })
@@ -246,38 +263,6 @@ async fn stall_quic(initial: &[u8], ip: Ipv4Addr, to: SocketAddr) -> tokio::net:
     s
 }
 
-/// An honest peer's QUIC handshake from `ip` (from a socket bound there,
-/// as a member dials) to the member `member` at `to`; returns once it
-/// completed.
-async fn honest_quic(ip: Ipv4Addr, to: Multiaddr, member: PeerId) {
-    let key = Keypair::generate_ed25519();
-    let mut t = quic::DialQuic::new(libp2p::quic::Config::new(&key), Some(IpAddr::V4(ip)));
-    let dial = t
-        .dial(
-            to,
-            DialOpts {
-                role: Endpoint::Dialer,
-                port_use: PortUse::New,
-            },
-        )
-        .expect("dial");
-    // Its socket's events, alongside.
-    let socket = poll_fn(|cx| {
-        let _ = Pin::new(&mut t).poll(cx);
-        Poll::<()>::Pending
-    });
-    let done = tokio::time::timeout(DEADLINE, async {
-        tokio::select! {
-            r = dial => r,
-            () = socket => unreachable!("polls forever"),
-        }
-    })
-    .await
-    .expect("the honest handshake in time");
-    let (peer, _connection) = done.expect("the honest handshake completes");
-    assert_eq!(peer, member);
-}
-
 /// QUIC handshakes give way oldest first (no socket of their own to
 /// watch). A stalled one here lives `libp2p::quic::Config`'s handshake
 /// timeout (5 s) at the member: the flood is sent at once and the counts
@@ -310,7 +295,7 @@ async fn a_flood_of_stalled_quic_handshakes_sheds_its_own_and_an_honest_peer_com
     .await;
 
     // An honest peer behind the flood's address still completes.
-    honest_quic(A, addr, member).await;
+    honest(A, addr, member, true).await;
     until("the honest handshake counted", &m, |m| {
         refused(m, HONEST_DONE) == 1
     })
