@@ -544,7 +544,7 @@ impl Behaviour {
         let inner = if upgrade == Upgrade::Punch {
             let now = Instant::now();
             self.gate.punch_started(peer, now);
-            self.open.punch_began(peer, now);
+            self.open.punch_began(peer, id, now);
             dcutr(&mut self.inner)?
         } else {
             Either::Right(dummy::ConnectionHandler)
@@ -807,6 +807,7 @@ impl NetworkBehaviour for Behaviour {
                     .direct_closed(ours.unwrap_or_else(|| close_reason(*cause)));
                 self.count_direct();
             }
+            self.open.relayed_closed(peer_id, *connection_id);
             if let Some(set) = self.relayed.get_mut(peer_id) {
                 set.remove(connection_id);
                 if set.is_empty() {

@@ -2,8 +2,11 @@
 //! way, by peer: what keeps one punch to one connection. One owner: the
 //! direct behaviour.
 //!
-//! A punch under way is remembered from its start until its result (at
-//! most [`gate::PUNCH_WINDOW`]): a second relayed connection to that peer
+//! A punch under way is remembered from its start until its result, or
+//! until the relayed connection it runs on closes (dcutr then never
+//! reports one: a peer that restarted comes back on a new relayed
+//! connection and must be punched at once), at most
+//! [`gate::PUNCH_WINDOW`]: a second relayed connection to that peer
 //! meanwhile is not punched as well. A direct connection that came up
 //! since the punch began means the punch succeeded whatever our own dial
 //! does: dcutr's next attempt after our dial failed would make the peer
@@ -31,8 +34,9 @@ pub(super) struct Open {
     by_id: HashMap<ConnectionId, (PeerId, Instant)>,
     /// The same by peer: how many, and when the newest came up.
     by_peer: HashMap<PeerId, (usize, Instant)>,
-    /// Punches we started, by peer, until their result.
-    under_way: HashMap<PeerId, Instant>,
+    /// Punches we started, by peer: when, and on which relayed
+    /// connection; until their result or that connection's close.
+    under_way: HashMap<PeerId, (Instant, ConnectionId)>,
 }
 
 impl Default for Open {
@@ -102,14 +106,22 @@ impl Open {
         !self.by_peer.contains_key(peer)
     }
 
-    /// A punch with `peer` began at `now`.
-    pub(super) fn punch_began(&mut self, peer: PeerId, now: Instant) {
+    /// A punch with `peer` began at `now` on relayed connection `relayed`.
+    pub(super) fn punch_began(&mut self, peer: PeerId, relayed: ConnectionId, now: Instant) {
         if self.under_way.len() >= MAX_UNDER_WAY {
             self.under_way
-                .retain(|_, at| now.saturating_duration_since(*at) < gate::PUNCH_WINDOW);
+                .retain(|_, (at, _)| now.saturating_duration_since(*at) < gate::PUNCH_WINDOW);
         }
         if self.under_way.len() < MAX_UNDER_WAY {
-            self.under_way.insert(peer, now);
+            self.under_way.insert(peer, (now, relayed));
+        }
+    }
+
+    /// Relayed connection `id` to `peer` closed: a punch running on it
+    /// will have no result.
+    pub(super) fn relayed_closed(&mut self, peer: &PeerId, id: ConnectionId) {
+        if self.under_way.get(peer).is_some_and(|(_, on)| *on == id) {
+            self.under_way.remove(peer);
         }
     }
 
@@ -123,7 +135,7 @@ impl Open {
     pub(super) fn punch_under_way(&self, peer: &PeerId, now: Instant) -> bool {
         self.under_way
             .get(peer)
-            .is_some_and(|at| now.saturating_duration_since(*at) < gate::PUNCH_WINDOW)
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) < gate::PUNCH_WINDOW)
     }
 
     /// Whether a direct connection to `peer` came up (and is open) since
@@ -132,7 +144,7 @@ impl Open {
     /// lost that path (its host moved, say) before we noticed.
     pub(super) fn direct_since_punch_began(&self, peer: &PeerId) -> bool {
         match (self.under_way.get(peer), self.by_peer.get(peer)) {
-            (Some(began), Some((_, newest))) => newest >= began,
+            (Some((began, _)), Some((_, newest))) => newest >= began,
             _ => false,
         }
     }
@@ -156,7 +168,7 @@ mod tests {
         assert!(o.opened(id(3), q, t0));
         assert_eq!(o.len(), 3);
         // A punch that began between the two: the newer one counts.
-        o.punch_began(p, t0 + Duration::from_secs(1));
+        o.punch_began(p, id(9), t0 + Duration::from_secs(1));
         assert!(o.direct_since_punch_began(&p));
         // The newer closes: only one from before the punch is left.
         assert_eq!(o.closed(&id(2)), Some(p));
@@ -187,10 +199,17 @@ mod tests {
         let p = PeerId::random();
         let t0 = Instant::now();
         assert!(!o.punch_under_way(&p, t0));
-        o.punch_began(p, t0);
+        let id = ConnectionId::new_unchecked;
+        o.punch_began(p, id(1), t0);
         assert!(o.punch_under_way(&p, t0 + Duration::from_secs(1)));
         assert!(!o.punch_under_way(&p, t0 + gate::PUNCH_WINDOW));
         o.punch_ended(&p);
+        assert!(!o.punch_under_way(&p, t0));
+        // Its relayed connection closing ends it; another one's does not.
+        o.punch_began(p, id(1), t0);
+        o.relayed_closed(&p, id(2));
+        assert!(o.punch_under_way(&p, t0));
+        o.relayed_closed(&p, id(1));
         assert!(!o.punch_under_way(&p, t0));
     }
 }
