@@ -160,17 +160,41 @@ async fn honest(ip: Ipv4Addr, to: Multiaddr, member: PeerId, quic: bool) {
     assert_eq!(peer, member);
 }
 
-#[tokio::test]
-async fn a_flood_of_stalled_tcp_handshakes_sheds_its_own_and_honest_peers_complete() {
+/// A member listening (TCP, or QUIC with `quic`) with the test's budget,
+/// its swarm driven, for a flood.
+struct Flooded {
+    m: DirectMetrics,
+    member: PeerId,
+    driver: tokio::task::JoinHandle<()>,
+    addr: Multiaddr,
+    to: SocketAddr,
+}
+
+/// [`Flooded`]. A connect timeout past the test: no stalled TCP handshake
+/// ends by itself, so every slot freed is a shed (the counts are exact).
+async fn flooded(quic: bool) -> Flooded {
     let m = DirectMetrics::default();
     let key = Keypair::generate_ed25519();
-    // A connect timeout past the test: no stalled handshake ends by
-    // itself, so every slot freed is a shed (the counts are exact).
     let (swarm, addr) =
-        listening_member(&key, false, m.clone(), BUDGET, Duration::from_secs(600)).await;
-    let member = key.public().to_peer_id();
-    let driver = drive(swarm);
-    let to = socket_addr(&addr);
+        listening_member(&key, quic, m.clone(), BUDGET, Duration::from_secs(600)).await;
+    Flooded {
+        m,
+        member: key.public().to_peer_id(),
+        driver: drive(swarm),
+        to: socket_addr(&addr),
+        addr,
+    }
+}
+
+#[tokio::test]
+async fn a_flood_of_stalled_tcp_handshakes_sheds_its_own_and_honest_peers_complete() {
+    let Flooded {
+        m,
+        member,
+        driver,
+        addr,
+        to,
+    } = flooded(false).await;
 
     // Two hosts flood, each twice its share: the budget is full, and each
     // newcomer past its source's share sheds that source's oldest.
@@ -269,13 +293,13 @@ async fn stall_quic(initial: &[u8], ip: Ipv4Addr, to: SocketAddr) -> tokio::net:
 /// asserted are the least it makes.
 #[tokio::test]
 async fn a_flood_of_stalled_quic_handshakes_sheds_its_own_and_an_honest_peer_completes() {
-    let m = DirectMetrics::default();
-    let key = Keypair::generate_ed25519();
-    let (swarm, addr) =
-        listening_member(&key, true, m.clone(), BUDGET, Duration::from_secs(600)).await;
-    let member = key.public().to_peer_id();
-    let driver = drive(swarm);
-    let to = socket_addr(&addr);
+    let Flooded {
+        m,
+        member,
+        driver,
+        addr,
+        to,
+    } = flooded(true).await;
 
     let mut client = libp2p::quic::tokio::Transport::new(libp2p::quic::Config::new(
         &Keypair::generate_ed25519(),
