@@ -122,6 +122,19 @@ pub async fn echo_over<S>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
+    echo_noting(call, deadlines, |_| ()).await
+}
+
+/// [`echo_over`], returning what `note` read off the stream once the call
+/// returned it (how it was routed).
+async fn echo_noting<S, R>(
+    call: impl Future<Output = Result<S, agentmesh_node::CallError>>,
+    deadlines: CallDeadlines,
+    note: impl FnOnce(&S) -> R,
+) -> Result<R, CallFailure>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut stream = match tokio::time::timeout(deadlines.call, call).await {
         Err(_) => return Err(CallFailure::CallNotReturned(deadlines.call)),
         Ok(Err(e)) => {
@@ -130,6 +143,7 @@ where
         }
         Ok(Ok(s)) => s,
     };
+    let noted = note(&stream);
     let io = |op| move |e: io::Error| CallFailure::Io { op, kind: e.kind() };
     let echo = async {
         let mut payload = [0u8; ECHO_PAYLOAD_BYTES];
@@ -145,7 +159,7 @@ where
         Ok(())
     };
     match tokio::time::timeout(deadlines.echo, echo).await {
-        Ok(r) => r,
+        Ok(r) => r.map(|()| noted),
         Err(_) => Err(CallFailure::EchoNotReturned(deadlines.echo)),
     }
 }
@@ -334,22 +348,13 @@ impl Member {
     pub async fn call_echo(&self) -> Result<EchoRoute, CallFailure> {
         let guard = self.handle.read().await;
         let handle = guard.as_ref().ok_or(CallFailure::ShutDown)?;
-        let route = std::sync::Mutex::new(None);
-        let call = async {
-            let s = handle.call(ECHO).await?;
-            if let Ok(mut r) = route.lock() {
-                *r = Some(EchoRoute {
-                    provider: s.route().provider.to_string(),
-                    direct: s.route().direct,
-                });
-            }
-            Ok(s)
-        };
-        echo_over(call, self.deadlines).await?;
-        let route = route.into_inner().ok().flatten();
-        // `echo_over` succeeds only through the call above, which set it.
-        route.ok_or(CallFailure::ShutDown)
+        echo_noting(handle.call(ECHO), self.deadlines, |s| EchoRoute {
+            provider: s.route().provider.to_string(),
+            direct: s.route().direct,
+        })
+        .await
     }
+
     /// Opens a call to `service` (its set-up under the call deadline) and
     /// returns the stream, for a call held open ([`hold_open`]).
     pub async fn open_call(

@@ -125,23 +125,27 @@ impl TestCp {
     /// A member credential for `peer` labelled `team=TEAM`, enrolled with
     /// token `token` (node id `n-TEAM`), valid over `valid` (Unix seconds).
     pub fn member(&self, peer: &PeerId, team: &str, token: &str, valid: Range<i64>) -> Credential {
-        sign(
-            &Claims {
-                subject: peer.to_bytes(),
-                node_id: format!("n-{team}"),
-                role: Role::Member as i32,
-                token_kind: TokenKind::Bootstrap as i32,
-                labels: vec![Label {
-                    key: "team".into(),
-                    value: team.into(),
-                }],
-                issued_at_unix_secs: valid.start,
-                expires_at_unix_secs: valid.end,
-                key_id: KEY_ID.into(),
-                token_id: token.into(),
-            },
-            &self.key,
-        )
+        sign(&member_claims(peer, team, token, valid), &self.key)
+    }
+}
+
+/// The claims of [`TestCp::member`], unsigned: for a test that changes
+/// one (a router's role, an unknown key id) or signs them with a key of
+/// its own (a forger).
+pub fn member_claims(peer: &PeerId, team: &str, token: &str, valid: Range<i64>) -> Claims {
+    Claims {
+        subject: peer.to_bytes(),
+        node_id: format!("n-{team}"),
+        role: Role::Member as i32,
+        token_kind: TokenKind::Bootstrap as i32,
+        labels: vec![Label {
+            key: "team".into(),
+            value: team.into(),
+        }],
+        issued_at_unix_secs: valid.start,
+        expires_at_unix_secs: valid.end,
+        key_id: KEY_ID.into(),
+        token_id: token.into(),
     }
 }
 

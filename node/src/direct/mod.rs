@@ -567,24 +567,27 @@ impl Behaviour {
     }
 
     fn punched(&mut self, peer: PeerId, ok: bool, now: Instant) {
-        let lost_to_the_peer = self.open.direct_since_punch_began(&peer);
-        self.open.punch_ended(&peer);
         if ok {
             self.metrics.upgrade("direct");
-            self.backoff.remove(&peer);
-            self.repunch.succeeded(&peer);
-            return;
-        }
-        if lost_to_the_peer {
+            self.punch_succeeded(&peer);
+        } else if self.open.direct_since_punch_began(&peer) {
             // Our dial lost to the peer's, which brought the direct
-            // connection up (it arrived as inbound before our dial, or
-            // dcutr tried again and we refused its dial: one connection per
-            // peer). Not a failure, and no backoff.
+            // connection up (it arrived before our dial was made, or
+            // first): not a failure, and no backoff.
             tracing::debug!(%peer, "punch ended without our dial: a direct connection is up");
-            return;
+            self.punch_succeeded(&peer);
+        } else {
+            self.metrics.upgrade("failed");
+            self.back_off(peer, now);
         }
-        self.metrics.upgrade("failed");
-        self.back_off(peer, now);
+    }
+
+    /// The punch with `peer` ended with a direct connection up, by our
+    /// dial or the peer's.
+    fn punch_succeeded(&mut self, peer: &PeerId) {
+        self.open.punch_ended(peer);
+        self.backoff.remove(peer);
+        self.repunch.succeeded(peer);
     }
 
     /// A call's stream failed on the direct connection to `peer` (it is
@@ -877,9 +880,7 @@ impl NetworkBehaviour for Behaviour {
                 let peer = *peer_id;
                 self.metrics.upgrade("skipped_direct");
                 tracing::debug!(%peer, "punch not tried again: the peer's dial connected us");
-                self.open.punch_ended(&peer);
-                self.backoff.remove(&peer);
-                self.repunch.succeeded(&peer);
+                self.punch_succeeded(&peer);
                 continue;
             }
             break event;

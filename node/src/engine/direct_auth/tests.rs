@@ -3,9 +3,8 @@
 
 use agentmesh_policy::Policy;
 use agentmesh_proto::credential::{Trust, VerifiedClaims, sign};
-use agentmesh_proto::pb::credential::{
-    Claims, Credential, KeySet, Label, PublicKey, Revocation, Role, TokenKind,
-};
+use agentmesh_proto::pb::credential::{Claims, Credential, Revocation, Role};
+use agentmesh_proto::testing::{TestCp, member_claims};
 use libp2p::PeerId;
 use libp2p::identity::ed25519;
 
@@ -35,40 +34,23 @@ from = ["web"]
 to = ["payments/api"]
 "#;
 
-fn control_plane() -> (ed25519::Keypair, Trust) {
-    let cp = ed25519::Keypair::generate();
-    let keys = KeySet {
-        keys: vec![PublicKey {
-            key_id: "k1".into(),
-            ed25519: cp.public().to_bytes().to_vec(),
-            active_from_unix_secs: 0,
-            verify_until_unix_secs: 0,
-        }],
-        ..Default::default()
-    };
-    (cp, Trust::new(&keys))
+/// The control plane's trust (a copy each test may change) and key.
+fn control_plane() -> (TestCp, Trust) {
+    let fx = TestCp::new();
+    let trust = fx.trust.clone();
+    (fx, trust)
 }
 
+/// A credential's claims valid around [`NOW`], with `role`.
 fn claims(peer: &PeerId, team: &str, role: Role, token: &str) -> Claims {
-    Claims {
-        subject: peer.to_bytes(),
-        node_id: format!("n-{team}"),
-        role: role as i32,
-        token_kind: TokenKind::Bootstrap as i32,
-        labels: vec![Label {
-            key: "team".into(),
-            value: team.into(),
-        }],
-        issued_at_unix_secs: NOW - 10,
-        expires_at_unix_secs: NOW + 3600,
-        key_id: "k1".into(),
-        token_id: token.into(),
-    }
+    let mut c = member_claims(peer, team, token, NOW - 10..NOW + 3600);
+    c.role = role as i32;
+    c
 }
 
-fn member(cp: &ed25519::Keypair, team: &str, token: &str) -> (PeerId, Credential) {
+fn member(cp: &TestCp, team: &str, token: &str) -> (PeerId, Credential) {
     let peer = PeerId::random();
-    (peer, sign(&claims(&peer, team, Role::Member, token), cp))
+    (peer, cp.member(&peer, team, token, NOW - 10..NOW + 3600))
 }
 
 fn closed(r: Result<VerifiedClaims, HelloRefused>) -> &'static str {
@@ -111,7 +93,7 @@ fn a_hello_verifies_only_a_members_own_valid_credential() {
         "unauthenticated"
     );
     // A router's credential is not a member's.
-    let router = sign(&claims(&peer, "web", Role::Router, "t1"), &cp);
+    let router = sign(&claims(&peer, "web", Role::Router, "t1"), &cp.key);
     assert_eq!(
         closed(verify_hello(&router, &trust, &peer, NOW, 0)),
         "unauthenticated"
@@ -129,7 +111,7 @@ fn a_hello_verifies_only_a_members_own_valid_credential() {
     let mut unknown = claims(&peer, "web", Role::Member, "t1");
     unknown.key_id = "k2".into();
     assert_eq!(
-        verify_hello(&sign(&unknown, &cp), &trust, &peer, NOW, 0),
+        verify_hello(&sign(&unknown, &cp.key), &trust, &peer, NOW, 0),
         Err(HelloRefused::UnknownKey)
     );
 }

@@ -15,10 +15,9 @@ use std::time::Duration;
 
 use agentmesh_policy::Policy;
 use agentmesh_proto::credential::{Trust, sign};
-use agentmesh_proto::pb::credential::{
-    Claims, Credential, KeySet, Label, PublicKey, Revocation, Role, TokenKind,
-};
+use agentmesh_proto::pb::credential::{Claims, Credential, Revocation};
 use agentmesh_proto::protocols::DIRECT_HELLO;
+use agentmesh_proto::testing::{TestCp, member_claims};
 use agentmesh_proto::unix_now;
 use futures::StreamExt as _;
 use libp2p::identity::{Keypair, ed25519};
@@ -69,22 +68,10 @@ async fn swarm(
     .expect("swarm")
 }
 
+/// Member claims for `peer` from `token`, valid for the next hour.
 fn claims(peer: &PeerId, token: &str) -> Claims {
     let now = unix_now();
-    Claims {
-        subject: peer.to_bytes(),
-        node_id: format!("n-{peer}"),
-        role: Role::Member as i32,
-        token_kind: TokenKind::Bootstrap as i32,
-        labels: vec![Label {
-            key: "team".into(),
-            value: "a".into(),
-        }],
-        issued_at_unix_secs: now - 10,
-        expires_at_unix_secs: now + 3600,
-        key_id: "k1".into(),
-        token_id: token.into(),
-    }
+    member_claims(peer, "a", token, now - 10..now + 3600)
 }
 
 /// What the member did with a direct connection.
@@ -216,17 +203,8 @@ async fn next_about(seen: &mut mpsc::Receiver<Seen>, peer: PeerId) -> Seen {
 #[tokio::test]
 async fn a_peer_that_never_authenticates_or_lies_in_its_hello_is_closed_and_counted() {
     // The control plane's key, and a revocation of one token.
-    static CP: std::sync::OnceLock<ed25519::Keypair> = std::sync::OnceLock::new();
-    let cp = CP.get_or_init(ed25519::Keypair::generate);
-    let mut trust = Trust::new(&KeySet {
-        keys: vec![PublicKey {
-            key_id: "k1".into(),
-            ed25519: cp.public().to_bytes().to_vec(),
-            active_from_unix_secs: 0,
-            verify_until_unix_secs: 0,
-        }],
-        ..Default::default()
-    });
+    static CP: std::sync::OnceLock<TestCp> = std::sync::OnceLock::new();
+    let mut trust = CP.get_or_init(TestCp::new).trust.clone();
     trust.set_revocations(&[Revocation {
         peer_id: vec![],
         until_unix_secs: unix_now() + 3600,
@@ -263,7 +241,8 @@ async fn a_peer_that_never_authenticates_or_lies_in_its_hello_is_closed_and_coun
     };
 
     // An honest peer first: authenticated, and still open past the deadline.
-    let honest: fn(&PeerId) -> Credential = |me| sign(&claims(me, "t-ok"), CP.get().expect("cp"));
+    let honest: fn(&PeerId) -> Credential =
+        |me| sign(&claims(me, "t-ok"), &CP.get().expect("cp").key);
     let (good, good_task) = attacker(member_id, at.clone(), Some(honest), &peers_tx).await;
     assert_eq!(next_about(&mut seen, good).await, Seen::Authenticated(good));
 
@@ -281,7 +260,7 @@ async fn a_peer_that_never_authenticates_or_lies_in_its_hello_is_closed_and_coun
 
     // Revoked: a real credential of a revoked token.
     let revoked: fn(&PeerId) -> Credential =
-        |me| sign(&claims(me, "t-revoked"), CP.get().expect("cp"));
+        |me| sign(&claims(me, "t-revoked"), &CP.get().expect("cp").key);
     let (gone, t3) = attacker(member_id, at.clone(), Some(revoked), &peers_tx).await;
     assert_eq!(next_about(&mut seen, gone).await, Seen::Closed(gone));
     assert_eq!(closed("revoked"), 1);

@@ -35,6 +35,15 @@ fn closed(reason: &str) -> String {
     format!(r#"agentmesh_node_direct_closed_total{{reason="{reason}"}}"#)
 }
 
+/// Neither member closed a direct connection for any of `reasons`.
+async fn none_closed_for(members: [&Member; 2], reasons: &[&str]) {
+    for m in members {
+        for reason in reasons {
+            assert_eq!(m.metric(&closed(reason)).await, 0.0, "{}: {reason}", m.name);
+        }
+    }
+}
+
 /// Two members behind EIM NATs on two routers, the caller forwarding to
 /// the provider's `echo-prov`, with a direct connection between them.
 async fn direct_pair(net: &mut Net) -> (Member, Member) {
@@ -92,15 +101,7 @@ async fn a_policy_that_no_longer_grants_either_side_closes_their_direct_connecti
         (1.0..=2.0).contains(&by_policy),
         "closed for the policy: {by_policy}"
     );
-    for m in [&caller, &provider] {
-        assert_eq!(
-            m.metric(&closed("unauthenticated")).await,
-            0.0,
-            "{}",
-            m.name
-        );
-        assert_eq!(m.metric(&closed("revoked")).await, 0.0, "{}", m.name);
-    }
+    none_closed_for([&caller, &provider], &["unauthenticated", "revoked"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,13 +119,5 @@ async fn revoking_the_caller_closes_its_direct_connection() {
     // revoked, so the caller never closes it for that.
     assert_eq!(provider.metric(&closed("revoked")).await, 1.0);
     assert_eq!(caller.metric(&closed("revoked")).await, 0.0);
-    for m in [&caller, &provider] {
-        assert_eq!(
-            m.metric(&closed("unauthenticated")).await,
-            0.0,
-            "{}",
-            m.name
-        );
-        assert_eq!(m.metric(&closed("policy")).await, 0.0, "{}", m.name);
-    }
+    none_closed_for([&caller, &provider], &["unauthenticated", "policy"]).await;
 }

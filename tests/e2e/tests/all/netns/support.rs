@@ -213,34 +213,24 @@ impl Net {
     /// A bootstrap token of `role` with `labels`, minted through the admin
     /// API from inside the control plane's host.
     pub(crate) async fn token(&self, role: Role, labels: &BTreeMap<String, String>) -> String {
-        let url = self.cp_url.clone();
         let labels = map_to_labels(labels);
-        self.cp_host
-            .spawn(async move {
-                let client = Client::new(ClientConfig {
-                    url,
-                    ca_pem: None,
-                    retry_budget: Duration::from_secs(30),
-                    rpc_timeout: Duration::from_secs(10),
-                })
-                .expect("client");
-                client
-                    .create_token(
-                        ADMIN,
-                        CreateTokenRequest {
-                            kind: TokenKind::Bootstrap as i32,
-                            role: role as i32,
-                            labels,
-                            max_uses: 100,
-                            ttl_secs: 3600,
-                        },
-                    )
-                    .await
-                    .expect("create token")
-                    .token
-            })
-            .await
-            .expect("token task")
+        self.admin(move |client| async move {
+            client
+                .create_token(
+                    ADMIN,
+                    CreateTokenRequest {
+                        kind: TokenKind::Bootstrap as i32,
+                        role: role as i32,
+                        labels,
+                        max_uses: 100,
+                        ttl_secs: 3600,
+                    },
+                )
+                .await
+                .expect("create token")
+                .token
+        })
+        .await
     }
 
     /// A client of the control plane's admin API, on its host.
