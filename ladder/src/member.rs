@@ -1,6 +1,7 @@
 //! One member of the fleet: the real node (`agentmesh_node::spawn`), with its
 //! own identity, swarm and credential. The only file that touches the node's API.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -368,6 +369,26 @@ impl Member {
             Ok(Err(e)) => Err(CallFailure::Call(e.result_label())),
             Ok(Ok(s)) => Ok(s),
         }
+    }
+
+    /// The node's direct-connection counters as `upgrade:<result>`,
+    /// `refused:<reason>` and `open` (see
+    /// `agentmesh_node::NodeHandle::direct_counts`); `None` once shut down
+    /// or while it is shutting down.
+    pub fn direct_counts(&self) -> Option<BTreeMap<String, u64>> {
+        let guard = self.handle.try_read().ok()?;
+        let c = guard.as_ref()?.direct_counts();
+        let upgrades = c.upgrades.iter().map(|(r, n)| (format!("upgrade:{r}"), *n));
+        let refused = c
+            .inbound_refused
+            .iter()
+            .map(|(r, n)| (format!("refused:{r}"), *n));
+        Some(
+            upgrades
+                .chain(refused)
+                .chain(std::iter::once(("open".to_string(), c.open)))
+                .collect(),
+        )
     }
 
     /// The policy version the node holds (`None` once shut down).

@@ -269,6 +269,12 @@ pub struct WindowStats {
     /// Warm calls that went relayed.
     #[serde(default)]
     pub warm_relayed: u64,
+    /// The members' direct-connection counters over the window
+    /// (`member::Member::direct_counts`): `upgrade:<result>` and
+    /// `refused:<reason>` as the increase from the window's start (members
+    /// alive at both ends; zeros left out), `open` as at its end.
+    #[serde(default)]
+    pub direct_counts: BTreeMap<String, u64>,
     /// Members that fell below K in the window, as picked by
     /// [`pick_below_k`] (at most [`MAX_BELOW_K_RECORDS`] per worker).
     #[serde(default)]

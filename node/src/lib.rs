@@ -121,6 +121,13 @@ impl NodeHandle {
         self.node.peer_id
     }
 
+    /// The node's direct-connection counters now: upgrades by result,
+    /// inbound direct connections refused by reason, direct connections
+    /// open (the same numbers `/metrics` shows).
+    pub fn direct_counts(&self) -> metrics::DirectCounts {
+        self.node.metrics.direct.counts()
+    }
+
     /// Whether the node is ready now (see [`NodeStatus::ready`]).
     pub fn is_ready(&self) -> bool {
         self.node.status.borrow().ready

@@ -438,6 +438,7 @@ fn window_calls(w: &WindowStats) -> WindowCalls {
         calls_direct: w.calls_direct,
         warm_direct: w.warm_direct,
         warm_relayed: w.warm_relayed,
+        direct_counts: w.direct_counts.clone(),
     }
 }
 
@@ -499,6 +500,9 @@ fn sum_windows(replies: Vec<WindowStats>) -> WindowStats {
         w.warm_relayed += x.warm_relayed;
         for (k, v) in x.call_errors {
             *w.call_errors.entry(k).or_insert(0) += v;
+        }
+        for (k, v) in x.direct_counts {
+            *w.direct_counts.entry(k).or_insert(0) += v;
         }
         w.below_k_records.extend(x.below_k_records);
     }

@@ -462,6 +462,12 @@ fn event_row(name: &str, e: &EventRecord) -> String {
             100.0 * c.warm_direct as f64 / warm.max(1) as f64
         ));
     }
+    if !c.direct_counts.is_empty() {
+        notes.push(format!(
+            "members' direct counters {}",
+            joined(&c.direct_counts)
+        ));
+    }
     if !e.router_refusals.is_empty() {
         notes.push(format!("refusals {}", joined(&e.router_refusals)));
     }

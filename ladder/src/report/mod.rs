@@ -391,6 +391,12 @@ pub struct WindowCalls {
     pub warm_direct: u64,
     /// Warm calls that went relayed.
     pub warm_relayed: u64,
+    /// The members' direct-connection counters over the window:
+    /// `upgrade:<result>` and `refused:<reason>` (inbound direct
+    /// connections closed at once) as their increase, `open` (direct
+    /// connections) at the window's end; zeros left out.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub direct_counts: BTreeMap<String, u64>,
 }
 
 /// The enrollment burst.

@@ -62,6 +62,8 @@ fn markdown_and_json_carry_the_issue_fields() {
                     calls_direct: 30,
                     warm_direct: 19,
                     warm_relayed: 1,
+                    direct_counts: [("open".to_string(), 31), ("upgrade:direct".to_string(), 30)]
+                        .into(),
                 },
                 fleet: FleetWindow {
                     below_k_routers: 3,
@@ -159,7 +161,7 @@ fn markdown_and_json_carry_the_issue_fields() {
         "{md}"
     );
     assert!(
-        md.contains("| 40/2 | 3 calls unfinished at window end; direct 30 of 40 ok calls; warm calls direct 19 of 20 (95.0%) |"),
+        md.contains("| 40/2 | 3 calls unfinished at window end; direct 30 of 40 ok calls; warm calls direct 19 of 20 (95.0%); members' direct counters open=31, upgrade:direct=30 |"),
         "{md}"
     );
     assert!(

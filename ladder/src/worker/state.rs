@@ -89,6 +89,9 @@ pub(crate) struct WindowAcc {
     /// Warm calls by path (see `WindowStats::warm_direct`).
     pub(crate) warm_direct: u64,
     pub(crate) warm_relayed: u64,
+    /// Each live member's direct counters at the window's start, by slot
+    /// index (see `WindowStats::direct_counts`).
+    pub(crate) direct_before: BTreeMap<u64, BTreeMap<String, u64>>,
 }
 
 /// Hold counters since `HoldStart`.
@@ -104,6 +107,41 @@ pub(crate) struct HoldAcc {
 const MAX_ERROR_KINDS: usize = 16;
 /// Characters kept of an error text.
 const MAX_ERROR_CHARS: usize = 120;
+
+/// The direct counters of every live member of `slots`, by slot index.
+fn direct_counts_of(slots: &[Arc<Slot>]) -> BTreeMap<u64, BTreeMap<String, u64>> {
+    slots
+        .iter()
+        .filter(|s| !s.exited.load(Ordering::SeqCst))
+        .filter_map(|s| Some((s.index, s.member.get()?.direct_counts()?)))
+        .collect()
+}
+
+/// The window's direct counters from each member's counts at its start and
+/// end: counters summed as their increase over members present at both
+/// ends (a member that started or stopped in between would read as a
+/// jump), `open` summed as it is at the end; zeros left out.
+fn direct_increase(
+    before: &BTreeMap<u64, BTreeMap<String, u64>>,
+    after: &BTreeMap<u64, BTreeMap<String, u64>>,
+) -> BTreeMap<String, u64> {
+    let mut sum = BTreeMap::new();
+    for (index, counts) in after {
+        let start = before.get(index);
+        for (name, &n) in counts {
+            let grew = if name == "open" {
+                n
+            } else if let Some(start) = start {
+                n.saturating_sub(start.get(name).copied().unwrap_or(0))
+            } else {
+                continue;
+            };
+            *sum.entry(name.clone()).or_insert(0) += grew;
+        }
+    }
+    sum.retain(|_, n| *n > 0);
+    sum
+}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -167,6 +205,7 @@ impl Shared {
                 }
             }
         }
+        let direct_before = direct_counts_of(&slots);
         {
             let mut acc = lock(&self.window);
             *acc = WindowAcc {
@@ -175,6 +214,7 @@ impl Shared {
                 start_unix_ms: crate::propagation::unix_ms(),
                 members,
                 generation: acc.generation + 1,
+                direct_before,
                 ..WindowAcc::default()
             };
         }
@@ -294,9 +334,11 @@ impl Shared {
 
     /// Ends the window and sums it up.
     pub(crate) fn window_report(&self) -> WindowStats {
+        let direct_after = direct_counts_of(&self.slots());
         let (mut stats, now_ms) = {
             let mut acc = lock(&self.window);
             acc.active = false;
+            let direct_counts = direct_increase(&acc.direct_before, &direct_after);
             let now_ms = acc
                 .start
                 .take()
@@ -310,6 +352,7 @@ impl Shared {
                 calls_direct: acc.calls_direct,
                 warm_direct: acc.warm_direct,
                 warm_relayed: acc.warm_relayed,
+                direct_counts,
                 mark_unix_ms: acc.start_unix_ms,
                 ..WindowStats::default()
             };
@@ -568,6 +611,32 @@ mod tests {
             leaving: AtomicBool::new(false),
             propagation: super::super::trace::Live::new(None),
         }
+    }
+
+    #[test]
+    fn direct_counters_sum_the_increase_of_members_present_at_both_ends() {
+        let counts = |pairs: &[(&str, u64)]| -> BTreeMap<String, u64> {
+            pairs.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+        };
+        let before = [
+            (1, counts(&[("upgrade:direct", 5), ("open", 4)])),
+            (2, counts(&[("upgrade:direct", 1), ("upgrade:failed", 2)])),
+            (3, counts(&[("upgrade:direct", 7)])),
+        ]
+        .into();
+        let after = [
+            (1, counts(&[("upgrade:direct", 8), ("open", 2)])),
+            // Member 2 restarted its counters: no negative increase.
+            (2, counts(&[("upgrade:direct", 0), ("upgrade:failed", 3)])),
+            // Member 4 joined in the window: its counts are not an increase,
+            // but its open connections are open.
+            (4, counts(&[("upgrade:direct", 9), ("open", 1)])),
+        ]
+        .into();
+        assert_eq!(
+            direct_increase(&before, &after),
+            counts(&[("upgrade:direct", 3), ("upgrade:failed", 1), ("open", 3)])
+        );
     }
 
     #[test]

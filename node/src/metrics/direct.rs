@@ -173,6 +173,21 @@ pub struct DirectMetrics {
     pub direct_handshakes_in_progress: Gauge,
 }
 
+/// The direct-connection counters of one node, read in-process
+/// ([`crate::NodeHandle::direct_counts`]): what an embedder running many
+/// members in one process (the ladder) sums across them, without a
+/// registry per member.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DirectCounts {
+    /// `upgrade_attempts_total` by result, every one of [`UPGRADE_RESULTS`].
+    pub upgrades: Vec<(&'static str, u64)>,
+    /// `inbound_refused_total` by reason, every one of
+    /// [`INBOUND_REFUSED_REASONS`].
+    pub inbound_refused: Vec<(&'static str, u64)>,
+    /// Direct connections open now (`direct_connections`, all NAT kinds).
+    pub open: u64,
+}
+
 impl DirectMetrics {
     /// Pre-creates every label value.
     pub(super) fn precreate(&self) {
@@ -197,6 +212,42 @@ impl DirectMetrics {
                     .call_bytes_by_path
                     .get_or_create(&PathDirectionLabel { path, direction });
             }
+        }
+    }
+
+    /// What the counters read now.
+    pub fn counts(&self) -> DirectCounts {
+        DirectCounts {
+            upgrades: UPGRADE_RESULTS
+                .iter()
+                .map(|&result| {
+                    let n = self
+                        .upgrade_attempts
+                        .get_or_create(&ResultLabel { result })
+                        .get();
+                    (result, n)
+                })
+                .collect(),
+            inbound_refused: INBOUND_REFUSED_REASONS
+                .iter()
+                .map(|&reason| {
+                    let n = self
+                        .inbound_refused
+                        .get_or_create(&ReasonLabel { reason })
+                        .get();
+                    (reason, n)
+                })
+                .collect(),
+            open: NAT_KINDS
+                .iter()
+                .map(|&nat| {
+                    let n = self
+                        .direct_connections
+                        .get_or_create(&NatLabel { nat })
+                        .get();
+                    u64::try_from(n).unwrap_or(0)
+                })
+                .sum(),
         }
     }
 
@@ -305,5 +356,43 @@ impl DirectMetrics {
                 path: path_name(direct),
             })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_read_every_label_value_and_the_open_connections_of_all_nat_kinds() {
+        let m = DirectMetrics::default();
+        m.precreate();
+        m.upgrade_attempts
+            .get_or_create(&ResultLabel { result: "direct" })
+            .inc_by(3);
+        m.inbound_refused
+            .get_or_create(&ReasonLabel {
+                reason: "handshake_shed_source_full",
+            })
+            .inc();
+        m.direct_connections
+            .get_or_create(&NatLabel {
+                nat: "endpoint_independent",
+            })
+            .set(2);
+        m.direct_connections
+            .get_or_create(&NatLabel { nat: "unknown" })
+            .set(1);
+        let c = m.counts();
+        assert_eq!(c.upgrades.len(), UPGRADE_RESULTS.len());
+        assert_eq!(c.inbound_refused.len(), INBOUND_REFUSED_REASONS.len());
+        let of = |v: &[(&str, u64)], k: &str| v.iter().find(|(n, _)| *n == k).map(|(_, n)| *n);
+        assert_eq!(of(&c.upgrades, "direct"), Some(3));
+        assert_eq!(of(&c.upgrades, "failed"), Some(0));
+        assert_eq!(
+            of(&c.inbound_refused, "handshake_shed_source_full"),
+            Some(1)
+        );
+        assert_eq!(c.open, 3);
     }
 }

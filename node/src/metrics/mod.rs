@@ -16,8 +16,8 @@ pub use call_duration::{
 pub use calls::CallMetrics;
 pub(crate) use direct::path_name as direct_path_name;
 pub use direct::{
-    CALL_PATHS, DIRECT_CLOSE_REASONS, DirectMetrics, INBOUND_REFUSED_REASONS, NAT_KINDS, NatLabel,
-    PathDirectionLabel, PathLabel, UPGRADE_RESULTS,
+    CALL_PATHS, DIRECT_CLOSE_REASONS, DirectCounts, DirectMetrics, INBOUND_REFUSED_REASONS,
+    NAT_KINDS, NatLabel, PathDirectionLabel, PathLabel, UPGRADE_RESULTS,
 };
 pub use local::LocalMetrics;
 pub use routers::RouterMetrics;
