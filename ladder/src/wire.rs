@@ -165,7 +165,7 @@ pub enum Reply {
         error: String,
     },
     /// A window's observations.
-    Window(WindowStats),
+    Window(Box<WindowStats>),
     /// The hold's observations.
     Hold(HoldStats),
     /// What `LiveCalls` opened.
@@ -455,10 +455,10 @@ mod tests {
         assert_eq!(serde_json::from_str::<Command>(&line).expect("decode"), c);
         let e = Event::Reply {
             id: 3,
-            body: Reply::Window(WindowStats {
+            body: Reply::Window(Box::new(WindowStats {
                 back_on_k_ms: vec![5],
                 ..Default::default()
-            }),
+            })),
         };
         let line = serde_json::to_string(&e).expect("encode");
         assert_eq!(serde_json::from_str::<Event>(&line).expect("decode"), e);

@@ -469,7 +469,7 @@ async fn window_replies(fleet: &mut Fleet) -> Result<Vec<WindowStats>> {
     Ok(replies
         .into_iter()
         .filter_map(|r| match r {
-            Reply::Window(x) => Some(x),
+            Reply::Window(x) => Some(*x),
             _ => None,
         })
         .collect())

@@ -129,7 +129,7 @@ async fn handle(shared: &Arc<Shared>, cmd: Command) -> Option<(u64, Reply)> {
             tokio::spawn(sampler::window_calls(shared.clone()));
             (id, Reply::Done)
         }
-        Command::WindowReport { id } => (id, Reply::Window(shared.window_report())),
+        Command::WindowReport { id } => (id, Reply::Window(Box::new(shared.window_report()))),
         Command::HoldStart { id } => {
             shared.hold_start();
             (id, Reply::Done)
