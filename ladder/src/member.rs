@@ -372,7 +372,8 @@ impl Member {
     }
 
     /// The node's direct-connection counters as `upgrade:<result>`,
-    /// `refused:<reason>` and `open` (see
+    /// `refused:<reason>`, `closed:<reason>`, `fallbacks`,
+    /// `port_reuse_fallbacks` and `open` (see
     /// `agentmesh_node::NodeHandle::direct_counts`); `None` once shut down
     /// or while it is shutting down.
     pub fn direct_counts(&self) -> Option<BTreeMap<String, u64>> {
@@ -383,10 +384,17 @@ impl Member {
             .inbound_refused
             .iter()
             .map(|(r, n)| (format!("refused:{r}"), *n));
+        let closed = c.closed.iter().map(|(r, n)| (format!("closed:{r}"), *n));
+        let single = [
+            ("fallbacks".to_string(), c.fallbacks),
+            ("port_reuse_fallbacks".to_string(), c.port_reuse_fallbacks),
+            ("open".to_string(), c.open),
+        ];
         Some(
             upgrades
                 .chain(refused)
-                .chain(std::iter::once(("open".to_string(), c.open)))
+                .chain(closed)
+                .chain(single)
                 .collect(),
         )
     }

@@ -22,6 +22,9 @@ mod names {
     pub(super) const CONNECTIONS: &str = "agentmesh_router_connections";
     pub(super) const REFUSED: &str = "agentmesh_router_refused_total";
     pub(super) const AUTH: &str = "agentmesh_router_auth_total";
+    pub(super) const RELAYED_BYTES: &str = "agentmesh_router_relayed_bytes_total";
+    pub(super) const CIRCUIT_REQUESTS: &str = "agentmesh_router_circuit_requests_total";
+    pub(super) const CIRCUITS_UPGRADED: &str = "agentmesh_router_circuits_upgraded_total";
     pub(super) const ALLOC_ALLOCATED: &str = "agentmesh_runtime_allocator_allocated_bytes";
     pub(super) const ALLOC_ACTIVE: &str = "agentmesh_runtime_allocator_active_bytes";
     pub(super) const ALLOC_RESIDENT: &str = "agentmesh_runtime_allocator_resident_bytes";
@@ -61,6 +64,11 @@ pub struct RouterSnapshot {
     pub refusals: BTreeMap<String, u64>,
     /// Auth failures so far by `purpose/result` (non-zero, not admitted).
     pub auth_failures: BTreeMap<String, u64>,
+    /// What the router relayed so far: `relayed_bytes` (both directions),
+    /// `circuits_accepted`, `circuits_upgraded` (circuits a member said a
+    /// direct connection replaced). Counters, so a window shows their
+    /// increase (`hold::delta`); absent when the router does not serve them.
+    pub relay: BTreeMap<String, u64>,
     /// What the router's allocator holds (None each for a binary without the gauges).
     #[serde(flatten)]
     pub allocator: AllocatorBytes,
@@ -134,6 +142,19 @@ fn read_router_metrics(s: &mut RouterSnapshot, m: &Metrics) {
                 .collect::<Vec<_>>()
                 .join("/");
             *s.refusals.entry(key).or_insert(0) += sample.value as u64;
+        }
+    }
+    for (key, name, filter) in [
+        ("relayed_bytes", names::RELAYED_BYTES, &[][..]),
+        (
+            "circuits_accepted",
+            names::CIRCUIT_REQUESTS,
+            &[("result", "accepted")][..],
+        ),
+        ("circuits_upgraded", names::CIRCUITS_UPGRADED, &[][..]),
+    ] {
+        if m.has(name) {
+            s.relay.insert(key.to_string(), m.sum(name, filter) as u64);
         }
     }
     for sample in m.select(names::AUTH, &[]) {
@@ -535,10 +556,34 @@ mod tests {
     const ROUTER_PAGE: &str = include_str!("../testdata/router-after-ladder.metrics");
 
     #[test]
+    fn router_snapshot_sums_relayed_bytes_over_both_directions() {
+        let page = "agentmesh_router_relayed_bytes_total{direction=\"in\"} 100\n\
+                    agentmesh_router_relayed_bytes_total{direction=\"out\"} 23\n\
+                    agentmesh_router_circuits_upgraded_total 4\n";
+        let mut s = RouterSnapshot::default();
+        read_router_metrics(&mut s, &Metrics::parse(page));
+        assert_eq!(
+            s.relay,
+            [
+                ("relayed_bytes".to_string(), 123),
+                ("circuits_upgraded".to_string(), 4)
+            ]
+            .into()
+        );
+    }
+
+    #[test]
     fn router_snapshot_reads_allocator_gauges_or_null() {
         let mut s = RouterSnapshot::default();
         read_router_metrics(&mut s, &Metrics::parse(ROUTER_PAGE));
         assert!(s.up);
+        // That binary served circuit requests, not relayed bytes or upgrades.
+        assert_eq!(
+            s.relay,
+            [("circuits_accepted".to_string(), 1198)].into(),
+            "{:?}",
+            s.relay
+        );
         assert_eq!(s.attached, 0);
         assert_eq!(s.auth_failures.len(), 0, "{:?}", s.auth_failures);
         assert_eq!(

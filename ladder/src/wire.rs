@@ -269,16 +269,33 @@ pub struct WindowStats {
     /// Warm calls that went relayed.
     #[serde(default)]
     pub warm_relayed: u64,
+    /// What direct connections did over the window (`--member-direct`).
+    #[serde(default)]
+    pub direct: DirectWindow,
+    /// Members that fell below K in the window, as picked by
+    /// [`pick_below_k`] (at most [`MAX_BELOW_K_RECORDS`] per worker).
+    #[serde(default)]
+    pub below_k_records: Vec<BelowKRecord>,
+}
+
+/// What direct connections did over a window, beside the calls' paths.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct DirectWindow {
     /// The members' direct-connection counters over the window
     /// (`member::Member::direct_counts`): `upgrade:<result>` and
     /// `refused:<reason>` as the increase from the window's start (members
     /// alive at both ends; zeros left out), `open` as at its end.
     #[serde(default)]
-    pub direct_counts: BTreeMap<String, u64>,
-    /// Members that fell below K in the window, as picked by
-    /// [`pick_below_k`] (at most [`MAX_BELOW_K_RECORDS`] per worker).
+    pub counts: BTreeMap<String, u64>,
+    /// Warm calls by the path of the caller's first call and of the warm
+    /// one: `relayed>direct`, `relayed>relayed`, `direct>direct`,
+    /// `direct>relayed` (a direct connection lost in between).
     #[serde(default)]
-    pub below_k_records: Vec<BelowKRecord>,
+    pub warm_paths: BTreeMap<String, u64>,
+    /// Warm calls that went relayed, by the provider's PeerId (its last six
+    /// characters): one provider holding most says it is that provider.
+    #[serde(default)]
+    pub warm_relayed_by_provider: BTreeMap<String, u64>,
 }
 
 /// Below-K records kept per worker and window, and per event in the report.

@@ -20,7 +20,7 @@ use std::time::Duration;
 use agentmesh_streams::dial::DialTcp;
 use libp2p::core::Transport;
 use libp2p::core::muxing::StreamMuxerBox;
-use libp2p::core::transport::timeout::TransportTimeout;
+use libp2p::core::transport::timeout::{TransportTimeout, TransportTimeoutError};
 use libp2p::core::upgrade::Version;
 use libp2p::identity::Keypair;
 use libp2p::swarm::NetworkBehaviour;
@@ -271,6 +271,22 @@ pub(crate) async fn build(
     .map_err(|e| crate::SpawnError::Swarm(e.to_string()))
 }
 
+/// A dial that ran past the connect timeout as an `io::Error` of kind
+/// `TimedOut`, other errors unchanged: the engine tells a timeout from a
+/// failed route by that kind (`engine::connect::dial_failure`), where the
+/// timeout's own error type is lost in the boxing.
+fn timed_out_as_io<E>(e: TransportTimeoutError<E>) -> std::io::Error
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    match e {
+        TransportTimeoutError::Timeout => {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
+        }
+        other => std::io::Error::other(other),
+    }
+}
+
 /// Builds the swarm for `key`. `idle` closes connections without streams or
 /// reservations after that long (transit connections, finished circuits).
 ///
@@ -326,7 +342,9 @@ pub(crate) async fn build_swarm(
             handshakes.as_ref(),
         )?;
         let transport = match libp2p::dns::tokio::Transport::system(inner) {
-            Ok(dns) => TransportTimeout::new(dns, connect_timeout).boxed(),
+            Ok(dns) => TransportTimeout::new(dns, connect_timeout)
+                .map_err(timed_out_as_io)
+                .boxed(),
             Err(e) => {
                 tracing::warn!(error = %e, "no system DNS configuration: /dns addresses are dialed over TCP only");
                 // `system` consumed the first transport: make another.
@@ -339,7 +357,9 @@ pub(crate) async fn build_swarm(
                     handshakes.as_ref(),
                 )?;
                 return Ok::<_, BuildError>((
-                    TransportTimeout::new(inner, connect_timeout).boxed(),
+                    TransportTimeout::new(inner, connect_timeout)
+                        .map_err(timed_out_as_io)
+                        .boxed(),
                     relay_client,
                 ));
             }

@@ -398,6 +398,8 @@ async fn event(
     }
     record.router_refusals = delta(&before, &after, |r| &r.refusals);
     record.router_auth_failures = delta(&before, &after, |r| &r.auth_failures);
+    record.router_relay = delta(&before, &after, |r| &r.relay);
+    record.router_cpu_secs = cpu_used(&before, &after);
     if matches!(kind, Kind::KillRouter | Kind::DrainRouter) && window_end < hold_end {
         restart_target(fleet, target, &mut record).await;
     }
@@ -438,7 +440,9 @@ fn window_calls(w: &WindowStats) -> WindowCalls {
         calls_direct: w.calls_direct,
         warm_direct: w.warm_direct,
         warm_relayed: w.warm_relayed,
-        direct_counts: w.direct_counts.clone(),
+        direct_counts: w.direct.counts.clone(),
+        warm_paths: w.direct.warm_paths.clone(),
+        warm_relayed_by_provider: w.direct.warm_relayed_by_provider.clone(),
     }
 }
 
@@ -501,8 +505,17 @@ fn sum_windows(replies: Vec<WindowStats>) -> WindowStats {
         for (k, v) in x.call_errors {
             *w.call_errors.entry(k).or_insert(0) += v;
         }
-        for (k, v) in x.direct_counts {
-            *w.direct_counts.entry(k).or_insert(0) += v;
+        for (into, from) in [
+            (&mut w.direct.counts, x.direct.counts),
+            (&mut w.direct.warm_paths, x.direct.warm_paths),
+            (
+                &mut w.direct.warm_relayed_by_provider,
+                x.direct.warm_relayed_by_provider,
+            ),
+        ] {
+            for (k, v) in from {
+                *into.entry(k).or_insert(0) += v;
+            }
         }
         w.below_k_records.extend(x.below_k_records);
     }
@@ -588,9 +601,48 @@ fn delta(
     out
 }
 
+/// CPU seconds the routers used between two snapshots: Σ over routers
+/// whose CPU reads at both ends and did not go back (a restarted router is
+/// a new process); `None` when none does (a remote mesh).
+fn cpu_used(before: &[RouterSnapshot], after: &[RouterSnapshot]) -> Option<f64> {
+    let used: Vec<f64> = after
+        .iter()
+        .filter_map(|a| {
+            let b = before.iter().find(|b| b.name == a.name)?.cpu_secs?;
+            let a = a.cpu_secs?;
+            (a >= b).then_some(a - b)
+        })
+        .collect();
+    (!used.is_empty()).then(|| used.iter().sum())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn router_cpu_over_a_window_leaves_out_restarted_and_unread_routers() {
+        let snap = |name: &str, cpu: Option<f64>| RouterSnapshot {
+            name: name.into(),
+            up: true,
+            cpu_secs: cpu,
+            ..RouterSnapshot::default()
+        };
+        let before = [
+            snap("r0", Some(10.0)),
+            snap("r1", Some(50.0)),
+            snap("r2", None),
+        ];
+        // r1 restarted (its CPU went back), r2 unread, r3 new.
+        let after = [
+            snap("r0", Some(12.5)),
+            snap("r1", Some(1.0)),
+            snap("r2", Some(3.0)),
+            snap("r3", Some(1.0)),
+        ];
+        assert_eq!(cpu_used(&before, &after), Some(2.5));
+        assert_eq!(cpu_used(&before[2..], &after[2..]), None);
+    }
 
     #[test]
     fn the_plan_has_every_kill_and_the_replica_events_in_time_order() {

@@ -462,11 +462,21 @@ fn event_row(name: &str, e: &EventRecord) -> String {
             100.0 * c.warm_direct as f64 / warm.max(1) as f64
         ));
     }
+    if !c.warm_paths.is_empty() {
+        notes.push(format!(
+            "warm calls by first>warm path {}; relayed by provider {}",
+            joined(&c.warm_paths),
+            joined(&c.warm_relayed_by_provider)
+        ));
+    }
     if !c.direct_counts.is_empty() {
         notes.push(format!(
             "members' direct counters {}",
             joined(&c.direct_counts)
         ));
+    }
+    if let Some(routers) = router_relay_note(&e.router_relay, e.router_cpu_secs) {
+        notes.push(routers);
     }
     if !e.router_refusals.is_empty() {
         notes.push(format!("refusals {}", joined(&e.router_refusals)));
@@ -579,4 +589,32 @@ fn flap_line(f: &crate::wire::FlapRecord) -> String {
         router_list(&f.routers_after),
         f.last_router_error.as_deref().unwrap_or("none")
     )
+}
+
+/// The routers' relaying over a window, summed over routers: bytes relayed,
+/// circuits accepted and upgraded away, CPU; `None` when nothing was read.
+fn router_relay_note(relay: &BTreeMap<String, u64>, cpu_secs: Option<f64>) -> Option<String> {
+    let total = |key: &str| -> Option<u64> {
+        let mut of = relay
+            .iter()
+            .filter(|(k, _)| k.rsplit(':').next() == Some(key))
+            .map(|(_, n)| *n)
+            .peekable();
+        of.peek()?;
+        Some(of.sum())
+    };
+    let mut parts = Vec::new();
+    if let Some(b) = total("relayed_bytes") {
+        parts.push(format!("relayed {:.1} MiB", b as f64 / 1_048_576.0));
+    }
+    if let Some(n) = total("circuits_accepted") {
+        parts.push(format!("circuits {n}"));
+    }
+    if let Some(n) = total("circuits_upgraded") {
+        parts.push(format!("upgraded away {n}"));
+    }
+    if let Some(c) = cpu_secs {
+        parts.push(format!("CPU {c:.1} s"));
+    }
+    (!parts.is_empty()).then(|| format!("routers: {}", parts.join(", ")))
 }

@@ -321,6 +321,13 @@ pub struct EventRecord {
     pub router_refusals: BTreeMap<String, u64>,
     /// Router auth failures during the window by `router:purpose/result`.
     pub router_auth_failures: BTreeMap<String, u64>,
+    /// What the routers relayed during the window by
+    /// `router:relayed_bytes|circuits_accepted|circuits_upgraded` (a
+    /// router killed or restarted in it counts from its new start).
+    pub router_relay: BTreeMap<String, u64>,
+    /// CPU the routers used during the window, seconds (Σ over routers
+    /// running at both ends; local meshes only).
+    pub router_cpu_secs: Option<f64>,
     /// `--restart-all-routers-at`: the routers' restart, the members' way
     /// back from the first router ready again and the control plane's load
     /// (absent for the other events).
@@ -397,6 +404,12 @@ pub struct WindowCalls {
     /// connections) at the window's end; zeros left out.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub direct_counts: BTreeMap<String, u64>,
+    /// Warm calls by `first>warm` path (`relayed>direct`, …).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub warm_paths: BTreeMap<String, u64>,
+    /// Warm calls that went relayed, by provider (PeerId tail).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub warm_relayed_by_provider: BTreeMap<String, u64>,
 }
 
 /// The enrollment burst.

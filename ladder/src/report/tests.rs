@@ -64,6 +64,12 @@ fn markdown_and_json_carry_the_issue_fields() {
                     warm_relayed: 1,
                     direct_counts: [("open".to_string(), 31), ("upgrade:direct".to_string(), 30)]
                         .into(),
+                    warm_paths: [
+                        ("relayed>direct".to_string(), 19),
+                        ("relayed>relayed".to_string(), 1),
+                    ]
+                    .into(),
+                    warm_relayed_by_provider: [("xYz123".to_string(), 1)].into(),
                 },
                 fleet: FleetWindow {
                     below_k_routers: 3,
@@ -78,6 +84,13 @@ fn markdown_and_json_carry_the_issue_fields() {
                     }],
                     ..FleetWindow::default()
                 },
+                router_relay: [
+                    ("r0:relayed_bytes".to_string(), 2 * 1_048_576),
+                    ("r1:relayed_bytes".to_string(), 1_048_576),
+                    ("r0:circuits_accepted".to_string(), 5),
+                ]
+                .into(),
+                router_cpu_secs: Some(1.5),
                 ..EventRecord::default()
             }),
             ..Events::default()
@@ -161,7 +174,7 @@ fn markdown_and_json_carry_the_issue_fields() {
         "{md}"
     );
     assert!(
-        md.contains("| 40/2 | 3 calls unfinished at window end; direct 30 of 40 ok calls; warm calls direct 19 of 20 (95.0%); members' direct counters open=31, upgrade:direct=30 |"),
+        md.contains("| 40/2 | 3 calls unfinished at window end; direct 30 of 40 ok calls; warm calls direct 19 of 20 (95.0%); warm calls by first>warm path relayed>direct=19, relayed>relayed=1; relayed by provider xYz123=1; members' direct counters open=31, upgrade:direct=30; routers: relayed 3.0 MiB, circuits 5, CPU 1.5 s |"),
         "{md}"
     );
     assert!(

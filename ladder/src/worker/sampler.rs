@@ -107,7 +107,7 @@ pub(crate) async fn window_calls(shared: Arc<Shared>) {
             let warm = shared.cfg.member_direct;
             tokio::spawn(async move {
                 let r = member.call_echo().await;
-                let first = r.as_ref().ok().map(|route| route.provider.clone());
+                let first = r.as_ref().ok().cloned();
                 shared.window_call(generation, r);
                 // With direct connections on: a warm call after the first
                 // (its relayed connection has existed
@@ -123,9 +123,9 @@ pub(crate) async fn window_calls(shared: Arc<Shared>) {
                 };
                 let r = member.call_echo().await;
                 if let Ok(route) = &r
-                    && route.provider == first
+                    && route.provider == first.provider
                 {
-                    shared.window_warm(generation, route.direct);
+                    shared.window_warm(generation, &first, route.direct);
                 }
                 shared.window_call(generation, r);
             });

@@ -12,7 +12,8 @@ use tokio::time::Instant;
 use crate::config::WorkerConfig;
 use crate::member::{CallFailure, Held, Member, View, Watch};
 use crate::wire::{
-    BelowKRecord, Event, FlapRecord, HoldStats, MAX_FLAP_RECORDS, WindowStats, pick_below_k,
+    BelowKRecord, DirectWindow, Event, FlapRecord, HoldStats, MAX_FLAP_RECORDS, WindowStats,
+    pick_below_k,
 };
 
 /// Everything the worker's tasks share.
@@ -92,6 +93,10 @@ pub(crate) struct WindowAcc {
     /// Each live member's direct counters at the window's start, by slot
     /// index (see `WindowStats::direct_counts`).
     pub(crate) direct_before: BTreeMap<u64, BTreeMap<String, u64>>,
+    /// Warm calls by `first>warm` path (see `WindowStats::warm_paths`).
+    pub(crate) warm_paths: BTreeMap<String, u64>,
+    /// Relayed warm calls by provider (see `WindowStats::warm_relayed_by_provider`).
+    pub(crate) warm_relayed_by_provider: BTreeMap<String, u64>,
 }
 
 /// Hold counters since `HoldStart`.
@@ -319,8 +324,14 @@ impl Shared {
         }
     }
 
-    /// A warm call of `generation`'s window took the direct path or not.
-    pub(crate) fn window_warm(&self, generation: u64, direct: bool) {
+    /// A warm call of `generation`'s window took the direct path or not;
+    /// `first`: how the caller's first call went.
+    pub(crate) fn window_warm(
+        &self,
+        generation: u64,
+        first: &crate::member::EchoRoute,
+        direct: bool,
+    ) {
         let mut acc = lock(&self.window);
         if !acc.active || acc.generation != generation {
             return;
@@ -329,6 +340,17 @@ impl Shared {
             acc.warm_direct += 1;
         } else {
             acc.warm_relayed += 1;
+        }
+        let path = |d: bool| if d { "direct" } else { "relayed" };
+        *acc.warm_paths
+            .entry(format!("{}>{}", path(first.direct), path(direct)))
+            .or_insert(0) += 1;
+        if !direct {
+            // The PeerId's tail names the provider in a line of the report.
+            let tail = first.provider.len().saturating_sub(6);
+            *acc.warm_relayed_by_provider
+                .entry(first.provider[tail..].to_string())
+                .or_insert(0) += 1;
         }
     }
 
@@ -352,7 +374,11 @@ impl Shared {
                 calls_direct: acc.calls_direct,
                 warm_direct: acc.warm_direct,
                 warm_relayed: acc.warm_relayed,
-                direct_counts,
+                direct: DirectWindow {
+                    counts: direct_counts,
+                    warm_paths: std::mem::take(&mut acc.warm_paths),
+                    warm_relayed_by_provider: std::mem::take(&mut acc.warm_relayed_by_provider),
+                },
                 mark_unix_ms: acc.start_unix_ms,
                 ..WindowStats::default()
             };
@@ -652,8 +678,8 @@ mod tests {
             direct,
         };
         s.window_call(g, Ok(route(true)));
-        s.window_warm(g, true);
-        s.window_warm(g, false);
+        s.window_warm(g, &route(false), true);
+        s.window_warm(g, &route(true), false);
         s.window_call(
             g,
             Err(CallFailure::EchoNotReturned(Duration::from_secs(10))),
@@ -661,6 +687,18 @@ mod tests {
         let w = s.window_report();
         assert_eq!((w.calls_ok, w.calls_failed, w.calls_unfinished), (1, 1, 1));
         assert_eq!((w.calls_direct, w.warm_direct, w.warm_relayed), (1, 1, 1));
+        assert_eq!(
+            w.direct.warm_paths,
+            [
+                ("direct>relayed".to_string(), 1),
+                ("relayed>direct".to_string(), 1)
+            ]
+            .into()
+        );
+        assert_eq!(
+            w.direct.warm_relayed_by_provider,
+            [("p".to_string(), 1)].into()
+        );
         assert_eq!(
             w.call_errors.get("echo not returned within 10s"),
             Some(&1),

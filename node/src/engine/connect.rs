@@ -24,11 +24,26 @@ pub(crate) const MAX_WAITERS: usize = 4096;
 /// A reply to a connection request.
 pub(crate) type Reply = oneshot::Sender<Result<(), ConnectError>>;
 
-/// What a failed dial tells its waiters: libp2p's words, and how a relay
+/// What a failed dial tells its waiters: a timeout when every address's
+/// dial ran past the connect timeout (`after`; the transport reports it as
+/// an `io::Error` of kind `TimedOut`), else libp2p's words and how a relay
 /// refused the circuit when one did (found anywhere in the nested
 /// transport errors: the relay client reports it as a
 /// `hop::ConnectError` inside the relayed dial's error).
-pub(crate) fn dial_failure(peer: &PeerId, error: &libp2p::swarm::DialError) -> ConnectError {
+pub(crate) fn dial_failure(
+    peer: &PeerId,
+    error: &libp2p::swarm::DialError,
+    after: std::time::Duration,
+) -> ConnectError {
+    if let libp2p::swarm::DialError::Transport(errors) = error
+        && !errors.is_empty()
+        && errors.iter().all(|(_, e)| match e {
+            libp2p::core::transport::TransportError::Other(e) => timed_out(e),
+            libp2p::core::transport::TransportError::MultiaddrNotSupported(_) => false,
+        })
+    {
+        return ConnectError::TimedOut { peer: *peer, after };
+    }
     let circuit = match error {
         libp2p::swarm::DialError::Transport(errors) => errors
             .iter()
@@ -69,6 +84,24 @@ fn circuit_refusal(e: &(dyn std::error::Error + 'static)) -> Option<CircuitRefus
         next = e.source();
     }
     None
+}
+
+/// Whether `e`, or an `io::Error` it wraps, is of kind `TimedOut` (the
+/// transport stack boxes errors into `io::Error`s, whose `source` skips
+/// the error they wrap).
+fn timed_out(e: &std::io::Error) -> bool {
+    let mut next = Some(e);
+    // Bounded: a few layers of boxing at most.
+    for _ in 0..8 {
+        let Some(e) = next else { return false };
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            return true;
+        }
+        next = e
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<std::io::Error>());
+    }
+    false
 }
 
 /// A connect that waits for stale relayed connections to close first.
@@ -273,6 +306,43 @@ mod tests {
 
     use super::*;
 
+    const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
+
+    fn dial_error(errors: Vec<std::io::Error>) -> DialError {
+        let addr: Multiaddr = "/ip4/127.0.0.1/tcp/1/p2p-circuit".parse().expect("addr");
+        DialError::Transport(
+            errors
+                .into_iter()
+                .map(|e| (addr.clone(), TransportError::Other(e)))
+                .collect(),
+        )
+    }
+
+    /// As `transport::timed_out_as_io` makes it, boxed once more by the
+    /// transport stack.
+    fn timeout() -> std::io::Error {
+        std::io::Error::other(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "connect timed out",
+        ))
+    }
+
+    #[test]
+    fn a_dial_past_the_connect_timeout_on_every_address_is_a_timeout_not_a_route_failure() {
+        let peer = PeerId::random();
+        let f = dial_failure(&peer, &dial_error(vec![timeout(), timeout()]), SECOND);
+        assert!(f.is_timeout(), "{f:?}");
+        assert!(!f.is_route_failure(), "{f:?}");
+        // One address that failed otherwise: the route failed there.
+        let refused =
+            std::io::Error::other(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let f = dial_failure(&peer, &dial_error(vec![timeout(), refused]), SECOND);
+        assert!(f.is_route_failure(), "{f:?}");
+        assert!(!f.is_timeout(), "{f:?}");
+        let f = dial_failure(&peer, &dial_error(vec![]), SECOND);
+        assert!(f.is_route_failure(), "{f:?}");
+    }
+
     fn relayed_dial_error(e: Hop) -> DialError {
         // As the relay client's transport reports it, boxed in an io::Error
         // by the node's transport stack.
@@ -285,7 +355,7 @@ mod tests {
     #[test]
     fn only_a_relay_permission_denied_is_a_policy_refusal() {
         let peer = PeerId::random();
-        let denied = dial_failure(&peer, &relayed_dial_error(Hop::PermissionDenied));
+        let denied = dial_failure(&peer, &relayed_dial_error(Hop::PermissionDenied), SECOND);
         assert!(denied.is_denied(), "{denied:?}");
         assert!(denied.to_string().contains(&peer.to_string()));
         for (other, refusal) in [
@@ -296,14 +366,14 @@ mod tests {
             (Hop::ConnectionFailed, CircuitRefusal::ConnectionFailed),
             (Hop::NoReservation, CircuitRefusal::NoReservation),
         ] {
-            let f = dial_failure(&peer, &relayed_dial_error(other));
+            let f = dial_failure(&peer, &relayed_dial_error(other), SECOND);
             assert!(!f.is_denied(), "{f:?}");
             assert!(
                 matches!(f, ConnectError::Dial { circuit: Some(c), .. } if c == refusal),
                 "{f:?}"
             );
         }
-        let f = dial_failure(&peer, &DialError::Aborted);
+        let f = dial_failure(&peer, &DialError::Aborted, SECOND);
         assert!(!f.is_denied());
     }
 }

@@ -491,7 +491,8 @@ impl Engine {
             } => {
                 // Waiters left while connected wait for a new connection
                 // (dialed anew): that dial failed too.
-                self.resolve_waiters(&peer, Err(connect::dial_failure(&peer, &error)));
+                let after = self.node.config.connect_timeout();
+                self.resolve_waiters(&peer, Err(connect::dial_failure(&peer, &error, after)));
                 self.on_router_dial_failed(peer, &error.to_string());
             }
             SwarmEvent::Behaviour(BehaviourEvent::Direct(crate::direct::Event::Hello {

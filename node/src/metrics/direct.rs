@@ -184,6 +184,14 @@ pub struct DirectCounts {
     /// `inbound_refused_total` by reason, every one of
     /// [`INBOUND_REFUSED_REASONS`].
     pub inbound_refused: Vec<(&'static str, u64)>,
+    /// `direct_closed_total` by reason, every one of [`DIRECT_CLOSE_REASONS`].
+    pub closed: Vec<(&'static str, u64)>,
+    /// `direct_fallbacks_total`: calls whose stream failed on a direct
+    /// connection and were retried relayed.
+    pub fallbacks: u64,
+    /// `port_reuse_fallbacks_total`: dials that could not leave from the
+    /// listening port.
+    pub port_reuse_fallbacks: u64,
     /// Direct connections open now (`direct_connections`, all NAT kinds).
     pub open: u64,
 }
@@ -238,6 +246,18 @@ impl DirectMetrics {
                     (reason, n)
                 })
                 .collect(),
+            closed: DIRECT_CLOSE_REASONS
+                .iter()
+                .map(|&reason| {
+                    let n = self
+                        .direct_closed
+                        .get_or_create(&ReasonLabel { reason })
+                        .get();
+                    (reason, n)
+                })
+                .collect(),
+            fallbacks: self.direct_fallbacks.get(),
+            port_reuse_fallbacks: self.port_reuse_fallbacks.get(),
             open: NAT_KINDS
                 .iter()
                 .map(|&nat| {
@@ -394,5 +414,7 @@ mod tests {
             Some(1)
         );
         assert_eq!(c.open, 3);
+        assert_eq!(c.closed.len(), DIRECT_CLOSE_REASONS.len());
+        assert_eq!((c.fallbacks, c.port_reuse_fallbacks), (0, 0));
     }
 }
