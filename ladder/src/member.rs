@@ -373,7 +373,8 @@ impl Member {
 
     /// The node's direct-connection counters as `upgrade:<result>`,
     /// `refused:<reason>`, `closed:<reason>`, `fallbacks`,
-    /// `port_reuse_fallbacks` and `open` (see
+    /// `port_reuse_fallbacks`, `punches_timed`, `punches_within_1s`,
+    /// `punches_within_2s` (from `punch_duration_seconds`) and `open` (see
     /// `agentmesh_node::NodeHandle::direct_counts`); `None` once shut down
     /// or while it is shutting down.
     pub fn direct_counts(&self) -> Option<BTreeMap<String, u64>> {
@@ -384,10 +385,20 @@ impl Member {
             .inbound_refused
             .iter()
             .map(|(r, n)| (format!("refused:{r}"), *n));
+        // Cumulative buckets: the count at that bound.
+        let within = |secs: f64| {
+            c.punch_durations
+                .iter()
+                .find(|(le, _)| *le >= secs)
+                .map_or(0, |(_, n)| *n)
+        };
         let closed = c.closed.iter().map(|(r, n)| (format!("closed:{r}"), *n));
         let single = [
             ("fallbacks".to_string(), c.fallbacks),
             ("port_reuse_fallbacks".to_string(), c.port_reuse_fallbacks),
+            ("punches_timed".to_string(), within(f64::INFINITY)),
+            ("punches_within_1s".to_string(), within(1.0)),
+            ("punches_within_2s".to_string(), within(2.0)),
             ("open".to_string(), c.open),
         ];
         Some(

@@ -266,6 +266,9 @@ pub(crate) fn close_reason(cause: Option<&libp2p::swarm::ConnectionError>) -> &'
     let Some(cause) = cause else {
         return "closed";
     };
+    if matches!(cause, libp2p::swarm::ConnectionError::KeepAliveTimeout) {
+        return "idle";
+    }
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(cause);
     // Bounded: error chains are short.
     for _ in 0..16 {
@@ -472,6 +475,12 @@ impl Behaviour {
         self.punches.contains(id)
     }
 
+    /// Whether a punch runs on relayed connection `id` now (the engine
+    /// does not close it for idleness then: that would cut the punch).
+    pub(crate) fn punch_runs_on(&self, id: ConnectionId) -> bool {
+        self.open.punch_runs_on(id, Instant::now())
+    }
+
     /// Whether `peer` holds a relayed connection to us now.
     pub(crate) fn has_relayed(&self, peer: &PeerId) -> bool {
         self.relayed.contains_key(peer)
@@ -569,13 +578,13 @@ impl Behaviour {
     fn punched(&mut self, peer: PeerId, ok: bool, now: Instant) {
         if ok {
             self.metrics.upgrade("direct");
-            self.punch_succeeded(&peer);
+            self.punch_succeeded(&peer, now);
         } else if self.open.direct_since_punch_began(&peer) {
             // Our dial lost to the peer's, which brought the direct
             // connection up (it arrived before our dial was made, or
             // first): not a failure, and no backoff.
             tracing::debug!(%peer, "punch ended without our dial: a direct connection is up");
-            self.punch_succeeded(&peer);
+            self.punch_succeeded(&peer, now);
         } else {
             self.metrics.upgrade("failed");
             self.back_off(peer, now);
@@ -584,8 +593,12 @@ impl Behaviour {
 
     /// The punch with `peer` ended with a direct connection up, by our
     /// dial or the peer's.
-    fn punch_succeeded(&mut self, peer: &PeerId) {
-        self.open.punch_ended(peer);
+    fn punch_succeeded(&mut self, peer: &PeerId, now: Instant) {
+        if let Some(began) = self.open.punch_ended(peer) {
+            self.metrics
+                .punch_duration
+                .observe(now.saturating_duration_since(began).as_secs_f64());
+        }
         self.backoff.remove(peer);
         self.repunch.succeeded(peer);
     }
@@ -810,7 +823,10 @@ impl NetworkBehaviour for Behaviour {
                     .direct_closed(ours.unwrap_or_else(|| close_reason(*cause)));
                 self.count_direct();
             }
-            self.open.relayed_closed(peer_id, *connection_id);
+            if self.open.relayed_closed(peer_id, *connection_id) {
+                self.metrics.upgrade("abandoned");
+                tracing::debug!(peer = %peer_id, "a punch's relayed connection closed before its result");
+            }
             if let Some(set) = self.relayed.get_mut(peer_id) {
                 set.remove(connection_id);
                 if set.is_empty() {
@@ -880,7 +896,7 @@ impl NetworkBehaviour for Behaviour {
                 let peer = *peer_id;
                 self.metrics.upgrade("skipped_direct");
                 tracing::debug!(%peer, "punch not tried again: the peer's dial connected us");
-                self.punch_succeeded(&peer);
+                self.punch_succeeded(&peer, Instant::now());
                 continue;
             }
             break event;

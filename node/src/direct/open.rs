@@ -118,16 +118,28 @@ impl Open {
     }
 
     /// Relayed connection `id` to `peer` closed: a punch running on it
-    /// will have no result.
-    pub(super) fn relayed_closed(&mut self, peer: &PeerId, id: ConnectionId) {
+    /// will have no result; true if one was (it is cut short).
+    pub(super) fn relayed_closed(&mut self, peer: &PeerId, id: ConnectionId) -> bool {
         if self.under_way.get(peer).is_some_and(|(_, on)| *on == id) {
             self.under_way.remove(peer);
+            return true;
         }
+        false
     }
 
-    /// The punch with `peer` has its result (or was given up).
-    pub(super) fn punch_ended(&mut self, peer: &PeerId) {
-        self.under_way.remove(peer);
+    /// The punch with `peer` has its result (or was given up): when it
+    /// began, if it was remembered.
+    pub(super) fn punch_ended(&mut self, peer: &PeerId) -> Option<Instant> {
+        self.under_way.remove(peer).map(|(at, _)| at)
+    }
+
+    /// Whether a punch began on relayed connection `id` within
+    /// [`gate::PUNCH_WINDOW`] before `now` and has no result yet: closing
+    /// that connection would cut it short.
+    pub(super) fn punch_runs_on(&self, id: ConnectionId, now: Instant) -> bool {
+        self.under_way
+            .values()
+            .any(|(at, on)| *on == id && now.saturating_duration_since(*at) < gate::PUNCH_WINDOW)
     }
 
     /// Whether a punch with `peer` began within [`gate::PUNCH_WINDOW`]
@@ -203,13 +215,18 @@ mod tests {
         o.punch_began(p, id(1), t0);
         assert!(o.punch_under_way(&p, t0 + Duration::from_secs(1)));
         assert!(!o.punch_under_way(&p, t0 + gate::PUNCH_WINDOW));
-        o.punch_ended(&p);
+        assert_eq!(o.punch_ended(&p), Some(t0));
         assert!(!o.punch_under_way(&p, t0));
+        assert_eq!(o.punch_ended(&p), None);
         // Its relayed connection closing ends it; another one's does not.
         o.punch_began(p, id(1), t0);
-        o.relayed_closed(&p, id(2));
+        assert!(o.punch_runs_on(id(1), t0));
+        assert!(!o.punch_runs_on(id(2), t0));
+        assert!(!o.punch_runs_on(id(1), t0 + gate::PUNCH_WINDOW));
+        assert!(!o.relayed_closed(&p, id(2)));
         assert!(o.punch_under_way(&p, t0));
-        o.relayed_closed(&p, id(1));
+        assert!(o.relayed_closed(&p, id(1)));
         assert!(!o.punch_under_way(&p, t0));
+        assert!(!o.punch_runs_on(id(1), t0));
     }
 }

@@ -176,9 +176,10 @@ fn a_direct_connection_closed_by_a_timed_out_path_is_told_from_other_closes() {
     assert_eq!(close_reason(Some(&wrapped)), "timed_out");
     let reset = ConnectionError::IO(Error::from(ErrorKind::ConnectionReset));
     assert_eq!(close_reason(Some(&reset)), "error");
+    // libp2p's idle close is no dead path and no error.
     assert_eq!(
         close_reason(Some(&ConnectionError::KeepAliveTimeout)),
-        "error"
+        "idle"
     );
 }
 

@@ -1,6 +1,7 @@
 //! Closing relayed connections to peers without calls: after
 //! `--relayed-idle-secs` on the calling side, twice that on the provider
-//! side (see [`crate::peer_calls`]). A connect arriving while such a close
+//! side (see [`crate::peer_calls`]), but never while a punch runs on the
+//! connection (for at most the punch window). A connect arriving while such a close
 //! is under way waits for it to finish, so the call never opens its stream
 //! on the closing connection.
 
@@ -23,7 +24,11 @@ impl Engine {
             return;
         }
         for r in self.conns.relayed() {
-            if self.idle_closing.contains(&r.id) {
+            // A punch running on it would be cut short (dcutr reports no
+            // result then, and the next call would go relayed again).
+            if self.idle_closing.contains(&r.id)
+                || self.swarm.behaviour().direct.punch_runs_on(r.id)
+            {
                 continue;
             }
             let idle_since = match self.node.peer_calls.idle(&r.peer) {

@@ -6,6 +6,7 @@
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use super::{ReasonLabel, ResultLabel};
@@ -32,7 +33,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 /// made, one connection per punch), `skipped_in_progress` (a punch with that peer began
 /// on another relayed connection and has no result yet, within the last
 /// 10 s), `skipped_full` (`--direct-max-connections` direct connections
-/// are open: the relayed path stays).
+/// are open: the relayed path stays), `abandoned` (the relayed connection
+/// the punch ran on closed before dcutr reported a result: dcutr then
+/// never reports one).
 pub const UPGRADE_RESULTS: &[&str] = &[
     "direct",
     "failed",
@@ -49,6 +52,7 @@ pub const UPGRADE_RESULTS: &[&str] = &[
     "skipped_direct",
     "skipped_in_progress",
     "skipped_full",
+    "abandoned",
 ];
 
 /// Why an inbound direct connection was closed at once:
@@ -83,7 +87,8 @@ pub const INBOUND_REFUSED_REASONS: &[&str] = &[
 /// Why a direct connection to a member closed: `timed_out` (bytes stayed
 /// unacknowledged past `--direct-tcp-user-timeout-secs`, or the kernel gave
 /// up retransmitting: the path died), `error` (another connection error),
-/// `closed` (no error: idle, or closed by either side), and closed by us
+/// `idle` (no stream for `--idle-connection-secs`: libp2p's keep-alive
+/// timeout), `closed` (no error: closed by either side), and closed by us
 /// for what the peer is: `unauthenticated` (no credential that verifies
 /// within `--direct-auth-timeout-ms`, or a bad one), `revoked` (its
 /// credential's node or token is revoked, at the hello or by a later
@@ -93,6 +98,7 @@ pub const DIRECT_CLOSE_REASONS: &[&str] = &[
     "timed_out",
     "error",
     "closed",
+    "idle",
     "unauthenticated",
     "revoked",
     "policy",
@@ -140,7 +146,7 @@ pub struct PathLabel {
 }
 
 /// What direct connections count.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct DirectMetrics {
     /// Upgrades of relayed connections by result ([`UPGRADE_RESULTS`]).
     pub upgrade_attempts: Family<ResultLabel, Counter>,
@@ -171,13 +177,37 @@ pub struct DirectMetrics {
     /// Inbound connections in their handshake on the listening port now
     /// (at most `--direct-max-pending-inbound`).
     pub direct_handshakes_in_progress: Gauge,
+    /// Time from a punch's start (its relayed connection up) to its
+    /// success, seconds: a call made sooner after the first goes relayed.
+    pub punch_duration: Histogram,
+}
+
+/// [`DirectMetrics::punch_duration`]'s buckets, seconds.
+const PUNCH_DURATION_BUCKETS: [f64; 9] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0];
+
+impl Default for DirectMetrics {
+    fn default() -> Self {
+        Self {
+            upgrade_attempts: Family::default(),
+            inbound_refused: Family::default(),
+            call_paths: Family::default(),
+            port_reuse_fallbacks: Counter::default(),
+            port_reuse_adopted: Counter::default(),
+            direct_fallbacks: Counter::default(),
+            direct_closed: Family::default(),
+            call_bytes_by_path: Family::default(),
+            direct_connections: Family::default(),
+            direct_handshakes_in_progress: Gauge::default(),
+            punch_duration: Histogram::new(PUNCH_DURATION_BUCKETS),
+        }
+    }
 }
 
 /// The direct-connection counters of one node, read in-process
 /// ([`crate::NodeHandle::direct_counts`]): what an embedder running many
 /// members in one process (the ladder) sums across them, without a
 /// registry per member.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct DirectCounts {
     /// `upgrade_attempts_total` by result, every one of [`UPGRADE_RESULTS`].
     pub upgrades: Vec<(&'static str, u64)>,
@@ -192,6 +222,10 @@ pub struct DirectCounts {
     /// `port_reuse_fallbacks_total`: dials that could not leave from the
     /// listening port.
     pub port_reuse_fallbacks: u64,
+    /// `punch_duration_seconds` as cumulative buckets: upper bound in
+    /// seconds, punches that took at most that long (the last, +Inf,
+    /// counts every punch timed).
+    pub punch_durations: Vec<(f64, u64)>,
     /// Direct connections open now (`direct_connections`, all NAT kinds).
     pub open: u64,
 }
@@ -257,6 +291,7 @@ impl DirectMetrics {
                 })
                 .collect(),
             fallbacks: self.direct_fallbacks.get(),
+            punch_durations: cumulative_buckets(&self.punch_duration),
             port_reuse_fallbacks: self.port_reuse_fallbacks.get(),
             open: NAT_KINDS
                 .iter()
@@ -275,7 +310,7 @@ impl DirectMetrics {
     pub(super) fn register(&self, r: &mut Registry) {
         r.register(
             "upgrade_attempts",
-            "Upgrades of relayed connections to direct ones (DCUtR hole punches and connection reversals), by result (direct, failed, skipped_endpoint_dependent, skipped_backoff, skipped_no_address, bad_target; reversal: reversed, reversal_failed, reversal_refused, reversal_agreed, reversal_declined; repunched: punched again after our observed address changed)",
+            "Upgrades of relayed connections to direct ones (DCUtR hole punches and connection reversals), by result (direct, failed, skipped_endpoint_dependent, skipped_backoff, skipped_no_address, bad_target; reversal: reversed, reversal_failed, reversal_refused, reversal_agreed, reversal_declined; repunched: punched again after our observed address changed; skipped_direct, skipped_in_progress, skipped_full; abandoned: the relayed connection the punch ran on closed before its result)",
             self.upgrade_attempts.clone(),
         );
         r.register(
@@ -320,8 +355,14 @@ impl DirectMetrics {
         );
         r.register(
             "direct_closed",
-            "Direct connections closed, by reason (timed_out: bytes stayed unacknowledged past --direct-tcp-user-timeout-secs or the kernel gave up, the path died; error: another connection error; closed: no error, idle or closed by either side; unauthenticated: no verified credential within --direct-auth-timeout-ms, or a bad one; revoked: the peer's node or token is revoked; policy: the access policy grants neither side a service of the other)",
+            "Direct connections closed, by reason (timed_out: bytes stayed unacknowledged past --direct-tcp-user-timeout-secs or the kernel gave up, the path died; error: another connection error; closed: no error, closed by either side; idle: no stream for --idle-connection-secs; unauthenticated: no verified credential within --direct-auth-timeout-ms, or a bad one; revoked: the peer's node or token is revoked; policy: the access policy grants neither side a service of the other)",
             self.direct_closed.clone(),
+        );
+        r.register_with_unit(
+            "punch_duration",
+            "Time from a hole punch's start (its relayed connection up) to its success: calls made sooner after the first go relayed",
+            prometheus_client::registry::Unit::Seconds,
+            self.punch_duration.clone(),
         );
     }
 
@@ -379,6 +420,29 @@ impl DirectMetrics {
     }
 }
 
+/// A histogram's cumulative buckets (upper bound, count), read through
+/// its text encoding: prometheus-client keeps them private.
+fn cumulative_buckets(h: &Histogram) -> Vec<(f64, u64)> {
+    let mut r = Registry::default();
+    r.register("h", "", h.clone());
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, &r).is_err() {
+        return Vec::new();
+    }
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("h_bucket{le=\"")?;
+            let (le, value) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -416,5 +480,13 @@ mod tests {
         assert_eq!(c.open, 3);
         assert_eq!(c.closed.len(), DIRECT_CLOSE_REASONS.len());
         assert_eq!((c.fallbacks, c.port_reuse_fallbacks), (0, 0));
+        m.punch_duration.observe(0.3);
+        m.punch_duration.observe(2.5);
+        let b = m.counts().punch_durations;
+        assert_eq!(b.len(), PUNCH_DURATION_BUCKETS.len() + 1, "{b:?}");
+        assert_eq!(b[0], (0.05, 0));
+        assert_eq!(b[3], (0.5, 1));
+        assert_eq!(b[6], (3.0, 2));
+        assert_eq!(b[b.len() - 1], (f64::INFINITY, 2));
     }
 }
