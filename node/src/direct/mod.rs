@@ -814,6 +814,7 @@ impl NetworkBehaviour for Behaviour {
             peer_id,
             connection_id,
             cause,
+            endpoint,
             ..
         }) = &event
         {
@@ -825,7 +826,12 @@ impl NetworkBehaviour for Behaviour {
             }
             if self.open.relayed_closed(peer_id, *connection_id) {
                 self.metrics.upgrade("abandoned");
-                tracing::debug!(peer = %peer_id, "a punch's relayed connection closed before its result");
+                tracing::debug!(
+                    peer = %peer_id,
+                    relayed_dialer = endpoint.is_dialer(),
+                    cause = ?cause,
+                    "a punch's relayed connection closed before its result"
+                );
             }
             if let Some(set) = self.relayed.get_mut(peer_id) {
                 set.remove(connection_id);

@@ -477,11 +477,11 @@ impl Engine {
             SwarmEvent::OutgoingConnectionError {
                 connection_id,
                 peer_id: Some(peer),
-                ..
+                error,
             } if self.swarm.behaviour().direct.is_punch(&connection_id) => {
                 // A hole punch that did not get through: the relayed
                 // connection stays, and its failure is no caller's.
-                tracing::debug!(%peer, "punch dial failed");
+                tracing::debug!(%peer, %error, "punch dial failed");
                 self.after_punch_failed(peer);
             }
             SwarmEvent::OutgoingConnectionError {

@@ -330,15 +330,43 @@ impl Testbed {
             gateway: n.gateway.name().to_string(),
             public_addr: n.gateway.addr(),
         };
-        self.make_host(
-            name,
-            n.gateway.namespace(),
-            &n.lan_bridge,
-            addr,
-            Some(plan::lan_gateway(n.lan_octet)),
-            placement,
-        )
-        .await
+        let host = self
+            .make_host(
+                name,
+                n.gateway.namespace(),
+                &n.lan_bridge,
+                addr,
+                Some(plan::lan_gateway(n.lan_octet)),
+                placement,
+            )
+            .await?;
+        if n.hairpin {
+            // A packet a host sends to one of its own public mappings
+            // comes back by the bridge port it arrived on, which a bridge
+            // refuses unless the port hairpins (bridged there, not
+            // routed, once br_netfilter has DNAT-ed it to a neighbour):
+            // without this two programs on one host behind the NAT could
+            // not reach each other at their mappings, as they do on a
+            // real hairpinning gateway.
+            cmd::run(
+                "ip",
+                &[
+                    "-n",
+                    n.gateway.namespace(),
+                    "link",
+                    "set",
+                    "dev",
+                    &host.inner.uplink.far_link,
+                    "type",
+                    "bridge_slave",
+                    "hairpin",
+                    "on",
+                ],
+                None,
+            )
+            .await?;
+        }
+        Ok(host)
     }
 
     async fn add_namespace(&self, ns: &str) -> Result<(), Error> {

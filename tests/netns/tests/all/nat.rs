@@ -340,6 +340,35 @@ async fn hosts_behind_one_full_cone_or_port_preserving_nat_reach_each_other_at_t
     hairpin(NatKind::EndpointDependentPortPreserving).await;
 }
 
+/// Two programs on one host behind a hairpinning NAT (the ladder runs a
+/// thousand members in one): each reaches the other at its public
+/// mapping, and is seen at its own. The packet leaves the gateway by the
+/// bridge port it came in on, which the bridge refuses unless that port
+/// hairpins: before the testbed set it, every such punch timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sockets_on_one_host_reach_each_other_at_their_public_mappings() {
+    let Some(tb) = testbed_or_skip("hairpin_one_host").await else {
+        return;
+    };
+    let nat = tb
+        .nat("gw", NatKind::EndpointIndependent)
+        .await
+        .expect("nat");
+    let a = tb.host_behind(&nat, "a").await.expect("a");
+    let p = tb.public_host("p").await.expect("p");
+    let (s1, s2, sp) = (udp_on(&a).await, udp_on(&a).await, udp_on(&p).await);
+    let to_p = sp.local_addr().expect("addr");
+    let m1 = deliver(&s1, to_p, &sp, b"first socket").await;
+    let m2 = deliver(&s2, to_p, &sp, b"second socket").await;
+    assert_eq!(m1.ip(), nat.public_addr());
+    assert_eq!(m2.ip(), nat.public_addr());
+    let from = deliver(&s2, m1, &s1, b"to my neighbour's mapping").await;
+    assert_eq!(from, m2, "the first sees the second at its own mapping");
+    s1.send_to(b"and back", from).await.expect("answer");
+    let (got, src) = recv(&s2, DEADLINE).await.expect("the answer arrives");
+    assert_eq!((got.as_slice(), src), (&b"and back"[..], m1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_hairpinning_the_public_mapping_is_not_reachable_from_the_lan() {
     let Some(tb) = testbed_or_skip("without_hairpinning").await else {
