@@ -118,13 +118,19 @@ impl Open {
     }
 
     /// Relayed connection `id` to `peer` closed: a punch running on it
-    /// will have no result; true if one was (it is cut short).
+    /// will have no result; true if one was cut short, that is without a
+    /// direct connection to `peer` since it began. One side of a punch
+    /// whose own dial lost (its tuple taken by the peer's, which came up)
+    /// hears nothing from dcutr: that punch got through all the same.
     pub(super) fn relayed_closed(&mut self, peer: &PeerId, id: ConnectionId) -> bool {
-        if self.under_way.get(peer).is_some_and(|(_, on)| *on == id) {
-            self.under_way.remove(peer);
-            return true;
+        let Some((began, on)) = self.under_way.get(peer).copied() else {
+            return false;
+        };
+        if on != id {
+            return false;
         }
-        false
+        self.under_way.remove(peer);
+        !self.direct_to_since(peer, began)
     }
 
     /// The punch with `peer` has its result (or was given up): when it
@@ -136,10 +142,14 @@ impl Open {
     /// Whether a punch began on relayed connection `id` within
     /// [`gate::PUNCH_WINDOW`] before `now` and has no result yet: closing
     /// that connection would cut it short.
+    /// Not once a direct connection to its peer came up since it began:
+    /// the relayed connection is no longer needed for it.
     pub(super) fn punch_runs_on(&self, id: ConnectionId, now: Instant) -> bool {
-        self.under_way
-            .values()
-            .any(|(at, on)| *on == id && now.saturating_duration_since(*at) < gate::PUNCH_WINDOW)
+        self.under_way.iter().any(|(peer, (at, on))| {
+            *on == id
+                && now.saturating_duration_since(*at) < gate::PUNCH_WINDOW
+                && !self.direct_to_since(peer, *at)
+        })
     }
 
     /// Whether a punch with `peer` began within [`gate::PUNCH_WINDOW`]
@@ -155,10 +165,17 @@ impl Open {
     /// a peer making a new relayed connection while one is open has likely
     /// lost that path (its host moved, say) before we noticed.
     pub(super) fn direct_since_punch_began(&self, peer: &PeerId) -> bool {
-        match (self.under_way.get(peer), self.by_peer.get(peer)) {
-            (Some((began, _)), Some((_, newest))) => newest >= began,
-            _ => false,
-        }
+        self.under_way
+            .get(peer)
+            .is_some_and(|(began, _)| self.direct_to_since(peer, *began))
+    }
+
+    /// Whether a direct connection to `peer` that came up at or after
+    /// `began` is open.
+    fn direct_to_since(&self, peer: &PeerId, began: Instant) -> bool {
+        self.by_peer
+            .get(peer)
+            .is_some_and(|(_, newest)| *newest >= began)
     }
 }
 
@@ -228,5 +245,29 @@ mod tests {
         assert!(o.relayed_closed(&p, id(1)));
         assert!(!o.punch_under_way(&p, t0));
         assert!(!o.punch_runs_on(id(1), t0));
+    }
+
+    #[test]
+    fn a_punch_whose_peer_connected_us_is_not_cut_short_by_its_relayed_close() {
+        let mut o = Open::default();
+        let p = PeerId::random();
+        let t0 = Instant::now();
+        let id = ConnectionId::new_unchecked;
+        // A direct connection from before the punch does not count.
+        o.opened(id(5), p, t0);
+        o.punch_began(p, id(1), t0 + Duration::from_millis(1));
+        assert!(o.punch_runs_on(id(1), t0 + Duration::from_millis(2)));
+        // The peer's dial came up; ours never reported.
+        o.opened(id(6), p, t0 + Duration::from_millis(3));
+        assert!(
+            !o.punch_runs_on(id(1), t0 + Duration::from_millis(4)),
+            "the relayed connection may close"
+        );
+        assert!(!o.relayed_closed(&p, id(1)), "not abandoned");
+        assert!(!o.punch_under_way(&p, t0), "over either way");
+        // Without that connection the same close is a cut-short punch.
+        o.closed(&id(6));
+        o.punch_began(p, id(2), t0 + Duration::from_millis(5));
+        assert!(o.relayed_closed(&p, id(2)));
     }
 }

@@ -34,8 +34,8 @@ use prometheus_client::encoding::EncodeLabelSet;
 /// on another relayed connection and has no result yet, within the last
 /// 10 s), `skipped_full` (`--direct-max-connections` direct connections
 /// are open: the relayed path stays), `abandoned` (the relayed connection
-/// the punch ran on closed before dcutr reported a result: dcutr then
-/// never reports one).
+/// the punch ran on closed before dcutr reported a result, which it then
+/// never does, and no direct connection to the peer came up meanwhile).
 pub const UPGRADE_RESULTS: &[&str] = &[
     "direct",
     "failed",
@@ -310,7 +310,7 @@ impl DirectMetrics {
     pub(super) fn register(&self, r: &mut Registry) {
         r.register(
             "upgrade_attempts",
-            "Upgrades of relayed connections to direct ones (DCUtR hole punches and connection reversals), by result (direct, failed, skipped_endpoint_dependent, skipped_backoff, skipped_no_address, bad_target; reversal: reversed, reversal_failed, reversal_refused, reversal_agreed, reversal_declined; repunched: punched again after our observed address changed; skipped_direct, skipped_in_progress, skipped_full; abandoned: the relayed connection the punch ran on closed before its result)",
+            "Upgrades of relayed connections to direct ones (DCUtR hole punches and connection reversals), by result (direct, failed, skipped_endpoint_dependent, skipped_backoff, skipped_no_address, bad_target; reversal: reversed, reversal_failed, reversal_refused, reversal_agreed, reversal_declined; repunched: punched again after our observed address changed; skipped_direct, skipped_in_progress, skipped_full; abandoned: the relayed connection the punch ran on closed before its result, with no direct connection to the peer since it began)",
             self.upgrade_attempts.clone(),
         );
         r.register(
