@@ -44,7 +44,12 @@
 //! meant to open, in the role the punch gave this side. The swarm's
 //! upgrade of that inbound connection fails (it is the dial's now). Where
 //! none comes (TIME_WAIT) the dial falls back as above, [`CLAIM_WAIT`]
-//! later.
+//! later; a dial in the listener's role (only a punch's) fails instead:
+//! from a fresh port it would reach the peer's listening port as a second
+//! listener and hang to the connect timeout. That is also what happens
+//! when the peer's SYN took the tuple and spoke before we could take its
+//! connection over (two members on one host behind a hairpinning NAT do
+//! it every time): its connection is the punch's, up as inbound.
 
 use std::future::Future;
 use std::io;
@@ -60,7 +65,7 @@ use agentmesh_streams::dial::{IpTarget, ip_target};
 use futures::FutureExt as _;
 use libp2p::core::multiaddr::Protocol;
 use libp2p::core::transport::{DialOpts, ListenerId, PortUse, TransportError, TransportEvent};
-use libp2p::core::{Multiaddr, Transport};
+use libp2p::core::{Endpoint, Multiaddr, Transport};
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 
@@ -202,9 +207,13 @@ struct Shared {
     user_timeout: Option<std::time::Duration>,
 }
 
+/// `role`: the dial's role in the connection's handshake; a dial in the
+/// listener's role is a punch's (libp2p-dcutr's role override) and never
+/// falls back to a fresh port, see below.
 async fn connect(
     to: SocketAddr,
     bind: Option<SocketAddr>,
+    role: Endpoint,
     shared: Shared,
 ) -> io::Result<tokio::net::TcpStream> {
     let Shared {
@@ -234,6 +243,18 @@ async fn connect(
                 adopted.inc();
                 log.note(to, false);
                 return Ok(stream);
+            }
+            if role == Endpoint::Listener {
+                // From a fresh port this dial would reach the peer's
+                // listening port, where the peer takes it as inbound and
+                // waits for us to speak as we wait for it (two listeners):
+                // it could only hang to the connect timeout. The tuple is
+                // taken by the peer's own punch connection, up already
+                // (delivered as an ordinary inbound one), or by TIME_WAIT,
+                // where a fresh port's new NAT mapping fails the punch
+                // anyway.
+                tracing::debug!(%to, ?bind, error = %e, "a punch dial in the listener's role finds its tuple taken and nothing to take over: it fails rather than dial from a fresh port");
+                return Err(e);
             }
             tracing::debug!(%to, ?bind, error = %e, "the listening port cannot reach this destination now (tuple in TIME_WAIT or taken): dialing from a fresh port");
             fallbacks.inc();
@@ -336,7 +357,7 @@ impl Transport for ReuseTcp {
             user_timeout: self.user_timeout,
         };
         Ok(async move {
-            let s = connect(to, bind, shared).await?;
+            let s = connect(to, bind, opts.role, shared).await?;
             Ok(libp2p::tcp::tokio::TcpStream(s))
         }
         .boxed())

@@ -1,6 +1,7 @@
 //! [`ReuseTcp`] on loopback: dials leave from the listening port, fall
-//! back to a fresh one when the tuple is taken (counted and logged), and
-//! the listener accepts.
+//! back to a fresh one when the tuple is taken (counted and logged; a
+//! punch's dial in the listener's role fails instead), and the listener
+//! accepts.
 
 use std::net::SocketAddr;
 
@@ -103,6 +104,32 @@ async fn a_taken_tuple_falls_back_to_a_fresh_port_counted_and_noted() {
     assert_eq!(accepted.expect("accept").1.port(), port);
     assert!(!log.dialled_from_fresh_port(&to2));
     drop(_held);
+}
+
+#[tokio::test]
+async fn a_punch_dial_in_the_listeners_role_never_falls_back_to_a_fresh_port() {
+    let (mut t, log, fallbacks, _port) = listening().await;
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let to = server.local_addr().expect("addr");
+    let (_held, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
+    accepted.expect("accept");
+    let listener_role = DialOpts {
+        role: Endpoint::Listener,
+        port_use: PortUse::Reuse,
+    };
+    let e = t
+        .dial(tcp_multiaddr(to), listener_role)
+        .expect("ours")
+        .await
+        .expect_err("the tuple is taken and nothing was held from it");
+    assert!(tuple_taken(&e), "{e}");
+    assert_eq!(fallbacks.get(), 0, "no fresh port");
+    assert!(!log.dialled_from_fresh_port(&to));
+    // Nothing else reached the destination.
+    let more = tokio::time::timeout(std::time::Duration::from_millis(300), server.accept()).await;
+    assert!(more.is_err(), "a second connection arrived: {more:?}");
 }
 
 #[tokio::test]
