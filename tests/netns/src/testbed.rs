@@ -243,15 +243,13 @@ impl Testbed {
         let i = self.next_public.fetch_add(1, Ordering::Relaxed);
         let addr = plan::public_addr(i)
             .ok_or_else(|| Error::Exhausted("the internet /16 is full".into()))?;
-        self.make_host(
-            name,
-            &self.internet.clone(),
-            &self.bridge.clone(),
-            addr,
-            None,
-            Placement::Public,
-        )
-        .await
+        let port = BridgePort {
+            ns: &self.internet,
+            bridge: &self.bridge,
+            hairpin: false,
+        };
+        self.make_host(name, port, addr, None, Placement::Public)
+            .await
     }
 
     /// A NAT gateway of `kind` on the internet, hairpinning.
@@ -330,43 +328,19 @@ impl Testbed {
             gateway: n.gateway.name().to_string(),
             public_addr: n.gateway.addr(),
         };
-        let host = self
-            .make_host(
-                name,
-                n.gateway.namespace(),
-                &n.lan_bridge,
-                addr,
-                Some(plan::lan_gateway(n.lan_octet)),
-                placement,
-            )
-            .await?;
-        if n.hairpin {
-            // A packet a host sends to one of its own public mappings
-            // comes back by the bridge port it arrived on, which a bridge
-            // refuses unless the port hairpins (bridged there, not
-            // routed, once br_netfilter has DNAT-ed it to a neighbour):
-            // without this two programs on one host behind the NAT could
-            // not reach each other at their mappings, as they do on a
-            // real hairpinning gateway.
-            cmd::run(
-                "ip",
-                &[
-                    "-n",
-                    n.gateway.namespace(),
-                    "link",
-                    "set",
-                    "dev",
-                    &host.inner.uplink.far_link,
-                    "type",
-                    "bridge_slave",
-                    "hairpin",
-                    "on",
-                ],
-                None,
-            )
-            .await?;
-        }
-        Ok(host)
+        let port = BridgePort {
+            ns: n.gateway.namespace(),
+            bridge: &n.lan_bridge,
+            hairpin: n.hairpin,
+        };
+        self.make_host(
+            name,
+            port,
+            addr,
+            Some(plan::lan_gateway(n.lan_octet)),
+            placement,
+        )
+        .await
     }
 
     async fn add_namespace(&self, ns: &str) -> Result<(), Error> {
@@ -375,16 +349,20 @@ impl Testbed {
         Ok(())
     }
 
-    /// A namespace with `lo` up and one veth to `bridge` in `far_ns`.
+    /// A namespace with `lo` up and one veth to a port of `port`'s bridge.
     async fn make_host(
         &self,
         name: &str,
-        far_ns: &str,
-        bridge: &str,
+        port: BridgePort<'_>,
         addr: Ipv4Addr,
         gateway: Option<Ipv4Addr>,
         placement: Placement,
     ) -> Result<Host, Error> {
+        let BridgePort {
+            ns: far_ns,
+            bridge,
+            hairpin,
+        } = port;
         if name == INTERNET {
             return Err(Error::Name {
                 name: name.into(),
@@ -407,12 +385,13 @@ impl Testbed {
             None,
         )
         .await?;
-        cmd::run(
-            "ip",
-            &["-n", far_ns, "link", "set", &far, "master", bridge, "up"],
-            None,
-        )
-        .await?;
+        let mut join = format!("link set {far} master {bridge} up\n");
+        if hairpin {
+            join.push_str(&format!(
+                "link set dev {far} type bridge_slave hairpin on\n"
+            ));
+        }
+        batch(far_ns, &join).await?;
         let mut setup = format!(
             "link set lo up\naddr add {addr}/{len} dev {near}\nlink set {near} up\n",
             len = plan::PREFIX_LEN
@@ -485,6 +464,19 @@ impl Drop for Testbed {
 }
 
 /// Runs `lines` as one `ip -batch` inside namespace `ns`.
+/// Where a new host's veth joins a bridge: the bridge's namespace and
+/// name, and whether the port hairpins. A packet a host sends to one of
+/// its own public mappings comes back by the port it arrived on, which a
+/// bridge refuses unless the port hairpins (bridged there, not routed,
+/// once br_netfilter has DNAT-ed it to a neighbour): without it two
+/// programs on one host behind a hairpinning NAT could not reach each
+/// other at their mappings, as they do on a real gateway.
+struct BridgePort<'a> {
+    ns: &'a str,
+    bridge: &'a str,
+    hairpin: bool,
+}
+
 async fn batch(ns: &str, lines: &str) -> Result<(), Error> {
     cmd::run("ip", &["-n", ns, "-batch", "-"], Some(lines))
         .await

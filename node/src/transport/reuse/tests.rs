@@ -30,6 +30,15 @@ async fn listening() -> (ReuseTcp, ReuseLog, Counter, u16) {
     (t, log, fallbacks, port)
 }
 
+/// A plain TCP listener on 127.0.0.1 (any port), with its address.
+async fn plain_listener() -> (tokio::net::TcpListener, SocketAddr) {
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let at = server.local_addr().expect("addr");
+    (server, at)
+}
+
 async fn dial_from(
     t: &mut ReuseTcp,
     to: SocketAddr,
@@ -67,10 +76,7 @@ fn a_reusing_dial_binds_the_listening_port_on_the_source_ip() {
 #[tokio::test]
 async fn dials_leave_from_the_listening_port_unless_a_new_one_is_asked() {
     let (mut t, log, fallbacks, port) = listening().await;
-    let server = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let to = server.local_addr().expect("addr");
+    let (server, to) = plain_listener().await;
     let (_a, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
     assert_eq!(accepted.expect("accept").1.port(), port);
     let (_b, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::New), server.accept());
@@ -82,10 +88,7 @@ async fn dials_leave_from_the_listening_port_unless_a_new_one_is_asked() {
 #[tokio::test]
 async fn a_taken_tuple_falls_back_to_a_fresh_port_counted_and_noted() {
     let (mut t, log, fallbacks, port) = listening().await;
-    let server = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let to = server.local_addr().expect("addr");
+    let (server, to) = plain_listener().await;
     // The first connection holds (listening port → to) open: a second
     // dial of the same tuple fails as one in TIME_WAIT does.
     let (_held, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
@@ -96,10 +99,7 @@ async fn a_taken_tuple_falls_back_to_a_fresh_port_counted_and_noted() {
     assert!(log.dialled_from_fresh_port(&to));
     // Another destination still leaves from the listening port, and a
     // reusing dial that succeeds clears the note.
-    let other = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let to2 = other.local_addr().expect("addr");
+    let (other, to2) = plain_listener().await;
     let (_c, accepted) = tokio::join!(dial_from(&mut t, to2, PortUse::Reuse), other.accept());
     assert_eq!(accepted.expect("accept").1.port(), port);
     assert!(!log.dialled_from_fresh_port(&to2));
@@ -109,10 +109,7 @@ async fn a_taken_tuple_falls_back_to_a_fresh_port_counted_and_noted() {
 #[tokio::test]
 async fn a_punch_dial_in_the_listeners_role_never_falls_back_to_a_fresh_port() {
     let (mut t, log, fallbacks, _port) = listening().await;
-    let server = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let to = server.local_addr().expect("addr");
+    let (server, to) = plain_listener().await;
     let (_held, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
     accepted.expect("accept");
     let listener_role = DialOpts {
@@ -184,10 +181,7 @@ async fn with_a_source_ip_dials_leave_from_it_on_the_listening_port() {
     )
     .expect("listen");
     let port = (*t.bound.lock()).expect("bound").port();
-    let server = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let to = server.local_addr().expect("addr");
+    let (server, to) = plain_listener().await;
     let (_s, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
     let from = accepted.expect("accept").1;
     assert_eq!(from, SocketAddr::new(source, port));
@@ -205,10 +199,7 @@ async fn every_socket_dialed_or_accepted_carries_the_user_timeout() {
     let (t, _log, _fallbacks, port) = listening().await;
     let mut t = t.with_user_timeout(Some(bound));
     // Dialed, from the listening port and from a fresh one.
-    let server = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let to = server.local_addr().expect("addr");
+    let (server, to) = plain_listener().await;
     for port_use in [PortUse::Reuse, PortUse::New] {
         let (dialed, accepted) = tokio::join!(dial_from(&mut t, to, port_use), server.accept());
         assert_eq!(user_timeout(&dialed.0), Some(bound), "{port_use:?}");

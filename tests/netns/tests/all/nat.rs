@@ -293,16 +293,26 @@ async fn an_eim_nat_drops_a_connection_to_a_mapped_port_from_a_stranger() {
     }
 }
 
-/// Hosts `a` and `b` behind the NAT learn their public mappings from a
-/// public host; `b` sends to `a`'s mapping and `a` answers. Where the NAT
-/// keeps one mapping per socket `a` sees `b` at `b`'s mapping.
-async fn hairpin(kind: NatKind) {
-    let Some(tb) = testbed_or_skip(&format!("hairpin_{}", kind.as_str())).await else {
+/// Hosts `a` and `b` behind the NAT (`one_host`: two sockets on one host)
+/// learn their public mappings from a public host; `b` sends to `a`'s
+/// mapping and `a` answers. Where the NAT keeps one mapping per socket `a`
+/// sees `b` at `b`'s mapping.
+async fn hairpin(kind: NatKind, one_host: bool) {
+    let name = format!(
+        "hairpin_{}{}",
+        kind.as_str(),
+        if one_host { "_one_host" } else { "" }
+    );
+    let Some(tb) = testbed_or_skip(&name).await else {
         return;
     };
     let nat = tb.nat("gw", kind).await.expect("nat");
     let a = tb.host_behind(&nat, "a").await.expect("a");
-    let b = tb.host_behind(&nat, "b").await.expect("b");
+    let b = if one_host {
+        a.clone()
+    } else {
+        tb.host_behind(&nat, "b").await.expect("b")
+    };
     let p = tb.public_host("p").await.expect("p");
     let (sa, sb, sp) = (udp_on(&a).await, udp_on(&b).await, udp_on(&p).await);
     let to_p = sp.local_addr().expect("addr");
@@ -325,19 +335,19 @@ async fn hairpin(kind: NatKind) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hosts_behind_one_eim_nat_reach_each_other_at_their_public_mapping() {
-    hairpin(NatKind::EndpointIndependent).await;
+    hairpin(NatKind::EndpointIndependent, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hosts_behind_one_symmetric_nat_reach_each_other_at_their_public_mapping() {
-    hairpin(NatKind::EndpointDependent).await;
+    hairpin(NatKind::EndpointDependent, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hosts_behind_one_full_cone_or_port_preserving_nat_reach_each_other_at_their_public_mapping()
  {
-    hairpin(NatKind::FullCone).await;
-    hairpin(NatKind::EndpointDependentPortPreserving).await;
+    hairpin(NatKind::FullCone, false).await;
+    hairpin(NatKind::EndpointDependentPortPreserving, false).await;
 }
 
 /// Two programs on one host behind a hairpinning NAT (the ladder runs a
@@ -347,26 +357,7 @@ async fn hosts_behind_one_full_cone_or_port_preserving_nat_reach_each_other_at_t
 /// hairpins: before the testbed set it, every such punch timed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sockets_on_one_host_reach_each_other_at_their_public_mappings() {
-    let Some(tb) = testbed_or_skip("hairpin_one_host").await else {
-        return;
-    };
-    let nat = tb
-        .nat("gw", NatKind::EndpointIndependent)
-        .await
-        .expect("nat");
-    let a = tb.host_behind(&nat, "a").await.expect("a");
-    let p = tb.public_host("p").await.expect("p");
-    let (s1, s2, sp) = (udp_on(&a).await, udp_on(&a).await, udp_on(&p).await);
-    let to_p = sp.local_addr().expect("addr");
-    let m1 = deliver(&s1, to_p, &sp, b"first socket").await;
-    let m2 = deliver(&s2, to_p, &sp, b"second socket").await;
-    assert_eq!(m1.ip(), nat.public_addr());
-    assert_eq!(m2.ip(), nat.public_addr());
-    let from = deliver(&s2, m1, &s1, b"to my neighbour's mapping").await;
-    assert_eq!(from, m2, "the first sees the second at its own mapping");
-    s1.send_to(b"and back", from).await.expect("answer");
-    let (got, src) = recv(&s2, DEADLINE).await.expect("the answer arrives");
-    assert_eq!((got.as_slice(), src), (&b"and back"[..], m1));
+    hairpin(NatKind::EndpointIndependent, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
