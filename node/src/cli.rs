@@ -126,6 +126,9 @@ pub struct RunArgs {
     /// Longest random wait before replacing a lost router while another still serves, milliseconds (spreads a killed router's members over the survivors; 0 = at once; a node left with no router replaces at once).
     #[arg(long, default_value_t = config::DEFAULT_ROUTER_REPLACE_SPREAD_MS)]
     pub router_replace_spread_ms: u64,
+    /// Longest random wait, once a node that had lost every router (a whole mesh restarting) holds one again, before it attaches the other K - 1, milliseconds (until one serves it dials one router at a time; 0 = at once).
+    #[arg(long, default_value_t = config::DEFAULT_ROUTER_REJOIN_SPREAD_MS)]
+    pub router_rejoin_spread_ms: u64,
     /// Deadline to connect to a router or a provider, seconds.
     #[arg(long, default_value_t = Config::default().connect_timeout.as_secs())]
     pub connect_timeout_secs: u64,
@@ -283,6 +286,7 @@ impl RunArgs {
                 selector: self.router_selector.into_iter().collect(),
                 prefer: self.router_prefer.into_iter().collect(),
                 replace_spread: Duration::from_millis(self.router_replace_spread_ms),
+                rejoin_spread: Duration::from_millis(self.router_rejoin_spread_ms),
                 max_policy_pushes_in_flight: self.max_policy_pushes_in_flight,
             },
             services: config::ServicesConfig {

@@ -26,6 +26,10 @@ pub const DEFAULT_MAX_POLICY_PUSHES_IN_FLIGHT: usize = 16;
 /// Default longest random wait before replacing a lost router while
 /// another still serves, milliseconds (see [`RoutersConfig::replace_spread`]).
 pub const DEFAULT_ROUTER_REPLACE_SPREAD_MS: u64 = 5_000;
+/// Default longest random wait, after a node that had lost every router
+/// holds one again, before it attaches the other K − 1, milliseconds (see
+/// [`RoutersConfig::rejoin_spread`]).
+pub const DEFAULT_ROUTER_REJOIN_SPREAD_MS: u64 = 30_000;
 
 /// The control plane: where it is, how its TLS is trusted, the token the
 /// node enrolls with, the budgets of its calls, how often the node re-reads
@@ -95,6 +99,14 @@ pub struct RoutersConfig {
     /// reach the survivors spread over it instead of in one burst. A node
     /// left with no router replaces at once.
     pub replace_spread: Duration,
+    /// Longest random wait before a node that lost every router and holds
+    /// one again attaches the other K − 1 (`--router-rejoin-spread-ms`,
+    /// default 30 s; 0: at once). Such a node dials one router at a time
+    /// until one serves: when a whole mesh restarts, every member returns
+    /// at once and the routers' CPU goes to handshakes; one attach per
+    /// member makes the fleet ready in half the work, and the second
+    /// attaches, drawn uniformly over this window, come after.
+    pub rejoin_spread: Duration,
     /// Policy pushes from routers read at once (`--max-policy-pushes-in-flight`,
     /// default 16): a router pushes one per change, so more means a flood;
     /// the rest are dropped unread, `agentmesh_node_policy_pushes_total{result="overflow"}`.
@@ -108,6 +120,7 @@ impl Default for RoutersConfig {
             selector: BTreeMap::new(),
             prefer: BTreeMap::new(),
             replace_spread: Duration::from_millis(DEFAULT_ROUTER_REPLACE_SPREAD_MS),
+            rejoin_spread: Duration::from_millis(DEFAULT_ROUTER_REJOIN_SPREAD_MS),
             max_policy_pushes_in_flight: DEFAULT_MAX_POLICY_PUSHES_IN_FLIGHT,
         }
     }

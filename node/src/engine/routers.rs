@@ -167,9 +167,11 @@ impl Engine {
         }
     }
 
-    /// Dials new routers until K are held or being acquired.
+    /// Dials new routers until K are held or being acquired; a node that
+    /// had lost every router dials one at a time until one serves (see
+    /// [`Self::rejoin_want`]).
     pub(super) fn top_up(&mut self) {
-        let want = self.node.config.routers.count;
+        let want = self.rejoin_want();
         let active = self.slots.values().filter(|s| s.leaving.is_none()).count();
         if !self.directory.have() || active >= want || self.node.is_shutting_down() {
             return;
@@ -251,6 +253,18 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Routers to hold or acquire now: K, or one while a node that had
+    /// lost every router holds none. When a whole mesh restarts every
+    /// member comes back at once and the routers' CPU goes to handshakes:
+    /// one attach each makes the fleet ready in half the work; the other
+    /// K − 1 follow after the rejoin spread ([`Self::on_reserved`]). A
+    /// first start dials K at once (nothing is storming then, and a dead
+    /// router in the directory must not delay readiness).
+    fn rejoin_want(&self) -> usize {
+        self.choice
+            .routers_wanted(self.node.config.routers.count, self.reserved_peers().len())
     }
 
     pub(super) fn on_router_connected(&mut self, peer: PeerId, addr: Multiaddr) {
@@ -622,6 +636,15 @@ impl Engine {
         if slot.reserved() {
             self.choice.failures.remove(&router);
             self.choice.lifted.remove(&router);
+            let rejoined = std::mem::replace(&mut self.choice.held_before, true)
+                && self.reserved_peers().len() == 1;
+            if rejoined {
+                // Back from holding none: the other K − 1 after a random
+                // wait, so a returning fleet's second attaches come after
+                // its first ones (see `rejoin_want`).
+                self.spread_attaches(self.node.config.routers.rejoin_spread, "rejoin");
+                self.top_up();
+            }
             self.node
                 .metrics
                 .routers
@@ -795,16 +818,33 @@ impl Engine {
     /// survivors in the same instant (the wait is cut short if the last
     /// serving router goes too).
     fn replace_lost_later(&mut self) {
-        let spread = self.node.config.routers.replace_spread;
+        self.spread_attaches(self.node.config.routers.replace_spread, "replace");
+    }
+
+    /// Puts the next attaches off by a random wait of up to `spread` while
+    /// a router serves us (`Op::TopUp` comes back when it ends; a wait
+    /// already running is kept), counted by `reason` (one of
+    /// `metrics::SPREAD_REASONS`).
+    fn spread_attaches(&mut self, spread: Duration, reason: &'static str) {
         if spread.is_zero()
             || self.reserved_peers().is_empty()
             || self.choice.replace_after.is_some()
         {
             return;
         }
+        self.node
+            .metrics
+            .routers
+            .attaches_spread
+            .get_or_create(&crate::metrics::ReasonLabel { reason })
+            .inc();
         let wait = spread.mul_f64(rand::Rng::gen_range(&mut rand::thread_rng(), 0.0..=1.0));
         self.choice.replace_after = Some(Instant::now() + wait);
-        tracing::debug!(?wait, "replacing the lost router after a spread wait");
+        tracing::debug!(
+            ?wait,
+            reason,
+            "attaching further routers after a spread wait"
+        );
         self.ops.push(Box::pin(async move {
             tokio::time::sleep(wait).await;
             Op::TopUp

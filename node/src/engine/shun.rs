@@ -50,9 +50,24 @@ pub(crate) struct Choice {
     /// Routers whose leaving shun a directory ended since they last
     /// served us: ending another needs a lease renewed since.
     pub(crate) lifted: HashSet<PeerId>,
+    /// A router has served us since start: holding none now is a rejoin
+    /// (one router at a time until one serves, see
+    /// [`crate::config::RoutersConfig::rejoin_spread`]), not a first start.
+    pub(crate) held_before: bool,
 }
 
 impl Choice {
+    /// Routers to hold or acquire now out of `k`, with `reserved` serving
+    /// us: one while a node that had held a router holds none (a rejoin),
+    /// else `k`.
+    pub(crate) fn routers_wanted(&self, k: usize, reserved: usize) -> usize {
+        if self.held_before && reserved == 0 {
+            k.min(1)
+        } else {
+            k
+        }
+    }
+
     /// After a directory fetch: forgets the failures of routers it no
     /// longer lists, and may warn again.
     pub(crate) fn forget_unknown(&mut self, known: &HashSet<PeerId>) {
@@ -175,6 +190,17 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn a_node_back_from_holding_no_router_wants_one_at_a_time_and_a_first_start_k() {
+        let mut c = Choice::default();
+        assert_eq!(c.routers_wanted(2, 0), 2, "first start: K at once");
+        c.held_before = true;
+        assert_eq!(c.routers_wanted(2, 0), 1, "rejoin: one until it serves");
+        assert_eq!(c.routers_wanted(2, 1), 2, "one serves: K again");
+        assert_eq!(c.routers_wanted(1, 0), 1);
+        assert_eq!(c.routers_wanted(3, 2), 3);
+    }
 
     fn cand() -> Candidate {
         Candidate {

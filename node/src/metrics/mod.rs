@@ -118,6 +118,9 @@ pub const GOAWAY_RELEASE_REASONS: &[&str] = &["replaced", "router_closed"];
 pub const GOAWAY_LINGER_ENDS: &[&str] = &["calls_done", "deadline", "router_closed"];
 /// Why a held router was given up for another one.
 pub const REPLACE_REASONS: &[&str] = &["reservation_refused"];
+/// Why an attach to a router was put off by a random wait
+/// ([`RouterMetrics::attaches_spread`]).
+pub const SPREAD_REASONS: &[&str] = &["replace", "rejoin"];
 /// Reasons an inbound yamux stream is dropped.
 pub const YAMUX_DROP_REASONS: &[&str] = &["buffer_full"];
 /// Why an outbound call was retried on a fresh route ([`Metrics::call_retries`]).
@@ -295,6 +298,12 @@ impl Metrics {
             let _ = m
                 .routers
                 .routers_replaced
+                .get_or_create(&ReasonLabel { reason });
+        }
+        for reason in SPREAD_REASONS {
+            let _ = m
+                .routers
+                .attaches_spread
                 .get_or_create(&ReasonLabel { reason });
         }
         for reason in YAMUX_DROP_REASONS {

@@ -53,6 +53,12 @@ pub struct RouterMetrics {
     /// directory fetched since showed them back, not draining, their lease
     /// renewed (`engine::shun`).
     pub shuns_lifted: Counter,
+    /// Attaches to routers put off by a random wait, by reason
+    /// ([`SPREAD_REASONS`]): `replace`, a lost router while another
+    /// serves (`--router-replace-spread-ms`); `rejoin`, the other K − 1
+    /// once a node that had lost every router holds one again
+    /// (`--router-rejoin-spread-ms`).
+    pub attaches_spread: Family<ReasonLabel, Counter>,
 }
 
 impl RouterMetrics {
@@ -143,6 +149,11 @@ impl RouterMetrics {
             "router_shuns_lifted",
             "Shuns of routers that had left ended because the directory showed them back",
             self.shuns_lifted.clone(),
+        );
+        r.register(
+            "router_attaches_spread",
+            "Attaches to routers put off by a random wait, by reason (replace: a lost router while another serves; rejoin: the other K - 1 once a node that had lost every router holds one again)",
+            self.attaches_spread.clone(),
         );
     }
 }
