@@ -91,6 +91,15 @@ pub fn peek_version(signed: &SignedPolicy) -> Option<(u64, u64)> {
         .map(|d| (d.epoch, d.version))
 }
 
+/// The signing key a signed policy names, unverified (`None` when its
+/// document does not decode): enough to tell whether the keys must be
+/// read before verifying it, never to trust it.
+pub fn peek_key_id(signed: &SignedPolicy) -> Option<String> {
+    PolicyDocument::decode(signed.document.as_slice())
+        .ok()
+        .map(|d| d.key_id)
+}
+
 /// Whether `incoming` should replace `held`. Within an epoch only a higher
 /// version does. A different epoch (the history restarted: a new or
 /// restored database) replaces the held one only if it was issued later,

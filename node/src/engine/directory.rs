@@ -45,6 +45,7 @@ use agentmesh_proto::pb::credential::KeySet;
 use libp2p::{Multiaddr, PeerId};
 use tokio::time::Instant;
 
+use super::directory_keys::{KeysRead, signed_by_key_not_held};
 use super::slot::Phase;
 use super::{Engine, Op, backoff, jittered};
 use crate::select::Candidate;
@@ -138,6 +139,8 @@ pub(crate) struct Directory {
     hurry: Option<HurryRun>,
     /// When the fetch in flight (or the last one) started.
     started_at: Instant,
+    /// When the key set was last read with the directory.
+    keys_read: KeysRead,
 }
 
 impl Directory {
@@ -154,7 +157,19 @@ impl Directory {
             keys_stored: None,
             hurry: None,
             started_at: now,
+            keys_read: KeysRead::default(),
         }
+    }
+
+    /// Whether a fetch starting at `now` reads the key set whatever the
+    /// directory says (see [`super::directory_keys`]).
+    pub(crate) fn keys_due(&self, now: Instant) -> bool {
+        self.keys_read.due(self.hurry.is_some(), self.interval, now)
+    }
+
+    /// The key set was read with the directory at `now`.
+    pub(crate) fn keys_were_read(&mut self, now: Instant) {
+        self.keys_read.read(now);
     }
 
     /// Whether a fetch should start now: the interval's (or a failure's
@@ -355,7 +370,9 @@ impl Engine {
             .directory_fetches
             .get_or_create(&crate::metrics::ScheduleLabel { schedule })
             .inc();
-        self.directory.started(Instant::now());
+        let now = Instant::now();
+        self.directory.started(now);
+        let keys_due = self.directory.keys_due(now);
         let node = self.node.clone();
         let limit = self.directory.hurry().map(|_| HURRY_FETCH_LIMIT);
         self.ops.push(Box::pin(async move {
@@ -366,15 +383,27 @@ impl Engine {
                     version: h.version,
                 });
                 let dir = node.client.get_directory_holding(held.as_ref()).await?;
-                let keys = node.client.get_keys().await?;
+                let keys = if keys_due
+                    || signed_by_key_not_held(&dir, &node.trust(), agentmesh_proto::unix_now())
+                {
+                    Some(node.client.get_keys().await?)
+                } else {
+                    None
+                };
                 // The policy served beside the directory, verified with the
                 // keys just fetched (a rotation may have re-signed it),
                 // unless they are older than the ones held.
                 if let Some(signed) = dir.policy.clone() {
-                    let mut trust = (*node.trust()).clone();
-                    trust.offer_keys(&keys);
+                    let trust = match &keys {
+                        Some(keys) => {
+                            let mut trust = (*node.trust()).clone();
+                            trust.offer_keys(keys);
+                            Arc::new(trust)
+                        }
+                        None => node.trust(),
+                    };
                     node.policy
-                        .offer(signed, Arc::new(trust), crate::policy::DIRECTORY)
+                        .offer(signed, trust, crate::policy::DIRECTORY)
                         .await;
                 }
                 Ok::<_, FetchError>((dir, keys))
@@ -391,12 +420,15 @@ impl Engine {
 
     pub(super) fn on_directory(
         &mut self,
-        result: Result<(GetDirectoryResponse, KeySet), FetchError>,
+        result: Result<(GetDirectoryResponse, Option<KeySet>), FetchError>,
     ) {
         match result {
             Ok((dir, keys)) => {
                 self.node.metrics.cp("directory", true);
-                let taken = self.node.set_keys(&keys);
+                let taken = keys.as_ref().is_some_and(|k| self.node.set_keys(k));
+                if keys.is_some() {
+                    self.directory.keys_were_read(Instant::now());
+                }
                 // The control plane's signed list, verified with the keys
                 // just installed; taken only if newer than the one held.
                 if let Some(list) = dir.revocations.as_ref() {
@@ -429,7 +461,7 @@ impl Engine {
                         .shuns_lifted
                         .inc_by(lifted.len() as u64);
                 }
-                if taken && self.directory.keys_to_store(&keys) {
+                if let Some(keys) = keys.filter(|k| taken && self.directory.keys_to_store(k)) {
                     let dir_path = self.node.config.data_dir.clone();
                     tokio::task::spawn_blocking(move || {
                         if let Err(e) = crate::identity::store_keys(&dir_path, &keys) {

@@ -16,6 +16,7 @@ mod connect;
 mod conns;
 mod direct_auth;
 mod directory;
+mod directory_keys;
 mod goaway;
 mod idle;
 mod linger;
@@ -84,7 +85,9 @@ pub(crate) enum Op {
         router: PeerId,
         result: Result<agentmesh_proto::pb::mesh::GoAway, agentmesh_wire::goaway::GoAwayError>,
     },
-    Directory(Box<Result<(GetDirectoryResponse, KeySet), directory::FetchError>>),
+    /// The directory, and the key set when the fetch read it (see
+    /// [`directory_keys`]).
+    Directory(Box<Result<(GetDirectoryResponse, Option<KeySet>), directory::FetchError>>),
     Refresh(Box<Result<RefreshResponse, ClientError>>),
     /// A transit request's connection is up (or failed).
     TransitConnected {
