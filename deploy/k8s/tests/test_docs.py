@@ -75,7 +75,10 @@ def test_readme_lists_every_alert():
     assert listed == alerts
 
 
-SOURCE = r"`results/\d{8}T\d{4}Z-[\w.-]+`|router/tests/|to be measured by the ladder \(issue 5\)"
+# A run directory as the ladder names it: `results/<UTC stamp>-<name>`
+# (hand-named runs), or `results/<UTC stamp to the second>` as
+# `ladder/member-ladder.sh` names them now.
+SOURCE = r"`results/(\d{8}T\d{4}Z-[\w.-]+|\d{8}T\d{6}Z)`|router/tests/|to be measured by the ladder \(issue 5\)"
 
 
 def test_scalability_measurements_name_their_source():
