@@ -30,6 +30,9 @@ pub const DEFAULT_CALL_TIMEOUT_SECS: u64 = 10;
 /// Members' ping interval, seconds: the node's own default.
 pub const DEFAULT_MEMBER_PING_INTERVAL_SECS: u64 =
     agentmesh_node::config::DEFAULT_PING_INTERVAL.as_secs();
+/// Members' rejoin spread, milliseconds: the node's own default.
+pub const DEFAULT_MEMBER_REJOIN_SPREAD_MS: u64 =
+    agentmesh_node::config::DEFAULT_ROUTER_REJOIN_SPREAD_MS;
 /// Default time budget of a member's first call (with retries), seconds.
 pub const DEFAULT_CALL_BUDGET_SECS: u64 = 120;
 /// Default echo calls per second per worker during an event window.
@@ -142,6 +145,11 @@ pub struct FleetConfig {
     /// depends on it (see the hold's idle row).
     #[arg(long, default_value_t = DEFAULT_MEMBER_PING_INTERVAL_SECS)]
     pub member_ping_interval_secs: u64,
+    /// Members' longest wait, once back on one router after losing every
+    /// router, before attaching the other K - 1 (node
+    /// `--router-rejoin-spread-ms`), milliseconds.
+    #[arg(long, default_value_t = DEFAULT_MEMBER_REJOIN_SPREAD_MS)]
+    pub member_rejoin_spread_ms: u64,
     /// Echo calls per second per worker during an event window.
     #[arg(long, default_value_t = DEFAULT_WINDOW_CALLS_PER_SEC)]
     pub window_calls_per_sec: u32,
@@ -203,6 +211,7 @@ impl Default for FleetConfig {
             call_timeout_secs: DEFAULT_CALL_TIMEOUT_SECS,
             call_budget_secs: DEFAULT_CALL_BUDGET_SECS,
             member_ping_interval_secs: DEFAULT_MEMBER_PING_INTERVAL_SECS,
+            member_rejoin_spread_ms: DEFAULT_MEMBER_REJOIN_SPREAD_MS,
             window_calls_per_sec: DEFAULT_WINDOW_CALLS_PER_SEC,
             member_direct: false,
             warm_call_after_secs: DEFAULT_WARM_CALL_AFTER_SECS,
@@ -387,6 +396,11 @@ pub struct WorkerConfig {
     /// depends on it (see the hold's idle row).
     #[arg(long, default_value_t = DEFAULT_MEMBER_PING_INTERVAL_SECS)]
     pub member_ping_interval_secs: u64,
+    /// Members' longest wait, once back on one router after losing every
+    /// router, before attaching the other K - 1 (node
+    /// `--router-rejoin-spread-ms`), milliseconds.
+    #[arg(long, default_value_t = DEFAULT_MEMBER_REJOIN_SPREAD_MS)]
+    pub member_rejoin_spread_ms: u64,
     /// Echo calls per second during an event window.
     #[arg(long, default_value_t = DEFAULT_WINDOW_CALLS_PER_SEC)]
     pub window_calls_per_sec: u32,

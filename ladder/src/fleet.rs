@@ -147,6 +147,8 @@ impl Fleet {
             c.call_budget_secs.to_string(),
             "--member-ping-interval-secs".into(),
             c.member_ping_interval_secs.to_string(),
+            "--member-rejoin-spread-ms".into(),
+            c.member_rejoin_spread_ms.to_string(),
             "--window-calls-per-sec".into(),
             c.window_calls_per_sec.to_string(),
         ];

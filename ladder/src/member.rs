@@ -43,6 +43,9 @@ pub struct MemberSpec {
     pub call_timeout: Duration,
     /// Ping interval on each connection (node `--ping-interval-secs`).
     pub ping_interval: Duration,
+    /// Wait before the other K - 1 routers after a rejoin (node
+    /// `--router-rejoin-spread-ms`).
+    pub rejoin_spread: Duration,
     /// A second service name exposed on the echo backend, for providers.
     pub expose_also: Option<String>,
     /// Direct connections on (node `--direct`).
@@ -277,6 +280,7 @@ impl Member {
             data_dir: spec.data_dir,
             routers: node_config::RoutersConfig {
                 count: spec.routers,
+                rejoin_spread: spec.rejoin_spread,
                 ..Default::default()
             },
             services: node_config::ServicesConfig {

@@ -314,6 +314,7 @@ async fn run(
         call_timeout_secs: cfg.call_timeout_secs,
         call_budget_secs: cfg.call_budget_secs,
         member_ping_interval_secs: cfg.member_ping_interval_secs,
+        member_rejoin_spread_ms: cfg.member_rejoin_spread_ms,
         window_calls_per_sec: cfg.window_calls_per_sec,
         member_direct: cfg.member_direct,
         warm_call_after_secs: cfg.warm_call_after_secs,

@@ -50,6 +50,7 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
         socket: slot.index.is_multiple_of(SOCKET_EVERY),
         call_timeout: Duration::from_secs(shared.cfg.call_timeout_secs.max(1)),
         ping_interval: Duration::from_secs(shared.cfg.member_ping_interval_secs.max(1)),
+        rejoin_spread: Duration::from_millis(shared.cfg.member_rejoin_spread_ms),
         expose_also: shared.cfg.propagation.expose_also.clone(),
         direct: shared.cfg.member_direct,
     };

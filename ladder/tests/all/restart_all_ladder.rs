@@ -56,6 +56,9 @@ fn every_member_comes_back_after_all_routers_restart_at_once() -> anyhow::Result
         "2",
         // The routers' drain ends at its grace: no member has a router to go to.
         "--router-arg=--drain-grace-secs=2",
+        // Back on one router, the second within 1 s: back on K in the hold.
+        "--member-rejoin-spread-ms",
+        "1000",
     ]);
     let (table, report) = super::finish::run(&mut cmd, work.path(), RUN_DEADLINE)?;
 

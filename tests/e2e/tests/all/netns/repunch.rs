@@ -46,6 +46,10 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
                 &[
                     "--punch-backoff-min-secs=600",
                     "--punch-backoff-max-secs=600",
+                    // The move costs the caller both routers; back on one,
+                    // the second (whose observation agrees) within 1 s, not
+                    // the default 30 s rejoin spread.
+                    "--router-rejoin-spread-ms=1000",
                 ],
             ]
             .concat(),
