@@ -72,14 +72,21 @@ async fn demo_members_call_each_other_through_the_mesh() {
         seen
     });
     let mut lines = BufReader::new(stderr).lines();
+    // Counted from the first status line with every member ready: calls
+    // made while members still join may fail (a caller before its provider
+    // is ready), and how many does is the machine's load, not the mesh's.
     let outcome = tokio::time::timeout(DEADLINE, async {
         let mut last = None;
+        let mut at_ready: Option<(u64, u64)> = None;
         while let Ok(Some(line)) = lines.next_line().await {
             if let Some(s) = parse(&line) {
                 last = Some(s);
-                let (ready, total, ok, _) = s;
-                if ready == total && total == MEMBERS && ok >= WANTED_CALLS {
-                    return Ok(s);
+                let (ready, total, ok, failed) = s;
+                if ready == total && total == MEMBERS {
+                    let (ok0, failed0) = *at_ready.get_or_insert((ok, failed));
+                    if ok.saturating_sub(ok0) >= WANTED_CALLS {
+                        return Ok((ready, total, ok - ok0, failed.saturating_sub(failed0)));
+                    }
                 }
             }
         }
@@ -93,8 +100,11 @@ async fn demo_members_call_each_other_through_the_mesh() {
     };
     assert_eq!((ready, total), (MEMBERS, MEMBERS));
     assert!(ok >= WANTED_CALLS);
-    // Failures may happen while members join; they must stay a small minority.
-    assert!(failed * 10 <= ok, "calls failed {failed} vs ok {ok}");
+    // Once every member is ready, failures must stay a small minority.
+    assert!(
+        failed * 10 <= ok,
+        "calls failed {failed} vs ok {ok} since every member was ready"
+    );
 
     // The process-wide gauges (jemalloc's totals) are on router 0's /metrics.
     let metrics_addr = tokio::time::timeout(DEADLINE, metrics_rx)
