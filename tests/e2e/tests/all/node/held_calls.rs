@@ -282,6 +282,13 @@ async fn one_tokens_identities_cannot_keep_another_tokens_members_out() {
     let m = metrics_of(&p).await;
     assert_eq!(ended(&m, "preempted"), 6.0, "one per fleet call: {m}");
     assert_eq!(inbound(&m, "too_many_calls"), 0.0, "{m}");
+    // The attacker learns of a preemption when its stream's end reaches
+    // it, after the provider counted it: stopping before then would not
+    // count the last one (a loaded cold CI run saw 5 of 6).
+    eventually("the attacker saw each preemption end its call", || async {
+        (progress.report().ended_by_provider >= 6).then_some(())
+    })
+    .await;
     progress.stop();
     let report = running.await.expect("attack task").expect("attack set-up");
     eprintln!(
