@@ -86,18 +86,14 @@ pub fn verify_policy(
 /// its document does not decode): enough to tell whether a holder already
 /// has that version, never to trust it.
 pub fn peek_version(signed: &SignedPolicy) -> Option<(u64, u64)> {
-    PolicyDocument::decode(signed.document.as_slice())
-        .ok()
-        .map(|d| (d.epoch, d.version))
+    peek_document(signed).map(|d| (d.epoch, d.version))
 }
 
-/// The signing key a signed policy names, unverified (`None` when its
-/// document does not decode): enough to tell whether the keys must be
-/// read before verifying it, never to trust it.
-pub fn peek_key_id(signed: &SignedPolicy) -> Option<String> {
-    PolicyDocument::decode(signed.document.as_slice())
-        .ok()
-        .map(|d| d.key_id)
+/// The document, unverified (`None` when it does not decode): enough to
+/// read what it names (its version, its signing key: whether the keys must
+/// be read before verifying it), never to trust it.
+pub fn peek_document(signed: &SignedPolicy) -> Option<PolicyDocument> {
+    PolicyDocument::decode(signed.document.as_slice()).ok()
 }
 
 /// Whether `incoming` should replace `held`. Within an epoch only a higher

@@ -46,8 +46,8 @@ pub(crate) fn signed_by_key_not_held(dir: &GetDirectoryResponse, trust: &Trust, 
     let policy = dir
         .policy
         .as_ref()
-        .and_then(agentmesh_proto::policy::peek_key_id)
-        .is_some_and(|k| !trust.has_key(&k));
+        .and_then(agentmesh_proto::policy::peek_document)
+        .is_some_and(|d| !trust.has_key(&d.key_id));
     let revocations = dir
         .revocations
         .as_ref()

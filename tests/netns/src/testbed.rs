@@ -463,7 +463,6 @@ impl Drop for Testbed {
     }
 }
 
-/// Runs `lines` as one `ip -batch` inside namespace `ns`.
 /// Where a new host's veth joins a bridge: the bridge's namespace and
 /// name, and whether the port hairpins. A packet a host sends to one of
 /// its own public mappings comes back by the port it arrived on, which a
@@ -477,6 +476,7 @@ struct BridgePort<'a> {
     hairpin: bool,
 }
 
+/// Runs `lines` as one `ip -batch` inside namespace `ns`.
 async fn batch(ns: &str, lines: &str) -> Result<(), Error> {
     cmd::run("ip", &["-n", ns, "-batch", "-"], Some(lines))
         .await

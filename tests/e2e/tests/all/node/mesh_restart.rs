@@ -276,22 +276,18 @@ async fn members_return_after_every_router_restarts(same_keys: bool, rejoin_spre
             held_when_ready.iter().all(|h| *h == Some(1)),
             "routers held when ready again: {held_when_ready:?}"
         );
-        for (n, _dir) in members {
-            n.shutdown().await;
-        }
-        cp.handle.shutdown().await;
-        return;
+    } else {
+        eventually("every member back on both restarted routers", || async {
+            members
+                .iter()
+                .all(|(n, _)| {
+                    let s = n.status().borrow().clone();
+                    s.ready && again.iter().all(|r| s.reserved.contains(r))
+                })
+                .then_some(())
+        })
+        .await;
     }
-    eventually("every member back on both restarted routers", || async {
-        members
-            .iter()
-            .all(|(n, _)| {
-                let s = n.status().borrow().clone();
-                s.ready && again.iter().all(|r| s.reserved.contains(r))
-            })
-            .then_some(())
-    })
-    .await;
 
     for (n, _dir) in members {
         n.shutdown().await;
