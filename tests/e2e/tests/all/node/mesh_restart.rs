@@ -189,16 +189,7 @@ async fn members_return_after_every_router_restarts(same_keys: bool, rejoin_spre
             .await,
         );
     }
-    eventually("every member on both routers", || async {
-        members
-            .iter()
-            .all(|(n, _)| {
-                let s = n.status().borrow().clone();
-                s.ready && first.iter().all(|r| s.reserved.contains(r))
-            })
-            .then_some(())
-    })
-    .await;
+    on_all(&members, &first, "every member on both routers").await;
 
     // The restart: both drain at once and exit.
     for r in &routers {
@@ -277,15 +268,11 @@ async fn members_return_after_every_router_restarts(same_keys: bool, rejoin_spre
             "routers held when ready again: {held_when_ready:?}"
         );
     } else {
-        eventually("every member back on both restarted routers", || async {
-            members
-                .iter()
-                .all(|(n, _)| {
-                    let s = n.status().borrow().clone();
-                    s.ready && again.iter().all(|r| s.reserved.contains(r))
-                })
-                .then_some(())
-        })
+        on_all(
+            &members,
+            &again,
+            "every member back on both restarted routers",
+        )
         .await;
     }
 
@@ -293,6 +280,21 @@ async fn members_return_after_every_router_restarts(same_keys: bool, rejoin_spre
         n.shutdown().await;
     }
     cp.handle.shutdown().await;
+}
+
+/// Waits (`what`) until every member is ready and reserved on every one
+/// of `routers`.
+async fn on_all(members: &[(NodeHandle, tempfile::TempDir)], routers: &[PeerId], what: &str) {
+    eventually(what, || async {
+        members
+            .iter()
+            .all(|(n, _)| {
+                let s = n.status().borrow().clone();
+                s.ready && routers.iter().all(|r| s.reserved.contains(r))
+            })
+            .then_some(())
+    })
+    .await;
 }
 
 /// The member's count of attaches put off after a rejoin.
