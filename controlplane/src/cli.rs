@@ -418,15 +418,12 @@ async fn serve(config: Config) -> Result<(), CliError> {
     // Handlers first: a SIGTERM that arrives as soon as the address is
     // logged (a supervisor or a test stopping it at once) must still end
     // in a graceful shutdown, not the signal's default action.
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
+    let mut stop = agentmesh_runtime::signals::StopSignals::install()?;
     let handle = spawn_with(config, TokioClock::shared(), registry).await?;
     // A task that stops outside a shutdown leaves a half-dead process:
     // stop with its name and a non-zero status.
     let failed = tokio::select! {
-        _ = int.recv() => None,
-        _ = term.recv() => None,
+        _ = stop.recv() => None,
         f = handle.failed() => Some(f),
     };
     tracing::info!("shutting down");

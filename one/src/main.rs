@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use agentmesh_one::demo::{Demo, DemoConfig};
-use agentmesh_one::signals::StopSignals;
+use agentmesh_runtime::signals::StopSignals;
 use clap::Parser;
 
 #[global_allocator]
@@ -67,7 +67,7 @@ async fn async_main() -> anyhow::Result<()> {
     args.log
         .init("warn,agentmesh_one=info,libp2p_kad::behaviour=error,yamux::connection=error");
     // Registered once, first: a SIGINT or SIGTERM from here on drains the
-    // mesh (see `agentmesh_one::signals`).
+    // mesh (see `agentmesh_runtime::signals`).
     let mut stop = StopSignals::install()?;
     let mesh = agentmesh_one::spawn(agentmesh_one::Config {
         data_dir: args.data_dir.clone(),

@@ -24,6 +24,8 @@
 //!   full listen backlog, `agentmesh_runtime_tcp_listen_{overflows,drops}_total`.
 //! - [`logging`]: the log every program writes to stderr, `--log-format
 //!   text|json`, colours only on a terminal, the level from `RUST_LOG`.
+//! - [`signals::StopSignals`]: SIGINT and SIGTERM, registered once before
+//!   a program starts anything, so an early SIGTERM still drains.
 //! - [`supervise`]: what the programs' supervisors share: a stopped
 //!   task's [`supervise::TaskFailure`], panic text, first failure reported.
 //! - [`at_rest`]: the data-dir and key-file checks every program makes
@@ -41,6 +43,7 @@ pub mod listen_queue;
 pub mod log_gate;
 pub mod logging;
 pub mod profiling;
+pub mod signals;
 pub mod supervise;
 pub mod watchdog;
 

@@ -3,7 +3,7 @@
 
 use agentmesh_runtime::cli::TokenFileError;
 use agentmesh_runtime::profiling::ProfilingError;
-use tokio::signal::unix::{SignalKind, signal};
+use agentmesh_runtime::signals::StopSignals;
 
 use super::RunArgs;
 use crate::SpawnError;
@@ -33,6 +33,9 @@ pub enum RunError {
 /// SIGINT or SIGTERM; then withdraws its records and finishes its calls
 /// within `--shutdown-grace-secs`.
 pub async fn run(args: RunArgs) -> Result<(), RunError> {
+    // Handlers first: a SIGTERM as soon as the address is logged must
+    // still withdraw the records, not meet the signal's default action.
+    let mut stop = StopSignals::install().map_err(RunError::Signal)?;
     let listeners = args.listeners.clone();
     let mut config = args.into_config()?;
     if let Some(bound) = listeners.serve_pprof().await? {
@@ -45,10 +48,8 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     if let Some(addr) = node.metrics_addr() {
         tracing::info!("metrics on http://{addr}");
     }
-    let mut term = signal(SignalKind::terminate()).map_err(RunError::Signal)?;
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+        _ = stop.recv() => {}
         why = node.failed() => return Err(RunError::TaskFailed(why)),
     }
     tracing::info!("stopping: withdrawing records, finishing calls");

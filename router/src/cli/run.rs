@@ -3,7 +3,7 @@
 
 use agentmesh_runtime::cli::TokenFileError;
 use agentmesh_runtime::profiling::ProfilingError;
-use tokio::signal::unix::{SignalKind, signal};
+use agentmesh_runtime::signals::StopSignals;
 
 use super::Cli;
 use crate::SpawnError;
@@ -32,6 +32,9 @@ pub enum RunError {
 /// watchdog, until a signal or `POST /drain`; a drain then takes up to
 /// `--drain-grace-secs`, and a second signal stops at once.
 pub async fn run(cli: Cli) -> Result<(), RunError> {
+    // Handlers first: a SIGTERM as soon as the address is logged must
+    // still drain, not meet the signal's default action.
+    let mut stop = StopSignals::install().map_err(RunError::Signal)?;
     let listeners = cli.args.listeners.clone();
     let stop_task = cli.test_stop_task_when_ready.clone();
     let mut config = cli.args.into_config()?;
@@ -45,7 +48,6 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     if let Some(addr) = router.metrics_addr() {
         tracing::info!("metrics on http://{addr}");
     }
-    let mut term = signal(SignalKind::terminate()).map_err(RunError::Signal)?;
     let mut drained = router.drained();
     let mut failed = router.failed();
     if let Some(task) = stop_task {
@@ -56,8 +58,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
         }
     }
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => router.drain(),
-        _ = term.recv() => router.drain(),
+        _ = stop.recv() => router.drain(),
         _ = drained.wait_for(|d| *d) => {} // POST /drain
         f = failed.wait_for(Option::is_some) => {
             let failure = f.ok().and_then(|f| (*f).clone());
@@ -71,8 +72,7 @@ pub async fn run(cli: Cli) -> Result<(), RunError> {
     // Drain (go-away, grace, close); a second signal stops at once.
     tokio::select! {
         _ = drained.wait_for(|d| *d) => {}
-        _ = tokio::signal::ctrl_c() => tracing::warn!("second signal: stopping without waiting"),
-        _ = term.recv() => tracing::warn!("second signal: stopping without waiting"),
+        _ = stop.recv() => tracing::warn!("second signal: stopping without waiting"),
     }
     router.shutdown().await;
     Ok(())

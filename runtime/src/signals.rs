@@ -1,10 +1,13 @@
-//! The signals that stop `agentmesh-one`: SIGINT (Ctrl-C) and SIGTERM
-//! (`kill`, a CI job's timeout, a container stop) lead to the same drain.
+//! The signals that stop every agentmesh program: SIGINT (Ctrl-C) and
+//! SIGTERM (`kill`, a CI job's timeout, a container stop) lead to the same
+//! graceful stop.
 //!
-//! Both are registered once, at start: a signal arriving while the main
-//! loop is busy between two waits is kept for the next wait, where a fresh
-//! `tokio::signal::ctrl_c()` per loop pass would have missed it (and
-//! without a SIGTERM handler `kill` ended the process without draining).
+//! Both are registered once, before the program starts anything: a SIGTERM
+//! that arrives as soon as the program logs its address (a supervisor or a
+//! test stopping it at once) would otherwise meet the signal's default
+//! action and end the process without its drain; and a signal arriving
+//! while a loop is busy between two waits is kept for the next wait, where
+//! a fresh `tokio::signal::ctrl_c()` per wait would have missed it.
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
