@@ -21,14 +21,28 @@
 //! `unsupported_encoding` keep tonic's `OUT_OF_RANGE` and `UNIMPLEMENTED`).
 //! Other refusals without a handler (the transport failed under the call)
 //! are only counted in `rpc_total`.
+//!
+//! A caller gone mid-request is not malformed: when its connection drops
+//! (or it resets the stream) after the request's headers and before its
+//! message, tonic answers "missing request message" (`INTERNAL`) as for an
+//! empty body. The layer watches the request body ([`WatchedBody`]); a
+//! refusal after the body failed is counted `CANCELLED` and charges the
+//! source nothing. Members behind one NAT share a source, so counting
+//! their timed-out or restarting calls as malformed tripped the failure
+//! guard for all of them.
 
 use std::{
     cell::Cell,
     net::IpAddr,
     pin::Pin,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     task::{Context, Poll},
 };
+
+use hyper::body::{Body as HttpBody, Bytes, Frame, SizeHint};
 
 use tokio::time::Instant;
 use tonic::{
@@ -83,9 +97,9 @@ fn method_of(service: &str, path: &str) -> Option<&'static str> {
     METHODS.iter().copied().find(|known| *known == m)
 }
 
-impl<S, B> Service<http::Request<B>> for Malformed<S>
+impl<S> Service<http::Request<Body>> for Malformed<S>
 where
-    S: Service<http::Request<B>, Response = http::Response<Body>> + NamedService,
+    S: Service<http::Request<Body>, Response = http::Response<Body>> + NamedService,
     S::Future: Send + 'static,
 {
     type Response = http::Response<Body>;
@@ -96,12 +110,15 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         let Some(method) = method_of(S::NAME, req.uri().path()) else {
             return Box::pin(self.inner.call(req));
         };
         let source = peer_of(&req).map(|a| a.ip());
         let started = Instant::now();
+        let body_failed = Arc::new(AtomicBool::new(false));
+        let failed = body_failed.clone();
+        let req = req.map(|inner| Body::new(WatchedBody { inner, failed }));
         let call = self.inner.call(req);
         let state = self.state.clone();
         Box::pin(async move {
@@ -118,6 +135,16 @@ where
             let Some(status) = res.extensions().get::<Status>().cloned() else {
                 return Ok(res);
             };
+            if body_failed.load(Ordering::Relaxed) {
+                // The caller went away: nothing it sent was malformed.
+                let secs = started.elapsed().as_secs_f64();
+                state.metrics.rpc_done(method, Code::Cancelled, secs);
+                return Ok(Status::cancelled(format!(
+                    "the {method} request ended before its message: {}",
+                    status.message()
+                ))
+                .into_http());
+            }
             let answer = refused_by_tonic(&state, method, source, &status);
             let code = answer.as_ref().map_or(status.code(), Status::code);
             state
@@ -125,6 +152,38 @@ where
                 .rpc_done(method, code, started.elapsed().as_secs_f64());
             Ok(answer.map_or(res, Status::into_http))
         })
+    }
+}
+
+/// A request body that notes when reading it failed (the stream was reset
+/// or the connection lost), which a body that simply ended never does.
+struct WatchedBody {
+    inner: Body,
+    failed: Arc<AtomicBool>,
+}
+
+impl HttpBody for WatchedBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Err(_))) = &polled {
+            this.failed.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 

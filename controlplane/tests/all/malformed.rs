@@ -298,3 +298,83 @@ on_both!(
     #[tokio::test]
     malformed_requests_are_refused_counted_and_trip_the_guard_of_their_source,
 );
+
+/// A caller gone mid-request (its connection dropped after the request's
+/// headers, before its message) sent nothing malformed: tonic answers it
+/// "missing request message", but it is counted `Cancelled`, not
+/// `malformed_requests_total`, and costs its source nothing. Members behind
+/// one NAT share a source, so a few hundred members restarting or timing
+/// out their calls at once would otherwise trip the failure guard for all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_gone_mid_request_is_cancelled_not_malformed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = agentmesh_controlplane::Config {
+        unauth_rate_per_sec: 1,
+        unauth_burst: 2,
+        ..common::config(dir.path())
+    };
+    let h = spawn_with_clock(cfg, Arc::new(Frozen))
+        .await
+        .expect("starts");
+    const GONE: usize = 5;
+    for _ in 0..GONE {
+        let mut g = raw_from(&h, [127, 0, 0, 7]).await;
+        g.ready().await.expect("channel ready");
+        let path = PathAndQuery::try_from(format!("/{SERVICE}/GetDirectory")).expect("path");
+        // Headers go out; the message never does.
+        let body = futures::stream::pending::<Vec<u8>>();
+        let call = g.streaming(Request::new(body), path, Raw);
+        // Gone once the server has the headers: it answers only at the
+        // end of the body, so the call cannot finish first.
+        let gone = tokio::time::timeout(Duration::from_millis(300), call).await;
+        assert!(gone.is_err(), "answered a request with no message yet");
+        drop(g);
+    }
+    // The server counts each call when it notices the caller gone.
+    let end = tokio::time::Instant::now() + Duration::from_secs(30);
+    let m = loop {
+        let m = metrics(&h).await;
+        let done: f64 = ["Cancelled", "InvalidArgument", "Internal", "Unknown"]
+            .iter()
+            .map(|c| {
+                counter(
+                    &m,
+                    "rpc_total",
+                    &format!(r#"method="GetDirectory",code="{c}""#),
+                )
+            })
+            .sum();
+        if done >= GONE as f64 || tokio::time::Instant::now() > end {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        counter(&m, "rpc_total", r#"method="GetDirectory",code="Cancelled""#),
+        GONE as f64,
+        "{m}"
+    );
+    assert_eq!(
+        counter(
+            &m,
+            "malformed_requests_total",
+            r#"method="GetDirectory",reason="undecodable""#
+        ),
+        0.0
+    );
+    assert_eq!(
+        counter(&m, "source_table_sources", r#"table="failure_guard""#),
+        0.0,
+        "a caller gone is not a failure of its source"
+    );
+    // Its source's unauthenticated share (2) is untouched: two malformed
+    // requests still get INVALID_ARGUMENT, the third is over the share.
+    let mut g = raw_from(&h, [127, 0, 0, 7]).await;
+    for _ in 0..2 {
+        let s = send(&mut g, "GetKeys", TRUNCATED).await;
+        assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+    }
+    let s = send(&mut g, "GetKeys", TRUNCATED).await;
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    h.shutdown().await;
+}
