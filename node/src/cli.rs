@@ -203,8 +203,8 @@ pub struct RunArgs {
 /// The flags of direct connections ([`config::DirectConfig`]).
 #[derive(Debug, Clone, clap::Args)]
 pub struct DirectArgs {
-    /// Direct connections: listen on one TCP port, dial from it, learn the address routers observe and upgrade relayed connections by hole punching, true|false (default: false, every call relayed).
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    /// Direct connections: listen on one TCP port, dial from it, learn the address routers observe and upgrade relayed connections by hole punching, true|false (default: true; false: every call relayed, nothing listens).
+    #[arg(long, default_value_t = config::DirectConfig::default().enabled, action = clap::ArgAction::Set)]
     pub direct: bool,
     /// TCP port of direct connections, for listening and every dial, port (default: 0, any free port).
     #[arg(long, default_value_t = 0)]

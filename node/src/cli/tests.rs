@@ -278,24 +278,30 @@ fn the_member_tools_parse_their_flags() {
 }
 
 #[test]
+fn direct_connections_are_on_by_default_and_false_turns_them_off() {
+    assert!(config(&[]).direct.enabled);
+    assert!(!config(&["--direct=false"]).direct.enabled);
+}
+
+#[test]
 fn loopback_punch_targets_are_off_by_default_and_refused_without_direct() {
     assert!(!config(&[]).direct.allow_loopback_targets);
-    let on = config(&["--direct=true", "--direct-allow-loopback-targets=true"]);
+    let on = config(&["--direct-allow-loopback-targets=true"]);
     assert!(on.direct.allow_loopback_targets);
     assert!(crate::validate(&on).is_ok());
-    let alone = config(&["--direct-allow-loopback-targets=true"]);
+    let alone = config(&["--direct=false", "--direct-allow-loopback-targets=true"]);
     let err = crate::validate(&alone).expect_err("refused without --direct");
     assert!(err.to_string().contains("needs --direct=true"), "{err}");
 }
 
 #[test]
-fn the_direct_transport_is_tcp_by_default_and_quic_needs_direct() {
+fn the_direct_transport_is_tcp_by_default_and_quic_needs_direct_on() {
     use crate::config::DirectTransport;
     assert_eq!(config(&[]).direct.transport, DirectTransport::Tcp);
-    let quic = config(&["--direct=true", "--direct-transport=quic"]);
+    let quic = config(&["--direct-transport=quic"]);
     assert_eq!(quic.direct.transport, DirectTransport::Quic);
     assert!(crate::validate(&quic).is_ok());
-    let alone = config(&["--direct-transport=quic"]);
+    let alone = config(&["--direct=false", "--direct-transport=quic"]);
     let err = crate::validate(&alone).expect_err("refused without --direct");
     assert!(err.to_string().contains("needs --direct=true"), "{err}");
 }

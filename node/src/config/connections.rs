@@ -120,8 +120,8 @@ impl Default for ConnectionConfig {
 pub struct DirectConfig {
     /// Listen on one TCP port, dial every router and peer from it, learn
     /// the address routers observe, and upgrade relayed connections to
-    /// direct ones by hole punching (`--direct`, default off: every call
-    /// is relayed, the member listens on nothing).
+    /// direct ones by hole punching (`--direct`, default on; off, every
+    /// call is relayed and the member listens on nothing).
     pub enabled: bool,
     /// The TCP port direct connections use, for listening and for every
     /// dial (`--listen-port`, default 0: a free port chosen at start).
@@ -236,7 +236,7 @@ pub const DEFAULT_DIRECT_AUTH_TIMEOUT_MS: u64 = 5000;
 impl Default for DirectConfig {
     fn default() -> Self {
         Self {
-            enabled: false,
+            enabled: true,
             listen_port: 0,
             listen_ip: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             punch_backoff_min: Duration::from_secs(DEFAULT_PUNCH_BACKOFF_MIN_SECS),

@@ -6,7 +6,8 @@
 //! punches on every relayed connection and retries three times at once;
 //! the wrapper decides per relayed connection whether dcutr sees it at
 //! all, so a punch is skipped where it cannot work (our NAT is
-//! endpoint-dependent, or no router told us our address yet) or where it
+//! endpoint-dependent, no router told us our address yet, or the address
+//! they observed is one no peer may dial: loopback, outside tests) or where it
 //! just failed (a jittered backoff per peer), each skip counted in
 //! `agentmesh_node_upgrade_attempts_total{result}`. The address dcutr
 //! offers the peer is the one our routers observed, fed to it as an
@@ -447,7 +448,14 @@ impl Behaviour {
             None => self.observed.remove(&router),
         };
         self.count_direct();
-        let candidate = self.observed.candidate();
+        // An address no peer may dial (loopback without the test flag: every
+        // member on one host) is not offered: a punch to it could only be
+        // refused three times while it held the relayed connection open.
+        let loopback = self.loopback_targets;
+        let candidate = self
+            .observed
+            .candidate()
+            .filter(|a| targets::punch_target_allowed(&path_addr(*a, self.quic), loopback));
         if candidate != self.candidate {
             self.candidate = candidate;
             if let Some(a) = candidate {

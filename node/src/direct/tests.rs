@@ -60,6 +60,28 @@ fn punches_only_where_they_can_land_and_not_again_right_after_a_failure() {
     assert_eq!(count(&m, "skipped_endpoint_dependent"), 0);
 }
 
+/// Every member on one host is observed at loopback: without the test
+/// flag no peer may dial that, so nothing is offered and no punch starts
+/// (it would hold the relayed connection open only to be refused); with
+/// the flag the same address is offered and punched.
+#[test]
+fn an_address_observed_on_loopback_is_offered_only_with_the_test_flag() {
+    let seen: SocketAddr = "127.0.0.1:4500".parse().expect("sa");
+    for allow in [false, true] {
+        let (b, m) = behaviour(true);
+        let mut b = b.with_loopback_targets(allow);
+        b.observe(PeerId::random(), Some(seen));
+        let peer = PeerId::random();
+        assert_eq!(
+            b.should_punch(&peer, Instant::now()),
+            allow,
+            "allow {allow}"
+        );
+        assert_eq!(count(&m, "skipped_no_address"), u64::from(!allow));
+        assert_eq!(b.queued.len(), usize::from(allow));
+    }
+}
+
 #[test]
 fn off_never_punches_and_counts_nothing() {
     let (mut b, m) = behaviour(false);

@@ -19,7 +19,8 @@ use prometheus_client::encoding::EncodeLabelSet;
 /// port, so we do not punch, and a reversal to that peer is already under
 /// way), `skipped_backoff` (the last punch or reversal to that peer failed
 /// and its backoff has not run out), `skipped_no_address` (no router has
-/// told us our observed address yet), `bad_target` (the peer asked a
+/// told us our observed address yet, or the one observed is loopback and
+/// peers may not dial it: every member on one host), `bad_target` (the peer asked a
 /// punch or reversal to dial addresses we never dial); reversal, on the
 /// side behind an endpoint-dependent NAT: `reversed` (our dial to the
 /// peer's address came up), `reversal_failed` (that dial or the exchange
