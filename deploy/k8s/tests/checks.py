@@ -100,7 +100,7 @@ KNOWN_FLAGS: dict[str, set[str]] = {
     "agentmesh-node run": {
         "--control-plane", "--control-plane-ca", "--token-file", "--data-dir", "--routers",
         "--router-selector", "--router-prefer", "--expose", "--forward", "--allow", "--metrics-addr",
-        "--socket-path", "--shutdown-grace-secs", "--log-format",
+        "--socket-path", "--shutdown-grace-secs", "--log-format", "--listen-port", "--direct",
     },
 }
 # fmt: on
