@@ -65,6 +65,18 @@ impl Node {
         self.trust.read().clone()
     }
 
+    /// Whether the signed revocation list this node holds names its own
+    /// credential (its PeerId or its token) at `now` (Unix seconds): every
+    /// router would refuse it, so it asks none until the credential
+    /// changes. The list was verified against the control plane's keys
+    /// when taken, so no router can make a member believe this.
+    pub(crate) fn own_credential_revoked(&self, now: i64) -> bool {
+        let trust = self.trust.read();
+        trust.is_revoked(&self.peer_id, now)
+            || agentmesh_proto::credential::peek_claims(&self.credential.read())
+                .is_ok_and(|c| trust.is_token_revoked(&c.token_id, now))
+    }
+
     pub(crate) fn is_shutting_down(&self) -> bool {
         *self.shutdown.borrow()
     }

@@ -186,6 +186,11 @@ impl Directory {
         self.started_at = now;
     }
 
+    /// Whether a fetch is under way.
+    pub(crate) fn fetching(&self) -> bool {
+        self.in_flight
+    }
+
     /// When the fetch in flight (or the last one) started.
     pub(crate) fn started_at(&self) -> Instant {
         self.started_at
@@ -336,7 +341,13 @@ impl Engine {
     /// reconnecting after failed connections, if any), or fewer than K
     /// routers with no free candidate left.
     pub(super) fn update_hurry(&mut self, now: Instant) {
-        let hurry = if !self.directory.have() || self.node.is_shutting_down() {
+        let hurry = if !self.directory.have()
+            || self.node.is_shutting_down()
+            || self
+                .node
+                .own_credential_revoked(agentmesh_proto::unix_now())
+        {
+            // A revoked member has no router to hurry to.
             None
         } else {
             let held = self.slots.values().any(|s| s.is_reserved());
@@ -424,6 +435,8 @@ impl Engine {
         &mut self,
         result: Result<(GetDirectoryResponse, Option<KeySet>), FetchError>,
     ) {
+        let settles = self.choice.revocation_check.is_some();
+        self.choice.revocation_settled(self.directory.started_at());
         match result {
             Ok((dir, keys)) => {
                 self.node.metrics.cp("directory", true);
@@ -478,7 +491,16 @@ impl Engine {
                 self.node.metrics.cp("directory", false);
                 let wait = self.directory.failed(Instant::now());
                 tracing::warn!(error = %e, retry_in = ?wait, "directory fetch failed");
+                if settles {
+                    // Not settled by the control plane: the other routers
+                    // judge our credential themselves.
+                    self.top_up();
+                }
             }
+        }
+        if self.choice.revocation_check.is_some() {
+            // That fetch began before the router's refusal: one more.
+            self.start_directory();
         }
     }
 }

@@ -162,6 +162,9 @@ impl Engine {
             records_accepted,
             records_refused,
             stopping: self.node.is_shutting_down(),
+            revoked: self
+                .node
+                .own_credential_revoked(agentmesh_proto::unix_now()),
             last_router_error: self.last_router_error.clone(),
             failed: None,
         }
@@ -171,6 +174,20 @@ impl Engine {
     /// had lost every router dials one at a time until one serves (see
     /// [`Self::rejoin_want`]).
     pub(super) fn top_up(&mut self) {
+        let revoked = self
+            .node
+            .own_credential_revoked(agentmesh_proto::unix_now());
+        self.node
+            .metrics
+            .routers
+            .credential_revoked
+            .set(i64::from(revoked));
+        if revoked || self.choice.checking_revocation(Instant::now()) {
+            // Every router would refuse us (the control plane's signed
+            // list names our credential), or one said so and the fetch
+            // that settles it is under way: ask no router now.
+            return;
+        }
         let want = self.rejoin_want();
         let active = self.slots.values().filter(|s| s.leaving.is_none()).count();
         if !self.directory.have() || active >= want || self.node.is_shutting_down() {
@@ -262,6 +279,16 @@ impl Engine {
     /// K − 1 follow after the rejoin spread ([`Self::on_reserved`]). A
     /// first start dials K at once (nothing is storming then, and a dead
     /// router in the directory must not delay readiness).
+    /// A router refused our credential as revoked: before another router
+    /// is asked, the directory is fetched (its signed revocation list
+    /// settles it, see [`super::shun::Choice::revocation_check`]).
+    fn check_revocation(&mut self) {
+        self.choice.revocation_check = Some(Instant::now());
+        if !self.directory.fetching() {
+            self.start_directory();
+        }
+    }
+
     fn rejoin_want(&self) -> usize {
         self.choice
             .routers_wanted(self.node.config.routers.count, self.reserved_peers().len())
@@ -367,6 +394,7 @@ impl Engine {
                     self.node.metrics.routers.router_revoked_refusals.inc();
                     self.forget_router_as(router, wait, true);
                     let _ = self.swarm.disconnect_peer_id(router);
+                    self.check_revocation();
                 } else {
                     self.drop_router(router, wait);
                 }

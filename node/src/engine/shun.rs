@@ -54,7 +54,18 @@ pub(crate) struct Choice {
     /// (one router at a time until one serves, see
     /// [`crate::config::RoutersConfig::rejoin_spread`]), not a first start.
     pub(crate) held_before: bool,
+    /// A router refused our credential as revoked at this instant: no
+    /// other router is asked until a directory fetched since answers (the
+    /// control plane's signed revocation list beside it settles whether we
+    /// are revoked), for at most [`REVOCATION_CHECK_MAX`]. A revoked
+    /// member so asks one router, not each in turn, and a router that lied
+    /// costs a member one directory fetch.
+    pub(crate) revocation_check: Option<Instant>,
 }
+
+/// Longest wait for the directory fetch that settles a router's "revoked"
+/// (a fetch in a hurry gives up after 10 s).
+pub(crate) const REVOCATION_CHECK_MAX: std::time::Duration = std::time::Duration::from_secs(12);
 
 impl Choice {
     /// Routers to hold or acquire now out of `k`, with `reserved` serving
@@ -82,11 +93,36 @@ impl Choice {
         self.shunned.retain(|_, s| s.until > now);
     }
 
+    /// Whether a router's "revoked" still waits for the directory fetch
+    /// that settles it at `now`; a check past [`REVOCATION_CHECK_MAX`] ends.
+    pub(crate) fn checking_revocation(&mut self, now: Instant) -> bool {
+        match self.revocation_check {
+            Some(since) if now.saturating_duration_since(since) < REVOCATION_CHECK_MAX => true,
+            Some(_) => {
+                self.revocation_check = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// A directory fetch that started at `fetched_at` ended (taken or
+    /// failed): it settles a check that began before it.
+    pub(crate) fn revocation_settled(&mut self, fetched_at: Instant) {
+        if self
+            .revocation_check
+            .is_some_and(|since| fetched_at >= since)
+        {
+            self.revocation_check = None;
+        }
+    }
+
     /// The node holds a new credential: routers that refused the old one
     /// as revoked may judge this one (a router that lied or erred about
     /// the revocation is back in the choice; one that was right refuses
     /// again, once per credential). Returns how many were lifted.
     pub(crate) fn new_credential(&mut self) -> usize {
+        self.revocation_check = None;
         let before = self.shunned.len();
         self.shunned.retain(|_, s| !s.until_new_credential);
         before - self.shunned.len()
@@ -396,5 +432,32 @@ mod tests {
         assert!(!choice.shunned.contains_key(&revoked.peer));
         assert!(choice.shunned.contains_key(&failed.peer));
         assert_eq!(choice.new_credential(), 0);
+    }
+
+    /// A router's "revoked" holds every other router back until a
+    /// directory fetched since it answers, or for at most
+    /// [`REVOCATION_CHECK_MAX`]; a fetch that began before it settles
+    /// nothing, and a new credential ends the check.
+    #[test]
+    fn a_routers_revoked_waits_for_a_directory_fetched_since() {
+        let now = Instant::now();
+        let mut choice = Choice::default();
+        assert!(!choice.checking_revocation(now));
+        choice.revocation_check = Some(now);
+        assert!(choice.checking_revocation(now + Duration::from_secs(5)));
+        // A fetch that began a moment before the refusal: not settled.
+        choice.revocation_settled(now - Duration::from_millis(1));
+        assert!(choice.checking_revocation(now + Duration::from_secs(1)));
+        // One that began since: settled.
+        choice.revocation_settled(now);
+        assert!(!choice.checking_revocation(now + Duration::from_secs(1)));
+        // Unanswered, the check ends on its own.
+        choice.revocation_check = Some(now);
+        assert!(!choice.checking_revocation(now + REVOCATION_CHECK_MAX));
+        assert_eq!(choice.revocation_check, None);
+        // A new credential ends it too.
+        choice.revocation_check = Some(now);
+        choice.new_credential();
+        assert!(!choice.checking_revocation(now));
     }
 }

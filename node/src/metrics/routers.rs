@@ -45,6 +45,9 @@ pub struct RouterMetrics {
     /// Routers that refused our credential as revoked; each is then passed
     /// over until the credential changes (at most `REVOKED_SHUN`).
     pub router_revoked_refusals: Counter,
+    /// 1 while the signed revocation list the node holds names its own
+    /// credential: it then asks no router until the credential changes.
+    pub credential_revoked: Gauge,
     /// Directory fetches started, by schedule ([`DIRECTORY_SCHEDULES`]):
     /// `no_router` and `short_of_k` rising show members the cached
     /// directory could not help (e.g. after the whole mesh restarted).
@@ -139,6 +142,11 @@ impl RouterMetrics {
             "router_revoked_refusals",
             "Routers that refused our credential as revoked; each is passed over until the credential changes (at most 30 min)",
             self.router_revoked_refusals.clone(),
+        );
+        r.register(
+            "credential_revoked",
+            "1 while the control plane's signed revocation list held names this node's credential (it asks no router then)",
+            self.credential_revoked.clone(),
         );
         r.register(
             "directory_fetches",

@@ -46,6 +46,9 @@ pub struct NodeStatus {
     pub ready: bool,
     /// Shutdown has begun.
     pub stopping: bool,
+    /// The control plane's signed revocation list the node holds names
+    /// its credential: no router will admit it, so it asks none.
+    pub revoked: bool,
     /// The last thing that went wrong attaching to or holding a router
     /// (refused, connection failed, reservation lost, go-away), naming the
     /// router; kept until the next one, so it explains a node below K or
@@ -79,6 +82,8 @@ impl NodeStatus {
             "stopping".to_string()
         } else if !self.enrolled {
             "not enrolled".to_string()
+        } else if self.revoked {
+            "credential revoked: the control plane's signed revocation list names it, so no router admits it (ask an operator for a new token)".to_string()
         } else if self.reserved.is_empty() && self.candidates == 0 {
             format!(
                 "no router reservation: no router in the directory is available (none matches the selector, or all are draining; {} admitted)",
@@ -124,6 +129,18 @@ mod tests {
             s.readyz_line(),
             format!(
                 "not ready: records refused: router {r}: not_owner: provider does not own service \"payments/api\"\n"
+            )
+        );
+        let revoked = NodeStatus {
+            reserved: vec![],
+            revoked: true,
+            last_router_error: Some(format!("router {r}: lost the connection")),
+            ..s.clone()
+        };
+        assert_eq!(
+            revoked.readyz_line(),
+            format!(
+                "not ready: credential revoked: the control plane's signed revocation list names it, so no router admits it (ask an operator for a new token); last router error: router {r}: lost the connection\n"
             )
         );
         let pending = NodeStatus {

@@ -7,6 +7,7 @@
 use super::support;
 
 use std::path::Path;
+use std::time::Duration;
 
 use agentmesh_proto::pb::controlplane::CreateTokenRequest;
 use agentmesh_proto::pb::credential::{Role, TokenKind};
@@ -60,7 +61,9 @@ async fn revoke(cp: &Cp, dir: &Path, token_id: &str) {
 async fn a_revoked_tokens_members_lose_their_router_and_calls_and_it_enrolls_no_one() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cp = start_cp().await;
+    // Two routers: a revoked member asks one of them, not each in turn.
     let r = start_router(&cp, "r1").await;
+    let r2 = start_router(&cp, "r2").await;
     let (leaked, leaked_id) = member_token(&cp).await;
     let (kept, _) = member_token(&cp).await;
     let backend = echo_backend().await;
@@ -79,7 +82,10 @@ async fn a_revoked_tokens_members_lose_their_router_and_calls_and_it_enrolls_no_
     for (n, what) in [(&p1, "p1"), (&p2, "p2"), (&caller, "caller")] {
         ready(n, what).await;
     }
-    let attached = || r.metric("agentmesh_router_attached_members");
+    let attached = || {
+        r.metric("agentmesh_router_attached_members")
+            + r2.metric("agentmesh_router_attached_members")
+    };
     agentmesh_testkit::eventually("three members attached", || async {
         (attached() == 3.0).then_some(())
     })
@@ -103,22 +109,37 @@ async fn a_revoked_tokens_members_lose_their_router_and_calls_and_it_enrolls_no_
         matches!(ended, Ok(Ok(0)) | Ok(Err(_))),
         "the live call was not closed: {ended:?}"
     );
-    // Each revoked member asks the router once more, is refused as
-    // revoked, and passes the router over until its credential changes
-    // (it cannot: refresh is refused too) instead of asking every 30 s.
+    // Each revoked member learns it from the control plane's signed list
+    // (its directory, fetched every second here, or the fetch a router's
+    // "revoked" starts) and then asks no router: at most one refused it,
+    // where before it asked each router in turn.
     for (n, what) in [(&p1, "p1"), (&p2, "p2")] {
         let addr = n.metrics_addr().expect("metrics");
-        let refusals = || async move {
+        let read = |name: &'static str| async move {
             let (_, m) = http_get(addr, "/metrics").await;
-            metric(&m, "agentmesh_node_router_revoked_refusals_total")
+            metric(&m, name)
         };
-        agentmesh_testkit::eventually(&format!("{what} refused as revoked"), || async {
-            (refusals().await >= 1.0).then_some(())
+        agentmesh_testkit::eventually(&format!("{what} knows it is revoked"), || async {
+            (read("agentmesh_node_credential_revoked").await == 1.0).then_some(())
         })
         .await;
-        assert_eq!(refusals().await, 1.0, "{what} asked again");
         assert!(!n.is_ready(), "{what} is ready while revoked");
     }
+    // Long enough for a member that asked each router in turn to have
+    // asked the second (its top-up runs every tick): none does.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (n, what) in [(&p1, "p1"), (&p2, "p2")] {
+        let (_, m) = http_get(n.metrics_addr().expect("metrics"), "/metrics").await;
+        let refusals = metric(&m, "agentmesh_node_router_revoked_refusals_total");
+        assert!(refusals <= 1.0, "{what} asked {refusals} routers");
+        assert_eq!(metric(&m, "agentmesh_node_credential_revoked"), 1.0);
+    }
+    let refused = r.metric(r#"agentmesh_router_auth_total{purpose="attach",result="revoked"}"#)
+        + r2.metric(r#"agentmesh_router_auth_total{purpose="attach",result="revoked"}"#);
+    assert!(
+        refused <= 2.0,
+        "routers refused {refused} attaches as revoked"
+    );
     // No call reaches a revoked provider again.
     for _ in 0..3 {
         assert!(
