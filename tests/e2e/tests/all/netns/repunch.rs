@@ -12,6 +12,8 @@
 //! provider again at once despite the backoff, counted as `repunched`,
 //! after which calls are direct again.
 
+use std::time::Duration;
+
 use rand::RngCore as _;
 
 use super::support::*;
@@ -86,6 +88,12 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
 
     // Calls (each retried until it echoes) until the routers agree on a
     // new address of the caller and a punch to the provider came up again.
+    // A punch runs once per relayed connection: one that failed (a loaded
+    // machine can miss dcutr's timing) is not retried on a relayed
+    // connection kept busy by these calls, so after 10 s without success
+    // each round leaves it idle past `--relayed-idle-secs` (3 s) and the
+    // next call makes a new one, punched again (up to 3 re-punches).
+    let moved_at = std::time::Instant::now();
     let after = eventually("the caller punches again from its new mapping", || {
         let (caller, payload, before) = (&caller, &payload, &before);
         async move {
@@ -95,7 +103,11 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
             let agreed = now.observed.len() == 2 && now.observed.iter().all(|o| o.addr == first);
             let again =
                 caller.metric(repunched).await >= 1.0 && caller.metric(punched).await >= 2.0;
-            (agreed && first != *before && again).then_some(first)
+            let done = agreed && first != *before && again;
+            if !done && moved_at.elapsed() > Duration::from_secs(10) {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+            }
+            done.then_some(first)
         }
     })
     .await;
@@ -132,4 +144,12 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
         counts.push(format!("{series}={}", caller.metric(series).await));
     }
     eprintln!("caller: repunched={n} {}", counts.join(" "));
+    for (who, m) in [("caller", &caller), ("provider", &_provider)] {
+        let text = m.metrics().await;
+        let upgrades: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("agentmesh_node_upgrade_attempts_total") && !l.ends_with(" 0"))
+            .collect();
+        eprintln!("{who}: {upgrades:?}");
+    }
 }
