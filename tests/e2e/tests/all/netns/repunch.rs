@@ -148,7 +148,9 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
         let text = m.metrics().await;
         let upgrades: Vec<&str> = text
             .lines()
-            .filter(|l| l.starts_with("agentmesh_node_upgrade_attempts_total") && !l.ends_with(" 0"))
+            .filter(|l| {
+                l.starts_with("agentmesh_node_upgrade_attempts_total") && !l.ends_with(" 0")
+            })
             .collect();
         eprintln!("{who}: {upgrades:?}");
     }
