@@ -24,7 +24,7 @@ use std::time::Duration;
 use agentmesh_controlplane::client::{Client, ClientConfig};
 use agentmesh_proto::pb::controlplane::RouterLoad;
 use agentmesh_proto::pb::credential::SignedRevocations;
-use agentmesh_proto::pb::mesh::{PolicyAck, PolicyPush};
+use agentmesh_proto::pb::mesh::{AuthRefusal, PolicyAck, PolicyPush};
 use agentmesh_proto::protocols::AUTH;
 use agentmesh_wire::{auth, policy};
 use anyhow::{Context as _, bail};
@@ -72,6 +72,9 @@ crate::counts::counts! {
         acks,
         /// Acks saying the member refused the list pushed.
         acks_refusing_list,
+        /// Auth requests refused as revoked (a lie: see
+        /// [`LyingRouter::refuse_as_revoked`]).
+        refused_as_revoked,
     }
 }
 
@@ -83,6 +86,8 @@ pub struct LyingRouter {
     pub addr: Multiaddr,
     member: Member,
     lie: watch::Sender<Option<SignedRevocations>>,
+    /// Every auth is refused as revoked while set.
+    refuse: Arc<std::sync::atomic::AtomicBool>,
     admitted: watch::Receiver<Vec<PeerId>>,
     counters: Arc<Counters>,
     tasks: tokio::task::JoinSet<()>,
@@ -166,11 +171,27 @@ impl LyingRouter {
             }
         });
         let (c, deadline) = (counters.clone(), setup.step_deadline);
+        let refuse = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let refusing = refuse.clone();
         tasks.spawn(async move {
             let mut answering = tokio::task::JoinSet::new();
             while let Some((info, mut stream)) = incoming.next().await {
                 let (c, told, admitted) = (c.clone(), told.clone(), admitted_tx.clone());
+                let refusing = refusing.load(std::sync::atomic::Ordering::Relaxed);
                 answering.spawn(async move {
+                    if refusing {
+                        let refused = async {
+                            auth::read_request(&mut stream, deadline).await?;
+                            let why = "lying router: revoked".to_string();
+                            auth::write_refused(&mut stream, AuthRefusal::Revoked, why, deadline)
+                                .await
+                        };
+                        match refused.await {
+                            Ok(()) => inc(&c.refused_as_revoked),
+                            Err(_) => inc(&c.auth_failed),
+                        }
+                        return;
+                    }
                     let answered = async {
                         auth::read_request(&mut stream, deadline).await?;
                         let push = told.borrow().clone().map(|list| PolicyPush {
@@ -200,10 +221,18 @@ impl LyingRouter {
             addr,
             member,
             lie,
+            refuse,
             admitted,
             counters,
             tasks,
         })
+    }
+
+    /// From now on, every member that authenticates is refused as revoked,
+    /// whoever it is: a router lying to keep members away from the mesh.
+    pub fn refuse_as_revoked(&self) {
+        self.refuse
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// From now on, admission answers and [`LyingRouter::push`] tell `list`.

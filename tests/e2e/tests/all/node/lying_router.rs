@@ -204,3 +204,55 @@ async fn a_lying_router_can_neither_forge_nor_roll_back_a_members_revocations() 
     assert_eq!(report.acks_refusing_list, 3, "{report}");
     cp.handle.shutdown().await;
 }
+
+/// A router that refuses every member as revoked (a lie) costs a member one
+/// directory fetch: the control plane's signed list there does not name
+/// it, so it neither believes it is revoked nor stops asking routers; it
+/// holds the honest router and passes over only the liar.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_lying_that_a_member_is_revoked_keeps_it_from_no_other_router() {
+    let cp = start_cp().await;
+    let r1 = start_router(&cp, "r1").await;
+    let liar = LyingRouter::start(
+        Setup {
+            control_plane: cp.url.clone(),
+            token: cp.token(Role::Router).await,
+            listen_ip: IpAddr::V4(LIAR),
+            step_deadline: DEADLINE,
+        },
+        None,
+    )
+    .await
+    .expect("the lying router enrolls, listens and leases");
+    liar.refuse_as_revoked();
+    let member = cp.token(Role::Member).await;
+    // K = 2: a first start asks both routers at once.
+    let (victim, _vdir) = spawn_node(&cp, &member, "spawn victim", |mut c| {
+        c.routers.count = 2;
+        c
+    })
+    .await;
+    ready(&victim, "victim").await;
+    eventually("the liar refused the victim as revoked", || async {
+        (liar.report().refused_as_revoked >= 1).then_some(())
+    })
+    .await;
+    eventually("the victim counted the liar's refusal", || async {
+        let n = node_metric(&victim, "agentmesh_node_router_revoked_refusals_total").await;
+        (n >= 1.0).then_some(())
+    })
+    .await;
+    eventually("the honest router holds the victim", || async {
+        (r1.metric("agentmesh_router_attached_members") == 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        node_metric(&victim, "agentmesh_node_credential_revoked").await,
+        0.0,
+        "a router's word made the member believe it is revoked"
+    );
+    assert!(victim.is_ready(), "the victim lost its honest router");
+    let report = liar.report();
+    assert_eq!(report.admitted, 0, "{report}");
+    cp.handle.shutdown().await;
+}
