@@ -32,7 +32,11 @@ const CONNECTIONS: usize = 200;
 const BUDGET: Duration = Duration::from_secs(300);
 
 /// RSS readings while it settles with the connections open (500 ms apart).
-const SETTLE_READINGS: usize = 60;
+const SETTLE_READINGS: usize = 120;
+
+/// Readings (500 ms apart, so longer than jemalloc's 10 s decay) that
+/// must agree within 1% for the RSS to count as settled.
+const SETTLED_WINDOW: usize = 24;
 
 /// RSS readings after everyone left (12 s apart: jemalloc's decay).
 const GONE_READINGS: usize = 5;
@@ -125,7 +129,13 @@ async fn scrape_until(
 /// Drives `swarm` while polling RSS until two readings `every` apart differ
 /// by less than 1% (at most `readings` readings; then the last one).
 async fn settled_rss(swarm: &mut PeerSwarm, pid: u32, every: Duration, readings: usize) -> u64 {
-    let mut last = rss_bytes(pid);
+    // Settled: no reading in the last `SETTLED_WINDOW` readings differs
+    // from the others by 1% or more. Two readings alike were not enough:
+    // memory freed after the handshakes stays resident until jemalloc's
+    // decay (about 10 s) returns it, and under load the decay lags, so a
+    // pair of readings 500 ms apart could agree while still holding it.
+    let mut window: std::collections::VecDeque<u64> = std::collections::VecDeque::new();
+    window.push_back(rss_bytes(pid));
     for _ in 0..readings {
         let tick = tokio::time::sleep(every);
         tokio::pin!(tick);
@@ -135,13 +145,19 @@ async fn settled_rss(swarm: &mut PeerSwarm, pid: u32, every: Duration, readings:
                 _ = swarm.select_next_some() => {}
             }
         }
-        let now = rss_bytes(pid);
-        if now.abs_diff(last) * 100 < last {
-            return now;
+        window.push_back(rss_bytes(pid));
+        if window.len() > SETTLED_WINDOW {
+            window.pop_front();
         }
-        last = now;
+        let (lo, hi) = (
+            window.iter().copied().min().unwrap_or(0),
+            window.iter().copied().max().unwrap_or(0),
+        );
+        if window.len() == SETTLED_WINDOW && (hi - lo) * 100 < lo {
+            return lo;
+        }
     }
-    last
+    window.iter().copied().min().unwrap_or(0)
 }
 
 /// Drives `swarm` until it has `n` established connections.
