@@ -67,6 +67,22 @@ async fn signed_list(cp: &Cp) -> (SignedRevocations, RevocationList) {
     (signed, list)
 }
 
+/// The lying router at [`LIAR`], enrolled with a router token of `cp`,
+/// leased in its directory, telling `lie` (if any).
+async fn start_liar(cp: &Cp, lie: Option<SignedRevocations>) -> LyingRouter {
+    LyingRouter::start(
+        Setup {
+            control_plane: cp.url.clone(),
+            token: cp.token(Role::Router).await,
+            listen_ip: IpAddr::V4(LIAR),
+            step_deadline: DEADLINE,
+        },
+        lie,
+    )
+    .await
+    .expect("the lying router enrolls, listens and leases")
+}
+
 /// A member token: (secret, id).
 async fn member_token(cp: &Cp) -> (String, String) {
     let r = cp
@@ -134,17 +150,7 @@ async fn a_lying_router_can_neither_forge_nor_roll_back_a_members_revocations() 
         token_id: String::new(),
     });
     let forged = sign_revocations(&forged_list, &ed25519::Keypair::generate());
-    let liar = LyingRouter::start(
-        Setup {
-            control_plane: cp.url.clone(),
-            token: cp.token(Role::Router).await,
-            listen_ip: IpAddr::V4(LIAR),
-            step_deadline: DEADLINE,
-        },
-        Some(forged.clone()),
-    )
-    .await
-    .expect("the lying router enrolls, listens and leases");
+    let liar = start_liar(&cp, Some(forged.clone())).await;
 
     // The member attaches to all three routers; the liar's admission
     // answer carries the forgery.
@@ -213,17 +219,7 @@ async fn a_lying_router_can_neither_forge_nor_roll_back_a_members_revocations() 
 async fn a_router_lying_that_a_member_is_revoked_keeps_it_from_no_other_router() {
     let cp = start_cp().await;
     let r1 = start_router(&cp, "r1").await;
-    let liar = LyingRouter::start(
-        Setup {
-            control_plane: cp.url.clone(),
-            token: cp.token(Role::Router).await,
-            listen_ip: IpAddr::V4(LIAR),
-            step_deadline: DEADLINE,
-        },
-        None,
-    )
-    .await
-    .expect("the lying router enrolls, listens and leases");
+    let liar = start_liar(&cp, None).await;
     liar.refuse_as_revoked();
     let member = cp.token(Role::Member).await;
     // K = 2: a first start asks both routers at once.
