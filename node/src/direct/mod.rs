@@ -149,6 +149,10 @@ pub(crate) enum Refused {
     /// too many).
     #[error("punch to {0:?}: addresses we do not dial")]
     BadTarget(Option<PeerId>),
+    /// A punch's dial (dcutr's retry) while a direct connection to the
+    /// peer has come up since the punch began: it would make a second.
+    #[error("punch to {0:?}: a direct connection to it came up during this punch")]
+    AlreadyDirect(Option<PeerId>),
 }
 
 /// One peer's punch backoff.
@@ -174,7 +178,8 @@ pub(crate) struct Behaviour {
     /// The candidate last handed to dcutr.
     candidate: Option<SocketAddr>,
     queued: VecDeque<Multiaddr>,
-    /// Destinations the transport dialled from a fresh port (read only).
+    /// Destinations the transport dialled from a fresh port (read only),
+    /// and those of our punches' dials (marked here).
     log: ReuseLog,
     backoffs: Backoffs,
     /// Open direct connections to members (a punch's dial, or accepted
@@ -699,9 +704,23 @@ impl NetworkBehaviour for Behaviour {
         id: ConnectionId,
         peer: Option<PeerId>,
         addresses: &[Multiaddr],
-        _role: Endpoint,
+        role: Endpoint,
     ) -> Result<Vec<Multiaddr>, ConnectionDenied> {
         let loopback = self.loopback_targets;
+        if self.is_punch(&id)
+            && let Some(p) = peer
+            && self.open.direct_since_punch_began(&p)
+        {
+            // The peer tried again before it saw the connection our dial
+            // (or its own) brought up. Counted here on the side dialing
+            // as the dialer; the other side's skip is counted where its
+            // next attempt is held back (`poll`).
+            if role == Endpoint::Dialer {
+                self.metrics.upgrade("skipped_direct");
+            }
+            tracing::debug!(%p, "punch dial not made: a direct connection came up during this punch");
+            return Err(ConnectionDenied::new(Refused::AlreadyDirect(peer)));
+        }
         if self.is_punch(&id) && self.open.full() {
             // Filled up since the punch began.
             self.metrics.upgrade("skipped_full");
@@ -720,6 +739,15 @@ impl NetworkBehaviour for Behaviour {
                 "punch to addresses we do not dial: refused"
             );
             return Err(ConnectionDenied::new(Refused::BadTarget(peer)));
+        }
+        if self.is_punch(&id) {
+            for a in addresses {
+                if let Some(agentmesh_streams::dial::IpTarget::Tcp(to)) =
+                    agentmesh_streams::dial::ip_target(a)
+                {
+                    self.log.mark_punch(to);
+                }
+            }
         }
         Ok(Vec::new())
     }

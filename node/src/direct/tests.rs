@@ -172,6 +172,10 @@ fn a_punch_to_addresses_we_must_not_dial_is_refused_and_counted() {
             .is_err()
     );
     assert_eq!(count(&m, "bad_target"), 10);
+    // The punch's dial that went ahead is marked for the transport (no
+    // fallback to a fresh port); the refused ones are not.
+    assert!(b.log.take_punch(&"10.0.0.5:4500".parse().expect("sa")));
+    assert!(!b.log.take_punch(&"10.0.0.5:4500".parse().expect("sa")));
     // Dials that are not punches (routers on loopback in tests) pass.
     let router: Multiaddr = "/ip4/127.0.0.1/tcp/4001".parse().expect("addr");
     assert!(
@@ -591,6 +595,25 @@ fn a_punch_under_way_or_won_by_the_peers_dial_makes_no_second_connection() {
     // retry needs its real exchange: the NAT matrices count one direct
     // connection per cell). Its failure is no failure and no backoff.
     assert!(b.open.direct_since_punch_began(&peer));
+    // Nor is a dial of dcutr's next attempt made when the peer tried again
+    // first (as the dialer, counted here; in the listener's role the held
+    // back attempt counts it).
+    let to: Multiaddr = format!("/ip4/10.0.0.9/tcp/4500/p2p/{peer}")
+        .parse()
+        .expect("addr");
+    for (id, role) in [(4, Endpoint::Dialer), (5, Endpoint::Listener)] {
+        let retry = ConnectionId::new_unchecked(id);
+        b.note_punch(retry);
+        let r = b.handle_pending_outbound_connection(
+            retry,
+            Some(peer),
+            std::slice::from_ref(&to),
+            role,
+        );
+        assert!(r.is_err(), "{role:?}");
+    }
+    assert_eq!(count(&m, "skipped_direct"), 1);
+    assert!(!b.log.take_punch(&"10.0.0.9:4500".parse().expect("sa")));
     b.punched(peer, false, Instant::now());
     assert_eq!(count(&m, "failed"), 0);
     assert!(!b.backoff.contains_key(&peer));

@@ -21,8 +21,13 @@
 //! noted in [`ReuseLog`]: the address a router observes on such a
 //! connection is not the listening port's mapping, so the engine leaves it
 //! out of the NAT classification rather than misread the NAT as
-//! endpoint-dependent. A punch that falls back fails (its NAT mapping is
-//! new) and the call stays relayed; the next punch, after the backoff,
+//! endpoint-dependent. A punch's dial (the direct-connection behaviour
+//! marks it in [`ReuseLog`]) never falls back: from a fresh port its NAT
+//! mapping is new, so it fails where the peer is behind a filtering NAT
+//! and, where the peer can be reached unsolicited, makes a second direct
+//! connection beside the one holding the tuple (dcutr's retry after the
+//! first attempt connected). It fails instead and the call stays relayed
+//! or on the connection already up; the next punch, after the backoff,
 //! leaves from the listening port again.
 //!
 //! **A punch that lands on the listening port.** In a punch both sides
@@ -44,9 +49,9 @@
 //! meant to open, in the role the punch gave this side. The swarm's
 //! upgrade of that inbound connection fails (it is the dial's now). Where
 //! none comes (TIME_WAIT) the dial falls back as above, [`CLAIM_WAIT`]
-//! later; a dial in the listener's role (only a punch's) fails instead:
-//! from a fresh port it would reach the peer's listening port as a second
-//! listener and hang to the connect timeout. That is also what happens
+//! later; a punch's dial fails instead (one in the listener's role, from
+//! a fresh port, would reach the peer's listening port as a second
+//! listener and hang to the connect timeout). That is also what happens
 //! when the peer's SYN took the tuple and spoke before we could take its
 //! connection over (two members on one host behind a hairpinning NAT do
 //! it every time): its connection is the punch's, up as inbound.
@@ -207,13 +212,14 @@ struct Shared {
     user_timeout: Option<std::time::Duration>,
 }
 
-/// `role`: the dial's role in the connection's handshake; a dial in the
-/// listener's role is a punch's (libp2p-dcutr's role override) and never
-/// falls back to a fresh port, see below.
+/// `role`: the dial's role in the connection's handshake; `punch`: the
+/// direct-connection behaviour marked the dial as a punch's. A punch's
+/// dial (and any in the listener's role, libp2p-dcutr's role override)
+/// never falls back to a fresh port, see below.
 async fn connect(
     to: SocketAddr,
     bind: Option<SocketAddr>,
-    role: Endpoint,
+    (role, punch): (Endpoint, bool),
     shared: Shared,
 ) -> io::Result<tokio::net::TcpStream> {
     let Shared {
@@ -244,16 +250,18 @@ async fn connect(
                 log.note(to, false);
                 return Ok(stream);
             }
-            if role == Endpoint::Listener {
-                // From a fresh port this dial would reach the peer's
-                // listening port, where the peer takes it as inbound and
-                // waits for us to speak as we wait for it (two listeners):
-                // it could only hang to the connect timeout. The tuple is
-                // taken by the peer's own punch connection, up already
-                // (delivered as an ordinary inbound one), or by TIME_WAIT,
-                // where a fresh port's new NAT mapping fails the punch
-                // anyway.
-                tracing::debug!(%to, ?bind, error = %e, "a punch dial in the listener's role finds its tuple taken and nothing to take over: it fails rather than dial from a fresh port");
+            if role == Endpoint::Listener || punch {
+                // The tuple is taken by a connection between the two
+                // listening ports, up already (the peer's punch delivered
+                // as an ordinary inbound one, or our own dial of an
+                // earlier attempt), or by TIME_WAIT, where a fresh port's
+                // new NAT mapping fails the punch anyway. From a fresh
+                // port a dial in the listener's role would reach the
+                // peer's listening port as a second listener and hang to
+                // the connect timeout; one in the dialer's role would make
+                // a second direct connection wherever the peer can be
+                // reached unsolicited.
+                tracing::debug!(%to, ?bind, ?role, error = %e, "a punch dial finds its tuple taken and nothing to take over: it fails rather than dial from a fresh port");
                 return Err(e);
             }
             tracing::debug!(%to, ?bind, error = %e, "the listening port cannot reach this destination now (tuple in TIME_WAIT or taken): dialing from a fresh port");
@@ -348,6 +356,7 @@ impl Transport for ReuseTcp {
             return Err(TransportError::MultiaddrNotSupported(addr));
         };
         let bind = bind_for(&to, opts.port_use, *self.bound.lock(), self.source_ip);
+        let punch = self.log.take_punch(&to);
         let shared = Shared {
             source_ip: self.source_ip,
             log: self.log.clone(),
@@ -357,7 +366,7 @@ impl Transport for ReuseTcp {
             user_timeout: self.user_timeout,
         };
         Ok(async move {
-            let s = connect(to, bind, opts.role, shared).await?;
+            let s = connect(to, bind, (opts.role, punch), shared).await?;
             Ok(libp2p::tcp::tokio::TcpStream(s))
         }
         .boxed())

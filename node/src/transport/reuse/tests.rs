@@ -1,6 +1,6 @@
 //! [`ReuseTcp`] on loopback: dials leave from the listening port, fall
 //! back to a fresh one when the tuple is taken (counted and logged; a
-//! punch's dial in the listener's role fails instead), and the listener
+//! punch's dial, in either role, fails instead), and the listener
 //! accepts.
 
 use std::net::SocketAddr;
@@ -127,6 +127,32 @@ async fn a_punch_dial_in_the_listeners_role_never_falls_back_to_a_fresh_port() {
     // Nothing else reached the destination.
     let more = tokio::time::timeout(std::time::Duration::from_millis(300), server.accept()).await;
     assert!(more.is_err(), "a second connection arrived: {more:?}");
+}
+
+#[tokio::test]
+async fn a_punch_dial_in_the_dialers_role_never_falls_back_to_a_fresh_port() {
+    // The retry of a punch whose first attempt connected: from a fresh
+    // port it would reach a peer that can be reached unsolicited as a
+    // second direct connection.
+    let (mut t, log, fallbacks, _port) = listening().await;
+    let (server, to) = plain_listener().await;
+    let (_held, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
+    accepted.expect("accept");
+    log.mark_punch(to);
+    let e = t
+        .dial(tcp_multiaddr(to), opts(PortUse::Reuse))
+        .expect("ours")
+        .await
+        .expect_err("the tuple is taken and nothing was held from it");
+    assert!(tuple_taken(&e), "{e}");
+    assert_eq!(fallbacks.get(), 0, "no fresh port");
+    assert!(!log.take_punch(&to), "the dial took the mark");
+    let more = tokio::time::timeout(std::time::Duration::from_millis(300), server.accept()).await;
+    assert!(more.is_err(), "a second connection arrived: {more:?}");
+    // The next, unmarked dial to it (a router's, say) falls back as before.
+    let (_third, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
+    accepted.expect("accept");
+    assert_eq!(fallbacks.get(), 1);
 }
 
 #[tokio::test]
