@@ -72,7 +72,8 @@ impl PolicyCtx {
     /// Takes what the control plane sent (`source`: "directory" or
     /// "watch"): offers the signed policy and revocation list (each
     /// verified, taken if newer), has the swarm loop install the list held
-    /// in the router's trust, and enforces whatever changed at once.
+    /// in the router's trust, then starts the push round, and enforces
+    /// whatever changed at once.
     /// Revoked peers themselves are dropped (and their connections closed)
     /// by the swarm loop's next tick, which reads the same trust.
     pub(crate) async fn take(
@@ -81,6 +82,7 @@ impl PolicyCtx {
         revocations: Option<&SignedRevocations>,
         source: &'static str,
     ) -> Changed {
+        let taken_at = tokio::time::Instant::now();
         let changed = {
             let trust = self.link.trust.read();
             self.state
@@ -101,6 +103,12 @@ impl PolicyCtx {
             } else {
                 reinstalled = retry;
             }
+        }
+        if changed.any() {
+            // The push round starts once the list is in the trust (or
+            // could not be put there in time): it reads the trust to leave
+            // out the members being revoked.
+            self.state.announce(taken_at);
         }
         if changed.any() || reinstalled {
             self.enforce().await;

@@ -200,13 +200,23 @@ async fn a_token_revocation_drops_every_member_of_that_token_and_their_records()
         ..Default::default()
     }];
     let list = signed_list(&cp, 1, 1, now, &revoked);
+    // The push round starts only once the list is in the trust: not while
+    // the take waits for the swarm loop to install it.
+    let g0 = c.policy.generations().borrow().number;
+    let mut take = std::pin::pin!(ctx.take(None, Some(&list), "watch"));
     assert!(
-        owner
-            .serve_while(ctx.take(None, Some(&list), "watch"))
-            .await
-            .revocations
+        futures::poll!(take.as_mut()).is_pending(),
+        "waits on the loop"
     );
-    // The push round that follows leaves out the members being dropped.
+    assert_eq!(
+        c.policy.generations().borrow().number,
+        g0,
+        "no push round before the list is installed"
+    );
+    assert!(owner.serve_while(take).await.revocations);
+    assert_eq!(c.policy.generations().borrow().number, g0 + 1);
+    let list = list.clone();
+    // So the round leaves out the members being dropped.
     let (now_list, later, _) = super::push::attached(&c.link, &c.admissions, u64::MAX);
     let pushed: Vec<PeerId> = now_list.into_iter().chain(later).collect();
     assert_eq!(pushed, vec![web], "revoked members are not pushed");

@@ -234,14 +234,19 @@ impl PolicyState {
                 }
             }
         }
-        drop(held);
-        if changed.any() {
-            self.generation.send_modify(|g| {
-                g.number += 1;
-                g.taken_at = Instant::now();
-            });
-        }
         changed
+    }
+
+    /// Starts a push round of what is held now, taken at `taken_at` (push
+    /// lag is measured from there): called by whoever offered a change,
+    /// once it is enforced where the round reads it (a new revocation list
+    /// installed in the router's trust, so the round leaves out the members
+    /// it names instead of pushing to them as they are dropped).
+    pub(crate) fn announce(&self, taken_at: Instant) {
+        self.generation.send_modify(|g| {
+            g.number += 1;
+            g.taken_at = taken_at;
+        });
     }
 
     fn ignored(&self, e: &PolicyRejection, source: &'static str) {
@@ -292,7 +297,8 @@ impl PolicyState {
         ))
     }
 
-    /// Watches the generation: it changes on every new policy or list.
+    /// Watches the generation: it changes on every new policy or list
+    /// ([`Self::announce`]).
     pub(crate) fn generations(&self) -> watch::Receiver<Generation> {
         self.generation.subscribe()
     }

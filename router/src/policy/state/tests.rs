@@ -51,6 +51,9 @@ fn a_newer_version_is_taken_an_identical_copy_changes_nothing() {
     assert!(c.policy && !c.revocations);
     assert_eq!(s.version(), (1, 1));
     assert_eq!(s.metrics().version.get(), 1);
+    // The push round starts when the taker announces it.
+    assert_eq!(s.generations().borrow().number, g0);
+    s.announce(tokio::time::Instant::now());
     assert_eq!(s.generations().borrow().number, g0 + 1);
     // The directory poll returns the same copy every round: no change, not
     // counted as stale.
