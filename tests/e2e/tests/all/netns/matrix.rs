@@ -17,7 +17,8 @@
 //! - `symmetric`: endpoint-dependent random mapping.
 //!
 //! Every ordered pair (caller's place, provider's place) is a cell of its
-//! own, 25 in all, plus hairpinning (both members behind one `eim` NAT):
+//! own, 25 in all, plus two members behind one `eim` NAT, once hairpinning
+//! and once not:
 //! the direction matters, since the caller dials the relayed connection
 //! and the provider starts the punch (dcutr), dialing with the listener's
 //! role. In each cell each member exposes a service and forwards to the
@@ -32,9 +33,9 @@
 //! reasons in [`REASONS`]; the test prints expected against observed for
 //! every cell (and what each member's `status` says of its NAT, its punch
 //! results and port-reuse counters) and then fails on any difference. No
-//! cell is merged with another: all 26 run at once on one control plane
-//! and two routers (two observations of every member's mapping), 52
-//! members, 41 NATs, 10 squatters, about 110 namespaces, in 12 to 30 s on
+//! cell is merged with another: all 27 run at once on one control plane
+//! and two routers (two observations of every member's mapping), 54
+//! members, 42 NATs, 10 squatters, about 115 namespaces, in 12 to 30 s on
 //! two cores (the cells' set-up and warm waits overlap).
 //!
 //! Over QUIC the punch differs (the side dialling in the listener's role
@@ -159,6 +160,9 @@ const EXPECTED: [[Path; 5]; 5] = [
 /// Two members behind one `eim` NAT that hairpins.
 const HAIRPIN: Path = D;
 
+/// Two members behind one `eim` NAT that does not hairpin.
+const NO_HAIRPIN: Path = R;
+
 /// Why, printed under the table.
 const REASONS: &[&str] = &[
     "direct wherever both mappings are endpoint-independent (public hosts included: \
@@ -181,6 +185,10 @@ const REASONS: &[&str] = &[
     "hairpin: both behind one eim NAT on one listening port, so the second gets another \
      public port (one owner per port); the punch to each other's mapping is hairpinned \
      with the sender's own mapping as source",
+    "no hairpin: the same two members behind a NAT that does not hairpin; each one's \
+     punch is aimed at the NAT's own public address from inside, which the NAT does not \
+     send back in, so the punch fails (counted failed once dcutr's attempts are spent, \
+     then backed off) and the calls stay relayed (members offer only the address their routers observe, not a LAN one)",
 ];
 
 /// One cell: two members, `a` calls `b` first.
@@ -188,15 +196,16 @@ const REASONS: &[&str] = &[
 struct Cell {
     caller: Side,
     provider: Side,
-    /// Both behind one NAT (hairpinning); the sides are then `eim`.
-    hairpin: bool,
+    /// Both behind one `eim` NAT (the sides are then `eim`): whether it
+    /// hairpins.
+    shared: Option<bool>,
     expected: Path,
 }
 
 impl Cell {
     /// What the members' `status` must say of their NATs (caller, provider).
     fn classified(&self) -> [&'static str; 2] {
-        if self.hairpin {
+        if self.shared.is_some() {
             // The second of the two gets another public port towards both
             // routers: one owner per port, one mapping per socket.
             return ["endpoint_independent"; 2];
@@ -209,7 +218,11 @@ impl Cell {
             "{} -> {}{}",
             self.caller.name(),
             self.provider.name(),
-            if self.hairpin { " (hairpin)" } else { "" }
+            match self.shared {
+                Some(true) => " (hairpin)",
+                Some(false) => " (no hairpin)",
+                None => "",
+            }
         )
     }
 }
@@ -338,13 +351,13 @@ async fn squat(host: &Host, routers: Vec<SocketAddr>, over: Over) -> Squat {
 async fn hosts(net: &Net, i: usize, cell: Cell, over: Over) -> ([Host; 2], Vec<Squat>) {
     let p = over.prefix();
     let names = [format!("{p}{i}a"), format!("{p}{i}b")];
-    if cell.hairpin {
+    if let Some(hairpin) = cell.shared {
         let gw = net
             .tb
-            .nat(&format!("{p}{i}-gw"), NatKind::EndpointIndependent)
+            .nat_with(&format!("{p}{i}-gw"), NatKind::EndpointIndependent, hairpin)
             .await
             .expect("nat");
-        assert!(gw.hairpin());
+        assert_eq!(gw.hairpin(), hairpin);
         let a = net.tb.host_behind(&gw, &names[0]).await.expect("host");
         let b = net.tb.host_behind(&gw, &names[1]).await.expect("host");
         return ([a, b], Vec::new());
@@ -533,13 +546,10 @@ fn table(cells: &[Cell], outcomes: &[Result<Outcome, String>], over: Over) -> St
         }
         t.push('\n');
     }
-    let k = cells.len() - 1;
-    let _ = writeln!(
-        t,
-        "{:<W$}{}",
-        "hairpin (eim)",
-        cell_text(&cells[k], &outcomes[k])
-    );
+    let shared = SIDES.len() * SIDES.len();
+    for (k, label) in [(shared, "hairpin (eim)"), (shared + 1, "no hairpin (eim)")] {
+        let _ = writeln!(t, "{:<W$}{}", label, cell_text(&cells[k], &outcomes[k]));
+    }
     for r in REASONS {
         let _ = writeln!(t, "- {r}");
     }
@@ -601,7 +611,7 @@ async fn matrix(over: Over) {
             cells.push(Cell {
                 caller,
                 provider,
-                hairpin: false,
+                shared: None,
                 expected: EXPECTED[row][col],
             });
         }
@@ -610,8 +620,14 @@ async fn matrix(over: Over) {
     cells.push(Cell {
         caller: eim,
         provider: eim,
-        hairpin: true,
+        shared: Some(true),
         expected: HAIRPIN,
+    });
+    cells.push(Cell {
+        caller: eim,
+        provider: eim,
+        shared: Some(false),
+        expected: NO_HAIRPIN,
     });
     let net = &net;
     let outcomes: Vec<Result<Outcome, String>> =
