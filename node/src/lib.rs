@@ -304,6 +304,10 @@ pub async fn spawn(
     registry: Option<&mut Registry>,
 ) -> Result<NodeHandle, SpawnError> {
     validate(&config)?;
+    // Before the first QUIC handshake could seed it on a runtime thread
+    // (once per process: at once for the programs, which seed it before
+    // their runtime starts, and for every node after the first embedded).
+    agentmesh_runtime::entropy::seeded().await;
     let dir = config.data_dir.clone();
     let stored = tokio::task::spawn_blocking(move || identity::load_or_create(&dir))
         .await

@@ -28,6 +28,9 @@
 //!   a program starts anything, so an early SIGTERM still drains.
 //! - [`supervise`]: what the programs' supervisors share: a stopped
 //!   task's [`supervise::TaskFailure`], panic text, first failure reported.
+//! - [`entropy`]: AWS-LC's random generator (libp2p's QUIC) seeded once
+//!   per process before the runtime starts, so its CPU-jitter collection
+//!   never runs inside a dial on a runtime thread.
 //! - [`at_rest`]: the data-dir and key-file checks every program makes
 //!   before it trusts what it stored (no group- or world-writable dir or
 //!   file, keys tightened back to 0600), and writing a private file.
@@ -39,6 +42,7 @@ pub mod allocator;
 pub mod at_rest;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod entropy;
 pub mod listen_queue;
 pub mod log_gate;
 pub mod logging;
@@ -66,9 +70,11 @@ pub fn runtime_builder() -> tokio::runtime::Builder {
     b
 }
 
-/// Builds the [`runtime_builder`] runtime and runs `main` on it to the end:
-/// every binary's `fn main`. Fails only if the runtime cannot be built.
+/// Seeds the crypto generator ([`entropy`]), builds the [`runtime_builder`]
+/// runtime and runs `main` on it to the end: every binary's `fn main`.
+/// Fails only if the runtime cannot be built.
 pub fn block_on<F: std::future::Future>(main: F) -> std::io::Result<F::Output> {
+    entropy::seed();
     Ok(runtime_builder().build()?.block_on(main))
 }
 
@@ -82,6 +88,7 @@ pub fn block_on_within<F: std::future::Future>(
     main: F,
     grace: std::time::Duration,
 ) -> std::io::Result<F::Output> {
+    entropy::seed();
     let rt = runtime_builder().build()?;
     let out = rt.block_on(main);
     rt.shutdown_timeout(grace);
