@@ -709,12 +709,13 @@ impl NetworkBehaviour for Behaviour {
         let loopback = self.loopback_targets;
         if self.is_punch(&id)
             && let Some(p) = peer
-            && self.open.direct_since_punch_began(&p)
+            && self.open.young_direct_to(&p, Instant::now())
         {
             // The peer tried again before it saw the connection our dial
-            // (or its own) brought up. Counted here on the side dialing
-            // as the dialer; the other side's skip is counted where its
-            // next attempt is held back (`poll`).
+            // (or its own) brought up (over QUIC nothing else stops a
+            // second: no tuple is shared). Counted here on the side
+            // dialing as the dialer; the other side's skip is counted
+            // where its next attempt is held back (`poll`).
             if role == Endpoint::Dialer {
                 self.metrics.upgrade("skipped_direct");
             }
@@ -826,11 +827,11 @@ impl NetworkBehaviour for Behaviour {
             self.repunch.inner_knows(&f.connection_id);
         }
         if let FromSwarm::DialFailure(f) = &event {
-            self.reversal_dialed(&f.connection_id, false, Instant::now());
+            self.reversal_dialed(&f.connection_id, Err(f.error), Instant::now());
             self.repunch.inner_knows(&f.connection_id);
         }
         if let FromSwarm::ConnectionEstablished(e) = &event {
-            self.reversal_dialed(&e.connection_id, true, Instant::now());
+            self.reversal_dialed(&e.connection_id, Ok(()), Instant::now());
         }
         if let FromSwarm::ConnectionEstablished(ConnectionEstablished {
             peer_id,

@@ -170,6 +170,20 @@ impl Open {
             .is_some_and(|(began, _)| self.direct_to_since(peer, *began))
     }
 
+    /// Whether a direct connection to `peer` came up (and is open) during
+    /// the punch under way with it, or within [`gate::PUNCH_WINDOW`] of
+    /// `now`: a punch's dial to it would make a second. The window covers
+    /// the side whose punch already ended with that connection while the
+    /// peer, which had not seen it yet, tries again on the same relayed
+    /// connection (dcutr's retry). An older one does not count (see
+    /// [`Self::direct_since_punch_began`]).
+    pub(super) fn young_direct_to(&self, peer: &PeerId, now: Instant) -> bool {
+        self.direct_since_punch_began(peer)
+            || now
+                .checked_sub(gate::PUNCH_WINDOW)
+                .is_some_and(|since| self.direct_to_since(peer, since))
+    }
+
     /// Whether a direct connection to `peer` that came up at or after
     /// `began` is open.
     fn direct_to_since(&self, peer: &PeerId, began: Instant) -> bool {
@@ -269,5 +283,25 @@ mod tests {
         o.closed(&id(6));
         o.punch_began(p, id(2), t0 + Duration::from_millis(5));
         assert!(o.relayed_closed(&p, id(2)));
+    }
+
+    /// A direct connection is young for a punch window after it came up,
+    /// whether or not a punch is under way: a punch's dial to its peer
+    /// then would make a second. An older one does not stop a punch.
+    #[test]
+    fn a_direct_connection_is_young_for_a_punch_window() {
+        let mut o = Open::default();
+        let p = PeerId::random();
+        let t0 = Instant::now();
+        let id = ConnectionId::new_unchecked;
+        assert!(!o.young_direct_to(&p, t0 + gate::PUNCH_WINDOW), "none open");
+        o.opened(id(1), p, t0);
+        // No punch under way (it ended with this connection).
+        assert!(o.young_direct_to(&p, t0 + gate::PUNCH_WINDOW / 2));
+        let later = t0 + gate::PUNCH_WINDOW + Duration::from_secs(1);
+        assert!(!o.young_direct_to(&p, later), "old");
+        // A punch under way since before it still sees it.
+        o.punch_began(p, id(9), t0);
+        assert!(o.young_direct_to(&p, later));
     }
 }

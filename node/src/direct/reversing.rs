@@ -114,19 +114,29 @@ impl Behaviour {
         self.reversals.queued.push_back(ToSwarm::Dial { opts });
     }
 
-    /// Connection `id` came up (`ok`) or its dial failed: counted when it
-    /// was a reversal's.
-    pub(super) fn reversal_dialed(&mut self, id: &ConnectionId, ok: bool, now: Instant) {
+    /// Connection `id` came up or its dial failed: counted (and a failure
+    /// logged with its cause) when it was a reversal's.
+    pub(super) fn reversal_dialed(
+        &mut self,
+        id: &ConnectionId,
+        result: Result<(), &libp2p::swarm::DialError>,
+        now: Instant,
+    ) {
         let Some(peer) = self.reversals.dialing.remove(id) else {
             return;
         };
-        if ok {
-            self.metrics.upgrade("reversed");
-            self.backoff.remove(&peer);
-            self.repunch.succeeded(&peer);
-        } else {
-            self.metrics.upgrade("reversal_failed");
-            self.back_off(peer, now);
+        match result {
+            Ok(()) => {
+                tracing::debug!(%peer, "reversal: our dial connected");
+                self.metrics.upgrade("reversed");
+                self.backoff.remove(&peer);
+                self.repunch.succeeded(&peer);
+            }
+            Err(error) => {
+                tracing::debug!(%peer, %error, "reversal: our dial failed");
+                self.metrics.upgrade("reversal_failed");
+                self.back_off(peer, now);
+            }
         }
     }
 

@@ -618,6 +618,21 @@ fn a_punch_under_way_or_won_by_the_peers_dial_makes_no_second_connection() {
     assert_eq!(count(&m, "failed"), 0);
     assert!(!b.backoff.contains_key(&peer));
     assert!(!b.open.direct_since_punch_began(&peer), "the punch is over");
+    // Over, but the connection is young: the peer, which had not seen it,
+    // tries again on the same relayed connection, and our dial (as the
+    // dialer: over QUIC it would connect a second time) is not made.
+    let retry = ConnectionId::new_unchecked(6);
+    b.note_punch(retry);
+    assert!(
+        b.handle_pending_outbound_connection(
+            retry,
+            Some(peer),
+            std::slice::from_ref(&to),
+            Endpoint::Dialer
+        )
+        .is_err()
+    );
+    assert_eq!(count(&m, "skipped_direct"), 2);
     // The punch ended: a new relayed connection punches, the direct
     // connection open or not.
     assert_eq!(b.upgrade_for(&peer, Instant::now()), Upgrade::Punch);
