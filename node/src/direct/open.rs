@@ -170,18 +170,22 @@ impl Open {
             .is_some_and(|(began, _)| self.direct_to_since(peer, *began))
     }
 
-    /// Whether a direct connection to `peer` came up (and is open) during
-    /// the punch under way with it, or within [`gate::PUNCH_WINDOW`] of
-    /// `now`: a punch's dial to it would make a second. The window covers
-    /// the side whose punch already ended with that connection while the
-    /// peer, which had not seen it yet, tries again on the same relayed
-    /// connection (dcutr's retry). An older one does not count (see
-    /// [`Self::direct_since_punch_began`]).
+    /// Whether a punch's dial to `peer` would make a second direct
+    /// connection: one came up (and is open) during the punch under way
+    /// with it, or, with none under way, within [`gate::PUNCH_WINDOW`] of
+    /// `now`. The window covers the side whose punch already ended with
+    /// that connection while the peer, which had not seen it yet, tries
+    /// again on the same relayed connection (dcutr's retry). A punch under
+    /// way that began after the connection came up (a new relayed
+    /// connection: its peer has likely lost that path) is not held back,
+    /// however young the connection.
     pub(super) fn young_direct_to(&self, peer: &PeerId, now: Instant) -> bool {
-        self.direct_since_punch_began(peer)
-            || now
+        match self.under_way.get(peer) {
+            Some((began, _)) => self.direct_to_since(peer, *began),
+            None => now
                 .checked_sub(gate::PUNCH_WINDOW)
-                .is_some_and(|since| self.direct_to_since(peer, since))
+                .is_some_and(|since| self.direct_to_since(peer, since)),
+        }
     }
 
     /// Whether a direct connection to `peer` that came up at or after
@@ -285,23 +289,29 @@ mod tests {
         assert!(o.relayed_closed(&p, id(2)));
     }
 
-    /// A direct connection is young for a punch window after it came up,
-    /// whether or not a punch is under way: a punch's dial to its peer
-    /// then would make a second. An older one does not stop a punch.
+    /// With no punch under way (ours ended with the connection), a direct
+    /// connection holds back punch dials to its peer for a punch window;
+    /// with one under way, only a connection that came up during it does:
+    /// a new punch (a new relayed connection) beside a young connection
+    /// goes ahead, since its peer has likely lost that path.
     #[test]
     fn a_direct_connection_is_young_for_a_punch_window() {
         let mut o = Open::default();
         let p = PeerId::random();
         let t0 = Instant::now();
         let id = ConnectionId::new_unchecked;
+        let secs = Duration::from_secs;
         assert!(!o.young_direct_to(&p, t0 + gate::PUNCH_WINDOW), "none open");
         o.opened(id(1), p, t0);
-        // No punch under way (it ended with this connection).
         assert!(o.young_direct_to(&p, t0 + gate::PUNCH_WINDOW / 2));
-        let later = t0 + gate::PUNCH_WINDOW + Duration::from_secs(1);
+        let later = t0 + gate::PUNCH_WINDOW + secs(1);
         assert!(!o.young_direct_to(&p, later), "old");
-        // A punch under way since before it still sees it.
+        // A punch under way since before it came up sees it, old or not.
         o.punch_began(p, id(9), t0);
         assert!(o.young_direct_to(&p, later));
+        o.punch_ended(&p);
+        // A new punch after it came up does not, young as it is.
+        o.punch_began(p, id(10), t0 + secs(9));
+        assert!(!o.young_direct_to(&p, t0 + secs(9)));
     }
 }

@@ -73,8 +73,10 @@ async fn sources_seen(kind: NatKind) -> Option<Vec<SocketAddr>> {
         );
         // The answer to the mapping gets back in.
         ps.send_to(b"back", src).await.expect("answer");
-        let (got, from) = recv(&s, DEADLINE).await.expect("the answer arrives");
-        assert_eq!((got.as_slice(), from), (&b"back"[..], to));
+        let from = recv_payload(&s, b"back", DEADLINE)
+            .await
+            .expect("the answer arrives");
+        assert_eq!(from, to);
         // Another public host sending to the same mapping.
         let stranger = tb.public_host(&format!("s{i}")).await.expect("stranger");
         let ss = udp_on(&stranger).await;
@@ -167,8 +169,9 @@ async fn collision(kind: NatKind) -> Option<(Vec<SocketAddr>, Vec<SocketAddr>)> 
             assert_eq!(src.ip(), nat.public_addr());
             // The answer reaches the right host.
             p.send_to(b"back", src).await.expect("answer");
-            let (got, _) = recv(s, DEADLINE).await.expect("the answer arrives");
-            assert_eq!(got, b"back");
+            recv_payload(s, b"back", DEADLINE)
+                .await
+                .expect("the answer arrives");
             seen.push(src);
         }
     }
@@ -329,8 +332,10 @@ async fn hairpin(kind: NatKind, one_host: bool) {
         assert_eq!(from_b, b_mapped, "a sees b at b's own mapping");
     }
     sa.send_to(b"and back", from_b).await.expect("answer");
-    let (got, from) = recv(&sb, DEADLINE).await.expect("the answer arrives");
-    assert_eq!((got.as_slice(), from), (&b"and back"[..], mapped));
+    let from = recv_payload(&sb, b"and back", DEADLINE)
+        .await
+        .expect("the answer arrives");
+    assert_eq!(from, mapped);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,6 +32,24 @@ pub(crate) async fn recv(s: &UdpSocket, wait: Duration) -> Option<(Vec<u8>, Sock
     }
 }
 
+/// Receives the first datagram carrying `payload` within `wait`: its
+/// source. Others are skipped: [`deliver`] sends until one arrives, so late
+/// copies of an earlier payload may still be queued.
+pub(crate) async fn recv_payload(
+    s: &UdpSocket,
+    payload: &[u8],
+    wait: Duration,
+) -> Option<SocketAddr> {
+    let end = tokio::time::Instant::now() + wait;
+    loop {
+        let left = end.saturating_duration_since(tokio::time::Instant::now());
+        let (got, from) = recv(s, left).await?;
+        if got == payload {
+            return Some(from);
+        }
+    }
+}
+
 /// Asserts that no datagram carrying `payload` reaches `at` within
 /// [`SILENCE`] (others, e.g. late copies from [`deliver`], are ignored).
 pub(crate) async fn assert_silent(at: &UdpSocket, payload: &[u8], what: &str) {
