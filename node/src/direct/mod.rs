@@ -149,9 +149,10 @@ pub(crate) enum Refused {
     /// too many).
     #[error("punch to {0:?}: addresses we do not dial")]
     BadTarget(Option<PeerId>),
-    /// A punch's dial (dcutr's retry) while a direct connection to the
-    /// peer has come up since the punch began: it would make a second.
-    #[error("punch to {0:?}: a direct connection to it came up during this punch")]
+    /// A punch's dial (dcutr's retry) while a young direct connection to
+    /// the peer is open ([`open::Open::young_direct_to`]): it would make a
+    /// second.
+    #[error("punch to {0:?}: a direct connection to it came up just now")]
     AlreadyDirect(Option<PeerId>),
 }
 
@@ -706,9 +707,11 @@ impl NetworkBehaviour for Behaviour {
         addresses: &[Multiaddr],
         role: Endpoint,
     ) -> Result<Vec<Multiaddr>, ConnectionDenied> {
+        if !self.is_punch(&id) {
+            return Ok(Vec::new());
+        }
         let loopback = self.loopback_targets;
-        if self.is_punch(&id)
-            && let Some(p) = peer
+        if let Some(p) = peer
             && self.open.young_direct_to(&p, Instant::now())
         {
             // The peer tried again before it saw the connection our dial
@@ -719,19 +722,18 @@ impl NetworkBehaviour for Behaviour {
             if role == Endpoint::Dialer {
                 self.metrics.upgrade("skipped_direct");
             }
-            tracing::debug!(%p, "punch dial not made: a direct connection came up during this punch");
+            tracing::debug!(%p, "punch dial not made: a direct connection to the peer came up just now");
             return Err(ConnectionDenied::new(Refused::AlreadyDirect(peer)));
         }
-        if self.is_punch(&id) && self.open.full() {
+        if self.open.full() {
             // Filled up since the punch began.
             self.metrics.upgrade("skipped_full");
             return Err(ConnectionDenied::new(Refused::Full(peer)));
         }
-        if self.is_punch(&id)
-            && (addresses.len() > MAX_PUNCH_ADDRS
-                || !addresses
-                    .iter()
-                    .all(|a| targets::punch_target_allowed(a, loopback)))
+        if addresses.len() > MAX_PUNCH_ADDRS
+            || !addresses
+                .iter()
+                .all(|a| targets::punch_target_allowed(a, loopback))
         {
             self.metrics.upgrade("bad_target");
             tracing::debug!(
@@ -741,13 +743,11 @@ impl NetworkBehaviour for Behaviour {
             );
             return Err(ConnectionDenied::new(Refused::BadTarget(peer)));
         }
-        if self.is_punch(&id) {
-            for a in addresses {
-                if let Some(agentmesh_streams::dial::IpTarget::Tcp(to)) =
-                    agentmesh_streams::dial::ip_target(a)
-                {
-                    self.log.mark_punch(to);
-                }
+        for a in addresses {
+            if let Some(agentmesh_streams::dial::IpTarget::Tcp(to)) =
+                agentmesh_streams::dial::ip_target(a)
+            {
+                self.log.mark_punch(to);
             }
         }
         Ok(Vec::new())

@@ -65,13 +65,8 @@ impl ReuseLog {
     /// (the transport's half).
     pub(crate) fn take_punch(&self, to: &SocketAddr) -> bool {
         let mut q = self.punches.lock();
-        match q.iter().position(|a| a == to) {
-            Some(i) => {
-                q.remove(i);
-                true
-            }
-            None => false,
-        }
+        let at = q.iter().position(|a| a == to);
+        at.and_then(|i| q.remove(i)).is_some()
     }
 }
 

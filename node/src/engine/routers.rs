@@ -272,13 +272,6 @@ impl Engine {
         }
     }
 
-    /// Routers to hold or acquire now: K, or one while a node that had
-    /// lost every router holds none. When a whole mesh restarts every
-    /// member comes back at once and the routers' CPU goes to handshakes:
-    /// one attach each makes the fleet ready in half the work; the other
-    /// K − 1 follow after the rejoin spread ([`Self::on_reserved`]). A
-    /// first start dials K at once (nothing is storming then, and a dead
-    /// router in the directory must not delay readiness).
     /// A router refused our credential as revoked: before another router
     /// is asked, the directory is fetched (its signed revocation list
     /// settles it, see [`super::shun::Choice::revocation_check`]).
@@ -289,6 +282,13 @@ impl Engine {
         }
     }
 
+    /// Routers to hold or acquire now: K, or one while a node that had
+    /// lost every router holds none. When a whole mesh restarts every
+    /// member comes back at once and the routers' CPU goes to handshakes:
+    /// one attach each makes the fleet ready in half the work; the other
+    /// K − 1 follow after the rejoin spread ([`Self::on_reserved`]). A
+    /// first start dials K at once (nothing is storming then, and a dead
+    /// router in the directory must not delay readiness).
     fn rejoin_want(&self) -> usize {
         self.choice
             .routers_wanted(self.node.config.routers.count, self.reserved_peers().len())

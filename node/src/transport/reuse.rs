@@ -212,14 +212,14 @@ struct Shared {
     user_timeout: Option<std::time::Duration>,
 }
 
-/// `role`: the dial's role in the connection's handshake; `punch`: the
-/// direct-connection behaviour marked the dial as a punch's. A punch's
-/// dial (and any in the listener's role, libp2p-dcutr's role override)
-/// never falls back to a fresh port, see below.
+/// `may_fall_back`: whether the dial may leave from a fresh port when its
+/// tuple is taken; never for a punch's (the direct-connection behaviour
+/// marked it, or it dials in the listener's role, libp2p-dcutr's role
+/// override), see below.
 async fn connect(
     to: SocketAddr,
     bind: Option<SocketAddr>,
-    (role, punch): (Endpoint, bool),
+    may_fall_back: bool,
     shared: Shared,
 ) -> io::Result<tokio::net::TcpStream> {
     let Shared {
@@ -250,7 +250,7 @@ async fn connect(
                 log.note(to, false);
                 return Ok(stream);
             }
-            if role == Endpoint::Listener || punch {
+            if !may_fall_back {
                 // The tuple is taken by a connection between the two
                 // listening ports, up already (the peer's punch delivered
                 // as an ordinary inbound one, or our own dial of an
@@ -261,7 +261,7 @@ async fn connect(
                 // the connect timeout; one in the dialer's role would make
                 // a second direct connection wherever the peer can be
                 // reached unsolicited.
-                tracing::debug!(%to, ?bind, ?role, error = %e, "a punch dial finds its tuple taken and nothing to take over: it fails rather than dial from a fresh port");
+                tracing::debug!(%to, ?bind, error = %e, "a punch dial finds its tuple taken and nothing to take over: it fails rather than dial from a fresh port");
                 return Err(e);
             }
             tracing::debug!(%to, ?bind, error = %e, "the listening port cannot reach this destination now (tuple in TIME_WAIT or taken): dialing from a fresh port");
@@ -356,7 +356,9 @@ impl Transport for ReuseTcp {
             return Err(TransportError::MultiaddrNotSupported(addr));
         };
         let bind = bind_for(&to, opts.port_use, *self.bound.lock(), self.source_ip);
+        // Taken whatever the role, so no mark outlives its dial.
         let punch = self.log.take_punch(&to);
+        let may_fall_back = opts.role == Endpoint::Dialer && !punch;
         let shared = Shared {
             source_ip: self.source_ip,
             log: self.log.clone(),
@@ -366,7 +368,7 @@ impl Transport for ReuseTcp {
             user_timeout: self.user_timeout,
         };
         Ok(async move {
-            let s = connect(to, bind, (opts.role, punch), shared).await?;
+            let s = connect(to, bind, may_fall_back, shared).await?;
             Ok(libp2p::tcp::tokio::TcpStream(s))
         }
         .boxed())

@@ -116,15 +116,27 @@ async fn a_punch_dial_in_the_listeners_role_never_falls_back_to_a_fresh_port() {
         role: Endpoint::Listener,
         port_use: PortUse::Reuse,
     };
+    fails_from_no_fresh_port(&mut t, to, &server, listener_role, &fallbacks).await;
+    assert!(!log.dialled_from_fresh_port(&to));
+}
+
+/// Dials `to` with `opts` while `t`'s first connection to it holds the
+/// tuple: the dial fails as taken, no fresh port is used, and nothing
+/// else reaches `server`.
+async fn fails_from_no_fresh_port(
+    t: &mut ReuseTcp,
+    to: SocketAddr,
+    server: &tokio::net::TcpListener,
+    opts: DialOpts,
+    fallbacks: &Counter,
+) {
     let e = t
-        .dial(tcp_multiaddr(to), listener_role)
+        .dial(tcp_multiaddr(to), opts)
         .expect("ours")
         .await
         .expect_err("the tuple is taken and nothing was held from it");
     assert!(tuple_taken(&e), "{e}");
     assert_eq!(fallbacks.get(), 0, "no fresh port");
-    assert!(!log.dialled_from_fresh_port(&to));
-    // Nothing else reached the destination.
     let more = tokio::time::timeout(std::time::Duration::from_millis(300), server.accept()).await;
     assert!(more.is_err(), "a second connection arrived: {more:?}");
 }
@@ -139,16 +151,8 @@ async fn a_punch_dial_in_the_dialers_role_never_falls_back_to_a_fresh_port() {
     let (_held, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
     accepted.expect("accept");
     log.mark_punch(to);
-    let e = t
-        .dial(tcp_multiaddr(to), opts(PortUse::Reuse))
-        .expect("ours")
-        .await
-        .expect_err("the tuple is taken and nothing was held from it");
-    assert!(tuple_taken(&e), "{e}");
-    assert_eq!(fallbacks.get(), 0, "no fresh port");
+    fails_from_no_fresh_port(&mut t, to, &server, opts(PortUse::Reuse), &fallbacks).await;
     assert!(!log.take_punch(&to), "the dial took the mark");
-    let more = tokio::time::timeout(std::time::Duration::from_millis(300), server.accept()).await;
-    assert!(more.is_err(), "a second connection arrived: {more:?}");
     // The next, unmarked dial to it (a router's, say) falls back as before.
     let (_third, accepted) = tokio::join!(dial_from(&mut t, to, PortUse::Reuse), server.accept());
     accepted.expect("accept");
