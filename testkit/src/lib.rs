@@ -93,16 +93,54 @@ pub fn udp_sockets_on(ip: std::net::Ipv4Addr) -> usize {
         .count()
 }
 
-/// A TCP echo backend on 127.0.0.1:0 (a real socket a node exposes as a
 /// A loopback TCP port free now (bound once, then released): for a
 /// program the test starts on it, or as an address nothing answers on.
+///
+/// Picked at random below the kernel's ephemeral range: a port the kernel
+/// handed out for `:0` could be taken, between this check and the
+/// program's own bind, as the source port of any connection another test
+/// opens (seen in CI: a control-plane replica failing with "Address
+/// already in use"). Below that range only another explicit bind can take
+/// it. Where the range leaves no room below it, the kernel's choice.
 pub fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
+    free_port(|port| std::net::TcpListener::bind(("127.0.0.1", port)).map(|l| l.local_addr()))
 }
 
+/// [`free_tcp_port`] for UDP.
+pub fn free_udp_port() -> u16 {
+    free_port(|port| std::net::UdpSocket::bind(("127.0.0.1", port)).map(|s| s.local_addr()))
+}
+
+fn free_port(bind: impl Fn(u16) -> std::io::Result<std::io::Result<SocketAddr>>) -> u16 {
+    use rand::Rng as _;
+    let low = ephemeral_low().unwrap_or(0);
+    if low > FIXED_PORTS_FROM + 1024 {
+        let mut rng = rand::thread_rng();
+        for _ in 0..64 {
+            let port = rng.gen_range(FIXED_PORTS_FROM..low);
+            if bind(port).is_ok() {
+                return port;
+            }
+        }
+    }
+    bind(0).and_then(|a| a).expect("free port").port()
+}
+
+/// The lowest port [`free_tcp_port`] picks: above the well-known and most
+/// registered services' ports.
+const FIXED_PORTS_FROM: u16 = 20_000;
+
+/// The first port of the kernel's ephemeral range (`None`: unknown).
+fn ephemeral_low() -> Option<u16> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A TCP echo backend on 127.0.0.1:0 (a real socket a node exposes as a
 /// service); each connection is echoed until the caller half-closes.
 pub async fn echo_backend() -> SocketAddr {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -271,16 +271,24 @@ async fn a_flood_from_one_host_takes_no_service_from_routers_and_members() {
     assert!(share >= 1, "{}", report.summary());
     assert!(refused("unauth_source_share") >= share as f64);
     // Every refusal of the flood came from the guard or the unauthenticated
-    // budget, or was a malformed request; none from a budget real callers
-    // spend after they are checked. The one exception: an enrollment with a
+    // budget or its own connections' stream bound (`streams_per_connection`:
+    // its calls in flight on one connection, refused before any work; a
+    // loaded machine that answers slower lets more pile up), or was a
+    // malformed request; none from a budget real callers spend after they
+    // are checked. The one exception: an enrollment with a
     // valid proof passes the cheap checks and reaches the enroll budget
     // (only the database knows the token is bad), until its source's
     // failures trip the guard, so at most the guard's threshold (60 a
     // minute) of them, and within the source's share.
     for (kind, r) in &report.kinds {
         for (limiter, n) in &r.by_limiter {
-            let cheap =
-                ["failure_guard", "unauth", "unauth_source_share"].contains(&limiter.as_str());
+            let cheap = [
+                "failure_guard",
+                "unauth",
+                "unauth_source_share",
+                "streams_per_connection",
+            ]
+            .contains(&limiter.as_str());
             let before_the_guard = *kind == FloodKind::BadEnroll
                 && ["enroll", "enroll_source_share"].contains(&limiter.as_str())
                 && *n <= 60;

@@ -599,6 +599,15 @@ impl Behaviour {
             // first): not a failure, and no backoff.
             tracing::debug!(%peer, "punch ended without our dial: a direct connection is up");
             self.punch_succeeded(&peer, now);
+        } else if self.open.unlanded(&peer) == open::Unlanded::NoExchange {
+            // The peer declined the exchange (it backs off from us, say
+            // after a path that died, and its own re-punch is due only on
+            // its side) or the relayed connection failed: backing off
+            // here would refuse the peer's re-punch after its address
+            // changes (`repunch.rs`), for nothing about the path.
+            self.metrics.upgrade("no_exchange");
+            tracing::debug!(%peer, "punch ended before any dial: no backoff");
+            self.open.punch_ended(&peer);
         } else {
             self.metrics.upgrade("failed");
             self.back_off(peer, now);
@@ -962,6 +971,7 @@ impl NetworkBehaviour for Behaviour {
                 self.note_punch(opts.connection_id());
                 if let Some(peer) = opts.get_peer_id() {
                     self.gate.punch_started(peer, Instant::now());
+                    self.open.punch_dialed(&peer);
                 }
             }
             _ => {}

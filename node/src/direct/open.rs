@@ -10,7 +10,9 @@
 //! meanwhile is not punched as well. A direct connection that came up
 //! since the punch began means the punch succeeded whatever our own dial
 //! does: dcutr's next attempt after our dial failed would make the peer
-//! dial again, a second connection, so it is not made.
+//! dial again, a second connection, so it is not made. A punch that
+//! failed before dcutr dialed ([`Unlanded::NoExchange`]) says nothing of
+//! the path and is not backed off.
 
 use std::collections::HashMap;
 
@@ -34,9 +36,30 @@ pub(super) struct Open {
     by_id: HashMap<ConnectionId, (PeerId, Instant)>,
     /// The same by peer: how many, and when the newest came up.
     by_peer: HashMap<PeerId, (usize, Instant)>,
-    /// Punches we started, by peer: when, and on which relayed
-    /// connection; until their result or that connection's close.
-    under_way: HashMap<PeerId, (Instant, ConnectionId)>,
+    /// Punches we started, by peer; until their result or the close of
+    /// the relayed connection they run on.
+    under_way: HashMap<PeerId, UnderWay>,
+}
+
+/// One punch under way.
+#[derive(Debug, Clone, Copy)]
+struct UnderWay {
+    began: Instant,
+    /// The relayed connection its exchange runs on.
+    on: ConnectionId,
+    /// dcutr dialed the peer in it: its exchange got through.
+    dialed: bool,
+}
+
+/// How a punch ended without a direct connection of ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unlanded {
+    /// Its exchange got through and the dials failed: the path.
+    DialsFailed,
+    /// It ended before any dial: the peer declined the exchange (it is
+    /// backing off, full, or has direct connections off) or the relayed
+    /// connection failed under it. Says nothing of the path.
+    NoExchange,
 }
 
 impl Default for Open {
@@ -110,10 +133,35 @@ impl Open {
     pub(super) fn punch_began(&mut self, peer: PeerId, relayed: ConnectionId, now: Instant) {
         if self.under_way.len() >= MAX_UNDER_WAY {
             self.under_way
-                .retain(|_, (at, _)| now.saturating_duration_since(*at) < gate::PUNCH_WINDOW);
+                .retain(|_, u| now.saturating_duration_since(u.began) < gate::PUNCH_WINDOW);
         }
         if self.under_way.len() < MAX_UNDER_WAY {
-            self.under_way.insert(peer, (now, relayed));
+            self.under_way.insert(
+                peer,
+                UnderWay {
+                    began: now,
+                    on: relayed,
+                    dialed: false,
+                },
+            );
+        }
+    }
+
+    /// dcutr dialed `peer` for the punch under way with it: the exchange
+    /// on the relayed connection got through.
+    pub(super) fn punch_dialed(&mut self, peer: &PeerId) {
+        if let Some(u) = self.under_way.get_mut(peer) {
+            u.dialed = true;
+        }
+    }
+
+    /// How the punch under way with `peer` failed, judged when dcutr
+    /// reports the failure (before [`Self::punch_ended`]). A punch not
+    /// remembered counts as the path's failure.
+    pub(super) fn unlanded(&self, peer: &PeerId) -> Unlanded {
+        match self.under_way.get(peer) {
+            Some(u) if !u.dialed => Unlanded::NoExchange,
+            _ => Unlanded::DialsFailed,
         }
     }
 
@@ -123,20 +171,20 @@ impl Open {
     /// whose own dial lost (its tuple taken by the peer's, which came up)
     /// hears nothing from dcutr: that punch got through all the same.
     pub(super) fn relayed_closed(&mut self, peer: &PeerId, id: ConnectionId) -> bool {
-        let Some((began, on)) = self.under_way.get(peer).copied() else {
+        let Some(u) = self.under_way.get(peer).copied() else {
             return false;
         };
-        if on != id {
+        if u.on != id {
             return false;
         }
         self.under_way.remove(peer);
-        !self.direct_to_since(peer, began)
+        !self.direct_to_since(peer, u.began)
     }
 
     /// The punch with `peer` has its result (or was given up): when it
     /// began, if it was remembered.
     pub(super) fn punch_ended(&mut self, peer: &PeerId) -> Option<Instant> {
-        self.under_way.remove(peer).map(|(at, _)| at)
+        self.under_way.remove(peer).map(|u| u.began)
     }
 
     /// Whether a punch began on relayed connection `id` within
@@ -145,10 +193,10 @@ impl Open {
     /// Not once a direct connection to its peer came up since it began:
     /// the relayed connection is no longer needed for it.
     pub(super) fn punch_runs_on(&self, id: ConnectionId, now: Instant) -> bool {
-        self.under_way.iter().any(|(peer, (at, on))| {
-            *on == id
-                && now.saturating_duration_since(*at) < gate::PUNCH_WINDOW
-                && !self.direct_to_since(peer, *at)
+        self.under_way.iter().any(|(peer, u)| {
+            u.on == id
+                && now.saturating_duration_since(u.began) < gate::PUNCH_WINDOW
+                && !self.direct_to_since(peer, u.began)
         })
     }
 
@@ -157,7 +205,7 @@ impl Open {
     pub(super) fn punch_under_way(&self, peer: &PeerId, now: Instant) -> bool {
         self.under_way
             .get(peer)
-            .is_some_and(|(at, _)| now.saturating_duration_since(*at) < gate::PUNCH_WINDOW)
+            .is_some_and(|u| now.saturating_duration_since(u.began) < gate::PUNCH_WINDOW)
     }
 
     /// Whether a direct connection to `peer` came up (and is open) since
@@ -167,7 +215,7 @@ impl Open {
     pub(super) fn direct_since_punch_began(&self, peer: &PeerId) -> bool {
         self.under_way
             .get(peer)
-            .is_some_and(|(began, _)| self.direct_to_since(peer, *began))
+            .is_some_and(|u| self.direct_to_since(peer, u.began))
     }
 
     /// Whether a punch's dial to `peer` would make a second direct
@@ -181,7 +229,7 @@ impl Open {
     /// however young the connection.
     pub(super) fn young_direct_to(&self, peer: &PeerId, now: Instant) -> bool {
         match self.under_way.get(peer) {
-            Some((began, _)) => self.direct_to_since(peer, *began),
+            Some(u) => self.direct_to_since(peer, u.began),
             None => now
                 .checked_sub(gate::PUNCH_WINDOW)
                 .is_some_and(|since| self.direct_to_since(peer, since)),

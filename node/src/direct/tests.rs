@@ -700,3 +700,53 @@ fn past_the_direct_connection_cap_nothing_more_goes_direct() {
     }));
     assert_eq!(b.upgrade_for(&second, now), Upgrade::Punch);
 }
+
+/// The side a relayed connection reached runs dcutr's exchange. When it
+/// ends before dcutr dialed (the peer declined it: it backs off from us
+/// after its direct path died, and only its own address change may lift
+/// that), nothing was learnt of the path: counted `no_exchange`, not
+/// backed off, so the peer's re-punch after it moves is taken at once.
+/// One whose dials failed backs off as before.
+#[test]
+fn a_punch_the_peer_declined_is_not_backed_off_and_one_whose_dials_failed_is() {
+    let (mut b, m) = behaviour(true);
+    b.observe(PeerId::random(), Some("10.0.0.5:4500".parse().expect("sa")));
+    let peer = PeerId::random();
+    let relayed: Multiaddr = format!(
+        "/ip4/10.0.0.1/tcp/4001/p2p/{}/p2p-circuit",
+        PeerId::random()
+    )
+    .parse()
+    .expect("addr");
+    let reached = |b: &mut Behaviour, id: usize| {
+        let h = b
+            .relayed_handler(peer, ConnectionId::new_unchecked(id), |d| {
+                d.handle_established_inbound_connection(
+                    ConnectionId::new_unchecked(id),
+                    peer,
+                    &relayed,
+                    &"/ip4/10.0.0.1/tcp/4001".parse().expect("addr"),
+                )
+            })
+            .expect("handler");
+        let Either::Left(select) = h else {
+            panic!("a relayed connection gets the relayed handler")
+        };
+        assert!(matches!(select.into_inner().0, Either::Left(_)), "punched");
+    };
+    reached(&mut b, 1);
+    assert_eq!(b.open.unlanded(&peer), open::Unlanded::NoExchange);
+    b.punched(peer, false, Instant::now());
+    assert_eq!((count(&m, "no_exchange"), count(&m, "failed")), (1, 0));
+    assert!(!b.backoff.contains_key(&peer));
+    assert!(!b.open.punch_under_way(&peer, Instant::now()), "over");
+    // The next relayed connection punches at once; this time dcutr dials
+    // and the dials fail: the path, backed off.
+    reached(&mut b, 2);
+    b.open.punch_dialed(&peer);
+    b.punched(peer, false, Instant::now());
+    assert_eq!((count(&m, "no_exchange"), count(&m, "failed")), (1, 1));
+    assert!(b.backoff.contains_key(&peer));
+    assert_eq!(b.upgrade_for(&peer, Instant::now()), Upgrade::Skip);
+    assert_eq!(count(&m, "skipped_backoff"), 1);
+}

@@ -36,7 +36,11 @@ use prometheus_client::encoding::EncodeLabelSet;
 /// 10 s), `skipped_full` (`--direct-max-connections` direct connections
 /// are open: the relayed path stays), `abandoned` (the relayed connection
 /// the punch ran on closed before dcutr reported a result, which it then
-/// never does, and no direct connection to the peer came up meanwhile).
+/// never does, and no direct connection to the peer came up meanwhile),
+/// `no_exchange` (the punch ended before dcutr dialed: the peer declined
+/// its exchange, say while it backs off from us, or the relayed
+/// connection failed under it; not backed off: nothing was learnt of the
+/// path).
 pub const UPGRADE_RESULTS: &[&str] = &[
     "direct",
     "failed",
@@ -54,6 +58,7 @@ pub const UPGRADE_RESULTS: &[&str] = &[
     "skipped_in_progress",
     "skipped_full",
     "abandoned",
+    "no_exchange",
 ];
 
 /// Why an inbound direct connection was closed at once:
@@ -311,7 +316,7 @@ impl DirectMetrics {
     pub(super) fn register(&self, r: &mut Registry) {
         r.register(
             "upgrade_attempts",
-            "Upgrades of relayed connections to direct ones (DCUtR hole punches and connection reversals), by result (direct, failed, skipped_endpoint_dependent, skipped_backoff, skipped_no_address, bad_target; reversal: reversed, reversal_failed, reversal_refused, reversal_agreed, reversal_declined; repunched: punched again after our observed address changed; skipped_direct, skipped_in_progress, skipped_full; abandoned: the relayed connection the punch ran on closed before its result, with no direct connection to the peer since it began)",
+            "Upgrades of relayed connections to direct ones (DCUtR hole punches and connection reversals), by result (direct, failed, skipped_endpoint_dependent, skipped_backoff, skipped_no_address, bad_target; reversal: reversed, reversal_failed, reversal_refused, reversal_agreed, reversal_declined; repunched: punched again after our observed address changed; skipped_direct, skipped_in_progress, skipped_full; abandoned: the relayed connection the punch ran on closed before its result, with no direct connection to the peer since it began; no_exchange: the punch ended before any dial, the peer having declined the exchange or the relayed connection failed, not backed off)",
             self.upgrade_attempts.clone(),
         );
         r.register(

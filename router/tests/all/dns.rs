@@ -23,15 +23,9 @@ use support::{TestPeer, eventually, metric};
 /// address) and for an address nobody listens on.
 fn free_port(udp: bool) -> u16 {
     if udp {
-        std::net::UdpSocket::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .expect("free udp port")
-            .port()
+        agentmesh_testkit::free_udp_port()
     } else {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .expect("free tcp port")
-            .port()
+        agentmesh_testkit::free_tcp_port()
     }
 }
 

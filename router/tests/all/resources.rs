@@ -342,10 +342,23 @@ async fn members_behind_one_ip_are_not_limited_once_admitted() {
     let token = cp.token(Role::Member).await;
 
     // Two unauthenticated connections from 127.0.0.1 use the source's budget.
+    // Each is up at the router before the next dials: a dialer counts its
+    // connection up before the router has taken its last handshake
+    // message, so on a loaded machine b's could otherwise be the older.
+    let charged = "agentmesh_router_connections_charged";
+    let before = r.metric(charged);
     let a = Peer::new();
     a.connect(r.id(), listen_addr(&r, false)).await;
+    eventually("a's connection up at the router", || async {
+        (r.metric(charged) >= before + 1.0).then_some(())
+    })
+    .await;
     let b = Peer::new();
     b.connect(r.id(), listen_addr(&r, false)).await;
+    eventually("b's connection up at the router", || async {
+        (r.metric(charged) >= before + 2.0).then_some(())
+    })
+    .await;
     // A newcomer at the cap is let in and the source's oldest
     // unauthenticated connection (a's) is closed: an attacker holding a
     // source's slots cannot keep a real member from that address out.

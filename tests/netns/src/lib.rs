@@ -51,7 +51,7 @@ pub use host::{Host, Placement};
 pub use http::HttpResponse;
 pub use names::Prefix;
 pub use nat::NatKind;
-pub use testbed::{Nat, Testbed, unavailable};
+pub use testbed::{KEEP_LOGS_ENV, Nat, Testbed, unavailable};
 
 /// Set to `1` where the namespace tests must run (CI as root): a testbed
 /// that cannot be made fails the test instead of skipping it.

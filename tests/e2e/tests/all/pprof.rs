@@ -3,7 +3,7 @@
 //! profile fetched over HTTP decode as pprof protobuf and hold samples.
 
 use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -21,9 +21,7 @@ const NODE: &str = env!("CARGO_BIN_EXE_e2e-agentmesh-node");
 const MALLOC_CONF: &str = "prof:true,prof_active:true,lg_prof_sample:14";
 
 fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
+    SocketAddr::from(([127, 0, 0, 1], agentmesh_testkit::free_tcp_port()))
 }
 
 /// `GET path` over HTTP/1.0: (status, body), or None when nothing answers.

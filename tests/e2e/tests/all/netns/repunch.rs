@@ -36,7 +36,7 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
     // The dead path noticed quickly (as in `direct.rs`), and a backoff
     // after the fallback that outlasts the test.
     let EimPair {
-        provider: _provider,
+        provider,
         caller,
         provider_nat: pgw,
         caller_nat: cgw,
@@ -67,6 +67,19 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
     let punched = r#"agentmesh_node_upgrade_attempts_total{result="direct"}"#;
     let repunched = r#"agentmesh_node_upgrade_attempts_total{result="repunched"}"#;
     assert_eq!(caller.metric(repunched).await, 0.0);
+
+    // The relayed connection closes for idleness first
+    // (`--relayed-idle-secs`), so the fallback below makes a new one: the
+    // provider, which the circuit reaches, starts dcutr's exchange on it
+    // and the caller, backing off from the dead path, declines it. That
+    // must not back the provider off (`no_exchange`): it would refuse the
+    // caller's re-punch after the move for its whole backoff.
+    let idle_closed = r#"agentmesh_node_relayed_idle_closed_total{direction="outbound"}"#;
+    let closed_before = caller.metric(idle_closed).await;
+    eventually("the relayed connection closed for idleness", || async {
+        (caller.metric(idle_closed).await > closed_before).then_some(())
+    })
+    .await;
 
     // The direct path dies: calls fall back to the relay, and punches to
     // the provider back off.
@@ -144,7 +157,12 @@ async fn after_the_callers_mapping_moves_it_punches_again_and_calls_go_direct() 
         counts.push(format!("{series}={}", caller.metric(series).await));
     }
     eprintln!("caller: repunched={n} {}", counts.join(" "));
-    for (who, m) in [("caller", &caller), ("provider", &_provider)] {
+    let no_exchange = r#"agentmesh_node_upgrade_attempts_total{result="no_exchange"}"#;
+    assert!(
+        provider.metric(no_exchange).await >= 1.0,
+        "the provider's punch on the fallback's relayed connection was declined"
+    );
+    for (who, m) in [("caller", &caller), ("provider", &provider)] {
         let text = m.metrics().await;
         let upgrades: Vec<&str> = text
             .lines()

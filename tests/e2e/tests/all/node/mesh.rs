@@ -232,12 +232,9 @@ async fn the_binaries_run_a_node_and_call_through_its_socket() {
     let dir = tempfile::tempdir().expect("tempdir");
     let token_file = token_file(dir.path(), &member).await;
     let data = dir.path().join("data");
-    // A free port for its /metrics (the OS's choice, released for the node).
-    let metrics_addr = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind")
-        .local_addr()
-        .expect("addr");
+    // A free port for its /metrics (released for the node).
+    let metrics_addr =
+        std::net::SocketAddr::from(([127, 0, 0, 1], agentmesh_testkit::free_tcp_port()));
     let metrics = metrics_addr.to_string();
     let mut node = run_node(
         &cp,

@@ -11,18 +11,12 @@ use agentmesh_proto::pb::credential::Role;
 use agentmesh_testkit::udp_sockets_on;
 use support::*;
 
-/// A free loopback port for `proto` ("tcp" or "udp"), from the OS.
+/// A free loopback port for `proto` ("tcp" or "udp").
 async fn free_port(proto: &str) -> u16 {
     if proto == "udp" {
-        let s = tokio::net::UdpSocket::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        s.local_addr().expect("addr").port()
+        agentmesh_testkit::free_udp_port()
     } else {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        l.local_addr().expect("addr").port()
+        agentmesh_testkit::free_tcp_port()
     }
 }
 
