@@ -227,6 +227,9 @@ pub struct DirectArgs {
     /// With --direct: how long written bytes may stay unacknowledged on a TCP connection before the kernel drops it (TCP_USER_TIMEOUT; a dead direct path fails its calls over to the relay), seconds (0: the kernel's default).
     #[arg(long, default_value_t = config::DEFAULT_DIRECT_TCP_USER_TIMEOUT_SECS)]
     pub direct_tcp_user_timeout_secs: u64,
+    /// How long a QUIC connection (to a router or a member) may hear nothing from its peer before it is closed (a dead direct path fails its calls over to the relay; keep-alives go every half of it, so a live idle path never reaches it), seconds (0: libp2p's 10 s; under 1 acts as 1).
+    #[arg(long, default_value_t = config::DEFAULT_DIRECT_QUIC_IDLE_TIMEOUT_SECS)]
+    pub direct_quic_idle_timeout_secs: u64,
     /// With --direct: how long a direct connection to a member may stay open before the peer's credential arrives on it and verifies; then it is closed (direct_closed_total{reason="unauthenticated"}), milliseconds.
     #[arg(long, default_value_t = config::DEFAULT_DIRECT_AUTH_TIMEOUT_MS)]
     pub direct_auth_timeout_ms: u64,
@@ -252,6 +255,7 @@ impl From<DirectArgs> for config::DirectConfig {
             max_pending_inbound: a.direct_max_pending_inbound,
             max_pending_inbound_per_source: a.direct_max_pending_inbound_per_source,
             tcp_user_timeout: Duration::from_secs(a.direct_tcp_user_timeout_secs),
+            quic_idle_timeout: Duration::from_secs(a.direct_quic_idle_timeout_secs),
             auth_timeout: Duration::from_millis(a.direct_auth_timeout_ms.max(1)),
             allow_loopback_targets: a.direct_allow_loopback_targets,
             transport: a.direct_transport,

@@ -5,9 +5,9 @@
 //! the direct-connection gate and upgrade (`crate::direct`), the relay
 //! client, `agentmesh-streams` (our protocols) and ping as behaviours.
 //!
-//! With `--direct=false` (the default) a member never listens: everything
-//! reaches it through a relayed circuit on one of its routers, so TCP only
-//! dials. With `--direct=true` TCP is [`reuse::ReuseTcp`]: one listening
+//! With `--direct=false` a member never listens: everything reaches it
+//! through a relayed circuit on one of its routers, so TCP only dials.
+//! With `--direct=true` (the default) TCP is [`reuse::ReuseTcp`]: one listening
 //! port, and every dial leaves from it; with `--direct-transport=quic` QUIC
 //! listens instead ([`quic::DialQuic::listening`]: one UDP socket, every
 //! QUIC dial from it) and TCP only dials. The listening transport's
@@ -96,6 +96,8 @@ pub(crate) struct Dialing {
     pub(crate) max_pending_inbound: (usize, usize),
     /// `TCP_USER_TIMEOUT` of the listening port's sockets, when listening.
     pub(crate) tcp_user_timeout: Option<std::time::Duration>,
+    /// Every QUIC connection's idle timeout (zero: libp2p's, 10 s).
+    pub(crate) quic_idle_timeout: Duration,
     /// How long the peer of a direct connection has to authenticate.
     pub(crate) auth_timeout: Duration,
     /// Punches may dial loopback (`--direct-allow-loopback-targets`).
@@ -125,6 +127,31 @@ fn tcp(
     }
 }
 
+/// How the member's QUIC runs.
+#[derive(Clone, Copy, Debug)]
+struct Quic {
+    /// It listens (`--direct-transport=quic`), else dials only.
+    listens: bool,
+    /// See [`quic_config`].
+    idle_timeout: Duration,
+}
+
+/// libp2p's QUIC config with `idle_timeout` (zero: libp2p's 10 s): a
+/// connection that hears nothing from its peer for that long is closed,
+/// which is how a dead QUIC path is noticed (the TCP user timeout's
+/// counterpart; `direct::close_reason` counts it `timed_out`). quinn then
+/// sends a keep-alive every half of it, so an idle path that still carries
+/// bytes is never taken for a dead one.
+pub(crate) fn quic_config(key: &Keypair, idle_timeout: Duration) -> libp2p::quic::Config {
+    let mut c = libp2p::quic::Config::new(key);
+    if !idle_timeout.is_zero() {
+        let idle = idle_timeout.max(crate::config::MIN_TIMEOUT);
+        c.max_idle_timeout = u32::try_from(idle.as_millis()).unwrap_or(u32::MAX);
+        c.keep_alive_interval = idle / 2;
+    }
+    c
+}
+
 /// `t` with noise and the member's yamux, boxed.
 fn upgraded<T>(t: T, noise: noise::Config, yamux: muxer::YamuxUpgrade) -> Direct
 where
@@ -146,7 +173,7 @@ where
 /// `yamux` is the member's bounded yamux for TCP and relayed connections
 /// alike (QUIC has its own flow control). `handshakes`, given when the
 /// member listens, guards the listening transport (TCP with `reuse`, or
-/// QUIC with `quic_listens`): each inbound connection is admitted to its
+/// QUIC listening): each inbound connection is admitted to its
 /// handshake as it is accepted ([`handshakes`]). Dial-only transports and
 /// the relay client's, whose inbound circuits come over a router's
 /// connection, are not guarded.
@@ -154,7 +181,7 @@ fn direct(
     key: &Keypair,
     source_ip: Option<IpAddr>,
     reuse: Option<Reuse>,
-    quic_listens: bool,
+    quic: Quic,
     yamux: muxer::YamuxUpgrade,
     handshakes: Option<&agentmesh_fair::handshakes::Handshakes>,
 ) -> Result<(Direct, relay::client::Behaviour), noise::Error> {
@@ -175,8 +202,8 @@ fn direct(
     // it beside TCP (the swarm dials both at once; the first handshake wins).
     // Listening with `--direct-transport=quic` (routers then dialled over
     // QUIC where they offer it: `select::direct_attach_addrs`).
-    let quic = if quic_listens {
-        let listening = quic::DialQuic::listening(libp2p::quic::Config::new(key))
+    let quic = if quic.listens {
+        let listening = quic::DialQuic::listening(quic_config(key, quic.idle_timeout))
             .map(|(p, c), _| (p, StreamMuxerBox::new(c)));
         match handshakes {
             // Its packets share one socket: handshakes give way oldest first.
@@ -184,7 +211,7 @@ fn direct(
             None => listening.boxed(),
         }
     } else {
-        quic::DialQuic::new(libp2p::quic::Config::new(key), source_ip)
+        quic::DialQuic::new(quic_config(key, quic.idle_timeout), source_ip)
             .map(|(p, c), _| (p, StreamMuxerBox::new(c)))
             .boxed()
     };
@@ -244,6 +271,7 @@ pub(crate) async fn build(
             config.direct.max_pending_inbound_per_source,
         ),
         tcp_user_timeout: Some(config.direct.tcp_user_timeout).filter(|d| !d.is_zero()),
+        quic_idle_timeout: config.direct.quic_idle_timeout,
         auth_timeout: config.direct.auth_timeout,
         loopback_targets: config.direct.allow_loopback_targets,
         quic: config.direct.transport == crate::config::DirectTransport::Quic,
@@ -316,7 +344,11 @@ pub(crate) async fn build_swarm(
     let upgrade = muxer::yamux_upgrade(yamux, yamux_dropped)?;
     tracing::debug!(?yamux, "yamux limits");
     let source_ip = dialing.source_ip;
-    let quic_listens = dialing.quic && dialing.listen.is_some();
+    let quic = Quic {
+        listens: dialing.quic && dialing.listen.is_some(),
+        idle_timeout: dialing.quic_idle_timeout,
+    };
+    let quic_listens = quic.listens;
     let reuse = dialing
         .listen
         .as_ref()
@@ -337,7 +369,7 @@ pub(crate) async fn build_swarm(
             &k,
             source_ip,
             reuse.clone(),
-            quic_listens,
+            quic,
             upgrade.clone(),
             handshakes.as_ref(),
         )?;
@@ -352,7 +384,7 @@ pub(crate) async fn build_swarm(
                     &k,
                     source_ip,
                     reuse,
-                    quic_listens,
+                    quic,
                     upgrade,
                     handshakes.as_ref(),
                 )?;
@@ -433,3 +465,5 @@ mod tests_direct;
 mod tests_handshakes;
 #[cfg(test)]
 mod tests_optimistic;
+#[cfg(test)]
+mod tests_quic_idle;

@@ -163,6 +163,15 @@ pub struct DirectConfig {
     /// the relay. Counted in
     /// `agentmesh_node_direct_closed_total{reason="timed_out"}`.
     pub tcp_user_timeout: Duration,
+    /// How long a QUIC connection (to a router or a member) may hear
+    /// nothing from its peer before it is closed
+    /// (`--direct-quic-idle-timeout-secs`, default 10 s, libp2p's; zero:
+    /// that default; under 1 s acts as 1 s). quinn sends a keep-alive every
+    /// half of it, so only a path that stopped carrying bytes reaches it:
+    /// the QUIC counterpart of [`Self::tcp_user_timeout`], counted in
+    /// `agentmesh_node_direct_closed_total{reason="timed_out"}` for direct
+    /// connections.
+    pub quic_idle_timeout: Duration,
     /// How long a direct connection to a member may stay open before the
     /// peer's credential arrives on it and verifies
     /// (`--direct-auth-timeout-ms`, default 5 s; less than 1 ms acts as
@@ -228,6 +237,8 @@ pub const DEFAULT_DIRECT_MAX_PENDING_INBOUND: usize = 64;
 pub const DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE: usize = 8;
 /// Default [`DirectConfig::tcp_user_timeout`], seconds.
 pub const DEFAULT_DIRECT_TCP_USER_TIMEOUT_SECS: u64 = 10;
+/// Default [`DirectConfig::quic_idle_timeout`], seconds.
+pub const DEFAULT_DIRECT_QUIC_IDLE_TIMEOUT_SECS: u64 = 10;
 /// Default [`DirectConfig::max_connections`], connections.
 pub const DEFAULT_DIRECT_MAX_CONNECTIONS: usize = 1024;
 /// Default [`DirectConfig::auth_timeout`], milliseconds.
@@ -244,6 +255,7 @@ impl Default for DirectConfig {
             max_pending_inbound: DEFAULT_DIRECT_MAX_PENDING_INBOUND,
             max_pending_inbound_per_source: DEFAULT_DIRECT_MAX_PENDING_INBOUND_PER_SOURCE,
             tcp_user_timeout: Duration::from_secs(DEFAULT_DIRECT_TCP_USER_TIMEOUT_SECS),
+            quic_idle_timeout: Duration::from_secs(DEFAULT_DIRECT_QUIC_IDLE_TIMEOUT_SECS),
             auth_timeout: Duration::from_millis(DEFAULT_DIRECT_AUTH_TIMEOUT_MS),
             allow_loopback_targets: false,
             transport: DirectTransport::Tcp,

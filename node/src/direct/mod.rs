@@ -267,8 +267,9 @@ fn local_or_remote(endpoint: &libp2p::core::ConnectedPoint) -> &Multiaddr {
 /// Why a direct connection closed, as `direct_closed_total` counts it:
 /// `timed_out` when anything in its error chain is a timed-out I/O error
 /// (the socket's `TCP_USER_TIMEOUT` or the kernel's retransmissions gave
-/// up: the path stopped carrying bytes), `error` for any other error,
-/// `closed` without one (idle, a close by either side).
+/// up: the path stopped carrying bytes) or QUIC's idle timeout
+/// ([`quic_timed_out`]), `error` for any other error, `closed` without
+/// one (idle, a close by either side).
 pub(crate) fn close_reason(cause: Option<&libp2p::swarm::ConnectionError>) -> &'static str {
     let Some(cause) = cause else {
         return "closed";
@@ -280,6 +281,9 @@ pub(crate) fn close_reason(cause: Option<&libp2p::swarm::ConnectionError>) -> &'
     // Bounded: error chains are short.
     for _ in 0..16 {
         let Some(e) = next else { break };
+        if quic_timed_out(e) {
+            return "timed_out";
+        }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
             if io.kind() == std::io::ErrorKind::TimedOut {
                 return "timed_out";
@@ -292,6 +296,21 @@ pub(crate) fn close_reason(cause: Option<&libp2p::swarm::ConnectionError>) -> &'
         next = e.source();
     }
     "error"
+}
+
+/// How quinn words an idle timeout (`quinn::ConnectionError::TimedOut`).
+const QUINN_TIMED_OUT: &str = "timed out";
+
+/// Whether `e` is libp2p-quic's error for a connection that heard nothing
+/// within its idle timeout. libp2p-quic wraps quinn's error transparently
+/// (its source is skipped and the wrapper's field is private), so only its
+/// words tell a timeout from a close; a test pins them on a real path that
+/// stops carrying datagrams (`transport::tests_quic_idle`).
+fn quic_timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(
+        e.downcast_ref::<libp2p::quic::Error>(),
+        Some(libp2p::quic::Error::Connection(c)) if c.to_string() == QUINN_TIMED_OUT
+    )
 }
 
 fn jittered_backoff(failures: u32, b: Backoffs) -> Duration {

@@ -69,6 +69,7 @@ pub(super) async fn listening_member(
         punch_backoff: Default::default(),
         max_pending_inbound,
         tcp_user_timeout: None,
+        quic_idle_timeout: Duration::ZERO,
         auth_timeout: Duration::from_secs(5),
         loopback_targets: false,
         quic,

@@ -48,6 +48,7 @@ async fn swarm(
         punch_backoff: Default::default(),
         max_pending_inbound: (64, 8),
         tcp_user_timeout: None,
+        quic_idle_timeout: Duration::ZERO,
         auth_timeout: AUTH_TIMEOUT,
         loopback_targets: false,
         quic: false,
