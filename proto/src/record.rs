@@ -48,6 +48,31 @@ pub fn verify_record(
     signed: &SignedRecord,
     now: i64,
 ) -> Result<(ServiceRecord, PeerId), RecordError> {
+    let (record, peer) = read_record(signed)?;
+    let key = public_key_of(&peer).ok_or(RecordError::NoInlineKey)?;
+    let mut msg = RECORD_DOMAIN_PREFIX.to_vec();
+    msg.extend_from_slice(&signed.record);
+    if !key.verify(&msg, &signed.signature) {
+        return Err(RecordError::BadSignature);
+    }
+    unexpired(record, peer, now)
+}
+
+/// A record [`verify_record`] passed when it was stored, read again at
+/// `now`: decoded and its expiry checked, its signature not verified
+/// again. A router re-reading every stored record on a policy change pays
+/// a decode each (about half a microsecond) instead of an ed25519
+/// verification (about 40 µs: 0.2 s for 5,000 records, in its swarm loop).
+pub fn read_stored_record(
+    signed: &SignedRecord,
+    now: i64,
+) -> Result<(ServiceRecord, PeerId), RecordError> {
+    let (record, peer) = read_record(signed)?;
+    unexpired(record, peer, now)
+}
+
+/// The record's bounds, decoding and provider.
+fn read_record(signed: &SignedRecord) -> Result<(ServiceRecord, PeerId), RecordError> {
     if signed.record.len() > MAX_RECORD_BYTES {
         return Err(RecordError::Malformed("record too large"));
     }
@@ -58,12 +83,14 @@ pub fn verify_record(
     }
     let peer = PeerId::from_bytes(&record.provider)
         .map_err(|_| RecordError::Malformed("provider is not a PeerId"))?;
-    let key = public_key_of(&peer).ok_or(RecordError::NoInlineKey)?;
-    let mut msg = RECORD_DOMAIN_PREFIX.to_vec();
-    msg.extend_from_slice(&signed.record);
-    if !key.verify(&msg, &signed.signature) {
-        return Err(RecordError::BadSignature);
-    }
+    Ok((record, peer))
+}
+
+fn unexpired(
+    record: ServiceRecord,
+    peer: PeerId,
+    now: i64,
+) -> Result<(ServiceRecord, PeerId), RecordError> {
     if record.expires_at_unix_secs < now {
         return Err(RecordError::Expired);
     }
@@ -107,6 +134,20 @@ mod tests {
         assert_eq!(
             verify_record(&sign_record(&r, &other), 50),
             Err(RecordError::BadSignature)
+        );
+        // Read again once stored: the same record and expiry, no signature
+        // check (what the store holds passed one).
+        assert_eq!(read_stored_record(&s, 50), Ok((r.clone(), peer)));
+        assert_eq!(read_stored_record(&s, 101), Err(RecordError::Expired));
+        assert_eq!(
+            read_stored_record(
+                &SignedRecord {
+                    record: vec![0xff; 3],
+                    signature: vec![]
+                },
+                0
+            ),
+            Err(RecordError::Malformed("record does not decode"))
         );
     }
 

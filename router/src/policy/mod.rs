@@ -28,7 +28,7 @@ use std::sync::Arc;
 use agentmesh_proto::credential::Trust;
 use agentmesh_proto::pb::credential::{SignedPolicy, SignedRevocations};
 use agentmesh_proto::pb::mesh::SignedRecord;
-use agentmesh_proto::record::verify_record;
+use agentmesh_proto::record::read_stored_record;
 use agentmesh_proto::unix_now;
 use libp2p::PeerId;
 
@@ -133,7 +133,9 @@ impl PolicyCtx {
                          signed: &SignedRecord,
                          trust: &Trust,
                          admissions: &AdmissionTable| {
-            verify_record(signed, now).is_ok_and(|(record, p)| {
+            // Stored records were verified when published: read, not
+            // verified again (the swarm loop runs this over every record).
+            read_stored_record(signed, now).is_ok_and(|(record, p)| {
                 p == *provider
                     && publish::owns(
                         &record,
