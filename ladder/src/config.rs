@@ -159,6 +159,12 @@ pub struct FleetConfig {
     /// loopback no punch is made (punches never dial loopback).
     #[arg(long)]
     pub member_direct: bool,
+    /// With --member-direct: the members' direct transport, tcp|quic (node
+    /// `--direct-transport`); with quic the routers listen on QUIC too (the
+    /// UDP port of their TCP one), so members dial them over QUIC and
+    /// punch over QUIC.
+    #[arg(long, value_enum, default_value_t = agentmesh_node::config::DirectTransport::Tcp)]
+    pub member_direct_transport: agentmesh_node::config::DirectTransport,
     /// With --member-direct: how long after its first window call a caller
     /// makes its warm call (counted by path), seconds (issue 36's warm
     /// call: the relayed connection has existed this long).
@@ -214,6 +220,7 @@ impl Default for FleetConfig {
             member_rejoin_spread_ms: DEFAULT_MEMBER_REJOIN_SPREAD_MS,
             window_calls_per_sec: DEFAULT_WINDOW_CALLS_PER_SEC,
             member_direct: false,
+            member_direct_transport: agentmesh_node::config::DirectTransport::Tcp,
             warm_call_after_secs: DEFAULT_WARM_CALL_AFTER_SECS,
             work_dir: None,
             admin_token_file: None,
@@ -308,6 +315,10 @@ pub struct LocalConfig {
     /// ladder started); not a flag.
     #[arg(skip)]
     pub control_plane_env: Vec<(String, String)>,
+    /// Routers listen on QUIC too, on the UDP port of their TCP one: set
+    /// when the members' direct transport is QUIC; not a flag.
+    #[arg(skip)]
+    pub routers_quic: bool,
     /// The pid of the database server the ladder started (its CPU and
     /// memory are read beside the control plane's); not a flag.
     #[arg(skip)]
@@ -330,6 +341,7 @@ impl Default for LocalConfig {
             postgres_bin_dir: None,
             credential_ttl_secs: None,
             control_plane_env: Vec::new(),
+            routers_quic: false,
             store_server_pid: None,
         }
     }
@@ -407,6 +419,9 @@ pub struct WorkerConfig {
     /// Members run with direct connections on (node `--direct`).
     #[arg(long)]
     pub member_direct: bool,
+    /// Their direct transport (node `--direct-transport`).
+    #[arg(long, value_enum, default_value_t = agentmesh_node::config::DirectTransport::Tcp)]
+    pub member_direct_transport: agentmesh_node::config::DirectTransport,
     /// Seconds from a window caller's first call to its warm call.
     #[arg(long, default_value_t = DEFAULT_WARM_CALL_AFTER_SECS)]
     pub warm_call_after_secs: u64,

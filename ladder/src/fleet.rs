@@ -126,46 +126,7 @@ impl Fleet {
     fn spawn_worker(&mut self) -> Result<usize> {
         let index = self.workers.len();
         let data_dir = self.dir.join(format!("w{index}"));
-        let c = &self.base;
-        let mut args: Vec<String> = vec![
-            "worker".into(),
-            "--index".into(),
-            index.to_string(),
-            "--control-plane".into(),
-            c.control_plane.clone(),
-            "--token-file".into(),
-            c.token_file.display().to_string(),
-            "--data-dir".into(),
-            data_dir.display().to_string(),
-            "--member-routers".into(),
-            c.member_routers.to_string(),
-            "--source-ips".into(),
-            c.source_ips.to_string(),
-            "--call-timeout-secs".into(),
-            c.call_timeout_secs.to_string(),
-            "--call-budget-secs".into(),
-            c.call_budget_secs.to_string(),
-            "--member-ping-interval-secs".into(),
-            c.member_ping_interval_secs.to_string(),
-            "--member-rejoin-spread-ms".into(),
-            c.member_rejoin_spread_ms.to_string(),
-            "--window-calls-per-sec".into(),
-            c.window_calls_per_sec.to_string(),
-        ];
-        if let Some(ca) = &c.control_plane_ca {
-            args.extend(["--control-plane-ca".into(), ca.display().to_string()]);
-        }
-        for e in &c.control_plane_endpoints {
-            args.extend(["--control-plane-endpoint".into(), e.clone()]);
-        }
-        if c.member_direct {
-            args.push("--member-direct".into());
-            args.extend([
-                "--warm-call-after-secs".into(),
-                c.warm_call_after_secs.to_string(),
-            ]);
-        }
-        args.extend(c.propagation.args());
+        let args = worker_args(&self.base, index, &data_dir);
         let log = self.dir.join(format!("worker-{index}.log"));
         let log_file = std::fs::File::create(&log)
             .map_err(|e| LadderError::io(format!("creating {}", log.display()), e))?;
@@ -463,5 +424,104 @@ impl Fleet {
             w.closed = true;
         }
         r.map(|_| ())
+    }
+}
+
+/// The command line of worker `index` (data under `data_dir`): `c` as
+/// flags, so the worker parses back the same [`WorkerConfig`].
+fn worker_args(c: &WorkerConfig, index: usize, data_dir: &std::path::Path) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "worker".into(),
+        "--index".into(),
+        index.to_string(),
+        "--control-plane".into(),
+        c.control_plane.clone(),
+        "--token-file".into(),
+        c.token_file.display().to_string(),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+        "--member-routers".into(),
+        c.member_routers.to_string(),
+        "--source-ips".into(),
+        c.source_ips.to_string(),
+        "--call-timeout-secs".into(),
+        c.call_timeout_secs.to_string(),
+        "--call-budget-secs".into(),
+        c.call_budget_secs.to_string(),
+        "--member-ping-interval-secs".into(),
+        c.member_ping_interval_secs.to_string(),
+        "--member-rejoin-spread-ms".into(),
+        c.member_rejoin_spread_ms.to_string(),
+        "--window-calls-per-sec".into(),
+        c.window_calls_per_sec.to_string(),
+    ];
+    if let Some(ca) = &c.control_plane_ca {
+        args.extend(["--control-plane-ca".into(), ca.display().to_string()]);
+    }
+    for e in &c.control_plane_endpoints {
+        args.extend(["--control-plane-endpoint".into(), e.clone()]);
+    }
+    if c.member_direct {
+        args.push("--member-direct".into());
+        args.extend([
+            "--member-direct-transport".into(),
+            c.member_direct_transport.as_str().into(),
+            "--warm-call-after-secs".into(),
+            c.warm_call_after_secs.to_string(),
+        ]);
+    }
+    args.extend(c.propagation.args());
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Worker {
+        #[command(flatten)]
+        cfg: WorkerConfig,
+    }
+
+    fn parse(args: &[String]) -> WorkerConfig {
+        Worker::try_parse_from(std::iter::once("worker").chain(args.iter().map(String::as_str)))
+            .expect("the worker parses its command line")
+            .cfg
+    }
+
+    /// A worker parses back the configuration its command line was made
+    /// from: direct connections over QUIC, endpoints, the propagation part.
+    #[test]
+    fn a_workers_command_line_round_trips_its_configuration() {
+        let base = parse(
+            &[
+                "--index=3",
+                "--control-plane=http://127.0.0.1:7400",
+                "--control-plane-endpoint=http://127.0.0.1:7401",
+                "--control-plane-endpoint=http://127.0.0.1:7402",
+                "--token-file=/t/token",
+                "--data-dir=/t/w3",
+                "--member-routers=2",
+                "--source-ips=4",
+                "--member-direct",
+                "--member-direct-transport=quic",
+                "--warm-call-after-secs=7",
+                "--expose-also=echo-held",
+                "--revocable-token-file=/t/revocable",
+                "--revocable-every=20",
+            ]
+            .map(String::from),
+        );
+        assert!(base.member_direct);
+        assert_eq!(
+            base.member_direct_transport,
+            agentmesh_node::config::DirectTransport::Quic
+        );
+        let args = worker_args(&base, base.index, &base.data_dir);
+        assert_eq!(args[0], "worker");
+        assert_eq!(parse(&args[1..]), base);
     }
 }

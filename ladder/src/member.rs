@@ -50,6 +50,8 @@ pub struct MemberSpec {
     pub expose_also: Option<String>,
     /// Direct connections on (node `--direct`).
     pub direct: bool,
+    /// Their transport (node `--direct-transport`).
+    pub direct_transport: node_config::DirectTransport,
 }
 
 /// How an echo call reached its provider.
@@ -307,6 +309,7 @@ impl Member {
             },
             direct: node_config::DirectConfig {
                 enabled: spec.direct,
+                transport: spec.direct_transport,
                 ..Default::default()
             },
             call_timeout: spec.call_timeout,

@@ -204,6 +204,14 @@ impl LocalMesh {
             "--metrics-addr".to_string(),
             metrics.to_string(),
         ];
+        if self.cfg.routers_quic {
+            // QUIC members dial routers over QUIC where they offer it (the
+            // UDP mapping they observe is the one a QUIC punch uses).
+            args.extend([
+                "--listen".to_string(),
+                format!("/ip4/{}/udp/{listen_port}/quic-v1", metrics.ip()),
+            ]);
+        }
         if let Some(ca) = &self.ca_file {
             args.extend(["--control-plane-ca".to_string(), ca.display().to_string()]);
         }

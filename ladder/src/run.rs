@@ -143,6 +143,8 @@ async fn run_local_capped(
     check_attack(&local, &cfg, &bins)?;
     eprintln!("ladder: work dir {}", dir.display());
     hold::policy::prepare_control_plane(&mut local, &cfg, &dir)?;
+    local.routers_quic = cfg.member_direct
+        && cfg.member_direct_transport == agentmesh_node::config::DirectTransport::Quic;
     let routers = local.routers;
     let uses = cfg.total_members() + TOKEN_SLACK;
     let mut mesh = LocalMesh::start_placed(bins.clone(), local, &dir, uses, place).await?;
@@ -317,6 +319,7 @@ async fn run(
         member_rejoin_spread_ms: cfg.member_rejoin_spread_ms,
         window_calls_per_sec: cfg.window_calls_per_sec,
         member_direct: cfg.member_direct,
+        member_direct_transport: cfg.member_direct_transport,
         warm_call_after_secs: cfg.warm_call_after_secs,
         propagation: hold::policy::worker_config(&target, &cfg),
     };

@@ -53,6 +53,7 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
         rejoin_spread: Duration::from_millis(shared.cfg.member_rejoin_spread_ms),
         expose_also: shared.cfg.propagation.expose_also.clone(),
         direct: shared.cfg.member_direct,
+        direct_transport: shared.cfg.member_direct_transport,
     };
     let member = match Member::start(spec).await {
         Ok(m) => Arc::new(m),
