@@ -165,6 +165,11 @@ pub struct FleetConfig {
     /// punch over QUIC.
     #[arg(long, value_enum, default_value_t = agentmesh_node::config::DirectTransport::Tcp)]
     pub member_direct_transport: agentmesh_node::config::DirectTransport,
+    /// Members' QUIC idle timeout (node `--direct-quic-idle-timeout-secs`):
+    /// over QUIC a killed router is noticed only when it runs out,
+    /// seconds.
+    #[arg(long, default_value_t = agentmesh_node::config::DEFAULT_DIRECT_QUIC_IDLE_TIMEOUT_SECS)]
+    pub member_quic_idle_timeout_secs: u64,
     /// With --member-direct: how long after its first window call a caller
     /// makes its warm call (counted by path), seconds (issue 36's warm
     /// call: the relayed connection has existed this long).
@@ -221,6 +226,8 @@ impl Default for FleetConfig {
             window_calls_per_sec: DEFAULT_WINDOW_CALLS_PER_SEC,
             member_direct: false,
             member_direct_transport: agentmesh_node::config::DirectTransport::Tcp,
+            member_quic_idle_timeout_secs:
+                agentmesh_node::config::DEFAULT_DIRECT_QUIC_IDLE_TIMEOUT_SECS,
             warm_call_after_secs: DEFAULT_WARM_CALL_AFTER_SECS,
             work_dir: None,
             admin_token_file: None,
@@ -422,6 +429,9 @@ pub struct WorkerConfig {
     /// Their direct transport (node `--direct-transport`).
     #[arg(long, value_enum, default_value_t = agentmesh_node::config::DirectTransport::Tcp)]
     pub member_direct_transport: agentmesh_node::config::DirectTransport,
+    /// Their QUIC idle timeout (node `--direct-quic-idle-timeout-secs`), seconds.
+    #[arg(long, default_value_t = agentmesh_node::config::DEFAULT_DIRECT_QUIC_IDLE_TIMEOUT_SECS)]
+    pub member_quic_idle_timeout_secs: u64,
     /// Seconds from a window caller's first call to its warm call.
     #[arg(long, default_value_t = DEFAULT_WARM_CALL_AFTER_SECS)]
     pub warm_call_after_secs: u64,

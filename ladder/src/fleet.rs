@@ -454,6 +454,8 @@ fn worker_args(c: &WorkerConfig, index: usize, data_dir: &std::path::Path) -> Ve
         c.member_rejoin_spread_ms.to_string(),
         "--window-calls-per-sec".into(),
         c.window_calls_per_sec.to_string(),
+        "--member-quic-idle-timeout-secs".into(),
+        c.member_quic_idle_timeout_secs.to_string(),
     ];
     if let Some(ca) = &c.control_plane_ca {
         args.extend(["--control-plane-ca".into(), ca.display().to_string()]);
@@ -508,6 +510,7 @@ mod tests {
                 "--source-ips=4",
                 "--member-direct",
                 "--member-direct-transport=quic",
+                "--member-quic-idle-timeout-secs=4",
                 "--warm-call-after-secs=7",
                 "--expose-also=echo-held",
                 "--revocable-token-file=/t/revocable",
@@ -520,6 +523,7 @@ mod tests {
             base.member_direct_transport,
             agentmesh_node::config::DirectTransport::Quic
         );
+        assert_eq!(base.member_quic_idle_timeout_secs, 4);
         let args = worker_args(&base, base.index, &base.data_dir);
         assert_eq!(args[0], "worker");
         assert_eq!(parse(&args[1..]), base);

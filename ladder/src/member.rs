@@ -52,6 +52,8 @@ pub struct MemberSpec {
     pub direct: bool,
     /// Their transport (node `--direct-transport`).
     pub direct_transport: node_config::DirectTransport,
+    /// QUIC's idle timeout (node `--direct-quic-idle-timeout-secs`).
+    pub quic_idle_timeout: Duration,
 }
 
 /// How an echo call reached its provider.
@@ -310,6 +312,7 @@ impl Member {
             direct: node_config::DirectConfig {
                 enabled: spec.direct,
                 transport: spec.direct_transport,
+                quic_idle_timeout: spec.quic_idle_timeout,
                 ..Default::default()
             },
             call_timeout: spec.call_timeout,

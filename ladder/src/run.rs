@@ -320,6 +320,7 @@ async fn run(
         window_calls_per_sec: cfg.window_calls_per_sec,
         member_direct: cfg.member_direct,
         member_direct_transport: cfg.member_direct_transport,
+        member_quic_idle_timeout_secs: cfg.member_quic_idle_timeout_secs,
         warm_call_after_secs: cfg.warm_call_after_secs,
         propagation: hold::policy::worker_config(&target, &cfg),
     };

@@ -54,6 +54,7 @@ pub(crate) async fn run(shared: Arc<Shared>, slot: Arc<Slot>) {
         expose_also: shared.cfg.propagation.expose_also.clone(),
         direct: shared.cfg.member_direct,
         direct_transport: shared.cfg.member_direct_transport,
+        quic_idle_timeout: Duration::from_secs(shared.cfg.member_quic_idle_timeout_secs),
     };
     let member = match Member::start(spec).await {
         Ok(m) => Arc::new(m),
