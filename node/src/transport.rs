@@ -348,11 +348,10 @@ pub(crate) async fn build_swarm(
         listens: dialing.quic && dialing.listen.is_some(),
         idle_timeout: dialing.quic_idle_timeout,
     };
-    let quic_listens = quic.listens;
     let reuse = dialing
         .listen
         .as_ref()
-        .filter(|_| !quic_listens)
+        .filter(|_| !quic.listens)
         .map(|(_, log)| Reuse {
             log: log.clone(),
             fallbacks: dialing.metrics.port_reuse_fallbacks.clone(),
@@ -414,7 +413,7 @@ pub(crate) async fn build_swarm(
         .with_backoff(dialing.punch_backoff)
         .with_loopback_targets(dialing.loopback_targets)
         .with_auth_timeout(dialing.auth_timeout)
-        .with_quic(quic_listens)
+        .with_quic(quic.listens)
         .with_max_connections(dialing.max_connections)
         .with_streams(stream.new_control()),
         relay: relay_client,
@@ -423,7 +422,7 @@ pub(crate) async fn build_swarm(
     };
     let mut swarm = Swarm::new(transport, behaviour, peer_id, swarm_config(idle));
     if let Some((mut at, _)) = dialing.listen {
-        let addr = if quic_listens {
+        let addr = if quic.listens {
             // QUIC dials leave from the listening socket: with
             // `--dial-source-ip` and no `--listen-ip`, bind the source IP.
             if let (true, Some(ip)) = (at.ip().is_unspecified(), source_ip) {
@@ -437,7 +436,7 @@ pub(crate) async fn build_swarm(
         swarm
             .listen_on(addr)
             .map_err(|e| BuildError::Listen(at, e.to_string()))?;
-        tracing::debug!(%at, quic = quic_listens, "listening for direct connections");
+        tracing::debug!(%at, quic = quic.listens, "listening for direct connections");
     }
     Ok(swarm)
 }

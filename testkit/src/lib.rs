@@ -103,15 +103,16 @@ pub fn udp_sockets_on(ip: std::net::Ipv4Addr) -> usize {
 /// already in use"). Below that range only another explicit bind can take
 /// it. Where the range leaves no room below it, the kernel's choice.
 pub fn free_tcp_port() -> u16 {
-    free_port(|port| std::net::TcpListener::bind(("127.0.0.1", port)).map(|l| l.local_addr()))
+    free_port(|port| std::net::TcpListener::bind(("127.0.0.1", port))?.local_addr())
 }
 
 /// [`free_tcp_port`] for UDP.
 pub fn free_udp_port() -> u16 {
-    free_port(|port| std::net::UdpSocket::bind(("127.0.0.1", port)).map(|s| s.local_addr()))
+    free_port(|port| std::net::UdpSocket::bind(("127.0.0.1", port))?.local_addr())
 }
 
-fn free_port(bind: impl Fn(u16) -> std::io::Result<std::io::Result<SocketAddr>>) -> u16 {
+/// A port `bind` succeeds on (bound, then released).
+fn free_port(bind: impl Fn(u16) -> std::io::Result<SocketAddr>) -> u16 {
     use rand::Rng as _;
     let low = ephemeral_low().unwrap_or(0);
     if low > FIXED_PORTS_FROM + 1024 {
@@ -123,21 +124,25 @@ fn free_port(bind: impl Fn(u16) -> std::io::Result<std::io::Result<SocketAddr>>)
             }
         }
     }
-    bind(0).and_then(|a| a).expect("free port").port()
+    bind(0).expect("free port").port()
 }
 
 /// The lowest port [`free_tcp_port`] picks: above the well-known and most
 /// registered services' ports.
 const FIXED_PORTS_FROM: u16 = 20_000;
 
-/// The first port of the kernel's ephemeral range (`None`: unknown).
+/// The first port of the kernel's ephemeral range (`None`: unknown), read
+/// once.
 fn ephemeral_low() -> Option<u16> {
-    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+    static LOW: std::sync::OnceLock<Option<u16>> = std::sync::OnceLock::new();
+    *LOW.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
 }
 
 /// A TCP echo backend on 127.0.0.1:0 (a real socket a node exposes as a

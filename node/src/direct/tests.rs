@@ -16,6 +16,25 @@ pub(super) fn count(m: &DirectMetrics, result: &'static str) -> u64 {
         .get()
 }
 
+/// A relayed address through some router.
+fn circuit_addr() -> Multiaddr {
+    format!(
+        "/ip4/10.0.0.1/tcp/4001/p2p/{}/p2p-circuit",
+        PeerId::random()
+    )
+    .parse()
+    .expect("addr")
+}
+
+/// Whether a relayed connection's handler runs dcutr (a punch): its
+/// handler is on the left of the select then.
+fn dcutr_runs(h: Handler) -> bool {
+    let Either::Left(select) = h else {
+        panic!("a relayed connection gets the relayed handler")
+    };
+    matches!(select.into_inner().0, Either::Left(_))
+}
+
 #[test]
 fn punches_only_where_they_can_land_and_not_again_right_after_a_failure() {
     let (mut b, m) = behaviour(true);
@@ -548,12 +567,7 @@ fn a_punch_under_way_or_won_by_the_peers_dial_makes_no_second_connection() {
     let seen: SocketAddr = "10.0.0.5:4500".parse().expect("sa");
     b.observe(PeerId::random(), Some(seen));
     let peer = PeerId::random();
-    let relayed: Multiaddr = format!(
-        "/ip4/10.0.0.1/tcp/4001/p2p/{}/p2p-circuit",
-        PeerId::random()
-    )
-    .parse()
-    .expect("addr");
+    let relayed = circuit_addr();
     let dcutr_keeps = |b: &mut Behaviour, id: usize| -> bool {
         let h = b
             .relayed_handler(peer, ConnectionId::new_unchecked(id), |d| {
@@ -566,11 +580,7 @@ fn a_punch_under_way_or_won_by_the_peers_dial_makes_no_second_connection() {
                 )
             })
             .expect("handler");
-        // dcutr's handler is on the left of the select when it punches.
-        let Either::Left(select) = h else {
-            panic!("a relayed connection gets the relayed handler")
-        };
-        matches!(select.into_inner().0, Either::Left(_))
+        dcutr_runs(h)
     };
     assert!(
         dcutr_keeps(&mut b, 1),
@@ -712,12 +722,7 @@ fn a_punch_the_peer_declined_is_not_backed_off_and_one_whose_dials_failed_is() {
     let (mut b, m) = behaviour(true);
     b.observe(PeerId::random(), Some("10.0.0.5:4500".parse().expect("sa")));
     let peer = PeerId::random();
-    let relayed: Multiaddr = format!(
-        "/ip4/10.0.0.1/tcp/4001/p2p/{}/p2p-circuit",
-        PeerId::random()
-    )
-    .parse()
-    .expect("addr");
+    let relayed = circuit_addr();
     let reached = |b: &mut Behaviour, id: usize| {
         let h = b
             .relayed_handler(peer, ConnectionId::new_unchecked(id), |d| {
@@ -729,10 +734,7 @@ fn a_punch_the_peer_declined_is_not_backed_off_and_one_whose_dials_failed_is() {
                 )
             })
             .expect("handler");
-        let Either::Left(select) = h else {
-            panic!("a relayed connection gets the relayed handler")
-        };
-        assert!(matches!(select.into_inner().0, Either::Left(_)), "punched");
+        assert!(dcutr_runs(h), "punched");
     };
     reached(&mut b, 1);
     assert_eq!(b.open.unlanded(&peer), open::Unlanded::NoExchange);
